@@ -1,0 +1,100 @@
+# Kvasir — one non-recursive Makefile.
+#   make            build build/kvd and build/kvctl
+#   make test       set-up, build, run the suite, then again under ASan+UBSan, then a bounded fuzz run
+#   make demo       set-up, build, run the demo (tests/demo.sh)
+#   make bench      set-up, build, run the benchmarks (tests/bench.sh)
+#   make fuzz       run the fuzz targets until interrupted (FUZZ_TIME=seconds to bound)
+# SAN=1 builds into build/asan with -fsanitize=address,undefined.  V=1 shows commands.
+
+CC      ?= gcc
+SAN     ?= 0
+ifeq ($(SAN),1)
+  B       := build/asan
+  OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LDSAN   := -fsanitize=address,undefined
+else
+  B       := build
+  OPT     := -O2 -g
+  LDSAN   :=
+endif
+
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -pthread -I. \
+              -MMD -MP $(OPT) $(CFLAGS)
+LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
+              -lsqlite3 -lpcre2-8 -lm -pthread $(LDLIBS)
+
+ifeq ($(V),1)
+  Q :=
+else
+  Q := @
+endif
+
+# Per-file instruction-set flags for runtime-dispatched kernels (one binary runs everywhere).
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),x86_64)
+  ISA_avx2   := -mavx2 -mfma -mf16c
+  ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+endif
+
+LIB_SRCS := $(wildcard gguf/*.c kernels/ref/*.c kernels/cpu/*.c kernels/opencl/*.c model/*.c \
+              planner/*.c net/*.c) \
+            $(filter-out kvd/kvd_main.c kvd/kvctl_main.c kvd/kvctl_%.c,$(wildcard kvd/*.c))
+KVCTL_SRCS := kvd/kvctl_main.c $(filter-out kvd/kvctl_main.c,$(wildcard kvd/kvctl_*.c))
+TEST_SRCS := $(wildcard tests/test-*.c)
+TOOL_SRCS := $(wildcard tests/tool-*.c)
+
+LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+KVCTL_OBJS := $(KVCTL_SRCS:%.c=$(B)/obj/%.o)
+LIB        := $(B)/libkvasir.a
+TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
+TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
+
+.PHONY: all tests test demo bench fuzz setup clean
+all: $(B)/kvd $(B)/kvctl
+tests: all $(TESTS) $(TOOLS)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC $<")
+	$(Q)$(CC) $(CFLAGS_ALL) $(ISA_$(lastword $(subst _, ,$(basename $(notdir $<))))) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/kvd: $(B)/obj/kvd/kvd_main.o $(LIB)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+$(B)/kvctl: $(KVCTL_OBJS) $(LIB)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+$(B)/tests/%: $(B)/obj/tests/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+setup:
+	@scripts/setup.sh
+
+test: setup
+	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory SAN=1 tests
+	@tests/run.sh build build/asan
+
+demo: setup
+	@$(MAKE) --no-print-directory all
+	@tests/demo.sh
+
+bench: setup
+	@$(MAKE) --no-print-directory all
+	@tests/bench.sh
+
+fuzz: setup
+	@tests/fuzz.sh $(FUZZ_TIME)
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

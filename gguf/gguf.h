@@ -1,0 +1,188 @@
+/* gguf — the GGUF file format: read (validate everything, map only a byte range), write, slice.
+ *
+ * Byte layout (all little-endian), versions 2 and 3 (1 is refused):
+ *   u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+ *   n_kv x { string key | u32 value_type | value }
+ *   n_tensors x { string name | u32 n_dims | u64 ne[n_dims] | u32 ggml_type | u64 offset }
+ *   padding to `general.alignment` (u32, default 32, power of two)
+ *   tensor data: each tensor at data_offset + offset, offset a multiple of the alignment
+ * string = u64 len | len bytes (no NUL); array = u32 elem_type | u64 n | n elements
+ * (arrays of arrays and of strings allowed).
+ *
+ * The parser works on a prefix of the file held in memory and says how many bytes it needs
+ * when the prefix is short, so the same code reads a local file (pread) and a remote one
+ * (HTTP ranges that grow). Every count and length is checked and capped before it sizes an
+ * allocation; every failure leaves a message naming the field, the value and the limit.
+ *
+ * Tensor data is never read by the parser. gguf_file_map_tensors() maps only the pages that
+ * hold the chosen tensors (page-aligned ranges, adjacent ranges merged), never the whole file.
+ */
+#ifndef KV_GGUF_H
+#define KV_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GGUF_MAGIC 0x46554747u /* "GGUF" */
+#define GGUF_MAX_DIMS 4
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_ERR_LEN 256
+
+/* Caps on what a file may declare (a file that needs more is refused, naming the cap). */
+#define GGUF_MAX_TENSORS   (1u << 20)
+#define GGUF_MAX_KV        (1u << 20)
+#define GGUF_MAX_STRING    (1u << 24)       /* one string, bytes */
+#define GGUF_MAX_ARRAY     (1u << 26)       /* elements of one array */
+#define GGUF_MAX_HEADER    (1ull << 30)     /* whole header, bytes */
+#define GGUF_MAX_NEST      4                /* array of array depth */
+
+/* Metadata value types. */
+enum gguf_vtype {
+    GGUF_V_U8 = 0, GGUF_V_I8 = 1, GGUF_V_U16 = 2, GGUF_V_I16 = 3, GGUF_V_U32 = 4,
+    GGUF_V_I32 = 5, GGUF_V_F32 = 6, GGUF_V_BOOL = 7, GGUF_V_STRING = 8, GGUF_V_ARRAY = 9,
+    GGUF_V_U64 = 10, GGUF_V_I64 = 11, GGUF_V_F64 = 12,
+    GGUF_V_COUNT
+};
+
+/* Tensor (ggml) types; the numbers are ggml's. */
+enum gguf_ttype {
+    GGUF_T_F32 = 0, GGUF_T_F16 = 1, GGUF_T_Q4_0 = 2, GGUF_T_Q4_1 = 3,
+    GGUF_T_Q5_0 = 6, GGUF_T_Q5_1 = 7, GGUF_T_Q8_0 = 8, GGUF_T_Q8_1 = 9,
+    GGUF_T_Q2_K = 10, GGUF_T_Q3_K = 11, GGUF_T_Q4_K = 12, GGUF_T_Q5_K = 13,
+    GGUF_T_Q6_K = 14, GGUF_T_Q8_K = 15,
+    GGUF_T_I8 = 24, GGUF_T_I16 = 25, GGUF_T_I32 = 26, GGUF_T_I64 = 27, GGUF_T_F64 = 28,
+    GGUF_T_BF16 = 30,
+    GGUF_T_COUNT = 40
+};
+
+struct gguf_type_info {
+    const char *name;      /* "q4_0" */
+    uint32_t block_elems;  /* elements per block (1 for plain types) */
+    uint32_t block_bytes;  /* bytes per block */
+};
+
+/* Type table entry, or NULL for an unknown type id. */
+const struct gguf_type_info *gguf_type_info(uint32_t type);
+/* Bytes of n elements of type (n a multiple of the block size): 0, or -EINVAL/-EOVERFLOW. */
+int gguf_type_bytes(uint32_t type, uint64_t n, uint64_t *out);
+/* Type id by name ("q8_0", case-insensitive), or -1. */
+int gguf_type_by_name(const char *name);
+
+/* One metadata value. Strings are NOT NUL-terminated unless said; arrays keep the raw
+ * little-endian element bytes (fixed-size types) or an index of strings / sub-arrays. */
+struct gguf_value {
+    uint32_t type;                 /* enum gguf_vtype */
+    union {
+        uint64_t u;                /* U8..U64, BOOL */
+        int64_t i;                 /* I8..I64 */
+        double f;                  /* F32, F64 */
+        struct { const char *p; uint64_t len; } str;
+        struct {
+            uint32_t type;         /* element type */
+            uint64_t n;            /* elements */
+            const void *data;      /* fixed-size elements, packed little-endian */
+            const struct gguf_value *items; /* STRING and ARRAY elements, n of them */
+        } arr;
+    } v;
+};
+
+struct gguf_kv {
+    const char *key;               /* NUL-terminated */
+    struct gguf_value val;
+};
+
+struct gguf_tensor {
+    const char *name;              /* NUL-terminated */
+    uint32_t type;                 /* enum gguf_ttype */
+    uint32_t n_dims;
+    uint64_t ne[GGUF_MAX_DIMS];    /* ne[0] is the row length (contiguous); unused dims are 1 */
+    uint64_t offset;               /* relative to the data section */
+    uint64_t size;                 /* bytes */
+    const void *data;              /* NULL until mapped (gguf_file_map_tensors) */
+};
+
+struct gguf_file; /* opaque: parsed header (+ fd and mappings when opened from a path) */
+
+/* Parse a GGUF header from the first len bytes of a file of file_size bytes (UINT64_MAX if
+ * unknown). Returns 0 and *out; -EAGAIN with *need = bytes required when the prefix is too
+ * short; another negative code with err filled. The buffer is copied; the caller keeps it. */
+int gguf_file_parse(struct gguf_file **out, const void *buf, size_t len, uint64_t file_size,
+                    size_t *need, char *err, size_t errlen);
+/* Open and parse a file (reads only the header). */
+int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t errlen);
+void gguf_file_free(struct gguf_file *f);
+
+uint32_t gguf_file_version(const struct gguf_file *f);
+uint64_t gguf_file_alignment(const struct gguf_file *f);
+uint64_t gguf_file_data_offset(const struct gguf_file *f); /* start of the data section */
+uint64_t gguf_file_size(const struct gguf_file *f);
+const char *gguf_file_path(const struct gguf_file *f);     /* NULL when parsed from memory */
+
+/* Metadata (borrowed pointers, valid until gguf_file_free). */
+uint64_t gguf_kv_count(const struct gguf_file *f);
+const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i);
+const struct gguf_kv *gguf_kv_find(const struct gguf_file *f, const char *key);
+/* Typed getters: 0, -ENOENT (absent) or -EINVAL (wrong type / out of range for the target).
+ * Integer getters accept any integer type whose value fits; float getters accept F32/F64. */
+int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out);
+int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *out);
+int gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out);
+int gguf_get_f32(const struct gguf_file *f, const char *key, float *out);
+int gguf_get_bool(const struct gguf_file *f, const char *key, bool *out);
+/* String value copied NUL-terminated into buf (truncation is -ENAMETOOLONG). */
+int gguf_get_str(const struct gguf_file *f, const char *key, char *buf, size_t n);
+/* Array value (any element type): borrowed. */
+int gguf_get_arr(const struct gguf_file *f, const char *key, const struct gguf_value **out);
+
+/* Tensors. */
+uint64_t gguf_tensor_count(const struct gguf_file *f);
+const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, uint64_t i);
+const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char *name);
+/* Layer index of a "blk.N.*" name, or -1 for tensors outside the blocks. */
+int gguf_tensor_layer(const char *name);
+
+/* Map the data of every tensor for which want() is true (all when want is NULL); sets their
+ * data pointers. Only page-aligned ranges covering those tensors are mapped (read-only,
+ * private). Needs a file opened with gguf_file_open. */
+typedef bool (*gguf_want_cb)(const struct gguf_tensor *t, void *ud);
+int gguf_file_map_tensors(struct gguf_file *f, gguf_want_cb want, void *ud,
+                          char *err, size_t errlen);
+/* Bytes currently mapped by this file object. */
+uint64_t gguf_file_mapped_bytes(const struct gguf_file *f);
+
+/* Writer: metadata and tensors in order; tensor data is borrowed until gguf_writer_write. */
+struct gguf_writer;
+int gguf_writer_new(struct gguf_writer **out);
+void gguf_writer_free(struct gguf_writer *w);
+int gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment);
+/* Set (or replace) a key with a copy of value v (deep copy, arrays included). */
+int gguf_writer_set(struct gguf_writer *w, const char *key, const struct gguf_value *v);
+int gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v);
+int gguf_writer_set_i32(struct gguf_writer *w, const char *key, int32_t v);
+int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
+int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
+int gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
+int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *s);
+/* Array of fixed-size elements (raw little-endian bytes) or of n NUL-terminated strings. */
+int gguf_writer_set_arr(struct gguf_writer *w, const char *key, uint32_t elem_type,
+                        uint64_t n, const void *data);
+int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, uint64_t n,
+                            const char *const *strs);
+int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
+                           uint32_t n_dims, const uint64_t *ne, const void *data);
+/* Write the file (to path.tmp, fsync, rename) : 0 or negative code with err filled. */
+int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t errlen);
+
+/* Stage windows (DESIGN.md section 6). */
+struct gguf_window_opts {
+    uint32_t first, last;          /* layer range [first, last) */
+    const char *source_sha256_hex; /* kvasir.source.sha256 (NULL: computed from the file) */
+};
+/* Write the stage mini-GGUF of [first, last) of src to path. */
+int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o,
+                      const char *path, char *err, size_t errlen);
+/* Number of blocks (layers) of a model file: from <arch>.block_count. */
+int gguf_block_count(const struct gguf_file *f, uint32_t *out);
+
+#endif

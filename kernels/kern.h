@@ -1,0 +1,83 @@
+/* kern — tensor math on raw pointers: the scalar oracle (kern_ref_*) and the fast CPU path
+ * (kern_*: SIMD chosen at run time, a shared thread pool, OpenBLAS for batched prefill).
+ *
+ * Weights are row-major: a matrix of `rows` rows of `cols` elements of a ggml type, each row
+ * kern_row_bytes(type, cols) bytes, rows contiguous. Activations are f32, row-major, n rows.
+ * Matmul semantics follow ggml's CPU path: for quantised weights the activations are first
+ * quantised per block (Q8_0 for the *_0/*_1 types, Q8_K for the K types), for F16/BF16 weights
+ * they are rounded to F16/BF16, then integer / rounded dot products are accumulated in f32.
+ * The fast versions have the same signatures and are tested against kern_ref_* by normalised
+ * MSE. This module includes neither GGUF nor network headers; the type numbers are ggml's
+ * (the same as enum gguf_ttype).
+ */
+#ifndef KV_KERN_H
+#define KV_KERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kern_type {
+    KERN_T_F32 = 0, KERN_T_F16 = 1, KERN_T_Q4_0 = 2, KERN_T_Q4_1 = 3,
+    KERN_T_Q5_0 = 6, KERN_T_Q5_1 = 7, KERN_T_Q8_0 = 8, KERN_T_Q8_1 = 9,
+    KERN_T_Q2_K = 10, KERN_T_Q3_K = 11, KERN_T_Q4_K = 12, KERN_T_Q5_K = 13,
+    KERN_T_Q6_K = 14, KERN_T_Q8_K = 15, KERN_T_BF16 = 30,
+    KERN_T_COUNT = 40
+};
+
+/* true when the kernels can compute with weights of this type. */
+bool kern_type_supported(uint32_t type);
+/* Elements per block and bytes per block (0 for an unknown type). */
+uint32_t kern_block_elems(uint32_t type);
+uint32_t kern_block_bytes(uint32_t type);
+/* Bytes of one row of cols elements (cols a multiple of the block size), 0 if invalid. */
+size_t kern_row_bytes(uint32_t type, int64_t cols);
+
+/* f16 / bf16 conversions (round to nearest even). */
+uint16_t kern_f32_to_f16(float f);
+float kern_f16_to_f32(uint16_t h);
+uint16_t kern_f32_to_bf16(float f);
+float kern_bf16_to_f32(uint16_t h);
+
+/* ---- scalar reference (the oracle) ---- */
+/* Dequantise n elements (a multiple of the block size) of type from src into dst. */
+int kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* Quantise n f32 elements into type (ggml's reference rounding). */
+int kern_ref_quant_row(uint32_t type, const float *src, void *dst, int64_t n);
+/* y[i][r] = dot(W[r], x[i]) for i < n, r < rows; x is n x cols, y is n x rows. */
+int kern_ref_matmul(uint32_t type, const void *w, int64_t rows, int64_t cols,
+                    const float *x, int64_t n, float *y);
+
+void kern_ref_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* RoPE in place on n_head heads of head_dim at position pos: neox selects the NeoX layout
+ * (pairs i, i+n_rot/2) instead of adjacent pairs; n_rot dims rotated (<= head_dim). */
+void kern_ref_rope(float *x, int n_head, int head_dim, int n_rot, int64_t pos,
+                   float freq_base, float freq_scale, bool neox);
+void kern_ref_softmax(float *x, int64_t n);
+void kern_ref_silu(float *x, int64_t n);
+/* out[i] = silu(gate[i]) * up[i] */
+void kern_ref_swiglu(float *out, const float *gate, const float *up, int64_t n);
+/* Causal grouped-query attention for n query rows at positions pos0..pos0+n-1 over a cache
+ * holding positions 0..pos0+n-1. q, out: n x (n_head*head_dim) f32. k, v: caches of kv_type
+ * (F32 or F16), position p's row at p * kv_stride elements, n_kv_head*head_dim long.
+ * scratch: at least (pos0 + n) floats. */
+void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void *k,
+                        const void *v, int64_t n, int64_t pos0, int n_head, int n_kv_head,
+                        int head_dim, size_t kv_stride, float scale, float *scratch);
+
+/* ---- fast CPU path ---- */
+struct kern_pool; /* opaque thread pool shared by all ops */
+/* n_threads <= 0: one per online CPU. */
+int kern_pool_new(struct kern_pool **out, int n_threads);
+void kern_pool_free(struct kern_pool *p);
+int kern_pool_threads(const struct kern_pool *p);
+/* Human-readable name of the SIMD level in use ("avx512", "avx2", "scalar"). */
+const char *kern_cpu_level(void);
+
+int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
+                const float *x, int64_t n, float *y);
+void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
+                    const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
+                    int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
+
+#endif

@@ -1,0 +1,55 @@
+/* kvctl: dispatch to the command functions of kvctl.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvd/kvctl.h"
+
+struct kvctl_command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct kvctl_command commands[] = {
+    {"inspect",    kvctl_cmd_inspect,    "FILE                      what a model holds: arch, shapes, tensors, bytes per layer"},
+    {"slice",      kvctl_cmd_slice,      "FILE --layers A:B -o OUT  write the stage mini-GGUF of layers [A,B)"},
+    {"catalog",    kvctl_cmd_catalog,    "FILE [-o cat.json]        per-tensor SHA-256 catalog; its own SHA-256 is the model id"},
+    {"verify",     kvctl_cmd_verify,     "WINDOW --catalog CAT      check a window tensor by tensor against a catalog"},
+    {"synth",      kvctl_cmd_synth,      "--arch A --layers N ...   write a random-weight model"},
+    {"generate",   kvctl_cmd_generate,   "-m FILE|--ring DIR -p TEXT -n N [sampling]  generate text"},
+    {"logits",     kvctl_cmd_logits,     "-m FILE --tokens ... -o OUT  teacher-forced logits"},
+    {"bench",      kvctl_cmd_bench,      "-m FILE -p 64 -n 32 -t N  prompt and generation speed"},
+    {"tokenize",   kvctl_cmd_tokenize,   "-m FILE [--ids] [--special] (TEXT | -f FILE)"},
+    {"detokenize", kvctl_cmd_detokenize, "-m FILE IDS"},
+    {"ring",       kvctl_cmd_ring,       "up|down ...               start or stop a local ring"},
+    {"status",     kvctl_cmd_status,     "--ring DIR                the ring at a glance"},
+    {"plan",       kvctl_cmd_plan,       "--model FILE --devices J  plan a ring manifest"},
+    {"profile",    kvctl_cmd_profile,    "--model FILE              this device's profile JSON"},
+    {"pull",       kvctl_cmd_pull,       "--from URL --layers A:B -o OUT  fetch only a window"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kvctl COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n'kvctl COMMAND --help' describes one command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvctl: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,35 @@
+#!/bin/sh
+# Installs the Debian packages Kvasir builds and tests with (DESIGN.md section 4) that are
+# missing. Does nothing when all are present. Uses sudo when not root.
+set -eu
+
+PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev libwslay-dev
+libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
+ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
+curl openssl procps"
+
+missing=""
+for p in $PKGS; do
+    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    case "$st" in
+        *"install ok installed"*) ;;
+        *) missing="$missing $p" ;;
+    esac
+done
+
+[ -z "$missing" ] && exit 0
+
+echo "setup: installing missing Debian packages:$missing"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        echo "setup: not root and no sudo; install these packages by hand:$missing" >&2
+        exit 1
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+echo "setup: done"
