@@ -4,8 +4,9 @@
  * Weights are row-major: a matrix of `rows` rows of `cols` elements of a ggml type, each row
  * kern_row_bytes(type, cols) bytes, rows contiguous. Activations are f32, row-major, n rows.
  * Matmul semantics follow ggml's CPU path: for quantised weights the activations are first
- * quantised per block (Q8_0 for the *_0/*_1 types, Q8_K for the K types), for F16/BF16 weights
- * they are rounded to F16/BF16, then integer / rounded dot products are accumulated in f32.
+ * quantised per block (Q8_0 for Q4_0, Q5_0 and Q8_0; Q8_1 for Q4_1 and Q5_1; Q8_K for the K
+ * types), for F16/BF16 weights they are rounded to F16/BF16, then integer / rounded dot
+ * products are accumulated in f32.
  * The fast versions have the same signatures and are tested against kern_ref_* by normalised
  * MSE. This module includes neither GGUF nor network headers; the type numbers are ggml's
  * (the same as enum gguf_ttype).

@@ -1,0 +1,79 @@
+/* kernels/internal.h — cross-file internals of the kern module: quant block layouts (ggml's,
+ * byte for byte, sizes pinned), the per-type tables and helpers shared by ref/ and cpu/.
+ * Not part of the public API; tests may include it to build blocks by hand.
+ */
+#ifndef KV_KERN_INTERNAL_H
+#define KV_KERN_INTERNAL_H
+
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+
+#define KERN_QK   32   /* elements per block of the *_0 / *_1 types */
+#define KERN_QK_K 256  /* elements per super-block of the K types */
+
+/* f16 fields are stored as raw IEEE half bits. */
+struct kern_block_q4_0 { uint16_t d; uint8_t qs[KERN_QK / 2]; };
+struct kern_block_q4_1 { uint16_t d, m; uint8_t qs[KERN_QK / 2]; };
+struct kern_block_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[KERN_QK / 2]; };
+struct kern_block_q5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[KERN_QK / 2]; };
+struct kern_block_q8_0 { uint16_t d; int8_t qs[KERN_QK]; };
+/* s = d * sum(qs), used by the *_1 dot products for the min term. */
+struct kern_block_q8_1 { uint16_t d, s; int8_t qs[KERN_QK]; };
+/* scales: 8 sub-blocks of 32, 6-bit scale and 6-bit min each, packed in 12 bytes. */
+struct kern_block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[KERN_QK_K / 2]; };
+struct kern_block_q5_K {
+    uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[KERN_QK_K / 8]; uint8_t qs[KERN_QK_K / 2];
+};
+/* 16 sub-blocks of 16 with int8 scales; 4 low bits in ql, 2 high bits in qh, offset 32. */
+struct kern_block_q6_K {
+    uint8_t ql[KERN_QK_K / 2]; uint8_t qh[KERN_QK_K / 4]; int8_t scales[KERN_QK_K / 16];
+    uint16_t d;
+};
+/* Activation blocks for the K types: f32 scale, bsums = sums of 16 quants. */
+struct kern_block_q8_K { float d; int8_t qs[KERN_QK_K]; int16_t bsums[KERN_QK_K / 16]; };
+
+static_assert(sizeof(struct kern_block_q4_0) == 18, "q4_0 block size");
+static_assert(sizeof(struct kern_block_q4_1) == 20, "q4_1 block size");
+static_assert(sizeof(struct kern_block_q5_0) == 22, "q5_0 block size");
+static_assert(sizeof(struct kern_block_q5_1) == 24, "q5_1 block size");
+static_assert(sizeof(struct kern_block_q8_0) == 34, "q8_0 block size");
+static_assert(sizeof(struct kern_block_q8_1) == 36, "q8_1 block size");
+static_assert(sizeof(struct kern_block_q4_K) == 144, "q4_K block size");
+static_assert(sizeof(struct kern_block_q5_K) == 176, "q5_K block size");
+static_assert(sizeof(struct kern_block_q6_K) == 210, "q6_K block size");
+static_assert(sizeof(struct kern_block_q8_K) == 292, "q8_K block size");
+
+/* The activation type a weight type's dot product consumes (ggml's vec_dot_type). */
+uint32_t kern__vec_dot_type(uint32_t type);
+
+/* One row dot product: w is one weight row of n elements, xq the activation row already
+ * converted to kern__vec_dot_type(type). */
+typedef float (*kern__dot_fn)(const void *w, const void *xq, int64_t n);
+/* The scalar reference dot for a weight type, NULL when unsupported. */
+kern__dot_fn kern__ref_dot(uint32_t type);
+
+/* Round to nearest, ties to even (ggml's nearest_int), for |f| < 2^22. */
+static inline int kern__nearest_int(float f)
+{
+    return (int)lrintf(f);
+}
+
+static inline float kern__h2f(uint16_t h) { return kern_f16_to_f32(h); }
+
+/* 6-bit scale and min j (0..7) of a Q4_K/Q5_K scales array. */
+static inline void kern__scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+#endif

@@ -1,0 +1,59 @@
+/* Shared helpers for the kern tests: a seeded RNG, gaussian data, error measures. */
+#ifndef KV_TESTS_KERN_UTIL_H
+#define KV_TESTS_KERN_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t ku_state = 0x9e3779b97f4a7c15ull;
+
+static inline void ku_seed(uint64_t s) { ku_state = s * 0x9e3779b97f4a7c15ull + 1; }
+
+static inline uint32_t ku_u32(void)
+{
+    ku_state ^= ku_state << 13;
+    ku_state ^= ku_state >> 7;
+    ku_state ^= ku_state << 17;
+    return (uint32_t)(ku_state >> 11);
+}
+
+/* Uniform in [0, 1). */
+static inline float ku_unif(void) { return (ku_u32() >> 8) * (1.0f / 16777216.0f); }
+
+static inline float ku_gauss(void)
+{
+    float u = ku_unif() + 1e-7f, v = ku_unif();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static inline void ku_fill(float *x, int64_t n, float sd)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = ku_gauss() * sd;
+}
+
+/* Normalised MSE: mse(a, ref) / mse(ref, 0); 0 when both are zero. */
+static inline double ku_nmse(const float *a, const float *ref, int64_t n)
+{
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        e += d * d;
+        r += (double)ref[i] * ref[i];
+    }
+    return r == 0 ? (e == 0 ? 0 : INFINITY) : e / r;
+}
+
+static inline double ku_nmse_d(const float *a, const double *ref, int64_t n)
+{
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        e += d * d;
+        r += ref[i] * ref[i];
+    }
+    return r == 0 ? (e == 0 ? 0 : INFINITY) : e / r;
+}
+
+#endif
