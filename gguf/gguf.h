@@ -36,6 +36,9 @@
 #define GGUF_MAX_ARRAY     (1u << 26)       /* elements of one array */
 #define GGUF_MAX_HEADER    (1ull << 30)     /* whole header, bytes */
 #define GGUF_MAX_NEST      4                /* array of array depth */
+#define GGUF_MAX_KEY       65535            /* one metadata key, bytes */
+#define GGUF_MAX_NAME      255              /* one tensor name, bytes (llama.cpp: 63) */
+#define GGUF_MAX_ALIGNMENT (1u << 16)       /* general.alignment */
 
 /* Metadata value types. */
 enum gguf_vtype {
@@ -68,6 +71,8 @@ const struct gguf_type_info *gguf_type_info(uint32_t type);
 int gguf_type_bytes(uint32_t type, uint64_t n, uint64_t *out);
 /* Type id by name ("q8_0", case-insensitive), or -1. */
 int gguf_type_by_name(const char *name);
+/* Name of a metadata value type ("u32", "string", ...), "?" if unknown. */
+const char *gguf_vtype_name(uint32_t type);
 
 /* One metadata value. Strings are NOT NUL-terminated unless said; arrays keep the raw
  * little-endian element bytes (fixed-size types) or an index of strings / sub-arrays. */
@@ -118,6 +123,7 @@ uint64_t gguf_file_alignment(const struct gguf_file *f);
 uint64_t gguf_file_data_offset(const struct gguf_file *f); /* start of the data section */
 uint64_t gguf_file_size(const struct gguf_file *f);
 const char *gguf_file_path(const struct gguf_file *f);     /* NULL when parsed from memory */
+uint64_t gguf_file_header_len(const struct gguf_file *f); /* header bytes before the padding */
 
 /* Metadata (borrowed pointers, valid until gguf_file_free). */
 uint64_t gguf_kv_count(const struct gguf_file *f);
@@ -134,6 +140,9 @@ int gguf_get_bool(const struct gguf_file *f, const char *key, bool *out);
 int gguf_get_str(const struct gguf_file *f, const char *key, char *buf, size_t n);
 /* Array value (any element type): borrowed. */
 int gguf_get_arr(const struct gguf_file *f, const char *key, const struct gguf_value **out);
+/* Any integer value as u64 (negative: -EINVAL) / as i64 (above INT64_MAX: -EINVAL). */
+int gguf_value_u64(const struct gguf_value *v, uint64_t *out);
+int gguf_value_i64(const struct gguf_value *v, int64_t *out);
 
 /* Tensors. */
 uint64_t gguf_tensor_count(const struct gguf_file *f);
@@ -148,8 +157,11 @@ int gguf_tensor_layer(const char *name);
 typedef bool (*gguf_want_cb)(const struct gguf_tensor *t, void *ud);
 int gguf_file_map_tensors(struct gguf_file *f, gguf_want_cb want, void *ud,
                           char *err, size_t errlen);
-/* Bytes currently mapped by this file object. */
+/* Bytes currently mapped by this file object. A new map call replaces earlier mappings. */
 uint64_t gguf_file_mapped_bytes(const struct gguf_file *f);
+/* Read one tensor's bytes (t->size of them) into buf with pread (file from gguf_file_open). */
+int gguf_tensor_read(const struct gguf_file *f, const struct gguf_tensor *t, void *buf,
+                     char *err, size_t errlen);
 
 /* Writer: metadata and tensors in order; tensor data is borrowed until gguf_writer_write. */
 struct gguf_writer;
@@ -171,6 +183,14 @@ int gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, uint64_t n,
                             const char *const *strs);
 int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
                            uint32_t n_dims, const uint64_t *ne, const void *data);
+/* A tensor whose bytes are produced at write time: fill(ud, name, buf, size) must fill buf
+ * (size bytes) and return 0 or a negative code. The writer reuses one buffer as large as
+ * the biggest such tensor, so a model is streamed with one tensor in memory at a time. */
+typedef int (*gguf_fill_cb)(void *ud, const char *name, void *buf, uint64_t size);
+int gguf_writer_add_tensor_fill(struct gguf_writer *w, const char *name, uint32_t type,
+                                uint32_t n_dims, const uint64_t *ne, gguf_fill_cb fill, void *ud);
+/* Bytes the file will have when written now (header, padding, tensors). */
+uint64_t gguf_writer_file_size(const struct gguf_writer *w);
 /* Write the file (to path.tmp, fsync, rename) : 0 or negative code with err filled. */
 int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t errlen);
 
@@ -184,5 +204,16 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o,
                       const char *path, char *err, size_t errlen);
 /* Number of blocks (layers) of a model file: from <arch>.block_count. */
 int gguf_block_count(const struct gguf_file *f, uint32_t *out);
+/* Whether tensor t belongs in the window [first, last) of a model of n_layers blocks with
+ * (has_output) or without a separate output.weight: blk.N.* for first <= N < last,
+ * token_embd.* when first == 0, output_norm.* / output.* when last == n_layers (and
+ * token_embd.* there too when the model ties embeddings), other non-block tensors (for
+ * example rope_freqs) always. */
+bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
+                       bool has_output);
+/* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */
+int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
+/* SHA-256 of a whole file as 64 lowercase hex digits + NUL (OpenSSL EVP). */
+int gguf_sha256_file(const char *path, char hex[65], char *err, size_t errlen);
 
 #endif

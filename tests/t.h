@@ -23,10 +23,13 @@ static const char *t_current = "";
     fprintf(stderr, "%s %s\n", t_failures == f0_ ? "ok  " : "FAIL", #name); } while (0)
 #define T_DONE() (fprintf(stderr, "%d checks, %d failed\n", t_checks, t_failures), t_failures != 0)
 
+/* Both evaluate cond exactly once (it may have side effects, e.g. a parse). */
 #define T_CHECK(cond, ...) do { t_checks++; if (!(cond)) { t_failures++; \
     fprintf(stderr, "%s:%d: %s: check failed: %s: ", __FILE__, __LINE__, t_current, #cond); \
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-#define T_ASSERT(cond, ...) do { T_CHECK(cond, __VA_ARGS__); if (!(cond)) return; } while (0)
+#define T_ASSERT(cond, ...) do { t_checks++; if (!(cond)) { t_failures++; \
+    fprintf(stderr, "%s:%d: %s: check failed: %s: ", __FILE__, __LINE__, t_current, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return; } } while (0)
 
 /* Full path of a file under the shared test data into buf; fails the case if it is missing. */
 static inline const char *t_data_path(char *buf, size_t n, const char *rel)

@@ -1,0 +1,199 @@
+/* window.c — stage windows (DESIGN.md section 6): which tensors a layer window holds, and
+ * the stage mini-GGUF writer (all source metadata, the window's tensors with their original
+ * names and identical bytes, kvasir.window.first/last, kvasir.source.sha256). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "gguf/gguf.h"
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+int gguf_block_count(const struct gguf_file *f, uint32_t *out)
+{
+    char arch[64], key[96];
+    int rc = gguf_get_str(f, "general.architecture", arch, sizeof arch);
+    if (rc)
+        return rc;
+    snprintf(key, sizeof key, "%s.block_count", arch);
+    return gguf_get_u32(f, key, out);
+}
+
+int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last)
+{
+    uint32_t a, b;
+    if (gguf_get_u32(f, "kvasir.window.first", &a) || gguf_get_u32(f, "kvasir.window.last", &b))
+        return -ENOENT;
+    *first = a;
+    *last = b;
+    return 0;
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+    return !strncmp(s, p, strlen(p));
+}
+
+bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
+                       bool has_output)
+{
+    int l = gguf_tensor_layer(name);
+    if (l >= 0)
+        return (uint32_t)l >= first && (uint32_t)l < last;
+    if (has_prefix(name, "token_embd."))
+        return first == 0 || (last == n_layers && !has_output);
+    if (has_prefix(name, "output_norm.") || has_prefix(name, "output."))
+        return last == n_layers;
+    return true; /* shared tensors such as rope_freqs.weight: every stage needs them */
+}
+
+int gguf_sha256_file(const char *path, char hex[65], char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        seterr(err, errlen, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    size_t bufsz = 1 << 20;
+    unsigned char *buf = malloc(bufsz);
+    int rc = 0;
+    if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+        rc = -ENOMEM;
+        seterr(err, errlen, "sha256: cannot set up a digest");
+        goto out;
+    }
+    for (;;) {
+        ssize_t n = read(fd, buf, bufsz);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            seterr(err, errlen, "%s: read: %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        EVP_DigestUpdate(ctx, buf, (size_t)n);
+    }
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_DigestFinal_ex(ctx, md, &mdlen);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+out:
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    close(fd);
+    return rc;
+}
+
+struct fill_ctx {
+    const struct gguf_file *src;
+};
+
+static int fill_from_src(void *ud, const char *name, void *buf, uint64_t size)
+{
+    struct fill_ctx *c = ud;
+    const struct gguf_tensor *t = gguf_tensor_find(c->src, name);
+    if (!t || t->size != size)
+        return -EINVAL;
+    if (t->data) {
+        memcpy(buf, t->data, size);
+        return 0;
+    }
+    return gguf_tensor_read(c->src, t, buf, NULL, 0);
+}
+
+int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, const char *path,
+                      char *err, size_t errlen)
+{
+    uint32_t n_layers;
+    int rc = gguf_block_count(src, &n_layers);
+    if (rc) {
+        seterr(err, errlen, "window: the model has no <general.architecture>.block_count");
+        return rc;
+    }
+    if (o->first >= o->last || o->last > n_layers) {
+        seterr(err, errlen, "window: layers [%u, %u) not a non-empty range within [0, %u)",
+               o->first, o->last, n_layers);
+        return -EINVAL;
+    }
+    /* A window of a window: only layers it holds can be taken. */
+    uint32_t sf, sl;
+    if (gguf_window_get(src, &sf, &sl) == 0 && (o->first < sf || o->last > sl)) {
+        seterr(err, errlen, "window: layers [%u, %u) not inside the source window [%u, %u)",
+               o->first, o->last, sf, sl);
+        return -EINVAL;
+    }
+    if (o->source_sha256_hex && strlen(o->source_sha256_hex) != 64) {
+        seterr(err, errlen, "window: source sha256 '%s' is not 64 hex digits", o->source_sha256_hex);
+        return -EINVAL;
+    }
+    char hex[65];
+    const char *sha = o->source_sha256_hex;
+    if (!sha && gguf_get_str(src, "kvasir.source.sha256", hex, sizeof hex) == 0 && strlen(hex) == 64)
+        sha = hex; /* slicing a window again: keep pointing at the original model */
+    if (!sha) {
+        if (gguf_file_path(src) == NULL) {
+            seterr(err, errlen, "window: source parsed from memory; give its sha256");
+            return -EINVAL;
+        }
+        if ((rc = gguf_sha256_file(gguf_file_path(src), hex, err, errlen)))
+            return rc;
+        sha = hex;
+    }
+    bool has_output = gguf_tensor_find(src, "output.weight") != NULL;
+
+    struct gguf_writer *w;
+    if ((rc = gguf_writer_new(&w)))
+        return rc;
+    for (uint64_t i = 0; i < gguf_kv_count(src) && !rc; i++) {
+        const struct gguf_kv *kv = gguf_kv_at(src, i);
+        if (!strcmp(kv->key, "kvasir.window.first") || !strcmp(kv->key, "kvasir.window.last") ||
+            !strcmp(kv->key, "kvasir.source.sha256"))
+            continue;
+        rc = gguf_writer_set(w, kv->key, &kv->val);
+        if (rc)
+            seterr(err, errlen, "window: copying key '%s': %s", kv->key, strerror(-rc));
+    }
+    if (!rc)
+        rc = gguf_writer_set_u32(w, "kvasir.window.first", o->first);
+    if (!rc)
+        rc = gguf_writer_set_u32(w, "kvasir.window.last", o->last);
+    if (!rc)
+        rc = gguf_writer_set_str(w, "kvasir.source.sha256", sha);
+    if (rc && err && !err[0])
+        seterr(err, errlen, "window: setting metadata: %s", strerror(-rc));
+    struct fill_ctx fc = {.src = src};
+    for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(src, i);
+        if (!gguf_window_wants(t->name, o->first, o->last, n_layers, has_output))
+            continue;
+        rc = gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src, &fc);
+        if (rc)
+            seterr(err, errlen, "window: adding tensor '%s': %s", t->name, strerror(-rc));
+    }
+    if (!rc)
+        rc = gguf_writer_write(w, path, err, errlen);
+    gguf_writer_free(w);
+    return rc;
+}
