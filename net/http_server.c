@@ -1,0 +1,1492 @@
+/* http_server.c — the HTTP/1.1 server on libuv (see net.h [http]).
+ *
+ * A connection moves through: IDLE (waiting for a request) -> HEADERS (bytes of a request
+ * arrived, the header timer runs) -> DISPATCHED (the handler holds the request) -> the
+ * response is queued (SIMPLE), pulled from a body as the socket drains (BODY) or pushed by the
+ * handler (PUSH) -> back to IDLE (keep-alive) or closed; or UPGRADED (raw bytes). Reading
+ * stops while a request is being answered, so pipelined requests wait in the socket and are
+ * answered in order. The connection is freed only in the close callback of its last handle;
+ * a close asked for while zstd work runs on the thread pool waits for that work.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <http_parser.h>
+#include <uv.h>
+#include <zstd.h>
+
+#include "net/net.h"
+
+#define HTTP_MAX_HEADERS_CAP 256
+#define HTTP_CHUNK (256u * 1024)           /* bytes asked of a body per read */
+#define HTTP_HIGH_WATER (4u * 1024 * 1024) /* stop pulling a body above this much queued */
+#define HTTP_LOW_WATER (1u * 1024 * 1024)  /* writable callbacks below this */
+#define HTTP_PATH_MAX 4096
+#define HTTP_RBUF (64u * 1024)             /* socket read buffer */
+#define HTTP_IN0 (16u * 1024)              /* first size of the input buffer (grows) */
+
+enum conn_state { ST_IDLE, ST_HEADERS, ST_DISPATCHED, ST_UPGRADED };
+enum resp_kind { R_NONE, R_SIMPLE, R_BODY, R_PUSH };
+
+struct route {
+    char method[16];
+    char *path;
+    size_t plen;
+    bool prefix;
+    net_http_handler_cb cb;
+    void *ud;
+};
+
+struct net_http_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    bool listening, closing, listener_closed;
+    struct net_http_limits lim;
+    const struct net_http_filter *filter;
+    struct route *routes;
+    size_t n_routes;
+    struct net_http_conn *conns; /* doubly linked */
+    struct net_http_stats stats;
+    int port;
+    void (*done)(void *);
+    void *done_ud;
+};
+
+/* A body being pulled: shared by the pump and by every write that borrows its memory. */
+struct body_stream {
+    struct net_http_body b;
+    int refs;
+    uint64_t off, end;  /* next byte, one past the last */
+    bool zstd, chunked;
+    ZSTD_CCtx *cctx;
+};
+
+struct net_http_req {
+    struct net_http_conn *c;
+    char method[16];
+    char *url;
+    size_t url_len;
+    char path[HTTP_PATH_MAX];
+    const char *query;
+    char *hbuf;
+    size_t hlen, hcap;
+    uint32_t hname[HTTP_MAX_HEADERS_CAP], hval[HTTP_MAX_HEADERS_CAP];
+    size_t nh;
+    bool in_value;
+    char *body;
+    size_t body_len;
+    bool head, upgrade, keep_alive, http10, answered;
+    int err_status;      /* limit violated while parsing */
+    void (*abort_cb)(void *);
+    void *abort_ud;
+    /* response */
+    enum resp_kind kind;
+    bool resp_done;      /* every byte queued */
+    bool push_chunked;
+    uint64_t push_left;
+    void (*writable)(void *);
+    void *writable_ud;
+    struct body_stream *bs;
+};
+
+struct net_http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    struct net_http_server *srv;
+    struct net_http_conn *prev, *next;
+    int handles_open;
+    bool closing, close_after_write, reading, user_paused, work_pending, in_process, again,
+         pumping;
+    enum conn_state st;
+    http_parser parser;
+    http_parser_settings ps;
+    char peer[64];
+    void *fstate;
+    const struct net_http_filter *filter;
+    char *in;
+    size_t in_len, in_pos, in_cap, in_max;
+    char *rbuf;
+    size_t queued;
+    char *scratch;
+    struct net_http_req req;
+    const struct net_http_upgrade_ops *up;
+    void *up_ud;
+};
+
+struct wreq {
+    uv_write_t w;
+    struct net_http_conn *c;
+    struct body_stream *bs; /* borrowed memory of this stream (NULL: owned copy) */
+    char *owned;
+    size_t n;
+};
+
+static void conn_close(struct net_http_conn *c);
+static void conn_process(struct net_http_conn *c);
+static void pump(struct net_http_conn *c);
+static void req_finish(struct net_http_req *r);
+static void read_start(struct net_http_conn *c);
+
+/* ------------------------------------------------------------------ streams */
+
+static void bs_unref(struct body_stream *bs)
+{
+    if (!bs || --bs->refs > 0)
+        return;
+    if (bs->b.release)
+        bs->b.release(bs->b.ud);
+    free((char *)bs->b.etag);
+    ZSTD_freeCCtx(bs->cctx);
+    free(bs);
+}
+
+/* ------------------------------------------------------------------ writes */
+
+static void timer_arm(struct net_http_conn *c, uint32_t ms);
+
+static void on_write(uv_write_t *w, int status)
+{
+    struct wreq *wr = (struct wreq *)w;
+    struct net_http_conn *c = wr->c;
+    c->queued -= wr->n;
+    free(wr->owned);
+    bs_unref(wr->bs);
+    free(wr);
+    if (c->closing)
+        return;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    if (c->st == ST_DISPATCHED)
+        timer_arm(c, c->srv->lim.idle_timeout_ms); /* progress: a slow reader gets idle time */
+    if (c->close_after_write && c->queued == 0) {
+        conn_close(c);
+        return;
+    }
+    struct net_http_req *r = &c->req;
+    if (c->st == ST_DISPATCHED && r->kind == R_BODY && !r->resp_done)
+        pump(c);
+    else if (c->st == ST_DISPATCHED && r->kind == R_PUSH && !r->resp_done && r->writable &&
+             c->queued < HTTP_LOW_WATER)
+        r->writable(r->writable_ud);
+    else if (c->st == ST_UPGRADED && c->up && c->up->on_writable && c->queued < HTTP_LOW_WATER)
+        c->up->on_writable(c->up_ud);
+}
+
+/* Queue bytes on the socket: borrowed from bs (kept alive by a reference) or copied. */
+static int raw_write(struct net_http_conn *c, const void *buf, size_t n, struct body_stream *bs)
+{
+    if (c->closing)
+        return -ECANCELED;
+    if (n == 0)
+        return 0;
+    struct wreq *wr = calloc(1, sizeof *wr);
+    if (!wr)
+        return -ENOMEM;
+    wr->c = c;
+    wr->n = n;
+    const char *p = buf;
+    if (bs) {
+        wr->bs = bs;
+        bs->refs++;
+    } else {
+        wr->owned = malloc(n);
+        if (!wr->owned) {
+            free(wr);
+            return -ENOMEM;
+        }
+        memcpy(wr->owned, buf, n);
+        p = wr->owned;
+    }
+    uv_buf_t ub = uv_buf_init((char *)p, (unsigned)n);
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &ub, 1, on_write);
+    if (rc < 0) {
+        bs_unref(wr->bs);
+        free(wr->owned);
+        free(wr);
+        return rc;
+    }
+    c->queued += n;
+    c->srv->stats.bytes_sent += n;
+    return 0;
+}
+
+/* Queue owned memory without copying (takes ownership of buf, malloc'd). */
+static int raw_write_owned(struct net_http_conn *c, char *buf, size_t n)
+{
+    if (c->closing || n == 0) {
+        free(buf);
+        return c->closing ? -ECANCELED : 0;
+    }
+    struct wreq *wr = calloc(1, sizeof *wr);
+    if (!wr) {
+        free(buf);
+        return -ENOMEM;
+    }
+    wr->c = c;
+    wr->n = n;
+    wr->owned = buf;
+    uv_buf_t ub = uv_buf_init(buf, (unsigned)n);
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &ub, 1, on_write);
+    if (rc < 0) {
+        free(buf);
+        free(wr);
+        return rc;
+    }
+    c->queued += n;
+    c->srv->stats.bytes_sent += n;
+    return 0;
+}
+
+/* Plaintext out: through the filter when there is one. */
+static int conn_send(struct net_http_conn *c, const void *buf, size_t n, struct body_stream *bs)
+{
+    if (c->closing)
+        return -ECANCELED;
+    if (c->filter)
+        return c->filter->send(c->fstate, c, buf, n);
+    return raw_write(c, buf, n, bs);
+}
+
+static int conn_send_owned(struct net_http_conn *c, char *buf, size_t n)
+{
+    if (c->filter) {
+        int rc = c->closing ? -ECANCELED : c->filter->send(c->fstate, c, buf, n);
+        free(buf);
+        return rc;
+    }
+    return raw_write_owned(c, buf, n);
+}
+
+int net_http_conn_send_raw(struct net_http_conn *c, const void *buf, size_t n)
+{
+    return raw_write(c, buf, n, NULL);
+}
+
+int net_http_conn_write(struct net_http_conn *c, const void *buf, size_t n)
+{
+    return conn_send(c, buf, n, NULL);
+}
+
+size_t net_http_conn_queued(const struct net_http_conn *c) { return c->queued; }
+const char *net_http_conn_peer(const struct net_http_conn *c) { return c->peer; }
+
+/* ------------------------------------------------------------------ close */
+
+static void server_maybe_free(struct net_http_server *s)
+{
+    if (!s->closing || !s->listener_closed || s->conns)
+        return;
+    void (*done)(void *) = s->done;
+    void *ud = s->done_ud;
+    for (size_t i = 0; i < s->n_routes; i++)
+        free(s->routes[i].path);
+    free(s->routes);
+    free(s);
+    if (done)
+        done(ud);
+}
+
+static void req_reset(struct net_http_req *r)
+{
+    bs_unref(r->bs);
+    free(r->body);
+    struct net_http_conn *c = r->c;
+    char *url = r->url, *hbuf = r->hbuf;
+    size_t hcap = r->hcap;
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->url = url;
+    r->hbuf = hbuf;
+    r->hcap = hcap;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct net_http_conn *c = h->data;
+    if (--c->handles_open > 0)
+        return;
+    struct net_http_server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->stats.conns_open--;
+    if (c->fstate && c->filter && c->filter->close)
+        c->filter->close(c->fstate);
+    if (c->st == ST_UPGRADED && c->up && c->up->on_close)
+        c->up->on_close(c->up_ud);
+    req_reset(&c->req);
+    free(c->req.url);
+    free(c->req.hbuf);
+    free(c->in);
+    free(c->rbuf);
+    free(c->scratch);
+    free(c);
+    server_maybe_free(s);
+}
+
+static void conn_close(struct net_http_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    struct net_http_req *r = &c->req;
+    if (c->st == ST_DISPATCHED && !r->answered && r->abort_cb) {
+        void (*cb)(void *) = r->abort_cb;
+        r->abort_cb = NULL;
+        cb(r->abort_ud);
+    }
+    if (c->work_pending)
+        return; /* the work's completion closes the handles */
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+void net_http_conn_close(struct net_http_conn *c)
+{
+    if (c->queued == 0)
+        conn_close(c);
+    else
+        c->close_after_write = true;
+}
+
+/* ------------------------------------------------------------------ timers */
+
+static void on_timer(uv_timer_t *t)
+{
+    struct net_http_conn *c = t->data;
+    if (c->closing)
+        return;
+    if (c->st == ST_HEADERS) {
+        /* a request that never finishes its headers (slowloris): 408 and close */
+        struct net_http_req *r = &c->req;
+        r->keep_alive = false;
+        c->st = ST_DISPATCHED;
+        net_http_reply_error(r, 408, "request headers not received within %u ms",
+                             c->srv->lim.header_timeout_ms);
+        return;
+    }
+    conn_close(c); /* idle keep-alive, or no write progress */
+}
+
+static void timer_arm(struct net_http_conn *c, uint32_t ms)
+{
+    if (!c->closing)
+        uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ------------------------------------------------------------------ parsing */
+
+static struct net_http_conn *pconn(http_parser *p) { return p->data; }
+
+static int on_message_begin(http_parser *p)
+{
+    struct net_http_conn *c = pconn(p);
+    req_reset(&c->req);
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t len)
+{
+    struct net_http_conn *c = pconn(p);
+    struct net_http_req *r = &c->req;
+    if (len > c->srv->lim.max_url - r->url_len) {
+        r->err_status = 414;
+        return 1;
+    }
+    memcpy(r->url + r->url_len, at, len);
+    r->url_len += len;
+    r->url[r->url_len] = 0;
+    return 0;
+}
+
+static int hb_append(struct net_http_req *r, const struct net_http_limits *lim, const char *at,
+                     size_t len)
+{
+    /* hcap = max_header_bytes + room for a NUL after each name and value */
+    if (len > r->hcap - 1 - r->hlen || r->hlen + len > lim->max_header_bytes + 2 * r->nh) {
+        r->err_status = 431;
+        return 1;
+    }
+    memcpy(r->hbuf + r->hlen, at, len);
+    r->hlen += len;
+    return 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t len)
+{
+    struct net_http_conn *c = pconn(p);
+    struct net_http_req *r = &c->req;
+    if (r->in_value || r->nh == 0) {
+        if (r->nh > 0)
+            r->hbuf[r->hlen++] = 0; /* end of the previous value (room reserved) */
+        if (r->nh >= c->srv->lim.max_headers) {
+            r->err_status = 431;
+            return 1;
+        }
+        r->hname[r->nh++] = (uint32_t)r->hlen;
+        r->in_value = false;
+    }
+    return hb_append(r, &c->srv->lim, at, len);
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len)
+{
+    struct net_http_conn *c = pconn(p);
+    struct net_http_req *r = &c->req;
+    if (!r->in_value) {
+        r->hbuf[r->hlen++] = 0; /* end of the name */
+        r->hval[r->nh - 1] = (uint32_t)r->hlen;
+        r->in_value = true;
+    }
+    return hb_append(r, &c->srv->lim, at, len);
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    struct net_http_conn *c = pconn(p);
+    struct net_http_req *r = &c->req;
+    if (r->nh > 0) {
+        if (!r->in_value) { /* a name without a value */
+            r->hbuf[r->hlen++] = 0;
+            r->hval[r->nh - 1] = (uint32_t)r->hlen;
+        }
+        r->hbuf[r->hlen++] = 0;
+    }
+    snprintf(r->method, sizeof r->method, "%s", http_method_str(p->method));
+    r->head = p->method == HTTP_HEAD;
+    r->http10 = p->http_major == 1 && p->http_minor == 0;
+    if (p->content_length != ULLONG_MAX && p->content_length > c->srv->lim.max_body) {
+        r->err_status = 413;
+        return -1;
+    }
+    uv_timer_stop(&c->timer);
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len)
+{
+    struct net_http_conn *c = pconn(p);
+    struct net_http_req *r = &c->req;
+    if (len > c->srv->lim.max_body - r->body_len) {
+        r->err_status = 413;
+        return 1;
+    }
+    char *nb = realloc(r->body, r->body_len + len + 1);
+    if (!nb) {
+        r->err_status = 500;
+        return 1;
+    }
+    r->body = nb;
+    memcpy(r->body + r->body_len, at, len);
+    r->body_len += len;
+    r->body[r->body_len] = 0;
+    return 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    struct net_http_conn *c = pconn(p);
+    c->req.keep_alive = http_should_keep_alive(p);
+    c->req.upgrade = p->upgrade;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+static bool method_match(const struct route *rt, const struct net_http_req *r)
+{
+    if (rt->method[0] == '*')
+        return true;
+    if (strcmp(rt->method, r->method) == 0)
+        return true;
+    return r->head && strcmp(rt->method, "GET") == 0;
+}
+
+static void dispatch(struct net_http_conn *c)
+{
+    struct net_http_server *s = c->srv;
+    struct net_http_req *r = &c->req;
+    c->st = ST_DISPATCHED;
+    s->stats.requests++;
+    if (r->upgrade)
+        r->keep_alive = false; /* unless the handler upgrades, the connection ends here */
+    timer_arm(c, s->lim.idle_timeout_ms);
+    struct http_parser_url u;
+    http_parser_url_init(&u);
+    char err[160];
+    if (c->parser.http_major != 1) {
+        r->keep_alive = false;
+        net_http_reply_error(r, 505, "HTTP/%u.%u not supported", c->parser.http_major,
+                             c->parser.http_minor);
+        return;
+    }
+    if (http_parser_parse_url(r->url, r->url_len, 0, &u) != 0 || !(u.field_set & (1 << UF_PATH))) {
+        r->keep_alive = false;
+        net_http_reply_error(r, 400, "malformed request target");
+        return;
+    }
+    if (net_http_path_clean(r->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len,
+                            r->path, sizeof r->path, err, sizeof err) != 0) {
+        net_http_reply_error(r, 400, "bad path: %s", err);
+        return;
+    }
+    if (u.field_set & (1 << UF_QUERY)) {
+        r->url[u.field_data[UF_QUERY].off + u.field_data[UF_QUERY].len] = 0;
+        r->query = r->url + u.field_data[UF_QUERY].off;
+    } else {
+        r->query = "";
+    }
+    bool path_seen = false;
+    for (size_t i = 0; i < s->n_routes; i++) {
+        const struct route *rt = &s->routes[i];
+        bool pm = rt->prefix ? strncmp(r->path, rt->path, rt->plen) == 0
+                             : strcmp(r->path, rt->path) == 0;
+        if (!pm)
+            continue;
+        path_seen = true;
+        if (!method_match(rt, r))
+            continue;
+        rt->cb(r, rt->ud);
+        return;
+    }
+    if (path_seen)
+        net_http_reply_error(r, 405, "method %s not allowed on %s", r->method, r->path);
+    else
+        net_http_reply_error(r, 404, "no route for %s", r->path);
+}
+
+/* Parse what is buffered while the connection waits for requests; dispatch complete ones. */
+static void conn_process(struct net_http_conn *c)
+{
+    if (c->in_process) {
+        c->again = true;
+        return;
+    }
+    c->in_process = true;
+    do {
+        c->again = false;
+        while (!c->closing && (c->st == ST_IDLE || c->st == ST_HEADERS) && c->in_pos < c->in_len) {
+            if (c->st == ST_IDLE) {
+                c->st = ST_HEADERS;
+                timer_arm(c, c->srv->lim.header_timeout_ms);
+            }
+            size_t avail = c->in_len - c->in_pos;
+            size_t n = http_parser_execute(&c->parser, &c->ps, c->in + c->in_pos, avail);
+            enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+            if (e == HPE_PAUSED) {
+                c->in_pos += n;
+                http_parser_pause(&c->parser, 0);
+                dispatch(c);
+                continue;
+            }
+            if (e != HPE_OK) {
+                struct net_http_req *r = &c->req;
+                int st = r->err_status ? r->err_status : 400;
+                r->keep_alive = false;
+                c->in_pos = c->in_len;
+                c->st = ST_DISPATCHED;
+                if (st == 413)
+                    net_http_reply_error(r, st, "request body over the limit %u bytes",
+                                         c->srv->lim.max_body);
+                else if (st == 414)
+                    net_http_reply_error(r, st, "request target over the limit %u bytes",
+                                         c->srv->lim.max_url);
+                else if (st == 431)
+                    net_http_reply_error(r, st, "headers over the limits (%u bytes, %u fields)",
+                                         c->srv->lim.max_header_bytes, c->srv->lim.max_headers);
+                else
+                    net_http_reply_error(r, st, "malformed request: %s",
+                                         http_errno_description(e));
+                continue;
+            }
+            c->in_pos += n;
+        }
+        if (c->st == ST_UPGRADED && c->in_pos < c->in_len && c->up && !c->closing) {
+            size_t n = c->in_len - c->in_pos;
+            c->in_pos = c->in_len;
+            c->up->on_data(c->up_ud, c, c->in + c->in_len - n, n);
+        }
+        if (c->in_pos == c->in_len)
+            c->in_pos = c->in_len = 0;
+    } while (c->again && !c->closing);
+    c->in_process = false;
+    /* read while waiting for a request (or upgraded), pause while answering */
+    bool want = !c->closing && !c->user_paused && (c->st != ST_DISPATCHED);
+    if (want && !c->reading) {
+        read_start(c);
+    } else if (!want && c->reading && !c->closing) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+int net_http_conn_feed(struct net_http_conn *c, const void *buf, size_t n)
+{
+    if (c->closing)
+        return -ECANCELED;
+    if (n > c->in_cap - c->in_len) {
+        if (c->in_pos > 0) {
+            memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
+            c->in_len -= c->in_pos;
+            c->in_pos = 0;
+        }
+        if (n > c->in_max - c->in_len) {
+            conn_close(c); /* more pipelined input than any request may hold */
+            return -ENOBUFS;
+        }
+        size_t nc = c->in_cap ? c->in_cap : HTTP_IN0;
+        while (nc < c->in_len + n)
+            nc *= 2;
+        if (nc > c->in_max)
+            nc = c->in_max;
+        char *nb = realloc(c->in, nc);
+        if (!nb) {
+            conn_close(c);
+            return -ENOMEM;
+        }
+        c->in = nb;
+        c->in_cap = nc;
+    }
+    memcpy(c->in + c->in_len, buf, n);
+    c->in_len += n;
+    conn_process(c);
+    return 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b)
+{
+    struct net_http_conn *c = h->data;
+    (void)hint;
+    if (!c->rbuf)
+        c->rbuf = malloc(HTTP_RBUF);
+    b->base = c->rbuf;
+    b->len = c->rbuf ? HTTP_RBUF : 0;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
+{
+    struct net_http_conn *c = st->data;
+    if (nread < 0) {
+        conn_close(c);
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    c->srv->stats.bytes_received += (uint64_t)nread;
+    if (c->filter) {
+        if (c->filter->recv(c->fstate, c, b->base, (size_t)nread) < 0)
+            conn_close(c);
+        return;
+    }
+    net_http_conn_feed(c, b->base, (size_t)nread);
+}
+
+static void read_start(struct net_http_conn *c)
+{
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->reading = true;
+}
+
+void net_http_conn_read_pause(struct net_http_conn *c, bool pause)
+{
+    c->user_paused = pause;
+    if (c->closing)
+        return;
+    if (pause && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    } else if (!pause && !c->reading && c->st != ST_DISPATCHED) {
+        read_start(c);
+    }
+}
+
+/* ------------------------------------------------------------------ accept */
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+    struct net_http_server *s = ls->data;
+    if (status < 0 || s->closing)
+        return;
+    struct net_http_conn *c = calloc(1, sizeof *c);
+    if (c) {
+        c->in_max = (size_t)s->lim.max_url + s->lim.max_header_bytes + s->lim.max_body + 65536;
+        c->req.url = malloc((size_t)s->lim.max_url + 1);
+        c->req.hcap = (size_t)s->lim.max_header_bytes + 2 * (size_t)s->lim.max_headers + 2;
+        c->req.hbuf = malloc(c->req.hcap);
+    }
+    if (!c || !c->req.url || !c->req.hbuf) {
+        if (c) {
+            free(c->req.url);
+            free(c->req.hbuf);
+            free(c);
+        }
+        return; /* the pending connection stays in the backlog; the client times out */
+    }
+    c->req.c = c;
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->handles_open = 2;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->stats.conns_open++;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (s->stats.conns_open > s->lim.max_conns) {
+        s->stats.conns_refused++;
+        conn_close(c);
+        return;
+    }
+    s->stats.conns_accepted++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        char ip[48] = "?";
+        int port = 0;
+        if (ss.ss_family == AF_INET) {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    }
+    http_parser_init(&c->parser, HTTP_REQUEST);
+    c->parser.data = c;
+    http_parser_settings_init(&c->ps);
+    c->ps.on_message_begin = on_message_begin;
+    c->ps.on_url = on_url;
+    c->ps.on_header_field = on_header_field;
+    c->ps.on_header_value = on_header_value;
+    c->ps.on_headers_complete = on_headers_complete;
+    c->ps.on_body = on_body;
+    c->ps.on_message_complete = on_message_complete;
+    c->st = ST_IDLE;
+    timer_arm(c, s->lim.header_timeout_ms); /* a connection that says nothing */
+    if (s->filter) {
+        c->filter = s->filter;
+        if (s->filter->open(s->filter->ud, c, &c->fstate) < 0) {
+            c->filter = NULL;
+            conn_close(c);
+            return;
+        }
+    }
+    read_start(c);
+}
+
+/* ------------------------------------------------------------------ server */
+
+int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
+                        const struct net_http_limits *limits)
+{
+    struct net_http_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    s->loop = loop;
+    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3};
+    if (limits) {
+        if (limits->max_url) d.max_url = limits->max_url;
+        if (limits->max_header_bytes) d.max_header_bytes = limits->max_header_bytes;
+        if (limits->max_headers) d.max_headers = limits->max_headers;
+        if (limits->max_body) d.max_body = limits->max_body;
+        if (limits->header_timeout_ms) d.header_timeout_ms = limits->header_timeout_ms;
+        if (limits->idle_timeout_ms) d.idle_timeout_ms = limits->idle_timeout_ms;
+        if (limits->max_conns) d.max_conns = limits->max_conns;
+        if (limits->zstd_level) d.zstd_level = limits->zstd_level;
+    }
+    if (d.max_headers > HTTP_MAX_HEADERS_CAP)
+        d.max_headers = HTTP_MAX_HEADERS_CAP;
+    if (d.max_url > HTTP_PATH_MAX - 1)
+        d.max_url = HTTP_PATH_MAX - 1;
+    if (d.max_header_bytes > (1u << 20))
+        d.max_header_bytes = 1u << 20;
+    if (d.max_body > (1u << 30))
+        d.max_body = 1u << 30;
+    s->lim = d;
+    uv_tcp_init(loop, &s->listener);
+    s->listener.data = s;
+    *out = s;
+    return 0;
+}
+
+void net_http_server_set_filter(struct net_http_server *s, const struct net_http_filter *f)
+{
+    s->filter = f;
+}
+
+int net_http_server_route(struct net_http_server *s, const char *method, const char *path,
+                          net_http_handler_cb cb, void *ud)
+{
+    if (!method || !path || !cb || strlen(method) >= sizeof s->routes[0].method)
+        return -EINVAL;
+    struct route *nr = realloc(s->routes, (s->n_routes + 1) * sizeof *nr);
+    if (!nr)
+        return -ENOMEM;
+    s->routes = nr;
+    struct route *rt = &nr[s->n_routes];
+    memset(rt, 0, sizeof *rt);
+    snprintf(rt->method, sizeof rt->method, "%s", method);
+    rt->path = strdup(path);
+    if (!rt->path)
+        return -ENOMEM;
+    rt->plen = strlen(path);
+    if (rt->plen && path[rt->plen - 1] == '*') {
+        rt->prefix = true;
+        rt->path[--rt->plen] = 0;
+    }
+    rt->cb = cb;
+    rt->ud = ud;
+    s->n_routes++;
+    return 0;
+}
+
+int net_http_server_listen(struct net_http_server *s, const char *addr)
+{
+    char host[128];
+    const char *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= sizeof host)
+        return -EINVAL;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return -EINVAL;
+    struct sockaddr_storage ss;
+    int rc;
+    if (host[0] == '[') {
+        size_t hl = strlen(host);
+        if (hl < 2 || host[hl - 1] != ']')
+            return -EINVAL;
+        host[hl - 1] = 0;
+        rc = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)&ss);
+    } else {
+        rc = uv_ip4_addr(host[0] ? host : "0.0.0.0", (int)port, (struct sockaddr_in *)&ss);
+    }
+    if (rc < 0)
+        return rc;
+    if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0)) < 0)
+        return rc;
+    if ((rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection)) < 0)
+        return rc;
+    int len = sizeof ss;
+    if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len) == 0)
+        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    s->listening = true;
+    return 0;
+}
+
+int net_http_server_port(const struct net_http_server *s) { return s->port; }
+const struct net_http_stats *net_http_server_stats(const struct net_http_server *s)
+{
+    return &s->stats;
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+    struct net_http_server *s = h->data;
+    s->listener_closed = true;
+    server_maybe_free(s);
+}
+
+void net_http_server_close(struct net_http_server *s, void (*done)(void *), void *ud)
+{
+    if (s->closing)
+        return;
+    s->closing = true;
+    s->done = done;
+    s->done_ud = ud;
+    for (struct net_http_conn *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        conn_close(c);
+    }
+    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+}
+
+/* ------------------------------------------------------------------ requests */
+
+const char *net_http_req_method(const struct net_http_req *r) { return r->method; }
+const char *net_http_req_path(const struct net_http_req *r) { return r->path; }
+const char *net_http_req_query(const struct net_http_req *r) { return r->query ? r->query : ""; }
+bool net_http_req_is_head(const struct net_http_req *r) { return r->head; }
+bool net_http_req_is_upgrade(const struct net_http_req *r) { return r->upgrade; }
+const char *net_http_req_peer(const struct net_http_req *r) { return r->c->peer; }
+struct net_http_conn *net_http_req_conn(struct net_http_req *r) { return r->c; }
+size_t net_http_req_header_count(const struct net_http_req *r) { return r->nh; }
+
+void net_http_req_header_at(const struct net_http_req *r, size_t i, const char **name,
+                            const char **value)
+{
+    *name = i < r->nh ? r->hbuf + r->hname[i] : NULL;
+    *value = i < r->nh ? r->hbuf + r->hval[i] : NULL;
+}
+
+const char *net_http_req_header(const struct net_http_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->nh; i++)
+        if (strcasecmp(r->hbuf + r->hname[i], name) == 0)
+            return r->hbuf + r->hval[i];
+    return NULL;
+}
+
+const void *net_http_req_body(const struct net_http_req *r, size_t *len)
+{
+    if (len)
+        *len = r->body_len;
+    return r->body;
+}
+
+void net_http_req_set_abort(struct net_http_req *r, void (*abort_cb)(void *), void *ud)
+{
+    r->abort_cb = abort_cb;
+    r->abort_ud = ud;
+}
+
+/* ------------------------------------------------------------------ responses */
+
+static void count_status(struct net_http_server *s, int status)
+{
+    if (status < 300) s->stats.responses_2xx++;
+    else if (status < 400) s->stats.responses_3xx++;
+    else if (status < 500) s->stats.responses_4xx++;
+    else s->stats.responses_5xx++;
+}
+
+/* Response head into a malloc'd string. len_mode: >=0 Content-Length, -1 chunked, -2 none. */
+static char *build_head(struct net_http_req *r, int status, const char *ctype, const char *extra,
+                        int64_t clen, bool chunked, size_t *out_len)
+{
+    char date[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    char lenh[64] = "";
+    if (chunked)
+        snprintf(lenh, sizeof lenh, "Transfer-Encoding: chunked\r\n");
+    else if (clen >= 0)
+        snprintf(lenh, sizeof lenh, "Content-Length: %lld\r\n", (long long)clen);
+    const char *conn = !r->keep_alive ? "Connection: close\r\n"
+                       : r->http10    ? "Connection: keep-alive\r\n" : "";
+    char *h = NULL;
+    int n = asprintf(&h, "HTTP/1.1 %d %s\r\nServer: kvasir\r\nDate: %s\r\n%s%s%s%s%s%s\r\n",
+                     status, net_http_status_text(status), date, ctype ? "Content-Type: " : "",
+                     ctype ? ctype : "", ctype ? "\r\n" : "", lenh, conn, extra ? extra : "");
+    if (n < 0)
+        return NULL;
+    *out_len = (size_t)n;
+    return h;
+}
+
+static int answer_check(struct net_http_req *r)
+{
+    if (r->answered || r->c->closing)
+        return -EALREADY;
+    r->answered = true;
+    return 0;
+}
+
+/* The whole response is queued: next request (keep-alive) or close. */
+static void req_finish(struct net_http_req *r)
+{
+    struct net_http_conn *c = r->c;
+    r->resp_done = true;
+    if (c->closing)
+        return;
+    if (!r->keep_alive) {
+        net_http_conn_close(c);
+        return;
+    }
+    req_reset(r);
+    c->st = ST_IDLE;
+    timer_arm(c, c->srv->lim.idle_timeout_ms);
+    conn_process(c);
+}
+
+int net_http_reply(struct net_http_req *r, int status, const char *content_type,
+                   const char *extra_headers, const void *body, size_t len)
+{
+    int rc = answer_check(r);
+    if (rc < 0)
+        return rc;
+    struct net_http_conn *c = r->c;
+    count_status(c->srv, status);
+    r->kind = R_SIMPLE;
+    bool nobody = status == 204 || status == 304 || (status >= 100 && status < 200);
+    size_t hl;
+    char *h = build_head(r, status, content_type, extra_headers, nobody ? -2 : (int64_t)len,
+                         false, &hl);
+    if (!h) {
+        net_http_conn_close(c);
+        return -ENOMEM;
+    }
+    size_t bl = (r->head || nobody) ? 0 : len;
+    char *all = realloc(h, hl + bl + 1);
+    if (!all) {
+        free(h);
+        net_http_conn_close(c);
+        return -ENOMEM;
+    }
+    if (bl)
+        memcpy(all + hl, body, bl);
+    c->srv->stats.body_bytes_sent += bl;
+    rc = conn_send_owned(c, all, hl + bl);
+    req_finish(r);
+    return rc;
+}
+
+int net_http_reply_error(struct net_http_req *r, int status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n > sizeof msg - 2)
+        n = (int)sizeof msg - 2;
+    msg[n++] = '\n';
+    msg[n] = 0;
+    return net_http_reply(r, status, "text/plain; charset=utf-8", NULL, msg, (size_t)n);
+}
+
+/* ---- pulled bodies */
+
+struct zwork {
+    uv_work_t w;
+    struct net_http_conn *c;
+    struct body_stream *bs;
+    const void *in;
+    size_t in_n;
+    char *in_copy;
+    bool last;
+    char *out;   /* chunk framing room in front: 18 bytes */
+    size_t out_n;
+    int err;
+};
+
+#define ZPRE 18
+
+static void zwork_run(uv_work_t *w)
+{
+    struct zwork *z = (struct zwork *)w;
+    size_t cap = ZPRE + ZSTD_compressBound(z->in_n) + ZSTD_CStreamOutSize() + 8;
+    z->out = malloc(cap);
+    if (!z->out) {
+        z->err = -ENOMEM;
+        return;
+    }
+    ZSTD_inBuffer in = {z->in, z->in_n, 0};
+    ZSTD_outBuffer out = {z->out + ZPRE, cap - ZPRE - 8, 0};
+    for (;;) {
+        size_t rem = ZSTD_compressStream2(z->bs->cctx, &out, &in,
+                                          z->last ? ZSTD_e_end : ZSTD_e_continue);
+        if (ZSTD_isError(rem)) {
+            z->err = -EIO;
+            return;
+        }
+        bool done = z->last ? rem == 0 : in.pos == in.size;
+        if (done)
+            break;
+        if (out.pos == out.size) { /* grow */
+            size_t ncap = cap * 2;
+            char *nb = realloc(z->out, ncap);
+            if (!nb) {
+                z->err = -ENOMEM;
+                return;
+            }
+            z->out = nb;
+            cap = ncap;
+            out.dst = z->out + ZPRE;
+            out.size = cap - ZPRE - 8;
+        }
+    }
+    z->out_n = out.pos;
+}
+
+static void zwork_done(uv_work_t *w, int status)
+{
+    struct zwork *z = (struct zwork *)w;
+    struct net_http_conn *c = z->c;
+    struct body_stream *bs = z->bs;
+    c->work_pending = false;
+    free(z->in_copy);
+    if (c->closing) {
+        free(z->out);
+        bs_unref(bs);
+        free(z);
+        uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+        uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+        return;
+    }
+    if (status < 0 || z->err < 0) {
+        free(z->out);
+        bs_unref(bs);
+        free(z);
+        conn_close(c);
+        return;
+    }
+    /* frame: "<hex>\r\n" right-aligned before the data, "\r\n" after (+ last chunk) */
+    char *buf = z->out;
+    size_t n = z->out_n;
+    size_t start = ZPRE, total = 0;
+    if (bs->chunked && n > 0) {
+        char pre[ZPRE + 1];
+        int pl = snprintf(pre, sizeof pre, "%zx\r\n", n);
+        start = ZPRE - (size_t)pl;
+        memcpy(buf + start, pre, (size_t)pl);
+        memcpy(buf + ZPRE + n, "\r\n", 2);
+        total = (size_t)pl + n + 2;
+    } else {
+        total = n;
+    }
+    c->srv->stats.body_bytes_sent += n;
+    if (z->last && bs->chunked) {
+        /* terminating chunk needs its own small write (buffer has 8 spare bytes only after data) */
+        if (total)
+            memmove(buf, buf + start, total);
+        start = 0;
+        char *nb = realloc(buf, total + 5);
+        if (nb) {
+            buf = nb;
+            memcpy(buf + total, "0\r\n\r\n", 5);
+            total += 5;
+        }
+    } else if (start) {
+        memmove(buf, buf + start, total);
+    }
+    bool last = z->last;
+    free(z);
+    int rc = total ? conn_send_owned(c, buf, total) : (free(buf), 0);
+    bs_unref(bs);
+    if (rc < 0) {
+        conn_close(c);
+        return;
+    }
+    if (last) {
+        req_finish(&c->req);
+    } else {
+        pump(c);
+    }
+}
+
+static void pump(struct net_http_conn *c)
+{
+    struct net_http_req *r = &c->req;
+    struct body_stream *bs = r->bs;
+    if (c->pumping || c->closing || !bs || r->resp_done || c->work_pending)
+        return;
+    c->pumping = true;
+    while (!c->closing && c->queued < HTTP_HIGH_WATER && !c->work_pending) {
+        if (bs->off >= bs->end && !bs->zstd) {
+            c->pumping = false;
+            req_finish(r);
+            return;
+        }
+        size_t want = bs->end - bs->off > HTTP_CHUNK ? HTTP_CHUNK : (size_t)(bs->end - bs->off);
+        const void *ptr = NULL;
+        ptrdiff_t got = 0;
+        if (want > 0) {
+            if (!c->scratch && !(c->scratch = malloc(HTTP_CHUNK))) {
+                got = -ENOMEM;
+            } else {
+                got = bs->b.read(bs->b.ud, bs->off, c->scratch, want, &ptr);
+            }
+            if (got <= 0 || (size_t)got > want || !ptr) {
+                conn_close(c);
+                break;
+            }
+        }
+        if (bs->zstd) {
+            struct zwork *z = calloc(1, sizeof *z);
+            if (!z) {
+                conn_close(c);
+                break;
+            }
+            z->c = c;
+            z->bs = bs;
+            bs->refs++;
+            z->in_n = (size_t)got;
+            if (ptr == c->scratch && got > 0) {
+                z->in_copy = malloc((size_t)got);
+                if (!z->in_copy) {
+                    bs_unref(bs);
+                    free(z);
+                    conn_close(c);
+                    break;
+                }
+                memcpy(z->in_copy, ptr, (size_t)got);
+                z->in = z->in_copy;
+            } else {
+                z->in = ptr;
+            }
+            bs->off += (uint64_t)got;
+            z->last = bs->off >= bs->end;
+            if (uv_queue_work(c->srv->loop, &z->w, zwork_run, zwork_done) != 0) {
+                free(z->in_copy);
+                bs_unref(bs);
+                free(z);
+                conn_close(c);
+                break;
+            }
+            c->work_pending = true;
+            break;
+        }
+        int rc = conn_send(c, ptr, (size_t)got, ptr == c->scratch ? NULL : bs);
+        if (rc < 0) {
+            conn_close(c);
+            break;
+        }
+        bs->off += (uint64_t)got;
+        c->srv->stats.body_bytes_sent += (uint64_t)got;
+    }
+    c->pumping = false;
+}
+
+static bool etag_match(const char *list, const char *etag)
+{
+    if (!list || !etag)
+        return false;
+    size_t el = strlen(etag);
+    const char *p = list;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '\t')
+            p++;
+        if (*p == '*')
+            return true;
+        if (p[0] == 'W' && p[1] == '/')
+            p += 2;
+        if (strncmp(p, etag, el) == 0 && (p[el] == 0 || p[el] == ',' || p[el] == ' '))
+            return true;
+        while (*p && *p != ',')
+            p++;
+    }
+    return false;
+}
+
+int net_http_reply_body(struct net_http_req *r, int status, const char *content_type,
+                        const char *extra_headers, const struct net_http_body *body)
+{
+    struct net_http_conn *c = r->c;
+    if (r->answered || c->closing) {
+        if (body->release)
+            body->release(body->ud);
+        return -EALREADY;
+    }
+    struct body_stream *bs = calloc(1, sizeof *bs);
+    if (!bs) {
+        if (body->release)
+            body->release(body->ud);
+        net_http_reply_error(r, 500, "out of memory");
+        return -ENOMEM;
+    }
+    bs->b = *body;
+    bs->b.etag = body->etag ? strdup(body->etag) : NULL;
+    bs->refs = 1;
+    bs->off = 0;
+    bs->end = body->size;
+    /* conditional requests and ranges (only on a 200 answer to GET/HEAD) */
+    char extra[1024];
+    const char *etag = bs->b.etag;
+    bool cond = status == 200 && (strcmp(r->method, "GET") == 0 || r->head);
+    const char *ae = net_http_req_header(r, "Accept-Encoding");
+    const char *range = net_http_req_header(r, "Range");
+    const char *ifr = net_http_req_header(r, "If-Range");
+    if (cond && etag && etag_match(net_http_req_header(r, "If-None-Match"), etag)) {
+        snprintf(extra, sizeof extra, "ETag: %s\r\n%s", etag, extra_headers ? extra_headers : "");
+        bs_unref(bs);
+        return net_http_reply(r, 304, NULL, extra, NULL, 0);
+    }
+    char cr[128] = "";
+    if (cond && range && (!ifr || (etag && strcmp(ifr, etag) == 0))) {
+        uint64_t a, b;
+        int k = net_http_range_parse(range, body->size, &a, &b);
+        if (k == -ERANGE) {
+            snprintf(extra, sizeof extra, "Content-Range: bytes */%llu\r\n%s%s%s%s",
+                     (unsigned long long)body->size, etag ? "ETag: " : "", etag ? etag : "",
+                     etag ? "\r\n" : "", extra_headers ? extra_headers : "");
+            bs_unref(bs);
+            return net_http_reply(r, 416, "text/plain; charset=utf-8", extra,
+                                  "range not satisfiable\n", 22);
+        }
+        if (k == 1) {
+            status = 206;
+            bs->off = a;
+            bs->end = b + 1;
+            snprintf(cr, sizeof cr, "Content-Range: bytes %llu-%llu/%llu\r\n",
+                     (unsigned long long)a, (unsigned long long)b,
+                     (unsigned long long)body->size);
+        }
+    }
+    bs->zstd = body->compressible && status == 200 && !r->http10 &&
+               net_http_accepts(ae, "zstd");
+    char etag2[160] = "";
+    if (etag) {
+        size_t el = strlen(etag);
+        if (bs->zstd && el >= 2 && el < sizeof etag2 - 8 && etag[el - 1] == '"')
+            snprintf(etag2, sizeof etag2, "ETag: %.*s-zst\"\r\n", (int)(el - 1), etag);
+        else
+            snprintf(etag2, sizeof etag2, "ETag: %s\r\n", etag);
+    }
+    snprintf(extra, sizeof extra, "Accept-Ranges: bytes\r\n%s%s%s%s%s", etag2, cr,
+             body->compressible ? "Vary: Accept-Encoding\r\n" : "",
+             bs->zstd ? "Content-Encoding: zstd\r\n" : "", extra_headers ? extra_headers : "");
+    r->answered = true;
+    count_status(c->srv, status);
+    if (bs->zstd) {
+        bs->chunked = true;
+        bs->cctx = ZSTD_createCCtx();
+        if (!bs->cctx ||
+            ZSTD_isError(ZSTD_CCtx_setParameter(bs->cctx, ZSTD_c_compressionLevel,
+                                                c->srv->lim.zstd_level))) {
+            bs_unref(bs);
+            net_http_conn_close(c);
+            return -ENOMEM;
+        }
+        ZSTD_CCtx_setPledgedSrcSize(bs->cctx, body->size);
+    }
+    size_t hl;
+    char *h = build_head(r, status, content_type, extra, (int64_t)(bs->end - bs->off),
+                         bs->chunked, &hl);
+    if (!h) {
+        bs_unref(bs);
+        net_http_conn_close(c);
+        return -ENOMEM;
+    }
+    int rc = conn_send_owned(c, h, hl);
+    if (rc < 0 || r->head) {
+        bs_unref(bs);
+        if (rc < 0)
+            net_http_conn_close(c);
+        else
+            req_finish(r);
+        return rc;
+    }
+    r->kind = R_BODY;
+    r->bs = bs;
+    pump(c);
+    return 0;
+}
+
+/* ---- pushed bodies */
+
+int net_http_reply_begin(struct net_http_req *r, int status, const char *content_type,
+                         const char *extra_headers, uint64_t len, void (*writable)(void *),
+                         void *ud)
+{
+    int rc = answer_check(r);
+    if (rc < 0)
+        return rc;
+    struct net_http_conn *c = r->c;
+    count_status(c->srv, status);
+    r->kind = R_PUSH;
+    r->writable = writable;
+    r->writable_ud = ud;
+    r->push_left = len;
+    if (len == UINT64_MAX) {
+        if (r->http10)
+            r->keep_alive = false; /* close-delimited */
+        else
+            r->push_chunked = true;
+    }
+    size_t hl;
+    char *h = build_head(r, status, content_type, extra_headers,
+                         len == UINT64_MAX ? -2 : (int64_t)len, r->push_chunked, &hl);
+    if (!h) {
+        net_http_conn_close(c);
+        return -ENOMEM;
+    }
+    rc = conn_send_owned(c, h, hl);
+    if (r->head) {
+        r->push_left = 0;
+        r->push_chunked = false;
+    }
+    return rc;
+}
+
+int net_http_reply_write(struct net_http_req *r, const void *buf, size_t len)
+{
+    struct net_http_conn *c = r->c;
+    if (r->kind != R_PUSH || r->resp_done || c->closing)
+        return -EINVAL;
+    if (r->head || len == 0)
+        return 0;
+    if (!r->push_chunked && r->push_left != UINT64_MAX) {
+        if (len > r->push_left)
+            return -EMSGSIZE;
+        r->push_left -= len;
+    }
+    c->srv->stats.body_bytes_sent += len;
+    if (!r->push_chunked)
+        return conn_send(c, buf, len, NULL);
+    char *b = malloc(len + 32);
+    if (!b)
+        return -ENOMEM;
+    int pl = snprintf(b, 32, "%zx\r\n", len);
+    memcpy(b + pl, buf, len);
+    memcpy(b + pl + len, "\r\n", 2);
+    return conn_send_owned(c, b, (size_t)pl + len + 2);
+}
+
+size_t net_http_reply_queued(const struct net_http_req *r) { return r->c->queued; }
+
+int net_http_reply_end(struct net_http_req *r)
+{
+    struct net_http_conn *c = r->c;
+    if (r->kind != R_PUSH || r->resp_done)
+        return -EINVAL;
+    int rc = 0;
+    if (r->push_chunked)
+        rc = conn_send(c, "0\r\n\r\n", 5, NULL);
+    else if (r->push_left != UINT64_MAX && r->push_left != 0)
+        r->keep_alive = false; /* short body: the client can only tell by the close */
+    req_finish(r);
+    return rc;
+}
+
+/* ---- upgrade */
+
+int net_http_upgrade(struct net_http_req *r, const char *response_head,
+                     const struct net_http_upgrade_ops *ops, void *ud,
+                     struct net_http_conn **conn)
+{
+    int rc = answer_check(r);
+    if (rc < 0)
+        return rc;
+    struct net_http_conn *c = r->c;
+    if (!r->upgrade || !ops || !ops->on_data) {
+        r->answered = false;
+        return -EINVAL;
+    }
+    count_status(c->srv, 101);
+    c->up = ops;
+    c->up_ud = ud;
+    c->st = ST_UPGRADED;
+    uv_timer_stop(&c->timer);
+    rc = conn_send(c, response_head, strlen(response_head), NULL);
+    if (conn)
+        *conn = c;
+    conn_process(c); /* bytes already received after the request, then reading resumes */
+    return rc;
+}

@@ -1,0 +1,780 @@
+/* test-net-http.c — the HTTP server: keep-alive, pipelining, limits (URL, header bytes, header
+ * count, body, header timeout), path traversal, Range/If-Range/If-None-Match/HEAD, zstd
+ * encoding, pushed and pulled bodies, upgrade, async answers, and a clean loop at the end.
+ * The server runs on its own loop thread; the cases speak raw HTTP over blocking sockets
+ * and parse the answers with http-parser (response mode). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <poll.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <http_parser.h>
+#include <uv.h>
+#include <zstd.h>
+
+#include "net/net.h"
+#include "tests/t.h"
+
+#define BIG (6u * 1024 * 1024)
+static unsigned char *big;
+static uv_loop_t loop;
+static struct net_http_server *srv;
+static int port;
+static uv_async_t stop_async;
+static uv_timer_t async_timer;
+static struct net_http_req *pending_async;
+static int released;
+
+/* ---------------------------------------------------------------- server side */
+
+static void h_hello(struct net_http_req *r, void *ud)
+{
+    net_http_reply(r, 200, "text/plain", NULL, "hello world\n", 12);
+}
+
+static ptrdiff_t big_read(void *ud, uint64_t off, void *scratch, size_t max, const void **ptr)
+{
+    (void)scratch;
+    *ptr = big + off;
+    return (ptrdiff_t)max;
+}
+
+/* copies into scratch, 1000 bytes at a time (the copy path) */
+static ptrdiff_t gen_read(void *ud, uint64_t off, void *scratch, size_t max, const void **ptr)
+{
+    size_t n = max < 1000 ? max : 1000;
+    memcpy(scratch, big + off, n);
+    *ptr = scratch;
+    return (ptrdiff_t)n;
+}
+
+static void big_release(void *ud) { released++; }
+
+static void h_body(struct net_http_req *r, void *ud)
+{
+    struct net_http_body b = {BIG, "\"big-1\"", true, big_read, big_release, NULL};
+    net_http_reply_body(r, 200, "application/octet-stream", NULL, &b);
+}
+
+static void h_gen(struct net_http_req *r, void *ud)
+{
+    struct net_http_body b = {300000, "\"gen-1\"", false, gen_read, big_release, NULL};
+    net_http_reply_body(r, 200, "application/octet-stream", NULL, &b);
+}
+
+static void h_echo(struct net_http_req *r, void *ud)
+{
+    size_t n;
+    const void *b = net_http_req_body(r, &n);
+    net_http_reply(r, 200, "application/octet-stream", NULL, b, n);
+}
+
+static void h_push(struct net_http_req *r, void *ud)
+{
+    net_http_reply_begin(r, 200, "text/plain", NULL, UINT64_MAX, NULL, NULL);
+    net_http_reply_write(r, "one,", 4);
+    net_http_reply_write(r, "two,", 4);
+    net_http_reply_write(r, "three", 5);
+    net_http_reply_end(r);
+}
+
+static void on_async_timer(uv_timer_t *t)
+{
+    if (pending_async)
+        net_http_reply(pending_async, 200, "text/plain", NULL, "later\n", 6);
+    pending_async = NULL;
+}
+
+static void async_abort(void *ud) { pending_async = NULL; }
+
+static void h_async(struct net_http_req *r, void *ud)
+{
+    pending_async = r;
+    net_http_req_set_abort(r, async_abort, NULL);
+    uv_timer_start(&async_timer, on_async_timer, 50, 0);
+}
+
+static void up_data(void *ud, struct net_http_conn *c, const void *buf, size_t n)
+{
+    if (n >= 4 && memcmp(buf, "QUIT", 4) == 0) {
+        net_http_conn_close(c);
+        return;
+    }
+    net_http_conn_write(c, buf, n);
+}
+static int up_closed;
+static void up_close(void *ud) { up_closed++; }
+static const struct net_http_upgrade_ops up_ops = {up_data, up_close, NULL};
+
+static void h_up(struct net_http_req *r, void *ud)
+{
+    if (!net_http_req_is_upgrade(r)) {
+        net_http_reply_error(r, 426, "upgrade required");
+        return;
+    }
+    net_http_upgrade(r, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n",
+                     &up_ops, NULL, NULL);
+}
+
+static void h_hdr(struct net_http_req *r, void *ud)
+{
+    const char *v = net_http_req_header(r, "x-test");
+    char out[256];
+    int n = snprintf(out, sizeof out, "%s|%s|%s", net_http_req_path(r), net_http_req_query(r),
+                     v ? v : "(none)");
+    net_http_reply(r, 200, "text/plain", NULL, out, (size_t)n);
+}
+
+static void on_closed(void *ud) { *(int *)ud = 1; }
+static int server_closed, server2_closed;
+static struct net_http_server *srv2;
+static int port2;
+
+/* A toy filter (XOR 0x5a both ways) standing in for TLS. */
+static int xf_open(void *ud, struct net_http_conn *c, void **st)
+{
+    *st = malloc(1);
+    return *st ? 0 : -ENOMEM;
+}
+static int xf_recv(void *st, struct net_http_conn *c, const void *buf, size_t n)
+{
+    unsigned char tmp[4096];
+    const unsigned char *p = buf;
+    while (n) {
+        size_t k = n < sizeof tmp ? n : sizeof tmp;
+        for (size_t i = 0; i < k; i++)
+            tmp[i] = p[i] ^ 0x5a;
+        int rc = net_http_conn_feed(c, tmp, k);
+        if (rc < 0)
+            return rc;
+        p += k;
+        n -= k;
+    }
+    return 0;
+}
+static int xf_send(void *st, struct net_http_conn *c, const void *buf, size_t n)
+{
+    unsigned char *tmp = malloc(n ? n : 1);
+    if (!tmp)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = ((const unsigned char *)buf)[i] ^ 0x5a;
+    int rc = net_http_conn_send_raw(c, tmp, n);
+    free(tmp);
+    return rc;
+}
+static int xf_closed;
+static void xf_close(void *st) { free(st); xf_closed++; }
+static const struct net_http_filter xfilter = {xf_open, xf_recv, xf_send, xf_close, NULL};
+
+static void on_stop(uv_async_t *a)
+{
+    net_http_server_close(srv, on_closed, &server_closed);
+    net_http_server_close(srv2, on_closed, &server2_closed);
+    uv_close((uv_handle_t *)&stop_async, NULL);
+    uv_close((uv_handle_t *)&async_timer, NULL);
+}
+
+static void *loop_thread(void *arg)
+{
+    uv_run(&loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- client side */
+
+static int dial(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void sendall(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return;
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+struct resp {
+    int status;
+    char hdrs[4096];
+    size_t hlen;
+    unsigned char *body;
+    size_t blen, bcap;
+    bool complete, closed;
+    bool head;
+    char field[128];
+};
+
+struct client {
+    int fd;
+    char buf[65536];
+    size_t len, pos;
+    http_parser p;
+};
+
+static int rc_on_hf(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    if (r->hlen + n + 2 < sizeof r->hdrs) {
+        memcpy(r->hdrs + r->hlen, at, n);
+        r->hlen += n;
+        r->hdrs[r->hlen] = 0;
+    }
+    return 0;
+}
+static int rc_on_hv(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    if (r->hlen + n + 4 < sizeof r->hdrs) {
+        if (r->hlen && r->hdrs[r->hlen - 1] != ' ' && r->hdrs[r->hlen - 1] != '\n') {
+            memcpy(r->hdrs + r->hlen, ": ", 2);
+            r->hlen += 2;
+        }
+        memcpy(r->hdrs + r->hlen, at, n);
+        r->hlen += n;
+        memcpy(r->hdrs + r->hlen, "\n", 2);
+        r->hlen += 1;
+    }
+    return 0;
+}
+static int rc_on_hc(http_parser *p)
+{
+    struct resp *r = p->data;
+    r->status = p->status_code;
+    return r->head ? 1 : 0;
+}
+static int rc_on_body(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    if (r->blen + n > r->bcap) {
+        r->bcap = (r->blen + n) * 2;
+        r->body = realloc(r->body, r->bcap);
+    }
+    memcpy(r->body + r->blen, at, n);
+    r->blen += n;
+    return 0;
+}
+static int rc_on_done(http_parser *p)
+{
+    struct resp *r = p->data;
+    r->complete = true;
+    http_parser_pause(p, 1);
+    return 0;
+}
+static http_parser_settings rc_settings = {
+    .on_header_field = rc_on_hf, .on_header_value = rc_on_hv,
+    .on_headers_complete = rc_on_hc, .on_body = rc_on_body, .on_message_complete = rc_on_done};
+
+static void client_open(struct client *c)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = dial();
+    http_parser_init(&c->p, HTTP_RESPONSE);
+}
+
+/* Read one response (keeps leftover bytes for the next one). */
+static void client_read(struct client *c, struct resp *r, bool head)
+{
+    memset(r, 0, sizeof *r);
+    r->head = head;
+    c->p.data = r;
+    for (;;) {
+        if (c->pos < c->len) {
+            size_t n = http_parser_execute(&c->p, &rc_settings, c->buf + c->pos, c->len - c->pos);
+            c->pos += n;
+            if (HTTP_PARSER_ERRNO(&c->p) == HPE_PAUSED) {
+                http_parser_pause(&c->p, 0);
+                return;
+            }
+            if (HTTP_PARSER_ERRNO(&c->p) != HPE_OK)
+                return;
+            if (r->complete)
+                return;
+        }
+        c->pos = c->len = 0;
+        ssize_t k = recv(c->fd, c->buf, sizeof c->buf, 0);
+        if (k <= 0) {
+            r->closed = true;
+            /* EOF may complete a close-delimited body */
+            http_parser_execute(&c->p, &rc_settings, c->buf, 0);
+            return;
+        }
+        c->len = (size_t)k;
+    }
+}
+
+static bool peer_closed(int fd)
+{
+    char b[256];
+    for (;;) {
+        ssize_t k = recv(fd, b, sizeof b, 0);
+        if (k == 0)
+            return true;
+        if (k < 0)
+            return false;
+    }
+}
+
+/* One request on a fresh connection. */
+static void roundtrip(const char *req, struct resp *r, bool head)
+{
+    struct client c;
+    client_open(&c);
+    sendall(c.fd, req, strlen(req));
+    client_read(&c, r, head);
+    close(c.fd);
+}
+
+static const char *hdr(struct resp *r, const char *name)
+{
+    static char v[512];
+    size_t nl = strlen(name);
+    for (const char *p = r->hdrs; *p;) {
+        const char *e = strchr(p, '\n');
+        if (!e)
+            break;
+        if ((size_t)(e - p) > nl + 2 && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            snprintf(v, sizeof v, "%.*s", (int)(e - p - nl - 2), p + nl + 2);
+            return v;
+        }
+        p = e + 1;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- cases */
+
+T_CASE(keepalive_and_basic)
+{
+    struct client c;
+    client_open(&c);
+    T_ASSERT(c.fd >= 0, "connect");
+    struct resp r;
+    for (int i = 0; i < 3; i++) {
+        const char *q = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+        sendall(c.fd, q, strlen(q));
+        client_read(&c, &r, false);
+        T_CHECK(r.status == 200 && r.blen == 12 && memcmp(r.body, "hello world\n", 12) == 0,
+                "request %d on one connection: status %d len %zu", i, r.status, r.blen);
+        T_CHECK(!r.closed, "connection kept alive");
+        free(r.body);
+    }
+    const char *q = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    sendall(c.fd, q, strlen(q));
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200, "status %d", r.status);
+    T_CHECK(peer_closed(c.fd), "Connection: close is honoured");
+    free(r.body);
+    close(c.fd);
+    /* HTTP/1.0 without keep-alive closes */
+    client_open(&c);
+    q = "GET /hello HTTP/1.0\r\n\r\n";
+    sendall(c.fd, q, strlen(q));
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 12, "1.0 status %d", r.status);
+    T_CHECK(peer_closed(c.fd), "HTTP/1.0 closes");
+    free(r.body);
+    close(c.fd);
+}
+
+T_CASE(pipelining_in_order)
+{
+    struct client c;
+    client_open(&c);
+    const char *q = "GET /hdr/a?x=1 HTTP/1.1\r\nHost: x\r\nX-Test: one\r\n\r\n"
+                    "GET /async HTTP/1.1\r\nHost: x\r\n\r\n"
+                    "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde"
+                    "GET /gen HTTP/1.1\r\nHost: x\r\n\r\n"
+                    "GET /hdr/b HTTP/1.1\r\nHost: x\r\n\r\n";
+    sendall(c.fd, q, strlen(q));
+    struct resp r;
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 14 && memcmp(r.body, "/hdr/a|x=1|one", 14) == 0,
+            "first: %d %.*s", r.status, (int)r.blen, r.body);
+    free(r.body);
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 6 && memcmp(r.body, "later\n", 6) == 0,
+            "second (async): %d", r.status);
+    free(r.body);
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 5 && memcmp(r.body, "abcde", 5) == 0, "third (echo) %d",
+            r.status);
+    free(r.body);
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 300000 && memcmp(r.body, big, 300000) == 0,
+            "fourth (copied body) %d %zu", r.status, r.blen);
+    free(r.body);
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 14 && memcmp(r.body, "/hdr/b||(none)", 14) == 0,
+            "fifth: %d", r.status);
+    free(r.body);
+    close(c.fd);
+}
+
+T_CASE(malformed_and_limits)
+{
+    struct resp r;
+    roundtrip("GARBAGE\r\n\r\n", &r, false);
+    T_CHECK(r.status == 400, "garbage request line: %d", r.status);
+    free(r.body);
+    roundtrip("GET /hello HTTP/1.1\r\nHost x\r\n\r\n", &r, false);
+    T_CHECK(r.status == 400, "header without colon: %d", r.status);
+    free(r.body);
+    roundtrip("GET /hello HTTP/9.9\r\n\r\n", &r, false);
+    T_CHECK(r.status == 505, "bad version: %d", r.status);
+    free(r.body);
+    /* URL too long (limit 2048) */
+    char *q = malloc(40000);
+    strcpy(q, "GET /hello?");
+    memset(q + 11, 'a', 3000);
+    strcpy(q + 3011, " HTTP/1.1\r\n\r\n");
+    roundtrip(q, &r, false);
+    T_CHECK(r.status == 414, "long URL: %d", r.status);
+    free(r.body);
+    /* one 20 KB header (limit 16 KB) */
+    strcpy(q, "GET /hello HTTP/1.1\r\nX-Big: ");
+    size_t l = strlen(q);
+    memset(q + l, 'b', 20000);
+    strcpy(q + l + 20000, "\r\n\r\n");
+    roundtrip(q, &r, false);
+    T_CHECK(r.status == 431, "big header: %d", r.status);
+    free(r.body);
+    /* 100 headers (limit 64) */
+    strcpy(q, "GET /hello HTTP/1.1\r\n");
+    for (int i = 0; i < 100; i++)
+        sprintf(q + strlen(q), "X-H%d: v\r\n", i);
+    strcat(q, "\r\n");
+    roundtrip(q, &r, false);
+    T_CHECK(r.status == 431, "many headers: %d", r.status);
+    free(r.body);
+    free(q);
+    /* body over the limit (1 MiB) announced by Content-Length */
+    roundtrip("POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", &r, false);
+    T_CHECK(r.status == 413, "big body: %d", r.status);
+    free(r.body);
+    roundtrip("GET /nowhere HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 404, "no route: %d", r.status);
+    free(r.body);
+    roundtrip("DELETE /hello HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 405, "wrong method: %d", r.status);
+    free(r.body);
+    /* still up */
+    roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200, "server still answers: %d", r.status);
+    free(r.body);
+}
+
+T_CASE(path_traversal)
+{
+    const char *bad[] = {
+        "GET /hdr/../etc/passwd HTTP/1.1\r\n\r\n",
+        "GET /hdr/%2e%2e/etc/passwd HTTP/1.1\r\n\r\n",
+        "GET /hdr/%2E%2e%2fetc%2fpasswd HTTP/1.1\r\n\r\n",
+        "GET /hdr/./x HTTP/1.1\r\n\r\n",
+        "GET //etc/passwd HTTP/1.1\r\n\r\n",
+        "GET /hdr//x HTTP/1.1\r\n\r\n",
+        "GET /hdr/a%00b HTTP/1.1\r\n\r\n",
+        "GET /hdr/a%5c..%5cb HTTP/1.1\r\n\r\n",
+        "GET /hdr/%zz HTTP/1.1\r\n\r\n",
+        "GET /hdr/%2 HTTP/1.1\r\n\r\n",
+        "GET http://host/hdr/../../x HTTP/1.1\r\n\r\n",
+        "GET etc/passwd HTTP/1.1\r\n\r\n",
+        "GET * HTTP/1.1\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct resp r;
+        roundtrip(bad[i], &r, false);
+        T_CHECK(r.status == 400, "%s -> %d", bad[i], r.status);
+        free(r.body);
+    }
+    struct resp r;
+    roundtrip("GET http://host/hdr/ok%20x HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen >= 9 && memcmp(r.body, "/hdr/ok x", 9) == 0,
+            "absolute-form target and %%20 decoding: %d", r.status);
+    free(r.body);
+}
+
+T_CASE(ranges_head_conditionals)
+{
+    struct resp r;
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=0-99\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && r.blen == 100 && memcmp(r.body, big, 100) == 0, "0-99: %d %zu",
+            r.status, r.blen);
+    const char *cr = hdr(&r, "Content-Range");
+    T_CHECK(cr && strcmp(cr, "bytes 0-99/6291456") == 0, "Content-Range %s", cr ? cr : "-");
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=6291000-\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && r.blen == 456 && memcmp(r.body, big + 6291000, 456) == 0,
+            "open end: %d %zu", r.status, r.blen);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=-10\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && r.blen == 10 && memcmp(r.body, big + BIG - 10, 10) == 0,
+            "suffix: %d %zu", r.status, r.blen);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=100-99999999999\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && r.blen == BIG - 100, "last past the end is clamped: %d %zu",
+            r.status, r.blen);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=6291456-\r\n\r\n", &r, false);
+    cr = hdr(&r, "Content-Range");
+    T_CHECK(r.status == 416 && cr && strcmp(cr, "bytes */6291456") == 0, "past end: %d %s",
+            r.status, cr ? cr : "-");
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=5-2\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen == BIG, "invalid range ignored: %d", r.status);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=0-1,5-6\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen == BIG && memcmp(r.body, big, BIG) == 0,
+            "multi-range served whole: %d", r.status);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=10-19\r\nIf-Range: \"other\"\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen == BIG, "If-Range mismatch gives all: %d", r.status);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=10-19\r\nIf-Range: \"big-1\"\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && r.blen == 10 && memcmp(r.body, big + 10, 10) == 0,
+            "If-Range match: %d", r.status);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nIf-None-Match: \"big-1\"\r\n\r\n", &r, false);
+    T_CHECK(r.status == 304 && r.blen == 0, "If-None-Match: %d", r.status);
+    free(r.body);
+    roundtrip("HEAD /body HTTP/1.1\r\n\r\n", &r, true);
+    const char *cl = hdr(&r, "Content-Length");
+    T_CHECK(r.status == 200 && r.blen == 0 && cl && strcmp(cl, "6291456") == 0,
+            "HEAD: %d len %s [%s]", r.status, cl ? cl : "-", r.hdrs);
+    const char *et = hdr(&r, "ETag");
+    T_CHECK(et && strcmp(et, "\"big-1\"") == 0, "ETag %s", et ? et : "-");
+    T_CHECK(hdr(&r, "Accept-Ranges") != NULL, "Accept-Ranges");
+    free(r.body);
+}
+
+T_CASE(full_body_and_zstd)
+{
+    struct resp r;
+    roundtrip("GET /body HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen == BIG && memcmp(r.body, big, BIG) == 0,
+            "6 MiB body streamed: %d %zu", r.status, r.blen);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: gzip, zstd\r\n\r\n", &r, false);
+    const char *ce = hdr(&r, "Content-Encoding");
+    T_CHECK(r.status == 200 && ce && strcmp(ce, "zstd") == 0, "zstd: %d %s", r.status,
+            ce ? ce : "-");
+    const char *et = hdr(&r, "ETag");
+    T_CHECK(et && strcmp(et, "\"big-1-zst\"") == 0, "encoded ETag differs: %s", et ? et : "-");
+    T_CHECK(r.blen < BIG, "compressed %zu < %u", r.blen, BIG);
+    unsigned char *d = malloc(BIG + 16);
+    size_t dn = ZSTD_decompress(d, BIG + 16, r.body, r.blen);
+    T_CHECK(!ZSTD_isError(dn) && dn == BIG && memcmp(d, big, BIG) == 0, "zstd round trip: %zu",
+            dn);
+    free(d);
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: zstd;q=0\r\n\r\n", &r, false);
+    T_CHECK(hdr(&r, "Content-Encoding") == NULL && r.blen == BIG, "q=0 refuses zstd");
+    free(r.body);
+    roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: zstd\r\nRange: bytes=0-9\r\n\r\n", &r, false);
+    T_CHECK(r.status == 206 && hdr(&r, "Content-Encoding") == NULL && r.blen == 10,
+            "ranges are served identity: %d", r.status);
+    free(r.body);
+    roundtrip("GET /push HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200 && r.blen == 13 && memcmp(r.body, "one,two,three", 13) == 0,
+            "pushed chunked body: %d %zu", r.status, r.blen);
+    free(r.body);
+}
+
+T_CASE(slow_headers_timeout)
+{
+    int fd = dial();
+    T_ASSERT(fd >= 0, "connect");
+    const char *part = "GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    sendall(fd, part, strlen(part));
+    struct client c;
+    memset(&c, 0, sizeof c);
+    c.fd = fd;
+    http_parser_init(&c.p, HTTP_RESPONSE);
+    for (int i = 0; i < 3; i++) {
+        usleep(100000);
+        sendall(fd, "a", 1); /* trickle: does not extend the header deadline */
+    }
+    struct resp r;
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 408, "partial headers get 408: %d", r.status);
+    T_CHECK(peer_closed(fd), "and the connection is closed");
+    free(r.body);
+    close(fd);
+    roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200, "server still answers: %d", r.status);
+    free(r.body);
+}
+
+T_CASE(upgrade_echo)
+{
+    struct client c;
+    client_open(&c);
+    const char *q = "GET /up HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nearly";
+    sendall(c.fd, q, strlen(q));
+    char buf[512];
+    size_t got = 0;
+    while (got < sizeof buf - 1) {
+        ssize_t k = recv(c.fd, buf + got, sizeof buf - 1 - got, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+        buf[got] = 0;
+        if (strstr(buf, "\r\n\r\nearly"))
+            break;
+    }
+    buf[got] = 0;
+    T_CHECK(strncmp(buf, "HTTP/1.1 101", 12) == 0, "101: %.40s", buf);
+    T_CHECK(strstr(buf, "\r\n\r\nearly") != NULL, "bytes sent with the request are echoed");
+    sendall(c.fd, "ping", 4);
+    ssize_t k = recv(c.fd, buf, 4, MSG_WAITALL);
+    T_CHECK(k == 4 && memcmp(buf, "ping", 4) == 0, "raw echo after upgrade");
+    sendall(c.fd, "QUIT", 4);
+    T_CHECK(peer_closed(c.fd), "handler closes");
+    close(c.fd);
+    struct resp r;
+    roundtrip("GET /up HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 426, "no upgrade header: %d", r.status);
+    free(r.body);
+}
+
+T_CASE(filter_in_front)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port2)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char q[] = "GET /body HTTP/1.1\r\nRange: bytes=1000-300999\r\nConnection: close\r\n\r\n";
+    for (size_t i = 0; i < strlen(q); i++)
+        q[i] ^= 0x5a;
+    sendall(fd, q, strlen(q));
+    size_t cap = 1 << 20, got = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        ssize_t k = recv(fd, buf + got, cap - got, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(fd);
+    for (size_t i = 0; i < got; i++)
+        buf[i] ^= 0x5a;
+    char *e = memmem(buf, got, "\r\n\r\n", 4);
+    T_CHECK(got > 12 && strncmp(buf, "HTTP/1.1 206", 12) == 0, "206 through the filter");
+    T_CHECK(e && (size_t)(buf + got - (e + 4)) == 300000 && memcmp(e + 4, big + 1000, 300000) == 0,
+            "body through the filter (%zu bytes)", got);
+    free(buf);
+}
+
+T_CASE(unit_helpers)
+{
+    uint64_t a, b;
+    T_CHECK(net_http_range_parse("bytes=0-0", 10, &a, &b) == 1 && a == 0 && b == 0, "0-0");
+    T_CHECK(net_http_range_parse("bytes=9-", 10, &a, &b) == 1 && a == 9 && b == 9, "9-");
+    T_CHECK(net_http_range_parse("bytes=10-", 10, &a, &b) == -ERANGE, "10- unsatisfiable");
+    T_CHECK(net_http_range_parse("bytes=-0", 10, &a, &b) == -ERANGE, "-0 unsatisfiable");
+    T_CHECK(net_http_range_parse("bytes=-20", 10, &a, &b) == 1 && a == 0 && b == 9, "-20");
+    T_CHECK(net_http_range_parse("bytes=0-", 0, &a, &b) == -ERANGE, "empty body");
+    T_CHECK(net_http_range_parse("items=0-1", 10, &a, &b) == 0, "other unit ignored");
+    T_CHECK(net_http_range_parse("bytes=1-2x", 10, &a, &b) == 0, "junk ignored");
+    T_CHECK(net_http_range_parse("bytes=99999999999999999999-", 10, &a, &b) == 0,
+            "overflowing number ignored");
+    T_CHECK(net_http_range_parse("bytes=-", 10, &a, &b) == 0, "no numbers");
+    char out[64], err[128];
+    T_CHECK(net_http_path_clean("/a%2Fb", 6, out, sizeof out, err, sizeof err) == 0 &&
+            strcmp(out, "/a/b") == 0, "decoded %s", out);
+    T_CHECK(net_http_path_clean("/a/..", 5, out, sizeof out, err, sizeof err) < 0, "trailing ..");
+    T_CHECK(net_http_path_clean("/a/", 3, out, sizeof out, err, sizeof err) == 0, "trailing /");
+    T_CHECK(net_http_path_clean("/...", 4, out, sizeof out, err, sizeof err) == 0, "... is a name");
+    T_CHECK(net_http_path_clean("/a%", 3, out, sizeof out, err, sizeof err) < 0, "truncated %%");
+    char longp[100];
+    memset(longp, 'a', sizeof longp);
+    longp[0] = '/';
+    T_CHECK(net_http_path_clean(longp, sizeof longp, out, sizeof out, err, sizeof err) < 0,
+            "too long for the buffer");
+    T_CHECK(net_http_accepts("gzip, zstd;q=0.5", "zstd"), "q=0.5");
+    T_CHECK(!net_http_accepts("gzip, zstd;q=0", "zstd"), "q=0");
+    T_CHECK(!net_http_accepts("gzip, zstdx", "zstd"), "prefix is not a match");
+    T_CHECK(!net_http_accepts(NULL, "zstd"), "absent");
+}
+
+int main(void)
+{
+    big = malloc(BIG);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < BIG; i++) { /* compressible but not trivial */
+        x = x * 1103515245u + 12345u;
+        big[i] = (unsigned char)((i / 64) % 7 == 0 ? (x >> 24) : (i & 0x3f));
+    }
+    uv_loop_init(&loop);
+    struct net_http_limits lim = {.header_timeout_ms = 300, .idle_timeout_ms = 5000};
+    if (net_http_server_new(&srv, &loop, &lim) != 0 ||
+        net_http_server_route(srv, "GET", "/hello", h_hello, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/body", h_body, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/gen", h_gen, NULL) != 0 ||
+        net_http_server_route(srv, "POST", "/echo", h_echo, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/push", h_push, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/async", h_async, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/up", h_up, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/hdr/*", h_hdr, NULL) != 0 ||
+        net_http_server_listen(srv, "127.0.0.1:0") != 0) {
+        fprintf(stderr, "server set-up failed\n");
+        return 1;
+    }
+    port = net_http_server_port(srv);
+    if (net_http_server_new(&srv2, &loop, NULL) != 0 ||
+        net_http_server_route(srv2, "GET", "/body", h_body, NULL) != 0 ||
+        net_http_server_listen(srv2, "127.0.0.1:0") != 0) {
+        fprintf(stderr, "server 2 set-up failed\n");
+        return 1;
+    }
+    net_http_server_set_filter(srv2, &xfilter);
+    port2 = net_http_server_port(srv2);
+    uv_async_init(&loop, &stop_async, on_stop);
+    uv_timer_init(&loop, &async_timer);
+    pthread_t th;
+    pthread_create(&th, NULL, loop_thread, NULL);
+
+    T_RUN(unit_helpers);
+    T_RUN(keepalive_and_basic);
+    T_RUN(pipelining_in_order);
+    T_RUN(malformed_and_limits);
+    T_RUN(path_traversal);
+    T_RUN(ranges_head_conditionals);
+    T_RUN(full_body_and_zstd);
+    T_RUN(slow_headers_timeout);
+    T_RUN(upgrade_echo);
+    T_RUN(filter_in_front);
+
+    usleep(100000);
+    uv_async_send(&stop_async);
+    pthread_join(th, NULL);
+    t_current = "shutdown";
+    T_CHECK(server_closed == 1 && server2_closed == 1, "server close callbacks ran");
+    T_CHECK(xf_closed == 1, "filter state closed: %d", xf_closed);
+    T_CHECK(up_closed == 1, "upgrade close callback ran once: %d", up_closed);
+    T_CHECK(released > 0, "bodies released: %d", released);
+    T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
+    free(big);
+    return T_DONE();
+}
