@@ -1,25 +1,553 @@
-/* kvctl_model.c — placeholder until its issue lands. */
+/* kvctl_model.c — one-process use of the window executor: generate, logits, bench.
+ * One window covers every layer; the same calls a ring's stages make (embed, window run,
+ * head, sampler) run one after the other here. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf/gguf.h"
+#include "kernels/kern.h"
 #include "kvd/kvctl.h"
+#include "model/model.h"
+
+#define MAX_TOKENS (1u << 20)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* "1,2,3" (or blanks) -> tokens; 0 or -EINVAL with a message. */
+static int parse_tokens(const char *s, int32_t **out, uint32_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',' || *p == ' ';
+    if (cap > MAX_TOKENS) {
+        fprintf(stderr, "--tokens: more than %u tokens\n", MAX_TOKENS);
+        return -EINVAL;
+    }
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    const char *p = s;
+    while (*p) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+            fprintf(stderr, "--tokens: '%s' is not a list of token ids\n", s);
+            free(t);
+            return -EINVAL;
+        }
+        t[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    *out = t;
+    return 0;
+}
+
+static int parse_uint(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *opt, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (end == s || *end || errno) {
+        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A whole model in one window, an executor and its buffers. */
+struct runner {
+    struct model *m;
+    struct model_exec *e;
+    const struct model_hparams *hp;
+    uint32_t n_ctx, max_batch;
+    float *x;        /* [max_batch][n_embd] */
+    float *logits;   /* [max_batch][n_vocab] */
+};
+
+static void runner_free(struct runner *r)
+{
+    model_exec_free(r->e);
+    model_free(r->m);
+    free(r->x);
+    free(r->logits);
+}
+
+static int runner_open(struct runner *r, const char *path, int n_threads, uint32_t n_ctx,
+                       uint32_t max_batch, const char *cmd)
+{
+    memset(r, 0, sizeof *r);
+    char err[MODEL_ERR_LEN];
+    int rc = model_open(&r->m, path, -1, -1, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "kvctl %s: %s: %s\n", cmd, path, err);
+        return rc;
+    }
+    r->hp = model_get_hparams(r->m);
+    if (!model_has_embed(r->m) || !model_has_head(r->m)) {
+        fprintf(stderr, "kvctl %s: %s holds a window, not the whole model\n", cmd, path);
+        runner_free(r);
+        return -EINVAL;
+    }
+    if (n_ctx == 0)
+        n_ctx = r->hp->n_ctx_train < 4096 ? r->hp->n_ctx_train : 4096;
+    if (max_batch > n_ctx)
+        max_batch = n_ctx;
+    r->n_ctx = n_ctx;
+    r->max_batch = max_batch;
+    if ((rc = model_exec_new(&r->e, r->m, n_threads, n_ctx, max_batch)) < 0) {
+        fprintf(stderr, "kvctl %s: executor: %s\n", cmd, strerror(-rc));
+        runner_free(r);
+        return rc;
+    }
+    r->x = malloc((size_t)max_batch * r->hp->n_embd * sizeof(float));
+    r->logits = malloc((size_t)max_batch * r->hp->n_vocab * sizeof(float));
+    if (!r->x || !r->logits) {
+        runner_free(r);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Feed tokens[0..n) at pos.. for session 1; the logits of every row go to all_logits
+ * (n x n_vocab) when given, the last row's always to r->logits. */
+static int runner_feed(struct runner *r, uint32_t pos, const int32_t *tokens, uint32_t n,
+                       float *all_logits)
+{
+    int rc;
+    for (uint32_t done = 0; done < n;) {
+        uint32_t nb = n - done < r->max_batch ? n - done : r->max_batch;
+        if ((rc = model_embed(r->e, tokens + done, nb, r->x)) < 0)
+            return rc;
+        if ((rc = model_window_run(r->e, 1, pos + done, nb, r->x)) < 0)
+            return rc;
+        if (all_logits) {
+            float *dst = all_logits + (size_t)done * r->hp->n_vocab;
+            if ((rc = model_head(r->e, r->x, nb, dst)) < 0)
+                return rc;
+            if (done + nb == n)
+                memcpy(r->logits, dst + (size_t)(nb - 1) * r->hp->n_vocab,
+                       r->hp->n_vocab * sizeof(float));
+        } else if (done + nb == n) {
+            if ((rc = model_head(r->e, r->x + (size_t)(nb - 1) * r->hp->n_embd, 1,
+                                 r->logits)) < 0)
+                return rc;
+        }
+        done += nb;
+    }
+    return 0;
+}
+
+static const char *feed_error(int rc)
+{
+    switch (rc) {
+    case -EINVAL: return "a token id outside the vocabulary";
+    case -ERANGE: return "past the context length (--ctx)";
+    default: return strerror(-rc);
+    }
+}
+
+/* ---- generate ---- */
+
+static void generate_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvctl generate -m FILE (-p TEXT | --tokens 1,2,3) [-n N] [options]\n"
+        "  -n N               tokens to generate (default 64)\n"
+        "  --temp T           temperature (default 0.8; 0 = greedy)\n"
+        "  --top-k K          keep the K most likely (default 40; 0 = off)\n"
+        "  --top-p P          keep the smallest set with mass >= P (default 0.95; 1 = off)\n"
+        "  --min-p P          drop tokens below P x the best one's probability (default 0.05)\n"
+        "  --repeat-penalty R penalise the last --repeat-last-n tokens (default 1 = off)\n"
+        "  --repeat-last-n N  (default 64)\n"
+        "  --freq-penalty F, --presence-penalty F  (default 0)\n"
+        "  --seed S           RNG seed: the same seed reproduces a run\n"
+        "  -t N               threads (default: one per CPU)\n"
+        "  --ctx N            context length (default: the model's, at most 4096)\n"
+        "  --ignore-eos       keep going past the end-of-text token\n"
+        "  --ids              print token ids instead of text\n"
+        "Streams the generated text to stdout; prompt and generation speed go to stderr.\n");
+}
+
+enum {
+    OPT_TEMP = 1000, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_REPEAT_N, OPT_FREQ,
+    OPT_PRES, OPT_SEED, OPT_TOKENS, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH
+};
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl generate: not built yet\n");
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
+        {"repeat-penalty", required_argument, 0, OPT_REPEAT},
+        {"repeat-last-n", required_argument, 0, OPT_REPEAT_N},
+        {"freq-penalty", required_argument, 0, OPT_FREQ},
+        {"presence-penalty", required_argument, 0, OPT_PRES},
+        {"seed", required_argument, 0, OPT_SEED}, {"tokens", required_argument, 0, OPT_TOKENS},
+        {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"ids", no_argument, 0, OPT_IDS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *path = NULL, *prompt = NULL, *toks = NULL;
+    long n_gen = 64, threads = 0, ctx = 0;
+    bool ignore_eos = false, print_ids = false;
+    struct model_sampler_params sp;
+    model_sampler_params_default(&sp);
+    int c;
+    long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'n': rc = parse_uint("-n", optarg, 0, MAX_TOKENS, &n_gen); break;
+        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
+        case OPT_TEMP: rc = parse_float("--temp", optarg, &sp.temperature); break;
+        case OPT_TOPK: rc = parse_uint("--top-k", optarg, 0, INT32_MAX, &v); sp.top_k = (int32_t)v; break;
+        case OPT_TOPP: rc = parse_float("--top-p", optarg, &sp.top_p); break;
+        case OPT_MINP: rc = parse_float("--min-p", optarg, &sp.min_p); break;
+        case OPT_REPEAT: rc = parse_float("--repeat-penalty", optarg, &sp.repeat_penalty); break;
+        case OPT_REPEAT_N: rc = parse_uint("--repeat-last-n", optarg, 0, 1 << 20, &v); sp.penalty_last_n = (int32_t)v; break;
+        case OPT_FREQ: rc = parse_float("--freq-penalty", optarg, &sp.freq_penalty); break;
+        case OPT_PRES: rc = parse_float("--presence-penalty", optarg, &sp.presence_penalty); break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            sp.seed = strtoull(optarg, &end, 10);
+            if (end == optarg || *end || errno) {
+                fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
+        }
+        case OPT_TOKENS: toks = optarg; break;
+        case OPT_CTX: rc = parse_uint("--ctx", optarg, 1, 1 << 20, &ctx); break;
+        case OPT_IGNORE_EOS: ignore_eos = true; break;
+        case OPT_IDS: print_ids = true; break;
+        case 'h': generate_usage(stdout); return 0;
+        default: generate_usage(stderr); return 2;
+        }
+        if (rc < 0)
+            return 2;
+    }
+    if (!path || (!prompt && !toks) || optind != argc) {
+        generate_usage(stderr);
+        return 2;
+    }
+    if (!(sp.repeat_penalty > 0.0f)) {
+        fprintf(stderr, "--repeat-penalty must be > 0\n");
+        return 2;
+    }
+    int32_t *tokens = NULL;
+    uint32_t n_prompt = 0;
+    if (prompt && !toks) {
+        /* Text prompts need the tokenizer (model.h [tokenizer] section). */
+        fprintf(stderr, "kvctl generate: -p needs the tokenizer, not built yet; use --tokens\n");
+        return 1;
+    }
+    if (parse_tokens(toks, &tokens, &n_prompt) < 0)
+        return 2;
+    if (n_prompt == 0) {
+        fprintf(stderr, "kvctl generate: empty prompt\n");
+        free(tokens);
+        return 2;
+    }
+    int ret = 1;
+    struct runner r;
+    struct model_sampler *smp = NULL;
+    bool have_text = false;     /* detokenizer: model.h [tokenizer] */
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0) {
+        free(tokens);
+        return 1;
+    }
+    if ((uint64_t)n_prompt + (uint64_t)n_gen > r.n_ctx) {
+        fprintf(stderr, "kvctl generate: %u prompt + %ld generated tokens exceed the context "
+                "of %u (--ctx)\n", n_prompt, n_gen, r.n_ctx);
+        goto out;
+    }
+    int rc = model_sampler_new(&smp, &sp, r.hp->n_vocab);
+    if (rc < 0) {
+        fprintf(stderr, "kvctl generate: sampler: %s\n", strerror(-rc));
+        goto out;
+    }
+    uint32_t eos = UINT32_MAX;
+    if (gguf_get_u32(model_get_gguf(r.m), "tokenizer.ggml.eos_token_id", &eos) < 0)
+        eos = UINT32_MAX;
+    if ((rc = model_session_new(r.e, 1)) < 0)
+        goto out;
+    for (uint32_t i = 0; i < n_prompt; i++)
+        model_sampler_accept(smp, tokens[i]);
+
+    double t0 = now_s();
+    if ((rc = runner_feed(&r, 0, tokens, n_prompt, NULL)) < 0) {
+        fprintf(stderr, "kvctl generate: prompt: %s\n", feed_error(rc));
+        goto out;
+    }
+    double t1 = now_s();
+    uint32_t pos = n_prompt, n_done = 0;
+    for (long g = 0; g < n_gen; g++) {
+        int32_t tok = model_sampler_sample(smp, r.logits, NULL);
+        if (tok < 0) {
+            fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+            goto out;
+        }
+        n_done++;
+        if ((uint32_t)tok == eos && !ignore_eos)
+            break;
+        model_sampler_accept(smp, tok);
+        if (print_ids || !have_text)
+            printf("%s%d", g ? " " : "", tok);
+        fflush(stdout);
+        if (g + 1 == n_gen)
+            break;
+        if ((rc = runner_feed(&r, pos, &tok, 1, NULL)) < 0) {
+            fprintf(stderr, "kvctl generate: %s\n", feed_error(rc));
+            goto out;
+        }
+        pos++;
+    }
+    printf("\n");
+    double t2 = now_s();
+    fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
+            "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
+            n_done > 0 ? n_done / (t2 - t1) : 0.0);
+    ret = 0;
+out:
+    model_sampler_free(smp);
+    runner_free(&r);
+    free(tokens);
+    return ret;
+}
+
+/* ---- logits ---- */
+
+static void logits_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvctl logits -m FILE --tokens 1,2,3 -o OUT.f32 [-t N] [--batch B] [--ctx N]\n"
+        "Teacher-forced logits: row i = logits after feeding tokens[0..i] at positions 0..i,\n"
+        "written as raw little-endian float32 [n_tokens][n_vocab]. The tokens are fed in\n"
+        "batches of B rows (default: all at once).\n");
 }
 
 int kvctl_cmd_logits(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl logits: not built yet\n");
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"tokens", required_argument, 0, OPT_TOKENS},
+        {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
+        {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *path = NULL, *toks = NULL, *outp = NULL;
+    long threads = 0, batch = 0, ctx = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:o:t:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'o': outp = optarg; break;
+        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
+        case OPT_TOKENS: toks = optarg; break;
+        case OPT_BATCH: rc = parse_uint("--batch", optarg, 1, 1 << 20, &batch); break;
+        case OPT_CTX: rc = parse_uint("--ctx", optarg, 1, 1 << 20, &ctx); break;
+        case 'h': logits_usage(stdout); return 0;
+        default: logits_usage(stderr); return 2;
+        }
+        if (rc < 0)
+            return 2;
+    }
+    if (!path || !toks || !outp || optind != argc) {
+        logits_usage(stderr);
+        return 2;
+    }
+    int32_t *tokens;
+    uint32_t n;
+    if (parse_tokens(toks, &tokens, &n) < 0)
+        return 2;
+    if (n == 0) {
+        fprintf(stderr, "kvctl logits: no tokens\n");
+        free(tokens);
+        return 2;
+    }
+    if (ctx == 0)
+        ctx = n;
+    if (batch == 0 || batch > n)
+        batch = n;
+    int ret = 1;
+    float *all = NULL;
+    FILE *fo = NULL;
+    struct runner r;
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, (uint32_t)batch, "logits") < 0) {
+        free(tokens);
+        return 1;
+    }
+    int rc;
+    if ((rc = model_session_new(r.e, 1)) < 0)
+        goto out;
+    all = malloc((size_t)n * r.hp->n_vocab * sizeof(float));
+    if (!all) {
+        fprintf(stderr, "kvctl logits: out of memory for %u x %u logits\n", n, r.hp->n_vocab);
+        goto out;
+    }
+    if ((rc = runner_feed(&r, 0, tokens, n, all)) < 0) {
+        fprintf(stderr, "kvctl logits: %s\n", feed_error(rc));
+        goto out;
+    }
+    fo = fopen(outp, "wb");
+    if (!fo || fwrite(all, sizeof(float) * r.hp->n_vocab, n, fo) != n) {
+        fprintf(stderr, "kvctl logits: %s: %s\n", outp, strerror(errno));
+        goto out;
+    }
+    if (fclose(fo) != 0) {
+        fo = NULL;
+        fprintf(stderr, "kvctl logits: %s: %s\n", outp, strerror(errno));
+        goto out;
+    }
+    fo = NULL;
+    fprintf(stderr, "%u rows x %u logits -> %s\n", n, r.hp->n_vocab, outp);
+    ret = 0;
+out:
+    if (fo)
+        fclose(fo);
+    free(all);
+    runner_free(&r);
+    free(tokens);
+    return ret;
+}
+
+/* ---- bench ---- */
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvctl bench -m FILE [-p 64] [-n 32] [-t N] [-r 1]\n"
+        "Prompt processing (one batch of -p tokens) and text generation (-n tokens one at a\n"
+        "time) speed in tokens/s, like llama-bench's pp and tg; -r repetitions (best kept).\n"
+        "Also prints the bytes of weights read per generated token.\n");
 }
 
 int kvctl_cmd_bench(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl bench: not built yet\n");
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},
+        {"n-prompt", required_argument, 0, 'p'}, {"n-gen", required_argument, 0, 'n'},
+        {"repetitions", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *path = NULL;
+    long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:p:n:r:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
+        case 'p': rc = parse_uint("-p", optarg, 0, 65536, &n_pp); break;
+        case 'n': rc = parse_uint("-n", optarg, 0, 65536, &n_tg); break;
+        case 'r': rc = parse_uint("-r", optarg, 1, 100, &reps); break;
+        case 'h': bench_usage(stdout); return 0;
+        default: bench_usage(stderr); return 2;
+        }
+        if (rc < 0)
+            return 2;
+    }
+    if (!path || optind != argc) {
+        bench_usage(stderr);
+        return 2;
+    }
+    uint32_t ctx = (uint32_t)(n_pp + n_tg + 1);
+    struct runner r;
+    if (runner_open(&r, path, (int)threads, ctx, n_pp > 0 ? (uint32_t)n_pp : 1, "bench") < 0)
+        return 1;
+    int ret = 1, rc;
+    int32_t *tokens = malloc((size_t)(n_pp + 1) * sizeof *tokens);
+    if (!tokens)
+        goto out;
+    /* Deterministic pseudo-random token ids. */
+    uint64_t st = 12345;
+    for (long i = 0; i <= n_pp; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (int32_t)((st >> 33) % r.hp->n_vocab);
+    }
+    double best_pp = 0, best_tg = 0;
+    for (long rep = 0; rep <= reps; rep++) {    /* rep 0 warms up (pages in the weights) */
+        model_session_free(r.e, 1);
+        if ((rc = model_session_new(r.e, 1)) < 0)
+            goto out;
+        double t0 = now_s();
+        if (n_pp > 0 && (rc = runner_feed(&r, 0, tokens, (uint32_t)n_pp, NULL)) < 0) {
+            fprintf(stderr, "kvctl bench: %s\n", feed_error(rc));
+            goto out;
+        }
+        double t1 = now_s();
+        /* Generation: each step feeds the greedy choice of the previous one. */
+        int32_t tok = tokens[n_pp];
+        uint32_t pos = (uint32_t)n_pp;
+        long n_steps = rep == 0 ? (n_tg < 2 ? n_tg : 2) : n_tg;
+        for (long g = 0; g < n_steps; g++) {
+            if ((rc = runner_feed(&r, pos++, &tok, 1, NULL)) < 0) {
+                fprintf(stderr, "kvctl bench: %s\n", feed_error(rc));
+                goto out;
+            }
+            uint32_t best = 0;
+            for (uint32_t i = 1; i < r.hp->n_vocab; i++)
+                if (r.logits[i] > r.logits[best])
+                    best = i;
+            tok = (int32_t)best;
+        }
+        double t2 = now_s();
+        if (rep == 0)
+            continue;
+        if (n_pp > 0 && n_pp / (t1 - t0) > best_pp)
+            best_pp = n_pp / (t1 - t0);
+        if (n_tg > 0 && n_tg / (t2 - t1) > best_tg)
+            best_tg = n_tg / (t2 - t1);
+    }
+    uint32_t first, last;
+    model_get_window(r.m, &first, &last);
+    printf("model %s: %s, %u layers, n_embd %u, n_vocab %u\n", path, r.hp->arch, r.hp->n_layer,
+           r.hp->n_embd, r.hp->n_vocab);
+    printf("threads %d, cpu %s\n", model_exec_threads(r.e), kern_cpu_level());
+    printf("weight_bytes_per_token %" PRIu64 "\n", model_weight_bytes(r.m));
+    if (n_pp > 0)
+        printf("pp%ld %.2f tok/s\n", n_pp, best_pp);
+    if (n_tg > 0)
+        printf("tg%ld %.2f tok/s\n", n_tg, best_tg);
+    ret = 0;
+out:
+    free(tokens);
+    runner_free(&r);
+    return ret;
 }
-

@@ -44,19 +44,32 @@ bool model_has_embed(const struct model *m);
 bool model_has_head(const struct model *m);
 /* The parsed file (borrowed, lives as long as m): metadata for the tokenizer and others. */
 const struct gguf_file *model_get_gguf(const struct model *m);
+/* K/V bytes one session needs per position for the window's layers (F16 K and V). */
+uint64_t model_kv_bytes_per_token(const struct model *m);
+/* Bytes of weights one generated token reads: the window's layers, plus the head's norm and
+ * output matrix on the last rank (one embedding row is not counted). */
+uint64_t model_weight_bytes(const struct model *m);
 
-/* Executor: n_ctx bounds every session's positions; max_batch bounds rows per call. */
+/* Executor: n_ctx bounds every session's positions; max_batch bounds the rows computed at
+ * once (longer runs are done in chunks). n_threads <= 0: one per CPU. One call at a time per
+ * executor (it owns one scratch state); sessions are independent. */
 int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint32_t n_ctx,
                    uint32_t max_batch);
 void model_exec_free(struct model_exec *e);
+int model_exec_threads(const struct model_exec *e);
 int model_session_new(struct model_exec *e, uint64_t id);   /* -EEXIST, -ENOMEM */
 int model_session_free(struct model_exec *e, uint64_t id);  /* -ENOENT */
-/* Rank 0: out[n][n_embd] = embeddings of tokens. */
+/* Positions the session holds (the next position to run), 0 for an unknown id. */
+uint32_t model_session_pos(struct model_exec *e, uint64_t id);
+/* Rank 0: out[n][n_embd] = embeddings of tokens (-EINVAL for an id outside the vocabulary,
+ * -ENOTSUP when the window has no embedding). */
 int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *out);
 /* Run the window's layers on x[n][n_embd] in place for session id at positions pos..pos+n-1.
- * -ERANGE past the context, -ENOENT unknown session. */
+ * pos may rewind (pos <= model_session_pos: later positions are overwritten) but not skip
+ * (-EINVAL). -ERANGE past the context, -ENOENT unknown session. */
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x);
-/* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head). */
+/* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head; -ENOTSUP when
+ * the window has no head). */
 int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits);
 
 struct model_sampler_params {
@@ -67,7 +80,7 @@ struct model_sampler_params {
     float min_p;              /* <= 0: off */
     float repeat_penalty;     /* 1: off */
     float freq_penalty, presence_penalty; /* 0: off */
-    int32_t penalty_last_n;   /* tokens looked back for penalties */
+    int32_t penalty_last_n;   /* tokens looked back for penalties (<= 0: penalties off) */
 };
 void model_sampler_params_default(struct model_sampler_params *p);
 struct model_sampler;
@@ -76,8 +89,14 @@ int model_sampler_new(struct model_sampler **out, const struct model_sampler_par
 void model_sampler_free(struct model_sampler *s);
 /* Record a token as part of the history (prompt and generated) for the penalties. */
 void model_sampler_accept(struct model_sampler *s, int32_t token);
-/* Sample from logits[n_vocab] (modified in place); *logprob may be NULL. */
+/* Sample from logits[n_vocab] (modified in place); *logprob may be NULL. Returns the token,
+ * or a negative code when no token is possible (all logits -inf / NaN). */
 int32_t model_sampler_sample(struct model_sampler *s, float *logits, float *logprob);
+/* The set sampling would draw from for these logits (penalties, top-k, top-p, min-p,
+ * temperature applied; logits modified in place): *ids best first and *probs summing to 1,
+ * borrowed until the next call. Returns how many (>= 1) or a negative code. */
+int model_sampler_kept(struct model_sampler *s, float *logits, const int32_t **ids,
+                       const float **probs);
 
 /* ================================ tokenizer ================================ */
 

@@ -1,0 +1,148 @@
+/* model_ref.h — shared by the model tests: load a llama.cpp reference case (ref/<stem>.<case>
+ * .json + .logits.f32, see the test data's MANIFEST.md) and run a model the way the
+ * references were made (prompt as one batch, then each fed token alone). */
+#ifndef KV_TESTS_MODEL_REF_H
+#define KV_TESTS_MODEL_REF_H
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/model.h"
+#include "tests/t.h"
+
+struct ref_case {
+    char model[1024];               /* full path of the GGUF */
+    int32_t *prompt, *gen, *fed;
+    uint32_t n_prompt, n_gen, n_fed;
+    uint32_t n_vocab;
+    float *logits;                 /* [n_fed][n_vocab] */
+};
+
+static inline void ref_free(struct ref_case *r)
+{
+    free(r->prompt);
+    free(r->gen);
+    free(r->fed);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+static inline char *ref_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = 0;
+        *len = (size_t)n;
+    }
+    return b;
+}
+
+static inline int ref_ints(const cJSON *j, const char *key, int32_t **out, uint32_t *n)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsArray(a))
+        return -1;
+    *n = (uint32_t)cJSON_GetArraySize(a);
+    *out = malloc((*n ? *n : 1) * sizeof **out);
+    uint32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e))
+            return -1;
+        (*out)[i++] = (int32_t)e->valuedouble;
+    }
+    return 0;
+}
+
+/* Load ref/<name>.json ("stories260K.once"); 0 or -1 with a failed check. */
+static inline int ref_load(struct ref_case *r, const char *name)
+{
+    memset(r, 0, sizeof *r);
+    char rel[256], path[1024];
+    snprintf(rel, sizeof rel, "ref/%s.json", name);
+    if (!t_data_path(path, sizeof path, rel))
+        return -1;
+    size_t len;
+    char *txt = ref_slurp(path, &len);
+    cJSON *j = txt ? cJSON_ParseWithLength(txt, len) : NULL;
+    free(txt);
+    T_CHECK(j != NULL, "%s: not JSON", path);
+    if (!j)
+        return -1;
+    int rc = -1;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    const cJSON *nv = cJSON_GetObjectItemCaseSensitive(j, "n_vocab");
+    const cJSON *lf = cJSON_GetObjectItemCaseSensitive(j, "logits_file");
+    if (!cJSON_IsString(model) || !cJSON_IsNumber(nv) || !cJSON_IsString(lf) ||
+        ref_ints(j, "prompt_tokens", &r->prompt, &r->n_prompt) ||
+        ref_ints(j, "generated_tokens", &r->gen, &r->n_gen) ||
+        ref_ints(j, "tokens_fed", &r->fed, &r->n_fed)) {
+        T_CHECK(0, "%s: fields missing", path);
+        goto out;
+    }
+    r->n_vocab = (uint32_t)nv->valuedouble;
+    snprintf(rel, sizeof rel, "models/%s", model->valuestring);
+    if (!t_data_path(r->model, sizeof r->model, rel))
+        goto out;
+    snprintf(rel, sizeof rel, "ref/%s", lf->valuestring);
+    if (!t_data_path(path, sizeof path, rel))
+        goto out;
+    txt = ref_slurp(path, &len);
+    T_CHECK(txt && len == (size_t)r->n_fed * r->n_vocab * sizeof(float),
+            "%s: %zu bytes, expected %u x %u floats", path, txt ? len : 0, r->n_fed, r->n_vocab);
+    if (!txt || len != (size_t)r->n_fed * r->n_vocab * sizeof(float)) {
+        free(txt);
+        goto out;
+    }
+    r->logits = (float *)txt;
+    rc = 0;
+out:
+    cJSON_Delete(j);
+    if (rc)
+        ref_free(r);
+    return rc;
+}
+
+/* Normalised MSE of a against the reference b. */
+static inline double nmse(const float *a, const float *b, uint32_t n)
+{
+    double num = 0, den = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* argmax, ties to the lowest id; *margin = best - second best. */
+static inline uint32_t argmax2(const float *x, uint32_t n, float *margin)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    float second = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        if (i != b && x[i] > second)
+            second = x[i];
+    if (margin)
+        *margin = x[b] - second;
+    return b;
+}
+
+#endif
