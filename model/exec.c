@@ -76,8 +76,10 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
 {
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
-    if (n_ctx == 0 || n_ctx > MODEL_MAX_CTX || max_batch == 0 || max_batch > n_ctx)
+    if (n_ctx == 0 || n_ctx > MODEL_MAX_CTX || max_batch == 0)
         return -EINVAL;
+    if (max_batch > n_ctx)
+        max_batch = n_ctx;
     struct model_exec *e = calloc(1, sizeof *e);
     if (!e)
         return -ENOMEM;
