@@ -43,7 +43,7 @@ struct run {
     uint32_t n_vocab, n_embd;
 };
 
-static int run_open(struct run *r, const char *path, uint32_t n_ctx)
+static int run_open(struct run *r, const char *path, uint32_t n_ctx, uint32_t max_batch)
 {
     char err[MODEL_ERR_LEN] = "";
     memset(r, 0, sizeof *r);
@@ -51,7 +51,7 @@ static int run_open(struct run *r, const char *path, uint32_t n_ctx)
     T_CHECK(rc == 0, "model_open %s: %d %s", path, rc, err);
     if (rc)
         return rc;
-    rc = model_exec_new(&r->e, r->m, 1, n_ctx, 64);
+    rc = model_exec_new(&r->e, r->m, 1, n_ctx, max_batch);
     T_CHECK(rc == 0, "model_exec_new: %d", rc);
     if (rc) {
         model_free(r->m);
@@ -84,47 +84,59 @@ static int run_feed(struct run *r, uint32_t pos, const int32_t *tok, uint32_t n,
     return rc;
 }
 
+/* Mode 0: as the references were made (prompt as one batch, then one token per call).
+ * Mode 1: every row in one call, run in chunks of 8 rows (the batch path over many rows). */
+static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int mode)
+{
+    struct run r;
+    if (run_open(&r, rc->model, rc->n_fed + 1, mode ? 8 : 64))
+        return;
+    T_CHECK(r.n_vocab == rc->n_vocab, "%s: n_vocab %u vs %u", sp->name, r.n_vocab, rc->n_vocab);
+    float *ours = calloc((size_t)rc->n_fed * rc->n_vocab, sizeof(float));
+    int err;
+    if (mode == 0) {
+        err = run_feed(&r, 0, rc->fed, rc->n_prompt, ours);
+        for (uint32_t i = rc->n_prompt; !err && i < rc->n_fed; i++)
+            err = run_feed(&r, i, &rc->fed[i], 1, ours + (size_t)i * rc->n_vocab);
+    } else {
+        err = run_feed(&r, 0, rc->fed, rc->n_fed, ours);
+    }
+    double tol = fmax(10.0 * sp->f64_max, 1e-5), worst = 0;
+    float thr = sp->quantised ? 0.5f : 0.1f;
+    uint32_t checked = 0, bad = 0;
+    for (uint32_t i = 0; !err && i < rc->n_fed; i++) {
+        const float *a = ours + (size_t)i * rc->n_vocab, *b = rc->logits + (size_t)i * rc->n_vocab;
+        double e = nmse(a, b, rc->n_vocab);
+        worst = e > worst ? e : worst;
+        float margin;
+        uint32_t ab = argmax2(b, rc->n_vocab, &margin);
+        if (margin > thr) {
+            checked++;
+            uint32_t aa = argmax2(a, rc->n_vocab, NULL);
+            if (aa != ab) {
+                bad++;
+                T_CHECK(0, "%s (mode %d) row %u: argmax %u, reference %u (margin %.3f)",
+                        sp->name, mode, i, aa, ab, margin);
+            }
+        }
+    }
+    T_CHECK(!err && worst <= tol, "%s (mode %d): NMSE max %.3g > tolerance %.3g", sp->name,
+            mode, worst, tol);
+    fprintf(stderr, "  %-34s %s NMSE max %.3g (tol %.3g, f64 %.2g), argmax %u/%u rows\n",
+            sp->name, mode ? "one batch" : "as ref   ", worst, tol, sp->f64_max,
+            checked - bad, checked);
+    free(ours);
+    run_close(&r);
+}
+
 T_CASE(teacher_forced_logits)
 {
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
-        const struct ref_spec *sp = &specs[c];
         struct ref_case rc;
-        if (ref_load(&rc, sp->name))
+        if (ref_load(&rc, specs[c].name))
             continue;
-        struct run r;
-        if (run_open(&r, rc.model, rc.n_fed + 1)) {
-            ref_free(&rc);
-            continue;
-        }
-        T_CHECK(r.n_vocab == rc.n_vocab, "%s: n_vocab %u vs %u", sp->name, r.n_vocab, rc.n_vocab);
-        float *ours = calloc((size_t)rc.n_fed * rc.n_vocab, sizeof(float));
-        int err = run_feed(&r, 0, rc.fed, rc.n_prompt, ours);
-        for (uint32_t i = rc.n_prompt; !err && i < rc.n_fed; i++)
-            err = run_feed(&r, i, &rc.fed[i], 1, ours + (size_t)i * rc.n_vocab);
-        double tol = fmax(10.0 * sp->f64_max, 1e-5), worst = 0;
-        float thr = sp->quantised ? 0.5f : 0.1f;
-        uint32_t checked = 0, bad = 0;
-        for (uint32_t i = 0; !err && i < rc.n_fed; i++) {
-            const float *a = ours + (size_t)i * rc.n_vocab, *b = rc.logits + (size_t)i * rc.n_vocab;
-            double e = nmse(a, b, rc.n_vocab);
-            worst = e > worst ? e : worst;
-            float margin;
-            uint32_t ab = argmax2(b, rc.n_vocab, &margin);
-            if (margin > thr) {
-                checked++;
-                uint32_t aa = argmax2(a, rc.n_vocab, NULL);
-                if (aa != ab) {
-                    bad++;
-                    T_CHECK(0, "%s row %u: argmax %u, reference %u (margin %.3f)", sp->name, i,
-                            aa, ab, margin);
-                }
-            }
-        }
-        T_CHECK(!err && worst <= tol, "%s: NMSE max %.3g > tolerance %.3g", sp->name, worst, tol);
-        fprintf(stderr, "  %-34s NMSE max %.3g (tol %.3g, f64 %.2g), argmax %u/%u rows\n",
-                sp->name, worst, tol, sp->f64_max, checked - bad, checked);
-        free(ours);
-        run_close(&r);
+        check_case(&specs[c], &rc, 0);
+        check_case(&specs[c], &rc, 1);
         ref_free(&rc);
     }
 }
@@ -138,7 +150,7 @@ T_CASE(greedy_generation)
         if (ref_load(&rc, cases[c]))
             continue;
         struct run r;
-        if (run_open(&r, rc.model, rc.n_prompt + rc.n_gen)) {
+        if (run_open(&r, rc.model, rc.n_prompt + rc.n_gen, 64)) {
             ref_free(&rc);
             continue;
         }
