@@ -11,6 +11,209 @@
 #include <stdint.h>
 
 /* ============================= frames + links ============================= */
+/* Ring links (DESIGN.md section 8). A link is a byte stream between two stages, carried by a
+ * transport (TCP here; a WebSocket bridge through a relay for relay:// endpoints) behind a
+ * small vtable. On top of the stream go frames, all little-endian, with a 28-byte header:
+ *
+ *   off  0  u32 magic 'KVR1' (0x3152564b)   off 16  u32 pos
+ *   off  4  u8  type                        off 20  u32 n_tokens
+ *   off  5  u8  flags                       off 24  u32 payload_len (capped per link)
+ *   off  6  u16 reserved (0)
+ *   off  8  u64 session
+ *
+ * Payloads by type (the receiver checks every field against its manifest before use):
+ *   HELLO  u32 version | u32 rank | u32 n_ranks | char ring[64] (NUL-padded) |
+ *          u8 node_key[32] (Ed25519) | u8 manifest_sha256[32] | u8 nonce[32]      (172 B)
+ *   AUTH   u8 sig[64]: Ed25519 over "KVR1-auth" | peer's nonce | own node_key | u32 own rank |
+ *          ring[64]
+ *   OPEN   struct net_open_params (64 B) | i32 prompt tokens[n_tokens]
+ *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it)
+ *   TOKEN  i32 token | f32 logprob [| f32 logits[n_vocab] with flag LOGITS]
+ *   CLOSE  empty
+ *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes)
+ *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
+ *
+ * Handshake: each side sends HELLO with a fresh nonce as soon as the stream is up; on the
+ * peer's HELLO it checks version, ring, rank, manifest hash and (when known) node key, then
+ * sends AUTH signing the peer's nonce; the link is established when the peer's AUTH verifies.
+ * A mismatch sends ERROR with the reason (so both sides log it) and closes the link. */
+
+#include <uv.h>
+
+#define NET_MAGIC        0x3152564bu  /* "KVR1" little-endian */
+#define NET_VERSION      1u
+#define NET_HDR_LEN      28u
+#define NET_HELLO_LEN    172u
+#define NET_AUTH_LEN     64u
+#define NET_RING_ID_MAX  64u          /* ring id bytes, NUL-padded on the wire */
+#define NET_ERR_MAX      1024u        /* ERROR message bytes */
+#define NET_PAYLOAD_HARD_MAX (256u << 20) /* no link accepts a payload above this */
+
+enum net_frame_type {
+    NET_F_HELLO = 1, NET_F_AUTH = 2, NET_F_OPEN = 3, NET_F_ACT = 4, NET_F_TOKEN = 5,
+    NET_F_CLOSE = 6, NET_F_ERROR = 7, NET_F_PING = 8, NET_F_PONG = 9,
+    NET_F_MAX = 9
+};
+enum net_frame_flag {
+    NET_FL_LAST = 1,     /* ACT: the last chunk of a step: the last rank samples after it */
+    NET_FL_LOGITS = 2,   /* OPEN: send logits with every TOKEN; TOKEN: logits follow */
+};
+
+struct net_frame_hdr {
+    uint32_t magic;
+    uint8_t type, flags;
+    uint16_t reserved;
+    uint64_t session;
+    uint32_t pos, n_tokens, payload_len;
+};
+
+/* OPEN payload head (64 bytes on the wire, little-endian, in this order). */
+struct net_open_params {
+    uint64_t seed;
+    float temperature, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
+    int32_t top_k, penalty_last_n;
+    uint32_t max_tokens;      /* generated tokens rank 0 will ask for (informative) */
+    uint32_t n_ctx;           /* context the session needs (prompt + generation) */
+    uint8_t reserved[16];
+};
+#define NET_OPEN_LEN 64u
+
+/* Name of a frame type ("ACT"), "?" when unknown. */
+const char *net_frame_type_name(uint32_t type);
+/* Encode h into out[NET_HDR_LEN] (magic set by the caller or NET_MAGIC when 0). */
+void net_frame_hdr_encode(const struct net_frame_hdr *h, uint8_t out[NET_HDR_LEN]);
+/* Decode and check a header: magic, type range, reserved == 0, payload_len <= max_payload.
+ * 0 or -EPROTO/-EMSGSIZE with err naming the field, value and limit. */
+int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
+                         uint32_t max_payload, char *err, size_t errlen);
+
+void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN]);
+void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p);
+
+/* Streaming frame reader: push bytes, pull whole frames. */
+struct net_frame_reader {
+    uint8_t *buf;
+    size_t len, cap, off;
+    uint32_t max_payload;
+};
+void net_frame_reader_init(struct net_frame_reader *r, uint32_t max_payload);
+void net_frame_reader_free(struct net_frame_reader *r);
+int net_frame_reader_push(struct net_frame_reader *r, const void *data, size_t len);
+/* 1 and a frame (payload borrowed until the next call), 0 when more bytes are needed, or a
+ * negative code with err filled (the stream is then unusable). */
+int net_frame_reader_next(struct net_frame_reader *r, struct net_frame_hdr *h,
+                          const uint8_t **payload, char *err, size_t errlen);
+
+/* Node identity: an Ed25519 key kept in DIR/node.key (PEM, 0600), created on first use. */
+struct net_identity;
+int net_identity_load(struct net_identity **out, const char *dir, char *err, size_t errlen);
+void net_identity_free(struct net_identity *id);
+const uint8_t *net_identity_pub(const struct net_identity *id);   /* 32 bytes, borrowed */
+int net_identity_sign(const struct net_identity *id, const void *msg, size_t len,
+                      uint8_t sig[64]);
+bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const uint8_t sig[64]);
+/* Lowercase hex of n bytes into out (2n+1 bytes); parse back (false on bad input). */
+void net_hex(const uint8_t *b, size_t n, char *out);
+bool net_unhex(const char *s, uint8_t *b, size_t n);
+/* SHA-256 of a file's bytes. */
+int net_sha256_file(const char *path, uint8_t out[32]);
+
+struct net_hello {
+    uint32_t version, rank, n_ranks;
+    char ring[NET_RING_ID_MAX + 1];
+    uint8_t node_key[32], manifest_hash[32], nonce[32];
+};
+void net_hello_encode(const struct net_hello *h, uint8_t out[NET_HELLO_LEN]);
+int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *err, size_t errlen);
+
+/* What a side expects of its peer. */
+struct net_hs_expect {
+    uint32_t rank, n_ranks;
+    const char *ring;
+    uint8_t manifest_hash[32];
+    bool check_key;               /* the manifest names the peer's node key */
+    uint8_t node_key[32];
+};
+/* Handshake state machine over frames (no I/O: it hands back bytes to send). */
+struct net_handshake;
+/* mine: own HELLO (nonce filled here); id: own key (borrowed for the handshake's life). */
+int net_handshake_new(struct net_handshake **out, const struct net_identity *id,
+                      const struct net_hello *mine, const struct net_hs_expect *expect);
+void net_handshake_free(struct net_handshake *hs);
+/* The HELLO frame to send first: bytes borrowed from hs. */
+void net_handshake_hello(struct net_handshake *hs, const uint8_t **bytes, size_t *len);
+/* Feed one received frame. Returns 0 (go on), 1 (established) or a negative code with err
+ * naming the mismatch. out, outlen: a frame to send now (borrowed; *outlen 0 when none). */
+int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
+                       const uint8_t *payload, const uint8_t **out, size_t *outlen,
+                       char *err, size_t errlen);
+/* The peer's HELLO (valid once it has been received). */
+const struct net_hello *net_handshake_peer(const struct net_handshake *hs);
+
+/* ---- links ---- */
+struct net_link;
+struct net_link_cbs {
+    /* Dial finished: status 0 (stream up) or negative (the link then closes). */
+    void (*on_open)(struct net_link *l, int status);
+    /* One whole frame (header checked against the link's payload cap). */
+    void (*on_frame)(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload);
+    /* Last callback: the link is closed and freed after it returns. */
+    void (*on_close)(struct net_link *l, const char *reason);
+};
+
+/* A transport moves a link's bytes. Implementations call the net_link_tp_* hooks below. */
+struct net_transport {
+    const char *scheme;     /* "tcp", "relay" (endpoint "scheme://rest") */
+    /* Start connecting to rest; call net_link_tp_opened when the stream is up or failed. */
+    int (*dial)(struct net_link *l, uv_loop_t *loop, const char *rest);
+    /* Send buf (malloc'd; ownership passes: free it when written or on close). */
+    int (*write)(struct net_link *l, uv_buf_t buf);
+    /* Close; call net_link_tp_closed exactly once when every handle is closed. */
+    void (*close)(struct net_link *l);
+};
+/* Register a transport for its scheme (TCP is built in). 0, -EEXIST, -ENOSPC. */
+int net_transport_register(const struct net_transport *t);
+
+/* Dial endpoint "tcp://host:port" (or a registered scheme); callbacks on the loop. */
+int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
+                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload);
+/* Send one frame: h->payload_len is set from len; header and payload are copied. */
+int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
+                  size_t len);
+/* Send raw bytes (tests and tools). */
+int net_link_send_raw(struct net_link *l, const void *data, size_t len);
+/* Close with a reason (logged by the owner in on_close). Safe from any callback; idempotent. */
+void net_link_close(struct net_link *l, const char *reason);
+void *net_link_ud(const struct net_link *l);
+void net_link_set_ud(struct net_link *l, void *ud);
+void net_link_set_max_payload(struct net_link *l, uint32_t max_payload);
+const char *net_link_peer(const struct net_link *l);   /* "127.0.0.1:4100" */
+bool net_link_is_closing(const struct net_link *l);
+uint64_t net_link_bytes_in(const struct net_link *l);
+uint64_t net_link_bytes_out(const struct net_link *l);
+size_t net_link_queued(const struct net_link *l);      /* bytes handed to the transport, unwritten */
+
+/* Transport hooks. */
+void net_link_tp_set(struct net_link *l, void *tp);
+void *net_link_tp(const struct net_link *l);
+void net_link_tp_set_peer(struct net_link *l, const char *peer);
+void net_link_tp_opened(struct net_link *l, int status);
+void net_link_tp_data(struct net_link *l, const void *data, size_t len);
+void net_link_tp_written(struct net_link *l, size_t len);
+void net_link_tp_closed(struct net_link *l);
+/* The stream ended or failed: closes the link with this reason. */
+void net_link_tp_error(struct net_link *l, const char *reason);
+
+/* TCP listener: every accepted stream becomes a link with cbs (ud given to each). */
+struct net_listener;
+typedef void (*net_accept_cb)(struct net_listener *ls, struct net_link *l, void *ud);
+/* addr "host:port" (port 0 picks one). */
+int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *addr,
+                     const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
+                     uint32_t max_payload, char *err, size_t errlen);
+int net_listener_port(const struct net_listener *ls);
+/* Close; freed in the close callback. */
+void net_listener_close(struct net_listener *ls);
 
 /* ================================== http ================================== */
 /* The project's one HTTP/1.1 server (net/http*.c, prefix net_http_), on a libuv loop.

@@ -1,0 +1,398 @@
+/* compute.c — the stage's compute thread. The loop submits jobs (open a session, run a step,
+ * close a session) to a FIFO; one thread runs them in order on the backend and hands them back
+ * through uv_async, so the event loop never computes. Per-session samplers live here too. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvd/internal.h"
+
+struct csess {
+    uint64_t id;
+    void *sampler;
+    bool logits;
+    struct csess *next;
+};
+
+struct kvd_compute {
+    uv_async_t async;
+    struct kvd_backend *b;
+    uint32_t wire_dsize;
+    kvd_job_done_cb done;
+    void *ud;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct kvd_job *in_head, *in_tail, *out_head, *out_tail;
+    bool stop, started;
+    struct csess *sessions;     /* compute thread only */
+    float *x, *logits;          /* compute thread scratch */
+    size_t x_cap;
+};
+
+void kvd_job_free(struct kvd_job *j)
+{
+    if (!j)
+        return;
+    free(j->tokens);
+    free(j->in);
+    free(j->out);
+    free(j);
+}
+
+uint16_t kvd_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t mant = x & 0x7fffffu;
+    int32_t exp = (int32_t)((x >> 23) & 0xff);
+    if (exp == 255)  /* inf / nan */
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {  /* subnormal or zero */
+        if (exp < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = sign | (uint32_t)exp << 10 | mant >> 13;
+    uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;  /* may carry into the exponent: still correct (up to inf) */
+    return (uint16_t)h;
+}
+
+float kvd_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
+    if (exp == 0) {
+        if (mant == 0)
+            x = sign;
+        else {  /* normalise the subnormal */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                exp--;
+            }
+            x = sign | exp << 23 | (mant & 0x3ffu) << 13;
+        }
+    } else if (exp == 31)
+        x = sign | 0x7f800000u | mant << 13;
+    else
+        x = sign | (exp - 15 + 127) << 23 | mant << 13;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static struct csess *cs_find(struct kvd_compute *c, uint64_t id, struct csess ***prevp)
+{
+    struct csess **pp = &c->sessions;
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            if (prevp)
+                *prevp = pp;
+            return *pp;
+        }
+    return NULL;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+
+static void job_run(struct kvd_compute *c, struct kvd_job *j)
+{
+    struct kvd_backend *b = c->b;
+    const struct kvd_backend_ops *ops = b->ops;
+    double t0 = now_ms();
+    j->rc = 0;
+    if (j->kind == KVD_JOB_OPEN) {
+        int rc = ops->session_new(b->impl, j->session);
+        if (rc < 0) {
+            j->rc = rc;
+            snprintf(j->err, sizeof j->err, "session %016llx: cannot create its KV on this stage: %s",
+                     (unsigned long long)j->session, strerror(-rc));
+            return;
+        }
+        if (b->head) {
+            struct csess *s = calloc(1, sizeof *s);
+            if (s)
+                s->sampler = ops->sampler_new(b->impl, &j->open);
+            if (!s || !s->sampler) {
+                free(s);
+                ops->session_free(b->impl, j->session);
+                j->rc = -ENOMEM;
+                snprintf(j->err, sizeof j->err, "session %016llx: cannot create its sampler",
+                         (unsigned long long)j->session);
+                return;
+            }
+            s->id = j->session;
+            s->logits = j->flags & NET_FL_LOGITS;
+            for (uint32_t i = 0; i < j->n_tokens; i++)
+                ops->sampler_accept(b->impl, s->sampler, j->tokens[i]);
+            s->next = c->sessions;
+            c->sessions = s;
+        }
+        return;
+    }
+    if (j->kind == KVD_JOB_CLOSE) {
+        ops->session_free(b->impl, j->session);
+        struct csess **pp = NULL, *s = cs_find(c, j->session, &pp);
+        if (s) {
+            *pp = s->next;
+            ops->sampler_free(b->impl, s->sampler);
+            free(s);
+        }
+        return;
+    }
+    /* STEP */
+    size_t ne = (size_t)j->n * b->n_embd;
+    if (ne > c->x_cap) {
+        float *nx = realloc(c->x, ne * sizeof *nx);
+        if (!nx) {
+            j->rc = -ENOMEM;
+            snprintf(j->err, sizeof j->err, "out of memory for %u boundary rows", j->n);
+            return;
+        }
+        c->x = nx;
+        c->x_cap = ne;
+    }
+    float *x = c->x;
+    int rc;
+    if (b->embed) {
+        rc = ops->embed(b->impl, j->tokens, j->n, x);
+        if (rc < 0) {
+            j->rc = rc;
+            snprintf(j->err, sizeof j->err, "embedding %u tokens failed: %s", j->n, strerror(-rc));
+            return;
+        }
+    } else if (c->wire_dsize == 4) {
+        memcpy(x, j->in, ne * 4);
+    } else {
+        for (size_t i = 0; i < ne; i++)
+            x[i] = kvd_f16_to_f32((uint16_t)(j->in[2 * i] | j->in[2 * i + 1] << 8));
+    }
+    rc = ops->run(b->impl, j->session, j->pos, j->n, x);
+    if (rc < 0) {
+        j->rc = rc;
+        snprintf(j->err, sizeof j->err, "layers %u..%u at pos %u (+%u rows) failed: %s",
+                 b->first, b->last, j->pos, j->n, rc == -ERANGE ? "past the context" : strerror(-rc));
+        return;
+    }
+    if (b->head) {
+        if (!(j->flags & NET_FL_LAST)) {
+            j->out_type = 0;
+        } else {
+            struct csess *s = cs_find(c, j->session, NULL);
+            if (!s) {
+                j->rc = -ENOENT;
+                snprintf(j->err, sizeof j->err, "no sampler for the session");
+                return;
+            }
+            size_t extra = s->logits ? (size_t)b->n_vocab * 4 : 0;
+            uint8_t *out = malloc(8 + extra);
+            float *lg = malloc((size_t)b->n_vocab * sizeof *lg);
+            if (!out || !lg) {
+                free(out);
+                free(lg);
+                j->rc = -ENOMEM;
+                snprintf(j->err, sizeof j->err, "out of memory for logits");
+                return;
+            }
+            rc = ops->head(b->impl, x + (size_t)(j->n - 1) * b->n_embd, 1, lg);
+            if (rc < 0) {
+                free(out);
+                free(lg);
+                j->rc = rc;
+                snprintf(j->err, sizeof j->err, "output head failed: %s", strerror(-rc));
+                return;
+            }
+            if (extra)
+                memcpy(out + 8, lg, extra);   /* raw logits, before the sampler touches them */
+            float lp = 0;
+            int32_t tok = ops->sampler_sample(b->impl, s->sampler, lg, &lp);
+            ops->sampler_accept(b->impl, s->sampler, tok);
+            free(lg);
+            put32(out, (uint32_t)tok);
+            memcpy(out + 4, &lp, 4);
+            j->token = tok;
+            j->logprob = lp;
+            j->out = out;
+            j->out_len = 8 + extra;
+            j->out_type = NET_F_TOKEN;
+            j->out_flags = extra ? NET_FL_LOGITS : 0;
+        }
+    } else {
+        size_t bytes = ne * c->wire_dsize;
+        uint8_t *out = malloc(bytes);
+        if (!out) {
+            j->rc = -ENOMEM;
+            snprintf(j->err, sizeof j->err, "out of memory for the boundary");
+            return;
+        }
+        if (c->wire_dsize == 4)
+            memcpy(out, x, bytes);
+        else
+            for (size_t i = 0; i < ne; i++) {
+                uint16_t h = kvd_f32_to_f16(x[i]);
+                out[2 * i] = (uint8_t)h;
+                out[2 * i + 1] = (uint8_t)(h >> 8);
+            }
+        j->out = out;
+        j->out_len = bytes;
+        j->out_type = NET_F_ACT;
+        j->out_flags = j->flags & NET_FL_LAST;
+    }
+    j->ms = now_ms() - t0;
+}
+
+static void *thread_main(void *arg)
+{
+    struct kvd_compute *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stop && !c->in_head)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (c->stop)
+            break;
+        struct kvd_job *j = c->in_head;
+        c->in_head = j->next;
+        if (!c->in_head)
+            c->in_tail = NULL;
+        j->next = NULL;
+        pthread_mutex_unlock(&c->mu);
+        job_run(c, j);
+        pthread_mutex_lock(&c->mu);
+        if (c->out_tail)
+            c->out_tail->next = j;
+        else
+            c->out_head = j;
+        c->out_tail = j;
+        uv_async_send(&c->async);
+    }
+    pthread_mutex_unlock(&c->mu);
+    /* Free what the thread owns: samplers and the sessions' KV. */
+    while (c->sessions) {
+        struct csess *s = c->sessions;
+        c->sessions = s->next;
+        c->b->ops->sampler_free(c->b->impl, s->sampler);
+        free(s);
+    }
+    return NULL;
+}
+
+static void on_async(uv_async_t *a)
+{
+    struct kvd_compute *c = a->data;
+    pthread_mutex_lock(&c->mu);
+    struct kvd_job *j = c->out_head;
+    c->out_head = c->out_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (j) {
+        struct kvd_job *next = j->next;
+        j->next = NULL;
+        if (c->stop)
+            kvd_job_free(j);
+        else
+            c->done(j, c->ud);
+        j = next;
+    }
+}
+
+int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backend *b,
+                    uint32_t wire_dsize, kvd_job_done_cb done, void *ud)
+{
+    struct kvd_compute *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->b = b;
+    c->wire_dsize = wire_dsize;
+    c->done = done;
+    c->ud = ud;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    int rc = uv_async_init(loop, &c->async, on_async);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    c->async.data = c;
+    if (pthread_create(&c->thread, NULL, thread_main, c) != 0) {
+        uv_close((uv_handle_t *)&c->async, NULL);
+        return -EAGAIN;   /* c leaks only on this start failure path: the async holds it */
+    }
+    c->started = true;
+    *out = c;
+    return 0;
+}
+
+void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
+{
+    j->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->in_tail)
+        c->in_tail->next = j;
+    else
+        c->in_head = j;
+    c->in_tail = j;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_async_closed(uv_handle_t *h)
+{
+    struct kvd_compute *c = h->data;
+    struct kvd_job *j = c->out_head;
+    while (j) {
+        struct kvd_job *n = j->next;
+        kvd_job_free(j);
+        j = n;
+    }
+    free(c->x);
+    free(c->logits);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+void kvd_compute_stop(struct kvd_compute *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_signal(&c->cv);
+    struct kvd_job *j = c->in_head;
+    c->in_head = c->in_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (j) {
+        struct kvd_job *n = j->next;
+        kvd_job_free(j);
+        j = n;
+    }
+    if (c->started)
+        pthread_join(c->thread, NULL);
+    uv_close((uv_handle_t *)&c->async, on_async_closed);
+}

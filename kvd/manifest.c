@@ -1,0 +1,260 @@
+/* manifest.c — the rank manifest (DESIGN.md section 7): parsed with cJSON, every field
+ * checked (types, ranges, windows contiguous and covering the model). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+
+#include "kvd/kvd.h"
+#include "net/net.h"
+
+#define MANIFEST_MAX_BYTES (1u << 20)
+
+static int get_str(const cJSON *o, const char *key, char *out, size_t n, bool required,
+                   const char *ctx, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (!required)
+            return 0;
+        snprintf(err, errlen, "manifest: %s.%s is missing", ctx, key);
+        return -EINVAL;
+    }
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= n) {
+        snprintf(err, errlen, "manifest: %s.%s must be a string of at most %zu bytes", ctx, key, n - 1);
+        return -EINVAL;
+    }
+    snprintf(out, n, "%s", v->valuestring);
+    return 0;
+}
+
+static int get_u32(const cJSON *o, const char *key, uint32_t *out, uint32_t lo, uint32_t hi,
+                   bool required, const char *ctx, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (!required)
+            return 0;
+        snprintf(err, errlen, "manifest: %s.%s is missing", ctx, key);
+        return -EINVAL;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
+        v->valuedouble != (double)(uint32_t)v->valuedouble) {
+        snprintf(err, errlen, "manifest: %s.%s = %g must be an integer in [%u, %u]", ctx, key,
+                 cJSON_IsNumber(v) ? v->valuedouble : -1.0, lo, hi);
+        return -EINVAL;
+    }
+    *out = (uint32_t)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *key, bool *out, const char *ctx, char *err,
+                    size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v)) {
+        snprintf(err, errlen, "manifest: %s.%s must be true or false", ctx, key);
+        return -EINVAL;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int kvd_manifest_parse(struct kvd_manifest *m, const char *json, size_t len, char *err,
+                       size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    if (len > MANIFEST_MAX_BYTES) {
+        snprintf(err, errlen, "manifest: %zu bytes, the limit is %u", len, MANIFEST_MAX_BYTES);
+        return -EFBIG;
+    }
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        snprintf(err, errlen, "manifest: not a JSON object");
+        cJSON_Delete(root);
+        return -EINVAL;
+    }
+    int rc;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *wire = cJSON_GetObjectItemCaseSensitive(root, "wire");
+    const cJSON *limits = cJSON_GetObjectItemCaseSensitive(root, "limits");
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(root, "ranks");
+    if ((rc = get_u32(root, "version", &m->version, 1, 1, true, "", err, errlen)) < 0 ||
+        (rc = get_str(root, "ring", m->ring, sizeof m->ring, true, "", err, errlen)) < 0)
+        goto out;
+    for (const char *p = m->ring; *p; p++)
+        if (*p < 0x21 || *p > 0x7e) {
+            snprintf(err, errlen, "manifest: ring id must be printable ASCII without spaces");
+            rc = -EINVAL;
+            goto out;
+        }
+    if (!m->ring[0]) {
+        snprintf(err, errlen, "manifest: ring id is empty");
+        rc = -EINVAL;
+        goto out;
+    }
+    if (!cJSON_IsObject(model)) {
+        snprintf(err, errlen, "manifest: model must be an object");
+        rc = -EINVAL;
+        goto out;
+    }
+    if ((rc = get_str(model, "name", m->model_name, sizeof m->model_name, false, "model", err, errlen)) < 0 ||
+        (rc = get_str(model, "catalog", m->catalog, sizeof m->catalog, false, "model", err, errlen)) < 0 ||
+        (rc = get_str(model, "arch", m->arch, sizeof m->arch, true, "model", err, errlen)) < 0 ||
+        (rc = get_u32(model, "n_layers", &m->n_layers, 1, 100000, true, "model", err, errlen)) < 0 ||
+        (rc = get_u32(model, "n_embd", &m->n_embd, 1, 1u << 20, true, "model", err, errlen)) < 0)
+        goto out;
+    snprintf(m->dtype, sizeof m->dtype, "f32");
+    if (wire && (!cJSON_IsObject(wire) ||
+                 (rc = get_str(wire, "dtype", m->dtype, sizeof m->dtype, false, "wire", err, errlen)) < 0)) {
+        if (rc == 0)
+            snprintf(err, errlen, "manifest: wire must be an object");
+        rc = -EINVAL;
+        goto out;
+    }
+    if (!strcmp(m->dtype, "f32"))
+        m->wire_dsize = 4;
+    else if (!strcmp(m->dtype, "f16"))
+        m->wire_dsize = 2;
+    else {
+        snprintf(err, errlen, "manifest: wire.dtype '%s' is not f32 or f16", m->dtype);
+        rc = -EINVAL;
+        goto out;
+    }
+    m->n_ctx = 1024;
+    m->max_batch = 64;
+    m->max_sessions = 64;
+    if (limits) {
+        if (!cJSON_IsObject(limits)) {
+            snprintf(err, errlen, "manifest: limits must be an object");
+            rc = -EINVAL;
+            goto out;
+        }
+        if ((rc = get_u32(limits, "n_ctx", &m->n_ctx, 8, 1u << 20, false, "limits", err, errlen)) < 0 ||
+            (rc = get_u32(limits, "max_batch", &m->max_batch, 1, 4096, false, "limits", err, errlen)) < 0 ||
+            (rc = get_u32(limits, "max_sessions", &m->max_sessions, 1, 4096, false, "limits", err, errlen)) < 0)
+            goto out;
+    }
+    if ((uint64_t)m->max_batch * m->n_embd * 4 > NET_PAYLOAD_HARD_MAX) {
+        snprintf(err, errlen, "manifest: limits.max_batch %u x n_embd %u x 4 exceeds the frame cap %u",
+                 m->max_batch, m->n_embd, NET_PAYLOAD_HARD_MAX);
+        rc = -EINVAL;
+        goto out;
+    }
+    if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) < 1 ||
+        cJSON_GetArraySize(ranks) > KVD_MAX_RANKS) {
+        snprintf(err, errlen, "manifest: ranks must be an array of 1..%d entries", KVD_MAX_RANKS);
+        rc = -EINVAL;
+        goto out;
+    }
+    m->n_ranks = (uint32_t)cJSON_GetArraySize(ranks);
+    uint32_t expect_first = 0;
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
+        const cJSON *r = cJSON_GetArrayItem(ranks, (int)i);
+        struct kvd_rank_info *ri = &m->ranks[i];
+        char ctx[32], node[80] = "";
+        snprintf(ctx, sizeof ctx, "ranks[%u]", i);
+        if (!cJSON_IsObject(r)) {
+            snprintf(err, errlen, "manifest: %s must be an object", ctx);
+            rc = -EINVAL;
+            goto out;
+        }
+        if ((rc = get_u32(r, "rank", &ri->rank, i, i, true, ctx, err, errlen)) < 0 ||
+            (rc = get_str(r, "node", node, sizeof node, false, ctx, err, errlen)) < 0 ||
+            (rc = get_str(r, "endpoint", ri->endpoint, sizeof ri->endpoint, true, ctx, err, errlen)) < 0 ||
+            (rc = get_str(r, "backend", ri->backend, sizeof ri->backend, false, ctx, err, errlen)) < 0 ||
+            (rc = get_bool(r, "embed", &ri->embed, ctx, err, errlen)) < 0 ||
+            (rc = get_bool(r, "head", &ri->head, ctx, err, errlen)) < 0)
+            goto out;
+        if (node[0]) {
+            if (!net_unhex(node, ri->node, 32)) {
+                snprintf(err, errlen, "manifest: %s.node must be 64 hex digits (an Ed25519 key)", ctx);
+                rc = -EINVAL;
+                goto out;
+            }
+            ri->has_node = true;
+        }
+        if (!strstr(ri->endpoint, "://")) {
+            snprintf(err, errlen, "manifest: %s.endpoint '%s' is not scheme://address", ctx, ri->endpoint);
+            rc = -EINVAL;
+            goto out;
+        }
+        const cJSON *ly = cJSON_GetObjectItemCaseSensitive(r, "layers");
+        if (!cJSON_IsArray(ly) || cJSON_GetArraySize(ly) != 2 ||
+            !cJSON_IsNumber(cJSON_GetArrayItem(ly, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(ly, 1))) {
+            snprintf(err, errlen, "manifest: %s.layers must be [first, last]", ctx);
+            rc = -EINVAL;
+            goto out;
+        }
+        double a = cJSON_GetArrayItem(ly, 0)->valuedouble, b = cJSON_GetArrayItem(ly, 1)->valuedouble;
+        if (a != expect_first || b <= a || b > m->n_layers || b != (double)(uint32_t)b) {
+            snprintf(err, errlen, "manifest: %s.layers [%g, %g) must start at %u, be non-empty and end "
+                     "by n_layers %u (windows contiguous, disjoint, covering the model)",
+                     ctx, a, b, expect_first, m->n_layers);
+            rc = -EINVAL;
+            goto out;
+        }
+        ri->first = (uint32_t)a;
+        ri->last = (uint32_t)b;
+        expect_first = ri->last;
+        const cJSON *mb = cJSON_GetObjectItemCaseSensitive(r, "mem_bytes");
+        if (cJSON_IsNumber(mb) && mb->valuedouble >= 0)
+            ri->mem_bytes = (uint64_t)mb->valuedouble;
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(r, "est_ms_per_token");
+        if (cJSON_IsNumber(ms))
+            ri->est_ms_per_token = ms->valuedouble;
+        /* embed/head default to the position in the ring and must agree with it. */
+        if (!cJSON_GetObjectItemCaseSensitive(r, "embed"))
+            ri->embed = i == 0;
+        if (!cJSON_GetObjectItemCaseSensitive(r, "head"))
+            ri->head = i == m->n_ranks - 1;
+        if (ri->embed != (i == 0) || ri->head != (i == m->n_ranks - 1)) {
+            snprintf(err, errlen, "manifest: %s: embed belongs to rank 0 and head to the last rank", ctx);
+            rc = -EINVAL;
+            goto out;
+        }
+    }
+    if (expect_first != m->n_layers) {
+        snprintf(err, errlen, "manifest: windows end at layer %u, the model has %u", expect_first,
+                 m->n_layers);
+        rc = -EINVAL;
+        goto out;
+    }
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int kvd_manifest_load(struct kvd_manifest *m, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "manifest %s: %s", path, strerror(e));
+        return -e;
+    }
+    char *buf = malloc(MANIFEST_MAX_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, MANIFEST_MAX_BYTES + 1, f) : 0;
+    fclose(f);
+    if (!buf)
+        return -ENOMEM;
+    if (n > MANIFEST_MAX_BYTES) {
+        free(buf);
+        snprintf(err, errlen, "manifest %s: larger than %u bytes", path, MANIFEST_MAX_BYTES);
+        return -EFBIG;
+    }
+    int rc = kvd_manifest_parse(m, buf, n, err, errlen);
+    if (rc == 0) {
+        unsigned int hl = 32;
+        if (EVP_Digest(buf, n, m->hash, &hl, EVP_sha256(), NULL) != 1)
+            rc = -EIO;
+    }
+    free(buf);
+    return rc;
+}

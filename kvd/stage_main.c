@@ -1,0 +1,113 @@
+/* stage_main.c — `kvd stage` options: a table of (name, argument, help, setter). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/kvd.h"
+
+struct opt {
+    const char *name, *arg, *help;
+    int (*set)(struct kvd_stage_opts *o, const char *v);
+};
+
+static int parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(v, &end, 10);
+    if (errno || *end || !*v || x < lo || x > hi)
+        return -EINVAL;
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int set_manifest(struct kvd_stage_opts *o, const char *v) { o->manifest = v; return 0; }
+static int set_model(struct kvd_stage_opts *o, const char *v) { o->model = v; return 0; }
+static int set_window(struct kvd_stage_opts *o, const char *v) { o->window = v; return 0; }
+static int set_listen(struct kvd_stage_opts *o, const char *v) { o->listen = v; return 0; }
+static int set_state(struct kvd_stage_opts *o, const char *v) { o->state_dir = v; return 0; }
+static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
+static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
+static int set_rank(struct kvd_stage_opts *o, const char *v)
+{
+    uint32_t x;
+    if (parse_u32(v, 0, 63, &x) < 0)
+        return -EINVAL;
+    o->rank = (int)x;
+    return 0;
+}
+static int set_threads(struct kvd_stage_opts *o, const char *v)
+{
+    uint32_t x;
+    if (parse_u32(v, 0, 1024, &x) < 0)
+        return -EINVAL;
+    o->n_threads = (int)x;
+    return 0;
+}
+static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
+static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
+static int set_log(struct kvd_stage_opts *o, const char *v)
+{
+    (void)o;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(v, names[i])) {
+            kvd_log_set_level(i);
+            return 0;
+        }
+    return -EINVAL;
+}
+
+static const struct opt opts[] = {
+    {"--manifest", "FILE", "the ring manifest (JSON)", set_manifest},
+    {"--rank", "R", "this stage's rank in the manifest", set_rank},
+    {"--model", "FILE", "full GGUF; only this rank's window is mapped", set_model},
+    {"--window", "FILE", "stage mini-GGUF holding this rank's window", set_window},
+    {"--listen", "HOST:PORT", "where the predecessor connects (default: own endpoint)", set_listen},
+    {"--state-dir", "DIR", "node key and control socket (default .)", set_state},
+    {"-t", "N", "compute threads (default: all cores)", set_threads},
+    {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
+    {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
+    {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
+    {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
+    {"--stub", NULL, "tests only: stand-in compute instead of a model", set_stub},
+};
+
+int kvd_stage_main(int argc, char **argv)
+{
+    struct kvd_stage_opts o = {.rank = -1};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: kvd [stage] --manifest FILE --rank R [options]\n\n");
+            for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+                printf("  %-14s %-10s %s\n", opts[k].name, opts[k].arg ? opts[k].arg : "", opts[k].help);
+            return 0;
+        }
+        const struct opt *op = NULL;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+            if (!strcmp(argv[i], opts[k].name))
+                op = &opts[k];
+        if (!op) {
+            fprintf(stderr, "kvd stage: unknown option '%s' (--help lists them)\n", argv[i]);
+            return 2;
+        }
+        const char *v = NULL;
+        if (op->arg) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvd stage: %s needs %s\n", op->name, op->arg);
+                return 2;
+            }
+            v = argv[++i];
+        }
+        if (op->set(&o, v) < 0) {
+            fprintf(stderr, "kvd stage: bad value '%s' for %s\n", v ? v : "", op->name);
+            return 2;
+        }
+    }
+    if (!o.manifest || o.rank < 0) {
+        fprintf(stderr, "kvd stage: --manifest and --rank are required\n");
+        return 2;
+    }
+    return kvd_stage_run(&o) < 0 ? 1 : 0;
+}

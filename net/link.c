@@ -1,0 +1,520 @@
+/* link.c — ring links: a framed byte stream over a pluggable transport; the built-in TCP
+ * transport and the TCP listener. Links are closed through their transport and freed only
+ * after the transport reports every handle closed (libuv close callbacks). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net.h"
+
+struct net_link {
+    uv_loop_t *loop;
+    const struct net_transport *ops;
+    void *tp;
+    struct net_link_cbs cbs;
+    void *ud;
+    struct net_frame_reader rd;
+    char peer[96];
+    char reason[256];
+    bool closing, opened, in_data;
+    uint64_t bytes_in, bytes_out;
+    size_t queued;
+};
+
+/* ---- transport registry ---- */
+
+#define MAX_TRANSPORTS 8
+extern const struct net_transport net__tcp_transport;
+static const struct net_transport *transports[MAX_TRANSPORTS] = {&net__tcp_transport};
+
+int net_transport_register(const struct net_transport *t)
+{
+    for (int i = 0; i < MAX_TRANSPORTS; i++) {
+        if (transports[i] && !strcmp(transports[i]->scheme, t->scheme))
+            return -EEXIST;
+        if (!transports[i]) {
+            transports[i] = t;
+            return 0;
+        }
+    }
+    return -ENOSPC;
+}
+
+static const struct net_transport *transport_find(const char *endpoint, const char **rest)
+{
+    const char *sep = strstr(endpoint, "://");
+    if (!sep)
+        return NULL;
+    size_t n = (size_t)(sep - endpoint);
+    for (int i = 0; i < MAX_TRANSPORTS && transports[i]; i++)
+        if (strlen(transports[i]->scheme) == n && !strncmp(transports[i]->scheme, endpoint, n)) {
+            *rest = sep + 3;
+            return transports[i];
+        }
+    return NULL;
+}
+
+static struct net_link *link_new(uv_loop_t *loop, const struct net_transport *ops,
+                                 const struct net_link_cbs *cbs, void *ud, uint32_t max_payload)
+{
+    struct net_link *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->loop = loop;
+    l->ops = ops;
+    l->cbs = *cbs;
+    l->ud = ud;
+    net_frame_reader_init(&l->rd, max_payload);
+    snprintf(l->peer, sizeof l->peer, "?");
+    return l;
+}
+
+int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
+                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload)
+{
+    const char *rest;
+    const struct net_transport *ops = transport_find(endpoint, &rest);
+    if (!ops)
+        return -EPROTONOSUPPORT;
+    struct net_link *l = link_new(loop, ops, cbs, ud, max_payload);
+    if (!l)
+        return -ENOMEM;
+    snprintf(l->peer, sizeof l->peer, "%s", rest);
+    int rc = ops->dial(l, loop, rest);
+    if (rc < 0) {
+        net_frame_reader_free(&l->rd);
+        free(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+int net_link_send_raw(struct net_link *l, const void *data, size_t len)
+{
+    if (l->closing)
+        return -EPIPE;
+    if (!l->opened)
+        return -ENOTCONN;
+    char *b = malloc(len ? len : 1);
+    if (!b)
+        return -ENOMEM;
+    memcpy(b, data, len);
+    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
+    if (rc < 0)
+        return rc;
+    l->queued += len;
+    l->bytes_out += len;
+    return 0;
+}
+
+int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
+                  size_t len)
+{
+    if (l->closing)
+        return -EPIPE;
+    if (!l->opened)
+        return -ENOTCONN;
+    if (len > NET_PAYLOAD_HARD_MAX)
+        return -EMSGSIZE;
+    char *b = malloc(NET_HDR_LEN + len);
+    if (!b)
+        return -ENOMEM;
+    struct net_frame_hdr hh = *h;
+    hh.payload_len = (uint32_t)len;
+    net_frame_hdr_encode(&hh, (uint8_t *)b);
+    if (len)
+        memcpy(b + NET_HDR_LEN, payload, len);
+    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)(NET_HDR_LEN + len)));
+    if (rc < 0)
+        return rc;
+    l->queued += NET_HDR_LEN + len;
+    l->bytes_out += NET_HDR_LEN + len;
+    return 0;
+}
+
+void net_link_close(struct net_link *l, const char *reason)
+{
+    if (l->closing)
+        return;
+    l->closing = true;
+    snprintf(l->reason, sizeof l->reason, "%s", reason ? reason : "closed");
+    l->ops->close(l);
+}
+
+void *net_link_ud(const struct net_link *l) { return l->ud; }
+void net_link_set_ud(struct net_link *l, void *ud) { l->ud = ud; }
+void net_link_set_max_payload(struct net_link *l, uint32_t m) { l->rd.max_payload = m; }
+const char *net_link_peer(const struct net_link *l) { return l->peer; }
+bool net_link_is_closing(const struct net_link *l) { return l->closing; }
+uint64_t net_link_bytes_in(const struct net_link *l) { return l->bytes_in; }
+uint64_t net_link_bytes_out(const struct net_link *l) { return l->bytes_out; }
+size_t net_link_queued(const struct net_link *l) { return l->queued; }
+
+void net_link_tp_set(struct net_link *l, void *tp) { l->tp = tp; }
+void *net_link_tp(const struct net_link *l) { return l->tp; }
+void net_link_tp_set_peer(struct net_link *l, const char *peer)
+{
+    snprintf(l->peer, sizeof l->peer, "%s", peer);
+}
+
+void net_link_tp_opened(struct net_link *l, int status)
+{
+    if (status == 0)
+        l->opened = true;
+    if (l->cbs.on_open && !l->closing)
+        l->cbs.on_open(l, status);
+    if (status < 0 && !l->closing) {
+        char r[160];
+        snprintf(r, sizeof r, "dial %s failed: %s", l->peer, uv_strerror(status));
+        net_link_close(l, r);
+    }
+}
+
+void net_link_tp_data(struct net_link *l, const void *data, size_t len)
+{
+    if (l->closing)
+        return;
+    l->bytes_in += len;
+    if (net_frame_reader_push(&l->rd, data, len) < 0) {
+        net_link_close(l, "out of memory buffering a frame");
+        return;
+    }
+    struct net_frame_hdr h;
+    const uint8_t *payload;
+    char err[200];
+    int rc;
+    while (!l->closing && (rc = net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
+        if (rc < 0) {
+            char r[256];
+            snprintf(r, sizeof r, "bad frame: %s", err);
+            net_link_close(l, r);
+            return;
+        }
+        l->cbs.on_frame(l, &h, payload);
+    }
+}
+
+void net_link_tp_written(struct net_link *l, size_t len)
+{
+    l->queued = len <= l->queued ? l->queued - len : 0;
+}
+
+void net_link_tp_error(struct net_link *l, const char *reason)
+{
+    net_link_close(l, reason);
+}
+
+void net_link_tp_closed(struct net_link *l)
+{
+    if (l->cbs.on_close)
+        l->cbs.on_close(l, l->reason);
+    net_frame_reader_free(&l->rd);
+    free(l);
+}
+
+/* ============================== TCP transport ============================== */
+
+struct tcp_tp {
+    uv_tcp_t tcp;
+    uv_getaddrinfo_t gai;
+    uv_connect_t conn;
+    uv_shutdown_t sd;
+    struct net_link *l;
+    bool tcp_inited, resolving, close_wanted;
+};
+
+struct tcp_wr {
+    uv_write_t req;
+    uv_buf_t buf;
+    struct net_link *l;
+};
+
+static void tcp_alloc(uv_handle_t *h, size_t sug, uv_buf_t *buf)
+{
+    (void)sug;
+    buf->base = malloc(65536);
+    buf->len = buf->base ? 65536 : 0;
+}
+
+static void tcp_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    struct tcp_tp *t = s->data;
+    if (n > 0)
+        net_link_tp_data(t->l, buf->base, (size_t)n);
+    else if (n < 0) {
+        char r[128];
+        snprintf(r, sizeof r, "%s", n == UV_EOF ? "peer closed the connection" : uv_strerror((int)n));
+        net_link_tp_error(t->l, r);
+    }
+    free(buf->base);
+}
+
+static void tcp_on_closed(uv_handle_t *h)
+{
+    struct tcp_tp *t = h->data;
+    struct net_link *l = t->l;
+    free(t);
+    net_link_tp_closed(l);
+}
+
+static void tcp_set_peer(struct tcp_tp *t)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    char ip[64] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    char p[96];
+    snprintf(p, sizeof p, "%s:%d", ip, port);
+    net_link_tp_set_peer(t->l, p);
+}
+
+static void tcp_on_connect(uv_connect_t *req, int status)
+{
+    struct tcp_tp *t = req->data;
+    if (status == 0 && !net_link_is_closing(t->l)) {
+        uv_tcp_nodelay(&t->tcp, 1);
+        status = uv_read_start((uv_stream_t *)&t->tcp, tcp_alloc, tcp_on_read);
+    }
+    if (status != UV_ECANCELED)
+        net_link_tp_opened(t->l, status);
+}
+
+static void tcp_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct tcp_tp *t = req->data;
+    t->resolving = false;
+    if (t->close_wanted) {
+        uv_freeaddrinfo(res);
+        uv_close((uv_handle_t *)&t->tcp, tcp_on_closed);
+        return;
+    }
+    if (status == 0) {
+        t->conn.data = t;
+        status = uv_tcp_connect(&t->conn, &t->tcp, res->ai_addr, tcp_on_connect);
+    }
+    uv_freeaddrinfo(res);
+    if (status < 0)
+        net_link_tp_opened(t->l, status);
+}
+
+/* Split "host:port" or "[v6]:port". */
+static int split_hostport(const char *s, char *host, size_t hn, char *port, size_t pn)
+{
+    const char *colon;
+    if (s[0] == '[') {
+        const char *end = strchr(s, ']');
+        if (!end || end[1] != ':')
+            return -EINVAL;
+        if ((size_t)(end - s - 1) >= hn)
+            return -ENAMETOOLONG;
+        memcpy(host, s + 1, (size_t)(end - s - 1));
+        host[end - s - 1] = 0;
+        colon = end + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || (size_t)(colon - s) >= hn)
+            return -EINVAL;
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = 0;
+    }
+    if (snprintf(port, pn, "%s", colon + 1) >= (int)pn || !port[0])
+        return -EINVAL;
+    for (const char *p = port; *p; p++)
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+    return 0;
+}
+
+static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest)
+{
+    char host[256], port[16];
+    int rc = split_hostport(rest, host, sizeof host, port, sizeof port);
+    if (rc < 0)
+        return rc;
+    struct tcp_tp *t = calloc(1, sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    t->l = l;
+    t->gai.data = t;
+    net_link_tp_set(l, t);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    rc = uv_getaddrinfo(loop, &t->gai, tcp_on_resolved, host, port, &hints);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    uv_tcp_init(loop, &t->tcp);   /* cannot fail on Unix; closed in tcp_close */
+    t->tcp.data = t;
+    t->tcp_inited = true;
+    t->resolving = true;
+    return 0;
+}
+
+static void tcp_on_written(uv_write_t *req, int status)
+{
+    struct tcp_wr *w = (struct tcp_wr *)req;
+    net_link_tp_written(w->l, w->buf.len);
+    if (status < 0 && status != UV_ECANCELED)
+        net_link_tp_error(w->l, uv_strerror(status));
+    free(w->buf.base);
+    free(w);
+}
+
+static int tcp_write(struct net_link *l, uv_buf_t buf)
+{
+    struct tcp_tp *t = net_link_tp(l);
+    struct tcp_wr *w = malloc(sizeof *w);
+    if (!w || !t->tcp_inited) {
+        free(w);
+        free(buf.base);
+        return w ? -ENOTCONN : -ENOMEM;
+    }
+    w->buf = buf;
+    w->l = l;
+    int rc = uv_write(&w->req, (uv_stream_t *)&t->tcp, &w->buf, 1, tcp_on_written);
+    if (rc < 0) {
+        free(buf.base);
+        free(w);
+    }
+    return rc;
+}
+
+static void tcp_on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    struct tcp_tp *t = req->data;
+    uv_close((uv_handle_t *)&t->tcp, tcp_on_closed);
+}
+
+static void tcp_close(struct net_link *l)
+{
+    struct tcp_tp *t = net_link_tp(l);
+    if (t->resolving) {
+        t->close_wanted = true;   /* finished in tcp_on_resolved */
+        uv_cancel((uv_req_t *)&t->gai);
+        return;
+    }
+    uv_read_stop((uv_stream_t *)&t->tcp);
+    /* Flush queued frames (an ERROR with the reason) before closing. */
+    if (net_link_queued(l) > 0 && uv_is_writable((uv_stream_t *)&t->tcp)) {
+        t->sd.data = t;
+        if (uv_shutdown(&t->sd, (uv_stream_t *)&t->tcp, tcp_on_shutdown) == 0)
+            return;
+    }
+    uv_close((uv_handle_t *)&t->tcp, tcp_on_closed);
+}
+
+const struct net_transport net__tcp_transport = {
+    .scheme = "tcp", .dial = tcp_dial, .write = tcp_write, .close = tcp_close,
+};
+
+/* ================================ listener ================================ */
+
+struct net_listener {
+    uv_tcp_t tcp;
+    struct net_link_cbs cbs;
+    net_accept_cb on_accept;
+    void *ud;
+    uint32_t max_payload;
+};
+
+static void ls_on_conn(uv_stream_t *server, int status)
+{
+    struct net_listener *ls = server->data;
+    if (status < 0)
+        return;
+    struct tcp_tp *t = calloc(1, sizeof *t);
+    struct net_link *l = t ? link_new(server->loop, &net__tcp_transport, &ls->cbs, ls->ud,
+                                      ls->max_payload) : NULL;
+    if (!l || uv_tcp_init(server->loop, &t->tcp) != 0) {
+        free(t);
+        free(l);
+        return;
+    }
+    t->l = l;
+    t->tcp.data = t;
+    t->tcp_inited = true;
+    net_link_tp_set(l, t);
+    if (uv_accept(server, (uv_stream_t *)&t->tcp) != 0 ||
+        uv_read_start((uv_stream_t *)&t->tcp, tcp_alloc, tcp_on_read) != 0) {
+        l->closing = true;
+        snprintf(l->reason, sizeof l->reason, "accept failed");
+        l->cbs.on_close = NULL;
+        uv_close((uv_handle_t *)&t->tcp, tcp_on_closed);
+        return;
+    }
+    uv_tcp_nodelay(&t->tcp, 1);
+    tcp_set_peer(t);
+    l->opened = true;
+    ls->on_accept(ls, l, ls->ud);
+}
+
+int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *addr,
+                     const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
+                     uint32_t max_payload, char *err, size_t errlen)
+{
+    char host[256], port[16];
+    if (split_hostport(addr, host, sizeof host, port, sizeof port) < 0) {
+        snprintf(err, errlen, "listen address '%s' is not host:port", addr);
+        return -EINVAL;
+    }
+    struct sockaddr_storage ss;
+    int rc = strchr(host, ':') ? uv_ip6_addr(host, atoi(port), (struct sockaddr_in6 *)&ss)
+                               : uv_ip4_addr(host, atoi(port), (struct sockaddr_in *)&ss);
+    if (rc < 0) {
+        snprintf(err, errlen, "listen address '%s': host must be a numeric IP", addr);
+        return rc;
+    }
+    struct net_listener *ls = calloc(1, sizeof *ls);
+    if (!ls)
+        return -ENOMEM;
+    ls->cbs = *cbs;
+    ls->on_accept = on_accept;
+    ls->ud = ud;
+    ls->max_payload = max_payload;
+    uv_tcp_init(loop, &ls->tcp);
+    ls->tcp.data = ls;
+    rc = uv_tcp_bind(&ls->tcp, (struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&ls->tcp, 16, ls_on_conn);
+    if (rc < 0) {
+        snprintf(err, errlen, "listen on %s: %s", addr, uv_strerror(rc));
+        net_listener_close(ls);
+        return rc;
+    }
+    *out = ls;
+    return 0;
+}
+
+int net_listener_port(const struct net_listener *ls)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getsockname(&ls->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return -1;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+static void ls_on_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+void net_listener_close(struct net_listener *ls)
+{
+    if (ls)
+        uv_close((uv_handle_t *)&ls->tcp, ls_on_closed);
+}
