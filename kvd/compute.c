@@ -233,8 +233,14 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
                 memcpy(out + 8, lg, extra);   /* raw logits, before the sampler touches them */
             float lp = 0;
             int32_t tok = ops->sampler_sample(b->impl, s->sampler, lg, &lp);
-            ops->sampler_accept(b->impl, s->sampler, tok);
             free(lg);
+            if (tok < 0 || (uint32_t)tok >= b->n_vocab) {
+                free(out);
+                j->rc = -EDOM;
+                snprintf(j->err, sizeof j->err, "no token can be sampled (logits all -inf/NaN)");
+                return;
+            }
+            ops->sampler_accept(b->impl, s->sampler, tok);
             put32(out, (uint32_t)tok);
             memcpy(out + 4, &lp, 4);
             j->token = tok;

@@ -20,6 +20,8 @@ int kvctl_cmd_detokenize(int argc, char **argv);
 /* kvctl_ring.c */
 int kvctl_cmd_ring(int argc, char **argv);
 int kvctl_cmd_status(int argc, char **argv);
+/* generate through a running ring (kvctl generate --ring ...). */
+int kvctl_ring_generate(int argc, char **argv);
 /* kvctl_plan.c */
 int kvctl_cmd_plan(int argc, char **argv);
 int kvctl_cmd_profile(int argc, char **argv);

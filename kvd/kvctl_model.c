@@ -219,6 +219,9 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"seed", required_argument, 0, OPT_SEED}, {"tokens", required_argument, 0, OPT_TOKENS},
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"ids", no_argument, 0, OPT_IDS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    for (int i = 1; i < argc; i++)   /* through a running ring: kvctl_ring.c */
+        if (!strcmp(argv[i], "--ring"))
+            return kvctl_ring_generate(argc, argv);
     const char *path = NULL, *prompt = NULL, *toks = NULL;
     long n_gen = 64, threads = 0, ctx = 0;
     bool ignore_eos = false, print_ids = false;

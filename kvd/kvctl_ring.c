@@ -1,18 +1,865 @@
-/* kvctl_ring.c — placeholder until its issue lands. */
+/* kvctl_ring.c — local rings: `kvctl ring up|down`, `kvctl status --ring`, and
+ * `kvctl generate --ring` (the one-process generate's options and output, through a ring). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/rand.h>
+
+#include "gguf/gguf.h"
 #include "kvd/kvctl.h"
+#include "kvd/kvd.h"
+#include "model/model.h"
+#include "net/net.h"
+
+#define MAX_STAGES KVD_MAX_RANKS
+
+/* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is
+ * cut, and then simply not found. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *opt, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (end == s || *end || errno) {
+        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* The kvd binary next to this kvctl. */
+static int kvd_path(char *out, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0)
+        return -errno;
+    self[k] = 0;
+    snprintf(out, n, "%s/kvd", dirname(self));
+    return access(out, X_OK) == 0 ? 0 : -ENOENT;
+}
+
+/* A free loopback port (bound then released; a small race we accept for local rings). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* ---- status queries ---- */
+
+struct grab {
+    cJSON *obj;
+};
+
+static int grab_line(const char *line, void *ud)
+{
+    struct grab *g = ud;
+    g->obj = cJSON_Parse(line);
+    return 1;
+}
+
+static cJSON *query_status(const char *sock, char *err, size_t errlen)
+{
+    struct grab g = {0};
+    if (kvd_ctl_request(sock, "{\"op\":\"status\"}", grab_line, &g, 3000, err, errlen) < 0)
+        return NULL;
+    if (!g.obj)
+        snprintf(err, errlen, "no status reply");
+    return g.obj;
+}
+
+/* Where rank r's control socket is for a ring directory. */
+static void rank_sock(const char *dir, uint32_t r, char *out, size_t n)
+{
+    snprintf(out, n, "%s/rank-%u/kvd.sock", dir, r);
+}
+
+/* DIR, DIR/ring.json or a manifest path -> the ring directory. */
+static int ring_dir(const char *arg, char *dir, size_t n)
+{
+    struct stat sb;
+    if (stat(arg, &sb) < 0) {
+        fprintf(stderr, "kvctl: %s: %s\n", arg, strerror(errno));
+        return -errno;
+    }
+    if (S_ISDIR(sb.st_mode))
+        snprintf(dir, n, "%s", arg);
+    else {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", arg);
+        snprintf(dir, n, "%s", dirname(tmp));
+    }
+    return 0;
+}
+
+static int load_ring(const char *dir, struct kvd_manifest *m)
+{
+    char path[PATH_MAX], err[512];
+    snprintf(path, sizeof path, "%s/ring.json", dir);
+    if (kvd_manifest_load(m, path, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl: %s\n", err);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static const char *jstr(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double jnum(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static void print_status_table(const char *dir, const struct kvd_manifest *m, FILE *out)
+{
+    fprintf(out, "ring %s  model %s (%s, %u layers, n_embd %u)  wire %s  %u stages\n", m->ring,
+            m->model_name, m->arch, m->n_layers, m->n_embd, m->dtype, m->n_ranks);
+    fprintf(out, "%-4s %-9s %-7s %-22s %-9s %-9s %-8s %-5s %-9s %-9s %s\n", "rank", "layers", "pid",
+            "endpoint", "in", "out", "rtt_ms", "sess", "ms/tok", "B/tok out", "steps");
+    for (uint32_t r = 0; r < m->n_ranks; r++) {
+        char sock[PATH_MAX], err[300], layers[32];
+        rank_sock(dir, r, sock, sizeof sock);
+        snprintf(layers, sizeof layers, "[%u,%u)", m->ranks[r].first, m->ranks[r].last);
+        const char *ep = m->ranks[r].endpoint;
+        if (!strncmp(ep, "tcp://", 6))
+            ep += 6;
+        cJSON *s = query_status(sock, err, sizeof err);
+        if (!s) {
+            fprintf(out, "%-4u %-9s %-7s %-22s down (%s)\n", r, layers, "-", ep, err);
+            continue;
+        }
+        const cJSON *in = cJSON_GetObjectItemCaseSensitive(s, "in");
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(s, "out");
+        fprintf(out, "%-4u %-9s %-7.0f %-22s %-9s %-9s %-8.3f %-5.0f %-9.3f %-9.0f %.0f\n", r, layers,
+                jnum(s, "pid"), ep, jstr(in, "state"), jstr(o, "state"), jnum(o, "rtt_ms"),
+                jnum(s, "sessions"), jnum(s, "ms_per_token"), jnum(s, "bytes_per_token_out"), jnum(s, "steps"));
+        cJSON_Delete(s);
+    }
+}
+
+/* ---- ring up ---- */
+
+static void ring_up_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvctl ring up --model FILE --stages N [options]\n"
+        "  --dtype f32|f16     boundary dtype on the wire (default f32: exact)\n"
+        "  --base-port P       rank r listens on 127.0.0.1:P+r (default: free ports)\n"
+        "  --dir DIR           manifest, state dirs and logs (default ./ring)\n"
+        "  -t N                compute threads per stage (default 1)\n"
+        "  --ctx N             context length (default: the model's, at most 4096)\n"
+        "  --max-batch N       rows per ACT frame (prefill chunk, default 512)\n"
+        "  --stub --layers L --embd E   tests: stand-in compute, no model file\n"
+        "Writes DIR/ring.json (an even split by layer bytes), starts one kvd per stage on\n"
+        "loopback, waits until the ring is linked and prints it.\n");
+}
+
+static int ring_up(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"stages", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'}, {"base-port", required_argument, 0, 'p'},
+        {"dir", required_argument, 0, 'D'}, {"ctx", required_argument, 0, 'c'},
+        {"max-batch", required_argument, 0, 'b'}, {"stub", no_argument, 0, 'S'},
+        {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *model = NULL, *dtype = "f32", *dir = "ring";
+    long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
+    bool stub = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 's': rc = parse_long("--stages", optarg, 1, MAX_STAGES, &stages); break;
+        case 'd': dtype = optarg; break;
+        case 'p': rc = parse_long("--base-port", optarg, 0, 65535 - MAX_STAGES, &base_port); break;
+        case 'D': dir = optarg; break;
+        case 't': rc = parse_long("-t", optarg, 0, 1024, &threads); break;
+        case 'c': rc = parse_long("--ctx", optarg, 8, 1 << 20, &ctx); break;
+        case 'b': rc = parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
+        case 'S': stub = true; break;
+        case 'L': rc = parse_long("--layers", optarg, 1, 100000, &s_layers); break;
+        case 'E': rc = parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
+        case 'h': ring_up_usage(stdout); return 0;
+        default: ring_up_usage(stderr); return 2;
+        }
+        if (rc < 0)
+            return 2;
+    }
+    if (!stages || (!model && !stub) || (stub && (!s_layers || !s_embd)) || optind != argc) {
+        ring_up_usage(stderr);
+        return 2;
+    }
+    if (strcmp(dtype, "f32") && strcmp(dtype, "f16")) {
+        fprintf(stderr, "kvctl ring up: --dtype must be f32 or f16\n");
+        return 2;
+    }
+    /* The model's shape and bytes per layer. */
+    char arch[32] = "stub", name[128] = "stub";
+    uint32_t n_layers = (uint32_t)s_layers, n_embd = (uint32_t)s_embd, n_ctx_train = 4096;
+    uint64_t *lbytes = NULL;
+    char model_abs[PATH_MAX] = "";
+    if (!stub) {
+        char err[GGUF_ERR_LEN];
+        struct gguf_file *g;
+        if (gguf_file_open(&g, model, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl ring up: %s: %s\n", model, err);
+            return 1;
+        }
+        char key[96];
+        int rc = gguf_get_str(g, "general.architecture", arch, sizeof arch);
+        if (rc == 0)
+            rc = gguf_block_count(g, &n_layers);
+        snprintf(key, sizeof key, "%s.embedding_length", arch);
+        if (rc == 0)
+            rc = gguf_get_u32(g, key, &n_embd);
+        snprintf(key, sizeof key, "%s.context_length", arch);
+        if (gguf_get_u32(g, key, &n_ctx_train) < 0)
+            n_ctx_train = 4096;
+        if (gguf_get_str(g, "general.name", name, sizeof name) < 0) {
+            char tmp[PATH_MAX];
+            snprintf(tmp, sizeof tmp, "%s", model);
+            snprintf(name, sizeof name, "%s", basename(tmp));
+        }
+        if (rc < 0 || n_layers == 0) {
+            fprintf(stderr, "kvctl ring up: %s: no architecture / block_count / embedding_length\n", model);
+            gguf_file_free(g);
+            return 1;
+        }
+        lbytes = calloc(n_layers, sizeof *lbytes);
+        for (uint64_t i = 0; lbytes && i < gguf_tensor_count(g); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(g, i);
+            int l = gguf_tensor_layer(t->name);
+            if (l >= 0 && (uint32_t)l < n_layers)
+                lbytes[l] += t->size;
+        }
+        gguf_file_free(g);
+        if (!realpath(model, model_abs)) {
+            fprintf(stderr, "kvctl ring up: %s: %s\n", model, strerror(errno));
+            free(lbytes);
+            return 1;
+        }
+    }
+    if ((uint32_t)stages > n_layers) {
+        fprintf(stderr, "kvctl ring up: %ld stages but the model has only %u layers\n", stages, n_layers);
+        free(lbytes);
+        return 1;
+    }
+    /* Even split by layer bytes: stage k ends where the running total first reaches
+     * (k+1)/N of the whole, leaving at least one layer for every later stage. */
+    uint32_t bounds[MAX_STAGES + 1];
+    uint64_t total = 0;
+    for (uint32_t l = 0; l < n_layers; l++)
+        total += lbytes ? lbytes[l] : 1;
+    bounds[0] = 0;
+    uint64_t acc = 0;
+    uint32_t l = 0;
+    for (uint32_t k = 0; k < (uint32_t)stages; k++) {
+        if (k == (uint32_t)stages - 1) {
+            bounds[k + 1] = n_layers;
+            break;
+        }
+        double target = (double)total * (k + 1) / (double)stages;
+        do {
+            acc += lbytes ? lbytes[l] : 1;
+            l++;
+        } while (l < n_layers - ((uint32_t)stages - 1 - k) && (double)acc + 0.5 * (lbytes ? lbytes[l] : 1) < target);
+        bounds[k + 1] = l;
+    }
+    free(lbytes);
+    if (ctx == 0)
+        ctx = n_ctx_train < 4096 ? n_ctx_train : 4096;
+    if (max_batch > ctx)
+        max_batch = ctx;
+
+    if (mkdir_p(dir) < 0) {
+        fprintf(stderr, "kvctl ring up: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    char dir_abs[PATH_MAX];
+    if (!realpath(dir, dir_abs)) {
+        fprintf(stderr, "kvctl ring up: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    /* Refuse to start over a ring that is still running in DIR. */
+    for (uint32_t r = 0; r < MAX_STAGES; r++) {
+        char pidf[PATH_MAX];
+        snprintf(pidf, sizeof pidf, "%s/rank-%u/kvd.pid", dir_abs, r);
+        FILE *f = fopen(pidf, "r");
+        if (!f)
+            break;
+        int pid = 0;
+        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && kill(pid, 0) == 0) {
+            fclose(f);
+            fprintf(stderr, "kvctl ring up: a ring is already running in %s (rank %u, pid %d): "
+                    "kvctl ring down --dir %s\n", dir, r, pid, dir);
+            return 1;
+        }
+        fclose(f);
+    }
+    uint8_t rid[8];
+    RAND_bytes(rid, sizeof rid);
+    char ring_id[17];
+    net_hex(rid, sizeof rid, ring_id);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddStringToObject(root, "ring", ring_id);
+    cJSON *jm = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(jm, "name", name);
+    cJSON_AddStringToObject(jm, "catalog", "");
+    cJSON_AddStringToObject(jm, "arch", arch);
+    cJSON_AddNumberToObject(jm, "n_layers", n_layers);
+    cJSON_AddNumberToObject(jm, "n_embd", n_embd);
+    cJSON *jw = cJSON_AddObjectToObject(root, "wire");
+    cJSON_AddStringToObject(jw, "dtype", dtype);
+    cJSON *jl = cJSON_AddObjectToObject(root, "limits");
+    cJSON_AddNumberToObject(jl, "n_ctx", (double)ctx);
+    cJSON_AddNumberToObject(jl, "max_batch", (double)max_batch);
+    cJSON *jr = cJSON_AddArrayToObject(root, "ranks");
+    for (uint32_t r = 0; r < (uint32_t)stages; r++) {
+        char sd[PATH_MAX], err[300], key[65], ep[64];
+        snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
+        struct net_identity *id;
+        if (net_identity_load(&id, sd, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl ring up: %s\n", err);
+            cJSON_Delete(root);
+            return 1;
+        }
+        net_hex(net_identity_pub(id), 32, key);
+        net_identity_free(id);
+        int port = base_port ? (int)base_port + (int)r : free_port();
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        cJSON_AddStringToObject(o, "node", key);
+        cJSON *ly = cJSON_AddArrayToObject(o, "layers");
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r]));
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r + 1]));
+        cJSON_AddBoolToObject(o, "embed", r == 0);
+        cJSON_AddBoolToObject(o, "head", r == (uint32_t)stages - 1);
+        cJSON_AddStringToObject(o, "backend", "cpu");
+        cJSON_AddStringToObject(o, "endpoint", ep);
+        cJSON_AddItemToArray(jr, o);
+    }
+    /* Local-ring bookkeeping that the stages ignore. */
+    cJSON *jk = cJSON_AddObjectToObject(root, "local");
+    cJSON_AddStringToObject(jk, "model_path", stub ? "" : model_abs);
+    cJSON_AddBoolToObject(jk, "stub", stub);
+    char *js = cJSON_Print(root);
+    cJSON_Delete(root);
+    char mpath[PATH_MAX];
+    snprintf(mpath, sizeof mpath, "%s/ring.json", dir_abs);
+    FILE *f = fopen(mpath, "w");
+    if (!f || fputs(js, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "kvctl ring up: writing %s: %s\n", mpath, strerror(errno));
+        free(js);
+        return 1;
+    }
+    free(js);
+    char kvd[PATH_MAX];
+    if (kvd_path(kvd, sizeof kvd) < 0) {
+        fprintf(stderr, "kvctl ring up: kvd not found next to kvctl (%s)\n", kvd);
+        return 1;
+    }
+    pid_t pids[MAX_STAGES];
+    for (uint32_t r = 0; r < (uint32_t)stages; r++) {
+        char sd[PATH_MAX], logp[PATH_MAX], rank[16], th[16];
+        snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
+        snprintf(logp, sizeof logp, "%s/kvd.log", sd);
+        snprintf(rank, sizeof rank, "%u", r);
+        snprintf(th, sizeof th, "%ld", threads);
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "kvctl ring up: fork: %s\n", strerror(errno));
+            return 1;
+        }
+        if (pid == 0) {
+            setsid();
+            int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            int nul = open("/dev/null", O_RDONLY);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+            }
+            if (nul >= 0)
+                dup2(nul, 0);
+            const char *args[20];
+            int a = 0;
+            args[a++] = kvd;
+            args[a++] = "stage";
+            args[a++] = "--manifest";
+            args[a++] = mpath;
+            args[a++] = "--rank";
+            args[a++] = rank;
+            args[a++] = "--state-dir";
+            args[a++] = sd;
+            args[a++] = "-t";
+            args[a++] = th;
+            if (stub)
+                args[a++] = "--stub";
+            else {
+                args[a++] = "--model";
+                args[a++] = model_abs;
+            }
+            args[a] = NULL;
+            execv(kvd, (char **)args);
+            _exit(127);
+        }
+        pids[r] = pid;
+        char pidf[PATH_MAX];
+        snprintf(pidf, sizeof pidf, "%s/kvd.pid", sd);
+        FILE *pf = fopen(pidf, "w");
+        if (pf) {
+            fprintf(pf, "%d\n", (int)pid);
+            fclose(pf);
+        }
+    }
+    /* Wait until every stage reports both links up. */
+    struct kvd_manifest m;
+    if (load_ring(dir_abs, &m) < 0)
+        return 1;
+    double t0 = now_s();
+    for (;;) {
+        uint32_t linked = 0;
+        for (uint32_t r = 0; r < (uint32_t)stages; r++) {
+            int st;
+            if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+                char logp[PATH_MAX], line[1024];
+                snprintf(logp, sizeof logp, "%s/rank-%u/kvd.log", dir_abs, r);
+                fprintf(stderr, "kvctl ring up: stage %u exited; its log (%s):\n", r, logp);
+                FILE *lf = fopen(logp, "r");
+                while (lf && fgets(line, sizeof line, lf))
+                    fprintf(stderr, "  %s", line);
+                if (lf)
+                    fclose(lf);
+                for (uint32_t k = 0; k < (uint32_t)stages; k++)
+                    if (k != r)
+                        kill(pids[k], SIGTERM);
+                return 1;
+            }
+            char sock[PATH_MAX], err[300];
+            rank_sock(dir_abs, r, sock, sizeof sock);
+            cJSON *s = query_status(sock, err, sizeof err);
+            if (s && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "linked")))
+                linked++;
+            cJSON_Delete(s);
+        }
+        if (linked == (uint32_t)stages)
+            break;
+        if (now_s() - t0 > 60) {
+            fprintf(stderr, "kvctl ring up: the ring did not link within 60 s (logs in %s/rank-*/kvd.log)\n", dir);
+            print_status_table(dir_abs, &m, stderr);
+            return 1;
+        }
+        usleep(50000);
+    }
+    printf("ring up in %.2f s (manifest %s)\n", now_s() - t0, mpath);
+    print_status_table(dir_abs, &m, stdout);
+    return 0;
+}
+
+/* ---- ring down ---- */
+
+static int ring_down(int argc, char **argv)
+{
+    const char *dir = "ring";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+            dir = argv[++i];
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: kvctl ring down [--dir DIR]   stop the local ring started in DIR\n");
+            return 0;
+        } else {
+            fprintf(stderr, "usage: kvctl ring down [--dir DIR]\n");
+            return 2;
+        }
+    }
+    int pids[MAX_STAGES], n = 0, stopped = 0;
+    for (uint32_t r = 0; r < MAX_STAGES; r++) {
+        char pidf[PATH_MAX];
+        snprintf(pidf, sizeof pidf, "%s/rank-%u/kvd.pid", dir, r);
+        FILE *f = fopen(pidf, "r");
+        if (!f) {
+            if (errno == ENOENT) {
+                char sd[PATH_MAX];
+                snprintf(sd, sizeof sd, "%s/rank-%u", dir, r);
+                if (access(sd, F_OK) != 0)
+                    break;
+            }
+            continue;
+        }
+        int pid = 0;
+        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && kill(pid, SIGTERM) == 0)
+            pids[n++] = pid;
+        fclose(f);
+        unlink(pidf);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        while (kill(pids[i], 0) == 0 && now_s() - t0 < 5) {
+            waitpid(pids[i], NULL, WNOHANG);
+            usleep(20000);
+        }
+        if (kill(pids[i], 0) == 0) {
+            fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pids[i]);
+            kill(pids[i], SIGKILL);
+        }
+        stopped++;
+    }
+    printf("ring down: %d stage%s stopped (%s)\n", stopped, stopped == 1 ? "" : "s", dir);
+    return 0;
+}
 
 int kvctl_cmd_ring(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl ring: not built yet\n");
-    return 1;
+    if (argc >= 2 && !strcmp(argv[1], "up"))
+        return ring_up(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "down"))
+        return ring_down(argc - 1, argv + 1);
+    fprintf(stderr, "usage: kvctl ring up --model FILE --stages N [--dtype f32|f16] [--base-port P] [--dir DIR]\n"
+                    "       kvctl ring down [--dir DIR]\n");
+    return (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) ? 0 : 2;
 }
 
 int kvctl_cmd_status(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl status: not built yet\n");
-    return 1;
+    const char *arg = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ring") && i + 1 < argc)
+            arg = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else {
+            fprintf(stderr, "usage: kvctl status --ring DIR [--json]\n");
+            return !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") ? 0 : 2;
+        }
+    }
+    if (!arg) {
+        fprintf(stderr, "usage: kvctl status --ring DIR [--json]\n");
+        return 2;
+    }
+    char dir[PATH_MAX];
+    struct kvd_manifest m;
+    if (ring_dir(arg, dir, sizeof dir) < 0 || load_ring(dir, &m) < 0)
+        return 1;
+    if (json) {   /* one status object per rank, one per line */
+        int bad = 0;
+        for (uint32_t r = 0; r < m.n_ranks; r++) {
+            char sock[PATH_MAX], err[300];
+            rank_sock(dir, r, sock, sizeof sock);
+            cJSON *s = query_status(sock, err, sizeof err);
+            if (!s) {
+                printf("{\"rank\":%u,\"error\":\"unreachable\"}\n", r);
+                bad = 1;
+                continue;
+            }
+            char *t = cJSON_PrintUnformatted(s);
+            printf("%s\n", t);
+            free(t);
+            cJSON_Delete(s);
+        }
+        return bad;
+    }
+    print_status_table(dir, &m, stdout);
+    return 0;
 }
 
+/* ---- generate --ring ---- */
+
+struct gen_state {
+    uint32_t n_done;
+    bool ids, error, done;
+    double t_first;
+    const char *dump_logits;
+    cJSON *done_obj;
+};
+
+static int gen_line(const char *line, void *ud)
+{
+    struct gen_state *g = ud;
+    cJSON *o = cJSON_Parse(line);
+    if (!o) {
+        fprintf(stderr, "kvctl generate: unreadable reply from the ring: %.100s\n", line);
+        g->error = true;
+        return 1;
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (cJSON_IsString(e)) {
+        if (g->n_done)
+            printf("\n");
+        fflush(stdout);
+        fprintf(stderr, "kvctl generate: ring error: %s\n", e->valuestring);
+        g->error = true;
+        cJSON_Delete(o);
+        return 1;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "done"))) {
+        g->done = true;
+        g->done_obj = o;
+        return 1;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "t");
+    if (cJSON_IsNumber(t)) {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "s");
+        g->n_done++;
+        if (g->n_done == 1)
+            g->t_first = now_s();
+        if (cJSON_IsString(s) && !g->ids)
+            fputs(s->valuestring, stdout);
+        else
+            printf("%s%d", g->n_done > 1 ? " " : "", (int)t->valuedouble);
+        fflush(stdout);
+    }
+    cJSON_Delete(o);
+    return 0;
+}
+
+static void gen_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvctl generate --ring DIR|ring.json (-p TEXT | --tokens 1,2,3) [-n N] [sampling]\n"
+        "  The options and output of the one-process generate (kvctl generate --help), through\n"
+        "  a running ring: text on stdout, statistics on stderr.\n"
+        "  --dump-logits FILE  write the last position's logits (raw f32) to FILE\n"
+        "  --stop S            stop when the text contains S (repeatable)\n");
+}
+
+int kvctl_ring_generate(int argc, char **argv)
+{
+    enum { O_TEMP = 1000, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_FREQ, O_PRES, O_SEED, O_TOK,
+           O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL };
+    static const struct option opts[] = {
+        {"ring", required_argument, 0, O_RING}, {"model", required_argument, 0, O_MODEL},
+        {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
+        {"threads", required_argument, 0, 't'}, {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
+        {"repeat-last-n", required_argument, 0, O_REPN}, {"freq-penalty", required_argument, 0, O_FREQ},
+        {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
+        {"tokens", required_argument, 0, O_TOK}, {"ctx", required_argument, 0, O_CTX},
+        {"ignore-eos", no_argument, 0, O_IEOS}, {"ids", no_argument, 0, O_IDS},
+        {"dump-logits", required_argument, 0, O_DUMP}, {"stop", required_argument, 0, O_STOP},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *ring = NULL, *prompt = NULL, *toks = NULL, *dump = NULL;
+    long n_gen = 64, v;
+    bool ignore_eos = false, ids = false;
+    struct model_sampler_params sp;
+    model_sampler_params_default(&sp);
+    cJSON *req = cJSON_CreateObject();
+    cJSON *stop = cJSON_CreateArray();
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RING: ring = optarg; break;
+        case 'm': case O_MODEL: break;   /* the ring holds the model */
+        case 't': break;                 /* threads are the stages' business */
+        case 'p': prompt = optarg; break;
+        case 'n': rc = parse_long("-n", optarg, 0, 1 << 20, &n_gen); break;
+        case O_TEMP: rc = parse_float("--temp", optarg, &sp.temperature); break;
+        case O_TOPK: rc = parse_long("--top-k", optarg, 0, INT32_MAX, &v); sp.top_k = (int32_t)v; break;
+        case O_TOPP: rc = parse_float("--top-p", optarg, &sp.top_p); break;
+        case O_MINP: rc = parse_float("--min-p", optarg, &sp.min_p); break;
+        case O_REP: rc = parse_float("--repeat-penalty", optarg, &sp.repeat_penalty); break;
+        case O_REPN: rc = parse_long("--repeat-last-n", optarg, 0, 1 << 20, &v); sp.penalty_last_n = (int32_t)v; break;
+        case O_FREQ: rc = parse_float("--freq-penalty", optarg, &sp.freq_penalty); break;
+        case O_PRES: rc = parse_float("--presence-penalty", optarg, &sp.presence_penalty); break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            sp.seed = strtoull(optarg, &end, 10);
+            if (end == optarg || *end || errno) {
+                fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
+        }
+        case O_TOK: toks = optarg; break;
+        case O_CTX: break;               /* the ring's context is in its manifest */
+        case O_IEOS: ignore_eos = true; break;
+        case O_IDS: ids = true; break;
+        case O_DUMP: dump = optarg; break;
+        case O_STOP: cJSON_AddItemToArray(stop, cJSON_CreateString(optarg)); break;
+        case 'h': gen_usage(stdout); cJSON_Delete(req); cJSON_Delete(stop); return 0;
+        default: gen_usage(stderr); cJSON_Delete(req); cJSON_Delete(stop); return 2;
+        }
+        if (rc < 0) {
+            cJSON_Delete(req);
+            cJSON_Delete(stop);
+            return 2;
+        }
+    }
+    if (!ring || (!prompt && !toks) || optind != argc) {
+        gen_usage(stderr);
+        cJSON_Delete(req);
+        cJSON_Delete(stop);
+        return 2;
+    }
+    cJSON_AddStringToObject(req, "op", "generate");
+    if (toks) {
+        cJSON *a = cJSON_AddArrayToObject(req, "tokens");
+        const char *p = toks;
+        while (*p) {
+            while (*p == ',' || *p == ' ')
+                p++;
+            if (!*p)
+                break;
+            char *end;
+            errno = 0;
+            long t = strtol(p, &end, 10);
+            if (end == p || errno || t < 0 || t > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+                fprintf(stderr, "--tokens: '%s' is not a list of token ids\n", toks);
+                cJSON_Delete(req);
+                cJSON_Delete(stop);
+                return 2;
+            }
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t));
+            p = end;
+        }
+    } else
+        cJSON_AddStringToObject(req, "prompt", prompt);
+    cJSON_AddNumberToObject(req, "n", (double)n_gen);
+    cJSON_AddNumberToObject(req, "seed", (double)sp.seed);
+    cJSON_AddNumberToObject(req, "temp", sp.temperature);
+    cJSON_AddNumberToObject(req, "top_k", sp.top_k);
+    cJSON_AddNumberToObject(req, "top_p", sp.top_p);
+    cJSON_AddNumberToObject(req, "min_p", sp.min_p);
+    cJSON_AddNumberToObject(req, "repeat_penalty", sp.repeat_penalty);
+    cJSON_AddNumberToObject(req, "repeat_last_n", sp.penalty_last_n);
+    cJSON_AddNumberToObject(req, "freq_penalty", sp.freq_penalty);
+    cJSON_AddNumberToObject(req, "presence_penalty", sp.presence_penalty);
+    cJSON_AddBoolToObject(req, "ignore_eos", ignore_eos);
+    cJSON_AddBoolToObject(req, "logits", dump != NULL);
+    cJSON_AddItemToObject(req, "stop", stop);
+    if (sp.seed > (1ull << 53))
+        fprintf(stderr, "kvctl generate: warning: --seed above 2^53 loses precision in the request\n");
+    char *line = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    char sock[PATH_MAX];
+    if (!strncmp(ring, "unix:", 5))
+        snprintf(sock, sizeof sock, "%s", ring + 5);
+    else {
+        char dir[PATH_MAX];
+        if (ring_dir(ring, dir, sizeof dir) < 0) {
+            free(line);
+            return 1;
+        }
+        rank_sock(dir, 0, sock, sizeof sock);
+    }
+    struct gen_state g = {.ids = ids, .dump_logits = dump};
+    char err[512];
+    double t0 = now_s();
+    int rc = kvd_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
+    free(line);
+    if (rc < 0) {
+        fprintf(stderr, "kvctl generate: %s\n", err);
+        return 1;
+    }
+    if (g.error)
+        return 1;
+    if (!g.done) {
+        if (g.n_done)
+            printf("\n");
+        fprintf(stderr, "kvctl generate: the ring closed the stream before the end\n");
+        return 1;
+    }
+    printf("\n");
+    double t2 = now_s();
+    double pms = jnum(g.done_obj, "prompt_ms") / 1e3, gms = jnum(g.done_obj, "gen_ms") / 1e3;
+    uint32_t n_prompt = (uint32_t)jnum(g.done_obj, "n_prompt");
+    uint32_t n_gen_done = (uint32_t)jnum(g.done_obj, "n_gen");
+    (void)t0;
+    (void)t2;
+    /* Same statistics line as the one-process generate (token counts as it counts them). */
+    fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
+            "(%.2f tok/s)\n", n_prompt, pms, pms > 0 ? n_prompt / pms : 0.0, n_gen_done, gms,
+            gms > 0 && n_gen_done > 1 ? (n_gen_done - 1) / gms : 0.0);
+    int ret = 0;
+    if (dump) {
+        const cJSON *lg = cJSON_GetObjectItemCaseSensitive(g.done_obj, "logits");
+        FILE *f = fopen(dump, "wb");
+        if (!cJSON_IsArray(lg) || !f) {
+            fprintf(stderr, "kvctl generate: no logits to dump to %s\n", dump);
+            ret = 1;
+        } else {
+            for (const cJSON *x = lg->child; x; x = x->next) {
+                float fv = (float)x->valuedouble;
+                fwrite(&fv, 4, 1, f);
+            }
+        }
+        if (f)
+            fclose(f);
+    }
+    cJSON_Delete(g.done_obj);
+    return ret;
+}

@@ -651,7 +651,8 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
     }
     char piece[256] = "";
     bool have_piece = kvd_backend_piece(&st->be, tok, piece, sizeof piece) >= 0;
-    if (s->client) {
+    bool is_eos = !s->ignore_eos && st->be.eos >= 0 && tok == st->be.eos;
+    if (s->client && !is_eos) {   /* EOS ends the text; it is not part of it */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "t", tok);
         cJSON_AddNumberToObject(o, "lp", lp);
@@ -660,7 +661,7 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
         json_line_to_client(s->client, o);
     }
     const char *reason = NULL;
-    if (!s->ignore_eos && st->be.eos >= 0 && tok == st->be.eos)
+    if (is_eos)
         reason = "eos";
     else if (s->n_gen >= s->max_gen)
         reason = "length";
