@@ -216,4 +216,44 @@ int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
 /* SHA-256 of a whole file as 64 lowercase hex digits + NUL (OpenSSL EVP). */
 int gguf_sha256_file(const char *path, char hex[65], char *err, size_t errlen);
 
+/* Catalogs (DESIGN.md section 6): per tensor name, type, shape, absolute byte offset in the
+ * source file, byte size and SHA-256; plus the source file's SHA-256 and size. The catalog's
+ * JSON text (gguf_catalog_save) is canonical, and the SHA-256 of those bytes is the model id.
+ * JSON: {"version":1,"source_sha256":HEX,"source_size":N,"arch":S,"n_layers":N,
+ *        "tensors":[{"name":S,"type":"q8_0","shape":[ne0,...],"offset":N,"size":N,"sha256":HEX}]} */
+#define GGUF_CATALOG_MAX_JSON (256u << 20)
+struct gguf_catalog_tensor {
+    char name[GGUF_MAX_NAME + 1];
+    uint32_t type, n_dims;
+    uint64_t ne[GGUF_MAX_DIMS];
+    uint64_t offset;               /* absolute, in the source file */
+    uint64_t size;
+    char sha256[65];
+};
+struct gguf_catalog {
+    char source_sha256[65];
+    uint64_t source_size;
+    char arch[64];
+    uint32_t n_layers;
+    uint64_t n_tensors;
+    struct gguf_catalog_tensor *tensors;
+};
+/* Hash a whole model file (opened with gguf_file_open) in one sequential pass. */
+int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, char *err, size_t errlen);
+void gguf_catalog_free(struct gguf_catalog *c);
+/* Canonical JSON text (malloc'ed, caller frees) and its SHA-256 (the model id). */
+int gguf_catalog_to_json(const struct gguf_catalog *c, char **json, size_t *len, char id_hex[65]);
+/* Parse and validate catalog JSON (capped at GGUF_CATALOG_MAX_JSON); id_hex may be NULL. */
+int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t len, char id_hex[65],
+                           char *err, size_t errlen);
+int gguf_catalog_save(const struct gguf_catalog *c, const char *path, char id_hex[65], char *err, size_t errlen);
+int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[65], char *err, size_t errlen);
+const struct gguf_catalog_tensor *gguf_catalog_find(const struct gguf_catalog *c, const char *name);
+/* Check a window (or a whole model) opened with gguf_file_open tensor by tensor against the
+ * catalog: every tensor it holds must match (type, shape, size, SHA-256) and every tensor
+ * its window needs must be there. -EBADMSG with the differing tensor named in err. */
+int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w, char *err, size_t errlen);
+/* SHA-256 of a buffer as hex. */
+void gguf_sha256_hex(const void *p, size_t n, char hex[65]);
+
 #endif

@@ -1,39 +1,785 @@
-/* kvctl_gguf.c — placeholder until its issue lands. */
+/* kvctl_gguf.c — the GGUF commands: inspect, slice, catalog, verify, synth. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/gguf.h"
+#include "kernels/kern.h"
 #include "kvd/kvctl.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+static void human(uint64_t b, char *buf, size_t n)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)b;
+    int i = 0;
+    while (x >= 1024 && i < 4) {
+        x /= 1024;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, n, "%" PRIu64 " B", b);
+    else
+        snprintf(buf, n, "%.2f %s", x, u[i]);
+}
+
+static bool is_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return true;
+    return false;
+}
+
+/* Parse a decimal u64 option value: 0 or -1 with a message. */
+static int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-' || v > max) {
+        fprintf(stderr, "kvctl %s: %s '%s' is not an integer in [0, %" PRIu64 "]\n", cmd, opt, s, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void print_value(FILE *out, const struct gguf_value *v, int depth)
+{
+    switch (v->type) {
+    case GGUF_V_STRING:
+        fprintf(out, "\"%.*s%s\"", (int)(v->v.str.len > 80 ? 80 : v->v.str.len), v->v.str.p,
+                v->v.str.len > 80 ? "..." : "");
+        break;
+    case GGUF_V_F32: case GGUF_V_F64: fprintf(out, "%g", v->v.f); break;
+    case GGUF_V_BOOL: fprintf(out, "%s", v->v.u ? "true" : "false"); break;
+    case GGUF_V_I8: case GGUF_V_I16: case GGUF_V_I32: case GGUF_V_I64: fprintf(out, "%" PRId64, v->v.i); break;
+    case GGUF_V_ARRAY:
+        fprintf(out, "[%s x %" PRIu64 "]", gguf_vtype_name(v->v.arr.type), v->v.arr.n);
+        if (v->v.arr.items && v->v.arr.n && depth < 1) {
+            fprintf(out, " ");
+            print_value(out, &v->v.arr.items[0], depth + 1);
+            if (v->v.arr.n > 1)
+                fprintf(out, " ...");
+        }
+        break;
+    default: fprintf(out, "%" PRIu64, v->v.u); break;
+    }
+}
+
+/* ------------------------------------------------------------------ inspect */
+
+static void hp_line(const struct gguf_file *f, const char *arch, const char *label, const char *suffix)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const struct gguf_kv *kv = gguf_kv_find(f, key);
+    if (!kv)
+        return;
+    printf("  %-22s ", label);
+    print_value(stdout, &kv->val, 0);
+    printf("\n");
+}
 
 int kvctl_cmd_inspect(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl inspect: not built yet\n");
-    return 1;
+    const char *path = NULL;
+    bool tensors = false, kvs = false;
+    if (is_help(argc, argv)) {
+        printf("usage: kvctl inspect FILE [--tensors] [--kv]\n"
+               "  what a GGUF model or stage window holds: architecture, hyperparameters, tokenizer,\n"
+               "  tensor types, bytes per layer, embedding and head bytes.\n"
+               "  --tensors  list every tensor (name, type, shape, bytes, offset)\n"
+               "  --kv       list every metadata key\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tensors"))
+            tensors = true;
+        else if (!strcmp(argv[i], "--kv"))
+            kvs = true;
+        else if (argv[i][0] == '-' || path) {
+            fprintf(stderr, "kvctl inspect: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        } else
+            path = argv[i];
+    }
+    if (!path) {
+        fprintf(stderr, "usage: kvctl inspect FILE [--tensors] [--kv]\n");
+        return 2;
+    }
+    char err[GGUF_ERR_LEN], hb[32], arch[64] = "?", name[128] = "";
+    struct gguf_file *f;
+    if (gguf_file_open(&f, path, err, sizeof err)) {
+        fprintf(stderr, "kvctl inspect: %s\n", err);
+        return 1;
+    }
+    gguf_get_str(f, "general.architecture", arch, sizeof arch);
+    gguf_get_str(f, "general.name", name, sizeof name);
+    human(gguf_file_size(f), hb, sizeof hb);
+    printf("file        %s\n", path);
+    printf("format      GGUF v%u, %s, alignment %" PRIu64 ", %" PRIu64 " metadata keys, data at %" PRIu64 "\n",
+           gguf_file_version(f), hb, gguf_file_alignment(f), gguf_kv_count(f), gguf_file_data_offset(f));
+    printf("model       %s%s%s%s\n", arch, name[0] ? " \"" : "", name, name[0] ? "\"" : "");
+    uint32_t n_layers = 0;
+    gguf_block_count(f, &n_layers);
+    uint32_t wf, wl;
+    char src[80] = "";
+    if (gguf_window_get(f, &wf, &wl) == 0) {
+        gguf_get_str(f, "kvasir.source.sha256", src, sizeof src);
+        printf("window      layers [%u, %u) of %u (stage mini-GGUF; source sha256 %s)\n", wf, wl, n_layers, src);
+    }
+    printf("hyperparameters\n");
+    printf("  %-22s %u\n", "layers", n_layers);
+    hp_line(f, arch, "embedding", "embedding_length");
+    hp_line(f, arch, "feed-forward", "feed_forward_length");
+    hp_line(f, arch, "heads", "attention.head_count");
+    hp_line(f, arch, "kv heads", "attention.head_count_kv");
+    hp_line(f, arch, "key length", "attention.key_length");
+    hp_line(f, arch, "value length", "attention.value_length");
+    hp_line(f, arch, "context (train)", "context_length");
+    hp_line(f, arch, "rope base", "rope.freq_base");
+    hp_line(f, arch, "rope dims", "rope.dimension_count");
+    hp_line(f, arch, "rms eps", "attention.layer_norm_rms_epsilon");
+    hp_line(f, arch, "experts", "expert_count");
+    hp_line(f, arch, "experts used", "expert_used_count");
+    hp_line(f, arch, "expert ff", "expert_feed_forward_length");
+    char tm[64] = "none";
+    gguf_get_str(f, "tokenizer.ggml.model", tm, sizeof tm);
+    const struct gguf_value *toks = NULL, *merges = NULL;
+    gguf_get_arr(f, "tokenizer.ggml.tokens", &toks);
+    gguf_get_arr(f, "tokenizer.ggml.merges", &merges);
+    const char *kind = !strcmp(tm, "llama") ? "SPM" : !strcmp(tm, "gpt2") ? "BPE" : tm;
+    printf("tokenizer   %s (%s), %" PRIu64 " tokens", tm, kind, toks ? toks->v.arr.n : 0);
+    if (merges)
+        printf(", %" PRIu64 " merges", merges->v.arr.n);
+    uint32_t id;
+    if (gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &id) == 0)
+        printf(", bos %u", id);
+    if (gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &id) == 0)
+        printf(", eos %u", id);
+    printf("\n");
+
+    uint64_t per_type[GGUF_T_COUNT] = {0}, bytes_type[GGUF_T_COUNT] = {0}, total = 0;
+    uint64_t embd = 0, head = 0, other = 0;
+    uint64_t *per_layer = calloc(n_layers + 1, sizeof *per_layer);
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        per_type[t->type]++;
+        bytes_type[t->type] += t->size;
+        total += t->size;
+        int l = gguf_tensor_layer(t->name);
+        if (l >= 0 && per_layer && (uint32_t)l < n_layers)
+            per_layer[l] += t->size;
+        else if (!strncmp(t->name, "token_embd.", 11))
+            embd += t->size;
+        else if (!strncmp(t->name, "output", 6))
+            head += t->size;
+        else
+            other += t->size;
+    }
+    printf("tensors     %" PRIu64 ":", gguf_tensor_count(f));
+    for (int t = 0; t < GGUF_T_COUNT; t++)
+        if (per_type[t]) {
+            human(bytes_type[t], hb, sizeof hb);
+            printf(" %s %" PRIu64 " (%s)", gguf_type_info((uint32_t)t)->name, per_type[t], hb);
+        }
+    human(total, hb, sizeof hb);
+    printf("; %s in all\n", hb);
+    human(embd, hb, sizeof hb);
+    printf("embedding   token_embd %s\n", hb);
+    human(head, hb, sizeof hb);
+    printf("head        output_norm + output %s%s\n", hb,
+           gguf_tensor_find(f, "output.weight") ? "" : " (ties output to token_embd)");
+    if (other) {
+        human(other, hb, sizeof hb);
+        printf("shared      %s (non-block tensors every stage holds)\n", hb);
+    }
+    printf("per layer  ");
+    int shown = 0;
+    for (uint32_t l = 0; per_layer && l < n_layers; l++) {
+        if (!per_layer[l])
+            continue;
+        uint32_t r = l;
+        while (r + 1 < n_layers && per_layer[r + 1] == per_layer[l])
+            r++;
+        human(per_layer[l], hb, sizeof hb);
+        if (r > l)
+            printf(" %u-%u: %s each;", l, r, hb);
+        else
+            printf(" %u: %s;", l, hb);
+        shown++;
+        l = r;
+    }
+    printf("%s\n", shown ? "" : " (no blocks in this file)");
+    free(per_layer);
+    if (kvs) {
+        printf("metadata\n");
+        for (uint64_t i = 0; i < gguf_kv_count(f); i++) {
+            const struct gguf_kv *kv = gguf_kv_at(f, i);
+            printf("  %-44s %-7s ", kv->key, gguf_vtype_name(kv->val.type));
+            print_value(stdout, &kv->val, 0);
+            printf("\n");
+        }
+    }
+    if (tensors) {
+        printf("tensors (name, type, shape, bytes, offset in the data section)\n");
+        for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(f, i);
+            char shape[96];
+            int o = 0;
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? "x" : "", t->ne[d]);
+            printf("  %-36s %-6s %-16s %12" PRIu64 " %12" PRIu64 "\n", t->name, gguf_type_info(t->type)->name,
+                   shape, t->size, t->offset);
+        }
+    }
+    gguf_file_free(f);
+    return 0;
 }
+
+/* ------------------------------------------------------------------ slice */
 
 int kvctl_cmd_slice(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl slice: not built yet\n");
-    return 1;
+    const char *path = NULL, *out = NULL, *layers = NULL, *sha = NULL;
+    if (is_help(argc, argv)) {
+        printf("usage: kvctl slice FILE --layers A:B -o OUT [--source-sha256 HEX]\n"
+               "  write the stage mini-GGUF of layers [A, B): all metadata, the window's tensors under\n"
+               "  their original names (token_embd when A is 0, output_norm/output when B is the last\n"
+               "  layer, token_embd there too when the model ties them), kvasir.window.first/last and\n"
+               "  kvasir.source.sha256 (the source file's SHA-256, computed unless given).\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            layers = argv[++i];
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc)
+            out = argv[++i];
+        else if (!strcmp(argv[i], "--source-sha256") && i + 1 < argc)
+            sha = argv[++i];
+        else if (argv[i][0] != '-' && !path)
+            path = argv[i];
+        else {
+            fprintf(stderr, "kvctl slice: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path || !out || !layers) {
+        fprintf(stderr, "usage: kvctl slice FILE --layers A:B -o OUT\n");
+        return 2;
+    }
+    char a[32], b[32];
+    const char *colon = strchr(layers, ':');
+    uint64_t first, last;
+    if (!colon || (size_t)(colon - layers) >= sizeof a || strlen(colon + 1) >= sizeof b) {
+        fprintf(stderr, "kvctl slice: --layers '%s' is not A:B\n", layers);
+        return 2;
+    }
+    memcpy(a, layers, (size_t)(colon - layers));
+    a[colon - layers] = 0;
+    strcpy(b, colon + 1);
+    if (parse_u64("slice", "--layers A", a, 1000000, &first) || parse_u64("slice", "--layers B", b, 1000000, &last))
+        return 2;
+    char err[GGUF_ERR_LEN];
+    struct gguf_file *f;
+    if (gguf_file_open(&f, path, err, sizeof err)) {
+        fprintf(stderr, "kvctl slice: %s\n", err);
+        return 1;
+    }
+    struct gguf_window_opts o = {.first = (uint32_t)first, .last = (uint32_t)last, .source_sha256_hex = sha};
+    int rc = gguf_window_write(f, &o, out, err, sizeof err);
+    gguf_file_free(f);
+    if (rc) {
+        fprintf(stderr, "kvctl slice: %s\n", err);
+        return 1;
+    }
+    struct gguf_file *w;
+    if (gguf_file_open(&w, out, err, sizeof err)) {
+        fprintf(stderr, "kvctl slice: written window does not parse: %s\n", err);
+        return 1;
+    }
+    char hb[32];
+    human(gguf_file_size(w), hb, sizeof hb);
+    printf("%s: layers [%u, %u), %" PRIu64 " tensors, %s\n", out, o.first, o.last, gguf_tensor_count(w), hb);
+    gguf_file_free(w);
+    return 0;
 }
+
+/* ------------------------------------------------------------------ catalog / verify */
 
 int kvctl_cmd_catalog(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl catalog: not built yet\n");
-    return 1;
+    const char *path = NULL, *out = NULL;
+    if (is_help(argc, argv)) {
+        printf("usage: kvctl catalog FILE [-o CAT.json]\n"
+               "  per-tensor catalog of a model: name, type, shape, absolute offset, size, SHA-256, and\n"
+               "  the source file's SHA-256. Prints the model id (the SHA-256 of the catalog JSON)\n"
+               "  on stdout; the JSON goes to CAT.json, or to stdout without -o.\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc)
+            out = argv[++i];
+        else if (argv[i][0] != '-' && !path)
+            path = argv[i];
+        else {
+            fprintf(stderr, "kvctl catalog: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: kvctl catalog FILE [-o CAT.json]\n");
+        return 2;
+    }
+    char err[GGUF_ERR_LEN], id[65];
+    struct gguf_file *f;
+    struct gguf_catalog *c;
+    if (gguf_file_open(&f, path, err, sizeof err)) {
+        fprintf(stderr, "kvctl catalog: %s\n", err);
+        return 1;
+    }
+    int rc = gguf_catalog_build(&c, f, err, sizeof err);
+    gguf_file_free(f);
+    if (rc) {
+        fprintf(stderr, "kvctl catalog: %s\n", err);
+        return 1;
+    }
+    if (out) {
+        rc = gguf_catalog_save(c, out, id, err, sizeof err);
+        if (!rc) {
+            printf("%s\n", id);
+            fprintf(stderr, "catalog of %s: %" PRIu64 " tensors, source sha256 %s -> %s\n", path, c->n_tensors,
+                    c->source_sha256, out);
+        }
+    } else {
+        char *json;
+        size_t len;
+        rc = gguf_catalog_to_json(c, &json, &len, id);
+        if (!rc) {
+            fwrite(json, 1, len, stdout);
+            fprintf(stderr, "model id %s\n", id);
+            free(json);
+        }
+    }
+    gguf_catalog_free(c);
+    if (rc) {
+        fprintf(stderr, "kvctl catalog: %s\n", err);
+        return 1;
+    }
+    return 0;
 }
 
 int kvctl_cmd_verify(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl verify: not built yet\n");
-    return 1;
+    const char *path = NULL, *cat = NULL;
+    if (is_help(argc, argv)) {
+        printf("usage: kvctl verify WINDOW --catalog CAT.json\n"
+               "  check a stage window (or a whole model) tensor by tensor against a catalog; names\n"
+               "  the first tensor that is missing or differs. Exit 0 when everything matches.\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--catalog") && i + 1 < argc)
+            cat = argv[++i];
+        else if (argv[i][0] != '-' && !path)
+            path = argv[i];
+        else {
+            fprintf(stderr, "kvctl verify: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path || !cat) {
+        fprintf(stderr, "usage: kvctl verify WINDOW --catalog CAT.json\n");
+        return 2;
+    }
+    char err[GGUF_ERR_LEN], id[65];
+    struct gguf_catalog *c;
+    if (gguf_catalog_load(&c, cat, id, err, sizeof err)) {
+        fprintf(stderr, "kvctl verify: %s\n", err);
+        return 1;
+    }
+    struct gguf_file *w;
+    if (gguf_file_open(&w, path, err, sizeof err)) {
+        fprintf(stderr, "kvctl verify: %s\n", err);
+        gguf_catalog_free(c);
+        return 1;
+    }
+    int rc = gguf_catalog_verify(c, w, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "kvctl verify: %s: %s\n", path, err);
+    else
+        printf("%s: %" PRIu64 " tensors match catalog %s\n", path, gguf_tensor_count(w), id);
+    gguf_file_free(w);
+    gguf_catalog_free(c);
+    return rc ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ synth */
+
+/* xoshiro256** seeded through splitmix64: fast, and per tensor (seed, name) so the bytes of a
+ * tensor do not depend on which other tensors exist. */
+struct rng {
+    uint64_t s[4];
+};
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+static void rng_seed(struct rng *r, uint64_t seed, const char *name)
+{
+    uint64_t x = seed ^ 0x6b7661736972ull;
+    for (const char *p = name; *p; p++)
+        x = (x ^ (uint8_t)*p) * 1099511628211ull;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+/* n uniform floats in [center - scale, center + scale). */
+static void rng_fill(struct rng *r, float *x, uint64_t n, float center, float scale)
+{
+    const float k = 2.0f * scale / 16777216.0f;
+    uint64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t v = rng_next(r);
+        x[i] = center - scale + (float)(v >> 40) * k;
+        x[i + 1] = center - scale + (float)((v >> 8) & 0xffffff) * k;
+    }
+    if (i < n)
+        x[i] = center - scale + (float)(rng_next(r) >> 40) * k;
+}
+
+struct synth_tensor {
+    char name[64];
+    uint32_t type, n_dims;
+    uint64_t ne[2];
+    float center, scale;
+    uint64_t seed;
+};
+
+static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
+{
+    const struct synth_tensor *t = ud;
+    struct rng r;
+    rng_seed(&r, t->seed, name);
+    uint64_t ne0 = t->ne[0], rows = t->n_dims > 1 ? t->ne[1] : 1;
+    if (t->type == GGUF_T_F32) {
+        rng_fill(&r, buf, ne0 * rows, t->center, t->scale);
+        return 0;
+    }
+    float *row = malloc(ne0 * sizeof *row);
+    if (!row)
+        return -ENOMEM;
+    size_t rb = kern_row_bytes(t->type, (int64_t)ne0);
+    int rc = 0;
+    if (!rb || rb * rows != size)
+        rc = -EINVAL;
+    for (uint64_t i = 0; i < rows && !rc; i++) {
+        uint8_t *dst = (uint8_t *)buf + i * rb;
+        rng_fill(&r, row, ne0, t->center, t->scale);
+        if (t->type == GGUF_T_F16) {
+            uint16_t *h = (uint16_t *)dst;
+            for (uint64_t j = 0; j < ne0; j++)
+                h[j] = kern_f32_to_f16(row[j]);
+        } else {
+            rc = kern_ref_quant_row(t->type, row, dst, (int64_t)ne0);
+        }
+    }
+    free(row);
+    return rc;
+}
+
+/* SPM vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then pieces: single characters,
+ * "▁"+letter, then all lowercase strings of growing length with and without "▁". */
+struct vocab {
+    char **tok;
+    float *score;
+    int32_t *type;
+    uint64_t n;
+};
+
+static void vocab_free(struct vocab *v)
+{
+    for (uint64_t i = 0; v->tok && i < v->n; i++)
+        free(v->tok[i]);
+    free(v->tok);
+    free(v->score);
+    free(v->type);
+}
+
+static int vocab_add(struct vocab *v, uint64_t cap, const char *s, float score, int32_t type)
+{
+    if (v->n >= cap)
+        return 1;
+    if (!(v->tok[v->n] = strdup(s)))
+        return -ENOMEM;
+    v->score[v->n] = score;
+    v->type[v->n] = type;
+    v->n++;
+    return 0;
+}
+
+static int vocab_build(struct vocab *v, uint64_t n)
+{
+    memset(v, 0, sizeof *v);
+    v->tok = calloc(n, sizeof *v->tok);
+    v->score = calloc(n, sizeof *v->score);
+    v->type = calloc(n, sizeof *v->type);
+    if (!v->tok || !v->score || !v->type)
+        return -ENOMEM;
+    int rc = 0;
+    rc = rc ? rc : vocab_add(v, n, "<unk>", 0, 2);
+    rc = rc ? rc : vocab_add(v, n, "<s>", 0, 3);
+    rc = rc ? rc : vocab_add(v, n, "</s>", 0, 3);
+    char buf[64];
+    for (int b = 0; b < 256 && !rc; b++) {
+        snprintf(buf, sizeof buf, "<0x%02X>", b);
+        rc = vocab_add(v, n, buf, 0, 6);
+    }
+    static const char singles[] =
+        "etaoinshrdlucmfwypvbgkjqxzETAOINSHRDLUCMFWYPVBGKJQXZ0123456789.,!?'\"-:;()";
+    const char *sp = "\xe2\x96\x81"; /* U+2581, SPM's word boundary */
+    float score = -1;
+    rc = rc ? rc : vocab_add(v, n, sp, score--, 1);
+    for (const char *c = singles; *c && !rc; c++) {
+        snprintf(buf, sizeof buf, "%c", *c);
+        rc = vocab_add(v, n, buf, score--, 1);
+    }
+    for (const char *c = singles; *c && !rc && c < singles + 52; c++) {
+        snprintf(buf, sizeof buf, "%s%c", sp, *c);
+        rc = vocab_add(v, n, buf, score--, 1);
+    }
+    /* lowercase strings of length 2, 3, ...: "▁s" then "s" */
+    for (int len = 2; !rc && len < 12; len++) {
+        uint64_t count = 1;
+        for (int i = 0; i < len; i++)
+            count *= 26;
+        for (uint64_t k = 0; k < count && !rc; k++) {
+            char w[16];
+            uint64_t x = k;
+            for (int i = len - 1; i >= 0; i--) {
+                w[i] = singles[x % 26];
+                x /= 26;
+            }
+            w[len] = 0;
+            snprintf(buf, sizeof buf, "%s%s", sp, w);
+            rc = vocab_add(v, n, buf, score--, 1);
+            rc = rc ? rc : vocab_add(v, n, w, score--, 1);
+        }
+    }
+    return rc < 0 ? rc : 0;
 }
 
 int kvctl_cmd_synth(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl synth: not built yet\n");
-    return 1;
-}
+    const char *arch = "llama", *out = NULL, *tname = "f32", *mname = NULL;
+    uint64_t layers = 2, embd = 256, ff = 768, heads = 8, kv_heads = 0, head_dim = 0, vocab = 512,
+             seed = 1, ctx = 2048;
+    bool tied = false;
+    if (is_help(argc, argv)) {
+        printf("usage: kvctl synth --arch llama|qwen2|qwen3 --layers N --embd D --ff F --heads H\n"
+               "                   [--kv-heads K] [--head-dim E] --vocab V --type f32|f16|q8_0|q4_0\n"
+               "                   [--seed S] [--ctx C] [--tied] [--name NAME] -o OUT\n"
+               "  write a random-weight model with a working SPM vocabulary (<unk> <s> </s>, the 256\n"
+               "  byte tokens, scored pieces); 2-D weights in --type, norms (and qwen2 biases) f32.\n"
+               "  --tied leaves out output.weight (the head reuses token_embd). Defaults: 2 layers,\n"
+               "  256 embd, 768 ff, 8 heads, kv-heads = heads, head-dim = embd/heads, 512 vocab, f32.\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--tied")) { tied = true; continue; }
+        if (!v) {
+            fprintf(stderr, "kvctl synth: '%s' needs a value (see --help)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--arch")) arch = v;
+        else if (!strcmp(a, "-o")) out = v;
+        else if (!strcmp(a, "--type")) tname = v;
+        else if (!strcmp(a, "--name")) mname = v;
+        else if (!strcmp(a, "--layers")) bad = parse_u64("synth", a, v, 4096, &layers);
+        else if (!strcmp(a, "--embd")) bad = parse_u64("synth", a, v, 1 << 20, &embd);
+        else if (!strcmp(a, "--ff")) bad = parse_u64("synth", a, v, 1 << 22, &ff);
+        else if (!strcmp(a, "--heads")) bad = parse_u64("synth", a, v, 4096, &heads);
+        else if (!strcmp(a, "--kv-heads")) bad = parse_u64("synth", a, v, 4096, &kv_heads);
+        else if (!strcmp(a, "--head-dim")) bad = parse_u64("synth", a, v, 1 << 16, &head_dim);
+        else if (!strcmp(a, "--vocab")) bad = parse_u64("synth", a, v, 1 << 22, &vocab);
+        else if (!strcmp(a, "--seed")) bad = parse_u64("synth", a, v, UINT64_MAX, &seed);
+        else if (!strcmp(a, "--ctx")) bad = parse_u64("synth", a, v, 1 << 24, &ctx);
+        else {
+            fprintf(stderr, "kvctl synth: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (bad)
+            return 2;
+    }
+    bool is_qwen2 = !strcmp(arch, "qwen2"), is_qwen3 = !strcmp(arch, "qwen3");
+    if (strcmp(arch, "llama") && !is_qwen2 && !is_qwen3) {
+        fprintf(stderr, "kvctl synth: --arch '%s' not one of llama, qwen2, qwen3\n", arch);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "kvctl synth: -o OUT is required\n");
+        return 2;
+    }
+    int type = gguf_type_by_name(tname);
+    if (type != GGUF_T_F32 && type != GGUF_T_F16 && type != GGUF_T_Q8_0 && type != GGUF_T_Q4_0) {
+        fprintf(stderr, "kvctl synth: --type '%s' not one of f32, f16, q8_0, q4_0\n", tname);
+        return 2;
+    }
+    if (!kv_heads)
+        kv_heads = heads;
+    if (!layers || !embd || !ff || !heads || heads % kv_heads) {
+        fprintf(stderr, "kvctl synth: layers, embd, ff, heads must be > 0 and heads (%" PRIu64
+                ") a multiple of kv-heads (%" PRIu64 ")\n", heads, kv_heads);
+        return 2;
+    }
+    if (!head_dim) {
+        if (embd % heads) {
+            fprintf(stderr, "kvctl synth: embd %" PRIu64 " is not a multiple of heads %" PRIu64
+                    "; give --head-dim\n", embd, heads);
+            return 2;
+        }
+        head_dim = embd / heads;
+    }
+    if (head_dim % 2) {
+        fprintf(stderr, "kvctl synth: head-dim %" PRIu64 " must be even (RoPE pairs)\n", head_dim);
+        return 2;
+    }
+    if (vocab < 259 + 1) {
+        fprintf(stderr, "kvctl synth: vocab %" PRIu64 " too small (3 specials + 256 byte tokens + pieces: >= 260)\n", vocab);
+        return 2;
+    }
+    uint32_t be = gguf_type_info((uint32_t)type)->block_elems;
+    uint64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+    if (embd % be || ff % be || q_dim % be) {
+        fprintf(stderr, "kvctl synth: embd %" PRIu64 ", ff %" PRIu64 " and heads*head-dim %" PRIu64
+                " must be multiples of the %s block size %u\n", embd, ff, q_dim, tname, be);
+        return 2;
+    }
 
+    struct gguf_writer *w;
+    struct vocab voc;
+    char key[128];
+    int rc = gguf_writer_new(&w);
+    if (rc)
+        return 1;
+    rc = vocab_build(&voc, vocab);
+    char name[128];
+    snprintf(name, sizeof name, "%s", mname ? mname : "kvasir-synth");
+    static const uint32_t ftype[] = {[GGUF_T_F32] = 0, [GGUF_T_F16] = 1, [GGUF_T_Q4_0] = 2, [GGUF_T_Q8_0] = 7};
+#define SETK(fmt, fn, val) do { snprintf(key, sizeof key, fmt, arch); if (!rc) rc = fn(w, key, val); } while (0)
+    if (!rc) rc = gguf_writer_set_str(w, "general.architecture", arch);
+    if (!rc) rc = gguf_writer_set_str(w, "general.name", name);
+    if (!rc) rc = gguf_writer_set_u32(w, "general.file_type", ftype[type]);
+    if (!rc && type != GGUF_T_F32 && type != GGUF_T_F16)
+        rc = gguf_writer_set_u32(w, "general.quantization_version", 2);
+    SETK("%s.context_length", gguf_writer_set_u32, (uint32_t)ctx);
+    SETK("%s.embedding_length", gguf_writer_set_u32, (uint32_t)embd);
+    SETK("%s.block_count", gguf_writer_set_u32, (uint32_t)layers);
+    SETK("%s.feed_forward_length", gguf_writer_set_u32, (uint32_t)ff);
+    SETK("%s.attention.head_count", gguf_writer_set_u32, (uint32_t)heads);
+    SETK("%s.attention.head_count_kv", gguf_writer_set_u32, (uint32_t)kv_heads);
+    SETK("%s.rope.dimension_count", gguf_writer_set_u32, (uint32_t)head_dim);
+    SETK("%s.rope.freq_base", gguf_writer_set_f32, is_qwen2 || is_qwen3 ? 1000000.0f : 10000.0f);
+    SETK("%s.attention.layer_norm_rms_epsilon", gguf_writer_set_f32, is_qwen2 || is_qwen3 ? 1e-6f : 1e-5f);
+    SETK("%s.vocab_size", gguf_writer_set_u32, (uint32_t)vocab);
+    if (is_qwen3 || head_dim * heads != embd) {
+        SETK("%s.attention.key_length", gguf_writer_set_u32, (uint32_t)head_dim);
+        SETK("%s.attention.value_length", gguf_writer_set_u32, (uint32_t)head_dim);
+    }
+#undef SETK
+    if (!rc) rc = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    if (!rc) rc = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", voc.n, (const char *const *)voc.tok);
+    if (!rc) rc = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_V_F32, voc.n, voc.score);
+    if (!rc) rc = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_V_I32, voc.n, voc.type);
+    if (!rc) rc = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    if (!rc) rc = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    if (!rc) rc = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    if (!rc) rc = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    if (!rc) rc = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    vocab_free(&voc);
+
+    /* tensors: token_embd, the blocks in order, output_norm, output */
+    size_t max_t = 4 + layers * 13;
+    struct synth_tensor *ts = calloc(max_t, sizeof *ts);
+    size_t nt = 0;
+    if (!ts)
+        rc = -ENOMEM;
+#define ADD(nm_fmt, lay, ty, nd, n0, n1, ctr, scl) do { if (!rc) { \
+        struct synth_tensor *t_ = &ts[nt++]; snprintf(t_->name, sizeof t_->name, nm_fmt, lay); \
+        t_->type = (ty); t_->n_dims = (nd); t_->ne[0] = (n0); t_->ne[1] = (n1); \
+        t_->center = (ctr); t_->scale = (scl); t_->seed = seed; \
+        rc = gguf_writer_add_tensor_fill(w, t_->name, t_->type, t_->n_dims, t_->ne, synth_fill, t_); } } while (0)
+    uint32_t wt = (uint32_t)type;
+    float s_embd = sqrtf(3.0f / (float)embd), s_ff = sqrtf(3.0f / (float)ff), s_q = sqrtf(3.0f / (float)q_dim);
+    ADD("token_embd.weight%.0d", 0, wt, 2, embd, vocab, 0.0f, 1.0f);
+    for (uint32_t l = 0; l < layers; l++) {
+        ADD("blk.%u.attn_norm.weight", l, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
+        ADD("blk.%u.attn_q.weight", l, wt, 2, embd, q_dim, 0.0f, s_embd);
+        ADD("blk.%u.attn_k.weight", l, wt, 2, embd, kv_dim, 0.0f, s_embd);
+        ADD("blk.%u.attn_v.weight", l, wt, 2, embd, kv_dim, 0.0f, s_embd);
+        if (is_qwen2) {
+            ADD("blk.%u.attn_q.bias", l, GGUF_T_F32, 1, q_dim, 1, 0.0f, 0.1f);
+            ADD("blk.%u.attn_k.bias", l, GGUF_T_F32, 1, kv_dim, 1, 0.0f, 0.1f);
+            ADD("blk.%u.attn_v.bias", l, GGUF_T_F32, 1, kv_dim, 1, 0.0f, 0.1f);
+        }
+        if (is_qwen3) {
+            ADD("blk.%u.attn_q_norm.weight", l, GGUF_T_F32, 1, head_dim, 1, 1.0f, 0.1f);
+            ADD("blk.%u.attn_k_norm.weight", l, GGUF_T_F32, 1, head_dim, 1, 1.0f, 0.1f);
+        }
+        ADD("blk.%u.attn_output.weight", l, wt, 2, q_dim, embd, 0.0f, s_q);
+        ADD("blk.%u.ffn_norm.weight", l, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
+        ADD("blk.%u.ffn_gate.weight", l, wt, 2, embd, ff, 0.0f, s_embd);
+        ADD("blk.%u.ffn_up.weight", l, wt, 2, embd, ff, 0.0f, s_embd);
+        ADD("blk.%u.ffn_down.weight", l, wt, 2, ff, embd, 0.0f, s_ff);
+    }
+    ADD("output_norm.weight%.0d", 0, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
+    if (!tied)
+        ADD("output.weight%.0d", 0, wt, 2, embd, vocab, 0.0f, s_embd);
+#undef ADD
+    char err[GGUF_ERR_LEN] = "";
+    if (!rc)
+        rc = gguf_writer_write(w, out, err, sizeof err);
+    else
+        snprintf(err, sizeof err, "building the model description: %s", strerror(-rc));
+    if (!rc) {
+        char hb[32];
+        human(gguf_writer_file_size(w), hb, sizeof hb);
+        printf("%s: %s, %" PRIu64 " layers, embd %" PRIu64 ", ff %" PRIu64 ", heads %" PRIu64 "/%" PRIu64
+               ", head_dim %" PRIu64 ", vocab %" PRIu64 ", %s, %zu tensors, %s\n", out, arch, layers, embd, ff,
+               heads, kv_heads, head_dim, vocab, tname, nt, hb);
+    } else {
+        fprintf(stderr, "kvctl synth: %s\n", err);
+    }
+    free(ts);
+    gguf_writer_free(w);
+    return rc ? 1 : 0;
+}

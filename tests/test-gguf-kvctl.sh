@@ -1,0 +1,113 @@
+#!/bin/bash
+# test-gguf-kvctl: kvctl synth / inspect / slice / catalog / verify end to end.
+# Every shared test model is cut into 2 and 3 windows; each window verifies against the
+# model's catalog, and a flipped byte makes verify fail naming the tensor it sits in.
+set -u
+KVCTL=${KV_BUILD:-build}/kvctl
+DATA=${KV_TESTDATA:-../shared/testdata}
+T=$(mktemp -d /tmp/kvtest-kvctl.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+[ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
+ls "$DATA"/models/*.gguf >/dev/null 2>&1 || { echo "test data missing: $DATA/models"; exit 1; }
+
+# Flip one byte of the data of tensor $2 in file $1.
+flip() {
+    local f=$1 name=$2 data off
+    data=$("$KVCTL" inspect "$f" | awk '/^format/ { for (i = 1; i <= NF; i++) if ($i == "at") print $(i + 1) }')
+    off=$("$KVCTL" inspect --tensors "$f" | awk -v n="$name" '$1 == n { print $5 }')
+    [ -n "$data" ] && [ -n "$off" ] || { echo "flip: cannot locate $name in $f"; return 1; }
+    python3 - "$f" $((data + off + 3)) <<'EOF'
+import sys
+p, o = sys.argv[1], int(sys.argv[2])
+with open(p, 'r+b') as fh:
+    fh.seek(o); b = fh.read(1); fh.seek(o); fh.write(bytes([b[0] ^ 0xFF]))
+EOF
+}
+
+n_models=0
+for m in "$DATA"/models/*.gguf; do
+    base=$(basename "$m" .gguf)
+    n_models=$((n_models + 1))
+    layers=$("$KVCTL" inspect "$m" | awk '$1 == "layers" { print $2; exit }')
+    [ -n "$layers" ] && [ "$layers" -gt 0 ] || { fail "$base: inspect gives no layer count"; continue; }
+    id=$("$KVCTL" catalog "$m" -o "$T/$base.cat.json" 2>/dev/null) || { fail "$base: catalog"; continue; }
+    [ "$id" = "$(sha256sum "$T/$base.cat.json" | cut -d' ' -f1)" ] || fail "$base: model id is not the catalog's SHA-256"
+    src=$(sha256sum "$m" | cut -d' ' -f1)
+    grep -q "\"source_sha256\":[[:space:]]*\"$src\"" "$T/$base.cat.json" || fail "$base: catalog source_sha256"
+    "$KVCTL" verify "$m" --catalog "$T/$base.cat.json" >/dev/null || fail "$base: whole model does not verify"
+    for parts in 2 3; do
+        [ "$layers" -ge "$parts" ] || continue
+        prev=0
+        for p in $(seq 1 "$parts"); do
+            end=$((layers * p / parts))
+            w="$T/$base.$prev-$end.gguf"
+            "$KVCTL" slice "$m" --layers "$prev:$end" -o "$w" >/dev/null || { fail "$base: slice $prev:$end"; prev=$end; continue; }
+            out=$("$KVCTL" verify "$w" --catalog "$T/$base.cat.json" 2>&1) || fail "$base [$prev,$end): verify: $out"
+            "$KVCTL" inspect "$w" | grep -q "^window      layers \[$prev, $end) of $layers" || fail "$base: inspect shows no window"
+            if [ "$p" = 2 ]; then
+                victim=$("$KVCTL" inspect --tensors "$w" | awk '$1 ~ /^blk\./ { print $1; exit }')
+                cp "$w" "$w.bad"
+                flip "$w.bad" "$victim" || fail "$base: flip"
+                out=$("$KVCTL" verify "$w.bad" --catalog "$T/$base.cat.json" 2>&1)
+                rc=$?
+                [ $rc -eq 1 ] || fail "$base: verify of a flipped window returned $rc"
+                echo "$out" | grep -q "tensor $victim: sha256" || fail "$base: verify does not name $victim: $out"
+                rm -f "$w.bad"
+            fi
+            rm -f "$w"
+            prev=$end
+        done
+    done
+done
+[ $n_models -ge 10 ] || fail "only $n_models models"
+
+# a window checked against another model's catalog is refused
+"$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 0:2 -o "$T/s.gguf" >/dev/null || fail "slice stories"
+out=$("$KVCTL" verify "$T/s.gguf" --catalog "$T/TinyStories-656K-Q8_0.cat.json" 2>&1) && fail "foreign catalog accepted"
+echo "$out" | grep -q "source" || fail "foreign catalog message: $out"
+# the same window against its own catalog passes; bad layer ranges are refused
+out=$("$KVCTL" verify "$T/s.gguf" --catalog "$T/stories260K.cat.json" 2>&1) || fail "stories window: $out"
+"$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 3:2 -o "$T/x.gguf" 2>/dev/null && fail "empty window accepted"
+"$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 0:6 -o "$T/x.gguf" 2>/dev/null && fail "window past the end accepted"
+"$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 0-2 -o "$T/x.gguf" 2>/dev/null && fail "bad --layers accepted"
+
+# synth: every arch and type; shapes and tensor sets
+for arch in llama qwen2 qwen3; do
+    for ty in f32 f16 q8_0 q4_0; do
+        f="$T/synth-$arch-$ty.gguf"
+        "$KVCTL" synth --arch $arch --layers 3 --embd 128 --ff 256 --heads 4 --kv-heads 2 --vocab 400 \
+            --type $ty --seed 7 -o "$f" >/dev/null || { fail "synth $arch $ty"; continue; }
+        info=$("$KVCTL" inspect --tensors --kv "$f") || { fail "inspect synth $arch $ty"; continue; }
+        per=9; [ $arch = qwen2 ] && per=12; [ $arch = qwen3 ] && per=11
+        echo "$info" | grep -q "^tensors     $((3 * per + 3)):" || fail "synth $arch $ty: tensor count"
+        echo "$info" | grep -q "tokenizer   llama (SPM), 400 tokens, bos 1, eos 2" || fail "synth $arch $ty: vocab"
+        echo "$info" | grep -q "blk.2.attn_q.weight *$ty *128x128 " || fail "synth $arch $ty: attn_q type/shape"
+        echo "$info" | grep -q "blk.0.ffn_norm.weight *f32 *128 " || fail "synth $arch $ty: norm f32"
+        echo "$info" | grep -q '"<0x0A>"\|tokenizer.ggml.tokens' || fail "synth $arch $ty: tokens"
+        [ $arch = qwen2 ] && { echo "$info" | grep -q "blk.1.attn_k.bias *f32 *64 " || fail "qwen2 bias"; }
+        [ $arch = qwen3 ] && { echo "$info" | grep -q "blk.1.attn_k_norm.weight *f32 *32 " || fail "qwen3 k_norm";
+                               echo "$info" | grep -q "qwen3.attention.key_length *u32 *32" || fail "qwen3 key_length"; }
+    done
+done
+# same seed, same bytes; another seed, other bytes
+"$KVCTL" synth --arch llama --layers 2 --embd 64 --ff 128 --heads 4 --vocab 300 --type q4_0 --seed 5 -o "$T/a.gguf" >/dev/null
+"$KVCTL" synth --arch llama --layers 2 --embd 64 --ff 128 --heads 4 --vocab 300 --type q4_0 --seed 5 -o "$T/b.gguf" >/dev/null
+"$KVCTL" synth --arch llama --layers 2 --embd 64 --ff 128 --heads 4 --vocab 300 --type q4_0 --seed 6 -o "$T/c.gguf" >/dev/null
+cmp -s "$T/a.gguf" "$T/b.gguf" || fail "synth is not deterministic"
+cmp -s "$T/a.gguf" "$T/c.gguf" && fail "synth ignores the seed"
+# head-dim given (qwen3 style: heads*head_dim != embd) and tied output
+"$KVCTL" synth --arch qwen3 --layers 2 --embd 128 --ff 256 --heads 4 --kv-heads 2 --head-dim 64 --vocab 300 \
+    --type q8_0 --tied -o "$T/q3.gguf" >/dev/null || fail "synth qwen3 head-dim"
+info=$("$KVCTL" inspect --tensors "$T/q3.gguf")
+echo "$info" | grep -q "blk.0.attn_q.weight *q8_0 *128x256 " || fail "qwen3 head-dim q shape"
+echo "$info" | grep -q "^  output.weight" && fail "--tied still has output.weight"
+echo "$info" | grep -q "ties output to token_embd" || fail "inspect does not say tied"
+# synth refuses shapes the type cannot hold
+"$KVCTL" synth --arch llama --embd 100 --heads 4 --type q8_0 -o "$T/x.gguf" 2>/dev/null && fail "embd 100 q8_0 accepted"
+"$KVCTL" synth --arch mamba -o "$T/x.gguf" 2>/dev/null && fail "unknown arch accepted"
+
+echo "$n_models models checked, $fails failures"
+[ $fails -eq 0 ]
