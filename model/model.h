@@ -100,4 +100,75 @@ int model_sampler_kept(struct model_sampler *s, float *logits, const int32_t **i
 
 /* ================================ tokenizer ================================ */
 
+/* Vocabularies read entirely from GGUF metadata (tokenizer.ggml.*), tokenising exactly as
+ * llama.cpp does: SPM (tokenizer.ggml.model "llama": scores, byte fallback, the leading-space
+ * rule) and byte-level BPE ("gpt2": merge ranks and the pre-tokenizer regexes selected by
+ * tokenizer.ggml.pre, run with PCRE2). Special tokens in the text are recognised only when
+ * asked (parse_special); user-defined tokens always are, as in llama.cpp. A loaded vocabulary
+ * is immutable: every call below may run on any number of threads at once. See
+ * docs/tokenizer.md. */
+
+enum model_vocab_type { MODEL_VOCAB_SPM = 1, MODEL_VOCAB_BPE = 2 };
+
+struct model_vocab; /* opaque */
+
+/* Load the vocabulary of f (borrowed only during the call; the vocabulary copies what it
+ * keeps). Returns 0, or a negative errno with err naming the field, the value and the limit
+ * (-EINVAL malformed metadata, -ENOTSUP a tokenizer model or pre-tokenizer we do not have). */
+int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *err, size_t errlen);
+void model_vocab_free(struct model_vocab *v);
+
+enum model_vocab_type model_vocab_get_type(const struct model_vocab *v);
+uint32_t model_vocab_n_tokens(const struct model_vocab *v);
+/* tokenizer.ggml.pre as named in the file ("default" for SPM or when absent). Borrowed. */
+const char *model_vocab_pre(const struct model_vocab *v);
+/* Special ids, -1 when the vocabulary has none. */
+int32_t model_vocab_bos(const struct model_vocab *v);
+int32_t model_vocab_eos(const struct model_vocab *v);
+int32_t model_vocab_eot(const struct model_vocab *v);
+int32_t model_vocab_pad(const struct model_vocab *v);
+int32_t model_vocab_unk(const struct model_vocab *v);
+bool model_vocab_add_bos(const struct model_vocab *v);
+bool model_vocab_add_eos(const struct model_vocab *v);
+/* End of generation: EOS, EOT, EOM and the end-like control tokens llama.cpp stops on. */
+bool model_vocab_is_eog(const struct model_vocab *v, int32_t id);
+/* Control or unknown-type token (printed only when special text is asked for). */
+bool model_vocab_is_control(const struct model_vocab *v, int32_t id);
+/* Raw token text as stored in the file (not NUL-terminated), NULL for an id out of range. */
+const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *len);
+
+/* Tokenise text[0..len) (any bytes). add_special adds BOS/EOS as the vocabulary asks;
+ * parse_special turns control-token text ("<|im_end|>") into those tokens. Writes at most max
+ * ids to out and the full count to *n; returns 0, or -ENOSPC when max < *n (nothing else is
+ * wrong: call again with *n slots), -ENOMEM. */
+int model_tokenize(const struct model_vocab *v, const char *text, size_t len, bool add_special,
+                   bool parse_special, int32_t *out, size_t max, size_t *n);
+
+/* The bytes one token stands for (byte tokens give one byte, which may be part of a UTF-8
+ * character). Control/unknown tokens give "" unless special. Borrowed, lives as long as v;
+ * NULL (with *len 0) for an id out of range. */
+const char *model_token_piece(const struct model_vocab *v, int32_t id, bool special, size_t *len);
+
+/* Whole-sequence detokenisation as llama.cpp's llama_detokenize: the SPM leading space of the
+ * first piece is stripped, remove_special drops a leading BOS / trailing EOS the vocabulary
+ * adds, special prints control tokens, and the BPE clean-up of spaces before punctuation runs
+ * where the vocabulary asks for it. Writes at most cap bytes (no NUL) and the full length to
+ * *len; returns 0, -ENOSPC (call again with *len bytes) or -ERANGE (an id out of range). */
+int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, bool remove_special,
+                     bool special, char *buf, size_t cap, size_t *len);
+
+/* Streaming detokeniser: feed tokens one at a time, get back text that never ends inside a
+ * UTF-8 character and never holds a broken sequence (invalid bytes become U+FFFD).
+ * strip_leading_space: drop the SPM leading space of the first piece (set it when the stream
+ * starts at the beginning of a text, not when it continues a prompt). */
+struct model_detok;
+int model_detok_new(struct model_detok **out, const struct model_vocab *v, bool special,
+                    bool strip_leading_space);
+void model_detok_free(struct model_detok *d);
+/* Append one token; *text/*len receive the complete characters now available (borrowed,
+ * valid until the next call on d). 0, -ERANGE for an id out of range, -ENOMEM. */
+int model_detok_push(struct model_detok *d, int32_t id, const char **text, size_t *len);
+/* End of stream: whatever is pending (an unfinished character becomes U+FFFD). */
+int model_detok_flush(struct model_detok *d, const char **text, size_t *len);
+
 #endif

@@ -1,0 +1,120 @@
+/* tok_internal.h — what tokenizer.c, tok_spm.c and tok_bpe.c share (not public).
+ *
+ * The vocabulary keeps every token text in one pool, a hash index from text to id (the last
+ * id wins for duplicate texts, as llama.cpp's map does), and for BPE a hash index of merges
+ * keyed by the pair of texts. Token attributes use llama.cpp's bit values so that the rules
+ * ported from it read the same. */
+#ifndef KV_MODEL_TOK_INTERNAL_H
+#define KV_MODEL_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+#define TOK_MAX_TOKENS   (1u << 24)   /* ids in one vocabulary */
+#define TOK_MAX_MERGES   (1u << 24)
+#define TOK_MAX_TEXT     (1u << 16)   /* bytes of one token text or merge */
+#define TOK_MAX_REGEX    8            /* pre-tokenizer regexes applied in sequence */
+
+/* Token attributes (llama.cpp's llama_token_attr bits). */
+enum {
+    TOK_ATTR_UNDEFINED    = 0,
+    TOK_ATTR_UNKNOWN      = 1 << 0,
+    TOK_ATTR_UNUSED       = 1 << 1,
+    TOK_ATTR_NORMAL       = 1 << 2,
+    TOK_ATTR_CONTROL      = 1 << 3,
+    TOK_ATTR_USER_DEFINED = 1 << 4,
+    TOK_ATTR_BYTE         = 1 << 5,
+    TOK_ATTR_LSTRIP       = 1 << 7,
+    TOK_ATTR_RSTRIP       = 1 << 8,
+};
+
+/* Pre-tokenizer families (each a list of regexes; see tok_bpe.c). */
+enum tok_pre {
+    TOK_PRE_DEFAULT = 0, TOK_PRE_LLAMA3, TOK_PRE_DEEPSEEK_LLM, TOK_PRE_DEEPSEEK_CODER,
+    TOK_PRE_DEEPSEEK3_LLM, TOK_PRE_FALCON, TOK_PRE_STARCODER, TOK_PRE_GPT2, TOK_PRE_QWEN2,
+    TOK_PRE_PORO, TOK_PRE_VIKING, TOK_PRE_CHATGLM4,
+    TOK_PRE_COUNT
+};
+
+struct tok_token {
+    uint32_t off, len;    /* text in pool */
+    uint32_t poff, plen;  /* decoded piece (special = true) in piece pool */
+    float score;
+    uint16_t attr;
+};
+
+struct tok_merge {
+    uint32_t off;         /* "first second" in pool */
+    uint32_t first_len, second_len;
+    uint32_t rank;
+};
+
+struct tok_regex; /* compiled pre-tokenizer list (tok_bpe.c) */
+
+struct model_vocab {
+    enum model_vocab_type type;
+    enum tok_pre pre;
+    char pre_name[64];
+    uint32_t n_tokens;
+    struct tok_token *tok;
+    char *pool;           /* token texts, then merge strings */
+    size_t pool_len, pool_cap;
+    char *ppool;          /* decoded pieces */
+    size_t ppool_len;
+
+    uint32_t *tmap;       /* open addressing: id + 1, 0 = empty */
+    uint32_t tmap_mask;
+
+    struct tok_merge *merges;
+    uint32_t n_merges;
+    uint32_t *mmap;       /* index + 1 into merges */
+    uint32_t mmap_mask;
+
+    int32_t bos, eos, eot, eom, unk, sep, pad, mask;
+    int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
+    bool add_bos, add_eos, add_space_prefix, ignore_merges, clean_spaces;
+
+    int32_t *special;     /* control / user-defined / unknown ids, longest text first */
+    uint32_t n_special;
+    uint8_t *eog;         /* bitmap over ids */
+
+    int32_t byte_tok[256];/* SPM: <0xXX> (or the single byte); BPE: the byte's unicode char */
+    struct tok_regex *re;
+};
+
+/* A growing list of token ids. */
+struct tok_out {
+    int32_t *ids;
+    size_t n, cap;
+};
+int tok_out_push(struct tok_out *o, int32_t id);
+
+/* Id of the token whose text is s[0..n), or -1. */
+int32_t tok_find(const struct model_vocab *v, const char *s, size_t n);
+/* Rank of the merge (a, b) or -1; a and b are adjacent in memory (a + alen == b). */
+int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, size_t blen);
+
+/* UTF-8 length of a sequence from its lead byte, llama.cpp's rule (1 for stray bytes). */
+static inline size_t tok_utf8_len(unsigned char c)
+{
+    static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    return lookup[c >> 4];
+}
+/* Encode a codepoint (<= 0x10FFFF) as UTF-8 into b (4 bytes room); returns the length. */
+size_t tok_utf8_put(uint32_t cp, char *b);
+
+/* SPM: tokenise one fragment (already space-escaped). */
+int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o);
+
+/* BPE: compile the regex list of v->pre; tokenise one fragment. */
+int tok_bpe_init(struct model_vocab *v, char *err, size_t errlen);
+void tok_bpe_free(struct model_vocab *v);
+int tok_bpe_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o);
+/* The byte-level alphabet: the codepoint standing for byte b, and back (-1 if none). */
+uint32_t tok_bpe_byte_cp(uint8_t b);
+int tok_bpe_cp_byte(uint32_t cp);
+
+#endif

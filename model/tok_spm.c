@@ -1,0 +1,153 @@
+/* tok_spm.c — SentencePiece (BPE-by-score) tokenisation of one fragment, as llama.cpp does.
+ *
+ * The text (spaces already escaped as U+2581) starts as one symbol per UTF-8 character.
+ * Every adjacent pair whose concatenation is a token is a candidate; the candidate with the
+ * highest score (ties: the leftmost) is merged, and the pairs around the merged symbol become
+ * new candidates. A heap holds the candidates; stale ones are recognised by their size, which
+ * changes whenever either side has merged since. Symbols that are not tokens at the end fall
+ * back to one byte token per byte. O(n log n) in the text length. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/tok_internal.h"
+
+struct spm_sym {
+    int32_t prev, next;
+    uint32_t off, n;
+};
+
+struct spm_bigram {
+    float score;
+    int32_t left, right;
+    uint32_t size;
+};
+
+struct spm_heap {
+    struct spm_bigram *b;
+    size_t n, cap;
+};
+
+/* a before b: higher score, then smaller left index */
+static bool bg_before(const struct spm_bigram *a, const struct spm_bigram *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static int heap_push(struct spm_heap *h, struct spm_bigram x)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        if (cap > SIZE_MAX / sizeof x)
+            return -ENOMEM;
+        struct spm_bigram *p = realloc(h->b, cap * sizeof x);
+        if (!p)
+            return -ENOMEM;
+        h->b = p;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!bg_before(&x, &h->b[parent]))
+            break;
+        h->b[i] = h->b[parent];
+        i = parent;
+    }
+    h->b[i] = x;
+    return 0;
+}
+
+static struct spm_bigram heap_pop(struct spm_heap *h)
+{
+    struct spm_bigram top = h->b[0];
+    struct spm_bigram last = h->b[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && bg_before(&h->b[c + 1], &h->b[c]))
+            c++;
+        if (!bg_before(&h->b[c], &last))
+            break;
+        h->b[i] = h->b[c];
+        i = c;
+    }
+    if (h->n)
+        h->b[i] = last;
+    return top;
+}
+
+static int try_bigram(const struct model_vocab *v, const char *text, const struct spm_sym *sym,
+                      int32_t left, int32_t right, struct spm_heap *h)
+{
+    if (left < 0 || right < 0)
+        return 0;
+    uint32_t size = sym[left].n + sym[right].n;
+    int32_t id = tok_find(v, text + sym[left].off, size);
+    if (id < 0)
+        return 0;
+    return heap_push(h, (struct spm_bigram){v->tok[id].score, left, right, size});
+}
+
+int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o)
+{
+    struct spm_sym *sym = NULL;
+    struct spm_heap h = {0};
+    int rc = 0;
+    if (!len)
+        return 0;
+    if (len > INT32_MAX)
+        return -E2BIG;
+    sym = malloc(len * sizeof *sym);
+    if (!sym)
+        return -ENOMEM;
+    int32_t ns = 0;
+    for (size_t off = 0; off < len;) {
+        size_t n = tok_utf8_len((unsigned char)text[off]);
+        if (n > len - off)
+            n = len - off;
+        sym[ns] = (struct spm_sym){ns - 1, off + n == len ? -1 : ns + 1, (uint32_t)off, (uint32_t)n};
+        ns++;
+        off += n;
+    }
+    for (int32_t i = 1; i < ns; i++)
+        if ((rc = try_bigram(v, text, sym, i - 1, i, &h)))
+            goto done;
+    while (h.n) {
+        struct spm_bigram bg = heap_pop(&h);
+        struct spm_sym *l = &sym[bg.left], *r = &sym[bg.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+            continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = bg.left;
+        if ((rc = try_bigram(v, text, sym, l->prev, bg.left, &h)) ||
+            (rc = try_bigram(v, text, sym, bg.left, l->next, &h)))
+            goto done;
+    }
+    for (int32_t i = 0; i != -1; i = sym[i].next) {
+        const struct spm_sym *s = &sym[i];
+        int32_t id = tok_find(v, text + s->off, s->n);
+        if (id >= 0) {
+            if ((rc = tok_out_push(o, id)))
+                goto done;
+            continue;
+        }
+        /* byte fallback; a vocabulary without byte tokens gets its unknown token */
+        for (uint32_t k = 0; k < s->n; k++) {
+            int32_t b = v->byte_tok[(unsigned char)text[s->off + k]];
+            if (b < 0)
+                b = v->unk;
+            if (b >= 0 && (rc = tok_out_push(o, b)))
+                goto done;
+        }
+    }
+done:
+    free(sym);
+    free(h.b);
+    return rc;
+}

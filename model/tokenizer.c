@@ -1,0 +1,1423 @@
+/* tokenizer.c — vocabulary loading from GGUF metadata, special-token partitioning, the
+ * tokenize / detokenize entry points and the streaming detokeniser.
+ *
+ * The rules follow llama.cpp's llama-vocab.cpp (read for its behaviour, not copied): token
+ * types become attributes, end-of-generation and fill-in-the-middle tokens are also found by
+ * their text, special tokens are split out of the text longest first before the SPM or BPE
+ * algorithm sees it, and decoding strips the SPM leading space of the first piece. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/gguf.h"
+#include "model/tok_internal.h"
+
+#define TOK_MAX_INPUT (256u << 20)   /* bytes of text per tokenize call */
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------- hashing */
+
+static uint64_t hash_bytes(const char *s, size_t n, uint64_t seed)
+{
+    uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t)n * 0xC2B2AE3D27D4EB4Full;
+    while (n >= 8) {
+        uint64_t k;
+        memcpy(&k, s, 8);
+        h = (h ^ k) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t k = 0;
+    memcpy(&k, s, n);
+    h = (h ^ k) * 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 29;
+    h *= 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    return h;
+}
+
+static uint32_t table_size(uint32_t n)
+{
+    uint32_t sz = 16;
+    while (sz < n * 2u)
+        sz <<= 1;
+    return sz;
+}
+
+int32_t tok_find(const struct model_vocab *v, const char *s, size_t n)
+{
+    uint32_t i = (uint32_t)hash_bytes(s, n, 0) & v->tmap_mask;
+    for (;;) {
+        uint32_t e = v->tmap[i];
+        if (!e)
+            return -1;
+        const struct tok_token *t = &v->tok[e - 1];
+        if (t->len == n && !memcmp(v->pool + t->off, s, n))
+            return (int32_t)(e - 1);
+        i = (i + 1) & v->tmap_mask;
+    }
+}
+
+/* Insert id (its text already in the pool); a later id with the same text replaces the
+ * earlier one, as llama.cpp's token_to_id map does. */
+static void tok_index(struct model_vocab *v, uint32_t id)
+{
+    const struct tok_token *t = &v->tok[id];
+    uint32_t i = (uint32_t)hash_bytes(v->pool + t->off, t->len, 0) & v->tmap_mask;
+    for (;;) {
+        uint32_t e = v->tmap[i];
+        if (!e) {
+            v->tmap[i] = id + 1;
+            return;
+        }
+        const struct tok_token *o = &v->tok[e - 1];
+        if (o->len == t->len && !memcmp(v->pool + o->off, v->pool + t->off, t->len)) {
+            v->tmap[i] = id + 1;
+            return;
+        }
+        i = (i + 1) & v->tmap_mask;
+    }
+}
+
+int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, size_t blen)
+{
+    if (!v->mmap)
+        return -1;
+    size_t n = alen + blen;
+    uint32_t i = (uint32_t)hash_bytes(a, n, alen) & v->mmap_mask;
+    for (;;) {
+        uint32_t e = v->mmap[i];
+        if (!e)
+            return -1;
+        const struct tok_merge *m = &v->merges[e - 1];
+        if (m->first_len == alen && m->second_len == blen && !memcmp(v->pool + m->off, a, n))
+            return (int32_t)m->rank;
+        i = (i + 1) & v->mmap_mask;
+    }
+}
+
+/* The first merge of a pair keeps its rank (llama.cpp emplaces). */
+static void merge_index(struct model_vocab *v, uint32_t idx)
+{
+    const struct tok_merge *m = &v->merges[idx];
+    size_t n = (size_t)m->first_len + m->second_len;
+    uint32_t i = (uint32_t)hash_bytes(v->pool + m->off, n, m->first_len) & v->mmap_mask;
+    for (;;) {
+        uint32_t e = v->mmap[i];
+        if (!e) {
+            v->mmap[i] = idx + 1;
+            return;
+        }
+        const struct tok_merge *o = &v->merges[e - 1];
+        if (o->first_len == m->first_len && o->second_len == m->second_len &&
+            !memcmp(v->pool + o->off, v->pool + m->off, n))
+            return;
+        i = (i + 1) & v->mmap_mask;
+    }
+}
+
+static int pool_add(struct model_vocab *v, const void *s, size_t n, uint32_t *off)
+{
+    if (n > TOK_MAX_TEXT)
+        return -EINVAL;
+    if (v->pool_len + n > v->pool_cap) {
+        size_t cap = v->pool_cap ? v->pool_cap : 1 << 16;
+        while (cap < v->pool_len + n) {
+            if (cap > (size_t)UINT32_MAX / 2)
+                return -E2BIG;
+            cap *= 2;
+        }
+        char *p = realloc(v->pool, cap);
+        if (!p)
+            return -ENOMEM;
+        v->pool = p;
+        v->pool_cap = cap;
+    }
+    if (v->pool_len + n > UINT32_MAX)
+        return -E2BIG;
+    memcpy(v->pool + v->pool_len, s, n);
+    *off = (uint32_t)v->pool_len;
+    v->pool_len += n;
+    return 0;
+}
+
+int tok_out_push(struct tok_out *o, int32_t id)
+{
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 64;
+        if (cap > SIZE_MAX / sizeof(int32_t))
+            return -ENOMEM;
+        int32_t *p = realloc(o->ids, cap * sizeof(int32_t));
+        if (!p)
+            return -ENOMEM;
+        o->ids = p;
+        o->cap = cap;
+    }
+    o->ids[o->n++] = id;
+    return 0;
+}
+
+size_t tok_utf8_put(uint32_t cp, char *b)
+{
+    if (cp < 0x80) {
+        b[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        b[0] = (char)(0xC0 | (cp >> 6));
+        b[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        b[0] = (char)(0xE0 | (cp >> 12));
+        b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    b[0] = (char)(0xF0 | (cp >> 18));
+    b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    b[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    b[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* ---------------------------------------------------------------- metadata helpers */
+
+static size_t elem_size(uint32_t t)
+{
+    switch (t) {
+    case GGUF_V_U8: case GGUF_V_I8: case GGUF_V_BOOL: return 1;
+    case GGUF_V_U16: case GGUF_V_I16: return 2;
+    case GGUF_V_U32: case GGUF_V_I32: case GGUF_V_F32: return 4;
+    case GGUF_V_U64: case GGUF_V_I64: case GGUF_V_F64: return 8;
+    default: return 0;
+    }
+}
+
+/* Integer element i of a fixed-size integer array, as int64 (u64 above INT64_MAX clamps). */
+static int64_t arr_int(const struct gguf_value *a, uint64_t i)
+{
+    const unsigned char *p = (const unsigned char *)a->v.arr.data + i * elem_size(a->v.arr.type);
+    switch (a->v.arr.type) {
+    case GGUF_V_U8: return p[0];
+    case GGUF_V_I8: return (int8_t)p[0];
+    case GGUF_V_U16: { uint16_t x; memcpy(&x, p, 2); return x; }
+    case GGUF_V_I16: { int16_t x; memcpy(&x, p, 2); return x; }
+    case GGUF_V_U32: { uint32_t x; memcpy(&x, p, 4); return x; }
+    case GGUF_V_I32: { int32_t x; memcpy(&x, p, 4); return x; }
+    case GGUF_V_U64: { uint64_t x; memcpy(&x, p, 8); return x > INT64_MAX ? INT64_MAX : (int64_t)x; }
+    case GGUF_V_I64: { int64_t x; memcpy(&x, p, 8); return x; }
+    default: return 0;
+    }
+}
+
+static bool is_int_type(uint32_t t)
+{
+    return t == GGUF_V_U8 || t == GGUF_V_I8 || t == GGUF_V_U16 || t == GGUF_V_I16 ||
+           t == GGUF_V_U32 || t == GGUF_V_I32 || t == GGUF_V_U64 || t == GGUF_V_I64;
+}
+
+/* A string array under key: 0, -ENOENT, or -EINVAL with err. */
+static int get_str_arr(const struct gguf_file *f, const char *key, const struct gguf_value **out,
+                       char *err, size_t errlen)
+{
+    int rc = gguf_get_arr(f, key, out);
+    if (rc == -ENOENT)
+        return rc;
+    if (rc < 0 || (*out)->type != GGUF_V_ARRAY || (*out)->v.arr.type != GGUF_V_STRING ||
+        ((*out)->v.arr.n && !(*out)->v.arr.items)) {
+        seterr(err, errlen, "%s: not an array of strings", key);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* An optional bool flag; a present key of another type is an error. */
+static int get_flag(const struct gguf_file *f, const char *key, bool *val, char *err, size_t errlen)
+{
+    bool b;
+    int rc = gguf_get_bool(f, key, &b);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0) {
+        seterr(err, errlen, "%s: not a bool", key);
+        return -EINVAL;
+    }
+    *val = b;
+    return 0;
+}
+
+/* An optional token id. -1 / 0xFFFFFFFF mean "none given" (llama.cpp then keeps its default,
+ * as for stories260K's padding id); any other id past the vocabulary is an error. */
+static int get_id(const struct gguf_file *f, const char *key, uint32_t n_tokens, int32_t *id,
+                  char *err, size_t errlen)
+{
+    const struct gguf_kv *kv = gguf_kv_find(f, key);
+    if (!kv)
+        return 0;
+    int64_t x;
+    if (!is_int_type(kv->val.type) || gguf_get_i64(f, key, &x) < 0) {
+        seterr(err, errlen, "%s: not an integer token id", key);
+        return -EINVAL;
+    }
+    if (x == -1 || x == (int64_t)UINT32_MAX)
+        return 0;
+    if (x < 0 || x >= (int64_t)n_tokens) {
+        seterr(err, errlen, "%s: id %lld out of range (vocabulary has %u tokens)", key,
+               (long long)x, n_tokens);
+        return -EINVAL;
+    }
+    *id = (int32_t)x;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- pre-tokenizer names */
+
+struct pre_name {
+    const char *name;
+    enum tok_pre pre;
+    int8_t clean_spaces;   /* -1 keep the BPE default (true) */
+    int8_t ignore_merges;
+    int8_t add_bos;
+};
+
+/* tokenizer.ggml.pre values llama.cpp knows, with the flags it sets for each. */
+static const struct pre_name pre_names[] = {
+    {"default",          TOK_PRE_DEFAULT,        -1, 0, -1},
+    {"llama3",           TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"llama-v3",         TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"llama-bpe",        TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"falcon3",          TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"falcon-h1",        TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"pixtral",          TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"midm-2.0",         TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"lfm2",             TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"dbrx",             TOK_PRE_LLAMA3,         -1, 0, -1},
+    {"smaug-bpe",        TOK_PRE_LLAMA3,         -1, 0, -1},
+    {"deepseek-llm",     TOK_PRE_DEEPSEEK_LLM,    0, 0, -1},
+    {"deepseek-coder",   TOK_PRE_DEEPSEEK_CODER,  0, 0, -1},
+    {"deepseek-v3",      TOK_PRE_DEEPSEEK3_LLM,   0, 0, -1},
+    {"falcon",           TOK_PRE_FALCON,         -1, 0, -1},
+    {"mpt",              TOK_PRE_GPT2,           -1, 0, -1},
+    {"starcoder",        TOK_PRE_STARCODER,      -1, 0, -1},
+    {"refact",           TOK_PRE_STARCODER,      -1, 0, -1},
+    {"command-r",        TOK_PRE_STARCODER,       0, 0, -1},
+    {"smollm",           TOK_PRE_STARCODER,       0, 0, -1},
+    {"codeshell",        TOK_PRE_STARCODER,       0, 0, -1},
+    {"exaone",           TOK_PRE_STARCODER,      -1, 0, -1},
+    {"minerva-7b",       TOK_PRE_STARCODER,      -1, 0, -1},
+    {"gpt-2",            TOK_PRE_GPT2,           -1, 0, -1},
+    {"phi-2",            TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-es",          TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-de",          TOK_PRE_GPT2,           -1, 0, -1},
+    {"gigachat",         TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-v1-en",       TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-v2-es",       TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-v2-de",       TOK_PRE_GPT2,           -1, 0, -1},
+    {"jina-v2-code",     TOK_PRE_GPT2,           -1, 0, -1},
+    {"roberta-bpe",      TOK_PRE_GPT2,           -1, 0, -1},
+    {"olmo",             TOK_PRE_GPT2,           -1, 0, -1},
+    {"jais",             TOK_PRE_GPT2,           -1, 0, -1},
+    {"qwen2",            TOK_PRE_QWEN2,           0, 0, -1},
+    {"deepseek-r1-qwen", TOK_PRE_QWEN2,           0, 0, -1},
+    {"megrez",           TOK_PRE_QWEN2,          -1, 0, -1},
+    {"stablelm2",        TOK_PRE_QWEN2,          -1, 0, -1},
+    {"poro-chat",        TOK_PRE_PORO,            0, 0, -1},
+    {"bloom",            TOK_PRE_PORO,           -1, 0, -1},
+    {"gpt3-finnish",     TOK_PRE_PORO,           -1, 0, -1},
+    {"viking",           TOK_PRE_VIKING,          0, 0, -1},
+    {"chatglm-bpe",      TOK_PRE_CHATGLM4,       -1, 0, -1},
+};
+
+/* ---------------------------------------------------------------- special tokens by text */
+
+static const char *const eot_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>", NULL};
+static const char *const eom_texts[] = {"<|eom_id|>", NULL};
+static const char *const fim_pre_texts[] = {
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+    "<PRE>", "\xE2\x96\x81<PRE>", NULL};
+static const char *const fim_suf_texts[] = {
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+    "<SUF>", "\xE2\x96\x81<SUF>", NULL};
+static const char *const fim_mid_texts[] = {
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
+    "<MID>", "\xE2\x96\x81<MID>", NULL};
+static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", NULL};
+static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                             "<reponame>", NULL};
+static const char *const fim_sep_texts[] = {"<|file_sep|>", "<file_sep>", "<filename>", NULL};
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", NULL};
+
+static int32_t find_str(const struct model_vocab *v, const char *s)
+{
+    return tok_find(v, s, strlen(s));
+}
+
+/* When id is still unset, take the first text of the list the vocabulary has, and make it a
+ * control token (llama.cpp overrides a wrong type the same way). */
+static void detect(struct model_vocab *v, int32_t *id, const char *const *texts)
+{
+    if (*id >= 0)
+        return;
+    for (; *texts; texts++) {
+        int32_t t = find_str(v, *texts);
+        if (t >= 0) {
+            *id = t;
+            if (!(v->tok[t].attr & TOK_ATTR_CONTROL))
+                v->tok[t].attr = TOK_ATTR_CONTROL;
+            return;
+        }
+    }
+}
+
+static void eog_set(struct model_vocab *v, int32_t id)
+{
+    if (id >= 0 && (uint32_t)id < v->n_tokens)
+        v->eog[id >> 3] |= (uint8_t)(1u << (id & 7));
+}
+
+static int cmp_special(const void *a, const void *b, void *ud)
+{
+    const struct model_vocab *v = ud;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->tok[x].len, ly = v->tok[y].len;
+    if (lx != ly)
+        return lx > ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* ---------------------------------------------------------------- pieces */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* "<0xHH>" -> byte, or -1. */
+static int byte_token_value(const char *s, size_t n)
+{
+    if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>')
+        return -1;
+    int h = hexval(s[3]), l = hexval(s[4]);
+    return h < 0 || l < 0 ? -1 : h * 16 + l;
+}
+
+/* Decode one UTF-8 codepoint the way llama.cpp does (no overlong/surrogate checks);
+ * returns the length consumed or 0 for an invalid sequence. */
+static size_t utf8_decode_loose(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    unsigned char c = s[0];
+    if (!(c & 0x80)) { *cp = c; return 1; }
+    if (!(c & 0x40)) return 0;
+    if (!(c & 0x20)) {
+        if (n < 2 || (s[1] & 0xC0) != 0x80) return 0;
+        *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F);
+        return 2;
+    }
+    if (!(c & 0x10)) {
+        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
+        *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+        return 3;
+    }
+    if (!(c & 0x08)) {
+        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
+            return 0;
+        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
+              ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
+        return 4;
+    }
+    return 0;
+}
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static int sbuf_add(struct sbuf *b, const void *s, size_t n)
+{
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n) {
+            if (cap > SIZE_MAX / 2)
+                return -ENOMEM;
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return -ENOMEM;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+/* The piece of token id with special = true (llama.cpp's token_to_piece cache). */
+static int make_piece(const struct model_vocab *v, uint32_t id, struct sbuf *b)
+{
+    const struct tok_token *t = &v->tok[id];
+    const char *s = v->pool + t->off;
+    size_t n = t->len;
+    if (t->attr & (TOK_ATTR_UNKNOWN | TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED))
+        return sbuf_add(b, s, n);
+    if (v->type == MODEL_VOCAB_SPM) {
+        if (t->attr & TOK_ATTR_NORMAL) {
+            for (size_t i = 0; i < n;) {
+                if (i + 3 <= n && !memcmp(s + i, "\xE2\x96\x81", 3)) {
+                    if (sbuf_add(b, " ", 1)) return -ENOMEM;
+                    i += 3;
+                } else {
+                    if (sbuf_add(b, s + i, 1)) return -ENOMEM;
+                    i++;
+                }
+            }
+            return 0;
+        }
+        if (t->attr & TOK_ATTR_BYTE) {
+            char c = (char)byte_token_value(s, n);
+            return sbuf_add(b, &c, 1);
+        }
+        return 0;
+    }
+    if (!(t->attr & TOK_ATTR_NORMAL))
+        return 0;
+    /* BPE: every codepoint of the text stands for one byte. */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = 0xFFFD;
+        size_t k = utf8_decode_loose((const unsigned char *)s + i, n - i, &cp);
+        if (!k) {
+            k = 1;
+            cp = 0xFFFD;
+        }
+        int byte = cp <= 0x10FFFF ? tok_bpe_cp_byte(cp) : -1;
+        if (byte >= 0) {
+            char c = (char)byte;
+            if (sbuf_add(b, &c, 1)) return -ENOMEM;
+        } else {
+            /* llama.cpp writes the codepoint's bytes and the whole text in brackets */
+            char u[4], hx[16];
+            size_t ul = cp <= 0x10FFFF ? tok_utf8_put(cp, u) : 0;
+            if (sbuf_add(b, "[UNK_BYTE_0x", 12)) return -ENOMEM;
+            for (size_t j = 0; j < ul; j++) {
+                snprintf(hx, sizeof hx, "%02x", (unsigned char)u[j]);
+                if (sbuf_add(b, hx, 2)) return -ENOMEM;
+            }
+            if (sbuf_add(b, s, n) || sbuf_add(b, "]", 1)) return -ENOMEM;
+        }
+        i += k;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static bool has_substr_ci(const char *hay, const char *needle)
+{
+    size_t hn = strlen(hay), nn = strlen(needle);
+    for (size_t i = 0; i + nn <= hn; i++) {
+        size_t j = 0;
+        while (j < nn && tolower((unsigned char)hay[i + j]) == needle[j])
+            j++;
+        if (j == nn)
+            return true;
+    }
+    return false;
+}
+
+static void set_attr_by_text(struct model_vocab *v, const char *s, uint16_t bit, bool on)
+{
+    int32_t id = find_str(v, s);
+    if (id < 0)
+        return;
+    if (on)
+        v->tok[id].attr |= bit;
+    else
+        v->tok[id].attr &= (uint16_t)~bit;
+}
+
+static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *err, size_t errlen)
+{
+    const struct gguf_value *toks, *scores = NULL, *types = NULL;
+    int rc = get_str_arr(f, "tokenizer.ggml.tokens", &toks, err, errlen);
+    if (rc == -ENOENT) {
+        seterr(err, errlen, "tokenizer.ggml.tokens: missing (no vocabulary in this file)");
+        return -EINVAL;
+    }
+    if (rc)
+        return rc;
+    uint64_t n = toks->v.arr.n;
+    if (n == 0 || n > TOK_MAX_TOKENS) {
+        seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens (must be 1..%u)",
+               (unsigned long long)n, TOK_MAX_TOKENS);
+        return -EINVAL;
+    }
+    rc = gguf_get_arr(f, "tokenizer.ggml.scores", &scores);
+    if (rc == 0) {
+        if (scores->type != GGUF_V_ARRAY ||
+            (scores->v.arr.type != GGUF_V_F32 && scores->v.arr.type != GGUF_V_F64) ||
+            (scores->v.arr.n && !scores->v.arr.data)) {
+            seterr(err, errlen, "tokenizer.ggml.scores: not an array of floats");
+            return -EINVAL;
+        }
+        if (scores->v.arr.n != n) {
+            seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %llu tokens",
+                   (unsigned long long)scores->v.arr.n, (unsigned long long)n);
+            return -EINVAL;
+        }
+    } else if (rc != -ENOENT) {
+        seterr(err, errlen, "tokenizer.ggml.scores: unreadable (%d)", rc);
+        return -EINVAL;
+    } else {
+        scores = NULL;
+    }
+    rc = gguf_get_arr(f, "tokenizer.ggml.token_type", &types);
+    if (rc == 0) {
+        if (types->type != GGUF_V_ARRAY || !is_int_type(types->v.arr.type) ||
+            (types->v.arr.n && !types->v.arr.data)) {
+            seterr(err, errlen, "tokenizer.ggml.token_type: not an array of integers");
+            return -EINVAL;
+        }
+        if (types->v.arr.n != n) {
+            seterr(err, errlen, "tokenizer.ggml.token_type: %llu entries for %llu tokens",
+                   (unsigned long long)types->v.arr.n, (unsigned long long)n);
+            return -EINVAL;
+        }
+    } else if (rc != -ENOENT) {
+        seterr(err, errlen, "tokenizer.ggml.token_type: unreadable (%d)", rc);
+        return -EINVAL;
+    } else {
+        types = NULL;
+    }
+
+    v->n_tokens = (uint32_t)n;
+    v->tok = calloc(n, sizeof *v->tok);
+    v->tmap_mask = table_size((uint32_t)n) - 1;
+    v->tmap = calloc((size_t)v->tmap_mask + 1, sizeof *v->tmap);
+    v->eog = calloc((n + 7) / 8, 1);
+    if (!v->tok || !v->tmap || !v->eog)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct gguf_value *it = &toks->v.arr.items[i];
+        if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
+            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: not a string", i);
+            return -EINVAL;
+        }
+        if (it->v.str.len > TOK_MAX_TEXT) {
+            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: %llu bytes (limit %u)", i,
+                   (unsigned long long)it->v.str.len, TOK_MAX_TEXT);
+            return -EINVAL;
+        }
+        struct tok_token *t = &v->tok[i];
+        if (it->v.str.len == 0) {
+            char tmp[32];
+            int k = snprintf(tmp, sizeof tmp, "[EMPTY_%u]", i);
+            rc = pool_add(v, tmp, (size_t)k, &t->off);
+            t->len = (uint32_t)k;
+        } else {
+            rc = pool_add(v, it->v.str.p, (size_t)it->v.str.len, &t->off);
+            t->len = (uint32_t)it->v.str.len;
+        }
+        if (rc) {
+            seterr(err, errlen, "tokenizer.ggml.tokens: text pool too large");
+            return rc;
+        }
+        if (scores) {
+            if (scores->v.arr.type == GGUF_V_F32) {
+                float s;
+                memcpy(&s, (const char *)scores->v.arr.data + 4 * (size_t)i, 4);
+                t->score = s;
+            } else {
+                double s;
+                memcpy(&s, (const char *)scores->v.arr.data + 8 * (size_t)i, 8);
+                t->score = (float)s;
+            }
+        }
+        t->attr = TOK_ATTR_NORMAL;
+        if (types) {
+            switch (arr_int(types, i)) {
+            case 1: t->attr = TOK_ATTR_NORMAL; break;
+            case 2: t->attr = TOK_ATTR_UNKNOWN; break;
+            case 3: t->attr = TOK_ATTR_CONTROL; break;
+            case 4: t->attr = TOK_ATTR_USER_DEFINED; break;
+            case 5: t->attr = TOK_ATTR_UNUSED; break;
+            case 6: t->attr = TOK_ATTR_BYTE; break;
+            default: t->attr = TOK_ATTR_UNDEFINED; break;
+            }
+        }
+        if (v->type == MODEL_VOCAB_SPM && (t->attr & TOK_ATTR_BYTE) &&
+            byte_token_value(v->pool + t->off, t->len) < 0) {
+            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
+                   (int)(t->len > 32 ? 32 : t->len), v->pool + t->off);
+            return -EINVAL;
+        }
+        tok_index(v, i);
+    }
+    return 0;
+}
+
+static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *err, size_t errlen)
+{
+    const struct gguf_value *m;
+    int rc = get_str_arr(f, "tokenizer.ggml.merges", &m, err, errlen);
+    if (rc == -ENOENT) {
+        seterr(err, errlen, "tokenizer.ggml.merges: missing (a gpt2 BPE vocabulary needs its merges)");
+        return -EINVAL;
+    }
+    if (rc)
+        return rc;
+    uint64_t n = m->v.arr.n;
+    if (n > TOK_MAX_MERGES) {
+        seterr(err, errlen, "tokenizer.ggml.merges: %llu merges (limit %u)",
+               (unsigned long long)n, TOK_MAX_MERGES);
+        return -EINVAL;
+    }
+    v->n_merges = (uint32_t)n;
+    v->merges = calloc(n ? n : 1, sizeof *v->merges);
+    v->mmap_mask = table_size((uint32_t)n) - 1;
+    v->mmap = calloc((size_t)v->mmap_mask + 1, sizeof *v->mmap);
+    if (!v->merges || !v->mmap)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct gguf_value *it = &m->v.arr.items[i];
+        if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
+            seterr(err, errlen, "tokenizer.ggml.merges[%u]: not a string", i);
+            return -EINVAL;
+        }
+        const char *s = it->v.str.p;
+        size_t len = (size_t)it->v.str.len;
+        if (len > TOK_MAX_TEXT) {
+            seterr(err, errlen, "tokenizer.ggml.merges[%u]: %zu bytes (limit %u)", i, len, TOK_MAX_TEXT);
+            return -EINVAL;
+        }
+        /* "first second", split at the first space after the first byte */
+        const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
+        if (!sp) {
+            seterr(err, errlen, "tokenizer.ggml.merges[%u]: '%.*s' has no space between the pair",
+                   i, (int)(len > 40 ? 40 : len), s);
+            return -EINVAL;
+        }
+        struct tok_merge *mg = &v->merges[i];
+        mg->first_len = (uint32_t)(sp - s);
+        mg->second_len = (uint32_t)(len - mg->first_len - 1);
+        mg->rank = i;
+        uint32_t off2;
+        if (pool_add(v, s, mg->first_len, &mg->off) ||
+            pool_add(v, sp + 1, mg->second_len, &off2)) {
+            seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
+            return -ENOMEM;
+        }
+        if (mg->first_len == 0 && mg->second_len)
+            mg->off = off2;
+        merge_index(v, i);
+    }
+    return 0;
+}
+
+int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *err, size_t errlen)
+{
+    char model[64];
+    int rc;
+    *out = NULL;
+    rc = gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model);
+    if (rc == -ENOENT) {
+        seterr(err, errlen, "tokenizer.ggml.model: missing (no vocabulary in this file)");
+        return -EINVAL;
+    }
+    if (rc < 0) {
+        seterr(err, errlen, "tokenizer.ggml.model: not a short string");
+        return -EINVAL;
+    }
+    struct model_vocab *v = calloc(1, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    v->bos = v->eos = v->eot = v->eom = v->unk = v->sep = v->pad = v->mask = -1;
+    v->fim_pre = v->fim_suf = v->fim_mid = v->fim_pad = v->fim_rep = v->fim_sep = -1;
+    snprintf(v->pre_name, sizeof v->pre_name, "default");
+
+    if (!strcmp(model, "llama")) {
+        v->type = MODEL_VOCAB_SPM;
+        v->bos = 1; v->eos = 2; v->unk = 0;
+        v->add_space_prefix = true;
+        v->add_bos = true;
+    } else if (!strcmp(model, "gpt2")) {
+        v->type = MODEL_VOCAB_BPE;
+        v->bos = 11; v->eos = 11;
+        v->clean_spaces = true;
+        char pre[64];
+        rc = gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof pre);
+        if (rc == 0) {
+            snprintf(v->pre_name, sizeof v->pre_name, "%s", pre);
+        } else if (rc == -ENAMETOOLONG) {
+            seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type (name longer than %zu bytes)",
+                   sizeof pre - 1);
+            rc = -ENOTSUP;
+            goto fail;
+        } else if (rc != -ENOENT) {
+            seterr(err, errlen, "tokenizer.ggml.pre: not a string");
+            rc = -EINVAL;
+            goto fail;
+        }
+        /* absent: llama.cpp falls back to "default" with a warning */
+        const struct pre_name *pn = NULL;
+        for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
+            if (!strcmp(pre_names[i].name, v->pre_name))
+                pn = &pre_names[i];
+        if (!pn) {
+            seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type '%s'", v->pre_name);
+            rc = -ENOTSUP;
+            goto fail;
+        }
+        v->pre = pn->pre;
+        if (pn->clean_spaces >= 0) v->clean_spaces = pn->clean_spaces;
+        if (pn->ignore_merges > 0) v->ignore_merges = true;
+        if (pn->add_bos >= 0) v->add_bos = pn->add_bos;
+        if (!strcmp(v->pre_name, "chatglm-bpe"))
+            v->bos = -1;
+    } else if (!strcmp(model, "bert")) {
+        seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
+        rc = -ENOTSUP;
+        goto fail;
+    } else if (!strcmp(model, "t5") || !strcmp(model, "rwkv") || !strcmp(model, "plamo2") ||
+               !strcmp(model, "no_vocab") || !strcmp(model, "none")) {
+        seterr(err, errlen, "tokenizer.ggml.model: '%s' vocabularies are not supported", model);
+        rc = -ENOTSUP;
+        goto fail;
+    } else {
+        seterr(err, errlen, "tokenizer.ggml.model: unknown tokenizer '%s'", model);
+        rc = -ENOTSUP;
+        goto fail;
+    }
+
+    if ((rc = get_flag(f, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err, errlen)))
+        goto fail;
+    if ((rc = load_tokens(v, f, err, errlen)))
+        goto fail;
+    if (v->type == MODEL_VOCAB_BPE && (rc = load_merges(v, f, err, errlen)))
+        goto fail;
+
+    /* the defaults above may not exist in a small vocabulary */
+    int32_t *defaults[] = {&v->bos, &v->eos, &v->unk};
+    for (size_t i = 0; i < 3; i++)
+        if (*defaults[i] >= (int32_t)v->n_tokens)
+            *defaults[i] = -1;
+
+    static const struct { const char *key; size_t off; } ids[] = {
+        {"tokenizer.ggml.bos_token_id", offsetof(struct model_vocab, bos)},
+        {"tokenizer.ggml.eos_token_id", offsetof(struct model_vocab, eos)},
+        {"tokenizer.ggml.eot_token_id", offsetof(struct model_vocab, eot)},
+        {"tokenizer.ggml.eom_token_id", offsetof(struct model_vocab, eom)},
+        {"tokenizer.ggml.unknown_token_id", offsetof(struct model_vocab, unk)},
+        {"tokenizer.ggml.seperator_token_id", offsetof(struct model_vocab, sep)},
+        {"tokenizer.ggml.padding_token_id", offsetof(struct model_vocab, pad)},
+        {"tokenizer.ggml.mask_token_id", offsetof(struct model_vocab, mask)},
+        {"tokenizer.ggml.fim_pre_token_id", offsetof(struct model_vocab, fim_pre)},
+        {"tokenizer.ggml.fim_suf_token_id", offsetof(struct model_vocab, fim_suf)},
+        {"tokenizer.ggml.fim_mid_token_id", offsetof(struct model_vocab, fim_mid)},
+        {"tokenizer.ggml.fim_pad_token_id", offsetof(struct model_vocab, fim_pad)},
+        {"tokenizer.ggml.fim_rep_token_id", offsetof(struct model_vocab, fim_rep)},
+        {"tokenizer.ggml.fim_sep_token_id", offsetof(struct model_vocab, fim_sep)},
+        {"tokenizer.ggml.prefix_token_id", offsetof(struct model_vocab, fim_pre)},
+        {"tokenizer.ggml.suffix_token_id", offsetof(struct model_vocab, fim_suf)},
+        {"tokenizer.ggml.middle_token_id", offsetof(struct model_vocab, fim_mid)},
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if ((rc = get_id(f, ids[i].key, v->n_tokens, (int32_t *)((char *)v + ids[i].off), err, errlen)))
+            goto fail;
+    if ((rc = get_flag(f, "tokenizer.ggml.add_bos_token", &v->add_bos, err, errlen)) ||
+        (rc = get_flag(f, "tokenizer.ggml.add_eos_token", &v->add_eos, err, errlen)))
+        goto fail;
+    if (v->add_bos && v->bos < 0) {
+        seterr(err, errlen, "tokenizer.ggml.add_bos_token: set but the vocabulary has no BOS token");
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (v->add_eos && v->eos < 0) {
+        seterr(err, errlen, "tokenizer.ggml.add_eos_token: set but the vocabulary has no EOS token");
+        rc = -EINVAL;
+        goto fail;
+    }
+
+    detect(v, &v->eot, eot_texts);
+    detect(v, &v->eom, eom_texts);
+    detect(v, &v->fim_pre, fim_pre_texts);
+    detect(v, &v->fim_suf, fim_suf_texts);
+    detect(v, &v->fim_mid, fim_mid_texts);
+    detect(v, &v->fim_pad, fim_pad_texts);
+    detect(v, &v->fim_rep, fim_rep_texts);
+    detect(v, &v->fim_sep, fim_sep_texts);
+    eog_set(v, v->fim_pad);
+    eog_set(v, v->fim_rep);
+    eog_set(v, v->fim_sep);
+    for (const char *const *t = eog_texts; *t; t++) {
+        int32_t id = find_str(v, *t);
+        if (id >= 0) {
+            eog_set(v, id);
+            if (!(v->tok[id].attr & TOK_ATTR_CONTROL))
+                v->tok[id].attr = TOK_ATTR_CONTROL;
+        }
+    }
+    eog_set(v, v->eos);
+    eog_set(v, v->eot);
+    eog_set(v, v->eom);
+
+    /* special tokens, longest text first */
+    v->special = malloc((size_t)v->n_tokens * sizeof *v->special);
+    if (!v->special) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (uint32_t i = 0; i < v->n_tokens; i++)
+        if (v->tok[i].attr & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN))
+            v->special[v->n_special++] = (int32_t)i;
+    qsort_r(v->special, v->n_special, sizeof *v->special, cmp_special, v);
+
+    /* per-model attributes llama.cpp sets by name */
+    char name[256] = "";
+    gguf_get_str(f, "general.name", name, sizeof name);
+    if (strstr(v->pre_name, "jina-v2-de") || strstr(v->pre_name, "jina-v2-es") ||
+        strstr(v->pre_name, "jina-v2-code")) {
+        set_attr_by_text(v, "<mask>", TOK_ATTR_LSTRIP, true);
+    } else if (has_substr_ci(name, "phi-3") || has_substr_ci(name, "phi3")) {
+        for (uint32_t i = 0; i < v->n_special; i++)
+            v->tok[v->special[i]].attr |= TOK_ATTR_RSTRIP;
+        set_attr_by_text(v, "</s>", TOK_ATTR_RSTRIP, true);
+        set_attr_by_text(v, "<unk>", TOK_ATTR_RSTRIP, false);
+        set_attr_by_text(v, "<s>", TOK_ATTR_RSTRIP, false);
+        set_attr_by_text(v, "<|endoftext|>", TOK_ATTR_RSTRIP, false);
+    }
+
+    /* byte fallback table */
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        if (v->type == MODEL_VOCAB_SPM) {
+            snprintf(s, sizeof s, "<0x%02X>", b);
+            int32_t id = tok_find(v, s, 6);
+            if (id < 0) {
+                s[0] = (char)b;
+                id = tok_find(v, s, 1);
+            }
+            v->byte_tok[b] = id;
+        } else {
+            size_t k = tok_utf8_put(tok_bpe_byte_cp((uint8_t)b), s);
+            v->byte_tok[b] = tok_find(v, s, k);
+        }
+    }
+
+    if (v->type == MODEL_VOCAB_BPE && (rc = tok_bpe_init(v, err, errlen)))
+        goto fail;
+
+    /* decoded pieces */
+    {
+        struct sbuf pb = {0};
+        for (uint32_t i = 0; i < v->n_tokens; i++) {
+            size_t before = pb.n;
+            if (make_piece(v, i, &pb)) {
+                free(pb.p);
+                rc = -ENOMEM;
+                goto fail;
+            }
+            if (pb.n > UINT32_MAX) {
+                free(pb.p);
+                seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
+                rc = -E2BIG;
+                goto fail;
+            }
+            v->tok[i].poff = (uint32_t)before;
+            v->tok[i].plen = (uint32_t)(pb.n - before);
+        }
+        v->ppool = pb.p ? pb.p : malloc(1);
+        v->ppool_len = pb.n;
+        if (!v->ppool) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+    }
+    *out = v;
+    return 0;
+fail:
+    model_vocab_free(v);
+    return rc;
+}
+
+void model_vocab_free(struct model_vocab *v)
+{
+    if (!v)
+        return;
+    tok_bpe_free(v);
+    free(v->tok);
+    free(v->pool);
+    free(v->ppool);
+    free(v->tmap);
+    free(v->merges);
+    free(v->mmap);
+    free(v->special);
+    free(v->eog);
+    free(v);
+}
+
+/* ---------------------------------------------------------------- getters */
+
+enum model_vocab_type model_vocab_get_type(const struct model_vocab *v) { return v->type; }
+uint32_t model_vocab_n_tokens(const struct model_vocab *v) { return v->n_tokens; }
+const char *model_vocab_pre(const struct model_vocab *v) { return v->pre_name; }
+int32_t model_vocab_bos(const struct model_vocab *v) { return v->bos; }
+int32_t model_vocab_eos(const struct model_vocab *v) { return v->eos; }
+int32_t model_vocab_eot(const struct model_vocab *v) { return v->eot; }
+int32_t model_vocab_pad(const struct model_vocab *v) { return v->pad; }
+int32_t model_vocab_unk(const struct model_vocab *v) { return v->unk; }
+bool model_vocab_add_bos(const struct model_vocab *v) { return v->add_bos; }
+bool model_vocab_add_eos(const struct model_vocab *v) { return v->add_eos; }
+
+bool model_vocab_is_eog(const struct model_vocab *v, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < v->n_tokens && (v->eog[id >> 3] >> (id & 7) & 1);
+}
+
+bool model_vocab_is_control(const struct model_vocab *v, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < v->n_tokens &&
+           (v->tok[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
+}
+
+const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *len)
+{
+    if (id < 0 || (uint32_t)id >= v->n_tokens) {
+        *len = 0;
+        return NULL;
+    }
+    *len = v->tok[id].len;
+    return v->pool + v->tok[id].off;
+}
+
+/* ---------------------------------------------------------------- tokenize */
+
+struct frag {
+    size_t off, len;   /* text fragment (id < 0) */
+    int32_t id;        /* special token (>= 0) */
+};
+
+struct frags {
+    struct frag *f;
+    size_t n, cap;
+};
+
+static int frags_push(struct frags *fs, size_t off, size_t len, int32_t id)
+{
+    if (fs->n == fs->cap) {
+        size_t cap = fs->cap ? fs->cap * 2 : 16;
+        if (cap > SIZE_MAX / sizeof(struct frag))
+            return -ENOMEM;
+        struct frag *p = realloc(fs->f, cap * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        fs->f = p;
+        fs->cap = cap;
+    }
+    fs->f[fs->n++] = (struct frag){off, len, id};
+    return 0;
+}
+
+/* Split the special tokens out of the text, longest first (llama.cpp's
+ * tokenizer_st_partition): control and unknown tokens only with parse_special, user-defined
+ * tokens always. */
+static int partition(const struct model_vocab *v, const char *text, size_t len, bool parse_special,
+                     struct frags *out)
+{
+    struct frags cur = {0}, next = {0};
+    int rc = 0;
+    if (len && (rc = frags_push(&cur, 0, len, -1)))
+        goto done;
+    for (uint32_t si = 0; si < v->n_special && cur.n; si++) {
+        int32_t sid = v->special[si];
+        const struct tok_token *st = &v->tok[sid];
+        if (!parse_special && (st->attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
+            continue;
+        const char *stext = v->pool + st->off;
+        size_t slen = st->len;
+        bool any = false;
+        next.n = 0;
+        for (size_t fi = 0; fi < cur.n; fi++) {
+            struct frag fr = cur.f[fi];
+            if (fr.id >= 0 || fr.len < slen) {
+                if ((rc = frags_push(&next, fr.off, fr.len, fr.id)))
+                    goto done;
+                continue;
+            }
+            size_t off = fr.off, flen = fr.len;
+            for (;;) {
+                const char *m = flen >= slen ? memmem(text + off, flen, stext, slen) : NULL;
+                if (!m) {
+                    if (flen && (rc = frags_push(&next, off, flen, -1)))
+                        goto done;
+                    break;
+                }
+                any = true;
+                size_t mpos = (size_t)(m - text);
+                size_t llen = mpos - off;
+                if (st->attr & TOK_ATTR_LSTRIP)
+                    while (llen && isspace((unsigned char)text[off + llen - 1]))
+                        llen--;
+                if (llen && (rc = frags_push(&next, off, llen, -1)))
+                    goto done;
+                if ((rc = frags_push(&next, 0, 0, sid)))
+                    goto done;
+                size_t roff = mpos + slen, rlen = off + flen - roff;
+                if (st->attr & TOK_ATTR_RSTRIP)
+                    while (rlen && isspace((unsigned char)text[roff])) {
+                        roff++;
+                        rlen--;
+                    }
+                off = roff;
+                flen = rlen;
+                if (!flen)
+                    break;
+            }
+        }
+        if (any) {
+            struct frags t = cur;
+            cur = next;
+            next = t;
+        }
+    }
+    *out = cur;
+    cur.f = NULL;
+done:
+    free(cur.f);
+    free(next.f);
+    return rc;
+}
+
+static int tokenize_all(const struct model_vocab *v, const char *text, size_t len, bool add_special,
+                        bool parse_special, struct tok_out *o)
+{
+    struct frags fs = {0};
+    char *buf = NULL;
+    int rc;
+    if (len > TOK_MAX_INPUT)
+        return -E2BIG;
+    if ((rc = partition(v, text, len, parse_special, &fs)))
+        return rc;
+    if (v->type == MODEL_VOCAB_SPM) {
+        bool prev_special = true;   /* the first fragment gets the leading space */
+        if (add_special && v->add_bos && (rc = tok_out_push(o, v->bos)))
+            goto done;
+        for (size_t i = 0; i < fs.n; i++) {
+            const struct frag *fr = &fs.f[i];
+            if (fr->id >= 0) {
+                if ((rc = tok_out_push(o, fr->id)))
+                    goto done;
+                prev_special = true;
+                continue;
+            }
+            /* escape spaces as U+2581, with the leading space when asked */
+            size_t nsp = 0;
+            for (size_t k = 0; k < fr->len; k++)
+                nsp += text[fr->off + k] == ' ';
+            bool lead = v->add_space_prefix && prev_special;
+            size_t n = fr->len + 2 * nsp + (lead ? 3 : 0);
+            char *nb = realloc(buf, n ? n : 1);
+            if (!nb) {
+                rc = -ENOMEM;
+                goto done;
+            }
+            buf = nb;
+            size_t w = 0;
+            if (lead) {
+                memcpy(buf, "\xE2\x96\x81", 3);
+                w = 3;
+            }
+            for (size_t k = 0; k < fr->len; k++) {
+                char c = text[fr->off + k];
+                if (c == ' ') {
+                    memcpy(buf + w, "\xE2\x96\x81", 3);
+                    w += 3;
+                } else {
+                    buf[w++] = c;
+                }
+            }
+            if ((rc = tok_spm_encode(v, buf, w, o)))
+                goto done;
+            prev_special = false;
+        }
+        if (add_special && v->add_eos && (rc = tok_out_push(o, v->eos)))
+            goto done;
+    } else {
+        if (add_special && v->add_bos && (rc = tok_out_push(o, v->bos)))
+            goto done;
+        for (size_t i = 0; i < fs.n; i++) {
+            const struct frag *fr = &fs.f[i];
+            rc = fr->id >= 0 ? tok_out_push(o, fr->id) : tok_bpe_encode(v, text + fr->off, fr->len, o);
+            if (rc)
+                goto done;
+        }
+        if (add_special && v->add_eos && (rc = tok_out_push(o, v->eos)))
+            goto done;
+    }
+done:
+    free(buf);
+    free(fs.f);
+    return rc;
+}
+
+int model_tokenize(const struct model_vocab *v, const char *text, size_t len, bool add_special,
+                   bool parse_special, int32_t *out, size_t max, size_t *n)
+{
+    struct tok_out o = {0};
+    int rc = tokenize_all(v, text, len, add_special, parse_special, &o);
+    *n = o.n;
+    if (!rc) {
+        if (o.n > max)
+            rc = -ENOSPC;
+        else if (o.n)
+            memcpy(out, o.ids, o.n * sizeof *out);
+    }
+    free(o.ids);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- detokenize */
+
+const char *model_token_piece(const struct model_vocab *v, int32_t id, bool special, size_t *len)
+{
+    if (id < 0 || (uint32_t)id >= v->n_tokens) {
+        *len = 0;
+        return NULL;
+    }
+    const struct tok_token *t = &v->tok[id];
+    if (!special && (t->attr & (TOK_ATTR_UNKNOWN | TOK_ATTR_CONTROL))) {
+        *len = 0;
+        return v->ppool + t->poff;
+    }
+    *len = t->plen;
+    return v->ppool + t->poff;
+}
+
+/* llama.cpp's clean_up_tokenization_spaces passes, in place; returns the new length. */
+static size_t clean_spaces(char *t, size_t n)
+{
+    size_t w;
+    if (n < 2)
+        return n;
+    /* " ?", " !", " .", " ," lose the space */
+    w = 1;
+    for (size_t i = 1; i < n; i++) {
+        char x = t[i];
+        if (t[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ','))
+            w--;
+        t[w++] = x;
+    }
+    n = w;
+    /* " 's", " 'm", " 're", " 've" lose the space */
+    w = n ? 1 : 0;
+    for (size_t i = 1; i < n; i++) {
+        char x = t[i];
+        if (t[i - 1] == ' ' && x == '\'' && i + 1 < n) {
+            char x1 = t[i + 1];
+            if (x1 == 's' || x1 == 'm')
+                w--;
+            else if (i + 2 < n && ((x1 == 'r' && t[i + 2] == 'e') || (x1 == 'v' && t[i + 2] == 'e')))
+                w--;
+        }
+        t[w++] = x;
+    }
+    return w;
+}
+
+int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, bool remove_special,
+                     bool special, char *buf, size_t cap, size_t *len)
+{
+    struct sbuf b = {0};
+    bool strip = v->add_space_prefix;
+    int rc = 0;
+    *len = 0;
+    if (remove_special && v->add_bos && n > 0 && ids[0] == v->bos) {
+        strip = false;
+        ids++;
+        n--;
+    }
+    if (remove_special && v->add_eos && n > 0 && ids[n - 1] == v->eos)
+        n--;
+    for (size_t i = 0; i < n; i++) {
+        size_t pl;
+        const char *p = model_token_piece(v, ids[i], special, &pl);
+        if (!p) {
+            rc = -ERANGE;
+            goto done;
+        }
+        if (strip && pl && p[0] == ' ') {
+            p++;
+            pl--;
+        }
+        strip = false;
+        if ((rc = sbuf_add(&b, p, pl)))
+            goto done;
+    }
+    if (v->clean_spaces)
+        b.n = clean_spaces(b.p, b.n);
+    *len = b.n;
+    if (b.n > cap)
+        rc = -ENOSPC;
+    else if (b.n)
+        memcpy(buf, b.p, b.n);
+done:
+    free(b.p);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+struct model_detok {
+    const struct model_vocab *v;
+    bool special, strip;
+    unsigned char pend[4];
+    size_t npend;
+    struct sbuf out;
+};
+
+int model_detok_new(struct model_detok **out, const struct model_vocab *v, bool special,
+                    bool strip_leading_space)
+{
+    struct model_detok *d = calloc(1, sizeof *d);
+    if (!d)
+        return -ENOMEM;
+    d->v = v;
+    d->special = special;
+    d->strip = strip_leading_space && v->add_space_prefix;
+    *out = d;
+    return 0;
+}
+
+void model_detok_free(struct model_detok *d)
+{
+    if (!d)
+        return;
+    free(d->out.p);
+    free(d);
+}
+
+/* Length of the complete, valid UTF-8 sequence at s (n bytes available): > 0 valid,
+ * 0 a valid but unfinished prefix, < 0 minus the bytes of an invalid (maximal) prefix. */
+static int utf8_check(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF) need = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return -1;
+    for (size_t i = 1; i < need; i++) {
+        if (i >= n)
+            return 0;
+        unsigned char x = s[i];
+        if (i == 1 ? (x < lo || x > hi) : (x < 0x80 || x > 0xBF))
+            return -(int)i;
+    }
+    return (int)need;
+}
+
+/* Move the complete characters of pend + piece into out; keep an unfinished tail. */
+static int detok_feed(struct model_detok *d, const char *p, size_t pl, bool final)
+{
+    d->out.n = 0;
+    while (pl || d->npend) {
+        /* work on pend topped up from the piece, at most 4 bytes at a time */
+        while (d->npend < 4 && pl) {
+            d->pend[d->npend++] = (unsigned char)*p++;
+            pl--;
+        }
+        int k = utf8_check(d->pend, d->npend);
+        if (k == 0 && !final && !pl)
+            break; /* wait for the rest of the character */
+        size_t used;
+        if (k > 0) {
+            if (sbuf_add(&d->out, d->pend, (size_t)k))
+                return -ENOMEM;
+            used = (size_t)k;
+        } else {
+            if (sbuf_add(&d->out, "\xEF\xBF\xBD", 3))
+                return -ENOMEM;
+            used = k < 0 ? (size_t)-k : d->npend;
+        }
+        memmove(d->pend, d->pend + used, d->npend - used);
+        d->npend -= used;
+        /* fast path: copy a run of ASCII straight from the piece */
+        if (!d->npend) {
+            size_t a = 0;
+            while (a < pl && !((unsigned char)p[a] & 0x80))
+                a++;
+            if (a) {
+                if (sbuf_add(&d->out, p, a))
+                    return -ENOMEM;
+                p += a;
+                pl -= a;
+            }
+        }
+    }
+    return 0;
+}
+
+int model_detok_push(struct model_detok *d, int32_t id, const char **text, size_t *len)
+{
+    size_t pl;
+    const char *p = model_token_piece(d->v, id, d->special, &pl);
+    *text = "";
+    *len = 0;
+    if (!p)
+        return -ERANGE;
+    if (d->strip && pl && p[0] == ' ') {
+        p++;
+        pl--;
+    }
+    d->strip = false;
+    int rc = detok_feed(d, p, pl, false);
+    if (rc)
+        return rc;
+    *text = d->out.n ? d->out.p : "";
+    *len = d->out.n;
+    return 0;
+}
+
+int model_detok_flush(struct model_detok *d, const char **text, size_t *len)
+{
+    int rc = detok_feed(d, NULL, 0, true);
+    *text = "";
+    *len = 0;
+    if (rc)
+        return rc;
+    *text = d->out.n ? d->out.p : "";
+    *len = d->out.n;
+    return 0;
+}
