@@ -165,7 +165,7 @@ struct model_detok;
 int model_detok_new(struct model_detok **out, const struct model_vocab *v, bool special,
                     bool strip_leading_space);
 void model_detok_free(struct model_detok *d);
-/* Append one token; *text/*len receive the complete characters now available (borrowed,
+/* Append one token; *text and *len receive the complete characters now available (borrowed,
  * valid until the next call on d). 0, -ERANGE for an id out of range, -ENOMEM. */
 int model_detok_push(struct model_detok *d, int32_t id, const char **text, size_t *len);
 /* End of stream: whatever is pending (an unfinished character becomes U+FFFD). */
