@@ -88,4 +88,54 @@ int kvd_ctl_request(const char *sock_path, const char *request, kvd_ctl_line_cb 
 
 /* ================================== relay ================================== */
 
+/* The relay role (DESIGN.md section 9): a TLS WebSocket server on /v1/bridge/<bridge-id>
+ * that pairs the two ends of a ring edge which both dialled out, and forwards binary
+ * messages between them unchanged and in order. The first message each end sends is one
+ * byte, its role: KVD_RELAY_UPSTREAM (the end that sends on the edge, rank R) or
+ * KVD_RELAY_DOWNSTREAM (rank R+1). Bridge ids are 32 to 64 lowercase hex characters.
+ * GET /v1/relay/status answers JSON counts, GET /metrics the same in Prometheus text. */
+
+struct uv_loop_s;
+
+enum { KVD_RELAY_UPSTREAM = 0x01, KVD_RELAY_DOWNSTREAM = 0x02 };
+
+struct kvd_relay_config {
+    const char *listen;          /* "host:port", "[v6]:port"; port 0 picks one */
+    const char *tls_cert;        /* PEM chain; with tls_key, required unless plain */
+    const char *tls_key;
+    bool plain;                  /* ws:// without TLS: tests and trusted LANs only */
+    bool quiet;                  /* no log line per refusal or timeout */
+    uint32_t max_bridges;        /* bridges (waiting or paired) at once; 0: 4096 */
+    uint32_t max_per_addr;       /* connections from one source address; 0: 64 */
+    uint32_t pair_timeout_ms;    /* time an end may wait for its role byte or partner; 0: 30 s */
+    uint32_t idle_timeout_ms;    /* close an end that sent nothing (pongs count); 0: 90 s */
+    uint32_t ping_interval_ms;   /* relay pings each end this often; 0: 20 s */
+    uint64_t max_msg_bytes;      /* larger messages close with 1009; 0: 16 MiB */
+    size_t high_water;           /* bytes queued toward one end before its partner is paused; 0: 1 MiB */
+};
+
+struct kvd_relay_stats {
+    uint64_t connections;        /* open WebSocket connections */
+    uint64_t bridges;            /* bridge ids with at least one end */
+    uint64_t paired;             /* bridges with both ends */
+    uint64_t waiting;            /* bridges with one end */
+    uint64_t pairings_total;
+    uint64_t messages_total;     /* messages forwarded */
+    uint64_t bytes_total;        /* payload bytes forwarded */
+    uint64_t refused_bad_bridge, refused_bad_role, refused_dup_role, refused_limit;
+    uint64_t timeouts_partner, timeouts_idle, partner_gone;
+    uint64_t held_bytes;         /* bytes held for ends without a partner yet */
+};
+
+struct kvd_relay;
+/* Start a relay on loop (listening at once). 0 or negative errno, reason on stderr. */
+int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, struct kvd_relay **out);
+/* The port it listens on. */
+int kvd_relay_port(const struct kvd_relay *r);
+void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out);
+/* Stop listening, close every connection; freed once the loop has run the close callbacks. */
+void kvd_relay_close(struct kvd_relay *r);
+/* `kvd --role relay ...`: parse options, run until SIGINT/SIGTERM; returns the exit status. */
+int kvd_relay_main(int argc, char **argv);
+
 #endif

@@ -13,6 +13,7 @@ struct kvd_role {
 
 static const struct kvd_role roles[] = {
     {"stage", kvd_stage_main, "--manifest ring.json --rank R [--model FILE | --window MINI.gguf] ...  a ring stage"},
+    {"relay", kvd_relay_main, "--listen HOST:PORT (--tls-cert C --tls-key K | --plain) ...  WebSocket relay for NAT'd stages"},
 };
 
 static void usage(FILE *out)
@@ -29,6 +30,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    /* `kvd --role relay ...` is the relay's documented spelling */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--role") && !strcmp(argv[i + 1], "relay"))
+            return kvd_relay_main(argc, argv);
     if (argc >= 2 && argv[1][0] != '-') {
         for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
             if (!strcmp(argv[1], roles[i].name))

@@ -383,4 +383,112 @@ const char *net_http_status_text(int status);
 
 /* =========================== tls + websocket ============================== */
 
+/* TLS (OpenSSL over memory BIOs, driven from libuv): TLS 1.2 and 1.3 only, renegotiation
+ * refused, compression off. WebSocket (RFC 6455 framing by wslay, handshake and HTTP/1.1
+ * upgrade parsed with http-parser): a server (listener that answers plain GETs and upgrades
+ * requests to WebSocket) and a client (dial ws:// or wss://). All calls run on the loop
+ * thread; every connection is freed by the library after its on_close callback. */
+
+struct uv_loop_s;
+
+/* A TLS configuration shared by many connections. */
+struct net_tls_ctx;
+/* Server context from PEM certificate chain and key files; 0 or -EINVAL (message on stderr). */
+int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file);
+/* Client context; ca_file NULL and verify false accepts any certificate (tests, pinned by
+ * the end-to-end HELLO); ca_file NULL and verify true uses the system store. */
+int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify);
+void net_tls_ctx_free(struct net_tls_ctx *ctx);
+
+/* WebSocket opcodes and the close codes Kvasir uses (RFC 6455 section 7.4; 4xxx are ours). */
+enum {
+    NET_WS_TEXT = 0x1, NET_WS_BINARY = 0x2, NET_WS_CLOSE = 0x8, NET_WS_PING = 0x9, NET_WS_PONG = 0xa,
+};
+enum {
+    NET_WS_CODE_NORMAL = 1000, NET_WS_CODE_GOING_AWAY = 1001, NET_WS_CODE_PROTOCOL = 1002,
+    NET_WS_CODE_NO_STATUS = 1005, NET_WS_CODE_ABNORMAL = 1006, NET_WS_CODE_BAD_DATA = 1007,
+    NET_WS_CODE_POLICY = 1008, NET_WS_CODE_TOO_BIG = 1009, NET_WS_CODE_TRY_LATER = 1013,
+    NET_WS_CODE_PARTNER_TIMEOUT = 4001, /* relay: no partner within the wait time */
+    NET_WS_CODE_PARTNER_GONE = 4002,    /* relay: the other end of the bridge dropped */
+    NET_WS_CODE_DUP_ROLE = 4003,        /* relay: that role of the bridge is already taken */
+    NET_WS_CODE_BAD_ROLE = 4004,        /* relay: first message was not a 1-byte role */
+    NET_WS_CODE_BAD_BRIDGE = 4005,      /* relay: bridge id not of the allowed form */
+    NET_WS_CODE_IDLE = 4008,            /* relay: nothing received within the idle time */
+};
+
+/* Sec-WebSocket-Accept for a Sec-WebSocket-Key: base64(SHA-1(key + GUID)) into out[29]
+ * (28 characters + NUL). 0 or -EINVAL when key is not base64 of 16 bytes. */
+int net_ws_accept_key(const char *key, char out[29]);
+
+/* One WebSocket connection (server or client side). Opaque; owned by the library. */
+struct net_ws;
+struct net_ws_handlers {
+    /* The handshake completed (both sides; on a server right after the 101); can send. */
+    void (*on_open)(struct net_ws *ws, void *ud);
+    /* A complete data message (text or binary); data lives until the callback returns. */
+    void (*on_msg)(struct net_ws *ws, int opcode, const uint8_t *data, size_t len, void *ud);
+    /* Bytes queued for sending dropped below the low-water mark after being above it. */
+    void (*on_drain)(struct net_ws *ws, void *ud);
+    /* The connection is gone (any reason). code/reason: what the peer sent in its close
+     * frame, or 1006 and a local description. ws is freed right after this returns. */
+    void (*on_close)(struct net_ws *ws, int code, const char *reason, void *ud);
+};
+struct net_ws_limits {
+    uint64_t max_msg_bytes;    /* a larger incoming message closes with 1009 (0: 16 MiB) */
+    size_t low_water;          /* on_drain fires when pending send bytes fall below (0: 256 KiB) */
+};
+
+/* Queue a message (copied). 0, -EPIPE once closing, -EINVAL for bad opcode or size. */
+int net_ws_send(struct net_ws *ws, int opcode, const uint8_t *data, size_t len);
+/* Start the closing handshake with code and reason (<= 123 bytes); the connection is
+ * dropped after the peer answers or after 2 s. Idempotent. */
+void net_ws_close(struct net_ws *ws, int code, const char *reason);
+/* Drop the connection now, no closing handshake. */
+void net_ws_abort(struct net_ws *ws);
+/* Bytes queued for sending that the kernel has not taken yet. */
+size_t net_ws_pending(const struct net_ws *ws);
+/* Stop (true) or resume (false) reading from the peer: the peer is slowed by TCP. */
+void net_ws_pause(struct net_ws *ws, bool pause);
+/* Loop time (uv_now, ms) when the last frame of any kind arrived. */
+uint64_t net_ws_last_rx(const struct net_ws *ws);
+/* The peer's address as text ("1.2.3.4", "::1"); borrowed, lives as long as ws. */
+const char *net_ws_peer(const struct net_ws *ws);
+void net_ws_set_user(struct net_ws *ws, const struct net_ws_handlers *h, void *ud);
+void *net_ws_user(const struct net_ws *ws);
+
+/* Dial a WebSocket URL: ws://host:port/path or wss://host:port/path (tls required for wss).
+ * Handlers fire later on the loop; on failure before the handshake, on_close gets 1006
+ * and a reason. 0 or negative errno for a malformed URL or a failed start. */
+int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls,
+                const struct net_ws_limits *lim, const struct net_ws_handlers *h, void *ud,
+                struct net_ws **out);
+
+/* The server side: a listener that reads one HTTP/1.1 request per connection. */
+struct net_ws_server;
+struct net_ws_reply {          /* filled by on_get for a plain GET */
+    int status;                /* e.g. 200, 404 */
+    const char *content_type;
+    char *body;                /* malloc'd; the server frees it */
+    size_t body_len;
+};
+struct net_ws_server_handlers {
+    /* A valid upgrade request for path from peer: return 0 and set *h and *ud to accept (the 101
+     * is sent and ws handlers take over), or an HTTP status (>= 400) to refuse. */
+    int (*on_upgrade)(struct net_ws_server *srv, struct net_ws *ws, const char *path,
+                      const struct net_ws_handlers **h, void **ud, void *srv_ud);
+    /* A plain GET/HEAD: fill reply (status 404 if left 0). */
+    void (*on_get)(struct net_ws_server *srv, const char *path, struct net_ws_reply *reply,
+                   void *srv_ud);
+};
+/* Listen on addr "host:port" (port 0 picks one); tls NULL = plain ws (tests, trusted LAN).
+ * The server borrows tls. */
+int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_ctx *tls,
+                      const struct net_ws_limits *lim, const struct net_ws_server_handlers *h,
+                      void *ud, struct net_ws_server **out);
+/* The bound port. */
+int net_ws_server_port(const struct net_ws_server *srv);
+/* Stop listening and abort every connection; the server is freed once all handles have
+ * closed (run the loop). */
+void net_ws_server_close(struct net_ws_server *srv);
+
 #endif

@@ -1,0 +1,815 @@
+/* The relay role: pairs two WebSocket ends by bridge id and opposite roles, then forwards
+ * binary messages between them. Everything runs on one libuv loop.
+ *
+ * Memory per bridge stays bounded: an end whose partner has more than high_water bytes
+ * queued stops being read (TCP then slows its sender) until the partner drains below the
+ * low-water mark; an end without a partner yet may hold up to high_water bytes, then it
+ * too stops being read. Limits and timeouts are checked by one periodic timer. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <uv.h>
+
+#include "kvd/kvd.h"
+#include "net/net.h"
+
+#define BRIDGE_ID_MIN 32
+#define BRIDGE_ID_MAX 64
+#define ADDR_BUCKETS 256
+
+struct held_msg {
+    struct held_msg *next;
+    size_t len;
+    uint8_t data[];
+};
+
+struct relay_bridge;
+
+struct relay_end {
+    struct kvd_relay *r;
+    struct net_ws *ws;
+    struct relay_bridge *b;
+    struct relay_end *next, *prev;   /* all ends */
+    struct addr_count *ac;
+    char id[BRIDGE_ID_MAX + 1];
+    int role;                        /* 0 until the role byte arrived */
+    int refuse_code;                 /* set at upgrade: refuse right after the 101 */
+    char refuse_reason[124];
+    bool closing;
+    bool paused;
+    uint64_t t_open, t_role, last_ping;
+    struct held_msg *held, *held_tail;
+    size_t held_bytes;
+};
+
+struct relay_bridge {
+    struct relay_bridge *hnext;
+    struct relay_end *end[3];        /* [1] upstream, [2] downstream */
+    char id[BRIDGE_ID_MAX + 1];
+};
+
+struct addr_count {
+    struct addr_count *next;
+    uint32_t n;
+    char addr[64];
+};
+
+struct kvd_relay {
+    uv_loop_t *loop;
+    struct kvd_relay_config cfg;
+    struct net_tls_ctx *tls;
+    struct net_ws_server *srv;
+    uv_timer_t tick;
+    bool closing, tick_closed;
+    struct relay_end *ends;
+    struct relay_bridge **buckets;
+    size_t n_buckets;
+    struct addr_count *addrs[ADDR_BUCKETS];
+    struct kvd_relay_stats st;
+};
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+static void relay_log(struct kvd_relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void relay_log(struct kvd_relay *r, const char *fmt, ...)
+{
+    if (r->cfg.quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvd relay: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static bool bridge_id_valid(const char *id)
+{
+    size_t n = strlen(id);
+    if (n < BRIDGE_ID_MIN || n > BRIDGE_ID_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static struct relay_bridge **bridge_slot(struct kvd_relay *r, const char *id)
+{
+    struct relay_bridge **p = &r->buckets[hash_str(id) & (r->n_buckets - 1)];
+    while (*p && strcmp((*p)->id, id) != 0)
+        p = &(*p)->hnext;
+    return p;
+}
+
+static struct addr_count **addr_slot(struct kvd_relay *r, const char *addr)
+{
+    struct addr_count **p = &r->addrs[hash_str(addr) & (ADDR_BUCKETS - 1)];
+    while (*p && strcmp((*p)->addr, addr) != 0)
+        p = &(*p)->next;
+    return p;
+}
+
+static const char *role_name(int role)
+{
+    return role == KVD_RELAY_UPSTREAM ? "upstream" : "downstream";
+}
+
+static void end_close(struct relay_end *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Take e out of its bridge; a partner still there is closed with e's reason. */
+static void end_detach(struct relay_end *e, int code, const char *reason)
+{
+    struct kvd_relay *r = e->r;
+    struct relay_bridge *b = e->b;
+    if (!b)
+        return;
+    struct relay_end *p = b->end[3 - e->role];
+    b->end[e->role] = NULL;
+    e->b = NULL;
+    if (p) {
+        r->st.paired--;
+        r->st.waiting++;
+        r->st.partner_gone++;
+        end_close(p, NET_WS_CODE_PARTNER_GONE, "partner gone: %d %.80s", code, reason);
+        return;
+    }
+    r->st.waiting--;
+    r->st.bridges--;
+    *bridge_slot(r, b->id) = b->hnext;
+    free(b);
+}
+
+static void end_close(struct relay_end *e, int code, const char *fmt, ...)
+{
+    if (e->closing)
+        return;
+    e->closing = true;
+    char reason[124];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    if (code != NET_WS_CODE_PARTNER_GONE && code != NET_WS_CODE_NORMAL)
+        relay_log(e->r, "%s: closing %s end of bridge %.12s: %d %s", net_ws_peer(e->ws),
+                  e->role ? role_name(e->role) : "unpaired", e->id, code, reason);
+    end_detach(e, code, reason);
+    net_ws_close(e->ws, code, reason);
+}
+
+static struct relay_end *partner(struct relay_end *e)
+{
+    if (!e->b || !e->role)
+        return NULL;
+    return e->b->end[3 - e->role];
+}
+
+static void end_pause(struct relay_end *e, bool p)
+{
+    if (e->paused == p)
+        return;
+    e->paused = p;
+    net_ws_pause(e->ws, p);
+}
+
+/* Forward one message to the partner; pause the sender while the partner is backed up. */
+static void forward(struct relay_end *from, struct relay_end *to, const uint8_t *data, size_t len)
+{
+    struct kvd_relay *r = from->r;
+    if (to->closing)
+        return;
+    int rc = net_ws_send(to->ws, NET_WS_BINARY, data, len);
+    if (rc < 0) {
+        end_close(from, NET_WS_CODE_PARTNER_GONE, "partner gone: cannot send (%s)", strerror(-rc));
+        return;
+    }
+    r->st.messages_total++;
+    r->st.bytes_total += len;
+    if (net_ws_pending(to->ws) > r->cfg.high_water)
+        end_pause(from, true);
+}
+
+static void flush_held(struct relay_end *from, struct relay_end *to)
+{
+    struct held_msg *m = from->held;
+    from->held = from->held_tail = NULL;
+    from->r->st.held_bytes -= from->held_bytes;
+    from->held_bytes = 0;
+    while (m) {
+        struct held_msg *n = m->next;
+        forward(from, to, m->data, m->len);
+        free(m);
+        m = n;
+    }
+    if (net_ws_pending(to->ws) <= from->r->cfg.high_water)
+        end_pause(from, false);
+}
+
+static void end_set_role(struct relay_end *e, int role)
+{
+    struct kvd_relay *r = e->r;
+    struct relay_bridge **slot = bridge_slot(r, e->id);
+    struct relay_bridge *b = *slot;
+    if (!b) {
+        if (r->st.bridges >= r->cfg.max_bridges) {
+            r->st.refused_limit++;
+            end_close(e, NET_WS_CODE_TRY_LATER, "relay full: %u bridges", r->cfg.max_bridges);
+            return;
+        }
+        b = calloc(1, sizeof *b);
+        if (!b) {
+            end_close(e, 1011, "out of memory");
+            return;
+        }
+        snprintf(b->id, sizeof b->id, "%s", e->id);
+        *slot = b;
+        r->st.bridges++;
+        r->st.waiting++;
+    }
+    if (b->end[role]) {
+        r->st.refused_dup_role++;
+        end_close(e, NET_WS_CODE_DUP_ROLE, "bridge %.16s: %s end already connected", e->id,
+                  role_name(role));
+        return;
+    }
+    b->end[role] = e;
+    e->b = b;
+    e->role = role;
+    e->t_role = uv_now(r->loop);
+    struct relay_end *p = b->end[3 - role];
+    if (p) {
+        r->st.waiting--;
+        r->st.paired++;
+        r->st.pairings_total++;
+        flush_held(e, p);
+        flush_held(p, e);
+    }
+}
+
+/* ---------------------------------------------------------------- ws handlers */
+
+static void on_open(struct net_ws *ws, void *ud)
+{
+    struct relay_end *e = ud;
+    if (e->refuse_code)
+        end_close(e, e->refuse_code, "%s", e->refuse_reason);
+}
+
+static void on_msg(struct net_ws *ws, int opcode, const uint8_t *data, size_t len, void *ud)
+{
+    struct relay_end *e = ud;
+    struct kvd_relay *r = e->r;
+    if (e->closing)
+        return;
+    if (opcode != NET_WS_BINARY) {
+        end_close(e, 1003, "the relay forwards binary messages only");
+        return;
+    }
+    if (!e->role) {
+        if (len != 1 || (data[0] != KVD_RELAY_UPSTREAM && data[0] != KVD_RELAY_DOWNSTREAM)) {
+            r->st.refused_bad_role++;
+            end_close(e, NET_WS_CODE_BAD_ROLE,
+                      "first message must be one byte, 0x01 (upstream) or 0x02 (downstream); "
+                      "got %zu bytes starting 0x%02x", len, len ? data[0] : 0);
+            return;
+        }
+        end_set_role(e, data[0]);
+        return;
+    }
+    struct relay_end *p = partner(e);
+    if (p) {
+        forward(e, p, data, len);
+        return;
+    }
+    /* No partner yet: hold the message, and stop reading once high_water is held. */
+    struct held_msg *m = malloc(sizeof *m + len);
+    if (!m) {
+        end_close(e, 1011, "out of memory");
+        return;
+    }
+    m->next = NULL;
+    m->len = len;
+    memcpy(m->data, data, len);
+    if (e->held_tail)
+        e->held_tail->next = m;
+    else
+        e->held = m;
+    e->held_tail = m;
+    e->held_bytes += len;
+    r->st.held_bytes += len;
+    if (e->held_bytes > r->cfg.high_water)
+        end_pause(e, true);
+}
+
+/* The partner drained what we sent it: read from this end's partner again. */
+static void on_drain(struct net_ws *ws, void *ud)
+{
+    struct relay_end *e = ud;
+    struct relay_end *p = partner(e);
+    if (p && !p->closing)
+        end_pause(p, false);
+}
+
+static void on_close(struct net_ws *ws, int code, const char *reason, void *ud)
+{
+    struct relay_end *e = ud;
+    struct kvd_relay *r = e->r;
+    end_detach(e, code, reason);
+    for (struct held_msg *m = e->held; m;) {
+        struct held_msg *n = m->next;
+        free(m);
+        m = n;
+    }
+    r->st.held_bytes -= e->held_bytes;
+    if (e->ac && --e->ac->n == 0) {
+        struct addr_count **s = addr_slot(r, e->ac->addr);
+        *s = e->ac->next;
+        free(e->ac);
+    }
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        r->ends = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    r->st.connections--;
+    free(e);
+    if (r->closing && !r->ends && r->tick_closed)
+        free(r);
+}
+
+static const struct net_ws_handlers end_handlers = {
+    .on_open = on_open,
+    .on_msg = on_msg,
+    .on_drain = on_drain,
+    .on_close = on_close,
+};
+
+static int on_upgrade(struct net_ws_server *srv, struct net_ws *ws, const char *path,
+                      const struct net_ws_handlers **h, void **ud, void *srv_ud)
+{
+    struct kvd_relay *r = srv_ud;
+    static const char prefix[] = "/v1/bridge/";
+    if (strncmp(path, prefix, sizeof prefix - 1) != 0)
+        return 404;
+    const char *id = path + sizeof prefix - 1;
+    struct relay_end *e = calloc(1, sizeof *e);
+    if (!e)
+        return 503;
+    e->r = r;
+    e->ws = ws;
+    e->t_open = e->last_ping = uv_now(r->loop);
+    snprintf(e->id, sizeof e->id, "%.*s", BRIDGE_ID_MAX, id);
+    e->next = r->ends;
+    if (r->ends)
+        r->ends->prev = e;
+    r->ends = e;
+    r->st.connections++;
+    const char *addr = net_ws_peer(ws);
+    struct addr_count **as = addr_slot(r, addr);
+    if (!*as) {
+        *as = calloc(1, sizeof **as);
+        if (*as)
+            snprintf((*as)->addr, sizeof (*as)->addr, "%s", addr);
+    }
+    e->ac = *as;
+    if (e->ac)
+        e->ac->n++;
+
+    if (!bridge_id_valid(id)) {
+        r->st.refused_bad_bridge++;
+        e->refuse_code = NET_WS_CODE_BAD_BRIDGE;
+        snprintf(e->refuse_reason, sizeof e->refuse_reason,
+                 "bridge id must be %d to %d lowercase hex characters (got %zu characters)",
+                 BRIDGE_ID_MIN, BRIDGE_ID_MAX, strlen(id));
+    } else if (e->ac && e->ac->n > r->cfg.max_per_addr) {
+        r->st.refused_limit++;
+        e->refuse_code = NET_WS_CODE_TRY_LATER;
+        snprintf(e->refuse_reason, sizeof e->refuse_reason,
+                 "too many connections from %s (limit %u)", addr, r->cfg.max_per_addr);
+    } else if (!*bridge_slot(r, id) && r->st.bridges >= r->cfg.max_bridges) {
+        r->st.refused_limit++;
+        e->refuse_code = NET_WS_CODE_TRY_LATER;
+        snprintf(e->refuse_reason, sizeof e->refuse_reason, "relay full: %u bridges",
+                 r->cfg.max_bridges);
+    }
+    *h = &end_handlers;
+    *ud = e;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- status */
+
+static cJSON *stats_json(struct kvd_relay *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    const struct kvd_relay_stats *s = &r->st;
+    cJSON_AddNumberToObject(o, "connections", (double)s->connections);
+    cJSON_AddNumberToObject(o, "bridges", (double)s->bridges);
+    cJSON_AddNumberToObject(o, "paired", (double)s->paired);
+    cJSON_AddNumberToObject(o, "waiting", (double)s->waiting);
+    cJSON_AddNumberToObject(o, "pairings_total", (double)s->pairings_total);
+    cJSON_AddNumberToObject(o, "messages_total", (double)s->messages_total);
+    cJSON_AddNumberToObject(o, "bytes_total", (double)s->bytes_total);
+    cJSON_AddNumberToObject(o, "held_bytes", (double)s->held_bytes);
+    cJSON *ref = cJSON_AddObjectToObject(o, "refused");
+    cJSON_AddNumberToObject(ref, "bad_bridge", (double)s->refused_bad_bridge);
+    cJSON_AddNumberToObject(ref, "bad_role", (double)s->refused_bad_role);
+    cJSON_AddNumberToObject(ref, "dup_role", (double)s->refused_dup_role);
+    cJSON_AddNumberToObject(ref, "limit", (double)s->refused_limit);
+    cJSON *cl = cJSON_AddObjectToObject(o, "closed");
+    cJSON_AddNumberToObject(cl, "partner_timeout", (double)s->timeouts_partner);
+    cJSON_AddNumberToObject(cl, "idle_timeout", (double)s->timeouts_idle);
+    cJSON_AddNumberToObject(cl, "partner_gone", (double)s->partner_gone);
+    cJSON *lim = cJSON_AddObjectToObject(o, "limits");
+    cJSON_AddNumberToObject(lim, "max_bridges", r->cfg.max_bridges);
+    cJSON_AddNumberToObject(lim, "max_per_addr", r->cfg.max_per_addr);
+    cJSON_AddNumberToObject(lim, "pair_timeout_ms", r->cfg.pair_timeout_ms);
+    cJSON_AddNumberToObject(lim, "idle_timeout_ms", r->cfg.idle_timeout_ms);
+    cJSON_AddNumberToObject(lim, "ping_interval_ms", r->cfg.ping_interval_ms);
+    cJSON_AddNumberToObject(lim, "max_msg_bytes", (double)r->cfg.max_msg_bytes);
+    cJSON_AddBoolToObject(o, "tls", !r->cfg.plain);
+    return o;
+}
+
+static char *metrics_text(struct kvd_relay *r, size_t *len)
+{
+    const struct kvd_relay_stats *s = &r->st;
+    char *buf = NULL;
+    size_t cap = 0;
+    FILE *f = open_memstream(&buf, &cap);
+    if (!f)
+        return NULL;
+    fprintf(f, "# HELP kvasir_relay_connections Open WebSocket connections.\n"
+               "# TYPE kvasir_relay_connections gauge\nkvasir_relay_connections %" PRIu64 "\n",
+            s->connections);
+    fprintf(f, "# HELP kvasir_relay_bridges Bridges by state.\n# TYPE kvasir_relay_bridges gauge\n"
+               "kvasir_relay_bridges{state=\"paired\"} %" PRIu64 "\n"
+               "kvasir_relay_bridges{state=\"waiting\"} %" PRIu64 "\n", s->paired, s->waiting);
+    fprintf(f, "# HELP kvasir_relay_pairings_total Bridges that got both ends.\n"
+               "# TYPE kvasir_relay_pairings_total counter\nkvasir_relay_pairings_total %" PRIu64 "\n",
+            s->pairings_total);
+    fprintf(f, "# HELP kvasir_relay_messages_total Messages forwarded.\n"
+               "# TYPE kvasir_relay_messages_total counter\nkvasir_relay_messages_total %" PRIu64 "\n",
+            s->messages_total);
+    fprintf(f, "# HELP kvasir_relay_bytes_total Payload bytes forwarded.\n"
+               "# TYPE kvasir_relay_bytes_total counter\nkvasir_relay_bytes_total %" PRIu64 "\n",
+            s->bytes_total);
+    fprintf(f, "# HELP kvasir_relay_held_bytes Bytes held for ends still waiting for a partner.\n"
+               "# TYPE kvasir_relay_held_bytes gauge\nkvasir_relay_held_bytes %" PRIu64 "\n",
+            s->held_bytes);
+    fprintf(f, "# HELP kvasir_relay_refused_total Connections refused, by reason.\n"
+               "# TYPE kvasir_relay_refused_total counter\n"
+               "kvasir_relay_refused_total{reason=\"bad_bridge\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"bad_role\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"dup_role\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"limit\"} %" PRIu64 "\n",
+            s->refused_bad_bridge, s->refused_bad_role, s->refused_dup_role, s->refused_limit);
+    fprintf(f, "# HELP kvasir_relay_closed_total Ends closed by the relay, by reason.\n"
+               "# TYPE kvasir_relay_closed_total counter\n"
+               "kvasir_relay_closed_total{reason=\"partner_timeout\"} %" PRIu64 "\n"
+               "kvasir_relay_closed_total{reason=\"idle_timeout\"} %" PRIu64 "\n"
+               "kvasir_relay_closed_total{reason=\"partner_gone\"} %" PRIu64 "\n",
+            s->timeouts_partner, s->timeouts_idle, s->partner_gone);
+    fprintf(f, "# HELP kvasir_relay_max_bridges Configured bridge limit.\n"
+               "# TYPE kvasir_relay_max_bridges gauge\nkvasir_relay_max_bridges %u\n",
+            r->cfg.max_bridges);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = cap;
+    return buf;
+}
+
+static void on_get(struct net_ws_server *srv, const char *path, struct net_ws_reply *rep, void *ud)
+{
+    struct kvd_relay *r = ud;
+    if (!strcmp(path, "/v1/relay/status")) {
+        cJSON *o = stats_json(r);
+        char *s = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!s) {
+            rep->status = 500;
+            return;
+        }
+        size_t n = strlen(s);
+        rep->body = malloc(n + 2);
+        if (!rep->body) {
+            free(s);
+            rep->status = 500;
+            return;
+        }
+        memcpy(rep->body, s, n);
+        rep->body[n] = '\n';
+        rep->body[n + 1] = 0;
+        free(s);
+        rep->body_len = n + 1;
+        rep->status = 200;
+        rep->content_type = "application/json";
+    } else if (!strcmp(path, "/metrics")) {
+        rep->body = metrics_text(r, &rep->body_len);
+        rep->status = rep->body ? 200 : 500;
+        rep->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    } else if (!strcmp(path, "/") || !strcmp(path, "/healthz")) {
+        rep->body = strdup("kvasir relay\n");
+        rep->body_len = rep->body ? strlen(rep->body) : 0;
+        rep->status = 200;
+    }
+}
+
+/* ---------------------------------------------------------------- periodic checks */
+
+static void on_tick(uv_timer_t *t)
+{
+    struct kvd_relay *r = t->data;
+    uint64_t now = uv_now(r->loop);
+    for (struct relay_end *e = r->ends; e; e = e->next) {
+        if (e->closing)
+            continue;
+        if (!e->role && now - e->t_open >= r->cfg.pair_timeout_ms) {
+            r->st.timeouts_partner++;
+            end_close(e, NET_WS_CODE_PARTNER_TIMEOUT, "no role byte within %u ms",
+                      r->cfg.pair_timeout_ms);
+            continue;
+        }
+        if (e->role && !partner(e) && now - e->t_role >= r->cfg.pair_timeout_ms) {
+            r->st.timeouts_partner++;
+            end_close(e, NET_WS_CODE_PARTNER_TIMEOUT, "no partner within %u ms",
+                      r->cfg.pair_timeout_ms);
+            continue;
+        }
+        /* A paused end is not read, so its silence says nothing. */
+        if (!e->paused && now - net_ws_last_rx(e->ws) >= r->cfg.idle_timeout_ms) {
+            r->st.timeouts_idle++;
+            end_close(e, NET_WS_CODE_IDLE, "idle: nothing received for %u ms",
+                      r->cfg.idle_timeout_ms);
+            continue;
+        }
+        if (now - e->last_ping >= r->cfg.ping_interval_ms) {
+            e->last_ping = now;
+            net_ws_send(e->ws, NET_WS_PING, (const uint8_t *)"kv", 2);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static uint32_t min_u32(uint32_t a, uint32_t b)
+{
+    return a < b ? a : b;
+}
+
+int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, struct kvd_relay **out)
+{
+    *out = NULL;
+    struct kvd_relay *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->loop = loop;
+    r->cfg = *cfg;
+    struct kvd_relay_config *c = &r->cfg;
+    if (!c->max_bridges) c->max_bridges = 4096;
+    if (!c->max_per_addr) c->max_per_addr = 64;
+    if (!c->pair_timeout_ms) c->pair_timeout_ms = 30000;
+    if (!c->idle_timeout_ms) c->idle_timeout_ms = 90000;
+    if (!c->ping_interval_ms) c->ping_interval_ms = 20000;
+    if (!c->max_msg_bytes) c->max_msg_bytes = 16u << 20;
+    if (!c->high_water) c->high_water = 1u << 20;
+    if (c->max_bridges > (1u << 24)) {
+        fprintf(stderr, "kvd relay: max_bridges %u over the limit %u\n", c->max_bridges, 1u << 24);
+        free(r);
+        return -EINVAL;
+    }
+    if (c->max_msg_bytes > (1u << 30)) {
+        fprintf(stderr, "kvd relay: max_msg_bytes %" PRIu64 " over the limit %u\n",
+                c->max_msg_bytes, 1u << 30);
+        free(r);
+        return -EINVAL;
+    }
+    r->n_buckets = 64;
+    while (r->n_buckets < c->max_bridges)
+        r->n_buckets *= 2;
+    r->buckets = calloc(r->n_buckets, sizeof *r->buckets);
+    if (!r->buckets) {
+        free(r);
+        return -ENOMEM;
+    }
+    int rc;
+    if (!c->plain) {
+        rc = net_tls_ctx_server_new(&r->tls, c->tls_cert, c->tls_key);
+        if (rc < 0)
+            goto fail;
+    }
+    struct net_ws_limits lim = {.max_msg_bytes = c->max_msg_bytes, .low_water = c->high_water / 4};
+    static const struct net_ws_server_handlers sh = {.on_upgrade = on_upgrade, .on_get = on_get};
+    rc = net_ws_server_new(loop, c->listen, r->tls, &lim, &sh, r, &r->srv);
+    if (rc < 0)
+        goto fail;
+    uv_timer_init(loop, &r->tick);
+    r->tick.data = r;
+    uint32_t period = min_u32(min_u32(c->pair_timeout_ms, c->idle_timeout_ms), c->ping_interval_ms) / 4;
+    if (period < 20) period = 20;
+    if (period > 1000) period = 1000;
+    uv_timer_start(&r->tick, on_tick, period, period);
+    *out = r;
+    return 0;
+fail:
+    net_tls_ctx_free(r->tls);
+    free(r->buckets);
+    free(r);
+    return rc;
+}
+
+int kvd_relay_port(const struct kvd_relay *r)
+{
+    return net_ws_server_port(r->srv);
+}
+
+void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out)
+{
+    *out = r->st;
+}
+
+static void tick_closed(uv_handle_t *h)
+{
+    struct kvd_relay *r = h->data;
+    r->tick_closed = true;
+    net_tls_ctx_free(r->tls);
+    r->tls = NULL;
+    free(r->buckets);
+    r->buckets = NULL;
+    if (!r->ends)
+        free(r);
+}
+
+void kvd_relay_close(struct kvd_relay *r)
+{
+    if (!r || r->closing)
+        return;
+    r->closing = true;
+    /* Ends see their connections drop; the server frees itself once they are gone. The
+     * bridge table is no longer consulted after this. */
+    for (size_t i = 0; i < r->n_buckets; i++) {
+        for (struct relay_bridge *b = r->buckets[i]; b; b = b->hnext)
+            for (int k = 1; k <= 2; k++)
+                if (b->end[k])
+                    b->end[k]->b = NULL;
+        while (r->buckets[i]) {
+            struct relay_bridge *b = r->buckets[i];
+            r->buckets[i] = b->hnext;
+            free(b);
+        }
+    }
+    net_ws_server_close(r->srv);
+    uv_timer_stop(&r->tick);
+    uv_close((uv_handle_t *)&r->tick, tick_closed);
+}
+
+/* ---------------------------------------------------------------- kvd --role relay */
+
+static struct kvd_relay *main_relay;
+static uv_signal_t sig_int, sig_term;
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    fprintf(stderr, "kvd relay: signal %d, shutting down\n", signum);
+    kvd_relay_close(main_relay);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+}
+
+static void relay_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvd --role relay --listen HOST:PORT (--tls-cert PEM --tls-key PEM | --plain)\n"
+            "           [--max-bridges N] [--max-per-addr N] [--pair-timeout MS]\n"
+            "           [--idle-timeout MS] [--ping-interval MS] [--max-msg BYTES] [--quiet]\n"
+            "Pairs the two ends of each ring edge on wss://HOST:PORT/v1/bridge/<id>.\n"
+            "GET /v1/relay/status (JSON) and /metrics (Prometheus) report counts.\n");
+}
+
+static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > max) {
+        fprintf(stderr, "kvd relay: %s \"%s\": expected a whole number up to %" PRIu64 "\n", opt, s, max);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int kvd_relay_main(int argc, char **argv)
+{
+    struct kvd_relay_config cfg = {0};
+    enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_MAXB, O_MAXA, O_PAIR, O_IDLE, O_PING,
+           O_MSG, O_QUIET, O_HELP };
+    static const struct option opts[] = {
+        {"role", required_argument, 0, O_ROLE},
+        {"listen", required_argument, 0, O_LISTEN},
+        {"tls-cert", required_argument, 0, O_CERT},
+        {"tls-key", required_argument, 0, O_KEY},
+        {"plain", no_argument, 0, O_PLAIN},
+        {"max-bridges", required_argument, 0, O_MAXB},
+        {"max-per-addr", required_argument, 0, O_MAXA},
+        {"pair-timeout", required_argument, 0, O_PAIR},
+        {"idle-timeout", required_argument, 0, O_IDLE},
+        {"ping-interval", required_argument, 0, O_PING},
+        {"max-msg", required_argument, 0, O_MSG},
+        {"quiet", no_argument, 0, O_QUIET},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    int c;
+    uint64_t v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_ROLE:
+            if (strcmp(optarg, "relay") != 0) {
+                fprintf(stderr, "kvd relay: --role %s: this entry point runs only the relay\n", optarg);
+                return 2;
+            }
+            break;
+        case O_LISTEN: cfg.listen = optarg; break;
+        case O_CERT: cfg.tls_cert = optarg; break;
+        case O_KEY: cfg.tls_key = optarg; break;
+        case O_PLAIN: cfg.plain = true; break;
+        case O_QUIET: cfg.quiet = true; break;
+        case O_MAXB:
+            if (parse_u64("--max-bridges", optarg, 1u << 24, &v)) return 2;
+            cfg.max_bridges = (uint32_t)v;
+            break;
+        case O_MAXA:
+            if (parse_u64("--max-per-addr", optarg, 1u << 24, &v)) return 2;
+            cfg.max_per_addr = (uint32_t)v;
+            break;
+        case O_PAIR:
+            if (parse_u64("--pair-timeout", optarg, 86400000, &v)) return 2;
+            cfg.pair_timeout_ms = (uint32_t)v;
+            break;
+        case O_IDLE:
+            if (parse_u64("--idle-timeout", optarg, 86400000, &v)) return 2;
+            cfg.idle_timeout_ms = (uint32_t)v;
+            break;
+        case O_PING:
+            if (parse_u64("--ping-interval", optarg, 86400000, &v)) return 2;
+            cfg.ping_interval_ms = (uint32_t)v;
+            break;
+        case O_MSG:
+            if (parse_u64("--max-msg", optarg, 1u << 30, &v)) return 2;
+            cfg.max_msg_bytes = v;
+            break;
+        case O_HELP:
+            relay_usage(stdout);
+            return 0;
+        default:
+            relay_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvd relay: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    if (!cfg.listen) {
+        fprintf(stderr, "kvd relay: --listen HOST:PORT is required\n");
+        relay_usage(stderr);
+        return 2;
+    }
+    if (!cfg.plain && (!cfg.tls_cert || !cfg.tls_key)) {
+        fprintf(stderr, "kvd relay: --tls-cert and --tls-key are required (or --plain for ws://)\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    uv_loop_t *loop = uv_default_loop();
+    int rc = kvd_relay_new(loop, &cfg, &main_relay);
+    if (rc < 0)
+        return 1;
+    fprintf(stderr, "kvd relay: listening on %s port %d (%s)\n", cfg.listen,
+            kvd_relay_port(main_relay), cfg.plain ? "plain ws" : "TLS");
+    uv_signal_init(loop, &sig_int);
+    uv_signal_init(loop, &sig_term);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_loop_close(loop);
+    return 0;
+}

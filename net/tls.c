@@ -1,0 +1,243 @@
+/* TLS over memory BIOs: the socket is libuv's, OpenSSL only sees bytes we hand it.
+ * Policy: TLS 1.2 minimum, no renegotiation (a ClientHello after the handshake is refused
+ * by OpenSSL's SSL_OP_NO_RENEGOTIATION), no compression, no session tickets on the server. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include "net/ws_internal.h"
+
+struct net_tls_ctx {
+    SSL_CTX *ssl;
+};
+
+struct net__tls {
+    SSL *ssl;
+    BIO *rbio;   /* ciphertext from the peer (we write, OpenSSL reads) */
+    BIO *wbio;   /* ciphertext for the peer (OpenSSL writes, we read) */
+};
+
+static void tls_log_errors(const char *what)
+{
+    unsigned long e;
+    char buf[256];
+    int n = 0;
+    while ((e = ERR_get_error()) != 0) {
+        ERR_error_string_n(e, buf, sizeof buf);
+        if (n++ < 4)
+            fprintf(stderr, "tls: %s: %s\n", what, buf);
+    }
+    if (n == 0)
+        fprintf(stderr, "tls: %s\n", what);
+}
+
+static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
+{
+    SSL_CTX *c = SSL_CTX_new(m);
+    if (!c)
+        return NULL;
+    SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+    SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION |
+                           SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    return c;
+}
+
+int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file)
+{
+    *out = NULL;
+    if (!cert_file || !key_file) {
+        fprintf(stderr, "tls: server needs a certificate and a key file\n");
+        return -EINVAL;
+    }
+    SSL_CTX *c = tls_ctx_base(TLS_server_method());
+    if (!c) {
+        tls_log_errors("SSL_CTX_new");
+        return -ENOMEM;
+    }
+    SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
+    /* Forward secrecy only for TLS 1.2 (TLS 1.3 suites all have it). */
+    if (SSL_CTX_set_cipher_list(c, "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!RC4:!3DES") != 1) {
+        tls_log_errors("cipher list");
+        SSL_CTX_free(c);
+        return -EINVAL;
+    }
+    if (SSL_CTX_use_certificate_chain_file(c, cert_file) != 1) {
+        fprintf(stderr, "tls: certificate file %s: cannot load\n", cert_file);
+        tls_log_errors("certificate");
+        SSL_CTX_free(c);
+        return -EINVAL;
+    }
+    if (SSL_CTX_use_PrivateKey_file(c, key_file, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(c) != 1) {
+        fprintf(stderr, "tls: key file %s: cannot load or does not match %s\n", key_file, cert_file);
+        tls_log_errors("key");
+        SSL_CTX_free(c);
+        return -EINVAL;
+    }
+    struct net_tls_ctx *t = calloc(1, sizeof *t);
+    if (!t) {
+        SSL_CTX_free(c);
+        return -ENOMEM;
+    }
+    t->ssl = c;
+    *out = t;
+    return 0;
+}
+
+int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify)
+{
+    *out = NULL;
+    SSL_CTX *c = tls_ctx_base(TLS_client_method());
+    if (!c) {
+        tls_log_errors("SSL_CTX_new");
+        return -ENOMEM;
+    }
+    if (ca_file) {
+        if (SSL_CTX_load_verify_locations(c, ca_file, NULL) != 1) {
+            fprintf(stderr, "tls: CA file %s: cannot load\n", ca_file);
+            SSL_CTX_free(c);
+            return -EINVAL;
+        }
+        verify = true;
+    } else if (verify) {
+        SSL_CTX_set_default_verify_paths(c);
+    }
+    SSL_CTX_set_verify(c, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
+    struct net_tls_ctx *t = calloc(1, sizeof *t);
+    if (!t) {
+        SSL_CTX_free(c);
+        return -ENOMEM;
+    }
+    t->ssl = c;
+    *out = t;
+    return 0;
+}
+
+void net_tls_ctx_free(struct net_tls_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    SSL_CTX_free(ctx->ssl);
+    free(ctx);
+}
+
+int net__tls_new(struct net__tls **out, struct net_tls_ctx *ctx, bool server, const char *sni)
+{
+    *out = NULL;
+    struct net__tls *t = calloc(1, sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    t->ssl = SSL_new(ctx->ssl);
+    t->rbio = BIO_new(BIO_s_mem());
+    t->wbio = BIO_new(BIO_s_mem());
+    if (!t->ssl || !t->rbio || !t->wbio) {
+        SSL_free(t->ssl);
+        BIO_free(t->rbio);
+        BIO_free(t->wbio);
+        free(t);
+        return -ENOMEM;
+    }
+    /* An empty memory BIO must report "retry", not EOF. */
+    BIO_set_mem_eof_return(t->rbio, -1);
+    BIO_set_mem_eof_return(t->wbio, -1);
+    SSL_set_bio(t->ssl, t->rbio, t->wbio);
+    if (server) {
+        SSL_set_accept_state(t->ssl);
+    } else {
+        SSL_set_connect_state(t->ssl);
+        if (sni && sni[0])
+            SSL_set_tlsext_host_name(t->ssl, sni);
+        if (sni && sni[0] && SSL_get_verify_mode(t->ssl) != SSL_VERIFY_NONE)
+            SSL_set1_host(t->ssl, sni);
+    }
+    *out = t;
+    return 0;
+}
+
+void net__tls_free(struct net__tls *t)
+{
+    if (!t)
+        return;
+    SSL_free(t->ssl); /* frees both BIOs */
+    free(t);
+}
+
+int net__tls_feed(struct net__tls *t, const uint8_t *data, size_t len)
+{
+    while (len > 0) {
+        int chunk = len > (1u << 30) ? (1 << 30) : (int)len;
+        int n = BIO_write(t->rbio, data, chunk);
+        if (n <= 0)
+            return -ENOMEM;
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int net__tls_handshake(struct net__tls *t)
+{
+    if (SSL_is_init_finished(t->ssl))
+        return 1;
+    int r = SSL_do_handshake(t->ssl);
+    if (r == 1)
+        return 1;
+    int e = SSL_get_error(t->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return 0;
+    tls_log_errors("handshake failed");
+    return -EPROTO;
+}
+
+ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len)
+{
+    int cap = len > (1u << 30) ? (1 << 30) : (int)len;
+    int r = SSL_read(t->ssl, buf, cap);
+    if (r > 0)
+        return r;
+    int e = SSL_get_error(t->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return 0;
+    if (e == SSL_ERROR_ZERO_RETURN)
+        return -EPIPE;
+    tls_log_errors("read");
+    return -EPROTO;
+}
+
+int net__tls_write(struct net__tls *t, const uint8_t *data, size_t len)
+{
+    while (len > 0) {
+        int chunk = len > (1u << 30) ? (1 << 30) : (int)len;
+        int r = SSL_write(t->ssl, data, chunk);
+        if (r <= 0) {
+            tls_log_errors("write");
+            return -EPROTO;
+        }
+        data += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+size_t net__tls_take(struct net__tls *t, uint8_t **buf)
+{
+    *buf = NULL;
+    size_t n = BIO_ctrl_pending(t->wbio);
+    if (n == 0)
+        return 0;
+    uint8_t *b = malloc(n);
+    if (!b)
+        return 0;
+    int r = BIO_read(t->wbio, b, (int)n);
+    if (r <= 0) {
+        free(b);
+        return 0;
+    }
+    *buf = b;
+    return (size_t)r;
+}

@@ -1,0 +1,119 @@
+/* Cross-file internals of net's TLS + WebSocket part (tls.c, ws.c, ws_server.c, ws_client.c).
+ * Kept apart from net/internal.h so the link and HTTP parts evolve independently. */
+#ifndef KV_NET_WS_INTERNAL_H
+#define KV_NET_WS_INTERNAL_H
+
+#include <sys/types.h>
+#include <uv.h>
+#include <wslay/wslay.h>
+
+#include "net/net.h"
+
+/* ---- tls.c: one TLS session over memory BIOs ---- */
+struct net__tls;
+/* A session for a server (sni NULL) or client (sni: host name to send, may be NULL). */
+int net__tls_new(struct net__tls **out, struct net_tls_ctx *ctx, bool server, const char *sni);
+void net__tls_free(struct net__tls *t);
+/* Hand ciphertext from the socket to the session. 0 or -ENOMEM. */
+int net__tls_feed(struct net__tls *t, const uint8_t *data, size_t len);
+/* Advance the handshake: 1 done, 0 needs more input, -EPROTO failed (reason on stderr). */
+int net__tls_handshake(struct net__tls *t);
+/* Decrypted bytes into buf: > 0 count, 0 needs more input, -EPIPE peer closed TLS,
+ * -EPROTO error (renegotiation attempts land here). */
+ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len);
+/* Encrypt plaintext (all of it). 0 or -EPROTO. */
+int net__tls_write(struct net__tls *t, const uint8_t *data, size_t len);
+/* Ciphertext waiting for the socket: moves it into a fresh malloc'd buffer (*buf, length
+ * returned), 0 when none. */
+size_t net__tls_take(struct net__tls *t, uint8_t **buf);
+
+/* ---- ws_http.c: the handshake's HTTP/1.1 head (http-parser) ---- */
+struct net__http;
+struct net__http *net__http_new(bool request);
+void net__http_free(struct net__http *h);
+/* Feed bytes: 1 head complete (*used = bytes of the head in data), 0 need more (*used =
+ * len), -EPROTO malformed or too long (net__http_error says why). */
+int net__http_feed(struct net__http *h, const uint8_t *data, size_t len, size_t *used);
+const char *net__http_error(const struct net__http *h);
+const char *net__http_url(const struct net__http *h);
+int net__http_method(const struct net__http *h);   /* enum http_method */
+int net__http_status(const struct net__http *h);
+bool net__http_is_11(const struct net__http *h);
+const char *net__http_key(const struct net__http *h);
+const char *net__http_version(const struct net__http *h);
+const char *net__http_accept(const struct net__http *h);
+bool net__http_upgrade_ws(const struct net__http *h);
+bool net__http_connection_upgrade(const struct net__http *h);
+
+/* ---- ws.c: the connection ---- */
+enum net__ws_state {
+    NET__WS_CONNECTING,  /* client: TCP connect in progress */
+    NET__WS_TLS,         /* TLS handshake */
+    NET__WS_HTTP,        /* reading the HTTP request (server) or response (client) */
+    NET__WS_OPEN,        /* frames flow */
+    NET__WS_CLOSING,     /* handle closing; waiting for the close callbacks */
+};
+
+struct net_ws {
+    uv_tcp_t tcp;
+    uv_timer_t timer;            /* handshake and closing-handshake deadlines */
+    uv_connect_t connect;
+    uv_getaddrinfo_t gai;
+    int handles_open;            /* tcp + timer; freed when both closed */
+    enum net__ws_state state;
+    bool server;
+    bool tls_on;
+    bool paused;
+    bool read_active;
+    bool close_after_flush;      /* HTTP reply written / close frame exchanged */
+    bool in_recv;                /* inside wslay_event_recv (defer frees) */
+    struct net__tls *tls;
+    wslay_event_context_ptr wslay;
+    struct net_ws_limits lim;
+    const struct net_ws_handlers *h;
+    void *ud;
+    struct net_ws_server *srv;   /* server side: owner */
+    struct net_ws *srv_next, *srv_prev;
+    /* plaintext received, not yet consumed */
+    uint8_t *in;
+    size_t in_len, in_cap, in_off;
+    /* plaintext produced by one flush, batched into one uv_write */
+    uint8_t *out;
+    size_t out_len, out_cap;
+    size_t pending;              /* bytes handed to uv_write, not yet written */
+    bool above_low;
+    uint64_t last_rx;
+    int close_code;              /* what the peer sent, 1006 if none */
+    char close_reason[128];
+    char peer[64];
+    /* HTTP state (handshake) */
+    struct net__http *http;      /* handshake parser, freed once open */
+    /* client side */
+    char *host, *path, *key;
+    int port;
+};
+
+/* Allocate a connection on loop (tcp + timer initialised). */
+int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const char *sni,
+                  const struct net_ws_limits *lim, struct net_ws **out);
+/* Start reading the socket. */
+int net__ws_start_read(struct net_ws *ws);
+/* Send raw plaintext bytes (HTTP) through TLS when on. */
+int net__ws_write_raw(struct net_ws *ws, const uint8_t *data, size_t len);
+/* Switch to framing: creates the wslay context; leftover plaintext stays in the input. */
+int net__ws_open(struct net_ws *ws);
+/* Move TLS ciphertext to the socket. */
+int net__ws_tls_push(struct net_ws *ws);
+/* Drop one reference (handles + in-flight resolver); the last frees ws after on_close. */
+void net__ws_unref(struct net_ws *ws);
+/* Close handles with a local reason (1006 unless a close frame arrived). */
+void net__ws_drop(struct net_ws *ws, const char *reason);
+/* Arm the single deadline timer (ms); its expiry drops the connection with reason. */
+void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason);
+/* Plaintext input arrived during HTTP state: implemented by the server / client side. */
+void net__ws_server_http_input(struct net_ws *ws);
+void net__ws_client_http_input(struct net_ws *ws);
+void net__ws_client_tls_ready(struct net_ws *ws);
+void net__ws_server_conn_gone(struct net_ws *ws);
+
+#endif
