@@ -125,6 +125,7 @@ struct kvd_relay_stats {
     uint64_t refused_bad_bridge, refused_bad_role, refused_dup_role, refused_limit;
     uint64_t timeouts_partner, timeouts_idle, partner_gone;
     uint64_t held_bytes;         /* bytes held for ends without a partner yet */
+    uint64_t queued_bytes;       /* bytes queued toward ends, not yet taken by the kernel */
 };
 
 struct kvd_relay;

@@ -44,7 +44,7 @@ struct relay_end {
     char refuse_reason[124];
     bool closing;
     bool paused;
-    uint64_t t_open, t_role, last_ping;
+    uint64_t t_open, t_role, last_ping, paused_at;
     struct held_msg *held, *held_tail;
     size_t held_bytes;
 };
@@ -183,6 +183,8 @@ static void end_pause(struct relay_end *e, bool p)
     if (e->paused == p)
         return;
     e->paused = p;
+    if (p)
+        e->paused_at = uv_now(e->r->loop);
     net_ws_pause(e->ws, p);
 }
 
@@ -417,7 +419,9 @@ static int on_upgrade(struct net_ws_server *srv, struct net_ws *ws, const char *
 static cJSON *stats_json(struct kvd_relay *r)
 {
     cJSON *o = cJSON_CreateObject();
-    const struct kvd_relay_stats *s = &r->st;
+    struct kvd_relay_stats snap;
+    kvd_relay_get_stats(r, &snap);
+    const struct kvd_relay_stats *s = &snap;
     cJSON_AddNumberToObject(o, "connections", (double)s->connections);
     cJSON_AddNumberToObject(o, "bridges", (double)s->bridges);
     cJSON_AddNumberToObject(o, "paired", (double)s->paired);
@@ -426,6 +430,7 @@ static cJSON *stats_json(struct kvd_relay *r)
     cJSON_AddNumberToObject(o, "messages_total", (double)s->messages_total);
     cJSON_AddNumberToObject(o, "bytes_total", (double)s->bytes_total);
     cJSON_AddNumberToObject(o, "held_bytes", (double)s->held_bytes);
+    cJSON_AddNumberToObject(o, "queued_bytes", (double)s->queued_bytes);
     cJSON *ref = cJSON_AddObjectToObject(o, "refused");
     cJSON_AddNumberToObject(ref, "bad_bridge", (double)s->refused_bad_bridge);
     cJSON_AddNumberToObject(ref, "bad_role", (double)s->refused_bad_role);
@@ -448,7 +453,9 @@ static cJSON *stats_json(struct kvd_relay *r)
 
 static char *metrics_text(struct kvd_relay *r, size_t *len)
 {
-    const struct kvd_relay_stats *s = &r->st;
+    struct kvd_relay_stats snap;
+    kvd_relay_get_stats(r, &snap);
+    const struct kvd_relay_stats *s = &snap;
     char *buf = NULL;
     size_t cap = 0;
     FILE *f = open_memstream(&buf, &cap);
@@ -472,6 +479,9 @@ static char *metrics_text(struct kvd_relay *r, size_t *len)
     fprintf(f, "# HELP kvasir_relay_held_bytes Bytes held for ends still waiting for a partner.\n"
                "# TYPE kvasir_relay_held_bytes gauge\nkvasir_relay_held_bytes %" PRIu64 "\n",
             s->held_bytes);
+    fprintf(f, "# HELP kvasir_relay_queued_bytes Bytes queued toward ends, not yet sent.\n"
+               "# TYPE kvasir_relay_queued_bytes gauge\nkvasir_relay_queued_bytes %" PRIu64 "\n",
+            s->queued_bytes);
     fprintf(f, "# HELP kvasir_relay_refused_total Connections refused, by reason.\n"
                "# TYPE kvasir_relay_refused_total counter\n"
                "kvasir_relay_refused_total{reason=\"bad_bridge\"} %" PRIu64 "\n"
@@ -553,8 +563,12 @@ static void on_tick(uv_timer_t *t)
                       r->cfg.pair_timeout_ms);
             continue;
         }
-        /* A paused end is not read, so its silence says nothing. */
-        if (!e->paused && now - net_ws_last_rx(e->ws) >= r->cfg.idle_timeout_ms) {
+        /* A paused end is not read, so its silence counts only from the pause: a partner
+         * that drains nothing for the idle time is as dead as a silent end. */
+        uint64_t rx = net_ws_last_rx(e->ws);
+        if (e->paused && e->paused_at > rx)
+            rx = e->paused_at;
+        if (now - rx >= r->cfg.idle_timeout_ms) {
             r->st.timeouts_idle++;
             end_close(e, NET_WS_CODE_IDLE, "idle: nothing received for %u ms",
                       r->cfg.idle_timeout_ms);
@@ -643,6 +657,9 @@ int kvd_relay_port(const struct kvd_relay *r)
 void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out)
 {
     *out = r->st;
+    out->queued_bytes = 0;
+    for (const struct relay_end *e = r->ends; e; e = e->next)
+        out->queued_bytes += net_ws_pending(e->ws);
 }
 
 static void tick_closed(uv_handle_t *h)

@@ -240,6 +240,10 @@ static void ws_flush(struct net_ws *ws)
 
 /* ---------------------------------------------------------------- wslay glue */
 
+/* Hands wslay the received bytes, but looks at each frame header first: wslay answers a
+ * fragmented or over-long control frame with an empty close (1005) instead of 1002, so such
+ * a frame is failed here before wslay sees it. ws->fr_left counts the bytes of the current
+ * frame not yet handed over; 0 means the next byte starts a header. */
 static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
                           void *ud)
 {
@@ -249,10 +253,49 @@ static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
         wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
         return -1;
     }
-    size_t n = avail < len ? avail : len;
-    memcpy(buf, ws->in + ws->in_off, n);
-    ws->in_off += n;
-    return (ssize_t)n;
+    const uint8_t *src = ws->in + ws->in_off;
+    size_t give = 0;
+    while (give < len && give < avail) {
+        if (ws->fr_left == 0) {
+            const uint8_t *p = src + give;
+            size_t have = avail - give;
+            if (have < 2)
+                break;
+            unsigned len7 = p[1] & 0x7f;
+            if ((p[0] & 0x08) && (!(p[0] & 0x80) || len7 > 125)) {
+                if (give > 0)
+                    break;
+                static const char why[] = "control frame fragmented or over 125 bytes";
+                wslay_event_queue_close(ctx, WSLAY_CODE_PROTOCOL_ERROR, (const uint8_t *)why,
+                                        sizeof why - 1);
+                wslay_event_shutdown_read(ctx);
+                wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+                return -1;
+            }
+            size_t hl = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((p[1] & 0x80) ? 4 : 0);
+            if (have < hl)
+                break;
+            uint64_t pl = len7;
+            if (len7 == 126)
+                pl = (uint64_t)p[2] << 8 | p[3];
+            else if (len7 == 127)
+                for (int i = 0; i < 8; i++)
+                    pl = (i ? pl << 8 : 0) | p[2 + i];
+            ws->fr_left = pl > UINT64_MAX - hl ? UINT64_MAX : pl + hl;
+        }
+        size_t take = len - give < avail - give ? len - give : avail - give;
+        if (take > ws->fr_left)
+            take = (size_t)ws->fr_left;
+        give += take;
+        ws->fr_left -= take;
+    }
+    if (give == 0) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
+    memcpy(buf, src, give);
+    ws->in_off += give;
+    return (ssize_t)give;
 }
 
 static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
@@ -286,6 +329,13 @@ static void ws_frame_start_cb(wslay_event_context_ptr ctx,
 {
     struct net_ws *ws = ud;
     ws->last_rx = uv_now(ws->tcp.loop);
+    /* RFC 6455 5.5.1: a close payload is empty or starts with a 2-byte code; wslay would
+     * take one byte as "no code", so fail it here. */
+    if (arg->opcode == WSLAY_CONNECTION_CLOSE && arg->payload_length == 1) {
+        static const char why[] = "close frame with a 1-byte payload";
+        wslay_event_queue_close(ctx, WSLAY_CODE_PROTOCOL_ERROR, (const uint8_t *)why, sizeof why - 1);
+        wslay_event_shutdown_read(ctx);
+    }
 }
 
 static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
@@ -351,8 +401,17 @@ static void ws_process(struct net_ws *ws)
         int r = wslay_event_recv(ws->wslay);
         ws->in_recv = false;
         if (r < 0) {
-            net__ws_drop(ws, "receive failed");
-            return;
+            /* wslay reports some framing violations (over-long or fragmented control
+             * frames) as a callback failure of the call although our receive callback
+             * only ever says "would block": answer them with 1002. */
+            if (r == WSLAY_ERR_NOMEM || !wslay_event_get_write_enabled(ws->wslay)) {
+                net__ws_drop(ws, "receive failed");
+                return;
+            }
+            static const char why[] = "malformed frame";
+            wslay_event_shutdown_read(ws->wslay);
+            wslay_event_queue_close(ws->wslay, WSLAY_CODE_PROTOCOL_ERROR, (const uint8_t *)why,
+                                    sizeof why - 1);
         }
         ws_flush(ws);
         break;

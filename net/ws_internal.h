@@ -77,6 +77,7 @@ struct net_ws {
     /* plaintext received, not yet consumed */
     uint8_t *in;
     size_t in_len, in_cap, in_off;
+    uint64_t fr_left;            /* bytes of the current frame not yet given to wslay */
     /* plaintext produced by one flush, batched into one uv_write */
     uint8_t *out;
     size_t out_len, out_cap;
