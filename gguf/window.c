@@ -106,25 +106,33 @@ out:
     return rc;
 }
 
-struct fill_ctx {
-    const struct gguf_file *src;
-};
-
 static int fill_from_src(void *ud, const char *name, void *buf, uint64_t size)
 {
-    struct fill_ctx *c = ud;
-    const struct gguf_tensor *t = gguf_tensor_find(c->src, name);
+    const struct gguf_file *src = ud;
+    const struct gguf_tensor *t = gguf_tensor_find(src, name);
     if (!t || t->size != size)
         return -EINVAL;
     if (t->data) {
         memcpy(buf, t->data, size);
         return 0;
     }
-    return gguf_tensor_read(c->src, t, buf, NULL, 0);
+    return gguf_tensor_read(src, t, buf, NULL, 0);
 }
 
 int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, const char *path,
                       char *err, size_t errlen)
+{
+    struct gguf_writer *w;
+    int rc = gguf_window_writer(src, o, &w, err, errlen);
+    if (rc)
+        return rc;
+    rc = gguf_writer_write(w, path, err, errlen);
+    gguf_writer_free(w);
+    return rc;
+}
+
+int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
+                       struct gguf_writer **out, char *err, size_t errlen)
 {
     uint32_t n_layers;
     int rc = gguf_block_count(src, &n_layers);
@@ -183,17 +191,18 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, c
         rc = gguf_writer_set_str(w, "kvasir.source.sha256", sha);
     if (rc && err && !err[0])
         seterr(err, errlen, "window: setting metadata: %s", strerror(-rc));
-    struct fill_ctx fc = {.src = src};
     for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(src, i);
         if (!gguf_window_wants(t->name, o->first, o->last, n_layers, has_output))
             continue;
-        rc = gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src, &fc);
+        rc = gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src, src);
         if (rc)
             seterr(err, errlen, "window: adding tensor '%s': %s", t->name, strerror(-rc));
     }
-    if (!rc)
-        rc = gguf_writer_write(w, path, err, errlen);
-    gguf_writer_free(w);
-    return rc;
+    if (rc) {
+        gguf_writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
 }

@@ -529,3 +529,23 @@ out_buf:
     free(tmp);
     return rc;
 }
+
+int gguf_writer_header(struct gguf_writer *w, void **buf, size_t *len)
+{
+    char *p = NULL;
+    size_t n = 0;
+    FILE *fp = open_memstream(&p, &n);
+    if (!fp)
+        return -errno;
+    struct out o = {.fp = fp};
+    put_header(w, &o);
+    if (fclose(fp) != 0 && !o.err)
+        o.err = -EIO;
+    if (o.err || n != o.pos) {
+        free(p);
+        return o.err ? o.err : -EIO;
+    }
+    *buf = p;
+    *len = n;
+    return 0;
+}

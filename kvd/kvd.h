@@ -85,6 +85,60 @@ int kvd_ctl_request(const char *sock_path, const char *request, kvd_ctl_line_cb 
                     int timeout_ms, char *err, size_t errlen);
 
 /* ================================= seeder ================================== */
+/* The seeder role (DESIGN.md section 6): any kvd holding a model or a window serves windows
+ * over HTTP (net_http server), and the fetch side that `kvctl pull` and `kvd --window-from`
+ * share.
+ *
+ * Routes (model ids are catalog SHA-256s, windows half-open [first, last)):
+ *   GET /v1/models                      {"models":[{"id","name","arch","n_layers","layers":[f,l],
+ *                                         "size"}]}
+ *   GET /v1/catalog/<id>                the catalog JSON (its SHA-256 is <id>)
+ *   GET /v1/windows/<id>/<first>-<last> the stage mini-GGUF of that window, built on the fly:
+ *                                       header in memory, tensor bytes straight from the
+ *                                       mapped source; Content-Length, ETag, Range, zstd.
+ *   GET /v1/seeder/stats                counters (requests, windows, body bytes sent)
+ * Layers not held: 404 with the reason; malformed ids or ranges: 400. Only the files given
+ * to kvd_seeder_add are ever read. */
+
+struct net_http_server;
+struct kvd_seeder;
+
+/* Create a seeder and put its routes on srv (the server outlives the seeder's use). */
+int kvd_seeder_new(struct kvd_seeder **out, struct net_http_server *srv);
+/* Serve a model or window file. catalog_path: its catalog (required for a window file; for a
+ * full model NULL builds it, hashing the file once). id_hex (may be NULL) gets the model id. */
+int kvd_seeder_add(struct kvd_seeder *s, const char *path, const char *catalog_path,
+                   char id_hex[65], char *err, size_t errlen);
+/* Free after the server is closed. */
+void kvd_seeder_free(struct kvd_seeder *s);
+/* `kvd seeder --serve FILE[,CATALOG]... --listen HOST:PORT` (also `kvd --role seeder ...`). */
+int kvd_seeder_main(int argc, char **argv);
+
+/* Fetch a window: from a seeder (URL "http://host:port", no path) or from a plain HTTP(S)
+ * URL of a full GGUF on any server that supports Range requests. The result is written to
+ * out_path only when complete and verified (out_path.part + out_path.part.state hold a
+ * resumable partial download meanwhile). */
+struct kvd_pull_opts {
+    const char *url;
+    uint32_t first, last;       /* [first, last) */
+    const char *catalog_path;   /* verify every tensor against it (NULL: the seeder's catalog,
+                                 * or none for a plain URL) */
+    const char *model_id;       /* pick a model on a seeder serving several (NULL: the
+                                 * catalog's id, or the only one) */
+    const char *source_sha256;  /* plain URL without catalog: kvasir.source.sha256 to write */
+    const char *out_path;
+    int progress;               /* 0 none, 1 bar on a TTY / a line per 10% otherwise */
+    bool zstd;                  /* ask a seeder for zstd encoding */
+    long timeout_s;             /* stall timeout (no bytes) per request; 0: 30 s */
+};
+struct kvd_pull_stats {
+    uint64_t bytes_fetched;     /* body bytes received (after decoding) */
+    uint64_t bytes_resumed;     /* bytes found already done at the start */
+    uint64_t requests;
+    double seconds;
+};
+int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err,
+             size_t errlen);
 
 /* ================================== relay ================================== */
 

@@ -14,6 +14,7 @@ struct kvd_role {
 static const struct kvd_role roles[] = {
     {"stage", kvd_stage_main, "--manifest ring.json --rank R [--model FILE | --window MINI.gguf] ...  a ring stage"},
     {"relay", kvd_relay_main, "--listen HOST:PORT (--tls-cert C --tls-key K | --plain) ...  WebSocket relay for NAT'd stages"},
+    {"seeder", kvd_seeder_main, "--serve FILE[,CATALOG]... --listen HOST:PORT  serves models and windows over HTTP"},
 };
 
 static void usage(FILE *out)
@@ -34,6 +35,11 @@ int main(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && !strcmp(argv[i + 1], "relay"))
             return kvd_relay_main(argc, argv);
+    if (argc >= 3 && !strcmp(argv[1], "--role")) { /* kvd --role NAME ... == kvd NAME ... */
+        argv[1] = argv[0];
+        argc--;
+        argv++;
+    }
     if (argc >= 2 && argv[1][0] != '-') {
         for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
             if (!strcmp(argv[1], roles[i].name))

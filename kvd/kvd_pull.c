@@ -1,0 +1,903 @@
+/* kvd_pull.c — fetch a stage window from a seeder or from a plain HTTP(S) GGUF URL (libcurl).
+ *
+ * Seeder: GET /v1/models, the catalog (/v1/catalog/<id>, checked to hash to its id, unless a
+ * local catalog is given), then the window stream /v1/windows/<id>/<first>-<last> appended to
+ * OUT.part; a restart resumes with Range + If-Range from the part's length.
+ * Plain URL: the header is read with ranges that grow until gguf_file_parse has all it needs;
+ * the window's header is built locally by the gguf window writer (so the result is the same
+ * bytes `kvctl slice` writes), then only the window's tensor byte ranges are fetched (adjacent
+ * tensors in one request) and written at their place in OUT.part; OUT.part.state records the
+ * source's ETag and size and how far the ranges got.
+ * Either way the window is verified tensor by tensor against the catalog, fsync'ed and renamed
+ * to OUT; a window that fails verification is deleted, naming the first bad tensor.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+#include "gguf/gguf.h"
+#include "kvd/kvd.h"
+
+#define PULL_HDR_FIRST (64u * 1024)
+#define PULL_MEM_MAX (256u << 20)   /* models list / catalog / header held in memory */
+#define PULL_STATE_EVERY (4u << 20) /* save the resume state this often */
+#define PULL_MAX_GAP 4096           /* merge tensor ranges closer than this in the source */
+
+struct pull {
+    const struct kvd_pull_opts *o;
+    struct kvd_pull_stats *st;
+    CURL *curl;
+    char *err;
+    size_t errlen;
+    /* progress */
+    uint64_t total, done;
+    double t0, last_draw;
+    int last_decile;
+    bool tty;
+    /* last response */
+    long status;
+    char etag[256];
+    uint64_t cr_first, cr_total; /* Content-Range */
+    bool have_cr;
+    uint64_t clen;
+    bool have_clen;
+};
+
+static void seterr(struct pull *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void seterr(struct pull *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->err, p->errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Copy with truncation (NUL-terminated, n > 0). */
+static void scopy(char *d, size_t n, const char *s)
+{
+    size_t l = strlen(s);
+    if (l >= n)
+        l = n - 1;
+    memcpy(d, s, l);
+    d[l] = 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void human(char *buf, size_t n, double v)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+static void progress(struct pull *p, bool final)
+{
+    if (!p->o->progress || !p->total)
+        return;
+    double t = now_s(), el = t - p->t0;
+    double rate = el > 0 ? (double)(p->done - p->st->bytes_resumed) / el : 0;
+    int pct = (int)(p->done * 100 / p->total);
+    char d[32], tot[32], r[32];
+    human(d, sizeof d, (double)p->done);
+    human(tot, sizeof tot, (double)p->total);
+    human(r, sizeof r, rate);
+    double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0;
+    if (p->tty) {
+        if (!final && t - p->last_draw < 0.1)
+            return;
+        p->last_draw = t;
+        char bar[31];
+        int fill = pct * 30 / 100;
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < fill ? '#' : '-';
+        bar[30] = 0;
+        fprintf(stderr, "\r[%s] %3d%% %s / %s  %s/s  ETA %.0fs   ", bar, pct, d, tot, r, eta);
+        if (final)
+            fputc('\n', stderr);
+    } else {
+        int dec = pct / 10;
+        if (dec > p->last_decile || (final && dec != p->last_decile)) {
+            p->last_decile = dec;
+            fprintf(stderr, "pull: %3d%% %s / %s  %s/s  ETA %.0fs\n", pct, d, tot, r, eta);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ curl plumbing */
+
+static size_t on_header(char *b, size_t sz, size_t n, void *ud)
+{
+    struct pull *p = ud;
+    size_t len = sz * n;
+    char line[512];
+    size_t l = len < sizeof line - 1 ? len : sizeof line - 1;
+    memcpy(line, b, l);
+    line[l] = 0;
+    while (l && (line[l - 1] == '\r' || line[l - 1] == '\n'))
+        line[--l] = 0;
+    if (strncmp(line, "HTTP/", 5) == 0) { /* a new response (redirects, 100): forget the last */
+        p->etag[0] = 0;
+        p->have_cr = p->have_clen = false;
+        const char *sp = strchr(line, ' ');
+        p->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+    } else if (strncasecmp(line, "ETag:", 5) == 0) {
+        const char *v = line + 5;
+        while (*v == ' ')
+            v++;
+        scopy(p->etag, sizeof p->etag, v);
+    } else if (strncasecmp(line, "Content-Range:", 14) == 0) {
+        unsigned long long a, b2, t;
+        if (sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b2, &t) == 3) {
+            p->cr_first = a;
+            p->cr_total = t;
+            p->have_cr = true;
+        }
+    } else if (strncasecmp(line, "Content-Length:", 15) == 0) {
+        p->clen = strtoull(line + 15, NULL, 10);
+        p->have_clen = true;
+    }
+    return len;
+}
+
+static void curl_setup(struct pull *p, const char *url)
+{
+    CURL *c = p->curl;
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, p);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 15L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, p->o->timeout_s > 0 ? p->o->timeout_s : 30L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "kvasir-pull/1");
+    p->status = 0;
+    p->st->requests++;
+}
+
+struct membuf {
+    char *p;
+    size_t len, cap, max;
+};
+
+static size_t on_mem(char *b, size_t sz, size_t n, void *ud)
+{
+    struct membuf *m = ud;
+    size_t len = sz * n;
+    if (len > m->max - m->len)
+        return 0; /* over the cap: curl stops with a write error */
+    if (m->len + len + 1 > m->cap) {
+        size_t nc = m->cap ? m->cap : 65536;
+        while (nc < m->len + len + 1)
+            nc *= 2;
+        char *np = realloc(m->p, nc);
+        if (!np)
+            return 0;
+        m->p = np;
+        m->cap = nc;
+    }
+    memcpy(m->p + m->len, b, len);
+    m->len += len;
+    m->p[m->len] = 0;
+    return len;
+}
+
+/* GET url (optionally bytes [a, b] inclusive) into m; 0 or negative with err. */
+static int get_mem(struct pull *p, const char *url, int64_t a, int64_t b, struct membuf *m)
+{
+    curl_setup(p, url);
+    char range[64];
+    if (a >= 0) {
+        snprintf(range, sizeof range, "%lld-%lld", (long long)a, (long long)b);
+        curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
+    }
+    curl_easy_setopt(p->curl, CURLOPT_WRITEFUNCTION, on_mem);
+    curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, m);
+    size_t before = m->len;
+    CURLcode cc = curl_easy_perform(p->curl);
+    p->st->bytes_fetched += m->len - before;
+    if (cc != CURLE_OK) {
+        seterr(p, "GET %s: %s", url, curl_easy_strerror(cc));
+        return -EIO;
+    }
+    if (p->status != 200 && p->status != 206) {
+        /* a text reason from a seeder is worth showing */
+        char reason[200] = "";
+        if (m->len > before) {
+            size_t n = m->len - before < sizeof reason - 1 ? m->len - before : sizeof reason - 1;
+            memcpy(reason, m->p + before, n);
+            reason[n] = 0;
+            char *nl = strchr(reason, '\n');
+            if (nl)
+                *nl = 0;
+        }
+        seterr(p, "GET %s: HTTP %ld%s%s", url, p->status, reason[0] ? ": " : "", reason);
+        return p->status == 404 ? -ENOENT : -EPROTO;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ state file */
+
+struct state {
+    char url[2048], etag[256];
+    uint64_t size, wsize, run, runoff;
+};
+
+static int state_load(const char *path, struct state *s)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return -errno;
+    memset(s, 0, sizeof *s);
+    char line[2400];
+    int magic = 0;
+    while (fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strcmp(line, "kvasir-pull 1"))
+            magic = 1;
+        else if (!strncmp(line, "url ", 4))
+            scopy(s->url, sizeof s->url, line + 4);
+        else if (!strncmp(line, "etag ", 5))
+            scopy(s->etag, sizeof s->etag, line + 5);
+        else if (!strncmp(line, "size ", 5))
+            s->size = strtoull(line + 5, NULL, 10);
+        else if (!strncmp(line, "wsize ", 6))
+            s->wsize = strtoull(line + 6, NULL, 10);
+        else if (!strncmp(line, "run ", 4))
+            s->run = strtoull(line + 4, NULL, 10);
+        else if (!strncmp(line, "runoff ", 7))
+            s->runoff = strtoull(line + 7, NULL, 10);
+    }
+    fclose(fp);
+    return magic ? 0 : -EINVAL;
+}
+
+static int state_save(const char *path, const struct state *s)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *fp = fopen(tmp, "w");
+    if (!fp)
+        return -errno;
+    fprintf(fp, "kvasir-pull 1\nurl %s\netag %s\nsize %" PRIu64 "\nwsize %" PRIu64
+                "\nrun %" PRIu64 "\nrunoff %" PRIu64 "\n",
+            s->url, s->etag, s->size, s->wsize, s->run, s->runoff);
+    if (fclose(fp) != 0)
+        return -errno;
+    return rename(tmp, path) == 0 ? 0 : -errno;
+}
+
+/* ------------------------------------------------------------------ verify + install */
+
+static int finish(struct pull *p, const char *part, const char *statep,
+                  const struct gguf_catalog *cat)
+{
+    const struct kvd_pull_opts *o = p->o;
+    char err[512] = "";
+    struct gguf_file *f = NULL;
+    int rc = gguf_file_open(&f, part, err, sizeof err);
+    uint32_t a, b;
+    if (rc) {
+        seterr(p, "downloaded window does not parse: %s", err);
+    } else if (gguf_window_get(f, &a, &b) != 0 || a != o->first || b != o->last) {
+        seterr(p, "downloaded file is not the window [%u, %u)", o->first, o->last);
+        rc = -EBADMSG;
+    } else if (cat && (rc = gguf_catalog_verify(cat, f, err, sizeof err)) != 0) {
+        seterr(p, "window refused: %s", err);
+    }
+    gguf_file_free(f);
+    if (rc) {
+        unlink(part); /* never resume from bytes that failed verification */
+        unlink(statep);
+        return rc;
+    }
+    int fd = open(part, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    if (rename(part, o->out_path) != 0) {
+        rc = -errno;
+        seterr(p, "rename %s -> %s: %s", part, o->out_path, strerror(errno));
+        return rc;
+    }
+    unlink(statep);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ from a seeder */
+
+struct filew {
+    struct pull *p;
+    int fd;
+    uint64_t pos, limit;
+    bool restart_ok;
+};
+
+static size_t on_file(char *b, size_t sz, size_t n, void *ud)
+{
+    struct filew *w = ud;
+    struct pull *p = w->p;
+    size_t len = sz * n;
+    if (w->restart_ok && p->status == 200 && w->pos > 0) {
+        /* the server sent the whole window instead of the rest: start over */
+        if (ftruncate(w->fd, 0) != 0)
+            return 0;
+        p->done -= w->pos;
+        p->st->bytes_resumed = 0;
+        w->pos = 0;
+    }
+    w->restart_ok = false;
+    if (len > w->limit - w->pos)
+        return 0;
+    const char *c = b;
+    size_t left = len;
+    while (left) {
+        ssize_t k = pwrite(w->fd, c, left, (off_t)w->pos);
+        if (k <= 0)
+            return 0;
+        c += k;
+        left -= (size_t)k;
+        w->pos += (uint64_t)k;
+    }
+    p->done += len;
+    p->st->bytes_fetched += len;
+    progress(p, false);
+    return len;
+}
+
+static int pick_model(struct pull *p, const char *base, const char *want_id, char id[65],
+                      uint32_t *lf, uint32_t *ll)
+{
+    char url[2200];
+    snprintf(url, sizeof url, "%s/v1/models", base);
+    struct membuf m = {.max = 16u << 20};
+    int rc = get_mem(p, url, -1, -1, &m);
+    if (rc) {
+        free(m.p);
+        return rc;
+    }
+    cJSON *root = cJSON_ParseWithLength(m.p, m.len);
+    free(m.p);
+    cJSON *arr = root ? cJSON_GetObjectItemCaseSensitive(root, "models") : NULL;
+    if (!cJSON_IsArray(arr)) {
+        cJSON_Delete(root);
+        seterr(p, "%s: not a seeder's model list", url);
+        return -EPROTO;
+    }
+    int n = cJSON_GetArraySize(arr), found = 0;
+    char ids[512] = "";
+    for (int i = 0; i < n; i++) {
+        cJSON *it = cJSON_GetArrayItem(arr, i);
+        cJSON *jid = cJSON_GetObjectItemCaseSensitive(it, "id");
+        cJSON *jl = cJSON_GetObjectItemCaseSensitive(it, "layers");
+        if (!cJSON_IsString(jid) || strlen(jid->valuestring) != 64 || !cJSON_IsArray(jl) ||
+            cJSON_GetArraySize(jl) != 2)
+            continue;
+        if (strlen(ids) + 70 < sizeof ids)
+            snprintf(ids + strlen(ids), sizeof ids - strlen(ids), " %s", jid->valuestring);
+        if (want_id && strcmp(want_id, jid->valuestring) != 0)
+            continue;
+        found++;
+        memcpy(id, jid->valuestring, 65);
+        double a = cJSON_GetArrayItem(jl, 0)->valuedouble, b = cJSON_GetArrayItem(jl, 1)->valuedouble;
+        *lf = a >= 0 && a < 1e6 ? (uint32_t)a : 0;
+        *ll = b >= 0 && b < 1e6 ? (uint32_t)b : 0;
+    }
+    cJSON_Delete(root);
+    if (found == 1)
+        return 0;
+    if (want_id)
+        seterr(p, "the seeder at %s does not serve model %s (it serves:%s)", base, want_id,
+               ids[0] ? ids : " nothing");
+    else
+        seterr(p, "the seeder at %s serves %d models; choose one with --model (it serves:%s)",
+               base, n, ids[0] ? ids : " nothing");
+    return -ENOENT;
+}
+
+static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **catp,
+                       const char *part, const char *statep)
+{
+    const struct kvd_pull_opts *o = p->o;
+    char id[65], cat_id[65] = "";
+    uint32_t hf = 0, hl = 0;
+    const char *want = o->model_id;
+    if (*catp) {
+        char *json;
+        size_t len;
+        int rc = gguf_catalog_to_json(*catp, &json, &len, cat_id);
+        if (rc) {
+            seterr(p, "catalog: %s", strerror(-rc));
+            return rc;
+        }
+        free(json);
+        if (want && strcmp(want, cat_id) != 0) {
+            seterr(p, "--model %s is not the catalog's id %s", want, cat_id);
+            return -EINVAL;
+        }
+        want = cat_id;
+    }
+    int rc = pick_model(p, base, want, id, &hf, &hl);
+    if (rc)
+        return rc;
+    if (o->first < hf || o->last > hl) {
+        seterr(p, "the seeder holds layers [%u, %u) of %s, not [%u, %u)", hf, hl, id, o->first,
+               o->last);
+        return -ENOENT;
+    }
+    char url[2300];
+    if (!*catp) { /* the seeder's catalog, checked to be the one its id names */
+        snprintf(url, sizeof url, "%s/v1/catalog/%s", base, id);
+        struct membuf m = {.max = GGUF_CATALOG_MAX_JSON};
+        if ((rc = get_mem(p, url, -1, -1, &m))) {
+            free(m.p);
+            return rc;
+        }
+        char got[65], err[256] = "";
+        rc = gguf_catalog_from_json(catp, m.p, m.len, got, err, sizeof err);
+        free(m.p);
+        if (rc) {
+            seterr(p, "catalog from %s: %s", url, err);
+            return rc;
+        }
+        if (strcmp(got, id) != 0) {
+            seterr(p, "catalog from %s hashes to %s, not to its id", url, got);
+            return -EBADMSG;
+        }
+    }
+    snprintf(url, sizeof url, "%s/v1/windows/%s/%u-%u", base, id, o->first, o->last);
+    /* HEAD: the identity size and ETag, for the state and for If-Range */
+    curl_setup(p, url);
+    curl_easy_setopt(p->curl, CURLOPT_NOBODY, 1L);
+    CURLcode cc = curl_easy_perform(p->curl);
+    if (cc != CURLE_OK || p->status != 200 || !p->have_clen) {
+        if (cc != CURLE_OK)
+            seterr(p, "HEAD %s: %s", url, curl_easy_strerror(cc));
+        else
+            seterr(p, "HEAD %s: HTTP %ld", url, p->status);
+        return -EPROTO;
+    }
+    uint64_t size = p->clen;
+    char etag[256];
+    scopy(etag, sizeof etag, p->etag);
+    struct state s;
+    uint64_t have = 0;
+    struct stat sb;
+    if (state_load(statep, &s) == 0 && !strcmp(s.url, url) && !strcmp(s.etag, etag) &&
+        s.wsize == size && stat(part, &sb) == 0 && (uint64_t)sb.st_size <= size)
+        have = (uint64_t)sb.st_size;
+    memset(&s, 0, sizeof s);
+    scopy(s.url, sizeof s.url, url);
+    scopy(s.etag, sizeof s.etag, etag);
+    s.wsize = size;
+    int fd = open(part, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        seterr(p, "%s: %s", part, strerror(errno));
+        return -errno;
+    }
+    if (!have && ftruncate(fd, 0) != 0) {
+        close(fd);
+        seterr(p, "%s: %s", part, strerror(errno));
+        return -EIO;
+    }
+    if ((rc = state_save(statep, &s))) {
+        close(fd);
+        seterr(p, "%s: %s", statep, strerror(-rc));
+        return rc;
+    }
+    p->total = size;
+    p->done = have;
+    p->st->bytes_resumed = have;
+    if (have && o->progress)
+        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", have, size);
+    struct filew w = {p, fd, have, size, have > 0};
+    if (have < size) {
+        curl_setup(p, url);
+        char range[64];
+        struct curl_slist *hl2 = NULL;
+        char ifr[300];
+        if (have) {
+            snprintf(range, sizeof range, "%" PRIu64 "-", have);
+            curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
+            if (etag[0]) {
+                snprintf(ifr, sizeof ifr, "If-Range: %s", etag);
+                hl2 = curl_slist_append(hl2, ifr);
+                curl_easy_setopt(p->curl, CURLOPT_HTTPHEADER, hl2);
+            }
+        } else if (o->zstd) {
+            curl_easy_setopt(p->curl, CURLOPT_ACCEPT_ENCODING, "zstd");
+        }
+        curl_easy_setopt(p->curl, CURLOPT_WRITEFUNCTION, on_file);
+        curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, &w);
+        cc = curl_easy_perform(p->curl);
+        curl_slist_free_all(hl2);
+        if (cc != CURLE_OK || (p->status != 200 && p->status != 206)) {
+            close(fd);
+            if (cc != CURLE_OK)
+                seterr(p, "transfer of %s interrupted at %" PRIu64 " of %" PRIu64
+                          " bytes (%s); run again to resume",
+                       url, w.pos, size, curl_easy_strerror(cc));
+            else
+                seterr(p, "GET %s: HTTP %ld", url, p->status);
+            return -EIO;
+        }
+        if (p->status == 206 && (!p->have_cr || p->cr_first != have)) {
+            close(fd);
+            seterr(p, "GET %s: the server resumed at the wrong place", url);
+            unlink(part);
+            unlink(statep);
+            return -EPROTO;
+        }
+    }
+    close(fd);
+    if (w.pos != size) {
+        seterr(p, "GET %s: got %" PRIu64 " of %" PRIu64 " bytes; run again to resume", url, w.pos,
+               size);
+        return -EIO;
+    }
+    progress(p, true);
+    return finish(p, part, statep, *catp);
+}
+
+/* ------------------------------------------------------------------ from a plain URL */
+
+struct piece {
+    uint64_t src, dst, size; /* absolute in the source file; position in the window file */
+};
+struct run {
+    uint64_t src_first, src_end; /* byte range to fetch */
+    size_t p0, p1;               /* pieces [p0, p1) */
+};
+
+struct runw {
+    struct pull *p;
+    int fd;
+    const struct piece *pieces;
+    const struct run *r;
+    uint64_t pos;        /* absolute source position of the next byte */
+    struct state *s;
+    const char *statep;
+    uint64_t since_save;
+};
+
+static size_t on_run(char *b, size_t sz, size_t n, void *ud)
+{
+    struct runw *w = ud;
+    struct pull *p = w->p;
+    size_t len = sz * n;
+    if (p->status != 206)
+        return 0; /* the server ignored the range or the source changed: stop */
+    if (len > w->r->src_end - w->pos)
+        return 0;
+    uint64_t a = w->pos, e = w->pos + len;
+    for (size_t i = w->r->p0; i < w->r->p1; i++) {
+        const struct piece *pc = &w->pieces[i];
+        uint64_t lo = a > pc->src ? a : pc->src, hi = e < pc->src + pc->size ? e : pc->src + pc->size;
+        if (lo >= hi)
+            continue;
+        const char *c = b + (lo - a);
+        uint64_t left = hi - lo, at = pc->dst + (lo - pc->src);
+        while (left) {
+            ssize_t k = pwrite(w->fd, c, (size_t)left, (off_t)at);
+            if (k <= 0)
+                return 0;
+            c += k;
+            left -= (uint64_t)k;
+            at += (uint64_t)k;
+        }
+    }
+    w->pos = e;
+    p->done += len;
+    p->st->bytes_fetched += len;
+    w->since_save += len;
+    if (w->since_save >= PULL_STATE_EVERY) {
+        w->since_save = 0;
+        w->s->runoff = w->pos - w->r->src_first;
+        state_save(w->statep, w->s);
+    }
+    progress(p, false);
+    return len;
+}
+
+static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog *cat,
+                      const char *part, const char *statep)
+{
+    const struct kvd_pull_opts *o = p->o;
+    /* 1. the source header, with ranges that grow until it parses */
+    struct membuf m = {.max = (size_t)GGUF_MAX_HEADER};
+    int rc = get_mem(p, url, 0, PULL_HDR_FIRST - 1, &m);
+    if (rc) {
+        free(m.p);
+        return rc;
+    }
+    if (p->status != 206 || !p->have_cr) {
+        free(m.p);
+        seterr(p, "%s does not answer range requests (HTTP %ld without Content-Range)", url,
+               p->status);
+        return -EPROTO;
+    }
+    uint64_t size = p->cr_total;
+    char etag[256];
+    scopy(etag, sizeof etag, p->etag);
+    struct gguf_file *src = NULL;
+    char err[512] = "";
+    for (;;) {
+        size_t need = 0;
+        err[0] = 0;
+        rc = gguf_file_parse(&src, m.p, m.len, size, &need, err, sizeof err);
+        if (rc != -EAGAIN)
+            break;
+        uint64_t want = need > 2 * m.len ? need : 2 * m.len;
+        if (want > size)
+            want = size;
+        if (want <= m.len || want > GGUF_MAX_HEADER) {
+            rc = -EPROTO;
+            snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file", need,
+                     size);
+            break;
+        }
+        if ((rc = get_mem(p, url, (int64_t)m.len, (int64_t)want - 1, &m)))
+            break;
+        if (strcmp(p->etag, etag) != 0) {
+            rc = -ESTALE;
+            snprintf(err, sizeof err, "the source changed while its header was read");
+            break;
+        }
+    }
+    free(m.p);
+    if (rc) {
+        if (err[0])
+            seterr(p, "%s: %s", url, err);
+        return rc;
+    }
+    /* 2. the window's header, built here exactly as `kvctl slice` builds it */
+    char zero_sha[65];
+    memset(zero_sha, '0', 64);
+    zero_sha[64] = 0;
+    const char *sha = cat ? cat->source_sha256 : o->source_sha256;
+    if (!sha) {
+        if (o->progress)
+            fprintf(stderr, "pull: warning: no catalog and no --source-sha256: the window's "
+                            "kvasir.source.sha256 is zeros and nothing is verified\n");
+        sha = zero_sha;
+    }
+    struct gguf_window_opts wo = {o->first, o->last, sha};
+    struct gguf_writer *wr = NULL;
+    void *hdr = NULL;
+    size_t hlen = 0;
+    if ((rc = gguf_window_writer(src, &wo, &wr, err, sizeof err))) {
+        gguf_file_free(src);
+        seterr(p, "%s", err);
+        return rc;
+    }
+    uint64_t wsize = gguf_writer_file_size(wr);
+    rc = gguf_writer_header(wr, &hdr, &hlen);
+    gguf_writer_free(wr);
+    struct gguf_file *wf = NULL;
+    size_t need = 0;
+    if (!rc)
+        rc = gguf_file_parse(&wf, hdr, hlen, wsize, &need, err, sizeof err);
+    if (rc) {
+        gguf_file_free(src);
+        free(hdr);
+        seterr(p, "window header: %s", err[0] ? err : strerror(-rc));
+        return rc;
+    }
+    /* 3. pieces (window tensors) and runs (merged source ranges) */
+    uint64_t nt = gguf_tensor_count(wf);
+    struct piece *pc = calloc(nt ? nt : 1, sizeof *pc);
+    struct run *runs = calloc(nt ? nt : 1, sizeof *runs);
+    size_t nr = 0;
+    uint64_t sds = gguf_file_data_offset(src), wds = gguf_file_data_offset(wf), fetch = 0;
+    rc = pc && runs ? 0 : -ENOMEM;
+    for (uint64_t i = 0; i < nt && !rc; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(wf, i);
+        const struct gguf_tensor *st = gguf_tensor_find(src, t->name);
+        if (!st || st->size != t->size) {
+            seterr(p, "window tensor %s missing from the source", t->name);
+            rc = -EPROTO;
+            break;
+        }
+        pc[i] = (struct piece){sds + st->offset, wds + t->offset, t->size};
+        if (cat) {
+            const struct gguf_catalog_tensor *ct = gguf_catalog_find(cat, t->name);
+            if (!ct || ct->offset != pc[i].src || ct->size != t->size || ct->type != t->type) {
+                seterr(p, "tensor %s at %s does not match the catalog (offset %" PRIu64
+                          ", size %" PRIu64 ")", t->name, url, pc[i].src, t->size);
+                rc = -EBADMSG;
+                break;
+            }
+        }
+        if (nr && pc[i].src >= runs[nr - 1].src_end &&
+            pc[i].src - runs[nr - 1].src_end <= PULL_MAX_GAP) {
+            fetch += pc[i].src + pc[i].size - runs[nr - 1].src_end;
+            runs[nr - 1].src_end = pc[i].src + pc[i].size;
+            runs[nr - 1].p1 = i + 1;
+        } else {
+            runs[nr++] = (struct run){pc[i].src, pc[i].src + pc[i].size, i, i + 1};
+            fetch += pc[i].size;
+        }
+    }
+    gguf_file_free(wf);
+    gguf_file_free(src);
+    if (rc) {
+        free(pc);
+        free(runs);
+        free(hdr);
+        return rc;
+    }
+    /* 4. resume state */
+    struct state s;
+    bool resume = state_load(statep, &s) == 0 && !strcmp(s.url, url) && !strcmp(s.etag, etag) &&
+                  s.size == size && s.wsize == wsize && s.run <= nr && access(part, W_OK) == 0;
+    if (!resume) {
+        memset(&s, 0, sizeof s);
+        scopy(s.url, sizeof s.url, url);
+        scopy(s.etag, sizeof s.etag, etag);
+        s.size = size;
+        s.wsize = wsize;
+    }
+    int fd = open(part, O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? 0 : O_TRUNC), 0644);
+    if (fd < 0 || ftruncate(fd, (off_t)wsize) != 0 ||
+        pwrite(fd, hdr, hlen, 0) != (ssize_t)hlen) {
+        seterr(p, "%s: %s", part, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        free(pc);
+        free(runs);
+        free(hdr);
+        return -EIO;
+    }
+    free(hdr);
+    state_save(statep, &s);
+    p->total = fetch;
+    p->done = 0;
+    for (uint64_t r = 0; r < s.run && r < nr; r++)
+        p->done += runs[r].src_end - runs[r].src_first;
+    p->done += s.runoff;
+    p->st->bytes_resumed = p->done;
+    if (resume && p->done && o->progress)
+        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", p->done, fetch);
+    /* 5. the ranges */
+    for (size_t r = (size_t)s.run; r < nr && !rc; r++) {
+        uint64_t from = runs[r].src_first + (r == s.run ? s.runoff : 0);
+        if (from >= runs[r].src_end) {
+            s.run = r + 1;
+            s.runoff = 0;
+            continue;
+        }
+        struct runw w = {p, fd, pc, &runs[r], from, &s, statep, 0};
+        curl_setup(p, url);
+        char range[80], ifr[300];
+        snprintf(range, sizeof range, "%" PRIu64 "-%" PRIu64, from, runs[r].src_end - 1);
+        curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
+        struct curl_slist *hl2 = NULL;
+        if (etag[0]) {
+            snprintf(ifr, sizeof ifr, "If-Range: %s", etag);
+            hl2 = curl_slist_append(hl2, ifr);
+            curl_easy_setopt(p->curl, CURLOPT_HTTPHEADER, hl2);
+        }
+        curl_easy_setopt(p->curl, CURLOPT_WRITEFUNCTION, on_run);
+        curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, &w);
+        CURLcode cc = curl_easy_perform(p->curl);
+        curl_slist_free_all(hl2);
+        s.run = r;
+        s.runoff = w.pos - runs[r].src_first;
+        if (p->status == 200) {
+            seterr(p, "%s changed since the partial download began (or ignores ranges); "
+                      "run again to start over", url);
+            unlink(statep);
+            rc = -ESTALE;
+        } else if (cc != CURLE_OK || p->status != 206) {
+            if (cc != CURLE_OK)
+                seterr(p, "transfer from %s interrupted at %" PRIu64 " of %" PRIu64
+                          " bytes (%s); run again to resume",
+                       url, p->done, fetch, curl_easy_strerror(cc));
+            else
+                seterr(p, "GET %s (range %s): HTTP %ld", url, range, p->status);
+            rc = -EIO;
+        } else if (w.pos != runs[r].src_end) {
+            seterr(p, "GET %s (range %s): short answer; run again to resume", url, range);
+            rc = -EIO;
+        } else {
+            s.run = r + 1;
+            s.runoff = 0;
+        }
+        if (rc != -ESTALE)
+            state_save(statep, &s);
+    }
+    close(fd);
+    free(pc);
+    free(runs);
+    if (rc)
+        return rc;
+    progress(p, true);
+    return finish(p, part, statep, cat);
+}
+
+/* ------------------------------------------------------------------ entry */
+
+static void curl_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err, size_t errlen)
+{
+    struct kvd_pull_stats dummy;
+    if (!st)
+        st = &dummy;
+    memset(st, 0, sizeof *st);
+    struct pull p = {.o = o, .st = st, .err = err, .errlen = errlen, .last_decile = -1};
+    err[0] = 0;
+    if (!o->url || !o->out_path || o->first >= o->last) {
+        snprintf(err, errlen, "pull: need a URL, an output path and layers first < last");
+        return -EINVAL;
+    }
+    size_t ul = strlen(o->url);
+    if (ul > 2000 || (strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8))) {
+        snprintf(err, errlen, "pull: URL must be http:// or https:// (and under 2000 bytes)");
+        return -EINVAL;
+    }
+    p.tty = isatty(STDERR_FILENO);
+    p.t0 = now_s();
+    char part[4200], statep[4300];
+    snprintf(part, sizeof part, "%s.part", o->out_path);
+    snprintf(statep, sizeof statep, "%s.part.state", o->out_path);
+    struct gguf_catalog *cat = NULL;
+    int rc;
+    if (o->catalog_path) {
+        char e2[400] = "";
+        if ((rc = gguf_catalog_load(&cat, o->catalog_path, NULL, e2, sizeof e2))) {
+            snprintf(err, errlen, "catalog %s: %s", o->catalog_path, e2);
+            return rc;
+        }
+    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, curl_once);
+    p.curl = curl_easy_init();
+    if (!p.curl) {
+        gguf_catalog_free(cat);
+        snprintf(err, errlen, "pull: cannot start libcurl");
+        return -ENOMEM;
+    }
+    /* a seeder is named by its origin alone; anything with a path is a GGUF URL */
+    const char *slash = strchr(o->url + (o->url[4] == 's' ? 8 : 7), '/');
+    bool seeder = !slash || slash[1] == 0;
+    if (seeder) {
+        char base[2100];
+        snprintf(base, sizeof base, "%.*s", (int)(slash ? (size_t)(slash - o->url) : ul), o->url);
+        rc = pull_seeder(&p, base, &cat, part, statep);
+    } else {
+        rc = pull_plain(&p, o->url, cat, part, statep);
+    }
+    if (p.tty && o->progress && rc)
+        fputc('\n', stderr);
+    st->seconds = now_s() - p.t0;
+    curl_easy_cleanup(p.curl);
+    gguf_catalog_free(cat);
+    return rc;
+}
