@@ -8,7 +8,18 @@
 
 CC      ?= gcc
 SAN     ?= 0
-ifeq ($(SAN),1)
+FUZZ    ?= 0
+WERROR  := -Werror
+ifeq ($(FUZZ),1)
+  # libFuzzer build (tests/fuzz.sh): clang, every object instrumented, warnings not fatal
+  # (gcc is the compiler the code is held to).
+  CC      := clang-14
+  B       := build/fuzz
+  OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+             -fno-sanitize-recover=undefined
+  LDSAN   := -fsanitize=fuzzer,address,undefined
+  WERROR  :=
+else ifeq ($(SAN),1)
   B       := build/asan
   OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
   LDSAN   := -fsanitize=address,undefined
@@ -18,7 +29,7 @@ else
   LDSAN   :=
 endif
 
-CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -pthread -I. \
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -pthread -I. \
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
               -lsqlite3 -lpcre2-8 -lm -pthread $(LDLIBS)
@@ -42,14 +53,16 @@ LIB_SRCS := $(wildcard gguf/*.c kernels/ref/*.c kernels/cpu/*.c kernels/opencl/*
 KVCTL_SRCS := kvd/kvctl_main.c $(filter-out kvd/kvctl_main.c,$(wildcard kvd/kvctl_*.c))
 TEST_SRCS := $(wildcard tests/test-*.c)
 TOOL_SRCS := $(wildcard tests/tool-*.c)
+FUZZ_SRCS := $(wildcard tests/fuzz-*.c)
 
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 KVCTL_OBJS := $(KVCTL_SRCS:%.c=$(B)/obj/%.o)
 LIB        := $(B)/libkvasir.a
 TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
+FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
-.PHONY: all tests test demo bench fuzz setup clean
+.PHONY: all tests test demo bench fuzz fuzzers setup clean
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS)
 
@@ -72,6 +85,13 @@ $(B)/kvctl: $(KVCTL_OBJS) $(LIB)
 
 $(B)/tests/%: $(B)/obj/tests/%.o $(LIB)
 	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+# libFuzzer targets: make FUZZ=1 fuzzers (tests/fuzz.sh does this).
+fuzzers: $(FUZZERS)
+
+$(B)/fuzz-%: $(B)/obj/tests/fuzz-%.o $(LIB)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 

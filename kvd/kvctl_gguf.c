@@ -191,11 +191,15 @@ int kvctl_cmd_inspect(int argc, char **argv)
         }
     human(total, hb, sizeof hb);
     printf("; %s in all\n", hb);
+    bool is_window = gguf_window_get(f, &wf, &wl) == 0;
     human(embd, hb, sizeof hb);
-    printf("embedding   token_embd %s\n", hb);
+    printf("embedding   token_embd %s\n", embd || !is_window ? hb : "(not in this window)");
     human(head, hb, sizeof hb);
-    printf("head        output_norm + output %s%s\n", hb,
-           gguf_tensor_find(f, "output.weight") ? "" : " (ties output to token_embd)");
+    if (!head && is_window)
+        printf("head        (not in this window)\n");
+    else
+        printf("head        output_norm + output %s%s\n", hb,
+               gguf_tensor_find(f, "output.weight") ? "" : " (no output.weight: the head reuses token_embd)");
     if (other) {
         human(other, hb, sizeof hb);
         printf("shared      %s (non-block tensors every stage holds)\n", hb);
@@ -210,9 +214,9 @@ int kvctl_cmd_inspect(int argc, char **argv)
             r++;
         human(per_layer[l], hb, sizeof hb);
         if (r > l)
-            printf(" %u-%u: %s each;", l, r, hb);
+            printf("%s %u-%u: %s each", shown ? "," : "", l, r, hb);
         else
-            printf(" %u: %s;", l, hb);
+            printf("%s %u: %s", shown ? "," : "", l, hb);
         shown++;
         l = r;
     }

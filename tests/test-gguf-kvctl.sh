@@ -104,7 +104,7 @@ cmp -s "$T/a.gguf" "$T/c.gguf" && fail "synth ignores the seed"
 info=$("$KVCTL" inspect --tensors "$T/q3.gguf")
 echo "$info" | grep -q "blk.0.attn_q.weight *q8_0 *128x256 " || fail "qwen3 head-dim q shape"
 echo "$info" | grep -q "^  output.weight" && fail "--tied still has output.weight"
-echo "$info" | grep -q "ties output to token_embd" || fail "inspect does not say tied"
+echo "$info" | grep -q "the head reuses token_embd" || fail "inspect does not say tied"
 # synth refuses shapes the type cannot hold
 "$KVCTL" synth --arch llama --embd 100 --heads 4 --type q8_0 -o "$T/x.gguf" 2>/dev/null && fail "embd 100 q8_0 accepted"
 "$KVCTL" synth --arch mamba -o "$T/x.gguf" 2>/dev/null && fail "unknown arch accepted"
