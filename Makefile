@@ -44,7 +44,7 @@ endif
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
   ISA_avx2   := -mavx2 -mfma -mf16c
-  ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+  ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
 endif
 
 LIB_SRCS := $(wildcard gguf/*.c kernels/ref/*.c kernels/cpu/*.c kernels/opencl/*.c model/*.c \

@@ -76,4 +76,42 @@ static inline void kern__scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8
     }
 }
 
+/* ---- fast CPU path internals ---- */
+
+/* A parallel task: called once on each of nth threads with ith = 0..nth-1 (0 = caller). */
+typedef void (*kern__task_fn)(void *ctx, int ith, int nth);
+/* Run fn on every pool thread and return when all are done; p NULL runs it inline. */
+void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx);
+/* The pool's scratch buffer, grown to at least size bytes (64-byte aligned); NULL on ENOMEM.
+ * Valid until the next call; one op at a time uses it. */
+void *kern__pool_scratch(struct kern_pool *p, size_t size);
+
+/* Multi-column dot: out[c] = dot(w row, activation row c) for c < nc (nc <= KERN_MAXCOL);
+ * activation rows are xstride bytes apart. */
+#define KERN_MAXCOL 4
+typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int nc,
+                              int64_t n, float *out);
+/* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
+typedef void (*kern__quant_fn)(const float *x, void *dst, int64_t n);
+
+/* One SIMD level's kernels; NULL entries fall back to the reference. */
+struct kern__simd {
+    const char *name;
+    kern__dot_fn dot[KERN_T_COUNT];
+    kern__dotn_fn dotn[KERN_T_COUNT];
+    kern__quant_fn quant[KERN_T_COUNT]; /* indexed by activation type */
+    /* Weight types whose dots take a private activation layout (indexed by weight type):
+     * its quantiser and its bytes per pair of 32-blocks (rows padded to whole pairs). */
+    kern__quant_fn actq[KERN_T_COUNT];
+    uint32_t act_pair_bytes[KERN_T_COUNT];
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a x */
+};
+extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
+/* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */
+const struct kern__simd *kern__simd_get(void);
+/* Tests: force a level by name ("scalar", "avx2", "avx512"; NULL = detect). -ENOTSUP when
+ * this CPU lacks it. Not thread-safe; call before any op. */
+int kern__simd_force(const char *name);
+
 #endif

@@ -81,4 +81,8 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
 
+/* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
+ * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */
+double kern_bench_bandwidth(struct kern_pool *p, size_t bytes);
+
 #endif

@@ -1,14 +1,122 @@
-/* Fast CPU path, first cut: the pool records its size and the ops delegate to the reference.
- * The threaded SIMD versions replace these bodies without changing their contracts. */
+/* The thread pool shared by all ops: n-1 persistent workers plus the calling thread.
+ *
+ * A per-token matvec is ~50 us of work, so dispatch must cost well under a microsecond:
+ * the caller publishes a job by bumping a generation counter; workers spin on it for a short
+ * while (the next op usually follows within microseconds) and then sleep on a futex. The
+ * caller runs its share and spins until every worker has checked in. One job at a time per
+ * pool: ops on one pool must not be called concurrently.
+ */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
 #include "kernels/internal.h"
 
+#define SPIN_ROUNDS 8000 /* some tens of microseconds of pause loops before a worker sleeps */
+
 struct kern_pool {
     int n_threads;
+    pthread_t *threads;
+    _Atomic uint32_t gen;     /* bumped once per job; futex word */
+    _Atomic int done;         /* workers finished with the current job */
+    _Atomic int sleepers;     /* workers blocked in futex_wait */
+    _Atomic bool quit;
+    kern__task_fn fn;
+    void *ctx;
+    void *scratch;            /* per-pool buffer for quantised activations */
+    size_t scratch_size;
 };
+
+struct worker_arg {
+    struct kern_pool *p;
+    int ith;
+};
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker_arg wa = *(struct worker_arg *)arg;
+    free(arg);
+    struct kern_pool *p = wa.p;
+    /* Generation 0 is "no job yet": a worker that starts late still sees the first job. */
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+            if (++spins < SPIN_ROUNDS) {
+                CPU_RELAX();
+                continue;
+            }
+            atomic_fetch_add(&p->sleepers, 1);
+            if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen)
+                futex_wait(&p->gen, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+            spins = 0;
+        }
+        seen = g;
+        if (atomic_load_explicit(&p->quit, memory_order_acquire))
+            return NULL;
+        p->fn(p->ctx, wa.ith, p->n_threads);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+    }
+}
+
+void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx)
+{
+    if (!p || p->n_threads <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
+    if (atomic_load(&p->sleepers) > 0)
+        futex_wake_all(&p->gen);
+    fn(ctx, 0, p->n_threads);
+    int want = p->n_threads - 1, spins = 0;
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < want) {
+        CPU_RELAX();
+        if (++spins > 2000) /* a descheduled worker: let it have the core */
+            sched_yield();
+    }
+}
+
+void *kern__pool_scratch(struct kern_pool *p, size_t size)
+{
+    if (size <= p->scratch_size)
+        return p->scratch;
+    size = (size + 4095) & ~(size_t)4095;
+    void *n = NULL;
+    if (posix_memalign(&n, 64, size) != 0)
+        return NULL;
+    free(p->scratch);
+    p->scratch = n;
+    p->scratch_size = size;
+    return n;
+}
 
 int kern_pool_new(struct kern_pool **out, int n_threads)
 {
@@ -16,39 +124,55 @@ int kern_pool_new(struct kern_pool **out, int n_threads)
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
+    if (n_threads > 512)
+        n_threads = 512;
     struct kern_pool *p = calloc(1, sizeof *p);
     if (!p)
         return -ENOMEM;
     p->n_threads = n_threads;
+    if (n_threads > 1) {
+        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
+        if (!p->threads)
+            goto fail_free;
+        for (int i = 1; i < n_threads; i++) {
+            struct worker_arg *wa = malloc(sizeof *wa);
+            if (wa) {
+                wa->p = p;
+                wa->ith = i;
+            }
+            int rc = wa ? pthread_create(&p->threads[i - 1], NULL, worker_main, wa) : ENOMEM;
+            if (rc != 0) {
+                free(wa);
+                p->n_threads = i; /* stop the ones started */
+                kern_pool_free(p);
+                return -rc;
+            }
+        }
+    }
     *out = p;
     return 0;
+fail_free:
+    free(p);
+    return -ENOMEM;
 }
 
 void kern_pool_free(struct kern_pool *p)
 {
+    if (!p)
+        return;
+    if (p->threads) {
+        atomic_store(&p->quit, true);
+        atomic_fetch_add(&p->gen, 1);
+        futex_wake_all(&p->gen);
+        for (int i = 1; i < p->n_threads; i++)
+            pthread_join(p->threads[i - 1], NULL);
+        free(p->threads);
+    }
+    free(p->scratch);
     free(p);
 }
 
 int kern_pool_threads(const struct kern_pool *p)
 {
     return p ? p->n_threads : 1;
-}
-
-const char *kern_cpu_level(void)
-{
-    return "scalar";
-}
-
-int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
-                const float *x, int64_t n, float *y)
-{
-    return kern_ref_matmul(type, w, rows, cols, x, n, y);
-}
-
-void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
-                    const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
-                    int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch)
-{
-    kern_ref_attention(kv_type, out, q, k, v, n, pos0, n_head, n_kv_head, head_dim, kv_stride,
-                       scale, scratch);
 }

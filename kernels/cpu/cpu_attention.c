@@ -1,0 +1,107 @@
+/* kern_attention: the reference algorithm with (query row, head) pairs spread over the pool
+ * and SIMD dot products. Same roundings as kern_ref_attention for an F16 cache. */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels/internal.h"
+
+struct att_job {
+    const struct kern__simd *s;
+    bool f16;
+    float *out;
+    const float *q;
+    const void *k, *v;
+    int64_t n, pos0;
+    int n_head, group, head_dim;
+    size_t kv_stride;
+    float scale;
+    char *scratch;     /* per thread: scores (ctx floats), q16 (head_dim), p16 (ctx) */
+    size_t per_thread;
+    _Atomic int64_t next;
+};
+
+static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q16, uint16_t *p16)
+{
+    const int hd = j->head_dim;
+    const int64_t n_ctx = j->pos0 + i + 1;
+    const float *qh = j->q + (i * j->n_head + h) * hd;
+    const size_t koff = (size_t)(h / j->group) * hd;
+    float *o = j->out + (i * j->n_head + h) * hd;
+    if (j->f16) {
+        kern__dot_fn dot = j->s->dot[KERN_T_F16] ? j->s->dot[KERN_T_F16] : kern__ref_dot(KERN_T_F16);
+        for (int d = 0; d < hd; d++)
+            q16[d] = kern_f32_to_f16(qh[d]);
+        const uint16_t *k = j->k;
+        for (int64_t p = 0; p < n_ctx; p++)
+            sc[p] = dot(k + p * j->kv_stride + koff, q16, hd) * j->scale;
+    } else {
+        const float *k = j->k;
+        for (int64_t p = 0; p < n_ctx; p++)
+            sc[p] = (j->s->dot_f32 ? j->s->dot_f32(k + p * j->kv_stride + koff, qh, hd)
+                                   : kern__ref_dot(KERN_T_F32)(k + p * j->kv_stride + koff, qh, hd)) *
+                    j->scale;
+    }
+    kern_ref_softmax(sc, n_ctx);
+    memset(o, 0, (size_t)hd * sizeof *o);
+    if (j->f16) {
+        const uint16_t *v = j->v;
+        for (int64_t p = 0; p < n_ctx; p++) {
+            float w = kern_f16_to_f32(kern_f32_to_f16(sc[p]));
+            const uint16_t *vr = v + p * j->kv_stride + koff;
+            for (int d = 0; d < hd; d++)
+                o[d] += w * kern_f16_to_f32(vr[d]);
+        }
+        (void)p16;
+    } else {
+        const float *v = j->v;
+        for (int64_t p = 0; p < n_ctx; p++) {
+            const float *vr = v + p * j->kv_stride + koff;
+            if (j->s->axpy_f32) {
+                j->s->axpy_f32(o, sc[p], vr, hd);
+            } else {
+                for (int d = 0; d < hd; d++)
+                    o[d] += sc[p] * vr[d];
+            }
+        }
+    }
+}
+
+static void att_task(void *ctx, int ith, int nth)
+{
+    struct att_job *j = ctx;
+    char *base = j->scratch + (size_t)ith * j->per_thread;
+    int64_t ctx_len = j->pos0 + j->n;
+    float *sc = (float *)base;
+    uint16_t *q16 = (uint16_t *)(sc + ctx_len);
+    uint16_t *p16 = q16 + j->head_dim;
+    int64_t total = j->n * j->n_head;
+    for (;;) {
+        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= total)
+            break;
+        att_one(j, t / j->n_head, (int)(t % j->n_head), sc, q16, p16);
+    }
+}
+
+void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
+                    const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
+                    int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch)
+{
+    int nth = kern_pool_threads(p);
+    int64_t ctx_len = pos0 + n;
+    size_t per = ((size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2 + 63) & ~(size_t)63;
+    char *buf = p ? kern__pool_scratch(p, per * (size_t)nth) : NULL;
+    if (!buf) {
+        kern_ref_attention(kv_type, out, q, k, v, n, pos0, n_head, n_kv_head, head_dim,
+                           kv_stride, scale, scratch);
+        return;
+    }
+    struct att_job j = {
+        .s = kern__simd_get(), .f16 = kv_type == KERN_T_F16, .out = out, .q = q, .k = k,
+        .v = v, .n = n, .pos0 = pos0, .n_head = n_head, .group = n_head / n_kv_head,
+        .head_dim = head_dim, .kv_stride = kv_stride, .scale = scale, .scratch = buf,
+        .per_thread = per,
+    };
+    atomic_store(&j.next, 0);
+    kern__pool_run(p, att_task, &j);
+}

@@ -1,0 +1,210 @@
+/* kern_matmul: the fast matmul. Activations are converted once per call to the weight
+ * type's dot type (in parallel for batches), then weight rows are handed out in chunks to the
+ * pool's threads; a batch is walked four activation rows at a time so each decoded weight
+ * block serves four dot products. F32 weights with a large batch go to OpenBLAS sgemm. */
+#include <cblas.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels/internal.h"
+
+/* ---- SIMD level ---- */
+
+static const struct kern__simd simd_scalar = {.name = "scalar"};
+static const struct kern__simd *simd_forced;
+
+static const struct kern__simd *detect(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char *env = getenv("KV_KERN_SIMD");
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("f16c");
+    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
+                  __builtin_cpu_supports("avx512bf16");
+    if (env && strcmp(env, "scalar") == 0)
+        return &simd_scalar;
+    if (env && strcmp(env, "avx2") == 0 && avx2)
+        return &kern__simd_avx2;
+    if (avx512)
+        return &kern__simd_avx512;
+    if (avx2)
+        return &kern__simd_avx2;
+#endif
+    return &simd_scalar;
+}
+
+const struct kern__simd *kern__simd_get(void)
+{
+    static const struct kern__simd *_Atomic chosen;
+    if (simd_forced)
+        return simd_forced;
+    const struct kern__simd *s = atomic_load(&chosen);
+    if (!s) {
+        s = detect();
+        atomic_store(&chosen, s);
+    }
+    return s;
+}
+
+int kern__simd_force(const char *name)
+{
+    if (!name) {
+        simd_forced = NULL;
+        return 0;
+    }
+    const struct kern__simd *want = strcmp(name, "scalar") == 0 ? &simd_scalar
+                                    : strcmp(name, "avx2") == 0 ? &kern__simd_avx2
+                                    : strcmp(name, "avx512") == 0 ? &kern__simd_avx512 : NULL;
+    if (!want)
+        return -EINVAL;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (want == &kern__simd_avx2 && !(__builtin_cpu_supports("avx2") &&
+                                      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+        return -ENOTSUP;
+    if (want == &kern__simd_avx512 && !(__builtin_cpu_supports("avx512vnni") &&
+                                        __builtin_cpu_supports("avx512bw") &&
+                                        __builtin_cpu_supports("avx512vl") &&
+                                        __builtin_cpu_supports("avx512bf16") &&
+                                        __builtin_cpu_supports("avx2")))
+        return -ENOTSUP;
+#endif
+    if (!want->dot[KERN_T_F32] && want != &simd_scalar)
+        return -ENOTSUP; /* built without SIMD on this architecture */
+    simd_forced = want;
+    return 0;
+}
+
+const char *kern_cpu_level(void)
+{
+    return kern__simd_get()->name;
+}
+
+/* ---- matmul ---- */
+
+struct mm_job {
+    const struct kern__simd *s;
+    uint32_t type, vt;
+    const char *w;
+    int64_t rows, cols, n;
+    const float *x;
+    float *y;
+    char *xq;
+    size_t wrow, xrow;
+    kern__dot_fn dot;
+    kern__dotn_fn dotn;
+    kern__quant_fn quant;
+    int64_t chunk;        /* rows per work item */
+    _Atomic int64_t next; /* next work item */
+};
+
+static void quant_rows(struct mm_job *j, int64_t i0, int64_t i1)
+{
+    for (int64_t i = i0; i < i1; i++) {
+        if (j->quant)
+            j->quant(j->x + i * j->cols, j->xq + i * j->xrow, j->cols);
+        else
+            kern_ref_quant_row(j->vt, j->x + i * j->cols, j->xq + i * j->xrow, j->cols);
+    }
+}
+
+static void quant_task(void *ctx, int ith, int nth)
+{
+    struct mm_job *j = ctx;
+    quant_rows(j, j->n * ith / nth, j->n * (ith + 1) / nth);
+}
+
+static void compute_rows(struct mm_job *j, int64_t r0, int64_t r1)
+{
+    if (j->n == 1) {
+        for (int64_t r = r0; r < r1; r++)
+            j->y[r] = j->dot(j->w + r * j->wrow, j->xq, j->cols);
+        return;
+    }
+    float out[KERN_MAXCOL];
+    for (int64_t i = 0; i < j->n; i += KERN_MAXCOL) {
+        int nc = j->n - i < KERN_MAXCOL ? (int)(j->n - i) : KERN_MAXCOL;
+        const char *xq = j->xq + i * j->xrow;
+        for (int64_t r = r0; r < r1; r++) {
+            const char *wr = j->w + r * j->wrow;
+            if (j->dotn) {
+                j->dotn(wr, xq, j->xrow, nc, j->cols, out);
+            } else {
+                for (int c = 0; c < nc; c++)
+                    out[c] = j->dot(wr, xq + c * j->xrow, j->cols);
+            }
+            for (int c = 0; c < nc; c++)
+                j->y[(i + c) * j->rows + r] = out[c];
+        }
+    }
+}
+
+static void compute_task(void *ctx, int ith, int nth)
+{
+    struct mm_job *j = ctx;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        int64_t r0 = c * j->chunk;
+        if (r0 >= j->rows)
+            break;
+        int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+        compute_rows(j, r0, r1);
+    }
+}
+
+int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
+                const float *x, int64_t n, float *y)
+{
+    const struct kern__simd *s = kern__simd_get();
+    kern__dot_fn dot = type < KERN_T_COUNT && s->dot[type] ? s->dot[type] : kern__ref_dot(type);
+    uint32_t vt = kern__vec_dot_type(type);
+    size_t wrow = kern_row_bytes(type, cols), xrow = kern_row_bytes(vt, cols);
+    if (!dot || rows < 0 || n < 0 || cols <= 0 || wrow == 0 || xrow == 0)
+        return -EINVAL;
+    kern__quant_fn quant = s->quant[vt];
+    if (type < KERN_T_COUNT && s->actq[type]) { /* the SIMD level's own activation layout */
+        quant = s->actq[type];
+        xrow = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
+    }
+    if (rows == 0 || n == 0)
+        return 0;
+    int nth = kern_pool_threads(p);
+
+    if (type == KERN_T_F32 && n >= 16 && rows >= 64) {
+        /* y (n x rows) = x (n x cols) . W^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f,
+                    x, (int)cols, w, (int)cols, 0.0f, y, (int)rows);
+        return 0;
+    }
+
+    struct mm_job j = {
+        .s = s, .type = type, .vt = vt, .w = w, .rows = rows, .cols = cols, .n = n, .x = x,
+        .y = y, .wrow = wrow, .xrow = xrow, .dot = dot,
+        .dotn = s->dotn[type], .quant = quant,
+    };
+    if (vt == KERN_T_F32) {
+        j.xq = (char *)x; /* the activations are used as they are */
+    } else {
+        if ((uint64_t)n > SIZE_MAX / xrow)
+            return -EINVAL;
+        j.xq = p ? kern__pool_scratch(p, (size_t)n * xrow) : malloc((size_t)n * xrow);
+        if (!j.xq)
+            return -ENOMEM;
+        if (n >= 4 && nth > 1)
+            kern__pool_run(p, quant_task, &j);
+        else
+            quant_rows(&j, 0, n);
+    }
+    /* Work items: ~8 per thread for balance on a busy machine, at least 8 rows each. */
+    int64_t chunk = rows / ((int64_t)nth * 8);
+    j.chunk = chunk < 8 ? 8 : chunk;
+    atomic_store(&j.next, 0);
+    kern__pool_run(p, compute_task, &j);
+    if (!p && j.xq != (char *)x)
+        free(j.xq);
+    return 0;
+}

@@ -1,0 +1,120 @@
+/* tool-kernbench: matvec throughput per weight type on TinyLlama-1.1B-shaped matrices
+ * (q/o 2048x2048, k/v 256x2048, gate/up 5632x2048, down 2048x5632), with enough layers that
+ * the weights do not fit in cache, against the measured read bandwidth.
+ *   tool-kernbench [-t threads] [-l layers] [-n batch] [types...]   (types: q4_0 q8_0 ...)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kern.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const struct { const char *name; uint32_t type; } tnames[] = {
+    {"f32", KERN_T_F32}, {"f16", KERN_T_F16}, {"bf16", KERN_T_BF16}, {"q8_0", KERN_T_Q8_0},
+    {"q4_0", KERN_T_Q4_0}, {"q4_1", KERN_T_Q4_1}, {"q5_0", KERN_T_Q5_0}, {"q5_1", KERN_T_Q5_1},
+    {"q4_k", KERN_T_Q4_K}, {"q5_k", KERN_T_Q5_K}, {"q6_k", KERN_T_Q6_K},
+};
+
+int main(int argc, char **argv)
+{
+    int threads = 0, layers = 0, batch = 1;
+    const char *want[16];
+    int nwant = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-l") && i + 1 < argc)
+            layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else if (nwant < 16)
+            want[nwant++] = argv[i];
+    }
+    if (nwant == 0) {
+        want[0] = "q4_0";
+        want[1] = "q8_0";
+        nwant = 2;
+    }
+    if (batch < 1 || batch > 512)
+        batch = 1;
+    struct kern_pool *pool;
+    if (kern_pool_new(&pool, threads) != 0)
+        return 1;
+    double bw = kern_bench_bandwidth(pool, (size_t)512 << 20);
+    printf("kernbench: %s, %d threads, read bandwidth %.1f GB/s\n", kern_cpu_level(),
+           kern_pool_threads(pool), bw);
+    const int64_t shapes[7][2] = {{2048, 2048}, {256, 2048}, {256, 2048}, {2048, 2048},
+                                  {5632, 2048}, {5632, 2048}, {2048, 5632}};
+    float *x = malloc(5632 * sizeof(float) * batch), *y = malloc(5632 * sizeof(float) * batch);
+    for (int i = 0; i < 5632 * batch; i++)
+        x[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
+    for (int wi = 0; wi < nwant; wi++) {
+        uint32_t t = 99;
+        for (size_t k = 0; k < sizeof tnames / sizeof tnames[0]; k++)
+            if (!strcasecmp(want[wi], tnames[k].name))
+                t = tnames[k].type;
+        if (t == 99) {
+            fprintf(stderr, "unknown type %s\n", want[wi]);
+            continue;
+        }
+        size_t layer_bytes = 0;
+        for (int m = 0; m < 7; m++)
+            layer_bytes += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
+        /* enough layers for ~400 MB of weights unless told: far beyond any cache */
+        int nl = layers > 0 ? layers : (int)((400u << 20) / layer_bytes + 1);
+        char *w = malloc(layer_bytes * nl);
+        if (!w) {
+            fprintf(stderr, "out of memory for %d layers\n", nl);
+            continue;
+        }
+        /* random-looking but valid blocks: quantise one row of noise, replicate it */
+        float row[5632];
+        for (int i = 0; i < 5632; i++)
+            row[i] = (float)(((i * 2654435761u) >> 7) % 2001) / 1000.0f - 1.0f;
+        char qrow[5632 * 4];
+        size_t off = 0;
+        for (int l = 0; l < nl; l++)
+            for (int m = 0; m < 7; m++) {
+                size_t rb = kern_row_bytes(t, shapes[m][1]);
+                kern_ref_quant_row(t, row, qrow, shapes[m][1]);
+                for (int64_t r = 0; r < shapes[m][0]; r++, off += rb)
+                    memcpy(w + off, qrow, rb);
+            }
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            off = 0;
+            for (int l = 0; l < nl; l++)
+                for (int m = 0; m < 7; m++) {
+                    kern_matmul(pool, t, w + off, shapes[m][0], shapes[m][1], x, batch, y);
+                    off += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
+                }
+            double dt = now_s() - t0;
+            best = dt < best ? dt : best;
+        }
+        double gbs = (double)layer_bytes * nl / best / 1e9;
+        double per_layer_ms = best / nl * 1e3;
+        if (batch == 1)
+            printf("  %-5s matvec %6.1f GB/s = %3.0f%% of bandwidth (%.2f ms per layer, 22 layers "
+                   "%.1f tok/s)\n", want[wi], gbs, bw > 0 ? 100 * gbs / bw : 0, per_layer_ms,
+                   1e3 / (per_layer_ms * 22));
+        else
+            printf("  %-5s batch %d: %.2f ms per layer, %.1f GFLOP/s, 22 layers %.1f tok/s\n",
+                   want[wi], batch, per_layer_ms,
+                   2.0 * (double)layer_bytes / kern_row_bytes(t, 2048) * 2048 * batch * nl / best / 1e9,
+                   batch * 1e3 / (per_layer_ms * 22));
+        free(w);
+    }
+    free(x);
+    free(y);
+    kern_pool_free(pool);
+    return 0;
+}
