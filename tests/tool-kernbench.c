@@ -1,7 +1,9 @@
 /* tool-kernbench: matvec throughput per weight type on TinyLlama-1.1B-shaped matrices
  * (q/o 2048x2048, k/v 256x2048, gate/up 5632x2048, down 2048x5632), with enough layers that
  * the weights do not fit in cache, against the measured read bandwidth.
- *   tool-kernbench [-t threads] [-l layers] [-n batch] [types...]   (types: q4_0 q8_0 ...)
+ *   tool-kernbench [-t threads] [-l layers] [-n batch] [-c] [types...]   (types: q4_0 q8_0 ...)
+ * -c: compute efficiency instead: one thread, a cache-resident slice, CPU time (not wall
+ * time), so the figure holds on a busy machine: G weights per CPU-second.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,13 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static const struct { const char *name; uint32_t type; } tnames[] = {
     {"f32", KERN_T_F32}, {"f16", KERN_T_F16}, {"bf16", KERN_T_BF16}, {"q8_0", KERN_T_Q8_0},
     {"q4_0", KERN_T_Q4_0}, {"q4_1", KERN_T_Q4_1}, {"q5_0", KERN_T_Q5_0}, {"q5_1", KERN_T_Q5_1},
@@ -25,7 +34,7 @@ static const struct { const char *name; uint32_t type; } tnames[] = {
 
 int main(int argc, char **argv)
 {
-    int threads = 0, layers = 0, batch = 1;
+    int threads = 0, layers = 0, batch = 1, resident = 0;
     const char *want[16];
     int nwant = 0;
     for (int i = 1; i < argc; i++) {
@@ -35,6 +44,8 @@ int main(int argc, char **argv)
             layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc)
             batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-c"))
+            resident = 1;
         else if (nwant < 16)
             want[nwant++] = argv[i];
     }
@@ -46,9 +57,9 @@ int main(int argc, char **argv)
     if (batch < 1 || batch > 512)
         batch = 1;
     struct kern_pool *pool;
-    if (kern_pool_new(&pool, threads) != 0)
+    if (kern_pool_new(&pool, resident ? 1 : threads) != 0)
         return 1;
-    double bw = kern_bench_bandwidth(pool, (size_t)512 << 20);
+    double bw = resident ? 0 : kern_bench_bandwidth(pool, (size_t)512 << 20);
     printf("kernbench: %s, %d threads, read bandwidth %.1f GB/s\n", kern_cpu_level(),
            kern_pool_threads(pool), bw);
     const int64_t shapes[7][2] = {{2048, 2048}, {256, 2048}, {256, 2048}, {2048, 2048},
@@ -68,6 +79,27 @@ int main(int argc, char **argv)
         size_t layer_bytes = 0;
         for (int m = 0; m < 7; m++)
             layer_bytes += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
+        if (resident) { /* 256 rows of 2048 (and their batch): stays in L2 */
+            int64_t rows = 256, cols = 2048;
+            size_t rb = kern_row_bytes(t, cols);
+            char *w = malloc(rb * rows);
+            float row[2048];
+            for (int i = 0; i < 2048; i++)
+                row[i] = (float)(((i * 2654435761u) >> 7) % 2001) / 1000.0f - 1.0f;
+            for (int64_t r = 0; r < rows; r++)
+                kern_ref_quant_row(t, row, w + r * rb, cols);
+            kern_matmul(pool, t, w, rows, cols, x, batch, y);
+            int reps = 2000 / batch + 1;
+            double t0 = cpu_s();
+            for (int rep = 0; rep < reps; rep++)
+                kern_matmul(pool, t, w, rows, cols, x, batch, y);
+            double dt = cpu_s() - t0;
+            printf("  %-5s batch %d: %.2f G weight-products per CPU-second (%.2f GB/s of weights "
+                   "per core)\n", want[wi], batch, (double)rows * cols * batch * reps / dt / 1e9,
+                   (double)rb * rows * reps / dt / 1e9);
+            free(w);
+            continue;
+        }
         /* enough layers for ~400 MB of weights unless told: far beyond any cache */
         int nl = layers > 0 ? layers : (int)((400u << 20) / layer_bytes + 1);
         char *w = malloc(layer_bytes * nl);
