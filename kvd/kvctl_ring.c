@@ -106,6 +106,24 @@ static int free_port(void)
     return port;
 }
 
+/* A pid is gone when it no longer exists or is a zombie waiting for a parent to reap it
+ * (the stages outlive the kvctl that forked them). */
+static bool pid_alive(int pid)
+{
+    if (kill(pid, 0) != 0)
+        return false;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');
+    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
+}
+
 /* ---- status queries ---- */
 
 struct grab {
@@ -357,7 +375,7 @@ static int ring_up(int argc, char **argv)
         if (!f)
             break;
         int pid = 0;
-        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && kill(pid, 0) == 0) {
+        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && pid_alive(pid)) {
             fclose(f);
             fprintf(stderr, "kvctl ring up: a ring is already running in %s (rank %u, pid %d): "
                     "kvctl ring down --dir %s\n", dir, r, pid, dir);
@@ -528,6 +546,7 @@ static int ring_up(int argc, char **argv)
 
 /* ---- ring down ---- */
 
+
 static int ring_down(int argc, char **argv)
 {
     const char *dir = "ring";
@@ -564,11 +583,11 @@ static int ring_down(int argc, char **argv)
     }
     double t0 = now_s();
     for (int i = 0; i < n; i++) {
-        while (kill(pids[i], 0) == 0 && now_s() - t0 < 5) {
+        while (pid_alive(pids[i]) && now_s() - t0 < 5) {
             waitpid(pids[i], NULL, WNOHANG);
-            usleep(20000);
+            usleep(10000);
         }
-        if (kill(pids[i], 0) == 0) {
+        if (pid_alive(pids[i])) {
             fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pids[i]);
             kill(pids[i], SIGKILL);
         }

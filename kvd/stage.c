@@ -200,10 +200,7 @@ static int send_frame(struct conn *c, uint8_t type, uint8_t flags, uint64_t sess
         return -ENOTCONN;
     struct net_frame_hdr h = {.magic = NET_MAGIC, .type = type, .flags = flags, .session = session,
                               .pos = pos, .n_tokens = n_tokens};
-    int rc = net_link_send(c->link, &h, payload, len);
-    if (rc == 0)
-        c->st->frame_bytes_out += NET_HDR_LEN + len;
-    return rc;
+    return net_link_send(c->link, &h, payload, len);
 }
 
 static void send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg)
@@ -721,10 +718,13 @@ static void on_job_done(struct kvd_job *j, void *ud)
                 char msg[300];
                 snprintf(msg, sizeof msg, "ring link rank %u -> rank %u is down", st->rank, st->succ);
                 sess_fail(st, s, msg);
-            } else if (j->out_type == NET_F_ACT)
-                st->act_frames_out++;
-            else
-                st->tok_frames_out++;
+            } else {
+                st->frame_bytes_out += NET_HDR_LEN + j->out_len;
+                if (j->out_type == NET_F_ACT)
+                    st->act_frames_out++;
+                else
+                    st->tok_frames_out++;
+            }
         }
     }
     kvd_job_free(j);
@@ -1231,6 +1231,8 @@ static cJSON *status_json(struct stage *st)
     uint64_t frames = st->act_frames_out + st->tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);
     cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);
+    /* Boundary (or token) bytes this stage sent per token it processed, headers included. */
+    cJSON_AddNumberToObject(o, "boundary_bytes_out", (double)st->frame_bytes_out);
     cJSON_AddNumberToObject(o, "bytes_per_token_out",
                             st->rows ? (double)st->frame_bytes_out / (double)st->rows : 0);
     return o;
