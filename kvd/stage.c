@@ -1075,7 +1075,7 @@ static void on_close(struct net_link *l, const char *reason)
             pp = &(*pp)->next;
         if (*pp)
             *pp = c->next;
-        kvd_log(KVD_LOG_DEBUG, "link from %s closed before the handshake: %s", net_link_peer(l), reason);
+        kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l), reason);
     }
     if (c->role == CONN_OUT && !st->shutting_down) {
         if (!c->up)

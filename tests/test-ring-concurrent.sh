@@ -1,0 +1,45 @@
+#!/bin/bash
+# 8 concurrent sessions with different prompts and lengths through a 3-stage ring each give
+# exactly their one-process output (no session sees another's tokens), and every stage
+# holds exactly two established ring connections (from /proc/net/tcp and its own fds).
+. "$(dirname "$0")/ring_lib.sh"
+
+M=$(need_model stories260K.gguf) || exit 1
+D=$TMP/ring
+ring_up "$D" --model "$M" --stages 3
+prompts=("1,400" "1,300,301,302" "1,257,258" "1,450,451,452,453,454" "1,280" "1,290,291" "1,310,311,312,313" "1,500")
+lens=(40 25 60 33 50 20 45 55)
+temps=(0 0 0 0.8 0 0.8 0 0)
+for i in $(seq 0 7); do
+    "$KVCTL" generate -m "$M" --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
+        > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
+done
+pids=""
+for i in $(seq 0 7); do
+    "$KVCTL" generate --ring "$D" --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
+        > "$TMP/ring.$i" 2>"$TMP/err.$i" &
+    pids="$pids $!"
+done
+EXTRA_PIDS="$pids"
+
+# While they run: two established TCP connections per stage, one in and one out.
+for r in 0 1 2; do
+    pid=$(rank_pid "$D" $r)
+    inodes=$(ls -l /proc/$pid/fd 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | sort -u)
+    est=0
+    for ino in $inodes; do
+        awk -v ino=$ino '$4 == "01" && $10 == ino {found=1} END {exit !found}' /proc/net/tcp /proc/net/tcp6 2>/dev/null && est=$((est + 1))
+    done
+    [ $est -eq 2 ] || fail "rank $r (pid $pid) has $est established TCP connections, expected 2"
+    port=$(printf '%04X' $(rank_port "$D" $r))
+    inb=$(awk -v p=":$port" '$4 == "01" && substr($2, length($2) - 4) == p' /proc/net/tcp | wc -l)
+    [ $inb -eq 1 ] || fail "rank $r: $inb established connections into its port, expected 1"
+done
+echo "ok two established connections per stage"
+
+for p in $pids; do wait $p || fail "a ring generate failed: $(cat "$TMP"/err.*)"; done
+for i in $(seq 0 7); do
+    cmp -s "$TMP/one.$i" "$TMP/ring.$i" || fail "session $i: ring '$(cat "$TMP/ring.$i")' vs one process '$(cat "$TMP/one.$i")'"
+done
+echo "ok 8 concurrent sessions equal their one-process outputs"
+echo PASS

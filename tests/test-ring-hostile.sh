@@ -1,0 +1,65 @@
+#!/bin/bash
+# Hostile peers against a running stage (rank 1 of 3): handshake mismatches (wrong ring,
+# manifest, rank, node key), a second predecessor, random bytes, a wrong magic, payload_len
+# 4 GiB, an ACT with the wrong n_embd, a TOKEN from a non-last rank, an unknown session.
+# Each closes that link with the reason logged on both sides; the stage stays up, serves a
+# fresh link, and rejoins a ring when the real predecessor comes back.
+. "$(dirname "$0")/ring_lib.sh"
+
+M=$(need_model stories260K.gguf) || exit 1
+D=$TMP/ring
+ring_up "$D" --model "$M" --stages 3
+P1=$(rank_port "$D" 1)
+PID1=$(rank_pid "$D" 1)
+LOG1=$D/rank-1/kvd.log
+
+# peer CASE AS_RANK STATE_DIR EXPECT: run the tool; its output and the stage's log must both
+# name the reason; the stage must still be running.
+peer() {
+    local kase=$1 as=$2 sd=$3 expect=$4
+    out=$("$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank $as \
+          --state-dir "$sd" --case $kase --target 1 2>&1) || fail "$kase: the stage did not close the link: $out"
+    echo "$out" | grep -q "closed" || fail "$kase: no close seen: $out"
+    echo "$out" | grep -q -- "$expect" || fail "$kase: peer side lacks the reason '$expect': $out"
+    for i in $(seq 50); do grep -q -- "$expect" "$LOG1" && break; sleep 0.1; done
+    grep -q -- "$expect" "$LOG1" || fail "$kase: stage log lacks the reason '$expect'"
+    kill -0 $PID1 || fail "$kase: the stage died"
+    echo "ok $kase: $expect"
+}
+
+# Handshake mismatches and a second predecessor, while the real rank 0 is linked.
+peer wrong-ring 0 "$D/rank-0" "wrong ring"
+peer wrong-manifest 0 "$D/rank-0" "manifest hash"
+peer idle 2 "$D/rank-2" "wrong rank 2, expected 0"
+peer idle 0 "$TMP/stranger" "is not the one the manifest names"
+peer idle 0 "$D/rank-0" "already has a predecessor link"
+
+# Kill the real predecessor so the hostile peer can take its place (with its key).
+kill -9 $(rank_pid "$D" 0)
+for i in $(seq 50); do
+    "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q '"in":{[^}]*"state":"down"' && break
+    sleep 0.1
+done
+peer random 0 "$D/rank-0" "frame magic"
+peer magic 0 "$D/rank-0" "frame magic 0x58585858"
+peer huge 0 "$D/rank-0" "payload_len 4294967295 exceeds the cap"
+peer n_embd 0 "$D/rank-0" "ACT payload_len 260, expected n_tokens 1 x n_embd 64"
+peer token 0 "$D/rank-0" "TOKEN from rank 0, which is not the last rank"
+peer unknown 0 "$D/rank-0" "ACT for unknown session"
+"$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
+    --state-dir "$D/rank-0" --case ping | grep -q pong || fail "the stage does not serve a fresh link"
+echo "ok fresh link served"
+
+# The real rank 0 comes back: the ring links again and generates.
+"$KVD" stage --manifest "$D/ring.json" --rank 0 --model "$M" --state-dir "$D/rank-0" \
+    >> "$D/rank-0/kvd.log" 2>&1 &
+echo $! > "$D/rank-0/kvd.pid"
+for i in $(seq 100); do
+    n=$("$KVCTL" status --ring "$D" --json 2>/dev/null | grep -c '"linked":true')
+    [ "$n" = 3 ] && break
+    sleep 0.1
+done
+[ "$n" = 3 ] || fail "the ring did not link again after rank 0 came back"
+out=$("$KVCTL" generate --ring "$D" --tokens 1,400,300 -n 8 --temp 0 2>&1) || fail "generate after recovery: $out"
+echo "ok ring back: $out"
+echo PASS

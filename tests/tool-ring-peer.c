@@ -1,0 +1,213 @@
+/* tool-ring-peer — a scriptable ring peer for hostile-peer tests: connects to a stage as
+ * if it were its predecessor, runs the real handshake (or breaks it on purpose), then sends
+ * one chosen bad frame and reports how the stage closed the link.
+ *
+ * usage: tool-ring-peer --connect HOST:PORT --manifest FILE --as-rank R --state-dir DIR
+ *                       --case CASE [--target R (the stage's rank; default as-rank + 1)]
+ * CASE: random | magic | huge | n_embd | token | unknown | ping | idle (handshake only) |
+ *       wrong-ring | wrong-manifest (handshake mismatches)
+ * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
+ * "closed" when the stage closes the link, "pong" for a PONG. Exit 0 when the expected
+ * outcome happened (the stage closed the link; for ping: a PONG came back), 1 otherwise. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+
+#include "kvd/kvd.h"
+#include "net/net.h"
+
+static int fd = -1;
+
+static void send_all(const void *b, size_t n)
+{
+    const uint8_t *p = b;
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void send_frame(uint8_t type, uint8_t flags, uint64_t sess, uint32_t pos, uint32_t n,
+                       const void *payload, uint32_t len)
+{
+    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = type, .flags = flags, .session = sess,
+                              .pos = pos, .n_tokens = n, .payload_len = len};
+    uint8_t hb[NET_HDR_LEN];
+    net_frame_hdr_encode(&h, hb);
+    send_all(hb, sizeof hb);
+    if (len)
+        send_all(payload, len);
+}
+
+/* Read frames until the stage closes the link or timeout_ms of silence; 1 if closed. */
+static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct net_handshake *hs,
+                 bool *established, bool stop_when_established)
+{
+    char err[300];
+    for (;;) {
+        struct net_frame_hdr h;
+        const uint8_t *pl;
+        int rc;
+        while ((rc = net_frame_reader_next(r, &h, &pl, err, sizeof err)) == 1) {
+            if (h.type == NET_F_ERROR && h.payload_len >= 4)
+                printf("error: %.*s\n", (int)h.payload_len - 4, (const char *)pl + 4);
+            if (h.type == NET_F_PONG && pong) {
+                *pong = true;
+                printf("pong\n");
+                return 0;
+            }
+            if (hs && !*established && h.type != NET_F_ERROR) {
+                const uint8_t *out;
+                size_t outlen;
+                int hr = net_handshake_feed(hs, &h, pl, &out, &outlen, err, sizeof err);
+                if (hr < 0) {
+                    printf("handshake failed here: %s\n", err);
+                    return -1;
+                }
+                if (outlen)
+                    send_all(out, outlen);
+                if (hr == 1) {
+                    *established = true;
+                    printf("established\n");
+                    if (stop_when_established)
+                        return 0;
+                }
+            }
+        }
+        if (rc < 0) {
+            printf("bad frame from the stage: %s\n", err);
+            return -1;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, timeout_ms) <= 0)
+            return 0;
+        uint8_t buf[65536];
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+            printf("closed\n");
+            return 1;
+        }
+        net_frame_reader_push(r, buf, (size_t)n);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *connect_to = NULL, *manifest = NULL, *state = NULL, *kase = NULL;
+    int as_rank = -1, target_rank = -1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--connect")) connect_to = argv[i + 1];
+        else if (!strcmp(argv[i], "--manifest")) manifest = argv[i + 1];
+        else if (!strcmp(argv[i], "--as-rank")) as_rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--state-dir")) state = argv[i + 1];
+        else if (!strcmp(argv[i], "--case")) kase = argv[i + 1];
+        else if (!strcmp(argv[i], "--target")) target_rank = atoi(argv[i + 1]);
+    }
+    if (!connect_to || !manifest || !state || !kase || as_rank < 0) {
+        fprintf(stderr, "usage: tool-ring-peer --connect HOST:PORT --manifest F --as-rank R --state-dir D --case C\n");
+        return 2;
+    }
+    char err[512];
+    struct kvd_manifest m;
+    if (kvd_manifest_load(&m, manifest, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    struct net_identity *id;
+    if (net_identity_load(&id, state, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    char host[64];
+    int port;
+    const char *colon = strrchr(connect_to, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - connect_to), connect_to);
+    port = atoi(colon + 1);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        perror("connect");
+        return 2;
+    }
+    struct net_frame_reader r;
+    net_frame_reader_init(&r, NET_PAYLOAD_HARD_MAX);
+    if (!strcmp(kase, "random")) {
+        uint8_t junk[4096];
+        RAND_bytes(junk, sizeof junk);
+        send_all(junk, sizeof junk);
+        return drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+    }
+    uint32_t target = target_rank >= 0 ? (uint32_t)target_rank : ((uint32_t)as_rank + 1) % m.n_ranks;
+    struct net_hello mine = {.version = NET_VERSION, .rank = (uint32_t)as_rank, .n_ranks = m.n_ranks};
+    snprintf(mine.ring, sizeof mine.ring, "%s", !strcmp(kase, "wrong-ring") ? "not-this-ring" : m.ring);
+    memcpy(mine.manifest_hash, m.hash, 32);
+    if (!strcmp(kase, "wrong-manifest"))
+        mine.manifest_hash[0] ^= 1;
+    struct net_hs_expect x = {.rank = target, .n_ranks = m.n_ranks, .ring = m.ring};
+    memcpy(x.manifest_hash, m.hash, 32);
+    struct net_handshake *hs;
+    net_handshake_new(&hs, id, &mine, &x);
+    const uint8_t *hb;
+    size_t hl;
+    net_handshake_hello(hs, &hb, &hl);
+    send_all(hb, hl);
+    bool est = false;
+    int rc = drain(&r, 5000, NULL, hs, &est, true);
+    if (!est)   /* refused in the handshake: fine when that was the point */
+        return rc == 1 ? 0 : 1;
+    uint8_t *buf = calloc(1, (size_t)(m.n_embd + 1) * 4 + NET_OPEN_LEN + 64);
+    uint64_t sess;
+    RAND_bytes((unsigned char *)&sess, sizeof sess);
+    if (!strcmp(kase, "magic")) {
+        struct net_frame_hdr h = {.magic = 0x58585858, .type = NET_F_PING, .payload_len = 8};
+        uint8_t b[NET_HDR_LEN + 8] = {0};
+        net_frame_hdr_encode(&h, b);
+        send_all(b, sizeof b);
+    } else if (!strcmp(kase, "huge")) {
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .session = sess,
+                                  .n_tokens = 1, .payload_len = 0xffffffffu};
+        uint8_t b[NET_HDR_LEN];
+        net_frame_hdr_encode(&h, b);
+        send_all(b, sizeof b);
+    } else if (!strcmp(kase, "n_embd")) {
+        struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
+                                    .max_tokens = 4, .n_ctx = m.n_ctx};
+        net_open_encode(&p, buf);
+        memset(buf + NET_OPEN_LEN, 0, 4);   /* one prompt token: id 0 */
+        buf[NET_OPEN_LEN] = 1;
+        send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
+        memset(buf, 0, (size_t)(m.n_embd + 1) * 4);
+        send_frame(NET_F_ACT, NET_FL_LAST, sess, 0, 1, buf, (m.n_embd + 1) * m.wire_dsize);
+    } else if (!strcmp(kase, "token")) {
+        send_frame(NET_F_TOKEN, 0, sess, 1, 1, buf, 8);
+    } else if (!strcmp(kase, "unknown")) {
+        send_frame(NET_F_ACT, NET_FL_LAST, sess, 0, 1, buf, m.n_embd * m.wire_dsize);
+    } else if (!strcmp(kase, "ping")) {
+        send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
+        bool pong = false;
+        drain(&r, 5000, &pong, NULL, NULL, false);
+        return pong ? 0 : 1;
+    } else if (strcmp(kase, "idle") != 0) {
+        fprintf(stderr, "unknown case %s\n", kase);
+        return 2;
+    }
+    rc = drain(&r, 5000, NULL, NULL, NULL, false);
+    free(buf);
+    net_handshake_free(hs);
+    net_identity_free(id);
+    net_frame_reader_free(&r);
+    close(fd);
+    return rc == 1 ? 0 : 1;
+}
