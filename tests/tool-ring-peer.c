@@ -143,11 +143,15 @@ int main(int argc, char **argv)
     }
     struct net_frame_reader r;
     net_frame_reader_init(&r, NET_PAYLOAD_HARD_MAX);
+    int ret = 1;
+    struct net_handshake *hs = NULL;
+    uint8_t *buf = NULL;
     if (!strcmp(kase, "random")) {
         uint8_t junk[4096];
         RAND_bytes(junk, sizeof junk);
         send_all(junk, sizeof junk);
-        return drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+        ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+        goto out;
     }
     uint32_t target = target_rank >= 0 ? (uint32_t)target_rank : ((uint32_t)as_rank + 1) % m.n_ranks;
     struct net_hello mine = {.version = NET_VERSION, .rank = (uint32_t)as_rank, .n_ranks = m.n_ranks};
@@ -157,7 +161,6 @@ int main(int argc, char **argv)
         mine.manifest_hash[0] ^= 1;
     struct net_hs_expect x = {.rank = target, .n_ranks = m.n_ranks, .ring = m.ring};
     memcpy(x.manifest_hash, m.hash, 32);
-    struct net_handshake *hs;
     net_handshake_new(&hs, id, &mine, &x);
     const uint8_t *hb;
     size_t hl;
@@ -165,9 +168,11 @@ int main(int argc, char **argv)
     send_all(hb, hl);
     bool est = false;
     int rc = drain(&r, 5000, NULL, hs, &est, true);
-    if (!est)   /* refused in the handshake: fine when that was the point */
-        return rc == 1 ? 0 : 1;
-    uint8_t *buf = calloc(1, (size_t)(m.n_embd + 1) * 4 + NET_OPEN_LEN + 64);
+    if (!est) {   /* refused in the handshake: fine when that was the point */
+        ret = rc == 1 ? 0 : 1;
+        goto out;
+    }
+    buf = calloc(1, (size_t)(m.n_embd + 1) * 4 + NET_OPEN_LEN + 64);
     uint64_t sess;
     RAND_bytes((unsigned char *)&sess, sizeof sess);
     if (!strcmp(kase, "magic")) {
@@ -198,16 +203,19 @@ int main(int argc, char **argv)
         send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
         bool pong = false;
         drain(&r, 5000, &pong, NULL, NULL, false);
-        return pong ? 0 : 1;
+        ret = pong ? 0 : 1;
+        goto out;
     } else if (strcmp(kase, "idle") != 0) {
         fprintf(stderr, "unknown case %s\n", kase);
-        return 2;
+        ret = 2;
+        goto out;
     }
-    rc = drain(&r, 5000, NULL, NULL, NULL, false);
+    ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+out:
     free(buf);
     net_handshake_free(hs);
     net_identity_free(id);
     net_frame_reader_free(&r);
     close(fd);
-    return rc == 1 ? 0 : 1;
+    return ret;
 }
