@@ -3,13 +3,17 @@
  * session's history, so mixed-up sessions or positions change the tokens. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvd/internal.h"
+#include "model/model.h"
 
 void kvd_backend_close(struct kvd_backend *b)
 {
+    if (b)
+        model_vocab_free(b->vocab);
     if (b && b->ops && b->ops->free)
         b->ops->free(b->impl);
     if (b)
@@ -18,16 +22,29 @@ void kvd_backend_close(struct kvd_backend *b)
 
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n)
 {
-    if (!b->ops->tokenize)
+    if (!b->vocab)
         return -ENOSYS;
-    return b->ops->tokenize(b->impl, text, toks, n);
-}
-
-int kvd_backend_piece(struct kvd_backend *b, int32_t tok, char *buf, size_t n)
-{
-    if (!b->ops->piece)
-        return -ENOSYS;
-    return b->ops->piece(b->impl, tok, buf, n);
+    size_t len = strlen(text), cnt = 0, cap = len + 8;
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    int rc = model_tokenize(b->vocab, text, len, true, false, t, cap, &cnt);
+    if (rc == -ENOSPC) {
+        int32_t *nt = realloc(t, cnt * sizeof *t);
+        if (!nt) {
+            free(t);
+            return -ENOMEM;
+        }
+        t = nt;
+        rc = model_tokenize(b->vocab, text, len, true, false, t, cnt, &cnt);
+    }
+    if (rc < 0 || cnt > UINT32_MAX) {
+        free(t);
+        return rc < 0 ? rc : -E2BIG;
+    }
+    *toks = t;
+    *n = (uint32_t)cnt;
+    return 0;
 }
 
 /* ---- stub ---- */

@@ -113,5 +113,12 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
     const struct gguf_file *g = model_get_gguf(mb->m);
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;
+    if (b->embed) {   /* rank 0 tokenizes prompts and turns tokens into text */
+        char verr[256];
+        if (model_vocab_load(&b->vocab, g, verr, sizeof verr) < 0) {
+            b->vocab = NULL;
+            snprintf(err, errlen, "no tokenizer: %s", verr);   /* informative only */
+        }
+    }
     return 0;
 }

@@ -9,6 +9,8 @@
 
 #include "net/net.h"
 
+struct model_vocab;
+
 struct kvd_backend_ops {
     int (*session_new)(void *impl, uint64_t id);
     int (*session_free)(void *impl, uint64_t id);
@@ -19,9 +21,6 @@ struct kvd_backend_ops {
     void (*sampler_free)(void *impl, void *s);
     void (*sampler_accept)(void *impl, void *s, int32_t tok);
     int32_t (*sampler_sample)(void *impl, void *s, float *logits, float *logprob);
-    /* rank 0, optional (NULL: no tokenizer) */
-    int (*tokenize)(void *impl, const char *text, int32_t **toks, uint32_t *n);
-    int (*piece)(void *impl, int32_t tok, char *buf, size_t n);
     void (*free)(void *impl);
 };
 
@@ -34,6 +33,7 @@ struct kvd_backend {
     int32_t eos, bos;          /* -1 when unknown */
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
+    struct model_vocab *vocab; /* rank 0: the tokenizer (NULL without one); immutable */
 };
 
 /* The model backend (model/model.h): path is a full GGUF or a mini-GGUF. */
@@ -44,9 +44,8 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
 int kvd_backend_open_stub(struct kvd_backend *b, uint32_t n_embd, uint32_t n_layer,
                           uint32_t first, uint32_t last, uint32_t n_ctx);
 void kvd_backend_close(struct kvd_backend *b);
-/* Tokenizer hooks (rank 0): text -> tokens, token -> text piece. -ENOSYS without one. */
+/* Rank 0: text -> tokens (BOS as the vocabulary asks); -ENOSYS without a tokenizer. */
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n);
-int kvd_backend_piece(struct kvd_backend *b, int32_t tok, char *buf, size_t n);
 
 enum kvd_job_kind { KVD_JOB_OPEN, KVD_JOB_STEP, KVD_JOB_CLOSE };
 

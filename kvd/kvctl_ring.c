@@ -682,6 +682,9 @@ static int gen_line(const char *line, void *ud)
         return 1;
     }
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "done"))) {
+        const cJSON *tail = cJSON_GetObjectItemCaseSensitive(o, "s");
+        if (cJSON_IsString(tail) && !g->ids)
+            fputs(tail->valuestring, stdout);
         g->done = true;
         g->done_obj = o;
         return 1;

@@ -15,6 +15,7 @@
 
 #include "kvd/internal.h"
 #include "kvd/kvd.h"
+#include "model/model.h"
 #include "net/net.h"
 
 #define MAX_PENDING_LINKS 8
@@ -53,6 +54,7 @@ struct sess {
     double t_start, t_first;
     char **stop;
     uint32_t n_stop;
+    struct model_detok *detok;  /* streaming text of the generated tokens */
     char *text;                 /* generated text so far (for stop strings) */
     size_t text_len;
 };
@@ -188,6 +190,7 @@ static void sess_drop(struct stage *st, struct sess *s)
         free(s->stop[i]);
     free(s->stop);
     free(s->text);
+    model_detok_free(s->detok);
     free(s);
 }
 
@@ -244,6 +247,17 @@ static void sess_finish(struct stage *st, struct sess *s, const char *reason, co
         } else {
             double t_end = (double)now_ns() / 1e6;
             cJSON_AddBoolToObject(o, "done", 1);
+            const char *tail = NULL;
+            size_t tl = 0;
+            if (s->detok && model_detok_flush(s->detok, &tail, &tl) == 0 && tl) {
+                char *tmp = malloc(tl + 1);
+                if (tmp) {
+                    memcpy(tmp, tail, tl);
+                    tmp[tl] = 0;
+                    cJSON_AddStringToObject(o, "s", tmp);
+                    free(tmp);
+                }
+            }
             cJSON_AddStringToObject(o, "reason", reason);
             cJSON_AddNumberToObject(o, "n_prompt", s->n_prompt);
             cJSON_AddNumberToObject(o, "n_gen", s->n_gen);
@@ -489,6 +503,8 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         }
     }
     s->t_start = (double)now_ns() / 1e6;
+    if (st->be.vocab && model_detok_new(&s->detok, st->be.vocab, false, false) < 0)
+        s->detok = NULL;
     struct net_open_params p = {0};
     p.seed = (uint64_t)jnum(req, "seed", 0);
     p.temperature = (float)jnum(req, "temp", 0);
@@ -646,15 +662,24 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
         if (s->last_logits)
             memcpy(s->last_logits, payload + 8, (size_t)st->be.n_vocab * 4);
     }
-    char piece[256] = "";
-    bool have_piece = kvd_backend_piece(&st->be, tok, piece, sizeof piece) >= 0;
     bool is_eos = !s->ignore_eos && st->be.eos >= 0 && tok == st->be.eos;
+    const char *piece = NULL;
+    size_t plen = 0;
+    if (s->detok && !is_eos && model_detok_push(s->detok, tok, &piece, &plen) < 0)
+        piece = NULL;
     if (s->client && !is_eos) {   /* EOS ends the text; it is not part of it */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "t", tok);
         cJSON_AddNumberToObject(o, "lp", lp);
-        if (have_piece)
-            cJSON_AddStringToObject(o, "s", piece);
+        if (s->detok) {
+            char *tmp = malloc(plen + 1);
+            if (tmp) {
+                memcpy(tmp, piece ? piece : "", plen);
+                tmp[plen] = 0;
+                cJSON_AddStringToObject(o, "s", tmp);
+                free(tmp);
+            }
+        }
         json_line_to_client(s->client, o);
     }
     const char *reason = NULL;
@@ -664,13 +689,13 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
         reason = "length";
     else if (s->n_hist >= s->n_ctx)
         reason = "context";
-    if (!reason && have_piece && s->n_stop) {
-        size_t pl = strlen(piece);
-        char *nt = realloc(s->text, s->text_len + pl + 1);
+    if (!reason && piece && plen && s->n_stop) {
+        char *nt = realloc(s->text, s->text_len + plen + 1);
         if (nt) {
             s->text = nt;
-            memcpy(s->text + s->text_len, piece, pl + 1);
-            s->text_len += pl;
+            memcpy(s->text + s->text_len, piece, plen);
+            s->text_len += plen;
+            s->text[s->text_len] = 0;
             for (uint32_t i = 0; i < s->n_stop && !reason; i++)
                 if (strstr(s->text, s->stop[i]))
                     reason = "stop";
