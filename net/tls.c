@@ -1,12 +1,16 @@
 /* TLS over memory BIOs: the socket is libuv's, OpenSSL only sees bytes we hand it.
  * Policy: TLS 1.2 minimum, no renegotiation (a ClientHello after the handshake is refused
- * by OpenSSL's SSL_OP_NO_RENEGOTIATION), no compression, no session tickets on the server. */
+ * by OpenSSL's SSL_OP_NO_RENEGOTIATION, stated even though OpenSSL 3 already refuses
+ * client-initiated renegotiation by default), no compression, no session tickets. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+
 #include <openssl/err.h>
+#include <openssl/x509v3.h>
 #include <openssl/ssl.h>
 
 #include "net/ws_internal.h"
@@ -150,10 +154,18 @@ int net__tls_new(struct net__tls **out, struct net_tls_ctx *ctx, bool server, co
         SSL_set_accept_state(t->ssl);
     } else {
         SSL_set_connect_state(t->ssl);
-        if (sni && sni[0])
+        /* An IP literal is checked against the certificate's IP names and never sent as
+         * SNI (RFC 6066 section 3); a host name is both. */
+        unsigned char ip[16];
+        bool is_ip = sni && (inet_pton(AF_INET, sni, ip) == 1 || inet_pton(AF_INET6, sni, ip) == 1);
+        if (sni && sni[0] && !is_ip)
             SSL_set_tlsext_host_name(t->ssl, sni);
-        if (sni && sni[0] && SSL_get_verify_mode(t->ssl) != SSL_VERIFY_NONE)
-            SSL_set1_host(t->ssl, sni);
+        if (sni && sni[0] && SSL_get_verify_mode(t->ssl) != SSL_VERIFY_NONE) {
+            if (is_ip)
+                X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), sni);
+            else
+                SSL_set1_host(t->ssl, sni);
+        }
     }
     *out = t;
     return 0;
