@@ -7,7 +7,7 @@ PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-d
 libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
 ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-curl openssl procps"
+curl openssl procps nodejs chromium testssl.sh"
 
 missing=""
 for p in $PKGS; do
@@ -18,18 +18,28 @@ for p in $PKGS; do
     esac
 done
 
-[ -z "$missing" ] && exit 0
+# Node's `ws` package: an independent WebSocket peer for the relay's interop test (npm).
+npm_ws() {
+    [ -f tests/node_modules/ws/package.json ] && return 0
+    command -v npm >/dev/null 2>&1 || { echo "setup: npm missing, cannot install ws" >&2; return 1; }
+    echo "setup: npm install ws into tests/node_modules"
+    (npm install --no-save --no-package-lock --no-audit --no-fund \
+        --prefix tests ws@8 >/dev/null)
+}
 
-echo "setup: installing missing Debian packages:$missing"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-        echo "setup: not root and no sudo; install these packages by hand:$missing" >&2
-        exit 1
+if [ -n "$missing" ]; then
+    echo "setup: installing missing Debian packages:$missing"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+            echo "setup: not root and no sudo; install these packages by hand:$missing" >&2
+            exit 1
+        fi
     fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    # shellcheck disable=SC2086
+    $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    echo "setup: done"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
-echo "setup: done"
+cd "$(dirname "$0")/.." && npm_ws
