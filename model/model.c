@@ -100,6 +100,14 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         (rc = get_u32(f, a, "feed_forward_length", &hp->n_ff, true, 1, MODEL_MAX_FF, err, errlen)) ||
         (rc = get_u32(f, a, "attention.head_count", &hp->n_head, true, 1, MODEL_MAX_HEADS, err, errlen)))
         return rc;
+    uint32_t n_expert = 0;
+    if ((rc = get_u32(f, a, "expert_count", &n_expert, false, 0, UINT32_MAX, err, errlen)))
+        return rc;
+    if (n_expert > 0) {
+        seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
+               "models are not supported", a, n_expert, a);
+        return -ENOTSUP;
+    }
     hp->n_head_kv = hp->n_head;
     if ((rc = get_u32(f, a, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err, errlen)))
         return rc;
