@@ -86,6 +86,37 @@ static int parse_float(const char *opt, const char *s, float *out)
     return 0;
 }
 
+/* Tokenise a prompt as llama.cpp's tools do: BOS/EOS as the vocabulary asks, special-token
+ * text recognised. */
+static int tokenize_prompt(const struct model_vocab *v, const char *text, int32_t **out,
+                           uint32_t *n)
+{
+    size_t len = strlen(text), cnt = 0;
+    if (len > MAX_TOKENS) {
+        fprintf(stderr, "prompt longer than %u bytes\n", MAX_TOKENS);
+        return -EINVAL;
+    }
+    size_t cap = len + 4;
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    int rc = model_tokenize(v, text, len, true, true, t, cap, &cnt);
+    if (rc == -ENOSPC) {
+        free(t);
+        cap = cnt;
+        t = malloc(cap * sizeof *t);
+        rc = t ? model_tokenize(v, text, len, true, true, t, cap, &cnt) : -ENOMEM;
+    }
+    if (rc < 0 || cnt > MAX_TOKENS) {
+        fprintf(stderr, "tokenize: %s\n", rc < 0 ? strerror(-rc) : "too many tokens");
+        free(t);
+        return rc < 0 ? rc : -EINVAL;
+    }
+    *out = t;
+    *n = (uint32_t)cnt;
+    return 0;
+}
+
 /* A whole model in one window, an executor and its buffers. */
 struct runner {
     struct model *m;
@@ -273,41 +304,51 @@ int kvctl_cmd_generate(int argc, char **argv)
         fprintf(stderr, "--repeat-penalty must be > 0\n");
         return 2;
     }
+    if (prompt && toks) {
+        fprintf(stderr, "kvctl generate: -p and --tokens exclude each other\n");
+        return 2;
+    }
     int32_t *tokens = NULL;
     uint32_t n_prompt = 0;
-    if (prompt && !toks) {
-        /* Text prompts need the tokenizer (model.h [tokenizer] section). */
-        fprintf(stderr, "kvctl generate: -p needs the tokenizer, not built yet; use --tokens\n");
-        return 1;
-    }
-    if (parse_tokens(toks, &tokens, &n_prompt) < 0)
-        return 2;
-    if (n_prompt == 0) {
-        fprintf(stderr, "kvctl generate: empty prompt\n");
-        free(tokens);
-        return 2;
-    }
     int ret = 1;
     struct runner r;
     struct model_sampler *smp = NULL;
-    bool have_text = false;     /* detokenizer: model.h [tokenizer] */
-    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0) {
-        free(tokens);
+    struct model_vocab *voc = NULL;
+    struct model_detok *dt = NULL;
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0)
         return 1;
+    char err[MODEL_ERR_LEN];
+    int rc = model_vocab_load(&voc, model_get_gguf(r.m), err, sizeof err);
+    if (rc < 0 && (prompt || !print_ids)) {
+        fprintf(stderr, "kvctl generate: %s: vocabulary: %s%s\n", path, err,
+                prompt ? "" : " (--ids prints token ids without it)");
+        goto out;
     }
+    if (prompt)
+        rc = tokenize_prompt(voc, prompt, &tokens, &n_prompt);
+    else
+        rc = parse_tokens(toks, &tokens, &n_prompt);
+    if (rc < 0) {
+        ret = 2;
+        goto out;
+    }
+    if (n_prompt == 0) {
+        fprintf(stderr, "kvctl generate: empty prompt\n");
+        ret = 2;
+        goto out;
+    }
+    if (!print_ids && (rc = model_detok_new(&dt, voc, false, false)) < 0)
+        goto out;
     if ((uint64_t)n_prompt + (uint64_t)n_gen > r.n_ctx) {
         fprintf(stderr, "kvctl generate: %u prompt + %ld generated tokens exceed the context "
                 "of %u (--ctx)\n", n_prompt, n_gen, r.n_ctx);
         goto out;
     }
-    int rc = model_sampler_new(&smp, &sp, r.hp->n_vocab);
+    rc = model_sampler_new(&smp, &sp, r.hp->n_vocab);
     if (rc < 0) {
         fprintf(stderr, "kvctl generate: sampler: %s\n", strerror(-rc));
         goto out;
     }
-    uint32_t eos = UINT32_MAX;
-    if (gguf_get_u32(model_get_gguf(r.m), "tokenizer.ggml.eos_token_id", &eos) < 0)
-        eos = UINT32_MAX;
     if ((rc = model_session_new(r.e, 1)) < 0)
         goto out;
     for (uint32_t i = 0; i < n_prompt; i++)
@@ -327,11 +368,17 @@ int kvctl_cmd_generate(int argc, char **argv)
             goto out;
         }
         n_done++;
-        if ((uint32_t)tok == eos && !ignore_eos)
+        if (voc && !ignore_eos && model_vocab_is_eog(voc, tok))
             break;
         model_sampler_accept(smp, tok);
-        if (print_ids || !have_text)
+        if (dt) {
+            const char *txt;
+            size_t len;
+            if (model_detok_push(dt, tok, &txt, &len) == 0)
+                fwrite(txt, 1, len, stdout);
+        } else {
             printf("%s%d", g ? " " : "", tok);
+        }
         fflush(stdout);
         if (g + 1 == n_gen)
             break;
@@ -341,6 +388,12 @@ int kvctl_cmd_generate(int argc, char **argv)
         }
         pos++;
     }
+    if (dt) {
+        const char *txt;
+        size_t len;
+        if (model_detok_flush(dt, &txt, &len) == 0)
+            fwrite(txt, 1, len, stdout);
+    }
     printf("\n");
     double t2 = now_s();
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
@@ -348,6 +401,8 @@ int kvctl_cmd_generate(int argc, char **argv)
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
     ret = 0;
 out:
+    model_detok_free(dt);
+    model_vocab_free(voc);
     model_sampler_free(smp);
     runner_free(&r);
     free(tokens);
@@ -359,7 +414,7 @@ out:
 static void logits_usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvctl logits -m FILE --tokens 1,2,3 -o OUT.f32 [-t N] [--batch B] [--ctx N]\n"
+        "usage: kvctl logits -m FILE (--tokens 1,2,3 | -p TEXT) -o OUT.f32 [-t N] [--batch B]\n"
         "Teacher-forced logits: row i = logits after feeding tokens[0..i] at positions 0..i,\n"
         "written as raw little-endian float32 [n_tokens][n_vocab]. The tokens are fed in\n"
         "batches of B rows (default: all at once).\n");
@@ -369,17 +424,19 @@ int kvctl_cmd_logits(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"tokens", required_argument, 0, OPT_TOKENS},
+        {"prompt", required_argument, 0, 'p'},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
         {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *path = NULL, *toks = NULL, *outp = NULL;
+    const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL;
     long threads = 0, batch = 0, ctx = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:o:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:o:t:p:h", opts, NULL)) != -1) {
         int rc = 0;
         switch (c) {
         case 'm': path = optarg; break;
+        case 'p': prompt = optarg; break;
         case 'o': outp = optarg; break;
         case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
         case OPT_TOKENS: toks = optarg; break;
@@ -391,14 +448,30 @@ int kvctl_cmd_logits(int argc, char **argv)
         if (rc < 0)
             return 2;
     }
-    if (!path || !toks || !outp || optind != argc) {
+    if (!path || !toks == !prompt || !outp || optind != argc) {
         logits_usage(stderr);
         return 2;
     }
     int32_t *tokens;
     uint32_t n;
-    if (parse_tokens(toks, &tokens, &n) < 0)
+    if (toks && parse_tokens(toks, &tokens, &n) < 0)
         return 2;
+    if (prompt) {           /* the vocabulary alone: metadata, no tensors mapped */
+        struct gguf_file *gf = NULL;
+        struct model_vocab *voc = NULL;
+        char err[GGUF_ERR_LEN];
+        int rc = gguf_file_open(&gf, path, err, sizeof err);
+        if (rc == 0)
+            rc = model_vocab_load(&voc, gf, err, sizeof err);
+        if (rc == 0)
+            rc = tokenize_prompt(voc, prompt, &tokens, &n);
+        else
+            fprintf(stderr, "kvctl logits: %s: %s\n", path, err);
+        model_vocab_free(voc);
+        gguf_file_free(gf);
+        if (rc < 0)
+            return rc == -EINVAL ? 2 : 1;
+    }
     if (n == 0) {
         fprintf(stderr, "kvctl logits: no tokens\n");
         free(tokens);
