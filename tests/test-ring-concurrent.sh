@@ -11,12 +11,12 @@ prompts=("1,400" "1,300,301,302" "1,257,258" "1,450,451,452,453,454" "1,280" "1,
 lens=(40 25 60 33 50 20 45 55)
 temps=(0 0 0 0.8 0 0.8 0 0)
 for i in $(seq 0 7); do
-    "$KVCTL" generate -m "$M" --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
+    "$KVCTL" generate -m "$M" --ids --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
         > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
 done
 pids=""
 for i in $(seq 0 7); do
-    "$KVCTL" generate --ring "$D" --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
+    "$KVCTL" generate --ring "$D" --ids --tokens ${prompts[$i]} -n ${lens[$i]} --temp ${temps[$i]} --seed $((i + 7)) \
         > "$TMP/ring.$i" 2>"$TMP/err.$i" &
     pids="$pids $!"
 done

@@ -7,7 +7,7 @@
 
 D=$TMP/ring
 ring_up "$D" --stub --layers 6 --embd 2048 --stages 3
-"$KVCTL" generate --ring "$D" --tokens 1,2,3 -n 4000 --temp 0 --ignore-eos > "$TMP/out" 2> "$TMP/err" &
+"$KVCTL" generate --ring "$D" --ids --tokens 1,2,3 -n 4000 --temp 0 --ignore-eos > "$TMP/out" 2> "$TMP/err" &
 GEN=$!
 EXTRA_PIDS="$GEN"
 for i in $(seq 100); do
@@ -37,7 +37,7 @@ for i in $(seq 100); do
     sleep 0.1
 done
 [ "$n" = 3 ] || fail "the ring did not link again: $("$KVCTL" status --ring "$D")"
-out=$("$KVCTL" generate --ring "$D" --tokens 1,2,3 -n 5 --temp 0 2>"$TMP/err") || fail "generate after recovery: $(cat "$TMP/err")"
+out=$("$KVCTL" generate --ring "$D" --ids --tokens 1,2,3 -n 5 --temp 0 2>"$TMP/err") || fail "generate after recovery: $(cat "$TMP/err")"
 [ $(echo "$out" | wc -w) -eq 5 ] || fail "after recovery: '$out'"
 echo "ok ring back: $out"
 # Sessions on the other stages were freed when the link broke.

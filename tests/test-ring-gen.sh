@@ -9,11 +9,11 @@ PROMPT=1,400,300,200,100
 N=24
 for name in stories260K.gguf TinyStories-656K-Q8_0.gguf synth-llama-spm512-q4_0.gguf; do
     M=$(need_model $name) || exit 1
-    one=$("$KVCTL" generate -m "$M" --tokens $PROMPT -n $N --temp 0 2>/dev/null) || fail "$name: one-process generate"
+    one=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 2>/dev/null) || fail "$name: one-process generate"
     ref=$("$TOOLS/tool-ring-ref" -m "$M" --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/ref.lg") ||
         fail "$name: reference tool"
     [ "$one" = "$ref" ] || fail "$name: reference tool disagrees with kvctl generate: '$ref' vs '$one'"
-    seeded=$("$KVCTL" generate -m "$M" --tokens $PROMPT -n $N --temp 0.8 --top-p 0.9 --seed 42 2>/dev/null) ||
+    seeded=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0.8 --top-p 0.9 --seed 42 2>/dev/null) ||
         fail "$name: seeded one-process generate"
     for n in 1 2 3 4; do
         d="$TMP/r-$name-$n"
@@ -22,11 +22,11 @@ for name in stories260K.gguf TinyStories-656K-Q8_0.gguf synth-llama-spm512-q4_0.
             fail "ring up $name $n stages: $(cat "$d.up")"
         fi
         RINGS="$RINGS $d"
-        out=$("$KVCTL" generate --ring "$d" --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/ring.lg" 2>"$TMP/err") ||
+        out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/ring.lg" 2>"$TMP/err") ||
             fail "$name, $n stages: generate --ring: $(cat "$TMP/err")"
         [ "$out" = "$one" ] || fail "$name, $n stages: greedy tokens differ: ring '$out' vs one process '$one'"
         cmp -s "$TMP/ring.lg" "$TMP/ref.lg" || fail "$name, $n stages: last logits not bit-identical"
-        out=$("$KVCTL" generate --ring "$d" --tokens $PROMPT -n $N --temp 0.8 --top-p 0.9 --seed 42 2>"$TMP/err") ||
+        out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0.8 --top-p 0.9 --seed 42 2>"$TMP/err") ||
             fail "$name, $n stages: seeded generate --ring: $(cat "$TMP/err")"
         [ "$out" = "$seeded" ] || fail "$name, $n stages: seeded tokens differ: ring '$out' vs '$seeded'"
         grep -q "prompt: 5 tokens" "$TMP/err" || fail "$name: statistics line missing on stderr"
@@ -40,7 +40,7 @@ M=$(need_model stories260K.gguf) || exit 1
 for dt in f32 f16; do
     d="$TMP/w-$dt"
     ring_up "$d" --model "$M" --stages 2 --dtype $dt
-    out=$("$KVCTL" generate --ring "$d" --tokens $PROMPT -n $N --temp 0 --ignore-eos 2>"$TMP/err") ||
+    out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0 --ignore-eos 2>"$TMP/err") ||
         fail "$dt: generate: $(cat "$TMP/err")"
     [ $(echo "$out" | wc -w) -eq $N ] || fail "$dt: expected $N tokens, got '$out'"
     eval "bytes_$dt=\$(\"\$KVCTL\" status --ring \"\$d\" --json | head -1 | python3 -c 'import json,sys; print(int(json.load(sys.stdin)[\"boundary_bytes_out\"]))')"

@@ -60,6 +60,6 @@ for i in $(seq 100); do
     sleep 0.1
 done
 [ "$n" = 3 ] || fail "the ring did not link again after rank 0 came back"
-out=$("$KVCTL" generate --ring "$D" --tokens 1,400,300 -n 8 --temp 0 2>&1) || fail "generate after recovery: $out"
+out=$("$KVCTL" generate --ring "$D" --ids --tokens 1,400,300 -n 8 --temp 0 2>&1) || fail "generate after recovery: $out"
 echo "ok ring back: $out"
 echo PASS
