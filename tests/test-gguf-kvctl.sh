@@ -7,6 +7,7 @@ KVCTL=${KV_BUILD:-build}/kvctl
 DATA=${KV_TESTDATA:-../shared/testdata}
 T=$(mktemp -d /tmp/kvtest-kvctl.XXXXXX)
 trap 'rm -rf "$T"' EXIT
+CHECK=$(dirname "$0")/gguf_strict_check.py
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
@@ -57,10 +58,14 @@ for m in "$DATA"/models/*.gguf; do
                 echo "$out" | grep -q "tensor $victim: sha256" || fail "$base: verify does not name $victim: $out"
                 rm -f "$w.bad"
             fi
-            rm -f "$w"
             prev=$end
         done
     done
+    # the windows also pass an independent reader with llama.cpp's layout rules
+    if ls "$T/$base".*-*.gguf >/dev/null 2>&1; then
+        out=$(python3 "$CHECK" "$T/$base".*-*.gguf 2>&1) || fail "$base: strict reader: $out"
+    fi
+    rm -f "$T/$base".*-*.gguf
 done
 [ $n_models -ge 10 ] || fail "only $n_models models"
 
@@ -92,6 +97,7 @@ for arch in llama qwen2 qwen3; do
                                echo "$info" | grep -q "qwen3.attention.key_length *u32 *32" || fail "qwen3 key_length"; }
     done
 done
+out=$(python3 "$CHECK" "$T"/synth-*.gguf 2>&1) || fail "synth: strict reader: $out"
 # same seed, same bytes; another seed, other bytes
 "$KVCTL" synth --arch llama --layers 2 --embd 64 --ff 128 --heads 4 --vocab 300 --type q4_0 --seed 5 -o "$T/a.gguf" >/dev/null
 "$KVCTL" synth --arch llama --layers 2 --embd 64 --ff 128 --heads 4 --vocab 300 --type q4_0 --seed 5 -o "$T/b.gguf" >/dev/null
