@@ -1,0 +1,964 @@
+/* plan.c — the planner's cost model and search (see plan.h for the model in short and
+ * docs/planner.md for the long form). Pure: no I/O, no globals; scratch is allocated per call
+ * and freed before returning. */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/plan.h"
+
+#define INF DBL_MAX
+/* Relative tolerance when comparing periods and latencies of candidate plans. */
+#define REL_EPS 1e-9
+/* Heuristic search budget: DP runs in the local search, and their total work (devices x
+ * layers^2 / 2 per run): keeps 1000 devices x 96 layers well under a second. */
+#define LOCAL_MAX_DPS 400
+#define LOCAL_MAX_WORK 1e7
+/* Extra unused devices kept in the local-search pool. */
+#define LOCAL_SPARE 16
+/* Above this many devices the heuristic searches a pool (see search_heuristic). */
+#define POOL_MIN 64
+#define POOL_SPARE 8
+/* Exhaustive search is used only when its work (orders x devices x layers^2 / 2) fits here. */
+#define EXHAUSTIVE_MAX_WORK 3e8
+
+static void errf(char *err, size_t n, const char *fmt, ...)
+{
+    if (!err || !n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+void plan_opts_default(struct plan_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->objective = PLAN_LATENCY;
+    o->ctx = 4096;
+    o->sessions = 4;
+    o->headroom = 0.05;
+    o->exhaustive_max = 6;
+}
+
+void plan_devices_local(struct plan_device *devs, const char *const *ids, size_t n,
+                        uint64_t mem_bytes, double ms_per_layer_token)
+{
+    for (size_t i = 0; i < n; i++) {
+        memset(&devs[i], 0, sizeof devs[i]);
+        devs[i].id = ids[i];
+        devs[i].backend = "cpu";
+        devs[i].mem_bytes = mem_bytes;
+        devs[i].ms_per_layer_token = ms_per_layer_token;
+        devs[i].inbound = true;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Planning context: per usable device, prefix sums of layer time; per layer, memory. */
+
+struct dev_info {
+    uint32_t idx;          /* index into the caller's devices */
+    uint64_t cap;          /* memory after headroom */
+    double embed_ms, head_ms;
+    double rtt, bw;        /* bw 0: not limiting */
+    double mean_layer_ms;  /* for ordering and explanations */
+    double hop_key;        /* link cost of a middle rank, for ordering */
+};
+
+struct ctx {
+    const struct plan_shape *s;
+    const struct plan_device *devs;
+    const struct plan_opts *o;
+    uint32_t L, N;             /* layers, usable devices */
+    struct dev_info *di;       /* N */
+    double *T;                 /* N x (L+1) prefix sums of layer ms */
+    uint64_t *M;               /* L+1 prefix sums of layer memory (weights + reserved KV/state) */
+    uint64_t embed_mem, head_mem;
+    double wire, token;        /* bytes per token on the ranks' edges and the closing edge */
+    /* DP scratch */
+    double *D, *ND, *S, *NS;   /* value and secondary (latency under a period cap) */
+    int32_t *choice;           /* (N) x (L+1): window start, or -1 skipped */
+    uint64_t orders;
+    double have;               /* memory of all usable devices (before pruning) */
+    uint32_t n_usable;
+};
+
+struct stage {
+    bool ok;
+    double compute, link, xfer, lat, period;
+    uint64_t mem;
+};
+
+static double layer_cost_ref(const struct plan_shape *s, bool *by_bytes)
+{
+    double sum = 0;
+    uint32_t n = 0;
+    bool bytes = false;
+    for (uint32_t i = 0; i < s->n_layers; i++)
+        if (s->layers[i].active_bytes) bytes = true;
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        double c = bytes ? (double)s->layers[i].active_bytes : s->layers[i].macs;
+        if (c > 0) { sum += c; n++; }
+    }
+    *by_bytes = bytes;
+    return n ? sum / n : 0;
+}
+
+/* ms per token for work (active bytes, macs) on device d; ref is the mean layer's cost. */
+static double work_ms(const struct plan_device *d, double bytes, double macs, bool by_bytes,
+                      double ref)
+{
+    if (d->ms_per_layer_token > 0) {
+        double c = by_bytes ? bytes : macs;
+        if (ref <= 0)
+            return c > 0 ? d->ms_per_layer_token : 0;
+        return d->ms_per_layer_token * c / ref;
+    }
+    double t = 0;
+    if (d->flops > 0) t = fmax(t, 2.0 * macs / d->flops);
+    if (d->mem_bw_bytes_s > 0) t = fmax(t, bytes / d->mem_bw_bytes_s);
+    return t * 1000.0;
+}
+
+static struct stage stage_cost(const struct ctx *c, uint32_t k, uint32_t j, uint32_t j2)
+{
+    struct stage st = {0};
+    const struct dev_info *d = &c->di[k];
+    bool first = j == 0, last = j2 == c->L;
+    uint64_t mem = c->M[j2] - c->M[j];
+    if (first) mem += c->embed_mem;
+    if (last) mem += c->head_mem;
+    if (mem < c->M[j2] - c->M[j] || mem > d->cap)
+        return st;
+    st.mem = mem;
+    st.compute = c->T[(size_t)k * (c->L + 1) + j2] - c->T[(size_t)k * (c->L + 1) + j];
+    if (first) st.compute += d->embed_ms;
+    if (last) st.compute += d->head_ms;
+    if (!(first && last)) {
+        double in = first ? c->token : c->wire, out = last ? c->token : c->wire;
+        st.xfer = d->bw > 0 ? (in + out) / d->bw * 1000.0 : 0;
+        st.link = d->rtt + st.xfer;
+    }
+    st.lat = st.compute + st.link;
+    st.period = fmax(st.compute, st.xfer);
+    st.ok = true;
+    return st;
+}
+
+/* One DP over a device order (indices into di). mode 0: min latency (secondary: period);
+ * mode 1: min period; mode 2: min latency subject to period <= cap. Returns the objective at
+ * L (INF if infeasible); *reach gets the furthest layer prefix any partial plan covers.
+ * The inner loop is stage_cost() unrolled: a window [j, j2) is a middle window unless it
+ * starts at 0 (embedding, token in) or ends at L (head, token out). */
+static double dp_run(struct ctx *c, const uint32_t *ord, uint32_t n, int mode, double cap,
+                     double *second, uint32_t *reach)
+{
+    uint32_t L = c->L;
+    double *D = c->D, *ND = c->ND, *S = c->S, *NS = c->NS;
+    const uint64_t *M = c->M;
+    for (uint32_t j = 0; j <= L; j++) D[j] = S[j] = INF;
+    D[0] = S[0] = 0;
+    uint32_t far = 0;
+    c->orders++;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct dev_info *d = &c->di[ord[i]];
+        const double *T = c->T + (size_t)ord[i] * (L + 1);
+        int32_t *ch = c->choice + (size_t)i * (L + 1);
+        memcpy(ND, D, (L + 1) * sizeof *D);
+        memcpy(NS, S, (L + 1) * sizeof *S);
+        for (uint32_t j = 0; j <= L; j++) ch[j] = -1;
+        /* link shares by position: middle, first (token in), last (token out) */
+        double xm = d->bw > 0 ? 2 * c->wire / d->bw * 1000.0 : 0;
+        double xe = d->bw > 0 ? (c->wire + c->token) / d->bw * 1000.0 : 0;
+        for (uint32_t j = 0; j < L; j++) {
+            if (D[j] == INF)
+                continue;
+            uint64_t room = d->cap;
+            double extra = 0;
+            if (j == 0) {
+                if (c->embed_mem > room) continue;
+                room -= c->embed_mem;
+                extra = d->embed_ms;
+            }
+            uint64_t base = M[j];
+            double t0 = T[j] - extra, dj = D[j], sj = S[j];
+            for (uint32_t j2 = j + 1; j2 <= L; j2++) {
+                uint64_t mem = M[j2] - base;
+                if (mem > room) break;      /* memory only grows with the window */
+                double comp = T[j2] - t0, x;
+                if (j2 == L) {
+                    if (mem + c->head_mem > room || mem + c->head_mem < mem) continue;
+                    comp += d->head_ms;
+                    x = j == 0 ? 0 : xe;
+                } else {
+                    x = j == 0 ? xe : xm;
+                }
+                double link = (j == 0 && j2 == L) ? 0 : d->rtt + x;
+                double per = comp > x ? comp : x, lat = comp + link;
+                if (j2 > far) far = j2;
+                double v, w;
+                if (mode == 1) {
+                    v = dj > per ? dj : per;
+                    w = sj + lat;
+                } else {
+                    if (mode == 2 && per > cap)
+                        continue;
+                    v = dj + lat;
+                    w = sj > per ? sj : per;
+                }
+                if (v < ND[j2] || (v == ND[j2] && w < NS[j2])) {
+                    ND[j2] = v;
+                    NS[j2] = w;
+                    ch[j2] = (int32_t)j;
+                }
+            }
+        }
+        double *t = D; D = ND; ND = t;
+        t = S; S = NS; NS = t;
+    }
+    double res = D[L], sec = S[L];
+    if (D != c->D) {
+        memcpy(c->D, D, (L + 1) * sizeof *D);
+        memcpy(c->S, S, (L + 1) * sizeof *S);
+    }
+    if (second) *second = sec;
+    if (reach) *reach = far;
+    return res;
+}
+
+/* Rebuild the windows of the last dp_run: fills used[] (positions in ord) and starts. */
+static uint32_t dp_backtrack(const struct ctx *c, uint32_t n, uint32_t *pos, uint32_t *start,
+                             uint32_t *end)
+{
+    uint32_t L = c->L, j = L, k = 0;
+    for (uint32_t i = n; i-- > 0 && j > 0;) {
+        int32_t s = c->choice[(size_t)i * (L + 1) + j];
+        if (s < 0)
+            continue;
+        pos[k] = i;
+        start[k] = (uint32_t)s;
+        end[k] = j;
+        k++;
+        j = (uint32_t)s;
+    }
+    /* reverse into ring order */
+    for (uint32_t a = 0, b = k ? k - 1 : 0; a < b; a++, b--) {
+        uint32_t t = pos[a]; pos[a] = pos[b]; pos[b] = t;
+        t = start[a]; start[a] = start[b]; start[b] = t;
+        t = end[a]; end[a] = end[b]; end[b] = t;
+    }
+    return k;
+}
+
+/* A candidate plan for comparison: primary and secondary objective values. */
+struct cand {
+    double lat, period;
+    uint32_t *ord;     /* the order it came from (N entries, or n for a pool) */
+    uint32_t n;
+};
+
+static bool better(const struct ctx *c, double lat, double per, double blat, double bper)
+{
+    if (lat == INF)
+        return false;
+    if (blat == INF)
+        return true;
+    double p = c->o->objective == PLAN_THROUGHPUT ? per : lat;
+    double s = c->o->objective == PLAN_THROUGHPUT ? lat : per;
+    double bp = c->o->objective == PLAN_THROUGHPUT ? bper : blat;
+    double bs = c->o->objective == PLAN_THROUGHPUT ? blat : bper;
+    if (p < bp * (1 - REL_EPS))
+        return true;
+    if (p > bp * (1 + REL_EPS))
+        return false;
+    return s < bs * (1 - REL_EPS);
+}
+
+/* Evaluate an order under the objective: latency mode one DP; throughput mode min period,
+ * then min latency under it. Fills *lat, *per; the DP scratch then holds the final run. */
+static void eval_order(struct ctx *c, const uint32_t *ord, uint32_t n, double *lat, double *per,
+                       uint32_t *reach)
+{
+    if (c->o->objective == PLAN_THROUGHPUT) {
+        double p = dp_run(c, ord, n, 1, 0, NULL, reach);
+        if (p == INF) { *lat = *per = INF; return; }
+        double cap = p * (1 + REL_EPS) + 1e-12;
+        double l = dp_run(c, ord, n, 2, cap, per, NULL);
+        *lat = l;
+        if (l == INF) *per = INF;
+    } else {
+        *lat = dp_run(c, ord, n, 0, 0, per, reach);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Orders for the heuristic search. */
+
+/* Sort keys; ties go by index so that results do not depend on the sort algorithm. */
+enum order_key { K_SLOW_FIRST, K_FAST_FIRST, K_MEM_DESC, K_MEM_ASC, K_HOP, K_VALUE, K_COUNT };
+
+static double order_key(const struct ctx *c, uint32_t k, enum order_key key)
+{
+    const struct dev_info *x = &c->di[k];
+    switch (key) {
+    case K_SLOW_FIRST: return -x->mean_layer_ms;
+    case K_FAST_FIRST: return x->mean_layer_ms;
+    case K_MEM_DESC:   return -(double)x->cap;
+    case K_MEM_ASC:    return (double)x->cap;
+    case K_HOP:        return x->hop_key + x->mean_layer_ms;
+    /* memory per unit of cost: big, fast devices last (the last rank carries the head) */
+    case K_VALUE:      return (double)x->cap / (x->mean_layer_ms + x->hop_key + 1e-9);
+    default:           return 0;
+    }
+}
+
+struct sort_arg { const struct ctx *c; enum order_key key; };
+
+static int cmp_order(const void *a, const void *b, void *arg)
+{
+    const struct sort_arg *sa = arg;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    double kx = order_key(sa->c, x, sa->key), ky = order_key(sa->c, y, sa->key);
+    if (kx < ky) return -1;
+    if (kx > ky) return 1;
+    return x < y ? -1 : x > y;
+}
+
+static void sort_order(const struct ctx *c, uint32_t *ord, uint32_t n, enum order_key key)
+{
+    struct sort_arg sa = {c, key};
+    qsort_r(ord, n, sizeof *ord, cmp_order, &sa);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t layer_mem(const struct plan_layer *l, const struct plan_opts *o)
+{
+    uint64_t per_session = sat_add(l->state_bytes, sat_mul(l->kv_bytes_per_token, o->ctx));
+    return sat_add(l->weight_bytes, sat_mul(per_session, o->sessions));
+}
+
+static bool bad_num(double v) { return !(v >= 0) || isinf(v); }
+
+static void fmt_bytes(char *b, size_t n, double v)
+{
+    if (v >= 1e9) snprintf(b, n, "%.2f GB", v / 1e9);
+    else if (v >= 1e6) snprintf(b, n, "%.1f MB", v / 1e6);
+    else snprintf(b, n, "%.0f bytes", v);
+}
+
+static int validate(const struct plan_shape *s, const struct plan_device *devs, size_t n,
+                    const struct plan_opts *o, char *err, size_t errlen)
+{
+    if (!s || !o) { errf(err, errlen, "plan: no shape or options"); return -EINVAL; }
+    if (s->n_layers == 0 || s->n_layers > PLAN_MAX_LAYERS) {
+        errf(err, errlen, "plan: n_layers %u out of range [1, %u]", s->n_layers, PLAN_MAX_LAYERS);
+        return -EINVAL;
+    }
+    if (!s->layers) { errf(err, errlen, "plan: shape has no layers"); return -EINVAL; }
+    if (n == 0 || !devs) { errf(err, errlen, "plan: no devices given (the device list is empty)"); return -EINVAL; }
+    if (n > PLAN_MAX_DEVICES) {
+        errf(err, errlen, "plan: %zu devices exceed the limit %u", n, PLAN_MAX_DEVICES);
+        return -EINVAL;
+    }
+    if (!(o->headroom >= 0 && o->headroom <= 0.95)) {
+        errf(err, errlen, "plan: headroom %g out of range [0, 0.95]", o->headroom);
+        return -EINVAL;
+    }
+    if (o->sessions == 0 || o->sessions > 1u << 20) {
+        errf(err, errlen, "plan: sessions %u out of range [1, %u]", o->sessions, 1u << 20);
+        return -EINVAL;
+    }
+    if (o->ctx > 1u << 26) {
+        errf(err, errlen, "plan: ctx %u exceeds %u", o->ctx, 1u << 26);
+        return -EINVAL;
+    }
+    const uint64_t big = 1ull << 52;  /* 4.5 PB: anything above is a broken input */
+    for (uint32_t i = 0; i < s->n_layers; i++) {
+        const struct plan_layer *l = &s->layers[i];
+        if (l->weight_bytes > big || l->active_bytes > big || l->kv_bytes_per_token > (1ull << 32) ||
+            l->state_bytes > big || bad_num(l->macs) || l->macs > 1e18) {
+            errf(err, errlen, "plan: layer %u has an out-of-range size (weight %llu, active %llu, "
+                 "kv/token %llu, state %llu, macs %g)", i, (unsigned long long)l->weight_bytes,
+                 (unsigned long long)l->active_bytes, (unsigned long long)l->kv_bytes_per_token,
+                 (unsigned long long)l->state_bytes, l->macs);
+            return -EINVAL;
+        }
+    }
+    if (s->embed_bytes > big || s->head_bytes > big || s->head_active_bytes > big ||
+        s->embed_active_bytes > big || bad_num(s->head_macs) || s->wire_bytes_per_token > (1ull << 32)) {
+        errf(err, errlen, "plan: embedding/head/wire sizes out of range");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int excl_add(struct plan_result *r, uint32_t dev, enum plan_exclusion why, const char *fmt, ...)
+{
+    struct plan_excluded *e = &r->excluded[r->n_excluded++];
+    e->device = dev;
+    e->why = why;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->reason, sizeof e->reason, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static void ctx_free(struct ctx *c)
+{
+    free(c->di); free(c->T); free(c->M);
+    free(c->D); free(c->ND); free(c->S); free(c->NS); free(c->choice);
+}
+
+/* Explain why an order search found nothing: bytes short and layers left. */
+static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t errlen)
+{
+    const struct plan_opts *o = c->o;
+    uint32_t L = c->L;
+    double need = (double)c->M[L] + (double)c->embed_mem + (double)c->head_mem;
+    double have = c->have, largest = 0;
+    for (uint32_t k = 0; k < c->N; k++)
+        if (c->di[k].cap > largest) largest = (double)c->di[k].cap;
+    char nb[32], hb[32], sb[32], rb[32];
+    fmt_bytes(nb, sizeof nb, need);
+    fmt_bytes(hb, sizeof hb, have);
+    double rest = (double)(c->M[L] - c->M[reach]) + (double)c->head_mem + (reach == 0 ? (double)c->embed_mem : 0);
+    fmt_bytes(rb, sizeof rb, rest);
+    if (need > have) {
+        fmt_bytes(sb, sizeof sb, need - have);
+        errf(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
+             "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
+             "%.0f%% headroom: short by %.0f bytes (%s); at best layers 0..%u fit, layers %u..%u "
+             "(+ head) find no room (%.0f bytes, %s)",
+             need, nb, L, o->ctx, o->sessions, c->n_usable, have, hb, o->headroom * 100, need - have, sb,
+             reach ? reach - 1 : 0, reach, L - 1, rest, rb);
+    } else {
+        errf(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
+             "but no cut into windows fits their sizes (largest device %.0f bytes); at best layers "
+             "0..%u fit, layers %u..%u (+ head) find no room: short by %.0f bytes (%s)",
+             have, hb, need, nb, largest, reach ? reach - 1 : 0, reach, L - 1, rest, rb);
+    }
+}
+
+static int fill_result(struct ctx *c, const uint32_t *ord, uint32_t n, struct plan_result *r)
+{
+    uint32_t *pos = malloc(3 * (size_t)(c->L + 1) * sizeof *pos);
+    if (!pos) return -ENOMEM;
+    uint32_t *st = pos + c->L + 1, *en = st + c->L + 1;
+    uint32_t k = dp_backtrack(c, n, pos, st, en);
+    r->ranks = calloc(k ? k : 1, sizeof *r->ranks);
+    if (!r->ranks) { free(pos); return -ENOMEM; }
+    r->n_ranks = k;
+    double lat = 0, per = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t dk = ord[pos[i]];
+        struct stage s = stage_cost(c, dk, st[i], en[i]);
+        struct plan_rank *rk = &r->ranks[i];
+        rk->device = c->di[dk].idx;
+        rk->first = st[i];
+        rk->last = en[i];
+        rk->embed = st[i] == 0;
+        rk->head = en[i] == c->L;
+        rk->relay = k > 1 && !c->devs[rk->device].inbound;
+        rk->mem_bytes = s.mem;
+        rk->mem_avail_bytes = c->di[dk].cap;
+        for (uint32_t l = st[i]; l < en[i]; l++) {
+            rk->expert_bytes += c->s->layers[l].expert_bytes;
+            rk->active_bytes += c->s->layers[l].active_bytes;
+        }
+        if (rk->embed) rk->active_bytes += c->s->embed_active_bytes;
+        if (rk->head) rk->active_bytes += c->s->head_active_bytes;
+        rk->compute_ms = s.compute;
+        rk->link_ms = s.link;
+        rk->transfer_ms = s.xfer;
+        rk->est_ms_per_token = s.lat;
+        lat += s.lat;
+        per = fmax(per, s.period);
+    }
+    free(pos);
+    r->ms_per_token = lat;
+    r->period_ms = per;
+    r->tokens_per_s_1 = lat > 0 ? 1000.0 / lat : INFINITY;
+    double tk = lat > 0 ? c->o->sessions * 1000.0 / lat : INFINITY;
+    double tp = per > 0 ? 1000.0 / per : INFINITY;
+    r->tokens_per_s_k = fmin(tk, tp);
+    r->k = c->o->sessions;
+    return 0;
+}
+
+/* a is at least as good as b in every respect that costs: memory, every layer's time, the
+ * embedding and head, rtt and bandwidth. *same: equal in all of them. */
+static bool dominates(const struct ctx *c, uint32_t a, uint32_t b, bool *same)
+{
+    const struct dev_info *x = &c->di[a], *y = &c->di[b];
+    uint32_t L = c->L;
+    const double *Ta = c->T + (size_t)a * (L + 1), *Tb = c->T + (size_t)b * (L + 1);
+    if (x->cap < y->cap || x->rtt > y->rtt || x->embed_ms > y->embed_ms || x->head_ms > y->head_ms ||
+        Ta[L] > Tb[L])
+        return false;
+    if (x->bw > 0 && (y->bw == 0 || x->bw < y->bw))
+        return false;
+    bool eq = x->cap == y->cap && x->rtt == y->rtt && x->embed_ms == y->embed_ms &&
+              x->head_ms == y->head_ms && x->bw == y->bw;
+    for (uint32_t i = 0; i < L; i++) {
+        double ta = Ta[i + 1] - Ta[i], tb = Tb[i + 1] - Tb[i];
+        if (ta > tb) return false;
+        if (ta != tb) eq = false;
+    }
+    *same = eq;
+    return true;
+}
+
+static int cmp_total(const void *a, const void *b, void *arg)
+{
+    const struct ctx *c = arg;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    double tx = c->T[(size_t)x * (c->L + 1) + c->L], ty = c->T[(size_t)y * (c->L + 1) + c->L];
+    return tx < ty ? -1 : tx > ty ? 1 : (x < y ? -1 : x > y);
+}
+
+/* Exact pruning. A plan has at most R = min(L, N) ranks. If a device b has R others that
+ * dominate it (strictly better somewhere, or identical with a lower index), any plan using
+ * b leaves one of them unused, and putting it in b's place costs no more; repeating this
+ * ends (each swap moves to a device earlier in a fixed total order), so some optimal plan
+ * uses no pruned device. Pruned devices are listed as not needed. */
+static int prune_dominated(struct ctx *c, struct plan_result *r)
+{
+    uint32_t N = c->N, R = c->L < N ? c->L : N;
+    if (N <= 1) return 0;
+    uint32_t *byt = malloc(N * sizeof *byt);
+    bool *gone = calloc(N, sizeof *gone);
+    uint32_t *cnt = calloc(N, sizeof *cnt);
+    if (!byt || !gone || !cnt) { free(byt); free(gone); free(cnt); return -ENOMEM; }
+    for (uint32_t i = 0; i < N; i++) byt[i] = i;
+    qsort_r(byt, N, sizeof *byt, cmp_total, c);
+    for (uint32_t bi = 0; bi < N; bi++) {
+        uint32_t b = byt[bi], n = 0;
+        double tb = c->T[(size_t)b * (c->L + 1) + c->L];
+        for (uint32_t ai = 0; ai < N && n < R; ai++) {
+            uint32_t a = byt[ai];
+            if (a == b) continue;
+            if (c->T[(size_t)a * (c->L + 1) + c->L] > tb) break;
+            bool same;
+            if (dominates(c, a, b, &same) && (!same || c->di[a].idx < c->di[b].idx))
+                n++;
+        }
+        cnt[b] = n;
+        gone[b] = n >= R;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        if (gone[i]) {
+            const struct plan_device *d = &c->devs[c->di[i].idx];
+            excl_add(r, c->di[i].idx, PLAN_EX_NOT_NEEDED,
+                     "%s: not needed: %u other devices are as big, as fast on every layer and as "
+                     "well connected, more than a ring of %u layers can use", d->id ? d->id : "?",
+                     cnt[i], c->L);
+            continue;
+        }
+        if (k != i) {
+            c->di[k] = c->di[i];
+            memmove(c->T + (size_t)k * (c->L + 1), c->T + (size_t)i * (c->L + 1),
+                    (c->L + 1) * sizeof *c->T);
+        }
+        k++;
+    }
+    c->N = k;
+    free(byt); free(gone); free(cnt);
+    return 0;
+}
+
+/* Heap's algorithm over all orders of the N usable devices. */
+static void search_exhaustive(struct ctx *c, uint32_t *ord, uint32_t *best, double *blat,
+                              double *bper, uint32_t *reach)
+{
+    uint32_t N = c->N, cnt[16] = {0};
+    for (uint32_t i = 0; i < N; i++) ord[i] = i;
+    bool thr = c->o->objective == PLAN_THROUGHPUT;
+    /* Throughput: the optimal period first (min over orders), then min latency under it. */
+    double pstar = INF;
+    for (int pass = thr ? 0 : 1; pass < 2; pass++) {
+        for (uint32_t i = 0; i < N; i++) { ord[i] = i; cnt[i] = 0; }
+        uint32_t i = 0;
+        for (;;) {
+            uint32_t far = 0;
+            if (pass == 0) {
+                double p = dp_run(c, ord, N, 1, 0, NULL, &far);
+                if (p < pstar) pstar = p;
+            } else if (thr) {
+                double per = INF;
+                double l = pstar == INF ? INF
+                         : dp_run(c, ord, N, 2, pstar * (1 + REL_EPS) + 1e-12, &per, &far);
+                if (better(c, l, per, *blat, *bper)) {
+                    *blat = l; *bper = per; memcpy(best, ord, N * sizeof *ord);
+                }
+            } else {
+                double per = INF;
+                double l = dp_run(c, ord, N, 0, 0, &per, &far);
+                if (better(c, l, per, *blat, *bper)) {
+                    *blat = l; *bper = per; memcpy(best, ord, N * sizeof *ord);
+                }
+            }
+            if (far > *reach) *reach = far;
+            /* next permutation (iterative Heap) */
+            while (i < N && cnt[i] >= i) { cnt[i] = 0; i++; }
+            if (i >= N) break;
+            uint32_t a = (i % 2 == 0) ? 0 : cnt[i];
+            uint32_t t = ord[a]; ord[a] = ord[i]; ord[i] = t;
+            cnt[i]++;
+            i = 1;
+            if (N < 2) break;
+        }
+    }
+}
+
+static void search_heuristic(struct ctx *c, uint32_t *ord, uint32_t *best, uint32_t *bestn,
+                             double *blat, double *bper, uint32_t *reach)
+{
+    uint32_t N = c->N;
+    /* Many devices: search within a pool, the union over the ranking keys of the best
+     * devices by that key: enough to hold the model twice over (latency) or one per layer
+     * (throughput), plus a few spare. */
+    uint32_t *cand = NULL, nc = N;
+    if (N > POOL_MIN) {
+        bool *inpool = calloc(N, sizeof *inpool);
+        cand = malloc(N * sizeof *cand);
+        if (inpool && cand) {
+            double need = (double)c->M[c->L] + (double)c->embed_mem + (double)c->head_mem;
+            nc = 0;
+            for (int m = 0; m < K_COUNT; m++) {
+                for (uint32_t i = 0; i < N; i++) ord[i] = i;
+                sort_order(c, ord, N, (enum order_key)m);
+                if (m == K_SLOW_FIRST || m == K_MEM_ASC) {   /* best last: walk from the end */
+                    for (uint32_t a = 0, b = N - 1; a < b; a++, b--) { uint32_t t = ord[a]; ord[a] = ord[b]; ord[b] = t; }
+                }
+                double got = 0;
+                uint32_t take = 0, lim = c->L + POOL_SPARE;
+                for (uint32_t i = 0; i < N && take < lim; i++) {
+                    if (c->o->objective == PLAN_LATENCY && got >= 2 * need && take >= POOL_SPARE)
+                        break;
+                    got += (double)c->di[ord[i]].cap;
+                    take++;
+                    if (!inpool[ord[i]]) { inpool[ord[i]] = true; cand[nc++] = ord[i]; }
+                }
+            }
+        } else {
+            free(cand);
+            cand = NULL;
+        }
+        free(inpool);
+    }
+    for (int m = 0; m < K_COUNT; m++) {
+        if (cand) memcpy(ord, cand, nc * sizeof *ord);
+        else for (uint32_t i = 0; i < N; i++) ord[i] = i;
+        N = nc;
+        sort_order(c, ord, N, (enum order_key)m);
+        double lat, per;
+        uint32_t far = 0;
+        eval_order(c, ord, N, &lat, &per, &far);
+        if (far > *reach) *reach = far;
+        if (better(c, lat, per, *blat, *bper)) {
+            *blat = lat; *bper = per; *bestn = N;
+            memcpy(best, ord, N * sizeof *ord);
+        }
+    }
+    free(cand);
+    N = c->N;
+    if (*blat == INF)
+        return;
+    /* Local search: the devices used by the best order, then spare unused ones (fastest
+     * first), in a pool; adjacent swaps and moves that lower the objective are kept. */
+    eval_order(c, best, *bestn, &(double){0}, &(double){0}, NULL);
+    uint32_t *pos = malloc(3 * (size_t)(c->L + 1) * sizeof *pos);
+    bool *in = calloc(N, sizeof *in);
+    if (!pos || !in) { free(pos); free(in); return; }
+    uint32_t *st = pos + c->L + 1, *en = st + c->L + 1;
+    uint32_t k = dp_backtrack(c, *bestn, pos, st, en), pn = 0;
+    uint32_t *pool = ord; /* reuse */
+    for (uint32_t i = 0; i < k; i++) { pool[pn++] = best[pos[i]]; in[best[pos[i]]] = true; }
+    uint32_t *rest = malloc((N + 1) * sizeof *rest), rn = 0;
+    if (rest) {
+        for (uint32_t i = 0; i < N; i++) if (!in[i]) rest[rn++] = i;
+        sort_order(c, rest, rn, K_FAST_FIRST);
+        for (uint32_t i = 0; i < rn && i < LOCAL_SPARE; i++) pool[pn++] = rest[i];
+    }
+    free(rest); free(in); free(pos);
+    double plat, pper;
+    eval_order(c, pool, pn, &plat, &pper, NULL);
+    if (better(c, plat, pper, *blat, *bper)) {
+        *blat = plat; *bper = pper; *bestn = pn; memcpy(best, pool, pn * sizeof *pool);
+    } else if (!(plat < INF)) {
+        return;
+    } else {
+        /* the pool holds the best plan's devices in order: as good, keep it as the base */
+        *blat = plat; *bper = pper; *bestn = pn; memcpy(best, pool, pn * sizeof *pool);
+    }
+    int dps = 0;
+    double per_dp = (double)pn * ((double)c->L * c->L / 2 + c->L) *
+                    (c->o->objective == PLAN_THROUGHPUT ? 2 : 1);
+    int max_dps = (int)fmin(LOCAL_MAX_DPS, LOCAL_MAX_WORK / per_dp);
+    bool improved = true;
+    while (improved && dps < max_dps) {
+        improved = false;
+        for (uint32_t a = 0; a + 1 < pn && dps < max_dps; a++) {
+            for (uint32_t b = a + 1; b < pn && dps < max_dps; b++) {
+                uint32_t t = pool[a]; pool[a] = pool[b]; pool[b] = t;
+                double l, p;
+                eval_order(c, pool, pn, &l, &p, NULL);
+                dps++;
+                if (better(c, l, p, *blat, *bper)) {
+                    *blat = l; *bper = p; memcpy(best, pool, pn * sizeof *pool);
+                    improved = true;
+                } else {
+                    t = pool[a]; pool[a] = pool[b]; pool[b] = t;
+                }
+            }
+        }
+    }
+}
+
+int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t n_devs,
+              const struct plan_opts *o, struct plan_result **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = validate(s, devs, n_devs, o, err, errlen);
+    if (rc) return rc;
+    struct ctx c = {.s = s, .devs = devs, .o = o, .L = s->n_layers};
+    struct plan_result *r = calloc(1, sizeof *r);
+    uint32_t *ord = NULL, *best = NULL;
+    if (!r) return -ENOMEM;
+    r->objective = o->objective;
+    r->excluded = calloc(n_devs, sizeof *r->excluded);
+    c.M = calloc(c.L + 1, sizeof *c.M);
+    c.di = calloc(n_devs, sizeof *c.di);
+    if (!r->excluded || !c.M || !c.di) { rc = -ENOMEM; goto fail; }
+
+    uint32_t L = c.L;
+    uint64_t min_layer = UINT64_MAX;
+    for (uint32_t i = 0; i < L; i++) {
+        uint64_t m = layer_mem(&s->layers[i], o);
+        c.M[i + 1] = sat_add(c.M[i], m);
+        if (m < min_layer) min_layer = m;
+    }
+    if (c.M[L] > (1ull << 62)) {
+        errf(err, errlen, "plan: the model's memory (%llu bytes with ctx %u x %u sessions) is out of range",
+             (unsigned long long)c.M[L], o->ctx, o->sessions);
+        rc = -EINVAL;
+        goto fail;
+    }
+    c.embed_mem = s->embed_bytes;
+    c.head_mem = s->head_bytes;
+    c.wire = (double)s->wire_bytes_per_token;
+    c.token = PLAN_TOKEN_BYTES;
+    bool by_bytes;
+    double ref = layer_cost_ref(s, &by_bytes);
+
+    /* Usable devices. */
+    for (size_t i = 0; i < n_devs; i++) {
+        const struct plan_device *d = &devs[i];
+        const char *id = d->id ? d->id : "?";
+        if (bad_num(d->ms_per_layer_token) || bad_num(d->flops) || bad_num(d->mem_bw_bytes_s) ||
+            bad_num(d->rtt_ms) || bad_num(d->bw_bytes_s)) {
+            excl_add(r, (uint32_t)i, PLAN_EX_INVALID, "%s: a speed or link figure is negative or not a number", id);
+            continue;
+        }
+        if (d->ms_per_layer_token <= 0 && d->flops <= 0 && d->mem_bw_bytes_s <= 0) {
+            excl_add(r, (uint32_t)i, PLAN_EX_INVALID,
+                     "%s: no speed: give ms_per_layer_token, or flops and mem_bw_bytes_s", id);
+            continue;
+        }
+        if (d->mem_bytes == 0) {
+            excl_add(r, (uint32_t)i, PLAN_EX_NO_MEMORY, "%s: mem_bytes is 0", id);
+            continue;
+        }
+        uint64_t cap = (uint64_t)((double)d->mem_bytes * (1.0 - o->headroom));
+        if (cap < min_layer) {
+            char a[32], b[32];
+            fmt_bytes(a, sizeof a, (double)cap);
+            fmt_bytes(b, sizeof b, (double)min_layer);
+            excl_add(r, (uint32_t)i, PLAN_EX_NO_MEMORY,
+                     "%s: too little memory: %s usable, the smallest layer needs %s "
+                     "(weights + KV/state for ctx %u x %u sessions)", id, a, b, o->ctx, o->sessions);
+            continue;
+        }
+        struct dev_info *x = &c.di[c.N++];
+        x->idx = (uint32_t)i;
+        x->cap = cap;
+        x->rtt = d->rtt_ms;
+        x->bw = d->bw_bytes_s;
+        x->embed_ms = work_ms(d, (double)s->embed_active_bytes, 0, by_bytes, ref);
+        x->head_ms = work_ms(d, (double)s->head_active_bytes, s->head_macs, by_bytes, ref);
+        x->hop_key = d->rtt_ms + (d->bw_bytes_s > 0 ? 2 * c.wire / d->bw_bytes_s * 1000.0 : 0);
+    }
+    if (c.N == 0) {
+        if (err && errlen) {
+            double need = (double)c.M[L] + (double)c.embed_mem + (double)c.head_mem, have = 0;
+            for (size_t i = 0; i < n_devs; i++)
+                have += (double)devs[i].mem_bytes * (1.0 - o->headroom);
+            uint32_t li = 0;
+            for (uint32_t i = 0; i < L; i++)
+                if (c.M[i + 1] - c.M[i] == min_layer) { li = i; break; }
+            size_t off = (size_t)snprintf(err, errlen,
+                "does not fit: no usable device among the %zu given, so layers 0..%u find no room: "
+                "the model needs %.0f bytes (ctx %u x %u sessions), the devices offer %.0f bytes "
+                "after headroom (short by %.0f bytes); the smallest layer (%u) alone needs %llu bytes.",
+                n_devs, L - 1, need, o->ctx, o->sessions, have, need > have ? need - have : 0, li,
+                (unsigned long long)min_layer);
+            for (uint32_t i = 0; i < r->n_excluded && off < errlen; i++)
+                off += (size_t)snprintf(err + off, errlen - off, " %s;", r->excluded[i].reason);
+        }
+        rc = -ENOSPC;
+        goto fail;
+    }
+    size_t NL = (size_t)c.N * (L + 1);
+    c.T = malloc(NL * sizeof *c.T);
+    c.D = malloc((L + 1) * sizeof *c.D);
+    c.ND = malloc((L + 1) * sizeof *c.ND);
+    c.S = malloc((L + 1) * sizeof *c.S);
+    c.NS = malloc((L + 1) * sizeof *c.NS);
+    c.choice = malloc(NL * sizeof *c.choice);
+    ord = malloc((c.N + LOCAL_SPARE + 1) * sizeof *ord);
+    best = malloc((c.N + LOCAL_SPARE + 1) * sizeof *best);
+    if (!c.T || !c.D || !c.ND || !c.S || !c.NS || !c.choice || !ord || !best) { rc = -ENOMEM; goto fail; }
+    for (uint32_t k = 0; k < c.N; k++) {
+        const struct plan_device *d = &devs[c.di[k].idx];
+        double *T = c.T + (size_t)k * (L + 1), busy = 0;
+        uint32_t nb = 0;
+        T[0] = 0;
+        for (uint32_t i = 0; i < L; i++) {
+            double t = work_ms(d, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
+            T[i + 1] = T[i] + t;
+            if (t > 0) { busy += t; nb++; }
+        }
+        c.di[k].mean_layer_ms = nb ? busy / nb : 0;
+    }
+
+    c.n_usable = c.N;
+    for (uint32_t k = 0; k < c.N; k++) c.have += (double)c.di[k].cap;
+    rc = prune_dominated(&c, r);
+    if (rc) goto fail;
+    double blat = INF, bper = INF;
+    uint32_t reach = 0, bestn = c.N;
+    double fact = 1;
+    for (uint32_t i = 2; i <= c.N; i++) fact *= i;
+    uint32_t exmax = o->exhaustive_max ? o->exhaustive_max : 6;
+    if (exmax > 10) exmax = 10;
+    bool exhaustive = c.N <= exmax &&
+        fact * c.N * ((double)L * L / 2 + L) * (o->objective == PLAN_THROUGHPUT ? 2 : 1) <= EXHAUSTIVE_MAX_WORK;
+    if (exhaustive)
+        search_exhaustive(&c, ord, best, &blat, &bper, &reach);
+    else
+        search_heuristic(&c, ord, best, &bestn, &blat, &bper, &reach);
+    r->exhaustive = exhaustive;
+    r->orders_tried = c.orders;
+    if (blat == INF) {
+        explain_infeasible(&c, reach, err, errlen);
+        rc = -ENOSPC;
+        goto fail;
+    }
+    /* Re-run the winning order so the DP scratch holds its windows. */
+    double l2, p2;
+    eval_order(&c, best, bestn, &l2, &p2, NULL);
+    rc = fill_result(&c, best, bestn, r);
+    if (rc) goto fail;
+
+    /* Devices left out although usable: say why. */
+    bool *used = calloc(n_devs, sizeof *used);
+    if (!used) { rc = -ENOMEM; goto fail; }
+    double used_ms = 0;
+    for (uint32_t i = 0; i < r->n_ranks; i++) used[r->ranks[i].device] = true;
+    uint32_t nl = 0;
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        for (uint32_t k = 0; k < c.N; k++)
+            if (c.di[k].idx == r->ranks[i].device) { used_ms += c.di[k].mean_layer_ms; nl++; }
+    }
+    used_ms = nl ? used_ms / nl : 0;
+    for (uint32_t k = 0; k < c.N; k++) {
+        if (used[c.di[k].idx]) continue;
+        const struct plan_device *d = &devs[c.di[k].idx];
+        const char *id = d->id ? d->id : "?";
+        excl_add(r, c.di[k].idx, PLAN_EX_NOT_NEEDED,
+                 "%s: not needed: the ring is %s without it (it runs a layer in %.3g ms vs %.3g ms "
+                 "on the devices used; its links would add %.3g ms per token)", id,
+                 o->objective == PLAN_THROUGHPUT ? "as fast or faster" : "faster or as fast",
+                 c.di[k].mean_layer_ms, used_ms, c.di[k].hop_key);
+    }
+    free(used);
+    ctx_free(&c);
+    free(ord);
+    free(best);
+    *out = r;
+    return 0;
+fail:
+    ctx_free(&c);
+    free(ord);
+    free(best);
+    plan_result_free(r);
+    return rc;
+}
+
+void plan_result_free(struct plan_result *r)
+{
+    if (!r) return;
+    free(r->ranks);
+    free(r->excluded);
+    free(r);
+}
+
+int plan_even(const struct plan_shape *s, uint32_t n, uint32_t *first, uint32_t *last)
+{
+    if (!s || !s->layers || n == 0 || n > s->n_layers || s->n_layers > PLAN_MAX_LAYERS)
+        return -EINVAL;
+    uint32_t L = s->n_layers;
+    bool by_bytes;
+    double ref = layer_cost_ref(s, &by_bytes);
+    struct plan_device d = {.ms_per_layer_token = 1.0};
+    double *P = malloc((L + 1) * sizeof *P);
+    double *D = malloc((size_t)(n + 1) * (L + 1) * sizeof *D);
+    uint32_t *B = malloc((size_t)(n + 1) * (L + 1) * sizeof *B);
+    if (!P || !D || !B) { free(P); free(D); free(B); return -ENOMEM; }
+    P[0] = 0;
+    for (uint32_t i = 0; i < L; i++)
+        P[i + 1] = P[i] + work_ms(&d, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
+    double emb = work_ms(&d, (double)s->embed_active_bytes, 0, by_bytes, ref);
+    double head = work_ms(&d, (double)s->head_active_bytes, s->head_macs, by_bytes, ref);
+    /* D[r][j]: min over cuts of the largest window's work covering [0, j) with r ranks. */
+    for (size_t i = 0; i < (size_t)(n + 1) * (L + 1); i++) D[i] = INF;
+    D[0] = 0;
+    for (uint32_t r = 1; r <= n; r++)
+        for (uint32_t j2 = r; j2 <= L; j2++)
+            for (uint32_t j = r - 1; j < j2; j++) {
+                double prev = D[(size_t)(r - 1) * (L + 1) + j];
+                if (prev == INF) continue;
+                double w = P[j2] - P[j] + (j == 0 ? emb : 0) + (j2 == L ? head : 0);
+                /* tie-break: prefer even layer counts via a tiny length term */
+                double v = fmax(prev, w + 1e-12 * (double)(j2 - j) * (j2 - j));
+                if (v < D[(size_t)r * (L + 1) + j2]) {
+                    D[(size_t)r * (L + 1) + j2] = v;
+                    B[(size_t)r * (L + 1) + j2] = j;
+                }
+            }
+    uint32_t j = L;
+    for (uint32_t r = n; r >= 1; r--) {
+        uint32_t j0 = B[(size_t)r * (L + 1) + j];
+        first[r - 1] = j0;
+        last[r - 1] = j;
+        j = j0;
+    }
+    free(P); free(D); free(B);
+    return 0;
+}

@@ -1,0 +1,203 @@
+/* test-plan-props: properties of every plan over thousands of random instances (small and
+ * large, feasible and not): windows contiguous, disjoint and covering [0, n_layers) in rank
+ * order; rank 0 embeds and the last rank has the head; no device's memory is exceeded (checked
+ * with an independent memory model); every device in the output exists in the input and
+ * appears once; used + excluded = all devices; infeasible inputs fail with -ENOSPC and a
+ * message naming bytes and layers. Also: explicit error cases and plan_even. */
+#include <errno.h>
+#include <float.h>
+
+#include "tests/t.h"
+#include "tests/plan_testutil.h"
+
+static struct pt_inst inst;
+
+static void check_plan(const struct pt_inst *in, const struct plan_result *r, int it)
+{
+    struct pt_model m;
+    pt_model_init(&m, in);
+    T_CHECK(r->n_ranks >= 1, "instance %d: no ranks", it);
+    uint32_t j = 0;
+    int seen[PT_MAXD] = {0};
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        const struct plan_rank *k = &r->ranks[i];
+        T_CHECK(k->device < in->n_devs, "instance %d rank %u: device %u not in the input (%zu)", it, i, k->device, in->n_devs);
+        if (k->device >= in->n_devs) return;
+        T_CHECK(!seen[k->device]++, "instance %d: device %u used twice", it, k->device);
+        T_CHECK(k->first == j, "instance %d rank %u: window starts at %u, previous ended at %u", it, i, k->first, j);
+        T_CHECK(k->last > k->first, "instance %d rank %u: empty window [%u, %u)", it, i, k->first, k->last);
+        T_CHECK(k->embed == (i == 0), "instance %d rank %u: embed flag %d", it, i, k->embed);
+        T_CHECK(k->head == (i == r->n_ranks - 1), "instance %d rank %u: head flag %d", it, i, k->head);
+        double mem, sl, sp;
+        int fits = pt_stage(&m, k->device, k->first, k->last, &sl, &sp, &mem);
+        T_CHECK(fits, "instance %d rank %u: window [%u,%u) needs %.0f bytes, device %s has %.0f after headroom",
+                it, i, k->first, k->last, mem, in->devs[k->device].id, m.cap[k->device]);
+        T_CHECK(mem <= (double)in->devs[k->device].mem_bytes, "instance %d: memory over the raw device size", it);
+        T_CHECK(pt_close(mem, (double)k->mem_bytes, 1e-12), "instance %d rank %u: reported memory %llu, model %.0f",
+                it, i, (unsigned long long)k->mem_bytes, mem);
+        T_CHECK(k->mem_bytes <= k->mem_avail_bytes, "instance %d rank %u: mem %llu > avail %llu", it, i,
+                (unsigned long long)k->mem_bytes, (unsigned long long)k->mem_avail_bytes);
+        T_CHECK(k->relay == (r->n_ranks > 1 && !in->devs[k->device].inbound), "instance %d rank %u: relay flag", it, i);
+        j = k->last;
+    }
+    T_CHECK(j == in->shape.n_layers, "instance %d: windows end at %u of %u layers", it, j, in->shape.n_layers);
+    for (uint32_t e = 0; e < r->n_excluded; e++) {
+        const struct plan_excluded *x = &r->excluded[e];
+        T_CHECK(x->device < in->n_devs, "instance %d: excluded device %u not in the input", it, x->device);
+        if (x->device >= in->n_devs) continue;
+        T_CHECK(!seen[x->device]++, "instance %d: device %u both used and excluded (or twice)", it, x->device);
+        T_CHECK(x->reason[0] && strstr(x->reason, in->devs[x->device].id), "instance %d: exclusion reason '%s'", it, x->reason);
+    }
+    for (size_t d = 0; d < in->n_devs; d++)
+        T_CHECK(seen[d] == 1, "instance %d: device %zu neither used nor excluded", it, d);
+    T_CHECK(r->tokens_per_s_k >= r->tokens_per_s_1 * (1 - 1e-12), "instance %d: K sessions slower than one", it);
+}
+
+T_CASE(random_instances)
+{
+    int ok = 0, nospace = 0;
+    for (int it = 0; it < 3000; it++) {
+        uint32_t L, N;
+        switch (it % 8) {
+        case 0: case 4: L = (uint32_t)pt_range(1, 12); N = (uint32_t)pt_range(1, 6); break;
+        case 1: case 5: L = (uint32_t)pt_range(1, 48); N = (uint32_t)pt_range(7, 16); break;
+        case 2: L = (uint32_t)pt_range(1, 128); N = (uint32_t)pt_range(1, 64); break;
+        default: L = (uint32_t)pt_range(1, 40); N = (uint32_t)pt_range(1, 10); break;
+        }
+        pt_make(&inst, L, N, it % 3 == 0);
+        if (it % 7 == 0) inst.devs[pt_range(0, N - 1)].mem_bytes = 0;
+        struct plan_result *r = NULL;
+        char err[PLAN_ERR_LEN] = "";
+        int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
+        if (rc == -ENOSPC) {
+            nospace++;
+            T_CHECK(r == NULL, "instance %d: result on failure", it);
+            T_CHECK(strstr(err, "bytes") && strstr(err, "layers") && strstr(err, "short by"),
+                    "instance %d: infeasible message lacks bytes/layers/shortfall: %s", it, err);
+            continue;
+        }
+        T_CHECK(rc == 0, "instance %d (L %u N %u): rc %d: %s", it, L, N, rc, err);
+        if (rc) continue;
+        ok++;
+        check_plan(&inst, r, it);
+        plan_result_free(r);
+    }
+    fprintf(stderr, "%d planned, %d infeasible\n", ok, nospace);
+    T_CHECK(ok > 1000 && nospace > 200, "instance mix too thin: %d ok, %d infeasible", ok, nospace);
+}
+
+/* The heuristic (no exhaustive search) against the exhaustive search on 7-8 devices. */
+T_CASE(heuristic_near_exhaustive)
+{
+    double gap_sum = 0;
+    int n = 0, worse = 0;
+    for (int it = 0; it < 120; it++) {
+        pt_make(&inst, (uint32_t)pt_range(4, 16), (uint32_t)pt_range(7, 8), 0);
+        struct plan_result *a = NULL, *b = NULL;
+        inst.opts.exhaustive_max = 1;            /* heuristic */
+        int ra = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &a, NULL, 0);
+        inst.opts.exhaustive_max = 8;            /* every order */
+        int rb = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &b, NULL, 0);
+        T_CHECK(ra == rb, "instance %d: heuristic rc %d, exhaustive rc %d", it, ra, rb);
+        if (ra == 0 && rb == 0) {
+            T_CHECK(!a->exhaustive && b->exhaustive, "instance %d: search modes not as asked", it);
+            double va = inst.opts.objective == PLAN_THROUGHPUT ? a->period_ms : a->ms_per_token;
+            double vb = inst.opts.objective == PLAN_THROUGHPUT ? b->period_ms : b->ms_per_token;
+            T_CHECK(va >= vb * (1 - 1e-7), "instance %d: heuristic %.9g beats exhaustive %.9g", it, va, vb);
+            double g = vb > 0 ? va / vb - 1 : 0;
+            gap_sum += g;
+            n++;
+            if (g > 1e-7) worse++;
+        }
+        plan_result_free(a);
+        plan_result_free(b);
+    }
+    fprintf(stderr, "heuristic vs exhaustive: %d instances, %d worse, mean gap %.4f%%\n", n, worse,
+            n ? 100 * gap_sum / n : 0);
+    T_CHECK(n > 60, "too few feasible instances");
+    T_CHECK(n && gap_sum / n < 0.02, "heuristic mean gap %.4f%% above 2%%", 100 * gap_sum / n);
+}
+
+T_CASE(errors)
+{
+    pt_make(&inst, 8, 3, 0);
+    struct plan_result *r = NULL;
+    char err[PLAN_ERR_LEN];
+    T_CHECK(plan_make(&inst.shape, inst.devs, 0, &inst.opts, &r, err, sizeof err) == -EINVAL, "empty list accepted");
+    T_CHECK(strstr(err, "no devices"), "empty list message: %s", err);
+
+    /* one device with no memory, one without a speed: both excluded, none left */
+    struct plan_device d[2] = {{.id = "zero", .ms_per_layer_token = 1}, {.id = "nospeed", .mem_bytes = 1ull << 40}};
+    T_CHECK(plan_make(&inst.shape, d, 2, &inst.opts, &r, err, sizeof err) == -ENOSPC, "no usable device accepted");
+    T_CHECK(strstr(err, "zero: mem_bytes is 0") && strstr(err, "nospeed: no speed") && strstr(err, "short by"),
+            "no-usable message: %s", err);
+
+    /* exact shortfall: 4 layers of 100 MB, no KV; two devices of 150 MB -> short by 100 MB */
+    struct plan_layer ly[4];
+    memset(ly, 0, sizeof ly);
+    for (int i = 0; i < 4; i++) { ly[i].weight_bytes = 100000000; ly[i].active_bytes = 100000000; }
+    struct plan_shape s = {.n_layers = 4, .n_embd = 16, .wire_bytes_per_token = 64, .layers = ly};
+    struct plan_device two[2] = {
+        {.id = "a", .mem_bytes = 150000000, .ms_per_layer_token = 1, .inbound = true},
+        {.id = "b", .mem_bytes = 150000000, .ms_per_layer_token = 1, .inbound = true},
+    };
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.headroom = 0;
+    T_CHECK(plan_make(&s, two, 2, &o, &r, err, sizeof err) == -ENOSPC, "400 MB into 300 MB accepted");
+    T_CHECK(strstr(err, "short by 100000000 bytes") && strstr(err, "layers 2..3"), "shortfall message: %s", err);
+    /* enough bytes in total but windows cannot be cut: 3 x 100 MB layers... devices 250+250 */
+    s.n_layers = 3;
+    two[0].mem_bytes = two[1].mem_bytes = 150000000;
+    two[1].mem_bytes = 170000000;
+    struct plan_device three[3] = {two[0], two[1], {.id = "c", .mem_bytes = 90000000, .ms_per_layer_token = 1}};
+    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -ENOSPC, "granularity infeasible accepted");
+    T_CHECK(strstr(err, "layers 2..2") && strstr(err, "short by"), "granularity message: %s", err);
+    T_CHECK(strstr(err, "c: too little memory") == NULL, "(c is excluded, not an error line) %s", err);
+
+    /* bad options */
+    o.headroom = 2;
+    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -EINVAL && strstr(err, "headroom"), "headroom 2: %s", err);
+    plan_opts_default(&o);
+    ly[1].weight_bytes = 1ull << 60;
+    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -EINVAL && strstr(err, "layer 1"), "huge layer: %s", err);
+    T_CHECK(r == NULL, "result set on failure");
+}
+
+T_CASE(even_split)
+{
+    for (int it = 0; it < 300; it++) {
+        uint32_t L = (uint32_t)pt_range(1, 80);
+        pt_make(&inst, L, 1, 0);
+        if (it % 2) { /* uniform layers, no embed/head work: windows differ by at most one layer */
+            for (uint32_t i = 0; i < L; i++) { inst.layers[i].active_bytes = 1000; inst.layers[i].macs = 1000; }
+            inst.shape.embed_active_bytes = inst.shape.head_active_bytes = 0;
+            inst.shape.head_macs = 0;
+        }
+        uint32_t n = (uint32_t)pt_range(1, L), first[PT_MAXL], last[PT_MAXL];
+        T_ASSERT(plan_even(&inst.shape, n, first, last) == 0, "plan_even failed L %u n %u", L, n);
+        uint32_t j = 0, mn = L, mx = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            T_CHECK(first[r] == j && last[r] > first[r], "even L %u n %u rank %u: [%u,%u)", L, n, r, first[r], last[r]);
+            j = last[r];
+            uint32_t w = last[r] - first[r];
+            if (w < mn) mn = w;
+            if (w > mx) mx = w;
+        }
+        T_CHECK(j == L, "even: covers %u of %u", j, L);
+        if (it % 2) T_CHECK(mx - mn <= 1, "even L %u n %u: window sizes %u..%u", L, n, mn, mx);
+    }
+    uint32_t f[2], l[2];
+    pt_make(&inst, 3, 1, 0);
+    T_CHECK(plan_even(&inst.shape, 4, f, l) == -EINVAL, "4 ranks over 3 layers accepted");
+    T_CHECK(plan_even(&inst.shape, 0, f, l) == -EINVAL, "0 ranks accepted");
+}
+
+int main(void)
+{
+    T_RUN(random_instances);
+    T_RUN(heuristic_near_exhaustive);
+    T_RUN(errors);
+    T_RUN(even_split);
+    return T_DONE();
+}
