@@ -1,6 +1,8 @@
 /* fuzz-gguf: libFuzzer target for the GGUF reader (and the catalog JSON parser on the side).
  * The input is a file prefix: parsed with its size known (must fail or succeed, never -EAGAIN)
- * and unknown (may say "need more"); whatever parses is walked completely. */
+ * and unknown (may say "need more"); whatever parses is walked completely, rewritten, and the
+ * rewritten header must parse to the same shape.
+ * fuzz-modules: gguf */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,6 +68,39 @@ static void walk(const struct gguf_file *f, size_t size)
     }
 }
 
+/* What parses must be writable, and the written header must parse to the same shape. */
+static void rewrite(const struct gguf_file *f)
+{
+    struct gguf_writer *w;
+    if (gguf_writer_new(&w))
+        return;
+    for (uint64_t i = 0; i < gguf_kv_count(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if (gguf_writer_set(w, kv->key, &kv->val))
+            abort();
+    }
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, "") != 0)
+            abort();
+    }
+    void *hdr;
+    size_t len;
+    if (gguf_writer_header(w, &hdr, &len) == 0) {
+        struct gguf_file *g;
+        size_t need;
+        char err[GGUF_ERR_LEN];
+        if (gguf_file_parse(&g, hdr, len, UINT64_MAX, &need, err, sizeof err) != 0)
+            abort();
+        if (gguf_kv_count(g) != gguf_kv_count(f) || gguf_tensor_count(g) != gguf_tensor_count(f) ||
+            gguf_file_alignment(g) != gguf_file_alignment(f) || gguf_file_data_offset(g) != len)
+            abort();
+        gguf_file_free(g);
+        free(hdr);
+    }
+    gguf_writer_free(w);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[GGUF_ERR_LEN];
@@ -85,6 +120,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (rc == 0) {
         walk(f, SIZE_MAX);
+        if (gguf_tensor_count(f) < 4096)
+            rewrite(f);
         gguf_file_free(f);
     }
     /* the same bytes as catalog JSON */

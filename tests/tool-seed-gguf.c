@@ -79,6 +79,19 @@ static void made(const char *dir)
         }
         gguf_writer_free(w);
         n_written++;
+        /* its catalog, as a seed for the catalog JSON parser */
+        struct gguf_file *f;
+        struct gguf_catalog *c;
+        if (gguf_file_open(&f, path, err, sizeof err) == 0) {
+            if (gguf_catalog_build(&c, f, err, sizeof err) == 0) {
+                char cpath[1100], id[65];
+                snprintf(cpath, sizeof cpath, "%s/catalog%d.json", dir, variant);
+                if (gguf_catalog_save(c, cpath, id, err, sizeof err) == 0)
+                    n_written++;
+                gguf_catalog_free(c);
+            }
+            gguf_file_free(f);
+        }
     }
 }
 
