@@ -1,0 +1,329 @@
+/* test-net-frame — ring frames, the streaming reader (every truncation point), OPEN/HELLO
+ * payloads, node identities, the handshake (success and every mismatch), the manifest
+ * validator and the f16 wire conversion. */
+#include <errno.h>
+#include <math.h>
+
+#include "kvd/internal.h"
+#include "kvd/kvd.h"
+#include "net/net.h"
+#include "tests/t.h"
+
+static char err[512];
+
+T_CASE(hdr_roundtrip_and_checks)
+{
+    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .flags = NET_FL_LAST,
+                              .session = 0x0123456789abcdefull, .pos = 7, .n_tokens = 3, .payload_len = 768};
+    uint8_t b[NET_HDR_LEN], c[NET_HDR_LEN];
+    net_frame_hdr_encode(&h, b);
+    T_CHECK(b[0] == 'K' && b[1] == 'V' && b[2] == 'R' && b[3] == '1', "magic bytes %02x%02x%02x%02x", b[0], b[1], b[2], b[3]);
+    T_CHECK(b[8] == 0xef && b[15] == 0x01, "session little-endian");
+    struct net_frame_hdr g;
+    T_ASSERT(net_frame_hdr_decode(b, &g, 1024, err, sizeof err) == 0, "%s", err);
+    T_CHECK(g.session == h.session && g.pos == 7 && g.n_tokens == 3 && g.payload_len == 768 &&
+            g.type == NET_F_ACT && g.flags == NET_FL_LAST, "fields round trip");
+    T_CHECK(net_frame_hdr_decode(b, &g, 767, err, sizeof err) == -EMSGSIZE && strstr(err, "768") &&
+            strstr(err, "767"), "cap: %s", err);
+    memcpy(c, b, sizeof b);
+    c[0] = 'X';
+    T_CHECK(net_frame_hdr_decode(c, &g, 1024, err, sizeof err) == -EPROTO && strstr(err, "magic"), "%s", err);
+    memcpy(c, b, sizeof b);
+    c[4] = 0;
+    T_CHECK(net_frame_hdr_decode(c, &g, 1024, err, sizeof err) == -EPROTO && strstr(err, "type 0"), "%s", err);
+    c[4] = NET_F_MAX + 1;
+    T_CHECK(net_frame_hdr_decode(c, &g, 1024, err, sizeof err) == -EPROTO, "type past the last");
+    memcpy(c, b, sizeof b);
+    c[6] = 1;
+    T_CHECK(net_frame_hdr_decode(c, &g, 1024, err, sizeof err) == -EPROTO && strstr(err, "reserved"), "%s", err);
+    memcpy(c, b, sizeof b);
+    c[5] = 0x80;
+    T_CHECK(net_frame_hdr_decode(c, &g, 1024, err, sizeof err) == -EPROTO && strstr(err, "flags"), "%s", err);
+    h.payload_len = 0xffffffffu;
+    net_frame_hdr_encode(&h, c);
+    T_CHECK(net_frame_hdr_decode(c, &g, 0xffffffffu, err, sizeof err) == -EMSGSIZE, "hard cap applies: %s", err);
+}
+
+/* Three frames; fed whole, byte by byte, and cut at every point. */
+T_CASE(reader_every_split)
+{
+    uint8_t stream[3 * NET_HDR_LEN + 5 + 0 + 300];
+    size_t off = 0;
+    uint32_t lens[3] = {5, 0, 300};
+    for (int i = 0; i < 3; i++) {
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_PING + (i == 1), .session = (uint64_t)i + 1,
+                                  .payload_len = lens[i]};
+        net_frame_hdr_encode(&h, stream + off);
+        off += NET_HDR_LEN;
+        for (uint32_t k = 0; k < lens[i]; k++)
+            stream[off++] = (uint8_t)(k * 7 + (unsigned)i);
+    }
+    T_ASSERT(off == sizeof stream, "stream size");
+    for (size_t cut = 0; cut <= sizeof stream; cut++) {
+        struct net_frame_reader r;
+        net_frame_reader_init(&r, 4096);
+        int got = 0;
+        struct net_frame_hdr h;
+        const uint8_t *p;
+        size_t parts[2][2] = {{0, cut}, {cut, sizeof stream - cut}};
+        for (int part = 0; part < 2; part++) {
+            T_ASSERT(net_frame_reader_push(&r, stream + parts[part][0], parts[part][1]) == 0, "push");
+            int rc;
+            while ((rc = net_frame_reader_next(&r, &h, &p, err, sizeof err)) == 1) {
+                T_CHECK(h.session == (uint64_t)got + 1 && h.payload_len == lens[got], "frame %d at cut %zu", got, cut);
+                for (uint32_t k = 0; k < h.payload_len; k++)
+                    if (p[k] != (uint8_t)(k * 7 + (unsigned)got)) {
+                        T_CHECK(0, "payload byte %u of frame %d at cut %zu", k, got, cut);
+                        break;
+                    }
+                got++;
+            }
+            T_CHECK(rc == 0, "no error at cut %zu: %s", cut, err);
+        }
+        T_CHECK(got == 3, "3 frames at cut %zu, got %d", cut, got);
+        net_frame_reader_free(&r);
+    }
+    /* byte by byte */
+    struct net_frame_reader r;
+    net_frame_reader_init(&r, 4096);
+    int got = 0;
+    for (size_t i = 0; i < sizeof stream; i++) {
+        struct net_frame_hdr h;
+        const uint8_t *p;
+        net_frame_reader_push(&r, stream + i, 1);
+        while (net_frame_reader_next(&r, &h, &p, err, sizeof err) == 1)
+            got++;
+    }
+    T_CHECK(got == 3, "byte by byte: %d frames", got);
+    net_frame_reader_free(&r);
+    /* an oversized frame is refused from its header alone */
+    net_frame_reader_init(&r, 100);
+    struct net_frame_hdr h;
+    const uint8_t *p;
+    net_frame_reader_push(&r, stream + NET_HDR_LEN + 5 + NET_HDR_LEN, NET_HDR_LEN);
+    T_CHECK(net_frame_reader_next(&r, &h, &p, err, sizeof err) == -EMSGSIZE, "300 > cap 100: %s", err);
+    net_frame_reader_free(&r);
+}
+
+T_CASE(open_and_hello_payloads)
+{
+    struct net_open_params a = {.seed = 0xfeedfacecafebeefull, .temperature = 0.8f, .top_p = 0.9f,
+                                .min_p = 0.05f, .repeat_penalty = 1.1f, .top_k = 40, .penalty_last_n = 64,
+                                .max_tokens = 99, .n_ctx = 512}, b;
+    uint8_t buf[NET_OPEN_LEN];
+    net_open_encode(&a, buf);
+    net_open_decode(buf, &b);
+    T_CHECK(b.seed == a.seed && b.temperature == a.temperature && b.top_p == a.top_p && b.min_p == a.min_p &&
+            b.top_k == 40 && b.penalty_last_n == 64 && b.max_tokens == 99 && b.n_ctx == 512, "OPEN round trip");
+    struct net_hello h = {.version = 1, .rank = 2, .n_ranks = 3}, g;
+    snprintf(h.ring, sizeof h.ring, "ring-1");
+    for (int i = 0; i < 32; i++)
+        h.node_key[i] = (uint8_t)i, h.manifest_hash[i] = (uint8_t)(i + 1), h.nonce[i] = (uint8_t)(i + 2);
+    uint8_t hb[NET_HELLO_LEN];
+    net_hello_encode(&h, hb);
+    T_ASSERT(net_hello_decode(hb, sizeof hb, &g, err, sizeof err) == 0, "%s", err);
+    T_CHECK(!strcmp(g.ring, "ring-1") && g.rank == 2 && g.n_ranks == 3 && !memcmp(g.nonce, h.nonce, 32), "HELLO");
+    T_CHECK(net_hello_decode(hb, sizeof hb - 1, &g, err, sizeof err) == -EPROTO, "short HELLO");
+    hb[12 + 10] = 'x';   /* a byte after the NUL padding starts */
+    T_CHECK(net_hello_decode(hb, sizeof hb, &g, err, sizeof err) == -EPROTO && strstr(err, "ring id"), "%s", err);
+    hb[12 + 10] = 0;
+    hb[12] = 0x07;
+    T_CHECK(net_hello_decode(hb, sizeof hb, &g, err, sizeof err) == -EPROTO, "control byte in the ring id");
+}
+
+T_CASE(identity)
+{
+    char d[300];
+    snprintf(d, sizeof d, "%s/id1", t_tmpdir());
+    struct net_identity *a, *b;
+    T_ASSERT(net_identity_load(&a, d, err, sizeof err) == 0, "%s", err);
+    T_ASSERT(net_identity_load(&b, d, err, sizeof err) == 0, "%s", err);
+    T_CHECK(!memcmp(net_identity_pub(a), net_identity_pub(b), 32), "the key persists in the state dir");
+    uint8_t sig[64];
+    T_ASSERT(net_identity_sign(a, "hello", 5, sig) == 0, "sign");
+    T_CHECK(net_sig_verify(net_identity_pub(b), "hello", 5, sig), "verify");
+    T_CHECK(!net_sig_verify(net_identity_pub(b), "hellp", 5, sig), "altered message");
+    sig[3] ^= 1;
+    T_CHECK(!net_sig_verify(net_identity_pub(b), "hello", 5, sig), "altered signature");
+    char hex[65];
+    uint8_t back[32];
+    net_hex(net_identity_pub(a), 32, hex);
+    T_CHECK(net_unhex(hex, back, 32) && !memcmp(back, net_identity_pub(a), 32), "hex round trip");
+    T_CHECK(!net_unhex("zz", back, 1) && !net_unhex(hex, back, 31), "bad hex");
+    net_identity_free(a);
+    net_identity_free(b);
+}
+
+/* Run a handshake between A (rank 0) and B (rank 1) with A's HELLO optionally altered. */
+struct hs_pair {
+    struct net_identity *ia, *ib;
+    struct net_handshake *a, *b;
+    int ra, rb;
+    char ea[300], eb[300];
+};
+
+static int feed_frame(struct net_handshake *to, const uint8_t *bytes, size_t len, const uint8_t **out,
+                      size_t *outlen, char *e)
+{
+    struct net_frame_hdr h;
+    if (net_frame_hdr_decode(bytes, &h, 4096, e, 300) < 0)
+        return -EPROTO;
+    return net_handshake_feed(to, &h, bytes + NET_HDR_LEN, out, outlen, e, 300);
+}
+
+static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int flip_hash, bool key_check,
+                   bool tamper_auth)
+{
+    struct net_hello ha = {.version = 1, .rank = rank_a, .n_ranks = 2};
+    struct net_hello hb = {.version = 1, .rank = 1, .n_ranks = 2};
+    snprintf(ha.ring, sizeof ha.ring, "%s", ring_a);
+    snprintf(hb.ring, sizeof hb.ring, "R");
+    memset(ha.manifest_hash, 7, 32);
+    memset(hb.manifest_hash, 7, 32);
+    ha.manifest_hash[0] ^= (uint8_t)flip_hash;
+    struct net_hs_expect xa = {.rank = 1, .n_ranks = 2, .ring = "R"}, xb = {.rank = 0, .n_ranks = 2, .ring = "R"};
+    memset(xa.manifest_hash, 7, 32);
+    memset(xb.manifest_hash, 7, 32);
+    if (key_check) {
+        xb.check_key = true;
+        memcpy(xb.node_key, net_identity_pub(p->ib), 32);   /* B expects its own key: A's is "unknown" */
+    }
+    net_handshake_new(&p->a, p->ia, &ha, &xa);
+    net_handshake_new(&p->b, p->ib, &hb, &xb);
+    const uint8_t *hello_a, *hello_b, *out;
+    size_t la, lb, ol;
+    net_handshake_hello(p->a, &hello_a, &la);
+    net_handshake_hello(p->b, &hello_b, &lb);
+    p->rb = feed_frame(p->b, hello_a, la, &out, &ol, p->eb);   /* B gets A's HELLO, answers AUTH */
+    uint8_t auth_b[NET_HDR_LEN + NET_AUTH_LEN];
+    size_t lab = ol;
+    if (ol)
+        memcpy(auth_b, out, ol);
+    p->ra = feed_frame(p->a, hello_b, lb, &out, &ol, p->ea);
+    uint8_t auth_a[NET_HDR_LEN + NET_AUTH_LEN];
+    size_t laa = ol;
+    if (ol)
+        memcpy(auth_a, out, ol);
+    if (tamper_auth && laa)
+        auth_a[NET_HDR_LEN + 5] ^= 1;
+    if (p->rb == 0 && laa)
+        p->rb = feed_frame(p->b, auth_a, laa, &out, &ol, p->eb);
+    if (p->ra == 0 && lab)
+        p->ra = feed_frame(p->a, auth_b, lab, &out, &ol, p->ea);
+    net_handshake_free(p->a);
+    net_handshake_free(p->b);
+}
+
+T_CASE(handshake)
+{
+    struct hs_pair p;
+    char d[300];
+    snprintf(d, sizeof d, "%s/ida", t_tmpdir());
+    T_ASSERT(net_identity_load(&p.ia, d, err, sizeof err) == 0, "%s", err);
+    snprintf(d, sizeof d, "%s/idb", t_tmpdir());
+    T_ASSERT(net_identity_load(&p.ib, d, err, sizeof err) == 0, "%s", err);
+    hs_run(&p, "R", 0, 0, false, false);
+    T_CHECK(p.ra == 1 && p.rb == 1, "established both ways: %d %d (%s / %s)", p.ra, p.rb, p.ea, p.eb);
+    hs_run(&p, "other", 0, 0, false, false);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "wrong ring"), "%s", p.eb);
+    hs_run(&p, "R", 1, 0, false, false);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "wrong rank 1, expected 0"), "%s", p.eb);
+    hs_run(&p, "R", 0, 1, false, false);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "manifest hash"), "%s", p.eb);
+    hs_run(&p, "R", 0, 0, true, false);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "node key"), "%s", p.eb);
+    hs_run(&p, "R", 0, 0, false, true);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "bad signature"), "%s", p.eb);
+    /* AUTH before HELLO, and an ERROR from the peer */
+    struct net_handshake *h;
+    struct net_hello me = {.version = 1, .n_ranks = 2};
+    struct net_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = ""};
+    net_handshake_new(&h, p.ia, &me, &x);
+    uint8_t f[NET_HDR_LEN + 64] = {0};
+    struct net_frame_hdr fh = {.magic = NET_MAGIC, .type = NET_F_AUTH, .payload_len = 64};
+    net_frame_hdr_encode(&fh, f);
+    const uint8_t *out;
+    size_t ol;
+    char e[300];
+    T_CHECK(feed_frame(h, f, sizeof f, &out, &ol, e) == -EPROTO && strstr(e, "expected HELLO"), "%s", e);
+    net_handshake_free(h);
+    net_handshake_new(&h, p.ia, &me, &x);
+    fh.type = NET_F_ERROR;
+    fh.payload_len = 4 + 5;
+    net_frame_hdr_encode(&fh, f);
+    memcpy(f + NET_HDR_LEN + 4, "nope!", 5);
+    T_CHECK(feed_frame(h, f, NET_HDR_LEN + 9, &out, &ol, e) == -ECONNREFUSED && strstr(e, "nope!"), "%s", e);
+    net_handshake_free(h);
+    net_identity_free(p.ia);
+    net_identity_free(p.ib);
+}
+
+static const char *good_manifest =
+    "{\"version\":1,\"ring\":\"abc\",\"model\":{\"name\":\"m\",\"arch\":\"llama\",\"n_layers\":5,\"n_embd\":64},"
+    "\"wire\":{\"dtype\":\"f16\"},\"limits\":{\"n_ctx\":256,\"max_batch\":32},"
+    "\"ranks\":[{\"rank\":0,\"layers\":[0,2],\"endpoint\":\"tcp://127.0.0.1:1\"},"
+    "{\"rank\":1,\"layers\":[2,5],\"endpoint\":\"relay://r:443/b/x\"}]}";
+
+static int parse_with(const char *from, const char *to)
+{
+    char buf[2048];
+    const char *p = strstr(good_manifest, from);
+    if (!p)
+        return 99;
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - good_manifest), good_manifest, to, p + strlen(from));
+    struct kvd_manifest m;
+    return kvd_manifest_parse(&m, buf, strlen(buf), err, sizeof err);
+}
+
+T_CASE(manifest)
+{
+    struct kvd_manifest m;
+    T_ASSERT(kvd_manifest_parse(&m, good_manifest, strlen(good_manifest), err, sizeof err) == 0, "%s", err);
+    T_CHECK(m.n_ranks == 2 && m.ranks[1].first == 2 && m.ranks[1].last == 5 && m.wire_dsize == 2 &&
+            m.n_ctx == 256 && m.max_batch == 32 && m.ranks[0].embed && m.ranks[1].head && !m.ranks[0].head,
+            "fields");
+    T_CHECK(parse_with("[2,5]", "[3,5]") < 0 && strstr(err, "must start at 2"), "gap: %s", err);
+    T_CHECK(parse_with("[2,5]", "[1,5]") < 0, "overlap");
+    T_CHECK(parse_with("[2,5]", "[2,4]") < 0 && strstr(err, "end at layer 4"), "short: %s", err);
+    T_CHECK(parse_with("[2,5]", "[2,6]") < 0, "past n_layers");
+    T_CHECK(parse_with("\"f16\"", "\"q8\"") < 0 && strstr(err, "q8"), "dtype: %s", err);
+    T_CHECK(parse_with("\"rank\":1", "\"rank\":2") < 0, "rank order");
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"embed\":true,") < 0 && strstr(err, "embed"), "embed: %s", err);
+    T_CHECK(parse_with("\"tcp://127.0.0.1:1\"", "\"127.0.0.1:1\"") < 0 && strstr(err, "endpoint"), "%s", err);
+    T_CHECK(parse_with("\"n_embd\":64", "\"n_embd\":-1") < 0 && strstr(err, "n_embd"), "%s", err);
+    T_CHECK(parse_with("\"ring\":\"abc\"", "\"ring\":\"a b\"") < 0, "ring with a space");
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"node\":\"12\",") < 0 && strstr(err, "node"), "%s", err);
+    T_CHECK(kvd_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
+    T_CHECK(kvd_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
+}
+
+T_CASE(f16_wire)
+{
+    T_CHECK(kvd_f32_to_f16(1.0f) == 0x3c00 && kvd_f32_to_f16(-2.0f) == 0xc000, "1, -2");
+    T_CHECK(kvd_f32_to_f16(65504.0f) == 0x7bff && kvd_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
+    T_CHECK(kvd_f32_to_f16(ldexpf(1, -24)) == 0x0001 && kvd_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
+    T_CHECK(kvd_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
+    T_CHECK(kvd_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
+    T_CHECK(kvd_f32_to_f16(INFINITY) == 0x7c00 && (kvd_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
+            (kvd_f32_to_f16(NAN) & 0x3ff), "inf, nan");
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+            continue;   /* NaNs */
+        if (kvd_f32_to_f16(kvd_f16_to_f32((uint16_t)h)) != h)
+            bad++;
+    }
+    T_CHECK(bad == 0, "%d halves do not round trip", bad);
+}
+
+int main(void)
+{
+    T_RUN(hdr_roundtrip_and_checks);
+    T_RUN(reader_every_split);
+    T_RUN(open_and_hello_payloads);
+    T_RUN(identity);
+    T_RUN(handshake);
+    T_RUN(manifest);
+    T_RUN(f16_wire);
+    return T_DONE();
+}
