@@ -24,6 +24,14 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds used by the whole process (every thread). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* "1,2,3" (or blanks) -> tokens; 0 or -EINVAL with a message. */
 static int parse_tokens(const char *s, int32_t **out, uint32_t *n)
 {
@@ -233,7 +241,7 @@ static void generate_usage(FILE *f)
 
 enum {
     OPT_TEMP = 1000, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_REPEAT_N, OPT_FREQ,
-    OPT_PRES, OPT_SEED, OPT_TOKENS, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH
+    OPT_PRES, OPT_SEED, OPT_TOKENS, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH, OPT_BW
 };
 
 int kvctl_cmd_generate(int argc, char **argv)
@@ -528,10 +536,11 @@ out:
 static void bench_usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvctl bench -m FILE [-p 64] [-n 32] [-t N] [-r 1]\n"
+        "usage: kvctl bench -m FILE [-p 64] [-n 32] [-t N] [-r 1] [--bandwidth]\n"
         "Prompt processing (one batch of -p tokens) and text generation (-n tokens one at a\n"
         "time) speed in tokens/s, like llama-bench's pp and tg; -r repetitions (best kept).\n"
-        "Also prints the bytes of weights read per generated token.\n");
+        "Also prints the bytes of weights read per generated token; --bandwidth measures the\n"
+        "memory read bandwidth too (the ceiling for generation: bandwidth / those bytes).\n");
 }
 
 int kvctl_cmd_bench(int argc, char **argv)
@@ -540,7 +549,8 @@ int kvctl_cmd_bench(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},
         {"n-prompt", required_argument, 0, 'p'}, {"n-gen", required_argument, 0, 'n'},
         {"repetitions", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"bandwidth", no_argument, 0, OPT_BW}, {0, 0, 0, 0}};
+    bool want_bw = false;
     const char *path = NULL;
     long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
     int c;
@@ -553,6 +563,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         case 'p': rc = parse_uint("-p", optarg, 0, 65536, &n_pp); break;
         case 'n': rc = parse_uint("-n", optarg, 0, 65536, &n_tg); break;
         case 'r': rc = parse_uint("-r", optarg, 1, 100, &reps); break;
+        case OPT_BW: want_bw = true; break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
         }
@@ -577,7 +588,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         tokens[i] = (int32_t)((st >> 33) % r.hp->n_vocab);
     }
-    double best_pp = 0, best_tg = 0;
+    double best_pp = 0, best_tg = 0, best_tg_cpu = 0;
     for (long rep = 0; rep <= reps; rep++) {    /* rep 0 warms up (pages in the weights) */
         model_session_free(r.e, 1);
         if ((rc = model_session_new(r.e, 1)) < 0)
@@ -591,6 +602,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         /* Generation: each step feeds the greedy choice of the previous one. */
         int32_t tok = tokens[n_pp];
         uint32_t pos = (uint32_t)n_pp;
+        double c1 = cpu_s();
         long n_steps = rep == 0 ? (n_tg < 2 ? n_tg : 2) : n_tg;
         for (long g = 0; g < n_steps; g++) {
             if ((rc = runner_feed(&r, pos++, &tok, 1, NULL)) < 0) {
@@ -603,9 +615,11 @@ int kvctl_cmd_bench(int argc, char **argv)
                     best = i;
             tok = (int32_t)best;
         }
-        double t2 = now_s();
+        double t2 = now_s(), c2 = cpu_s();
         if (rep == 0)
             continue;
+        if (n_tg > 0 && (best_tg_cpu == 0 || (c2 - c1) / n_tg < best_tg_cpu))
+            best_tg_cpu = (c2 - c1) / n_tg;
         if (n_pp > 0 && n_pp / (t1 - t0) > best_pp)
             best_pp = n_pp / (t1 - t0);
         if (n_tg > 0 && n_tg / (t2 - t1) > best_tg)
@@ -619,8 +633,24 @@ int kvctl_cmd_bench(int argc, char **argv)
     printf("weight_bytes_per_token %" PRIu64 "\n", model_weight_bytes(r.m));
     if (n_pp > 0)
         printf("pp%ld %.2f tok/s\n", n_pp, best_pp);
-    if (n_tg > 0)
+    if (n_tg > 0) {
         printf("tg%ld %.2f tok/s\n", n_tg, best_tg);
+        /* CPU time per token over all threads: what the speed would be with the threads'
+         * cores to itself (and no bandwidth limit), whatever else the machine runs. */
+        printf("tg_cpu_ms_per_token %.2f\n", best_tg_cpu * 1e3);
+    }
+    if (want_bw) {
+        struct kern_pool *pool;
+        if (kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
+            double bw = kern_bench_bandwidth(pool, (size_t)512 << 20);
+            kern_pool_free(pool);
+            double ceil = bw * 1e9 / (double)model_weight_bytes(r.m);
+            printf("bandwidth %.2f GB/s\n", bw);
+            if (n_tg > 0 && bw > 0)
+                printf("tg ceiling %.2f tok/s (bandwidth / weight bytes), reached %.0f%%\n", ceil,
+                       100.0 * best_tg / ceil);
+        }
+    }
     ret = 0;
 out:
     free(tokens);
