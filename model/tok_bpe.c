@@ -43,6 +43,18 @@
     "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
 #define RE_LLAMA3 RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL
 #define RE_QWEN2  RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL
+#define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+/* Qwen 3.5: combining marks count with the letters */
+#define RE_QWEN35 \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*" \
+    "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+#define RE_BAILINGMOE \
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*" \
+    "|[" WS "]*[\\r\\n]|[" WS "]+(?![^" WS "])|[" WS "]+"
+#define RE_SEED_CODER \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WS "\\p{L}\\p{N}\\r\\n]+" \
+    "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+#define RE_MINICPM5 RE_LLAMA3_HEAD "\\p{N}+" RE_LLAMA3_TAIL
 
 /* CJK runs (U+4E00-U+9FA5, U+0800-U+4E00, U+AC00-U+D7FF), whitespace excluded */
 #define RE_DEEPSEEK_CJK \
@@ -96,6 +108,11 @@ static const char *const pre_regexes[TOK_PRE_COUNT][TOK_MAX_REGEX] = {
         "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
         "|(?:~|[^\\r\\n\\p{L}\\p{P}\\p{S}])?[\\p{L}\\p{M}]+"
         "| ?(?:(?!~)[\\p{P}\\p{S}])+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"},
+    [TOK_PRE_QWEN35] = {RE_QWEN35},
+    [TOK_PRE_LAGUNA] = {"[^\\n]+|[\\n]+", RE_QWEN2},
+    [TOK_PRE_BAILINGMOE] = {RE_BAILINGMOE},
+    [TOK_PRE_SEED_CODER] = {RE_SEED_CODER},
+    [TOK_PRE_MINICPM5] = {"\\p{N}{1,3}", RE_MINICPM5},
     [TOK_PRE_PORO] = {RE_PORO},
     [TOK_PRE_VIKING] = {RE_PORO, "\\p{N}"},
 };
@@ -345,6 +362,7 @@ static int split_pass(const struct tok_regex *re, unsigned i, const char *text, 
 struct bsym {
     int32_t prev, next;
     uint32_t off, n;
+    int32_t id;           /* token with this text, -1 if none */
 };
 
 struct bbigram {
@@ -421,7 +439,9 @@ static int add_bigram(const struct model_vocab *v, struct bpe_work *w, int32_t l
     if (left < 0 || right < 0)
         return 0;
     const struct bsym *l = &w->sym[left], *r = &w->sym[right];
-    int32_t rank = tok_merge_rank(v, w->word + l->off, l->n, r->n);
+    /* by ids; by text only when the file has merges of texts that are no tokens */
+    int32_t rank = l->id >= 0 && r->id >= 0 ? tok_pair_rank(v, l->id, r->id)
+                   : v->text_merges ? tok_merge_rank(v, w->word + l->off, l->n, r->n) : -1;
     if (rank < 0)
         return 0;
     return bheap_push(&w->heap, (struct bbigram){rank, left, right, l->n + r->n});
@@ -469,7 +489,8 @@ static int bpe_word(const struct model_vocab *v, struct bpe_work *w, const char 
     size_t wn = 0;
     for (size_t k = 0; k < rn; k++) {
         const struct byte_enc *e = &enc_table[(unsigned char)raw[k]];
-        w->sym[k] = (struct bsym){(int32_t)k - 1, k + 1 == rn ? -1 : (int32_t)k + 1, (uint32_t)wn, e->n};
+        w->sym[k] = (struct bsym){(int32_t)k - 1, k + 1 == rn ? -1 : (int32_t)k + 1, (uint32_t)wn,
+                                  e->n, v->byte_tok[(unsigned char)raw[k]]};
         memcpy(w->word + wn, e->s, e->n);
         wn += e->n;
     }
@@ -489,6 +510,7 @@ static int bpe_word(const struct model_vocab *v, struct bpe_work *w, const char 
         if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
             continue; /* outdated: one side has merged since */
         l->n += r->n;
+        l->id = v->merges[bg.rank].result;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0)
@@ -496,9 +518,12 @@ static int bpe_word(const struct model_vocab *v, struct bpe_work *w, const char 
         if ((rc = add_bigram(v, w, l->prev, bg.left)) || (rc = add_bigram(v, w, bg.left, l->next)))
             return rc;
     }
-    for (int32_t k = 0; k != -1; k = w->sym[k].next)
-        if ((rc = emit(v, w->word + w->sym[k].off, w->sym[k].n, o)))
+    for (int32_t k = 0; k != -1; k = w->sym[k].next) {
+        const struct bsym *sy = &w->sym[k];
+        rc = sy->id >= 0 ? tok_out_push(o, sy->id) : emit(v, w->word + sy->off, sy->n, o);
+        if (rc)
             return rc;
+    }
     return 0;
 }
 

@@ -35,7 +35,8 @@ enum {
 enum tok_pre {
     TOK_PRE_DEFAULT = 0, TOK_PRE_LLAMA3, TOK_PRE_DEEPSEEK_LLM, TOK_PRE_DEEPSEEK_CODER,
     TOK_PRE_DEEPSEEK3_LLM, TOK_PRE_FALCON, TOK_PRE_STARCODER, TOK_PRE_GPT2, TOK_PRE_QWEN2,
-    TOK_PRE_PORO, TOK_PRE_VIKING, TOK_PRE_CHATGLM4,
+    TOK_PRE_PORO, TOK_PRE_VIKING, TOK_PRE_CHATGLM4, TOK_PRE_QWEN35, TOK_PRE_LAGUNA,
+    TOK_PRE_BAILINGMOE, TOK_PRE_SEED_CODER, TOK_PRE_MINICPM5,
     TOK_PRE_COUNT
 };
 
@@ -43,13 +44,21 @@ struct tok_token {
     uint32_t off, len;    /* text in pool */
     uint32_t poff, plen;  /* decoded piece (special = true) in piece pool */
     float score;
+    int32_t special_pos;  /* index in the special list, -1 if none */
     uint16_t attr;
 };
 
 struct tok_merge {
-    uint32_t off;         /* "first second" in pool */
+    uint32_t off;         /* first then second, back to back, in pool */
     uint32_t first_len, second_len;
     uint32_t rank;
+    int32_t result;       /* id of first + second, -1 if that text is no token */
+};
+
+/* Merge index by token ids: (first id, second id) -> rank. */
+struct tok_pair {
+    uint64_t key;         /* first << 32 | second; 0 with rank -1 = empty */
+    int32_t rank;
 };
 
 struct tok_regex; /* compiled pre-tokenizer list (tok_bpe.c) */
@@ -72,6 +81,15 @@ struct model_vocab {
     uint32_t n_merges;
     uint32_t *mmap;       /* index + 1 into merges */
     uint32_t mmap_mask;
+    struct tok_pair *pairs;
+    uint32_t pairs_mask;
+    bool text_merges;     /* some merge has a side that is no token: look up by text too */
+    bool spm_cut;         /* no token has U+2581 after another character: cut before words */
+
+    uint8_t special_first[2][32];   /* first bytes of active specials [parse_special] */
+    uint32_t special_lens[64];      /* distinct special text lengths, longest first */
+    uint32_t n_special_lens;        /* 0 with special_lens_many: too many, no prefilter */
+    bool special_lens_many;
 
     int32_t bos, eos, eot, eom, unk, sep, pad, mask;
     int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
@@ -96,6 +114,8 @@ int tok_out_push(struct tok_out *o, int32_t id);
 int32_t tok_find(const struct model_vocab *v, const char *s, size_t n);
 /* Rank of the merge (a, b) or -1; a and b are adjacent in memory (a + alen == b). */
 int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, size_t blen);
+/* Rank of the merge of tokens a and b (both >= 0) or -1. */
+int32_t tok_pair_rank(const struct model_vocab *v, int32_t a, int32_t b);
 
 /* UTF-8 length of a sequence from its lead byte, llama.cpp's rule (1 for stray bytes). */
 static inline size_t tok_utf8_len(unsigned char c)

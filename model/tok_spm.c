@@ -91,6 +91,56 @@ static int try_bigram(const struct model_vocab *v, const char *text, const struc
     return heap_push(h, (struct spm_bigram){v->tok[id].score, left, right, size});
 }
 
+static bool is_space_sym(const char *text, const struct spm_sym *s)
+{
+    return s->n == 3 && !memcmp(text + s->off, "\xE2\x96\x81", 3);
+}
+
+/* Merge symbols [a, b) (linked among themselves) and emit their tokens. */
+static int encode_segment(const struct model_vocab *v, const char *text, struct spm_sym *sym,
+                          int32_t a, int32_t b, struct spm_heap *h, struct tok_out *o)
+{
+    int rc;
+    sym[a].prev = -1;
+    sym[b - 1].next = -1;
+    h->n = 0;
+    for (int32_t i = a + 1; i < b; i++)
+        if ((rc = try_bigram(v, text, sym, i - 1, i, h)))
+            return rc;
+    while (h->n) {
+        struct spm_bigram bg = heap_pop(h);
+        struct spm_sym *l = &sym[bg.left], *r = &sym[bg.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+            continue; /* outdated: one side has merged since */
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = bg.left;
+        if ((rc = try_bigram(v, text, sym, l->prev, bg.left, h)) ||
+            (rc = try_bigram(v, text, sym, bg.left, l->next, h)))
+            return rc;
+    }
+    for (int32_t i = a; i != -1; i = sym[i].next) {
+        const struct spm_sym *s = &sym[i];
+        int32_t id = tok_find(v, text + s->off, s->n);
+        if (id >= 0) {
+            if ((rc = tok_out_push(o, id)))
+                return rc;
+            continue;
+        }
+        /* byte fallback; a vocabulary without byte tokens gets its unknown token */
+        for (uint32_t k = 0; k < s->n; k++) {
+            int32_t t = v->byte_tok[(unsigned char)text[s->off + k]];
+            if (t < 0)
+                t = v->unk;
+            if (t >= 0 && (rc = tok_out_push(o, t)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o)
 {
     struct spm_sym *sym = NULL;
@@ -108,45 +158,20 @@ int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, st
         size_t n = tok_utf8_len((unsigned char)text[off]);
         if (n > len - off)
             n = len - off;
-        sym[ns] = (struct spm_sym){ns - 1, off + n == len ? -1 : ns + 1, (uint32_t)off, (uint32_t)n};
+        sym[ns] = (struct spm_sym){ns - 1, ns + 1, (uint32_t)off, (uint32_t)n};
         ns++;
         off += n;
     }
-    for (int32_t i = 1; i < ns; i++)
-        if ((rc = try_bigram(v, text, sym, i - 1, i, &h)))
-            goto done;
-    while (h.n) {
-        struct spm_bigram bg = heap_pop(&h);
-        struct spm_sym *l = &sym[bg.left], *r = &sym[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+    /* With v->spm_cut, a word (a run of U+2581 and what follows up to the next run) merges
+     * on its own: same result, and a small heap instead of one over the whole text. */
+    int32_t a = 0;
+    for (int32_t i = 1; i <= ns; i++) {
+        if (i < ns && !(v->spm_cut && is_space_sym(text, &sym[i]) && !is_space_sym(text, &sym[i - 1])))
             continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            sym[r->next].prev = bg.left;
-        if ((rc = try_bigram(v, text, sym, l->prev, bg.left, &h)) ||
-            (rc = try_bigram(v, text, sym, bg.left, l->next, &h)))
-            goto done;
+        if ((rc = encode_segment(v, text, sym, a, i, &h, o)))
+            break;
+        a = i;
     }
-    for (int32_t i = 0; i != -1; i = sym[i].next) {
-        const struct spm_sym *s = &sym[i];
-        int32_t id = tok_find(v, text + s->off, s->n);
-        if (id >= 0) {
-            if ((rc = tok_out_push(o, id)))
-                goto done;
-            continue;
-        }
-        /* byte fallback; a vocabulary without byte tokens gets its unknown token */
-        for (uint32_t k = 0; k < s->n; k++) {
-            int32_t b = v->byte_tok[(unsigned char)text[s->off + k]];
-            if (b < 0)
-                b = v->unk;
-            if (b >= 0 && (rc = tok_out_push(o, b)))
-                goto done;
-        }
-    }
-done:
     free(sym);
     free(h.b);
     return rc;

@@ -109,6 +109,49 @@ int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, 
     }
 }
 
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+int32_t tok_pair_rank(const struct model_vocab *v, int32_t a, int32_t b)
+{
+    if (!v->pairs)
+        return -1;
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    uint32_t i = (uint32_t)mix64(key) & v->pairs_mask;
+    for (;;) {
+        const struct tok_pair *p = &v->pairs[i];
+        if (p->rank < 0)
+            return -1;
+        if (p->key == key)
+            return p->rank;
+        i = (i + 1) & v->pairs_mask;
+    }
+}
+
+static void pair_index(struct model_vocab *v, int32_t a, int32_t b, int32_t rank)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    uint32_t i = (uint32_t)mix64(key) & v->pairs_mask;
+    for (;;) {
+        struct tok_pair *p = &v->pairs[i];
+        if (p->rank < 0) {
+            p->key = key;
+            p->rank = rank;
+            return;
+        }
+        if (p->key == key)
+            return; /* the first merge of a pair keeps its rank */
+        i = (i + 1) & v->pairs_mask;
+    }
+}
+
 /* The first merge of a pair keeps its rank (llama.cpp emplaces). */
 static void merge_index(struct model_vocab *v, uint32_t idx)
 {
@@ -305,20 +348,24 @@ static const struct pre_name pre_names[] = {
     {"pixtral",          TOK_PRE_LLAMA3,         -1, 1, 1},
     {"midm-2.0",         TOK_PRE_LLAMA3,         -1, 1, 1},
     {"lfm2",             TOK_PRE_LLAMA3,         -1, 1, 1},
+    {"jina-v5-nano",     TOK_PRE_LLAMA3,         -1, 1, 1},
     {"dbrx",             TOK_PRE_LLAMA3,         -1, 0, -1},
     {"smaug-bpe",        TOK_PRE_LLAMA3,         -1, 0, -1},
     {"deepseek-llm",     TOK_PRE_DEEPSEEK_LLM,    0, 0, -1},
     {"deepseek-coder",   TOK_PRE_DEEPSEEK_CODER,  0, 0, -1},
     {"deepseek-v3",      TOK_PRE_DEEPSEEK3_LLM,   0, 0, -1},
+    {"hunyuan-dense",    TOK_PRE_DEEPSEEK3_LLM,   0, 0, -1},
+    {"joyai-llm",        TOK_PRE_DEEPSEEK3_LLM,   0, 0, -1},
     {"falcon",           TOK_PRE_FALCON,         -1, 0, -1},
     {"mpt",              TOK_PRE_GPT2,           -1, 0, -1},
     {"starcoder",        TOK_PRE_STARCODER,      -1, 0, -1},
     {"refact",           TOK_PRE_STARCODER,      -1, 0, -1},
     {"command-r",        TOK_PRE_STARCODER,       0, 0, -1},
     {"smollm",           TOK_PRE_STARCODER,       0, 0, -1},
-    {"codeshell",        TOK_PRE_STARCODER,       0, 0, -1},
+    {"codeshell",        TOK_PRE_STARCODER,      -1, 0, -1},
     {"exaone",           TOK_PRE_STARCODER,      -1, 0, -1},
     {"minerva-7b",       TOK_PRE_STARCODER,      -1, 0, -1},
+    {"mellum2",          TOK_PRE_STARCODER,      -1, 0, -1},
     {"gpt-2",            TOK_PRE_GPT2,           -1, 0, -1},
     {"phi-2",            TOK_PRE_GPT2,           -1, 0, -1},
     {"jina-es",          TOK_PRE_GPT2,           -1, 0, -1},
@@ -329,41 +376,69 @@ static const struct pre_name pre_names[] = {
     {"jina-v2-de",       TOK_PRE_GPT2,           -1, 0, -1},
     {"jina-v2-code",     TOK_PRE_GPT2,           -1, 0, -1},
     {"roberta-bpe",      TOK_PRE_GPT2,           -1, 0, -1},
+    {"a.x-4.0",          TOK_PRE_GPT2,           -1, 0, -1},
+    {"mellum",           TOK_PRE_GPT2,           -1, 0, -1},
+    {"modern-bert",      TOK_PRE_GPT2,           -1, 0, -1},
+    {"exaone4",          TOK_PRE_GPT2,           -1, 0, -1},
     {"olmo",             TOK_PRE_GPT2,           -1, 0, -1},
     {"jais",             TOK_PRE_GPT2,           -1, 0, -1},
+    {"trillion",         TOK_PRE_GPT2,            0, 0, -1},
+    {"granite-docling",  TOK_PRE_GPT2,            0, 0, -1},
     {"qwen2",            TOK_PRE_QWEN2,           0, 0, -1},
     {"deepseek-r1-qwen", TOK_PRE_QWEN2,           0, 0, -1},
+    {"kormo",            TOK_PRE_QWEN2,           0, 0, -1},
+    {"f2llmv2",          TOK_PRE_QWEN2,           0, 0, -1},
+    {"hunyuan",          TOK_PRE_QWEN2,           0, 0, -1},
+    {"solar-open",       TOK_PRE_QWEN2,           0, 0, -1},
+    {"grok-2",           TOK_PRE_QWEN2,           0, 0, -1},
     {"megrez",           TOK_PRE_QWEN2,          -1, 0, -1},
     {"stablelm2",        TOK_PRE_QWEN2,          -1, 0, -1},
+    {"qwen35",           TOK_PRE_QWEN35,          0, 0, -1},
+    {"laguna",           TOK_PRE_LAGUNA,          0, 0, -1},
+    {"bailingmoe",       TOK_PRE_BAILINGMOE,      0, 0, -1},
+    {"bailingmoe2",      TOK_PRE_BAILINGMOE,      0, 0, -1},
+    {"llada-moe",        TOK_PRE_BAILINGMOE,      0, 0, -1},
+    {"seed-coder",       TOK_PRE_SEED_CODER,      0, 0, -1},
+    {"minicpm5",         TOK_PRE_MINICPM5,       -1, 1, -1},
     {"poro-chat",        TOK_PRE_PORO,            0, 0, -1},
     {"bloom",            TOK_PRE_PORO,           -1, 0, -1},
     {"gpt3-finnish",     TOK_PRE_PORO,           -1, 0, -1},
     {"viking",           TOK_PRE_VIKING,          0, 0, -1},
     {"chatglm-bpe",      TOK_PRE_CHATGLM4,       -1, 0, -1},
+    {"glm4",             TOK_PRE_CHATGLM4,       -1, 0, -1},
 };
 
 /* ---------------------------------------------------------------- special tokens by text */
 
+/* End-of-turn, end-of-message, fill-in-the-middle and end-of-generation tokens llama.cpp
+ * recognises by their text when the metadata does not name them. */
+#define FW_BAR "\xEF\xBD\x9C"   /* U+FF5C, DeepSeek's fullwidth bar */
+#define SP_MK "\xE2\x96\x81"    /* U+2581 */
 static const char *const eot_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>", NULL};
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<" FW_BAR "end" SP_MK "of" SP_MK "sentence" FW_BAR ">",
+    "<end_of_utterance>", NULL};
 static const char *const eom_texts[] = {"<|eom_id|>", NULL};
 static const char *const fim_pre_texts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-    "<PRE>", "\xE2\x96\x81<PRE>", NULL};
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<" FW_BAR "fim" SP_MK "begin" FW_BAR ">",
+    "<PRE>", SP_MK "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
 static const char *const fim_suf_texts[] = {
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-    "<SUF>", "\xE2\x96\x81<SUF>", NULL};
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" FW_BAR "fim" SP_MK "hole" FW_BAR ">",
+    "<SUF>", SP_MK "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
 static const char *const fim_mid_texts[] = {
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
-    "<MID>", "\xE2\x96\x81<MID>", NULL};
-static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", NULL};
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" FW_BAR "fim" SP_MK "end" FW_BAR ">",
+    "<MID>", SP_MK "<MID>", "<|code_middle|>", "<|middle|>", NULL};
+static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL};
 static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
                                              "<reponame>", NULL};
-static const char *const fim_sep_texts[] = {"<|file_sep|>", "<file_sep>", "<filename>", NULL};
+static const char *const fim_sep_texts[] = {"<|file_sep|>", NULL};
 static const char *const eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", NULL};
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<" FW_BAR "end" SP_MK "of" SP_MK "sentence" FW_BAR ">", "[e~[", NULL};
+/* always rendered (llama.cpp's gpt-oss rule) */
+static const char *const user_texts[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", NULL};
 
 static int32_t find_str(const struct model_vocab *v, const char *s)
 {
@@ -380,8 +455,7 @@ static void detect(struct model_vocab *v, int32_t *id, const char *const *texts)
         int32_t t = find_str(v, *texts);
         if (t >= 0) {
             *id = t;
-            if (!(v->tok[t].attr & TOK_ATTR_CONTROL))
-                v->tok[t].attr = TOK_ATTR_CONTROL;
+            v->tok[t].attr |= TOK_ATTR_CONTROL;
             return;
         }
     }
@@ -391,6 +465,23 @@ static void eog_set(struct model_vocab *v, int32_t id)
 {
     if (id >= 0 && (uint32_t)id < v->n_tokens)
         v->eog[id >> 3] |= (uint8_t)(1u << (id & 7));
+}
+
+static void eog_clear(struct model_vocab *v, int32_t id)
+{
+    if (id >= 0 && (uint32_t)id < v->n_tokens)
+        v->eog[id >> 3] &= (uint8_t)~(1u << (id & 7));
+}
+
+static bool eog_has_text(const struct model_vocab *v, const char *s, int32_t *id)
+{
+    int32_t t = find_str(v, s);
+    if (t >= 0 && model_vocab_is_eog(v, t)) {
+        if (id)
+            *id = t;
+        return true;
+    }
+    return false;
 }
 
 static int cmp_special(const void *a, const void *b, void *ud)
@@ -698,8 +789,12 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
     v->merges = calloc(n ? n : 1, sizeof *v->merges);
     v->mmap_mask = table_size((uint32_t)n) - 1;
     v->mmap = calloc((size_t)v->mmap_mask + 1, sizeof *v->mmap);
-    if (!v->merges || !v->mmap)
+    v->pairs_mask = v->mmap_mask;
+    v->pairs = malloc(((size_t)v->pairs_mask + 1) * sizeof *v->pairs);
+    if (!v->merges || !v->mmap || !v->pairs)
         return -ENOMEM;
+    for (size_t i = 0; i <= v->pairs_mask; i++)
+        v->pairs[i] = (struct tok_pair){0, -1};
     for (uint32_t i = 0; i < n; i++) {
         const struct gguf_value *it = &m->v.arr.items[i];
         if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
@@ -729,9 +824,15 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
             seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
             return -ENOMEM;
         }
-        if (mg->first_len == 0 && mg->second_len)
-            mg->off = off2;
+        (void)off2; /* second follows first in the pool */
         merge_index(v, i);
+        const char *t = v->pool + mg->off;
+        int32_t a = tok_find(v, t, mg->first_len), b = tok_find(v, t + mg->first_len, mg->second_len);
+        mg->result = tok_find(v, t, (size_t)mg->first_len + mg->second_len);
+        if (a >= 0 && b >= 0)
+            pair_index(v, a, b, (int32_t)i);
+        else
+            v->text_merges = true;
     }
     return 0;
 }
@@ -794,7 +895,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (pn->clean_spaces >= 0) v->clean_spaces = pn->clean_spaces;
         if (pn->ignore_merges > 0) v->ignore_merges = true;
         if (pn->add_bos >= 0) v->add_bos = pn->add_bos;
-        if (!strcmp(v->pre_name, "chatglm-bpe"))
+        if (pn->pre == TOK_PRE_CHATGLM4)
             v->bos = -1;
     } else if (!strcmp(model, "bert")) {
         seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
@@ -819,8 +920,8 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         goto fail;
 
     /* the defaults above may not exist in a small vocabulary */
-    int32_t *defaults[] = {&v->bos, &v->eos, &v->unk};
-    for (size_t i = 0; i < 3; i++)
+    int32_t *defaults[] = {&v->bos, &v->eos, &v->unk, &v->pad};
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (*defaults[i] >= (int32_t)v->n_tokens)
             *defaults[i] = -1;
 
@@ -875,13 +976,35 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         int32_t id = find_str(v, *t);
         if (id >= 0) {
             eog_set(v, id);
-            if (!(v->tok[id].attr & TOK_ATTR_CONTROL))
-                v->tok[id].attr = TOK_ATTR_CONTROL;
+            v->tok[id].attr |= TOK_ATTR_CONTROL;
         }
+    }
+    for (const char *const *t = user_texts; *t; t++) {
+        int32_t id = find_str(v, *t);
+        if (id >= 0)
+            v->tok[id].attr = TOK_ATTR_USER_DEFINED;
     }
     eog_set(v, v->eos);
     eog_set(v, v->eot);
     eog_set(v, v->eom);
+    {
+        /* harmony-style vocabularies end a message with <|end|> but not the generation */
+        int32_t end_id = -1;
+        bool has_end = eog_has_text(v, "<|end|>", &end_id);
+        bool has_return = eog_has_text(v, "<|return|>", NULL);
+        bool has_call = eog_has_text(v, "<|call|>", NULL) || eog_has_text(v, "<|calls|>", NULL);
+        bool has_flush = eog_has_text(v, "<|flush|>", NULL);
+        if (has_end && ((has_return && has_call) || (has_call && has_flush))) {
+            eog_clear(v, end_id);
+            v->tok[end_id].attr = TOK_ATTR_USER_DEFINED;
+        }
+        /* and vocabularies with <|tool_response> do not end on </s> */
+        int32_t s_id = -1;
+        if (eog_has_text(v, "<|tool_response>", NULL) && eog_has_text(v, "</s>", &s_id)) {
+            eog_clear(v, s_id);
+            v->tok[s_id].attr = TOK_ATTR_NORMAL;
+        }
+    }
 
     /* special tokens, longest text first */
     v->special = malloc((size_t)v->n_tokens * sizeof *v->special);
@@ -893,13 +1016,37 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (v->tok[i].attr & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN))
             v->special[v->n_special++] = (int32_t)i;
     qsort_r(v->special, v->n_special, sizeof *v->special, cmp_special, v);
+    for (uint32_t i = 0; i < v->n_tokens; i++)
+        v->tok[i].special_pos = -1;
+    for (uint32_t i = 0; i < v->n_special; i++) {
+        const struct tok_token *t = &v->tok[v->special[i]];
+        v->tok[v->special[i]].special_pos = (int32_t)i;
+        unsigned char c = (unsigned char)v->pool[t->off];
+        v->special_first[1][c >> 3] |= (uint8_t)(1u << (c & 7));
+        if (!(t->attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
+            v->special_first[0][c >> 3] |= (uint8_t)(1u << (c & 7));
+        /* the prefilter finds specials by text: a text shared with another id defeats it */
+        if (tok_find(v, v->pool + t->off, t->len) != v->special[i])
+            v->special_lens_many = true;
+        if (i == 0 || t->len != v->tok[v->special[i - 1]].len) {
+            if (v->n_special_lens == sizeof v->special_lens / sizeof v->special_lens[0])
+                v->special_lens_many = true;
+            else
+                v->special_lens[v->n_special_lens++] = t->len;
+        }
+    }
 
     /* per-model attributes llama.cpp sets by name */
     char name[256] = "";
     gguf_get_str(f, "general.name", name, sizeof name);
+    char arch[64] = "";
+    gguf_get_str(f, "general.architecture", arch, sizeof arch);
     if (strstr(v->pre_name, "jina-v2-de") || strstr(v->pre_name, "jina-v2-es") ||
-        strstr(v->pre_name, "jina-v2-code")) {
+        strstr(v->pre_name, "jina-v2-code") || strstr(arch, "nomic-bert-moe") ||
+        strstr(arch, "jina-bert-v3")) {
         set_attr_by_text(v, "<mask>", TOK_ATTR_LSTRIP, true);
+    } else if (has_substr_ci(name, "modern-bert")) {
+        set_attr_by_text(v, "[MASK]", TOK_ATTR_LSTRIP, true);
     } else if (has_substr_ci(name, "phi-3") || has_substr_ci(name, "phi3")) {
         for (uint32_t i = 0; i < v->n_special; i++)
             v->tok[v->special[i]].attr |= TOK_ATTR_RSTRIP;
@@ -928,6 +1075,22 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
 
     if (v->type == MODEL_VOCAB_BPE && (rc = tok_bpe_init(v, err, errlen)))
         goto fail;
+    if (v->type == MODEL_VOCAB_SPM) {
+        /* Words can be tokenised one by one when no token holds U+2581 after another
+         * character: then no merge can join the end of one word to the next. */
+        v->spm_cut = true;
+        for (uint32_t i = 0; i < v->n_tokens && v->spm_cut; i++) {
+            const char *t = v->pool + v->tok[i].off;
+            size_t n = v->tok[i].len, k = 0;
+            while (k + 3 <= n && !memcmp(t + k, "\xE2\x96\x81", 3))
+                k += 3;
+            for (; k + 3 <= n; k++)
+                if (!memcmp(t + k, "\xE2\x96\x81", 3)) {
+                    v->spm_cut = false;
+                    break;
+                }
+        }
+    }
 
     /* decoded pieces */
     {
@@ -973,6 +1136,7 @@ void model_vocab_free(struct model_vocab *v)
     free(v->tmap);
     free(v->merges);
     free(v->mmap);
+    free(v->pairs);
     free(v->special);
     free(v->eog);
     free(v);
@@ -1047,13 +1211,46 @@ static int partition(const struct model_vocab *v, const char *text, size_t len, 
                      struct frags *out)
 {
     struct frags cur = {0}, next = {0};
+    uint8_t *present = NULL;
     int rc = 0;
     if (len && (rc = frags_push(&cur, 0, len, -1)))
         goto done;
+    if (!v->n_special || !len)
+        goto skip;
+    if (!v->special_lens_many) {
+        /* Which specials occur in the text at all: only those can split a fragment. One pass
+         * over the bytes that can start one, a lookup per distinct length. */
+        present = calloc(v->n_special, 1);
+        if (!present) {
+            rc = -ENOMEM;
+            goto done;
+        }
+        const uint8_t *first = v->special_first[parse_special];
+        bool any = false;
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)text[i];
+            if (!(first[c >> 3] >> (c & 7) & 1))
+                continue;
+            for (uint32_t k = 0; k < v->n_special_lens; k++) {
+                size_t l = v->special_lens[k];
+                if (l > len - i)
+                    continue;
+                int32_t id = tok_find(v, text + i, l);
+                if (id >= 0 && v->tok[id].special_pos >= 0) {
+                    present[v->tok[id].special_pos] = 1;
+                    any = true;
+                }
+            }
+        }
+        if (!any)
+            goto skip;
+    }
     for (uint32_t si = 0; si < v->n_special && cur.n; si++) {
         int32_t sid = v->special[si];
         const struct tok_token *st = &v->tok[sid];
         if (!parse_special && (st->attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
+            continue;
+        if (present && !present[si])
             continue;
         const char *stext = v->pool + st->off;
         size_t slen = st->len;
@@ -1102,9 +1299,11 @@ static int partition(const struct model_vocab *v, const char *text, size_t len, 
             next = t;
         }
     }
+skip:
     *out = cur;
     cur.f = NULL;
 done:
+    free(present);
     free(cur.f);
     free(next.f);
     return rc;
