@@ -20,6 +20,9 @@ TG=${BENCH_TG:-32}
 REPS=${BENCH_REPS:-3}
 THREADS=${BENCH_THREADS:-0}
 
+# The kernels' tools (matvec micro-benchmark) are not part of `make all`.
+make -s -j2 "$B/tests/tool-kernbench" >/dev/null 2>&1 || true
+
 echo "== model: TinyLlama-1.1B-shaped synthetic model, kvctl bench -p $PP -n $TG (best of $REPS)"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 for type in q4_0 q8_0; do
@@ -56,3 +59,14 @@ for type in q4_0 q8_0; do
         }
     }'
 done
+
+echo "== kernels: matvec on TinyLlama-1.1B-shaped matrices (22 layers' worth, uncached) vs read bandwidth"
+if [ -x "$B/tests/tool-kernbench" ]; then
+    if [ "$THREADS" -gt 0 ] 2>/dev/null; then kt="-t $THREADS"; else kt=""; fi
+    "$B/tests/tool-kernbench" $kt q4_0 q8_0 q4_k q6_k f16 || echo "kernbench failed"
+    echo "== kernels: compute efficiency (one thread, cache-resident; holds on a busy machine)"
+    "$B/tests/tool-kernbench" -c q4_0 q8_0 q4_k q6_k f16 || true
+    "$B/tests/tool-kernbench" -c -n 64 q4_0 q8_0 || true
+else
+    echo "tool-kernbench not built"
+fi
