@@ -112,6 +112,23 @@ static void to_pairs(uint32_t vt, const void *blocks, int64_t cols, void *dst)
     }
 }
 
+/* The flat layout of Q8_0 weights: nb x 32 quants, then dy[nb], ys[nb] = d * sum(q). */
+static void to_flat(const void *blocks, int64_t cols, void *dst)
+{
+    int64_t nb = cols / 32;
+    int8_t *q = dst;
+    float *dy = (float *)(q + 32 * nb), *ys = dy + nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const struct kern_block_q8_0 *k = (const struct kern_block_q8_0 *)blocks + b;
+        int sum = 0;
+        for (int e = 0; e < 32; e++)
+            sum += k->qs[e];
+        memcpy(q + 32 * b, k->qs, 32);
+        dy[b] = kern_f16_to_f32(k->d);
+        ys[b] = dy[b] * sum;
+    }
+}
+
 /* Each SIMD dot on the very activation blocks the reference dot sees. */
 T_CASE(dots_exact_inputs)
 {
@@ -133,7 +150,10 @@ T_CASE(dots_exact_inputs)
                 kern_ref_quant_row(t, w, wq, cols);
                 kern_ref_quant_row(vt, x, xq, cols);
                 const char *fx = xq;
-                if (s->actq[t]) {
+                if (t == KERN_T_Q8_0) {
+                    to_flat(xq, cols, xp);
+                    fx = xp;
+                } else if (s->actq[t]) {
                     to_pairs(vt, xq, cols, xp);
                     fx = xp;
                 }
