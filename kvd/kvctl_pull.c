@@ -20,6 +20,7 @@ static void usage(void)
             "  --source-sha256 HEX  kvasir.source.sha256 for a URL pulled without catalog\n"
             "  --zstd / --no-zstd   ask a seeder for zstd encoding (default: no)\n"
             "  --timeout S          give up on a stalled transfer after S seconds (30)\n"
+            "  --limit-rate R       receive at most R bytes/s (K/M suffixes)\n"
             "  -q                   no progress output\n"
             "  Interrupted pulls resume when run again (OUT.part, OUT.part.state); OUT appears\n"
             "  only when the window is complete and verified.\n");
@@ -74,6 +75,19 @@ int kvctl_cmd_pull(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--timeout") && v) {
             o.timeout_s = strtol(v, NULL, 10);
+            i++;
+        } else if (!strcmp(a, "--limit-rate") && v) {
+            char *e;
+            double r = strtod(v, &e);
+            if (*e == 'k' || *e == 'K')
+                r *= 1024;
+            else if (*e == 'm' || *e == 'M')
+                r *= 1024 * 1024;
+            if (r < 1 || r > 1e15) {
+                fprintf(stderr, "kvctl pull: --limit-rate '%s': bytes per second (K/M suffix)\n", v);
+                return 2;
+            }
+            o.max_rate = (uint64_t)r;
             i++;
         } else if (!strcmp(a, "--zstd")) {
             o.zstd = true;

@@ -234,6 +234,9 @@ static void ring_up_usage(FILE *f)
         "  --ctx N             context length (default: the model's, at most 4096)\n"
         "  --max-batch N       rows per ACT frame (prefill chunk, default 512)\n"
         "  --stub --layers L --embd E   tests: stand-in compute, no model file\n"
+        "  --window-from URL   stages pull their windows from a seeder or a GGUF URL\n"
+        "                      (kvd stage --window-from) instead of mapping --model\n"
+        "  --catalog FILE      with --window-from: verify each window against it\n"
         "Writes DIR/ring.json (an even split by layer bytes), starts one kvd per stage on\n"
         "loopback, waits until the ring is linked and prints it.\n");
 }
@@ -246,7 +249,9 @@ static int ring_up(int argc, char **argv)
         {"dir", required_argument, 0, 'D'}, {"ctx", required_argument, 0, 'c'},
         {"max-batch", required_argument, 0, 'b'}, {"stub", no_argument, 0, 'S'},
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
+        {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *window_from = NULL, *catalog = NULL;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
     bool stub = false;
@@ -264,6 +269,8 @@ static int ring_up(int argc, char **argv)
         case 'c': rc = parse_long("--ctx", optarg, 8, 1 << 20, &ctx); break;
         case 'b': rc = parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
         case 'S': stub = true; break;
+        case 'W': window_from = optarg; break;
+        case 'C': catalog = optarg; break;
         case 'L': rc = parse_long("--layers", optarg, 1, 100000, &s_layers); break;
         case 'E': rc = parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
         case 'h': ring_up_usage(stdout); return 0;
@@ -483,7 +490,14 @@ static int ring_up(int argc, char **argv)
             args[a++] = th;
             if (stub)
                 args[a++] = "--stub";
-            else {
+            else if (window_from) {
+                args[a++] = "--window-from";
+                args[a++] = window_from;
+                if (catalog) {
+                    args[a++] = "--catalog";
+                    args[a++] = catalog;
+                }
+            } else {
                 args[a++] = "--model";
                 args[a++] = model_abs;
             }

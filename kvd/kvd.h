@@ -130,6 +130,7 @@ struct kvd_pull_opts {
     int progress;               /* 0 none, 1 bar on a TTY / a line per 10% otherwise */
     bool zstd;                  /* ask a seeder for zstd encoding */
     long timeout_s;             /* stall timeout (no bytes) per request; 0: 30 s */
+    uint64_t max_rate;          /* bytes/s cap on receiving (0: none) */
 };
 struct kvd_pull_stats {
     uint64_t bytes_fetched;     /* body bytes received (after decoding) */
@@ -139,6 +140,12 @@ struct kvd_pull_stats {
 };
 int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err,
              size_t errlen);
+/* `kvd stage --window-from URL`: the window of `rank` in the manifest, pulled into
+ * DIR/window-<first>-<last>.gguf (DIR = dir or "."; an existing file is reused) and verified
+ * against catalog_path, or against the seeder's catalog when the manifest names the model's
+ * catalog id. The path goes to out. */
+int kvd_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
+                    const char *dir, char *out, size_t outlen, char *err, size_t errlen);
 
 /* ================================== relay ================================== */
 

@@ -175,6 +175,8 @@ static void curl_setup(struct pull *p, const char *url)
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, p->o->timeout_s > 0 ? p->o->timeout_s : 30L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "kvasir-pull/1");
+    if (p->o->max_rate)
+        curl_easy_setopt(c, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->o->max_rate);
     p->status = 0;
     p->st->requests++;
 }
@@ -870,10 +872,16 @@ int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err
     struct gguf_catalog *cat = NULL;
     int rc;
     if (o->catalog_path) {
-        char e2[400] = "";
-        if ((rc = gguf_catalog_load(&cat, o->catalog_path, NULL, e2, sizeof e2))) {
+        char e2[400] = "", cid[65];
+        if ((rc = gguf_catalog_load(&cat, o->catalog_path, cid, e2, sizeof e2))) {
             snprintf(err, errlen, "catalog %s: %s", o->catalog_path, e2);
             return rc;
+        }
+        if (o->model_id && strcmp(o->model_id, cid) != 0) {
+            snprintf(err, errlen, "catalog %s is model %s, not %s", o->catalog_path, cid,
+                     o->model_id);
+            gguf_catalog_free(cat);
+            return -EINVAL;
         }
     }
     static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -899,5 +907,46 @@ int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err
     st->seconds = now_s() - p.t0;
     curl_easy_cleanup(p.curl);
     gguf_catalog_free(cat);
+    return rc;
+}
+
+int kvd_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
+                    const char *dir, char *out, size_t outlen, char *err, size_t errlen)
+{
+    struct kvd_manifest *m = calloc(1, sizeof *m);
+    if (!m)
+        return -ENOMEM;
+    int rc = kvd_manifest_load(m, manifest, err, errlen);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    const struct kvd_rank_info *me = NULL;
+    for (uint32_t i = 0; i < m->n_ranks; i++)
+        if ((int)m->ranks[i].rank == rank)
+            me = &m->ranks[i];
+    if (!me) {
+        snprintf(err, errlen, "rank %d is not in %s", rank, manifest);
+        free(m);
+        return -ENOENT;
+    }
+    int n = snprintf(out, outlen, "%s/window-%u-%u.gguf", dir ? dir : ".", me->first, me->last);
+    if (n < 0 || (size_t)n >= outlen) {
+        snprintf(err, errlen, "window path too long");
+        free(m);
+        return -ENAMETOOLONG;
+    }
+    if (access(out, R_OK) == 0) {
+        fprintf(stderr, "pull: %s is there already; not pulled again\n", out);
+        free(m);
+        return 0;
+    }
+    bool has_id = strlen(m->catalog) == 64;
+    struct kvd_pull_opts o = {.url = url, .first = me->first, .last = me->last,
+                              .catalog_path = catalog_path,
+                              .model_id = has_id ? m->catalog : NULL,
+                              .out_path = out, .progress = 1};
+    rc = kvd_pull(&o, NULL, err, errlen);
+    free(m);
     return rc;
 }

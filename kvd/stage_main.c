@@ -27,6 +27,9 @@ static int set_model(struct kvd_stage_opts *o, const char *v) { o->model = v; re
 static int set_window(struct kvd_stage_opts *o, const char *v) { o->window = v; return 0; }
 static int set_listen(struct kvd_stage_opts *o, const char *v) { o->listen = v; return 0; }
 static int set_state(struct kvd_stage_opts *o, const char *v) { o->state_dir = v; return 0; }
+static const char *window_from, *window_catalog; /* the seeder section's --window-from */
+static int set_window_from(struct kvd_stage_opts *o, const char *v) { (void)o; window_from = v; return 0; }
+static int set_window_catalog(struct kvd_stage_opts *o, const char *v) { (void)o; window_catalog = v; return 0; }
 static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
 static int set_rank(struct kvd_stage_opts *o, const char *v)
@@ -64,6 +67,8 @@ static const struct opt opts[] = {
     {"--rank", "R", "this stage's rank in the manifest", set_rank},
     {"--model", "FILE", "full GGUF; only this rank's window is mapped", set_model},
     {"--window", "FILE", "stage mini-GGUF holding this rank's window", set_window},
+    {"--window-from", "URL", "pull this rank's window first (seeder or GGUF URL; docs/windows.md)", set_window_from},
+    {"--catalog", "FILE", "verify the pulled window against this catalog", set_window_catalog},
     {"--listen", "HOST:PORT", "where the predecessor connects (default: own endpoint)", set_listen},
     {"--state-dir", "DIR", "node key and control socket (default .)", set_state},
     {"-t", "N", "compute threads (default: all cores)", set_threads},
@@ -108,6 +113,20 @@ int kvd_stage_main(int argc, char **argv)
     if (!o.manifest || o.rank < 0) {
         fprintf(stderr, "kvd stage: --manifest and --rank are required\n");
         return 2;
+    }
+    static char pulled[4096];
+    if (window_from) {
+        if (o.model || o.window) {
+            fprintf(stderr, "kvd stage: --window-from replaces --model / --window\n");
+            return 2;
+        }
+        char err[1024];
+        if (kvd_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir, pulled,
+                            sizeof pulled, err, sizeof err) < 0) {
+            fprintf(stderr, "kvd stage: --window-from %s: %s\n", window_from, err);
+            return 1;
+        }
+        o.window = pulled;
     }
     return kvd_stage_run(&o) < 0 ? 1 : 0;
 }

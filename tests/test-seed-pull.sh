@@ -1,0 +1,240 @@
+#!/bin/bash
+# test-seed-pull.sh — windows that travel, end to end with real servers:
+#  * a kvd seeder and a Debian nginx (own config and prefix in a tmp dir, random port)
+#    serving the shared test models;
+#  * `kvctl pull` from each is byte-identical to `kvctl slice` and passes `kvctl verify`;
+#  * bytes moved for a 1-layer window (nginx $body_bytes_sent, the seeder's counters) stay
+#    within 1% + header of the window, not the model;
+#  * a transfer cut by killing the server mid-way resumes byte-identical (seeder and nginx);
+#  * a corrupted byte at the source fails the pull naming the tensor, nothing at -o;
+#  * hostile requests get 4xx and the seeder stays up;
+#  * a 2-stage ring whose stages pull their windows (--window-from, seeder and nginx) gives
+#    the tokens of `kvctl generate -m` on the full file.
+set -u
+cd "$(dirname "$0")/.."
+B=${KV_BUILD:-build}
+KVCTL=$B/kvctl
+KVD=$B/kvd
+DATA=${KV_TESTDATA:-../shared/testdata}
+M=$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf   # 8 layers, ~18 MB
+S=$DATA/models/stories260K.gguf                     # trained llama, for tokens
+for f in "$M" "$S"; do
+    [ -r "$f" ] || { echo "FAIL: test data missing: $f"; exit 1; }
+done
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$NGINX" ] || { echo "FAIL: nginx not installed (scripts/setup.sh installs it)"; exit 1; }
+
+T=$(mktemp -d /tmp/kvseed.XXXXXX)
+fails=0
+SEED_PID=""
+cleanup() {
+    [ -n "$SEED_PID" ] && kill "$SEED_PID" 2>/dev/null
+    [ -f "$T/nginx/nginx.pid" ] && kill "$(cat "$T/nginx/nginx.pid")" 2>/dev/null
+    [ -d "$T/ring" ] && "$KVCTL" ring down --dir "$T/ring" >/dev/null 2>&1
+    [ -d "$T/ring2" ] && "$KVCTL" ring down --dir "$T/ring2" >/dev/null 2>&1
+    wait 2>/dev/null
+    [ $fails -eq 0 ] && rm -rf "$T"
+}
+trap cleanup EXIT
+check() { # check "what" command...
+    local what=$1; shift
+    if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# ---- servers
+mkdir -p "$T/www" "$T/nginx/logs" "$T/nginx/tmp"
+ln -s "$(readlink -f "$M")" "$T/www/model.gguf"
+ln -s "$(readlink -f "$S")" "$T/www/stories.gguf"
+cp "$M" "$T/www/bad.gguf"
+NPORT=$(free_port)
+USER_LINE=""
+[ "$(id -u)" = 0 ] && USER_LINE="user root;"
+write_nginx_conf() { # [limit_rate directive]
+cat > "$T/nginx/nginx.conf" <<EOF
+$USER_LINE
+worker_processes 1;
+pid $T/nginx/nginx.pid;
+error_log $T/nginx/logs/error.log;
+events { worker_connections 64; }
+http {
+    log_format bytes '\$request_method \$uri \$status \$body_bytes_sent "\$http_range"';
+    access_log $T/nginx/logs/access.log bytes;
+    client_body_temp_path $T/nginx/tmp/body;
+    proxy_temp_path $T/nginx/tmp/proxy;
+    fastcgi_temp_path $T/nginx/tmp/fastcgi;
+    uwsgi_temp_path $T/nginx/tmp/uwsgi;
+    scgi_temp_path $T/nginx/tmp/scgi;
+    types { application/octet-stream gguf; }
+    server {
+        listen 127.0.0.1:$NPORT;
+        root $T/www;
+        ${1:-}
+    }
+}
+EOF
+}
+write_nginx_conf
+start_nginx() { "$NGINX" -p "$T/nginx" -c "$T/nginx/nginx.conf" 2>>"$T/nginx/logs/start.log"; }
+stop_nginx() { kill "$(cat "$T/nginx/nginx.pid")" 2>/dev/null; sleep 0.3; }
+start_nginx || { echo "FAIL: nginx did not start"; cat "$T/nginx/logs/"*; exit 1; }
+
+SPORT=$(free_port)
+start_seeder() {
+    "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:$SPORT" >>"$T/seeder.log" 2>&1 &
+    SEED_PID=$!
+    for _ in $(seq 100); do
+        curl -sf "http://127.0.0.1:$SPORT/v1/models" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "FAIL: seeder did not start"; cat "$T/seeder.log"; exit 1
+}
+start_seeder
+SEEDER=http://127.0.0.1:$SPORT
+NGX=http://127.0.0.1:$NPORT
+for _ in $(seq 50); do curl -sf -o /dev/null -r 0-0 "$NGX/model.gguf" && break; sleep 0.1; done
+
+# ---- references
+"$KVCTL" catalog "$M" -o "$T/m.cat.json" >"$T/m.id" || { echo "FAIL: kvctl catalog"; exit 1; }
+"$KVCTL" catalog "$S" -o "$T/s.cat.json" >"$T/s.id" || { echo "FAIL: kvctl catalog"; exit 1; }
+for w in 3:4 0:8 5:8; do
+    "$KVCTL" slice "$M" --layers $w -o "$T/ref-${w/:/-}.gguf" >/dev/null || { echo "FAIL: slice"; exit 1; }
+done
+
+# ---- byte identity, seeder and nginx
+for w in 3:4 5:8; do
+    n=${w/:/-}
+    check "seeder pull $w" "$KVCTL" pull -q --from "$SEEDER" --layers $w --catalog "$T/m.cat.json" -o "$T/s-$n.gguf"
+    check "seeder $w identical to slice" cmp -s "$T/s-$n.gguf" "$T/ref-$n.gguf"
+    check "nginx pull $w" "$KVCTL" pull -q --from "$NGX/model.gguf" --layers $w --catalog "$T/m.cat.json" -o "$T/n-$n.gguf"
+    check "nginx $w identical to slice" cmp -s "$T/n-$n.gguf" "$T/ref-$n.gguf"
+    check "kvctl verify $w" "$KVCTL" verify "$T/n-$n.gguf" --catalog "$T/m.cat.json"
+done
+check "zstd pull from the seeder identical" bash -c "'$KVCTL' pull -q --zstd --from '$SEEDER' --layers 3:4 --catalog '$T/m.cat.json' -o '$T/z.gguf' && cmp -s '$T/z.gguf' '$T/ref-3-4.gguf'"
+
+# ---- bytes moved for a 1-layer window
+: > "$T/nginx/logs/access.log"
+"$KVCTL" pull -q --from "$NGX/model.gguf" --layers 3:4 --catalog "$T/m.cat.json" -o "$T/b.gguf" || fails=$((fails + 1))
+sleep 0.3
+sent=$(awk '{s += $4} END {print s + 0}' "$T/nginx/logs/access.log")
+wsize=$(stat -c %s "$T/ref-3-4.gguf")
+msize=$(stat -c %s "$M")
+# the window's own header bounds the source header (same metadata): use its tensor-free part
+whdr=$(python3 - "$T/ref-3-4.gguf" <<'PY'
+import struct, sys
+b = open(sys.argv[1], 'rb').read(1 << 22)
+# walk the GGUF header far enough to find where tensor infos end (v3)
+o = 24
+n_t, n_kv = struct.unpack_from('<QQ', b, 8)
+def s(o):
+    n, = struct.unpack_from('<Q', b, o); return o + 8 + n
+sizes = {0:1,1:1,2:2,3:2,4:4,5:4,6:4,7:1,10:8,11:8,12:8}
+def val(o, t):
+    if t == 8: return s(o)
+    if t == 9:
+        et, n = struct.unpack_from('<IQ', b, o); o += 12
+        for _ in range(n): o = val(o, et)
+        return o
+    return o + sizes[t]
+for _ in range(n_kv):
+    o = s(o); t, = struct.unpack_from('<I', b, o); o = val(o + 4, t)
+for _ in range(n_t):
+    o = s(o); nd, = struct.unpack_from('<I', b, o); o += 4 + 8 * nd + 4 + 8
+print(o)
+PY
+)
+echo "nginx sent $sent body bytes for a $wsize-byte window (model $msize, window header $whdr)"
+check "nginx bytes within 1% + header of the window" \
+    awk -v s="$sent" -v w="$wsize" -v h="$whdr" 'BEGIN { exit !(s <= 1.01 * w + 2 * h + 65536 && s < w * 2) }'
+before=$(curl -s "$SEEDER/v1/seeder/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["body_bytes_sent"])')
+"$KVCTL" pull -q --from "$SEEDER" --layers 3:4 --catalog "$T/m.cat.json" -o "$T/b2.gguf" || fails=$((fails + 1))
+after=$(curl -s "$SEEDER/v1/seeder/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["body_bytes_sent"])')
+echo "seeder sent $((after - before)) body bytes for a $wsize-byte window (+ models list)"
+check "seeder bytes within 1% of the window" \
+    awk -v s=$((after - before)) -v w="$wsize" 'BEGIN { exit !(s >= w && s <= 1.01 * w + 4096) }'
+
+# ---- interrupted transfers resume byte-identical
+"$KVCTL" pull -q --limit-rate 400K --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
+PULL=$!
+sleep 1.5
+kill -9 "$SEED_PID"; wait "$SEED_PID" 2>/dev/null; SEED_PID=""
+wait $PULL; rc=$?
+check "pull fails when the seeder dies" test $rc -ne 0
+check "nothing at -o after the interruption" test ! -e "$T/r.gguf"
+check "a partial download is kept" test -s "$T/r.gguf.part"
+start_seeder
+"$KVCTL" pull --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r2.err" </dev/null
+check "seeder pull resumes" grep -q "resuming at" "$T/r2.err"
+check "resumed seeder window identical" cmp -s "$T/r.gguf" "$T/ref-0-8.gguf"
+check "progress lines (no TTY: one per 10%)" test "$(grep -c '^pull: .*%' "$T/r2.err")" -le 12
+
+stop_nginx
+write_nginx_conf "limit_rate 300k;"
+start_nginx
+sleep 0.3
+"$KVCTL" pull -q --from "$NGX/model.gguf" --layers 5:8 --catalog "$T/m.cat.json" -o "$T/rs.gguf" 2>"$T/rs1.err" &
+PULL=$!
+sleep 1.5
+stop_nginx
+wait $PULL; rc=$?
+check "pull fails when nginx stops" test $rc -ne 0
+check "nothing at -o after the interruption (nginx)" test ! -e "$T/rs.gguf"
+write_nginx_conf
+start_nginx
+sleep 0.3
+"$KVCTL" pull --from "$NGX/model.gguf" --layers 5:8 --catalog "$T/m.cat.json" -o "$T/rs.gguf" 2>"$T/rs2.err" </dev/null
+check "nginx pull resumes" grep -q "resuming at" "$T/rs2.err"
+check "resumed nginx window identical" cmp -s "$T/rs.gguf" "$T/ref-5-8.gguf"
+
+# ---- a corrupted byte at the source
+off=$(python3 -c '
+import json,sys
+c = json.load(open(sys.argv[1]))
+t = [t for t in c["tensors"] if t["name"] == "blk.3.ffn_down_exps.weight"][0]
+print(t["offset"] + t["size"] // 2)' "$T/m.cat.json")
+printf '\xff' | dd of="$T/www/bad.gguf" bs=1 seek="$off" conv=notrunc status=none
+"$KVCTL" pull -q --from "$NGX/bad.gguf" --layers 3:4 --catalog "$T/m.cat.json" -o "$T/bad.gguf" 2>"$T/bad.err"
+rc=$?
+check "corrupted source: pull fails" test $rc -ne 0
+check "corrupted source: the tensor is named" grep -q "blk.3.ffn_down_exps.weight" "$T/bad.err"
+check "corrupted source: nothing at -o" test ! -e "$T/bad.gguf"
+
+# ---- hostile requests
+id=$(cat "$T/m.id")
+for p in "/v1/windows/$id/../../../etc/passwd" "/v1/windows/$id/%2e%2e/%2e%2e/etc/passwd" \
+         "/v1/windows/$id/9-3" "/v1/windows/$id/0-9" "/v1/windows/$id/a-b" "/v1/windows/xyz/0-1" \
+         "/../../etc/passwd" "/v1/catalog/..%2f..%2fetc%2fpasswd" "//etc/passwd"; do
+    code=$(curl -s --path-as-is -o /dev/null -w '%{http_code}' "$SEEDER$p")
+    check "hostile $p -> $code" test "$code" -ge 400 -a "$code" -lt 500
+done
+big=$(head -c 40000 /dev/zero | tr '\0' a)
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Big: $big" "$SEEDER/v1/models")
+check "oversized header -> $code" test "$code" = 431
+code=$(printf 'GARBAGE\r\n\r\n' | timeout 5 python3 -c '
+import socket,sys
+s=socket.create_connection(("127.0.0.1",int(sys.argv[1]))); s.sendall(sys.stdin.buffer.read())
+print(s.recv(100).split()[1].decode())' "$SPORT")
+check "malformed request -> $code" test "$code" = 400
+check "seeder still up" kill -0 "$SEED_PID"
+check "seeder still answers" curl -sf -o /dev/null "$SEEDER/v1/models"
+
+# ---- tokens: stages started from pulled windows give the full file's tokens
+want=$("$KVCTL" generate -m "$S" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
+"$KVCTL" ring up --model "$S" --stages 2 --dir "$T/ring" --window-from "$SEEDER" \
+    --catalog "$T/s.cat.json" >"$T/ring.out" 2>&1 || { cat "$T/ring.out"; cat "$T"/ring/rank-*/kvd.log; }
+got=$("$KVCTL" generate --ring "$T/ring" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
+"$KVCTL" ring down --dir "$T/ring" >/dev/null 2>&1
+echo "full file: $want"
+echo "ring (seeder windows): $got"
+check "ring from seeder windows gives the same tokens" test -n "$want" -a "$want" = "$got"
+check "stages hold windows, not the model" test -s "$T/ring/rank-0/window-0-$(python3 -c "
+import json; m=json.load(open('$T/ring/ring.json')); print(m['ranks'][0]['layers'][1])").gguf"
+"$KVCTL" ring up --model "$S" --stages 2 --dir "$T/ring2" --window-from "$NGX/stories.gguf" \
+    --catalog "$T/s.cat.json" >"$T/ring2.out" 2>&1 || { cat "$T/ring2.out"; cat "$T"/ring2/rank-*/kvd.log; }
+got=$("$KVCTL" generate --ring "$T/ring2" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
+"$KVCTL" ring down --dir "$T/ring2" >/dev/null 2>&1
+echo "ring (nginx windows): $got"
+check "ring from nginx windows gives the same tokens" test -n "$want" -a "$want" = "$got"
+
+echo "$fails failed"
+[ $fails -eq 0 ]
