@@ -1,5 +1,5 @@
 /* test-model-window: what the ring relies on. The layers run as one window or split into 2
- * or 3 consecutive windows (from the full GGUF or from stage mini-GGUFs) give bit-identical
+ * or 3 consecutive windows (from the full GGUF or from stage mini-GGUFs, with any thread count) give bit-identical
  * logits; sessions are independent (interleaving two gives the same bits as running each
  * alone); and the executor refuses what it must (context, positions, ids, windows, unknown
  * architectures, missing tensors) with the documented codes and messages. */
@@ -21,7 +21,8 @@ struct chain {
     uint32_t n_embd, n_vocab;
 };
 
-static int chain_open(struct chain *c, const char *const *paths, const int *bounds, int n)
+static int chain_open(struct chain *c, const char *const *paths, const int *bounds, int n,
+                      int threads)
 {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < n; i++) {
@@ -32,7 +33,7 @@ static int chain_open(struct chain *c, const char *const *paths, const int *boun
         if (rc)
             return rc;
         c->n = i + 1;
-        rc = model_exec_new(&c->w[i].e, c->w[i].m, 1, 64, 16);
+        rc = model_exec_new(&c->w[i].e, c->w[i].m, threads, 64, 16);
         T_CHECK(rc == 0, "exec: %d", rc);
         if (rc)
             return rc;
@@ -88,14 +89,15 @@ static void check_splits(const char *model_rel, uint32_t n_layer)
     int nsplit = L >= 3 ? 2 : 1;
     struct chain c;
     float *ref = NULL, *got;
-    if (!chain_open(&c, paths, one, 1))
+    if (!chain_open(&c, paths, one, 1, 1))
         ref = chain_logits(&c, tok, n, np);
     chain_close(&c);
     if (!ref)
         return;
     const int *splits[] = {two, three};
     for (int s = 0; s < nsplit; s++) {
-        if (chain_open(&c, paths, splits[s], s + 2)) {
+        /* other thread counts too: a stage's threads never change the bits */
+        if (chain_open(&c, paths, splits[s], s + 2, s + 2)) {
             chain_close(&c);
             continue;
         }
@@ -128,7 +130,7 @@ static void check_splits(const char *model_rel, uint32_t n_layer)
         ok = rc == 0;
     }
     gguf_file_free(gf);
-    if (ok && !chain_open(&c, fp, NULL, nw)) {
+    if (ok && !chain_open(&c, fp, NULL, nw, 2)) {
         got = chain_logits(&c, tok, n, np);
         T_CHECK(!memcmp(got, ref, (size_t)n * c.n_vocab * sizeof(float)),
                 "%s: mini-GGUF windows differ from one window", model_rel);
