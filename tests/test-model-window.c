@@ -1,8 +1,9 @@
 /* test-model-window: what the ring relies on. The layers run as one window or split into 2
- * or 3 consecutive windows (from the full GGUF or from stage mini-GGUFs, with any thread count) give bit-identical
- * logits; sessions are independent (interleaving two gives the same bits as running each
- * alone); and the executor refuses what it must (context, positions, ids, windows, unknown
- * architectures, missing tensors) with the documented codes and messages. */
+ * or 3 consecutive windows (from the full GGUF or from stage mini-GGUFs, with any thread
+ * count) give bit-identical logits; sessions are independent (interleaving two gives the
+ * same bits as running each alone); and the executor refuses what it must (context,
+ * positions, ids, windows, unknown architectures, missing tensors) with the documented codes
+ * and messages. */
 #include <errno.h>
 
 #include "gguf/gguf.h"
