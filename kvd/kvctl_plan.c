@@ -1,18 +1,1007 @@
-/* kvctl_plan.c — placeholder until its issue lands. */
+/* kvctl_plan.c — `kvctl plan` and `kvctl profile`: the I/O around the pure planner.
+ *
+ * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape
+ * descriptor), device profiles (DESIGN.md section 7), plan, print a table and write the rank
+ * manifest. profile: measure this machine for a model and print its device profile. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/rand.h>
+
+#include "gguf/gguf.h"
 #include "kvd/kvctl.h"
+#include "model/model.h"
+#include "planner/plan.h"
+
+#define DESC_MAX_BYTES (16u << 20)
+#define DEVICES_MAX_BYTES (64u << 20)
+#define MAX_DEVICE_FILES 64
+#define RING_MAX_RANKS 64 /* what a stage accepts (KVD_MAX_RANKS) */
+
+/* ------------------------------------------------------------------ helpers */
+
+static bool is_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return true;
+    return false;
+}
+
+static int parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kvctl %s: %s '%s' is not a number in [%g, %g]\n", cmd, opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void gb(char *b, size_t n, double v)
+{
+    if (v >= 1e9) snprintf(b, n, "%.2f GB", v / 1e9);
+    else if (v >= 1e6) snprintf(b, n, "%.1f MB", v / 1e6);
+    else if (v >= 1e3) snprintf(b, n, "%.1f kB", v / 1e3);
+    else snprintf(b, n, "%.0f B", v);
+}
+
+/* Whole file into memory, NUL-terminated, at most max bytes. */
+static char *slurp(const char *path, size_t max, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!buf) { snprintf(err, errlen, "%s: out of memory", path); return NULL; }
+    if (n > max) {
+        snprintf(err, errlen, "%s: larger than %zu bytes", path, max);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static void hex_random(char *out, size_t nbytes)
+{
+    unsigned char b[32];
+    if (nbytes > sizeof b) nbytes = sizeof b;
+    if (RAND_bytes(b, (int)nbytes) != 1) {
+        /* OpenSSL's generator failing is not recoverable here; fall back to urandom */
+        FILE *f = fopen("/dev/urandom", "rb");
+        if (!f || fread(b, 1, nbytes, f) != nbytes) memset(b, 0, nbytes);
+        if (f) fclose(f);
+    }
+    for (size_t i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+    out[2 * nbytes] = 0;
+}
+
+/* ------------------------------------------------------------------ model shapes */
+
+struct model_src {
+    struct gguf_file *gf;          /* --model GGUF: names borrowed from it */
+    struct gguf_catalog *cat;      /* --catalog */
+    struct plan_tensor *t;
+    size_t nt;
+    char *names;                   /* descriptor hparams: synthesised names */
+    struct plan_layer *layers;
+    struct plan_shape shape;
+    struct plan_model_info mi;
+    char name[128], arch[64], catalog[65];
+    uint32_t n_expert, n_expert_used;
+    uint32_t kv_bytes, wire_bytes;
+    char kind[16];                 /* "gguf", "catalog", "descriptor" */
+};
+
+static void model_src_free(struct model_src *m)
+{
+    gguf_file_free(m->gf);
+    gguf_catalog_free(m->cat);
+    free(m->t);
+    free(m->names);
+    free(m->layers);
+}
+
+static int finish_shape(struct model_src *m, char *err, size_t errlen)
+{
+    m->mi.kv_elem_bytes = m->kv_bytes;
+    m->mi.wire_elem_bytes = m->wire_bytes;
+    m->layers = calloc(m->mi.n_layers ? m->mi.n_layers : 1, sizeof *m->layers);
+    if (!m->layers) { snprintf(err, errlen, "out of memory"); return -ENOMEM; }
+    int rc = plan_shape_from_tensors(m->t, m->nt, &m->mi, &m->shape, m->layers, err, errlen);
+    if (rc) return rc;
+    m->shape.name = m->name[0] ? m->name : NULL;
+    m->shape.arch = m->arch;
+    return 0;
+}
+
+/* Experts from the 3-D *_exps tensors when the metadata does not say. */
+static uint32_t experts_in(const struct plan_tensor *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strstr(t[i].name, "_exps") && t[i].n_dims == 3)
+            return (uint32_t)t[i].ne[2];
+    return 0;
+}
+
+static int load_gguf(struct model_src *m, const char *path, char *err, size_t errlen)
+{
+    snprintf(m->kind, sizeof m->kind, "gguf");
+    int rc = gguf_file_open(&m->gf, path, err, errlen);
+    if (rc) return rc;
+    if (gguf_get_str(m->gf, "general.architecture", m->arch, sizeof m->arch) != 0) {
+        snprintf(err, errlen, "%s: no general.architecture", path);
+        return -EINVAL;
+    }
+    gguf_get_str(m->gf, "general.name", m->name, sizeof m->name);
+    uint32_t nl = 0;
+    if (gguf_block_count(m->gf, &nl) != 0 || nl == 0 || nl > PLAN_MAX_LAYERS) {
+        snprintf(err, errlen, "%s: %s.block_count missing or out of range (%u)", path, m->arch, nl);
+        return -EINVAL;
+    }
+    /* A stage mini-GGUF keeps the source's metadata and block numbering: plan the whole model. */
+    m->mi.n_layers = nl;
+    char key[128];
+    uint32_t v;
+    snprintf(key, sizeof key, "%s.embedding_length", m->arch);
+    if (gguf_get_u32(m->gf, key, &v) == 0) m->mi.n_embd = v;
+    snprintf(key, sizeof key, "%s.expert_count", m->arch);
+    if (gguf_get_u32(m->gf, key, &v) == 0) m->mi.n_expert = v;
+    snprintf(key, sizeof key, "%s.expert_used_count", m->arch);
+    if (gguf_get_u32(m->gf, key, &v) == 0) m->mi.n_expert_used = v;
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", m->arch);
+    if (gguf_get_u32(m->gf, key, &v) == 0) m->mi.nextn_layers = v;
+    uint64_t n = gguf_tensor_count(m->gf);
+    m->t = calloc(n ? n : 1, sizeof *m->t);
+    if (!m->t) return -ENOMEM;
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *g = gguf_tensor_at(m->gf, i);
+        struct plan_tensor *x = &m->t[m->nt++];
+        x->name = g->name;
+        x->n_dims = g->n_dims;
+        for (int d = 0; d < 4; d++) x->ne[d] = d < GGUF_MAX_DIMS ? g->ne[d] : 1;
+        x->bytes = g->size;
+    }
+    if (m->mi.n_expert && !m->mi.n_expert_used) {
+        snprintf(err, errlen, "%s: %s.expert_count %u but no expert_used_count", path, m->arch, m->mi.n_expert);
+        return -EINVAL;
+    }
+    return finish_shape(m, err, errlen);
+}
+
+static int load_catalog(struct model_src *m, const char *path, uint32_t used, int nextn, char *err, size_t errlen)
+{
+    snprintf(m->kind, sizeof m->kind, "catalog");
+    int rc = gguf_catalog_load(&m->cat, path, m->catalog, err, errlen);
+    if (rc) return rc;
+    snprintf(m->arch, sizeof m->arch, "%s", m->cat->arch);
+    m->mi.n_layers = m->cat->n_layers;
+    m->t = calloc(m->cat->n_tensors ? m->cat->n_tensors : 1, sizeof *m->t);
+    if (!m->t) return -ENOMEM;
+    for (uint64_t i = 0; i < m->cat->n_tensors; i++) {
+        const struct gguf_catalog_tensor *g = &m->cat->tensors[i];
+        struct plan_tensor *x = &m->t[m->nt++];
+        x->name = g->name;
+        x->n_dims = g->n_dims;
+        for (int d = 0; d < 4; d++) x->ne[d] = d < GGUF_MAX_DIMS ? g->ne[d] : 1;
+        x->bytes = g->size;
+    }
+    m->mi.n_expert = experts_in(m->t, m->nt);
+    if (m->mi.n_expert && !used) {
+        snprintf(err, errlen, "%s: the model has %u experts per layer; a catalog does not say how many a "
+                 "token uses: pass --experts-used N (or plan from the GGUF header with --model)",
+                 path, m->mi.n_expert);
+        return -EINVAL;
+    }
+    m->mi.n_expert_used = used;
+    if (nextn < 0 && (!strcmp(m->arch, "qwen35moe") || !strcmp(m->arch, "qwen35"))) {
+        /* MTP blocks carry nextn.* tensors */
+        uint32_t k = 0;
+        for (uint32_t l = 0; l < m->mi.n_layers; l++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%u.nextn.eh_proj.weight", l);
+            if (gguf_catalog_find(m->cat, nm)) k++;
+        }
+        nextn = (int)k;
+    }
+    m->mi.nextn_layers = nextn > 0 ? (uint32_t)nextn : 0;
+    return finish_shape(m, err, errlen);
+}
+
+/* JSON helpers for the descriptor and the device profiles. */
+static int jnum(const cJSON *o, const char *key, double lo, double hi, bool required, double *out,
+                const char *ctx, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (required) { snprintf(err, errlen, "%s: '%s' is required", ctx, key); return -EINVAL; }
+        return 1;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        snprintf(err, errlen, "%s: '%s' must be a number in [%g, %g]", ctx, key, lo, hi);
+        return -EINVAL;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int ju32(const cJSON *o, const char *key, uint32_t hi, bool required, uint32_t *out,
+                const char *ctx, char *err, size_t errlen)
+{
+    double d = 0;
+    int rc = jnum(o, key, 0, hi, required, &d, ctx, err, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        if (d != floor(d)) { snprintf(err, errlen, "%s: '%s' must be an integer", ctx, key); return -EINVAL; }
+        *out = (uint32_t)d;
+    }
+    return 0;
+}
+
+static int ju64(const cJSON *o, const char *key, bool required, uint64_t *out, const char *ctx,
+                char *err, size_t errlen)
+{
+    double d = 0;
+    int rc = jnum(o, key, 0, 4503599627370496.0 /* 2^52 */, required, &d, ctx, err, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        if (d != floor(d)) { snprintf(err, errlen, "%s: '%s' must be an integer", ctx, key); return -EINVAL; }
+        *out = (uint64_t)d;
+    }
+    return 0;
+}
+
+static void jstr(const cJSON *o, const char *key, char *buf, size_t n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v) && v->valuestring) snprintf(buf, n, "%s", v->valuestring);
+}
+
+/* The shape descriptor of docs/planner.md: {"kvasir_shape": 1, "name", "arch",
+ * "hparams": {...}} or {"kvasir_shape": 1, ..., "n_embd", "layers": [...], "embed_bytes", ...}. */
+static int load_descriptor(struct model_src *m, const char *path, const char *text, size_t len,
+                           char *err, size_t errlen)
+{
+    snprintf(m->kind, sizeof m->kind, "descriptor");
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    int rc = -EINVAL;
+    if (!cJSON_IsObject(root)) {
+        snprintf(err, errlen, "%s: not a JSON object", path);
+        goto out;
+    }
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "%s", path);
+    uint32_t ver = 0;
+    if ((rc = ju32(root, "kvasir_shape", 1, true, &ver, ctx, err, errlen)) < 0) goto out;
+    if (ver != 1) { snprintf(err, errlen, "%s: kvasir_shape %u is not 1", path, ver); rc = -EINVAL; goto out; }
+    jstr(root, "name", m->name, sizeof m->name);
+    jstr(root, "arch", m->arch, sizeof m->arch);
+    uint32_t kvb = 0;
+    if ((rc = ju32(root, "kv_type_bytes", 8, false, &kvb, ctx, err, errlen)) < 0) goto out;
+    if (kvb && !m->kv_bytes) m->kv_bytes = kvb;
+    const cJSON *hp = cJSON_GetObjectItemCaseSensitive(root, "hparams");
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(root, "layers");
+    if (cJSON_IsObject(hp)) {
+        struct plan_hparams h;
+        memset(&h, 0, sizeof h);
+        snprintf(h.arch, sizeof h.arch, "%.31s", m->arch);
+        snprintf(ctx, sizeof ctx, "%s: hparams", path);
+        struct { const char *k; uint32_t *p; uint32_t hi; bool req; } f[] = {
+            {"n_layers", &h.n_layers, PLAN_MAX_LAYERS, true}, {"nextn_layers", &h.nextn_layers, 16, false},
+            {"n_embd", &h.n_embd, 1u << 20, true}, {"n_vocab", &h.n_vocab, 1u << 24, true},
+            {"n_ff", &h.n_ff, 1u << 20, false}, {"n_head", &h.n_head, 4096, true},
+            {"n_head_kv", &h.n_head_kv, 4096, true}, {"head_dim", &h.head_dim, 4096, true},
+            {"n_expert", &h.n_expert, 4096, false}, {"n_expert_used", &h.n_expert_used, 4096, false},
+            {"n_ff_exp", &h.n_ff_exp, 1u << 20, false}, {"n_ff_shexp", &h.n_ff_shexp, 1u << 20, false},
+            {"full_attention_interval", &h.full_attention_interval, 1024, false},
+            {"ssm_conv_kernel", &h.ssm_conv_kernel, 64, false}, {"ssm_group_count", &h.ssm_group_count, 4096, false},
+            {"ssm_time_step_rank", &h.ssm_time_step_rank, 4096, false},
+            {"ssm_state_size", &h.ssm_state_size, 4096, false},
+        };
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+            if ((rc = ju32(hp, f[i].k, f[i].hi, f[i].req, f[i].p, ctx, err, errlen)) < 0) goto out;
+        if ((rc = jnum(hp, "bits_per_weight", 0.5, 32, true, &h.bits_per_weight, ctx, err, errlen)) < 0) goto out;
+        const cJSON *tied = cJSON_GetObjectItemCaseSensitive(hp, "tied_embeddings");
+        h.tied_embeddings = cJSON_IsTrue(tied);
+        size_t cap = plan_hparams_tensor_count(&h);
+        if (!cap) { snprintf(err, errlen, "%s: n_layers %u / nextn_layers %u out of range", ctx, h.n_layers, h.nextn_layers); rc = -EINVAL; goto out; }
+        m->t = calloc(cap, sizeof *m->t);
+        m->names = calloc(cap, 64);
+        if (!m->t || !m->names) { rc = -ENOMEM; goto out; }
+        if ((rc = plan_tensors_from_hparams(&h, m->t, cap, m->names, &m->nt, err, errlen)) < 0) goto out;
+        m->mi.n_layers = h.n_layers + h.nextn_layers;
+        m->mi.nextn_layers = h.nextn_layers;
+        m->mi.n_embd = h.n_embd;
+        m->mi.n_expert = h.n_expert;
+        m->mi.n_expert_used = h.n_expert_used;
+        rc = finish_shape(m, err, errlen);
+    } else if (cJSON_IsArray(ly)) {
+        /* explicit layers, each optionally repeated */
+        uint32_t total = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ly) {
+            uint32_t rep = 1;
+            snprintf(ctx, sizeof ctx, "%s: layers[]", path);
+            if ((rc = ju32(e, "repeat", PLAN_MAX_LAYERS, false, &rep, ctx, err, errlen)) < 0) goto out;
+            if (rep == 0 || total + rep > PLAN_MAX_LAYERS) {
+                snprintf(err, errlen, "%s: layers: repeat %u gives more than %u layers (or is 0)", path, rep, PLAN_MAX_LAYERS);
+                rc = -EINVAL;
+                goto out;
+            }
+            total += rep;
+        }
+        if (!total) { snprintf(err, errlen, "%s: layers is empty", path); rc = -EINVAL; goto out; }
+        m->layers = calloc(total, sizeof *m->layers);
+        if (!m->layers) { rc = -ENOMEM; goto out; }
+        uint32_t k = 0, idx = 0;
+        cJSON_ArrayForEach(e, ly) {
+            struct plan_layer l = {0};
+            uint32_t rep = 1;
+            snprintf(ctx, sizeof ctx, "%s: layers[%u]", path, idx++);
+            ju32(e, "repeat", PLAN_MAX_LAYERS, false, &rep, ctx, err, errlen);
+            if ((rc = ju64(e, "weight_bytes", true, &l.weight_bytes, ctx, err, errlen)) < 0 ||
+                (rc = ju64(e, "expert_bytes", false, &l.expert_bytes, ctx, err, errlen)) < 0 ||
+                (rc = ju64(e, "kv_bytes_per_token", false, &l.kv_bytes_per_token, ctx, err, errlen)) < 0 ||
+                (rc = ju64(e, "state_bytes", false, &l.state_bytes, ctx, err, errlen)) < 0)
+                goto out;
+            l.active_bytes = l.weight_bytes;
+            if ((rc = ju64(e, "active_bytes", false, &l.active_bytes, ctx, err, errlen)) < 0) goto out;
+            l.macs = (double)l.active_bytes;
+            if ((rc = jnum(e, "macs", 0, 1e18, false, &l.macs, ctx, err, errlen)) < 0) goto out;
+            for (uint32_t r = 0; r < rep; r++) m->layers[k++] = l;
+        }
+        snprintf(ctx, sizeof ctx, "%s", path);
+        uint32_t n_embd = 0;
+        if ((rc = ju32(root, "n_embd", 1u << 20, true, &n_embd, ctx, err, errlen)) < 0) goto out;
+        struct plan_shape *s = &m->shape;
+        s->n_layers = total;
+        s->n_embd = n_embd;
+        s->layers = m->layers;
+        s->wire_bytes_per_token = (uint64_t)n_embd * (m->wire_bytes ? m->wire_bytes : 4);
+        if ((rc = ju64(root, "embed_bytes", false, &s->embed_bytes, ctx, err, errlen)) < 0 ||
+            (rc = ju64(root, "head_bytes", false, &s->head_bytes, ctx, err, errlen)) < 0)
+            goto out;
+        s->embed_active_bytes = (uint64_t)n_embd * 2;
+        s->head_active_bytes = s->head_bytes;
+        s->head_macs = (double)s->head_bytes;
+        if ((rc = ju64(root, "embed_active_bytes", false, &s->embed_active_bytes, ctx, err, errlen)) < 0 ||
+            (rc = ju64(root, "head_active_bytes", false, &s->head_active_bytes, ctx, err, errlen)) < 0 ||
+            (rc = jnum(root, "head_macs", 0, 1e18, false, &s->head_macs, ctx, err, errlen)) < 0)
+            goto out;
+        s->name = m->name[0] ? m->name : NULL;
+        s->arch = m->arch;
+        rc = 0;
+    } else {
+        snprintf(err, errlen, "%s: a shape descriptor needs \"hparams\" (an object) or \"layers\" (an array)", path);
+        rc = -EINVAL;
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* --model FILE: a GGUF (magic) or a JSON shape descriptor. */
+static int load_model(struct model_src *m, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return -errno; }
+    unsigned char magic[4] = {0};
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    if (n == 4 && !memcmp(magic, "GGUF", 4))
+        return load_gguf(m, path, err, errlen);
+    size_t len;
+    char *text = slurp(path, DESC_MAX_BYTES, &len, err, errlen);
+    if (!text) return -EINVAL;
+    int rc = load_descriptor(m, path, text, len, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ devices */
+
+struct devset {
+    struct plan_device *d;
+    size_t n, cap;
+    char **ids, **backends, **endpoints, **nodes; /* owned strings, per device */
+};
+
+static void devset_free(struct devset *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->ids[i]); free(s->backends[i]); free(s->endpoints[i]); free(s->nodes[i]);
+    }
+    free(s->d); free(s->ids); free(s->backends); free(s->endpoints); free(s->nodes);
+}
+
+static int devset_add(struct devset *s, const cJSON *o, const char *ctx, char *err, size_t errlen)
+{
+    if (s->n >= PLAN_MAX_DEVICES) {
+        snprintf(err, errlen, "%s: more than %u devices", ctx, PLAN_MAX_DEVICES);
+        return -EINVAL;
+    }
+    if (!cJSON_IsObject(o)) { snprintf(err, errlen, "%s: a device must be an object", ctx); return -EINVAL; }
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 16;
+        struct plan_device *d = realloc(s->d, nc * sizeof *d);
+        if (d) s->d = d;
+        char **a = realloc(s->ids, nc * sizeof *a);
+        if (a) s->ids = a;
+        char **b = realloc(s->backends, nc * sizeof *b);
+        if (b) s->backends = b;
+        char **c = realloc(s->endpoints, nc * sizeof *c);
+        if (c) s->endpoints = c;
+        char **e = realloc(s->nodes, nc * sizeof *e);
+        if (e) s->nodes = e;
+        if (!d || !a || !b || !c || !e) { snprintf(err, errlen, "out of memory"); return -ENOMEM; }
+        s->cap = nc;
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    if (!cJSON_IsString(id) || !id->valuestring[0] || strlen(id->valuestring) > 128) {
+        snprintf(err, errlen, "%s: 'id' must be a non-empty string of at most 128 bytes", ctx);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < s->n; i++)
+        if (!strcmp(s->ids[i], id->valuestring)) {
+            snprintf(err, errlen, "%s: device id '%s' appears twice", ctx, id->valuestring);
+            return -EINVAL;
+        }
+    char c2[200];
+    snprintf(c2, sizeof c2, "%s (%s)", ctx, id->valuestring);
+    struct plan_device d = {.inbound = true};
+    int rc;
+    if ((rc = ju64(o, "mem_bytes", true, &d.mem_bytes, c2, err, errlen)) < 0 ||
+        (rc = jnum(o, "ms_per_layer_token", 0, 1e9, false, &d.ms_per_layer_token, c2, err, errlen)) < 0 ||
+        (rc = jnum(o, "flops", 0, 1e20, false, &d.flops, c2, err, errlen)) < 0 ||
+        (rc = jnum(o, "mem_bw_bytes_s", 0, 1e16, false, &d.mem_bw_bytes_s, c2, err, errlen)) < 0 ||
+        (rc = jnum(o, "rtt_ms", 0, 1e6, false, &d.rtt_ms, c2, err, errlen)) < 0 ||
+        (rc = jnum(o, "bw_bytes_s", 0, 1e15, false, &d.bw_bytes_s, c2, err, errlen)) < 0)
+        return rc;
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "inbound");
+    if (in && !cJSON_IsBool(in)) { snprintf(err, errlen, "%s: 'inbound' must be true or false", c2); return -EINVAL; }
+    if (in) d.inbound = cJSON_IsTrue(in);
+    char backend[32] = "cpu", endpoint[256] = "", node[80] = "";
+    jstr(o, "backend", backend, sizeof backend);
+    jstr(o, "endpoint", endpoint, sizeof endpoint);
+    jstr(o, "node", node, sizeof node);
+    if (endpoint[0] && !strstr(endpoint, "://")) {
+        snprintf(err, errlen, "%s: endpoint '%s' is not scheme://address", c2, endpoint);
+        return -EINVAL;
+    }
+    if (node[0] && strlen(node) != 64) {
+        snprintf(err, errlen, "%s: node must be 64 hex digits (an Ed25519 key)", c2);
+        return -EINVAL;
+    }
+    s->ids[s->n] = strdup(id->valuestring);
+    s->backends[s->n] = strdup(backend);
+    s->endpoints[s->n] = strdup(endpoint);
+    s->nodes[s->n] = strdup(node);
+    if (!s->ids[s->n] || !s->backends[s->n] || !s->endpoints[s->n] || !s->nodes[s->n]) {
+        free(s->ids[s->n]); free(s->backends[s->n]); free(s->endpoints[s->n]); free(s->nodes[s->n]);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    d.id = s->ids[s->n];
+    d.backend = s->backends[s->n];
+    s->d[s->n] = d;
+    s->n++;
+    return 0;
+}
+
+/* devices.json: {"devices": [...]}, a bare array, or one device object. */
+static int load_devices(struct devset *s, const char *path, char *err, size_t errlen)
+{
+    size_t len;
+    char *text = slurp(path, DEVICES_MAX_BYTES, &len, err, errlen);
+    if (!text) return -EINVAL;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    int rc = 0;
+    const cJSON *arr = root;
+    if (cJSON_IsObject(root)) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "devices");
+        if (d) arr = d;
+        else {
+            rc = devset_add(s, root, path, err, errlen);
+            goto out;
+        }
+    }
+    if (!cJSON_IsArray(arr)) {
+        snprintf(err, errlen, "%s: expected {\"devices\": [...]}, an array of devices or one device", path);
+        rc = -EINVAL;
+        goto out;
+    }
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        char ctx[300];
+        snprintf(ctx, sizeof ctx, "%s: devices[%d]", path, i++);
+        if ((rc = devset_add(s, e, ctx, err, errlen)) < 0) goto out;
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ plan */
+
+static void plan_usage(FILE *o)
+{
+    fprintf(o,
+        "usage: kvctl plan (--model FILE | --catalog CAT) --devices devices.json [options]\n"
+        "Plan a ring: cut the model's layers into windows over the devices and write the rank\n"
+        "manifest (DESIGN.md section 7), printing a table of the plan.\n"
+        "  --model FILE         a GGUF or stage mini-GGUF (header only), or a JSON shape\n"
+        "                       descriptor (docs/planner.md)\n"
+        "  --catalog CAT        a catalog (kvctl catalog); MoE models need --experts-used N\n"
+        "  --experts-used N     experts a token uses (catalogs only)\n"
+        "  --nextn N            trailing MTP blocks (catalogs; default: found by tensor names)\n"
+        "  --devices FILE       device profiles; repeat to merge several files\n"
+        "  --objective O        latency (one session, default) or throughput (many sessions)\n"
+        "  --ctx N              context tokens reserved per session (default 4096)\n"
+        "  --sessions K         sessions reserved for and estimated (default 4)\n"
+        "  --headroom F         fraction of each device's memory kept free (default 0.05)\n"
+        "  --wire f32|f16       boundary dtype (default f32)\n"
+        "  --kv-bytes N         bytes per cached K/V element (default 2, f16)\n"
+        "  --relay HOST:PORT    relay for devices with \"inbound\": false\n"
+        "  -o FILE              write the manifest (default: print it only with --json)\n"
+        "  --json               print the manifest on stdout instead of the table\n"
+        "  --layers             also print the model's per-layer shape\n");
+}
+
+static const char *dev_endpoint(const struct devset *ds, uint32_t d, char *buf, size_t n)
+{
+    if (ds->endpoints[d][0]) return ds->endpoints[d];
+    snprintf(buf, n, "tcp://%s:7100", ds->ids[d]);
+    return buf;
+}
+
+static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, const struct plan_result *r,
+                            const struct plan_opts *o, const char *wire, const char *relay)
+{
+    cJSON *root = cJSON_CreateObject();
+    char ring[33];
+    hex_random(ring, 16);
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddStringToObject(root, "ring", ring);
+    cJSON *jm = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(jm, "name", m->name);
+    cJSON_AddStringToObject(jm, "catalog", m->catalog);
+    cJSON_AddStringToObject(jm, "arch", m->arch);
+    cJSON_AddNumberToObject(jm, "n_layers", m->shape.n_layers);
+    cJSON_AddNumberToObject(jm, "n_embd", m->shape.n_embd);
+    cJSON *jw = cJSON_AddObjectToObject(root, "wire");
+    cJSON_AddStringToObject(jw, "dtype", wire);
+    cJSON *jl = cJSON_AddObjectToObject(root, "limits");
+    cJSON_AddNumberToObject(jl, "n_ctx", o->ctx < 8 ? 8 : o->ctx);
+    cJSON_AddNumberToObject(jl, "max_sessions", o->sessions);
+    cJSON *jr = cJSON_AddArrayToObject(root, "ranks");
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        const struct plan_rank *k = &r->ranks[i];
+        cJSON *x = cJSON_CreateObject();
+        char ep[300], tmp[300];
+        cJSON_AddNumberToObject(x, "rank", i);
+        if (ds->nodes[k->device][0]) cJSON_AddStringToObject(x, "node", ds->nodes[k->device]);
+        cJSON_AddStringToObject(x, "device", ds->ids[k->device]);
+        cJSON *ly = cJSON_AddArrayToObject(x, "layers");
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(k->first));
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(k->last));
+        cJSON_AddBoolToObject(x, "embed", k->embed);
+        cJSON_AddBoolToObject(x, "head", k->head);
+        cJSON_AddStringToObject(x, "backend", ds->backends[k->device]);
+        if (k->relay && relay) {
+            char bridge[33];
+            hex_random(bridge, 16);
+            snprintf(ep, sizeof ep, "relay://%s/b/%s", relay, bridge);
+        } else {
+            snprintf(ep, sizeof ep, "%s", dev_endpoint(ds, k->device, tmp, sizeof tmp));
+        }
+        cJSON_AddStringToObject(x, "endpoint", ep);
+        cJSON_AddNumberToObject(x, "mem_bytes", (double)k->mem_bytes);
+        cJSON_AddNumberToObject(x, "mem_avail_bytes", (double)k->mem_avail_bytes);
+        cJSON_AddNumberToObject(x, "expert_bytes", (double)k->expert_bytes);
+        cJSON_AddNumberToObject(x, "active_bytes_per_token", (double)k->active_bytes);
+        cJSON_AddNumberToObject(x, "est_ms_per_token", k->est_ms_per_token);
+        cJSON_AddNumberToObject(x, "compute_ms", k->compute_ms);
+        cJSON_AddNumberToObject(x, "link_ms", k->link_ms);
+        cJSON_AddItemToArray(jr, x);
+    }
+    cJSON *jp = cJSON_AddObjectToObject(root, "plan");
+    cJSON_AddStringToObject(jp, "objective", o->objective == PLAN_THROUGHPUT ? "throughput" : "latency");
+    cJSON_AddNumberToObject(jp, "ctx", o->ctx);
+    cJSON_AddNumberToObject(jp, "sessions", o->sessions);
+    cJSON_AddNumberToObject(jp, "headroom", o->headroom);
+    cJSON_AddNumberToObject(jp, "est_ms_per_token", r->ms_per_token);
+    cJSON_AddNumberToObject(jp, "period_ms", r->period_ms);
+    cJSON_AddNumberToObject(jp, "tokens_per_s_1", r->tokens_per_s_1);
+    cJSON_AddNumberToObject(jp, "tokens_per_s_k", r->tokens_per_s_k);
+    cJSON_AddNumberToObject(jp, "k", r->k);
+    cJSON_AddBoolToObject(jp, "exhaustive", r->exhaustive);
+    cJSON *je = cJSON_AddArrayToObject(jp, "excluded");
+    for (uint32_t i = 0; i < r->n_excluded; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "device", ds->ids[r->excluded[i].device]);
+        cJSON_AddStringToObject(x, "reason", r->excluded[i].reason);
+        cJSON_AddItemToArray(je, x);
+    }
+    return root;
+}
+
+static void print_table(FILE *out, const struct model_src *m, const struct devset *ds,
+                        const struct plan_result *r, const struct plan_opts *o)
+{
+    char a[32], b[32];
+    double total = 0, experts = 0;
+    for (uint32_t i = 0; i < m->shape.n_layers; i++) {
+        total += (double)m->shape.layers[i].weight_bytes;
+        experts += (double)m->shape.layers[i].expert_bytes;
+    }
+    total += (double)m->shape.embed_bytes + (double)m->shape.head_bytes;
+    gb(a, sizeof a, total);
+    gb(b, sizeof b, experts);
+    fprintf(out, "model %s (%s, %s): %u layers, n_embd %u, %s of weights", m->name[0] ? m->name : "?",
+            m->arch, m->kind, m->shape.n_layers, m->shape.n_embd, a);
+    if (experts > 0) fprintf(out, " (%s routed experts)", b);
+    fprintf(out, "\nobjective %s, ctx %u x %u sessions, headroom %.0f%%, %zu devices, %s search\n\n",
+            o->objective == PLAN_THROUGHPUT ? "throughput" : "latency", o->ctx, o->sessions,
+            o->headroom * 100, ds->n, r->exhaustive ? "exhaustive (optimal)" : "heuristic");
+    fprintf(out, "%-4s %-16s %-8s %-9s %-24s %10s %10s %9s %s\n", "rank", "device", "backend", "layers",
+            "memory used / avail", "compute", "link", "ms/token", "");
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        const struct plan_rank *k = &r->ranks[i];
+        char lay[24], mem[72];
+        snprintf(lay, sizeof lay, "%u-%u", k->first, k->last - 1);
+        gb(a, sizeof a, (double)k->mem_bytes);
+        gb(b, sizeof b, (double)k->mem_avail_bytes);
+        snprintf(mem, sizeof mem, "%s / %s", a, b);
+        fprintf(out, "%-4u %-16.16s %-8.8s %-9s %-24s %10.2f %10.2f %9.2f %s%s%s\n", i, ds->ids[k->device],
+                ds->backends[k->device], lay, mem, k->compute_ms, k->link_ms, k->est_ms_per_token,
+                k->embed ? "embed " : "", k->head ? "head " : "", k->relay ? "relay" : "");
+    }
+    fprintf(out, "\nestimate: %.1f ms/token for one session (%.2f tokens/s); period %.1f ms, "
+            "%.2f tokens/s with %u sessions\n", r->ms_per_token, r->tokens_per_s_1, r->period_ms,
+            r->tokens_per_s_k, r->k);
+    if (r->n_excluded) {
+        fprintf(out, "left out:\n");
+        for (uint32_t i = 0; i < r->n_excluded; i++)
+            fprintf(out, "  %s\n", r->excluded[i].reason);
+    }
+}
+
+/* Per-layer shape, runs of equal layers folded into one line. */
+static void print_layers(FILE *out, const struct plan_shape *s, const struct plan_opts *o)
+{
+    char a[32], b[32], c[32], d[32], e[32];
+    fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s\n", "layers", "weights", "experts", "read/token",
+            "KV/token", "state", "reserved");
+    for (uint32_t i = 0; i < s->n_layers;) {
+        const struct plan_layer *l = &s->layers[i];
+        uint32_t j = i + 1;
+        while (j < s->n_layers && !memcmp(&s->layers[j], l, sizeof *l)) j++;
+        char lay[24];
+        if (j - i == 1) snprintf(lay, sizeof lay, "%u", i);
+        else snprintf(lay, sizeof lay, "%u-%u", i, j - 1);
+        gb(a, sizeof a, (double)l->weight_bytes);
+        gb(b, sizeof b, (double)l->expert_bytes);
+        gb(c, sizeof c, (double)l->active_bytes);
+        gb(d, sizeof d, (double)l->kv_bytes_per_token);
+        gb(e, sizeof e, (double)l->state_bytes);
+        char rs[32];
+        gb(rs, sizeof rs, (double)o->sessions * ((double)l->state_bytes + (double)l->kv_bytes_per_token * o->ctx));
+        fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s\n", lay, a, b, c, d, e, rs);
+        i = j;
+    }
+    gb(a, sizeof a, (double)s->embed_bytes);
+    gb(b, sizeof b, (double)s->head_bytes);
+    gb(c, sizeof c, (double)s->head_active_bytes);
+    fprintf(out, "embedding %s (rank 0); head %s, reads %s per token (last rank); wire %llu bytes per token\n"
+            "(reserved = KV/state for ctx %u x %u sessions)\n\n", a, b, c,
+            (unsigned long long)s->wire_bytes_per_token, o->ctx, o->sessions);
+}
 
 int kvctl_cmd_plan(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl plan: not built yet\n");
-    return 1;
+    if (is_help(argc, argv)) { plan_usage(stdout); return 0; }
+    const char *model = NULL, *catalog = NULL, *outp = NULL, *relay = NULL, *wire = "f32";
+    const char *devfiles[MAX_DEVICE_FILES];
+    int ndev = 0, nextn = -1;
+    bool json = false, show_layers = false;
+    struct plan_opts o;
+    plan_opts_default(&o);
+    double v;
+    uint32_t used = 0, kvb = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--layers")) { show_layers = true; continue; }
+        if (!has) { fprintf(stderr, "kvctl plan: %s needs a value (or is unknown)\n", a); plan_usage(stderr); return 2; }
+        const char *val = argv[++i];
+        if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
+        else if (!strcmp(a, "--catalog")) catalog = val;
+        else if (!strcmp(a, "--devices")) {
+            if (ndev >= MAX_DEVICE_FILES) { fprintf(stderr, "kvctl plan: more than %d --devices files\n", MAX_DEVICE_FILES); return 2; }
+            devfiles[ndev++] = val;
+        } else if (!strcmp(a, "--objective")) {
+            if (!strcmp(val, "latency")) o.objective = PLAN_LATENCY;
+            else if (!strcmp(val, "throughput")) o.objective = PLAN_THROUGHPUT;
+            else { fprintf(stderr, "kvctl plan: --objective '%s' is not latency or throughput\n", val); return 2; }
+        } else if (!strcmp(a, "--ctx")) {
+            if (parse_num("plan", a, val, 0, 1u << 26, &v)) return 2;
+            o.ctx = (uint32_t)v;
+        } else if (!strcmp(a, "--sessions")) {
+            if (parse_num("plan", a, val, 1, 1u << 20, &v)) return 2;
+            o.sessions = (uint32_t)v;
+        } else if (!strcmp(a, "--headroom")) {
+            if (parse_num("plan", a, val, 0, 0.95, &o.headroom)) return 2;
+        } else if (!strcmp(a, "--experts-used")) {
+            if (parse_num("plan", a, val, 1, 4096, &v)) return 2;
+            used = (uint32_t)v;
+        } else if (!strcmp(a, "--nextn")) {
+            if (parse_num("plan", a, val, 0, 16, &v)) return 2;
+            nextn = (int)v;
+        } else if (!strcmp(a, "--kv-bytes")) {
+            if (parse_num("plan", a, val, 1, 8, &v)) return 2;
+            kvb = (uint32_t)v;
+        } else if (!strcmp(a, "--wire")) {
+            if (strcmp(val, "f32") && strcmp(val, "f16")) { fprintf(stderr, "kvctl plan: --wire '%s' is not f32 or f16\n", val); return 2; }
+            wire = val;
+        } else if (!strcmp(a, "--relay")) {
+            const char *colon = strrchr(val, ':');
+            if (!colon || colon == val || !colon[1] || strlen(val) > 200 || strchr(val, '/')) {
+                fprintf(stderr, "kvctl plan: --relay '%s' is not HOST:PORT\n", val);
+                return 2;
+            }
+            relay = val;
+        } else if (!strcmp(a, "-o")) outp = val;
+        else { fprintf(stderr, "kvctl plan: unknown option %s\n", a); plan_usage(stderr); return 2; }
+    }
+    if (!!model == !!catalog || ndev == 0) {
+        fprintf(stderr, "kvctl plan: give one of --model / --catalog, and --devices\n");
+        plan_usage(stderr);
+        return 2;
+    }
+    struct model_src m;
+    memset(&m, 0, sizeof m);
+    m.kv_bytes = kvb;
+    m.wire_bytes = !strcmp(wire, "f16") ? 2 : 4;
+    struct devset ds;
+    memset(&ds, 0, sizeof ds);
+    char err[PLAN_ERR_LEN];
+    int ret = 1, rc;
+    struct plan_result *r = NULL;
+    cJSON *root = NULL;
+    rc = model ? load_model(&m, model, err, sizeof err) : load_catalog(&m, catalog, used, nextn, err, sizeof err);
+    if (rc) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
+    for (int i = 0; i < ndev; i++)
+        if (load_devices(&ds, devfiles[i], err, sizeof err) < 0) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
+    if (show_layers && !json) print_layers(stdout, &m.shape, &o);
+    rc = plan_make(&m.shape, ds.d, ds.n, &o, &r, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvctl plan: %s\n", err);
+        goto out;
+    }
+    if (!json) print_table(stdout, &m, &ds, r, &o);
+    bool need_relay = false;
+    for (uint32_t i = 0; i < r->n_ranks; i++)
+        if (r->ranks[i].relay) need_relay = true;
+    if (need_relay && !relay) {
+        fprintf(stderr, "kvctl plan: ranks marked 'relay' accept no inbound connections: pass --relay HOST:PORT "
+                "so their edges get relay:// endpoints (no manifest written)\n");
+        goto out;
+    }
+    if (r->n_ranks > RING_MAX_RANKS)
+        fprintf(stderr, "kvctl plan: note: %u ranks; a stage accepts manifests of at most %d ranks\n",
+                r->n_ranks, RING_MAX_RANKS);
+    root = manifest_json(&m, &ds, r, &o, wire, relay);
+    char *js = root ? cJSON_Print(root) : NULL;
+    if (!js) { fprintf(stderr, "kvctl plan: out of memory\n"); goto out; }
+    if (json) printf("%s\n", js);
+    if (outp) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", outp);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fputs(js, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0 || rename(tmp, outp) != 0) {
+            fprintf(stderr, "kvctl plan: writing %s: %s\n", outp, strerror(errno));
+            free(js);
+            goto out;
+        }
+        if (!json) printf("manifest written to %s\n", outp);
+    }
+    free(js);
+    ret = 0;
+out:
+    cJSON_Delete(root);
+    plan_result_free(r);
+    devset_free(&ds);
+    model_src_free(&m);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ profile */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t meminfo_kb(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t v = 0;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            v = strtoull(line + kl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+/* Memory read bandwidth: sum a buffer larger than the caches a few times. */
+static double measure_bw(void)
+{
+    size_t n = (size_t)64 << 20;
+    uint64_t *buf = malloc(n);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n / 8; i++) buf[i] = i;
+    volatile uint64_t sink = 0;
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_s();
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= n / 8; i += 4) { s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3]; }
+        sink += s0 + s1 + s2 + s3;
+        double dt = now_s() - t0;
+        if (dt > 0 && n / dt > best) best = n / dt;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
+static void profile_usage(FILE *o)
+{
+    fprintf(o,
+        "usage: kvctl profile --model FILE [-t N] [--id ID] [--endpoint URL] [--rtt-ms X]\n"
+        "                     [--bw BYTES_PER_S] [--no-inbound] [--tokens N] [--estimate]\n"
+        "Measure this machine for a model: ms per layer-token (the model's layers run on this\n"
+        "CPU with N threads), free memory (MemAvailable), memory bandwidth; print the device\n"
+        "profile JSON for `kvctl plan --devices`. --estimate skips running the model and\n"
+        "estimates from the measured bandwidth and the bytes a token reads.\n");
 }
 
 int kvctl_cmd_profile(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvctl profile: not built yet\n");
-    return 1;
+    if (is_help(argc, argv)) { profile_usage(stdout); return 0; }
+    const char *model = NULL, *id = NULL, *endpoint = NULL;
+    double v, rtt = 0, bw = 0;
+    int threads = 0, tokens = 16;
+    bool inbound = true, estimate = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--no-inbound")) { inbound = false; continue; }
+        if (!strcmp(a, "--estimate")) { estimate = true; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "kvctl profile: %s needs a value (or is unknown)\n", a); profile_usage(stderr); return 2; }
+        const char *val = argv[++i];
+        if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
+        else if (!strcmp(a, "-t")) { if (parse_num("profile", a, val, 0, 1024, &v)) return 2; threads = (int)v; }
+        else if (!strcmp(a, "--tokens")) { if (parse_num("profile", a, val, 1, 4096, &v)) return 2; tokens = (int)v; }
+        else if (!strcmp(a, "--id")) id = val;
+        else if (!strcmp(a, "--endpoint")) endpoint = val;
+        else if (!strcmp(a, "--rtt-ms")) { if (parse_num("profile", a, val, 0, 1e6, &rtt)) return 2; }
+        else if (!strcmp(a, "--bw")) { if (parse_num("profile", a, val, 0, 1e15, &bw)) return 2; }
+        else { fprintf(stderr, "kvctl profile: unknown option %s\n", a); profile_usage(stderr); return 2; }
+    }
+    if (!model) { fprintf(stderr, "kvctl profile: --model is required\n"); profile_usage(stderr); return 2; }
+    char host[128] = "localhost";
+    gethostname(host, sizeof host - 1);
+    if (!id) id = host;
+    char err[PLAN_ERR_LEN];
+    struct model_src m;
+    memset(&m, 0, sizeof m);
+    if (load_model(&m, model, err, sizeof err)) {
+        fprintf(stderr, "kvctl profile: %s\n", err);
+        model_src_free(&m);
+        return 1;
+    }
+    uint64_t avail = meminfo_kb("MemAvailable") * 1024;
+    double membw = measure_bw();
+    /* the average working layer: what ms_per_layer_token means to the planner */
+    double act = 0;
+    uint32_t nwork = 0;
+    for (uint32_t i = 0; i < m.shape.n_layers; i++)
+        if (m.shape.layers[i].active_bytes) { act += (double)m.shape.layers[i].active_bytes; nwork++; }
+    act = nwork ? act / nwork : 0;
+    double ms = 0;
+    const char *how = "estimate";
+    if (!estimate && !strcmp(m.kind, "gguf")) {
+        /* Run the model's layers on this machine: one session, `tokens` single-token steps. */
+        struct model *md = NULL;
+        struct model_exec *ex = NULL;
+        char merr[MODEL_ERR_LEN];
+        if (model_open(&md, model, -1, -1, merr, sizeof merr) == 0 &&
+            model_exec_new(&ex, md, threads, (uint32_t)tokens + 8, 1) == 0 && model_session_new(ex, 1) == 0) {
+            const struct model_hparams *hp = model_get_hparams(md);
+            uint32_t first, last;
+            model_get_window(md, &first, &last);
+            float *x = malloc((size_t)hp->n_embd * sizeof *x);
+            if (x) {
+                for (uint32_t k = 0; k < hp->n_embd; k++) x[k] = 0.01f * (float)((k * 7919u) % 200) - 1.0f;
+                double best = 0;
+                int ok = 1;
+                for (int t = 0; t < tokens && ok; t++) {
+                    double t0 = now_s();
+                    ok = model_window_run(ex, 1, (uint32_t)t, 1, x) == 0;
+                    double dt = now_s() - t0;
+                    if (t >= 2 && (best == 0 || dt < best)) best = dt; /* skip warm-up steps */
+                    for (uint32_t k = 0; k < hp->n_embd; k++)  /* keep values tame */
+                        if (!(fabsf(x[k]) < 1e3f)) x[k] = 0;
+                }
+                uint32_t runs = last > first ? last - first : 0;
+                if (ok && best > 0 && runs) {
+                    /* the file's MTP blocks are not run: count the layers that work */
+                    uint32_t work = 0;
+                    for (uint32_t l = first; l < last && l < m.shape.n_layers; l++)
+                        if (m.shape.layers[l].active_bytes) work++;
+                    ms = best * 1000.0 / (work ? work : runs);
+                    how = "measured";
+                }
+                free(x);
+            }
+        } else {
+            fprintf(stderr, "kvctl profile: cannot run the model here (%s); estimating from memory bandwidth\n",
+                    md ? "executor" : merr);
+        }
+        model_exec_free(ex);
+        model_free(md);
+    }
+    if (ms == 0 && membw > 0)
+        ms = act / membw * 1000.0;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(root, "devices");
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "id", id);
+    cJSON_AddNumberToObject(d, "mem_bytes", (double)avail);
+    cJSON_AddStringToObject(d, "backend", "cpu");
+    cJSON_AddNumberToObject(d, "ms_per_layer_token", ms);
+    cJSON_AddNumberToObject(d, "mem_bw_bytes_s", membw);
+    cJSON_AddNumberToObject(d, "rtt_ms", rtt);
+    cJSON_AddNumberToObject(d, "bw_bytes_s", bw);
+    cJSON_AddBoolToObject(d, "inbound", inbound);
+    if (endpoint) cJSON_AddStringToObject(d, "endpoint", endpoint);
+    cJSON_AddStringToObject(d, "ms_per_layer_token_is", how);
+    cJSON_AddItemToArray(arr, d);
+    char *js = cJSON_Print(root);
+    if (js) printf("%s\n", js);
+    free(js);
+    cJSON_Delete(root);
+    char a[32], b[32];
+    gb(a, sizeof a, (double)avail);
+    gb(b, sizeof b, membw);
+    fprintf(stderr, "profile: %s, %s available, %s/s memory bandwidth, %.4f ms per layer-token (%s, "
+            "average layer reads %.0f bytes per token)\n", id, a, b, ms, how, act);
+    model_src_free(&m);
+    return 0;
 }
-

@@ -163,7 +163,7 @@ struct plan_model_info {
     uint32_t n_embd;
     uint32_t n_expert, n_expert_used; /* 0 for dense models */
     uint32_t nextn_layers;        /* trailing MTP blocks: memory, but no work per token */
-    uint32_t kv_elem_bytes;       /* bytes per cached K/V element (0: 4, f32) */
+    uint32_t kv_elem_bytes;       /* bytes per cached K/V element (0: 2, f16 as the runtime keeps them) */
     uint32_t wire_elem_bytes;     /* bytes per boundary element (0: 4, f32) */
 };
 

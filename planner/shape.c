@@ -1,0 +1,329 @@
+/* shape.c — model shapes for the planner: from a tensor list (a GGUF header or a catalog),
+ * and tensor lists synthesised from a family's hyperparameters (a model whose file is not at
+ * hand). Pure arithmetic on caller-provided arrays. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/plan.h"
+
+#define NAME_LEN 64
+#define MAX_TENSORS_PER_LAYER 32
+
+static void errf(char *err, size_t n, const char *fmt, ...)
+{
+    if (!err || !n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+/* "blk.N.rest" -> N and rest; -1 otherwise. */
+static long blk_layer(const char *name, const char **rest)
+{
+    if (strncmp(name, "blk.", 4) != 0)
+        return -1;
+    const char *p = name + 4;
+    long v = 0;
+    if (*p < '0' || *p > '9')
+        return -1;
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        if (v > 1000000) return -1;
+        p++;
+    }
+    if (*p != '.')
+        return -1;
+    *rest = p + 1;
+    return v;
+}
+
+static bool has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+static double elems(const struct plan_tensor *t)
+{
+    double n = 1;
+    for (uint32_t d = 0; d < t->n_dims && d < 4; d++) n *= (double)t->ne[d];
+    return n;
+}
+
+int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct plan_model_info *mi,
+                            struct plan_shape *s, struct plan_layer *layers, char *err, size_t errlen)
+{
+    if (!mi || !s || !layers || (n && !t)) { errf(err, errlen, "shape: missing argument"); return -EINVAL; }
+    uint32_t L = mi->n_layers;
+    if (L == 0 || L > PLAN_MAX_LAYERS) {
+        errf(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
+        return -EINVAL;
+    }
+    if (mi->nextn_layers >= L) {
+        errf(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
+        return -EINVAL;
+    }
+    if (mi->n_expert_used > mi->n_expert) {
+        errf(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used, mi->n_expert);
+        return -EINVAL;
+    }
+    memset(layers, 0, L * sizeof *layers);
+    double used_share = mi->n_expert ? (double)mi->n_expert_used / mi->n_expert : 1.0;
+    uint32_t kvb = mi->kv_elem_bytes ? mi->kv_elem_bytes : 2;  /* the runtime caches K/V in f16 */
+    uint64_t embed = 0, embed_row = 0, head = 0, head_norm = 0;
+    double embed_elems = 0, head_elems = 0;
+    bool have_output = false;
+    uint64_t n_embd = mi->n_embd;
+    /* per-layer recurrent-state pieces: conv rows, value heads, head size */
+    uint64_t *conv = calloc(L, sizeof *conv), *hv = calloc(L, sizeof *hv), *dk = calloc(L, sizeof *dk);
+    if (!conv || !hv || !dk) { free(conv); free(hv); free(dk); return -ENOMEM; }
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct plan_tensor *x = &t[i];
+        if (!x->name || x->n_dims > 4) {
+            errf(err, errlen, "shape: tensor %zu has no name or %u dims", i, x->n_dims);
+            rc = -EINVAL;
+            goto out;
+        }
+        if (x->bytes > (1ull << 50)) {
+            errf(err, errlen, "shape: tensor %s: %llu bytes is out of range", x->name, (unsigned long long)x->bytes);
+            rc = -EINVAL;
+            goto out;
+        }
+        const char *rest;
+        long li = blk_layer(x->name, &rest);
+        if (li < 0) {
+            if (!strcmp(x->name, "token_embd.weight")) {
+                embed = x->bytes;
+                embed_elems = elems(x);
+                if (!n_embd) n_embd = x->ne[0];
+                embed_row = x->n_dims >= 2 && x->ne[1] ? x->bytes / x->ne[1] : x->bytes;
+            } else if (!strcmp(x->name, "output.weight")) {
+                head += x->bytes;
+                head_elems = elems(x);
+                have_output = true;
+            } else if (has_prefix(x->name, "output")) {
+                head_norm += x->bytes;
+            }
+            /* other non-block tensors (rope_freqs, ...) are small; headroom covers them */
+            continue;
+        }
+        if ((uint64_t)li >= L) {
+            errf(err, errlen, "shape: tensor %s: layer %ld is past n_layers %u", x->name, li, L);
+            rc = -EINVAL;
+            goto out;
+        }
+        struct plan_layer *l = &layers[li];
+        bool mtp = (uint32_t)li >= L - mi->nextn_layers;
+        bool expert = strstr(rest, "_exps") != NULL;
+        l->weight_bytes += x->bytes;
+        double act = (double)x->bytes, mac = x->n_dims >= 2 ? elems(x) : 0;
+        if (expert) {
+            l->expert_bytes += x->bytes;
+            act *= used_share;
+            mac *= used_share;
+        }
+        if (!mtp) {
+            l->active_bytes += (uint64_t)(act + 0.5);
+            l->macs += mac;
+            if (has_prefix(rest, "attn_k.") || has_prefix(rest, "attn_v."))
+                l->kv_bytes_per_token += (x->n_dims >= 2 ? x->ne[1] : x->ne[0]) * kvb;
+            if (has_prefix(rest, "ssm_conv1d.") && x->n_dims >= 2 && x->ne[0] >= 1)
+                conv[li] = (x->ne[0] - 1) * x->ne[1];
+            if (has_prefix(rest, "ssm_a") && (rest[5] == 0 || rest[5] == '.'))
+                hv[li] = x->ne[0];
+            if (has_prefix(rest, "ssm_dt.") && !hv[li])
+                hv[li] = x->ne[0];
+            if (has_prefix(rest, "ssm_norm."))
+                dk[li] = x->ne[0];
+        }
+    }
+    for (uint32_t i = 0; i < L; i++) {
+        /* conv state (f32 rows) + the recurrent matrix S: value heads x d x d, f32 */
+        layers[i].state_bytes = conv[i] * 4 + hv[i] * dk[i] * dk[i] * 4;
+    }
+    if (!have_output) {       /* tied: the last rank reads token_embd as its head */
+        head += embed;
+        head_elems = embed_elems;
+    }
+    memset(s, 0, sizeof *s);
+    s->n_layers = L;
+    s->n_embd = (uint32_t)n_embd;
+    s->wire_bytes_per_token = n_embd * (mi->wire_elem_bytes ? mi->wire_elem_bytes : 4);
+    s->layers = layers;
+    s->embed_bytes = embed;
+    s->embed_active_bytes = embed_row;
+    s->head_bytes = head + head_norm;
+    s->head_active_bytes = (have_output ? head : embed) + head_norm;
+    s->head_macs = head_elems;
+out:
+    free(conv); free(hv); free(dk);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Tensor lists from hyperparameters. */
+
+struct gen {
+    struct plan_tensor *t;
+    size_t cap, n;
+    char *names;
+    double bpw;
+    bool overflow;
+};
+
+/* Add a tensor: quantised matrices at bpw bits per weight (whole bytes), f32 otherwise. */
+static void add(struct gen *g, bool f32, const char *fmt, uint32_t layer, uint32_t nd,
+                uint64_t a, uint64_t b, uint64_t c)
+{
+    if (g->n >= g->cap) { g->overflow = true; return; }
+    struct plan_tensor *x = &g->t[g->n];
+    char *name = g->names + g->n * NAME_LEN;
+    snprintf(name, NAME_LEN, fmt, layer);
+    x->name = name;
+    x->n_dims = nd;
+    x->ne[0] = a; x->ne[1] = nd > 1 ? b : 1; x->ne[2] = nd > 2 ? c : 1; x->ne[3] = 1;
+    double e = (double)x->ne[0] * (double)x->ne[1] * (double)x->ne[2];
+    x->bytes = f32 ? (uint64_t)(e * 4) : (uint64_t)(e * g->bpw / 8 + 0.999);
+    g->n++;
+}
+
+static bool is_arch(const char *a, const char *b) { return !strcmp(a, b); }
+
+size_t plan_hparams_tensor_count(const struct plan_hparams *h)
+{
+    if (!h || h->n_layers == 0 || h->n_layers > PLAN_MAX_LAYERS || h->nextn_layers > 16)
+        return 0;
+    return (size_t)(h->n_layers + h->nextn_layers) * MAX_TENSORS_PER_LAYER + 4;
+}
+
+/* Gated / plain full attention of layer i. */
+static void add_attention(struct gen *g, const struct plan_hparams *h, uint32_t i, bool gated, bool qk_norm)
+{
+    uint64_t E = h->n_embd, hd = h->head_dim, q = (uint64_t)h->n_head * hd, kv = (uint64_t)h->n_head_kv * hd;
+    add(g, false, "blk.%u.attn_q.weight", i, 2, E, gated ? 2 * q : q, 0);
+    add(g, false, "blk.%u.attn_k.weight", i, 2, E, kv, 0);
+    add(g, false, "blk.%u.attn_v.weight", i, 2, E, kv, 0);
+    add(g, false, "blk.%u.attn_output.weight", i, 2, q, E, 0);
+    if (qk_norm) {
+        add(g, true, "blk.%u.attn_q_norm.weight", i, 1, hd, 0, 0);
+        add(g, true, "blk.%u.attn_k_norm.weight", i, 1, hd, 0, 0);
+    }
+    if (is_arch(h->arch, "qwen2")) {
+        add(g, true, "blk.%u.attn_q.bias", i, 1, q, 0, 0);
+        add(g, true, "blk.%u.attn_k.bias", i, 1, kv, 0, 0);
+        add(g, true, "blk.%u.attn_v.bias", i, 1, kv, 0, 0);
+    }
+}
+
+static void add_ffn(struct gen *g, const struct plan_hparams *h, uint32_t i, bool moe, bool shexp)
+{
+    uint64_t E = h->n_embd;
+    if (!moe) {
+        add(g, false, "blk.%u.ffn_gate.weight", i, 2, E, h->n_ff, 0);
+        add(g, false, "blk.%u.ffn_up.weight", i, 2, E, h->n_ff, 0);
+        add(g, false, "blk.%u.ffn_down.weight", i, 2, h->n_ff, E, 0);
+        return;
+    }
+    add(g, true, "blk.%u.ffn_gate_inp.weight", i, 2, E, h->n_expert, 0);
+    add(g, false, "blk.%u.ffn_gate_exps.weight", i, 3, E, h->n_ff_exp, h->n_expert);
+    add(g, false, "blk.%u.ffn_up_exps.weight", i, 3, E, h->n_ff_exp, h->n_expert);
+    add(g, false, "blk.%u.ffn_down_exps.weight", i, 3, h->n_ff_exp, E, h->n_expert);
+    if (shexp) {
+        add(g, true, "blk.%u.ffn_gate_inp_shexp.weight", i, 1, E, 0, 0);
+        add(g, false, "blk.%u.ffn_gate_shexp.weight", i, 2, E, h->n_ff_shexp, 0);
+        add(g, false, "blk.%u.ffn_up_shexp.weight", i, 2, E, h->n_ff_shexp, 0);
+        add(g, false, "blk.%u.ffn_down_shexp.weight", i, 2, h->n_ff_shexp, E, 0);
+    }
+}
+
+int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *t, size_t cap,
+                              char *names_buf, size_t *n_out, char *err, size_t errlen)
+{
+    *n_out = 0;
+    size_t need = plan_hparams_tensor_count(h);
+    if (!need) { errf(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
+    if (cap < need) { errf(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
+    bool llama = is_arch(h->arch, "llama") || is_arch(h->arch, "qwen2") || is_arch(h->arch, "qwen3");
+    bool q3moe = is_arch(h->arch, "qwen3moe");
+    bool q35 = is_arch(h->arch, "qwen35"), q35moe = is_arch(h->arch, "qwen35moe");
+    if (!llama && !q3moe && !q35 && !q35moe) {
+        errf(err, errlen, "hparams: arch '%s' is not one of llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe", h->arch);
+        return -EINVAL;
+    }
+    const uint32_t cap32 = 1u << 20;
+    if (!h->n_embd || !h->n_vocab || !h->n_head || !h->n_head_kv || !h->head_dim ||
+        h->n_embd > cap32 || h->n_vocab > (1u << 24) || h->n_head > 4096 || h->n_head_kv > h->n_head ||
+        h->head_dim > 4096) {
+        errf(err, errlen, "hparams: n_embd %u, n_vocab %u, n_head %u, n_head_kv %u, head_dim %u: each must be "
+             "non-zero and in range (n_head_kv <= n_head)", h->n_embd, h->n_vocab, h->n_head, h->n_head_kv, h->head_dim);
+        return -EINVAL;
+    }
+    bool moe = q3moe || q35moe;
+    if (moe && (!h->n_expert || !h->n_expert_used || h->n_expert_used > h->n_expert || !h->n_ff_exp ||
+                h->n_expert > 4096 || h->n_ff_exp > cap32)) {
+        errf(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
+             "need 0 < used <= count <= 4096 and a non-zero length", h->n_expert, h->n_expert_used, h->n_ff_exp);
+        return -EINVAL;
+    }
+    if (q35moe && (!h->n_ff_shexp || h->n_ff_shexp > cap32)) {
+        errf(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]", h->n_ff_shexp, cap32);
+        return -EINVAL;
+    }
+    if (!moe && (!h->n_ff || h->n_ff > cap32)) {
+        errf(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
+        return -EINVAL;
+    }
+    bool hybrid = q35 || q35moe;
+    if (hybrid && (!h->ssm_conv_kernel || !h->ssm_group_count || !h->ssm_time_step_rank || !h->ssm_state_size ||
+                   h->ssm_conv_kernel > 64 || h->ssm_group_count > 4096 || h->ssm_time_step_rank > 4096 ||
+                   h->ssm_state_size > 4096)) {
+        errf(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
+             "must be non-zero and in range", h->ssm_conv_kernel, h->ssm_group_count, h->ssm_time_step_rank,
+             h->ssm_state_size);
+        return -EINVAL;
+    }
+    if (!(h->bits_per_weight > 0 && h->bits_per_weight <= 32)) {
+        errf(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
+        return -EINVAL;
+    }
+    struct gen g = {.t = t, .cap = cap, .names = names_buf, .bpw = h->bits_per_weight};
+    uint64_t E = h->n_embd;
+    uint32_t fai = h->full_attention_interval ? h->full_attention_interval : 4;
+    uint32_t total = h->n_layers + h->nextn_layers;
+    add(&g, false, "token_embd.weight", 0, 2, E, h->n_vocab, 0);
+    for (uint32_t i = 0; i < total; i++) {
+        bool mtp = i >= h->n_layers;
+        add(&g, true, "blk.%u.attn_norm.weight", i, 1, E, 0, 0);
+        if (hybrid && !mtp && (i + 1) % fai != 0) {
+            uint64_t d = h->ssm_state_size, kd = (uint64_t)h->ssm_group_count * d;
+            uint64_t inner = (uint64_t)h->ssm_time_step_rank * d, conv = 2 * kd + inner;
+            add(&g, false, "blk.%u.attn_qkv.weight", i, 2, E, conv, 0);
+            add(&g, false, "blk.%u.attn_gate.weight", i, 2, E, inner, 0);
+            add(&g, true, "blk.%u.ssm_conv1d.weight", i, 2, h->ssm_conv_kernel, conv, 0);
+            add(&g, true, "blk.%u.ssm_dt.bias", i, 1, h->ssm_time_step_rank, 0, 0);
+            add(&g, true, "blk.%u.ssm_a", i, 1, h->ssm_time_step_rank, 0, 0);
+            add(&g, false, "blk.%u.ssm_beta.weight", i, 2, E, h->ssm_time_step_rank, 0);
+            add(&g, false, "blk.%u.ssm_alpha.weight", i, 2, E, h->ssm_time_step_rank, 0);
+            add(&g, true, "blk.%u.ssm_norm.weight", i, 1, d, 0, 0);
+            add(&g, false, "blk.%u.ssm_out.weight", i, 2, inner, E, 0);
+        } else {
+            add_attention(&g, h, i, hybrid, !is_arch(h->arch, "llama") && !is_arch(h->arch, "qwen2"));
+        }
+        add(&g, true, hybrid ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", i, 1, E, 0, 0);
+        add_ffn(&g, h, i, moe, q35moe);
+        if (mtp) {   /* multi-token prediction: combines the embedding and the hidden state */
+            add(&g, false, "blk.%u.nextn.eh_proj.weight", i, 2, 2 * E, E, 0);
+            add(&g, true, "blk.%u.nextn.enorm.weight", i, 1, E, 0, 0);
+            add(&g, true, "blk.%u.nextn.hnorm.weight", i, 1, E, 0, 0);
+            add(&g, true, "blk.%u.nextn.shared_head_norm.weight", i, 1, E, 0, 0);
+        }
+    }
+    add(&g, true, "output_norm.weight", 0, 1, E, 0, 0);
+    if (!h->tied_embeddings)
+        add(&g, false, "output.weight", 0, 2, E, h->n_vocab, 0);
+    if (g.overflow) { errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
+    *n_out = g.n;
+    return 0;
+}
