@@ -1,0 +1,97 @@
+#!/bin/bash
+# test-plan-cli: kvctl plan and kvctl profile end to end. The Qwen3.5-122B-A10B example of
+# docs/planner.md over the mixed device set (both objectives): a valid manifest, relay
+# endpoints with fresh 128-bit bridge ids for the NAT'd phones, no window over a device's
+# memory; refusals (no --relay, does not fit, bad profiles); a real GGUF, a catalog and a
+# profile measured on this machine feeding a plan.
+set -u
+cd "$(dirname "$0")/.."
+B=${KV_BUILD:-build}
+K="$B/kvctl"
+D=${KV_TESTDATA:-../shared/testdata}
+T=$(mktemp -d /tmp/kvplan.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+for m in stories260K.gguf synth-qwen35moe-bpe1024-q8_0.gguf; do
+    [ -r "$D/models/$m" ] || { echo "test data missing: $D/models/$m"; exit 1; }
+done
+SHAPE=docs/examples/qwen3.5-122b-a10b.shape.json
+DEVS=docs/examples/mixed-devices.json
+
+# A manifest checker: windows, flags, memory, endpoints, relay bridge ids.
+cat > "$T/check.py" <<'PY'
+import json, re, sys
+m = json.load(open(sys.argv[1])); devs = {d["id"]: d for d in json.load(open(sys.argv[2]))["devices"]}
+relay = sys.argv[3] if len(sys.argv) > 3 else None
+assert m["version"] == 1 and re.fullmatch(r"[0-9a-f]{32}", m["ring"]), "ring id"
+n = m["model"]["n_layers"]; j = 0; seen = set(); bridges = set()
+assert m["wire"]["dtype"] in ("f32", "f16")
+for i, r in enumerate(m["ranks"]):
+    a, b = r["layers"]
+    assert r["rank"] == i and a == j and b > a, f"rank {i} window {a},{b}"
+    assert r["embed"] == (i == 0) and r["head"] == (i == len(m["ranks"]) - 1), f"rank {i} flags"
+    d = devs[r["device"]]; assert r["device"] not in seen; seen.add(r["device"])
+    assert r["mem_bytes"] <= r["mem_avail_bytes"] <= d["mem_bytes"], f"rank {i} memory"
+    ep = r["endpoint"]
+    if d.get("inbound", True):
+        assert ep.startswith("tcp://"), ep
+    else:
+        g = re.fullmatch(r"relay://" + re.escape(relay) + r"/b/([0-9a-f]{32})", ep)
+        assert g, f"rank {i} endpoint {ep}"
+        assert g.group(1) not in bridges; bridges.add(g.group(1))
+    j = b
+assert j == n, f"covers {j} of {n}"
+ex = {e["device"] for e in m["plan"]["excluded"]}
+assert ex | seen == set(devs) and not (ex & seen), "used + excluded = devices"
+print(len(m["ranks"]), "ranks,", len(bridges), "relay bridges")
+PY
+
+# 1. the 122B example, latency and throughput
+"$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 -o "$T/lat.json" > "$T/lat.txt" 2>&1
+check "122B latency plan" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/lat.json" "$DEVS" relay.example.org:443'
+check "122B latency table" 'grep -q "^0 .*embed" "$T/lat.txt" && grep -q "head" "$T/lat.txt" && grep -q "phone-1: not needed" "$T/lat.txt"'
+"$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --objective throughput --sessions 16 -o "$T/thr.json" > "$T/thr.txt" 2>&1
+check "122B throughput plan with relays" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/thr.json" "$DEVS" relay.example.org:443 | grep -qv " 0 relay"'
+"$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --objective throughput --sessions 16 -o "$T/thr2.json" > /dev/null 2>&1
+check "fresh ring and bridge ids per plan" '[ "$(python3 -c "import json,sys;a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]));print(a[\"ring\"]!=b[\"ring\"] and a[\"ranks\"][0][\"endpoint\"]!=b[\"ranks\"][0][\"endpoint\"] or not a[\"ranks\"][0][\"endpoint\"].startswith(\"relay\"))" "$T/thr.json" "$T/thr2.json")" = True ]'
+
+# 2. refusals
+"$K" plan --model "$SHAPE" --devices "$DEVS" --objective throughput --sessions 16 -o "$T/x.json" > "$T/norelay.txt" 2>&1
+check "relay needed but not given" '[ $? -eq 1 ] && grep -q -- "--relay" "$T/norelay.txt" && [ ! -e "$T/x.json" ]'
+python3 -c "import json;d=json.load(open('$DEVS'));d['devices']=[x for x in d['devices'] if x['id'].startswith(('phone','laptop'))];json.dump(d,open('$T/small.json','w'))"
+"$K" plan --model "$SHAPE" --devices "$T/small.json" > "$T/nofit.txt" 2>&1
+check "does not fit: bytes and layers" '[ $? -eq 1 ] && grep -q "short by [0-9]* bytes" "$T/nofit.txt" && grep -q "layers [0-9]*\.\.48" "$T/nofit.txt"'
+echo '{"devices":[{"id":"a","mem_bytes":-5,"ms_per_layer_token":1}]}' > "$T/bad.json"
+"$K" plan --model "$SHAPE" --devices "$T/bad.json" > "$T/bad.txt" 2>&1
+check "bad profile named" '[ $? -eq 1 ] && grep -q "mem_bytes" "$T/bad.txt"'
+echo '{"devices":[]}' > "$T/empty.json"
+"$K" plan --model "$SHAPE" --devices "$T/empty.json" > "$T/empty.txt" 2>&1
+check "empty device list" '[ $? -eq 1 ] && grep -q "no devices" "$T/empty.txt"'
+
+# 3. a real GGUF with a profile measured here
+"$K" profile --model "$D/models/stories260K.gguf" -t 1 --id here --endpoint tcp://127.0.0.1:7100 > "$T/prof.json" 2> "$T/prof.txt"
+check "profile prints a device" '[ $? -eq 0 ] && python3 -c "import json,sys;d=json.load(open(sys.argv[1]))[\"devices\"][0];assert d[\"ms_per_layer_token\"]>0 and d[\"mem_bytes\"]>0 and d[\"backend\"]==\"cpu\" and d[\"ms_per_layer_token_is\"]==\"measured\"" "$T/prof.json"'
+python3 -c "
+import json; d=json.load(open('$T/prof.json'))['devices'][0]
+devs=[]
+for i in range(3):
+    x=dict(d); x['id']='p%d'%i; x['mem_bytes']=600000; x['endpoint']='tcp://127.0.0.1:%d'%(7100+i); devs.append(x)
+json.dump({'devices':devs},open('$T/three.json','w'))"
+"$K" plan --model "$D/models/stories260K.gguf" --devices "$T/three.json" --ctx 256 --sessions 1 --headroom 0 -o "$T/st.json" > "$T/st.txt" 2>&1
+check "GGUF plan over measured profiles" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/st.json" "$T/three.json" >/dev/null && [ "$(python3 -c "import json;print(len(json.load(open(\"$T/st.json\"))[\"ranks\"]))")" -ge 2 ]'
+
+# 4. a catalog of a MoE model: experts-used is required, then it plans like the GGUF
+"$K" catalog "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" -o "$T/cat.json" > /dev/null 2>&1
+echo '{"devices":[{"id":"one","mem_bytes":100000000,"ms_per_layer_token":1}]}' > "$T/one.json"
+"$K" plan --catalog "$T/cat.json" --devices "$T/one.json" > "$T/c1.txt" 2>&1
+check "catalog MoE needs --experts-used" '[ $? -eq 1 ] && grep -q -- "--experts-used" "$T/c1.txt"'
+"$K" plan --catalog "$T/cat.json" --experts-used 2 --devices "$T/one.json" --json > "$T/c2.json" 2>/dev/null
+"$K" plan --model "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" --devices "$T/one.json" --json > "$T/g2.json" 2>/dev/null
+check "catalog and GGUF agree" 'python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
+assert a[\"model\"][\"catalog\"] and len(a[\"model\"][\"catalog\"])==64
+assert [r[\"mem_bytes\"] for r in a[\"ranks\"]]==[r[\"mem_bytes\"] for r in b[\"ranks\"]]
+assert abs(a[\"plan\"][\"est_ms_per_token\"]-b[\"plan\"][\"est_ms_per_token\"])<1e-9" "$T/c2.json" "$T/g2.json"'
+exit $fail
