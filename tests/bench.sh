@@ -70,3 +70,7 @@ if [ -x "$B/tests/tool-kernbench" ]; then
 else
     echo "tool-kernbench not built"
 fi
+
+echo "== planner: 96 layers over 1000 devices (goal: well under a second)"
+make -s -j2 "$B/tests/tool-plan-bench" >/dev/null 2>&1 || true
+if [ -x "$B/tests/tool-plan-bench" ]; then "$B/tests/tool-plan-bench" || echo "plan bench failed"; else echo "tool-plan-bench not built"; fi
