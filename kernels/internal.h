@@ -106,6 +106,7 @@ struct kern__simd {
     uint32_t act_pair_bytes[KERN_T_COUNT];
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a x */
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n); /* y += a x, x f16 */
 };
 extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
 /* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */

@@ -22,42 +22,52 @@ struct att_job {
 
 static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q16, uint16_t *p16)
 {
+    const struct kern__simd *s = j->s;
     const int hd = j->head_dim;
     const int64_t n_ctx = j->pos0 + i + 1;
     const float *qh = j->q + (i * j->n_head + h) * hd;
     const size_t koff = (size_t)(h / j->group) * hd;
     float *o = j->out + (i * j->n_head + h) * hd;
     if (j->f16) {
-        kern__dot_fn dot = j->s->dot[KERN_T_F16] ? j->s->dot[KERN_T_F16] : kern__ref_dot(KERN_T_F16);
-        for (int d = 0; d < hd; d++)
-            q16[d] = kern_f32_to_f16(qh[d]);
+        /* q rounded to f16 for K.q, the weights rounded to f16 for the V product */
+        kern__dot_fn dot = s->dot[KERN_T_F16] ? s->dot[KERN_T_F16] : kern__ref_dot(KERN_T_F16);
+        if (s->quant[KERN_T_F16])
+            s->quant[KERN_T_F16](qh, q16, hd);
+        else
+            kern_ref_quant_row(KERN_T_F16, qh, q16, hd);
         const uint16_t *k = j->k;
         for (int64_t p = 0; p < n_ctx; p++)
             sc[p] = dot(k + p * j->kv_stride + koff, q16, hd) * j->scale;
     } else {
+        kern__dot_fn dot = s->dot[KERN_T_F32] ? s->dot[KERN_T_F32] : kern__ref_dot(KERN_T_F32);
         const float *k = j->k;
         for (int64_t p = 0; p < n_ctx; p++)
-            sc[p] = (j->s->dot_f32 ? j->s->dot_f32(k + p * j->kv_stride + koff, qh, hd)
-                                   : kern__ref_dot(KERN_T_F32)(k + p * j->kv_stride + koff, qh, hd)) *
-                    j->scale;
+            sc[p] = dot(k + p * j->kv_stride + koff, qh, hd) * j->scale;
     }
     kern_ref_softmax(sc, n_ctx);
     memset(o, 0, (size_t)hd * sizeof *o);
     if (j->f16) {
+        if (s->quant[KERN_T_F16])
+            s->quant[KERN_T_F16](sc, p16, n_ctx);
+        else
+            kern_ref_quant_row(KERN_T_F16, sc, p16, n_ctx);
         const uint16_t *v = j->v;
         for (int64_t p = 0; p < n_ctx; p++) {
-            float w = kern_f16_to_f32(kern_f32_to_f16(sc[p]));
             const uint16_t *vr = v + p * j->kv_stride + koff;
-            for (int d = 0; d < hd; d++)
-                o[d] += w * kern_f16_to_f32(vr[d]);
+            float w = kern_f16_to_f32(p16[p]);
+            if (s->axpy_f16) {
+                s->axpy_f16(o, w, vr, hd);
+            } else {
+                for (int d = 0; d < hd; d++)
+                    o[d] += w * kern_f16_to_f32(vr[d]);
+            }
         }
-        (void)p16;
     } else {
         const float *v = j->v;
         for (int64_t p = 0; p < n_ctx; p++) {
             const float *vr = v + p * j->kv_stride + koff;
-            if (j->s->axpy_f32) {
-                j->s->axpy_f32(o, sc[p], vr, hd);
+            if (s->axpy_f32) {
+                s->axpy_f32(o, sc[p], vr, hd);
             } else {
                 for (int d = 0; d < hd; d++)
                     o[d] += sc[p] * vr[d];

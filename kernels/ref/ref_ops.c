@@ -16,19 +16,29 @@ void kern_ref_rope(float *x, int n_head, int head_dim, int n_rot, int64_t pos,
                    float freq_base, float freq_scale, bool neox)
 {
     /* theta_i = pos * freq_scale * base^(-2i/n_rot), the power built by repeated products
-     * in f32 as ggml does, so angles match it to the last bit. */
+     * in f32 as ggml does, so angles match it to the last bit. The angles are the same for
+     * every head: computed once (in chunks, without allocating). */
     float theta_scale = powf(freq_base, -2.0f / n_rot);
-    for (int h = 0; h < n_head; h++) {
-        float *v = x + (int64_t)h * head_dim;
-        float theta = (float)pos;
-        for (int i0 = 0; i0 < n_rot; i0 += 2) {
+    enum { CHUNK = 64 };
+    float cs[CHUNK], sn[CHUNK];
+    float theta = (float)pos;
+    for (int c0 = 0; c0 < n_rot / 2; c0 += CHUNK) {
+        int cn = n_rot / 2 - c0 < CHUNK ? n_rot / 2 - c0 : CHUNK;
+        for (int k = 0; k < cn; k++) {
             float t = freq_scale * theta;
-            float c = cosf(t), s = sinf(t);
-            int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + n_rot / 2 : i0 + 1;
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
+            cs[k] = cosf(t);
+            sn[k] = sinf(t);
             theta *= theta_scale;
+        }
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (int64_t)h * head_dim;
+            for (int k = 0; k < cn; k++) {
+                int i = c0 + k;
+                int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs[k] - x1 * sn[k];
+                v[b] = x0 * sn[k] + x1 * cs[k];
+            }
         }
     }
 }
