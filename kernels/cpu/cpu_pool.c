@@ -24,7 +24,10 @@
 
 #include "kernels/internal.h"
 
-#define SPIN_ROUNDS 8000 /* some tens of microseconds of pause loops before a worker sleeps */
+/* A waiting worker pauses briefly, then yields between polls (so on a busy machine the
+ * thread that will publish the next job gets the core), then sleeps on the futex. */
+#define SPIN_PAUSES 300
+#define SPIN_YIELDS 3000
 
 struct kern_pool {
     int n_threads;
@@ -65,8 +68,12 @@ static void *worker_main(void *arg)
         uint32_t g;
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ROUNDS) {
+            if (++spins < SPIN_PAUSES) {
                 CPU_RELAX();
+                continue;
+            }
+            if (spins < SPIN_PAUSES + SPIN_YIELDS) {
+                sched_yield();
                 continue;
             }
             atomic_fetch_add(&p->sleepers, 1);
@@ -99,7 +106,7 @@ void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx)
     int want = p->n_threads - 1, spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < want) {
         CPU_RELAX();
-        if (++spins > 2000) /* a descheduled worker: let it have the core */
+        if (++spins > 200) /* a descheduled worker: let it have the core */
             sched_yield();
     }
 }
