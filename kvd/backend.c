@@ -28,7 +28,7 @@ int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks
     int32_t *t = malloc(cap * sizeof *t);
     if (!t)
         return -ENOMEM;
-    int rc = model_tokenize(b->vocab, text, len, true, false, t, cap, &cnt);
+    int rc = model_tokenize(b->vocab, text, len, true, true, t, cap, &cnt);
     if (rc == -ENOSPC) {
         int32_t *nt = realloc(t, cnt * sizeof *t);
         if (!nt) {
@@ -36,7 +36,7 @@ int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks
             return -ENOMEM;
         }
         t = nt;
-        rc = model_tokenize(b->vocab, text, len, true, false, t, cnt, &cnt);
+        rc = model_tokenize(b->vocab, text, len, true, true, t, cnt, &cnt);
     }
     if (rc < 0 || cnt > UINT32_MAX) {
         free(t);

@@ -780,6 +780,15 @@ static void violation(struct conn *c, const char *fmt, ...)
 
 static void stage_dial_out(struct stage *st);
 
+static void send_ping(struct conn *c)
+{
+    uint8_t b[8];
+    c->ping_sent_ns = now_ns();
+    wr32(b, (uint32_t)c->ping_sent_ns);
+    wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
+    send_frame(c, NET_F_PING, 0, 0, 0, 0, b, 8);
+}
+
 static void on_established(struct conn *c)
 {
     struct stage *st = c->st;
@@ -813,6 +822,8 @@ static void on_established(struct conn *c)
     c->last_rx_ms = now_ms();
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
+    if (c->role == CONN_OUT)
+        send_ping(c);   /* a first RTT right away */
 }
 
 static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload)
@@ -1179,13 +1190,8 @@ static void tick_cb(uv_timer_t *t)
 {
     struct stage *st = t->data;
     uint64_t now = now_ms();
-    if (out_up(st)) {
-        uint8_t b[8];
-        st->out->ping_sent_ns = now_ns();
-        wr32(b, (uint32_t)st->out->ping_sent_ns);
-        wr32(b + 4, (uint32_t)(st->out->ping_sent_ns >> 32));
-        send_frame(st->out, NET_F_PING, 0, 0, 0, 0, b, 8);
-    }
+    if (out_up(st))
+        send_ping(st->out);
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
         if (links[i] && links[i]->up && now - links[i]->last_rx_ms > LINK_SILENCE_MS)

@@ -74,3 +74,51 @@ fi
 echo "== planner: 96 layers over 1000 devices (goal: well under a second)"
 make -s -j2 "$B/tests/tool-plan-bench" >/dev/null 2>&1 || true
 if [ -x "$B/tests/tool-plan-bench" ]; then "$B/tests/tool-plan-bench" || echo "plan bench failed"; else echo "tool-plan-bench not built"; fi
+
+# ---- ring (issue 5): loopback rings vs one process, wire bytes, concurrent sessions ----
+# A mid-sized synthetic llama (12 layers, n_embd 1024, Q4_0) so each figure takes seconds.
+# One compute thread per stage and for the one process (BENCH_RING_THREADS overrides).
+RT=${BENCH_RING_THREADS:-1}
+RN=${BENCH_RING_TG:-48}
+f="$CACHE/ring-bench-q4_0.gguf"
+if [ ! -s "$f" ]; then
+    echo "writing $f ..."
+    "$KVCTL" synth --arch llama --layers 12 --embd 1024 --ff 2816 --heads 16 --kv-heads 4 \
+        --vocab 8192 --type q4_0 --seed 3 --ctx 1024 -o "$f" >/dev/null || { echo "ring bench: synth failed"; exit 0; }
+fi
+PROMPT=1,100,200,300,400,500,600,700
+tgrate() { sed -n 's/.*generation: \([0-9]*\) tokens in \([0-9.]*\) s.*/\1 \2/p' | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print 0 }'; }
+echo
+echo "== ring: decode tok/s of loopback rings vs one process (12-layer n_embd 1024 Q4_0, $RT thread(s) per stage, tg$RN)"
+one=$("$KVCTL" generate -m "$f" --ids --tokens $PROMPT -n "$RN" --temp 0 --ignore-eos -t "$RT" 2>&1 >/dev/null | tgrate)
+echo "  one process      $one tok/s"
+RD=$CACHE/ring-bench
+for n in 1 2 3; do
+    "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
+    "$KVCTL" ring up --model "$f" --stages $n --dir "$RD" -t "$RT" >/dev/null || { echo "ring up $n failed"; continue; }
+    r=$("$KVCTL" generate --ring "$RD" --ids --tokens $PROMPT -n "$RN" --temp 0 --ignore-eos 2>&1 >/dev/null | tgrate)
+    echo "  $n-stage ring     $r tok/s"
+    if [ $n -eq 3 ]; then
+        echo "  bytes on the wire per token per edge (f32; n_embd x 4 + 28-byte header = $((1024 * 4 + 28))):"
+        "$KVCTL" status --ring "$RD" --json | python3 -c '
+import json, sys
+for l in sys.stdin:
+    s = json.loads(l)
+    kind = "TOKEN" if s["rank"] == s["n_ranks"] - 1 else "ACT"
+    print("    rank %d -> rank %d: %8.1f B/token (%s)" % (s["rank"], (s["rank"] + 1) % s["n_ranks"], s["bytes_per_token_out"], kind))'
+        echo "== ring: aggregate decode tok/s with concurrent sessions (3-stage ring, tg$RN each)"
+        for k in 1 4 8; do
+            start=$(date +%s.%N)
+            pids=""
+            for i in $(seq $k); do
+                "$KVCTL" generate --ring "$RD" --ids --tokens 1,$((100 + i)),$((200 + i)) -n "$RN" --temp 0 --ignore-eos \
+                    >/dev/null 2>&1 &
+                pids="$pids $!"
+            done
+            for p in $pids; do wait $p; done
+            end=$(date +%s.%N)
+            awk -v k=$k -v n="$RN" -v a="$start" -v b="$end" 'BEGIN { printf "  %d session(s): %8.2f tok/s aggregate\n", k, k * n / (b - a) }'
+        done
+    fi
+    "$KVCTL" ring down --dir "$RD" >/dev/null
+done

@@ -34,5 +34,23 @@ demo_windows() {
     done
 }
 
+# The ring: three kvd stages on loopback over the synthetic model, each holding only its window;
+# a streamed generation through the ring, the ring's status table, then ring down.
+demo_ring() {
+    RING=$DEMO/ring
+    "$KVCTL" ring down --dir "$RING" >/dev/null 2>&1 || true
+    say "a 3-stage ring on loopback: one kvd per window, two links each, tokens back to rank 0"
+    run "$KVCTL" ring up --model "$MODEL" --stages 3 --dir "$RING"
+    say "generate through the ring (text streams from rank 0 as tokens come round)"
+    run "$KVCTL" generate --ring "$RING" -p "Once upon a time" -n 32 --temp 0.8 --seed 7
+    say "the same tokens as one process"
+    run "$KVCTL" generate --ring "$RING" -p "Once upon a time" -n 16 --temp 0 --ids
+    run "$KVCTL" generate -m "$MODEL" -p "Once upon a time" -n 16 --temp 0 --ids
+    say "the ring at a glance"
+    run "$KVCTL" status --ring "$RING"
+    run "$KVCTL" ring down --dir "$RING"
+}
+
 demo_windows
+demo_ring
 say "demo done (files in $DEMO/)"

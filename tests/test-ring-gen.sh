@@ -35,6 +35,23 @@ for name in stories260K.gguf TinyStories-656K-Q8_0.gguf synth-llama-spm512-q4_0.
     done
 done
 
+# Text in, text out: -p through the ring prints what one process prints (stop strings too).
+M=$(need_model stories260K.gguf) || exit 1
+d="$TMP/text"
+ring_up "$d" --model "$M" --stages 3
+for extra in "" "--stop park"; do
+    one=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 2>/dev/null) || fail "one-process -p"
+    out=$("$KVCTL" generate --ring "$d" -p "Once upon a time" -n 40 --temp 0 $extra 2>"$TMP/err") || fail "ring -p: $(cat "$TMP/err")"
+    if [ -z "$extra" ]; then
+        [ "$out" = "$one" ] || fail "text differs: ring '$out' vs one process '$one'"
+    else
+        case "$out" in *park) ;; *) fail "--stop park: the text does not end at the stop string: '$out'" ;; esac
+        case "$one" in "$out"*) ;; *) fail "--stop park: '$out' is not a prefix of '$one'" ;; esac
+    fi
+done
+ring_down "$d"
+echo "ok text prompt and output"
+
 # f16 wire: half the boundary bytes, still a sensible generation.
 M=$(need_model stories260K.gguf) || exit 1
 for dt in f32 f16; do
