@@ -90,11 +90,12 @@ $(B)/tests/%: $(B)/obj/tests/%.o $(LIB)
 
 # libFuzzer targets: make FUZZ=1 fuzzers (tests/fuzz.sh does this). A target links the objects
 # of the module folders its source names in a "fuzz-modules: gguf net" comment (all when absent),
-# so one module that clang cannot build does not stop the others' fuzzing.
+# so one module that clang cannot build does not stop the others' fuzzing; an entry with a slash
+# is a file prefix ("model/tok" = model/tok*.c).
 fuzzers: $(FUZZERS)
 
 fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z/ ]*\).*/\1/p' tests/fuzz-$(1).c)
-fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(B)/obj/$(m)/%),$(LIB_OBJS)),$(LIB_OBJS))
+fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(LIB_OBJS))
 .SECONDEXPANSION:
 $(B)/fuzz-%: $(B)/obj/tests/fuzz-%.o $$(call fuzz_objs,$$*)
 	@$(if $(Q),echo "  LD $@")

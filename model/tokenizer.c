@@ -825,7 +825,6 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
             return -ENOMEM;
         }
         (void)off2; /* second follows first in the pool */
-        merge_index(v, i);
         const char *t = v->pool + mg->off;
         int32_t a = tok_find(v, t, mg->first_len), b = tok_find(v, t + mg->first_len, mg->second_len);
         mg->result = tok_find(v, t, (size_t)mg->first_len + mg->second_len);
@@ -834,6 +833,10 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
         else
             v->text_merges = true;
     }
+    /* the index by text is needed only for merges of texts that are no tokens */
+    if (v->text_merges)
+        for (uint32_t i = 0; i < n; i++)
+            merge_index(v, i);
     return 0;
 }
 

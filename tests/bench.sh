@@ -75,6 +75,29 @@ echo "== planner: 96 layers over 1000 devices (goal: well under a second)"
 make -s -j2 "$B/tests/tool-plan-bench" >/dev/null 2>&1 || true
 if [ -x "$B/tests/tool-plan-bench" ]; then "$B/tests/tool-plan-bench" || echo "plan bench failed"; else echo "tool-plan-bench not built"; fi
 
+# Tokenizer: 1 MiB of English text (the licence texts every Debian system ships, repeated),
+# tokenised by vocabularies from the shared test data (goal: well under a second each).
+TD=${KV_TESTDATA:-../shared/testdata}
+TXT="$CACHE/english-1m.txt"
+if [ ! -s "$TXT" ] && ls /usr/share/common-licenses/* >/dev/null 2>&1; then
+    : > "$TXT.tmp"
+    while [ "$(wc -c < "$TXT.tmp")" -lt 1048576 ]; do cat /usr/share/common-licenses/* >> "$TXT.tmp"; done
+    head -c 1048576 "$TXT.tmp" > "$TXT" && rm -f "$TXT.tmp"
+fi
+echo "== tokenizer: 1 MiB of English text, best of 3"
+make -s -j2 "$B/tests/tool-tokbench" >/dev/null 2>&1 || true
+if [ ! -x "$B/tests/tool-tokbench" ]; then
+    echo "tokenizer: $B/tests/tool-tokbench missing (make tests); skipped"
+elif [ ! -s "$TXT" ]; then
+    echo "tokenizer: no English text source; skipped"
+else
+    for v in llama-spm gpt-2 qwen2 deepseek-llm falcon; do
+        f="$TD/tokenizer/ggml-vocab-$v.gguf"
+        [ -s "$f" ] || { echo "tokenizer: $f missing; skipped"; continue; }
+        "$B/tests/tool-tokbench" "$f" "$TXT" 3 || echo "tokenizer: $v failed"
+    done
+fi
+
 # ---- ring (issue 5): loopback rings vs one process, wire bytes, concurrent sessions ----
 # A mid-sized synthetic llama (12 layers, n_embd 1024, Q4_0) so each figure takes seconds.
 # One compute thread per stage and for the one process (BENCH_RING_THREADS overrides).
