@@ -109,24 +109,38 @@ static bool cleanup_explains(const char *in, size_t n)
     return false;
 }
 
-/* One vocabulary's .inp/.out pairs. */
-static void run_vectors(const char *name)
+/* hex line -> bytes (returns the length) */
+static size_t unhex(const char *h, char *out, size_t cap)
 {
-    char rel[256], path[1024];
-    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf", name);
-    struct model_vocab *v = load_vocab(rel, NULL);
+    size_t n = 0;
+    for (; h[0] && h[1] && n < cap; h += 2) {
+        unsigned x;
+        if (sscanf(h, "%2x", &x) != 1)
+            break;
+        out[n++] = (char)x;
+    }
+    return n;
+}
+
+/* Check a vocabulary against vectors: inp (cases separated by the llama.cpp marker), out
+ * (expected ids per line), optionally det (hex of llama.cpp's decoding of those ids). With
+ * det absent the decoding must give the input back (where llama.cpp's own clean-up allows). */
+static void check_vectors(const char *vocab_rel, const char *inp_path, const char *out_path,
+                          const char *det_path, bool parse_special)
+{
+    const char *name = strrchr(inp_path, '/') ? strrchr(inp_path, '/') + 1 : inp_path;
+    struct model_vocab *v = load_vocab(vocab_rel, NULL);
     if (!v)
         return;
-    size_t ilen, olen;
-    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.inp", name);
-    char *inp = t_data_path(path, sizeof path, rel) ? read_file(path, &ilen) : NULL;
-    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.out", name);
-    char *outp = t_data_path(path, sizeof path, rel) ? read_file(path, &olen) : NULL;
-    T_CHECK(inp && outp, "%s: vectors unreadable", name);
-    if (!inp || !outp)
+    size_t ilen, olen, dlen;
+    char *inp = read_file(inp_path, &ilen);
+    char *outp = read_file(out_path, &olen);
+    char *detp = det_path ? read_file(det_path, &dlen) : NULL;
+    T_CHECK(inp && outp && (!det_path || detp), "%s: vectors unreadable", name);
+    if (!inp || !outp || (det_path && !detp))
         goto done;
     static const char sep[] = "\n__ggml_vocab_test__\n";
-    char *ip = inp, *op = outp;
+    char *ip = inp, *op = outp, *dp = detp;
     int cases = 0, bad = 0, rt_bad = 0;
     for (;;) {
         char *iend = strstr(ip, sep);
@@ -148,24 +162,36 @@ static void run_vectors(const char *name)
                 exp[nexp++] = (int32_t)x;
             q = e;
         }
-        size_t n;
-        int32_t *got = tokenize(v, ip, (size_t)(iend - ip), false, false, &n);
+        size_t n, ilen1 = (size_t)(iend - ip);
+        int32_t *got = tokenize(v, ip, ilen1, false, parse_special, &n);
         bool ok = n == nexp && (n == 0 || !memcmp(got, exp, n * sizeof *got));
         cases++;
         if (!ok) {
             bad++;
-            T_CHECK(ok, "%s: case %d '%.*s'", name, cases, (int)(iend - ip > 60 ? 60 : iend - ip), ip);
+            T_CHECK(ok, "%s: case %d '%.*s'", name, cases, (int)(ilen1 > 60 ? 60 : ilen1), ip);
             print_ids("want", exp, nexp);
             print_ids("got ", got, n);
         }
         size_t dl;
-        char *dec = detokenize(v, exp, nexp, false, false, &dl);
-        if (dl != (size_t)(iend - ip) || memcmp(dec, ip, dl)) {
-            if (!cleanup_explains(ip, (size_t)(iend - ip))) {
+        char *dec = detokenize(v, exp, nexp, false, parse_special, &dl);
+        if (dp) {
+            char *dend = strchr(dp, '\n');
+            T_CHECK(dend, "%s: .det has fewer lines than cases", name);
+            if (!dend)
+                break;
+            *dend = 0;
+            char want[8192];
+            size_t wl = unhex(dp, want, sizeof want);
+            if (dl != wl || memcmp(dec, want, wl)) {
                 rt_bad++;
                 T_CHECK(0, "%s: case %d decodes to '%.*s' not '%.*s'", name, cases, (int)dl, dec,
-                        (int)(iend - ip), ip);
+                        (int)wl, want);
             }
+            dp = dend + 1;
+        } else if ((dl != ilen1 || memcmp(dec, ip, dl)) && !cleanup_explains(ip, ilen1)) {
+            rt_bad++;
+            T_CHECK(0, "%s: case %d decodes to '%.*s' not '%.*s'", name, cases, (int)dl, dec,
+                    (int)ilen1, ip);
         }
         free(dec);
         free(got);
@@ -177,7 +203,42 @@ static void run_vectors(const char *name)
 done:
     free(inp);
     free(outp);
+    free(detp);
     model_vocab_free(v);
+}
+
+/* One vocabulary's .inp/.out pairs from the shared test data (llama.cpp's own vectors). */
+static void run_vectors(const char *name)
+{
+    char rel[256], inp[1024], out[1024];
+    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.inp", name);
+    if (!t_data_path(inp, sizeof inp, rel))
+        return;
+    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.out", name);
+    if (!t_data_path(out, sizeof out, rel))
+        return;
+    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf", name);
+    check_vectors(rel, inp, out, NULL, false);
+}
+
+/* Vectors made with llama.cpp on random mixed-script text (tests/data/tokenizer/gen.mjs):
+ * the pre-tokenizers without shared vectors, special-token parsing, and llama.cpp's decoding. */
+T_CASE(vectors_llamacpp_random)
+{
+    static const struct { const char *vocab, *set; bool parse; } sets[] = {
+        {"deepseek-llm", "deepseek-llm-plain", false}, {"falcon", "falcon-plain", false},
+        {"refact", "refact-plain", false},             {"gpt-neox", "gpt-neox-plain", false},
+        {"deepseek-coder", "deepseek-coder-parse", true}, {"qwen2", "qwen2-parse", true},
+        {"phi-3", "phi-3-parse", true},                {"llama-spm", "llama-spm-parse", true},
+    };
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        char rel[256], inp[512], out[512], det[512];
+        snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf", sets[i].vocab);
+        snprintf(inp, sizeof inp, "tests/data/tokenizer/%s.inp", sets[i].set);
+        snprintf(out, sizeof out, "tests/data/tokenizer/%s.out", sets[i].set);
+        snprintf(det, sizeof det, "tests/data/tokenizer/%s.det", sets[i].set);
+        check_vectors(rel, inp, out, det, sets[i].parse);
+    }
 }
 
 T_CASE(vectors_spm)
@@ -547,6 +608,35 @@ T_CASE(malformed_metadata)
     gguf_file_free(spm);
 }
 
+/* Every pre-tokenizer name llama.cpp knows that we implement loads (its regexes compile) and
+ * tokenises; the BPE model's metadata with the name swapped in. */
+static const char *g_pre;
+static void mut_pre(struct gguf_writer *w, const struct gguf_file *src)
+{
+    (void)src;
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", g_pre);
+}
+
+T_CASE(pre_tokenizers_compile)
+{
+    static const char *names[] = {
+        "default", "gpt-2", "llama3", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm",
+        "deepseek-v3", "starcoder", "falcon", "mpt", "refact", "command-r", "stablelm2", "olmo",
+        "dbrx", "smaug-bpe", "poro-chat", "chatglm-bpe", "glm4", "viking", "jais", "smollm",
+        "codeshell", "bloom", "gpt3-finnish", "exaone", "minerva-7b", "qwen35", "laguna",
+        "bailingmoe", "seed-coder", "minicpm5", "megrez", "falcon3", "phi-2"};
+    struct gguf_file *bpe = NULL;
+    model_vocab_free(load_vocab("models/synth-qwen2-bpe1024-q8_0.gguf", &bpe));
+    T_ASSERT(bpe, "source model");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char err[256];
+        g_pre = names[i];
+        int rc = load_mutated(bpe, NULL, mut_pre, err, sizeof err);
+        T_CHECK(rc == 0, "pre '%s': %d %s", names[i], rc, err);
+    }
+    gguf_file_free(bpe);
+}
+
 /* Buffer contracts: -ENOSPC reports the size needed; empty text with and without BOS. */
 T_CASE(buffers)
 {
@@ -578,12 +668,14 @@ int main(void)
 {
     T_RUN(vectors_spm);
     T_RUN(vectors_bpe);
+    T_RUN(vectors_llamacpp_random);
     T_RUN(reference_prompts);
     T_RUN(other_vocabs_roundtrip);
     T_RUN(bert_refused);
     T_RUN(special_parsing);
     T_RUN(streaming);
     T_RUN(malformed_metadata);
+    T_RUN(pre_tokenizers_compile);
     T_RUN(buffers);
     return T_DONE();
 }
