@@ -31,7 +31,7 @@ struct model_state {
     float *hb, *hb2;    /* [B][n_ff] gate and up */
     float *proj;        /* [B][n_embd] output projection before the residual add */
     float *headtmp;     /* [head_dim] one head for the QK-norm */
-    float *att_scratch; /* [n_threads][n_ctx] softmax rows */
+    float *att_scratch; /* [n_ctx] softmax row (kern_attention keeps its threads' own) */
 };
 
 struct model_exec {
@@ -103,7 +103,7 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     s->hb2 = xcalloc(B * hp->n_ff, sizeof(float), &rc);
     s->proj = xcalloc(B * hp->n_embd, sizeof(float), &rc);
     s->headtmp = xcalloc(hp->head_dim, sizeof(float), &rc);
-    s->att_scratch = xcalloc((size_t)(e->n_threads + 1) * n_ctx, sizeof(float), &rc);
+    s->att_scratch = xcalloc(n_ctx, sizeof(float), &rc);
     if (rc < 0)
         goto fail;
     *out = e;
