@@ -67,7 +67,15 @@ static void mb_free(void *impl)
     free(b);
 }
 
-static const struct kvd_backend_ops mb_ops = {
+const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
+{
+    extern const struct kvd_backend_ops kvd__mb_ops;
+    if (b->ops != &kvd__mb_ops)
+        return NULL;
+    return model_get_gguf(((const struct mb *)b->impl)->m);
+}
+
+const struct kvd_backend_ops kvd__mb_ops = {
     .session_new = mb_session_new, .session_free = mb_session_free, .embed = mb_embed,
     .run = mb_run, .head = mb_head, .sampler_new = mb_sampler_new,
     .sampler_free = mb_sampler_free, .sampler_accept = mb_sampler_accept,
@@ -98,7 +106,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
     }
     mb->n_vocab = hp->n_vocab;
     memset(b, 0, sizeof *b);
-    b->ops = &mb_ops;
+    b->ops = &kvd__mb_ops;
     b->impl = mb;
     b->n_embd = hp->n_embd;
     b->n_vocab = hp->n_vocab;

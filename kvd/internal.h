@@ -10,6 +10,7 @@
 #include "net/net.h"
 
 struct model_vocab;
+struct gguf_file;
 
 struct kvd_backend_ops {
     int (*session_new)(void *impl, uint64_t id);
@@ -44,6 +45,8 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
 int kvd_backend_open_stub(struct kvd_backend *b, uint32_t n_embd, uint32_t n_layer,
                           uint32_t first, uint32_t last, uint32_t n_ctx);
 void kvd_backend_close(struct kvd_backend *b);
+/* The parsed model file with the window's tensors mapped (NULL for the stub). */
+const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b);
 /* Rank 0: text -> tokens (BOS as the vocabulary asks); -ENOSYS without a tokenizer. */
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n);
 

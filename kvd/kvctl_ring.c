@@ -236,7 +236,8 @@ static void ring_up_usage(FILE *f)
         "  --stub --layers L --embd E   tests: stand-in compute, no model file\n"
         "  --window-from URL   stages pull their windows from a seeder or a GGUF URL\n"
         "                      (kvd stage --window-from) instead of mapping --model\n"
-        "  --catalog FILE      with --window-from: verify each window against it\n"
+        "  --catalog FILE      the model's catalog (default: built into DIR/catalog.json);\n"
+        "                      its id goes into the manifest, every stage verifies its window\n"
         "Writes DIR/ring.json (an even split by layer bytes), starts one kvd per stage on\n"
         "loopback, waits until the ring is linked and prints it.\n");
 }
@@ -291,7 +292,8 @@ static int ring_up(int argc, char **argv)
     char arch[32] = "stub", name[128] = "stub";
     uint32_t n_layers = (uint32_t)s_layers, n_embd = (uint32_t)s_embd, n_ctx_train = 4096;
     uint64_t *lbytes = NULL;
-    char model_abs[PATH_MAX] = "";
+    char model_abs[PATH_MAX] = "", cat_id[65] = "", cat_path[PATH_MAX] = "";
+    struct gguf_catalog *cat_ptr = NULL;
     if (!stub) {
         char err[GGUF_ERR_LEN];
         struct gguf_file *g;
@@ -326,6 +328,25 @@ static int ring_up(int argc, char **argv)
             if (l >= 0 && (uint32_t)l < n_layers)
                 lbytes[l] += t->size;
         }
+        /* The model's identity: its catalog (per-tensor SHA-256); every stage checks its
+         * window against it. */
+        struct gguf_catalog *cat;
+        if (catalog) {   /* given: use it (its id names the model in the manifest) */
+            if (gguf_catalog_load(&cat, catalog, cat_id, err, sizeof err) < 0 || !realpath(catalog, cat_path)) {
+                fprintf(stderr, "kvctl ring up: catalog %s: %s\n", catalog, err);
+                gguf_file_free(g);
+                free(lbytes);
+                return 1;
+            }
+            gguf_catalog_free(cat);
+            cat = NULL;
+        } else if (gguf_catalog_build(&cat, g, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl ring up: catalog of %s: %s\n", model, err);
+            gguf_file_free(g);
+            free(lbytes);
+            return 1;
+        }
+        cat_ptr = cat;
         gguf_file_free(g);
         if (!realpath(model, model_abs)) {
             fprintf(stderr, "kvctl ring up: %s: %s\n", model, strerror(errno));
@@ -390,6 +411,16 @@ static int ring_up(int argc, char **argv)
         }
         fclose(f);
     }
+    if (cat_ptr) {
+        char err[300];
+        snprintf(cat_path, sizeof cat_path, "%s/catalog.json", dir_abs);
+        int crc = gguf_catalog_save(cat_ptr, cat_path, cat_id, err, sizeof err);
+        gguf_catalog_free(cat_ptr);
+        if (crc < 0) {
+            fprintf(stderr, "kvctl ring up: %s\n", err);
+            return 1;
+        }
+    }
     uint8_t rid[8];
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
@@ -399,7 +430,7 @@ static int ring_up(int argc, char **argv)
     cJSON_AddStringToObject(root, "ring", ring_id);
     cJSON *jm = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(jm, "name", name);
-    cJSON_AddStringToObject(jm, "catalog", "");
+    cJSON_AddStringToObject(jm, "catalog", cat_id);
     cJSON_AddStringToObject(jm, "arch", arch);
     cJSON_AddNumberToObject(jm, "n_layers", n_layers);
     cJSON_AddNumberToObject(jm, "n_embd", n_embd);
@@ -490,16 +521,16 @@ static int ring_up(int argc, char **argv)
             args[a++] = th;
             if (stub)
                 args[a++] = "--stub";
-            else if (window_from) {
-                args[a++] = "--window-from";
-                args[a++] = window_from;
-                if (catalog) {
-                    args[a++] = "--catalog";
-                    args[a++] = catalog;
+            else {
+                if (window_from) {
+                    args[a++] = "--window-from";
+                    args[a++] = window_from;
+                } else {
+                    args[a++] = "--model";
+                    args[a++] = model_abs;
                 }
-            } else {
-                args[a++] = "--model";
-                args[a++] = model_abs;
+                args[a++] = "--catalog";
+                args[a++] = cat_path;
             }
             args[a] = NULL;
             execv(kvd, (char **)args);

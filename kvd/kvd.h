@@ -66,6 +66,7 @@ struct kvd_stage_opts {
     const char *window;         /* stage mini-GGUF (instead of model) */
     const char *listen;         /* "host:port"; default: the host:port of the own endpoint */
     const char *state_dir;      /* node key, control socket */
+    const char *catalog;        /* the model's catalog (kvctl catalog): checks the window */
     int n_threads;
     uint32_t idle_timeout_s;    /* sessions with no progress are ended (default 300) */
     uint32_t chunk;             /* prefill chunk (tokens); 0: max_batch */

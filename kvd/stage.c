@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/rand.h>
 
+#include "gguf/gguf.h"
 #include "kvd/internal.h"
 #include "kvd/kvd.h"
 #include "model/model.h"
@@ -1324,6 +1325,68 @@ static int endpoint_hostport(const char *ep, char *out, size_t n)
     return 0;
 }
 
+/* Model identity: the catalog's id must be the manifest's model.catalog, and every tensor of
+ * the window that this stage mapped must match its catalog entry (type, shape, size and the
+ * SHA-256 of its bytes). */
+static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
+{
+    if (!o->catalog) {
+        if (st->m.catalog[0] && !o->stub)
+            kvd_log(KVD_LOG_WARN, "manifest names model catalog %.16s... but no --catalog was given: "
+                    "the window's identity is not checked", st->m.catalog);
+        return 0;
+    }
+    char err[512], id[65];
+    struct gguf_catalog *c;
+    int rc = gguf_catalog_load(&c, o->catalog, id, err, sizeof err);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_ERROR, "catalog %s: %s", o->catalog, err);
+        return rc;
+    }
+    if (st->m.catalog[0] && strcmp(id, st->m.catalog) != 0) {
+        kvd_log(KVD_LOG_ERROR, "catalog %s has id %.16s..., the manifest's model is %.16s...", o->catalog, id,
+                st->m.catalog);
+        gguf_catalog_free(c);
+        return -EPERM;
+    }
+    if (o->stub) {
+        gguf_catalog_free(c);
+        return 0;
+    }
+    const struct gguf_file *f = kvd_backend_gguf(&st->be);
+    uint64_t checked = 0, bytes = 0;
+    for (uint64_t i = 0; f && i < gguf_tensor_count(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!t->data)
+            continue;   /* not part of this window */
+        const struct gguf_catalog_tensor *ct = gguf_catalog_find(c, t->name);
+        bool same = ct && ct->type == t->type && ct->n_dims == t->n_dims && ct->size == t->size;
+        for (uint32_t d = 0; same && d < t->n_dims; d++)
+            same = ct->ne[d] == t->ne[d];
+        char hex[65] = "";
+        if (same) {
+            gguf_sha256_hex(t->data, t->size, hex);
+            same = !strcmp(hex, ct->sha256);
+        }
+        if (!same) {
+            kvd_log(KVD_LOG_ERROR, "tensor %s does not match catalog %s (%s)", t->name, o->catalog,
+                    !ct ? "not in the catalog" : hex[0] ? "SHA-256 differs" : "type/shape/size differ");
+            gguf_catalog_free(c);
+            return -EBADMSG;
+        }
+        checked++;
+        bytes += t->size;
+    }
+    gguf_catalog_free(c);
+    if (checked == 0) {
+        kvd_log(KVD_LOG_ERROR, "no mapped tensor to check against the catalog");
+        return -EINVAL;
+    }
+    kvd_log(KVD_LOG_INFO, "window verified against catalog %.16s...: %" PRIu64 " tensors, %" PRIu64 " bytes",
+            id, checked, bytes);
+    return 0;
+}
+
 int kvd_stage_run(const struct kvd_stage_opts *o)
 {
     char err[512];
@@ -1392,6 +1455,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         rc = -EINVAL;
         goto fail;
     }
+    if ((rc = check_identity(st, o)) < 0)
+        goto fail;
     st->chunk = o->chunk && o->chunk < st->m.max_batch ? o->chunk : st->m.max_batch;
     /* The largest payload a peer may send us: an ACT of max_batch rows, an OPEN with a full
      * context of prompt, a TOKEN with logits, or an ERROR. */

@@ -28,8 +28,10 @@ static int set_window(struct kvd_stage_opts *o, const char *v) { o->window = v; 
 static int set_listen(struct kvd_stage_opts *o, const char *v) { o->listen = v; return 0; }
 static int set_state(struct kvd_stage_opts *o, const char *v) { o->state_dir = v; return 0; }
 static const char *window_from, *window_catalog; /* the seeder section's --window-from */
+/* One catalog serves both: the pulled window is verified against it, and the stage checks
+ * its id against the manifest and its mapped tensors against it. */
+static int set_catalog(struct kvd_stage_opts *o, const char *v) { o->catalog = v; window_catalog = v; return 0; }
 static int set_window_from(struct kvd_stage_opts *o, const char *v) { (void)o; window_from = v; return 0; }
-static int set_window_catalog(struct kvd_stage_opts *o, const char *v) { (void)o; window_catalog = v; return 0; }
 static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
 static int set_rank(struct kvd_stage_opts *o, const char *v)
@@ -68,9 +70,9 @@ static const struct opt opts[] = {
     {"--model", "FILE", "full GGUF; only this rank's window is mapped", set_model},
     {"--window", "FILE", "stage mini-GGUF holding this rank's window", set_window},
     {"--window-from", "URL", "pull this rank's window first (seeder or GGUF URL; docs/windows.md)", set_window_from},
-    {"--catalog", "FILE", "verify the pulled window against this catalog", set_window_catalog},
     {"--listen", "HOST:PORT", "where the predecessor connects (default: own endpoint)", set_listen},
     {"--state-dir", "DIR", "node key and control socket (default .)", set_state},
+    {"--catalog", "FILE", "model catalog: id must be the manifest's; the (pulled) window is verified", set_catalog},
     {"-t", "N", "compute threads (default: all cores)", set_threads},
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},

@@ -50,6 +50,24 @@ peer unknown 0 "$D/rank-0" "ACT for unknown session"
     --state-dir "$D/rank-0" --case ping | grep -q pong || fail "the stage does not serve a fresh link"
 echo "ok fresh link served"
 
+# Model identity: a stage given another model's catalog (or a window that does not match the
+# manifest's) refuses to start, saying why.
+M2=$(need_model TinyStories-656K-Q8_0.gguf) || exit 1
+"$KVCTL" catalog "$M2" -o "$TMP/other.catalog.json" > /dev/null || fail "kvctl catalog"
+mkdir -p "$TMP/id-check" && cp "$D/rank-1/node.key" "$TMP/id-check/"   # rank 1's key, its own dir
+if "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$TMP/other.catalog.json" \
+        --state-dir "$TMP/id-check" --listen 127.0.0.1:0 > "$TMP/id.log" 2>&1; then
+    fail "a stage started with another model's catalog"
+fi
+grep -q "the manifest's model is" "$TMP/id.log" || fail "no reason for the catalog refusal: $(cat "$TMP/id.log")"
+M3=$(need_model synth-llama-spm512-q4_0.gguf) || exit 1
+if "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M3" --catalog "$D/catalog.json" \
+        --state-dir "$TMP/id-check" --listen 127.0.0.1:0 > "$TMP/id.log" 2>&1; then
+    fail "a stage started with another model file"
+fi
+grep -q "does not match the manifest\|does not match catalog" "$TMP/id.log" || fail "no reason for the model refusal: $(cat "$TMP/id.log")"
+echo "ok model identity checked"
+
 # The real rank 0 comes back: the ring links again and generates.
 "$KVD" stage --manifest "$D/ring.json" --rank 0 --model "$M" --state-dir "$D/rank-0" \
     >> "$D/rank-0/kvd.log" 2>&1 &
