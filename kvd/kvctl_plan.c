@@ -140,6 +140,64 @@ static uint32_t experts_in(const struct plan_tensor *t, size_t n)
     return 0;
 }
 
+/* A stage mini-GGUF holds only its window's blocks: take the blocks outside it from blocks
+ * of the same kind inside it (full attention or not, for hybrids: every interval-th block),
+ * and the embedding / head from the vocabulary and the window's bytes per weight. */
+static void extrapolate_window(struct model_src *m, uint32_t wf, uint32_t wl)
+{
+    struct plan_shape *s = &m->shape;
+    uint32_t nl = s->n_layers, fai = 0, vocab = 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.full_attention_interval", m->arch);
+    if (gguf_get_u32(m->gf, key, &fai) != 0 && (!strcmp(m->arch, "qwen35") || !strcmp(m->arch, "qwen35moe")))
+        fai = 4;
+    snprintf(key, sizeof key, "%s.vocab_size", m->arch);
+    if (gguf_get_u32(m->gf, key, &vocab) != 0) {
+        const struct gguf_value *arr;
+        if (gguf_get_arr(m->gf, "tokenizer.ggml.tokens", &arr) == 0 && arr->v.arr.n < (1u << 24))
+            vocab = (uint32_t)arr->v.arr.n;
+    }
+    uint32_t main_last = nl - m->mi.nextn_layers; /* first MTP block */
+    for (uint32_t i = 0; i < nl; i++) {
+        if (i >= wf && i < wl) continue;
+        bool mtp = i >= main_last;
+        bool kind = fai && !mtp ? (i + 1) % fai == 0 : true;
+        int src = -1;
+        for (uint32_t j = wf; j < wl && j < main_last; j++) {
+            bool kj = fai ? (j + 1) % fai == 0 : true;
+            if (kj == kind) { src = (int)j; break; }
+        }
+        if (src < 0) src = (int)(wf < main_last ? wf : wl - 1);
+        m->layers[i] = m->layers[src];   /* s->layers points at m->layers */
+        if (mtp) {
+            m->layers[i].active_bytes = 0;
+            m->layers[i].macs = 0;
+            m->layers[i].kv_bytes_per_token = 0;
+            m->layers[i].state_bytes = 0;
+        }
+    }
+    /* bytes per weight of the window's matrices */
+    double bytes = 0, el = 0;
+    for (size_t i = 0; i < m->nt; i++)
+        if (m->t[i].n_dims >= 2) {
+            bytes += (double)m->t[i].bytes;
+            el += (double)m->t[i].ne[0] * (double)m->t[i].ne[1] * (double)m->t[i].ne[2];
+        }
+    double bpe = el > 0 ? bytes / el : 2;
+    double table = (double)vocab * s->n_embd * bpe;
+    if (wf > 0) {
+        s->embed_bytes = (uint64_t)table;
+        s->embed_active_bytes = vocab ? (uint64_t)(table / vocab) : 0;
+    }
+    if (wl < nl) {
+        s->head_bytes = (uint64_t)table + 4ull * s->n_embd;
+        s->head_active_bytes = s->head_bytes;
+        s->head_macs = (double)vocab * s->n_embd;
+    }
+    fprintf(stderr, "kvctl: %s is the window [%u, %u) of a %u-layer model: the other blocks, the "
+            "embedding and the head are extrapolated from it\n", gguf_file_path(m->gf), wf, wl, nl);
+}
+
 static int load_gguf(struct model_src *m, const char *path, char *err, size_t errlen)
 {
     snprintf(m->kind, sizeof m->kind, "gguf");
@@ -182,7 +240,12 @@ static int load_gguf(struct model_src *m, const char *path, char *err, size_t er
         snprintf(err, errlen, "%s: %s.expert_count %u but no expert_used_count", path, m->arch, m->mi.n_expert);
         return -EINVAL;
     }
-    return finish_shape(m, err, errlen);
+    rc = finish_shape(m, err, errlen);
+    if (rc) return rc;
+    uint32_t wf, wl;
+    if (gguf_window_get(m->gf, &wf, &wl) == 0 && wf < wl && wl <= nl && (wf > 0 || wl < nl))
+        extrapolate_window(m, wf, wl);
+    return 0;
 }
 
 static int load_catalog(struct model_src *m, const char *path, uint32_t used, int nextn, char *err, size_t errlen)

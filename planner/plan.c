@@ -256,13 +256,6 @@ static uint32_t dp_backtrack(const struct ctx *c, uint32_t n, uint32_t *pos, uin
     return k;
 }
 
-/* A candidate plan for comparison: primary and secondary objective values. */
-struct cand {
-    double lat, period;
-    uint32_t *ord;     /* the order it came from (N entries, or n for a pool) */
-    uint32_t n;
-};
-
 static bool better(const struct ctx *c, double lat, double per, double blat, double bper)
 {
     if (lat == INF)

@@ -94,4 +94,14 @@ a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
 assert a[\"model\"][\"catalog\"] and len(a[\"model\"][\"catalog\"])==64
 assert [r[\"mem_bytes\"] for r in a[\"ranks\"]]==[r[\"mem_bytes\"] for r in b[\"ranks\"]]
 assert abs(a[\"plan\"][\"est_ms_per_token\"]-b[\"plan\"][\"est_ms_per_token\"])<1e-9" "$T/c2.json" "$T/g2.json"'
+
+# 5. a stage mini-GGUF: the blocks outside its window are extrapolated from the ones inside
+"$K" slice "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" --layers 2:5 -o "$T/w25.gguf" > /dev/null 2>&1
+"$K" plan --model "$T/w25.gguf" --devices "$T/one.json" --json > "$T/w2.json" 2> "$T/w2.txt"
+check "mini-GGUF window plans like its model" '[ $? -eq 0 ] && grep -q "window \[2, 5)" "$T/w2.txt" && python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
+assert a[\"model\"][\"n_layers\"]==b[\"model\"][\"n_layers\"]==8
+x=a[\"ranks\"][0][\"mem_bytes\"];y=b[\"ranks\"][0][\"mem_bytes\"]
+assert abs(x-y)<=0.01*y,(x,y)" "$T/w2.json" "$T/g2.json"'
 exit $fail

@@ -193,8 +193,37 @@ T_CASE(even_split)
     T_CHECK(plan_even(&inst.shape, 0, f, l) == -EINVAL, "0 ranks accepted");
 }
 
+/* N local identical processes (kvctl ring up): plan_devices_local feeds plan_make. */
+T_CASE(local_devices)
+{
+    static const char *ids[4] = {"rank-0", "rank-1", "rank-2", "rank-3"};
+    struct plan_device d[4];
+    pt_make(&inst, 24, 1, 0);
+    uint64_t total = inst.shape.embed_bytes + inst.shape.head_bytes;
+    for (uint32_t i = 0; i < 24; i++) total += inst.layers[i].weight_bytes;
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.ctx = 0;
+    o.headroom = 0;
+    /* each process gets a third of the model's bytes (+ slack): three or four ranks needed */
+    plan_devices_local(d, ids, 4, total / 3 + total / 10, 0.5);
+    for (int i = 0; i < 4; i++) T_CHECK(d[i].inbound && !strcmp(d[i].backend, "cpu") && d[i].id == ids[i], "local profile %d", i);
+    struct plan_result *r = NULL;
+    char err[PLAN_ERR_LEN];
+    T_ASSERT(plan_make(&inst.shape, d, 4, &o, &r, err, sizeof err) == 0, "local plan: %s", err);
+    T_CHECK(r->n_ranks >= 3 && r->n_ranks <= 4, "%u ranks", r->n_ranks);
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        T_CHECK(r->ranks[i].first == j && r->ranks[i].mem_bytes <= total / 3 + total / 10, "rank %u", i);
+        j = r->ranks[i].last;
+    }
+    T_CHECK(j == 24, "covers %u", j);
+    plan_result_free(r);
+}
+
 int main(void)
 {
+    T_RUN(local_devices);
     T_RUN(random_instances);
     T_RUN(heuristic_near_exhaustive);
     T_RUN(errors);
