@@ -54,6 +54,39 @@ static void matmul(struct model_exec *e, const struct model_mat *w, const float 
     kern_matmul(e->pool, w->type, w->data, w->rows, w->cols, x, n, y);
 }
 
+/* kern_ref_rope with a frequency divisor per rotated pair (Llama 3.1's rope_freqs): the
+ * angle of pair i is freq_scale * theta_i / factor[i], the theta_i built as kern_ref_rope
+ * and ggml build them. */
+static void rope_factors(float *x, int n_head, int head_dim, int n_rot, int64_t pos,
+                         float freq_base, float freq_scale, bool neox, const float *factor)
+{
+    float theta_scale = powf(freq_base, -2.0f / n_rot);
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        float theta = (float)pos;
+        for (int i0 = 0; i0 < n_rot; i0 += 2) {
+            float t = freq_scale * (theta / factor[i0 / 2]);
+            float c = cosf(t), s = sinf(t);
+            int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + n_rot / 2 : i0 + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+            theta *= theta_scale;
+        }
+    }
+}
+
+static void rope(const struct model *m, float *x, int n_head, int64_t pos)
+{
+    const struct model_hparams *hp = &m->hp;
+    if (m->rope_freqs)
+        rope_factors(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, hp->rope_scale,
+                     hp->rope_neox, m->rope_freqs);
+    else
+        kern_ref_rope(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, hp->rope_scale,
+                      hp->rope_neox);
+}
+
 static void add_rows(float *x, const float *b, uint32_t n, uint32_t dim)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -263,10 +296,8 @@ static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos
             }
         }
         for (uint32_t i = 0; i < n; i++) {
-            kern_ref_rope(s->q + (size_t)i * q_dim, hp->n_head, hd, hp->n_rot, pos + i,
-                          hp->rope_base, hp->rope_scale, hp->rope_neox);
-            kern_ref_rope(s->k + (size_t)i * kv_dim, hp->n_head_kv, hd, hp->n_rot, pos + i,
-                          hp->rope_base, hp->rope_scale, hp->rope_neox);
+            rope(m, s->q + (size_t)i * q_dim, hp->n_head, pos + i);
+            rope(m, s->k + (size_t)i * kv_dim, hp->n_head_kv, pos + i);
         }
         /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
         for (uint32_t i = 0; i < n; i++)

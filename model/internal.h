@@ -48,6 +48,7 @@ struct model {
     struct model_mat tok_embd;     /* [n_vocab][n_embd] (rank 0, or the head when tied) */
     const float *output_norm;      /* [n_embd] (last rank) */
     struct model_mat output;       /* [n_vocab][n_embd] (last rank; = tok_embd when tied) */
+    const float *rope_freqs;       /* [n_rot/2] RoPE frequency divisors (Llama 3.1) or NULL */
     struct model_layer *layers;    /* last - first blocks; layers[i] is block first + i */
 };
 

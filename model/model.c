@@ -164,11 +164,6 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         return rc;
     hp->rope_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
     hp->rope_neox = (*ad)->rope_neox;
-    if (gguf_tensor_find(f, "rope_freqs.weight")) {
-        seterr(err, errlen, "tensor rope_freqs.weight (per-dimension RoPE frequency factors, "
-               "Llama 3.1 style) is not supported");
-        return -ENOTSUP;
-    }
 
     /* Vocabulary size: from whichever of the vocabulary-sized tensors or arrays is present. */
     const struct gguf_tensor *t = gguf_tensor_find(f, "token_embd.weight");
@@ -310,7 +305,7 @@ static bool want_tensor(const struct gguf_tensor *t, void *ud)
         return w->embed || (w->head && w->tied);
     if (!strcmp(t->name, "output_norm.weight") || !strcmp(t->name, "output.weight"))
         return w->head;
-    return false;
+    return !strcmp(t->name, "rope_freqs.weight");    /* every layer rotates with it */
 }
 
 int model_open(struct model **out, const char *path, int first, int last, char *err,
@@ -371,6 +366,10 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     for (uint32_t il = m->first; il < m->last; il++)
         if ((rc = bind_layer(m, ad, il, &m->layers[il - m->first], err, errlen)) < 0)
             goto fail;
+    /* Llama 3.1 style RoPE: one frequency divisor per rotated pair. */
+    if ((rc = bind_vec(m, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err,
+                       errlen)) < 0)
+        goto fail;
     if (m->has_embed || (m->has_head && w.tied))
         if ((rc = bind_mat(m, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err,
                            errlen)) < 0)
