@@ -60,8 +60,9 @@ void kern_ref_silu(float *x, int64_t n);
 void kern_ref_swiglu(float *out, const float *gate, const float *up, int64_t n);
 /* Causal grouped-query attention for n query rows at positions pos0..pos0+n-1 over a cache
  * holding positions 0..pos0+n-1. q, out: n x (n_head*head_dim) f32. k, v: caches of kv_type
- * (F32 or F16), position p's row at p * kv_stride elements, n_kv_head*head_dim long.
- * scratch: at least (pos0 + n) floats. */
+ * (F32 or F16), position p's row at p * kv_stride elements, n_kv_head*head_dim long; query
+ * head h reads KV head h / (n_head / n_kv_head). Callers guarantee n_kv_head divides n_head
+ * (asserted). scratch: at least (pos0 + n) floats. */
 void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void *k,
                         const void *v, int64_t n, int64_t pos0, int n_head, int n_kv_head,
                         int head_dim, size_t kv_stride, float scale, float *scratch);

@@ -97,6 +97,7 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch)
 {
+    assert(n_kv_head > 0 && n_head % n_kv_head == 0 && (kv_type == KERN_T_F16 || kv_type == KERN_T_F32));
     int nth = kern_pool_threads(p);
     int64_t ctx_len = pos0 + n;
     size_t per = ((size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2 + 63) & ~(size_t)63;

@@ -174,7 +174,8 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
         return 0;
     int nth = kern_pool_threads(p);
 
-    if (type == KERN_T_F32 && n >= 16 && rows >= 64) {
+    if (type == KERN_T_F32 && n >= 16 && rows >= 64 && n <= INT32_MAX && rows <= INT32_MAX &&
+        cols <= INT32_MAX) {
         /* y (n x rows) = x (n x cols) . W^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f,
                     x, (int)cols, w, (int)cols, 0.0f, y, (int)rows);

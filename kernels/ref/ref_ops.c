@@ -76,6 +76,7 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
 {
     /* For an F16 cache llama.cpp's matmuls round q to f16 for K.q and the softmax weights to
      * f16 for the V product; an F32 cache keeps everything f32. */
+    assert(n_kv_head > 0 && n_head % n_kv_head == 0 && (kv_type == KERN_T_F16 || kv_type == KERN_T_F32));
     bool f16 = kv_type == KERN_T_F16;
     int group = n_head / n_kv_head;
     int64_t q_stride = (int64_t)n_head * head_dim;
