@@ -119,7 +119,11 @@ int kvctl_cmd_pull(int argc, char **argv)
     if (o.progress)
         fprintf(stderr,
                 "pull: wrote %s (layers [%u, %u)): %" PRIu64 " bytes fetched in %" PRIu64
-                " requests, %.2f s\n",
-                o.out_path, o.first, o.last, st.bytes_fetched, st.requests, st.seconds);
+                " requests, %.2f s (transfer %.2f s = %.0f MB/s, verify + install %.2f s)\n",
+                o.out_path, o.first, o.last, st.bytes_fetched, st.requests, st.seconds,
+                st.seconds - st.verify_seconds,
+                st.seconds - st.verify_seconds > 0
+                    ? (double)(st.bytes_fetched - 0) / 1e6 / (st.seconds - st.verify_seconds) : 0.0,
+                st.verify_seconds);
     return 0;
 }

@@ -137,7 +137,8 @@ struct kvd_pull_stats {
     uint64_t bytes_fetched;     /* body bytes received (after decoding) */
     uint64_t bytes_resumed;     /* bytes found already done at the start */
     uint64_t requests;
-    double seconds;
+    double seconds;             /* all of it */
+    double verify_seconds;      /* of which: verifying and installing the window */
 };
 int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err,
              size_t errlen);

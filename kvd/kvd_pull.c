@@ -175,6 +175,7 @@ static void curl_setup(struct pull *p, const char *url)
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, p->o->timeout_s > 0 ? p->o->timeout_s : 30L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "kvasir-pull/1");
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger writes */
     if (p->o->max_rate)
         curl_easy_setopt(c, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->o->max_rate);
     p->status = 0;
@@ -296,8 +297,19 @@ static int state_save(const char *path, const struct state *s)
 
 /* ------------------------------------------------------------------ verify + install */
 
+static int finish_inner(struct pull *p, const char *part, const char *statep,
+                        const struct gguf_catalog *cat);
 static int finish(struct pull *p, const char *part, const char *statep,
                   const struct gguf_catalog *cat)
+{
+    double t0 = now_s();
+    int rc = finish_inner(p, part, statep, cat);
+    p->st->verify_seconds = now_s() - t0;
+    return rc;
+}
+
+static int finish_inner(struct pull *p, const char *part, const char *statep,
+                        const struct gguf_catalog *cat)
 {
     const struct kvd_pull_opts *o = p->o;
     char err[512] = "";

@@ -145,3 +145,56 @@ for l in sys.stdin:
     fi
     "$KVCTL" ring down --dir "$RD" >/dev/null
 done
+
+echo "== windows: pull throughput, loopback seeder vs curl of the same bytes from nginx"
+# The TinyLlama-shaped Q4_0 model above; a window of half its layers. Page cache warmed first.
+bench_pull() {
+    local f="$CACHE/tinyllama-1.1b-shape-q4_0.gguf" t port nport sp w=${BENCH_PULL_LAYERS:-0:11}
+    [ -s "$f" ] || { echo "no model ($f): skipped"; return 0; }
+    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "no nginx: skipped"; return 0; }
+    t=$(mktemp -d /tmp/kvbench.XXXXXX)
+    cat "$f" >/dev/null
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    nport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    mkdir -p "$t/www" "$t/tmp"
+    ln -s "$(readlink -f "$f")" "$t/www/model.gguf"
+    cat > "$t/nginx.conf" <<EOF
+$([ "$(id -u)" = 0 ] && echo "user root;")
+worker_processes 1;
+pid $t/nginx.pid;
+error_log $t/error.log;
+events { worker_connections 64; }
+http {
+    access_log off; sendfile on; client_body_temp_path $t/tmp/b; proxy_temp_path $t/tmp/p;
+    fastcgi_temp_path $t/tmp/f; uwsgi_temp_path $t/tmp/u; scgi_temp_path $t/tmp/s;
+    server { listen 127.0.0.1:$nport; root $t/www; }
+}
+EOF
+    $(command -v nginx || echo /usr/sbin/nginx) -p "$t" -c "$t/nginx.conf" 2>/dev/null
+    "$B/kvd" seeder --serve "$f" --listen "127.0.0.1:$port" 2>"$t/seeder.log" &
+    sp=$!
+    for _ in $(seq 600); do curl -sf -o /dev/null "http://127.0.0.1:$port/v1/models" && break; sleep 0.1; done
+    local t0 t1 size
+    t0=$(date +%s.%N)
+    "$KVCTL" pull --from "http://127.0.0.1:$port" --layers "$w" -o "$t/s.gguf" 2>"$t/pull.log" </dev/null || echo "seeder pull failed"
+    t1=$(date +%s.%N)
+    tail -n 1 "$t/pull.log"
+    size=$(stat -c %s "$t/s.gguf" 2>/dev/null || echo 0)
+    awk -v s="$size" -v a="$t0" -v b="$t1" -v w="$w" 'BEGIN {printf "kvctl pull from a loopback seeder: window %s, %.0f MB in %.2f s = %.0f MB/s (verified)\n", w, s/1e6, b-a, s/1e6/(b-a)}'
+    rm -f "$t/s.gguf"
+    t0=$(date +%s.%N)
+    "$KVCTL" pull -q --zstd --from "http://127.0.0.1:$port" --layers "$w" -o "$t/s.gguf" || echo "seeder zstd pull failed"
+    t1=$(date +%s.%N)
+    awk -v s="$size" -v a="$t0" -v b="$t1" 'BEGIN {printf "kvctl pull --zstd from the seeder:  %.0f MB in %.2f s = %.0f MB/s (verified)\n", s/1e6, b-a, s/1e6/(b-a)}'
+    curl -s -o "$t/c.bin" -r "0-$((size - 1))" -w '%{size_download} %{time_total}\n' \
+        "http://127.0.0.1:$nport/model.gguf" | awk '{printf "curl of the same bytes from nginx:   %.0f MB in %.2f s = %.0f MB/s (to a file, no fsync, no verify)\n", $1/1e6, $2, $1/1e6/$2}'
+    rm -f "$t/c.bin"
+    t0=$(date +%s.%N)
+    "$KVCTL" pull -q --from "http://127.0.0.1:$nport/model.gguf" --layers "$w" -o "$t/n.gguf" || echo "nginx pull failed"
+    t1=$(date +%s.%N)
+    awk -v s="$size" -v a="$t0" -v b="$t1" 'BEGIN {printf "kvctl pull from nginx (ranges):     %.0f MB in %.2f s = %.0f MB/s (unverified: no catalog)\n", s/1e6, b-a, s/1e6/(b-a)}'
+    kill "$sp" 2>/dev/null; wait "$sp" 2>/dev/null
+    kill "$(cat "$t/nginx.pid")" 2>/dev/null
+    rm -rf "$t"
+}
+bench_pull || true
