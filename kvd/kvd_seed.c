@@ -480,13 +480,15 @@ static void seeder_usage(void)
             "       (also: kvd --role seeder ...)\n"
             "  Serves models and windows over HTTP: /v1/models, /v1/catalog/<id>,\n"
             "  /v1/windows/<id>/<first>-<last>. Default listen 127.0.0.1:7480.\n"
-            "  --port-file PATH   write the bound port there (for --listen HOST:0)\n");
+            "  --port-file PATH   write the bound port there (for --listen HOST:0)\n"
+            "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n");
 }
 
 int kvd_seeder_main(int argc, char **argv)
 {
     const char *listen = "127.0.0.1:7480", *port_file = NULL;
     const char *serve[SEED_MAX_MODELS];
+    struct net_http_limits lim = {0};
     int n_serve = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -500,6 +502,19 @@ int kvd_seeder_main(int argc, char **argv)
             serve[n_serve++] = argv[++i];
         } else if (!strcmp(a, "--listen") && i + 1 < argc) {
             listen = argv[++i];
+        } else if (!strcmp(a, "--max-rate") && i + 1 < argc) {
+            char *e;
+            double r = strtod(argv[++i], &e);
+            if (*e == 'k' || *e == 'K')
+                r *= 1024;
+            else if (*e == 'm' || *e == 'M')
+                r *= 1024 * 1024;
+            if (r < 1024 || r > 1e13) {
+                fprintf(stderr, "kvd seeder: --max-rate '%s': bytes/s from 1K (K/M suffixes)\n",
+                        argv[i]);
+                return 2;
+            }
+            lim.max_send_rate = (uint64_t)r;
         } else if (!strcmp(a, "--port-file") && i + 1 < argc) {
             port_file = argv[++i];
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -520,7 +535,7 @@ int kvd_seeder_main(int argc, char **argv)
     struct net_http_server *srv;
     struct kvd_seeder *sd;
     char err[512];
-    int rc = net_http_server_new(&srv, loop, NULL);
+    int rc = net_http_server_new(&srv, loop, &lim);
     if (rc || (rc = kvd_seeder_new(&sd, srv))) {
         fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));
         return 1;

@@ -62,6 +62,7 @@ struct body_stream {
     struct net_http_body b;
     int refs;
     uint64_t off, end;  /* next byte, one past the last */
+    uint64_t t0, sent;  /* for the send-rate limit: start (loop ms) and bytes pulled */
     bool zstd, chunked;
     ZSTD_CCtx *cctx;
 };
@@ -97,6 +98,7 @@ struct net_http_req {
 struct net_http_conn {
     uv_tcp_t tcp;
     uv_timer_t timer;
+    uv_timer_t pace;     /* send-rate limit: resumes a body pull */
     struct net_http_server *srv;
     struct net_http_conn *prev, *next;
     int handles_open;
@@ -349,6 +351,7 @@ static void conn_close(struct net_http_conn *c)
         return; /* the work's completion closes the handles */
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->pace, on_handle_closed);
 }
 
 void net_http_conn_close(struct net_http_conn *c)
@@ -737,9 +740,11 @@ static void on_connection(uv_stream_t *ls, int status)
     c->srv = s;
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->timer);
+    uv_timer_init(s->loop, &c->pace);
+    c->pace.data = c;
     c->tcp.data = c;
     c->timer.data = c;
-    c->handles_open = 2;
+    c->handles_open = 3;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -802,7 +807,7 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
     if (!s)
         return -ENOMEM;
     s->loop = loop;
-    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3};
+    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3, 0};
     if (limits) {
         if (limits->max_url) d.max_url = limits->max_url;
         if (limits->max_header_bytes) d.max_header_bytes = limits->max_header_bytes;
@@ -812,6 +817,7 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
         if (limits->idle_timeout_ms) d.idle_timeout_ms = limits->idle_timeout_ms;
         if (limits->max_conns) d.max_conns = limits->max_conns;
         if (limits->zstd_level) d.zstd_level = limits->zstd_level;
+        d.max_send_rate = limits->max_send_rate;
     }
     if (d.max_headers > HTTP_MAX_HEADERS_CAP)
         d.max_headers = HTTP_MAX_HEADERS_CAP;
@@ -1138,6 +1144,7 @@ static void zwork_done(uv_work_t *w, int status)
         free(z);
         uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
         uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+        uv_close((uv_handle_t *)&c->pace, on_handle_closed);
         return;
     }
     if (status < 0 || z->err < 0) {
@@ -1191,6 +1198,11 @@ static void zwork_done(uv_work_t *w, int status)
     }
 }
 
+static void on_pace(uv_timer_t *t)
+{
+    pump(t->data);
+}
+
 static void pump(struct net_http_conn *c)
 {
     struct net_http_req *r = &c->req;
@@ -1205,6 +1217,19 @@ static void pump(struct net_http_conn *c)
             return;
         }
         size_t want = bs->end - bs->off > HTTP_CHUNK ? HTTP_CHUNK : (size_t)(bs->end - bs->off);
+        uint64_t rate = c->srv->lim.max_send_rate;
+        if (rate && want > 0) {
+            /* allowance so far, with a 100 ms burst */
+            uint64_t el = uv_now(c->srv->loop) - bs->t0;
+            uint64_t allowed = rate * el / 1000 + rate / 10;
+            if (bs->sent >= allowed) {
+                uint64_t ms = (bs->sent - allowed) * 1000 / rate + 20;
+                uv_timer_start(&c->pace, on_pace, ms, 0);
+                break;
+            }
+            if (want > allowed - bs->sent)
+                want = (size_t)(allowed - bs->sent);
+        }
         const void *ptr = NULL;
         ptrdiff_t got = 0;
         if (want > 0) {
@@ -1242,6 +1267,7 @@ static void pump(struct net_http_conn *c)
                 z->in = ptr;
             }
             bs->off += (uint64_t)got;
+            bs->sent += (uint64_t)got;
             z->last = bs->off >= bs->end;
             if (uv_queue_work(c->srv->loop, &z->w, zwork_run, zwork_done) != 0) {
                 free(z->in_copy);
@@ -1259,6 +1285,7 @@ static void pump(struct net_http_conn *c)
             break;
         }
         bs->off += (uint64_t)got;
+        bs->sent += (uint64_t)got;
         c->srv->stats.body_bytes_sent += (uint64_t)got;
     }
     c->pumping = false;
@@ -1305,6 +1332,7 @@ int net_http_reply_body(struct net_http_req *r, int status, const char *content_
     bs->b.etag = body->etag ? strdup(body->etag) : NULL;
     bs->refs = 1;
     bs->off = 0;
+    bs->t0 = uv_now(c->srv->loop);
     bs->end = body->size;
     /* conditional requests and ranges (only on a 200 answer to GET/HEAD) */
     char extra[1024];

@@ -257,6 +257,7 @@ struct net_http_limits {
     uint32_t idle_timeout_ms;  /* keep-alive idle time (default 60000) */
     uint32_t max_conns;        /* open connections (default 1024; extra ones are closed) */
     int zstd_level;            /* zstd level for Content-Encoding (default 3) */
+    uint64_t max_send_rate;    /* bytes/s per pulled body (default 0: unlimited) */
 };
 
 struct net_http_stats {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <http_parser.h>
 #include <uv.h>
@@ -131,8 +132,8 @@ static void h_hdr(struct net_http_req *r, void *ud)
 
 static void on_closed(void *ud) { *(int *)ud = 1; }
 static int server_closed, server2_closed;
-static struct net_http_server *srv2;
-static int port2;
+static struct net_http_server *srv2, *srv3;
+static int port2, port3, server3_closed;
 
 /* A toy filter (XOR 0x5a both ways) standing in for TLS. */
 static int xf_open(void *ud, struct net_http_conn *c, void **st)
@@ -175,6 +176,7 @@ static void on_stop(uv_async_t *a)
 {
     net_http_server_close(srv, on_closed, &server_closed);
     net_http_server_close(srv2, on_closed, &server2_closed);
+    net_http_server_close(srv3, on_closed, &server3_closed);
     uv_close((uv_handle_t *)&stop_async, NULL);
     uv_close((uv_handle_t *)&async_timer, NULL);
 }
@@ -686,6 +688,24 @@ T_CASE(filter_in_front)
     free(buf);
 }
 
+T_CASE(send_rate_limit)
+{
+    int save = port;
+    port = port3;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    struct resp r;
+    roundtrip("GET /body HTTP/1.1\r\nRange: bytes=0-1048575\r\n\r\n", &r, false);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    port = save;
+    double el = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    T_CHECK(r.status == 206 && r.blen == 1048576 && memcmp(r.body, big, 1048576) == 0,
+            "paced body intact: %d %zu", r.status, r.blen);
+    /* 1 MiB at 2 MiB/s with a 100 ms burst cannot take less than 0.4 s */
+    T_CHECK(el >= 0.35, "1 MiB at 2 MiB/s took only %.3f s", el);
+    free(r.body);
+}
+
 T_CASE(unit_helpers)
 {
     uint64_t a, b;
@@ -750,6 +770,14 @@ int main(void)
     }
     net_http_server_set_filter(srv2, &xfilter);
     port2 = net_http_server_port(srv2);
+    struct net_http_limits lim3 = {.max_send_rate = 2u << 20};
+    if (net_http_server_new(&srv3, &loop, &lim3) != 0 ||
+        net_http_server_route(srv3, "GET", "/body", h_body, NULL) != 0 ||
+        net_http_server_listen(srv3, "127.0.0.1:0") != 0) {
+        fprintf(stderr, "server 3 set-up failed\n");
+        return 1;
+    }
+    port3 = net_http_server_port(srv3);
     uv_async_init(&loop, &stop_async, on_stop);
     uv_timer_init(&loop, &async_timer);
     pthread_t th;
@@ -765,12 +793,14 @@ int main(void)
     T_RUN(slow_headers_timeout);
     T_RUN(upgrade_echo);
     T_RUN(filter_in_front);
+    T_RUN(send_rate_limit);
 
     usleep(100000);
     uv_async_send(&stop_async);
     pthread_join(th, NULL);
     t_current = "shutdown";
-    T_CHECK(server_closed == 1 && server2_closed == 1, "server close callbacks ran");
+    T_CHECK(server_closed == 1 && server2_closed == 1 && server3_closed == 1,
+            "server close callbacks ran");
     T_CHECK(xf_closed == 1, "filter state closed: %d", xf_closed);
     T_CHECK(up_closed == 1, "upgrade close callback ran once: %d", up_closed);
     T_CHECK(released > 0, "bodies released: %d", released);

@@ -80,8 +80,8 @@ stop_nginx() { kill "$(cat "$T/nginx/nginx.pid")" 2>/dev/null; sleep 0.3; }
 start_nginx || { echo "FAIL: nginx did not start"; cat "$T/nginx/logs/"*; exit 1; }
 
 SPORT=$(free_port)
-start_seeder() {
-    "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:$SPORT" >>"$T/seeder.log" 2>&1 &
+start_seeder() { # [extra options]
+    "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:$SPORT" "$@" >>"$T/seeder.log" 2>&1 &
     SEED_PID=$!
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$SPORT/v1/models" >/dev/null 2>&1 && return 0
@@ -154,7 +154,9 @@ check "seeder bytes within 1% of the window" \
     awk -v s=$((after - before)) -v w="$wsize" 'BEGIN { exit !(s >= w && s <= 1.01 * w + 4096) }'
 
 # ---- interrupted transfers resume byte-identical
-"$KVCTL" pull -q --limit-rate 400K --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
+kill "$SEED_PID"; wait "$SEED_PID" 2>/dev/null
+start_seeder --max-rate 400K   # a slow seeder, so the cut lands mid-way
+"$KVCTL" pull -q --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
 PULL=$!
 sleep 1.5
 kill -9 "$SEED_PID"; wait "$SEED_PID" 2>/dev/null; SEED_PID=""
