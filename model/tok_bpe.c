@@ -58,7 +58,7 @@
 
 /* CJK runs (U+4E00-U+9FA5, U+0800-U+4E00, U+AC00-U+D7FF), whitespace excluded */
 #define RE_DEEPSEEK_CJK \
-    "(?:(?![" WS "])[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}])+"
+    "(?:(?![" WS "])[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}])++"
 
 /* DeepSeek LLM's cased letters (its tokenizer lists them as ranges) */
 #define RE_DEEPSEEK_LETTERS \
@@ -107,7 +107,7 @@ static const char *const pre_regexes[TOK_PRE_COUNT][TOK_MAX_REGEX] = {
         "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
         "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
         "|(?:~|[^\\r\\n\\p{L}\\p{P}\\p{S}])?[\\p{L}\\p{M}]+"
-        "| ?(?:(?!~)[\\p{P}\\p{S}])+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"},
+        "| ?(?:(?!~)[\\p{P}\\p{S}])++[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"},
     [TOK_PRE_QWEN35] = {RE_QWEN35},
     [TOK_PRE_LAGUNA] = {"[^\\n]+|[\\n]+", RE_QWEN2},
     [TOK_PRE_BAILINGMOE] = {RE_BAILINGMOE},

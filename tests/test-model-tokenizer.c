@@ -637,6 +637,37 @@ T_CASE(pre_tokenizers_compile)
     gguf_file_free(bpe);
 }
 
+/* Long runs of one kind of character (regex backtracking, heap sizes): tokenised without
+ * error and decoded back. */
+T_CASE(long_runs)
+{
+    static const char *vocabs[] = {"tokenizer/ggml-vocab-deepseek-llm.gguf",
+                                   "tokenizer/ggml-vocab-deepseek-coder.gguf",
+                                   "tokenizer/ggml-vocab-qwen2.gguf", "tokenizer/ggml-vocab-llama-spm.gguf"};
+    static const char *units[] = {"\xe4\xb8\xad", "\xea\xb0\x80", " ", "a", "7", "!", "\n",
+                                  "\xe3\x80\x80", "\xf0\x9f\xa6\x99", "a ", "'s"};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        struct model_vocab *v = load_vocab(vocabs[vi], NULL);
+        if (!v)
+            continue;
+        for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+            size_t ul = strlen(units[u]), reps = 100000, len = ul * reps;
+            char *t = malloc(len);
+            for (size_t i = 0; i < reps; i++)
+                memcpy(t + i * ul, units[u], ul);
+            size_t n, dl;
+            int32_t *ids = tokenize(v, t, len, false, false, &n);
+            char *dec = detokenize(v, ids, n, false, false, &dl);
+            T_CHECK(n > 0 && dl == len && !memcmp(dec, t, len), "%s: %zu x '%s' does not round-trip",
+                    vocabs[vi], reps, units[u]);
+            free(dec);
+            free(ids);
+            free(t);
+        }
+        model_vocab_free(v);
+    }
+}
+
 /* Buffer contracts: -ENOSPC reports the size needed; empty text with and without BOS. */
 T_CASE(buffers)
 {
@@ -676,6 +707,7 @@ int main(void)
     T_RUN(streaming);
     T_RUN(malformed_metadata);
     T_RUN(pre_tokenizers_compile);
+    T_RUN(long_runs);
     T_RUN(buffers);
     return T_DONE();
 }
