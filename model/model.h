@@ -136,6 +136,8 @@ bool model_vocab_is_eog(const struct model_vocab *v, int32_t id);
 bool model_vocab_is_control(const struct model_vocab *v, int32_t id);
 /* Raw token text as stored in the file (not NUL-terminated), NULL for an id out of range. */
 const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *len);
+/* Id of the token whose raw text is s[0..len) (the last one when several share it), or -1. */
+int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len);
 
 /* Tokenise text[0..len) (any bytes). add_special adds BOS/EOS as the vocabulary asks;
  * parse_special turns control-token text ("<|im_end|>") into those tokens. Writes at most max

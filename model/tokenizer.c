@@ -1179,6 +1179,11 @@ const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *le
     return v->pool + v->tok[id].off;
 }
 
+int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len)
+{
+    return len > TOK_MAX_TEXT ? -1 : tok_find(v, s, len);
+}
+
 /* ---------------------------------------------------------------- tokenize */
 
 struct frag {

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "gguf/gguf.h"
@@ -668,6 +669,58 @@ T_CASE(long_runs)
     }
 }
 
+/* One vocabulary, several threads tokenising and decoding at once: the same results. */
+struct thr_arg {
+    const struct model_vocab *v;
+    const char *text;
+    size_t len, n;
+    int32_t *ids;
+    bool ok;
+};
+
+static void *thr_main(void *p)
+{
+    struct thr_arg *a = p;
+    a->ok = true;
+    for (int r = 0; r < 20 && a->ok; r++) {
+        size_t n;
+        int rc = model_tokenize(a->v, a->text, a->len, true, true, a->ids, a->len + 8, &n);
+        a->ok = rc == 0 && (r == 0 || n == a->n);
+        a->n = n;
+        char buf[4096];
+        size_t dl;
+        a->ok = a->ok && model_detokenize(a->v, a->ids, n, true, true, buf, sizeof buf, &dl) == 0;
+    }
+    return NULL;
+}
+
+T_CASE(threads)
+{
+    static const char text[] = "<|im_start|>user\nHow many r's are in 'strawberry'? 123456 \xe4\xbd\xa0\xe5\xa5\xbd"
+                               " \xf0\x9f\xa6\x99<|im_end|>\n";
+    struct model_vocab *v = load_vocab("tokenizer/ggml-vocab-qwen2.gguf", NULL);
+    if (!v)
+        return;
+    struct thr_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (struct thr_arg){v, text, sizeof text - 1, 0, malloc((sizeof text + 8) * sizeof(int32_t)), false};
+        T_ASSERT(pthread_create(&th[i], NULL, thr_main, &a[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        T_CHECK(a[i].ok && a[i].n == a[0].n && !memcmp(a[i].ids, a[0].ids, a[0].n * sizeof(int32_t)),
+                "thread %d differs", i);
+    }
+    for (int i = 0; i < 4; i++)
+        free(a[i].ids);
+    int32_t id = model_vocab_find(v, "<|im_end|>", 10);
+    T_CHECK(id >= 0 && model_vocab_is_eog(v, id), "find <|im_end|>: %d", id);
+    T_CHECK(model_vocab_find(v, "no such token text", 18) == -1, "find of a missing text");
+    model_vocab_free(v);
+}
+
 /* Buffer contracts: -ENOSPC reports the size needed; empty text with and without BOS. */
 T_CASE(buffers)
 {
@@ -708,6 +761,7 @@ int main(void)
     T_RUN(malformed_metadata);
     T_RUN(pre_tokenizers_compile);
     T_RUN(long_runs);
+    T_RUN(threads);
     T_RUN(buffers);
     return T_DONE();
 }
