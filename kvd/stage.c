@@ -83,6 +83,8 @@ struct stage {
     struct net_listener *ls;
     uv_pipe_t ctl;
     bool ctl_open;
+    struct net_http_server *http; /* --seed: windows of what this stage holds */
+    struct kvd_seeder *seeder;
     uv_timer_t tick, redial;
     uv_signal_t sigterm, sigint;
     struct conn *in, *out, *pending;
@@ -1298,6 +1300,9 @@ static void stage_shutdown(struct stage *st, const char *why)
     if (st->ls)
         net_listener_close(st->ls);
     st->ls = NULL;
+    if (st->http)
+        net_http_server_close(st->http, NULL, NULL);
+    st->http = NULL;
     if (st->ctl_open)
         uv_close((uv_handle_t *)&st->ctl, NULL);
     st->ctl_open = false;
@@ -1504,6 +1509,27 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     uv_timer_init(st->loop, &st->redial);
     st->tick.data = st->redial.data = st;
     uv_timer_start(&st->tick, tick_cb, PING_MS, PING_MS);
+    if (o->seed_listen && !o->stub) { /* roles combine: this stage also seeds what it holds */
+        char id[65];
+        err[0] = 0;
+        rc = net_http_server_new(&st->http, st->loop, NULL);
+        if (!rc)
+            rc = kvd_seeder_new(&st->seeder, st->http);
+        if (!rc)
+            rc = kvd_seeder_add(st->seeder, o->window ? o->window : o->model, o->catalog, id, err,
+                                sizeof err);
+        if (!rc)
+            rc = net_http_server_listen(st->http, o->seed_listen);
+        if (rc) {
+            kvd_log(KVD_LOG_ERROR, "seeder on %s: %s", o->seed_listen, err[0] ? err : uv_strerror(rc));
+            if (st->http)
+                net_http_server_close(st->http, NULL, NULL);
+            st->http = NULL;
+            goto fail_loop;
+        }
+        kvd_log(KVD_LOG_INFO, "seeding %s (model %.16s...) on %s (port %d)",
+                o->window ? o->window : o->model, id, o->seed_listen, net_http_server_port(st->http));
+    }
     uv_signal_init(st->loop, &st->sigterm);
     uv_signal_init(st->loop, &st->sigint);
     st->sigterm.data = st->sigint.data = st;
@@ -1530,6 +1556,7 @@ fail_loop:
     uv_run(st->loop, UV_RUN_DEFAULT);
 done:
     uv_loop_close(st->loop);
+    kvd_seeder_free(st->seeder);
 fail:
     if (st->be_open)
         kvd_backend_close(&st->be);

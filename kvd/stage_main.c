@@ -32,6 +32,7 @@ static const char *window_from, *window_catalog; /* the seeder section's --windo
  * its id against the manifest and its mapped tensors against it. */
 static int set_catalog(struct kvd_stage_opts *o, const char *v) { o->catalog = v; window_catalog = v; return 0; }
 static int set_window_from(struct kvd_stage_opts *o, const char *v) { (void)o; window_from = v; return 0; }
+static int set_seed(struct kvd_stage_opts *o, const char *v) { o->seed_listen = v; return 0; }
 static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
 static int set_rank(struct kvd_stage_opts *o, const char *v)
@@ -72,6 +73,7 @@ static const struct opt opts[] = {
     {"--window-from", "URL", "pull this rank's window first (seeder or GGUF URL; docs/windows.md)", set_window_from},
     {"--listen", "HOST:PORT", "where the predecessor connects (default: own endpoint)", set_listen},
     {"--state-dir", "DIR", "node key and control socket (default .)", set_state},
+    {"--seed", "HOST:PORT", "also serve windows of what this stage holds (seeder, docs/windows.md)", set_seed},
     {"--catalog", "FILE", "model catalog: id must be the manifest's; the (pulled) window is verified", set_catalog},
     {"-t", "N", "compute threads (default: all cores)", set_threads},
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},

@@ -231,6 +231,20 @@ echo "ring (seeder windows): $got"
 check "ring from seeder windows gives the same tokens" test -n "$want" -a "$want" = "$got"
 check "stages hold windows, not the model" test -s "$T/ring/rank-0/window-0-$(python3 -c "
 import json; m=json.load(open('$T/ring/ring.json')); print(m['ranks'][0]['layers'][1])").gguf"
+# a stage also seeds what it holds (kvd stage --seed): its window, nothing else
+W0=$(ls "$T"/ring/rank-0/window-*.gguf | head -1)
+HELD=$(basename "$W0" .gguf); HELD=${HELD#window-}; HL=${HELD#*-}
+SEED2=$(free_port)
+"$KVD" stage --manifest "$T/ring/ring.json" --rank 0 --window "$W0" --catalog "$T/s.cat.json" \
+    --state-dir "$T/ring/rank-0" --listen "127.0.0.1:$(free_port)" --seed "127.0.0.1:$SEED2" \
+    >"$T/stage-seed.log" 2>&1 &
+STAGE_PID=$!
+for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$SEED2/v1/models" && break; sleep 0.1; done
+"$KVCTL" slice "$S" --layers 0:1 -o "$T/s-ref-0-1.gguf" >/dev/null
+check "a stage seeds a window of what it holds" bash -c "'$KVCTL' pull -q --from http://127.0.0.1:$SEED2 --layers 0:1 -o '$T/st-0-1.gguf' && cmp -s '$T/st-0-1.gguf' '$T/s-ref-0-1.gguf'"
+code=$(curl -s -o "$T/nh.txt" -w '%{http_code}' "http://127.0.0.1:$SEED2/v1/windows/$(cat "$T/s.id")/$HL-5")
+check "the stage refuses layers it does not hold ($code: $(cat "$T/nh.txt"))" test "$code" = 404
+kill "$STAGE_PID"; wait "$STAGE_PID" 2>/dev/null
 "$KVCTL" ring up --model "$S" --stages 2 --dir "$T/ring2" --window-from "$NGX/stories.gguf" \
     --catalog "$T/s.cat.json" >"$T/ring2.out" 2>&1 || { cat "$T/ring2.out"; cat "$T"/ring2/rank-*/kvd.log; }
 got=$("$KVCTL" generate --ring "$T/ring2" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
