@@ -62,7 +62,7 @@ TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
-.PHONY: all tests test demo bench fuzz fuzzers setup clean
+.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup clean
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS)
 
@@ -89,13 +89,19 @@ $(B)/tests/%: $(B)/obj/tests/%.o $(LIB)
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
 # libFuzzer targets: make FUZZ=1 fuzzers (tests/fuzz.sh does this). A target links the objects
-# of the module folders its source names in a "fuzz-modules: gguf net" comment (all when absent),
+# of the module folders its source names in a "fuzz-modules: gguf net" comment (see below when absent),
 # so one module that clang cannot build does not stop the others' fuzzing; an entry with a slash
 # is a file prefix ("model/tok" = model/tok*.c).
 fuzzers: $(FUZZERS)
 
 fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z/ ]*\).*/\1/p' tests/fuzz-$(1).c)
-fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(LIB_OBJS))
+fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(B)/libfuzz.a)
+# Without the comment a target links $(B)/libfuzz.a: the library objects clang could build
+# (tests/fuzz.sh first compiles them with make -k fuzz-objs; gcc-only SIMD code may fail),
+# from which the linker takes only the members the target uses.
+fuzz-objs: $(LIB_OBJS) $(FUZZ_SRCS:tests/%.c=$(B)/obj/tests/%.o)
+$(B)/libfuzz.a: $(wildcard $(LIB_OBJS))
+	$(Q)rm -f $@ && ar rcs $@ $^
 .SECONDEXPANSION:
 $(B)/fuzz-%: $(B)/obj/tests/fuzz-%.o $$(call fuzz_objs,$$*)
 	@$(if $(Q),echo "  LD $@")
