@@ -74,7 +74,7 @@ struct model_vocab {
     char *ppool;          /* decoded pieces */
     size_t ppool_len;
 
-    uint32_t *tmap;       /* open addressing: id + 1, 0 = empty */
+    uint64_t *tmap;       /* open addressing: hash high 32 bits << 32 | id + 1; 0 = empty */
     uint32_t tmap_mask;
 
     struct tok_merge *merges;

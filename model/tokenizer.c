@@ -59,14 +59,18 @@ static uint32_t table_size(uint32_t n)
 
 int32_t tok_find(const struct model_vocab *v, const char *s, size_t n)
 {
-    uint32_t i = (uint32_t)hash_bytes(s, n, 0) & v->tmap_mask;
+    uint64_t h = hash_bytes(s, n, 0), tag = h >> 32 << 32;
+    uint32_t i = (uint32_t)h & v->tmap_mask;
     for (;;) {
-        uint32_t e = v->tmap[i];
+        uint64_t e = v->tmap[i];
         if (!e)
             return -1;
-        const struct tok_token *t = &v->tok[e - 1];
-        if (t->len == n && !memcmp(v->pool + t->off, s, n))
-            return (int32_t)(e - 1);
+        /* the stored hash bits spare most mismatching probes a look at the text */
+        if ((e & 0xFFFFFFFF00000000ull) == tag) {
+            const struct tok_token *t = &v->tok[(uint32_t)e - 1];
+            if (t->len == n && !memcmp(v->pool + t->off, s, n))
+                return (int32_t)((uint32_t)e - 1);
+        }
         i = (i + 1) & v->tmap_mask;
     }
 }
@@ -76,16 +80,18 @@ int32_t tok_find(const struct model_vocab *v, const char *s, size_t n)
 static void tok_index(struct model_vocab *v, uint32_t id)
 {
     const struct tok_token *t = &v->tok[id];
-    uint32_t i = (uint32_t)hash_bytes(v->pool + t->off, t->len, 0) & v->tmap_mask;
+    uint64_t h = hash_bytes(v->pool + t->off, t->len, 0), tag = h >> 32 << 32;
+    uint32_t i = (uint32_t)h & v->tmap_mask;
     for (;;) {
-        uint32_t e = v->tmap[i];
+        uint64_t e = v->tmap[i];
         if (!e) {
-            v->tmap[i] = id + 1;
+            v->tmap[i] = tag | (id + 1);
             return;
         }
-        const struct tok_token *o = &v->tok[e - 1];
-        if (o->len == t->len && !memcmp(v->pool + o->off, v->pool + t->off, t->len)) {
-            v->tmap[i] = id + 1;
+        const struct tok_token *o = &v->tok[(uint32_t)e - 1];
+        if ((e & 0xFFFFFFFF00000000ull) == tag && o->len == t->len &&
+            !memcmp(v->pool + o->off, v->pool + t->off, t->len)) {
+            v->tmap[i] = tag | (id + 1);
             return;
         }
         i = (i + 1) & v->tmap_mask;
