@@ -603,7 +603,7 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
     if (!c->idle_timeout_ms) c->idle_timeout_ms = 90000;
     if (!c->ping_interval_ms) c->ping_interval_ms = 20000;
     if (!c->max_msg_bytes) c->max_msg_bytes = 16u << 20;
-    if (!c->high_water) c->high_water = 1u << 20;
+    if (!c->high_water) c->high_water = 256u << 10;
     if (c->max_bridges > (1u << 24)) {
         fprintf(stderr, "kvd relay: max_bridges %u over the limit %u\n", c->max_bridges, 1u << 24);
         free(r);
@@ -715,7 +715,8 @@ static void relay_usage(FILE *f)
     fprintf(f,
             "usage: kvd --role relay --listen HOST:PORT (--tls-cert PEM --tls-key PEM | --plain)\n"
             "           [--max-bridges N] [--max-per-addr N] [--pair-timeout MS]\n"
-            "           [--idle-timeout MS] [--ping-interval MS] [--max-msg BYTES] [--quiet]\n"
+            "           [--idle-timeout MS] [--ping-interval MS] [--max-msg BYTES]\n"
+            "           [--high-water BYTES] [--quiet]\n"
             "Pairs the two ends of each ring edge on wss://HOST:PORT/v1/bridge/<id>.\n"
             "GET /v1/relay/status (JSON) and /metrics (Prometheus) report counts.\n");
 }
@@ -737,7 +738,7 @@ int kvd_relay_main(int argc, char **argv)
 {
     struct kvd_relay_config cfg = {0};
     enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_MAXB, O_MAXA, O_PAIR, O_IDLE, O_PING,
-           O_MSG, O_QUIET, O_HELP };
+           O_MSG, O_QUIET, O_HELP, O_HIGH };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
         {"listen", required_argument, 0, O_LISTEN},
@@ -750,6 +751,7 @@ int kvd_relay_main(int argc, char **argv)
         {"idle-timeout", required_argument, 0, O_IDLE},
         {"ping-interval", required_argument, 0, O_PING},
         {"max-msg", required_argument, 0, O_MSG},
+        {"high-water", required_argument, 0, O_HIGH},
         {"quiet", no_argument, 0, O_QUIET},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -793,6 +795,10 @@ int kvd_relay_main(int argc, char **argv)
         case O_MSG:
             if (parse_u64("--max-msg", optarg, 1u << 30, &v)) return 2;
             cfg.max_msg_bytes = v;
+            break;
+        case O_HIGH:
+            if (parse_u64("--high-water", optarg, 1u << 30, &v)) return 2;
+            cfg.high_water = (size_t)v;
             break;
         case O_HELP:
             relay_usage(stdout);

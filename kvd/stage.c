@@ -36,6 +36,7 @@ struct conn {
     uint32_t peer_rank;
     uint64_t last_rx_ms, ping_sent_ns;
     double rtt_ms;
+    bool relay_in;              /* our in-link, dialled out to a relay (relay:// endpoint) */
     struct conn *next;          /* pending list */
 };
 
@@ -86,6 +87,8 @@ struct stage {
     struct net_http_server *http; /* --seed: windows of what this stage holds */
     struct kvd_seeder *seeder;
     uv_timer_t tick, redial;
+    uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
+    uint32_t redial_in_ms;
     uv_signal_t sigterm, sigint;
     struct conn *in, *out, *pending;
     uint32_t redial_ms;
@@ -818,6 +821,8 @@ static void on_established(struct conn *c)
         }
         c->role = CONN_IN;
         st->in = c;
+        if (c->relay_in)
+            st->redial_in_ms = 0;
     } else {
         st->redial_ms = 0;
     }
@@ -1077,7 +1082,16 @@ static void on_open(struct net_link *l, int status)
 {
     struct conn *c = net_link_ud(l);
     if (status == 0)
-        start_handshake(c, c->st->succ);
+        start_handshake(c, c->role == CONN_OUT ? c->st->succ : c->st->pred);
+}
+
+static void stage_dial_in(struct stage *st);
+
+static void redial_in_cb(uv_timer_t *t)
+{
+    struct stage *st = t->data;
+    if (!st->shutting_down && !st->in)
+        stage_dial_in(st);
 }
 
 static void redial_cb(uv_timer_t *t)
@@ -1116,6 +1130,10 @@ static void on_close(struct net_link *l, const char *reason)
             *pp = c->next;
         kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l), reason);
     }
+    if (c->relay_in && !st->shutting_down) {
+        st->redial_in_ms = st->redial_in_ms ? (st->redial_in_ms * 2 > 2000 ? 2000 : st->redial_in_ms * 2) : 100;
+        uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
+    }
     if (c->role == CONN_OUT && !st->shutting_down) {
         if (!c->up)
             kvd_log(KVD_LOG_DEBUG, "dial rank %u failed: %s", st->succ, reason);
@@ -1145,6 +1163,32 @@ static void stage_dial_out(struct stage *st)
         return;
     }
     st->out = c;
+}
+
+/* A stage whose own endpoint is relay:// accepts nothing: it dials the relay as the
+ * downstream end of its in-edge and treats that link like an accepted one. */
+static void stage_dial_in(struct stage *st)
+{
+    const char *ep = st->m.ranks[st->rank].endpoint;
+    char down[sizeof st->m.ranks[0].endpoint + 16];
+    snprintf(down, sizeof down, "%s?role=down", ep);
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->st = st;
+    c->role = CONN_PENDING;
+    c->relay_in = true;
+    c->last_rx_ms = now_ms();
+    int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, st->max_payload);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, uv_strerror(rc));
+        free(c);
+        st->redial_in_ms = 2000;
+        uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
+        return;
+    }
+    c->next = st->pending;
+    st->pending = c;
 }
 
 static void on_accept(struct net_listener *ls, struct net_link *l, void *ud)
@@ -1309,6 +1353,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     unlink(st->sock_path);
     uv_close((uv_handle_t *)&st->tick, NULL);
     uv_close((uv_handle_t *)&st->redial, NULL);
+    uv_close((uv_handle_t *)&st->redial_in, NULL);
     uv_close((uv_handle_t *)&st->sigterm, NULL);
     uv_close((uv_handle_t *)&st->sigint, NULL);
     kvd_compute_stop(st->comp);
@@ -1480,17 +1525,25 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         goto fail;
     }
     char listen[300];
-    if (o->listen)
+    net_relay_transport_register();
+    bool via_relay = net_relay_endpoint(me->endpoint) && !o->listen;
+    uv_timer_init(st->loop, &st->redial_in);
+    st->redial_in.data = st;
+    if (via_relay)
+        snprintf(listen, sizeof listen, "nothing (in-link through the relay %s)", me->endpoint);
+    else if (o->listen)
         snprintf(listen, sizeof listen, "%s", o->listen);
     else if (endpoint_hostport(me->endpoint, listen, sizeof listen) < 0) {
-        kvd_log(KVD_LOG_ERROR, "endpoint %s is not tcp://: pass --listen", me->endpoint);
+        kvd_log(KVD_LOG_ERROR, "endpoint %s is not tcp:// or relay://: pass --listen", me->endpoint);
         rc = -EINVAL;
         goto fail_loop;
     }
-    rc = net_listener_new(&st->ls, st->loop, listen, &link_cbs, on_accept, st, st->max_payload, err, sizeof err);
-    if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "%s", err);
-        goto fail_loop;
+    if (!via_relay) {
+        rc = net_listener_new(&st->ls, st->loop, listen, &link_cbs, on_accept, st, st->max_payload, err, sizeof err);
+        if (rc < 0) {
+            kvd_log(KVD_LOG_ERROR, "%s", err);
+            goto fail_loop;
+        }
     }
     /* Control socket. */
     snprintf(st->sock_path, sizeof st->sock_path, "%s/kvd.sock", state_dir);
@@ -1540,8 +1593,11 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     net_hex(net_identity_pub(st->id), 32, key);
     kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
             "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
-            me->head ? " +head" : "", listen, net_listener_port(st->ls), key, st->m.dtype, st->sock_path);
+            me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
+            st->sock_path);
     stage_dial_out(st);
+    if (via_relay)
+        stage_dial_in(st);
     uv_run(st->loop, UV_RUN_DEFAULT);
     rc = 0;
     goto done;

@@ -492,4 +492,14 @@ int net_ws_server_port(const struct net_ws_server *srv);
  * closed (run the loop). */
 void net_ws_server_close(struct net_ws_server *srv);
 
+/* Ring links through a relay (net_link transports): relay://HOST:PORT/b/<bridge-id> dials
+ * wss://HOST:PORT/v1/bridge/<bridge-id>, relay+ws:// the same over plain ws. Dialling the
+ * endpoint makes this side the upstream end (role 0x01); appending "?role=down" makes it the
+ * downstream end (0x02), which is what the stage owning the endpoint does instead of
+ * listening. Server certificates: system store, or $KV_RELAY_CA; KV_RELAY_INSECURE=1 skips
+ * the check. Register once before dialling (idempotent): 0 or negative errno. */
+int net_relay_transport_register(void);
+/* Is endpoint a relay:// or relay+ws:// endpoint? */
+bool net_relay_endpoint(const char *endpoint);
+
 #endif

@@ -20,13 +20,14 @@ make_cert() {
         -keyout "$T/key.pem" -out "$T/cert.pem" 2>/dev/null || fail "openssl cannot make a test certificate"
 }
 
-# start_relay NAME [kvd options...]: sets PORT; log in $T/NAME.log
+# start_relay NAME [kvd options...]: sets PORT and RELAY_PID; log in $T/NAME.log
 start_relay() {
     local name=$1; shift
     "$KVD" --role relay --listen 127.0.0.1:0 "$@" > "$T/$name.log" 2>&1 &
+    RELAY_PID=$!
     PIDS="$PIDS $!"
     for _ in $(seq 50); do
-        PORT=$(sed -n 's/.*listening on .* port \([0-9]*\).*/\1/p' "$T/$name.log")
+        PORT=$(sed -n 's/.*listening on .* port \([0-9]*\).*/\1/p' "$T/$name.log" 2>/dev/null)
         [ -n "$PORT" ] && return 0
         sleep 0.1
     done
