@@ -198,3 +198,40 @@ EOF
     rm -rf "$t"
 }
 bench_pull || true
+
+# ---- relay (issue 8): 1000 concurrent bridges, 1 MB each way; added latency of one hop ----
+echo
+echo "== relay: 1000 concurrent bridges over TLS on loopback, 1 MB each way per bridge (every message checked)"
+bench_relay() {
+    local t rp port hw=${BENCH_RELAY_HIGH_WATER:-262144} n=${BENCH_RELAY_BRIDGES:-1000}
+    make -s -j2 "$B/tests/tool-relay-load" >/dev/null 2>&1 || true
+    [ -x "$B/tests/tool-relay-load" ] || { echo "tool-relay-load not built: skipped"; return 0; }
+    t=$(mktemp -d /tmp/kvbench.XXXXXX)
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=bench \
+        -keyout "$t/key.pem" -out "$t/cert.pem" 2>/dev/null
+    # 2000 client sockets in the tool and 2000 in the relay
+    ulimit -n 16384 2>/dev/null || ulimit -n 4096 2>/dev/null || true
+    for mode in tls plain; do
+        if [ $mode = tls ]; then opts="--tls-cert $t/cert.pem --tls-key $t/key.pem"; scheme=wss; else opts="--plain"; scheme=ws; fi
+        # shellcheck disable=SC2086
+        "$B/kvd" --role relay --listen 127.0.0.1:0 $opts --max-bridges $((n + 100)) --max-per-addr $((2 * n + 100)) \
+            --high-water "$hw" --quiet > "$t/relay.log" 2>&1 &
+        rp=$!
+        port=""
+        for _ in $(seq 50); do
+            port=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$t/relay.log" 2>/dev/null)
+            [ -n "$port" ] && break
+            sleep 0.1
+        done
+        [ -n "$port" ] || { echo "relay did not start"; cat "$t/relay.log"; kill $rp; break; }
+        echo "  $scheme (relay --high-water $hw):"
+        "$B/tests/tool-relay-load" --url "$scheme://127.0.0.1:$port" --bridges "$n" --bytes 1048576 2>"$t/load.err" |
+            sed 's/^/    /' || { echo "    load run failed:"; tail -5 "$t/load.err"; }
+        echo "    relay peak RSS: $(awk '/VmHWM/ {printf "%.0f MB", $2 / 1024}' /proc/$rp/status) for $n bridges" \
+            "(bound per bridge: 2 x (high water + one message + one 64 KiB read))"
+        "$B/tests/tool-relay-load" --url "$scheme://127.0.0.1:$port" --latency 2000 2>&1 | sed 's/^/    /'
+        kill $rp; wait $rp 2>/dev/null
+    done
+    rm -rf "$t"
+}
+bench_relay || true
