@@ -623,6 +623,7 @@ static void plan_usage(FILE *o)
         "  --wire f32|f16       boundary dtype (default f32)\n"
         "  --kv-bytes N         bytes per cached K/V element (default 2, f16)\n"
         "  --relay HOST:PORT    relay for devices with \"inbound\": false\n"
+        "  --max-ranks N        most ranks in the ring (default 64, what a stage accepts)\n"
         "  -o FILE              write the manifest (default: print it only with --json)\n"
         "  --json               print the manifest on stdout instead of the table\n"
         "  --layers             also print the model's per-layer shape\n");
@@ -787,6 +788,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     bool json = false, show_layers = false;
     struct plan_opts o;
     plan_opts_default(&o);
+    o.max_ranks = RING_MAX_RANKS;
     double v;
     uint32_t used = 0, kvb = 0;
     for (int i = 1; i < argc; i++) {
@@ -813,6 +815,9 @@ int kvctl_cmd_plan(int argc, char **argv)
             o.sessions = (uint32_t)v;
         } else if (!strcmp(a, "--headroom")) {
             if (parse_num("plan", a, val, 0, 0.95, &o.headroom)) return 2;
+        } else if (!strcmp(a, "--max-ranks")) {
+            if (parse_num("plan", a, val, 1, 100000, &v)) return 2;
+            o.max_ranks = (uint32_t)v;
         } else if (!strcmp(a, "--experts-used")) {
             if (parse_num("plan", a, val, 1, 4096, &v)) return 2;
             used = (uint32_t)v;
@@ -870,7 +875,7 @@ int kvctl_cmd_plan(int argc, char **argv)
         goto out;
     }
     if (r->n_ranks > RING_MAX_RANKS)
-        fprintf(stderr, "kvctl plan: note: %u ranks; a stage accepts manifests of at most %d ranks\n",
+        fprintf(stderr, "kvctl plan: note: %u ranks (--max-ranks); a stage accepts manifests of at most %d\n",
                 r->n_ranks, RING_MAX_RANKS);
     root = manifest_json(&m, &ds, r, &o, wire, relay);
     char *js = root ? cJSON_Print(root) : NULL;

@@ -86,6 +86,7 @@ struct ctx {
     int32_t *choice;           /* (N) x (L+1): window start, or -1 skipped */
     uint64_t orders;
     double have;               /* memory of all usable devices (before pruning) */
+    double *mean_ms;           /* per caller device: mean layer ms, then hop ms (2 x n) */
     uint32_t n_usable;
 };
 
@@ -414,7 +415,7 @@ static int excl_add(struct plan_result *r, uint32_t dev, enum plan_exclusion why
 static void ctx_free(struct ctx *c)
 {
     free(c->di); free(c->T); free(c->M);
-    free(c->D); free(c->ND); free(c->S); free(c->NS); free(c->choice);
+    free(c->D); free(c->ND); free(c->S); free(c->NS); free(c->choice); free(c->mean_ms);
 }
 
 /* Explain why an order search found nothing: bytes short and layers left. */
@@ -724,6 +725,85 @@ static void search_heuristic(struct ctx *c, uint32_t *ord, uint32_t *best, uint3
     }
 }
 
+/* Keep only the devices whose di index has keep[] set (order kept). */
+static void keep_devices(struct ctx *c, const bool *keep)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->N; i++) {
+        if (!keep[i]) continue;
+        if (k != i) {
+            c->di[k] = c->di[i];
+            memmove(c->T + (size_t)k * (c->L + 1), c->T + (size_t)i * (c->L + 1), (c->L + 1) * sizeof *c->T);
+        }
+        k++;
+    }
+    c->N = k;
+}
+
+/* The plan uses more ranks than allowed: keep the max_ranks used devices that give the most
+ * memory per unit of cost (then, if that does not fit, the ones with the most memory) and
+ * plan again among them; the others are listed as dropped. */
+static int limit_ranks(struct ctx *c, struct plan_result *r, uint32_t *ord, uint32_t *best,
+                       char *err, size_t errlen)
+{
+    uint32_t maxr = c->o->max_ranks, n = r->n_ranks;
+    uint32_t *u = malloc(n * sizeof *u);
+    bool *keep = calloc(c->N, sizeof *keep);
+    if (!u || !keep) { free(u); free(keep); return -ENOMEM; }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < c->N; k++)
+            if (c->di[k].idx == r->ranks[i].device) u[i] = k;
+    int rc = -ENOSPC;
+    uint32_t N0 = c->N;
+    size_t tn = (size_t)N0 * (c->L + 1);
+    struct dev_info *di0 = malloc(N0 * sizeof *di0);
+    double *T0 = malloc(tn * sizeof *T0);
+    if (!di0 || !T0) { free(di0); free(T0); free(u); free(keep); return -ENOMEM; }
+    memcpy(di0, c->di, N0 * sizeof *di0);
+    memcpy(T0, c->T, tn * sizeof *T0);
+    for (int attempt = 0; attempt < 2 && rc == -ENOSPC; attempt++) {
+        c->N = N0;
+        memcpy(c->di, di0, N0 * sizeof *di0);
+        memcpy(c->T, T0, tn * sizeof *T0);
+        sort_order(c, u, n, attempt == 0 ? K_VALUE : K_MEM_ASC);   /* best last */
+        memset(keep, 0, N0 * sizeof *keep);
+        for (uint32_t i = n - maxr; i < n; i++) keep[u[i]] = true;
+        keep_devices(c, keep);
+        double blat = INF, bper = INF;
+        uint32_t reach = 0, bestn = c->N;
+        search_heuristic(c, ord, best, &bestn, &blat, &bper, &reach);
+        if (blat == INF) {
+            /* say it in bytes and layers, for the devices kept */
+            c->have = 0;
+            for (uint32_t k = 0; k < c->N; k++) c->have += (double)c->di[k].cap;
+            c->n_usable = c->N;
+            char sub[PLAN_ERR_LEN - 64];
+            explain_infeasible(c, reach, sub, sizeof sub);
+            errf(err, errlen, "in at most %u ranks (the unlimited plan needs %u): %s", maxr, n, sub);
+            continue;
+        }
+        double l, p;
+        eval_order(c, best, bestn, &l, &p, NULL);
+        free(r->ranks);
+        r->ranks = NULL;
+        r->n_ranks = 0;
+        rc = fill_result(c, best, bestn, r);
+        if (rc) break;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t dev = di0[u[i]].idx;
+            bool still = false;
+            for (uint32_t k = 0; k < r->n_ranks; k++) if (r->ranks[k].device == dev) still = true;
+            if (!still)
+                excl_add(r, dev, PLAN_EX_MAX_RANKS, "%s: dropped: a ring may have at most %u ranks",
+                         c->devs[dev].id ? c->devs[dev].id : "?", maxr);
+        }
+    }
+    free(di0);
+    free(T0);
+    free(u); free(keep);
+    return rc;
+}
+
 int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t n_devs,
               const struct plan_opts *o, struct plan_result **out, char *err, size_t errlen)
 {
@@ -738,7 +818,9 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
     r->excluded = calloc(n_devs, sizeof *r->excluded);
     c.M = calloc(c.L + 1, sizeof *c.M);
     c.di = calloc(n_devs, sizeof *c.di);
-    if (!r->excluded || !c.M || !c.di) { rc = -ENOMEM; goto fail; }
+    c.mean_ms = calloc(2 * n_devs, sizeof *c.mean_ms);
+    if (!r->excluded || !c.M || !c.di || !c.mean_ms) { rc = -ENOMEM; goto fail; }
+    double *mean_ms = c.mean_ms, *hop_ms = c.mean_ms + n_devs;
 
     uint32_t L = c.L;
     uint64_t min_layer = UINT64_MAX;
@@ -838,6 +920,8 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
             if (t > 0) { busy += t; nb++; }
         }
         c.di[k].mean_layer_ms = nb ? busy / nb : 0;
+        mean_ms[c.di[k].idx] = c.di[k].mean_layer_ms;
+        hop_ms[c.di[k].idx] = c.di[k].hop_key;
     }
 
     c.n_usable = c.N;
@@ -868,27 +952,31 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
     eval_order(&c, best, bestn, &l2, &p2, NULL);
     rc = fill_result(&c, best, bestn, r);
     if (rc) goto fail;
+    if (o->max_ranks && r->n_ranks > o->max_ranks) {
+        rc = limit_ranks(&c, r, ord, best, err, errlen);
+        if (rc) goto fail;
+        r->exhaustive = false;
+        r->orders_tried = c.orders;
+    }
 
     /* Devices left out although usable: say why. */
     bool *used = calloc(n_devs, sizeof *used);
     if (!used) { rc = -ENOMEM; goto fail; }
     double used_ms = 0;
-    for (uint32_t i = 0; i < r->n_ranks; i++) used[r->ranks[i].device] = true;
-    uint32_t nl = 0;
     for (uint32_t i = 0; i < r->n_ranks; i++) {
-        for (uint32_t k = 0; k < c.N; k++)
-            if (c.di[k].idx == r->ranks[i].device) { used_ms += c.di[k].mean_layer_ms; nl++; }
+        used[r->ranks[i].device] = true;
+        used_ms += mean_ms[r->ranks[i].device];
     }
-    used_ms = nl ? used_ms / nl : 0;
-    for (uint32_t k = 0; k < c.N; k++) {
-        if (used[c.di[k].idx]) continue;
-        const struct plan_device *d = &devs[c.di[k].idx];
-        const char *id = d->id ? d->id : "?";
-        excl_add(r, c.di[k].idx, PLAN_EX_NOT_NEEDED,
+    used_ms = r->n_ranks ? used_ms / r->n_ranks : 0;
+    for (uint32_t e = 0; e < r->n_excluded; e++) used[r->excluded[e].device] = true;
+    for (size_t i = 0; i < n_devs; i++) {
+        if (used[i]) continue;
+        const char *id = devs[i].id ? devs[i].id : "?";
+        excl_add(r, (uint32_t)i, PLAN_EX_NOT_NEEDED,
                  "%s: not needed: the ring is %s without it (it runs a layer in %.3g ms vs %.3g ms "
                  "on the devices used; its links would add %.3g ms per token)", id,
                  o->objective == PLAN_THROUGHPUT ? "as fast or faster" : "faster or as fast",
-                 c.di[k].mean_layer_ms, used_ms, c.di[k].hop_key);
+                 mean_ms[i], used_ms, hop_ms[i]);
     }
     free(used);
     ctx_free(&c);

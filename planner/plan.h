@@ -84,6 +84,7 @@ struct plan_opts {
     uint32_t sessions;            /* sessions reserved for (KV/state) and the K of estimates */
     double headroom;              /* fraction of each device's memory kept free, [0, 0.95] */
     uint32_t exhaustive_max;      /* try every order up to this many devices (0: default 6) */
+    uint32_t max_ranks;           /* most ranks a ring may have (0: no limit; stages take 64) */
 };
 /* Defaults: latency, ctx 4096, 4 sessions, headroom 0.05, exhaustive up to 6 devices. */
 void plan_opts_default(struct plan_opts *o);
@@ -107,6 +108,7 @@ enum plan_exclusion {
     PLAN_EX_INVALID = 1,          /* bad profile (no speed, negative numbers) */
     PLAN_EX_NO_MEMORY,            /* cannot hold even the smallest layer */
     PLAN_EX_NOT_NEEDED,           /* the ring is as good or better without it */
+    PLAN_EX_MAX_RANKS,            /* dropped to keep the ring within max_ranks */
 };
 
 struct plan_excluded {

@@ -55,7 +55,7 @@ static void check_plan(const struct pt_inst *in, const struct plan_result *r, in
 
 T_CASE(random_instances)
 {
-    int ok = 0, nospace = 0;
+    int ok = 0, nospace = 0, n_limited = 0;
     for (int it = 0; it < 3000; it++) {
         uint32_t L, N;
         switch (it % 8) {
@@ -66,6 +66,7 @@ T_CASE(random_instances)
         }
         pt_make(&inst, L, N, it % 3 == 0);
         if (it % 7 == 0) inst.devs[pt_range(0, N - 1)].mem_bytes = 0;
+        if (it % 5 == 1) inst.opts.max_ranks = (uint32_t)pt_range(1, 4);
         struct plan_result *r = NULL;
         char err[PLAN_ERR_LEN] = "";
         int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
@@ -79,10 +80,15 @@ T_CASE(random_instances)
         T_CHECK(rc == 0, "instance %d (L %u N %u): rc %d: %s", it, L, N, rc, err);
         if (rc) continue;
         ok++;
+        if (inst.opts.max_ranks) {
+            n_limited += r->n_ranks == inst.opts.max_ranks;
+            T_CHECK(r->n_ranks <= inst.opts.max_ranks, "instance %d: %u ranks > max_ranks %u", it, r->n_ranks, inst.opts.max_ranks);
+        }
         check_plan(&inst, r, it);
         plan_result_free(r);
     }
-    fprintf(stderr, "%d planned, %d infeasible\n", ok, nospace);
+    fprintf(stderr, "%d planned, %d infeasible, %d at their max_ranks\n", ok, nospace, n_limited);
+    T_CHECK(n_limited > 50, "max_ranks rarely binds (%d)", n_limited);
     T_CHECK(ok > 1000 && nospace > 200, "instance mix too thin: %d ok, %d infeasible", ok, nospace);
 }
 
