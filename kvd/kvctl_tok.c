@@ -203,28 +203,31 @@ done:
 static void detokenize_usage(FILE *out)
 {
     fprintf(out,
-        "usage: kvctl detokenize -m FILE [--special] IDS...\n"
+        "usage: kvctl detokenize -m FILE [--special] [--clean-spaces] IDS...\n"
         "  -m, --model FILE   a GGUF with tokenizer metadata\n"
         "  --special          print control tokens (<s>, <|im_end|>, ...) instead of dropping them\n"
+        "  --clean-spaces     drop spaces before punctuation where the vocabulary asks for it, as\n"
+        "                     llama.cpp's llama_detokenize does (the text may then differ from the input)\n"
         "IDS: token ids as separate arguments or one argument separated by spaces or commas.\n"
-        "A leading BOS / trailing EOS that the vocabulary adds is dropped; the text is written\n"
-        "as it decodes (SPM leading space stripped, BPE clean-up as llama.cpp does), with a newline.\n");
+        "A leading BOS / trailing EOS that the vocabulary adds is dropped and the SPM leading space\n"
+        "stripped, so the ids of a tokenised text print that text; a newline follows.\n");
 }
 
 int kvctl_cmd_detokenize(int argc, char **argv)
 {
-    enum { OPT_SPECIAL = 256 };
+    enum { OPT_SPECIAL = 256, OPT_CLEAN };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"special", no_argument, 0, OPT_SPECIAL},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"clean-spaces", no_argument, 0, OPT_CLEAN}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *path = NULL;
-    bool special = false;
+    unsigned flags = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': path = optarg; break;
-        case OPT_SPECIAL: special = true; break;
+        case OPT_SPECIAL: flags |= MODEL_DETOK_SPECIAL; break;
+        case OPT_CLEAN: flags |= MODEL_DETOK_CLEAN_SPACES; break;
         case 'h': detokenize_usage(stdout); return 0;
         default: detokenize_usage(stderr); return 2;
         }
@@ -281,12 +284,12 @@ int kvctl_cmd_detokenize(int argc, char **argv)
         m--;
     size_t len = 0, bcap = 256;
     buf = malloc(bcap);
-    int rc = buf ? model_detokenize(v, s, m, false, special, buf, bcap, &len) : -ENOMEM;
+    int rc = buf ? model_detokenize(v, s, m, flags, buf, bcap, &len) : -ENOMEM;
     if (rc == -ENOSPC) {
         free(buf);
         bcap = len;
         buf = malloc(bcap ? bcap : 1);
-        rc = buf ? model_detokenize(v, s, m, false, special, buf, bcap, &len) : -ENOMEM;
+        rc = buf ? model_detokenize(v, s, m, flags, buf, bcap, &len) : -ENOMEM;
     }
     if (rc == -ERANGE) {
         for (size_t i = 0; i < n; i++)

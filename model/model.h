@@ -151,13 +151,21 @@ int model_tokenize(const struct model_vocab *v, const char *text, size_t len, bo
  * NULL (with *len 0) for an id out of range. */
 const char *model_token_piece(const struct model_vocab *v, int32_t id, bool special, size_t *len);
 
-/* Whole-sequence detokenisation as llama.cpp's llama_detokenize: the SPM leading space of the
- * first piece is stripped, remove_special drops a leading BOS / trailing EOS the vocabulary
- * adds, special prints control tokens, and the BPE clean-up of spaces before punctuation runs
- * where the vocabulary asks for it. Writes at most cap bytes (no NUL) and the full length to
- * *len; returns 0, -ENOSPC (call again with *len bytes) or -ERANGE (an id out of range). */
-int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, bool remove_special,
-                     bool special, char *buf, size_t cap, size_t *len);
+/* Whole-sequence detokenisation (llama.cpp's llama_detokenize). The SPM leading space of the
+ * first piece is stripped (so decode what follows a BOS, not the BOS, to get a text back).
+ * Flags: MODEL_DETOK_REMOVE_SPECIAL drops a leading BOS / trailing EOS the vocabulary adds (the
+ * space then stays, as in llama.cpp); MODEL_DETOK_SPECIAL prints control tokens;
+ * MODEL_DETOK_CLEAN_SPACES applies the clean-up some BPE vocabularies ask for (no space before
+ * "? ! . ," and "'s 'm 're 've"), which llama_detokenize does and which can make the text differ
+ * from the one tokenised. Writes at most cap bytes (no NUL) and the full length to *len;
+ * returns 0, -ENOSPC (call again with *len bytes) or -ERANGE (an id out of range). */
+enum {
+    MODEL_DETOK_REMOVE_SPECIAL = 1,
+    MODEL_DETOK_SPECIAL = 2,
+    MODEL_DETOK_CLEAN_SPACES = 4,
+};
+int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, unsigned flags,
+                     char *buf, size_t cap, size_t *len);
 
 /* Streaming detokeniser: feed tokens one at a time, get back text that never ends inside a
  * UTF-8 character and never holds a broken sequence (invalid bytes become U+FFFD).

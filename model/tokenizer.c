@@ -1459,11 +1459,12 @@ static size_t clean_spaces(char *t, size_t n)
     return w;
 }
 
-int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, bool remove_special,
-                     bool special, char *buf, size_t cap, size_t *len)
+int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, unsigned flags,
+                     char *buf, size_t cap, size_t *len)
 {
     struct sbuf b = {0};
     bool strip = v->add_space_prefix;
+    bool remove_special = flags & MODEL_DETOK_REMOVE_SPECIAL, special = flags & MODEL_DETOK_SPECIAL;
     int rc = 0;
     *len = 0;
     if (remove_special && v->add_bos && n > 0 && ids[0] == v->bos) {
@@ -1488,7 +1489,7 @@ int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, 
         if ((rc = sbuf_add(&b, p, pl)))
             goto done;
     }
-    if (v->clean_spaces)
+    if ((flags & MODEL_DETOK_CLEAN_SPACES) && v->clean_spaces)
         b.n = clean_spaces(b.p, b.n);
     *len = b.n;
     if (b.n > cap)

@@ -59,6 +59,12 @@ ids=$("$KVCTL" tokenize -m "$BPE" --ids -f "$T/v.txt")
 "$KVCTL" detokenize -m "$BPE" $ids > "$T/v.out"
 printf 'Hello, world!\n\tIndented\n' | cmp -s - "$T/v.out" || fail "BPE round trip: $(od -c "$T/v.out" | head -3)"
 
+# --clean-spaces: llama.cpp's decoding clean-up (GPT-2 vocabulary), only when asked
+G=$DATA/tokenizer/ggml-vocab-gpt-2.gguf
+ids=$("$KVCTL" tokenize -m "$G" --ids "Hi , you ?")
+[ "$("$KVCTL" detokenize -m "$G" $ids)" = "Hi , you ?" ] || fail "plain decode not the input"
+[ "$("$KVCTL" detokenize -m "$G" --clean-spaces $ids)" = "Hi, you?" ] || fail "--clean-spaces"
+
 # --special: control-token text becomes one token only when asked
 s=$("$KVCTL" tokenize -m "$QWEN" --ids --special '<|im_start|>user')
 p=$("$KVCTL" tokenize -m "$QWEN" --ids '<|im_start|>user')
