@@ -88,7 +88,7 @@ void *kern__pool_scratch(struct kern_pool *p, size_t size);
 
 /* Multi-column dot: out[c] = dot(w row, activation row c) for c < nc (nc <= KERN_MAXCOL);
  * activation rows are xstride bytes apart. */
-#define KERN_MAXCOL 4
+#define KERN_MAXCOL 8
 typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int nc,
                               int64_t n, float *out);
 /* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
