@@ -4,6 +4,9 @@
  * block serves four dot products. F32 weights with a large batch go to OpenBLAS sgemm. */
 #include <cblas.h>
 #include <errno.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -14,17 +17,33 @@
 static const struct kern__simd simd_scalar = {.name = "scalar"};
 static const struct kern__simd *simd_forced;
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* F16C by CPUID (not every compiler's __builtin_cpu_supports knows it). */
+static bool has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
+static bool has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+}
+
+static bool has_avx512(void)
+{
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+}
+#endif
+
 static const struct kern__simd *detect(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *env = getenv("KV_KERN_SIMD");
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
-    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
-                  __builtin_cpu_supports("avx512bf16");
+    bool avx2 = has_avx2(), avx512 = has_avx512();
     if (env && strcmp(env, "scalar") == 0)
         return &simd_scalar;
     if (env && strcmp(env, "avx2") == 0 && avx2)
@@ -62,15 +81,7 @@ int kern__simd_force(const char *name)
     if (!want)
         return -EINVAL;
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (want == &kern__simd_avx2 && !(__builtin_cpu_supports("avx2") &&
-                                      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
-        return -ENOTSUP;
-    if (want == &kern__simd_avx512 && !(__builtin_cpu_supports("avx512vnni") &&
-                                        __builtin_cpu_supports("avx512bw") &&
-                                        __builtin_cpu_supports("avx512vl") &&
-                                        __builtin_cpu_supports("avx512bf16") &&
-                                        __builtin_cpu_supports("avx2")))
+    if ((want == &kern__simd_avx2 && !has_avx2()) || (want == &kern__simd_avx512 && !has_avx512()))
         return -ENOTSUP;
 #endif
     if (!want->dot[KERN_T_F32] && want != &simd_scalar)
