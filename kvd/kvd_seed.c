@@ -20,6 +20,9 @@
 #include "net/net.h"
 
 #define SEED_MAX_MODELS 64
+#define SEED_WIN_CACHE 8 /* built window descriptions kept per model (headers can be MBs) */
+
+struct win_body;
 
 struct seed_model {
     char id[65];
@@ -30,6 +33,8 @@ struct seed_model {
     char *cat_json;
     size_t cat_len;
     uint32_t n_layers, first, last; /* layers held */
+    struct win_body *cache[SEED_WIN_CACHE];
+    unsigned cache_next;
 };
 
 struct kvd_seeder {
@@ -45,6 +50,9 @@ struct seg {
 };
 
 struct win_body {
+    int refs;                /* the cache's and each response's */
+    uint32_t first, last;
+    char etag[80];
     char *hdr;
     size_t hdr_len;
     uint64_t size;
@@ -97,6 +105,8 @@ static ptrdiff_t win_read(void *ud, uint64_t off, void *scratch, size_t max, con
 static void win_release(void *ud)
 {
     struct win_body *w = ud;
+    if (--w->refs > 0)
+        return;
     free(w->hdr);
     free(w->segs);
     free(w);
@@ -112,6 +122,8 @@ static int win_build(struct seed_model *m, uint32_t first, uint32_t last, struct
     if (rc)
         return rc;
     struct win_body *b = calloc(1, sizeof *b);
+    if (b)
+        b->refs = 1;
     void *hdr = NULL;
     size_t hl = 0;
     if (!b || (rc = gguf_writer_header(w, &hdr, &hl)) != 0) {
@@ -167,6 +179,36 @@ static int win_build(struct seed_model *m, uint32_t first, uint32_t last, struct
     free(buf);
     snprintf(etag, etaglen, "\"%.32s\"", hx);
     *out = b;
+    return 0;
+}
+
+/* The description of [first, last) from the cache, or built and cached; one reference is
+ * the caller's. */
+static int win_get(struct seed_model *m, uint32_t first, uint32_t last, struct win_body **out,
+                   char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < SEED_WIN_CACHE; i++) {
+        struct win_body *w = m->cache[i];
+        if (w && w->first == first && w->last == last) {
+            w->refs++;
+            *out = w;
+            return 0;
+        }
+    }
+    struct win_body *w;
+    char etag[80];
+    int rc = win_build(m, first, last, &w, etag, sizeof etag, err, errlen);
+    if (rc)
+        return rc;
+    w->first = first;
+    w->last = last;
+    memcpy(w->etag, etag, sizeof etag);
+    unsigned slot = m->cache_next++ % SEED_WIN_CACHE;
+    if (m->cache[slot])
+        win_release(m->cache[slot]);
+    m->cache[slot] = w;
+    w->refs++; /* the cache's */
+    *out = w;
     return 0;
 }
 
@@ -301,8 +343,8 @@ static void h_window(struct net_http_req *r, void *ud)
         return;
     }
     struct win_body *w;
-    char etag[80], err[256] = "";
-    int rc = win_build(m, first, last, &w, etag, sizeof etag, err, sizeof err);
+    char err[256] = "";
+    int rc = win_get(m, first, last, &w, err, sizeof err);
     if (rc) {
         s->window_errors++;
         net_http_reply_error(r, 500, "window [%u, %u): %s", first, last, err);
@@ -311,7 +353,7 @@ static void h_window(struct net_http_req *r, void *ud)
     s->windows_served++;
     char extra[128];
     snprintf(extra, sizeof extra, "X-Kvasir-Window: %u-%u\r\n", first, last);
-    struct net_http_body b = {w->size, etag, true, win_read, win_release, w};
+    struct net_http_body b = {w->size, w->etag, true, win_read, win_release, w};
     net_http_reply_body(r, 200, "application/octet-stream", extra, &b);
 }
 
@@ -355,6 +397,9 @@ static void model_free(struct seed_model *m)
 {
     if (!m)
         return;
+    for (unsigned i = 0; i < SEED_WIN_CACHE; i++)
+        if (m->cache[i])
+            win_release(m->cache[i]);
     gguf_file_free(m->f);
     gguf_catalog_free(m->cat);
     free(m->cat_json);
