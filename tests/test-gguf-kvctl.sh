@@ -8,8 +8,8 @@ DATA=${KV_TESTDATA:-../shared/testdata}
 T=$(mktemp -d /tmp/kvtest-kvctl.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 CHECK=$(dirname "$0")/gguf_strict_check.py
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# failures are counted in a file: the per-model checks run two at a time in subshells
+fail() { echo "FAIL: $*"; echo x >>"$T/fails"; }
 
 [ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
 ls "$DATA"/models/*.gguf >/dev/null 2>&1 || { echo "test data missing: $DATA/models"; exit 1; }
@@ -28,13 +28,12 @@ with open(p, 'r+b') as fh:
 EOF
 }
 
-n_models=0
-for m in "$DATA"/models/*.gguf; do
+check_model() {
+    local m=$1 base layers id src parts prev p end w victim out rc
     base=$(basename "$m" .gguf)
-    n_models=$((n_models + 1))
     layers=$("$KVCTL" inspect "$m" | awk '$1 == "layers" { print $2; exit }')
-    [ -n "$layers" ] && [ "$layers" -gt 0 ] || { fail "$base: inspect gives no layer count"; continue; }
-    id=$("$KVCTL" catalog "$m" -o "$T/$base.cat.json" 2>/dev/null) || { fail "$base: catalog"; continue; }
+    [ -n "$layers" ] && [ "$layers" -gt 0 ] || { fail "$base: inspect gives no layer count"; return; }
+    id=$("$KVCTL" catalog "$m" -o "$T/$base.cat.json" 2>/dev/null) || { fail "$base: catalog"; return; }
     [ "$id" = "$(sha256sum "$T/$base.cat.json" | cut -d' ' -f1)" ] || fail "$base: model id is not the catalog's SHA-256"
     src=$(sha256sum "$m" | cut -d' ' -f1)
     grep -q "\"source_sha256\":[[:space:]]*\"$src\"" "$T/$base.cat.json" || fail "$base: catalog source_sha256"
@@ -63,7 +62,15 @@ for m in "$DATA"/models/*.gguf; do
             prev=$end
         done
     done
+}
+
+n_models=0
+for m in "$DATA"/models/*.gguf; do
+    n_models=$((n_models + 1))
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+    check_model "$m" &
 done
+wait
 # the windows also pass an independent reader with llama.cpp's layout rules
 out=$(python3 "$CHECK" "$T"/*.*-*.gguf 2>&1) || fail "strict reader: $out"
 rm -f "$T"/*.*-*.gguf
@@ -115,5 +122,6 @@ echo "$info" | grep -q "the head reuses token_embd" || fail "inspect does not sa
 "$KVCTL" synth --arch llama --embd 100 --heads 4 --type q8_0 -o "$T/x.gguf" 2>/dev/null && fail "embd 100 q8_0 accepted"
 "$KVCTL" synth --arch mamba -o "$T/x.gguf" 2>/dev/null && fail "unknown arch accepted"
 
+fails=$(cat "$T/fails" 2>/dev/null | wc -l)
 echo "$n_models models checked, $fails failures"
-[ $fails -eq 0 ]
+[ "$fails" -eq 0 ]

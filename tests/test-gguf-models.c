@@ -248,6 +248,37 @@ T_CASE(every_model)
     T_CHECK(count >= 10, "only %d models found", count);
 }
 
+/* The vocab-only GGUFs of the tokenizer test data: parse, hold a vocabulary, round-trip. */
+T_CASE(vocab_files)
+{
+    char dir[512];
+    T_ASSERT(t_data_path(dir, sizeof dir, "tokenizer"), "tokenizer dir");
+    DIR *d = opendir(dir);
+    T_ASSERT(d, "opendir %s", dir);
+    struct dirent *e;
+    int count = 0;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf"))
+            continue;
+        char path[1024], err[GGUF_ERR_LEN];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct gguf_file *f;
+        int rc = gguf_file_open(&f, path, err, sizeof err);
+        T_CHECK(rc == 0, "%s: %s", e->d_name, err);
+        if (rc)
+            continue;
+        count++;
+        const struct gguf_value *tok;
+        T_CHECK(gguf_get_arr(f, "tokenizer.ggml.tokens", &tok) == 0 && tok->v.arr.type == GGUF_V_STRING &&
+                tok->v.arr.n > 100, "%s: no vocabulary", e->d_name);
+        round_trip(f, e->d_name);
+        gguf_file_free(f);
+    }
+    closedir(d);
+    T_CHECK(count >= 5, "only %d vocab files found", count);
+}
+
 T_CASE(known_models)
 {
     char p[512], err[GGUF_ERR_LEN];
@@ -279,5 +310,6 @@ int main(void)
 {
     T_RUN(known_models);
     T_RUN(every_model);
+    T_RUN(vocab_files);
     return T_DONE();
 }
