@@ -12,9 +12,18 @@ RINGS=""
 EXTRA_PIDS=""
 
 ring_cleanup() {
+    local rc=$?
     for d in $RINGS; do "$KVCTL" ring down --dir "$d" >/dev/null 2>&1; done
     for p in $EXTRA_PIDS; do kill "$p" 2>/dev/null; done
-    rm -rf "$TMP"
+    # A sanitizer report from any stage (ASan builds) fails the test.
+    if grep -l "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" $(find "$TMP" -name '*.log') \
+            > "$TMP.san" 2>/dev/null; then
+        echo "FAIL: sanitizer report in a stage log:"
+        for l in $(cat "$TMP.san"); do echo "--- $l"; grep -A25 "Sanitizer\|runtime error" "$l" | head -40; done
+        rc=1
+    fi
+    rm -rf "$TMP" "$TMP.san"
+    exit $rc
 }
 trap ring_cleanup EXIT
 

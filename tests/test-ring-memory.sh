@@ -9,6 +9,8 @@ M=$TMP/big.gguf
 "$KVCTL" synth --arch llama --layers 16 --embd 512 --ff 2048 --heads 8 --vocab 512 --type q8_0 \
     --ctx 256 -o "$M" > /dev/null || fail "kvctl synth"
 size=$(stat -c %s "$M")
+# Fixed overhead allowed per process (binary, libraries, scratch): more under ASan's shadow.
+case "$B" in *asan*) OVH=$((100 * 1048576)) ;; *) OVH=$((40 * 1048576)) ;; esac
 D=$TMP/ring
 ring_up "$D" --model "$M" --stages 4
 "$KVCTL" generate --ring "$D" --ids --tokens 1,2,3 -n 8 --temp 0 > /dev/null 2>&1 || fail "generate"
@@ -32,8 +34,8 @@ print(s)' $pid "$M")
     [ $mapped -le $((wb + wb / 20 + 1048576)) ] || fail "rank $r maps $mapped bytes of the file for a $wb-byte window"
     [ $((mrss * 1024)) -le $((wb + wb / 20 + 1048576)) ] || fail "rank $r keeps ${mrss} kB of the model resident for a $wb-byte window"
     [ $((mrss * 1024)) -ge $((wb / 2)) ] || fail "rank $r: only ${mrss} kB resident: did the generation touch the window?"
-    [ $((rss * 1024)) -le $((wb + 40 * 1048576)) ] || fail "rank $r: resident ${rss} kB > window + 40 MiB"
-    [ $((rss * 1024)) -lt $((size * 6 / 10)) ] || fail "rank $r: resident ${rss} kB is not well below the model's $size bytes"
+    [ $((rss * 1024)) -le $((wb + OVH)) ] || fail "rank $r: resident ${rss} kB > window + $((OVH / 1048576)) MiB"
+    [ $((mrss * 1024)) -lt $((size * 35 / 100)) ] || fail "rank $r: ${mrss} kB of the model resident, not well below its $size bytes"
     total=$((total + mapped))
 done
 [ $total -le $((size + 4 * 1048576)) ] || fail "the stages together map $total bytes of a $size-byte model"
