@@ -50,6 +50,20 @@ peer unknown 0 "$D/rank-0" "ACT for unknown session"
     --state-dir "$D/rank-0" --case ping | grep -q pong || fail "the stage does not serve a fresh link"
 echo "ok fresh link served"
 
+# Idle sessions end: rank 1 again, with a 1 s idle timeout; a peer opens a session and goes
+# quiet (but keeps its link alive): the stage drops the session and keeps the link.
+kill $PID1
+for i in $(seq 50); do kill -0 $PID1 2>/dev/null || break; sleep 0.1; done
+"$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$D/catalog.json" \
+    --state-dir "$D/rank-1" --idle-timeout 1 >> "$LOG1" 2>&1 &
+PID1=$!
+echo $PID1 > "$D/rank-1/kvd.pid"
+for i in $(seq 50); do [ -S "$D/rank-1/kvd.sock" ] && "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q rank && break; sleep 0.1; done
+out=$("$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
+      --state-dir "$D/rank-0" --case open-idle --target 1 2>&1) || fail "open-idle: the link was closed: $out"
+grep -q "idle for more than 1 s on rank 1" "$LOG1" || fail "the idle session was not ended"
+echo "ok idle session ended, link kept"
+
 # Model identity: a stage given another model's catalog (or a window that does not match the
 # manifest's) refuses to start, saying why.
 M2=$(need_model TinyStories-656K-Q8_0.gguf) || exit 1

@@ -5,6 +5,7 @@
  * usage: tool-ring-peer --connect HOST:PORT --manifest FILE --as-rank R --state-dir DIR
  *                       --case CASE [--target R (the stage's rank; default as-rank + 1)]
  * CASE: random | magic | huge | n_embd | token | unknown | ping | idle (handshake only) |
+ *       open-idle (OPEN, then silence: exit 0 if the link stays up) |
  *       wrong-ring | wrong-manifest (handshake mismatches)
  * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
  * "closed" when the stage closes the link, "pong" for a PONG. Exit 0 when the expected
@@ -199,6 +200,25 @@ int main(int argc, char **argv)
         send_frame(NET_F_TOKEN, 0, sess, 1, 1, buf, 8);
     } else if (!strcmp(kase, "unknown")) {
         send_frame(NET_F_ACT, NET_FL_LAST, sess, 0, 1, buf, m.n_embd * m.wire_dsize);
+    } else if (!strcmp(kase, "open-idle")) {
+        /* open a session and never feed it: the stage's idle timeout must end it while the
+         * link itself stays up (exit 0 when the link was not closed within 3 s) */
+        struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
+                                    .max_tokens = 4, .n_ctx = m.n_ctx};
+        net_open_encode(&p, buf);
+        memset(buf + NET_OPEN_LEN, 0, 4);
+        buf[NET_OPEN_LEN] = 1;
+        send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
+        for (int i = 0; i < 3; i++) {   /* answer nothing, but keep the link alive with PINGs */
+            send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
+            bool pong = false;
+            if (drain(&r, 1000, &pong, NULL, NULL, false) == 1)
+                goto out;
+            sleep(1);
+        }
+        printf("still open\n");
+        ret = 0;
+        goto out;
     } else if (!strcmp(kase, "ping")) {
         send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
         bool pong = false;
