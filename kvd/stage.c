@@ -297,8 +297,12 @@ static void sess_fail(struct stage *st, struct sess *s, const char *msg)
         return;
     }
     kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails: %s", s->id, msg);
+    /* Forward round the ring to rank 0, or, when the way forward is down, back the way the
+     * session came: either way rank 0 hears of it and tells its client. */
     if (out_up(st))
         send_error(st->out, s->id, 1, msg);
+    else if (st->in && st->in->up)
+        send_error(st->in, s->id, 1, msg);
     sess_drop(st, s);
 }
 
@@ -747,7 +751,7 @@ static void on_job_done(struct kvd_job *j, void *ud)
                                 j->out, j->out_len);
             if (rc < 0) {
                 char msg[300];
-                snprintf(msg, sizeof msg, "ring link rank %u -> rank %u is down", st->rank, st->succ);
+                snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
                 sess_fail(st, s, msg);
             } else {
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
@@ -878,8 +882,23 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
             return;
         }
     }
-    if (c->role == CONN_OUT)
-        return violation(c, "%s frame from the successor (only PING/PONG/ERROR travel back)", tn);
+    if (c->role == CONN_OUT) {
+        if (h->type != NET_F_ERROR)
+            return violation(c, "%s frame from the successor (only PING/PONG/ERROR travel back)", tn);
+        /* A session's ERROR coming back: pass it on towards rank 0. */
+        struct sess *bs = sess_find(st, h->session);
+        if (!bs)
+            return;
+        if (st->rank == 0) {
+            sess_finish(st, bs, NULL, emsg);
+        } else {
+            kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
+            if (st->in && st->in->up)
+                send_frame(st->in, NET_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
+            sess_drop(st, bs);
+        }
+        return;
+    }
     /* In link: the session frames of the ring. */
     struct sess *s = sess_find(st, h->session);
     bool stale = !s && recently_closed(st, h->session);
@@ -935,8 +954,12 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
             j->n_tokens = h->n_tokens;
         }
         kvd_compute_submit(st->comp, j);
-        if (!st->is_last)
-            send_frame(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len);
+        if (!st->is_last &&
+            send_frame(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+            sess_fail(st, s, msg);
+        }
         return;
     }
     case NET_F_ACT: {

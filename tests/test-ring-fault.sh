@@ -43,4 +43,22 @@ echo "ok ring back: $out"
 # Sessions on the other stages were freed when the link broke.
 s=$("$KVCTL" status --ring "$D" --json | python3 -c 'import json,sys; print(sum(json.loads(l)["sessions"] for l in sys.stdin))')
 [ "$s" = 0 ] || fail "$s sessions left on the stages"
+# A hole further down the ring: in a 4-stage ring without rank 2, rank 0's own links are up,
+# so it starts the session; rank 1 cannot pass it on and sends the ERROR back: the client
+# hears which link is missing at once instead of waiting for a timeout.
+D4=$TMP/ring4
+ring_up "$D4" --stub --layers 8 --embd 64 --stages 4
+kill -9 $(rank_pid "$D4" 2)
+for i in $(seq 50); do
+    "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 2p | grep -q '"out":{[^}]*"state":"down"' && break
+    sleep 0.1
+done
+t0=$(date +%s%N)
+if "$KVCTL" generate --ring "$D4" --ids --tokens 1,2,3 -n 5 --temp 0 > /dev/null 2> "$TMP/err4"; then
+    fail "generate succeeded through a ring with a missing stage"
+fi
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+grep -qE "ring not linked.*rank 1 -> rank 2|rank 3 is down|in link from rank 3" "$TMP/err4" || fail "unclear error: $(cat "$TMP/err4")"
+[ $ms -lt 5000 ] || fail "the error took $ms ms"
+echo "ok missing middle stage reported back in $ms ms: $(cat "$TMP/err4")"
 echo PASS
