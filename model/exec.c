@@ -15,11 +15,14 @@
 #include "kernels/kern.h"
 #include "model/internal.h"
 
-/* One session: the K/V of every position so far, for every layer of the window. */
+/* One session: the K/V of every position so far for the window's full-attention layers, and
+ * the fixed-size recurrent state of its Gated DeltaNet layers. */
 struct model_session {
     uint64_t id;
-    uint32_t n_past;    /* positions 0..n_past-1 hold K/V */
-    uint16_t *k, *v;    /* F16 [n_layers][n_ctx][kv_dim] */
+    uint32_t n_past;    /* positions 0..n_past-1 have been run */
+    uint16_t *k, *v;    /* F16 [n_attn][n_ctx][kv_dim] */
+    float *conv;        /* F32 [n_rec][conv_kernel-1][conv_dim]: previous pre-conv rows */
+    float *ssm;         /* F32 [n_rec][dt_rank][d_state][d_state]: S per value head */
 };
 
 /* Scratch for up to max_batch rows (B); q_dim = n_head*head_dim, kv_dim = n_head_kv*head_dim. */
@@ -30,8 +33,28 @@ struct model_state {
     float *att;         /* [B][q_dim] attention output, heads concatenated */
     float *hb, *hb2;    /* [B][n_ff] gate and up */
     float *proj;        /* [B][n_embd] output projection before the residual add */
-    float *headtmp;     /* [head_dim] one head for the QK-norm */
+    float *headtmp;     /* [max(head_dim, d_state)] one head for a per-head norm */
     float *att_scratch; /* [n_ctx] softmax row (kern_attention keeps its threads' own) */
+    /* gated attention (qwen35*) */
+    float *qg;          /* [B][2 q_dim] per head [q | gate] */
+    float *gate;        /* [B][q_dim] */
+    /* Gated DeltaNet */
+    float *mixed;       /* [conv_kernel-1 + B][conv_dim] conv input: state rows, then the batch */
+    float *conv_out;    /* [B][conv_dim] */
+    float *z;           /* [B][d_inner] */
+    float *beta, *alpha;/* [B][dt_rank] */
+    float *lin_o;       /* [B][d_inner] */
+    float *dvec;        /* [2][d_state] S^T k and delta */
+    /* routed experts */
+    float *router;      /* [B][n_expert] */
+    uint32_t *sel;      /* [B][n_expert_used] selected experts, best first */
+    float *selw;        /* [B][n_expert_used] their renormalised weights */
+    uint32_t *ex_off;   /* [n_expert + 1] start of each expert's group in ex_tok */
+    uint32_t *ex_tok;   /* [B * n_expert_used] token rows grouped by expert */
+    float *ex_w;        /* [B * n_expert_used] their weights */
+    float *xe;          /* [B][n_embd] gathered rows of one expert's group */
+    float *ye;          /* [B][n_embd] that group's expert output */
+    float *shg;         /* [B] shared-expert gate */
 };
 
 struct model_exec {
@@ -40,6 +63,10 @@ struct model_exec {
     int n_threads;
     uint32_t n_ctx, max_batch;
     size_t kv_layer;                 /* elements of one layer's K (or V) cache: n_ctx*kv_dim */
+    uint32_t n_attn, n_rec;          /* full-attention and recurrent layers of the window */
+    uint32_t *slot;                  /* [window layers]: index among its kind */
+    uint32_t conv_dim;               /* 2 n_group d_state + d_inner */
+    size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
     struct model_state s;
     struct model_session **sess;     /* n_sess of cap_sess */
     uint32_t n_sess, cap_sess;
@@ -125,18 +152,62 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     e->n_threads = kern_pool_threads(e->pool);
     size_t B = max_batch;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    uint32_t nl = m->last - m->first;
+    e->slot = xcalloc(nl, sizeof *e->slot, &rc);
+    if (rc < 0)
+        goto fail;
+    bool gated = false;
+    for (uint32_t l = 0; l < nl; l++) {
+        e->slot[l] = m->layers[l].recurrent ? e->n_rec++ : e->n_attn++;
+        gated |= m->layers[l].attn_gated;
+    }
     e->kv_layer = (size_t)n_ctx * kv_dim;
+    e->conv_dim = 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+    size_t K1 = hp->ssm_conv_kernel ? hp->ssm_conv_kernel - 1 : 0;
+    e->conv_layer = K1 * e->conv_dim;
+    e->ssm_layer = (size_t)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state;
+    size_t F = hp->n_ff;
+    if (hp->n_ff_exp > F)
+        F = hp->n_ff_exp;
+    if (hp->n_ff_shexp > F)
+        F = hp->n_ff_shexp;
+    size_t hd = hp->head_dim > hp->ssm_d_state ? hp->head_dim : hp->ssm_d_state;
     struct model_state *s = &e->s;
     s->xb = xcalloc(B * hp->n_embd, sizeof(float), &rc);
     s->q = xcalloc(B * q_dim, sizeof(float), &rc);
     s->k = xcalloc(B * kv_dim, sizeof(float), &rc);
     s->v = xcalloc(B * kv_dim, sizeof(float), &rc);
     s->att = xcalloc(B * q_dim, sizeof(float), &rc);
-    s->hb = xcalloc(B * hp->n_ff, sizeof(float), &rc);
-    s->hb2 = xcalloc(B * hp->n_ff, sizeof(float), &rc);
+    s->hb = xcalloc(B * F, sizeof(float), &rc);
+    s->hb2 = xcalloc(B * F, sizeof(float), &rc);
     s->proj = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-    s->headtmp = xcalloc(hp->head_dim, sizeof(float), &rc);
+    s->headtmp = xcalloc(hd, sizeof(float), &rc);
     s->att_scratch = xcalloc(n_ctx, sizeof(float), &rc);
+    if (gated) {
+        s->qg = xcalloc(B * 2 * q_dim, sizeof(float), &rc);
+        s->gate = xcalloc(B * q_dim, sizeof(float), &rc);
+    }
+    if (e->n_rec) {
+        s->mixed = xcalloc((K1 + B) * e->conv_dim, sizeof(float), &rc);
+        s->conv_out = xcalloc(B * e->conv_dim, sizeof(float), &rc);
+        s->z = xcalloc(B * hp->ssm_d_inner, sizeof(float), &rc);
+        s->beta = xcalloc(B * hp->ssm_dt_rank, sizeof(float), &rc);
+        s->alpha = xcalloc(B * hp->ssm_dt_rank, sizeof(float), &rc);
+        s->lin_o = xcalloc(B * hp->ssm_d_inner, sizeof(float), &rc);
+        s->dvec = xcalloc(2 * (size_t)hp->ssm_d_state, sizeof(float), &rc);
+    }
+    if (hp->n_expert) {
+        size_t X = hp->n_expert, k = hp->n_expert_used;
+        s->router = xcalloc(B * X, sizeof(float), &rc);
+        s->sel = xcalloc(B * k, sizeof(uint32_t), &rc);
+        s->selw = xcalloc(B * k, sizeof(float), &rc);
+        s->ex_off = xcalloc(X + 1, sizeof(uint32_t), &rc);
+        s->ex_tok = xcalloc(B * k, sizeof(uint32_t), &rc);
+        s->ex_w = xcalloc(B * k, sizeof(float), &rc);
+        s->xe = xcalloc(B * hp->n_embd, sizeof(float), &rc);
+        s->ye = xcalloc(B * hp->n_embd, sizeof(float), &rc);
+        s->shg = xcalloc(B, sizeof(float), &rc);
+    }
     if (rc < 0)
         goto fail;
     *out = e;
@@ -154,6 +225,8 @@ static void session_free(struct model_session *s)
         return;
     free(s->k);
     free(s->v);
+    free(s->conv);
+    free(s->ssm);
     free(s);
 }
 
@@ -175,6 +248,25 @@ void model_exec_free(struct model_exec *e)
     free(s->proj);
     free(s->headtmp);
     free(s->att_scratch);
+    free(s->qg);
+    free(s->gate);
+    free(s->mixed);
+    free(s->conv_out);
+    free(s->z);
+    free(s->beta);
+    free(s->alpha);
+    free(s->lin_o);
+    free(s->dvec);
+    free(s->router);
+    free(s->sel);
+    free(s->selw);
+    free(s->ex_off);
+    free(s->ex_tok);
+    free(s->ex_w);
+    free(s->xe);
+    free(s->ye);
+    free(s->shg);
+    free(e->slot);
     kern_pool_free(e->pool);
     free(e);
 }
@@ -202,18 +294,23 @@ int model_session_new(struct model_exec *e, uint64_t id)
         e->sess = p;
         e->cap_sess = cap;
     }
-    /* n_layers * n_ctx * kv_dim F16 values each for K and V; bounded by MODEL_MAX_CTX and the
-     * hyperparameter caps, checked here anyway. The pages are touched only as positions fill. */
-    size_t nl = e->m->last - e->m->first;
-    if (e->kv_layer && nl > SIZE_MAX / sizeof(uint16_t) / e->kv_layer)
+    /* n_attn * n_ctx * kv_dim F16 values each for K and V; bounded by MODEL_MAX_CTX and the
+     * hyperparameter caps, checked here anyway. The pages are touched only as positions fill.
+     * Recurrent layers: conv state and S, fixed size. */
+    size_t na = e->n_attn, nr = e->n_rec;
+    if ((e->kv_layer && na > SIZE_MAX / sizeof(uint16_t) / e->kv_layer) ||
+        (e->ssm_layer && nr > SIZE_MAX / sizeof(float) / (e->ssm_layer + e->conv_layer)))
         return -ENOMEM;
     struct model_session *s = calloc(1, sizeof *s);
     if (!s)
         return -ENOMEM;
     s->id = id;
-    s->k = calloc(nl * e->kv_layer, sizeof(uint16_t));
-    s->v = calloc(nl * e->kv_layer, sizeof(uint16_t));
-    if (!s->k || !s->v) {
+    int rc = 0;
+    s->k = xcalloc(na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->v = xcalloc(na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->conv = xcalloc(nr * e->conv_layer, sizeof(float), &rc);
+    s->ssm = xcalloc(nr * e->ssm_layer, sizeof(float), &rc);
+    if (rc < 0) {
         session_free(s);
         return -ENOMEM;
     }
@@ -258,6 +355,244 @@ int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *
 
 /* ---- the layers ---- */
 
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float softplus(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+/* Per-head RMSNorm in place on nh heads of hd. */
+static void head_norm(struct model_state *s, float *x, size_t nh, uint32_t hd, const float *w,
+                      float eps)
+{
+    for (size_t h = 0; h < nh; h++) {
+        kern_ref_rmsnorm(s->headtmp, x + h * hd, w, hd, eps);
+        memcpy(x + h * hd, s->headtmp, hd * sizeof(float));
+    }
+}
+
+/* x / max(||x||, eps) in place (ggml_l2_norm). */
+static void l2_norm(float *x, uint32_t n, float eps)
+{
+    double sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] *= scale;
+}
+
+/* Attention mixer on xb[n] at positions pos.. into proj[n]; kc/vc this layer's F16 cache.
+ * Gated (qwen35*): wq gives per head [q | gate], the output is scaled by sigmoid(gate). */
+static void attention(struct model_exec *e, const struct model_layer *L, uint16_t *kc,
+                      uint16_t *vc, uint32_t pos, uint32_t n)
+{
+    const struct model *m = e->m;
+    const struct model_hparams *hp = &m->hp;
+    struct model_state *s = &e->s;
+    const uint32_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    if (L->attn_gated) {
+        matmul(e, &L->wq, s->xb, n, s->qg);     /* [n][2 q_dim] */
+        for (size_t i = 0; i < n; i++)
+            for (size_t h = 0; h < hp->n_head; h++) {
+                const float *src = s->qg + i * 2 * q_dim + h * 2 * hd;
+                memcpy(s->q + i * q_dim + h * hd, src, hd * sizeof(float));
+                memcpy(s->gate + i * q_dim + h * hd, src + hd, hd * sizeof(float));
+            }
+    } else {
+        matmul(e, &L->wq, s->xb, n, s->q);      /* [n][q_dim] */
+    }
+    matmul(e, &L->wk, s->xb, n, s->k);          /* [n][kv_dim] */
+    matmul(e, &L->wv, s->xb, n, s->v);          /* [n][kv_dim] */
+    if (L->bq) {
+        add_rows(s->q, L->bq, n, q_dim);
+        add_rows(s->k, L->bk, n, kv_dim);
+        add_rows(s->v, L->bv, n, kv_dim);
+    }
+    if (L->q_norm) {                            /* per-head RMSNorm (qwen3 and later) */
+        head_norm(s, s->q, (size_t)n * hp->n_head, hd, L->q_norm, hp->rms_eps);
+        head_norm(s, s->k, (size_t)n * hp->n_head_kv, hd, L->k_norm, hp->rms_eps);
+    }
+    for (uint32_t i = 0; i < n; i++) {          /* the first n_rot dims of each head */
+        rope(m, s->q + (size_t)i * q_dim, hp->n_head, pos + i);
+        rope(m, s->k + (size_t)i * kv_dim, hp->n_head_kv, pos + i);
+    }
+    /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < kv_dim; j++) {
+            kc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->k[(size_t)i * kv_dim + j]);
+            vc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->v[(size_t)i * kv_dim + j]);
+        }
+    kern_attention(e->pool, KERN_T_F16, s->att, s->q, kc, vc, n, pos, hp->n_head,
+                   hp->n_head_kv, hd, kv_dim, scale, s->att_scratch);
+    if (L->attn_gated)
+        for (size_t i = 0; i < (size_t)n * q_dim; i++)
+            s->att[i] *= sigmoid(s->gate[i]);
+    matmul(e, &L->wo, s->att, n, s->proj);      /* [n][E] */
+}
+
+/* Gated DeltaNet mixer on xb[n] into proj[n], carrying the session's conv state
+ * (conv_kernel-1 rows) and S (dt_rank heads of d x d, S[i][j]: key dim i, value dim j). The
+ * recurrence runs token by token for a batch too, in F32. */
+static void deltanet(struct model_exec *e, const struct model_layer *L, float *conv_state,
+                     float *S, uint32_t n)
+{
+    const struct model_hparams *hp = &e->m->hp;
+    struct model_state *s = &e->s;
+    const uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_group, Hv = hp->ssm_dt_rank;
+    const uint32_t inner = hp->ssm_d_inner, CD = e->conv_dim, K = hp->ssm_conv_kernel;
+    const size_t K1 = K - 1;
+    const float scale = 1.0f / sqrtf((float)d);
+
+    /* mixed = [state rows | this batch's rows of xb Wqkv]; z, beta, alpha projections */
+    memcpy(s->mixed, conv_state, K1 * CD * sizeof(float));
+    matmul(e, &L->wqkv, s->xb, n, s->mixed + K1 * CD);   /* [n][CD] */
+    matmul(e, &L->wz, s->xb, n, s->z);                   /* [n][inner] */
+    matmul(e, &L->w_beta, s->xb, n, s->beta);            /* [n][Hv] */
+    matmul(e, &L->w_alpha, s->xb, n, s->alpha);          /* [n][Hv] */
+    /* causal depthwise conv: tap j of channel c multiplies row t + j (tap K-1 = this token) */
+    for (size_t t = 0; t < n; t++)
+        for (size_t c = 0; c < CD; c++) {
+            const float *w = L->conv1d + c * K;
+            float sum = 0.0f;
+            for (size_t j = 0; j < K; j++)
+                sum += s->mixed[(t + j) * CD + c] * w[j];
+            s->conv_out[t * CD + c] = silu(sum);
+        }
+    memcpy(conv_state, s->mixed + (size_t)n * CD, K1 * CD * sizeof(float));
+
+    float *kv = s->dvec, *delta = s->dvec + d;
+    for (size_t t = 0; t < n; t++) {
+        float *q = s->conv_out + t * CD, *k = q + (size_t)Hk * d, *v = k + (size_t)Hk * d;
+        for (uint32_t h = 0; h < Hk; h++) {
+            l2_norm(q + (size_t)h * d, d, hp->rms_eps);
+            l2_norm(k + (size_t)h * d, d, hp->rms_eps);
+        }
+        for (uint32_t h = 0; h < Hv; h++) {
+            const float *qh = q + (size_t)(h % Hk) * d, *kh = k + (size_t)(h % Hk) * d;
+            const float *vh = v + (size_t)h * d;
+            float beta = sigmoid(s->beta[t * Hv + h]);
+            float g = softplus(s->alpha[t * Hv + h] + L->dt_bias[h]) * L->ssm_a[h];
+            float decay = expf(g);
+            float *Sh = S + (size_t)h * d * d;
+            float *o = s->lin_o + t * inner + (size_t)h * d;
+            /* S <- exp(g) S; kv = S^T k */
+            memset(kv, 0, d * sizeof(float));
+            for (uint32_t i = 0; i < d; i++) {
+                float *row = Sh + (size_t)i * d, ki = kh[i];
+                for (uint32_t j = 0; j < d; j++) {
+                    row[j] *= decay;
+                    kv[j] += row[j] * ki;
+                }
+            }
+            for (uint32_t j = 0; j < d; j++)
+                delta[j] = beta * (vh[j] - kv[j]);
+            /* S <- S + k delta^T; o = S^T q / sqrt(d) */
+            memset(o, 0, d * sizeof(float));
+            for (uint32_t i = 0; i < d; i++) {
+                float *row = Sh + (size_t)i * d, ki = kh[i], qi = qh[i];
+                for (uint32_t j = 0; j < d; j++) {
+                    row[j] += ki * delta[j];
+                    o[j] += row[j] * qi;
+                }
+            }
+            for (uint32_t j = 0; j < d; j++)
+                o[j] *= scale;
+            /* o <- RMSNorm(o) * ssm_norm * silu(z_h) */
+            kern_ref_rmsnorm(s->headtmp, o, L->ssm_norm, d, hp->rms_eps);
+            const float *zh = s->z + t * inner + (size_t)h * d;
+            for (uint32_t j = 0; j < d; j++)
+                o[j] = s->headtmp[j] * silu(zh[j]);
+        }
+    }
+    matmul(e, &L->ssm_out, s->lin_o, n, s->proj);        /* [n][E] */
+}
+
+/* SwiGLU FFN on x[n] into y[n]: y = W_down (silu(x W_gate) * (x W_up)). */
+static void swiglu_ffn(struct model_exec *e, const struct model_mat *gate,
+                       const struct model_mat *up, const struct model_mat *down, const float *x,
+                       uint32_t n, float *y)
+{
+    struct model_state *s = &e->s;
+    matmul(e, gate, x, n, s->hb);               /* [n][F] */
+    matmul(e, up, x, n, s->hb2);                /* [n][F] */
+    kern_ref_swiglu(s->hb, s->hb, s->hb2, (int64_t)n * gate->rows);
+    matmul(e, down, s->hb, n, y);               /* [n][E] */
+}
+
+/* Routed experts on xb[n] into proj[n]: p = softmax(router), the top n_expert_used by p with
+ * weights p / sum(p_sel); rows grouped by expert so each selected expert's slice is read once
+ * per batch (and no other expert is touched); then the shared expert, gated by a sigmoid. */
+static void moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
+{
+    const struct model_hparams *hp = &e->m->hp;
+    struct model_state *s = &e->s;
+    const uint32_t X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
+
+    matmul(e, &L->gate_inp, s->xb, n, s->router);        /* [n][X] */
+    memset(s->ex_off, 0, (X + 1) * sizeof(uint32_t));
+    for (size_t t = 0; t < n; t++) {
+        float *p = s->router + t * X;
+        kern_ref_softmax(p, X);
+        uint32_t *sel = s->sel + t * k;
+        double sum = 0;
+        for (uint32_t j = 0; j < k; j++) {              /* best first, ties to the lower id */
+            uint32_t best = UINT32_MAX;
+            for (uint32_t x = 0; x < X; x++) {
+                bool taken = false;
+                for (uint32_t i = 0; i < j; i++)
+                    taken |= sel[i] == x;
+                if (!taken && (best == UINT32_MAX || p[x] > p[best]))
+                    best = x;
+            }
+            sel[j] = best;
+            sum += p[best];
+            s->ex_off[best + 1]++;
+        }
+        for (uint32_t j = 0; j < k; j++)
+            s->selw[t * k + j] = p[sel[j]] / (float)sum;
+    }
+    for (uint32_t x = 0; x < X; x++)                     /* group starts */
+        s->ex_off[x + 1] += s->ex_off[x];
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t x = s->sel[t * k + j], at = s->ex_off[x]++;
+            s->ex_tok[at] = (uint32_t)t;
+            s->ex_w[at] = s->selw[t * k + j];
+        }
+    for (uint32_t x = X; x > 0; x--)                     /* back to starts */
+        s->ex_off[x] = s->ex_off[x - 1];
+    s->ex_off[0] = 0;
+
+    memset(s->proj, 0, (size_t)n * E * sizeof(float));
+    for (uint32_t x = 0; x < X; x++) {
+        uint32_t a = s->ex_off[x], ne = s->ex_off[x + 1] - a;
+        if (!ne)
+            continue;
+        for (uint32_t j = 0; j < ne; j++)
+            memcpy(s->xe + (size_t)j * E, s->xb + (size_t)s->ex_tok[a + j] * E, E * sizeof(float));
+        struct model_mat g = model_expert(&L->gate_exps, x), u = model_expert(&L->up_exps, x),
+                         dn = model_expert(&L->down_exps, x);
+        swiglu_ffn(e, &g, &u, &dn, s->xe, ne, s->ye);
+        for (uint32_t j = 0; j < ne; j++) {
+            float w = s->ex_w[a + j];
+            float *y = s->proj + (size_t)s->ex_tok[a + j] * E;
+            const float *ye = s->ye + (size_t)j * E;
+            for (uint32_t c = 0; c < E; c++)
+                y[c] += w * ye[c];
+        }
+    }
+    if (L->gate_shexp.data) {
+        matmul(e, &L->gate_inp_shexp, s->xb, n, s->shg);  /* [n][1] */
+        swiglu_ffn(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp, s->xb, n, s->ye);
+        for (size_t t = 0; t < n; t++) {
+            float g = sigmoid(s->shg[t]);
+            for (uint32_t c = 0; c < E; c++)
+                s->proj[t * E + c] += s->ye[t * E + c] * g;
+        }
+    }
+}
+
 /* Layers of the window on x[n][n_embd] (n <= max_batch) at positions pos..pos+n-1. */
 static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos, uint32_t n,
                     float *x)
@@ -265,59 +600,29 @@ static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     struct model_state *s = &e->s;
-    const uint32_t E = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
-    const uint32_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const uint32_t E = hp->n_embd;
 
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
-        uint16_t *kc = ss->k + l * e->kv_layer;   /* [n_ctx][kv_dim] */
-        uint16_t *vc = ss->v + l * e->kv_layer;
+        size_t slot = e->slot[l];
 
-        /* attention: xb = rmsnorm(x) * attn_norm; q, k, v = xb Wq, xb Wk, xb Wv */
+        /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
         for (uint32_t i = 0; i < n; i++)
             kern_ref_rmsnorm(s->xb + (size_t)i * E, x + (size_t)i * E, L->attn_norm, E, hp->rms_eps);
-        matmul(e, &L->wq, s->xb, n, s->q);      /* [n][q_dim] */
-        matmul(e, &L->wk, s->xb, n, s->k);      /* [n][kv_dim] */
-        matmul(e, &L->wv, s->xb, n, s->v);      /* [n][kv_dim] */
-        if (L->bq) {
-            add_rows(s->q, L->bq, n, q_dim);
-            add_rows(s->k, L->bk, n, kv_dim);
-            add_rows(s->v, L->bv, n, kv_dim);
-        }
-        if (L->q_norm) {                        /* per-head RMSNorm (qwen3) */
-            for (size_t h = 0; h < (size_t)n * hp->n_head; h++) {
-                kern_ref_rmsnorm(s->headtmp, s->q + h * hd, L->q_norm, hd, hp->rms_eps);
-                memcpy(s->q + h * hd, s->headtmp, hd * sizeof(float));
-            }
-            for (size_t h = 0; h < (size_t)n * hp->n_head_kv; h++) {
-                kern_ref_rmsnorm(s->headtmp, s->k + h * hd, L->k_norm, hd, hp->rms_eps);
-                memcpy(s->k + h * hd, s->headtmp, hd * sizeof(float));
-            }
-        }
-        for (uint32_t i = 0; i < n; i++) {
-            rope(m, s->q + (size_t)i * q_dim, hp->n_head, pos + i);
-            rope(m, s->k + (size_t)i * kv_dim, hp->n_head_kv, pos + i);
-        }
-        /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
-        for (uint32_t i = 0; i < n; i++)
-            for (uint32_t j = 0; j < kv_dim; j++) {
-                kc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->k[(size_t)i * kv_dim + j]);
-                vc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->v[(size_t)i * kv_dim + j]);
-            }
-        kern_attention(e->pool, KERN_T_F16, s->att, s->q, kc, vc, n, pos, hp->n_head,
-                       hp->n_head_kv, hd, kv_dim, scale, s->att_scratch);
-        matmul(e, &L->wo, s->att, n, s->proj);  /* [n][E] */
+        if (L->recurrent)
+            deltanet(e, L, ss->conv + slot * e->conv_layer, ss->ssm + slot * e->ssm_layer, n);
+        else
+            attention(e, L, ss->k + slot * e->kv_layer, ss->v + slot * e->kv_layer, pos, n);
         for (size_t i = 0; i < (size_t)n * E; i++)
             x[i] += s->proj[i];
 
-        /* feed-forward: x += W_down (silu(xb W_gate) * (xb W_up)), xb = rmsnorm(x) * ffn_norm */
+        /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
         for (uint32_t i = 0; i < n; i++)
             kern_ref_rmsnorm(s->xb + (size_t)i * E, x + (size_t)i * E, L->ffn_norm, E, hp->rms_eps);
-        matmul(e, &L->w_gate, s->xb, n, s->hb);  /* [n][F] */
-        matmul(e, &L->w_up, s->xb, n, s->hb2);   /* [n][F] */
-        kern_ref_swiglu(s->hb, s->hb, s->hb2, (int64_t)n * F);
-        matmul(e, &L->w_down, s->hb, n, s->proj); /* [n][E] */
+        if (L->gate_inp.data)
+            moe(e, L, n);
+        else
+            swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, s->xb, n, s->proj);
         for (size_t i = 0; i < (size_t)n * E; i++)
             x[i] += s->proj[i];
     }
@@ -332,6 +637,13 @@ int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n
         return -ERANGE;
     if (pos > ss->n_past)          /* positions must follow on (a rewind is allowed) */
         return -EINVAL;
+    if (e->n_rec && pos != ss->n_past) {
+        /* Recurrent state cannot be rewound, only restarted from position 0. */
+        if (pos != 0)
+            return -EINVAL;
+        memset(ss->conv, 0, e->n_rec * e->conv_layer * sizeof(float));
+        memset(ss->ssm, 0, e->n_rec * e->ssm_layer * sizeof(float));
+    }
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
         forward(e, ss, pos + done, nb, x + (size_t)done * e->m->hp.n_embd);

@@ -16,6 +16,8 @@
 #define MODEL_MAX_HEAD_DIM 1024u
 #define MODEL_MAX_VOCAB    (1u << 22)
 #define MODEL_MAX_CTX      (1u << 20)
+#define MODEL_MAX_EXPERTS  4096u
+#define MODEL_MAX_CONV     64u
 
 /* A weight matrix: `rows` rows of `cols` elements of a ggml type, a view into the mapping.
  * y = W x takes x of length cols to y of length rows (GGUF ne[0] = cols, ne[1] = rows). */
@@ -25,8 +27,26 @@ struct model_mat {
     uint32_t rows, cols;
 };
 
+/* The experts of a routed MoE tensor: n matrices of rows x cols, expert e's at
+ * data + e * stride bytes (a 3-D GGUF tensor, read in place; a fused gate_up tensor gives two
+ * views with the same stride). */
+struct model_exps {
+    struct model_mat m;            /* expert 0 */
+    uint32_t n;
+    size_t stride;
+};
+
+static inline struct model_mat model_expert(const struct model_exps *x, uint32_t e)
+{
+    struct model_mat r = x->m;
+    r.data = (const uint8_t *)x->m.data + (size_t)e * x->stride;
+    return r;
+}
+
 /* One transformer block. q_dim = n_head * head_dim, kv_dim = n_head_kv * head_dim. */
 struct model_layer {
+    bool recurrent;                /* Gated DeltaNet mixer instead of attention (qwen35*) */
+    bool attn_gated;               /* wq rows are per head [q | gate] (qwen35* full attention) */
     const float *attn_norm;        /* [n_embd] */
     struct model_mat wq;           /* [q_dim][n_embd] */
     struct model_mat wk;           /* [kv_dim][n_embd] */
@@ -34,10 +54,28 @@ struct model_layer {
     struct model_mat wo;           /* [n_embd][q_dim] */
     const float *bq, *bk, *bv;     /* [q_dim], [kv_dim], [kv_dim] or NULL (qwen2) */
     const float *q_norm, *k_norm;  /* [head_dim] or NULL (qwen3: per-head RMSNorm) */
-    const float *ffn_norm;         /* [n_embd] */
-    struct model_mat w_gate;       /* [n_ff][n_embd] */
+    /* Gated DeltaNet (conv_dim = 2 * n_group * d_state + d_inner) */
+    struct model_mat wqkv;         /* [conv_dim][n_embd] -> [q | k | v] */
+    struct model_mat wz;           /* [d_inner][n_embd] output gate */
+    struct model_mat w_beta;       /* [dt_rank][n_embd] */
+    struct model_mat w_alpha;      /* [dt_rank][n_embd] */
+    const float *conv1d;           /* [conv_dim][conv_kernel]: channel c's taps, oldest first */
+    const float *dt_bias, *ssm_a;  /* [dt_rank] */
+    const float *ssm_norm;         /* [d_state] */
+    struct model_mat ssm_out;      /* [n_embd][d_inner] */
+    const float *ffn_norm;         /* [n_embd] (post_attention_norm for qwen35*) */
+    struct model_mat w_gate;       /* [n_ff][n_embd] (dense FFN) */
     struct model_mat w_up;         /* [n_ff][n_embd] */
     struct model_mat w_down;       /* [n_embd][n_ff] */
+    /* routed experts (n_expert > 0) */
+    struct model_mat gate_inp;     /* [n_expert][n_embd] router */
+    struct model_exps gate_exps;   /* n_expert x [n_ff_exp][n_embd] */
+    struct model_exps up_exps;     /* n_expert x [n_ff_exp][n_embd] */
+    struct model_exps down_exps;   /* n_expert x [n_embd][n_ff_exp] */
+    /* shared expert (qwen35moe) */
+    struct model_mat gate_shexp, up_shexp;   /* [n_ff_shexp][n_embd] */
+    struct model_mat down_shexp;   /* [n_embd][n_ff_shexp] */
+    struct model_mat gate_inp_shexp; /* [1][n_embd] scalar gate */
 };
 
 struct model {
@@ -50,6 +88,7 @@ struct model {
     struct model_mat output;       /* [n_vocab][n_embd] (last rank; = tok_embd when tied) */
     const float *rope_freqs;       /* [n_rot/2] RoPE frequency divisors (Llama 3.1) or NULL */
     struct model_layer *layers;    /* last - first blocks; layers[i] is block first + i */
+    bool *recurrent;               /* [n_layer]: layer kind of every main-pass layer */
 };
 
 #endif

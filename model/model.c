@@ -18,12 +18,18 @@ struct arch_desc {
     bool rope_neox;      /* rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1) */
     bool qkv_bias;       /* attn_q/k/v.bias required */
     bool qk_norm;        /* attn_q_norm / attn_k_norm required (per-head RMSNorm before RoPE) */
+    bool moe;            /* routed experts instead of the dense FFN */
+    bool hybrid;         /* Gated DeltaNet layers + gated full attention (qwen35 family) */
+    bool shexp;          /* shared expert with a sigmoid gate */
 };
 
 static const struct arch_desc archs[] = {
-    {"llama", false, false, false},
-    {"qwen2", true,  true,  false},
-    {"qwen3", true,  false, true},
+    {"llama",     false, false, false, false, false, false},
+    {"qwen2",     true,  true,  false, false, false, false},
+    {"qwen3",     true,  false, true,  false, false, false},
+    {"qwen3moe",  true,  false, true,  true,  false, false},
+    {"qwen35",    true,  false, true,  false, true,  false},
+    {"qwen35moe", true,  false, true,  true,  true,  true},
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -90,23 +96,52 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         if (!strcmp(hp->arch, archs[i].name))
             *ad = &archs[i];
     if (!*ad) {
-        seterr(err, errlen, "architecture '%s' is not supported (supported: llama, qwen2, qwen3)",
-               hp->arch);
+        seterr(err, errlen, "architecture '%s' is not supported (supported: llama, qwen2, "
+               "qwen3, qwen3moe, qwen35, qwen35moe)", hp->arch);
         return -ENOTSUP;
     }
     const char *a = hp->arch;
-    if ((rc = get_u32(f, a, "block_count", &hp->n_layer, true, 1, MODEL_MAX_LAYERS, err, errlen)) ||
+    /* A MoE model's feed_forward_length is unused (qwen3moe) or absent (qwen35moe). */
+    if ((rc = get_u32(f, a, "block_count", &hp->n_block, true, 1, MODEL_MAX_LAYERS, err, errlen)) ||
         (rc = get_u32(f, a, "embedding_length", &hp->n_embd, true, 1, MODEL_MAX_EMBD, err, errlen)) ||
-        (rc = get_u32(f, a, "feed_forward_length", &hp->n_ff, true, 1, MODEL_MAX_FF, err, errlen)) ||
+        (rc = get_u32(f, a, "feed_forward_length", &hp->n_ff, !(*ad)->moe, 1, MODEL_MAX_FF, err, errlen)) ||
         (rc = get_u32(f, a, "attention.head_count", &hp->n_head, true, 1, MODEL_MAX_HEADS, err, errlen)))
         return rc;
-    uint32_t n_expert = 0;
-    if ((rc = get_u32(f, a, "expert_count", &n_expert, false, 0, UINT32_MAX, err, errlen)))
+    /* Multi-token-prediction blocks sit after the main-pass layers and are not run. */
+    if ((rc = get_u32(f, a, "nextn_predict_layers", &hp->n_nextn, false, 0, hp->n_block - 1, err, errlen)))
         return rc;
-    if (n_expert > 0) {
+    hp->n_layer = hp->n_block - hp->n_nextn;
+    if ((rc = get_u32(f, a, "expert_count", &hp->n_expert, false, 0, UINT32_MAX, err, errlen)))
+        return rc;
+    if (hp->n_expert > 0 && !(*ad)->moe) {
         seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
-               "models are not supported", a, n_expert, a);
+               "models are not supported", a, hp->n_expert, a);
         return -ENOTSUP;
+    }
+    if ((*ad)->moe) {
+        if ((rc = get_u32(f, a, "expert_count", &hp->n_expert, true, 1, MODEL_MAX_EXPERTS, err, errlen)) ||
+            (rc = get_u32(f, a, "expert_used_count", &hp->n_expert_used, true, 1, hp->n_expert, err, errlen)) ||
+            (rc = get_u32(f, a, "expert_feed_forward_length", &hp->n_ff_exp, true, 1, MODEL_MAX_FF, err, errlen)))
+            return rc;
+        if ((*ad)->shexp &&
+            (rc = get_u32(f, a, "expert_shared_feed_forward_length", &hp->n_ff_shexp, true, 1,
+                          MODEL_MAX_FF, err, errlen)))
+            return rc;
+    }
+    if ((*ad)->hybrid) {
+        hp->full_attn_interval = 4;
+        if ((rc = get_u32(f, a, "full_attention_interval", &hp->full_attn_interval, false, 1, MODEL_MAX_LAYERS, err, errlen)) ||
+            (rc = get_u32(f, a, "ssm.conv_kernel", &hp->ssm_conv_kernel, true, 1, MODEL_MAX_CONV, err, errlen)) ||
+            (rc = get_u32(f, a, "ssm.state_size", &hp->ssm_d_state, true, 1, MODEL_MAX_HEAD_DIM, err, errlen)) ||
+            (rc = get_u32(f, a, "ssm.group_count", &hp->ssm_n_group, true, 1, MODEL_MAX_HEADS, err, errlen)) ||
+            (rc = get_u32(f, a, "ssm.time_step_rank", &hp->ssm_dt_rank, true, 1, MODEL_MAX_HEADS, err, errlen)) ||
+            (rc = get_u32(f, a, "ssm.inner_size", &hp->ssm_d_inner, true, 1, MODEL_MAX_FF, err, errlen)))
+            return rc;
+        if (hp->ssm_d_inner != hp->ssm_dt_rank * hp->ssm_d_state) {
+            seterr(err, errlen, "metadata %s.ssm.inner_size %" PRIu32 " != time_step_rank %" PRIu32
+                   " x state_size %" PRIu32, a, hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
+            return -EINVAL;
+        }
     }
     hp->n_head_kv = hp->n_head;
     if ((rc = get_u32(f, a, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err, errlen)))
@@ -257,6 +292,66 @@ static int bind_vec(struct model *m, const char *name, uint32_t n, bool optional
     return 0;
 }
 
+/* A 2-D F32 array of rows x cols (ssm_conv1d). */
+static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t rows,
+                    const float **out, char *err, size_t errlen)
+{
+    struct model_mat w;
+    int rc = bind_mat(m, name, cols, rows, &w, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (w.type != GGUF_T_F32 || ((uintptr_t)w.data % sizeof(float))) {
+        seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
+        return -ENOTSUP;
+    }
+    *out = w.data;
+    return 0;
+}
+
+/* Routed experts: a 3-D tensor ne [cols, rows * parts, n]; part p (0 = gate, 1 = up of a fused
+ * gate_up tensor) of expert e is rows p*rows.. of slice e, read in place. */
+static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t rows,
+                     uint32_t n, uint32_t parts, struct model_exps *out, struct model_exps *out2,
+                     bool optional, char *err, size_t errlen)
+{
+    const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
+    if (!t) {
+        if (optional)
+            return 0;
+        seterr(err, errlen, "tensor %s missing", name);
+        return -ENOENT;
+    }
+    if (t->ne[0] != cols || t->ne[1] != (uint64_t)rows * parts || t->ne[2] != n || t->ne[3] != 1) {
+        seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+               "], expected [%" PRIu32 ", %" PRIu64 ", %" PRIu32 "]", name, t->ne[0], t->ne[1],
+               t->ne[2], t->ne[3], cols, (uint64_t)rows * parts, n);
+        return -EINVAL;
+    }
+    if (!kern_type_supported(t->type)) {
+        const struct gguf_type_info *ti = gguf_type_info(t->type);
+        seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
+               ti ? ti->name : "unknown", t->type);
+        return -ENOTSUP;
+    }
+    size_t rb = kern_row_bytes(t->type, cols);
+    if (rb == 0 || (uint64_t)rb * rows * parts * n != t->size) {
+        seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
+               t->size, rb, (uint64_t)rows * parts * n);
+        return -EINVAL;
+    }
+    if (!t->data) {
+        seterr(err, errlen, "tensor %s: not mapped", name);
+        return -EINVAL;
+    }
+    struct model_exps x = {{t->data, t->type, rows, cols}, n, rb * rows * parts};
+    *out = x;
+    if (parts == 2) {
+        x.m.data = (const uint8_t *)t->data + rb * rows;
+        *out2 = x;
+    }
+    return 0;
+}
+
 static int bind_layer(struct model *m, const struct arch_desc *ad, uint32_t il,
                       struct model_layer *L, char *err, size_t errlen)
 {
@@ -265,26 +360,109 @@ static int bind_layer(struct model *m, const struct arch_desc *ad, uint32_t il,
     char n[96];
     int rc;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%" PRIu32 ".%s", il, s), n)
-    if ((rc = bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, false, &L->attn_norm, err, errlen)) ||
-        (rc = bind_mat(m, NAME("attn_q.weight"), hp->n_embd, q_dim, &L->wq, err, errlen)) ||
-        (rc = bind_mat(m, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err, errlen)) ||
-        (rc = bind_mat(m, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err, errlen)) ||
-        (rc = bind_mat(m, NAME("attn_output.weight"), q_dim, hp->n_embd, &L->wo, err, errlen)) ||
-        (rc = bind_vec(m, NAME("attn_q.bias"), q_dim, !ad->qkv_bias, &L->bq, err, errlen)) ||
-        (rc = bind_vec(m, NAME("attn_k.bias"), kv_dim, !ad->qkv_bias, &L->bk, err, errlen)) ||
-        (rc = bind_vec(m, NAME("attn_v.bias"), kv_dim, !ad->qkv_bias, &L->bv, err, errlen)) ||
-        (rc = bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, !ad->qk_norm, &L->q_norm, err, errlen)) ||
-        (rc = bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, !ad->qk_norm, &L->k_norm, err, errlen)) ||
-        (rc = bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, false, &L->ffn_norm, err, errlen)) ||
-        (rc = bind_mat(m, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate, err, errlen)) ||
-        (rc = bind_mat(m, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err, errlen)) ||
-        (rc = bind_mat(m, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err, errlen)))
+    L->recurrent = m->recurrent[il];
+    L->attn_gated = ad->hybrid && !L->recurrent;
+    if ((rc = bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, false, &L->attn_norm, err, errlen)))
         return rc;
-#undef NAME
-    if (!L->q_norm != !L->k_norm) {
-        seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
-        return -EINVAL;
+    if (L->recurrent) {
+        uint32_t d = hp->ssm_d_state, Hv = hp->ssm_dt_rank, inner = hp->ssm_d_inner;
+        uint32_t conv_dim = 2 * hp->ssm_n_group * d + inner;
+        if ((rc = bind_mat(m, NAME("attn_qkv.weight"), hp->n_embd, conv_dim, &L->wqkv, err, errlen)) ||
+            (rc = bind_mat(m, NAME("attn_gate.weight"), hp->n_embd, inner, &L->wz, err, errlen)) ||
+            (rc = bind_mat(m, NAME("ssm_beta.weight"), hp->n_embd, Hv, &L->w_beta, err, errlen)) ||
+            (rc = bind_mat(m, NAME("ssm_alpha.weight"), hp->n_embd, Hv, &L->w_alpha, err, errlen)) ||
+            (rc = bind_f32(m, NAME("ssm_conv1d.weight"), hp->ssm_conv_kernel, conv_dim, &L->conv1d, err, errlen)) ||
+            (rc = bind_vec(m, NAME("ssm_dt.bias"), Hv, false, &L->dt_bias, err, errlen)) ||
+            (rc = bind_vec(m, NAME("ssm_a"), Hv, false, &L->ssm_a, err, errlen)) ||
+            (rc = bind_vec(m, NAME("ssm_norm.weight"), d, false, &L->ssm_norm, err, errlen)) ||
+            (rc = bind_mat(m, NAME("ssm_out.weight"), inner, hp->n_embd, &L->ssm_out, err, errlen)))
+            return rc;
+    } else {
+        uint32_t q_rows = L->attn_gated ? 2 * q_dim : q_dim;
+        if ((rc = bind_mat(m, NAME("attn_q.weight"), hp->n_embd, q_rows, &L->wq, err, errlen)) ||
+            (rc = bind_mat(m, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err, errlen)) ||
+            (rc = bind_mat(m, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err, errlen)) ||
+            (rc = bind_mat(m, NAME("attn_output.weight"), q_dim, hp->n_embd, &L->wo, err, errlen)) ||
+            (rc = bind_vec(m, NAME("attn_q.bias"), q_dim, !ad->qkv_bias, &L->bq, err, errlen)) ||
+            (rc = bind_vec(m, NAME("attn_k.bias"), kv_dim, !ad->qkv_bias, &L->bk, err, errlen)) ||
+            (rc = bind_vec(m, NAME("attn_v.bias"), kv_dim, !ad->qkv_bias, &L->bv, err, errlen)) ||
+            (rc = bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, !ad->qk_norm, &L->q_norm, err, errlen)) ||
+            (rc = bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, !ad->qk_norm, &L->k_norm, err, errlen)))
+            return rc;
+        if (!L->q_norm != !L->k_norm) {
+            seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
+            return -EINVAL;
+        }
     }
+    if ((rc = bind_vec(m, NAME(ad->hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                       hp->n_embd, false, &L->ffn_norm, err, errlen)))
+        return rc;
+    if (!ad->moe) {
+        if ((rc = bind_mat(m, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate, err, errlen)) ||
+            (rc = bind_mat(m, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err, errlen)) ||
+            (rc = bind_mat(m, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err, errlen)))
+            return rc;
+    } else {
+        uint32_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
+        if ((rc = bind_mat(m, NAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, err, errlen)) ||
+            (rc = bind_exps(m, NAME("ffn_gate_up_exps.weight"), E, F, X, 2, &L->gate_exps,
+                            &L->up_exps, true, err, errlen)))
+            return rc;
+        if (!L->gate_exps.m.data &&
+            ((rc = bind_exps(m, NAME("ffn_gate_exps.weight"), E, F, X, 1, &L->gate_exps, NULL, false, err, errlen)) ||
+             (rc = bind_exps(m, NAME("ffn_up_exps.weight"), E, F, X, 1, &L->up_exps, NULL, false, err, errlen))))
+            return rc;
+        if ((rc = bind_exps(m, NAME("ffn_down_exps.weight"), F, E, X, 1, &L->down_exps, NULL, false, err, errlen)))
+            return rc;
+        if (ad->shexp) {
+            uint32_t S = hp->n_ff_shexp;
+            /* ffn_gate_inp_shexp: 1-D [n_embd] or 2-D [n_embd, 1], both one row here. */
+            if ((rc = bind_mat(m, NAME("ffn_gate_inp_shexp.weight"), E, 1, &L->gate_inp_shexp, err, errlen)) ||
+                (rc = bind_mat(m, NAME("ffn_gate_shexp.weight"), E, S, &L->gate_shexp, err, errlen)) ||
+                (rc = bind_mat(m, NAME("ffn_up_shexp.weight"), E, S, &L->up_shexp, err, errlen)) ||
+                (rc = bind_mat(m, NAME("ffn_down_shexp.weight"), S, E, &L->down_shexp, err, errlen)))
+                return rc;
+        }
+    }
+#undef NAME
+    return 0;
+}
+
+/* The hybrid layer schedule: attention.recurrent_layers (one flag per block) when present,
+ * else layer i is full attention iff (i + 1) % full_attention_interval == 0. */
+static int layer_schedule(struct model *m, const struct arch_desc *ad, char *err, size_t errlen)
+{
+    const struct model_hparams *hp = &m->hp;
+    m->recurrent = calloc(hp->n_layer, sizeof *m->recurrent);
+    if (!m->recurrent)
+        return -ENOMEM;
+    if (!ad->hybrid)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", hp->arch);
+    const struct gguf_value *arr;
+    if (gguf_get_arr(m->gf, key, &arr) == 0) {
+        static const uint8_t esz[GGUF_V_COUNT] = {
+            [GGUF_V_U8] = 1, [GGUF_V_I8] = 1, [GGUF_V_BOOL] = 1, [GGUF_V_U16] = 2,
+            [GGUF_V_I16] = 2, [GGUF_V_U32] = 4, [GGUF_V_I32] = 4, [GGUF_V_U64] = 8,
+            [GGUF_V_I64] = 8};
+        uint32_t et = arr->v.arr.type;
+        if (et >= GGUF_V_COUNT || !esz[et] || arr->v.arr.n < hp->n_layer ||
+            arr->v.arr.n > hp->n_block) {
+            seterr(err, errlen, "metadata %s: %" PRIu64 " elements of type %" PRIu32 ", expected "
+                   "%" PRIu32 " integers or booleans", key, arr->v.arr.n, et, hp->n_block);
+            return -EINVAL;
+        }
+        const uint8_t *p = arr->v.arr.data;
+        for (uint32_t i = 0; i < hp->n_layer; i++) {
+            uint64_t v = 0;
+            memcpy(&v, p + (size_t)i * esz[et], esz[et]);   /* little-endian, nonzero = true */
+            m->recurrent[i] = v != 0;
+        }
+        return 0;
+    }
+    for (uint32_t i = 0; i < hp->n_layer; i++)
+        m->recurrent[i] = (i + 1) % hp->full_attn_interval != 0;
     return 0;
 }
 
@@ -328,14 +506,14 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     uint32_t wf, wl;
     if (gguf_get_u32(m->gf, "kvasir.window.first", &wf) == 0 &&
         gguf_get_u32(m->gf, "kvasir.window.last", &wl) == 0) {
-        if (wf >= wl || wl > hp->n_layer) {
+        if (wf >= wl || wl > hp->n_block || wf >= hp->n_layer) {
             seterr(err, errlen, "metadata kvasir.window [%" PRIu32 ", %" PRIu32 ") not inside "
                    "[0, %" PRIu32 ")", wf, wl, hp->n_layer);
             rc = -EINVAL;
             goto fail;
         }
         ff = wf;
-        fl = wl;
+        fl = wl < hp->n_layer ? wl : hp->n_layer;   /* MTP blocks in a window are not run */
     }
     if (first == -1 && last == -1) {
         m->first = ff;
@@ -363,6 +541,8 @@ int model_open(struct model **out, const char *path, int first, int last, char *
         rc = -ENOMEM;
         goto fail;
     }
+    if ((rc = layer_schedule(m, ad, err, errlen)) < 0)
+        goto fail;
     for (uint32_t il = m->first; il < m->last; il++)
         if ((rc = bind_layer(m, ad, il, &m->layers[il - m->first], err, errlen)) < 0)
             goto fail;
@@ -396,6 +576,7 @@ void model_free(struct model *m)
     if (!m)
         return;
     free(m->layers);
+    free(m->recurrent);
     gguf_file_free(m->gf);
     free(m);
 }
@@ -414,13 +595,47 @@ const struct gguf_file *model_get_gguf(const struct model *m) { return m->gf; }
 
 uint64_t model_kv_bytes_per_token(const struct model *m)
 {
-    /* K and V, F16, for each layer of the window. */
-    return (uint64_t)(m->last - m->first) * 2u * m->hp.n_head_kv * m->hp.head_dim * 2u;
+    /* K and V, F16, for each full-attention layer of the window. */
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < m->last - m->first; i++)
+        n += !m->layers[i].recurrent;
+    return n * 2u * m->hp.n_head_kv * m->hp.head_dim * 2u;
+}
+
+uint64_t model_state_bytes(const struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    uint64_t conv_dim = 2ull * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+    uint64_t per = 4ull * ((hp->ssm_conv_kernel ? hp->ssm_conv_kernel - 1 : 0) * conv_dim +
+                           (uint64_t)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state);
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < m->last - m->first; i++)
+        n += m->layers[i].recurrent;
+    return n * per;
+}
+
+bool model_layer_is_recurrent(const struct model *m, uint32_t il)
+{
+    return il < m->hp.n_layer && m->recurrent[il];
 }
 
 static uint64_t mat_bytes(const struct model_mat *w)
 {
     return w->data ? (uint64_t)kern_row_bytes(w->type, w->cols) * w->rows : 0;
+}
+
+/* One expert of each expert tensor (gate + up + down). */
+static uint64_t expert_bytes(const struct model_layer *L)
+{
+    return mat_bytes(&L->gate_exps.m) + mat_bytes(&L->up_exps.m) + mat_bytes(&L->down_exps.m);
+}
+
+uint64_t model_expert_bytes(const struct model *m)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < m->last - m->first; i++)
+        b += expert_bytes(&m->layers[i]) * m->hp.n_expert;
+    return b;
 }
 
 uint64_t model_weight_bytes(const struct model *m)
@@ -432,8 +647,16 @@ uint64_t model_weight_bytes(const struct model *m)
         const struct model_layer *L = &m->layers[i];
         b += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
              mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
+        b += mat_bytes(&L->wqkv) + mat_bytes(&L->wz) + mat_bytes(&L->w_beta) +
+             mat_bytes(&L->w_alpha) + mat_bytes(&L->ssm_out);
+        b += mat_bytes(&L->gate_inp) + expert_bytes(L) * hp->n_expert_used +
+             mat_bytes(&L->gate_shexp) + mat_bytes(&L->up_shexp) + mat_bytes(&L->down_shexp) +
+             mat_bytes(&L->gate_inp_shexp);
         b += 4ull * (2ull * hp->n_embd + (L->bq ? q_dim + 2ull * kv_dim : 0) +
                      (L->q_norm ? 2ull * hp->head_dim : 0));
+        if (L->recurrent)
+            b += 4ull * ((2ull * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner) *
+                         hp->ssm_conv_kernel + 2ull * hp->ssm_dt_rank + hp->ssm_d_state);
     }
     if (m->has_head)
         b += mat_bytes(&m->output) + 4ull * hp->n_embd;

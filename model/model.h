@@ -22,12 +22,20 @@ struct gguf_file;
 /* ======================= window + executor + sampler ======================= */
 
 struct model_hparams {
-    char arch[32];            /* "llama", "qwen2", "qwen3", ... */
-    uint32_t n_layer;         /* blocks in the whole model */
+    char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe" */
+    uint32_t n_layer;         /* layers of the main pass: block_count - nextn_predict_layers.
+                               * Windows, rings and manifests count these; the MTP blocks
+                               * blk.n_layer.. are never mapped or run. */
     uint32_t n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     uint32_t n_rot;
     float rms_eps, rope_base, rope_scale;
     bool rope_neox;
+    /* issue 9: MoE and the Gated DeltaNet hybrid (0 when the model has none) */
+    uint32_t n_block;         /* <arch>.block_count as in the file (n_layer + n_nextn) */
+    uint32_t n_nextn;         /* nextn_predict_layers: multi-token-prediction blocks */
+    uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    uint32_t full_attn_interval; /* hybrid: layer i is full attention iff (i+1) % it == 0 */
+    uint32_t ssm_conv_kernel, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner;
 };
 
 struct model;       /* opaque: hparams + mapped weights of one window */
@@ -44,11 +52,20 @@ bool model_has_embed(const struct model *m);
 bool model_has_head(const struct model *m);
 /* The parsed file (borrowed, lives as long as m): metadata for the tokenizer and others. */
 const struct gguf_file *model_get_gguf(const struct model *m);
-/* K/V bytes one session needs per position for the window's layers (F16 K and V). */
+/* K/V bytes one session needs per position for the window's full-attention layers (F16 K
+ * and V; recurrent layers keep none). */
 uint64_t model_kv_bytes_per_token(const struct model *m);
-/* Bytes of weights one generated token reads: the window's layers, plus the head's norm and
- * output matrix on the last rank (one embedding row is not counted). */
+/* Fixed bytes one session keeps for the window's recurrent (Gated DeltaNet) layers: conv
+ * state and S, F32, independent of the context length; 0 for attention-only windows. */
+uint64_t model_state_bytes(const struct model *m);
+/* Bytes of weights one generated token reads: the window's layers (for MoE: router, the
+ * n_expert_used selected experts and the shared expert), plus the head's norm and output
+ * matrix on the last rank (one embedding row is not counted). */
 uint64_t model_weight_bytes(const struct model *m);
+/* Bytes of all routed-expert tensors of the window (memory, not time per token). */
+uint64_t model_expert_bytes(const struct model *m);
+/* true when main-pass layer il is a Gated DeltaNet (linear-attention) layer. */
+bool model_layer_is_recurrent(const struct model *m, uint32_t il);
 
 /* Executor: n_ctx bounds every session's positions; max_batch bounds the rows computed at
  * once (longer runs are done in chunks). n_threads <= 0: one per CPU. One call at a time per

@@ -17,7 +17,7 @@ struct override {
 
 static const struct override cases[] = {
     {"general.architecture", "gpt2", 0, "architecture 'gpt2' is not supported"},
-    {"general.architecture", "qwen35moe", 0, "architecture 'qwen35moe'"},
+    {"general.architecture", "mamba", 0, "architecture 'mamba'"},
     {"llama.attention.head_count", NULL, 0, "llama.attention.head_count"},
     {"llama.attention.head_count_kv", NULL, 3, "head_count_kv"},
     {"llama.attention.head_count_kv", NULL, 9, "llama.attention.head_count_kv = 9"},

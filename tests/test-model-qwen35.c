@@ -1,0 +1,287 @@
+/* test-model-qwen35: the Qwen3.5 family (qwen3moe routed experts, qwen35 Gated DeltaNet
+ * hybrid, qwen35moe hybrid + experts + shared expert) against llama.cpp's references, and
+ * what the ring relies on for them: split windows (starting on a linear-attention layer, on a
+ * full-attention layer, single-layer windows) give bit-identical logits; interleaved sessions
+ * keep separate recurrent state; recurrent state is fixed-size; rewinds restart from 0. */
+#include <errno.h>
+
+#include "gguf/gguf.h"
+#include "tests/model_ref.h"
+
+struct ref_spec {
+    const char *name;   /* ref/<name>.json */
+    double f64_max;     /* MANIFEST "f64 max" */
+    bool quantised;
+    bool one_batch;     /* also every row as one batch (chunks of 8) */
+};
+
+static const struct ref_spec specs[] = {
+    {"synth-qwen3moe-bpe1024-q8_0.once", 2.3e-4, true, true},
+    {"synth-qwen3moe-bpe1024-q4_k_m.once", 4.9e-4, true, false},
+    {"synth-qwen35-bpe1024-f16.once", 8.8e-7, false, true},
+    {"synth-qwen35moe-bpe1024-q8_0.once", 3.8e-4, true, true},
+};
+
+#define MAXW 8
+#define SID 42
+
+struct chain {
+    struct model *m[MAXW];
+    struct model_exec *e[MAXW];
+    int n;
+    uint32_t n_embd, n_vocab;
+};
+
+static int chain_open(struct chain *c, const char *path, const int *bounds, int n,
+                      uint32_t max_batch)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < n; i++) {
+        char err[MODEL_ERR_LEN] = "";
+        int first = bounds ? bounds[i] : -1, last = bounds ? bounds[i + 1] : -1;
+        int rc = model_open(&c->m[i], path, first, last, err, sizeof err);
+        T_CHECK(rc == 0, "open %s [%d, %d): %s", path, first, last, err);
+        if (rc)
+            return rc;
+        c->n = i + 1;
+        rc = model_exec_new(&c->e[i], c->m[i], 1, 64, max_batch);
+        T_CHECK(rc == 0, "exec: %d", rc);
+        if (rc)
+            return rc;
+        T_CHECK(model_session_new(c->e[i], SID) == 0, "session");
+    }
+    c->n_embd = model_get_hparams(c->m[0])->n_embd;
+    c->n_vocab = model_get_hparams(c->m[0])->n_vocab;
+    return 0;
+}
+
+static void chain_close(struct chain *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        model_exec_free(c->e[i]);
+        model_free(c->m[i]);
+    }
+}
+
+/* Feed tok[0..n) at pos through the chain for session id; logits of every row into out. */
+static int chain_feed(struct chain *c, uint64_t id, uint32_t pos, const int32_t *tok, uint32_t n,
+                      float *out)
+{
+    float *x = malloc((size_t)n * c->n_embd * sizeof(float));
+    int rc = model_embed(c->e[0], tok, n, x);
+    for (int i = 0; !rc && i < c->n; i++)
+        rc = model_window_run(c->e[i], id, pos, n, x);
+    if (!rc)
+        rc = model_head(c->e[c->n - 1], x, n, out);
+    free(x);
+    T_CHECK(rc == 0, "feed at %u: %d", pos, rc);
+    return rc;
+}
+
+/* Prompt of np tokens as one batch, then the rest one by one: logits of every row. */
+static float *chain_logits(struct chain *c, uint64_t id, const int32_t *tok, uint32_t n,
+                           uint32_t np)
+{
+    float *out = calloc((size_t)n * c->n_vocab, sizeof(float));
+    int rc = chain_feed(c, id, 0, tok, np, out);
+    for (uint32_t i = np; !rc && i < n; i++)
+        rc = chain_feed(c, id, i, tok + i, 1, out + (size_t)i * c->n_vocab);
+    return out;
+}
+
+static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int mode)
+{
+    struct chain c;
+    if (chain_open(&c, rc->model, NULL, 1, mode ? 8 : 64)) {
+        chain_close(&c);
+        return;
+    }
+    T_CHECK(c.n_vocab == rc->n_vocab, "%s: n_vocab %u vs %u", sp->name, c.n_vocab, rc->n_vocab);
+    float *ours;
+    if (mode == 0) {
+        ours = chain_logits(&c, SID, rc->fed, rc->n_fed, rc->n_prompt);
+    } else {
+        ours = calloc((size_t)rc->n_fed * rc->n_vocab, sizeof(float));
+        chain_feed(&c, SID, 0, rc->fed, rc->n_fed, ours);
+    }
+    double tol = fmax(10.0 * sp->f64_max, 1e-5), worst = 0;
+    float thr = sp->quantised ? 0.5f : 0.1f;
+    uint32_t checked = 0, bad = 0;
+    for (uint32_t i = 0; i < rc->n_fed; i++) {
+        const float *a = ours + (size_t)i * rc->n_vocab, *b = rc->logits + (size_t)i * rc->n_vocab;
+        double e = nmse(a, b, rc->n_vocab);
+        worst = e > worst ? e : worst;
+        float margin;
+        uint32_t ab = argmax2(b, rc->n_vocab, &margin);
+        if (margin > thr) {
+            checked++;
+            uint32_t aa = argmax2(a, rc->n_vocab, NULL);
+            if (aa != ab) {
+                bad++;
+                T_CHECK(0, "%s (mode %d) row %u: argmax %u, reference %u (margin %.3f)",
+                        sp->name, mode, i, aa, ab, margin);
+            }
+        }
+    }
+    T_CHECK(worst <= tol, "%s (mode %d): NMSE max %.3g > tolerance %.3g", sp->name, mode, worst,
+            tol);
+    T_CHECK(checked > rc->n_fed / 2, "%s: only %u rows with a clear argmax", sp->name, checked);
+    fprintf(stderr, "  %-36s %s NMSE max %.3g (tol %.3g, f64 %.2g), argmax %u/%u rows\n",
+            sp->name, mode ? "one batch" : "as ref   ", worst, tol, sp->f64_max, checked - bad,
+            checked);
+    free(ours);
+    chain_close(&c);
+}
+
+T_CASE(teacher_forced_logits)
+{
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        struct ref_case rc;
+        if (ref_load(&rc, specs[i].name))
+            continue;
+        check_case(&specs[i], &rc, 0);
+        if (specs[i].one_batch)
+            check_case(&specs[i], &rc, 1);
+        ref_free(&rc);
+    }
+}
+
+T_CASE(hparams_and_schedule)
+{
+    char path[1024];
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    struct model *m;
+    char err[MODEL_ERR_LEN] = "";
+    T_ASSERT(model_open(&m, path, -1, -1, err, sizeof err) == 0, "open: %s", err);
+    const struct model_hparams *hp = model_get_hparams(m);
+    T_CHECK(hp->n_layer == 8 && hp->n_block == 8 && hp->n_nextn == 0, "layers %u/%u/%u",
+            hp->n_layer, hp->n_block, hp->n_nextn);
+    T_CHECK(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 256 &&
+            hp->n_ff_shexp == 256, "experts");
+    T_CHECK(hp->ssm_d_state == 64 && hp->ssm_n_group == 2 && hp->ssm_dt_rank == 4 &&
+            hp->ssm_d_inner == 256 && hp->ssm_conv_kernel == 4 && hp->n_rot == 16, "ssm");
+    for (uint32_t l = 0; l < 8; l++)
+        T_CHECK(model_layer_is_recurrent(m, l) == (l != 3 && l != 7), "layer %u kind", l);
+    /* state per session: 6 linear layers x (3 x 512 conv + 4 x 64 x 64 S) floats; K/V only
+     * for the 2 attention layers. */
+    T_CHECK(model_state_bytes(m) == 6ull * 4 * (3 * 512 + 4 * 64 * 64), "state bytes %llu",
+            (unsigned long long)model_state_bytes(m));
+    T_CHECK(model_kv_bytes_per_token(m) == 2ull * 2 * 2 * 64 * 2, "kv bytes %llu",
+            (unsigned long long)model_kv_bytes_per_token(m));
+    /* time per token counts 2 of 8 experts; memory all 8 */
+    uint64_t xb = model_expert_bytes(m), wb = model_weight_bytes(m);
+    T_CHECK(xb > 0 && wb < xb, "expert bytes %llu, weight bytes per token %llu",
+            (unsigned long long)xb, (unsigned long long)wb);
+    model_free(m);
+}
+
+static const int32_t prompt[] = {46, 837, 263, 640, 11, 257, 1000, 500, 33, 101, 7, 290};
+#define NP 7
+#define NT (sizeof prompt / sizeof prompt[0])
+
+/* The model as one window against split windows: bit-identical logits for every row. */
+static void check_split(const char *rel, const int *bounds, int n, const char *what)
+{
+    char path[1024];
+    if (!t_data_path(path, sizeof path, rel))
+        return;
+    struct chain one, split;
+    if (chain_open(&one, path, NULL, 1, 16) || chain_open(&split, path, bounds, n, 16)) {
+        chain_close(&one);
+        return;
+    }
+    float *a = chain_logits(&one, SID, prompt, NT, NP);
+    float *b = chain_logits(&split, SID, prompt, NT, NP);
+    T_CHECK(!memcmp(a, b, NT * one.n_vocab * sizeof(float)), "%s: %s: split logits differ",
+            rel, what);
+    free(a);
+    free(b);
+    chain_close(&one);
+    chain_close(&split);
+}
+
+T_CASE(split_windows_bit_identical)
+{
+    /* qwen35moe / qwen35: layers 3 and 7 are full attention, the rest linear. */
+    static const int lin[] = {0, 1, 5, 8};       /* windows start on linear layers 1 and 5 */
+    static const int full[] = {0, 3, 7, 8};      /* start on full-attention 3 and 7 (single) */
+    static const int single[] = {0, 2, 3, 4, 6, 8}; /* single-layer windows: 2 (lin), 3 (full) */
+    static const int every[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    const char *hyb[] = {"models/synth-qwen35moe-bpe1024-q8_0.gguf",
+                         "models/synth-qwen35-bpe1024-f16.gguf"};
+    for (int i = 0; i < 2; i++) {
+        check_split(hyb[i], lin, 3, "windows starting on linear layers");
+        check_split(hyb[i], full, 3, "windows starting on full-attention layers");
+        check_split(hyb[i], single, 5, "single-layer windows");
+    }
+    check_split(hyb[0], every, 8, "eight single-layer windows");
+    static const int moe[] = {0, 1, 3, 4};
+    check_split("models/synth-qwen3moe-bpe1024-q4_k_m.gguf", moe, 3, "qwen3moe split");
+}
+
+/* 8 sessions with different prompts, interleaved token by token, each equal to its solo run
+ * (separate conv state, S and K/V). Run over a 3-window chain. */
+T_CASE(sessions_independent)
+{
+    char path[1024];
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    static const int bounds[] = {0, 2, 5, 8};
+    enum { NS = 8, LEN = 10, PL = 4 };
+    int32_t toks[NS][LEN];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < LEN; i++)
+            toks[s][i] = (int32_t)((s * 131 + i * 37 + 11) % 1023);
+    struct chain c;
+    if (chain_open(&c, path, bounds, 3, 16)) {
+        chain_close(&c);
+        return;
+    }
+    size_t V = c.n_vocab;
+    float *solo = calloc((size_t)NS * LEN * V, sizeof(float));
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < c.n; i++)
+            model_session_new(c.e[i], 100 + s);
+        float *l = chain_logits(&c, 100 + s, toks[s], LEN, PL);
+        memcpy(solo + (size_t)s * LEN * V, l, LEN * V * sizeof(float));
+        free(l);
+        for (int i = 0; i < c.n; i++)
+            T_CHECK(model_session_free(c.e[i], 100 + s) == 0, "free");
+    }
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < c.n; i++)
+            model_session_new(c.e[i], 200 + s);
+    float *row = calloc((size_t)PL * V, sizeof(float));
+    int bad = 0;
+    for (int s = 0; s < NS; s++) {      /* prompts, interleaved */
+        chain_feed(&c, 200 + s, 0, toks[s], PL, row);
+        bad += memcmp(row, solo + (size_t)s * LEN * V, PL * V * sizeof(float)) != 0;
+    }
+    for (int i = PL; i < LEN; i++)       /* then one token each, round robin */
+        for (int s = NS - 1; s >= 0; s--) {
+            chain_feed(&c, 200 + s, (uint32_t)i, &toks[s][i], 1, row);
+            bad += memcmp(row, solo + ((size_t)s * LEN + i) * V, V * sizeof(float)) != 0;
+        }
+    T_CHECK(bad == 0, "%d interleaved rows differ from their solo runs", bad);
+    /* A rewind to 0 restarts the recurrent state; a partial rewind is refused. */
+    uint64_t id = 200;
+    float *x = calloc((size_t)PL * c.n_embd, sizeof(float));
+    T_CHECK(model_window_run(c.e[0], id, 2, 1, x) == -EINVAL, "partial rewind refused");
+    T_CHECK(model_window_run(c.e[0], id, 12, 1, x) == -EINVAL, "skip refused");
+    free(x);
+    chain_feed(&c, id, 0, toks[0], PL, row);
+    T_CHECK(!memcmp(row, solo, PL * V * sizeof(float)), "rewind to 0 = fresh session");
+    free(row);
+    free(solo);
+    chain_close(&c);
+}
+
+int main(void)
+{
+    T_RUN(teacher_forced_logits);
+    T_RUN(hparams_and_schedule);
+    T_RUN(split_windows_bit_identical);
+    T_RUN(sessions_independent);
+    return T_DONE();
+}
