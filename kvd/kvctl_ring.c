@@ -238,8 +238,10 @@ static void ring_up_usage(FILE *f)
         "                      (kvd stage --window-from) instead of mapping --model\n"
         "  --catalog FILE      the model's catalog (default: built into DIR/catalog.json);\n"
         "                      its id goes into the manifest, every stage verifies its window\n"
-        "Writes DIR/ring.json (an even split by layer bytes), starts one kvd per stage on\n"
-        "loopback, waits until the ring is linked and prints it.\n");
+        "  --split A:B,B:C,... explicit windows, one per stage, contiguous from 0 to the\n"
+        "                      model's layers (--stages may be left out)\n"
+        "Writes DIR/ring.json (an even split by layer bytes unless --split), starts one kvd per\n"
+        "stage on loopback, waits until the ring is linked and prints it.\n");
 }
 
 static int ring_up(int argc, char **argv)
@@ -251,8 +253,9 @@ static int ring_up(int argc, char **argv)
         {"max-batch", required_argument, 0, 'b'}, {"stub", no_argument, 0, 'S'},
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
+        {"split", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *window_from = NULL, *catalog = NULL;
+    const char *window_from = NULL, *catalog = NULL, *split = NULL;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
     bool stub = false;
@@ -272,6 +275,7 @@ static int ring_up(int argc, char **argv)
         case 'S': stub = true; break;
         case 'W': window_from = optarg; break;
         case 'C': catalog = optarg; break;
+        case 'P': split = optarg; break;
         case 'L': rc = parse_long("--layers", optarg, 1, 100000, &s_layers); break;
         case 'E': rc = parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
         case 'h': ring_up_usage(stdout); return 0;
@@ -279,6 +283,43 @@ static int ring_up(int argc, char **argv)
         }
         if (rc < 0)
             return 2;
+    }
+    uint32_t split_b[MAX_STAGES + 1];
+    long split_n = 0;
+    if (split) {   /* "A:B,B:C,...": windows in ring order */
+        const char *p = split;
+        for (;;) {
+            char *end;
+            unsigned long a = strtoul(p, &end, 10);
+            if (end == p || *end != ':' || split_n >= MAX_STAGES) {
+                fprintf(stderr, "kvctl ring up: --split '%s': expected A:B,B:C,... (at most %d "
+                        "windows)\n", split, MAX_STAGES);
+                return 2;
+            }
+            p = end + 1;
+            unsigned long b = strtoul(p, &end, 10);
+            if (end == p || b <= a || b > 100000 ||
+                (split_n == 0 ? a != 0 : a != split_b[split_n])) {
+                fprintf(stderr, "kvctl ring up: --split '%s': windows must be non-empty, "
+                        "contiguous and start at 0\n", split);
+                return 2;
+            }
+            split_b[split_n] = (uint32_t)a;
+            split_b[++split_n] = (uint32_t)b;
+            if (*end == 0)
+                break;
+            if (*end != ',') {
+                fprintf(stderr, "kvctl ring up: --split '%s': expected ',' after a window\n", split);
+                return 2;
+            }
+            p = end + 1;
+        }
+        if (stages && stages != split_n) {
+            fprintf(stderr, "kvctl ring up: --stages %ld but --split gives %ld windows\n", stages,
+                    split_n);
+            return 2;
+        }
+        stages = split_n;
     }
     if (!stages || (!model && !stub) || (stub && (!s_layers || !s_embd)) || optind != argc) {
         ring_up_usage(stderr);
@@ -305,6 +346,12 @@ static int ring_up(int argc, char **argv)
         int rc = gguf_get_str(g, "general.architecture", arch, sizeof arch);
         if (rc == 0)
             rc = gguf_block_count(g, &n_layers);
+        /* Multi-token-prediction blocks (qwen35moe and others) are not part of the main pass:
+         * the ring's layers are block_count - nextn_predict_layers (as model_open counts). */
+        uint32_t nextn = 0;
+        snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+        if (rc == 0 && gguf_get_u32(g, key, &nextn) == 0 && nextn < n_layers)
+            n_layers -= nextn;
         snprintf(key, sizeof key, "%s.embedding_length", arch);
         if (rc == 0)
             rc = gguf_get_u32(g, key, &n_embd);
@@ -381,6 +428,14 @@ static int ring_up(int argc, char **argv)
         bounds[k + 1] = l;
     }
     free(lbytes);
+    if (split) {
+        if (split_b[split_n] != n_layers) {
+            fprintf(stderr, "kvctl ring up: --split ends at layer %u but the model has %u layers\n",
+                    split_b[split_n], n_layers);
+            return 1;
+        }
+        memcpy(bounds, split_b, ((size_t)split_n + 1) * sizeof *bounds);
+    }
     if (ctx == 0)
         ctx = n_ctx_train < 4096 ? n_ctx_train : 4096;
     if (max_batch > ctx)
