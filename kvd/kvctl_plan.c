@@ -622,7 +622,8 @@ static void plan_usage(FILE *o)
         "  --headroom F         fraction of each device's memory kept free (default 0.05)\n"
         "  --wire f32|f16       boundary dtype (default f32)\n"
         "  --kv-bytes N         bytes per cached K/V element (default 2, f16)\n"
-        "  --relay HOST:PORT    relay for devices with \"inbound\": false\n"
+        "  --relay HOST:PORT    relay for devices with \"inbound\": false (relay:// endpoints;\n"
+        "                       ws://HOST:PORT for a plain relay: relay+ws://)\n"
         "  --max-ranks N        most ranks in the ring (default 64, what a stage accepts)\n"
         "  -o FILE              write the manifest (default: print it only with --json)\n"
         "  --json               print the manifest on stdout instead of the table\n"
@@ -637,7 +638,7 @@ static const char *dev_endpoint(const struct devset *ds, uint32_t d, char *buf, 
 }
 
 static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, const struct plan_result *r,
-                            const struct plan_opts *o, const char *wire, const char *relay)
+                            const struct plan_opts *o, const char *wire, const char *relay, bool plain)
 {
     cJSON *root = cJSON_CreateObject();
     char ring[33];
@@ -672,7 +673,7 @@ static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, 
         if (k->relay && relay) {
             char bridge[33];
             hex_random(bridge, 16);
-            snprintf(ep, sizeof ep, "relay://%s/b/%s", relay, bridge);
+            snprintf(ep, sizeof ep, "%s://%s/b/%s", plain ? "relay+ws" : "relay", relay, bridge);
         } else {
             snprintf(ep, sizeof ep, "%s", dev_endpoint(ds, k->device, tmp, sizeof tmp));
         }
@@ -785,7 +786,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     const char *model = NULL, *catalog = NULL, *outp = NULL, *relay = NULL, *wire = "f32";
     const char *devfiles[MAX_DEVICE_FILES];
     int ndev = 0, nextn = -1;
-    bool json = false, show_layers = false;
+    bool json = false, show_layers = false, relay_plain = false;
     struct plan_opts o;
     plan_opts_default(&o);
     o.max_ranks = RING_MAX_RANKS;
@@ -831,9 +832,13 @@ int kvctl_cmd_plan(int argc, char **argv)
             if (strcmp(val, "f32") && strcmp(val, "f16")) { fprintf(stderr, "kvctl plan: --wire '%s' is not f32 or f16\n", val); return 2; }
             wire = val;
         } else if (!strcmp(a, "--relay")) {
+            /* HOST:PORT or wss://HOST:PORT (TLS, relay://); ws://HOST:PORT (plain, relay+ws://) */
+            relay_plain = !strncmp(val, "ws://", 5);
+            if (relay_plain) val += 5;
+            else if (!strncmp(val, "wss://", 6)) val += 6;
             const char *colon = strrchr(val, ':');
             if (!colon || colon == val || !colon[1] || strlen(val) > 200 || strchr(val, '/')) {
-                fprintf(stderr, "kvctl plan: --relay '%s' is not HOST:PORT\n", val);
+                fprintf(stderr, "kvctl plan: --relay '%s' is not [ws://|wss://]HOST:PORT\n", argv[i]);
                 return 2;
             }
             relay = val;
@@ -877,7 +882,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     if (r->n_ranks > RING_MAX_RANKS)
         fprintf(stderr, "kvctl plan: note: %u ranks (--max-ranks); a stage accepts manifests of at most %d\n",
                 r->n_ranks, RING_MAX_RANKS);
-    root = manifest_json(&m, &ds, r, &o, wire, relay);
+    root = manifest_json(&m, &ds, r, &o, wire, relay, relay_plain);
     char *js = root ? cJSON_Print(root) : NULL;
     if (!js) { fprintf(stderr, "kvctl plan: out of memory\n"); goto out; }
     if (json) printf("%s\n", js);

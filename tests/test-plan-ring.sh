@@ -2,7 +2,8 @@
 # test-plan-ring: a manifest written by `kvctl plan` runs as a real ring. Three local
 # "devices" whose memory forces a 3-way split (a fourth too small to hold a layer is left
 # out), kvd stages started from the planned manifest, and greedy generation through the
-# ring gives the one-process tokens.
+# ring gives the one-process tokens. Then again with the middle device declaring
+# "inbound": false and a (plain) relay: its edge goes through relay+ws://.../b/<bridge id>.
 set -u
 cd "$(dirname "$0")/.."
 B=${KV_BUILD:-build}
@@ -10,48 +11,75 @@ D=${KV_TESTDATA:-../shared/testdata}
 M="$D/models/stories260K.gguf"
 [ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
 T=$(mktemp -d /tmp/kvplanring.XXXXXX)
+mkdir -p "$T/ring"
 pids=""
-cleanup() { for p in $pids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"; }
+spids=""
+cleanup() { for p in $pids $spids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 want=$("$B/kvctl" generate -m "$M" -p "Once upon a time" -n 24 --temp 0 --ids 2>/dev/null)
 [ -n "$want" ] || { echo "FAIL one-process generation"; exit 1; }
+run_ring() {  # $1: "relay" or ""
 for attempt in 1 2 3; do
     P=$((20000 + RANDOM % 30000))
     cat > "$T/devs.json" <<JSON
 {"devices":[
  {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P"},
- {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+1))"},
+ {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+1))","inbound":$inb},
  {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+2))"},
  {"id":"tiny","mem_bytes":100000,"ms_per_layer_token":0.1,"endpoint":"tcp://127.0.0.1:$((P+3))"}]}
 JSON
-    "$B/kvctl" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 2 --headroom 0 -o "$T/ring.json" > "$T/plan.txt" 2>&1 \
+    "$B/kvctl" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 2 --headroom 0 $relayopt -o "$T/ring/ring.json" > "$T/plan.txt" 2>&1 \
         || { echo "FAIL plan"; cat "$T/plan.txt"; exit 1; }
-    n=$(python3 -c "import json;m=json.load(open('$T/ring.json'));print(len(m['ranks']))")
+    n=$(python3 -c "import json;m=json.load(open('$T/ring/ring.json'));print(len(m['ranks']))")
     grep -q "tiny: too little memory" "$T/plan.txt" || { echo "FAIL the small device is not left out"; cat "$T/plan.txt"; exit 1; }
     [ "$n" -eq 3 ] || { echo "FAIL expected 3 ranks, got $n"; cat "$T/plan.txt"; exit 1; }
-    pids=""
+    spids=""
     for r in 0 1 2; do
-        mkdir -p "$T/r$r"
-        "$B/kvd" stage --manifest "$T/ring.json" --rank $r --model "$M" --state-dir "$T/r$r" -t 1 > "$T/r$r.log" 2>&1 &
-        pids="$pids $!"
+        rm -rf "$T/ring/rank-$r"; mkdir -p "$T/ring/rank-$r"
+        "$B/kvd" stage --manifest "$T/ring/ring.json" --rank $r --model "$M" --state-dir "$T/ring/rank-$r" -t 1 > "$T/r$r.log" 2>&1 &
+        spids="$spids $!"
     done
-    for i in $(seq 50); do [ -S "$T/r0/kvd.sock" ] && break; sleep 0.1; done
-    got=""
-    for i in $(seq 60); do   # until the stages have linked up
-        got=$(timeout 60 "$B/kvctl" generate --ring "unix:$T/r0/kvd.sock" -p "Once upon a time" -n 24 --temp 0 --ids 2> "$T/gen.err") && break
-        grep -q "not linked" "$T/gen.err" || break
-        sleep 0.2
+    for i in $(seq 300); do   # until every stage has both links up
+        [ "$("$B/kvctl" status --ring "$T/ring" --json 2>/dev/null | grep -c '"linked":true')" = 3 ] && break
+        sleep 0.1
     done
-    for p in $pids; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    pids=""
+    got=$(timeout 60 "$B/kvctl" generate --ring "$T/ring" -p "Once upon a time" -n 24 --temp 0 --ids 2> "$T/gen.err")
+    for p in $spids; do kill "$p" 2>/dev/null; done
+    for p in $spids; do wait "$p" 2>/dev/null; done
+    spids=""
     if [ "$got" = "$want" ]; then
-        echo "ok   planned 3-rank ring gives the one-process tokens"
-        exit 0
+        echo "ok   planned 3-rank ring${1:+ through the relay} gives the one-process tokens"
+        return 0
     fi
     # a port taken by someone else shows as a bind error: try other ports
     grep -qi "in use\|bind" "$T"/r*.log || break
 done
-echo "FAIL ring tokens differ: got '$got', want '$want'"
+echo "FAIL ring${1:+ through the relay}: tokens differ: got '$got', want '$want'"
 tail -n 5 "$T"/r*.log "$T/gen.err"
 exit 1
+}
+
+inb=true relayopt=""
+run_ring ""
+# the middle stage accepts no inbound connection: a plain relay carries its in-edge
+"$B/kvd" relay --listen 127.0.0.1:0 --plain > "$T/relay.log" 2>&1 &
+relaypid=$!
+pids="$relaypid"
+for i in $(seq 50); do grep -q "port [0-9]" "$T/relay.log" && break; sleep 0.1; done
+RP=$(sed -n 's/.* port \([0-9]*\).*/\1/p' "$T/relay.log" | head -1)
+[ -n "$RP" ] || { echo "FAIL relay did not start"; cat "$T/relay.log"; exit 1; }
+inb=false relayopt="--relay ws://127.0.0.1:$RP"
+run_ring relay
+python3 -c "
+import json,re
+m=json.load(open('$T/ring/ring.json'))
+eps=[r['endpoint'] for r in m['ranks']]
+assert eps[0].startswith('tcp://') and eps[2].startswith('tcp://'), eps
+assert re.fullmatch(r'relay\+ws://127\.0\.0\.1:$RP/b/[0-9a-f]{32}', eps[1]), eps
+" || { echo "FAIL relay endpoint in the manifest"; exit 1; }
+grep -qi "relay" "$T/r1.log" || { echo "FAIL rank 1's log does not mention the relay"; tail -n 5 "$T/r1.log"; exit 1; }
+st=$(curl -s "http://127.0.0.1:$RP/v1/relay/status")
+echo "$st" | python3 -c "import json,sys; assert json.load(sys.stdin)['pairings_total'] >= 1" \
+    || { echo "FAIL the relay paired no bridge: $st"; exit 1; }
+echo "ok   the NAT'd rank's endpoint is relay+ws://127.0.0.1:$RP/b/<128-bit id>"
+exit 0
