@@ -43,7 +43,7 @@ T_CASE(matmul_all_levels)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t rows = shapes[si].rows, cols = shapes[si].cols, n = shapes[si].n;
         float *w = malloc(rows * cols * 4), *x = malloc(n * cols * 4);
-        float *y = malloc(n * rows * 4), *yr = malloc(n * rows * 4);
+        float *y = malloc(n * rows * 4), *yr = malloc(n * rows * 4), *y1 = malloc(n * rows * 4);
         void *wq = malloc(rows * cols * 4);
         ku_seed(100 + si);
         ku_fill(w, rows * cols, 0.1f);
@@ -67,10 +67,16 @@ T_CASE(matmul_all_levels)
                     double e = ku_nmse(y, yr, n * rows);
                     T_CHECK(rc == 0 && e <= budget(t), "%s t=%u %d threads %lldx%lld n=%lld: nmse %g",
                             levels[lv], t, nt, (long long)rows, (long long)cols, (long long)n, e);
+                    /* The thread count never changes a result (the ring relies on it). */
+                    if (nt == 1)
+                        memcpy(y1, y, n * rows * 4);
+                    else
+                        T_CHECK(memcmp(y1, y, n * rows * 4) == 0, "%s t=%u: %d threads differ from 1",
+                                levels[lv], t, nt);
                 }
             }
         }
-        free(w); free(x); free(y); free(yr); free(wq);
+        free(w); free(x); free(y); free(yr); free(y1); free(wq);
     }
     for (int nt = 1; nt <= 3; nt++)
         kern_pool_free(pools[nt - 1]);
@@ -217,6 +223,7 @@ T_CASE(attention_fast)
         v16[i] = kern_f32_to_f16(v[i]);
     }
     struct { int64_t n, pos0; } cases[] = {{1, 0}, {1, 44}, {7, 0}, {13, 32}};
+    static float o1[4][CTX * NH * HD];
     for (int nt = 1; nt <= 3; nt += 2) {
         struct kern_pool *pool;
         int rc = kern_pool_new(&pool, nt);
@@ -231,6 +238,10 @@ T_CASE(attention_fast)
                     (long long)pos0, e);
             kern_ref_attention(KERN_T_F16, orf, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
             kern_attention(pool, KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
+            if (nt == 1)
+                memcpy(o1[c], o, n * NH * HD * 4);
+            else
+                T_CHECK(memcmp(o1[c], o, n * NH * HD * 4) == 0, "f16 case %zu: threads change the result", c);
             e = ku_nmse(o, orf, n * NH * HD);
             T_CHECK(e < 1e-10, "f16 %d threads n=%lld pos0=%lld nmse %g", nt, (long long)n,
                     (long long)pos0, e);
