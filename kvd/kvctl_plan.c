@@ -107,7 +107,20 @@ struct model_src {
     uint32_t n_expert, n_expert_used;
     uint32_t kv_bytes, wire_bytes;
     char kind[16];                 /* "gguf", "catalog", "descriptor" */
+    uint32_t mtp;                  /* trailing MTP blocks left out of the plan */
 };
+
+/* The runtime runs block_count - nextn_predict_layers blocks (model_hparams.n_layer) and
+ * never loads the trailing multi-token-prediction blocks: plan (and write the manifest for)
+ * the main blocks only. */
+static void drop_mtp(struct model_src *m)
+{
+    uint32_t k = m->mi.nextn_layers;
+    if (k && k < m->shape.n_layers) {
+        m->shape.n_layers -= k;
+        m->mtp = k;
+    }
+}
 
 static void model_src_free(struct model_src *m)
 {
@@ -723,6 +736,13 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
     fprintf(out, "model %s (%s, %s): %u layers, n_embd %u, %s of weights", m->name[0] ? m->name : "?",
             m->arch, m->kind, m->shape.n_layers, m->shape.n_embd, a);
     if (experts > 0) fprintf(out, " (%s routed experts)", b);
+    if (m->mtp) {
+        double mb = 0;
+        for (uint32_t i = m->shape.n_layers; i < m->shape.n_layers + m->mtp; i++) mb += (double)m->layers[i].weight_bytes;
+        gb(a, sizeof a, mb);
+        fprintf(out, "\n+ %u MTP block%s (%u..%u, %s) skipped in the main pass: not loaded, not planned",
+                m->mtp, m->mtp > 1 ? "s" : "", m->shape.n_layers, m->shape.n_layers + m->mtp - 1, a);
+    }
     fprintf(out, "\nobjective %s, ctx %u x %u sessions, headroom %.0f%%, %zu devices, %s search\n\n",
             o->objective == PLAN_THROUGHPUT ? "throughput" : "latency", o->ctx, o->sessions,
             o->headroom * 100, ds->n, r->exhaustive ? "exhaustive (optimal)" : "heuristic");
@@ -750,15 +770,16 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
 }
 
 /* Per-layer shape, runs of equal layers folded into one line. */
-static void print_layers(FILE *out, const struct plan_shape *s, const struct plan_opts *o)
+static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, const struct plan_opts *o)
 {
     char a[32], b[32], c[32], d[32], e[32];
     fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s\n", "layers", "weights", "experts", "read/token",
             "KV/token", "state", "reserved");
-    for (uint32_t i = 0; i < s->n_layers;) {
+    for (uint32_t i = 0; i < s->n_layers + mtp;) {
         const struct plan_layer *l = &s->layers[i];
         uint32_t j = i + 1;
-        while (j < s->n_layers && !memcmp(&s->layers[j], l, sizeof *l)) j++;
+        while (j < s->n_layers + mtp && (j < s->n_layers) == (i < s->n_layers) &&
+               !memcmp(&s->layers[j], l, sizeof *l)) j++;
         char lay[24];
         if (j - i == 1) snprintf(lay, sizeof lay, "%u", i);
         else snprintf(lay, sizeof lay, "%u-%u", i, j - 1);
@@ -769,7 +790,8 @@ static void print_layers(FILE *out, const struct plan_shape *s, const struct pla
         gb(e, sizeof e, (double)l->state_bytes);
         char rs[32];
         gb(rs, sizeof rs, (double)o->sessions * ((double)l->state_bytes + (double)l->kv_bytes_per_token * o->ctx));
-        fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s\n", lay, a, b, c, d, e, rs);
+        fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s%s\n", lay, a, b, c, d, e, rs,
+                i >= s->n_layers ? "  MTP: not loaded" : "");
         i = j;
     }
     gb(a, sizeof a, (double)s->embed_bytes);
@@ -862,9 +884,10 @@ int kvctl_cmd_plan(int argc, char **argv)
     cJSON *root = NULL;
     rc = model ? load_model(&m, model, err, sizeof err) : load_catalog(&m, catalog, used, nextn, err, sizeof err);
     if (rc) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
+    drop_mtp(&m);
     for (int i = 0; i < ndev; i++)
         if (load_devices(&ds, devfiles[i], err, sizeof err) < 0) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
-    if (show_layers && !json) print_layers(stdout, &m.shape, &o);
+    if (show_layers && !json) print_layers(stdout, &m.shape, m.mtp, &o);
     rc = plan_make(&m.shape, ds.d, ds.n, &o, &r, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvctl plan: %s\n", err);

@@ -963,11 +963,11 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
     bool *used = calloc(n_devs, sizeof *used);
     if (!used) { rc = -ENOMEM; goto fail; }
     double used_ms = 0;
-    for (uint32_t i = 0; i < r->n_ranks; i++) {
+    for (uint32_t i = 0; i < r->n_ranks; i++) {   /* mean over the layers placed */
         used[r->ranks[i].device] = true;
-        used_ms += mean_ms[r->ranks[i].device];
+        used_ms += mean_ms[r->ranks[i].device] * (r->ranks[i].last - r->ranks[i].first);
     }
-    used_ms = r->n_ranks ? used_ms / r->n_ranks : 0;
+    used_ms /= L;
     for (uint32_t e = 0; e < r->n_excluded; e++) used[r->excluded[e].device] = true;
     for (size_t i = 0; i < n_devs; i++) {
         if (used[i]) continue;
