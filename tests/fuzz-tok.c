@@ -1,6 +1,8 @@
 /* fuzz-tok: libFuzzer target for the tokenizers. The first input byte picks a vocabulary
  * (SPM with and without byte tokens, byte-level BPE with the qwen2, default and deepseek-llm
- * pre-tokenizers), the second the flags; the rest is the text. Tokenising must succeed with
+ * pre-tokenizers), the second the flags; the rest is the text. A first byte of 0xF0 or more
+ * makes what follows the flags byte a GGUF header instead: its metadata must load as a vocabulary or be refused,
+ * and a loaded one must tokenise and decode. Tokenising must succeed with
  * every id in range, whole-sequence and streaming decoding must succeed, every streamed chunk
  * must be whole UTF-8, and for the byte-level BPE vocabulary without clean-up valid UTF-8 text
  * must decode back to itself.
@@ -61,10 +63,49 @@ static int utf8_whole(const unsigned char *s, size_t n)
     return 1;
 }
 
+/* Hostile metadata: load, then exercise what loaded. */
+static void fuzz_metadata(const uint8_t *data, size_t size)
+{
+    struct gguf_file *f = NULL;
+    struct model_vocab *v = NULL;
+    size_t need = 0;
+    char err[256];
+    if (gguf_file_parse(&f, data, size, size, &need, err, sizeof err))
+        return;
+    if (model_vocab_load(&v, f, err, sizeof err) == 0) {
+        static const char text[] = "Hello world, <s> 123 \xe4\xbd\xa0\xe5\xa5\xbd \xff!";
+        int32_t ids[256];
+        size_t n;
+        if (model_tokenize(v, text, sizeof text - 1, true, true, ids, 256, &n) != 0)
+            abort();
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] < 0 || (uint32_t)ids[i] >= model_vocab_n_tokens(v))
+                abort();
+        char buf[4096];
+        size_t dl;
+        int rc = model_detokenize(v, ids, n, MODEL_DETOK_SPECIAL, buf, sizeof buf, &dl);
+        if (rc && rc != -ENOSPC)
+            abort();
+        for (int32_t id = 0; id < (int32_t)model_vocab_n_tokens(v) && id < 4096; id++) {
+            size_t pl;
+            if (!model_token_piece(v, id, true, &pl))
+                abort();
+        }
+        model_vocab_free(v);
+    } else if (!err[0]) {
+        abort(); /* a refusal must say why */
+    }
+    gguf_file_free(f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
+    if (data[0] >= 0xF0) {
+        fuzz_metadata(data + 2, size - 2);
+        return 0;
+    }
     const struct model_vocab *v = vocab[data[0] % NV];
     bool add_special = data[1] & 1, parse_special = data[1] & 2, special = data[1] & 4;
     unsigned dflags = (special ? MODEL_DETOK_SPECIAL : 0) | (data[1] & 8 ? MODEL_DETOK_CLEAN_SPACES : 0);
