@@ -865,7 +865,7 @@ int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err
     if (!st)
         st = &dummy;
     memset(st, 0, sizeof *st);
-    struct pull p = {.o = o, .st = st, .err = err, .errlen = errlen, .last_decile = -1};
+    struct pull p = {.o = o, .st = st, .err = err, .errlen = errlen, .last_decile = 0};
     err[0] = 0;
     if (!o->url || !o->out_path || o->first >= o->last) {
         snprintf(err, errlen, "pull: need a URL, an output path and layers first < last");

@@ -51,6 +51,34 @@ demo_ring() {
     run "$KVCTL" ring down --dir "$RING"
 }
 
+# Windows that travel: a seeder serves the model; a new stage pulls only its window (the
+# bytes `kvctl slice` writes, verified tensor by tensor); then a ring whose stages pull their
+# windows from the seeder instead of reading the model file.
+demo_seeder() {
+    KVD=${KV_BUILD:-build}/kvd
+    say "a seeder serving the model over HTTP (kvd seeder)"
+    rm -f "$DEMO/seeder.port"
+    echo "\$ $KVD seeder --serve $MODEL,$DEMO/synth-llama.catalog.json --listen 127.0.0.1:0 &"
+    "$KVD" seeder --serve "$MODEL,$DEMO/synth-llama.catalog.json" --listen 127.0.0.1:0 \
+        --port-file "$DEMO/seeder.port" 2>"$DEMO/seeder.log" &
+    SEEDER_PID=$!
+    for _ in $(seq 100); do [ -s "$DEMO/seeder.port" ] && break; sleep 0.1; done
+    URL=http://127.0.0.1:$(cat "$DEMO/seeder.port")
+    run curl -s "$URL/v1/models"; echo
+    say "pull only layers [2,4): identical to the sliced window"
+    rm -f "$DEMO/pulled-2-4.gguf"
+    run "$KVCTL" pull --from "$URL" --layers 2:4 -o "$DEMO/pulled-2-4.gguf" </dev/null
+    run cmp "$DEMO/pulled-2-4.gguf" "$DEMO/window-2-4.gguf" && echo "byte-identical"
+    say "a ring whose stages pull their windows from the seeder"
+    "$KVCTL" ring down --dir "$DEMO/ring-pulled" >/dev/null 2>&1 || true
+    run "$KVCTL" ring up --model "$MODEL" --stages 3 --dir "$DEMO/ring-pulled" --window-from "$URL"
+    run "$KVCTL" generate --ring "$DEMO/ring-pulled" -p "Once upon a time" -n 16 --temp 0 --ids
+    run "$KVCTL" ring down --dir "$DEMO/ring-pulled"
+    kill "$SEEDER_PID" 2>/dev/null || true
+    wait "$SEEDER_PID" 2>/dev/null || true
+}
+
 demo_windows
 demo_ring
+demo_seeder
 say "demo done (files in $DEMO/)"
