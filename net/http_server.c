@@ -362,6 +362,11 @@ void net_http_conn_close(struct net_http_conn *c)
         c->close_after_write = true;
 }
 
+void net_http_conn_abort(struct net_http_conn *c)
+{
+    conn_close(c);
+}
+
 /* ------------------------------------------------------------------ timers */
 
 static void on_timer(uv_timer_t *t)
@@ -936,6 +941,7 @@ const char *net_http_req_path(const struct net_http_req *r) { return r->path; }
 const char *net_http_req_query(const struct net_http_req *r) { return r->query ? r->query : ""; }
 bool net_http_req_is_head(const struct net_http_req *r) { return r->head; }
 bool net_http_req_is_upgrade(const struct net_http_req *r) { return r->upgrade; }
+bool net_http_req_is_http10(const struct net_http_req *r) { return r->http10; }
 const char *net_http_req_peer(const struct net_http_req *r) { return r->c->peer; }
 struct net_http_conn *net_http_req_conn(struct net_http_req *r) { return r->c; }
 size_t net_http_req_header_count(const struct net_http_req *r) { return r->nh; }

@@ -311,6 +311,7 @@ void net_http_req_header_at(const struct net_http_req *r, size_t i, const char *
 const void *net_http_req_body(const struct net_http_req *r, size_t *len);
 bool net_http_req_is_head(const struct net_http_req *r);
 bool net_http_req_is_upgrade(const struct net_http_req *r);
+bool net_http_req_is_http10(const struct net_http_req *r);      /* HTTP/1.0 request */
 /* Peer address as "ip:port". */
 const char *net_http_req_peer(const struct net_http_req *r);
 struct net_http_conn *net_http_req_conn(struct net_http_req *r);
@@ -369,6 +370,8 @@ size_t net_http_conn_queued(const struct net_http_conn *c);   /* bytes waiting f
 void net_http_conn_read_pause(struct net_http_conn *c, bool pause);
 /* Close after what is queued has been written. */
 void net_http_conn_close(struct net_http_conn *c);
+/* Close now, dropping what is queued (a peer that stopped reading). */
+void net_http_conn_abort(struct net_http_conn *c);
 const char *net_http_conn_peer(const struct net_http_conn *c);
 
 /* Helpers. Parse a Range header against size: 1 and [*first, *last] inclusive for one

@@ -253,3 +253,79 @@ size_t net__tls_take(struct net__tls *t, uint8_t **buf)
     *buf = b;
     return (size_t)r;
 }
+
+/* ---------------------------------------------------------------- HTTP server filter */
+
+/* TLS as a byte filter of net's HTTP server: ciphertext from the socket in, plaintext to the
+ * HTTP layer; plaintext from the HTTP layer out, ciphertext to the socket. */
+static int tls_push_raw(struct net__tls *t, struct net_http_conn *c)
+{
+    uint8_t *buf;
+    size_t n;
+    while ((n = net__tls_take(t, &buf)) > 0) {
+        int rc = net_http_conn_send_raw(c, buf, n);
+        free(buf);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int tls_f_open(void *ud, struct net_http_conn *c, void **state)
+{
+    struct net__tls *t;
+    int rc = net__tls_new(&t, ud, true, NULL);
+    if (rc < 0)
+        return rc;
+    *state = t;
+    return 0;
+}
+
+static int tls_f_recv(void *state, struct net_http_conn *c, const void *buf, size_t n)
+{
+    struct net__tls *t = state;
+    if (net__tls_feed(t, buf, n) < 0)
+        return -ENOMEM;
+    if (!SSL_is_init_finished(t->ssl)) {
+        int hs = net__tls_handshake(t);
+        if (tls_push_raw(t, c) < 0 || hs < 0)
+            return -EPROTO;
+        if (hs == 0)
+            return 0;
+    }
+    uint8_t plain[16384];
+    for (;;) {
+        ssize_t r = net__tls_read(t, plain, sizeof plain);
+        if (r == 0)
+            break;
+        if (r < 0) {
+            tls_push_raw(t, c); /* an alert for the peer, if any */
+            return r == -EPIPE ? -EPIPE : -EPROTO;
+        }
+        if (net_http_conn_feed(c, plain, (size_t)r) < 0)
+            return -ECANCELED;
+    }
+    return tls_push_raw(t, c);
+}
+
+static int tls_f_send(void *state, struct net_http_conn *c, const void *buf, size_t n)
+{
+    struct net__tls *t = state;
+    if (net__tls_write(t, buf, n) < 0)
+        return -EPROTO;
+    return tls_push_raw(t, c);
+}
+
+static void tls_f_close(void *state)
+{
+    net__tls_free(state);
+}
+
+void net__tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx)
+{
+    f->open = tls_f_open;
+    f->recv = tls_f_recv;
+    f->send = tls_f_send;
+    f->close = tls_f_close;
+    f->ud = ctx;
+}

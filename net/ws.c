@@ -37,8 +37,6 @@ void net__ws_unref(struct net_ws *ws)
         return;
     if (ws->h && ws->h->on_close)
         ws->h->on_close(ws, ws->close_code, ws->close_reason, ws->ud);
-    if (ws->srv)
-        net__ws_server_conn_gone(ws);
     net__http_free(ws->http);
     if (ws->wslay)
         wslay_event_context_free(ws->wslay);
@@ -65,7 +63,16 @@ void net__ws_drop(struct net_ws *ws, const char *reason)
         uv_cancel((uv_req_t *)&ws->gai); /* still resolving */
     if (ws->close_code == NET_WS_CODE_ABNORMAL && reason)
         snprintf(ws->close_reason, sizeof ws->close_reason, "%s", reason);
-    uv_close((uv_handle_t *)&ws->tcp, ws_handle_closed);
+    if (ws->hc) {
+        /* over net's HTTP server: it closes the connection (after what is queued, or now
+         * when aborting) and reports through hc_closed */
+        if (ws->abort)
+            net_http_conn_abort(ws->hc);
+        else
+            net_http_conn_close(ws->hc);
+    } else if (!ws->over_http) {
+        uv_close((uv_handle_t *)&ws->tcp, ws_handle_closed);
+    }
     uv_close((uv_handle_t *)&ws->timer, ws_handle_closed);
 }
 
@@ -126,6 +133,14 @@ int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const c
 
 /* ---------------------------------------------------------------- output */
 
+/* Bytes handed to the carrier and not yet taken by the kernel. */
+static size_t ws_queued(const struct net_ws *ws)
+{
+    if (ws->over_http)
+        return ws->hc ? net_http_conn_queued(ws->hc) : 0;
+    return ws->pending;
+}
+
 static void ws_write_done(uv_write_t *req, int status)
 {
     struct ws_write *w = (struct ws_write *)req;
@@ -148,9 +163,16 @@ static void ws_write_done(uv_write_t *req, int status)
         net__ws_drop(ws, NULL);
 }
 
-/* Hand a malloc'd buffer (ownership passes) to libuv. */
+/* Hand a malloc'd buffer (ownership passes) to libuv, or to the HTTP server's connection. */
 static int ws_write_buf(struct net_ws *ws, uint8_t *buf, size_t len)
 {
+    if (ws->over_http) {
+        int rc = ws->hc ? net_http_conn_write(ws->hc, buf, len) : -EPIPE;
+        free(buf);
+        if (rc == 0 && ws_queued(ws) >= ws->lim.low_water)
+            ws->above_low = true;
+        return rc;
+    }
     struct ws_write *w = malloc(sizeof *w);
     if (!w) {
         free(buf);
@@ -233,8 +255,8 @@ static void ws_flush(struct net_ws *ws)
     /* Our close frame is out and nothing more will be read: the exchange is over. */
     if (wslay_event_get_close_sent(ws->wslay) && !wslay_event_get_read_enabled(ws->wslay)) {
         ws->close_after_flush = true;
-        if (ws->pending == 0)
-            net__ws_drop(ws, NULL);
+        if (ws->over_http || ws->pending == 0)
+            net__ws_drop(ws, NULL); /* the HTTP server closes after its queue is written */
     }
 }
 
@@ -386,10 +408,7 @@ static void ws_process(struct net_ws *ws)
 {
     switch (ws->state) {
     case NET__WS_HTTP:
-        if (ws->server)
-            net__ws_server_http_input(ws);
-        else
-            net__ws_client_http_input(ws);
+        net__ws_client_http_input(ws); /* server sides arrive open (ws_server.c) */
         if (ws->state != NET__WS_OPEN)
             break;
         /* bytes after the handshake are frames */
@@ -520,6 +539,12 @@ int net__ws_start_read(struct net_ws *ws)
 {
     if (ws->read_active || ws->state == NET__WS_CLOSING)
         return 0;
+    if (ws->over_http) {
+        if (ws->hc)
+            net_http_conn_read_pause(ws->hc, false);
+        ws->read_active = true;
+        return 0;
+    }
     int r = uv_read_start((uv_stream_t *)&ws->tcp, ws_alloc_cb, ws_read_cb);
     if (r == 0)
         ws->read_active = true;
@@ -576,13 +601,114 @@ void net_ws_close(struct net_ws *ws, int code, const char *reason)
 
 void net_ws_abort(struct net_ws *ws)
 {
+    ws->abort = true;
     net__ws_drop(ws, "aborted");
+}
+
+/* ---------------------------------------------------------------- over net's HTTP server */
+
+static void hc_data(void *ud, struct net_http_conn *c, const void *buf, size_t n)
+{
+    struct net_ws *ws = ud;
+    if (ws->state == NET__WS_CLOSING)
+        return;
+    if (ws_in_reserve(ws, n) < 0) {
+        net__ws_drop(ws, "out of memory");
+        return;
+    }
+    memcpy(ws->in + ws->in_len, buf, n);
+    ws->in_len += n;
+    if (!ws->upgrading)
+        ws_process(ws);
+}
+
+static void hc_writable(void *ud)
+{
+    struct net_ws *ws = ud;
+    if (ws->state == NET__WS_CLOSING)
+        return;
+    if (ws->above_low && net_ws_pending(ws) < ws->lim.low_water) {
+        ws->above_low = false;
+        if (ws->h && ws->h->on_drain)
+            ws->h->on_drain(ws, ws->ud);
+    }
+}
+
+static void hc_closed(void *ud)
+{
+    struct net_ws *ws = ud;
+    ws->hc = NULL;
+    if (ws->state != NET__WS_CLOSING) {
+        ws->state = NET__WS_CLOSING;
+        if (ws->close_code == NET_WS_CODE_ABNORMAL)
+            snprintf(ws->close_reason, sizeof ws->close_reason, "peer closed the connection");
+        uv_close((uv_handle_t *)&ws->timer, ws_handle_closed);
+    }
+    net__ws_unref(ws);
+}
+
+static const struct net_http_upgrade_ops hc_ops = {
+    .on_data = hc_data, .on_close = hc_closed, .on_writable = hc_writable,
+};
+
+int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
+                       struct net_ws **out)
+{
+    *out = NULL;
+    struct net_ws *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return -ENOMEM;
+    ws->server = true;
+    ws->over_http = true;
+    ws->close_code = NET_WS_CODE_ABNORMAL;
+    snprintf(ws->close_reason, sizeof ws->close_reason, "connection dropped");
+    ws->lim.max_msg_bytes = lim && lim->max_msg_bytes ? lim->max_msg_bytes : (16u << 20);
+    ws->lim.low_water = lim && lim->low_water ? lim->low_water : (256u << 10);
+    uv_timer_init(loop, &ws->timer);
+    ws->timer.data = ws;
+    ws->tcp.loop = loop; /* only the loop pointer is used (uv_now) */
+    ws->handles_open = 1;
+    ws->last_rx = uv_now(loop);
+    /* "1.2.3.4:5678" or "[::1]:5678" -> the address alone */
+    const char *p = peer ? peer : "?";
+    size_t n = strlen(p);
+    const char *colon = strrchr(p, ':');
+    if (p[0] == '[' && colon && colon > p && colon[-1] == ']')
+        snprintf(ws->peer, sizeof ws->peer, "%.*s", (int)(colon - p - 2), p + 1);
+    else if (colon && !strchr(p, ']') && strchr(p, ':') == colon)
+        snprintf(ws->peer, sizeof ws->peer, "%.*s", (int)(colon - p), p);
+    else
+        snprintf(ws->peer, sizeof ws->peer, "%.*s", (int)(n < sizeof ws->peer ? n : sizeof ws->peer - 1), p);
+    *out = ws;
+    return 0;
+}
+
+int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char *response_head)
+{
+    if (net__ws_open(ws) < 0)
+        return -ENOMEM;
+    ws->upgrading = true;  /* bytes that arrive with the upgrade wait for on_open */
+    int rc = net_http_upgrade(req, response_head, &hc_ops, ws, &ws->hc);
+    ws->upgrading = false;
+    if (rc < 0) {
+        ws->hc = NULL;
+        return rc;
+    }
+    ws->handles_open++;    /* the connection, until hc_closed */
+    ws->read_active = true;
+    return 0;
+}
+
+void net__ws_after_upgrade(struct net_ws *ws)
+{
+    if (ws->state == NET__WS_OPEN && ws->in_len > ws->in_off)
+        ws_process(ws);
 }
 
 size_t net_ws_pending(const struct net_ws *ws)
 {
     size_t q = ws->wslay ? wslay_event_get_queued_msg_length(ws->wslay) : 0;
-    return ws->pending + q;
+    return ws_queued(ws) + q;
 }
 
 void net_ws_pause(struct net_ws *ws, bool pause)
@@ -592,7 +718,12 @@ void net_ws_pause(struct net_ws *ws, bool pause)
     ws->paused = pause;
     if (pause) {
         if (ws->read_active) {
-            uv_read_stop((uv_stream_t *)&ws->tcp);
+            if (ws->over_http) {
+                if (ws->hc)
+                    net_http_conn_read_pause(ws->hc, true);
+            } else {
+                uv_read_stop((uv_stream_t *)&ws->tcp);
+            }
             ws->read_active = false;
         }
         return;

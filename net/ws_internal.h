@@ -27,6 +27,9 @@ int net__tls_write(struct net__tls *t, const uint8_t *data, size_t len);
  * returned), 0 when none. */
 size_t net__tls_take(struct net__tls *t, uint8_t **buf);
 
+/* The TLS byte filter for net's HTTP server (server side, borrowing ctx). */
+void net__tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx);
+
 /* ---- ws_http.c: the handshake's HTTP/1.1 head (http-parser) ---- */
 struct net__http;
 struct net__http *net__http_new(bool request);
@@ -67,13 +70,15 @@ struct net_ws {
     bool read_active;
     bool close_after_flush;      /* HTTP reply written / close frame exchanged */
     bool in_recv;                /* inside wslay_event_recv (defer frees) */
+    bool over_http;              /* carried by net's HTTP server (hc), not our own tcp */
+    bool upgrading;              /* inside net_http_upgrade: hold input */
+    bool abort;                  /* drop without flushing */
+    struct net_http_conn *hc;    /* over_http: the connection, NULL once it is gone */
     struct net__tls *tls;
     wslay_event_context_ptr wslay;
     struct net_ws_limits lim;
     const struct net_ws_handlers *h;
     void *ud;
-    struct net_ws_server *srv;   /* server side: owner */
-    struct net_ws *srv_next, *srv_prev;
     /* plaintext received, not yet consumed */
     uint8_t *in;
     size_t in_len, in_cap, in_off;
@@ -112,9 +117,14 @@ void net__ws_drop(struct net_ws *ws, const char *reason);
 /* Arm the single deadline timer (ms); its expiry drops the connection with reason. */
 void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason);
 /* Plaintext input arrived during HTTP state: implemented by the server / client side. */
-void net__ws_server_http_input(struct net_ws *ws);
+/* A server-side connection carried by net's HTTP server (peer "ip:port"): only its timer
+ * is a handle; net__ws_upgrade_http answers the request with response_head (101) and opens
+ * framing; net__ws_after_upgrade processes bytes that came with the request. */
+int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
+                       struct net_ws **out);
+int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char *response_head);
+void net__ws_after_upgrade(struct net_ws *ws);
 void net__ws_client_http_input(struct net_ws *ws);
 void net__ws_client_tls_ready(struct net_ws *ws);
-void net__ws_server_conn_gone(struct net_ws *ws);
 
 #endif

@@ -55,13 +55,13 @@ T_CASE(pair_and_forward_both_ways)
     /* status JSON and metrics reflect it */
     int fd = tc_connect(R.port);
     char resp[4096];
-    T_CHECK(tc_http(fd, "GET /v1/relay/status HTTP/1.1\r\nHost: x\r\n\r\n", resp, sizeof resp) == 200, "status");
+    T_CHECK(tc_http(fd, "GET /v1/relay/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", resp, sizeof resp) == 200, "status");
     char body[2048] = {0};
     ssize_t n = recv(fd, body, sizeof body - 1, MSG_WAITALL);
     T_CHECK(n > 0 && strstr(body, "\"paired\":1") && strstr(body, "\"connections\":2"), "status body: %s", body);
     close(fd);
     fd = tc_connect(R.port);
-    T_CHECK(tc_http(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", resp, sizeof resp) == 200, "metrics");
+    T_CHECK(tc_http(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", resp, sizeof resp) == 200, "metrics");
     char *mb = calloc(1, 8192);
     n = recv(fd, mb, 8191, MSG_WAITALL);
     T_CHECK(n > 0 && strstr(mb, "kvasir_relay_bridges{state=\"paired\"} 1\n") &&
