@@ -21,6 +21,7 @@ static void usage(void)
             "  --zstd / --no-zstd   ask a seeder for zstd encoding (default: no)\n"
             "  --timeout S          give up on a stalled transfer after S seconds (30)\n"
             "  --limit-rate R       receive at most R bytes/s (K/M suffixes)\n"
+            "  --cacert PEM         HTTPS: trust these CA certificates instead of the system's\n"
             "  -q                   no progress output\n"
             "  Interrupted pulls resume when run again (OUT.part, OUT.part.state); OUT appears\n"
             "  only when the window is complete and verified.\n");
@@ -75,6 +76,9 @@ int kvctl_cmd_pull(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--timeout") && v) {
             o.timeout_s = strtol(v, NULL, 10);
+            i++;
+        } else if (!strcmp(a, "--cacert") && v) {
+            o.ca_file = v;
             i++;
         } else if (!strcmp(a, "--limit-rate") && v) {
             char *e;

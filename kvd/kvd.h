@@ -133,6 +133,7 @@ struct kvd_pull_opts {
     bool zstd;                  /* ask a seeder for zstd encoding */
     long timeout_s;             /* stall timeout (no bytes) per request; 0: 30 s */
     uint64_t max_rate;          /* bytes/s cap on receiving (0: none) */
+    const char *ca_file;        /* HTTPS: trust these CA certificates (PEM) instead of the system's */
 };
 struct kvd_pull_stats {
     uint64_t bytes_fetched;     /* body bytes received (after decoding) */

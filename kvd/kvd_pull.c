@@ -176,6 +176,8 @@ static void curl_setup(struct pull *p, const char *url)
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "kvasir-pull/1");
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger writes */
+    if (p->o->ca_file)
+        curl_easy_setopt(c, CURLOPT_CAINFO, p->o->ca_file);
     if (p->o->max_rate)
         curl_easy_setopt(c, CURLOPT_MAX_RECV_SPEED_LARGE, (curl_off_t)p->o->max_rate);
     p->status = 0;

@@ -48,6 +48,10 @@ ln -s "$(readlink -f "$M")" "$T/www/model.gguf"
 ln -s "$(readlink -f "$S")" "$T/www/stories.gguf"
 cp "$M" "$T/www/bad.gguf"
 NPORT=$(free_port)
+TPORT=$(free_port)
+# the TLS server block needs its files before nginx starts
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=127.0.0.1 \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$T/nginx/key.pem" -out "$T/nginx/cert.pem" >/dev/null 2>&1
 USER_LINE=""
 [ "$(id -u)" = 0 ] && USER_LINE="user root;"
 write_nginx_conf() { # [limit_rate directive]
@@ -70,6 +74,12 @@ http {
         listen 127.0.0.1:$NPORT;
         root $T/www;
         ${1:-}
+    }
+    server {
+        listen 127.0.0.1:$TPORT ssl;
+        ssl_certificate $T/nginx/cert.pem;
+        ssl_certificate_key $T/nginx/key.pem;
+        root $T/www;
     }
 }
 EOF
@@ -111,6 +121,19 @@ for w in 3:4 5:8; do
     check "kvctl verify $w" "$KVCTL" verify "$T/n-$n.gguf" --catalog "$T/m.cat.json"
 done
 check "zstd pull from the seeder identical" bash -c "'$KVCTL' pull -q --zstd --from '$SEEDER' --layers 3:4 --catalog '$T/m.cat.json' -o '$T/z.gguf' && cmp -s '$T/z.gguf' '$T/ref-3-4.gguf'"
+
+# ---- HTTPS: the same pull from nginx over TLS (self-signed certificate, --cacert)
+if [ -s "$T/nginx/cert.pem" ]; then
+    check "https pull 3:4 identical" bash -c "'$KVCTL' pull -q --cacert '$T/nginx/cert.pem' --from 'https://127.0.0.1:$TPORT/model.gguf' --layers 3:4 --catalog '$T/m.cat.json' -o '$T/tls.gguf' && cmp -s '$T/tls.gguf' '$T/ref-3-4.gguf'"
+    "$KVCTL" pull -q --from "https://127.0.0.1:$TPORT/model.gguf" --layers 3:4 -o "$T/tls2.gguf" 2>"$T/tls2.err"
+    check "https with an untrusted certificate is refused" test $? -ne 0 -a ! -e "$T/tls2.gguf"
+else
+    echo "FAIL: openssl could not make a test certificate"; fails=$((fails + 1))
+fi
+# a seeder serving two models needs to be told which one
+"$KVCTL" pull -q --from "$SEEDER" --layers 0:1 -o "$T/two.gguf" 2>"$T/two.err"
+check "two models served: pull asks for one ($(head -c 80 "$T/two.err"))" grep -q "choose one with --model" "$T/two.err"
+check "--model picks it" "$KVCTL" pull -q --from "$SEEDER" --model "$(cat "$T/s.id")" --layers 0:1 -o "$T/two.gguf"
 
 # ---- bytes moved for a 1-layer window
 : > "$T/nginx/logs/access.log"
