@@ -179,12 +179,12 @@ check "seeder bytes within 1% of the window" \
 # ---- interrupted transfers resume byte-identical
 kill "$SEED_PID"; wait "$SEED_PID" 2>/dev/null
 start_seeder --max-rate 400K   # a slow seeder, so the cut lands mid-way
-"$KVCTL" pull -q --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
+"$KVCTL" pull -q --zstd --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
 PULL=$!
 sleep 1.5
 kill -9 "$SEED_PID"; wait "$SEED_PID" 2>/dev/null; SEED_PID=""
 wait $PULL; rc=$?
-check "pull fails when the seeder dies" test $rc -ne 0
+check "zstd pull fails when the seeder dies" test $rc -ne 0
 check "nothing at -o after the interruption" test ! -e "$T/r.gguf"
 check "a partial download is kept" test -s "$T/r.gguf.part"
 start_seeder
