@@ -185,7 +185,20 @@ struct rd {
     size_t *need;
     char *err;
     size_t errlen;
+    uint64_t mem;          /* bytes of index the parse has allocated so far */
 };
+
+/* Account n more bytes of index memory against GGUF_MAX_MEMORY. */
+static int rd_mem(struct rd *r, uint64_t n, const char *what)
+{
+    if (n > GGUF_MAX_MEMORY - r->mem) {
+        seterr(r->err, r->errlen, "%s: parsing the header would take more than %llu bytes of memory (cap)",
+               what, (unsigned long long)GGUF_MAX_MEMORY);
+        return -ENOMEM;
+    }
+    r->mem += n;
+    return 0;
+}
 
 /* Make sure n bytes at the read position are present: 0, -EAGAIN (with *need) or an error. */
 static int rd_have(struct rd *r, uint64_t n, const char *what)
@@ -270,6 +283,9 @@ static int dup_name(struct rd *r, const char *p, uint64_t len, char **out, const
         seterr(r->err, r->errlen, "%s: name contains a NUL byte", what);
         return -EPROTO;
     }
+    int rc = rd_mem(r, len + 1 + 16, what);
+    if (rc)
+        return rc;
     char *s = malloc(len + 1);
     if (!s)
         return -ENOMEM;
@@ -325,6 +341,8 @@ static int rd_array(struct rd *r, struct gguf_value *v, int depth, const char *w
     /* Every element takes at least 8 (string) or 12 (array) bytes: make sure they are here
      * before sizing the item index, so allocation stays proportional to the input. */
     if ((rc = rd_have(r, n * (et == GGUF_V_STRING ? 8 : 12), what)))
+        return rc;
+    if ((rc = rd_mem(r, n * sizeof(struct gguf_value), what)))
         return rc;
     struct gguf_value *items = calloc(n, sizeof *items);
     if (!items)
@@ -702,7 +720,7 @@ int gguf_file_parse(struct gguf_file **out, const void *buf, size_t len, uint64_
         }
     }
     if (rc) {
-        if (rc == -ENOMEM)
+        if (rc == -ENOMEM && err && errlen && !err[0])
             seterr(err, errlen, "out of memory while parsing the header");
         gguf_file_free(f);
         return rc;

@@ -39,6 +39,7 @@
 #define GGUF_MAX_KEY       65535            /* one metadata key, bytes */
 #define GGUF_MAX_NAME      255              /* one tensor name, bytes (llama.cpp: 63) */
 #define GGUF_MAX_ALIGNMENT (1u << 16)       /* general.alignment */
+#define GGUF_MAX_MEMORY    (512ull << 20)   /* index memory one header parse may allocate */
 
 /* Metadata value types. */
 enum gguf_vtype {

@@ -258,6 +258,33 @@ T_CASE(copy_is_independent)
     gguf_file_free(f);
 }
 
+/* A header whose index would take more memory than GGUF_MAX_MEMORY is refused before the
+ * allocation: 14M empty strings are 112 MB of file but 560 MB of index. */
+T_CASE(memory_cap)
+{
+    uint64_t n = 14000000;
+    struct gb b = {0};
+    gb_u32(&b, 0x46554747u);
+    gb_u32(&b, 3);
+    gb_u64(&b, 0);
+    gb_u64(&b, 1);
+    gb_str(&b, "a.b");
+    gb_u32(&b, 9);
+    gb_u32(&b, 8);
+    gb_u64(&b, n);
+    size_t len = b.n + n * 8;
+    uint8_t *buf = calloc(1, len); /* zero pages: the empty strings' lengths */
+    T_ASSERT(buf, "calloc");
+    memcpy(buf, b.p, b.n);
+    char err[GGUF_ERR_LEN];
+    struct gguf_file *f = NULL;
+    int rc = gguf_file_parse(&f, buf, len, len, NULL, err, sizeof err);
+    T_CHECK(rc == -ENOMEM && strstr(err, "bytes of memory (cap)") && strstr(err, "a.b"), "rc %d: %s", rc, err);
+    T_CHECK(f == NULL, "no file object");
+    free(buf);
+    free(b.p);
+}
+
 int main(void)
 {
     T_RUN(valid_small_file);
@@ -265,5 +292,6 @@ int main(void)
     T_RUN(broken_files);
     T_RUN(every_truncation_point);
     T_RUN(copy_is_independent);
+    T_RUN(memory_cap);
     return T_DONE();
 }
