@@ -149,6 +149,14 @@ int kvctl_cmd_inspect(int argc, char **argv)
     hp_line(f, arch, "experts", "expert_count");
     hp_line(f, arch, "experts used", "expert_used_count");
     hp_line(f, arch, "expert ff", "expert_feed_forward_length");
+    hp_line(f, arch, "shared expert ff", "expert_shared_feed_forward_length");
+    hp_line(f, arch, "full attn interval", "full_attention_interval");
+    hp_line(f, arch, "ssm conv kernel", "ssm.conv_kernel");
+    hp_line(f, arch, "ssm state size", "ssm.state_size");
+    hp_line(f, arch, "ssm groups (k/q)", "ssm.group_count");
+    hp_line(f, arch, "ssm v heads", "ssm.time_step_rank");
+    hp_line(f, arch, "ssm inner", "ssm.inner_size");
+    hp_line(f, arch, "nextn (MTP) blocks", "nextn_predict_layers");
     char tm[64] = "none";
     gguf_get_str(f, "tokenizer.ggml.model", tm, sizeof tm);
     const struct gguf_value *toks = NULL, *merges = NULL;
@@ -166,7 +174,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
     printf("\n");
 
     uint64_t per_type[GGUF_T_COUNT] = {0}, bytes_type[GGUF_T_COUNT] = {0}, total = 0;
-    uint64_t embd = 0, head = 0, other = 0;
+    uint64_t embd = 0, head = 0, other = 0, exps = 0, blocks = 0;
     uint64_t *per_layer = calloc(n_layers + 1, sizeof *per_layer);
     for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
@@ -174,6 +182,11 @@ int kvctl_cmd_inspect(int argc, char **argv)
         bytes_type[t->type] += t->size;
         total += t->size;
         int l = gguf_tensor_layer(t->name);
+        if (l >= 0 && (uint32_t)l < n_layers) {
+            blocks += t->size;
+            if (strstr(t->name, "_exps."))   /* routed experts: 3-D, one slice per expert */
+                exps += t->size;
+        }
         if (l >= 0 && per_layer && (uint32_t)l < n_layers)
             per_layer[l] += t->size;
         else if (!strncmp(t->name, "token_embd.", 11))
@@ -203,6 +216,23 @@ int kvctl_cmd_inspect(int argc, char **argv)
     if (other) {
         human(other, hb, sizeof hb);
         printf("shared      %s (non-block tensors every stage holds)\n", hb);
+    }
+    char key[96];
+    uint32_t n_exp = 0, n_used = 0;
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    gguf_get_u32(f, key, &n_exp);
+    snprintf(key, sizeof key, "%s.expert_used_count", arch);
+    gguf_get_u32(f, key, &n_used);
+    if (exps && n_exp && n_used <= n_exp) {
+        /* Memory needs every expert; a token reads only the n_used selected ones (plus the
+         * router, the shared expert and everything else of its blocks). */
+        char ab[32], tb[32];
+        uint64_t active = blocks - exps + exps / n_exp * n_used;
+        human(exps, hb, sizeof hb);
+        human(exps / n_exp * n_used, ab, sizeof ab);
+        human(active + head, tb, sizeof tb);
+        printf("experts     routed %s in all (memory), %u of %u used per token: %s; "
+               "active per token %s (blocks + head)\n", hb, n_used, n_exp, ab, tb);
     }
     printf("per layer  ");
     int shown = 0;

@@ -4,6 +4,7 @@
  * full-attention layer, single-layer windows) give bit-identical logits; interleaved sessions
  * keep separate recurrent state; recurrent state is fixed-size; rewinds restart from 0. */
 #include <errno.h>
+#include <unistd.h>
 
 #include "gguf/gguf.h"
 #include "tests/model_ref.h"
@@ -277,11 +278,250 @@ T_CASE(sessions_independent)
     chain_close(&c);
 }
 
+/* ---- file variants written from the qwen35moe model ---- */
+
+enum { V_NEXTN = 1, V_FUSED = 2, V_SHEXP_2D = 4, V_SCHEDULE = 8, V_BAD_SCHEDULE = 16 };
+
+/* Copy src to out with the variant's changes: V_NEXTN adds an MTP block blk.8 (copies of blk.7's
+ * tensors) with block_count 9 and nextn_predict_layers 1; V_FUSED replaces every
+ * ffn_gate_exps/ffn_up_exps pair by one ffn_gate_up_exps; V_SHEXP_2D stores
+ * ffn_gate_inp_shexp as [n_embd, 1]; V_SCHEDULE writes attention.recurrent_layers equal to
+ * the default schedule, V_BAD_SCHEDULE one that calls layer 3 recurrent. */
+static int write_variant(const char *src, const char *out, int v)
+{
+    char err[GGUF_ERR_LEN] = "";
+    struct gguf_file *gf;
+    int rc = gguf_file_open(&gf, src, err, sizeof err);
+    if (!rc)
+        rc = gguf_file_map_tensors(gf, NULL, NULL, err, sizeof err);
+    struct gguf_writer *w = NULL;
+    if (!rc)
+        rc = gguf_writer_new(&w);
+    T_CHECK(rc == 0, "variant source: %s", err);
+    if (rc) {
+        gguf_file_free(gf);
+        return rc;
+    }
+    for (uint64_t i = 0; i < gguf_kv_count(gf); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(gf, i);
+        gguf_writer_set(w, kv->key, &kv->val);
+    }
+    if (v & V_NEXTN) {
+        gguf_writer_set_u32(w, "qwen35moe.block_count", 9);
+        gguf_writer_set_u32(w, "qwen35moe.nextn_predict_layers", 1);
+    }
+    if (v & (V_SCHEDULE | V_BAD_SCHEDULE)) {
+        uint8_t flags[8] = {1, 1, 1, 0, 1, 1, 1, 0};
+        if (v & V_BAD_SCHEDULE)
+            flags[3] = 1;
+        gguf_writer_set_arr(w, "qwen35moe.attention.recurrent_layers", GGUF_V_BOOL, 8, flags);
+    }
+    void *bufs[16];
+    int nb = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(gf); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(gf, i);
+        const char *up = strstr(t->name, "ffn_up_exps");
+        if ((v & V_FUSED) && up)
+            continue;
+        if ((v & V_FUSED) && strstr(t->name, "ffn_gate_exps")) {
+            /* per expert: the gate slice, then the up slice */
+            char name[96];
+            snprintf(name, sizeof name, "%.*sffn_up_exps.weight",
+                     (int)(strstr(t->name, "ffn_gate_exps") - t->name), t->name);
+            const struct gguf_tensor *u = gguf_tensor_find(gf, name);
+            size_t slice = t->size / t->ne[2];
+            uint8_t *f = malloc(2 * t->size);
+            for (uint64_t e = 0; e < t->ne[2]; e++) {
+                memcpy(f + 2 * e * slice, (const uint8_t *)t->data + e * slice, slice);
+                memcpy(f + (2 * e + 1) * slice, (const uint8_t *)u->data + e * slice, slice);
+            }
+            bufs[nb++] = f;
+            uint64_t ne[3] = {t->ne[0], 2 * t->ne[1], t->ne[2]};
+            snprintf(name, sizeof name, "%.*sffn_gate_up_exps.weight",
+                     (int)(strstr(t->name, "ffn_gate_exps") - t->name), t->name);
+            gguf_writer_add_tensor(w, name, t->type, 3, ne, f);
+            continue;
+        }
+        if ((v & V_SHEXP_2D) && strstr(t->name, "ffn_gate_inp_shexp")) {
+            uint64_t ne[2] = {t->ne[0], 1};
+            gguf_writer_add_tensor(w, t->name, t->type, 2, ne, t->data);
+            continue;
+        }
+        gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+    }
+    if (v & V_NEXTN)   /* an MTP block: never mapped nor run */
+        for (uint64_t i = 0; i < gguf_tensor_count(gf); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(gf, i);
+            if (strncmp(t->name, "blk.7.", 6))
+                continue;
+            char name[96];
+            snprintf(name, sizeof name, "blk.8.%s", t->name + 6);
+            gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+        }
+    rc = gguf_writer_write(w, out, err, sizeof err);
+    T_CHECK(rc == 0, "write %s: %s", out, err);
+    gguf_writer_free(w);
+    for (int i = 0; i < nb; i++)
+        free(bufs[i]);
+    gguf_file_free(gf);
+    return rc;
+}
+
+/* Logits of path (whole model, or the given windows) equal to ref bit for bit. */
+static void expect_same(const char *path, const int *bounds, int n, const float *ref,
+                        const char *what)
+{
+    struct chain c;
+    if (!chain_open(&c, path, bounds, n, 16)) {
+        float *l = chain_logits(&c, SID, prompt, NT, NP);
+        T_CHECK(!memcmp(l, ref, NT * c.n_vocab * sizeof(float)), "%s: logits differ", what);
+        free(l);
+    }
+    chain_close(&c);
+}
+
+T_CASE(file_variants)
+{
+    char path[1024], out[600];
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    struct chain c;
+    if (chain_open(&c, path, NULL, 1, 16)) {
+        chain_close(&c);
+        return;
+    }
+    float *ref = chain_logits(&c, SID, prompt, NT, NP);
+    chain_close(&c);
+
+    /* nextn: 8 main-pass layers of 9 blocks; the whole model and windows run as before */
+    snprintf(out, sizeof out, "%s/nextn.gguf", t_tmpdir());
+    if (!write_variant(path, out, V_NEXTN)) {
+        struct model *m;
+        char err[MODEL_ERR_LEN] = "";
+        T_CHECK(model_open(&m, out, -1, -1, err, sizeof err) == 0, "nextn open: %s", err);
+        if (m) {
+            const struct model_hparams *hp = model_get_hparams(m);
+            T_CHECK(hp->n_layer == 8 && hp->n_block == 9 && hp->n_nextn == 1,
+                    "nextn layers %u/%u/%u", hp->n_layer, hp->n_block, hp->n_nextn);
+            uint32_t f, l;
+            model_get_window(m, &f, &l);
+            T_CHECK(f == 0 && l == 8 && model_has_head(m), "nextn window [%u, %u)", f, l);
+            model_free(m);
+        }
+        T_CHECK(model_open(&m, out, 4, 9, err, sizeof err) == -ERANGE, "window into the MTP block");
+        expect_same(out, NULL, 1, ref, "nextn whole");
+        static const int b[] = {0, 3, 8};
+        expect_same(out, b, 2, ref, "nextn windows");
+        /* a mini-GGUF reaching into the MTP block is clamped to the main pass */
+        char mini[640], gerr[GGUF_ERR_LEN] = "";
+        snprintf(mini, sizeof mini, "%s/nextn-w.gguf", t_tmpdir());
+        struct gguf_file *gf;
+        if (gguf_file_open(&gf, out, gerr, sizeof gerr) == 0) {
+            struct gguf_window_opts o = {3, 9, NULL};
+            T_CHECK(gguf_window_write(gf, &o, mini, gerr, sizeof gerr) == 0, "slice: %s", gerr);
+            gguf_file_free(gf);
+            T_CHECK(model_open(&m, mini, -1, -1, err, sizeof err) == 0, "mini open: %s", err);
+            if (m) {
+                uint32_t f, l;
+                model_get_window(m, &f, &l);
+                T_CHECK(f == 3 && l == 8 && model_has_head(m), "mini window [%u, %u)", f, l);
+                model_free(m);
+            }
+            unlink(mini);
+        }
+        unlink(out);
+    }
+    /* fused gate_up experts and a 2-D shared-expert gate: same bits */
+    snprintf(out, sizeof out, "%s/fused.gguf", t_tmpdir());
+    if (!write_variant(path, out, V_FUSED | V_SHEXP_2D)) {
+        expect_same(out, NULL, 1, ref, "fused ffn_gate_up_exps + 2-D ffn_gate_inp_shexp");
+        unlink(out);
+    }
+    /* attention.recurrent_layers */
+    snprintf(out, sizeof out, "%s/sched.gguf", t_tmpdir());
+    if (!write_variant(path, out, V_SCHEDULE)) {
+        expect_same(out, NULL, 1, ref, "explicit recurrent_layers");
+        unlink(out);
+    }
+    if (!write_variant(path, out, V_BAD_SCHEDULE)) {
+        struct model *m = NULL;
+        char err[MODEL_ERR_LEN] = "";
+        T_CHECK(model_open(&m, out, -1, -1, err, sizeof err) < 0 &&
+                strstr(err, "blk.3.attn_qkv.weight missing"), "layer 3 recurrent: '%s'", err);
+        unlink(out);
+    }
+    free(ref);
+}
+
+/* Stage mini-GGUFs of the MoE hybrid (3-D expert tensors included) verify against the
+ * model's catalog and run bit-identically to the whole model. */
+T_CASE(mini_gguf_windows)
+{
+    char path[1024], files[3][600], err[GGUF_ERR_LEN] = "";
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    struct gguf_file *gf;
+    T_ASSERT(gguf_file_open(&gf, path, err, sizeof err) == 0, "%s", err);
+    struct gguf_catalog *cat = NULL;
+    T_CHECK(gguf_catalog_build(&cat, gf, err, sizeof err) == 0, "catalog: %s", err);
+    static const int b[] = {0, 3, 4, 8};
+    bool ok = cat != NULL;
+    for (int i = 0; i < 3 && ok; i++) {
+        snprintf(files[i], sizeof files[i], "%s/w%d.gguf", t_tmpdir(), i);
+        struct gguf_window_opts o = {(uint32_t)b[i], (uint32_t)b[i + 1], NULL};
+        ok = gguf_window_write(gf, &o, files[i], err, sizeof err) == 0;
+        T_CHECK(ok, "window %d: %s", i, err);
+        struct gguf_file *w;
+        if (ok && gguf_file_open(&w, files[i], err, sizeof err) == 0) {
+            T_CHECK(gguf_tensor_find(w, "blk.3.ffn_gate_exps.weight") ? i == 1 : i != 1,
+                    "expert tensor placement");
+            ok = gguf_catalog_verify(cat, w, err, sizeof err) == 0;
+            T_CHECK(ok, "verify window %d: %s", i, err);
+            gguf_file_free(w);
+        }
+    }
+    gguf_catalog_free(cat);
+    gguf_file_free(gf);
+    if (ok) {
+        struct chain one, split;
+        memset(&split, 0, sizeof split);
+        if (!chain_open(&one, path, NULL, 1, 16)) {
+            float *ref = chain_logits(&one, SID, prompt, NT, NP);
+            for (int i = 0; i < 3; i++) {
+                char merr[MODEL_ERR_LEN] = "";
+                int rc = model_open(&split.m[i], files[i], -1, -1, merr, sizeof merr);
+                T_CHECK(rc == 0, "open mini %d: %s", i, merr);
+                if (rc)
+                    break;
+                split.n = i + 1;
+                model_exec_new(&split.e[i], split.m[i], 1, 64, 16);
+                model_session_new(split.e[i], SID);
+            }
+            split.n_embd = one.n_embd;
+            split.n_vocab = one.n_vocab;
+            if (split.n == 3) {
+                float *l = chain_logits(&split, SID, prompt, NT, NP);
+                T_CHECK(!memcmp(l, ref, NT * one.n_vocab * sizeof(float)),
+                        "mini-GGUF windows differ from one window");
+                free(l);
+            }
+            free(ref);
+        }
+        chain_close(&one);
+        chain_close(&split);
+    }
+    for (int i = 0; i < 3; i++)
+        unlink(files[i]);
+}
+
 int main(void)
 {
     T_RUN(teacher_forced_logits);
     T_RUN(hparams_and_schedule);
     T_RUN(split_windows_bit_identical);
     T_RUN(sessions_independent);
+    T_RUN(file_variants);
+    T_RUN(mini_gguf_windows);
+    rmdir(t_tmpdir());
     return T_DONE();
 }

@@ -62,4 +62,16 @@ echo "ok 8 concurrent sessions equal their one-process outputs"
 grep -q "8 layers" "$TMP/err" || fail "--split message: $(cat "$TMP/err")"
 "$KVCTL" ring up --dir "$TMP/bad2" --model "$M" --split 0:3,4:8 >/dev/null 2>&1; [ $? = 2 ] ||
     fail "--split with a gap accepted"
+
+# kvctl inspect counts all experts for memory and the used ones per token; slice and verify
+# carry the 3-D expert tensors of a window.
+ins=$("$KVCTL" inspect "$M") || fail "inspect"
+echo "$ins" | grep -Eq '^experts +routed 12.75 MiB in all \(memory\), 2 of 8 used per token: 3.19 MiB' ||
+    fail "inspect expert line: $(echo "$ins" | grep experts)"
+"$KVCTL" slice "$M" --layers 3:5 -o "$TMP/w.gguf" >/dev/null || fail "slice"
+"$KVCTL" catalog "$M" -o "$TMP/cat.json" >/dev/null 2>&1 || fail "catalog"
+"$KVCTL" verify "$TMP/w.gguf" --catalog "$TMP/cat.json" | grep -q "35 tensors match" || fail "verify window"
+"$KVCTL" inspect --tensors "$TMP/w.gguf" | grep -Eq "blk.4.ffn_down_exps.weight +q8_0 +256x256x8 +557056" ||
+    fail "3-D tensor in the window: $("$KVCTL" inspect --tensors "$TMP/w.gguf" | grep down_exps)"
+echo "ok inspect, slice, verify"
 echo PASS
