@@ -1,4 +1,4 @@
-/* tok_internal.h — what tokenizer.c, tok_spm.c and tok_bpe.c share (not public).
+/* tok_internal.h — what tok_vocab.c, tokenizer.c, tok_spm.c and tok_bpe.c share (not public).
  *
  * The vocabulary keeps every token text in one pool, a hash index from text to id (the last
  * id wins for duplicate texts, as llama.cpp's map does), and for BPE a hash index of merges
@@ -102,6 +102,13 @@ struct model_vocab {
     int32_t byte_tok[256];/* SPM: <0xXX> (or the single byte); BPE: the byte's unicode char */
     struct tok_regex *re;
 };
+
+/* A growing byte buffer. */
+struct tok_buf {
+    char *p;
+    size_t n, cap;
+};
+int tok_buf_add(struct tok_buf *b, const void *s, size_t n);
 
 /* A growing list of token ids. */
 struct tok_out {
