@@ -956,6 +956,7 @@ int kvctl_ring_generate(int argc, char **argv)
         return 1;
     }
     printf("\n");
+    fflush(stdout);   /* the text, then the statistics */
     double t2 = now_s();
     double pms = jnum(g.done_obj, "prompt_ms") / 1e3, gms = jnum(g.done_obj, "gen_ms") / 1e3;
     uint32_t n_prompt = (uint32_t)jnum(g.done_obj, "n_prompt");

@@ -24,6 +24,9 @@
 #define CTL_LINE_MAX (1u << 20)
 #define LINK_SILENCE_MS 15000   /* an established link with nothing received is dead */
 #define PING_MS 1000
+/* Until a link's handshake is done only HELLO, AUTH and ERROR may come: a small cap, so an
+ * unauthenticated peer cannot make us buffer a boundary-sized frame. */
+#define HS_MAX_PAYLOAD (4 + NET_ERR_MAX)
 
 enum { CONN_PENDING, CONN_IN, CONN_OUT };
 
@@ -832,6 +835,7 @@ static void on_established(struct conn *c)
     }
     c->up = true;
     c->last_rx_ms = now_ms();
+    net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
     if (c->role == CONN_OUT)
@@ -1177,7 +1181,7 @@ static void stage_dial_out(struct stage *st)
     c->st = st;
     c->role = CONN_OUT;
     int rc = net_link_dial(&c->link, st->loop, st->m.ranks[st->succ].endpoint, &link_cbs, c,
-                           st->max_payload);
+                           HS_MAX_PAYLOAD);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, uv_strerror(rc));
         free(c);
@@ -1202,7 +1206,7 @@ static void stage_dial_in(struct stage *st)
     c->role = CONN_PENDING;
     c->relay_in = true;
     c->last_rx_ms = now_ms();
-    int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, st->max_payload);
+    int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, HS_MAX_PAYLOAD);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, uv_strerror(rc));
         free(c);
@@ -1562,7 +1566,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         goto fail_loop;
     }
     if (!via_relay) {
-        rc = net_listener_new(&st->ls, st->loop, listen, &link_cbs, on_accept, st, st->max_payload, err, sizeof err);
+        rc = net_listener_new(&st->ls, st->loop, listen, &link_cbs, on_accept, st, HS_MAX_PAYLOAD, err, sizeof err);
         if (rc < 0) {
             kvd_log(KVD_LOG_ERROR, "%s", err);
             goto fail_loop;

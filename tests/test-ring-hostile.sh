@@ -41,6 +41,7 @@ for i in $(seq 50); do
     sleep 0.1
 done
 peer random 0 "$D/rank-0" "frame magic"
+peer early-act 0 "$D/rank-0" "payload_len 100000 exceeds the cap 1028"
 peer magic 0 "$D/rank-0" "frame magic 0x58585858"
 peer huge 0 "$D/rank-0" "payload_len 4294967295 exceeds the cap"
 peer n_embd 0 "$D/rank-0" "ACT payload_len 260, expected n_tokens 1 x n_embd 64"

@@ -5,7 +5,8 @@
  * usage: tool-ring-peer --connect HOST:PORT --manifest FILE --as-rank R --state-dir DIR
  *                       --case CASE [--target R (the stage's rank; default as-rank + 1)]
  * CASE: random | magic | huge | n_embd | token | unknown | ping | idle (handshake only) |
- *       open-idle (OPEN, then silence: exit 0 if the link stays up) |
+ *       open-idle (OPEN, then silence: exit 0 if the link stays up) | early-act (an ACT
+ *       header of 100000 bytes before the handshake) |
  *       wrong-ring | wrong-manifest (handshake mismatches)
  * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
  * "closed" when the stage closes the link, "pong" for a PONG. Exit 0 when the expected
@@ -151,6 +152,14 @@ int main(int argc, char **argv)
         uint8_t junk[4096];
         RAND_bytes(junk, sizeof junk);
         send_all(junk, sizeof junk);
+        ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+        goto out;
+    }
+    if (!strcmp(kase, "early-act")) {   /* a boundary-sized frame before any handshake */
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .n_tokens = 1, .payload_len = 100000};
+        uint8_t hb0[NET_HDR_LEN];
+        net_frame_hdr_encode(&h, hb0);
+        send_all(hb0, sizeof hb0);
         ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
         goto out;
     }
