@@ -56,7 +56,7 @@ static void check_plan(const struct pt_inst *in, const struct plan_result *r, in
 T_CASE(random_instances)
 {
     int ok = 0, nospace = 0, n_limited = 0;
-    for (int it = 0; it < 3000; it++) {
+    for (int it = 0; it < 2500; it++) {
         uint32_t L, N;
         switch (it % 8) {
         case 0: case 4: L = (uint32_t)pt_range(1, 12); N = (uint32_t)pt_range(1, 6); break;
