@@ -139,9 +139,17 @@ int plan_make(const struct plan_shape *shape, const struct plan_device *devs, si
               const struct plan_opts *opts, struct plan_result **out, char *err, size_t errlen);
 void plan_result_free(struct plan_result *r);
 
-/* "N local identical processes" (kvctl ring up): n devices that share one machine's memory
- * (mem_bytes each), backend cpu, ms_per_layer_token ms, loopback links. Fills devs[n] with
- * ids borrowed from ids[] (caller-owned, n entries). Then call plan_make. */
+/* ---- N local identical processes (for `kvctl ring up`, instead of an even split) ----
+ * Build the shape from the model's tensor list with plan_shape_from_tensors (names, ne and
+ * sizes from gguf_tensor_at; plan_model_info from the metadata; set shape.n_layers to
+ * block_count - nextn_predict_layers, the blocks the runtime runs), then either:
+ *   - plan_even(shape, n, first, last): n non-empty windows balanced by work, or
+ *   - plan_devices_local(devs, ids, n, mem_each, ms) + plan_make(..., &opts, ...) with
+ *     opts.objective = PLAN_THROUGHPUT: windows that also respect each process's memory
+ *     (it may use fewer than n ranks when more would not lower the period).
+ * plan_devices_local: n devices that share one machine (mem_bytes each), backend cpu,
+ * ms_per_layer_token ms, loopback links (rtt 0, unlimited bandwidth), inbound. Fills
+ * devs[n] with ids borrowed from ids[] (caller-owned, n entries). */
 void plan_devices_local(struct plan_device *devs, const char *const *ids, size_t n,
                         uint64_t mem_bytes, double ms_per_layer_token);
 /* Even split for n identical local ranks: windows [first[r], last[r]) minimising the largest
