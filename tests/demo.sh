@@ -78,7 +78,23 @@ demo_seeder() {
     wait "$SEEDER_PID" 2>/dev/null || true
 }
 
+# Planning: this machine's profile for the model, then the documented Qwen3.5-122B-A10B
+# example (docs/planner.md) over a mixed set of GPU, CPU servers, a laptop and NAT'd phones.
+demo_plan() {
+    say "this machine's device profile for the model (kvctl profile)"
+    run "$KVCTL" profile --model "$MODEL" -t 2 --id this-machine
+    say "Qwen3.5-122B-A10B (shape descriptor) over a GPU box, two CPU servers, a laptop and six phones: one session"
+    run "$KVCTL" plan --model docs/examples/qwen3.5-122b-a10b.shape.json \
+        --devices docs/examples/mixed-devices.json --relay relay.example.org:443 -o "$DEMO/ring-122b.json"
+    say "the same for many sessions: every device helps, the phones' edges go through the relay"
+    run "$KVCTL" plan --model docs/examples/qwen3.5-122b-a10b.shape.json \
+        --devices docs/examples/mixed-devices.json --relay relay.example.org:443 \
+        --objective throughput --sessions 16 -o "$DEMO/ring-122b-throughput.json"
+    grep -o '"relay://[^"]*"' "$DEMO/ring-122b-throughput.json" | head -2
+}
+
 demo_windows
 demo_ring
 demo_seeder
+demo_plan
 say "demo done (files in $DEMO/)"
