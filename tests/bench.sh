@@ -235,3 +235,16 @@ bench_relay() {
     rm -rf "$t"
 }
 bench_relay || true
+
+# ---- Qwen3.5 family (issue 9): the small synthetic MoE / hybrid models of the test data ----
+# Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).
+echo "== qwen3.5 family: kvctl bench -p $PP -n $TG on the test-data synthetic models"
+for m in synth-qwen3moe-bpe1024-q8_0 synth-qwen35-bpe1024-f16 synth-qwen35moe-bpe1024-q8_0; do
+    f="$TD/models/$m.gguf"
+    [ -s "$f" ] || { echo "$m: missing; skipped"; continue; }
+    out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS") || { echo "$m: bench failed"; continue; }
+    ex=$("$KVCTL" inspect "$f" | sed -n 's/^experts *//p')
+    echo "$out" | awk -v m="$m" -v ex="$ex" '
+        $1 == "weight_bytes_per_token" {b = $2} /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
+        END {printf "%-30s %s tok/s, %s tok/s, %.2f MB read per token%s\n", m, pp, tg, b / 1e6, ex != "" ? "; experts " ex : ""}'
+done
