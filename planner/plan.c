@@ -22,6 +22,8 @@
 #define LOCAL_SPARE 16
 /* Above this many devices the heuristic searches a pool (see search_heuristic). */
 #define POOL_MIN 64
+/* Dominance pruning compares devices pairwise: only up to this many. */
+#define PRUNE_MAX 8192
 #define POOL_SPARE 8
 /* Exhaustive search is used only when its work (orders x devices x layers^2 / 2) fits here. */
 #define EXHAUSTIVE_MAX_WORK 3e8
@@ -533,7 +535,7 @@ static int cmp_total(const void *a, const void *b, void *arg)
 static int prune_dominated(struct ctx *c, struct plan_result *r)
 {
     uint32_t N = c->N, R = c->L < N ? c->L : N;
-    if (N <= 1) return 0;
+    if (N <= 1 || N > PRUNE_MAX) return 0;   /* pairwise: above that the pool search copes */
     uint32_t *byt = malloc(N * sizeof *byt);
     bool *gone = calloc(N, sizeof *gone);
     uint32_t *cnt = calloc(N, sizeof *cnt);
