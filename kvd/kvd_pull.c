@@ -541,7 +541,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
         if (have) {
             snprintf(range, sizeof range, "%" PRIu64 "-", have);
             curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
-            if (etag[0]) {
+            if (etag[0] && strncmp(etag, "W/", 2) != 0) { /* weak tags cannot guard ranges */
                 snprintf(ifr, sizeof ifr, "If-Range: %s", etag);
                 hl2 = curl_slist_append(hl2, ifr);
                 curl_easy_setopt(p->curl, CURLOPT_HTTPHEADER, hl2);
@@ -600,6 +600,7 @@ struct runw {
     struct state *s;
     const char *statep;
     uint64_t since_save;
+    bool checked, stale;  /* the answer is still the same file (size, ETag)? */
 };
 
 static size_t on_run(char *b, size_t sz, size_t n, void *ud)
@@ -609,6 +610,14 @@ static size_t on_run(char *b, size_t sz, size_t n, void *ud)
     size_t len = sz * n;
     if (p->status != 206)
         return 0; /* the server ignored the range or the source changed: stop */
+    if (!w->checked) {
+        w->checked = true;
+        if (!p->have_cr || p->cr_total != w->s->size ||
+            (w->s->etag[0] && strcmp(p->etag, w->s->etag) != 0)) {
+            w->stale = true;
+            return 0;
+        }
+    }
     if (len > w->r->src_end - w->pos)
         return 0;
     uint64_t a = w->pos, e = w->pos + len;
@@ -808,13 +817,13 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
             s.runoff = 0;
             continue;
         }
-        struct runw w = {p, fd, pc, &runs[r], from, &s, statep, 0};
+        struct runw w = {p, fd, pc, &runs[r], from, &s, statep, 0, false, false};
         curl_setup(p, url);
         char range[80], ifr[300];
         snprintf(range, sizeof range, "%" PRIu64 "-%" PRIu64, from, runs[r].src_end - 1);
         curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
         struct curl_slist *hl2 = NULL;
-        if (etag[0]) {
+        if (etag[0] && strncmp(etag, "W/", 2) != 0) { /* weak tags cannot guard ranges */
             snprintf(ifr, sizeof ifr, "If-Range: %s", etag);
             hl2 = curl_slist_append(hl2, ifr);
             curl_easy_setopt(p->curl, CURLOPT_HTTPHEADER, hl2);
@@ -825,7 +834,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
         curl_slist_free_all(hl2);
         s.run = r;
         s.runoff = w.pos - runs[r].src_first;
-        if (p->status == 200) {
+        if (p->status == 200 || w.stale) {
             seterr(p, "%s changed since the partial download began (or ignores ranges); "
                       "run again to start over", url);
             unlink(statep);

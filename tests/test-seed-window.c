@@ -27,6 +27,7 @@ static uv_async_t stop_async;
 static int port;
 static char model[512], dir[300], base[64], model_id[65], catalog_path[400];
 static volatile uint64_t cut_after = UINT64_MAX; /* plain files: fail reads past this offset */
+static volatile int etag_gen;                      /* bumped: the file "changed" */
 
 /* ---- a plain range server for files (stand-in for nginx; the script test uses nginx) */
 struct mfile {
@@ -58,7 +59,7 @@ static void h_file(struct net_http_req *r, void *ud)
     for (size_t i = 0; i < 2; i++) {
         if (strcmp(name, files[i].name) == 0 && files[i].map) {
             char etag[64];
-            snprintf(etag, sizeof etag, "\"f%zu-%zu\"", i, files[i].size);
+            snprintf(etag, sizeof etag, "\"f%zu-%zu-%d\"", i, files[i].size, etag_gen);
             struct net_http_body b = {files[i].size, etag, false, file_read, NULL, &files[i]};
             net_http_reply_body(r, 200, "application/octet-stream", NULL, &b);
             return;
@@ -230,6 +231,23 @@ T_CASE(interrupted_plain_pull_resumes)
             (unsigned long long)st.bytes_resumed);
     T_CHECK(same_files(ref, got), "resumed window byte-identical");
     T_CHECK(access(statep, F_OK) != 0, "state removed");
+
+    /* the source changes between the interruption and the next run: its new ETag makes the
+     * pull start over instead of mixing old and new bytes */
+    snprintf(got, sizeof got, "%s/changed-2-6.gguf", dir);
+    T_ASSERT(gguf_file_open(&f, model, err, sizeof err) == 0, "open");
+    t = gguf_tensor_find(f, "blk.4.attn_norm.weight");
+    cut_after = gguf_file_data_offset(f) + t->offset + 100;
+    gguf_file_free(f);
+    rc = pull(url, 2, 6, catalog_path, false, got, &st, err, sizeof err);
+    T_CHECK(rc != 0, "interrupted");
+    cut_after = UINT64_MAX;
+    etag_gen++;
+    err[0] = 0;
+    rc = pull(url, 2, 6, catalog_path, false, got, &st, err, sizeof err);
+    T_CHECK(rc == 0 && st.bytes_resumed == 0, "a changed source is pulled afresh: %s (resumed %llu)",
+            err, (unsigned long long)st.bytes_resumed);
+    T_CHECK(same_files(ref, got), "byte-identical");
 }
 
 T_CASE(corrupted_source_refused)
