@@ -107,6 +107,16 @@ struct kern__simd {
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a x */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n); /* y += a x, x f16 */
+    void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
+    /* kern_ref_softmax's contract with a vector exp (within 2 ulp of expf). */
+    void (*softmax)(float *x, int64_t n);
+    /* Attention over an F16 cache for nh query heads sharing one KV head (head_dim hd, a
+     * multiple of 8): sc[h*n_ctx + p] = scale * dot(k row p, qf head h), then
+     * out[h*ostride + d] = sum over p of w[h*n_ctx + p] * v row p [d] (in order of p). */
+    void (*att_kq_f16)(const uint16_t *k, size_t kstride, int64_t n_ctx, const float *qf,
+                       int nh, int hd, float scale, float *sc);
+    void (*att_v_f16)(const uint16_t *v, size_t vstride, int64_t n_ctx, const float *w, int nh,
+                      int hd, float *out, size_t ostride);
 };
 extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
 /* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */

@@ -206,14 +206,17 @@ T_CASE(dots_exact_inputs)
     kern__simd_force(NULL);
 }
 
-T_CASE(attention_fast)
+/* Attention for one head layout: against the reference (F32 and F16 caches), batches and
+ * single rows, and bit-identical across thread counts. */
+static void attention_shape(int NH, int NKV, int HD)
 {
-    enum { NH = 6, NKV = 2, HD = 64, CTX = 45 };
-    const size_t stride = NKV * HD;
+    enum { CTX = 45 };
+    const size_t stride = (size_t)NKV * HD;
     float *k = malloc(CTX * stride * 4), *v = malloc(CTX * stride * 4);
     uint16_t *k16 = malloc(CTX * stride * 2), *v16 = malloc(CTX * stride * 2);
     float *q = malloc(CTX * NH * HD * 4), *o = malloc(CTX * NH * HD * 4);
     float *orf = malloc(CTX * NH * HD * 4), scratch[CTX];
+    float *o1 = malloc(4 * CTX * NH * HD * 4);
     ku_seed(7);
     ku_fill(k, CTX * stride, 1.0f);
     ku_fill(v, CTX * stride, 1.0f);
@@ -223,7 +226,6 @@ T_CASE(attention_fast)
         v16[i] = kern_f32_to_f16(v[i]);
     }
     struct { int64_t n, pos0; } cases[] = {{1, 0}, {1, 44}, {7, 0}, {13, 32}};
-    static float o1[4][CTX * NH * HD];
     for (int nt = 1; nt <= 3; nt += 2) {
         struct kern_pool *pool;
         int rc = kern_pool_new(&pool, nt);
@@ -234,21 +236,64 @@ T_CASE(attention_fast)
             kern_ref_attention(KERN_T_F32, orf, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
             kern_attention(pool, KERN_T_F32, o, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
             double e = ku_nmse(o, orf, n * NH * HD);
-            T_CHECK(e < 1e-11, "f32 %d threads n=%lld pos0=%lld nmse %g", nt, (long long)n,
-                    (long long)pos0, e);
+            T_CHECK(e < 1e-11, "%d/%d x %d f32 %d threads n=%lld pos0=%lld nmse %g", NH, NKV, HD,
+                    nt, (long long)n, (long long)pos0, e);
             kern_ref_attention(KERN_T_F16, orf, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
             kern_attention(pool, KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
             if (nt == 1)
-                memcpy(o1[c], o, n * NH * HD * 4);
+                memcpy(o1 + c * CTX * NH * HD, o, n * NH * HD * 4);
             else
-                T_CHECK(memcmp(o1[c], o, n * NH * HD * 4) == 0, "f16 case %zu: threads change the result", c);
+                T_CHECK(memcmp(o1 + c * CTX * NH * HD, o, n * NH * HD * 4) == 0,
+                        "%d/%d x %d f16 case %zu: threads change the result", NH, NKV, HD, c);
             e = ku_nmse(o, orf, n * NH * HD);
-            T_CHECK(e < 1e-10, "f16 %d threads n=%lld pos0=%lld nmse %g", nt, (long long)n,
-                    (long long)pos0, e);
+            T_CHECK(e < 1e-10, "%d/%d x %d f16 %d threads n=%lld pos0=%lld nmse %g", NH, NKV, HD,
+                    nt, (long long)n, (long long)pos0, e);
         }
         kern_pool_free(pool);
     }
-    free(k); free(v); free(k16); free(v16); free(q); free(o); free(orf);
+    free(k); free(v); free(k16); free(v16); free(q); free(o); free(orf); free(o1);
+}
+
+T_CASE(attention_fast)
+{
+    attention_shape(6, 2, 64);  /* groups of 3 */
+    attention_shape(20, 2, 32); /* groups of 10: blocks of 8, 4 and singles */
+    attention_shape(4, 4, 24);  /* no grouping */
+    attention_shape(8, 1, 20);  /* head_dim not a multiple of 8: the generic path */
+}
+
+/* The SIMD softmax (own vector exp) against the reference: every element within a few ulp,
+ * underflow to exact zeros, odd lengths. */
+T_CASE(softmax_simd)
+{
+    for (size_t lv = 1; lv < 3; lv++) {
+        if (kern__simd_force(levels[lv]) != 0)
+            continue;
+        const struct kern__simd *s = kern__simd_get();
+        const int64_t lens[] = {1, 7, 8, 9, 100, 1000};
+        for (size_t li = 0; li < 6; li++) {
+            int64_t n = lens[li];
+            float a[1000], b[1000];
+            ku_seed(400 + li);
+            for (int64_t i = 0; i < n; i++)
+                a[i] = ku_gauss() * (li % 2 ? 30.0f : 3.0f); /* wide: some weights underflow */
+            memcpy(b, a, n * 4);
+            s->softmax(a, n);
+            kern_ref_softmax(b, n);
+            int bad = 0;
+            double sum = 0;
+            for (int64_t i = 0; i < n; i++) {
+                sum += a[i];
+                bad += fabsf(a[i] - b[i]) > 4e-7f * b[i] + 1e-37f;
+            }
+            T_CHECK(bad == 0, "%s softmax n=%lld: %d elements off", s->name, (long long)n, bad);
+            T_CHECK(fabs(sum - 1) < 1e-5, "%s softmax n=%lld sums to %g", s->name, (long long)n, sum);
+        }
+        float e[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+        s->softmax(e, 9);
+        T_CHECK(fabsf(e[8] - 1.0f / 9) < 1e-7f && fabsf(e[0] - 1.0f / 9) < 1e-7f, "equal inputs");
+    }
+    kern__simd_force(NULL);
 }
 
 struct count_ctx {
@@ -293,6 +338,7 @@ int main(void)
     T_RUN(matmul_all_levels);
     T_RUN(dots_exact_inputs);
     T_RUN(attention_fast);
+    T_RUN(softmax_simd);
     T_RUN(pool_dispatch);
     fprintf(stderr, "cpu level: %s\n", kern_cpu_level());
     return T_DONE();

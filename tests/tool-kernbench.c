@@ -2,6 +2,8 @@
  * (q/o 2048x2048, k/v 256x2048, gate/up 5632x2048, down 2048x5632), with enough layers that
  * the weights do not fit in cache, against the measured read bandwidth.
  *   tool-kernbench [-t threads] [-l layers] [-n batch] [-c] [types...]   (types: q4_0 q8_0 ...)
+ * -a CTX: attention instead: one query row at position CTX-1 over an F16 cache, TinyLlama
+ * heads (32 query, 4 KV, head_dim 64), CPU time per call and per token (22 layers).
  * -c: compute efficiency instead: one thread, a cache-resident slice, CPU time (not wall
  * time), so the figure holds on a busy machine: G weights per CPU-second.
  */
@@ -34,7 +36,7 @@ static const struct { const char *name; uint32_t type; } tnames[] = {
 
 int main(int argc, char **argv)
 {
-    int threads = 0, layers = 0, batch = 1, resident = 0;
+    int threads = 0, layers = 0, batch = 1, resident = 0, att_ctx = 0;
     const char *want[16];
     int nwant = 0;
     for (int i = 1; i < argc; i++) {
@@ -44,6 +46,8 @@ int main(int argc, char **argv)
             layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc)
             batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-a") && i + 1 < argc)
+            att_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-c"))
             resident = 1;
         else if (nwant < 16)
@@ -56,6 +60,35 @@ int main(int argc, char **argv)
     }
     if (batch < 1 || batch > 512)
         batch = 1;
+    if (att_ctx > 0) {
+        if (att_ctx > 65536)
+            att_ctx = 65536;
+        struct kern_pool *ap;
+        if (kern_pool_new(&ap, threads) != 0)
+            return 1;
+        const int nh = 32, nkv = 4, hd = 64;
+        size_t stride = (size_t)nkv * hd;
+        uint16_t *k = calloc((size_t)att_ctx * stride, 2), *v = calloc((size_t)att_ctx * stride, 2);
+        float *q = calloc((size_t)nh * hd, 4), *o = calloc((size_t)nh * hd, 4);
+        float *scratch = calloc((size_t)att_ctx, 4);
+        for (size_t i = 0; i < (size_t)att_ctx * stride; i++) {
+            k[i] = kern_f32_to_f16((float)((i * 37) % 101) / 50.0f - 1.0f);
+            v[i] = kern_f32_to_f16((float)((i * 53) % 97) / 48.0f - 1.0f);
+        }
+        for (int i = 0; i < nh * hd; i++)
+            q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+        int reps = (int)(2000000 / att_ctx) + 1;
+        double t0 = now_s(), c0 = cpu_s();
+        for (int r = 0; r < reps; r++)
+            kern_attention(ap, KERN_T_F16, o, q, k, v, 1, att_ctx - 1, nh, nkv, hd, stride, 0.125f,
+                           scratch);
+        double dt = (now_s() - t0) / reps, dc = (cpu_s() - c0) / reps;
+        printf("attention ctx %d, %d threads: %.1f us per call (%.1f us CPU), %.2f ms per token "
+               "(22 layers)\n", att_ctx, kern_pool_threads(ap), dt * 1e6, dc * 1e6, dt * 22e3);
+        free(k); free(v); free(q); free(o); free(scratch);
+        kern_pool_free(ap);
+        return 0;
+    }
     struct kern_pool *pool;
     if (kern_pool_new(&pool, resident ? 1 : threads) != 0)
         return 1;

@@ -44,7 +44,10 @@ static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q1
         for (int64_t p = 0; p < n_ctx; p++)
             sc[p] = dot(k + p * j->kv_stride + koff, qh, hd) * j->scale;
     }
-    kern_ref_softmax(sc, n_ctx);
+    if (s->softmax)
+        s->softmax(sc, n_ctx);
+    else
+        kern_ref_softmax(sc, n_ctx);
     memset(o, 0, (size_t)hd * sizeof *o);
     if (j->f16) {
         if (s->quant[KERN_T_F16])
@@ -76,6 +79,51 @@ static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q1
     }
 }
 
+/* F16 cache, SIMD: the query heads sharing KV head g for row i, up to GROUP_MAX at a time,
+ * so each key and value row is converted once for all of them. */
+#define GROUP_MAX 8
+
+static void att_group(struct att_job *j, int64_t i, int g, float *sc, uint16_t *h16, float *qf)
+{
+    const struct kern__simd *s = j->s;
+    const int hd = j->head_dim;
+    const int64_t n_ctx = j->pos0 + i + 1;
+    const uint16_t *k = (const uint16_t *)j->k + (size_t)g * hd;
+    const uint16_t *v = (const uint16_t *)j->v + (size_t)g * hd;
+    for (int h0 = g * j->group; h0 < (g + 1) * j->group; h0 += GROUP_MAX) {
+        int nh = (g + 1) * j->group - h0 < GROUP_MAX ? (g + 1) * j->group - h0 : GROUP_MAX;
+        for (int h = 0; h < nh; h++) { /* q rounded to f16 */
+            s->quant[KERN_T_F16](j->q + (i * j->n_head + h0 + h) * hd, h16, hd);
+            s->f16_to_f32(h16, qf + (size_t)h * hd, hd);
+        }
+        s->att_kq_f16(k, j->kv_stride, n_ctx, qf, nh, hd, j->scale, sc);
+        for (int h = 0; h < nh; h++) { /* softmax, weights rounded to f16 */
+            float *w = sc + (size_t)h * n_ctx;
+            s->softmax(w, n_ctx);
+            s->quant[KERN_T_F16](w, h16, n_ctx);
+            s->f16_to_f32(h16, w, n_ctx);
+        }
+        s->att_v_f16(v, j->kv_stride, n_ctx, sc, nh, hd, j->out + (i * j->n_head + h0) * hd, hd);
+    }
+}
+
+static void att_group_task(void *ctx, int ith, int nth)
+{
+    struct att_job *j = ctx;
+    int64_t ctx_len = j->pos0 + j->n;
+    float *sc = (float *)(j->scratch + (size_t)ith * j->per_thread);
+    float *qf = sc + (size_t)GROUP_MAX * ctx_len;
+    uint16_t *h16 = (uint16_t *)(qf + (size_t)GROUP_MAX * j->head_dim);
+    int n_kv = j->n_head / j->group;
+    int64_t total = j->n * n_kv;
+    for (;;) {
+        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= total)
+            break;
+        att_group(j, t / n_kv, (int)(t % n_kv), sc, h16, qf);
+    }
+}
+
 static void att_task(void *ctx, int ith, int nth)
 {
     struct att_job *j = ctx;
@@ -100,7 +148,12 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
     assert(n_kv_head > 0 && n_head % n_kv_head == 0 && (kv_type == KERN_T_F16 || kv_type == KERN_T_F32));
     int nth = kern_pool_threads(p);
     int64_t ctx_len = pos0 + n;
-    size_t per = ((size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2 + 63) & ~(size_t)63;
+    const struct kern__simd *s = kern__simd_get();
+    bool grouped = kv_type == KERN_T_F16 && s->att_kq_f16 && s->softmax && head_dim % 8 == 0;
+    size_t h16 = (size_t)(ctx_len > head_dim ? ctx_len : head_dim) * 2;
+    size_t per = grouped ? (size_t)GROUP_MAX * ((size_t)ctx_len + (size_t)head_dim) * 4 + h16
+                         : (size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2;
+    per = (per + 63) & ~(size_t)63;
     char *buf = p ? kern__pool_scratch(p, per * (size_t)nth) : NULL;
     if (!buf) {
         kern_ref_attention(kv_type, out, q, k, v, n, pos0, n_head, n_kv_head, head_dim,
@@ -108,11 +161,11 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
         return;
     }
     struct att_job j = {
-        .s = kern__simd_get(), .f16 = kv_type == KERN_T_F16, .out = out, .q = q, .k = k,
+        .s = s, .f16 = kv_type == KERN_T_F16, .out = out, .q = q, .k = k,
         .v = v, .n = n, .pos0 = pos0, .n_head = n_head, .group = n_head / n_kv_head,
         .head_dim = head_dim, .kv_stride = kv_stride, .scale = scale, .scratch = buf,
         .per_thread = per,
     };
     atomic_store(&j.next, 0);
-    kern__pool_run(p, att_task, &j);
+    kern__pool_run(p, grouped ? att_group_task : att_task, &j);
 }
