@@ -28,7 +28,9 @@
 
 /* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is
  * cut, and then simply not found. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 
 static double now_s(void)
 {

@@ -791,6 +791,9 @@ static void violation(struct conn *c, const char *fmt, ...)
     conn_close(c, msg);
 }
 
+/* Close the link for a violation and leave the calling handler. */
+#define VIOLATION(c, ...) do { violation(c, __VA_ARGS__); return; } while (0)
+
 static void stage_dial_out(struct stage *st);
 
 static void send_ping(struct conn *c)
@@ -849,12 +852,12 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
     switch (h->type) {
     case NET_F_PING:
         if (h->payload_len != 8)
-            return violation(c, "PING payload_len %u is not 8", h->payload_len);
+            VIOLATION(c, "PING payload_len %u is not 8", h->payload_len);
         send_frame(c, NET_F_PONG, 0, 0, 0, 0, payload, 8);
         return;
     case NET_F_PONG:
         if (h->payload_len != 8)
-            return violation(c, "PONG payload_len %u is not 8", h->payload_len);
+            VIOLATION(c, "PONG payload_len %u is not 8", h->payload_len);
         if (c->role == CONN_OUT) {
             uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
             if (sent == c->ping_sent_ns)
@@ -863,10 +866,10 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
         return;
     case NET_F_HELLO:
     case NET_F_AUTH:
-        return violation(c, "%s after the handshake", tn);
+        VIOLATION(c, "%s after the handshake", tn);
     case NET_F_ERROR:
         if (h->payload_len < 4 || h->payload_len > 4 + NET_ERR_MAX)
-            return violation(c, "ERROR payload_len %u not in [4, %u]", h->payload_len, 4 + NET_ERR_MAX);
+            VIOLATION(c, "ERROR payload_len %u not in [4, %u]", h->payload_len, 4 + NET_ERR_MAX);
         break;
     default:
         break;
@@ -888,7 +891,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
     }
     if (c->role == CONN_OUT) {
         if (h->type != NET_F_ERROR)
-            return violation(c, "%s frame from the successor (only PING/PONG/ERROR travel back)", tn);
+            VIOLATION(c, "%s frame from the successor (only PING/PONG/ERROR travel back)", tn);
         /* A session's ERROR coming back: pass it on towards rank 0. */
         struct sess *bs = sess_find(st, h->session);
         if (!bs)
@@ -909,26 +912,26 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
     switch (h->type) {
     case NET_F_OPEN: {
         if (st->rank == 0)
-            return violation(c, "OPEN arrived at rank 0 (rank 0 opens sessions)");
+            VIOLATION(c, "OPEN arrived at rank 0 (rank 0 opens sessions)");
         if (s || stale)
-            return violation(c, "OPEN for session %016" PRIx64 " which %s", h->session,
+            VIOLATION(c, "OPEN for session %016" PRIx64 " which %s", h->session,
                              s ? "is already open" : "was just closed");
         if (h->session == 0)
-            return violation(c, "OPEN for session 0");
+            VIOLATION(c, "OPEN for session 0");
         if (h->n_tokens < 1 || h->n_tokens >= st->m.n_ctx)
-            return violation(c, "OPEN n_tokens %u not in [1, %u)", h->n_tokens, st->m.n_ctx);
+            VIOLATION(c, "OPEN n_tokens %u not in [1, %u)", h->n_tokens, st->m.n_ctx);
         if (h->payload_len != NET_OPEN_LEN + (uint64_t)h->n_tokens * 4)
-            return violation(c, "OPEN payload_len %u, expected %u + 4 x n_tokens %u", h->payload_len,
+            VIOLATION(c, "OPEN payload_len %u, expected %u + 4 x n_tokens %u", h->payload_len,
                              NET_OPEN_LEN, h->n_tokens);
         if (h->pos != 0)
-            return violation(c, "OPEN pos %u is not 0", h->pos);
+            VIOLATION(c, "OPEN pos %u is not 0", h->pos);
         struct net_open_params p;
         net_open_decode(payload, &p);
         if (p.n_ctx > st->m.n_ctx || p.n_ctx <= h->n_tokens)
-            return violation(c, "OPEN n_ctx %u not in (%u, %u]", p.n_ctx, h->n_tokens, st->m.n_ctx);
+            VIOLATION(c, "OPEN n_ctx %u not in (%u, %u]", p.n_ctx, h->n_tokens, st->m.n_ctx);
         for (uint32_t i = 0; i < h->n_tokens; i++)
             if (rd32(payload + NET_OPEN_LEN + 4 * i) >= st->be.n_vocab)
-                return violation(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
+                VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
                                  rd32(payload + NET_OPEN_LEN + 4 * i), st->be.n_vocab);
         if (st->n_sessions >= st->m.max_sessions) {
             char msg[200];
@@ -968,20 +971,20 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
     }
     case NET_F_ACT: {
         if (st->rank == 0)
-            return violation(c, "ACT arrived at rank 0 from rank %u (the last rank sends TOKEN)", c->peer_rank);
+            VIOLATION(c, "ACT arrived at rank 0 from rank %u (the last rank sends TOKEN)", c->peer_rank);
         if (!s) {
             if (stale)
                 return;   /* in flight when the session ended */
-            return violation(c, "ACT for unknown session %016" PRIx64, h->session);
+            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
         }
         if (h->n_tokens < 1 || h->n_tokens > st->m.max_batch)
-            return violation(c, "ACT n_tokens %u not in [1, %u]", h->n_tokens, st->m.max_batch);
+            VIOLATION(c, "ACT n_tokens %u not in [1, %u]", h->n_tokens, st->m.max_batch);
         uint64_t want = (uint64_t)h->n_tokens * st->m.n_embd * st->m.wire_dsize;
         if (h->payload_len != want)
-            return violation(c, "ACT payload_len %u, expected n_tokens %u x n_embd %u x %u bytes = %" PRIu64,
+            VIOLATION(c, "ACT payload_len %u, expected n_tokens %u x n_embd %u x %u bytes = %" PRIu64,
                              h->payload_len, h->n_tokens, st->m.n_embd, st->m.wire_dsize, want);
         if (h->pos != s->next_pos || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
-            return violation(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
+            VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
                              h->pos, h->n_tokens, h->session, s->next_pos, s->n_ctx);
         struct kvd_job *j = calloc(1, sizeof *j);
         uint8_t *in = malloc(h->payload_len);
@@ -1006,32 +1009,32 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
     }
     case NET_F_TOKEN: {
         if (st->rank != 0)
-            return violation(c, "TOKEN from rank %u, which is not the last rank (%u)", c->peer_rank,
+            VIOLATION(c, "TOKEN from rank %u, which is not the last rank (%u)", c->peer_rank,
                              st->n - 1);
         if (!s) {
             if (stale)
                 return;
-            return violation(c, "TOKEN for unknown session %016" PRIx64, h->session);
+            VIOLATION(c, "TOKEN for unknown session %016" PRIx64, h->session);
         }
         size_t want = 8 + ((h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0);
         if (h->n_tokens != 1 || h->payload_len != want)
-            return violation(c, "TOKEN n_tokens %u payload_len %u, expected 1 and %zu", h->n_tokens,
+            VIOLATION(c, "TOKEN n_tokens %u payload_len %u, expected 1 and %zu", h->n_tokens,
                              h->payload_len, want);
         if (h->pos != s->n_hist)
-            return violation(c, "TOKEN pos %u for session %016" PRIx64 ", expected %u", h->pos,
+            VIOLATION(c, "TOKEN pos %u for session %016" PRIx64 ", expected %u", h->pos,
                              h->session, s->n_hist);
         uint32_t tok = rd32(payload);
         if (tok >= st->be.n_vocab)
-            return violation(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
+            VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
         if (s->n_hist >= s->n_ctx)
-            return violation(c, "TOKEN past the session's context %u", s->n_ctx);
+            VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
         s->last_active_ms = now_ms();
         on_token(st, s, h, payload);
         return;
     }
     case NET_F_CLOSE:
         if (h->payload_len != 0)
-            return violation(c, "CLOSE payload_len %u is not 0", h->payload_len);
+            VIOLATION(c, "CLOSE payload_len %u is not 0", h->payload_len);
         if (st->rank == 0)
             return;   /* never sent to rank 0; harmless */
         if (s)
@@ -1051,7 +1054,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
         }
         return;
     default:
-        return violation(c, "unexpected %s frame", tn);
+        VIOLATION(c, "unexpected %s frame", tn);
     }
 }
 

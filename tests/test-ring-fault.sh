@@ -61,4 +61,15 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 grep -qE "ring not linked.*rank 1 -> rank 2|rank 3 is down|in link from rank 3" "$TMP/err4" || fail "unclear error: $(cat "$TMP/err4")"
 [ $ms -lt 5000 ] || fail "the error took $ms ms"
 echo "ok missing middle stage reported back in $ms ms: $(cat "$TMP/err4")"
+# The control socket's shutdown request stops a stage cleanly (exit status 0).
+P0=$(rank_pid "$D4" 0)
+reply=$(python3 -c 'import socket,sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"{\"op\":\"shutdown\"}\n")
+print(s.makefile().readline().strip())' "$D4/rank-0/kvd.sock") || fail "shutdown request"
+[ "$reply" = '{"ok":true}' ] || fail "shutdown reply '$reply'"
+for i in $(seq 50); do kill -0 $P0 2>/dev/null || break; sleep 0.1; done
+kill -0 $P0 2>/dev/null && fail "rank 0 still running after the shutdown request"
+grep -q "shutting down: shutdown requested" "$D4/rank-0/kvd.log" || fail "no shutdown line in the log"
+grep -q "INFO  stage 0/4: stopped$" "$D4/rank-0/kvd.log" || fail "rank 0 did not stop cleanly"
+echo "ok shutdown over the control socket"
 echo PASS
