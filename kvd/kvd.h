@@ -176,7 +176,7 @@ struct kvd_relay_config {
     uint32_t idle_timeout_ms;    /* close an end that sent nothing (pongs count); 0: 90 s */
     uint32_t ping_interval_ms;   /* relay pings each end this often; 0: 20 s */
     uint64_t max_msg_bytes;      /* larger messages close with 1009; 0: 16 MiB */
-    size_t high_water;           /* bytes queued toward one end before its partner is paused; 0: 256 KiB */
+    size_t high_water;           /* bytes queued toward one end before its partner is paused; 0: 64 KiB */
 };
 
 struct kvd_relay_stats {

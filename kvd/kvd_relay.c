@@ -603,7 +603,7 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
     if (!c->idle_timeout_ms) c->idle_timeout_ms = 90000;
     if (!c->ping_interval_ms) c->ping_interval_ms = 20000;
     if (!c->max_msg_bytes) c->max_msg_bytes = 16u << 20;
-    if (!c->high_water) c->high_water = 256u << 10;
+    if (!c->high_water) c->high_water = 64u << 10;
     if (c->max_bridges > (1u << 24)) {
         fprintf(stderr, "kvd relay: max_bridges %u over the limit %u\n", c->max_bridges, 1u << 24);
         free(r);

@@ -439,6 +439,12 @@ static void ws_process(struct net_ws *ws)
     }
     if (ws->in_off == ws->in_len) {
         ws->in_off = ws->in_len = 0;
+        /* an idle connection keeps no input buffer: thousands of them stay cheap */
+        if (ws->in_cap > 16384 && !ws->in_recv) {
+            free(ws->in);
+            ws->in = NULL;
+            ws->in_cap = 0;
+        }
     } else if (ws->in_off > 0 && ws->in_off >= ws->in_cap / 2) {
         memmove(ws->in, ws->in + ws->in_off, ws->in_len - ws->in_off);
         ws->in_len -= ws->in_off;
@@ -457,7 +463,7 @@ static int ws_in_reserve(struct net_ws *ws, size_t extra)
         if (ws->in_len + extra <= ws->in_cap)
             return 0;
     }
-    size_t cap = ws->in_cap ? ws->in_cap : WS_READ_CHUNK;
+    size_t cap = ws->in_cap ? ws->in_cap : 16384;
     while (cap < ws->in_len + extra)
         cap *= 2;
     uint8_t *p = realloc(ws->in, cap);

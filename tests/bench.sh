@@ -203,7 +203,7 @@ bench_pull || true
 echo
 echo "== relay: 1000 concurrent bridges over TLS on loopback, 1 MB each way per bridge (every message checked)"
 bench_relay() {
-    local t rp port hw=${BENCH_RELAY_HIGH_WATER:-262144} n=${BENCH_RELAY_BRIDGES:-1000}
+    local t rp port hw=${BENCH_RELAY_HIGH_WATER:-65536} n=${BENCH_RELAY_BRIDGES:-1000}
     make -s -j2 "$B/tests/tool-relay-load" >/dev/null 2>&1 || true
     [ -x "$B/tests/tool-relay-load" ] || { echo "tool-relay-load not built: skipped"; return 0; }
     t=$(mktemp -d /tmp/kvbench.XXXXXX)
