@@ -67,6 +67,8 @@ if [ -x "$B/tests/tool-kernbench" ]; then
     echo "== kernels: compute efficiency (one thread, cache-resident; holds on a busy machine)"
     "$B/tests/tool-kernbench" -c q4_0 q8_0 q4_k q6_k f16 || true
     "$B/tests/tool-kernbench" -c -n 64 q4_0 q8_0 || true
+    echo "== kernels: attention over an F16 cache (TinyLlama heads), one query row"
+    for c in 128 2048; do "$B/tests/tool-kernbench" $kt -a $c || true; done
 else
     echo "tool-kernbench not built"
 fi
