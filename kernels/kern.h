@@ -68,16 +68,22 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
                         int head_dim, size_t kv_stride, float scale, float *scratch);
 
 /* ---- fast CPU path ---- */
-struct kern_pool; /* opaque thread pool shared by all ops */
-/* n_threads <= 0: one per online CPU. */
+struct kern_pool; /* opaque thread pool shared by all ops; one op at a time per pool */
+/* n_threads <= 0: one per online CPU (capped at 512); n-1 workers plus the calling thread.
+ * 0, -ENOMEM or the pthread_create error. */
 int kern_pool_new(struct kern_pool **out, int n_threads);
+/* Joins the workers; NULL is a no-op. */
 void kern_pool_free(struct kern_pool *p);
+/* Threads an op runs on (1 for NULL). */
 int kern_pool_threads(const struct kern_pool *p);
 /* Human-readable name of the SIMD level in use ("avx512", "avx2", "scalar"). */
 const char *kern_cpu_level(void);
 
+/* kern_ref_matmul's contract on the pool's threads (p NULL: the calling thread only); the
+ * result does not depend on the thread count. 0, -EINVAL (type, shape) or -ENOMEM. */
 int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
                 const float *x, int64_t n, float *y);
+/* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool. */
 void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
