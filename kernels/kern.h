@@ -83,7 +83,8 @@ const char *kern_cpu_level(void);
  * result does not depend on the thread count. 0, -EINVAL (type, shape) or -ENOMEM. */
 int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
                 const float *x, int64_t n, float *y);
-/* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool. */
+/* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool (or
+ * when the pool cannot grow its own buffer). */
 void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
