@@ -478,6 +478,11 @@ static int on_headers_complete(http_parser *p)
         return -1;
     }
     uv_timer_stop(&c->timer);
+    /* a client waiting for permission to send its body (curl does for bodies over 1 KiB) */
+    const char *ex = net_http_req_header(r, "Expect");
+    if (ex && !r->http10 && strcasecmp(ex, "100-continue") == 0 &&
+        (p->flags & F_CHUNKED || (p->content_length > 0 && p->content_length != ULLONG_MAX)))
+        conn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL);
     return 0;
 }
 

@@ -432,6 +432,24 @@ T_CASE(pipelining_in_order)
     close(c.fd);
 }
 
+T_CASE(expect_continue)
+{
+    struct client c;
+    client_open(&c);
+    const char *q = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n";
+    sendall(c.fd, q, strlen(q));
+    char buf[64] = "";
+    ssize_t k = recv(c.fd, buf, 25, MSG_WAITALL);
+    T_CHECK(k == 25 && memcmp(buf, "HTTP/1.1 100 Continue\r\n\r\n", 25) == 0,
+            "100 Continue before the body: %.25s", buf);
+    sendall(c.fd, "abcd", 4);
+    struct resp r;
+    client_read(&c, &r, false);
+    T_CHECK(r.status == 200 && r.blen == 4 && memcmp(r.body, "abcd", 4) == 0, "echo %d", r.status);
+    free(r.body);
+    close(c.fd);
+}
+
 T_CASE(malformed_and_limits)
 {
     struct resp r;
@@ -786,6 +804,7 @@ int main(void)
     T_RUN(unit_helpers);
     T_RUN(keepalive_and_basic);
     T_RUN(pipelining_in_order);
+    T_RUN(expect_continue);
     T_RUN(malformed_and_limits);
     T_RUN(path_traversal);
     T_RUN(ranges_head_conditionals);
