@@ -23,6 +23,7 @@
 #include "kvd/kvd.h"
 #include "model/model.h"
 #include "net/net.h"
+#include "planner/plan.h"
 
 #define MAX_STAGES KVD_MAX_RANKS
 
@@ -225,6 +226,45 @@ static void print_status_table(const char *dir, const struct kvd_manifest *m, FI
 
 /* ---- ring up ---- */
 
+/* Windows for n identical local stages from the planner (planner/plan.h plan_even): the
+ * model's shape from its tensor list, the runtime's layers (MTP blocks left out). */
+static int plan_split(const struct gguf_file *g, const char *arch, uint32_t n_layers, uint32_t nextn,
+                      uint32_t n_embd, uint32_t n, uint32_t *first, uint32_t *last)
+{
+    uint64_t nt = gguf_tensor_count(g);
+    struct plan_tensor *t = calloc(nt ? nt : 1, sizeof *t);
+    struct plan_layer *layers = calloc(n_layers + nextn, sizeof *layers);
+    int rc = -ENOMEM;
+    if (t && layers) {
+        for (uint64_t i = 0; i < nt; i++) {
+            const struct gguf_tensor *gt = gguf_tensor_at(g, i);
+            t[i].name = gt->name;
+            t[i].n_dims = gt->n_dims;
+            memcpy(t[i].ne, gt->ne, sizeof t[i].ne);
+            t[i].bytes = gt->size;
+        }
+        struct plan_model_info mi = {.n_layers = n_layers + nextn, .n_embd = n_embd, .nextn_layers = nextn};
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_count", arch);
+        gguf_get_u32(g, key, &mi.n_expert);
+        snprintf(key, sizeof key, "%s.expert_used_count", arch);
+        gguf_get_u32(g, key, &mi.n_expert_used);
+        struct plan_shape shape = {.arch = arch};
+        char err[PLAN_ERR_LEN];
+        rc = plan_shape_from_tensors(t, (size_t)nt, &mi, &shape, layers, err, sizeof err);
+        if (rc == 0) {
+            shape.n_layers = n_layers;
+            rc = plan_even(&shape, n, first, last);
+        }
+        if (rc < 0)
+            fprintf(stderr, "kvctl ring up: planner: %s; splitting by layer bytes\n",
+                    rc == -EINVAL ? err : strerror(-rc));
+    }
+    free(t);
+    free(layers);
+    return rc;
+}
+
 static void ring_up_usage(FILE *f)
 {
     fprintf(f,
@@ -242,7 +282,7 @@ static void ring_up_usage(FILE *f)
         "                      its id goes into the manifest, every stage verifies its window\n"
         "  --split A:B,B:C,... explicit windows, one per stage, contiguous from 0 to the\n"
         "                      model's layers (--stages may be left out)\n"
-        "Writes DIR/ring.json (an even split by layer bytes unless --split), starts one kvd per\n"
+        "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
 
@@ -337,6 +377,8 @@ static int ring_up(int argc, char **argv)
     uint64_t *lbytes = NULL;
     char model_abs[PATH_MAX] = "", cat_id[65] = "", cat_path[PATH_MAX] = "";
     struct gguf_catalog *cat_ptr = NULL;
+    uint32_t plan_first[MAX_STAGES], plan_last[MAX_STAGES];
+    bool planned = false;
     if (!stub) {
         char err[GGUF_ERR_LEN];
         struct gguf_file *g;
@@ -370,6 +412,10 @@ static int ring_up(int argc, char **argv)
             gguf_file_free(g);
             return 1;
         }
+        /* The planner's even split for identical local processes (balanced by the work per
+         * token, embedding and head included); the byte split below is the fallback. */
+        if (!split && (uint32_t)stages <= n_layers)
+            planned = plan_split(g, arch, n_layers, nextn, n_embd, (uint32_t)stages, plan_first, plan_last) == 0;
         lbytes = calloc(n_layers, sizeof *lbytes);
         for (uint64_t i = 0; lbytes && i < gguf_tensor_count(g); i++) {
             const struct gguf_tensor *t = gguf_tensor_at(g, i);
@@ -430,6 +476,11 @@ static int ring_up(int argc, char **argv)
         bounds[k + 1] = l;
     }
     free(lbytes);
+    if (planned) {
+        for (uint32_t k = 0; k < (uint32_t)stages; k++)
+            bounds[k] = plan_first[k];
+        bounds[stages] = plan_last[stages - 1];
+    }
     if (split) {
         if (split_b[split_n] != n_layers) {
             fprintf(stderr, "kvctl ring up: --split ends at layer %u but the model has %u layers\n",
