@@ -452,6 +452,7 @@ static int ring_up(int argc, char **argv)
     if ((uint32_t)stages > n_layers) {
         fprintf(stderr, "kvctl ring up: %ld stages but the model has only %u layers\n", stages, n_layers);
         free(lbytes);
+        gguf_catalog_free(cat_ptr);
         return 1;
     }
     /* Even split by layer bytes: stage k ends where the running total first reaches
@@ -485,6 +486,7 @@ static int ring_up(int argc, char **argv)
         if (split_b[split_n] != n_layers) {
             fprintf(stderr, "kvctl ring up: --split ends at layer %u but the model has %u layers\n",
                     split_b[split_n], n_layers);
+            gguf_catalog_free(cat_ptr);
             return 1;
         }
         memcpy(bounds, split_b, ((size_t)split_n + 1) * sizeof *bounds);

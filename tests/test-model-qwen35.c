@@ -287,7 +287,17 @@ enum { V_NEXTN = 1, V_FUSED = 2, V_SHEXP_2D = 4, V_SCHEDULE = 8, V_BAD_SCHEDULE 
  * ffn_gate_exps/ffn_up_exps pair by one ffn_gate_up_exps; V_SHEXP_2D stores
  * ffn_gate_inp_shexp as [n_embd, 1]; V_SCHEDULE writes attention.recurrent_layers equal to
  * the default schedule, V_BAD_SCHEDULE one that calls layer 3 recurrent. */
+static int write_variant_kv(const char *src, const char *out, int v, const char *key,
+                            uint32_t val);
+
 static int write_variant(const char *src, const char *out, int v)
+{
+    return write_variant_kv(src, out, v, NULL, 0);
+}
+
+/* ... and with metadata key set to val (UINT32_MAX: the key left out). */
+static int write_variant_kv(const char *src, const char *out, int v, const char *key,
+                            uint32_t val)
 {
     char err[GGUF_ERR_LEN] = "";
     struct gguf_file *gf;
@@ -304,8 +314,11 @@ static int write_variant(const char *src, const char *out, int v)
     }
     for (uint64_t i = 0; i < gguf_kv_count(gf); i++) {
         const struct gguf_kv *kv = gguf_kv_at(gf, i);
-        gguf_writer_set(w, kv->key, &kv->val);
+        if (!key || strcmp(kv->key, key) || val != UINT32_MAX)
+            gguf_writer_set(w, kv->key, &kv->val);
     }
+    if (key && val != UINT32_MAX)
+        gguf_writer_set_u32(w, key, val);
     if (v & V_NEXTN) {
         gguf_writer_set_u32(w, "qwen35moe.block_count", 9);
         gguf_writer_set_u32(w, "qwen35moe.nextn_predict_layers", 1);
@@ -453,6 +466,45 @@ T_CASE(file_variants)
     free(ref);
 }
 
+/* Hostile or inconsistent metadata is refused with a message naming the field. */
+T_CASE(hostile_hparams)
+{
+    static const struct {
+        const char *key;
+        uint32_t val;
+        const char *expect;
+    } cases[] = {
+        {"qwen35moe.expert_used_count", 9, "expert_used_count = 9 out of range [1, 8]"},
+        {"qwen35moe.expert_count", 100000, "expert_count = 100000 out of range"},
+        {"qwen35moe.expert_count", 4, "ffn_gate_inp.weight: shape"},
+        {"qwen35moe.expert_feed_forward_length", 128, "ffn_gate_exps.weight: shape"},
+        {"qwen35moe.expert_shared_feed_forward_length", UINT32_MAX,
+         "expert_shared_feed_forward_length missing"},
+        {"qwen35moe.ssm.inner_size", 300, "inner_size 300 != time_step_rank 4 x state_size 64"},
+        {"qwen35moe.ssm.conv_kernel", 1000, "conv_kernel = 1000 out of range"},
+        {"qwen35moe.ssm.state_size", UINT32_MAX, "ssm.state_size missing"},
+        {"qwen35moe.ssm.group_count", 3, "attn_qkv.weight: shape"},
+        {"qwen35moe.nextn_predict_layers", 8, "nextn_predict_layers = 8 out of range [0, 7]"},
+        {"qwen35moe.full_attention_interval", 0, "full_attention_interval = 0 out of range"},
+        {"qwen35moe.full_attention_interval", 2, "blk.1.attn_q.weight missing"},
+    };
+    char path[1024], out[600];
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    snprintf(out, sizeof out, "%s/hostile.gguf", t_tmpdir());
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (write_variant_kv(path, out, 0, cases[i].key, cases[i].val))
+            continue;
+        struct model *m = NULL;
+        char err[MODEL_ERR_LEN] = "";
+        int rc = model_open(&m, out, -1, -1, err, sizeof err);
+        T_CHECK(rc < 0 && !m && strstr(err, cases[i].expect), "%s = %u: rc %d, '%s', expected '%s'",
+                cases[i].key, cases[i].val, rc, err, cases[i].expect);
+        model_free(m);
+    }
+    unlink(out);
+}
+
 /* Stage mini-GGUFs of the MoE hybrid (3-D expert tensors included) verify against the
  * model's catalog and run bit-identically to the whole model. */
 T_CASE(mini_gguf_windows)
@@ -521,6 +573,7 @@ int main(void)
     T_RUN(split_windows_bit_identical);
     T_RUN(sessions_independent);
     T_RUN(file_variants);
+    T_RUN(hostile_hparams);
     T_RUN(mini_gguf_windows);
     rmdir(t_tmpdir());
     return T_DONE();
