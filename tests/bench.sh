@@ -173,7 +173,8 @@ http {
 }
 EOF
     $(command -v nginx || echo /usr/sbin/nginx) -p "$t" -c "$t/nginx.conf" 2>/dev/null
-    "$B/kvd" seeder --serve "$f" --listen "127.0.0.1:$port" 2>"$t/seeder.log" &
+    "$KVCTL" catalog "$f" -o "$t/cat.json" >/dev/null 2>&1 || { echo "catalog failed"; return 0; }
+    "$B/kvd" seeder --serve "$f,$t/cat.json" --listen "127.0.0.1:$port" 2>"$t/seeder.log" &
     sp=$!
     for _ in $(seq 600); do curl -sf -o /dev/null "http://127.0.0.1:$port/v1/models" && break; sleep 0.1; done
     local t0 t1 size
@@ -192,9 +193,9 @@ EOF
         "http://127.0.0.1:$nport/model.gguf" | awk '{printf "curl of the same bytes from nginx:   %.0f MB in %.2f s = %.0f MB/s (to a file, no fsync, no verify)\n", $1/1e6, $2, $1/1e6/$2}'
     rm -f "$t/c.bin"
     t0=$(date +%s.%N)
-    "$KVCTL" pull -q --from "http://127.0.0.1:$nport/model.gguf" --layers "$w" -o "$t/n.gguf" || echo "nginx pull failed"
+    "$KVCTL" pull -q --from "http://127.0.0.1:$nport/model.gguf" --layers "$w" --catalog "$t/cat.json" -o "$t/n.gguf" || echo "nginx pull failed"
     t1=$(date +%s.%N)
-    awk -v s="$size" -v a="$t0" -v b="$t1" 'BEGIN {printf "kvctl pull from nginx (ranges):     %.0f MB in %.2f s = %.0f MB/s (unverified: no catalog)\n", s/1e6, b-a, s/1e6/(b-a)}'
+    awk -v s="$size" -v a="$t0" -v b="$t1" 'BEGIN {printf "kvctl pull from nginx (ranges):     %.0f MB in %.2f s = %.0f MB/s (verified)\n", s/1e6, b-a, s/1e6/(b-a)}'
     kill "$sp" 2>/dev/null; wait "$sp" 2>/dev/null
     kill "$(cat "$t/nginx.pid")" 2>/dev/null
     rm -rf "$t"
