@@ -446,6 +446,7 @@ static int ring_up(int argc, char **argv)
         if (!realpath(model, model_abs)) {
             fprintf(stderr, "kvctl ring up: %s: %s\n", model, strerror(errno));
             free(lbytes);
+            gguf_catalog_free(cat_ptr);
             return 1;
         }
     }
@@ -498,11 +499,13 @@ static int ring_up(int argc, char **argv)
 
     if (mkdir_p(dir) < 0) {
         fprintf(stderr, "kvctl ring up: %s: %s\n", dir, strerror(errno));
+        gguf_catalog_free(cat_ptr);
         return 1;
     }
     char dir_abs[PATH_MAX];
     if (!realpath(dir, dir_abs)) {
         fprintf(stderr, "kvctl ring up: %s: %s\n", dir, strerror(errno));
+        gguf_catalog_free(cat_ptr);
         return 1;
     }
     /* Refuse to start over a ring that is still running in DIR. */
@@ -517,6 +520,7 @@ static int ring_up(int argc, char **argv)
             fclose(f);
             fprintf(stderr, "kvctl ring up: a ring is already running in %s (rank %u, pid %d): "
                     "kvctl ring down --dir %s\n", dir, r, pid, dir);
+            gguf_catalog_free(cat_ptr);
             return 1;
         }
         fclose(f);
