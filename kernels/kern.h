@@ -69,8 +69,8 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
 
 /* ---- fast CPU path ---- */
 struct kern_pool; /* opaque thread pool shared by all ops; one op at a time per pool */
-/* n_threads <= 0: one per online CPU (capped at 512); n-1 workers plus the calling thread.
- * 0, -ENOMEM or the pthread_create error. */
+/* n_threads <= 0: one per CPU this process may use (its affinity mask; capped at 512); n-1
+ * workers plus the calling thread. 0, -ENOMEM or the pthread_create error. */
 int kern_pool_new(struct kern_pool **out, int n_threads);
 /* Joins the workers; NULL is a no-op. */
 void kern_pool_free(struct kern_pool *p);

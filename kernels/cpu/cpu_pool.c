@@ -125,12 +125,20 @@ void *kern__pool_scratch(struct kern_pool *p, size_t size)
     return n;
 }
 
+/* CPUs this process may run on (its affinity mask, so a cpuset is respected), else online. */
+static int usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 int kern_pool_new(struct kern_pool **out, int n_threads)
 {
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
+    if (n_threads <= 0)
+        n_threads = usable_cpus();
     if (n_threads > 512)
         n_threads = 512;
     struct kern_pool *p = calloc(1, sizeof *p);
