@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -1582,6 +1583,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->ctl.data = st;
     st->ctl_open = true;
     rc = uv_pipe_bind(&st->ctl, st->sock_path);
+    if (rc == 0 && chmod(st->sock_path, 0600) < 0)   /* the control socket is the owner's */
+        rc = -errno;
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&st->ctl, 16, ctl_on_conn);
     if (rc < 0) {

@@ -51,6 +51,32 @@ steps=$("$KVCTL" status --ring "$d" --json | head -1 | python3 -c 'import json,s
 ring_down "$d"
 echo "ok chunked prefill"
 
+# Stages that hold only their mini-GGUF window (kvctl slice), as on separate hosts, each
+# verified against the model's catalog: the same tokens as one process.
+M=$(need_model stories260K.gguf) || exit 1
+d="$TMP/mini"
+ring_up "$d" --model "$M" --stages 2
+ring_down "$d"
+layers=$(python3 -c 'import json,sys; print(" ".join("%d:%d" % tuple(r["layers"]) for r in json.load(open(sys.argv[1]))["ranks"]))' "$d/ring.json")
+r=0
+for w in $layers; do
+    "$KVCTL" slice "$M" --layers $w -o "$d/window-$r.gguf" > /dev/null || fail "slice $w"
+    "$KVD" stage --manifest "$d/ring.json" --rank $r --window "$d/window-$r.gguf" --catalog "$d/catalog.json" \
+        --state-dir "$d/rank-$r" -t 1 > "$d/rank-$r/kvd.log" 2>&1 &
+    echo $! > "$d/rank-$r/kvd.pid"
+    r=$((r + 1))
+done
+for i in $(seq 100); do
+    [ "$("$KVCTL" status --ring "$d" --json 2>/dev/null | grep -c '"linked":true')" = 2 ] && break
+    sleep 0.1
+done
+out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0 2>"$TMP/err") || fail "mini-GGUF ring: $(cat "$TMP/err")"
+one=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 2>/dev/null)
+[ "$out" = "$one" ] || fail "mini-GGUF ring: '$out' vs one process '$one'"
+grep -q "window verified against catalog" "$d/rank-1/kvd.log" || fail "the window was not verified"
+ring_down "$d"
+echo "ok mini-GGUF windows"
+
 # Text in, text out: -p through the ring prints what one process prints (stop strings too).
 M=$(need_model stories260K.gguf) || exit 1
 d="$TMP/text"
