@@ -629,7 +629,10 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
         if (rc < 0)
             goto fail;
     }
-    struct net_ws_limits lim = {.max_msg_bytes = c->max_msg_bytes, .low_water = c->high_water / 4};
+    /* two ends per bridge, plus room for connections still in their handshake */
+    uint64_t conns = 2ull * c->max_bridges + 1024;
+    struct net_ws_limits lim = {.max_msg_bytes = c->max_msg_bytes, .low_water = c->high_water / 4,
+                                .max_conns = conns > (1u << 24) ? (1u << 24) : (uint32_t)conns};
     static const struct net_ws_server_handlers sh = {.on_upgrade = on_upgrade, .on_get = on_get};
     rc = net_ws_server_new(loop, c->listen, r->tls, &lim, &sh, r, &r->srv);
     if (rc < 0)

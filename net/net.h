@@ -440,6 +440,7 @@ struct net_ws_handlers {
 struct net_ws_limits {
     uint64_t max_msg_bytes;    /* a larger incoming message closes with 1009 (0: 16 MiB) */
     size_t low_water;          /* on_drain fires when pending send bytes fall below (0: 256 KiB) */
+    uint32_t max_conns;        /* server: open connections, upgraded or not (0: 65536) */
 };
 
 /* Queue a message (copied). 0, -EPIPE once closing, -EINVAL for bad opcode or size. */

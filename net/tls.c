@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 #include <openssl/ssl.h>
@@ -47,7 +48,9 @@ static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
     SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
     SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION |
                            SSL_OP_CIPHER_SERVER_PREFERENCE);
-    SSL_CTX_set_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    /* RELEASE_BUFFERS: an idle connection gives its 2 x 16 KiB record buffers back */
+    SSL_CTX_set_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                            SSL_MODE_RELEASE_BUFFERS);
     return c;
 }
 
@@ -249,6 +252,18 @@ size_t net__tls_take(struct net__tls *t, uint8_t **buf)
     if (r <= 0) {
         free(b);
         return 0;
+    }
+    /* A memory BIO keeps the size of its largest burst: once drained, a big one is replaced
+     * so that a connection that once sent a lot does not hold that memory forever. */
+    BUF_MEM *bm = NULL;
+    BIO_get_mem_ptr(t->wbio, &bm);
+    if (BIO_ctrl_pending(t->wbio) == 0 && bm && bm->max > (64u << 10)) {
+        BIO *fresh = BIO_new(BIO_s_mem());
+        if (fresh) {
+            BIO_set_mem_eof_return(fresh, -1);
+            SSL_set0_wbio(t->ssl, fresh); /* frees the old one */
+            t->wbio = fresh;
+        }
     }
     *buf = b;
     return (size_t)r;

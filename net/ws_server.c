@@ -136,10 +136,11 @@ int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_c
         srv->lim = *lim;
     srv->h = *h;
     srv->ud = ud;
-    /* Requests here are short GETs and upgrades: small heads, no bodies; connections are
-     * long-lived WebSockets, so the count is the owner's business (its own limits). */
+    /* Requests here are short GETs and upgrades: small heads, no bodies; the connection
+     * count (WebSockets and connections still in their handshake) is capped as a whole. */
     struct net_http_limits hl = {.max_url = 1024, .max_header_bytes = 8192, .max_headers = 64,
-                                 .max_body = 1, .header_timeout_ms = 10000, .max_conns = 1u << 20};
+                                 .max_body = 1, .header_timeout_ms = 10000,
+                                 .max_conns = lim && lim->max_conns ? lim->max_conns : 65536};
     int rc = net_http_server_new(&srv->http, loop, &hl);
     if (rc < 0) {
         free(srv);
