@@ -134,6 +134,7 @@ struct kvd_pull_opts {
     long timeout_s;             /* stall timeout (no bytes) per request; 0: 30 s */
     uint64_t max_rate;          /* bytes/s cap on receiving (0: none) */
     const char *ca_file;        /* HTTPS: trust these CA certificates (PEM) instead of the system's */
+    const volatile int *cancel; /* set non-zero (any thread) to stop: -ECANCELED, resumable */
 };
 struct kvd_pull_stats {
     uint64_t bytes_fetched;     /* body bytes received (after decoding) */
@@ -142,6 +143,7 @@ struct kvd_pull_stats {
     double seconds;             /* all of it */
     double verify_seconds;      /* of which: verifying and installing the window */
 };
+/* Blocking (libcurl easy interface): a running daemon calls it from a worker thread. */
 int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err,
              size_t errlen);
 /* `kvd stage --window-from URL`: the window of `rank` in the manifest, pulled into

@@ -161,6 +161,14 @@ static size_t on_header(char *b, size_t sz, size_t n, void *ud)
     return len;
 }
 
+/* libcurl's progress hook, used only to honour o->cancel while nothing arrives. */
+static int on_xfer(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    struct pull *p = ud;
+    (void)dt; (void)dn; (void)ut; (void)un;
+    return p->o->cancel && *p->o->cancel ? 1 : 0;
+}
+
 static void curl_setup(struct pull *p, const char *url)
 {
     CURL *c = p->curl;
@@ -176,6 +184,11 @@ static void curl_setup(struct pull *p, const char *url)
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "kvasir-pull/1");
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger writes */
+    if (p->o->cancel) {
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_xfer);
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, p);
+    }
     if (p->o->ca_file)
         curl_easy_setopt(c, CURLOPT_CAINFO, p->o->ca_file);
     if (p->o->max_rate)
@@ -927,6 +940,10 @@ int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err
     }
     if (p.tty && o->progress && rc)
         fputc('\n', stderr);
+    if (rc && o->cancel && *o->cancel) {
+        snprintf(err, errlen, "pull cancelled; run again to resume");
+        rc = -ECANCELED;
+    }
     st->seconds = now_s() - p.t0;
     curl_easy_cleanup(p.curl);
     gguf_catalog_free(cat);

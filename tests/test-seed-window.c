@@ -250,6 +250,18 @@ T_CASE(interrupted_plain_pull_resumes)
     T_CHECK(same_files(ref, got), "byte-identical");
 }
 
+T_CASE(cancelled_pull)
+{
+    char got[400], err[512] = "";
+    snprintf(got, sizeof got, "%s/cancel-0-8.gguf", dir);
+    volatile int cancel = 1;
+    struct kvd_pull_opts o = {.url = base, .first = 0, .last = 8, .out_path = got,
+                              .timeout_s = 10, .cancel = &cancel};
+    int rc = kvd_pull(&o, NULL, err, sizeof err);
+    T_CHECK(rc == -ECANCELED && strstr(err, "cancelled"), "cancelled: %d %s", rc, err);
+    T_CHECK(access(got, F_OK) != 0, "nothing at the output path");
+}
+
 T_CASE(corrupted_source_refused)
 {
     char url[128], got[400], err[512] = "";
@@ -457,6 +469,7 @@ int main(void)
     T_RUN(seeder_windows_identical);
     T_RUN(plain_url_windows_identical_and_bytes);
     T_RUN(interrupted_plain_pull_resumes);
+    T_RUN(cancelled_pull);
     T_RUN(corrupted_source_refused);
     T_RUN(hostile_and_not_held);
     T_RUN(window_holder);
