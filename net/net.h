@@ -388,10 +388,11 @@ const char *net_http_status_text(int status);
 /* =========================== tls + websocket ============================== */
 
 /* TLS (OpenSSL over memory BIOs, driven from libuv): TLS 1.2 and 1.3 only, renegotiation
- * refused, compression off. WebSocket (RFC 6455 framing by wslay, handshake and HTTP/1.1
- * upgrade parsed with http-parser): a server (listener that answers plain GETs and upgrades
- * requests to WebSocket) and a client (dial ws:// or wss://). All calls run on the loop
- * thread; every connection is freed by the library after its on_close callback. */
+ * refused, compression off. WebSocket (RFC 6455 framing by wslay): a server built on net's
+ * HTTP server above (its upgrade hook; TLS as its byte filter) that answers plain GETs and
+ * upgrades requests to WebSocket, and a client (dial ws:// or wss://, its handshake parsed
+ * with http-parser). All calls run on the loop thread; every connection is freed by the
+ * library after its on_close callback. */
 
 struct uv_loop_s;
 
@@ -468,7 +469,7 @@ int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls
                 const struct net_ws_limits *lim, const struct net_ws_handlers *h, void *ud,
                 struct net_ws **out);
 
-/* The server side: a listener that reads one HTTP/1.1 request per connection. */
+/* The server side: net's HTTP server with one catch-all route (keep-alive for plain GETs). */
 struct net_ws_server;
 struct net_ws_reply {          /* filled by on_get for a plain GET */
     int status;                /* e.g. 200, 404 */
