@@ -101,10 +101,13 @@ int net_link_send_raw(struct net_link *l, const void *data, size_t len)
     if (!b)
         return -ENOMEM;
     memcpy(b, data, len);
-    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
-    if (rc < 0)
-        return rc;
+    /* counted before the write: a transport may report it written before write returns */
     l->queued += len;
+    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
+    if (rc < 0) {
+        l->queued = len <= l->queued ? l->queued - len : 0;
+        return rc;
+    }
     l->bytes_out += len;
     return 0;
 }
@@ -126,10 +129,12 @@ int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void 
     net_frame_hdr_encode(&hh, (uint8_t *)b);
     if (len)
         memcpy(b + NET_HDR_LEN, payload, len);
+    l->queued += NET_HDR_LEN + len; /* before the write: see net_link_send_raw */
     int rc = l->ops->write(l, uv_buf_init(b, (unsigned)(NET_HDR_LEN + len)));
-    if (rc < 0)
+    if (rc < 0) {
+        l->queued = NET_HDR_LEN + len <= l->queued ? l->queued - (NET_HDR_LEN + len) : 0;
         return rc;
-    l->queued += NET_HDR_LEN + len;
+    }
     l->bytes_out += NET_HDR_LEN + len;
     return 0;
 }

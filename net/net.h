@@ -166,7 +166,8 @@ struct net_transport {
     const char *scheme;     /* "tcp", "relay" (endpoint "scheme://rest") */
     /* Start connecting to rest; call net_link_tp_opened when the stream is up or failed. */
     int (*dial)(struct net_link *l, uv_loop_t *loop, const char *rest);
-    /* Send buf (malloc'd; ownership passes: free it when written or on close). */
+    /* Send buf (malloc'd; ownership passes: free it when written or on close). It may call
+     * net_link_tp_written before it returns. */
     int (*write)(struct net_link *l, uv_buf_t buf);
     /* Close; call net_link_tp_closed exactly once when every handle is closed. */
     void (*close)(struct net_link *l);
