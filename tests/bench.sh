@@ -230,8 +230,7 @@ bench_relay() {
         echo "  $scheme (relay --high-water $hw):"
         "$B/tests/tool-relay-load" --url "$scheme://127.0.0.1:$port" --bridges "$n" --bytes 1048576 2>"$t/load.err" |
             sed 's/^/    /' || { echo "    load run failed:"; tail -5 "$t/load.err"; }
-        echo "    relay peak RSS: $(awk '/VmHWM/ {printf "%.0f MB", $2 / 1024}' /proc/$rp/status) for $n bridges" \
-            "(bound per bridge: 2 x (high water + one message + one 64 KiB read))"
+        awk -v n="$n" '/VmHWM/ {printf "    relay peak RSS: %.0f MB for %d bridges = %.0f KB per bridge (queues capped by --high-water; the rest is read buffers and message assembly)\n", $2 / 1024, n, $2 / n}' /proc/$rp/status
         "$B/tests/tool-relay-load" --url "$scheme://127.0.0.1:$port" --latency 2000 2>&1 | sed 's/^/    /'
         kill $rp; wait $rp 2>/dev/null
     done
