@@ -2,7 +2,8 @@
  * or relay+ws://HOST:PORT/b/<bridge-id> (plain ws, tests and trusted LANs). The stage that
  * dials the endpoint is the upstream end of the edge (role 0x01); the stage that owns the
  * endpoint dials the same bridge with "?role=down" appended (role 0x02). Each link write
- * becomes one binary WebSocket message; the bytes are the ring's unchanged frame stream, so
+ * becomes binary WebSocket messages of at most 1 MiB; the bytes are the ring's unchanged
+ * frame stream (message boundaries carry no meaning), so
  * HELLO/AUTH still run end to end and the relay learns nothing it must be trusted with.
  *
  * TLS: the relay's certificate is checked against the system store, or against the PEM
@@ -13,6 +14,8 @@
 #include <string.h>
 
 #include "net/net.h"
+
+#define RELAY_MSG_MAX (1u << 20)
 
 struct relay_tp {
     struct net_link *l;
@@ -161,7 +164,13 @@ static int relay_write(struct net_link *l, uv_buf_t buf)
         free(buf.base);
         return -ENOTCONN;
     }
-    int rc = net_ws_send(t->ws, NET_WS_BINARY, (const uint8_t *)buf.base, buf.len);
+    /* The link is a byte stream: a big frame goes out as several messages of at most
+     * RELAY_MSG_MAX bytes, so the relay's message limit never caps the ring's frame size. */
+    int rc = 0;
+    for (size_t off = 0; off < buf.len && rc == 0; off += RELAY_MSG_MAX) {
+        size_t n = buf.len - off < RELAY_MSG_MAX ? buf.len - off : RELAY_MSG_MAX;
+        rc = net_ws_send(t->ws, NET_WS_BINARY, (const uint8_t *)buf.base + off, n);
+    }
     free(buf.base);
     if (rc < 0)
         return rc;

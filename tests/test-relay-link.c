@@ -125,6 +125,57 @@ T_CASE(frames_through_the_relay)
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
 }
 
+static struct side bigs;
+static size_t big_got;
+static void big_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *p)
+{
+    bool ok = h->payload_len == (3u << 20);
+    for (uint32_t i = 0; ok && i < h->payload_len; i += 4093)
+        ok = p[i] == (uint8_t)(i * 7);
+    big_got = ok ? h->payload_len : 1;
+}
+static const struct net_link_cbs big_cbs = {.on_open = l_open, .on_frame = big_frame, .on_close = l_close};
+static bool big_done(void *a) { return big_got != 0; }
+
+/* A frame larger than the relay's message limit still crosses: the transport splits it. */
+T_CASE(frame_over_the_relay_message_limit)
+{
+    struct tc_relay R;
+    struct kvd_relay_config cfg = {.plain = true, .max_msg_bytes = 2u << 20};
+    T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    char id[33], ep[200], ep_down[220];
+    tc_bridge_id(id);
+    snprintf(ep, sizeof ep, "relay+ws://127.0.0.1:%d/b/%s", R.port, id);
+    snprintf(ep_down, sizeof ep_down, "%s?role=down", ep);
+    memset(&up, 0, sizeof up);
+    memset(&bigs, 0, sizeof bigs);
+    big_got = 0;
+    T_ASSERT(net_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20) == 0, "dial down");
+    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 4u << 20) == 0, "dial up");
+    down.opened = 1;
+    uint64_t t0 = tc_now_ms();
+    while (!(up.opened && bigs.opened) && tc_now_ms() - t0 < 5000)
+        uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+    T_ASSERT(up.opened == 1 && bigs.opened == 1, "links open");
+    uint8_t *p = malloc(3u << 20);
+    for (uint32_t i = 0; i < (3u << 20); i++)
+        p[i] = (uint8_t)(i * 7);
+    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .session = 1, .n_tokens = 1};
+    T_CHECK(net_link_send(up.l, &h, p, 3u << 20) == 0, "send");
+    free(p);
+    run_until(&loop, big_done, NULL, 10000);
+    T_CHECK(big_got == (3u << 20), "3 MiB frame through a relay with a 2 MiB message limit: got %zu", big_got);
+    if (up.l)
+        net_link_close(up.l, "done");
+    if (bigs.l)
+        net_link_close(bigs.l, "done");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
+    T_CHECK(tc_relay_stop(&R) == 0, "relay loop left handles");
+}
+
 T_CASE(dial_refused_reports_failure)
 {
     uv_loop_t loop;
@@ -150,6 +201,7 @@ int main(void)
     srand((unsigned)getpid());
     T_RUN(bad_endpoints_refused);
     T_RUN(frames_through_the_relay);
+    T_RUN(frame_over_the_relay_message_limit);
     T_RUN(dial_refused_reports_failure);
     return T_DONE();
 }
