@@ -1,6 +1,7 @@
-/* The HTTP/1.1 side of the WebSocket handshake (RFC 6455 section 4), parsed by http-parser:
- * the server reads one request, the client one response. Only the headers the handshake
- * needs are kept; the request line and all headers together are capped at 8 KiB. */
+/* The client's side of the WebSocket handshake (RFC 6455 section 4): the server's response
+ * parsed by http-parser (the server side is net's HTTP server, ws_server.c), and the
+ * Sec-WebSocket-Accept computation both sides use. Only the headers the handshake needs are
+ * kept; the status line and all headers together are capped at 8 KiB. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -200,24 +201,9 @@ const char *net__http_error(const struct net__http *h)
     return h->errmsg[0] ? h->errmsg : "malformed HTTP";
 }
 
-const char *net__http_url(const struct net__http *h)
-{
-    return h->url ? h->url : "";
-}
-
-int net__http_method(const struct net__http *h)
-{
-    return h->p.method;
-}
-
 int net__http_status(const struct net__http *h)
 {
     return h->p.status_code;
-}
-
-bool net__http_is_11(const struct net__http *h)
-{
-    return h->p.http_major == 1 && h->p.http_minor >= 1;
 }
 
 static const char *http_header(const struct net__http *h, int id)
@@ -225,8 +211,6 @@ static const char *http_header(const struct net__http *h, int id)
     return h->val[id];
 }
 
-const char *net__http_key(const struct net__http *h) { return http_header(h, H_KEY); }
-const char *net__http_version(const struct net__http *h) { return http_header(h, H_VERSION); }
 const char *net__http_accept(const struct net__http *h) { return http_header(h, H_ACCEPT); }
 
 /* Does a comma-separated header value contain token (case-insensitive)? */

@@ -30,7 +30,7 @@ size_t net__tls_take(struct net__tls *t, uint8_t **buf);
 /* The TLS byte filter for net's HTTP server (server side, borrowing ctx). */
 void net__tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx);
 
-/* ---- ws_http.c: the handshake's HTTP/1.1 head (http-parser) ---- */
+/* ---- ws_http.c: the client handshake's HTTP/1.1 response head (http-parser) ---- */
 struct net__http;
 struct net__http *net__http_new(bool request);
 void net__http_free(struct net__http *h);
@@ -38,12 +38,7 @@ void net__http_free(struct net__http *h);
  * len), -EPROTO malformed or too long (net__http_error says why). */
 int net__http_feed(struct net__http *h, const uint8_t *data, size_t len, size_t *used);
 const char *net__http_error(const struct net__http *h);
-const char *net__http_url(const struct net__http *h);
-int net__http_method(const struct net__http *h);   /* enum http_method */
 int net__http_status(const struct net__http *h);
-bool net__http_is_11(const struct net__http *h);
-const char *net__http_key(const struct net__http *h);
-const char *net__http_version(const struct net__http *h);
 const char *net__http_accept(const struct net__http *h);
 bool net__http_upgrade_ws(const struct net__http *h);
 bool net__http_connection_upgrade(const struct net__http *h);
