@@ -507,12 +507,18 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
         }
     }
     /* which tensors must be there */
-    uint32_t first = 0, last = c->n_layers;
+    uint32_t first = 0, last = c->n_layers, n_main = c->n_layers, nextn = 0;
+    char arch[64], key[96];
+    if (gguf_get_str(w, "general.architecture", arch, sizeof arch) == 0) {
+        snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+        if (gguf_get_u32(w, key, &nextn) == 0 && nextn < n_main)
+            n_main -= nextn;
+    }
     bool is_window = gguf_window_get(w, &first, &last) == 0;
     bool has_output = gguf_catalog_find(c, "output.weight") != NULL;
     for (uint64_t i = 0; i < c->n_tensors; i++) {
         const char *name = c->tensors[i].name;
-        bool need = is_window ? gguf_window_wants(name, first, last, c->n_layers, has_output) : true;
+        bool need = is_window ? gguf_window_wants(name, first, last, n_main, has_output) : true;
         if (need && !gguf_tensor_find(w, name)) {
             seterr(err, errlen, "tensor %s: missing (window [%u, %u) needs it)", name, first, last);
             return -EBADMSG;

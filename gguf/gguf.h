@@ -212,11 +212,15 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
 int gguf_writer_header(struct gguf_writer *w, void **buf, size_t *len);
 /* Number of blocks (layers) of a model file: from <arch>.block_count. */
 int gguf_block_count(const struct gguf_file *f, uint32_t *out);
-/* Whether tensor t belongs in the window [first, last) of a model of n_layers blocks with
- * (has_output) or without a separate output.weight: blk.N.* for first <= N < last,
- * token_embd.* when first == 0, output_norm.* / output.* when last == n_layers (and
- * token_embd.* there too when the model ties embeddings), other non-block tensors (for
- * example rope_freqs) always. */
+/* Layers of the main pass: block_count minus <arch>.nextn_predict_layers (multi-token
+ * prediction blocks appended after the main layers), as the model module counts them. */
+int gguf_main_layers(const struct gguf_file *f, uint32_t *out);
+/* Whether tensor t belongs in the window [first, last) of a model whose main pass has
+ * n_layers layers (gguf_main_layers), with (has_output) or without a separate output.weight:
+ * blk.N.* for first <= N < last, token_embd.* when first == 0; the last window
+ * (last >= n_layers) holds output_norm.* / output.* (and token_embd.* when the model ties
+ * embeddings) and any blocks past the main pass (N >= n_layers); other non-block tensors
+ * (for example rope_freqs) are in every window. */
 bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
                        bool has_output);
 /* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */

@@ -51,16 +51,32 @@ static bool has_prefix(const char *s, const char *p)
     return !strncmp(s, p, strlen(p));
 }
 
+int gguf_main_layers(const struct gguf_file *f, uint32_t *out)
+{
+    uint32_t n, nextn = 0;
+    int rc = gguf_block_count(f, &n);
+    if (rc)
+        return rc;
+    char arch[64], key[96];
+    if (gguf_get_str(f, "general.architecture", arch, sizeof arch) == 0) {
+        snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+        if (gguf_get_u32(f, key, &nextn) == 0 && nextn < n)
+            n -= nextn;
+    }
+    *out = n;
+    return 0;
+}
+
 bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
                        bool has_output)
 {
     int l = gguf_tensor_layer(name);
-    if (l >= 0)
-        return (uint32_t)l >= first && (uint32_t)l < last;
+    if (l >= 0) /* blocks past the main pass (multi-token prediction) go with the head */
+        return (uint32_t)l < n_layers ? (uint32_t)l >= first && (uint32_t)l < last : last >= n_layers;
     if (has_prefix(name, "token_embd."))
-        return first == 0 || (last == n_layers && !has_output);
+        return first == 0 || (last >= n_layers && !has_output);
     if (has_prefix(name, "output_norm.") || has_prefix(name, "output."))
-        return last == n_layers;
+        return last >= n_layers;
     return true; /* shared tensors such as rope_freqs.weight: every stage needs them */
 }
 
@@ -134,15 +150,15 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, c
 int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
                        struct gguf_writer **out, char *err, size_t errlen)
 {
-    uint32_t n_layers;
-    int rc = gguf_block_count(src, &n_layers);
-    if (rc) {
+    uint32_t n_block, n_layers;
+    int rc = gguf_block_count(src, &n_block);
+    if (rc || (rc = gguf_main_layers(src, &n_layers))) {
         seterr(err, errlen, "window: the model has no <general.architecture>.block_count");
         return rc;
     }
-    if (o->first >= o->last || o->last > n_layers) {
-        seterr(err, errlen, "window: layers [%u, %u) not a non-empty range within [0, %u)",
-               o->first, o->last, n_layers);
+    if (o->first >= o->last || o->last > n_block || o->first >= n_layers) {
+        seterr(err, errlen, "window: layers [%u, %u) not a non-empty range within [0, %u) starting below %u",
+               o->first, o->last, n_block, n_layers);
         return -EINVAL;
     }
     /* A window of a window: only layers it holds can be taken. */

@@ -279,6 +279,66 @@ T_CASE(vocab_files)
     T_CHECK(count >= 5, "only %d vocab files found", count);
 }
 
+/* A model with a multi-token-prediction block after its 2 main layers (block_count 3,
+ * nextn_predict_layers 1): the last window, [k, 2) or [k, 3), holds the head and blk.2. */
+T_CASE(nextn_windows)
+{
+    char path[1024], out[1100], err[GGUF_ERR_LEN];
+    snprintf(path, sizeof path, "%s/nextn.gguf", t_tmpdir());
+    static float data[64];
+    uint64_t ne[1] = {64};
+    struct gguf_writer *w;
+    T_ASSERT(gguf_writer_new(&w) == 0, "writer");
+    gguf_writer_set_str(w, "general.architecture", "qwen35moe");
+    gguf_writer_set_u32(w, "qwen35moe.block_count", 3);
+    gguf_writer_set_u32(w, "qwen35moe.nextn_predict_layers", 1);
+    static const char *names[] = {"token_embd.weight", "blk.0.a.weight", "blk.1.a.weight", "blk.2.a.weight",
+                                  "blk.2.nextn.eh_proj.weight", "output_norm.weight", "output.weight"};
+    for (size_t i = 0; i < 7; i++) {
+        data[i] = (float)i;
+        T_CHECK(gguf_writer_add_tensor(w, names[i], GGUF_T_F32, 1, ne, data) == 0, "add %s", names[i]);
+    }
+    int rc = gguf_writer_write(w, path, err, sizeof err);
+    gguf_writer_free(w);
+    T_ASSERT(rc == 0, "write: %s", err);
+    struct gguf_file *f;
+    T_ASSERT(gguf_file_open(&f, path, err, sizeof err) == 0, "%s", err);
+    uint32_t n;
+    T_CHECK(gguf_main_layers(f, &n) == 0 && n == 2, "main layers %u", n);
+    struct gguf_catalog *cat;
+    T_ASSERT(gguf_catalog_build(&cat, f, err, sizeof err) == 0, "catalog: %s", err);
+    static const struct { uint32_t first, last; const char *has; } win[] = {
+        {0, 1, "token_embd.weight blk.0.a.weight"},
+        {1, 2, "blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight output_norm.weight output.weight"},
+        {1, 3, "blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight output_norm.weight output.weight"},
+        {0, 2, "token_embd.weight blk.0.a.weight blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight "
+               "output_norm.weight output.weight"},
+    };
+    for (size_t i = 0; i < sizeof win / sizeof win[0]; i++) {
+        snprintf(out, sizeof out, "%s.%zu", path, i);
+        struct gguf_window_opts o = {win[i].first, win[i].last, NULL};
+        T_CHECK(gguf_window_write(f, &o, out, err, sizeof err) == 0, "[%u,%u): %s", o.first, o.last, err);
+        struct gguf_file *g;
+        if (gguf_file_open(&g, out, err, sizeof err) != 0) {
+            T_CHECK(0, "reopen: %s", err);
+            continue;
+        }
+        for (size_t k = 0; k < 7; k++) {
+            bool want = strstr(win[i].has, names[k]) != NULL;
+            T_CHECK((gguf_tensor_find(g, names[k]) != NULL) == want, "[%u,%u): %s %s", o.first, o.last,
+                    names[k], want ? "missing" : "present");
+        }
+        T_CHECK(gguf_catalog_verify(cat, g, err, sizeof err) == 0, "[%u,%u) verify: %s", o.first, o.last, err);
+        gguf_file_free(g);
+        unlink(out);
+    }
+    struct gguf_window_opts bad = {2, 3, NULL};
+    T_CHECK(gguf_window_write(f, &bad, out, err, sizeof err) == -EINVAL, "window of only the MTP block refused");
+    gguf_catalog_free(cat);
+    gguf_file_free(f);
+    unlink(path);
+}
+
 T_CASE(known_models)
 {
     char p[512], err[GGUF_ERR_LEN];
@@ -311,5 +371,6 @@ int main(void)
     T_RUN(known_models);
     T_RUN(every_model);
     T_RUN(vocab_files);
+    T_RUN(nextn_windows);
     return T_DONE();
 }
