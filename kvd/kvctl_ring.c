@@ -535,6 +535,8 @@ static int ring_up(int argc, char **argv)
             return 1;
         }
     }
+    int attempt = 0;
+again:;   /* a free port taken by someone else before a stage bound it: new ports, again */
     uint8_t rid[8];
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
@@ -671,15 +673,27 @@ static int ring_up(int argc, char **argv)
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
                 char logp[PATH_MAX], line[1024];
                 snprintf(logp, sizeof logp, "%s/rank-%u/kvd.log", dir_abs, r);
-                fprintf(stderr, "kvctl ring up: stage %u exited; its log (%s):\n", r, logp);
+                bool port_taken = false;
                 FILE *lf = fopen(logp, "r");
+                while (lf && fgets(line, sizeof line, lf))
+                    port_taken |= strstr(line, "address already in use") != NULL;
+                if (lf)
+                    fclose(lf);
+                for (uint32_t k = 0; k < (uint32_t)stages; k++)
+                    if (k != r) {
+                        kill(pids[k], SIGTERM);
+                        waitpid(pids[k], NULL, 0);
+                    }
+                if (port_taken && !base_port && ++attempt < 3) {
+                    fprintf(stderr, "kvctl ring up: stage %u's port was taken meanwhile: new ports\n", r);
+                    goto again;
+                }
+                fprintf(stderr, "kvctl ring up: stage %u exited; its log (%s):\n", r, logp);
+                lf = fopen(logp, "r");
                 while (lf && fgets(line, sizeof line, lf))
                     fprintf(stderr, "  %s", line);
                 if (lf)
                     fclose(lf);
-                for (uint32_t k = 0; k < (uint32_t)stages; k++)
-                    if (k != r)
-                        kill(pids[k], SIGTERM);
                 return 1;
             }
             char sock[PATH_MAX], err[300];
