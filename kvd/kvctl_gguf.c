@@ -149,6 +149,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
     hp_line(f, arch, "experts", "expert_count");
     hp_line(f, arch, "experts used", "expert_used_count");
     hp_line(f, arch, "expert ff", "expert_feed_forward_length");
+    hp_line(f, arch, "nextn (MTP) blocks", "nextn_predict_layers");
     hp_line(f, arch, "shared expert ff", "expert_shared_feed_forward_length");
     hp_line(f, arch, "full attn interval", "full_attention_interval");
     hp_line(f, arch, "ssm conv kernel", "ssm.conv_kernel");
