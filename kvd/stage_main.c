@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kvd/kvd.h"
+#include "net/net.h"
 
 struct opt {
     const char *name, *arg, *help;
@@ -34,6 +35,8 @@ static int set_catalog(struct kvd_stage_opts *o, const char *v) { o->catalog = v
 static int set_window_from(struct kvd_stage_opts *o, const char *v) { (void)o; window_from = v; return 0; }
 static int set_seed(struct kvd_stage_opts *o, const char *v) { o->seed_listen = v; return 0; }
 static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
+static bool print_key;
+static int set_print_key(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; print_key = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
 static int set_rank(struct kvd_stage_opts *o, const char *v)
 {
@@ -80,6 +83,7 @@ static const struct opt opts[] = {
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
+    {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
     {"--stub", NULL, "tests only: stand-in compute instead of a model", set_stub},
 };
 
@@ -113,6 +117,18 @@ int kvd_stage_main(int argc, char **argv)
             fprintf(stderr, "kvd stage: bad value '%s' for %s\n", v ? v : "", op->name);
             return 2;
         }
+    }
+    if (print_key) {   /* for writing manifests: the "node" field of this host */
+        char err[512], hex[65];
+        struct net_identity *id;
+        if (net_identity_load(&id, o.state_dir ? o.state_dir : ".", err, sizeof err) < 0) {
+            fprintf(stderr, "kvd stage: %s\n", err);
+            return 1;
+        }
+        net_hex(net_identity_pub(id), 32, hex);
+        printf("%s\n", hex);
+        net_identity_free(id);
+        return 0;
     }
     if (!o.manifest || o.rank < 0) {
         fprintf(stderr, "kvd stage: --manifest and --rank are required\n");

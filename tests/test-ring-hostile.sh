@@ -27,6 +27,12 @@ peer() {
     echo "ok $kase: $expect"
 }
 
+# The manifest names each stage's node key: the one `kvd stage --print-key` shows.
+key0=$("$KVD" stage --state-dir "$D/rank-0" --print-key) || fail "--print-key"
+python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["ranks"][0]["node"] != sys.argv[2])' \
+    "$D/ring.json" "$key0" || fail "rank 0's key $key0 is not the manifest's"
+echo "ok node key in the manifest"
+
 # Handshake mismatches and a second predecessor, while the real rank 0 is linked.
 peer wrong-ring 0 "$D/rank-0" "wrong ring"
 peer wrong-manifest 0 "$D/rank-0" "manifest hash"
