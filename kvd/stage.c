@@ -676,7 +676,10 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
         if (s->last_logits)
             memcpy(s->last_logits, payload + 8, (size_t)st->be.n_vocab * 4);
     }
-    bool is_eos = !s->ignore_eos && st->be.eos >= 0 && tok == st->be.eos;
+    /* End of generation as one process decides it: EOS, EOT and the like (the vocabulary's
+     * list), or the file's EOS id without a vocabulary. */
+    bool is_eos = !s->ignore_eos && (st->be.vocab ? model_vocab_is_eog(st->be.vocab, tok)
+                                                   : st->be.eos >= 0 && tok == st->be.eos);
     const char *piece = NULL;
     size_t plen = 0;
     if (s->detok && !is_eos && model_detok_push(s->detok, tok, &piece, &plen) < 0)
