@@ -358,7 +358,8 @@ static int load_descriptor(struct model_src *m, const char *path, const char *te
     cJSON *root = cJSON_ParseWithLength(text, len);
     int rc = -EINVAL;
     if (!cJSON_IsObject(root)) {
-        snprintf(err, errlen, "%s: not a JSON object", path);
+        snprintf(err, errlen, "%s: neither a GGUF file (no 'GGUF' magic) nor a JSON shape descriptor "
+                 "(not a JSON object; docs/planner.md)", path);
         goto out;
     }
     char ctx[160];

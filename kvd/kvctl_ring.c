@@ -713,6 +713,9 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         usleep(50000);
     }
     printf("ring up in %.2f s (manifest %s)\n", now_s() - t0, mpath);
+    printf("windows: %s\n", split ? "--split" : planned ? "the planner's split for identical local stages "
+           "(balanced by work per token, embedding and head included)" : stub ? "even (stand-in compute)"
+           : "by layer bytes (the planner refused: see above)");
     print_status_table(dir_abs, &m, stdout);
     return 0;
 }

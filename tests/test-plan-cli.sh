@@ -69,6 +69,11 @@ check "bad profile named" '[ $? -eq 1 ] && grep -q "mem_bytes" "$T/bad.txt"'
 echo '{"devices":[]}' > "$T/empty.json"
 "$K" plan --model "$SHAPE" --devices "$T/empty.json" > "$T/empty.txt" 2>&1
 check "empty device list" '[ $? -eq 1 ] && grep -q "no devices" "$T/empty.txt"'
+echo '{"devices":[{"id":"nomem","mem_bytes":0,"ms_per_layer_token":1}]}' > "$T/zero.json"
+"$K" plan --model "$D/models/stories260K.gguf" --devices "$T/zero.json" -o "$T/z.json" > "$T/zero.txt" 2>&1
+check "a device with no memory: bytes short, layers, device named" '[ $? -eq 1 ] && grep -q "short by [0-9]* bytes" "$T/zero.txt" && grep -q "layers 0\.\.4" "$T/zero.txt" && grep -q "nomem: mem_bytes is 0" "$T/zero.txt" && [ ! -e "$T/z.json" ]'
+"$K" plan --model /etc/hostname --devices "$DEVS" > "$T/notmodel.txt" 2>&1
+check "neither GGUF nor descriptor: said so" '[ $? -eq 1 ] && grep -q "neither a GGUF file" "$T/notmodel.txt"'
 
 # 3. a real GGUF with a profile measured here
 "$K" profile --model "$D/models/stories260K.gguf" -t 1 --id here --endpoint tcp://127.0.0.1:7100 > "$T/prof.json" 2> "$T/prof.txt"
