@@ -691,9 +691,16 @@ int kvctl_cmd_synth(int argc, char **argv)
     }
     if (!kv_heads)
         kv_heads = heads;
-    if (!layers || !embd || !ff || !heads || heads % kv_heads) {
-        fprintf(stderr, "kvctl synth: layers, embd, ff, heads must be > 0 and heads (%" PRIu64
-                ") a multiple of kv-heads (%" PRIu64 ")\n", heads, kv_heads);
+    const struct { const char *name; uint64_t v; } pos[] = {
+        {"--layers", layers}, {"--embd", embd}, {"--ff", ff}, {"--heads", heads}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (!pos[i].v) {
+            fprintf(stderr, "kvctl synth: %s 0: must be at least 1\n", pos[i].name);
+            return 2;
+        }
+    if (heads % kv_heads) {
+        fprintf(stderr, "kvctl synth: --heads %" PRIu64 " is not a multiple of --kv-heads %" PRIu64
+                "\n", heads, kv_heads);
         return 2;
     }
     if (!head_dim) {

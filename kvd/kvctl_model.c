@@ -150,7 +150,9 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
     char err[MODEL_ERR_LEN];
     int rc = model_open(&r->m, path, -1, -1, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "kvctl %s: %s: %s\n", cmd, path, err);
+        /* the gguf module's messages already start with the path */
+        bool named = !strncmp(err, path, strlen(path)) && err[strlen(path)] == ':';
+        fprintf(stderr, "kvctl %s: %s%s%s\n", cmd, named ? "" : path, named ? "" : ": ", err);
         return rc;
     }
     r->hp = model_get_hparams(r->m);
@@ -236,7 +238,9 @@ static void generate_usage(FILE *f)
         "  --ctx N            context length (default: the model's, at most 4096)\n"
         "  --ignore-eos       keep going past the end-of-text token\n"
         "  --ids              print token ids instead of text\n"
-        "Streams the generated text to stdout; prompt and generation speed go to stderr.\n");
+        "Streams the generated text to stdout; prompt and generation speed go to stderr.\n"
+        "Through a running ring: kvctl generate --ring DIR|ring.json|unix:SOCKET ... (the same\n"
+        "options; kvctl generate --ring DIR --help).\n");
 }
 
 enum {
@@ -403,6 +407,7 @@ int kvctl_cmd_generate(int argc, char **argv)
             fwrite(txt, 1, len, stdout);
     }
     printf("\n");
+    fflush(stdout);   /* the text before the statistics, also when both go to one pipe */
     double t2 = now_s();
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,

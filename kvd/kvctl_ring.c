@@ -161,8 +161,10 @@ static int ring_dir(const char *arg, char *dir, size_t n)
 {
     struct stat sb;
     if (stat(arg, &sb) < 0) {
-        fprintf(stderr, "kvctl: %s: %s\n", arg, strerror(errno));
-        return -errno;
+        int e = errno;
+        fprintf(stderr, "kvctl: ring %s: %s (give the directory of kvctl ring up --dir, its "
+                "ring.json)\n", arg, strerror(e));
+        return -e;
     }
     if (S_ISDIR(sb.st_mode))
         snprintf(dir, n, "%s", arg);
@@ -383,7 +385,7 @@ static int ring_up(int argc, char **argv)
         char err[GGUF_ERR_LEN];
         struct gguf_file *g;
         if (gguf_file_open(&g, model, err, sizeof err) < 0) {
-            fprintf(stderr, "kvctl ring up: %s: %s\n", model, err);
+            fprintf(stderr, "kvctl ring up: %s\n", err);   /* err names the file */
             return 1;
         }
         char key[96];
@@ -884,9 +886,12 @@ static int gen_line(const char *line, void *ud)
 static void gen_usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvctl generate --ring DIR|ring.json (-p TEXT | --tokens 1,2,3) [-n N] [sampling]\n"
+        "usage: kvctl generate --ring DIR|ring.json|unix:SOCKET (-p TEXT | --tokens 1,2,3) [-n N]\n"
+        "                      [sampling] [--ignore-eos] [--ids]\n"
         "  The options and output of the one-process generate (kvctl generate --help), through\n"
-        "  a running ring: text on stdout, statistics on stderr.\n"
+        "  a running ring: text on stdout, statistics on stderr. unix:SOCKET is rank 0's control\n"
+        "  socket (STATE_DIR/kvd.sock on rank 0's host). -m, -t and --ctx are accepted and\n"
+        "  ignored: the ring's manifest fixes them.\n"
         "  --dump-logits FILE  write the last position's logits (raw f32) to FILE\n"
         "  --stop S            stop when the text contains S (repeatable)\n");
 }

@@ -14,17 +14,18 @@
 #define KVCTL_TOK_MAX_INPUT (256u << 20)   /* bytes of text; the tokenizer's own cap */
 #define MAX_IDS   (1u << 24)
 
-static int open_vocab(const char *path, struct gguf_file **f, struct model_vocab **v)
+static int open_vocab(const char *cmd, const char *path, struct gguf_file **f,
+                      struct model_vocab **v)
 {
     char err[256] = "";
     int rc = gguf_file_open(f, path, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "%s: %s\n", path, err);
+        fprintf(stderr, "kvctl %s: %s\n", cmd, err);   /* err names the file */
         return rc;
     }
     rc = model_vocab_load(v, *f, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "%s: %s\n", path, err);
+        fprintf(stderr, "kvctl %s: %s: %s\n", cmd, path, err);
         gguf_file_free(*f);
         *f = NULL;
     }
@@ -36,8 +37,9 @@ static int slurp(const char *path, char **out, size_t *len)
 {
     FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!fp) {
-        fprintf(stderr, "%s: %s\n", path, strerror(errno));
-        return -errno;
+        int e = errno;
+        fprintf(stderr, "kvctl tokenize: %s: %s\n", path, strerror(e));
+        return -e;
     }
     size_t cap = 1 << 16, n = 0;
     char *b = malloc(cap);
@@ -45,7 +47,7 @@ static int slurp(const char *path, char **out, size_t *len)
     while (!rc) {
         if (n == cap) {
             if (cap >= KVCTL_TOK_MAX_INPUT) {
-                fprintf(stderr, "%s: more than %u bytes\n", path, KVCTL_TOK_MAX_INPUT);
+                fprintf(stderr, "kvctl tokenize: %s: more than %u bytes\n", path, KVCTL_TOK_MAX_INPUT);
                 rc = -E2BIG;
                 break;
             }
@@ -61,7 +63,7 @@ static int slurp(const char *path, char **out, size_t *len)
         n += k;
         if (k == 0) {
             if (ferror(fp)) {
-                fprintf(stderr, "%s: read error\n", path);
+                fprintf(stderr, "kvctl tokenize: %s: read error\n", path);
                 rc = -EIO;
             }
             break;
@@ -163,7 +165,7 @@ int kvctl_cmd_tokenize(int argc, char **argv)
     struct model_vocab *v = NULL;
     int ret = 1;
     int32_t *ids = NULL;
-    if (open_vocab(path, &f, &v))
+    if (open_vocab("tokenize", path, &f, &v))
         goto done;
     size_t n = 0, cap = len + 4;
     ids = malloc(cap * sizeof *ids);
@@ -272,7 +274,7 @@ int kvctl_cmd_detokenize(int argc, char **argv)
     struct model_vocab *v = NULL;
     char *buf = NULL;
     int ret = 1;
-    if (open_vocab(path, &f, &v))
+    if (open_vocab("detokenize", path, &f, &v))
         goto done;
     const int32_t *s = ids;
     size_t m = n;

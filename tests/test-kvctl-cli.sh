@@ -1,0 +1,78 @@
+#!/bin/bash
+# test-kvctl-cli: what a user sees from kvctl on bad input and in its help. Errors name the
+# command and the file once (a missing or truncated model, a missing text file, a ring
+# directory that is not there) and exit non-zero; synth names the option and value it
+# refuses; generate prints its text before its statistics when both go to one pipe; ring
+# down with nothing running succeeds; `generate --help` points at --ring; every option a
+# command's --help names is documented in docs/kvctl.md.
+set -u
+cd "$(dirname "$0")/.."
+KVCTL=${KV_BUILD:-build}/kvctl
+DATA=${KV_TESTDATA:-../shared/testdata}
+T=$(mktemp -d /tmp/kvtest-cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+[ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
+M=$DATA/models/stories260K.gguf
+[ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
+head -c 5000 "$M" > "$T/trunc.gguf"
+
+# expect_err WHAT WANT_SUBSTRING CMD...: non-zero exit, stderr holds WANT once per line and
+# does not repeat the file name ("x: x: ...").
+expect_err() {
+    local what=$1 want=$2
+    shift 2
+    if "$@" > "$T/out" 2> "$T/err"; then
+        fail "$what: exit 0 (stderr: $(cat "$T/err"))"
+        return
+    fi
+    grep -qF -- "$want" "$T/err" || fail "$what: stderr lacks '$want': $(cat "$T/err")"
+    if grep -qE '([^ :]+): \1:' "$T/err"; then fail "$what: the file is named twice: $(cat "$T/err")"; fi
+}
+
+expect_err "generate, missing model" "kvctl generate: $T/none.gguf: No such file" \
+    "$KVCTL" generate -m "$T/none.gguf" -p hi -n 2
+expect_err "generate, truncated model" "kvctl generate: $T/trunc.gguf: " \
+    "$KVCTL" generate -m "$T/trunc.gguf" -p hi -n 2
+grep -q "truncated" "$T/err" || fail "generate, truncated model: does not say truncated: $(cat "$T/err")"
+expect_err "bench, missing model" "kvctl bench: $T/none.gguf: No such file" "$KVCTL" bench -m "$T/none.gguf"
+expect_err "inspect, truncated" "kvctl inspect: $T/trunc.gguf: " "$KVCTL" inspect "$T/trunc.gguf"
+grep -q "needs .* bytes at offset .* but the file has 5000" "$T/err" ||
+    fail "inspect, truncated: no field/offset/size in '$(cat "$T/err")'"
+expect_err "tokenize, truncated model" "kvctl tokenize: $T/trunc.gguf: " \
+    "$KVCTL" tokenize -m "$T/trunc.gguf" hi
+expect_err "tokenize, missing text file" "kvctl tokenize: $T/none.txt: No such file" \
+    "$KVCTL" tokenize -m "$M" -f "$T/none.txt"
+expect_err "detokenize, missing model" "kvctl detokenize: $T/none.gguf: No such file" \
+    "$KVCTL" detokenize -m "$T/none.gguf" 1 2
+expect_err "ring up, missing model" "kvctl ring up: $T/none.gguf: No such file" \
+    "$KVCTL" ring up --model "$T/none.gguf" --stages 2 --dir "$T/ring"
+expect_err "status, no ring" "$T/nothing: No such file" "$KVCTL" status --ring "$T/nothing"
+expect_err "generate --ring, no ring" "$T/nothing" "$KVCTL" generate --ring "$T/nothing" -p hi -n 2
+
+expect_err "synth --layers 0" "--layers 0" "$KVCTL" synth --layers 0 -o "$T/s.gguf"
+expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" \
+    "$KVCTL" synth --heads 8 --kv-heads 3 -o "$T/s.gguf"
+[ -e "$T/s.gguf" ] && fail "synth wrote a file for refused options"
+
+# ring down with nothing running: nothing to stop, not an error.
+"$KVCTL" ring down --dir "$T/nothing" > "$T/out" 2>&1 || fail "ring down, nothing running: $(cat "$T/out")"
+grep -q "0 stages stopped" "$T/out" || fail "ring down, nothing running: '$(cat "$T/out")'"
+
+# Text first, statistics after, also when stdout and stderr share one pipe.
+out=$("$KVCTL" generate -m "$M" --tokens 1,400,300 -n 4 --temp 0 --ids 2>&1)
+first=$(printf '%s\n' "$out" | head -1)
+case "$first" in
+    *prompt:*) fail "generate: statistics inside the text line: '$first'" ;;
+esac
+[ "$(echo "$first" | wc -w)" = 4 ] || fail "generate: first line '$first' is not the 4 ids"
+printf '%s\n' "$out" | sed -n 2p | grep -q "^prompt: 3 tokens" || fail "generate: no statistics line after the text: '$out'"
+
+"$KVCTL" generate --help | grep -q -- "--ring" || fail "generate --help does not mention --ring"
+"$KVCTL" generate --ring x --help | grep -q "unix:SOCKET" || fail "generate --ring --help lacks unix:SOCKET"
+
+python3 tests/kvctl_doc_check.py "$KVCTL" docs/kvctl.md || fail "docs/kvctl.md misses options (above)"
+
+[ $fails -eq 0 ] && echo "PASS" || { echo "$fails failure(s)"; exit 1; }
