@@ -191,7 +191,14 @@ start_seeder
 "$KVCTL" pull --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r2.err" </dev/null
 check "seeder pull resumes" grep -q "resuming at" "$T/r2.err"
 check "resumed seeder window identical" cmp -s "$T/r.gguf" "$T/ref-0-8.gguf"
-check "progress lines (no TTY: one per 10%)" test "$(grep -c '^pull: .*%' "$T/r2.err")" -le 12
+np=$(grep -c '^pull: .*%.*/s  ETA [0-9]*s$' "$T/r2.err")
+check "progress lines (no TTY: one per 10%, bytes, rate, ETA): $np" test "$np" -ge 1 -a "$np" -le 12
+grep -q '^pull: 100% ' "$T/r2.err"; check "progress reaches 100%" test $? -eq 0
+# on a terminal: one redrawn bar with bytes, rate and ETA
+if command -v script >/dev/null; then
+    script -qec "'$KVCTL' pull --from '$SEEDER' --layers 0:2 --catalog '$T/m.cat.json' -o '$T/tty.gguf'" /dev/null > "$T/tty.out" 2>&1
+    check "progress bar on a terminal (bar, bytes, rate, ETA)" grep -qa $'\r\[#*-*\] 100% .*/s  ETA' "$T/tty.out"
+fi
 
 stop_nginx
 write_nginx_conf "limit_rate 300k;"
