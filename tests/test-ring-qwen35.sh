@@ -73,5 +73,15 @@ echo "$ins" | grep -Eq '^experts +routed 12.75 MiB in all \(memory\), 2 of 8 use
 "$KVCTL" verify "$TMP/w.gguf" --catalog "$TMP/cat.json" | grep -q "35 tensors match" || fail "verify window"
 "$KVCTL" inspect --tensors "$TMP/w.gguf" | grep -Eq "blk.4.ffn_down_exps.weight +q8_0 +256x256x8 +557056" ||
     fail "3-D tensor in the window: $("$KVCTL" inspect --tensors "$TMP/w.gguf" | grep down_exps)"
-echo "ok inspect, slice, verify"
+# a flipped byte in the last expert's slice of a 3-D tensor: verify names that tensor
+data=$("$KVCTL" inspect "$TMP/w.gguf" | sed -n 's/.*data at \([0-9]*\).*/\1/p')
+read -r sz off < <("$KVCTL" inspect --tensors "$TMP/w.gguf" | awk '$1 == "blk.4.ffn_gate_exps.weight" {print $4, $5}')
+[ -n "$data" ] && [ -n "$off" ] || fail "no offset for blk.4.ffn_gate_exps.weight in the window"
+cp "$TMP/w.gguf" "$TMP/wc.gguf"
+python3 -c 'import sys
+f = open(sys.argv[1], "r+b"); o = int(sys.argv[2]); f.seek(o); b = f.read(1); f.seek(o); f.write(bytes([b[0] ^ 0xff]))' \
+    "$TMP/wc.gguf" $((data + off + sz - 100))
+"$KVCTL" verify "$TMP/wc.gguf" --catalog "$TMP/cat.json" > "$TMP/vc" 2>&1 && fail "verify accepted a corrupted expert slice"
+grep -q "tensor blk.4.ffn_gate_exps.weight: sha256" "$TMP/vc" || fail "verify does not name the corrupted tensor: $(cat "$TMP/vc")"
+echo "ok inspect, slice, verify (a corrupted expert slice is named)"
 echo PASS
