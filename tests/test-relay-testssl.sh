@@ -26,3 +26,13 @@ for b in bad:
 sys.exit(1 if bad else 0)
 PY
 echo "testssl: nothing below TLS 1.2, client-initiated renegotiation refused"
+# plain ws:// only when asked for: no certificate and no --plain is refused, as is half a pair
+"$KVD" relay --listen 127.0.0.1:0 > "$T/noplain.txt" 2>&1 & np=$!
+( sleep 5; kill $np 2>/dev/null ) & w=$!
+wait $np; rc=$?; kill $w 2>/dev/null
+[ $rc = 2 ] && grep -q -- "--tls-cert and --tls-key are required (or --plain" "$T/noplain.txt" ||
+    fail "a relay without a certificate or --plain: rc $rc: $(cat "$T/noplain.txt")"
+timeout 5 "$KVD" relay --listen 127.0.0.1:0 --tls-cert "$T/cert.pem" > "$T/half.txt" 2>&1
+rc=$?
+[ $rc = 2 ] || fail "a relay with a certificate but no key: rc $rc: $(cat "$T/half.txt")"
+echo "relay: TLS unless --plain is given"
