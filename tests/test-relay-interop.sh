@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 $PY -c 'import websockets' 2>/dev/null || fail "python3-websockets missing (scripts/setup.sh installs it)"
 command -v node >/dev/null || fail "node missing (scripts/setup.sh)"
-[ -f tests/node_modules/ws/package.json ] || fail "npm package ws missing in tests/node_modules (scripts/setup.sh installs it)"
+[ -f tests/node_modules/ws/package.json ] || fail "node package ws missing in tests/node_modules (scripts/setup.sh links Debian's node-ws there)"
 CHROMIUM=$(command -v chromium || command -v chromium-browser) || fail "chromium missing (scripts/setup.sh installs it)"
 
 make_cert
