@@ -566,6 +566,75 @@ T_CASE(mini_gguf_windows)
         unlink(files[i]);
 }
 
+/* Only the selected experts are read: poison one expert's slice of blk.0.ffn_gate_exps (every
+ * Q8_0 block scale set to NaN) at a time and run one token. A poisoned expert that the router
+ * did not pick must leave the logits bit-identical (had its rows been read, even with weight 0,
+ * NaN would spread); exactly expert_used_count of them change the logits. */
+T_CASE(unselected_experts_untouched)
+{
+    char path[1024], err[GGUF_ERR_LEN] = "";
+    if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
+        return;
+    struct gguf_file *gf;
+    T_ASSERT(gguf_file_open(&gf, path, err, sizeof err) == 0, "%s", err);
+    const struct gguf_tensor *t = gguf_tensor_find(gf, "blk.0.ffn_gate_exps.weight");
+    T_ASSERT(t && t->n_dims == 3 && t->type == GGUF_T_Q8_0 && t->size % (34 * t->ne[2]) == 0,
+             "blk.0.ffn_gate_exps.weight: a 3-D Q8_0 tensor expected");
+    uint64_t X = t->ne[2], slice = t->size / X, off = gguf_file_data_offset(gf) + t->offset;
+    gguf_file_free(gf);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s/poison.gguf", t_tmpdir());
+    FILE *in = fopen(path, "rb"), *out = fopen(tmp, "wb");
+    T_ASSERT(in && out, "copy %s to %s", path, tmp);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        T_ASSERT(fwrite(buf, 1, n, out) == n, "write %s", tmp);
+    fclose(in);
+    fclose(out);
+    static const int32_t tok[1] = {46};
+    struct chain c;
+    if (chain_open(&c, tmp, NULL, 1, 8)) {
+        chain_close(&c);
+        return;
+    }
+    uint32_t V = c.n_vocab, used = model_get_hparams(c.m[0])->n_expert_used;
+    float *clean = chain_logits(&c, SID, tok, 1, 1);
+    chain_close(&c);
+    unsigned changed = 0;
+    uint8_t *orig = malloc(slice), *bad = malloc(slice);
+    T_ASSERT(orig && bad, "oom");
+    for (uint64_t e = 0; e < X; e++) {
+        FILE *f = fopen(tmp, "r+b");
+        T_ASSERT(f && fseek(f, (long)(off + e * slice), SEEK_SET) == 0 && fread(orig, 1, slice, f) == slice,
+                 "read expert %llu", (unsigned long long)e);
+        memcpy(bad, orig, slice);
+        for (uint64_t b = 0; b < slice; b += 34) {   /* f16 NaN scale */
+            bad[b] = 0x00;
+            bad[b + 1] = 0x7e;
+        }
+        fseek(f, (long)(off + e * slice), SEEK_SET);
+        T_ASSERT(fwrite(bad, 1, slice, f) == slice, "poison expert %llu", (unsigned long long)e);
+        fclose(f);
+        if (chain_open(&c, tmp, NULL, 1, 8) == 0) {
+            float *l = chain_logits(&c, SID, tok, 1, 1);
+            changed += memcmp(l, clean, V * sizeof(float)) != 0;
+            free(l);
+        }
+        chain_close(&c);
+        f = fopen(tmp, "r+b");
+        T_ASSERT(f && fseek(f, (long)(off + e * slice), SEEK_SET) == 0 && fwrite(orig, 1, slice, f) == slice,
+                 "restore expert %llu", (unsigned long long)e);
+        fclose(f);
+    }
+    T_CHECK(changed == used, "%u of %llu poisoned experts changed the logits of one token; %u are routed",
+            changed, (unsigned long long)X, used);
+    free(orig);
+    free(bad);
+    free(clean);
+    unlink(tmp);
+}
+
 int main(void)
 {
     T_RUN(teacher_forced_logits);
@@ -575,6 +644,7 @@ int main(void)
     T_RUN(file_variants);
     T_RUN(hostile_hparams);
     T_RUN(mini_gguf_windows);
+    T_RUN(unselected_experts_untouched);
     rmdir(t_tmpdir());
     return T_DONE();
 }
