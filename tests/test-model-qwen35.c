@@ -175,6 +175,17 @@ T_CASE(hparams_and_schedule)
     T_CHECK(xb > 0 && wb < xb, "expert bytes %llu, weight bytes per token %llu",
             (unsigned long long)xb, (unsigned long long)wb);
     model_free(m);
+    /* a stage keeps state only for its own layers: [0,3) three linear layers and no K/V;
+     * [3,4) one full-attention layer and no recurrent state; [2,4) one of each */
+    static const struct { int a, b; uint64_t lin, att; } w[] = {{0, 3, 3, 0}, {3, 4, 0, 1}, {2, 4, 1, 1}};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        T_ASSERT(model_open(&m, path, w[i].a, w[i].b, err, sizeof err) == 0, "open [%d,%d): %s", w[i].a, w[i].b, err);
+        T_CHECK(model_state_bytes(m) == w[i].lin * 4 * (3 * 512 + 4 * 64 * 64) &&
+                model_kv_bytes_per_token(m) == w[i].att * 2 * 2 * 64 * 2,
+                "window [%d,%d): state %llu, kv/token %llu", w[i].a, w[i].b,
+                (unsigned long long)model_state_bytes(m), (unsigned long long)model_kv_bytes_per_token(m));
+        model_free(m);
+    }
 }
 
 static const int32_t prompt[] = {46, 837, 263, 640, 11, 257, 1000, 500, 33, 101, 7, 290};
