@@ -61,6 +61,22 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 grep -qE "ring not linked.*rank 1 -> rank 2|rank 3 is down|in link from rank 3" "$TMP/err4" || fail "unclear error: $(cat "$TMP/err4")"
 [ $ms -lt 5000 ] || fail "the error took $ms ms"
 echo "ok missing middle stage reported back in $ms ms: $(cat "$TMP/err4")"
+# Rank 0's own in link down (the last stage gone, as while a ring is still linking): refused
+# at once by rank 0, naming the link, no session started.
+kill -9 $(rank_pid "$D4" 3)
+for i in $(seq 50); do
+    "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 1p | grep -q '"in":{[^}]*"state":"down"' && break
+    sleep 0.1
+done
+opens=$(grep -c "session .* opens" "$D4/rank-0/kvd.log")
+t0=$(date +%s%N)
+"$KVCTL" generate --ring "$D4" --ids --tokens 1,2,3 -n 5 --temp 0 > /dev/null 2> "$TMP/err5" &&
+    fail "generate succeeded without the last stage"
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+grep -q "ring not linked: .*in link from rank 3 is down" "$TMP/err5" || fail "unclear error: $(cat "$TMP/err5")"
+[ $ms -lt 2000 ] || fail "the refusal took $ms ms"
+[ "$(grep -c "session .* opens" "$D4/rank-0/kvd.log")" = "$opens" ] || fail "rank 0 opened a session without its in link"
+echo "ok rank 0 refuses at once while its in link is down: $(cat "$TMP/err5")"
 # The control socket's shutdown request stops a stage cleanly (exit status 0).
 P0=$(rank_pid "$D4" 0)
 reply=$(python3 -c 'import socket,sys
