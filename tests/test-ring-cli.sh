@@ -1,0 +1,76 @@
+#!/bin/bash
+# kvctl ring up / generate --ring / status / ring down as a user drives them: two rings side
+# by side (other DIR, other --base-port: rank r listens on P+r), each generating what one
+# process generates; `generate --ring` with DIR, DIR/ring.json or unix:SOCKET alike; a second
+# `ring up` on a running DIR refused naming its pid (the ring keeps working); ring down stops
+# one ring and leaves the other; ring down twice and generate/status on a stopped ring.
+. "$(dirname "$0")/ring_lib.sh"
+
+M=$(need_model stories260K.gguf) || exit 1
+one=$("$KVCTL" generate -m "$M" --ids --tokens 1,400,300 -n 12 --temp 0 2>/dev/null) || fail "one-process generate"
+
+# ring_up_at DIR: ring up with a random --base-port (another one if a port is taken); BASE=P
+ring_up_at() {
+    local d=$1 try
+    for try in 1 2 3 4 5 6; do
+        BASE=$((20000 + (RANDOM % 4000) * 10))
+        RINGS="$RINGS $d"
+        "$KVCTL" ring up --dir "$d" --model "$M" --stages 3 --base-port $BASE > "$d.up" 2>&1 && return 0
+        grep -q "in use" "$d.up" || fail "ring up --base-port $BASE: $(cat "$d.up")"
+        ring_down "$d"
+    done
+    fail "ring up: no free base port in 6 tries: $(cat "$d.up")"
+}
+
+A=$TMP/a
+B=$TMP/b
+ring_up_at "$A"
+BASE_A=$BASE
+ring_up_at "$B"
+BASE_B=$BASE
+[ "$BASE_A" != "$BASE_B" ] || fail "both rings on base port $BASE_A"
+for r in 0 1 2; do
+    [ "$(rank_port "$A" $r)" = $((BASE_A + r)) ] || fail "ring A rank $r port $(rank_port "$A" $r), expected $((BASE_A + r))"
+    [ "$(rank_port "$B" $r)" = $((BASE_B + r)) ] || fail "ring B rank $r port $(rank_port "$B" $r), expected $((BASE_B + r))"
+done
+"$KVCTL" status --ring "$A" > "$TMP/st" || fail "status A"
+[ "$(grep -cE "127\.0\.0\.1:($BASE_A|$((BASE_A + 1))|$((BASE_A + 2))) +up +up" "$TMP/st")" = 3 ] ||
+    fail "status A does not show 3 linked stages on the base ports: $(cat "$TMP/st")"
+
+for how in "$A" "$A/ring.json" "unix:$A/rank-0/kvd.sock" "$B"; do
+    out=$("$KVCTL" generate --ring "$how" --ids --tokens 1,400,300 -n 12 --temp 0 2>"$TMP/err") ||
+        fail "generate --ring $how: $(cat "$TMP/err")"
+    [ "$out" = "$one" ] || fail "generate --ring $how: '$out' vs one process '$one'"
+done
+echo "ok two rings side by side, DIR / ring.json / unix:SOCKET"
+
+pid0=$(rank_pid "$A" 0)
+if "$KVCTL" ring up --dir "$A" --model "$M" --stages 3 > "$TMP/up2" 2>&1; then
+    fail "a second ring up on a running DIR succeeded"
+fi
+grep -q "already running in $A (rank 0, pid $pid0)" "$TMP/up2" || fail "second ring up: '$(cat "$TMP/up2")'"
+[ "$(rank_pid "$A" 0)" = "$pid0" ] || fail "the refused ring up replaced rank 0's pid file"
+out=$("$KVCTL" generate --ring "$A" --ids --tokens 1,400,300 -n 12 --temp 0 2>"$TMP/err") ||
+    fail "ring A after the refused ring up: $(cat "$TMP/err")"
+[ "$out" = "$one" ] || fail "ring A after the refused ring up: '$out'"
+echo "ok second ring up refused, the ring keeps working"
+
+"$KVCTL" ring down --dir "$A" > "$TMP/down" 2>&1 || fail "ring down A: $(cat "$TMP/down")"
+grep -q "3 stages stopped" "$TMP/down" || fail "ring down A: '$(cat "$TMP/down")'"
+for r in 0 1 2; do
+    [ -e "$A/rank-$r/kvd.sock" ] && fail "rank $r's control socket is left after ring down"
+done
+out=$("$KVCTL" generate --ring "$B" --ids --tokens 1,400,300 -n 12 --temp 0 2>"$TMP/err") ||
+    fail "ring B after ring A went down: $(cat "$TMP/err")"
+[ "$out" = "$one" ] || fail "ring B after ring A went down: '$out'"
+"$KVCTL" ring down --dir "$A" > "$TMP/down" 2>&1 || fail "ring down twice: exit status $?"
+grep -q "0 stages stopped" "$TMP/down" || fail "ring down twice: '$(cat "$TMP/down")'"
+if "$KVCTL" generate --ring "$A" --ids --tokens 1,400,300 -n 4 > /dev/null 2> "$TMP/err"; then
+    fail "generate on a stopped ring succeeded"
+fi
+grep -q "cannot reach the daemon at $A/rank-0/kvd.sock" "$TMP/err" || fail "generate on a stopped ring: '$(cat "$TMP/err")'"
+"$KVCTL" status --ring "$A" > "$TMP/st" 2>&1
+[ "$(grep -c " down (cannot reach" "$TMP/st")" = 3 ] || fail "status of a stopped ring: $(cat "$TMP/st")"
+ring_down "$B"
+echo "ok ring down leaves the other ring; down twice, generate and status on a stopped ring"
+echo "PASS"
