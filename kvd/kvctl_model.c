@@ -210,6 +210,18 @@ static int runner_feed(struct runner *r, uint32_t pos, const int32_t *tokens, ui
     return 0;
 }
 
+/* Every id below n_vocab, or an error naming the first that is not. */
+static int check_ids(const char *cmd, const int32_t *t, uint32_t n, uint32_t n_vocab)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (t[i] < 0 || (uint32_t)t[i] >= n_vocab) {
+            fprintf(stderr, "kvctl %s: --tokens: tokens[%u] = %d is not a token id in [0, %u) (the vocabulary)\n",
+                    cmd, i, t[i], n_vocab);
+            return -EINVAL;
+        }
+    return 0;
+}
+
 static const char *feed_error(int rc)
 {
     switch (rc) {
@@ -344,6 +356,8 @@ int kvctl_cmd_generate(int argc, char **argv)
         ret = 2;
         goto out;
     }
+    if (check_ids("generate", tokens, n_prompt, r.hp->n_vocab) < 0)
+        goto out;   /* exit 1, as through a ring */
     if (n_prompt == 0) {
         fprintf(stderr, "kvctl generate: empty prompt\n");
         ret = 2;
@@ -351,11 +365,13 @@ int kvctl_cmd_generate(int argc, char **argv)
     }
     if (!print_ids && (rc = model_detok_new(&dt, voc, false, false)) < 0)
         goto out;
-    if ((uint64_t)n_prompt + (uint64_t)n_gen > r.n_ctx) {
-        fprintf(stderr, "kvctl generate: %u prompt + %ld generated tokens exceed the context "
-                "of %u (--ctx)\n", n_prompt, n_gen, r.n_ctx);
+    /* As through a ring: the prompt must fit; the generation stops at the context. */
+    if (n_prompt >= r.n_ctx) {
+        fprintf(stderr, "kvctl generate: the prompt's %u tokens do not fit the context of %u "
+                "(--ctx): at most %u\n", n_prompt, r.n_ctx, r.n_ctx - 1);
         goto out;
     }
+    bool ctx_full = false;
     rc = model_sampler_new(&smp, &sp, r.hp->n_vocab);
     if (rc < 0) {
         fprintf(stderr, "kvctl generate: sampler: %s\n", strerror(-rc));
@@ -394,6 +410,10 @@ int kvctl_cmd_generate(int argc, char **argv)
         fflush(stdout);
         if (g + 1 == n_gen)
             break;
+        if (n_prompt + n_done >= r.n_ctx) {
+            ctx_full = true;
+            break;
+        }
         if ((rc = runner_feed(&r, pos, &tok, 1, NULL)) < 0) {
             fprintf(stderr, "kvctl generate: %s\n", feed_error(rc));
             goto out;
@@ -412,6 +432,9 @@ int kvctl_cmd_generate(int argc, char **argv)
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
+    if (ctx_full)
+        fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
+                "tokens (--ctx %u)\n", n_prompt, n_done, r.n_ctx);
     ret = 0;
 out:
     model_detok_free(dt);
@@ -503,6 +526,8 @@ int kvctl_cmd_logits(int argc, char **argv)
         return 1;
     }
     int rc;
+    if (check_ids("logits", tokens, n, r.hp->n_vocab) < 0)
+        goto out;
     if ((rc = model_session_new(r.e, 1)) < 0)
         goto out;
     all = malloc((size_t)n * r.hp->n_vocab * sizeof(float));

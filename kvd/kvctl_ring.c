@@ -1048,6 +1048,10 @@ int kvctl_ring_generate(int argc, char **argv)
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, pms, pms > 0 ? n_prompt / pms : 0.0, n_gen_done, gms,
             gms > 0 && n_gen_done > 1 ? (n_gen_done - 1) / gms : 0.0);
+    const cJSON *why = cJSON_GetObjectItemCaseSensitive(g.done_obj, "reason");
+    if (cJSON_IsString(why) && !strcmp(why->valuestring, "context"))
+        fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
+                "tokens (the ring's ctx)\n", n_prompt, n_gen_done);
     int ret = 0;
     if (dump) {
         const cJSON *lg = cJSON_GetObjectItemCaseSensitive(g.done_obj, "logits");

@@ -52,6 +52,13 @@ expect_err "ring up, missing model" "kvctl ring up: $T/none.gguf: No such file" 
 expect_err "status, no ring" "$T/nothing: No such file" "$KVCTL" status --ring "$T/nothing"
 expect_err "generate --ring, no ring" "$T/nothing" "$KVCTL" generate --ring "$T/nothing" -p hi -n 2
 
+expect_err "generate, id past the vocabulary" "tokens[1] = 512 is not a token id in [0, 512)" \
+    "$KVCTL" generate -m "$M" --tokens 1,512 -n 2
+expect_err "logits, id past the vocabulary" "tokens[2] = 9999 is not a token id in [0, 512)" \
+    "$KVCTL" logits -m "$M" --tokens 1,2,9999 -o "$T/l.f32"
+expect_err "generate, prompt longer than --ctx" "the prompt's 5 tokens do not fit the context of 4 (--ctx): at most 3" \
+    "$KVCTL" generate -m "$M" --tokens 1,2,3,4,5 -n 2 --ctx 4
+
 expect_err "synth --layers 0" "--layers 0" "$KVCTL" synth --layers 0 -o "$T/s.gguf"
 expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" \
     "$KVCTL" synth --heads 8 --kv-heads 3 -o "$T/s.gguf"

@@ -44,6 +44,21 @@ for how in "$A" "$A/ring.json" "unix:$A/rank-0/kvd.sock" "$B"; do
 done
 echo "ok two rings side by side, DIR / ring.json / unix:SOCKET"
 
+# The context: a ring with --ctx 16 and one process with --ctx 16 stop at the same token and
+# both say so on stderr (the text on stdout stays the same).
+C=$TMP/ctx
+ring_up "$C" --model "$M" --stages 2 --ctx 16
+one16=$("$KVCTL" generate -m "$M" --ctx 16 --ids --tokens 1,400,300 -n 100 --temp 0 --ignore-eos 2>"$TMP/err1") ||
+    fail "one process, --ctx 16: $(cat "$TMP/err1")"
+ring16=$("$KVCTL" generate --ring "$C" --ids --tokens 1,400,300 -n 100 --temp 0 --ignore-eos 2>"$TMP/err2") ||
+    fail "ring, ctx 16: $(cat "$TMP/err2")"
+[ "$(echo "$one16" | wc -w)" = 13 ] || fail "one process, --ctx 16: 3 prompt + 13 tokens expected: '$one16'"
+[ "$ring16" = "$one16" ] || fail "at the context: ring '$ring16' vs one process '$one16'"
+grep -q "stopped at the context length: 3 prompt + 13 generated" "$TMP/err1" || fail "one process: no context note: $(cat "$TMP/err1")"
+grep -q "stopped at the context length: 3 prompt + 13 generated" "$TMP/err2" || fail "ring: no context note: $(cat "$TMP/err2")"
+ring_down "$C"
+echo "ok generation stops at the context, ring and one process alike"
+
 pid0=$(rank_pid "$A" 0)
 if "$KVCTL" ring up --dir "$A" --model "$M" --stages 3 > "$TMP/up2" 2>&1; then
     fail "a second ring up on a running DIR succeeded"
