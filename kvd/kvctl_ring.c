@@ -199,8 +199,10 @@ static double jnum(const cJSON *o, const char *k)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-static void print_status_table(const char *dir, const struct kvd_manifest *m, FILE *out)
+/* The table; returns how many stages did not answer. */
+static int print_status_table(const char *dir, const struct kvd_manifest *m, FILE *out)
 {
+    int n_down = 0;
     fprintf(out, "ring %s  model %s (%s, %u layers, n_embd %u)  wire %s  %u stages\n", m->ring,
             m->model_name, m->arch, m->n_layers, m->n_embd, m->dtype, m->n_ranks);
     fprintf(out, "%-4s %-9s %-7s %-22s %-9s %-9s %-8s %-5s %-9s %-9s %s\n", "rank", "layers", "pid",
@@ -215,6 +217,7 @@ static void print_status_table(const char *dir, const struct kvd_manifest *m, FI
         cJSON *s = query_status(sock, err, sizeof err);
         if (!s) {
             fprintf(out, "%-4u %-9s %-7s %-22s down (%s)\n", r, layers, "-", ep, err);
+            n_down++;
             continue;
         }
         const cJSON *in = cJSON_GetObjectItemCaseSensitive(s, "in");
@@ -224,6 +227,7 @@ static void print_status_table(const char *dir, const struct kvd_manifest *m, FI
                 jnum(s, "sessions"), jnum(s, "ms_per_token"), jnum(s, "bytes_per_token_out"), jnum(s, "steps"));
         cJSON_Delete(s);
     }
+    return n_down;
 }
 
 /* ---- ring up ---- */
@@ -795,9 +799,17 @@ int kvctl_cmd_status(int argc, char **argv)
             arg = argv[++i];
         else if (!strcmp(argv[i], "--json"))
             json = true;
-        else {
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: kvctl status --ring DIR|DIR/ring.json [--json]\n"
+                   "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
+                   "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
+                   "  per token, steps; a stage that does not answer shows as down.\n"
+                   "  --json  each stage's full status object, one per line\n"
+                   "Exit status 1 when a stage is down.\n");
+            return 0;
+        } else {
             fprintf(stderr, "usage: kvctl status --ring DIR [--json]\n");
-            return !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") ? 0 : 2;
+            return 2;
         }
     }
     if (!arg) {
@@ -826,8 +838,7 @@ int kvctl_cmd_status(int argc, char **argv)
         }
         return bad;
     }
-    print_status_table(dir, &m, stdout);
-    return 0;
+    return print_status_table(dir, &m, stdout) ? 1 : 0;   /* as --json: 1 when a stage is down */
 }
 
 /* ---- generate --ring ---- */

@@ -84,7 +84,7 @@ if "$KVCTL" generate --ring "$A" --ids --tokens 1,400,300 -n 4 > /dev/null 2> "$
     fail "generate on a stopped ring succeeded"
 fi
 grep -q "cannot reach the daemon at $A/rank-0/kvd.sock" "$TMP/err" || fail "generate on a stopped ring: '$(cat "$TMP/err")'"
-"$KVCTL" status --ring "$A" > "$TMP/st" 2>&1
+if "$KVCTL" status --ring "$A" > "$TMP/st" 2>&1; then fail "status of a stopped ring: exit 0"; fi
 [ "$(grep -c " down (cannot reach" "$TMP/st")" = 3 ] || fail "status of a stopped ring: $(cat "$TMP/st")"
 ring_down "$B"
 echo "ok ring down leaves the other ring; down twice, generate and status on a stopped ring"
