@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
@@ -321,6 +322,11 @@ int kvctl_cmd_slice(int argc, char **argv)
     strcpy(b, colon + 1);
     if (parse_u64("slice", "--layers A", a, 1000000, &first) || parse_u64("slice", "--layers B", b, 1000000, &last))
         return 2;
+    struct stat si, so;   /* -o FILE itself would replace the model by one of its windows */
+    if (stat(path, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fprintf(stderr, "kvctl slice: -o %s is the model itself: give another output file\n", out);
+        return 2;
+    }
     char err[GGUF_ERR_LEN];
     struct gguf_file *f;
     if (gguf_file_open(&f, path, err, sizeof err)) {

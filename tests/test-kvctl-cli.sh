@@ -59,6 +59,12 @@ expect_err "logits, id past the vocabulary" "tokens[2] = 9999 is not a token id 
 expect_err "generate, prompt longer than --ctx" "the prompt's 5 tokens do not fit the context of 4 (--ctx): at most 3" \
     "$KVCTL" generate -m "$M" --tokens 1,2,3,4,5 -n 2 --ctx 4
 
+cp "$M" "$T/model.gguf"
+ln -s model.gguf "$T/link.gguf"
+expect_err "slice onto its own model" "-o $T/link.gguf is the model itself" \
+    "$KVCTL" slice "$T/model.gguf" --layers 0:2 -o "$T/link.gguf"
+cmp -s "$M" "$T/model.gguf" || fail "slice -o the model itself changed the model"
+
 expect_err "synth --layers 0" "--layers 0" "$KVCTL" synth --layers 0 -o "$T/s.gguf"
 expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" \
     "$KVCTL" synth --heads 8 --kv-heads 3 -o "$T/s.gguf"
