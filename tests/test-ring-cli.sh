@@ -88,4 +88,29 @@ if "$KVCTL" status --ring "$A" > "$TMP/st" 2>&1; then fail "status of a stopped 
 [ "$(grep -c " down (cannot reach" "$TMP/st")" = 3 ] || fail "status of a stopped ring: $(cat "$TMP/st")"
 ring_down "$B"
 echo "ok ring down leaves the other ring; down twice, generate and status on a stopped ring"
+
+# A client that goes away mid-generation ends its session on every stage (CLOSE round the
+# ring); the ring serves the next client. Stand-in compute keeps the generation going.
+S=$TMP/stub
+ring_up "$S" --stub --layers 6 --embd 1024 --stages 3
+"$KVCTL" generate --ring "$S" --ids --tokens 1,2,3 -n 3000 --temp 0 --ignore-eos > "$TMP/long" 2>&1 &
+G=$!
+EXTRA_PIDS="$EXTRA_PIDS $G"
+for i in $(seq 100); do [ -s "$TMP/long" ] && break; sleep 0.05; done
+[ -s "$TMP/long" ] || fail "the long generation printed nothing"
+kill -TERM $G
+wait $G 2>/dev/null
+open=1
+for i in $(seq 60); do
+    open=$("$KVCTL" status --ring "$S" --json | python3 -c 'import json,sys; print(sum(json.loads(l)["sessions"] for l in sys.stdin))')
+    [ "$open" = 0 ] && break
+    sleep 0.05
+done
+[ "$open" = 0 ] || fail "$open sessions still open 3 s after the client went away"
+grep -q "ends: client gone" "$S/rank-0/kvd.log" || fail "rank 0 did not log the client's departure"
+out=$("$KVCTL" generate --ring "$S" --ids --tokens 1,2,3 -n 5 --temp 0 --ignore-eos 2>"$TMP/err") ||
+    fail "the next client: $(cat "$TMP/err")"
+[ "$(echo "$out" | wc -w)" = 5 ] || fail "the next client got '$out'"
+ring_down "$S"
+echo "ok a client gone mid-generation ends its session everywhere"
 echo "PASS"
