@@ -889,12 +889,30 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
             uint32_t li = 0;
             for (uint32_t i = 0; i < L; i++)
                 if (c.M[i + 1] - c.M[i] == min_layer) { li = i; break; }
-            size_t off = (size_t)snprintf(err, errlen,
-                "does not fit: no usable device among the %zu given, so layers 0..%u find no room: "
-                "the model needs %.0f bytes (ctx %u x %u sessions), the devices offer %.0f bytes "
-                "after headroom (short by %.0f bytes); the smallest layer (%u) alone needs %llu bytes.",
-                n_devs, L - 1, need, o->ctx, o->sessions, have, need > have ? need - have : 0, li,
-                (unsigned long long)min_layer);
+            double max_cap = 0;   /* the largest device's usable memory */
+            for (size_t i = 0; i < n_devs; i++)
+                if ((double)devs[i].mem_bytes * (1.0 - o->headroom) > max_cap)
+                    max_cap = (double)devs[i].mem_bytes * (1.0 - o->headroom);
+            size_t off;
+            if (need > have)
+                off = (size_t)snprintf(err, errlen,
+                    "does not fit: no usable device among the %zu given, so layers 0..%u find no room: "
+                    "the model needs %.0f bytes (ctx %u x %u sessions), the devices offer %.0f bytes "
+                    "after headroom (short by %.0f bytes); the smallest layer (%u) alone needs %llu bytes.",
+                    n_devs, L - 1, need, o->ctx, o->sessions, have, need - have, li,
+                    (unsigned long long)min_layer);
+            else if (max_cap < (double)min_layer)   /* enough in all, but no device holds a layer */
+                off = (size_t)snprintf(err, errlen,
+                    "does not fit: no device given can hold a single layer, so layers 0..%u find no room: "
+                    "the smallest layer (%u) needs %llu bytes (weights + KV/state for ctx %u x %u "
+                    "sessions), the largest device offers %.0f bytes after headroom (short by %.0f bytes).",
+                    L - 1, li, (unsigned long long)min_layer, o->ctx, o->sessions, max_cap,
+                    (double)min_layer - max_cap);
+            else   /* memory is not what is missing: say what is */
+                off = (size_t)snprintf(err, errlen,
+                    "no usable device among the %zu given, so layers 0..%u have nowhere to run "
+                    "(memory alone would do: the model needs %.0f bytes for ctx %u x %u sessions, the "
+                    "devices offer %.0f bytes after headroom):", n_devs, L - 1, need, o->ctx, o->sessions, have);
             for (uint32_t i = 0; i < r->n_excluded && off < errlen; i++)
                 off += (size_t)snprintf(err + off, errlen - off, " %s;", r->excluded[i].reason);
         }

@@ -72,6 +72,9 @@ check "empty device list" '[ $? -eq 1 ] && grep -q "no devices" "$T/empty.txt"'
 echo '{"devices":[{"id":"nomem","mem_bytes":0,"ms_per_layer_token":1}]}' > "$T/zero.json"
 "$K" plan --model "$D/models/stories260K.gguf" --devices "$T/zero.json" -o "$T/z.json" > "$T/zero.txt" 2>&1
 check "a device with no memory: bytes short, layers, device named" '[ $? -eq 1 ] && grep -q "short by [0-9]* bytes" "$T/zero.txt" && grep -q "layers 0\.\.4" "$T/zero.txt" && grep -q "nomem: mem_bytes is 0" "$T/zero.txt" && [ ! -e "$T/z.json" ]'
+echo '{"devices":[{"id":"slowpoke","mem_bytes":1e9}]}' > "$T/nospeed.json"
+"$K" plan --model "$D/models/stories260K.gguf" --devices "$T/nospeed.json" > "$T/nospeed.txt" 2>&1
+check "a device with no speed: named, and memory is not blamed" '[ $? -eq 1 ] && grep -q "slowpoke: no speed: give ms_per_layer_token" "$T/nospeed.txt" && ! grep -q "short by" "$T/nospeed.txt"'
 "$K" plan --model /etc/hostname --devices "$DEVS" > "$T/notmodel.txt" 2>&1
 check "neither GGUF nor descriptor: said so" '[ $? -eq 1 ] && grep -q "neither a GGUF file" "$T/notmodel.txt"'
 

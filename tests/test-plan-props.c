@@ -135,8 +135,13 @@ T_CASE(errors)
     /* one device with no memory, one without a speed: both excluded, none left */
     struct plan_device d[2] = {{.id = "zero", .ms_per_layer_token = 1}, {.id = "nospeed", .mem_bytes = 1ull << 40}};
     T_CHECK(plan_make(&inst.shape, d, 2, &inst.opts, &r, err, sizeof err) == -ENOSPC, "no usable device accepted");
-    T_CHECK(strstr(err, "zero: mem_bytes is 0") && strstr(err, "nospeed: no speed") && strstr(err, "short by"),
-            "no-usable message: %s", err);
+    T_CHECK(strstr(err, "zero: mem_bytes is 0") && strstr(err, "nospeed: no speed") && strstr(err, "no usable device") &&
+            strstr(err, "memory alone would do") && !strstr(err, "short by"), "no-usable message: %s", err);
+    /* both without memory: the shortfall in bytes and layers */
+    struct plan_device z[2] = {{.id = "z1", .ms_per_layer_token = 1}, {.id = "z2", .ms_per_layer_token = 1}};
+    T_CHECK(plan_make(&inst.shape, z, 2, &inst.opts, &r, err, sizeof err) == -ENOSPC, "no memory accepted");
+    T_CHECK(strstr(err, "z1: mem_bytes is 0") && strstr(err, "z2: mem_bytes is 0") && strstr(err, "short by") &&
+            strstr(err, "layers 0.."), "no-memory message: %s", err);
 
     /* exact shortfall: 4 layers of 100 MB, no KV; two devices of 150 MB -> short by 100 MB */
     struct plan_layer ly[4];
