@@ -82,6 +82,10 @@ static inline void kern__scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8
 typedef void (*kern__task_fn)(void *ctx, int ith, int nth);
 /* Run fn on every pool thread and return when all are done; p NULL runs it inline. */
 void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx);
+/* The same for a task that hands out its work itself (an atomic counter): any subset of the
+ * threads finishes it, each call returning once the items it took are done. Workers that are
+ * not running when the caller has taken the rest are not waited for (a busy machine). */
+void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx);
 /* The pool's scratch buffer, grown to at least size bytes (64-byte aligned); NULL on ENOMEM.
  * Valid until the next call; one op at a time uses it. */
 void *kern__pool_scratch(struct kern_pool *p, size_t size);

@@ -335,8 +335,61 @@ T_CASE(pool_dispatch)
     T_CHECK(kern_pool_threads(NULL) == 1, "no pool = one thread");
 }
 
+struct dyn_ctx {
+    _Atomic int next;
+    int items;
+    _Atomic int hits[64];
+    _Atomic int bad_ith;
+};
+
+static void dyn_task(void *ctx, int ith, int nth)
+{
+    struct dyn_ctx *c = ctx;
+    if (ith < 0 || ith >= nth)
+        atomic_fetch_add(&c->bad_ith, 1);
+    for (;;) {
+        int i = atomic_fetch_add(&c->next, 1);
+        if (i >= c->items)
+            break;
+        atomic_fetch_add(&c->hits[i], 1);
+    }
+}
+
+/* Dynamic jobs (work handed out by the task itself) interleaved with static ones: every item
+ * done exactly once before the call returns, static jobs still reach every thread, also when
+ * the workers have gone to sleep, and with a caller that is much faster than its workers. */
+T_CASE(pool_dynamic)
+{
+    for (int nt = 2; nt <= 4; nt++) {
+        struct kern_pool *p;
+        T_ASSERT(kern_pool_new(&p, nt) == 0, "pool of %d", nt);
+        struct count_ctx cc = {0};
+        int bad = 0, runs = 0, stat = 0;
+        for (int r = 0; r < 4000; r++) {
+            struct dyn_ctx d = {.items = r % 65};
+            kern__pool_run_dyn(p, dyn_task, &d);
+            for (int i = 0; i < d.items; i++)
+                bad += atomic_load(&d.hits[i]) != 1;
+            bad += atomic_load(&d.bad_ith) != 0;
+            runs++;
+            if (r % 7 == 0) {
+                kern__pool_run(p, count_task, &cc);
+                stat++;
+            }
+            if (r == 2000)
+                usleep(300000);
+        }
+        for (int t = 0; t < nt; t++)
+            bad += atomic_load(&cc.hits[t]) != stat;
+        T_CHECK(bad == 0 && runs == 4000, "%d threads: dynamic items once each, static jobs on "
+                "every thread (%d bad)", nt, bad);
+        kern_pool_free(p);
+    }
+}
+
 int main(void)
 {
+    T_RUN(pool_dynamic);
     T_RUN(matmul_all_levels);
     T_RUN(dots_exact_inputs);
     T_RUN(attention_fast);

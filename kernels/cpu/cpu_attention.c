@@ -167,5 +167,5 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
         .per_thread = per,
     };
     atomic_store(&j.next, 0);
-    kern__pool_run(p, grouped ? att_group_task : att_task, &j);
+    kern__pool_run_dyn(p, grouped ? att_group_task : att_task, &j);
 }

@@ -111,6 +111,7 @@ struct mm_job {
     kern__quant_fn quant;
     int64_t chunk;        /* rows per work item */
     _Atomic int64_t next; /* next work item */
+    _Atomic int64_t qnext; /* next activation row to convert */
 };
 
 static void quant_rows(struct mm_job *j, int64_t i0, int64_t i1)
@@ -126,7 +127,14 @@ static void quant_rows(struct mm_job *j, int64_t i0, int64_t i1)
 static void quant_task(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
-    quant_rows(j, j->n * ith / nth, j->n * (ith + 1) / nth);
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t i = atomic_fetch_add_explicit(&j->qnext, 1, memory_order_relaxed);
+        if (i >= j->n)
+            break;
+        quant_rows(j, i, i + 1);
+    }
 }
 
 static void compute_rows(struct mm_job *j, int64_t r0, int64_t r1)
@@ -206,8 +214,9 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
         j.xq = p ? kern__pool_scratch(p, (size_t)n * xrow) : malloc((size_t)n * xrow);
         if (!j.xq)
             return -ENOMEM;
+        atomic_store(&j.qnext, 0);
         if (n >= 4 && nth > 1)
-            kern__pool_run(p, quant_task, &j);
+            kern__pool_run_dyn(p, quant_task, &j);
         else
             quant_rows(&j, 0, n);
     }
@@ -215,7 +224,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
     int64_t chunk = rows / ((int64_t)nth * 8);
     j.chunk = chunk < 8 ? 8 : chunk;
     atomic_store(&j.next, 0);
-    kern__pool_run(p, compute_task, &j);
+    kern__pool_run_dyn(p, compute_task, &j);
     if (!p && j.xq != (char *)x)
         free(j.xq);
     return 0;

@@ -29,11 +29,22 @@
 #define SPIN_PAUSES 300
 #define SPIN_YIELDS 3000
 
+/* Job state bits. A static job (kern__pool_run) is run by every thread and the caller waits
+ * for all of them. A dynamic one (kern__pool_run_dyn) hands out its work itself, so the
+ * caller alone can finish it: a worker joins only while the job is open and the caller, its
+ * share done, waits for the workers inside and then closes it; a worker that was not running
+ * (a busy machine) is not waited for. */
+#define JOB_DYN ((uint64_t)1 << 31)
+#define JOB_CLOSED ((uint64_t)1 << 30)
+#define JOB_ACTIVE ((uint64_t)0xFFFF)
+
 struct kern_pool {
     int n_threads;
     pthread_t *threads;
     _Atomic uint32_t gen;     /* bumped once per job; futex word */
-    _Atomic int done;         /* workers finished with the current job */
+    /* The current job: id << 32 | JOB_DYN | JOB_CLOSED | workers inside (dynamic jobs). */
+    _Atomic uint64_t state;
+    _Atomic int done;         /* workers finished with the current (static) job */
     _Atomic int sleepers;     /* workers blocked in futex_wait */
     _Atomic bool quit;
     kern__task_fn fn;
@@ -62,12 +73,14 @@ static void *worker_main(void *arg)
     struct worker_arg wa = *(struct worker_arg *)arg;
     free(arg);
     struct kern_pool *p = wa.p;
-    /* Generation 0 is "no job yet": a worker that starts late still sees the first job. */
+    /* Job 0 is "no job yet": a worker that starts late still sees the first job. The job id
+     * is read from the state word (published before gen, the futex word). */
     uint32_t seen = 0;
     for (;;) {
-        uint32_t g;
+        uint64_t st;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+        while ((uint32_t)((st = atomic_load_explicit(&p->state, memory_order_acquire)) >> 32) ==
+               seen) {
             if (++spins < SPIN_PAUSES) {
                 CPU_RELAX();
                 continue;
@@ -77,17 +90,43 @@ static void *worker_main(void *arg)
                 continue;
             }
             atomic_fetch_add(&p->sleepers, 1);
-            if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen)
+            if ((uint32_t)(atomic_load(&p->state) >> 32) == seen)
                 futex_wait(&p->gen, seen);
             atomic_fetch_sub(&p->sleepers, 1);
             spins = 0;
         }
-        seen = g;
+        seen = (uint32_t)(st >> 32);
         if (atomic_load_explicit(&p->quit, memory_order_acquire))
             return NULL;
-        p->fn(p->ctx, wa.ith, p->n_threads);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+        if (!(st & JOB_DYN)) {
+            /* static: the caller waits for every worker, so the job cannot have moved on */
+            p->fn(p->ctx, wa.ith, p->n_threads);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+            continue;
+        }
+        /* dynamic: join while the job is open; fn and ctx stay put while anyone is inside */
+        while ((st & JOB_DYN) && !(st & JOB_CLOSED) && (uint32_t)(st >> 32) == seen) {
+            if (atomic_compare_exchange_weak_explicit(&p->state, &st, st + 1,
+                                                      memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                p->fn(p->ctx, wa.ith, p->n_threads);
+                atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel);
+                break;
+            }
+        }
     }
+}
+
+/* Publish job g: the state word first (what workers read), then the futex word. */
+static void publish(struct kern_pool *p, uint64_t flags)
+{
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    if (g == 0)
+        g = 1; /* 0 is "no job yet" */
+    atomic_store_explicit(&p->state, (uint64_t)g << 32 | flags, memory_order_release);
+    atomic_store(&p->gen, g);
+    if (atomic_load(&p->sleepers) > 0)
+        futex_wake_all(&p->gen);
 }
 
 void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx)
@@ -99,15 +138,42 @@ void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
-    if (atomic_load(&p->sleepers) > 0)
-        futex_wake_all(&p->gen);
+    publish(p, 0);
     fn(ctx, 0, p->n_threads);
     int want = p->n_threads - 1, spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < want) {
         CPU_RELAX();
         if (++spins > 200) /* a descheduled worker: let it have the core */
             sched_yield();
+    }
+}
+
+void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx)
+{
+    if (!p || p->n_threads <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    /* the previous job is closed (or static and finished): nobody reads fn/ctx now */
+    p->fn = fn;
+    p->ctx = ctx;
+    publish(p, JOB_DYN);
+    fn(ctx, 0, p->n_threads);
+    /* all work is handed out; wait for the workers still inside, then shut the door */
+    int spins = 0;
+    uint64_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        if (!(st & JOB_ACTIVE)) {
+            if (atomic_compare_exchange_weak_explicit(&p->state, &st, st | JOB_CLOSED,
+                                                      memory_order_acq_rel,
+                                                      memory_order_acquire))
+                break;
+            continue;
+        }
+        CPU_RELAX();
+        if (++spins > 200) /* a descheduled worker: let it have the core */
+            sched_yield();
+        st = atomic_load_explicit(&p->state, memory_order_acquire);
     }
 }
 
@@ -177,7 +243,7 @@ void kern_pool_free(struct kern_pool *p)
         return;
     if (p->threads) {
         atomic_store(&p->quit, true);
-        atomic_fetch_add(&p->gen, 1);
+        publish(p, 0);
         futex_wake_all(&p->gen);
         for (int i = 1; i < p->n_threads; i++)
             pthread_join(p->threads[i - 1], NULL);
