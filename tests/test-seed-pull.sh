@@ -282,6 +282,14 @@ got=$("$KVCTL" generate --ring "$T/ring2" --tokens 1,50,100,200,300 -n 16 --temp
 echo "ring (nginx windows): $got"
 check "ring from nginx windows gives the same tokens" test -n "$want" -a "$want" = "$got"
 
+# an unreachable source: the stage refuses to start, naming the source, and leaves no window
+mkdir -p "$T/wf"
+timeout 30 "$KVD" stage --manifest "$T/ring/ring.json" --rank 1 --window-from "http://127.0.0.1:$(free_port)" \
+    --state-dir "$T/wf" >"$T/wf.out" 2>&1
+rc=$?
+check "kvd --window-from an unreachable source exits 1 naming it ($(head -c 160 "$T/wf.out"))" \
+    bash -c "[ $rc = 1 ] && grep -q -- '--window-from http://127.0.0.1:' '$T/wf.out' && ! ls '$T'/wf/window-* >/dev/null 2>&1"
+
 # the seeder stops cleanly on SIGTERM (under ASan: no leak), even with a transfer in flight
 ID=$(cat "$T/m.id")
 curl -s -o /dev/null --limit-rate 200K "$SEEDER/v1/windows/$ID/0-8" &
