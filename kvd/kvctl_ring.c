@@ -369,8 +369,16 @@ static int ring_up(int argc, char **argv)
         }
         stages = split_n;
     }
-    if (!stages || (!model && !stub) || (stub && (!s_layers || !s_embd)) || optind != argc) {
+    const char *missing = optind != argc ? "no arguments besides the options"
+                        : !model && !stub ? "--model FILE"
+                        : !stages ? "--stages N (or --split A:B,B:C,...)"
+                        : stub && (!s_layers || !s_embd) ? "--layers L and --embd E with --stub" : NULL;
+    if (missing) {
         ring_up_usage(stderr);
+        if (optind != argc)
+            fprintf(stderr, "kvctl ring up: unexpected argument '%s'\n", argv[optind]);
+        else
+            fprintf(stderr, "kvctl ring up: %s is required\n", missing);
         return 2;
     }
     if (strcmp(dtype, "f32") && strcmp(dtype, "f16")) {

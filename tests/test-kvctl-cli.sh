@@ -65,6 +65,14 @@ expect_err "slice onto its own model" "-o $T/link.gguf is the model itself" \
     "$KVCTL" slice "$T/model.gguf" --layers 0:2 -o "$T/link.gguf"
 cmp -s "$M" "$T/model.gguf" || fail "slice -o the model itself changed the model"
 
+expect_err "ring up without --stages" "kvctl ring up: --stages N (or --split A:B,B:C,...) is required" \
+    "$KVCTL" ring up --model "$M" --dir "$T/ring"
+expect_err "ring up without --model" "kvctl ring up: --model FILE is required" \
+    "$KVCTL" ring up --stages 2 --dir "$T/ring"
+expect_err "ring up, stray argument" "kvctl ring up: unexpected argument 'extra'" \
+    "$KVCTL" ring up --model "$M" --stages 2 --dir "$T/ring" extra
+[ -e "$T/ring/ring.json" ] && fail "a refused ring up wrote a manifest"
+
 expect_err "synth --layers 0" "--layers 0" "$KVCTL" synth --layers 0 -o "$T/s.gguf"
 expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" \
     "$KVCTL" synth --heads 8 --kv-heads 3 -o "$T/s.gguf"
