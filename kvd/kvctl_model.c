@@ -322,6 +322,12 @@ int kvctl_cmd_generate(int argc, char **argv)
     }
     if (!path || (!prompt && !toks) || optind != argc) {
         generate_usage(stderr);
+        if (optind != argc)
+            fprintf(stderr, "kvctl generate: unexpected argument '%s' (quote the prompt: -p \"...\")\n",
+                    argv[optind]);
+        else
+            fprintf(stderr, "kvctl generate: %s is required\n",
+                    !path ? "-m FILE (or --ring DIR)" : "-p TEXT or --tokens 1,2,3");
         return 2;
     }
     if (!(sp.repeat_penalty > 0.0f)) {

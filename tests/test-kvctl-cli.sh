@@ -73,6 +73,13 @@ expect_err "ring up, stray argument" "kvctl ring up: unexpected argument 'extra'
     "$KVCTL" ring up --model "$M" --stages 2 --dir "$T/ring" extra
 [ -e "$T/ring/ring.json" ] && fail "a refused ring up wrote a manifest"
 
+expect_err "generate without a model" "kvctl generate: -m FILE (or --ring DIR) is required" \
+    "$KVCTL" generate -p hi -n 2
+expect_err "generate without a prompt" "kvctl generate: -p TEXT or --tokens 1,2,3 is required" \
+    "$KVCTL" generate -m "$M" -n 2
+expect_err "generate, unquoted prompt" "kvctl generate: unexpected argument 'upon'" \
+    "$KVCTL" generate -m "$M" -p Once upon -n 2
+
 expect_err "synth --layers 0" "--layers 0" "$KVCTL" synth --layers 0 -o "$T/s.gguf"
 expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" \
     "$KVCTL" synth --heads 8 --kv-heads 3 -o "$T/s.gguf"
