@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,18 +33,6 @@ struct gguf_writer {
     struct wtensor *t;
     size_t n_t, cap_t;
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void wvalue_free(struct gguf_value *v)
 {
@@ -462,7 +449,7 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
             fillmax = w->t[i].size;
     if (fillmax) {
         if (fillmax > SIZE_MAX || !(fillbuf = malloc((size_t)fillmax))) {
-            seterr(err, errlen, "%s: cannot allocate %" PRIu64 " bytes for one tensor", path, fillmax);
+            gguf__seterr(err, errlen, "%s: cannot allocate %" PRIu64 " bytes for one tensor", path, fillmax);
             free(tmp);
             return -ENOMEM;
         }
@@ -470,14 +457,14 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = -errno;
-        seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+        gguf__seterr(err, errlen, "%s: %s", tmp, strerror(errno));
         goto out_buf;
     }
     FILE *fp = fdopen(fd, "wb");
     if (!fp) {
         rc = -errno;
         close(fd);
-        seterr(err, errlen, "%s: %s", tmp, strerror(-rc));
+        gguf__seterr(err, errlen, "%s: %s", tmp, strerror(-rc));
         goto out_unlink;
     }
     setvbuf(fp, NULL, _IOFBF, 1 << 20);
@@ -491,17 +478,17 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
         if (t->fill) {
             rc = t->fill(t->ud, t->name, fillbuf, t->size);
             if (rc)
-                seterr(err, errlen, "%s: producing tensor '%s' failed: %s", path, t->name, strerror(-rc));
+                gguf__seterr(err, errlen, "%s: producing tensor '%s' failed: %s", path, t->name, strerror(-rc));
             src = fillbuf;
         } else if (!src) {
             rc = -EINVAL;
-            seterr(err, errlen, "%s: tensor '%s' has no data", path, t->name);
+            gguf__seterr(err, errlen, "%s: tensor '%s' has no data", path, t->name);
         }
         if (!rc) {
             if (o.pos - data_start != t->offset) {
                 rc = -EPROTO;
-                seterr(err, errlen, "%s: internal: tensor '%s' at %" PRIu64 " instead of %" PRIu64,
-                       path, t->name, o.pos - data_start, t->offset);
+                gguf__seterr(err, errlen, "%s: internal: tensor '%s' at %" PRIu64 " instead of %" PRIu64,
+                             path, t->name, o.pos - data_start, t->offset);
             } else {
                 put(&o, src, (size_t)t->size);
             }
@@ -515,11 +502,11 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
         o.err = -errno;
     if (!rc && o.err) {
         rc = o.err;
-        seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
+        gguf__seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
     }
     if (!rc && rename(tmp, path) != 0) {
         rc = -errno;
-        seterr(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(-rc));
+        gguf__seterr(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(-rc));
     }
 out_unlink:
     if (rc)
