@@ -1,9 +1,10 @@
 /* model/internal.h — what model.c (architectures, weights) shares with exec.c (the forward
- * pass). Not a public interface. */
+ * pass) and with tok_vocab.c (the error-message setter). Not a public interface. */
 #ifndef KV_MODEL_INTERNAL_H
 #define KV_MODEL_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/model.h"
@@ -90,5 +91,10 @@ struct model {
     struct model_layer *layers;    /* last - first blocks; layers[i] is block first + i */
     bool *recurrent;               /* [n_layer]: layer kind of every main-pass layer */
 };
+
+/* Formats an error message into err[errlen] (nothing when err is NULL or errlen is 0).
+ * Defined in tok_vocab.c: the tokenizer's fuzz target links the tok*.c files without model.c. */
+void model__seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

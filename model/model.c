@@ -3,7 +3,6 @@
  * shape and type checked against the hyperparameters before anything uses it. */
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +31,6 @@ static const struct arch_desc archs[] = {
     {"qwen35moe", true,  false, true,  true,  true,  true},
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* <arch>.<key> as u32: 0, or -ENOENT when absent and not required (*out keeps its default). */
 static int get_u32(const struct gguf_file *f, const char *arch, const char *key, uint32_t *out,
                    bool required, uint32_t lo, uint32_t hi, char *err, size_t errlen)
@@ -52,16 +41,16 @@ static int get_u32(const struct gguf_file *f, const char *arch, const char *key,
     if (rc == -ENOENT && !required)
         return 0;
     if (rc == -ENOENT) {
-        seterr(err, errlen, "metadata %s missing", full);
+        model__seterr(err, errlen, "metadata %s missing", full);
         return -EINVAL;
     }
     if (rc < 0) {
-        seterr(err, errlen, "metadata %s: not an integer that fits 32 bits", full);
+        model__seterr(err, errlen, "metadata %s: not an integer that fits 32 bits", full);
         return -EINVAL;
     }
     if (*out < lo || *out > hi) {
-        seterr(err, errlen, "metadata %s = %" PRIu32 " out of range [%" PRIu32 ", %" PRIu32 "]",
-               full, *out, lo, hi);
+        model__seterr(err, errlen, "metadata %s = %" PRIu32 " out of range [%" PRIu32 ", %" PRIu32 "]",
+                      full, *out, lo, hi);
         return -EINVAL;
     }
     return 0;
@@ -76,7 +65,7 @@ static int get_f32(const struct gguf_file *f, const char *arch, const char *key,
     if (rc == -ENOENT)
         return 0;
     if (rc < 0 || !(*out >= lo && *out <= hi)) {
-        seterr(err, errlen, "metadata %s: not a number in [%g, %g]", full, lo, hi);
+        model__seterr(err, errlen, "metadata %s: not a number in [%g, %g]", full, lo, hi);
         return -EINVAL;
     }
     return 0;
@@ -88,7 +77,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     memset(hp, 0, sizeof *hp);
     int rc = gguf_get_str(f, "general.architecture", hp->arch, sizeof hp->arch);
     if (rc < 0) {
-        seterr(err, errlen, "metadata general.architecture missing or not a short string");
+        model__seterr(err, errlen, "metadata general.architecture missing or not a short string");
         return -EINVAL;
     }
     *ad = NULL;
@@ -96,8 +85,8 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         if (!strcmp(hp->arch, archs[i].name))
             *ad = &archs[i];
     if (!*ad) {
-        seterr(err, errlen, "architecture '%s' is not supported (supported: llama, qwen2, "
-               "qwen3, qwen3moe, qwen35, qwen35moe)", hp->arch);
+        model__seterr(err, errlen, "architecture '%s' is not supported (supported: llama, qwen2, "
+                      "qwen3, qwen3moe, qwen35, qwen35moe)", hp->arch);
         return -ENOTSUP;
     }
     const char *a = hp->arch;
@@ -114,8 +103,8 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "expert_count", &hp->n_expert, false, 0, UINT32_MAX, err, errlen)))
         return rc;
     if (hp->n_expert > 0 && !(*ad)->moe) {
-        seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
-               "models are not supported", a, hp->n_expert, a);
+        model__seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
+                      "models are not supported", a, hp->n_expert, a);
         return -ENOTSUP;
     }
     if ((*ad)->moe) {
@@ -138,8 +127,8 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
             (rc = get_u32(f, a, "ssm.inner_size", &hp->ssm_d_inner, true, 1, MODEL_MAX_FF, err, errlen)))
             return rc;
         if (hp->ssm_d_inner != hp->ssm_dt_rank * hp->ssm_d_state) {
-            seterr(err, errlen, "metadata %s.ssm.inner_size %" PRIu32 " != time_step_rank %" PRIu32
-                   " x state_size %" PRIu32, a, hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
+            model__seterr(err, errlen, "metadata %s.ssm.inner_size %" PRIu32 " != time_step_rank %" PRIu32
+                          " x state_size %" PRIu32, a, hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
             return -EINVAL;
         }
     }
@@ -147,8 +136,8 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err, errlen)))
         return rc;
     if (hp->n_head % hp->n_head_kv) {
-        seterr(err, errlen, "metadata %s.attention.head_count %" PRIu32 " not a multiple of "
-               "head_count_kv %" PRIu32, a, hp->n_head, hp->n_head_kv);
+        model__seterr(err, errlen, "metadata %s.attention.head_count %" PRIu32 " not a multiple of "
+                      "head_count_kv %" PRIu32, a, hp->n_head, hp->n_head_kv);
         return -EINVAL;
     }
     hp->head_dim = hp->n_embd / hp->n_head;
@@ -158,19 +147,19 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "attention.value_length", &vlen, false, 1, MODEL_MAX_HEAD_DIM, err, errlen)))
         return rc;
     if (vlen != hp->head_dim) {
-        seterr(err, errlen, "metadata %s.attention.value_length %" PRIu32 " != key_length %" PRIu32
-               " (not supported)", a, vlen, hp->head_dim);
+        model__seterr(err, errlen, "metadata %s.attention.value_length %" PRIu32 " != key_length %" PRIu32
+                      " (not supported)", a, vlen, hp->head_dim);
         return -ENOTSUP;
     }
     if (hp->head_dim == 0 || hp->head_dim > MODEL_MAX_HEAD_DIM) {
-        seterr(err, errlen, "head dimension %" PRIu32 " out of range", hp->head_dim);
+        model__seterr(err, errlen, "head dimension %" PRIu32 " out of range", hp->head_dim);
         return -EINVAL;
     }
     hp->n_rot = hp->head_dim;
     if ((rc = get_u32(f, a, "rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim, err, errlen)))
         return rc;
     if (hp->n_rot % 2) {
-        seterr(err, errlen, "metadata %s.rope.dimension_count %" PRIu32 " is odd", a, hp->n_rot);
+        model__seterr(err, errlen, "metadata %s.rope.dimension_count %" PRIu32 " is odd", a, hp->n_rot);
         return -EINVAL;
     }
     hp->n_ctx_train = 2048;
@@ -189,7 +178,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     if (gguf_get_str(f, key, stype, sizeof stype) == 0 && strcmp(stype, "none") &&
         strcmp(stype, "linear")) {
-        seterr(err, errlen, "metadata %s = '%s': only linear RoPE scaling is supported", key, stype);
+        model__seterr(err, errlen, "metadata %s = '%s': only linear RoPE scaling is supported", key, stype);
         return -ENOTSUP;
     }
     if ((rc = get_f32(f, a, "rope.scale_linear", &factor, 1e-6f, 1e6f, err, errlen)))
@@ -217,7 +206,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         nv = v;
     }
     if (nv == 0 || nv > MODEL_MAX_VOCAB) {
-        seterr(err, errlen, "vocabulary size %" PRIu64 " out of range [1, %u]", nv, MODEL_MAX_VOCAB);
+        model__seterr(err, errlen, "vocabulary size %" PRIu64 " out of range [1, %u]", nv, MODEL_MAX_VOCAB);
         return -EINVAL;
     }
     hp->n_vocab = (uint32_t)nv;
@@ -231,29 +220,29 @@ static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t r
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        seterr(err, errlen, "tensor %s missing", name);
+        model__seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
-        seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
-               "], expected [%" PRIu32 ", %" PRIu32 "]", name, t->ne[0], t->ne[1], t->ne[2],
-               t->ne[3], cols, rows);
+        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+                      "], expected [%" PRIu32 ", %" PRIu32 "]", name, t->ne[0], t->ne[1], t->ne[2],
+                      t->ne[3], cols, rows);
         return -EINVAL;
     }
     if (!kern_type_supported(t->type)) {
         const struct gguf_type_info *ti = gguf_type_info(t->type);
-        seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
-               ti ? ti->name : "unknown", t->type);
+        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
+                      ti ? ti->name : "unknown", t->type);
         return -ENOTSUP;
     }
     size_t rb = kern_row_bytes(t->type, cols);
     if (rb == 0 || (uint64_t)rb * rows != t->size) {
-        seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu32, name,
-               t->size, rb, rows);
+        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu32, name,
+                      t->size, rb, rows);
         return -EINVAL;
     }
     if (!t->data) {
-        seterr(err, errlen, "tensor %s: not mapped", name);
+        model__seterr(err, errlen, "tensor %s: not mapped", name);
         return -EINVAL;
     }
     out->data = t->data;
@@ -272,20 +261,20 @@ static int bind_vec(struct model *m, const char *name, uint32_t n, bool optional
     if (!t) {
         if (optional)
             return 0;
-        seterr(err, errlen, "tensor %s missing", name);
+        model__seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 "], expected [%" PRIu32 "]",
-               name, t->ne[0], t->ne[1], n);
+        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 "], expected [%" PRIu32 "]",
+                      name, t->ne[0], t->ne[1], n);
         return -EINVAL;
     }
     if (t->type != GGUF_T_F32) {
-        seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected f32", name, t->type);
+        model__seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected f32", name, t->type);
         return -ENOTSUP;
     }
     if (!t->data || ((uintptr_t)t->data % sizeof(float))) {
-        seterr(err, errlen, "tensor %s: not mapped or misaligned", name);
+        model__seterr(err, errlen, "tensor %s: not mapped or misaligned", name);
         return -EINVAL;
     }
     *out = t->data;
@@ -301,7 +290,7 @@ static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t r
     if (rc < 0)
         return rc;
     if (w.type != GGUF_T_F32 || ((uintptr_t)w.data % sizeof(float))) {
-        seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
+        model__seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
         return -ENOTSUP;
     }
     *out = w.data;
@@ -318,29 +307,29 @@ static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t 
     if (!t) {
         if (optional)
             return 0;
-        seterr(err, errlen, "tensor %s missing", name);
+        model__seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != cols || t->ne[1] != (uint64_t)rows * parts || t->ne[2] != n || t->ne[3] != 1) {
-        seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
-               "], expected [%" PRIu32 ", %" PRIu64 ", %" PRIu32 "]", name, t->ne[0], t->ne[1],
-               t->ne[2], t->ne[3], cols, (uint64_t)rows * parts, n);
+        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+                      "], expected [%" PRIu32 ", %" PRIu64 ", %" PRIu32 "]", name, t->ne[0], t->ne[1],
+                      t->ne[2], t->ne[3], cols, (uint64_t)rows * parts, n);
         return -EINVAL;
     }
     if (!kern_type_supported(t->type)) {
         const struct gguf_type_info *ti = gguf_type_info(t->type);
-        seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
-               ti ? ti->name : "unknown", t->type);
+        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
+                      ti ? ti->name : "unknown", t->type);
         return -ENOTSUP;
     }
     size_t rb = kern_row_bytes(t->type, cols);
     if (rb == 0 || (uint64_t)rb * rows * parts * n != t->size) {
-        seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
-               t->size, rb, (uint64_t)rows * parts * n);
+        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
+                      t->size, rb, (uint64_t)rows * parts * n);
         return -EINVAL;
     }
     if (!t->data) {
-        seterr(err, errlen, "tensor %s: not mapped", name);
+        model__seterr(err, errlen, "tensor %s: not mapped", name);
         return -EINVAL;
     }
     struct model_exps x = {{t->data, t->type, rows, cols}, n, rb * rows * parts};
@@ -390,7 +379,7 @@ static int bind_layer(struct model *m, const struct arch_desc *ad, uint32_t il,
             (rc = bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, !ad->qk_norm, &L->k_norm, err, errlen)))
             return rc;
         if (!L->q_norm != !L->k_norm) {
-            seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
+            model__seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
             return -EINVAL;
         }
     }
@@ -449,8 +438,8 @@ static int layer_schedule(struct model *m, const struct arch_desc *ad, char *err
         uint32_t et = arr->v.arr.type;
         if (et >= GGUF_V_COUNT || !esz[et] || arr->v.arr.n < hp->n_layer ||
             arr->v.arr.n > hp->n_block) {
-            seterr(err, errlen, "metadata %s: %" PRIu64 " elements of type %" PRIu32 ", expected "
-                   "%" PRIu32 " integers or booleans", key, arr->v.arr.n, et, hp->n_block);
+            model__seterr(err, errlen, "metadata %s: %" PRIu64 " elements of type %" PRIu32 ", expected "
+                          "%" PRIu32 " integers or booleans", key, arr->v.arr.n, et, hp->n_block);
             return -EINVAL;
         }
         const uint8_t *p = arr->v.arr.data;
@@ -507,8 +496,8 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     if (gguf_get_u32(m->gf, "kvasir.window.first", &wf) == 0 &&
         gguf_get_u32(m->gf, "kvasir.window.last", &wl) == 0) {
         if (wf >= wl || wl > hp->n_block || wf >= hp->n_layer) {
-            seterr(err, errlen, "metadata kvasir.window [%" PRIu32 ", %" PRIu32 ") not inside "
-                   "[0, %" PRIu32 ")", wf, wl, hp->n_layer);
+            model__seterr(err, errlen, "metadata kvasir.window [%" PRIu32 ", %" PRIu32 ") not inside "
+                          "[0, %" PRIu32 ")", wf, wl, hp->n_layer);
             rc = -EINVAL;
             goto fail;
         }
@@ -520,8 +509,8 @@ int model_open(struct model **out, const char *path, int first, int last, char *
         m->last = fl;
     } else if (first < 0 || last < 0 || (uint32_t)first < ff || (uint32_t)last > fl ||
                first >= last) {
-        seterr(err, errlen, "window [%d, %d) not inside the file's layers [%" PRIu32 ", %" PRIu32
-               ")", first, last, ff, fl);
+        model__seterr(err, errlen, "window [%d, %d) not inside the file's layers [%" PRIu32 ", %" PRIu32
+                      ")", first, last, ff, fl);
         rc = -ERANGE;
         goto fail;
     } else {

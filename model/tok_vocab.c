@@ -14,9 +14,10 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
+#include "model/internal.h"
 #include "model/tok_internal.h"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
+void model__seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || !errlen)
         return;
@@ -247,7 +248,7 @@ static int get_str_arr(const struct gguf_file *f, const char *key, const struct 
         return rc;
     if (rc < 0 || (*out)->type != GGUF_V_ARRAY || (*out)->v.arr.type != GGUF_V_STRING ||
         ((*out)->v.arr.n && !(*out)->v.arr.items)) {
-        seterr(err, errlen, "%s: not an array of strings", key);
+        model__seterr(err, errlen, "%s: not an array of strings", key);
         return -EINVAL;
     }
     return 0;
@@ -261,7 +262,7 @@ static int get_flag(const struct gguf_file *f, const char *key, bool *val, char 
     if (rc == -ENOENT)
         return 0;
     if (rc < 0) {
-        seterr(err, errlen, "%s: not a bool", key);
+        model__seterr(err, errlen, "%s: not a bool", key);
         return -EINVAL;
     }
     *val = b;
@@ -278,14 +279,14 @@ static int get_id(const struct gguf_file *f, const char *key, uint32_t n_tokens,
         return 0;
     int64_t x;
     if (!is_int_type(kv->val.type) || gguf_get_i64(f, key, &x) < 0) {
-        seterr(err, errlen, "%s: not an integer token id", key);
+        model__seterr(err, errlen, "%s: not an integer token id", key);
         return -EINVAL;
     }
     if (x == -1 || x == (int64_t)UINT32_MAX)
         return 0;
     if (x < 0 || x >= (int64_t)n_tokens) {
-        seterr(err, errlen, "%s: id %lld out of range (vocabulary has %u tokens)", key,
-               (long long)x, n_tokens);
+        model__seterr(err, errlen, "%s: id %lld out of range (vocabulary has %u tokens)", key,
+                      (long long)x, n_tokens);
         return -EINVAL;
     }
     *id = (int32_t)x;
@@ -593,15 +594,15 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
     const struct gguf_value *toks, *scores = NULL, *types = NULL;
     int rc = get_str_arr(f, "tokenizer.ggml.tokens", &toks, err, errlen);
     if (rc == -ENOENT) {
-        seterr(err, errlen, "tokenizer.ggml.tokens: missing (no vocabulary in this file)");
+        model__seterr(err, errlen, "tokenizer.ggml.tokens: missing (no vocabulary in this file)");
         return -EINVAL;
     }
     if (rc)
         return rc;
     uint64_t n = toks->v.arr.n;
     if (n == 0 || n > TOK_MAX_TOKENS) {
-        seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens (must be 1..%u)",
-               (unsigned long long)n, TOK_MAX_TOKENS);
+        model__seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens (must be 1..%u)",
+                      (unsigned long long)n, TOK_MAX_TOKENS);
         return -EINVAL;
     }
     rc = gguf_get_arr(f, "tokenizer.ggml.scores", &scores);
@@ -609,16 +610,16 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
         if (scores->type != GGUF_V_ARRAY ||
             (scores->v.arr.type != GGUF_V_F32 && scores->v.arr.type != GGUF_V_F64) ||
             (scores->v.arr.n && !scores->v.arr.data)) {
-            seterr(err, errlen, "tokenizer.ggml.scores: not an array of floats");
+            model__seterr(err, errlen, "tokenizer.ggml.scores: not an array of floats");
             return -EINVAL;
         }
         if (scores->v.arr.n != n) {
-            seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %llu tokens",
-                   (unsigned long long)scores->v.arr.n, (unsigned long long)n);
+            model__seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %llu tokens",
+                          (unsigned long long)scores->v.arr.n, (unsigned long long)n);
             return -EINVAL;
         }
     } else if (rc != -ENOENT) {
-        seterr(err, errlen, "tokenizer.ggml.scores: unreadable (%d)", rc);
+        model__seterr(err, errlen, "tokenizer.ggml.scores: unreadable (%d)", rc);
         return -EINVAL;
     } else {
         scores = NULL;
@@ -627,16 +628,16 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
     if (rc == 0) {
         if (types->type != GGUF_V_ARRAY || !is_int_type(types->v.arr.type) ||
             (types->v.arr.n && !types->v.arr.data)) {
-            seterr(err, errlen, "tokenizer.ggml.token_type: not an array of integers");
+            model__seterr(err, errlen, "tokenizer.ggml.token_type: not an array of integers");
             return -EINVAL;
         }
         if (types->v.arr.n != n) {
-            seterr(err, errlen, "tokenizer.ggml.token_type: %llu entries for %llu tokens",
-                   (unsigned long long)types->v.arr.n, (unsigned long long)n);
+            model__seterr(err, errlen, "tokenizer.ggml.token_type: %llu entries for %llu tokens",
+                          (unsigned long long)types->v.arr.n, (unsigned long long)n);
             return -EINVAL;
         }
     } else if (rc != -ENOENT) {
-        seterr(err, errlen, "tokenizer.ggml.token_type: unreadable (%d)", rc);
+        model__seterr(err, errlen, "tokenizer.ggml.token_type: unreadable (%d)", rc);
         return -EINVAL;
     } else {
         types = NULL;
@@ -652,12 +653,12 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
     for (uint32_t i = 0; i < n; i++) {
         const struct gguf_value *it = &toks->v.arr.items[i];
         if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
-            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: not a string", i);
+            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: not a string", i);
             return -EINVAL;
         }
         if (it->v.str.len > TOK_MAX_TEXT) {
-            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: %llu bytes (limit %u)", i,
-                   (unsigned long long)it->v.str.len, TOK_MAX_TEXT);
+            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: %llu bytes (limit %u)", i,
+                          (unsigned long long)it->v.str.len, TOK_MAX_TEXT);
             return -EINVAL;
         }
         struct tok_token *t = &v->tok[i];
@@ -671,7 +672,7 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
             t->len = (uint32_t)it->v.str.len;
         }
         if (rc) {
-            seterr(err, errlen, "tokenizer.ggml.tokens: text pool too large");
+            model__seterr(err, errlen, "tokenizer.ggml.tokens: text pool too large");
             return rc;
         }
         if (scores) {
@@ -699,8 +700,8 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
         }
         if (v->type == MODEL_VOCAB_SPM && (t->attr & TOK_ATTR_BYTE) &&
             byte_token_value(v->pool + t->off, t->len) < 0) {
-            seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
-                   (int)(t->len > 32 ? 32 : t->len), v->pool + t->off);
+            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
+                          (int)(t->len > 32 ? 32 : t->len), v->pool + t->off);
             return -EINVAL;
         }
         tok_index(v, i);
@@ -713,15 +714,15 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
     const struct gguf_value *m;
     int rc = get_str_arr(f, "tokenizer.ggml.merges", &m, err, errlen);
     if (rc == -ENOENT) {
-        seterr(err, errlen, "tokenizer.ggml.merges: missing (a gpt2 BPE vocabulary needs its merges)");
+        model__seterr(err, errlen, "tokenizer.ggml.merges: missing (a gpt2 BPE vocabulary needs its merges)");
         return -EINVAL;
     }
     if (rc)
         return rc;
     uint64_t n = m->v.arr.n;
     if (n > TOK_MAX_MERGES) {
-        seterr(err, errlen, "tokenizer.ggml.merges: %llu merges (limit %u)",
-               (unsigned long long)n, TOK_MAX_MERGES);
+        model__seterr(err, errlen, "tokenizer.ggml.merges: %llu merges (limit %u)",
+                      (unsigned long long)n, TOK_MAX_MERGES);
         return -EINVAL;
     }
     v->n_merges = (uint32_t)n;
@@ -737,20 +738,20 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
     for (uint32_t i = 0; i < n; i++) {
         const struct gguf_value *it = &m->v.arr.items[i];
         if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
-            seterr(err, errlen, "tokenizer.ggml.merges[%u]: not a string", i);
+            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: not a string", i);
             return -EINVAL;
         }
         const char *s = it->v.str.p;
         size_t len = (size_t)it->v.str.len;
         if (len > TOK_MAX_TEXT) {
-            seterr(err, errlen, "tokenizer.ggml.merges[%u]: %zu bytes (limit %u)", i, len, TOK_MAX_TEXT);
+            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: %zu bytes (limit %u)", i, len, TOK_MAX_TEXT);
             return -EINVAL;
         }
         /* "first second", split at the first space after the first byte */
         const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
         if (!sp) {
-            seterr(err, errlen, "tokenizer.ggml.merges[%u]: '%.*s' has no space between the pair",
-                   i, (int)(len > 40 ? 40 : len), s);
+            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: '%.*s' has no space between the pair",
+                          i, (int)(len > 40 ? 40 : len), s);
             return -EINVAL;
         }
         struct tok_merge *mg = &v->merges[i];
@@ -760,7 +761,7 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
         uint32_t off2;
         if (pool_add(v, s, mg->first_len, &mg->off) ||
             pool_add(v, sp + 1, mg->second_len, &off2)) {
-            seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
+            model__seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
             return -ENOMEM;
         }
         (void)off2; /* second follows first in the pool */
@@ -786,11 +787,11 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
     *out = NULL;
     rc = gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model);
     if (rc == -ENOENT) {
-        seterr(err, errlen, "tokenizer.ggml.model: missing (no vocabulary in this file)");
+        model__seterr(err, errlen, "tokenizer.ggml.model: missing (no vocabulary in this file)");
         return -EINVAL;
     }
     if (rc < 0) {
-        seterr(err, errlen, "tokenizer.ggml.model: not a short string");
+        model__seterr(err, errlen, "tokenizer.ggml.model: not a short string");
         return -EINVAL;
     }
     struct model_vocab *v = calloc(1, sizeof *v);
@@ -814,12 +815,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (rc == 0) {
             snprintf(v->pre_name, sizeof v->pre_name, "%s", pre);
         } else if (rc == -ENAMETOOLONG) {
-            seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type (name longer than %zu bytes)",
-                   sizeof pre - 1);
+            model__seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type (name longer than %zu bytes)",
+                          sizeof pre - 1);
             rc = -ENOTSUP;
             goto fail;
         } else if (rc != -ENOENT) {
-            seterr(err, errlen, "tokenizer.ggml.pre: not a string");
+            model__seterr(err, errlen, "tokenizer.ggml.pre: not a string");
             rc = -EINVAL;
             goto fail;
         }
@@ -829,7 +830,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
             if (!strcmp(pre_names[i].name, v->pre_name))
                 pn = &pre_names[i];
         if (!pn) {
-            seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type '%s'", v->pre_name);
+            model__seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type '%s'", v->pre_name);
             rc = -ENOTSUP;
             goto fail;
         }
@@ -840,16 +841,16 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (pn->pre == TOK_PRE_CHATGLM4)
             v->bos = -1;
     } else if (!strcmp(model, "bert")) {
-        seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
+        model__seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
         rc = -ENOTSUP;
         goto fail;
     } else if (!strcmp(model, "t5") || !strcmp(model, "rwkv") || !strcmp(model, "plamo2") ||
                !strcmp(model, "no_vocab") || !strcmp(model, "none")) {
-        seterr(err, errlen, "tokenizer.ggml.model: '%s' vocabularies are not supported", model);
+        model__seterr(err, errlen, "tokenizer.ggml.model: '%s' vocabularies are not supported", model);
         rc = -ENOTSUP;
         goto fail;
     } else {
-        seterr(err, errlen, "tokenizer.ggml.model: unknown tokenizer '%s'", model);
+        model__seterr(err, errlen, "tokenizer.ggml.model: unknown tokenizer '%s'", model);
         rc = -ENOTSUP;
         goto fail;
     }
@@ -893,12 +894,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         (rc = get_flag(f, "tokenizer.ggml.add_eos_token", &v->add_eos, err, errlen)))
         goto fail;
     if (v->add_bos && v->bos < 0) {
-        seterr(err, errlen, "tokenizer.ggml.add_bos_token: set but the vocabulary has no BOS token");
+        model__seterr(err, errlen, "tokenizer.ggml.add_bos_token: set but the vocabulary has no BOS token");
         rc = -EINVAL;
         goto fail;
     }
     if (v->add_eos && v->eos < 0) {
-        seterr(err, errlen, "tokenizer.ggml.add_eos_token: set but the vocabulary has no EOS token");
+        model__seterr(err, errlen, "tokenizer.ggml.add_eos_token: set but the vocabulary has no EOS token");
         rc = -EINVAL;
         goto fail;
     }
@@ -1046,7 +1047,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
             }
             if (pb.n > UINT32_MAX) {
                 free(pb.p);
-                seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
+                model__seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
                 rc = -E2BIG;
                 goto fail;
             }
