@@ -4,6 +4,9 @@
 #ifndef KV_KVCTL_H
 #define KV_KVCTL_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 /* kvctl_gguf.c */
 int kvctl_cmd_inspect(int argc, char **argv);
 int kvctl_cmd_slice(int argc, char **argv);
@@ -27,5 +30,39 @@ int kvctl_cmd_plan(int argc, char **argv);
 int kvctl_cmd_profile(int argc, char **argv);
 /* kvctl_pull.c */
 int kvctl_cmd_pull(int argc, char **argv);
+
+/* kvctl_common.c — helpers the command files share (internal to kvctl). */
+struct model_sampler_params;
+/* Seconds on the monotonic clock. */
+double kvctl_now_s(void);
+/* True when argv[1..] holds -h or --help. */
+bool kvctl_is_help(int argc, char **argv);
+/* A decimal integer in [lo, hi] for option opt: 0, or -EINVAL after a message on stderr. */
+int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
+/* A number for option opt: 0, or -EINVAL after a message on stderr. */
+int kvctl_parse_float(const char *opt, const char *s, float *out);
+/* "1,2,3" (commas or blanks) -> at most max token ids in *out (caller frees) and their count:
+ * 0, -EINVAL after a message on stderr, or -ENOMEM. */
+int kvctl_parse_tokens(const char *s, uint32_t max, int32_t **out, uint32_t *n);
+/* The sampling options generate takes, one process or through a ring: getopt_long codes and
+ * the struct option entries (the user includes <getopt.h>). */
+enum {
+    KVCTL_OPT_TEMP = 1000, KVCTL_OPT_TOPK, KVCTL_OPT_TOPP, KVCTL_OPT_MINP, KVCTL_OPT_REPEAT,
+    KVCTL_OPT_REPEAT_N, KVCTL_OPT_FREQ, KVCTL_OPT_PRES, KVCTL_OPT_SEED,
+    KVCTL_OPT_SAMPLING_END   /* a command's own codes start here */
+};
+#define KVCTL_SAMPLING_OPTIONS \
+    {"temp", required_argument, 0, KVCTL_OPT_TEMP}, \
+    {"top-k", required_argument, 0, KVCTL_OPT_TOPK}, \
+    {"top-p", required_argument, 0, KVCTL_OPT_TOPP}, \
+    {"min-p", required_argument, 0, KVCTL_OPT_MINP}, \
+    {"repeat-penalty", required_argument, 0, KVCTL_OPT_REPEAT}, \
+    {"repeat-last-n", required_argument, 0, KVCTL_OPT_REPEAT_N}, \
+    {"freq-penalty", required_argument, 0, KVCTL_OPT_FREQ}, \
+    {"presence-penalty", required_argument, 0, KVCTL_OPT_PRES}, \
+    {"seed", required_argument, 0, KVCTL_OPT_SEED}
+/* Applies sampling option c (a KVCTL_OPT_* code) to *sp: 0, -EINVAL after a message on
+ * stderr, or 1 when c is not a sampling option. */
+int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp);
 
 #endif

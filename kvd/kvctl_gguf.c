@@ -28,14 +28,6 @@ static void human(uint64_t b, char *buf, size_t n)
         snprintf(buf, n, "%.2f %s", x, u[i]);
 }
 
-static bool is_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
-            return true;
-    return false;
-}
-
 /* Parse a decimal u64 option value: 0 or -1 with a message. */
 static int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
 {
@@ -91,7 +83,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
     bool tensors = false, kvs = false;
-    if (is_help(argc, argv)) {
+    if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl inspect FILE [--tensors] [--kv]\n"
                "  what a GGUF model or stage window holds: architecture, hyperparameters, tokenizer,\n"
                "  tensor types, bytes per layer, embedding and head bytes.\n"
@@ -284,7 +276,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
 int kvctl_cmd_slice(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL, *layers = NULL, *sha = NULL;
-    if (is_help(argc, argv)) {
+    if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl slice FILE --layers A:B -o OUT [--source-sha256 HEX]\n"
                "  write the stage mini-GGUF of layers [A, B): all metadata, the window's tensors under\n"
                "  their original names (token_embd when A is 0, output_norm/output when B is the last\n"
@@ -357,7 +349,7 @@ int kvctl_cmd_slice(int argc, char **argv)
 int kvctl_cmd_catalog(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
-    if (is_help(argc, argv)) {
+    if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl catalog FILE [-o CAT.json]\n"
                "  per-tensor catalog of a model: name, type, shape, absolute offset, size, SHA-256, and\n"
                "  the source file's SHA-256. Prints the model id (the SHA-256 of the catalog JSON)\n"
@@ -419,7 +411,7 @@ int kvctl_cmd_catalog(int argc, char **argv)
 int kvctl_cmd_verify(int argc, char **argv)
 {
     const char *path = NULL, *cat = NULL;
-    if (is_help(argc, argv)) {
+    if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl verify WINDOW --catalog CAT.json\n"
                "  check a stage window (or a whole model) tensor by tensor against a catalog; names\n"
                "  the first tensor that is missing or differs. Exit 0 when everything matches.\n");
@@ -642,7 +634,7 @@ int kvctl_cmd_synth(int argc, char **argv)
     uint64_t layers = 2, embd = 256, ff = 768, heads = 8, kv_heads = 0, head_dim = 0, vocab = 512,
              seed = 1, ctx = 2048;
     bool tied = false;
-    if (is_help(argc, argv)) {
+    if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl synth --arch llama|qwen2|qwen3 --layers N --embd D --ff F --heads H\n"
                "                   [--kv-heads K] [--head-dim E] --vocab V --type f32|f16|q8_0|q4_0\n"
                "                   [--seed S] [--ctx C] [--tied] [--name NAME] -o OUT\n"

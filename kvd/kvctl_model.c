@@ -17,81 +17,12 @@
 
 #define MAX_TOKENS (1u << 20)
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* CPU seconds used by the whole process (every thread). */
 static double cpu_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* "1,2,3" (or blanks) -> tokens; 0 or -EINVAL with a message. */
-static int parse_tokens(const char *s, int32_t **out, uint32_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    size_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',' || *p == ' ';
-    if (cap > MAX_TOKENS) {
-        fprintf(stderr, "--tokens: more than %u tokens\n", MAX_TOKENS);
-        return -EINVAL;
-    }
-    int32_t *t = malloc(cap * sizeof *t);
-    if (!t)
-        return -ENOMEM;
-    const char *p = s;
-    while (*p) {
-        while (*p == ',' || *p == ' ')
-            p++;
-        if (!*p)
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
-            fprintf(stderr, "--tokens: '%s' is not a list of token ids\n", s);
-            free(t);
-            return -EINVAL;
-        }
-        t[(*n)++] = (int32_t)v;
-        p = end;
-    }
-    *out = t;
-    return 0;
-}
-
-static int parse_uint(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *opt, const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (end == s || *end || errno) {
-        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
 }
 
 /* Tokenise a prompt as llama.cpp's tools do: BOS/EOS as the vocabulary asks, special-token
@@ -255,23 +186,14 @@ static void generate_usage(FILE *f)
         "options; kvctl generate --ring DIR --help).\n");
 }
 
-enum {
-    OPT_TEMP = 1000, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_REPEAT_N, OPT_FREQ,
-    OPT_PRES, OPT_SEED, OPT_TOKENS, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH, OPT_BW
-};
+enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH, OPT_BW };
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
-        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
-        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
-        {"repeat-penalty", required_argument, 0, OPT_REPEAT},
-        {"repeat-last-n", required_argument, 0, OPT_REPEAT_N},
-        {"freq-penalty", required_argument, 0, OPT_FREQ},
-        {"presence-penalty", required_argument, 0, OPT_PRES},
-        {"seed", required_argument, 0, OPT_SEED}, {"tokens", required_argument, 0, OPT_TOKENS},
+        KVCTL_SAMPLING_OPTIONS, {"tokens", required_argument, 0, OPT_TOKENS},
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"ids", no_argument, 0, OPT_IDS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     for (int i = 1; i < argc; i++)   /* through a running ring: kvctl_ring.c */
@@ -283,39 +205,24 @@ int kvctl_cmd_generate(int argc, char **argv)
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
     int c;
-    long v;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
         int rc = 0;
         switch (c) {
         case 'm': path = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'n': rc = parse_uint("-n", optarg, 0, MAX_TOKENS, &n_gen); break;
-        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
-        case OPT_TEMP: rc = parse_float("--temp", optarg, &sp.temperature); break;
-        case OPT_TOPK: rc = parse_uint("--top-k", optarg, 0, INT32_MAX, &v); sp.top_k = (int32_t)v; break;
-        case OPT_TOPP: rc = parse_float("--top-p", optarg, &sp.top_p); break;
-        case OPT_MINP: rc = parse_float("--min-p", optarg, &sp.min_p); break;
-        case OPT_REPEAT: rc = parse_float("--repeat-penalty", optarg, &sp.repeat_penalty); break;
-        case OPT_REPEAT_N: rc = parse_uint("--repeat-last-n", optarg, 0, 1 << 20, &v); sp.penalty_last_n = (int32_t)v; break;
-        case OPT_FREQ: rc = parse_float("--freq-penalty", optarg, &sp.freq_penalty); break;
-        case OPT_PRES: rc = parse_float("--presence-penalty", optarg, &sp.presence_penalty); break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            sp.seed = strtoull(optarg, &end, 10);
-            if (end == optarg || *end || errno) {
-                fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", optarg);
-                rc = -EINVAL;
-            }
-            break;
-        }
+        case 'n': rc = kvctl_parse_long("-n", optarg, 0, MAX_TOKENS, &n_gen); break;
+        case 't': rc = kvctl_parse_long("-t", optarg, 0, 1024, &threads); break;
         case OPT_TOKENS: toks = optarg; break;
-        case OPT_CTX: rc = parse_uint("--ctx", optarg, 1, 1 << 20, &ctx); break;
+        case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case OPT_IGNORE_EOS: ignore_eos = true; break;
         case OPT_IDS: print_ids = true; break;
         case 'h': generate_usage(stdout); return 0;
-        default: generate_usage(stderr); return 2;
+        default:
+            if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
+                generate_usage(stderr);
+                return 2;
+            }
         }
         if (rc < 0)
             return 2;
@@ -357,7 +264,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     if (prompt)
         rc = tokenize_prompt(voc, prompt, &tokens, &n_prompt);
     else
-        rc = parse_tokens(toks, &tokens, &n_prompt);
+        rc = kvctl_parse_tokens(toks, MAX_TOKENS, &tokens, &n_prompt);
     if (rc < 0) {
         ret = 2;
         goto out;
@@ -388,12 +295,12 @@ int kvctl_cmd_generate(int argc, char **argv)
     for (uint32_t i = 0; i < n_prompt; i++)
         model_sampler_accept(smp, tokens[i]);
 
-    double t0 = now_s();
+    double t0 = kvctl_now_s();
     if ((rc = runner_feed(&r, 0, tokens, n_prompt, NULL)) < 0) {
         fprintf(stderr, "kvctl generate: prompt: %s\n", feed_error(rc));
         goto out;
     }
-    double t1 = now_s();
+    double t1 = kvctl_now_s();
     uint32_t pos = n_prompt, n_done = 0;
     for (long g = 0; g < n_gen; g++) {
         int32_t tok = model_sampler_sample(smp, r.logits, NULL);
@@ -434,7 +341,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     }
     printf("\n");
     fflush(stdout);   /* the text before the statistics, also when both go to one pipe */
-    double t2 = now_s();
+    double t2 = kvctl_now_s();
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
@@ -480,10 +387,10 @@ int kvctl_cmd_logits(int argc, char **argv)
         case 'm': path = optarg; break;
         case 'p': prompt = optarg; break;
         case 'o': outp = optarg; break;
-        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
+        case 't': rc = kvctl_parse_long("-t", optarg, 0, 1024, &threads); break;
         case OPT_TOKENS: toks = optarg; break;
-        case OPT_BATCH: rc = parse_uint("--batch", optarg, 1, 1 << 20, &batch); break;
-        case OPT_CTX: rc = parse_uint("--ctx", optarg, 1, 1 << 20, &ctx); break;
+        case OPT_BATCH: rc = kvctl_parse_long("--batch", optarg, 1, 1 << 20, &batch); break;
+        case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case 'h': logits_usage(stdout); return 0;
         default: logits_usage(stderr); return 2;
         }
@@ -496,7 +403,7 @@ int kvctl_cmd_logits(int argc, char **argv)
     }
     int32_t *tokens;
     uint32_t n;
-    if (toks && parse_tokens(toks, &tokens, &n) < 0)
+    if (toks && kvctl_parse_tokens(toks, MAX_TOKENS, &tokens, &n) < 0)
         return 2;
     if (prompt) {           /* the vocabulary alone: metadata, no tensors mapped */
         struct gguf_file *gf = NULL;
@@ -595,10 +502,10 @@ int kvctl_cmd_bench(int argc, char **argv)
         int rc = 0;
         switch (c) {
         case 'm': path = optarg; break;
-        case 't': rc = parse_uint("-t", optarg, 0, 1024, &threads); break;
-        case 'p': rc = parse_uint("-p", optarg, 0, 65536, &n_pp); break;
-        case 'n': rc = parse_uint("-n", optarg, 0, 65536, &n_tg); break;
-        case 'r': rc = parse_uint("-r", optarg, 1, 100, &reps); break;
+        case 't': rc = kvctl_parse_long("-t", optarg, 0, 1024, &threads); break;
+        case 'p': rc = kvctl_parse_long("-p", optarg, 0, 65536, &n_pp); break;
+        case 'n': rc = kvctl_parse_long("-n", optarg, 0, 65536, &n_tg); break;
+        case 'r': rc = kvctl_parse_long("-r", optarg, 1, 100, &reps); break;
         case OPT_BW: want_bw = true; break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
@@ -629,12 +536,12 @@ int kvctl_cmd_bench(int argc, char **argv)
         model_session_free(r.e, 1);
         if ((rc = model_session_new(r.e, 1)) < 0)
             goto out;
-        double t0 = now_s();
+        double t0 = kvctl_now_s();
         if (n_pp > 0 && (rc = runner_feed(&r, 0, tokens, (uint32_t)n_pp, NULL)) < 0) {
             fprintf(stderr, "kvctl bench: %s\n", feed_error(rc));
             goto out;
         }
-        double t1 = now_s();
+        double t1 = kvctl_now_s();
         /* Generation: each step feeds the greedy choice of the previous one. */
         int32_t tok = tokens[n_pp];
         uint32_t pos = (uint32_t)n_pp;
@@ -651,7 +558,7 @@ int kvctl_cmd_bench(int argc, char **argv)
                     best = i;
             tok = (int32_t)best;
         }
-        double t2 = now_s(), c2 = cpu_s();
+        double t2 = kvctl_now_s(), c2 = cpu_s();
         if (rep == 0)
             continue;
         if (n_tg > 0 && (best_tg_cpu == 0 || (c2 - c1) / n_tg < best_tg_cpu))

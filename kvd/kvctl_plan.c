@@ -27,14 +27,6 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static bool is_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
-            return true;
-    return false;
-}
-
 static int parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
 {
     char *end;
@@ -805,7 +797,7 @@ static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, co
 
 int kvctl_cmd_plan(int argc, char **argv)
 {
-    if (is_help(argc, argv)) { plan_usage(stdout); return 0; }
+    if (kvctl_is_help(argc, argv)) { plan_usage(stdout); return 0; }
     const char *model = NULL, *catalog = NULL, *outp = NULL, *relay = NULL, *wire = "f32";
     const char *devfiles[MAX_DEVICE_FILES];
     int ndev = 0, nextn = -1;
@@ -933,13 +925,6 @@ out:
 
 /* ------------------------------------------------------------------ profile */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static uint64_t meminfo_kb(const char *key)
 {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -966,11 +951,11 @@ static double measure_bw(void)
     volatile uint64_t sink = 0;
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = now_s();
+        double t0 = kvctl_now_s();
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (size_t i = 0; i + 4 <= n / 8; i += 4) { s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3]; }
         sink += s0 + s1 + s2 + s3;
-        double dt = now_s() - t0;
+        double dt = kvctl_now_s() - t0;
         if (dt > 0 && n / dt > best) best = n / dt;
     }
     (void)sink;
@@ -991,7 +976,7 @@ static void profile_usage(FILE *o)
 
 int kvctl_cmd_profile(int argc, char **argv)
 {
-    if (is_help(argc, argv)) { profile_usage(stdout); return 0; }
+    if (kvctl_is_help(argc, argv)) { profile_usage(stdout); return 0; }
     const char *model = NULL, *id = NULL, *endpoint = NULL;
     double v, rtt = 0, bw = 0;
     int threads = 0, tokens = 16;
@@ -1049,9 +1034,9 @@ int kvctl_cmd_profile(int argc, char **argv)
                 double best = 0;
                 int ok = 1;
                 for (int t = 0; t < tokens && ok; t++) {
-                    double t0 = now_s();
+                    double t0 = kvctl_now_s();
                     ok = model_window_run(ex, 1, (uint32_t)t, 1, x) == 0;
-                    double dt = now_s() - t0;
+                    double dt = kvctl_now_s() - t0;
                     if (t >= 2 && (best == 0 || dt < best)) best = dt; /* skip warm-up steps */
                     for (uint32_t k = 0; k < hp->n_embd; k++)  /* keep values tame */
                         if (!(fabsf(x[k]) < 1e3f)) x[k] = 0;

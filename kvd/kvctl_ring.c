@@ -33,39 +33,6 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *opt, const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (end == s || *end || errno) {
-        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
 static int mkdir_p(const char *dir)
 {
     char tmp[PATH_MAX];
@@ -313,19 +280,19 @@ static int ring_up(int argc, char **argv)
         int rc = 0;
         switch (c) {
         case 'm': model = optarg; break;
-        case 's': rc = parse_long("--stages", optarg, 1, MAX_STAGES, &stages); break;
+        case 's': rc = kvctl_parse_long("--stages", optarg, 1, MAX_STAGES, &stages); break;
         case 'd': dtype = optarg; break;
-        case 'p': rc = parse_long("--base-port", optarg, 0, 65535 - MAX_STAGES, &base_port); break;
+        case 'p': rc = kvctl_parse_long("--base-port", optarg, 0, 65535 - MAX_STAGES, &base_port); break;
         case 'D': dir = optarg; break;
-        case 't': rc = parse_long("-t", optarg, 0, 1024, &threads); break;
-        case 'c': rc = parse_long("--ctx", optarg, 8, 1 << 20, &ctx); break;
-        case 'b': rc = parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
+        case 't': rc = kvctl_parse_long("-t", optarg, 0, 1024, &threads); break;
+        case 'c': rc = kvctl_parse_long("--ctx", optarg, 8, 1 << 20, &ctx); break;
+        case 'b': rc = kvctl_parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
         case 'S': stub = true; break;
         case 'W': window_from = optarg; break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
-        case 'L': rc = parse_long("--layers", optarg, 1, 100000, &s_layers); break;
-        case 'E': rc = parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
+        case 'L': rc = kvctl_parse_long("--layers", optarg, 1, 100000, &s_layers); break;
+        case 'E': rc = kvctl_parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
         case 'h': ring_up_usage(stdout); return 0;
         default: ring_up_usage(stderr); return 2;
         }
@@ -679,7 +646,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     struct kvd_manifest m;
     if (load_ring(dir_abs, &m) < 0)
         return 1;
-    double t0 = now_s();
+    double t0 = kvctl_now_s();
     for (;;) {
         uint32_t linked = 0;
         for (uint32_t r = 0; r < (uint32_t)stages; r++) {
@@ -719,14 +686,14 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         }
         if (linked == (uint32_t)stages)
             break;
-        if (now_s() - t0 > 60) {
+        if (kvctl_now_s() - t0 > 60) {
             fprintf(stderr, "kvctl ring up: the ring did not link within 60 s (logs in %s/rank-*/kvd.log)\n", dir);
             print_status_table(dir_abs, &m, stderr);
             return 1;
         }
         usleep(50000);
     }
-    printf("ring up in %.2f s (manifest %s)\n", now_s() - t0, mpath);
+    printf("ring up in %.2f s (manifest %s)\n", kvctl_now_s() - t0, mpath);
     printf("windows: %s\n", split ? "--split" : planned ? "the planner's split for identical local stages "
            "(balanced by work per token, embedding and head included)" : stub ? "even (stand-in compute)"
            : "by layer bytes (the planner refused: see above)");
@@ -771,9 +738,9 @@ static int ring_down(int argc, char **argv)
         fclose(f);
         unlink(pidf);
     }
-    double t0 = now_s();
+    double t0 = kvctl_now_s();
     for (int i = 0; i < n; i++) {
-        while (pid_alive(pids[i]) && now_s() - t0 < 5) {
+        while (pid_alive(pids[i]) && kvctl_now_s() - t0 < 5) {
             waitpid(pids[i], NULL, WNOHANG);
             usleep(10000);
         }
@@ -891,7 +858,7 @@ static int gen_line(const char *line, void *ud)
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "s");
         g->n_done++;
         if (g->n_done == 1)
-            g->t_first = now_s();
+            g->t_first = kvctl_now_s();
         if (cJSON_IsString(s) && !g->ids)
             fputs(s->valuestring, stdout);
         else
@@ -917,22 +884,17 @@ static void gen_usage(FILE *f)
 
 int kvctl_ring_generate(int argc, char **argv)
 {
-    enum { O_TEMP = 1000, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN, O_FREQ, O_PRES, O_SEED, O_TOK,
-           O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL };
+    enum { O_TOK = KVCTL_OPT_SAMPLING_END, O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL };
     static const struct option opts[] = {
         {"ring", required_argument, 0, O_RING}, {"model", required_argument, 0, O_MODEL},
         {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
-        {"threads", required_argument, 0, 't'}, {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
-        {"repeat-last-n", required_argument, 0, O_REPN}, {"freq-penalty", required_argument, 0, O_FREQ},
-        {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
+        {"threads", required_argument, 0, 't'}, KVCTL_SAMPLING_OPTIONS,
         {"tokens", required_argument, 0, O_TOK}, {"ctx", required_argument, 0, O_CTX},
         {"ignore-eos", no_argument, 0, O_IEOS}, {"ids", no_argument, 0, O_IDS},
         {"dump-logits", required_argument, 0, O_DUMP}, {"stop", required_argument, 0, O_STOP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *ring = NULL, *prompt = NULL, *toks = NULL, *dump = NULL;
-    long n_gen = 64, v;
+    long n_gen = 64;
     bool ignore_eos = false, ids = false;
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
@@ -947,25 +909,7 @@ int kvctl_ring_generate(int argc, char **argv)
         case 'm': case O_MODEL: break;   /* the ring holds the model */
         case 't': break;                 /* threads are the stages' business */
         case 'p': prompt = optarg; break;
-        case 'n': rc = parse_long("-n", optarg, 0, 1 << 20, &n_gen); break;
-        case O_TEMP: rc = parse_float("--temp", optarg, &sp.temperature); break;
-        case O_TOPK: rc = parse_long("--top-k", optarg, 0, INT32_MAX, &v); sp.top_k = (int32_t)v; break;
-        case O_TOPP: rc = parse_float("--top-p", optarg, &sp.top_p); break;
-        case O_MINP: rc = parse_float("--min-p", optarg, &sp.min_p); break;
-        case O_REP: rc = parse_float("--repeat-penalty", optarg, &sp.repeat_penalty); break;
-        case O_REPN: rc = parse_long("--repeat-last-n", optarg, 0, 1 << 20, &v); sp.penalty_last_n = (int32_t)v; break;
-        case O_FREQ: rc = parse_float("--freq-penalty", optarg, &sp.freq_penalty); break;
-        case O_PRES: rc = parse_float("--presence-penalty", optarg, &sp.presence_penalty); break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            sp.seed = strtoull(optarg, &end, 10);
-            if (end == optarg || *end || errno) {
-                fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", optarg);
-                rc = -EINVAL;
-            }
-            break;
-        }
+        case 'n': rc = kvctl_parse_long("-n", optarg, 0, 1 << 20, &n_gen); break;
         case O_TOK: toks = optarg; break;
         case O_CTX: break;               /* the ring's context is in its manifest */
         case O_IEOS: ignore_eos = true; break;
@@ -973,7 +917,13 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_DUMP: dump = optarg; break;
         case O_STOP: cJSON_AddItemToArray(stop, cJSON_CreateString(optarg)); break;
         case 'h': gen_usage(stdout); cJSON_Delete(req); cJSON_Delete(stop); return 0;
-        default: gen_usage(stderr); cJSON_Delete(req); cJSON_Delete(stop); return 2;
+        default:
+            if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
+                gen_usage(stderr);
+                cJSON_Delete(req);
+                cJSON_Delete(stop);
+                return 2;
+            }
         }
         if (rc < 0) {
             cJSON_Delete(req);
@@ -989,25 +939,17 @@ int kvctl_ring_generate(int argc, char **argv)
     }
     cJSON_AddStringToObject(req, "op", "generate");
     if (toks) {
-        cJSON *a = cJSON_AddArrayToObject(req, "tokens");
-        const char *p = toks;
-        while (*p) {
-            while (*p == ',' || *p == ' ')
-                p++;
-            if (!*p)
-                break;
-            char *end;
-            errno = 0;
-            long t = strtol(p, &end, 10);
-            if (end == p || errno || t < 0 || t > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
-                fprintf(stderr, "--tokens: '%s' is not a list of token ids\n", toks);
-                cJSON_Delete(req);
-                cJSON_Delete(stop);
-                return 2;
-            }
-            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t));
-            p = end;
+        int32_t *t;
+        uint32_t n;
+        if (kvctl_parse_tokens(toks, 1u << 20, &t, &n) < 0) {
+            cJSON_Delete(req);
+            cJSON_Delete(stop);
+            return 2;
         }
+        cJSON *a = cJSON_AddArrayToObject(req, "tokens");
+        for (uint32_t i = 0; i < n; i++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t[i]));
+        free(t);
     } else
         cJSON_AddStringToObject(req, "prompt", prompt);
     cJSON_AddNumberToObject(req, "n", (double)n_gen);
@@ -1040,7 +982,7 @@ int kvctl_ring_generate(int argc, char **argv)
     }
     struct gen_state g = {.ids = ids, .dump_logits = dump};
     char err[512];
-    double t0 = now_s();
+    double t0 = kvctl_now_s();
     int rc = kvd_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
     free(line);
     if (rc < 0) {
@@ -1057,7 +999,7 @@ int kvctl_ring_generate(int argc, char **argv)
     }
     printf("\n");
     fflush(stdout);   /* the text, then the statistics */
-    double t2 = now_s();
+    double t2 = kvctl_now_s();
     double pms = jnum(g.done_obj, "prompt_ms") / 1e3, gms = jnum(g.done_obj, "gen_ms") / 1e3;
     uint32_t n_prompt = (uint32_t)jnum(g.done_obj, "n_prompt");
     uint32_t n_gen_done = (uint32_t)jnum(g.done_obj, "n_gen");

@@ -1,0 +1,121 @@
+/* kvctl_common.c — what several kvctl commands share: option-value parsing, the sampling
+ * options of generate (one process and through a ring), token-id lists, a clock. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvd/kvctl.h"
+#include "model/model.h"
+
+double kvctl_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+bool kvctl_is_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return true;
+    return false;
+}
+
+int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int kvctl_parse_float(const char *opt, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (end == s || *end || errno) {
+        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int kvctl_parse_tokens(const char *s, uint32_t max, int32_t **out, uint32_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',' || *p == ' ';
+    if (cap > max) {
+        fprintf(stderr, "--tokens: more than %u tokens\n", max);
+        return -EINVAL;
+    }
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    const char *p = s;
+    while (*p) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+            fprintf(stderr, "--tokens: '%s' is not a list of token ids\n", s);
+            free(t);
+            return -EINVAL;
+        }
+        t[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    *out = t;
+    return 0;
+}
+
+int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
+{
+    long v;
+    int rc;
+    switch (c) {
+    case KVCTL_OPT_TEMP: return kvctl_parse_float("--temp", arg, &sp->temperature);
+    case KVCTL_OPT_TOPK:
+        if ((rc = kvctl_parse_long("--top-k", arg, 0, INT32_MAX, &v)) == 0)
+            sp->top_k = (int32_t)v;
+        return rc;
+    case KVCTL_OPT_TOPP: return kvctl_parse_float("--top-p", arg, &sp->top_p);
+    case KVCTL_OPT_MINP: return kvctl_parse_float("--min-p", arg, &sp->min_p);
+    case KVCTL_OPT_REPEAT: return kvctl_parse_float("--repeat-penalty", arg, &sp->repeat_penalty);
+    case KVCTL_OPT_REPEAT_N:
+        if ((rc = kvctl_parse_long("--repeat-last-n", arg, 0, 1 << 20, &v)) == 0)
+            sp->penalty_last_n = (int32_t)v;
+        return rc;
+    case KVCTL_OPT_FREQ: return kvctl_parse_float("--freq-penalty", arg, &sp->freq_penalty);
+    case KVCTL_OPT_PRES: return kvctl_parse_float("--presence-penalty", arg, &sp->presence_penalty);
+    case KVCTL_OPT_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(arg, &end, 10);
+        if (end == arg || *end || errno) {
+            fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", arg);
+            return -EINVAL;
+        }
+        sp->seed = s;
+        return 0;
+    }
+    default: return 1;
+    }
+}
