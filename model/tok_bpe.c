@@ -214,32 +214,11 @@ void tok_bpe_free(struct model_vocab *v)
 /* Is s[0..n) valid UTF-8 that PCRE2 accepts (no overlongs, surrogates, > U+10FFFF)? */
 static bool utf8_valid(const unsigned char *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            need = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else
+    for (size_t i = 0; i < n;) {
+        int k = tok_utf8_check(s + i, n - i);
+        if (k <= 0)
             return false;
-        if (n - i < need || s[i + 1] < lo || s[i + 1] > hi)
-            return false;
-        for (size_t k = 2; k < need; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-        i += need;
+        i += (size_t)k;
     }
     return true;
 }
@@ -365,73 +344,12 @@ struct bsym {
     int32_t id;           /* token with this text, -1 if none */
 };
 
-struct bbigram {
-    int32_t rank, left, right;
-    uint32_t size;
-};
-
-struct bheap {
-    struct bbigram *b;
-    size_t n, cap;
-};
-
-/* a before b: lower rank, then smaller left index */
-static bool bb_before(const struct bbigram *a, const struct bbigram *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static int bheap_push(struct bheap *h, struct bbigram x)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof x)
-            return -ENOMEM;
-        struct bbigram *p = realloc(h->b, cap * sizeof x);
-        if (!p)
-            return -ENOMEM;
-        h->b = p;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bb_before(&x, &h->b[parent]))
-            break;
-        h->b[i] = h->b[parent];
-        i = parent;
-    }
-    h->b[i] = x;
-    return 0;
-}
-
-static struct bbigram bheap_pop(struct bheap *h)
-{
-    struct bbigram top = h->b[0];
-    struct bbigram last = h->b[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && bb_before(&h->b[c + 1], &h->b[c]))
-            c++;
-        if (!bb_before(&h->b[c], &last))
-            break;
-        h->b[i] = h->b[c];
-        i = c;
-    }
-    if (h->n)
-        h->b[i] = last;
-    return top;
-}
-
 struct bpe_work {
     char *word;           /* byte-level encoded piece */
     size_t word_cap;
     struct bsym *sym;
     size_t sym_cap;
-    struct bheap heap;
+    struct tok_heap heap;
 };
 
 static int add_bigram(const struct model_vocab *v, struct bpe_work *w, int32_t left, int32_t right)
@@ -444,7 +362,7 @@ static int add_bigram(const struct model_vocab *v, struct bpe_work *w, int32_t l
                    : v->text_merges ? tok_merge_rank(v, w->word + l->off, l->n, r->n) : -1;
     if (rank < 0)
         return 0;
-    return bheap_push(&w->heap, (struct bbigram){rank, left, right, l->n + r->n});
+    return tok_heap_push(&w->heap, (struct tok_bigram){rank, left, right, l->n + r->n, rank});
 }
 
 static int emit(const struct model_vocab *v, const char *s, size_t n, struct tok_out *o)
@@ -505,7 +423,7 @@ static int bpe_word(const struct model_vocab *v, struct bpe_work *w, const char 
         if ((rc = add_bigram(v, w, (int32_t)k - 1, (int32_t)k)))
             return rc;
     while (w->heap.n) {
-        struct bbigram bg = bheap_pop(&w->heap);
+        struct tok_bigram bg = tok_heap_pop(&w->heap);
         struct bsym *l = &w->sym[bg.left], *r = &w->sym[bg.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
             continue; /* outdated: one side has merged since */

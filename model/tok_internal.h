@@ -117,6 +117,23 @@ struct tok_out {
 };
 int tok_out_push(struct tok_out *o, int32_t id);
 
+/* A candidate merge of symbols left and right (size bytes together, which tells a stale
+ * candidate once one side has merged since). The heap pops the smallest key first, the leftmost
+ * among equal keys: BPE keys by merge rank, SPM by minus the merged token's score. */
+struct tok_bigram {
+    double key;
+    int32_t left, right;
+    uint32_t size;
+    int32_t rank;         /* BPE: the merge's rank (SPM: unused) */
+};
+struct tok_heap {
+    struct tok_bigram *b;
+    size_t n, cap;
+};
+int tok_heap_push(struct tok_heap *h, struct tok_bigram x);
+/* Removes and returns the first candidate; h->n must be > 0. */
+struct tok_bigram tok_heap_pop(struct tok_heap *h);
+
 /* Id of the token whose text is s[0..n), or -1. */
 int32_t tok_find(const struct model_vocab *v, const char *s, size_t n);
 /* Rank of the merge (a, b) or -1; a and b are adjacent in memory (a + alen == b). */
@@ -130,6 +147,9 @@ static inline size_t tok_utf8_len(unsigned char c)
     static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return lookup[c >> 4];
 }
+/* Length of the complete, valid UTF-8 sequence at s (n >= 1 bytes available): > 0 valid,
+ * 0 a valid but unfinished prefix, < 0 minus the bytes of an invalid (maximal) prefix. */
+int tok_utf8_check(const unsigned char *s, size_t n);
 /* Encode a codepoint (<= 0x10FFFF) as UTF-8 into b (4 bytes room); returns the length. */
 size_t tok_utf8_put(uint32_t cp, char *b);
 

@@ -17,70 +17,8 @@ struct spm_sym {
     uint32_t off, n;
 };
 
-struct spm_bigram {
-    float score;
-    int32_t left, right;
-    uint32_t size;
-};
-
-struct spm_heap {
-    struct spm_bigram *b;
-    size_t n, cap;
-};
-
-/* a before b: higher score, then smaller left index */
-static bool bg_before(const struct spm_bigram *a, const struct spm_bigram *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static int heap_push(struct spm_heap *h, struct spm_bigram x)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof x)
-            return -ENOMEM;
-        struct spm_bigram *p = realloc(h->b, cap * sizeof x);
-        if (!p)
-            return -ENOMEM;
-        h->b = p;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bg_before(&x, &h->b[parent]))
-            break;
-        h->b[i] = h->b[parent];
-        i = parent;
-    }
-    h->b[i] = x;
-    return 0;
-}
-
-static struct spm_bigram heap_pop(struct spm_heap *h)
-{
-    struct spm_bigram top = h->b[0];
-    struct spm_bigram last = h->b[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && bg_before(&h->b[c + 1], &h->b[c]))
-            c++;
-        if (!bg_before(&h->b[c], &last))
-            break;
-        h->b[i] = h->b[c];
-        i = c;
-    }
-    if (h->n)
-        h->b[i] = last;
-    return top;
-}
-
 static int try_bigram(const struct model_vocab *v, const char *text, const struct spm_sym *sym,
-                      int32_t left, int32_t right, struct spm_heap *h)
+                      int32_t left, int32_t right, struct tok_heap *h)
 {
     if (left < 0 || right < 0)
         return 0;
@@ -88,7 +26,7 @@ static int try_bigram(const struct model_vocab *v, const char *text, const struc
     int32_t id = tok_find(v, text + sym[left].off, size);
     if (id < 0)
         return 0;
-    return heap_push(h, (struct spm_bigram){v->tok[id].score, left, right, size});
+    return tok_heap_push(h, (struct tok_bigram){-(double)v->tok[id].score, left, right, size, -1});
 }
 
 static bool is_space_sym(const char *text, const struct spm_sym *s)
@@ -98,7 +36,7 @@ static bool is_space_sym(const char *text, const struct spm_sym *s)
 
 /* Merge symbols [a, b) (linked among themselves) and emit their tokens. */
 static int encode_segment(const struct model_vocab *v, const char *text, struct spm_sym *sym,
-                          int32_t a, int32_t b, struct spm_heap *h, struct tok_out *o)
+                          int32_t a, int32_t b, struct tok_heap *h, struct tok_out *o)
 {
     int rc;
     sym[a].prev = -1;
@@ -108,7 +46,7 @@ static int encode_segment(const struct model_vocab *v, const char *text, struct 
         if ((rc = try_bigram(v, text, sym, i - 1, i, h)))
             return rc;
     while (h->n) {
-        struct spm_bigram bg = heap_pop(h);
+        struct tok_bigram bg = tok_heap_pop(h);
         struct spm_sym *l = &sym[bg.left], *r = &sym[bg.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
             continue; /* outdated: one side has merged since */
@@ -144,7 +82,7 @@ static int encode_segment(const struct model_vocab *v, const char *text, struct 
 int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o)
 {
     struct spm_sym *sym = NULL;
-    struct spm_heap h = {0};
+    struct tok_heap h = {0};
     int rc = 0;
     if (!len)
         return 0;

@@ -51,6 +51,57 @@ size_t tok_utf8_put(uint32_t cp, char *b)
     return 4;
 }
 
+/* a before b: smaller key, then smaller left index */
+static bool bigram_before(const struct tok_bigram *a, const struct tok_bigram *b)
+{
+    return a->key < b->key || (a->key == b->key && a->left < b->left);
+}
+
+int tok_heap_push(struct tok_heap *h, struct tok_bigram x)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        if (cap > SIZE_MAX / sizeof x)
+            return -ENOMEM;
+        struct tok_bigram *p = realloc(h->b, cap * sizeof x);
+        if (!p)
+            return -ENOMEM;
+        h->b = p;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!bigram_before(&x, &h->b[parent]))
+            break;
+        h->b[i] = h->b[parent];
+        i = parent;
+    }
+    h->b[i] = x;
+    return 0;
+}
+
+struct tok_bigram tok_heap_pop(struct tok_heap *h)
+{
+    struct tok_bigram top = h->b[0];
+    struct tok_bigram last = h->b[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && bigram_before(&h->b[c + 1], &h->b[c]))
+            c++;
+        if (!bigram_before(&h->b[c], &last))
+            break;
+        h->b[i] = h->b[c];
+        i = c;
+    }
+    if (h->n)
+        h->b[i] = last;
+    return top;
+}
+
 int tok_buf_add(struct tok_buf *b, const void *s, size_t n)
 {
     if (b->n + n > b->cap) {
@@ -453,9 +504,7 @@ void model_detok_free(struct model_detok *d)
     free(d);
 }
 
-/* Length of the complete, valid UTF-8 sequence at s (n bytes available): > 0 valid,
- * 0 a valid but unfinished prefix, < 0 minus the bytes of an invalid (maximal) prefix. */
-static int utf8_check(const unsigned char *s, size_t n)
+int tok_utf8_check(const unsigned char *s, size_t n)
 {
     unsigned char c = s[0];
     size_t need;
@@ -493,7 +542,7 @@ static int detok_feed(struct model_detok *d, const char *p, size_t pl, bool fina
             d->pend[d->npend++] = (unsigned char)*p++;
             pl--;
         }
-        int k = utf8_check(d->pend, d->npend);
+        int k = tok_utf8_check(d->pend, d->npend);
         if (k == 0 && !final && !pl)
             break; /* wait for the rest of the character */
         size_t used;
