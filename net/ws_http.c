@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <http_parser.h>
 #include <openssl/evp.h>
@@ -213,8 +214,7 @@ static const char *http_header(const struct net__http *h, int id)
 
 const char *net__http_accept(const struct net__http *h) { return http_header(h, H_ACCEPT); }
 
-/* Does a comma-separated header value contain token (case-insensitive)? */
-static bool has_token(const char *v, const char *token)
+bool net__http_has_token(const char *v, const char *token)
 {
     if (!v)
         return false;
@@ -238,10 +238,10 @@ static bool has_token(const char *v, const char *token)
 
 bool net__http_upgrade_ws(const struct net__http *h)
 {
-    return has_token(http_header(h, H_UPGRADE), "websocket");
+    return net__http_has_token(http_header(h, H_UPGRADE), "websocket");
 }
 
 bool net__http_connection_upgrade(const struct net__http *h)
 {
-    return has_token(http_header(h, H_CONNECTION), "upgrade");
+    return net__http_has_token(http_header(h, H_CONNECTION), "upgrade");
 }

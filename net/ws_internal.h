@@ -42,6 +42,8 @@ int net__http_status(const struct net__http *h);
 const char *net__http_accept(const struct net__http *h);
 bool net__http_upgrade_ws(const struct net__http *h);
 bool net__http_connection_upgrade(const struct net__http *h);
+/* Does the comma-separated header value v (may be NULL) list token (case-insensitive)? */
+bool net__http_has_token(const char *v, const char *token);
 
 /* ---- ws.c: the connection ---- */
 enum net__ws_state {

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "net/ws_internal.h"
 
@@ -21,29 +20,6 @@ struct net_ws_server {
     struct net_ws_server_handlers h;
     void *ud;
 };
-
-/* Does a comma-separated header value contain token (case-insensitive)? */
-static bool has_token(const char *v, const char *token)
-{
-    if (!v)
-        return false;
-    size_t tl = strlen(token);
-    const char *s = v;
-    while (*s) {
-        while (*s == ' ' || *s == '\t' || *s == ',')
-            s++;
-        const char *e = s;
-        while (*e && *e != ',')
-            e++;
-        const char *t = e;
-        while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
-            t--;
-        if ((size_t)(t - s) == tl && !strncasecmp(s, token, tl))
-            return true;
-        s = e;
-    }
-    return false;
-}
 
 static void ws_request(struct net_http_req *req, void *ud)
 {
@@ -73,12 +49,12 @@ static void ws_request(struct net_http_req *req, void *ud)
     }
 
     /* RFC 6455 section 4.2.1: what a valid opening handshake must carry. */
-    if (strcmp(method, "GET") != 0 || net_http_req_is_http10(req) || !has_token(upgrade, "websocket") ||
-        !net_http_req_is_upgrade(req)) {
+    if (strcmp(method, "GET") != 0 || net_http_req_is_http10(req) ||
+        !net__http_has_token(upgrade, "websocket") || !net_http_req_is_upgrade(req)) {
         net_http_reply_error(req, 400, "WebSocket upgrade needs GET over HTTP/1.1 with Upgrade: websocket");
         return;
     }
-    if (!has_token(net_http_req_header(req, "Connection"), "upgrade")) {
+    if (!net__http_has_token(net_http_req_header(req, "Connection"), "upgrade")) {
         net_http_reply_error(req, 400, "Connection header must contain \"Upgrade\"");
         return;
     }
