@@ -2,25 +2,15 @@
  * and tensor lists synthesised from a family's hyperparameters (a model whose file is not at
  * hand). Pure arithmetic on caller-provided arrays. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner/internal.h"
 #include "planner/plan.h"
 
 #define NAME_LEN 64
 #define MAX_TENSORS_PER_LAYER 32
-
-static void errf(char *err, size_t n, const char *fmt, ...)
-{
-    if (!err || !n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
 
 /* "blk.N.rest" -> N and rest; -1 otherwise. */
 static long blk_layer(const char *name, const char **rest)
@@ -54,18 +44,19 @@ static double elems(const struct plan_tensor *t)
 int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct plan_model_info *mi,
                             struct plan_shape *s, struct plan_layer *layers, char *err, size_t errlen)
 {
-    if (!mi || !s || !layers || (n && !t)) { errf(err, errlen, "shape: missing argument"); return -EINVAL; }
+    if (!mi || !s || !layers || (n && !t)) { plan__errf(err, errlen, "shape: missing argument"); return -EINVAL; }
     uint32_t L = mi->n_layers;
     if (L == 0 || L > PLAN_MAX_LAYERS) {
-        errf(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
+        plan__errf(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
         return -EINVAL;
     }
     if (mi->nextn_layers >= L) {
-        errf(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
+        plan__errf(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
         return -EINVAL;
     }
     if (mi->n_expert_used > mi->n_expert) {
-        errf(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used, mi->n_expert);
+        plan__errf(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used,
+                   mi->n_expert);
         return -EINVAL;
     }
     memset(layers, 0, L * sizeof *layers);
@@ -82,12 +73,13 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
     for (size_t i = 0; i < n; i++) {
         const struct plan_tensor *x = &t[i];
         if (!x->name || x->n_dims > 4) {
-            errf(err, errlen, "shape: tensor %zu has no name or %u dims", i, x->n_dims);
+            plan__errf(err, errlen, "shape: tensor %zu has no name or %u dims", i, x->n_dims);
             rc = -EINVAL;
             goto out;
         }
         if (x->bytes > (1ull << 50)) {
-            errf(err, errlen, "shape: tensor %s: %llu bytes is out of range", x->name, (unsigned long long)x->bytes);
+            plan__errf(err, errlen, "shape: tensor %s: %llu bytes is out of range", x->name,
+                       (unsigned long long)x->bytes);
             rc = -EINVAL;
             goto out;
         }
@@ -110,7 +102,7 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
             continue;
         }
         if ((uint64_t)li >= L) {
-            errf(err, errlen, "shape: tensor %s: layer %ld is past n_layers %u", x->name, li, L);
+            plan__errf(err, errlen, "shape: tensor %s: layer %ld is past n_layers %u", x->name, li, L);
             rc = -EINVAL;
             goto out;
         }
@@ -243,49 +235,50 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
 {
     *n_out = 0;
     size_t need = plan_hparams_tensor_count(h);
-    if (!need) { errf(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
-    if (cap < need) { errf(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
+    if (!need) { plan__errf(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
+    if (cap < need) { plan__errf(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
     bool llama = is_arch(h->arch, "llama") || is_arch(h->arch, "qwen2") || is_arch(h->arch, "qwen3");
     bool q3moe = is_arch(h->arch, "qwen3moe");
     bool q35 = is_arch(h->arch, "qwen35"), q35moe = is_arch(h->arch, "qwen35moe");
     if (!llama && !q3moe && !q35 && !q35moe) {
-        errf(err, errlen, "hparams: arch '%s' is not one of llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe", h->arch);
+        plan__errf(err, errlen, "hparams: arch '%s' is not one of llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe", h->arch);
         return -EINVAL;
     }
     const uint32_t cap32 = 1u << 20;
     if (!h->n_embd || !h->n_vocab || !h->n_head || !h->n_head_kv || !h->head_dim ||
         h->n_embd > cap32 || h->n_vocab > (1u << 24) || h->n_head > 4096 || h->n_head_kv > h->n_head ||
         h->head_dim > 4096) {
-        errf(err, errlen, "hparams: n_embd %u, n_vocab %u, n_head %u, n_head_kv %u, head_dim %u: each must be "
-             "non-zero and in range (n_head_kv <= n_head)", h->n_embd, h->n_vocab, h->n_head, h->n_head_kv, h->head_dim);
+        plan__errf(err, errlen, "hparams: n_embd %u, n_vocab %u, n_head %u, n_head_kv %u, head_dim %u: each must be "
+                   "non-zero and in range (n_head_kv <= n_head)", h->n_embd, h->n_vocab, h->n_head, h->n_head_kv, h->head_dim);
         return -EINVAL;
     }
     bool moe = q3moe || q35moe;
     if (moe && (!h->n_expert || !h->n_expert_used || h->n_expert_used > h->n_expert || !h->n_ff_exp ||
                 h->n_expert > 4096 || h->n_ff_exp > cap32)) {
-        errf(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
-             "need 0 < used <= count <= 4096 and a non-zero length", h->n_expert, h->n_expert_used, h->n_ff_exp);
+        plan__errf(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
+                   "need 0 < used <= count <= 4096 and a non-zero length", h->n_expert, h->n_expert_used, h->n_ff_exp);
         return -EINVAL;
     }
     if (q35moe && (!h->n_ff_shexp || h->n_ff_shexp > cap32)) {
-        errf(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]", h->n_ff_shexp, cap32);
+        plan__errf(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]",
+                   h->n_ff_shexp, cap32);
         return -EINVAL;
     }
     if (!moe && (!h->n_ff || h->n_ff > cap32)) {
-        errf(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
+        plan__errf(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
         return -EINVAL;
     }
     bool hybrid = q35 || q35moe;
     if (hybrid && (!h->ssm_conv_kernel || !h->ssm_group_count || !h->ssm_time_step_rank || !h->ssm_state_size ||
                    h->ssm_conv_kernel > 64 || h->ssm_group_count > 4096 || h->ssm_time_step_rank > 4096 ||
                    h->ssm_state_size > 4096)) {
-        errf(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
-             "must be non-zero and in range", h->ssm_conv_kernel, h->ssm_group_count, h->ssm_time_step_rank,
-             h->ssm_state_size);
+        plan__errf(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
+                   "must be non-zero and in range", h->ssm_conv_kernel, h->ssm_group_count, h->ssm_time_step_rank,
+                   h->ssm_state_size);
         return -EINVAL;
     }
     if (!(h->bits_per_weight > 0 && h->bits_per_weight <= 32)) {
-        errf(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
+        plan__errf(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
         return -EINVAL;
     }
     struct gen g = {.t = t, .cap = cap, .names = names_buf, .bpw = h->bits_per_weight};
@@ -323,7 +316,7 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
     add(&g, true, "output_norm.weight", 0, 1, E, 0, 0);
     if (!h->tied_embeddings)
         add(&g, false, "output.weight", 0, 2, E, h->n_vocab, 0);
-    if (g.overflow) { errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
+    if (g.overflow) { plan__errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
     *n_out = g.n;
     return 0;
 }
