@@ -20,6 +20,7 @@
 #include <uv.h>
 #include <zstd.h>
 
+#include "net/internal.h"
 #include "net/net.h"
 
 #define HTTP_MAX_HEADERS_CAP 256
@@ -771,20 +772,7 @@ static void on_connection(uv_stream_t *ls, int status)
     }
     s->stats.conns_accepted++;
     uv_tcp_nodelay(&c->tcp, 1);
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
-        char ip[48] = "?";
-        int port = 0;
-        if (ss.ss_family == AF_INET) {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        }
-        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
-    }
+    net__tcp_peer(&c->tcp, c->peer, sizeof c->peer);
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     http_parser_settings_init(&c->ps);

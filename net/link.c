@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "net/internal.h"
 #include "net/net.h"
 
 struct net_link {
@@ -271,12 +272,13 @@ static void tcp_on_closed(uv_handle_t *h)
     net_link_tp_closed(l);
 }
 
-static void tcp_set_peer(struct tcp_tp *t)
+int net__tcp_peer(const uv_tcp_t *tcp, char *out, size_t n)
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &len) != 0)
-        return;
+    int rc = uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len);
+    if (rc != 0)
+        return rc;
     char ip[64] = "?";
     int port = 0;
     if (ss.ss_family == AF_INET) {
@@ -286,9 +288,15 @@ static void tcp_set_peer(struct tcp_tp *t)
         uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
         port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
+    snprintf(out, n, "%s:%d", ip, port);
+    return 0;
+}
+
+static void tcp_set_peer(struct tcp_tp *t)
+{
     char p[96];
-    snprintf(p, sizeof p, "%s:%d", ip, port);
-    net_link_tp_set_peer(t->l, p);
+    if (net__tcp_peer(&t->tcp, p, sizeof p) == 0)
+        net_link_tp_set_peer(t->l, p);
 }
 
 static void tcp_on_connect(uv_connect_t *req, int status)

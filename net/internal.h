@@ -1,0 +1,14 @@
+/* net/internal.h — cross-file internals of the net module (the TLS + WebSocket part has its
+ * own, ws_internal.h). Not a public interface. */
+#ifndef KV_NET_INTERNAL_H
+#define KV_NET_INTERNAL_H
+
+#include <stddef.h>
+
+#include <uv.h>
+
+/* The connected peer of tcp as "ip:port" into out[n]: 0, or a negative libuv error (out
+ * untouched). */
+int net__tcp_peer(const uv_tcp_t *tcp, char *out, size_t n);
+
+#endif
