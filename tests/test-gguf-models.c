@@ -218,12 +218,17 @@ static void model_windows(struct gguf_file *src, const char *name)
     T_CHECK(gguf_window_write(src, &bad, out, err, sizeof err) == -EINVAL, "%s: empty window refused", name);
 }
 
-T_CASE(every_model)
+/* Opens every .gguf under the test data folder sub and hands it to fn; returns how many opened
+ * (-1 when the folder is missing). */
+static int each_gguf(const char *sub, void (*fn)(struct gguf_file *f, const char *name))
 {
     char dir[512];
-    T_ASSERT(t_data_path(dir, sizeof dir, "models"), "models dir");
+    if (!t_data_path(dir, sizeof dir, sub))
+        return -1;
     DIR *d = opendir(dir);
-    T_ASSERT(d, "opendir %s", dir);
+    T_CHECK(d, "opendir %s", dir);
+    if (!d)
+        return -1;
     struct dirent *e;
     int count = 0;
     while ((e = readdir(d))) {
@@ -238,44 +243,40 @@ T_CASE(every_model)
         if (rc)
             continue;
         count++;
-        T_CHECK(gguf_tensor_count(f) > 0, "%s: no tensors", e->d_name);
-        T_CHECK(gguf_file_map_tensors(f, want_all, NULL, err, sizeof err) == 0, "%s: map: %s", e->d_name, err);
-        round_trip(f, e->d_name);
-        model_windows(f, e->d_name);
+        fn(f, e->d_name);
         gguf_file_free(f);
     }
     closedir(d);
+    return count;
+}
+
+static void check_model(struct gguf_file *f, const char *name)
+{
+    char err[GGUF_ERR_LEN];
+    T_CHECK(gguf_tensor_count(f) > 0, "%s: no tensors", name);
+    T_CHECK(gguf_file_map_tensors(f, want_all, NULL, err, sizeof err) == 0, "%s: map: %s", name, err);
+    round_trip(f, name);
+    model_windows(f, name);
+}
+
+T_CASE(every_model)
+{
+    int count = each_gguf("models", check_model);
     T_CHECK(count >= 10, "only %d models found", count);
+}
+
+static void check_vocab(struct gguf_file *f, const char *name)
+{
+    const struct gguf_value *tok;
+    T_CHECK(gguf_get_arr(f, "tokenizer.ggml.tokens", &tok) == 0 && tok->v.arr.type == GGUF_V_STRING &&
+            tok->v.arr.n > 100, "%s: no vocabulary", name);
+    round_trip(f, name);
 }
 
 /* The vocab-only GGUFs of the tokenizer test data: parse, hold a vocabulary, round-trip. */
 T_CASE(vocab_files)
 {
-    char dir[512];
-    T_ASSERT(t_data_path(dir, sizeof dir, "tokenizer"), "tokenizer dir");
-    DIR *d = opendir(dir);
-    T_ASSERT(d, "opendir %s", dir);
-    struct dirent *e;
-    int count = 0;
-    while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf"))
-            continue;
-        char path[1024], err[GGUF_ERR_LEN];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        struct gguf_file *f;
-        int rc = gguf_file_open(&f, path, err, sizeof err);
-        T_CHECK(rc == 0, "%s: %s", e->d_name, err);
-        if (rc)
-            continue;
-        count++;
-        const struct gguf_value *tok;
-        T_CHECK(gguf_get_arr(f, "tokenizer.ggml.tokens", &tok) == 0 && tok->v.arr.type == GGUF_V_STRING &&
-                tok->v.arr.n > 100, "%s: no vocabulary", e->d_name);
-        round_trip(f, e->d_name);
-        gguf_file_free(f);
-    }
-    closedir(d);
+    int count = each_gguf("tokenizer", check_vocab);
     T_CHECK(count >= 5, "only %d vocab files found", count);
 }
 
