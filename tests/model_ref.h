@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +144,48 @@ static inline uint32_t argmax2(const float *x, uint32_t n, float *margin)
     if (margin)
         *margin = x[b] - second;
     return b;
+}
+
+/* A teacher-forced reference case and what to hold it to. */
+struct ref_spec {
+    const char *name;      /* ref/<name>.json */
+    double f64_max;        /* MANIFEST "f64 max" column */
+    bool quantised;
+    bool one_batch;        /* also fed as one batch of every row (chunks of 8; a subset, for time) */
+};
+
+/* Checks our logits ours[n_fed][n_vocab] against the reference: the worst row's NMSE within
+ * 10x the f64 run's (at least 1e-5), and the same argmax on every row whose reference top-2
+ * margin exceeds 0.1 (0.5 quantised). Prints a summary line; returns the rows with a clear
+ * argmax. mode names the feeding (0 as the references were made, 1 one batch). */
+static inline uint32_t ref_compare(const struct ref_spec *sp, const struct ref_case *rc,
+                                   const float *ours, int mode)
+{
+    double tol = fmax(10.0 * sp->f64_max, 1e-5), worst = 0;
+    float thr = sp->quantised ? 0.5f : 0.1f;
+    uint32_t checked = 0, bad = 0;
+    for (uint32_t i = 0; i < rc->n_fed; i++) {
+        const float *a = ours + (size_t)i * rc->n_vocab, *b = rc->logits + (size_t)i * rc->n_vocab;
+        double e = nmse(a, b, rc->n_vocab);
+        worst = e > worst ? e : worst;
+        float margin;
+        uint32_t ab = argmax2(b, rc->n_vocab, &margin);
+        if (margin > thr) {
+            checked++;
+            uint32_t aa = argmax2(a, rc->n_vocab, NULL);
+            if (aa != ab) {
+                bad++;
+                T_CHECK(0, "%s (mode %d) row %u: argmax %u, reference %u (margin %.3f)",
+                        sp->name, mode, i, aa, ab, margin);
+            }
+        }
+    }
+    T_CHECK(worst <= tol, "%s (mode %d): NMSE max %.3g > tolerance %.3g", sp->name, mode, worst,
+            tol);
+    fprintf(stderr, "  %-36s %s NMSE max %.3g (tol %.3g, f64 %.2g), argmax %u/%u rows\n",
+            sp->name, mode ? "one batch" : "as ref   ", worst, tol, sp->f64_max, checked - bad,
+            checked);
+    return checked;
 }
 
 #endif

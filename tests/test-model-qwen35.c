@@ -9,13 +9,6 @@
 #include "gguf/gguf.h"
 #include "tests/model_ref.h"
 
-struct ref_spec {
-    const char *name;   /* ref/<name>.json */
-    double f64_max;     /* MANIFEST "f64 max" */
-    bool quantised;
-    bool one_batch;     /* also every row as one batch (chunks of 8) */
-};
-
 static const struct ref_spec specs[] = {
     {"synth-qwen3moe-bpe1024-q8_0.once", 2.3e-4, true, true},
     {"synth-qwen3moe-bpe1024-q4_k_m.once", 4.9e-4, true, false},
@@ -105,31 +98,8 @@ static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int
         ours = calloc((size_t)rc->n_fed * rc->n_vocab, sizeof(float));
         chain_feed(&c, SID, 0, rc->fed, rc->n_fed, ours);
     }
-    double tol = fmax(10.0 * sp->f64_max, 1e-5), worst = 0;
-    float thr = sp->quantised ? 0.5f : 0.1f;
-    uint32_t checked = 0, bad = 0;
-    for (uint32_t i = 0; i < rc->n_fed; i++) {
-        const float *a = ours + (size_t)i * rc->n_vocab, *b = rc->logits + (size_t)i * rc->n_vocab;
-        double e = nmse(a, b, rc->n_vocab);
-        worst = e > worst ? e : worst;
-        float margin;
-        uint32_t ab = argmax2(b, rc->n_vocab, &margin);
-        if (margin > thr) {
-            checked++;
-            uint32_t aa = argmax2(a, rc->n_vocab, NULL);
-            if (aa != ab) {
-                bad++;
-                T_CHECK(0, "%s (mode %d) row %u: argmax %u, reference %u (margin %.3f)",
-                        sp->name, mode, i, aa, ab, margin);
-            }
-        }
-    }
-    T_CHECK(worst <= tol, "%s (mode %d): NMSE max %.3g > tolerance %.3g", sp->name, mode, worst,
-            tol);
+    uint32_t checked = ref_compare(sp, rc, ours, mode);
     T_CHECK(checked > rc->n_fed / 2, "%s: only %u rows with a clear argmax", sp->name, checked);
-    fprintf(stderr, "  %-36s %s NMSE max %.3g (tol %.3g, f64 %.2g), argmax %u/%u rows\n",
-            sp->name, mode ? "one batch" : "as ref   ", worst, tol, sp->f64_max, checked - bad,
-            checked);
     free(ours);
     chain_close(&c);
 }
