@@ -143,12 +143,27 @@ static int ring_dir(const char *arg, char *dir, size_t n)
     return 0;
 }
 
+/* DIR/ring.json, or the manifest file itself when the user named one (any file name). */
+static int load_ring_at(const char *arg, const char *dir, struct kvd_manifest *m);
+
 static int load_ring(const char *dir, struct kvd_manifest *m)
 {
+    return load_ring_at(NULL, dir, m);
+}
+
+static int load_ring_at(const char *arg, const char *dir, struct kvd_manifest *m)
+{
     char path[PATH_MAX], err[512];
-    snprintf(path, sizeof path, "%s/ring.json", dir);
+    struct stat sb;
+    if (arg && stat(arg, &sb) == 0 && S_ISREG(sb.st_mode))
+        snprintf(path, sizeof path, "%s", arg);
+    else
+        snprintf(path, sizeof path, "%s/ring.json", dir);
     if (kvd_manifest_load(m, path, err, sizeof err) < 0) {
-        fprintf(stderr, "kvctl: %s\n", err);
+        if (strstr(err, path))
+            fprintf(stderr, "kvctl: %s\n", err);
+        else
+            fprintf(stderr, "kvctl: %s: %s\n", path, err);
         return -EINVAL;
     }
     return 0;
@@ -775,7 +790,7 @@ int kvctl_cmd_status(int argc, char **argv)
         else if (!strcmp(argv[i], "--json"))
             json = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvctl status --ring DIR|DIR/ring.json [--json]\n"
+            printf("usage: kvctl status --ring DIR|MANIFEST.json [--json]\n"
                    "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
                    "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
                    "  per token, steps; a stage that does not answer shows as down.\n"
@@ -793,7 +808,7 @@ int kvctl_cmd_status(int argc, char **argv)
     }
     char dir[PATH_MAX];
     struct kvd_manifest m;
-    if (ring_dir(arg, dir, sizeof dir) < 0 || load_ring(dir, &m) < 0)
+    if (ring_dir(arg, dir, sizeof dir) < 0 || load_ring_at(arg, dir, &m) < 0)
         return 1;
     if (json) {   /* one status object per rank, one per line */
         int bad = 0;

@@ -42,6 +42,13 @@ for how in "$A" "$A/ring.json" "unix:$A/rank-0/kvd.sock" "$B"; do
         fail "generate --ring $how: $(cat "$TMP/err")"
     [ "$out" = "$one" ] || fail "generate --ring $how: '$out' vs one process '$one'"
 done
+# status takes the manifest file too, whatever its name; a broken one is named
+cp "$A/ring.json" "$A/prod.json"
+"$KVCTL" status --ring "$A/prod.json" > "$TMP/st" 2>&1 || fail "status --ring prod.json: $(cat "$TMP/st")"
+[ "$(grep -c " up  *up " "$TMP/st")" = 3 ] || fail "status --ring prod.json: $(cat "$TMP/st")"
+echo '{"version": 1}' > "$TMP/broken.json"
+if "$KVCTL" status --ring "$TMP/broken.json" > "$TMP/st" 2>&1; then fail "status of a broken manifest: exit 0"; fi
+grep -q "$TMP/broken.json" "$TMP/st" || fail "status of a broken manifest does not name it: $(cat "$TMP/st")"
 echo "ok two rings side by side, DIR / ring.json / unix:SOCKET"
 
 # The context: a ring with --ctx 16 and one process with --ctx 16 stop at the same token and
