@@ -215,6 +215,30 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
 
 /* ---- binding tensors ---- */
 
+/* A weight tensor of n_rows rows of cols elements: its type has kernels, its size is that
+ * of the rows, it is mapped. 0 with *rb = bytes of one row, or -ENOTSUP / -EINVAL. */
+static int check_weight(const struct gguf_tensor *t, const char *name, uint32_t cols,
+                        uint64_t n_rows, size_t *rb, char *err, size_t errlen)
+{
+    if (!kern_type_supported(t->type)) {
+        const struct gguf_type_info *ti = gguf_type_info(t->type);
+        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
+                      ti ? ti->name : "unknown", t->type);
+        return -ENOTSUP;
+    }
+    *rb = kern_row_bytes(t->type, cols);
+    if (*rb == 0 || (uint64_t)*rb * n_rows != t->size) {
+        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
+                      t->size, *rb, n_rows);
+        return -EINVAL;
+    }
+    if (!t->data) {
+        model__seterr(err, errlen, "tensor %s: not mapped", name);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t rows,
                     struct model_mat *out, char *err, size_t errlen)
 {
@@ -229,22 +253,10 @@ static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t r
                       t->ne[3], cols, rows);
         return -EINVAL;
     }
-    if (!kern_type_supported(t->type)) {
-        const struct gguf_type_info *ti = gguf_type_info(t->type);
-        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
-                      ti ? ti->name : "unknown", t->type);
-        return -ENOTSUP;
-    }
-    size_t rb = kern_row_bytes(t->type, cols);
-    if (rb == 0 || (uint64_t)rb * rows != t->size) {
-        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu32, name,
-                      t->size, rb, rows);
-        return -EINVAL;
-    }
-    if (!t->data) {
-        model__seterr(err, errlen, "tensor %s: not mapped", name);
-        return -EINVAL;
-    }
+    size_t rb;
+    int rc = check_weight(t, name, cols, rows, &rb, err, errlen);
+    if (rc < 0)
+        return rc;
     out->data = t->data;
     out->type = t->type;
     out->rows = rows;
@@ -316,22 +328,10 @@ static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t 
                       t->ne[2], t->ne[3], cols, (uint64_t)rows * parts, n);
         return -EINVAL;
     }
-    if (!kern_type_supported(t->type)) {
-        const struct gguf_type_info *ti = gguf_type_info(t->type);
-        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
-                      ti ? ti->name : "unknown", t->type);
-        return -ENOTSUP;
-    }
-    size_t rb = kern_row_bytes(t->type, cols);
-    if (rb == 0 || (uint64_t)rb * rows * parts * n != t->size) {
-        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
-                      t->size, rb, (uint64_t)rows * parts * n);
-        return -EINVAL;
-    }
-    if (!t->data) {
-        model__seterr(err, errlen, "tensor %s: not mapped", name);
-        return -EINVAL;
-    }
+    size_t rb;
+    int rc = check_weight(t, name, cols, (uint64_t)rows * parts * n, &rb, err, errlen);
+    if (rc < 0)
+        return rc;
     struct model_exps x = {{t->data, t->type, rows, cols}, n, rb * rows * parts};
     *out = x;
     if (parts == 2) {
