@@ -45,9 +45,10 @@ struct extra {
     const void *data;
 };
 
-/* Copy src to dst with one key replaced (or added) and maybe one tensor added. */
+/* Copy src to dst with one key replaced (or added), maybe more keys set by keys(w), and maybe
+ * one tensor added. */
 static int rewrite_x(const char *src, const char *dst, const struct override *o,
-                     const struct extra *x)
+                     int (*keys)(struct gguf_writer *w), const struct extra *x)
 {
     char err[GGUF_ERR_LEN] = "";
     struct gguf_file *gf = NULL;
@@ -63,6 +64,8 @@ static int rewrite_x(const char *src, const char *dst, const struct override *o,
     }
     if (!rc && o)
         rc = o->str ? gguf_writer_set_str(w, o->key, o->str) : gguf_writer_set_u32(w, o->key, o->u);
+    if (!rc && keys)
+        rc = keys(w);
     if (!rc && x)
         rc = gguf_writer_add_tensor(w, x->name, x->type, 1, &x->ne0, x->data);
     for (uint64_t i = 0; !rc && i < gguf_tensor_count(gf); i++) {
@@ -71,15 +74,22 @@ static int rewrite_x(const char *src, const char *dst, const struct override *o,
     }
     if (!rc)
         rc = gguf_writer_write(w, dst, err, sizeof err);
-    T_CHECK(rc == 0, "rewrite %s: %d %s", o ? o->key : x->name, rc, err);
+    T_CHECK(rc == 0, "rewrite %s: %d %s", o ? o->key : x ? x->name : "keys", rc, err);
     gguf_writer_free(w);
     gguf_file_free(gf);
     return rc;
 }
 
+/* RoPE scaling keys of the linear copy: type "linear", factor 2.0 (an f32 key). */
+static int linear_scaling(struct gguf_writer *w)
+{
+    int rc = gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
+    return rc ? rc : gguf_writer_set_f32(w, "llama.rope.scaling.factor", 2.0f);
+}
+
 static int rewrite(const char *src, const char *dst, const struct override *o)
 {
-    return rewrite_x(src, dst, o, NULL);
+    return rewrite_x(src, dst, o, NULL, NULL);
 }
 
 /* Logits of a fixed token sequence through windows bounds[0..nw] of path (fed one batch). */
@@ -135,32 +145,10 @@ T_CASE(rope_freqs)
      * is what linear RoPE scaling by 2 does (an exact power of two: the same bits). */
     static const float two[4] = {2, 2, 2, 2}, mixed[4] = {1, 1, 4, 8}, bad[3] = {1, 1, 1};
     const struct extra ff = {"rope_freqs.weight", GGUF_T_F32, 4, two};
-    if (rewrite_x(src, a, NULL, &ff))
+    if (rewrite_x(src, a, NULL, NULL, &ff))
         return;
     /* the linear copy: type "linear" and factor 2.0 (f32 key) */
-    char err[GGUF_ERR_LEN] = "";
-    struct gguf_file *gf = NULL;
-    struct gguf_writer *w = NULL;
-    int rc = gguf_file_open(&gf, src, err, sizeof err);
-    if (!rc)
-        rc = gguf_file_map_tensors(gf, NULL, NULL, err, sizeof err);
-    if (!rc)
-        rc = gguf_writer_new(&w);
-    for (uint64_t i = 0; !rc && i < gguf_kv_count(gf); i++)
-        rc = gguf_writer_set(w, gguf_kv_at(gf, i)->key, &gguf_kv_at(gf, i)->val);
-    if (!rc)
-        rc = gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
-    if (!rc)
-        rc = gguf_writer_set_f32(w, "llama.rope.scaling.factor", 2.0f);
-    for (uint64_t i = 0; !rc && i < gguf_tensor_count(gf); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(gf, i);
-        rc = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
-    }
-    if (!rc)
-        rc = gguf_writer_write(w, b, err, sizeof err);
-    gguf_writer_free(w);
-    gguf_file_free(gf);
-    T_ASSERT(rc == 0, "linear copy: %s", err);
+    T_ASSERT(rewrite_x(src, b, NULL, linear_scaling, NULL) == 0, "linear copy");
 
     const int one[] = {0, 5}, three[] = {0, 1, 3, 5};
     uint32_t V = 0;
@@ -181,16 +169,16 @@ T_CASE(rope_freqs)
 
     /* uneven factors still run; a factor vector of the wrong length is refused by name */
     const struct extra ffm = {"rope_freqs.weight", GGUF_T_F32, 4, mixed};
-    if (!rewrite_x(src, a, NULL, &ffm)) {
+    if (!rewrite_x(src, a, NULL, NULL, &ffm)) {
         float *l = logits_of(a, one, 1, &V);
         T_CHECK(l != NULL, "mixed factors");
         free(l);
     }
     const struct extra ffb = {"rope_freqs.weight", GGUF_T_F32, 3, bad};
-    if (!rewrite_x(src, a, NULL, &ffb)) {
+    if (!rewrite_x(src, a, NULL, NULL, &ffb)) {
         struct model *m = NULL;
         char merr[MODEL_ERR_LEN] = "";
-        rc = model_open(&m, a, -1, -1, merr, sizeof merr);
+        int rc = model_open(&m, a, -1, -1, merr, sizeof merr);
         T_CHECK(rc < 0 && strstr(merr, "rope_freqs.weight: shape [3, 1], expected [4]"),
                 "short rope_freqs: %d '%s'", rc, merr);
         model_free(m);
