@@ -109,8 +109,9 @@ struct mm_job {
     kern__dot_fn dot;
     kern__dotn_fn dotn;
     kern__quant_fn quant;
-    int64_t chunk;        /* rows per work item */
-    _Atomic int64_t next; /* next work item */
+    int64_t chunk;        /* fewest rows per work item */
+    int64_t max_chunk;    /* most rows per work item */
+    _Atomic int64_t next; /* first row not yet handed out */
     _Atomic int64_t qnext; /* next activation row to convert */
 };
 
@@ -162,16 +163,29 @@ static void compute_rows(struct mm_job *j, int64_t r0, int64_t r1)
     }
 }
 
+/* Guided self-scheduling: each claim takes 1/(2*nth) of the rows still left (at least
+ * j->chunk), so the pieces shrink towards the end and the threads finish close together. */
 static void compute_task(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
+    (void)ith;
+    int64_t r0 = atomic_load_explicit(&j->next, memory_order_relaxed), c;
     for (;;) {
-        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        int64_t r0 = c * j->chunk;
-        if (r0 >= j->rows)
-            break;
-        int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
-        compute_rows(j, r0, r1);
+        do {
+            if (r0 >= j->rows)
+                return;
+            c = (j->rows - r0) / (2 * nth);
+            if (c > j->max_chunk) /* a batch re-reads its piece per 8 rows: keep it in L2 */
+                c = j->max_chunk;
+            if (c < j->chunk)
+                c = j->chunk;
+            if (c > j->rows - r0)
+                c = j->rows - r0;
+        } while (!atomic_compare_exchange_weak_explicit(&j->next, &r0, r0 + c,
+                                                        memory_order_relaxed,
+                                                        memory_order_relaxed));
+        compute_rows(j, r0, r0 + c);
+        r0 = atomic_load_explicit(&j->next, memory_order_relaxed);
     }
 }
 
@@ -220,9 +234,11 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
         else
             quant_rows(&j, 0, n);
     }
-    /* Work items: ~8 per thread for balance on a busy machine, at least 8 rows each. */
-    int64_t chunk = rows / ((int64_t)nth * 8);
+    /* Smallest work item: ~16 KB of weights (and at least 8 rows), so a claim (an atomic on
+     * a shared line) stays well under the work it hands out. */
+    int64_t chunk = (int64_t)(16384 / wrow);
     j.chunk = chunk < 8 ? 8 : chunk;
+    j.max_chunk = (int64_t)((256 << 10) / wrow);
     atomic_store(&j.next, 0);
     kern__pool_run_dyn(p, compute_task, &j);
     if (!p && j.xq != (char *)x)
