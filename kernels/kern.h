@@ -89,6 +89,13 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
 
+/* kern_ref_swiglu over n elements split across the pool's threads (bit-identical to it). */
+void kern_swiglu(struct kern_pool *p, float *out, const float *gate, const float *up, int64_t n);
+/* kern_ref_rmsnorm on each of n_rows rows of `cols` (x and out rows `cols` apart), rows split
+ * across the pool's threads (bit-identical to it). */
+void kern_rmsnorm_rows(struct kern_pool *p, float *out, const float *x, const float *w,
+                       int64_t n_rows, int64_t cols, float eps);
+
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */
 double kern_bench_bandwidth(struct kern_pool *p, size_t bytes);

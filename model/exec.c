@@ -543,7 +543,7 @@ static void swiglu_ffn(struct model_exec *e, const struct model_mat *gate,
     struct model_state *s = &e->s;
     matmul(e, gate, x, n, s->hb);               /* [n][F] */
     matmul(e, up, x, n, s->hb2);                /* [n][F] */
-    kern_ref_swiglu(s->hb, s->hb, s->hb2, (int64_t)n * gate->rows);
+    kern_swiglu(e->pool, s->hb, s->hb, s->hb2, (int64_t)n * gate->rows);
     matmul(e, down, s->hb, n, y);               /* [n][E] */
 }
 
@@ -627,8 +627,7 @@ static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos
         size_t slot = e->slot[l];
 
         /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
-        for (uint32_t i = 0; i < n; i++)
-            kern_ref_rmsnorm(s->xb + (size_t)i * E, x + (size_t)i * E, L->attn_norm, E, hp->rms_eps);
+        kern_rmsnorm_rows(e->pool, s->xb, x, L->attn_norm, n, E, hp->rms_eps);
         if (L->recurrent)
             deltanet(e, L, ss->conv + slot * e->conv_layer, ss->ssm + slot * e->ssm_layer, n);
         else
@@ -636,8 +635,7 @@ static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos
         vec_add(x, s->proj, (size_t)n * E);
 
         /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
-        for (uint32_t i = 0; i < n; i++)
-            kern_ref_rmsnorm(s->xb + (size_t)i * E, x + (size_t)i * E, L->ffn_norm, E, hp->rms_eps);
+        kern_rmsnorm_rows(e->pool, s->xb, x, L->ffn_norm, n, E, hp->rms_eps);
         if (L->gate_inp.data)
             moe(e, L, n);
         else

@@ -387,9 +387,45 @@ T_CASE(pool_dynamic)
     }
 }
 
+/* The pool's element-wise ops are the reference's, bit for bit, at any thread count. */
+T_CASE(elementwise_on_pool)
+{
+    const int64_t rows = 37, cols = 301, n = rows * cols;
+    float *g = malloc(n * sizeof *g), *u = malloc(n * sizeof *u), *w = malloc(cols * sizeof *w);
+    float *ref = malloc(n * sizeof *ref), *out = malloc(n * sizeof *out);
+    T_ASSERT(g && u && w && ref && out, "alloc");
+    for (int64_t i = 0; i < n; i++) {
+        g[i] = (float)((i * 7919) % 2001) / 100.0f - 10.0f;
+        u[i] = (float)((i * 104729) % 1999) / 500.0f - 2.0f;
+    }
+    for (int64_t i = 0; i < cols; i++)
+        w[i] = 0.5f + (float)(i % 13) / 7.0f;
+    for (int nt = 1; nt <= 3; nt++) {
+        struct kern_pool *p;
+        T_ASSERT(kern_pool_new(&p, nt) == 0, "pool");
+        for (int64_t len = 1; len <= n; len = len * 3 + 1) {
+            kern_ref_swiglu(ref, g, u, len);
+            memcpy(out, g, len * sizeof *out); /* in place, as the model calls it */
+            kern_swiglu(p, out, out, u, len);
+            T_CHECK(memcmp(out, ref, len * sizeof *out) == 0, "swiglu %d threads n=%lld", nt,
+                    (long long)len);
+        }
+        for (int64_t r = 1; r <= rows; r += 9) {
+            for (int64_t i = 0; i < r; i++)
+                kern_ref_rmsnorm(ref + i * cols, g + i * cols, w, cols, 1e-5f);
+            kern_rmsnorm_rows(p, out, g, w, r, cols, 1e-5f);
+            T_CHECK(memcmp(out, ref, r * cols * sizeof *out) == 0, "rmsnorm %d threads %lld rows",
+                    nt, (long long)r);
+        }
+        kern_pool_free(p);
+    }
+    free(g); free(u); free(w); free(ref); free(out);
+}
+
 int main(void)
 {
     T_RUN(pool_dynamic);
+    T_RUN(elementwise_on_pool);
     T_RUN(matmul_all_levels);
     T_RUN(dots_exact_inputs);
     T_RUN(attention_fast);
