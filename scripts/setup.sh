@@ -3,11 +3,14 @@
 # missing. Does nothing when all are present. Uses sudo when not root.
 set -eu
 
-PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev libwslay-dev
-libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
-ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+# What the build links against, then what only the tests use.
+BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
+libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev"
+BUILD_PKGS=$(echo $BUILD_PKGS)
+TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
 curl openssl procps nodejs node-ws chromium testssl.sh"
+PKGS="$BUILD_PKGS $TEST_PKGS"
 
 missing=""
 for p in $PKGS; do
@@ -47,7 +50,24 @@ if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086
-    $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    if ! $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null; then
+        # One package that cannot be installed must not keep the others out: retry them one
+        # by one, and fail only when a package the build itself needs is still missing.
+        failed=""
+        for p in $missing; do
+            $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
+                failed="$failed $p"
+        done
+        if [ -n "$failed" ]; then
+            echo "setup: could not install:$failed" >&2
+            for p in $failed; do
+                case " $BUILD_PKGS " in
+                    *" $p "*) echo "setup: $p is needed to build; giving up" >&2; exit 1 ;;
+                esac
+            done
+            echo "setup: the tests that need those packages will say so" >&2
+        fi
+    fi
     echo "setup: done"
 fi
 cd "$(dirname "$0")/.." && npm_ws
