@@ -865,27 +865,9 @@ int net_http_server_route(struct net_http_server *s, const char *method, const c
 
 int net_http_server_listen(struct net_http_server *s, const char *addr)
 {
-    char host[128];
-    const char *colon = strrchr(addr, ':');
-    if (!colon || (size_t)(colon - addr) >= sizeof host)
-        return -EINVAL;
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = 0;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port < 0 || port > 65535)
-        return -EINVAL;
     struct sockaddr_storage ss;
-    int rc;
-    if (host[0] == '[') {
-        size_t hl = strlen(host);
-        if (hl < 2 || host[hl - 1] != ']')
-            return -EINVAL;
-        host[hl - 1] = 0;
-        rc = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)&ss);
-    } else {
-        rc = uv_ip4_addr(host[0] ? host : "0.0.0.0", (int)port, (struct sockaddr_in *)&ss);
-    }
+    const char *why;
+    int rc = net__listen_addr(addr, &ss, &why);
     if (rc < 0)
         return rc;
     if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0)) < 0)

@@ -11,4 +11,8 @@
  * untouched). */
 int net__tcp_peer(const uv_tcp_t *tcp, char *out, size_t n);
 
+/* A listen address "host:port" or "[v6]:port" (numeric host; empty = 0.0.0.0; port 0..65535)
+ * into *ss: 0, or -EINVAL with *why saying what is wrong with it. */
+int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char **why);
+
 #endif

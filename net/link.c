@@ -356,6 +356,26 @@ static int split_hostport(const char *s, char *host, size_t hn, char *port, size
     return 0;
 }
 
+int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char **why)
+{
+    char host[256], port[16];
+    *why = " is not host:port";
+    if (split_hostport(addr, host, sizeof host, port, sizeof port) < 0)
+        return -EINVAL;
+    long pn = strtol(port, NULL, 10);
+    if (strlen(port) > 5 || pn > 65535) {
+        *why = ": port over 65535";
+        return -EINVAL;
+    }
+    int rc = strchr(host, ':') ? uv_ip6_addr(host, (int)pn, (struct sockaddr_in6 *)ss)
+                               : uv_ip4_addr(host[0] ? host : "0.0.0.0", (int)pn, (struct sockaddr_in *)ss);
+    if (rc < 0) {
+        *why = ": host must be a numeric IP";
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest)
 {
     char host[256], port[16];
@@ -484,16 +504,11 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
                      const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
                      uint32_t max_payload, char *err, size_t errlen)
 {
-    char host[256], port[16];
-    if (split_hostport(addr, host, sizeof host, port, sizeof port) < 0) {
-        snprintf(err, errlen, "listen address '%s' is not host:port", addr);
-        return -EINVAL;
-    }
     struct sockaddr_storage ss;
-    int rc = strchr(host, ':') ? uv_ip6_addr(host, atoi(port), (struct sockaddr_in6 *)&ss)
-                               : uv_ip4_addr(host, atoi(port), (struct sockaddr_in *)&ss);
+    const char *why;
+    int rc = net__listen_addr(addr, &ss, &why);
     if (rc < 0) {
-        snprintf(err, errlen, "listen address '%s': host must be a numeric IP", addr);
+        snprintf(err, errlen, "listen address '%s'%s", addr, why);
         return rc;
     }
     struct net_listener *ls = calloc(1, sizeof *ls);
