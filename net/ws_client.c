@@ -29,7 +29,7 @@ static void client_send_request(struct net_ws *ws)
     }
     EVP_EncodeBlock((unsigned char *)key, raw, sizeof raw);
     ws->key = strdup(key);
-    ws->http = net__http_new(false);
+    ws->http = net__http_new();
     if (!ws->key || !ws->http) {
         client_fail(ws, "out of memory");
         return;

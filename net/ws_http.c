@@ -45,7 +45,7 @@ int net_ws_accept_key(const char *key, char out[29])
 
 /* ---------------------------------------------------------------- parser glue */
 
-enum { H_NONE, H_UPGRADE, H_CONNECTION, H_KEY, H_VERSION, H_ACCEPT };
+enum { H_NONE, H_UPGRADE, H_CONNECTION, H_ACCEPT, H_COUNT };
 
 struct net__http {
     http_parser p;
@@ -55,10 +55,8 @@ struct net__http {
     char field[64];
     size_t field_len;
     bool field_long;
-    char *url;
-    size_t url_len;
-    char *val[6];
-    size_t val_len[6];
+    char *val[H_COUNT];
+    size_t val_len[H_COUNT];
     char errmsg[96];
 };
 
@@ -79,18 +77,10 @@ static int http_grow(struct net__http *h, char **s, size_t *len, const char *at,
     return 0;
 }
 
-static int on_url(http_parser *p, const char *at, size_t n)
-{
-    struct net__http *h = p->data;
-    return http_grow(h, &h->url, &h->url_len, at, n);
-}
-
 static int header_id(const char *f)
 {
     if (!strcasecmp(f, "upgrade")) return H_UPGRADE;
     if (!strcasecmp(f, "connection")) return H_CONNECTION;
-    if (!strcasecmp(f, "sec-websocket-key")) return H_KEY;
-    if (!strcasecmp(f, "sec-websocket-version")) return H_VERSION;
     if (!strcasecmp(f, "sec-websocket-accept")) return H_ACCEPT;
     return H_NONE;
 }
@@ -147,18 +137,17 @@ static int on_headers_complete(http_parser *p)
 }
 
 static const http_parser_settings http_settings = {
-    .on_url = on_url,
     .on_header_field = on_field,
     .on_header_value = on_value,
     .on_headers_complete = on_headers_complete,
 };
 
-struct net__http *net__http_new(bool request)
+struct net__http *net__http_new(void)
 {
     struct net__http *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
-    http_parser_init(&h->p, request ? HTTP_REQUEST : HTTP_RESPONSE);
+    http_parser_init(&h->p, HTTP_RESPONSE);
     h->p.data = h;
     h->last_was_value = true;
     return h;
@@ -168,8 +157,7 @@ void net__http_free(struct net__http *h)
 {
     if (!h)
         return;
-    free(h->url);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < H_COUNT; i++)
         free(h->val[i]);
     free(h);
 }

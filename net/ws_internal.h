@@ -32,7 +32,7 @@ void net__tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx);
 
 /* ---- ws_http.c: the client handshake's HTTP/1.1 response head (http-parser) ---- */
 struct net__http;
-struct net__http *net__http_new(bool request);
+struct net__http *net__http_new(void);
 void net__http_free(struct net__http *h);
 /* Feed bytes: 1 head complete (*used = bytes of the head in data), 0 need more (*used =
  * len), -EPROTO malformed or too long (net__http_error says why). */
