@@ -90,6 +90,15 @@ T_CASE(bad_endpoints_refused)
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
 }
 
+/* A fresh bridge on relay R: the up side's endpoint and the down side's. */
+static void bridge_endpoints(const struct tc_relay *R, char ep[200], char ep_down[220])
+{
+    char id[33];
+    tc_bridge_id(id);
+    snprintf(ep, 200, "relay+ws://127.0.0.1:%d/b/%s", R->port, id);
+    snprintf(ep_down, 220, "%s?role=down", ep);
+}
+
 T_CASE(frames_through_the_relay)
 {
     struct tc_relay R;
@@ -97,10 +106,8 @@ T_CASE(frames_through_the_relay)
     T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
     uv_loop_t loop;
     uv_loop_init(&loop);
-    char id[33], ep[200], ep_down[220];
-    tc_bridge_id(id);
-    snprintf(ep, sizeof ep, "relay+ws://127.0.0.1:%d/b/%s", R.port, id);
-    snprintf(ep_down, sizeof ep_down, "%s?role=down", ep);
+    char ep[200], ep_down[220];
+    bridge_endpoints(&R, ep, ep_down);
     memset(&up, 0, sizeof up);
     memset(&down, 0, sizeof down);
     T_ASSERT(net_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20) == 0, "dial down");
@@ -145,10 +152,8 @@ T_CASE(frame_over_the_relay_message_limit)
     T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
     uv_loop_t loop;
     uv_loop_init(&loop);
-    char id[33], ep[200], ep_down[220];
-    tc_bridge_id(id);
-    snprintf(ep, sizeof ep, "relay+ws://127.0.0.1:%d/b/%s", R.port, id);
-    snprintf(ep_down, sizeof ep_down, "%s?role=down", ep);
+    char ep[200], ep_down[220];
+    bridge_endpoints(&R, ep, ep_down);
     memset(&up, 0, sizeof up);
     memset(&bigs, 0, sizeof bigs);
     big_got = 0;
