@@ -92,6 +92,20 @@ int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
     return 0;
 }
 
+/* Hand the malloc'd b[len] to the transport, counting it queued and sent. */
+static int link_write(struct net_link *l, char *b, size_t len)
+{
+    /* counted before the write: a transport may report it written before write returns */
+    l->queued += len;
+    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
+    if (rc < 0) {
+        l->queued = len <= l->queued ? l->queued - len : 0;
+        return rc;
+    }
+    l->bytes_out += len;
+    return 0;
+}
+
 int net_link_send_raw(struct net_link *l, const void *data, size_t len)
 {
     if (l->closing)
@@ -102,15 +116,7 @@ int net_link_send_raw(struct net_link *l, const void *data, size_t len)
     if (!b)
         return -ENOMEM;
     memcpy(b, data, len);
-    /* counted before the write: a transport may report it written before write returns */
-    l->queued += len;
-    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
-    if (rc < 0) {
-        l->queued = len <= l->queued ? l->queued - len : 0;
-        return rc;
-    }
-    l->bytes_out += len;
-    return 0;
+    return link_write(l, b, len);
 }
 
 int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
@@ -130,14 +136,7 @@ int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void 
     net_frame_hdr_encode(&hh, (uint8_t *)b);
     if (len)
         memcpy(b + NET_HDR_LEN, payload, len);
-    l->queued += NET_HDR_LEN + len; /* before the write: see net_link_send_raw */
-    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)(NET_HDR_LEN + len)));
-    if (rc < 0) {
-        l->queued = NET_HDR_LEN + len <= l->queued ? l->queued - (NET_HDR_LEN + len) : 0;
-        return rc;
-    }
-    l->bytes_out += NET_HDR_LEN + len;
-    return 0;
+    return link_write(l, b, NET_HDR_LEN + len);
 }
 
 void net_link_close(struct net_link *l, const char *reason)
