@@ -172,8 +172,6 @@ int gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment);
 /* Set (or replace) a key with a copy of value v (deep copy, arrays included). */
 int gguf_writer_set(struct gguf_writer *w, const char *key, const struct gguf_value *v);
 int gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v);
-int gguf_writer_set_i32(struct gguf_writer *w, const char *key, int32_t v);
-int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
 int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
 int gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
 int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *s);
@@ -225,8 +223,6 @@ bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t
                        bool has_output);
 /* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */
 int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
-/* SHA-256 of a whole file as 64 lowercase hex digits + NUL (OpenSSL EVP). */
-int gguf_sha256_file(const char *path, char hex[65], char *err, size_t errlen);
 
 /* Catalogs (DESIGN.md section 6): per tensor name, type, shape, absolute byte offset in the
  * source file, byte size and SHA-256; plus the source file's SHA-256 and size. The catalog's

@@ -68,7 +68,8 @@ bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t
     return true; /* shared tensors such as rope_freqs.weight: every stage needs them */
 }
 
-int gguf_sha256_file(const char *path, char hex[65], char *err, size_t errlen)
+/* SHA-256 of a whole file as 64 lowercase hex digits + NUL (OpenSSL EVP). */
+static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -169,7 +170,7 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
             gguf__seterr(err, errlen, "window: source parsed from memory; give its sha256");
             return -EINVAL;
         }
-        if ((rc = gguf_sha256_file(gguf_file_path(src), hex, err, errlen)))
+        if ((rc = sha256_file(gguf_file_path(src), hex, err, errlen)))
             return rc;
         sha = hex;
     }

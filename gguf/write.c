@@ -189,18 +189,6 @@ int gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v)
     return gguf_writer_set(w, key, &x);
 }
 
-int gguf_writer_set_i32(struct gguf_writer *w, const char *key, int32_t v)
-{
-    struct gguf_value x = {.type = GGUF_V_I32, .v.i = v};
-    return gguf_writer_set(w, key, &x);
-}
-
-int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v)
-{
-    struct gguf_value x = {.type = GGUF_V_U64, .v.u = v};
-    return gguf_writer_set(w, key, &x);
-}
-
 int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v)
 {
     struct gguf_value x = {.type = GGUF_V_F32, .v.f = v};
