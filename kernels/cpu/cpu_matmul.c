@@ -98,8 +98,7 @@ const char *kern_cpu_level(void)
 /* ---- matmul ---- */
 
 struct mm_job {
-    const struct kern__simd *s;
-    uint32_t type, vt;
+    uint32_t vt;
     const char *w;
     int64_t rows, cols, n;
     const float *x;
@@ -216,7 +215,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
     }
 
     struct mm_job j = {
-        .s = s, .type = type, .vt = vt, .w = w, .rows = rows, .cols = cols, .n = n, .x = x,
+        .vt = vt, .w = w, .rows = rows, .cols = cols, .n = n, .x = x,
         .y = y, .wrow = wrow, .xrow = xrow, .dot = dot,
         .dotn = s->dotn[type], .quant = quant,
     };
