@@ -709,13 +709,18 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
     if (!reason && piece && plen && s->n_stop) {
         char *nt = realloc(s->text, s->text_len + plen + 1);
         if (nt) {
+            size_t old = s->text_len;
             s->text = nt;
             memcpy(s->text + s->text_len, piece, plen);
             s->text_len += plen;
             s->text[s->text_len] = 0;
-            for (uint32_t i = 0; i < s->n_stop && !reason; i++)
-                if (strstr(s->text, s->stop[i]))
+            /* Earlier tokens found no stop string, so a match now ends in this piece: search
+             * only the tail it can start in, not the whole text on every token. */
+            for (uint32_t i = 0; i < s->n_stop && !reason; i++) {
+                size_t sl = strlen(s->stop[i]);
+                if (strstr(s->text + (old >= sl ? old - sl + 1 : 0), s->stop[i]))
                     reason = "stop";
+            }
         }
     }
     if (reason) {
