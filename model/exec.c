@@ -35,6 +35,7 @@ struct model_state {
     float *proj;        /* [B][n_embd] output projection before the residual add */
     float *headtmp;     /* [max(head_dim, d_state)] one head for a per-head norm */
     float *att_scratch; /* [n_ctx] softmax row (kern_attention keeps its threads' own) */
+    float *rope_cs, *rope_sn; /* [B][n_rot/2] RoPE cos/sin of the batch's positions */
     /* gated attention (qwen35*) */
     float *qg;          /* [B][2 q_dim] per head [q | gate] */
     float *gate;        /* [B][q_dim] */
@@ -81,37 +82,40 @@ static void matmul(struct model_exec *e, const struct model_mat *w, const float 
     kern_matmul(e->pool, w->type, w->data, w->rows, w->cols, x, n, y);
 }
 
-/* kern_ref_rope with a frequency divisor per rotated pair (Llama 3.1's rope_freqs): the
- * angle of pair i is freq_scale * theta_i / factor[i], the theta_i built as kern_ref_rope
- * and ggml build them. */
-static void rope_factors(float *x, int n_head, int head_dim, int n_rot, int64_t pos,
-                         float freq_base, float freq_scale, bool neox, const float *factor)
+/* RoPE angles of rows at positions pos..pos+n-1 into cs/sn[n][n_rot/2]: the angle of pair i
+ * is freq_scale * theta_i (/ factor[i] with Llama 3.1's rope_freqs), theta_i = pos *
+ * base^(-2i/n_rot) built by repeated f32 products as kern_ref_rope and ggml build it. They
+ * depend on the position only, so forward() computes them once per batch for every layer. */
+static void rope_angles(const struct model *m, uint32_t pos, uint32_t n, float *cs, float *sn)
 {
-    float theta_scale = powf(freq_base, -2.0f / n_rot);
-    for (int h = 0; h < n_head; h++) {
-        float *v = x + (int64_t)h * head_dim;
-        float theta = (float)pos;
-        for (int i0 = 0; i0 < n_rot; i0 += 2) {
-            float t = freq_scale * (theta / factor[i0 / 2]);
-            float c = cosf(t), s = sinf(t);
-            int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + n_rot / 2 : i0 + 1;
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
+    const struct model_hparams *hp = &m->hp;
+    const uint32_t half = hp->n_rot / 2;
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    for (uint32_t r = 0; r < n; r++) {
+        float theta = (float)(pos + r);
+        for (uint32_t i = 0; i < half; i++) {
+            float t = hp->rope_scale * (m->rope_freqs ? theta / m->rope_freqs[i] : theta);
+            cs[(size_t)r * half + i] = cosf(t);
+            sn[(size_t)r * half + i] = sinf(t);
             theta *= theta_scale;
         }
     }
 }
 
-static void rope(const struct model *m, float *x, int n_head, int64_t pos)
+/* Rotate the first n_rot dims of each of n_head heads of x by one row's angles. */
+static void rope(const struct model_hparams *hp, float *x, uint32_t n_head, const float *cs,
+                 const float *sn)
 {
-    const struct model_hparams *hp = &m->hp;
-    if (m->rope_freqs)
-        rope_factors(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, hp->rope_scale,
-                     hp->rope_neox, m->rope_freqs);
-    else
-        kern_ref_rope(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, hp->rope_scale,
-                      hp->rope_neox);
+    const uint32_t half = hp->n_rot / 2;
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * hp->head_dim;
+        for (uint32_t i = 0; i < half; i++) {
+            uint32_t a = hp->rope_neox ? i : 2 * i, b = hp->rope_neox ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
 }
 
 static void add_rows(float *x, const float *b, uint32_t n, uint32_t dim)
@@ -183,6 +187,10 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     s->proj = xcalloc(B * hp->n_embd, sizeof(float), &rc);
     s->headtmp = xcalloc(hd, sizeof(float), &rc);
     s->att_scratch = xcalloc(n_ctx, sizeof(float), &rc);
+    if (e->n_attn) {
+        s->rope_cs = xcalloc(B * (hp->n_rot / 2), sizeof(float), &rc);
+        s->rope_sn = xcalloc(B * (hp->n_rot / 2), sizeof(float), &rc);
+    }
     if (gated) {
         s->qg = xcalloc(B * 2 * q_dim, sizeof(float), &rc);
         s->gate = xcalloc(B * q_dim, sizeof(float), &rc);
@@ -248,6 +256,8 @@ void model_exec_free(struct model_exec *e)
     free(s->proj);
     free(s->headtmp);
     free(s->att_scratch);
+    free(s->rope_cs);
+    free(s->rope_sn);
     free(s->qg);
     free(s->gate);
     free(s->mixed);
@@ -446,8 +456,10 @@ static void attention(struct model_exec *e, const struct model_layer *L, uint16_
         head_norm(s, s->k, (size_t)n * hp->n_head_kv, hd, L->k_norm, hp->rms_eps);
     }
     for (uint32_t i = 0; i < n; i++) {          /* the first n_rot dims of each head */
-        rope(m, s->q + (size_t)i * q_dim, hp->n_head, pos + i);
-        rope(m, s->k + (size_t)i * kv_dim, hp->n_head_kv, pos + i);
+        const float *cs = s->rope_cs + (size_t)i * (hp->n_rot / 2);
+        const float *sn = s->rope_sn + (size_t)i * (hp->n_rot / 2);
+        rope(hp, s->q + (size_t)i * q_dim, hp->n_head, cs, sn);
+        rope(hp, s->k + (size_t)i * kv_dim, hp->n_head_kv, cs, sn);
     }
     /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
     for (uint32_t i = 0; i < n; i++)
@@ -622,6 +634,8 @@ static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos
     struct model_state *s = &e->s;
     const uint32_t E = hp->n_embd;
 
+    if (e->n_attn)
+        rope_angles(m, pos, n, s->rope_cs, s->rope_sn);
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
         size_t slot = e->slot[l];
