@@ -693,9 +693,8 @@ int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits)
     const uint32_t E = m->hp.n_embd;
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
-        for (uint32_t i = 0; i < nb; i++)
-            kern_ref_rmsnorm(e->s.xb + (size_t)i * E, x + (size_t)(done + i) * E, m->output_norm,
-                             E, m->hp.rms_eps);
+        kern_rmsnorm_rows(e->pool, e->s.xb, x + (size_t)done * E, m->output_norm, nb, E,
+                          m->hp.rms_eps);
         matmul(e, &m->output, e->s.xb, nb, logits + (size_t)done * m->hp.n_vocab);
         done += nb;
     }
