@@ -31,6 +31,19 @@ static int32_t argmax(const float *x)
     return b;
 }
 
+/* Default parameters with the given temperature and cut-offs. */
+static struct model_sampler_params params(float temperature, int32_t top_k, float top_p,
+                                          float min_p)
+{
+    struct model_sampler_params p;
+    model_sampler_params_default(&p);
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    return p;
+}
+
 static void draw(const struct model_sampler_params *p, int32_t *out, int n)
 {
     struct model_sampler *s;
@@ -50,12 +63,7 @@ static void draw(const struct model_sampler_params *p, int32_t *out, int n)
 
 T_CASE(same_seed_same_tokens)
 {
-    struct model_sampler_params p;
-    model_sampler_params_default(&p);
-    p.temperature = 1.5f;
-    p.top_k = 0;
-    p.top_p = 1.0f;
-    p.min_p = 0.0f;
+    struct model_sampler_params p = params(1.5f, 0, 1.0f, 0.0f);
     p.repeat_penalty = 1.1f;
     p.seed = 7;
     int32_t a[200], b[200], c[200];
@@ -72,12 +80,7 @@ T_CASE(same_seed_same_tokens)
 
 T_CASE(top_k_1_is_greedy)
 {
-    struct model_sampler_params p;
-    model_sampler_params_default(&p);
-    p.temperature = 2.0f;
-    p.top_k = 1;
-    p.top_p = 1.0f;
-    p.min_p = 0.0f;
+    struct model_sampler_params p = params(2.0f, 1, 1.0f, 0.0f);
     struct model_sampler *s, *g;
     int rc = model_sampler_new(&s, &p, V);
     T_ASSERT(rc == 0, "new");
@@ -110,12 +113,8 @@ T_CASE(kept_set_properties)
         {0.8f, 0.95f, 0.05f, 40}, {1.0f, 0.5f, 0.0f, 5}, {0.5f, 1.0f, 0.0f, 999},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
-        struct model_sampler_params p;
-        model_sampler_params_default(&p);
-        p.temperature = cfg[c].temp;
-        p.top_p = cfg[c].top_p;
-        p.min_p = cfg[c].min_p;
-        p.top_k = cfg[c].top_k;
+        struct model_sampler_params p = params(cfg[c].temp, cfg[c].top_k, cfg[c].top_p,
+                                               cfg[c].min_p);
         struct model_sampler *s;
         int rc = model_sampler_new(&s, &p, V);
         T_ASSERT(rc == 0, "new");
@@ -158,12 +157,7 @@ T_CASE(kept_set_properties)
 
 T_CASE(draws_follow_probabilities)
 {
-    struct model_sampler_params p;
-    model_sampler_params_default(&p);
-    p.temperature = 1.0f;
-    p.top_k = 4;
-    p.top_p = 1.0f;
-    p.min_p = 0.0f;
+    struct model_sampler_params p = params(1.0f, 4, 1.0f, 0.0f);
     struct model_sampler *s;
     int rc = model_sampler_new(&s, &p, V);
     T_ASSERT(rc == 0, "new");
