@@ -15,7 +15,7 @@
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
 
-static void to_hex(const unsigned char *md, char hex[65])
+void gguf__hex32(const unsigned char md[32], char hex[65])
 {
     static const char digits[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) {
@@ -30,7 +30,7 @@ void gguf_sha256_hex(const void *p, size_t n, char hex[65])
     unsigned char md[32];
     unsigned int l = 0;
     EVP_Digest(p, n, md, &l, EVP_sha256(), NULL);
-    to_hex(md, hex);
+    gguf__hex32(md, hex);
 }
 
 void gguf_catalog_free(struct gguf_catalog *c)
@@ -149,7 +149,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
             unsigned char md[32];
             unsigned int l;
             EVP_DigestFinal_ex(part, md, &l);
-            to_hex(md, t->sha256);
+            gguf__hex32(md, t->sha256);
             in_part = false;
             k++;
         }
@@ -163,7 +163,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     unsigned char md[32];
     unsigned int l;
     EVP_DigestFinal_ex(whole, md, &l);
-    to_hex(md, c->source_sha256);
+    gguf__hex32(md, c->source_sha256);
 out:
     if (fd >= 0)
         close(fd);
@@ -465,7 +465,7 @@ static int tensor_sha(const struct gguf_file *w, const struct gguf_tensor *t, in
     EVP_DigestFinal_ex(ctx, md, &l);
     EVP_MD_CTX_free(ctx);
     if (!rc)
-        to_hex(md, hex);
+        gguf__hex32(md, hex);
     return rc;
 }
 

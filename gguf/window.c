@@ -102,8 +102,7 @@ static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
     unsigned char md[32];
     unsigned int mdlen = 0;
     EVP_DigestFinal_ex(ctx, md, &mdlen);
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    gguf__hex32(md, hex);
 out:
     free(buf);
     EVP_MD_CTX_free(ctx);
