@@ -54,6 +54,19 @@ static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
     return c;
 }
 
+/* Own c in a new net_tls_ctx (c is freed when that fails). */
+static int tls_ctx_wrap(SSL_CTX *c, struct net_tls_ctx **out)
+{
+    struct net_tls_ctx *t = calloc(1, sizeof *t);
+    if (!t) {
+        SSL_CTX_free(c);
+        return -ENOMEM;
+    }
+    t->ssl = c;
+    *out = t;
+    return 0;
+}
+
 int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file)
 {
     *out = NULL;
@@ -86,14 +99,7 @@ int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, cons
         SSL_CTX_free(c);
         return -EINVAL;
     }
-    struct net_tls_ctx *t = calloc(1, sizeof *t);
-    if (!t) {
-        SSL_CTX_free(c);
-        return -ENOMEM;
-    }
-    t->ssl = c;
-    *out = t;
-    return 0;
+    return tls_ctx_wrap(c, out);
 }
 
 int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify)
@@ -115,14 +121,7 @@ int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool v
         SSL_CTX_set_default_verify_paths(c);
     }
     SSL_CTX_set_verify(c, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
-    struct net_tls_ctx *t = calloc(1, sizeof *t);
-    if (!t) {
-        SSL_CTX_free(c);
-        return -ENOMEM;
-    }
-    t->ssl = c;
-    *out = t;
-    return 0;
+    return tls_ctx_wrap(c, out);
 }
 
 void net_tls_ctx_free(struct net_tls_ctx *ctx)
