@@ -61,7 +61,6 @@ struct model_state {
 struct model_exec {
     struct model *m;
     struct kern_pool *pool;
-    int n_threads;
     uint32_t n_ctx, max_batch;
     size_t kv_layer;                 /* elements of one layer's K (or V) cache: n_ctx*kv_dim */
     uint32_t n_attn, n_rec;          /* full-attention and recurrent layers of the window */
@@ -153,7 +152,6 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     e->max_batch = max_batch;
     if ((rc = kern_pool_new(&e->pool, n_threads)) < 0)
         goto fail;
-    e->n_threads = kern_pool_threads(e->pool);
     size_t B = max_batch;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     uint32_t nl = m->last - m->first;
@@ -225,7 +223,7 @@ fail:
     return rc;
 }
 
-int model_exec_threads(const struct model_exec *e) { return e->n_threads; }
+int model_exec_threads(const struct model_exec *e) { return kern_pool_threads(e->pool); }
 
 static void session_free(struct model_session *s)
 {
