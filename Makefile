@@ -47,17 +47,25 @@ ifeq ($(ARCH),x86_64)
   ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
 endif
 
-LIB_SRCS := $(wildcard gguf/*.c kernels/ref/*.c kernels/cpu/*.c kernels/opencl/*.c model/*.c \
-              planner/*.c net/*.c) \
-            $(filter-out kvd/kvd_main.c kvd/kvctl_main.c kvd/kvctl_%.c,$(wildcard kvd/*.c))
-KVCTL_SRCS := kvd/kvctl_main.c $(filter-out kvd/kvctl_main.c,$(wildcard kvd/kvctl_*.c))
+# Source lists follow folders: the shared modules make libkvasir.a; each program is its folder(s).
+srcs_in     = $(wildcard $(addsuffix /*.c,$(1)))
+LIB_DIRS   := gguf kernels/ref kernels/cpu kernels/opencl model planner net ringlib seed
+KVD_DIRS   := kvd kvd/stage
+KVCTL_DIRS := kvctl
+LIB_SRCS   := $(call srcs_in,$(LIB_DIRS))
+KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))
+KVCTL_SRCS := $(call srcs_in,$(KVCTL_DIRS))
 TEST_SRCS := $(wildcard tests/test-*.c)
 TOOL_SRCS := $(wildcard tests/tool-*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz-*.c)
 
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+KVD_OBJS   := $(KVD_SRCS:%.c=$(B)/obj/%.o)
 KVCTL_OBJS := $(KVCTL_SRCS:%.c=$(B)/obj/%.o)
 LIB        := $(B)/libkvasir.a
+# The daemon's roles as an archive too, so tests link the relay or the stage; its main() is
+# never taken from it (a test defines its own).
+KVD_LIB    := $(B)/libkvd.a
 TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
@@ -75,7 +83,11 @@ $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(B)/kvd: $(B)/obj/kvd/kvd_main.o $(LIB)
+$(KVD_LIB): $(KVD_OBJS)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/kvd: $(KVD_OBJS) $(LIB)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
@@ -83,7 +95,7 @@ $(B)/kvctl: $(KVCTL_OBJS) $(LIB)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
-$(B)/tests/%: $(B)/obj/tests/%.o $(LIB)
+$(B)/tests/%: $(B)/obj/tests/%.o $(KVD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kvd/kvd.h"
+#include "ringlib/ring.h"
 #include "net/net.h"
 
 static struct net_identity *id;
@@ -33,8 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size -= 2;
     char err[300];
     if (mode == 2) {
-        struct kvd_manifest m;
-        kvd_manifest_parse(&m, (const char *)data, size, err, sizeof err);
+        struct ring_manifest m;
+        ring_manifest_parse(&m, (const char *)data, size, err, sizeof err);
         return 0;
     }
     struct net_frame_reader r;

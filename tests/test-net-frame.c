@@ -4,8 +4,10 @@
 #include <errno.h>
 #include <math.h>
 
-#include "kvd/internal.h"
+#include "kvd/stage/internal.h"
 #include "kvd/kvd.h"
+#include "kernels/kern.h"
+#include "ringlib/ring.h"
 #include "net/net.h"
 #include "tests/t.h"
 
@@ -271,14 +273,14 @@ static int parse_with(const char *from, const char *to)
     if (!p)
         return 99;
     snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - good_manifest), good_manifest, to, p + strlen(from));
-    struct kvd_manifest m;
-    return kvd_manifest_parse(&m, buf, strlen(buf), err, sizeof err);
+    struct ring_manifest m;
+    return ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err);
 }
 
 T_CASE(manifest)
 {
-    struct kvd_manifest m;
-    T_ASSERT(kvd_manifest_parse(&m, good_manifest, strlen(good_manifest), err, sizeof err) == 0, "%s", err);
+    struct ring_manifest m;
+    T_ASSERT(ring_manifest_parse(&m, good_manifest, strlen(good_manifest), err, sizeof err) == 0, "%s", err);
     T_CHECK(m.n_ranks == 2 && m.ranks[1].first == 2 && m.ranks[1].last == 5 && m.wire_dsize == 2 &&
             m.n_ctx == 256 && m.max_batch == 32 && m.ranks[0].embed && m.ranks[1].head && !m.ranks[0].head,
             "fields");
@@ -293,24 +295,24 @@ T_CASE(manifest)
     T_CHECK(parse_with("\"n_embd\":64", "\"n_embd\":-1") < 0 && strstr(err, "n_embd"), "%s", err);
     T_CHECK(parse_with("\"ring\":\"abc\"", "\"ring\":\"a b\"") < 0, "ring with a space");
     T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"node\":\"12\",") < 0 && strstr(err, "node"), "%s", err);
-    T_CHECK(kvd_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
-    T_CHECK(kvd_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
+    T_CHECK(ring_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
+    T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
 }
 
 T_CASE(f16_wire)
 {
-    T_CHECK(kvd_f32_to_f16(1.0f) == 0x3c00 && kvd_f32_to_f16(-2.0f) == 0xc000, "1, -2");
-    T_CHECK(kvd_f32_to_f16(65504.0f) == 0x7bff && kvd_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
-    T_CHECK(kvd_f32_to_f16(ldexpf(1, -24)) == 0x0001 && kvd_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
-    T_CHECK(kvd_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
-    T_CHECK(kvd_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
-    T_CHECK(kvd_f32_to_f16(INFINITY) == 0x7c00 && (kvd_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
-            (kvd_f32_to_f16(NAN) & 0x3ff), "inf, nan");
+    T_CHECK(kern_f32_to_f16(1.0f) == 0x3c00 && kern_f32_to_f16(-2.0f) == 0xc000, "1, -2");
+    T_CHECK(kern_f32_to_f16(65504.0f) == 0x7bff && kern_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
+    T_CHECK(kern_f32_to_f16(ldexpf(1, -24)) == 0x0001 && kern_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
+    T_CHECK(kern_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
+    T_CHECK(kern_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
+    T_CHECK(kern_f32_to_f16(INFINITY) == 0x7c00 && (kern_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
+            (kern_f32_to_f16(NAN) & 0x3ff), "inf, nan");
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
             continue;   /* NaNs */
-        if (kvd_f32_to_f16(kvd_f16_to_f32((uint16_t)h)) != h)
+        if (kern_f32_to_f16(kern_f16_to_f32((uint16_t)h)) != (uint16_t)h)
             bad++;
     }
     T_CHECK(bad == 0, "%d halves do not round trip", bad);

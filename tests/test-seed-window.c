@@ -16,13 +16,14 @@
 #include <uv.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvd.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
 #include "net/net.h"
 #include "tests/t.h"
 
 static uv_loop_t loop;
 static struct net_http_server *srv;
-static struct kvd_seeder *seeder;
+static struct seed_server *seeder;
 static uv_async_t stop_async;
 static int port;
 static char model[512], dir[300], base[64], model_id[65], catalog_path[400];
@@ -127,11 +128,11 @@ static int slice(uint32_t first, uint32_t last, const char *out)
 }
 
 static int pull(const char *url, uint32_t a, uint32_t b, const char *cat, bool zstd,
-                const char *out, struct kvd_pull_stats *st, char *err, size_t errlen)
+                const char *out, struct seed_pull_stats *st, char *err, size_t errlen)
 {
-    struct kvd_pull_opts o = {.url = url, .first = a, .last = b, .catalog_path = cat,
+    struct seed_pull_opts o = {.url = url, .first = a, .last = b, .catalog_path = cat,
                               .out_path = out, .zstd = zstd, .timeout_s = 10};
-    return kvd_pull(&o, st, err, errlen);
+    return seed_pull(&o, st, err, errlen);
 }
 
 static uint64_t body_sent(void) { return net_http_server_stats(srv)->body_bytes_sent; }
@@ -152,7 +153,7 @@ T_CASE(seeder_windows_identical)
         snprintf(ref, sizeof ref, "%s/ref-%u-%u.gguf", dir, w[i][0], w[i][1]);
         snprintf(got, sizeof got, "%s/seed-%u-%u.gguf", dir, w[i][0], w[i][1]);
         T_ASSERT(slice(w[i][0], w[i][1], ref) == 0, "slice");
-        struct kvd_pull_stats st;
+        struct seed_pull_stats st;
         int rc = pull(base, w[i][0], w[i][1], NULL, i % 2 == 1, got, &st, err, sizeof err);
         T_CHECK(rc == 0, "pull [%u,%u) from the seeder: %s", w[i][0], w[i][1], err);
         T_CHECK(same_files(ref, got), "[%u,%u) byte-identical to the window writer's file",
@@ -174,7 +175,7 @@ T_CASE(plain_url_windows_identical_and_bytes)
         snprintf(got, sizeof got, "%s/url-%u-%u.gguf", dir, w[i][0], w[i][1]);
         T_ASSERT(slice(w[i][0], w[i][1], ref) == 0, "slice");
         uint64_t before = body_sent();
-        struct kvd_pull_stats st;
+        struct seed_pull_stats st;
         int rc = pull(url, w[i][0], w[i][1], catalog_path, false, got, &st, err, sizeof err);
         uint64_t sent = body_sent() - before;
         T_CHECK(rc == 0, "pull [%u,%u) from a URL: %s", w[i][0], w[i][1], err);
@@ -218,7 +219,7 @@ T_CASE(interrupted_plain_pull_resumes)
     T_ASSERT(t, "tensor blk.4.attn_norm.weight");
     cut_after = gguf_file_data_offset(f) + t->offset + 100;
     gguf_file_free(f);
-    struct kvd_pull_stats st;
+    struct seed_pull_stats st;
     int rc = pull(url, 2, 6, catalog_path, false, got, &st, err, sizeof err);
     T_CHECK(rc != 0 && strstr(err, "resume"), "interrupted pull fails saying so: %s", err);
     T_CHECK(access(got, F_OK) != 0, "nothing at the output path");
@@ -255,9 +256,9 @@ T_CASE(cancelled_pull)
     char got[400], err[512] = "";
     snprintf(got, sizeof got, "%s/cancel-0-8.gguf", dir);
     volatile int cancel = 1;
-    struct kvd_pull_opts o = {.url = base, .first = 0, .last = 8, .out_path = got,
+    struct seed_pull_opts o = {.url = base, .first = 0, .last = 8, .out_path = got,
                               .timeout_s = 10, .cancel = &cancel};
-    int rc = kvd_pull(&o, NULL, err, sizeof err);
+    int rc = seed_pull(&o, NULL, err, sizeof err);
     T_CHECK(rc == -ECANCELED && strstr(err, "cancelled"), "cancelled: %d %s", rc, err);
     T_CHECK(access(got, F_OK) != 0, "nothing at the output path");
 }
@@ -359,12 +360,12 @@ T_CASE(window_holder)
     snprintf(win, sizeof win, "%s/held-2-5.gguf", dir);
     T_ASSERT(slice(2, 5, win) == 0, "slice");
     uv_loop_init(&l2);
-    struct kvd_seeder *sd2;
-    T_ASSERT(net_http_server_new(&s2, &l2, NULL) == 0 && kvd_seeder_new(&sd2, s2) == 0, "new");
+    struct seed_server *sd2;
+    T_ASSERT(net_http_server_new(&s2, &l2, NULL) == 0 && seed_server_new(&sd2, s2) == 0, "new");
     char id[65];
-    int rc = kvd_seeder_add(sd2, win, NULL, id, err, sizeof err);
+    int rc = seed_server_add(sd2, win, NULL, id, err, sizeof err);
     T_CHECK(rc != 0 && strstr(err, "catalog"), "a window without catalog is refused: %s", err);
-    rc = kvd_seeder_add(sd2, win, catalog_path, id, err, sizeof err);
+    rc = seed_server_add(sd2, win, catalog_path, id, err, sizeof err);
     T_CHECK(rc == 0 && strcmp(id, model_id) == 0, "window served under the model id: %s", err);
     T_ASSERT(net_http_server_listen(s2, "127.0.0.1:0") == 0, "listen");
     uv_async_init(&l2, &stop2, on_stop2);
@@ -396,7 +397,7 @@ T_CASE(window_holder)
     T_CHECK(same_files(ref, got), "byte-identical to slicing the full model");
     uv_async_send(&stop2);
     pthread_join(th, NULL);
-    kvd_seeder_free(sd2);
+    seed_server_free(sd2);
     T_CHECK(uv_loop_close(&l2) == 0, "second loop clean");
 }
 
@@ -449,9 +450,9 @@ int main(void)
 
     uv_loop_init(&loop);
     char id[65];
-    if (net_http_server_new(&srv, &loop, NULL) || kvd_seeder_new(&seeder, srv) ||
+    if (net_http_server_new(&srv, &loop, NULL) || seed_server_new(&seeder, srv) ||
         net_http_server_route(srv, "GET", "/files/*", h_file, NULL) ||
-        kvd_seeder_add(seeder, model, NULL, id, err, sizeof err) ||
+        seed_server_add(seeder, model, NULL, id, err, sizeof err) ||
         net_http_server_listen(srv, "127.0.0.1:0")) {
         fprintf(stderr, "seeder set-up: %s\n", err);
         return 1;
@@ -476,7 +477,7 @@ int main(void)
 
     uv_async_send(&stop_async);
     pthread_join(th, NULL);
-    kvd_seeder_free(seeder);
+    seed_server_free(seeder);
     t_current = "shutdown";
     T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
     for (int i = 0; i < 2; i++)

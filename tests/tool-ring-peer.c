@@ -24,6 +24,7 @@
 #include <openssl/rand.h>
 
 #include "kvd/kvd.h"
+#include "ringlib/ring.h"
 #include "net/net.h"
 
 static int fd = -1;
@@ -121,8 +122,8 @@ int main(int argc, char **argv)
         return 2;
     }
     char err[512];
-    struct kvd_manifest m;
-    if (kvd_manifest_load(&m, manifest, err, sizeof err) < 0) {
+    struct ring_manifest m;
+    if (ring_manifest_load(&m, manifest, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 
 struct kvctl_command {
     const char *name;

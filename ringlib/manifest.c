@@ -1,4 +1,4 @@
-/* manifest.c — the rank manifest (DESIGN.md section 7): parsed with cJSON, every field
+/* manifest.c — the rank manifest (docs/design.md, "The rank manifest"): parsed with cJSON, every field
  * checked (types, ranges, windows contiguous and covering the model). */
 #include <errno.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
-#include "kvd/kvd.h"
+#include "ringlib/ring.h"
 #include "net/net.h"
 
 #define MANIFEST_MAX_BYTES (1u << 20)
@@ -65,7 +65,7 @@ static int get_bool(const cJSON *o, const char *key, bool *out, const char *ctx,
     return 0;
 }
 
-int kvd_manifest_parse(struct kvd_manifest *m, const char *json, size_t len, char *err,
+int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, char *err,
                        size_t errlen)
 {
     memset(m, 0, sizeof *m);
@@ -147,8 +147,8 @@ int kvd_manifest_parse(struct kvd_manifest *m, const char *json, size_t len, cha
         goto out;
     }
     if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) < 1 ||
-        cJSON_GetArraySize(ranks) > KVD_MAX_RANKS) {
-        snprintf(err, errlen, "manifest: ranks must be an array of 1..%d entries", KVD_MAX_RANKS);
+        cJSON_GetArraySize(ranks) > RING_MAX_RANKS) {
+        snprintf(err, errlen, "manifest: ranks must be an array of 1..%d entries", RING_MAX_RANKS);
         rc = -EINVAL;
         goto out;
     }
@@ -156,7 +156,7 @@ int kvd_manifest_parse(struct kvd_manifest *m, const char *json, size_t len, cha
     uint32_t expect_first = 0;
     for (uint32_t i = 0; i < m->n_ranks; i++) {
         const cJSON *r = cJSON_GetArrayItem(ranks, (int)i);
-        struct kvd_rank_info *ri = &m->ranks[i];
+        struct ring_rank_info *ri = &m->ranks[i];
         char ctx[32], node[80] = "";
         snprintf(ctx, sizeof ctx, "ranks[%u]", i);
         if (!cJSON_IsObject(r)) {
@@ -231,7 +231,7 @@ out:
     return rc;
 }
 
-int kvd_manifest_load(struct kvd_manifest *m, const char *path, char *err, size_t errlen)
+int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -249,7 +249,7 @@ int kvd_manifest_load(struct kvd_manifest *m, const char *path, char *err, size_
         snprintf(err, errlen, "manifest %s: larger than %u bytes", path, MANIFEST_MAX_BYTES);
         return -EFBIG;
     }
-    int rc = kvd_manifest_parse(m, buf, n, err, errlen);
+    int rc = ring_manifest_parse(m, buf, n, err, errlen);
     if (rc == 0) {
         unsigned int hl = 32;
         if (EVP_Digest(buf, n, m->hash, &hl, EVP_sha256(), NULL) != 1)

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 #include "model/model.h"
 
 #define KVCTL_TOK_MAX_INPUT (256u << 20)   /* bytes of text; the tokenizer's own cap */

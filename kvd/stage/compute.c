@@ -9,7 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvd/internal.h"
+#include "kvd/stage/internal.h"
+#include "ringlib/ring.h"
 
 struct csess {
     uint64_t id;
@@ -42,60 +43,6 @@ void kvd_job_free(struct kvd_job *j)
     free(j->in);
     free(j->out);
     free(j);
-}
-
-uint16_t kvd_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t mant = x & 0x7fffffu;
-    int32_t exp = (int32_t)((x >> 23) & 0xff);
-    if (exp == 255)  /* inf / nan */
-        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
-    exp = exp - 127 + 15;
-    if (exp >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    if (exp <= 0) {  /* subnormal or zero */
-        if (exp < -10)
-            return (uint16_t)sign;
-        mant |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - exp);
-        uint32_t half = mant >> shift;
-        uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t h = sign | (uint32_t)exp << 10 | mant >> 13;
-    uint32_t rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
-        h++;  /* may carry into the exponent: still correct (up to inf) */
-    return (uint16_t)h;
-}
-
-float kvd_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
-    if (exp == 0) {
-        if (mant == 0)
-            x = sign;
-        else {  /* normalise the subnormal */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400u)) {
-                mant <<= 1;
-                exp--;
-            }
-            x = sign | exp << 23 | (mant & 0x3ffu) << 13;
-        }
-    } else if (exp == 31)
-        x = sign | 0x7f800000u | mant << 13;
-    else
-        x = sign | (exp - 15 + 127) << 23 | mant << 13;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
 }
 
 static struct csess *cs_find(struct kvd_compute *c, uint64_t id, struct csess ***prevp)
@@ -188,11 +135,8 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
             snprintf(j->err, sizeof j->err, "embedding %u tokens failed: %s", j->n, strerror(-rc));
             return;
         }
-    } else if (c->wire_dsize == 4) {
-        memcpy(x, j->in, ne * 4);
     } else {
-        for (size_t i = 0; i < ne; i++)
-            x[i] = kvd_f16_to_f32((uint16_t)(j->in[2 * i] | j->in[2 * i + 1] << 8));
+        ring_wire_decode(j->in, ne, c->wire_dsize, x);
     }
     rc = ops->run(b->impl, j->session, j->pos, j->n, x);
     if (rc < 0) {
@@ -258,14 +202,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
             snprintf(j->err, sizeof j->err, "out of memory for the boundary");
             return;
         }
-        if (c->wire_dsize == 4)
-            memcpy(out, x, bytes);
-        else
-            for (size_t i = 0; i < ne; i++) {
-                uint16_t h = kvd_f32_to_f16(x[i]);
-                out[2 * i] = (uint8_t)h;
-                out[2 * i + 1] = (uint8_t)(h >> 8);
-            }
+        ring_wire_encode(x, ne, c->wire_dsize, out);
         j->out = out;
         j->out_len = bytes;
         j->out_type = NET_F_ACT;

@@ -1,10 +1,12 @@
-/* stage_main.c — `kvd stage` options: a table of (name, argument, help, setter). */
+/* main.c — `kvd stage` options: a table of (name, argument, help, setter). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvd/kvd.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
 #include "net/net.h"
 
 struct opt {
@@ -141,7 +143,7 @@ int kvd_stage_main(int argc, char **argv)
             return 2;
         }
         char err[1024];
-        if (kvd_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir, pulled,
+        if (seed_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir, pulled,
                             sizeof pulled, err, sizeof err) < 0) {
             fprintf(stderr, "kvd stage: --window-from %s: %s\n", window_from, err);
             return 1;

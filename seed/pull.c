@@ -1,4 +1,4 @@
-/* kvd_pull.c — fetch a stage window from a seeder or from a plain HTTP(S) GGUF URL (libcurl).
+/* pull.c — fetch a stage window from a seeder or from a plain HTTP(S) GGUF URL (libcurl).
  *
  * Seeder: GET /v1/models, the catalog (/v1/catalog/<id>, checked to hash to its id, unless a
  * local catalog is given), then the window stream /v1/windows/<id>/<first>-<last> appended to
@@ -28,7 +28,8 @@
 #include <curl/curl.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvd.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
 
 #define PULL_HDR_FIRST (64u * 1024)
 #define PULL_MEM_MAX (256u << 20)   /* models list / catalog / header held in memory */
@@ -36,8 +37,8 @@
 #define PULL_MAX_GAP 4096           /* merge tensor ranges closer than this in the source */
 
 struct pull {
-    const struct kvd_pull_opts *o;
-    struct kvd_pull_stats *st;
+    const struct seed_pull_opts *o;
+    struct seed_pull_stats *st;
     CURL *curl;
     char *err;
     size_t errlen;
@@ -326,7 +327,7 @@ static int finish(struct pull *p, const char *part, const char *statep,
 static int finish_inner(struct pull *p, const char *part, const char *statep,
                         const struct gguf_catalog *cat)
 {
-    const struct kvd_pull_opts *o = p->o;
+    const struct seed_pull_opts *o = p->o;
     char err[512] = "";
     struct gguf_file *f = NULL;
     int rc = gguf_file_open(&f, part, err, sizeof err);
@@ -453,7 +454,7 @@ static int pick_model(struct pull *p, const char *base, const char *want_id, cha
 static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **catp,
                        const char *part, const char *statep)
 {
-    const struct kvd_pull_opts *o = p->o;
+    const struct seed_pull_opts *o = p->o;
     char id[65], cat_id[65] = "";
     uint32_t hf = 0, hl = 0;
     const char *want = o->model_id;
@@ -666,7 +667,7 @@ static size_t on_run(char *b, size_t sz, size_t n, void *ud)
 static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog *cat,
                       const char *part, const char *statep)
 {
-    const struct kvd_pull_opts *o = p->o;
+    const struct seed_pull_opts *o = p->o;
     /* 1. the source header, with ranges that grow until it parses */
     struct membuf m = {.max = (size_t)GGUF_MAX_HEADER};
     int rc = get_mem(p, url, 0, PULL_HDR_FIRST - 1, &m);
@@ -883,9 +884,9 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
 
 static void curl_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err, size_t errlen)
+int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *err, size_t errlen)
 {
-    struct kvd_pull_stats dummy;
+    struct seed_pull_stats dummy;
     if (!st)
         st = &dummy;
     memset(st, 0, sizeof *st);
@@ -950,18 +951,18 @@ int kvd_pull(const struct kvd_pull_opts *o, struct kvd_pull_stats *st, char *err
     return rc;
 }
 
-int kvd_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
+int seed_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
                     const char *dir, char *out, size_t outlen, char *err, size_t errlen)
 {
-    struct kvd_manifest *m = calloc(1, sizeof *m);
+    struct ring_manifest *m = calloc(1, sizeof *m);
     if (!m)
         return -ENOMEM;
-    int rc = kvd_manifest_load(m, manifest, err, errlen);
+    int rc = ring_manifest_load(m, manifest, err, errlen);
     if (rc < 0) {
         free(m);
         return rc;
     }
-    const struct kvd_rank_info *me = NULL;
+    const struct ring_rank_info *me = NULL;
     for (uint32_t i = 0; i < m->n_ranks; i++)
         if ((int)m->ranks[i].rank == rank)
             me = &m->ranks[i];
@@ -982,11 +983,11 @@ int kvd_window_from(const char *manifest, int rank, const char *url, const char 
         return 0;
     }
     bool has_id = strlen(m->catalog) == 64;
-    struct kvd_pull_opts o = {.url = url, .first = me->first, .last = me->last,
+    struct seed_pull_opts o = {.url = url, .first = me->first, .last = me->last,
                               .catalog_path = catalog_path,
                               .model_id = has_id ? m->catalog : NULL,
                               .out_path = out, .progress = 1};
-    rc = kvd_pull(&o, NULL, err, errlen);
+    rc = seed_pull(&o, NULL, err, errlen);
     free(m);
     return rc;
 }

@@ -19,13 +19,14 @@
 #include <openssl/rand.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvctl.h"
-#include "kvd/kvd.h"
+#include "kvctl/kvctl.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
 #include "model/model.h"
 #include "net/net.h"
 #include "planner/plan.h"
 
-#define MAX_STAGES KVD_MAX_RANKS
+#define MAX_STAGES RING_MAX_RANKS
 
 /* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is
  * cut, and then simply not found. */
@@ -110,7 +111,7 @@ static int grab_line(const char *line, void *ud)
 static cJSON *query_status(const char *sock, char *err, size_t errlen)
 {
     struct grab g = {0};
-    if (kvd_ctl_request(sock, "{\"op\":\"status\"}", grab_line, &g, 3000, err, errlen) < 0)
+    if (ring_ctl_request(sock, "{\"op\":\"status\"}", grab_line, &g, 3000, err, errlen) < 0)
         return NULL;
     if (!g.obj)
         snprintf(err, errlen, "no status reply");
@@ -144,14 +145,14 @@ static int ring_dir(const char *arg, char *dir, size_t n)
 }
 
 /* DIR/ring.json, or the manifest file itself when the user named one (any file name). */
-static int load_ring_at(const char *arg, const char *dir, struct kvd_manifest *m);
+static int load_ring_at(const char *arg, const char *dir, struct ring_manifest *m);
 
-static int load_ring(const char *dir, struct kvd_manifest *m)
+static int load_ring(const char *dir, struct ring_manifest *m)
 {
     return load_ring_at(NULL, dir, m);
 }
 
-static int load_ring_at(const char *arg, const char *dir, struct kvd_manifest *m)
+static int load_ring_at(const char *arg, const char *dir, struct ring_manifest *m)
 {
     char path[PATH_MAX], err[512];
     struct stat sb;
@@ -159,7 +160,7 @@ static int load_ring_at(const char *arg, const char *dir, struct kvd_manifest *m
         snprintf(path, sizeof path, "%s", arg);
     else
         snprintf(path, sizeof path, "%s/ring.json", dir);
-    if (kvd_manifest_load(m, path, err, sizeof err) < 0) {
+    if (ring_manifest_load(m, path, err, sizeof err) < 0) {
         if (strstr(err, path))
             fprintf(stderr, "kvctl: %s\n", err);
         else
@@ -182,7 +183,7 @@ static double jnum(const cJSON *o, const char *k)
 }
 
 /* The table; returns how many stages did not answer. */
-static int print_status_table(const char *dir, const struct kvd_manifest *m, FILE *out)
+static int print_status_table(const char *dir, const struct ring_manifest *m, FILE *out)
 {
     int n_down = 0;
     fprintf(out, "ring %s  model %s (%s, %u layers, n_embd %u)  wire %s  %u stages\n", m->ring,
@@ -658,7 +659,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         }
     }
     /* Wait until every stage reports both links up. */
-    struct kvd_manifest m;
+    struct ring_manifest m;
     if (load_ring(dir_abs, &m) < 0)
         return 1;
     double t0 = kvctl_now_s();
@@ -807,7 +808,7 @@ int kvctl_cmd_status(int argc, char **argv)
         return 2;
     }
     char dir[PATH_MAX];
-    struct kvd_manifest m;
+    struct ring_manifest m;
     if (ring_dir(arg, dir, sizeof dir) < 0 || load_ring_at(arg, dir, &m) < 0)
         return 1;
     if (json) {   /* one status object per rank, one per line */
@@ -998,7 +999,7 @@ int kvctl_ring_generate(int argc, char **argv)
     struct gen_state g = {.ids = ids, .dump_logits = dump};
     char err[512];
     double t0 = kvctl_now_s();
-    int rc = kvd_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
+    int rc = ring_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
     free(line);
     if (rc < 0) {
         fprintf(stderr, "kvctl generate: %s\n", err);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
-#include "kvd/internal.h"
+#include "kvd/stage/internal.h"
 #include "model/model.h"
 
 struct mb {

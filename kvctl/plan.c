@@ -1,4 +1,4 @@
-/* kvctl_plan.c — `kvctl plan` and `kvctl profile`: the I/O around the pure planner.
+/* kvctl/plan.c — `kvctl plan` and `kvctl profile`: the I/O around the pure planner.
  *
  * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape
  * descriptor), device profiles (DESIGN.md section 7), plan, print a table and write the rank
@@ -16,14 +16,14 @@
 #include <openssl/rand.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "planner/plan.h"
 
 #define DESC_MAX_BYTES (16u << 20)
 #define DEVICES_MAX_BYTES (64u << 20)
 #define MAX_DEVICE_FILES 64
-#define RING_MAX_RANKS 64 /* what a stage accepts (KVD_MAX_RANKS) */
+#define RING_MAX_RANKS 64 /* what a stage accepts (RING_MAX_RANKS) */
 
 /* ------------------------------------------------------------------ helpers */
 

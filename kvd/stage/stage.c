@@ -15,8 +15,10 @@
 #include <openssl/rand.h>
 
 #include "gguf/gguf.h"
-#include "kvd/internal.h"
+#include "kvd/stage/internal.h"
 #include "kvd/kvd.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
 #include "model/model.h"
 #include "net/net.h"
 
@@ -78,7 +80,7 @@ struct client {
 struct stage {
     uv_loop_t *loop;
     struct kvd_stage_opts o;
-    struct kvd_manifest m;
+    struct ring_manifest m;
     uint32_t rank, n, pred, succ;
     bool is_last;
     struct net_identity *id;
@@ -89,7 +91,7 @@ struct stage {
     uv_pipe_t ctl;
     bool ctl_open;
     struct net_http_server *http; /* --seed: windows of what this stage holds */
-    struct kvd_seeder *seeder;
+    struct seed_server *seeder;
     uv_timer_t tick, redial;
     uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
     uint32_t redial_in_ms;
@@ -1485,7 +1487,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->o = *o;
     if (!st->o.idle_timeout_s)
         st->o.idle_timeout_s = 300;
-    int rc = kvd_manifest_load(&st->m, o->manifest, err, sizeof err);
+    int rc = ring_manifest_load(&st->m, o->manifest, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "%s", err);
         free(st);
@@ -1504,7 +1506,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     char prefix[64];
     snprintf(prefix, sizeof prefix, "stage %u/%u", st->rank, st->n);
     kvd_log_set_prefix(prefix);
-    const struct kvd_rank_info *me = &st->m.ranks[st->rank];
+    const struct ring_rank_info *me = &st->m.ranks[st->rank];
     const char *state_dir = o->state_dir ? o->state_dir : ".";
     rc = net_identity_load(&st->id, state_dir, err, sizeof err);
     if (rc < 0) {
@@ -1608,9 +1610,9 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         err[0] = 0;
         rc = net_http_server_new(&st->http, st->loop, NULL);
         if (!rc)
-            rc = kvd_seeder_new(&st->seeder, st->http);
+            rc = seed_server_new(&st->seeder, st->http);
         if (!rc)
-            rc = kvd_seeder_add(st->seeder, o->window ? o->window : o->model, o->catalog, id, err,
+            rc = seed_server_add(st->seeder, o->window ? o->window : o->model, o->catalog, id, err,
                                 sizeof err);
         if (!rc)
             rc = net_http_server_listen(st->http, o->seed_listen);
@@ -1653,7 +1655,7 @@ fail_loop:
     uv_run(st->loop, UV_RUN_DEFAULT);
 done:
     uv_loop_close(st->loop);
-    kvd_seeder_free(st->seeder);
+    seed_server_free(st->seeder);
 fail:
     if (st->be_open)
         kvd_backend_close(&st->be);

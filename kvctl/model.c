@@ -1,4 +1,4 @@
-/* kvctl_model.c — one-process use of the window executor: generate, logits, bench.
+/* kvctl/model.c — one-process use of the window executor: generate, logits, bench.
  * One window covers every layer; the same calls a ring's stages make (embed, window run,
  * head, sampler) run one after the other here. */
 #include <errno.h>
@@ -12,7 +12,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 #include "model/model.h"
 
 #define MAX_TOKENS (1u << 20)

@@ -1,4 +1,4 @@
-/* kvctl_common.c — what several kvctl commands share: option-value parsing, the sampling
+/* kvctl/common.c — what several kvctl commands share: option-value parsing, the sampling
  * options of generate (one process and through a ring), token-id lists, a clock. */
 #include <errno.h>
 #include <limits.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 #include "model/model.h"
 
 double kvctl_now_s(void)

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvd/internal.h"
+#include "kvd/stage/internal.h"
 #include "model/model.h"
 
 void kvd_backend_close(struct kvd_backend *b)

@@ -1,12 +1,12 @@
-/* kvctl_pull.c — `kvctl pull`: fetch a stage window from a seeder or a GGUF URL (kvd_pull). */
+/* kvctl/pull.c — `kvctl pull`: fetch a stage window from a seeder or a GGUF URL (seed_pull). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvd/kvctl.h"
-#include "kvd/kvd.h"
+#include "kvctl/kvctl.h"
+#include "seed/seed.h"
 
 static void usage(void)
 {
@@ -44,7 +44,7 @@ static int parse_layers(const char *s, uint32_t *a, uint32_t *b)
 
 int kvctl_cmd_pull(int argc, char **argv)
 {
-    struct kvd_pull_opts o = {.progress = 1};
+    struct seed_pull_opts o = {.progress = 1};
     bool have_layers = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -114,8 +114,8 @@ int kvctl_cmd_pull(int argc, char **argv)
         return 2;
     }
     char err[1024];
-    struct kvd_pull_stats st;
-    int rc = kvd_pull(&o, &st, err, sizeof err);
+    struct seed_pull_stats st;
+    int rc = seed_pull(&o, &st, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvctl pull: %s\n", err[0] ? err : strerror(-rc));
         return 1;

@@ -1,4 +1,4 @@
-/* kvd_seed.c — the seeder role: serves models and windows over the project's HTTP server.
+/* seed/seeder.c — the seeder: serves models and windows over the project's HTTP server.
  *
  * A window is never written anywhere: its mini-GGUF is described as a header (built by the
  * gguf module's window writer, held in memory) followed by segments that point into the
@@ -16,10 +16,9 @@
 #include <uv.h>
 
 #include "gguf/gguf.h"
-#include "kvd/kvd.h"
+#include "seed/seed.h"
 #include "net/net.h"
 
-#define SEED_MAX_MODELS 64
 #define SEED_WIN_CACHE 8 /* built window descriptions kept per model (headers can be MBs) */
 
 struct win_body;
@@ -37,7 +36,7 @@ struct seed_model {
     unsigned cache_next;
 };
 
-struct kvd_seeder {
+struct seed_server {
     struct net_http_server *srv;
     struct seed_model *m[SEED_MAX_MODELS];
     size_t n;
@@ -212,7 +211,7 @@ static int win_get(struct seed_model *m, uint32_t first, uint32_t last, struct w
     return 0;
 }
 
-static struct seed_model *find_model(struct kvd_seeder *s, const char *id)
+static struct seed_model *find_model(struct seed_server *s, const char *id)
 {
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->m[i]->id, id) == 0)
@@ -250,7 +249,7 @@ static int parse_layer(const char *p, const char **end, uint32_t *out)
 
 static void h_models(struct net_http_req *r, void *ud)
 {
-    struct kvd_seeder *s = ud;
+    struct seed_server *s = ud;
     cJSON *root = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(root, "models");
     for (size_t i = 0; i < s->n; i++) {
@@ -289,7 +288,7 @@ static ptrdiff_t mem_read(void *ud, uint64_t off, void *scratch, size_t max, con
 
 static void h_catalog(struct net_http_req *r, void *ud)
 {
-    struct kvd_seeder *s = ud;
+    struct seed_server *s = ud;
     const char *id = net_http_req_path(r) + strlen("/v1/catalog/");
     if (!is_hex64(id, strlen(id))) {
         net_http_reply_error(r, 400, "model id '%.80s' is not 64 lowercase hex digits", id);
@@ -309,7 +308,7 @@ static void h_catalog(struct net_http_req *r, void *ud)
 
 static void h_window(struct net_http_req *r, void *ud)
 {
-    struct kvd_seeder *s = ud;
+    struct seed_server *s = ud;
     const char *p = net_http_req_path(r) + strlen("/v1/windows/");
     const char *slash = strchr(p, '/');
     uint32_t first, last;
@@ -359,7 +358,7 @@ static void h_window(struct net_http_req *r, void *ud)
 
 static void h_stats(struct net_http_req *r, void *ud)
 {
-    struct kvd_seeder *s = ud;
+    struct seed_server *s = ud;
     const struct net_http_stats *st = net_http_server_stats(s->srv);
     char buf[512];
     int n = snprintf(buf, sizeof buf,
@@ -372,9 +371,9 @@ static void h_stats(struct net_http_req *r, void *ud)
     net_http_reply(r, 200, "application/json", NULL, buf, (size_t)n);
 }
 
-int kvd_seeder_new(struct kvd_seeder **out, struct net_http_server *srv)
+int seed_server_new(struct seed_server **out, struct net_http_server *srv)
 {
-    struct kvd_seeder *s = calloc(1, sizeof *s);
+    struct seed_server *s = calloc(1, sizeof *s);
     if (!s)
         return -ENOMEM;
     s->srv = srv;
@@ -407,7 +406,7 @@ static void model_free(struct seed_model *m)
     free(m);
 }
 
-void kvd_seeder_free(struct kvd_seeder *s)
+void seed_server_free(struct seed_server *s)
 {
     if (!s)
         return;
@@ -437,7 +436,7 @@ static int check_against_catalog(struct seed_model *m, bool is_window, char *err
     return 0;
 }
 
-int kvd_seeder_add(struct kvd_seeder *s, const char *path, const char *catalog_path,
+int seed_server_add(struct seed_server *s, const char *path, const char *catalog_path,
                    char id_hex[65], char *err, size_t errlen)
 {
     if (s->n >= SEED_MAX_MODELS) {
@@ -501,123 +500,4 @@ int kvd_seeder_add(struct kvd_seeder *s, const char *path, const char *catalog_p
 fail:
     model_free(m);
     return rc;
-}
-
-/* ------------------------------------------------------------------ kvd seeder */
-
-static uv_signal_t sig_int, sig_term;
-static struct net_http_server *main_srv;
-
-static void on_signal(uv_signal_t *h, int signum)
-{
-    (void)signum;
-    uv_signal_stop(&sig_int);
-    uv_signal_stop(&sig_term);
-    uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_close((uv_handle_t *)&sig_term, NULL);
-    net_http_server_close(main_srv, NULL, NULL);
-}
-
-static void seeder_usage(void)
-{
-    fprintf(stderr,
-            "usage: kvd seeder --serve FILE[,CATALOG] [--serve ...] [--listen HOST:PORT]\n"
-            "       (also: kvd --role seeder ...)\n"
-            "  Serves models and windows over HTTP: /v1/models, /v1/catalog/<id>,\n"
-            "  /v1/windows/<id>/<first>-<last>. Default listen 127.0.0.1:7480.\n"
-            "  --port-file PATH   write the bound port there (for --listen HOST:0)\n"
-            "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n");
-}
-
-int kvd_seeder_main(int argc, char **argv)
-{
-    const char *listen = "127.0.0.1:7480", *port_file = NULL;
-    const char *serve[SEED_MAX_MODELS];
-    struct net_http_limits lim = {0};
-    int n_serve = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "seeder"))
-            continue;
-        if (!strcmp(a, "--role") && i + 1 < argc && !strcmp(argv[i + 1], "seeder")) {
-            i++;
-            continue;
-        }
-        if (!strcmp(a, "--serve") && i + 1 < argc && n_serve < SEED_MAX_MODELS) {
-            serve[n_serve++] = argv[++i];
-        } else if (!strcmp(a, "--listen") && i + 1 < argc) {
-            listen = argv[++i];
-        } else if (!strcmp(a, "--max-rate") && i + 1 < argc) {
-            char *e;
-            double r = strtod(argv[++i], &e);
-            if (*e == 'k' || *e == 'K')
-                r *= 1024;
-            else if (*e == 'm' || *e == 'M')
-                r *= 1024 * 1024;
-            if (r < 1024 || r > 1e13) {
-                fprintf(stderr, "kvd seeder: --max-rate '%s': bytes/s from 1K (K/M suffixes)\n",
-                        argv[i]);
-                return 2;
-            }
-            lim.max_send_rate = (uint64_t)r;
-        } else if (!strcmp(a, "--port-file") && i + 1 < argc) {
-            port_file = argv[++i];
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            seeder_usage();
-            return 0;
-        } else {
-            fprintf(stderr, "kvd seeder: unknown or incomplete option '%s'\n", a);
-            seeder_usage();
-            return 2;
-        }
-    }
-    if (n_serve == 0) {
-        seeder_usage();
-        return 2;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    uv_loop_t *loop = uv_default_loop();
-    struct net_http_server *srv;
-    struct kvd_seeder *sd;
-    char err[512];
-    int rc = net_http_server_new(&srv, loop, &lim);
-    if (rc || (rc = kvd_seeder_new(&sd, srv))) {
-        fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));
-        return 1;
-    }
-    for (int i = 0; i < n_serve; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s", serve[i]);
-        char *comma = strchr(path, ',');
-        if (comma)
-            *comma++ = 0;
-        char id[65];
-        err[0] = 0;
-        if ((rc = kvd_seeder_add(sd, path, comma, id, err, sizeof err))) {
-            fprintf(stderr, "kvd seeder: %s\n", err[0] ? err : strerror(-rc));
-            return 1;
-        }
-        fprintf(stderr, "kvd seeder: serving %s as %s\n", path, id);
-    }
-    if ((rc = net_http_server_listen(srv, listen))) {
-        fprintf(stderr, "kvd seeder: listen on %s: %s\n", listen, uv_strerror(rc));
-        return 1;
-    }
-    fprintf(stderr, "kvd seeder: listening on port %d\n", net_http_server_port(srv));
-    if (port_file) {
-        FILE *fp = fopen(port_file, "w");
-        if (fp) {
-            fprintf(fp, "%d\n", net_http_server_port(srv));
-            fclose(fp);
-        }
-    }
-    main_srv = srv;
-    uv_signal_init(loop, &sig_int);
-    uv_signal_init(loop, &sig_term);
-    uv_signal_start(&sig_int, on_signal, SIGINT);
-    uv_signal_start(&sig_term, on_signal, SIGTERM);
-    uv_run(loop, UV_RUN_DEFAULT);
-    kvd_seeder_free(sd);
-    uv_loop_close(loop);
-    return 0;
 }

@@ -1,4 +1,4 @@
-/* kvctl_gguf.c — the GGUF commands: inspect, slice, catalog, verify, synth. */
+/* kvctl/gguf.c — the GGUF commands: inspect, slice, catalog, verify, synth. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,7 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
-#include "kvd/kvctl.h"
+#include "kvctl/kvctl.h"
 
 /* ------------------------------------------------------------------ helpers */
 

@@ -1,4 +1,4 @@
-/* kvd/internal.h — cross-file internals of the kvd module: the compute backend vtable (the
+/* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable (the
  * model, or a deterministic stand-in for network tests) and the compute thread. */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
@@ -84,8 +84,5 @@ void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j);
 void kvd_compute_stop(struct kvd_compute *c);
 void kvd_job_free(struct kvd_job *j);
 
-/* f16 wire conversion (round to nearest even). */
-uint16_t kvd_f32_to_f16(float f);
-float kvd_f16_to_f32(uint16_t h);
 
 #endif

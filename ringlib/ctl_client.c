@@ -9,9 +9,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "kvd/kvd.h"
+#include "ringlib/ring.h"
 
-int kvd_ctl_request(const char *sock_path, const char *request, kvd_ctl_line_cb on_line, void *ud,
+int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_cb on_line, void *ud,
                     int timeout_ms, char *err, size_t errlen)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};

@@ -1,0 +1,127 @@
+/* kvd seeder: the seeder role's command line and event loop around seed/seed.h's server. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "kvd/kvd.h"
+#include "net/net.h"
+#include "seed/seed.h"
+
+static uv_signal_t sig_int, sig_term;
+static struct net_http_server *main_srv;
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    uv_signal_stop(&sig_int);
+    uv_signal_stop(&sig_term);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    net_http_server_close(main_srv, NULL, NULL);
+}
+
+static void seeder_usage(void)
+{
+    fprintf(stderr,
+            "usage: kvd seeder --serve FILE[,CATALOG] [--serve ...] [--listen HOST:PORT]\n"
+            "       (also: kvd --role seeder ...)\n"
+            "  Serves models and windows over HTTP: /v1/models, /v1/catalog/<id>,\n"
+            "  /v1/windows/<id>/<first>-<last>. Default listen 127.0.0.1:7480.\n"
+            "  --port-file PATH   write the bound port there (for --listen HOST:0)\n"
+            "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n");
+}
+
+int kvd_seeder_main(int argc, char **argv)
+{
+    const char *listen = "127.0.0.1:7480", *port_file = NULL;
+    const char *serve[SEED_MAX_MODELS];
+    struct net_http_limits lim = {0};
+    int n_serve = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "seeder"))
+            continue;
+        if (!strcmp(a, "--role") && i + 1 < argc && !strcmp(argv[i + 1], "seeder")) {
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--serve") && i + 1 < argc && n_serve < SEED_MAX_MODELS) {
+            serve[n_serve++] = argv[++i];
+        } else if (!strcmp(a, "--listen") && i + 1 < argc) {
+            listen = argv[++i];
+        } else if (!strcmp(a, "--max-rate") && i + 1 < argc) {
+            char *e;
+            double r = strtod(argv[++i], &e);
+            if (*e == 'k' || *e == 'K')
+                r *= 1024;
+            else if (*e == 'm' || *e == 'M')
+                r *= 1024 * 1024;
+            if (r < 1024 || r > 1e13) {
+                fprintf(stderr, "kvd seeder: --max-rate '%s': bytes/s from 1K (K/M suffixes)\n",
+                        argv[i]);
+                return 2;
+            }
+            lim.max_send_rate = (uint64_t)r;
+        } else if (!strcmp(a, "--port-file") && i + 1 < argc) {
+            port_file = argv[++i];
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            seeder_usage();
+            return 0;
+        } else {
+            fprintf(stderr, "kvd seeder: unknown or incomplete option '%s'\n", a);
+            seeder_usage();
+            return 2;
+        }
+    }
+    if (n_serve == 0) {
+        seeder_usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    uv_loop_t *loop = uv_default_loop();
+    struct net_http_server *srv;
+    struct seed_server *sd;
+    char err[512];
+    int rc = net_http_server_new(&srv, loop, &lim);
+    if (rc || (rc = seed_server_new(&sd, srv))) {
+        fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));
+        return 1;
+    }
+    for (int i = 0; i < n_serve; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s", serve[i]);
+        char *comma = strchr(path, ',');
+        if (comma)
+            *comma++ = 0;
+        char id[65];
+        err[0] = 0;
+        if ((rc = seed_server_add(sd, path, comma, id, err, sizeof err))) {
+            fprintf(stderr, "kvd seeder: %s\n", err[0] ? err : strerror(-rc));
+            return 1;
+        }
+        fprintf(stderr, "kvd seeder: serving %s as %s\n", path, id);
+    }
+    if ((rc = net_http_server_listen(srv, listen))) {
+        fprintf(stderr, "kvd seeder: listen on %s: %s\n", listen, uv_strerror(rc));
+        return 1;
+    }
+    fprintf(stderr, "kvd seeder: listening on port %d\n", net_http_server_port(srv));
+    if (port_file) {
+        FILE *fp = fopen(port_file, "w");
+        if (fp) {
+            fprintf(fp, "%d\n", net_http_server_port(srv));
+            fclose(fp);
+        }
+    }
+    main_srv = srv;
+    uv_signal_init(loop, &sig_int);
+    uv_signal_init(loop, &sig_term);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_run(loop, UV_RUN_DEFAULT);
+    seed_server_free(sd);
+    uv_loop_close(loop);
+    return 0;
+}

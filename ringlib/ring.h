@@ -1,0 +1,62 @@
+/* ring — what the daemon and the CLI share about a ring: the rank manifest every stage reads,
+ * the client side of a stage's control socket, and the boundary's wire encoding.
+ *
+ * The manifest (JSON): version, ring, model {name, catalog, arch, n_layers, n_embd}, wire
+ * {dtype f32|f16}, optional limits {n_ctx, max_batch, max_sessions}, ranks [{rank, node,
+ * layers [first,last], embed, head, backend, endpoint, mem_bytes, est_ms_per_token}]
+ * (docs/design.md, "The rank manifest"). */
+#ifndef KV_RING_H
+#define KV_RING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RING_MAX_RANKS 64
+#define RING_ENDPOINT_MAX 256
+
+struct ring_rank_info {
+    uint32_t rank, first, last;
+    bool embed, head, has_node;
+    uint8_t node[32];                   /* Ed25519 public key (when has_node) */
+    char endpoint[RING_ENDPOINT_MAX];    /* "tcp://host:port" or "relay://host:port/b/<id>" */
+    char backend[16];
+    uint64_t mem_bytes;
+    double est_ms_per_token;
+};
+
+struct ring_manifest {
+    uint32_t version;
+    char ring[65];
+    char model_name[128], catalog[65], arch[32];
+    uint32_t n_layers, n_embd;
+    char dtype[8];                      /* "f32" | "f16" */
+    uint32_t wire_dsize;                /* bytes per boundary value: 4 or 2 */
+    uint32_t n_ctx, max_batch, max_sessions;  /* limits (defaults filled in) */
+    uint32_t n_ranks;
+    struct ring_rank_info ranks[RING_MAX_RANKS];
+    uint8_t hash[32];                   /* SHA-256 of the manifest bytes */
+};
+
+/* Parse and validate a manifest held in memory (windows contiguous, disjoint, covering
+ * [0, n_layers); rank order; embed on rank 0 only, head on the last only). */
+int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, char *err,
+                       size_t errlen);
+/* Read, hash and parse a manifest file. */
+int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, size_t errlen);
+
+/* Control client (kvctl): connect to a stage's control socket, send one JSON request line,
+ * call on_line for every reply line until it returns non-zero or the daemon closes.
+ * 0, or negative errno with err filled. */
+typedef int (*ring_ctl_line_cb)(const char *line, void *ud);
+int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_cb on_line, void *ud,
+                    int timeout_ms, char *err, size_t errlen);
+
+
+/* The boundary on the wire: n values as little-endian f32 (dsize 4) or IEEE f16 rounded to
+ * nearest even (dsize 2); out holds n * dsize bytes. */
+void ring_wire_encode(const float *x, size_t n, uint32_t dsize, uint8_t *out);
+/* The inverse: n * dsize bytes of in to n floats. */
+void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x);
+
+#endif
