@@ -20,15 +20,16 @@ import sys
 # module folder -> the modules it may use (besides itself). The order of the dict is the
 # layering, lowest first.
 LAYERS = {
-    "kernels": [],
-    "gguf": [],
-    "net": [],
-    "planner": [],
-    "model": ["kernels", "gguf"],
-    "ringlib": ["kernels", "net"],
-    "seed": ["gguf", "net", "ringlib"],
-    "kvd": ["kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
-    "kvctl": ["kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
+    "util": [],
+    "kernels": ["util"],
+    "gguf": ["util"],
+    "net": ["util"],
+    "planner": ["util"],
+    "model": ["util", "kernels", "gguf"],
+    "ringlib": ["util", "kernels", "net"],
+    "seed": ["util", "gguf", "net", "ringlib"],
+    "kvd": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
+    "kvctl": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
 }
 SRC_DIRS = list(LAYERS)
 
