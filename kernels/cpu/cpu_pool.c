@@ -2,7 +2,10 @@
  *
  * A per-token matvec is ~50 us of work, so dispatch must cost well under a microsecond:
  * the caller publishes a job by bumping a generation counter; workers spin on it for a short
- * while (the next op usually follows within microseconds) and then sleep on a futex. The
+ * while (the next op of a forward pass follows within microseconds) and then sleep on a
+ * futex. The spell is bounded in time, not in polls: a pool with no work parks within
+ * SPIN_NS, so an idle stage of a ring costs no CPU and leaves the cores to the stage that has
+ * the work (a count of sched_yield calls lasted milliseconds on a busy machine). The
  * caller runs its share and spins until every worker has checked in. One job at a time per
  * pool: ops on one pool must not be called concurrently.
  */
@@ -14,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,9 +29,18 @@
 #include "kernels/internal.h"
 
 /* A waiting worker pauses briefly, then yields between polls (so on a busy machine the
- * thread that will publish the next job gets the core), then sleeps on the futex. */
+ * thread that will publish the next job gets the core) until SPIN_NS have passed since its
+ * last job, then sleeps on the futex. The gap between two ops of one forward pass is a few
+ * microseconds; the gap between two tokens of a ring stage is the other stages' time. */
 #define SPIN_PAUSES 300
-#define SPIN_YIELDS 3000
+#define SPIN_NS 200000
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Job state bits. A static job (kern__pool_run) is run by every thread and the caller waits
  * for all of them. A dynamic one (kern__pool_run_dyn) hands out its work itself, so the
@@ -77,7 +90,7 @@ static void *worker_main(void *arg)
      * is read from the state word (published before gen, the futex word). */
     uint32_t seen = 0;
     for (;;) {
-        uint64_t st;
+        uint64_t st, t_idle = 0;
         int spins = 0;
         while ((uint32_t)((st = atomic_load_explicit(&p->state, memory_order_acquire)) >> 32) ==
                seen) {
@@ -85,7 +98,9 @@ static void *worker_main(void *arg)
                 CPU_RELAX();
                 continue;
             }
-            if (spins < SPIN_PAUSES + SPIN_YIELDS) {
+            if (!t_idle)
+                t_idle = mono_ns();
+            if (mono_ns() - t_idle < SPIN_NS) {
                 sched_yield();
                 continue;
             }
@@ -94,6 +109,7 @@ static void *worker_main(void *arg)
                 futex_wait(&p->gen, seen);
             atomic_fetch_sub(&p->sleepers, 1);
             spins = 0;
+            t_idle = 0;
         }
         seen = (uint32_t)(st >> 32);
         if (atomic_load_explicit(&p->quit, memory_order_acquire))
