@@ -533,7 +533,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     uint8_t rid[8];
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
-    net_hex(rid, sizeof rid, ring_id);
+    util_hex_encode(rid, sizeof rid, ring_id);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "version", 1);
     cJSON_AddStringToObject(root, "ring", ring_id);
@@ -558,7 +558,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             cJSON_Delete(root);
             return 1;
         }
-        net_hex(net_identity_pub(id), 32, key);
+        util_hex_encode(net_identity_pub(id), 32, key);
         net_identity_free(id);
         int port = base_port ? (int)base_port + (int)r : free_port();
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);

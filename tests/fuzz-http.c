@@ -4,7 +4,7 @@
  * pure helpers (path cleaning, Range and Accept-Encoding parsing).
  * The first byte picks the mode and the piece size; the server must answer or close, never
  * hang, and every connection must be gone after the client's EOF.
- * fuzz-modules: net */
+ * fuzz-modules: util net */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>

@@ -3,7 +3,7 @@
  * real loopback connection, delivered in input-chosen pieces, with an echo handler that
  * sends every message back. The first byte picks the piece size and whether messages are
  * echoed; the server must close the connection after the client's EOF, never hang.
- * fuzz-modules: net */
+ * fuzz-modules: util net */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

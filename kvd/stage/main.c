@@ -126,7 +126,7 @@ int kvd_stage_main(int argc, char **argv)
             fprintf(stderr, "kvd stage: %s\n", err);
             return 1;
         }
-        net_hex(net_identity_pub(id), 32, hex);
+        util_hex_encode(net_identity_pub(id), 32, hex);
         printf("%s\n", hex);
         net_identity_free(id);
         return 0;

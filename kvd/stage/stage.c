@@ -1613,7 +1613,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     uv_signal_start(&st->sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
     char key[65];
-    net_hex(net_identity_pub(st->id), 32, key);
+    util_hex_encode(net_identity_pub(st->id), 32, key);
     kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
             "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
             me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
