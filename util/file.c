@@ -14,6 +14,8 @@ int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, siz
     /* grow as the data comes (a stream has no size to ask), reading one byte past max to tell
      * "exactly max" from "more" */
     size_t cap = max < 65536 ? max + 1 : 65536, n = 0;
+    *buf = NULL;
+    *len = 0;
     char *b = malloc(cap + 1);
     if (!b) {
         SETERR("%s: out of memory", name);
@@ -54,6 +56,8 @@ int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, siz
 
 int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errlen)
 {
+    *buf = NULL;
+    *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) {
         int e = errno;

@@ -53,7 +53,7 @@ int util_hex_digit(int c);
 
 /* The whole of path into *buf (malloc'd, NUL-terminated; the caller frees), its length in *len:
  * 0, -errno from opening or reading ("PATH: reason"), -EFBIG past max bytes ("PATH: larger
- * than MAX bytes") or -ENOMEM. */
+ * than MAX bytes") or -ENOMEM; on failure *buf is NULL and *len 0. */
 int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errlen);
 /* The same from an open stream (not closed); name labels the messages. */
 int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, size_t *len, char *err,
