@@ -14,23 +14,14 @@
 
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
-
-void gguf__hex32(const unsigned char md[32], char hex[65])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        hex[2 * i] = digits[md[i] >> 4];
-        hex[2 * i + 1] = digits[md[i] & 15];
-    }
-    hex[64] = 0;
-}
+#include "util/util.h"
 
 void gguf_sha256_hex(const void *p, size_t n, char hex[65])
 {
     unsigned char md[32];
     unsigned int l = 0;
     EVP_Digest(p, n, md, &l, EVP_sha256(), NULL);
-    gguf__hex32(md, hex);
+    util_hex_encode(md, 32, hex);
 }
 
 void gguf_catalog_free(struct gguf_catalog *c)
@@ -149,7 +140,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
             unsigned char md[32];
             unsigned int l;
             EVP_DigestFinal_ex(part, md, &l);
-            gguf__hex32(md, t->sha256);
+            util_hex_encode(md, 32, t->sha256);
             in_part = false;
             k++;
         }
@@ -163,7 +154,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     unsigned char md[32];
     unsigned int l;
     EVP_DigestFinal_ex(whole, md, &l);
-    gguf__hex32(md, c->source_sha256);
+    util_hex_encode(md, 32, c->source_sha256);
 out:
     if (fd >= 0)
         close(fd);
@@ -465,7 +456,7 @@ static int tensor_sha(const struct gguf_file *w, const struct gguf_tensor *t, in
     EVP_DigestFinal_ex(ctx, md, &l);
     EVP_MD_CTX_free(ctx);
     if (!rc)
-        gguf__hex32(md, hex);
+        util_hex_encode(md, 32, hex);
     return rc;
 }
 

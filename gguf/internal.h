@@ -12,7 +12,4 @@ size_t gguf__vtype_size(uint32_t type);
 void gguf__seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* A 32-byte digest as 64 lowercase hex digits + NUL (catalog.c). */
-void gguf__hex32(const unsigned char md[32], char hex[65]);
-
 #endif

@@ -13,6 +13,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
+#include "util/util.h"
 
 int gguf_block_count(const struct gguf_file *f, uint32_t *out)
 {
@@ -102,7 +103,7 @@ static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
     unsigned char md[32];
     unsigned int mdlen = 0;
     EVP_DigestFinal_ex(ctx, md, &mdlen);
-    gguf__hex32(md, hex);
+    util_hex_encode(md, 32, hex);
 out:
     free(buf);
     EVP_MD_CTX_free(ctx);

@@ -5,17 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <float.h>
 
 #include "kvctl/kvctl.h"
 #include "model/model.h"
-
-double kvctl_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "util/util.h"
 
 bool kvctl_is_help(int argc, char **argv)
 {
@@ -27,27 +21,24 @@ bool kvctl_is_help(int argc, char **argv)
 
 int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "%s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+    int64_t v;
+    char err[200];
+    if (util_parse_i64(s, lo, hi, &v, err, sizeof err) < 0) {
+        fprintf(stderr, "%s: %s\n", opt, err);
         return -EINVAL;
     }
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
 int kvctl_parse_float(const char *opt, const char *s, float *out)
 {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (end == s || *end || errno) {
+    double v;
+    if (util_parse_double(s, -FLT_MAX, FLT_MAX, 0, &v, NULL, 0) < 0) {
         fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
         return -EINVAL;
     }
-    *out = v;
+    *out = (float)v;
     return 0;
 }
 
@@ -106,10 +97,8 @@ int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
     case KVCTL_OPT_FREQ: return kvctl_parse_float("--freq-penalty", arg, &sp->freq_penalty);
     case KVCTL_OPT_PRES: return kvctl_parse_float("--presence-penalty", arg, &sp->presence_penalty);
     case KVCTL_OPT_SEED: {
-        char *end;
-        errno = 0;
-        unsigned long long s = strtoull(arg, &end, 10);
-        if (end == arg || *end || errno) {
+        uint64_t s;
+        if (util_parse_u64(arg, 0, UINT64_MAX, 0, &s, NULL, 0) < 0) {
             fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", arg);
             return -EINVAL;
         }

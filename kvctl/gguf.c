@@ -13,32 +13,14 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static void human(uint64_t b, char *buf, size_t n)
-{
-    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double x = (double)b;
-    int i = 0;
-    while (x >= 1024 && i < 4) {
-        x /= 1024;
-        i++;
-    }
-    if (i == 0)
-        snprintf(buf, n, "%" PRIu64 " B", b);
-    else
-        snprintf(buf, n, "%.2f %s", x, u[i]);
-}
-
 /* Parse a decimal u64 option value: 0 or -1 with a message. */
 static int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v > max) {
-        fprintf(stderr, "kvctl %s: %s '%s' is not an integer in [0, %" PRIu64 "]\n", cmd, opt, s, max);
+    char err[200];
+    if (util_parse_u64(s, 0, max, 0, out, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
         return -1;
     }
-    *out = v;
     return 0;
 }
 
@@ -114,7 +96,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
     }
     gguf_get_str(f, "general.architecture", arch, sizeof arch);
     gguf_get_str(f, "general.name", name, sizeof name);
-    human(gguf_file_size(f), hb, sizeof hb);
+    util_fmt_bytes(hb, sizeof hb, (double)gguf_file_size(f), 2, 0);
     printf("file        %s\n", path);
     printf("format      GGUF v%u, %s, alignment %" PRIu64 ", %" PRIu64 " metadata keys, data at %" PRIu64 "\n",
            gguf_file_version(f), hb, gguf_file_alignment(f), gguf_kv_count(f), gguf_file_data_offset(f));
@@ -193,22 +175,22 @@ int kvctl_cmd_inspect(int argc, char **argv)
     printf("tensors     %" PRIu64 ":", gguf_tensor_count(f));
     for (int t = 0; t < GGUF_T_COUNT; t++)
         if (per_type[t]) {
-            human(bytes_type[t], hb, sizeof hb);
+            util_fmt_bytes(hb, sizeof hb, (double)bytes_type[t], 2, 0);
             printf(" %s %" PRIu64 " (%s)", gguf_type_info((uint32_t)t)->name, per_type[t], hb);
         }
-    human(total, hb, sizeof hb);
+    util_fmt_bytes(hb, sizeof hb, (double)total, 2, 0);
     printf("; %s in all\n", hb);
     bool is_window = gguf_window_get(f, &wf, &wl) == 0;
-    human(embd, hb, sizeof hb);
+    util_fmt_bytes(hb, sizeof hb, (double)embd, 2, 0);
     printf("embedding   token_embd %s\n", embd || !is_window ? hb : "(not in this window)");
-    human(head, hb, sizeof hb);
+    util_fmt_bytes(hb, sizeof hb, (double)head, 2, 0);
     if (!head && is_window)
         printf("head        (not in this window)\n");
     else
         printf("head        output_norm + output %s%s\n", hb,
                gguf_tensor_find(f, "output.weight") ? "" : " (no output.weight: the head reuses token_embd)");
     if (other) {
-        human(other, hb, sizeof hb);
+        util_fmt_bytes(hb, sizeof hb, (double)other, 2, 0);
         printf("shared      %s (non-block tensors every stage holds)\n", hb);
     }
     char key[96];
@@ -222,9 +204,9 @@ int kvctl_cmd_inspect(int argc, char **argv)
          * router, the shared expert and everything else of its blocks). */
         char ab[32], tb[32];
         uint64_t active = blocks - exps + exps / n_exp * n_used;
-        human(exps, hb, sizeof hb);
-        human(exps / n_exp * n_used, ab, sizeof ab);
-        human(active + head, tb, sizeof tb);
+        util_fmt_bytes(hb, sizeof hb, (double)exps, 2, 0);
+        util_fmt_bytes(ab, sizeof ab, (double)(exps / n_exp * n_used), 2, 0);
+        util_fmt_bytes(tb, sizeof tb, (double)(active + head), 2, 0);
         printf("experts     routed %s in all (memory), %u of %u used per token: %s; "
                "active per token %s (blocks + head)\n", hb, n_used, n_exp, ab, tb);
     }
@@ -236,7 +218,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
         uint32_t r = l;
         while (r + 1 < n_layers && per_layer[r + 1] == per_layer[l])
             r++;
-        human(per_layer[l], hb, sizeof hb);
+        util_fmt_bytes(hb, sizeof hb, (double)per_layer[l], 2, 0);
         if (r > l)
             printf("%s %u-%u: %s each", shown ? "," : "", l, r, hb);
         else
@@ -338,7 +320,7 @@ int kvctl_cmd_slice(int argc, char **argv)
         return 1;
     }
     char hb[32];
-    human(gguf_file_size(w), hb, sizeof hb);
+    util_fmt_bytes(hb, sizeof hb, (double)gguf_file_size(w), 2, 0);
     printf("%s: layers [%u, %u), %" PRIu64 " tensors, %s\n", out, o.first, o.last, gguf_tensor_count(w), hb);
     gguf_file_free(w);
     return 0;
@@ -812,7 +794,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         snprintf(err, sizeof err, "building the model description: %s", strerror(-rc));
     if (!rc) {
         char hb[32];
-        human(gguf_writer_file_size(w), hb, sizeof hb);
+        util_fmt_bytes(hb, sizeof hb, (double)gguf_writer_file_size(w), 2, 0);
         printf("%s: %s, %" PRIu64 " layers, embd %" PRIu64 ", ff %" PRIu64 ", heads %" PRIu64 "/%" PRIu64
                ", head_dim %" PRIu64 ", vocab %" PRIu64 ", %s, %zu tensors, %s\n", out, arch, layers, embd, ff,
                heads, kv_heads, head_dim, vocab, tname, nt, hb);

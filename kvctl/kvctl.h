@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "util/util.h" /* the shared helpers every command file uses (util_now_s, parsers) */
+
 /* kvctl_gguf.c */
 int kvctl_cmd_inspect(int argc, char **argv);
 int kvctl_cmd_slice(int argc, char **argv);
@@ -33,8 +35,6 @@ int kvctl_cmd_pull(int argc, char **argv);
 
 /* kvctl_common.c — helpers the command files share (internal to kvctl). */
 struct model_sampler_params;
-/* Seconds on the monotonic clock. */
-double kvctl_now_s(void);
 /* True when argv[1..] holds -h or --help. */
 bool kvctl_is_help(int argc, char **argv);
 /* A decimal integer in [lo, hi] for option opt: 0, or -EINVAL after a message on stderr. */

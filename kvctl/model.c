@@ -295,12 +295,12 @@ int kvctl_cmd_generate(int argc, char **argv)
     for (uint32_t i = 0; i < n_prompt; i++)
         model_sampler_accept(smp, tokens[i]);
 
-    double t0 = kvctl_now_s();
+    double t0 = util_now_s();
     if ((rc = runner_feed(&r, 0, tokens, n_prompt, NULL)) < 0) {
         fprintf(stderr, "kvctl generate: prompt: %s\n", feed_error(rc));
         goto out;
     }
-    double t1 = kvctl_now_s();
+    double t1 = util_now_s();
     uint32_t pos = n_prompt, n_done = 0;
     for (long g = 0; g < n_gen; g++) {
         int32_t tok = model_sampler_sample(smp, r.logits, NULL);
@@ -341,7 +341,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     }
     printf("\n");
     fflush(stdout);   /* the text before the statistics, also when both go to one pipe */
-    double t2 = kvctl_now_s();
+    double t2 = util_now_s();
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
@@ -536,12 +536,12 @@ int kvctl_cmd_bench(int argc, char **argv)
         model_session_free(r.e, 1);
         if ((rc = model_session_new(r.e, 1)) < 0)
             goto out;
-        double t0 = kvctl_now_s();
+        double t0 = util_now_s();
         if (n_pp > 0 && (rc = runner_feed(&r, 0, tokens, (uint32_t)n_pp, NULL)) < 0) {
             fprintf(stderr, "kvctl bench: %s\n", feed_error(rc));
             goto out;
         }
-        double t1 = kvctl_now_s();
+        double t1 = util_now_s();
         /* Generation: each step feeds the greedy choice of the previous one. */
         int32_t tok = tokens[n_pp];
         uint32_t pos = (uint32_t)n_pp;
@@ -558,7 +558,7 @@ int kvctl_cmd_bench(int argc, char **argv)
                     best = i;
             tok = (int32_t)best;
         }
-        double t2 = kvctl_now_s(), c2 = cpu_s();
+        double t2 = util_now_s(), c2 = cpu_s();
         if (rep == 0)
             continue;
         if (n_tg > 0 && (best_tg_cpu == 0 || (c2 - c1) / n_tg < best_tg_cpu))

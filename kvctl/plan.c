@@ -29,45 +29,12 @@
 
 static int parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kvctl %s: %s '%s' is not a number in [%g, %g]\n", cmd, opt, s, lo, hi);
+    char err[200];
+    if (util_parse_double(s, lo, hi, 0, out, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
         return -1;
     }
-    *out = v;
     return 0;
-}
-
-static void gb(char *b, size_t n, double v)
-{
-    if (v >= 1e9) snprintf(b, n, "%.2f GB", v / 1e9);
-    else if (v >= 1e6) snprintf(b, n, "%.1f MB", v / 1e6);
-    else if (v >= 1e3) snprintf(b, n, "%.1f kB", v / 1e3);
-    else snprintf(b, n, "%.0f B", v);
-}
-
-/* Whole file into memory, NUL-terminated, at most max bytes. */
-static char *slurp(const char *path, size_t max, size_t *len, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    fclose(f);
-    if (!buf) { snprintf(err, errlen, "%s: out of memory", path); return NULL; }
-    if (n > max) {
-        snprintf(err, errlen, "%s: larger than %zu bytes", path, max);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 static void hex_random(char *out, size_t nbytes)
@@ -292,28 +259,12 @@ static int load_catalog(struct model_src *m, const char *path, uint32_t used, in
     return finish_shape(m, err, errlen);
 }
 
-/* JSON helpers for the descriptor and the device profiles. */
-static int jnum(const cJSON *o, const char *key, double lo, double hi, bool required, double *out,
-                const char *ctx, char *err, size_t errlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
-        if (required) { snprintf(err, errlen, "%s: '%s' is required", ctx, key); return -EINVAL; }
-        return 1;
-    }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
-        snprintf(err, errlen, "%s: '%s' must be a number in [%g, %g]", ctx, key, lo, hi);
-        return -EINVAL;
-    }
-    *out = v->valuedouble;
-    return 0;
-}
-
+/* JSON helpers for the descriptor and the device profiles (numbers: util_json_number_in). */
 static int ju32(const cJSON *o, const char *key, uint32_t hi, bool required, uint32_t *out,
                 const char *ctx, char *err, size_t errlen)
 {
     double d = 0;
-    int rc = jnum(o, key, 0, hi, required, &d, ctx, err, errlen);
+    int rc = util_json_number_in(o, key, 0, hi, required, &d, ctx, err, errlen);
     if (rc < 0) return rc;
     if (rc == 0) {
         if (d != floor(d)) { snprintf(err, errlen, "%s: '%s' must be an integer", ctx, key); return -EINVAL; }
@@ -326,7 +277,8 @@ static int ju64(const cJSON *o, const char *key, bool required, uint64_t *out, c
                 char *err, size_t errlen)
 {
     double d = 0;
-    int rc = jnum(o, key, 0, 4503599627370496.0 /* 2^52 */, required, &d, ctx, err, errlen);
+    int rc = util_json_number_in(o, key, 0, 4503599627370496.0 /* 2^52 */, required, &d, ctx, err,
+                                 errlen);
     if (rc < 0) return rc;
     if (rc == 0) {
         if (d != floor(d)) { snprintf(err, errlen, "%s: '%s' must be an integer", ctx, key); return -EINVAL; }
@@ -385,7 +337,8 @@ static int load_descriptor(struct model_src *m, const char *path, const char *te
         };
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
             if ((rc = ju32(hp, f[i].k, f[i].hi, f[i].req, f[i].p, ctx, err, errlen)) < 0) goto out;
-        if ((rc = jnum(hp, "bits_per_weight", 0.5, 32, true, &h.bits_per_weight, ctx, err, errlen)) < 0) goto out;
+        if ((rc = util_json_number_in(hp, "bits_per_weight", 0.5, 32, true, &h.bits_per_weight, ctx, err,
+                                      errlen)) < 0) goto out;
         const cJSON *tied = cJSON_GetObjectItemCaseSensitive(hp, "tied_embeddings");
         h.tied_embeddings = cJSON_IsTrue(tied);
         size_t cap = plan_hparams_tensor_count(&h);
@@ -432,7 +385,7 @@ static int load_descriptor(struct model_src *m, const char *path, const char *te
             l.active_bytes = l.weight_bytes;
             if ((rc = ju64(e, "active_bytes", false, &l.active_bytes, ctx, err, errlen)) < 0) goto out;
             l.macs = (double)l.active_bytes;
-            if ((rc = jnum(e, "macs", 0, 1e18, false, &l.macs, ctx, err, errlen)) < 0) goto out;
+            if ((rc = util_json_number_in(e, "macs", 0, 1e18, false, &l.macs, ctx, err, errlen)) < 0) goto out;
             for (uint32_t r = 0; r < rep; r++) m->layers[k++] = l;
         }
         snprintf(ctx, sizeof ctx, "%s", path);
@@ -451,7 +404,8 @@ static int load_descriptor(struct model_src *m, const char *path, const char *te
         s->head_macs = (double)s->head_bytes;
         if ((rc = ju64(root, "embed_active_bytes", false, &s->embed_active_bytes, ctx, err, errlen)) < 0 ||
             (rc = ju64(root, "head_active_bytes", false, &s->head_active_bytes, ctx, err, errlen)) < 0 ||
-            (rc = jnum(root, "head_macs", 0, 1e18, false, &s->head_macs, ctx, err, errlen)) < 0)
+            (rc = util_json_number_in(root, "head_macs", 0, 1e18, false, &s->head_macs, ctx, err,
+                                      errlen)) < 0)
             goto out;
         s->name = m->name[0] ? m->name : NULL;
         s->arch = m->arch;
@@ -476,8 +430,8 @@ static int load_model(struct model_src *m, const char *path, char *err, size_t e
     if (n == 4 && !memcmp(magic, "GGUF", 4))
         return load_gguf(m, path, err, errlen);
     size_t len;
-    char *text = slurp(path, DESC_MAX_BYTES, &len, err, errlen);
-    if (!text) return -EINVAL;
+    char *text;
+    if (util_file_read(path, DESC_MAX_BYTES, &text, &len, err, errlen) < 0) return -EINVAL;
     int rc = load_descriptor(m, path, text, len, err, errlen);
     free(text);
     return rc;
@@ -536,11 +490,12 @@ static int devset_add(struct devset *s, const cJSON *o, const char *ctx, char *e
     struct plan_device d = {.inbound = true};
     int rc;
     if ((rc = ju64(o, "mem_bytes", true, &d.mem_bytes, c2, err, errlen)) < 0 ||
-        (rc = jnum(o, "ms_per_layer_token", 0, 1e9, false, &d.ms_per_layer_token, c2, err, errlen)) < 0 ||
-        (rc = jnum(o, "flops", 0, 1e20, false, &d.flops, c2, err, errlen)) < 0 ||
-        (rc = jnum(o, "mem_bw_bytes_s", 0, 1e16, false, &d.mem_bw_bytes_s, c2, err, errlen)) < 0 ||
-        (rc = jnum(o, "rtt_ms", 0, 1e6, false, &d.rtt_ms, c2, err, errlen)) < 0 ||
-        (rc = jnum(o, "bw_bytes_s", 0, 1e15, false, &d.bw_bytes_s, c2, err, errlen)) < 0)
+        (rc = util_json_number_in(o, "ms_per_layer_token", 0, 1e9, false, &d.ms_per_layer_token, c2, err,
+                                  errlen)) < 0 ||
+        (rc = util_json_number_in(o, "flops", 0, 1e20, false, &d.flops, c2, err, errlen)) < 0 ||
+        (rc = util_json_number_in(o, "mem_bw_bytes_s", 0, 1e16, false, &d.mem_bw_bytes_s, c2, err, errlen)) < 0 ||
+        (rc = util_json_number_in(o, "rtt_ms", 0, 1e6, false, &d.rtt_ms, c2, err, errlen)) < 0 ||
+        (rc = util_json_number_in(o, "bw_bytes_s", 0, 1e15, false, &d.bw_bytes_s, c2, err, errlen)) < 0)
         return rc;
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "inbound");
     if (in && !cJSON_IsBool(in)) { snprintf(err, errlen, "%s: 'inbound' must be true or false", c2); return -EINVAL; }
@@ -577,8 +532,8 @@ static int devset_add(struct devset *s, const cJSON *o, const char *ctx, char *e
 static int load_devices(struct devset *s, const char *path, char *err, size_t errlen)
 {
     size_t len;
-    char *text = slurp(path, DEVICES_MAX_BYTES, &len, err, errlen);
-    if (!text) return -EINVAL;
+    char *text;
+    if (util_file_read(path, DEVICES_MAX_BYTES, &text, &len, err, errlen) < 0) return -EINVAL;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     int rc = 0;
@@ -724,15 +679,15 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
         experts += (double)m->shape.layers[i].expert_bytes;
     }
     total += (double)m->shape.embed_bytes + (double)m->shape.head_bytes;
-    gb(a, sizeof a, total);
-    gb(b, sizeof b, experts);
+    util_fmt_bytes(a, sizeof a, total, 2, UTIL_FMT_SI);
+    util_fmt_bytes(b, sizeof b, experts, 2, UTIL_FMT_SI);
     fprintf(out, "model %s (%s, %s): %u layers, n_embd %u, %s of weights", m->name[0] ? m->name : "?",
             m->arch, m->kind, m->shape.n_layers, m->shape.n_embd, a);
     if (experts > 0) fprintf(out, " (%s routed experts)", b);
     if (m->mtp) {
         double mb = 0;
         for (uint32_t i = m->shape.n_layers; i < m->shape.n_layers + m->mtp; i++) mb += (double)m->layers[i].weight_bytes;
-        gb(a, sizeof a, mb);
+        util_fmt_bytes(a, sizeof a, mb, 2, UTIL_FMT_SI);
         fprintf(out, "\n+ %u MTP block%s (%u..%u, %s) skipped in the main pass: not loaded, not planned",
                 m->mtp, m->mtp > 1 ? "s" : "", m->shape.n_layers, m->shape.n_layers + m->mtp - 1, a);
     }
@@ -745,8 +700,8 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
         const struct plan_rank *k = &r->ranks[i];
         char lay[24], mem[72];
         snprintf(lay, sizeof lay, "%u-%u", k->first, k->last - 1);
-        gb(a, sizeof a, (double)k->mem_bytes);
-        gb(b, sizeof b, (double)k->mem_avail_bytes);
+        util_fmt_bytes(a, sizeof a, (double)k->mem_bytes, 2, UTIL_FMT_SI);
+        util_fmt_bytes(b, sizeof b, (double)k->mem_avail_bytes, 2, UTIL_FMT_SI);
         snprintf(mem, sizeof mem, "%s / %s", a, b);
         fprintf(out, "%-4u %-16.16s %-8.8s %-9s %-24s %10.2f %10.2f %9.2f %s%s%s\n", i, ds->ids[k->device],
                 ds->backends[k->device], lay, mem, k->compute_ms, k->link_ms, k->est_ms_per_token,
@@ -776,20 +731,20 @@ static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, co
         char lay[24];
         if (j - i == 1) snprintf(lay, sizeof lay, "%u", i);
         else snprintf(lay, sizeof lay, "%u-%u", i, j - 1);
-        gb(a, sizeof a, (double)l->weight_bytes);
-        gb(b, sizeof b, (double)l->expert_bytes);
-        gb(c, sizeof c, (double)l->active_bytes);
-        gb(d, sizeof d, (double)l->kv_bytes_per_token);
-        gb(e, sizeof e, (double)l->state_bytes);
+        util_fmt_bytes(a, sizeof a, (double)l->weight_bytes, 2, UTIL_FMT_SI);
+        util_fmt_bytes(b, sizeof b, (double)l->expert_bytes, 2, UTIL_FMT_SI);
+        util_fmt_bytes(c, sizeof c, (double)l->active_bytes, 2, UTIL_FMT_SI);
+        util_fmt_bytes(d, sizeof d, (double)l->kv_bytes_per_token, 2, UTIL_FMT_SI);
+        util_fmt_bytes(e, sizeof e, (double)l->state_bytes, 2, UTIL_FMT_SI);
         char rs[32];
-        gb(rs, sizeof rs, (double)o->sessions * ((double)l->state_bytes + (double)l->kv_bytes_per_token * o->ctx));
+        util_fmt_bytes(rs, sizeof rs, (double)o->sessions * ((double)l->state_bytes + (double)l->kv_bytes_per_token * o->ctx), 2, UTIL_FMT_SI);
         fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s%s\n", lay, a, b, c, d, e, rs,
                 i >= s->n_layers ? "  MTP: not loaded" : "");
         i = j;
     }
-    gb(a, sizeof a, (double)s->embed_bytes);
-    gb(b, sizeof b, (double)s->head_bytes);
-    gb(c, sizeof c, (double)s->head_active_bytes);
+    util_fmt_bytes(a, sizeof a, (double)s->embed_bytes, 2, UTIL_FMT_SI);
+    util_fmt_bytes(b, sizeof b, (double)s->head_bytes, 2, UTIL_FMT_SI);
+    util_fmt_bytes(c, sizeof c, (double)s->head_active_bytes, 2, UTIL_FMT_SI);
     fprintf(out, "embedding %s (rank 0); head %s, reads %s per token (last rank); wire %llu bytes per token\n"
             "(reserved = KV/state for ctx %u x %u sessions)\n\n", a, b, c,
             (unsigned long long)s->wire_bytes_per_token, o->ctx, o->sessions);
@@ -951,11 +906,11 @@ static double measure_bw(void)
     volatile uint64_t sink = 0;
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = kvctl_now_s();
+        double t0 = util_now_s();
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (size_t i = 0; i + 4 <= n / 8; i += 4) { s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3]; }
         sink += s0 + s1 + s2 + s3;
-        double dt = kvctl_now_s() - t0;
+        double dt = util_now_s() - t0;
         if (dt > 0 && n / dt > best) best = n / dt;
     }
     (void)sink;
@@ -1034,9 +989,9 @@ int kvctl_cmd_profile(int argc, char **argv)
                 double best = 0;
                 int ok = 1;
                 for (int t = 0; t < tokens && ok; t++) {
-                    double t0 = kvctl_now_s();
+                    double t0 = util_now_s();
                     ok = model_window_run(ex, 1, (uint32_t)t, 1, x) == 0;
-                    double dt = kvctl_now_s() - t0;
+                    double dt = util_now_s() - t0;
                     if (t >= 2 && (best == 0 || dt < best)) best = dt; /* skip warm-up steps */
                     for (uint32_t k = 0; k < hp->n_embd; k++)  /* keep values tame */
                         if (!(fabsf(x[k]) < 1e3f)) x[k] = 0;
@@ -1080,8 +1035,8 @@ int kvctl_cmd_profile(int argc, char **argv)
     free(js);
     cJSON_Delete(root);
     char a[32], b[32];
-    gb(a, sizeof a, (double)avail);
-    gb(b, sizeof b, membw);
+    util_fmt_bytes(a, sizeof a, (double)avail, 2, UTIL_FMT_SI);
+    util_fmt_bytes(b, sizeof b, membw, 2, UTIL_FMT_SI);
     fprintf(stderr, "profile: %s, %s available, %s/s memory bandwidth, %.4f ms per layer-token (%s, "
             "average layer reads %.0f bytes per token)\n", id, a, b, ms, how, act);
     model_src_free(&m);

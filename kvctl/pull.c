@@ -81,13 +81,8 @@ int kvctl_cmd_pull(int argc, char **argv)
             o.ca_file = v;
             i++;
         } else if (!strcmp(a, "--limit-rate") && v) {
-            char *e;
-            double r = strtod(v, &e);
-            if (*e == 'k' || *e == 'K')
-                r *= 1024;
-            else if (*e == 'm' || *e == 'M')
-                r *= 1024 * 1024;
-            if (r < 1 || r > 1e15) {
+            double r;
+            if (util_parse_double(v, 1, 1e15, UTIL_PARSE_SUFFIX, &r, NULL, 0) < 0) {
                 fprintf(stderr, "kvctl pull: --limit-rate '%s': bytes per second (K/M suffix)\n", v);
                 return 2;
             }

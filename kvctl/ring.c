@@ -176,12 +176,6 @@ static const char *jstr(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-static double jnum(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : 0;
-}
-
 /* The table; returns how many stages did not answer. */
 static int print_status_table(const char *dir, const struct ring_manifest *m, FILE *out)
 {
@@ -206,8 +200,10 @@ static int print_status_table(const char *dir, const struct ring_manifest *m, FI
         const cJSON *in = cJSON_GetObjectItemCaseSensitive(s, "in");
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(s, "out");
         fprintf(out, "%-4u %-9s %-7.0f %-22s %-9s %-9s %-8.3f %-5.0f %-9.3f %-9.0f %.0f\n", r, layers,
-                jnum(s, "pid"), ep, jstr(in, "state"), jstr(o, "state"), jnum(o, "rtt_ms"),
-                jnum(s, "sessions"), jnum(s, "ms_per_token"), jnum(s, "bytes_per_token_out"), jnum(s, "steps"));
+                util_json_number(s, "pid", 0), ep, jstr(in, "state"), jstr(o, "state"),
+                util_json_number(o, "rtt_ms", 0), util_json_number(s, "sessions", 0),
+                util_json_number(s, "ms_per_token", 0), util_json_number(s, "bytes_per_token_out", 0),
+                util_json_number(s, "steps", 0));
         cJSON_Delete(s);
     }
     return n_down;
@@ -537,7 +533,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     uint8_t rid[8];
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
-    net_hex(rid, sizeof rid, ring_id);
+    util_hex_encode(rid, sizeof rid, ring_id);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "version", 1);
     cJSON_AddStringToObject(root, "ring", ring_id);
@@ -562,7 +558,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             cJSON_Delete(root);
             return 1;
         }
-        net_hex(net_identity_pub(id), 32, key);
+        util_hex_encode(net_identity_pub(id), 32, key);
         net_identity_free(id);
         int port = base_port ? (int)base_port + (int)r : free_port();
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
@@ -662,7 +658,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     struct ring_manifest m;
     if (load_ring(dir_abs, &m) < 0)
         return 1;
-    double t0 = kvctl_now_s();
+    double t0 = util_now_s();
     for (;;) {
         uint32_t linked = 0;
         for (uint32_t r = 0; r < (uint32_t)stages; r++) {
@@ -702,14 +698,14 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         }
         if (linked == (uint32_t)stages)
             break;
-        if (kvctl_now_s() - t0 > 60) {
+        if (util_now_s() - t0 > 60) {
             fprintf(stderr, "kvctl ring up: the ring did not link within 60 s (logs in %s/rank-*/kvd.log)\n", dir);
             print_status_table(dir_abs, &m, stderr);
             return 1;
         }
         usleep(50000);
     }
-    printf("ring up in %.2f s (manifest %s)\n", kvctl_now_s() - t0, mpath);
+    printf("ring up in %.2f s (manifest %s)\n", util_now_s() - t0, mpath);
     printf("windows: %s\n", split ? "--split" : planned ? "the planner's split for identical local stages "
            "(balanced by work per token, embedding and head included)" : stub ? "even (stand-in compute)"
            : "by layer bytes (the planner refused: see above)");
@@ -754,9 +750,9 @@ static int ring_down(int argc, char **argv)
         fclose(f);
         unlink(pidf);
     }
-    double t0 = kvctl_now_s();
+    double t0 = util_now_s();
     for (int i = 0; i < n; i++) {
-        while (pid_alive(pids[i]) && kvctl_now_s() - t0 < 5) {
+        while (pid_alive(pids[i]) && util_now_s() - t0 < 5) {
             waitpid(pids[i], NULL, WNOHANG);
             usleep(10000);
         }
@@ -874,7 +870,7 @@ static int gen_line(const char *line, void *ud)
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "s");
         g->n_done++;
         if (g->n_done == 1)
-            g->t_first = kvctl_now_s();
+            g->t_first = util_now_s();
         if (cJSON_IsString(s) && !g->ids)
             fputs(s->valuestring, stdout);
         else
@@ -998,7 +994,7 @@ int kvctl_ring_generate(int argc, char **argv)
     }
     struct gen_state g = {.ids = ids, .dump_logits = dump};
     char err[512];
-    double t0 = kvctl_now_s();
+    double t0 = util_now_s();
     int rc = ring_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
     free(line);
     if (rc < 0) {
@@ -1015,10 +1011,11 @@ int kvctl_ring_generate(int argc, char **argv)
     }
     printf("\n");
     fflush(stdout);   /* the text, then the statistics */
-    double t2 = kvctl_now_s();
-    double pms = jnum(g.done_obj, "prompt_ms") / 1e3, gms = jnum(g.done_obj, "gen_ms") / 1e3;
-    uint32_t n_prompt = (uint32_t)jnum(g.done_obj, "n_prompt");
-    uint32_t n_gen_done = (uint32_t)jnum(g.done_obj, "n_gen");
+    double t2 = util_now_s();
+    double pms = util_json_number(g.done_obj, "prompt_ms", 0) / 1e3;
+    double gms = util_json_number(g.done_obj, "gen_ms", 0) / 1e3;
+    uint32_t n_prompt = (uint32_t)util_json_number(g.done_obj, "n_prompt", 0);
+    uint32_t n_gen_done = (uint32_t)util_json_number(g.done_obj, "n_gen", 0);
     (void)t0;
     (void)t2;
     /* Same statistics line as the one-process generate (token counts as it counts them). */

@@ -32,54 +32,6 @@ static int open_vocab(const char *cmd, const char *path, struct gguf_file **f,
     return rc;
 }
 
-/* Whole file (or stdin for "-") byte for byte. */
-static int slurp(const char *path, char **out, size_t *len)
-{
-    FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!fp) {
-        int e = errno;
-        fprintf(stderr, "kvctl tokenize: %s: %s\n", path, strerror(e));
-        return -e;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    int rc = b ? 0 : -ENOMEM;
-    while (!rc) {
-        if (n == cap) {
-            if (cap >= KVCTL_TOK_MAX_INPUT) {
-                fprintf(stderr, "kvctl tokenize: %s: more than %u bytes\n", path, KVCTL_TOK_MAX_INPUT);
-                rc = -E2BIG;
-                break;
-            }
-            char *p = realloc(b, cap * 2);
-            if (!p) {
-                rc = -ENOMEM;
-                break;
-            }
-            b = p;
-            cap *= 2;
-        }
-        size_t k = fread(b + n, 1, cap - n, fp);
-        n += k;
-        if (k == 0) {
-            if (ferror(fp)) {
-                fprintf(stderr, "kvctl tokenize: %s: read error\n", path);
-                rc = -EIO;
-            }
-            break;
-        }
-    }
-    if (fp != stdin)
-        fclose(fp);
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    *out = b;
-    *len = n;
-    return 0;
-}
-
 /* A piece as a quoted, readable string: printable ASCII and whole UTF-8 characters as they
  * are, quotes and backslashes escaped, everything else as \n \t \r or \xNN. */
 static void put_piece(FILE *out, const char *p, size_t n)
@@ -147,8 +99,16 @@ int kvctl_cmd_tokenize(int argc, char **argv)
     }
     char *text = NULL;
     size_t len = 0;
-    if (file) {
-        if (slurp(file, &text, &len))
+    if (file) { /* the whole file, or stdin for "-", byte for byte */
+        char err[600];
+        int rc = strcmp(file, "-")
+                     ? util_file_read(file, KVCTL_TOK_MAX_INPUT, &text, &len, err, sizeof err)
+                     : util_file_read_stream(stdin, file, KVCTL_TOK_MAX_INPUT, &text, &len, err, sizeof err);
+        if (rc == -EFBIG)
+            fprintf(stderr, "kvctl tokenize: %s: more than %u bytes\n", file, KVCTL_TOK_MAX_INPUT);
+        else if (rc)
+            fprintf(stderr, "kvctl tokenize: %s\n", err);
+        if (rc)
             return 1;
     } else {
         len = strlen(argv[optind]);

@@ -19,6 +19,7 @@
 
 #include "kvd/kvd.h"
 #include "net/net.h"
+#include "util/util.h"
 
 #define BRIDGE_ID_MIN 32
 #define BRIDGE_ID_MAX 64
@@ -726,14 +727,10 @@ static void relay_usage(FILE *f)
 
 static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > max) {
+    if (util_parse_u64(s, 0, max, 0, out, NULL, 0) < 0) {
         fprintf(stderr, "kvd relay: %s \"%s\": expected a whole number up to %" PRIu64 "\n", opt, s, max);
         return -EINVAL;
     }
-    *out = v;
     return 0;
 }
 

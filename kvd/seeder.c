@@ -8,6 +8,7 @@
 #include "kvd/kvd.h"
 #include "net/net.h"
 #include "seed/seed.h"
+#include "util/util.h"
 
 static uv_signal_t sig_int, sig_term;
 static struct net_http_server *main_srv;
@@ -52,13 +53,8 @@ int kvd_seeder_main(int argc, char **argv)
         } else if (!strcmp(a, "--listen") && i + 1 < argc) {
             listen = argv[++i];
         } else if (!strcmp(a, "--max-rate") && i + 1 < argc) {
-            char *e;
-            double r = strtod(argv[++i], &e);
-            if (*e == 'k' || *e == 'K')
-                r *= 1024;
-            else if (*e == 'm' || *e == 'M')
-                r *= 1024 * 1024;
-            if (r < 1024 || r > 1e13) {
+            double r;
+            if (util_parse_double(argv[++i], 1024, 1e13, UTIL_PARSE_SUFFIX, &r, NULL, 0) < 0) {
                 fprintf(stderr, "kvd seeder: --max-rate '%s': bytes/s from 1K (K/M suffixes)\n",
                         argv[i]);
                 return 2;

@@ -16,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "model/internal.h"
 #include "model/tok_internal.h"
+#include "util/util.h"
 
 void model__seterr(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -462,20 +463,12 @@ static int cmp_special(const void *a, const void *b, void *ud)
 
 /* ---------------------------------------------------------------- pieces */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
 /* "<0xHH>" -> byte, or -1. */
 static int byte_token_value(const char *s, size_t n)
 {
     if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>')
         return -1;
-    int h = hexval(s[3]), l = hexval(s[4]);
+    int h = util_hex_digit(s[3]), l = util_hex_digit(s[4]);
     return h < 0 || l < 0 ? -1 : h * 16 + l;
 }
 

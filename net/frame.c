@@ -8,6 +8,7 @@
 #include <openssl/rand.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -338,14 +339,14 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
         }
         if (memcmp(p.manifest_hash, x->manifest_hash, 32) != 0) {
             char a[65], b[65];
-            net_hex(p.manifest_hash, 32, a);
-            net_hex(x->manifest_hash, 32, b);
+            util_hex_encode(p.manifest_hash, 32, a);
+            util_hex_encode(x->manifest_hash, 32, b);
             snprintf(err, errlen, "manifest hash %.16s... differs from ours %.16s...", a, b);
             return hs_fail(hs, -EPERM);
         }
         if (x->check_key && memcmp(p.node_key, x->node_key, 32) != 0) {
             char a[65];
-            net_hex(p.node_key, 32, a);
+            util_hex_encode(p.node_key, 32, a);
             snprintf(err, errlen, "node key %.16s... is not the one the manifest names for rank %u",
                      a, p.rank);
             return hs_fail(hs, -EPERM);

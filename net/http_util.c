@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 const char *net_http_status_text(int status)
 {
@@ -47,25 +48,6 @@ const char *net_http_status_text(int status)
     }
 }
 
-/* Parse an unsigned decimal of at most 19 digits at *p; advances *p. */
-static int parse_u64(const char **p, uint64_t *out)
-{
-    const char *s = *p;
-    uint64_t v = 0;
-    int n = 0;
-    while (*s >= '0' && *s <= '9') {
-        if (++n > 19)
-            return -EOVERFLOW;
-        v = v * 10 + (uint64_t)(*s - '0');
-        s++;
-    }
-    if (n == 0)
-        return -EINVAL;
-    *p = s;
-    *out = v;
-    return 0;
-}
-
 int net_http_range_parse(const char *h, uint64_t size, uint64_t *first, uint64_t *last)
 {
     if (!h)
@@ -87,7 +69,7 @@ int net_http_range_parse(const char *h, uint64_t size, uint64_t *first, uint64_t
     uint64_t a = 0, b = 0;
     if (*h == '-') { /* suffix: the last N bytes */
         h++;
-        if (parse_u64(&h, &b) != 0)
+        if (util_scan_u64(&h, UINT64_MAX, &b) != 0)
             return 0;
         while (*h == ' ' || *h == '\t')
             h++;
@@ -99,12 +81,12 @@ int net_http_range_parse(const char *h, uint64_t size, uint64_t *first, uint64_t
         *last = size - 1;
         return 1;
     }
-    if (parse_u64(&h, &a) != 0 || *h != '-')
+    if (util_scan_u64(&h, UINT64_MAX, &a) != 0 || *h != '-')
         return 0;
     h++;
     bool open_end = true;
     if (*h >= '0' && *h <= '9') {
-        if (parse_u64(&h, &b) != 0)
+        if (util_scan_u64(&h, UINT64_MAX, &b) != 0)
             return 0;
         open_end = false;
     }
@@ -119,14 +101,6 @@ int net_http_range_parse(const char *h, uint64_t size, uint64_t *first, uint64_t
     *first = a;
     *last = open_end || b >= size ? size - 1 : b;
     return 1;
-}
-
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
 }
 
 int net_http_path_clean(const char *in, size_t n, char *out, size_t outlen, char *err,
@@ -148,7 +122,8 @@ int net_http_path_clean(const char *in, size_t n, char *out, size_t outlen, char
                 snprintf(err, errlen, "truncated percent escape at byte %zu", i);
                 return -EINVAL;
             }
-            int h1 = hexval((unsigned char)in[i + 1]), h2 = hexval((unsigned char)in[i + 2]);
+            int h1 = util_hex_digit((unsigned char)in[i + 1]);
+            int h2 = util_hex_digit((unsigned char)in[i + 2]);
             if (h1 < 0 || h2 < 0) {
                 snprintf(err, errlen, "bad percent escape at byte %zu", i);
                 return -EINVAL;

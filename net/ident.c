@@ -142,37 +142,6 @@ bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const ui
     return ok;
 }
 
-void net_hex(const uint8_t *b, size_t n, char *out)
-{
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[2 * n] = 0;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-bool net_unhex(const char *s, uint8_t *b, size_t n)
-{
-    if (!s || strlen(s) != 2 * n)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return false;
-        b[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return true;
-}
-
 int net_sha256_file(const char *path, uint8_t out[32])
 {
     FILE *f = fopen(path, "rb");

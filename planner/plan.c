@@ -11,6 +11,7 @@
 
 #include "planner/internal.h"
 #include "planner/plan.h"
+#include "util/util.h"
 
 #define INF DBL_MAX
 /* Relative tolerance when comparing periods and latencies of candidate plans. */
@@ -350,13 +351,6 @@ static uint64_t layer_mem(const struct plan_layer *l, const struct plan_opts *o)
 
 static bool bad_num(double v) { return !(v >= 0) || isinf(v); }
 
-static void fmt_bytes(char *b, size_t n, double v)
-{
-    if (v >= 1e9) snprintf(b, n, "%.2f GB", v / 1e9);
-    else if (v >= 1e6) snprintf(b, n, "%.1f MB", v / 1e6);
-    else snprintf(b, n, "%.0f bytes", v);
-}
-
 static int validate(const struct plan_shape *s, const struct plan_device *devs, size_t n,
                     const struct plan_opts *o, char *err, size_t errlen)
 {
@@ -434,12 +428,12 @@ static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t 
     for (uint32_t k = 0; k < c->N; k++)
         if (c->di[k].cap > largest) largest = (double)c->di[k].cap;
     char nb[32], hb[32], sb[32], rb[32];
-    fmt_bytes(nb, sizeof nb, need);
-    fmt_bytes(hb, sizeof hb, have);
+    util_fmt_bytes(nb, sizeof nb, need, 2, UTIL_FMT_SI);
+    util_fmt_bytes(hb, sizeof hb, have, 2, UTIL_FMT_SI);
     double rest = (double)(c->M[L] - c->M[reach]) + (double)c->head_mem + (reach == 0 ? (double)c->embed_mem : 0);
-    fmt_bytes(rb, sizeof rb, rest);
+    util_fmt_bytes(rb, sizeof rb, rest, 2, UTIL_FMT_SI);
     if (need > have) {
-        fmt_bytes(sb, sizeof sb, need - have);
+        util_fmt_bytes(sb, sizeof sb, need - have, 2, UTIL_FMT_SI);
         plan__errf(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
                    "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
                    "%.0f%% headroom: short by %.0f bytes (%s); at best layers 0..%u fit, layers %u..%u "
@@ -869,8 +863,8 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
         uint64_t cap = (uint64_t)((double)d->mem_bytes * (1.0 - o->headroom));
         if (cap < min_layer) {
             char a[32], b[32];
-            fmt_bytes(a, sizeof a, (double)cap);
-            fmt_bytes(b, sizeof b, (double)min_layer);
+            util_fmt_bytes(a, sizeof a, (double)cap, 2, UTIL_FMT_SI);
+            util_fmt_bytes(b, sizeof b, (double)min_layer, 2, UTIL_FMT_SI);
             excl_add(r, (uint32_t)i, PLAN_EX_NO_MEMORY,
                      "%s: too little memory: %s usable, the smallest layer needs %s "
                      "(weights + KV/state for ctx %u x %u sessions)", id, a, b, o->ctx, o->sessions);

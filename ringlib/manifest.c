@@ -10,6 +10,7 @@
 
 #include "ringlib/ring.h"
 #include "net/net.h"
+#include "util/util.h"
 
 #define MANIFEST_MAX_BYTES (1u << 20)
 
@@ -172,7 +173,7 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
             (rc = get_bool(r, "head", &ri->head, ctx, err, errlen)) < 0)
             goto out;
         if (node[0]) {
-            if (!net_unhex(node, ri->node, 32)) {
+            if (util_hex_decode(node, ri->node, 32) != 0) {
                 snprintf(err, errlen, "manifest: %s.node must be 64 hex digits (an Ed25519 key)", ctx);
                 rc = -EINVAL;
                 goto out;
@@ -233,23 +234,14 @@ out:
 
 int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        snprintf(err, errlen, "manifest %s: %s", path, strerror(e));
-        return -e;
+    char *buf, e[512];
+    size_t n;
+    int rc = util_file_read(path, MANIFEST_MAX_BYTES, &buf, &n, e, sizeof e);
+    if (rc < 0) {
+        snprintf(err, errlen, "manifest %s", e);
+        return rc;
     }
-    char *buf = malloc(MANIFEST_MAX_BYTES + 1);
-    size_t n = buf ? fread(buf, 1, MANIFEST_MAX_BYTES + 1, f) : 0;
-    fclose(f);
-    if (!buf)
-        return -ENOMEM;
-    if (n > MANIFEST_MAX_BYTES) {
-        free(buf);
-        snprintf(err, errlen, "manifest %s: larger than %u bytes", path, MANIFEST_MAX_BYTES);
-        return -EFBIG;
-    }
-    int rc = ring_manifest_parse(m, buf, n, err, errlen);
+    rc = ring_manifest_parse(m, buf, n, err, errlen);
     if (rc == 0) {
         unsigned int hl = 32;
         if (EVP_Digest(buf, n, m->hash, &hl, EVP_sha256(), NULL) != 1)

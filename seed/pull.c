@@ -30,6 +30,7 @@
 #include "gguf/gguf.h"
 #include "ringlib/ring.h"
 #include "seed/seed.h"
+#include "util/util.h"
 
 #define PULL_HDR_FIRST (64u * 1024)
 #define PULL_MEM_MAX (256u << 20)   /* models list / catalog / header held in memory */
@@ -75,35 +76,17 @@ static void scopy(char *d, size_t n, const char *s)
     d[l] = 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void human(char *buf, size_t n, double v)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (v >= 1024 && i < 4) {
-        v /= 1024;
-        i++;
-    }
-    snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", v, u[i]);
-}
-
 static void progress(struct pull *p, bool final)
 {
     if (!p->o->progress || !p->total)
         return;
-    double t = now_s(), el = t - p->t0;
+    double t = util_now_s(), el = t - p->t0;
     double rate = el > 0 ? (double)(p->done - p->st->bytes_resumed) / el : 0;
     int pct = (int)(p->done * 100 / p->total);
     char d[32], tot[32], r[32];
-    human(d, sizeof d, (double)p->done);
-    human(tot, sizeof tot, (double)p->total);
-    human(r, sizeof r, rate);
+    util_fmt_bytes(d, sizeof d, (double)p->done, 1, 0);
+    util_fmt_bytes(tot, sizeof tot, (double)p->total, 1, 0);
+    util_fmt_bytes(r, sizeof r, rate, 1, 0);
     double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0;
     if (p->tty) {
         if (!final && t - p->last_draw < 0.1)
@@ -318,9 +301,9 @@ static int finish_inner(struct pull *p, const char *part, const char *statep,
 static int finish(struct pull *p, const char *part, const char *statep,
                   const struct gguf_catalog *cat)
 {
-    double t0 = now_s();
+    double t0 = util_now_s();
     int rc = finish_inner(p, part, statep, cat);
-    p->st->verify_seconds = now_s() - t0;
+    p->st->verify_seconds = util_now_s() - t0;
     return rc;
 }
 
@@ -902,7 +885,7 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
         return -EINVAL;
     }
     p.tty = isatty(STDERR_FILENO);
-    p.t0 = now_s();
+    p.t0 = util_now_s();
     char part[4200], statep[4300];
     snprintf(part, sizeof part, "%s.part", o->out_path);
     snprintf(statep, sizeof statep, "%s.part.state", o->out_path);
@@ -945,7 +928,7 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
         snprintf(err, errlen, "pull cancelled; run again to resume");
         rc = -ECANCELED;
     }
-    st->seconds = now_s() - p.t0;
+    st->seconds = util_now_s() - p.t0;
     curl_easy_cleanup(p.curl);
     gguf_catalog_free(cat);
     return rc;

@@ -2,7 +2,7 @@
  * The input is a file prefix: parsed with its size known (must fail or succeed, never -EAGAIN)
  * and unknown (may say "need more"); whatever parses is walked completely, rewritten, and the
  * rewritten header must parse to the same shape.
- * fuzz-modules: gguf */
+ * fuzz-modules: util gguf */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * pure helpers (path cleaning, Range and Accept-Encoding parsing).
  * The first byte picks the mode and the piece size; the server must answer or close, never
  * hang, and every connection must be gone after the client's EOF.
- * fuzz-modules: net */
+ * fuzz-modules: util net */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 static uv_loop_t loop;
 static struct net_http_server *srv;
@@ -99,13 +100,6 @@ static void setup(void)
     port = net_http_server_port(srv);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Drive one client connection: send data in pieces, then EOF; read until the server closes. */
 static void drive(const uint8_t *data, size_t size, size_t piece)
 {
@@ -117,7 +111,7 @@ static void drive(const uint8_t *data, size_t size, size_t piece)
     size_t sent = 0;
     bool shut = false, eof = false;
     char buf[65536];
-    double t0 = now_s();
+    double t0 = util_now_s();
     while (!eof) {
         uv_run(&loop, UV_RUN_NOWAIT);
         if (sent < size) {
@@ -143,18 +137,18 @@ static void drive(const uint8_t *data, size_t size, size_t piece)
             struct pollfd p = {fd, POLLIN, 0};
             poll(&p, 1, 1);
         }
-        if (now_s() - t0 > 5) {
+        if (util_now_s() - t0 > 5) {
             fprintf(stderr, "fuzz-http: the server neither answered nor closed in 5 s\n");
             abort();
         }
     }
     close(fd);
     /* the server side must go away too (close callbacks, pending zstd work) */
-    t0 = now_s();
+    t0 = util_now_s();
     while (net_http_server_stats(srv)->conns_open > 0) {
         uv_run(&loop, UV_RUN_NOWAIT);
         usleep(100);
-        if (now_s() - t0 > 5) {
+        if (util_now_s() - t0 > 5) {
             fprintf(stderr, "fuzz-http: a connection outlived its client\n");
             abort();
         }

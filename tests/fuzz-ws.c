@@ -3,7 +3,7 @@
  * real loopback connection, delivered in input-chosen pieces, with an echo handler that
  * sends every message back. The first byte picks the piece size and whether messages are
  * echoed; the server must close the connection after the client's EOF, never hang.
- * fuzz-modules: net */
+ * fuzz-modules: util net */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 static uv_loop_t loop;
 static struct net_ws_server *srv;
@@ -66,13 +67,6 @@ static int setup(void)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void spin(void)
 {
     uv_run(&loop, UV_RUN_NOWAIT);
@@ -102,8 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t off = 0, req_off = 0;
     char sink[65536];
     bool eof = false;
-    double t0 = now_s();
-    while (now_s() - t0 < 5) {
+    double t0 = util_now_s();
+    while (util_now_s() - t0 < 5) {
         spin();
         if (req_off < sizeof req - 1) {
             ssize_t w = send(fd, req + req_off, sizeof req - 1 - req_off, MSG_NOSIGNAL);
@@ -126,8 +120,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     close(fd);
     /* every connection must be gone once the client is */
-    t0 = now_s();
-    while (open_conns > 0 && now_s() - t0 < 5)
+    t0 = util_now_s();
+    while (open_conns > 0 && util_now_s() - t0 < 5)
         spin();
     if (open_conns > 0) {
         fprintf(stderr, "fuzz-ws: %d connection(s) still open 5 s after the client left\n", open_conns);

@@ -13,6 +13,9 @@
 
 #include "model/model.h"
 #include "tests/t.h"
+#include "util/util.h"
+
+#define REF_FILE_MAX (1u << 30) /* reference JSON and logits files */
 
 struct ref_case {
     char model[1024];               /* full path of the GGUF */
@@ -29,27 +32,6 @@ static inline void ref_free(struct ref_case *r)
     free(r->fed);
     free(r->logits);
     memset(r, 0, sizeof *r);
-}
-
-static inline char *ref_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
 }
 
 static inline int ref_ints(const cJSON *j, const char *key, int32_t **out, uint32_t *n)
@@ -78,7 +60,8 @@ static inline int ref_load(struct ref_case *r, const char *name)
     if (!t_data_path(path, sizeof path, rel))
         return -1;
     size_t len;
-    char *txt = ref_slurp(path, &len);
+    char *txt;
+    util_file_read(path, REF_FILE_MAX, &txt, &len, NULL, 0);
     cJSON *j = txt ? cJSON_ParseWithLength(txt, len) : NULL;
     free(txt);
     T_CHECK(j != NULL, "%s: not JSON", path);
@@ -102,7 +85,7 @@ static inline int ref_load(struct ref_case *r, const char *name)
     snprintf(rel, sizeof rel, "ref/%s", lf->valuestring);
     if (!t_data_path(path, sizeof path, rel))
         goto out;
-    txt = ref_slurp(path, &len);
+    util_file_read(path, REF_FILE_MAX, &txt, &len, NULL, 0);
     T_CHECK(txt && len == (size_t)r->n_fed * r->n_vocab * sizeof(float),
             "%s: %zu bytes, expected %u x %u floats", path, txt ? len : 0, r->n_fed, r->n_vocab);
     if (!txt || len != (size_t)r->n_fed * r->n_vocab * sizeof(float)) {

@@ -10,33 +10,9 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tests/t.h"
+#include "util/util.h"
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap + 1);
-    size_t k;
-    while (b && (k = fread(b + n, 1, cap - n, f)) > 0) {
-        n += k;
-        if (n == cap) {
-            cap *= 2;
-            char *p = realloc(b, cap + 1);
-            if (!p) {
-                free(b);
-                b = NULL;
-            }
-            b = p;
-        }
-    }
-    fclose(f);
-    if (b)
-        b[n] = 0;
-    *len = n;
-    return b;
-}
+#define VEC_FILE_MAX (64u << 20) /* a test vector or reference JSON file */
 
 static struct model_vocab *load_vocab(const char *rel, struct gguf_file **gf)
 {
@@ -122,9 +98,11 @@ static void check_vectors(const char *vocab_rel, const char *inp_path, const cha
     if (!v)
         return;
     size_t ilen, olen, dlen;
-    char *inp = read_file(inp_path, &ilen);
-    char *outp = read_file(out_path, &olen);
-    char *detp = det_path ? read_file(det_path, &dlen) : NULL;
+    char *inp, *outp, *detp = NULL;
+    util_file_read(inp_path, VEC_FILE_MAX, &inp, &ilen, NULL, 0);
+    util_file_read(out_path, VEC_FILE_MAX, &outp, &olen, NULL, 0);
+    if (det_path)
+        util_file_read(det_path, VEC_FILE_MAX, &detp, &dlen, NULL, 0);
     T_CHECK(inp && outp && (!det_path || detp), "%s: vectors unreadable", name);
     if (!inp || !outp || (det_path && !detp))
         goto done;
@@ -264,7 +242,8 @@ T_CASE(reference_prompts)
         char path[2048];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         size_t jl;
-        char *js = read_file(path, &jl);
+        char *js;
+        util_file_read(path, VEC_FILE_MAX, &js, &jl, NULL, 0);
         cJSON *j = js ? cJSON_Parse(js) : NULL;
         free(js);
         T_CHECK(j, "%s: unreadable JSON", e->d_name);

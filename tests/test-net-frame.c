@@ -10,6 +10,7 @@
 #include "ringlib/ring.h"
 #include "net/net.h"
 #include "tests/t.h"
+#include "util/util.h"
 
 static char err[512];
 
@@ -149,9 +150,9 @@ T_CASE(identity)
     T_CHECK(!net_sig_verify(net_identity_pub(b), "hello", 5, sig), "altered signature");
     char hex[65];
     uint8_t back[32];
-    net_hex(net_identity_pub(a), 32, hex);
-    T_CHECK(net_unhex(hex, back, 32) && !memcmp(back, net_identity_pub(a), 32), "hex round trip");
-    T_CHECK(!net_unhex("zz", back, 1) && !net_unhex(hex, back, 31), "bad hex");
+    util_hex_encode(net_identity_pub(a), 32, hex);
+    T_CHECK(util_hex_decode(hex, back, 32) == 0 && !memcmp(back, net_identity_pub(a), 32), "hex round trip");
+    T_CHECK(util_hex_decode("zz", back, 1) < 0 && util_hex_decode(hex, back, 31) < 0, "bad hex");
     net_identity_free(a);
     net_identity_free(b);
 }

@@ -20,6 +20,9 @@
 #include "seed/seed.h"
 #include "net/net.h"
 #include "tests/t.h"
+#include "util/util.h"
+
+#define FILE_MAX (1u << 30) /* a model or window file read whole */
 
 static uv_loop_t loop;
 static struct net_http_server *srv;
@@ -83,28 +86,12 @@ static void *loop_thread(void *arg)
 
 /* ---- helpers */
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    fseek(fp, 0, SEEK_END);
-    long sz = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
-    if (b && fread(b, 1, (size_t)sz, fp) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    *n = (size_t)sz;
-    return b;
-}
-
 static bool same_files(const char *a, const char *b)
 {
     size_t na, nb;
-    uint8_t *pa = slurp(a, &na), *pb = slurp(b, &nb);
+    char *pa, *pb;
+    util_file_read(a, FILE_MAX, &pa, &na, NULL, 0);
+    util_file_read(b, FILE_MAX, &pb, &nb, NULL, 0);
     bool ok = pa && pb && na == nb && memcmp(pa, pb, na) == 0;
     free(pa);
     free(pb);
@@ -433,7 +420,12 @@ int main(void)
     snprintf(files[0].path, sizeof files[0].path, "%s", model);
     snprintf(files[1].path, sizeof files[1].path, "%s/bad.gguf", dir);
     size_t n;
-    uint8_t *bytes = slurp(model, &n);
+    char *bytes;
+    util_file_read(model, FILE_MAX, &bytes, &n, NULL, 0);
+    if (!bytes || bad_off >= n) {
+        fprintf(stderr, "%s: unreadable\n", model);
+        return 1;
+    }
     bytes[bad_off] ^= 0x01;
     FILE *fp = fopen(files[1].path, "wb");
     fwrite(bytes, 1, n, fp);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "planner/plan.h"
+#include "util/util.h"
 
 #define L 96
 #define N 1000
@@ -18,13 +19,6 @@ static double unif(double a, double b)
 {
     rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
     return a + (b - a) * (double)(rs >> 11) / 9007199254740992.0;
-}
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
 int main(void)
@@ -82,9 +76,9 @@ int main(void)
             char err[PLAN_ERR_LEN];
             for (int rep = 0; rep < 3; rep++) {
                 struct plan_result *r = NULL;
-                double t0 = now_ms();
+                double t0 = util_now_ms();
                 int rc = plan_make(&s, devs, N, &o, &r, err, sizeof err);
-                double dt = now_ms() - t0;
+                double dt = util_now_ms() - t0;
                 if (rc) { fprintf(stderr, "plan failed: %s\n", err); return 1; }
                 if (dt < best) best = dt;
                 plan_result_free(keep);

@@ -21,6 +21,7 @@
 #include <uv.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 static const char *url_base;
 static struct net_tls_ctx *tls;
@@ -29,13 +30,6 @@ static uint64_t bytes_each = 1 << 20;
 static uint32_t latency_rounds;
 static uint64_t done_ends, failed, opened, closed_ends;
 static double t_start;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Message k of a direction: a 12-byte header (bridge, direction, k) then bytes of a random
  * base buffer starting at an offset that depends on k: a lost, reordered or altered message
@@ -86,7 +80,7 @@ static void pump(struct end *e)
 static void finish_check(void)
 {
     if (done_ends == 2ull * n_bridges) {
-        double dt = now_s() - t_start;
+        double dt = util_now_s() - t_start;
         double total = 2.0 * n_bridges * (double)bytes_each;
         printf("relay load: %u bridges x %llu bytes each way: %.0f MB moved in %.2f s = %.1f MB/s, "
                "%llu messages checked, %llu failures\n",
@@ -112,7 +106,7 @@ static void on_open(struct net_ws *ws, void *ud)
     e->open = true;
     if (++opened == 2ull * n_bridges) {
         fprintf(stderr, "relay load: %u bridges open, transfer starts\n", n_bridges);
-        t_start = now_s();
+        t_start = util_now_s();
         for (uint32_t i = 0; i < 2 * n_bridges; i++)
             pump(&ends[i]);
     }
@@ -202,10 +196,10 @@ static int run_load(void)
         base_buf[i] = (uint8_t)rand();
     for (int i = 0; i < 4; i++)
         rnd[i] = (uint8_t)rand();
-    double t0 = now_s();
+    double t0 = util_now_s();
     dial_more();
     uv_run(loop, UV_RUN_DEFAULT);
-    fprintf(stderr, "relay load: whole run %.2f s\n", now_s() - t0);
+    fprintf(stderr, "relay load: whole run %.2f s\n", util_now_s() - t0);
     if (opened < 2ull * n_bridges)
         fprintf(stderr, "only %llu of %u ends opened\n", (unsigned long long)opened, 2 * n_bridges);
     free(ends);
@@ -225,7 +219,7 @@ static void lat_send(void)
 {
     uint8_t m[64];
     memset(m, (int)round_i, sizeof m);
-    t_sent = now_s();
+    t_sent = util_now_s();
     net_ws_send(lat[0].ws, NET_WS_BINARY, m, sizeof m);
 }
 
@@ -248,7 +242,7 @@ static void lat_msg(struct net_ws *ws, int op, const uint8_t *d, size_t n, void 
         net_ws_send(ws, NET_WS_BINARY, d, n); /* echo */
         return;
     }
-    rtts[round_i++] = now_s() - t_sent;
+    rtts[round_i++] = util_now_s() - t_sent;
     if (round_i < latency_rounds) {
         lat_send();
     } else {
@@ -290,11 +284,11 @@ static double direct_tcp_median(uint32_t k)
     double *d = malloc(k * sizeof *d);
     uint8_t m[64] = {0};
     for (uint32_t i = 0; i < k; i++) {
-        double t0 = now_s();
+        double t0 = util_now_s();
         if (send(c, m, sizeof m, 0) != sizeof m || recv(s, m, sizeof m, MSG_WAITALL) != sizeof m ||
             send(s, m, sizeof m, 0) != sizeof m || recv(c, m, sizeof m, MSG_WAITALL) != sizeof m)
             return -1;
-        d[i] = now_s() - t0;
+        d[i] = util_now_s() - t0;
     }
     qsort(d, k, sizeof *d, cmp_d);
     double med = d[k / 2];

@@ -21,6 +21,7 @@
 #include "kvd/kvd.h"
 #include "net/net.h"
 #include "tests/t.h"
+#include "util/util.h"
 
 /* ---------------------------------------------------------------- relay on a thread */
 
@@ -126,9 +127,7 @@ static inline int tc_relay_stop(struct tc_relay *t)
 
 static inline uint64_t tc_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return util_now_ns() / 1000000;
 }
 
 static inline int tc_connect(int port)

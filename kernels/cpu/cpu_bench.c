@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "kernels/internal.h"
+#include "util/util.h"
 
 struct bw_job {
     const uint64_t *buf;
@@ -25,13 +26,6 @@ static void bw_task(void *ctx, int ith, int nth)
     j->sink[ith & 63] = s0 + s1 + s2 + s3;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double kern_bench_bandwidth(struct kern_pool *p, size_t bytes)
 {
     if (bytes < (1 << 20))
@@ -44,9 +38,9 @@ double kern_bench_bandwidth(struct kern_pool *p, size_t bytes)
     struct bw_job j = {.buf = buf, .words = bytes / 8};
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        double t0 = util_now_s();
         kern__pool_run(p, bw_task, &j);
-        double gbs = (double)bytes / (now_s() - t0) / 1e9;
+        double gbs = (double)bytes / (util_now_s() - t0) / 1e9;
         best = gbs > best ? gbs : best;
     }
     free(buf);

@@ -57,13 +57,6 @@ static struct csess *cs_find(struct kvd_compute *c, uint64_t id, struct csess **
     return NULL;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void put32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
@@ -73,7 +66,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
 {
     struct kvd_backend *b = c->b;
     const struct kvd_backend_ops *ops = b->ops;
-    double t0 = now_ms();
+    double t0 = util_now_ms();
     j->rc = 0;
     if (j->kind == KVD_JOB_OPEN) {
         int rc = ops->session_new(b->impl, j->session);
@@ -208,7 +201,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         j->out_type = NET_F_ACT;
         j->out_flags = j->flags & NET_FL_LAST;
     }
-    j->ms = now_ms() - t0;
+    j->ms = util_now_ms() - t0;
 }
 
 static void *thread_main(void *arg)

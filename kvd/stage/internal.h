@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 struct model_vocab;
 struct gguf_file;

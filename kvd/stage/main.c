@@ -8,6 +8,7 @@
 #include "ringlib/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
+#include "util/util.h"
 
 struct opt {
     const char *name, *arg, *help;
@@ -16,10 +17,8 @@ struct opt {
 
 static int parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long x = strtoul(v, &end, 10);
-    if (errno || *end || !*v || x < lo || x > hi)
+    uint64_t x;
+    if (util_parse_u64(v, lo, hi, 0, &x, NULL, 0) < 0)
         return -EINVAL;
     *out = (uint32_t)x;
     return 0;
@@ -127,7 +126,7 @@ int kvd_stage_main(int argc, char **argv)
             fprintf(stderr, "kvd stage: %s\n", err);
             return 1;
         }
-        net_hex(net_identity_pub(id), 32, hex);
+        util_hex_encode(net_identity_pub(id), 32, hex);
         printf("%s\n", hex);
         net_identity_free(id);
         return 0;

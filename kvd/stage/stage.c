@@ -115,20 +115,6 @@ struct stage {
 
 static const struct net_link_cbs link_cbs;
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint32_t rd32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -164,7 +150,7 @@ static struct sess *sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
         return NULL;
     s->id = id;
     s->n_ctx = n_ctx;
-    s->last_active_ms = now_ms();
+    s->last_active_ms = util_now_ns() / 1000000;
     s->next = st->sessions;
     st->sessions = s;
     st->n_sessions++;
@@ -257,7 +243,7 @@ static void sess_finish(struct stage *st, struct sess *s, const char *reason, co
         if (error) {
             cJSON_AddStringToObject(o, "error", error);
         } else {
-            double t_end = (double)now_ns() / 1e6;
+            double t_end = util_now_ms();
             cJSON_AddBoolToObject(o, "done", 1);
             const char *tail = NULL;
             size_t tl = 0;
@@ -421,12 +407,6 @@ static void client_send(struct client *c, const char *line)
 
 static cJSON *status_json(struct stage *st);
 
-static double jnum(const cJSON *o, const char *k, double def)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
-}
-
 static void stage_shutdown(struct stage *st, const char *why);
 
 static void handle_generate(struct stage *st, struct client *c, const cJSON *req)
@@ -488,7 +468,7 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     uint64_t id = 0;
     while (id == 0 || sess_find(st, id) || recently_closed(st, id))
         RAND_bytes((unsigned char *)&id, sizeof id);
-    double n_gen = jnum(req, "n", 32);
+    double n_gen = util_json_number(req, "n", 32);
     uint32_t max_gen = n_gen < 0 ? 0 : n_gen > st->m.n_ctx ? st->m.n_ctx : (uint32_t)n_gen;
     struct sess *s = sess_new(st, id, st->m.n_ctx);
     if (!s) {
@@ -518,19 +498,19 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
                 s->stop[s->n_stop++] = strdup(v->valuestring);
         }
     }
-    s->t_start = (double)now_ns() / 1e6;
+    s->t_start = util_now_ms();
     if (st->be.vocab && model_detok_new(&s->detok, st->be.vocab, false, false) < 0)
         s->detok = NULL;
     struct net_open_params p = {0};
-    p.seed = (uint64_t)jnum(req, "seed", 0);
-    p.temperature = (float)jnum(req, "temp", 0);
-    p.top_k = (int32_t)jnum(req, "top_k", 0);
-    p.top_p = (float)jnum(req, "top_p", 1);
-    p.min_p = (float)jnum(req, "min_p", 0);
-    p.repeat_penalty = (float)jnum(req, "repeat_penalty", 1);
-    p.freq_penalty = (float)jnum(req, "freq_penalty", 0);
-    p.presence_penalty = (float)jnum(req, "presence_penalty", 0);
-    p.penalty_last_n = (int32_t)jnum(req, "repeat_last_n", 64);
+    p.seed = (uint64_t)util_json_number(req, "seed", 0);
+    p.temperature = (float)util_json_number(req, "temp", 0);
+    p.top_k = (int32_t)util_json_number(req, "top_k", 0);
+    p.top_p = (float)util_json_number(req, "top_p", 1);
+    p.min_p = (float)util_json_number(req, "min_p", 0);
+    p.repeat_penalty = (float)util_json_number(req, "repeat_penalty", 1);
+    p.freq_penalty = (float)util_json_number(req, "freq_penalty", 0);
+    p.presence_penalty = (float)util_json_number(req, "presence_penalty", 0);
+    p.penalty_last_n = (int32_t)util_json_number(req, "repeat_last_n", 64);
     p.max_tokens = max_gen;
     p.n_ctx = st->m.n_ctx;
     uint8_t flags = s->want_logits ? NET_FL_LOGITS : 0;
@@ -669,7 +649,7 @@ static void on_token(struct stage *st, struct sess *s, const struct net_frame_hd
     float lp;
     memcpy(&lp, payload + 4, 4);
     if (s->n_gen == 0)
-        s->t_first = (double)now_ns() / 1e6;
+        s->t_first = util_now_ms();
     s->hist[s->n_hist++] = tok;
     s->n_gen++;
     if ((h->flags & NET_FL_LOGITS) && s->want_logits) {
@@ -742,7 +722,7 @@ static void on_job_done(struct kvd_job *j, void *ud)
         kvd_job_free(j);
         return;
     }
-    s->last_active_ms = now_ms();
+    s->last_active_ms = util_now_ns() / 1000000;
     if (j->rc < 0) {
         char msg[300];
         snprintf(msg, sizeof msg, "rank %u: %s", st->rank, j->err);
@@ -810,7 +790,7 @@ static void stage_dial_out(struct stage *st);
 static void send_ping(struct conn *c)
 {
     uint8_t b[8];
-    c->ping_sent_ns = now_ns();
+    c->ping_sent_ns = util_now_ns();
     wr32(b, (uint32_t)c->ping_sent_ns);
     wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
     send_frame(c, NET_F_PING, 0, 0, 0, 0, b, 8);
@@ -848,7 +828,7 @@ static void on_established(struct conn *c)
         st->redial_ms = 0;
     }
     c->up = true;
-    c->last_rx_ms = now_ms();
+    c->last_rx_ms = util_now_ns() / 1000000;
     net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
@@ -872,7 +852,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
         if (c->role == CONN_OUT) {
             uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
             if (sent == c->ping_sent_ns)
-                c->rtt_ms = (double)(now_ns() - sent) / 1e6;
+                c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
         }
         return;
     case NET_F_HELLO:
@@ -1014,7 +994,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
         j->in = in;
         j->in_len = h->payload_len;
         s->next_pos += h->n_tokens;
-        s->last_active_ms = now_ms();
+        s->last_active_ms = util_now_ns() / 1000000;
         kvd_compute_submit(st->comp, j);
         return;
     }
@@ -1039,7 +1019,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
             VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
         if (s->n_hist >= s->n_ctx)
             VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
-        s->last_active_ms = now_ms();
+        s->last_active_ms = util_now_ns() / 1000000;
         on_token(st, s, h, payload);
         return;
     }
@@ -1072,7 +1052,7 @@ static void on_frame_up(struct conn *c, const struct net_frame_hdr *h, const uin
 static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload)
 {
     struct conn *c = net_link_ud(l);
-    c->last_rx_ms = now_ms();
+    c->last_rx_ms = util_now_ns() / 1000000;
     if (c->up) {
         on_frame_up(c, h, payload);
         return;
@@ -1219,7 +1199,7 @@ static void stage_dial_in(struct stage *st)
     c->st = st;
     c->role = CONN_PENDING;
     c->relay_in = true;
-    c->last_rx_ms = now_ms();
+    c->last_rx_ms = util_now_ns() / 1000000;
     int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, HS_MAX_PAYLOAD);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, uv_strerror(rc));
@@ -1264,7 +1244,7 @@ static void on_accept(struct net_listener *ls, struct net_link *l, void *ud)
     c->st = st;
     c->role = CONN_PENDING;
     c->link = l;
-    c->last_rx_ms = now_ms();
+    c->last_rx_ms = util_now_ns() / 1000000;
     net_link_set_ud(l, c);
     c->next = st->pending;
     st->pending = c;
@@ -1277,7 +1257,7 @@ static void on_accept(struct net_listener *ls, struct net_link *l, void *ud)
 static void tick_cb(uv_timer_t *t)
 {
     struct stage *st = t->data;
-    uint64_t now = now_ms();
+    uint64_t now = util_now_ns() / 1000000;
     if (out_up(st))
         send_ping(st->out);
     struct conn *links[2] = {st->in, st->out};
@@ -1633,7 +1613,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     uv_signal_start(&st->sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
     char key[65];
-    net_hex(net_identity_pub(st->id), 32, key);
+    util_hex_encode(net_identity_pub(st->id), 32, key);
     kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
             "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
             me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,

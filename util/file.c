@@ -1,0 +1,70 @@
+/* util/file.c — a whole file into memory, under a cap, for the small JSON and text inputs
+ * (manifests, descriptors, device profiles, tokenizer input). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+#define SETERR(...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); } while (0)
+
+int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, size_t *len, char *err,
+                          size_t errlen)
+{
+    /* grow as the data comes (a stream has no size to ask), reading one byte past max to tell
+     * "exactly max" from "more" */
+    size_t cap = max < 65536 ? max + 1 : 65536, n = 0;
+    *buf = NULL;
+    *len = 0;
+    char *b = malloc(cap + 1);
+    if (!b) {
+        SETERR("%s: out of memory", name);
+        return -ENOMEM;
+    }
+    for (;;) {
+        size_t k = fread(b + n, 1, cap - n, f);
+        n += k;
+        if (n > max) {
+            free(b);
+            SETERR("%s: larger than %zu bytes", name, max);
+            return -EFBIG;
+        }
+        if (n < cap) { /* fread stops short only at the end or on an error */
+            if (ferror(f)) {
+                int e = errno ? errno : EIO;
+                free(b);
+                SETERR("%s: %s", name, strerror(e));
+                return -e;
+            }
+            break;
+        }
+        size_t nc = cap > max / 2 ? max + 1 : cap * 2;
+        char *p = realloc(b, nc + 1);
+        if (!p) {
+            free(b);
+            SETERR("%s: out of memory", name);
+            return -ENOMEM;
+        }
+        b = p;
+        cap = nc;
+    }
+    b[n] = 0;
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errlen)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        SETERR("%s: %s", path, strerror(e));
+        return -e;
+    }
+    int rc = util_file_read_stream(f, path, max, buf, len, err, errlen);
+    fclose(f);
+    return rc;
+}

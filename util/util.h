@@ -1,0 +1,78 @@
+/* util — the small helpers every module shares: number parsing with bounds, byte and hex
+ * formatting, reading a whole file under a cap, the monotonic clock, numbers from cJSON
+ * objects. The bottom layer: it depends on no other module (docs/design.md, "Module layout").
+ *
+ * Conventions as elsewhere: actions return 0 or a negative errno and put the reason in
+ * err/errlen (err may be NULL when the caller prints its own message). */
+#ifndef KVASIR_UTIL_H
+#define KVASIR_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct cJSON;
+
+/* ------------------------------------------------------------------ numbers (util/parse.c) */
+
+/* Flag for util_parse_u64 and util_parse_double: accept one trailing K, M or G (either case)
+ * that multiplies by 1024, 1024^2 or 1024^3 before the bounds are checked. */
+#define UTIL_PARSE_SUFFIX 1u
+
+/* Read decimal digits at *p, advancing *p past them: 0, -EINVAL when there is no digit,
+ * -ERANGE when the value exceeds max (*p is then left unchanged). */
+int util_scan_u64(const char **p, uint64_t max, uint64_t *out);
+/* The whole of s as an unsigned decimal in [lo, hi] (no sign, no spaces): 0 or -EINVAL. */
+int util_parse_u64(const char *s, uint64_t lo, uint64_t hi, unsigned flags, uint64_t *out,
+                   char *err, size_t errlen);
+/* The whole of s as a signed decimal in [lo, hi] (an optional + or -): 0 or -EINVAL. */
+int util_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out, char *err, size_t errlen);
+/* The whole of s as a finite number in [lo, hi] (strtod syntax; NaN never passes): 0 or
+ * -EINVAL. */
+int util_parse_double(const char *s, double lo, double hi, unsigned flags, double *out, char *err,
+                      size_t errlen);
+
+/* ------------------------------------------------------------------ formatting (util/fmt.c) */
+
+/* Flag for util_fmt_bytes: powers of 1000 (kB, MB, GB, TB) instead of 1024 (KiB ... TiB). */
+#define UTIL_FMT_SI 1u
+
+/* v bytes for people: "512 B", or the largest unit that keeps the number >= 1 with
+ * `decimals` places ("12.75 MiB"). Writes at most n bytes, NUL-terminated. */
+void util_fmt_bytes(char *buf, size_t n, double v, int decimals, unsigned flags);
+/* n bytes as 2n lower-case hex digits plus a NUL into out (2n + 1 bytes). */
+void util_hex_encode(const void *src, size_t n, char *out);
+/* Exactly 2n hex digits (either case) from s into n bytes: 0, or -EINVAL for another length
+ * or a character that is not a hex digit (dst may then be partly written). */
+int util_hex_decode(const char *s, void *dst, size_t n);
+/* The value of one hex digit, or -1. */
+int util_hex_digit(int c);
+
+/* ------------------------------------------------------------------ files (util/file.c) */
+
+/* The whole of path into *buf (malloc'd, NUL-terminated; the caller frees), its length in *len:
+ * 0, -errno from opening or reading ("PATH: reason"), -EFBIG past max bytes ("PATH: larger
+ * than MAX bytes") or -ENOMEM; on failure *buf is NULL and *len 0. */
+int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *err, size_t errlen);
+/* The same from an open stream (not closed); name labels the messages. */
+int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, size_t *len, char *err,
+                          size_t errlen);
+
+/* ------------------------------------------------------------------ clock (util/time.c) */
+
+/* The monotonic clock (CLOCK_MONOTONIC) in nanoseconds, milliseconds and seconds. */
+uint64_t util_now_ns(void);
+double util_now_ms(void);
+double util_now_s(void);
+
+/* ------------------------------------------------------------------ JSON (util/json.c) */
+
+/* The number under key in object o, or def when it is absent or not a number. */
+double util_json_number(const struct cJSON *o, const char *key, double def);
+/* The number under key in [lo, hi] into *out: 0; 1 when absent and not required (*out
+ * untouched); -EINVAL when required and absent, or not a number in range ("CTX: 'KEY' ..."). */
+int util_json_number_in(const struct cJSON *o, const char *key, double lo, double hi, bool required,
+                        double *out, const char *ctx, char *err, size_t errlen);
+
+#endif
