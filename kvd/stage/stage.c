@@ -282,7 +282,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         goto fail_loop;
     }
     if (!via_relay) {
-        rc = net_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st, HS_MAX_PAYLOAD, err, sizeof err);
+        rc = net_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
+                              HS_MAX_PAYLOAD, err, sizeof err);
         if (rc < 0) {
             kvd_log(KVD_LOG_ERROR, "%s", err);
             goto fail_loop;
