@@ -1,5 +1,6 @@
 /* kvctl/common.c — what several kvctl commands share: option-value parsing, the sampling
- * options of generate (one process and through a ring), token-id lists, a clock. */
+ * options of generate (one process and through a ring) with its stop strings and logits
+ * dump, token-id lists, a clock. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -107,4 +108,34 @@ int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
     }
     default: return 1;
     }
+}
+
+int kvctl_stop_add(const char *s, const char **stops, uint32_t max, uint32_t *n)
+{
+    if (!s[0])
+        return 0;
+    if (strlen(s) > MODEL_GEN_STOP_MAX) {
+        fprintf(stderr, "--stop: a stop string has at most %d bytes, '%.20s...' has %zu\n",
+                MODEL_GEN_STOP_MAX, s, strlen(s));
+        return -EINVAL;
+    }
+    if (*n >= max) {
+        fprintf(stderr, "--stop: at most %u stop strings\n", max);
+        return -EINVAL;
+    }
+    stops[(*n)++] = s;
+    return 0;
+}
+
+int kvctl_dump_logits(const char *path, const float *logits, size_t n)
+{
+    FILE *f = logits ? fopen(path, "wb") : NULL;
+    int rc = !logits ? -ENOENT : !f ? -errno : 0;
+    if (f && fwrite(logits, sizeof *logits, n, f) != n)
+        rc = -EIO;
+    if (f && fclose(f) != 0 && rc == 0)
+        rc = -EIO;
+    if (rc < 0)
+        fprintf(stderr, "kvctl generate: no logits to dump to %s\n", path);
+    return rc;
 }

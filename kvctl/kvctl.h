@@ -64,5 +64,12 @@ enum {
 /* Applies sampling option c (a KVCTL_OPT_* code) to *sp: 0, -EINVAL after a message on
  * stderr, or 1 when c is not a sampling option. */
 int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp);
+/* --stop S of generate (one process or through a ring): appends S to stops[*n] (borrowed),
+ * at most max of them; an empty S is ignored, as rank 0 ignores it. 0, or -EINVAL after a
+ * message on stderr (too many, or S longer than a stop string may be). */
+int kvctl_stop_add(const char *s, const char **stops, uint32_t max, uint32_t *n);
+/* --dump-logits FILE of generate: n floats, raw little-endian f32. 0, or -errno after
+ * "kvctl generate: no logits to dump to FILE" on stderr. */
+int kvctl_dump_logits(const char *path, const float *logits, size_t n);
 
 #endif

@@ -181,12 +181,15 @@ static void generate_usage(FILE *f)
         "  --ctx N            context length (default: the model's, at most 4096)\n"
         "  --ignore-eos       keep going past the end-of-text token\n"
         "  --ids              print token ids instead of text\n"
+        "  --stop S           stop when the generated text contains S (repeatable)\n"
+        "  --dump-logits FILE write the last sampled position's logits (raw f32) to FILE\n"
         "Streams the generated text to stdout; prompt and generation speed go to stderr.\n"
         "Through a running ring: kvctl generate --ring DIR|ring.json|unix:SOCKET ... (the same\n"
         "options; kvctl generate --ring DIR --help).\n");
 }
 
-enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_BATCH, OPT_BW };
+enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
+       OPT_BATCH, OPT_BW };
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
@@ -195,11 +198,15 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         KVCTL_SAMPLING_OPTIONS, {"tokens", required_argument, 0, OPT_TOKENS},
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"ids", no_argument, 0, OPT_IDS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ids", no_argument, 0, OPT_IDS}, {"stop", required_argument, 0, OPT_STOP},
+        {"dump-logits", required_argument, 0, OPT_DUMP}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     for (int i = 1; i < argc; i++)   /* through a running ring: kvctl_ring.c */
         if (!strcmp(argv[i], "--ring"))
             return kvctl_ring_generate(argc, argv);
-    const char *path = NULL, *prompt = NULL, *toks = NULL;
+    const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL;
+    const char *stops[MODEL_GEN_MAX_STOPS];
+    uint32_t n_stops = 0;
     long n_gen = 64, threads = 0, ctx = 0;
     bool ignore_eos = false, print_ids = false;
     struct model_sampler_params sp;
@@ -217,6 +224,8 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case OPT_IGNORE_EOS: ignore_eos = true; break;
         case OPT_IDS: print_ids = true; break;
+        case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
+        case OPT_DUMP: dump = optarg; break;
         case 'h': generate_usage(stdout); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -251,7 +260,8 @@ int kvctl_cmd_generate(int argc, char **argv)
     struct runner r;
     struct model_sampler *smp = NULL;
     struct model_vocab *voc = NULL;
-    struct model_detok *dt = NULL;
+    struct model_gen *gen = NULL;
+    float *last_logits = NULL;
     if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0)
         return 1;
     char err[MODEL_ERR_LEN];
@@ -276,15 +286,22 @@ int kvctl_cmd_generate(int argc, char **argv)
         ret = 2;
         goto out;
     }
-    if (!print_ids && (rc = model_detok_new(&dt, voc, false, false)) < 0)
-        goto out;
     /* As through a ring: the prompt must fit; the generation stops at the context. */
     if (n_prompt >= r.n_ctx) {
         fprintf(stderr, "kvctl generate: the prompt's %u tokens do not fit the context of %u "
                 "(--ctx): at most %u\n", n_prompt, r.n_ctx, r.n_ctx - 1);
         goto out;
     }
-    bool ctx_full = false;
+    /* Rank 0's bookkeeping: without a vocabulary (--ids) no token ends the text, as before. */
+    struct model_gen_params gp = {.n_ctx = r.n_ctx, .max_gen = (uint32_t)n_gen, .eos = -1,
+                                  .ignore_eos = ignore_eos};
+    if ((rc = model_gen_new(&gen, voc, &gp, tokens, n_prompt)) < 0 ||
+        (rc = model_gen_set_stops(gen, stops, n_stops)) < 0) {
+        fprintf(stderr, "kvctl generate: %s\n", strerror(-rc));
+        goto out;
+    }
+    if (dump && !(last_logits = malloc((size_t)r.hp->n_vocab * sizeof *last_logits)))
+        goto out;
     rc = model_sampler_new(&smp, &sp, r.hp->n_vocab);
     if (rc < 0) {
         fprintf(stderr, "kvctl generate: sampler: %s\n", strerror(-rc));
@@ -301,56 +318,57 @@ int kvctl_cmd_generate(int argc, char **argv)
         goto out;
     }
     double t1 = util_now_s();
-    uint32_t pos = n_prompt, n_done = 0;
-    for (long g = 0; g < n_gen; g++) {
+    bool dumped = false;
+    uint32_t pos = n_prompt;
+    while (model_gen_reason(gen) == MODEL_GEN_RUNNING) {
+        if (last_logits) {   /* raw logits, before the sampler touches them (as a ring) */
+            memcpy(last_logits, r.logits, (size_t)r.hp->n_vocab * sizeof *last_logits);
+            dumped = true;
+        }
         int32_t tok = model_sampler_sample(smp, r.logits, NULL);
         if (tok < 0) {
+            model_gen_fail(gen);
             fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
             goto out;
         }
-        n_done++;
-        if (voc && !ignore_eos && model_vocab_is_eog(voc, tok))
+        struct model_gen_step st;
+        model_gen_push(gen, tok, &st);
+        if (!st.emit)
             break;
         model_sampler_accept(smp, tok);
-        if (dt) {
-            const char *txt;
-            size_t len;
-            if (model_detok_push(dt, tok, &txt, &len) == 0)
-                fwrite(txt, 1, len, stdout);
-        } else {
-            printf("%s%d", g ? " " : "", tok);
-        }
+        if (print_ids)
+            printf("%s%d", model_gen_n_gen(gen) > 1 ? " " : "", tok);
+        else
+            fwrite(st.text, 1, st.len, stdout);
         fflush(stdout);
-        if (g + 1 == n_gen)
+        if (st.reason != MODEL_GEN_RUNNING)
             break;
-        if (n_prompt + n_done >= r.n_ctx) {
-            ctx_full = true;
-            break;
-        }
         if ((rc = runner_feed(&r, pos, &tok, 1, NULL)) < 0) {
             fprintf(stderr, "kvctl generate: %s\n", feed_error(rc));
             goto out;
         }
         pos++;
     }
-    if (dt) {
-        const char *txt;
-        size_t len;
-        if (model_detok_flush(dt, &txt, &len) == 0)
-            fwrite(txt, 1, len, stdout);
-    }
+    const char *txt;
+    size_t len;
+    if (!print_ids && model_gen_flush(gen, &txt, &len) == 0 && txt)
+        fwrite(txt, 1, len, stdout);
     printf("\n");
     fflush(stdout);   /* the text before the statistics, also when both go to one pipe */
     double t2 = util_now_s();
+    uint32_t n_done = model_gen_n_gen(gen);
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
-    if (ctx_full)
+    if (model_gen_reason(gen) == MODEL_GEN_CONTEXT)
         fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
                 "tokens (--ctx %u)\n", n_prompt, n_done, r.n_ctx);
     ret = 0;
+    if (dump && kvctl_dump_logits(dump, dumped ? last_logits : NULL, r.hp->n_vocab) < 0)
+        ret = 1;
 out:
-    model_detok_free(dt);
+    free(last_logits);
+    model_gen_free(gen);
     model_vocab_free(voc);
     model_sampler_free(smp);
     runner_free(&r);

@@ -910,8 +910,9 @@ int kvctl_ring_generate(int argc, char **argv)
     bool ignore_eos = false, ids = false;
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
+    const char *stops[MODEL_GEN_MAX_STOPS];
+    uint32_t n_stops = 0;
     cJSON *req = cJSON_CreateObject();
-    cJSON *stop = cJSON_CreateArray();
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
@@ -927,26 +928,23 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_IEOS: ignore_eos = true; break;
         case O_IDS: ids = true; break;
         case O_DUMP: dump = optarg; break;
-        case O_STOP: cJSON_AddItemToArray(stop, cJSON_CreateString(optarg)); break;
-        case 'h': gen_usage(stdout); cJSON_Delete(req); cJSON_Delete(stop); return 0;
+        case O_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
+        case 'h': gen_usage(stdout); cJSON_Delete(req); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
                 gen_usage(stderr);
                 cJSON_Delete(req);
-                cJSON_Delete(stop);
                 return 2;
             }
         }
         if (rc < 0) {
             cJSON_Delete(req);
-            cJSON_Delete(stop);
             return 2;
         }
     }
     if (!ring || (!prompt && !toks) || optind != argc) {
         gen_usage(stderr);
         cJSON_Delete(req);
-        cJSON_Delete(stop);
         return 2;
     }
     cJSON_AddStringToObject(req, "op", "generate");
@@ -955,7 +953,6 @@ int kvctl_ring_generate(int argc, char **argv)
         uint32_t n;
         if (kvctl_parse_tokens(toks, 1u << 20, &t, &n) < 0) {
             cJSON_Delete(req);
-            cJSON_Delete(stop);
             return 2;
         }
         cJSON *a = cJSON_AddArrayToObject(req, "tokens");
@@ -976,7 +973,9 @@ int kvctl_ring_generate(int argc, char **argv)
     cJSON_AddNumberToObject(req, "presence_penalty", sp.presence_penalty);
     cJSON_AddBoolToObject(req, "ignore_eos", ignore_eos);
     cJSON_AddBoolToObject(req, "logits", dump != NULL);
-    cJSON_AddItemToObject(req, "stop", stop);
+    cJSON *stop = cJSON_AddArrayToObject(req, "stop");
+    for (uint32_t i = 0; i < n_stops; i++)
+        cJSON_AddItemToArray(stop, cJSON_CreateString(stops[i]));
     if (sp.seed > (1ull << 53))
         fprintf(stderr, "kvctl generate: warning: --seed above 2^53 loses precision in the request\n");
     char *line = cJSON_PrintUnformatted(req);
@@ -1027,20 +1026,18 @@ int kvctl_ring_generate(int argc, char **argv)
         fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
                 "tokens (the ring's ctx)\n", n_prompt, n_gen_done);
     int ret = 0;
-    if (dump) {
+    if (dump) {   /* as the one-process generate writes them */
         const cJSON *lg = cJSON_GetObjectItemCaseSensitive(g.done_obj, "logits");
-        FILE *f = fopen(dump, "wb");
-        if (!cJSON_IsArray(lg) || !f) {
-            fprintf(stderr, "kvctl generate: no logits to dump to %s\n", dump);
-            ret = 1;
-        } else {
-            for (const cJSON *x = lg->child; x; x = x->next) {
-                float fv = (float)x->valuedouble;
-                fwrite(&fv, 4, 1, f);
-            }
+        int n = cJSON_IsArray(lg) ? cJSON_GetArraySize(lg) : 0;
+        float *v = n > 0 ? malloc((size_t)n * sizeof *v) : NULL;
+        if (v) {
+            int i = 0;
+            for (const cJSON *x = lg->child; x && i < n; x = x->next)
+                v[i++] = (float)x->valuedouble;
         }
-        if (f)
-            fclose(f);
+        if (kvctl_dump_logits(dump, v, v ? (size_t)n : 0) < 0)
+            ret = 1;
+        free(v);
     }
     cJSON_Delete(g.done_obj);
     return ret;

@@ -6,7 +6,7 @@
  * of a ring: rank 0 calls model_embed, every stage model_window_run on the boundary rows,
  * the last rank model_head and the sampler.
  *
- * Sections: [window + executor + sampler] (issue 3) and [tokenizer] (issue 4).
+ * Sections: [window + executor + sampler], [tokenizer] and [generation].
  */
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
@@ -197,5 +197,70 @@ void model_detok_free(struct model_detok *d);
 int model_detok_push(struct model_detok *d, int32_t id, const char **text, size_t *len);
 /* End of stream: whatever is pending (an unfinished character becomes U+FFFD). */
 int model_detok_flush(struct model_detok *d, const char **text, size_t *len);
+
+/* ================================ generation ================================ */
+
+/* The bookkeeping of one generation, as rank 0 of a ring and a one-process run keep it: the
+ * token history (prompt, then generated), the streamed text (model_detok), stop strings and
+ * the reason the generation ends. It runs and samples nothing: the caller pushes each sampled
+ * token and is told what text to emit and whether to stop. Conditions, in the order they are
+ * checked after each token: end of generation (the vocabulary's EOS/EOT list, or the eos id
+ * without a vocabulary; the token is not part of the text), max_gen tokens generated, the
+ * context full (prompt + generated = n_ctx), a stop string in the generated text (the token
+ * that completes it is emitted). */
+
+enum model_gen_reason {
+    MODEL_GEN_RUNNING = 0,
+    MODEL_GEN_EOS,      /* "eos" */
+    MODEL_GEN_LENGTH,   /* "length" */
+    MODEL_GEN_CONTEXT,  /* "context" */
+    MODEL_GEN_STOP,     /* "stop": a stop string */
+    MODEL_GEN_ERROR,    /* "error": model_gen_fail */
+};
+
+#define MODEL_GEN_MAX_STOPS 16   /* stop strings at most */
+#define MODEL_GEN_STOP_MAX 255   /* bytes of one stop string at most */
+
+struct model_gen_params {
+    uint32_t n_ctx;     /* positions: the history holds at most n_ctx tokens */
+    uint32_t max_gen;   /* tokens to generate; 0 ends at once (length) */
+    int32_t eos;        /* end-of-text id used without a vocabulary, -1 none */
+    bool ignore_eos;    /* never stop at end-of-text tokens */
+};
+
+struct model_gen;
+/* v (may be NULL: no text, no stop strings) is borrowed for g's life. The prompt's
+ * n_prompt ids (1 <= n_prompt < n_ctx, else -EINVAL) are copied into the history. -ENOMEM. */
+int model_gen_new(struct model_gen **out, const struct model_vocab *v,
+                  const struct model_gen_params *p, const int32_t *prompt, uint32_t n_prompt);
+void model_gen_free(struct model_gen *g);
+/* Stop strings, copied (replacing earlier ones): -EINVAL for more than MODEL_GEN_MAX_STOPS or
+ * one empty or longer than MODEL_GEN_STOP_MAX bytes, -ENOMEM. A match is searched only in the
+ * tail of the text where one can start after the newest piece. */
+int model_gen_set_stops(struct model_gen *g, const char *const *stops, uint32_t n);
+
+struct model_gen_step {
+    const char *text;   /* the text this token completes (borrowed until the next call on g);
+                         * NULL without a vocabulary, "" when nothing is complete yet */
+    size_t len;
+    bool emit;          /* the token is output (false for the end-of-text token) */
+    enum model_gen_reason reason;   /* MODEL_GEN_RUNNING: generate the next one */
+};
+/* Record the sampled token tok: appended to the history, its text streamed (a token the
+ * detokeniser refuses adds no text), the stop conditions checked. 0, or -EINVAL when g has
+ * already ended. */
+int model_gen_push(struct model_gen *g, int32_t tok, struct model_gen_step *st);
+/* End with an error (reason MODEL_GEN_ERROR) unless g has already ended. */
+void model_gen_fail(struct model_gen *g);
+enum model_gen_reason model_gen_reason(const struct model_gen *g);
+/* "eos", "length", "context", "stop", "error" ("" while running). Static. */
+const char *model_gen_reason_name(enum model_gen_reason r);
+/* The history, prompt first (borrowed, valid until the next push); its length in *n. */
+const int32_t *model_gen_history(const struct model_gen *g, uint32_t *n);
+uint32_t model_gen_n_prompt(const struct model_gen *g);
+uint32_t model_gen_n_gen(const struct model_gen *g);
+/* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
+ * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */
+int model_gen_flush(struct model_gen *g, const char **text, size_t *len);
 
 #endif

@@ -2,8 +2,9 @@
 # test-model-kvctl: kvctl generate / logits / bench end to end on the shared test models.
 # Greedy generation from a text prompt prints exactly llama.cpp's generated text (stories260K,
 # both cases) and, with --ids, its token ids; a seed reproduces a sampled run; logits from a
-# text prompt equal the reference's first rows within tolerance; bench prints pp/tg figures;
-# bad input is refused with a usage status.
+# text prompt equal the reference's first rows within tolerance; --stop ends the text at a stop
+# string and --dump-logits writes the last position's logits, as through a ring; bench prints
+# pp/tg figures; bad input is refused with a usage status.
 set -u
 KVCTL=${KV_BUILD:-build}/kvctl
 DATA=${KV_TESTDATA:-../shared/testdata}
@@ -41,6 +42,47 @@ b=$("$KVCTL" generate -m "$M" -p "Lily" -n 40 --temp 1.2 --top-k 0 --top-p 1 --m
 c=$("$KVCTL" generate -m "$M" -p "Lily" -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed 12 --ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "seed 11 twice: '$a' vs '$b'"
 [ "$a" != "$c" ] || fail "seeds 11 and 12 gave the same 40 tokens"
+
+# --stop, as through a ring: the text ends with the token that completes the stop string (one
+# may span tokens) and is a prefix of the full run; with --ids the ids are a prefix too;
+# limits refused.
+full=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 2>/dev/null)
+full_ids=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 --ids 2>/dev/null)
+for s in park "k." "ily. S"; do
+    got=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 --stop zzz --stop "$s" 2>"$T/err") ||
+        fail "--stop '$s': $(cat "$T/err")"
+    case "$got" in *"$s"*) ;; *) fail "--stop '$s': '$got' does not hold it" ;; esac
+    case "$full" in "$got"*) ;; *) fail "--stop '$s': '$got' is not a prefix of '$full'" ;; esac
+    [ "${#got}" -lt "${#full}" ] || fail "--stop '$s': did not stop early"
+    ids=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 --ids --stop "$s" 2>/dev/null)
+    n=$(echo "$ids" | wc -w)
+    [ -n "$ids" ] && [ "$(echo "$full_ids" | cut -d' ' -f1-"$n")" = "$ids" ] && [ "$n" -lt 40 ] ||
+        fail "--ids --stop '$s': '$ids' is not a short prefix of '$full_ids'"
+    grep -q "generation: $n tokens" "$T/err" || fail "--stop '$s': $n tokens, stderr: $(cat "$T/err")"
+done
+"$KVCTL" generate -m "$M" -p "Once" -n 4 --stop "$(printf 'x%.0s' $(seq 256))" >/dev/null 2>&1
+[ $? = 2 ] || fail "--stop longer than 255 bytes accepted"
+"$KVCTL" generate -m "$M" -p "Once" -n 4 $(for i in $(seq 17); do echo --stop s$i; done) >/dev/null 2>&1
+[ $? = 2 ] || fail "17 --stop strings accepted"
+
+# --dump-logits: the raw f32 logits of the last sampled position; greedy, their argmax is the
+# last id printed, and they equal `kvctl logits` of the same tokens' last row.
+ids=$("$KVCTL" generate -m "$M" --tokens 1,403,407,261 -n 6 --temp 0 --ignore-eos --ids \
+      --dump-logits "$T/d.f32" 2>"$T/err") || fail "--dump-logits: $(cat "$T/err")"
+[ "$(stat -c %s "$T/d.f32" 2>/dev/null)" = $((512 * 4)) ] || fail "--dump-logits: size"
+fed="1,403,407,261,$(echo "$ids" | cut -d' ' -f1-5 | tr ' ' ',')"
+"$KVCTL" logits -m "$M" --tokens "$fed" -o "$T/all.f32" 2>/dev/null || fail "logits of $fed"
+python3 - "$T/d.f32" "$T/all.f32" "${ids##* }" <<'EOF' || fail "--dump-logits: not the last position's logits"
+import struct, sys
+d = struct.unpack('<512f', open(sys.argv[1], 'rb').read())
+a = open(sys.argv[2], 'rb').read()
+r = struct.unpack('<512f', a[-2048:])
+assert max(range(512), key=lambda i: d[i]) == int(sys.argv[3]), "argmax"
+e = sum((p - q) ** 2 for p, q in zip(d, r)) / sum(q * q for q in r)
+assert e < 1e-6, e
+EOF
+"$KVCTL" generate -m "$M" -p "Once" -n 0 --dump-logits "$T/none.f32" >/dev/null 2>"$T/err"
+[ $? = 1 ] && grep -q "no logits" "$T/err" || fail "-n 0 --dump-logits: $(cat "$T/err")"
 
 # Logits from a text prompt: the reference's prompt rows (same tokens, same positions).
 J=$DATA/ref/stories260K.once.json

@@ -9,10 +9,12 @@ PROMPT=1,400,300,200,100
 N=24
 for name in stories260K.gguf TinyStories-656K-Q8_0.gguf synth-llama-spm512-q4_0.gguf; do
     M=$(need_model $name) || exit 1
-    one=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 2>/dev/null) || fail "$name: one-process generate"
+    one=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/one.lg" 2>/dev/null) ||
+        fail "$name: one-process generate"
     ref=$("$TOOLS/tool-ring-ref" -m "$M" --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/ref.lg") ||
         fail "$name: reference tool"
     [ "$one" = "$ref" ] || fail "$name: reference tool disagrees with kvctl generate: '$ref' vs '$one'"
+    cmp -s "$TMP/one.lg" "$TMP/ref.lg" || fail "$name: kvctl generate -m --dump-logits differs from the reference tool's"
     seeded=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0.8 --top-p 0.9 --seed 42 2>/dev/null) ||
         fail "$name: seeded one-process generate"
     for n in 1 2 3 4; do
@@ -79,18 +81,20 @@ grep -q "window verified against catalog" "$d/rank-1/kvd.log" || fail "the windo
 ring_down "$d"
 echo "ok mini-GGUF windows"
 
-# Text in, text out: -p through the ring prints what one process prints (stop strings too).
+# Text in, text out: -p through the ring prints what one process prints, stop strings too
+# (the same --stop on both: the same text, ending at the stop string).
 M=$(need_model stories260K.gguf) || exit 1
 d="$TMP/text"
 ring_up "$d" --model "$M" --stages 3
-for extra in "" "--stop park"; do
-    one=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 2>/dev/null) || fail "one-process -p"
+for extra in "" "--stop park" "--stop zzz --stop k."; do   # k.: "park" and "." are two tokens
+    one=$("$KVCTL" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 $extra 2>/dev/null) || fail "one-process -p $extra"
     out=$("$KVCTL" generate --ring "$d" -p "Once upon a time" -n 40 --temp 0 $extra 2>"$TMP/err") || fail "ring -p: $(cat "$TMP/err")"
-    if [ -z "$extra" ]; then
-        [ "$out" = "$one" ] || fail "text differs: ring '$out' vs one process '$one'"
+    [ "$out" = "$one" ] || fail "text differs ($extra): ring '$out' vs one process '$one'"
+    if [ -n "$extra" ]; then
+        case "$out" in *"${extra##* }") ;; *) fail "$extra: the text does not end at the stop string: '$out'" ;; esac
+        case "$full" in "$out"*) ;; *) fail "$extra: '$out' is not a prefix of '$full'" ;; esac
     else
-        case "$out" in *park) ;; *) fail "--stop park: the text does not end at the stop string: '$out'" ;; esac
-        case "$one" in "$out"*) ;; *) fail "--stop park: '$out' is not a prefix of '$one'" ;; esac
+        full=$out
     fi
 done
 ring_down "$d"

@@ -25,11 +25,13 @@ struct kvd_compute {
     uint32_t wire_dsize;
     kvd_job_done_cb done;
     void *ud;
+    kvd_compute_closed_cb closed;   /* kvd_compute_stop's: after everything is freed */
+    void *closed_ud;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct kvd_job *in_head, *in_tail, *out_head, *out_tail;
-    bool stop, started;
+    bool stop;
     struct csess *sessions;     /* compute thread only */
     float *x, *logits;          /* compute thread scratch */
     size_t x_cap;
@@ -267,21 +269,37 @@ int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backen
     c->wire_dsize = wire_dsize;
     c->done = done;
     c->ud = ud;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    int rc = uv_async_init(loop, &c->async, on_async);
-    if (rc < 0) {
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
         free(c);
-        return rc;
+        return -ENOMEM;
     }
+    if (pthread_cond_init(&c->cv, NULL) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return -ENOMEM;
+    }
+    /* The thread first: it touches the async handle only for a job, and none can be submitted
+     * before we return, so a failed handle is undone here without a loop turn. */
+    int rc = -EAGAIN;
+    if (pthread_create(&c->thread, NULL, thread_main, c) != 0)
+        goto fail_thread;
+    rc = uv_async_init(loop, &c->async, on_async);
+    if (rc < 0)
+        goto fail_async;
     c->async.data = c;
-    if (pthread_create(&c->thread, NULL, thread_main, c) != 0) {
-        uv_close((uv_handle_t *)&c->async, NULL);
-        return -EAGAIN;   /* c leaks only on this start failure path: the async holds it */
-    }
-    c->started = true;
     *out = c;
     return 0;
+fail_async:
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+fail_thread:
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return rc;
 }
 
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
@@ -310,13 +328,19 @@ static void on_async_closed(uv_handle_t *h)
     free(c->logits);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    kvd_compute_closed_cb closed = c->closed;
+    void *ud = c->closed_ud;
     free(c);
+    if (closed)
+        closed(ud);
 }
 
-void kvd_compute_stop(struct kvd_compute *c)
+void kvd_compute_stop(struct kvd_compute *c, kvd_compute_closed_cb closed, void *ud)
 {
     if (!c)
         return;
+    c->closed = closed;
+    c->closed_ud = ud;
     pthread_mutex_lock(&c->mu);
     c->stop = true;
     pthread_cond_signal(&c->cv);
@@ -328,7 +352,6 @@ void kvd_compute_stop(struct kvd_compute *c)
         kvd_job_free(j);
         j = n;
     }
-    if (c->started)
-        pthread_join(c->thread, NULL);
+    pthread_join(c->thread, NULL);
     uv_close((uv_handle_t *)&c->async, on_async_closed);
 }

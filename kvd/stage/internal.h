@@ -1,16 +1,29 @@
 /* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable (the
- * model, or a deterministic stand-in for network tests) and the compute thread. */
+ * model, or a deterministic stand-in for network tests), the compute thread, and the loop
+ * side's state and files. Those files form an order, each using only the ones below it:
+ *   conn.c      a link's frame output, its closing, protocol violations
+ *   session.c   sessions, rank 0's client streams and generation (model_gen), compute results
+ *   frames.c    the session frames arriving on a link, checked against the manifest
+ *   link.c      predecessor and successor links: dial, accept, handshake, breakage
+ *   control.c   the control socket (generate, status, shutdown) and the status object
+ *   stage.c     the struct's start and stop, the periodic tick, signals
+ * control.c asks for a shutdown through stage->shutdown, the one call upwards. */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 #include <uv.h>
+
+#include "kvd/kvd.h"
+#include "ringlib/ring.h"
 
 #include "net/net.h"
 #include "util/util.h"
 
 struct model_vocab;
+struct model_gen;
 struct gguf_file;
 
 struct kvd_backend_ops {
@@ -81,9 +94,156 @@ typedef void (*kvd_job_done_cb)(struct kvd_job *j, void *ud);
 int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backend *b,
                     uint32_t wire_dsize, kvd_job_done_cb done, void *ud);
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j);
-/* Stop the thread (pending jobs are dropped) and close the async handle; freed later. */
-void kvd_compute_stop(struct kvd_compute *c);
+/* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
+ * c is freed in the handle's close callback, which then calls closed(ud) (may be NULL): from
+ * then on nothing of c touches the backend. c == NULL: nothing happens, closed is not called. */
+typedef void (*kvd_compute_closed_cb)(void *ud);
+void kvd_compute_stop(struct kvd_compute *c, kvd_compute_closed_cb closed, void *ud);
 void kvd_job_free(struct kvd_job *j);
 
+/* ============================ the loop side ============================ */
+
+#define MAX_PENDING_LINKS 8
+#define CLOSED_RING 256
+#define CTL_LINE_MAX (1u << 20)
+#define LINK_SILENCE_MS 15000   /* an established link with nothing received is dead */
+#define PING_MS 1000
+/* Until a link's handshake is done only HELLO, AUTH and ERROR may come: a small cap, so an
+ * unauthenticated peer cannot make us buffer a boundary-sized frame. */
+#define HS_MAX_PAYLOAD (4 + NET_ERR_MAX)
+
+enum { CONN_PENDING, CONN_IN, CONN_OUT };
+
+struct conn {
+    struct stage *st;
+    struct net_link *link;
+    struct net_handshake *hs;
+    int role;
+    bool up;
+    uint32_t peer_rank;
+    uint64_t last_rx_ms, ping_sent_ns;
+    double rtt_ms;
+    bool relay_in;              /* our in-link, dialled out to a relay (relay:// endpoint) */
+    struct conn *next;          /* pending list */
+};
+
+struct client;
+
+struct sess {
+    uint64_t id;
+    struct sess *next;
+    uint32_t n_ctx, next_pos;   /* next position expected on the in link */
+    uint64_t last_active_ms;
+    /* rank 0 */
+    struct client *client;
+    struct model_gen *gen;      /* history, streamed text, stop conditions */
+    bool want_logits;
+    float *last_logits;
+    double t_start, t_first;
+};
+
+struct client {
+    uv_pipe_t pipe;
+    struct stage *st;
+    char *buf;
+    size_t len;
+    bool closing, got_request;
+    struct sess *sess;
+    struct client *next;
+};
+
+struct stage {
+    uv_loop_t *loop;
+    struct kvd_stage_opts o;
+    struct ring_manifest m;
+    uint32_t rank, n, pred, succ;
+    bool is_last;
+    struct net_identity *id;
+    struct kvd_backend be;
+    bool be_open;
+    struct kvd_compute *comp;
+    struct net_listener *ls;
+    uv_pipe_t ctl;
+    bool ctl_open;
+    struct net_http_server *http; /* --seed: windows of what this stage holds */
+    struct seed_server *seeder;
+    uv_timer_t tick, redial;
+    uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
+    uint32_t redial_in_ms;
+    uv_signal_t sigterm, sigint;
+    struct conn *in, *out, *pending;
+    uint32_t redial_ms;
+    struct sess *sessions;
+    uint32_t n_sessions;
+    uint64_t closed[CLOSED_RING];
+    uint32_t closed_pos;
+    struct client *clients;
+    bool shutting_down;
+    uint32_t max_payload, chunk;
+    char sock_path[512];
+    /* Set by stage.c: the control socket's shutdown request (control.c lies below it). */
+    void (*shutdown)(struct stage *st, const char *why);
+    /* statistics */
+    uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
+    double compute_ms;
+    uint64_t dec_steps;
+    double dec_ms;
+};
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void wr32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+
+/* conn.c */
+bool kvd_conn_out_up(struct stage *st);
+int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
+                  uint32_t n_tokens, const void *payload, size_t len);
+void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg);
+void kvd_conn_close(struct conn *c, const char *reason);
+/* Close the link for a protocol violation: log, tell the peer, close. */
+void kvd_conn_violation(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Close the link for a violation and leave the calling handler. */
+#define VIOLATION(c, ...) do { kvd_conn_violation(c, __VA_ARGS__); return; } while (0)
+void kvd_conn_ping(struct conn *c);
+
+/* session.c */
+struct cJSON;
+struct sess *kvd_sess_find(struct stage *st, uint64_t id);
+bool kvd_sess_recently_closed(struct stage *st, uint64_t id);
+struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
+void kvd_sess_drop(struct stage *st, struct sess *s);
+void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
+void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
+void kvd_sess_fail_all(struct stage *st, const char *msg);
+void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
+                          uint32_t pos, uint8_t flags);
+/* Positions the session's history holds at rank 0 (prompt + generated), 0 elsewhere. */
+uint32_t kvd_sess_n_hist(const struct sess *s);
+void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+                       const uint8_t *payload);
+void kvd_sess_on_job_done(struct kvd_job *j, void *ud);
+void kvd_client_send(struct client *c, const char *line);
+void kvd_client_send_json(struct client *c, struct cJSON *o);   /* frees o */
+void kvd_client_error(struct client *c, const char *msg);
+void kvd_client_close(struct client *c);
+void kvd_client_on_closed(uv_handle_t *h);
+
+/* frames.c: a frame on an established link. */
+void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);
+
+/* link.c */
+extern const struct net_link_cbs kvd_link_cbs;
+void kvd_link_dial_out(struct stage *st);
+void kvd_link_dial_in(struct stage *st);
+void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud);
+
+/* control.c: the control socket's connection callback. */
+void kvd_ctl_on_conn(uv_stream_t *server, int status);
 
 #endif

@@ -1,0 +1,65 @@
+/* conn.c — one link of the stage as the other files use it: send a frame, send an ERROR,
+ * ping, close, and close for a protocol violation. The lowest of the loop side's files. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
+#include "net/net.h"
+
+bool kvd_conn_out_up(struct stage *st) { return st->out && st->out->up; }
+
+int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
+                  uint32_t n_tokens, const void *payload, size_t len)
+{
+    if (!c || !c->up)
+        return -ENOTCONN;
+    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = type, .flags = flags, .session = session,
+                              .pos = pos, .n_tokens = n_tokens};
+    return net_link_send(c->link, &h, payload, len);
+}
+
+void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg)
+{
+    size_t n = strlen(msg);
+    if (n > NET_ERR_MAX)
+        n = NET_ERR_MAX;
+    uint8_t buf[4 + NET_ERR_MAX];
+    wr32(buf, code);
+    memcpy(buf + 4, msg, n);
+    if (c && c->link && !net_link_is_closing(c->link)) {
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ERROR, .session = session};
+        net_link_send(c->link, &h, buf, 4 + n);
+    }
+}
+
+void kvd_conn_close(struct conn *c, const char *reason)
+{
+    if (c->link)
+        net_link_close(c->link, reason);
+}
+
+/* Close the link for a protocol violation: log, tell the peer, close. */
+void kvd_conn_violation(struct conn *c, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kvd_log(KVD_LOG_WARN, "link %s (%s): closing: %s", c->role == CONN_OUT ? "out" : "in",
+            net_link_peer(c->link), msg);
+    kvd_conn_send_error(c, 0, 2, msg);
+    kvd_conn_close(c, msg);
+}
+
+void kvd_conn_ping(struct conn *c)
+{
+    uint8_t b[8];
+    c->ping_sent_ns = util_now_ns();
+    wr32(b, (uint32_t)c->ping_sent_ns);
+    wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
+    kvd_conn_send(c, NET_F_PING, 0, 0, 0, 0, b, 8);
+}

@@ -1,0 +1,309 @@
+/* control.c — rank 0's (and every stage's) control socket: one JSON request per connection
+ * (generate, status, shutdown), a generate request opened as a session whose tokens stream
+ * back on the same connection, and the status object. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/rand.h>
+
+#include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
+#include "model/model.h"
+#include "net/net.h"
+
+/* ================================ status ================================ */
+
+static cJSON *link_json(struct stage *st, struct conn *c, bool out)
+{
+    cJSON *o = cJSON_CreateObject();
+    uint32_t peer = out ? st->succ : st->pred;
+    cJSON_AddNumberToObject(o, "peer_rank", peer);
+    cJSON_AddStringToObject(o, "endpoint", out ? st->m.ranks[peer].endpoint : "");
+    cJSON_AddStringToObject(o, "state", !c ? "down" : c->up ? "up" : "handshake");
+    if (c && c->link) {
+        cJSON_AddStringToObject(o, "peer", net_link_peer(c->link));
+        cJSON_AddNumberToObject(o, "bytes_in", (double)net_link_bytes_in(c->link));
+        cJSON_AddNumberToObject(o, "bytes_out", (double)net_link_bytes_out(c->link));
+    }
+    if (out && c)
+        cJSON_AddNumberToObject(o, "rtt_ms", c->rtt_ms);
+    return o;
+}
+
+static cJSON *status_json(struct stage *st)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "ring", st->m.ring);
+    cJSON_AddNumberToObject(o, "rank", st->rank);
+    cJSON_AddNumberToObject(o, "n_ranks", st->n);
+    cJSON *w = cJSON_AddArrayToObject(o, "window");
+    cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].first));
+    cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].last));
+    cJSON_AddStringToObject(o, "arch", st->be.arch);
+    cJSON_AddStringToObject(o, "dtype", st->m.dtype);
+    cJSON_AddNumberToObject(o, "pid", getpid());
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)st->be.weight_bytes);
+    cJSON_AddItemToObject(o, "in", link_json(st, st->in, false));
+    cJSON_AddItemToObject(o, "out", link_json(st, st->out, true));
+    uint32_t pend = 0;
+    for (struct conn *p = st->pending; p; p = p->next)
+        pend++;
+    cJSON_AddNumberToObject(o, "pending_links", pend);
+    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->in && st->in->up);
+    cJSON_AddNumberToObject(o, "sessions", st->n_sessions);
+    cJSON_AddNumberToObject(o, "steps", (double)st->steps);
+    cJSON_AddNumberToObject(o, "rows", (double)st->rows);
+    cJSON_AddNumberToObject(o, "ms_per_token", st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0);
+    cJSON_AddNumberToObject(o, "compute_ms", st->compute_ms);
+    uint64_t frames = st->act_frames_out + st->tok_frames_out;
+    cJSON_AddNumberToObject(o, "frames_out", (double)frames);
+    cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);
+    /* Boundary (or token) bytes this stage sent per token it processed, headers included. */
+    cJSON_AddNumberToObject(o, "boundary_bytes_out", (double)st->frame_bytes_out);
+    cJSON_AddNumberToObject(o, "bytes_per_token_out",
+                            st->rows ? (double)st->frame_bytes_out / (double)st->rows : 0);
+    return o;
+}
+
+/* =============================== requests =============================== */
+
+static void handle_generate(struct stage *st, struct client *c, const cJSON *req)
+{
+    char msg[300];
+    if (st->rank != 0) {
+        kvd_client_error(c, "this stage is not rank 0: send generation requests to rank 0");
+        return;
+    }
+    if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
+        snprintf(msg, sizeof msg, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
+                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred, st->in && st->in->up ? "up" : "down");
+        kvd_client_error(c, msg);
+        return;
+    }
+    if (st->n_sessions >= st->m.max_sessions) {
+        snprintf(msg, sizeof msg, "too many sessions (%u, limit %u)", st->n_sessions, st->m.max_sessions);
+        kvd_client_error(c, msg);
+        return;
+    }
+    int32_t *toks = NULL;
+    uint32_t n_toks = 0;
+    const cJSON *jt = cJSON_GetObjectItemCaseSensitive(req, "tokens");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    if (cJSON_IsArray(jt)) {
+        int n = cJSON_GetArraySize(jt);
+        if (n < 1 || (uint32_t)n >= st->m.n_ctx) {
+            snprintf(msg, sizeof msg, "tokens: %d tokens, need 1..%u", n, st->m.n_ctx - 1);
+            kvd_client_error(c, msg);
+            return;
+        }
+        toks = malloc((size_t)n * sizeof *toks);
+        if (!toks)
+            return;
+        for (int i = 0; i < n; i++) {
+            const cJSON *v = cJSON_GetArrayItem(jt, i);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= st->be.n_vocab) {
+                snprintf(msg, sizeof msg, "tokens[%d] is not a token id in [0, %u)", i, st->be.n_vocab);
+                kvd_client_error(c, msg);
+                free(toks);
+                return;
+            }
+            toks[i] = (int32_t)v->valuedouble;
+        }
+        n_toks = (uint32_t)n;
+    } else if (cJSON_IsString(jp)) {
+        int rc = kvd_backend_tokenize(&st->be, jp->valuestring, &toks, &n_toks);
+        if (rc < 0 || n_toks == 0 || n_toks >= st->m.n_ctx) {
+            snprintf(msg, sizeof msg, "prompt: %s", rc == -ENOSYS ? "this stage has no tokenizer: send tokens"
+                     : rc < 0 ? strerror(-rc) : n_toks == 0 ? "no tokens" : "longer than the context");
+            free(toks);
+            kvd_client_error(c, msg);
+            return;
+        }
+    } else {
+        kvd_client_error(c, "generate needs tokens (array) or prompt (string)");
+        return;
+    }
+    uint64_t id = 0;
+    while (id == 0 || kvd_sess_find(st, id) || kvd_sess_recently_closed(st, id))
+        RAND_bytes((unsigned char *)&id, sizeof id);
+    double n_gen = util_json_number(req, "n", 32);
+    uint32_t max_gen = n_gen < 0 ? 0 : n_gen > st->m.n_ctx ? st->m.n_ctx : (uint32_t)n_gen;
+    struct sess *s = kvd_sess_new(st, id, st->m.n_ctx);
+    if (!s) {
+        free(toks);
+        return;
+    }
+    s->client = c;
+    c->sess = s;
+    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(req, "ignore_eos");
+    struct model_gen_params gp = {.n_ctx = st->m.n_ctx, .max_gen = max_gen, .eos = st->be.eos,
+                                  .ignore_eos = cJSON_IsTrue(ie)};
+    if (model_gen_new(&s->gen, st->be.vocab, &gp, toks, n_toks) < 0) {
+        free(toks);
+        kvd_sess_finish(st, s, NULL, "out of memory");
+        return;
+    }
+    s->want_logits = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "logits"));
+    /* Stop strings: up to MODEL_GEN_MAX_STOPS (a longer list is ignored); empty or overlong
+     * entries are skipped. */
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(req, "stop");
+    if (cJSON_IsArray(js) && cJSON_GetArraySize(js) > 0 && cJSON_GetArraySize(js) <= MODEL_GEN_MAX_STOPS) {
+        const char *stops[MODEL_GEN_MAX_STOPS];
+        uint32_t n_stops = 0;
+        for (int i = 0; i < cJSON_GetArraySize(js); i++) {
+            const cJSON *v = cJSON_GetArrayItem(js, i);
+            if (cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= MODEL_GEN_STOP_MAX)
+                stops[n_stops++] = v->valuestring;
+        }
+        if (model_gen_set_stops(s->gen, stops, n_stops) < 0) {
+            free(toks);
+            kvd_sess_finish(st, s, NULL, "out of memory");
+            return;
+        }
+    }
+    s->t_start = util_now_ms();
+    uint32_t n_hist;
+    const int32_t *hist = model_gen_history(s->gen, &n_hist);   /* the prompt, until a token */
+    struct net_open_params p = {0};
+    p.seed = (uint64_t)util_json_number(req, "seed", 0);
+    p.temperature = (float)util_json_number(req, "temp", 0);
+    p.top_k = (int32_t)util_json_number(req, "top_k", 0);
+    p.top_p = (float)util_json_number(req, "top_p", 1);
+    p.min_p = (float)util_json_number(req, "min_p", 0);
+    p.repeat_penalty = (float)util_json_number(req, "repeat_penalty", 1);
+    p.freq_penalty = (float)util_json_number(req, "freq_penalty", 0);
+    p.presence_penalty = (float)util_json_number(req, "presence_penalty", 0);
+    p.penalty_last_n = (int32_t)util_json_number(req, "repeat_last_n", 64);
+    p.max_tokens = max_gen;
+    p.n_ctx = st->m.n_ctx;
+    uint8_t flags = s->want_logits ? NET_FL_LOGITS : 0;
+    kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
+            id, n_toks, max_gen, p.temperature, p.seed);
+    /* Here: create the session's KV (and the sampler when this rank is also the last). */
+    struct kvd_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(toks);
+        kvd_sess_finish(st, s, NULL, "out of memory");
+        return;
+    }
+    j->kind = KVD_JOB_OPEN;
+    j->session = id;
+    j->open = p;
+    j->flags = flags;
+    j->tokens = toks;
+    j->n_tokens = n_toks;
+    kvd_compute_submit(st->comp, j);
+    if (!st->is_last) {
+        size_t plen = NET_OPEN_LEN + (size_t)n_toks * 4;
+        uint8_t *pl = malloc(plen);
+        if (!pl) {
+            kvd_sess_finish(st, s, NULL, "out of memory");
+            return;
+        }
+        net_open_encode(&p, pl);
+        for (uint32_t i = 0; i < n_toks; i++)
+            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+        kvd_conn_send(st->out, NET_F_OPEN, flags, id, 0, n_toks, pl, plen);
+        free(pl);
+    }
+    if (model_gen_reason(s->gen) != MODEL_GEN_RUNNING) {   /* -n 0 */
+        kvd_sess_finish(st, s, model_gen_reason_name(model_gen_reason(s->gen)), NULL);
+        return;
+    }
+    /* Chunked prefill: stages overlap on a long prompt. */
+    for (uint32_t pos = 0; pos < n_toks; pos += st->chunk) {
+        uint32_t n = n_toks - pos < st->chunk ? n_toks - pos : st->chunk;
+        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_toks ? NET_FL_LAST : 0);
+    }
+}
+
+static void handle_request(struct client *c, const char *line)
+{
+    struct stage *st = c->st;
+    cJSON *req = cJSON_Parse(line);
+    const cJSON *op = req ? cJSON_GetObjectItemCaseSensitive(req, "op") : NULL;
+    if (!cJSON_IsString(op)) {
+        kvd_client_error(c, "request must be a JSON object with an op");
+        kvd_client_close(c);
+    } else if (!strcmp(op->valuestring, "status")) {
+        kvd_client_send_json(c, status_json(st));
+        kvd_client_close(c);
+    } else if (!strcmp(op->valuestring, "shutdown")) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        kvd_client_send_json(c, o);
+        kvd_client_close(c);
+        st->shutdown(st, "shutdown requested over the control socket");
+    } else if (!strcmp(op->valuestring, "generate")) {
+        handle_generate(st, c, req);
+        if (!c->sess)
+            kvd_client_close(c);
+    } else {
+        kvd_client_error(c, "unknown op (generate, status, shutdown)");
+        kvd_client_close(c);
+    }
+    cJSON_Delete(req);
+}
+
+static void client_alloc(uv_handle_t *h, size_t sug, uv_buf_t *buf)
+{
+    (void)sug; (void)h;
+    buf->base = malloc(16384);
+    buf->len = buf->base ? 16384 : 0;
+}
+
+static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    struct client *c = s->data;
+    if (n < 0) {
+        free(buf->base);
+        kvd_client_close(c);
+        return;
+    }
+    if (n > 0 && !c->got_request && !c->closing) {
+        if (c->len + (size_t)n > CTL_LINE_MAX) {
+            kvd_client_error(c, "request line too long");
+            kvd_client_close(c);
+        } else {
+            char *nb = realloc(c->buf, c->len + (size_t)n + 1);
+            if (nb) {
+                c->buf = nb;
+                memcpy(c->buf + c->len, buf->base, (size_t)n);
+                c->len += (size_t)n;
+                c->buf[c->len] = 0;
+                char *nl = strchr(c->buf, '\n');
+                if (nl) {
+                    *nl = 0;
+                    c->got_request = true;
+                    handle_request(c, c->buf);
+                }
+            }
+        }
+    }
+    free(buf->base);
+}
+
+void kvd_ctl_on_conn(uv_stream_t *server, int status)
+{
+    struct stage *st = server->data;
+    if (status < 0 || st->shutting_down)
+        return;
+    struct client *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->st = st;
+    uv_pipe_init(st->loop, &c->pipe, 0);
+    c->pipe.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
+        uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
+        return;
+    }
+    c->next = st->clients;
+    st->clients = c;
+    uv_read_start((uv_stream_t *)&c->pipe, client_alloc, client_on_read);
+}

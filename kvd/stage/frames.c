@@ -1,0 +1,227 @@
+/* frames.c — the frames of an established link, each checked against the manifest before
+ * anything acts on it (a violation closes only that link, telling the peer why): PING/PONG
+ * on both links; from the predecessor the session frames (OPEN, ACT, TOKEN, CLOSE, ERROR);
+ * from the successor only a session's ERROR on its way back to rank 0. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
+#include "net/net.h"
+
+void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload)
+{
+    struct stage *st = c->st;
+    const char *tn = net_frame_type_name(h->type);
+    switch (h->type) {
+    case NET_F_PING:
+        if (h->payload_len != 8)
+            VIOLATION(c, "PING payload_len %u is not 8", h->payload_len);
+        kvd_conn_send(c, NET_F_PONG, 0, 0, 0, 0, payload, 8);
+        return;
+    case NET_F_PONG:
+        if (h->payload_len != 8)
+            VIOLATION(c, "PONG payload_len %u is not 8", h->payload_len);
+        if (c->role == CONN_OUT) {
+            uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
+            if (sent == c->ping_sent_ns)
+                c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
+        }
+        return;
+    case NET_F_HELLO:
+    case NET_F_AUTH:
+        VIOLATION(c, "%s after the handshake", tn);
+    case NET_F_ERROR:
+        if (h->payload_len < 4 || h->payload_len > 4 + NET_ERR_MAX)
+            VIOLATION(c, "ERROR payload_len %u not in [4, %u]", h->payload_len, 4 + NET_ERR_MAX);
+        break;
+    default:
+        break;
+    }
+    char emsg[NET_ERR_MAX + 1] = "";
+    if (h->type == NET_F_ERROR) {
+        size_t n = h->payload_len - 4;
+        for (size_t i = 0; i < n; i++)
+            emsg[i] = payload[4 + i] >= 0x20 && payload[4 + i] != 0x7f ? (char)payload[4 + i] : '?';
+        emsg[n] = 0;
+        if (h->session == 0) {   /* about the link itself */
+            kvd_log(KVD_LOG_WARN, "link %s (%s): peer reports: %s", c->role == CONN_OUT ? "out" : "in",
+                    net_link_peer(c->link), emsg);
+            char r[NET_ERR_MAX + 40];
+            snprintf(r, sizeof r, "peer reported: %s", emsg);
+            kvd_conn_close(c, r);
+            return;
+        }
+    }
+    if (c->role == CONN_OUT) {
+        if (h->type != NET_F_ERROR)
+            VIOLATION(c, "%s frame from the successor (only PING/PONG/ERROR travel back)", tn);
+        /* A session's ERROR coming back: pass it on towards rank 0. */
+        struct sess *bs = kvd_sess_find(st, h->session);
+        if (!bs)
+            return;
+        if (st->rank == 0) {
+            kvd_sess_finish(st, bs, NULL, emsg);
+        } else {
+            kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
+            if (st->in && st->in->up)
+                kvd_conn_send(st->in, NET_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
+            kvd_sess_drop(st, bs);
+        }
+        return;
+    }
+    /* In link: the session frames of the ring. */
+    struct sess *s = kvd_sess_find(st, h->session);
+    bool stale = !s && kvd_sess_recently_closed(st, h->session);
+    switch (h->type) {
+    case NET_F_OPEN: {
+        if (st->rank == 0)
+            VIOLATION(c, "OPEN arrived at rank 0 (rank 0 opens sessions)");
+        if (s || stale)
+            VIOLATION(c, "OPEN for session %016" PRIx64 " which %s", h->session,
+                             s ? "is already open" : "was just closed");
+        if (h->session == 0)
+            VIOLATION(c, "OPEN for session 0");
+        if (h->n_tokens < 1 || h->n_tokens >= st->m.n_ctx)
+            VIOLATION(c, "OPEN n_tokens %u not in [1, %u)", h->n_tokens, st->m.n_ctx);
+        if (h->payload_len != NET_OPEN_LEN + (uint64_t)h->n_tokens * 4)
+            VIOLATION(c, "OPEN payload_len %u, expected %u + 4 x n_tokens %u", h->payload_len,
+                             NET_OPEN_LEN, h->n_tokens);
+        if (h->pos != 0)
+            VIOLATION(c, "OPEN pos %u is not 0", h->pos);
+        struct net_open_params p;
+        net_open_decode(payload, &p);
+        if (p.n_ctx > st->m.n_ctx || p.n_ctx <= h->n_tokens)
+            VIOLATION(c, "OPEN n_ctx %u not in (%u, %u]", p.n_ctx, h->n_tokens, st->m.n_ctx);
+        for (uint32_t i = 0; i < h->n_tokens; i++)
+            if (rd32(payload + NET_OPEN_LEN + 4 * i) >= st->be.n_vocab)
+                VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
+                                 rd32(payload + NET_OPEN_LEN + 4 * i), st->be.n_vocab);
+        if (st->n_sessions >= st->m.max_sessions) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "rank %u: too many sessions (limit %u)", st->rank, st->m.max_sessions);
+            if (kvd_conn_out_up(st))
+                kvd_conn_send_error(st->out, h->session, 3, msg);
+            return;
+        }
+        s = kvd_sess_new(st, h->session, p.n_ctx);
+        struct kvd_job *j = calloc(1, sizeof *j);
+        int32_t *toks = st->is_last ? malloc((size_t)h->n_tokens * 4) : NULL;
+        if (!s || !j || (st->is_last && !toks)) {
+            free(j);
+            free(toks);
+            if (s)
+                kvd_sess_fail(st, s, "out of memory");
+            return;
+        }
+        j->kind = KVD_JOB_OPEN;
+        j->session = h->session;
+        j->open = p;
+        j->flags = h->flags & NET_FL_LOGITS;
+        if (toks) {
+            for (uint32_t i = 0; i < h->n_tokens; i++)
+                toks[i] = (int32_t)rd32(payload + NET_OPEN_LEN + 4 * i);
+            j->tokens = toks;
+            j->n_tokens = h->n_tokens;
+        }
+        kvd_compute_submit(st->comp, j);
+        if (!st->is_last &&
+            kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+            kvd_sess_fail(st, s, msg);
+        }
+        return;
+    }
+    case NET_F_ACT: {
+        if (st->rank == 0)
+            VIOLATION(c, "ACT arrived at rank 0 from rank %u (the last rank sends TOKEN)", c->peer_rank);
+        if (!s) {
+            if (stale)
+                return;   /* in flight when the session ended */
+            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
+        }
+        if (h->n_tokens < 1 || h->n_tokens > st->m.max_batch)
+            VIOLATION(c, "ACT n_tokens %u not in [1, %u]", h->n_tokens, st->m.max_batch);
+        uint64_t want = (uint64_t)h->n_tokens * st->m.n_embd * st->m.wire_dsize;
+        if (h->payload_len != want)
+            VIOLATION(c, "ACT payload_len %u, expected n_tokens %u x n_embd %u x %u bytes = %" PRIu64,
+                             h->payload_len, h->n_tokens, st->m.n_embd, st->m.wire_dsize, want);
+        if (h->pos != s->next_pos || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
+            VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
+                             h->pos, h->n_tokens, h->session, s->next_pos, s->n_ctx);
+        struct kvd_job *j = calloc(1, sizeof *j);
+        uint8_t *in = malloc(h->payload_len);
+        if (!j || !in) {
+            free(j);
+            free(in);
+            kvd_sess_fail(st, s, "out of memory");
+            return;
+        }
+        memcpy(in, payload, h->payload_len);
+        j->kind = KVD_JOB_STEP;
+        j->session = h->session;
+        j->pos = h->pos;
+        j->n = h->n_tokens;
+        j->flags = h->flags & NET_FL_LAST;
+        j->in = in;
+        j->in_len = h->payload_len;
+        s->next_pos += h->n_tokens;
+        s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_compute_submit(st->comp, j);
+        return;
+    }
+    case NET_F_TOKEN: {
+        if (st->rank != 0)
+            VIOLATION(c, "TOKEN from rank %u, which is not the last rank (%u)", c->peer_rank,
+                             st->n - 1);
+        if (!s) {
+            if (stale)
+                return;
+            VIOLATION(c, "TOKEN for unknown session %016" PRIx64, h->session);
+        }
+        size_t want = 8 + ((h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0);
+        if (h->n_tokens != 1 || h->payload_len != want)
+            VIOLATION(c, "TOKEN n_tokens %u payload_len %u, expected 1 and %zu", h->n_tokens,
+                             h->payload_len, want);
+        uint32_t n_hist = kvd_sess_n_hist(s);
+        if (h->pos != n_hist)
+            VIOLATION(c, "TOKEN pos %u for session %016" PRIx64 ", expected %u", h->pos,
+                             h->session, n_hist);
+        uint32_t tok = rd32(payload);
+        if (tok >= st->be.n_vocab)
+            VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
+        if (n_hist >= s->n_ctx)
+            VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
+        s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_sess_on_token(st, s, h, payload);
+        return;
+    }
+    case NET_F_CLOSE:
+        if (h->payload_len != 0)
+            VIOLATION(c, "CLOSE payload_len %u is not 0", h->payload_len);
+        if (st->rank == 0)
+            return;   /* never sent to rank 0; harmless */
+        if (s)
+            kvd_sess_drop(st, s);
+        if (!st->is_last)
+            kvd_conn_send(st->out, NET_F_CLOSE, 0, h->session, 0, 0, NULL, 0);
+        return;
+    case NET_F_ERROR:
+        if (!s)
+            return;
+        if (st->rank == 0) {
+            kvd_sess_finish(st, s, NULL, emsg);
+        } else {
+            kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails upstream: %s", s->id, emsg);
+            kvd_conn_send(st->out, NET_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
+            kvd_sess_drop(st, s);
+        }
+        return;
+    default:
+        VIOLATION(c, "unexpected %s frame", tn);
+    }
+}

@@ -1,0 +1,360 @@
+/* session.c — the stage's sessions: their table, how one ends (here and round the ring), the
+ * compute jobs they submit and the results that come back, and at rank 0 the client that
+ * asked for one: its stream of tokens and text, kept by the generation object (model_gen). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
+#include "model/model.h"
+#include "net/net.h"
+
+/* ================================ sessions ================================ */
+
+struct sess *kvd_sess_find(struct stage *st, uint64_t id)
+{
+    for (struct sess *s = st->sessions; s; s = s->next)
+        if (s->id == id)
+            return s;
+    return NULL;
+}
+
+bool kvd_sess_recently_closed(struct stage *st, uint64_t id)
+{
+    for (uint32_t i = 0; i < CLOSED_RING; i++)
+        if (st->closed[i] == id && id != 0)
+            return true;
+    return false;
+}
+
+struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
+{
+    struct sess *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->id = id;
+    s->n_ctx = n_ctx;
+    s->last_active_ms = (uint64_t)util_now_ms();
+    s->next = st->sessions;
+    st->sessions = s;
+    st->n_sessions++;
+    return s;
+}
+
+uint32_t kvd_sess_n_hist(const struct sess *s)
+{
+    uint32_t n = 0;
+    if (s->gen)
+        model_gen_history(s->gen, &n);
+    return n;
+}
+
+/* Forget a session here: free its KV/state on the compute thread, remember its id so late
+ * frames for it are dropped rather than treated as hostile. */
+void kvd_sess_drop(struct stage *st, struct sess *s)
+{
+    struct sess **pp = &st->sessions;
+    while (*pp && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = s->next;
+    st->n_sessions--;
+    st->closed[st->closed_pos++ % CLOSED_RING] = s->id;
+    struct kvd_job *j = calloc(1, sizeof *j);
+    if (j && st->comp) {
+        j->kind = KVD_JOB_CLOSE;
+        j->session = s->id;
+        kvd_compute_submit(st->comp, j);
+    } else
+        free(j);
+    if (s->client) {
+        s->client->sess = NULL;
+        kvd_client_close(s->client);
+    }
+    model_gen_free(s->gen);
+    free(s->last_logits);
+    free(s);
+}
+
+void kvd_client_send_json(struct client *c, cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) {
+        kvd_client_send(c, s);
+        free(s);
+    }
+    cJSON_Delete(o);
+}
+
+void kvd_client_error(struct client *c, const char *msg)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "error", msg);
+    kvd_client_send_json(c, o);
+}
+
+/* Rank 0: end a session: tell the client, send CLOSE round the ring, free it here. */
+void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error)
+{
+    uint32_t n_prompt = s->gen ? model_gen_n_prompt(s->gen) : 0;
+    uint32_t n_gen = s->gen ? model_gen_n_gen(s->gen) : 0;
+    if (s->client) {
+        cJSON *o = cJSON_CreateObject();
+        if (error) {
+            cJSON_AddStringToObject(o, "error", error);
+        } else {
+            double t_end = util_now_ms();
+            cJSON_AddBoolToObject(o, "done", 1);
+            const char *tail = NULL;
+            size_t tl = 0;
+            if (s->gen && model_gen_flush(s->gen, &tail, &tl) == 0 && tail && tl) {
+                char *tmp = malloc(tl + 1);
+                if (tmp) {
+                    memcpy(tmp, tail, tl);
+                    tmp[tl] = 0;
+                    cJSON_AddStringToObject(o, "s", tmp);
+                    free(tmp);
+                }
+            }
+            cJSON_AddStringToObject(o, "reason", reason);
+            cJSON_AddNumberToObject(o, "n_prompt", n_prompt);
+            cJSON_AddNumberToObject(o, "n_gen", n_gen);
+            cJSON_AddNumberToObject(o, "prompt_ms", s->t_first > 0 ? s->t_first - s->t_start : 0);
+            cJSON_AddNumberToObject(o, "gen_ms", s->t_first > 0 ? t_end - s->t_first : 0);
+            if (s->want_logits && s->last_logits) {
+                cJSON *a = cJSON_CreateArray();
+                char num[32];
+                for (uint32_t i = 0; i < st->be.n_vocab; i++) {
+                    /* %.9g round-trips a float exactly */
+                    snprintf(num, sizeof num, "%.9g", s->last_logits[i]);
+                    cJSON_AddItemToArray(a, cJSON_CreateRaw(num));
+                }
+                cJSON_AddItemToObject(o, "logits", a);
+            }
+        }
+        kvd_client_send_json(s->client, o);
+    }
+    kvd_log(error ? KVD_LOG_WARN : KVD_LOG_INFO, "session %016" PRIx64 " ends: %s (prompt %u, generated %u)",
+            s->id, error ? error : reason, n_prompt, n_gen);
+    if (!st->is_last)
+        kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+    kvd_sess_drop(st, s);
+}
+
+/* Any rank: the session failed here. Rank 0 tells its client; others pass ERROR on. */
+void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
+{
+    if (st->rank == 0) {
+        kvd_sess_finish(st, s, NULL, msg);
+        return;
+    }
+    kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails: %s", s->id, msg);
+    /* Forward round the ring to rank 0, or, when the way forward is down, back the way the
+     * session came: either way rank 0 hears of it and tells its client. */
+    if (kvd_conn_out_up(st))
+        kvd_conn_send_error(st->out, s->id, 1, msg);
+    else if (st->in && st->in->up)
+        kvd_conn_send_error(st->in, s->id, 1, msg);
+    kvd_sess_drop(st, s);
+}
+
+void kvd_sess_fail_all(struct stage *st, const char *msg)
+{
+    while (st->sessions)
+        kvd_sess_fail(st, st->sessions, msg);
+}
+
+void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
+                          uint32_t pos, uint8_t flags)
+{
+    struct kvd_job *j = calloc(1, sizeof *j);
+    int32_t *t = malloc(n * sizeof *t);
+    if (!j || !t) {
+        free(j);
+        free(t);
+        kvd_sess_fail(st, s, "out of memory");
+        return;
+    }
+    memcpy(t, tokens, n * sizeof *t);
+    j->kind = KVD_JOB_STEP;
+    j->session = s->id;
+    j->pos = pos;
+    j->n = n;
+    j->flags = flags;
+    j->tokens = t;
+    j->n_tokens = n;
+    kvd_compute_submit(st->comp, j);
+}
+
+/* ============================ rank 0: clients ============================ */
+
+void kvd_client_on_closed(uv_handle_t *h)
+{
+    struct client *c = h->data;
+    free(c->buf);
+    free(c);
+}
+
+static void client_on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    struct client *c = req->data;
+    free(req);
+    uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
+}
+
+void kvd_client_close(struct client *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    struct stage *st = c->st;
+    struct client **pp = &st->clients;
+    while (*pp && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = c->next;
+    if (c->sess) {   /* the client went away mid-session: end it round the ring */
+        struct sess *s = c->sess;
+        c->sess = NULL;
+        s->client = NULL;
+        kvd_sess_finish(st, s, "client gone", NULL);
+    }
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    uv_shutdown_t *sd = malloc(sizeof *sd);
+    if (sd) {
+        sd->data = c;
+        if (uv_shutdown(sd, (uv_stream_t *)&c->pipe, client_on_shutdown) == 0)
+            return;
+        free(sd);
+    }
+    uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
+}
+
+struct wreq {
+    uv_write_t req;
+    uv_buf_t buf;
+};
+
+static void client_on_written(uv_write_t *req, int status)
+{
+    (void)status;
+    struct wreq *w = (struct wreq *)req;
+    free(w->buf.base);
+    free(w);
+}
+
+void kvd_client_send(struct client *c, const char *line)
+{
+    if (c->closing)
+        return;
+    size_t n = strlen(line);
+    struct wreq *w = malloc(sizeof *w);
+    char *b = malloc(n + 1);
+    if (!w || !b) {
+        free(w);
+        free(b);
+        return;
+    }
+    memcpy(b, line, n);
+    b[n] = '\n';
+    w->buf = uv_buf_init(b, (unsigned)(n + 1));
+    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &w->buf, 1, client_on_written) < 0) {
+        free(b);
+        free(w);
+    }
+}
+
+/* ============================== rank 0: tokens ============================== */
+
+void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+                       const uint8_t *payload)
+{
+    int32_t tok = (int32_t)rd32(payload);
+    float lp;
+    memcpy(&lp, payload + 4, 4);
+    if (model_gen_n_gen(s->gen) == 0)
+        s->t_first = util_now_ms();
+    if ((h->flags & NET_FL_LOGITS) && s->want_logits) {
+        if (!s->last_logits)
+            s->last_logits = malloc((size_t)st->be.n_vocab * 4);
+        if (s->last_logits)
+            memcpy(s->last_logits, payload + 8, (size_t)st->be.n_vocab * 4);
+    }
+    /* End of generation as one process decides it (model_gen): EOS, EOT and the like (the
+     * vocabulary's list, or the file's EOS id without one), -n, the context, stop strings. */
+    struct model_gen_step g;
+    model_gen_push(s->gen, tok, &g);
+    if (s->client && g.emit) {   /* EOS ends the text; it is not part of it */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "t", tok);
+        cJSON_AddNumberToObject(o, "lp", lp);
+        if (g.text) {
+            char *tmp = malloc(g.len + 1);
+            if (tmp) {
+                memcpy(tmp, g.text, g.len);
+                tmp[g.len] = 0;
+                cJSON_AddStringToObject(o, "s", tmp);
+                free(tmp);
+            }
+        }
+        kvd_client_send_json(s->client, o);
+    }
+    if (g.reason != MODEL_GEN_RUNNING) {
+        kvd_sess_finish(st, s, model_gen_reason_name(g.reason), NULL);
+        return;
+    }
+    kvd_sess_submit_step(st, s, &tok, 1, kvd_sess_n_hist(s) - 1, NET_FL_LAST);
+}
+
+/* ============================== compute results ============================== */
+
+void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
+{
+    struct stage *st = ud;
+    struct sess *s = kvd_sess_find(st, j->session);
+    if (j->kind == KVD_JOB_CLOSE || !s || st->shutting_down) {
+        kvd_job_free(j);
+        return;
+    }
+    s->last_active_ms = (uint64_t)util_now_ms();
+    if (j->rc < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "rank %u: %s", st->rank, j->err);
+        kvd_sess_fail(st, s, msg);
+        kvd_job_free(j);
+        return;
+    }
+    if (j->kind == KVD_JOB_STEP) {
+        st->steps++;
+        st->rows += j->n;
+        st->compute_ms += j->ms;
+        if (j->n == 1) {
+            st->dec_steps++;
+            st->dec_ms += j->ms;
+        }
+        if (j->out_type) {
+            uint32_t pos = j->out_type == NET_F_TOKEN ? j->pos + j->n : j->pos;
+            uint32_t n = j->out_type == NET_F_TOKEN ? 1 : j->n;
+            int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
+                                   j->out, j->out_len);
+            if (rc < 0) {
+                char msg[300];
+                snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+                kvd_sess_fail(st, s, msg);
+            } else {
+                st->frame_bytes_out += NET_HDR_LEN + j->out_len;
+                if (j->out_type == NET_F_ACT)
+                    st->act_frames_out++;
+                else
+                    st->tok_frames_out++;
+            }
+        }
+    }
+    kvd_job_free(j);
+}
