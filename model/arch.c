@@ -104,12 +104,13 @@ const struct model_tensor_desc model_tensors_output[] = {
 
 /* Multi-token prediction combines the embedding and the hidden state; never run here, so
  * never bound (field 0). */
-#define N(nm, nd, d0, d1, fl) {nm, nd, {MODEL_DIM_##d0, MODEL_DIM_##d1, MODEL_DIM_ONE}, 0, fl, 0}
+#define N(nm, nd, d0, d1, fm, fl) \
+    {nm, nd, {MODEL_DIM_##d0, MODEL_DIM_##d1, MODEL_DIM_ONE}, MODEL_FORM_##fm, fl, 0}
 const struct model_tensor_desc model_tensors_nextn[] = {
-    N("nextn.eh_proj.weight", 2, EMBD2, EMBD, 0),
-    N("nextn.enorm.weight", 1, EMBD, ONE, F32),
-    N("nextn.hnorm.weight", 1, EMBD, ONE, F32),
-    N("nextn.shared_head_norm.weight", 1, EMBD, ONE, F32),
+    N("nextn.eh_proj.weight", 2, EMBD2, EMBD, MAT, 0),
+    N("nextn.enorm.weight", 1, EMBD, ONE, VEC, F32),
+    N("nextn.hnorm.weight", 1, EMBD, ONE, VEC, F32),
+    N("nextn.shared_head_norm.weight", 1, EMBD, ONE, VEC, F32),
     END,
 };
 
