@@ -548,9 +548,7 @@ static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
     return rc;
 }
 
-/* Writes one tensor of the architecture table: matrices in the chosen type with a scale that
- * keeps activations near unit size (sqrt(3 / cols); the embedding at 1), f32 vectors near 1
- * (norms) or 0 (biases). */
+/* The tensors being added to the writer. */
 struct synth_ctx {
     struct gguf_writer *w;
     uint32_t type;
@@ -559,6 +557,9 @@ struct synth_ctx {
     size_t n;
 };
 
+/* Adds one tensor of the architecture table: matrices in the chosen type with a scale that
+ * keeps activations near unit size (sqrt(3 / cols); the embedding at 1), f32 vectors near 1
+ * (norms) or 0 (biases). */
 static int synth_add(void *ud, const char *name, const struct model_tensor_desc *d,
                      const uint64_t ne[4])
 {
