@@ -1,5 +1,5 @@
 /* kernels/internal.h — cross-file internals of the kern module: quant block layouts (ggml's,
- * byte for byte, sizes pinned), the per-type tables and helpers shared by ref/ and cpu/.
+ * byte for byte, sizes pinned), the type-traits table and helpers shared by ref/ and cpu/.
  * Not part of the public API; tests may include it to build blocks by hand.
  */
 #ifndef KV_KERN_INTERNAL_H
@@ -7,6 +7,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -33,6 +34,11 @@ struct kern_block_q6_K {
     uint8_t ql[KERN_QK_K / 2]; uint8_t qh[KERN_QK_K / 4]; int8_t scales[KERN_QK_K / 16];
     uint16_t d;
 };
+/* Q2_K and Q3_K: layouts pinned for their sizes (no kernels read them yet). */
+struct kern_block_q2_K { uint8_t scales[KERN_QK_K / 16]; uint8_t qs[KERN_QK_K / 4]; uint16_t d, dmin; };
+struct kern_block_q3_K {
+    uint8_t hmask[KERN_QK_K / 8]; uint8_t qs[KERN_QK_K / 4]; uint8_t scales[12]; uint16_t d;
+};
 /* Activation blocks for the K types: f32 scale, bsums = sums of 16 quants. */
 struct kern_block_q8_K { float d; int8_t qs[KERN_QK_K]; int16_t bsums[KERN_QK_K / 16]; };
 
@@ -42,19 +48,56 @@ static_assert(sizeof(struct kern_block_q5_0) == 22, "q5_0 block size");
 static_assert(sizeof(struct kern_block_q5_1) == 24, "q5_1 block size");
 static_assert(sizeof(struct kern_block_q8_0) == 34, "q8_0 block size");
 static_assert(sizeof(struct kern_block_q8_1) == 36, "q8_1 block size");
+static_assert(sizeof(struct kern_block_q2_K) == 84, "q2_K block size");
+static_assert(sizeof(struct kern_block_q3_K) == 110, "q3_K block size");
 static_assert(sizeof(struct kern_block_q4_K) == 144, "q4_K block size");
 static_assert(sizeof(struct kern_block_q5_K) == 176, "q5_K block size");
 static_assert(sizeof(struct kern_block_q6_K) == 210, "q6_K block size");
 static_assert(sizeof(struct kern_block_q8_K) == 292, "q8_K block size");
 
-/* The activation type a weight type's dot product consumes (ggml's vec_dot_type). */
-uint32_t kern__vec_dot_type(uint32_t type);
-
 /* One row dot product: w is one weight row of n elements, xq the activation row already
- * converted to kern__vec_dot_type(type). */
+ * converted to the weight type's vec_dot_type. */
 typedef float (*kern__dot_fn)(const void *w, const void *xq, int64_t n);
-/* The scalar reference dot for a weight type, NULL when unsupported. */
-kern__dot_fn kern__ref_dot(uint32_t type);
+/* nb blocks of a type to f32, and f32 to nb blocks (ggml's reference rounding). */
+typedef void (*kern__to_float_fn)(const void *src, float *dst, int64_t nb);
+typedef void (*kern__from_float_fn)(const float *src, void *dst, int64_t nb);
+
+/* The type-traits table (ggml's type_traits), one entry per enum kern_type: every per-type
+ * fact and reference function of the module is read from it. */
+struct kern__type_traits {
+    const char *name;                    /* ggml's name: "f32", "q4_K" */
+    uint32_t blck_size;                  /* elements per block (1 for plain types) */
+    uint32_t type_size;                  /* bytes per block */
+    bool is_quantized;
+    bool weight;                         /* the matmuls take it as a weight type */
+    uint32_t vec_dot_type;               /* the activation type its dot consumes */
+    kern__to_float_fn to_float;          /* reference dequantiser, NULL when none */
+    kern__from_float_fn from_float_ref;  /* reference quantiser, NULL when none */
+    kern__dot_fn vec_dot;                /* reference dot against vec_dot_type, NULL when none */
+};
+/* The traits of type, NULL for a type number the table does not have. */
+const struct kern__type_traits *kern__type_traits(uint32_t type);
+
+/* The reference functions the table points at (ref_quant.c, ref_dot.c). */
+#define KERN__TYPE_FNS(t) \
+    void kern__dequant_##t(const void *src, float *y, int64_t nb); \
+    void kern__quant_##t(const float *x, void *dst, int64_t nb)
+KERN__TYPE_FNS(f32); KERN__TYPE_FNS(f16); KERN__TYPE_FNS(bf16);
+KERN__TYPE_FNS(q4_0); KERN__TYPE_FNS(q4_1); KERN__TYPE_FNS(q5_0); KERN__TYPE_FNS(q5_1);
+KERN__TYPE_FNS(q8_0); KERN__TYPE_FNS(q8_1);
+KERN__TYPE_FNS(q4_K); KERN__TYPE_FNS(q5_K); KERN__TYPE_FNS(q6_K); KERN__TYPE_FNS(q8_K);
+#undef KERN__TYPE_FNS
+float kern__dot_f32(const void *w, const void *xq, int64_t n);
+float kern__dot_f16(const void *w, const void *xq, int64_t n);
+float kern__dot_bf16(const void *w, const void *xq, int64_t n);
+float kern__dot_q4_0(const void *w, const void *xq, int64_t n);
+float kern__dot_q4_1(const void *w, const void *xq, int64_t n);
+float kern__dot_q5_0(const void *w, const void *xq, int64_t n);
+float kern__dot_q5_1(const void *w, const void *xq, int64_t n);
+float kern__dot_q8_0(const void *w, const void *xq, int64_t n);
+float kern__dot_q4_K(const void *w, const void *xq, int64_t n);
+float kern__dot_q5_K(const void *w, const void *xq, int64_t n);
+float kern__dot_q6_K(const void *w, const void *xq, int64_t n);
 
 /* Round to nearest, ties to even (ggml's nearest_int), for |f| < 2^22. */
 static inline int kern__nearest_int(float f)

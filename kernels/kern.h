@@ -26,6 +26,8 @@ enum kern_type {
     KERN_T_COUNT = 40
 };
 
+/* ggml's name of a type ("q4_K"), NULL for a type the kernels do not know. */
+const char *kern_type_name(uint32_t type);
 /* true when the kernels can compute with weights of this type. */
 bool kern_type_supported(uint32_t type);
 /* Elements per block and bytes per block (0 for an unknown type). */

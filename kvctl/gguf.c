@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
 #include "kvctl/kvctl.h"
+#include "model/model.h"
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -529,6 +530,42 @@ static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
     return rc;
 }
 
+/* The tensors being added to the writer. */
+struct synth_ctx {
+    struct gguf_writer *w;
+    uint32_t type;
+    uint64_t seed;
+    struct synth_tensor *ts;      /* live until the file is written (the fill callbacks) */
+    size_t n;
+};
+
+/* Adds one tensor of the architecture table: matrices in the chosen type with a scale that
+ * keeps activations near unit size (sqrt(3 / cols); the embedding at 1), f32 vectors near 1
+ * (norms) or 0 (biases). */
+static int synth_add(void *ud, const char *name, const struct model_tensor_desc *d,
+                     const uint64_t ne[4])
+{
+    struct synth_ctx *c = ud;
+    struct synth_tensor *t = &c->ts[c->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = d->n_dims;
+    t->ne[0] = ne[0];
+    t->ne[1] = ne[1];
+    t->seed = c->seed;
+    if (d->flags & MODEL_TF_F32) {
+        size_t len = strlen(name);
+        bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
+        t->type = GGUF_T_F32;
+        t->center = bias ? 0.0f : 1.0f;
+        t->scale = 0.1f;
+    } else {
+        t->type = c->type;
+        t->center = 0.0f;
+        t->scale = d->flags & MODEL_TF_EMBED ? 1.0f : sqrtf(3.0f / (float)ne[0]);
+    }
+    return gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
+}
+
 /* SPM vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then pieces: single characters,
  * "▁"+letter, then all lowercase strings of growing length with and without "▁". */
 struct vocab {
@@ -655,8 +692,10 @@ int kvctl_cmd_synth(int argc, char **argv)
         if (bad)
             return 2;
     }
+    /* Dense attention-only architectures: the options above are all their shapes need. */
+    const struct model_arch *ad = model_arch_find(arch);
     bool is_qwen2 = !strcmp(arch, "qwen2"), is_qwen3 = !strcmp(arch, "qwen3");
-    if (strcmp(arch, "llama") && !is_qwen2 && !is_qwen3) {
+    if (!ad || ad->moe || ad->hybrid) {
         fprintf(stderr, "kvctl synth: --arch '%s' not one of llama, qwen2, qwen3\n", arch);
         return 2;
     }
@@ -700,7 +739,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         return 2;
     }
     uint32_t be = gguf_type_info((uint32_t)type)->block_elems;
-    uint64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+    uint64_t q_dim = heads * head_dim;
     if (embd % be || ff % be || q_dim % be) {
         fprintf(stderr, "kvctl synth: embd %" PRIu64 ", ff %" PRIu64 " and heads*head-dim %" PRIu64
                 " must be multiples of the %s block size %u\n", embd, ff, q_dim, tname, be);
@@ -749,44 +788,23 @@ int kvctl_cmd_synth(int argc, char **argv)
     if (!rc) rc = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
     vocab_free(&voc);
 
-    /* tensors: token_embd, the blocks in order, output_norm, output */
-    size_t max_t = 4 + layers * 13;
-    struct synth_tensor *ts = calloc(max_t, sizeof *ts);
-    size_t nt = 0;
-    if (!ts)
+    /* tensors: as the architecture table lists them for these hyperparameters */
+    struct model_hparams hp = {
+        .n_layer = (uint32_t)layers, .n_block = (uint32_t)layers, .n_embd = (uint32_t)embd,
+        .n_ff = (uint32_t)ff, .n_head = (uint32_t)heads, .n_head_kv = (uint32_t)kv_heads,
+        .head_dim = (uint32_t)head_dim, .n_rot = (uint32_t)head_dim, .n_vocab = (uint32_t)vocab,
+    };
+    snprintf(hp.arch, sizeof hp.arch, "%s", arch);
+    struct synth_ctx sc = {.w = w, .type = (uint32_t)type, .seed = seed};
+    int max_t = model_arch_tensors(ad, &hp, tied, NULL, NULL);
+    sc.ts = calloc((size_t)max_t, sizeof *sc.ts);
+    if (!sc.ts && !rc)
         rc = -ENOMEM;
-#define ADD(nm_fmt, lay, ty, nd, n0, n1, ctr, scl) do { if (!rc) { \
-        struct synth_tensor *t_ = &ts[nt++]; snprintf(t_->name, sizeof t_->name, nm_fmt, lay); \
-        t_->type = (ty); t_->n_dims = (nd); t_->ne[0] = (n0); t_->ne[1] = (n1); \
-        t_->center = (ctr); t_->scale = (scl); t_->seed = seed; \
-        rc = gguf_writer_add_tensor_fill(w, t_->name, t_->type, t_->n_dims, t_->ne, synth_fill, t_); } } while (0)
-    uint32_t wt = (uint32_t)type;
-    float s_embd = sqrtf(3.0f / (float)embd), s_ff = sqrtf(3.0f / (float)ff), s_q = sqrtf(3.0f / (float)q_dim);
-    ADD("token_embd.weight%.0d", 0, wt, 2, embd, vocab, 0.0f, 1.0f);
-    for (uint32_t l = 0; l < layers; l++) {
-        ADD("blk.%u.attn_norm.weight", l, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
-        ADD("blk.%u.attn_q.weight", l, wt, 2, embd, q_dim, 0.0f, s_embd);
-        ADD("blk.%u.attn_k.weight", l, wt, 2, embd, kv_dim, 0.0f, s_embd);
-        ADD("blk.%u.attn_v.weight", l, wt, 2, embd, kv_dim, 0.0f, s_embd);
-        if (is_qwen2) {
-            ADD("blk.%u.attn_q.bias", l, GGUF_T_F32, 1, q_dim, 1, 0.0f, 0.1f);
-            ADD("blk.%u.attn_k.bias", l, GGUF_T_F32, 1, kv_dim, 1, 0.0f, 0.1f);
-            ADD("blk.%u.attn_v.bias", l, GGUF_T_F32, 1, kv_dim, 1, 0.0f, 0.1f);
-        }
-        if (is_qwen3) {
-            ADD("blk.%u.attn_q_norm.weight", l, GGUF_T_F32, 1, head_dim, 1, 1.0f, 0.1f);
-            ADD("blk.%u.attn_k_norm.weight", l, GGUF_T_F32, 1, head_dim, 1, 1.0f, 0.1f);
-        }
-        ADD("blk.%u.attn_output.weight", l, wt, 2, q_dim, embd, 0.0f, s_q);
-        ADD("blk.%u.ffn_norm.weight", l, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
-        ADD("blk.%u.ffn_gate.weight", l, wt, 2, embd, ff, 0.0f, s_embd);
-        ADD("blk.%u.ffn_up.weight", l, wt, 2, embd, ff, 0.0f, s_embd);
-        ADD("blk.%u.ffn_down.weight", l, wt, 2, ff, embd, 0.0f, s_ff);
+    if (!rc) {
+        int n = model_arch_tensors(ad, &hp, tied, synth_add, &sc);
+        rc = n < 0 ? n : 0;
     }
-    ADD("output_norm.weight%.0d", 0, GGUF_T_F32, 1, embd, 1, 1.0f, 0.1f);
-    if (!tied)
-        ADD("output.weight%.0d", 0, wt, 2, embd, vocab, 0.0f, s_embd);
-#undef ADD
+    size_t nt = sc.n;
     char err[GGUF_ERR_LEN] = "";
     if (!rc)
         rc = gguf_writer_write(w, out, err, sizeof err);
@@ -801,7 +819,7 @@ int kvctl_cmd_synth(int argc, char **argv)
     } else {
         fprintf(stderr, "kvctl synth: %s\n", err);
     }
-    free(ts);
+    free(sc.ts);
     gguf_writer_free(w);
     return rc ? 1 : 0;
 }

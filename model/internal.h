@@ -81,6 +81,7 @@ struct model_layer {
 
 struct model {
     struct model_hparams hp;
+    const struct model_arch *arch; /* the architecture table's entry for hp.arch */
     struct gguf_file *gf;          /* owns the mapping every pointer below points into */
     uint32_t first, last;          /* window [first, last) */
     bool has_embed, has_head;

@@ -1,6 +1,7 @@
 /* model.c — architectures and window weights: hyperparameters from GGUF metadata, the
  * tensors of layers [first, last) bound as views into the mapping (nothing is copied), every
  * shape and type checked against the hyperparameters before anything uses it. */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,25 +12,14 @@
 #include "kernels/kern.h"
 #include "model/internal.h"
 
-/* What each supported architecture needs beyond the common llama block. */
-struct arch_desc {
-    const char *name;
-    bool rope_neox;      /* rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1) */
-    bool qkv_bias;       /* attn_q/k/v.bias required */
-    bool qk_norm;        /* attn_q_norm / attn_k_norm required (per-head RMSNorm before RoPE) */
-    bool moe;            /* routed experts instead of the dense FFN */
-    bool hybrid;         /* Gated DeltaNet layers + gated full attention (qwen35 family) */
-    bool shexp;          /* shared expert with a sigmoid gate */
-};
-
-static const struct arch_desc archs[] = {
-    {"llama",     false, false, false, false, false, false},
-    {"qwen2",     true,  true,  false, false, false, false},
-    {"qwen3",     true,  false, true,  false, false, false},
-    {"qwen3moe",  true,  false, true,  true,  false, false},
-    {"qwen35",    true,  false, true,  false, true,  false},
-    {"qwen35moe", true,  false, true,  true,  true,  true},
-};
+/* Tensor types are ggml's numbers in both the file format and the kernels; model is where the
+ * two meet (kernels/ includes no GGUF header), so this is where they are pinned together. */
+#define SAME_TYPE(t) static_assert((int)KERN_T_##t == (int)GGUF_T_##t, #t " differs in kern and gguf")
+SAME_TYPE(F32); SAME_TYPE(F16); SAME_TYPE(BF16);
+SAME_TYPE(Q4_0); SAME_TYPE(Q4_1); SAME_TYPE(Q5_0); SAME_TYPE(Q5_1); SAME_TYPE(Q8_0); SAME_TYPE(Q8_1);
+SAME_TYPE(Q2_K); SAME_TYPE(Q3_K); SAME_TYPE(Q4_K); SAME_TYPE(Q5_K); SAME_TYPE(Q6_K); SAME_TYPE(Q8_K);
+SAME_TYPE(COUNT);
+#undef SAME_TYPE
 
 /* <arch>.<key> as u32: 0, or -ENOENT when absent and not required (*out keeps its default). */
 static int get_u32(const struct gguf_file *f, const char *arch, const char *key, uint32_t *out,
@@ -72,7 +62,7 @@ static int get_f32(const struct gguf_file *f, const char *arch, const char *key,
 }
 
 static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
-                        const struct arch_desc **ad, char *err, size_t errlen)
+                        const struct model_arch **ad, char *err, size_t errlen)
 {
     memset(hp, 0, sizeof *hp);
     int rc = gguf_get_str(f, "general.architecture", hp->arch, sizeof hp->arch);
@@ -80,13 +70,12 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         model__seterr(err, errlen, "metadata general.architecture missing or not a short string");
         return -EINVAL;
     }
-    *ad = NULL;
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        if (!strcmp(hp->arch, archs[i].name))
-            *ad = &archs[i];
+    *ad = model_arch_find(hp->arch);
     if (!*ad) {
-        model__seterr(err, errlen, "architecture '%s' is not supported (supported: llama, qwen2, "
-                      "qwen3, qwen3moe, qwen35, qwen35moe)", hp->arch);
+        char names[128];
+        model_arch_names(names, sizeof names);
+        model__seterr(err, errlen, "architecture '%s' is not supported (supported: %s)", hp->arch,
+                      names);
         return -ENOTSUP;
     }
     const char *a = hp->arch;
@@ -264,15 +253,12 @@ static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t r
     return 0;
 }
 
-/* A 1-D F32 vector of n elements; optional vectors may be absent (*out = NULL). */
-static int bind_vec(struct model *m, const char *name, uint32_t n, bool optional,
-                    const float **out, char *err, size_t errlen)
+/* A 1-D F32 vector of n elements. */
+static int bind_vec(struct model *m, const char *name, uint32_t n, const float **out, char *err,
+                    size_t errlen)
 {
-    *out = NULL;
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        if (optional)
-            return 0;
         model__seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
@@ -313,12 +299,10 @@ static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t r
  * gate_up tensor) of expert e is rows p*rows.. of slice e, read in place. */
 static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t rows,
                      uint32_t n, uint32_t parts, struct model_exps *out, struct model_exps *out2,
-                     bool optional, char *err, size_t errlen)
+                     char *err, size_t errlen)
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        if (optional)
-            return 0;
         model__seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
@@ -341,91 +325,66 @@ static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t 
     return 0;
 }
 
-static int bind_layer(struct model *m, const struct arch_desc *ad, uint32_t il,
-                      struct model_layer *L, char *err, size_t errlen)
+/* The tensor d describes, named name, as the view its form asks for, stored at its field of
+ * base (a struct model_layer for block tensors, the struct model for globals). An optional
+ * tensor that is absent leaves the field as it was (zero). */
+static int bind_desc(struct model *m, const struct model_tensor_desc *d, const char *name,
+                     void *base, bool optional, char *err, size_t errlen)
 {
-    const struct model_hparams *hp = &m->hp;
-    uint32_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
-    char n[96];
-    int rc;
-#define NAME(s) (snprintf(n, sizeof n, "blk.%" PRIu32 ".%s", il, s), n)
+    if (optional && !gguf_tensor_find(m->gf, name))
+        return 0;
+    /* every dimension is capped through the hyperparameters' caps, far below 2^32 */
+    uint32_t d0 = (uint32_t)model_dim_value(&m->hp, d->dims[0]);
+    uint32_t d1 = (uint32_t)model_dim_value(&m->hp, d->dims[1]);
+    uint32_t d2 = (uint32_t)model_dim_value(&m->hp, d->dims[2]);
+    void *field = (char *)base + d->field;
+    switch ((enum model_form)d->form) {
+    case MODEL_FORM_VEC: return bind_vec(m, name, d0, field, err, errlen);
+    case MODEL_FORM_ARR: return bind_f32(m, name, d0, d1, field, err, errlen);
+    case MODEL_FORM_MAT: return bind_mat(m, name, d0, d1, field, err, errlen);
+    case MODEL_FORM_EXPS: return bind_exps(m, name, d0, d1, d2, 1, field, NULL, err, errlen);
+    case MODEL_FORM_EXPS2:
+        return bind_exps(m, name, d0, d1 / 2, d2, 2, field, (struct model_exps *)field + 1, err,
+                         errlen);
+    }
+    model__seterr(err, errlen, "tensor %s: no binding for form %u", name, d->form);
+    return -EINVAL;
+}
+
+static int bind_layer(struct model *m, uint32_t il, struct model_layer *L, char *err,
+                      size_t errlen)
+{
     L->recurrent = m->recurrent[il];
-    L->attn_gated = ad->hybrid && !L->recurrent;
-    if ((rc = bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, false, &L->attn_norm, err, errlen)))
-        return rc;
-    if (L->recurrent) {
-        uint32_t d = hp->ssm_d_state, Hv = hp->ssm_dt_rank, inner = hp->ssm_d_inner;
-        uint32_t conv_dim = 2 * hp->ssm_n_group * d + inner;
-        if ((rc = bind_mat(m, NAME("attn_qkv.weight"), hp->n_embd, conv_dim, &L->wqkv, err, errlen)) ||
-            (rc = bind_mat(m, NAME("attn_gate.weight"), hp->n_embd, inner, &L->wz, err, errlen)) ||
-            (rc = bind_mat(m, NAME("ssm_beta.weight"), hp->n_embd, Hv, &L->w_beta, err, errlen)) ||
-            (rc = bind_mat(m, NAME("ssm_alpha.weight"), hp->n_embd, Hv, &L->w_alpha, err, errlen)) ||
-            (rc = bind_f32(m, NAME("ssm_conv1d.weight"), hp->ssm_conv_kernel, conv_dim, &L->conv1d, err, errlen)) ||
-            (rc = bind_vec(m, NAME("ssm_dt.bias"), Hv, false, &L->dt_bias, err, errlen)) ||
-            (rc = bind_vec(m, NAME("ssm_a"), Hv, false, &L->ssm_a, err, errlen)) ||
-            (rc = bind_vec(m, NAME("ssm_norm.weight"), d, false, &L->ssm_norm, err, errlen)) ||
-            (rc = bind_mat(m, NAME("ssm_out.weight"), inner, hp->n_embd, &L->ssm_out, err, errlen)))
+    L->attn_gated = m->arch->hybrid && !L->recurrent;
+    const struct model_tensor_desc *d =
+        m->arch->layer[L->recurrent ? MODEL_LAYER_RECURRENT : MODEL_LAYER_ATTN];
+    bool fused = false;       /* gate and up experts came as one tensor */
+    for (; d->name; d++) {
+        char n[96];
+        snprintf(n, sizeof n, "blk.%" PRIu32 ".%s", il, d->name);
+        bool optional = (d->flags & MODEL_TF_OPTIONAL) || ((d->flags & MODEL_TF_UNFUSED) && fused);
+        int rc = bind_desc(m, d, n, L, optional, err, errlen);
+        if (rc < 0)
             return rc;
-    } else {
-        uint32_t q_rows = L->attn_gated ? 2 * q_dim : q_dim;
-        if ((rc = bind_mat(m, NAME("attn_q.weight"), hp->n_embd, q_rows, &L->wq, err, errlen)) ||
-            (rc = bind_mat(m, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err, errlen)) ||
-            (rc = bind_mat(m, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err, errlen)) ||
-            (rc = bind_mat(m, NAME("attn_output.weight"), q_dim, hp->n_embd, &L->wo, err, errlen)) ||
-            (rc = bind_vec(m, NAME("attn_q.bias"), q_dim, !ad->qkv_bias, &L->bq, err, errlen)) ||
-            (rc = bind_vec(m, NAME("attn_k.bias"), kv_dim, !ad->qkv_bias, &L->bk, err, errlen)) ||
-            (rc = bind_vec(m, NAME("attn_v.bias"), kv_dim, !ad->qkv_bias, &L->bv, err, errlen)) ||
-            (rc = bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, !ad->qk_norm, &L->q_norm, err, errlen)) ||
-            (rc = bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, !ad->qk_norm, &L->k_norm, err, errlen)))
-            return rc;
-        if (!L->q_norm != !L->k_norm) {
-            model__seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
-            return -EINVAL;
-        }
+        if (d->form == MODEL_FORM_EXPS2)
+            fused = L->gate_exps.m.data != NULL;
     }
-    if ((rc = bind_vec(m, NAME(ad->hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"),
-                       hp->n_embd, false, &L->ffn_norm, err, errlen)))
-        return rc;
-    if (!ad->moe) {
-        if ((rc = bind_mat(m, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate, err, errlen)) ||
-            (rc = bind_mat(m, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err, errlen)) ||
-            (rc = bind_mat(m, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err, errlen)))
-            return rc;
-    } else {
-        uint32_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
-        if ((rc = bind_mat(m, NAME("ffn_gate_inp.weight"), E, X, &L->gate_inp, err, errlen)) ||
-            (rc = bind_exps(m, NAME("ffn_gate_up_exps.weight"), E, F, X, 2, &L->gate_exps,
-                            &L->up_exps, true, err, errlen)))
-            return rc;
-        if (!L->gate_exps.m.data &&
-            ((rc = bind_exps(m, NAME("ffn_gate_exps.weight"), E, F, X, 1, &L->gate_exps, NULL, false, err, errlen)) ||
-             (rc = bind_exps(m, NAME("ffn_up_exps.weight"), E, F, X, 1, &L->up_exps, NULL, false, err, errlen))))
-            return rc;
-        if ((rc = bind_exps(m, NAME("ffn_down_exps.weight"), F, E, X, 1, &L->down_exps, NULL, false, err, errlen)))
-            return rc;
-        if (ad->shexp) {
-            uint32_t S = hp->n_ff_shexp;
-            /* ffn_gate_inp_shexp: 1-D [n_embd] or 2-D [n_embd, 1], both one row here. */
-            if ((rc = bind_mat(m, NAME("ffn_gate_inp_shexp.weight"), E, 1, &L->gate_inp_shexp, err, errlen)) ||
-                (rc = bind_mat(m, NAME("ffn_gate_shexp.weight"), E, S, &L->gate_shexp, err, errlen)) ||
-                (rc = bind_mat(m, NAME("ffn_up_shexp.weight"), E, S, &L->up_shexp, err, errlen)) ||
-                (rc = bind_mat(m, NAME("ffn_down_shexp.weight"), S, E, &L->down_shexp, err, errlen)))
-                return rc;
-        }
+    if (!L->recurrent && !L->q_norm != !L->k_norm) {
+        model__seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
+        return -EINVAL;
     }
-#undef NAME
     return 0;
 }
 
 /* The hybrid layer schedule: attention.recurrent_layers (one flag per block) when present,
  * else layer i is full attention iff (i + 1) % full_attention_interval == 0. */
-static int layer_schedule(struct model *m, const struct arch_desc *ad, char *err, size_t errlen)
+static int layer_schedule(struct model *m, char *err, size_t errlen)
 {
     const struct model_hparams *hp = &m->hp;
     m->recurrent = calloc(hp->n_layer, sizeof *m->recurrent);
     if (!m->recurrent)
         return -ENOMEM;
-    if (!ad->hybrid)
+    if (!m->arch->hybrid)
         return 0;
     char key[128];
     snprintf(key, sizeof key, "%s.attention.recurrent_layers", hp->arch);
@@ -451,7 +410,7 @@ static int layer_schedule(struct model *m, const struct arch_desc *ad, char *err
         return 0;
     }
     for (uint32_t i = 0; i < hp->n_layer; i++)
-        m->recurrent[i] = (i + 1) % hp->full_attn_interval != 0;
+        m->recurrent[i] = model_arch_layer_kind(m->arch, hp, i) == MODEL_LAYER_RECURRENT;
     return 0;
 }
 
@@ -462,17 +421,30 @@ struct want_ctx {
     bool embed, head, tied;
 };
 
+/* A global tensor a window with (or without) the embedding and the head reads: token_embd
+ * for the embedding and a tied head, the head's own, and the rest (rope_freqs) everywhere. */
+static bool global_wanted(const struct model_tensor_desc *d, const struct want_ctx *w)
+{
+    if (d->flags & MODEL_TF_EMBED)
+        return w->embed || (w->head && w->tied);
+    if (d->flags & MODEL_TF_HEAD)
+        return w->head && !((d->flags & MODEL_TF_UNTIED) && w->tied);
+    return true;
+}
+
+static const struct model_tensor_desc *const globals[] = {model_tensors_input, model_tensors_output};
+
 static bool want_tensor(const struct gguf_tensor *t, void *ud)
 {
     const struct want_ctx *w = ud;
     int l = gguf_tensor_layer(t->name);
     if (l >= 0)
         return (uint32_t)l >= w->first && (uint32_t)l < w->last;
-    if (!strcmp(t->name, "token_embd.weight"))
-        return w->embed || (w->head && w->tied);
-    if (!strcmp(t->name, "output_norm.weight") || !strcmp(t->name, "output.weight"))
-        return w->head;
-    return !strcmp(t->name, "rope_freqs.weight");    /* every layer rotates with it */
+    for (size_t g = 0; g < sizeof globals / sizeof globals[0]; g++)
+        for (const struct model_tensor_desc *d = globals[g]; d->name; d++)
+            if (!strcmp(t->name, d->name))
+                return global_wanted(d, w);
+    return false;
 }
 
 int model_open(struct model **out, const char *path, int first, int last, char *err,
@@ -485,8 +457,7 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     int rc = gguf_file_open(&m->gf, path, err, errlen);
     if (rc < 0)
         goto fail;
-    const struct arch_desc *ad;
-    if ((rc = read_hparams(m->gf, &m->hp, &ad, err, errlen)) < 0)
+    if ((rc = read_hparams(m->gf, &m->hp, &m->arch, err, errlen)) < 0)
         goto fail;
     const struct model_hparams *hp = &m->hp;
 
@@ -530,29 +501,18 @@ int model_open(struct model **out, const char *path, int first, int last, char *
         rc = -ENOMEM;
         goto fail;
     }
-    if ((rc = layer_schedule(m, ad, err, errlen)) < 0)
+    if ((rc = layer_schedule(m, err, errlen)) < 0)
         goto fail;
     for (uint32_t il = m->first; il < m->last; il++)
-        if ((rc = bind_layer(m, ad, il, &m->layers[il - m->first], err, errlen)) < 0)
+        if ((rc = bind_layer(m, il, &m->layers[il - m->first], err, errlen)) < 0)
             goto fail;
-    /* Llama 3.1 style RoPE: one frequency divisor per rotated pair. */
-    if ((rc = bind_vec(m, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err,
-                       errlen)) < 0)
-        goto fail;
-    if (m->has_embed || (m->has_head && w.tied))
-        if ((rc = bind_mat(m, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err,
-                           errlen)) < 0)
-            goto fail;
-    if (m->has_head) {
-        if ((rc = bind_vec(m, "output_norm.weight", hp->n_embd, false, &m->output_norm, err,
-                           errlen)) < 0)
-            goto fail;
-        if (w.tied)
-            m->output = m->tok_embd;
-        else if ((rc = bind_mat(m, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err,
-                                errlen)) < 0)
-            goto fail;
-    }
+    for (size_t g = 0; g < sizeof globals / sizeof globals[0]; g++)
+        for (const struct model_tensor_desc *d = globals[g]; d->name; d++)
+            if (global_wanted(d, &w) &&
+                (rc = bind_desc(m, d, d->name, m, d->flags & MODEL_TF_OPTIONAL, err, errlen)) < 0)
+                goto fail;
+    if (m->has_head && w.tied)
+        m->output = m->tok_embd;
     *out = m;
     return 0;
 fail:

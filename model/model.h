@@ -38,6 +38,113 @@ struct model_hparams {
     uint32_t ssm_conv_kernel, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner;
 };
 
+/* ---- architectures: one table of the tensors each architecture's blocks hold ----
+ *
+ * The one description of every supported architecture's tensors: model_open binds the
+ * weights from it, the planner sizes a model it has only hyperparameters for from it, and
+ * `kvctl synth` writes files from it. Plain data; a tensor's dimensions are hyperparameter
+ * expressions (enum model_dim), evaluated by model_dim_value. */
+
+/* A tensor dimension as a function of the hyperparameters. */
+enum model_dim {
+    MODEL_DIM_ONE = 0,       /* 1 (an unused dimension) */
+    MODEL_DIM_EMBD,          /* n_embd */
+    MODEL_DIM_EMBD2,         /* 2 n_embd (the MTP projection of [embedding | hidden]) */
+    MODEL_DIM_VOCAB,         /* n_vocab */
+    MODEL_DIM_FF,            /* n_ff */
+    MODEL_DIM_Q,             /* n_head * head_dim */
+    MODEL_DIM_Q_GATED,       /* 2 n_head * head_dim: per head [q | gate] */
+    MODEL_DIM_KV,            /* n_head_kv * head_dim */
+    MODEL_DIM_HEAD,          /* head_dim */
+    MODEL_DIM_ROT_PAIRS,     /* n_rot / 2 */
+    MODEL_DIM_EXPERT,        /* n_expert */
+    MODEL_DIM_FF_EXP,        /* n_ff_exp */
+    MODEL_DIM_FF_EXP2,       /* 2 n_ff_exp (gate and up experts fused) */
+    MODEL_DIM_FF_SHEXP,      /* n_ff_shexp */
+    MODEL_DIM_CONV,          /* 2 ssm_n_group * ssm_d_state + ssm_d_inner (q | k | v channels) */
+    MODEL_DIM_CONV_KERNEL,   /* ssm_conv_kernel */
+    MODEL_DIM_INNER,         /* ssm_d_inner */
+    MODEL_DIM_DT_RANK,       /* ssm_dt_rank (value heads) */
+    MODEL_DIM_STATE,         /* ssm_d_state */
+};
+
+/* How the runtime reads a tensor. */
+enum model_form {
+    MODEL_FORM_VEC = 1,      /* 1-D f32 vector */
+    MODEL_FORM_ARR,          /* 2-D f32 array (ssm_conv1d) */
+    MODEL_FORM_MAT,          /* weight matrix of any kernel type: ne [cols, rows] */
+    MODEL_FORM_EXPS,         /* routed experts, ne [cols, rows, n_expert] */
+    MODEL_FORM_EXPS2,        /* two routed-expert tensors fused along ne[1] (gate | up) */
+};
+
+enum {
+    MODEL_TF_F32 = 1,        /* llama.cpp keeps it f32 (norms, biases, routers, SSM params) */
+    MODEL_TF_OPTIONAL = 2,   /* may be absent; files we write leave it out */
+    MODEL_TF_UNTIED = 4,     /* absent when the head reuses token_embd (tied embeddings) */
+    MODEL_TF_UNFUSED = 8,    /* absent when the fused MODEL_FORM_EXPS2 tensor is there */
+    MODEL_TF_EMBED = 16,     /* a global tensor the embedding (rank 0) reads */
+    MODEL_TF_HEAD = 32,      /* a global tensor the head (last rank) reads */
+};
+
+struct model_tensor_desc {
+    const char *name;        /* block tensors: the part after "blk.N."; globals: the name */
+    uint8_t n_dims;          /* as llama.cpp writes it */
+    uint8_t dims[3];         /* enum model_dim of ne[0], ne[1], ne[2] (MODEL_DIM_ONE past n_dims) */
+    uint8_t form;            /* enum model_form */
+    uint8_t flags;           /* MODEL_TF_* */
+    uint16_t field;          /* model's own: where model_open stores the view (others ignore it) */
+};
+
+enum model_layer_kind {
+    MODEL_LAYER_ATTN = 0,    /* full (softmax) attention block */
+    MODEL_LAYER_RECURRENT,   /* Gated DeltaNet block (hybrid architectures) */
+    MODEL_LAYER_KINDS
+};
+
+struct model_arch {
+    const char *name;        /* general.architecture */
+    bool rope_neox;          /* rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1) */
+    bool qkv_bias;           /* attn_q/k/v.bias required */
+    bool qk_norm;            /* attn_q_norm / attn_k_norm required (per-head RMSNorm before RoPE) */
+    bool moe;                /* routed experts instead of the dense FFN */
+    bool hybrid;             /* Gated DeltaNet layers + gated full attention (qwen35 family) */
+    bool shexp;              /* shared expert with a sigmoid gate */
+    /* per layer kind: the block's tensors in file order, ended by a NULL name (NULL list:
+     * the architecture has no such layers) */
+    const struct model_tensor_desc *layer[MODEL_LAYER_KINDS];
+};
+
+/* The global (non-block) tensors: those written before the blocks (token_embd, ...) and after
+ * them (output_norm, output), each list ended by a NULL name. Every architecture has them. */
+extern const struct model_tensor_desc model_tensors_input[], model_tensors_output[];
+/* What a multi-token-prediction block holds on top of a full-attention block. */
+extern const struct model_tensor_desc model_tensors_nextn[];
+
+/* The supported architectures (borrowed, static): *n of them. */
+const struct model_arch *model_arch_list(size_t *n);
+/* The architecture named name, or NULL. */
+const struct model_arch *model_arch_find(const char *name);
+/* "llama, qwen2, ...": the supported names, for messages, into buf[n] (cut to fit). */
+void model_arch_names(char *buf, size_t n);
+/* The value of a dimension expression for hp (0 for an unknown expression). */
+uint64_t model_dim_value(const struct model_hparams *hp, uint8_t dim);
+/* The layer kind of main-pass layer il when the schedule is hp->full_attn_interval (hybrid:
+ * layer il is full attention iff (il + 1) % interval == 0). */
+enum model_layer_kind model_arch_layer_kind(const struct model_arch *a,
+                                            const struct model_hparams *hp, uint32_t il);
+
+/* One tensor of a file of the architecture: its full name, dims and ne (ne[d] = 1 past
+ * n_dims), and its description. Return a negative code to stop. */
+typedef int (*model_tensor_cb)(void *ud, const char *name, const struct model_tensor_desc *d,
+                               const uint64_t ne[4]);
+/* Walk the tensors a file of architecture a with hyperparameters hp holds, in file order:
+ * the input globals, blocks 0 .. n_block - 1 (hp->n_layer main-pass blocks, then the
+ * n_nextn MTP blocks: full attention plus model_tensors_nextn), the output globals. Optional
+ * tensors are left out, gate and up experts are written apart, output.weight only when not
+ * tied. cb may be NULL (count only). Returns the number of tensors, or cb's negative code. */
+int model_arch_tensors(const struct model_arch *a, const struct model_hparams *hp, bool tied,
+                       model_tensor_cb cb, void *ud);
+
 struct model;       /* opaque: hparams + mapped weights of one window */
 struct model_exec;  /* opaque: scratch, thread pool, sessions (KV / state) of one window */
 

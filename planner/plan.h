@@ -202,7 +202,8 @@ struct plan_hparams {
 };
 /* Number of tensors plan_tensors_from_hparams writes (for sizing), or 0 if unsupported. */
 size_t plan_hparams_tensor_count(const struct plan_hparams *h);
-/* Synthesise the tensor list (names point to names_buf, caller-owned, 64 bytes per tensor).
+/* Synthesise the tensor list a file of the family holds, as model/'s architecture table
+ * describes it (names point to names_buf, caller-owned, 64 bytes per tensor).
  * 0 or -EINVAL with err (unknown arch, zero sizes). */
 int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *t, size_t cap,
                               char *names_buf, size_t *n_out, char *err, size_t errlen);

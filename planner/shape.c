@@ -1,11 +1,12 @@
 /* shape.c — model shapes for the planner: from a tensor list (a GGUF header or a catalog),
  * and tensor lists synthesised from a family's hyperparameters (a model whose file is not at
- * hand). Pure arithmetic on caller-provided arrays. */
+ * hand) with the architecture table of model/. Pure arithmetic on caller-provided arrays. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model.h"
 #include "planner/internal.h"
 #include "planner/plan.h"
 
@@ -155,79 +156,39 @@ out:
 }
 
 /* ------------------------------------------------------------------------------------------
- * Tensor lists from hyperparameters. */
+ * Tensor lists from hyperparameters: the architecture table (model/arch.c) says which tensors
+ * a file of the family holds and their shapes; here they get sizes. */
 
 struct gen {
     struct plan_tensor *t;
     size_t cap, n;
     char *names;
     double bpw;
-    bool overflow;
 };
 
 /* Add a tensor: quantised matrices at bpw bits per weight (whole bytes), f32 otherwise. */
-static void add(struct gen *g, bool f32, const char *fmt, uint32_t layer, uint32_t nd,
-                uint64_t a, uint64_t b, uint64_t c)
+static int add(void *ud, const char *name, const struct model_tensor_desc *d, const uint64_t ne[4])
 {
-    if (g->n >= g->cap) { g->overflow = true; return; }
+    struct gen *g = ud;
+    if (g->n >= g->cap)
+        return -ENOSPC;
     struct plan_tensor *x = &g->t[g->n];
-    char *name = g->names + g->n * NAME_LEN;
-    snprintf(name, NAME_LEN, fmt, layer);
-    x->name = name;
-    x->n_dims = nd;
-    x->ne[0] = a; x->ne[1] = nd > 1 ? b : 1; x->ne[2] = nd > 2 ? c : 1; x->ne[3] = 1;
+    char *nb = g->names + g->n * NAME_LEN;
+    snprintf(nb, NAME_LEN, "%s", name);
+    x->name = nb;
+    x->n_dims = d->n_dims;
+    memcpy(x->ne, ne, sizeof x->ne);
     double e = (double)x->ne[0] * (double)x->ne[1] * (double)x->ne[2];
-    x->bytes = f32 ? (uint64_t)(e * 4) : (uint64_t)(e * g->bpw / 8 + 0.999);
+    x->bytes = (d->flags & MODEL_TF_F32) ? (uint64_t)(e * 4) : (uint64_t)(e * g->bpw / 8 + 0.999);
     g->n++;
+    return 0;
 }
-
-static bool is_arch(const char *a, const char *b) { return !strcmp(a, b); }
 
 size_t plan_hparams_tensor_count(const struct plan_hparams *h)
 {
     if (!h || h->n_layers == 0 || h->n_layers > PLAN_MAX_LAYERS || h->nextn_layers > 16)
         return 0;
     return (size_t)(h->n_layers + h->nextn_layers) * MAX_TENSORS_PER_LAYER + 4;
-}
-
-/* Gated / plain full attention of layer i. */
-static void add_attention(struct gen *g, const struct plan_hparams *h, uint32_t i, bool gated, bool qk_norm)
-{
-    uint64_t E = h->n_embd, hd = h->head_dim, q = (uint64_t)h->n_head * hd, kv = (uint64_t)h->n_head_kv * hd;
-    add(g, false, "blk.%u.attn_q.weight", i, 2, E, gated ? 2 * q : q, 0);
-    add(g, false, "blk.%u.attn_k.weight", i, 2, E, kv, 0);
-    add(g, false, "blk.%u.attn_v.weight", i, 2, E, kv, 0);
-    add(g, false, "blk.%u.attn_output.weight", i, 2, q, E, 0);
-    if (qk_norm) {
-        add(g, true, "blk.%u.attn_q_norm.weight", i, 1, hd, 0, 0);
-        add(g, true, "blk.%u.attn_k_norm.weight", i, 1, hd, 0, 0);
-    }
-    if (is_arch(h->arch, "qwen2")) {
-        add(g, true, "blk.%u.attn_q.bias", i, 1, q, 0, 0);
-        add(g, true, "blk.%u.attn_k.bias", i, 1, kv, 0, 0);
-        add(g, true, "blk.%u.attn_v.bias", i, 1, kv, 0, 0);
-    }
-}
-
-static void add_ffn(struct gen *g, const struct plan_hparams *h, uint32_t i, bool moe, bool shexp)
-{
-    uint64_t E = h->n_embd;
-    if (!moe) {
-        add(g, false, "blk.%u.ffn_gate.weight", i, 2, E, h->n_ff, 0);
-        add(g, false, "blk.%u.ffn_up.weight", i, 2, E, h->n_ff, 0);
-        add(g, false, "blk.%u.ffn_down.weight", i, 2, h->n_ff, E, 0);
-        return;
-    }
-    add(g, true, "blk.%u.ffn_gate_inp.weight", i, 2, E, h->n_expert, 0);
-    add(g, false, "blk.%u.ffn_gate_exps.weight", i, 3, E, h->n_ff_exp, h->n_expert);
-    add(g, false, "blk.%u.ffn_up_exps.weight", i, 3, E, h->n_ff_exp, h->n_expert);
-    add(g, false, "blk.%u.ffn_down_exps.weight", i, 3, h->n_ff_exp, E, h->n_expert);
-    if (shexp) {
-        add(g, true, "blk.%u.ffn_gate_inp_shexp.weight", i, 1, E, 0, 0);
-        add(g, false, "blk.%u.ffn_gate_shexp.weight", i, 2, E, h->n_ff_shexp, 0);
-        add(g, false, "blk.%u.ffn_up_shexp.weight", i, 2, E, h->n_ff_shexp, 0);
-        add(g, false, "blk.%u.ffn_down_shexp.weight", i, 2, h->n_ff_shexp, E, 0);
-    }
 }
 
 int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *t, size_t cap,
@@ -237,11 +198,11 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
     size_t need = plan_hparams_tensor_count(h);
     if (!need) { plan__errf(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
     if (cap < need) { plan__errf(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
-    bool llama = is_arch(h->arch, "llama") || is_arch(h->arch, "qwen2") || is_arch(h->arch, "qwen3");
-    bool q3moe = is_arch(h->arch, "qwen3moe");
-    bool q35 = is_arch(h->arch, "qwen35"), q35moe = is_arch(h->arch, "qwen35moe");
-    if (!llama && !q3moe && !q35 && !q35moe) {
-        plan__errf(err, errlen, "hparams: arch '%s' is not one of llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe", h->arch);
+    const struct model_arch *a = model_arch_find(h->arch);
+    if (!a) {
+        char names[128];
+        model_arch_names(names, sizeof names);
+        plan__errf(err, errlen, "hparams: arch '%s' is not one of %s", h->arch, names);
         return -EINVAL;
     }
     const uint32_t cap32 = 1u << 20;
@@ -252,26 +213,24 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
                    "non-zero and in range (n_head_kv <= n_head)", h->n_embd, h->n_vocab, h->n_head, h->n_head_kv, h->head_dim);
         return -EINVAL;
     }
-    bool moe = q3moe || q35moe;
-    if (moe && (!h->n_expert || !h->n_expert_used || h->n_expert_used > h->n_expert || !h->n_ff_exp ||
-                h->n_expert > 4096 || h->n_ff_exp > cap32)) {
+    if (a->moe && (!h->n_expert || !h->n_expert_used || h->n_expert_used > h->n_expert || !h->n_ff_exp ||
+                   h->n_expert > 4096 || h->n_ff_exp > cap32)) {
         plan__errf(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
                    "need 0 < used <= count <= 4096 and a non-zero length", h->n_expert, h->n_expert_used, h->n_ff_exp);
         return -EINVAL;
     }
-    if (q35moe && (!h->n_ff_shexp || h->n_ff_shexp > cap32)) {
+    if (a->shexp && (!h->n_ff_shexp || h->n_ff_shexp > cap32)) {
         plan__errf(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]",
                    h->n_ff_shexp, cap32);
         return -EINVAL;
     }
-    if (!moe && (!h->n_ff || h->n_ff > cap32)) {
+    if (!a->moe && (!h->n_ff || h->n_ff > cap32)) {
         plan__errf(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
         return -EINVAL;
     }
-    bool hybrid = q35 || q35moe;
-    if (hybrid && (!h->ssm_conv_kernel || !h->ssm_group_count || !h->ssm_time_step_rank || !h->ssm_state_size ||
-                   h->ssm_conv_kernel > 64 || h->ssm_group_count > 4096 || h->ssm_time_step_rank > 4096 ||
-                   h->ssm_state_size > 4096)) {
+    if (a->hybrid && (!h->ssm_conv_kernel || !h->ssm_group_count || !h->ssm_time_step_rank || !h->ssm_state_size ||
+                      h->ssm_conv_kernel > 64 || h->ssm_group_count > 4096 || h->ssm_time_step_rank > 4096 ||
+                      h->ssm_state_size > 4096)) {
         plan__errf(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
                    "must be non-zero and in range", h->ssm_conv_kernel, h->ssm_group_count, h->ssm_time_step_rank,
                    h->ssm_state_size);
@@ -281,42 +240,23 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
         plan__errf(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
         return -EINVAL;
     }
+    /* The descriptor's hyperparameters in the runtime's terms (the value heads of the
+     * Gated DeltaNet are its time-step rank: d_inner = rank x state size). */
+    struct model_hparams hp = {
+        .n_layer = h->n_layers, .n_nextn = h->nextn_layers, .n_block = h->n_layers + h->nextn_layers,
+        .n_embd = h->n_embd, .n_vocab = h->n_vocab, .n_ff = h->n_ff,
+        .n_head = h->n_head, .n_head_kv = h->n_head_kv, .head_dim = h->head_dim, .n_rot = h->head_dim,
+        .n_expert = h->n_expert, .n_expert_used = h->n_expert_used, .n_ff_exp = h->n_ff_exp,
+        .n_ff_shexp = h->n_ff_shexp,
+        .full_attn_interval = h->full_attention_interval ? h->full_attention_interval : 4,
+        .ssm_conv_kernel = h->ssm_conv_kernel, .ssm_d_state = h->ssm_state_size,
+        .ssm_n_group = h->ssm_group_count, .ssm_dt_rank = h->ssm_time_step_rank,
+        .ssm_d_inner = h->ssm_time_step_rank * h->ssm_state_size,
+    };
+    snprintf(hp.arch, sizeof hp.arch, "%s", a->name);
     struct gen g = {.t = t, .cap = cap, .names = names_buf, .bpw = h->bits_per_weight};
-    uint64_t E = h->n_embd;
-    uint32_t fai = h->full_attention_interval ? h->full_attention_interval : 4;
-    uint32_t total = h->n_layers + h->nextn_layers;
-    add(&g, false, "token_embd.weight", 0, 2, E, h->n_vocab, 0);
-    for (uint32_t i = 0; i < total; i++) {
-        bool mtp = i >= h->n_layers;
-        add(&g, true, "blk.%u.attn_norm.weight", i, 1, E, 0, 0);
-        if (hybrid && !mtp && (i + 1) % fai != 0) {
-            uint64_t d = h->ssm_state_size, kd = (uint64_t)h->ssm_group_count * d;
-            uint64_t inner = (uint64_t)h->ssm_time_step_rank * d, conv = 2 * kd + inner;
-            add(&g, false, "blk.%u.attn_qkv.weight", i, 2, E, conv, 0);
-            add(&g, false, "blk.%u.attn_gate.weight", i, 2, E, inner, 0);
-            add(&g, true, "blk.%u.ssm_conv1d.weight", i, 2, h->ssm_conv_kernel, conv, 0);
-            add(&g, true, "blk.%u.ssm_dt.bias", i, 1, h->ssm_time_step_rank, 0, 0);
-            add(&g, true, "blk.%u.ssm_a", i, 1, h->ssm_time_step_rank, 0, 0);
-            add(&g, false, "blk.%u.ssm_beta.weight", i, 2, E, h->ssm_time_step_rank, 0);
-            add(&g, false, "blk.%u.ssm_alpha.weight", i, 2, E, h->ssm_time_step_rank, 0);
-            add(&g, true, "blk.%u.ssm_norm.weight", i, 1, d, 0, 0);
-            add(&g, false, "blk.%u.ssm_out.weight", i, 2, inner, E, 0);
-        } else {
-            add_attention(&g, h, i, hybrid, !is_arch(h->arch, "llama") && !is_arch(h->arch, "qwen2"));
-        }
-        add(&g, true, hybrid ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", i, 1, E, 0, 0);
-        add_ffn(&g, h, i, moe, q35moe);
-        if (mtp) {   /* multi-token prediction: combines the embedding and the hidden state */
-            add(&g, false, "blk.%u.nextn.eh_proj.weight", i, 2, 2 * E, E, 0);
-            add(&g, true, "blk.%u.nextn.enorm.weight", i, 1, E, 0, 0);
-            add(&g, true, "blk.%u.nextn.hnorm.weight", i, 1, E, 0, 0);
-            add(&g, true, "blk.%u.nextn.shared_head_norm.weight", i, 1, E, 0, 0);
-        }
-    }
-    add(&g, true, "output_norm.weight", 0, 1, E, 0, 0);
-    if (!h->tied_embeddings)
-        add(&g, false, "output.weight", 0, 2, E, h->n_vocab, 0);
-    if (g.overflow) { plan__errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
+    int rc = model_arch_tensors(a, &hp, h->tied_embeddings, add, &g);
+    if (rc < 0) { plan__errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
     *n_out = g.n;
     return 0;
 }

@@ -20,7 +20,7 @@ static const char *levels[] = {"scalar", "avx2", "avx512"};
  * rare ties (llama.cpp's x86 rounding); everything else is the same arithmetic. */
 static double budget(uint32_t t)
 {
-    uint32_t vt = kern__vec_dot_type(t);
+    uint32_t vt = kern__type_traits(t)->vec_dot_type;
     return vt == KERN_T_Q8_0 || vt == KERN_T_Q8_1 ? 1e-7 : 1e-9;
 }
 
@@ -150,7 +150,7 @@ T_CASE(dots_exact_inputs)
             continue;
         const struct kern__simd *s = kern__simd_get();
         for (size_t c = 0; c < N_WT; c++) {
-            uint32_t t = weight_types[c], vt = kern__vec_dot_type(t);
+            uint32_t t = weight_types[c], vt = kern__type_traits(t)->vec_dot_type;
             cols = kern_block_elems(t) == 256 ? 768 : 800;
             double e = 0, r = 0;
             for (int rep = 0; rep < 20; rep++) {
@@ -167,7 +167,7 @@ T_CASE(dots_exact_inputs)
                     to_pairs(vt, xq, cols, xp);
                     fx = xp;
                 }
-                double a = s->dot[t](wq, fx, cols), b = kern__ref_dot(t)(wq, xq, cols);
+                double a = s->dot[t](wq, fx, cols), b = kern__type_traits(t)->vec_dot(wq, xq, cols);
                 e += (a - b) * (a - b);
                 r += b * b;
                 if (s->dotn[t]) {

@@ -12,17 +12,6 @@ static const uint32_t weight_types[] = {
 };
 #define N_WT (sizeof weight_types / sizeof weight_types[0])
 
-static const char *tname(uint32_t t)
-{
-    switch (t) {
-    case KERN_T_F32: return "F32"; case KERN_T_F16: return "F16"; case KERN_T_BF16: return "BF16";
-    case KERN_T_Q8_0: return "Q8_0"; case KERN_T_Q4_0: return "Q4_0"; case KERN_T_Q4_1: return "Q4_1";
-    case KERN_T_Q5_0: return "Q5_0"; case KERN_T_Q5_1: return "Q5_1"; case KERN_T_Q4_K: return "Q4_K";
-    case KERN_T_Q5_K: return "Q5_K"; case KERN_T_Q6_K: return "Q6_K"; case KERN_T_Q8_1: return "Q8_1";
-    case KERN_T_Q8_K: return "Q8_K"; default: return "?";
-    }
-}
-
 static float bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 T_CASE(traits)
@@ -36,7 +25,7 @@ T_CASE(traits)
     T_CHECK(kern_row_bytes(KERN_T_F32, INT64_MAX) == 0 || sizeof(size_t) > 8,
             "overflowing row size must be refused");
     for (size_t i = 0; i < N_WT; i++)
-        T_CHECK(kern_type_supported(weight_types[i]), "%s supported", tname(weight_types[i]));
+        T_CHECK(kern_type_supported(weight_types[i]), "%s supported", kern_type_name(weight_types[i]));
     T_CHECK(!kern_type_supported(KERN_T_Q2_K) && !kern_type_supported(KERN_T_Q8_K) &&
             !kern_type_supported(99), "unsupported types");
 }
@@ -238,11 +227,11 @@ T_CASE(quant_roundtrip)
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         uint32_t t = cases[c].t;
-        T_CHECK(kern_ref_quant_row(t, x, q, n) == 0, "%s quant", tname(t));
-        T_CHECK(kern_ref_dequant_row(t, q, y, n) == 0, "%s dequant", tname(t));
+        T_CHECK(kern_ref_quant_row(t, x, q, n) == 0, "%s quant", kern_type_name(t));
+        T_CHECK(kern_ref_dequant_row(t, q, y, n) == 0, "%s dequant", kern_type_name(t));
         double e = ku_nmse(y, x, n);
-        fprintf(stderr, "  %-5s nmse %.3g\n", tname(t), e);
-        T_CHECK(e <= cases[c].max_nmse, "%s: nmse %g > %g", tname(t), e, cases[c].max_nmse);
+        fprintf(stderr, "  %-5s nmse %.3g\n", kern_type_name(t), e);
+        T_CHECK(e <= cases[c].max_nmse, "%s: nmse %g > %g", kern_type_name(t), e, cases[c].max_nmse);
         /* A block of zeros quantises to exact zeros, never NaN. */
         float z[256] = {0}, zy[256];
         kern_ref_quant_row(t, z, q, 256);
@@ -250,7 +239,7 @@ T_CASE(quant_roundtrip)
         int nz = 0;
         for (int i = 0; i < 256; i++)
             nz += zy[i] != 0;
-        T_CHECK(nz == 0, "%s: zero block gives %d non-zeros", tname(t), nz);
+        T_CHECK(nz == 0, "%s: zero block gives %d non-zeros", kern_type_name(t), nz);
     }
     /* Symmetric 32-blocks: |error| within one step d (half a step plus the clamped edge). */
     struct kern_block_q4_0 *b4 = q;
@@ -302,7 +291,7 @@ T_CASE(matmul_vs_dequant)
     ku_fill(w, rows * cols, 0.05f);
     ku_fill(x, n * cols, 1.0f);
     for (size_t c = 0; c < N_WT; c++) {
-        uint32_t t = weight_types[c], vt = kern__vec_dot_type(t);
+        uint32_t t = weight_types[c], vt = kern__type_traits(t)->vec_dot_type;
         size_t rb = kern_row_bytes(t, cols);
         for (int64_t r = 0; r < rows; r++) {
             kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
@@ -321,12 +310,12 @@ T_CASE(matmul_vs_dequant)
                 exact[i * rows + r] = e;
             }
         }
-        T_CHECK(kern_ref_matmul(t, wq, rows, cols, x, n, y) == 0, "%s matmul", tname(t));
+        T_CHECK(kern_ref_matmul(t, wq, rows, cols, x, n, y) == 0, "%s matmul", kern_type_name(t));
         double e1 = ku_nmse_d(y, want, n * rows), e2 = ku_nmse_d(y, exact, n * rows);
         /* The *_1 types take their min term from Q8_1's s, stored as f16: not exact. */
         double lim = vt == KERN_T_Q8_1 ? 2e-6 : 1e-11;
-        T_CHECK(e1 < lim, "%s: nmse vs dequantised dot %g", tname(t), e1);
-        T_CHECK(e2 < 1e-3, "%s: nmse vs exact activations %g", tname(t), e2);
+        T_CHECK(e1 < lim, "%s: nmse vs dequantised dot %g", kern_type_name(t), e1);
+        T_CHECK(e2 < 1e-3, "%s: nmse vs exact activations %g", kern_type_name(t), e2);
     }
     T_CHECK(kern_ref_matmul(KERN_T_Q4_0, wq, rows, 100, x, n, y) == -EINVAL, "cols not a block multiple");
     T_CHECK(kern_ref_matmul(KERN_T_Q8_K, wq, rows, cols, x, n, y) == -EINVAL, "q8_K weights");

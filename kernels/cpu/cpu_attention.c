@@ -30,7 +30,7 @@ static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q1
     float *o = j->out + (i * j->n_head + h) * hd;
     if (j->f16) {
         /* q rounded to f16 for K.q, the weights rounded to f16 for the V product */
-        kern__dot_fn dot = s->dot[KERN_T_F16] ? s->dot[KERN_T_F16] : kern__ref_dot(KERN_T_F16);
+        kern__dot_fn dot = s->dot[KERN_T_F16] ? s->dot[KERN_T_F16] : kern__dot_f16;
         if (s->quant[KERN_T_F16])
             s->quant[KERN_T_F16](qh, q16, hd);
         else
@@ -39,7 +39,7 @@ static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q1
         for (int64_t p = 0; p < n_ctx; p++)
             sc[p] = dot(k + p * j->kv_stride + koff, q16, hd) * j->scale;
     } else {
-        kern__dot_fn dot = s->dot[KERN_T_F32] ? s->dot[KERN_T_F32] : kern__ref_dot(KERN_T_F32);
+        kern__dot_fn dot = s->dot[KERN_T_F32] ? s->dot[KERN_T_F32] : kern__dot_f32;
         const float *k = j->k;
         for (int64_t p = 0; p < n_ctx; p++)
             sc[p] = dot(k + p * j->kv_stride + koff, qh, hd) * j->scale;

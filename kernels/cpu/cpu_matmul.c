@@ -192,8 +192,11 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
                 const float *x, int64_t n, float *y)
 {
     const struct kern__simd *s = kern__simd_get();
-    kern__dot_fn dot = type < KERN_T_COUNT && s->dot[type] ? s->dot[type] : kern__ref_dot(type);
-    uint32_t vt = kern__vec_dot_type(type);
+    const struct kern__type_traits *tt = kern__type_traits(type);
+    if (!tt)
+        return -EINVAL;
+    kern__dot_fn dot = s->dot[type] ? s->dot[type] : tt->vec_dot;
+    uint32_t vt = tt->vec_dot_type;
     size_t wrow = kern_row_bytes(type, cols), xrow = kern_row_bytes(vt, cols);
     if (!dot || rows < 0 || n < 0 || cols <= 0 || wrow == 0 || xrow == 0)
         return -EINVAL;

@@ -1,231 +1,20 @@
 /* Reference matmul with ggml's CPU semantics: each activation row is first converted to the
- * weight type's vec_dot_type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), then every weight row is
- * dotted with it, block by block, integer sums scaled in f32. */
+ * weight type's vec_dot_type, then every weight row is dotted with it (the type-traits
+ * table's reference dot). */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "kernels/internal.h"
 
-static float dot_f32(const void *w, const void *xq, int64_t n)
-{
-    const float *a = w, *b = xq;
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)(a[i] * b[i]);
-    return (float)s;
-}
-
-static float dot_f16(const void *w, const void *xq, int64_t n)
-{
-    const uint16_t *a = w, *b = xq;
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)(kern_f16_to_f32(a[i]) * kern_f16_to_f32(b[i]));
-    return (float)s;
-}
-
-static float dot_bf16(const void *w, const void *xq, int64_t n)
-{
-    const uint16_t *a = w, *b = xq;
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)(kern_bf16_to_f32(a[i]) * kern_bf16_to_f32(b[i]));
-    return (float)s;
-}
-
-static float dot_q4_0(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q4_0 *x = w;
-    const struct kern_block_q8_0 *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KERN_QK; i++) {
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            sumi += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j];
-            sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
-        }
-        sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d));
-    }
-    return sumf;
-}
-
-static float dot_q4_1(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q4_1 *x = w;
-    const struct kern_block_q8_1 *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KERN_QK; i++) {
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            sumi += (x[i].qs[j] & 0xF) * y[i].qs[j];
-            sumi += (x[i].qs[j] >> 4) * y[i].qs[j + 16];
-        }
-        sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d)) +
-                kern__h2f(x[i].m) * kern__h2f(y[i].s);
-    }
-    return sumf;
-}
-
-static float dot_q5_0(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q5_0 *x = w;
-    const struct kern_block_q8_0 *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KERN_QK; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, 4);
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = ((x[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
-            int q1 = ((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
-            sumi += q0 * y[i].qs[j] + q1 * y[i].qs[j + 16];
-        }
-        sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d));
-    }
-    return sumf;
-}
-
-static float dot_q5_1(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q5_1 *x = w;
-    const struct kern_block_q8_1 *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KERN_QK; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, 4);
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = (x[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-            int q1 = (x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            sumi += q0 * y[i].qs[j] + q1 * y[i].qs[j + 16];
-        }
-        sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d)) +
-                kern__h2f(x[i].m) * kern__h2f(y[i].s);
-    }
-    return sumf;
-}
-
-static float dot_q8_0(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q8_0 *x = w;
-    const struct kern_block_q8_0 *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KERN_QK; i++) {
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK; j++)
-            sumi += x[i].qs[j] * y[i].qs[j];
-        sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d));
-    }
-    return sumf;
-}
-
-/* Q4_K and Q5_K share the scale/min structure; q holds the 256 unsigned levels. */
-static float dot_k_levels(const uint8_t *q, const uint8_t *scales, float d, float dmin,
-                          const struct kern_block_q8_K *y)
-{
-    int isum = 0, imin = 0;
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        kern__scale_min_k4(j, scales, &sc, &m);
-        int s = 0;
-        for (int l = 0; l < 32; l++)
-            s += q[32 * j + l] * y->qs[32 * j + l];
-        isum += sc * s;
-        imin += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
-    }
-    return d * y->d * isum - dmin * y->d * imin;
-}
-
-static float dot_q4_K(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q4_K *x = w;
-    const struct kern_block_q8_K *y = xq;
-    float sumf = 0;
-    uint8_t q[KERN_QK_K];
-    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
-                q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
-            }
-        sumf += dot_k_levels(q, x[i].scales, kern__h2f(x[i].d), kern__h2f(x[i].dmin), &y[i]);
-    }
-    return sumf;
-}
-
-static float dot_q5_K(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q5_K *x = w;
-    const struct kern_block_q8_K *y = xq;
-    float sumf = 0;
-    uint8_t q[KERN_QK_K];
-    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                int h1 = (x[i].qh[l] >> (2 * j)) & 1, h2 = (x[i].qh[l] >> (2 * j + 1)) & 1;
-                q[64 * j + l] = (uint8_t)((x[i].qs[32 * j + l] & 0xF) | (h1 << 4));
-                q[64 * j + 32 + l] = (uint8_t)((x[i].qs[32 * j + l] >> 4) | (h2 << 4));
-            }
-        sumf += dot_k_levels(q, x[i].scales, kern__h2f(x[i].d), kern__h2f(x[i].dmin), &y[i]);
-    }
-    return sumf;
-}
-
-static float dot_q6_K(const void *w, const void *xq, int64_t n)
-{
-    const struct kern_block_q6_K *x = w;
-    const struct kern_block_q8_K *y = xq;
-    float sumf = 0;
-    int8_t q[KERN_QK_K];
-    for (int64_t i = 0; i < n / KERN_QK_K; i++) {
-        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
-            int8_t *o = q + 128 * h;
-            for (int l = 0; l < 32; l++) {
-                o[l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
-                o[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-            }
-        }
-        int isum = 0;
-        for (int j = 0; j < 16; j++) {
-            int s = 0;
-            for (int l = 0; l < 16; l++)
-                s += q[16 * j + l] * y[i].qs[16 * j + l];
-            isum += x[i].scales[j] * s;
-        }
-        sumf += kern__h2f(x[i].d) * y[i].d * isum;
-    }
-    return sumf;
-}
-
-kern__dot_fn kern__ref_dot(uint32_t type)
-{
-    switch (type) {
-    case KERN_T_F32: return dot_f32;
-    case KERN_T_F16: return dot_f16;
-    case KERN_T_BF16: return dot_bf16;
-    case KERN_T_Q4_0: return dot_q4_0;
-    case KERN_T_Q4_1: return dot_q4_1;
-    case KERN_T_Q5_0: return dot_q5_0;
-    case KERN_T_Q5_1: return dot_q5_1;
-    case KERN_T_Q8_0: return dot_q8_0;
-    case KERN_T_Q4_K: return dot_q4_K;
-    case KERN_T_Q5_K: return dot_q5_K;
-    case KERN_T_Q6_K: return dot_q6_K;
-    default: return NULL;
-    }
-}
-
 int kern_ref_matmul(uint32_t type, const void *w, int64_t rows, int64_t cols,
                     const float *x, int64_t n, float *y)
 {
-    kern__dot_fn dot = kern__ref_dot(type);
-    size_t wrow = kern_row_bytes(type, cols);
-    uint32_t vt = kern__vec_dot_type(type);
-    size_t xrow = kern_row_bytes(vt, cols);
-    if (!dot || rows < 0 || n < 0 || cols <= 0 || wrow == 0 || xrow == 0)
+    const struct kern__type_traits *tt = kern__type_traits(type);
+    if (!tt || !tt->vec_dot || rows < 0 || n < 0 || cols <= 0)
+        return -EINVAL;
+    uint32_t vt = tt->vec_dot_type;
+    size_t wrow = kern_row_bytes(type, cols), xrow = kern_row_bytes(vt, cols);
+    if (wrow == 0 || xrow == 0)
         return -EINVAL;
     void *xq = malloc(xrow);
     if (!xq)
@@ -233,7 +22,7 @@ int kern_ref_matmul(uint32_t type, const void *w, int64_t rows, int64_t cols,
     for (int64_t i = 0; i < n; i++) {
         kern_ref_quant_row(vt, x + i * cols, xq, cols);
         for (int64_t r = 0; r < rows; r++)
-            y[i * rows + r] = dot((const char *)w + (size_t)r * wrow, xq, cols);
+            y[i * rows + r] = tt->vec_dot((const char *)w + (size_t)r * wrow, xq, cols);
     }
     free(xq);
     return 0;
