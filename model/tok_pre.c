@@ -207,16 +207,8 @@ struct spans {
 
 static int spans_push(struct spans *v, size_t off, size_t len)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof(struct span))
-            return -ENOMEM;
-        struct span *p = realloc(v->s, cap * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        v->s = p;
-        v->cap = cap;
-    }
+    if (v->n == v->cap && tok_grow((void **)&v->s, &v->cap, sizeof *v->s, 64))
+        return -ENOMEM;
     v->s[v->n++] = (struct span){off, len};
     return 0;
 }

@@ -26,16 +26,8 @@ struct frags {
 
 static int frags_push(struct frags *fs, size_t off, size_t len, int32_t id)
 {
-    if (fs->n == fs->cap) {
-        size_t cap = fs->cap ? fs->cap * 2 : 16;
-        if (cap > SIZE_MAX / sizeof(struct frag))
-            return -ENOMEM;
-        struct frag *p = realloc(fs->f, cap * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        fs->f = p;
-        fs->cap = cap;
-    }
+    if (fs->n == fs->cap && tok_grow((void **)&fs->f, &fs->cap, sizeof *fs->f, 16))
+        return -ENOMEM;
     fs->f[fs->n++] = (struct frag){off, len, id};
     return 0;
 }
