@@ -1,5 +1,6 @@
 /* gguf.c — the GGUF reader: parse a header prefix (validating everything), typed getters,
- * the tensor type table, and mapping of selected tensors' page ranges. */
+ * the tensor type table, and mapping of selected tensors' page ranges. The lowest file of the
+ * module: it also holds the helpers the others share (gguf/internal.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>

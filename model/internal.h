@@ -1,5 +1,5 @@
 /* model/internal.h — what model.c (architectures, weights) shares with exec.c (the forward
- * pass) and with tok_vocab.c (the error-message setter). Not a public interface. */
+ * pass) and with tok_util.c (the error-message setter). Not a public interface. */
 #ifndef KV_MODEL_INTERNAL_H
 #define KV_MODEL_INTERNAL_H
 
@@ -94,7 +94,7 @@ struct model {
 };
 
 /* Formats an error message into err[errlen] (nothing when err is NULL or errlen is 0).
- * Defined in tok_vocab.c: the tokenizer's fuzz target links the tok*.c files without model.c. */
+ * Defined in tok_util.c: the tokenizer's fuzz target links the tok*.c files without model.c. */
 void model__seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -1,4 +1,13 @@
-/* tok_internal.h — what tok_vocab.c, tokenizer.c, tok_spm.c and tok_bpe.c share (not public).
+/* tok_internal.h — what the tokenizer's files share (not public).
+ *
+ * The files form one dependency order, lowest first; a file uses only those above it, and the
+ * declarations below follow the same order:
+ *   tok_util.c    error setter, growing buffers, the candidate heap, UTF-8, byte-level alphabet
+ *   tok_pre.c     the BPE pre-tokenizer: regex lists compiled, a text cut into pieces
+ *   tok_vocab.c   loading a vocabulary (compiles its pre-tokenizer), look-ups, public getters
+ *   tok_spm.c     SentencePiece merging of one fragment
+ *   tok_bpe.c     byte-level BPE merging of one fragment (pieces from tok_pre.c)
+ *   tokenizer.c   the public entry points: tokenize, detokenize, the streaming detokeniser
  *
  * The vocabulary keeps every token text in one pool, a hash index from text to id (the last
  * id wins for duplicate texts, as llama.cpp's map does), and for BPE a hash index of merges
@@ -61,7 +70,7 @@ struct tok_pair {
     int32_t rank;
 };
 
-struct tok_regex; /* compiled pre-tokenizer list (tok_bpe.c) */
+struct tok_regex; /* compiled pre-tokenizer list (tok_pre.c) */
 
 struct model_vocab {
     enum model_vocab_type type;
@@ -103,6 +112,12 @@ struct model_vocab {
     struct tok_regex *re;
 };
 
+/* ---- tok_util.c (model__seterr, the error setter, is declared in model/internal.h) */
+
+/* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
+ * -ENOMEM with *p and *cap unchanged. */
+int tok_grow(void **p, size_t *cap, size_t size, size_t first);
+
 /* A growing byte buffer. */
 struct tok_buf {
     char *p;
@@ -134,13 +149,6 @@ int tok_heap_push(struct tok_heap *h, struct tok_bigram x);
 /* Removes and returns the first candidate; h->n must be > 0. */
 struct tok_bigram tok_heap_pop(struct tok_heap *h);
 
-/* Id of the token whose text is s[0..n), or -1. */
-int32_t tok_find(const struct model_vocab *v, const char *s, size_t n);
-/* Rank of the merge (a, b) or -1; a and b are adjacent in memory (a + alen == b). */
-int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, size_t blen);
-/* Rank of the merge of tokens a and b (both >= 0) or -1. */
-int32_t tok_pair_rank(const struct model_vocab *v, int32_t a, int32_t b);
-
 /* UTF-8 length of a sequence from its lead byte, llama.cpp's rule (1 for stray bytes). */
 static inline size_t tok_utf8_len(unsigned char c)
 {
@@ -152,16 +160,50 @@ static inline size_t tok_utf8_len(unsigned char c)
 int tok_utf8_check(const unsigned char *s, size_t n);
 /* Encode a codepoint (<= 0x10FFFF) as UTF-8 into b (4 bytes room); returns the length. */
 size_t tok_utf8_put(uint32_t cp, char *b);
+/* Decode one codepoint at s (n >= 1 bytes available) the way llama.cpp does, leniently (no
+ * overlong, surrogate or range checks); returns the bytes used, 0 for an invalid sequence. */
+size_t tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
+
+/* The byte-level alphabet of BPE vocabularies: every byte stands for one printable codepoint. */
+struct tok_byte_enc {
+    char s[2];            /* that codepoint in UTF-8 */
+    uint8_t n;
+};
+/* The encoded form of every byte, indexed by byte; static, built on the first call. */
+const struct tok_byte_enc *tok_byte_table(void);
+/* The byte a codepoint stands for, or -1 if none. */
+int tok_cp_byte(uint32_t cp);
+
+/* ---- tok_pre.c */
+
+/* Compiles the regex list of pre-tokenizer pre (pre_name names it in errors) into *out. */
+int tok_regex_new(struct tok_regex **out, enum tok_pre pre, const char *pre_name, char *err,
+                  size_t errlen);
+void tok_regex_free(struct tok_regex *re);
+/* Called with each piece in order; a non-zero return stops the split and is returned. s lives
+ * for the call only. */
+typedef int (*tok_piece_cb)(void *ud, const char *s, size_t n);
+/* Cuts text[0..len) into pieces (invalid UTF-8 replaced first) and hands them to cb. */
+int tok_regex_split(const struct tok_regex *re, const char *text, size_t len, tok_piece_cb cb,
+                    void *ud);
+
+/* ---- tok_vocab.c (model_vocab_load and the public getters, declared in model/model.h) */
+
+/* Id of the token whose text is s[0..n), or -1. */
+int32_t tok_find(const struct model_vocab *v, const char *s, size_t n);
+/* Rank of the merge (a, b) or -1; a and b are adjacent in memory (a + alen == b). */
+int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, size_t blen);
+/* Rank of the merge of tokens a and b (both >= 0) or -1. */
+int32_t tok_pair_rank(const struct model_vocab *v, int32_t a, int32_t b);
+
+/* ---- tok_spm.c */
 
 /* SPM: tokenise one fragment (already space-escaped). */
 int tok_spm_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o);
 
-/* BPE: compile the regex list of v->pre; tokenise one fragment. */
-int tok_bpe_init(struct model_vocab *v, char *err, size_t errlen);
-void tok_bpe_free(struct model_vocab *v);
+/* ---- tok_bpe.c */
+
+/* BPE: tokenise one fragment (pre-tokenized with v->re, then merged). */
 int tok_bpe_encode(const struct model_vocab *v, const char *text, size_t len, struct tok_out *o);
-/* The byte-level alphabet: the codepoint standing for byte b, and back (-1 if none). */
-uint32_t tok_bpe_byte_cp(uint8_t b);
-int tok_bpe_cp_byte(uint32_t cp);
 
 #endif

@@ -1,14 +1,15 @@
 /* tok_vocab.c — loading a vocabulary from GGUF metadata: token texts, scores and types
  * checked and indexed, merges indexed by token pair (and by text when needed), special ids,
  * the end-of-generation / fill-in-the-middle tokens llama.cpp finds by their text, the
- * per-model attributes it sets, the special-token list and the decoded pieces.
+ * per-model attributes it sets, the special-token list and the decoded pieces; then the
+ * look-ups the tokenizer's algorithms use (token by text, merge ranks) and the public getters.
+ * Uses tok_util.c, and tok_pre.c to compile a BPE vocabulary's pre-tokenizer.
  *
  * The rules follow llama.cpp's llama-vocab.cpp (read for its behaviour, not copied). Every
  * count and id from the file is checked before use; a refusal names the key, the value and
  * the limit. */
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +18,6 @@
 #include "model/internal.h"
 #include "model/tok_internal.h"
 #include "util/util.h"
-
-void model__seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---------------------------------------------------------------- hashing */
 
@@ -238,6 +229,40 @@ static bool is_int_type(uint32_t t)
 {
     return t == GGUF_V_U8 || t == GGUF_V_I8 || t == GGUF_V_U16 || t == GGUF_V_I16 ||
            t == GGUF_V_U32 || t == GGUF_V_I32 || t == GGUF_V_U64 || t == GGUF_V_I64;
+}
+
+static bool is_float_type(uint32_t t)
+{
+    return t == GGUF_V_F32 || t == GGUF_V_F64;
+}
+
+/* An optional array with one entry per token (n of them), of a type that ok accepts (what
+ * names that kind in the message): 0 with *out set, or NULL when the key is absent; -EINVAL
+ * with err for any other type or length. */
+static int get_token_arr(const struct gguf_file *f, const char *key, uint64_t n,
+                         bool (*ok)(uint32_t), const char *what, const struct gguf_value **out,
+                         char *err, size_t errlen)
+{
+    const struct gguf_value *a;
+    int rc = gguf_get_arr(f, key, &a);
+    *out = NULL;
+    if (rc == -ENOENT)
+        return 0;
+    if (rc) {
+        model__seterr(err, errlen, "%s: unreadable (%d)", key, rc);
+        return -EINVAL;
+    }
+    if (a->type != GGUF_V_ARRAY || !ok(a->v.arr.type) || (a->v.arr.n && !a->v.arr.data)) {
+        model__seterr(err, errlen, "%s: not an array of %s", key, what);
+        return -EINVAL;
+    }
+    if (a->v.arr.n != n) {
+        model__seterr(err, errlen, "%s: %llu entries for %llu tokens", key,
+                      (unsigned long long)a->v.arr.n, (unsigned long long)n);
+        return -EINVAL;
+    }
+    *out = a;
+    return 0;
 }
 
 /* A string array under key: 0, -ENOENT, or -EINVAL with err. */
@@ -472,33 +497,6 @@ static int byte_token_value(const char *s, size_t n)
     return h < 0 || l < 0 ? -1 : h * 16 + l;
 }
 
-/* Decode one UTF-8 codepoint the way llama.cpp does (no overlong/surrogate checks);
- * returns the length consumed or 0 for an invalid sequence. */
-static size_t utf8_decode_loose(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    unsigned char c = s[0];
-    if (!(c & 0x80)) { *cp = c; return 1; }
-    if (!(c & 0x40)) return 0;
-    if (!(c & 0x20)) {
-        if (n < 2 || (s[1] & 0xC0) != 0x80) return 0;
-        *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F);
-        return 2;
-    }
-    if (!(c & 0x10)) {
-        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
-        *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-        return 3;
-    }
-    if (!(c & 0x08)) {
-        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
-            return 0;
-        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-              ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-        return 4;
-    }
-    return 0;
-}
-
 /* The piece of token id with special = true (llama.cpp's token_to_piece cache). */
 static int make_piece(const struct model_vocab *v, uint32_t id, struct tok_buf *b)
 {
@@ -531,12 +529,12 @@ static int make_piece(const struct model_vocab *v, uint32_t id, struct tok_buf *
     /* BPE: every codepoint of the text stands for one byte. */
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0xFFFD;
-        size_t k = utf8_decode_loose((const unsigned char *)s + i, n - i, &cp);
+        size_t k = tok_utf8_decode((const unsigned char *)s + i, n - i, &cp);
         if (!k) {
             k = 1;
             cp = 0xFFFD;
         }
-        int byte = cp <= 0x10FFFF ? tok_bpe_cp_byte(cp) : -1;
+        int byte = cp <= 0x10FFFF ? tok_cp_byte(cp) : -1;
         if (byte >= 0) {
             char c = (char)byte;
             if (tok_buf_add(b, &c, 1)) return -ENOMEM;
@@ -598,43 +596,11 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
                       (unsigned long long)n, TOK_MAX_TOKENS);
         return -EINVAL;
     }
-    rc = gguf_get_arr(f, "tokenizer.ggml.scores", &scores);
-    if (rc == 0) {
-        if (scores->type != GGUF_V_ARRAY ||
-            (scores->v.arr.type != GGUF_V_F32 && scores->v.arr.type != GGUF_V_F64) ||
-            (scores->v.arr.n && !scores->v.arr.data)) {
-            model__seterr(err, errlen, "tokenizer.ggml.scores: not an array of floats");
-            return -EINVAL;
-        }
-        if (scores->v.arr.n != n) {
-            model__seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %llu tokens",
-                          (unsigned long long)scores->v.arr.n, (unsigned long long)n);
-            return -EINVAL;
-        }
-    } else if (rc != -ENOENT) {
-        model__seterr(err, errlen, "tokenizer.ggml.scores: unreadable (%d)", rc);
-        return -EINVAL;
-    } else {
-        scores = NULL;
-    }
-    rc = gguf_get_arr(f, "tokenizer.ggml.token_type", &types);
-    if (rc == 0) {
-        if (types->type != GGUF_V_ARRAY || !is_int_type(types->v.arr.type) ||
-            (types->v.arr.n && !types->v.arr.data)) {
-            model__seterr(err, errlen, "tokenizer.ggml.token_type: not an array of integers");
-            return -EINVAL;
-        }
-        if (types->v.arr.n != n) {
-            model__seterr(err, errlen, "tokenizer.ggml.token_type: %llu entries for %llu tokens",
-                          (unsigned long long)types->v.arr.n, (unsigned long long)n);
-            return -EINVAL;
-        }
-    } else if (rc != -ENOENT) {
-        model__seterr(err, errlen, "tokenizer.ggml.token_type: unreadable (%d)", rc);
-        return -EINVAL;
-    } else {
-        types = NULL;
-    }
+    if ((rc = get_token_arr(f, "tokenizer.ggml.scores", n, is_float_type, "floats", &scores, err,
+                            errlen)) ||
+        (rc = get_token_arr(f, "tokenizer.ggml.token_type", n, is_int_type, "integers", &types, err,
+                            errlen)))
+        return rc;
 
     v->n_tokens = (uint32_t)n;
     v->tok = calloc(n, sizeof *v->tok);
@@ -1004,12 +970,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
             }
             v->byte_tok[b] = id;
         } else {
-            size_t k = tok_utf8_put(tok_bpe_byte_cp((uint8_t)b), s);
-            v->byte_tok[b] = tok_find(v, s, k);
+            const struct tok_byte_enc *e = &tok_byte_table()[b];
+            v->byte_tok[b] = tok_find(v, e->s, e->n);
         }
     }
 
-    if (v->type == MODEL_VOCAB_BPE && (rc = tok_bpe_init(v, err, errlen)))
+    if (v->type == MODEL_VOCAB_BPE && (rc = tok_regex_new(&v->re, v->pre, v->pre_name, err, errlen)))
         goto fail;
     if (v->type == MODEL_VOCAB_SPM) {
         /* Words can be tokenised one by one when no token holds U+2581 after another
@@ -1065,7 +1031,7 @@ void model_vocab_free(struct model_vocab *v)
 {
     if (!v)
         return;
-    tok_bpe_free(v);
+    tok_regex_free(v->re);
     free(v->tok);
     free(v->pool);
     free(v->ppool);
@@ -1078,3 +1044,41 @@ void model_vocab_free(struct model_vocab *v)
     free(v);
 }
 
+/* ---------------------------------------------------------------- getters */
+
+enum model_vocab_type model_vocab_get_type(const struct model_vocab *v) { return v->type; }
+uint32_t model_vocab_n_tokens(const struct model_vocab *v) { return v->n_tokens; }
+const char *model_vocab_pre(const struct model_vocab *v) { return v->pre_name; }
+int32_t model_vocab_bos(const struct model_vocab *v) { return v->bos; }
+int32_t model_vocab_eos(const struct model_vocab *v) { return v->eos; }
+int32_t model_vocab_eot(const struct model_vocab *v) { return v->eot; }
+int32_t model_vocab_pad(const struct model_vocab *v) { return v->pad; }
+int32_t model_vocab_unk(const struct model_vocab *v) { return v->unk; }
+bool model_vocab_add_bos(const struct model_vocab *v) { return v->add_bos; }
+bool model_vocab_add_eos(const struct model_vocab *v) { return v->add_eos; }
+
+bool model_vocab_is_eog(const struct model_vocab *v, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < v->n_tokens && (v->eog[id >> 3] >> (id & 7) & 1);
+}
+
+bool model_vocab_is_control(const struct model_vocab *v, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < v->n_tokens &&
+           (v->tok[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
+}
+
+const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *len)
+{
+    if (id < 0 || (uint32_t)id >= v->n_tokens) {
+        *len = 0;
+        return NULL;
+    }
+    *len = v->tok[id].len;
+    return v->pool + v->tok[id].off;
+}
+
+int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len)
+{
+    return len > TOK_MAX_TEXT ? -1 : tok_find(v, s, len);
+}

@@ -1,6 +1,7 @@
 /* tokenizer.c — tokenize / detokenize: special-token partitioning (longest first, as
  * llama.cpp), dispatch to SPM or BPE, whole-sequence decoding and the streaming detokeniser.
- * Loading lives in tok_vocab.c. */
+ * The top of the tokenizer's files: loading and the getters live in tok_vocab.c, the
+ * helpers in tok_util.c. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -10,157 +11,6 @@
 #include "model/tok_internal.h"
 
 #define TOK_MAX_INPUT (256u << 20)   /* bytes of text per tokenize call */
-
-int tok_out_push(struct tok_out *o, int32_t id)
-{
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof(int32_t))
-            return -ENOMEM;
-        int32_t *p = realloc(o->ids, cap * sizeof(int32_t));
-        if (!p)
-            return -ENOMEM;
-        o->ids = p;
-        o->cap = cap;
-    }
-    o->ids[o->n++] = id;
-    return 0;
-}
-
-size_t tok_utf8_put(uint32_t cp, char *b)
-{
-    if (cp < 0x80) {
-        b[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        b[0] = (char)(0xC0 | (cp >> 6));
-        b[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        b[0] = (char)(0xE0 | (cp >> 12));
-        b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    b[0] = (char)(0xF0 | (cp >> 18));
-    b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    b[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    b[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* a before b: smaller key, then smaller left index */
-static bool bigram_before(const struct tok_bigram *a, const struct tok_bigram *b)
-{
-    return a->key < b->key || (a->key == b->key && a->left < b->left);
-}
-
-int tok_heap_push(struct tok_heap *h, struct tok_bigram x)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof x)
-            return -ENOMEM;
-        struct tok_bigram *p = realloc(h->b, cap * sizeof x);
-        if (!p)
-            return -ENOMEM;
-        h->b = p;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&x, &h->b[parent]))
-            break;
-        h->b[i] = h->b[parent];
-        i = parent;
-    }
-    h->b[i] = x;
-    return 0;
-}
-
-struct tok_bigram tok_heap_pop(struct tok_heap *h)
-{
-    struct tok_bigram top = h->b[0];
-    struct tok_bigram last = h->b[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && bigram_before(&h->b[c + 1], &h->b[c]))
-            c++;
-        if (!bigram_before(&h->b[c], &last))
-            break;
-        h->b[i] = h->b[c];
-        i = c;
-    }
-    if (h->n)
-        h->b[i] = last;
-    return top;
-}
-
-int tok_buf_add(struct tok_buf *b, const void *s, size_t n)
-{
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n) {
-            if (cap > SIZE_MAX / 2)
-                return -ENOMEM;
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return 0;
-}
-
-/* ---------------------------------------------------------------- getters */
-
-enum model_vocab_type model_vocab_get_type(const struct model_vocab *v) { return v->type; }
-uint32_t model_vocab_n_tokens(const struct model_vocab *v) { return v->n_tokens; }
-const char *model_vocab_pre(const struct model_vocab *v) { return v->pre_name; }
-int32_t model_vocab_bos(const struct model_vocab *v) { return v->bos; }
-int32_t model_vocab_eos(const struct model_vocab *v) { return v->eos; }
-int32_t model_vocab_eot(const struct model_vocab *v) { return v->eot; }
-int32_t model_vocab_pad(const struct model_vocab *v) { return v->pad; }
-int32_t model_vocab_unk(const struct model_vocab *v) { return v->unk; }
-bool model_vocab_add_bos(const struct model_vocab *v) { return v->add_bos; }
-bool model_vocab_add_eos(const struct model_vocab *v) { return v->add_eos; }
-
-bool model_vocab_is_eog(const struct model_vocab *v, int32_t id)
-{
-    return id >= 0 && (uint32_t)id < v->n_tokens && (v->eog[id >> 3] >> (id & 7) & 1);
-}
-
-bool model_vocab_is_control(const struct model_vocab *v, int32_t id)
-{
-    return id >= 0 && (uint32_t)id < v->n_tokens &&
-           (v->tok[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
-}
-
-const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *len)
-{
-    if (id < 0 || (uint32_t)id >= v->n_tokens) {
-        *len = 0;
-        return NULL;
-    }
-    *len = v->tok[id].len;
-    return v->pool + v->tok[id].off;
-}
-
-int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len)
-{
-    return len > TOK_MAX_TEXT ? -1 : tok_find(v, s, len);
-}
 
 /* ---------------------------------------------------------------- tokenize */
 
@@ -176,16 +26,8 @@ struct frags {
 
 static int frags_push(struct frags *fs, size_t off, size_t len, int32_t id)
 {
-    if (fs->n == fs->cap) {
-        size_t cap = fs->cap ? fs->cap * 2 : 16;
-        if (cap > SIZE_MAX / sizeof(struct frag))
-            return -ENOMEM;
-        struct frag *p = realloc(fs->f, cap * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        fs->f = p;
-        fs->cap = cap;
-    }
+    if (fs->n == fs->cap && tok_grow((void **)&fs->f, &fs->cap, sizeof *fs->f, 16))
+        return -ENOMEM;
     fs->f[fs->n++] = (struct frag){off, len, id};
     return 0;
 }
@@ -502,34 +344,6 @@ void model_detok_free(struct model_detok *d)
         return;
     free(d->out.p);
     free(d);
-}
-
-int tok_utf8_check(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return -1;
-    for (size_t i = 1; i < need; i++) {
-        if (i >= n)
-            return 0;
-        unsigned char x = s[i];
-        if (i == 1 ? (x < lo || x > hi) : (x < 0x80 || x > 0xBF))
-            return -(int)i;
-    }
-    return (int)need;
 }
 
 /* Move the complete characters of pend + piece into out; keep an unfinished tail. */
