@@ -193,7 +193,7 @@ uint64_t gguf_writer_file_size(const struct gguf_writer *w);
 /* Write the file (to path.tmp, fsync, rename) : 0 or negative code with err filled. */
 int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t errlen);
 
-/* Stage windows (DESIGN.md section 6). */
+/* Stage windows (docs/design.md, "Windows and mini-GGUFs"). */
 struct gguf_window_opts {
     uint32_t first, last;          /* layer range [first, last) */
     const char *source_sha256_hex; /* kvasir.source.sha256 (NULL: computed from the file) */
@@ -224,7 +224,7 @@ bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t
 /* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */
 int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
 
-/* Catalogs (DESIGN.md section 6): per tensor name, type, shape, absolute byte offset in the
+/* Catalogs (docs/design.md, "Windows and mini-GGUFs"): per tensor name, type, shape, absolute byte offset in the
  * source file, byte size and SHA-256; plus the source file's SHA-256 and size. The catalog's
  * JSON text (gguf_catalog_save) is canonical, and the SHA-256 of those bytes is the model id.
  * JSON: {"version":1,"source_sha256":HEX,"source_size":N,"arch":S,"n_layers":N,

@@ -1,4 +1,4 @@
-/* window.c — stage windows (DESIGN.md section 6): which tensors a layer window holds, and
+/* window.c — stage windows (docs/design.md, "Windows and mini-GGUFs"): which tensors a layer window holds, and
  * the stage mini-GGUF writer (all source metadata, the window's tensors with their original
  * names and identical bytes, kvasir.window.first/last, kvasir.source.sha256). */
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* net — libuv links, ring framing and handshake, HTTP server/client, TLS, WebSocket bridge.
  * Knows nothing of tensors beyond byte payloads.
  *
- * Sections: [frames + links] (issue 5), [http] (issue 7), [tls + websocket] (issue 8).
+ * Sections: [frames + links], [http], [tls + websocket].
  */
 #ifndef KV_NET_H
 #define KV_NET_H
@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 /* ============================= frames + links ============================= */
-/* Ring links (DESIGN.md section 8). A link is a byte stream between two stages, carried by a
+/* Ring links (docs/design.md, "The ring data path"). A link is a byte stream between two stages, carried by a
  * transport (TCP here; a WebSocket bridge through a relay for relay:// endpoints) behind a
  * small vtable. On top of the stream go frames, all little-endian, with a 28-byte header:
  *

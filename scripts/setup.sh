@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs the Debian packages Kvasir builds and tests with (DESIGN.md section 4) that are
+# Installs the Debian packages Kvasir builds and tests with (docs/design.md, "Dependencies") that are
 # missing. Does nothing when all are present. Uses sudo when not root.
 set -eu
 
