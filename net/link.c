@@ -8,6 +8,7 @@
 
 #include "net/internal.h"
 #include "net/net.h"
+#include "util/err.h"
 
 struct net_link {
     uv_loop_t *loop;
@@ -188,14 +189,14 @@ void net_link_tp_data(struct net_link *l, const void *data, size_t len)
     }
     struct net_frame_hdr h;
     const uint8_t *payload;
-    char err[200];
+    char err[KV_ERR_MAX];
     int rc;
     while (!l->closing && (rc = net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
         if (rc < 0) {
-            char r[256];
+            char r[KV_ERR_MAX];
             snprintf(r, sizeof r, "bad frame: %s", err);
             /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
-            uint8_t eb[4 + 256];
+            uint8_t eb[4 + KV_ERR_MAX];
             size_t n = strlen(r);
             eb[0] = 2; eb[1] = eb[2] = eb[3] = 0;
             memcpy(eb + 4, r, n);

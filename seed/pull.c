@@ -30,6 +30,7 @@
 #include "gguf/gguf.h"
 #include "ringlib/ring.h"
 #include "seed/seed.h"
+#include "util/err.h"
 
 #define PULL_HDR_FIRST (64u * 1024)
 #define PULL_MEM_MAX (256u << 20)   /* models list / catalog / header held in memory */
@@ -328,7 +329,7 @@ static int finish_inner(struct pull *p, const char *part, const char *statep,
                         const struct gguf_catalog *cat)
 {
     const struct seed_pull_opts *o = p->o;
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *f = NULL;
     int rc = gguf_file_open(&f, part, err, sizeof err);
     uint32_t a, b;
@@ -685,7 +686,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     char etag[256];
     scopy(etag, sizeof etag, p->etag);
     struct gguf_file *src = NULL;
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     for (;;) {
         size_t need = 0;
         err[0] = 0;

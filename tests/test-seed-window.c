@@ -20,6 +20,7 @@
 #include "seed/seed.h"
 #include "net/net.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 static uv_loop_t loop;
 static struct net_http_server *srv;
@@ -115,7 +116,7 @@ static bool same_files(const char *a, const char *b)
 static int slice(uint32_t first, uint32_t last, const char *out)
 {
     struct gguf_file *f;
-    char err[256];
+    char err[KV_ERR_MAX];
     int rc = gguf_file_open(&f, model, err, sizeof err);
     if (rc)
         return rc;
@@ -410,7 +411,7 @@ int main(void)
     snprintf(dir, sizeof dir, "%s", t_tmpdir());
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* catalog of the model, and a copy with one byte of blk.3.ffn_gate_inp.weight flipped */
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *f;
     struct gguf_catalog *cat;
     if (gguf_file_open(&f, model, err, sizeof err) || gguf_catalog_build(&cat, f, err, sizeof err)) {
