@@ -193,10 +193,10 @@ void net_link_tp_data(struct net_link *l, const void *data, size_t len)
     int rc;
     while (!l->closing && (rc = net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
         if (rc < 0) {
-            char r[KV_ERR_MAX];
+            char r[KV_ERR_MAX + 16];
             snprintf(r, sizeof r, "bad frame: %s", err);
             /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
-            uint8_t eb[4 + KV_ERR_MAX];
+            uint8_t eb[4 + sizeof r];
             size_t n = strlen(r);
             eb[0] = 2; eb[1] = eb[2] = eb[3] = 0;
             memcpy(eb + 4, r, n);
