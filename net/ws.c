@@ -15,6 +15,7 @@
 #include <openssl/rand.h>
 
 #include "net/ws_internal.h"
+#include "util/err.h"
 
 #define WS_READ_CHUNK (64 * 1024)
 #define WS_CLOSE_WAIT_MS 2000
@@ -408,7 +409,8 @@ static void ws_process(struct net_ws *ws)
 {
     switch (ws->state) {
     case NET__WS_HTTP:
-        net__ws_client_http_input(ws); /* server sides arrive open (ws_server.c) */
+        if (ws->client) /* server sides arrive open (ws_server.c) */
+            ws->client->http_input(ws);
         if (ws->state != NET__WS_OPEN)
             break;
         /* bytes after the handshake are frames */
@@ -506,16 +508,17 @@ static void ws_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (ws->state == NET__WS_TLS) {
-        int hs = net__tls_handshake(ws->tls);
+        char why[KV_ERR_MAX];
+        int hs = net__tls_handshake(ws->tls, why, sizeof why);
         if (net__ws_tls_push(ws) < 0 || hs < 0) {
-            net__ws_drop(ws, "TLS handshake failed");
+            net__ws_drop(ws, hs < 0 ? why : "TLS handshake failed");
             return;
         }
         if (hs == 0)
             return;
         ws->state = NET__WS_HTTP;
-        if (!ws->server)
-            net__ws_client_tls_ready(ws);
+        if (ws->client)
+            ws->client->tls_ready(ws);
         if (ws->state == NET__WS_CLOSING)
             return;
     }

@@ -21,6 +21,7 @@
 #include "seed/seed.h"
 #include "model/model.h"
 #include "net/net.h"
+#include "util/err.h"
 
 #define MAX_PENDING_LINKS 8
 #define CLOSED_RING 256
@@ -1194,10 +1195,11 @@ static void stage_dial_out(struct stage *st)
         return;
     c->st = st;
     c->role = CONN_OUT;
+    char err[KV_ERR_MAX];
     int rc = net_link_dial(&c->link, st->loop, st->m.ranks[st->succ].endpoint, &link_cbs, c,
-                           HS_MAX_PAYLOAD);
+                           HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, err);
         free(c);
         st->redial_ms = 2000;
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
@@ -1220,9 +1222,10 @@ static void stage_dial_in(struct stage *st)
     c->role = CONN_PENDING;
     c->relay_in = true;
     c->last_rx_ms = now_ms();
-    int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, HS_MAX_PAYLOAD);
+    char err[KV_ERR_MAX];
+    int rc = net_link_dial(&c->link, st->loop, down, &link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, err);
         free(c);
         st->redial_in_ms = 2000;
         uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
@@ -1383,7 +1386,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     for (struct conn *p = st->pending; p; p = p->next)
         conn_close(p, "shutting down");
     if (st->ls)
-        net_listener_close(st->ls);
+        net_listener_close(st->ls, NULL, NULL);
     st->ls = NULL;
     if (st->http)
         net_http_server_close(st->http, NULL, NULL);
@@ -1647,7 +1650,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
 fail_loop:
     st->shutting_down = true;
     if (st->ls)
-        net_listener_close(st->ls);
+        net_listener_close(st->ls, NULL, NULL);
     if (st->ctl_open)
         uv_close((uv_handle_t *)&st->ctl, NULL);
     kvd_compute_stop(st->comp);
