@@ -47,7 +47,6 @@ struct pull {
     uint64_t total, done;
     double t0, last_draw;
     int last_decile;
-    bool tty;
     /* last response */
     long status;
     char etag[256];
@@ -94,9 +93,36 @@ static void human(char *buf, size_t n, double v)
     snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", v, u[i]);
 }
 
+void seed_pull_log_file(void *ud, int kind, const char *line)
+{
+    FILE *f = ud;
+    if (kind == SEED_PULL_BAR)
+        fprintf(f, "\r%s", line);
+    else if (kind == SEED_PULL_BAR_END)
+        fputc('\n', f);
+    else
+        fprintf(f, "%s\n", line);
+    fflush(f);
+}
+
+/* A line for the caller's log (nothing when it gave none). */
+static void pull_say(const struct seed_pull_opts *o, int kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pull_say(const struct seed_pull_opts *o, int kind, const char *fmt, ...)
+{
+    if (!o->log)
+        return;
+    char line[KV_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    o->log(o->log_ud, kind, line);
+}
+
 static void progress(struct pull *p, bool final)
 {
-    if (!p->o->progress || !p->total)
+    if (!p->o->progress || !p->o->log || !p->total)
         return;
     double t = now_s(), el = t - p->t0;
     double rate = el > 0 ? (double)(p->done - p->st->bytes_resumed) / el : 0;
@@ -106,7 +132,7 @@ static void progress(struct pull *p, bool final)
     human(tot, sizeof tot, (double)p->total);
     human(r, sizeof r, rate);
     double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0;
-    if (p->tty) {
+    if (p->o->progress == 2) {
         if (!final && t - p->last_draw < 0.1)
             return;
         p->last_draw = t;
@@ -115,14 +141,16 @@ static void progress(struct pull *p, bool final)
         for (int i = 0; i < 30; i++)
             bar[i] = i < fill ? '#' : '-';
         bar[30] = 0;
-        fprintf(stderr, "\r[%s] %3d%% %s / %s  %s/s  ETA %.0fs   ", bar, pct, d, tot, r, eta);
+        pull_say(p->o, SEED_PULL_BAR, "[%s] %3d%% %s / %s  %s/s  ETA %.0fs   ", bar, pct, d, tot,
+                 r, eta);
         if (final)
-            fputc('\n', stderr);
+            pull_say(p->o, SEED_PULL_BAR_END, "%s", "");
     } else {
         int dec = pct / 10;
         if (dec > p->last_decile || (final && dec != p->last_decile)) {
             p->last_decile = dec;
-            fprintf(stderr, "pull: %3d%% %s / %s  %s/s  ETA %.0fs\n", pct, d, tot, r, eta);
+            pull_say(p->o, SEED_PULL_LINE, "pull: %3d%% %s / %s  %s/s  ETA %.0fs", pct, d, tot, r,
+                     eta);
         }
     }
 }
@@ -546,7 +574,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
     p->done = have;
     p->st->bytes_resumed = have;
     if (have && o->progress)
-        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", have, size);
+        pull_say(o, SEED_PULL_LINE, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes", have, size);
     struct filew w = {p, fd, have, size, have > 0};
     if (have < size) {
         curl_setup(p, url);
@@ -723,8 +751,8 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     const char *sha = cat ? cat->source_sha256 : o->source_sha256;
     if (!sha) {
         if (o->progress)
-            fprintf(stderr, "pull: warning: no catalog and no --source-sha256: the window's "
-                            "kvasir.source.sha256 is zeros and nothing is verified\n");
+            pull_say(o, SEED_PULL_LINE, "pull: warning: no catalog and no --source-sha256: the "
+                     "window's kvasir.source.sha256 is zeros and nothing is verified");
         sha = zero_sha;
     }
     struct gguf_window_opts wo = {o->first, o->last, sha};
@@ -823,7 +851,8 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     p->done += s.runoff;
     p->st->bytes_resumed = p->done;
     if (resume && p->done && o->progress)
-        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", p->done, fetch);
+        pull_say(o, SEED_PULL_LINE, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes", p->done,
+                 fetch);
     /* 5. the ranges */
     for (size_t r = (size_t)s.run; r < nr && !rc; r++) {
         uint64_t from = runs[r].src_first + (r == s.run ? s.runoff : 0);
@@ -902,7 +931,6 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
         snprintf(err, errlen, "pull: URL must be http:// or https:// (and under 2000 bytes)");
         return -EINVAL;
     }
-    p.tty = isatty(STDERR_FILENO);
     p.t0 = now_s();
     char part[4200], statep[4300];
     snprintf(part, sizeof part, "%s.part", o->out_path);
@@ -940,8 +968,8 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
     } else {
         rc = pull_plain(&p, o->url, cat, part, statep);
     }
-    if (p.tty && o->progress && rc)
-        fputc('\n', stderr);
+    if (o->progress == 2 && rc)
+        pull_say(o, SEED_PULL_BAR_END, "%s", "");
     if (rc && o->cancel && *o->cancel) {
         snprintf(err, errlen, "pull cancelled; run again to resume");
         rc = -ECANCELED;
@@ -953,7 +981,8 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
 }
 
 int seed_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
-                    const char *dir, char *out, size_t outlen, char *err, size_t errlen)
+                    const char *dir, int progress, seed_pull_log_cb log, void *log_ud, char *out,
+                    size_t outlen, char *err, size_t errlen)
 {
     struct ring_manifest *m = calloc(1, sizeof *m);
     if (!m)
@@ -978,16 +1007,16 @@ int seed_window_from(const char *manifest, int rank, const char *url, const char
         free(m);
         return -ENAMETOOLONG;
     }
-    if (access(out, R_OK) == 0) {
-        fprintf(stderr, "pull: %s is there already; not pulled again\n", out);
-        free(m);
-        return 0;
-    }
     bool has_id = strlen(m->catalog) == 64;
     struct seed_pull_opts o = {.url = url, .first = me->first, .last = me->last,
                               .catalog_path = catalog_path,
                               .model_id = has_id ? m->catalog : NULL,
-                              .out_path = out, .progress = 1};
+                              .out_path = out, .progress = progress, .log = log, .log_ud = log_ud};
+    if (access(out, R_OK) == 0) {
+        pull_say(&o, SEED_PULL_LINE, "pull: %s is there already; not pulled again", out);
+        free(m);
+        return 0;
+    }
     rc = seed_pull(&o, NULL, err, errlen);
     free(m);
     return rc;
