@@ -59,7 +59,7 @@ static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
 }
 
 /* Own c in a new net_tls_ctx (c is freed when that fails). */
-static int tls_ctx_wrap(SSL_CTX *c, struct net_tls_ctx **out)
+static int tls_ctx_wrap(struct net_tls_ctx **out, SSL_CTX *c)
 {
     struct net_tls_ctx *t = calloc(1, sizeof *t);
     if (!t) {
@@ -107,7 +107,7 @@ int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, cons
         SSL_CTX_free(c);
         return -EINVAL;
     }
-    return tls_ctx_wrap(c, out);
+    return tls_ctx_wrap(out, c);
 }
 
 int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify, char *err,
@@ -132,7 +132,7 @@ int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool v
         SSL_CTX_set_default_verify_paths(c);
     }
     SSL_CTX_set_verify(c, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
-    return tls_ctx_wrap(c, out);
+    return tls_ctx_wrap(out, c);
 }
 
 void net_tls_ctx_free(struct net_tls_ctx *ctx)

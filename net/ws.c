@@ -97,8 +97,8 @@ void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason)
         uv_timer_start(&ws->timer, ws_deadline_cb, ms, 0);
 }
 
-int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const char *sni,
-                  const struct net_ws_limits *lim, struct net_ws **out)
+int net__ws_alloc(struct net_ws **out, uv_loop_t *loop, struct net_tls_ctx *tls, bool server,
+                  const char *sni, const struct net_ws_limits *lim)
 {
     *out = NULL;
     struct net_ws *ws = calloc(1, sizeof *ws);
@@ -660,8 +660,8 @@ static const struct net_http_upgrade_ops hc_ops = {
     .on_data = hc_data, .on_close = hc_closed, .on_writable = hc_writable,
 };
 
-int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
-                       struct net_ws **out)
+int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
+                       const struct net_ws_limits *lim)
 {
     *out = NULL;
     struct net_ws *ws = calloc(1, sizeof *ws);

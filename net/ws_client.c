@@ -228,7 +228,7 @@ int net_ws_dial(struct net_ws **out, struct uv_loop_s *loop, const char *url,
         return -EINVAL;
     }
     struct net_ws *ws;
-    int r = net__ws_alloc(loop, want_tls ? tls : NULL, false, host, lim, &ws);
+    int r = net__ws_alloc(&ws, loop, want_tls ? tls : NULL, false, host, lim);
     if (r < 0) {
         snprintf(err, errlen, "ws: %s: %s", url, uv_strerror(r));
         free(host);

@@ -107,8 +107,8 @@ struct net_ws {
 };
 
 /* Allocate a connection on loop (tcp + timer initialised). */
-int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const char *sni,
-                  const struct net_ws_limits *lim, struct net_ws **out);
+int net__ws_alloc(struct net_ws **out, uv_loop_t *loop, struct net_tls_ctx *tls, bool server,
+                  const char *sni, const struct net_ws_limits *lim);
 /* Start reading the socket. */
 int net__ws_start_read(struct net_ws *ws);
 /* Send raw plaintext bytes (HTTP) through TLS when on. */
@@ -126,8 +126,8 @@ void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason);
 /* A server-side connection carried by net's HTTP server (peer "ip:port"): only its timer
  * is a handle; net__ws_upgrade_http answers the request with response_head (101) and opens
  * framing; net__ws_after_upgrade processes bytes that came with the request. */
-int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
-                       struct net_ws **out);
+int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
+                       const struct net_ws_limits *lim);
 int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char *response_head);
 void net__ws_after_upgrade(struct net_ws *ws);
 

@@ -72,7 +72,7 @@ static void ws_request(struct net_http_req *req, void *ud)
         return;
     }
     struct net_ws *ws;
-    if (net__ws_alloc_http(srv->loop, net_http_req_peer(req), &srv->lim, &ws) < 0) {
+    if (net__ws_alloc_http(&ws, srv->loop, net_http_req_peer(req), &srv->lim) < 0) {
         net_http_reply_error(req, 503, "out of memory");
         return;
     }
