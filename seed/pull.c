@@ -518,7 +518,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
             free(m.p);
             return rc;
         }
-        char got[65], err[256] = "";
+        char got[65], err[KV_ERR_MAX] = "";
         rc = gguf_catalog_from_json(catp, m.p, m.len, got, err, sizeof err);
         free(m.p);
         if (rc) {
@@ -938,7 +938,7 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
     struct gguf_catalog *cat = NULL;
     int rc;
     if (o->catalog_path) {
-        char e2[400] = "", cid[65];
+        char e2[KV_ERR_MAX] = "", cid[65];
         if ((rc = gguf_catalog_load(&cat, o->catalog_path, cid, e2, sizeof e2))) {
             snprintf(err, errlen, "catalog %s: %s", o->catalog_path, e2);
             return rc;
