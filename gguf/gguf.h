@@ -224,9 +224,10 @@ bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t
 /* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */
 int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
 
-/* Catalogs (docs/design.md, "Windows and mini-GGUFs"): per tensor name, type, shape, absolute byte offset in the
- * source file, byte size and SHA-256; plus the source file's SHA-256 and size. The catalog's
- * JSON text (gguf_catalog_save) is canonical, and the SHA-256 of those bytes is the model id.
+/* Catalogs (docs/design.md, "Windows and mini-GGUFs"): per tensor name, type, shape, absolute
+ * byte offset in the source file, byte size and SHA-256; plus the source file's SHA-256 and
+ * size. The catalog's JSON text (gguf_catalog_save) is canonical, and the SHA-256 of those
+ * bytes is the model id.
  * JSON: {"version":1,"source_sha256":HEX,"source_size":N,"arch":S,"n_layers":N,
  *        "tensors":[{"name":S,"type":"q8_0","shape":[ne0,...],"offset":N,"size":N,"sha256":HEX}]} */
 #define GGUF_CATALOG_MAX_JSON (256u << 20)

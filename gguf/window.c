@@ -1,6 +1,6 @@
-/* window.c — stage windows (docs/design.md, "Windows and mini-GGUFs"): which tensors a layer window holds, and
- * the stage mini-GGUF writer (all source metadata, the window's tensors with their original
- * names and identical bytes, kvasir.window.first/last, kvasir.source.sha256). */
+/* window.c — stage windows (docs/design.md, "Windows and mini-GGUFs"): which tensors a layer
+ * window holds, and the stage mini-GGUF writer (all source metadata, the window's tensors with
+ * their original names and identical bytes, kvasir.window.first/last, kvasir.source.sha256). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>

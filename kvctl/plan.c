@@ -1,7 +1,7 @@
 /* kvctl/plan.c — `kvctl plan` and `kvctl profile`: the I/O around the pure planner.
  *
- * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape
- * descriptor), device profiles (docs/design.md, "The rank manifest"), plan, print a table and write the rank
+ * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape descriptor),
+ * device profiles (docs/design.md, "The rank manifest"), plan, print a table and write the rank
  * manifest. profile: measure this machine for a model and print its device profile. */
 #include <errno.h>
 #include <inttypes.h>

@@ -11,9 +11,10 @@
 #include <stdint.h>
 
 /* ============================= frames + links ============================= */
-/* Ring links (docs/design.md, "The ring data path"). A link is a byte stream between two stages, carried by a
- * transport (TCP here; a WebSocket bridge through a relay for relay:// endpoints) behind a
- * small vtable. On top of the stream go frames, all little-endian, with a 28-byte header:
+/* Ring links (docs/design.md, "The ring data path"). A link is a byte stream between two
+ * stages, carried by a transport (TCP here; a WebSocket bridge through a relay for relay://
+ * endpoints) behind a small vtable. On top of the stream go frames, all little-endian, with a
+ * 28-byte header:
  *
  *   off  0  u32 magic 'KVR1' (0x3152564b)   off 16  u32 pos
  *   off  4  u8  type                        off 20  u32 n_tokens
