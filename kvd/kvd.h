@@ -92,8 +92,8 @@ struct kvd_relay_stats {
 
 struct kvd_relay;
 /* Start a relay on loop (listening at once). 0, or negative errno with err filled. */
-int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop, const struct kvd_relay_config *cfg,
-                  char *err, size_t errlen);
+int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
+                  const struct kvd_relay_config *cfg, char *err, size_t errlen);
 /* The port it listens on. */
 int kvd_relay_port(const struct kvd_relay *r);
 void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out);

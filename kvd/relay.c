@@ -604,8 +604,8 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
     return a < b ? a : b;
 }
 
-int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop, const struct kvd_relay_config *cfg,
-                  char *err, size_t errlen)
+int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
+                  const struct kvd_relay_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
     struct kvd_relay *r = calloc(1, sizeof *r);
