@@ -1,7 +1,7 @@
 /* kvctl/plan.c — `kvctl plan` and `kvctl profile`: the I/O around the pure planner.
  *
- * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape
- * descriptor), device profiles (DESIGN.md section 7), plan, print a table and write the rank
+ * plan: read a model shape (a GGUF or mini-GGUF header, a catalog, or a JSON shape descriptor),
+ * device profiles (docs/design.md, "The rank manifest"), plan, print a table and write the rank
  * manifest. profile: measure this machine for a model and print its device profile. */
 #include <errno.h>
 #include <inttypes.h>
@@ -570,7 +570,7 @@ static void plan_usage(FILE *o)
     fprintf(o,
         "usage: kvctl plan (--model FILE | --catalog CAT) --devices devices.json [options]\n"
         "Plan a ring: cut the model's layers into windows over the devices and write the rank\n"
-        "manifest (DESIGN.md section 7), printing a table of the plan.\n"
+        "manifest (docs/design.md, \"The rank manifest\"), printing a table of the plan.\n"
         "  --model FILE         a GGUF or stage mini-GGUF (header only), or a JSON shape\n"
         "                       descriptor (docs/planner.md)\n"
         "  --catalog CAT        a catalog (kvctl catalog); MoE models need --experts-used N\n"

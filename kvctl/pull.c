@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvctl/kvctl.h"
 #include "seed/seed.h"
@@ -44,7 +45,8 @@ static int parse_layers(const char *s, uint32_t *a, uint32_t *b)
 
 int kvctl_cmd_pull(int argc, char **argv)
 {
-    struct seed_pull_opts o = {.progress = 1};
+    struct seed_pull_opts o = {.progress = isatty(STDERR_FILENO) ? 2 : 1,
+                              .log = seed_pull_log_file, .log_ud = stderr};
     bool have_layers = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

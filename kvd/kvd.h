@@ -19,7 +19,7 @@ void kvd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 
 /* ================================== stage ================================== */
 /* The stage role (docs/design.md, "The ring data path"): a kvd that holds the layer window
- * of one rank (manifest: ring/ring.h), links to its predecessor (in) and successor (out), runs
+ * of one rank (manifest: ringlib/ring.h), links to its predecessor (in) and successor (out), runs
  * the window on a compute thread for every boundary that arrives, and (rank 0) serves clients
  * on a local control socket (STATE_DIR/kvd.sock, one JSON object per line; see docs/ring.md). */
 
@@ -91,13 +91,15 @@ struct kvd_relay_stats {
 };
 
 struct kvd_relay;
-/* Start a relay on loop (listening at once). 0 or negative errno, reason on stderr. */
-int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, struct kvd_relay **out);
+/* Start a relay on loop (listening at once). 0, or negative errno with err filled. */
+int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
+                  const struct kvd_relay_config *cfg, char *err, size_t errlen);
 /* The port it listens on. */
 int kvd_relay_port(const struct kvd_relay *r);
 void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out);
-/* Stop listening, close every connection; freed once the loop has run the close callbacks. */
-void kvd_relay_close(struct kvd_relay *r);
+/* Stop listening, close every connection; r is freed once the loop has run the close
+ * callbacks, and done (may be NULL) runs then. */
+void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud);
 /* `kvd --role relay ...`: parse options, run until SIGINT/SIGTERM; returns the exit status. */
 int kvd_relay_main(int argc, char **argv);
 

@@ -20,6 +20,7 @@
 #include "kvd/kvd.h"
 #include "net/net.h"
 #include "util/util.h"
+#include "util/err.h"
 
 #define BRIDGE_ID_MIN 32
 #define BRIDGE_ID_MAX 64
@@ -68,13 +69,29 @@ struct kvd_relay {
     struct net_tls_ctx *tls;
     struct net_ws_server *srv;
     uv_timer_t tick;
-    bool closing, tick_closed;
+    bool closing, tick_closed, srv_closed;
+    void (*done)(void *ud);      /* kvd_relay_close's callback */
+    void *done_ud;
     struct relay_end *ends;
     struct relay_bridge **buckets;
     size_t n_buckets;
     struct addr_count *addrs[ADDR_BUCKETS];
     struct kvd_relay_stats st;
 };
+
+/* After kvd_relay_close: free r once its timer, its server and every end are gone (the TLS
+ * context only then: the server's connections borrow it), then tell the owner. */
+static void relay_maybe_free(struct kvd_relay *r)
+{
+    if (!r->closing || r->ends || !r->tick_closed || !r->srv_closed)
+        return;
+    void (*done)(void *) = r->done;
+    void *done_ud = r->done_ud;
+    net_tls_ctx_free(r->tls);
+    free(r);
+    if (done)
+        done(done_ud);
+}
 
 static uint64_t hash_str(const char *s)
 {
@@ -351,8 +368,7 @@ static void on_close(struct net_ws *ws, int code, const char *reason, void *ud)
         e->next->prev = e->prev;
     r->st.connections--;
     free(e);
-    if (r->closing && !r->ends && r->tick_closed)
-        free(r);
+    relay_maybe_free(r);
 }
 
 static const struct net_ws_handlers end_handlers = {
@@ -589,12 +605,15 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
     return a < b ? a : b;
 }
 
-int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, struct kvd_relay **out)
+int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
+                  const struct kvd_relay_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
     struct kvd_relay *r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
         return -ENOMEM;
+    }
     r->loop = loop;
     r->cfg = *cfg;
     struct kvd_relay_config *c = &r->cfg;
@@ -606,13 +625,13 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
     if (!c->max_msg_bytes) c->max_msg_bytes = 16u << 20;
     if (!c->high_water) c->high_water = 64u << 10;
     if (c->max_bridges > (1u << 24)) {
-        fprintf(stderr, "kvd relay: max_bridges %u over the limit %u\n", c->max_bridges, 1u << 24);
+        snprintf(err, errlen, "max_bridges %u over the limit %u", c->max_bridges, 1u << 24);
         free(r);
         return -EINVAL;
     }
     if (c->max_msg_bytes > (1u << 30)) {
-        fprintf(stderr, "kvd relay: max_msg_bytes %" PRIu64 " over the limit %u\n",
-                c->max_msg_bytes, 1u << 30);
+        snprintf(err, errlen, "max_msg_bytes %" PRIu64 " over the limit %u", c->max_msg_bytes,
+                 1u << 30);
         free(r);
         return -EINVAL;
     }
@@ -621,12 +640,13 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
         r->n_buckets *= 2;
     r->buckets = calloc(r->n_buckets, sizeof *r->buckets);
     if (!r->buckets) {
+        snprintf(err, errlen, "out of memory for %zu bridge slots", r->n_buckets);
         free(r);
         return -ENOMEM;
     }
     int rc;
     if (!c->plain) {
-        rc = net_tls_ctx_server_new(&r->tls, c->tls_cert, c->tls_key);
+        rc = net_tls_ctx_server_new(&r->tls, c->tls_cert, c->tls_key, err, errlen);
         if (rc < 0)
             goto fail;
     }
@@ -635,7 +655,7 @@ int kvd_relay_new(struct uv_loop_s *loop, const struct kvd_relay_config *cfg, st
     struct net_ws_limits lim = {.max_msg_bytes = c->max_msg_bytes, .low_water = c->high_water / 4,
                                 .max_conns = conns > (1u << 24) ? (1u << 24) : (uint32_t)conns};
     static const struct net_ws_server_handlers sh = {.on_upgrade = on_upgrade, .on_get = on_get};
-    rc = net_ws_server_new(loop, c->listen, r->tls, &lim, &sh, r, &r->srv);
+    rc = net_ws_server_new(&r->srv, loop, c->listen, r->tls, &lim, &sh, r, err, errlen);
     if (rc < 0)
         goto fail;
     uv_timer_init(loop, &r->tick);
@@ -670,19 +690,25 @@ static void tick_closed(uv_handle_t *h)
 {
     struct kvd_relay *r = h->data;
     r->tick_closed = true;
-    net_tls_ctx_free(r->tls);
-    r->tls = NULL;
     free(r->buckets);
     r->buckets = NULL;
-    if (!r->ends)
-        free(r);
+    relay_maybe_free(r);
 }
 
-void kvd_relay_close(struct kvd_relay *r)
+static void srv_closed(void *ud)
+{
+    struct kvd_relay *r = ud;
+    r->srv_closed = true;
+    relay_maybe_free(r);
+}
+
+void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud)
 {
     if (!r || r->closing)
         return;
     r->closing = true;
+    r->done = done;
+    r->done_ud = ud;
     /* Ends see their connections drop; the server frees itself once they are gone. The
      * bridge table is no longer consulted after this. */
     for (size_t i = 0; i < r->n_buckets; i++) {
@@ -696,7 +722,7 @@ void kvd_relay_close(struct kvd_relay *r)
             free(b);
         }
     }
-    net_ws_server_close(r->srv);
+    net_ws_server_close(r->srv, srv_closed, r);
     uv_timer_stop(&r->tick);
     uv_close((uv_handle_t *)&r->tick, tick_closed);
 }
@@ -709,7 +735,7 @@ static uv_signal_t sig_int, sig_term;
 static void on_signal(uv_signal_t *s, int signum)
 {
     fprintf(stderr, "kvd relay: signal %d, shutting down\n", signum);
-    kvd_relay_close(main_relay);
+    kvd_relay_close(main_relay, NULL, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_close((uv_handle_t *)&sig_term, NULL);
 }
@@ -823,9 +849,12 @@ int kvd_relay_main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     uv_loop_t *loop = uv_default_loop();
-    int rc = kvd_relay_new(loop, &cfg, &main_relay);
-    if (rc < 0)
+    char err[KV_ERR_MAX];
+    int rc = kvd_relay_new(&main_relay, loop, &cfg, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "kvd relay: %s\n", err);
         return 1;
+    }
     fprintf(stderr, "kvd relay: listening on %s port %d (%s)\n", cfg.listen,
             kvd_relay_port(main_relay), cfg.plain ? "plain ws" : "TLS");
     uv_signal_init(loop, &sig_int);

@@ -9,6 +9,7 @@
 #include "net/net.h"
 #include "seed/seed.h"
 #include "util/util.h"
+#include "util/err.h"
 
 static uv_signal_t sig_int, sig_term;
 static struct net_http_server *main_srv;
@@ -79,7 +80,7 @@ int kvd_seeder_main(int argc, char **argv)
     uv_loop_t *loop = uv_default_loop();
     struct net_http_server *srv;
     struct seed_server *sd;
-    char err[512];
+    char err[KV_ERR_MAX];
     int rc = net_http_server_new(&srv, loop, &lim);
     if (rc || (rc = seed_server_new(&sd, srv))) {
         fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));

@@ -30,7 +30,7 @@ struct model_hparams {
     uint32_t n_rot;
     float rms_eps, rope_base, rope_scale;
     bool rope_neox;
-    /* issue 9: MoE and the Gated DeltaNet hybrid (0 when the model has none) */
+    /* MoE and the Gated DeltaNet hybrid (0 when the model has none) */
     uint32_t n_block;         /* <arch>.block_count as in the file (n_layer + n_nextn) */
     uint32_t n_nextn;         /* nextn_predict_layers: multi-token-prediction blocks */
     uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;

@@ -22,6 +22,7 @@
 
 #include "net/internal.h"
 #include "net/net.h"
+#include "util/err.h"
 
 #define HTTP_MAX_HEADERS_CAP 256
 #define HTTP_CHUNK (256u * 1024)           /* bytes asked of a body per read */
@@ -538,7 +539,7 @@ static void dispatch(struct net_http_conn *c)
     timer_arm(c, s->lim.idle_timeout_ms);
     struct http_parser_url u;
     http_parser_url_init(&u);
-    char err[160];
+    char err[KV_ERR_MAX];
     if (c->parser.http_major != 1) {
         r->keep_alive = false;
         net_http_reply_error(r, 505, "HTTP/%u.%u not supported", c->parser.http_major,

@@ -8,6 +8,7 @@
 
 #include "net/internal.h"
 #include "net/net.h"
+#include "util/err.h"
 
 struct net_link {
     uv_loop_t *loop;
@@ -72,17 +73,22 @@ static struct net_link *link_new(uv_loop_t *loop, const struct net_transport *op
 }
 
 int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
-                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload)
+                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload, char *err,
+                  size_t errlen)
 {
     const char *rest;
     const struct net_transport *ops = transport_find(endpoint, &rest);
-    if (!ops)
+    if (!ops) {
+        snprintf(err, errlen, "endpoint %s: no transport for its scheme", endpoint);
         return -EPROTONOSUPPORT;
+    }
     struct net_link *l = link_new(loop, ops, cbs, ud, max_payload);
-    if (!l)
+    if (!l) {
+        snprintf(err, errlen, "endpoint %s: out of memory", endpoint);
         return -ENOMEM;
+    }
     snprintf(l->peer, sizeof l->peer, "%s", rest);
-    int rc = ops->dial(l, loop, rest);
+    int rc = ops->dial(l, loop, rest, err, errlen);
     if (rc < 0) {
         net_frame_reader_free(&l->rd);
         free(l);
@@ -188,14 +194,14 @@ void net_link_tp_data(struct net_link *l, const void *data, size_t len)
     }
     struct net_frame_hdr h;
     const uint8_t *payload;
-    char err[200];
+    char err[KV_ERR_MAX];
     int rc;
     while (!l->closing && (rc = net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
         if (rc < 0) {
-            char r[256];
+            char r[KV_ERR_MAX + 16];
             snprintf(r, sizeof r, "bad frame: %s", err);
             /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
-            uint8_t eb[4 + 256];
+            uint8_t eb[4 + sizeof r];
             size_t n = strlen(r);
             eb[0] = 2; eb[1] = eb[2] = eb[3] = 0;
             memcpy(eb + 4, r, n);
@@ -375,21 +381,27 @@ int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char *
     return 0;
 }
 
-static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest)
+static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+                    size_t errlen)
 {
     char host[256], port[16];
     int rc = split_hostport(rest, host, sizeof host, port, sizeof port);
-    if (rc < 0)
+    if (rc < 0) {
+        snprintf(err, errlen, "endpoint tcp://%s: expected HOST:PORT", rest);
         return rc;
+    }
     struct tcp_tp *t = calloc(1, sizeof *t);
-    if (!t)
+    if (!t) {
+        snprintf(err, errlen, "tcp://%s: out of memory", rest);
         return -ENOMEM;
+    }
     t->l = l;
     t->gai.data = t;
     net_link_tp_set(l, t);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     rc = uv_getaddrinfo(loop, &t->gai, tcp_on_resolved, host, port, &hints);
     if (rc < 0) {
+        snprintf(err, errlen, "resolve %s: %s", host, uv_strerror(rc));
         free(t);
         return rc;
     }
@@ -466,6 +478,8 @@ struct net_listener {
     net_accept_cb on_accept;
     void *ud;
     uint32_t max_payload;
+    void (*done)(void *ud);      /* net_listener_close's callback */
+    void *done_ud;
 };
 
 static void ls_on_conn(uv_stream_t *server, int status)
@@ -524,7 +538,7 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
         rc = uv_listen((uv_stream_t *)&ls->tcp, 16, ls_on_conn);
     if (rc < 0) {
         snprintf(err, errlen, "listen on %s: %s", addr, uv_strerror(rc));
-        net_listener_close(ls);
+        net_listener_close(ls, NULL, NULL);
         return rc;
     }
     *out = ls;
@@ -544,11 +558,19 @@ int net_listener_port(const struct net_listener *ls)
 
 static void ls_on_closed(uv_handle_t *h)
 {
-    free(h->data);
+    struct net_listener *ls = h->data;
+    void (*done)(void *) = ls->done;
+    void *ud = ls->done_ud;
+    free(ls);
+    if (done)
+        done(ud);
 }
 
-void net_listener_close(struct net_listener *ls)
+void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *ud)
 {
-    if (ls)
-        uv_close((uv_handle_t *)&ls->tcp, ls_on_closed);
+    if (!ls)
+        return;
+    ls->done = done;
+    ls->done_ud = ud;
+    uv_close((uv_handle_t *)&ls->tcp, ls_on_closed);
 }

@@ -1,7 +1,7 @@
 /* net — libuv links, ring framing and handshake, HTTP server/client, TLS, WebSocket bridge.
  * Knows nothing of tensors beyond byte payloads.
  *
- * Sections: [frames + links] (issue 5), [http] (issue 7), [tls + websocket] (issue 8).
+ * Sections: [frames + links], [http], [tls + websocket].
  */
 #ifndef KV_NET_H
 #define KV_NET_H
@@ -11,9 +11,10 @@
 #include <stdint.h>
 
 /* ============================= frames + links ============================= */
-/* Ring links (DESIGN.md section 8). A link is a byte stream between two stages, carried by a
- * transport (TCP here; a WebSocket bridge through a relay for relay:// endpoints) behind a
- * small vtable. On top of the stream go frames, all little-endian, with a 28-byte header:
+/* Ring links (docs/design.md, "The ring data path"). A link is a byte stream between two
+ * stages, carried by a transport (TCP here; a WebSocket bridge through a relay for relay://
+ * endpoints) behind a small vtable. On top of the stream go frames, all little-endian, with a
+ * 28-byte header:
  *
  *   off  0  u32 magic 'KVR1' (0x3152564b)   off 16  u32 pos
  *   off  4  u8  type                        off 20  u32 n_tokens
@@ -161,8 +162,9 @@ struct net_link_cbs {
 /* A transport moves a link's bytes. Implementations call the net_link_tp_* hooks below. */
 struct net_transport {
     const char *scheme;     /* "tcp", "relay" (endpoint "scheme://rest") */
-    /* Start connecting to rest; call net_link_tp_opened when the stream is up or failed. */
-    int (*dial)(struct net_link *l, uv_loop_t *loop, const char *rest);
+    /* Start connecting to rest; call net_link_tp_opened when the stream is up or failed.
+     * A start that fails at once returns a negative code with err filled. */
+    int (*dial)(struct net_link *l, uv_loop_t *loop, const char *rest, char *err, size_t errlen);
     /* Send buf (malloc'd; ownership passes: free it when written or on close). It may call
      * net_link_tp_written before it returns. */
     int (*write)(struct net_link *l, uv_buf_t buf);
@@ -172,9 +174,11 @@ struct net_transport {
 /* Register a transport for its scheme (TCP is built in). 0, -EEXIST, -ENOSPC. */
 int net_transport_register(const struct net_transport *t);
 
-/* Dial endpoint "tcp://host:port" (or a registered scheme); callbacks on the loop. */
+/* Dial endpoint "tcp://host:port" (or a registered scheme); callbacks on the loop. 0, or a
+ * negative code with err filled when the dial cannot start (no on_open then). */
 int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
-                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload);
+                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload, char *err,
+                  size_t errlen);
 /* Send one frame: h->payload_len is set from len; header and payload are copied. */
 int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
                   size_t len);
@@ -210,8 +214,8 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
                      const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
                      uint32_t max_payload, char *err, size_t errlen);
 int net_listener_port(const struct net_listener *ls);
-/* Close; freed in the close callback. */
-void net_listener_close(struct net_listener *ls);
+/* Stop listening; ls is freed once its handle has closed, and done (may be NULL) runs then. */
+void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *ud);
 
 /* ================================== http ================================== */
 /* The project's one HTTP/1.1 server (net/http*.c, prefix net_http_), on a libuv loop.
@@ -396,11 +400,15 @@ struct uv_loop_s;
 
 /* A TLS configuration shared by many connections. */
 struct net_tls_ctx;
-/* Server context from PEM certificate chain and key files; 0 or -EINVAL (message on stderr). */
-int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file);
+/* Server context from PEM certificate chain and key files; 0, or -EINVAL/-ENOMEM with err
+ * naming the file and OpenSSL's reason. */
+int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file,
+                           char *err, size_t errlen);
 /* Client context; ca_file NULL and verify false accepts any certificate (tests, pinned by
- * the end-to-end HELLO); ca_file NULL and verify true uses the system store. */
-int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify);
+ * the end-to-end HELLO); ca_file NULL and verify true uses the system store. 0, or negative
+ * with err filled. */
+int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify, char *err,
+                           size_t errlen);
 void net_tls_ctx_free(struct net_tls_ctx *ctx);
 
 /* WebSocket opcodes and the close codes Kvasir uses (RFC 6455 section 7.4; 4xxx are ours). */
@@ -462,10 +470,11 @@ void *net_ws_user(const struct net_ws *ws);
 
 /* Dial a WebSocket URL: ws://host:port/path or wss://host:port/path (tls required for wss).
  * Handlers fire later on the loop; on failure before the handshake, on_close gets 1006
- * and a reason. 0 or negative errno for a malformed URL or a failed start. */
-int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls,
-                const struct net_ws_limits *lim, const struct net_ws_handlers *h, void *ud,
-                struct net_ws **out);
+ * and a reason. 0, or negative errno with err filled for a malformed URL or a failed start
+ * (no handler runs then). */
+int net_ws_dial(struct net_ws **out, struct uv_loop_s *loop, const char *url,
+                struct net_tls_ctx *tls, const struct net_ws_limits *lim,
+                const struct net_ws_handlers *h, void *ud, char *err, size_t errlen);
 
 /* The server side: net's HTTP server with one catch-all route (keep-alive for plain GETs). */
 struct net_ws_server;
@@ -485,15 +494,16 @@ struct net_ws_server_handlers {
                    void *srv_ud);
 };
 /* Listen on addr "host:port" (port 0 picks one); tls NULL = plain ws (tests, trusted LAN).
- * The server borrows tls. */
-int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_ctx *tls,
-                      const struct net_ws_limits *lim, const struct net_ws_server_handlers *h,
-                      void *ud, struct net_ws_server **out);
+ * The server borrows tls. 0, or negative errno with err filled. */
+int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const char *addr,
+                      struct net_tls_ctx *tls, const struct net_ws_limits *lim,
+                      const struct net_ws_server_handlers *h, void *ud, char *err,
+                      size_t errlen);
 /* The bound port. */
 int net_ws_server_port(const struct net_ws_server *srv);
 /* Stop listening and abort every connection; the server is freed once all handles have
- * closed (run the loop). */
-void net_ws_server_close(struct net_ws_server *srv);
+ * closed (run the loop), and done (may be NULL) runs then. */
+void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void *ud);
 
 /* Ring links through a relay (net_link transports): relay://HOST:PORT/b/<bridge-id> dials
  * wss://HOST:PORT/v1/bridge/<bridge-id>, relay+ws:// the same over plain ws. Dialling the

@@ -27,14 +27,14 @@ struct relay_tp {
 
 static struct net_tls_ctx *client_tls;
 
-static struct net_tls_ctx *relay_client_tls(void)
+static struct net_tls_ctx *relay_client_tls(char *err, size_t errlen)
 {
     if (client_tls)
         return client_tls;
     const char *ca = getenv("KV_RELAY_CA");
     const char *insecure = getenv("KV_RELAY_INSECURE");
     bool verify = !(insecure && !strcmp(insecure, "1"));
-    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify) < 0)
+    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify, err, errlen) < 0)
         client_tls = NULL;
     return client_tls;
 }
@@ -119,27 +119,30 @@ static int relay_url(const char *scheme, const char *rest, char *url, size_t n, 
     return w < 0 || (size_t)w >= n ? -ENAMETOOLONG : 0;
 }
 
-static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *rest, bool tls)
+static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *rest, bool tls,
+                             char *err, size_t errlen)
 {
     char url[512];
     uint8_t role;
     int rc = relay_url(tls ? "wss" : "ws", rest, url, sizeof url, &role);
     if (rc < 0) {
-        fprintf(stderr, "relay endpoint \"%s\": expected HOST:PORT/b/BRIDGE-ID\n", rest);
+        snprintf(err, errlen, "relay endpoint \"%s\": expected HOST:PORT/b/BRIDGE-ID", rest);
         return rc;
     }
     struct net_tls_ctx *ctx = NULL;
-    if (tls && !(ctx = relay_client_tls()))
+    if (tls && !(ctx = relay_client_tls(err, errlen)))
         return -EINVAL;
     struct relay_tp *t = calloc(1, sizeof *t);
-    if (!t)
+    if (!t) {
+        snprintf(err, errlen, "relay endpoint \"%s\": out of memory", rest);
         return -ENOMEM;
+    }
     t->l = l;
     t->role = role;
     net_link_tp_set(l, t);
     /* Anything the link itself would accept; the frame reader caps each frame. */
     struct net_ws_limits lim = {.max_msg_bytes = (uint64_t)NET_PAYLOAD_HARD_MAX + NET_HDR_LEN};
-    rc = net_ws_dial(loop, url, ctx, &lim, &rt_handlers, t, &t->ws);
+    rc = net_ws_dial(&t->ws, loop, url, ctx, &lim, &rt_handlers, t, err, errlen);
     if (rc < 0) {
         free(t);
         return rc;
@@ -147,14 +150,16 @@ static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *re
     return 0;
 }
 
-static int relay_dial_tls(struct net_link *l, uv_loop_t *loop, const char *rest)
+static int relay_dial_tls(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+                          size_t errlen)
 {
-    return relay_dial_common(l, loop, rest, true);
+    return relay_dial_common(l, loop, rest, true, err, errlen);
 }
 
-static int relay_dial_plain(struct net_link *l, uv_loop_t *loop, const char *rest)
+static int relay_dial_plain(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+                            size_t errlen)
 {
-    return relay_dial_common(l, loop, rest, false);
+    return relay_dial_common(l, loop, rest, false, err, errlen);
 }
 
 static int relay_write(struct net_link *l, uv_buf_t buf)

@@ -15,6 +15,7 @@
 #include <openssl/ssl.h>
 
 #include "net/ws_internal.h"
+#include "util/err.h"
 
 struct net_tls_ctx {
     SSL_CTX *ssl;
@@ -26,18 +27,21 @@ struct net__tls {
     BIO *wbio;   /* ciphertext for the peer (OpenSSL writes, we read) */
 };
 
-static void tls_log_errors(const char *what)
+/* "what: <OpenSSL's first queued reason>" (or what alone) into err, and the thread's
+ * OpenSSL error queue emptied so that no stale reason reaches a later call. err may be NULL. */
+static void tls_error(char *err, size_t errlen, const char *what)
 {
-    unsigned long e;
-    char buf[256];
-    int n = 0;
-    while ((e = ERR_get_error()) != 0) {
-        ERR_error_string_n(e, buf, sizeof buf);
-        if (n++ < 4)
-            fprintf(stderr, "tls: %s: %s\n", what, buf);
+    unsigned long e = ERR_get_error();
+    if (err && errlen) {
+        char buf[256];
+        if (e) {
+            ERR_error_string_n(e, buf, sizeof buf);
+            snprintf(err, errlen, "%s: %s", what, buf);
+        } else {
+            snprintf(err, errlen, "%s", what);
+        }
     }
-    if (n == 0)
-        fprintf(stderr, "tls: %s\n", what);
+    ERR_clear_error();
 }
 
 static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
@@ -55,7 +59,7 @@ static SSL_CTX *tls_ctx_base(const SSL_METHOD *m)
 }
 
 /* Own c in a new net_tls_ctx (c is freed when that fails). */
-static int tls_ctx_wrap(SSL_CTX *c, struct net_tls_ctx **out)
+static int tls_ctx_wrap(struct net_tls_ctx **out, SSL_CTX *c)
 {
     struct net_tls_ctx *t = calloc(1, sizeof *t);
     if (!t) {
@@ -67,52 +71,59 @@ static int tls_ctx_wrap(SSL_CTX *c, struct net_tls_ctx **out)
     return 0;
 }
 
-int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file)
+int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, const char *key_file,
+                           char *err, size_t errlen)
 {
     *out = NULL;
     if (!cert_file || !key_file) {
-        fprintf(stderr, "tls: server needs a certificate and a key file\n");
+        snprintf(err, errlen, "tls: server needs a certificate and a key file");
         return -EINVAL;
     }
     SSL_CTX *c = tls_ctx_base(TLS_server_method());
     if (!c) {
-        tls_log_errors("SSL_CTX_new");
+        tls_error(err, errlen, "tls: SSL_CTX_new");
         return -ENOMEM;
     }
     SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
     /* Forward secrecy only for TLS 1.2 (TLS 1.3 suites all have it). */
     if (SSL_CTX_set_cipher_list(c, "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!RC4:!3DES") != 1) {
-        tls_log_errors("cipher list");
+        tls_error(err, errlen, "tls: cipher list");
         SSL_CTX_free(c);
         return -EINVAL;
     }
     if (SSL_CTX_use_certificate_chain_file(c, cert_file) != 1) {
-        fprintf(stderr, "tls: certificate file %s: cannot load\n", cert_file);
-        tls_log_errors("certificate");
+        char what[KV_ERR_MAX];
+        snprintf(what, sizeof what, "tls: certificate file %s: cannot load", cert_file);
+        tls_error(err, errlen, what);
         SSL_CTX_free(c);
         return -EINVAL;
     }
     if (SSL_CTX_use_PrivateKey_file(c, key_file, SSL_FILETYPE_PEM) != 1 ||
         SSL_CTX_check_private_key(c) != 1) {
-        fprintf(stderr, "tls: key file %s: cannot load or does not match %s\n", key_file, cert_file);
-        tls_log_errors("key");
+        char what[KV_ERR_MAX];
+        snprintf(what, sizeof what, "tls: key file %s: cannot load or does not match %s", key_file,
+                 cert_file);
+        tls_error(err, errlen, what);
         SSL_CTX_free(c);
         return -EINVAL;
     }
-    return tls_ctx_wrap(c, out);
+    return tls_ctx_wrap(out, c);
 }
 
-int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify)
+int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify, char *err,
+                           size_t errlen)
 {
     *out = NULL;
     SSL_CTX *c = tls_ctx_base(TLS_client_method());
     if (!c) {
-        tls_log_errors("SSL_CTX_new");
+        tls_error(err, errlen, "tls: SSL_CTX_new");
         return -ENOMEM;
     }
     if (ca_file) {
         if (SSL_CTX_load_verify_locations(c, ca_file, NULL) != 1) {
-            fprintf(stderr, "tls: CA file %s: cannot load\n", ca_file);
+            char what[KV_ERR_MAX];
+            snprintf(what, sizeof what, "tls: CA file %s: cannot load", ca_file);
+            tls_error(err, errlen, what);
             SSL_CTX_free(c);
             return -EINVAL;
         }
@@ -121,7 +132,7 @@ int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool v
         SSL_CTX_set_default_verify_paths(c);
     }
     SSL_CTX_set_verify(c, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
-    return tls_ctx_wrap(c, out);
+    return tls_ctx_wrap(out, c);
 }
 
 void net_tls_ctx_free(struct net_tls_ctx *ctx)
@@ -194,7 +205,7 @@ int net__tls_feed(struct net__tls *t, const uint8_t *data, size_t len)
     return 0;
 }
 
-int net__tls_handshake(struct net__tls *t)
+int net__tls_handshake(struct net__tls *t, char *err, size_t errlen)
 {
     if (SSL_is_init_finished(t->ssl))
         return 1;
@@ -204,7 +215,7 @@ int net__tls_handshake(struct net__tls *t)
     int e = SSL_get_error(t->ssl, r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
         return 0;
-    tls_log_errors("handshake failed");
+    tls_error(err, errlen, "TLS handshake failed");
     return -EPROTO;
 }
 
@@ -219,7 +230,7 @@ ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len)
         return 0;
     if (e == SSL_ERROR_ZERO_RETURN)
         return -EPIPE;
-    tls_log_errors("read");
+    tls_error(NULL, 0, "read");
     return -EPROTO;
 }
 
@@ -229,7 +240,7 @@ int net__tls_write(struct net__tls *t, const uint8_t *data, size_t len)
         int chunk = len > (1u << 30) ? (1 << 30) : (int)len;
         int r = SSL_write(t->ssl, data, chunk);
         if (r <= 0) {
-            tls_log_errors("write");
+            tls_error(NULL, 0, "write");
             return -EPROTO;
         }
         data += r;
@@ -301,7 +312,7 @@ static int tls_f_recv(void *state, struct net_http_conn *c, const void *buf, siz
     if (net__tls_feed(t, buf, n) < 0)
         return -ENOMEM;
     if (!SSL_is_init_finished(t->ssl)) {
-        int hs = net__tls_handshake(t);
+        int hs = net__tls_handshake(t, NULL, 0); /* a failed handshake just ends the connection */
         if (tls_push_raw(t, c) < 0 || hs < 0)
             return -EPROTO;
         if (hs == 0)

@@ -15,6 +15,7 @@
 #include <openssl/rand.h>
 
 #include "net/ws_internal.h"
+#include "util/err.h"
 
 #define WS_READ_CHUNK (64 * 1024)
 #define WS_CLOSE_WAIT_MS 2000
@@ -96,8 +97,8 @@ void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason)
         uv_timer_start(&ws->timer, ws_deadline_cb, ms, 0);
 }
 
-int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const char *sni,
-                  const struct net_ws_limits *lim, struct net_ws **out)
+int net__ws_alloc(struct net_ws **out, uv_loop_t *loop, struct net_tls_ctx *tls, bool server,
+                  const char *sni, const struct net_ws_limits *lim)
 {
     *out = NULL;
     struct net_ws *ws = calloc(1, sizeof *ws);
@@ -408,7 +409,8 @@ static void ws_process(struct net_ws *ws)
 {
     switch (ws->state) {
     case NET__WS_HTTP:
-        net__ws_client_http_input(ws); /* server sides arrive open (ws_server.c) */
+        if (ws->client) /* server sides arrive open (ws_server.c) */
+            ws->client->http_input(ws);
         if (ws->state != NET__WS_OPEN)
             break;
         /* bytes after the handshake are frames */
@@ -506,16 +508,17 @@ static void ws_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (ws->state == NET__WS_TLS) {
-        int hs = net__tls_handshake(ws->tls);
+        char why[KV_ERR_MAX];
+        int hs = net__tls_handshake(ws->tls, why, sizeof why);
         if (net__ws_tls_push(ws) < 0 || hs < 0) {
-            net__ws_drop(ws, "TLS handshake failed");
+            net__ws_drop(ws, hs < 0 ? why : "TLS handshake failed");
             return;
         }
         if (hs == 0)
             return;
         ws->state = NET__WS_HTTP;
-        if (!ws->server)
-            net__ws_client_tls_ready(ws);
+        if (ws->client)
+            ws->client->tls_ready(ws);
         if (ws->state == NET__WS_CLOSING)
             return;
     }
@@ -657,8 +660,8 @@ static const struct net_http_upgrade_ops hc_ops = {
     .on_data = hc_data, .on_close = hc_closed, .on_writable = hc_writable,
 };
 
-int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
-                       struct net_ws **out)
+int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
+                       const struct net_ws_limits *lim)
 {
     *out = NULL;
     struct net_ws *ws = calloc(1, sizeof *ws);

@@ -10,12 +10,13 @@
 #include <openssl/rand.h>
 
 #include "net/ws_internal.h"
+#include "util/err.h"
 
 #define WS_DIAL_MS 10000
 
 static void client_fail(struct net_ws *ws, const char *why)
 {
-    snprintf(ws->close_reason, sizeof ws->close_reason, "%s", why);
+    snprintf(ws->close_reason, sizeof ws->close_reason, "%.*s", (int)sizeof ws->close_reason - 1, why);
     net__ws_drop(ws, why);
 }
 
@@ -44,12 +45,7 @@ static void client_send_request(struct net_ws *ws)
         client_fail(ws, "cannot send the handshake");
 }
 
-void net__ws_client_tls_ready(struct net_ws *ws)
-{
-    client_send_request(ws);
-}
-
-void net__ws_client_http_input(struct net_ws *ws)
+static void client_http_input(struct net_ws *ws)
 {
     if (!ws->http)
         return;
@@ -88,6 +84,10 @@ void net__ws_client_http_input(struct net_ws *ws)
         ws->h->on_open(ws, ws->ud);
 }
 
+static const struct net__ws_client_ops client_ops = {
+    .tls_ready = client_send_request, .http_input = client_http_input,
+};
+
 static void client_connected(uv_connect_t *req, int status)
 {
     struct net_ws *ws = req->data;
@@ -114,9 +114,9 @@ static void client_connected(uv_connect_t *req, int status)
     }
     if (ws->tls_on) {
         ws->state = NET__WS_TLS;
-        int hs = net__tls_handshake(ws->tls);
-        if (hs < 0) {
-            client_fail(ws, "TLS handshake failed");
+        char why[KV_ERR_MAX];
+        if (net__tls_handshake(ws->tls, why, sizeof why) < 0) {
+            client_fail(ws, why);
             return;
         }
         if (net__ws_tls_push(ws) < 0)
@@ -208,28 +208,29 @@ static int parse_url(const char *url, bool *tls, char **host, int *port, char **
     return 0;
 }
 
-int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls,
-                const struct net_ws_limits *lim, const struct net_ws_handlers *h, void *ud,
-                struct net_ws **out)
+int net_ws_dial(struct net_ws **out, struct uv_loop_s *loop, const char *url,
+                struct net_tls_ctx *tls, const struct net_ws_limits *lim,
+                const struct net_ws_handlers *h, void *ud, char *err, size_t errlen)
 {
     *out = NULL;
     bool want_tls;
     char *host = NULL, *path = NULL;
     int port;
     if (!url || parse_url(url, &want_tls, &host, &port, &path) < 0) {
-        fprintf(stderr, "ws: URL \"%s\": expected ws://HOST[:PORT]/PATH or wss://...\n",
-                url ? url : "");
+        snprintf(err, errlen, "ws: URL \"%s\": expected ws://HOST[:PORT]/PATH or wss://...",
+                 url ? url : "");
         return -EINVAL;
     }
     if (want_tls && !tls) {
-        fprintf(stderr, "ws: URL %s needs a TLS client context\n", url);
+        snprintf(err, errlen, "ws: URL %s needs a TLS client context", url);
         free(host);
         free(path);
         return -EINVAL;
     }
     struct net_ws *ws;
-    int r = net__ws_alloc(loop, want_tls ? tls : NULL, false, host, lim, &ws);
+    int r = net__ws_alloc(&ws, loop, want_tls ? tls : NULL, false, host, lim);
     if (r < 0) {
+        snprintf(err, errlen, "ws: %s: %s", url, uv_strerror(r));
         free(host);
         free(path);
         return r;
@@ -237,6 +238,7 @@ int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls
     ws->host = host;
     ws->path = path;
     ws->port = port;
+    ws->client = &client_ops;
     ws->state = NET__WS_CONNECTING;
     net_ws_set_user(ws, h, ud);
     char port_s[8];
@@ -245,6 +247,7 @@ int net_ws_dial(struct uv_loop_s *loop, const char *url, struct net_tls_ctx *tls
     ws->gai.data = ws;
     r = uv_getaddrinfo(loop, &ws->gai, client_resolved, host, port_s, &hints);
     if (r < 0) {
+        snprintf(err, errlen, "ws: resolve %s: %s", host, uv_strerror(r));
         net__ws_drop(ws, "resolver failed");
         /* handles close later; the caller sees the error now and on_close not at all */
         net_ws_set_user(ws, NULL, NULL);

@@ -16,8 +16,9 @@ int net__tls_new(struct net__tls **out, struct net_tls_ctx *ctx, bool server, co
 void net__tls_free(struct net__tls *t);
 /* Hand ciphertext from the socket to the session. 0 or -ENOMEM. */
 int net__tls_feed(struct net__tls *t, const uint8_t *data, size_t len);
-/* Advance the handshake: 1 done, 0 needs more input, -EPROTO failed (reason on stderr). */
-int net__tls_handshake(struct net__tls *t);
+/* Advance the handshake: 1 done, 0 needs more input, -EPROTO failed ("TLS handshake
+ * failed: <OpenSSL's reason>" in err; err may be NULL). */
+int net__tls_handshake(struct net__tls *t, char *err, size_t errlen);
 /* Decrypted bytes into buf: > 0 count, 0 needs more input, -EPIPE peer closed TLS,
  * -EPROTO error (renegotiation attempts land here). */
 ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len);
@@ -46,6 +47,14 @@ bool net__http_connection_upgrade(const struct net__http *h);
 bool net__http_has_token(const char *v, const char *token);
 
 /* ---- ws.c: the connection ---- */
+struct net_ws;
+/* The client side's handshake steps (ws_client.c), reached through the connection so that
+ * the core (ws.c) does not depend on the client file that sits on top of it. */
+struct net__ws_client_ops {
+    void (*tls_ready)(struct net_ws *ws);   /* TLS is up: send the opening handshake */
+    void (*http_input)(struct net_ws *ws);  /* plaintext arrived during NET__WS_HTTP */
+};
+
 enum net__ws_state {
     NET__WS_CONNECTING,  /* client: TCP connect in progress */
     NET__WS_TLS,         /* TLS handshake */
@@ -92,13 +101,14 @@ struct net_ws {
     /* HTTP state (handshake) */
     struct net__http *http;      /* handshake parser, freed once open */
     /* client side */
+    const struct net__ws_client_ops *client; /* NULL on a server */
     char *host, *path, *key;
     int port;
 };
 
 /* Allocate a connection on loop (tcp + timer initialised). */
-int net__ws_alloc(uv_loop_t *loop, struct net_tls_ctx *tls, bool server, const char *sni,
-                  const struct net_ws_limits *lim, struct net_ws **out);
+int net__ws_alloc(struct net_ws **out, uv_loop_t *loop, struct net_tls_ctx *tls, bool server,
+                  const char *sni, const struct net_ws_limits *lim);
 /* Start reading the socket. */
 int net__ws_start_read(struct net_ws *ws);
 /* Send raw plaintext bytes (HTTP) through TLS when on. */
@@ -113,15 +123,12 @@ void net__ws_unref(struct net_ws *ws);
 void net__ws_drop(struct net_ws *ws, const char *reason);
 /* Arm the single deadline timer (ms); its expiry drops the connection with reason. */
 void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason);
-/* Plaintext input arrived during HTTP state: implemented by the server / client side. */
 /* A server-side connection carried by net's HTTP server (peer "ip:port"): only its timer
  * is a handle; net__ws_upgrade_http answers the request with response_head (101) and opens
  * framing; net__ws_after_upgrade processes bytes that came with the request. */
-int net__ws_alloc_http(uv_loop_t *loop, const char *peer, const struct net_ws_limits *lim,
-                       struct net_ws **out);
+int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
+                       const struct net_ws_limits *lim);
 int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char *response_head);
 void net__ws_after_upgrade(struct net_ws *ws);
-void net__ws_client_http_input(struct net_ws *ws);
-void net__ws_client_tls_ready(struct net_ws *ws);
 
 #endif

@@ -19,6 +19,8 @@ struct net_ws_server {
     struct net_ws_limits lim;
     struct net_ws_server_handlers h;
     void *ud;
+    void (*done)(void *ud);      /* net_ws_server_close's callback */
+    void *done_ud;
 };
 
 static void ws_request(struct net_http_req *req, void *ud)
@@ -70,7 +72,7 @@ static void ws_request(struct net_http_req *req, void *ud)
         return;
     }
     struct net_ws *ws;
-    if (net__ws_alloc_http(srv->loop, net_http_req_peer(req), &srv->lim, &ws) < 0) {
+    if (net__ws_alloc_http(&ws, srv->loop, net_http_req_peer(req), &srv->lim) < 0) {
         net_http_reply_error(req, 503, "out of memory");
         return;
     }
@@ -99,14 +101,17 @@ static void ws_request(struct net_http_req *req, void *ud)
     net__ws_after_upgrade(ws);
 }
 
-int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_ctx *tls,
-                      const struct net_ws_limits *lim, const struct net_ws_server_handlers *h,
-                      void *ud, struct net_ws_server **out)
+int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const char *addr,
+                      struct net_tls_ctx *tls, const struct net_ws_limits *lim,
+                      const struct net_ws_server_handlers *h, void *ud, char *err,
+                      size_t errlen)
 {
     *out = NULL;
     struct net_ws_server *srv = calloc(1, sizeof *srv);
-    if (!srv)
+    if (!srv) {
+        snprintf(err, errlen, "ws: out of memory");
         return -ENOMEM;
+    }
     srv->loop = loop;
     if (lim)
         srv->lim = *lim;
@@ -119,6 +124,7 @@ int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_c
                                  .max_conns = lim && lim->max_conns ? lim->max_conns : 65536};
     int rc = net_http_server_new(&srv->http, loop, &hl);
     if (rc < 0) {
+        snprintf(err, errlen, "ws: HTTP server: %s", uv_strerror(rc));
         free(srv);
         return rc;
     }
@@ -130,7 +136,7 @@ int net_ws_server_new(struct uv_loop_s *loop, const char *addr, struct net_tls_c
     if (rc == 0)
         rc = net_http_server_listen(srv->http, addr);
     if (rc < 0) {
-        fprintf(stderr, "ws: listen on %s: %s\n", addr ? addr : "", uv_strerror(rc));
+        snprintf(err, errlen, "ws: listen on %s: %s", addr ? addr : "", uv_strerror(rc));
         net_http_server_close(srv->http, free, srv);
         return rc;
     }
@@ -143,11 +149,23 @@ int net_ws_server_port(const struct net_ws_server *srv)
     return net_http_server_port(srv->http);
 }
 
-void net_ws_server_close(struct net_ws_server *srv)
+static void server_closed(void *ud)
+{
+    struct net_ws_server *srv = ud;
+    void (*done)(void *) = srv->done;
+    void *done_ud = srv->done_ud;
+    free(srv);
+    if (done)
+        done(done_ud);
+}
+
+void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void *ud)
 {
     if (!srv)
         return;
+    srv->done = done;
+    srv->done_ud = ud;
     /* closes every connection (upgraded ones report to their WebSocket) and frees srv
      * once every handle is closed */
-    net_http_server_close(srv->http, free, srv);
+    net_http_server_close(srv->http, server_closed, srv);
 }

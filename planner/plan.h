@@ -1,5 +1,4 @@
 /* plan — device profiles + model shape -> rank manifest. Pure functions: no I/O, no globals.
- * (issue 6)
  *
  * The planner cuts a model's blocks [0, n_layers) into contiguous windows, one per rank, and
  * gives each window to one device, in ring order: rank 0 also holds the token embedding, the
@@ -63,7 +62,7 @@ struct plan_shape {
     double head_macs;
 };
 
-/* One device profile (DESIGN.md section 7). Strings are borrowed. */
+/* One device profile (docs/design.md, "The rank manifest"). Strings are borrowed. */
 struct plan_device {
     const char *id;
     const char *backend;          /* "cpu", "opencl", "cuda", "npu" */

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Installs the Debian packages Kvasir builds and tests with (DESIGN.md section 4) that are
-# missing. Does nothing when all are present. Uses sudo when not root.
+# Installs the Debian packages Kvasir builds and tests with (docs/design.md, "Dependencies")
+# that are missing. Does nothing when all are present. Uses sudo when not root.
 set -eu
 
 # What the build links against, then what only the tests use.

@@ -30,6 +30,7 @@
 #include "gguf/gguf.h"
 #include "ringlib/ring.h"
 #include "seed/seed.h"
+#include "util/err.h"
 #include "util/util.h"
 
 #define PULL_HDR_FIRST (64u * 1024)
@@ -47,7 +48,6 @@ struct pull {
     uint64_t total, done;
     double t0, last_draw;
     int last_decile;
-    bool tty;
     /* last response */
     long status;
     char etag[256];
@@ -76,9 +76,36 @@ static void scopy(char *d, size_t n, const char *s)
     d[l] = 0;
 }
 
+void seed_pull_log_file(void *ud, int kind, const char *line)
+{
+    FILE *f = ud;
+    if (kind == SEED_PULL_BAR)
+        fprintf(f, "\r%s", line);
+    else if (kind == SEED_PULL_BAR_END)
+        fputc('\n', f);
+    else
+        fprintf(f, "%s\n", line);
+    fflush(f);
+}
+
+/* A line for the caller's log (nothing when it gave none). */
+static void pull_say(const struct seed_pull_opts *o, int kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pull_say(const struct seed_pull_opts *o, int kind, const char *fmt, ...)
+{
+    if (!o->log)
+        return;
+    char line[KV_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    o->log(o->log_ud, kind, line);
+}
+
 static void progress(struct pull *p, bool final)
 {
-    if (!p->o->progress || !p->total)
+    if (!p->o->progress || !p->o->log || !p->total)
         return;
     double t = util_now_s(), el = t - p->t0;
     double rate = el > 0 ? (double)(p->done - p->st->bytes_resumed) / el : 0;
@@ -88,7 +115,7 @@ static void progress(struct pull *p, bool final)
     util_fmt_bytes(tot, sizeof tot, (double)p->total, 1, 0);
     util_fmt_bytes(r, sizeof r, rate, 1, 0);
     double eta = rate > 0 ? (double)(p->total - p->done) / rate : 0;
-    if (p->tty) {
+    if (p->o->progress == 2) {
         if (!final && t - p->last_draw < 0.1)
             return;
         p->last_draw = t;
@@ -97,14 +124,16 @@ static void progress(struct pull *p, bool final)
         for (int i = 0; i < 30; i++)
             bar[i] = i < fill ? '#' : '-';
         bar[30] = 0;
-        fprintf(stderr, "\r[%s] %3d%% %s / %s  %s/s  ETA %.0fs   ", bar, pct, d, tot, r, eta);
+        pull_say(p->o, SEED_PULL_BAR, "[%s] %3d%% %s / %s  %s/s  ETA %.0fs   ", bar, pct, d, tot,
+                 r, eta);
         if (final)
-            fputc('\n', stderr);
+            pull_say(p->o, SEED_PULL_BAR_END, "%s", "");
     } else {
         int dec = pct / 10;
         if (dec > p->last_decile || (final && dec != p->last_decile)) {
             p->last_decile = dec;
-            fprintf(stderr, "pull: %3d%% %s / %s  %s/s  ETA %.0fs\n", pct, d, tot, r, eta);
+            pull_say(p->o, SEED_PULL_LINE, "pull: %3d%% %s / %s  %s/s  ETA %.0fs", pct, d, tot, r,
+                     eta);
         }
     }
 }
@@ -311,7 +340,7 @@ static int finish_inner(struct pull *p, const char *part, const char *statep,
                         const struct gguf_catalog *cat)
 {
     const struct seed_pull_opts *o = p->o;
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *f = NULL;
     int rc = gguf_file_open(&f, part, err, sizeof err);
     uint32_t a, b;
@@ -472,7 +501,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
             free(m.p);
             return rc;
         }
-        char got[65], err[256] = "";
+        char got[65], err[KV_ERR_MAX] = "";
         rc = gguf_catalog_from_json(catp, m.p, m.len, got, err, sizeof err);
         free(m.p);
         if (rc) {
@@ -528,7 +557,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
     p->done = have;
     p->st->bytes_resumed = have;
     if (have && o->progress)
-        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", have, size);
+        pull_say(o, SEED_PULL_LINE, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes", have, size);
     struct filew w = {p, fd, have, size, have > 0};
     if (have < size) {
         curl_setup(p, url);
@@ -668,7 +697,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     char etag[256];
     scopy(etag, sizeof etag, p->etag);
     struct gguf_file *src = NULL;
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     for (;;) {
         size_t need = 0;
         err[0] = 0;
@@ -705,8 +734,8 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     const char *sha = cat ? cat->source_sha256 : o->source_sha256;
     if (!sha) {
         if (o->progress)
-            fprintf(stderr, "pull: warning: no catalog and no --source-sha256: the window's "
-                            "kvasir.source.sha256 is zeros and nothing is verified\n");
+            pull_say(o, SEED_PULL_LINE, "pull: warning: no catalog and no --source-sha256: the "
+                     "window's kvasir.source.sha256 is zeros and nothing is verified");
         sha = zero_sha;
     }
     struct gguf_window_opts wo = {o->first, o->last, sha};
@@ -805,7 +834,8 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     p->done += s.runoff;
     p->st->bytes_resumed = p->done;
     if (resume && p->done && o->progress)
-        fprintf(stderr, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes\n", p->done, fetch);
+        pull_say(o, SEED_PULL_LINE, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes", p->done,
+                 fetch);
     /* 5. the ranges */
     for (size_t r = (size_t)s.run; r < nr && !rc; r++) {
         uint64_t from = runs[r].src_first + (r == s.run ? s.runoff : 0);
@@ -884,7 +914,6 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
         snprintf(err, errlen, "pull: URL must be http:// or https:// (and under 2000 bytes)");
         return -EINVAL;
     }
-    p.tty = isatty(STDERR_FILENO);
     p.t0 = util_now_s();
     char part[4200], statep[4300];
     snprintf(part, sizeof part, "%s.part", o->out_path);
@@ -892,7 +921,7 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
     struct gguf_catalog *cat = NULL;
     int rc;
     if (o->catalog_path) {
-        char e2[400] = "", cid[65];
+        char e2[KV_ERR_MAX] = "", cid[65];
         if ((rc = gguf_catalog_load(&cat, o->catalog_path, cid, e2, sizeof e2))) {
             snprintf(err, errlen, "catalog %s: %s", o->catalog_path, e2);
             return rc;
@@ -922,8 +951,8 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
     } else {
         rc = pull_plain(&p, o->url, cat, part, statep);
     }
-    if (p.tty && o->progress && rc)
-        fputc('\n', stderr);
+    if (o->progress == 2 && rc)
+        pull_say(o, SEED_PULL_BAR_END, "%s", "");
     if (rc && o->cancel && *o->cancel) {
         snprintf(err, errlen, "pull cancelled; run again to resume");
         rc = -ECANCELED;
@@ -935,7 +964,8 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
 }
 
 int seed_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
-                    const char *dir, char *out, size_t outlen, char *err, size_t errlen)
+                    const char *dir, int progress, seed_pull_log_cb log, void *log_ud, char *out,
+                    size_t outlen, char *err, size_t errlen)
 {
     struct ring_manifest *m = calloc(1, sizeof *m);
     if (!m)
@@ -960,16 +990,16 @@ int seed_window_from(const char *manifest, int rank, const char *url, const char
         free(m);
         return -ENAMETOOLONG;
     }
-    if (access(out, R_OK) == 0) {
-        fprintf(stderr, "pull: %s is there already; not pulled again\n", out);
-        free(m);
-        return 0;
-    }
     bool has_id = strlen(m->catalog) == 64;
     struct seed_pull_opts o = {.url = url, .first = me->first, .last = me->last,
                               .catalog_path = catalog_path,
                               .model_id = has_id ? m->catalog : NULL,
-                              .out_path = out, .progress = 1};
+                              .out_path = out, .progress = progress, .log = log, .log_ud = log_ud};
+    if (access(out, R_OK) == 0) {
+        pull_say(&o, SEED_PULL_LINE, "pull: %s is there already; not pulled again", out);
+        free(m);
+        return 0;
+    }
     rc = seed_pull(&o, NULL, err, errlen);
     free(m);
     return rc;

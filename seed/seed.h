@@ -34,6 +34,15 @@ int seed_server_add(struct seed_server *s, const char *path, const char *catalog
 /* Free after the server is closed. */
 void seed_server_free(struct seed_server *s);
 
+/* What a running pull has to say, handed to the caller's log callback (the library prints
+ * nothing itself): SEED_PULL_LINE a whole line (a note such as "pull: resuming at ...", or a
+ * progress line), without its newline; SEED_PULL_BAR a progress bar to draw over the previous
+ * one ("\r" then line, no newline); SEED_PULL_BAR_END the bar is finished (end its line). */
+enum { SEED_PULL_LINE, SEED_PULL_BAR, SEED_PULL_BAR_END };
+typedef void (*seed_pull_log_cb)(void *ud, int kind, const char *line);
+/* A seed_pull_log_cb that writes to the stdio stream ud (FILE *) chosen by the caller. */
+void seed_pull_log_file(void *ud, int kind, const char *line);
+
 /* Fetch a window: from a seeder (URL "http://host:port", no path) or from a plain HTTP(S)
  * URL of a full GGUF on any server that supports Range requests. The result is written to
  * out_path only when complete and verified (out_path.part + out_path.part.state hold a
@@ -47,7 +56,9 @@ struct seed_pull_opts {
                                  * catalog's id, or the only one) */
     const char *source_sha256;  /* plain URL without catalog: kvasir.source.sha256 to write */
     const char *out_path;
-    int progress;               /* 0 none, 1 bar on a TTY / a line per 10% otherwise */
+    int progress;               /* 0 none, 1 a line per 10%, 2 a redrawn bar (for a TTY) */
+    seed_pull_log_cb log;       /* progress and notes go here (NULL: nowhere) */
+    void *log_ud;
     bool zstd;                  /* ask a seeder for zstd encoding */
     long timeout_s;             /* stall timeout (no bytes) per request; 0: 30 s */
     uint64_t max_rate;          /* bytes/s cap on receiving (0: none) */
@@ -67,8 +78,9 @@ int seed_pull(const struct seed_pull_opts *o, struct seed_pull_stats *st, char *
 /* `kvd stage --window-from URL`: the window of `rank` in the manifest, pulled into
  * DIR/window-<first>-<last>.gguf (DIR = dir or "."; an existing file is reused) and verified
  * against catalog_path, or against the seeder's catalog when the manifest names the model's
- * catalog id. The path goes to out. */
+ * catalog id. The path goes to out. progress, log, log_ud: as in seed_pull_opts. */
 int seed_window_from(const char *manifest, int rank, const char *url, const char *catalog_path,
-                    const char *dir, char *out, size_t outlen, char *err, size_t errlen);
+                    const char *dir, int progress, seed_pull_log_cb log, void *log_ud, char *out,
+                    size_t outlen, char *err, size_t errlen);
 
 #endif

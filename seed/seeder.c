@@ -18,6 +18,7 @@
 #include "gguf/gguf.h"
 #include "seed/seed.h"
 #include "net/net.h"
+#include "util/err.h"
 
 #define SEED_WIN_CACHE 8 /* built window descriptions kept per model (headers can be MBs) */
 
@@ -342,7 +343,7 @@ static void h_window(struct net_http_req *r, void *ud)
         return;
     }
     struct win_body *w;
-    char err[256] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = win_get(m, first, last, &w, err, sizeof err);
     if (rc) {
         s->window_errors++;

@@ -100,7 +100,7 @@ else
     done
 fi
 
-# ---- ring (issue 5): loopback rings vs one process, wire bytes, concurrent sessions ----
+# ---- ring: loopback rings vs one process, wire bytes, concurrent sessions ----
 # A mid-sized synthetic llama (12 layers, n_embd 1024, Q4_0) so each figure takes seconds.
 # One compute thread per stage and for the one process (BENCH_RING_THREADS overrides).
 RT=${BENCH_RING_THREADS:-1}
@@ -202,7 +202,7 @@ EOF
 }
 bench_pull || true
 
-# ---- relay (issue 8): 1000 concurrent bridges, 1 MB each way; added latency of one hop ----
+# ---- relay: 1000 concurrent bridges, 1 MB each way; added latency of one hop ----
 echo
 echo "== relay: 1000 concurrent bridges over TLS on loopback, 1 MB each way per bridge (every message checked)"
 bench_relay() {
@@ -238,7 +238,7 @@ bench_relay() {
 }
 bench_relay || true
 
-# ---- Qwen3.5 family (issue 9): the small synthetic MoE / hybrid models of the test data ----
+# ---- Qwen3.5 family: the small synthetic MoE / hybrid models of the test data ----
 # Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).
 echo "== qwen3.5 family: kvctl bench -p $PP -n $TG on the test-data synthetic models"
 for m in synth-qwen3moe-bpe1024-q8_0 synth-qwen35-bpe1024-f16 synth-qwen35moe-bpe1024-q8_0; do

@@ -1,7 +1,7 @@
 #!/bin/sh
 # make demo: what Kvasir can do so far, end to end, on a synthetic model (make demo
 # MODEL=path.gguf: on that model instead).
-# Each stage is a function; later issues add theirs (ring, generate, ...) and call them at the end.
+# Each stage is a function (ring, generate, ...), called in order at the end.
 set -e
 cd "$(dirname "$0")/.."
 KVCTL=${KV_BUILD:-build}/kvctl

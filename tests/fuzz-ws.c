@@ -61,7 +61,7 @@ static int setup(void)
 {
     uv_loop_init(&loop);
     struct net_ws_limits lim = {.max_msg_bytes = 8192, .low_water = 4096};
-    if (net_ws_server_new(&loop, "127.0.0.1:0", NULL, &lim, &sh, NULL, &srv) < 0)
+    if (net_ws_server_new(&srv, &loop, "127.0.0.1:0", NULL, &lim, &sh, NULL, NULL, 0) < 0)
         return -1;
     port = net_ws_server_port(srv);
     return 0;

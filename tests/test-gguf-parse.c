@@ -1,5 +1,6 @@
 /* test-gguf-parse: the GGUF reader on a small crafted file — every value, every broken-file
- * kind of issue 2, every truncation point (input against a guard page), the -EAGAIN protocol. */
+ * kind the reader must refuse, every truncation point (input against a guard page), the
+ * -EAGAIN protocol. */
 #include <errno.h>
 #include <stdint.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-/* test-model-noalloc: the forward pass does not allocate (issue 3: scratch allocated once per
+/* test-model-noalloc: the forward pass does not allocate (scratch is allocated once per
  * executor). malloc/calloc/realloc/aligned allocations are interposed here (forwarding to
  * the next definition, glibc's) and counted, on every thread, while a session that already
  * exists runs a prefill batch and decode steps (embed, window, head) with a thread pool: the

@@ -7,7 +7,8 @@
  * F32 and F16 models. */
 #include "tests/model_ref.h"
 
-/* Every llama / qwen2 / qwen3 case of the public set (the MoE and hybrid ones are issue 9). */
+/* Every llama / qwen2 / qwen3 case of the public set (the MoE and hybrid ones are in
+ * test-model-qwen35). */
 static const struct ref_spec specs[] = {
     {"TinyStories-656K-Q8_0.lily", 2.5e-4, true, false},
     {"TinyStories-656K-Q8_0.once", 4.5e-4, true, true},

@@ -11,8 +11,9 @@
 #include "net/net.h"
 #include "tests/t.h"
 #include "util/util.h"
+#include "util/err.h"
 
-static char err[512];
+static char err[KV_ERR_MAX];
 
 T_CASE(hdr_roundtrip_and_checks)
 {
@@ -162,16 +163,16 @@ struct hs_pair {
     struct net_identity *ia, *ib;
     struct net_handshake *a, *b;
     int ra, rb;
-    char ea[300], eb[300];
+    char ea[KV_ERR_MAX], eb[KV_ERR_MAX];
 };
 
 static int feed_frame(struct net_handshake *to, const uint8_t *bytes, size_t len, const uint8_t **out,
                       size_t *outlen, char *e)
 {
     struct net_frame_hdr h;
-    if (net_frame_hdr_decode(bytes, &h, 4096, e, 300) < 0)
+    if (net_frame_hdr_decode(bytes, &h, 4096, e, KV_ERR_MAX) < 0)
         return -EPROTO;
-    return net_handshake_feed(to, &h, bytes + NET_HDR_LEN, out, outlen, e, 300);
+    return net_handshake_feed(to, &h, bytes + NET_HDR_LEN, out, outlen, e, KV_ERR_MAX);
 }
 
 static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int flip_hash, bool key_check,
@@ -247,7 +248,7 @@ T_CASE(handshake)
     net_frame_hdr_encode(&fh, f);
     const uint8_t *out;
     size_t ol;
-    char e[300];
+    char e[KV_ERR_MAX];
     T_CHECK(feed_frame(h, f, sizeof f, &out, &ol, e) == -EPROTO && strstr(e, "expected HELLO"), "%s", e);
     net_handshake_free(h);
     net_handshake_new(&h, p.ia, &me, &x);

@@ -19,6 +19,7 @@
 
 #include "net/net.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 #define BIG (6u * 1024 * 1024)
 static unsigned char *big;
@@ -738,7 +739,7 @@ T_CASE(unit_helpers)
     T_CHECK(net_http_range_parse("bytes=99999999999999999999-", 10, &a, &b) == 0,
             "overflowing number ignored");
     T_CHECK(net_http_range_parse("bytes=-", 10, &a, &b) == 0, "no numbers");
-    char out[64], err[128];
+    char out[64], err[KV_ERR_MAX];
     T_CHECK(net_http_path_clean("/a%2Fb", 6, out, sizeof out, err, sizeof err) == 0 &&
             strcmp(out, "/a/b") == 0, "decoded %s", out);
     T_CHECK(net_http_path_clean("/a/..", 5, out, sizeof out, err, sizeof err) < 0, "trailing ..");

@@ -81,8 +81,10 @@ T_CASE(bad_endpoints_refused)
     struct side s = {0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct net_link *l = NULL;
-        int rc = net_link_dial(&l, &loop, bad[i], &cbs, &s, 1 << 20);
-        T_CHECK(rc < 0, "endpoint %s accepted", bad[i]);
+        char err[KV_ERR_MAX] = "";
+        int rc = net_link_dial(&l, &loop, bad[i], &cbs, &s, 1 << 20, err, sizeof err);
+        T_CHECK(rc < 0 && strstr(err, "expected HOST:PORT/b/BRIDGE-ID"), "endpoint %s: rc %d, %s",
+                bad[i], rc, err);
     }
     T_CHECK(net_relay_endpoint("relay://h:443/b/00") && net_relay_endpoint("relay+ws://h:1/b/00") &&
             !net_relay_endpoint("tcp://h:1"), "net_relay_endpoint");
@@ -110,8 +112,8 @@ T_CASE(frames_through_the_relay)
     bridge_endpoints(&R, ep, ep_down);
     memset(&up, 0, sizeof up);
     memset(&down, 0, sizeof down);
-    T_ASSERT(net_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20) == 0, "dial down");
-    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 1 << 20) == 0, "dial up");
+    T_ASSERT(net_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20, NULL, 0) == 0, "dial down");
+    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 1 << 20, NULL, 0) == 0, "dial up");
     run_until(&loop, both_open, NULL, 5000);
     T_ASSERT(up.opened == 1 && down.opened == 1, "links open: up %d down %d", up.opened, down.opened);
     send_frames(up.l);
@@ -157,8 +159,8 @@ T_CASE(frame_over_the_relay_message_limit)
     memset(&up, 0, sizeof up);
     memset(&bigs, 0, sizeof bigs);
     big_got = 0;
-    T_ASSERT(net_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20) == 0, "dial down");
-    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 4u << 20) == 0, "dial up");
+    T_ASSERT(net_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20, NULL, 0) == 0, "dial down");
+    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 4u << 20, NULL, 0) == 0, "dial up");
     down.opened = 1;
     uint64_t t0 = tc_now_ms();
     while (!(up.opened && bigs.opened) && tc_now_ms() - t0 < 5000)
@@ -195,7 +197,7 @@ T_CASE(dial_refused_reports_failure)
     char ep[200];
     snprintf(ep, sizeof ep, "relay+ws://127.0.0.1:%d/b/0123456789abcdef0123456789abcdef", ntohs(a.sin_port));
     struct side s = {0};
-    T_ASSERT(net_link_dial(&s.l, &loop, ep, &cbs, &s, 1 << 20) == 0, "dial");
+    T_ASSERT(net_link_dial(&s.l, &loop, ep, &cbs, &s, 1 << 20, NULL, 0) == 0, "dial");
     uv_run(&loop, UV_RUN_DEFAULT);
     T_CHECK(s.opened == -1 && s.closed, "refused dial: opened %d closed %d (%s)", s.opened, s.closed, s.reason);
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");

@@ -91,7 +91,7 @@ T_CASE(wss_bridge_with_own_client)
     struct kvd_relay_config cfg = {.tls_cert = cert, .tls_key = key};
     T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
     struct net_tls_ctx *ctls;
-    T_ASSERT(net_tls_ctx_client_new(&ctls, cert, true) == 0, "client ctx");
+    T_ASSERT(net_tls_ctx_client_new(&ctls, cert, true, NULL, 0) == 0, "client ctx");
     uv_loop_t loop;
     uv_loop_init(&loop);
     char id[33], url[200];
@@ -100,8 +100,8 @@ T_CASE(wss_bridge_with_own_client)
     struct end up = {.role = 1}, down = {.role = 2};
     up.peer = &down;
     down.peer = &up;
-    T_ASSERT(net_ws_dial(&loop, url, ctls, NULL, &c_handlers, &up, &up.ws) == 0, "dial up");
-    T_ASSERT(net_ws_dial(&loop, url, ctls, NULL, &c_handlers, &down, &down.ws) == 0, "dial down");
+    T_ASSERT(net_ws_dial(&up.ws, &loop, url, ctls, NULL, &c_handlers, &up, NULL, 0) == 0, "dial up");
+    T_ASSERT(net_ws_dial(&down.ws, &loop, url, ctls, NULL, &c_handlers, &down, NULL, 0) == 0, "dial down");
     uv_run(&loop, UV_RUN_DEFAULT);
     T_CHECK(up.opened && down.opened, "handshakes: up %d down %d", up.opened, down.opened);
     T_CHECK(up.got == N_MSG && down.got == N_MSG, "messages: up got %d, down got %d of %d", up.got, down.got, N_MSG);
@@ -115,11 +115,11 @@ T_CASE(wss_bridge_with_own_client)
 
     /* a certificate for another name is refused by the client: on_close with 1006 */
     struct net_tls_ctx *wrong;
-    T_ASSERT(net_tls_ctx_client_new(&wrong, other_cert, true) == 0, "client ctx 2");
+    T_ASSERT(net_tls_ctx_client_new(&wrong, other_cert, true, NULL, 0) == 0, "client ctx 2");
     uv_loop_init(&loop);
     struct end x = {.role = 1};
     x.peer = &x;
-    T_ASSERT(net_ws_dial(&loop, url, wrong, NULL, &c_handlers, &x, &x.ws) == 0, "dial");
+    T_ASSERT(net_ws_dial(&x.ws, &loop, url, wrong, NULL, &c_handlers, &x, NULL, 0) == 0, "dial");
     uv_run(&loop, UV_RUN_DEFAULT);
     T_CHECK(!x.opened && x.closed && x.close_code == 1006 && strstr(x.close_reason, "TLS"),
             "untrusted certificate: opened %d code %d %s", x.opened, x.close_code, x.close_reason);
@@ -207,10 +207,12 @@ T_CASE(bad_cert_files_refused)
 {
     struct tc_relay R;
     struct kvd_relay_config cfg = {.tls_cert = cert, .tls_key = other_key};
-    T_CHECK(tc_relay_start(&R, &cfg) < 0, "relay started with a key that does not match its certificate");
+    T_CHECK(tc_relay_start(&R, &cfg) < 0 && strstr(R.err, "does not match"),
+            "relay started with a key that does not match its certificate (%s)", R.err);
     cfg.tls_cert = "/nonexistent.pem";
     cfg.tls_key = key;
-    T_CHECK(tc_relay_start(&R, &cfg) < 0, "relay started without its certificate file");
+    T_CHECK(tc_relay_start(&R, &cfg) < 0 && strstr(R.err, "/nonexistent.pem: cannot load"),
+            "relay started without its certificate file (%s)", R.err);
 }
 
 int main(void)

@@ -24,7 +24,7 @@ for name in stories260K.gguf TinyStories-656K-Q8_0.gguf synth-llama-spm512-q4_0.
             fail "ring up $name $n stages: $(cat "$d.up")"
         fi
         RINGS="$RINGS $d"
-        # the windows come from the planner (issue 6), not the byte-split fallback
+        # the windows come from the planner, not the byte-split fallback
         grep -q "^windows: the planner's split" "$d.up" || fail "$name, $n stages: windows not from the planner: $(cat "$d.up")"
         out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0 --dump-logits "$TMP/ring.lg" 2>"$TMP/err") ||
             fail "$name, $n stages: generate --ring: $(cat "$TMP/err")"

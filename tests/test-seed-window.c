@@ -23,6 +23,7 @@
 #include "util/util.h"
 
 #define FILE_MAX (1u << 30) /* a model or window file read whole */
+#include "util/err.h"
 
 static uv_loop_t loop;
 static struct net_http_server *srv;
@@ -102,7 +103,7 @@ static bool same_files(const char *a, const char *b)
 static int slice(uint32_t first, uint32_t last, const char *out)
 {
     struct gguf_file *f;
-    char err[256];
+    char err[KV_ERR_MAX];
     int rc = gguf_file_open(&f, model, err, sizeof err);
     if (rc)
         return rc;
@@ -136,7 +137,7 @@ T_CASE(seeder_windows_identical)
 {
     uint32_t w[][2] = {{0, 1}, {3, 4}, {7, 8}, {2, 6}, {0, 8}};
     for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
-        char ref[400], got[400], err[512] = "";
+        char ref[400], got[400], err[KV_ERR_MAX] = "";
         snprintf(ref, sizeof ref, "%s/ref-%u-%u.gguf", dir, w[i][0], w[i][1]);
         snprintf(got, sizeof got, "%s/seed-%u-%u.gguf", dir, w[i][0], w[i][1]);
         T_ASSERT(slice(w[i][0], w[i][1], ref) == 0, "slice");
@@ -157,7 +158,7 @@ T_CASE(plain_url_windows_identical_and_bytes)
     snprintf(url, sizeof url, "%s/files/model.gguf", base);
     uint32_t w[][2] = {{0, 1}, {4, 5}, {7, 8}, {1, 7}};
     for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
-        char ref[400], got[400], err[512] = "";
+        char ref[400], got[400], err[KV_ERR_MAX] = "";
         snprintf(ref, sizeof ref, "%s/ref-%u-%u.gguf", dir, w[i][0], w[i][1]);
         snprintf(got, sizeof got, "%s/url-%u-%u.gguf", dir, w[i][0], w[i][1]);
         T_ASSERT(slice(w[i][0], w[i][1], ref) == 0, "slice");
@@ -181,7 +182,7 @@ T_CASE(plain_url_windows_identical_and_bytes)
                     (unsigned long long)sent);
     }
     /* the seeder's counters: one window = its size + the models list and catalog */
-    char got[400], err[512] = "", ref[400];
+    char got[400], err[KV_ERR_MAX] = "", ref[400];
     snprintf(ref, sizeof ref, "%s/ref-4-5.gguf", dir);
     snprintf(got, sizeof got, "%s/seed2-4-5.gguf", dir);
     uint64_t before = body_sent();
@@ -194,7 +195,7 @@ T_CASE(plain_url_windows_identical_and_bytes)
 
 T_CASE(interrupted_plain_pull_resumes)
 {
-    char url[128], got[400], ref[400], err[512] = "", statep[440];
+    char url[128], got[400], ref[400], err[KV_ERR_MAX] = "", statep[440];
     snprintf(url, sizeof url, "%s/files/model.gguf", base);
     snprintf(ref, sizeof ref, "%s/ref-2-6.gguf", dir);
     snprintf(got, sizeof got, "%s/resume-2-6.gguf", dir);
@@ -240,7 +241,7 @@ T_CASE(interrupted_plain_pull_resumes)
 
 T_CASE(cancelled_pull)
 {
-    char got[400], err[512] = "";
+    char got[400], err[KV_ERR_MAX] = "";
     snprintf(got, sizeof got, "%s/cancel-0-8.gguf", dir);
     volatile int cancel = 1;
     struct seed_pull_opts o = {.url = base, .first = 0, .last = 8, .out_path = got,
@@ -252,7 +253,7 @@ T_CASE(cancelled_pull)
 
 T_CASE(corrupted_source_refused)
 {
-    char url[128], got[400], err[512] = "";
+    char url[128], got[400], err[KV_ERR_MAX] = "";
     snprintf(url, sizeof url, "%s/files/bad.gguf", base);
     snprintf(got, sizeof got, "%s/bad-3-4.gguf", dir);
     int rc = pull(url, 3, 4, catalog_path, false, got, NULL, err, sizeof err);
@@ -343,7 +344,7 @@ static void *loop2_thread(void *arg)
 
 T_CASE(window_holder)
 {
-    char win[400], err[512] = "";
+    char win[400], err[KV_ERR_MAX] = "";
     snprintf(win, sizeof win, "%s/held-2-5.gguf", dir);
     T_ASSERT(slice(2, 5, win) == 0, "slice");
     uv_loop_init(&l2);
@@ -397,7 +398,7 @@ int main(void)
     snprintf(dir, sizeof dir, "%s", t_tmpdir());
     curl_global_init(CURL_GLOBAL_DEFAULT);
     /* catalog of the model, and a copy with one byte of blk.3.ffn_gate_inp.weight flipped */
-    char err[512] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *f;
     struct gguf_catalog *cat;
     if (gguf_file_open(&f, model, err, sizeof err) || gguf_catalog_build(&cat, f, err, sizeof err)) {

@@ -22,6 +22,7 @@
 
 #include "net/net.h"
 #include "util/util.h"
+#include "util/err.h"
 
 static const char *url_base;
 static struct net_tls_ctx *tls;
@@ -177,8 +178,9 @@ static void dial_more(void)
         e->role = i % 2 + 1;
         e->peer = &ends[i ^ 1];
         struct net_ws_limits lim = {.low_water = WINDOW / 4};
-        if (net_ws_dial(loop, url, tls, &lim, &handlers, e, &e->ws) < 0) {
-            fprintf(stderr, "dial %s failed\n", url);
+        char err[KV_ERR_MAX];
+        if (net_ws_dial(&e->ws, loop, url, tls, &lim, &handlers, e, err, sizeof err) < 0) {
+            fprintf(stderr, "dial %s failed: %s\n", url, err);
             exit(1);
         }
     }
@@ -309,9 +311,12 @@ static int run_latency(void)
     lat[0].role = 1;
     lat[1].role = 2;
     /* downstream first, so the upstream's first message never waits in the relay */
-    if (net_ws_dial(loop, url, tls, NULL, &lat_handlers, &lat[1], &lat[1].ws) < 0 ||
-        net_ws_dial(loop, url, tls, NULL, &lat_handlers, &lat[0], &lat[0].ws) < 0)
+    char err[KV_ERR_MAX];
+    if (net_ws_dial(&lat[1].ws, loop, url, tls, NULL, &lat_handlers, &lat[1], err, sizeof err) < 0 ||
+        net_ws_dial(&lat[0].ws, loop, url, tls, NULL, &lat_handlers, &lat[0], err, sizeof err) < 0) {
+        fprintf(stderr, "dial %s failed: %s\n", url, err);
         return 1;
+    }
     uv_run(loop, UV_RUN_DEFAULT);
     if (round_i < latency_rounds) {
         fprintf(stderr, "latency: only %u of %u round trips\n", round_i, latency_rounds);
@@ -353,8 +358,11 @@ int main(int argc, char **argv)
         return 2;
     }
     srand((unsigned)getpid() ^ (unsigned)time(NULL));
-    if (!strncmp(url_base, "wss://", 6) && net_tls_ctx_client_new(&tls, NULL, false) < 0)
+    char err[KV_ERR_MAX];
+    if (!strncmp(url_base, "wss://", 6) && net_tls_ctx_client_new(&tls, NULL, false, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
         return 1;
+    }
     int rc = latency_rounds ? run_latency() : run_load();
     net_tls_ctx_free(tls);
     return rc;

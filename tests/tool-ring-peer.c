@@ -26,6 +26,7 @@
 #include "kvd/kvd.h"
 #include "ringlib/ring.h"
 #include "net/net.h"
+#include "util/err.h"
 
 static int fd = -1;
 
@@ -57,7 +58,7 @@ static void send_frame(uint8_t type, uint8_t flags, uint64_t sess, uint32_t pos,
 static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct net_handshake *hs,
                  bool *established, bool stop_when_established)
 {
-    char err[300];
+    char err[KV_ERR_MAX];
     for (;;) {
         struct net_frame_hdr h;
         const uint8_t *pl;
@@ -121,7 +122,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: tool-ring-peer --connect HOST:PORT --manifest F --as-rank R --state-dir D --case C\n");
         return 2;
     }
-    char err[512];
+    char err[KV_ERR_MAX];
     struct ring_manifest m;
     if (ring_manifest_load(&m, manifest, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);

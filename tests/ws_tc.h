@@ -22,6 +22,7 @@
 #include "net/net.h"
 #include "tests/t.h"
 #include "util/util.h"
+#include "util/err.h"
 
 /* ---------------------------------------------------------------- relay on a thread */
 
@@ -38,14 +39,22 @@ struct tc_relay {
     bool started;
     int start_rc;
     struct kvd_relay_stats stats;   /* copied on request */
+    bool closed;                    /* kvd_relay_close's done callback ran */
+    char err[KV_ERR_MAX];           /* why the start failed */
     uv_async_t snap;
     bool snap_done;
 };
 
+static inline void tc_relay_closed(void *ud)
+{
+    struct tc_relay *t = ud;
+    t->closed = true;
+}
+
 static inline void tc_relay_stop_cb(uv_async_t *a)
 {
     struct tc_relay *t = a->data;
-    kvd_relay_close(t->relay);
+    kvd_relay_close(t->relay, tc_relay_closed, t);
     uv_close((uv_handle_t *)&t->stop, NULL);
     uv_close((uv_handle_t *)&t->snap, NULL);
 }
@@ -64,7 +73,7 @@ static void *tc_relay_main(void *arg)
 {
     struct tc_relay *t = arg;
     uv_loop_init(&t->loop);
-    int rc = kvd_relay_new(&t->loop, &t->cfg, &t->relay);
+    int rc = kvd_relay_new(&t->relay, &t->loop, &t->cfg, t->err, sizeof t->err);
     if (rc == 0) {
         t->port = kvd_relay_port(t->relay);
         uv_async_init(&t->loop, &t->stop, tc_relay_stop_cb);
@@ -115,12 +124,13 @@ static inline struct kvd_relay_stats tc_relay_stats(struct tc_relay *t)
     return s;
 }
 
-/* Stop the relay; returns uv_loop_close's result (0: no handle left behind). */
+/* Stop the relay; returns uv_loop_close's result (0: no handle left behind), or -1 when the
+ * relay's close never reported done. */
 static inline int tc_relay_stop(struct tc_relay *t)
 {
     uv_async_send(&t->stop);
     pthread_join(t->th, NULL);
-    return t->loop_close_rc;
+    return t->closed ? t->loop_close_rc : -1;
 }
 
 /* ---------------------------------------------------------------- raw client */

@@ -20,6 +20,7 @@
 #include "ringlib/ring.h"
 
 #include "net/net.h"
+#include "util/err.h"
 #include "util/util.h"
 
 struct model_vocab;

@@ -176,10 +176,11 @@ void kvd_link_dial_out(struct stage *st)
         return;
     c->st = st;
     c->role = CONN_OUT;
+    char err[KV_ERR_MAX];
     int rc = net_link_dial(&c->link, st->loop, st->m.ranks[st->succ].endpoint, &kvd_link_cbs, c,
-                           HS_MAX_PAYLOAD);
+                           HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, err);
         free(c);
         st->redial_ms = 2000;
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
@@ -202,9 +203,11 @@ void kvd_link_dial_in(struct stage *st)
     c->role = CONN_PENDING;
     c->relay_in = true;
     c->last_rx_ms = (uint64_t)util_now_ms();
-    int rc = net_link_dial(&c->link, st->loop, down, &kvd_link_cbs, c, HS_MAX_PAYLOAD);
+    char err[KV_ERR_MAX];
+    int rc = net_link_dial(&c->link, st->loop, down, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err,
+                           sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, err);
         free(c);
         st->redial_in_ms = 2000;
         uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvd/kvd.h"
 #include "ringlib/ring.h"
@@ -142,8 +143,9 @@ int kvd_stage_main(int argc, char **argv)
             return 2;
         }
         char err[1024];
-        if (seed_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir, pulled,
-                            sizeof pulled, err, sizeof err) < 0) {
+        if (seed_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir,
+                             isatty(STDERR_FILENO) ? 2 : 1, seed_pull_log_file, stderr, pulled,
+                             sizeof pulled, err, sizeof err) < 0) {
             fprintf(stderr, "kvd stage: --window-from %s: %s\n", window_from, err);
             return 1;
         }

@@ -84,7 +84,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     for (struct conn *p = st->pending; p; p = p->next)
         kvd_conn_close(p, "shutting down");
     if (st->ls)
-        net_listener_close(st->ls);
+        net_listener_close(st->ls, NULL, NULL);
     st->ls = NULL;
     if (st->http)
         net_http_server_close(st->http, NULL, NULL);
@@ -350,7 +350,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
 fail_loop:
     st->shutting_down = true;
     if (st->ls)
-        net_listener_close(st->ls);
+        net_listener_close(st->ls, NULL, NULL);
     if (st->ctl_open)
         uv_close((uv_handle_t *)&st->ctl, NULL);
     kvd_compute_stop(st->comp, on_compute_closed, st);
