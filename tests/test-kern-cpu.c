@@ -422,8 +422,9 @@ T_CASE(elementwise_on_pool)
     free(g); free(u); free(w); free(ref); free(out);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(pool_dynamic);
     T_RUN(elementwise_on_pool);
     T_RUN(matmul_all_levels);

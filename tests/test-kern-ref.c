@@ -526,8 +526,9 @@ T_CASE(attention)
     free(o1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(traits);
     T_RUN(f16_conversion);
     T_RUN(bf16_conversion);

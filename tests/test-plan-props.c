@@ -232,8 +232,9 @@ T_CASE(local_devices)
     plan_result_free(r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(local_devices);
     T_RUN(random_instances);
     T_RUN(heuristic_near_exhaustive);

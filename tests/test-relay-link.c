@@ -201,8 +201,9 @@ T_CASE(dial_refused_reports_failure)
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     srand((unsigned)getpid());
     T_RUN(bad_endpoints_refused);
     T_RUN(frames_through_the_relay);

@@ -213,8 +213,9 @@ T_CASE(bad_cert_files_refused)
     T_CHECK(tc_relay_start(&R, &cfg) < 0, "relay started without its certificate file");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     srand((unsigned)getpid());
     const char *d = t_tmpdir();
     snprintf(cert, sizeof cert, "%s/cert.pem", d);
