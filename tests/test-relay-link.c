@@ -205,6 +205,9 @@ int main(int argc, char **argv)
 {
     t_init(argc, argv);
     srand((unsigned)getpid());
+    /* process-wide: registered once here, before the cases (each runs in a child) */
+    t_current = "setup";
+    T_CHECK(net_relay_transport_register() == 0, "register the relay transports");
     T_RUN(bad_endpoints_refused);
     T_RUN(frames_through_the_relay);
     T_RUN(frame_over_the_relay_message_limit);
