@@ -16,6 +16,7 @@
 #include "util/util.h"
 
 #define REF_FILE_MAX (1u << 30) /* reference JSON and logits files */
+#include "tests/util.h"
 
 struct ref_case {
     char model[1024];               /* full path of the GGUF */
@@ -101,18 +102,6 @@ out:
     return rc;
 }
 
-/* Normalised MSE of a against the reference b. */
-static inline double nmse(const float *a, const float *b, uint32_t n)
-{
-    double num = 0, den = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
 /* argmax, ties to the lowest id; *margin = best - second best. */
 static inline uint32_t argmax2(const float *x, uint32_t n, float *margin)
 {
@@ -149,7 +138,7 @@ static inline uint32_t ref_compare(const struct ref_spec *sp, const struct ref_c
     uint32_t checked = 0, bad = 0;
     for (uint32_t i = 0; i < rc->n_fed; i++) {
         const float *a = ours + (size_t)i * rc->n_vocab, *b = rc->logits + (size_t)i * rc->n_vocab;
-        double e = nmse(a, b, rc->n_vocab);
+        double e = t_nmse(a, b, rc->n_vocab);
         worst = e > worst ? e : worst;
         float margin;
         uint32_t ab = argmax2(b, rc->n_vocab, &margin);

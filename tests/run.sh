@@ -3,7 +3,9 @@
 # each in its own process with a timeout, for each build directory given (default: build).
 # Scripts get KV_BUILD (the build directory) in the environment. KV_TESTDATA points at the
 # shared test data (default ../shared/testdata next to the repository).
-# Filter with TESTS=<substring>. Ends with "N passed, N failed"; exits 1 on any failure.
+# Filter with TESTS=<substring>. A failed test shows the lines of its log that start with
+# FAIL (for a C test, each failed case and why) and the log's tail.
+# Ends with "N passed, N failed"; exits 1 on any failure.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -30,6 +32,8 @@ for B in "$@"; do
         else
             fail=$((fail + 1)); failed="$failed $B/$name"
             printf 'FAIL %-40s %-12s %4ds (rc %d)\n' "$name" "$B" "$dur" "$rc"
+            # the cases that failed (t.h and lib.sh start those lines with FAIL), then the tail
+            grep -a '^FAIL' "$log" | head -n 20 | sed 's/^/    > /'
             tail -n 30 "$log" | sed 's/^/    | /'
         fi
     done

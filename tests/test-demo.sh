@@ -4,23 +4,18 @@
 # loopback that is linked, a generation through it whose greedy ids equal one process's, the
 # status table, ring down, a window pulled from a seeder; then the same with MODEL= a real
 # model (stories260K) instead of the synthetic one.
-set -u
-cd "$(dirname "$0")/.."
-B=${KV_BUILD:-$(pwd)/build}
-DATA=${KV_TESTDATA:-$(pwd)/../shared/testdata}
-T=$(mktemp -d /tmp/kvtest-demo.XXXXXX)
-cleanup() {
+. "$(dirname "$0")/lib.sh"
+# the demo's rings, wherever it put them
+demo_rings_down() {
+    local d
     for d in "$T"/*/ring "$T"/*/ring-pulled; do
-        [ -d "$d" ] && "$B/kvctl" ring down --dir "$d" > /dev/null 2>&1
+        [ -d "$d" ] && ring_down "$d"
     done
-    rm -rf "$T"
 }
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+at_exit demo_rings_down
 
 M=$DATA/models/stories260K.gguf
-[ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
+need_data "$M"
 
 # check LOG WHAT: the ring parts of the demo's output
 check() {
@@ -48,4 +43,4 @@ MODEL=$M DEMO_DIR=$T/user KV_BUILD=$B tests/demo.sh > "$T/user.log" 2>&1 || fail
 check "$T/user.log" "MODEL=stories260K"
 grep -q "synth" "$T/user.log" && fail "MODEL=: the demo still wrote a synthetic model"
 
-[ $fails -eq 0 ] && echo "PASS" || { echo "$fails failure(s)"; exit 1; }
+finish

@@ -142,8 +142,9 @@ T_CASE(window_maps_only_its_pages)
     gguf_file_free(m);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(window_maps_only_its_pages);
     return T_DONE();
 }

@@ -367,8 +367,9 @@ T_CASE(known_models)
             "missing file: %s", err);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(known_models);
     T_RUN(every_model);
     T_RUN(vocab_files);

@@ -286,8 +286,9 @@ T_CASE(memory_cap)
     free(b.p);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(valid_small_file);
     T_RUN(type_table);
     T_RUN(broken_files);

@@ -65,7 +65,7 @@ T_CASE(matmul_all_levels)
                     for (int64_t i = 0; i < n * rows; i++)
                         y[i] = NAN;
                     int rc = kern_matmul(pools[nt - 1], t, wq, rows, cols, x, n, y);
-                    double e = ku_nmse(y, yr, n * rows);
+                    double e = t_nmse(y, yr, n * rows);
                     T_CHECK(rc == 0 && e <= budget(t), "%s t=%u %d threads %lldx%lld n=%lld: nmse %g",
                             levels[lv], t, nt, (long long)rows, (long long)cols, (long long)n, e);
                     /* The thread count never changes a result (the ring relies on it). */
@@ -236,7 +236,7 @@ static void attention_shape(int NH, int NKV, int HD)
             float sc = 0.125f;
             kern_ref_attention(KERN_T_F32, orf, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
             kern_attention(pool, KERN_T_F32, o, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
-            double e = ku_nmse(o, orf, n * NH * HD);
+            double e = t_nmse(o, orf, n * NH * HD);
             T_CHECK(e < 1e-11, "%d/%d x %d f32 %d threads n=%lld pos0=%lld nmse %g", NH, NKV, HD,
                     nt, (long long)n, (long long)pos0, e);
             kern_ref_attention(KERN_T_F16, orf, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
@@ -246,7 +246,7 @@ static void attention_shape(int NH, int NKV, int HD)
             else
                 T_CHECK(memcmp(o1 + c * CTX * NH * HD, o, n * NH * HD * 4) == 0,
                         "%d/%d x %d f16 case %zu: threads change the result", NH, NKV, HD, c);
-            e = ku_nmse(o, orf, n * NH * HD);
+            e = t_nmse(o, orf, n * NH * HD);
             T_CHECK(e < 1e-10, "%d/%d x %d f16 %d threads n=%lld pos0=%lld nmse %g", NH, NKV, HD,
                     nt, (long long)n, (long long)pos0, e);
         }
@@ -422,8 +422,9 @@ T_CASE(elementwise_on_pool)
     free(g); free(u); free(w); free(ref); free(out);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(pool_dynamic);
     T_RUN(elementwise_on_pool);
     T_RUN(matmul_all_levels);

@@ -229,7 +229,7 @@ T_CASE(quant_roundtrip)
         uint32_t t = cases[c].t;
         T_CHECK(kern_ref_quant_row(t, x, q, n) == 0, "%s quant", kern_type_name(t));
         T_CHECK(kern_ref_dequant_row(t, q, y, n) == 0, "%s dequant", kern_type_name(t));
-        double e = ku_nmse(y, x, n);
+        double e = t_nmse(y, x, n);
         fprintf(stderr, "  %-5s nmse %.3g\n", kern_type_name(t), e);
         T_CHECK(e <= cases[c].max_nmse, "%s: nmse %g > %g", kern_type_name(t), e, cases[c].max_nmse);
         /* A block of zeros quantises to exact zeros, never NaN. */
@@ -311,7 +311,7 @@ T_CASE(matmul_vs_dequant)
             }
         }
         T_CHECK(kern_ref_matmul(t, wq, rows, cols, x, n, y) == 0, "%s matmul", kern_type_name(t));
-        double e1 = ku_nmse_d(y, want, n * rows), e2 = ku_nmse_d(y, exact, n * rows);
+        double e1 = t_nmse(y, want, n * rows), e2 = t_nmse(y, exact, n * rows);
         /* The *_1 types take their min term from Q8_1's s, stored as f16: not exact. */
         double lim = vt == KERN_T_Q8_1 ? 2e-6 : 1e-11;
         T_CHECK(e1 < lim, "%s: nmse vs dequantised dot %g", kern_type_name(t), e1);
@@ -482,7 +482,7 @@ T_CASE(attention)
     const int64_t pos0 = 30, n = 10;
     naive_attention(want, q, k, v, n, pos0, NH, NKV, HD, stride, scale);
     kern_ref_attention(KERN_T_F32, o, q, k, v, n, pos0, NH, NKV, HD, stride, scale, scratch);
-    double e = ku_nmse_d(o, want, n * NH * HD);
+    double e = t_nmse(o, want, n * NH * HD);
     T_CHECK(e < 1e-12, "f32 cache nmse %g", e);
     /* F16 cache: the same formula over the rounded cache, within f16 rounding of q and p. */
     for (size_t i = 0; i < CTX * stride; i++) {
@@ -493,7 +493,7 @@ T_CASE(attention)
     }
     naive_attention(want, q, kr, vr, n, pos0, NH, NKV, HD, stride, scale);
     kern_ref_attention(KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, scale, scratch);
-    e = ku_nmse_d(o, want, n * NH * HD);
+    e = t_nmse(o, want, n * NH * HD);
     T_CHECK(e < 1e-5 && e > 0, "f16 cache nmse %g (rounded q and weights)", e);
     /* A batch equals the rows one at a time. */
     float *o1 = malloc(NH * HD * 4);
@@ -515,8 +515,9 @@ T_CASE(attention)
     free(o1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(traits);
     T_RUN(f16_conversion);
     T_RUN(bf16_conversion);

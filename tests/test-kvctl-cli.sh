@@ -5,18 +5,11 @@
 # refuses; generate prints its text before its statistics when both go to one pipe; ring
 # down with nothing running succeeds; `generate --help` points at --ring; every option a
 # command's --help names is documented in docs/kvctl.md.
-set -u
-cd "$(dirname "$0")/.."
-KVCTL=${KV_BUILD:-build}/kvctl
-DATA=${KV_TESTDATA:-../shared/testdata}
-T=$(mktemp -d /tmp/kvtest-cli.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 
-[ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
+need_exec "$KVCTL"
 M=$DATA/models/stories260K.gguf
-[ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
+need_data "$M"
 head -c 5000 "$M" > "$T/trunc.gguf"
 
 # expect_err WHAT WANT_SUBSTRING CMD...: non-zero exit, stderr holds WANT once per line and
@@ -103,4 +96,4 @@ printf '%s\n' "$out" | sed -n 2p | grep -q "^prompt: 3 tokens" || fail "generate
 
 python3 tests/kvctl_doc_check.py "$KVCTL" docs/kvctl.md || fail "docs/kvctl.md misses options (above)"
 
-[ $fails -eq 0 ] && echo "PASS" || { echo "$fails failure(s)"; exit 1; }
+finish

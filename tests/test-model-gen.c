@@ -280,8 +280,9 @@ T_CASE(tail_search_matches_whole_text)
     model_vocab_free(v);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(history_and_counts);
     T_RUN(length_context_eos_order);
     T_RUN(stop_lists_refused);

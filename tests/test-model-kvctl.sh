@@ -5,17 +5,11 @@
 # text prompt equal the reference's first rows within tolerance; --stop ends the text at a stop
 # string and --dump-logits writes the last position's logits, as through a ring; bench prints
 # pp/tg figures; bad input is refused with a usage status.
-set -u
-KVCTL=${KV_BUILD:-build}/kvctl
-DATA=${KV_TESTDATA:-../shared/testdata}
-T=$(mktemp -d /tmp/kvtest-model.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 
-[ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
+need_exec "$KVCTL"
 M=$DATA/models/stories260K.gguf
-[ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
+need_data "$M"
 
 field() {   # field JSON KEY: a string field, or a list field as "1,2,3"
     python3 -c 'import json, sys
@@ -116,5 +110,4 @@ echo "$out" | grep -Eq '^weight_bytes_per_token [0-9]+' || fail "bench bytes: $o
 "$KVCTL" generate -m "$M" --tokens 1,99999 -n 1 2>"$T/err" >/dev/null
 [ $? = 1 ] && grep -q vocabulary "$T/err" || fail "token out of range: $(cat "$T/err")"
 
-[ $fails = 0 ] && echo "all kvctl model checks passed"
-exit $((fails > 0))
+finish

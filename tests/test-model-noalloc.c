@@ -186,8 +186,9 @@ T_CASE(forward_does_not_allocate)
 #endif
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(forward_does_not_allocate);
     return T_DONE();
 }

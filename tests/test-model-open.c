@@ -210,10 +210,10 @@ T_CASE(hostile_hparams)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(hostile_hparams);
     T_RUN(rope_freqs);
-    rmdir(t_tmpdir());
     return T_DONE();
 }

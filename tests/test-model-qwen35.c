@@ -616,8 +616,9 @@ T_CASE(unselected_experts_untouched)
     unlink(tmp);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(teacher_forced_logits);
     T_RUN(hparams_and_schedule);
     T_RUN(split_windows_bit_identical);
@@ -626,6 +627,5 @@ int main(void)
     T_RUN(hostile_hparams);
     T_RUN(mini_gguf_windows);
     T_RUN(unselected_experts_untouched);
-    rmdir(t_tmpdir());
     return T_DONE();
 }

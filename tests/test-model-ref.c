@@ -151,8 +151,9 @@ T_CASE(greedy_generation)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(teacher_forced_logits);
     T_RUN(greedy_generation);
     return T_DONE();

@@ -222,8 +222,9 @@ T_CASE(penalties)
     model_sampler_free(s);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(same_seed_same_tokens);
     T_RUN(top_k_1_is_greedy);
     T_RUN(kept_set_properties);

@@ -133,8 +133,9 @@ T_CASE(arch_walk)
     T_CHECK(model_arch_tensors(model_arch_find("qwen2"), &hp, false, NULL, NULL) == 4 * 12 + 3, "qwen2");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(gguf_and_kern_type_tables_agree);
     T_RUN(arch_table);
     T_RUN(arch_walk);

@@ -4,19 +4,13 @@
 # from standard input is taken byte for byte (no trailing newline added or lost, invalid UTF-8
 # kept); --special parses control tokens; the per-token listing shows ids and pieces; bad
 # input fails with a usage status (2) or an error status (1) and a message.
-set -u
-KVCTL=${KV_BUILD:-build}/kvctl
-DATA=${KV_TESTDATA:-../shared/testdata}
-T=$(mktemp -d /tmp/kvtest-tok.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 
-[ -x "$KVCTL" ] || { echo "no $KVCTL"; exit 1; }
+need_exec "$KVCTL"
 SPM=$DATA/models/stories260K.gguf
 BPE=$DATA/models/synth-qwen2-bpe1024-q8_0.gguf
 QWEN=$DATA/tokenizer/ggml-vocab-qwen2.gguf
-for f in "$SPM" "$BPE" "$QWEN"; do [ -r "$f" ] || { echo "test data missing: $f"; exit 1; }; done
+need_data "$SPM" "$BPE" "$QWEN"
 
 field() {   # field JSON KEY: a string field, or a list field as "1 2 3"
     python3 -c 'import json, sys
@@ -84,5 +78,4 @@ p=$("$KVCTL" tokenize -m "$QWEN" --ids '<|im_start|>user')
 [ $? = 1 ] && grep -q "not supported" "$T/e" || fail "WordPiece refused: $(cat "$T/e")"
 "$KVCTL" tokenize -m "$SPM" -f "$T/missing" > /dev/null 2>"$T/e"; [ $? = 1 ] || fail "missing file"
 
-[ $fails = 0 ] && echo "test-model-tokenize: ok" || echo "test-model-tokenize: $fails failures"
-[ $fails = 0 ]
+finish

@@ -746,8 +746,9 @@ T_CASE(buffers)
     model_vocab_free(v);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(vectors_spm);
     T_RUN(vectors_bpe);
     T_RUN(vectors_llamacpp_random);

@@ -299,12 +299,12 @@ T_CASE(missing_tensor_named)
     unlink(out);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(split_windows_bit_identical);
     T_RUN(sessions_independent);
     T_RUN(refusals);
     T_RUN(missing_tensor_named);
-    rmdir(t_tmpdir());
     return T_DONE();
 }

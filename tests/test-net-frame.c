@@ -1,13 +1,10 @@
 /* test-net-frame — ring frames, the streaming reader (every truncation point), OPEN/HELLO
- * payloads, node identities, the handshake (success and every mismatch), the manifest
- * validator and the f16 wire conversion. */
+ * payloads, node identities, the handshake (success and every mismatch). The manifest
+ * validator and the wire encoding are tested in test-ring-manifest.c and test-ring-wire.c. */
 #include <errno.h>
-#include <math.h>
 
 #include "kvd/stage/internal.h"
 #include "kvd/kvd.h"
-#include "kernels/kern.h"
-#include "ringlib/ring.h"
 #include "net/net.h"
 #include "tests/t.h"
 #include "util/util.h"
@@ -262,72 +259,13 @@ T_CASE(handshake)
     net_identity_free(p.ib);
 }
 
-static const char *good_manifest =
-    "{\"version\":1,\"ring\":\"abc\",\"model\":{\"name\":\"m\",\"arch\":\"llama\",\"n_layers\":5,\"n_embd\":64},"
-    "\"wire\":{\"dtype\":\"f16\"},\"limits\":{\"n_ctx\":256,\"max_batch\":32},"
-    "\"ranks\":[{\"rank\":0,\"layers\":[0,2],\"endpoint\":\"tcp://127.0.0.1:1\"},"
-    "{\"rank\":1,\"layers\":[2,5],\"endpoint\":\"relay://r:443/b/x\"}]}";
-
-static int parse_with(const char *from, const char *to)
+int main(int argc, char **argv)
 {
-    char buf[2048];
-    const char *p = strstr(good_manifest, from);
-    if (!p)
-        return 99;
-    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - good_manifest), good_manifest, to, p + strlen(from));
-    struct ring_manifest m;
-    return ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err);
-}
-
-T_CASE(manifest)
-{
-    struct ring_manifest m;
-    T_ASSERT(ring_manifest_parse(&m, good_manifest, strlen(good_manifest), err, sizeof err) == 0, "%s", err);
-    T_CHECK(m.n_ranks == 2 && m.ranks[1].first == 2 && m.ranks[1].last == 5 && m.wire_dsize == 2 &&
-            m.n_ctx == 256 && m.max_batch == 32 && m.ranks[0].embed && m.ranks[1].head && !m.ranks[0].head,
-            "fields");
-    T_CHECK(parse_with("[2,5]", "[3,5]") < 0 && strstr(err, "must start at 2"), "gap: %s", err);
-    T_CHECK(parse_with("[2,5]", "[1,5]") < 0, "overlap");
-    T_CHECK(parse_with("[2,5]", "[2,4]") < 0 && strstr(err, "end at layer 4"), "short: %s", err);
-    T_CHECK(parse_with("[2,5]", "[2,6]") < 0, "past n_layers");
-    T_CHECK(parse_with("\"f16\"", "\"q8\"") < 0 && strstr(err, "q8"), "dtype: %s", err);
-    T_CHECK(parse_with("\"rank\":1", "\"rank\":2") < 0, "rank order");
-    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"embed\":true,") < 0 && strstr(err, "embed"), "embed: %s", err);
-    T_CHECK(parse_with("\"tcp://127.0.0.1:1\"", "\"127.0.0.1:1\"") < 0 && strstr(err, "endpoint"), "%s", err);
-    T_CHECK(parse_with("\"n_embd\":64", "\"n_embd\":-1") < 0 && strstr(err, "n_embd"), "%s", err);
-    T_CHECK(parse_with("\"ring\":\"abc\"", "\"ring\":\"a b\"") < 0, "ring with a space");
-    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"node\":\"12\",") < 0 && strstr(err, "node"), "%s", err);
-    T_CHECK(ring_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
-    T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
-}
-
-T_CASE(f16_wire)
-{
-    T_CHECK(kern_f32_to_f16(1.0f) == 0x3c00 && kern_f32_to_f16(-2.0f) == 0xc000, "1, -2");
-    T_CHECK(kern_f32_to_f16(65504.0f) == 0x7bff && kern_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
-    T_CHECK(kern_f32_to_f16(ldexpf(1, -24)) == 0x0001 && kern_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
-    T_CHECK(kern_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
-    T_CHECK(kern_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
-    T_CHECK(kern_f32_to_f16(INFINITY) == 0x7c00 && (kern_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
-            (kern_f32_to_f16(NAN) & 0x3ff), "inf, nan");
-    int bad = 0;
-    for (uint32_t h = 0; h < 65536; h++) {
-        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
-            continue;   /* NaNs */
-        if (kern_f32_to_f16(kern_f16_to_f32((uint16_t)h)) != (uint16_t)h)
-            bad++;
-    }
-    T_CHECK(bad == 0, "%d halves do not round trip", bad);
-}
-
-int main(void)
-{
+    t_init(argc, argv);
     T_RUN(hdr_roundtrip_and_checks);
     T_RUN(reader_every_split);
     T_RUN(open_and_hello_payloads);
     T_RUN(identity);
     T_RUN(handshake);
-    T_RUN(manifest);
-    T_RUN(f16_wire);
     return T_DONE();
 }

@@ -1,8 +1,10 @@
 /* test-net-http.c — the HTTP server: keep-alive, pipelining, limits (URL, header bytes, header
  * count, body, header timeout), path traversal, Range/If-Range/If-None-Match/HEAD, zstd
  * encoding, pushed and pulled bodies, upgrade, async answers, and a clean loop at the end.
- * The server runs on its own loop thread; the cases speak raw HTTP over blocking sockets
- * and parse the answers with http-parser (response mode). */
+ * Each case gets fresh servers on a loop of its own, run by a loop thread (the fixture); the
+ * cases speak raw HTTP over blocking sockets and parse the answers with http-parser
+ * (response mode). After each case the servers close, every body, filter state and upgraded
+ * connection that was opened has been released, and the loop closes with no handle left. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -29,7 +31,8 @@ static int port;
 static uv_async_t stop_async;
 static uv_timer_t async_timer;
 static struct net_http_req *pending_async;
-static int released;
+static pthread_t loop_th;
+static int bodies, released; /* bodies handed to the server, and their release() calls */
 
 /* ---------------------------------------------------------------- server side */
 
@@ -58,12 +61,14 @@ static void big_release(void *ud) { released++; }
 
 static void h_body(struct net_http_req *r, void *ud)
 {
+    bodies++;
     struct net_http_body b = {BIG, "\"big-1\"", true, big_read, big_release, NULL};
     net_http_reply_body(r, 200, "application/octet-stream", NULL, &b);
 }
 
 static void h_gen(struct net_http_req *r, void *ud)
 {
+    bodies++;
     struct net_http_body b = {300000, "\"gen-1\"", false, gen_read, big_release, NULL};
     net_http_reply_body(r, 200, "application/octet-stream", NULL, &b);
 }
@@ -108,7 +113,7 @@ static void up_data(void *ud, struct net_http_conn *c, const void *buf, size_t n
     }
     net_http_conn_write(c, buf, n);
 }
-static int up_closed;
+static int up_opened, up_closed;
 static void up_close(void *ud) { up_closed++; }
 static const struct net_http_upgrade_ops up_ops = {up_data, up_close, NULL};
 
@@ -118,6 +123,7 @@ static void h_up(struct net_http_req *r, void *ud)
         net_http_reply_error(r, 426, "upgrade required");
         return;
     }
+    up_opened++;
     net_http_upgrade(r, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n",
                      &up_ops, NULL, NULL);
 }
@@ -137,8 +143,10 @@ static struct net_http_server *srv2, *srv3;
 static int port2, port3, server3_closed;
 
 /* A toy filter (XOR 0x5a both ways) standing in for TLS. */
+static int xf_opened, xf_closed;
 static int xf_open(void *ud, struct net_http_conn *c, void **st)
 {
+    xf_opened++;
     *st = malloc(1);
     return *st ? 0 : -ENOMEM;
 }
@@ -169,7 +177,6 @@ static int xf_send(void *st, struct net_http_conn *c, const void *buf, size_t n)
     free(tmp);
     return rc;
 }
-static int xf_closed;
 static void xf_close(void *st) { free(st); xf_closed++; }
 static const struct net_http_filter xfilter = {xf_open, xf_recv, xf_send, xf_close, NULL};
 
@@ -757,14 +764,11 @@ T_CASE(unit_helpers)
     T_CHECK(!net_http_accepts(NULL, "zstd"), "absent");
 }
 
-int main(void)
+/* ---------------------------------------------------------------- fixture */
+
+/* Three servers on a fresh loop: the main one, one behind the XOR filter, one paced. */
+static int servers_up(void)
 {
-    big = malloc(BIG);
-    uint32_t x = 12345;
-    for (size_t i = 0; i < BIG; i++) { /* compressible but not trivial */
-        x = x * 1103515245u + 12345u;
-        big[i] = (unsigned char)((i / 64) % 7 == 0 ? (x >> 24) : (i & 0x3f));
-    }
     uv_loop_init(&loop);
     struct net_http_limits lim = {.header_timeout_ms = 300, .idle_timeout_ms = 5000};
     if (net_http_server_new(&srv, &loop, &lim) != 0 ||
@@ -778,14 +782,14 @@ int main(void)
         net_http_server_route(srv, "GET", "/hdr/*", h_hdr, NULL) != 0 ||
         net_http_server_listen(srv, "127.0.0.1:0") != 0) {
         fprintf(stderr, "server set-up failed\n");
-        return 1;
+        return -1;
     }
     port = net_http_server_port(srv);
     if (net_http_server_new(&srv2, &loop, NULL) != 0 ||
         net_http_server_route(srv2, "GET", "/body", h_body, NULL) != 0 ||
         net_http_server_listen(srv2, "127.0.0.1:0") != 0) {
         fprintf(stderr, "server 2 set-up failed\n");
-        return 1;
+        return -1;
     }
     net_http_server_set_filter(srv2, &xfilter);
     port2 = net_http_server_port(srv2);
@@ -794,14 +798,38 @@ int main(void)
         net_http_server_route(srv3, "GET", "/body", h_body, NULL) != 0 ||
         net_http_server_listen(srv3, "127.0.0.1:0") != 0) {
         fprintf(stderr, "server 3 set-up failed\n");
-        return 1;
+        return -1;
     }
     port3 = net_http_server_port(srv3);
     uv_async_init(&loop, &stop_async, on_stop);
     uv_timer_init(&loop, &async_timer);
-    pthread_t th;
-    pthread_create(&th, NULL, loop_thread, NULL);
+    return pthread_create(&loop_th, NULL, loop_thread, NULL) == 0 ? 0 : -1;
+}
 
+static void servers_down(void)
+{
+    usleep(100000);
+    uv_async_send(&stop_async);
+    pthread_join(loop_th, NULL);
+    T_CHECK(server_closed == 1 && server2_closed == 1 && server3_closed == 1,
+            "server close callbacks ran");
+    T_CHECK(xf_closed == xf_opened, "filter states closed: %d of %d", xf_closed, xf_opened);
+    T_CHECK(up_closed == up_opened, "upgrade close callbacks ran once each: %d of %d", up_closed,
+            up_opened);
+    T_CHECK(released == bodies, "bodies released once each: %d of %d", released, bodies);
+    T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argc, argv);
+    big = malloc(BIG);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < BIG; i++) { /* compressible but not trivial */
+        x = x * 1103515245u + 12345u;
+        big[i] = (unsigned char)((i / 64) % 7 == 0 ? (x >> 24) : (i & 0x3f));
+    }
+    T_FIXTURE(servers_up, servers_down);
     T_RUN(unit_helpers);
     T_RUN(keepalive_and_basic);
     T_RUN(pipelining_in_order);
@@ -815,16 +843,6 @@ int main(void)
     T_RUN(filter_in_front);
     T_RUN(send_rate_limit);
 
-    usleep(100000);
-    uv_async_send(&stop_async);
-    pthread_join(th, NULL);
-    t_current = "shutdown";
-    T_CHECK(server_closed == 1 && server2_closed == 1 && server3_closed == 1,
-            "server close callbacks ran");
-    T_CHECK(xf_closed == 1, "filter state closed: %d", xf_closed);
-    T_CHECK(up_closed == 1, "upgrade close callback ran once: %d", up_closed);
-    T_CHECK(released > 0, "bodies released: %d", released);
-    T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
     free(big);
     return T_DONE();
 }

@@ -4,18 +4,11 @@
 # endpoints with fresh 128-bit bridge ids for the NAT'd phones, no window over a device's
 # memory; refusals (no --relay, does not fit, bad profiles); a real GGUF, a catalog and a
 # profile measured on this machine feeding a plan.
-set -u
-cd "$(dirname "$0")/.."
-B=${KV_BUILD:-build}
-K="$B/kvctl"
-D=${KV_TESTDATA:-../shared/testdata}
-T=$(mktemp -d /tmp/kvplan.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
-for m in stories260K.gguf synth-qwen35moe-bpe1024-q8_0.gguf; do
-    [ -r "$D/models/$m" ] || { echo "test data missing: $D/models/$m"; exit 1; }
-done
+. "$(dirname "$0")/lib.sh"
+K=$KVCTL
+D=$DATA
+check() { if eval "$2"; then echo "ok   $1"; else fail "$1"; fi; }
+need_data "$D/models/stories260K.gguf" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf"
 SHAPE=docs/examples/qwen3.5-122b-a10b.shape.json
 DEVS=docs/examples/mixed-devices.json
 
@@ -113,4 +106,4 @@ a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
 assert a[\"model\"][\"n_layers\"]==b[\"model\"][\"n_layers\"]==8
 x=a[\"ranks\"][0][\"mem_bytes\"];y=b[\"ranks\"][0][\"mem_bytes\"]
 assert abs(x-y)<=0.01*y,(x,y)" "$T/w2.json" "$T/g2.json"'
-exit $fail
+finish

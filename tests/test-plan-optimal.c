@@ -115,8 +115,9 @@ T_CASE(optimal_vs_exhaustive)
     T_CHECK(n_lat > 50 && n_thr > 50 && n_infeasible > 10, "instance mix too thin");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(optimal_vs_exhaustive);
     return T_DONE();
 }

@@ -4,18 +4,15 @@
 # out), kvd stages started from the planned manifest, and greedy generation through the
 # ring gives the one-process tokens. Then again with the middle device declaring
 # "inbound": false and a (plain) relay: its edge goes through relay+ws://.../b/<bridge id>.
-set -u
-cd "$(dirname "$0")/.."
-B=${KV_BUILD:-build}
-D=${KV_TESTDATA:-../shared/testdata}
+. "$(dirname "$0")/lib.sh"
+D=$DATA
 M="$D/models/stories260K.gguf"
-[ -r "$M" ] || { echo "test data missing: $M"; exit 1; }
-T=$(mktemp -d /tmp/kvplanring.XXXXXX)
+need_data "$M"
 mkdir -p "$T/ring"
 pids=""
 spids=""
-cleanup() { for p in $pids $spids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
+plan_ring_cleanup() { for p in $pids $spids; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+at_exit plan_ring_cleanup
 want=$("$B/kvctl" generate -m "$M" -p "Once upon a time" -n 24 --temp 0 --ids 2>/dev/null)
 [ -n "$want" ] || { echo "FAIL one-process generation"; exit 1; }
 run_ring() {  # $1: "relay" or ""
@@ -65,7 +62,7 @@ run_ring ""
 "$B/kvd" relay --listen 127.0.0.1:0 --plain > "$T/relay.log" 2>&1 &
 relaypid=$!
 pids="$relaypid"
-for i in $(seq 50); do grep -q "port [0-9]" "$T/relay.log" && break; sleep 0.1; done
+wait_for 5 grep -q "port [0-9]" "$T/relay.log"
 RP=$(sed -n 's/.* port \([0-9]*\).*/\1/p' "$T/relay.log" | head -1)
 [ -n "$RP" ] || { echo "FAIL relay did not start"; cat "$T/relay.log"; exit 1; }
 inb=false relayopt="--relay ws://127.0.0.1:$RP"

@@ -220,8 +220,9 @@ T_CASE(qwen35_122b_example)
     fprintf(stderr, "without the big machines: %s\n", err);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(gguf_shape_and_synthesis);
     T_RUN(qwen35_122b_example);
     return T_DONE();

@@ -403,8 +403,9 @@ T_CASE(held_messages_bounded_before_pairing)
     T_CHECK(tc_relay_stop(&R) == 0, "relay loop left handles");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     srand((unsigned)getpid());
     T_RUN(pair_and_forward_both_ways);
     T_RUN(duplicate_and_bad_roles);

@@ -203,9 +203,13 @@ T_CASE(dial_refused_reports_failure)
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     srand((unsigned)getpid());
+    /* process-wide: registered once here, before the cases (each runs in a child) */
+    t_current = "setup";
+    T_CHECK(net_relay_transport_register() == 0, "register the relay transports");
     T_RUN(bad_endpoints_refused);
     T_RUN(frames_through_the_relay);
     T_RUN(frame_over_the_relay_message_limit);

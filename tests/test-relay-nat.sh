@@ -12,10 +12,7 @@
 cd "$(dirname "$0")/.."
 . tests/relay/lib.sh
 . tests/relay/ring_relay.sh
-KVCTL="$KV_BUILD/kvctl"
-TD=${KV_TESTDATA:-$(pwd)/../shared/testdata}
-M="$TD/models/stories260K.gguf"
-[ -f "$M" ] || fail "test data missing: $M (set KV_TESTDATA)"
+M=$(need_model stories260K.gguf) || exit 1
 [ "$(id -u)" = 0 ] || fail "needs root for network namespaces"
 command -v ip >/dev/null || fail "ip (iproute2) missing"
 command -v nft >/dev/null || fail "nft (nftables) missing"
@@ -28,9 +25,8 @@ ns_cleanup() {
     for p in $PIDS; do wait "$p" 2>/dev/null; done
     PIDS=""
     for n in $PUB $NAT $PHONE; do ip netns del "$n" 2>/dev/null; done
-    cleanup
 }
-trap ns_cleanup EXIT
+at_exit ns_cleanup
 for n in $PUB $NAT $PHONE; do ip netns add "$n" || fail "ip netns add $n"; ip -n "$n" link set lo up; done
 ip link add pub0 netns $PUB type veth peer name wan0 netns $NAT || fail "veth pub-nat"
 ip link add lan0 netns $NAT type veth peer name ph0 netns $PHONE || fail "veth nat-phone"

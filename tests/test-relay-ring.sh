@@ -7,10 +7,7 @@
 cd "$(dirname "$0")/.."
 . tests/relay/lib.sh
 . tests/relay/ring_relay.sh
-KVCTL="$KV_BUILD/kvctl"
-TD=${KV_TESTDATA:-$(pwd)/../shared/testdata}
-M="$TD/models/stories260K.gguf"
-[ -f "$M" ] || fail "test data missing: $M (set KV_TESTDATA)"
+M=$(need_model stories260K.gguf) || exit 1
 PROMPT=1,400,300,200,100
 
 # The direct ring: the reference tokens and the stages' identities.

@@ -215,8 +215,9 @@ T_CASE(bad_cert_files_refused)
             "relay started without its certificate file (%s)", R.err);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     srand((unsigned)getpid());
     const char *d = t_tmpdir();
     snprintf(cert, sizeof cert, "%s/cert.pem", d);

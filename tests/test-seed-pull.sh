@@ -10,37 +10,27 @@
 #  * hostile requests get 4xx and the seeder stays up;
 #  * a 2-stage ring whose stages pull their windows (--window-from, seeder and nginx) gives
 #    the tokens of `kvctl generate -m` on the full file.
-set -u
-cd "$(dirname "$0")/.."
-B=${KV_BUILD:-build}
-KVCTL=$B/kvctl
-KVD=$B/kvd
-DATA=${KV_TESTDATA:-../shared/testdata}
+. "$(dirname "$0")/lib.sh"
 M=$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf   # 8 layers, ~18 MB
 S=$DATA/models/stories260K.gguf                     # trained llama, for tokens
-for f in "$M" "$S"; do
-    [ -r "$f" ] || { echo "FAIL: test data missing: $f"; exit 1; }
-done
+need_data "$M" "$S"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || { echo "FAIL: nginx not installed (scripts/setup.sh installs it)"; exit 1; }
 
-T=$(mktemp -d /tmp/kvseed.XXXXXX)
-fails=0
+KEEP_FAILED_TMP=1
 SEED_PID=""
-cleanup() {
+seed_cleanup() {
     [ -n "$SEED_PID" ] && kill "$SEED_PID" 2>/dev/null
     [ -f "$T/nginx/nginx.pid" ] && kill "$(cat "$T/nginx/nginx.pid")" 2>/dev/null
-    [ -d "$T/ring" ] && "$KVCTL" ring down --dir "$T/ring" >/dev/null 2>&1
-    [ -d "$T/ring2" ] && "$KVCTL" ring down --dir "$T/ring2" >/dev/null 2>&1
+    [ -d "$T/ring" ] && ring_down "$T/ring"
+    [ -d "$T/ring2" ] && ring_down "$T/ring2"
     wait 2>/dev/null
-    [ $fails -eq 0 ] && rm -rf "$T"
 }
-trap cleanup EXIT
+at_exit seed_cleanup
 check() { # check "what" command...
     local what=$1; shift
     if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # ---- servers
 mkdir -p "$T/www" "$T/nginx/logs" "$T/nginx/tmp"

@@ -200,6 +200,7 @@ T_CASE(interrupted_plain_pull_resumes)
     snprintf(ref, sizeof ref, "%s/ref-2-6.gguf", dir);
     snprintf(got, sizeof got, "%s/resume-2-6.gguf", dir);
     snprintf(statep, sizeof statep, "%s.part.state", got);
+    T_ASSERT(slice(2, 6, ref) == 0, "slice");
     /* cut the source mid-way through the window's tensors */
     struct gguf_file *f;
     T_ASSERT(gguf_file_open(&f, model, err, sizeof err) == 0, "open");
@@ -389,8 +390,42 @@ T_CASE(window_holder)
     T_CHECK(uv_loop_close(&l2) == 0, "second loop clean");
 }
 
-int main(void)
+/* ---- fixture: a seeder of the model (and the plain file routes) on a loop of its own */
+
+static pthread_t loop_th;
+
+static int seeder_up(void)
 {
+    char err[512] = "", id[65];
+    uv_loop_init(&loop);
+    if (net_http_server_new(&srv, &loop, NULL) || seed_server_new(&seeder, srv) ||
+        net_http_server_route(srv, "GET", "/files/*", h_file, NULL) ||
+        seed_server_add(seeder, model, NULL, id, err, sizeof err) ||
+        net_http_server_listen(srv, "127.0.0.1:0")) {
+        fprintf(stderr, "seeder set-up: %s\n", err);
+        return -1;
+    }
+    if (strcmp(id, model_id) != 0) {
+        fprintf(stderr, "seeder id %s differs from the catalog's %s\n", id, model_id);
+        return -1;
+    }
+    port = net_http_server_port(srv);
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    uv_async_init(&loop, &stop_async, on_stop);
+    return pthread_create(&loop_th, NULL, loop_thread, NULL) == 0 ? 0 : -1;
+}
+
+static void seeder_down(void)
+{
+    uv_async_send(&stop_async);
+    pthread_join(loop_th, NULL);
+    seed_server_free(seeder);
+    T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argc, argv);
     char rel[] = "models/synth-qwen35moe-bpe1024-q8_0.gguf";
     t_current = "setup";
     if (!t_data_path(model, sizeof model, rel))
@@ -441,25 +476,7 @@ int main(void)
         close(fd);
     }
 
-    uv_loop_init(&loop);
-    char id[65];
-    if (net_http_server_new(&srv, &loop, NULL) || seed_server_new(&seeder, srv) ||
-        net_http_server_route(srv, "GET", "/files/*", h_file, NULL) ||
-        seed_server_add(seeder, model, NULL, id, err, sizeof err) ||
-        net_http_server_listen(srv, "127.0.0.1:0")) {
-        fprintf(stderr, "seeder set-up: %s\n", err);
-        return 1;
-    }
-    if (strcmp(id, model_id) != 0) {
-        fprintf(stderr, "seeder id %s differs from the catalog's %s\n", id, model_id);
-        return 1;
-    }
-    port = net_http_server_port(srv);
-    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
-    uv_async_init(&loop, &stop_async, on_stop);
-    pthread_t th;
-    pthread_create(&th, NULL, loop_thread, NULL);
-
+    T_FIXTURE(seeder_up, seeder_down);
     T_RUN(seeder_windows_identical);
     T_RUN(plain_url_windows_identical_and_bytes);
     T_RUN(interrupted_plain_pull_resumes);
@@ -468,11 +485,6 @@ int main(void)
     T_RUN(hostile_and_not_held);
     T_RUN(window_holder);
 
-    uv_async_send(&stop_async);
-    pthread_join(th, NULL);
-    seed_server_free(seeder);
-    t_current = "shutdown";
-    T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
     for (int i = 0; i < 2; i++)
         munmap(files[i].map, files[i].size);
     curl_global_cleanup();

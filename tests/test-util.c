@@ -182,7 +182,7 @@ T_CASE(file_read)
     free(data);
 }
 
-T_CASE(clock)
+T_CASE(monotonic_clock)
 {
     uint64_t a = util_now_ns();
     double ms = util_now_ms(), s = util_now_s();
@@ -210,8 +210,9 @@ T_CASE(json)
     cJSON_Delete(o);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    t_init(argc, argv);
     T_RUN(parse_u64_bounds);
     T_RUN(parse_u64_suffix);
     T_RUN(scan_u64);
@@ -220,7 +221,7 @@ int main(void)
     T_RUN(hex);
     T_RUN(fmt_bytes);
     T_RUN(file_read);
-    T_RUN(clock);
+    T_RUN(monotonic_clock);
     T_RUN(json);
     return T_DONE();
 }

@@ -234,20 +234,32 @@ T_CASE(fragmented_binary_forwarded_whole)
     close(down);
 }
 
-int main(void)
+/* A relay of its own for each case, on its own loop thread. */
+static int relay_up(void)
 {
     struct kvd_relay_config cfg = {.plain = true, .max_msg_bytes = 65536};
     if (tc_relay_start(&R, &cfg) != 0) {
         fprintf(stderr, "cannot start the relay\n");
-        return 1;
+        return -1;
     }
+    return 0;
+}
+
+static void relay_down(void)
+{
+    int rc = tc_relay_stop(&R);
+    T_CHECK(rc == 0, "relay loop left handles open (uv_loop_close %d)", rc);
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argc, argv);
+    T_FIXTURE(relay_up, relay_down);
     T_RUN(accept_key_rfc_example);
     T_RUN(handshake_table);
     T_RUN(oversized_head_refused);
     T_RUN(frame_table);
     T_RUN(ping_echoed_as_pong);
     T_RUN(fragmented_binary_forwarded_whole);
-    int rc = tc_relay_stop(&R);
-    T_CHECK(rc == 0, "relay loop left handles open (uv_loop_close %d)", rc);
     return T_DONE();
 }

@@ -1,18 +1,9 @@
-# Shared by the relay's script tests: a scratch dir, a test certificate, a relay on a free
-# port (read back from its log line), and cleanup of everything started.
-set -u
-KV_BUILD=${KV_BUILD:-$(pwd)/build}
-KVD="$KV_BUILD/kvd"
-T=$(mktemp -d /tmp/kvrelay.XXXXXX)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$T"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-[ -x "$KVD" ] || fail "$KVD not built"
+# Shared by the relay's script tests, on top of tests/lib.sh (scratch dir T, KVD, PIDS killed
+# on exit): a test certificate and a relay on a free port (read back from its log line).
+# The first failure stops the script.
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+fail_fast
+need_exec "$KVD"
 
 make_cert() {
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
@@ -26,11 +17,11 @@ start_relay() {
     "$KVD" --role relay --listen 127.0.0.1:0 "$@" > "$T/$name.log" 2>&1 &
     RELAY_PID=$!
     PIDS="$PIDS $!"
-    for _ in $(seq 50); do
+    relay_port() {
         PORT=$(sed -n 's/.*listening on .* port \([0-9]*\).*/\1/p' "$T/$name.log" 2>/dev/null)
-        [ -n "$PORT" ] && return 0
-        sleep 0.1
-    done
+        [ -n "$PORT" ]
+    }
+    wait_for 5 relay_port && return 0
     cat "$T/$name.log"
     fail "relay $name did not start"
 }

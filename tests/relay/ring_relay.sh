@@ -1,4 +1,5 @@
-# Helpers for rings whose edges go through a relay (sourced after tests/relay/lib.sh).
+# Helpers for rings whose edges go through a relay (sourced after tests/relay/lib.sh;
+# wait_linked is tests/lib.sh's).
 # relay_manifest SRC DST RANK ENDPOINT: copy a ring manifest, giving RANK a new endpoint.
 relay_manifest() {
     /usr/bin/python3 - "$1" "$2" "$3" "$4" <<'PY'
@@ -18,17 +19,4 @@ start_stage() {
         --model "$m" > "$d/rank-$r/kvd.log" 2>&1 &
     echo $! > "$d/rank-$r/kvd.pid"
     PIDS="$PIDS $!"
-}
-
-# wait_linked DIR N SECONDS: every stage reports both links up.
-wait_linked() {
-    local d=$1 n=$2 t=$3 i
-    for i in $(seq $((t * 10))); do
-        local up
-        up=$("$KV_BUILD/kvctl" status --ring "$d" --json 2>/dev/null | grep -c '"linked":true')
-        [ "$up" = "$n" ] && return 0
-        sleep 0.1
-    done
-    for r in $(seq 0 $((n - 1))); do echo "--- $d/rank-$r/kvd.log"; tail -n 12 "$d/rank-$r/kvd.log"; done
-    return 1
 }

@@ -1,0 +1,53 @@
+/* test-ring-manifest — the ring manifest validator: a good manifest's fields, and one
+ * refusal per rule (layer gaps, overlaps and ends, wire dtype, rank order, embed/head flags,
+ * endpoints, model sizes, ring and node names, not an object, truncated). */
+#include "ringlib/ring.h"
+#include "tests/t.h"
+
+static char err[512];
+
+static const char *good_manifest =
+    "{\"version\":1,\"ring\":\"abc\",\"model\":{\"name\":\"m\",\"arch\":\"llama\",\"n_layers\":5,\"n_embd\":64},"
+    "\"wire\":{\"dtype\":\"f16\"},\"limits\":{\"n_ctx\":256,\"max_batch\":32},"
+    "\"ranks\":[{\"rank\":0,\"layers\":[0,2],\"endpoint\":\"tcp://127.0.0.1:1\"},"
+    "{\"rank\":1,\"layers\":[2,5],\"endpoint\":\"relay://r:443/b/x\"}]}";
+
+static int parse_with(const char *from, const char *to)
+{
+    char buf[2048];
+    const char *p = strstr(good_manifest, from);
+    if (!p)
+        return 99;
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - good_manifest), good_manifest, to, p + strlen(from));
+    struct ring_manifest m;
+    return ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err);
+}
+
+T_CASE(manifest)
+{
+    struct ring_manifest m;
+    T_ASSERT(ring_manifest_parse(&m, good_manifest, strlen(good_manifest), err, sizeof err) == 0, "%s", err);
+    T_CHECK(m.n_ranks == 2 && m.ranks[1].first == 2 && m.ranks[1].last == 5 && m.wire_dsize == 2 &&
+            m.n_ctx == 256 && m.max_batch == 32 && m.ranks[0].embed && m.ranks[1].head && !m.ranks[0].head,
+            "fields");
+    T_CHECK(parse_with("[2,5]", "[3,5]") < 0 && strstr(err, "must start at 2"), "gap: %s", err);
+    T_CHECK(parse_with("[2,5]", "[1,5]") < 0, "overlap");
+    T_CHECK(parse_with("[2,5]", "[2,4]") < 0 && strstr(err, "end at layer 4"), "short: %s", err);
+    T_CHECK(parse_with("[2,5]", "[2,6]") < 0, "past n_layers");
+    T_CHECK(parse_with("\"f16\"", "\"q8\"") < 0 && strstr(err, "q8"), "dtype: %s", err);
+    T_CHECK(parse_with("\"rank\":1", "\"rank\":2") < 0, "rank order");
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"embed\":true,") < 0 && strstr(err, "embed"), "embed: %s", err);
+    T_CHECK(parse_with("\"tcp://127.0.0.1:1\"", "\"127.0.0.1:1\"") < 0 && strstr(err, "endpoint"), "%s", err);
+    T_CHECK(parse_with("\"n_embd\":64", "\"n_embd\":-1") < 0 && strstr(err, "n_embd"), "%s", err);
+    T_CHECK(parse_with("\"ring\":\"abc\"", "\"ring\":\"a b\"") < 0, "ring with a space");
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"node\":\"12\",") < 0 && strstr(err, "node"), "%s", err);
+    T_CHECK(ring_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
+    T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argc, argv);
+    T_RUN(manifest);
+    return T_DONE();
+}
