@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
 #include "util/util.h"
+#include "util/err.h"
 
 void gguf_sha256_hex(const void *p, size_t n, char hex[65])
 {
@@ -426,7 +427,7 @@ int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[6
         gguf__seterr(err, errlen, "%s: short read", path);
         return -EIO;
     }
-    char e2[GGUF_ERR_LEN];
+    char e2[KV_ERR_MAX];
     int rc = gguf_catalog_from_json(out, buf, len, id_hex, e2, sizeof e2);
     free(buf);
     if (rc)

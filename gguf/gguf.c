@@ -15,6 +15,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
+#include "util/err.h"
 
 /* ------------------------------------------------------------------ type table */
 
@@ -774,7 +775,7 @@ int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t e
             break;
         }
         size_t need = 0;
-        char e2[GGUF_ERR_LEN];
+        char e2[KV_ERR_MAX];
         rc = gguf_file_parse(out, buf, len, fsize, &need, e2, sizeof e2);
         if (rc == -EAGAIN) {
             /* grow geometrically so a huge vocabulary costs a few reads, not many */

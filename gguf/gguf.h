@@ -27,7 +27,6 @@
 #define GGUF_MAGIC 0x46554747u /* "GGUF" */
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
-#define GGUF_ERR_LEN 256
 
 /* Caps on what a file may declare (a file that needs more is refused, naming the cap). */
 #define GGUF_MAX_TENSORS   (1u << 20)

@@ -11,6 +11,7 @@
 #include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "util/util.h"
+#include "util/err.h"
 
 bool kvctl_is_help(int argc, char **argv)
 {
@@ -23,7 +24,7 @@ bool kvctl_is_help(int argc, char **argv)
 int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 {
     int64_t v;
-    char err[200];
+    char err[KV_ERR_MAX];
     if (util_parse_i64(s, lo, hi, &v, err, sizeof err) < 0) {
         fprintf(stderr, "%s: %s\n", opt, err);
         return -EINVAL;

@@ -11,13 +11,14 @@
 #include "kernels/kern.h"
 #include "kvctl/kvctl.h"
 #include "model/model.h"
+#include "util/err.h"
 
 /* ------------------------------------------------------------------ helpers */
 
 /* Parse a decimal u64 option value: 0 or -1 with a message. */
 static int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
 {
-    char err[200];
+    char err[KV_ERR_MAX];
     if (util_parse_u64(s, 0, max, 0, out, err, sizeof err) < 0) {
         fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
         return -1;
@@ -89,7 +90,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
         fprintf(stderr, "usage: kvctl inspect FILE [--tensors] [--kv]\n");
         return 2;
     }
-    char err[GGUF_ERR_LEN], hb[32], arch[64] = "?", name[128] = "";
+    char err[KV_ERR_MAX], hb[32], arch[64] = "?", name[128] = "";
     struct gguf_file *f;
     if (gguf_file_open(&f, path, err, sizeof err)) {
         fprintf(stderr, "kvctl inspect: %s\n", err);
@@ -302,7 +303,7 @@ int kvctl_cmd_slice(int argc, char **argv)
         fprintf(stderr, "kvctl slice: -o %s is the model itself: give another output file\n", out);
         return 2;
     }
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f;
     if (gguf_file_open(&f, path, err, sizeof err)) {
         fprintf(stderr, "kvctl slice: %s\n", err);
@@ -353,7 +354,7 @@ int kvctl_cmd_catalog(int argc, char **argv)
         fprintf(stderr, "usage: kvctl catalog FILE [-o CAT.json]\n");
         return 2;
     }
-    char err[GGUF_ERR_LEN], id[65];
+    char err[KV_ERR_MAX], id[65];
     struct gguf_file *f;
     struct gguf_catalog *c;
     if (gguf_file_open(&f, path, err, sizeof err)) {
@@ -414,7 +415,7 @@ int kvctl_cmd_verify(int argc, char **argv)
         fprintf(stderr, "usage: kvctl verify WINDOW --catalog CAT.json\n");
         return 2;
     }
-    char err[GGUF_ERR_LEN], id[65];
+    char err[KV_ERR_MAX], id[65];
     struct gguf_catalog *c;
     if (gguf_catalog_load(&c, cat, id, err, sizeof err)) {
         fprintf(stderr, "kvctl verify: %s\n", err);
@@ -805,7 +806,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         rc = n < 0 ? n : 0;
     }
     size_t nt = sc.n;
-    char err[GGUF_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     if (!rc)
         rc = gguf_writer_write(w, out, err, sizeof err);
     else

@@ -14,6 +14,7 @@
 #include "kernels/kern.h"
 #include "kvctl/kvctl.h"
 #include "model/model.h"
+#include "util/err.h"
 
 #define MAX_TOKENS (1u << 20)
 
@@ -78,7 +79,7 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
                        uint32_t max_batch, const char *cmd)
 {
     memset(r, 0, sizeof *r);
-    char err[MODEL_ERR_LEN];
+    char err[KV_ERR_MAX];
     int rc = model_open(&r->m, path, -1, -1, err, sizeof err);
     if (rc < 0) {
         /* the gguf module's messages already start with the path */
@@ -264,7 +265,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     float *last_logits = NULL;
     if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0)
         return 1;
-    char err[MODEL_ERR_LEN];
+    char err[KV_ERR_MAX];
     int rc = model_vocab_load(&voc, model_get_gguf(r.m), err, sizeof err);
     if (rc < 0 && (prompt || !print_ids)) {
         fprintf(stderr, "kvctl generate: %s: vocabulary: %s%s\n", path, err,
@@ -426,7 +427,7 @@ int kvctl_cmd_logits(int argc, char **argv)
     if (prompt) {           /* the vocabulary alone: metadata, no tensors mapped */
         struct gguf_file *gf = NULL;
         struct model_vocab *voc = NULL;
-        char err[GGUF_ERR_LEN];
+        char err[KV_ERR_MAX];
         int rc = gguf_file_open(&gf, path, err, sizeof err);
         if (rc == 0)
             rc = model_vocab_load(&voc, gf, err, sizeof err);

@@ -19,6 +19,7 @@
 #include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "planner/plan.h"
+#include "util/err.h"
 
 #define DESC_MAX_BYTES (16u << 20)
 #define DEVICES_MAX_BYTES (64u << 20)
@@ -29,7 +30,7 @@
 
 static int parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
 {
-    char err[200];
+    char err[KV_ERR_MAX];
     if (util_parse_double(s, lo, hi, 0, out, err, sizeof err) < 0) {
         fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
         return -1;
@@ -826,7 +827,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     m.wire_bytes = !strcmp(wire, "f16") ? 2 : 4;
     struct devset ds;
     memset(&ds, 0, sizeof ds);
-    char err[PLAN_ERR_LEN];
+    char err[KV_ERR_MAX];
     int ret = 1, rc;
     struct plan_result *r = NULL;
     cJSON *root = NULL;
@@ -955,7 +956,7 @@ int kvctl_cmd_profile(int argc, char **argv)
     char host[128] = "localhost";
     gethostname(host, sizeof host - 1);
     if (!id) id = host;
-    char err[PLAN_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct model_src m;
     memset(&m, 0, sizeof m);
     if (load_model(&m, model, err, sizeof err)) {
@@ -977,7 +978,7 @@ int kvctl_cmd_profile(int argc, char **argv)
         /* Run the model's layers on this machine: one session, `tokens` single-token steps. */
         struct model *md = NULL;
         struct model_exec *ex = NULL;
-        char merr[MODEL_ERR_LEN];
+        char merr[KV_ERR_MAX];
         if (model_open(&md, model, -1, -1, merr, sizeof merr) == 0 &&
             model_exec_new(&ex, md, threads, (uint32_t)tokens + 8, 1) == 0 && model_session_new(ex, 1) == 0) {
             const struct model_hparams *hp = model_get_hparams(md);

@@ -8,6 +8,7 @@
 
 #include "kvctl/kvctl.h"
 #include "seed/seed.h"
+#include "util/err.h"
 
 static void usage(void)
 {
@@ -110,7 +111,7 @@ int kvctl_cmd_pull(int argc, char **argv)
         fprintf(stderr, "kvctl pull: --source-sha256 must be 64 hex digits\n");
         return 2;
     }
-    char err[1024];
+    char err[KV_ERR_MAX];
     struct seed_pull_stats st;
     int rc = seed_pull(&o, &st, err, sizeof err);
     if (rc) {

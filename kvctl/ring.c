@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "net/net.h"
 #include "planner/plan.h"
+#include "util/err.h"
 
 #define MAX_STAGES RING_MAX_RANKS
 
@@ -235,7 +236,7 @@ static int plan_split(const struct gguf_file *g, const char *arch, uint32_t n_la
         snprintf(key, sizeof key, "%s.expert_used_count", arch);
         gguf_get_u32(g, key, &mi.n_expert_used);
         struct plan_shape shape = {.arch = arch};
-        char err[PLAN_ERR_LEN];
+        char err[KV_ERR_MAX];
         rc = plan_shape_from_tensors(t, (size_t)nt, &mi, &shape, layers, err, sizeof err);
         if (rc == 0) {
             shape.n_layers = n_layers;
@@ -373,7 +374,7 @@ static int ring_up(int argc, char **argv)
     uint32_t plan_first[MAX_STAGES], plan_last[MAX_STAGES];
     bool planned = false;
     if (!stub) {
-        char err[GGUF_ERR_LEN];
+        char err[KV_ERR_MAX];
         struct gguf_file *g;
         if (gguf_file_open(&g, model, err, sizeof err) < 0) {
             fprintf(stderr, "kvctl ring up: %s\n", err);   /* err names the file */
@@ -519,7 +520,7 @@ static int ring_up(int argc, char **argv)
         fclose(f);
     }
     if (cat_ptr) {
-        char err[300];
+        char err[KV_ERR_MAX];
         snprintf(cat_path, sizeof cat_path, "%s/catalog.json", dir_abs);
         int crc = gguf_catalog_save(cat_ptr, cat_path, cat_id, err, sizeof err);
         gguf_catalog_free(cat_ptr);
@@ -992,7 +993,7 @@ int kvctl_ring_generate(int argc, char **argv)
         rank_sock(dir, 0, sock, sizeof sock);
     }
     struct gen_state g = {.ids = ids, .dump_logits = dump};
-    char err[512];
+    char err[KV_ERR_MAX];
     double t0 = util_now_s();
     int rc = ring_ctl_request(sock, line, gen_line, &g, 120000, err, sizeof err);
     free(line);

@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "kvctl/kvctl.h"
 #include "model/model.h"
+#include "util/err.h"
 
 #define KVCTL_TOK_MAX_INPUT (256u << 20)   /* bytes of text; the tokenizer's own cap */
 #define MAX_IDS   (1u << 24)
@@ -17,7 +18,7 @@
 static int open_vocab(const char *cmd, const char *path, struct gguf_file **f,
                       struct model_vocab **v)
 {
-    char err[256] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = gguf_file_open(f, path, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvctl %s: %s\n", cmd, err);   /* err names the file */

@@ -17,7 +17,6 @@
 
 struct gguf_file;
 
-#define MODEL_ERR_LEN 256
 
 /* ======================= window + executor + sampler ======================= */
 

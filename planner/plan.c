@@ -12,6 +12,7 @@
 #include "planner/internal.h"
 #include "planner/plan.h"
 #include "util/util.h"
+#include "util/err.h"
 
 #define INF DBL_MAX
 /* Relative tolerance when comparing periods and latencies of candidate plans. */
@@ -777,7 +778,7 @@ static int limit_ranks(struct ctx *c, struct plan_result *r, uint32_t *ord, uint
             c->have = 0;
             for (uint32_t k = 0; k < c->N; k++) c->have += (double)c->di[k].cap;
             c->n_usable = c->N;
-            char sub[PLAN_ERR_LEN - 64];
+            char sub[KV_ERR_MAX - 64];
             explain_infeasible(c, reach, sub, sizeof sub);
             plan__errf(err, errlen, "in at most %u ranks (the unlimited plan needs %u): %s", maxr, n, sub);
             continue;

@@ -32,7 +32,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PLAN_ERR_LEN 1024
 #define PLAN_TOKEN_BYTES 8u          /* the closing edge carries a token id + logprob */
 #define PLAN_MAX_LAYERS 4096u
 #define PLAN_MAX_DEVICES 100000u

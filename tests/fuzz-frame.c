@@ -10,6 +10,7 @@
 #include "kvd/kvd.h"
 #include "ringlib/ring.h"
 #include "net/net.h"
+#include "util/err.h"
 
 static struct net_identity *id;
 
@@ -32,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t mode = data[0] % 3, step = (uint8_t)(data[1] | 1);
     data += 2;
     size -= 2;
-    char err[300];
+    char err[KV_ERR_MAX];
     if (mode == 2) {
         struct ring_manifest m;
         ring_manifest_parse(&m, (const char *)data, size, err, sizeof err);

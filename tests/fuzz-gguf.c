@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
+#include "util/err.h"
 
 static volatile uint64_t sink;
 
@@ -89,7 +90,7 @@ static void rewrite(const struct gguf_file *f)
     if (gguf_writer_header(w, &hdr, &len) == 0) {
         struct gguf_file *g;
         size_t need;
-        char err[GGUF_ERR_LEN];
+        char err[KV_ERR_MAX];
         if (gguf_file_parse(&g, hdr, len, UINT64_MAX, &need, err, sizeof err) != 0)
             abort();
         if (gguf_kv_count(g) != gguf_kv_count(f) || gguf_tensor_count(g) != gguf_tensor_count(f) ||
@@ -103,7 +104,7 @@ static void rewrite(const struct gguf_file *f)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f = NULL;
     size_t need = 0;
     int rc = gguf_file_parse(&f, data, size, size, &need, err, sizeof err);

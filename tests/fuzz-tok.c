@@ -15,6 +15,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "util/err.h"
 
 static const char *const files[] = {
     "models/stories260K.gguf",              /* SPM with byte tokens */
@@ -69,7 +70,7 @@ static void fuzz_metadata(const uint8_t *data, size_t size)
     struct gguf_file *f = NULL;
     struct model_vocab *v = NULL;
     size_t need = 0;
-    char err[256];
+    char err[KV_ERR_MAX];
     if (gguf_file_parse(&f, data, size, size, &need, err, sizeof err))
         return;
     if (model_vocab_load(&v, f, err, sizeof err) == 0) {

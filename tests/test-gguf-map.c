@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 #define N_LAYERS 8
 #define ROW 1024      /* floats per row */
@@ -70,7 +71,7 @@ static bool want_window(const struct gguf_tensor *t, void *ud)
 
 T_CASE(window_maps_only_its_pages)
 {
-    char path[512], err[GGUF_ERR_LEN];
+    char path[512], err[KV_ERR_MAX];
     snprintf(path, sizeof path, "%s/big.gguf", t_tmpdir());
     struct gguf_writer *w;
     T_ASSERT(gguf_writer_new(&w) == 0, "writer");

@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 static bool value_eq(const struct gguf_value *a, const struct gguf_value *b)
 {
@@ -75,7 +76,7 @@ static int fill_read(void *ud, const char *name, void *buf, uint64_t size)
 
 static void round_trip(struct gguf_file *src, const char *name)
 {
-    char out[1024], err[GGUF_ERR_LEN];
+    char out[1024], err[KV_ERR_MAX];
     snprintf(out, sizeof out, "%s/rt-%s", t_tmpdir(), name);
     struct gguf_writer *w;
     T_ASSERT(gguf_writer_new(&w) == 0, "writer");
@@ -120,7 +121,7 @@ static void round_trip(struct gguf_file *src, const char *name)
 static void check_window(struct gguf_file *src, const char *name, uint32_t first, uint32_t last,
                          uint32_t n_layers, int *covered)
 {
-    char out[1024], err[GGUF_ERR_LEN];
+    char out[1024], err[KV_ERR_MAX];
     snprintf(out, sizeof out, "%s/win-%u-%u-%s", t_tmpdir(), first, last, name);
     struct gguf_window_opts o = {.first = first, .last = last,
         .source_sha256_hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"};
@@ -208,7 +209,7 @@ static void model_windows(struct gguf_file *src, const char *name)
         }
         free(covered);
     }
-    char out[1024], err[GGUF_ERR_LEN];
+    char out[1024], err[KV_ERR_MAX];
     snprintf(out, sizeof out, "%s/bad-%s", t_tmpdir(), name);
     struct gguf_window_opts bad = {.first = 0, .last = n + 1, .source_sha256_hex = NULL};
     T_CHECK(gguf_window_write(src, &bad, out, err, sizeof err) == -EINVAL && strstr(err, "layers"),
@@ -235,7 +236,7 @@ static int each_gguf(const char *sub, void (*fn)(struct gguf_file *f, const char
         size_t l = strlen(e->d_name);
         if (l < 6 || strcmp(e->d_name + l - 5, ".gguf"))
             continue;
-        char path[1024], err[GGUF_ERR_LEN];
+        char path[1024], err[KV_ERR_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct gguf_file *f;
         int rc = gguf_file_open(&f, path, err, sizeof err);
@@ -252,7 +253,7 @@ static int each_gguf(const char *sub, void (*fn)(struct gguf_file *f, const char
 
 static void check_model(struct gguf_file *f, const char *name)
 {
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     T_CHECK(gguf_tensor_count(f) > 0, "%s: no tensors", name);
     T_CHECK(gguf_file_map_tensors(f, want_all, NULL, err, sizeof err) == 0, "%s: map: %s", name, err);
     round_trip(f, name);
@@ -284,7 +285,7 @@ T_CASE(vocab_files)
  * nextn_predict_layers 1): the last window, [k, 2) or [k, 3), holds the head and blk.2. */
 T_CASE(nextn_windows)
 {
-    char path[1024], out[1100], err[GGUF_ERR_LEN];
+    char path[1024], out[1100], err[KV_ERR_MAX];
     snprintf(path, sizeof path, "%s/nextn.gguf", t_tmpdir());
     static float data[64];
     uint64_t ne[1] = {64};
@@ -342,7 +343,7 @@ T_CASE(nextn_windows)
 
 T_CASE(known_models)
 {
-    char p[512], err[GGUF_ERR_LEN];
+    char p[512], err[KV_ERR_MAX];
     struct gguf_file *f;
     uint32_t n;
     T_ASSERT(t_data_path(p, sizeof p, "models/stories260K.gguf"), "stories260K");

@@ -8,6 +8,7 @@
 #include "gguf/gguf.h"
 #include "tests/t.h"
 #include "tests/gguf_build.h"
+#include "util/err.h"
 
 /* Copy n bytes so that they end exactly at a PROT_NONE page: any over-read faults. */
 struct guarded {
@@ -38,7 +39,7 @@ static int parse_bytes(const struct gb *b, char *err, struct gguf_file **out)
     struct guarded g = guard_copy(b->p, b->n);
     struct gguf_file *f = NULL;
     size_t need = 0;
-    int rc = gguf_file_parse(&f, g.p, b->n, b->n, &need, err, GGUF_ERR_LEN);
+    int rc = gguf_file_parse(&f, g.p, b->n, b->n, &need, err, KV_ERR_MAX);
     guard_free(&g);
     if (out)
         *out = f;
@@ -51,7 +52,7 @@ T_CASE(valid_small_file)
 {
     struct gb_spec s = {0};
     struct gb b = gb_small(&s);
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f;
     int rc = parse_bytes(&b, err, &f);
     T_ASSERT(rc == 0, "rc %d: %s", rc, err);
@@ -141,7 +142,7 @@ T_CASE(type_table)
 static void expect_fail(const char *what, const struct gb_spec *s, const char *frag)
 {
     struct gb b = gb_small(s);
-    char err[GGUF_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = parse_bytes(&b, err, NULL);
     T_CHECK(rc < 0 && rc != -EAGAIN, "%s: rc %d", what, rc);
     T_CHECK(strstr(err, frag) != NULL, "%s: message '%s' lacks '%s'", what, err, frag);
@@ -184,7 +185,7 @@ T_CASE(broken_files)
     expect_fail("data section short", &(struct gb_spec){.data_short = 5}, "data section shorter");
     /* sanity: a non-default valid alignment is accepted */
     struct gb b = gb_small(&(struct gb_spec){.set_align = 1, .align = 64});
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f;
     T_CHECK(parse_bytes(&b, err, &f) == 0, "align 64: %s", err);
     if (f) {
@@ -199,7 +200,7 @@ T_CASE(every_truncation_point)
 {
     struct gb_spec s = {0};
     struct gb b = gb_small(&s);
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     int fails = 0;
     for (size_t len = 0; len < b.n; len++) {
         struct guarded g = guard_copy(b.p, len);
@@ -246,7 +247,7 @@ T_CASE(copy_is_independent)
 {
     struct gb_spec s = {0};
     struct gb b = gb_small(&s);
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f;
     T_ASSERT(gguf_file_parse(&f, b.p, b.n, b.n, NULL, err, sizeof err) == 0, "%s", err);
     memset(b.p, 0xAA, b.n);
@@ -277,7 +278,7 @@ T_CASE(memory_cap)
     uint8_t *buf = calloc(1, len); /* zero pages: the empty strings' lengths */
     T_ASSERT(buf, "calloc");
     memcpy(buf, b.p, b.n);
-    char err[GGUF_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct gguf_file *f = NULL;
     int rc = gguf_file_parse(&f, buf, len, len, NULL, err, sizeof err);
     T_CHECK(rc == -ENOMEM && strstr(err, "bytes of memory (cap)") && strstr(err, "a.b"), "rc %d: %s", rc, err);

@@ -14,6 +14,7 @@
 
 #include "model/model.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KV_ASAN 1
@@ -133,7 +134,7 @@ static int forward(struct model_exec *e, uint64_t id, const struct model_hparams
 
 static void check_model(const char *rel)
 {
-    char path[4096], err[MODEL_ERR_LEN] = "";
+    char path[4096], err[KV_ERR_MAX] = "";
     if (!t_data_path(path, sizeof path, rel))
         return;
     struct model *m = NULL;

@@ -7,6 +7,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tests/t.h"
+#include "util/err.h"
 
 struct override {
     const char *key;
@@ -50,7 +51,7 @@ struct extra {
 static int rewrite_x(const char *src, const char *dst, const struct override *o,
                      int (*keys)(struct gguf_writer *w), const struct extra *x)
 {
-    char err[GGUF_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *gf = NULL;
     struct gguf_writer *w = NULL;
     int rc = gguf_file_open(&gf, src, err, sizeof err);
@@ -100,7 +101,7 @@ static float *logits_of(const char *path, const int *bounds, int nw, uint32_t *n
     struct model *m[3] = {0};
     struct model_exec *e[3] = {0};
     float *x = NULL, *out = NULL;
-    char err[MODEL_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = 0;
     for (int i = 0; !rc && i < nw; i++) {
         rc = model_open(&m[i], path, bounds[i], bounds[i + 1], err, sizeof err);
@@ -177,7 +178,7 @@ T_CASE(rope_freqs)
     const struct extra ffb = {"rope_freqs.weight", GGUF_T_F32, 3, bad};
     if (!rewrite_x(src, a, NULL, NULL, &ffb)) {
         struct model *m = NULL;
-        char merr[MODEL_ERR_LEN] = "";
+        char merr[KV_ERR_MAX] = "";
         int rc = model_open(&m, a, -1, -1, merr, sizeof merr);
         T_CHECK(rc < 0 && strstr(merr, "rope_freqs.weight: shape [3, 1], expected [4]"),
                 "short rope_freqs: %d '%s'", rc, merr);
@@ -198,7 +199,7 @@ T_CASE(hostile_hparams)
         if (rewrite(src, dst, o))
             continue;
         struct model *m = NULL;
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         int rc = model_open(&m, dst, -1, -1, err, sizeof err);
         if (o->expect)
             T_CHECK(rc < 0 && !m && strstr(err, o->expect),

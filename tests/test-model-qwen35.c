@@ -8,6 +8,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/model_ref.h"
+#include "util/err.h"
 
 static const struct ref_spec specs[] = {
     {"synth-qwen3moe-bpe1024-q8_0.once", 2.3e-4, true, true},
@@ -31,7 +32,7 @@ static int chain_open(struct chain *c, const char *path, const int *bounds, int 
 {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < n; i++) {
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         int first = bounds ? bounds[i] : -1, last = bounds ? bounds[i + 1] : -1;
         int rc = model_open(&c->m[i], path, first, last, err, sizeof err);
         T_CHECK(rc == 0, "open %s [%d, %d): %s", path, first, last, err);
@@ -123,7 +124,7 @@ T_CASE(hparams_and_schedule)
     if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
         return;
     struct model *m;
-    char err[MODEL_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     T_ASSERT(model_open(&m, path, -1, -1, err, sizeof err) == 0, "open: %s", err);
     const struct model_hparams *hp = model_get_hparams(m);
     T_CHECK(hp->n_layer == 8 && hp->n_block == 8 && hp->n_nextn == 0, "layers %u/%u/%u",
@@ -280,7 +281,7 @@ static int write_variant(const char *src, const char *out, int v)
 static int write_variant_kv(const char *src, const char *out, int v, const char *key,
                             uint32_t val)
 {
-    char err[GGUF_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     struct gguf_file *gf;
     int rc = gguf_file_open(&gf, src, err, sizeof err);
     if (!rc)
@@ -391,7 +392,7 @@ T_CASE(file_variants)
     snprintf(out, sizeof out, "%s/nextn.gguf", t_tmpdir());
     if (!write_variant(path, out, V_NEXTN)) {
         struct model *m;
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         T_CHECK(model_open(&m, out, -1, -1, err, sizeof err) == 0, "nextn open: %s", err);
         if (m) {
             const struct model_hparams *hp = model_get_hparams(m);
@@ -407,7 +408,7 @@ T_CASE(file_variants)
         static const int b[] = {0, 3, 8};
         expect_same(out, b, 2, ref, "nextn windows");
         /* a mini-GGUF reaching into the MTP block is clamped to the main pass */
-        char mini[640], gerr[GGUF_ERR_LEN] = "";
+        char mini[640], gerr[KV_ERR_MAX] = "";
         snprintf(mini, sizeof mini, "%s/nextn-w.gguf", t_tmpdir());
         struct gguf_file *gf;
         if (gguf_file_open(&gf, out, gerr, sizeof gerr) == 0) {
@@ -439,7 +440,7 @@ T_CASE(file_variants)
     }
     if (!write_variant(path, out, V_BAD_SCHEDULE)) {
         struct model *m = NULL;
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         T_CHECK(model_open(&m, out, -1, -1, err, sizeof err) < 0 &&
                 strstr(err, "blk.3.attn_qkv.weight missing"), "layer 3 recurrent: '%s'", err);
         unlink(out);
@@ -477,7 +478,7 @@ T_CASE(hostile_hparams)
         if (write_variant_kv(path, out, 0, cases[i].key, cases[i].val))
             continue;
         struct model *m = NULL;
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         int rc = model_open(&m, out, -1, -1, err, sizeof err);
         T_CHECK(rc < 0 && !m && strstr(err, cases[i].expect), "%s = %u: rc %d, '%s', expected '%s'",
                 cases[i].key, cases[i].val, rc, err, cases[i].expect);
@@ -490,7 +491,7 @@ T_CASE(hostile_hparams)
  * model's catalog and run bit-identically to the whole model. */
 T_CASE(mini_gguf_windows)
 {
-    char path[1024], files[3][600], err[GGUF_ERR_LEN] = "";
+    char path[1024], files[3][600], err[KV_ERR_MAX] = "";
     if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
         return;
     struct gguf_file *gf;
@@ -521,7 +522,7 @@ T_CASE(mini_gguf_windows)
         if (!chain_open(&one, path, NULL, 1, 16)) {
             float *ref = chain_logits(&one, SID, prompt, NT, NP);
             for (int i = 0; i < 3; i++) {
-                char merr[MODEL_ERR_LEN] = "";
+                char merr[KV_ERR_MAX] = "";
                 int rc = model_open(&split.m[i], files[i], -1, -1, merr, sizeof merr);
                 T_CHECK(rc == 0, "open mini %d: %s", i, merr);
                 if (rc)
@@ -553,7 +554,7 @@ T_CASE(mini_gguf_windows)
  * NaN would spread); exactly expert_used_count of them change the logits. */
 T_CASE(unselected_experts_untouched)
 {
-    char path[1024], err[GGUF_ERR_LEN] = "";
+    char path[1024], err[KV_ERR_MAX] = "";
     if (!t_data_path(path, sizeof path, "models/synth-qwen35moe-bpe1024-q8_0.gguf"))
         return;
     struct gguf_file *gf;

@@ -6,6 +6,7 @@
  * prompt must reproduce generated_tokens exactly for the stories260K cases and the synthetic
  * F32 and F16 models. */
 #include "tests/model_ref.h"
+#include "util/err.h"
 
 /* Every llama / qwen2 / qwen3 case of the public set (the MoE and hybrid ones are in
  * test-model-qwen35). */
@@ -40,7 +41,7 @@ struct run {
 
 static int run_open(struct run *r, const char *path, uint32_t n_ctx, uint32_t max_batch)
 {
-    char err[MODEL_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     memset(r, 0, sizeof *r);
     int rc = model_open(&r->m, path, -1, -1, err, sizeof err);
     T_CHECK(rc == 0, "model_open %s: %d %s", path, rc, err);

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "tests/t.h"
 #include "util/util.h"
+#include "util/err.h"
 
 #define VEC_FILE_MAX (64u << 20) /* a test vector or reference JSON file */
 
@@ -569,7 +570,7 @@ T_CASE(malformed_metadata)
     model_vocab_free(v1);
     model_vocab_free(v2);
     T_ASSERT(bpe && spm, "source models");
-    char err[256];
+    char err[KV_ERR_MAX];
     int rc;
 
     /* the unmodified copies load */
@@ -627,7 +628,7 @@ T_CASE(pre_tokenizers_compile)
     model_vocab_free(load_vocab("models/synth-qwen2-bpe1024-q8_0.gguf", &bpe));
     T_ASSERT(bpe, "source model");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char err[256];
+        char err[KV_ERR_MAX];
         g_pre = names[i];
         int rc = load_mutated(bpe, NULL, mut_pre, err, sizeof err);
         T_CHECK(rc == 0, "pre '%s': %d %s", names[i], rc, err);

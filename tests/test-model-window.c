@@ -8,6 +8,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/model_ref.h"
+#include "util/err.h"
 
 #define MAXW 3
 
@@ -27,7 +28,7 @@ static int chain_open(struct chain *c, const char *const *paths, const int *boun
 {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < n; i++) {
-        char err[MODEL_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         int first = bounds ? bounds[i] : -1, last = bounds ? bounds[i + 1] : -1;
         int rc = model_open(&c->w[i].m, paths[i], first, last, err, sizeof err);
         T_CHECK(rc == 0, "open %s [%d, %d): %s", paths[i], first, last, err);
@@ -111,7 +112,7 @@ static void check_splits(const char *model_rel, uint32_t n_layer)
 
     /* The same through stage mini-GGUFs written by the gguf module. */
     struct gguf_file *gf;
-    char err[GGUF_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = gguf_file_open(&gf, path, err, sizeof err);
     T_CHECK(rc == 0, "gguf open: %s", err);
     if (rc) {
@@ -158,7 +159,7 @@ T_CASE(sessions_independent)
         return;
     struct model *m;
     struct model_exec *e;
-    char err[MODEL_ERR_LEN];
+    char err[KV_ERR_MAX];
     int rc = model_open(&m, path, -1, -1, err, sizeof err);
     T_ASSERT(rc == 0, "%s", err);
     rc = model_exec_new(&e, m, 1, 32, 8);
@@ -213,7 +214,7 @@ T_CASE(refusals)
         return;
     struct model *m = NULL, *mid = NULL;
     struct model_exec *e = NULL, *emid = NULL;
-    char err[MODEL_ERR_LEN] = "";
+    char err[KV_ERR_MAX] = "";
     int rc = model_open(&m, path, -1, -1, err, sizeof err);
     T_ASSERT(rc == 0, "%s", err);
     T_CHECK(model_exec_new(&e, m, 1, 0, 1) == -EINVAL, "n_ctx 0");
@@ -259,7 +260,7 @@ T_CASE(refusals)
 /* A copy of stories260K without one tensor must be refused, naming the tensor. */
 T_CASE(missing_tensor_named)
 {
-    char path[1024], out[512], err[GGUF_ERR_LEN] = "";
+    char path[1024], out[512], err[KV_ERR_MAX] = "";
     if (!t_data_path(path, sizeof path, "models/stories260K.gguf"))
         return;
     struct gguf_file *gf;
@@ -290,7 +291,7 @@ T_CASE(missing_tensor_named)
     gguf_writer_free(w);
     gguf_file_free(gf);
     struct model *m = NULL;
-    char merr[MODEL_ERR_LEN] = "";
+    char merr[KV_ERR_MAX] = "";
     T_CHECK(model_open(&m, out, -1, -1, merr, sizeof merr) < 0 &&
             strstr(merr, "blk.2.ffn_up.weight"), "missing tensor: '%s'", merr);
     /* A window that does not need the tensor opens fine. */

@@ -7,6 +7,7 @@
 
 #include "tests/t.h"
 #include "tests/plan_testutil.h"
+#include "util/err.h"
 
 struct bf {
     const struct pt_model *m;
@@ -82,7 +83,7 @@ T_CASE(optimal_vs_exhaustive)
         }
         leaves += b.leaves;
         struct plan_result *r = NULL;
-        char err[PLAN_ERR_LEN];
+        char err[KV_ERR_MAX];
         int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
         if (b.best == DBL_MAX) {
             n_infeasible++;

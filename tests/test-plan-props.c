@@ -9,6 +9,7 @@
 
 #include "tests/t.h"
 #include "tests/plan_testutil.h"
+#include "util/err.h"
 
 static struct pt_inst inst;
 
@@ -68,7 +69,7 @@ T_CASE(random_instances)
         if (it % 7 == 0) inst.devs[pt_range(0, N - 1)].mem_bytes = 0;
         if (it % 5 == 1) inst.opts.max_ranks = (uint32_t)pt_range(1, 4);
         struct plan_result *r = NULL;
-        char err[PLAN_ERR_LEN] = "";
+        char err[KV_ERR_MAX] = "";
         int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
         if (rc == -ENOSPC) {
             nospace++;
@@ -132,7 +133,7 @@ T_CASE(errors)
 {
     pt_make(&inst, 8, 3, 0);
     struct plan_result *r = NULL;
-    char err[PLAN_ERR_LEN];
+    char err[KV_ERR_MAX];
     T_CHECK(plan_make(&inst.shape, inst.devs, 0, &inst.opts, &r, err, sizeof err) == -EINVAL, "empty list accepted");
     T_CHECK(strstr(err, "no devices"), "empty list message: %s", err);
 
@@ -224,7 +225,7 @@ T_CASE(local_devices)
     plan_devices_local(d, ids, 4, total / 3 + total / 10, 0.5);
     for (int i = 0; i < 4; i++) T_CHECK(d[i].inbound && !strcmp(d[i].backend, "cpu") && d[i].id == ids[i], "local profile %d", i);
     struct plan_result *r = NULL;
-    char err[PLAN_ERR_LEN];
+    char err[KV_ERR_MAX];
     T_ASSERT(plan_make(&inst.shape, d, 4, &o, &r, err, sizeof err) == 0, "local plan: %s", err);
     T_CHECK(r->n_ranks >= 3 && r->n_ranks <= 4, "%u ranks", r->n_ranks);
     uint32_t j = 0;

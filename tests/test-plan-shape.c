@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"
 #include "tests/t.h"
 #include "planner/plan.h"
+#include "util/err.h"
 
 #define MAXT 4096
 
@@ -146,7 +147,7 @@ static size_t mixed_devices(struct plan_device *d, bool big)
 T_CASE(qwen35_122b_example)
 {
     struct plan_shape s;
-    char err[PLAN_ERR_LEN];
+    char err[KV_ERR_MAX];
     T_ASSERT(shape_122b(&s, err, sizeof err) == 0, "122B shape: %s", err);
     T_CHECK(s.n_layers == 49 && s.n_embd == 3072, "layers %u n_embd %u", s.n_layers, s.n_embd);
     double total = (double)s.embed_bytes + (double)s.head_bytes, active = (double)s.head_active_bytes;

@@ -3,6 +3,7 @@
  * in-process relay carry ring frames both ways, whole and in order; the link's queued-byte
  * count drains to zero; when the relay closes the bridge, both links close with its reason. */
 #include "tests/ws_tc.h"
+#include "util/err.h"
 
 #define N_FRAMES 200
 

@@ -3,8 +3,9 @@
  * endpoints, model sizes, ring and node names, not an object, truncated). */
 #include "ringlib/ring.h"
 #include "tests/t.h"
+#include "util/err.h"
 
-static char err[512];
+static char err[KV_ERR_MAX];
 
 static const char *good_manifest =
     "{\"version\":1,\"ring\":\"abc\",\"model\":{\"name\":\"m\",\"arch\":\"llama\",\"n_layers\":5,\"n_embd\":64},"

@@ -396,7 +396,7 @@ static pthread_t loop_th;
 
 static int seeder_up(void)
 {
-    char err[512] = "", id[65];
+    char err[KV_ERR_MAX] = "", id[65];
     uv_loop_init(&loop);
     if (net_http_server_new(&srv, &loop, NULL) || seed_server_new(&seeder, srv) ||
         net_http_server_route(srv, "GET", "/files/*", h_file, NULL) ||

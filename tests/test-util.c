@@ -10,6 +10,7 @@
 
 #include "tests/t.h"
 #include "util/util.h"
+#include "util/err.h"
 
 T_CASE(parse_u64_bounds)
 {
@@ -149,7 +150,7 @@ static const char *write_tmp(const char *name, const char *data, size_t n)
 
 T_CASE(file_read)
 {
-    char err[512], *buf = NULL;
+    char err[KV_ERR_MAX], *buf = NULL;
     size_t len = 0;
     const char *p = write_tmp("ten", "0123456789", 10);
     T_ASSERT(p, "scratch file");

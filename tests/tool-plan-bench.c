@@ -10,6 +10,7 @@
 
 #include "planner/plan.h"
 #include "util/util.h"
+#include "util/err.h"
 
 #define L 96
 #define N 1000
@@ -73,7 +74,7 @@ int main(void)
             o.objective = obj ? PLAN_THROUGHPUT : PLAN_LATENCY;
             double best = 1e30;
             struct plan_result *keep = NULL;
-            char err[PLAN_ERR_LEN];
+            char err[KV_ERR_MAX];
             for (int rep = 0; rep < 3; rep++) {
                 struct plan_result *r = NULL;
                 double t0 = util_now_ms();

@@ -11,6 +11,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "util/err.h"
 
 int main(int argc, char **argv)
 {
@@ -48,7 +49,7 @@ int main(int argc, char **argv)
         tokens[n++] = (int32_t)t;
         p = end + (*end == ',');
     }
-    char err[MODEL_ERR_LEN];
+    char err[KV_ERR_MAX];
     struct model *m;
     struct model_exec *e;
     if (model_open(&m, path, -1, -1, err, sizeof err) < 0) {

@@ -9,6 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "tests/gguf_build.h"
+#include "util/err.h"
 
 static int n_written;
 
@@ -45,7 +46,7 @@ static void crafted(const char *dir)
 
 static void made(const char *dir)
 {
-    char path[1024], err[GGUF_ERR_LEN];
+    char path[1024], err[KV_ERR_MAX];
     static uint8_t zeros[4096];
     for (int variant = 0; variant < 2; variant++) {
         struct gguf_writer *w;
@@ -108,7 +109,7 @@ static void headers(const char *dir)
         size_t l = strlen(e->d_name);
         if (l < 6 || strcmp(e->d_name + l - 5, ".gguf"))
             continue;
-        char path[2048], err[GGUF_ERR_LEN];
+        char path[2048], err[KV_ERR_MAX];
         snprintf(path, sizeof path, "%s/%s", mdir, e->d_name);
         struct gguf_file *f;
         if (gguf_file_open(&f, path, err, sizeof err))

@@ -9,6 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "util/err.h"
 
 static double now_s(void)
 {
@@ -41,7 +42,7 @@ int main(int argc, char **argv)
     }
     fclose(fp);
 
-    char err[256];
+    char err[KV_ERR_MAX];
     struct gguf_file *f = NULL;
     struct model_vocab *v = NULL;
     double t0 = now_s();

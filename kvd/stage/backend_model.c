@@ -8,6 +8,7 @@
 #include "gguf/gguf.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
+#include "util/err.h"
 
 struct mb {
     struct model *m;
@@ -122,7 +123,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;
     if (b->embed) {   /* rank 0 tokenizes prompts and turns tokens into text */
-        char verr[256];
+        char verr[KV_ERR_MAX];
         if (model_vocab_load(&b->vocab, g, verr, sizeof verr) < 0) {
             b->vocab = NULL;
             snprintf(err, errlen, "no tokenizer: %s", verr);   /* informative only */

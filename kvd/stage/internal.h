@@ -80,7 +80,7 @@ struct kvd_job {
     size_t in_len;
     /* results */
     int rc;
-    char err[200];
+    char err[KV_ERR_MAX];
     int out_type;                   /* 0, NET_F_ACT or NET_F_TOKEN */
     uint8_t out_flags;
     uint8_t *out;

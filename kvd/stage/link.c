@@ -11,6 +11,7 @@
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
 #include "net/net.h"
+#include "util/err.h"
 
 static void on_established(struct conn *c)
 {
@@ -64,7 +65,7 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         return;
     const uint8_t *out;
     size_t outlen;
-    char err[300];
+    char err[KV_ERR_MAX];
     int rc = net_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_WARN, "link %s (%s): handshake failed: %s", c->role == CONN_OUT ? "out" : "in",

@@ -10,6 +10,7 @@
 #include "seed/seed.h"
 #include "net/net.h"
 #include "util/util.h"
+#include "util/err.h"
 
 struct opt {
     const char *name, *arg, *help;
@@ -121,7 +122,7 @@ int kvd_stage_main(int argc, char **argv)
         }
     }
     if (print_key) {   /* for writing manifests: the "node" field of this host */
-        char err[512], hex[65];
+        char err[KV_ERR_MAX], hex[65];
         struct net_identity *id;
         if (net_identity_load(&id, o.state_dir ? o.state_dir : ".", err, sizeof err) < 0) {
             fprintf(stderr, "kvd stage: %s\n", err);
@@ -142,7 +143,7 @@ int kvd_stage_main(int argc, char **argv)
             fprintf(stderr, "kvd stage: --window-from replaces --model / --window\n");
             return 2;
         }
-        char err[1024];
+        char err[KV_ERR_MAX];
         if (seed_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir,
                              isatty(STDERR_FILENO) ? 2 : 1, seed_pull_log_file, stderr, pulled,
                              sizeof pulled, err, sizeof err) < 0) {

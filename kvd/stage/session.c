@@ -324,7 +324,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
     }
     s->last_active_ms = (uint64_t)util_now_ms();
     if (j->rc < 0) {
-        char msg[300];
+        char msg[KV_ERR_MAX + 32];
         snprintf(msg, sizeof msg, "rank %u: %s", st->rank, j->err);
         kvd_sess_fail(st, s, msg);
         kvd_job_free(j);
@@ -344,7 +344,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
                                    j->out, j->out_len);
             if (rc < 0) {
-                char msg[300];
+                char msg[KV_ERR_MAX + 32];
                 snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
                 kvd_sess_fail(st, s, msg);
             } else {

@@ -17,6 +17,7 @@
 #include "ringlib/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
+#include "util/err.h"
 
 /* ================================ periodic ================================ */
 
@@ -128,7 +129,7 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
                     "the window's identity is not checked", st->m.catalog);
         return 0;
     }
-    char err[512], id[65];
+    char err[KV_ERR_MAX], id[65];
     struct gguf_catalog *c;
     int rc = gguf_catalog_load(&c, o->catalog, id, err, sizeof err);
     if (rc < 0) {
@@ -181,7 +182,7 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
 
 int kvd_stage_run(const struct kvd_stage_opts *o)
 {
-    char err[512];
+    char err[KV_ERR_MAX];
     struct stage *st = calloc(1, sizeof *st);
     if (!st)
         return -ENOMEM;
