@@ -69,7 +69,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     *out = NULL;
     const char *path = gguf_file_path(f);
     if (!path) {
-        gguf__seterr(err, errlen, "catalog: the file was parsed from memory");
+        util_seterr(err, errlen, "catalog: the file was parsed from memory");
         return -EBADF;
     }
     struct gguf_catalog *c = calloc(1, sizeof *c);
@@ -108,7 +108,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     }
     if (fd < 0) {
         rc = -errno;
-        gguf__seterr(err, errlen, "catalog: %s: %s", path, strerror(errno));
+        util_seterr(err, errlen, "catalog: %s: %s", path, strerror(errno));
         goto out;
     }
     for (uint64_t i = 0; i < n; i++)
@@ -120,7 +120,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     while (pos < size) {
         size_t len = size - pos < bufsz ? (size_t)(size - pos) : bufsz;
         if ((rc = pread_full(fd, buf, len, pos))) {
-            gguf__seterr(err, errlen, "catalog: %s: read at %" PRIu64 ": %s", path, pos, strerror(-rc));
+            util_seterr(err, errlen, "catalog: %s: read at %" PRIu64 ": %s", path, pos, strerror(-rc));
             goto out;
         }
         EVP_DigestUpdate(whole, buf, len);
@@ -149,7 +149,7 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
     }
     if (k != n) {
         rc = -EIO;
-        gguf__seterr(err, errlen, "catalog: %s: file ended before tensor '%s'", path, order[k]->name);
+        util_seterr(err, errlen, "catalog: %s: file ended before tensor '%s'", path, order[k]->name);
         goto out;
     }
     unsigned char md[32];
@@ -244,14 +244,14 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
 {
     *out = NULL;
     if (len > GGUF_CATALOG_MAX_JSON) {
-        gguf__seterr(err, errlen, "catalog: %zu bytes exceeds cap %u", len, GGUF_CATALOG_MAX_JSON);
+        util_seterr(err, errlen, "catalog: %zu bytes exceeds cap %u", len, GGUF_CATALOG_MAX_JSON);
         return -EMSGSIZE;
     }
     if (id_hex)
         gguf_sha256_hex(json, len, id_hex);
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root) {
-        gguf__seterr(err, errlen, "catalog: not valid JSON");
+        util_seterr(err, errlen, "catalog: not valid JSON");
         return -EBADMSG;
     }
     int rc = -EBADMSG;
@@ -263,38 +263,38 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "version");
     uint64_t u;
     if (!json_u64(v, &u) || u != 1) {
-        gguf__seterr(err, errlen, "catalog: version must be 1");
+        util_seterr(err, errlen, "catalog: version must be 1");
         goto out;
     }
     const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "source_sha256"));
     if (!is_hex64(s)) {
-        gguf__seterr(err, errlen, "catalog: source_sha256 must be 64 lowercase hex digits");
+        util_seterr(err, errlen, "catalog: source_sha256 must be 64 lowercase hex digits");
         goto out;
     }
     memcpy(c->source_sha256, s, 65);
     if (!json_u64(cJSON_GetObjectItemCaseSensitive(root, "source_size"), &c->source_size)) {
-        gguf__seterr(err, errlen, "catalog: source_size must be a non-negative integer");
+        util_seterr(err, errlen, "catalog: source_size must be a non-negative integer");
         goto out;
     }
     s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "arch"));
     if (!s || strlen(s) >= sizeof c->arch) {
-        gguf__seterr(err, errlen, "catalog: arch must be a string shorter than %zu", sizeof c->arch);
+        util_seterr(err, errlen, "catalog: arch must be a string shorter than %zu", sizeof c->arch);
         goto out;
     }
     strcpy(c->arch, s);
     if (!json_u64(cJSON_GetObjectItemCaseSensitive(root, "n_layers"), &u) || u > 1000000) {
-        gguf__seterr(err, errlen, "catalog: n_layers must be an integer in [0, 1000000]");
+        util_seterr(err, errlen, "catalog: n_layers must be an integer in [0, 1000000]");
         goto out;
     }
     c->n_layers = (uint32_t)u;
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsArray(arr)) {
-        gguf__seterr(err, errlen, "catalog: tensors must be an array");
+        util_seterr(err, errlen, "catalog: tensors must be an array");
         goto out;
     }
     int n = cJSON_GetArraySize(arr);
     if (n < 0 || (uint64_t)n > GGUF_MAX_TENSORS) {
-        gguf__seterr(err, errlen, "catalog: %d tensors exceeds cap %u", n, GGUF_MAX_TENSORS);
+        util_seterr(err, errlen, "catalog: %d tensors exceeds cap %u", n, GGUF_MAX_TENSORS);
         goto out;
     }
     c->tensors = calloc(n ? (size_t)n : 1, sizeof *c->tensors);
@@ -309,21 +309,21 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
         struct gguf_catalog_tensor *t = &c->tensors[i];
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "name"));
         if (!name || !name[0] || strlen(name) > GGUF_MAX_NAME) {
-            gguf__seterr(err, errlen, "catalog: tensor %d: name missing or longer than %d", i, GGUF_MAX_NAME);
+            util_seterr(err, errlen, "catalog: tensor %d: name missing or longer than %d", i, GGUF_MAX_NAME);
             goto out;
         }
         strcpy(t->name, name);
         const char *ty = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "type"));
         int tid = ty ? gguf_type_by_name(ty) : -1;
         if (tid < 0) {
-            gguf__seterr(err, errlen, "catalog: tensor %s: type '%s' unknown", name, ty ? ty : "(none)");
+            util_seterr(err, errlen, "catalog: tensor %s: type '%s' unknown", name, ty ? ty : "(none)");
             goto out;
         }
         t->type = (uint32_t)tid;
         const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shape");
         int nd = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : -1;
         if (nd < 1 || nd > GGUF_MAX_DIMS) {
-            gguf__seterr(err, errlen, "catalog: tensor %s: shape must have 1..%d dims", name, GGUF_MAX_DIMS);
+            util_seterr(err, errlen, "catalog: tensor %s: shape must have 1..%d dims", name, GGUF_MAX_DIMS);
             goto out;
         }
         t->n_dims = (uint32_t)nd;
@@ -332,7 +332,7 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
             t->ne[d] = 1;
             if (d < nd && (!json_u64(cJSON_GetArrayItem(sh, d), &t->ne[d]) || t->ne[d] == 0 ||
                            nel > UINT64_MAX / t->ne[d])) {
-                gguf__seterr(err, errlen, "catalog: tensor %s: dim %d invalid", name, d);
+                util_seterr(err, errlen, "catalog: tensor %s: dim %d invalid", name, d);
                 goto out;
             }
             nel *= t->ne[d];
@@ -341,12 +341,12 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
         if (!json_u64(cJSON_GetObjectItemCaseSensitive(o, "offset"), &t->offset) ||
             !json_u64(cJSON_GetObjectItemCaseSensitive(o, "size"), &t->size) ||
             gguf_type_bytes(t->type, nel, &want) || want != t->size) {
-            gguf__seterr(err, errlen, "catalog: tensor %s: offset/size missing or size not that of its shape", name);
+            util_seterr(err, errlen, "catalog: tensor %s: offset/size missing or size not that of its shape", name);
             goto out;
         }
         s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "sha256"));
         if (!is_hex64(s)) {
-            gguf__seterr(err, errlen, "catalog: tensor %s: sha256 must be 64 lowercase hex digits", name);
+            util_seterr(err, errlen, "catalog: tensor %s: sha256 must be 64 lowercase hex digits", name);
             goto out;
         }
         memcpy(t->sha256, s, 65);
@@ -381,7 +381,7 @@ int gguf_catalog_save(const struct gguf_catalog *c, const char *path, char id_he
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
         rc = -errno;
-        gguf__seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+        util_seterr(err, errlen, "%s: %s", tmp, strerror(errno));
     } else {
         if (fwrite(json, 1, len, fp) != len)
             rc = -EIO;
@@ -390,7 +390,7 @@ int gguf_catalog_save(const struct gguf_catalog *c, const char *path, char id_he
         if (!rc && rename(tmp, path) != 0)
             rc = -errno;
         if (rc) {
-            gguf__seterr(err, errlen, "%s: write failed: %s", path, strerror(-rc));
+            util_seterr(err, errlen, "%s: write failed: %s", path, strerror(-rc));
             unlink(tmp);
         }
     }
@@ -405,12 +405,12 @@ int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[6
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         int e = errno;
-        gguf__seterr(err, errlen, "%s: %s", path, strerror(e));
+        util_seterr(err, errlen, "%s: %s", path, strerror(e));
         return -e;
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > GGUF_CATALOG_MAX_JSON) {
-        gguf__seterr(err, errlen, "%s: catalog larger than the cap %u bytes", path, GGUF_CATALOG_MAX_JSON);
+        util_seterr(err, errlen, "%s: catalog larger than the cap %u bytes", path, GGUF_CATALOG_MAX_JSON);
         fclose(fp);
         return -EMSGSIZE;
     }
@@ -424,14 +424,14 @@ int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[6
     fclose(fp);
     if (got != len) {
         free(buf);
-        gguf__seterr(err, errlen, "%s: short read", path);
+        util_seterr(err, errlen, "%s: short read", path);
         return -EIO;
     }
     char e2[KV_ERR_MAX];
     int rc = gguf_catalog_from_json(out, buf, len, id_hex, e2, sizeof e2);
     free(buf);
     if (rc)
-        gguf__seterr(err, errlen, "%s: %s", path, e2);
+        util_seterr(err, errlen, "%s: %s", path, e2);
     return rc;
 }
 
@@ -465,12 +465,12 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
 {
     const char *path = gguf_file_path(w);
     if (!path) {
-        gguf__seterr(err, errlen, "verify: the file was parsed from memory");
+        util_seterr(err, errlen, "verify: the file was parsed from memory");
         return -EBADF;
     }
     char src[80];
     if (gguf_get_str(w, "kvasir.source.sha256", src, sizeof src) == 0 && strcmp(src, c->source_sha256)) {
-        gguf__seterr(err, errlen, "verify: window comes from source %.64s, the catalog describes %s",
+        util_seterr(err, errlen, "verify: window comes from source %.64s, the catalog describes %s",
                      src, c->source_sha256);
         return -EBADMSG;
     }
@@ -478,12 +478,12 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
         const struct gguf_tensor *t = gguf_tensor_at(w, i);
         const struct gguf_catalog_tensor *ct = gguf_catalog_find(c, t->name);
         if (!ct) {
-            gguf__seterr(err, errlen, "tensor %s: not in the catalog", t->name);
+            util_seterr(err, errlen, "tensor %s: not in the catalog", t->name);
             return -EBADMSG;
         }
         if (ct->type != t->type || ct->n_dims != t->n_dims || memcmp(ct->ne, t->ne, sizeof ct->ne) ||
             ct->size != t->size) {
-            gguf__seterr(err, errlen, "tensor %s: type/shape differ from the catalog", t->name);
+            util_seterr(err, errlen, "tensor %s: type/shape differ from the catalog", t->name);
             return -EBADMSG;
         }
     }
@@ -501,14 +501,14 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
         const char *name = c->tensors[i].name;
         bool need = is_window ? gguf_window_wants(name, first, last, n_main, has_output) : true;
         if (need && !gguf_tensor_find(w, name)) {
-            gguf__seterr(err, errlen, "tensor %s: missing (window [%u, %u) needs it)", name, first, last);
+            util_seterr(err, errlen, "tensor %s: missing (window [%u, %u) needs it)", name, first, last);
             return -EBADMSG;
         }
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        gguf__seterr(err, errlen, "verify: %s: %s", path, strerror(e));
+        util_seterr(err, errlen, "verify: %s: %s", path, strerror(e));
         return -e;
     }
     size_t bufsz = 4u << 20;
@@ -519,9 +519,9 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
         const struct gguf_catalog_tensor *ct = gguf_catalog_find(c, t->name);
         char hex[65];
         if ((rc = tensor_sha(w, t, fd, buf, bufsz, hex))) {
-            gguf__seterr(err, errlen, "tensor %s: read failed: %s", t->name, strerror(-rc));
+            util_seterr(err, errlen, "tensor %s: read failed: %s", t->name, strerror(-rc));
         } else if (strcmp(hex, ct->sha256)) {
-            gguf__seterr(err, errlen, "tensor %s: sha256 %s differs from the catalog's %s", t->name, hex, ct->sha256);
+            util_seterr(err, errlen, "tensor %s: sha256 %s differs from the catalog's %s", t->name, hex, ct->sha256);
             rc = -EBADMSG;
         }
     }

@@ -16,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
 #include "util/err.h"
+#include "util/util.h"
 
 /* ------------------------------------------------------------------ type table */
 
@@ -112,16 +113,6 @@ struct gguf_file {
     uint64_t mapped;
 };
 
-void gguf__seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t hash_str(const char *s)
 {
     uint64_t h = 1469598103934665603ull;
@@ -192,7 +183,7 @@ struct rd {
 static int rd_mem(struct rd *r, uint64_t n, const char *what)
 {
     if (n > GGUF_MAX_MEMORY - r->mem) {
-        gguf__seterr(r->err, r->errlen, "%s: parsing the header would take more than %llu bytes of memory (cap)",
+        util_seterr(r->err, r->errlen, "%s: parsing the header would take more than %llu bytes of memory (cap)",
                      what, (unsigned long long)GGUF_MAX_MEMORY);
         return -ENOMEM;
     }
@@ -206,19 +197,19 @@ static int rd_have(struct rd *r, uint64_t n, const char *what)
     if (n <= r->len && r->pos <= r->len - n)
         return 0;
     if (n > UINT64_MAX - r->pos || r->pos + n > GGUF_MAX_HEADER) {
-        gguf__seterr(r->err, r->errlen, "%s: header would need more than %llu bytes (cap) at offset %" PRIu64,
+        util_seterr(r->err, r->errlen, "%s: header would need more than %llu bytes (cap) at offset %" PRIu64,
                      what, (unsigned long long)GGUF_MAX_HEADER, r->pos);
         return -EFBIG;
     }
     uint64_t want = r->pos + n;
     if (r->fsize != UINT64_MAX && want > r->fsize) {
-        gguf__seterr(r->err, r->errlen, "%s: needs %" PRIu64 " bytes at offset %" PRIu64
+        util_seterr(r->err, r->errlen, "%s: needs %" PRIu64 " bytes at offset %" PRIu64
                      " but the file has %" PRIu64 " (truncated)", what, n, r->pos, r->fsize);
         return -EPROTO;
     }
     if (r->need)
         *r->need = (size_t)want;
-    gguf__seterr(r->err, r->errlen, "header incomplete: need %" PRIu64 " bytes, have %zu", want, r->len);
+    util_seterr(r->err, r->errlen, "header incomplete: need %" PRIu64 " bytes, have %zu", want, r->len);
     return -EAGAIN;
 }
 
@@ -260,7 +251,7 @@ static int rd_str(struct rd *r, const char **p, uint64_t *len, uint64_t cap, con
     if (rc)
         return rc;
     if (n > cap) {
-        gguf__seterr(r->err, r->errlen, "%s: string length %" PRIu64 " exceeds cap %" PRIu64, what, n, cap);
+        util_seterr(r->err, r->errlen, "%s: string length %" PRIu64 " exceeds cap %" PRIu64, what, n, cap);
         return -EMSGSIZE;
     }
     rc = rd_have(r, n, what);
@@ -276,11 +267,11 @@ static int rd_str(struct rd *r, const char **p, uint64_t *len, uint64_t cap, con
 static int dup_name(struct rd *r, const char *p, uint64_t len, char **out, const char *what)
 {
     if (len == 0) {
-        gguf__seterr(r->err, r->errlen, "%s: empty name", what);
+        util_seterr(r->err, r->errlen, "%s: empty name", what);
         return -EPROTO;
     }
     if (memchr(p, 0, len)) {
-        gguf__seterr(r->err, r->errlen, "%s: name contains a NUL byte", what);
+        util_seterr(r->err, r->errlen, "%s: name contains a NUL byte", what);
         return -EPROTO;
     }
     int rc = rd_mem(r, len + 1 + 16, what);
@@ -303,17 +294,17 @@ static int rd_array(struct rd *r, struct gguf_value *v, int depth, const char *w
     uint64_t n;
     int rc;
     if (depth >= GGUF_MAX_NEST) {
-        gguf__seterr(r->err, r->errlen, "%s: arrays nested deeper than %d", what, GGUF_MAX_NEST);
+        util_seterr(r->err, r->errlen, "%s: arrays nested deeper than %d", what, GGUF_MAX_NEST);
         return -EPROTO;
     }
     if ((rc = rd_u32(r, &et, what)) || (rc = rd_u64(r, &n, what)))
         return rc;
     if (et >= GGUF_V_COUNT) {
-        gguf__seterr(r->err, r->errlen, "%s: array element type %u unknown (max %u)", what, et, GGUF_V_COUNT - 1);
+        util_seterr(r->err, r->errlen, "%s: array element type %u unknown (max %u)", what, et, GGUF_V_COUNT - 1);
         return -EPROTO;
     }
     if (n > GGUF_MAX_ARRAY) {
-        gguf__seterr(r->err, r->errlen, "%s: array of %" PRIu64 " elements exceeds cap %u", what, n, GGUF_MAX_ARRAY);
+        util_seterr(r->err, r->errlen, "%s: array of %" PRIu64 " elements exceeds cap %u", what, n, GGUF_MAX_ARRAY);
         return -EMSGSIZE;
     }
     v->type = GGUF_V_ARRAY;
@@ -329,7 +320,7 @@ static int rd_array(struct rd *r, struct gguf_value *v, int depth, const char *w
         if (et == GGUF_V_BOOL)
             for (uint64_t i = 0; i < n; i++)
                 if (r->b[r->pos + i] > 1) {
-                    gguf__seterr(r->err, r->errlen, "%s: bool element %" PRIu64 " has value %u (not 0 or 1)",
+                    util_seterr(r->err, r->errlen, "%s: bool element %" PRIu64 " has value %u (not 0 or 1)",
                                  what, i, r->b[r->pos + i]);
                     return -EPROTO;
                 }
@@ -368,7 +359,7 @@ static int rd_value(struct rd *r, uint32_t type, struct gguf_value *v, int depth
         return rd_array(r, v, depth, what);
     size_t es = gguf__vtype_size(type);
     if (!es) {
-        gguf__seterr(r->err, r->errlen, "%s: value type %u unknown (max %u)", what, type, GGUF_V_COUNT - 1);
+        util_seterr(r->err, r->errlen, "%s: value type %u unknown (max %u)", what, type, GGUF_V_COUNT - 1);
         return -EPROTO;
     }
     if ((rc = rd_have(r, es, what)))
@@ -386,7 +377,7 @@ static int rd_value(struct rd *r, uint32_t type, struct gguf_value *v, int depth
     case GGUF_V_I64: v->v.i = (int64_t)ld64(p); break;
     case GGUF_V_BOOL:
         if (p[0] > 1) {
-            gguf__seterr(r->err, r->errlen, "%s: bool value %u (not 0 or 1)", what, p[0]);
+            util_seterr(r->err, r->errlen, "%s: bool value %u (not 0 or 1)", what, p[0]);
             return -EPROTO;
         }
         v->v.u = p[0];
@@ -495,34 +486,34 @@ static int parse(struct gguf_file *f, struct rd *r)
     if ((rc = rd_u32(r, &magic, "magic")))
         return rc;
     if (magic != GGUF_MAGIC) {
-        gguf__seterr(r->err, r->errlen, "magic: 0x%08x is not \"GGUF\" (0x%08x)", magic, GGUF_MAGIC);
+        util_seterr(r->err, r->errlen, "magic: 0x%08x is not \"GGUF\" (0x%08x)", magic, GGUF_MAGIC);
         return -EPROTO;
     }
     if ((rc = rd_u32(r, &version, "version")))
         return rc;
     if (version == 1) {
-        gguf__seterr(r->err, r->errlen, "version: GGUF version 1 is not supported (only versions 2 and 3); "
+        util_seterr(r->err, r->errlen, "version: GGUF version 1 is not supported (only versions 2 and 3); "
                      "convert the file with a current llama.cpp");
         return -EPROTONOSUPPORT;
     }
     if ((version & 0xffff) == 0 && version != 0) {
-        gguf__seterr(r->err, r->errlen,
+        util_seterr(r->err, r->errlen,
                      "version: 0x%08x looks byte-swapped (big-endian GGUF is not supported)", version);
         return -EPROTONOSUPPORT;
     }
     if (version < 2 || version > 3) {
-        gguf__seterr(r->err, r->errlen, "version: %u is not supported (only versions 2 and 3)", version);
+        util_seterr(r->err, r->errlen, "version: %u is not supported (only versions 2 and 3)", version);
         return -EPROTONOSUPPORT;
     }
     f->version = version;
     if ((rc = rd_u64(r, &n_t, "tensor count")) || (rc = rd_u64(r, &n_kv, "metadata key count")))
         return rc;
     if (n_t > GGUF_MAX_TENSORS) {
-        gguf__seterr(r->err, r->errlen, "tensor count: %" PRIu64 " exceeds cap %u", n_t, GGUF_MAX_TENSORS);
+        util_seterr(r->err, r->errlen, "tensor count: %" PRIu64 " exceeds cap %u", n_t, GGUF_MAX_TENSORS);
         return -EMSGSIZE;
     }
     if (n_kv > GGUF_MAX_KV) {
-        gguf__seterr(r->err, r->errlen, "metadata key count: %" PRIu64 " exceeds cap %u", n_kv, GGUF_MAX_KV);
+        util_seterr(r->err, r->errlen, "metadata key count: %" PRIu64 " exceeds cap %u", n_kv, GGUF_MAX_KV);
         return -EMSGSIZE;
     }
 
@@ -543,7 +534,7 @@ static int parse(struct gguf_file *f, struct rd *r)
         snprintf(what, sizeof what, "key '%.100s'", kv->key);
         if ((rc = hash_insert(&f->kv_hash, &f->kv_hash_cap, f->n_kv - 1, kv->key, f->n_kv - 1, kv_name, f))) {
             if (rc == -EEXIST) {
-                gguf__seterr(r->err, r->errlen, "%s: duplicate key (entry %" PRIu64 ")", what, i);
+                util_seterr(r->err, r->errlen, "%s: duplicate key (entry %" PRIu64 ")", what, i);
                 return -EPROTO;
             }
             return rc;
@@ -552,19 +543,19 @@ static int parse(struct gguf_file *f, struct rd *r)
             return rc;
         if (vt >= GGUF_V_COUNT) {
             kv->val.type = GGUF_V_U8;
-            gguf__seterr(r->err, r->errlen, "%s: value type %u unknown (max %u)", what, vt, GGUF_V_COUNT - 1);
+            util_seterr(r->err, r->errlen, "%s: value type %u unknown (max %u)", what, vt, GGUF_V_COUNT - 1);
             return -EPROTO;
         }
         if ((rc = rd_value(r, vt, &kv->val, 0, what)))
             return rc;
         if (!strcmp(kv->key, "general.alignment")) {
             if (vt != GGUF_V_U32) {
-                gguf__seterr(r->err, r->errlen, "general.alignment: type %s, must be u32", gguf_vtype_name(vt));
+                util_seterr(r->err, r->errlen, "general.alignment: type %s, must be u32", gguf_vtype_name(vt));
                 return -EPROTO;
             }
             uint64_t a = kv->val.v.u;
             if (a == 0 || (a & (a - 1)) || a > GGUF_MAX_ALIGNMENT) {
-                gguf__seterr(r->err, r->errlen, "general.alignment: %" PRIu64 " is not a power of two in [1, %u]",
+                util_seterr(r->err, r->errlen, "general.alignment: %" PRIu64 " is not a power of two in [1, %u]",
                              a, GGUF_MAX_ALIGNMENT);
                 return -EPROTO;
             }
@@ -588,7 +579,7 @@ static int parse(struct gguf_file *f, struct rd *r)
         snprintf(what, sizeof what, "tensor '%.100s'", t->name);
         if ((rc = hash_insert(&f->t_hash, &f->t_hash_cap, f->n_t - 1, t->name, f->n_t - 1, t_name, f))) {
             if (rc == -EEXIST) {
-                gguf__seterr(r->err, r->errlen, "%s: duplicate tensor name (entry %" PRIu64 ")", what, i);
+                util_seterr(r->err, r->errlen, "%s: duplicate tensor name (entry %" PRIu64 ")", what, i);
                 return -EPROTO;
             }
             return rc;
@@ -596,7 +587,7 @@ static int parse(struct gguf_file *f, struct rd *r)
         if ((rc = rd_u32(r, &nd, what)))
             return rc;
         if (nd == 0 || nd > GGUF_MAX_DIMS) {
-            gguf__seterr(r->err, r->errlen, "%s: n_dims %u not in [1, %d]", what, nd, GGUF_MAX_DIMS);
+            util_seterr(r->err, r->errlen, "%s: n_dims %u not in [1, %d]", what, nd, GGUF_MAX_DIMS);
             return -EPROTO;
         }
         t->n_dims = nd;
@@ -607,12 +598,12 @@ static int parse(struct gguf_file *f, struct rd *r)
                 if ((rc = rd_u64(r, &ne, what)))
                     return rc;
                 if (ne == 0 || ne > (uint64_t)INT64_MAX) {
-                    gguf__seterr(r->err, r->errlen, "%s: dim %u is %" PRIu64 " (must be in [1, %" PRId64 "])",
+                    util_seterr(r->err, r->errlen, "%s: dim %u is %" PRIu64 " (must be in [1, %" PRId64 "])",
                                  what, d, ne, INT64_MAX);
                     return -EPROTO;
                 }
                 if (nel > (uint64_t)INT64_MAX / ne) {
-                    gguf__seterr(r->err, r->errlen, "%s: element count overflows at dim %u (%" PRIu64 ")",
+                    util_seterr(r->err, r->errlen, "%s: element count overflows at dim %u (%" PRIu64 ")",
                                  what, d, ne);
                     return -EOVERFLOW;
                 }
@@ -624,28 +615,28 @@ static int parse(struct gguf_file *f, struct rd *r)
             return rc;
         const struct gguf_type_info *ti = gguf_type_info(type);
         if (!ti) {
-            gguf__seterr(r->err, r->errlen, "%s: type id %u unknown", what, type);
+            util_seterr(r->err, r->errlen, "%s: type id %u unknown", what, type);
             return -EPROTO;
         }
         t->type = type;
         if (t->ne[0] % ti->block_elems) {
-            gguf__seterr(r->err, r->errlen, "%s: row length %" PRIu64 " is not a multiple of the %s block size %u",
+            util_seterr(r->err, r->errlen, "%s: row length %" PRIu64 " is not a multiple of the %s block size %u",
                          what, t->ne[0], ti->name, ti->block_elems);
             return -EPROTO;
         }
         if (gguf_type_bytes(type, nel, &t->size)) {
-            gguf__seterr(r->err, r->errlen, "%s: byte size of %" PRIu64 " %s elements overflows", what, nel, ti->name);
+            util_seterr(r->err, r->errlen, "%s: byte size of %" PRIu64 " %s elements overflows", what, nel, ti->name);
             return -EOVERFLOW;
         }
         if ((rc = rd_u64(r, &t->offset, what)))
             return rc;
         if (t->offset % f->alignment) {
-            gguf__seterr(r->err, r->errlen, "%s: offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
+            util_seterr(r->err, r->errlen, "%s: offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
                          what, t->offset, f->alignment);
             return -EPROTO;
         }
         if (t->size > UINT64_MAX - t->offset) {
-            gguf__seterr(r->err, r->errlen, "%s: offset %" PRIu64 " + size %" PRIu64 " overflows", what,
+            util_seterr(r->err, r->errlen, "%s: offset %" PRIu64 " + size %" PRIu64 " overflows", what,
                          t->offset, t->size);
             return -EOVERFLOW;
         }
@@ -659,7 +650,7 @@ static int parse(struct gguf_file *f, struct rd *r)
     uint64_t data_size = UINT64_MAX;
     if (r->fsize != UINT64_MAX) {
         if (f->data_offset > r->fsize && f->n_t) {
-            gguf__seterr(r->err, r->errlen, "data section: starts at %" PRIu64 " past the end of the file (%" PRIu64 ")",
+            util_seterr(r->err, r->errlen, "data section: starts at %" PRIu64 " past the end of the file (%" PRIu64 ")",
                          f->data_offset, r->fsize);
             return -EPROTO;
         }
@@ -677,12 +668,12 @@ static int parse(struct gguf_file *f, struct rd *r)
             const struct gguf_tensor *t = order[i];
             uint64_t end = t->offset + t->size;
             if (end > data_size) {
-                gguf__seterr(r->err, r->errlen, "tensor '%.100s': offset %" PRIu64 " + size %" PRIu64
+                util_seterr(r->err, r->errlen, "tensor '%.100s': offset %" PRIu64 " + size %" PRIu64
                              " past the end of the data section (%" PRIu64 " bytes; data section shorter than the tensors)",
                              t->name, t->offset, t->size, data_size);
                 rc = -EPROTO;
             } else if (i + 1 < f->n_t && end > order[i + 1]->offset) {
-                gguf__seterr(r->err, r->errlen, "tensor '%.100s': bytes [%" PRIu64 ", %" PRIu64
+                util_seterr(r->err, r->errlen, "tensor '%.100s': bytes [%" PRIu64 ", %" PRIu64
                              ") overlap tensor '%.100s' at offset %" PRIu64,
                              t->name, t->offset, end, order[i + 1]->name, order[i + 1]->offset);
                 rc = -EPROTO;
@@ -724,7 +715,7 @@ int gguf_file_parse(struct gguf_file **out, const void *buf, size_t len, uint64_
     }
     if (rc) {
         if (rc == -ENOMEM && err && errlen && !err[0])
-            gguf__seterr(err, errlen, "out of memory while parsing the header");
+            util_seterr(err, errlen, "out of memory while parsing the header");
         gguf_file_free(f);
         return rc;
     }
@@ -738,13 +729,13 @@ int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t e
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        gguf__seterr(err, errlen, "%s: %s", path, strerror(e));
+        util_seterr(err, errlen, "%s: %s", path, strerror(e));
         return -e;
     }
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         int e = errno ? errno : EINVAL;
-        gguf__seterr(err, errlen, "%s: not a regular file", path);
+        util_seterr(err, errlen, "%s: not a regular file", path);
         close(fd);
         return -e;
     }
@@ -756,7 +747,7 @@ int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t e
         uint8_t *nb = realloc(buf, len ? len : 1);
         if (!nb) {
             rc = -ENOMEM;
-            gguf__seterr(err, errlen, "%s: out of memory reading %zu header bytes", path, len);
+            util_seterr(err, errlen, "%s: out of memory reading %zu header bytes", path, len);
             break;
         }
         buf = nb;
@@ -771,7 +762,7 @@ int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t e
         }
         if (got < len) {
             rc = -EIO;
-            gguf__seterr(err, errlen, "%s: short read (%zu of %zu bytes)", path, got, len);
+            util_seterr(err, errlen, "%s: short read (%zu of %zu bytes)", path, got, len);
             break;
         }
         size_t need = 0;
@@ -784,7 +775,7 @@ int gguf_file_open(struct gguf_file **out, const char *path, char *err, size_t e
             continue;
         }
         if (rc)
-            gguf__seterr(err, errlen, "%s: %s", path, e2);
+            util_seterr(err, errlen, "%s: %s", path, e2);
         break;
     }
     free(buf);
@@ -975,7 +966,7 @@ static int cmp_range(const void *a, const void *b)
 int gguf_file_map_tensors(struct gguf_file *f, gguf_want_cb want, void *ud, char *err, size_t errlen)
 {
     if (f->fd < 0) {
-        gguf__seterr(err, errlen, "map: the file was parsed from memory (no file to map)");
+        util_seterr(err, errlen, "map: the file was parsed from memory (no file to map)");
         return -EBADF;
     }
     unmap_all(f);
@@ -1013,7 +1004,7 @@ int gguf_file_map_tensors(struct gguf_file *f, gguf_want_cb want, void *ud, char
         void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, f->fd, (off_t)rg[i].start);
         if (p == MAP_FAILED) {
             rc = -errno;
-            gguf__seterr(err, errlen, "map: mmap of bytes [%" PRIu64 ", %" PRIu64 ") of %s failed: %s",
+            util_seterr(err, errlen, "map: mmap of bytes [%" PRIu64 ", %" PRIu64 ") of %s failed: %s",
                          rg[i].start, rg[i].end, f->path, strerror(errno));
             break;
         }
@@ -1047,7 +1038,7 @@ int gguf_tensor_read(const struct gguf_file *f, const struct gguf_tensor *t, voi
                      char *err, size_t errlen)
 {
     if (f->fd < 0) {
-        gguf__seterr(err, errlen, "read: the file was parsed from memory");
+        util_seterr(err, errlen, "read: the file was parsed from memory");
         return -EBADF;
     }
     uint64_t off = f->data_offset + t->offset, got = 0;
@@ -1057,7 +1048,7 @@ int gguf_tensor_read(const struct gguf_file *f, const struct gguf_tensor *t, voi
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            gguf__seterr(err, errlen, "tensor '%s': short read at offset %" PRIu64 " of %s",
+            util_seterr(err, errlen, "tensor '%s': short read at offset %" PRIu64 " of %s",
                          t->name, off + got, f->path);
             return n < 0 ? -errno : -EIO;
         }

@@ -75,7 +75,7 @@ static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        gguf__seterr(err, errlen, "%s: %s", path, strerror(e));
+        util_seterr(err, errlen, "%s: %s", path, strerror(e));
         return -e;
     }
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
@@ -84,7 +84,7 @@ static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
     int rc = 0;
     if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
         rc = -ENOMEM;
-        gguf__seterr(err, errlen, "sha256: cannot set up a digest");
+        util_seterr(err, errlen, "sha256: cannot set up a digest");
         goto out;
     }
     for (;;) {
@@ -93,7 +93,7 @@ static int sha256_file(const char *path, char hex[65], char *err, size_t errlen)
             continue;
         if (n < 0) {
             rc = -errno;
-            gguf__seterr(err, errlen, "%s: read: %s", path, strerror(errno));
+            util_seterr(err, errlen, "%s: read: %s", path, strerror(errno));
             goto out;
         }
         if (n == 0)
@@ -142,23 +142,23 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
     uint32_t n_block, n_layers;
     int rc = gguf_block_count(src, &n_block);
     if (rc || (rc = gguf_main_layers(src, &n_layers))) {
-        gguf__seterr(err, errlen, "window: the model has no <general.architecture>.block_count");
+        util_seterr(err, errlen, "window: the model has no <general.architecture>.block_count");
         return rc;
     }
     if (o->first >= o->last || o->last > n_block || o->first >= n_layers) {
-        gguf__seterr(err, errlen, "window: layers [%u, %u) not a non-empty range within [0, %u) starting below %u",
+        util_seterr(err, errlen, "window: layers [%u, %u) not a non-empty range within [0, %u) starting below %u",
                      o->first, o->last, n_block, n_layers);
         return -EINVAL;
     }
     /* A window of a window: only layers it holds can be taken. */
     uint32_t sf, sl;
     if (gguf_window_get(src, &sf, &sl) == 0 && (o->first < sf || o->last > sl)) {
-        gguf__seterr(err, errlen, "window: layers [%u, %u) not inside the source window [%u, %u)",
+        util_seterr(err, errlen, "window: layers [%u, %u) not inside the source window [%u, %u)",
                      o->first, o->last, sf, sl);
         return -EINVAL;
     }
     if (o->source_sha256_hex && strlen(o->source_sha256_hex) != 64) {
-        gguf__seterr(err, errlen, "window: source sha256 '%s' is not 64 hex digits", o->source_sha256_hex);
+        util_seterr(err, errlen, "window: source sha256 '%s' is not 64 hex digits", o->source_sha256_hex);
         return -EINVAL;
     }
     char hex[65];
@@ -167,7 +167,7 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
         sha = hex; /* slicing a window again: keep pointing at the original model */
     if (!sha) {
         if (gguf_file_path(src) == NULL) {
-            gguf__seterr(err, errlen, "window: source parsed from memory; give its sha256");
+            util_seterr(err, errlen, "window: source parsed from memory; give its sha256");
             return -EINVAL;
         }
         if ((rc = sha256_file(gguf_file_path(src), hex, err, errlen)))
@@ -186,7 +186,7 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
             continue;
         rc = gguf_writer_set(w, kv->key, &kv->val);
         if (rc)
-            gguf__seterr(err, errlen, "window: copying key '%s': %s", kv->key, strerror(-rc));
+            util_seterr(err, errlen, "window: copying key '%s': %s", kv->key, strerror(-rc));
     }
     if (!rc)
         rc = gguf_writer_set_u32(w, "kvasir.window.first", o->first);
@@ -195,14 +195,14 @@ int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
     if (!rc)
         rc = gguf_writer_set_str(w, "kvasir.source.sha256", sha);
     if (rc && err && !err[0])
-        gguf__seterr(err, errlen, "window: setting metadata: %s", strerror(-rc));
+        util_seterr(err, errlen, "window: setting metadata: %s", strerror(-rc));
     for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(src, i);
         if (!gguf_window_wants(t->name, o->first, o->last, n_layers, has_output))
             continue;
         rc = gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src, src);
         if (rc)
-            gguf__seterr(err, errlen, "window: adding tensor '%s': %s", t->name, strerror(-rc));
+            util_seterr(err, errlen, "window: adding tensor '%s': %s", t->name, strerror(-rc));
     }
     if (rc) {
         gguf_writer_free(w);

@@ -10,6 +10,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
+#include "util/util.h"
 
 struct wkv {
     char *key;
@@ -437,7 +438,7 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
             fillmax = w->t[i].size;
     if (fillmax) {
         if (fillmax > SIZE_MAX || !(fillbuf = malloc((size_t)fillmax))) {
-            gguf__seterr(err, errlen, "%s: cannot allocate %" PRIu64 " bytes for one tensor", path, fillmax);
+            util_seterr(err, errlen, "%s: cannot allocate %" PRIu64 " bytes for one tensor", path, fillmax);
             free(tmp);
             return -ENOMEM;
         }
@@ -445,14 +446,14 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = -errno;
-        gguf__seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+        util_seterr(err, errlen, "%s: %s", tmp, strerror(errno));
         goto out_buf;
     }
     FILE *fp = fdopen(fd, "wb");
     if (!fp) {
         rc = -errno;
         close(fd);
-        gguf__seterr(err, errlen, "%s: %s", tmp, strerror(-rc));
+        util_seterr(err, errlen, "%s: %s", tmp, strerror(-rc));
         goto out_unlink;
     }
     setvbuf(fp, NULL, _IOFBF, 1 << 20);
@@ -466,16 +467,16 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
         if (t->fill) {
             rc = t->fill(t->ud, t->name, fillbuf, t->size);
             if (rc)
-                gguf__seterr(err, errlen, "%s: producing tensor '%s' failed: %s", path, t->name, strerror(-rc));
+                util_seterr(err, errlen, "%s: producing tensor '%s' failed: %s", path, t->name, strerror(-rc));
             src = fillbuf;
         } else if (!src) {
             rc = -EINVAL;
-            gguf__seterr(err, errlen, "%s: tensor '%s' has no data", path, t->name);
+            util_seterr(err, errlen, "%s: tensor '%s' has no data", path, t->name);
         }
         if (!rc) {
             if (o.pos - data_start != t->offset) {
                 rc = -EPROTO;
-                gguf__seterr(err, errlen, "%s: internal: tensor '%s' at %" PRIu64 " instead of %" PRIu64,
+                util_seterr(err, errlen, "%s: internal: tensor '%s' at %" PRIu64 " instead of %" PRIu64,
                              path, t->name, o.pos - data_start, t->offset);
             } else {
                 put(&o, src, (size_t)t->size);
@@ -490,11 +491,11 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
         o.err = -errno;
     if (!rc && o.err) {
         rc = o.err;
-        gguf__seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
+        util_seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
     }
     if (!rc && rename(tmp, path) != 0) {
         rc = -errno;
-        gguf__seterr(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(-rc));
+        util_seterr(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(-rc));
     }
 out_unlink:
     if (rc)

@@ -93,9 +93,5 @@ struct model {
     bool *recurrent;               /* [n_layer]: layer kind of every main-pass layer */
 };
 
-/* Formats an error message into err[errlen] (nothing when err is NULL or errlen is 0).
- * Defined in tok_util.c: the tokenizer's fuzz target links the tok*.c files without model.c. */
-void model__seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
 #include "model/internal.h"
+#include "util/util.h"
 
 /* Tensor types are ggml's numbers in both the file format and the kernels; model is where the
  * two meet (kernels/ includes no GGUF header), so this is where they are pinned together. */
@@ -31,15 +32,15 @@ static int get_u32(const struct gguf_file *f, const char *arch, const char *key,
     if (rc == -ENOENT && !required)
         return 0;
     if (rc == -ENOENT) {
-        model__seterr(err, errlen, "metadata %s missing", full);
+        util_seterr(err, errlen, "metadata %s missing", full);
         return -EINVAL;
     }
     if (rc < 0) {
-        model__seterr(err, errlen, "metadata %s: not an integer that fits 32 bits", full);
+        util_seterr(err, errlen, "metadata %s: not an integer that fits 32 bits", full);
         return -EINVAL;
     }
     if (*out < lo || *out > hi) {
-        model__seterr(err, errlen, "metadata %s = %" PRIu32 " out of range [%" PRIu32 ", %" PRIu32 "]",
+        util_seterr(err, errlen, "metadata %s = %" PRIu32 " out of range [%" PRIu32 ", %" PRIu32 "]",
                       full, *out, lo, hi);
         return -EINVAL;
     }
@@ -55,7 +56,7 @@ static int get_f32(const struct gguf_file *f, const char *arch, const char *key,
     if (rc == -ENOENT)
         return 0;
     if (rc < 0 || !(*out >= lo && *out <= hi)) {
-        model__seterr(err, errlen, "metadata %s: not a number in [%g, %g]", full, lo, hi);
+        util_seterr(err, errlen, "metadata %s: not a number in [%g, %g]", full, lo, hi);
         return -EINVAL;
     }
     return 0;
@@ -67,14 +68,14 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     memset(hp, 0, sizeof *hp);
     int rc = gguf_get_str(f, "general.architecture", hp->arch, sizeof hp->arch);
     if (rc < 0) {
-        model__seterr(err, errlen, "metadata general.architecture missing or not a short string");
+        util_seterr(err, errlen, "metadata general.architecture missing or not a short string");
         return -EINVAL;
     }
     *ad = model_arch_find(hp->arch);
     if (!*ad) {
         char names[128];
         model_arch_names(names, sizeof names);
-        model__seterr(err, errlen, "architecture '%s' is not supported (supported: %s)", hp->arch,
+        util_seterr(err, errlen, "architecture '%s' is not supported (supported: %s)", hp->arch,
                       names);
         return -ENOTSUP;
     }
@@ -92,7 +93,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "expert_count", &hp->n_expert, false, 0, UINT32_MAX, err, errlen)))
         return rc;
     if (hp->n_expert > 0 && !(*ad)->moe) {
-        model__seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
+        util_seterr(err, errlen, "metadata %s.expert_count = %" PRIu32 ": mixture-of-experts %s "
                       "models are not supported", a, hp->n_expert, a);
         return -ENOTSUP;
     }
@@ -116,7 +117,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
             (rc = get_u32(f, a, "ssm.inner_size", &hp->ssm_d_inner, true, 1, MODEL_MAX_FF, err, errlen)))
             return rc;
         if (hp->ssm_d_inner != hp->ssm_dt_rank * hp->ssm_d_state) {
-            model__seterr(err, errlen, "metadata %s.ssm.inner_size %" PRIu32 " != time_step_rank %" PRIu32
+            util_seterr(err, errlen, "metadata %s.ssm.inner_size %" PRIu32 " != time_step_rank %" PRIu32
                           " x state_size %" PRIu32, a, hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
             return -EINVAL;
         }
@@ -125,7 +126,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err, errlen)))
         return rc;
     if (hp->n_head % hp->n_head_kv) {
-        model__seterr(err, errlen, "metadata %s.attention.head_count %" PRIu32 " not a multiple of "
+        util_seterr(err, errlen, "metadata %s.attention.head_count %" PRIu32 " not a multiple of "
                       "head_count_kv %" PRIu32, a, hp->n_head, hp->n_head_kv);
         return -EINVAL;
     }
@@ -136,19 +137,19 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     if ((rc = get_u32(f, a, "attention.value_length", &vlen, false, 1, MODEL_MAX_HEAD_DIM, err, errlen)))
         return rc;
     if (vlen != hp->head_dim) {
-        model__seterr(err, errlen, "metadata %s.attention.value_length %" PRIu32 " != key_length %" PRIu32
+        util_seterr(err, errlen, "metadata %s.attention.value_length %" PRIu32 " != key_length %" PRIu32
                       " (not supported)", a, vlen, hp->head_dim);
         return -ENOTSUP;
     }
     if (hp->head_dim == 0 || hp->head_dim > MODEL_MAX_HEAD_DIM) {
-        model__seterr(err, errlen, "head dimension %" PRIu32 " out of range", hp->head_dim);
+        util_seterr(err, errlen, "head dimension %" PRIu32 " out of range", hp->head_dim);
         return -EINVAL;
     }
     hp->n_rot = hp->head_dim;
     if ((rc = get_u32(f, a, "rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim, err, errlen)))
         return rc;
     if (hp->n_rot % 2) {
-        model__seterr(err, errlen, "metadata %s.rope.dimension_count %" PRIu32 " is odd", a, hp->n_rot);
+        util_seterr(err, errlen, "metadata %s.rope.dimension_count %" PRIu32 " is odd", a, hp->n_rot);
         return -EINVAL;
     }
     hp->n_ctx_train = 2048;
@@ -167,7 +168,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     if (gguf_get_str(f, key, stype, sizeof stype) == 0 && strcmp(stype, "none") &&
         strcmp(stype, "linear")) {
-        model__seterr(err, errlen, "metadata %s = '%s': only linear RoPE scaling is supported", key, stype);
+        util_seterr(err, errlen, "metadata %s = '%s': only linear RoPE scaling is supported", key, stype);
         return -ENOTSUP;
     }
     if ((rc = get_f32(f, a, "rope.scale_linear", &factor, 1e-6f, 1e6f, err, errlen)))
@@ -195,7 +196,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
         nv = v;
     }
     if (nv == 0 || nv > MODEL_MAX_VOCAB) {
-        model__seterr(err, errlen, "vocabulary size %" PRIu64 " out of range [1, %u]", nv, MODEL_MAX_VOCAB);
+        util_seterr(err, errlen, "vocabulary size %" PRIu64 " out of range [1, %u]", nv, MODEL_MAX_VOCAB);
         return -EINVAL;
     }
     hp->n_vocab = (uint32_t)nv;
@@ -211,18 +212,18 @@ static int check_weight(const struct gguf_tensor *t, const char *name, uint32_t 
 {
     if (!kern_type_supported(t->type)) {
         const struct gguf_type_info *ti = gguf_type_info(t->type);
-        model__seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
+        util_seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
                       ti ? ti->name : "unknown", t->type);
         return -ENOTSUP;
     }
     *rb = kern_row_bytes(t->type, cols);
     if (*rb == 0 || (uint64_t)*rb * n_rows != t->size) {
-        model__seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
+        util_seterr(err, errlen, "tensor %s: %" PRIu64 " bytes, expected %zu x %" PRIu64, name,
                       t->size, *rb, n_rows);
         return -EINVAL;
     }
     if (!t->data) {
-        model__seterr(err, errlen, "tensor %s: not mapped", name);
+        util_seterr(err, errlen, "tensor %s: not mapped", name);
         return -EINVAL;
     }
     return 0;
@@ -233,11 +234,11 @@ static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t r
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        model__seterr(err, errlen, "tensor %s missing", name);
+        util_seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
-        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+        util_seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
                       "], expected [%" PRIu32 ", %" PRIu32 "]", name, t->ne[0], t->ne[1], t->ne[2],
                       t->ne[3], cols, rows);
         return -EINVAL;
@@ -259,20 +260,20 @@ static int bind_vec(struct model *m, const char *name, uint32_t n, const float *
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        model__seterr(err, errlen, "tensor %s missing", name);
+        util_seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 "], expected [%" PRIu32 "]",
+        util_seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 "], expected [%" PRIu32 "]",
                       name, t->ne[0], t->ne[1], n);
         return -EINVAL;
     }
     if (t->type != GGUF_T_F32) {
-        model__seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected f32", name, t->type);
+        util_seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected f32", name, t->type);
         return -ENOTSUP;
     }
     if (!t->data || ((uintptr_t)t->data % sizeof(float))) {
-        model__seterr(err, errlen, "tensor %s: not mapped or misaligned", name);
+        util_seterr(err, errlen, "tensor %s: not mapped or misaligned", name);
         return -EINVAL;
     }
     *out = t->data;
@@ -288,7 +289,7 @@ static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t r
     if (rc < 0)
         return rc;
     if (w.type != GGUF_T_F32 || ((uintptr_t)w.data % sizeof(float))) {
-        model__seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
+        util_seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
         return -ENOTSUP;
     }
     *out = w.data;
@@ -303,11 +304,11 @@ static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t 
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
-        model__seterr(err, errlen, "tensor %s missing", name);
+        util_seterr(err, errlen, "tensor %s missing", name);
         return -ENOENT;
     }
     if (t->ne[0] != cols || t->ne[1] != (uint64_t)rows * parts || t->ne[2] != n || t->ne[3] != 1) {
-        model__seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+        util_seterr(err, errlen, "tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
                       "], expected [%" PRIu32 ", %" PRIu64 ", %" PRIu32 "]", name, t->ne[0], t->ne[1],
                       t->ne[2], t->ne[3], cols, (uint64_t)rows * parts, n);
         return -EINVAL;
@@ -347,7 +348,7 @@ static int bind_desc(struct model *m, const struct model_tensor_desc *d, const c
         return bind_exps(m, name, d0, d1 / 2, d2, 2, field, (struct model_exps *)field + 1, err,
                          errlen);
     }
-    model__seterr(err, errlen, "tensor %s: no binding for form %u", name, d->form);
+    util_seterr(err, errlen, "tensor %s: no binding for form %u", name, d->form);
     return -EINVAL;
 }
 
@@ -370,7 +371,7 @@ static int bind_layer(struct model *m, uint32_t il, struct model_layer *L, char 
             fused = L->gate_exps.m.data != NULL;
     }
     if (!L->recurrent && !L->q_norm != !L->k_norm) {
-        model__seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
+        util_seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
         return -EINVAL;
     }
     return 0;
@@ -397,7 +398,7 @@ static int layer_schedule(struct model *m, char *err, size_t errlen)
         uint32_t et = arr->v.arr.type;
         if (et >= GGUF_V_COUNT || !esz[et] || arr->v.arr.n < hp->n_layer ||
             arr->v.arr.n > hp->n_block) {
-            model__seterr(err, errlen, "metadata %s: %" PRIu64 " elements of type %" PRIu32 ", expected "
+            util_seterr(err, errlen, "metadata %s: %" PRIu64 " elements of type %" PRIu32 ", expected "
                           "%" PRIu32 " integers or booleans", key, arr->v.arr.n, et, hp->n_block);
             return -EINVAL;
         }
@@ -467,7 +468,7 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     if (gguf_get_u32(m->gf, "kvasir.window.first", &wf) == 0 &&
         gguf_get_u32(m->gf, "kvasir.window.last", &wl) == 0) {
         if (wf >= wl || wl > hp->n_block || wf >= hp->n_layer) {
-            model__seterr(err, errlen, "metadata kvasir.window [%" PRIu32 ", %" PRIu32 ") not inside "
+            util_seterr(err, errlen, "metadata kvasir.window [%" PRIu32 ", %" PRIu32 ") not inside "
                           "[0, %" PRIu32 ")", wf, wl, hp->n_layer);
             rc = -EINVAL;
             goto fail;
@@ -480,7 +481,7 @@ int model_open(struct model **out, const char *path, int first, int last, char *
         m->last = fl;
     } else if (first < 0 || last < 0 || (uint32_t)first < ff || (uint32_t)last > fl ||
                first >= last) {
-        model__seterr(err, errlen, "window [%d, %d) not inside the file's layers [%" PRIu32 ", %" PRIu32
+        util_seterr(err, errlen, "window [%d, %d) not inside the file's layers [%" PRIu32 ", %" PRIu32
                       ")", first, last, ff, fl);
         rc = -ERANGE;
         goto fail;

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "util/util.h"
 
 #define TOK_MAX_TOKENS   (1u << 24)   /* ids in one vocabulary */
 #define TOK_MAX_MERGES   (1u << 24)
@@ -112,7 +113,7 @@ struct model_vocab {
     struct tok_regex *re;
 };
 
-/* ---- tok_util.c (model__seterr, the error setter, is declared in model/internal.h) */
+/* ---- tok_util.c */
 
 /* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
  * -ENOMEM with *p and *cap unchanged. */

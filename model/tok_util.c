@@ -1,6 +1,6 @@
-/* tok_util.c — the tokenizer's lowest layer, used by every other tok*.c file: the error
- * setter, growing buffers, the candidate heap of the merge loops, UTF-8 helpers and the
- * byte-level alphabet of BPE vocabularies. Knows nothing of a vocabulary. */
+/* tok_util.c — the tokenizer's lowest layer, used by every other tok*.c file: growing
+ * buffers, the candidate heap of the merge loops, UTF-8 helpers and the byte-level alphabet
+ * of BPE vocabularies. Knows nothing of a vocabulary. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -10,16 +10,6 @@
 
 #include "model/internal.h"
 #include "model/tok_internal.h"
-
-void model__seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---------------------------------------------------------------- buffers */
 

@@ -249,15 +249,15 @@ static int get_token_arr(const struct gguf_file *f, const char *key, uint64_t n,
     if (rc == -ENOENT)
         return 0;
     if (rc) {
-        model__seterr(err, errlen, "%s: unreadable (%d)", key, rc);
+        util_seterr(err, errlen, "%s: unreadable (%d)", key, rc);
         return -EINVAL;
     }
     if (a->type != GGUF_V_ARRAY || !ok(a->v.arr.type) || (a->v.arr.n && !a->v.arr.data)) {
-        model__seterr(err, errlen, "%s: not an array of %s", key, what);
+        util_seterr(err, errlen, "%s: not an array of %s", key, what);
         return -EINVAL;
     }
     if (a->v.arr.n != n) {
-        model__seterr(err, errlen, "%s: %llu entries for %llu tokens", key,
+        util_seterr(err, errlen, "%s: %llu entries for %llu tokens", key,
                       (unsigned long long)a->v.arr.n, (unsigned long long)n);
         return -EINVAL;
     }
@@ -274,7 +274,7 @@ static int get_str_arr(const struct gguf_file *f, const char *key, const struct 
         return rc;
     if (rc < 0 || (*out)->type != GGUF_V_ARRAY || (*out)->v.arr.type != GGUF_V_STRING ||
         ((*out)->v.arr.n && !(*out)->v.arr.items)) {
-        model__seterr(err, errlen, "%s: not an array of strings", key);
+        util_seterr(err, errlen, "%s: not an array of strings", key);
         return -EINVAL;
     }
     return 0;
@@ -288,7 +288,7 @@ static int get_flag(const struct gguf_file *f, const char *key, bool *val, char 
     if (rc == -ENOENT)
         return 0;
     if (rc < 0) {
-        model__seterr(err, errlen, "%s: not a bool", key);
+        util_seterr(err, errlen, "%s: not a bool", key);
         return -EINVAL;
     }
     *val = b;
@@ -305,13 +305,13 @@ static int get_id(const struct gguf_file *f, const char *key, uint32_t n_tokens,
         return 0;
     int64_t x;
     if (!is_int_type(kv->val.type) || gguf_get_i64(f, key, &x) < 0) {
-        model__seterr(err, errlen, "%s: not an integer token id", key);
+        util_seterr(err, errlen, "%s: not an integer token id", key);
         return -EINVAL;
     }
     if (x == -1 || x == (int64_t)UINT32_MAX)
         return 0;
     if (x < 0 || x >= (int64_t)n_tokens) {
-        model__seterr(err, errlen, "%s: id %lld out of range (vocabulary has %u tokens)", key,
+        util_seterr(err, errlen, "%s: id %lld out of range (vocabulary has %u tokens)", key,
                       (long long)x, n_tokens);
         return -EINVAL;
     }
@@ -585,14 +585,14 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
     const struct gguf_value *toks, *scores = NULL, *types = NULL;
     int rc = get_str_arr(f, "tokenizer.ggml.tokens", &toks, err, errlen);
     if (rc == -ENOENT) {
-        model__seterr(err, errlen, "tokenizer.ggml.tokens: missing (no vocabulary in this file)");
+        util_seterr(err, errlen, "tokenizer.ggml.tokens: missing (no vocabulary in this file)");
         return -EINVAL;
     }
     if (rc)
         return rc;
     uint64_t n = toks->v.arr.n;
     if (n == 0 || n > TOK_MAX_TOKENS) {
-        model__seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens (must be 1..%u)",
+        util_seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens (must be 1..%u)",
                       (unsigned long long)n, TOK_MAX_TOKENS);
         return -EINVAL;
     }
@@ -612,11 +612,11 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
     for (uint32_t i = 0; i < n; i++) {
         const struct gguf_value *it = &toks->v.arr.items[i];
         if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
-            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: not a string", i);
+            util_seterr(err, errlen, "tokenizer.ggml.tokens[%u]: not a string", i);
             return -EINVAL;
         }
         if (it->v.str.len > TOK_MAX_TEXT) {
-            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: %llu bytes (limit %u)", i,
+            util_seterr(err, errlen, "tokenizer.ggml.tokens[%u]: %llu bytes (limit %u)", i,
                           (unsigned long long)it->v.str.len, TOK_MAX_TEXT);
             return -EINVAL;
         }
@@ -631,7 +631,7 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
             t->len = (uint32_t)it->v.str.len;
         }
         if (rc) {
-            model__seterr(err, errlen, "tokenizer.ggml.tokens: text pool too large");
+            util_seterr(err, errlen, "tokenizer.ggml.tokens: text pool too large");
             return rc;
         }
         if (scores) {
@@ -659,7 +659,7 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
         }
         if (v->type == MODEL_VOCAB_SPM && (t->attr & TOK_ATTR_BYTE) &&
             byte_token_value(v->pool + t->off, t->len) < 0) {
-            model__seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
+            util_seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
                           (int)(t->len > 32 ? 32 : t->len), v->pool + t->off);
             return -EINVAL;
         }
@@ -673,14 +673,14 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
     const struct gguf_value *m;
     int rc = get_str_arr(f, "tokenizer.ggml.merges", &m, err, errlen);
     if (rc == -ENOENT) {
-        model__seterr(err, errlen, "tokenizer.ggml.merges: missing (a gpt2 BPE vocabulary needs its merges)");
+        util_seterr(err, errlen, "tokenizer.ggml.merges: missing (a gpt2 BPE vocabulary needs its merges)");
         return -EINVAL;
     }
     if (rc)
         return rc;
     uint64_t n = m->v.arr.n;
     if (n > TOK_MAX_MERGES) {
-        model__seterr(err, errlen, "tokenizer.ggml.merges: %llu merges (limit %u)",
+        util_seterr(err, errlen, "tokenizer.ggml.merges: %llu merges (limit %u)",
                       (unsigned long long)n, TOK_MAX_MERGES);
         return -EINVAL;
     }
@@ -697,19 +697,19 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
     for (uint32_t i = 0; i < n; i++) {
         const struct gguf_value *it = &m->v.arr.items[i];
         if (it->type != GGUF_V_STRING || (it->v.str.len && !it->v.str.p)) {
-            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: not a string", i);
+            util_seterr(err, errlen, "tokenizer.ggml.merges[%u]: not a string", i);
             return -EINVAL;
         }
         const char *s = it->v.str.p;
         size_t len = (size_t)it->v.str.len;
         if (len > TOK_MAX_TEXT) {
-            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: %zu bytes (limit %u)", i, len, TOK_MAX_TEXT);
+            util_seterr(err, errlen, "tokenizer.ggml.merges[%u]: %zu bytes (limit %u)", i, len, TOK_MAX_TEXT);
             return -EINVAL;
         }
         /* "first second", split at the first space after the first byte */
         const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
         if (!sp) {
-            model__seterr(err, errlen, "tokenizer.ggml.merges[%u]: '%.*s' has no space between the pair",
+            util_seterr(err, errlen, "tokenizer.ggml.merges[%u]: '%.*s' has no space between the pair",
                           i, (int)(len > 40 ? 40 : len), s);
             return -EINVAL;
         }
@@ -720,7 +720,7 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
         uint32_t off2;
         if (pool_add(v, s, mg->first_len, &mg->off) ||
             pool_add(v, sp + 1, mg->second_len, &off2)) {
-            model__seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
+            util_seterr(err, errlen, "tokenizer.ggml.merges: text pool too large");
             return -ENOMEM;
         }
         (void)off2; /* second follows first in the pool */
@@ -746,11 +746,11 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
     *out = NULL;
     rc = gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model);
     if (rc == -ENOENT) {
-        model__seterr(err, errlen, "tokenizer.ggml.model: missing (no vocabulary in this file)");
+        util_seterr(err, errlen, "tokenizer.ggml.model: missing (no vocabulary in this file)");
         return -EINVAL;
     }
     if (rc < 0) {
-        model__seterr(err, errlen, "tokenizer.ggml.model: not a short string");
+        util_seterr(err, errlen, "tokenizer.ggml.model: not a short string");
         return -EINVAL;
     }
     struct model_vocab *v = calloc(1, sizeof *v);
@@ -774,12 +774,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (rc == 0) {
             snprintf(v->pre_name, sizeof v->pre_name, "%s", pre);
         } else if (rc == -ENAMETOOLONG) {
-            model__seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type (name longer than %zu bytes)",
+            util_seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type (name longer than %zu bytes)",
                           sizeof pre - 1);
             rc = -ENOTSUP;
             goto fail;
         } else if (rc != -ENOENT) {
-            model__seterr(err, errlen, "tokenizer.ggml.pre: not a string");
+            util_seterr(err, errlen, "tokenizer.ggml.pre: not a string");
             rc = -EINVAL;
             goto fail;
         }
@@ -789,7 +789,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
             if (!strcmp(pre_names[i].name, v->pre_name))
                 pn = &pre_names[i];
         if (!pn) {
-            model__seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type '%s'", v->pre_name);
+            util_seterr(err, errlen, "tokenizer.ggml.pre: unknown pre-tokenizer type '%s'", v->pre_name);
             rc = -ENOTSUP;
             goto fail;
         }
@@ -800,16 +800,16 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         if (pn->pre == TOK_PRE_CHATGLM4)
             v->bos = -1;
     } else if (!strcmp(model, "bert")) {
-        model__seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
+        util_seterr(err, errlen, "tokenizer.ggml.model: 'bert' (WordPiece) vocabularies are not supported");
         rc = -ENOTSUP;
         goto fail;
     } else if (!strcmp(model, "t5") || !strcmp(model, "rwkv") || !strcmp(model, "plamo2") ||
                !strcmp(model, "no_vocab") || !strcmp(model, "none")) {
-        model__seterr(err, errlen, "tokenizer.ggml.model: '%s' vocabularies are not supported", model);
+        util_seterr(err, errlen, "tokenizer.ggml.model: '%s' vocabularies are not supported", model);
         rc = -ENOTSUP;
         goto fail;
     } else {
-        model__seterr(err, errlen, "tokenizer.ggml.model: unknown tokenizer '%s'", model);
+        util_seterr(err, errlen, "tokenizer.ggml.model: unknown tokenizer '%s'", model);
         rc = -ENOTSUP;
         goto fail;
     }
@@ -853,12 +853,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
         (rc = get_flag(f, "tokenizer.ggml.add_eos_token", &v->add_eos, err, errlen)))
         goto fail;
     if (v->add_bos && v->bos < 0) {
-        model__seterr(err, errlen, "tokenizer.ggml.add_bos_token: set but the vocabulary has no BOS token");
+        util_seterr(err, errlen, "tokenizer.ggml.add_bos_token: set but the vocabulary has no BOS token");
         rc = -EINVAL;
         goto fail;
     }
     if (v->add_eos && v->eos < 0) {
-        model__seterr(err, errlen, "tokenizer.ggml.add_eos_token: set but the vocabulary has no EOS token");
+        util_seterr(err, errlen, "tokenizer.ggml.add_eos_token: set but the vocabulary has no EOS token");
         rc = -EINVAL;
         goto fail;
     }
@@ -1006,7 +1006,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
             }
             if (pb.n > UINT32_MAX) {
                 free(pb.p);
-                model__seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
+                util_seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
                 rc = -E2BIG;
                 goto fail;
             }

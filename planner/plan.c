@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/internal.h"
+#include "util/util.h"
 #include "planner/plan.h"
 #include "util/util.h"
 #include "util/err.h"
@@ -30,16 +30,6 @@
 #define POOL_SPARE 8
 /* Exhaustive search is used only when its work (orders x devices x layers^2 / 2) fits here. */
 #define EXHAUSTIVE_MAX_WORK 3e8
-
-void plan__errf(char *err, size_t n, const char *fmt, ...)
-{
-    if (!err || !n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
 
 void plan_opts_default(struct plan_opts *o)
 {
@@ -355,30 +345,30 @@ static bool bad_num(double v) { return !(v >= 0) || isinf(v); }
 static int validate(const struct plan_shape *s, const struct plan_device *devs, size_t n,
                     const struct plan_opts *o, char *err, size_t errlen)
 {
-    if (!s || !o) { plan__errf(err, errlen, "plan: no shape or options"); return -EINVAL; }
+    if (!s || !o) { util_seterr(err, errlen, "plan: no shape or options"); return -EINVAL; }
     if (s->n_layers == 0 || s->n_layers > PLAN_MAX_LAYERS) {
-        plan__errf(err, errlen, "plan: n_layers %u out of range [1, %u]", s->n_layers, PLAN_MAX_LAYERS);
+        util_seterr(err, errlen, "plan: n_layers %u out of range [1, %u]", s->n_layers, PLAN_MAX_LAYERS);
         return -EINVAL;
     }
-    if (!s->layers) { plan__errf(err, errlen, "plan: shape has no layers"); return -EINVAL; }
+    if (!s->layers) { util_seterr(err, errlen, "plan: shape has no layers"); return -EINVAL; }
     if (n == 0 || !devs) {
-        plan__errf(err, errlen, "plan: no devices given (the device list is empty)");
+        util_seterr(err, errlen, "plan: no devices given (the device list is empty)");
         return -EINVAL;
     }
     if (n > PLAN_MAX_DEVICES) {
-        plan__errf(err, errlen, "plan: %zu devices exceed the limit %u", n, PLAN_MAX_DEVICES);
+        util_seterr(err, errlen, "plan: %zu devices exceed the limit %u", n, PLAN_MAX_DEVICES);
         return -EINVAL;
     }
     if (!(o->headroom >= 0 && o->headroom <= 0.95)) {
-        plan__errf(err, errlen, "plan: headroom %g out of range [0, 0.95]", o->headroom);
+        util_seterr(err, errlen, "plan: headroom %g out of range [0, 0.95]", o->headroom);
         return -EINVAL;
     }
     if (o->sessions == 0 || o->sessions > 1u << 20) {
-        plan__errf(err, errlen, "plan: sessions %u out of range [1, %u]", o->sessions, 1u << 20);
+        util_seterr(err, errlen, "plan: sessions %u out of range [1, %u]", o->sessions, 1u << 20);
         return -EINVAL;
     }
     if (o->ctx > 1u << 26) {
-        plan__errf(err, errlen, "plan: ctx %u exceeds %u", o->ctx, 1u << 26);
+        util_seterr(err, errlen, "plan: ctx %u exceeds %u", o->ctx, 1u << 26);
         return -EINVAL;
     }
     const uint64_t big = 1ull << 52;  /* 4.5 PB: anything above is a broken input */
@@ -386,7 +376,7 @@ static int validate(const struct plan_shape *s, const struct plan_device *devs, 
         const struct plan_layer *l = &s->layers[i];
         if (l->weight_bytes > big || l->active_bytes > big || l->kv_bytes_per_token > (1ull << 32) ||
             l->state_bytes > big || bad_num(l->macs) || l->macs > 1e18) {
-            plan__errf(err, errlen, "plan: layer %u has an out-of-range size (weight %llu, active %llu, "
+            util_seterr(err, errlen, "plan: layer %u has an out-of-range size (weight %llu, active %llu, "
                        "kv/token %llu, state %llu, macs %g)", i, (unsigned long long)l->weight_bytes,
                        (unsigned long long)l->active_bytes, (unsigned long long)l->kv_bytes_per_token,
                        (unsigned long long)l->state_bytes, l->macs);
@@ -395,7 +385,7 @@ static int validate(const struct plan_shape *s, const struct plan_device *devs, 
     }
     if (s->embed_bytes > big || s->head_bytes > big || s->head_active_bytes > big ||
         s->embed_active_bytes > big || bad_num(s->head_macs) || s->wire_bytes_per_token > (1ull << 32)) {
-        plan__errf(err, errlen, "plan: embedding/head/wire sizes out of range");
+        util_seterr(err, errlen, "plan: embedding/head/wire sizes out of range");
         return -EINVAL;
     }
     return 0;
@@ -435,14 +425,14 @@ static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t 
     util_fmt_bytes(rb, sizeof rb, rest, 2, UTIL_FMT_SI);
     if (need > have) {
         util_fmt_bytes(sb, sizeof sb, need - have, 2, UTIL_FMT_SI);
-        plan__errf(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
+        util_seterr(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
                    "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
                    "%.0f%% headroom: short by %.0f bytes (%s); at best layers 0..%u fit, layers %u..%u "
                    "(+ head) find no room (%.0f bytes, %s)",
                    need, nb, L, o->ctx, o->sessions, c->n_usable, have, hb, o->headroom * 100, need - have, sb,
                    reach ? reach - 1 : 0, reach, L - 1, rest, rb);
     } else {
-        plan__errf(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
+        util_seterr(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
                    "but no cut into windows fits their sizes (largest device %.0f bytes); at best layers "
                    "0..%u fit, layers %u..%u (+ head) find no room: short by %.0f bytes (%s)",
                    have, hb, need, nb, largest, reach ? reach - 1 : 0, reach, L - 1, rest, rb);
@@ -780,7 +770,7 @@ static int limit_ranks(struct ctx *c, struct plan_result *r, uint32_t *ord, uint
             c->n_usable = c->N;
             char sub[KV_ERR_MAX - 64];
             explain_infeasible(c, reach, sub, sizeof sub);
-            plan__errf(err, errlen, "in at most %u ranks (the unlimited plan needs %u): %s", maxr, n, sub);
+            util_seterr(err, errlen, "in at most %u ranks (the unlimited plan needs %u): %s", maxr, n, sub);
             continue;
         }
         double l, p;
@@ -831,7 +821,7 @@ int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t
         if (m < min_layer) min_layer = m;
     }
     if (c.M[L] > (1ull << 62)) {
-        plan__errf(err, errlen, "plan: the model's memory (%llu bytes with ctx %u x %u sessions) is out of range",
+        util_seterr(err, errlen, "plan: the model's memory (%llu bytes with ctx %u x %u sessions) is out of range",
                    (unsigned long long)c.M[L], o->ctx, o->sessions);
         rc = -EINVAL;
         goto fail;

@@ -7,8 +7,9 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "planner/internal.h"
+#include "util/util.h"
 #include "planner/plan.h"
+#include "util/util.h"
 
 #define NAME_LEN 64
 #define MAX_TENSORS_PER_LAYER 32
@@ -45,18 +46,18 @@ static double elems(const struct plan_tensor *t)
 int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct plan_model_info *mi,
                             struct plan_shape *s, struct plan_layer *layers, char *err, size_t errlen)
 {
-    if (!mi || !s || !layers || (n && !t)) { plan__errf(err, errlen, "shape: missing argument"); return -EINVAL; }
+    if (!mi || !s || !layers || (n && !t)) { util_seterr(err, errlen, "shape: missing argument"); return -EINVAL; }
     uint32_t L = mi->n_layers;
     if (L == 0 || L > PLAN_MAX_LAYERS) {
-        plan__errf(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
+        util_seterr(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
         return -EINVAL;
     }
     if (mi->nextn_layers >= L) {
-        plan__errf(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
+        util_seterr(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
         return -EINVAL;
     }
     if (mi->n_expert_used > mi->n_expert) {
-        plan__errf(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used,
+        util_seterr(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used,
                    mi->n_expert);
         return -EINVAL;
     }
@@ -74,12 +75,12 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
     for (size_t i = 0; i < n; i++) {
         const struct plan_tensor *x = &t[i];
         if (!x->name || x->n_dims > 4) {
-            plan__errf(err, errlen, "shape: tensor %zu has no name or %u dims", i, x->n_dims);
+            util_seterr(err, errlen, "shape: tensor %zu has no name or %u dims", i, x->n_dims);
             rc = -EINVAL;
             goto out;
         }
         if (x->bytes > (1ull << 50)) {
-            plan__errf(err, errlen, "shape: tensor %s: %llu bytes is out of range", x->name,
+            util_seterr(err, errlen, "shape: tensor %s: %llu bytes is out of range", x->name,
                        (unsigned long long)x->bytes);
             rc = -EINVAL;
             goto out;
@@ -103,7 +104,7 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
             continue;
         }
         if ((uint64_t)li >= L) {
-            plan__errf(err, errlen, "shape: tensor %s: layer %ld is past n_layers %u", x->name, li, L);
+            util_seterr(err, errlen, "shape: tensor %s: layer %ld is past n_layers %u", x->name, li, L);
             rc = -EINVAL;
             goto out;
         }
@@ -196,48 +197,48 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
 {
     *n_out = 0;
     size_t need = plan_hparams_tensor_count(h);
-    if (!need) { plan__errf(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
-    if (cap < need) { plan__errf(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
+    if (!need) { util_seterr(err, errlen, "hparams: n_layers %u (+ %u MTP) out of range", h ? h->n_layers : 0, h ? h->nextn_layers : 0); return -EINVAL; }
+    if (cap < need) { util_seterr(err, errlen, "hparams: room for %zu tensors, need %zu", cap, need); return -EINVAL; }
     const struct model_arch *a = model_arch_find(h->arch);
     if (!a) {
         char names[128];
         model_arch_names(names, sizeof names);
-        plan__errf(err, errlen, "hparams: arch '%s' is not one of %s", h->arch, names);
+        util_seterr(err, errlen, "hparams: arch '%s' is not one of %s", h->arch, names);
         return -EINVAL;
     }
     const uint32_t cap32 = 1u << 20;
     if (!h->n_embd || !h->n_vocab || !h->n_head || !h->n_head_kv || !h->head_dim ||
         h->n_embd > cap32 || h->n_vocab > (1u << 24) || h->n_head > 4096 || h->n_head_kv > h->n_head ||
         h->head_dim > 4096) {
-        plan__errf(err, errlen, "hparams: n_embd %u, n_vocab %u, n_head %u, n_head_kv %u, head_dim %u: each must be "
+        util_seterr(err, errlen, "hparams: n_embd %u, n_vocab %u, n_head %u, n_head_kv %u, head_dim %u: each must be "
                    "non-zero and in range (n_head_kv <= n_head)", h->n_embd, h->n_vocab, h->n_head, h->n_head_kv, h->head_dim);
         return -EINVAL;
     }
     if (a->moe && (!h->n_expert || !h->n_expert_used || h->n_expert_used > h->n_expert || !h->n_ff_exp ||
                    h->n_expert > 4096 || h->n_ff_exp > cap32)) {
-        plan__errf(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
+        util_seterr(err, errlen, "hparams: expert_count %u, expert_used_count %u, expert_feed_forward_length %u: "
                    "need 0 < used <= count <= 4096 and a non-zero length", h->n_expert, h->n_expert_used, h->n_ff_exp);
         return -EINVAL;
     }
     if (a->shexp && (!h->n_ff_shexp || h->n_ff_shexp > cap32)) {
-        plan__errf(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]",
+        util_seterr(err, errlen, "hparams: expert_shared_feed_forward_length %u must be in (0, %u]",
                    h->n_ff_shexp, cap32);
         return -EINVAL;
     }
     if (!a->moe && (!h->n_ff || h->n_ff > cap32)) {
-        plan__errf(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
+        util_seterr(err, errlen, "hparams: feed_forward_length %u must be in (0, %u]", h->n_ff, cap32);
         return -EINVAL;
     }
     if (a->hybrid && (!h->ssm_conv_kernel || !h->ssm_group_count || !h->ssm_time_step_rank || !h->ssm_state_size ||
                       h->ssm_conv_kernel > 64 || h->ssm_group_count > 4096 || h->ssm_time_step_rank > 4096 ||
                       h->ssm_state_size > 4096)) {
-        plan__errf(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
+        util_seterr(err, errlen, "hparams: ssm conv_kernel %u, group_count %u, time_step_rank %u, state_size %u: each "
                    "must be non-zero and in range", h->ssm_conv_kernel, h->ssm_group_count, h->ssm_time_step_rank,
                    h->ssm_state_size);
         return -EINVAL;
     }
     if (!(h->bits_per_weight > 0 && h->bits_per_weight <= 32)) {
-        plan__errf(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
+        util_seterr(err, errlen, "hparams: bits_per_weight %g out of range (0, 32]", h->bits_per_weight);
         return -EINVAL;
     }
     /* The descriptor's hyperparameters in the runtime's terms (the value heads of the
@@ -256,7 +257,7 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
     snprintf(hp.arch, sizeof hp.arch, "%s", a->name);
     struct gen g = {.t = t, .cap = cap, .names = names_buf, .bpw = h->bits_per_weight};
     int rc = model_arch_tensors(a, &hp, h->tied_embeddings, add, &g);
-    if (rc < 0) { plan__errf(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
+    if (rc < 0) { util_seterr(err, errlen, "hparams: tensor list overflow"); return -EINVAL; }
     *n_out = g.n;
     return 0;
 }

@@ -1,5 +1,7 @@
-/* util/fmt.c — bytes and hex for people and for ids. */
+/* util/fmt.c — bytes and hex for people and for ids; error messages into err/errlen. */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/util.h"
@@ -52,4 +54,14 @@ int util_hex_decode(const char *s, void *dst, size_t n)
         b[i] = (unsigned char)(hi << 4 | lo);
     }
     return 0;
+}
+
+void util_seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }

@@ -16,6 +16,10 @@ struct cJSON;
 
 /* ------------------------------------------------------------------ numbers (util/parse.c) */
 
+/* Formats a message into err[errlen] for the `char *err, size_t errlen` pair of fallible calls;
+ * nothing when err is NULL or errlen is 0. */
+void util_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Flag for util_parse_u64 and util_parse_double: accept one trailing K, M or G (either case)
  * that multiplies by 1024, 1024^2 or 1024^3 before the bounds are checked. */
 #define UTIL_PARSE_SUFFIX 1u
