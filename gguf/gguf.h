@@ -202,8 +202,8 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o,
                       const char *path, char *err, size_t errlen);
 /* The writer of that mini-GGUF, not yet written (tensors are filled from src at write time);
  * the caller frees it. Used by seeders to stream a window without writing it. */
-int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
-                       struct gguf_writer **out, char *err, size_t errlen);
+int gguf_window_writer(struct gguf_writer **out, struct gguf_file *src,
+                       const struct gguf_window_opts *o, char *err, size_t errlen);
 /* The header (with its padding) that gguf_writer_write would put first, in memory
  * (malloc'd, caller frees); tensor i then starts at *len + its offset. */
 int gguf_writer_header(struct gguf_writer *w, void **buf, size_t *len);

@@ -128,7 +128,7 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, c
                       char *err, size_t errlen)
 {
     struct gguf_writer *w;
-    int rc = gguf_window_writer(src, o, &w, err, errlen);
+    int rc = gguf_window_writer(&w, src, o, err, errlen);
     if (rc)
         return rc;
     rc = gguf_writer_write(w, path, err, errlen);
@@ -136,8 +136,8 @@ int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, c
     return rc;
 }
 
-int gguf_window_writer(struct gguf_file *src, const struct gguf_window_opts *o,
-                       struct gguf_writer **out, char *err, size_t errlen)
+int gguf_window_writer(struct gguf_writer **out, struct gguf_file *src,
+                       const struct gguf_window_opts *o, char *err, size_t errlen)
 {
     uint32_t n_block, n_layers;
     int rc = gguf_block_count(src, &n_block);

@@ -837,7 +837,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     for (int i = 0; i < ndev; i++)
         if (load_devices(&ds, devfiles[i], err, sizeof err) < 0) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
     if (show_layers && !json) print_layers(stdout, &m.shape, m.mtp, &o);
-    rc = plan_make(&m.shape, ds.d, ds.n, &o, &r, err, sizeof err);
+    rc = plan_make(&r, &m.shape, ds.d, ds.n, &o, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvctl plan: %s\n", err);
         goto out;

@@ -795,8 +795,9 @@ static int limit_ranks(struct ctx *c, struct plan_result *r, uint32_t *ord, uint
     return rc;
 }
 
-int plan_make(const struct plan_shape *s, const struct plan_device *devs, size_t n_devs,
-              const struct plan_opts *o, struct plan_result **out, char *err, size_t errlen)
+int plan_make(struct plan_result **out, const struct plan_shape *s,
+              const struct plan_device *devs, size_t n_devs, const struct plan_opts *o,
+              char *err, size_t errlen)
 {
     *out = NULL;
     int rc = validate(s, devs, n_devs, o, err, errlen);

@@ -133,8 +133,9 @@ struct plan_result {
 /* Plan. 0 and *out (free with plan_result_free); -EINVAL for malformed input, -ENOSPC when
  * the model does not fit (err says by how many bytes and which layers), -ENOMEM. err is
  * filled on failure (and may be NULL). */
-int plan_make(const struct plan_shape *shape, const struct plan_device *devs, size_t n_devs,
-              const struct plan_opts *opts, struct plan_result **out, char *err, size_t errlen);
+int plan_make(struct plan_result **out, const struct plan_shape *shape,
+              const struct plan_device *devs, size_t n_devs, const struct plan_opts *opts,
+              char *err, size_t errlen);
 void plan_result_free(struct plan_result *r);
 
 /* ---- N local identical processes (for `kvctl ring up`, instead of an even split) ----

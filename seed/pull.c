@@ -742,7 +742,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     struct gguf_writer *wr = NULL;
     void *hdr = NULL;
     size_t hlen = 0;
-    if ((rc = gguf_window_writer(src, &wo, &wr, err, sizeof err))) {
+    if ((rc = gguf_window_writer(&wr, src, &wo, err, sizeof err))) {
         gguf_file_free(src);
         seterr(p, "%s", err);
         return rc;

@@ -118,7 +118,7 @@ static int win_build(struct seed_model *m, uint32_t first, uint32_t last, struct
 {
     struct gguf_window_opts o = {first, last, m->cat->source_sha256};
     struct gguf_writer *w = NULL;
-    int rc = gguf_window_writer(m->f, &o, &w, err, errlen);
+    int rc = gguf_window_writer(&w, m->f, &o, err, errlen);
     if (rc)
         return rc;
     struct win_body *b = calloc(1, sizeof *b);

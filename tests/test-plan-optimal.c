@@ -84,7 +84,7 @@ T_CASE(optimal_vs_exhaustive)
         leaves += b.leaves;
         struct plan_result *r = NULL;
         char err[KV_ERR_MAX];
-        int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
+        int rc = plan_make(&r, &inst.shape, inst.devs, inst.n_devs, &inst.opts, err, sizeof err);
         if (b.best == DBL_MAX) {
             n_infeasible++;
             T_CHECK(rc == -ENOSPC, "instance %d (L %u N %u): exhaustive search finds no plan, planner rc %d", it, L, N, rc);

@@ -70,7 +70,7 @@ T_CASE(random_instances)
         if (it % 5 == 1) inst.opts.max_ranks = (uint32_t)pt_range(1, 4);
         struct plan_result *r = NULL;
         char err[KV_ERR_MAX] = "";
-        int rc = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &r, err, sizeof err);
+        int rc = plan_make(&r, &inst.shape, inst.devs, inst.n_devs, &inst.opts, err, sizeof err);
         if (rc == -ENOSPC) {
             nospace++;
             T_CHECK(r == NULL, "instance %d: result on failure", it);
@@ -106,9 +106,9 @@ T_CASE(heuristic_near_exhaustive)
         pt_make(&inst, (uint32_t)pt_range(4, 16), (uint32_t)pt_range(7, 8), 0);
         struct plan_result *a = NULL, *b = NULL;
         inst.opts.exhaustive_max = 1;            /* heuristic */
-        int ra = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &a, NULL, 0);
+        int ra = plan_make(&a, &inst.shape, inst.devs, inst.n_devs, &inst.opts, NULL, 0);
         inst.opts.exhaustive_max = 8;            /* every order */
-        int rb = plan_make(&inst.shape, inst.devs, inst.n_devs, &inst.opts, &b, NULL, 0);
+        int rb = plan_make(&b, &inst.shape, inst.devs, inst.n_devs, &inst.opts, NULL, 0);
         T_CHECK(ra == rb, "instance %d: heuristic rc %d, exhaustive rc %d", it, ra, rb);
         if (ra == 0 && rb == 0) {
             T_CHECK(!a->exhaustive && b->exhaustive, "instance %d: search modes not as asked", it);
@@ -134,17 +134,17 @@ T_CASE(errors)
     pt_make(&inst, 8, 3, 0);
     struct plan_result *r = NULL;
     char err[KV_ERR_MAX];
-    T_CHECK(plan_make(&inst.shape, inst.devs, 0, &inst.opts, &r, err, sizeof err) == -EINVAL, "empty list accepted");
+    T_CHECK(plan_make(&r, &inst.shape, inst.devs, 0, &inst.opts, err, sizeof err) == -EINVAL, "empty list accepted");
     T_CHECK(strstr(err, "no devices"), "empty list message: %s", err);
 
     /* one device with no memory, one without a speed: both excluded, none left */
     struct plan_device d[2] = {{.id = "zero", .ms_per_layer_token = 1}, {.id = "nospeed", .mem_bytes = 1ull << 40}};
-    T_CHECK(plan_make(&inst.shape, d, 2, &inst.opts, &r, err, sizeof err) == -ENOSPC, "no usable device accepted");
+    T_CHECK(plan_make(&r, &inst.shape, d, 2, &inst.opts, err, sizeof err) == -ENOSPC, "no usable device accepted");
     T_CHECK(strstr(err, "zero: mem_bytes is 0") && strstr(err, "nospeed: no speed") && strstr(err, "no usable device") &&
             strstr(err, "memory alone would do") && !strstr(err, "short by"), "no-usable message: %s", err);
     /* both without memory: the shortfall in bytes and layers */
     struct plan_device z[2] = {{.id = "z1", .ms_per_layer_token = 1}, {.id = "z2", .ms_per_layer_token = 1}};
-    T_CHECK(plan_make(&inst.shape, z, 2, &inst.opts, &r, err, sizeof err) == -ENOSPC, "no memory accepted");
+    T_CHECK(plan_make(&r, &inst.shape, z, 2, &inst.opts, err, sizeof err) == -ENOSPC, "no memory accepted");
     T_CHECK(strstr(err, "z1: mem_bytes is 0") && strstr(err, "z2: mem_bytes is 0") && strstr(err, "short by") &&
             strstr(err, "layers 0.."), "no-memory message: %s", err);
 
@@ -160,23 +160,23 @@ T_CASE(errors)
     struct plan_opts o;
     plan_opts_default(&o);
     o.headroom = 0;
-    T_CHECK(plan_make(&s, two, 2, &o, &r, err, sizeof err) == -ENOSPC, "400 MB into 300 MB accepted");
+    T_CHECK(plan_make(&r, &s, two, 2, &o, err, sizeof err) == -ENOSPC, "400 MB into 300 MB accepted");
     T_CHECK(strstr(err, "short by 100000000 bytes") && strstr(err, "layers 2..3"), "shortfall message: %s", err);
     /* enough bytes in total but windows cannot be cut: 3 x 100 MB layers... devices 250+250 */
     s.n_layers = 3;
     two[0].mem_bytes = two[1].mem_bytes = 150000000;
     two[1].mem_bytes = 170000000;
     struct plan_device three[3] = {two[0], two[1], {.id = "c", .mem_bytes = 90000000, .ms_per_layer_token = 1}};
-    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -ENOSPC, "granularity infeasible accepted");
+    T_CHECK(plan_make(&r, &s, three, 3, &o, err, sizeof err) == -ENOSPC, "granularity infeasible accepted");
     T_CHECK(strstr(err, "layers 2..2") && strstr(err, "short by"), "granularity message: %s", err);
     T_CHECK(strstr(err, "c: too little memory") == NULL, "(c is excluded, not an error line) %s", err);
 
     /* bad options */
     o.headroom = 2;
-    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -EINVAL && strstr(err, "headroom"), "headroom 2: %s", err);
+    T_CHECK(plan_make(&r, &s, three, 3, &o, err, sizeof err) == -EINVAL && strstr(err, "headroom"), "headroom 2: %s", err);
     plan_opts_default(&o);
     ly[1].weight_bytes = 1ull << 60;
-    T_CHECK(plan_make(&s, three, 3, &o, &r, err, sizeof err) == -EINVAL && strstr(err, "layer 1"), "huge layer: %s", err);
+    T_CHECK(plan_make(&r, &s, three, 3, &o, err, sizeof err) == -EINVAL && strstr(err, "layer 1"), "huge layer: %s", err);
     T_CHECK(r == NULL, "result set on failure");
 }
 
@@ -226,7 +226,7 @@ T_CASE(local_devices)
     for (int i = 0; i < 4; i++) T_CHECK(d[i].inbound && !strcmp(d[i].backend, "cpu") && d[i].id == ids[i], "local profile %d", i);
     struct plan_result *r = NULL;
     char err[KV_ERR_MAX];
-    T_ASSERT(plan_make(&inst.shape, d, 4, &o, &r, err, sizeof err) == 0, "local plan: %s", err);
+    T_ASSERT(plan_make(&r, &inst.shape, d, 4, &o, err, sizeof err) == 0, "local plan: %s", err);
     T_CHECK(r->n_ranks >= 3 && r->n_ranks <= 4, "%u ranks", r->n_ranks);
     uint32_t j = 0;
     for (uint32_t i = 0; i < r->n_ranks; i++) {

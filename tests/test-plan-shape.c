@@ -182,7 +182,7 @@ T_CASE(qwen35_122b_example)
         o.objective = obj ? PLAN_THROUGHPUT : PLAN_LATENCY;
         if (obj) o.sessions = 16;
         struct plan_result *r = NULL;
-        int rc = plan_make(&s, d, nd, &o, &r, err, sizeof err);
+        int rc = plan_make(&r, &s, d, nd, &o, err, sizeof err);
         T_ASSERT(rc == 0, "122B plan (%s): %s", obj ? "throughput" : "latency", err);
         uint32_t j = 0;
         for (uint32_t i = 0; i < r->n_ranks; i++) {
@@ -216,7 +216,7 @@ T_CASE(qwen35_122b_example)
     struct plan_opts o;
     plan_opts_default(&o);
     struct plan_result *r = NULL;
-    T_CHECK(plan_make(&s, d, nd, &o, &r, err, sizeof err) == -ENOSPC, "fits without the big machines?");
+    T_CHECK(plan_make(&r, &s, d, nd, &o, err, sizeof err) == -ENOSPC, "fits without the big machines?");
     T_CHECK(strstr(err, "short by") && strstr(err, "layers"), "message: %s", err);
     fprintf(stderr, "without the big machines: %s\n", err);
 }

@@ -78,7 +78,7 @@ int main(void)
             for (int rep = 0; rep < 3; rep++) {
                 struct plan_result *r = NULL;
                 double t0 = util_now_ms();
-                int rc = plan_make(&s, devs, N, &o, &r, err, sizeof err);
+                int rc = plan_make(&r, &s, devs, N, &o, err, sizeof err);
                 double dt = util_now_ms() - t0;
                 if (rc) { fprintf(stderr, "plan failed: %s\n", err); return 1; }
                 if (dt < best) best = dt;
