@@ -24,10 +24,10 @@
 #     sessions (goal ~0);
 #   - CPU milliseconds per generated token of one 256-token session (BENCH_RING_CPU_TG) less
 #     a 1-token one (so the model's opening and the prompt drop out): all three stages
-#     (/proc/PID/stat) vs the one process (its rusage), and their ratio;
+#     (/proc/PID/stat) vs the one process (its rusage), the least of 3 each, and their ratio;
 #   - aggregate decode tok/s of 1, 4, 8 and 16 concurrent sessions (BENCH_RING_SESSIONS) of
 #     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
-#     to the last end), the ratio to one session (goal >= 3x at 8 sessions, where the machine
+#     to the last end; one session: best of 3), the ratio to one session (goal >= 3x at 8 sessions, where the machine
 #     has the cores: the ceiling is min(3 stages, CPUs / T)), the longest gap one session saw
 #     between two of its streamed tokens, and the longest wait for a first token.
 # The ring is taken down on exit, also on failure or Ctrl-C.
@@ -228,14 +228,19 @@ for l in sys.stdin:
     if ! skip_ring cpu; then
         # CPU of one session of ctg tokens minus that of a 1-token session (so neither side
         # counts opening the model or the prompt): all three stages (their /proc counters
-        # around it) against the one process (its rusage)
-        local c0 c1 c2 o1 o2
-        c0=$(ring_cpu); gen_ring 1 >/dev/null; c1=$(ring_cpu); gen_ring "$ctg" >/dev/null; c2=$(ring_cpu)
-        o1=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n 1 --temp 0 -t "$rt")
-        o2=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n "$ctg" --temp 0 --ignore-eos -t "$rt")
-        awk -v a="$c0" -v b="$c1" -v c="$c2" -v o1="$o1" -v o2="$o2" -v n="$ctg" 'BEGIN {
-            r = ((c - b) - (b - a)) * 1e3 / (n - 1); p = (o2 - o1) * 1e3 / (n - 1);
-            printf "  CPU per generated token (tg%d - tg1): 3-stage ring %.2f ms, one process %.2f ms = %.2fx\n", n, r, p, (p > 0 ? r / p : 0) }'
+        # around it) against the one process (its rusage); alternated, the least of each
+        local c0 c1 c2 o1 o2 cr=0 co=0
+        for i in $(seq "$rr"); do
+            c0=$(ring_cpu); gen_ring 1 >/dev/null; c1=$(ring_cpu); gen_ring "$ctg" >/dev/null; c2=$(ring_cpu)
+            o1=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n 1 --temp 0 -t "$rt")
+            o2=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n "$ctg" --temp 0 --ignore-eos -t "$rt")
+            cr=$(awk -v m="$cr" -v a="$c0" -v b="$c1" -v c="$c2" -v n="$ctg" 'BEGIN {
+                r = ((c - b) - (b - a)) * 1e3 / (n - 1); print (m == 0 || r < m) ? r : m }')
+            co=$(awk -v m="$co" -v a="$o1" -v b="$o2" -v n="$ctg" 'BEGIN {
+                r = (b - a) * 1e3 / (n - 1); print (m == 0 || r < m) ? r : m }')
+        done
+        printf "  CPU per generated token (tg%d - tg1, least of %d): 3-stage ring %.2f ms, one process %.2f ms = %sx\n" \
+            "$ctg" "$rr" "$cr" "$co" "$(ratio "$cr" "$co")"
     fi
 
     if ! skip_ring sessions; then
@@ -246,12 +251,20 @@ for l in sys.stdin:
             echo "   max gap = the longest wait one session saw between two of its streamed tokens; ceiling here: min(3 stages, $(nproc) CPUs / $rt thread(s)))"
             local base=0 k line
             for k in $sessions; do
-                out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err")
-                [ $? -eq 0 ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
-                line=$(echo "$out" | tail -n 1)
+                # one session: the best of rr runs, so the ratios do not rest on one unlucky run
+                local reps=1 best=0 bline=""
+                [ "$k" -eq 1 ] && reps=$rr
+                for i in $(seq "$reps"); do
+                    out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
+                    line=$(echo "$out" | tail -n 1)
+                    # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+                    # shellcheck disable=SC2086
+                    set -- $line
+                    if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
+                done
+                [ -n "$out" ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
                 # shellcheck disable=SC2086
-                set -- $line
-                # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+                set -- $bline
                 [ "$k" -eq 1 ] && base=${9}
                 printf "  %2d session(s): %8.2f tok/s aggregate = %sx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n" \
                     "$k" "${9}" "$(ratio "${9}" "$base")" "$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" "${11}" "${13}"
