@@ -1,5 +1,5 @@
 #!/bin/sh
-# make bench: speed figures (never pass/fail).
+# make bench: speed figures and ratios (never pass/fail, never part of `make test`).
 #
 # Model: a TinyLlama-1.1B-shaped random model (22 layers, n_embd 2048, n_ff 5632, 32 heads,
 # 4 KV heads, 32000 vocab) in Q4_0 and Q8_0, written once by `kvctl synth` into build/bench/,
@@ -9,6 +9,32 @@
 # CPU time per token, which says what the threads would reach with their cores to themselves
 # (the figures in tok/s suffer when other programs share the machine: see the load average).
 # BENCH_PP / BENCH_TG / BENCH_REPS / BENCH_THREADS override the sizes (threads 0 = default).
+#
+# Ring: what a loopback ring costs against one process, on one model (default a 12-layer
+# n_embd 1024 Q4_0 synthetic llama written into build/bench/, so the section takes about a
+# minute on 2 cores; BENCH_RING_MODEL=build/bench/tinyllama-1.1b-shape-q4_0.gguf gives the
+# target figures), with the same T threads per stage and for the one process
+# (BENCH_RING_THREADS, default 1):
+#   - decode tok/s of one greedy session of 64 tokens (BENCH_RING_TG) through 1-, 2- and
+#     3-stage rings vs `kvctl generate -m` (best of 3, BENCH_RING_REPS, alternated) and
+#     `kvctl bench`; ratio ring / one process (goal for 3 stages: >= 0.95x);
+#   - boundary bytes per token on each edge (`kvctl status --ring --json`);
+#   - CPU seconds of an idle 3-stage ring (no session) over 5 s (BENCH_RING_IDLE_S), all
+#     stages' utime + stime from /proc/PID/stat, once after the ring is up and once after the
+#     sessions (goal ~0);
+#   - CPU milliseconds per generated token of one 256-token session (BENCH_RING_CPU_TG) less
+#     a 1-token one (so the model's opening and the prompt drop out): all three stages
+#     (/proc/PID/stat) vs the one process (its rusage), the least of 3 each, and their ratio;
+#   - aggregate decode tok/s of 1, 4, 8 and 16 concurrent sessions (BENCH_RING_SESSIONS) of
+#     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
+#     to the last end; one session: best of 3), the ratio to one session (goal >= 3x at 8 sessions, where the machine
+#     has the cores: the ceiling is min(3 stages, CPUs / T)), the longest gap one session saw
+#     between two of its streamed tokens, and the longest wait for a first token.
+# The ring is taken down on exit, also on failure or Ctrl-C.
+#
+# Sections: model kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
+# runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages wire
+# idle cpu sessions" leaves out parts of the ring section.
 set -e
 cd "$(dirname "$0")/.."
 B=${KV_BUILD:-build}
@@ -20,137 +46,245 @@ TG=${BENCH_TG:-32}
 REPS=${BENCH_REPS:-3}
 THREADS=${BENCH_THREADS:-0}
 
+# want SECTION: whether BENCH_ONLY / BENCH_SKIP let SECTION run (says so when skipped).
+want() {
+    if [ -n "${BENCH_ONLY:-}" ]; then
+        case " $BENCH_ONLY " in *" $1 "*) ;; *) return 1 ;; esac
+    fi
+    case " ${BENCH_SKIP:-} " in *" $1 "*) echo "== $1: skipped (BENCH_SKIP)"; return 1 ;; esac
+    return 0
+}
+skip_ring() { case " ${BENCH_RING_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# the ring section's ring directory while a ring may be up: taken down on any exit
+RD=""
+trap 'if [ -n "$RD" ]; then "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true; fi' EXIT
+trap 'exit 130' INT TERM
+
 # The kernels' tools (matvec micro-benchmark) are not part of `make all`.
 make -s -j2 "$B/tests/tool-kernbench" >/dev/null 2>&1 || true
 
-echo "== model: TinyLlama-1.1B-shaped synthetic model, kvctl bench -p $PP -n $TG (best of $REPS)"
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
-for type in q4_0 q8_0; do
-    f="$CACHE/tinyllama-1.1b-shape-$type.gguf"
-    if [ ! -s "$f" ]; then
-        echo "writing $f ..."
-        if ! "$KVCTL" synth --arch llama --layers 22 --embd 2048 --ff 5632 --heads 32 \
-                --kv-heads 4 --vocab 32000 --type "$type" --seed 1 -o "$f" >/dev/null; then
-            echo "$type: kvctl synth failed; skipped"
-            rm -f "$f"
+if want model; then
+    echo "== model: TinyLlama-1.1B-shaped synthetic model, kvctl bench -p $PP -n $TG (best of $REPS)"
+    echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+    for type in q4_0 q8_0; do
+        f="$CACHE/tinyllama-1.1b-shape-$type.gguf"
+        if [ ! -s "$f" ]; then
+            echo "writing $f ..."
+            if ! "$KVCTL" synth --arch llama --layers 22 --embd 2048 --ff 5632 --heads 32 \
+                    --kv-heads 4 --vocab 32000 --type "$type" --seed 1 -o "$f" >/dev/null; then
+                echo "$type: kvctl synth failed; skipped"
+                rm -f "$f"
+                continue
+            fi
+        fi
+        if ! out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --bandwidth); then
+            echo "$type: kvctl bench failed"
             continue
         fi
-    fi
-    if ! out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --bandwidth); then
-        echo "$type: kvctl bench failed"
-        continue
-    fi
-    get() { echo "$out" | awk -v k="$1" '$1 == k {print $2}'; }
-    bytes=$(get weight_bytes_per_token)
-    bw=$(get bandwidth)
-    cpu=$(get tg_cpu_ms_per_token)
-    thr=$(get threads)
-    pp=$(echo "$out" | awk '/^pp[0-9]+ / {print $2}')
-    tg=$(echo "$out" | awk '/^tg[0-9]+ / {print $2}')
-    awk -v t="$type" -v b="$bytes" -v bw="$bw" -v pp="$pp" -v tg="$tg" -v cpu="$cpu" \
-        -v thr="${thr%,}" -v np="$PP" -v nt="$TG" 'BEGIN {
-        ceil = bw * 1e9 / b;
-        printf "%s: %.0f MB of weights per token, %s threads, read bandwidth %.2f GB/s\n", t, b / 1e6, thr, bw;
-        printf "  pp%d %8.2f tok/s\n", np, pp;
-        printf "  tg%d %8.2f tok/s = %3.0f%% of the bandwidth ceiling %.2f tok/s (goal >= 60%%)\n", nt, tg, 100 * tg / ceil, ceil;
-        if (cpu > 0) {
-            est = thr * 1000 / cpu; if (est > ceil) est = ceil;
-            printf "  tg CPU time %.1f ms per token: with %s idle cores about %.2f tok/s = %3.0f%% of the ceiling\n", cpu, thr, est, 100 * est / ceil;
-        }
-    }'
-done
-
-echo "== kernels: matvec on TinyLlama-1.1B-shaped matrices (22 layers' worth, uncached) vs read bandwidth"
-if [ -x "$B/tests/tool-kernbench" ]; then
-    if [ "$THREADS" -gt 0 ] 2>/dev/null; then kt="-t $THREADS"; else kt=""; fi
-    "$B/tests/tool-kernbench" $kt q4_0 q8_0 q4_k q6_k f16 || echo "kernbench failed"
-    echo "== kernels: compute efficiency (one thread, cache-resident; holds on a busy machine)"
-    "$B/tests/tool-kernbench" -c q4_0 q8_0 q4_k q6_k f16 || true
-    "$B/tests/tool-kernbench" -c -n 64 q4_0 q8_0 || true
-    echo "== kernels: attention over an F16 cache (TinyLlama heads), one query row"
-    for c in 128 2048; do "$B/tests/tool-kernbench" $kt -a $c || true; done
-else
-    echo "tool-kernbench not built"
+        get() { echo "$out" | awk -v k="$1" '$1 == k {print $2}'; }
+        bytes=$(get weight_bytes_per_token)
+        bw=$(get bandwidth)
+        cpu=$(get tg_cpu_ms_per_token)
+        thr=$(get threads)
+        pp=$(echo "$out" | awk '/^pp[0-9]+ / {print $2}')
+        tg=$(echo "$out" | awk '/^tg[0-9]+ / {print $2}')
+        awk -v t="$type" -v b="$bytes" -v bw="$bw" -v pp="$pp" -v tg="$tg" -v cpu="$cpu" \
+            -v thr="${thr%,}" -v np="$PP" -v nt="$TG" 'BEGIN {
+            ceil = bw * 1e9 / b;
+            printf "%s: %.0f MB of weights per token, %s threads, read bandwidth %.2f GB/s\n", t, b / 1e6, thr, bw;
+            printf "  pp%d %8.2f tok/s\n", np, pp;
+            printf "  tg%d %8.2f tok/s = %3.0f%% of the bandwidth ceiling %.2f tok/s (goal >= 60%%)\n", nt, tg, 100 * tg / ceil, ceil;
+            if (cpu > 0) {
+                est = thr * 1000 / cpu; if (est > ceil) est = ceil;
+                printf "  tg CPU time %.1f ms per token: with %s idle cores about %.2f tok/s = %3.0f%% of the ceiling\n", cpu, thr, est, 100 * est / ceil;
+            }
+        }'
+    done
 fi
 
-echo "== planner: 96 layers over 1000 devices (goal: well under a second)"
-make -s -j2 "$B/tests/tool-plan-bench" >/dev/null 2>&1 || true
-if [ -x "$B/tests/tool-plan-bench" ]; then "$B/tests/tool-plan-bench" || echo "plan bench failed"; else echo "tool-plan-bench not built"; fi
+if want kernels; then
+    echo "== kernels: matvec on TinyLlama-1.1B-shaped matrices (22 layers' worth, uncached) vs read bandwidth"
+    if [ -x "$B/tests/tool-kernbench" ]; then
+        if [ "$THREADS" -gt 0 ] 2>/dev/null; then kt="-t $THREADS"; else kt=""; fi
+        "$B/tests/tool-kernbench" $kt q4_0 q8_0 q4_k q6_k f16 || echo "kernbench failed"
+        echo "== kernels: compute efficiency (one thread, cache-resident; holds on a busy machine)"
+        "$B/tests/tool-kernbench" -c q4_0 q8_0 q4_k q6_k f16 || true
+        "$B/tests/tool-kernbench" -c -n 64 q4_0 q8_0 || true
+        echo "== kernels: attention over an F16 cache (TinyLlama heads), one query row"
+        for c in 128 2048; do "$B/tests/tool-kernbench" $kt -a $c || true; done
+    else
+        echo "tool-kernbench not built"
+    fi
+fi
+
+if want planner; then
+    echo "== planner: 96 layers over 1000 devices (goal: well under a second)"
+    make -s -j2 "$B/tests/tool-plan-bench" >/dev/null 2>&1 || true
+    if [ -x "$B/tests/tool-plan-bench" ]; then "$B/tests/tool-plan-bench" || echo "plan bench failed"; else echo "tool-plan-bench not built"; fi
+fi
 
 # Tokenizer: 1 MiB of English text (the licence texts every Debian system ships, repeated),
 # tokenised by vocabularies from the shared test data (goal: well under a second each).
 TD=${KV_TESTDATA:-../shared/testdata}
-TXT="$CACHE/english-1m.txt"
-if [ ! -s "$TXT" ] && ls /usr/share/common-licenses/* >/dev/null 2>&1; then
-    : > "$TXT.tmp"
-    while [ "$(wc -c < "$TXT.tmp")" -lt 1048576 ]; do cat /usr/share/common-licenses/* >> "$TXT.tmp"; done
-    head -c 1048576 "$TXT.tmp" > "$TXT" && rm -f "$TXT.tmp"
-fi
-echo "== tokenizer: 1 MiB of English text, best of 3"
-make -s -j2 "$B/tests/tool-tokbench" >/dev/null 2>&1 || true
-if [ ! -x "$B/tests/tool-tokbench" ]; then
-    echo "tokenizer: $B/tests/tool-tokbench missing (make tests); skipped"
-elif [ ! -s "$TXT" ]; then
-    echo "tokenizer: no English text source; skipped"
-else
-    for v in llama-spm gpt-2 qwen2 deepseek-llm falcon; do
-        f="$TD/tokenizer/ggml-vocab-$v.gguf"
-        [ -s "$f" ] || { echo "tokenizer: $f missing; skipped"; continue; }
-        "$B/tests/tool-tokbench" "$f" "$TXT" 3 || echo "tokenizer: $v failed"
-    done
+if want tokenizer; then
+    TXT="$CACHE/english-1m.txt"
+    if [ ! -s "$TXT" ] && ls /usr/share/common-licenses/* >/dev/null 2>&1; then
+        : > "$TXT.tmp"
+        while [ "$(wc -c < "$TXT.tmp")" -lt 1048576 ]; do cat /usr/share/common-licenses/* >> "$TXT.tmp"; done
+        head -c 1048576 "$TXT.tmp" > "$TXT" && rm -f "$TXT.tmp"
+    fi
+    echo "== tokenizer: 1 MiB of English text, best of 3"
+    make -s -j2 "$B/tests/tool-tokbench" >/dev/null 2>&1 || true
+    if [ ! -x "$B/tests/tool-tokbench" ]; then
+        echo "tokenizer: $B/tests/tool-tokbench missing (make tests); skipped"
+    elif [ ! -s "$TXT" ]; then
+        echo "tokenizer: no English text source; skipped"
+    else
+        for v in llama-spm gpt-2 qwen2 deepseek-llm falcon; do
+            f="$TD/tokenizer/ggml-vocab-$v.gguf"
+            [ -s "$f" ] || { echo "tokenizer: $f missing; skipped"; continue; }
+            "$B/tests/tool-tokbench" "$f" "$TXT" 3 || echo "tokenizer: $v failed"
+        done
+    fi
 fi
 
-# ---- ring: loopback rings vs one process, wire bytes, concurrent sessions ----
-# A mid-sized synthetic llama (12 layers, n_embd 1024, Q4_0) so each figure takes seconds.
-# One compute thread per stage and for the one process (BENCH_RING_THREADS overrides).
-RT=${BENCH_RING_THREADS:-1}
-RN=${BENCH_RING_TG:-48}
-f="$CACHE/ring-bench-q4_0.gguf"
-if [ ! -s "$f" ]; then
-    echo "writing $f ..."
-    "$KVCTL" synth --arch llama --layers 12 --embd 1024 --ff 2816 --heads 16 --kv-heads 4 \
-        --vocab 8192 --type q4_0 --seed 3 --ctx 1024 -o "$f" >/dev/null || { echo "ring bench: synth failed"; exit 0; }
-fi
-PROMPT=1,100,200,300,400,500,600,700
-tgrate() { sed -n 's/.*generation: \([0-9]*\) tokens in \([0-9.]*\) s.*/\1 \2/p' | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print 0 }'; }
-echo
-echo "== ring: decode tok/s of loopback rings vs one process (12-layer n_embd 1024 Q4_0, $RT thread(s) per stage, tg$RN)"
-one=$("$KVCTL" generate -m "$f" --ids --tokens $PROMPT -n "$RN" --temp 0 --ignore-eos -t "$RT" 2>&1 >/dev/null | tgrate)
-echo "  one process      $one tok/s"
-RD=$CACHE/ring-bench
-for n in 1 2 3; do
-    "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
-    "$KVCTL" ring up --model "$f" --stages $n --dir "$RD" -t "$RT" >/dev/null || { echo "ring up $n failed"; continue; }
-    r=$("$KVCTL" generate --ring "$RD" --ids --tokens $PROMPT -n "$RN" --temp 0 --ignore-eos 2>&1 >/dev/null | tgrate)
-    echo "  $n-stage ring     $r tok/s"
-    if [ $n -eq 3 ]; then
-        echo "  bytes on the wire per token per edge (f32; n_embd x 4 + 28-byte header = $((1024 * 4 + 28))):"
+# ---- ring: what a ring costs against one process ----
+# The same model and thread count on both sides; every ratio compares figures of this run.
+bench_ring() {
+    local rt=${BENCH_RING_THREADS:-1} rn=${BENCH_RING_TG:-64} rr=${BENCH_RING_REPS:-3}
+    local ctg=${BENCH_RING_CPU_TG:-256} idle=${BENCH_RING_IDLE_S:-5}
+    local sessions=${BENCH_RING_SESSIONS:-1 4 8 16}
+    local f=${BENCH_RING_MODEL:-$CACHE/ring-bench-q4_0.gguf} prompt=1,100,200,300,400,500,600,700
+    local clients=$B/tests/tool-ring-clients hz n best1 bestr i out sock
+    RD=$CACHE/ring-bench
+    if [ -z "${BENCH_RING_MODEL:-}" ] && [ ! -s "$f" ]; then
+        echo "writing $f ..."
+        "$KVCTL" synth --arch llama --layers 12 --embd 1024 --ff 2816 --heads 16 --kv-heads 4 \
+            --vocab 8192 --type q4_0 --seed 3 --ctx 1024 -o "$f" >/dev/null || { echo "ring: synth failed; skipped"; return 0; }
+    fi
+    [ -s "$f" ] || { echo "ring: no model $f; skipped"; return 0; }
+    make -s -j2 "$clients" >/dev/null 2>&1 || true
+    hz=$(getconf CLK_TCK)
+    # decode tok/s from a generate's statistics line: (N - 1) steps after the first token, so
+    # the one process and the ring count alike (the ring times from the first token it streams)
+    tgrate() { sed -n 's/.*generation: \([0-9]*\) tokens in \([0-9.]*\) s.*/\1 \2/p' |
+        awk '{ if ($2 > 0 && $1 > 1) printf "%.2f", ($1 - 1) / $2; else print 0 }'; }
+    gen_one() { "$KVCTL" generate -m "$f" --ids --tokens $prompt -n "$1" --temp 0 --ignore-eos -t "$rt" 2>&1 >/dev/null | tgrate; }
+    gen_ring() { "$KVCTL" generate --ring "$RD" --ids --tokens $prompt -n "$1" --temp 0 --ignore-eos 2>&1 >/dev/null | tgrate; }
+    # CPU seconds (user + system) of every stage of the ring, from /proc/PID/stat
+    ring_cpu() { for p in $(cat "$RD"/rank-*/kvd.pid 2>/dev/null); do sed 's/.*) //' "/proc/$p/stat" 2>/dev/null; done |
+        awk -v hz="$hz" '{ s += $12 + $13 } END { printf "%.3f", s / hz }'; }
+    # CPU seconds (user + system) of a command, from its rusage
+    rusage() { python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("%.3f" % (r.ru_utime + r.ru_stime))' "$@"; }
+    max() { awk -v a="$1" -v b="$2" 'BEGIN { print (b + 0 > a + 0) ? b : a }'; }
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+    up() {
+        "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
+        "$KVCTL" ring up --model "$f" --stages "$1" --dir "$RD" -t "$rt" >/dev/null
+    }
+
+    echo
+    echo "== ring: $(basename "$f"), $rt thread(s) per stage and for the one process, greedy, one session"
+    echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+    out=$("$KVCTL" bench -m "$f" -p 8 -n "$rn" -r "$rr" -t "$rt") || out=""
+    echo "$out" | awk -v n="$rn" '/^tg[0-9]+ / { tg = $2 } $1 == "tg_cpu_ms_per_token" { c = $2 }
+        END { printf "  one process, kvctl bench tg%d: %8.2f tok/s, %.2f ms CPU per token\n", n, tg, c }'
+    # 1- and 2-stage rings first (BENCH_RING_SKIP=stages leaves them out), then the 3-stage
+    # ring, which stays up for the rest. Each rep runs the one process, then the ring: both
+    # see the same moment's load; the best of each is compared.
+    for n in 1 2 3; do
+        if [ $n -lt 3 ] && skip_ring stages; then continue; fi
+        up $n || { echo "  ring up --stages $n failed"; return 0; }
+        best1=0 bestr=0
+        for i in $(seq "$rr"); do
+            best1=$(max "$best1" "$(gen_one "$rn")")
+            bestr=$(max "$bestr" "$(gen_ring "$rn")")
+        done
+        printf "  tg%d: one process %8.2f tok/s, %d-stage ring %8.2f tok/s = %sx%s\n" "$rn" "$best1" $n "$bestr" \
+            "$(ratio "$bestr" "$best1")" "$([ $n -eq 3 ] && echo " (goal >= 0.95x)")"
+    done
+    sock=$RD/rank-0/kvd.sock
+
+    if ! skip_ring wire; then
+        echo "  bytes on the wire per token per edge (wire f32: n_embd x 4 + the 28-byte header):"
         "$KVCTL" status --ring "$RD" --json | python3 -c '
 import json, sys
 for l in sys.stdin:
     s = json.loads(l)
     kind = "TOKEN" if s["rank"] == s["n_ranks"] - 1 else "ACT"
-    print("    rank %d -> rank %d: %8.1f B/token (%s)" % (s["rank"], (s["rank"] + 1) % s["n_ranks"], s["bytes_per_token_out"], kind))'
-        echo "== ring: aggregate decode tok/s with concurrent sessions (3-stage ring, tg$RN each)"
-        for k in 1 4 8; do
-            start=$(date +%s.%N)
-            pids=""
-            for i in $(seq $k); do
-                "$KVCTL" generate --ring "$RD" --ids --tokens 1,$((100 + i)),$((200 + i)) -n "$RN" --temp 0 --ignore-eos \
-                    >/dev/null 2>&1 &
-                pids="$pids $!"
-            done
-            for p in $pids; do wait $p; done
-            end=$(date +%s.%N)
-            awk -v k=$k -v n="$RN" -v a="$start" -v b="$end" 'BEGIN { printf "  %d session(s): %8.2f tok/s aggregate\n", k, k * n / (b - a) }'
-        done
+    print("    rank %d -> rank %d: %8.1f B/token (%s)" % (s["rank"], (s["rank"] + 1) % s["n_ranks"], s["bytes_per_token_out"], kind))' || true
     fi
-    "$KVCTL" ring down --dir "$RD" >/dev/null
-done
 
-echo "== windows: pull throughput, loopback seeder vs curl of the same bytes from nginx"
+    if ! skip_ring idle; then
+        sleep 1
+        local c0 c1
+        c0=$(ring_cpu); sleep "$idle"; c1=$(ring_cpu)
+        awk -v a="$c0" -v b="$c1" -v s="$idle" 'BEGIN { printf "  idle 3-stage ring, no session: %.2f CPU s in %d s, all stages (goal ~0)\n", b - a, s }'
+    fi
+
+    if ! skip_ring cpu; then
+        # CPU of one session of ctg tokens minus that of a 1-token session (so neither side
+        # counts opening the model or the prompt): all three stages (their /proc counters
+        # around it) against the one process (its rusage); alternated, the least of each
+        local c0 c1 c2 o1 o2 cr=0 co=0
+        for i in $(seq "$rr"); do
+            c0=$(ring_cpu); gen_ring 1 >/dev/null; c1=$(ring_cpu); gen_ring "$ctg" >/dev/null; c2=$(ring_cpu)
+            o1=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n 1 --temp 0 -t "$rt")
+            o2=$(rusage "$KVCTL" generate -m "$f" --ids --tokens $prompt -n "$ctg" --temp 0 --ignore-eos -t "$rt")
+            cr=$(awk -v m="$cr" -v a="$c0" -v b="$c1" -v c="$c2" -v n="$ctg" 'BEGIN {
+                r = ((c - b) - (b - a)) * 1e3 / (n - 1); print (m == 0 || r < m) ? r : m }')
+            co=$(awk -v m="$co" -v a="$o1" -v b="$o2" -v n="$ctg" 'BEGIN {
+                r = (b - a) * 1e3 / (n - 1); print (m == 0 || r < m) ? r : m }')
+        done
+        printf "  CPU per generated token (tg%d - tg1, least of %d): 3-stage ring %.2f ms, one process %.2f ms = %sx\n" \
+            "$ctg" "$rr" "$cr" "$co" "$(ratio "$cr" "$co")"
+    fi
+
+    if ! skip_ring sessions; then
+        if [ ! -x "$clients" ]; then
+            echo "  concurrent sessions: $clients not built; skipped"
+        else
+            echo "== ring: concurrent sessions on the 3-stage ring, tg$rn each, greedy (aggregate = all tokens / wall time from the first start to the last end;"
+            echo "   max gap = the longest wait one session saw between two of its streamed tokens; ceiling here: min(3 stages, $(nproc) CPUs / $rt thread(s)))"
+            local base=0 k line
+            for k in $sessions; do
+                # one session: the best of rr runs, so the ratios do not rest on one unlucky run
+                local reps=1 best=0 bline=""
+                [ "$k" -eq 1 ] && reps=$rr
+                for i in $(seq "$reps"); do
+                    out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
+                    line=$(echo "$out" | tail -n 1)
+                    # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+                    # shellcheck disable=SC2086
+                    set -- $line
+                    if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
+                done
+                [ -n "$out" ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
+                # shellcheck disable=SC2086
+                set -- $bline
+                [ "$k" -eq 1 ] && base=${9}
+                printf "  %2d session(s): %8.2f tok/s aggregate = %sx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n" \
+                    "$k" "${9}" "$(ratio "${9}" "$base")" "$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" "${11}" "${13}"
+            done
+        fi
+    fi
+
+    if ! skip_ring idle; then
+        local c0 c1
+        c0=$(ring_cpu); sleep "$idle"; c1=$(ring_cpu)
+        awk -v a="$c0" -v b="$c1" -v s="$idle" 'BEGIN { printf "  idle again after the sessions: %.2f CPU s in %d s (goal ~0)\n", b - a, s }'
+    fi
+    "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
+    RD=""
+}
+if want ring; then bench_ring || true; fi
+
 # The TinyLlama-shaped Q4_0 model above; a window of half its layers. Page cache warmed first.
 bench_pull() {
+    echo "== windows: pull throughput, loopback seeder vs curl of the same bytes from nginx"
     local f="$CACHE/tinyllama-1.1b-shape-q4_0.gguf" t port nport sp w=${BENCH_PULL_LAYERS:-0:11}
     [ -s "$f" ] || { echo "no model ($f): skipped"; return 0; }
     command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "no nginx: skipped"; return 0; }
@@ -200,12 +334,12 @@ EOF
     kill "$(cat "$t/nginx.pid")" 2>/dev/null
     rm -rf "$t"
 }
-bench_pull || true
+if want pull; then bench_pull || true; fi
 
 # ---- relay: 1000 concurrent bridges, 1 MB each way; added latency of one hop ----
-echo
-echo "== relay: 1000 concurrent bridges over TLS on loopback, 1 MB each way per bridge (every message checked)"
 bench_relay() {
+    echo
+    echo "== relay: 1000 concurrent bridges over TLS on loopback, 1 MB each way per bridge (every message checked)"
     local t rp port hw=${BENCH_RELAY_HIGH_WATER:-65536} n=${BENCH_RELAY_BRIDGES:-1000}
     make -s -j2 "$B/tests/tool-relay-load" >/dev/null 2>&1 || true
     [ -x "$B/tests/tool-relay-load" ] || { echo "tool-relay-load not built: skipped"; return 0; }
@@ -236,17 +370,19 @@ bench_relay() {
     done
     rm -rf "$t"
 }
-bench_relay || true
+if want relay; then bench_relay || true; fi
 
 # ---- Qwen3.5 family: the small synthetic MoE / hybrid models of the test data ----
 # Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).
-echo "== qwen3.5 family: kvctl bench -p $PP -n $TG on the test-data synthetic models"
-for m in synth-qwen3moe-bpe1024-q8_0 synth-qwen35-bpe1024-f16 synth-qwen35moe-bpe1024-q8_0; do
-    f="$TD/models/$m.gguf"
-    [ -s "$f" ] || { echo "$m: missing; skipped"; continue; }
-    out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS") || { echo "$m: bench failed"; continue; }
-    ex=$("$KVCTL" inspect "$f" | sed -n 's/^experts *//p')
-    echo "$out" | awk -v m="$m" -v ex="$ex" '
-        $1 == "weight_bytes_per_token" {b = $2} /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
-        END {printf "%-30s %s tok/s, %s tok/s, %.2f MB read per token%s\n", m, pp, tg, b / 1e6, ex != "" ? "; experts " ex : ""}'
-done
+if want qwen; then
+    echo "== qwen3.5 family: kvctl bench -p $PP -n $TG on the test-data synthetic models"
+    for m in synth-qwen3moe-bpe1024-q8_0 synth-qwen35-bpe1024-f16 synth-qwen35moe-bpe1024-q8_0; do
+        f="$TD/models/$m.gguf"
+        [ -s "$f" ] || { echo "$m: missing; skipped"; continue; }
+        out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS") || { echo "$m: bench failed"; continue; }
+        ex=$("$KVCTL" inspect "$f" | sed -n 's/^experts *//p')
+        echo "$out" | awk -v m="$m" -v ex="$ex" '
+            $1 == "weight_bytes_per_token" {b = $2} /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
+            END {printf "%-30s %s tok/s, %s tok/s, %.2f MB read per token%s\n", m, pp, tg, b / 1e6, ex != "" ? "; experts " ex : ""}'
+    done
+fi
