@@ -158,15 +158,9 @@ int gguf_writer_set(struct gguf_writer *w, const char *key, const struct gguf_va
             w->kv[i].val = copy;
             return 0;
         }
-    if (w->n_kv == w->cap_kv) {
-        size_t nc = w->cap_kv ? w->cap_kv * 2 : 32;
-        struct wkv *p = realloc(w->kv, nc * sizeof *p);
-        if (!p) {
-            wvalue_free(&copy);
-            return -ENOMEM;
-        }
-        w->kv = p;
-        w->cap_kv = nc;
+    if (w->n_kv == w->cap_kv && util_grow((void **)&w->kv, &w->cap_kv, sizeof *w->kv, 32)) {
+        wvalue_free(&copy);
+        return -ENOMEM;
     }
     char *k = strdup(key);
     if (!k) {
@@ -263,14 +257,8 @@ static int add_tensor(struct gguf_writer *w, const char *name, uint32_t type, ui
     }
     if (t.ne[0] % ti->block_elems || gguf_type_bytes(type, nel, &t.size))
         return -EINVAL;
-    if (w->n_t == w->cap_t) {
-        size_t nc = w->cap_t ? w->cap_t * 2 : 64;
-        struct wtensor *p = realloc(w->t, nc * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        w->t = p;
-        w->cap_t = nc;
-    }
+    if (w->n_t == w->cap_t && util_grow((void **)&w->t, &w->cap_t, sizeof *w->t, 64))
+        return -ENOMEM;
     t.name = strdup(name);
     if (!t.name)
         return -ENOMEM;

@@ -3,14 +3,9 @@
 #include <string.h>
 
 #include "kvctl/kvctl.h"
+#include "util/util.h"
 
-struct kvctl_command {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-};
-
-static const struct kvctl_command commands[] = {
+static const struct util_cmd commands[] = {
     {"inspect",    kvctl_cmd_inspect,    "FILE                      what a model holds: arch, shapes, tensors, bytes per layer"},
     {"slice",      kvctl_cmd_slice,      "FILE --layers A:B -o OUT  write the stage mini-GGUF of layers [A,B)"},
     {"catalog",    kvctl_cmd_catalog,    "FILE [-o cat.json]        per-tensor SHA-256 catalog; its own SHA-256 is the model id"},
@@ -31,8 +26,7 @@ static const struct kvctl_command commands[] = {
 static void usage(FILE *out)
 {
     fprintf(out, "usage: kvctl COMMAND [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
+    util_cmd_list(out, commands, sizeof commands / sizeof commands[0], 11);
     fprintf(out, "\n'kvctl COMMAND --help' describes one command.\n");
 }
 
@@ -42,13 +36,13 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    if (util_is_help(argv[1])) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].fn(argc - 1, argv + 1);
+    const struct util_cmd *cmd = util_cmd_find(commands, sizeof commands / sizeof commands[0], argv[1]);
+    if (cmd)
+        return cmd->fn(argc - 1, argv + 1);
     fprintf(stderr, "kvctl: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -4,14 +4,9 @@
 #include <string.h>
 
 #include "kvd/kvd.h"
+#include "util/util.h"
 
-struct kvd_role {
-    const char *name;
-    int (*main)(int argc, char **argv);   /* argv[0] is the role name */
-    const char *help;
-};
-
-static const struct kvd_role roles[] = {
+static const struct util_cmd roles[] = {
     {"stage", kvd_stage_main, "--manifest ring.json --rank R [--model FILE | --window MINI.gguf] ...  a ring stage"},
     {"relay", kvd_relay_main, "--listen HOST:PORT (--tls-cert C --tls-key K | --plain) ...  WebSocket relay for NAT'd stages"},
     {"seeder", kvd_seeder_main, "--serve FILE[,CATALOG]... --listen HOST:PORT  serves models and windows over HTTP"},
@@ -20,14 +15,13 @@ static const struct kvd_role roles[] = {
 static void usage(FILE *out)
 {
     fprintf(out, "usage: kvd [ROLE] [options]   (ROLE defaults to stage)\n\nroles:\n");
-    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
-        fprintf(out, "  %-7s %s\n", roles[i].name, roles[i].help);
+    util_cmd_list(out, roles, sizeof roles / sizeof roles[0], 7);
     fprintf(out, "\n'kvd ROLE --help' describes a role's options.\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))) {
+    if (argc >= 2 && util_is_help(argv[1])) {
         usage(stdout);
         return 0;
     }
@@ -41,9 +35,9 @@ int main(int argc, char **argv)
         argv++;
     }
     if (argc >= 2 && argv[1][0] != '-') {
-        for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
-            if (!strcmp(argv[1], roles[i].name))
-                return roles[i].main(argc - 1, argv + 1);
+        const struct util_cmd *r = util_cmd_find(roles, sizeof roles / sizeof roles[0], argv[1]);
+        if (r)
+            return r->fn(argc - 1, argv + 1);
         fprintf(stderr, "kvd: unknown role '%s'\n", argv[1]);
         usage(stderr);
         return 2;

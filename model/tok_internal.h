@@ -115,9 +115,6 @@ struct model_vocab {
 
 /* ---- tok_util.c */
 
-/* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
- * -ENOMEM with *p and *cap unchanged. */
-int tok_grow(void **p, size_t *cap, size_t size, size_t first);
 
 /* A growing byte buffer. */
 struct tok_buf {

@@ -207,7 +207,7 @@ struct spans {
 
 static int spans_push(struct spans *v, size_t off, size_t len)
 {
-    if (v->n == v->cap && tok_grow((void **)&v->s, &v->cap, sizeof *v->s, 64))
+    if (v->n == v->cap && util_grow((void **)&v->s, &v->cap, sizeof *v->s, 64))
         return -ENOMEM;
     v->s[v->n++] = (struct span){off, len};
     return 0;

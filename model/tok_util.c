@@ -34,22 +34,9 @@ int tok_buf_add(struct tok_buf *b, const void *s, size_t n)
     return 0;
 }
 
-int tok_grow(void **p, size_t *cap, size_t size, size_t first)
-{
-    size_t c = *cap ? *cap * 2 : first;
-    if (c > SIZE_MAX / size)
-        return -ENOMEM;
-    void *q = realloc(*p, c * size);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 int tok_out_push(struct tok_out *o, int32_t id)
 {
-    if (o->n == o->cap && tok_grow((void **)&o->ids, &o->cap, sizeof *o->ids, 64))
+    if (o->n == o->cap && util_grow((void **)&o->ids, &o->cap, sizeof *o->ids, 64))
         return -ENOMEM;
     o->ids[o->n++] = id;
     return 0;
@@ -65,7 +52,7 @@ static bool bigram_before(const struct tok_bigram *a, const struct tok_bigram *b
 
 int tok_heap_push(struct tok_heap *h, struct tok_bigram x)
 {
-    if (h->n == h->cap && tok_grow((void **)&h->b, &h->cap, sizeof x, 64))
+    if (h->n == h->cap && util_grow((void **)&h->b, &h->cap, sizeof x, 64))
         return -ENOMEM;
     size_t i = h->n++;
     while (i > 0) {

@@ -26,7 +26,7 @@ struct frags {
 
 static int frags_push(struct frags *fs, size_t off, size_t len, int32_t id)
 {
-    if (fs->n == fs->cap && tok_grow((void **)&fs->f, &fs->cap, sizeof *fs->f, 16))
+    if (fs->n == fs->cap && util_grow((void **)&fs->f, &fs->cap, sizeof *fs->f, 16))
         return -ENOMEM;
     fs->f[fs->n++] = (struct frag){off, len, id};
     return 0;

@@ -211,6 +211,53 @@ T_CASE(json)
     cJSON_Delete(o);
 }
 
+T_CASE(grow)
+{
+    int32_t *a = NULL;
+    size_t cap = 0;
+    T_ASSERT(util_grow((void **)&a, &cap, sizeof *a, 4) == 0 && a && cap == 4, "first: cap %zu", cap);
+    for (int i = 0; i < 4; i++)
+        a[i] = i;
+    T_ASSERT(util_grow((void **)&a, &cap, sizeof *a, 4) == 0 && cap == 8, "doubles: cap %zu", cap);
+    T_CHECK(a[0] == 0 && a[3] == 3, "contents kept");
+    size_t huge = SIZE_MAX / 2 + 1;
+    int32_t *keep = a;
+    T_CHECK(util_grow((void **)&a, &huge, sizeof *a, 4) == -ENOMEM && a == keep &&
+            huge == SIZE_MAX / 2 + 1, "overflow refused, array and cap unchanged");
+    free(a);
+}
+
+static int cmd_a(int argc, char **argv) { return argc + (argv[0][0] == 'a' ? 10 : 20); }
+
+T_CASE(cmd_table)
+{
+    static const struct util_cmd cmds[] = {{"alpha", cmd_a, "first"}, {"beta", cmd_a, "second"}};
+    const struct util_cmd *c = util_cmd_find(cmds, 2, "beta");
+    T_CHECK(c == &cmds[1], "found beta");
+    T_CHECK(util_cmd_find(cmds, 2, "gamma") == NULL && util_cmd_find(cmds, 2, "alph") == NULL,
+            "no prefix match, no unknown");
+    char *argv[] = {(char *)"alpha", NULL};
+    T_CHECK(util_cmd_find(cmds, 2, "alpha")->fn(1, argv) == 11, "calls the entry");
+    char buf[256] = "";
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    T_ASSERT(f, "fmemopen");
+    util_cmd_list(f, cmds, 2, 6);
+    fclose(f);
+    T_CHECK(!strcmp(buf, "  alpha  first\n  beta   second\n"), "list: '%s'", buf);
+    T_CHECK(util_is_help("-h") && util_is_help("--help") && util_is_help("help") &&
+            !util_is_help("--helpx") && !util_is_help(""), "help words");
+}
+
+T_CASE(seterr)
+{
+    char err[8];
+    util_seterr(err, sizeof err, "value %d too big", 12345);
+    T_CHECK(!strcmp(err, "value 1"), "cut to fit: '%s'", err);
+    util_seterr(NULL, 0, "nothing %d", 1);
+    util_seterr(err, 0, "nothing %d", 1);
+    T_CHECK(!strcmp(err, "value 1"), "errlen 0 writes nothing");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -224,5 +271,8 @@ int main(int argc, char **argv)
     T_RUN(file_read);
     T_RUN(monotonic_clock);
     T_RUN(json);
+    T_RUN(grow);
+    T_RUN(cmd_table);
+    T_RUN(seterr);
     return T_DONE();
 }

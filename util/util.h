@@ -16,6 +16,24 @@ struct cJSON;
 
 /* ------------------------------------------------------------------ numbers (util/parse.c) */
 
+/* A program's table of subcommands (kvd's roles, kvctl's commands): a name, its entry point
+ * (argv[0] is the name; returns the exit status) and a one-line help. */
+struct util_cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+/* The entry of cmds[0..n) called name, or NULL. */
+const struct util_cmd *util_cmd_find(const struct util_cmd *cmds, size_t n, const char *name);
+/* One line per entry, "  NAME HELP" with names padded to width, on out. */
+void util_cmd_list(FILE *out, const struct util_cmd *cmds, size_t n, int width);
+/* True when arg asks for help: -h, --help or help. */
+bool util_is_help(const char *arg);
+
+/* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
+ * -ENOMEM with *p and *cap unchanged. */
+int util_grow(void **p, size_t *cap, size_t size, size_t first);
+
 /* Formats a message into err[errlen] for the `char *err, size_t errlen` pair of fallible calls;
  * nothing when err is NULL or errlen is 0. */
 void util_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

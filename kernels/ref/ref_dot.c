@@ -16,22 +16,23 @@ float kern__dot_f32(const void *w, const void *xq, int64_t n)
     return (float)s;
 }
 
-float kern__dot_f16(const void *w, const void *xq, int64_t n)
+/* A dot of two 16-bit float rows widened by cvt (f16 or bf16), summed in double. */
+static float dot_16(const uint16_t *a, const uint16_t *b, int64_t n, float (*cvt)(uint16_t))
 {
-    const uint16_t *a = w, *b = xq;
     double s = 0;
     for (int64_t i = 0; i < n; i++)
-        s += (double)(kern_f16_to_f32(a[i]) * kern_f16_to_f32(b[i]));
+        s += (double)(cvt(a[i]) * cvt(b[i]));
     return (float)s;
+}
+
+float kern__dot_f16(const void *w, const void *xq, int64_t n)
+{
+    return dot_16(w, xq, n, kern_f16_to_f32);
 }
 
 float kern__dot_bf16(const void *w, const void *xq, int64_t n)
 {
-    const uint16_t *a = w, *b = xq;
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)(kern_bf16_to_f32(a[i]) * kern_bf16_to_f32(b[i]));
-    return (float)s;
+    return dot_16(w, xq, n, kern_bf16_to_f32);
 }
 
 float kern__dot_q4_0(const void *w, const void *xq, int64_t n)

@@ -154,24 +154,25 @@ void kern__dequant_q5_1(const void *src, float *y, int64_t nb)
     }
 }
 
+/* One block of 32 int8 quants with scale d (Q8_0 and Q8_1 differ only in what follows d). */
+static void dequant_q8_block(const int8_t *qs, float d, float *y)
+{
+    for (int j = 0; j < KERN_QK; j++)
+        y[j] = qs[j] * d;
+}
+
 void kern__dequant_q8_0(const void *src, float *y, int64_t nb)
 {
     const struct kern_block_q8_0 *b = src;
-    for (int64_t i = 0; i < nb; i++, y += KERN_QK) {
-        float d = kern__h2f(b[i].d);
-        for (int j = 0; j < KERN_QK; j++)
-            y[j] = b[i].qs[j] * d;
-    }
+    for (int64_t i = 0; i < nb; i++, y += KERN_QK)
+        dequant_q8_block(b[i].qs, kern__h2f(b[i].d), y);
 }
 
 void kern__dequant_q8_1(const void *src, float *y, int64_t nb)
 {
     const struct kern_block_q8_1 *b = src;
-    for (int64_t i = 0; i < nb; i++, y += KERN_QK) {
-        float d = kern__h2f(b[i].d);
-        for (int j = 0; j < KERN_QK; j++)
-            y[j] = b[i].qs[j] * d;
-    }
+    for (int64_t i = 0; i < nb; i++, y += KERN_QK)
+        dequant_q8_block(b[i].qs, kern__h2f(b[i].d), y);
 }
 
 void kern__dequant_q4_K(const void *src, float *y, int64_t nb)

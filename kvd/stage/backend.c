@@ -82,16 +82,9 @@ static int stub_session_new(void *impl, uint64_t id)
     struct stub *st = impl;
     if (stub_find(st, id))
         return -EEXIST;
-    if (st->n == st->cap) {
-        if (st->cap >= STUB_MAX_SESS)
-            return -ENOMEM;
-        size_t cap = st->cap ? st->cap * 2 : 16;
-        struct stub_sess *ns = realloc(st->s, cap * sizeof *ns);
-        if (!ns)
-            return -ENOMEM;
-        st->s = ns;
-        st->cap = cap;
-    }
+    if (st->n == st->cap &&
+        (st->cap >= STUB_MAX_SESS || util_grow((void **)&st->s, &st->cap, sizeof *st->s, 16)))
+        return -ENOMEM;
     st->s[st->n++] = (struct stub_sess){.id = id};
     return 0;
 }

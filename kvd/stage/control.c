@@ -185,19 +185,10 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
             id, n_toks, max_gen, p.temperature, p.seed);
     /* Here: create the session's KV (and the sampler when this rank is also the last). */
-    struct kvd_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        free(toks);
+    if (kvd_sess_submit_open(st, id, &p, flags, toks, n_toks) < 0) {
         kvd_sess_finish(st, s, NULL, "out of memory");
         return;
     }
-    j->kind = KVD_JOB_OPEN;
-    j->session = id;
-    j->open = p;
-    j->flags = flags;
-    j->tokens = toks;
-    j->n_tokens = n_toks;
-    kvd_compute_submit(st->comp, j);
     if (!st->is_last) {
         size_t plen = NET_OPEN_LEN + (size_t)n_toks * 4;
         uint8_t *pl = malloc(plen);

@@ -108,26 +108,20 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             return;
         }
         s = kvd_sess_new(st, h->session, p.n_ctx);
-        struct kvd_job *j = calloc(1, sizeof *j);
         int32_t *toks = st->is_last ? malloc((size_t)h->n_tokens * 4) : NULL;
-        if (!s || !j || (st->is_last && !toks)) {
-            free(j);
+        if (!s || (st->is_last && !toks)) {
             free(toks);
             if (s)
                 kvd_sess_fail(st, s, "out of memory");
             return;
         }
-        j->kind = KVD_JOB_OPEN;
-        j->session = h->session;
-        j->open = p;
-        j->flags = h->flags & NET_FL_LOGITS;
-        if (toks) {
-            for (uint32_t i = 0; i < h->n_tokens; i++)
-                toks[i] = (int32_t)rd32(payload + NET_OPEN_LEN + 4 * i);
-            j->tokens = toks;
-            j->n_tokens = h->n_tokens;
+        for (uint32_t i = 0; toks && i < h->n_tokens; i++)
+            toks[i] = (int32_t)rd32(payload + NET_OPEN_LEN + 4 * i);
+        if (kvd_sess_submit_open(st, h->session, &p, h->flags & NET_FL_LOGITS, toks,
+                                 h->n_tokens) < 0) {
+            kvd_sess_fail(st, s, "out of memory");
+            return;
         }
-        kvd_compute_submit(st->comp, j);
         if (!st->is_last &&
             kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
             char msg[200];

@@ -222,6 +222,10 @@ void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
 void kvd_sess_fail_all(struct stage *st, const char *msg);
+/* Queue session id's OPEN job (sampling params p; toks: its prompt, owned by the job from here
+ * on, NULL where this rank needs none): 0, or -ENOMEM with toks freed. */
+int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
+                         uint8_t flags, int32_t *toks, uint32_t n_toks);
 void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
                           uint32_t pos, uint8_t flags);
 /* Positions the session's history holds at rank 0 (prompt + generated), 0 elsewhere. */

@@ -41,22 +41,17 @@ static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub 
 static bool print_key;
 static int set_print_key(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; print_key = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
-static int set_rank(struct kvd_stage_opts *o, const char *v)
+/* A whole number in [lo, hi] into an int option. */
+static int parse_int(const char *v, uint32_t lo, uint32_t hi, int *out)
 {
     uint32_t x;
-    if (parse_u32(v, 0, 63, &x) < 0)
+    if (parse_u32(v, lo, hi, &x) < 0)
         return -EINVAL;
-    o->rank = (int)x;
+    *out = (int)x;
     return 0;
 }
-static int set_threads(struct kvd_stage_opts *o, const char *v)
-{
-    uint32_t x;
-    if (parse_u32(v, 0, 1024, &x) < 0)
-        return -EINVAL;
-    o->n_threads = (int)x;
-    return 0;
-}
+static int set_rank(struct kvd_stage_opts *o, const char *v) { return parse_int(v, 0, 63, &o->rank); }
+static int set_threads(struct kvd_stage_opts *o, const char *v) { return parse_int(v, 0, 1024, &o->n_threads); }
 static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
 static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
 static int set_log(struct kvd_stage_opts *o, const char *v)

@@ -169,6 +169,24 @@ void kvd_sess_fail_all(struct stage *st, const char *msg)
         kvd_sess_fail(st, st->sessions, msg);
 }
 
+int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
+                         uint8_t flags, int32_t *toks, uint32_t n_toks)
+{
+    struct kvd_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(toks);
+        return -ENOMEM;
+    }
+    j->kind = KVD_JOB_OPEN;
+    j->session = id;
+    j->open = *p;
+    j->flags = flags;
+    j->tokens = toks;
+    j->n_tokens = toks ? n_toks : 0;
+    kvd_compute_submit(st->comp, j);
+    return 0;
+}
+
 void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
                           uint32_t pos, uint8_t flags)
 {

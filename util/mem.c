@@ -1,0 +1,19 @@
+/* util/mem.c — growing arrays. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "util/util.h"
+
+int util_grow(void **p, size_t *cap, size_t size, size_t first)
+{
+    size_t c = *cap ? *cap * 2 : first;
+    if (c < *cap || c > SIZE_MAX / size)
+        return -ENOMEM;
+    void *q = realloc(*p, c * size);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
