@@ -14,16 +14,26 @@
 
 #define MANIFEST_MAX_BYTES (1u << 20)
 
-static int get_str(const cJSON *o, const char *key, char *out, size_t n, bool required,
-                   const char *ctx, char *err, size_t errlen)
+/* The member key of o in *v: 0 (*v NULL when absent and not required), or -EINVAL naming
+ * the missing member. */
+static int member(const cJSON *o, const char *key, bool required, const cJSON **v,
+                  const char *ctx, char *err, size_t errlen)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
-        if (!required)
-            return 0;
+    *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!*v && required) {
         snprintf(err, errlen, "manifest: %s.%s is missing", ctx, key);
         return -EINVAL;
     }
+    return 0;
+}
+
+static int get_str(const cJSON *o, const char *key, char *out, size_t n, bool required,
+                   const char *ctx, char *err, size_t errlen)
+{
+    const cJSON *v;
+    int rc = member(o, key, required, &v, ctx, err, errlen);
+    if (rc || !v)
+        return rc;
     if (!cJSON_IsString(v) || strlen(v->valuestring) >= n) {
         snprintf(err, errlen, "manifest: %s.%s must be a string of at most %zu bytes", ctx, key, n - 1);
         return -EINVAL;
@@ -35,13 +45,10 @@ static int get_str(const cJSON *o, const char *key, char *out, size_t n, bool re
 static int get_u32(const cJSON *o, const char *key, uint32_t *out, uint32_t lo, uint32_t hi,
                    bool required, const char *ctx, char *err, size_t errlen)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
-        if (!required)
-            return 0;
-        snprintf(err, errlen, "manifest: %s.%s is missing", ctx, key);
-        return -EINVAL;
-    }
+    const cJSON *v;
+    int rc = member(o, key, required, &v, ctx, err, errlen);
+    if (rc || !v)
+        return rc;
     if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
         v->valuedouble != (double)(uint32_t)v->valuedouble) {
         snprintf(err, errlen, "manifest: %s.%s = %g must be an integer in [%u, %u]", ctx, key,
