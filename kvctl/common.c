@@ -99,12 +99,15 @@ int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
     case KVCTL_OPT_FREQ: return kvctl_parse_float("--freq-penalty", arg, &sp->freq_penalty);
     case KVCTL_OPT_PRES: return kvctl_parse_float("--presence-penalty", arg, &sp->presence_penalty);
     case KVCTL_OPT_SEED: {
+        /* "-N" wraps as strtoull does, so llama.cpp's habit of "--seed -1" keeps working
+         * (it names one fixed seed, 2^64 - 1, here). */
         uint64_t s;
-        if (util_parse_u64(arg, 0, UINT64_MAX, 0, &s, NULL, 0) < 0) {
+        bool neg = arg[0] == '-';
+        if (util_parse_u64(arg + neg, 0, UINT64_MAX, 0, &s, NULL, 0) < 0) {
             fprintf(stderr, "--seed: '%s' is not an unsigned integer\n", arg);
             return -EINVAL;
         }
-        sp->seed = s;
+        sp->seed = neg ? 0 - s : s;
         return 0;
     }
     default: return 1;

@@ -36,6 +36,10 @@ b=$("$KVCTL" generate -m "$M" -p "Lily" -n 40 --temp 1.2 --top-k 0 --top-p 1 --m
 c=$("$KVCTL" generate -m "$M" -p "Lily" -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed 12 --ids 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "seed 11 twice: '$a' vs '$b'"
 [ "$a" != "$c" ] || fail "seeds 11 and 12 gave the same 40 tokens"
+# "--seed -1" (llama.cpp's habit) is accepted and wraps as it always has: 2^64 - 1.
+d=$("$KVCTL" generate -m "$M" -p "Lily" -n 20 --temp 1.2 --seed -1 --ids 2>/dev/null) || fail "--seed -1 refused"
+e=$("$KVCTL" generate -m "$M" -p "Lily" -n 20 --temp 1.2 --seed 18446744073709551615 --ids 2>/dev/null)
+[ -n "$d" ] && [ "$d" = "$e" ] || fail "--seed -1 is not seed 2^64-1: '$d' vs '$e'"
 
 # --stop, as through a ring: the text ends with the token that completes the stop string (one
 # may span tokens) and is a prefix of the full run; with --ids the ids are a prefix too;
