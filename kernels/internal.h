@@ -129,9 +129,17 @@ void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx);
  * threads finishes it, each call returning once the items it took are done. Workers that are
  * not running when the caller has taken the rest are not waited for (a busy machine). */
 void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx);
-/* The pool's scratch buffer, grown to at least size bytes (64-byte aligned); NULL on ENOMEM.
- * Valid until the next call; one op at a time uses it. */
+/* The pool's reserved scratch (64-byte aligned) when it holds size bytes, else NULL (the op
+ * returns -ENOSPC): it never grows here, only in kern_pool_reserve. One op at a time uses it. */
 void *kern__pool_scratch(struct kern_pool *p, size_t size);
+
+/* One value head of kern_ref_deltanet: the same contract with q, k, v, o that head's
+ * vectors (rows stride / o_stride apart) and beta, alpha rows g_stride apart;
+ * dt_bias and a that head's values. kern_deltanet runs it per head on the pool. */
+void kern__deltanet_head(float *o, size_t o_stride, float *S, const float *q, const float *k,
+                         const float *v, size_t stride, const float *beta, const float *alpha,
+                         size_t g_stride, float dt_bias, float a, int64_t n, int d,
+                         float *scratch);
 
 /* Multi-column dot: out[c] = dot(w row, activation row c) for c < nc (nc <= KERN_MAXCOL);
  * activation rows are xstride bytes apart. */

@@ -69,6 +69,56 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
                         const void *v, int64_t n, int64_t pos0, int n_head, int n_kv_head,
                         int head_dim, size_t kv_stride, float scale, float *scratch);
 
+/* The forward pass's other ops (element-wise and per-layer; rows contiguous unless a stride
+ * is given, in floats). */
+/* RoPE angle tables for rows at positions pos0..pos0+n-1: cs/sn[r][i] (n x n_rot/2) = cos/sin
+ * of freq_scale * theta_i (theta_i / freq_div[i] unless freq_div is NULL), theta_i =
+ * pos * base^(-2i/n_rot) built by repeated f32 products, as kern_ref_rope and ggml do. */
+void kern_ref_rope_angles(float *cs, float *sn, int64_t n, int64_t pos0, int n_rot,
+                          float freq_base, float freq_scale, const float *freq_div);
+/* RoPE in place on n rows (`stride` apart) of n_head heads of head_dim: row r's first n_rot
+ * dims of each head rotated by cs/sn row r; neox: pairs (i, i + n_rot/2), else (2i, 2i+1). */
+void kern_ref_rope_rows(float *x, int64_t n, size_t stride, int n_head, int head_dim,
+                        int n_rot, const float *cs, const float *sn, bool neox);
+/* n rows of dim f32 from src into a cache of kv_type (F16, rounded to nearest even, or F32):
+ * row i at dst + i * dst_stride elements. */
+void kern_ref_kv_store(uint32_t kv_type, void *dst, size_t dst_stride, const float *src,
+                       int64_t n, int64_t dim);
+/* y[i] += x[i] (the residual add). */
+void kern_ref_add(float *y, const float *x, int64_t n);
+/* y[r][c] += b[c] on n rows of cols (a bias). */
+void kern_ref_add_rows(float *y, const float *b, int64_t n, int64_t cols);
+/* y[idx[r]][c] += a[r] * x[r][c] on n rows of cols (idx NULL: row r itself); the rows idx
+ * names are distinct (weighted expert outputs into the residual rows). */
+void kern_ref_axpy_rows(float *y, const float *a, const float *x, const uint32_t *idx,
+                        int64_t n, int64_t cols);
+/* x[i] = 1 / (1 + exp(-x[i])) */
+void kern_ref_sigmoid(float *x, int64_t n);
+/* x[i] *= sigmoid(g[i]) (an output gate). */
+void kern_ref_mul_sigmoid(float *x, const float *g, int64_t n);
+/* In place on n groups (`stride` apart) of nh vectors of d: v / max(||v||, eps) (ggml_l2_norm). */
+void kern_ref_l2norm(float *x, int64_t n, size_t stride, int nh, int d, float eps);
+/* out[r] = rmsnorm(x[r]) * w * silu(z[r]) on n rows of cols; out may be x. */
+void kern_ref_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
+                           int64_t n, int64_t cols, float eps);
+/* Causal depthwise conv + SiLU: x holds kernel-1 + n rows of `channels`, w[c][kernel] channel
+ * c's taps (oldest first); out[t][c] = silu(sum over j of x[t + j][c] * w[c][j]), n rows. */
+void kern_ref_conv_silu(float *out, const float *x, const float *w, int64_t n,
+                        int64_t channels, int kernel);
+/* MoE router on n rows of n_expert logits: each row softmaxed in place, sel[t] its k best
+ * experts (best first, ties to the lower id), w[t][j] = p[sel] / sum of the k selected. */
+void kern_ref_moe_route(uint32_t *sel, float *w, float *logits, int64_t n, int n_expert, int k);
+/* Gated DeltaNet recurrence over n tokens (in order) for n_v_head value heads of d, state
+ * S[h] (d x d, S[i][j]: key dim i, value dim j) updated in place. Token t's rows: q, k
+ * (n_k_head heads of d, L2-normalised; value head h reads key head h % n_k_head) and v
+ * (n_v_head heads) at t * stride; beta, alpha: [n][n_v_head]; dt_bias, a: [n_v_head]. Per
+ * head: b = sigmoid(beta), S *= exp(softplus(alpha + dt_bias) * a), S += k (b (v - S^T k))^T,
+ * o = S^T q / sqrt(d), o rows n x n_v_head*d contiguous. scratch: 2 d floats. */
+void kern_ref_deltanet(float *o, float *S, const float *q, const float *k, const float *v,
+                       size_t stride, const float *beta, const float *alpha,
+                       const float *dt_bias, const float *a, int64_t n, int n_k_head,
+                       int n_v_head, int d, float *scratch);
+
 /* ---- fast CPU path ---- */
 struct kern_pool; /* opaque thread pool shared by all ops; one op at a time per pool */
 /* n_threads <= 0: one per CPU this process may use (its affinity mask; capped at 512); n-1
@@ -81,13 +131,25 @@ int kern_pool_threads(const struct kern_pool *p);
 /* Human-readable name of the SIMD level in use ("avx512", "avx2", "scalar"). */
 const char *kern_cpu_level(void);
 
-/* kern_ref_matmul's contract on the pool's threads (p NULL: the calling thread only); the
- * result does not depend on the thread count. 0, -EINVAL (type, shape) or -ENOMEM. */
+/* Reserves the pool's scratch (quantised activations, attention rows, DeltaNet vectors): at
+ * least bytes, allocated now. The ops never grow it: one whose need is over the reservation
+ * fails with -ENOSPC, so a forward pass never allocates. 0 or -ENOMEM. */
+int kern_pool_reserve(struct kern_pool *p, size_t bytes);
+/* Scratch bytes kern_matmul needs for n activation rows of cols against type weights. */
+size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n);
+/* Scratch bytes kern_attention needs on p for contexts up to n_ctx positions. */
+size_t kern_attention_scratch(const struct kern_pool *p, int64_t n_ctx, int head_dim);
+/* Scratch bytes kern_deltanet needs on p for heads of d. */
+size_t kern_deltanet_scratch(const struct kern_pool *p, int d);
+
+/* kern_ref_matmul's contract on the pool's threads (p NULL: the calling thread only, with a
+ * buffer of its own); the result does not depend on the thread count. 0, -EINVAL (type,
+ * shape), -ENOSPC (the pool's reserved scratch is too small) or -ENOMEM (no pool). */
 int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
                 const float *x, int64_t n, float *y);
-/* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool (or
- * when the pool cannot grow its own buffer). */
-void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
+/* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool.
+ * 0, or -ENOSPC when the pool's reserved scratch is too small. */
+int kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
                     const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
                     int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch);
 
@@ -97,6 +159,36 @@ void kern_swiglu(struct kern_pool *p, float *out, const float *gate, const float
  * across the pool's threads (bit-identical to it). */
 void kern_rmsnorm_rows(struct kern_pool *p, float *out, const float *x, const float *w,
                        int64_t n_rows, int64_t cols, float eps);
+
+/* The ops above with kern_ref_*'s contracts, bit-identical to them at any thread count: on
+ * the pool where the work is big enough to split (rows x heads, channels, heads), else a
+ * plain loop. */
+void kern_rope_angles(struct kern_pool *p, float *cs, float *sn, int64_t n, int64_t pos0,
+                      int n_rot, float freq_base, float freq_scale, const float *freq_div);
+void kern_rope_rows(struct kern_pool *p, float *x, int64_t n, size_t stride, int n_head,
+                    int head_dim, int n_rot, const float *cs, const float *sn, bool neox);
+void kern_kv_store(struct kern_pool *p, uint32_t kv_type, void *dst, size_t dst_stride,
+                   const float *src, int64_t n, int64_t dim);
+void kern_add(struct kern_pool *p, float *y, const float *x, int64_t n);
+void kern_add_rows(struct kern_pool *p, float *y, const float *b, int64_t n, int64_t cols);
+void kern_axpy_rows(struct kern_pool *p, float *y, const float *a, const float *x,
+                    const uint32_t *idx, int64_t n, int64_t cols);
+void kern_sigmoid(struct kern_pool *p, float *x, int64_t n);
+void kern_mul_sigmoid(struct kern_pool *p, float *x, const float *g, int64_t n);
+void kern_l2norm(struct kern_pool *p, float *x, int64_t n, size_t stride, int nh, int d,
+                 float eps);
+void kern_rmsnorm_silu(struct kern_pool *p, float *out, const float *x, const float *w,
+                       const float *z, int64_t n, int64_t cols, float eps);
+void kern_conv_silu(struct kern_pool *p, float *out, const float *x, const float *w,
+                    int64_t n, int64_t channels, int kernel);
+void kern_moe_route(struct kern_pool *p, uint32_t *sel, float *w, float *logits, int64_t n,
+                    int n_expert, int k);
+/* kern_ref_deltanet with value heads split across the pool's threads; scratch is used only
+ * without a pool. 0, or -ENOSPC when the pool's reserved scratch is too small. */
+int kern_deltanet(struct kern_pool *p, float *o, float *S, const float *q, const float *k,
+                  const float *v, size_t stride, const float *beta, const float *alpha,
+                  const float *dt_bias, const float *a, int64_t n, int n_k_head, int n_v_head,
+                  int d, float *scratch);
 
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */

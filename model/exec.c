@@ -33,7 +33,6 @@ struct model_state {
     float *att;         /* [B][q_dim] attention output, heads concatenated */
     float *hb, *hb2;    /* [B][n_ff] gate and up */
     float *proj;        /* [B][n_embd] output projection before the residual add */
-    float *headtmp;     /* [max(head_dim, d_state)] one head for a per-head norm */
     float *att_scratch; /* [n_ctx] softmax row (kern_attention keeps its threads' own) */
     float *rope_cs, *rope_sn; /* [B][n_rot/2] RoPE cos/sin of the batch's positions */
     /* gated attention (qwen35*) */
@@ -45,7 +44,7 @@ struct model_state {
     float *z;           /* [B][d_inner] */
     float *beta, *alpha;/* [B][dt_rank] */
     float *lin_o;       /* [B][d_inner] */
-    float *dvec;        /* [2][d_state] S^T k and delta */
+    float *dvec;        /* [2][d_state] kern_deltanet's vectors without a pool */
     /* routed experts */
     float *router;      /* [B][n_expert] */
     uint32_t *sel;      /* [B][n_expert_used] selected experts, best first */
@@ -74,54 +73,59 @@ struct model_exec {
 
 /* ---- kernels used by the forward pass ---- */
 
+/* An op's error (-ENOSPC: scratch reserved too small, -EINVAL: a shape) ends the pass. */
+#define TRY(call)                   \
+    do {                            \
+        int rc_ = (call);           \
+        if (rc_ < 0)                \
+            return rc_;             \
+    } while (0)
+
 /* y[n][rows] = x[n][cols] W^T */
-static void matmul(struct model_exec *e, const struct model_mat *w, const float *x, uint32_t n,
-                   float *y)
+static int matmul(struct model_exec *e, const struct model_mat *w, const float *x, uint32_t n,
+                  float *y)
 {
-    kern_matmul(e->pool, w->type, w->data, w->rows, w->cols, x, n, y);
+    return kern_matmul(e->pool, w->type, w->data, w->rows, w->cols, x, n, y);
 }
 
-/* RoPE angles of rows at positions pos..pos+n-1 into cs/sn[n][n_rot/2]: the angle of pair i
- * is freq_scale * theta_i (/ factor[i] with Llama 3.1's rope_freqs), theta_i = pos *
- * base^(-2i/n_rot) built by repeated f32 products as kern_ref_rope and ggml build it. They
- * depend on the position only, so forward() computes them once per batch for every layer. */
-static void rope_angles(const struct model *m, uint32_t pos, uint32_t n, float *cs, float *sn)
+/* Pool scratch a matmul by w of up to B rows needs (0 for an absent matrix). */
+static size_t mat_scratch(const struct model_mat *w, size_t B)
 {
+    return w->data ? kern_matmul_scratch(w->type, w->cols, (int64_t)B) : 0;
+}
+
+static void grow(size_t *need, size_t bytes)
+{
+    if (bytes > *need)
+        *need = bytes;
+}
+
+/* Reserves the pool's scratch for the largest op of a forward pass at n_ctx positions and
+ * max_batch rows: the widest matmul's quantised activations, attention over the full context,
+ * the DeltaNet vectors. Ops never grow it, so the forward pass does not allocate. */
+static int reserve_scratch(struct model_exec *e)
+{
+    const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
-    const uint32_t half = hp->n_rot / 2;
-    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
-    for (uint32_t r = 0; r < n; r++) {
-        float theta = (float)(pos + r);
-        for (uint32_t i = 0; i < half; i++) {
-            float t = hp->rope_scale * (m->rope_freqs ? theta / m->rope_freqs[i] : theta);
-            cs[(size_t)r * half + i] = cosf(t);
-            sn[(size_t)r * half + i] = sinf(t);
-            theta *= theta_scale;
-        }
+    size_t B = e->max_batch, need = 0;
+    for (uint32_t l = 0; l < m->last - m->first; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct model_mat *mats[] = {
+            &L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
+            &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down, &L->gate_inp, &L->gate_exps.m,
+            &L->up_exps.m, &L->down_exps.m, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+            &L->gate_inp_shexp,
+        };
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            grow(&need, mat_scratch(mats[i], B));
     }
-}
-
-/* Rotate the first n_rot dims of each of n_head heads of x by one row's angles. */
-static void rope(const struct model_hparams *hp, float *x, uint32_t n_head, const float *cs,
-                 const float *sn)
-{
-    const uint32_t half = hp->n_rot / 2;
-    for (uint32_t h = 0; h < n_head; h++) {
-        float *v = x + (size_t)h * hp->head_dim;
-        for (uint32_t i = 0; i < half; i++) {
-            uint32_t a = hp->rope_neox ? i : 2 * i, b = hp->rope_neox ? i + half : 2 * i + 1;
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * cs[i] - x1 * sn[i];
-            v[b] = x0 * sn[i] + x1 * cs[i];
-        }
-    }
-}
-
-static void add_rows(float *x, const float *b, uint32_t n, uint32_t dim)
-{
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; j < dim; j++)
-            x[(size_t)i * dim + j] += b[j];
+    if (m->has_head)
+        grow(&need, mat_scratch(&m->output, B));
+    if (e->n_attn)
+        grow(&need, kern_attention_scratch(e->pool, e->n_ctx, (int)hp->head_dim));
+    if (e->n_rec)
+        grow(&need, kern_deltanet_scratch(e->pool, (int)hp->ssm_d_state));
+    return kern_pool_reserve(e->pool, need);
 }
 
 /* ---- executor ---- */
@@ -173,7 +177,6 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
         F = hp->n_ff_exp;
     if (hp->n_ff_shexp > F)
         F = hp->n_ff_shexp;
-    size_t hd = hp->head_dim > hp->ssm_d_state ? hp->head_dim : hp->ssm_d_state;
     struct model_state *s = &e->s;
     s->xb = xcalloc(B * hp->n_embd, sizeof(float), &rc);
     s->q = xcalloc(B * q_dim, sizeof(float), &rc);
@@ -183,7 +186,6 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     s->hb = xcalloc(B * F, sizeof(float), &rc);
     s->hb2 = xcalloc(B * F, sizeof(float), &rc);
     s->proj = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-    s->headtmp = xcalloc(hd, sizeof(float), &rc);
     s->att_scratch = xcalloc(n_ctx, sizeof(float), &rc);
     if (e->n_attn) {
         s->rope_cs = xcalloc(B * (hp->n_rot / 2), sizeof(float), &rc);
@@ -214,7 +216,7 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
         s->ye = xcalloc(B * hp->n_embd, sizeof(float), &rc);
         s->shg = xcalloc(B, sizeof(float), &rc);
     }
-    if (rc < 0)
+    if (rc < 0 || (rc = reserve_scratch(e)) < 0)
         goto fail;
     *out = e;
     return 0;
@@ -252,7 +254,6 @@ void model_exec_free(struct model_exec *e)
     free(s->hb);
     free(s->hb2);
     free(s->proj);
-    free(s->headtmp);
     free(s->att_scratch);
     free(s->rope_cs);
     free(s->rope_sn);
@@ -363,297 +364,194 @@ int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *
 
 /* ---- the layers ---- */
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-/* Element-wise loops on distinct arrays, in blocks of 8 that the compiler turns into SIMD
- * (the results are the same element by element as a plain loop). */
-#define VEC_LOOP(n, body)                                   \
-    do {                                                    \
-        size_t j = 0;                                       \
-        for (; j + 8 <= (n); j += 8)                        \
-            for (size_t u = j; u < j + 8; u++) {            \
-                size_t i_ = u;                              \
-                body;                                       \
-            }                                               \
-        for (; j < (n); j++) {                              \
-            size_t i_ = j;                                  \
-            body;                                           \
-        }                                                   \
-    } while (0)
-
-static inline void vec_axpy(float *restrict y, float a, const float *restrict x, size_t n)
+/* Gated attention's wq rows are per head [q | gate]: q and gate each [n][q_dim] (a copy, the
+ * ops below take contiguous heads). */
+static void split_q_gate(const float *qg, float *q, float *gate, size_t n, size_t n_head,
+                         size_t hd)
 {
-    VEC_LOOP(n, y[i_] += a * x[i_]);
-}
-
-static inline void vec_scale(float *restrict y, float a, size_t n)
-{
-    VEC_LOOP(n, y[i_] *= a);
-}
-
-static inline void vec_add(float *restrict y, const float *restrict x, size_t n)
-{
-    VEC_LOOP(n, y[i_] += x[i_]);
-}
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-static inline float softplus(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
-
-/* Per-head RMSNorm in place on nh heads of hd. */
-static void head_norm(struct model_state *s, float *x, size_t nh, uint32_t hd, const float *w,
-                      float eps)
-{
-    for (size_t h = 0; h < nh; h++) {
-        kern_ref_rmsnorm(s->headtmp, x + h * hd, w, hd, eps);
-        memcpy(x + h * hd, s->headtmp, hd * sizeof(float));
+    for (size_t i = 0; i < n * n_head; i++) {
+        memcpy(q + i * hd, qg + i * 2 * hd, hd * sizeof(float));
+        memcpy(gate + i * hd, qg + i * 2 * hd + hd, hd * sizeof(float));
     }
-}
-
-/* x / max(||x||, eps) in place (ggml_l2_norm). */
-static void l2_norm(float *x, uint32_t n, float eps)
-{
-    double sum = 0;
-    for (uint32_t i = 0; i < n; i++)
-        sum += (double)(x[i] * x[i]);
-    float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] *= scale;
 }
 
 /* Attention mixer on xb[n] at positions pos.. into proj[n]; kc/vc this layer's F16 cache.
  * Gated (qwen35*): wq gives per head [q | gate], the output is scaled by sigmoid(gate). */
-static void attention(struct model_exec *e, const struct model_layer *L, uint16_t *kc,
-                      uint16_t *vc, uint32_t pos, uint32_t n)
+static int attention(struct model_exec *e, const struct model_layer *L, uint16_t *kc,
+                     uint16_t *vc, uint32_t pos, uint32_t n)
 {
-    const struct model *m = e->m;
-    const struct model_hparams *hp = &m->hp;
+    const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
+    struct kern_pool *p = e->pool;
     const uint32_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     const float scale = 1.0f / sqrtf((float)hd);
 
     if (L->attn_gated) {
-        matmul(e, &L->wq, s->xb, n, s->qg);     /* [n][2 q_dim] */
-        for (size_t i = 0; i < n; i++)
-            for (size_t h = 0; h < hp->n_head; h++) {
-                const float *src = s->qg + i * 2 * q_dim + h * 2 * hd;
-                memcpy(s->q + i * q_dim + h * hd, src, hd * sizeof(float));
-                memcpy(s->gate + i * q_dim + h * hd, src + hd, hd * sizeof(float));
-            }
+        TRY(matmul(e, &L->wq, s->xb, n, s->qg));                 /* [n][n_head][q | gate] */
+        split_q_gate(s->qg, s->q, s->gate, n, hp->n_head, hd);   /* [n][q_dim] each */
     } else {
-        matmul(e, &L->wq, s->xb, n, s->q);      /* [n][q_dim] */
+        TRY(matmul(e, &L->wq, s->xb, n, s->q));                  /* [n][q_dim] */
     }
-    matmul(e, &L->wk, s->xb, n, s->k);          /* [n][kv_dim] */
-    matmul(e, &L->wv, s->xb, n, s->v);          /* [n][kv_dim] */
+    TRY(matmul(e, &L->wk, s->xb, n, s->k));                      /* [n][kv_dim] */
+    TRY(matmul(e, &L->wv, s->xb, n, s->v));                      /* [n][kv_dim] */
     if (L->bq) {
-        add_rows(s->q, L->bq, n, q_dim);
-        add_rows(s->k, L->bk, n, kv_dim);
-        add_rows(s->v, L->bv, n, kv_dim);
+        kern_add_rows(p, s->q, L->bq, n, q_dim);                 /* [n][q_dim] += [q_dim] */
+        kern_add_rows(p, s->k, L->bk, n, kv_dim);                /* [n][kv_dim] += [kv_dim] */
+        kern_add_rows(p, s->v, L->bv, n, kv_dim);
     }
-    if (L->q_norm) {                            /* per-head RMSNorm (qwen3 and later) */
-        head_norm(s, s->q, (size_t)n * hp->n_head, hd, L->q_norm, hp->rms_eps);
-        head_norm(s, s->k, (size_t)n * hp->n_head_kv, hd, L->k_norm, hp->rms_eps);
+    if (L->q_norm) {                         /* per-head RMSNorm (qwen3 and later), in place */
+        kern_rmsnorm_rows(p, s->q, s->q, L->q_norm, (int64_t)n * hp->n_head, hd, hp->rms_eps);
+        kern_rmsnorm_rows(p, s->k, s->k, L->k_norm, (int64_t)n * hp->n_head_kv, hd,
+                          hp->rms_eps);                          /* [n * n_head(_kv)][hd] */
     }
-    for (uint32_t i = 0; i < n; i++) {          /* the first n_rot dims of each head */
-        const float *cs = s->rope_cs + (size_t)i * (hp->n_rot / 2);
-        const float *sn = s->rope_sn + (size_t)i * (hp->n_rot / 2);
-        rope(hp, s->q + (size_t)i * q_dim, hp->n_head, cs, sn);
-        rope(hp, s->k + (size_t)i * kv_dim, hp->n_head_kv, cs, sn);
-    }
+    /* the first n_rot dims of each head, by the batch's angles [n][n_rot/2] */
+    kern_rope_rows(p, s->q, n, q_dim, hp->n_head, hd, hp->n_rot, s->rope_cs, s->rope_sn,
+                   hp->rope_neox);                               /* [n][n_head][hd] */
+    kern_rope_rows(p, s->k, n, kv_dim, hp->n_head_kv, hd, hp->n_rot, s->rope_cs, s->rope_sn,
+                   hp->rope_neox);                               /* [n][n_head_kv][hd] */
     /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; j < kv_dim; j++) {
-            kc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->k[(size_t)i * kv_dim + j]);
-            vc[(size_t)(pos + i) * kv_dim + j] = kern_f32_to_f16(s->v[(size_t)i * kv_dim + j]);
-        }
-    kern_attention(e->pool, KERN_T_F16, s->att, s->q, kc, vc, n, pos, hp->n_head,
-                   hp->n_head_kv, hd, kv_dim, scale, s->att_scratch);
+    kern_kv_store(p, KERN_T_F16, kc + (size_t)pos * kv_dim, kv_dim, s->k, n, kv_dim);
+    kern_kv_store(p, KERN_T_F16, vc + (size_t)pos * kv_dim, kv_dim, s->v, n, kv_dim);
+    TRY(kern_attention(p, KERN_T_F16, s->att, s->q, kc, vc, n, pos, hp->n_head,
+                       hp->n_head_kv, hd, kv_dim, scale, s->att_scratch)); /* [n][q_dim] */
     if (L->attn_gated)
-        for (size_t i = 0; i < (size_t)n * q_dim; i++)
-            s->att[i] *= sigmoid(s->gate[i]);
-    matmul(e, &L->wo, s->att, n, s->proj);      /* [n][E] */
+        kern_mul_sigmoid(p, s->att, s->gate, (int64_t)n * q_dim); /* [n][q_dim] */
+    return matmul(e, &L->wo, s->att, n, s->proj);                /* [n][E] */
 }
 
 /* Gated DeltaNet mixer on xb[n] into proj[n], carrying the session's conv state
  * (conv_kernel-1 rows) and S (dt_rank heads of d x d, S[i][j]: key dim i, value dim j). The
  * recurrence runs token by token for a batch too, in F32. */
-static void deltanet(struct model_exec *e, const struct model_layer *L, float *conv_state,
-                     float *S, uint32_t n)
+static int deltanet(struct model_exec *e, const struct model_layer *L, float *conv_state,
+                    float *S, uint32_t n)
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
+    struct kern_pool *p = e->pool;
     const uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_group, Hv = hp->ssm_dt_rank;
-    const uint32_t inner = hp->ssm_d_inner, CD = e->conv_dim, K = hp->ssm_conv_kernel;
+    const uint32_t CD = e->conv_dim, K = hp->ssm_conv_kernel;
     const size_t K1 = K - 1;
-    const float scale = 1.0f / sqrtf((float)d);
 
     /* mixed = [state rows | this batch's rows of xb Wqkv]; z, beta, alpha projections */
     memcpy(s->mixed, conv_state, K1 * CD * sizeof(float));
-    matmul(e, &L->wqkv, s->xb, n, s->mixed + K1 * CD);   /* [n][CD] */
-    matmul(e, &L->wz, s->xb, n, s->z);                   /* [n][inner] */
-    matmul(e, &L->w_beta, s->xb, n, s->beta);            /* [n][Hv] */
-    matmul(e, &L->w_alpha, s->xb, n, s->alpha);          /* [n][Hv] */
-    /* causal depthwise conv: tap j of channel c multiplies row t + j (tap K-1 = this token) */
-    for (size_t t = 0; t < n; t++)
-        for (size_t c = 0; c < CD; c++) {
-            const float *w = L->conv1d + c * K;
-            float sum = 0.0f;
-            for (size_t j = 0; j < K; j++)
-                sum += s->mixed[(t + j) * CD + c] * w[j];
-            s->conv_out[t * CD + c] = silu(sum);
-        }
+    TRY(matmul(e, &L->wqkv, s->xb, n, s->mixed + K1 * CD));      /* [n][CD] */
+    TRY(matmul(e, &L->wz, s->xb, n, s->z));                      /* [n][Hv][d] */
+    TRY(matmul(e, &L->w_beta, s->xb, n, s->beta));               /* [n][Hv] */
+    TRY(matmul(e, &L->w_alpha, s->xb, n, s->alpha));             /* [n][Hv] */
+    kern_conv_silu(p, s->conv_out, s->mixed, L->conv1d, n, CD, (int)K); /* [n][CD] */
     memcpy(conv_state, s->mixed + (size_t)n * CD, K1 * CD * sizeof(float));
 
-    float *kv = s->dvec, *delta = s->dvec + d;
-    for (size_t t = 0; t < n; t++) {
-        float *q = s->conv_out + t * CD, *k = q + (size_t)Hk * d, *v = k + (size_t)Hk * d;
-        for (uint32_t h = 0; h < Hk; h++) {
-            l2_norm(q + (size_t)h * d, d, hp->rms_eps);
-            l2_norm(k + (size_t)h * d, d, hp->rms_eps);
-        }
-        for (uint32_t h = 0; h < Hv; h++) {
-            const float *qh = q + (size_t)(h % Hk) * d, *kh = k + (size_t)(h % Hk) * d;
-            const float *vh = v + (size_t)h * d;
-            float beta = sigmoid(s->beta[t * Hv + h]);
-            float g = softplus(s->alpha[t * Hv + h] + L->dt_bias[h]) * L->ssm_a[h];
-            float decay = expf(g);
-            float *Sh = S + (size_t)h * d * d;
-            float *o = s->lin_o + t * inner + (size_t)h * d;
-            /* S <- exp(g) S; kv = S^T k */
-            memset(kv, 0, d * sizeof(float));
-            for (uint32_t i = 0; i < d; i++) {
-                float *row = Sh + (size_t)i * d;
-                vec_scale(row, decay, d);
-                vec_axpy(kv, kh[i], row, d);
-            }
-            for (uint32_t j = 0; j < d; j++)
-                delta[j] = beta * (vh[j] - kv[j]);
-            /* S <- S + k delta^T; o = S^T q / sqrt(d) */
-            memset(o, 0, d * sizeof(float));
-            for (uint32_t i = 0; i < d; i++) {
-                float *row = Sh + (size_t)i * d;
-                vec_axpy(row, kh[i], delta, d);
-                vec_axpy(o, qh[i], row, d);
-            }
-            vec_scale(o, scale, d);
-            /* o <- RMSNorm(o) * ssm_norm * silu(z_h) */
-            kern_ref_rmsnorm(s->headtmp, o, L->ssm_norm, d, hp->rms_eps);
-            const float *zh = s->z + t * inner + (size_t)h * d;
-            for (uint32_t j = 0; j < d; j++)
-                o[j] = s->headtmp[j] * silu(zh[j]);
-        }
-    }
-    matmul(e, &L->ssm_out, s->lin_o, n, s->proj);        /* [n][E] */
+    /* conv_out rows: [q: Hk][d] | [k: Hk][d] | [v: Hv][d] */
+    const float *q = s->conv_out, *k = q + (size_t)Hk * d, *v = k + (size_t)Hk * d;
+    kern_l2norm(p, s->conv_out, n, CD, (int)(2 * Hk), (int)d, hp->rms_eps); /* q, k heads */
+    TRY(kern_deltanet(p, s->lin_o, S, q, k, v, CD, s->beta, s->alpha, L->dt_bias, L->ssm_a, n,
+                      (int)Hk, (int)Hv, (int)d, s->dvec));       /* [n][Hv][d] */
+    kern_rmsnorm_silu(p, s->lin_o, s->lin_o, L->ssm_norm, s->z, (int64_t)n * Hv, d,
+                      hp->rms_eps);                              /* [n * Hv][d] */
+    return matmul(e, &L->ssm_out, s->lin_o, n, s->proj);         /* [n][E] */
 }
 
 /* SwiGLU FFN on x[n] into y[n]: y = W_down (silu(x W_gate) * (x W_up)). */
-static void swiglu_ffn(struct model_exec *e, const struct model_mat *gate,
-                       const struct model_mat *up, const struct model_mat *down, const float *x,
-                       uint32_t n, float *y)
+static int swiglu_ffn(struct model_exec *e, const struct model_mat *gate,
+                      const struct model_mat *up, const struct model_mat *down, const float *x,
+                      uint32_t n, float *y)
 {
     struct model_state *s = &e->s;
-    matmul(e, gate, x, n, s->hb);               /* [n][F] */
-    matmul(e, up, x, n, s->hb2);                /* [n][F] */
-    kern_swiglu(e->pool, s->hb, s->hb, s->hb2, (int64_t)n * gate->rows);
-    matmul(e, down, s->hb, n, y);               /* [n][E] */
+    TRY(matmul(e, gate, x, n, s->hb));                           /* [n][F] */
+    TRY(matmul(e, up, x, n, s->hb2));                            /* [n][F] */
+    kern_swiglu(e->pool, s->hb, s->hb, s->hb2, (int64_t)n * gate->rows); /* [n][F] */
+    return matmul(e, down, s->hb, n, y);                         /* [n][E] */
 }
 
-/* Routed experts on xb[n] into proj[n]: p = softmax(router), the top n_expert_used by p with
- * weights p / sum(p_sel); rows grouped by expert so each selected expert's slice is read once
- * per batch (and no other expert is touched); then the shared expert, gated by a sigmoid. */
-static void moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
+/* The n x k routing choices grouped by expert (a counting sort): expert x's rows are
+ * ex_tok/ex_w[ex_off[x] .. ex_off[x+1]), so each selected expert's slice is read once per
+ * batch. Index bookkeeping, no arithmetic. */
+static void group_by_expert(struct model_state *s, uint32_t n, uint32_t X, uint32_t k)
 {
-    const struct model_hparams *hp = &e->m->hp;
-    struct model_state *s = &e->s;
-    const uint32_t X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
-
-    matmul(e, &L->gate_inp, s->xb, n, s->router);        /* [n][X] */
     memset(s->ex_off, 0, (X + 1) * sizeof(uint32_t));
-    for (size_t t = 0; t < n; t++) {
-        float *p = s->router + t * X;
-        kern_ref_softmax(p, X);
-        uint32_t *sel = s->sel + t * k;
-        double sum = 0;
-        for (uint32_t j = 0; j < k; j++) {              /* best first, ties to the lower id */
-            uint32_t best = UINT32_MAX;
-            for (uint32_t x = 0; x < X; x++) {
-                bool taken = false;
-                for (uint32_t i = 0; i < j; i++)
-                    taken |= sel[i] == x;
-                if (!taken && (best == UINT32_MAX || p[x] > p[best]))
-                    best = x;
-            }
-            sel[j] = best;
-            sum += p[best];
-            s->ex_off[best + 1]++;
-        }
-        for (uint32_t j = 0; j < k; j++)
-            s->selw[t * k + j] = p[sel[j]] / (float)sum;
-    }
+    for (size_t i = 0; i < (size_t)n * k; i++)
+        s->ex_off[s->sel[i] + 1]++;
     for (uint32_t x = 0; x < X; x++)                     /* group starts */
         s->ex_off[x + 1] += s->ex_off[x];
-    for (size_t t = 0; t < n; t++)
-        for (uint32_t j = 0; j < k; j++) {
-            uint32_t x = s->sel[t * k + j], at = s->ex_off[x]++;
-            s->ex_tok[at] = (uint32_t)t;
-            s->ex_w[at] = s->selw[t * k + j];
-        }
+    for (size_t i = 0; i < (size_t)n * k; i++) {
+        uint32_t at = s->ex_off[s->sel[i]]++;
+        s->ex_tok[at] = (uint32_t)(i / k);
+        s->ex_w[at] = s->selw[i];
+    }
     for (uint32_t x = X; x > 0; x--)                     /* back to starts */
         s->ex_off[x] = s->ex_off[x - 1];
     s->ex_off[0] = 0;
+}
+
+/* Routed experts on xb[n] into proj[n]: p = softmax(router), the top n_expert_used by p with
+ * weights p / sum(p_sel); rows grouped by expert (and no other expert is touched); then the
+ * shared expert, gated by a sigmoid. */
+static int moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
+{
+    const struct model_hparams *hp = &e->m->hp;
+    struct model_state *s = &e->s;
+    struct kern_pool *p = e->pool;
+    const uint32_t X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
+
+    TRY(matmul(e, &L->gate_inp, s->xb, n, s->router));           /* [n][X] */
+    kern_moe_route(p, s->sel, s->selw, s->router, n, (int)X, (int)k); /* [n][k] */
+    group_by_expert(s, n, X, k);
 
     memset(s->proj, 0, (size_t)n * E * sizeof(float));
     for (uint32_t x = 0; x < X; x++) {
         uint32_t a = s->ex_off[x], ne = s->ex_off[x + 1] - a;
         if (!ne)
             continue;
-        for (uint32_t j = 0; j < ne; j++)
+        for (uint32_t j = 0; j < ne; j++)                        /* gather [ne][E] */
             memcpy(s->xe + (size_t)j * E, s->xb + (size_t)s->ex_tok[a + j] * E, E * sizeof(float));
         struct model_mat g = model_expert(&L->gate_exps, x), u = model_expert(&L->up_exps, x),
                          dn = model_expert(&L->down_exps, x);
-        swiglu_ffn(e, &g, &u, &dn, s->xe, ne, s->ye);
-        for (uint32_t j = 0; j < ne; j++)
-            vec_axpy(s->proj + (size_t)s->ex_tok[a + j] * E, s->ex_w[a + j],
-                     s->ye + (size_t)j * E, E);
+        TRY(swiglu_ffn(e, &g, &u, &dn, s->xe, ne, s->ye));       /* [ne][E] */
+        kern_axpy_rows(p, s->proj, s->ex_w + a, s->ye, s->ex_tok + a, ne, E); /* proj[tok] += w ye */
     }
     if (L->gate_shexp.data) {
-        matmul(e, &L->gate_inp_shexp, s->xb, n, s->shg);  /* [n][1] */
-        swiglu_ffn(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp, s->xb, n, s->ye);
-        for (size_t t = 0; t < n; t++)
-            vec_axpy(s->proj + t * E, sigmoid(s->shg[t]), s->ye + t * E, E);
+        TRY(matmul(e, &L->gate_inp_shexp, s->xb, n, s->shg));    /* [n][1] */
+        kern_sigmoid(p, s->shg, n);
+        TRY(swiglu_ffn(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp, s->xb, n, s->ye));
+        kern_axpy_rows(p, s->proj, s->shg, s->ye, NULL, n, E);   /* [n][E] += shg ye */
     }
+    return 0;
 }
 
 /* Layers of the window on x[n][n_embd] (n <= max_batch) at positions pos..pos+n-1. */
-static void forward(struct model_exec *e, struct model_session *ss, uint32_t pos, uint32_t n,
-                    float *x)
+static int forward(struct model_exec *e, struct model_session *ss, uint32_t pos, uint32_t n,
+                   float *x)
 {
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     struct model_state *s = &e->s;
+    struct kern_pool *p = e->pool;
     const uint32_t E = hp->n_embd;
 
-    if (e->n_attn)
-        rope_angles(m, pos, n, s->rope_cs, s->rope_sn);
+    if (e->n_attn)                /* RoPE angles of the batch's positions, for every layer */
+        kern_rope_angles(p, s->rope_cs, s->rope_sn, n, pos, (int)hp->n_rot, hp->rope_base,
+                         hp->rope_scale, m->rope_freqs);         /* [n][n_rot/2] each */
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
         size_t slot = e->slot[l];
 
         /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
-        kern_rmsnorm_rows(e->pool, s->xb, x, L->attn_norm, n, E, hp->rms_eps);
+        kern_rmsnorm_rows(p, s->xb, x, L->attn_norm, n, E, hp->rms_eps); /* [n][E] */
         if (L->recurrent)
-            deltanet(e, L, ss->conv + slot * e->conv_layer, ss->ssm + slot * e->ssm_layer, n);
+            TRY(deltanet(e, L, ss->conv + slot * e->conv_layer, ss->ssm + slot * e->ssm_layer, n));
         else
-            attention(e, L, ss->k + slot * e->kv_layer, ss->v + slot * e->kv_layer, pos, n);
-        vec_add(x, s->proj, (size_t)n * E);
+            TRY(attention(e, L, ss->k + slot * e->kv_layer, ss->v + slot * e->kv_layer, pos, n));
+        kern_add(p, x, s->proj, (int64_t)n * E);                 /* [n][E] */
 
         /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
-        kern_rmsnorm_rows(e->pool, s->xb, x, L->ffn_norm, n, E, hp->rms_eps);
+        kern_rmsnorm_rows(p, s->xb, x, L->ffn_norm, n, E, hp->rms_eps); /* [n][E] */
         if (L->gate_inp.data)
-            moe(e, L, n);
+            TRY(moe(e, L, n));
         else
-            swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, s->xb, n, s->proj);
-        vec_add(x, s->proj, (size_t)n * E);
+            TRY(swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, s->xb, n, s->proj));
+        kern_add(p, x, s->proj, (int64_t)n * E);                 /* [n][E] */
     }
+    return 0;
 }
 
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x)
@@ -674,7 +572,11 @@ int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n
     }
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
-        forward(e, ss, pos + done, nb, x + (size_t)done * e->m->hp.n_embd);
+        int rc = forward(e, ss, pos + done, nb, x + (size_t)done * e->m->hp.n_embd);
+        if (rc < 0) {
+            ss->n_past = pos + done;   /* positions before the failed batch stand */
+            return rc;
+        }
         done += nb;
     }
     ss->n_past = pos + n;
@@ -693,7 +595,7 @@ int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits)
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
         kern_rmsnorm_rows(e->pool, e->s.xb, x + (size_t)done * E, m->output_norm, nb, E,
                           m->hp.rms_eps);
-        matmul(e, &m->output, e->s.xb, nb, logits + (size_t)done * m->hp.n_vocab);
+        TRY(matmul(e, &m->output, e->s.xb, nb, logits + (size_t)done * m->hp.n_vocab));
         done += nb;
     }
     return 0;

@@ -189,10 +189,11 @@ uint32_t model_session_pos(struct model_exec *e, uint64_t id);
 int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *out);
 /* Run the window's layers on x[n][n_embd] in place for session id at positions pos..pos+n-1.
  * pos may rewind (pos <= model_session_pos: later positions are overwritten) but not skip
- * (-EINVAL). -ERANGE past the context, -ENOENT unknown session. */
+ * (-EINVAL). -ERANGE past the context, -ENOENT unknown session, or a kernel's error (the
+ * session then holds the positions before the failed batch). */
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x);
 /* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head; -ENOTSUP when
- * the window has no head). */
+ * the window has no head, or a kernel's error). */
 int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits);
 
 struct model_sampler_params {

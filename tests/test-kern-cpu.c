@@ -1,6 +1,7 @@
 /* The fast CPU path against the reference: every SIMD level this CPU has, every weight type,
  * odd shapes (rows not a multiple of the threads, one row and batches, several blocks), 1-3
- * threads; per-type dots and activation quantisers on identical inputs; attention; the pool. */
+ * threads; per-type dots and activation quantisers on identical inputs; attention; the forward
+ * pass's layer ops (bit-identical); the pool and its reserved scratch. */
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -34,6 +35,8 @@ T_CASE(matmul_all_levels)
     for (int nt = 1; nt <= 3; nt++) {
         int rc = kern_pool_new(&pools[nt - 1], nt); /* T_ASSERT evaluates its condition twice */
         T_ASSERT(rc == 0, "pool");
+        rc = kern_pool_reserve(pools[nt - 1], 17 * 1024 * 4); /* every shape, any type */
+        T_ASSERT(rc == 0, "reserve");
     }
     bool have[3];
     for (size_t lv = 0; lv < 3; lv++) {
@@ -231,16 +234,20 @@ static void attention_shape(int NH, int NKV, int HD)
         struct kern_pool *pool;
         int rc = kern_pool_new(&pool, nt);
         T_ASSERT(rc == 0, "pool");
+        rc = kern_pool_reserve(pool, kern_attention_scratch(pool, CTX, HD));
+        T_ASSERT(rc == 0, "reserve");
         for (size_t c = 0; c < 4; c++) {
             int64_t n = cases[c].n, pos0 = cases[c].pos0;
             float sc = 0.125f;
             kern_ref_attention(KERN_T_F32, orf, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
-            kern_attention(pool, KERN_T_F32, o, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
+            rc = kern_attention(pool, KERN_T_F32, o, q, k, v, n, pos0, NH, NKV, HD, stride, sc, scratch);
+            T_CHECK(rc == 0, "attention f32: %d", rc);
             double e = t_nmse(o, orf, n * NH * HD);
             T_CHECK(e < 1e-11, "%d/%d x %d f32 %d threads n=%lld pos0=%lld nmse %g", NH, NKV, HD,
                     nt, (long long)n, (long long)pos0, e);
             kern_ref_attention(KERN_T_F16, orf, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
-            kern_attention(pool, KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
+            rc = kern_attention(pool, KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, sc, scratch);
+            T_CHECK(rc == 0, "attention f16: %d", rc);
             if (nt == 1)
                 memcpy(o1 + c * CTX * NH * HD, o, n * NH * HD * 4);
             else
@@ -422,11 +429,192 @@ T_CASE(elementwise_on_pool)
     free(g); free(u); free(w); free(ref); free(out);
 }
 
+/* fast == reference, bit for bit (reported as NMSE when not) */
+#define SAME(a, b, n, ...)                                                          \
+    T_CHECK(memcmp((a), (b), (size_t)(n) * sizeof *(a)) == 0, __VA_ARGS__)
+
+static float *fill_new(int64_t n, float sd)
+{
+    float *x = malloc((size_t)n * sizeof *x);
+    if (x)
+        ku_fill(x, n, sd);
+    return x;
+}
+
+/* The forward pass's layer ops on the pool against their references: odd shapes, padded
+ * strides, a single row and batches big enough to split, 1-3 threads, every SIMD level (the
+ * KV store converts with the level's F16 instructions). All must be bit-identical. */
+T_CASE(layer_ops_on_pool)
+{
+    enum { N = 37, NH = 6, HD = 64, ROT = 48, BIG = 300 * 301 };
+    float *a = fill_new(BIG, 1.0f), *b = fill_new(BIG, 1.0f), *c = fill_new(BIG, 1.0f);
+    float *r1 = malloc(BIG * 4), *r2 = malloc(BIG * 4), *f1 = malloc(BIG * 4), *f2 = malloc(BIG * 4);
+    float *div = fill_new(ROT / 2, 0.2f);
+    T_ASSERT(a && b && c && r1 && r2 && f1 && f2 && div, "alloc");
+    for (int i = 0; i < ROT / 2; i++)
+        div[i] = 1.0f + fabsf(div[i]);
+    for (int nt = 1; nt <= 3; nt++) {
+        struct kern_pool *p;
+        T_ASSERT(kern_pool_new(&p, nt) == 0, "pool");
+        T_ASSERT(kern_pool_reserve(p, kern_deltanet_scratch(p, 24)) == 0, "reserve");
+        for (int64_t n = 1; n <= N; n += N - 1) {
+            for (int fd = 0; fd < 2; fd++) { /* RoPE tables and rows, padded rows */
+                kern_ref_rope_angles(r1, r2, n, 100, ROT, 10000, 0.5f, fd ? div : NULL);
+                kern_rope_angles(p, f1, f2, n, 100, ROT, 10000, 0.5f, fd ? div : NULL);
+                SAME(f1, r1, n * ROT / 2, "rope cos %d threads n=%lld", nt, (long long)n);
+                SAME(f2, r2, n * ROT / 2, "rope sin %d threads n=%lld", nt, (long long)n);
+                size_t stride = NH * HD + 5;
+                memcpy(f1 + 4096, a, n * stride * 4);
+                memcpy(r1 + 4096, a, n * stride * 4);
+                kern_ref_rope_rows(r1 + 4096, n, stride, NH, HD, ROT, r1, r2, fd);
+                kern_rope_rows(p, f1 + 4096, n, stride, NH, HD, ROT, r1, r2, fd);
+                SAME(f1 + 4096, r1 + 4096, n * stride, "rope rows %d threads n=%lld neox=%d",
+                     nt, (long long)n, fd);
+            }
+            /* L2 norm of 8 heads of 32 in rows 273 apart; conv over 1003 channels */
+            memcpy(r1, a, n * 273 * 4);
+            memcpy(f1, a, n * 273 * 4);
+            kern_ref_l2norm(r1, n, 273, 8, 32, 1e-6f);
+            kern_l2norm(p, f1, n, 273, 8, 32, 1e-6f);
+            SAME(f1, r1, n * 273, "l2norm %d threads n=%lld", nt, (long long)n);
+            kern_ref_conv_silu(r1, a, b, n, 1003, 4);
+            kern_conv_silu(p, f1, a, b, n, 1003, 4);
+            SAME(f1, r1, n * 1003, "conv %d threads n=%lld", nt, (long long)n);
+            /* router: 13 experts, 3 chosen, some equal logits */
+            for (int i = 0; i < 13 * N; i += 5)
+                c[i + 1] = c[i];
+            uint32_t sr[3 * N], sf[3 * N];
+            memcpy(r1, c, n * 13 * 4);
+            memcpy(f1, c, n * 13 * 4);
+            kern_ref_moe_route(sr, r2, r1, n, 13, 3);
+            kern_moe_route(p, sf, f2, f1, n, 13, 3);
+            SAME(sf, sr, n * 3, "route choices %d threads", nt);
+            SAME(f2, r2, n * 3, "route weights %d threads", nt);
+            SAME(f1, r1, n * 13, "route softmax %d threads", nt);
+        }
+        for (size_t lv = 0; lv < 3; lv++) { /* KV store, F16 and F32, padded cache rows */
+            if (kern__simd_force(levels[lv]) != 0)
+                continue;
+            uint16_t h1[N * 203], h2[N * 203];
+            kern_ref_kv_store(KERN_T_F16, h1, 203, a, N, 200);
+            kern_kv_store(p, KERN_T_F16, h2, 203, a, N, 200);
+            bool same = true;
+            for (int r = 0; r < N; r++)
+                same &= memcmp(h1 + r * 203, h2 + r * 203, 400) == 0;
+            T_CHECK(same, "kv store f16 %s %d threads", levels[lv], nt);
+            kern_ref_kv_store(KERN_T_F32, r1, 203, a, N, 200);
+            kern_kv_store(p, KERN_T_F32, f1, 203, a, N, 200);
+            same = true;
+            for (int r = 0; r < N; r++)
+                same &= memcmp(r1 + r * 203, f1 + r * 203, 800) == 0;
+            T_CHECK(same, "kv store f32 %s %d threads", levels[lv], nt);
+        }
+        kern__simd_force(NULL);
+        for (int64_t n = 1; n <= BIG; n = n * 7 + 3) { /* element-wise, in place */
+            memcpy(r1, a, n * 4); memcpy(f1, a, n * 4);
+            kern_ref_add(r1, b, n);
+            kern_add(p, f1, b, n);
+            SAME(f1, r1, n, "add %d threads n=%lld", nt, (long long)n);
+            kern_ref_sigmoid(r1, n);
+            kern_sigmoid(p, f1, n);
+            SAME(f1, r1, n, "sigmoid %d threads n=%lld", nt, (long long)n);
+            kern_ref_mul_sigmoid(r1, c, n);
+            kern_mul_sigmoid(p, f1, c, n);
+            SAME(f1, r1, n, "mul_sigmoid %d threads n=%lld", nt, (long long)n);
+        }
+        for (int64_t rows = 1; rows <= 300; rows += 299) { /* row ops on 301 columns */
+            uint32_t idx[300];
+            for (int64_t i = 0; i < rows; i++)
+                idx[i] = (uint32_t)((i * 97) % rows); /* a permutation: 97 is prime */
+            memcpy(r1, a, rows * 301 * 4); memcpy(f1, a, rows * 301 * 4);
+            kern_ref_add_rows(r1, b, rows, 301);
+            kern_add_rows(p, f1, b, rows, 301);
+            SAME(f1, r1, rows * 301, "add_rows %d threads %lld rows", nt, (long long)rows);
+            for (int u = 0; u < 2; u++) {
+                kern_ref_axpy_rows(r1, c, b, u ? idx : NULL, rows, 301);
+                kern_axpy_rows(p, f1, c, b, u ? idx : NULL, rows, 301);
+                SAME(f1, r1, rows * 301, "axpy_rows %d threads %lld rows idx=%d", nt,
+                     (long long)rows, u);
+            }
+            kern_ref_rmsnorm_silu(r2, a, b, c, rows, 301, 1e-5f);
+            kern_rmsnorm_silu(p, f2, a, b, c, rows, 301, 1e-5f);
+            SAME(f2, r2, rows * 301, "rmsnorm_silu %d threads %lld rows", nt, (long long)rows);
+            kern_ref_rmsnorm_silu(r1, r1, b, c, rows, 301, 1e-5f); /* in place */
+            kern_rmsnorm_silu(p, f1, f1, b, c, rows, 301, 1e-5f);
+            SAME(f1, r1, rows * 301, "rmsnorm_silu in place %d threads", nt);
+        }
+        /* DeltaNet: 2 key heads, 6 value heads of 24, rows padded; state carried over two
+         * calls (a batch, then one token) */
+        enum { HK = 2, HV = 6, D = 24, STRIDE = 2 * HK * D + HV * D + 3, T = 9 };
+        float *qkv = fill_new(T * STRIDE, 1.0f), *g = fill_new(2 * T * HV, 1.0f);
+        float *bias = fill_new(HV, 1.0f), *av = fill_new(HV, 1.0f);
+        float *Sr = fill_new(HV * D * D, 0.1f), *Sf = malloc(HV * D * D * 4), sc[2 * D];
+        T_ASSERT(qkv && g && bias && av && Sr && Sf, "alloc");
+        memcpy(Sf, Sr, HV * D * D * 4);
+        kern_ref_l2norm(qkv, T, STRIDE, 2 * HK, D, 1e-6f);
+        for (int call = 0; call < 2; call++) {
+            int64_t t0 = call ? T - 1 : 0, n = call ? 1 : T - 1;
+            const float *q = qkv + t0 * STRIDE, *k = q + HK * D, *v = k + HK * D;
+            kern_ref_deltanet(r1, Sr, q, k, v, STRIDE, g + t0 * HV, g + T * HV + t0 * HV, bias,
+                              av, n, HK, HV, D, sc);
+            int rc = kern_deltanet(p, f1, Sf, q, k, v, STRIDE, g + t0 * HV, g + T * HV + t0 * HV,
+                                   bias, av, n, HK, HV, D, NULL);
+            T_CHECK(rc == 0, "deltanet: %d", rc);
+            SAME(f1, r1, n * HV * D, "deltanet out %d threads call %d (nmse %g)", nt, call,
+                 t_nmse(f1, r1, n * HV * D));
+            SAME(Sf, Sr, HV * D * D, "deltanet state %d threads call %d", nt, call);
+        }
+        free(qkv); free(g); free(bias); free(av); free(Sr); free(Sf);
+        kern_pool_free(p);
+    }
+    free(a); free(b); free(c); free(r1); free(r2); free(f1); free(f2); free(div);
+}
+
+/* The pool's scratch is reserved once and never grows: an op whose need is over the
+ * reservation returns -ENOSPC (and a reservation that fits lets it run). */
+T_CASE(scratch_reserved)
+{
+    struct kern_pool *p;
+    T_ASSERT(kern_pool_new(&p, 2) == 0, "pool");
+    float w[2 * 64], x[2 * 64], y[4], o[64], S[16 * 16], sc[32];
+    ku_fill(w, 128, 1.0f);
+    ku_fill(x, 128, 1.0f);
+    memset(S, 0, sizeof S);
+    uint8_t wq[2 * 68];
+    kern_ref_quant_row(KERN_T_Q8_0, w, wq, 64);
+    kern_ref_quant_row(KERN_T_Q8_0, w + 64, wq + 68, 64);
+    uint16_t kc[2 * 64];
+    for (int i = 0; i < 128; i++)
+        kc[i] = kern_f32_to_f16(w[i]);
+    T_CHECK(kern_matmul(p, KERN_T_Q8_0, wq, 2, 64, x, 2, y) == -ENOSPC, "matmul without scratch");
+    T_CHECK(kern_matmul(p, KERN_T_F32, w, 2, 64, x, 1, y) == 0, "f32 matmul needs none");
+    T_CHECK(kern_attention(p, KERN_T_F16, o, x, kc, kc, 1, 1, 2, 1, 32, 64, 0.1f, sc) == -ENOSPC,
+            "attention without scratch");
+    T_CHECK(kern_deltanet(p, o, S, x, x + 16, x + 32, 64, x, x, x, x, 1, 1, 1, 16, sc) == -ENOSPC,
+            "deltanet without scratch");
+    T_CHECK(kern_matmul_scratch(KERN_T_Q8_0, 64, 2) > 0 && kern_matmul_scratch(KERN_T_F32, 64, 2) == 0,
+            "matmul scratch sizes");
+    size_t need = kern_matmul_scratch(KERN_T_Q8_0, 64, 2);
+    size_t att = kern_attention_scratch(p, 2, 32), dn = kern_deltanet_scratch(p, 16);
+    need = need > att ? need : att;
+    need = need > dn ? need : dn;
+    T_ASSERT(kern_pool_reserve(p, need) == 0, "reserve");
+    T_CHECK(kern_matmul(p, KERN_T_Q8_0, wq, 2, 64, x, 2, y) == 0, "matmul within the reservation");
+    T_CHECK(kern_attention(p, KERN_T_F16, o, x, kc, kc, 1, 1, 2, 1, 32, 64, 0.1f, sc) == 0,
+            "attention within the reservation");
+    T_CHECK(kern_deltanet(p, o, S, x, x + 16, x + 32, 64, x, x, x, x, 1, 1, 1, 16, sc) == 0,
+            "deltanet within the reservation");
+    T_CHECK(kern_pool_reserve(p, 1) == 0, "a smaller reservation keeps the buffer");
+    kern_pool_free(p);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(pool_dynamic);
     T_RUN(elementwise_on_pool);
+    T_RUN(layer_ops_on_pool);
+    T_RUN(scratch_reserved);
     T_RUN(matmul_all_levels);
     T_RUN(dots_exact_inputs);
     T_RUN(attention_fast);

@@ -515,6 +515,85 @@ T_CASE(attention)
     free(o1);
 }
 
+/* The forward pass's other ops against values worked by hand. */
+T_CASE(layer_ops)
+{
+    /* RoPE tables: pair i of position p turns by p * base^(-2i/n_rot) / div[i] */
+    float cs[4], sn[4], div[2] = {2, 1};
+    kern_ref_rope_angles(cs, sn, 2, 1, 4, 100, 1, NULL);
+    T_CHECK(fabsf(cs[0] - cosf(1)) < 1e-6f && fabsf(sn[1] - sinf(0.1f)) < 1e-6f &&
+            fabsf(cs[2] - cosf(2)) < 1e-6f && fabsf(sn[3] - sinf(0.2f)) < 1e-6f, "angles");
+    kern_ref_rope_angles(cs, sn, 1, 1, 4, 100, 1, div);
+    T_CHECK(fabsf(cs[0] - cosf(0.5f)) < 1e-6f && fabsf(sn[1] - sinf(0.1f)) < 1e-6f, "freq_div");
+    /* tables + rows give kern_ref_rope, bit for bit, for both layouts and partial rotation */
+    enum { HD = 64, NH = 3 };
+    float x[2 * NH * HD + 8], y[NH * HD], c2[2 * 24], s2[2 * 24];
+    for (int neox = 0; neox <= 1; neox++) {
+        ku_seed(50);
+        ku_fill(x, 2 * NH * HD + 8, 1.0f);
+        memcpy(y, x + NH * HD + 8, sizeof y);
+        kern_ref_rope_angles(c2, s2, 2, 41, 48, 10000, 0.5f, NULL);
+        kern_ref_rope_rows(x, 2, NH * HD + 8, NH, HD, 48, c2, s2, neox);
+        kern_ref_rope(y, NH, HD, 48, 42, 10000, 0.5f, neox);
+        T_CHECK(memcmp(x + NH * HD + 8, y, sizeof y) == 0, "rope rows = kern_ref_rope, neox=%d", neox);
+    }
+    /* KV store: F16 rounding, F32 copy, cache rows stride apart (the padding untouched) */
+    float kv[4] = {1, 0.5f, -2, 1.0009765625f + 0.00048828125f}; /* the last: a tie, to even */
+    uint16_t h[2 * 3] = {7, 7, 7, 7, 7, 7};
+    kern_ref_kv_store(KERN_T_F16, h, 3, kv, 2, 2);
+    T_CHECK(h[0] == 0x3C00 && h[1] == 0x3800 && h[2] == 7 && h[3] == 0xC000 && h[4] == 0x3C02 &&
+            h[5] == 7, "f16 store %04x %04x %04x %04x", h[0], h[1], h[3], h[4]);
+    float f[5] = {9, 9, 9, 9, 9};
+    kern_ref_kv_store(KERN_T_F32, f, 3, kv, 2, 2);
+    T_CHECK(f[0] == 1 && f[1] == 0.5f && f[2] == 9 && f[3] == -2 && f[4] == kv[3], "f32 store");
+    /* adds and gates */
+    float r[6] = {1, 2, 3, 4, 5, 6}, b[3] = {10, 20, 30}, w2[2] = {2, -1};
+    kern_ref_add_rows(r, b, 2, 3);
+    T_CHECK(r[0] == 11 && r[2] == 33 && r[3] == 14 && r[5] == 36, "add_rows");
+    kern_ref_add(r, r + 3, 3);
+    T_CHECK(r[0] == 25 && r[1] == 47 && r[2] == 69, "add");
+    float acc[6] = {0};
+    uint32_t idx[2] = {1, 0};
+    kern_ref_axpy_rows(acc, w2, b, idx, 1, 3);             /* row 1 += 2 b */
+    kern_ref_axpy_rows(acc, w2 + 1, b, NULL, 1, 3);        /* row 0 -= b */
+    T_CHECK(acc[0] == -10 && acc[2] == -30 && acc[3] == 20 && acc[5] == 60, "axpy_rows");
+    float g[3] = {0, 100, -100}, m[3] = {4, 4, 4};
+    kern_ref_mul_sigmoid(m, g, 3);
+    T_CHECK(m[0] == 2 && m[1] == 4 && m[2] < 1e-30f, "mul_sigmoid");
+    kern_ref_sigmoid(g, 3);
+    T_CHECK(g[0] == 0.5f && g[1] == 1 && g[2] < 1e-30f, "sigmoid");
+    /* norms: (3, 4) / 5; a zero vector stays zero (eps); RMS 1 times w times silu(z) */
+    float l[4] = {3, 4, 0, 0};
+    kern_ref_l2norm(l, 2, 2, 1, 2, 1e-6f);
+    T_CHECK(fabsf(l[0] - 0.6f) < 1e-7f && fabsf(l[1] - 0.8f) < 1e-7f && l[2] == 0 && l[3] == 0,
+            "l2norm");
+    float rx[2] = {1, -1}, rw[2] = {1, 2}, rz[2] = {0, 20}, ro[2];
+    kern_ref_rmsnorm_silu(ro, rx, rw, rz, 1, 2, 0);
+    T_CHECK(ro[0] == 0 && fabsf(ro[1] + 2 * 20 / (1 + expf(-20))) < 1e-5f, "rmsnorm_silu %g %g",
+            ro[0], ro[1]);
+    /* causal conv, kernel 2: out[t] = silu(0.5 x[t] + x[t+1]) */
+    float cx[3] = {1, 2, 3}, cw[2] = {0.5f, 1}, co[2];
+    kern_ref_conv_silu(co, cx, cw, 2, 1, 2);
+    T_CHECK(fabsf(co[0] - 2.5f / (1 + expf(-2.5f))) < 1e-6f &&
+            fabsf(co[1] - 4 / (1 + expf(-4.0f))) < 1e-6f, "conv_silu");
+    /* router: p = (1, 2, 3, 1)/7, the best two renormalised: 3/5, 2/5; ties to the lower id */
+    float lg[7] = {0, logf(2), logf(3), 0, 1, 1, 0};
+    uint32_t sel[3];
+    float sw[3];
+    kern_ref_moe_route(sel, sw, lg, 1, 4, 2);
+    T_CHECK(sel[0] == 2 && sel[1] == 1 && fabsf(sw[0] - 0.6f) < 1e-6f &&
+            fabsf(sw[1] - 0.4f) < 1e-6f, "route %u %u %g %g", sel[0], sel[1], sw[0], sw[1]);
+    kern_ref_moe_route(sel + 2, sw + 2, lg + 4, 1, 3, 1);
+    T_CHECK(sel[2] == 0 && sw[2] == 1, "route tie");
+    /* DeltaNet, d = 1, q = k = 1, v = 2, beta = sigmoid(0) = 1/2, decay exp(-softplus(0)) =
+     * 1/2: S = 0 -> delta 1, S 1, o 1; then S 1/2, kv 1/2, delta 3/4, S 5/4, o 5/4 */
+    float qkv[6] = {1, 1, 2, 1, 1, 2}, beta[2] = {0, 0}, alpha[2] = {0, 0}, dtb = 0, a = -1;
+    float S = 0, o[2], scr[2];
+    kern_ref_deltanet(o, &S, qkv, qkv + 1, qkv + 2, 3, beta, alpha, &dtb, &a, 2, 1, 1, 1, scr);
+    T_CHECK(fabsf(o[0] - 1) < 1e-6f && fabsf(o[1] - 1.25f) < 1e-6f && fabsf(S - 1.25f) < 1e-6f,
+            "deltanet o %g %g S %g", o[0], o[1], S);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -528,5 +607,6 @@ int main(int argc, char **argv)
     T_RUN(norm_and_activations);
     T_RUN(rope_properties);
     T_RUN(attention);
+    T_RUN(layer_ops);
     return T_DONE();
 }

@@ -64,9 +64,11 @@ int main(int argc, char **argv)
         if (att_ctx > 65536)
             att_ctx = 65536;
         struct kern_pool *ap;
+        const int nh = 32, nkv = 4, hd = 64;
         if (kern_pool_new(&ap, threads) != 0)
             return 1;
-        const int nh = 32, nkv = 4, hd = 64;
+        if (kern_pool_reserve(ap, kern_attention_scratch(ap, att_ctx, hd)) != 0)
+            return 1;
         size_t stride = (size_t)nkv * hd;
         uint16_t *k = calloc((size_t)att_ctx * stride, 2), *v = calloc((size_t)att_ctx * stride, 2);
         float *q = calloc((size_t)nh * hd, 4), *o = calloc((size_t)nh * hd, 4);
@@ -91,6 +93,9 @@ int main(int argc, char **argv)
     }
     struct kern_pool *pool;
     if (kern_pool_new(&pool, resident ? 1 : threads) != 0)
+        return 1;
+    /* the widest activations: batch rows of 5632 against any type */
+    if (kern_pool_reserve(pool, (size_t)batch * 5632 * 4) != 0)
         return 1;
     double bw = resident ? 0 : kern_bench_bandwidth(pool, (size_t)512 << 20);
     printf("kernbench: %s, %d threads, read bandwidth %.1f GB/s\n", kern_cpu_level(),

@@ -1,5 +1,6 @@
 /* kern_attention: the reference algorithm with (query row, head) pairs spread over the pool
  * and SIMD dot products. Same roundings as kern_ref_attention for an F16 cache. */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -141,25 +142,41 @@ static void att_task(void *ctx, int ith, int nth)
     }
 }
 
-void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
-                    const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
-                    int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch)
+/* Bytes per thread: the grouped F16 layout (scores and q rows of up to GROUP_MAX heads, an
+ * f16 row) or the per-head one (scores, f16 q and weights), whichever the level uses. */
+static size_t att_per_thread(bool grouped, int64_t ctx_len, int head_dim)
+{
+    size_t h16 = (size_t)(ctx_len > head_dim ? ctx_len : head_dim) * 2;
+    size_t per = grouped ? (size_t)GROUP_MAX * ((size_t)ctx_len + (size_t)head_dim) * 4 + h16
+                         : (size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2;
+    return (per + 63) & ~(size_t)63;
+}
+
+size_t kern_attention_scratch(const struct kern_pool *p, int64_t n_ctx, int head_dim)
+{
+    /* the larger layout, so that a change of SIMD level never needs more */
+    size_t a = att_per_thread(true, n_ctx, head_dim), b = att_per_thread(false, n_ctx, head_dim);
+    return (a > b ? a : b) * (size_t)kern_pool_threads(p);
+}
+
+int kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
+                   const void *k, const void *v, int64_t n, int64_t pos0, int n_head,
+                   int n_kv_head, int head_dim, size_t kv_stride, float scale, float *scratch)
 {
     assert(n_kv_head > 0 && n_head % n_kv_head == 0 && (kv_type == KERN_T_F16 || kv_type == KERN_T_F32));
+    if (!p) {
+        kern_ref_attention(kv_type, out, q, k, v, n, pos0, n_head, n_kv_head, head_dim,
+                           kv_stride, scale, scratch);
+        return 0;
+    }
     int nth = kern_pool_threads(p);
     int64_t ctx_len = pos0 + n;
     const struct kern__simd *s = kern__simd_get();
     bool grouped = kv_type == KERN_T_F16 && s->att_kq_f16 && s->softmax && head_dim % 8 == 0;
-    size_t h16 = (size_t)(ctx_len > head_dim ? ctx_len : head_dim) * 2;
-    size_t per = grouped ? (size_t)GROUP_MAX * ((size_t)ctx_len + (size_t)head_dim) * 4 + h16
-                         : (size_t)ctx_len * 4 + (size_t)head_dim * 2 + (size_t)ctx_len * 2;
-    per = (per + 63) & ~(size_t)63;
-    char *buf = p ? kern__pool_scratch(p, per * (size_t)nth) : NULL;
-    if (!buf) {
-        kern_ref_attention(kv_type, out, q, k, v, n, pos0, n_head, n_kv_head, head_dim,
-                           kv_stride, scale, scratch);
-        return;
-    }
+    size_t per = att_per_thread(grouped, ctx_len, head_dim);
+    char *buf = kern__pool_scratch(p, per * (size_t)nth);
+    if (!buf)
+        return -ENOSPC;
     struct att_job j = {
         .s = s, .f16 = kv_type == KERN_T_F16, .out = out, .q = q, .k = k,
         .v = v, .n = n, .pos0 = pos0, .n_head = n_head, .group = n_head / n_kv_head,
@@ -168,4 +185,5 @@ void kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const flo
     };
     atomic_store(&j.next, 0);
     kern__pool_run_dyn(p, grouped ? att_group_task : att_task, &j);
+    return 0;
 }

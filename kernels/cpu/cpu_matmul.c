@@ -188,6 +188,20 @@ static void compute_task(void *ctx, int ith, int nth)
     }
 }
 
+size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
+{
+    const struct kern__simd *s = kern__simd_get();
+    const struct kern__type_traits *tt = kern__type_traits(type);
+    if (!tt || cols <= 0 || n <= 0 || tt->vec_dot_type == KERN_T_F32)
+        return 0;
+    size_t xrow = kern_row_bytes(tt->vec_dot_type, cols);
+    if (type < KERN_T_COUNT && s->actq[type]) {
+        size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
+        xrow = own > xrow ? own : xrow;
+    }
+    return (uint64_t)n > SIZE_MAX / (xrow ? xrow : 1) ? SIZE_MAX : (size_t)n * xrow;
+}
+
 int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
                 const float *x, int64_t n, float *y)
 {
@@ -229,7 +243,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
             return -EINVAL;
         j.xq = p ? kern__pool_scratch(p, (size_t)n * xrow) : malloc((size_t)n * xrow);
         if (!j.xq)
-            return -ENOMEM;
+            return p ? -ENOSPC : -ENOMEM;
         atomic_store(&j.qnext, 0);
         if (n >= 4 && nth > 1)
             kern__pool_run_dyn(p, quant_task, &j);

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -62,7 +63,7 @@ struct kern_pool {
     _Atomic bool quit;
     kern__task_fn fn;
     void *ctx;
-    void *scratch;            /* per-pool buffer for quantised activations */
+    void *scratch;            /* reserved buffer the ops share (kern_pool_reserve) */
     size_t scratch_size;
 };
 
@@ -195,16 +196,23 @@ void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx)
 
 void *kern__pool_scratch(struct kern_pool *p, size_t size)
 {
-    if (size <= p->scratch_size)
-        return p->scratch;
-    size = (size + 4095) & ~(size_t)4095;
+    return size <= p->scratch_size ? p->scratch : NULL;
+}
+
+int kern_pool_reserve(struct kern_pool *p, size_t bytes)
+{
+    if (bytes <= p->scratch_size)
+        return 0;
+    if (bytes > SIZE_MAX - 4095)
+        return -ENOMEM;
+    bytes = (bytes + 4095) & ~(size_t)4095;
     void *n = NULL;
-    if (posix_memalign(&n, 64, size) != 0)
-        return NULL;
+    if (posix_memalign(&n, 64, bytes) != 0)
+        return -ENOMEM;
     free(p->scratch);
     p->scratch = n;
-    p->scratch_size = size;
-    return n;
+    p->scratch_size = bytes;
+    return 0;
 }
 
 /* CPUs this process may run on (its affinity mask, so a cpuset is respected), else online. */
