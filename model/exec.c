@@ -1,5 +1,5 @@
 /* exec.c — the window executor: the forward pass of layers [first, last) on a batch of rows
- * for one session, the per-session K/V caches, and the rank-0 embedding / last-rank head.
+ * of one or several sessions, the per-session K/V caches, and the rank-0 embedding / last-rank head.
  *
  * Numerics follow llama.cpp's CPU graph (what the references were made with): matmuls with
  * ggml's activation rounding (kern_matmul), K and V stored as F16, attention over the cache
@@ -57,6 +57,12 @@ struct model_state {
     float *shg;         /* [B] shared-expert gate */
 };
 
+/* A batch's rows of one session: rows off..off+n-1 at positions pos..pos+n-1. */
+struct model_seg {
+    struct model_session *ss;
+    uint32_t off, n, pos;
+};
+
 struct model_exec {
     struct model *m;
     struct kern_pool *pool;
@@ -67,6 +73,7 @@ struct model_exec {
     uint32_t conv_dim;               /* 2 n_group d_state + d_inner */
     size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
     struct model_state s;
+    struct model_seg *seg;           /* [max_batch]: the sessions of the batch being run */
     struct model_session **sess;     /* n_sess of cap_sess */
     uint32_t n_sess, cap_sess;
 };
@@ -177,6 +184,7 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
         F = hp->n_ff_exp;
     if (hp->n_ff_shexp > F)
         F = hp->n_ff_shexp;
+    e->seg = xcalloc(B, sizeof *e->seg, &rc);
     struct model_state *s = &e->s;
     s->xb = xcalloc(B * hp->n_embd, sizeof(float), &rc);
     s->q = xcalloc(B * q_dim, sizeof(float), &rc);
@@ -276,6 +284,7 @@ void model_exec_free(struct model_exec *e)
     free(s->ye);
     free(s->shg);
     free(e->slot);
+    free(e->seg);
     kern_pool_free(e->pool);
     free(e);
 }
@@ -375,10 +384,11 @@ static void split_q_gate(const float *qg, float *q, float *gate, size_t n, size_
     }
 }
 
-/* Attention mixer on xb[n] at positions pos.. into proj[n]; kc/vc this layer's F16 cache.
+/* Attention mixer on xb[n] into proj[n]: the projections over all rows, then per session
+ * (seg[0..nseg)) the K/V store into its cache (layer `slot`) and attention over it.
  * Gated (qwen35*): wq gives per head [q | gate], the output is scaled by sigmoid(gate). */
-static int attention(struct model_exec *e, const struct model_layer *L, uint16_t *kc,
-                     uint16_t *vc, uint32_t pos, uint32_t n)
+static int attention(struct model_exec *e, const struct model_layer *L, size_t slot,
+                     uint32_t nseg, uint32_t n)
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
@@ -409,21 +419,29 @@ static int attention(struct model_exec *e, const struct model_layer *L, uint16_t
                    hp->rope_neox);                               /* [n][n_head][hd] */
     kern_rope_rows(p, s->k, n, kv_dim, hp->n_head_kv, hd, hp->n_rot, s->rope_cs, s->rope_sn,
                    hp->rope_neox);                               /* [n][n_head_kv][hd] */
-    /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
-    kern_kv_store(p, KERN_T_F16, kc + (size_t)pos * kv_dim, kv_dim, s->k, n, kv_dim);
-    kern_kv_store(p, KERN_T_F16, vc + (size_t)pos * kv_dim, kv_dim, s->v, n, kv_dim);
-    TRY(kern_attention(p, KERN_T_F16, s->att, s->q, kc, vc, n, pos, hp->n_head,
-                       hp->n_head_kv, hd, kv_dim, scale, s->att_scratch)); /* [n][q_dim] */
+    for (uint32_t j = 0; j < nseg; j++) {
+        const struct model_seg *g = &e->seg[j];
+        uint16_t *kc = g->ss->k + slot * e->kv_layer, *vc = g->ss->v + slot * e->kv_layer;
+        /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
+        kern_kv_store(p, KERN_T_F16, kc + (size_t)g->pos * kv_dim, kv_dim,
+                      s->k + (size_t)g->off * kv_dim, g->n, kv_dim);
+        kern_kv_store(p, KERN_T_F16, vc + (size_t)g->pos * kv_dim, kv_dim,
+                      s->v + (size_t)g->off * kv_dim, g->n, kv_dim);
+        TRY(kern_attention(p, KERN_T_F16, s->att + (size_t)g->off * q_dim,
+                           s->q + (size_t)g->off * q_dim, kc, vc, g->n, g->pos, hp->n_head,
+                           hp->n_head_kv, hd, kv_dim, scale, s->att_scratch)); /* [g.n][q_dim] */
+    }
     if (L->attn_gated)
         kern_mul_sigmoid(p, s->att, s->gate, (int64_t)n * q_dim); /* [n][q_dim] */
     return matmul(e, &L->wo, s->att, n, s->proj);                /* [n][E] */
 }
 
-/* Gated DeltaNet mixer on xb[n] into proj[n], carrying the session's conv state
- * (conv_kernel-1 rows) and S (dt_rank heads of d x d, S[i][j]: key dim i, value dim j). The
- * recurrence runs token by token for a batch too, in F32. */
-static int deltanet(struct model_exec *e, const struct model_layer *L, float *conv_state,
-                    float *S, uint32_t n)
+/* Gated DeltaNet mixer on xb[n] into proj[n], carrying each session's conv state
+ * (conv_kernel-1 rows) and S (dt_rank heads of d x d, S[i][j]: key dim i, value dim j) of
+ * recurrent layer `slot`. The projections run over all rows, the conv and the recurrence per
+ * session (token by token for a prompt chunk too, in F32). */
+static int deltanet(struct model_exec *e, const struct model_layer *L, size_t slot,
+                    uint32_t nseg, uint32_t n)
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
@@ -432,20 +450,35 @@ static int deltanet(struct model_exec *e, const struct model_layer *L, float *co
     const uint32_t CD = e->conv_dim, K = hp->ssm_conv_kernel;
     const size_t K1 = K - 1;
 
-    /* mixed = [state rows | this batch's rows of xb Wqkv]; z, beta, alpha projections */
-    memcpy(s->mixed, conv_state, K1 * CD * sizeof(float));
+    /* mixed = [K1 free rows | the batch's rows of xb Wqkv]; z, beta, alpha projections */
     TRY(matmul(e, &L->wqkv, s->xb, n, s->mixed + K1 * CD));      /* [n][CD] */
     TRY(matmul(e, &L->wz, s->xb, n, s->z));                      /* [n][Hv][d] */
     TRY(matmul(e, &L->w_beta, s->xb, n, s->beta));               /* [n][Hv] */
     TRY(matmul(e, &L->w_alpha, s->xb, n, s->alpha));             /* [n][Hv] */
-    kern_conv_silu(p, s->conv_out, s->mixed, L->conv1d, n, CD, (int)K); /* [n][CD] */
-    memcpy(conv_state, s->mixed + (size_t)n * CD, K1 * CD * sizeof(float));
+    /* Per session, in batch order: its conv state goes into the K1 rows before its own rows
+     * (the previous session's rows, already convolved), then the conv of its rows, and the
+     * last K1 rows of [state | rows] are its new state. */
+    for (uint32_t j = 0; j < nseg; j++) {
+        const struct model_seg *g = &e->seg[j];
+        float *conv_state = g->ss->conv + slot * e->conv_layer, *in = s->mixed + (size_t)g->off * CD;
+        memcpy(in, conv_state, K1 * CD * sizeof(float));
+        kern_conv_silu(p, s->conv_out + (size_t)g->off * CD, in, L->conv1d, g->n, CD,
+                       (int)K);                                  /* [g.n][CD] */
+        memcpy(conv_state, in + (size_t)g->n * CD, K1 * CD * sizeof(float));
+    }
 
     /* conv_out rows: [q: Hk][d] | [k: Hk][d] | [v: Hv][d] */
-    const float *q = s->conv_out, *k = q + (size_t)Hk * d, *v = k + (size_t)Hk * d;
     kern_l2norm(p, s->conv_out, n, CD, (int)(2 * Hk), (int)d, hp->rms_eps); /* q, k heads */
-    TRY(kern_deltanet(p, s->lin_o, S, q, k, v, CD, s->beta, s->alpha, L->dt_bias, L->ssm_a, n,
-                      (int)Hk, (int)Hv, (int)d, s->dvec));       /* [n][Hv][d] */
+    for (uint32_t j = 0; j < nseg; j++) {
+        const struct model_seg *g = &e->seg[j];
+        const float *q = s->conv_out + (size_t)g->off * CD, *k = q + (size_t)Hk * d,
+                    *v = k + (size_t)Hk * d;
+        TRY(kern_deltanet(p, s->lin_o + (size_t)g->off * Hv * d,
+                          g->ss->ssm + slot * e->ssm_layer, q, k, v, CD,
+                          s->beta + (size_t)g->off * Hv, s->alpha + (size_t)g->off * Hv,
+                          L->dt_bias, L->ssm_a, g->n, (int)Hk, (int)Hv, (int)d,
+                          s->dvec));                             /* [g.n][Hv][d] */
+    }
     kern_rmsnorm_silu(p, s->lin_o, s->lin_o, L->ssm_norm, s->z, (int64_t)n * Hv, d,
                       hp->rms_eps);                              /* [n * Hv][d] */
     return matmul(e, &L->ssm_out, s->lin_o, n, s->proj);         /* [n][E] */
@@ -518,9 +551,9 @@ static int moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
     return 0;
 }
 
-/* Layers of the window on x[n][n_embd] (n <= max_batch) at positions pos..pos+n-1. */
-static int forward(struct model_exec *e, struct model_session *ss, uint32_t pos, uint32_t n,
-                   float *x)
+/* Layers of the window on x[n][n_embd] (n <= max_batch), the rows of sessions seg[0..nseg)
+ * (consecutive, covering all n rows). */
+static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, float *x)
 {
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
@@ -528,9 +561,13 @@ static int forward(struct model_exec *e, struct model_session *ss, uint32_t pos,
     struct kern_pool *p = e->pool;
     const uint32_t E = hp->n_embd;
 
-    if (e->n_attn)                /* RoPE angles of the batch's positions, for every layer */
-        kern_rope_angles(p, s->rope_cs, s->rope_sn, n, pos, (int)hp->n_rot, hp->rope_base,
-                         hp->rope_scale, m->rope_freqs);         /* [n][n_rot/2] each */
+    const size_t half = hp->n_rot / 2;
+    for (uint32_t j = 0; e->n_attn && j < nseg; j++) { /* RoPE angles of the rows' positions */
+        const struct model_seg *g = &e->seg[j];
+        kern_rope_angles(p, s->rope_cs + g->off * half, s->rope_sn + g->off * half, g->n, g->pos,
+                         (int)hp->n_rot, hp->rope_base, hp->rope_scale,
+                         m->rope_freqs);                         /* [g.n][n_rot/2] each */
+    }
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
         size_t slot = e->slot[l];
@@ -538,9 +575,9 @@ static int forward(struct model_exec *e, struct model_session *ss, uint32_t pos,
         /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
         kern_rmsnorm_rows(p, s->xb, x, L->attn_norm, n, E, hp->rms_eps); /* [n][E] */
         if (L->recurrent)
-            TRY(deltanet(e, L, ss->conv + slot * e->conv_layer, ss->ssm + slot * e->ssm_layer, n));
+            TRY(deltanet(e, L, slot, nseg, n));
         else
-            TRY(attention(e, L, ss->k + slot * e->kv_layer, ss->v + slot * e->kv_layer, pos, n));
+            TRY(attention(e, L, slot, nseg, n));
         kern_add(p, x, s->proj, (int64_t)n * E);                 /* [n][E] */
 
         /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
@@ -554,25 +591,42 @@ static int forward(struct model_exec *e, struct model_session *ss, uint32_t pos,
     return 0;
 }
 
+/* Whether session ss may run n positions from pos: -ERANGE past the context, -EINVAL for a
+ * skip or (with recurrent layers) a rewind other than to 0. */
+static int check_pos(const struct model_exec *e, const struct model_session *ss, uint32_t pos,
+                     uint32_t n)
+{
+    if ((uint64_t)pos + n > e->n_ctx)
+        return -ERANGE;
+    if (pos > ss->n_past)          /* positions must follow on (a rewind is allowed) */
+        return -EINVAL;
+    if (e->n_rec && pos != ss->n_past && pos != 0)
+        return -EINVAL;            /* recurrent state cannot be rewound, only restarted */
+    return 0;
+}
+
+/* A checked rewind: the recurrent state restarts from position 0. */
+static void rewind_state(struct model_exec *e, struct model_session *ss, uint32_t pos)
+{
+    if (e->n_rec && pos != ss->n_past) {
+        memset(ss->conv, 0, e->n_rec * e->conv_layer * sizeof(float));
+        memset(ss->ssm, 0, e->n_rec * e->ssm_layer * sizeof(float));
+    }
+}
+
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x)
 {
     struct model_session *ss = session_find(e, id, NULL);
     if (!ss)
         return -ENOENT;
-    if ((uint64_t)pos + n > e->n_ctx)
-        return -ERANGE;
-    if (pos > ss->n_past)          /* positions must follow on (a rewind is allowed) */
-        return -EINVAL;
-    if (e->n_rec && pos != ss->n_past) {
-        /* Recurrent state cannot be rewound, only restarted from position 0. */
-        if (pos != 0)
-            return -EINVAL;
-        memset(ss->conv, 0, e->n_rec * e->conv_layer * sizeof(float));
-        memset(ss->ssm, 0, e->n_rec * e->ssm_layer * sizeof(float));
-    }
+    int rc = check_pos(e, ss, pos, n);
+    if (rc < 0)
+        return rc;
+    rewind_state(e, ss, pos);
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
-        int rc = forward(e, ss, pos + done, nb, x + (size_t)done * e->m->hp.n_embd);
+        e->seg[0] = (struct model_seg){ss, 0, nb, pos + done};
+        rc = forward(e, 1, nb, x + (size_t)done * e->m->hp.n_embd);
         if (rc < 0) {
             ss->n_past = pos + done;   /* positions before the failed batch stand */
             return rc;
@@ -581,6 +635,42 @@ int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n
     }
     ss->n_past = pos + n;
     return 0;
+}
+
+int model_window_run_batch(struct model_exec *e, const struct model_batch_row *rows, uint32_t n,
+                           float *x)
+{
+    if (n > e->max_batch)
+        return -EINVAL;
+    /* Check every row and find the sessions' runs before anything changes. */
+    uint32_t nseg = 0;
+    for (uint32_t i = 0; i < n;) {
+        struct model_session *ss = session_find(e, rows[i].id, NULL);
+        if (!ss)
+            return -ENOENT;
+        uint32_t len = 1;
+        while (i + len < n && rows[i + len].id == rows[i].id) {
+            if ((uint64_t)rows[i + len].pos != (uint64_t)rows[i].pos + len)
+                return -EINVAL;    /* a session's rows are at consecutive positions */
+            len++;
+        }
+        for (uint32_t j = 0; j < nseg; j++)
+            if (e->seg[j].ss == ss)
+                return -EINVAL;    /* a session's rows are consecutive in the batch */
+        int rc = check_pos(e, ss, rows[i].pos, len);
+        if (rc < 0)
+            return rc;
+        e->seg[nseg++] = (struct model_seg){ss, i, len, rows[i].pos};
+        i += len;
+    }
+    if (!nseg)
+        return 0;
+    for (uint32_t j = 0; j < nseg; j++)
+        rewind_state(e, e->seg[j].ss, e->seg[j].pos);
+    int rc = forward(e, nseg, n, x);
+    for (uint32_t j = 0; j < nseg; j++)   /* on an error each session stays before the batch */
+        e->seg[j].ss->n_past = e->seg[j].pos + (rc < 0 ? 0 : e->seg[j].n);
+    return rc < 0 ? rc : 0;
 }
 
 /* ---- last rank ---- */

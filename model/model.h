@@ -192,6 +192,24 @@ int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *
  * (-EINVAL). -ERANGE past the context, -ENOENT unknown session, or a kernel's error (the
  * session then holds the positions before the failed batch). */
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x);
+/* One row of a batch across sessions: session id at position pos. */
+struct model_batch_row {
+    uint64_t id;
+    uint32_t pos;
+};
+/* Run the window's layers on x[n][n_embd] in place, row i for rows[i].id at rows[i].pos: decode
+ * steps of several sessions and prefill chunks in one pass, each weight matrix read once for
+ * all n rows; attention, recurrent state and RoPE positions are per session. A session's rows
+ * are consecutive in the batch at consecutive positions (a session appears once); its first
+ * position follows the model_window_run rules (rewind allowed, no skip). n <= max_batch.
+ * Every row is checked before anything runs: -ENOENT unknown session, -EINVAL (n > max_batch,
+ * rows of a session not consecutive, a skip or a forbidden rewind), -ERANGE past the context;
+ * no state changes then. A kernel's error leaves each session at its positions before the
+ * batch. A row's result is bit-identical to a model_window_run of it alone where the weight
+ * types' matmuls are row-independent (F32 under 16 rows, F16, BF16, Q4_K); with Q4_0, Q8_0 and
+ * Q6_K weights one row and several rows take different SIMD dots (tiny rounding differences). */
+int model_window_run_batch(struct model_exec *e, const struct model_batch_row *rows, uint32_t n,
+                           float *x);
 /* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head; -ENOTSUP when
  * the window has no head, or a kernel's error). */
 int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits);
