@@ -155,12 +155,16 @@ static void check_model_ctx(const char *rel, uint32_t n_ctx, uint32_t np, uint32
     atomic_store(&n_allocs, 0);
     atomic_store(&counting, 1);
     rc = forward(e, 2, hp, x, logits, np, nd);
+    /* and one batch across sessions: a decode row of each */
+    struct model_batch_row rows[2] = {{1, np + 4}, {2, np + nd}};
+    if (!rc && np + nd < n_ctx)
+        rc = model_window_run_batch(e, rows, 2, x);
     atomic_store(&counting, 0);
     T_CHECK(rc == 0, "%s: forward: %d", rel, rc);
-    T_CHECK(model_session_pos(e, 2) == np + nd, "%s: at position %u", rel,
+    T_CHECK(model_session_pos(e, 2) == np + nd + (np + nd < n_ctx), "%s: at position %u", rel,
             model_session_pos(e, 2));
     T_CHECK(atomic_load(&n_allocs) == 0, "%s: the forward pass (n_ctx %u: prefill %u + %u decode "
-            "steps, 2 threads) allocated %ld times", rel, n_ctx, np, nd,
+            "steps and a 2-session batch, 2 threads) allocated %ld times", rel, n_ctx, np, nd,
             (long)atomic_load(&n_allocs));
     free(x);
     free(logits);
