@@ -34,6 +34,7 @@ struct kvd_stage_opts {
     int n_threads;
     uint32_t idle_timeout_s;    /* sessions with no progress are ended (default 300) */
     uint32_t chunk;             /* prefill chunk (tokens); 0: max_batch */
+    uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     bool stub;                  /* tests: a deterministic stand-in compute, no model file */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
 };

@@ -42,4 +42,19 @@ for i in $(seq 0 7); do
     cmp -s "$TMP/one.$i" "$TMP/ring.$i" || fail "session $i: ring '$(cat "$TMP/ring.$i")' vs one process '$(cat "$TMP/one.$i")'"
 done
 echo "ok 8 concurrent sessions equal their one-process outputs"
+
+# The compute threads ran waiting steps of several sessions as one window run (batches), and
+# the outputs above are still each session's own.
+"$KVCTL" status --ring "$D" --json > "$TMP/status" || fail "status"
+python3 - "$TMP/status" <<'PY' || fail "no window run took several sessions' steps: $(cat "$TMP/status")"
+import json, sys
+runs = 0
+for line in open(sys.argv[1]):
+    b = json.loads(line)["batches"]
+    assert b["max_rows"] <= 15 and (b["runs"] == 0 or b["max_steps"] >= 2), b
+    runs += b["runs"]
+print("batched window runs:", runs)
+sys.exit(0 if runs > 0 else 1)
+PY
+echo "ok steps of several sessions were batched"
 echo PASS

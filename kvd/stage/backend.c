@@ -134,6 +134,40 @@ static int stub_run(void *impl, uint64_t id, uint32_t pos, uint32_t n, float *x)
     return 0;
 }
 
+/* The stub's batch: every session's row group checked first (nothing runs on a refusal, as
+ * model_window_run_batch promises), then each group runs as stub_run would alone. */
+static int stub_run_batch(void *impl, const struct model_batch_row *rows, uint32_t n, float *x)
+{
+    struct stub *st = impl;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < n;) {
+            uint32_t g = 1;
+            while (i + g < n && rows[i + g].id == rows[i].id) {
+                if (rows[i + g].pos != rows[i].pos + g)
+                    return -EINVAL;
+                g++;
+            }
+            if (pass == 1) {
+                int rc = stub_run(impl, rows[i].id, rows[i].pos, g, x + (size_t)i * st->n_embd);
+                if (rc < 0)
+                    return rc;
+            } else {
+                struct stub_sess *s = stub_find(st, rows[i].id);
+                if (!s)
+                    return -ENOENT;
+                if ((uint64_t)rows[i].pos + g > st->n_ctx)
+                    return -ERANGE;
+                if (rows[i].pos != s->next_pos)
+                    return -EINVAL;
+                for (uint32_t k = 0; k < i; k++)
+                    if (rows[k].id == rows[i].id)
+                        return -EINVAL;   /* a session's rows not consecutive */
+            }
+            i += g;
+        }
+    return 0;
+}
+
 static int stub_head(void *impl, const float *x, uint32_t n, float *logits)
 {
     struct stub *st = impl;
@@ -189,7 +223,7 @@ static void stub_free(void *impl)
 
 static const struct kvd_backend_ops stub_ops = {
     .session_new = stub_session_new, .session_free = stub_session_free, .embed = stub_embed,
-    .run = stub_run, .head = stub_head, .sampler_new = stub_sampler_new,
+    .run = stub_run, .run_batch = stub_run_batch, .head = stub_head, .sampler_new = stub_sampler_new,
     .sampler_free = stub_sampler_free, .sampler_accept = stub_sampler_accept,
     .sampler_sample = stub_sampler_sample, .free = stub_free,
 };

@@ -26,6 +26,10 @@ static int mb_run(void *impl, uint64_t id, uint32_t pos, uint32_t n, float *x)
 {
     return model_window_run(((struct mb *)impl)->e, id, pos, n, x);
 }
+static int mb_run_batch(void *impl, const struct model_batch_row *rows, uint32_t n, float *x)
+{
+    return model_window_run_batch(((struct mb *)impl)->e, rows, n, x);
+}
 static int mb_head(void *impl, const float *x, uint32_t n, float *logits)
 {
     return model_head(((struct mb *)impl)->e, x, n, logits);
@@ -78,7 +82,7 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
 
 const struct kvd_backend_ops kvd__mb_ops = {
     .session_new = mb_session_new, .session_free = mb_session_free, .embed = mb_embed,
-    .run = mb_run, .head = mb_head, .sampler_new = mb_sampler_new,
+    .run = mb_run, .run_batch = mb_run_batch, .head = mb_head, .sampler_new = mb_sampler_new,
     .sampler_free = mb_sampler_free, .sampler_accept = mb_sampler_accept,
     .sampler_sample = mb_sampler_sample, .free = mb_free,
 };

@@ -10,7 +10,14 @@
 #include <time.h>
 
 #include "kvd/stage/internal.h"
+#include "model/model.h"
 #include "ringlib/ring.h"
+
+/* A batch of several sessions' steps: at most this many rows (see batch_take) and jobs, and
+ * this many distinct sessions looked at in the queue while gathering it. */
+#define KVD_BATCH_ROWS_MAX 15
+#define KVD_BATCH_JOBS_MAX KVD_BATCH_ROWS_MAX
+#define KVD_BATCH_SEEN_MAX 64
 
 struct csess {
     uint64_t id;
@@ -35,6 +42,9 @@ struct kvd_compute {
     struct csess *sessions;     /* compute thread only */
     float *x, *logits;          /* compute thread scratch */
     size_t x_cap;
+    uint32_t max_batch;         /* rows one window run may take */
+    uint32_t batch_wait_us;     /* how long a batch waits for more steps (0: never) */
+    struct kvd_compute_stats stats;   /* under mu */
 };
 
 void kvd_job_free(struct kvd_job *j)
@@ -64,82 +74,51 @@ static void put32(uint8_t *p, uint32_t v)
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
-static void job_run(struct kvd_compute *c, struct kvd_job *j)
+/* Make room for rows of n_embd floats in the scratch x: 0 or -ENOMEM. */
+static int x_reserve(struct kvd_compute *c, uint32_t rows)
+{
+    size_t ne = (size_t)rows * c->b->n_embd;
+    if (ne <= c->x_cap)
+        return 0;
+    float *nx = realloc(c->x, ne * sizeof *nx);
+    if (!nx)
+        return -ENOMEM;
+    c->x = nx;
+    c->x_cap = ne;
+    return 0;
+}
+
+/* A STEP's input rows into x: its tokens embedded (rank 0) or its ACT payload decoded. */
+static int step_input(struct kvd_compute *c, struct kvd_job *j, float *x)
 {
     struct kvd_backend *b = c->b;
-    const struct kvd_backend_ops *ops = b->ops;
-    double t0 = util_now_ms();
-    j->rc = 0;
-    if (j->kind == KVD_JOB_OPEN) {
-        int rc = ops->session_new(b->impl, j->session);
-        if (rc < 0) {
-            j->rc = rc;
-            snprintf(j->err, sizeof j->err, "session %016llx: cannot create its KV on this stage: %s",
-                     (unsigned long long)j->session, strerror(-rc));
-            return;
-        }
-        if (b->head) {
-            struct csess *s = calloc(1, sizeof *s);
-            if (s)
-                s->sampler = ops->sampler_new(b->impl, &j->open);
-            if (!s || !s->sampler) {
-                free(s);
-                ops->session_free(b->impl, j->session);
-                j->rc = -ENOMEM;
-                snprintf(j->err, sizeof j->err, "session %016llx: cannot create its sampler",
-                         (unsigned long long)j->session);
-                return;
-            }
-            s->id = j->session;
-            s->logits = j->flags & NET_FL_LOGITS;
-            for (uint32_t i = 0; i < j->n_tokens; i++)
-                ops->sampler_accept(b->impl, s->sampler, j->tokens[i]);
-            s->next = c->sessions;
-            c->sessions = s;
-        }
-        return;
-    }
-    if (j->kind == KVD_JOB_CLOSE) {
-        ops->session_free(b->impl, j->session);
-        struct csess **pp = NULL, *s = cs_find(c, j->session, &pp);
-        if (s) {
-            *pp = s->next;
-            ops->sampler_free(b->impl, s->sampler);
-            free(s);
-        }
-        return;
-    }
-    /* STEP */
-    size_t ne = (size_t)j->n * b->n_embd;
-    if (ne > c->x_cap) {
-        float *nx = realloc(c->x, ne * sizeof *nx);
-        if (!nx) {
-            j->rc = -ENOMEM;
-            snprintf(j->err, sizeof j->err, "out of memory for %u boundary rows", j->n);
-            return;
-        }
-        c->x = nx;
-        c->x_cap = ne;
-    }
-    float *x = c->x;
-    int rc;
     if (b->embed) {
-        rc = ops->embed(b->impl, j->tokens, j->n, x);
+        int rc = b->ops->embed(b->impl, j->tokens, j->n, x);
         if (rc < 0) {
             j->rc = rc;
             snprintf(j->err, sizeof j->err, "embedding %u tokens failed: %s", j->n, strerror(-rc));
-            return;
         }
-    } else {
-        ring_wire_decode(j->in, ne, c->wire_dsize, x);
+        return rc;
     }
-    rc = ops->run(b->impl, j->session, j->pos, j->n, x);
-    if (rc < 0) {
-        j->rc = rc;
-        snprintf(j->err, sizeof j->err, "layers %u..%u at pos %u (+%u rows) failed: %s",
-                 b->first, b->last, j->pos, j->n, rc == -ERANGE ? "past the context" : strerror(-rc));
-        return;
-    }
+    ring_wire_decode(j->in, (size_t)j->n * b->n_embd, c->wire_dsize, x);
+    return 0;
+}
+
+static void step_run_failed(struct kvd_compute *c, struct kvd_job *j, int rc)
+{
+    j->rc = rc;
+    snprintf(j->err, sizeof j->err, "layers %u..%u at pos %u (+%u rows) failed: %s", c->b->first,
+             c->b->last, j->pos, j->n, rc == -ERANGE ? "past the context" : strerror(-rc));
+}
+
+/* A STEP's window output x into its result: the sampled token on the last rank (when the
+ * step ends a prompt or is a decode step), the ACT payload elsewhere. */
+static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x)
+{
+    struct kvd_backend *b = c->b;
+    const struct kvd_backend_ops *ops = b->ops;
+    size_t ne = (size_t)j->n * b->n_embd;
+    int rc;
     if (b->head) {
         if (!(j->flags & NET_FL_LAST)) {
             j->out_type = 0;
@@ -203,7 +182,195 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         j->out_type = NET_F_ACT;
         j->out_flags = j->flags & NET_FL_LAST;
     }
-    j->ms = util_now_ms() - t0;
+}
+
+/* Run STEP jobs of different sessions as one window pass: each job's input rows are gathered
+ * into x, run together, split back, and each job ends (wire encoding, head, sampler) exactly as
+ * if run alone. One job takes the backend's single-session run, today's path. */
+static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jobs)
+{
+    struct kvd_backend *b = c->b;
+    const struct kvd_backend_ops *ops = b->ops;
+    double t0 = util_now_ms();
+    uint32_t rows = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        jobs[k]->rc = 0;
+        rows += jobs[k]->n;
+    }
+    if (x_reserve(c, rows) < 0) {
+        for (uint32_t k = 0; k < n_jobs; k++) {
+            jobs[k]->rc = -ENOMEM;
+            snprintf(jobs[k]->err, sizeof jobs[k]->err, "out of memory for %u boundary rows", rows);
+        }
+        return;
+    }
+    /* Inputs, packed: a job whose embedding fails keeps its error and leaves the batch. */
+    struct kvd_job *run[KVD_BATCH_JOBS_MAX];
+    size_t off[KVD_BATCH_JOBS_MAX];
+    uint32_t n_run = 0, n_rows = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        float *x = c->x + (size_t)n_rows * b->n_embd;
+        if (step_input(c, jobs[k], x) < 0)
+            continue;
+        off[n_run] = (size_t)n_rows * b->n_embd;
+        run[n_run++] = jobs[k];
+        n_rows += jobs[k]->n;
+    }
+    int rc = 0;
+    if (n_run == 1) {
+        rc = ops->run(b->impl, run[0]->session, run[0]->pos, run[0]->n, c->x);
+        if (rc < 0)
+            step_run_failed(c, run[0], rc);
+    } else if (n_run > 1) {
+        struct model_batch_row br[KVD_BATCH_ROWS_MAX];
+        uint32_t r = 0;
+        for (uint32_t k = 0; k < n_run; k++)
+            for (uint32_t i = 0; i < run[k]->n; i++)
+                br[r++] = (struct model_batch_row){.id = run[k]->session, .pos = run[k]->pos + i};
+        rc = ops->run_batch(b->impl, br, n_rows, c->x);
+        if (rc == -ENOENT || rc == -EINVAL || rc == -ERANGE) {
+            /* Refused before anything ran (x and every session untouched): one session's
+             * fault, so each job runs alone and only the faulty one fails. */
+            for (uint32_t k = 0; k < n_run; k++) {
+                int rk = ops->run(b->impl, run[k]->session, run[k]->pos, run[k]->n, c->x + off[k]);
+                if (rk < 0)
+                    step_run_failed(c, run[k], rk);
+            }
+        } else if (rc < 0) {
+            for (uint32_t k = 0; k < n_run; k++)
+                step_run_failed(c, run[k], rc);
+        }
+    }
+    for (uint32_t k = 0; k < n_run; k++)
+        if (run[k]->rc == 0)
+            step_output(c, run[k], c->x + off[k]);
+    /* Each job's share of the batch's time, so the stage's compute total stays the wall time. */
+    double ms = util_now_ms() - t0;
+    for (uint32_t k = 0; k < n_jobs; k++)
+        jobs[k]->ms = rows ? ms * jobs[k]->n / rows : 0;
+}
+
+static bool seen_has(const uint64_t *seen, uint32_t n, uint64_t id)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (seen[i] == id)
+            return true;
+    return false;
+}
+
+/* With c->mu held: move queued STEP jobs that can join batch[0..*nb) into it. A job joins when
+ * it is a STEP of a session not met before in the queue (so a session's jobs keep their order
+ * and none passes its session's OPEN or CLOSE), and the rows stay within cap. */
+static void batch_gather(struct kvd_compute *c, struct kvd_job **batch, uint32_t *nb,
+                         uint32_t *rows, uint32_t cap)
+{
+    uint64_t seen[KVD_BATCH_SEEN_MAX];
+    uint32_t ns = 0;
+    for (uint32_t k = 0; k < *nb; k++)
+        seen[ns++] = batch[k]->session;
+    struct kvd_job *prev = NULL, *q = c->in_head;
+    while (q && *nb < KVD_BATCH_JOBS_MAX && *rows < cap) {
+        struct kvd_job *next = q->next;
+        if (!seen_has(seen, ns, q->session)) {
+            if (q->kind == KVD_JOB_STEP && *rows + q->n <= cap) {
+                if (prev)
+                    prev->next = next;
+                else
+                    c->in_head = next;
+                if (c->in_tail == q)
+                    c->in_tail = prev;
+                q->next = NULL;
+                batch[(*nb)++] = q;
+                *rows += q->n;
+                seen[ns++] = q->session;
+                q = next;
+                continue;
+            }
+            if (ns == KVD_BATCH_SEEN_MAX)
+                break;   /* cannot tell later jobs' sessions apart any more */
+            seen[ns++] = q->session;
+        }
+        prev = q;
+        q = next;
+    }
+}
+
+/* With c->mu held and the queue not empty: take the next job, and when it is a STEP the
+ * queued STEPs of other sessions that can run with it (waiting up to batch_wait_us for more). */
+static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
+{
+    struct kvd_job *j = c->in_head;
+    c->in_head = j->next;
+    if (!c->in_head)
+        c->in_tail = NULL;
+    j->next = NULL;
+    batch[0] = j;
+    uint32_t nb = 1, rows = j->n;
+    /* F32 weight matmuls of 16 or more rows go to OpenBLAS, whose sums differ from the per-row
+     * path: a batch of several sessions stays under 16 rows so every row's result is the one
+     * it has alone (docs/model.md). A single job of any size keeps today's path exactly. */
+    uint32_t cap = c->max_batch < KVD_BATCH_ROWS_MAX ? c->max_batch : KVD_BATCH_ROWS_MAX;
+    if (j->kind != KVD_JOB_STEP || !c->b->ops->run_batch || rows >= cap)
+        return nb;
+    batch_gather(c, batch, &nb, &rows, cap);
+    if (c->batch_wait_us && nb < KVD_BATCH_JOBS_MAX && rows < cap) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)c->batch_wait_us * 1000;
+        dl.tv_sec += (time_t)(ns / 1000000000u);
+        dl.tv_nsec = (long)(ns % 1000000000u);
+        while (!c->stop && nb < KVD_BATCH_JOBS_MAX && rows < cap &&
+               pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
+            batch_gather(c, batch, &nb, &rows, cap);
+    }
+    return nb;
+}
+
+static void job_run(struct kvd_compute *c, struct kvd_job *j)
+{
+    struct kvd_backend *b = c->b;
+    const struct kvd_backend_ops *ops = b->ops;
+    j->rc = 0;
+    if (j->kind == KVD_JOB_OPEN) {
+        int rc = ops->session_new(b->impl, j->session);
+        if (rc < 0) {
+            j->rc = rc;
+            snprintf(j->err, sizeof j->err, "session %016llx: cannot create its KV on this stage: %s",
+                     (unsigned long long)j->session, strerror(-rc));
+            return;
+        }
+        if (b->head) {
+            struct csess *s = calloc(1, sizeof *s);
+            if (s)
+                s->sampler = ops->sampler_new(b->impl, &j->open);
+            if (!s || !s->sampler) {
+                free(s);
+                ops->session_free(b->impl, j->session);
+                j->rc = -ENOMEM;
+                snprintf(j->err, sizeof j->err, "session %016llx: cannot create its sampler",
+                         (unsigned long long)j->session);
+                return;
+            }
+            s->id = j->session;
+            s->logits = j->flags & NET_FL_LOGITS;
+            for (uint32_t i = 0; i < j->n_tokens; i++)
+                ops->sampler_accept(b->impl, s->sampler, j->tokens[i]);
+            s->next = c->sessions;
+            c->sessions = s;
+        }
+        return;
+    }
+    if (j->kind == KVD_JOB_CLOSE) {
+        ops->session_free(b->impl, j->session);
+        struct csess **pp = NULL, *s = cs_find(c, j->session, &pp);
+        if (s) {
+            *pp = s->next;
+            ops->sampler_free(b->impl, s->sampler);
+            free(s);
+        }
+        return;
+    }
+    step_run(c, &j, 1);
 }
 
 static void *thread_main(void *arg)
@@ -215,19 +382,31 @@ static void *thread_main(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop)
             break;
-        struct kvd_job *j = c->in_head;
-        c->in_head = j->next;
-        if (!c->in_head)
-            c->in_tail = NULL;
-        j->next = NULL;
+        struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
+        uint32_t nb = batch_take(c, batch), rows = 0;
         pthread_mutex_unlock(&c->mu);
-        job_run(c, j);
-        pthread_mutex_lock(&c->mu);
-        if (c->out_tail)
-            c->out_tail->next = j;
+        if (nb == 1)
+            job_run(c, batch[0]);
         else
-            c->out_head = j;
-        c->out_tail = j;
+            step_run(c, batch, nb);
+        pthread_mutex_lock(&c->mu);
+        for (uint32_t k = 0; k < nb; k++) {
+            rows += batch[k]->n;
+            if (c->out_tail)
+                c->out_tail->next = batch[k];
+            else
+                c->out_head = batch[k];
+            c->out_tail = batch[k];
+        }
+        if (nb > 1) {
+            c->stats.batches++;
+            c->stats.batched_jobs += nb;
+            c->stats.batched_rows += rows;
+            if (nb > c->stats.max_jobs)
+                c->stats.max_jobs = nb;
+            if (rows > c->stats.max_rows)
+                c->stats.max_rows = rows;
+        }
         uv_async_send(&c->async);
     }
     pthread_mutex_unlock(&c->mu);
@@ -260,12 +439,15 @@ static void on_async(uv_async_t *a)
 }
 
 int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backend *b,
-                    uint32_t wire_dsize, kvd_job_done_cb done, void *ud)
+                    uint32_t wire_dsize, uint32_t max_batch, uint32_t batch_wait_us,
+                    kvd_job_done_cb done, void *ud)
 {
     struct kvd_compute *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
     c->b = b;
+    c->max_batch = max_batch;
+    c->batch_wait_us = batch_wait_us;
     c->wire_dsize = wire_dsize;
     c->done = done;
     c->ud = ud;
@@ -300,6 +482,13 @@ fail_thread:
     pthread_mutex_destroy(&c->mu);
     free(c);
     return rc;
+}
+
+void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)

@@ -60,6 +60,16 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "rows", (double)st->rows);
     cJSON_AddNumberToObject(o, "ms_per_token", st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0);
     cJSON_AddNumberToObject(o, "compute_ms", st->compute_ms);
+    if (st->comp) {   /* window runs that took several sessions' steps at once */
+        struct kvd_compute_stats cs;
+        kvd_compute_stats(st->comp, &cs);
+        cJSON *bo = cJSON_AddObjectToObject(o, "batches");
+        cJSON_AddNumberToObject(bo, "runs", (double)cs.batches);
+        cJSON_AddNumberToObject(bo, "steps", (double)cs.batched_jobs);
+        cJSON_AddNumberToObject(bo, "rows", (double)cs.batched_rows);
+        cJSON_AddNumberToObject(bo, "max_steps", cs.max_jobs);
+        cJSON_AddNumberToObject(bo, "max_rows", cs.max_rows);
+    }
     uint64_t frames = st->act_frames_out + st->tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);
     cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);

@@ -26,12 +26,16 @@
 struct model_vocab;
 struct model_gen;
 struct gguf_file;
+struct model_batch_row;
 
 struct kvd_backend_ops {
     int (*session_new)(void *impl, uint64_t id);
     int (*session_free)(void *impl, uint64_t id);
     int (*embed)(void *impl, const int32_t *tok, uint32_t n, float *out);      /* rank 0 */
     int (*run)(void *impl, uint64_t id, uint32_t pos, uint32_t n, float *x);   /* in place */
+    /* Rows of several sessions in one pass, in place (model_window_run_batch's rules: a
+     * session's rows consecutive and in order; -ENOENT, -EINVAL, -ERANGE before anything ran). */
+    int (*run_batch)(void *impl, const struct model_batch_row *rows, uint32_t n, float *x);
     int (*head)(void *impl, const float *x, uint32_t n, float *logits);        /* last rank */
     void *(*sampler_new)(void *impl, const struct net_open_params *p);
     void (*sampler_free)(void *impl, void *s);
@@ -92,9 +96,18 @@ struct kvd_job {
 
 struct kvd_compute;
 typedef void (*kvd_job_done_cb)(struct kvd_job *j, void *ud);
+/* The compute thread: max_batch caps a window run's rows; a STEP taken waits up to
+ * batch_wait_us for other sessions' steps to run with it (0: only those already queued). */
 int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backend *b,
-                    uint32_t wire_dsize, kvd_job_done_cb done, void *ud);
+                    uint32_t wire_dsize, uint32_t max_batch, uint32_t batch_wait_us,
+                    kvd_job_done_cb done, void *ud);
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j);
+/* Window runs that took steps of several sessions at once. */
+struct kvd_compute_stats {
+    uint64_t batches, batched_jobs, batched_rows;
+    uint32_t max_jobs, max_rows;
+};
+void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 /* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
  * c is freed in the handle's close callback, which then calls closed(ud) (may be NULL): from
  * then on nothing of c touches the backend. c == NULL: nothing happens, closed is not called. */

@@ -54,6 +54,7 @@ static int set_rank(struct kvd_stage_opts *o, const char *v) { return parse_int(
 static int set_threads(struct kvd_stage_opts *o, const char *v) { return parse_int(v, 0, 1024, &o->n_threads); }
 static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
 static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
+static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 0, 1000000, &o->batch_wait_us); }
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -79,6 +80,7 @@ static const struct opt opts[] = {
     {"-t", "N", "compute threads (default: all cores)", set_threads},
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
+    {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},

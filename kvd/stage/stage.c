@@ -263,7 +263,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->max_payload = cap > NET_PAYLOAD_HARD_MAX ? NET_PAYLOAD_HARD_MAX : (uint32_t)cap;
 
     st->loop = uv_default_loop();
-    rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, kvd_sess_on_job_done, st);
+    rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, st->m.max_batch,
+                         o->batch_wait_us, kvd_sess_on_job_done, st);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "compute thread: %s", uv_strerror(rc));
         goto fail;
