@@ -74,6 +74,9 @@ struct kern__type_traits {
     kern__to_float_fn to_float;          /* reference dequantiser, NULL when none */
     kern__from_float_fn from_float_ref;  /* reference quantiser, NULL when none */
     kern__dot_fn vec_dot;                /* reference dot against vec_dot_type, NULL when none */
+    /* A matmul row's result does not depend on how many rows the matmul takes (below
+     * KERN_ROWS_EXACT_MAX): one row and several take the same dot (docs/model.md). */
+    bool rows_exact;
 };
 /* The traits of type, NULL for a type number the table does not have. */
 const struct kern__type_traits *kern__type_traits(uint32_t type);

@@ -6,36 +6,37 @@
 
 #include "kernels/internal.h"
 
-#define PLAIN(t, T, bytes) \
+#define PLAIN(t, T, bytes, exact) \
     [KERN_T_##T] = {#t, 1, bytes, false, true, KERN_T_##T, kern__dequant_##t, kern__quant_##t, \
-                    kern__dot_##t}
-/* A quantised weight type (vt: its activation type) and an activation-only one. */
-#define QUANT(t, T, elems, vt) \
+                    kern__dot_##t, exact}
+/* A quantised weight type (vt: its activation type; exact: rows_exact) and an activation-only
+ * one. Row-exact are the types tests/test-model-batch shows bit-identical batched and alone. */
+#define QUANT(t, T, elems, vt, exact) \
     [KERN_T_##T] = {#t, elems, sizeof(struct kern_block_##t), true, true, KERN_T_##vt, \
-                    kern__dequant_##t, kern__quant_##t, kern__dot_##t}
+                    kern__dequant_##t, kern__quant_##t, kern__dot_##t, exact}
 #define ACT(t, T, elems) \
     [KERN_T_##T] = {#t, elems, sizeof(struct kern_block_##t), true, false, KERN_T_F32, \
-                    kern__dequant_##t, kern__quant_##t, NULL}
+                    kern__dequant_##t, kern__quant_##t, NULL, false}
 /* Known sizes, no kernels. */
 #define SIZE_ONLY(t, T, elems) \
     [KERN_T_##T] = {#t, elems, sizeof(struct kern_block_##t), true, false, KERN_T_F32, NULL, \
-                    NULL, NULL}
+                    NULL, NULL, false}
 
 static const struct kern__type_traits traits[KERN_T_COUNT] = {
-    PLAIN(f32, F32, 4),
-    PLAIN(f16, F16, 2),
-    PLAIN(bf16, BF16, 2),
-    QUANT(q4_0, Q4_0, KERN_QK, Q8_0),
-    QUANT(q4_1, Q4_1, KERN_QK, Q8_1),
-    QUANT(q5_0, Q5_0, KERN_QK, Q8_0),
-    QUANT(q5_1, Q5_1, KERN_QK, Q8_1),
-    QUANT(q8_0, Q8_0, KERN_QK, Q8_0),
+    PLAIN(f32, F32, 4, true),
+    PLAIN(f16, F16, 2, true),
+    PLAIN(bf16, BF16, 2, false),
+    QUANT(q4_0, Q4_0, KERN_QK, Q8_0, false),
+    QUANT(q4_1, Q4_1, KERN_QK, Q8_1, false),
+    QUANT(q5_0, Q5_0, KERN_QK, Q8_0, false),
+    QUANT(q5_1, Q5_1, KERN_QK, Q8_1, false),
+    QUANT(q8_0, Q8_0, KERN_QK, Q8_0, false),
     ACT(q8_1, Q8_1, KERN_QK),
     SIZE_ONLY(q2_K, Q2_K, KERN_QK_K),
     SIZE_ONLY(q3_K, Q3_K, KERN_QK_K),
-    QUANT(q4_K, Q4_K, KERN_QK_K, Q8_K),
-    QUANT(q5_K, Q5_K, KERN_QK_K, Q8_K),
-    QUANT(q6_K, Q6_K, KERN_QK_K, Q8_K),
+    QUANT(q4_K, Q4_K, KERN_QK_K, Q8_K, true),
+    QUANT(q5_K, Q5_K, KERN_QK_K, Q8_K, false),
+    QUANT(q6_K, Q6_K, KERN_QK_K, Q8_K, false),
     ACT(q8_K, Q8_K, KERN_QK_K),
 };
 
@@ -54,6 +55,12 @@ bool kern_type_supported(uint32_t type)
 {
     const struct kern__type_traits *t = kern__type_traits(type);
     return t && t->weight;
+}
+
+bool kern_type_rows_exact(uint32_t type)
+{
+    const struct kern__type_traits *t = kern__type_traits(type);
+    return t && t->weight && t->rows_exact;
 }
 
 uint32_t kern_block_elems(uint32_t type)

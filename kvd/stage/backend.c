@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kern.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
 
@@ -250,6 +251,7 @@ int kvd_backend_open_stub(struct kvd_backend *b, uint32_t n_embd, uint32_t n_lay
     b->embed = first == 0;
     b->head = last == n_layer;
     snprintf(b->arch, sizeof b->arch, "stub");
+    b->batch_rows = KERN_ROWS_EXACT_MAX;   /* rows are independent of each other */
     b->eos = -1;
     b->bos = -1;
     return 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
+#include "kernels/kern.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
 #include "util/err.h"
@@ -87,6 +88,21 @@ const struct kvd_backend_ops kvd__mb_ops = {
     .sampler_sample = mb_sampler_sample, .free = mb_free,
 };
 
+/* Rows a window run of several sessions may take with each row's result its solo one: 0 when a
+ * weight of the window's layers has a type whose matmul rounds differently for several rows. */
+static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint32_t last)
+{
+    uint64_t n = gguf_tensor_count(g);
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(g, i);
+        int l = gguf_tensor_layer(t->name);
+        if (l >= 0 && (uint32_t)l >= first && (uint32_t)l < last && t->n_dims >= 2 &&
+            !kern_type_rows_exact(t->type))
+            return 0;
+    }
+    return KERN_ROWS_EXACT_MAX;
+}
+
 int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, int last,
                            int n_threads, uint32_t n_ctx, uint32_t max_batch, char *err,
                            size_t errlen)
@@ -124,6 +140,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
     b->weight_bytes = model_weight_bytes(mb->m);
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
+    b->batch_rows = batch_rows_exact(g, b->first, b->last);
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;
     if (b->embed) {   /* rank 0 tokenizes prompts and turns tokens into text */

@@ -9,13 +9,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/kern.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
 #include "ringlib/ring.h"
 
-/* A batch of several sessions' steps: at most this many rows (see batch_take) and jobs, and
- * this many distinct sessions looked at in the queue while gathering it. */
-#define KVD_BATCH_ROWS_MAX 15
+/* A batch of several sessions' steps: at most this many rows (the backend's batch_rows caps
+ * it further) and jobs, and this many distinct sessions looked at in the queue while
+ * gathering it. */
+#define KVD_BATCH_ROWS_MAX KERN_ROWS_EXACT_MAX
 #define KVD_BATCH_JOBS_MAX KVD_BATCH_ROWS_MAX
 #define KVD_BATCH_SEEN_MAX 64
 
@@ -306,10 +308,14 @@ static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
     j->next = NULL;
     batch[0] = j;
     uint32_t nb = 1, rows = j->n;
-    /* F32 weight matmuls of 16 or more rows go to OpenBLAS, whose sums differ from the per-row
-     * path: a batch of several sessions stays under 16 rows so every row's result is the one
-     * it has alone (docs/model.md). A single job of any size keeps today's path exactly. */
-    uint32_t cap = c->max_batch < KVD_BATCH_ROWS_MAX ? c->max_batch : KVD_BATCH_ROWS_MAX;
+    /* A batch of several sessions stays within the rows where the window's matmuls give each
+     * row the result it has alone (F32 weight matmuls of 16 or more rows go to OpenBLAS, whose
+     * sums differ from the per-row path; Q8_0 and others round differently for several rows:
+     * then batch_rows is 0 and steps run one by one), so batching never changes a token
+     * (docs/model.md). A single job of any size keeps today's path exactly. */
+    uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
+    if (cap > KVD_BATCH_ROWS_MAX)
+        cap = KVD_BATCH_ROWS_MAX;
     if (j->kind != KVD_JOB_STEP || !c->b->ops->run_batch || rows >= cap)
         return nb;
     batch_gather(c, batch, &nb, &rows, cap);

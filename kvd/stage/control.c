@@ -69,6 +69,7 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(bo, "rows", (double)cs.batched_rows);
         cJSON_AddNumberToObject(bo, "max_steps", cs.max_jobs);
         cJSON_AddNumberToObject(bo, "max_rows", cs.max_rows);
+        cJSON_AddNumberToObject(bo, "rows_allowed", st->be.batch_rows);   /* 0: never batched */
     }
     uint64_t frames = st->act_frames_out + st->tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);

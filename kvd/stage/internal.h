@@ -53,6 +53,9 @@ struct kvd_backend {
     int32_t eos, bos;          /* -1 when unknown */
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
+    /* Most rows one window run of several sessions may take with every row's result the one
+     * it has alone (run_batch); 0: the window's weight types round differently batched. */
+    uint32_t batch_rows;
     struct model_vocab *vocab; /* rank 0: the tokenizer (NULL without one); immutable */
 };
 
