@@ -110,6 +110,31 @@ static inline int kern__nearest_int(float f)
 
 static inline float kern__h2f(uint16_t h) { return kern_f16_to_f32(h); }
 
+/* The 32 five-bit quants (0..31) of a Q5_0/Q5_1 block: low nibbles in qs (element j and
+ * j + 16 share byte j), fifth bits in the 32-bit little-endian qh. */
+static inline void kern__q5_unpack(const uint8_t qs[KERN_QK / 2], const uint8_t qh_bytes[4],
+                                   int q[KERN_QK])
+{
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    for (int j = 0; j < KERN_QK / 2; j++) {
+        q[j] = (qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
+        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
+/* The inverse: 32 quants (0..31) into qs and qh. */
+static inline void kern__q5_pack(const int q[KERN_QK], uint8_t qs[KERN_QK / 2], uint8_t qh_bytes[4])
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < KERN_QK / 2; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+        qh |= (uint32_t)((q[j] >> 4) & 1) << j;
+        qh |= (uint32_t)((q[j + 16] >> 4) & 1) << (j + 16);
+    }
+    memcpy(qh_bytes, &qh, 4);
+}
+
 /* 6-bit scale and min j (0..7) of a Q4_K/Q5_K scales array. */
 static inline void kern__scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 {

@@ -74,14 +74,10 @@ float kern__dot_q5_0(const void *w, const void *xq, int64_t n)
     const struct kern_block_q8_0 *y = xq;
     float sumf = 0;
     for (int64_t i = 0; i < n / KERN_QK; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, 4);
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = ((x[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
-            int q1 = ((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
-            sumi += q0 * y[i].qs[j] + q1 * y[i].qs[j + 16];
-        }
+        int q[KERN_QK], sumi = 0;
+        kern__q5_unpack(x[i].qs, x[i].qh, q);
+        for (int j = 0; j < KERN_QK; j++)
+            sumi += (q[j] - 16) * y[i].qs[j];
         sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d));
     }
     return sumf;
@@ -93,14 +89,10 @@ float kern__dot_q5_1(const void *w, const void *xq, int64_t n)
     const struct kern_block_q8_1 *y = xq;
     float sumf = 0;
     for (int64_t i = 0; i < n / KERN_QK; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, 4);
-        int sumi = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = (x[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-            int q1 = (x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            sumi += q0 * y[i].qs[j] + q1 * y[i].qs[j + 16];
-        }
+        int q[KERN_QK], sumi = 0;
+        kern__q5_unpack(x[i].qs, x[i].qh, q);
+        for (int j = 0; j < KERN_QK; j++)
+            sumi += q[j] * y[i].qs[j];
         sumf += sumi * (kern__h2f(x[i].d) * kern__h2f(y[i].d)) +
                 kern__h2f(x[i].m) * kern__h2f(y[i].s);
     }

@@ -129,13 +129,10 @@ void kern__dequant_q5_0(const void *src, float *y, int64_t nb)
     const struct kern_block_q5_0 *b = src;
     for (int64_t i = 0; i < nb; i++, y += KERN_QK) {
         float d = kern__h2f(b[i].d);
-        uint32_t qh;
-        memcpy(&qh, b[i].qh, 4);
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
-            y[j] = (((b[i].qs[j] & 0xF) | (h0 << 4)) - 16) * d;
-            y[j + 16] = (((b[i].qs[j] >> 4) | (h1 << 4)) - 16) * d;
-        }
+        int q[KERN_QK];
+        kern__q5_unpack(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < KERN_QK; j++)
+            y[j] = (q[j] - 16) * d;
     }
 }
 
@@ -144,13 +141,10 @@ void kern__dequant_q5_1(const void *src, float *y, int64_t nb)
     const struct kern_block_q5_1 *b = src;
     for (int64_t i = 0; i < nb; i++, y += KERN_QK) {
         float d = kern__h2f(b[i].d), m = kern__h2f(b[i].m);
-        uint32_t qh;
-        memcpy(&qh, b[i].qh, 4);
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
-            y[j] = ((b[i].qs[j] & 0xF) | (h0 << 4)) * d + m;
-            y[j + 16] = ((b[i].qs[j] >> 4) | (h1 << 4)) * d + m;
-        }
+        int q[KERN_QK];
+        kern__q5_unpack(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < KERN_QK; j++)
+            y[j] = q[j] * d + m;
     }
 }
 
@@ -300,15 +294,23 @@ void kern__quant_q4_0(const float *x, void *dst, int64_t nb)
     }
 }
 
+/* The least and greatest of x[0..n). */
+static void min_max(const float *x, int n, float *min, float *max)
+{
+    *min = INFINITY;
+    *max = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        *min = x[j] < *min ? x[j] : *min;
+        *max = x[j] > *max ? x[j] : *max;
+    }
+}
+
 void kern__quant_q4_1(const float *x, void *dst, int64_t nb)
 {
     struct kern_block_q4_1 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += KERN_QK) {
-        float min = INFINITY, max = -INFINITY;
-        for (int j = 0; j < KERN_QK; j++) {
-            min = x[j] < min ? x[j] : min;
-            max = x[j] > max ? x[j] : max;
-        }
+        float min, max;
+        min_max(x, KERN_QK, &min, &max);
         float d = (max - min) / 15, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = kern_f32_to_f16(d);
         b[i].m = kern_f32_to_f16(min);
@@ -328,15 +330,10 @@ void kern__quant_q5_0(const float *x, void *dst, int64_t nb)
         abs_max(x, KERN_QK, &max);
         float d = max / -16, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = kern_f32_to_f16(d);
-        uint32_t qh = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = MINI(31, (int8_t)(x[j] * id + 16.5f));
-            int q1 = MINI(31, (int8_t)(x[j + 16] * id + 16.5f));
-            b[i].qs[j] = (uint8_t)((q0 & 0xF) | ((q1 & 0xF) << 4));
-            qh |= (uint32_t)((q0 >> 4) & 1) << j;
-            qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
-        }
-        memcpy(b[i].qh, &qh, 4);
+        int q[KERN_QK];
+        for (int j = 0; j < KERN_QK; j++)
+            q[j] = MINI(31, (int8_t)(x[j] * id + 16.5f));
+        kern__q5_pack(q, b[i].qs, b[i].qh);
     }
 }
 
@@ -344,23 +341,15 @@ void kern__quant_q5_1(const float *x, void *dst, int64_t nb)
 {
     struct kern_block_q5_1 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += KERN_QK) {
-        float min = INFINITY, max = -INFINITY;
-        for (int j = 0; j < KERN_QK; j++) {
-            min = x[j] < min ? x[j] : min;
-            max = x[j] > max ? x[j] : max;
-        }
+        float min, max;
+        min_max(x, KERN_QK, &min, &max);
         float d = (max - min) / 31, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = kern_f32_to_f16(d);
         b[i].m = kern_f32_to_f16(min);
-        uint32_t qh = 0;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            int q0 = MINI(31, (uint8_t)((x[j] - min) * id + 0.5f));
-            int q1 = MINI(31, (uint8_t)((x[j + 16] - min) * id + 0.5f));
-            b[i].qs[j] = (uint8_t)((q0 & 0xF) | ((q1 & 0xF) << 4));
-            qh |= (uint32_t)((q0 >> 4) & 1) << j;
-            qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
-        }
-        memcpy(b[i].qh, &qh, 4);
+        int q[KERN_QK];
+        for (int j = 0; j < KERN_QK; j++)
+            q[j] = MINI(31, (uint8_t)((x[j] - min) * id + 0.5f));
+        kern__q5_pack(q, b[i].qs, b[i].qh);
     }
 }
 
