@@ -141,25 +141,3 @@ bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const ui
     EVP_PKEY_free(k);
     return ok;
 }
-
-int net_sha256_file(const char *path, uint8_t out[32])
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -errno;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int rc = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 ? 0 : -EIO;
-    unsigned char buf[65536];
-    size_t n;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, f)) > 0)
-        if (EVP_DigestUpdate(ctx, buf, n) != 1)
-            rc = -EIO;
-    if (rc == 0 && ferror(f))
-        rc = -EIO;
-    unsigned int len = 32;
-    if (rc == 0 && EVP_DigestFinal_ex(ctx, out, &len) != 1)
-        rc = -EIO;
-    EVP_MD_CTX_free(ctx);
-    fclose(f);
-    return rc;
-}

@@ -113,8 +113,6 @@ const uint8_t *net_identity_pub(const struct net_identity *id);   /* 32 bytes, b
 int net_identity_sign(const struct net_identity *id, const void *msg, size_t len,
                       uint8_t sig[64]);
 bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const uint8_t sig[64]);
-/* SHA-256 of a file's bytes. */
-int net_sha256_file(const char *path, uint8_t out[32]);
 
 struct net_hello {
     uint32_t version, rank, n_ranks;
