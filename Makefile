@@ -67,12 +67,15 @@ LIB        := $(B)/libkvasir.a
 # never taken from it (a test defines its own).
 KVD_LIB    := $(B)/libkvd.a
 TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
+# The test build of kvd: kvd's own main and roles (libkvd.a) plus the network tests' stand-in
+# compute backend, which adds `kvd stage --stub` (tests/stub_backend.c).
+KVD_STUB   := $(B)/tests/kvd-stub
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
 .PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup clean
 all: $(B)/kvd $(B)/kvctl
-tests: all $(TESTS) $(TOOLS)
+tests: all $(TESTS) $(TOOLS) $(KVD_STUB)
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -96,6 +99,11 @@ $(B)/kvctl: $(KVCTL_OBJS) $(LIB)
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
 $(B)/tests/%: $(B)/obj/tests/%.o $(KVD_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+$(KVD_STUB): $(B)/obj/tests/stub_backend.o $(KVD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)

@@ -51,9 +51,15 @@ static int mkdir_p(const char *dir)
     return 0;
 }
 
-/* The kvd binary next to this kvctl. */
+/* The kvd binary to start: $KVD_BIN when set (the tests' build/tests/kvd-stub, which offers
+ * --stub), else the kvd next to this kvctl. */
 static int kvd_path(char *out, size_t n)
 {
+    const char *env = getenv("KVD_BIN");
+    if (env && *env) {
+        snprintf(out, n, "%s", env);
+        return access(out, X_OK) == 0 ? 0 : -ENOENT;
+    }
     char self[PATH_MAX];
     ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
     if (k <= 0)
@@ -261,7 +267,10 @@ static void ring_up_usage(FILE *f)
         "  -t N                compute threads per stage (default 1)\n"
         "  --ctx N             context length (default: the model's, at most 4096)\n"
         "  --max-batch N       rows per ACT frame (prefill chunk, default 512)\n"
-        "  --stub --layers L --embd E   tests: stand-in compute, no model file\n"
+        "  --batch-wait-us N   each stage's compute waits up to N us for other sessions' steps\n"
+        "                      to batch with (kvd stage --batch-wait-us; default 0)\n"
+        "  --stub --layers L --embd E   tests: stand-in compute, no model file (needs the test\n"
+        "                      build of kvd: KVD_BIN=build/tests/kvd-stub)\n"
         "  --window-from URL   stages pull their windows from a seeder or a GGUF URL\n"
         "                      (kvd stage --window-from) instead of mapping --model\n"
         "  --catalog FILE      the model's catalog (default: built into DIR/catalog.json);\n"
@@ -281,11 +290,12 @@ static int ring_up(int argc, char **argv)
         {"max-batch", required_argument, 0, 'b'}, {"stub", no_argument, 0, 'S'},
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
-        {"split", required_argument, 0, 'P'},
+        {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *window_from = NULL, *catalog = NULL, *split = NULL;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
+    long batch_wait = -1;
     bool stub = false;
     int c;
     optind = 1;
@@ -301,6 +311,7 @@ static int ring_up(int argc, char **argv)
         case 'c': rc = kvctl_parse_long("--ctx", optarg, 8, 1 << 20, &ctx); break;
         case 'b': rc = kvctl_parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
         case 'S': stub = true; break;
+        case 'w': rc = kvctl_parse_long("--batch-wait-us", optarg, 0, 1000000, &batch_wait); break;
         case 'W': window_from = optarg; break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
@@ -592,16 +603,18 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     free(js);
     char kvd[PATH_MAX];
     if (kvd_path(kvd, sizeof kvd) < 0) {
-        fprintf(stderr, "kvctl ring up: kvd not found next to kvctl (%s)\n", kvd);
+        fprintf(stderr, "kvctl ring up: kvd not found %s (%s)\n",
+                getenv("KVD_BIN") && *getenv("KVD_BIN") ? "at KVD_BIN" : "next to kvctl", kvd);
         return 1;
     }
     pid_t pids[MAX_STAGES];
     for (uint32_t r = 0; r < (uint32_t)stages; r++) {
-        char sd[PATH_MAX], logp[PATH_MAX], rank[16], th[16];
+        char sd[PATH_MAX], logp[PATH_MAX], rank[16], th[16], bw[24];
         snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
         snprintf(logp, sizeof logp, "%s/kvd.log", sd);
         snprintf(rank, sizeof rank, "%u", r);
         snprintf(th, sizeof th, "%ld", threads);
+        snprintf(bw, sizeof bw, "%ld", batch_wait);
         pid_t pid = fork();
         if (pid < 0) {
             fprintf(stderr, "kvctl ring up: fork: %s\n", strerror(errno));
@@ -629,6 +642,10 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             args[a++] = sd;
             args[a++] = "-t";
             args[a++] = th;
+            if (batch_wait >= 0) {
+                args[a++] = "--batch-wait-us";
+                args[a++] = bw;
+            }
             if (stub)
                 args[a++] = "--stub";
             else {
@@ -683,11 +700,17 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
                     goto again;
                 }
                 fprintf(stderr, "kvctl ring up: stage %u exited; its log (%s):\n", r, logp);
+                bool no_stub = false;
                 lf = fopen(logp, "r");
-                while (lf && fgets(line, sizeof line, lf))
+                while (lf && fgets(line, sizeof line, lf)) {
                     fprintf(stderr, "  %s", line);
+                    no_stub |= strstr(line, "unknown option '--stub'") != NULL;
+                }
                 if (lf)
                     fclose(lf);
+                if (no_stub)
+                    fprintf(stderr, "kvctl ring up: --stub needs the test build of kvd: "
+                            "KVD_BIN=build/tests/kvd-stub kvctl ring up ...\n");
                 return 1;
             }
             char sock[PATH_MAX], err[300];

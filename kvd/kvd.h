@@ -35,7 +35,7 @@ struct kvd_stage_opts {
     uint32_t idle_timeout_s;    /* sessions with no progress are ended (default 300) */
     uint32_t chunk;             /* prefill chunk (tokens); 0: max_batch */
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
-    bool stub;                  /* tests: a deterministic stand-in compute, no model file */
+    const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure

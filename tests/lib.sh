@@ -4,6 +4,8 @@
 #   ROOT          the repository
 #   B, KV_BUILD   the build directory ($KV_BUILD; tests/run.sh passes it, default build/)
 #   KVCTL, KVD    the binaries; TOOLS the test tools ($B/tests)
+#   KVD_STUB      the test build of kvd that offers `kvd stage --stub` (stand-in compute);
+#                 ring_up runs it (KVD_BIN) for a ring started with --stub
 #   DATA, TD      the shared test data ($KV_TESTDATA, default ../shared/testdata)
 #   T, TMP        a fresh scratch directory, removed on exit
 # Failures:
@@ -36,6 +38,7 @@ B=${KV_BUILD:-$ROOT/build}
 KV_BUILD=$B
 KVCTL=$B/kvctl
 KVD=$B/kvd
+KVD_STUB=$B/tests/kvd-stub
 TOOLS=$B/tests
 DATA=${KV_TESTDATA:-$ROOT/../shared/testdata}
 TD=$DATA
@@ -138,7 +141,9 @@ ring_up() {
     local d=$1
     shift
     RINGS="$RINGS $d"
-    "$KVCTL" ring up --dir "$d" "$@" > "$d.up" 2>&1 || fail "ring up $*: $(cat "$d.up")"
+    local kvd_bin=${KVD_BIN:-}
+    case " $* " in *" --stub "*) kvd_bin=$KVD_STUB ;; esac
+    KVD_BIN=$kvd_bin "$KVCTL" ring up --dir "$d" "$@" > "$d.up" 2>&1 || fail "ring up $*: $(cat "$d.up")"
 }
 ring_down() { "$KVCTL" ring down --dir "$1" >/dev/null 2>&1; }
 rank_pid() { cat "$1/rank-$2/kvd.pid"; }

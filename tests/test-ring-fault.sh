@@ -30,7 +30,7 @@ echo "ok client error after $ms ms: $(cat "$TMP/err")"
 kill -0 $(rank_pid "$D" 0) && kill -0 $(rank_pid "$D" 2) || fail "another stage died"
 
 # The stage comes back (same key, same manifest): the ring links again and serves.
-"$KVD" stage --manifest "$D/ring.json" --rank 1 --stub --state-dir "$D/rank-1" >> "$D/rank-1/kvd.log" 2>&1 &
+"$KVD_STUB" stage --manifest "$D/ring.json" --rank 1 --stub --state-dir "$D/rank-1" >> "$D/rank-1/kvd.log" 2>&1 &
 echo $! > "$D/rank-1/kvd.pid"
 for i in $(seq 100); do
     n=$("$KVCTL" status --ring "$D" --json 2>/dev/null | grep -c '"linked":true')

@@ -1,5 +1,6 @@
 /* backend_model.c — the stage's compute backend on model/model.h: the window's weights (only
- * they are mapped), an executor with per-session KV, and the sampler on the last rank. */
+ * they are mapped) and an executor with per-session KV; rank 0 embeds, the last rank's head
+ * gives logits. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,53 +15,61 @@
 struct mb {
     struct model *m;
     struct model_exec *e;
-    uint32_t n_vocab;
+    uint32_t n_embd, n_vocab, first, last;
 };
 
 static int mb_session_new(void *impl, uint64_t id) { return model_session_new(((struct mb *)impl)->e, id); }
 static int mb_session_free(void *impl, uint64_t id) { return model_session_free(((struct mb *)impl)->e, id); }
-static int mb_embed(void *impl, const int32_t *tok, uint32_t n, float *out)
+
+/* Whether the batch's rows are all one session's, at consecutive positions. */
+static bool one_session(const struct kvd_backend_batch *bt)
 {
-    return model_embed(((struct mb *)impl)->e, tok, n, out);
-}
-static int mb_run(void *impl, uint64_t id, uint32_t pos, uint32_t n, float *x)
-{
-    return model_window_run(((struct mb *)impl)->e, id, pos, n, x);
-}
-static int mb_run_batch(void *impl, const struct model_batch_row *rows, uint32_t n, float *x)
-{
-    return model_window_run_batch(((struct mb *)impl)->e, rows, n, x);
-}
-static int mb_head(void *impl, const float *x, uint32_t n, float *logits)
-{
-    return model_head(((struct mb *)impl)->e, x, n, logits);
+    for (uint32_t i = 1; i < bt->n; i++)
+        if (bt->rows[i].id != bt->rows[0].id || bt->rows[i].pos != bt->rows[0].pos + i)
+            return false;
+    return true;
 }
 
-static void *mb_sampler_new(void *impl, const struct net_open_params *p)
+/* One session's rows take model_window_run (any number of rows, the path of a session alone);
+ * several sessions' model_window_run_batch. The head runs one row at a time, as each row's
+ * logits are then the ones it has alone whatever the output weight's type. */
+static int mb_run(void *impl, const struct kvd_backend_batch *bt, char *err, size_t errlen)
 {
     struct mb *b = impl;
-    struct model_sampler_params sp;
-    model_sampler_params_default(&sp);
-    sp.seed = p->seed;
-    sp.temperature = p->temperature;
-    sp.top_k = p->top_k;
-    sp.top_p = p->top_p;
-    sp.min_p = p->min_p;
-    sp.repeat_penalty = p->repeat_penalty;
-    sp.freq_penalty = p->freq_penalty;
-    sp.presence_penalty = p->presence_penalty;
-    sp.penalty_last_n = p->penalty_last_n;
-    struct model_sampler *s = NULL;
-    if (model_sampler_new(&s, &sp, b->n_vocab) < 0)
-        return NULL;
-    return s;
-}
-static void mb_sampler_free(void *impl, void *s) { (void)impl; model_sampler_free(s); }
-static void mb_sampler_accept(void *impl, void *s, int32_t tok) { (void)impl; model_sampler_accept(s, tok); }
-static int32_t mb_sampler_sample(void *impl, void *s, float *logits, float *logprob)
-{
-    (void)impl;
-    return model_sampler_sample(s, logits, logprob);
+    int rc;
+    if (bt->n == 0)
+        return 0;
+    if (bt->tokens) {
+        for (uint32_t i = 0; i < bt->n; i++)   /* refused before x is touched */
+            if (bt->tokens[i] < 0 || (uint32_t)bt->tokens[i] >= b->n_vocab) {
+                snprintf(err, errlen, "embedding: token %d not below n_vocab %u", bt->tokens[i],
+                         b->n_vocab);
+                return -EINVAL;
+            }
+        rc = model_embed(b->e, bt->tokens, bt->n, bt->x);
+        if (rc < 0) {
+            snprintf(err, errlen, "embedding %u tokens: %s", bt->n, strerror(-rc));
+            return rc == -EINVAL ? -EIO : rc;   /* not a refusal: x was written */
+        }
+    }
+    if (one_session(bt))
+        rc = model_window_run(b->e, bt->rows[0].id, bt->rows[0].pos, bt->n, bt->x);
+    else
+        rc = model_window_run_batch(b->e, bt->rows, bt->n, bt->x);
+    if (rc < 0) {
+        snprintf(err, errlen, "layers %u..%u: %s", b->first, b->last,
+                 rc == -ERANGE ? "past the context" : strerror(-rc));
+        return rc;
+    }
+    for (uint32_t k = 0; k < bt->n_head; k++) {
+        rc = model_head(b->e, bt->x + (size_t)bt->head[k] * b->n_embd, 1,
+                        bt->logits + (size_t)k * b->n_vocab);
+        if (rc < 0) {
+            snprintf(err, errlen, "output head: %s", strerror(-rc));
+            return rc == -EINVAL || rc == -ENOENT || rc == -ERANGE ? -EIO : rc;
+        }
+    }
+    return 0;
 }
 
 static void mb_free(void *impl)
@@ -73,20 +82,16 @@ static void mb_free(void *impl)
     free(b);
 }
 
+static const struct kvd_backend_ops mb_ops = {
+    .session_new = mb_session_new, .session_free = mb_session_free, .run = mb_run, .free = mb_free,
+};
+
 const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
 {
-    extern const struct kvd_backend_ops kvd__mb_ops;
-    if (b->ops != &kvd__mb_ops)
+    if (b->ops != &mb_ops)
         return NULL;
     return model_get_gguf(((const struct mb *)b->impl)->m);
 }
-
-const struct kvd_backend_ops kvd__mb_ops = {
-    .session_new = mb_session_new, .session_free = mb_session_free, .embed = mb_embed,
-    .run = mb_run, .run_batch = mb_run_batch, .head = mb_head, .sampler_new = mb_sampler_new,
-    .sampler_free = mb_sampler_free, .sampler_accept = mb_sampler_accept,
-    .sampler_sample = mb_sampler_sample, .free = mb_free,
-};
 
 /* Rows a window run of several sessions may take with each row's result its solo one: 0 when a
  * weight of the window's layers has a type whose matmul rounds differently for several rows. */
@@ -103,14 +108,19 @@ static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint
     return KERN_ROWS_EXACT_MAX;
 }
 
-int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, int last,
-                           int n_threads, uint32_t n_ctx, uint32_t max_batch, char *err,
+int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
                            size_t errlen)
 {
+    const char *path = a->path;
+    uint32_t n_ctx = a->n_ctx, max_batch = a->max_batch;
+    if (!path) {
+        snprintf(err, errlen, "need --model FILE or --window MINI.gguf");
+        return -EINVAL;
+    }
     struct mb *mb = calloc(1, sizeof *mb);
     if (!mb)
         return -ENOMEM;
-    int rc = model_open(&mb->m, path, first, last, err, errlen);
+    int rc = model_open(&mb->m, path, a->first, a->last, err, errlen);
     if (rc < 0) {
         free(mb);
         return rc;
@@ -118,21 +128,24 @@ int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, i
     const struct model_hparams *hp = model_get_hparams(mb->m);
     if (max_batch > n_ctx)
         max_batch = n_ctx;
-    rc = model_exec_new(&mb->e, mb->m, n_threads, n_ctx, max_batch);
+    rc = model_exec_new(&mb->e, mb->m, a->n_threads, n_ctx, max_batch);
     if (rc < 0) {
         snprintf(err, errlen, "executor (n_ctx %u, max_batch %u): %s", n_ctx, max_batch, strerror(-rc));
         model_free(mb->m);
         free(mb);
         return rc;
     }
+    mb->n_embd = hp->n_embd;
     mb->n_vocab = hp->n_vocab;
     memset(b, 0, sizeof *b);
-    b->ops = &kvd__mb_ops;
+    b->ops = &mb_ops;
     b->impl = mb;
     b->n_embd = hp->n_embd;
     b->n_vocab = hp->n_vocab;
     b->n_layer = hp->n_layer;
     model_get_window(mb->m, &b->first, &b->last);
+    mb->first = b->first;
+    mb->last = b->last;
     b->n_ctx_train = hp->n_ctx_train;
     b->embed = model_has_embed(mb->m);
     b->head = model_has_head(mb->m);

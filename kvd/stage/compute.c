@@ -1,6 +1,7 @@
 /* compute.c — the stage's compute thread. The loop submits jobs (open a session, run a step,
- * close a session) to a FIFO; one thread runs them in order on the backend and hands them back
- * through uv_async, so the event loop never computes. Per-session samplers live here too. */
+ * close a session) to a FIFO; one thread runs them in order on the backend (steps of several
+ * sessions as one batched run) and hands them back through uv_async, so the event loop never
+ * computes. On the last rank the sessions' samplers (model/model.h) live here too. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -23,7 +24,7 @@
 
 struct csess {
     uint64_t id;
-    void *sampler;
+    struct model_sampler *sampler;
     bool logits;
     struct csess *next;
 };
@@ -42,8 +43,11 @@ struct kvd_compute {
     struct kvd_job *in_head, *in_tail, *out_head, *out_tail;
     bool stop;
     struct csess *sessions;     /* compute thread only */
-    float *x, *logits;          /* compute thread scratch */
-    size_t x_cap;
+    /* compute thread scratch: a batch's rows, tokens (rank 0) and boundary, and its logits */
+    struct model_batch_row *rows;
+    int32_t *tok;
+    float *x, *logits;
+    size_t rows_cap, x_cap, logits_cap;
     uint32_t max_batch;         /* rows one window run may take */
     uint32_t batch_wait_us;     /* how long a batch waits for more steps (0: never) */
     struct kvd_compute_stats stats;   /* under mu */
@@ -76,176 +80,200 @@ static void put32(uint8_t *p, uint32_t v)
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
-/* Make room for rows of n_embd floats in the scratch x: 0 or -ENOMEM. */
-static int x_reserve(struct kvd_compute *c, uint32_t rows)
+/* Make room in the scratch for a batch of rows (rows, tokens, boundary) and n_head logits
+ * rows: 0 or -ENOMEM. */
+static int scratch_reserve(struct kvd_compute *c, uint32_t rows, uint32_t n_head)
 {
-    size_t ne = (size_t)rows * c->b->n_embd;
-    if (ne <= c->x_cap)
-        return 0;
-    float *nx = realloc(c->x, ne * sizeof *nx);
-    if (!nx)
-        return -ENOMEM;
-    c->x = nx;
-    c->x_cap = ne;
-    return 0;
-}
-
-/* A STEP's input rows into x: its tokens embedded (rank 0) or its ACT payload decoded. */
-static int step_input(struct kvd_compute *c, struct kvd_job *j, float *x)
-{
-    struct kvd_backend *b = c->b;
-    if (b->embed) {
-        int rc = b->ops->embed(b->impl, j->tokens, j->n, x);
-        if (rc < 0) {
-            j->rc = rc;
-            snprintf(j->err, sizeof j->err, "embedding %u tokens failed: %s", j->n, strerror(-rc));
-        }
-        return rc;
+    if (rows > c->rows_cap) {
+        struct model_batch_row *nr = realloc(c->rows, (size_t)rows * sizeof *nr);
+        if (!nr)
+            return -ENOMEM;
+        c->rows = nr;
+        int32_t *nt = realloc(c->tok, (size_t)rows * sizeof *nt);
+        if (!nt)
+            return -ENOMEM;
+        c->tok = nt;
+        c->rows_cap = rows;
     }
-    ring_wire_decode(j->in, (size_t)j->n * b->n_embd, c->wire_dsize, x);
+    size_t ne = (size_t)rows * c->b->n_embd;
+    if (ne > c->x_cap) {
+        float *nx = realloc(c->x, ne * sizeof *nx);
+        if (!nx)
+            return -ENOMEM;
+        c->x = nx;
+        c->x_cap = ne;
+    }
+    size_t nl = (size_t)n_head * c->b->n_vocab;
+    if (nl > c->logits_cap) {
+        float *nl_ = realloc(c->logits, nl * sizeof *nl_);
+        if (!nl_)
+            return -ENOMEM;
+        c->logits = nl_;
+        c->logits_cap = nl;
+    }
     return 0;
 }
 
-static void step_run_failed(struct kvd_compute *c, struct kvd_job *j, int rc)
+static void step_run_failed(struct kvd_job *j, int rc, const char *berr)
 {
     j->rc = rc;
-    snprintf(j->err, sizeof j->err, "layers %u..%u at pos %u (+%u rows) failed: %s", c->b->first,
-             c->b->last, j->pos, j->n, rc == -ERANGE ? "past the context" : strerror(-rc));
+    snprintf(j->err, sizeof j->err, "%s (at pos %u, %u rows)", berr[0] ? berr : strerror(-rc),
+             j->pos, j->n);
 }
 
-/* A STEP's window output x into its result: the sampled token on the last rank (when the
- * step ends a prompt or is a decode step), the ACT payload elsewhere. */
-static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x)
+/* model_sampler's parameters from an OPEN's. */
+static void sampler_params(struct model_sampler_params *sp, const struct net_open_params *p)
+{
+    model_sampler_params_default(sp);
+    sp->seed = p->seed;
+    sp->temperature = p->temperature;
+    sp->top_k = p->top_k;
+    sp->top_p = p->top_p;
+    sp->min_p = p->min_p;
+    sp->repeat_penalty = p->repeat_penalty;
+    sp->freq_penalty = p->freq_penalty;
+    sp->presence_penalty = p->presence_penalty;
+    sp->penalty_last_n = p->penalty_last_n;
+}
+
+/* A STEP's window output x into its result: the token sampled from its last row's logits lg
+ * on the last rank (lg NULL: the step neither ends a prompt nor decodes), the ACT payload
+ * elsewhere. */
+static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x, float *lg)
 {
     struct kvd_backend *b = c->b;
-    const struct kvd_backend_ops *ops = b->ops;
     size_t ne = (size_t)j->n * b->n_embd;
-    int rc;
     if (b->head) {
-        if (!(j->flags & NET_FL_LAST)) {
+        if (!lg) {
             j->out_type = 0;
-        } else {
-            struct csess *s = cs_find(c, j->session, NULL);
-            if (!s) {
-                j->rc = -ENOENT;
-                snprintf(j->err, sizeof j->err, "no sampler for the session");
-                return;
-            }
-            size_t extra = s->logits ? (size_t)b->n_vocab * 4 : 0;
-            uint8_t *out = malloc(8 + extra);
-            float *lg = malloc((size_t)b->n_vocab * sizeof *lg);
-            if (!out || !lg) {
-                free(out);
-                free(lg);
-                j->rc = -ENOMEM;
-                snprintf(j->err, sizeof j->err, "out of memory for logits");
-                return;
-            }
-            rc = ops->head(b->impl, x + (size_t)(j->n - 1) * b->n_embd, 1, lg);
-            if (rc < 0) {
-                free(out);
-                free(lg);
-                j->rc = rc;
-                snprintf(j->err, sizeof j->err, "output head failed: %s", strerror(-rc));
-                return;
-            }
-            if (extra)
-                memcpy(out + 8, lg, extra);   /* raw logits, before the sampler touches them */
-            float lp = 0;
-            int32_t tok = ops->sampler_sample(b->impl, s->sampler, lg, &lp);
-            free(lg);
-            if (tok < 0 || (uint32_t)tok >= b->n_vocab) {
-                free(out);
-                j->rc = -EDOM;
-                snprintf(j->err, sizeof j->err, "no token can be sampled (logits all -inf/NaN)");
-                return;
-            }
-            ops->sampler_accept(b->impl, s->sampler, tok);
-            put32(out, (uint32_t)tok);
-            memcpy(out + 4, &lp, 4);
-            j->token = tok;
-            j->logprob = lp;
-            j->out = out;
-            j->out_len = 8 + extra;
-            j->out_type = NET_F_TOKEN;
-            j->out_flags = extra ? NET_FL_LOGITS : 0;
-        }
-    } else {
-        size_t bytes = ne * c->wire_dsize;
-        uint8_t *out = malloc(bytes);
-        if (!out) {
-            j->rc = -ENOMEM;
-            snprintf(j->err, sizeof j->err, "out of memory for the boundary");
             return;
         }
-        ring_wire_encode(x, ne, c->wire_dsize, out);
+        struct csess *s = cs_find(c, j->session, NULL);
+        if (!s) {
+            j->rc = -ENOENT;
+            snprintf(j->err, sizeof j->err, "no sampler for the session");
+            return;
+        }
+        size_t extra = s->logits ? (size_t)b->n_vocab * 4 : 0;
+        uint8_t *out = malloc(8 + extra);
+        if (!out) {
+            j->rc = -ENOMEM;
+            snprintf(j->err, sizeof j->err, "out of memory for logits");
+            return;
+        }
+        if (extra)
+            memcpy(out + 8, lg, extra);   /* raw logits, before the sampler touches them */
+        float lp = 0;
+        int32_t tok = model_sampler_sample(s->sampler, lg, &lp);
+        if (tok < 0 || (uint32_t)tok >= b->n_vocab) {
+            free(out);
+            j->rc = -EDOM;
+            snprintf(j->err, sizeof j->err, "no token can be sampled (logits all -inf/NaN)");
+            return;
+        }
+        model_sampler_accept(s->sampler, tok);
+        put32(out, (uint32_t)tok);
+        memcpy(out + 4, &lp, 4);
+        j->token = tok;
+        j->logprob = lp;
         j->out = out;
-        j->out_len = bytes;
-        j->out_type = NET_F_ACT;
-        j->out_flags = j->flags & NET_FL_LAST;
+        j->out_len = 8 + extra;
+        j->out_type = NET_F_TOKEN;
+        j->out_flags = extra ? NET_FL_LOGITS : 0;
+        return;
     }
+    size_t bytes = ne * c->wire_dsize;
+    uint8_t *out = malloc(bytes);
+    if (!out) {
+        j->rc = -ENOMEM;
+        snprintf(j->err, sizeof j->err, "out of memory for the boundary");
+        return;
+    }
+    ring_wire_encode(x, ne, c->wire_dsize, out);
+    j->out = out;
+    j->out_len = bytes;
+    j->out_type = NET_F_ACT;
+    j->out_flags = j->flags & NET_FL_LAST;
 }
 
-/* Run STEP jobs of different sessions as one window pass: each job's input rows are gathered
- * into x, run together, split back, and each job ends (wire encoding, head, sampler) exactly as
- * if run alone. One job takes the backend's single-session run, today's path. */
+/* Whether a STEP asks the last rank for a token: it ends a prompt or is a decode step. */
+static bool wants_head(const struct kvd_compute *c, const struct kvd_job *j)
+{
+    return c->b->head && (j->flags & NET_FL_LAST) && j->n > 0;
+}
+
+/* Run STEP jobs of different sessions as one backend run: each job's rows (tokens on rank 0,
+ * its decoded ACT payload elsewhere) are packed into the batch, run together, split back, and
+ * each job ends (wire encoding, or sampling its last row's logits) exactly as if run alone.
+ * One job is a batch of one, the path of a session alone. */
 static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jobs)
 {
     struct kvd_backend *b = c->b;
-    const struct kvd_backend_ops *ops = b->ops;
     double t0 = util_now_ms();
-    uint32_t rows = 0;
+    uint32_t rows = 0, n_head = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
         jobs[k]->rc = 0;
         rows += jobs[k]->n;
+        n_head += wants_head(c, jobs[k]);
     }
-    if (x_reserve(c, rows) < 0) {
+    if (scratch_reserve(c, rows, n_head) < 0) {
         for (uint32_t k = 0; k < n_jobs; k++) {
             jobs[k]->rc = -ENOMEM;
             snprintf(jobs[k]->err, sizeof jobs[k]->err, "out of memory for %u boundary rows", rows);
         }
         return;
     }
-    /* Inputs, packed: a job whose embedding fails keeps its error and leaves the batch. */
-    struct kvd_job *run[KVD_BATCH_JOBS_MAX];
-    size_t off[KVD_BATCH_JOBS_MAX];
-    uint32_t n_run = 0, n_rows = 0;
+    /* Pack the inputs; roff[k]: job k's first row, hk[k]: its logits row (or -1). */
+    uint32_t roff[KVD_BATCH_JOBS_MAX], head[KVD_BATCH_JOBS_MAX];
+    int32_t hk[KVD_BATCH_JOBS_MAX];
+    uint32_t r = 0, h = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
-        float *x = c->x + (size_t)n_rows * b->n_embd;
-        if (step_input(c, jobs[k], x) < 0)
-            continue;
-        off[n_run] = (size_t)n_rows * b->n_embd;
-        run[n_run++] = jobs[k];
-        n_rows += jobs[k]->n;
-    }
-    int rc = 0;
-    if (n_run == 1) {
-        rc = ops->run(b->impl, run[0]->session, run[0]->pos, run[0]->n, c->x);
-        if (rc < 0)
-            step_run_failed(c, run[0], rc);
-    } else if (n_run > 1) {
-        struct model_batch_row br[KVD_BATCH_ROWS_MAX];
-        uint32_t r = 0;
-        for (uint32_t k = 0; k < n_run; k++)
-            for (uint32_t i = 0; i < run[k]->n; i++)
-                br[r++] = (struct model_batch_row){.id = run[k]->session, .pos = run[k]->pos + i};
-        rc = ops->run_batch(b->impl, br, n_rows, c->x);
-        if (rc == -ENOENT || rc == -EINVAL || rc == -ERANGE) {
-            /* Refused before anything ran (x and every session untouched): one session's
-             * fault, so each job runs alone and only the faulty one fails. */
-            for (uint32_t k = 0; k < n_run; k++) {
-                int rk = ops->run(b->impl, run[k]->session, run[k]->pos, run[k]->n, c->x + off[k]);
-                if (rk < 0)
-                    step_run_failed(c, run[k], rk);
-            }
-        } else if (rc < 0) {
-            for (uint32_t k = 0; k < n_run; k++)
-                step_run_failed(c, run[k], rc);
+        struct kvd_job *j = jobs[k];
+        roff[k] = r;
+        for (uint32_t i = 0; i < j->n; i++)
+            c->rows[r + i] = (struct model_batch_row){.id = j->session, .pos = j->pos + i};
+        if (b->embed)
+            memcpy(c->tok + r, j->tokens, (size_t)j->n * sizeof *c->tok);
+        else
+            ring_wire_decode(j->in, (size_t)j->n * b->n_embd, c->wire_dsize,
+                             c->x + (size_t)r * b->n_embd);
+        hk[k] = -1;
+        if (wants_head(c, j)) {
+            hk[k] = (int32_t)h;
+            head[h++] = r + j->n - 1;
         }
+        r += j->n;
     }
-    for (uint32_t k = 0; k < n_run; k++)
-        if (run[k]->rc == 0)
-            step_output(c, run[k], c->x + off[k]);
+    struct kvd_backend_batch bt = {
+        .rows = c->rows, .n = rows, .tokens = b->embed ? c->tok : NULL, .x = c->x,
+        .head = head, .n_head = n_head, .logits = c->logits,
+    };
+    char berr[KV_ERR_MAX] = "";
+    int rc = b->ops->run(b->impl, &bt, berr, sizeof berr);
+    if (n_jobs > 1 && (rc == -ENOENT || rc == -EINVAL || rc == -ERANGE)) {
+        /* Refused before anything ran (x and every session untouched): one session's fault,
+         * so each job runs alone and only the faulty one fails. */
+        for (uint32_t k = 0; k < n_jobs; k++) {
+            uint32_t hr = jobs[k]->n - 1;
+            struct kvd_backend_batch one = {
+                .rows = c->rows + roff[k], .n = jobs[k]->n,
+                .tokens = b->embed ? c->tok + roff[k] : NULL,
+                .x = c->x + (size_t)roff[k] * b->n_embd, .head = &hr, .n_head = hk[k] >= 0,
+                .logits = c->logits + (hk[k] >= 0 ? (size_t)hk[k] * b->n_vocab : 0),
+            };
+            berr[0] = 0;
+            int rk = b->ops->run(b->impl, &one, berr, sizeof berr);
+            if (rk < 0)
+                step_run_failed(jobs[k], rk, berr);
+        }
+    } else if (rc < 0) {
+        for (uint32_t k = 0; k < n_jobs; k++)
+            step_run_failed(jobs[k], rc, berr);
+    }
+    for (uint32_t k = 0; k < n_jobs; k++)
+        if (jobs[k]->rc == 0)
+            step_output(c, jobs[k], c->x + (size_t)roff[k] * b->n_embd,
+                        hk[k] >= 0 ? c->logits + (size_t)hk[k] * b->n_vocab : NULL);
     /* Each job's share of the batch's time, so the stage's compute total stays the wall time. */
     double ms = util_now_ms() - t0;
     for (uint32_t k = 0; k < n_jobs; k++)
@@ -316,7 +344,7 @@ static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
     uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
     if (cap > KVD_BATCH_ROWS_MAX)
         cap = KVD_BATCH_ROWS_MAX;
-    if (j->kind != KVD_JOB_STEP || !c->b->ops->run_batch || rows >= cap)
+    if (j->kind != KVD_JOB_STEP || rows >= cap)
         return nb;
     batch_gather(c, batch, &nb, &rows, cap);
     if (c->batch_wait_us && nb < KVD_BATCH_JOBS_MAX && rows < cap) {
@@ -336,6 +364,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
 {
     struct kvd_backend *b = c->b;
     const struct kvd_backend_ops *ops = b->ops;
+    struct model_sampler_params sp;
     j->rc = 0;
     if (j->kind == KVD_JOB_OPEN) {
         int rc = ops->session_new(b->impl, j->session);
@@ -347,9 +376,8 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         }
         if (b->head) {
             struct csess *s = calloc(1, sizeof *s);
-            if (s)
-                s->sampler = ops->sampler_new(b->impl, &j->open);
-            if (!s || !s->sampler) {
+            sampler_params(&sp, &j->open);
+            if (!s || model_sampler_new(&s->sampler, &sp, b->n_vocab) < 0) {
                 free(s);
                 ops->session_free(b->impl, j->session);
                 j->rc = -ENOMEM;
@@ -360,7 +388,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
             s->id = j->session;
             s->logits = j->flags & NET_FL_LOGITS;
             for (uint32_t i = 0; i < j->n_tokens; i++)
-                ops->sampler_accept(b->impl, s->sampler, j->tokens[i]);
+                model_sampler_accept(s->sampler, j->tokens[i]);
             s->next = c->sessions;
             c->sessions = s;
         }
@@ -371,7 +399,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         struct csess **pp = NULL, *s = cs_find(c, j->session, &pp);
         if (s) {
             *pp = s->next;
-            ops->sampler_free(b->impl, s->sampler);
+            model_sampler_free(s->sampler);
             free(s);
         }
         return;
@@ -390,12 +418,31 @@ static void *thread_main(void *arg)
             break;
         struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
         uint32_t nb = batch_take(c, batch), rows = 0;
+        bool step = batch[0]->kind == KVD_JOB_STEP;
+        double t_run = util_now_ms(), wait_max = 0, wait_sum = 0;
+        for (uint32_t k = 0; step && k < nb; k++) {
+            double w = t_run - batch[k]->t_queued;
+            wait_sum += w;
+            if (w > wait_max)
+                wait_max = w;
+        }
         pthread_mutex_unlock(&c->mu);
         if (nb == 1)
             job_run(c, batch[0]);
         else
             step_run(c, batch, nb);
+        double run_ms = util_now_ms() - t_run;
         pthread_mutex_lock(&c->mu);
+        if (step) {
+            c->stats.steps_waited += nb;
+            c->stats.wait_ms_total += wait_sum;
+            if (wait_max > c->stats.wait_ms_max)
+                c->stats.wait_ms_max = wait_max;
+            c->stats.step_runs++;
+            c->stats.run_ms_total += run_ms;
+            if (run_ms > c->stats.run_ms_max)
+                c->stats.run_ms_max = run_ms;
+        }
         for (uint32_t k = 0; k < nb; k++) {
             rows += batch[k]->n;
             if (c->out_tail)
@@ -420,7 +467,7 @@ static void *thread_main(void *arg)
     while (c->sessions) {
         struct csess *s = c->sessions;
         c->sessions = s->next;
-        c->b->ops->sampler_free(c->b->impl, s->sampler);
+        model_sampler_free(s->sampler);
         free(s);
     }
     return NULL;
@@ -500,6 +547,7 @@ void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out)
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
 {
     j->next = NULL;
+    j->t_queued = util_now_ms();
     pthread_mutex_lock(&c->mu);
     if (c->in_tail)
         c->in_tail->next = j;
@@ -519,6 +567,8 @@ static void on_async_closed(uv_handle_t *h)
         kvd_job_free(j);
         j = n;
     }
+    free(c->rows);
+    free(c->tok);
     free(c->x);
     free(c->logits);
     pthread_mutex_destroy(&c->mu);

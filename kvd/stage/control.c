@@ -70,6 +70,17 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(bo, "max_steps", cs.max_jobs);
         cJSON_AddNumberToObject(bo, "max_rows", cs.max_rows);
         cJSON_AddNumberToObject(bo, "rows_allowed", st->be.batch_rows);   /* 0: never batched */
+        /* Every step's wait from being queued to its run starting, against the budget a step
+         * may wait for company, and the step runs' (window pass) times. */
+        cJSON_AddNumberToObject(bo, "wait_budget_ms", st->o.batch_wait_us / 1000.0);
+        cJSON_AddNumberToObject(bo, "waited_steps", (double)cs.steps_waited);
+        cJSON_AddNumberToObject(bo, "max_wait_ms", cs.wait_ms_max);
+        cJSON_AddNumberToObject(bo, "mean_wait_ms",
+                                cs.steps_waited ? cs.wait_ms_total / (double)cs.steps_waited : 0);
+        cJSON_AddNumberToObject(bo, "step_runs", (double)cs.step_runs);
+        cJSON_AddNumberToObject(bo, "max_run_ms", cs.run_ms_max);
+        cJSON_AddNumberToObject(bo, "mean_run_ms",
+                                cs.step_runs ? cs.run_ms_total / (double)cs.step_runs : 0);
     }
     uint64_t frames = st->act_frames_out + st->tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);

@@ -28,19 +28,28 @@ struct model_gen;
 struct gguf_file;
 struct model_batch_row;
 
+/* One window pass over rows of one or several sessions: a session's rows consecutive in the
+ * batch and at consecutive positions (model_window_run_batch's rules); a batch of one session
+ * is a single-session run (any number of rows). Rank 0 embeds the rows' tokens first, the last
+ * rank gives the logits of the rows asked for after the window. */
+struct kvd_backend_batch {
+    const struct model_batch_row *rows;   /* [n]: each row's session and position */
+    uint32_t n;
+    const int32_t *tokens;   /* rank 0: [n] tokens, embedded into x; NULL elsewhere */
+    float *x;                /* [n][n_embd]: the input on ranks > 0, the window's output */
+    const uint32_t *head;    /* last rank: [n_head] rows (indices into x) whose logits are wanted */
+    uint32_t n_head;
+    float *logits;           /* [n_head][n_vocab] */
+};
+
+/* A compute backend: per-session state and one batched run. run returns -ENOENT, -EINVAL or
+ * -ERANGE when it refused the batch before anything ran (a token outside the vocabulary, an
+ * unknown session, a skipped position, past the context: x and every session untouched), any
+ * other negative code when the pass itself failed; err names what failed. */
 struct kvd_backend_ops {
-    int (*session_new)(void *impl, uint64_t id);
-    int (*session_free)(void *impl, uint64_t id);
-    int (*embed)(void *impl, const int32_t *tok, uint32_t n, float *out);      /* rank 0 */
-    int (*run)(void *impl, uint64_t id, uint32_t pos, uint32_t n, float *x);   /* in place */
-    /* Rows of several sessions in one pass, in place (model_window_run_batch's rules: a
-     * session's rows consecutive and in order; -ENOENT, -EINVAL, -ERANGE before anything ran). */
-    int (*run_batch)(void *impl, const struct model_batch_row *rows, uint32_t n, float *x);
-    int (*head)(void *impl, const float *x, uint32_t n, float *logits);        /* last rank */
-    void *(*sampler_new)(void *impl, const struct net_open_params *p);
-    void (*sampler_free)(void *impl, void *s);
-    void (*sampler_accept)(void *impl, void *s, int32_t tok);
-    int32_t (*sampler_sample)(void *impl, void *s, float *logits, float *logprob);
+    int (*session_new)(void *impl, uint64_t id);    /* -EEXIST, -ENOMEM */
+    int (*session_free)(void *impl, uint64_t id);   /* -ENOENT */
+    int (*run)(void *impl, const struct kvd_backend_batch *bt, char *err, size_t errlen);
     void (*free)(void *impl);
 };
 
@@ -54,20 +63,46 @@ struct kvd_backend {
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
     /* Most rows one window run of several sessions may take with every row's result the one
-     * it has alone (run_batch); 0: the window's weight types round differently batched. */
+     * it has alone; 0: the window's weight types round differently batched. */
     uint32_t batch_rows;
     struct model_vocab *vocab; /* rank 0: the tokenizer (NULL without one); immutable */
 };
 
-/* The model backend (model/model.h): path is a full GGUF or a mini-GGUF. */
-int kvd_backend_open_model(struct kvd_backend *b, const char *path, int first, int last,
-                           int n_threads, uint32_t n_ctx, uint32_t max_batch, char *err,
+/* What a backend is opened with: the manifest's shape and this rank's window, and the model
+ * file where the backend reads one. */
+struct kvd_backend_args {
+    const char *path;          /* full GGUF or mini-GGUF; NULL for a backend without a file */
+    int first, last;           /* the window to map from a full GGUF; -1: the file's own */
+    uint32_t win_first, win_last;   /* this rank's window in the manifest */
+    uint32_t n_layer, n_embd, n_ctx, max_batch;
+    int n_threads;
+};
+typedef int (*kvd_backend_open_fn)(struct kvd_backend *b, const struct kvd_backend_args *a,
+                                   char *err, size_t errlen);
+
+/* The backends a kvd offers, by name. The model is built in (the default); a build may add
+ * others before main runs (the network tests' stand-in in tests/stub_backend.c), each selected
+ * by a `kvd stage` option without argument. A backend without a model file has no catalog,
+ * architecture or seeding checks (kvd_backend_gguf is NULL). */
+struct kvd_backend_kind {
+    const char *name;
+    const char *option;        /* "--stub"; NULL: none (the model, chosen by --model/--window) */
+    const char *help;
+    kvd_backend_open_fn open;
+};
+#define KVD_BACKEND_KINDS_MAX 8
+/* Add a backend kind (k must outlive the process): 0, -EEXIST for a name already there,
+ * -ENOSPC past KVD_BACKEND_KINDS_MAX. */
+int kvd_backend_register(const struct kvd_backend_kind *k);
+/* The i-th kind (0: the model), NULL past the last; borrowed for the process's life. */
+const struct kvd_backend_kind *kvd_backend_kind_at(size_t i);
+const struct kvd_backend_kind *kvd_backend_kind_find(const char *name);
+
+/* The model backend (model/model.h): a->path is a full GGUF or a mini-GGUF. */
+int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
                            size_t errlen);
-/* Deterministic stand-in: cheap maths with per-session state, n_vocab 256. */
-int kvd_backend_open_stub(struct kvd_backend *b, uint32_t n_embd, uint32_t n_layer,
-                          uint32_t first, uint32_t last, uint32_t n_ctx);
 void kvd_backend_close(struct kvd_backend *b);
-/* The parsed model file with the window's tensors mapped (NULL for the stub). */
+/* The parsed model file with the window's tensors mapped (NULL for a backend without one). */
 const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b);
 /* Rank 0: text -> tokens (BOS as the vocabulary asks); -ENOSYS without a tokenizer. */
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n);
@@ -95,6 +130,7 @@ struct kvd_job {
     int32_t token;
     float logprob;
     double ms;                      /* compute time */
+    double t_queued;                /* util_now_ms() at kvd_compute_submit */
 };
 
 struct kvd_compute;
@@ -105,10 +141,14 @@ int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backen
                     uint32_t wire_dsize, uint32_t max_batch, uint32_t batch_wait_us,
                     kvd_job_done_cb done, void *ud);
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j);
-/* Window runs that took steps of several sessions at once. */
+/* Window runs that took steps of several sessions at once; every step's wait from being
+ * submitted to its run starting (the scheduler's fairness: docs/ring.md), and the step runs'
+ * times (batched or alone). */
 struct kvd_compute_stats {
     uint64_t batches, batched_jobs, batched_rows;
     uint32_t max_jobs, max_rows;
+    uint64_t steps_waited, step_runs;
+    double wait_ms_total, wait_ms_max, run_ms_total, run_ms_max;
 };
 void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 /* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.

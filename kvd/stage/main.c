@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
 #include "ringlib/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
@@ -37,7 +38,6 @@ static const char *window_from, *window_catalog; /* the seeder section's --windo
 static int set_catalog(struct kvd_stage_opts *o, const char *v) { o->catalog = v; window_catalog = v; return 0; }
 static int set_window_from(struct kvd_stage_opts *o, const char *v) { (void)o; window_from = v; return 0; }
 static int set_seed(struct kvd_stage_opts *o, const char *v) { o->seed_listen = v; return 0; }
-static int set_stub(struct kvd_stage_opts *o, const char *v) { (void)v; o->stub = true; return 0; }
 static bool print_key;
 static int set_print_key(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; print_key = true; return 0; }
 static int set_fg(struct kvd_stage_opts *o, const char *v) { (void)o; (void)v; return 0; }
@@ -84,7 +84,6 @@ static const struct opt opts[] = {
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
-    {"--stub", NULL, "tests only: stand-in compute instead of a model", set_stub},
 };
 
 int kvd_stage_main(int argc, char **argv)
@@ -95,12 +94,25 @@ int kvd_stage_main(int argc, char **argv)
             printf("usage: kvd [stage] --manifest FILE --rank R [options]\n\n");
             for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
                 printf("  %-14s %-10s %s\n", opts[k].name, opts[k].arg ? opts[k].arg : "", opts[k].help);
+            const struct kvd_backend_kind *bk;
+            for (size_t k = 0; (bk = kvd_backend_kind_at(k)); k++)
+                if (bk->option)
+                    printf("  %-14s %-10s %s\n", bk->option, "", bk->help);
             return 0;
         }
         const struct opt *op = NULL;
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
             if (!strcmp(argv[i], opts[k].name))
                 op = &opts[k];
+        /* The options of the compute backends this build added (kvd/stage's table). */
+        const struct kvd_backend_kind *bk = NULL;
+        for (size_t k = 0; !op && (bk = kvd_backend_kind_at(k)); k++)
+            if (bk->option && !strcmp(argv[i], bk->option))
+                break;
+        if (bk) {
+            o.backend = bk->name;
+            continue;
+        }
         if (!op) {
             fprintf(stderr, "kvd stage: unknown option '%s' (--help lists them)\n", argv[i]);
             return 2;

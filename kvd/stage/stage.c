@@ -124,7 +124,7 @@ static int endpoint_hostport(const char *ep, char *out, size_t n)
 static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
 {
     if (!o->catalog) {
-        if (st->m.catalog[0] && !o->stub)
+        if (st->m.catalog[0] && kvd_backend_gguf(&st->be))
             kvd_log(KVD_LOG_WARN, "manifest names model catalog %.16s... but no --catalog was given: "
                     "the window's identity is not checked", st->m.catalog);
         return 0;
@@ -142,11 +142,11 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
         gguf_catalog_free(c);
         return -EPERM;
     }
-    if (o->stub) {
+    const struct gguf_file *f = kvd_backend_gguf(&st->be);
+    if (!f) {   /* a backend without a model file: nothing mapped to check */
         gguf_catalog_free(c);
         return 0;
     }
-    const struct gguf_file *f = kvd_backend_gguf(&st->be);
     uint64_t checked = 0, bytes = 0;
     for (uint64_t i = 0; f && i < gguf_tensor_count(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
@@ -222,27 +222,34 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         rc = -EPERM;
         goto fail;
     }
-    /* Load only this rank's window. */
-    if (o->stub) {
-        rc = kvd_backend_open_stub(&st->be, st->m.n_embd, st->m.n_layers, me->first, me->last, st->m.n_ctx);
-    } else {
-        const char *path = o->window ? o->window : o->model;
-        if (!path) {
-            kvd_log(KVD_LOG_ERROR, "need --model FILE or --window MINI.gguf");
-            rc = -EINVAL;
-            goto fail;
-        }
-        rc = kvd_backend_open_model(&st->be, path, o->window ? -1 : (int)me->first,
-                                    o->window ? -1 : (int)me->last, o->n_threads, st->m.n_ctx,
-                                    st->m.max_batch, err, sizeof err);
-        if (rc < 0)
-            kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
-    }
-    if (rc < 0)
+    /* Load only this rank's window, on the backend asked for (the model unless a build's own). */
+    const struct kvd_backend_kind *kind = kvd_backend_kind_find(o->backend ? o->backend : "model");
+    if (!kind) {
+        kvd_log(KVD_LOG_ERROR, "no compute backend named '%s' in this kvd", o->backend);
+        rc = -EINVAL;
         goto fail;
+    }
+    const char *path = o->window ? o->window : o->model;
+    struct kvd_backend_args ba = {
+        .path = path, .first = o->window ? -1 : (int)me->first, .last = o->window ? -1 : (int)me->last,
+        .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
+        .n_embd = st->m.n_embd, .n_ctx = st->m.n_ctx, .max_batch = st->m.max_batch,
+        .n_threads = o->n_threads,
+    };
+    err[0] = 0;
+    rc = kind->open(&st->be, &ba, err, sizeof err);
+    if (rc < 0) {
+        if (path && kind->open == kvd_backend_open_model)
+            kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
+        else
+            kvd_log(KVD_LOG_ERROR, "%s backend: %s", kind->name, err);
+        goto fail;
+    }
     st->be_open = true;
+    /* A backend without a model file (a stand-in) has no architecture to match. */
+    bool has_file = kvd_backend_gguf(&st->be) != NULL;
     if (st->be.first != me->first || st->be.last != me->last || st->be.n_layer != st->m.n_layers ||
-        st->be.n_embd != st->m.n_embd || (!o->stub && strcmp(st->be.arch, st->m.arch) != 0)) {
+        st->be.n_embd != st->m.n_embd || (has_file && strcmp(st->be.arch, st->m.arch) != 0)) {
         kvd_log(KVD_LOG_ERROR, "the model does not match the manifest: window [%u,%u) vs [%u,%u), n_layers %u vs %u, "
                 "n_embd %u vs %u, arch %s vs %s", st->be.first, st->be.last, me->first, me->last,
                 st->be.n_layer, st->m.n_layers, st->be.n_embd, st->m.n_embd, st->be.arch, st->m.arch);
@@ -310,7 +317,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     uv_timer_init(st->loop, &st->redial);
     st->tick.data = st->redial.data = st;
     uv_timer_start(&st->tick, tick_cb, PING_MS, PING_MS);
-    if (o->seed_listen && !o->stub) { /* roles combine: this stage also seeds what it holds */
+    if (o->seed_listen && kvd_backend_gguf(&st->be)) { /* roles combine: this stage also seeds what it holds */
         char id[65];
         err[0] = 0;
         rc = net_http_server_new(&st->http, st->loop, NULL);

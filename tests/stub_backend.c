@@ -1,0 +1,192 @@
+/* stub_backend.c — the deterministic stand-in compute backend of the network tests, linked
+ * only into the test build of kvd (build/tests/kvd-stub), where `kvd stage --stub` selects it:
+ * cheap maths with per-session state, so each step depends on the session's history and
+ * mixed-up sessions or positions change the tokens; n_vocab 256, no model file. It registers
+ * itself in kvd/stage's backend table before main runs. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+#include "kvd/stage/internal.h"
+#include "model/model.h"
+
+#define STUB_VOCAB 256
+#define STUB_MAX_SESS 4096
+
+struct stub_sess {
+    uint64_t id;
+    uint32_t next_pos;
+    double acc;     /* running state: stands in for the KV cache */
+};
+
+struct stub {
+    uint32_t n_embd, first, last, n_ctx;
+    struct stub_sess *s;
+    size_t n, cap;
+};
+
+static struct stub_sess *stub_find(struct stub *st, uint64_t id)
+{
+    for (size_t i = 0; i < st->n; i++)
+        if (st->s[i].id == id)
+            return &st->s[i];
+    return NULL;
+}
+
+static int stub_session_new(void *impl, uint64_t id)
+{
+    struct stub *st = impl;
+    if (stub_find(st, id))
+        return -EEXIST;
+    if (st->n == st->cap &&
+        (st->cap >= STUB_MAX_SESS || util_grow((void **)&st->s, &st->cap, sizeof *st->s, 16)))
+        return -ENOMEM;
+    st->s[st->n++] = (struct stub_sess){.id = id};
+    return 0;
+}
+
+static int stub_session_free(void *impl, uint64_t id)
+{
+    struct stub *st = impl;
+    struct stub_sess *s = stub_find(st, id);
+    if (!s)
+        return -ENOENT;
+    *s = st->s[--st->n];
+    return 0;
+}
+
+/* One session's rows x[n][n_embd] at positions pos.. through the window's "layers". */
+static void stub_layers(struct stub *st, struct stub_sess *s, uint32_t pos, uint32_t n, float *x)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        float *row = x + (size_t)r * st->n_embd;
+        for (uint32_t l = st->first; l < st->last; l++) {
+            double sum = 0;
+            for (uint32_t i = 0; i < st->n_embd; i++)
+                sum += row[i];
+            s->acc = fmod(s->acc * 0.5 + sum, 1000.0);
+            for (uint32_t i = 0; i < st->n_embd; i++)
+                row[i] = tanhf(row[i] * 0.9f +
+                               0.5f * sinf((float)s->acc + (float)(pos + r) * 0.1f + (float)l + (float)i * 0.01f));
+        }
+    }
+    s->next_pos = pos + n;
+}
+
+/* Every session's row group checked first (nothing runs on a refusal, as the backend contract
+ * asks), then the tokens embedded, each group run as it would alone, and the heads. */
+static int stub_run(void *impl, const struct kvd_backend_batch *bt, char *err, size_t errlen)
+{
+    struct stub *st = impl;
+    const struct model_batch_row *rows = bt->rows;
+    for (uint32_t i = 0; bt->tokens && i < bt->n; i++)
+        if (bt->tokens[i] < 0 || bt->tokens[i] >= STUB_VOCAB) {
+            snprintf(err, errlen, "embedding: token %d not below n_vocab %d", bt->tokens[i], STUB_VOCAB);
+            return -EINVAL;
+        }
+    for (uint32_t i = 0; i < bt->n;) {
+        uint32_t g = 1;
+        while (i + g < bt->n && rows[i + g].id == rows[i].id) {
+            if (rows[i + g].pos != rows[i].pos + g)
+                goto bad_rows;
+            g++;
+        }
+        struct stub_sess *s = stub_find(st, rows[i].id);
+        if (!s) {
+            snprintf(err, errlen, "layers %u..%u: no session %016llx", st->first, st->last,
+                     (unsigned long long)rows[i].id);
+            return -ENOENT;
+        }
+        if ((uint64_t)rows[i].pos + g > st->n_ctx) {
+            snprintf(err, errlen, "layers %u..%u: past the context", st->first, st->last);
+            return -ERANGE;
+        }
+        if (rows[i].pos != s->next_pos)
+            goto bad_rows;   /* positions must follow each other, as a KV cache needs */
+        for (uint32_t k = 0; k < i; k++)
+            if (rows[k].id == rows[i].id)
+                goto bad_rows;   /* a session's rows not consecutive */
+        i += g;
+    }
+    for (uint32_t r = 0; bt->tokens && r < bt->n; r++)
+        for (uint32_t i = 0; i < st->n_embd; i++)
+            bt->x[(size_t)r * st->n_embd + i] = sinf((float)(bt->tokens[r] + 1) * 0.37f * (float)(i + 1));
+    for (uint32_t i = 0; i < bt->n;) {
+        uint32_t g = 1;
+        while (i + g < bt->n && rows[i + g].id == rows[i].id)
+            g++;
+        stub_layers(st, stub_find(st, rows[i].id), rows[i].pos, g, bt->x + (size_t)i * st->n_embd);
+        i += g;
+    }
+    for (uint32_t k = 0; k < bt->n_head; k++) {
+        const float *x = bt->x + (size_t)bt->head[k] * st->n_embd;
+        for (uint32_t v = 0; v < STUB_VOCAB; v++) {
+            float acc = 0;
+            for (uint32_t i = 0; i < st->n_embd; i++)
+                acc += x[i] * cosf((float)(v * (i + 3)) * 0.11f);
+            bt->logits[(size_t)k * STUB_VOCAB + v] = acc;
+        }
+    }
+    return 0;
+bad_rows:
+    snprintf(err, errlen, "layers %u..%u: rows out of order", st->first, st->last);
+    return -EINVAL;
+}
+
+static void stub_free(void *impl)
+{
+    struct stub *st = impl;
+    if (st) {
+        free(st->s);
+        free(st);
+    }
+}
+
+static const struct kvd_backend_ops stub_ops = {
+    .session_new = stub_session_new, .session_free = stub_session_free, .run = stub_run,
+    .free = stub_free,
+};
+
+static int stub_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
+                     size_t errlen)
+{
+    struct stub *st = calloc(1, sizeof *st);
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    st->n_embd = a->n_embd;
+    st->first = a->win_first;
+    st->last = a->win_last;
+    st->n_ctx = a->n_ctx;
+    memset(b, 0, sizeof *b);
+    b->ops = &stub_ops;
+    b->impl = st;
+    b->n_embd = a->n_embd;
+    b->n_vocab = STUB_VOCAB;
+    b->n_layer = a->n_layer;
+    b->first = a->win_first;
+    b->last = a->win_last;
+    b->n_ctx_train = a->n_ctx;
+    b->embed = a->win_first == 0;
+    b->head = a->win_last == a->n_layer;
+    snprintf(b->arch, sizeof b->arch, "stub");
+    b->batch_rows = KERN_ROWS_EXACT_MAX;   /* rows are independent of each other */
+    b->eos = -1;
+    b->bos = -1;
+    return 0;
+}
+
+static const struct kvd_backend_kind stub_kind = {
+    .name = "stub", .option = "--stub",
+    .help = "tests only: stand-in compute instead of a model", .open = stub_open,
+};
+
+__attribute__((constructor)) static void stub_register(void)
+{
+    if (kvd_backend_register(&stub_kind) < 0)
+        abort();   /* a build that cannot offer --stub must not pretend to */
+}
