@@ -3,7 +3,9 @@
 # by side (other DIR, other --base-port: rank r listens on P+r), each generating what one
 # process generates; `generate --ring` with DIR, DIR/ring.json or unix:SOCKET alike; a second
 # `ring up` on a running DIR refused naming its pid (the ring keeps working); ring down stops
-# one ring and leaves the other; ring down twice and generate/status on a stopped ring.
+# one ring and leaves the other; ring down twice and generate/status on a stopped ring; the
+# stand-in compute (--stub) only in the test build of kvd; --batch-wait-us passed to the
+# stages, whose status reports the steps' waits.
 . "$(dirname "$0")/ring_lib.sh"
 
 M=$(need_model stories260K.gguf) || exit 1
@@ -120,4 +122,59 @@ out=$("$KVCTL" generate --ring "$S" --ids --tokens 1,2,3 -n 5 --temp 0 --ignore-
 [ "$(echo "$out" | wc -w)" = 5 ] || fail "the next client got '$out'"
 ring_down "$S"
 echo "ok a client gone mid-generation ends its session everywhere"
+
+# The stand-in compute exists only in the test build of kvd: the production kvd refuses
+# --stub, and `kvctl ring up --stub` with it says which binary to use.
+"$KVD" stage --help | grep -q -- "--stub" && fail "the production kvd offers --stub"
+"$KVD_STUB" stage --help | grep -q -- "--stub" || fail "the test kvd does not offer --stub"
+"$KVD" stage --stub --manifest "$S/ring.json" --rank 0 > /dev/null 2> "$TMP/err" && fail "kvd stage --stub started"
+grep -q "unknown option '--stub'" "$TMP/err" || fail "kvd stage --stub: '$(cat "$TMP/err")'"
+P=$TMP/prod
+RINGS="$RINGS $P"
+if KVD_BIN= "$KVCTL" ring up --dir "$P" --stub --layers 4 --embd 64 --stages 2 > "$TMP/up" 2>&1; then
+    fail "ring up --stub started the production kvd"
+fi
+grep -q "KVD_BIN=build/tests/kvd-stub" "$TMP/up" || fail "ring up --stub on the production kvd: $(cat "$TMP/up")"
+ring_down "$P"
+echo "ok --stub only in the test build of kvd (build/tests/kvd-stub)"
+
+# --batch-wait-us reaches every stage; a lone session's steps then each wait the budget for
+# company, and the status's batches object reports those waits (and batches with company).
+W=$TMP/wait
+ring_up "$W" --stub --layers 4 --embd 64 --stages 2 --batch-wait-us 3000
+for r in 0 1; do
+    tr '\0' ' ' < "/proc/$(rank_pid "$W" $r)/cmdline" | grep -q -- "--batch-wait-us 3000 " ||
+        fail "rank $r runs without --batch-wait-us 3000: $(tr '\0' ' ' < "/proc/$(rank_pid "$W" $r)/cmdline")"
+done
+"$KVCTL" generate --ring "$W" --ids --tokens 1,2,3 -n 10 --temp 0 --ignore-eos > /dev/null 2> "$TMP/err" ||
+    fail "generate on the waiting ring: $(cat "$TMP/err")"
+"$KVCTL" status --ring "$W" --json > "$TMP/wst" || fail "status of the waiting ring"
+python3 - "$TMP/wst" <<'PY' || fail "waits of a lone session: $(cat "$TMP/wst")"
+import json, sys
+for line in open(sys.argv[1]):
+    s = json.loads(line)
+    b = s["batches"]
+    assert b["wait_budget_ms"] == 3, b
+    # every step of the one session waited the whole budget (no company came), and not
+    # unboundedly longer
+    assert b["waited_steps"] >= 10 and b["step_runs"] >= 10, b
+    assert 2.9 <= b["mean_wait_ms"] <= b["max_wait_ms"] < 2000, b
+    assert 0 < b["mean_run_ms"] <= b["max_run_ms"], b
+PY
+pids=""
+for i in 1 2 3 4; do
+    "$KVCTL" generate --ring "$W" --ids --tokens 1,$i -n 20 --temp 0 --ignore-eos > "$TMP/w.$i" 2>&1 &
+    pids="$pids $!"
+done
+for p in $pids; do wait $p || fail "a concurrent generate on the waiting ring failed"; done
+"$KVCTL" status --ring "$W" --json > "$TMP/wst" || fail "status of the waiting ring"
+python3 - "$TMP/wst" <<'PY' || fail "no batch with company on the waiting ring: $(cat "$TMP/wst")"
+import json, sys
+for line in open(sys.argv[1]):
+    b = json.loads(line)["batches"]
+    assert b["runs"] > 0 and b["max_steps"] >= 2, b
+    assert b["max_wait_ms"] < 2000, b
+PY
+ring_down "$W"
+echo "ok kvctl ring up --batch-wait-us reaches the stages; status reports the steps' waits"
 echo "PASS"

@@ -44,14 +44,21 @@ done
 echo "ok 8 concurrent sessions equal their one-process outputs"
 
 # The compute threads ran waiting steps of several sessions as one window run (batches), and
-# the outputs above are still each session's own.
+# the outputs above are still each session's own; the status reports the steps' waits.
 "$KVCTL" status --ring "$D" --json > "$TMP/status" || fail "status"
 python3 - "$TMP/status" <<'PY' || fail "no window run took several sessions' steps: $(cat "$TMP/status")"
 import json, sys
 runs = 0
 for line in open(sys.argv[1]):
-    b = json.loads(line)["batches"]
+    s = json.loads(line)
+    b = s["batches"]
     assert b["max_rows"] <= 15 and (b["runs"] == 0 or b["max_steps"] >= 2), b
+    # every step's wait from being queued to its run: counted for each step the stage ran,
+    # none longer than the whole test (no step left behind), the mean within the max
+    assert b["wait_budget_ms"] == 0, b
+    assert b["waited_steps"] >= s["steps"] > 0 and b["step_runs"] > 0, (s["steps"], b)
+    assert 0 <= b["mean_wait_ms"] <= b["max_wait_ms"] < 60000, b
+    assert 0 < b["mean_run_ms"] <= b["max_run_ms"], b
     runs += b["runs"]
 print("batched window runs:", runs)
 sys.exit(0 if runs > 0 else 1)
