@@ -29,12 +29,20 @@
 #     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
 #     to the last end; one session: best of 3), the ratio to one session (goal >= 3x at 8 sessions, where the machine
 #     has the cores: the ceiling is min(3 stages, CPUs / T)), the longest gap one session saw
-#     between two of its streamed tokens, and the longest wait for a first token.
+#     between two of its streamed tokens, and the longest wait for a first token;
+#   - the batching scheduler (BENCH_RING_SKIP=fair leaves it out): a 3-stage ring of an F16
+#     model of the same shape, whose windows batch several sessions' steps, with
+#     --batch-wait-us W (BENCH_RING_BATCH_WAIT_US, default 2000; BENCH_RING_BATCH_MODEL):
+#     32 sessions at once (BENCH_RING_MIXED) with mixed prompt lengths (BENCH_RING_PROMPTS,
+#     default 3,8,17,33,64), and each stage's longest wait of one step from being queued to
+#     its run starting (status: batches.max_wait_ms) against the wait budget plus one batch
+#     (its longest window run); then the aggregate tok/s of 1/4/8/16 sessions there, as
+#     ratios to one session.
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
 # Sections: model kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages wire
-# idle cpu sessions" leaves out parts of the ring section.
+# idle cpu sessions fair" leaves out parts of the ring section.
 set -e
 cd "$(dirname "$0")/.."
 B=${KV_BUILD:-build}
@@ -243,32 +251,38 @@ for l in sys.stdin:
             "$ctg" "$rr" "$cr" "$co" "$(ratio "$cr" "$co")"
     fi
 
+    # agg_sessions: aggregate tok/s of $sessions concurrent sessions on the ring at $sock,
+    # each as a ratio to one session (best of rr runs)
+    agg_sessions() {
+        local base=0 k line reps best bline
+        for k in $sessions; do
+            # one session: the best of rr runs, so the ratios do not rest on one unlucky run
+            reps=1 best=0 bline=""
+            [ "$k" -eq 1 ] && reps=$rr
+            for i in $(seq "$reps"); do
+                out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
+                line=$(echo "$out" | tail -n 1)
+                # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+                # shellcheck disable=SC2086
+                set -- $line
+                if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
+            done
+            [ -n "$out" ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
+            # shellcheck disable=SC2086
+            set -- $bline
+            [ "$k" -eq 1 ] && base=${9}
+            printf "  %2d session(s): %8.2f tok/s aggregate = %sx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n" \
+                "$k" "${9}" "$(ratio "${9}" "$base")" "$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" "${11}" "${13}"
+        done
+    }
+
     if ! skip_ring sessions; then
         if [ ! -x "$clients" ]; then
             echo "  concurrent sessions: $clients not built; skipped"
         else
             echo "== ring: concurrent sessions on the 3-stage ring, tg$rn each, greedy (aggregate = all tokens / wall time from the first start to the last end;"
             echo "   max gap = the longest wait one session saw between two of its streamed tokens; ceiling here: min(3 stages, $(nproc) CPUs / $rt thread(s)))"
-            local base=0 k line
-            for k in $sessions; do
-                # one session: the best of rr runs, so the ratios do not rest on one unlucky run
-                local reps=1 best=0 bline=""
-                [ "$k" -eq 1 ] && reps=$rr
-                for i in $(seq "$reps"); do
-                    out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
-                    line=$(echo "$out" | tail -n 1)
-                    # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
-                    # shellcheck disable=SC2086
-                    set -- $line
-                    if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
-                done
-                [ -n "$out" ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
-                # shellcheck disable=SC2086
-                set -- $bline
-                [ "$k" -eq 1 ] && base=${9}
-                printf "  %2d session(s): %8.2f tok/s aggregate = %sx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n" \
-                    "$k" "${9}" "$(ratio "${9}" "$base")" "$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" "${11}" "${13}"
-            done
+            agg_sessions
         fi
     fi
 
@@ -277,8 +291,58 @@ for l in sys.stdin:
         c0=$(ring_cpu); sleep "$idle"; c1=$(ring_cpu)
         awk -v a="$c0" -v b="$c1" -v s="$idle" 'BEGIN { printf "  idle again after the sessions: %.2f CPU s in %d s (goal ~0)\n", b - a, s }'
     fi
+    if ! skip_ring fair; then
+        bench_ring_fair
+    fi
     "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
     RD=""
+}
+
+# ---- ring: the batching scheduler (fairness and batching gain) ----
+# Runs inside bench_ring (its helpers and variables). A 3-stage ring of a model whose windows
+# batch several sessions' steps (F16 weights: kern_type_rows_exact; the Q4_0 ring above runs
+# them one by one) with --batch-wait-us W: first, on the fresh ring, M sessions at once with
+# mixed prompt lengths (prefill chunks beside decode steps), and from each stage's status the
+# longest wait of one step from being queued to its run starting against the wait budget plus
+# one batch (the stage's longest window run); then the aggregate tok/s of 1/4/8/16 sessions
+# as ratios to one session.
+bench_ring_fair() {
+    local fm=${BENCH_RING_BATCH_MODEL:-$CACHE/ring-bench-f16.gguf} bw=${BENCH_RING_BATCH_WAIT_US:-2000}
+    local mixed=${BENCH_RING_MIXED:-32} plens=${BENCH_RING_PROMPTS:-3,8,17,33,64} line
+    if [ ! -x "$clients" ]; then echo "  batching scheduler: $clients not built; skipped"; return 0; fi
+    if [ -z "${BENCH_RING_BATCH_MODEL:-}" ] && [ ! -s "$fm" ]; then
+        echo "writing $fm ..."
+        "$KVCTL" synth --arch llama --layers 12 --embd 1024 --ff 2816 --heads 16 --kv-heads 4 \
+            --vocab 8192 --type f16 --seed 3 --ctx 1024 -o "$fm" >/dev/null || { echo "ring: synth failed; skipped"; return 0; }
+    fi
+    "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
+    "$KVCTL" ring up --model "$fm" --stages 3 --dir "$RD" -t "$rt" --batch-wait-us "$bw" >/dev/null ||
+        { echo "  ring up of $fm failed"; return 0; }
+    echo "== ring: the batching scheduler, 3-stage ring of $(basename "$fm"), --batch-wait-us $bw, tg$rn each, greedy"
+    out=$("$clients" "$sock" "$mixed" "$rn" "$plens" 2>"$CACHE/ring-clients.err") || out=""
+    if [ -z "$out" ]; then
+        echo "  $mixed sessions: failed:"; head -n 3 "$CACHE/ring-clients.err"
+    else
+        line=$(echo "$out" | tail -n 1)
+        # shellcheck disable=SC2086
+        set -- $line
+        printf "  %d sessions, prompts of %s tokens: %8.2f tok/s aggregate, max gap %7.1f ms, first token after at most %7.1f ms\n" \
+            "$mixed" "$plens" "$9" "${11}" "${13}"
+        "$KVCTL" status --ring "$RD" --json | python3 -c '
+import json, sys
+for l in sys.stdin:
+    s = json.loads(l)
+    b = s["batches"]
+    bound = b["wait_budget_ms"] + b["max_run_ms"]
+    r = lambda x: "%.2fx" % (x / bound) if bound > 0 else "-"
+    print("    rank %d: longest wait of a step %7.1f ms = %s, of a decode step %7.1f ms = %s, mean %6.1f ms;"
+          " against budget %.1f + one batch (longest window run) %.1f ms = %.1f ms" % (
+          s["rank"], b["max_wait_ms"], r(b["max_wait_ms"]), b["max_decode_wait_ms"],
+          r(b["max_decode_wait_ms"]), b["mean_wait_ms"], b["wait_budget_ms"], b["max_run_ms"], bound))
+    print("            %d batched runs, up to %d steps / %d rows (rows_allowed %d)" % (
+          b["runs"], b["max_steps"], b["max_rows"], b["rows_allowed"]))' || true
+    fi
+    agg_sessions
 }
 if want ring; then bench_ring || true; fi
 

@@ -58,6 +58,7 @@ for line in open(sys.argv[1]):
     assert b["wait_budget_ms"] == 0, b
     assert b["waited_steps"] >= s["steps"] > 0 and b["step_runs"] > 0, (s["steps"], b)
     assert 0 <= b["mean_wait_ms"] <= b["max_wait_ms"] < 60000, b
+    assert 0 <= b["max_decode_wait_ms"] <= b["max_wait_ms"], b
     assert 0 < b["mean_run_ms"] <= b["max_run_ms"], b
     runs += b["runs"]
 print("batched window runs:", runs)

@@ -1,15 +1,17 @@
 /* tool-ring-clients: concurrent sessions against a running ring, timed on the client side
  * (used by tests/bench.sh).
  *
- *   tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN]
+ *   tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN[,PROMPT_LEN...]]
  *       Opens SESSIONS generate requests at once on rank 0's control socket SOCK (one thread
  *       each, released together), greedy, --ignore-eos, TOKENS tokens each, session i's prompt
- *       being PROMPT_LEN (default 3) distinct small ids. Every streamed token line is
+ *       being PROMPT_LEN (default 3) distinct small ids; with a list, session i takes its
+ *       (i mod count)-th length (mixed prompts: prefill chunks beside decode steps). Every
+ *       streamed token line is
  *       timestamped. Prints one line per session (tokens, time to the first token, decode
  *       rate, the longest gap between two consecutive tokens) and a last line
  *       "total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F" where W runs
  *       from the first request to the last end. Exits 1 when a session fails or is cut short.
- * Bounded: at most 256 sessions, 65536 tokens and 64 prompt tokens each. */
+ * Bounded: at most 256 sessions, 65536 tokens, 64 prompt tokens each and 16 lengths. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,13 +92,27 @@ static long arg_long(const char *s, long lo, long hi, const char *what)
 int main(int argc, char **argv)
 {
     if (argc < 4 || argc > 5) {
-        fprintf(stderr, "usage: tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN]\n");
+        fprintf(stderr, "usage: tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN[,PROMPT_LEN...]]\n");
         return 2;
     }
     sock_path = argv[1];
     unsigned n = (unsigned)arg_long(argv[2], 1, MAX_SESSIONS, "SESSIONS");
     long n_gen = arg_long(argv[3], 1, 65536, "TOKENS");
-    unsigned plen = argc > 4 ? (unsigned)arg_long(argv[4], 1, 64, "PROMPT_LEN") : 3;
+    unsigned plens[16] = {3}, n_plen = 1;
+    if (argc > 4) {
+        char list[256];
+        snprintf(list, sizeof list, "%s", argv[4]);
+        n_plen = 0;
+        for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (n_plen == 16) {
+                fprintf(stderr, "tool-ring-clients: PROMPT_LEN '%s': at most 16 lengths\n", argv[4]);
+                return 2;
+            }
+            plens[n_plen++] = (unsigned)arg_long(t, 1, 64, "PROMPT_LEN");
+        }
+        if (!n_plen)
+            arg_long(argv[4], 1, 64, "PROMPT_LEN");   /* says what is expected, exits */
+    }
     static struct client cs[MAX_SESSIONS];
     pthread_barrier_init(&go, NULL, n);
     for (unsigned i = 0; i < n; i++) {
@@ -104,7 +120,7 @@ int main(int argc, char **argv)
         c->idx = i;
         /* ids 1, 100+i, 200+i, ...: distinct prompts, all below any test vocabulary's size */
         int len = snprintf(c->req, sizeof c->req, "{\"op\":\"generate\",\"tokens\":[1");
-        for (unsigned k = 1; k < plen; k++)
+        for (unsigned k = 1, plen = plens[i % n_plen]; k < plen; k++)
             len += snprintf(c->req + len, sizeof c->req - (size_t)len, ",%u", 100 * k + i % 97);
         snprintf(c->req + len, sizeof c->req - (size_t)len,
                  "],\"n\":%ld,\"temp\":0,\"ignore_eos\":true}", n_gen);

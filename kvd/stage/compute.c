@@ -419,12 +419,14 @@ static void *thread_main(void *arg)
         struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
         uint32_t nb = batch_take(c, batch), rows = 0;
         bool step = batch[0]->kind == KVD_JOB_STEP;
-        double t_run = util_now_ms(), wait_max = 0, wait_sum = 0;
+        double t_run = util_now_ms(), wait_max = 0, wait_sum = 0, dec_max = 0;
         for (uint32_t k = 0; step && k < nb; k++) {
             double w = t_run - batch[k]->t_queued;
             wait_sum += w;
             if (w > wait_max)
                 wait_max = w;
+            if (batch[k]->n == 1 && w > dec_max)
+                dec_max = w;
         }
         pthread_mutex_unlock(&c->mu);
         if (nb == 1)
@@ -438,6 +440,8 @@ static void *thread_main(void *arg)
             c->stats.wait_ms_total += wait_sum;
             if (wait_max > c->stats.wait_ms_max)
                 c->stats.wait_ms_max = wait_max;
+            if (dec_max > c->stats.dec_wait_ms_max)
+                c->stats.dec_wait_ms_max = dec_max;
             c->stats.step_runs++;
             c->stats.run_ms_total += run_ms;
             if (run_ms > c->stats.run_ms_max)

@@ -149,6 +149,7 @@ struct kvd_compute_stats {
     uint32_t max_jobs, max_rows;
     uint64_t steps_waited, step_runs;
     double wait_ms_total, wait_ms_max, run_ms_total, run_ms_max;
+    double dec_wait_ms_max;     /* the longest wait of a one-row (decode) step */
 };
 void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 /* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
