@@ -105,10 +105,10 @@ static int scratch_reserve(struct kvd_compute *c, uint32_t rows, uint32_t n_head
     }
     size_t nl = (size_t)n_head * c->b->n_vocab;
     if (nl > c->logits_cap) {
-        float *nl_ = realloc(c->logits, nl * sizeof *nl_);
-        if (!nl_)
+        float *nlg = realloc(c->logits, nl * sizeof *nlg);
+        if (!nlg)
             return -ENOMEM;
-        c->logits = nl_;
+        c->logits = nlg;
         c->logits_cap = nl;
     }
     return 0;

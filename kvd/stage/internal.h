@@ -1,6 +1,6 @@
-/* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable (the
- * model, or a deterministic stand-in for network tests), the compute thread, and the loop
- * side's state and files. Those files form an order, each using only the ones below it:
+/* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable and
+ * the table of backends by name (the model; a build may add others, as the network tests'
+ * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state and files. Those files form an order, each using only the ones below it:
  *   conn.c      a link's frame output, its closing, protocol violations
  *   session.c   sessions, rank 0's client streams and generation (model_gen), compute results
  *   frames.c    the session frames arriving on a link, checked against the manifest
