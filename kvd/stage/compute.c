@@ -80,37 +80,30 @@ static void put32(uint8_t *p, uint32_t v)
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
+/* *p holds at least n elements of size bytes (*cap counts them): 0 or -ENOMEM. */
+static int reserve(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap)
+        return 0;
+    void *q = realloc(*p, n * size);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
 /* Make room in the scratch for a batch of rows (rows, tokens, boundary) and n_head logits
  * rows: 0 or -ENOMEM. */
 static int scratch_reserve(struct kvd_compute *c, uint32_t rows, uint32_t n_head)
 {
-    if (rows > c->rows_cap) {
-        struct model_batch_row *nr = realloc(c->rows, (size_t)rows * sizeof *nr);
-        if (!nr)
-            return -ENOMEM;
-        c->rows = nr;
-        int32_t *nt = realloc(c->tok, (size_t)rows * sizeof *nt);
-        if (!nt)
-            return -ENOMEM;
-        c->tok = nt;
-        c->rows_cap = rows;
-    }
-    size_t ne = (size_t)rows * c->b->n_embd;
-    if (ne > c->x_cap) {
-        float *nx = realloc(c->x, ne * sizeof *nx);
-        if (!nx)
-            return -ENOMEM;
-        c->x = nx;
-        c->x_cap = ne;
-    }
-    size_t nl = (size_t)n_head * c->b->n_vocab;
-    if (nl > c->logits_cap) {
-        float *nlg = realloc(c->logits, nl * sizeof *nlg);
-        if (!nlg)
-            return -ENOMEM;
-        c->logits = nlg;
-        c->logits_cap = nl;
-    }
+    size_t tok_cap = c->rows_cap;
+    if (reserve((void **)&c->tok, &tok_cap, rows, sizeof *c->tok) < 0 ||
+        reserve((void **)&c->rows, &c->rows_cap, rows, sizeof *c->rows) < 0 ||
+        reserve((void **)&c->x, &c->x_cap, (size_t)rows * c->b->n_embd, sizeof *c->x) < 0 ||
+        reserve((void **)&c->logits, &c->logits_cap, (size_t)n_head * c->b->n_vocab,
+                sizeof *c->logits) < 0)
+        return -ENOMEM;
     return 0;
 }
 
@@ -407,6 +400,37 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
     step_run(c, &j, 1);
 }
 
+/* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several
+ * sessions' steps, and every step's wait from being submitted to t_run. */
+static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uint32_t nb,
+                       double t_run, double run_ms)
+{
+    if (batch[0]->kind != KVD_JOB_STEP)
+        return;
+    uint32_t rows = 0;
+    for (uint32_t k = 0; k < nb; k++) {
+        double w = t_run - batch[k]->t_queued;
+        st->wait_ms_total += w;
+        st->wait_ms_max = fmax(st->wait_ms_max, w);
+        if (batch[k]->n == 1)
+            st->dec_wait_ms_max = fmax(st->dec_wait_ms_max, w);
+        rows += batch[k]->n;
+    }
+    st->steps_waited += nb;
+    st->step_runs++;
+    st->run_ms_total += run_ms;
+    st->run_ms_max = fmax(st->run_ms_max, run_ms);
+    if (nb > 1) {
+        st->batches++;
+        st->batched_jobs += nb;
+        st->batched_rows += rows;
+        if (nb > st->max_jobs)
+            st->max_jobs = nb;
+        if (rows > st->max_rows)
+            st->max_rows = rows;
+    }
+}
+
 static void *thread_main(void *arg)
 {
     struct kvd_compute *c = arg;
@@ -417,52 +441,22 @@ static void *thread_main(void *arg)
         if (c->stop)
             break;
         struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
-        uint32_t nb = batch_take(c, batch), rows = 0;
-        bool step = batch[0]->kind == KVD_JOB_STEP;
-        double t_run = util_now_ms(), wait_max = 0, wait_sum = 0, dec_max = 0;
-        for (uint32_t k = 0; step && k < nb; k++) {
-            double w = t_run - batch[k]->t_queued;
-            wait_sum += w;
-            if (w > wait_max)
-                wait_max = w;
-            if (batch[k]->n == 1 && w > dec_max)
-                dec_max = w;
-        }
+        uint32_t nb = batch_take(c, batch);
         pthread_mutex_unlock(&c->mu);
+        double t_run = util_now_ms();
         if (nb == 1)
             job_run(c, batch[0]);
         else
             step_run(c, batch, nb);
         double run_ms = util_now_ms() - t_run;
         pthread_mutex_lock(&c->mu);
-        if (step) {
-            c->stats.steps_waited += nb;
-            c->stats.wait_ms_total += wait_sum;
-            if (wait_max > c->stats.wait_ms_max)
-                c->stats.wait_ms_max = wait_max;
-            if (dec_max > c->stats.dec_wait_ms_max)
-                c->stats.dec_wait_ms_max = dec_max;
-            c->stats.step_runs++;
-            c->stats.run_ms_total += run_ms;
-            if (run_ms > c->stats.run_ms_max)
-                c->stats.run_ms_max = run_ms;
-        }
+        stats_note(&c->stats, batch, nb, t_run, run_ms);
         for (uint32_t k = 0; k < nb; k++) {
-            rows += batch[k]->n;
             if (c->out_tail)
                 c->out_tail->next = batch[k];
             else
                 c->out_head = batch[k];
             c->out_tail = batch[k];
-        }
-        if (nb > 1) {
-            c->stats.batches++;
-            c->stats.batched_jobs += nb;
-            c->stats.batched_rows += rows;
-            if (nb > c->stats.max_jobs)
-                c->stats.max_jobs = nb;
-            if (rows > c->stats.max_rows)
-                c->stats.max_rows = rows;
         }
         uv_async_send(&c->async);
     }
