@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct net_hello mine = {.version = NET_VERSION, .rank = 0, .n_ranks = 2};
         snprintf(mine.ring, sizeof mine.ring, "fuzz");
         struct net_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = "fuzz"};
-        net_handshake_new(&hs, id, &mine, &x);
+        net_handshake_new(&hs, id, &mine, &x, NET_HS_DOWN);
     }
     bool done = false;
     for (size_t off = 0; off < size && !done;) {
