@@ -126,7 +126,7 @@ void kvd_job_free(struct kvd_job *j);
 #define MAX_PENDING_PER_SOURCE 4
 #define LINK_STABLE_MS 5000     /* a link up this long resets its redial backoff */
 #define REJECT_LOG_MS 10000     /* warnings about refused peers: per source and interval, */
-#define REJECT_LOG_LINES 8      /* each distinct line once and at most this many lines */
+#define REJECT_LOG_LINES 16     /* each distinct line once and at most this many lines */
 #define REJECT_LOG_SOURCES 16
 #define CLOSED_RING 256
 #define CTL_LINE_MAX (1u << 20)

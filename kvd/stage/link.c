@@ -149,10 +149,9 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
     char err[KV_ERR_MAX];
     int rc = net_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
     if (rc < 0) {
+        /* an in-link's failure is logged (rate-limited) when it closes, with this reason */
         if (c->role == CONN_OUT)
             kvd_log(KVD_LOG_WARN, "link out (%s): handshake failed: %s", net_link_peer(l), err);
-        else
-            reject_log(c->st, net_link_peer(l), "handshake failed: %s", err);
         if (rc != -ECONNREFUSED)
             kvd_conn_send_error(c, 0, 2, err);
         kvd_conn_close(c, err);
@@ -245,7 +244,7 @@ static void on_close(struct net_link *l, const char *reason)
         if (*pp)
             *pp = c->next;
         if (!c->relay_in)
-            reject_log(st, net_link_peer(l), "closed during the handshake: %s", reason);
+            reject_log(st, net_link_peer(l), "handshake failed: %s", reason);
         else
             kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l),
                     reason);
