@@ -18,13 +18,21 @@ node key: they know what ring.json says, and what passes through them.
       at rank 1. Loops for SECONDS; prints how each attempt ended ("taken" if a link stayed
       up and rank 1 sent anything after the handshake frames it expected).
 
+  relay LISTEN_PORT MODE [--record FILE] [--nth N]
+      A malicious relay speaking the bridge protocol of docs/relay.md over plain ws://
+      (relay+ws:// endpoints): it pairs the two ends of a bridge and forwards their bytes,
+      reading and tampering with the upstream end's stream exactly as proxy does.
+
   idle HOST:PORT COUNT SECONDS
       COUNT idle TCP connections to a stage, held for SECONDS (reopened when closed).
 """
+import base64
+import hashlib
 import select
 import socket
 import struct
 import sys
+import threading
 import time
 
 HDR = 28
@@ -73,14 +81,66 @@ class Dir:
         return out
 
 
+class Tamper:
+    """What proxy and relay do to a stream: forward, record, and act once on a record."""
+
+    def __init__(self, mode, record, nth):
+        self.mode, self.nth, self.done = mode, nth, False
+        self.rec = open(record, "ab") if record else None
+        self.lock = threading.Lock()
+
+    def feed(self, d, data, upstream):
+        """Bytes from one end (d: its Dir; upstream: the sender of the ring's data): the
+        bytes to pass on."""
+        with self.lock:
+            return self._feed(d, data, upstream)
+
+    def _feed(self, d, data, upstream):
+        out = b""
+        for kind, unit, body in d.units(data):
+            if self.rec is not None and kind == "record":
+                self.rec.write(body)
+                self.rec.flush()
+            if kind != "record" or not upstream or self.mode == "pass" or self.done or len(unit) < 100:
+                out += unit
+                continue
+            d.big += 1
+            if d.held is not None:        # reorder: the next one first, then the held one
+                out += unit + d.held
+                d.held = None
+                self.done = True
+                print("reordered two records", flush=True)
+                continue
+            if d.big < self.nth:
+                out += unit
+                continue
+            if self.mode == "flip":
+                u = bytearray(unit)
+                u[4 + len(body) // 2] ^= 0x01
+                out += bytes(u)
+                self.done = True
+                print("flipped a byte", flush=True)
+            elif self.mode == "drop":
+                self.done = True
+                print("dropped a record", flush=True)
+            elif self.mode == "replay":
+                out += unit + unit
+                self.done = True
+                print("replayed a record", flush=True)
+            elif self.mode == "reorder":
+                d.held = unit
+            else:
+                out += unit
+        return out
+
+
 def proxy(listen_port, to, mode, record, nth):
     host, port = to.rsplit(":", 1)
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", int(listen_port)))
     ls.listen(8)
-    rec = open(record, "ab") if record else None
-    done = False   # the one attack of this run has happened
+    tm = Tamper(mode, record, nth)
     pairs = {}     # socket -> (peer socket, Dir, is_dialer_side)
     print(f"proxy :{listen_port} -> {to} mode {mode}", flush=True)
     while True:
@@ -111,46 +171,119 @@ def proxy(listen_port, to, mode, record, nth):
                     x.close()
                 print("link closed", flush=True)
                 continue
-            out = b""
-            for kind, unit, body in d.units(data):
-                if rec is not None and kind == "record":
-                    rec.write(body)
-                    rec.flush()
-                if kind != "record" or not from_dialer or mode == "pass" or done or len(unit) < 100:
-                    out += unit
-                    continue
-                d.big += 1
-                if d.held is not None:        # reorder: the next one first, then the held one
-                    out += unit + d.held
-                    d.held = None
-                    done = True
-                    print("reordered two records", flush=True)
-                    continue
-                if d.big < nth:
-                    out += unit
-                    continue
-                if mode == "flip":
-                    u = bytearray(unit)
-                    u[4 + len(body) // 2] ^= 0x01
-                    out += bytes(u)
-                    done = True
-                    print("flipped a byte", flush=True)
-                elif mode == "drop":
-                    done = True
-                    print("dropped a record", flush=True)
-                elif mode == "replay":
-                    out += unit + unit
-                    done = True
-                    print("replayed a record", flush=True)
-                elif mode == "reorder":
-                    d.held = unit
-                else:
-                    out += unit
+            out = tm.feed(d, data, from_dialer)
             if out:
                 try:
                     peer.sendall(out)
                 except OSError:
                     pass
+
+
+def ws_read(f):
+    """One WebSocket frame from file f: (fin, opcode, payload), or None at the end."""
+    h = f.read(2)
+    if len(h) < 2:
+        return None
+    fin, op, masked, n = h[0] >> 7, h[0] & 15, h[1] >> 7, h[1] & 127
+    if n == 126:
+        n = struct.unpack(">H", f.read(2))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", f.read(8))[0]
+    key = f.read(4) if masked else b""
+    p = f.read(n)
+    if len(p) < n:
+        return None
+    if masked:
+        p = bytes(b ^ key[i % 4] for i, b in enumerate(p))
+    return fin, op, p
+
+
+def ws_frame(op, p):
+    n = len(p)
+    if n < 126:
+        h = struct.pack("BB", 0x80 | op, n)
+    elif n < 65536:
+        h = struct.pack(">BBH", 0x80 | op, 126, n)
+    else:
+        h = struct.pack(">BBQ", 0x80 | op, 127, n)
+    return h + p
+
+
+def relay(listen_port, mode, record, nth):
+    tm = Tamper(mode, record, nth)
+    bridges = {}          # bridge id -> {role: (socket, send lock)}
+    cv = threading.Condition()
+
+    def send(end, op, p):
+        s, lock = end
+        with lock:
+            try:
+                s.sendall(ws_frame(op, p))
+            except OSError:
+                pass
+
+    def serve(c):
+        f = c.makefile("rb")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            line = f.readline()
+            if not line:
+                c.close()
+                return
+            head += line
+        lines = head.decode(errors="replace").split("\r\n")
+        path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
+        hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
+        acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
+                               "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
+        first = ws_read(f)
+        if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
+            c.close()
+            return
+        role = first[2][0]
+        bid = path.rsplit("/", 1)[-1]
+        me = (c, threading.Lock())
+        with cv:
+            b = bridges.setdefault(bid, {})
+            b[role] = me
+            cv.notify_all()
+            while 3 - role not in b:
+                cv.wait()
+            partner = b[3 - role]
+        print("bridge %s paired (role %d)" % (bid[:8], role), flush=True)
+        d = Dir("up" if role == 1 else "down")
+        while True:
+            fr = ws_read(f)
+            if fr is None or fr[1] == 8:
+                break
+            if fr[1] == 9:
+                send(me, 10, fr[2])
+                continue
+            if fr[1] in (0, 2):
+                out = tm.feed(d, fr[2], role == 1)
+                if out:
+                    send(partner, 2, out)
+        with cv:
+            if bridges.get(bid, {}).get(role) is me:
+                del bridges[bid][role]
+        for s_ in (c, partner[0]):
+            try:
+                s_.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        c.close()
+        print("bridge %s end closed (role %d)" % (bid[:8], role), flush=True)
+
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", int(listen_port)))
+    ls.listen(16)
+    print(f"relay :{listen_port} mode {mode}", flush=True)
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
 def read_frame(s, deadline, buf=b""):
@@ -259,16 +392,19 @@ def idle(to, count, seconds):
 
 
 def main(argv):
-    if len(argv) >= 4 and argv[1] == "proxy":
+    if len(argv) >= 4 and argv[1] in ("proxy", "relay"):
         record, nth = None, 1
-        rest = argv[5:]
+        rest = argv[5:] if argv[1] == "proxy" else argv[4:]
         while rest:
             if rest[0] == "--record":
                 record = rest[1]
             elif rest[0] == "--nth":
                 nth = int(rest[1])
             rest = rest[2:]
-        proxy(argv[2], argv[3], argv[4], record, nth)
+        if argv[1] == "proxy":
+            proxy(argv[2], argv[3], argv[4], record, nth)
+        else:
+            relay(argv[2], argv[3], record, nth)
     elif len(argv) == 5 and argv[1] == "reflect":
         reflect(argv[2], argv[3], argv[4])
     elif len(argv) == 5 and argv[1] == "idle":

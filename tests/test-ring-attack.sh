@@ -10,11 +10,14 @@
 #  (c) a passive proxy records every record it forwarded: neither the prompt's token ids
 #      (int32 LE run) nor the generated ids appear in those bytes;
 #  (d) idle TCP connections from the predecessor's address do not keep it from linking, and
-#      the warnings about them stay few.
+#      the warnings about them stay few;
+#  (e) a malicious relay (rank 1 behind relay+ws://) records and then tampers with the link it
+#      bridges, with the same outcomes as (b) and (c).
 . "$(dirname "$0")/ring_lib.sh"
 
 M=$(need_model stories260K.gguf) || exit 1
 ATTACK="python3 $(dirname "$0")/ring_attack.py"
+MODES=${ATTACK_MODES:-flip drop replay reorder}   # ATTACK_MODES="flip": one attack, when debugging
 D=$TMP/ring
 ring_up "$D" --model "$M" --stages 2
 wait_linked "$D" 2 10 || fail "the ring did not link"
@@ -26,7 +29,8 @@ N=12
 REF=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 2>/dev/null) || fail "one-process generate"
 [ -n "$REF" ] || fail "no reference tokens"
 # gen: the generated ids on stdout; the session's error, if any, in $TMP/gen.err
-gen() { "$KVCTL" generate --ring "$D" --ids --tokens $PROMPT -n $N --temp 0 2>"$TMP/gen.err"; }
+RING=$D   # the ring gen talks to
+gen() { "$KVCTL" generate --ring "$RING" --ids --tokens $PROMPT -n $N --temp 0 2>"$TMP/gen.err"; }
 out=$(gen) || fail "generate: $out"
 [ "$out" = "$REF" ] || fail "ring generates '$out', one process '$REF'"
 echo "ok reference: $REF"
@@ -61,6 +65,52 @@ out=$(gen) || fail "(a) generate after the attack: $out"
 [ "$out" = "$REF" ] || fail "(a) after the attack the ring generated '$out'"
 echo "ok (a) reflection refused ($(grep -c '^attempt' "$TMP/reflect.out") attempts), ring right during and after"
 
+# no_clear_ids FILE: the recorded record bodies hold neither the prompt's ids as one int32 run
+# nor any generated id ($out).
+no_clear_ids() {
+    python3 - "$1" "$PROMPT" "$out" <<'EOF'
+import struct, sys
+wire = open(sys.argv[1], "rb").read()
+prompt = [int(x) for x in sys.argv[2].split(",")]
+gen = [int(x) for x in sys.argv[3].split()]
+assert len(wire) > 1000, "the attacker recorded only %d bytes" % len(wire)
+run = b"".join(struct.pack("<i", t) for t in prompt)
+assert run in b"xx" + run + b"yy"   # the search works: a frame in clear would be found
+bad = ["the prompt's ids as one int32 run"] if run in wire else []
+bad += ["generated id %d" % t for t in sorted(set(gen)) if struct.pack("<i", t) in wire]
+if bad:
+    print("found in %d recorded bytes: %s" % (len(wire), ", ".join(bad)))
+    sys.exit(1)
+print("%d recorded bytes hold no prompt run and none of the generated ids" % len(wire))
+EOF
+}
+
+# tampered LOG MODE CMD...: run one attack (CMD puts the attacker in place), then the ring
+# either generates the right tokens or the session fails, rank 1 closes the link naming it
+# and the record, and the ring links again and generates right.
+tampered() {
+    local log=$1 mode=$2 before rc why out2
+    shift 2
+    before=$(grep -c "does not authenticate" "$log")
+    "$@"
+    wait_linked "$RING" 2 15 || fail "($mode) the ring did not link through the attacker"
+    out=$(gen)
+    rc=$?
+    why=$(tail -1 "$TMP/gen.err")
+    if [ $rc = 0 ]; then
+        [ "$out" = "$REF" ] || fail "($mode) the ring generated '$out', expected '$REF' or an error"
+    fi
+    for i in $(seq 50); do [ "$(grep -c "does not authenticate" "$log")" -gt "$before" ] && break; sleep 0.1; done
+    [ "$(grep -c "does not authenticate" "$log")" -gt "$before" ] ||
+        fail "($mode) rank 1 did not close the link for a record that does not authenticate"
+    grep "does not authenticate" "$log" | tail -1 | grep -q "ring link rank 0 -> rank 1" ||
+        fail "($mode) the error does not name the link: $(grep "does not authenticate" "$log" | tail -1)"
+    wait_linked "$RING" 2 15 || fail "($mode) the ring did not link again"
+    out2=$(gen) || fail "($mode) generate after the attack: $(cat "$TMP/gen.err")"
+    [ "$out2" = "$REF" ] || fail "($mode) after the attack the ring generated '$out2'"
+    echo "  $mode: $( [ $rc = 0 ] && echo "right tokens" || echo "session failed: $why"), then right again"
+}
+
 # ---- (b), (c): a proxy on rank 1's endpoint; rank 1 itself listens elsewhere ----
 Q1=$(free_port)
 PPID_=
@@ -77,47 +127,13 @@ wait_linked "$D" 2 15 || fail "the ring did not link through the proxy"
 grep -q "link through the proxy" "$TMP/proxy.out" || fail "rank 0 -> rank 1 does not go through the proxy"
 out=$(gen) || fail "(c) generate through the passive proxy: $out"
 [ "$out" = "$REF" ] || fail "(c) through the proxy the ring generated '$out'"
-python3 - "$TMP/wire.bin" "$PROMPT" "$out" <<'EOF' || fail "(c) token ids in clear on the wire"
-import struct, sys
-wire = open(sys.argv[1], "rb").read()
-prompt = [int(x) for x in sys.argv[2].split(",")]
-gen = [int(x) for x in sys.argv[3].split()]
-assert len(wire) > 1000, "the proxy recorded only %d bytes" % len(wire)
-run = b"".join(struct.pack("<i", t) for t in prompt)
-# the search works: a frame in clear would be found
-assert run in b"xx" + run + b"yy"
-bad = []
-if run in wire:
-    bad.append("the prompt's ids as one int32 run")
-for t in set(gen):
-    if struct.pack("<i", t) in wire:
-        bad.append("generated id %d" % t)
-if bad:
-    print("found in %d recorded bytes: %s" % (len(wire), ", ".join(bad)))
-    sys.exit(1)
-print("ok (c) %d recorded bytes hold no prompt run and none of the generated ids" % len(wire))
-EOF
+no_clear_ids "$TMP/wire.bin" || fail "(c) token ids in clear on the wire"
+echo "ok (c) passive proxy"
 
-for mode in ${ATTACK_MODES:-flip drop replay reorder}; do
-    proxy_start "$mode"
-    wait_linked "$D" 2 15 || fail "($mode) the ring did not link through the proxy"
-    before=$(grep -c "does not authenticate" "$LOG1")
-    out=$(gen)
-    rc=$?
-    why=$(tail -1 "$TMP/gen.err")
-    if [ $rc = 0 ]; then
-        [ "$out" = "$REF" ] || fail "($mode) the ring generated '$out', expected '$REF' or an error"
-    fi
-    for i in $(seq 50); do [ "$(grep -c "does not authenticate" "$LOG1")" -gt "$before" ] && break; sleep 0.1; done
-    [ "$(grep -c "does not authenticate" "$LOG1")" -gt "$before" ] ||
-        fail "($mode) rank 1 did not close the link for a record that does not authenticate"
-    grep "does not authenticate" "$LOG1" | tail -1 | grep -q "ring link rank 0 -> rank 1" ||
-        fail "($mode) the error does not name the link: $(grep "does not authenticate" "$LOG1" | tail -1)"
-    wait_linked "$D" 2 15 || fail "($mode) the ring did not link again"
-    out2=$(gen) || fail "($mode) generate after the attack: $out2"
-    [ "$out2" = "$REF" ] || fail "($mode) after the attack the ring generated '$out2'"
-    echo "ok (b) $mode: $( [ $rc = 0 ] && echo "right tokens" || echo "session failed: $why"), then right again"
+for mode in $MODES; do
+    tampered "$LOG1" "$mode" proxy_start "$mode"
 done
+echo "ok (b) man in the middle"
 if [ -z "${ATTACK_MODES:-}" ]; then   # ATTACK_MODES="flip": one attack, when debugging
     grep -q "flipped a byte" "$TMP/proxy.out" && grep -q "dropped a record" "$TMP/proxy.out" &&
         grep -q "replayed a record" "$TMP/proxy.out" && grep -q "reordered two records" "$TMP/proxy.out" ||
@@ -145,4 +161,46 @@ wait $IPID
 lines=$(( $(wc -l < "$LOG1") - lines0 ))
 [ "$lines" -lt 30 ] || fail "(d) rank 1 logged $lines lines while the idle connections came and went"
 echo "ok (d) rank 0 linked past $(cat "$TMP/idle.out" | grep -o '[0-9]* idle') connections; rank 1 logged $lines lines"
+
+# ---- (e) a malicious relay: rank 1's endpoint relay+ws://, the relay from ring_attack.py ----
+ring_down "$D"
+D2=$TMP/relayring
+mkdir -p "$D2"
+RP=$(free_port)
+python3 - "$D/ring.json" "$D2/ring.json" "relay+ws://127.0.0.1:$RP/b/$(openssl rand -hex 16)" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["ranks"][1]["endpoint"] = sys.argv[3]
+json.dump(m, open(sys.argv[2], "w"), indent=1)
+EOF
+RING=$D2
+RLOG1=$D2/rank-1/kvd.log
+RPID_=
+relay_start() {   # MODE [--record FILE]
+    [ -n "$RPID_" ] && { kill "$RPID_" 2>/dev/null; wait "$RPID_" 2>/dev/null; }
+    $ATTACK relay "$RP" "$@" >> "$TMP/relay.out" 2>&1 &
+    RPID_=$!
+    at_exit "kill $RPID_ 2>/dev/null"
+    wait_port "$RP" 5 || fail "the malicious relay does not listen on $RP"
+}
+relay_start pass --record "$TMP/relay-wire.bin"
+for r in 0 1; do   # the same stages (their node keys), the manifest with the relay
+    mkdir -p "$D2/rank-$r"
+    cp "$D/rank-$r/node.key" "$D2/rank-$r/"
+    "$KVD" stage --manifest "$D2/ring.json" --rank $r --model "$M" --state-dir "$D2/rank-$r" \
+        >> "$D2/rank-$r/kvd.log" 2>&1 &
+    echo $! > "$D2/rank-$r/kvd.pid"
+done
+RINGS="$RINGS $D2"
+wait_linked "$D2" 2 20 || fail "(e) the ring did not link through the malicious relay"
+grep -q "paired" "$TMP/relay.out" || fail "(e) the link does not go through the relay: $(cat "$TMP/relay.out")"
+out=$(gen) || fail "(e) generate through the relay: $(cat "$TMP/gen.err")"
+[ "$out" = "$REF" ] || fail "(e) through the relay the ring generated '$out'"
+no_clear_ids "$TMP/relay-wire.bin" || fail "(e) token ids in clear at the relay"
+echo "ok (e) the relay reads nothing"
+for mode in $MODES; do
+    tampered "$RLOG1" "$mode" relay_start "$mode"
+done
+echo "ok (e) a tampering relay ends sessions, never changes a token"
+ring_down "$D2"
 finish
