@@ -189,6 +189,7 @@ static void start_handshake(struct conn *c, uint32_t expect_rank)
 static void on_open(struct net_link *l, int status)
 {
     struct conn *c = net_link_ud(l);
+    c->start_ms = (uint64_t)util_now_ms();   /* the handshake's deadline counts from here */
     if (status == 0)
         start_handshake(c, c->role == CONN_OUT ? c->st->succ : c->st->pred);
 }
