@@ -90,7 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (mode == 3)
-        return fuzz_records(data + 2, size - 2, step);
+        return fuzz_records(data, size, step);
     struct net_frame_reader r;
     net_frame_reader_init(&r, mode == 0 ? 1u << 16 : 4096);
     struct net_handshake *hs = NULL;
