@@ -111,6 +111,21 @@ tampered() {
     echo "  $mode: $( [ $rc = 0 ] && echo "right tokens" || echo "session failed: $why"), then right again"
 }
 
+# eavesdropped_and_tampered WHAT_READS WHAT_TAMPERS WIRE LOG START: with the attacker recording
+# into WIRE, the ring generates right and WIRE holds no token id; then START MODE puts the
+# attacker in place for each attack in turn (tampered).
+eavesdropped_and_tampered() {
+    local reads=$1 tampers=$2 wire=$3 log=$4 start=$5 mode
+    out=$(gen) || fail "$reads: generate: $(cat "$TMP/gen.err")"
+    [ "$out" = "$REF" ] || fail "$reads: the ring generated '$out'"
+    no_clear_ids "$wire" || fail "$reads: token ids in clear"
+    echo "ok $reads reads no token id"
+    for mode in $MODES; do
+        tampered "$log" "$mode" "$start" "$mode"
+    done
+    echo "ok $tampers tampering ends sessions, never changes a token"
+}
+
 # ---- (b), (c): a proxy on rank 1's endpoint; rank 1 itself listens elsewhere ----
 Q1=$(free_port)
 PPID_=
@@ -125,15 +140,7 @@ restart_rank1 "127.0.0.1:$Q1"
 proxy_start pass --record "$TMP/wire.bin"
 wait_linked "$D" 2 15 || fail "the ring did not link through the proxy"
 grep -q "link through the proxy" "$TMP/proxy.out" || fail "rank 0 -> rank 1 does not go through the proxy"
-out=$(gen) || fail "(c) generate through the passive proxy: $out"
-[ "$out" = "$REF" ] || fail "(c) through the proxy the ring generated '$out'"
-no_clear_ids "$TMP/wire.bin" || fail "(c) token ids in clear on the wire"
-echo "ok (c) passive proxy"
-
-for mode in $MODES; do
-    tampered "$LOG1" "$mode" proxy_start "$mode"
-done
-echo "ok (b) man in the middle"
+eavesdropped_and_tampered "(c) a passive proxy" "(b) a proxy" "$TMP/wire.bin" "$LOG1" proxy_start
 if [ -z "${ATTACK_MODES:-}" ]; then   # ATTACK_MODES="flip": one attack, when debugging
     grep -q "flipped a byte" "$TMP/proxy.out" && grep -q "dropped a record" "$TMP/proxy.out" &&
         grep -q "replayed a record" "$TMP/proxy.out" && grep -q "reordered two records" "$TMP/proxy.out" ||
@@ -194,13 +201,6 @@ done
 RINGS="$RINGS $D2"
 wait_linked "$D2" 2 20 || fail "(e) the ring did not link through the malicious relay"
 grep -q "paired" "$TMP/relay.out" || fail "(e) the link does not go through the relay: $(cat "$TMP/relay.out")"
-out=$(gen) || fail "(e) generate through the relay: $(cat "$TMP/gen.err")"
-[ "$out" = "$REF" ] || fail "(e) through the relay the ring generated '$out'"
-no_clear_ids "$TMP/relay-wire.bin" || fail "(e) token ids in clear at the relay"
-echo "ok (e) the relay reads nothing"
-for mode in $MODES; do
-    tampered "$RLOG1" "$mode" relay_start "$mode"
-done
-echo "ok (e) a tampering relay ends sessions, never changes a token"
+eavesdropped_and_tampered "(e) the relay" "(e) the relay" "$TMP/relay-wire.bin" "$RLOG1" relay_start
 ring_down "$D2"
 finish
