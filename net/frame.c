@@ -1,10 +1,15 @@
 /* frame.c — ring frame headers, the streaming frame reader, OPEN and HELLO payloads, and the
- * link handshake state machine (no I/O here, so the fuzz target can drive all of it). */
+ * link handshake state machine with its key exchange (no I/O here, so the fuzz target can
+ * drive all of it). The protocol: net/net.h's frames section and docs/security.md. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <openssl/rand.h>
 
 #include "net/net.h"
@@ -182,6 +187,7 @@ void net_hello_encode(const struct net_hello *h, uint8_t out[NET_HELLO_LEN])
     memcpy(out + 76, h->node_key, 32);
     memcpy(out + 108, h->manifest_hash, 32);
     memcpy(out + 140, h->nonce, 32);
+    memcpy(out + 172, h->ephemeral, 32);
 }
 
 int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *err, size_t errlen)
@@ -208,6 +214,7 @@ int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *e
     memcpy(h->node_key, in + 76, 32);
     memcpy(h->manifest_hash, in + 108, 32);
     memcpy(h->nonce, in + 140, 32);
+    memcpy(h->ephemeral, in + 172, 32);
     return 0;
 }
 
@@ -219,37 +226,108 @@ struct net_handshake {
     const struct net_identity *id;
     struct net_hello mine, peer;
     struct net_hs_expect expect;
+    enum net_hs_side side;
     char ring[NET_RING_ID_MAX + 1];
     int state;
+    EVP_PKEY *eph;                      /* own X25519 key, dropped once the keys are derived */
+    uint8_t transcript[32];
+    struct net_link_keys keys;
     uint8_t hello_frame[NET_HDR_LEN + NET_HELLO_LEN];
     uint8_t auth_frame[NET_HDR_LEN + NET_AUTH_LEN];
 };
 
-/* The signed message: "KVR1-auth" | nonce | signer key | u32 signer rank | ring[64]. */
-static size_t auth_msg(uint8_t *m, const uint8_t nonce[32], const uint8_t key[32], uint32_t rank,
-                       const char *ring)
+/* The signed message: "KVR2-auth" | u8 signer's side | transcript. */
+static size_t auth_msg(uint8_t m[42], enum net_hs_side signer, const uint8_t transcript[32])
 {
-    memcpy(m, "KVR1-auth", 9);
-    memcpy(m + 9, nonce, 32);
-    memcpy(m + 41, key, 32);
-    put32(m + 73, rank);
-    memset(m + 77, 0, NET_RING_ID_MAX);
-    memcpy(m + 77, ring, strnlen(ring, NET_RING_ID_MAX));
-    return 77 + NET_RING_ID_MAX;
+    memcpy(m, "KVR2-auth", 9);
+    m[9] = (uint8_t)signer;
+    memcpy(m + 10, transcript, 32);
+    return 42;
+}
+
+/* SHA-256("KVR2-transcript" | HELLO of the up side | HELLO of the down side). */
+static int transcript_hash(const uint8_t *up, const uint8_t *down, uint8_t out[32])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned n = 0;
+    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(ctx, "KVR2-transcript", 15) == 1 &&
+             EVP_DigestUpdate(ctx, up, NET_HELLO_LEN) == 1 &&
+             EVP_DigestUpdate(ctx, down, NET_HELLO_LEN) == 1 &&
+             EVP_DigestFinal_ex(ctx, out, &n) == 1 && n == 32;
+    EVP_MD_CTX_free(ctx);
+    return ok ? 0 : -EIO;
+}
+
+/* X25519 with the peer's key, then HKDF-SHA256 salted with the transcript: one key per
+ * direction. The shared secret never leaves this function. */
+static int derive_keys(struct net_handshake *hs, const uint8_t peer_pub[32], char *err,
+                       size_t errlen)
+{
+    uint8_t secret[32], okm[64];
+    size_t slen = sizeof secret;
+    int rc = -EIO;
+    EVP_PKEY *peer = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, NULL, peer_pub, 32);
+    EVP_PKEY_CTX *dc = peer ? EVP_PKEY_CTX_new(hs->eph, NULL) : NULL;
+    if (!dc || EVP_PKEY_derive_init(dc) != 1 || EVP_PKEY_derive_set_peer(dc, peer) != 1 ||
+        EVP_PKEY_derive(dc, secret, &slen) != 1 || slen != 32) {
+        /* OpenSSL refuses a low-order peer key (an all-zero secret) here */
+        snprintf(err, errlen, "the peer's ephemeral X25519 key is unusable");
+        goto out;
+    }
+    for (int dir = 0; dir < 2; dir++) {
+        const char *info = dir == 0 ? "KVR2 up->down" : "KVR2 down->up";
+        EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+        EVP_KDF_CTX *kc = kdf ? EVP_KDF_CTX_new(kdf) : NULL;
+        EVP_KDF_free(kdf);
+        OSSL_PARAM ps[] = {
+            OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+            OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, secret, 32),
+            OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, hs->transcript, 32),
+            OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (char *)info, strlen(info)),
+            OSSL_PARAM_construct_end(),
+        };
+        int ok = kc && EVP_KDF_derive(kc, okm + 32 * dir, 32, ps) == 1;
+        EVP_KDF_CTX_free(kc);
+        if (!ok) {
+            snprintf(err, errlen, "HKDF over the X25519 secret failed");
+            goto out;
+        }
+    }
+    bool up = hs->side == NET_HS_UP;
+    memcpy(hs->keys.tx, okm + (up ? 0 : 32), 32);
+    memcpy(hs->keys.rx, okm + (up ? 32 : 0), 32);
+    rc = 0;
+out:
+    OPENSSL_cleanse(secret, sizeof secret);
+    OPENSSL_cleanse(okm, sizeof okm);
+    EVP_PKEY_CTX_free(dc);
+    EVP_PKEY_free(peer);
+    EVP_PKEY_free(hs->eph);
+    hs->eph = NULL;
+    return rc;
 }
 
 int net_handshake_new(struct net_handshake **out, const struct net_identity *id,
-                      const struct net_hello *mine, const struct net_hs_expect *expect)
+                      const struct net_hello *mine, const struct net_hs_expect *expect,
+                      enum net_hs_side side)
 {
+    if (side != NET_HS_UP && side != NET_HS_DOWN)
+        return -EINVAL;
     struct net_handshake *hs = calloc(1, sizeof *hs);
     if (!hs)
         return -ENOMEM;
     hs->id = id;
+    hs->side = side;
     hs->mine = *mine;
+    hs->mine.version = NET_VERSION;
     if (id)
         memcpy(hs->mine.node_key, net_identity_pub(id), 32);
-    if (RAND_bytes(hs->mine.nonce, 32) != 1) {
-        free(hs);
+    size_t n = 32;
+    hs->eph = EVP_PKEY_Q_keygen(NULL, NULL, "X25519");
+    if (!hs->eph || EVP_PKEY_get_raw_public_key(hs->eph, hs->mine.ephemeral, &n) != 1 || n != 32 ||
+        RAND_bytes(hs->mine.nonce, 32) != 1) {
+        net_handshake_free(hs);
         return -EIO;
     }
     hs->expect = *expect;
@@ -265,6 +343,10 @@ int net_handshake_new(struct net_handshake **out, const struct net_identity *id,
 
 void net_handshake_free(struct net_handshake *hs)
 {
+    if (!hs)
+        return;
+    EVP_PKEY_free(hs->eph);
+    OPENSSL_cleanse(&hs->keys, sizeof hs->keys);
     free(hs);
 }
 
@@ -279,10 +361,104 @@ const struct net_hello *net_handshake_peer(const struct net_handshake *hs)
     return &hs->peer;
 }
 
+bool net_handshake_hello_ok(const struct net_handshake *hs)
+{
+    return hs->state == HS_WAIT_AUTH || hs->state == HS_DONE;
+}
+
+int net_handshake_keys(const struct net_handshake *hs, struct net_link_keys *keys)
+{
+    if (hs->state != HS_DONE)
+        return -EAGAIN;
+    *keys = hs->keys;
+    return 0;
+}
+
 static int hs_fail(struct net_handshake *hs, int rc)
 {
     hs->state = HS_FAILED;
+    OPENSSL_cleanse(&hs->keys, sizeof hs->keys);
     return rc;
+}
+
+/* Check the peer's HELLO against what we expect of it: 0 or a negative code with err. */
+static int hello_check(const struct net_hello *p, const struct net_hs_expect *x, char *err,
+                       size_t errlen)
+{
+    if (strcmp(p->ring, x->ring) != 0) {
+        snprintf(err, errlen, "wrong ring '%s', expected '%s'", p->ring, x->ring);
+        return -EPERM;
+    }
+    if (p->n_ranks != x->n_ranks) {
+        snprintf(err, errlen, "peer's ring has %u ranks, expected %u", p->n_ranks, x->n_ranks);
+        return -EPERM;
+    }
+    if (p->rank != x->rank) {
+        snprintf(err, errlen, "wrong rank %u, expected %u", p->rank, x->rank);
+        return -EPERM;
+    }
+    if (memcmp(p->manifest_hash, x->manifest_hash, 32) != 0) {
+        char a[65], b[65];
+        util_hex_encode(p->manifest_hash, 32, a);
+        util_hex_encode(x->manifest_hash, 32, b);
+        snprintf(err, errlen, "manifest hash %.16s... differs from ours %.16s...", a, b);
+        return -EPERM;
+    }
+    if (x->check_key && memcmp(p->node_key, x->node_key, 32) != 0) {
+        char a[65];
+        util_hex_encode(p->node_key, 32, a);
+        snprintf(err, errlen, "node key %.16s... is not the one the manifest names for rank %u",
+                 a, p->rank);
+        return -EPERM;
+    }
+    return 0;
+}
+
+static int on_hello(struct net_handshake *hs, const struct net_frame_hdr *h, const uint8_t *payload,
+                    const uint8_t **out, size_t *outlen, char *err, size_t errlen)
+{
+    if (h->type != NET_F_HELLO) {
+        snprintf(err, errlen, "expected HELLO, got %s", net_frame_type_name(h->type));
+        return -EPROTO;
+    }
+    /* The version first, so an older peer gets a clear word rather than a length mismatch. */
+    if (h->payload_len >= 4 && get32(payload) != NET_VERSION) {
+        snprintf(err, errlen, "peer speaks ring protocol version %u, this kvd speaks %u "
+                 "(run the same kvd release on every stage)", get32(payload), NET_VERSION);
+        return -EPROTO;
+    }
+    struct net_hello p;
+    int rc = net_hello_decode(payload, h->payload_len, &p, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = hello_check(&p, &hs->expect, err, errlen)) < 0)
+        return rc;
+    if (!memcmp(p.nonce, hs->mine.nonce, 32) || !memcmp(p.ephemeral, hs->mine.ephemeral, 32)) {
+        snprintf(err, errlen, "the peer's HELLO reflects our own nonce or key");
+        return -EPERM;
+    }
+    hs->peer = p;
+    /* Only now, with the peer's HELLO checked, does anything get signed. */
+    const uint8_t *own = hs->hello_frame + NET_HDR_LEN;
+    bool up = hs->side == NET_HS_UP;
+    if (transcript_hash(up ? own : payload, up ? payload : own, hs->transcript) < 0) {
+        snprintf(err, errlen, "hashing the handshake transcript failed");
+        return -EIO;
+    }
+    if ((rc = derive_keys(hs, p.ephemeral, err, errlen)) < 0)
+        return -EPROTO;
+    uint8_t m[42], sig[64];
+    size_t mlen = auth_msg(m, hs->side, hs->transcript);
+    if (!hs->id || net_identity_sign(hs->id, m, mlen, sig) < 0) {
+        snprintf(err, errlen, "signing the AUTH failed");
+        return -EIO;
+    }
+    struct net_frame_hdr ah = {.magic = NET_MAGIC, .type = NET_F_AUTH, .payload_len = NET_AUTH_LEN};
+    net_frame_hdr_encode(&ah, hs->auth_frame);
+    memcpy(hs->auth_frame + NET_HDR_LEN, sig, 64);
+    *out = hs->auth_frame;
+    *outlen = sizeof hs->auth_frame;
+    return 0;
 }
 
 int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
@@ -312,57 +488,9 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
         return hs_fail(hs, -EPROTO);
     }
     if (hs->state == HS_WAIT_HELLO) {
-        if (h->type != NET_F_HELLO) {
-            snprintf(err, errlen, "expected HELLO, got %s", net_frame_type_name(h->type));
-            return hs_fail(hs, -EPROTO);
-        }
-        struct net_hello p;
-        int rc = net_hello_decode(payload, h->payload_len, &p, err, errlen);
+        int rc = on_hello(hs, h, payload, out, outlen, err, errlen);
         if (rc < 0)
             return hs_fail(hs, rc);
-        const struct net_hs_expect *x = &hs->expect;
-        if (p.version != NET_VERSION) {
-            snprintf(err, errlen, "protocol version %u, expected %u", p.version, NET_VERSION);
-            return hs_fail(hs, -EPROTO);
-        }
-        if (strcmp(p.ring, x->ring) != 0) {
-            snprintf(err, errlen, "wrong ring '%s', expected '%s'", p.ring, x->ring);
-            return hs_fail(hs, -EPERM);
-        }
-        if (p.n_ranks != x->n_ranks) {
-            snprintf(err, errlen, "peer's ring has %u ranks, expected %u", p.n_ranks, x->n_ranks);
-            return hs_fail(hs, -EPERM);
-        }
-        if (p.rank != x->rank) {
-            snprintf(err, errlen, "wrong rank %u, expected %u", p.rank, x->rank);
-            return hs_fail(hs, -EPERM);
-        }
-        if (memcmp(p.manifest_hash, x->manifest_hash, 32) != 0) {
-            char a[65], b[65];
-            util_hex_encode(p.manifest_hash, 32, a);
-            util_hex_encode(x->manifest_hash, 32, b);
-            snprintf(err, errlen, "manifest hash %.16s... differs from ours %.16s...", a, b);
-            return hs_fail(hs, -EPERM);
-        }
-        if (x->check_key && memcmp(p.node_key, x->node_key, 32) != 0) {
-            char a[65];
-            util_hex_encode(p.node_key, 32, a);
-            snprintf(err, errlen, "node key %.16s... is not the one the manifest names for rank %u",
-                     a, p.rank);
-            return hs_fail(hs, -EPERM);
-        }
-        hs->peer = p;
-        uint8_t m[200], sig[64];
-        size_t mlen = auth_msg(m, p.nonce, hs->mine.node_key, hs->mine.rank, hs->ring);
-        if (!hs->id || net_identity_sign(hs->id, m, mlen, sig) < 0) {
-            snprintf(err, errlen, "signing the AUTH failed");
-            return hs_fail(hs, -EIO);
-        }
-        struct net_frame_hdr ah = {.magic = NET_MAGIC, .type = NET_F_AUTH, .payload_len = NET_AUTH_LEN};
-        net_frame_hdr_encode(&ah, hs->auth_frame);
-        memcpy(hs->auth_frame + NET_HDR_LEN, sig, 64);
-        *out = hs->auth_frame;
-        *outlen = sizeof hs->auth_frame;
         hs->state = HS_WAIT_AUTH;
         return 0;
     }
@@ -375,10 +503,12 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
         snprintf(err, errlen, "AUTH payload_len %u is not %u", h->payload_len, NET_AUTH_LEN);
         return hs_fail(hs, -EPROTO);
     }
-    uint8_t m[200];
-    size_t mlen = auth_msg(m, hs->mine.nonce, hs->peer.node_key, hs->peer.rank, hs->ring);
+    uint8_t m[42];
+    enum net_hs_side other = hs->side == NET_HS_UP ? NET_HS_DOWN : NET_HS_UP;
+    size_t mlen = auth_msg(m, other, hs->transcript);
     if (!net_sig_verify(hs->peer.node_key, m, mlen, payload)) {
-        snprintf(err, errlen, "bad signature from rank %u over our nonce", hs->peer.rank);
+        snprintf(err, errlen, "bad signature on the AUTH of rank %u: not its key's signature over "
+                 "this link's transcript", hs->peer.rank);
         return hs_fail(hs, -EPERM);
     }
     hs->state = HS_DONE;

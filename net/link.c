@@ -1,5 +1,6 @@
-/* link.c — ring links: a framed byte stream over a pluggable transport; the built-in TCP
- * transport and the TCP listener. Links are closed through their transport and freed only
+/* link.c — ring links: a framed byte stream over a pluggable transport, sealed records once
+ * the owner installs the handshake's keys (record.c); the built-in TCP transport and the TCP
+ * listener. Links are closed through their transport and freed only
  * after the transport reports every handle closed (libuv close callbacks). */
 #include <errno.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@ struct net_link {
     struct net_link_cbs cbs;
     void *ud;
     struct net_frame_reader rd;
+    struct net_rec *tx, *rx;    /* set by net_link_set_keys: every frame sealed from then on */
     char peer[96];
     char reason[256];
     bool closing, opened, in_data;
@@ -134,15 +136,35 @@ int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void 
         return -ENOTCONN;
     if (len > NET_PAYLOAD_HARD_MAX)
         return -EMSGSIZE;
-    char *b = malloc(NET_HDR_LEN + len);
+    size_t pre = l->tx ? 4 : 0, post = l->tx ? NET_REC_TAG : 0;
+    uint8_t *b = malloc(pre + NET_HDR_LEN + len + post);
     if (!b)
         return -ENOMEM;
     struct net_frame_hdr hh = *h;
     hh.payload_len = (uint32_t)len;
-    net_frame_hdr_encode(&hh, (uint8_t *)b);
+    net_frame_hdr_encode(&hh, b + pre);
     if (len)
-        memcpy(b + NET_HDR_LEN, payload, len);
-    return link_write(l, b, NET_HDR_LEN + len);
+        memcpy(b + pre + NET_HDR_LEN, payload, len);
+    if (l->tx) {
+        int rc = net_rec_seal(l->tx, b, NET_HDR_LEN + len);
+        if (rc < 0) {
+            free(b);
+            return rc;
+        }
+    }
+    return link_write(l, (char *)b, pre + NET_HDR_LEN + len + post);
+}
+
+int net_link_set_keys(struct net_link *l, const struct net_link_keys *keys)
+{
+    if (l->tx || l->rx)
+        return -EALREADY;
+    int rc = net_rec_new(&l->tx, keys->tx);
+    if (rc == 0 && (rc = net_rec_new(&l->rx, keys->rx)) < 0) {
+        net_rec_free(l->tx);
+        l->tx = NULL;
+    }
+    return rc;
 }
 
 void net_link_close(struct net_link *l, const char *reason)
@@ -196,10 +218,14 @@ void net_link_tp_data(struct net_link *l, const void *data, size_t len)
     const uint8_t *payload;
     char err[KV_ERR_MAX];
     int rc;
-    while (!l->closing && (rc = net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
+    /* The owner may install keys inside on_frame (the handshake's end): the bytes after it
+     * are records, so the kind of the next read is decided each time round. */
+    while (!l->closing &&
+           (rc = l->rx ? net_rec_next(l->rx, &l->rd, &h, &payload, err, sizeof err)
+                       : net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
         if (rc < 0) {
             char r[KV_ERR_MAX + 16];
-            snprintf(r, sizeof r, "bad frame: %s", err);
+            snprintf(r, sizeof r, "%s: %s", rc == -EBADMSG ? "bad record" : "bad frame", err);
             /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
             uint8_t eb[4 + sizeof r];
             size_t n = strlen(r);
@@ -229,6 +255,8 @@ void net_link_tp_closed(struct net_link *l)
     if (l->cbs.on_close)
         l->cbs.on_close(l, l->reason);
     net_frame_reader_free(&l->rd);
+    net_rec_free(l->tx);
+    net_rec_free(l->rx);
     free(l);
 }
 

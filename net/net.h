@@ -24,9 +24,9 @@
  *
  * Payloads by type (the receiver checks every field against its manifest before use):
  *   HELLO  u32 version | u32 rank | u32 n_ranks | char ring[64] (NUL-padded) |
- *          u8 node_key[32] (Ed25519) | u8 manifest_sha256[32] | u8 nonce[32]      (172 B)
- *   AUTH   u8 sig[64]: Ed25519 over "KVR1-auth" | peer's nonce | own node_key | u32 own rank |
- *          ring[64]
+ *          u8 node_key[32] (Ed25519) | u8 manifest_sha256[32] | u8 nonce[32] |
+ *          u8 ephemeral[32] (X25519, fresh per link)                             (204 B)
+ *   AUTH   u8 sig[64]: Ed25519 over "KVR2-auth" | u8 signer's side | transcript[32]
  *   OPEN   struct net_open_params (64 B) | i32 prompt tokens[n_tokens]
  *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it)
  *   TOKEN  i32 token | f32 logprob [| f32 logits[n_vocab] with flag LOGITS]
@@ -34,17 +34,30 @@
  *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes)
  *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
  *
- * Handshake: each side sends HELLO with a fresh nonce as soon as the stream is up; on the
- * peer's HELLO it checks version, ring, rank, manifest hash and (when known) node key, then
- * sends AUTH signing the peer's nonce; the link is established when the peer's AUTH verifies.
- * A mismatch sends ERROR with the reason (so both sides log it) and closes the link. */
+ * Handshake (docs/security.md): each side sends HELLO with a fresh nonce and a fresh X25519
+ * key as soon as the stream is up. On the peer's HELLO it checks everything (version, ring,
+ * ranks, manifest hash, node key when the manifest names one) before it signs anything;
+ * then it sends AUTH, a signature over the transcript hash
+ *   transcript = SHA-256("KVR2-transcript" | HELLO of the up side | HELLO of the down side)
+ * and its own side (NET_HS_UP: the predecessor's end, which sends the ring's data; NET_HS_DOWN:
+ * the successor's end), so an AUTH is good for this one link, this direction and these two
+ * HELLOs only. The link is established when the peer's AUTH verifies with the other side.
+ * A mismatch sends ERROR with the reason (so both sides log it) and closes the link.
+ *
+ * Records: after AUTH every frame travels sealed (net_rec below) with a key per direction,
+ *   key(up -> down), key(down -> up) = HKDF-SHA256(X25519 secret, salt transcript,
+ *                                                  info "KVR2 up->down" / "KVR2 down->up")
+ *   record = u32 len (LE, bytes that follow) | ChaCha20-Poly1305(frame) | tag[16]
+ * with the length as associated data and the nonce 0u32 | u64 sequence number (LE), counted
+ * per direction from 0. A record that does not open (altered, replayed, reordered, dropped,
+ * truncated) closes the link; so does a sequence number that would wrap. */
 
 #include <uv.h>
 
 #define NET_MAGIC        0x3152564bu  /* "KVR1" little-endian */
-#define NET_VERSION      1u
+#define NET_VERSION      2u
 #define NET_HDR_LEN      28u
-#define NET_HELLO_LEN    172u
+#define NET_HELLO_LEN    204u
 #define NET_AUTH_LEN     64u
 #define NET_RING_ID_MAX  64u          /* ring id bytes, NUL-padded on the wire */
 #define NET_ERR_MAX      1024u        /* ERROR message bytes */
@@ -117,7 +130,7 @@ bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const ui
 struct net_hello {
     uint32_t version, rank, n_ranks;
     char ring[NET_RING_ID_MAX + 1];
-    uint8_t node_key[32], manifest_hash[32], nonce[32];
+    uint8_t node_key[32], manifest_hash[32], nonce[32], ephemeral[32];
 };
 void net_hello_encode(const struct net_hello *h, uint8_t out[NET_HELLO_LEN]);
 int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *err, size_t errlen);
@@ -130,11 +143,20 @@ struct net_hs_expect {
     bool check_key;               /* the manifest names the peer's node key */
     uint8_t node_key[32];
 };
+/* Which end of a link a side is: up sends the ring's data (the predecessor; it dials over
+ * TCP), down receives it (the successor; it accepts, or dials a relay as its down role). */
+enum net_hs_side { NET_HS_UP = 1, NET_HS_DOWN = 2 };
+/* Session keys of an established link, as this side uses them. */
+struct net_link_keys {
+    uint8_t tx[32], rx[32];
+};
 /* Handshake state machine over frames (no I/O: it hands back bytes to send). */
 struct net_handshake;
-/* mine: own HELLO (nonce filled here); id: own key (borrowed for the handshake's life). */
+/* mine: own HELLO (version, node key, nonce and ephemeral key filled here); id: own key
+ * (borrowed for the handshake's life); side: this side's end of the link. */
 int net_handshake_new(struct net_handshake **out, const struct net_identity *id,
-                      const struct net_hello *mine, const struct net_hs_expect *expect);
+                      const struct net_hello *mine, const struct net_hs_expect *expect,
+                      enum net_hs_side side);
 void net_handshake_free(struct net_handshake *hs);
 /* The HELLO frame to send first: bytes borrowed from hs. */
 void net_handshake_hello(struct net_handshake *hs, const uint8_t **bytes, size_t *len);
@@ -145,6 +167,29 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
                        char *err, size_t errlen);
 /* The peer's HELLO (valid once it has been received). */
 const struct net_hello *net_handshake_peer(const struct net_handshake *hs);
+/* Whether the peer's HELLO arrived and passed every check. */
+bool net_handshake_hello_ok(const struct net_handshake *hs);
+/* The session keys: 0 once established (feed returned 1), -EAGAIN before. */
+int net_handshake_keys(const struct net_handshake *hs, struct net_link_keys *keys);
+
+/* Records: one direction of a sealed link (a key and its sequence number). */
+#define NET_REC_TAG      16u
+#define NET_REC_OVERHEAD (4u + NET_REC_TAG)   /* length prefix + tag */
+struct net_rec;
+/* A record direction with key[32], sequence 0. 0 or -ENOMEM/-EIO. */
+int net_rec_new(struct net_rec **out, const uint8_t key[32]);
+void net_rec_free(struct net_rec *r);
+/* Seal in place: rec[0..4) gets the length, rec[4..4+len) holds the frame and is encrypted,
+ * rec[4+len..4+len+NET_REC_TAG) gets the tag. 0, -EMSGSIZE, -EOVERFLOW (sequence spent), -EIO. */
+int net_rec_seal(struct net_rec *r, uint8_t *rec, size_t len);
+/* Take the next record from the reader's bytes, open it and decode its frame (header checked
+ * against the reader's cap, payload_len against the record): 1 and a frame (payload borrowed
+ * from r until the next call), 0 when more bytes are needed, or a negative code with err
+ * filled (the stream is then unusable: the link must close). */
+int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_frame_hdr *h,
+                 const uint8_t **payload, char *err, size_t errlen);
+/* Records sealed or opened so far. */
+uint64_t net_rec_seq(const struct net_rec *r);
 
 /* ---- links ---- */
 struct net_link;
@@ -177,11 +222,16 @@ int net_transport_register(const struct net_transport *t);
 int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
                   const struct net_link_cbs *cbs, void *ud, uint32_t max_payload, char *err,
                   size_t errlen);
-/* Send one frame: h->payload_len is set from len; header and payload are copied. */
+/* Send one frame: h->payload_len is set from len; header and payload are copied (and sealed
+ * once the link has keys). */
 int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
                   size_t len);
-/* Send raw bytes (tests and tools). */
+/* Send raw bytes, never sealed (the handshake; tests and tools). */
 int net_link_send_raw(struct net_link *l, const void *data, size_t len);
+/* Seal every frame sent and open every record received from now on (bytes already received
+ * and not yet taken as frames included). Called once, when the handshake is established. 0,
+ * -EALREADY, -ENOMEM. */
+int net_link_set_keys(struct net_link *l, const struct net_link_keys *keys);
 /* Close with a reason (logged by the owner in on_close). Safe from any callback; idempotent. */
 void net_link_close(struct net_link *l, const char *reason);
 void *net_link_ud(const struct net_link *l);

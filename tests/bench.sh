@@ -18,6 +18,9 @@
 #   - decode tok/s of one greedy session of 64 tokens (BENCH_RING_TG) through 1-, 2- and
 #     3-stage rings vs `kvctl generate -m` (best of 3, BENCH_RING_REPS, alternated) and
 #     `kvctl bench`; ratio ring / one process (goal for 3 stages: >= 0.95x);
+#   - the sealed records' cost: seal + open of one decode boundary frame (tests/tool-rec-bench,
+#     best of 5 rounds) times the 3 edges a token crosses, as a share of the 3-stage ring's
+#     time per token (goal < 2%);
 #   - boundary bytes per token on each edge (`kvctl status --ring --json`);
 #   - CPU seconds of an idle 3-stage ring (no session) over 5 s (BENCH_RING_IDLE_S), all
 #     stages' utime + stime from /proc/PID/stat, once after the ring is up and once after the
@@ -41,8 +44,8 @@
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
 # Sections: model kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
-# runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages wire
-# idle cpu sessions fair" leaves out parts of the ring section.
+# runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
+# wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
 cd "$(dirname "$0")/.."
 B=${KV_BUILD:-build}
@@ -216,8 +219,27 @@ print("%.3f" % (r.ru_utime + r.ru_stime))' "$@"; }
     done
     sock=$RD/rank-0/kvd.sock
 
+    if ! skip_ring records; then
+        # The sealed records' cost: seal + open of one decode boundary frame (n_embd x wire
+        # size + header), measured alone, times the 3 edges a token crosses, against the
+        # 3-stage ring's measured time per token (no plain wire exists to race against).
+        local recb=$B/tests/tool-rec-bench fb ns
+        make -s -j2 "$recb" >/dev/null 2>&1 || true
+        fb=$(python3 -c 'import json, sys
+m = json.load(open(sys.argv[1]))
+d = {"f32": 4, "f16": 2, "bf16": 2}.get(m.get("wire", {}).get("dtype", "f32"), 4)
+print(m["model"]["n_embd"] * d + 28)' "$RD/ring.json" 2>/dev/null) || fb=""
+        ns=$([ -x "$recb" ] && [ -n "$fb" ] && "$recb" "$fb" | awk '{ print $2 }')
+        if [ -n "$ns" ] && [ "$bestr" != 0 ]; then
+            awk -v ns="$ns" -v fb="$fb" -v r="$bestr" 'BEGIN { tok = 1e9 / r; per = 3 * ns
+                printf "  sealed records: seal + open of a %d-byte boundary frame %.1f us; x 3 edges = %.1f us per token = %.3f%% of the 3-stage ring'"'"'s %.2f ms per token (goal < 2%%)\n", fb, ns / 1e3, per / 1e3, 100 * per / tok, tok / 1e6 }'
+        else
+            echo "  sealed records: tool-rec-bench or the ring's n_embd unavailable; skipped"
+        fi
+    fi
+
     if ! skip_ring wire; then
-        echo "  bytes on the wire per token per edge (wire f32: n_embd x 4 + the 28-byte header):"
+        echo "  bytes on the wire per token per edge (wire f32: n_embd x 4 + the 28-byte header + the record's 20):"
         "$KVCTL" status --ring "$RD" --json | python3 -c '
 import json, sys
 for l in sys.stdin:

@@ -1,6 +1,8 @@
 /* fuzz-frame — libFuzzer target for what a ring peer controls: the frame decoder (streamed in
  * input-chosen pieces), HELLO/OPEN payload decoding, the handshake state machine (fed the
- * decoded frames as a stage would feed them) and the manifest validator.
+ * decoded frames as a stage would feed them), the manifest validator, and the record layer:
+ * the peer's plaintext (u16 length-prefixed pieces) sealed under a fixed key and opened again
+ * through a streaming reader, so whatever a keyed peer seals meets the frame decoder behind it.
  * The first byte picks the mode; the rest is the peer's byte stream (or the manifest). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,13 +26,61 @@ static void setup(void)
         abort();
 }
 
+/* Seal each u16-prefixed piece of data as one record, open the stream in step-byte pieces. */
+static int fuzz_records(const uint8_t *data, size_t size, size_t step)
+{
+    static const uint8_t key[32] = {7};
+    struct net_rec *tx, *rx;
+    if (net_rec_new(&tx, key) < 0)
+        return 0;
+    if (net_rec_new(&rx, key) < 0) {
+        net_rec_free(tx);
+        return 0;
+    }
+    uint8_t *stream = malloc(size / 2 * NET_REC_OVERHEAD + size + NET_REC_OVERHEAD);
+    size_t len = 0;
+    for (size_t off = 0; stream && off + 2 <= size;) {
+        size_t n = (size_t)(data[off] | data[off + 1] << 8);
+        off += 2;
+        if (n > size - off)
+            n = size - off;
+        memcpy(stream + len + 4, data + off, n);
+        if (net_rec_seal(tx, stream + len, n) < 0)
+            break;
+        len += NET_REC_OVERHEAD + n;
+        off += n;
+    }
+    struct net_frame_reader r;
+    net_frame_reader_init(&r, 4096);
+    char err[KV_ERR_MAX];
+    int rc = 0;
+    for (size_t off = 0; stream && off < len && rc >= 0;) {
+        size_t n = len - off < step ? len - off : step;
+        if (net_frame_reader_push(&r, stream + off, n) < 0)
+            break;
+        off += n;
+        struct net_frame_hdr h;
+        const uint8_t *p;
+        while ((rc = net_rec_next(rx, &r, &h, &p, err, sizeof err)) == 1)
+            if (h.type == NET_F_OPEN && h.payload_len >= NET_OPEN_LEN) {
+                struct net_open_params op;
+                net_open_decode(p, &op);
+            }
+    }
+    net_frame_reader_free(&r);
+    free(stream);
+    net_rec_free(tx);
+    net_rec_free(rx);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
     setup();
-    uint8_t mode = data[0] % 3, step = (uint8_t)(data[1] | 1);
+    uint8_t mode = data[0] % 4, step = (uint8_t)(data[1] | 1);
     data += 2;
     size -= 2;
     char err[KV_ERR_MAX];
@@ -39,6 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ring_manifest_parse(&m, (const char *)data, size, err, sizeof err);
         return 0;
     }
+    if (mode == 3)
+        return fuzz_records(data, size, step);
     struct net_frame_reader r;
     net_frame_reader_init(&r, mode == 0 ? 1u << 16 : 4096);
     struct net_handshake *hs = NULL;
@@ -46,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct net_hello mine = {.version = NET_VERSION, .rank = 0, .n_ranks = 2};
         snprintf(mine.ring, sizeof mine.ring, "fuzz");
         struct net_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = "fuzz"};
-        net_handshake_new(&hs, id, &mine, &x);
+        net_handshake_new(&hs, id, &mine, &x, NET_HS_DOWN);
     }
     bool done = false;
     for (size_t off = 0; off < size && !done;) {

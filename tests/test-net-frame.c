@@ -116,7 +116,7 @@ T_CASE(open_and_hello_payloads)
     net_open_decode(buf, &b);
     T_CHECK(b.seed == a.seed && b.temperature == a.temperature && b.top_p == a.top_p && b.min_p == a.min_p &&
             b.top_k == 40 && b.penalty_last_n == 64 && b.max_tokens == 99 && b.n_ctx == 512, "OPEN round trip");
-    struct net_hello h = {.version = 1, .rank = 2, .n_ranks = 3}, g;
+    struct net_hello h = {.version = NET_VERSION, .rank = 2, .n_ranks = 3}, g;
     snprintf(h.ring, sizeof h.ring, "ring-1");
     for (int i = 0; i < 32; i++)
         h.node_key[i] = (uint8_t)i, h.manifest_hash[i] = (uint8_t)(i + 1), h.nonce[i] = (uint8_t)(i + 2);
@@ -155,12 +155,15 @@ T_CASE(identity)
     net_identity_free(b);
 }
 
-/* Run a handshake between A (rank 0) and B (rank 1) with A's HELLO optionally altered. */
+/* Run a handshake between A (rank 0, the up side) and B (rank 1, down) with A's HELLO
+ * optionally altered. */
 struct hs_pair {
     struct net_identity *ia, *ib;
     struct net_handshake *a, *b;
     int ra, rb;
     char ea[KV_ERR_MAX], eb[KV_ERR_MAX];
+    struct net_link_keys ka, kb;     /* the session keys, when established */
+    enum net_hs_side side_b;         /* B's side (NET_HS_DOWN unless a case says otherwise) */
 };
 
 static int feed_frame(struct net_handshake *to, const uint8_t *bytes, size_t len, const uint8_t **out,
@@ -175,8 +178,8 @@ static int feed_frame(struct net_handshake *to, const uint8_t *bytes, size_t len
 static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int flip_hash, bool key_check,
                    bool tamper_auth)
 {
-    struct net_hello ha = {.version = 1, .rank = rank_a, .n_ranks = 2};
-    struct net_hello hb = {.version = 1, .rank = 1, .n_ranks = 2};
+    struct net_hello ha = {.rank = rank_a, .n_ranks = 2};
+    struct net_hello hb = {.rank = 1, .n_ranks = 2};
     snprintf(ha.ring, sizeof ha.ring, "%s", ring_a);
     snprintf(hb.ring, sizeof hb.ring, "R");
     memset(ha.manifest_hash, 7, 32);
@@ -189,8 +192,8 @@ static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int f
         xb.check_key = true;
         memcpy(xb.node_key, net_identity_pub(p->ib), 32);   /* B expects its own key: A's is "unknown" */
     }
-    net_handshake_new(&p->a, p->ia, &ha, &xa);
-    net_handshake_new(&p->b, p->ib, &hb, &xb);
+    net_handshake_new(&p->a, p->ia, &ha, &xa, NET_HS_UP);
+    net_handshake_new(&p->b, p->ib, &hb, &xb, p->side_b ? p->side_b : NET_HS_DOWN);
     const uint8_t *hello_a, *hello_b, *out;
     size_t la, lb, ol;
     net_handshake_hello(p->a, &hello_a, &la);
@@ -211,6 +214,12 @@ static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int f
         p->rb = feed_frame(p->b, auth_a, laa, &out, &ol, p->eb);
     if (p->ra == 0 && lab)
         p->ra = feed_frame(p->a, auth_b, lab, &out, &ol, p->ea);
+    memset(&p->ka, 0, sizeof p->ka);
+    memset(&p->kb, 0, sizeof p->kb);
+    if (p->ra == 1)
+        net_handshake_keys(p->a, &p->ka);
+    if (p->rb == 1)
+        net_handshake_keys(p->b, &p->kb);
     net_handshake_free(p->a);
     net_handshake_free(p->b);
 }
@@ -223,8 +232,21 @@ T_CASE(handshake)
     T_ASSERT(net_identity_load(&p.ia, d, err, sizeof err) == 0, "%s", err);
     snprintf(d, sizeof d, "%s/idb", t_tmpdir());
     T_ASSERT(net_identity_load(&p.ib, d, err, sizeof err) == 0, "%s", err);
+    p.side_b = 0;
     hs_run(&p, "R", 0, 0, false, false);
     T_CHECK(p.ra == 1 && p.rb == 1, "established both ways: %d %d (%s / %s)", p.ra, p.rb, p.ea, p.eb);
+    /* one key per direction, agreed by both ends, fresh for every handshake */
+    T_CHECK(!memcmp(p.ka.tx, p.kb.rx, 32) && !memcmp(p.ka.rx, p.kb.tx, 32), "keys agree");
+    T_CHECK(memcmp(p.ka.tx, p.ka.rx, 32) != 0, "a key per direction");
+    struct net_link_keys first = p.ka;
+    hs_run(&p, "R", 0, 0, false, false);
+    T_CHECK(p.ra == 1 && memcmp(first.tx, p.ka.tx, 32) != 0, "fresh keys per handshake");
+    /* both sides claiming the same end: each AUTH is signed for the wrong side */
+    p.side_b = NET_HS_UP;
+    hs_run(&p, "R", 0, 0, false, false);
+    T_CHECK(p.ra == -EPERM && p.rb == -EPERM && strstr(p.eb, "bad signature"), "same side: %d %d %s",
+            p.ra, p.rb, p.eb);
+    p.side_b = 0;
     hs_run(&p, "other", 0, 0, false, false);
     T_CHECK(p.rb == -EPERM && strstr(p.eb, "wrong ring"), "%s", p.eb);
     hs_run(&p, "R", 1, 0, false, false);
@@ -237,9 +259,9 @@ T_CASE(handshake)
     T_CHECK(p.rb == -EPERM && strstr(p.eb, "bad signature"), "%s", p.eb);
     /* AUTH before HELLO, and an ERROR from the peer */
     struct net_handshake *h;
-    struct net_hello me = {.version = 1, .n_ranks = 2};
+    struct net_hello me = {.n_ranks = 2};
     struct net_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = ""};
-    net_handshake_new(&h, p.ia, &me, &x);
+    net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
     uint8_t f[NET_HDR_LEN + 64] = {0};
     struct net_frame_hdr fh = {.magic = NET_MAGIC, .type = NET_F_AUTH, .payload_len = 64};
     net_frame_hdr_encode(&fh, f);
@@ -248,15 +270,132 @@ T_CASE(handshake)
     char e[KV_ERR_MAX];
     T_CHECK(feed_frame(h, f, sizeof f, &out, &ol, e) == -EPROTO && strstr(e, "expected HELLO"), "%s", e);
     net_handshake_free(h);
-    net_handshake_new(&h, p.ia, &me, &x);
+    net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
     fh.type = NET_F_ERROR;
     fh.payload_len = 4 + 5;
     net_frame_hdr_encode(&fh, f);
     memcpy(f + NET_HDR_LEN + 4, "nope!", 5);
     T_CHECK(feed_frame(h, f, NET_HDR_LEN + 9, &out, &ol, e) == -ECONNREFUSED && strstr(e, "nope!"), "%s", e);
     net_handshake_free(h);
+    /* an older peer's HELLO (version 1, 172 bytes): a clear word about the version */
+    net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
+    uint8_t old[NET_HDR_LEN + 172] = {0};
+    fh = (struct net_frame_hdr){.magic = NET_MAGIC, .type = NET_F_HELLO, .payload_len = 172};
+    net_frame_hdr_encode(&fh, old);
+    old[NET_HDR_LEN] = 1;
+    T_CHECK(feed_frame(h, old, sizeof old, &out, &ol, e) == -EPROTO && strstr(e, "version 1") &&
+            strstr(e, "speaks 2"), "%s", e);
+    net_handshake_free(h);
+    /* our own HELLO reflected back (a peer copying it): refused before anything is signed */
+    struct net_hs_expect self = {.rank = 0, .n_ranks = 2, .ring = ""};
+    net_handshake_new(&h, p.ia, &me, &self, NET_HS_UP);
+    const uint8_t *mine;
+    size_t ml;
+    net_handshake_hello(h, &mine, &ml);
+    uint8_t copy[NET_HDR_LEN + NET_HELLO_LEN];
+    memcpy(copy, mine, sizeof copy);
+    T_CHECK(feed_frame(h, copy, sizeof copy, &out, &ol, e) == -EPERM && ol == 0 && strstr(e, "reflects"),
+            "%s", e);
+    net_handshake_free(h);
     net_identity_free(p.ia);
     net_identity_free(p.ib);
+}
+
+/* Seal n frames of growing size with tx into one stream. */
+static size_t seal_stream(struct net_rec *tx, uint8_t *stream, int n, size_t *offs)
+{
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_PING, .session = (uint64_t)i,
+                                  .payload_len = 8};
+        uint8_t *r = stream + len;
+        net_frame_hdr_encode(&h, r + 4);
+        memset(r + 4 + NET_HDR_LEN, 'a' + i, 8);
+        T_CHECK(net_rec_seal(tx, r, NET_HDR_LEN + 8) == 0, "seal %d", i);
+        offs[i] = len;
+        len += NET_REC_OVERHEAD + NET_HDR_LEN + 8;
+    }
+    return len;
+}
+
+/* Open the stream with a fresh rx: how many frames came out in order before the first failure
+ * (or all of them), and that failure's code. */
+static int open_stream(const uint8_t key[32], const uint8_t *stream, size_t len, size_t step, int *got,
+                       char *e)
+{
+    struct net_rec *rx;
+    if (net_rec_new(&rx, key) < 0)
+        return -ENOMEM;
+    struct net_frame_reader rd;
+    net_frame_reader_init(&rd, 4096);
+    int rc = 0;
+    *got = 0;
+    for (size_t off = 0; off < len && rc >= 0;) {
+        size_t k = len - off < step ? len - off : step;
+        net_frame_reader_push(&rd, stream + off, k);
+        off += k;
+        struct net_frame_hdr h;
+        const uint8_t *pl;
+        while ((rc = net_rec_next(rx, &rd, &h, &pl, e, KV_ERR_MAX)) == 1) {
+            T_CHECK(h.session == (uint64_t)*got && h.payload_len == 8 && pl[0] == 'a' + *got,
+                    "frame %d in order, intact", *got);
+            (*got)++;
+        }
+    }
+    net_frame_reader_free(&rd);
+    net_rec_free(rx);
+    return rc;
+}
+
+T_CASE(records)
+{
+    uint8_t key[32], other[32];
+    memset(key, 0x42, 32);
+    memset(other, 0x43, 32);
+    uint8_t s[8 * 64], t[8 * 64];
+    size_t offs[8];
+    struct net_rec *tx;
+    T_ASSERT(net_rec_new(&tx, key) == 0, "tx");
+    size_t len = seal_stream(tx, s, 5, offs);
+    T_CHECK(net_rec_seq(tx) == 5, "sequence %llu", (unsigned long long)net_rec_seq(tx));
+    net_rec_free(tx);
+    size_t rl = offs[1] - offs[0];
+    char e[KV_ERR_MAX];
+    int got;
+    /* intact, at every split size */
+    for (size_t step = 1; step <= len; step += step < 8 ? 1 : 17)
+        T_CHECK(open_stream(key, s, len, step, &got, e) == 0 && got == 5, "step %zu: %d frames (%s)", step, got, e);
+    /* no plaintext on the wire: the payload bytes 'aaaaaaaa' appear nowhere */
+    T_CHECK(!memmem(s, len, "aaaaaaaa", 8) && !memmem(s, len, "\x4b\x56\x52\x31", 4), "sealed bytes hide the frames");
+    /* the wrong key */
+    T_CHECK(open_stream(other, s, len, len, &got, e) == -EBADMSG && got == 0 && strstr(e, "record 0"), "%s", e);
+    /* every byte flipped in turn: the records before it open, that one fails */
+    for (size_t i = 0; i < len; i++) {
+        memcpy(t, s, len);
+        t[i] ^= 0x10;
+        int rc = open_stream(key, t, len, len, &got, e);
+        int at = (int)(i / rl);
+        T_CHECK(rc < 0 && got == at, "flip at %zu: rc %d after %d frames", i, rc, got);
+        if (rc >= 0 || got != at)
+            break;
+    }
+    /* a record dropped, replayed, two swapped: the first out-of-place record fails */
+    memcpy(t, s, offs[2]);
+    memcpy(t + offs[2], s + offs[3], len - offs[3]);
+    T_CHECK(open_stream(key, t, len - rl, len, &got, e) == -EBADMSG && got == 2 && strstr(e, "record 2"),
+            "drop: %d %s", got, e);
+    memcpy(t, s, offs[3]);
+    memcpy(t + offs[3], s + offs[2], rl);
+    memcpy(t + offs[3] + rl, s + offs[3], len - offs[3]);
+    T_CHECK(open_stream(key, t, len + rl, len + rl, &got, e) == -EBADMSG && got == 3, "replay: %d %s", got, e);
+    memcpy(t, s, len);
+    memcpy(t + offs[1], s + offs[2], rl);
+    memcpy(t + offs[2], s + offs[1], rl);
+    T_CHECK(open_stream(key, t, len, len, &got, e) == -EBADMSG && got == 1, "swap: %d %s", got, e);
+    /* a length over the cap fails before anything is buffered */
+    memcpy(t, s, len);
+    t[3] = 0x7f;
+    T_CHECK(open_stream(key, t, len, len, &got, e) == -EMSGSIZE && strstr(e, "length"), "%s", e);
 }
 
 int main(int argc, char **argv)
@@ -267,5 +406,6 @@ int main(int argc, char **argv)
     T_RUN(open_and_hello_payloads);
     T_RUN(identity);
     T_RUN(handshake);
+    T_RUN(records);
     return T_DONE();
 }

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Hostile peers against a running stage (rank 1 of 3): handshake mismatches (wrong ring,
 # manifest, rank, node key), a second predecessor, random bytes, a wrong magic, payload_len
-# 4 GiB, an ACT with the wrong n_embd, a TOKEN from a non-last rank, an unknown session.
-# Each closes that link with the reason logged on both sides; the stage stays up, serves a
-# fresh link, and rejoins a ring when the real predecessor comes back.
+# 4 GiB, an ACT with the wrong n_embd, a TOKEN from a non-last rank, an unknown session (all
+# sealed, as a real peer's frames are), an unsealed frame after the handshake. Each closes
+# that link with the reason logged on both sides; the stage stays up, serves a fresh link,
+# and rejoins a ring when the real predecessor comes back.
 . "$(dirname "$0")/ring_lib.sh"
 
 M=$(need_model stories260K.gguf) || exit 1
@@ -53,6 +54,7 @@ peer huge 0 "$D/rank-0" "payload_len 4294967295 exceeds the cap"
 peer n_embd 0 "$D/rank-0" "ACT payload_len 260, expected n_tokens 1 x n_embd 64"
 peer token 0 "$D/rank-0" "TOKEN from rank 0, which is not the last rank"
 peer unknown 0 "$D/rank-0" "ACT for unknown session"
+peer plain 0 "$D/rank-0" "record 0: length"
 "$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
     --state-dir "$D/rank-0" --case ping | grep -q pong || fail "the stage does not serve a fresh link"
 echo "ok fresh link served"

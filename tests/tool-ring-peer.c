@@ -5,9 +5,12 @@
  * usage: tool-ring-peer --connect HOST:PORT --manifest FILE --as-rank R --state-dir DIR
  *                       --case CASE [--target R (the stage's rank; default as-rank + 1)]
  * CASE: random | magic | huge | n_embd | token | unknown | ping | idle (handshake only) |
+ *       plain (an unsealed frame after the handshake) |
  *       open-idle (OPEN, then silence: exit 0 if the link stays up) | early-act (an ACT
  *       header of 100000 bytes before the handshake) |
  *       wrong-ring | wrong-manifest (handshake mismatches)
+ * After the handshake every frame goes sealed with the link's keys, as a real peer's do, so the
+ * stage's checks behind the record layer are what the bad frames meet.
  * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
  * "closed" when the stage closes the link, "pong" for a PONG. Exit 0 when the expected
  * outcome happened (the stage closed the link; for ping: a PONG came back), 1 otherwise. */
@@ -29,6 +32,7 @@
 #include "util/err.h"
 
 static int fd = -1;
+static struct net_rec *tx, *rx;   /* the link's record directions, once established */
 
 static void send_all(const void *b, size_t n)
 {
@@ -42,16 +46,27 @@ static void send_all(const void *b, size_t n)
     }
 }
 
+/* Send header h (its payload_len as given, true or not) and len payload bytes, sealed as one
+ * record once the link has keys. */
+static void send_hdr(const struct net_frame_hdr *h, const void *payload, size_t len)
+{
+    uint8_t *b = malloc(4 + NET_HDR_LEN + len + NET_REC_TAG);
+    size_t pre = tx ? 4 : 0;
+    net_frame_hdr_encode(h, b + pre);
+    if (len)
+        memcpy(b + pre + NET_HDR_LEN, payload, len);
+    if (tx && net_rec_seal(tx, b, NET_HDR_LEN + len) < 0)
+        fprintf(stderr, "seal failed\n");
+    send_all(b, pre + NET_HDR_LEN + len + (tx ? NET_REC_TAG : 0));
+    free(b);
+}
+
 static void send_frame(uint8_t type, uint8_t flags, uint64_t sess, uint32_t pos, uint32_t n,
                        const void *payload, uint32_t len)
 {
     struct net_frame_hdr h = {.magic = NET_MAGIC, .type = type, .flags = flags, .session = sess,
                               .pos = pos, .n_tokens = n, .payload_len = len};
-    uint8_t hb[NET_HDR_LEN];
-    net_frame_hdr_encode(&h, hb);
-    send_all(hb, sizeof hb);
-    if (len)
-        send_all(payload, len);
+    send_hdr(&h, payload, len);
 }
 
 /* Read frames until the stage closes the link or timeout_ms of silence; 1 if closed. */
@@ -63,7 +78,8 @@ static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct 
         struct net_frame_hdr h;
         const uint8_t *pl;
         int rc;
-        while ((rc = net_frame_reader_next(r, &h, &pl, err, sizeof err)) == 1) {
+        while ((rc = rx ? net_rec_next(rx, r, &h, &pl, err, sizeof err)
+                        : net_frame_reader_next(r, &h, &pl, err, sizeof err)) == 1) {
             if (h.type == NET_F_ERROR && h.payload_len >= 4)
                 printf("error: %.*s\n", (int)h.payload_len - 4, (const char *)pl + 4);
             if (h.type == NET_F_PONG && pong) {
@@ -82,6 +98,12 @@ static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct 
                 if (outlen)
                     send_all(out, outlen);
                 if (hr == 1) {
+                    struct net_link_keys k;
+                    if (net_handshake_keys(hs, &k) < 0 || net_rec_new(&tx, k.tx) < 0 ||
+                        net_rec_new(&rx, k.rx) < 0) {
+                        printf("no session keys\n");
+                        return -1;
+                    }
                     *established = true;
                     printf("established\n");
                     if (stop_when_established)
@@ -173,7 +195,7 @@ int main(int argc, char **argv)
         mine.manifest_hash[0] ^= 1;
     struct net_hs_expect x = {.rank = target, .n_ranks = m.n_ranks, .ring = m.ring};
     memcpy(x.manifest_hash, m.hash, 32);
-    net_handshake_new(&hs, id, &mine, &x);
+    net_handshake_new(&hs, id, &mine, &x, NET_HS_UP);
     const uint8_t *hb;
     size_t hl;
     net_handshake_hello(hs, &hb, &hl);
@@ -189,15 +211,12 @@ int main(int argc, char **argv)
     RAND_bytes((unsigned char *)&sess, sizeof sess);
     if (!strcmp(kase, "magic")) {
         struct net_frame_hdr h = {.magic = 0x58585858, .type = NET_F_PING, .payload_len = 8};
-        uint8_t b[NET_HDR_LEN + 8] = {0};
-        net_frame_hdr_encode(&h, b);
-        send_all(b, sizeof b);
+        uint8_t z[8] = {0};
+        send_hdr(&h, z, 8);
     } else if (!strcmp(kase, "huge")) {
         struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .session = sess,
                                   .n_tokens = 1, .payload_len = 0xffffffffu};
-        uint8_t b[NET_HDR_LEN];
-        net_frame_hdr_encode(&h, b);
-        send_all(b, sizeof b);
+        send_hdr(&h, NULL, 0);
     } else if (!strcmp(kase, "n_embd")) {
         struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
                                     .max_tokens = 4, .n_ctx = m.n_ctx};
@@ -207,6 +226,11 @@ int main(int argc, char **argv)
         send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
         memset(buf, 0, (size_t)(m.n_embd + 1) * 4);
         send_frame(NET_F_ACT, NET_FL_LAST, sess, 0, 1, buf, (m.n_embd + 1) * m.wire_dsize);
+    } else if (!strcmp(kase, "plain")) {   /* a frame outside the record layer */
+        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_PING, .payload_len = 8};
+        uint8_t b[NET_HDR_LEN + 8] = {0};
+        net_frame_hdr_encode(&h, b);
+        send_all(b, sizeof b);
     } else if (!strcmp(kase, "token")) {
         send_frame(NET_F_TOKEN, 0, sess, 1, 1, buf, 8);
     } else if (!strcmp(kase, "unknown")) {
@@ -245,6 +269,8 @@ int main(int argc, char **argv)
 out:
     free(buf);
     net_handshake_free(hs);
+    net_rec_free(tx);
+    net_rec_free(rx);
     net_identity_free(id);
     net_frame_reader_free(&r);
     close(fd);

@@ -1,5 +1,5 @@
 /* tool-seed-frame DIR — seed inputs for fuzz-frame: a valid frame stream, a HELLO + AUTH
- * exchange (mode 1) and a manifest (mode 2). */
+ * exchange (mode 1), a manifest (mode 2) and frames to seal as records (mode 3). */
 #include <stdio.h>
 #include <string.h>
 
@@ -53,5 +53,24 @@ int main(int argc, char **argv)
     const char *man = "\x02\x01{\"version\":1,\"ring\":\"r\",\"model\":{\"arch\":\"llama\",\"n_layers\":4,\"n_embd\":8},"
                       "\"ranks\":[{\"rank\":0,\"layers\":[0,4],\"endpoint\":\"tcp://1.2.3.4:5\"}]}";
     put(argv[1], "manifest", (const uint8_t *)man, strlen(man));
+    /* mode 3: u16-prefixed frames, each sealed as one record: a PING and an OPEN */
+    b[0] = 3;
+    b[1] = 5;
+    n = 2;
+    h = (struct net_frame_hdr){.magic = NET_MAGIC, .type = NET_F_PING, .payload_len = 8};
+    b[n] = NET_HDR_LEN + 8;
+    b[n + 1] = 0;
+    net_frame_hdr_encode(&h, b + n + 2);
+    memset(b + n + 2 + NET_HDR_LEN, 0, 8);
+    n += 2 + NET_HDR_LEN + 8;
+    h = (struct net_frame_hdr){.magic = NET_MAGIC, .type = NET_F_OPEN, .session = 5, .n_tokens = 1,
+                               .payload_len = NET_OPEN_LEN + 4};
+    b[n] = NET_HDR_LEN + NET_OPEN_LEN + 4;
+    b[n + 1] = 0;
+    net_frame_hdr_encode(&h, b + n + 2);
+    net_open_encode(&op, b + n + 2 + NET_HDR_LEN);
+    memset(b + n + 2 + NET_HDR_LEN + NET_OPEN_LEN, 0, 4);
+    n += 2 + NET_HDR_LEN + NET_OPEN_LEN + 4;
+    put(argv[1], "records", b, n);
     return 0;
 }

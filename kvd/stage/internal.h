@@ -161,7 +161,14 @@ void kvd_job_free(struct kvd_job *j);
 
 /* ============================ the loop side ============================ */
 
-#define MAX_PENDING_LINKS 8
+/* Links in handshake: at most this many in all and from one source address; a new one over
+ * a limit evicts the oldest that has not sent a valid HELLO (docs/security.md). */
+#define MAX_PENDING_LINKS 32
+#define MAX_PENDING_PER_SOURCE 4
+#define LINK_STABLE_MS 5000     /* a link up this long resets its redial backoff */
+#define REJECT_LOG_MS 10000     /* warnings about refused peers: per source and interval, */
+#define REJECT_LOG_LINES 16     /* each distinct line once and at most this many lines */
+#define REJECT_LOG_SOURCES 16
 #define CLOSED_RING 256
 #define CTL_LINE_MAX (1u << 20)
 #define LINK_SILENCE_MS 15000   /* an established link with nothing received is dead */
@@ -182,7 +189,16 @@ struct conn {
     uint64_t last_rx_ms, ping_sent_ns;
     double rtt_ms;
     bool relay_in;              /* our in-link, dialled out to a relay (relay:// endpoint) */
+    uint64_t start_ms, up_ms;   /* when the link was made and when it was established */
     struct conn *next;          /* pending list */
+};
+
+/* Rate limit of the warnings about refused or failed peers, per source address. */
+struct kvd_reject_log {
+    char src[64];
+    uint64_t window_ms;                 /* start of the current interval */
+    uint32_t lines[REJECT_LOG_LINES];   /* hashes of the lines logged in it */
+    uint32_t n_lines, suppressed;
 };
 
 struct client;
@@ -231,6 +247,7 @@ struct stage {
     uv_signal_t sigterm, sigint;
     struct conn *in, *out, *pending;
     uint32_t redial_ms;
+    struct kvd_reject_log rejects[REJECT_LOG_SOURCES];
     struct sess *sessions;
     uint32_t n_sessions;
     uint64_t closed[CLOSED_RING];

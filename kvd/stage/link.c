@@ -1,25 +1,109 @@
 /* link.c — the stage's two ring links: the successor dialled (out), the predecessor accepted
  * or, behind a relay:// endpoint, dialled through the relay (in). Each starts with the
- * handshake (net_handshake: manifest, ranks, node keys); established links pass their frames
- * to frames.c; a broken link fails the sessions that crossed it and is re-dialled with
- * backoff. */
+ * handshake (net_handshake: manifest, ranks, node keys, the key exchange); an established
+ * link seals every frame with its session keys and passes the frames it opens to frames.c; a
+ * broken link fails the sessions that crossed it and is re-dialled with a backoff that only
+ * a link that stayed up resets. Links in handshake are capped in all and per source address
+ * (docs/security.md), and warnings about refused peers are rate-limited per address. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <openssl/crypto.h>
 
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
 #include "net/net.h"
 #include "util/err.h"
 
+/* The address part of a peer "ip:port" / "[v6]:port" into out[n]. */
+static void peer_source(const char *peer, char *out, size_t n)
+{
+    const char *colon = strrchr(peer, ':');
+    size_t k = colon ? (size_t)(colon - peer) : strlen(peer);
+    snprintf(out, n, "%.*s", (int)k, peer);
+}
+
+/* FNV-1a of a log line, to tell repeats apart. */
+static uint32_t line_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+/* A warning about a peer from source address src (its port left out: "link from SRC: what").
+ * Per source and per REJECT_LOG_MS: each distinct line once, at most REJECT_LOG_LINES lines;
+ * the rest are counted, and the next line logged for that source says how many were left
+ * out. A peer flooding refused links costs a few lines per interval. */
+static void reject_log(struct stage *st, const char *peer, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void reject_log(struct stage *st, const char *peer, const char *fmt, ...)
+{
+    char src[64], what[500];
+    peer_source(peer, src, sizeof src);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    uint64_t now = (uint64_t)util_now_ms();
+    struct kvd_reject_log *e = NULL, *oldest = &st->rejects[0];
+    for (int i = 0; i < REJECT_LOG_SOURCES; i++) {
+        struct kvd_reject_log *r = &st->rejects[i];
+        if (r->src[0] && !strcmp(r->src, src)) {
+            e = r;
+            break;
+        }
+        if (r->window_ms < oldest->window_ms)
+            oldest = r;
+    }
+    if (!e) {
+        e = oldest;
+        memset(e, 0, sizeof *e);
+        snprintf(e->src, sizeof e->src, "%s", src);
+    }
+    if (now - e->window_ms >= REJECT_LOG_MS) {
+        e->window_ms = now;
+        e->n_lines = 0;
+    }
+    uint32_t h = line_hash(what);
+    for (uint32_t i = 0; i < e->n_lines; i++)
+        if (e->lines[i] == h) {
+            e->suppressed++;
+            return;
+        }
+    if (e->n_lines >= REJECT_LOG_LINES) {
+        e->suppressed++;
+        return;
+    }
+    e->lines[e->n_lines++] = h;
+    if (e->suppressed)
+        kvd_log(KVD_LOG_WARN, "link from %s: %s (%u similar lines from %s left out)", src, what,
+                e->suppressed, src);
+    else
+        kvd_log(KVD_LOG_WARN, "link from %s: %s", src, what);
+    e->suppressed = 0;
+}
+
 static void on_established(struct conn *c)
 {
     struct stage *st = c->st;
     const struct net_hello *p = net_handshake_peer(c->hs);
     c->peer_rank = p->rank;
+    struct net_link_keys keys;
+    int rc = net_handshake_keys(c->hs, &keys);
+    if (rc == 0)
+        rc = net_link_set_keys(c->link, &keys);
+    OPENSSL_cleanse(&keys, sizeof keys);
     net_handshake_free(c->hs);
     c->hs = NULL;
+    if (rc < 0) {
+        kvd_conn_close(c, "installing the link's session keys failed");
+        return;
+    }
     if (c->role == CONN_PENDING) {
         struct conn **pp = &st->pending;
         while (*pp && *pp != c)
@@ -39,13 +123,9 @@ static void on_established(struct conn *c)
         }
         c->role = CONN_IN;
         st->in = c;
-        if (c->relay_in)
-            st->redial_in_ms = 0;
-    } else {
-        st->redial_ms = 0;
     }
     c->up = true;
-    c->last_rx_ms = (uint64_t)util_now_ms();
+    c->last_rx_ms = c->up_ms = (uint64_t)util_now_ms();
     net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
@@ -56,11 +136,12 @@ static void on_established(struct conn *c)
 static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload)
 {
     struct conn *c = net_link_ud(l);
-    c->last_rx_ms = (uint64_t)util_now_ms();
     if (c->up) {
+        c->last_rx_ms = (uint64_t)util_now_ms();
         kvd_frame_handle(c, h, payload);
         return;
     }
+    /* In handshake last_rx_ms stays the link's start: the deadline counts from there. */
     if (!c->hs)
         return;
     const uint8_t *out;
@@ -68,8 +149,9 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
     char err[KV_ERR_MAX];
     int rc = net_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_WARN, "link %s (%s): handshake failed: %s", c->role == CONN_OUT ? "out" : "in",
-                net_link_peer(l), err);
+        /* an in-link's failure is logged (rate-limited) when it closes, with this reason */
+        if (c->role == CONN_OUT)
+            kvd_log(KVD_LOG_WARN, "link out (%s): handshake failed: %s", net_link_peer(l), err);
         if (rc != -ECONNREFUSED)
             kvd_conn_send_error(c, 0, 2, err);
         kvd_conn_close(c, err);
@@ -93,7 +175,8 @@ static void start_handshake(struct conn *c, uint32_t expect_rank)
         x.check_key = true;
         memcpy(x.node_key, st->m.ranks[expect_rank].node, 32);
     }
-    if (net_handshake_new(&c->hs, st->id, &mine, &x) < 0) {
+    enum net_hs_side side = c->role == CONN_OUT ? NET_HS_UP : NET_HS_DOWN;
+    if (net_handshake_new(&c->hs, st->id, &mine, &x, side) < 0) {
         kvd_conn_close(c, "handshake set-up failed");
         return;
     }
@@ -106,6 +189,7 @@ static void start_handshake(struct conn *c, uint32_t expect_rank)
 static void on_open(struct net_link *l, int status)
 {
     struct conn *c = net_link_ud(l);
+    c->start_ms = (uint64_t)util_now_ms();   /* the handshake's deadline counts from here */
     if (status == 0)
         start_handshake(c, c->role == CONN_OUT ? c->st->succ : c->st->pred);
 }
@@ -123,6 +207,14 @@ static void redial_cb(uv_timer_t *t)
     struct stage *st = t->data;
     if (!st->shutting_down && !st->out)
         kvd_link_dial_out(st);
+}
+
+/* The next redial delay: 100 ms after a link that stayed up, else doubled up to 2 s. */
+static uint32_t backoff_next(uint32_t ms, bool stable)
+{
+    if (stable || ms == 0)
+        return 100;
+    return ms * 2 > 2000 ? 2000 : ms * 2;
 }
 
 static void on_close(struct net_link *l, const char *reason)
@@ -152,16 +244,23 @@ static void on_close(struct net_link *l, const char *reason)
             pp = &(*pp)->next;
         if (*pp)
             *pp = c->next;
-        kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l), reason);
+        if (!c->relay_in)
+            reject_log(st, net_link_peer(l), "handshake failed: %s", reason);
+        else
+            kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l),
+                    reason);
     }
+    /* Only a link that stayed up resets the backoff: a peer refused right after its handshake
+     * (a second predecessor) keeps backing off instead of redialling ten times a second. */
+    bool stable = c->up && (uint64_t)util_now_ms() - c->up_ms >= LINK_STABLE_MS;
     if (c->relay_in && !st->shutting_down) {
-        st->redial_in_ms = st->redial_in_ms ? (st->redial_in_ms * 2 > 2000 ? 2000 : st->redial_in_ms * 2) : 100;
+        st->redial_in_ms = backoff_next(st->redial_in_ms, stable);
         uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
     }
     if (c->role == CONN_OUT && !st->shutting_down) {
         if (!c->up)
             kvd_log(KVD_LOG_DEBUG, "dial rank %u failed: %s", st->succ, reason);
-        st->redial_ms = st->redial_ms ? (st->redial_ms * 2 > 2000 ? 2000 : st->redial_ms * 2) : 100;
+        st->redial_ms = backoff_next(st->redial_ms, stable);
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
     }
     net_handshake_free(c->hs);
@@ -218,13 +317,50 @@ void kvd_link_dial_in(struct stage *st)
     st->pending = c;
 }
 
+/* Make room for a link from src: 0 when it may start its handshake (the oldest pending link
+ * that has not sent a valid HELLO, from src first, is closed when a limit is reached), or
+ * -EBUSY when every pending link has passed its HELLO check and the limits are reached. */
+static int pending_make_room(struct stage *st, const char *src)
+{
+    uint32_t total = 0, from_src = 0;
+    struct conn *victim_src = NULL, *victim_any = NULL;
+    char s2[64];
+    for (struct conn *p = st->pending; p; p = p->next) {
+        if (p->relay_in || !p->link || net_link_is_closing(p->link))
+            continue;
+        total++;
+        peer_source(net_link_peer(p->link), s2, sizeof s2);
+        bool same = !strcmp(s2, src);
+        from_src += same;
+        bool idle = !p->hs || !net_handshake_hello_ok(p->hs);
+        /* the list is newest first: the last match is the oldest */
+        if (idle && same)
+            victim_src = p;
+        if (idle)
+            victim_any = p;
+    }
+    struct conn *v = NULL;
+    if (from_src >= MAX_PENDING_PER_SOURCE)
+        v = victim_src;
+    else if (total >= MAX_PENDING_LINKS)
+        v = victim_src ? victim_src : victim_any;
+    else
+        return 0;
+    if (!v)
+        return -EBUSY;
+    reject_log(st, net_link_peer(v->link), "closing it: no valid HELLO, and a newer link "
+               "needs its place");
+    kvd_conn_close(v, "evicted: no valid HELLO while others waited");
+    return 0;
+}
+
 void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
 {
     struct stage *st = ud;
-    uint32_t n = 0;
-    for (struct conn *p = st->pending; p; p = p->next)
-        n++;
-    if (st->shutting_down || n >= MAX_PENDING_LINKS) {
+    char src[64];
+    peer_source(net_link_peer(l), src, sizeof src);
+    bool full = !st->shutting_down && pending_make_room(st, src) < 0;
+    if (st->shutting_down || full) {
         net_link_set_ud(l, NULL);
         struct conn *c = calloc(1, sizeof *c);
         if (!c) {
@@ -237,8 +373,8 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
         net_link_set_ud(l, c);
         c->next = st->pending;
         st->pending = c;
-        kvd_log(KVD_LOG_WARN, "refusing link from %s: %s", net_link_peer(l),
-                st->shutting_down ? "shutting down" : "too many links in handshake");
+        reject_log(st, net_link_peer(l), "refusing it: %s",
+                   st->shutting_down ? "shutting down" : "too many links in handshake");
         net_link_close(l, "refused");
         return;
     }
@@ -250,7 +386,7 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
     c->st = st;
     c->role = CONN_PENDING;
     c->link = l;
-    c->last_rx_ms = (uint64_t)util_now_ms();
+    c->last_rx_ms = c->start_ms = (uint64_t)util_now_ms();
     net_link_set_ud(l, c);
     c->next = st->pending;
     st->pending = c;

@@ -34,6 +34,8 @@ static void tick_cb(uv_timer_t *t)
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
+    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > 10000)
+        kvd_conn_close(st->out, "handshake took more than 10 s");
     uint64_t idle = (uint64_t)st->o.idle_timeout_s * 1000;
     for (struct sess *s = st->sessions, *next; s; s = next) {
         next = s->next;
