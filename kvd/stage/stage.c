@@ -118,9 +118,10 @@ static int endpoint_hostport(const char *ep, char *out, size_t n)
     return 0;
 }
 
-/* Model identity: the catalog's id must be the manifest's model.catalog, and every tensor of
- * the window that this stage mapped must match its catalog entry (type, shape, size and the
- * SHA-256 of its bytes). */
+/* Model identity: the catalog's id must be the manifest's model.catalog, the window's header
+ * metadata (vocabulary, hyperparameters, ...) must match the catalog's metadata digests, and
+ * every tensor of the window that this stage mapped must match its catalog entry (type, shape,
+ * size and the SHA-256 of its bytes). */
 static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
 {
     if (!o->catalog) {
@@ -147,6 +148,11 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
         return 0;
     }
     const struct gguf_file *f = kvd_backend_gguf(&st->be);
+    if (f && (rc = gguf_catalog_verify_metadata(c, f, err, sizeof err)) != 0) {
+        kvd_log(KVD_LOG_ERROR, "window does not match catalog %s: %s", o->catalog, err);
+        gguf_catalog_free(c);
+        return rc;
+    }
     uint64_t checked = 0, bytes = 0;
     for (uint64_t i = 0; f && i < gguf_tensor_count(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
