@@ -988,7 +988,7 @@ static int gen_line(const char *line, void *ud)
         if (cJSON_IsString(s) && !g->ids)
             fputs(s->valuestring, stdout);
         else
-            printf("%s%d", g->n_done > 1 ? " " : "", (int)t->valuedouble);
+            printf("%s%.0f", g->n_done > 1 ? " " : "", t->valuedouble);   /* no int cast of a peer's number */
         fflush(stdout);
     }
     cJSON_Delete(o);
