@@ -804,6 +804,11 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     scopy(etag, sizeof etag, p->etag);
     struct gguf_file *src = NULL;
     char err[KV_ERR_MAX] = "";
+    /* the header ends before the catalog's first tensor: no more is read for it */
+    uint64_t hdr_cap = GGUF_MAX_HEADER;
+    for (uint64_t i = 0; cat && i < cat->n_tensors; i++)
+        if (cat->tensors[i].offset < hdr_cap)
+            hdr_cap = cat->tensors[i].offset;
     for (;;) {
         size_t need = 0;
         err[0] = 0;
@@ -813,10 +818,12 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
         uint64_t want = need > 2 * m.len ? need : 2 * m.len;
         if (want > size)
             want = size;
-        if (want <= m.len || want > GGUF_MAX_HEADER) {
+        if (want > hdr_cap && need <= hdr_cap)
+            want = hdr_cap;
+        if (want <= m.len || want > hdr_cap) {
             rc = -EPROTO;
-            snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file", need,
-                     size);
+            snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file (at most %" PRIu64
+                     "%s)", need, size, hdr_cap, cat ? ", where the catalog's first tensor starts" : "");
             break;
         }
         if ((rc = get_mem(p, url, (int64_t)m.len, (int64_t)want - 1, &m)))
