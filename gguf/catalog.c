@@ -29,8 +29,183 @@ void gguf_catalog_free(struct gguf_catalog *c)
 {
     if (!c)
         return;
+    for (uint64_t i = 0; c->meta && i < c->n_meta; i++)
+        free(c->meta[i].key);
+    free(c->meta);
     free(c->tensors);
     free(c);
+}
+
+/* ---- the metadata digest (docs/gguf.md, "The metadata digest") */
+
+bool gguf_catalog_window_key(const char *key)
+{
+    return !strcmp(key, "kvasir.window.first") || !strcmp(key, "kvasir.window.last") ||
+           !strcmp(key, "kvasir.source.sha256");
+}
+
+static void md_le(EVP_MD_CTX *ctx, uint64_t v, size_t n)
+{
+    unsigned char b[8];
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(v >> (8 * i));
+    EVP_DigestUpdate(ctx, b, n);
+}
+
+/* A value's bytes as GGUF encodes them after its type (no type prefix): what a reader gets. */
+static void md_body(EVP_MD_CTX *ctx, uint32_t type, const struct gguf_value *v)
+{
+    size_t w = gguf__vtype_size(type);
+    switch (type) {
+    case GGUF_V_I8: case GGUF_V_I16: case GGUF_V_I32: case GGUF_V_I64:
+        md_le(ctx, (uint64_t)v->v.i, w);
+        break;
+    case GGUF_V_F32: {
+        float x = (float)v->v.f;
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        md_le(ctx, u, 4);
+        break;
+    }
+    case GGUF_V_F64: {
+        uint64_t u;
+        memcpy(&u, &v->v.f, 8);
+        md_le(ctx, u, 8);
+        break;
+    }
+    case GGUF_V_STRING:
+        md_le(ctx, v->v.str.len, 8);
+        EVP_DigestUpdate(ctx, v->v.str.p, (size_t)v->v.str.len);
+        break;
+    case GGUF_V_ARRAY: {
+        uint32_t et = v->v.arr.type;
+        md_le(ctx, et, 4);
+        md_le(ctx, v->v.arr.n, 8);
+        size_t ew = gguf__vtype_size(et);
+        if (ew) /* the parser bounded n * ew by the header it read */
+            EVP_DigestUpdate(ctx, v->v.arr.data, (size_t)(v->v.arr.n * ew));
+        else
+            for (uint64_t i = 0; i < v->v.arr.n; i++)
+                md_body(ctx, et, &v->v.arr.items[i]);
+        break;
+    }
+    default: /* U8..U64, BOOL */
+        md_le(ctx, v->v.u, w);
+        break;
+    }
+}
+
+static int cmp_meta_key(const void *a, const void *b)
+{
+    return strcmp(((const struct gguf_catalog_meta *)a)->key, ((const struct gguf_catalog_meta *)b)->key);
+}
+
+/* The overall digest of a sorted key list: per key, its bytes, a NUL, its 32 digest bytes. */
+static void meta_digest(const struct gguf_catalog_meta *m, uint64_t n, char hex[65])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char md[32];
+    unsigned int l = 0;
+    if (!ctx) {
+        hex[0] = 0;
+        return;
+    }
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    for (uint64_t i = 0; i < n; i++) {
+        EVP_DigestUpdate(ctx, m[i].key, strlen(m[i].key) + 1);
+        util_hex_decode(m[i].sha256, md, 32);
+        EVP_DigestUpdate(ctx, md, 32);
+    }
+    EVP_DigestFinal_ex(ctx, md, &l);
+    EVP_MD_CTX_free(ctx);
+    util_hex_encode(md, 32, hex);
+}
+
+static void meta_list_free(struct gguf_catalog_meta *m, uint64_t n)
+{
+    for (uint64_t i = 0; m && i < n; i++)
+        free(m[i].key);
+    free(m);
+}
+
+/* A file's metadata as a sorted list of (key, SHA-256 of type and value), window keys left out. */
+static int meta_list(const struct gguf_file *f, struct gguf_catalog_meta **out, uint64_t *n_out,
+                     char digest[65])
+{
+    uint64_t nkv = gguf_kv_count(f), n = 0;
+    struct gguf_catalog_meta *m = calloc(nkv ? nkv : 1, sizeof *m);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!m || !ctx) {
+        free(m);
+        EVP_MD_CTX_free(ctx);
+        return -ENOMEM;
+    }
+    for (uint64_t i = 0; i < nkv; i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if (gguf_catalog_window_key(kv->key))
+            continue;
+        if (!(m[n].key = strdup(kv->key))) {
+            meta_list_free(m, n);
+            EVP_MD_CTX_free(ctx);
+            return -ENOMEM;
+        }
+        unsigned char md[32];
+        unsigned int l = 0;
+        EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+        md_le(ctx, kv->val.type, 4);
+        md_body(ctx, kv->val.type, &kv->val);
+        EVP_DigestFinal_ex(ctx, md, &l);
+        util_hex_encode(md, 32, m[n].sha256);
+        n++;
+    }
+    EVP_MD_CTX_free(ctx);
+    qsort(m, n, sizeof *m, cmp_meta_key);
+    meta_digest(m, n, digest);
+    *out = m;
+    *n_out = n;
+    return 0;
+}
+
+int gguf_catalog_verify_metadata(const struct gguf_catalog *c, const struct gguf_file *f,
+                                 char *err, size_t errlen)
+{
+    struct gguf_catalog_meta *m;
+    uint64_t n;
+    char digest[65];
+    int rc = meta_list(f, &m, &n, digest);
+    if (rc) {
+        util_seterr(err, errlen, "metadata: %s", strerror(-rc));
+        return rc;
+    }
+    if (!strcmp(digest, c->metadata_sha256)) {
+        meta_list_free(m, n);
+        return 0;
+    }
+    /* Both lists are sorted: walk them together to name the first difference. */
+    uint64_t i = 0, j = 0;
+    rc = -EBADMSG;
+    while (i < n || j < c->n_meta) {
+        int d = i == n ? 1 : j == c->n_meta ? -1 : strcmp(m[i].key, c->meta[j].key);
+        if (d < 0) {
+            util_seterr(err, errlen, "metadata %s: not in the catalog", m[i].key);
+            goto out;
+        }
+        if (d > 0) {
+            util_seterr(err, errlen, "metadata %s: missing (the catalog has it)", c->meta[j].key);
+            goto out;
+        }
+        if (strcmp(m[i].sha256, c->meta[j].sha256)) {
+            util_seterr(err, errlen, "metadata %s: sha256 %s differs from the catalog's %s", m[i].key,
+                        m[i].sha256, c->meta[j].sha256);
+            goto out;
+        }
+        i++;
+        j++;
+    }
+    util_seterr(err, errlen, "metadata: digest %s differs from the catalog's %s", digest, c->metadata_sha256);
+out:
+    meta_list_free(m, n);
+    return rc;
 }
 
 const struct gguf_catalog_tensor *gguf_catalog_find(const struct gguf_catalog *c, const char *name)
@@ -84,6 +259,13 @@ int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, cha
         c->arch[0] = 0;
     if (gguf_block_count(f, &c->n_layers))
         c->n_layers = 0;
+    if (gguf_main_layers(f, &c->n_main))
+        c->n_main = c->n_layers;
+    int mrc = meta_list(f, &c->meta, &c->n_meta, c->metadata_sha256);
+    if (mrc) {
+        gguf_catalog_free(c);
+        return mrc;
+    }
     for (uint64_t i = 0; i < n; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         struct gguf_catalog_tensor *ct = &c->tensors[i];
@@ -176,11 +358,22 @@ int gguf_catalog_to_json(const struct gguf_catalog *c, char **json, size_t *len,
     cJSON *root = cJSON_CreateObject(), *arr;
     if (!root)
         return -ENOMEM;
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "version", GGUF_CATALOG_VERSION);
     cJSON_AddStringToObject(root, "source_sha256", c->source_sha256);
     cJSON_AddNumberToObject(root, "source_size", (double)c->source_size);
     cJSON_AddStringToObject(root, "arch", c->arch);
     cJSON_AddNumberToObject(root, "n_layers", c->n_layers);
+    cJSON_AddNumberToObject(root, "n_main_layers", c->n_main);
+    cJSON_AddStringToObject(root, "metadata_sha256", c->metadata_sha256);
+    cJSON *meta = cJSON_AddArrayToObject(root, "metadata");
+    for (uint64_t i = 0; meta && i < c->n_meta; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddItemToArray(meta, o);
+        cJSON_AddStringToObject(o, "key", c->meta[i].key);
+        cJSON_AddStringToObject(o, "sha256", c->meta[i].sha256);
+    }
     arr = cJSON_AddArrayToObject(root, "tensors");
     for (uint64_t i = 0; arr && i < c->n_tensors; i++) {
         const struct gguf_catalog_tensor *t = &c->tensors[i];
@@ -239,6 +432,52 @@ static bool json_u64(const cJSON *o, uint64_t *out)
     return true;
 }
 
+/* The metadata list: keys strictly increasing (so sorted and unique), each digest 64 hex
+ * digits, and metadata_sha256 the digest over them. */
+static int meta_from_json(struct gguf_catalog *c, const cJSON *root, char *err, size_t errlen)
+{
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "metadata_sha256"));
+    if (!is_hex64(s)) {
+        util_seterr(err, errlen, "catalog: metadata_sha256 must be 64 lowercase hex digits");
+        return -EBADMSG;
+    }
+    memcpy(c->metadata_sha256, s, 65);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+    if (n < 0 || (uint64_t)n > GGUF_MAX_KV) {
+        util_seterr(err, errlen, "catalog: metadata must be an array of at most %u keys", GGUF_MAX_KV);
+        return -EBADMSG;
+    }
+    if (!(c->meta = calloc(n ? (size_t)n : 1, sizeof *c->meta)))
+        return -ENOMEM;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, arr) {
+        const char *key = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "key"));
+        s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "sha256"));
+        if (!key || !key[0] || strlen(key) > GGUF_MAX_KEY || !is_hex64(s)) {
+            util_seterr(err, errlen, "catalog: metadata entry %" PRIu64 ": key (1..%d bytes) and sha256 "
+                        "(64 lowercase hex digits) required", c->n_meta, GGUF_MAX_KEY);
+            return -EBADMSG;
+        }
+        if (c->n_meta && strcmp(c->meta[c->n_meta - 1].key, key) >= 0) {
+            util_seterr(err, errlen, "catalog: metadata key '%s' out of order or repeated", key);
+            return -EBADMSG;
+        }
+        if (!(c->meta[c->n_meta].key = strdup(key)))
+            return -ENOMEM;
+        memcpy(c->meta[c->n_meta].sha256, s, 65);
+        c->n_meta++;
+    }
+    char digest[65];
+    meta_digest(c->meta, c->n_meta, digest);
+    if (strcmp(digest, c->metadata_sha256)) {
+        util_seterr(err, errlen, "catalog: metadata_sha256 %s is not the digest of its metadata list (%s)",
+                    c->metadata_sha256, digest);
+        return -EBADMSG;
+    }
+    return 0;
+}
+
 int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t len, char id_hex[65],
                            char *err, size_t errlen)
 {
@@ -262,8 +501,13 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
     }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "version");
     uint64_t u;
-    if (!json_u64(v, &u) || u != 1) {
-        util_seterr(err, errlen, "catalog: version must be 1");
+    if (json_u64(v, &u) && u == 1) {
+        util_seterr(err, errlen, "catalog: version 1 does not cover the window's metadata; "
+                    "re-run kvctl catalog on the model to write version %d", GGUF_CATALOG_VERSION);
+        goto out;
+    }
+    if (!json_u64(v, &u) || u != GGUF_CATALOG_VERSION) {
+        util_seterr(err, errlen, "catalog: version must be %d", GGUF_CATALOG_VERSION);
         goto out;
     }
     const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "source_sha256"));
@@ -287,6 +531,14 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
         goto out;
     }
     c->n_layers = (uint32_t)u;
+    if (!json_u64(cJSON_GetObjectItemCaseSensitive(root, "n_main_layers"), &u) || u > c->n_layers) {
+        util_seterr(err, errlen, "catalog: n_main_layers must be an integer in [0, n_layers %u]", c->n_layers);
+        goto out;
+    }
+    c->n_main = (uint32_t)u;
+    if ((rc = meta_from_json(c, root, err, errlen)))
+        goto out;
+    rc = -EBADMSG;
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsArray(arr)) {
         util_seterr(err, errlen, "catalog: tensors must be an array");
@@ -342,6 +594,11 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
             !json_u64(cJSON_GetObjectItemCaseSensitive(o, "size"), &t->size) ||
             gguf_type_bytes(t->type, nel, &want) || want != t->size) {
             util_seterr(err, errlen, "catalog: tensor %s: offset/size missing or size not that of its shape", name);
+            goto out;
+        }
+        if (t->offset > c->source_size || t->size > c->source_size - t->offset) {
+            util_seterr(err, errlen, "catalog: tensor %s: offset %" PRIu64 " + size %" PRIu64
+                        " past the source's end (%" PRIu64 ")", name, t->offset, t->size, c->source_size);
             goto out;
         }
         s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "sha256"));
@@ -435,6 +692,41 @@ int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[6
     return rc;
 }
 
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+int gguf_catalog_window_bound(const struct gguf_catalog *c, uint32_t first, uint32_t last,
+                              uint64_t *min_bytes, uint64_t *max_bytes)
+{
+    if (first >= last || last > c->n_layers || first >= c->n_main)
+        return -EINVAL;
+    /* The alignment divides every tensor's absolute offset (data section and tensor offsets
+     * are both multiples of it): the lowest bit they share bounds it. */
+    uint64_t bits = 0, all = 0, want = 0, pad = 0;
+    bool has_output = gguf_catalog_find(c, "output.weight") != NULL;
+    for (uint64_t i = 0; i < c->n_tensors; i++)
+        bits |= c->tensors[i].offset;
+    uint64_t align = bits ? bits & -bits : GGUF_MAX_ALIGNMENT;
+    if (align > GGUF_MAX_ALIGNMENT)
+        align = GGUF_MAX_ALIGNMENT;
+    for (uint64_t i = 0; i < c->n_tensors; i++) {
+        const struct gguf_catalog_tensor *t = &c->tensors[i];
+        /* a hostile catalog may overlap its tensors: the sums saturate */
+        all = sat_add(all, t->size);
+        if (gguf_window_wants(t->name, first, last, c->n_main, has_output)) {
+            want = sat_add(want, t->size);
+            pad = sat_add(pad, align - 1);
+        }
+    }
+    /* source header + padding (below 2^53), and room for the three window keys */
+    uint64_t header = (c->source_size > all ? c->source_size - all : 0) + 4096;
+    *min_bytes = want;
+    *max_bytes = sat_add(sat_add(want, pad), header);
+    return 0;
+}
+
 /* SHA-256 of a tensor's bytes, read in chunks. */
 static int tensor_sha(const struct gguf_file *w, const struct gguf_tensor *t, int fd, unsigned char *buf,
                       size_t bufsz, char hex[65])
@@ -474,6 +766,9 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
                      src, c->source_sha256);
         return -EBADMSG;
     }
+    int mrc = gguf_catalog_verify_metadata(c, w, err, errlen);
+    if (mrc)
+        return mrc;
     for (uint64_t i = 0; i < gguf_tensor_count(w); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(w, i);
         const struct gguf_catalog_tensor *ct = gguf_catalog_find(c, t->name);
@@ -488,13 +783,7 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
         }
     }
     /* which tensors must be there */
-    uint32_t first = 0, last = c->n_layers, n_main = c->n_layers, nextn = 0;
-    char arch[64], key[96];
-    if (gguf_get_str(w, "general.architecture", arch, sizeof arch) == 0) {
-        snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
-        if (gguf_get_u32(w, key, &nextn) == 0 && nextn < n_main)
-            n_main -= nextn;
-    }
+    uint32_t first = 0, last = c->n_layers, n_main = c->n_main;
     bool is_window = gguf_window_get(w, &first, &last) == 0;
     bool has_output = gguf_catalog_find(c, "output.weight") != NULL;
     for (uint64_t i = 0; i < c->n_tensors; i++) {

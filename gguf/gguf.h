@@ -227,9 +227,18 @@ int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
  * byte offset in the source file, byte size and SHA-256; plus the source file's SHA-256 and
  * size. The catalog's JSON text (gguf_catalog_save) is canonical, and the SHA-256 of those
  * bytes is the model id.
- * JSON: {"version":1,"source_sha256":HEX,"source_size":N,"arch":S,"n_layers":N,
+ * Version 2 also covers the header: one SHA-256 per metadata key and a digest over them
+ * (docs/gguf.md, "The metadata digest"); the window keys below are left out, since a window
+ * adds them and a full model has none. Version 1 catalogs are refused ("re-run kvctl catalog").
+ * JSON: {"version":2,"source_sha256":HEX,"source_size":N,"arch":S,"n_layers":N,
+ *        "n_main_layers":N,"metadata_sha256":HEX,"metadata":[{"key":S,"sha256":HEX}],
  *        "tensors":[{"name":S,"type":"q8_0","shape":[ne0,...],"offset":N,"size":N,"sha256":HEX}]} */
 #define GGUF_CATALOG_MAX_JSON (256u << 20)
+#define GGUF_CATALOG_VERSION 2
+struct gguf_catalog_meta {
+    char *key;                     /* NUL-terminated, owned by the catalog */
+    char sha256[65];               /* SHA-256 of the value: u32 type | value, as GGUF encodes it */
+};
 struct gguf_catalog_tensor {
     char name[GGUF_MAX_NAME + 1];
     uint32_t type, n_dims;
@@ -242,10 +251,17 @@ struct gguf_catalog {
     char source_sha256[65];
     uint64_t source_size;
     char arch[64];
-    uint32_t n_layers;
+    uint32_t n_layers;             /* <arch>.block_count */
+    uint32_t n_main;               /* layers of the main pass (gguf_main_layers) */
     uint64_t n_tensors;
     struct gguf_catalog_tensor *tensors;
+    char metadata_sha256[65];      /* over meta[] (sorted by key): key, NUL, the 32 digest bytes */
+    uint64_t n_meta;
+    struct gguf_catalog_meta *meta; /* sorted by key (bytewise), window keys left out */
 };
+/* Whether a metadata key is one a window writer sets (kvasir.window.first/last,
+ * kvasir.source.sha256): those are not in the metadata digest. */
+bool gguf_catalog_window_key(const char *key);
 /* Hash a whole model file (opened with gguf_file_open) in one sequential pass. */
 int gguf_catalog_build(struct gguf_catalog **out, const struct gguf_file *f, char *err, size_t errlen);
 void gguf_catalog_free(struct gguf_catalog *c);
@@ -257,9 +273,20 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
 int gguf_catalog_save(const struct gguf_catalog *c, const char *path, char id_hex[65], char *err, size_t errlen);
 int gguf_catalog_load(struct gguf_catalog **out, const char *path, char id_hex[65], char *err, size_t errlen);
 const struct gguf_catalog_tensor *gguf_catalog_find(const struct gguf_catalog *c, const char *name);
-/* Check a window (or a whole model) opened with gguf_file_open tensor by tensor against the
- * catalog: every tensor it holds must match (type, shape, size, SHA-256) and every tensor
- * its window needs must be there. -EBADMSG with the differing tensor named in err. */
+/* The most bytes a well-formed window [first, last) of the catalog's model can have: its
+ * tensors' sizes, each plus the most alignment padding the catalog's offsets allow, plus the
+ * source's own header and padding and room for the window keys. 0, or -EINVAL for a range
+ * outside the model. Pulls bound every announced size by it. */
+int gguf_catalog_window_bound(const struct gguf_catalog *c, uint32_t first, uint32_t last,
+                              uint64_t *min_bytes, uint64_t *max_bytes);
+/* Check a file's header metadata against the catalog: every key but the window keys, by
+ * SHA-256 of its value. -EBADMSG with the first differing, missing or extra key named. */
+int gguf_catalog_verify_metadata(const struct gguf_catalog *c, const struct gguf_file *f,
+                                 char *err, size_t errlen);
+/* Check a window (or a whole model) opened with gguf_file_open against the catalog: its
+ * metadata (gguf_catalog_verify_metadata), then tensor by tensor: every tensor it holds must
+ * match (type, shape, size, SHA-256) and every tensor its window needs must be there.
+ * -EBADMSG with the differing key or tensor named in err. */
 int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w, char *err, size_t errlen);
 /* SHA-256 of a buffer as hex. */
 void gguf_sha256_hex(const void *p, size_t n, char hex[65]);

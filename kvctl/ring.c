@@ -102,6 +102,83 @@ static bool pid_alive(int pid)
     return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
+/* Whether pid is rank r's kvd of the ring in dir_abs (an absolute path), as its pid file
+ * (modified at pid_mtime) says: its executable is kvd, its command line names the rank's state
+ * directory or the ring's manifest, and it started before the pid file was written. A pid
+ * file outlives a crash, and the kernel hands its number to another process; that one must
+ * never be signalled. false with the reason in why. */
+static bool ring_kvd_is(int pid, const char *dir_abs, uint32_t r, time_t pid_mtime, char *why, size_t n)
+{
+    char path[64], exe[PATH_MAX];
+    snprintf(path, sizeof path, "/proc/%d/exe", pid);
+    ssize_t el = readlink(path, exe, sizeof exe - 1);
+    if (el < 0) {
+        snprintf(why, n, "cannot read %s: %s", path, strerror(errno));
+        return false;
+    }
+    exe[el] = 0;
+    const char *base = strrchr(exe, '/');
+    base = base ? base + 1 : exe;
+    /* The executable ring up starts: $KVD_BIN (the tests' kvd-stub) when set, else kvd. */
+    const char *want = getenv("KVD_BIN");
+    want = want && *want ? (strrchr(want, '/') ? strrchr(want, '/') + 1 : want) : "kvd";
+    size_t wl = strlen(want);
+    bool is_kvd = strncmp(base, want, wl) == 0 && (!base[wl] || strcmp(base + wl, " (deleted)") == 0);
+    if (!is_kvd) {
+        snprintf(why, n, "its executable is %s, not %s", exe, want);
+        return false;
+    }
+    char want_sd[PATH_MAX + 16], want_m[PATH_MAX + 16], args[8192];
+    snprintf(want_sd, sizeof want_sd, "%s/rank-%u", dir_abs, r);
+    snprintf(want_m, sizeof want_m, "%s/ring.json", dir_abs);
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    size_t al = f ? fread(args, 1, sizeof args - 1, f) : 0;
+    if (f)
+        fclose(f);
+    args[al] = 0;
+    bool named = false;
+    for (size_t i = 0; i < al; i += strlen(args + i) + 1)
+        named |= !strcmp(args + i, want_sd) || !strcmp(args + i, want_m);
+    if (!named) {
+        snprintf(why, n, "its command line names neither %s nor %s", want_sd, want_m);
+        return false;
+    }
+    /* start time: field 22 of /proc/PID/stat (clock ticks after boot) + btime of /proc/stat */
+    char buf[1024], line[256];
+    unsigned long long ticks = 0, btime = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    f = fopen(path, "r");
+    size_t bl = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[bl] = 0;
+    const char *q = strrchr(buf, ')');
+    for (int field = 2; q && *q && field < 22; q++)
+        if (*q == ' ')
+            field++;
+    if (q && sscanf(q, "%llu", &ticks) != 1)
+        q = NULL;
+    f = fopen("/proc/stat", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "btime %llu", &btime) == 1)
+            break;
+    if (f)
+        fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (!q || !btime || hz <= 0) {
+        snprintf(why, n, "its start time cannot be read from %s", path);
+        return false;
+    }
+    double started = (double)btime + (double)ticks / (double)hz;
+    if (started > (double)pid_mtime + 2) { /* btime is whole seconds: allow for rounding */
+        snprintf(why, n, "it started %.0f s after its pid file was written (a recycled pid)",
+                 started - (double)pid_mtime);
+        return false;
+    }
+    return true;
+}
+
 /* ---- status queries ---- */
 
 struct grab {
@@ -521,7 +598,10 @@ static int ring_up(int argc, char **argv)
         if (!f)
             break;
         int pid = 0;
-        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && pid_alive(pid)) {
+        struct stat pst;
+        char why[PATH_MAX * 2 + 64];
+        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && pid_alive(pid) && fstat(fileno(f), &pst) == 0 &&
+            ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why)) {
             fclose(f);
             fprintf(stderr, "kvctl ring up: a ring is already running in %s (rank %u, pid %d): "
                     "kvctl ring down --dir %s\n", dir, r, pid, dir);
@@ -739,7 +819,26 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
 
 /* ---- ring down ---- */
 
+/* Wait up to s seconds for pid to be gone; whether it is. */
+static bool wait_gone(int pid, double s)
+{
+    double t0 = util_now_s();
+    while (pid_alive(pid) && util_now_s() - t0 < s) {
+        waitpid(pid, NULL, WNOHANG);
+        usleep(10000);
+    }
+    return !pid_alive(pid);
+}
 
+static int ignore_line(const char *line, void *ud)
+{
+    (void)line;
+    (void)ud;
+    return 1;
+}
+
+/* Each rank: ask its kvd over the control socket to stop, wait for it; only a pid that is
+ * this ring's kvd (ring_kvd_is, checked again before each signal) gets SIGTERM, then SIGKILL. */
 static int ring_down(int argc, char **argv)
 {
     const char *dir = "ring";
@@ -754,39 +853,58 @@ static int ring_down(int argc, char **argv)
             return 2;
         }
     }
-    int pids[MAX_STAGES], n = 0, stopped = 0;
+    char dir_abs[PATH_MAX];
+    if (!realpath(dir, dir_abs)) {
+        printf("ring down: 0 stages stopped (%s)\n", dir);
+        return 0;
+    }
+    int stopped = 0, refused = 0;
     for (uint32_t r = 0; r < MAX_STAGES; r++) {
-        char pidf[PATH_MAX];
-        snprintf(pidf, sizeof pidf, "%s/rank-%u/kvd.pid", dir, r);
+        char sd[PATH_MAX + 16], pidf[PATH_MAX + 32], sock[PATH_MAX + 32];
+        snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
+        if (access(sd, F_OK) != 0)
+            break;
+        snprintf(pidf, sizeof pidf, "%s/kvd.pid", sd);
+        rank_sock(dir_abs, r, sock, sizeof sock);
+        int pid = 0;
+        struct stat pst;
         FILE *f = fopen(pidf, "r");
-        if (!f) {
-            if (errno == ENOENT) {
-                char sd[PATH_MAX];
-                snprintf(sd, sizeof sd, "%s/rank-%u", dir, r);
-                if (access(sd, F_OK) != 0)
-                    break;
-            }
+        if (f && (fscanf(f, "%d", &pid) != 1 || pid <= 0 || fstat(fileno(f), &pst) != 0))
+            pid = 0;
+        if (f)
+            fclose(f);
+        char err[KV_ERR_MAX];
+        bool asked = ring_ctl_request(sock, "{\"op\":\"shutdown\"}", ignore_line, NULL, 2000, err,
+                                      sizeof err) == 0;
+        if (!pid) {
+            stopped += asked;
             continue;
         }
-        int pid = 0;
-        if (fscanf(f, "%d", &pid) == 1 && pid > 0 && kill(pid, SIGTERM) == 0)
-            pids[n++] = pid;
-        fclose(f);
-        unlink(pidf);
-    }
-    double t0 = util_now_s();
-    for (int i = 0; i < n; i++) {
-        while (pid_alive(pids[i]) && util_now_s() - t0 < 5) {
-            waitpid(pids[i], NULL, WNOHANG);
-            usleep(10000);
+        char why[PATH_MAX * 2 + 64] = "";
+        bool ours = pid_alive(pid) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why);
+        if (!ours) {
+            if (pid_alive(pid)) {
+                fprintf(stderr, "kvctl ring down: rank %u: pid %d in %s is not this ring's kvd (%s): "
+                        "not signalled\n", r, pid, pidf, why);
+                refused++;
+            }
+            stopped += asked;
+            unlink(pidf);
+            continue;
         }
-        if (pid_alive(pids[i])) {
-            fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pids[i]);
-            kill(pids[i], SIGKILL);
+        if (!wait_gone(pid, asked ? 5 : 0) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why) &&
+            kill(pid, SIGTERM) == 0 && !wait_gone(pid, 5) &&
+            ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why)) {
+            fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pid);
+            kill(pid, SIGKILL);
         }
         stopped++;
+        unlink(pidf);
     }
-    printf("ring down: %d stage%s stopped (%s)\n", stopped, stopped == 1 ? "" : "s", dir);
+    printf("ring down: %d stage%s stopped (%s)", stopped, stopped == 1 ? "" : "s", dir);
+    if (refused)
+        printf("; %d stale pid file%s named another process, left alone", refused, refused == 1 ? "" : "s");
+    printf("\n");
     return 0;
 }
 
@@ -898,7 +1016,7 @@ static int gen_line(const char *line, void *ud)
         if (cJSON_IsString(s) && !g->ids)
             fputs(s->valuestring, stdout);
         else
-            printf("%s%d", g->n_done > 1 ? " " : "", (int)t->valuedouble);
+            printf("%s%.0f", g->n_done > 1 ? " " : "", t->valuedouble);   /* no int cast of a peer's number */
         fflush(stdout);
     }
     cJSON_Delete(o);

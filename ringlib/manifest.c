@@ -211,8 +211,15 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
         ri->last = (uint32_t)b;
         expect_first = ri->last;
         const cJSON *mb = cJSON_GetObjectItemCaseSensitive(r, "mem_bytes");
-        if (cJSON_IsNumber(mb) && mb->valuedouble >= 0)
+        if (cJSON_IsNumber(mb)) {
+            /* checked before the conversion: a double past 2^64 has no uint64_t value */
+            if (!(mb->valuedouble >= 0 && mb->valuedouble < 18446744073709551616.0)) {
+                snprintf(err, errlen, "manifest: %s.mem_bytes %g out of range [0, 2^64)", ctx, mb->valuedouble);
+                rc = -EINVAL;
+                goto out;
+            }
             ri->mem_bytes = (uint64_t)mb->valuedouble;
+        }
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(r, "est_ms_per_token");
         if (cJSON_IsNumber(ms))
             ri->est_ms_per_token = ms->valuedouble;

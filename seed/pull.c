@@ -51,7 +51,7 @@ struct pull {
     /* last response */
     long status;
     char etag[256];
-    uint64_t cr_first, cr_total; /* Content-Range */
+    uint64_t cr_first, cr_last, cr_total; /* Content-Range */
     bool have_cr;
     uint64_t clen;
     bool have_clen;
@@ -162,8 +162,9 @@ static size_t on_header(char *b, size_t sz, size_t n, void *ud)
         scopy(p->etag, sizeof p->etag, v);
     } else if (strncasecmp(line, "Content-Range:", 14) == 0) {
         unsigned long long a, b2, t;
-        if (sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b2, &t) == 3) {
+        if (sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b2, &t) == 3 && a <= b2 && b2 < t) {
             p->cr_first = a;
+            p->cr_last = b2;
             p->cr_total = t;
             p->have_cr = true;
         }
@@ -213,12 +214,39 @@ static void curl_setup(struct pull *p, const char *url)
 struct membuf {
     char *p;
     size_t len, cap, max;
+    struct pull *pull;  /* set by get_mem for a range request: */
+    int64_t a, b;       /* the bytes asked for, [a, b] */
 };
+
+/* Whether the last answer is exactly a 206 for the bytes [a, b] asked for (b clipped to the
+ * end of the file); with the reason in p->err when it is not. */
+static bool range_ok(struct pull *p, const char *url, uint64_t a, uint64_t b)
+{
+    if (p->status != 206 || !p->have_cr) {
+        seterr(p, "%s does not answer range requests (HTTP %ld without Content-Range)", url, p->status);
+        return false;
+    }
+    uint64_t want_last = b < p->cr_total ? b : p->cr_total - 1;
+    if (p->cr_first != a || p->cr_last != want_last) {
+        seterr(p, "%s answered bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64 " to a request for %" PRIu64
+               "-%" PRIu64, url, p->cr_first, p->cr_last, p->cr_total, a, b);
+        return false;
+    }
+    if (p->have_clen && p->clen != p->cr_last - p->cr_first + 1) {
+        seterr(p, "%s: Content-Length %" PRIu64 " is not that of its Content-Range %" PRIu64 "-%" PRIu64,
+               url, p->clen, p->cr_first, p->cr_last);
+        return false;
+    }
+    return true;
+}
 
 static size_t on_mem(char *b, size_t sz, size_t n, void *ud)
 {
     struct membuf *m = ud;
     size_t len = sz * n;
+    if (m->pull && m->a >= 0 && (m->pull->status != 206 || !m->pull->have_cr ||
+                                 m->pull->cr_first != (uint64_t)m->a))
+        return 0; /* not the bytes asked for: nothing is kept (get_mem says why) */
     if (len > m->max - m->len)
         return 0; /* over the cap: curl stops with a write error */
     if (m->len + len + 1 > m->cap) {
@@ -246,11 +274,24 @@ static int get_mem(struct pull *p, const char *url, int64_t a, int64_t b, struct
         snprintf(range, sizeof range, "%lld-%lld", (long long)a, (long long)b);
         curl_easy_setopt(p->curl, CURLOPT_RANGE, range);
     }
+    m->pull = p;
+    m->a = a;
+    m->b = b;
     curl_easy_setopt(p->curl, CURLOPT_WRITEFUNCTION, on_mem);
     curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, m);
     size_t before = m->len;
     CURLcode cc = curl_easy_perform(p->curl);
     p->st->bytes_fetched += m->len - before;
+    if (a >= 0 && (p->status == 200 || p->status == 206)) {
+        /* a range: the answer must be those bytes, all of them */
+        if (!range_ok(p, url, (uint64_t)a, (uint64_t)b))
+            return -EPROTO;
+        if (cc == CURLE_OK && m->len - before != p->cr_last - p->cr_first + 1) {
+            seterr(p, "GET %s: %zu bytes for the range %" PRIu64 "-%" PRIu64, url, m->len - before,
+                   p->cr_first, p->cr_last);
+            return -EPROTO;
+        }
+    }
     if (cc != CURLE_OK) {
         seterr(p, "GET %s: %s", url, curl_easy_strerror(cc));
         return -EIO;
@@ -379,13 +420,50 @@ struct filew {
     int fd;
     uint64_t pos, limit;
     bool restart_ok;
+    bool checked, bad;  /* answer checked before its first byte; failed a check (p->err) */
+    bool encoded;       /* zstd asked for: Content-Length is not the window's */
+    const char *url;
 };
+
+/* The answer to a window request, before its first byte is written: a 200 of the announced
+ * size, or a 206 from exactly where the part ends to the end of the window. */
+static bool window_answer_ok(struct filew *w)
+{
+    struct pull *p = w->p;
+    if (p->status == 206) {
+        if (!w->restart_ok) {
+            seterr(p, "GET %s: a 206 to a request without Range", w->url);
+            return false;
+        }
+        if (p->have_cr && p->cr_total != w->limit) {
+            seterr(p, "GET %s: Content-Range total %" PRIu64 " is not the window's %" PRIu64 " bytes",
+                   w->url, p->cr_total, w->limit);
+            return false;
+        }
+        return range_ok(p, w->url, w->pos, w->limit - 1);
+    }
+    if (!w->encoded && p->have_clen && p->clen != w->limit) {
+        seterr(p, "GET %s: Content-Length %" PRIu64 " is not the window's %" PRIu64 " bytes", w->url,
+               p->clen, w->limit);
+        return false;
+    }
+    return true;
+}
 
 static size_t on_file(char *b, size_t sz, size_t n, void *ud)
 {
     struct filew *w = ud;
     struct pull *p = w->p;
     size_t len = sz * n;
+    if (p->status != 200 && p->status != 206)
+        return 0; /* an error page is not window bytes */
+    if (!w->checked) {
+        w->checked = true;
+        if (!window_answer_ok(w)) {
+            w->bad = true;
+            return 0;
+        }
+    }
     if (w->restart_ok && p->status == 200 && w->pos > 0) {
         /* the server sent the whole window instead of the rest: start over */
         if (ftruncate(w->fd, 0) != 0)
@@ -395,8 +473,11 @@ static size_t on_file(char *b, size_t sz, size_t n, void *ud)
         w->pos = 0;
     }
     w->restart_ok = false;
-    if (len > w->limit - w->pos)
+    if (len > w->limit - w->pos) {
+        seterr(p, "GET %s: more than the %" PRIu64 " bytes announced", w->url, w->limit);
+        w->bad = true;
         return 0;
+    }
     const char *c = b;
     size_t left = len;
     while (left) {
@@ -525,7 +606,17 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
             seterr(p, "HEAD %s: HTTP %ld", url, p->status);
         return -EPROTO;
     }
-    uint64_t size = p->clen;
+    uint64_t size = p->clen, lo, hi;
+    if ((rc = gguf_catalog_window_bound(*catp, o->first, o->last, &lo, &hi)) != 0) {
+        seterr(p, "layers [%u, %u) are not a window of the catalog's model (%u layers)", o->first,
+               o->last, (*catp)->n_main);
+        return rc;
+    }
+    if (size < lo || size > hi) {
+        seterr(p, "HEAD %s: %" PRIu64 " bytes announced; the catalog's window [%u, %u) has %" PRIu64
+                  " to %" PRIu64, url, size, o->first, o->last, lo, hi);
+        return -EBADMSG;
+    }
     char etag[256];
     scopy(etag, sizeof etag, p->etag);
     struct state s;
@@ -558,7 +649,7 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
     p->st->bytes_resumed = have;
     if (have && o->progress)
         pull_say(o, SEED_PULL_LINE, "pull: resuming at %" PRIu64 " of %" PRIu64 " bytes", have, size);
-    struct filew w = {p, fd, have, size, have > 0};
+    struct filew w = {p, fd, have, size, have > 0, false, false, !have && o->zstd, url};
     if (have < size) {
         curl_setup(p, url);
         char range[64];
@@ -579,6 +670,12 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
         curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, &w);
         cc = curl_easy_perform(p->curl);
         curl_slist_free_all(hl2);
+        if (w.bad) { /* a failed check: drop the bytes, the next run starts clean */
+            close(fd);
+            unlink(part);
+            unlink(statep);
+            return -EPROTO;
+        }
         if (cc != CURLE_OK || (p->status != 200 && p->status != 206)) {
             close(fd);
             if (cc != CURLE_OK)
@@ -588,13 +685,6 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
             else
                 seterr(p, "GET %s: HTTP %ld", url, p->status);
             return -EIO;
-        }
-        if (p->status == 206 && (!p->have_cr || p->cr_first != have)) {
-            close(fd);
-            seterr(p, "GET %s: the server resumed at the wrong place", url);
-            unlink(part);
-            unlink(statep);
-            return -EPROTO;
         }
     }
     close(fd);
@@ -627,6 +717,8 @@ struct runw {
     const char *statep;
     uint64_t since_save;
     bool checked, stale;  /* the answer is still the same file (size, ETag)? */
+    bool bad;             /* the answer failed a check (p->err says which): nothing is kept */
+    const char *url;
 };
 
 static size_t on_run(char *b, size_t sz, size_t n, void *ud)
@@ -636,16 +728,24 @@ static size_t on_run(char *b, size_t sz, size_t n, void *ud)
     size_t len = sz * n;
     if (p->status != 206)
         return 0; /* the server ignored the range or the source changed: stop */
-    if (!w->checked) {
+    if (!w->checked) { /* before the first byte is written */
         w->checked = true;
         if (!p->have_cr || p->cr_total != w->s->size ||
             (w->s->etag[0] && strcmp(p->etag, w->s->etag) != 0)) {
             w->stale = true;
             return 0;
         }
+        if (!range_ok(p, w->url, w->pos, w->r->src_end - 1)) {
+            w->bad = true;
+            return 0;
+        }
     }
-    if (len > w->r->src_end - w->pos)
+    if (len > w->r->src_end - w->pos) {
+        seterr(p, "%s sent more than the %" PRIu64 " bytes of range %" PRIu64 "-%" PRIu64, w->url,
+               w->r->src_end - w->r->src_first, w->r->src_first, w->r->src_end - 1);
+        w->bad = true;
         return 0;
+    }
     uint64_t a = w->pos, e = w->pos + len;
     for (size_t i = w->r->p0; i < w->r->p1; i++) {
         const struct piece *pc = &w->pieces[i];
@@ -694,10 +794,21 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
         return -EPROTO;
     }
     uint64_t size = p->cr_total;
+    if (cat && size != cat->source_size) {
+        free(m.p);
+        seterr(p, "%s is %" PRIu64 " bytes, the catalog's source is %" PRIu64, url, size,
+               cat->source_size);
+        return -EBADMSG;
+    }
     char etag[256];
     scopy(etag, sizeof etag, p->etag);
     struct gguf_file *src = NULL;
     char err[KV_ERR_MAX] = "";
+    /* the header ends before the catalog's first tensor: no more is read for it */
+    uint64_t hdr_cap = GGUF_MAX_HEADER;
+    for (uint64_t i = 0; cat && i < cat->n_tensors; i++)
+        if (cat->tensors[i].offset < hdr_cap)
+            hdr_cap = cat->tensors[i].offset;
     for (;;) {
         size_t need = 0;
         err[0] = 0;
@@ -707,15 +818,17 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
         uint64_t want = need > 2 * m.len ? need : 2 * m.len;
         if (want > size)
             want = size;
-        if (want <= m.len || want > GGUF_MAX_HEADER) {
+        if (want > hdr_cap && need <= hdr_cap)
+            want = hdr_cap;
+        if (want <= m.len || want > hdr_cap) {
             rc = -EPROTO;
-            snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file", need,
-                     size);
+            snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file (at most %" PRIu64
+                     "%s)", need, size, hdr_cap, cat ? ", where the catalog's first tensor starts" : "");
             break;
         }
         if ((rc = get_mem(p, url, (int64_t)m.len, (int64_t)want - 1, &m)))
             break;
-        if (strcmp(p->etag, etag) != 0) {
+        if (strcmp(p->etag, etag) != 0 || p->cr_total != size) {
             rc = -ESTALE;
             snprintf(err, sizeof err, "the source changed while its header was read");
             break;
@@ -844,7 +957,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
             s.runoff = 0;
             continue;
         }
-        struct runw w = {p, fd, pc, &runs[r], from, &s, statep, 0, false, false};
+        struct runw w = {p, fd, pc, &runs[r], from, &s, statep, 0, false, false, false, url};
         curl_setup(p, url);
         char range[80], ifr[300];
         snprintf(range, sizeof range, "%" PRIu64 "-%" PRIu64, from, runs[r].src_end - 1);
@@ -861,10 +974,11 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
         curl_slist_free_all(hl2);
         s.run = r;
         s.runoff = w.pos - runs[r].src_first;
-        if (p->status == 200 || w.stale) {
+        if (w.bad) {
+            rc = -EPROTO;
+        } else if (p->status == 200 || w.stale) {
             seterr(p, "%s changed since the partial download began (or ignores ranges); "
                       "run again to start over", url);
-            unlink(statep);
             rc = -ESTALE;
         } else if (cc != CURLE_OK || p->status != 206) {
             if (cc != CURLE_OK)
@@ -881,12 +995,16 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
             s.run = r + 1;
             s.runoff = 0;
         }
-        if (rc != -ESTALE)
+        if (!rc || rc == -EIO)
             state_save(statep, &s);
     }
     close(fd);
     free(pc);
     free(runs);
+    if (rc && rc != -EIO) { /* a failed check: drop the bytes, the next run starts clean */
+        unlink(part);
+        unlink(statep);
+    }
     if (rc)
         return rc;
     progress(p, true);

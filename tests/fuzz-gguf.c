@@ -123,6 +123,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         walk(f, SIZE_MAX);
         if (gguf_tensor_count(f) < 4096)
             rewrite(f);
+        /* the metadata digest over whatever the header holds, against an empty catalog */
+        static const struct gguf_catalog empty;
+        if (gguf_catalog_verify_metadata(&empty, f, err, sizeof err) == 0 && gguf_kv_count(f) > 3)
+            abort(); /* a header with keys cannot match an empty list */
         gguf_file_free(f);
     }
     /* the same bytes as catalog JSON */
@@ -130,6 +134,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (gguf_catalog_from_json(&c, (const char *)data, size, NULL, err, sizeof err) == 0) {
         for (uint64_t i = 0; i < c->n_tensors; i++)
             sink += c->tensors[i].size;
+        uint64_t lo, hi;   /* sums over hostile sizes saturate, never wrap */
+        if (c->n_main && gguf_catalog_window_bound(c, 0, c->n_main, &lo, &hi) == 0 && hi < lo)
+            abort();
         gguf_catalog_free(c);
     }
     return 0;

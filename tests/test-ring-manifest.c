@@ -1,6 +1,6 @@
 /* test-ring-manifest — the ring manifest validator: a good manifest's fields, and one
  * refusal per rule (layer gaps, overlaps and ends, wire dtype, rank order, embed/head flags,
- * endpoints, model sizes, ring and node names, not an object, truncated). */
+ * endpoints, model sizes, memory past 2^64, ring and node names, not an object, truncated). */
 #include "ringlib/ring.h"
 #include "tests/t.h"
 #include "util/err.h"
@@ -42,6 +42,11 @@ T_CASE(manifest)
     T_CHECK(parse_with("\"n_embd\":64", "\"n_embd\":-1") < 0 && strstr(err, "n_embd"), "%s", err);
     T_CHECK(parse_with("\"ring\":\"abc\"", "\"ring\":\"a b\"") < 0, "ring with a space");
     T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"node\":\"12\",") < 0 && strstr(err, "node"), "%s", err);
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"mem_bytes\":1e30,") < 0 && strstr(err, "mem_bytes 1e+30"),
+            "mem_bytes past 2^64: %s", err);
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"mem_bytes\":-1,") < 0 && strstr(err, "mem_bytes"),
+            "negative mem_bytes: %s", err);
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"mem_bytes\":1048576,") == 0, "mem_bytes: %s", err);
     T_CHECK(ring_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
     T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
 }

@@ -3,6 +3,8 @@
  * back on the same connection, and the status object. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,11 +97,71 @@ static cJSON *status_json(struct stage *st)
 
 /* =============================== requests =============================== */
 
+/* The numbers of a generate request: every one is checked against its range here, before
+ * any conversion (a double outside the target type's range is undefined behaviour). */
+struct gen_nums {
+    double n, seed, temp, top_k, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty,
+        repeat_last_n;
+};
+
+static const struct gen_num_field {
+    const char *key;
+    size_t at;                  /* offset in struct gen_nums */
+    double def, lo, hi;
+    bool integer;
+} gen_num_fields[] = {
+    /* n above the context is cut to it; a seed of 2^64 is what 2^64 - 1 (llama.cpp's
+     * "--seed -1") becomes as a JSON double, and is read as 2^64 - 1 */
+    {"n", offsetof(struct gen_nums, n), 32, 0, 4294967295.0, true},
+    {"seed", offsetof(struct gen_nums, seed), 0, 0, 18446744073709551616.0, true},
+    {"temp", offsetof(struct gen_nums, temp), 0, -1000, 1000, false},
+    {"top_k", offsetof(struct gen_nums, top_k), 0, 0, 2147483647.0, true},
+    {"top_p", offsetof(struct gen_nums, top_p), 1, 0, 1, false},
+    {"min_p", offsetof(struct gen_nums, min_p), 0, 0, 1, false},
+    {"repeat_penalty", offsetof(struct gen_nums, repeat_penalty), 1, 1e-6, 1000, false},
+    {"freq_penalty", offsetof(struct gen_nums, freq_penalty), 0, -1000, 1000, false},
+    {"presence_penalty", offsetof(struct gen_nums, presence_penalty), 0, -1000, 1000, false},
+    {"repeat_last_n", offsetof(struct gen_nums, repeat_last_n), 64, 0, 1 << 20, true},
+};
+
+/* 0, or -EINVAL with msg naming the field, its value and its range. */
+static int gen_nums_parse(const cJSON *req, struct gen_nums *g, char *msg, size_t n)
+{
+    for (size_t i = 0; i < sizeof gen_num_fields / sizeof gen_num_fields[0]; i++) {
+        const struct gen_num_field *f = &gen_num_fields[i];
+        double *d = (double *)((char *)g + f->at);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, f->key);
+        *d = f->def;
+        if (!v)
+            continue;
+        *d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        if (!(*d >= f->lo && *d <= f->hi) || (f->integer && *d != floor(*d))) {
+            char val[40], range[80];
+            if (cJSON_IsNumber(v))
+                snprintf(val, sizeof val, "%.17g", *d);
+            else
+                snprintf(val, sizeof val, "not a number");
+            if (f->integer)
+                snprintf(range, sizeof range, "an integer in [%.0f, %.0f]", f->lo, f->hi);
+            else
+                snprintf(range, sizeof range, "a number in [%g, %g]", f->lo, f->hi);
+            snprintf(msg, n, "%s: %s%s; %s", f->key, val, cJSON_IsNumber(v) ? " out of range" : "", range);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 static void handle_generate(struct stage *st, struct client *c, const cJSON *req)
 {
     char msg[300];
     if (st->rank != 0) {
         kvd_client_error(c, "this stage is not rank 0: send generation requests to rank 0");
+        return;
+    }
+    struct gen_nums g;
+    if (gen_nums_parse(req, &g, msg, sizeof msg) < 0) {
+        kvd_client_error(c, msg);
         return;
     }
     if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
@@ -154,8 +216,7 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     uint64_t id = 0;
     while (id == 0 || kvd_sess_find(st, id) || kvd_sess_recently_closed(st, id))
         RAND_bytes((unsigned char *)&id, sizeof id);
-    double n_gen = util_json_number(req, "n", 32);
-    uint32_t max_gen = n_gen < 0 ? 0 : n_gen > st->m.n_ctx ? st->m.n_ctx : (uint32_t)n_gen;
+    uint32_t max_gen = g.n > st->m.n_ctx ? st->m.n_ctx : (uint32_t)g.n;
     struct sess *s = kvd_sess_new(st, id, st->m.n_ctx);
     if (!s) {
         free(toks);
@@ -193,15 +254,15 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     uint32_t n_hist;
     const int32_t *hist = model_gen_history(s->gen, &n_hist);   /* the prompt, until a token */
     struct net_open_params p = {0};
-    p.seed = (uint64_t)util_json_number(req, "seed", 0);
-    p.temperature = (float)util_json_number(req, "temp", 0);
-    p.top_k = (int32_t)util_json_number(req, "top_k", 0);
-    p.top_p = (float)util_json_number(req, "top_p", 1);
-    p.min_p = (float)util_json_number(req, "min_p", 0);
-    p.repeat_penalty = (float)util_json_number(req, "repeat_penalty", 1);
-    p.freq_penalty = (float)util_json_number(req, "freq_penalty", 0);
-    p.presence_penalty = (float)util_json_number(req, "presence_penalty", 0);
-    p.penalty_last_n = (int32_t)util_json_number(req, "repeat_last_n", 64);
+    p.seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
+    p.temperature = (float)g.temp;
+    p.top_k = (int32_t)g.top_k;
+    p.top_p = (float)g.top_p;
+    p.min_p = (float)g.min_p;
+    p.repeat_penalty = (float)g.repeat_penalty;
+    p.freq_penalty = (float)g.freq_penalty;
+    p.presence_penalty = (float)g.presence_penalty;
+    p.penalty_last_n = (int32_t)g.repeat_last_n;
     p.max_tokens = max_gen;
     p.n_ctx = st->m.n_ctx;
     uint8_t flags = s->want_logits ? NET_FL_LOGITS : 0;

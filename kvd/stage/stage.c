@@ -120,9 +120,10 @@ static int endpoint_hostport(const char *ep, char *out, size_t n)
     return 0;
 }
 
-/* Model identity: the catalog's id must be the manifest's model.catalog, and every tensor of
- * the window that this stage mapped must match its catalog entry (type, shape, size and the
- * SHA-256 of its bytes). */
+/* Model identity: the catalog's id must be the manifest's model.catalog, the window's header
+ * metadata (vocabulary, hyperparameters, ...) must match the catalog's metadata digests, and
+ * every tensor of the window that this stage mapped must match its catalog entry (type, shape,
+ * size and the SHA-256 of its bytes). */
 static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
 {
     if (!o->catalog) {
@@ -148,6 +149,11 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
     if (!f) {   /* a backend without a model file: nothing mapped to check */
         gguf_catalog_free(c);
         return 0;
+    }
+    if ((rc = gguf_catalog_verify_metadata(c, f, err, sizeof err)) != 0) {
+        kvd_log(KVD_LOG_ERROR, "window does not match catalog %s: %s", o->catalog, err);
+        gguf_catalog_free(c);
+        return rc;
     }
     uint64_t checked = 0, bytes = 0;
     for (uint64_t i = 0; f && i < gguf_tensor_count(f); i++) {
