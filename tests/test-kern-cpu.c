@@ -1,7 +1,8 @@
 /* The fast CPU path against the reference: every SIMD level this CPU has, every weight type,
  * odd shapes (rows not a multiple of the threads, one row and batches, several blocks), 1-3
- * threads; batched rows bit-identical to rows alone; per-type dots and activation quantisers on identical inputs; attention; the forward
- * pass's layer ops (bit-identical); the pool and its reserved scratch. */
+ * threads; batched rows bit-identical to rows alone; per-type dots and activation quantisers
+ * on identical inputs; attention; the forward pass's layer ops (bit-identical); the pool and
+ * its reserved scratch. */
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -127,8 +128,8 @@ T_CASE(matmul_rows_exact)
                 for (int64_t r = 0; r < rows; r++)
                     kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
                 for (int64_t i = 0; i < 16; i++)
-                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1, solo + i * rows) == 0,
-                             "matmul");
+                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1,
+                                         solo + i * rows) == 0, "matmul");
                 int64_t nmax = t == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : 16;
                 for (int64_t n = 2; n <= nmax; n++) {
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
