@@ -234,8 +234,15 @@ T_CASE(dots_exact_inputs)
                 e += (a - b) * (a - b);
                 r += b * b;
                 if (s->dotn[t]) {
-                    float out[4];
-                    s->dotn[t](wq, fx, 0, 3, cols, out);
+                    /* every column of the multi-row dot is the one-row dot, bit for bit */
+                    float one = s->dot[t](wq, fx, cols), out[KERN_MAXCOL];
+                    for (int nc = 1; nc <= KERN_MAXCOL; nc++) {
+                        s->dotn[t](wq, fx, 0, nc, cols, out);
+                        for (int k = 0; k < nc; k++)
+                            T_CHECK(memcmp(&out[k], &one, sizeof one) == 0,
+                                    "%s dotn t=%u rep %d: %d columns, column %d: %.9g vs %.9g",
+                                    s->name, t, rep, nc, k, out[k], one);
+                    }
                     T_CHECK(fabs(out[2] - b) <= 1e-5 * (fabs(b) + 1), "%s dotn t=%u rep %d: %g vs %g", s->name, t, rep, out[2], b);
                 }
             }
