@@ -26,6 +26,16 @@ static double budget(uint32_t t)
     return vt == KERN_T_Q8_0 || vt == KERN_T_Q8_1 ? 1e-7 : 1e-9;
 }
 
+/* The rows x cols matrix w quantised row by row into wq as type t (the reference
+ * quantiser); false when cols is not a whole number of t's blocks. */
+static bool quant_weights(uint32_t t, const float *w, int64_t rows, int64_t cols, void *wq)
+{
+    size_t rb = kern_row_bytes(t, cols);
+    for (int64_t r = 0; rb && r < rows; r++)
+        kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
+    return rb != 0;
+}
+
 T_CASE(matmul_all_levels)
 {
     struct { int64_t rows, cols, n; } shapes[] = {
@@ -55,11 +65,8 @@ T_CASE(matmul_all_levels)
         ku_fill(x, n * cols, 1.0f);
         for (size_t c = 0; c < N_WT; c++) {
             uint32_t t = weight_types[c];
-            size_t rb = kern_row_bytes(t, cols);
-            if (rb == 0)
+            if (!quant_weights(t, w, rows, cols, wq))
                 continue;
-            for (int64_t r = 0; r < rows; r++)
-                kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
             kern_ref_matmul(t, wq, rows, cols, x, n, yr);
             for (size_t lv = 0; lv < 3; lv++) {
                 if (!have[lv])
@@ -122,11 +129,8 @@ T_CASE(matmul_rows_exact)
             ku_fill(x, 16 * cols, 1.0f);
             for (size_t c = 0; c < N_WT; c++) {
                 uint32_t t = weight_types[c];
-                size_t rb = kern_row_bytes(t, cols);
-                if (rb == 0)
+                if (!quant_weights(t, w, rows, cols, wq))
                     continue;
-                for (int64_t r = 0; r < rows; r++)
-                    kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
                 for (int64_t i = 0; i < 16; i++)
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1,
                                          solo + i * rows) == 0, "matmul");
