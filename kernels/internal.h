@@ -75,7 +75,8 @@ struct kern__type_traits {
     kern__from_float_fn from_float_ref;  /* reference quantiser, NULL when none */
     kern__dot_fn vec_dot;                /* reference dot against vec_dot_type, NULL when none */
     /* A matmul row's result does not depend on how many rows the matmul takes (below
-     * KERN_ROWS_EXACT_MAX): one row and several take the same dot (docs/model.md). */
+     * KERN_ROWS_EXACT_MAX): the multi-row dot repeats the one-row dot's floating-point
+     * operations, in the same order, for each row (docs/model.md). */
     bool rows_exact;
 };
 /* The traits of type, NULL for a type number the table does not have. */

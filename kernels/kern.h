@@ -31,8 +31,9 @@ const char *kern_type_name(uint32_t type);
 /* true when the kernels can compute with weights of this type. */
 bool kern_type_supported(uint32_t type);
 /* true when a weight type's matmul gives each row the result it has alone, whatever the
- * number of rows up to KERN_ROWS_EXACT_MAX (F32 beyond that goes to a BLAS whose sums differ);
- * other types round differently for one row and for several (docs/model.md). */
+ * number of rows up to KERN_ROWS_EXACT_MAX (F32 beyond that goes to a BLAS whose sums differ;
+ * the other types hold for any number): today every weight type, at every SIMD level
+ * (docs/model.md). */
 #define KERN_ROWS_EXACT_MAX 15
 bool kern_type_rows_exact(uint32_t type);
 /* Elements per block and bytes per block (0 for an unknown type). */

@@ -1,7 +1,8 @@
 /* The fast CPU path against the reference: every SIMD level this CPU has, every weight type,
  * odd shapes (rows not a multiple of the threads, one row and batches, several blocks), 1-3
- * threads; per-type dots and activation quantisers on identical inputs; attention; the forward
- * pass's layer ops (bit-identical); the pool and its reserved scratch. */
+ * threads; batched rows bit-identical to rows alone; per-type dots and activation quantisers
+ * on identical inputs; attention; the forward pass's layer ops (bit-identical); the pool and
+ * its reserved scratch. */
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -23,6 +24,16 @@ static double budget(uint32_t t)
 {
     uint32_t vt = kern__type_traits(t)->vec_dot_type;
     return vt == KERN_T_Q8_0 || vt == KERN_T_Q8_1 ? 1e-7 : 1e-9;
+}
+
+/* The rows x cols matrix w quantised row by row into wq as type t (the reference
+ * quantiser); false when cols is not a whole number of t's blocks. */
+static bool quant_weights(uint32_t t, const float *w, int64_t rows, int64_t cols, void *wq)
+{
+    size_t rb = kern_row_bytes(t, cols);
+    for (int64_t r = 0; rb && r < rows; r++)
+        kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
+    return rb != 0;
 }
 
 T_CASE(matmul_all_levels)
@@ -54,11 +65,8 @@ T_CASE(matmul_all_levels)
         ku_fill(x, n * cols, 1.0f);
         for (size_t c = 0; c < N_WT; c++) {
             uint32_t t = weight_types[c];
-            size_t rb = kern_row_bytes(t, cols);
-            if (rb == 0)
+            if (!quant_weights(t, w, rows, cols, wq))
                 continue;
-            for (int64_t r = 0; r < rows; r++)
-                kern_ref_quant_row(t, w + r * cols, (char *)wq + r * rb, cols);
             kern_ref_matmul(t, wq, rows, cols, x, n, yr);
             for (size_t lv = 0; lv < 3; lv++) {
                 if (!have[lv])
@@ -90,6 +98,62 @@ T_CASE(matmul_all_levels)
     T_CHECK(kern_matmul(NULL, KERN_T_F32, w, 2, 32, x, 2, y) == 0 && y[0] == 0, "no pool");
     T_CHECK(kern_matmul(NULL, KERN_T_Q4_0, w, 2, 31, x, 1, y) == -EINVAL, "bad cols");
     T_CHECK(kern_matmul(NULL, KERN_T_Q2_K, w, 1, 256, x, 1, y) == -EINVAL, "unsupported");
+}
+
+/* Batched rows bit-identical to rows alone: for every weight type and SIMD level, row i of a
+ * matmul over n = 1..16 activation rows (KERN_ROWS_EXACT_MAX for F32, whose larger batches go
+ * to OpenBLAS) is the very float the same row gets in a matmul of its own. The ring batches
+ * several sessions' steps through one window on this (kern_type_rows_exact); odd block counts
+ * take every tail of the kernels, and rows past 64 split across the threads. */
+T_CASE(matmul_rows_exact)
+{
+    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {5, 96}, {33, 1280}};
+    struct kern_pool *p;
+    int rc = kern_pool_new(&p, 2);
+    T_ASSERT(rc == 0, "pool");
+    rc = kern_pool_reserve(p, 16 * 1280 * 4);
+    T_ASSERT(rc == 0, "reserve");
+    for (size_t c = 0; c < N_WT; c++)
+        T_CHECK(kern_type_rows_exact(weight_types[c]), "type %s not row-exact",
+                kern_type_name(weight_types[c]));
+    for (size_t lv = 0; lv < 3; lv++) {
+        if (kern__simd_force(levels[lv]) != 0)
+            continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t rows = shapes[si].rows, cols = shapes[si].cols;
+            float *w = malloc(rows * cols * 4), *x = malloc(16 * cols * 4);
+            float *solo = malloc(16 * rows * 4), *y = malloc(16 * rows * 4);
+            void *wq = malloc(rows * cols * 4);
+            ku_seed(500 + si);
+            ku_fill(w, rows * cols, 0.1f);
+            ku_fill(x, 16 * cols, 1.0f);
+            for (size_t c = 0; c < N_WT; c++) {
+                uint32_t t = weight_types[c];
+                if (!quant_weights(t, w, rows, cols, wq))
+                    continue;
+                for (int64_t i = 0; i < 16; i++)
+                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1,
+                                         solo + i * rows) == 0, "matmul");
+                int64_t nmax = t == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : 16;
+                for (int64_t n = 2; n <= nmax; n++) {
+                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
+                    for (int64_t i = 0; i < n * rows; i++) {
+                        if (memcmp(&y[i], &solo[i], sizeof y[i]) != 0) {
+                            T_CHECK(0, "%s %s %lldx%lld: batch of %lld, row %lld differs from "
+                                    "the row alone at index %lld: %.9g vs %.9g", levels[lv],
+                                    kern_type_name(t), (long long)rows, (long long)cols,
+                                    (long long)n, (long long)(i / rows), (long long)(i % rows),
+                                    y[i], solo[i]);
+                            break;
+                        }
+                    }
+                }
+            }
+            free(w); free(x); free(solo); free(y); free(wq);
+        }
+    }
+    kern__simd_force(NULL);
+    kern_pool_free(p);
 }
 
 /* The paired activation layout of the nibble types (see kernels/cpu/simd.inc), built here
@@ -174,8 +238,15 @@ T_CASE(dots_exact_inputs)
                 e += (a - b) * (a - b);
                 r += b * b;
                 if (s->dotn[t]) {
-                    float out[4];
-                    s->dotn[t](wq, fx, 0, 3, cols, out);
+                    /* every column of the multi-row dot is the one-row dot, bit for bit */
+                    float one = s->dot[t](wq, fx, cols), out[KERN_MAXCOL];
+                    for (int nc = 1; nc <= KERN_MAXCOL; nc++) {
+                        s->dotn[t](wq, fx, 0, nc, cols, out);
+                        for (int k = 0; k < nc; k++)
+                            T_CHECK(memcmp(&out[k], &one, sizeof one) == 0,
+                                    "%s dotn t=%u rep %d: %d columns, column %d: %.9g vs %.9g",
+                                    s->name, t, rep, nc, k, out[k], one);
+                    }
                     T_CHECK(fabs(out[2] - b) <= 1e-5 * (fabs(b) + 1), "%s dotn t=%u rep %d: %g vs %g", s->name, t, rep, out[2], b);
                 }
             }
@@ -616,6 +687,7 @@ int main(int argc, char **argv)
     T_RUN(layer_ops_on_pool);
     T_RUN(scratch_reserved);
     T_RUN(matmul_all_levels);
+    T_RUN(matmul_rows_exact);
     T_RUN(dots_exact_inputs);
     T_RUN(attention_fast);
     T_RUN(softmax_simd);

@@ -185,14 +185,12 @@ static double nmse(const float *a, const float *b, uint32_t n)
     return den > 0 ? num / den : num;
 }
 
-/* exact: the model's matmuls give a row the same bits whatever the batch size, so solo and
- * batched rows are bit-identical (F32, F16, Q4_K here). Not so for Q4_0 / Q8_0 / Q6_K weights:
- * kern_matmul computes a single row with the one-column dot and 2+ rows with the SIMD
- * multi-column dot (another summation order), and these random models amplify that to a row
- * NMSE of up to ~4e-4 (the size of their llama.cpp reference tolerances): checked under 1e-3
- * with the same greedy token. The head
- * runs one row at a time on both sides (F32 heads go to OpenBLAS's sgemm from 16 rows), so
- * the logits compare what the window did. */
+/* exact: the model's matmuls give a row the same bits whatever the batch size (every weight
+ * type: the multi-row dots repeat the one-row dot's operations per row, kern_type_rows_exact),
+ * so solo and batched rows are bit-identical; checked at every SIMD level this CPU has when
+ * run with KV_KERN_SIMD=avx2|scalar. exact false would check a row NMSE under 1e-3 with the
+ * same greedy token. The head runs one row at a time on both sides (F32 heads go to
+ * OpenBLAS's sgemm from 16 rows), so the logits compare what the window did. */
 static void check_model(const char *rel, bool exact)
 {
     struct model *ma = NULL, *mb = NULL;
@@ -250,13 +248,13 @@ out:
 }
 
 T_CASE(batch_dense_stories) { check_model("models/stories260K.gguf", true); }
-T_CASE(batch_dense_q4_0) { check_model("models/synth-llama-spm512-q4_0.gguf", false); }
+T_CASE(batch_dense_q4_0) { check_model("models/synth-llama-spm512-q4_0.gguf", true); }
 T_CASE(batch_dense_q4_k) { check_model("models/synth-llama-spm512-q4_k.gguf", true); }
 T_CASE(batch_dense_f32) { check_model("models/synth-llama-spm512-f32.gguf", true); }
-T_CASE(batch_moe) { check_model("models/synth-qwen3moe-bpe1024-q8_0.gguf", false); }
-T_CASE(batch_moe_q4_k) { check_model("models/synth-qwen3moe-bpe1024-q4_k_m.gguf", false); }
+T_CASE(batch_moe) { check_model("models/synth-qwen3moe-bpe1024-q8_0.gguf", true); }
+T_CASE(batch_moe_q4_k) { check_model("models/synth-qwen3moe-bpe1024-q4_k_m.gguf", true); }
 T_CASE(batch_hybrid) { check_model("models/synth-qwen35-bpe1024-f16.gguf", true); }
-T_CASE(batch_hybrid_moe) { check_model("models/synth-qwen35moe-bpe1024-q8_0.gguf", false); }
+T_CASE(batch_hybrid_moe) { check_model("models/synth-qwen35moe-bpe1024-q8_0.gguf", true); }
 
 /* An empty batch runs nothing; a session's rewind (attention-only) is allowed in a batch. */
 T_CASE(batch_edges)

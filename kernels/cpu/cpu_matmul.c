@@ -1,7 +1,8 @@
 /* kern_matmul: the fast matmul. Activations are converted once per call to the weight
  * type's dot type (in parallel for batches), then weight rows are handed out in chunks to the
- * pool's threads; a batch is walked four activation rows at a time so each decoded weight
- * block serves four dot products. F32 weights with a large batch go to OpenBLAS sgemm. */
+ * pool's threads; a batch is walked KERN_MAXCOL activation rows at a time so each decoded
+ * weight block serves several dot products, each row's result the bits it gets alone
+ * (kern_type_rows_exact). F32 weights with a large batch go to OpenBLAS sgemm. */
 #include <cblas.h>
 #include <errno.h>
 #if defined(__x86_64__)

@@ -10,7 +10,9 @@
     [KERN_T_##T] = {#t, 1, bytes, false, true, KERN_T_##T, kern__dequant_##t, kern__quant_##t, \
                     kern__dot_##t, exact}
 /* A quantised weight type (vt: its activation type; exact: rows_exact) and an activation-only
- * one. Row-exact are the types tests/test-model-batch shows bit-identical batched and alone. */
+ * one. Row-exact are the types whose multi-row dots repeat the one-row dot's floating-point
+ * operations per row at every SIMD level (tests/test-kern-cpu matmul_rows_exact, and whole
+ * windows in tests/test-model-batch): today every weight type. */
 #define QUANT(t, T, elems, vt, exact) \
     [KERN_T_##T] = {#t, elems, sizeof(struct kern_block_##t), true, true, KERN_T_##vt, \
                     kern__dequant_##t, kern__quant_##t, kern__dot_##t, exact}
@@ -25,18 +27,18 @@
 static const struct kern__type_traits traits[KERN_T_COUNT] = {
     PLAIN(f32, F32, 4, true),
     PLAIN(f16, F16, 2, true),
-    PLAIN(bf16, BF16, 2, false),
-    QUANT(q4_0, Q4_0, KERN_QK, Q8_0, false),
-    QUANT(q4_1, Q4_1, KERN_QK, Q8_1, false),
-    QUANT(q5_0, Q5_0, KERN_QK, Q8_0, false),
-    QUANT(q5_1, Q5_1, KERN_QK, Q8_1, false),
-    QUANT(q8_0, Q8_0, KERN_QK, Q8_0, false),
+    PLAIN(bf16, BF16, 2, true),
+    QUANT(q4_0, Q4_0, KERN_QK, Q8_0, true),
+    QUANT(q4_1, Q4_1, KERN_QK, Q8_1, true),
+    QUANT(q5_0, Q5_0, KERN_QK, Q8_0, true),
+    QUANT(q5_1, Q5_1, KERN_QK, Q8_1, true),
+    QUANT(q8_0, Q8_0, KERN_QK, Q8_0, true),
     ACT(q8_1, Q8_1, KERN_QK),
     SIZE_ONLY(q2_K, Q2_K, KERN_QK_K),
     SIZE_ONLY(q3_K, Q3_K, KERN_QK_K),
     QUANT(q4_K, Q4_K, KERN_QK_K, Q8_K, true),
-    QUANT(q5_K, Q5_K, KERN_QK_K, Q8_K, false),
-    QUANT(q6_K, Q6_K, KERN_QK_K, Q8_K, false),
+    QUANT(q5_K, Q5_K, KERN_QK_K, Q8_K, true),
+    QUANT(q6_K, Q6_K, KERN_QK_K, Q8_K, true),
     ACT(q8_K, Q8_K, KERN_QK_K),
 };
 
