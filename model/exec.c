@@ -2,11 +2,15 @@
  * of one or several sessions, the per-session K/V caches, and the rank-0 embedding / last-rank head.
  *
  * Numerics follow llama.cpp's CPU graph (what the references were made with): matmuls with
- * ggml's activation rounding (kern_matmul), K and V stored as F16, attention over the cache
+ * ggml's activation rounding (kern_dev_matmul), K and V stored as F16, attention over the cache
  * with scale 1/sqrt(head_dim), RMSNorm then the weight product, SwiGLU FFN. Every row is
  * computed the same way whatever the batch, so a window split into several consecutive
  * windows gives bit-identical results. Scratch is allocated once in model_exec_new; the
- * forward pass does not allocate. */
+ * forward pass does not allocate.
+ *
+ * Everything runs on a kernel device (docs/devices.md): weights, scratch and sessions' K/V
+ * and state are its buffers, ops name operands as (buffer, offset), and the caller's rows
+ * are bound to boundary buffers for one call (in place on "cpu"). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
