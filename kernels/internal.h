@@ -300,6 +300,18 @@ struct kern__dev_ops {
                      struct kern_at idx, int64_t n, size_t row_bytes);
     int (*zero)(struct kern_dev *d, struct kern_at dst, size_t bytes);
 };
+/* The ops table of a host device whose file defines its entries as static functions named
+ * after them (open_, close_, sync_, matmul, ...); the data-movement ops are the shared ones. */
+#define KERN__HOST_DEV_OPS \
+    .open = open_, .close = close_, .sync = sync_, .matmul_scratch = matmul_scratch, \
+    .attention_scratch = attention_scratch, .deltanet_scratch = deltanet_scratch, \
+    .reserve = reserve, .matmul = matmul, .rmsnorm_rows = rmsnorm_rows, \
+    .rope_angles = rope_angles, .rope_rows = rope_rows, .kv_store = kv_store, \
+    .attention = attention, .swiglu = swiglu, .add = add, .add_rows = add_rows, \
+    .axpy_rows = axpy_rows, .sigmoid = sigmoid, .mul_sigmoid = mul_sigmoid, \
+    .l2norm = l2norm, .rmsnorm_silu = rmsnorm_silu, .conv_silu = conv_silu, \
+    .moe_route = moe_route, .deltanet = deltanet, .get_rows = kern__host_get_rows, \
+    .copy_rows = kern__host_copy_rows, .zero = kern__host_zero
 extern const struct kern__dev_ops kern__dev_cpu, kern__dev_ref;
 
 /* Ops every host device shares (kernels/dev_host.c): no arithmetic that a device could do

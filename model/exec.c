@@ -202,17 +202,24 @@ static void *xcalloc(size_t n, size_t size, int *rc)
     return p;
 }
 
-/* A zeroed buffer of n 4-byte elements (none for n 0) of kind on the device. */
-static struct kern_buf *xbuf(struct model_exec *e, enum kern_buf_kind kind, size_t n, int *rc)
+/* A zeroed buffer of n elements of size bytes (none for n 0) of kind on the device; the
+ * first failure stays in *rc and later calls do nothing. */
+static struct kern_buf *dbuf(struct model_exec *e, enum kern_buf_kind kind, size_t n,
+                             size_t size, int *rc)
 {
     struct kern_buf *b = NULL;
     if (n && *rc == 0) {
-        int r = n > SIZE_MAX / sizeof(float) ? -ENOMEM
-                                             : kern_buf_new(&b, e->dev, kind, n * sizeof(float), NULL);
+        int r = n > SIZE_MAX / size ? -ENOMEM : kern_buf_new(&b, e->dev, kind, n * size, NULL);
         if (r < 0)
             *rc = r;
     }
     return b;
+}
+
+/* The same with 4-byte elements (f32, uint32 and int32 indices). */
+static struct kern_buf *xbuf(struct model_exec *e, enum kern_buf_kind kind, size_t n, int *rc)
+{
+    return dbuf(e, kind, n, sizeof(float), rc);
 }
 
 static int wbuf_cmp(const void *a, const void *b)
@@ -422,18 +429,6 @@ static struct model_session *session_find(struct model_exec *e, uint64_t id, uin
     return NULL;
 }
 
-/* A zeroed state buffer of n elements of size bytes (none for n 0). */
-static struct kern_buf *state_buf(struct model_exec *e, size_t n, size_t size, int *rc)
-{
-    struct kern_buf *b = NULL;
-    if (n && *rc == 0) {
-        int r = kern_buf_new(&b, e->dev, KERN_BUF_STATE, n * size, NULL);
-        if (r < 0)
-            *rc = r;
-    }
-    return b;
-}
-
 int model_session_new(struct model_exec *e, uint64_t id)
 {
     if (session_find(e, id, NULL))
@@ -458,10 +453,10 @@ int model_session_new(struct model_exec *e, uint64_t id)
         return -ENOMEM;
     s->id = id;
     int rc = 0;
-    s->k = state_buf(e, na * e->kv_layer, sizeof(uint16_t), &rc);
-    s->v = state_buf(e, na * e->kv_layer, sizeof(uint16_t), &rc);
-    s->conv = state_buf(e, nr * e->conv_layer, sizeof(float), &rc);
-    s->ssm = state_buf(e, nr * e->ssm_layer, sizeof(float), &rc);
+    s->k = dbuf(e, KERN_BUF_STATE, na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->v = dbuf(e, KERN_BUF_STATE, na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->conv = dbuf(e, KERN_BUF_STATE, nr * e->conv_layer, sizeof(float), &rc);
+    s->ssm = dbuf(e, KERN_BUF_STATE, nr * e->ssm_layer, sizeof(float), &rc);
     if (rc < 0) {
         session_free(s);
         return rc;

@@ -202,34 +202,4 @@ static int deltanet(struct kern_dev *d, struct kern_at o, struct kern_at S, stru
     return 0;
 }
 
-const struct kern__dev_ops kern__dev_ref = {
-    .name = "ref",
-    .host = true,
-    .open = open_,
-    .close = close_,
-    .sync = sync_,
-    .matmul_scratch = matmul_scratch,
-    .attention_scratch = attention_scratch,
-    .deltanet_scratch = deltanet_scratch,
-    .reserve = reserve,
-    .matmul = matmul,
-    .rmsnorm_rows = rmsnorm_rows,
-    .rope_angles = rope_angles,
-    .rope_rows = rope_rows,
-    .kv_store = kv_store,
-    .attention = attention,
-    .swiglu = swiglu,
-    .add = add,
-    .add_rows = add_rows,
-    .axpy_rows = axpy_rows,
-    .sigmoid = sigmoid,
-    .mul_sigmoid = mul_sigmoid,
-    .l2norm = l2norm,
-    .rmsnorm_silu = rmsnorm_silu,
-    .conv_silu = conv_silu,
-    .moe_route = moe_route,
-    .deltanet = deltanet,
-    .get_rows = kern__host_get_rows,
-    .copy_rows = kern__host_copy_rows,
-    .zero = kern__host_zero,
-};
+const struct kern__dev_ops kern__dev_ref = {.name = "ref", .host = true, KERN__HOST_DEV_OPS};
