@@ -1,5 +1,7 @@
 /* kern — tensor math on raw pointers: the scalar oracle (kern_ref_*) and the fast CPU path
- * (kern_*: SIMD chosen at run time, a shared thread pool, OpenBLAS for batched prefill).
+ * (kern_*: SIMD chosen at run time, a shared thread pool, OpenBLAS for batched prefill); and
+ * over them the device seam (kern_dev_*, kern_buf_*: buffers and ops on (buffer, offset)
+ * operands) that the executor uses, with "cpu" and "ref" devices (docs/devices.md).
  *
  * Weights are row-major: a matrix of `rows` rows of `cols` elements of a ggml type, each row
  * kern_row_bytes(type, cols) bytes, rows contiguous. Activations are f32, row-major, n rows.

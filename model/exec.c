@@ -719,11 +719,14 @@ static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, struct kern_
     const uint32_t E = hp->n_embd;
 
     const size_t half = hp->n_rot / 2;
+    struct kern_at freqs = wat(e, m->rope_freqs);   /* an optional operand: absent only if so */
+    if (m->rope_freqs && !freqs.buf)
+        return -EINVAL;
     for (uint32_t j = 0; e->n_attn && j < nseg; j++) { /* RoPE angles of the rows' positions */
         const struct model_seg *g = &e->seg[j];
         TRY(kern_dev_rope_angles(d, AT(s->rope_cs, g->off * half), AT(s->rope_sn, g->off * half),
                                  g->n, g->pos, (int)hp->n_rot, hp->rope_base, hp->rope_scale,
-                                 wat(e, m->rope_freqs)));        /* [g.n][n_rot/2] each */
+                                 freqs));                        /* [g.n][n_rot/2] each */
     }
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
