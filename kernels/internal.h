@@ -209,4 +209,121 @@ const struct kern__simd *kern__simd_get(void);
  * this CPU lacks it. Not thread-safe; call before any op. */
 int kern__simd_force(const char *name);
 
+/* ---- devices (kern_dev_*, kern_buf_*; docs/devices.md) ---- */
+
+struct kern_dev {
+    const struct kern__dev_ops *ops;
+    int n_threads;
+    struct kern_pool *pool;        /* "cpu": the thread pool its ops run on */
+    void *scratch;                 /* "ref": attention and DeltaNet rows (kern_dev_reserve) */
+    size_t scratch_size;
+    void *impl;                    /* a non-host device's own state */
+};
+
+struct kern_buf {
+    struct kern_dev *dev;
+    enum kern_buf_kind kind;
+    size_t size;                   /* bytes the ops may address (IO: those bound, else 0) */
+    size_t cap;                    /* bytes at creation (IO: the most a binding may take) */
+    void *host;                    /* host device: the bytes (IO: the bound memory or NULL) */
+    bool owned;                    /* host is ours to free */
+    void *impl;                    /* a non-host device's handle */
+    void *bound;                   /* IO: the caller memory bound now */
+};
+
+/* Host address of an operand on a host device (NULL for "no operand"). */
+static inline void *kern__at_host(struct kern_at a)
+{
+    return a.buf ? (char *)a.buf->host + a.off : NULL;
+}
+#define KERN__F(a) ((float *)kern__at_host(a))
+
+/* What a device implements. Host devices (buffers in host memory, allocated and viewed by
+ * kernels/dev.c) leave the buffer entries NULL; others fill them. The ops have the public
+ * kern_dev_* signatures and get operands already checked against their buffers. */
+struct kern__dev_ops {
+    const char *name;
+    bool host;
+    int (*open)(struct kern_dev *d, int n_threads);
+    void (*close)(struct kern_dev *d);
+    int (*sync)(struct kern_dev *d);
+    size_t (*matmul_scratch)(const struct kern_dev *d, uint32_t type, int64_t cols, int64_t n);
+    size_t (*attention_scratch)(const struct kern_dev *d, int64_t n_ctx, int head_dim);
+    size_t (*deltanet_scratch)(const struct kern_dev *d, int d_state);
+    int (*reserve)(struct kern_dev *d, size_t bytes);
+    /* non-host buffers: b's dev, kind and size are set; src as for kern_buf_new */
+    int (*buf_new)(struct kern_buf *b, const void *src);
+    void (*buf_free)(struct kern_buf *b);
+    int (*buf_write)(struct kern_buf *b, size_t off, const void *src, size_t n);
+    int (*buf_read)(struct kern_buf *b, size_t off, void *dst, size_t n);
+
+    int (*matmul)(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
+                  int64_t cols, struct kern_at x, int64_t n, struct kern_at y);
+    int (*rmsnorm_rows)(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                        struct kern_at w, int64_t n_rows, int64_t cols, float eps);
+    int (*rope_angles)(struct kern_dev *d, struct kern_at cs, struct kern_at sn, int64_t n,
+                       int64_t pos0, int n_rot, float freq_base, float freq_scale,
+                       struct kern_at freq_div);
+    int (*rope_rows)(struct kern_dev *d, struct kern_at x, int64_t n, size_t stride,
+                     int n_head, int head_dim, int n_rot, struct kern_at cs, struct kern_at sn,
+                     bool neox);
+    int (*kv_store)(struct kern_dev *d, uint32_t kv_type, struct kern_at dst,
+                    size_t dst_stride, struct kern_at src, int64_t n, int64_t dim);
+    int (*attention)(struct kern_dev *d, uint32_t kv_type, struct kern_at out,
+                     struct kern_at q, struct kern_at k, struct kern_at v, int64_t n,
+                     int64_t pos0, int n_head, int n_kv_head, int head_dim, size_t kv_stride,
+                     float scale);
+    int (*swiglu)(struct kern_dev *d, struct kern_at out, struct kern_at gate,
+                  struct kern_at up, int64_t n);
+    int (*add)(struct kern_dev *d, struct kern_at y, struct kern_at x, int64_t n);
+    int (*add_rows)(struct kern_dev *d, struct kern_at y, struct kern_at b, int64_t n,
+                    int64_t cols);
+    int (*axpy_rows)(struct kern_dev *d, struct kern_at y, int64_t y_rows, struct kern_at a,
+                     struct kern_at x, struct kern_at idx, int64_t n, int64_t cols);
+    int (*sigmoid)(struct kern_dev *d, struct kern_at x, int64_t n);
+    int (*mul_sigmoid)(struct kern_dev *d, struct kern_at x, struct kern_at g, int64_t n);
+    int (*l2norm)(struct kern_dev *d, struct kern_at x, int64_t n, size_t stride, int nh,
+                  int dim, float eps);
+    int (*rmsnorm_silu)(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                        struct kern_at w, struct kern_at z, int64_t n, int64_t cols, float eps);
+    int (*conv_silu)(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                     struct kern_at w, int64_t n, int64_t channels, int kernel);
+    int (*moe_route)(struct kern_dev *d, struct kern_at sel, struct kern_at w,
+                     struct kern_at logits, int64_t n, int n_expert, int k);
+    int (*deltanet)(struct kern_dev *d, struct kern_at o, struct kern_at S, struct kern_at q,
+                    struct kern_at k, struct kern_at v, size_t stride, struct kern_at beta,
+                    struct kern_at alpha, struct kern_at dt_bias, struct kern_at a, int64_t n,
+                    int n_k_head, int n_v_head, int dim);
+    int (*get_rows)(struct kern_dev *d, uint32_t type, struct kern_at table, int64_t rows,
+                    int64_t cols, struct kern_at ids, int64_t n, struct kern_at out);
+    int (*copy_rows)(struct kern_dev *d, struct kern_at dst, size_t dst_stride,
+                     struct kern_at src, size_t src_stride, int64_t src_rows,
+                     struct kern_at idx, int64_t n, size_t row_bytes);
+    int (*zero)(struct kern_dev *d, struct kern_at dst, size_t bytes);
+};
+/* The ops table of a host device whose file defines its entries as static functions named
+ * after them (open_, close_, sync_, matmul, ...); the data-movement ops are the shared ones. */
+#define KERN__HOST_DEV_OPS \
+    .open = open_, .close = close_, .sync = sync_, .matmul_scratch = matmul_scratch, \
+    .attention_scratch = attention_scratch, .deltanet_scratch = deltanet_scratch, \
+    .reserve = reserve, .matmul = matmul, .rmsnorm_rows = rmsnorm_rows, \
+    .rope_angles = rope_angles, .rope_rows = rope_rows, .kv_store = kv_store, \
+    .attention = attention, .swiglu = swiglu, .add = add, .add_rows = add_rows, \
+    .axpy_rows = axpy_rows, .sigmoid = sigmoid, .mul_sigmoid = mul_sigmoid, \
+    .l2norm = l2norm, .rmsnorm_silu = rmsnorm_silu, .conv_silu = conv_silu, \
+    .moe_route = moe_route, .deltanet = deltanet, .get_rows = kern__host_get_rows, \
+    .copy_rows = kern__host_copy_rows, .zero = kern__host_zero
+extern const struct kern__dev_ops kern__dev_cpu, kern__dev_ref;
+
+/* Ops every host device shares (kernels/dev_host.c): no arithmetic that a device could do
+ * differently, only moves and look-ups. */
+int kern__host_get_rows(struct kern_dev *d, uint32_t type, struct kern_at table, int64_t rows,
+                        int64_t cols, struct kern_at ids, int64_t n, struct kern_at out);
+int kern__host_copy_rows(struct kern_dev *d, struct kern_at dst, size_t dst_stride,
+                         struct kern_at src, size_t src_stride, int64_t src_rows,
+                         struct kern_at idx, int64_t n, size_t row_bytes);
+int kern__host_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
+/* The indices idx[0..n) all below rows (host memory). */
+bool kern__host_idx_ok(const uint32_t *idx, int64_t n, int64_t rows);
+
 #endif

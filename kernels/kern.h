@@ -1,5 +1,7 @@
 /* kern — tensor math on raw pointers: the scalar oracle (kern_ref_*) and the fast CPU path
- * (kern_*: SIMD chosen at run time, a shared thread pool, OpenBLAS for batched prefill).
+ * (kern_*: SIMD chosen at run time, a shared thread pool, OpenBLAS for batched prefill); and
+ * over them the device seam (kern_dev_*, kern_buf_*: buffers and ops on (buffer, offset)
+ * operands) that the executor uses, with "cpu" and "ref" devices (docs/devices.md).
  *
  * Weights are row-major: a matrix of `rows` rows of `cols` elements of a ggml type, each row
  * kern_row_bytes(type, cols) bytes, rows contiguous. Activations are f32, row-major, n rows.
@@ -195,6 +197,138 @@ int kern_deltanet(struct kern_pool *p, float *o, float *S, const float *q, const
                   const float *v, size_t stride, const float *beta, const float *alpha,
                   const float *dt_bias, const float *a, int64_t n, int n_k_head, int n_v_head,
                   int d, float *scratch);
+
+/* ---- devices: the executor's seam (docs/devices.md) ----
+ * A device runs the forward pass's ops on memory it owns: buffers of weights, of KV cache and
+ * recurrent state, of activations. Operands are addressed as (buffer, byte offset), never as
+ * raw pointers, so a device may keep its buffers where the host cannot read them (a GPU).
+ * "cpu" runs the kern_* fast path on a thread pool (its buffers are host memory, weights
+ * viewed in place); "ref" runs the kern_ref_* oracle on the calling thread. Ops are issued
+ * from one thread at a time and may run asynchronously: only kern_buf_read, kern_buf_unbind
+ * (with download) and kern_dev_sync wait for them. Every op checks its operands lie inside
+ * their buffers and returns 0 or a negative errno (-EINVAL: an operand out of its buffer or
+ * a shape; -ENOSPC: the device's reserved scratch is too small). */
+struct kern_dev;  /* opaque: one device instance (its pool, its scratch) */
+struct kern_buf;  /* opaque: memory of one device */
+
+enum kern_buf_kind {
+    KERN_BUF_WEIGHT = 0, /* read-only model bytes, given at creation (viewed or uploaded) */
+    KERN_BUF_STATE,      /* per-session KV cache / recurrent state, zeroed at creation */
+    KERN_BUF_ACT,        /* activations and other scratch of the forward pass, zeroed */
+    KERN_BUF_IO,         /* the boundary: bound to caller memory for one call (kern_buf_bind) */
+};
+
+/* An operand: byte offset off into buf; buf NULL is "no operand" where an op allows one. */
+struct kern_at {
+    struct kern_buf *buf;
+    size_t off;
+};
+static inline struct kern_at kern_at_make(struct kern_buf *buf, size_t off)
+{
+    struct kern_at a = {buf, off};
+    return a;
+}
+
+/* Opens device `name` ("cpu", "ref") with n_threads threads (<= 0: one per CPU; the ref
+ * device always uses one). 0, -ENODEV for an unknown name (message in err), -ENOMEM. */
+int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
+                 size_t errlen);
+/* Frees the device (its buffers must be freed first); NULL is a no-op. */
+void kern_dev_free(struct kern_dev *d);
+/* The device's name (static) and the threads its ops run on. */
+const char *kern_dev_name(const struct kern_dev *d);
+int kern_dev_threads(const struct kern_dev *d);
+/* The names of the devices there are ("cpu, ref"), static. */
+const char *kern_dev_names(void);
+/* Waits for every op issued so far. 0 or the first failure of an asynchronous op. */
+int kern_dev_sync(struct kern_dev *d);
+
+/* Scratch bytes the ops need (kern_matmul_scratch and friends on this device); reserve the
+ * largest once, before the forward pass: ops never grow it (-ENOSPC past it). */
+size_t kern_dev_matmul_scratch(const struct kern_dev *d, uint32_t type, int64_t cols, int64_t n);
+size_t kern_dev_attention_scratch(const struct kern_dev *d, int64_t n_ctx, int head_dim);
+size_t kern_dev_deltanet_scratch(const struct kern_dev *d, int d_state);
+int kern_dev_reserve(struct kern_dev *d, size_t bytes);
+
+/* A buffer of bytes on d. KERN_BUF_WEIGHT: src holds the bytes (a host device views them,
+ * so they must outlive the buffer; another uploads them now). STATE and ACT: zeroed, src
+ * NULL. IO: no storage on a host device (kern_buf_bind points it at caller memory), a
+ * staging area of `bytes` elsewhere. 0, -EINVAL, -ENOMEM. */
+int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind kind,
+                 size_t bytes, const void *src);
+/* Frees the buffer (after kern_dev_sync when ops may still use it); NULL is a no-op. */
+void kern_buf_free(struct kern_buf *b);
+/* Its size in bytes. */
+size_t kern_buf_size(const struct kern_buf *b);
+/* Copies n bytes from host src to b at off, in order with the ops issued so far. 0, -EINVAL. */
+int kern_buf_write(struct kern_buf *b, size_t off, const void *src, size_t n);
+/* Waits for the ops issued so far, then copies n bytes of b at off to host dst. 0, -EINVAL. */
+int kern_buf_read(struct kern_buf *b, size_t off, void *dst, size_t n);
+/* Binds an IO buffer to caller memory host[bytes] (bytes <= its size) until kern_buf_unbind:
+ * a host device's ops then read and write host itself (no copy); another device copies host
+ * in when upload. 0, -EINVAL (not an IO buffer, too big). */
+int kern_buf_bind(struct kern_buf *b, void *host, size_t bytes, bool upload);
+/* Ends the binding: waits for the ops, and when download copies the buffer back into host. */
+int kern_buf_unbind(struct kern_buf *b, bool download);
+
+/* The ops: kern_ref_*'s contracts (above) on operands in buffers; floats are f32, strides
+ * are in elements as there. On "cpu" they are bit-identical to kern_*; on "ref" they are
+ * kern_ref_*. */
+int kern_dev_matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
+                    int64_t cols, struct kern_at x, int64_t n, struct kern_at y);
+int kern_dev_rmsnorm_rows(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                          struct kern_at w, int64_t n_rows, int64_t cols, float eps);
+/* freq_div.buf may be NULL (no divisors). */
+int kern_dev_rope_angles(struct kern_dev *d, struct kern_at cs, struct kern_at sn, int64_t n,
+                         int64_t pos0, int n_rot, float freq_base, float freq_scale,
+                         struct kern_at freq_div);
+int kern_dev_rope_rows(struct kern_dev *d, struct kern_at x, int64_t n, size_t stride,
+                       int n_head, int head_dim, int n_rot, struct kern_at cs,
+                       struct kern_at sn, bool neox);
+int kern_dev_kv_store(struct kern_dev *d, uint32_t kv_type, struct kern_at dst,
+                      size_t dst_stride, struct kern_at src, int64_t n, int64_t dim);
+/* k, v: caches holding positions 0..pos0+n-1 (rows kv_stride elements apart). */
+int kern_dev_attention(struct kern_dev *d, uint32_t kv_type, struct kern_at out,
+                       struct kern_at q, struct kern_at k, struct kern_at v, int64_t n,
+                       int64_t pos0, int n_head, int n_kv_head, int head_dim,
+                       size_t kv_stride, float scale);
+int kern_dev_swiglu(struct kern_dev *d, struct kern_at out, struct kern_at gate,
+                    struct kern_at up, int64_t n);
+int kern_dev_add(struct kern_dev *d, struct kern_at y, struct kern_at x, int64_t n);
+int kern_dev_add_rows(struct kern_dev *d, struct kern_at y, struct kern_at b, int64_t n,
+                      int64_t cols);
+/* a: n floats, idx: n uint32 (idx.buf NULL: row r itself); y holds y_rows rows. Indices
+ * below y_rows are the caller's invariant (the host devices check them: -EINVAL). */
+int kern_dev_axpy_rows(struct kern_dev *d, struct kern_at y, int64_t y_rows, struct kern_at a,
+                       struct kern_at x, struct kern_at idx, int64_t n, int64_t cols);
+int kern_dev_sigmoid(struct kern_dev *d, struct kern_at x, int64_t n);
+int kern_dev_mul_sigmoid(struct kern_dev *d, struct kern_at x, struct kern_at g, int64_t n);
+int kern_dev_l2norm(struct kern_dev *d, struct kern_at x, int64_t n, size_t stride, int nh,
+                    int dim, float eps);
+int kern_dev_rmsnorm_silu(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                          struct kern_at w, struct kern_at z, int64_t n, int64_t cols,
+                          float eps);
+int kern_dev_conv_silu(struct kern_dev *d, struct kern_at out, struct kern_at x,
+                       struct kern_at w, int64_t n, int64_t channels, int kernel);
+/* sel: n*k uint32, w: n*k floats, logits: n*n_expert floats (softmaxed in place). */
+int kern_dev_moe_route(struct kern_dev *d, struct kern_at sel, struct kern_at w,
+                       struct kern_at logits, int64_t n, int n_expert, int k);
+int kern_dev_deltanet(struct kern_dev *d, struct kern_at o, struct kern_at S, struct kern_at q,
+                      struct kern_at k, struct kern_at v, size_t stride, struct kern_at beta,
+                      struct kern_at alpha, struct kern_at dt_bias, struct kern_at a,
+                      int64_t n, int n_k_head, int n_v_head, int dim);
+/* Embedding rows: out[i] = dequantised row ids[i] of a table of `rows` rows of cols elements
+ * of type; ids: n int32 in [0, rows) (the caller's invariant; host devices check: -EINVAL). */
+int kern_dev_get_rows(struct kern_dev *d, uint32_t type, struct kern_at table, int64_t rows,
+                      int64_t cols, struct kern_at ids, int64_t n, struct kern_at out);
+/* n rows of row_bytes: dst + i * dst_stride <- src + j * src_stride, j = idx[i] (uint32,
+ * below src_rows as for axpy_rows) or i when idx.buf is NULL. Strides in bytes; the rows
+ * of dst and src do not overlap. */
+int kern_dev_copy_rows(struct kern_dev *d, struct kern_at dst, size_t dst_stride,
+                       struct kern_at src, size_t src_stride, int64_t src_rows,
+                       struct kern_at idx, int64_t n, size_t row_bytes);
+/* bytes zero bytes at dst. */
+int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
 
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */

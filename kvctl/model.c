@@ -76,7 +76,7 @@ static void runner_free(struct runner *r)
 }
 
 static int runner_open(struct runner *r, const char *path, int n_threads, uint32_t n_ctx,
-                       uint32_t max_batch, const char *cmd)
+                       uint32_t max_batch, const char *device, const char *cmd)
 {
     memset(r, 0, sizeof *r);
     char err[KV_ERR_MAX];
@@ -88,6 +88,7 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
         return rc;
     }
     r->hp = model_get_hparams(r->m);
+    err[0] = 0;
     if (!model_has_embed(r->m) || !model_has_head(r->m)) {
         fprintf(stderr, "kvctl %s: %s holds a window, not the whole model\n", cmd, path);
         runner_free(r);
@@ -99,8 +100,9 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
         max_batch = n_ctx;
     r->n_ctx = n_ctx;
     r->max_batch = max_batch;
-    if ((rc = model_exec_new(&r->e, r->m, n_threads, n_ctx, max_batch)) < 0) {
-        fprintf(stderr, "kvctl %s: executor: %s\n", cmd, strerror(-rc));
+    struct model_exec_opts o = {device, n_threads, n_ctx, max_batch};
+    if ((rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err)) < 0) {
+        fprintf(stderr, "kvctl %s: executor: %s\n", cmd, err[0] ? err : strerror(-rc));
         runner_free(r);
         return rc;
     }
@@ -179,6 +181,7 @@ static void generate_usage(FILE *f)
         "  --freq-penalty F, --presence-penalty F  (default 0)\n"
         "  --seed S           RNG seed: the same seed reproduces a run\n"
         "  -t N               threads (default: one per CPU)\n"
+        "  --device NAME      kernel device: cpu (default) or ref (the scalar oracle)\n"
         "  --ctx N            context length (default: the model's, at most 4096)\n"
         "  --ignore-eos       keep going past the end-of-text token\n"
         "  --ids              print token ids instead of text\n"
@@ -190,7 +193,7 @@ static void generate_usage(FILE *f)
 }
 
 enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
-       OPT_BATCH, OPT_BW };
+       OPT_BATCH, OPT_BW, OPT_DEVICE };
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
@@ -201,11 +204,11 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"ids", no_argument, 0, OPT_IDS}, {"stop", required_argument, 0, OPT_STOP},
         {"dump-logits", required_argument, 0, OPT_DUMP}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"device", required_argument, 0, OPT_DEVICE}, {0, 0, 0, 0}};
     for (int i = 1; i < argc; i++)   /* through a running ring: kvctl_ring.c */
         if (!strcmp(argv[i], "--ring"))
             return kvctl_ring_generate(argc, argv);
-    const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL;
+    const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *device = "cpu";
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops = 0;
     long n_gen = 64, threads = 0, ctx = 0;
@@ -227,6 +230,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_IDS: print_ids = true; break;
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
+        case OPT_DEVICE: device = optarg; break;
         case 'h': generate_usage(stdout); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -263,7 +267,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     struct model_vocab *voc = NULL;
     struct model_gen *gen = NULL;
     float *last_logits = NULL;
-    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, "generate") < 0)
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, device, "generate") < 0)
         return 1;
     char err[KV_ERR_MAX];
     int rc = model_vocab_load(&voc, model_get_gguf(r.m), err, sizeof err);
@@ -383,9 +387,10 @@ static void logits_usage(FILE *f)
 {
     fprintf(f,
         "usage: kvctl logits -m FILE (--tokens 1,2,3 | -p TEXT) -o OUT.f32 [-t N] [--batch B]\n"
+        "                    [--device cpu|ref]\n"
         "Teacher-forced logits: row i = logits after feeding tokens[0..i] at positions 0..i,\n"
         "written as raw little-endian float32 [n_tokens][n_vocab]. The tokens are fed in\n"
-        "batches of B rows (default: all at once).\n");
+        "batches of B rows (default: all at once). --device ref runs the scalar oracle.\n");
 }
 
 int kvctl_cmd_logits(int argc, char **argv)
@@ -395,8 +400,9 @@ int kvctl_cmd_logits(int argc, char **argv)
         {"prompt", required_argument, 0, 'p'},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
         {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL;
+        {"device", required_argument, 0, OPT_DEVICE}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL, *device = "cpu";
     long threads = 0, batch = 0, ctx = 0;
     int c;
     optind = 1;
@@ -410,6 +416,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         case OPT_TOKENS: toks = optarg; break;
         case OPT_BATCH: rc = kvctl_parse_long("--batch", optarg, 1, 1 << 20, &batch); break;
         case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
+        case OPT_DEVICE: device = optarg; break;
         case 'h': logits_usage(stdout); return 0;
         default: logits_usage(stderr); return 2;
         }
@@ -453,7 +460,7 @@ int kvctl_cmd_logits(int argc, char **argv)
     float *all = NULL;
     FILE *fo = NULL;
     struct runner r;
-    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, (uint32_t)batch, "logits") < 0) {
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, (uint32_t)batch, device, "logits") < 0) {
         free(tokens);
         return 1;
     }
@@ -538,7 +545,7 @@ int kvctl_cmd_bench(int argc, char **argv)
     }
     uint32_t ctx = (uint32_t)(n_pp + n_tg + 1);
     struct runner r;
-    if (runner_open(&r, path, (int)threads, ctx, n_pp > 0 ? (uint32_t)n_pp : 1, "bench") < 0)
+    if (runner_open(&r, path, (int)threads, ctx, n_pp > 0 ? (uint32_t)n_pp : 1, "cpu", "bench") < 0)
         return 1;
     int ret = 1, rc;
     int32_t *tokens = malloc((size_t)(n_pp + 1) * sizeof *tokens);

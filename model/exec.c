@@ -2,59 +2,71 @@
  * of one or several sessions, the per-session K/V caches, and the rank-0 embedding / last-rank head.
  *
  * Numerics follow llama.cpp's CPU graph (what the references were made with): matmuls with
- * ggml's activation rounding (kern_matmul), K and V stored as F16, attention over the cache
+ * ggml's activation rounding (kern_dev_matmul), K and V stored as F16, attention over the cache
  * with scale 1/sqrt(head_dim), RMSNorm then the weight product, SwiGLU FFN. Every row is
  * computed the same way whatever the batch, so a window split into several consecutive
  * windows gives bit-identical results. Scratch is allocated once in model_exec_new; the
- * forward pass does not allocate. */
+ * forward pass does not allocate.
+ *
+ * Everything runs on a kernel device (docs/devices.md): weights, scratch and sessions' K/V
+ * and state are its buffers, ops name operands as (buffer, offset), and the caller's rows
+ * are bound to boundary buffers for one call (in place on "cpu"). */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf/gguf.h"
 #include "kernels/kern.h"
 #include "model/internal.h"
+#include "util/util.h"
 
 /* One session: the K/V of every position so far for the window's full-attention layers, and
- * the fixed-size recurrent state of its Gated DeltaNet layers. */
+ * the fixed-size recurrent state of its Gated DeltaNet layers, in buffers of the device. */
 struct model_session {
     uint64_t id;
-    uint32_t n_past;    /* positions 0..n_past-1 have been run */
-    uint16_t *k, *v;    /* F16 [n_attn][n_ctx][kv_dim] */
-    float *conv;        /* F32 [n_rec][conv_kernel-1][conv_dim]: previous pre-conv rows */
-    float *ssm;         /* F32 [n_rec][dt_rank][d_state][d_state]: S per value head */
+    uint32_t n_past;        /* positions 0..n_past-1 have been run */
+    struct kern_buf *k, *v; /* F16 [n_attn][n_ctx][kv_dim] */
+    struct kern_buf *conv;  /* F32 [n_rec][conv_kernel-1][conv_dim]: previous pre-conv rows */
+    struct kern_buf *ssm;   /* F32 [n_rec][dt_rank][d_state][d_state]: S per value head */
 };
 
-/* Scratch for up to max_batch rows (B); q_dim = n_head*head_dim, kv_dim = n_head_kv*head_dim. */
+/* Scratch for up to max_batch rows (B), device buffers; q_dim = n_head*head_dim, kv_dim =
+ * n_head_kv*head_dim. */
 struct model_state {
-    float *xb;          /* [B][n_embd] normalised input of a sub-block */
-    float *q;           /* [B][q_dim] */
-    float *k, *v;       /* [B][kv_dim] */
-    float *att;         /* [B][q_dim] attention output, heads concatenated */
-    float *hb, *hb2;    /* [B][n_ff] gate and up */
-    float *proj;        /* [B][n_embd] output projection before the residual add */
-    float *att_scratch; /* [n_ctx] softmax row (kern_attention keeps its threads' own) */
-    float *rope_cs, *rope_sn; /* [B][n_rot/2] RoPE cos/sin of the batch's positions */
+    struct kern_buf *xb;    /* [B][n_embd] normalised input of a sub-block */
+    struct kern_buf *q;     /* [B][q_dim] */
+    struct kern_buf *k, *v; /* [B][kv_dim] */
+    struct kern_buf *att;   /* [B][q_dim] attention output, heads concatenated */
+    struct kern_buf *hb, *hb2; /* [B][n_ff] gate and up */
+    struct kern_buf *proj;  /* [B][n_embd] output projection before the residual add */
+    struct kern_buf *rope_cs, *rope_sn; /* [B][n_rot/2] RoPE cos/sin of the batch's positions */
+    struct kern_buf *tok;   /* [B] int32 token ids of an embedding */
     /* gated attention (qwen35*) */
-    float *qg;          /* [B][2 q_dim] per head [q | gate] */
-    float *gate;        /* [B][q_dim] */
+    struct kern_buf *qg;    /* [B][2 q_dim] per head [q | gate] */
+    struct kern_buf *gate;  /* [B][q_dim] */
     /* Gated DeltaNet */
-    float *mixed;       /* [conv_kernel-1 + B][conv_dim] conv input: state rows, then the batch */
-    float *conv_out;    /* [B][conv_dim] */
-    float *z;           /* [B][d_inner] */
-    float *beta, *alpha;/* [B][dt_rank] */
-    float *lin_o;       /* [B][d_inner] */
-    float *dvec;        /* [2][d_state] kern_deltanet's vectors without a pool */
+    struct kern_buf *mixed; /* [conv_kernel-1 + B][conv_dim] conv input: state rows, then the batch */
+    struct kern_buf *conv_out; /* [B][conv_dim] */
+    struct kern_buf *z;     /* [B][d_inner] */
+    struct kern_buf *beta, *alpha; /* [B][dt_rank] */
+    struct kern_buf *lin_o; /* [B][d_inner] */
     /* routed experts */
-    float *router;      /* [B][n_expert] */
-    uint32_t *sel;      /* [B][n_expert_used] selected experts, best first */
-    float *selw;        /* [B][n_expert_used] their renormalised weights */
-    uint32_t *ex_off;   /* [n_expert + 1] start of each expert's group in ex_tok */
-    uint32_t *ex_tok;   /* [B * n_expert_used] token rows grouped by expert */
-    float *ex_w;        /* [B * n_expert_used] their weights */
-    float *xe;          /* [B][n_embd] gathered rows of one expert's group */
-    float *ye;          /* [B][n_embd] that group's expert output */
-    float *shg;         /* [B] shared-expert gate */
+    struct kern_buf *router; /* [B][n_expert] */
+    struct kern_buf *sel;   /* [B][n_expert_used] uint32 selected experts, best first */
+    struct kern_buf *selw;  /* [B][n_expert_used] their renormalised weights */
+    struct kern_buf *ex_tok; /* [B * n_expert_used] uint32 token rows grouped by expert */
+    struct kern_buf *ex_w;  /* [B * n_expert_used] their weights */
+    struct kern_buf *xe;    /* [B][n_embd] gathered rows of one expert's group */
+    struct kern_buf *ye;    /* [B][n_embd] that group's expert output */
+    struct kern_buf *shg;   /* [B] shared-expert gate */
+    /* the routing read back to the host, where the rows are grouped by expert */
+    uint32_t *h_sel;        /* [B][n_expert_used] */
+    float *h_selw;          /* [B][n_expert_used] */
+    uint32_t *h_ex_off;     /* [n_expert + 1] start of each expert's group in h_ex_tok */
+    uint32_t *h_ex_tok;     /* [B * n_expert_used] */
+    float *h_ex_w;          /* [B * n_expert_used] */
 };
 
 /* A batch's rows of one session: rows off..off+n-1 at positions pos..pos+n-1. */
@@ -63,22 +75,33 @@ struct model_seg {
     uint32_t off, n, pos;
 };
 
+/* A weight tensor of the window as a buffer of the device (a view on a host device). */
+struct model_wbuf {
+    const uint8_t *p;
+    size_t size;
+    struct kern_buf *b;
+};
+
 struct model_exec {
     struct model *m;
-    struct kern_pool *pool;
+    struct kern_dev *dev;
     uint32_t n_ctx, max_batch;
     size_t kv_layer;                 /* elements of one layer's K (or V) cache: n_ctx*kv_dim */
     uint32_t n_attn, n_rec;          /* full-attention and recurrent layers of the window */
     uint32_t *slot;                  /* [window layers]: index among its kind */
     uint32_t conv_dim;               /* 2 n_group d_state + d_inner */
     size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
+    struct model_wbuf *w;            /* n_w weight tensors, by address */
+    uint32_t n_w;
+    struct kern_buf *io_x;           /* boundary: [B][n_embd] rows in and out */
+    struct kern_buf *io_logits;      /* boundary: [B][n_vocab] logits out (last rank) */
     struct model_state s;
     struct model_seg *seg;           /* [max_batch]: the sessions of the batch being run */
     struct model_session **sess;     /* n_sess of cap_sess */
     uint32_t n_sess, cap_sess;
 };
 
-/* ---- kernels used by the forward pass ---- */
+/* ---- operands of the forward pass ---- */
 
 /* An op's error (-ENOSPC: scratch reserved too small, -EINVAL: a shape) ends the pass. */
 #define TRY(call)                   \
@@ -88,17 +111,51 @@ struct model_exec {
             return rc_;             \
     } while (0)
 
-/* y[n][rows] = x[n][cols] W^T */
-static int matmul(struct model_exec *e, const struct model_mat *w, const float *x, uint32_t n,
-                  float *y)
+/* Element i of a buffer of 4-byte elements (f32, or uint32/int32 indices). */
+static inline struct kern_at AT(struct kern_buf *b, size_t i)
 {
-    return kern_matmul(e->pool, w->type, w->data, w->rows, w->cols, x, n, y);
+    return kern_at_make(b, i * sizeof(float));
 }
 
-/* Pool scratch a matmul by w of up to B rows needs (0 for an absent matrix). */
-static size_t mat_scratch(const struct model_mat *w, size_t B)
+/* The buffer and offset of weight bytes p (a view into the mapping: a tensor, a row of one, an
+ * expert of a 3-D tensor); no operand for NULL or bytes outside every tensor of the window (the
+ * op then fails with -EINVAL). */
+static struct kern_at wat(const struct model_exec *e, const void *p)
 {
-    return w->data ? kern_matmul_scratch(w->type, w->cols, (int64_t)B) : 0;
+    const uint8_t *q = p;
+    struct kern_at none = {NULL, 0};
+    if (!q)
+        return none;
+    uint32_t lo = 0, hi = e->n_w;                   /* the last tensor starting at or before q */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (e->w[mid].p <= q)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0 || (size_t)(q - e->w[lo - 1].p) >= e->w[lo - 1].size)
+        return none;
+    return kern_at_make(e->w[lo - 1].b, (size_t)(q - e->w[lo - 1].p));
+}
+
+/* y[n][rows] = x[n][cols] W^T */
+static int matmul(struct model_exec *e, const struct model_mat *w, struct kern_at x, uint32_t n,
+                  struct kern_at y)
+{
+    return kern_dev_matmul(e->dev, w->type, wat(e, w->data), w->rows, w->cols, x, n, y);
+}
+
+/* bytes from src to dst on the device. */
+static int copy(struct model_exec *e, struct kern_at dst, struct kern_at src, size_t bytes)
+{
+    return kern_dev_copy_rows(e->dev, dst, 0, src, 0, 1, (struct kern_at){NULL, 0}, 1, bytes);
+}
+
+/* Device scratch a matmul by w of up to B rows needs (0 for an absent matrix). */
+static size_t mat_scratch(const struct model_exec *e, const struct model_mat *w, size_t B)
+{
+    return w->data ? kern_dev_matmul_scratch(e->dev, w->type, w->cols, (int64_t)B) : 0;
 }
 
 static void grow(size_t *need, size_t bytes)
@@ -107,7 +164,7 @@ static void grow(size_t *need, size_t bytes)
         *need = bytes;
 }
 
-/* Reserves the pool's scratch for the largest op of a forward pass at n_ctx positions and
+/* Reserves the device's scratch for the largest op of a forward pass at n_ctx positions and
  * max_batch rows: the widest matmul's quantised activations, attention over the full context,
  * the DeltaNet vectors. Ops never grow it, so the forward pass does not allocate. */
 static int reserve_scratch(struct model_exec *e)
@@ -124,15 +181,15 @@ static int reserve_scratch(struct model_exec *e)
             &L->gate_inp_shexp,
         };
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-            grow(&need, mat_scratch(mats[i], B));
+            grow(&need, mat_scratch(e, mats[i], B));
     }
     if (m->has_head)
-        grow(&need, mat_scratch(&m->output, B));
+        grow(&need, mat_scratch(e, &m->output, B));
     if (e->n_attn)
-        grow(&need, kern_attention_scratch(e->pool, e->n_ctx, (int)hp->head_dim));
+        grow(&need, kern_dev_attention_scratch(e->dev, e->n_ctx, (int)hp->head_dim));
     if (e->n_rec)
-        grow(&need, kern_deltanet_scratch(e->pool, (int)hp->ssm_d_state));
-    return kern_pool_reserve(e->pool, need);
+        grow(&need, kern_dev_deltanet_scratch(e->dev, (int)hp->ssm_d_state));
+    return kern_dev_reserve(e->dev, need);
 }
 
 /* ---- executor ---- */
@@ -145,13 +202,81 @@ static void *xcalloc(size_t n, size_t size, int *rc)
     return p;
 }
 
+/* A zeroed buffer of n elements of size bytes (none for n 0) of kind on the device; the
+ * first failure stays in *rc and later calls do nothing. */
+static struct kern_buf *dbuf(struct model_exec *e, enum kern_buf_kind kind, size_t n,
+                             size_t size, int *rc)
+{
+    struct kern_buf *b = NULL;
+    if (n && *rc == 0) {
+        int r = n > SIZE_MAX / size ? -ENOMEM : kern_buf_new(&b, e->dev, kind, n * size, NULL);
+        if (r < 0)
+            *rc = r;
+    }
+    return b;
+}
+
+/* The same with 4-byte elements (f32, uint32 and int32 indices). */
+static struct kern_buf *xbuf(struct model_exec *e, enum kern_buf_kind kind, size_t n, int *rc)
+{
+    return dbuf(e, kind, n, sizeof(float), rc);
+}
+
+static int wbuf_cmp(const void *a, const void *b)
+{
+    const uint8_t *p = ((const struct model_wbuf *)a)->p, *q = ((const struct model_wbuf *)b)->p;
+    return p < q ? -1 : p > q;
+}
+
+/* Every mapped tensor of the window as a weight buffer of the device, sorted by address. */
+static int weights_open(struct model_exec *e)
+{
+    const struct gguf_file *f = e->m->gf;
+    uint64_t nt = gguf_tensor_count(f);
+    if (nt > UINT32_MAX)
+        return -EINVAL;
+    int rc = 0;
+    e->w = xcalloc(nt, sizeof *e->w, &rc);
+    if (rc < 0)
+        return rc;
+    for (uint64_t i = 0; i < nt; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!t->data || !t->size)
+            continue;
+        struct model_wbuf *w = &e->w[e->n_w];
+        w->p = t->data;
+        w->size = (size_t)t->size;
+        if ((rc = kern_buf_new(&w->b, e->dev, KERN_BUF_WEIGHT, w->size, t->data)) < 0)
+            return rc;
+        e->n_w++;
+    }
+    qsort(e->w, e->n_w, sizeof *e->w, wbuf_cmp);
+    return 0;
+}
+
+void model_exec_opts_default(struct model_exec_opts *o)
+{
+    *o = (struct model_exec_opts){.device = "cpu", .n_threads = 0, .n_ctx = 512, .max_batch = 32};
+}
+
 int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint32_t n_ctx,
                    uint32_t max_batch)
 {
+    struct model_exec_opts o = {"cpu", n_threads, n_ctx, max_batch};
+    return model_exec_new_opts(out, m, &o, NULL, 0);
+}
+
+int model_exec_new_opts(struct model_exec **out, struct model *m,
+                        const struct model_exec_opts *o, char *err, size_t errlen)
+{
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
-    if (n_ctx == 0 || n_ctx > MODEL_MAX_CTX || max_batch == 0)
+    uint32_t n_ctx = o->n_ctx, max_batch = o->max_batch;
+    if (n_ctx == 0 || n_ctx > MODEL_MAX_CTX || max_batch == 0) {
+        util_seterr(err, errlen, "n_ctx %" PRIu32 " (1..%u), max_batch %" PRIu32 " (>= 1)", n_ctx,
+                    MODEL_MAX_CTX, max_batch);
         return -EINVAL;
+    }
     if (max_batch > n_ctx)
         max_batch = n_ctx;
     struct model_exec *e = calloc(1, sizeof *e);
@@ -161,9 +286,12 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     e->m = m;
     e->n_ctx = n_ctx;
     e->max_batch = max_batch;
-    if ((rc = kern_pool_new(&e->pool, n_threads)) < 0)
+    if ((rc = kern_dev_new(&e->dev, o->device ? o->device : "cpu", o->n_threads, err,
+                           errlen)) < 0)
         goto fail;
-    size_t B = max_batch;
+    if ((rc = weights_open(e)) < 0)
+        goto fail;
+    size_t B = max_batch, E = hp->n_embd;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     uint32_t nl = m->last - m->first;
     e->slot = xcalloc(nl, sizeof *e->slot, &rc);
@@ -185,64 +313,76 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
     if (hp->n_ff_shexp > F)
         F = hp->n_ff_shexp;
     e->seg = xcalloc(B, sizeof *e->seg, &rc);
+    e->io_x = xbuf(e, KERN_BUF_IO, B * E, &rc);
+    if (m->has_head)
+        e->io_logits = xbuf(e, KERN_BUF_IO, B * hp->n_vocab, &rc);
     struct model_state *s = &e->s;
-    s->xb = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-    s->q = xcalloc(B * q_dim, sizeof(float), &rc);
-    s->k = xcalloc(B * kv_dim, sizeof(float), &rc);
-    s->v = xcalloc(B * kv_dim, sizeof(float), &rc);
-    s->att = xcalloc(B * q_dim, sizeof(float), &rc);
-    s->hb = xcalloc(B * F, sizeof(float), &rc);
-    s->hb2 = xcalloc(B * F, sizeof(float), &rc);
-    s->proj = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-    s->att_scratch = xcalloc(n_ctx, sizeof(float), &rc);
+    s->xb = xbuf(e, KERN_BUF_ACT, B * E, &rc);
+    s->q = xbuf(e, KERN_BUF_ACT, B * q_dim, &rc);
+    s->k = xbuf(e, KERN_BUF_ACT, B * kv_dim, &rc);
+    s->v = xbuf(e, KERN_BUF_ACT, B * kv_dim, &rc);
+    s->att = xbuf(e, KERN_BUF_ACT, B * q_dim, &rc);
+    s->hb = xbuf(e, KERN_BUF_ACT, B * F, &rc);
+    s->hb2 = xbuf(e, KERN_BUF_ACT, B * F, &rc);
+    s->proj = xbuf(e, KERN_BUF_ACT, B * E, &rc);
+    if (m->has_embed)
+        s->tok = xbuf(e, KERN_BUF_ACT, B, &rc);
     if (e->n_attn) {
-        s->rope_cs = xcalloc(B * (hp->n_rot / 2), sizeof(float), &rc);
-        s->rope_sn = xcalloc(B * (hp->n_rot / 2), sizeof(float), &rc);
+        s->rope_cs = xbuf(e, KERN_BUF_ACT, B * (hp->n_rot / 2), &rc);
+        s->rope_sn = xbuf(e, KERN_BUF_ACT, B * (hp->n_rot / 2), &rc);
     }
     if (gated) {
-        s->qg = xcalloc(B * 2 * q_dim, sizeof(float), &rc);
-        s->gate = xcalloc(B * q_dim, sizeof(float), &rc);
+        s->qg = xbuf(e, KERN_BUF_ACT, B * 2 * q_dim, &rc);
+        s->gate = xbuf(e, KERN_BUF_ACT, B * q_dim, &rc);
     }
     if (e->n_rec) {
-        s->mixed = xcalloc((K1 + B) * e->conv_dim, sizeof(float), &rc);
-        s->conv_out = xcalloc(B * e->conv_dim, sizeof(float), &rc);
-        s->z = xcalloc(B * hp->ssm_d_inner, sizeof(float), &rc);
-        s->beta = xcalloc(B * hp->ssm_dt_rank, sizeof(float), &rc);
-        s->alpha = xcalloc(B * hp->ssm_dt_rank, sizeof(float), &rc);
-        s->lin_o = xcalloc(B * hp->ssm_d_inner, sizeof(float), &rc);
-        s->dvec = xcalloc(2 * (size_t)hp->ssm_d_state, sizeof(float), &rc);
+        s->mixed = xbuf(e, KERN_BUF_ACT, (K1 + B) * e->conv_dim, &rc);
+        s->conv_out = xbuf(e, KERN_BUF_ACT, B * e->conv_dim, &rc);
+        s->z = xbuf(e, KERN_BUF_ACT, B * hp->ssm_d_inner, &rc);
+        s->beta = xbuf(e, KERN_BUF_ACT, B * hp->ssm_dt_rank, &rc);
+        s->alpha = xbuf(e, KERN_BUF_ACT, B * hp->ssm_dt_rank, &rc);
+        s->lin_o = xbuf(e, KERN_BUF_ACT, B * hp->ssm_d_inner, &rc);
     }
     if (hp->n_expert) {
         size_t X = hp->n_expert, k = hp->n_expert_used;
-        s->router = xcalloc(B * X, sizeof(float), &rc);
-        s->sel = xcalloc(B * k, sizeof(uint32_t), &rc);
-        s->selw = xcalloc(B * k, sizeof(float), &rc);
-        s->ex_off = xcalloc(X + 1, sizeof(uint32_t), &rc);
-        s->ex_tok = xcalloc(B * k, sizeof(uint32_t), &rc);
-        s->ex_w = xcalloc(B * k, sizeof(float), &rc);
-        s->xe = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-        s->ye = xcalloc(B * hp->n_embd, sizeof(float), &rc);
-        s->shg = xcalloc(B, sizeof(float), &rc);
+        s->router = xbuf(e, KERN_BUF_ACT, B * X, &rc);
+        s->sel = xbuf(e, KERN_BUF_ACT, B * k, &rc);
+        s->selw = xbuf(e, KERN_BUF_ACT, B * k, &rc);
+        s->ex_tok = xbuf(e, KERN_BUF_ACT, B * k, &rc);
+        s->ex_w = xbuf(e, KERN_BUF_ACT, B * k, &rc);
+        s->xe = xbuf(e, KERN_BUF_ACT, B * E, &rc);
+        s->ye = xbuf(e, KERN_BUF_ACT, B * E, &rc);
+        s->shg = xbuf(e, KERN_BUF_ACT, B, &rc);
+        s->h_sel = xcalloc(B * k, sizeof(uint32_t), &rc);
+        s->h_selw = xcalloc(B * k, sizeof(float), &rc);
+        s->h_ex_off = xcalloc(X + 1, sizeof(uint32_t), &rc);
+        s->h_ex_tok = xcalloc(B * k, sizeof(uint32_t), &rc);
+        s->h_ex_w = xcalloc(B * k, sizeof(float), &rc);
     }
     if (rc < 0 || (rc = reserve_scratch(e)) < 0)
         goto fail;
     *out = e;
     return 0;
 fail:
+    if (rc == -ENOMEM)
+        util_seterr(err, errlen, "executor (n_ctx %" PRIu32 ", max_batch %" PRIu32 "): %s", n_ctx,
+                    max_batch, strerror(ENOMEM));
     model_exec_free(e);
     return rc;
 }
 
-int model_exec_threads(const struct model_exec *e) { return kern_pool_threads(e->pool); }
+int model_exec_threads(const struct model_exec *e) { return kern_dev_threads(e->dev); }
+
+const char *model_exec_device(const struct model_exec *e) { return kern_dev_name(e->dev); }
 
 static void session_free(struct model_session *s)
 {
     if (!s)
         return;
-    free(s->k);
-    free(s->v);
-    free(s->conv);
-    free(s->ssm);
+    kern_buf_free(s->k);
+    kern_buf_free(s->v);
+    kern_buf_free(s->conv);
+    kern_buf_free(s->ssm);
     free(s);
 }
 
@@ -250,42 +390,31 @@ void model_exec_free(struct model_exec *e)
 {
     if (!e)
         return;
+    if (e->dev)
+        kern_dev_sync(e->dev);
     for (uint32_t i = 0; i < e->n_sess; i++)
         session_free(e->sess[i]);
     free(e->sess);
     struct model_state *s = &e->s;
-    free(s->xb);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->hb);
-    free(s->hb2);
-    free(s->proj);
-    free(s->att_scratch);
-    free(s->rope_cs);
-    free(s->rope_sn);
-    free(s->qg);
-    free(s->gate);
-    free(s->mixed);
-    free(s->conv_out);
-    free(s->z);
-    free(s->beta);
-    free(s->alpha);
-    free(s->lin_o);
-    free(s->dvec);
-    free(s->router);
-    free(s->sel);
-    free(s->selw);
-    free(s->ex_off);
-    free(s->ex_tok);
-    free(s->ex_w);
-    free(s->xe);
-    free(s->ye);
-    free(s->shg);
+    struct kern_buf *bufs[] = {
+        s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->proj, s->rope_cs, s->rope_sn,
+        s->tok, s->qg, s->gate, s->mixed, s->conv_out, s->z, s->beta, s->alpha, s->lin_o,
+        s->router, s->sel, s->selw, s->ex_tok, s->ex_w, s->xe, s->ye, s->shg, e->io_x,
+        e->io_logits,
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kern_buf_free(bufs[i]);
+    free(s->h_sel);
+    free(s->h_selw);
+    free(s->h_ex_off);
+    free(s->h_ex_tok);
+    free(s->h_ex_w);
+    for (uint32_t i = 0; i < e->n_w; i++)
+        kern_buf_free(e->w[i].b);
+    free(e->w);
     free(e->slot);
     free(e->seg);
-    kern_pool_free(e->pool);
+    kern_dev_free(e->dev);
     free(e);
 }
 
@@ -313,8 +442,8 @@ int model_session_new(struct model_exec *e, uint64_t id)
         e->cap_sess = cap;
     }
     /* n_attn * n_ctx * kv_dim F16 values each for K and V; bounded by MODEL_MAX_CTX and the
-     * hyperparameter caps, checked here anyway. The pages are touched only as positions fill.
-     * Recurrent layers: conv state and S, fixed size. */
+     * hyperparameter caps, checked here anyway. On a host device the pages are touched only
+     * as positions fill. Recurrent layers: conv state and S, fixed size. */
     size_t na = e->n_attn, nr = e->n_rec;
     if ((e->kv_layer && na > SIZE_MAX / sizeof(uint16_t) / e->kv_layer) ||
         (e->ssm_layer && nr > SIZE_MAX / sizeof(float) / (e->ssm_layer + e->conv_layer)))
@@ -324,13 +453,13 @@ int model_session_new(struct model_exec *e, uint64_t id)
         return -ENOMEM;
     s->id = id;
     int rc = 0;
-    s->k = xcalloc(na * e->kv_layer, sizeof(uint16_t), &rc);
-    s->v = xcalloc(na * e->kv_layer, sizeof(uint16_t), &rc);
-    s->conv = xcalloc(nr * e->conv_layer, sizeof(float), &rc);
-    s->ssm = xcalloc(nr * e->ssm_layer, sizeof(float), &rc);
+    s->k = dbuf(e, KERN_BUF_STATE, na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->v = dbuf(e, KERN_BUF_STATE, na * e->kv_layer, sizeof(uint16_t), &rc);
+    s->conv = dbuf(e, KERN_BUF_STATE, nr * e->conv_layer, sizeof(float), &rc);
+    s->ssm = dbuf(e, KERN_BUF_STATE, nr * e->ssm_layer, sizeof(float), &rc);
     if (rc < 0) {
         session_free(s);
-        return -ENOMEM;
+        return rc;
     }
     e->sess[e->n_sess++] = s;
     return 0;
@@ -342,6 +471,7 @@ int model_session_free(struct model_exec *e, uint64_t id)
     struct model_session *s = session_find(e, id, &i);
     if (!s)
         return -ENOENT;
+    kern_dev_sync(e->dev);                 /* no op may still use its buffers */
     session_free(s);
     e->sess[i] = e->sess[--e->n_sess];
     return 0;
@@ -360,29 +490,25 @@ int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *
     const struct model *m = e->m;
     if (!m->has_embed)
         return -ENOTSUP;
-    uint32_t E = m->hp.n_embd;
-    size_t rb = kern_row_bytes(m->tok_embd.type, E);
-    for (uint32_t i = 0; i < n; i++) {
+    const uint32_t E = m->hp.n_embd;
+    for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab)
             return -EINVAL;
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[i] * rb;
-        kern_ref_dequant_row(m->tok_embd.type, row, out + (size_t)i * E, E);
+    for (uint32_t done = 0; done < n;) {
+        uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
+        TRY(kern_buf_write(e->s.tok, 0, tokens + done, (size_t)nb * sizeof(int32_t)));
+        TRY(kern_buf_bind(e->io_x, out + (size_t)done * E, (size_t)nb * E * sizeof(float), false));
+        int rc = kern_dev_get_rows(e->dev, m->tok_embd.type, wat(e, m->tok_embd.data),
+                                   m->hp.n_vocab, E, AT(e->s.tok, 0), nb,
+                                   AT(e->io_x, 0));      /* [nb][E] */
+        int rc2 = kern_buf_unbind(e->io_x, rc == 0);
+        TRY(rc < 0 ? rc : rc2);
+        done += nb;
     }
     return 0;
 }
 
 /* ---- the layers ---- */
-
-/* Gated attention's wq rows are per head [q | gate]: q and gate each [n][q_dim] (a copy, the
- * ops below take contiguous heads). */
-static void split_q_gate(const float *qg, float *q, float *gate, size_t n, size_t n_head,
-                         size_t hd)
-{
-    for (size_t i = 0; i < n * n_head; i++) {
-        memcpy(q + i * hd, qg + i * 2 * hd, hd * sizeof(float));
-        memcpy(gate + i * hd, qg + i * 2 * hd + hd, hd * sizeof(float));
-    }
-}
 
 /* Attention mixer on xb[n] into proj[n]: the projections over all rows, then per session
  * (seg[0..nseg)) the K/V store into its cache (layer `slot`) and attention over it.
@@ -392,48 +518,62 @@ static int attention(struct model_exec *e, const struct model_layer *L, size_t s
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
-    struct kern_pool *p = e->pool;
+    struct kern_dev *d = e->dev;
     const uint32_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     const float scale = 1.0f / sqrtf((float)hd);
 
     if (L->attn_gated) {
-        TRY(matmul(e, &L->wq, s->xb, n, s->qg));                 /* [n][n_head][q | gate] */
-        split_q_gate(s->qg, s->q, s->gate, n, hp->n_head, hd);   /* [n][q_dim] each */
+        TRY(matmul(e, &L->wq, AT(s->xb, 0), n, AT(s->qg, 0)));  /* [n][n_head][q | gate] */
+        /* q and gate each [n][q_dim] (the ops below take contiguous heads) */
+        TRY(kern_dev_copy_rows(d, AT(s->q, 0), hd * sizeof(float), AT(s->qg, 0),
+                               2 * hd * sizeof(float), 0, (struct kern_at){NULL, 0},
+                               (int64_t)n * hp->n_head, hd * sizeof(float)));
+        TRY(kern_dev_copy_rows(d, AT(s->gate, 0), hd * sizeof(float), AT(s->qg, hd),
+                               2 * hd * sizeof(float), 0, (struct kern_at){NULL, 0},
+                               (int64_t)n * hp->n_head, hd * sizeof(float)));
     } else {
-        TRY(matmul(e, &L->wq, s->xb, n, s->q));                  /* [n][q_dim] */
+        TRY(matmul(e, &L->wq, AT(s->xb, 0), n, AT(s->q, 0)));   /* [n][q_dim] */
     }
-    TRY(matmul(e, &L->wk, s->xb, n, s->k));                      /* [n][kv_dim] */
-    TRY(matmul(e, &L->wv, s->xb, n, s->v));                      /* [n][kv_dim] */
+    TRY(matmul(e, &L->wk, AT(s->xb, 0), n, AT(s->k, 0)));       /* [n][kv_dim] */
+    TRY(matmul(e, &L->wv, AT(s->xb, 0), n, AT(s->v, 0)));       /* [n][kv_dim] */
     if (L->bq) {
-        kern_add_rows(p, s->q, L->bq, n, q_dim);                 /* [n][q_dim] += [q_dim] */
-        kern_add_rows(p, s->k, L->bk, n, kv_dim);                /* [n][kv_dim] += [kv_dim] */
-        kern_add_rows(p, s->v, L->bv, n, kv_dim);
+        TRY(kern_dev_add_rows(d, AT(s->q, 0), wat(e, L->bq), n, q_dim)); /* [n][q_dim] += [q_dim] */
+        TRY(kern_dev_add_rows(d, AT(s->k, 0), wat(e, L->bk), n, kv_dim)); /* [n][kv_dim] += .. */
+        TRY(kern_dev_add_rows(d, AT(s->v, 0), wat(e, L->bv), n, kv_dim));
     }
     if (L->q_norm) {                         /* per-head RMSNorm (qwen3 and later), in place */
-        kern_rmsnorm_rows(p, s->q, s->q, L->q_norm, (int64_t)n * hp->n_head, hd, hp->rms_eps);
-        kern_rmsnorm_rows(p, s->k, s->k, L->k_norm, (int64_t)n * hp->n_head_kv, hd,
-                          hp->rms_eps);                          /* [n * n_head(_kv)][hd] */
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->q, 0), AT(s->q, 0), wat(e, L->q_norm),
+                                  (int64_t)n * hp->n_head, hd, hp->rms_eps));
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->k, 0), AT(s->k, 0), wat(e, L->k_norm),
+                                  (int64_t)n * hp->n_head_kv, hd,
+                                  hp->rms_eps));                 /* [n * n_head(_kv)][hd] */
     }
     /* the first n_rot dims of each head, by the batch's angles [n][n_rot/2] */
-    kern_rope_rows(p, s->q, n, q_dim, hp->n_head, hd, hp->n_rot, s->rope_cs, s->rope_sn,
-                   hp->rope_neox);                               /* [n][n_head][hd] */
-    kern_rope_rows(p, s->k, n, kv_dim, hp->n_head_kv, hd, hp->n_rot, s->rope_cs, s->rope_sn,
-                   hp->rope_neox);                               /* [n][n_head_kv][hd] */
+    TRY(kern_dev_rope_rows(d, AT(s->q, 0), n, q_dim, hp->n_head, hd, hp->n_rot,
+                           AT(s->rope_cs, 0), AT(s->rope_sn, 0),
+                           hp->rope_neox));                      /* [n][n_head][hd] */
+    TRY(kern_dev_rope_rows(d, AT(s->k, 0), n, kv_dim, hp->n_head_kv, hd, hp->n_rot,
+                           AT(s->rope_cs, 0), AT(s->rope_sn, 0),
+                           hp->rope_neox));                      /* [n][n_head_kv][hd] */
     for (uint32_t j = 0; j < nseg; j++) {
         const struct model_seg *g = &e->seg[j];
-        uint16_t *kc = g->ss->k + slot * e->kv_layer, *vc = g->ss->v + slot * e->kv_layer;
+        size_t c0 = slot * e->kv_layer * sizeof(uint16_t);   /* this layer's cache, bytes */
+        struct kern_at kc = kern_at_make(g->ss->k, c0), vc = kern_at_make(g->ss->v, c0);
+        size_t at = (size_t)g->pos * kv_dim * sizeof(uint16_t);
         /* K/V of these positions into the cache as F16 (llama.cpp's default cache type) */
-        kern_kv_store(p, KERN_T_F16, kc + (size_t)g->pos * kv_dim, kv_dim,
-                      s->k + (size_t)g->off * kv_dim, g->n, kv_dim);
-        kern_kv_store(p, KERN_T_F16, vc + (size_t)g->pos * kv_dim, kv_dim,
-                      s->v + (size_t)g->off * kv_dim, g->n, kv_dim);
-        TRY(kern_attention(p, KERN_T_F16, s->att + (size_t)g->off * q_dim,
-                           s->q + (size_t)g->off * q_dim, kc, vc, g->n, g->pos, hp->n_head,
-                           hp->n_head_kv, hd, kv_dim, scale, s->att_scratch)); /* [g.n][q_dim] */
+        TRY(kern_dev_kv_store(d, KERN_T_F16, kern_at_make(g->ss->k, c0 + at), kv_dim,
+                              AT(s->k, (size_t)g->off * kv_dim), g->n, kv_dim));
+        TRY(kern_dev_kv_store(d, KERN_T_F16, kern_at_make(g->ss->v, c0 + at), kv_dim,
+                              AT(s->v, (size_t)g->off * kv_dim), g->n, kv_dim));
+        TRY(kern_dev_attention(d, KERN_T_F16, AT(s->att, (size_t)g->off * q_dim),
+                               AT(s->q, (size_t)g->off * q_dim), kc, vc, g->n, g->pos,
+                               hp->n_head, hp->n_head_kv, hd, kv_dim,
+                               scale));                          /* [g.n][q_dim] */
     }
     if (L->attn_gated)
-        kern_mul_sigmoid(p, s->att, s->gate, (int64_t)n * q_dim); /* [n][q_dim] */
-    return matmul(e, &L->wo, s->att, n, s->proj);                /* [n][E] */
+        TRY(kern_dev_mul_sigmoid(d, AT(s->att, 0), AT(s->gate, 0),
+                                 (int64_t)n * q_dim));           /* [n][q_dim] */
+    return matmul(e, &L->wo, AT(s->att, 0), n, AT(s->proj, 0)); /* [n][E] */
 }
 
 /* Gated DeltaNet mixer on xb[n] into proj[n], carrying each session's conv state
@@ -445,150 +585,183 @@ static int deltanet(struct model_exec *e, const struct model_layer *L, size_t sl
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
-    struct kern_pool *p = e->pool;
+    struct kern_dev *dv = e->dev;
     const uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_group, Hv = hp->ssm_dt_rank;
     const uint32_t CD = e->conv_dim, K = hp->ssm_conv_kernel;
     const size_t K1 = K - 1;
 
     /* mixed = [K1 free rows | the batch's rows of xb Wqkv]; z, beta, alpha projections */
-    TRY(matmul(e, &L->wqkv, s->xb, n, s->mixed + K1 * CD));      /* [n][CD] */
-    TRY(matmul(e, &L->wz, s->xb, n, s->z));                      /* [n][Hv][d] */
-    TRY(matmul(e, &L->w_beta, s->xb, n, s->beta));               /* [n][Hv] */
-    TRY(matmul(e, &L->w_alpha, s->xb, n, s->alpha));             /* [n][Hv] */
+    TRY(matmul(e, &L->wqkv, AT(s->xb, 0), n, AT(s->mixed, K1 * CD))); /* [n][CD] */
+    TRY(matmul(e, &L->wz, AT(s->xb, 0), n, AT(s->z, 0)));       /* [n][Hv][d] */
+    TRY(matmul(e, &L->w_beta, AT(s->xb, 0), n, AT(s->beta, 0))); /* [n][Hv] */
+    TRY(matmul(e, &L->w_alpha, AT(s->xb, 0), n, AT(s->alpha, 0))); /* [n][Hv] */
     /* Per session, in batch order: its conv state goes into the K1 rows before its own rows
      * (the previous session's rows, already convolved), then the conv of its rows, and the
      * last K1 rows of [state | rows] are its new state. */
     for (uint32_t j = 0; j < nseg; j++) {
         const struct model_seg *g = &e->seg[j];
-        float *conv_state = g->ss->conv + slot * e->conv_layer, *in = s->mixed + (size_t)g->off * CD;
-        memcpy(in, conv_state, K1 * CD * sizeof(float));
-        kern_conv_silu(p, s->conv_out + (size_t)g->off * CD, in, L->conv1d, g->n, CD,
-                       (int)K);                                  /* [g.n][CD] */
-        memcpy(conv_state, in + (size_t)g->n * CD, K1 * CD * sizeof(float));
+        struct kern_at state = AT(g->ss->conv, slot * e->conv_layer);
+        TRY(copy(e, AT(s->mixed, (size_t)g->off * CD), state, K1 * CD * sizeof(float)));
+        TRY(kern_dev_conv_silu(dv, AT(s->conv_out, (size_t)g->off * CD),
+                               AT(s->mixed, (size_t)g->off * CD), wat(e, L->conv1d), g->n, CD,
+                               (int)K));                         /* [g.n][CD] */
+        TRY(copy(e, state, AT(s->mixed, (size_t)(g->off + g->n) * CD), K1 * CD * sizeof(float)));
     }
 
     /* conv_out rows: [q: Hk][d] | [k: Hk][d] | [v: Hv][d] */
-    kern_l2norm(p, s->conv_out, n, CD, (int)(2 * Hk), (int)d, hp->rms_eps); /* q, k heads */
+    TRY(kern_dev_l2norm(dv, AT(s->conv_out, 0), n, CD, (int)(2 * Hk), (int)d,
+                        hp->rms_eps));                           /* q, k heads */
     for (uint32_t j = 0; j < nseg; j++) {
         const struct model_seg *g = &e->seg[j];
-        const float *q = s->conv_out + (size_t)g->off * CD, *k = q + (size_t)Hk * d,
-                    *v = k + (size_t)Hk * d;
-        TRY(kern_deltanet(p, s->lin_o + (size_t)g->off * Hv * d,
-                          g->ss->ssm + slot * e->ssm_layer, q, k, v, CD,
-                          s->beta + (size_t)g->off * Hv, s->alpha + (size_t)g->off * Hv,
-                          L->dt_bias, L->ssm_a, g->n, (int)Hk, (int)Hv, (int)d,
-                          s->dvec));                             /* [g.n][Hv][d] */
+        size_t q = (size_t)g->off * CD, k = q + (size_t)Hk * d, v = k + (size_t)Hk * d;
+        TRY(kern_dev_deltanet(dv, AT(s->lin_o, (size_t)g->off * Hv * d),
+                              AT(g->ss->ssm, slot * e->ssm_layer), AT(s->conv_out, q),
+                              AT(s->conv_out, k), AT(s->conv_out, v), CD,
+                              AT(s->beta, (size_t)g->off * Hv), AT(s->alpha, (size_t)g->off * Hv),
+                              wat(e, L->dt_bias), wat(e, L->ssm_a), g->n, (int)Hk, (int)Hv,
+                              (int)d));                          /* [g.n][Hv][d] */
     }
-    kern_rmsnorm_silu(p, s->lin_o, s->lin_o, L->ssm_norm, s->z, (int64_t)n * Hv, d,
-                      hp->rms_eps);                              /* [n * Hv][d] */
-    return matmul(e, &L->ssm_out, s->lin_o, n, s->proj);         /* [n][E] */
+    TRY(kern_dev_rmsnorm_silu(dv, AT(s->lin_o, 0), AT(s->lin_o, 0), wat(e, L->ssm_norm),
+                              AT(s->z, 0), (int64_t)n * Hv, d, hp->rms_eps)); /* [n * Hv][d] */
+    return matmul(e, &L->ssm_out, AT(s->lin_o, 0), n, AT(s->proj, 0)); /* [n][E] */
 }
 
 /* SwiGLU FFN on x[n] into y[n]: y = W_down (silu(x W_gate) * (x W_up)). */
 static int swiglu_ffn(struct model_exec *e, const struct model_mat *gate,
-                      const struct model_mat *up, const struct model_mat *down, const float *x,
-                      uint32_t n, float *y)
+                      const struct model_mat *up, const struct model_mat *down, struct kern_at x,
+                      uint32_t n, struct kern_at y)
 {
     struct model_state *s = &e->s;
-    TRY(matmul(e, gate, x, n, s->hb));                           /* [n][F] */
-    TRY(matmul(e, up, x, n, s->hb2));                            /* [n][F] */
-    kern_swiglu(e->pool, s->hb, s->hb, s->hb2, (int64_t)n * gate->rows); /* [n][F] */
-    return matmul(e, down, s->hb, n, y);                         /* [n][E] */
+    TRY(matmul(e, gate, x, n, AT(s->hb, 0)));                   /* [n][F] */
+    TRY(matmul(e, up, x, n, AT(s->hb2, 0)));                    /* [n][F] */
+    TRY(kern_dev_swiglu(e->dev, AT(s->hb, 0), AT(s->hb, 0), AT(s->hb2, 0),
+                        (int64_t)n * gate->rows));               /* [n][F] */
+    return matmul(e, down, AT(s->hb, 0), n, y);                  /* [n][E] */
 }
 
-/* The n x k routing choices grouped by expert (a counting sort): expert x's rows are
- * ex_tok/ex_w[ex_off[x] .. ex_off[x+1]), so each selected expert's slice is read once per
+/* The n x k routing choices grouped by expert (a counting sort), on the host: expert x's rows
+ * are ex_tok/ex_w[ex_off[x] .. ex_off[x+1]), so each selected expert's slice is read once per
  * batch. Index bookkeeping, no arithmetic. */
 static void group_by_expert(struct model_state *s, uint32_t n, uint32_t X, uint32_t k)
 {
-    memset(s->ex_off, 0, (X + 1) * sizeof(uint32_t));
+    memset(s->h_ex_off, 0, (X + 1) * sizeof(uint32_t));
     for (size_t i = 0; i < (size_t)n * k; i++)
-        s->ex_off[s->sel[i] + 1]++;
+        s->h_ex_off[s->h_sel[i] + 1]++;
     for (uint32_t x = 0; x < X; x++)                     /* group starts */
-        s->ex_off[x + 1] += s->ex_off[x];
+        s->h_ex_off[x + 1] += s->h_ex_off[x];
     for (size_t i = 0; i < (size_t)n * k; i++) {
-        uint32_t at = s->ex_off[s->sel[i]]++;
-        s->ex_tok[at] = (uint32_t)(i / k);
-        s->ex_w[at] = s->selw[i];
+        uint32_t at = s->h_ex_off[s->h_sel[i]]++;
+        s->h_ex_tok[at] = (uint32_t)(i / k);
+        s->h_ex_w[at] = s->h_selw[i];
     }
     for (uint32_t x = X; x > 0; x--)                     /* back to starts */
-        s->ex_off[x] = s->ex_off[x - 1];
-    s->ex_off[0] = 0;
+        s->h_ex_off[x] = s->h_ex_off[x - 1];
+    s->h_ex_off[0] = 0;
 }
 
 /* Routed experts on xb[n] into proj[n]: p = softmax(router), the top n_expert_used by p with
  * weights p / sum(p_sel); rows grouped by expert (and no other expert is touched); then the
- * shared expert, gated by a sigmoid. */
+ * shared expert, gated by a sigmoid. The choices come back to the host (n * k indices and
+ * weights) to pick which expert slices run. */
 static int moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
 {
     const struct model_hparams *hp = &e->m->hp;
     struct model_state *s = &e->s;
-    struct kern_pool *p = e->pool;
+    struct kern_dev *d = e->dev;
     const uint32_t X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
+    const size_t nk = (size_t)n * k;
 
-    TRY(matmul(e, &L->gate_inp, s->xb, n, s->router));           /* [n][X] */
-    kern_moe_route(p, s->sel, s->selw, s->router, n, (int)X, (int)k); /* [n][k] */
+    TRY(matmul(e, &L->gate_inp, AT(s->xb, 0), n, AT(s->router, 0))); /* [n][X] */
+    TRY(kern_dev_moe_route(d, AT(s->sel, 0), AT(s->selw, 0), AT(s->router, 0), n, (int)X,
+                           (int)k));                             /* [n][k] */
+    TRY(kern_buf_read(s->sel, 0, s->h_sel, nk * sizeof(uint32_t)));
+    TRY(kern_buf_read(s->selw, 0, s->h_selw, nk * sizeof(float)));
+    for (size_t i = 0; i < nk; i++)
+        if (s->h_sel[i] >= X)
+            return -EINVAL;
     group_by_expert(s, n, X, k);
+    TRY(kern_buf_write(s->ex_tok, 0, s->h_ex_tok, nk * sizeof(uint32_t)));
+    TRY(kern_buf_write(s->ex_w, 0, s->h_ex_w, nk * sizeof(float)));
 
-    memset(s->proj, 0, (size_t)n * E * sizeof(float));
+    TRY(kern_dev_zero(d, AT(s->proj, 0), (size_t)n * E * sizeof(float)));
     for (uint32_t x = 0; x < X; x++) {
-        uint32_t a = s->ex_off[x], ne = s->ex_off[x + 1] - a;
+        uint32_t a = s->h_ex_off[x], ne = s->h_ex_off[x + 1] - a;
         if (!ne)
             continue;
-        for (uint32_t j = 0; j < ne; j++)                        /* gather [ne][E] */
-            memcpy(s->xe + (size_t)j * E, s->xb + (size_t)s->ex_tok[a + j] * E, E * sizeof(float));
+        TRY(kern_dev_copy_rows(d, AT(s->xe, 0), E * sizeof(float), AT(s->xb, 0),
+                               E * sizeof(float), n, AT(s->ex_tok, a), ne,
+                               E * sizeof(float)));             /* gather [ne][E] */
         struct model_mat g = model_expert(&L->gate_exps, x), u = model_expert(&L->up_exps, x),
                          dn = model_expert(&L->down_exps, x);
-        TRY(swiglu_ffn(e, &g, &u, &dn, s->xe, ne, s->ye));       /* [ne][E] */
-        kern_axpy_rows(p, s->proj, s->ex_w + a, s->ye, s->ex_tok + a, ne, E); /* proj[tok] += w ye */
+        TRY(swiglu_ffn(e, &g, &u, &dn, AT(s->xe, 0), ne, AT(s->ye, 0))); /* [ne][E] */
+        TRY(kern_dev_axpy_rows(d, AT(s->proj, 0), n, AT(s->ex_w, a), AT(s->ye, 0),
+                               AT(s->ex_tok, a), ne, E));        /* proj[tok] += w ye */
     }
     if (L->gate_shexp.data) {
-        TRY(matmul(e, &L->gate_inp_shexp, s->xb, n, s->shg));    /* [n][1] */
-        kern_sigmoid(p, s->shg, n);
-        TRY(swiglu_ffn(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp, s->xb, n, s->ye));
-        kern_axpy_rows(p, s->proj, s->shg, s->ye, NULL, n, E);   /* [n][E] += shg ye */
+        TRY(matmul(e, &L->gate_inp_shexp, AT(s->xb, 0), n, AT(s->shg, 0))); /* [n][1] */
+        TRY(kern_dev_sigmoid(d, AT(s->shg, 0), n));
+        TRY(swiglu_ffn(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp, AT(s->xb, 0), n,
+                       AT(s->ye, 0)));
+        TRY(kern_dev_axpy_rows(d, AT(s->proj, 0), n, AT(s->shg, 0), AT(s->ye, 0),
+                               (struct kern_at){NULL, 0}, n, E)); /* [n][E] += shg ye */
     }
     return 0;
 }
 
-/* Layers of the window on x[n][n_embd] (n <= max_batch), the rows of sessions seg[0..nseg)
- * (consecutive, covering all n rows). */
-static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, float *x)
+/* Layers of the window on x[n][n_embd] (n <= max_batch, the bound boundary buffer), the rows
+ * of sessions seg[0..nseg) (consecutive, covering all n rows). */
+static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, struct kern_at x)
 {
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     struct model_state *s = &e->s;
-    struct kern_pool *p = e->pool;
+    struct kern_dev *d = e->dev;
     const uint32_t E = hp->n_embd;
 
     const size_t half = hp->n_rot / 2;
+    struct kern_at freqs = wat(e, m->rope_freqs);   /* an optional operand: absent only if so */
+    if (m->rope_freqs && !freqs.buf)
+        return -EINVAL;
     for (uint32_t j = 0; e->n_attn && j < nseg; j++) { /* RoPE angles of the rows' positions */
         const struct model_seg *g = &e->seg[j];
-        kern_rope_angles(p, s->rope_cs + g->off * half, s->rope_sn + g->off * half, g->n, g->pos,
-                         (int)hp->n_rot, hp->rope_base, hp->rope_scale,
-                         m->rope_freqs);                         /* [g.n][n_rot/2] each */
+        TRY(kern_dev_rope_angles(d, AT(s->rope_cs, g->off * half), AT(s->rope_sn, g->off * half),
+                                 g->n, g->pos, (int)hp->n_rot, hp->rope_base, hp->rope_scale,
+                                 freqs));                        /* [g.n][n_rot/2] each */
     }
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
         size_t slot = e->slot[l];
 
         /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
-        kern_rmsnorm_rows(p, s->xb, x, L->attn_norm, n, E, hp->rms_eps); /* [n][E] */
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->attn_norm), n, E,
+                                  hp->rms_eps));                 /* [n][E] */
         if (L->recurrent)
             TRY(deltanet(e, L, slot, nseg, n));
         else
             TRY(attention(e, L, slot, nseg, n));
-        kern_add(p, x, s->proj, (int64_t)n * E);                 /* [n][E] */
+        TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E)); /* [n][E] */
 
         /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
-        kern_rmsnorm_rows(p, s->xb, x, L->ffn_norm, n, E, hp->rms_eps); /* [n][E] */
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->ffn_norm), n, E,
+                                  hp->rms_eps));                 /* [n][E] */
         if (L->gate_inp.data)
             TRY(moe(e, L, n));
         else
-            TRY(swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, s->xb, n, s->proj));
-        kern_add(p, x, s->proj, (int64_t)n * E);                 /* [n][E] */
+            TRY(swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, AT(s->xb, 0), n,
+                           AT(s->proj, 0)));
+        TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E)); /* [n][E] */
     }
     return 0;
+}
+
+/* forward() on the caller's rows x[n][n_embd], bound to the boundary buffer for the pass
+ * (in place on a host device; copied in and out on another). */
+static int forward_io(struct model_exec *e, uint32_t nseg, uint32_t n, float *x)
+{
+    TRY(kern_buf_bind(e->io_x, x, (size_t)n * e->m->hp.n_embd * sizeof(float), true));
+    int rc = forward(e, nseg, n, AT(e->io_x, 0));
+    int rc2 = kern_buf_unbind(e->io_x, rc == 0);
+    return rc < 0 ? rc : rc2;
 }
 
 /* Whether session ss may run n positions from pos: -ERANGE past the context, -EINVAL for a
@@ -606,12 +779,13 @@ static int check_pos(const struct model_exec *e, const struct model_session *ss,
 }
 
 /* A checked rewind: the recurrent state restarts from position 0. */
-static void rewind_state(struct model_exec *e, struct model_session *ss, uint32_t pos)
+static int rewind_state(struct model_exec *e, struct model_session *ss, uint32_t pos)
 {
     if (e->n_rec && pos != ss->n_past) {
-        memset(ss->conv, 0, e->n_rec * e->conv_layer * sizeof(float));
-        memset(ss->ssm, 0, e->n_rec * e->ssm_layer * sizeof(float));
+        TRY(kern_dev_zero(e->dev, AT(ss->conv, 0), e->n_rec * e->conv_layer * sizeof(float)));
+        TRY(kern_dev_zero(e->dev, AT(ss->ssm, 0), e->n_rec * e->ssm_layer * sizeof(float)));
     }
+    return 0;
 }
 
 int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, float *x)
@@ -620,13 +794,12 @@ int model_window_run(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n
     if (!ss)
         return -ENOENT;
     int rc = check_pos(e, ss, pos, n);
-    if (rc < 0)
+    if (rc < 0 || (rc = rewind_state(e, ss, pos)) < 0)
         return rc;
-    rewind_state(e, ss, pos);
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
         e->seg[0] = (struct model_seg){ss, 0, nb, pos + done};
-        rc = forward(e, 1, nb, x + (size_t)done * e->m->hp.n_embd);
+        rc = forward_io(e, 1, nb, x + (size_t)done * e->m->hp.n_embd);
         if (rc < 0) {
             ss->n_past = pos + done;   /* positions before the failed batch stand */
             return rc;
@@ -665,9 +838,11 @@ int model_window_run_batch(struct model_exec *e, const struct model_batch_row *r
     }
     if (!nseg)
         return 0;
-    for (uint32_t j = 0; j < nseg; j++)
-        rewind_state(e, e->seg[j].ss, e->seg[j].pos);
-    int rc = forward(e, nseg, n, x);
+    int rc = 0;
+    for (uint32_t j = 0; j < nseg && rc == 0; j++)
+        rc = rewind_state(e, e->seg[j].ss, e->seg[j].pos);
+    if (rc == 0)
+        rc = forward_io(e, nseg, n, x);
     for (uint32_t j = 0; j < nseg; j++)   /* on an error each session stays before the batch */
         e->seg[j].ss->n_past = e->seg[j].pos + (rc < 0 ? 0 : e->seg[j].n);
     return rc < 0 ? rc : 0;
@@ -680,12 +855,22 @@ int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits)
     const struct model *m = e->m;
     if (!m->has_head)
         return -ENOTSUP;
-    const uint32_t E = m->hp.n_embd;
+    const uint32_t E = m->hp.n_embd, V = m->hp.n_vocab;
     for (uint32_t done = 0; done < n;) {
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
-        kern_rmsnorm_rows(e->pool, e->s.xb, x + (size_t)done * E, m->output_norm, nb, E,
-                          m->hp.rms_eps);
-        TRY(matmul(e, &m->output, e->s.xb, nb, logits + (size_t)done * m->hp.n_vocab));
+        /* the rows are only read: binding them without const is the boundary's one shape */
+        TRY(kern_buf_bind(e->io_x, (float *)(uintptr_t)(x + (size_t)done * E),
+                          (size_t)nb * E * sizeof(float), true));
+        int rc = kern_buf_bind(e->io_logits, logits + (size_t)done * V,
+                               (size_t)nb * V * sizeof(float), false);
+        if (rc == 0)
+            rc = kern_dev_rmsnorm_rows(e->dev, AT(e->s.xb, 0), AT(e->io_x, 0),
+                                       wat(e, m->output_norm), nb, E, m->hp.rms_eps); /* [nb][E] */
+        if (rc == 0)
+            rc = matmul(e, &m->output, AT(e->s.xb, 0), nb, AT(e->io_logits, 0)); /* [nb][V] */
+        int rc2 = kern_buf_unbind(e->io_x, false);
+        int rc3 = kern_buf_unbind(e->io_logits, rc == 0);
+        TRY(rc < 0 ? rc : rc2 < 0 ? rc2 : rc3);
         done += nb;
     }
     return 0;

@@ -178,8 +178,24 @@ bool model_layer_is_recurrent(const struct model *m, uint32_t il);
  * executor (it owns one scratch state); sessions are independent. */
 int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint32_t n_ctx,
                    uint32_t max_batch);
+/* The executor's settings: model_exec_new's, plus the device its forward pass runs on. */
+struct model_exec_opts {
+    const char *device;      /* a kernel device ("cpu", "ref"; docs/devices.md); NULL: "cpu" */
+    int n_threads;           /* <= 0: one per CPU */
+    uint32_t n_ctx, max_batch;
+};
+/* Fills o with the defaults: "cpu", one thread per CPU, n_ctx 512, max_batch 32. */
+void model_exec_opts_default(struct model_exec_opts *o);
+/* model_exec_new with o's device: the weights become buffers of the device (views on "cpu"),
+ * sessions' K/V and state and the scratch live in its memory, and only the boundary rows
+ * (embed out, window in and out, logits out) cross to the host. 0, -EINVAL, -ENODEV (an
+ * unknown device), -ENOMEM; a message in err. */
+int model_exec_new_opts(struct model_exec **out, struct model *m,
+                        const struct model_exec_opts *o, char *err, size_t errlen);
 void model_exec_free(struct model_exec *e);
 int model_exec_threads(const struct model_exec *e);
+/* The name of the device the executor runs on (static). */
+const char *model_exec_device(const struct model_exec *e);
 int model_session_new(struct model_exec *e, uint64_t id);   /* -EEXIST, -ENOMEM */
 int model_session_free(struct model_exec *e, uint64_t id);  /* -ENOENT */
 /* Positions the session holds (the next position to run), 0 for an unknown id. */

@@ -4,7 +4,8 @@
 # both cases) and, with --ids, its token ids; a seed reproduces a sampled run; logits from a
 # text prompt equal the reference's first rows within tolerance; --stop ends the text at a stop
 # string and --dump-logits writes the last position's logits, as through a ring; bench prints
-# pp/tg figures; bad input is refused with a usage status.
+# pp/tg figures; --device ref (the scalar oracle) gives logits as close to the reference and
+# the same greedy text, an unknown device is refused; bad input is refused with a usage status.
 . "$(dirname "$0")/lib.sh"
 
 need_exec "$KVCTL"
@@ -84,8 +85,9 @@ EOF
 
 # Logits from a text prompt: the reference's prompt rows (same tokens, same positions).
 J=$DATA/ref/stories260K.once.json
-"$KVCTL" logits -m "$M" -p "$(field "$J" prompt)" -o "$T/l.f32" 2>"$T/err" || fail "logits: $(cat "$T/err")"
-python3 - "$T/l.f32" "$DATA/ref/stories260K.once.logits.f32" 512 <<'EOF' || fail "logits differ from the reference"
+# near_reference FILE: every row of FILE (raw f32) within NMSE 2.2e-5 of the reference's.
+near_reference() {
+    python3 - "$1" "$DATA/ref/stories260K.once.logits.f32" 512 <<'EOF'
 import struct, sys
 a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read(); V = int(sys.argv[3])
 n = len(a) // 4
@@ -96,9 +98,24 @@ for r in range(n // V):
     e = sum((p - q) ** 2 for p, q in zip(xs, ys)) / sum(q * q for q in ys)
     assert e < 2.2e-5, (r, e)
 EOF
+}
+"$KVCTL" logits -m "$M" -p "$(field "$J" prompt)" -o "$T/l.f32" 2>"$T/err" || fail "logits: $(cat "$T/err")"
+near_reference "$T/l.f32" || fail "logits differ from the reference"
 # --tokens, fed in chunks of 2 rows: one row of n_vocab floats per token.
 "$KVCTL" logits -m "$M" --tokens 1,403,407,261,378,432 --batch 2 -o "$T/a.f32" 2>/dev/null
 [ -s "$T/a.f32" ] && [ "$(stat -c %s "$T/a.f32")" = $((6 * 512 * 4)) ] || fail "logits size"
+
+# --device ref: the scalar oracle's logits of the same prompt are as close to the reference;
+# greedy generation on it prints the same text; an unknown device exits 1 naming the choices.
+"$KVCTL" logits -m "$M" -p "$(field "$J" prompt)" --device ref -o "$T/lr.f32" 2>"$T/err" ||
+    fail "logits --device ref: $(cat "$T/err")"
+near_reference "$T/lr.f32" || fail "logits --device ref differ from the reference"
+g_cpu=$("$KVCTL" generate -m "$M" -p "Once upon" -n 12 --temp 0 2>/dev/null)
+g_ref=$("$KVCTL" generate -m "$M" -p "Once upon" -n 12 --temp 0 --device ref 2>/dev/null)
+[ -n "$g_cpu" ] && [ "$g_cpu" = "$g_ref" ] || fail "generate --device ref: '$g_ref' vs '$g_cpu'"
+"$KVCTL" logits -m "$M" --tokens 1,2 --device tpu -o "$T/x.f32" 2>"$T/err"
+[ $? = 1 ] && grep -q "device tpu: unknown (there are cpu, ref)" "$T/err" ||
+    fail "logits --device tpu: $(cat "$T/err")"
 
 # Bench prints both figures.
 out=$("$KVCTL" bench -m "$M" -p 16 -n 8 -t 1 2>&1)

@@ -4,7 +4,8 @@
  * model's "f64 max" in MANIFEST.md (never below 1e-5), argmax equal wherever the reference's
  * top-2 margin exceeds 0.1 (F32/F16/BF16) or 0.5 (quantised). Greedy generation from the
  * prompt must reproduce generated_tokens exactly for the stories260K cases and the synthetic
- * F32 and F16 models. */
+ * F32 and F16 models. The ref_device case holds the executor on the "ref" kernel device (the
+ * scalar oracle behind the device seam) to the same references and bounds. */
 #include "tests/model_ref.h"
 #include "util/err.h"
 
@@ -33,6 +34,9 @@ static const struct ref_spec specs[] = {
     {"synth-qwen3-bpe1024-f16.once", 4.8e-7, false, true},
 };
 
+/* The kernel device the executor runs on ("cpu"; the ref_device case takes "ref"). */
+static const char *run_device = "cpu";
+
 struct run {
     struct model *m;
     struct model_exec *e;
@@ -47,8 +51,9 @@ static int run_open(struct run *r, const char *path, uint32_t n_ctx, uint32_t ma
     T_CHECK(rc == 0, "model_open %s: %d %s", path, rc, err);
     if (rc)
         return rc;
-    rc = model_exec_new(&r->e, r->m, 1, n_ctx, max_batch);
-    T_CHECK(rc == 0, "model_exec_new: %d", rc);
+    struct model_exec_opts o = {run_device, 1, n_ctx, max_batch};
+    rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err);
+    T_CHECK(rc == 0, "model_exec_new on %s: %d %s", run_device, rc, err);
     if (rc) {
         model_free(r->m);
         return rc;
@@ -116,6 +121,19 @@ T_CASE(teacher_forced_logits)
     }
 }
 
+/* The teacher-forced cases as the references were made, on the ref device. */
+T_CASE(ref_device)
+{
+    run_device = "ref";
+    for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
+        struct ref_case rc;
+        if (ref_load(&rc, specs[c].name))
+            continue;
+        check_case(&specs[c], &rc, 0);
+        ref_free(&rc);
+    }
+}
+
 T_CASE(greedy_generation)
 {
     static const char *cases[] = {"stories260K.once", "stories260K.lily",
@@ -157,5 +175,6 @@ int main(int argc, char **argv)
     t_init(argc, argv);
     T_RUN(teacher_forced_logits);
     T_RUN(greedy_generation);
+    T_RUN(ref_device);
     return T_DONE();
 }
