@@ -479,6 +479,15 @@ struct net_ws_limits {
     uint64_t max_msg_bytes;    /* a larger incoming message closes with 1009 (0: 16 MiB) */
     size_t low_water;          /* on_drain fires when pending send bytes fall below (0: 256 KiB) */
     uint32_t max_conns;        /* server: open connections, upgraded or not (0: 65536) */
+    /* A message being assembled from fragments costs what its frames carry plus a little per
+     * frame, so both are capped: more frames than max_fragments in one message close with
+     * 1009 (0: 1024); on a server, the payload bytes of every message being assembled, all
+     * connections together, stay under max_assembly (0: 256 MiB; a frame that would pass it
+     * closes its connection with 1013). */
+    uint32_t max_fragments;
+    uint64_t max_assembly;
+    /* server: passed to its HTTP server (struct net_http_limits; 0: that default) */
+    uint32_t max_conns_per_addr, header_timeout_ms, write_timeout_ms;
 };
 
 /* Queue a message (copied). 0, -EPIPE once closing, -EINVAL for bad opcode or size. */
@@ -532,6 +541,11 @@ int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const 
                       size_t errlen);
 /* The bound port. */
 int net_ws_server_port(const struct net_ws_server *srv);
+/* The HTTP server underneath (borrowed, lives as long as srv): its stats, per-address counts
+ * and log (net_http_server_stats, net_http_server_addrs, net_http_server_set_log). */
+struct net_http_server *net_ws_server_http(struct net_ws_server *srv);
+/* Payload bytes of messages being assembled from fragments, all connections. */
+uint64_t net_ws_server_assembling(const struct net_ws_server *srv);
 /* Stop listening and abort every connection; the server is freed once all handles have
  * closed (run the loop), and done (may be NULL) runs then. */
 void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void *ud);
