@@ -14,9 +14,10 @@ the target hit the attacker and not the legitimate client on 127.0.0.1.
            read: the target's memory after --hold seconds, and its --stats URL (JSON) --after
            seconds later, before they are closed.
   frag     WebSocket connections to /v1/bridge/<id> that send a role byte, then one message
-           in 1-byte fragments: the close code each got and the fragments sent before it.
+           in --frags fragments of --fragsize bytes (1): the target's memory and --stats
+           after --hold seconds, then the close code each got.
   unpaired WebSocket ends that send a role byte, then --msgs messages of --size bytes with no
-           partner: the close code each got.
+           partner: the target's memory and --stats after --hold seconds, the close codes.
   pair     a legitimate bridge: two ends pair, exchange --msgs messages of --size bytes both
            ways, each checked; ok true when every message arrived intact and in order.
   rss      VmRSS of a process in KiB (for the scripts).
@@ -214,28 +215,44 @@ def close_code(s, rest=b"", timeout=5.0):
         return 1006
 
 
+def fetch_json(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
 def cmd_frag(a):
-    codes, sent_frags = [], []
+    """Every end first (so that their messages are assembled at the same time), then the
+    fragments, then the target's memory and --stats, then the close codes."""
+    ends = []
     for i in range(a.n):
         bid = os.urandom(16).hex()
         s, rest = ws_open(a.host, a.port, f"/v1/bridge/{bid}", a.src, a.tls)
         s.sendall(ws_frame(0x2, b"\x01"))
+        ends.append((s, rest))
+    sent_frags = []
+    part = os.urandom(a.fragsize)
+    for s, _ in ends:
         frags = 0
         try:
-            s.sendall(ws_frame(0x2, b"x", fin=False))
+            s.sendall(ws_frame(0x2, part, fin=False))
             frags = 1
-            batch = b"".join(ws_frame(0x0, b"x", fin=False) for _ in range(256))
+            batch = b"".join(ws_frame(0x0, part, fin=False) for _ in range(min(256, a.frags)))
             while frags < a.frags:
                 s.sendall(batch)
-                frags += 256
+                frags += min(256, a.frags)
         except OSError:
             pass
         sent_frags.append(frags)
-        codes.append(close_code(s, rest))
+    time.sleep(a.hold)
+    out = {"frags_sent": sent_frags,
+           "rss_kib": rss_kib(a.pid) if a.pid else -1,
+           "anon_kib": rss_kib(a.pid, "RssAnon") if a.pid else -1,
+           "stats": fetch_json(a.stats) if a.stats else None}
+    out["codes"] = [close_code(s, rest) for s, rest in ends]
+    for s, _ in ends:
         s.close()
-    print(json.dumps({"codes": codes, "frags_sent": sent_frags,
-                      "rss_kib": rss_kib(a.pid) if a.pid else -1,
-                      "anon_kib": rss_kib(a.pid, "RssAnon") if a.pid else -1}))
+    print(json.dumps(out))
 
 
 def cmd_unpaired(a):
@@ -251,12 +268,14 @@ def cmd_unpaired(a):
         except OSError:
             pass
         ends.append((s, rest))
-    rss = rss_kib(a.pid) if a.pid else -1
-    anon = rss_kib(a.pid, "RssAnon") if a.pid else -1
-    for s, rest in ends:
-        codes.append(close_code(s, rest))
+    time.sleep(a.hold)
+    out = {"rss_kib": rss_kib(a.pid) if a.pid else -1,
+           "anon_kib": rss_kib(a.pid, "RssAnon") if a.pid else -1,
+           "stats": fetch_json(a.stats) if a.stats else None}
+    out["codes"] = [close_code(s, rest) for s, rest in ends]
+    for s, _ in ends:
         s.close()
-    print(json.dumps({"codes": codes, "rss_kib": rss, "anon_kib": anon}))
+    print(json.dumps(out))
 
 
 def cmd_pair(a):
@@ -327,6 +346,7 @@ def main():
     p.add_argument("--frags", type=int, default=100000)
     p.add_argument("--msgs", type=int, default=1)
     p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--fragsize", type=int, default=1)
     a = p.parse_args()
     if a.cmd == "rss":
         print(rss_kib(a.pid, a.field))
