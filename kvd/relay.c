@@ -93,14 +93,6 @@ static void relay_maybe_free(struct kvd_relay *r)
         done(done_ud);
 }
 
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 static void relay_log(struct kvd_relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void relay_log(struct kvd_relay *r, const char *fmt, ...)
 {
@@ -127,7 +119,7 @@ static bool bridge_id_valid(const char *id)
 
 static struct relay_bridge **bridge_slot(struct kvd_relay *r, const char *id)
 {
-    struct relay_bridge **p = &r->buckets[hash_str(id) & (r->n_buckets - 1)];
+    struct relay_bridge **p = &r->buckets[util_hash_str(id) & (r->n_buckets - 1)];
     while (*p && strcmp((*p)->id, id) != 0)
         p = &(*p)->hnext;
     return p;
@@ -135,7 +127,7 @@ static struct relay_bridge **bridge_slot(struct kvd_relay *r, const char *id)
 
 static struct addr_count **addr_slot(struct kvd_relay *r, const char *addr)
 {
-    struct addr_count **p = &r->addrs[hash_str(addr) & (ADDR_BUCKETS - 1)];
+    struct addr_count **p = &r->addrs[util_hash_str(addr) & (ADDR_BUCKETS - 1)];
     while (*p && strcmp((*p)->addr, addr) != 0)
         p = &(*p)->next;
     return p;

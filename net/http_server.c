@@ -31,6 +31,7 @@
 #include "net/internal.h"
 #include "net/net.h"
 #include "util/err.h"
+#include "util/util.h"
 
 #define HTTP_MAX_HEADERS_CAP 256
 #define HTTP_CHUNK (256u * 1024)           /* bytes asked of a body per read */
@@ -373,17 +374,9 @@ const char *net_http_conn_peer(const struct net_http_conn *c) { return c->peer; 
 
 /* ------------------------------------------------------------------ close */
 
-static uint64_t hash_str(const char *p)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    return h;
-}
-
 static struct addr_ent **addr_slot(struct net_http_server *s, const char *addr)
 {
-    struct addr_ent **p = &s->addrs[hash_str(addr) & (HTTP_ADDR_BUCKETS - 1)];
+    struct addr_ent **p = &s->addrs[util_hash_str(addr) & (HTTP_ADDR_BUCKETS - 1)];
     while (*p && strcmp((*p)->addr, addr) != 0)
         p = &(*p)->next;
     return p;

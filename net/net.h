@@ -219,8 +219,10 @@ void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *u
 /* The project's one HTTP/1.1 server (net/http*.c, prefix net_http_), on a libuv loop.
  *
  * Requests are parsed with http-parser; every limit (URL length, header bytes, header count,
- * body bytes, time to receive the headers, keep-alive idle time, connections) is bounded and a
- * violation gets a 4xx reply and a deferred close; the server stays up. Keep-alive and
+ * body bytes, the time of each phase a client controls: TLS handshake, headers, body,
+ * keep-alive idle, a response it does not read; connections in all and per address) is
+ * bounded and a violation gets a 4xx reply and a deferred close, or for a connection over a
+ * cap an immediate close; the server stays up. Keep-alive and
  * pipelining are handled (responses go out in request order). The request path is
  * percent-decoded and refused with 400 when it is not absolute or holds "." / ".." segments,
  * NUL, backslashes or "//", so handlers only ever see a clean path.

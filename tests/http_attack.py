@@ -221,6 +221,19 @@ def fetch_json(url):
         return json.loads(r.read())
 
 
+def ends_report(a, ends, out):
+    """After --hold seconds: the target's memory and --stats while the ends are open, then
+    the close code of each end; printed with out as one JSON object."""
+    time.sleep(a.hold)
+    out["rss_kib"] = rss_kib(a.pid) if a.pid else -1
+    out["anon_kib"] = rss_kib(a.pid, "RssAnon") if a.pid else -1
+    out["stats"] = fetch_json(a.stats) if a.stats else None
+    out["codes"] = [close_code(s, rest) for s, rest in ends]
+    for s, _ in ends:
+        s.close()
+    print(json.dumps(out))
+
+
 def cmd_frag(a):
     """Every end first (so that their messages are assembled at the same time), then the
     fragments, then the target's memory and --stats, then the close codes."""
@@ -244,15 +257,7 @@ def cmd_frag(a):
         except OSError:
             pass
         sent_frags.append(frags)
-    time.sleep(a.hold)
-    out = {"frags_sent": sent_frags,
-           "rss_kib": rss_kib(a.pid) if a.pid else -1,
-           "anon_kib": rss_kib(a.pid, "RssAnon") if a.pid else -1,
-           "stats": fetch_json(a.stats) if a.stats else None}
-    out["codes"] = [close_code(s, rest) for s, rest in ends]
-    for s, _ in ends:
-        s.close()
-    print(json.dumps(out))
+    ends_report(a, ends, {"frags_sent": sent_frags})
 
 
 def cmd_unpaired(a):
@@ -268,14 +273,7 @@ def cmd_unpaired(a):
         except OSError:
             pass
         ends.append((s, rest))
-    time.sleep(a.hold)
-    out = {"rss_kib": rss_kib(a.pid) if a.pid else -1,
-           "anon_kib": rss_kib(a.pid, "RssAnon") if a.pid else -1,
-           "stats": fetch_json(a.stats) if a.stats else None}
-    out["codes"] = [close_code(s, rest) for s, rest in ends]
-    for s, _ in ends:
-        s.close()
-    print(json.dumps(out))
+    ends_report(a, ends, {})
 
 
 def cmd_pair(a):
