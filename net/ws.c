@@ -693,6 +693,9 @@ static void hc_closed(void *ud)
 {
     struct net_ws *ws = ud;
     ws->hc = NULL;
+    /* the server's count may be gone before our timer closes: settle it now */
+    asm_release(ws);
+    ws->asm_total = NULL;
     if (ws->state != NET__WS_CLOSING) {
         ws->state = NET__WS_CLOSING;
         if (ws->close_code == NET_WS_CODE_ABNORMAL)

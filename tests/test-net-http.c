@@ -697,7 +697,8 @@ T_CASE(write_stall_dropped)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
-    sendall(fd, "GET /body HTTP/1.1\r\n\r\n", 24);
+    const char *q = "GET /body HTTP/1.1\r\n\r\n";
+    sendall(fd, q, strlen(q));
     usleep(300000);
     T_CHECK(st->conns_open == open0 + 1, "the reader is connected while within its deadline");
     for (int i = 0; i < 40 && st->timeouts_write == before; i++)
