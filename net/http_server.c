@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include <arpa/inet.h>
+#include <netinet/tcp.h>
 #include <http_parser.h>
 #include <uv.h>
 #include <zstd.h>
@@ -148,6 +149,8 @@ struct net_http_conn {
     char *in;
     size_t in_len, in_pos, in_cap, in_max;
     size_t queued;
+    uint64_t handed;     /* bytes ever handed to uv_write */
+    uint64_t taken_mark; /* bytes the kernel had taken when wtimer was last started */
     char *scratch;
     struct net_http_req req;
     const struct net_http_upgrade_ops *up;
@@ -219,12 +222,48 @@ void net_http_server_set_log(struct net_http_server *s, net_http_log_cb cb, void
 
 static void timer_arm(struct net_http_conn *c, uint32_t ms);
 
-/* Nothing written for write_timeout_ms although bytes wait: the client stopped reading. */
+/* Linux's struct tcp_info goes on past glibc's copy of it: pacing rates, then the bytes the
+ * peer has acknowledged (the kernel's ABI, include/uapi/linux/tcp.h). */
+struct tcp_info_acked {
+    struct tcp_info base;
+    uint64_t pacing_rate, max_pacing_rate, bytes_acked;
+};
+_Static_assert(sizeof(struct tcp_info) == 104, "glibc's struct tcp_info is Linux's first 104 bytes");
+
+/* A measure of the client's progress that grows whenever it takes bytes: what the kernel
+ * took from libuv's write queue plus what the client acknowledged. Write completions alone
+ * would punish a client that reads slowly but steadily (a request completes only when all
+ * of it is in the socket buffer, which a large buffer fills long before it drains). */
+static uint64_t bytes_taken(const struct net_http_conn *c)
+{
+    uint64_t n = c->handed - uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+    uv_os_fd_t fd;
+    struct tcp_info_acked ti;
+    socklen_t len = sizeof ti;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 &&
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && len >= sizeof ti)
+        n += ti.bytes_acked;
+    return n;
+}
+
+static void on_write_stall(uv_timer_t *t);
+
+static void wtimer_start(struct net_http_conn *c)
+{
+    c->taken_mark = bytes_taken(c);
+    uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.write_timeout_ms, 0);
+}
+
+/* Nothing taken for write_timeout_ms although bytes wait: the client stopped reading. */
 static void on_write_stall(uv_timer_t *t)
 {
     struct net_http_conn *c = t->data;
     if (c->closing || c->queued == 0)
         return;
+    if (bytes_taken(c) > c->taken_mark) {
+        wtimer_start(c); /* slow, but moving */
+        return;
+    }
     c->srv->stats.timeouts_write++;
     srv_log(c->srv, "%s: dropped: %zu bytes queued and none taken for %u ms", c->peer, c->queued,
             c->srv->lim.write_timeout_ms);
@@ -233,8 +272,9 @@ static void on_write_stall(uv_timer_t *t)
 
 static void queued_add(struct net_http_conn *c, size_t n)
 {
+    c->handed += n;
     if (c->queued == 0)
-        uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.write_timeout_ms, 0);
+        wtimer_start(c);
     c->queued += n;
     c->srv->stats.queued_bytes += n;
     c->srv->stats.bytes_sent += n;
@@ -257,7 +297,7 @@ static void on_write(uv_write_t *w, int status)
     }
     /* progress: the write-stall deadline starts again, or stops with the queue empty */
     if (c->queued > 0)
-        uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.write_timeout_ms, 0);
+        wtimer_start(c);
     else
         uv_timer_stop(&c->wtimer);
     if (c->st == ST_DISPATCHED)

@@ -715,6 +715,46 @@ T_CASE(write_stall_dropped)
     free(r.body);
 }
 
+/* A client that reads slowly but steadily is not a stalled one: every byte the kernel takes
+ * pushes the write-stall deadline back (400 ms here, 2 s of 32 KiB reads every 100 ms). */
+T_CASE(slow_steady_reader_kept)
+{
+    const struct net_http_stats *st = net_http_server_stats(srv);
+    uint64_t before = st->timeouts_write;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *q = "GET /body HTTP/1.1\r\nConnection: close\r\n\r\n";
+    sendall(fd, q, strlen(q));
+    size_t got = 0;
+    char *b = malloc(1 << 16);
+    for (int i = 0; i < 20; i++) {
+        usleep(100000);
+        for (size_t want = 32768; want > 0;) {
+            ssize_t k = recv(fd, b, want, 0);
+            if (k <= 0)
+                break;
+            got += (size_t)k;
+            want -= (size_t)k;
+        }
+    }
+    T_CHECK(st->timeouts_write == before, "a steady reader was dropped after %zu bytes", got);
+    for (;;) {
+        ssize_t k = recv(fd, b, 1 << 16, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    T_CHECK(got > BIG, "and gets the whole body: %zu bytes of %u + head", got, BIG);
+    free(b);
+    close(fd);
+}
+
 /* Every connection counts against the per-address cap (4 on server 3), idle ones too; the
  * one over it gets a 503 and is closed at once; a slot freed is usable again. */
 T_CASE(per_address_cap)
@@ -934,6 +974,7 @@ int main(int argc, char **argv)
     T_RUN(slow_headers_timeout);
     T_RUN(stalled_body_timeout);
     T_RUN(write_stall_dropped);
+    T_RUN(slow_steady_reader_kept);
     T_RUN(per_address_cap);
     T_RUN(upgrade_echo);
     T_RUN(filter_in_front);
