@@ -263,9 +263,9 @@ struct net_http_limits {
     uint64_t max_send_rate;    /* bytes/s per pulled body (default 0: unlimited) */
     /* Deadlines on the phases the client controls (every phase of a connection has one). */
     uint32_t body_timeout_ms;  /* end of headers to end of body (default 30000; 408) */
-    uint32_t write_timeout_ms; /* bytes queued for the socket and none taken by the kernel
-                                * for this long (a client that does not read): dropped,
-                                * in any state, upgraded too (default 30000) */
+    uint32_t write_timeout_ms; /* bytes wait for the client and it takes none of them (none
+                                * acknowledged, none taken from the write queue) for this
+                                * long: dropped, in any state, upgraded too (default 30000) */
     uint32_t handshake_timeout_ms; /* with a filter (TLS): accept to the first request byte,
                                 * the handshake included (default 10000; close) */
     /* Connection caps. Every connection counts (plain, TLS, upgraded) from accept to close;
