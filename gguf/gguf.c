@@ -113,14 +113,6 @@ struct gguf_file {
     uint64_t mapped;
 };
 
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 /* Free the item arrays of a value tree (the data itself lives in hdr). */
 static void value_free(struct gguf_value *v)
 {
@@ -401,7 +393,7 @@ static int hash_insert(uint64_t **tab, uint64_t *cap, uint64_t count, const char
             uint64_t e = (*tab)[i];
             if (!e)
                 continue;
-            uint64_t h = hash_str(name_of(f, e - 1)) & (ncap - 1);
+            uint64_t h = util_hash_str(name_of(f, e - 1)) & (ncap - 1);
             while (nt[h])
                 h = (h + 1) & (ncap - 1);
             nt[h] = e;
@@ -410,7 +402,7 @@ static int hash_insert(uint64_t **tab, uint64_t *cap, uint64_t count, const char
         *tab = nt;
         *cap = ncap;
     }
-    uint64_t h = hash_str(name) & (*cap - 1);
+    uint64_t h = util_hash_str(name) & (*cap - 1);
     while ((*tab)[h]) {
         if (!strcmp(name_of(f, (*tab)[h] - 1), name))
             return -EEXIST;
@@ -425,7 +417,7 @@ static int64_t hash_find(const uint64_t *tab, uint64_t cap, const char *name,
 {
     if (!cap)
         return -1;
-    uint64_t h = hash_str(name) & (cap - 1);
+    uint64_t h = util_hash_str(name) & (cap - 1);
     while (tab[h]) {
         if (!strcmp(name_of(f, tab[h] - 1), name))
             return (int64_t)tab[h] - 1;

@@ -75,6 +75,16 @@ struct kvd_relay_config {
     uint32_t ping_interval_ms;   /* relay pings each end this often; 0: 20 s */
     uint64_t max_msg_bytes;      /* larger messages close with 1009; 0: 16 MiB */
     size_t high_water;           /* bytes queued toward one end before its partner is paused; 0: 64 KiB */
+    /* Memory held for ends without a partner: past max_held bytes for one end (0: 1 MiB) it
+     * is closed with 1009, past max_held_total for all (0: 64 MiB) with 1013. */
+    uint64_t max_held, max_held_total;
+    uint32_t max_fragments;      /* frames of one message (0: 1024); more close with 1009 */
+    uint64_t max_assembly;       /* bytes of messages being assembled, all ends (0: 256 MiB) */
+    /* The HTTP side (every connection, before and after the upgrade): connections from one
+     * address (IPv4, IPv6 /64; 0: 2 x max_per_addr + 16, room for handshakes), the time for
+     * the TLS handshake and the request head (0: 10 s), and for a socket that takes no bytes
+     * while some wait (0: 30 s). */
+    uint32_t max_conns_per_addr, header_timeout_ms, write_timeout_ms;
 };
 
 struct kvd_relay_stats {
@@ -89,6 +99,11 @@ struct kvd_relay_stats {
     uint64_t timeouts_partner, timeouts_idle, partner_gone;
     uint64_t held_bytes;         /* bytes held for ends without a partner yet */
     uint64_t queued_bytes;       /* bytes queued toward ends, not yet taken by the kernel */
+    uint64_t assembling_bytes;   /* bytes of messages being assembled from fragments */
+    uint64_t refused_held;       /* ends closed for holding too much without a partner */
+    /* the HTTP side: every connection (handshaking, plain GETs, upgraded) */
+    uint64_t http_conns, http_addrs, http_refused_addr, http_refused_conns;
+    uint64_t http_timeouts;      /* handshake, header, body, idle and write-stall deadlines */
 };
 
 struct kvd_relay;

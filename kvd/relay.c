@@ -93,14 +93,6 @@ static void relay_maybe_free(struct kvd_relay *r)
         done(done_ud);
 }
 
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 static void relay_log(struct kvd_relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void relay_log(struct kvd_relay *r, const char *fmt, ...)
 {
@@ -127,7 +119,7 @@ static bool bridge_id_valid(const char *id)
 
 static struct relay_bridge **bridge_slot(struct kvd_relay *r, const char *id)
 {
-    struct relay_bridge **p = &r->buckets[hash_str(id) & (r->n_buckets - 1)];
+    struct relay_bridge **p = &r->buckets[util_hash_str(id) & (r->n_buckets - 1)];
     while (*p && strcmp((*p)->id, id) != 0)
         p = &(*p)->hnext;
     return p;
@@ -135,7 +127,7 @@ static struct relay_bridge **bridge_slot(struct kvd_relay *r, const char *id)
 
 static struct addr_count **addr_slot(struct kvd_relay *r, const char *addr)
 {
-    struct addr_count **p = &r->addrs[hash_str(addr) & (ADDR_BUCKETS - 1)];
+    struct addr_count **p = &r->addrs[util_hash_str(addr) & (ADDR_BUCKETS - 1)];
     while (*p && strcmp((*p)->addr, addr) != 0)
         p = &(*p)->next;
     return p;
@@ -315,7 +307,20 @@ static void on_msg(struct net_ws *ws, int opcode, const uint8_t *data, size_t le
         forward(e, p, data, len);
         return;
     }
-    /* No partner yet: hold the message, and stop reading once high_water is held. */
+    /* No partner yet: hold the message, and stop reading once high_water is held; a
+     * message past the caps of what may be held closes the end. */
+    if (e->held_bytes + len > r->cfg.max_held) {
+        r->st.refused_held++;
+        end_close(e, NET_WS_CODE_TOO_BIG, "no partner yet and %zu + %zu bytes to hold (limit %" PRIu64 ")",
+                  e->held_bytes, len, r->cfg.max_held);
+        return;
+    }
+    if (r->st.held_bytes + len > r->cfg.max_held_total) {
+        r->st.refused_held++;
+        end_close(e, NET_WS_CODE_TRY_LATER, "relay busy: %" PRIu64 " bytes held for ends without a partner",
+                  r->st.held_bytes);
+        return;
+    }
     struct held_msg *m = malloc(sizeof *m + len);
     if (!m) {
         end_close(e, 1011, "out of memory");
@@ -433,6 +438,36 @@ static int on_upgrade(struct net_ws_server *srv, struct net_ws *ws, const char *
 
 /* ---------------------------------------------------------------- status */
 
+/* The addresses with the most connections (the HTTP server counts every connection). */
+#define TOP_ADDRS 16
+struct top_addrs {
+    size_t n;
+    struct { char addr[64]; uint32_t n; } a[TOP_ADDRS];
+};
+
+static void top_addrs_add(void *ud, const char *addr, uint32_t n)
+{
+    struct top_addrs *t = ud;
+    size_t i = t->n;
+    if (i == TOP_ADDRS) {
+        if (t->a[TOP_ADDRS - 1].n >= n)
+            return;
+        i = TOP_ADDRS - 1; /* the smallest makes room */
+    } else {
+        t->n++;
+    }
+    for (; i > 0 && t->a[i - 1].n < n; i--)
+        t->a[i] = t->a[i - 1];
+    snprintf(t->a[i].addr, sizeof t->a[i].addr, "%s", addr);
+    t->a[i].n = n;
+}
+
+static void top_addrs_get(struct kvd_relay *r, struct top_addrs *t)
+{
+    memset(t, 0, sizeof *t);
+    net_http_server_addrs(net_ws_server_http(r->srv), top_addrs_add, t);
+}
+
 static cJSON *stats_json(struct kvd_relay *r)
 {
     cJSON *o = cJSON_CreateObject();
@@ -448,11 +483,24 @@ static cJSON *stats_json(struct kvd_relay *r)
     cJSON_AddNumberToObject(o, "bytes_total", (double)s->bytes_total);
     cJSON_AddNumberToObject(o, "held_bytes", (double)s->held_bytes);
     cJSON_AddNumberToObject(o, "queued_bytes", (double)s->queued_bytes);
+    cJSON_AddNumberToObject(o, "assembling_bytes", (double)s->assembling_bytes);
+    cJSON *http = cJSON_AddObjectToObject(o, "http");
+    cJSON_AddNumberToObject(http, "connections", (double)s->http_conns);
+    cJSON_AddNumberToObject(http, "addresses", (double)s->http_addrs);
+    cJSON_AddNumberToObject(http, "refused_addr", (double)s->http_refused_addr);
+    cJSON_AddNumberToObject(http, "refused_conns", (double)s->http_refused_conns);
+    cJSON_AddNumberToObject(http, "timeouts", (double)s->http_timeouts);
+    struct top_addrs top;
+    top_addrs_get(r, &top);
+    cJSON *pa = cJSON_AddObjectToObject(http, "per_addr");
+    for (size_t i = 0; i < top.n; i++)
+        cJSON_AddNumberToObject(pa, top.a[i].addr, top.a[i].n);
     cJSON *ref = cJSON_AddObjectToObject(o, "refused");
     cJSON_AddNumberToObject(ref, "bad_bridge", (double)s->refused_bad_bridge);
     cJSON_AddNumberToObject(ref, "bad_role", (double)s->refused_bad_role);
     cJSON_AddNumberToObject(ref, "dup_role", (double)s->refused_dup_role);
     cJSON_AddNumberToObject(ref, "limit", (double)s->refused_limit);
+    cJSON_AddNumberToObject(ref, "held", (double)s->refused_held);
     cJSON *cl = cJSON_AddObjectToObject(o, "closed");
     cJSON_AddNumberToObject(cl, "partner_timeout", (double)s->timeouts_partner);
     cJSON_AddNumberToObject(cl, "idle_timeout", (double)s->timeouts_idle);
@@ -464,6 +512,11 @@ static cJSON *stats_json(struct kvd_relay *r)
     cJSON_AddNumberToObject(lim, "idle_timeout_ms", r->cfg.idle_timeout_ms);
     cJSON_AddNumberToObject(lim, "ping_interval_ms", r->cfg.ping_interval_ms);
     cJSON_AddNumberToObject(lim, "max_msg_bytes", (double)r->cfg.max_msg_bytes);
+    cJSON_AddNumberToObject(lim, "max_held", (double)r->cfg.max_held);
+    cJSON_AddNumberToObject(lim, "max_held_total", (double)r->cfg.max_held_total);
+    cJSON_AddNumberToObject(lim, "max_fragments", r->cfg.max_fragments);
+    cJSON_AddNumberToObject(lim, "max_assembly", (double)r->cfg.max_assembly);
+    cJSON_AddNumberToObject(lim, "max_conns_per_addr", r->cfg.max_conns_per_addr);
     cJSON_AddBoolToObject(o, "tls", !r->cfg.plain);
     return o;
 }
@@ -504,8 +557,31 @@ static char *metrics_text(struct kvd_relay *r, size_t *len)
                "kvasir_relay_refused_total{reason=\"bad_bridge\"} %" PRIu64 "\n"
                "kvasir_relay_refused_total{reason=\"bad_role\"} %" PRIu64 "\n"
                "kvasir_relay_refused_total{reason=\"dup_role\"} %" PRIu64 "\n"
-               "kvasir_relay_refused_total{reason=\"limit\"} %" PRIu64 "\n",
-            s->refused_bad_bridge, s->refused_bad_role, s->refused_dup_role, s->refused_limit);
+               "kvasir_relay_refused_total{reason=\"limit\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"held\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"http_per_addr\"} %" PRIu64 "\n"
+               "kvasir_relay_refused_total{reason=\"http_conns\"} %" PRIu64 "\n",
+            s->refused_bad_bridge, s->refused_bad_role, s->refused_dup_role, s->refused_limit,
+            s->refused_held, s->http_refused_addr, s->http_refused_conns);
+    fprintf(f, "# HELP kvasir_relay_held_bytes_by_kind Bytes the relay holds, by kind.\n"
+               "# TYPE kvasir_relay_held_bytes_by_kind gauge\n"
+               "kvasir_relay_held_bytes_by_kind{kind=\"unpaired\"} %" PRIu64 "\n"
+               "kvasir_relay_held_bytes_by_kind{kind=\"queued\"} %" PRIu64 "\n"
+               "kvasir_relay_held_bytes_by_kind{kind=\"assembling\"} %" PRIu64 "\n",
+            s->held_bytes, s->queued_bytes, s->assembling_bytes);
+    fprintf(f, "# HELP kvasir_relay_http_connections Open connections, every kind (handshaking, "
+               "plain requests, upgraded).\n# TYPE kvasir_relay_http_connections gauge\n"
+               "kvasir_relay_http_connections %" PRIu64 "\n", s->http_conns);
+    fprintf(f, "# HELP kvasir_relay_http_timeouts_total Connections closed by a deadline "
+               "(handshake, headers, body, idle, write stall).\n"
+               "# TYPE kvasir_relay_http_timeouts_total counter\n"
+               "kvasir_relay_http_timeouts_total %" PRIu64 "\n", s->http_timeouts);
+    struct top_addrs top;
+    top_addrs_get(r, &top);
+    fprintf(f, "# HELP kvasir_relay_addr_connections Open connections from the %d busiest "
+               "addresses (IPv6: /64).\n# TYPE kvasir_relay_addr_connections gauge\n", TOP_ADDRS);
+    for (size_t i = 0; i < top.n; i++)
+        fprintf(f, "kvasir_relay_addr_connections{addr=\"%s\"} %u\n", top.a[i].addr, top.a[i].n);
     fprintf(f, "# HELP kvasir_relay_closed_total Ends closed by the relay, by reason.\n"
                "# TYPE kvasir_relay_closed_total counter\n"
                "kvasir_relay_closed_total{reason=\"partner_timeout\"} %" PRIu64 "\n"
@@ -605,6 +681,12 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
     return a < b ? a : b;
 }
 
+/* The HTTP server's own lines (refused connections, dropped slow readers; rate-limited). */
+static void http_log(void *ud, const char *line)
+{
+    relay_log(ud, "%s", line);
+}
+
 int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
                   const struct kvd_relay_config *cfg, char *err, size_t errlen)
 {
@@ -624,6 +706,14 @@ int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
     if (!c->ping_interval_ms) c->ping_interval_ms = 20000;
     if (!c->max_msg_bytes) c->max_msg_bytes = 16u << 20;
     if (!c->high_water) c->high_water = 64u << 10;
+    if (!c->max_held) c->max_held = 1u << 20;
+    if (!c->max_held_total) c->max_held_total = 64u << 20;
+    if (!c->max_conns_per_addr) {
+        uint64_t n = 2ull * c->max_per_addr + 16;
+        c->max_conns_per_addr = n > (1u << 24) ? (1u << 24) : (uint32_t)n;
+    }
+    if (!c->max_fragments) c->max_fragments = 1024;
+    if (!c->max_assembly) c->max_assembly = 256ull << 20;
     if (c->max_bridges > (1u << 24)) {
         snprintf(err, errlen, "max_bridges %u over the limit %u", c->max_bridges, 1u << 24);
         free(r);
@@ -653,11 +743,16 @@ int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
     /* two ends per bridge, plus room for connections still in their handshake */
     uint64_t conns = 2ull * c->max_bridges + 1024;
     struct net_ws_limits lim = {.max_msg_bytes = c->max_msg_bytes, .low_water = c->high_water / 4,
-                                .max_conns = conns > (1u << 24) ? (1u << 24) : (uint32_t)conns};
+                                .max_conns = conns > (1u << 24) ? (1u << 24) : (uint32_t)conns,
+                                .max_fragments = c->max_fragments, .max_assembly = c->max_assembly,
+                                .max_conns_per_addr = c->max_conns_per_addr,
+                                .header_timeout_ms = c->header_timeout_ms,
+                                .write_timeout_ms = c->write_timeout_ms};
     static const struct net_ws_server_handlers sh = {.on_upgrade = on_upgrade, .on_get = on_get};
     rc = net_ws_server_new(&r->srv, loop, c->listen, r->tls, &lim, &sh, r, err, errlen);
     if (rc < 0)
         goto fail;
+    net_http_server_set_log(net_ws_server_http(r->srv), http_log, r);
     uv_timer_init(loop, &r->tick);
     r->tick.data = r;
     uint32_t period = min_u32(min_u32(c->pair_timeout_ms, c->idle_timeout_ms), c->ping_interval_ms) / 4;
@@ -684,6 +779,16 @@ void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out)
     out->queued_bytes = 0;
     for (const struct relay_end *e = r->ends; e; e = e->next)
         out->queued_bytes += net_ws_pending(e->ws);
+    if (r->closing)
+        return; /* the server may be gone */
+    out->assembling_bytes = net_ws_server_assembling(r->srv);
+    const struct net_http_stats *h = net_http_server_stats(net_ws_server_http(r->srv));
+    out->http_conns = h->conns_open;
+    out->http_addrs = h->addrs;
+    out->http_refused_addr = h->conns_refused_addr;
+    out->http_refused_conns = h->conns_refused;
+    out->http_timeouts = h->timeouts_handshake + h->timeouts_header + h->timeouts_body +
+                         h->timeouts_idle + h->timeouts_write;
 }
 
 static void tick_closed(uv_handle_t *h)
@@ -746,7 +851,9 @@ static void relay_usage(FILE *f)
             "usage: kvd --role relay --listen HOST:PORT (--tls-cert PEM --tls-key PEM | --plain)\n"
             "           [--max-bridges N] [--max-per-addr N] [--pair-timeout MS]\n"
             "           [--idle-timeout MS] [--ping-interval MS] [--max-msg BYTES]\n"
-            "           [--high-water BYTES] [--quiet]\n"
+            "           [--high-water BYTES] [--max-held BYTES] [--max-held-total BYTES]\n"
+            "           [--max-fragments N] [--max-assembly BYTES] [--max-conns-per-addr N]\n"
+            "           [--header-timeout MS] [--write-timeout MS] [--quiet]\n"
             "Pairs the two ends of each ring edge on wss://HOST:PORT/v1/bridge/<id>.\n"
             "GET /v1/relay/status (JSON) and /metrics (Prometheus) report counts.\n");
 }
@@ -764,7 +871,8 @@ int kvd_relay_main(int argc, char **argv)
 {
     struct kvd_relay_config cfg = {0};
     enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_MAXB, O_MAXA, O_PAIR, O_IDLE, O_PING,
-           O_MSG, O_QUIET, O_HELP, O_HIGH };
+           O_MSG, O_QUIET, O_HELP, O_HIGH, O_HELD, O_HELDT, O_FRAGS, O_ASM, O_CPA, O_HDRT,
+           O_WRT };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
         {"listen", required_argument, 0, O_LISTEN},
@@ -778,6 +886,13 @@ int kvd_relay_main(int argc, char **argv)
         {"ping-interval", required_argument, 0, O_PING},
         {"max-msg", required_argument, 0, O_MSG},
         {"high-water", required_argument, 0, O_HIGH},
+        {"max-held", required_argument, 0, O_HELD},
+        {"max-held-total", required_argument, 0, O_HELDT},
+        {"max-fragments", required_argument, 0, O_FRAGS},
+        {"max-assembly", required_argument, 0, O_ASM},
+        {"max-conns-per-addr", required_argument, 0, O_CPA},
+        {"header-timeout", required_argument, 0, O_HDRT},
+        {"write-timeout", required_argument, 0, O_WRT},
         {"quiet", no_argument, 0, O_QUIET},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -825,6 +940,34 @@ int kvd_relay_main(int argc, char **argv)
         case O_HIGH:
             if (parse_u64("--high-water", optarg, 1u << 30, &v)) return 2;
             cfg.high_water = (size_t)v;
+            break;
+        case O_HELD:
+            if (parse_u64("--max-held", optarg, 1u << 30, &v)) return 2;
+            cfg.max_held = v;
+            break;
+        case O_HELDT:
+            if (parse_u64("--max-held-total", optarg, 1ull << 40, &v)) return 2;
+            cfg.max_held_total = v;
+            break;
+        case O_FRAGS:
+            if (parse_u64("--max-fragments", optarg, 1u << 24, &v)) return 2;
+            cfg.max_fragments = (uint32_t)v;
+            break;
+        case O_ASM:
+            if (parse_u64("--max-assembly", optarg, 1ull << 40, &v)) return 2;
+            cfg.max_assembly = v;
+            break;
+        case O_CPA:
+            if (parse_u64("--max-conns-per-addr", optarg, 1u << 24, &v)) return 2;
+            cfg.max_conns_per_addr = (uint32_t)v;
+            break;
+        case O_HDRT:
+            if (parse_u64("--header-timeout", optarg, 86400000, &v)) return 2;
+            cfg.header_timeout_ms = (uint32_t)v;
+            break;
+        case O_WRT:
+            if (parse_u64("--write-timeout", optarg, 86400000, &v)) return 2;
+            cfg.write_timeout_ms = (uint32_t)v;
             break;
         case O_HELP:
             relay_usage(stdout);

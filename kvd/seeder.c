@@ -1,4 +1,5 @@
 /* kvd seeder: the seeder role's command line and event loop around seed/seed.h's server. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,32 @@ static void seeder_usage(void)
             "  Serves models and windows over HTTP: /v1/models, /v1/catalog/<id>,\n"
             "  /v1/windows/<id>/<first>-<last>. Default listen 127.0.0.1:7480.\n"
             "  --port-file PATH   write the bound port there (for --listen HOST:0)\n"
-            "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n");
+            "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n"
+            "  --header-timeout MS, --body-timeout MS, --idle-timeout MS, --write-timeout MS\n"
+            "                     deadlines: request head, request body, keep-alive idle (and a\n"
+            "                     handler's answer), a client that takes no bytes while some wait\n"
+            "  --max-conns N      open connections (default 1024)\n"
+            "  --max-conns-per-addr N  open connections from one address (default 256)\n"
+            "  --max-zstd N       responses compressed at once; more go unencoded (default 16)\n");
+}
+
+/* The HTTP server's own lines (refused connections, dropped slow readers; rate-limited). */
+static void http_log(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "kvd seeder: %s\n", line);
+}
+
+/* "--opt N" with N in 1..max into *out: 0, or -EINVAL after saying why. */
+static int seeder_u32(const char *opt, const char *s, uint32_t max, uint32_t *out)
+{
+    uint64_t v;
+    if (util_parse_u64(s, 1, max, 0, &v, NULL, 0) < 0) {
+        fprintf(stderr, "kvd seeder: %s '%s': expected a whole number from 1 to %u\n", opt, s, max);
+        return -EINVAL;
+    }
+    *out = (uint32_t)v;
+    return 0;
 }
 
 int kvd_seeder_main(int argc, char **argv)
@@ -61,6 +87,21 @@ int kvd_seeder_main(int argc, char **argv)
                 return 2;
             }
             lim.max_send_rate = (uint64_t)r;
+        } else if (i + 1 < argc && (!strcmp(a, "--header-timeout") || !strcmp(a, "--body-timeout") ||
+                                    !strcmp(a, "--idle-timeout") || !strcmp(a, "--write-timeout"))) {
+            uint32_t *f = a[2] == 'h' ? &lim.header_timeout_ms : a[2] == 'b' ? &lim.body_timeout_ms
+                        : a[2] == 'i' ? &lim.idle_timeout_ms : &lim.write_timeout_ms;
+            if (seeder_u32(a, argv[++i], 86400000, f) < 0)
+                return 2;
+        } else if (!strcmp(a, "--max-conns") && i + 1 < argc) {
+            if (seeder_u32(a, argv[++i], 1u << 20, &lim.max_conns) < 0)
+                return 2;
+        } else if (!strcmp(a, "--max-conns-per-addr") && i + 1 < argc) {
+            if (seeder_u32(a, argv[++i], 1u << 20, &lim.max_conns_per_addr) < 0)
+                return 2;
+        } else if (!strcmp(a, "--max-zstd") && i + 1 < argc) {
+            if (seeder_u32(a, argv[++i], 4096, &lim.max_zstd_streams) < 0)
+                return 2;
         } else if (!strcmp(a, "--port-file") && i + 1 < argc) {
             port_file = argv[++i];
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -86,6 +127,7 @@ int kvd_seeder_main(int argc, char **argv)
         fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));
         return 1;
     }
+    net_http_server_set_log(srv, http_log, NULL);
     for (int i = 0; i < n_serve; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s", serve[i]);

@@ -7,6 +7,13 @@
  * stops while a request is being answered, so pipelined requests wait in the socket and are
  * answered in order. The connection is freed only in the close callback of its last handle;
  * a close asked for while zstd work runs on the thread pool waits for that work.
+ *
+ * Every phase the client controls has a deadline on the connection's timer: the TLS
+ * handshake (filtered connections, until the first request byte), the headers, the body,
+ * keep-alive idle time; the handler's time to answer is the idle time. A second timer,
+ * wtimer, runs whenever bytes wait for the socket and is pushed back by each write that
+ * completes: a client that stops reading is dropped after write_timeout_ms in any state.
+ * Connections are counted per address (IPv4, or IPv6 /64) from accept to close.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -16,6 +23,8 @@
 #include <strings.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
 #include <http_parser.h>
 #include <uv.h>
 #include <zstd.h>
@@ -23,6 +32,7 @@
 #include "net/internal.h"
 #include "net/net.h"
 #include "util/err.h"
+#include "util/util.h"
 
 #define HTTP_MAX_HEADERS_CAP 256
 #define HTTP_CHUNK (256u * 1024)           /* bytes asked of a body per read */
@@ -31,6 +41,9 @@
 #define HTTP_PATH_MAX 4096
 #define HTTP_RBUF (64u * 1024)             /* socket read buffer */
 #define HTTP_IN0 (16u * 1024)              /* first size of the input buffer (grows) */
+#define HTTP_ADDR_BUCKETS 256
+#define HTTP_ZPOOL_MAX 8                   /* idle zstd contexts kept per server */
+#define HTTP_LOG_GAP_MS 1000               /* at most one log line a second */
 
 enum conn_state { ST_IDLE, ST_HEADERS, ST_DISPATCHED, ST_UPGRADED };
 enum resp_kind { R_NONE, R_SIMPLE, R_BODY, R_PUSH };
@@ -42,6 +55,13 @@ struct route {
     bool prefix;
     net_http_handler_cb cb;
     void *ud;
+};
+
+/* Open connections from one address (IPv4, or an IPv6 /64). */
+struct addr_ent {
+    struct addr_ent *next;
+    uint32_t n;
+    char addr[INET6_ADDRSTRLEN + 4];
 };
 
 struct net_http_server {
@@ -57,16 +77,26 @@ struct net_http_server {
     int port;
     void (*done)(void *);
     void *done_ud;
+    struct addr_ent *addrs[HTTP_ADDR_BUCKETS];
+    net_http_log_cb log;
+    void *log_ud;
+    uint64_t log_last;          /* loop ms of the last line */
+    uint64_t log_skipped;       /* lines left out since */
+    /* zstd contexts not in use, shared by the thread-pool jobs of every connection */
+    uv_mutex_t zmu;
+    ZSTD_CCtx *zpool[HTTP_ZPOOL_MAX];
+    int zpool_n;
+    char rbuf[HTTP_RBUF];       /* socket reads, shared (see on_alloc) */
 };
 
 /* A body being pulled: shared by the pump and by every write that borrows its memory. */
 struct body_stream {
     struct net_http_body b;
+    struct net_http_server *srv;
     int refs;
     uint64_t off, end;  /* next byte, one past the last */
     uint64_t t0, sent;  /* for the send-rate limit: start (loop ms) and bytes pulled */
     bool zstd, chunked;
-    ZSTD_CCtx *cctx;
 };
 
 struct net_http_req {
@@ -99,8 +129,12 @@ struct net_http_req {
 
 struct net_http_conn {
     uv_tcp_t tcp;
-    uv_timer_t timer;
+    uv_timer_t timer;    /* the deadline of the phase the connection is in */
     uv_timer_t pace;     /* send-rate limit: resumes a body pull */
+    uv_timer_t wtimer;   /* write stall: runs while bytes wait for the socket */
+    struct addr_ent *ae; /* this connection's address count (NULL: not counted) */
+    bool in_body;        /* headers done, the body is being received */
+    bool got_request;    /* a request byte arrived (ends the handshake phase) */
     struct net_http_server *srv;
     struct net_http_conn *prev, *next;
     int handles_open;
@@ -114,8 +148,9 @@ struct net_http_conn {
     const struct net_http_filter *filter;
     char *in;
     size_t in_len, in_pos, in_cap, in_max;
-    char *rbuf;
     size_t queued;
+    uint64_t handed;     /* bytes ever handed to uv_write */
+    uint64_t taken_mark; /* bytes the kernel had taken when wtimer was last started */
     char *scratch;
     struct net_http_req req;
     const struct net_http_upgrade_ops *up;
@@ -145,19 +180,112 @@ static void bs_unref(struct body_stream *bs)
     if (bs->b.release)
         bs->b.release(bs->b.ud);
     free((char *)bs->b.etag);
-    ZSTD_freeCCtx(bs->cctx);
+    if (bs->zstd)
+        bs->srv->stats.zstd_active--;
     free(bs);
+}
+
+/* ------------------------------------------------------------------ log */
+
+/* One line to the owner's log, at most one a second (refusals come in floods). */
+static void srv_log(struct net_http_server *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void srv_log(struct net_http_server *s, const char *fmt, ...)
+{
+    if (!s->log)
+        return;
+    uint64_t now = uv_now(s->loop);
+    if (s->log_last && now - s->log_last < HTTP_LOG_GAP_MS) {
+        s->log_skipped++;
+        return;
+    }
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (s->log_skipped && n >= 0 && (size_t)n < sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, " (%llu similar lines left out)",
+                 (unsigned long long)s->log_skipped);
+    s->log_last = now ? now : 1;
+    s->log_skipped = 0;
+    s->log(s->log_ud, line);
+}
+
+void net_http_server_set_log(struct net_http_server *s, net_http_log_cb cb, void *ud)
+{
+    s->log = cb;
+    s->log_ud = ud;
 }
 
 /* ------------------------------------------------------------------ writes */
 
 static void timer_arm(struct net_http_conn *c, uint32_t ms);
 
+/* Linux's struct tcp_info goes on past glibc's copy of it: pacing rates, then the bytes the
+ * peer has acknowledged (the kernel's ABI, include/uapi/linux/tcp.h). */
+struct tcp_info_acked {
+    struct tcp_info base;
+    uint64_t pacing_rate, max_pacing_rate, bytes_acked;
+};
+_Static_assert(sizeof(struct tcp_info) == 104, "glibc's struct tcp_info is Linux's first 104 bytes");
+
+/* A measure of the client's progress that grows whenever it takes bytes: what the kernel
+ * took from libuv's write queue plus what the client acknowledged. Write completions alone
+ * would punish a client that reads slowly but steadily (a request completes only when all
+ * of it is in the socket buffer, which a large buffer fills long before it drains). */
+static uint64_t bytes_taken(const struct net_http_conn *c)
+{
+    uint64_t n = c->handed - uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+    uv_os_fd_t fd;
+    struct tcp_info_acked ti;
+    socklen_t len = sizeof ti;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 &&
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && len >= sizeof ti)
+        n += ti.bytes_acked;
+    return n;
+}
+
+static void on_write_stall(uv_timer_t *t);
+
+static void wtimer_start(struct net_http_conn *c)
+{
+    c->taken_mark = bytes_taken(c);
+    uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.write_timeout_ms, 0);
+}
+
+/* Nothing taken for write_timeout_ms although bytes wait: the client stopped reading. */
+static void on_write_stall(uv_timer_t *t)
+{
+    struct net_http_conn *c = t->data;
+    if (c->closing || c->queued == 0)
+        return;
+    if (bytes_taken(c) > c->taken_mark) {
+        wtimer_start(c); /* slow, but moving */
+        return;
+    }
+    c->srv->stats.timeouts_write++;
+    srv_log(c->srv, "%s: dropped: %zu bytes queued and none taken for %u ms", c->peer, c->queued,
+            c->srv->lim.write_timeout_ms);
+    conn_close(c);
+}
+
+static void queued_add(struct net_http_conn *c, size_t n)
+{
+    c->handed += n;
+    if (c->queued == 0)
+        wtimer_start(c);
+    c->queued += n;
+    c->srv->stats.queued_bytes += n;
+    c->srv->stats.bytes_sent += n;
+}
+
 static void on_write(uv_write_t *w, int status)
 {
     struct wreq *wr = (struct wreq *)w;
     struct net_http_conn *c = wr->c;
     c->queued -= wr->n;
+    c->srv->stats.queued_bytes -= wr->n;
     free(wr->owned);
     bs_unref(wr->bs);
     free(wr);
@@ -167,6 +295,11 @@ static void on_write(uv_write_t *w, int status)
         conn_close(c);
         return;
     }
+    /* progress: the write-stall deadline starts again, or stops with the queue empty */
+    if (c->queued > 0)
+        wtimer_start(c);
+    else
+        uv_timer_stop(&c->wtimer);
     if (c->st == ST_DISPATCHED)
         timer_arm(c, c->srv->lim.idle_timeout_ms); /* progress: a slow reader gets idle time */
     if (c->close_after_write && c->queued == 0) {
@@ -216,8 +349,7 @@ static int raw_write(struct net_http_conn *c, const void *buf, size_t n, struct 
         free(wr);
         return rc;
     }
-    c->queued += n;
-    c->srv->stats.bytes_sent += n;
+    queued_add(c, n);
     return 0;
 }
 
@@ -243,8 +375,7 @@ static int raw_write_owned(struct net_http_conn *c, char *buf, size_t n)
         free(wr);
         return rc;
     }
-    c->queued += n;
-    c->srv->stats.bytes_sent += n;
+    queued_add(c, n);
     return 0;
 }
 
@@ -283,12 +414,34 @@ const char *net_http_conn_peer(const struct net_http_conn *c) { return c->peer; 
 
 /* ------------------------------------------------------------------ close */
 
+static struct addr_ent **addr_slot(struct net_http_server *s, const char *addr)
+{
+    struct addr_ent **p = &s->addrs[util_hash_str(addr) & (HTTP_ADDR_BUCKETS - 1)];
+    while (*p && strcmp((*p)->addr, addr) != 0)
+        p = &(*p)->next;
+    return p;
+}
+
+size_t net_http_server_addrs(const struct net_http_server *s,
+                             void (*cb)(void *ud, const char *addr, uint32_t n), void *ud)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < HTTP_ADDR_BUCKETS; i++)
+        for (const struct addr_ent *e = s->addrs[i]; e; e = e->next, k++)
+            if (cb)
+                cb(ud, e->addr, e->n);
+    return k;
+}
+
 static void server_maybe_free(struct net_http_server *s)
 {
     if (!s->closing || !s->listener_closed || s->conns)
         return;
     void (*done)(void *) = s->done;
     void *ud = s->done_ud;
+    for (int i = 0; i < s->zpool_n; i++)
+        ZSTD_freeCCtx(s->zpool[i]);
+    uv_mutex_destroy(&s->zmu);
     for (size_t i = 0; i < s->n_routes; i++)
         free(s->routes[i].path);
     free(s->routes);
@@ -324,6 +477,12 @@ static void on_handle_closed(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->stats.conns_open--;
+    if (c->ae && --c->ae->n == 0) {
+        struct addr_ent **p = addr_slot(s, c->ae->addr);
+        *p = c->ae->next;
+        free(c->ae);
+        s->stats.addrs--;
+    }
     if (c->fstate && c->filter && c->filter->close)
         c->filter->close(c->fstate);
     if (c->st == ST_UPGRADED && c->up && c->up->on_close)
@@ -332,10 +491,17 @@ static void on_handle_closed(uv_handle_t *h)
     free(c->req.url);
     free(c->req.hbuf);
     free(c->in);
-    free(c->rbuf);
     free(c->scratch);
     free(c);
     server_maybe_free(s);
+}
+
+static void conn_close_handles(struct net_http_conn *c)
+{
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->pace, on_handle_closed);
+    uv_close((uv_handle_t *)&c->wtimer, on_handle_closed);
 }
 
 static void conn_close(struct net_http_conn *c)
@@ -351,9 +517,7 @@ static void conn_close(struct net_http_conn *c)
     }
     if (c->work_pending)
         return; /* the work's completion closes the handles */
-    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
-    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&c->pace, on_handle_closed);
+    conn_close_handles(c);
 }
 
 void net_http_conn_close(struct net_http_conn *c)
@@ -376,16 +540,30 @@ static void on_timer(uv_timer_t *t)
     struct net_http_conn *c = t->data;
     if (c->closing)
         return;
+    struct net_http_server *s = c->srv;
     if (c->st == ST_HEADERS) {
-        /* a request that never finishes its headers (slowloris): 408 and close */
+        /* a request that never finishes its headers or its body (slowloris): 408, close */
         struct net_http_req *r = &c->req;
         r->keep_alive = false;
         c->st = ST_DISPATCHED;
-        net_http_reply_error(r, 408, "request headers not received within %u ms",
-                             c->srv->lim.header_timeout_ms);
+        if (c->in_body) {
+            s->stats.timeouts_body++;
+            net_http_reply_error(r, 408, "request body not received within %u ms",
+                                 s->lim.body_timeout_ms);
+        } else {
+            s->stats.timeouts_header++;
+            net_http_reply_error(r, 408, "request headers not received within %u ms",
+                                 s->lim.header_timeout_ms);
+        }
         return;
     }
-    conn_close(c); /* idle keep-alive, or no write progress */
+    if (c->st == ST_IDLE && !c->got_request && c->filter)
+        s->stats.timeouts_handshake++;   /* TLS handshake (or silence after it) */
+    else if (c->st == ST_IDLE && !c->got_request)
+        s->stats.timeouts_header++;      /* connected and said nothing */
+    else
+        s->stats.timeouts_idle++;        /* keep-alive idle, or a handler that never answers */
+    conn_close(c);
 }
 
 static void timer_arm(struct net_http_conn *c, uint32_t ms)
@@ -479,7 +657,11 @@ static int on_headers_complete(http_parser *p)
         r->err_status = 413;
         return -1;
     }
-    uv_timer_stop(&c->timer);
+    /* the body has its own deadline; without one the dispatch arms the next */
+    if (p->flags & F_CHUNKED || (p->content_length > 0 && p->content_length != ULLONG_MAX)) {
+        c->in_body = true;
+        timer_arm(c, c->srv->lim.body_timeout_ms);
+    }
     /* a client waiting for permission to send its body (curl does for bodies over 1 KiB) */
     const char *ex = net_http_req_header(r, "Expect");
     if (ex && !r->http10 && strcasecmp(ex, "100-continue") == 0 &&
@@ -533,6 +715,7 @@ static void dispatch(struct net_http_conn *c)
     struct net_http_server *s = c->srv;
     struct net_http_req *r = &c->req;
     c->st = ST_DISPATCHED;
+    c->in_body = false;
     s->stats.requests++;
     if (r->upgrade)
         r->keep_alive = false; /* unless the handler upgrades, the connection ends here */
@@ -594,6 +777,8 @@ static void conn_process(struct net_http_conn *c)
         while (!c->closing && (c->st == ST_IDLE || c->st == ST_HEADERS) && c->in_pos < c->in_len) {
             if (c->st == ST_IDLE) {
                 c->st = ST_HEADERS;
+                c->in_body = false;
+                c->got_request = true;
                 timer_arm(c, c->srv->lim.header_timeout_ms);
             }
             size_t avail = c->in_len - c->in_pos;
@@ -683,10 +868,10 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     struct net_http_conn *c = h->data;
     (void)hint;
-    if (!c->rbuf)
-        c->rbuf = malloc(HTTP_RBUF);
-    b->base = c->rbuf;
-    b->len = c->rbuf ? HTTP_RBUF : 0;
+    /* one read buffer per server: on_read consumes it before the loop reads another socket,
+     * so an idle or stalled connection holds none */
+    b->base = c->srv->rbuf;
+    b->len = HTTP_RBUF;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
@@ -728,6 +913,58 @@ void net_http_conn_read_pause(struct net_http_conn *c, bool pause)
 
 /* ------------------------------------------------------------------ accept */
 
+/* The counting key of a peer: its IPv4 address, or the /64 of an IPv6 one (a host holds a
+ * whole /64, so counting single IPv6 addresses would count nothing). */
+static void addr_key(const uv_tcp_t *tcp, char *out, size_t n)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(out, n, "?");
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)n);
+        return;
+    }
+    if (ss.ss_family != AF_INET6)
+        return;
+    struct in6_addr a = ((struct sockaddr_in6 *)&ss)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&a)) {
+        inet_ntop(AF_INET, &a.s6_addr[12], out, (socklen_t)n);
+        return;
+    }
+    memset(&a.s6_addr[8], 0, 8);
+    char buf[INET6_ADDRSTRLEN];
+    inet_ntop(AF_INET6, &a, buf, sizeof buf);
+    snprintf(out, n, "%s/64", buf);
+}
+
+/* Close a connection over a cap at once: a plain server first tries a 503 without queueing
+ * anything (what the socket does not take is dropped), then the close is logged. */
+static void conn_refuse(struct net_http_conn *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void conn_refuse(struct net_http_conn *c, const char *fmt, ...)
+{
+    struct net_http_server *s = c->srv;
+    if (!s->filter) {
+        static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                                   "Content-Length: 0\r\nRetry-After: 1\r\n\r\n";
+        uv_buf_t b = uv_buf_init((char *)busy, sizeof busy - 1);
+        uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    }
+    if (s->log && uv_now(s->loop) - s->log_last >= HTTP_LOG_GAP_MS) {
+        char line[400];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(line, sizeof line, fmt, ap);
+        va_end(ap);
+        srv_log(s, "%s", line);
+    } else {
+        s->log_skipped += s->log != NULL;
+    }
+    conn_close(c);
+}
+
 static void on_connection(uv_stream_t *ls, int status)
 {
     struct net_http_server *s = ls->data;
@@ -753,10 +990,12 @@ static void on_connection(uv_stream_t *ls, int status)
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->timer);
     uv_timer_init(s->loop, &c->pace);
+    uv_timer_init(s->loop, &c->wtimer);
     c->pace.data = c;
     c->tcp.data = c;
     c->timer.data = c;
-    c->handles_open = 3;
+    c->wtimer.data = c;
+    c->handles_open = 4;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -766,14 +1005,35 @@ static void on_connection(uv_stream_t *ls, int status)
         conn_close(c);
         return;
     }
+    net__tcp_peer(&c->tcp, c->peer, sizeof c->peer);
+    char addr[sizeof c->ae->addr];
+    addr_key(&c->tcp, addr, sizeof addr);
+    struct addr_ent **as = addr_slot(s, addr);
     if (s->stats.conns_open > s->lim.max_conns) {
         s->stats.conns_refused++;
-        conn_close(c);
+        conn_refuse(c, "refused connection from %s: %u connections open (limit %u)", c->peer,
+                    (unsigned)s->stats.conns_open - 1, s->lim.max_conns);
         return;
     }
+    if (*as && (*as)->n >= s->lim.max_conns_per_addr) {
+        s->stats.conns_refused_addr++;
+        conn_refuse(c, "refused connection from %s: %u connections from %s (limit %u)", c->peer,
+                    (*as)->n, addr, s->lim.max_conns_per_addr);
+        return;
+    }
+    if (!*as) {
+        *as = calloc(1, sizeof **as);
+        if (!*as) {
+            conn_close(c);
+            return;
+        }
+        snprintf((*as)->addr, sizeof (*as)->addr, "%s", addr);
+        s->stats.addrs++;
+    }
+    c->ae = *as;
+    c->ae->n++;
     s->stats.conns_accepted++;
     uv_tcp_nodelay(&c->tcp, 1);
-    net__tcp_peer(&c->tcp, c->peer, sizeof c->peer);
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     http_parser_settings_init(&c->ps);
@@ -785,7 +1045,8 @@ static void on_connection(uv_stream_t *ls, int status)
     c->ps.on_body = on_body;
     c->ps.on_message_complete = on_message_complete;
     c->st = ST_IDLE;
-    timer_arm(c, s->lim.header_timeout_ms); /* a connection that says nothing */
+    /* a connection that says nothing, or never finishes its TLS handshake */
+    timer_arm(c, s->filter ? s->lim.handshake_timeout_ms : s->lim.header_timeout_ms);
     if (s->filter) {
         c->filter = s->filter;
         if (s->filter->open(s->filter->ud, c, &c->fstate) < 0) {
@@ -806,7 +1067,10 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
     if (!s)
         return -ENOMEM;
     s->loop = loop;
-    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3, 0};
+    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3, 0,
+                                .body_timeout_ms = 30000, .write_timeout_ms = 30000,
+                                .handshake_timeout_ms = 10000, .max_conns_per_addr = 256,
+                                .copy_high_water = 512u << 10, .max_zstd_streams = 16};
     if (limits) {
         if (limits->max_url) d.max_url = limits->max_url;
         if (limits->max_header_bytes) d.max_header_bytes = limits->max_header_bytes;
@@ -817,7 +1081,15 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
         if (limits->max_conns) d.max_conns = limits->max_conns;
         if (limits->zstd_level) d.zstd_level = limits->zstd_level;
         d.max_send_rate = limits->max_send_rate;
+        if (limits->body_timeout_ms) d.body_timeout_ms = limits->body_timeout_ms;
+        if (limits->write_timeout_ms) d.write_timeout_ms = limits->write_timeout_ms;
+        if (limits->handshake_timeout_ms) d.handshake_timeout_ms = limits->handshake_timeout_ms;
+        if (limits->max_conns_per_addr) d.max_conns_per_addr = limits->max_conns_per_addr;
+        if (limits->copy_high_water) d.copy_high_water = limits->copy_high_water;
+        if (limits->max_zstd_streams) d.max_zstd_streams = limits->max_zstd_streams;
     }
+    if (d.copy_high_water < HTTP_CHUNK)
+        d.copy_high_water = HTTP_CHUNK;
     if (d.max_headers > HTTP_MAX_HEADERS_CAP)
         d.max_headers = HTTP_MAX_HEADERS_CAP;
     if (d.max_url > HTTP_PATH_MAX - 1)
@@ -827,6 +1099,10 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
     if (d.max_body > (1u << 30))
         d.max_body = 1u << 30;
     s->lim = d;
+    if (uv_mutex_init(&s->zmu) != 0) {
+        free(s);
+        return -ENOMEM;
+    }
     uv_tcp_init(loop, &s->listener);
     s->listener.data = s;
     *out = s;
@@ -1076,41 +1352,42 @@ struct zwork {
 
 #define ZPRE 18
 
+/* Each chunk becomes one whole zstd frame (a zstd stream may hold several; decoders,
+ * curl's included, read them in turn), so no compressor outlives a job: a response whose
+ * client stops reading holds only its queued output. Contexts are pooled per server. */
 static void zwork_run(uv_work_t *w)
 {
     struct zwork *z = (struct zwork *)w;
-    size_t cap = ZPRE + ZSTD_compressBound(z->in_n) + ZSTD_CStreamOutSize() + 8;
+    struct net_http_server *s = z->c->srv;
+    size_t cap = ZPRE + ZSTD_compressBound(z->in_n) + 8;
     z->out = malloc(cap);
     if (!z->out) {
         z->err = -ENOMEM;
         return;
     }
-    ZSTD_inBuffer in = {z->in, z->in_n, 0};
-    ZSTD_outBuffer out = {z->out + ZPRE, cap - ZPRE - 8, 0};
-    for (;;) {
-        size_t rem = ZSTD_compressStream2(z->bs->cctx, &out, &in,
-                                          z->last ? ZSTD_e_end : ZSTD_e_continue);
-        if (ZSTD_isError(rem)) {
-            z->err = -EIO;
-            return;
-        }
-        bool done = z->last ? rem == 0 : in.pos == in.size;
-        if (done)
-            break;
-        if (out.pos == out.size) { /* grow */
-            size_t ncap = cap * 2;
-            char *nb = realloc(z->out, ncap);
-            if (!nb) {
-                z->err = -ENOMEM;
-                return;
-            }
-            z->out = nb;
-            cap = ncap;
-            out.dst = z->out + ZPRE;
-            out.size = cap - ZPRE - 8;
-        }
+    ZSTD_CCtx *cc = NULL;
+    uv_mutex_lock(&s->zmu);
+    if (s->zpool_n > 0)
+        cc = s->zpool[--s->zpool_n];
+    uv_mutex_unlock(&s->zmu);
+    if (!cc && !(cc = ZSTD_createCCtx())) {
+        z->err = -ENOMEM;
+        return;
     }
-    z->out_n = out.pos;
+    size_t n = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, s->lim.zstd_level);
+    if (!ZSTD_isError(n))
+        n = ZSTD_compress2(cc, z->out + ZPRE, cap - ZPRE - 8, z->in, z->in_n);
+    if (ZSTD_isError(n))
+        z->err = -EIO;
+    else
+        z->out_n = n;
+    uv_mutex_lock(&s->zmu);
+    if (s->zpool_n < HTTP_ZPOOL_MAX) {
+        s->zpool[s->zpool_n++] = cc;
+        cc = NULL;
+    }
+    uv_mutex_unlock(&s->zmu);
+    ZSTD_freeCCtx(cc);
 }
 
 static void zwork_done(uv_work_t *w, int status)
@@ -1124,9 +1401,7 @@ static void zwork_done(uv_work_t *w, int status)
         free(z->out);
         bs_unref(bs);
         free(z);
-        uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
-        uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-        uv_close((uv_handle_t *)&c->pace, on_handle_closed);
+        conn_close_handles(c);
         return;
     }
     if (status < 0 || z->err < 0) {
@@ -1192,7 +1467,10 @@ static void pump(struct net_http_conn *c)
     if (c->pumping || c->closing || !bs || r->resp_done || c->work_pending)
         return;
     c->pumping = true;
-    while (!c->closing && c->queued < HTTP_HIGH_WATER && !c->work_pending) {
+    /* a body sent from its own memory costs nothing queued; a copy (compressed or
+     * encrypted) is held until written, so less of it is let wait */
+    size_t high = bs->zstd || c->filter ? c->srv->lim.copy_high_water : HTTP_HIGH_WATER;
+    while (!c->closing && c->queued < high && !c->work_pending) {
         if (bs->off >= bs->end && !bs->zstd) {
             c->pumping = false;
             req_finish(r);
@@ -1313,6 +1591,7 @@ int net_http_reply_body(struct net_http_req *r, int status, const char *content_
     bs->b = *body;
     bs->b.etag = body->etag ? strdup(body->etag) : NULL;
     bs->refs = 1;
+    bs->srv = c->srv;
     bs->off = 0;
     bs->t0 = uv_now(c->srv->loop);
     bs->end = body->size;
@@ -1351,6 +1630,10 @@ int net_http_reply_body(struct net_http_req *r, int status, const char *content_
     }
     bs->zstd = body->compressible && status == 200 && !r->http10 &&
                net_http_accepts(ae, "zstd");
+    if (bs->zstd && c->srv->stats.zstd_active >= c->srv->lim.max_zstd_streams) {
+        bs->zstd = false; /* every compressor is busy: identity is always acceptable */
+        c->srv->stats.zstd_declined++;
+    }
     char etag2[160] = "";
     if (etag) {
         size_t el = strlen(etag);
@@ -1366,15 +1649,7 @@ int net_http_reply_body(struct net_http_req *r, int status, const char *content_
     count_status(c->srv, status);
     if (bs->zstd) {
         bs->chunked = true;
-        bs->cctx = ZSTD_createCCtx();
-        if (!bs->cctx ||
-            ZSTD_isError(ZSTD_CCtx_setParameter(bs->cctx, ZSTD_c_compressionLevel,
-                                                c->srv->lim.zstd_level))) {
-            bs_unref(bs);
-            net_http_conn_close(c);
-            return -ENOMEM;
-        }
-        ZSTD_CCtx_setPledgedSrcSize(bs->cctx, body->size);
+        c->srv->stats.zstd_active++; /* until the stream is released (bs_unref) */
     }
     size_t hl;
     char *h = build_head(r, status, content_type, extra, (int64_t)(bs->end - bs->off),

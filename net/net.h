@@ -269,8 +269,10 @@ void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *u
 /* The project's one HTTP/1.1 server (net/http*.c, prefix net_http_), on a libuv loop.
  *
  * Requests are parsed with http-parser; every limit (URL length, header bytes, header count,
- * body bytes, time to receive the headers, keep-alive idle time, connections) is bounded and a
- * violation gets a 4xx reply and a deferred close; the server stays up. Keep-alive and
+ * body bytes, the time of each phase a client controls: TLS handshake, headers, body,
+ * keep-alive idle, a response it does not read; connections in all and per address) is
+ * bounded and a violation gets a 4xx reply and a deferred close, or for a connection over a
+ * cap an immediate close; the server stays up. Keep-alive and
  * pipelining are handled (responses go out in request order). The request path is
  * percent-decoded and refused with 400 when it is not absolute or holds "." / ".." segments,
  * NUL, backslashes or "//", so handlers only ever see a clean path.
@@ -304,10 +306,28 @@ struct net_http_limits {
     uint32_t max_headers;      /* header count (default 64, at most 256; 431) */
     uint32_t max_body;         /* request body bytes (default 1 MiB; 413) */
     uint32_t header_timeout_ms;/* first byte to end of headers (default 10000; 408) */
-    uint32_t idle_timeout_ms;  /* keep-alive idle time (default 60000) */
+    uint32_t idle_timeout_ms;  /* keep-alive idle time, and a handler's time to answer
+                                * (default 60000; close) */
     uint32_t max_conns;        /* open connections (default 1024; extra ones are closed) */
     int zstd_level;            /* zstd level for Content-Encoding (default 3) */
     uint64_t max_send_rate;    /* bytes/s per pulled body (default 0: unlimited) */
+    /* Deadlines on the phases the client controls (every phase of a connection has one). */
+    uint32_t body_timeout_ms;  /* end of headers to end of body (default 30000; 408) */
+    uint32_t write_timeout_ms; /* bytes wait for the client and it takes none of them (none
+                                * acknowledged, none taken from the write queue) for this
+                                * long: dropped, in any state, upgraded too (default 30000) */
+    uint32_t handshake_timeout_ms; /* with a filter (TLS): accept to the first request byte,
+                                * the handshake included (default 10000; close) */
+    /* Connection caps. Every connection counts (plain, TLS, upgraded) from accept to close;
+     * a refused one is closed at once (503 first on a plain server) and logged (rate-limited). */
+    uint32_t max_conns_per_addr; /* from one IPv4 address or IPv6 /64 (default 256) */
+    /* Memory. A compressed or filtered (TLS) body is a copy: at most copy_high_water bytes
+     * of it wait for the socket per connection (default 512 KiB). zstd works on independent
+     * frames per chunk with contexts pooled per server, so a client that does not read holds
+     * no compressor; at most max_zstd_streams responses are compressed at once, others go
+     * out unencoded (default 16). */
+    uint32_t copy_high_water;
+    uint32_t max_zstd_streams;
 };
 
 struct net_http_stats {
@@ -315,6 +335,12 @@ struct net_http_stats {
     uint64_t requests, responses_2xx, responses_3xx, responses_4xx, responses_5xx;
     uint64_t body_bytes_sent;  /* body bytes on the wire (after compression, before framing) */
     uint64_t bytes_sent, bytes_received; /* everything on the socket */
+    uint64_t conns_refused_addr;   /* over max_conns_per_addr (conns_refused: over max_conns) */
+    uint64_t addrs;                /* distinct addresses (IPv6: /64) with open connections */
+    uint64_t timeouts_handshake, timeouts_header, timeouts_body, timeouts_idle, timeouts_write;
+    uint64_t queued_bytes;         /* bytes waiting for the socket, every connection */
+    uint64_t zstd_active;          /* responses being compressed now */
+    uint64_t zstd_declined;        /* sent unencoded because max_zstd_streams were busy */
 };
 
 /* Byte filter between the socket and HTTP (TLS lives here). All callbacks on the loop thread.
@@ -344,7 +370,16 @@ int net_http_server_route(struct net_http_server *s, const char *method, const c
 /* Listen on "HOST:PORT" (IPv4 or [IPv6]; port 0 picks one; see net_http_server_port). */
 int net_http_server_listen(struct net_http_server *s, const char *addr);
 int net_http_server_port(const struct net_http_server *s);
+/* Counters; borrowed, live as long as s. */
 const struct net_http_stats *net_http_server_stats(const struct net_http_server *s);
+/* Where the server's own lines go (refused connections, dropped slow readers), at most one
+ * line a second with a count of those left out; cb NULL: nowhere (the default). */
+typedef void (*net_http_log_cb)(void *ud, const char *line);
+void net_http_server_set_log(struct net_http_server *s, net_http_log_cb cb, void *ud);
+/* Call cb for each address with open connections (its text as counted: "1.2.3.4" or
+ * "2001:db8:1:2::/64") and its count; returns the number of addresses. */
+size_t net_http_server_addrs(const struct net_http_server *s,
+                             void (*cb)(void *ud, const char *addr, uint32_t n), void *ud);
 /* Stop listening, close every connection (pending requests get their abort callback), and
  * free the server once every handle is closed; done (may be NULL) runs then. */
 void net_http_server_close(struct net_http_server *s, void (*done)(void *ud), void *ud);
@@ -496,6 +531,15 @@ struct net_ws_limits {
     uint64_t max_msg_bytes;    /* a larger incoming message closes with 1009 (0: 16 MiB) */
     size_t low_water;          /* on_drain fires when pending send bytes fall below (0: 256 KiB) */
     uint32_t max_conns;        /* server: open connections, upgraded or not (0: 65536) */
+    /* A message being assembled from fragments costs what its frames carry plus a little per
+     * frame, so both are capped: more frames than max_fragments in one message close with
+     * 1009 (0: 1024); on a server, the payload bytes of every message being assembled, all
+     * connections together, stay under max_assembly (0: 256 MiB; a frame that would pass it
+     * closes its connection with 1013). */
+    uint32_t max_fragments;
+    uint64_t max_assembly;
+    /* server: passed to its HTTP server (struct net_http_limits; 0: that default) */
+    uint32_t max_conns_per_addr, header_timeout_ms, write_timeout_ms;
 };
 
 /* Queue a message (copied). 0, -EPIPE once closing, -EINVAL for bad opcode or size. */
@@ -549,6 +593,11 @@ int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const 
                       size_t errlen);
 /* The bound port. */
 int net_ws_server_port(const struct net_ws_server *srv);
+/* The HTTP server underneath (borrowed, lives as long as srv): its stats, per-address counts
+ * and log (net_http_server_stats, net_http_server_addrs, net_http_server_set_log). */
+struct net_http_server *net_ws_server_http(struct net_ws_server *srv);
+/* Payload bytes of messages being assembled from fragments, all connections. */
+uint64_t net_ws_server_assembling(const struct net_ws_server *srv);
 /* Stop listening and abort every connection; the server is freed once all handles have
  * closed (run the loop), and done (may be NULL) runs then. */
 void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void *ud);

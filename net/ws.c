@@ -30,12 +30,31 @@ struct ws_write {
 static void ws_flush(struct net_ws *ws);
 static void ws_process(struct net_ws *ws);
 
+/* The message being assembled is complete or abandoned: its bytes are no longer counted. */
+static void asm_release(struct net_ws *ws)
+{
+    if (ws->asm_total)
+        *ws->asm_total -= ws->asm_bytes;
+    ws->asm_bytes = 0;
+    ws->asm_frags = 0;
+}
+
+/* Set the limits of a new connection (0 fields: defaults). */
+static void ws_limits_set(struct net_ws *ws, const struct net_ws_limits *lim)
+{
+    ws->lim.max_msg_bytes = lim && lim->max_msg_bytes ? lim->max_msg_bytes : (16u << 20);
+    ws->lim.low_water = lim && lim->low_water ? lim->low_water : (256u << 10);
+    ws->lim.max_fragments = lim && lim->max_fragments ? lim->max_fragments : 1024;
+    ws->lim.max_assembly = lim && lim->max_assembly ? lim->max_assembly : (256ull << 20);
+}
+
 /* ---------------------------------------------------------------- handles */
 
 void net__ws_unref(struct net_ws *ws)
 {
     if (--ws->handles_open > 0)
         return;
+    asm_release(ws);
     if (ws->h && ws->h->on_close)
         ws->h->on_close(ws, ws->close_code, ws->close_reason, ws->ud);
     net__http_free(ws->http);
@@ -107,8 +126,7 @@ int net__ws_alloc(struct net_ws **out, uv_loop_t *loop, struct net_tls_ctx *tls,
     ws->server = server;
     ws->close_code = NET_WS_CODE_ABNORMAL;
     snprintf(ws->close_reason, sizeof ws->close_reason, "connection dropped");
-    ws->lim.max_msg_bytes = lim && lim->max_msg_bytes ? lim->max_msg_bytes : (16u << 20);
-    ws->lim.low_water = lim && lim->low_water ? lim->low_water : (256u << 10);
+    ws_limits_set(ws, lim);
     if (tls) {
         int r = net__tls_new(&ws->tls, tls, server, sni);
         if (r < 0) {
@@ -352,6 +370,33 @@ static void ws_frame_start_cb(wslay_event_context_ptr ctx,
 {
     struct net_ws *ws = ud;
     ws->last_rx = uv_now(ws->tcp.loop);
+    /* Data frames: count the message being assembled. wslay keeps each frame of it as a
+     * separate chunk until the last one arrives, so 1-byte fragments would cost many times
+     * their size: the frame count is capped, and so are the bytes, here and server-wide. */
+    if (arg->opcode <= WSLAY_BINARY_FRAME) {
+        if (arg->opcode != WSLAY_CONTINUATION_FRAME)
+            asm_release(ws);
+        uint64_t pl = arg->payload_length < ws->lim.max_msg_bytes ? arg->payload_length
+                                                                   : ws->lim.max_msg_bytes;
+        char why[96];
+        int code = 0;
+        if (++ws->asm_frags > ws->lim.max_fragments) {
+            code = NET_WS_CODE_TOO_BIG;
+            snprintf(why, sizeof why, "message in more than %u fragments", ws->lim.max_fragments);
+        } else if (ws->asm_total && *ws->asm_total + pl > ws->lim.max_assembly) {
+            code = NET_WS_CODE_TRY_LATER;
+            snprintf(why, sizeof why, "server busy: %llu bytes of messages being assembled",
+                     (unsigned long long)*ws->asm_total);
+        }
+        if (code) {
+            wslay_event_queue_close(ctx, (uint16_t)code, (const uint8_t *)why, strlen(why));
+            wslay_event_shutdown_read(ctx);
+            return;
+        }
+        ws->asm_bytes += pl;
+        if (ws->asm_total)
+            *ws->asm_total += pl;
+    }
     /* RFC 6455 5.5.1: a close payload is empty or starts with a 2-byte code; wslay would
      * take one byte as "no code", so fail it here. */
     if (arg->opcode == WSLAY_CONNECTION_CLOSE && arg->payload_length == 1) {
@@ -377,6 +422,7 @@ static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_m
     }
     if (arg->opcode != WSLAY_TEXT_FRAME && arg->opcode != WSLAY_BINARY_FRAME)
         return; /* ping is answered by wslay; pong only refreshes last_rx */
+    asm_release(ws);
     if (ws->state != NET__WS_OPEN)
         return;
     if (ws->h && ws->h->on_msg)
@@ -647,6 +693,9 @@ static void hc_closed(void *ud)
 {
     struct net_ws *ws = ud;
     ws->hc = NULL;
+    /* the server's count may be gone before our timer closes: settle it now */
+    asm_release(ws);
+    ws->asm_total = NULL;
     if (ws->state != NET__WS_CLOSING) {
         ws->state = NET__WS_CLOSING;
         if (ws->close_code == NET_WS_CODE_ABNORMAL)
@@ -661,7 +710,7 @@ static const struct net_http_upgrade_ops hc_ops = {
 };
 
 int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
-                       const struct net_ws_limits *lim)
+                       const struct net_ws_limits *lim, uint64_t *asm_total)
 {
     *out = NULL;
     struct net_ws *ws = calloc(1, sizeof *ws);
@@ -669,10 +718,10 @@ int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
         return -ENOMEM;
     ws->server = true;
     ws->over_http = true;
+    ws->asm_total = asm_total;
     ws->close_code = NET_WS_CODE_ABNORMAL;
     snprintf(ws->close_reason, sizeof ws->close_reason, "connection dropped");
-    ws->lim.max_msg_bytes = lim && lim->max_msg_bytes ? lim->max_msg_bytes : (16u << 20);
-    ws->lim.low_water = lim && lim->low_water ? lim->low_water : (256u << 10);
+    ws_limits_set(ws, lim);
     uv_timer_init(loop, &ws->timer);
     ws->timer.data = ws;
     ws->tcp.loop = loop; /* only the loop pointer is used (uv_now) */

@@ -95,6 +95,11 @@ struct net_ws {
     size_t pending;              /* bytes handed to uv_write, not yet written */
     bool above_low;
     uint64_t last_rx;
+    /* the data message being assembled: its frames and payload bytes so far, counted also
+     * in *asm_total (the server's, NULL on a client) */
+    uint32_t asm_frags;
+    uint64_t asm_bytes;
+    uint64_t *asm_total;
     int close_code;              /* what the peer sent, 1006 if none */
     char close_reason[128];
     char peer[64];
@@ -127,7 +132,7 @@ void net__ws_deadline(struct net_ws *ws, uint64_t ms, const char *reason);
  * is a handle; net__ws_upgrade_http answers the request with response_head (101) and opens
  * framing; net__ws_after_upgrade processes bytes that came with the request. */
 int net__ws_alloc_http(struct net_ws **out, uv_loop_t *loop, const char *peer,
-                       const struct net_ws_limits *lim);
+                       const struct net_ws_limits *lim, uint64_t *asm_total);
 int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char *response_head);
 void net__ws_after_upgrade(struct net_ws *ws);
 

@@ -21,6 +21,7 @@ struct net_ws_server {
     void *ud;
     void (*done)(void *ud);      /* net_ws_server_close's callback */
     void *done_ud;
+    uint64_t assembling;         /* payload bytes of messages being assembled, all connections */
 };
 
 static void ws_request(struct net_http_req *req, void *ud)
@@ -72,7 +73,8 @@ static void ws_request(struct net_http_req *req, void *ud)
         return;
     }
     struct net_ws *ws;
-    if (net__ws_alloc_http(&ws, srv->loop, net_http_req_peer(req), &srv->lim) < 0) {
+    if (net__ws_alloc_http(&ws, srv->loop, net_http_req_peer(req), &srv->lim,
+                           &srv->assembling) < 0) {
         net_http_reply_error(req, 503, "out of memory");
         return;
     }
@@ -122,6 +124,15 @@ int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const 
     struct net_http_limits hl = {.max_url = 1024, .max_header_bytes = 8192, .max_headers = 64,
                                  .max_body = 1, .header_timeout_ms = 10000,
                                  .max_conns = lim && lim->max_conns ? lim->max_conns : 65536};
+    if (lim) {
+        hl.max_conns_per_addr = lim->max_conns_per_addr;
+        if (lim->header_timeout_ms) {
+            hl.header_timeout_ms = lim->header_timeout_ms;
+            hl.body_timeout_ms = lim->header_timeout_ms;
+            hl.handshake_timeout_ms = lim->header_timeout_ms;
+        }
+        hl.write_timeout_ms = lim->write_timeout_ms;
+    }
     int rc = net_http_server_new(&srv->http, loop, &hl);
     if (rc < 0) {
         snprintf(err, errlen, "ws: HTTP server: %s", uv_strerror(rc));
@@ -147,6 +158,16 @@ int net_ws_server_new(struct net_ws_server **out, struct uv_loop_s *loop, const 
 int net_ws_server_port(const struct net_ws_server *srv)
 {
     return net_http_server_port(srv->http);
+}
+
+struct net_http_server *net_ws_server_http(struct net_ws_server *srv)
+{
+    return srv->http;
+}
+
+uint64_t net_ws_server_assembling(const struct net_ws_server *srv)
+{
+    return srv->assembling;
 }
 
 static void server_closed(void *ud)

@@ -9,7 +9,8 @@
  *   GET /v1/windows/<id>/<first>-<last> the stage mini-GGUF of that window, built on the fly:
  *                                       header in memory, tensor bytes straight from the
  *                                       mapped source; Content-Length, ETag, Range, zstd.
- *   GET /v1/seeder/stats                counters (requests, windows, body bytes sent)
+ *   GET /v1/seeder/stats                counters (requests, windows, body bytes sent,
+ *                                       connections, refusals, timeouts, queued bytes)
  * Layers not held: 404 with the reason; malformed ids or ranges: 400. Only the files given
  * to seed_server_add are ever read. */
 

@@ -361,14 +361,22 @@ static void h_stats(struct net_http_req *r, void *ud)
 {
     struct seed_server *s = ud;
     const struct net_http_stats *st = net_http_server_stats(s->srv);
-    char buf[512];
+    char buf[1024];
     int n = snprintf(buf, sizeof buf,
                      "{\"requests\":%" PRIu64 ",\"windows_served\":%" PRIu64
                      ",\"catalogs_served\":%" PRIu64 ",\"body_bytes_sent\":%" PRIu64
                      ",\"bytes_sent\":%" PRIu64 ",\"responses_4xx\":%" PRIu64
-                     ",\"conns_open\":%" PRIu64 "}",
+                     ",\"conns_open\":%" PRIu64 ",\"addrs\":%" PRIu64
+                     ",\"conns_refused\":%" PRIu64 ",\"conns_refused_addr\":%" PRIu64
+                     ",\"timeouts\":{\"handshake\":%" PRIu64 ",\"header\":%" PRIu64
+                     ",\"body\":%" PRIu64 ",\"idle\":%" PRIu64 ",\"write\":%" PRIu64
+                     "},\"queued_bytes\":%" PRIu64 ",\"zstd_active\":%" PRIu64
+                     ",\"zstd_declined\":%" PRIu64 "}",
                      st->requests, s->windows_served, s->catalogs_served, st->body_bytes_sent,
-                     st->bytes_sent, st->responses_4xx, st->conns_open);
+                     st->bytes_sent, st->responses_4xx, st->conns_open, st->addrs,
+                     st->conns_refused, st->conns_refused_addr, st->timeouts_handshake,
+                     st->timeouts_header, st->timeouts_body, st->timeouts_idle,
+                     st->timeouts_write, st->queued_bytes, st->zstd_active, st->zstd_declined);
     net_http_reply(r, 200, "application/json", NULL, buf, (size_t)n);
 }
 

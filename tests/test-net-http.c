@@ -197,10 +197,10 @@ static void *loop_thread(void *arg)
 
 /* ---------------------------------------------------------------- client side */
 
-static int dial(void)
+static int dial_port(int p)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
@@ -209,6 +209,16 @@ static int dial(void)
     struct timeval tv = {10, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
+}
+
+static int dial(void) { return dial_port(port); }
+static int dial3(void) { return dial_port(port3); }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static void sendall(int fd, const void *p, size_t n)
@@ -652,6 +662,128 @@ T_CASE(slow_headers_timeout)
     free(r.body);
 }
 
+/* Headers that announce a body, then nothing: the body has its own deadline (300 ms). */
+T_CASE(stalled_body_timeout)
+{
+    uint64_t before = net_http_server_stats(srv)->timeouts_body;
+    int fd = dial();
+    T_ASSERT(fd >= 0, "connect");
+    const char *q = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc";
+    sendall(fd, q, strlen(q));
+    double t0 = now_s();
+    struct client c;
+    memset(&c, 0, sizeof c);
+    c.fd = fd;
+    http_parser_init(&c.p, HTTP_RESPONSE);
+    struct resp r;
+    client_read(&c, &r, false);
+    double dt = now_s() - t0;
+    T_CHECK(r.status == 408 && strstr((char *)r.body, "body"), "a stalled body gets 408: %d", r.status);
+    T_CHECK(dt < 2.0, "within its deadline: %.2f s", dt);
+    T_CHECK(peer_closed(fd), "and the connection is closed");
+    T_CHECK(net_http_server_stats(srv)->timeouts_body == before + 1, "counted as a body timeout");
+    free(r.body);
+    close(fd);
+}
+
+/* A client that asks for 6 MiB and reads nothing is dropped after write_timeout_ms (400). */
+T_CASE(write_stall_dropped)
+{
+    const struct net_http_stats *st = net_http_server_stats(srv);
+    uint64_t before = st->timeouts_write, open0 = st->conns_open;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    const char *q = "GET /body HTTP/1.1\r\n\r\n";
+    sendall(fd, q, strlen(q));
+    usleep(300000);
+    T_CHECK(st->conns_open == open0 + 1, "the reader is connected while within its deadline");
+    for (int i = 0; i < 40 && st->timeouts_write == before; i++)
+        usleep(50000);
+    T_CHECK(st->timeouts_write == before + 1, "a client that reads nothing is dropped: %llu",
+            (unsigned long long)(st->timeouts_write - before));
+    usleep(100000);
+    T_CHECK(st->conns_open == open0, "its connection is gone: %llu open",
+            (unsigned long long)st->conns_open);
+    close(fd);
+    struct resp r;
+    roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200, "server still answers: %d", r.status);
+    free(r.body);
+}
+
+/* A client that reads slowly but steadily is not a stalled one: every byte the kernel takes
+ * pushes the write-stall deadline back (400 ms here, 2 s of 32 KiB reads every 100 ms). */
+T_CASE(slow_steady_reader_kept)
+{
+    const struct net_http_stats *st = net_http_server_stats(srv);
+    uint64_t before = st->timeouts_write;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *q = "GET /body HTTP/1.1\r\nConnection: close\r\n\r\n";
+    sendall(fd, q, strlen(q));
+    size_t got = 0;
+    char *b = malloc(1 << 16);
+    for (int i = 0; i < 20; i++) {
+        usleep(100000);
+        for (size_t want = 32768; want > 0;) {
+            ssize_t k = recv(fd, b, want, 0);
+            if (k <= 0)
+                break;
+            got += (size_t)k;
+            want -= (size_t)k;
+        }
+    }
+    T_CHECK(st->timeouts_write == before, "a steady reader was dropped after %zu bytes", got);
+    for (;;) {
+        ssize_t k = recv(fd, b, 1 << 16, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    T_CHECK(got > BIG, "and gets the whole body: %zu bytes of %u + head", got, BIG);
+    free(b);
+    close(fd);
+}
+
+/* Every connection counts against the per-address cap (4 on server 3), idle ones too; the
+ * one over it gets a 503 and is closed at once; a slot freed is usable again. */
+T_CASE(per_address_cap)
+{
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = dial3();
+        T_ASSERT(fds[i] >= 0, "connect %d", i);
+    }
+    usleep(100000);
+    int x = dial3();
+    T_ASSERT(x >= 0, "connect 5");
+    char b[256] = "";
+    ssize_t k = recv(x, b, sizeof b - 1, 0);
+    T_CHECK(k > 0 && strncmp(b, "HTTP/1.1 503", 12) == 0, "the 5th connection gets 503: %s", b);
+    T_CHECK(peer_closed(x), "and is closed");
+    close(x);
+    T_CHECK(net_http_server_stats(srv3)->conns_refused_addr == 1, "counted as a per-address refusal");
+    close(fds[0]);
+    usleep(100000);
+    fds[0] = dial3();
+    const char *q = "GET /body HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n";
+    sendall(fds[0], q, strlen(q));
+    k = recv(fds[0], b, sizeof b - 1, 0);
+    T_CHECK(k > 0 && strncmp(b, "HTTP/1.1 206", 12) == 0, "a freed slot serves again: %.20s", b);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+}
+
 T_CASE(upgrade_echo)
 {
     struct client c;
@@ -770,7 +902,8 @@ T_CASE(unit_helpers)
 static int servers_up(void)
 {
     uv_loop_init(&loop);
-    struct net_http_limits lim = {.header_timeout_ms = 300, .idle_timeout_ms = 5000};
+    struct net_http_limits lim = {.header_timeout_ms = 300, .idle_timeout_ms = 5000,
+                                  .body_timeout_ms = 300, .write_timeout_ms = 400};
     if (net_http_server_new(&srv, &loop, &lim) != 0 ||
         net_http_server_route(srv, "GET", "/hello", h_hello, NULL) != 0 ||
         net_http_server_route(srv, "GET", "/body", h_body, NULL) != 0 ||
@@ -793,7 +926,7 @@ static int servers_up(void)
     }
     net_http_server_set_filter(srv2, &xfilter);
     port2 = net_http_server_port(srv2);
-    struct net_http_limits lim3 = {.max_send_rate = 2u << 20};
+    struct net_http_limits lim3 = {.max_send_rate = 2u << 20, .max_conns_per_addr = 4};
     if (net_http_server_new(&srv3, &loop, &lim3) != 0 ||
         net_http_server_route(srv3, "GET", "/body", h_body, NULL) != 0 ||
         net_http_server_listen(srv3, "127.0.0.1:0") != 0) {
@@ -839,6 +972,10 @@ int main(int argc, char **argv)
     T_RUN(ranges_head_conditionals);
     T_RUN(full_body_and_zstd);
     T_RUN(slow_headers_timeout);
+    T_RUN(stalled_body_timeout);
+    T_RUN(write_stall_dropped);
+    T_RUN(slow_steady_reader_kept);
+    T_RUN(per_address_cap);
     T_RUN(upgrade_echo);
     T_RUN(filter_in_front);
     T_RUN(send_rate_limit);

@@ -1,4 +1,4 @@
-/* util/mem.c — growing arrays. */
+/* util/mem.c — growing arrays, hashing names. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,4 +16,12 @@ int util_grow(void **p, size_t *cap, size_t size, size_t first)
     *p = q;
     *cap = c;
     return 0;
+}
+
+uint64_t util_hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
 }

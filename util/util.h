@@ -34,6 +34,9 @@ bool util_is_help(const char *arg);
  * -ENOMEM with *p and *cap unchanged. */
 int util_grow(void **p, size_t *cap, size_t size, size_t first);
 
+/* FNV-1a hash of a NUL-terminated string, for hash tables keyed by names. */
+uint64_t util_hash_str(const char *s);
+
 /* Formats a message into err[errlen] for the `char *err, size_t errlen` pair of fallible calls;
  * nothing when err is NULL or errlen is 0. */
 void util_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
