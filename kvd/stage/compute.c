@@ -50,6 +50,8 @@ struct kvd_compute {
     size_t rows_cap, x_cap, logits_cap;
     uint32_t max_batch;         /* rows one window run may take */
     uint32_t batch_wait_us;     /* how long a batch waits for more steps (0: never) */
+    bool last_solo;             /* the last step run: a prompt too long to batch, alone */
+    bool last_prompt;           /* the last step run held a prompt (several rows) */
     struct kvd_compute_stats stats;   /* under mu */
 };
 
@@ -281,76 +283,203 @@ static bool seen_has(const uint64_t *seen, uint32_t n, uint64_t id)
     return false;
 }
 
-/* With c->mu held: move queued STEP jobs that can join batch[0..*nb) into it. A job joins when
- * it is a STEP of a session not met before in the queue (so a session's jobs keep their order
- * and none passes its session's OPEN or CLOSE), and the rows stay within cap. */
-static void batch_gather(struct kvd_compute *c, struct kvd_job **batch, uint32_t *nb,
-                         uint32_t *rows, uint32_t cap)
+/* Rows one run of several sessions may take: max_batch, the window's row-exact limit. 0 or
+ * 1: every run takes one session's step. */
+static uint32_t batch_cap(const struct kvd_compute *c)
 {
-    uint64_t seen[KVD_BATCH_SEEN_MAX];
-    uint32_t ns = 0;
-    for (uint32_t k = 0; k < *nb; k++)
-        seen[ns++] = batch[k]->session;
-    struct kvd_job *prev = NULL, *q = c->in_head;
-    while (q && *nb < KVD_BATCH_JOBS_MAX && *rows < cap) {
-        struct kvd_job *next = q->next;
-        if (!seen_has(seen, ns, q->session)) {
-            if (q->kind == KVD_JOB_STEP && *rows + q->n <= cap) {
-                if (prev)
-                    prev->next = next;
-                else
-                    c->in_head = next;
-                if (c->in_tail == q)
-                    c->in_tail = prev;
-                q->next = NULL;
-                batch[(*nb)++] = q;
-                *rows += q->n;
-                seen[ns++] = q->session;
-                q = next;
-                continue;
-            }
-            if (ns == KVD_BATCH_SEEN_MAX)
-                break;   /* cannot tell later jobs' sessions apart any more */
-            seen[ns++] = q->session;
-        }
-        prev = q;
-        q = next;
-    }
+    uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
+    return cap > KVD_BATCH_ROWS_MAX ? KVD_BATCH_ROWS_MAX : cap;
 }
 
-/* With c->mu held and the queue not empty: take the next job, and when it is a STEP the
- * queued STEPs of other sessions that can run with it (waiting up to batch_wait_us for more). */
-static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
+/* What the next run takes: jobs whole, and of the last one (split) only its first split_rows
+ * rows (0: whole). */
+struct plan {
+    struct kvd_job *take[KVD_BATCH_JOBS_MAX];
+    uint32_t n, rows, split_rows;
+};
+
+/* With c->mu held: the STEP jobs that may run next, oldest first (queue order): the first
+ * queued job of each session, when it is a STEP (so a session's jobs keep their order and none
+ * passes its session's OPEN or CLOSE). Returns how many. */
+static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out)
 {
-    struct kvd_job *j = c->in_head;
-    c->in_head = j->next;
-    if (!c->in_head)
-        c->in_tail = NULL;
+    uint64_t seen[KVD_BATCH_SEEN_MAX];
+    uint32_t ns = 0, n = 0;
+    for (struct kvd_job *q = c->in_head; q && ns < KVD_BATCH_SEEN_MAX; q = q->next) {
+        if (seen_has(seen, ns, q->session))
+            continue;
+        seen[ns++] = q->session;
+        if (q->kind == KVD_JOB_STEP)
+            out[n++] = q;
+    }
+    return n;
+}
+
+static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
+{
+    p->take[p->n++] = j;
+    p->rows += rows;
+    if (rows < j->n)
+        p->split_rows = rows;
+}
+
+/* With c->mu held and a STEP at the head of the queue: the next run (docs/ring.md, "The
+ * batching scheduler"). Decode steps (one row) go first, oldest first, leaving room for the
+ * prompt that waited longest; then prompts fill the rows left, oldest (longest waiting) first,
+ * the last one split to fit when the window allows (chunk_exact). A prompt longer than the
+ * cap that cannot be split runs alone, every other run at most, so decode steps slip in
+ * between. With one session per run, a decode step follows every prompt run. A step alone
+ * in the queue runs whole, as ever. */
+static void plan_make(struct kvd_compute *c, struct plan *p)
+{
+    struct kvd_job *r[KVD_BATCH_SEEN_MAX];
+    uint32_t nr = runnable(c, r), cap = batch_cap(c);
+    memset(p, 0, sizeof *p);
+    if (nr == 0)
+        return;   /* cannot be: the head is a STEP */
+    if (nr == 1) {
+        plan_add(p, r[0], r[0]->n);
+        return;
+    }
+    if (cap < 2) {
+        struct kvd_job *pick = r[0];
+        for (uint32_t i = 0; c->last_prompt && i < nr; i++)
+            if (r[i]->n == 1) {
+                pick = r[i];
+                break;
+            }
+        plan_add(p, pick, pick->n);
+        return;
+    }
+    /* The prompts by how long they have waited (their chunks' rest waits from its last run). */
+    struct kvd_job *pr[KVD_BATCH_SEEN_MAX];
+    uint32_t np = 0;
+    for (uint32_t i = 0; i < nr; i++)
+        if (r[i]->n > 1) {
+            uint32_t k = np++;
+            for (; k > 0 && pr[k - 1]->t_queued > r[i]->t_queued; k--)
+                pr[k] = pr[k - 1];
+            pr[k] = r[i];
+        }
+    if (np && pr[0]->n > cap && !c->b->chunk_exact && !c->last_solo) {
+        plan_add(p, pr[0], pr[0]->n);   /* too long to batch or split: alone */
+        return;
+    }
+    uint32_t reserve = 0;
+    for (uint32_t i = 0; i < np && !reserve; i++)
+        if (pr[i]->n <= cap || c->b->chunk_exact)
+            reserve = pr[i]->n < cap / 3 ? pr[i]->n : cap / 3;
+    for (uint32_t i = 0; i < nr && p->rows + reserve < cap; i++)
+        if (r[i]->n == 1)
+            plan_add(p, r[i], 1);
+    for (uint32_t i = 0; i < np && p->rows < cap; i++) {
+        uint32_t room = cap - p->rows;
+        if (pr[i]->n <= room)
+            plan_add(p, pr[i], pr[i]->n);
+        else if (c->b->chunk_exact)
+            plan_add(p, pr[i], room);
+    }
+    if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the next */
+        plan_add(p, pr[0], pr[0]->n);
+}
+
+/* With c->mu held: unlink j from the queue. */
+static void queue_unlink(struct kvd_compute *c, struct kvd_job *j)
+{
+    struct kvd_job *prev = NULL, *q = c->in_head;
+    for (; q && q != j; q = q->next)
+        prev = q;
+    if (!q)
+        return;
+    if (prev)
+        prev->next = j->next;
+    else
+        c->in_head = j->next;
+    if (c->in_tail == j)
+        c->in_tail = prev;
     j->next = NULL;
-    batch[0] = j;
-    uint32_t nb = 1, rows = j->n;
-    /* A batch of several sessions stays within the rows where the window's matmuls give each
-     * row the result it has alone (F32 weight matmuls of 16 or more rows go to OpenBLAS, whose
-     * sums differ from the per-row path; Q8_0 and others round differently for several rows:
-     * then batch_rows is 0 and steps run one by one), so batching never changes a token
-     * (docs/model.md). A single job of any size keeps today's path exactly. */
-    uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
-    if (cap > KVD_BATCH_ROWS_MAX)
-        cap = KVD_BATCH_ROWS_MAX;
-    if (j->kind != KVD_JOB_STEP || rows >= cap)
-        return nb;
-    batch_gather(c, batch, &nb, &rows, cap);
-    if (c->batch_wait_us && nb < KVD_BATCH_JOBS_MAX && rows < cap) {
+}
+
+/* A new STEP job of j's first rows rows (same session and flags but LAST, which stays with
+ * the rest); j keeps the rest, in the queue. NULL without memory. */
+static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint32_t rows)
+{
+    struct kvd_job *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    *h = (struct kvd_job){.kind = KVD_JOB_STEP, .session = j->session, .pos = j->pos, .n = rows,
+                          .flags = j->flags & (uint8_t)~NET_FL_LAST, .t_queued = j->t_queued,
+                          .runs_waited = j->runs_waited};
+    if (j->tokens) {
+        h->tokens = malloc((size_t)rows * sizeof *h->tokens);
+        if (!h->tokens)
+            goto fail;
+        memcpy(h->tokens, j->tokens, (size_t)rows * sizeof *h->tokens);
+        h->n_tokens = rows;
+    }
+    size_t bytes = (size_t)rows * c->b->n_embd * c->wire_dsize;
+    if (j->in) {
+        h->in = malloc(bytes);
+        if (!h->in)
+            goto fail;
+        memcpy(h->in, j->in, bytes);
+        h->in_len = bytes;
+    }
+    if (j->tokens) {
+        memmove(j->tokens, j->tokens + rows, (size_t)(j->n_tokens - rows) * sizeof *j->tokens);
+        j->n_tokens -= rows;
+    }
+    if (j->in) {
+        memmove(j->in, j->in + bytes, j->in_len - bytes);
+        j->in_len -= bytes;
+    }
+    j->pos += rows;
+    j->n -= rows;
+    return h;
+fail:
+    kvd_job_free(h);
+    return NULL;
+}
+
+/* With c->mu held and the queue not empty: take the next job alone when it opens or closes a
+ * session, else the steps plan_make picks (waiting up to batch_wait_us for more to fill the
+ * cap). *rest: the prompt a chunk was split off, left queued (NULL: none). */
+static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch, struct kvd_job **rest)
+{
+    *rest = NULL;
+    struct kvd_job *j = c->in_head;
+    if (j->kind != KVD_JOB_STEP) {
+        queue_unlink(c, j);
+        batch[0] = j;
+        return 1;
+    }
+    struct plan p;
+    plan_make(c, &p);
+    uint32_t cap = batch_cap(c);
+    if (c->batch_wait_us && p.n < KVD_BATCH_JOBS_MAX && p.rows < cap) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)c->batch_wait_us * 1000;
         dl.tv_sec += (time_t)(ns / 1000000000u);
         dl.tv_nsec = (long)(ns % 1000000000u);
-        while (!c->stop && nb < KVD_BATCH_JOBS_MAX && rows < cap &&
+        while (!c->stop && p.n < KVD_BATCH_JOBS_MAX && p.rows < cap &&
                pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
-            batch_gather(c, batch, &nb, &rows, cap);
+            plan_make(c, &p);
     }
-    return nb;
+    for (uint32_t k = 0; k < p.n; k++) {
+        struct kvd_job *t = p.take[k];
+        if (k + 1 == p.n && p.split_rows) {
+            struct kvd_job *h = split_off(c, t, p.split_rows);
+            if (h) {   /* without memory the prompt runs whole: the same results */
+                batch[k] = h;
+                *rest = t;
+                continue;
+            }
+        }
+        queue_unlink(c, t);
+        batch[k] = t;
+    }
+    return p.n;
 }
 
 static void job_run(struct kvd_compute *c, struct kvd_job *j)
@@ -410,10 +539,16 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
     uint32_t rows = 0;
     for (uint32_t k = 0; k < nb; k++) {
         double w = t_run - batch[k]->t_queued;
+        uint32_t wr = batch[k]->runs_waited;
         st->wait_ms_total += w;
         st->wait_ms_max = fmax(st->wait_ms_max, w);
-        if (batch[k]->n == 1)
+        if (wr > st->max_runs_waited)
+            st->max_runs_waited = wr;
+        if (batch[k]->n == 1) {
             st->dec_wait_ms_max = fmax(st->dec_wait_ms_max, w);
+            if (wr > st->max_dec_runs_waited)
+                st->max_dec_runs_waited = wr;
+        }
         rows += batch[k]->n;
     }
     st->steps_waited += nb;
@@ -431,6 +566,24 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
     }
 }
 
+/* With c->mu held, after a step run: the queued steps waited one more run; a prompt's rest
+ * waits from now; what ran decides the next pick (plan_make). */
+static void after_step_run(struct kvd_compute *c, struct kvd_job **batch, uint32_t nb,
+                           struct kvd_job *rest)
+{
+    for (struct kvd_job *q = c->in_head; q; q = q->next)
+        q->runs_waited += q->kind == KVD_JOB_STEP;
+    if (rest) {
+        rest->t_queued = util_now_ms();
+        rest->runs_waited = 0;
+        c->stats.chunks++;
+    }
+    c->last_solo = nb == 1 && batch[0]->n > batch_cap(c);
+    c->last_prompt = false;
+    for (uint32_t k = 0; k < nb; k++)
+        c->last_prompt = c->last_prompt || batch[k]->n > 1;
+}
+
 static void *thread_main(void *arg)
 {
     struct kvd_compute *c = arg;
@@ -440,8 +593,8 @@ static void *thread_main(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop)
             break;
-        struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
-        uint32_t nb = batch_take(c, batch);
+        struct kvd_job *batch[KVD_BATCH_JOBS_MAX], *rest;
+        uint32_t nb = batch_take(c, batch, &rest);
         pthread_mutex_unlock(&c->mu);
         double t_run = util_now_ms();
         if (nb == 1)
@@ -451,6 +604,8 @@ static void *thread_main(void *arg)
         double run_ms = util_now_ms() - t_run;
         pthread_mutex_lock(&c->mu);
         stats_note(&c->stats, batch, nb, t_run, run_ms);
+        if (batch[0]->kind == KVD_JOB_STEP && !c->stop)
+            after_step_run(c, batch, nb, rest);
         for (uint32_t k = 0; k < nb; k++) {
             if (c->out_tail)
                 c->out_tail->next = batch[k];
