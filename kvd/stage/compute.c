@@ -379,8 +379,8 @@ static void plan_make(struct kvd_compute *c, struct plan *p)
         else if (c->b->chunk_exact)
             plan_add(p, pr[i], room);
     }
-    if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the next */
-        plan_add(p, pr[0], pr[0]->n);
+    if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the oldest */
+        plan_add(p, np ? pr[0] : r[0], np ? pr[0]->n : r[0]->n);
 }
 
 /* With c->mu held: unlink j from the queue. */
@@ -409,7 +409,7 @@ static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint3
         return NULL;
     *h = (struct kvd_job){.kind = KVD_JOB_STEP, .session = j->session, .pos = j->pos, .n = rows,
                           .flags = j->flags & (uint8_t)~NET_FL_LAST, .t_queued = j->t_queued,
-                          .runs_waited = j->runs_waited};
+                          .runs_waited = j->runs_waited, .piece = true};
     if (j->tokens) {
         h->tokens = malloc((size_t)rows * sizeof *h->tokens);
         if (!h->tokens)
@@ -435,6 +435,7 @@ static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint3
     }
     j->pos += rows;
     j->n -= rows;
+    j->piece = true;
     return h;
 fail:
     kvd_job_free(h);
@@ -530,7 +531,8 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
 }
 
 /* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several
- * sessions' steps, and every step's wait from being submitted to t_run. */
+ * sessions' steps, and every step's wait from being submitted to t_run (a one-row step that
+ * is no piece of a split prompt: a decode step's apart). */
 static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uint32_t nb,
                        double t_run, double run_ms)
 {
@@ -544,7 +546,7 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
         st->wait_ms_max = fmax(st->wait_ms_max, w);
         if (wr > st->max_runs_waited)
             st->max_runs_waited = wr;
-        if (batch[k]->n == 1) {
+        if (batch[k]->n == 1 && !batch[k]->piece) {
             st->dec_wait_ms_max = fmax(st->dec_wait_ms_max, w);
             if (wr > st->max_dec_runs_waited)
                 st->max_dec_runs_waited = wr;

@@ -137,6 +137,7 @@ struct kvd_job {
     double t_queued;                /* util_now_ms() at kvd_compute_submit, or at the end of
                                      * the run of the prompt chunk split off before it */
     uint32_t runs_waited;           /* step runs that ended while this step waited */
+    bool piece;                     /* a chunk of a prompt the scheduler split, or its rest */
 };
 
 struct kvd_compute;
