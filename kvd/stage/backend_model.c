@@ -95,8 +95,9 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
 
 /* Rows a window run of several sessions may take with each row's result its solo one: 0 when a
  * weight of the window's layers has a type whose matmul rounds differently for several rows.
- * *chunk_exact: no such weight and none F32 either (F32 goes to a BLAS past
- * KERN_ROWS_EXACT_MAX rows), so a prompt's rows give the same results in chunks of any size. */
+ * *chunk_exact: no such weight and no F32 matmul weight either (F32 goes to a BLAS past
+ * KERN_ROWS_EXACT_MAX rows), so a prompt's rows give the same results in chunks of any size;
+ * the causal conv's F32 kernel (ssm_conv1d) is no matmul's and runs row by row. */
 static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint32_t last,
                                  bool *chunk_exact)
 {
@@ -110,7 +111,7 @@ static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint
             continue;
         if (!kern_type_rows_exact(t->type))
             return 0;
-        f32 = f32 || t->type == KERN_T_F32;
+        f32 = f32 || (t->type == KERN_T_F32 && !strstr(t->name, ".ssm_conv1d."));
     }
     *chunk_exact = !f32;
     return KERN_ROWS_EXACT_MAX;

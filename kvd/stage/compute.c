@@ -298,19 +298,23 @@ struct plan {
     uint32_t n, rows, split_rows;
 };
 
-/* With c->mu held: the STEP jobs that may run next, oldest first (queue order): the first
- * queued job of each session, when it is a STEP (so a session's jobs keep their order and none
- * passes its session's OPEN or CLOSE). Returns how many. */
-static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out)
+/* With c->mu held: the jobs that may run next, oldest first (queue order): the first queued
+ * job of each session (so a session's jobs keep their order and none passes its session's
+ * OPEN or CLOSE). The STEPs into out (returns how many), the first OPEN or CLOSE into *other
+ * (NULL: none). */
+static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out, struct kvd_job **other)
 {
     uint64_t seen[KVD_BATCH_SEEN_MAX];
     uint32_t ns = 0, n = 0;
+    *other = NULL;
     for (struct kvd_job *q = c->in_head; q && ns < KVD_BATCH_SEEN_MAX; q = q->next) {
         if (seen_has(seen, ns, q->session))
             continue;
         seen[ns++] = q->session;
         if (q->kind == KVD_JOB_STEP)
             out[n++] = q;
+        else if (!*other)
+            *other = q;
     }
     return n;
 }
@@ -323,7 +327,7 @@ static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
         p->split_rows = rows;
 }
 
-/* With c->mu held and a STEP at the head of the queue: the next run (docs/ring.md, "The
+/* With c->mu held and no OPEN or CLOSE runnable: the next run (docs/ring.md, "The
  * batching scheduler"). Decode steps (one row) go first, oldest first, leaving room for the
  * prompt that waited longest; then prompts fill the rows left, oldest (longest waiting) first,
  * the last one split to fit when the window allows (chunk_exact). A prompt longer than the
@@ -332,8 +336,8 @@ static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
  * in the queue runs whole, as ever. */
 static void plan_make(struct kvd_compute *c, struct plan *p)
 {
-    struct kvd_job *r[KVD_BATCH_SEEN_MAX];
-    uint32_t nr = runnable(c, r), cap = batch_cap(c);
+    struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
+    uint32_t nr = runnable(c, r, &other), cap = batch_cap(c);
     memset(p, 0, sizeof *p);
     if (nr == 0)
         return;   /* cannot be: the head is a STEP */
@@ -442,14 +446,18 @@ fail:
     return NULL;
 }
 
-/* With c->mu held and the queue not empty: take the next job alone when it opens or closes a
- * session, else the steps plan_make picks (waiting up to batch_wait_us for more to fill the
- * cap). *rest: the prompt a chunk was split off, left queued (NULL: none). */
+/* With c->mu held and the queue not empty: an OPEN or CLOSE that may run alone first (they
+ * are quick, and a session's steps cannot pass its OPEN: run early, every session that has
+ * arrived competes for the next runs), else the steps plan_make picks (waiting up to
+ * batch_wait_us for more to fill the cap). *rest: the prompt a chunk was split off, left
+ * queued (NULL: none). */
 static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch, struct kvd_job **rest)
 {
+    struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
     *rest = NULL;
-    struct kvd_job *j = c->in_head;
-    if (j->kind != KVD_JOB_STEP) {
+    runnable(c, r, &other);
+    if (other || c->in_head->kind != KVD_JOB_STEP) {
+        struct kvd_job *j = other ? other : c->in_head;
         queue_unlink(c, j);
         batch[0] = j;
         return 1;
