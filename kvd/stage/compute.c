@@ -21,6 +21,9 @@
 #define KVD_BATCH_ROWS_MAX KERN_ROWS_EXACT_MAX
 #define KVD_BATCH_JOBS_MAX KVD_BATCH_ROWS_MAX
 #define KVD_BATCH_SEEN_MAX 64
+/* The smallest share of a run's rows a prompt gets when several wait (fewer rows per chunk
+ * would spread prompts thin: every one late). */
+#define KVD_CHUNK_MIN 4
 
 struct csess {
     uint64_t id;
@@ -291,11 +294,12 @@ static uint32_t batch_cap(const struct kvd_compute *c)
     return cap > KVD_BATCH_ROWS_MAX ? KVD_BATCH_ROWS_MAX : cap;
 }
 
-/* What the next run takes: jobs whole, and of the last one (split) only its first split_rows
- * rows (0: whole). */
+/* What the next run takes: of each job take[k] its first rows_of[k] rows (all of them, or a
+ * chunk split off a prompt). */
 struct plan {
     struct kvd_job *take[KVD_BATCH_JOBS_MAX];
-    uint32_t n, rows, split_rows;
+    uint32_t rows_of[KVD_BATCH_JOBS_MAX];
+    uint32_t n, rows;
 };
 
 /* With c->mu held: the jobs that may run next, oldest first (queue order): the first queued
@@ -321,10 +325,9 @@ static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out, struct kvd
 
 static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
 {
+    p->rows_of[p->n] = rows;
     p->take[p->n++] = j;
     p->rows += rows;
-    if (rows < j->n)
-        p->split_rows = rows;
 }
 
 /* With c->mu held and no OPEN or CLOSE runnable: the next run (docs/ring.md, "The
@@ -376,12 +379,16 @@ static void plan_make(struct kvd_compute *c, struct plan *p)
     for (uint32_t i = 0; i < nr && p->rows + reserve < cap; i++)
         if (r[i]->n == 1)
             plan_add(p, r[i], 1);
-    for (uint32_t i = 0; i < np && p->rows < cap; i++) {
+    /* Each prompt's share of the rows left: several prompts progress in one run. */
+    uint32_t share = np ? (cap - p->rows + np - 1) / np : 0;
+    if (share < KVD_CHUNK_MIN)
+        share = KVD_CHUNK_MIN;
+    for (uint32_t i = 0; i < np && p->rows < cap && p->n < KVD_BATCH_JOBS_MAX; i++) {
         uint32_t room = cap - p->rows;
-        if (pr[i]->n <= room)
+        if (pr[i]->n <= room && (pr[i]->n <= share || !c->b->chunk_exact))
             plan_add(p, pr[i], pr[i]->n);
         else if (c->b->chunk_exact)
-            plan_add(p, pr[i], room);
+            plan_add(p, pr[i], room < share ? room : share);
     }
     if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the oldest */
         plan_add(p, np ? pr[0] : r[0], np ? pr[0]->n : r[0]->n);
@@ -449,14 +456,13 @@ fail:
 /* With c->mu held and the queue not empty: an OPEN or CLOSE that may run alone first (they
  * are quick, and a session's steps cannot pass its OPEN: run early, every session that has
  * arrived competes for the next runs), else the steps plan_make picks (waiting up to
- * batch_wait_us for more to fill the cap). *rest: the prompt a chunk was split off, left
- * queued (NULL: none). */
-static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch, struct kvd_job **rest)
+ * batch_wait_us for more to fill the cap); a prompt a chunk is split off stays queued with
+ * the rest. */
+static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
 {
     struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
-    *rest = NULL;
-    runnable(c, r, &other);
-    if (other || c->in_head->kind != KVD_JOB_STEP) {
+    uint32_t nr = runnable(c, r, &other);
+    if (other || nr == 0) {
         struct kvd_job *j = other ? other : c->in_head;
         queue_unlink(c, j);
         batch[0] = j;
@@ -477,11 +483,11 @@ static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch, struct
     }
     for (uint32_t k = 0; k < p.n; k++) {
         struct kvd_job *t = p.take[k];
-        if (k + 1 == p.n && p.split_rows) {
-            struct kvd_job *h = split_off(c, t, p.split_rows);
+        if (p.rows_of[k] < t->n) {
+            struct kvd_job *h = split_off(c, t, p.rows_of[k]);
             if (h) {   /* without memory the prompt runs whole: the same results */
                 batch[k] = h;
-                *rest = t;
+                c->stats.chunks++;
                 continue;
             }
         }
@@ -538,9 +544,16 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
     step_run(c, &j, 1);
 }
 
+/* A decode step: one row that ends its step (LAST: a token follows), no piece of a prompt
+ * the scheduler split here; a predecessor's one-row chunk of a prompt is none. */
+static bool is_decode(const struct kvd_job *j)
+{
+    return j->n == 1 && (j->flags & NET_FL_LAST) && !j->piece;
+}
+
 /* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several
- * sessions' steps, and every step's wait from being submitted to t_run (a one-row step that
- * is no piece of a split prompt: a decode step's apart). */
+ * sessions' steps, and every step's wait from being submitted (or from its session's step
+ * before it ending) to t_run, decode steps' apart. */
 static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uint32_t nb,
                        double t_run, double run_ms)
 {
@@ -554,7 +567,7 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
         st->wait_ms_max = fmax(st->wait_ms_max, w);
         if (wr > st->max_runs_waited)
             st->max_runs_waited = wr;
-        if (batch[k]->n == 1 && !batch[k]->piece) {
+        if (is_decode(batch[k])) {
             st->dec_wait_ms_max = fmax(st->dec_wait_ms_max, w);
             if (wr > st->max_dec_runs_waited)
                 st->max_dec_runs_waited = wr;
@@ -578,16 +591,22 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
 
 /* With c->mu held, after a step run: the queued steps waited one more run; a prompt's rest
  * waits from now; what ran decides the next pick (plan_make). */
-static void after_step_run(struct kvd_compute *c, struct kvd_job **batch, uint32_t nb,
-                           struct kvd_job *rest)
+static void after_step_run(struct kvd_compute *c, struct kvd_job **batch, uint32_t nb)
 {
     for (struct kvd_job *q = c->in_head; q; q = q->next)
         q->runs_waited += q->kind == KVD_JOB_STEP;
-    if (rest) {
-        rest->t_queued = util_now_ms();
-        rest->runs_waited = 0;
-        c->stats.chunks++;
-    }
+    double now = util_now_ms();
+    /* The next queued step of each session that ran waits from now: before, it could not run
+     * (its session's steps run in order), so its wait is the scheduler's from here on. */
+    for (uint32_t k = 0; k < nb; k++)
+        for (struct kvd_job *q = c->in_head; q; q = q->next)
+            if (q->session == batch[k]->session) {
+                if (q->kind == KVD_JOB_STEP) {
+                    q->t_queued = fmax(q->t_queued, now);
+                    q->runs_waited = 0;
+                }
+                break;
+            }
     c->last_solo = nb == 1 && batch[0]->n > batch_cap(c);
     c->last_prompt = false;
     for (uint32_t k = 0; k < nb; k++)
@@ -603,8 +622,8 @@ static void *thread_main(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop)
             break;
-        struct kvd_job *batch[KVD_BATCH_JOBS_MAX], *rest;
-        uint32_t nb = batch_take(c, batch, &rest);
+        struct kvd_job *batch[KVD_BATCH_JOBS_MAX] = {0};
+        uint32_t nb = batch_take(c, batch);
         pthread_mutex_unlock(&c->mu);
         double t_run = util_now_ms();
         if (nb == 1)
@@ -615,7 +634,7 @@ static void *thread_main(void *arg)
         pthread_mutex_lock(&c->mu);
         stats_note(&c->stats, batch, nb, t_run, run_ms);
         if (batch[0]->kind == KVD_JOB_STEP && !c->stop)
-            after_step_run(c, batch, nb, rest);
+            after_step_run(c, batch, nb);
         for (uint32_t k = 0; k < nb; k++) {
             if (c->out_tail)
                 c->out_tail->next = batch[k];
