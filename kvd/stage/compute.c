@@ -332,11 +332,11 @@ static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
 
 /* With c->mu held and no OPEN or CLOSE runnable: the next run (docs/ring.md, "The
  * batching scheduler"). Decode steps (one row) go first, oldest first, leaving room for the
- * prompt that waited longest; then prompts fill the rows left, oldest (longest waiting) first,
- * the last one split to fit when the window allows (chunk_exact). A prompt longer than the
- * cap that cannot be split runs alone, every other run at most, so decode steps slip in
+ * prompt that waited longest; then prompts fill the rows left, the longest waiting first, each
+ * up to its share, split to it when the window allows (chunk_exact). A prompt longer than the
+ * cap that cannot be split runs alone, every other run at most, so other steps slip in
  * between. With one session per run, a decode step follows every prompt run. A step alone
- * in the queue runs whole, as ever. */
+ * at the stage runs whole, as ever. */
 static void plan_make(struct kvd_compute *c, struct plan *p)
 {
     struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
