@@ -3,7 +3,9 @@
  * the whole model (embedding, window, head and sampler): steps of several sessions batched
  * into one backend run give each session the token it gets alone; a batch the backend
  * refuses (an unknown session, a skipped position) fails only the faulty step; the status
- * figures (batches, every step's wait, run times) count what ran. */
+ * figures (batches, every step's wait, run times) count what ran; with decoders stepping while
+ * long prompts arrive, prompts are chunked, tokens stay the solo ones and no decode step
+ * waits more than one run (counted in runs, not wall-clock time). */
 #include "tests/t.h"
 #include "tests/stub_backend.c"
 

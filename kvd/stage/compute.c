@@ -1,7 +1,9 @@
 /* compute.c — the stage's compute thread. The loop submits jobs (open a session, run a step,
- * close a session) to a FIFO; one thread runs them in order on the backend (steps of several
- * sessions as one batched run) and hands them back through uv_async, so the event loop never
- * computes. On the last rank the sessions' samplers (model/model.h) live here too. */
+ * close a session) to a queue; one thread runs them on the backend, each session's in order,
+ * steps of several sessions as one batched run picked by the scheduler (decode steps first,
+ * prompts sharing the rest in chunks: docs/ring.md, "The batching scheduler"), and hands them
+ * back through uv_async, so the event loop never computes. On the last rank the sessions'
+ * samplers (model/model.h) live here too. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
