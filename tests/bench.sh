@@ -38,8 +38,10 @@
 #     --batch-wait-us W (BENCH_RING_BATCH_WAIT_US, default 2000; BENCH_RING_BATCH_MODEL):
 #     32 sessions at once (BENCH_RING_MIXED) with mixed prompt lengths (BENCH_RING_PROMPTS,
 #     default 3,8,17,33,64), and each stage's longest wait of one step from being queued to
-#     its run starting (status: batches.max_wait_ms) against the wait budget plus one batch
-#     (its longest window run); then the aggregate tok/s of 1/4/8/16 sessions there, as
+#     its run starting (status: batches.max_wait_ms; a prompt's chunk from the end of its
+#     last one), of a decode step, both also in runs that passed meanwhile, against the wait
+#     budget plus one batch (its longest window run), and the mean and longest time to a
+#     first token; then the aggregate tok/s of 1/4/8/16 sessions there, as
 #     ratios to one session.
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
@@ -284,7 +286,7 @@ for l in sys.stdin:
             for i in $(seq "$reps"); do
                 out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
                 line=$(echo "$out" | tail -n 1)
-                # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+                # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I ttft_mean_ms M
                 # shellcheck disable=SC2086
                 set -- $line
                 if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
@@ -348,8 +350,8 @@ bench_ring_fair() {
         line=$(echo "$out" | tail -n 1)
         # shellcheck disable=SC2086
         set -- $line
-        printf "  %d sessions, prompts of %s tokens: %8.2f tok/s aggregate, max gap %7.1f ms, first token after at most %7.1f ms\n" \
-            "$mixed" "$plens" "$9" "${11}" "${13}"
+        printf "  %d sessions, prompts of %s tokens: %8.2f tok/s aggregate, max gap %7.1f ms, first token after %7.1f ms mean, %7.1f ms at most\n" \
+            "$mixed" "$plens" "$9" "${11}" "${17:-0}" "${13}"
         "$KVCTL" status --ring "$RD" --json | python3 -c '
 import json, sys
 for l in sys.stdin:
@@ -361,8 +363,10 @@ for l in sys.stdin:
           " against budget %.1f + one batch (longest window run) %.1f ms = %.1f ms" % (
           s["rank"], b["max_wait_ms"], r(b["max_wait_ms"]), b["max_decode_wait_ms"],
           r(b["max_decode_wait_ms"]), b["mean_wait_ms"], b["wait_budget_ms"], b["max_run_ms"], bound))
-    print("            %d batched runs, up to %d steps / %d rows (rows_allowed %d)" % (
-          b["runs"], b["max_steps"], b["max_rows"], b["rows_allowed"]))' || true
+    print("            %d batched runs, up to %d steps / %d rows (rows_allowed %d), %d prompt chunks;"
+          " the longest wait in runs that passed meanwhile: %d for a step, %d for a decode step" % (
+          b["runs"], b["max_steps"], b["max_rows"], b["rows_allowed"], b.get("prompt_chunks", 0),
+          b.get("max_wait_runs", -1), b.get("max_decode_wait_runs", -1)))' || true
     fi
     agg_sessions
 }

@@ -175,6 +175,7 @@ static int stub_open(struct kvd_backend *b, const struct kvd_backend_args *a, ch
     b->head = a->win_last == a->n_layer;
     snprintf(b->arch, sizeof b->arch, "stub");
     b->batch_rows = KERN_ROWS_EXACT_MAX;   /* rows are independent of each other */
+    b->chunk_exact = true;   /* a session's rows run one by one, in order, however split */
     b->eos = -1;
     b->bos = -1;
     return 0;

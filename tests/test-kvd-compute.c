@@ -3,7 +3,9 @@
  * the whole model (embedding, window, head and sampler): steps of several sessions batched
  * into one backend run give each session the token it gets alone; a batch the backend
  * refuses (an unknown session, a skipped position) fails only the faulty step; the status
- * figures (batches, every step's wait, run times) count what ran. */
+ * figures (batches, every step's wait, run times) count what ran; with decoders stepping while
+ * long prompts arrive, prompts are chunked, tokens stay the solo ones and no decode step
+ * waits more than one run (counted in runs, not wall-clock time). */
 #include "tests/t.h"
 #include "tests/stub_backend.c"
 
@@ -18,11 +20,16 @@ struct run {
     struct kvd_job *done[MAX_JOBS];
     unsigned n_done, n_want;
     bool closed;
+    kvd_job_done_cb hook;   /* set: takes every finished job instead (ud: this struct) */
 };
 
 static void on_done(struct kvd_job *j, void *ud)
 {
     struct run *r = ud;
+    if (r->hook) {
+        r->hook(j, r);
+        return;
+    }
     if (r->n_done < MAX_JOBS)
         r->done[r->n_done++] = j;
     else
@@ -210,6 +217,142 @@ T_CASE(refused_batch_fails_only_the_faulty_step)
     run_finish(&r);
 }
 
+/* Many sessions at once: N_DEC sessions decode step after step (each next step submitted
+ * when the last one's token comes back, as round a ring) while N_LONG prompts of LONG rows
+ * each arrive at once. */
+#define N_DEC 4
+#define N_LONG 8
+#define LONG 40
+#define N_STEPS 10
+
+struct mix {
+    struct run r;
+    int32_t tok[N_DEC + N_LONG][N_STEPS];
+    unsigned got[N_DEC + N_LONG], left;
+};
+
+static void prompt_of(uint64_t s, int32_t *p, uint32_t *n)
+{
+    *n = s <= N_DEC ? 2 : LONG;
+    for (uint32_t i = 0; i < *n; i++)
+        p[i] = (int32_t)((s * 37 + i * 11) % 250) + 1;
+}
+
+/* A decoder's next step after token tok at position pos (NULL once it has N_STEPS tokens). */
+static struct kvd_job *next_step(struct mix *m, uint64_t s, uint32_t pos, int32_t tok)
+{
+    return m->got[s - 1] < N_STEPS ? job(KVD_JOB_STEP, s, pos, &tok, 1) : NULL;
+}
+
+static void mix_on_done(struct kvd_job *j, void *ud)
+{
+    struct mix *m = ud;
+    if (j->kind == KVD_JOB_STEP && j->out_type == NET_F_TOKEN && j->rc == 0) {
+        unsigned i = (unsigned)j->session - 1;
+        m->tok[i][m->got[i]++] = j->token;
+        struct kvd_job *n = j->session <= N_DEC ? next_step(m, j->session, j->pos + j->n, j->token) : NULL;
+        if (n)
+            kvd_compute_submit(m->r.c, n);
+        else
+            m->left--;
+    } else if (j->kind == KVD_JOB_STEP && j->rc < 0) {
+        m->left = 0;   /* fails below: a token missing */
+    }
+    kvd_job_free(j);
+    if (m->left == 0)
+        uv_stop(&m->r.loop);
+}
+
+T_CASE(decode_steps_never_wait_behind_prompts)
+{
+    /* Each session's tokens alone, one job at a time: the reference. */
+    struct run alone;
+    int32_t want[N_DEC + N_LONG][N_STEPS], p[LONG];
+    uint32_t n;
+    T_ASSERT(run_start(&alone, 1, 0) == 0, "compute on the stub (one row a run)");
+    for (uint64_t s = 1; s <= N_DEC + N_LONG; s++) {
+        prompt_of(s, p, &n);
+        struct kvd_job *o = job(KVD_JOB_OPEN, s, 0, p, n);
+        run_jobs(&alone, &o, 1);
+        struct kvd_job *st = job(KVD_JOB_STEP, s, 0, p, n);
+        run_jobs(&alone, &st, 1);
+        for (unsigned k = 0; k < (s <= N_DEC ? N_STEPS : 1u); k++) {
+            const struct kvd_job *d = alone.done[alone.n_done - 1];
+            T_ASSERT(d->rc == 0 && d->out_type == NET_F_TOKEN, "session %llu alone: %s",
+                     (unsigned long long)s, d->err);
+            want[s - 1][k] = d->token;
+            if (k + 1 < (s <= N_DEC ? N_STEPS : 1u)) {
+                struct kvd_job *nx = job(KVD_JOB_STEP, s, d->pos + d->n, &d->token, 1);
+                run_jobs(&alone, &nx, 1);
+            }
+        }
+        for (unsigned i = 0; i < alone.n_done; i++)
+            kvd_job_free(alone.done[i]);
+        alone.n_done = 0;
+    }
+    run_finish(&alone);
+
+    /* All at once on a batching stage: decoders' prompts first, then their decode steps and
+     * the long prompts together. */
+    static struct mix m;
+    memset(&m, 0, sizeof m);
+    T_ASSERT(run_start(&m.r, 64, 0) == 0, "compute on the stub (batching)");
+    struct kvd_job *jobs[2 * (N_DEC + N_LONG)];
+    unsigned nj = 0;
+    for (uint64_t s = 1; s <= N_DEC + N_LONG; s++) {
+        prompt_of(s, p, &n);
+        jobs[nj++] = job(KVD_JOB_OPEN, s, 0, p, n);
+    }
+    for (uint64_t s = 1; s <= N_DEC; s++) {
+        prompt_of(s, p, &n);
+        jobs[nj++] = job(KVD_JOB_STEP, s, 0, p, n);
+    }
+    run_jobs(&m.r, jobs, nj);
+    T_ASSERT(m.r.n_done == nj, "opened and prompted: %u of %u jobs back", m.r.n_done, nj);
+    for (uint64_t s = 1; s <= N_DEC; s++) {
+        const struct kvd_job *d = result(&m.r, KVD_JOB_STEP, s);
+        T_ASSERT(d && d->rc == 0, "decoder %llu's prompt", (unsigned long long)s);
+        m.tok[s - 1][m.got[s - 1]++] = d->token;
+    }
+    struct kvd_compute_stats before;
+    kvd_compute_stats(m.r.c, &before);
+    for (unsigned i = 0; i < m.r.n_done; i++)
+        kvd_job_free(m.r.done[i]);
+    m.r.n_done = 0;
+    m.r.hook = mix_on_done;   /* m.r is m's first member */
+    m.left = N_DEC + N_LONG;
+    nj = 0;
+    for (uint64_t s = 1; s <= N_DEC; s++)
+        jobs[nj++] = job(KVD_JOB_STEP, s, 2, &m.tok[s - 1][0], 1);
+    for (uint64_t s = N_DEC + 1; s <= N_DEC + N_LONG; s++) {
+        prompt_of(s, p, &n);
+        jobs[nj++] = job(KVD_JOB_STEP, s, 0, p, n);
+    }
+    for (unsigned i = 0; i < nj; i++)
+        kvd_compute_submit(m.r.c, jobs[i]);
+    uv_run(&m.r.loop, UV_RUN_DEFAULT);
+    for (unsigned s = 0; s < N_DEC + N_LONG; s++) {
+        unsigned nt = s < N_DEC ? N_STEPS : 1;
+        T_CHECK(m.got[s] == nt, "session %u: %u tokens, expected %u", s + 1, m.got[s], nt);
+        for (unsigned k = 0; k < nt && k < m.got[s]; k++)
+            T_CHECK(m.tok[s][k] == want[s][k], "session %u token %u: %d, alone %d", s + 1, k,
+                    m.tok[s][k], want[s][k]);
+    }
+    struct kvd_compute_stats cs;
+    kvd_compute_stats(m.r.c, &cs);
+    /* 8 prompts of 40 rows in runs of at most 15 rows: split into chunks; every decode step
+     * ran in the first run that started after it was queued (or the one after), and every
+     * prompt chunk waited at most one run per other prompt */
+    T_CHECK(cs.chunks >= N_LONG * (LONG / 15), "%llu prompt chunks", (unsigned long long)cs.chunks);
+    T_CHECK(cs.max_rows <= 15, "a run of %u rows", cs.max_rows);
+    T_CHECK(cs.max_dec_runs_waited <= 1, "a decode step waited %u runs", cs.max_dec_runs_waited);
+    T_CHECK(cs.max_runs_waited <= N_LONG, "a step waited %u runs", cs.max_runs_waited);
+    T_CHECK(cs.step_runs - before.step_runs >= N_LONG * LONG / 15,
+            "%llu step runs for %u rows", (unsigned long long)(cs.step_runs - before.step_runs),
+            N_LONG * LONG + N_DEC * (N_STEPS - 1));
+    run_finish(&m.r);
+}
+
 T_CASE(backend_table)
 {
     const struct kvd_backend_kind *m = kvd_backend_kind_at(0), *s = kvd_backend_kind_find("stub");
@@ -224,6 +367,7 @@ int main(int argc, char **argv)
     t_init(argc, argv);
     T_RUN(batched_steps_give_each_session_its_own_token);
     T_RUN(refused_batch_fails_only_the_faulty_step);
+    T_RUN(decode_steps_never_wait_behind_prompts);
     T_RUN(backend_table);
     return T_DONE();
 }

@@ -9,8 +9,9 @@
  *       streamed token line is
  *       timestamped. Prints one line per session (tokens, time to the first token, decode
  *       rate, the longest gap between two consecutive tokens) and a last line
- *       "total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F" where W runs
- *       from the first request to the last end. Exits 1 when a session fails or is cut short.
+ *       "total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I
+ *       ttft_mean_ms M" where W runs from the first request to the last end, F and M the
+ *       longest and the mean time to a first token. Exits 1 when a session fails or is cut short.
  * Bounded: at most 256 sessions, 65536 tokens, 64 prompt tokens each and 16 lengths. */
 #include <pthread.h>
 #include <stdio.h>
@@ -130,7 +131,7 @@ int main(int argc, char **argv)
         }
     }
     int bad = 0;
-    double t0 = 0, t1 = 0, max_gap = 0, ttft_max = 0;
+    double t0 = 0, t1 = 0, max_gap = 0, ttft_max = 0, ttft_sum = 0;
     unsigned long total = 0, worst = 0;
     for (unsigned i = 0; i < n; i++) {
         struct client *c = &cs[i];
@@ -153,10 +154,12 @@ int main(int argc, char **argv)
             max_gap = c->max_gap, worst = i;
         if (ttft > ttft_max)
             ttft_max = ttft;
+        ttft_sum += ttft;
     }
     pthread_barrier_destroy(&go);
     printf("total: sessions %u tokens %lu wall_s %.3f tok_s %.2f max_gap_ms %.1f ttft_max_ms %.1f "
-           "worst_session %lu\n", n, total, t1 - t0, t1 > t0 ? total / (t1 - t0) : 0.0,
-           max_gap * 1e3, ttft_max * 1e3, worst);
+           "worst_session %lu ttft_mean_ms %.1f\n", n, total, t1 - t0,
+           t1 > t0 ? total / (t1 - t0) : 0.0, max_gap * 1e3, ttft_max * 1e3, worst,
+           n ? ttft_sum / n * 1e3 : 0.0);
     return bad;
 }

@@ -1,7 +1,9 @@
 /* compute.c — the stage's compute thread. The loop submits jobs (open a session, run a step,
- * close a session) to a FIFO; one thread runs them in order on the backend (steps of several
- * sessions as one batched run) and hands them back through uv_async, so the event loop never
- * computes. On the last rank the sessions' samplers (model/model.h) live here too. */
+ * close a session) to a queue; one thread runs them on the backend, each session's in order,
+ * steps of several sessions as one batched run picked by the scheduler (decode steps first,
+ * prompts sharing the rest in chunks: docs/ring.md, "The batching scheduler"), and hands them
+ * back through uv_async, so the event loop never computes. On the last rank the sessions'
+ * samplers (model/model.h) live here too. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -21,6 +23,9 @@
 #define KVD_BATCH_ROWS_MAX KERN_ROWS_EXACT_MAX
 #define KVD_BATCH_JOBS_MAX KVD_BATCH_ROWS_MAX
 #define KVD_BATCH_SEEN_MAX 64
+/* The smallest share of a run's rows a prompt gets when several wait (fewer rows per chunk
+ * would spread prompts thin: every one late). */
+#define KVD_CHUNK_MIN 4
 
 struct csess {
     uint64_t id;
@@ -50,6 +55,8 @@ struct kvd_compute {
     size_t rows_cap, x_cap, logits_cap;
     uint32_t max_batch;         /* rows one window run may take */
     uint32_t batch_wait_us;     /* how long a batch waits for more steps (0: never) */
+    bool last_solo;             /* the last step run: a prompt too long to batch, alone */
+    bool last_prompt;           /* the last step run held a prompt (several rows) */
     struct kvd_compute_stats stats;   /* under mu */
 };
 
@@ -281,76 +288,215 @@ static bool seen_has(const uint64_t *seen, uint32_t n, uint64_t id)
     return false;
 }
 
-/* With c->mu held: move queued STEP jobs that can join batch[0..*nb) into it. A job joins when
- * it is a STEP of a session not met before in the queue (so a session's jobs keep their order
- * and none passes its session's OPEN or CLOSE), and the rows stay within cap. */
-static void batch_gather(struct kvd_compute *c, struct kvd_job **batch, uint32_t *nb,
-                         uint32_t *rows, uint32_t cap)
+/* Rows one run of several sessions may take: max_batch, the window's row-exact limit. 0 or
+ * 1: every run takes one session's step. */
+static uint32_t batch_cap(const struct kvd_compute *c)
 {
-    uint64_t seen[KVD_BATCH_SEEN_MAX];
-    uint32_t ns = 0;
-    for (uint32_t k = 0; k < *nb; k++)
-        seen[ns++] = batch[k]->session;
-    struct kvd_job *prev = NULL, *q = c->in_head;
-    while (q && *nb < KVD_BATCH_JOBS_MAX && *rows < cap) {
-        struct kvd_job *next = q->next;
-        if (!seen_has(seen, ns, q->session)) {
-            if (q->kind == KVD_JOB_STEP && *rows + q->n <= cap) {
-                if (prev)
-                    prev->next = next;
-                else
-                    c->in_head = next;
-                if (c->in_tail == q)
-                    c->in_tail = prev;
-                q->next = NULL;
-                batch[(*nb)++] = q;
-                *rows += q->n;
-                seen[ns++] = q->session;
-                q = next;
-                continue;
-            }
-            if (ns == KVD_BATCH_SEEN_MAX)
-                break;   /* cannot tell later jobs' sessions apart any more */
-            seen[ns++] = q->session;
-        }
-        prev = q;
-        q = next;
-    }
+    uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
+    return cap > KVD_BATCH_ROWS_MAX ? KVD_BATCH_ROWS_MAX : cap;
 }
 
-/* With c->mu held and the queue not empty: take the next job, and when it is a STEP the
- * queued STEPs of other sessions that can run with it (waiting up to batch_wait_us for more). */
+/* What the next run takes: of each job take[k] its first rows_of[k] rows (all of them, or a
+ * chunk split off a prompt). */
+struct plan {
+    struct kvd_job *take[KVD_BATCH_JOBS_MAX];
+    uint32_t rows_of[KVD_BATCH_JOBS_MAX];
+    uint32_t n, rows;
+};
+
+/* With c->mu held: the jobs that may run next, oldest first (queue order): the first queued
+ * job of each session (so a session's jobs keep their order and none passes its session's
+ * OPEN or CLOSE). The STEPs into out (returns how many), the first OPEN or CLOSE into *other
+ * (NULL: none). */
+static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out, struct kvd_job **other)
+{
+    uint64_t seen[KVD_BATCH_SEEN_MAX];
+    uint32_t ns = 0, n = 0;
+    *other = NULL;
+    for (struct kvd_job *q = c->in_head; q && ns < KVD_BATCH_SEEN_MAX; q = q->next) {
+        if (seen_has(seen, ns, q->session))
+            continue;
+        seen[ns++] = q->session;
+        if (q->kind == KVD_JOB_STEP)
+            out[n++] = q;
+        else if (!*other)
+            *other = q;
+    }
+    return n;
+}
+
+static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
+{
+    p->rows_of[p->n] = rows;
+    p->take[p->n++] = j;
+    p->rows += rows;
+}
+
+/* With c->mu held and no OPEN or CLOSE runnable: the next run (docs/ring.md, "The
+ * batching scheduler"). Decode steps (one row) go first, oldest first, leaving room for the
+ * prompt that waited longest; then prompts fill the rows left, the longest waiting first, each
+ * up to its share, split to it when the window allows (chunk_exact). A prompt longer than the
+ * cap that cannot be split runs alone, every other run at most, so other steps slip in
+ * between. With one session per run, a decode step follows every prompt run. A step alone
+ * at the stage runs whole, as ever. */
+static void plan_make(struct kvd_compute *c, struct plan *p)
+{
+    struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
+    uint32_t nr = runnable(c, r, &other), cap = batch_cap(c);
+    memset(p, 0, sizeof *p);
+    if (nr == 0)
+        return;   /* cannot be: the head is a STEP */
+    if (nr == 1) {
+        plan_add(p, r[0], r[0]->n);
+        return;
+    }
+    if (cap < 2) {
+        struct kvd_job *pick = r[0];
+        for (uint32_t i = 0; c->last_prompt && i < nr; i++)
+            if (r[i]->n == 1) {
+                pick = r[i];
+                break;
+            }
+        plan_add(p, pick, pick->n);
+        return;
+    }
+    /* The prompts by how long they have waited (their chunks' rest waits from its last run). */
+    struct kvd_job *pr[KVD_BATCH_SEEN_MAX];
+    uint32_t np = 0;
+    for (uint32_t i = 0; i < nr; i++)
+        if (r[i]->n > 1) {
+            uint32_t k = np++;
+            for (; k > 0 && pr[k - 1]->t_queued > r[i]->t_queued; k--)
+                pr[k] = pr[k - 1];
+            pr[k] = r[i];
+        }
+    if (np && pr[0]->n > cap && !c->b->chunk_exact && !c->last_solo) {
+        plan_add(p, pr[0], pr[0]->n);   /* too long to batch or split: alone */
+        return;
+    }
+    uint32_t reserve = 0;
+    for (uint32_t i = 0; i < np && !reserve; i++)
+        if (pr[i]->n <= cap || c->b->chunk_exact)
+            reserve = pr[i]->n < cap / 3 ? pr[i]->n : cap / 3;
+    for (uint32_t i = 0; i < nr && p->rows + reserve < cap; i++)
+        if (r[i]->n == 1)
+            plan_add(p, r[i], 1);
+    /* Each prompt's share of the rows left: several prompts progress in one run. */
+    uint32_t share = np ? (cap - p->rows + np - 1) / np : 0;
+    if (share < KVD_CHUNK_MIN)
+        share = KVD_CHUNK_MIN;
+    for (uint32_t i = 0; i < np && p->rows < cap && p->n < KVD_BATCH_JOBS_MAX; i++) {
+        uint32_t room = cap - p->rows;
+        if (pr[i]->n <= room && (pr[i]->n <= share || !c->b->chunk_exact))
+            plan_add(p, pr[i], pr[i]->n);
+        else if (c->b->chunk_exact)
+            plan_add(p, pr[i], room < share ? room : share);
+    }
+    if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the oldest */
+        plan_add(p, np ? pr[0] : r[0], np ? pr[0]->n : r[0]->n);
+}
+
+/* With c->mu held: unlink j from the queue. */
+static void queue_unlink(struct kvd_compute *c, struct kvd_job *j)
+{
+    struct kvd_job *prev = NULL, *q = c->in_head;
+    for (; q && q != j; q = q->next)
+        prev = q;
+    if (!q)
+        return;
+    if (prev)
+        prev->next = j->next;
+    else
+        c->in_head = j->next;
+    if (c->in_tail == j)
+        c->in_tail = prev;
+    j->next = NULL;
+}
+
+/* A new STEP job of j's first rows rows (same session and flags but LAST, which stays with
+ * the rest); j keeps the rest, in the queue. NULL without memory. */
+static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint32_t rows)
+{
+    struct kvd_job *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    *h = (struct kvd_job){.kind = KVD_JOB_STEP, .session = j->session, .pos = j->pos, .n = rows,
+                          .flags = j->flags & (uint8_t)~NET_FL_LAST, .t_queued = j->t_queued,
+                          .runs_waited = j->runs_waited, .piece = true};
+    if (j->tokens) {
+        h->tokens = malloc((size_t)rows * sizeof *h->tokens);
+        if (!h->tokens)
+            goto fail;
+        memcpy(h->tokens, j->tokens, (size_t)rows * sizeof *h->tokens);
+        h->n_tokens = rows;
+    }
+    size_t bytes = (size_t)rows * c->b->n_embd * c->wire_dsize;
+    if (j->in) {
+        h->in = malloc(bytes);
+        if (!h->in)
+            goto fail;
+        memcpy(h->in, j->in, bytes);
+        h->in_len = bytes;
+    }
+    if (j->tokens) {
+        memmove(j->tokens, j->tokens + rows, (size_t)(j->n_tokens - rows) * sizeof *j->tokens);
+        j->n_tokens -= rows;
+    }
+    if (j->in) {
+        memmove(j->in, j->in + bytes, j->in_len - bytes);
+        j->in_len -= bytes;
+    }
+    j->pos += rows;
+    j->n -= rows;
+    j->piece = true;
+    return h;
+fail:
+    kvd_job_free(h);
+    return NULL;
+}
+
+/* With c->mu held and the queue not empty: an OPEN or CLOSE that may run alone first (they
+ * are quick, and a session's steps cannot pass its OPEN: run early, every session that has
+ * arrived competes for the next runs), else the steps plan_make picks (waiting up to
+ * batch_wait_us for more to fill the cap); a prompt a chunk is split off stays queued with
+ * the rest. */
 static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
 {
-    struct kvd_job *j = c->in_head;
-    c->in_head = j->next;
-    if (!c->in_head)
-        c->in_tail = NULL;
-    j->next = NULL;
-    batch[0] = j;
-    uint32_t nb = 1, rows = j->n;
-    /* A batch of several sessions stays within the rows where the window's matmuls give each
-     * row the result it has alone (F32 weight matmuls of 16 or more rows go to OpenBLAS, whose
-     * sums differ from the per-row path; Q8_0 and others round differently for several rows:
-     * then batch_rows is 0 and steps run one by one), so batching never changes a token
-     * (docs/model.md). A single job of any size keeps today's path exactly. */
-    uint32_t cap = c->max_batch < c->b->batch_rows ? c->max_batch : c->b->batch_rows;
-    if (cap > KVD_BATCH_ROWS_MAX)
-        cap = KVD_BATCH_ROWS_MAX;
-    if (j->kind != KVD_JOB_STEP || rows >= cap)
-        return nb;
-    batch_gather(c, batch, &nb, &rows, cap);
-    if (c->batch_wait_us && nb < KVD_BATCH_JOBS_MAX && rows < cap) {
+    struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
+    uint32_t nr = runnable(c, r, &other);
+    if (other || nr == 0) {
+        struct kvd_job *j = other ? other : c->in_head;
+        queue_unlink(c, j);
+        batch[0] = j;
+        return 1;
+    }
+    struct plan p;
+    plan_make(c, &p);
+    uint32_t cap = batch_cap(c);
+    if (c->batch_wait_us && p.n < KVD_BATCH_JOBS_MAX && p.rows < cap) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)c->batch_wait_us * 1000;
         dl.tv_sec += (time_t)(ns / 1000000000u);
         dl.tv_nsec = (long)(ns % 1000000000u);
-        while (!c->stop && nb < KVD_BATCH_JOBS_MAX && rows < cap &&
+        while (!c->stop && p.n < KVD_BATCH_JOBS_MAX && p.rows < cap &&
                pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
-            batch_gather(c, batch, &nb, &rows, cap);
+            plan_make(c, &p);
     }
-    return nb;
+    for (uint32_t k = 0; k < p.n; k++) {
+        struct kvd_job *t = p.take[k];
+        if (p.rows_of[k] < t->n) {
+            struct kvd_job *h = split_off(c, t, p.rows_of[k]);
+            if (h) {   /* without memory the prompt runs whole: the same results */
+                batch[k] = h;
+                c->stats.chunks++;
+                continue;
+            }
+        }
+        queue_unlink(c, t);
+        batch[k] = t;
+    }
+    return p.n;
 }
 
 static void job_run(struct kvd_compute *c, struct kvd_job *j)
@@ -400,8 +546,16 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
     step_run(c, &j, 1);
 }
 
+/* A decode step: one row that ends its step (LAST: a token follows), no piece of a prompt
+ * the scheduler split here; a predecessor's one-row chunk of a prompt is none. */
+static bool is_decode(const struct kvd_job *j)
+{
+    return j->n == 1 && (j->flags & NET_FL_LAST) && !j->piece;
+}
+
 /* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several
- * sessions' steps, and every step's wait from being submitted to t_run. */
+ * sessions' steps, and every step's wait from being submitted (or from its session's step
+ * before it ending) to t_run, decode steps' apart. */
 static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uint32_t nb,
                        double t_run, double run_ms)
 {
@@ -410,10 +564,16 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
     uint32_t rows = 0;
     for (uint32_t k = 0; k < nb; k++) {
         double w = t_run - batch[k]->t_queued;
+        uint32_t wr = batch[k]->runs_waited;
         st->wait_ms_total += w;
         st->wait_ms_max = fmax(st->wait_ms_max, w);
-        if (batch[k]->n == 1)
+        if (wr > st->max_runs_waited)
+            st->max_runs_waited = wr;
+        if (is_decode(batch[k])) {
             st->dec_wait_ms_max = fmax(st->dec_wait_ms_max, w);
+            if (wr > st->max_dec_runs_waited)
+                st->max_dec_runs_waited = wr;
+        }
         rows += batch[k]->n;
     }
     st->steps_waited += nb;
@@ -431,6 +591,30 @@ static void stats_note(struct kvd_compute_stats *st, struct kvd_job **batch, uin
     }
 }
 
+/* With c->mu held, after a step run: the queued steps waited one more run; a prompt's rest
+ * waits from now; what ran decides the next pick (plan_make). */
+static void after_step_run(struct kvd_compute *c, struct kvd_job **batch, uint32_t nb)
+{
+    for (struct kvd_job *q = c->in_head; q; q = q->next)
+        q->runs_waited += q->kind == KVD_JOB_STEP;
+    double now = util_now_ms();
+    /* The next queued step of each session that ran waits from now: before, it could not run
+     * (its session's steps run in order), so its wait is the scheduler's from here on. */
+    for (uint32_t k = 0; k < nb; k++)
+        for (struct kvd_job *q = c->in_head; q; q = q->next)
+            if (q->session == batch[k]->session) {
+                if (q->kind == KVD_JOB_STEP) {
+                    q->t_queued = fmax(q->t_queued, now);
+                    q->runs_waited = 0;
+                }
+                break;
+            }
+    c->last_solo = nb == 1 && batch[0]->n > batch_cap(c);
+    c->last_prompt = false;
+    for (uint32_t k = 0; k < nb; k++)
+        c->last_prompt = c->last_prompt || batch[k]->n > 1;
+}
+
 static void *thread_main(void *arg)
 {
     struct kvd_compute *c = arg;
@@ -440,7 +624,7 @@ static void *thread_main(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop)
             break;
-        struct kvd_job *batch[KVD_BATCH_JOBS_MAX];
+        struct kvd_job *batch[KVD_BATCH_JOBS_MAX] = {0};
         uint32_t nb = batch_take(c, batch);
         pthread_mutex_unlock(&c->mu);
         double t_run = util_now_ms();
@@ -451,6 +635,8 @@ static void *thread_main(void *arg)
         double run_ms = util_now_ms() - t_run;
         pthread_mutex_lock(&c->mu);
         stats_note(&c->stats, batch, nb, t_run, run_ms);
+        if (batch[0]->kind == KVD_JOB_STEP && !c->stop)
+            after_step_run(c, batch, nb);
         for (uint32_t k = 0; k < nb; k++) {
             if (c->out_tail)
                 c->out_tail->next = batch[k];

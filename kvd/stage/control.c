@@ -78,6 +78,10 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(bo, "waited_steps", (double)cs.steps_waited);
         cJSON_AddNumberToObject(bo, "max_wait_ms", cs.wait_ms_max);
         cJSON_AddNumberToObject(bo, "max_decode_wait_ms", cs.dec_wait_ms_max);
+        /* the same waits counted in step runs that passed meanwhile, and the prompt chunks */
+        cJSON_AddNumberToObject(bo, "max_wait_runs", cs.max_runs_waited);
+        cJSON_AddNumberToObject(bo, "max_decode_wait_runs", cs.max_dec_runs_waited);
+        cJSON_AddNumberToObject(bo, "prompt_chunks", (double)cs.chunks);
         cJSON_AddNumberToObject(bo, "mean_wait_ms",
                                 cs.steps_waited ? cs.wait_ms_total / (double)cs.steps_waited : 0);
         cJSON_AddNumberToObject(bo, "step_runs", (double)cs.step_runs);

@@ -65,6 +65,10 @@ struct kvd_backend {
     /* Most rows one window run of several sessions may take with every row's result the one
      * it has alone; 0: the window's weight types round differently batched. */
     uint32_t batch_rows;
+    /* A session's rows split into runs of any sizes (in order) give the results of one run:
+     * every layer weight row-exact at any row count (no F32, which goes to a BLAS past
+     * KERN_ROWS_EXACT_MAX rows). The scheduler then splits long prompts into chunks. */
+    bool chunk_exact;
     struct model_vocab *vocab; /* rank 0: the tokenizer (NULL without one); immutable */
 };
 
@@ -130,7 +134,10 @@ struct kvd_job {
     int32_t token;
     float logprob;
     double ms;                      /* compute time */
-    double t_queued;                /* util_now_ms() at kvd_compute_submit */
+    double t_queued;                /* util_now_ms() at kvd_compute_submit, or at the end of
+                                     * the run of the prompt chunk split off before it */
+    uint32_t runs_waited;           /* step runs that ended while this step waited */
+    bool piece;                     /* a chunk of a prompt the scheduler split, or its rest */
 };
 
 struct kvd_compute;
@@ -150,6 +157,10 @@ struct kvd_compute_stats {
     uint64_t steps_waited, step_runs;
     double wait_ms_total, wait_ms_max, run_ms_total, run_ms_max;
     double dec_wait_ms_max;     /* the longest wait of a one-row (decode) step */
+    /* the most step runs that passed while one step waited (decode steps apart), and the
+     * prompt chunks split off (docs/ring.md, "The batching scheduler") */
+    uint32_t max_runs_waited, max_dec_runs_waited;
+    uint64_t chunks;
 };
 void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 /* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
