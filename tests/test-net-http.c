@@ -342,6 +342,9 @@ static void client_read(struct client *c, struct resp *r, bool head)
     }
 }
 
+/* The server closed the connection: an orderly end, or a reset (a server that closes with
+ * bytes of ours still unread in its socket, such as a slowloris trickle after its 408, makes
+ * the kernel answer with RST). */
 static bool peer_closed(int fd)
 {
     char b[256];
@@ -350,7 +353,7 @@ static bool peer_closed(int fd)
         if (k == 0)
             return true;
         if (k < 0)
-            return false;
+            return errno == ECONNRESET;
     }
 }
 
