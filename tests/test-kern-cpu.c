@@ -111,7 +111,10 @@ T_CASE(matmul_rows_exact)
     struct kern_pool *p;
     int rc = kern_pool_new(&p, 2);
     T_ASSERT(rc == 0, "pool");
-    rc = kern_pool_reserve(p, 16 * 1280 * 4);
+    /* Batches of 2..16 rows, then prompt-sized ones (every type but F32 holds for any count;
+     * a stage runs prompt chunks of up to 64 rows with decode rows of other sessions). */
+    const int64_t NX = 64, big[] = {24, 40, 64};
+    rc = kern_pool_reserve(p, NX * 1280 * 4);
     T_ASSERT(rc == 0, "reserve");
     for (size_t c = 0; c < N_WT; c++)
         T_CHECK(kern_type_rows_exact(weight_types[c]), "type %s not row-exact",
@@ -121,21 +124,22 @@ T_CASE(matmul_rows_exact)
             continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int64_t rows = shapes[si].rows, cols = shapes[si].cols;
-            float *w = malloc(rows * cols * 4), *x = malloc(16 * cols * 4);
-            float *solo = malloc(16 * rows * 4), *y = malloc(16 * rows * 4);
+            float *w = malloc(rows * cols * 4), *x = malloc(NX * cols * 4);
+            float *solo = malloc(NX * rows * 4), *y = malloc(NX * rows * 4);
             void *wq = malloc(rows * cols * 4);
             ku_seed(500 + si);
             ku_fill(w, rows * cols, 0.1f);
-            ku_fill(x, 16 * cols, 1.0f);
+            ku_fill(x, NX * cols, 1.0f);
             for (size_t c = 0; c < N_WT; c++) {
                 uint32_t t = weight_types[c];
                 if (!quant_weights(t, w, rows, cols, wq))
                     continue;
-                for (int64_t i = 0; i < 16; i++)
+                for (int64_t i = 0; i < NX; i++)
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1,
                                          solo + i * rows) == 0, "matmul");
-                int64_t nmax = t == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : 16;
-                for (int64_t n = 2; n <= nmax; n++) {
+                int64_t nmax = t == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : 16 + 3;
+                for (int64_t k = 2; k <= nmax; k++) {
+                    int64_t n = k <= 16 ? k : big[k - 17];
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
                     for (int64_t i = 0; i < n * rows; i++) {
                         if (memcmp(&y[i], &solo[i], sizeof y[i]) != 0) {

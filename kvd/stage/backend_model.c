@@ -94,12 +94,13 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
 }
 
 /* Rows a window run of several sessions may take with each row's result its solo one: 0 when a
- * weight of the window's layers has a type whose matmul rounds differently for several rows.
- * *chunk_exact: no such weight and no F32 matmul weight either (F32 goes to a BLAS past
- * KERN_ROWS_EXACT_MAX rows), so a prompt's rows give the same results in chunks of any size;
- * the causal conv's F32 kernel (ssm_conv1d) is no matmul's and runs row by row. */
+ * weight of the window's layers has a type whose matmul rounds differently for several rows;
+ * KERN_ROWS_EXACT_MAX when an F32 matmul weight is among them (F32 goes to a BLAS past it);
+ * else any number, so max_rows (what the executor's scratch holds). *chunk_exact: no F32
+ * matmul weight, so a prompt's rows give the same results in chunks of any size; the causal
+ * conv's F32 kernel (ssm_conv1d) is no matmul's and runs row by row. */
 static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint32_t last,
-                                 bool *chunk_exact)
+                                 uint32_t max_rows, bool *chunk_exact)
 {
     uint64_t n = gguf_tensor_count(g);
     *chunk_exact = false;
@@ -114,7 +115,7 @@ static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint
         f32 = f32 || (t->type == KERN_T_F32 && !strstr(t->name, ".ssm_conv1d."));
     }
     *chunk_exact = !f32;
-    return KERN_ROWS_EXACT_MAX;
+    return f32 ? KERN_ROWS_EXACT_MAX : max_rows;
 }
 
 int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
@@ -162,7 +163,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     b->weight_bytes = model_weight_bytes(mb->m);
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
-    b->batch_rows = batch_rows_exact(g, b->first, b->last, &b->chunk_exact);
+    b->batch_rows = batch_rows_exact(g, b->first, b->last, max_batch, &b->chunk_exact);
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;
     if (b->embed) {   /* rank 0 tokenizes prompts and turns tokens into text */

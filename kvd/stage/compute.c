@@ -18,10 +18,11 @@
 #include "ringlib/ring.h"
 
 /* A batch of several sessions' steps: at most this many rows (the backend's batch_rows caps
- * it further) and jobs, and this many distinct sessions looked at in the queue while
- * gathering it. */
-#define KVD_BATCH_ROWS_MAX KERN_ROWS_EXACT_MAX
-#define KVD_BATCH_JOBS_MAX KVD_BATCH_ROWS_MAX
+ * it further: KERN_ROWS_EXACT_MAX for a window with F32 matmul weights) and jobs, and this
+ * many distinct sessions looked at in the queue while gathering it. 64 rows: a prompt chunk
+ * big enough to run at the batched kernels' speed next to the decode rows of other sessions. */
+#define KVD_BATCH_ROWS_MAX 64
+#define KVD_BATCH_JOBS_MAX 32
 #define KVD_BATCH_SEEN_MAX 64
 /* The smallest share of a run's rows a prompt gets when several wait (fewer rows per chunk
  * would spread prompts thin: every one late). */

@@ -63,7 +63,8 @@ struct kvd_backend {
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
     /* Most rows one window run of several sessions may take with every row's result the one
-     * it has alone; 0: the window's weight types round differently batched. */
+     * it has alone: KERN_ROWS_EXACT_MAX with an F32 matmul weight, else what the executor
+     * holds; 0: the window's weight types round differently batched. */
     uint32_t batch_rows;
     /* A session's rows split into runs of any sizes (in order) give the results of one run:
      * every layer weight row-exact at any row count (no F32, which goes to a BLAS past
