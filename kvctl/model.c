@@ -193,7 +193,7 @@ static void generate_usage(FILE *f)
 }
 
 enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
-       OPT_BATCH, OPT_BW, OPT_DEVICE };
+       OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS };
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
@@ -505,11 +505,72 @@ out:
 static void bench_usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvctl bench -m FILE [-p 64] [-n 32] [-t N] [-r 1] [--bandwidth]\n"
+        "usage: kvctl bench -m FILE [-p 64] [-n 32] [-t N] [-r 1] [--bandwidth] [--sessions K,..]\n"
         "Prompt processing (one batch of -p tokens) and text generation (-n tokens one at a\n"
         "time) speed in tokens/s, like llama-bench's pp and tg; -r repetitions (best kept).\n"
         "Also prints the bytes of weights read per generated token; --bandwidth measures the\n"
-        "memory read bandwidth too (the ceiling for generation: bandwidth / those bytes).\n");
+        "memory read bandwidth too (the ceiling for generation: bandwidth / those bytes).\n"
+        "--sessions 1,4,8: for each K, K sessions (each prefilled with its own -p tokens)\n"
+        "generate -n tokens together, one row per session in each batched window pass (what a\n"
+        "ring stage does with concurrent sessions): aggregate tok/s and its ratio to K = 1.\n");
+}
+
+/* K sessions decoding together: each prefilled alone with its own n_pp tokens (untimed), then
+ * n_tg steps of one row per session in one model_window_run_batch, the head over the K rows
+ * and a greedy pick each. The best aggregate tok/s of reps runs into *tok_s. */
+static int bench_sessions(struct runner *r, const int32_t *tokens, long n_pp, long n_tg, long reps,
+                          uint32_t k, double *tok_s)
+{
+    uint32_t nv = r->hp->n_vocab;
+    struct model_batch_row *rows = calloc(k, sizeof *rows);
+    int32_t *tok = calloc(k, sizeof *tok), *prompt = calloc((size_t)n_pp + 1, sizeof *prompt);
+    int rc = rows && tok && prompt ? 0 : -ENOMEM;
+    *tok_s = 0;
+    for (long rep = 0; rc == 0 && rep <= reps; rep++) {   /* rep 0 warms up */
+        for (uint32_t s = 0; rc == 0 && s < k; s++) {
+            uint64_t id = 100 + s;
+            model_session_free(r->e, id);
+            if ((rc = model_session_new(r->e, id)) < 0)
+                break;
+            /* session s's prompt: the bench's tokens rotated by s, so no two are equal */
+            for (long i = 0; i <= n_pp; i++)
+                prompt[i] = tokens[(i + s) % (n_pp + 1)];
+            for (long done = 0; rc == 0 && done < n_pp;) {
+                uint32_t nb = (uint32_t)(n_pp - done < (long)r->max_batch ? n_pp - done : r->max_batch);
+                if ((rc = model_embed(r->e, prompt + done, nb, r->x)) == 0)
+                    rc = model_window_run(r->e, id, (uint32_t)done, nb, r->x);
+                done += nb;
+            }
+            rows[s] = (struct model_batch_row){.id = id, .pos = (uint32_t)n_pp};
+            tok[s] = prompt[n_pp];
+        }
+        long steps = rep == 0 ? (n_tg < 2 ? n_tg : 2) : n_tg;
+        double t0 = util_now_s();
+        for (long g = 0; rc == 0 && g < steps; g++) {
+            if ((rc = model_embed(r->e, tok, k, r->x)) < 0 ||
+                (rc = model_window_run_batch(r->e, rows, k, r->x)) < 0 ||
+                (rc = model_head(r->e, r->x, k, r->logits)) < 0)
+                break;
+            for (uint32_t s = 0; s < k; s++) {
+                const float *lg = r->logits + (size_t)s * nv;
+                uint32_t best = 0;
+                for (uint32_t i = 1; i < nv; i++)
+                    if (lg[i] > lg[best])
+                        best = i;
+                tok[s] = (int32_t)best;
+                rows[s].pos++;
+            }
+        }
+        double t = util_now_s() - t0;
+        if (rc == 0 && rep > 0 && steps > 0 && k * steps / t > *tok_s)
+            *tok_s = k * steps / t;
+    }
+    for (uint32_t s = 0; s < k; s++)
+        model_session_free(r->e, 100 + s);
+    free(rows);
+    free(tok);
+    free(prompt);
+    return rc;
 }
 
 int kvctl_cmd_bench(int argc, char **argv)
@@ -518,9 +579,11 @@ int kvctl_cmd_bench(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},
         {"n-prompt", required_argument, 0, 'p'}, {"n-gen", required_argument, 0, 'n'},
         {"repetitions", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
-        {"bandwidth", no_argument, 0, OPT_BW}, {0, 0, 0, 0}};
+        {"bandwidth", no_argument, 0, OPT_BW}, {"sessions", required_argument, 0, OPT_SESSIONS},
+        {0, 0, 0, 0}};
     bool want_bw = false;
     const char *path = NULL;
+    long sess[16], n_sess = 0, max_sess = 1;
     long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
     int c;
     optind = 1;
@@ -533,6 +596,18 @@ int kvctl_cmd_bench(int argc, char **argv)
         case 'n': rc = kvctl_parse_long("-n", optarg, 0, 65536, &n_tg); break;
         case 'r': rc = kvctl_parse_long("-r", optarg, 1, 100, &reps); break;
         case OPT_BW: want_bw = true; break;
+        case OPT_SESSIONS:
+            for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t && rc == 0;
+                 t = strtok_r(NULL, ",", &save)) {
+                if (n_sess == (long)(sizeof sess / sizeof sess[0])) {
+                    fprintf(stderr, "kvctl bench: --sessions: at most %zu counts\n", sizeof sess / sizeof sess[0]);
+                    rc = -EINVAL;
+                } else if ((rc = kvctl_parse_long("--sessions", t, 1, 64, &sess[n_sess])) == 0 &&
+                           sess[n_sess++] > max_sess) {
+                    max_sess = sess[n_sess - 1];
+                }
+            }
+            break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return 2;
         }
@@ -545,7 +620,8 @@ int kvctl_cmd_bench(int argc, char **argv)
     }
     uint32_t ctx = (uint32_t)(n_pp + n_tg + 1);
     struct runner r;
-    if (runner_open(&r, path, (int)threads, ctx, n_pp > 0 ? (uint32_t)n_pp : 1, "cpu", "bench") < 0)
+    uint32_t mb = n_pp > max_sess ? (uint32_t)n_pp : (uint32_t)max_sess;
+    if (runner_open(&r, path, (int)threads, ctx, mb, "cpu", "bench") < 0)
         return 1;
     int ret = 1, rc;
     int32_t *tokens = malloc((size_t)(n_pp + 1) * sizeof *tokens);
@@ -607,6 +683,20 @@ int kvctl_cmd_bench(int argc, char **argv)
         /* CPU time per token over all threads: what the speed would be with the threads'
          * cores to itself (and no bandwidth limit), whatever else the machine runs. */
         printf("tg_cpu_ms_per_token %.2f\n", best_tg_cpu * 1e3);
+    }
+    double base = 0;
+    for (long i = 0; i < n_sess; i++) {
+        double ts;
+        if ((rc = bench_sessions(&r, tokens, n_pp, n_tg, reps, (uint32_t)sess[i], &ts)) < 0) {
+            fprintf(stderr, "kvctl bench: %ld sessions: %s\n", sess[i], feed_error(rc));
+            goto out;
+        }
+        if (sess[i] == 1)
+            base = ts;
+        printf("tg%ld_sessions %ld %.2f tok/s aggregate", n_tg, sess[i], ts);
+        if (base > 0)
+            printf(" = %.2fx one session", ts / base);
+        printf("\n");
     }
     if (want_bw) {
         struct kern_pool *pool;

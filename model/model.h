@@ -222,8 +222,7 @@ struct model_batch_row {
  * rows of a session not consecutive, a skip or a forbidden rewind), -ERANGE past the context;
  * no state changes then. A kernel's error leaves each session at its positions before the
  * batch. A row's result is bit-identical to a model_window_run of it alone where the weight
- * types' matmuls are row-independent (F32 under 16 rows, F16, Q4_K); for some quantised types
- * (Q4_0, Q8_0, ...) one row and several rows take different SIMD dots (rounding differences). */
+ * types' matmuls are row-exact (kern_type_rows_exact: every type, F32 only under 16 rows). */
 int model_window_run_batch(struct model_exec *e, const struct model_batch_row *rows, uint32_t n,
                            float *x);
 /* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head; -ENOTSUP when

@@ -32,7 +32,9 @@
 #     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
 #     to the last end; one session: best of 3), the ratio to one session (goal >= 3x at 8 sessions, where the machine
 #     has the cores: the ceiling is min(3 stages, CPUs / T)), the longest gap one session saw
-#     between two of its streamed tokens, and the longest wait for a first token;
+#     between two of its streamed tokens, and the longest wait for a first token; then the
+#     same counts for one process batching them (`kvctl bench --sessions`: one row per session
+#     in each window pass), as ratios to one session;
 #   - the batching scheduler (BENCH_RING_SKIP=fair leaves it out): a 3-stage ring of an F16
 #     model of the same shape, whose windows batch several sessions' steps, with
 #     --batch-wait-us W (BENCH_RING_BATCH_WAIT_US, default 2000; BENCH_RING_BATCH_MODEL):
@@ -307,6 +309,11 @@ for l in sys.stdin:
             echo "== ring: concurrent sessions on the 3-stage ring, tg$rn each, greedy (aggregate = all tokens / wall time from the first start to the last end;"
             echo "   max gap = the longest wait one session saw between two of its streamed tokens; ceiling here: min(3 stages, $(nproc) CPUs / $rt thread(s)))"
             agg_sessions
+            # the same for one process batching K sessions (kvctl bench --sessions: one row per
+            # session in each window pass, as a ring stage runs them)
+            echo "== one process batching K sessions: kvctl bench --sessions, tg$rn each, $rt thread(s)"
+            "$KVCTL" bench -m "$f" -p 8 -n "$rn" -t "$rt" -r "$rr" --sessions "$(echo $sessions | tr ' ' ',')" 2>&1 |
+                awk '/_sessions/ { printf "  %2d session(s): %8.2f tok/s aggregate%s%s\n", $2, $3, ($7 != "" ? " = " $7 " one session" : ""), ($2 == 8 ? " (goal >= 3x)" : "") }'
         fi
     fi
 
