@@ -122,6 +122,11 @@ out=$("$KVCTL" bench -m "$M" -p 16 -n 8 -t 1 2>&1)
 echo "$out" | grep -Eq '^pp16 [0-9.]+ tok/s' || fail "bench pp: $out"
 echo "$out" | grep -Eq '^tg8 [0-9.]+ tok/s' || fail "bench tg: $out"
 echo "$out" | grep -Eq '^weight_bytes_per_token [0-9]+' || fail "bench bytes: $out"
+# --sessions: K sessions decoding together, one line per K with its ratio to one session.
+out=$("$KVCTL" bench -m "$M" -p 4 -n 4 -t 1 --sessions 1,3 2>&1)
+echo "$out" | grep -Eq '^tg4_sessions 1 [0-9.]+ tok/s aggregate = 1.00x one session' || fail "bench --sessions 1: $out"
+echo "$out" | grep -Eq '^tg4_sessions 3 [0-9.]+ tok/s aggregate = [0-9.]+x one session' || fail "bench --sessions 3: $out"
+"$KVCTL" bench -m "$M" -p 4 -n 4 --sessions 0 >/dev/null 2>&1; [ $? = 2 ] || fail "bench --sessions 0 accepted"
 
 # Refusals: usage errors exit 2, a bad model file exits 1 with a message.
 "$KVCTL" generate -m "$M" -n 4 >/dev/null 2>&1; [ $? = 2 ] || fail "generate without a prompt"
