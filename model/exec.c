@@ -93,6 +93,7 @@ struct model_exec {
     size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
     struct model_wbuf *w;            /* n_w weight tensors, by address */
     uint32_t n_w;
+    struct kern_at rope_freqs;       /* m->rope_freqs as an operand, resolved once at load */
     struct kern_buf *io_x;           /* boundary: [B][n_embd] rows in and out */
     struct kern_buf *io_logits;      /* boundary: [B][n_vocab] logits out (last rank) */
     struct model_state s;
@@ -291,6 +292,11 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
         goto fail;
     if ((rc = weights_open(e)) < 0)
         goto fail;
+    e->rope_freqs = wat(e, m->rope_freqs); /* an optional operand: absent only if so */
+    if (m->rope_freqs && !e->rope_freqs.buf) {
+        rc = -EINVAL;
+        goto fail;
+    }
     size_t B = max_batch, E = hp->n_embd;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     uint32_t nl = m->last - m->first;
@@ -719,14 +725,11 @@ static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, struct kern_
     const uint32_t E = hp->n_embd;
 
     const size_t half = hp->n_rot / 2;
-    struct kern_at freqs = wat(e, m->rope_freqs);   /* an optional operand: absent only if so */
-    if (m->rope_freqs && !freqs.buf)
-        return -EINVAL;
     for (uint32_t j = 0; e->n_attn && j < nseg; j++) { /* RoPE angles of the rows' positions */
         const struct model_seg *g = &e->seg[j];
         TRY(kern_dev_rope_angles(d, AT(s->rope_cs, g->off * half), AT(s->rope_sn, g->off * half),
                                  g->n, g->pos, (int)hp->n_rot, hp->rope_base, hp->rope_scale,
-                                 freqs));                        /* [g.n][n_rot/2] each */
+                                 e->rope_freqs));                /* [g.n][n_rot/2] each */
     }
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
