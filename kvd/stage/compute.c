@@ -333,23 +333,24 @@ static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
     p->rows += rows;
 }
 
-/* With c->mu held and no OPEN or CLOSE runnable: the next run (docs/ring.md, "The
- * batching scheduler"). Decode steps (one row) go first, oldest first, leaving room for the
- * prompt that waited longest; then prompts fill the rows left, the longest waiting first, each
- * up to its share, split to it when the window allows (chunk_exact). A prompt longer than the
- * cap that cannot be split runs alone, every other run at most, so other steps slip in
- * between. With one session per run, a decode step follows every prompt run. A step alone
- * at the stage runs whole, as ever. */
-static void plan_make(struct kvd_compute *c, struct plan *p)
+/* With c->mu held: the next run of steps into *p (docs/ring.md, "The batching scheduler");
+ * returns the first runnable OPEN or CLOSE (NULL: none), which batch_take runs first. Decode
+ * steps (one row) go first, oldest first, leaving room for the prompt that waited longest;
+ * then prompts fill the rows left, the longest waiting first, each up to its share, split to
+ * it when the window allows (chunk_exact). A prompt longer than the cap that cannot be split
+ * runs alone, every other run at most, so other steps slip in between. With one session per
+ * run, a decode step follows every prompt run. A step alone at the stage runs whole, as
+ * ever. */
+static struct kvd_job *plan_make(struct kvd_compute *c, struct plan *p)
 {
     struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
     uint32_t nr = runnable(c, r, &other), cap = batch_cap(c);
     memset(p, 0, sizeof *p);
     if (nr == 0)
-        return;   /* cannot be: the head is a STEP */
+        return other;
     if (nr == 1) {
         plan_add(p, r[0], r[0]->n);
-        return;
+        return other;
     }
     if (cap < 2) {
         struct kvd_job *pick = r[0];
@@ -359,7 +360,7 @@ static void plan_make(struct kvd_compute *c, struct plan *p)
                 break;
             }
         plan_add(p, pick, pick->n);
-        return;
+        return other;
     }
     /* The prompts by how long they have waited (their chunks' rest waits from its last run). */
     struct kvd_job *pr[KVD_BATCH_SEEN_MAX];
@@ -373,7 +374,7 @@ static void plan_make(struct kvd_compute *c, struct plan *p)
         }
     if (np && pr[0]->n > cap && !c->b->chunk_exact && !c->last_solo) {
         plan_add(p, pr[0], pr[0]->n);   /* too long to batch or split: alone */
-        return;
+        return other;
     }
     uint32_t reserve = 0;
     for (uint32_t i = 0; i < np && !reserve; i++)
@@ -395,6 +396,7 @@ static void plan_make(struct kvd_compute *c, struct plan *p)
     }
     if (p->n == 0)   /* only prompts too long to batch, one of which just ran: the oldest */
         plan_add(p, np ? pr[0] : r[0], np ? pr[0]->n : r[0]->n);
+    return other;
 }
 
 /* With c->mu held: unlink j from the queue. */
@@ -463,16 +465,14 @@ fail:
  * the rest. */
 static uint32_t batch_take(struct kvd_compute *c, struct kvd_job **batch)
 {
-    struct kvd_job *r[KVD_BATCH_SEEN_MAX], *other;
-    uint32_t nr = runnable(c, r, &other);
-    if (other || nr == 0) {
+    struct plan p;
+    struct kvd_job *other = plan_make(c, &p);
+    if (other || p.n == 0) {
         struct kvd_job *j = other ? other : c->in_head;
         queue_unlink(c, j);
         batch[0] = j;
         return 1;
     }
-    struct plan p;
-    plan_make(c, &p);
     uint32_t cap = batch_cap(c);
     if (c->batch_wait_us && p.n < KVD_BATCH_JOBS_MAX && p.rows < cap) {
         struct timespec dl;
