@@ -25,13 +25,18 @@ void gguf_sha256_hex(const void *p, size_t n, char hex[65])
     util_hex_encode(md, 32, hex);
 }
 
+static void meta_list_free(struct gguf_catalog_meta *m, uint64_t n)
+{
+    for (uint64_t i = 0; m && i < n; i++)
+        free(m[i].key);
+    free(m);
+}
+
 void gguf_catalog_free(struct gguf_catalog *c)
 {
     if (!c)
         return;
-    for (uint64_t i = 0; c->meta && i < c->n_meta; i++)
-        free(c->meta[i].key);
-    free(c->meta);
+    meta_list_free(c->meta, c->n_meta);
     free(c->tensors);
     free(c);
 }
@@ -119,13 +124,6 @@ static void meta_digest(const struct gguf_catalog_meta *m, uint64_t n, char hex[
     EVP_DigestFinal_ex(ctx, md, &l);
     EVP_MD_CTX_free(ctx);
     util_hex_encode(md, 32, hex);
-}
-
-static void meta_list_free(struct gguf_catalog_meta *m, uint64_t n)
-{
-    for (uint64_t i = 0; m && i < n; i++)
-        free(m[i].key);
-    free(m);
 }
 
 /* A file's metadata as a sorted list of (key, SHA-256 of type and value), window keys left out. */
