@@ -119,9 +119,10 @@ static bool ring_kvd_is(int pid, const char *dir_abs, uint32_t r, time_t pid_mti
     exe[el] = 0;
     const char *base = strrchr(exe, '/');
     base = base ? base + 1 : exe;
-    /* The executable ring up starts: $KVD_BIN (the tests' kvd-stub) when set, else kvd. */
-    const char *want = getenv("KVD_BIN");
-    want = want && *want ? (strrchr(want, '/') ? strrchr(want, '/') + 1 : want) : "kvd";
+    /* The executable ring up starts (kvd_path fills the name even when the file is gone). */
+    char want_path[PATH_MAX] = "kvd";
+    (void)kvd_path(want_path, sizeof want_path);
+    const char *want = strrchr(want_path, '/') ? strrchr(want_path, '/') + 1 : want_path;
     size_t wl = strlen(want);
     bool is_kvd = strncmp(base, want, wl) == 0 && (!base[wl] || strcmp(base + wl, " (deleted)") == 0);
     if (!is_kvd) {
