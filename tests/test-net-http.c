@@ -197,9 +197,12 @@ static void *loop_thread(void *arg)
 
 /* ---------------------------------------------------------------- client side */
 
-static int dial_port(int p)
+/* rcvbuf > 0 shrinks the receive buffer before connect, so the window is small from the start. */
+static int dial_rcvbuf(int p, int rcvbuf)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
@@ -211,6 +214,7 @@ static int dial_port(int p)
     return fd;
 }
 
+static int dial_port(int p) { return dial_rcvbuf(p, 0); }
 static int dial(void) { return dial_port(port); }
 static int dial3(void) { return dial_port(port3); }
 
@@ -694,12 +698,8 @@ T_CASE(write_stall_dropped)
 {
     const struct net_http_stats *st = net_http_server_stats(srv);
     uint64_t before = st->timeouts_write, open0 = st->conns_open;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    int small = 4096;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    int fd = dial_rcvbuf(port, 4096);
+    T_ASSERT(fd >= 0, "connect");
     const char *q = "GET /body HTTP/1.1\r\n\r\n";
     sendall(fd, q, strlen(q));
     usleep(300000);
@@ -724,14 +724,8 @@ T_CASE(slow_steady_reader_kept)
 {
     const struct net_http_stats *st = net_http_server_stats(srv);
     uint64_t before = st->timeouts_write;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    int small = 4096;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    T_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = dial_rcvbuf(port, 4096);
+    T_ASSERT(fd >= 0, "connect");
     const char *q = "GET /body HTTP/1.1\r\nConnection: close\r\n\r\n";
     sendall(fd, q, strlen(q));
     size_t got = 0;
