@@ -15,18 +15,8 @@
 #include "net/net.h"
 #include "util/util.h"
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
-static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
-static void putf(uint8_t *p, float f) { uint32_t v; memcpy(&v, &f, 4); put32(p, v); }
-static float getf(const uint8_t *p) { uint32_t v = get32(p); float f; memcpy(&f, &v, 4); return f; }
+static void putf(uint8_t *p, float f) { uint32_t v; memcpy(&v, &f, 4); util_le32_put(p, v); }
+static float getf(const uint8_t *p) { uint32_t v = util_le32_get(p); float f; memcpy(&f, &v, 4); return f; }
 
 const char *net_frame_type_name(uint32_t type)
 {
@@ -37,28 +27,28 @@ const char *net_frame_type_name(uint32_t type)
 
 void net_frame_hdr_encode(const struct net_frame_hdr *h, uint8_t out[NET_HDR_LEN])
 {
-    put32(out, h->magic ? h->magic : NET_MAGIC);
+    util_le32_put(out, h->magic ? h->magic : NET_MAGIC);
     out[4] = h->type;
     out[5] = h->flags;
     out[6] = (uint8_t)h->reserved;
     out[7] = (uint8_t)(h->reserved >> 8);
-    put64(out + 8, h->session);
-    put32(out + 16, h->pos);
-    put32(out + 20, h->n_tokens);
-    put32(out + 24, h->payload_len);
+    util_le64_put(out + 8, h->session);
+    util_le32_put(out + 16, h->pos);
+    util_le32_put(out + 20, h->n_tokens);
+    util_le32_put(out + 24, h->payload_len);
 }
 
 int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
                          uint32_t max_payload, char *err, size_t errlen)
 {
-    h->magic = get32(in);
+    h->magic = util_le32_get(in);
     h->type = in[4];
     h->flags = in[5];
     h->reserved = (uint16_t)(in[6] | in[7] << 8);
-    h->session = get64(in + 8);
-    h->pos = get32(in + 16);
-    h->n_tokens = get32(in + 20);
-    h->payload_len = get32(in + 24);
+    h->session = util_le64_get(in + 8);
+    h->pos = util_le32_get(in + 16);
+    h->n_tokens = util_le32_get(in + 20);
+    h->payload_len = util_le32_get(in + 24);
     if (h->magic != NET_MAGIC) {
         snprintf(err, errlen, "frame magic 0x%08x is not KVR1 (0x%08x)", h->magic, NET_MAGIC);
         return -EPROTO;
@@ -87,33 +77,33 @@ int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
 void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN])
 {
     memset(out, 0, NET_OPEN_LEN);
-    put64(out, p->seed);
+    util_le64_put(out, p->seed);
     putf(out + 8, p->temperature);
     putf(out + 12, p->top_p);
     putf(out + 16, p->min_p);
     putf(out + 20, p->repeat_penalty);
     putf(out + 24, p->freq_penalty);
     putf(out + 28, p->presence_penalty);
-    put32(out + 32, (uint32_t)p->top_k);
-    put32(out + 36, (uint32_t)p->penalty_last_n);
-    put32(out + 40, p->max_tokens);
-    put32(out + 44, p->n_ctx);
+    util_le32_put(out + 32, (uint32_t)p->top_k);
+    util_le32_put(out + 36, (uint32_t)p->penalty_last_n);
+    util_le32_put(out + 40, p->max_tokens);
+    util_le32_put(out + 44, p->n_ctx);
 }
 
 void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
 {
     memset(p, 0, sizeof *p);
-    p->seed = get64(in);
+    p->seed = util_le64_get(in);
     p->temperature = getf(in + 8);
     p->top_p = getf(in + 12);
     p->min_p = getf(in + 16);
     p->repeat_penalty = getf(in + 20);
     p->freq_penalty = getf(in + 24);
     p->presence_penalty = getf(in + 28);
-    p->top_k = (int32_t)get32(in + 32);
-    p->penalty_last_n = (int32_t)get32(in + 36);
-    p->max_tokens = get32(in + 40);
-    p->n_ctx = get32(in + 44);
+    p->top_k = (int32_t)util_le32_get(in + 32);
+    p->penalty_last_n = (int32_t)util_le32_get(in + 36);
+    p->max_tokens = util_le32_get(in + 40);
+    p->n_ctx = util_le32_get(in + 44);
 }
 
 /* ---- reader ---- */
@@ -179,9 +169,9 @@ int net_frame_reader_next(struct net_frame_reader *r, struct net_frame_hdr *h,
 void net_hello_encode(const struct net_hello *h, uint8_t out[NET_HELLO_LEN])
 {
     memset(out, 0, NET_HELLO_LEN);
-    put32(out, h->version);
-    put32(out + 4, h->rank);
-    put32(out + 8, h->n_ranks);
+    util_le32_put(out, h->version);
+    util_le32_put(out + 4, h->rank);
+    util_le32_put(out + 8, h->n_ranks);
     size_t n = strnlen(h->ring, NET_RING_ID_MAX);
     memcpy(out + 12, h->ring, n);
     memcpy(out + 76, h->node_key, 32);
@@ -197,9 +187,9 @@ int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *e
         return -EPROTO;
     }
     memset(h, 0, sizeof *h);
-    h->version = get32(in);
-    h->rank = get32(in + 4);
-    h->n_ranks = get32(in + 8);
+    h->version = util_le32_get(in);
+    h->rank = util_le32_get(in + 4);
+    h->n_ranks = util_le32_get(in + 8);
     memcpy(h->ring, in + 12, NET_RING_ID_MAX);
     h->ring[NET_RING_ID_MAX] = 0;
     /* The ring id must be printable and NUL-padded (no bytes after the first NUL). */
@@ -422,9 +412,9 @@ static int on_hello(struct net_handshake *hs, const struct net_frame_hdr *h, con
         return -EPROTO;
     }
     /* The version first, so an older peer gets a clear word rather than a length mismatch. */
-    if (h->payload_len >= 4 && get32(payload) != NET_VERSION) {
+    if (h->payload_len >= 4 && util_le32_get(payload) != NET_VERSION) {
         snprintf(err, errlen, "peer speaks ring protocol version %u, this kvd speaks %u "
-                 "(run the same kvd release on every stage)", get32(payload), NET_VERSION);
+                 "(run the same kvd release on every stage)", util_le32_get(payload), NET_VERSION);
         return -EPROTO;
     }
     struct net_hello p;

@@ -11,6 +11,7 @@
 #include <openssl/evp.h>
 
 #include "net/net.h"
+#include "util/util.h"
 
 struct net_rec {
     EVP_CIPHER_CTX *ctx;
@@ -47,15 +48,7 @@ uint64_t net_rec_seq(const struct net_rec *r)
     return r->seq;
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
 
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* One AEAD pass over in[n] into out[n] with the length bytes as associated data: seal
  * (enc 1, tag written) or open (enc 0, tag checked). 0 or -EIO (open: not authentic). */
@@ -91,7 +84,7 @@ int net_rec_seal(struct net_rec *r, uint8_t *rec, size_t len)
         return -EMSGSIZE;
     if (r->seq == UINT64_MAX)
         return -EOVERFLOW;
-    put32(rec, (uint32_t)(len + NET_REC_TAG));
+    util_le32_put(rec, (uint32_t)(len + NET_REC_TAG));
     if (rec_crypt(r, 1, rec, rec + 4, len, rec + 4, rec + 4 + len) < 0)
         return -EIO;
     r->seq++;
@@ -105,7 +98,7 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
     if (avail < 4)
         return 0;
     const uint8_t *p = rd->buf + rd->off;
-    uint32_t n = get32(p);
+    uint32_t n = util_le32_get(p);
     uint32_t cap = rd->max_payload < NET_PAYLOAD_HARD_MAX ? rd->max_payload : NET_PAYLOAD_HARD_MAX;
     if (n < NET_HDR_LEN + NET_REC_TAG || n - NET_HDR_LEN - NET_REC_TAG > cap) {
         snprintf(err, errlen, "record %llu: length %u outside [%u, %u + the payload cap %u]",

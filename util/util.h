@@ -34,6 +34,26 @@ bool util_is_help(const char *arg);
  * -ENOMEM with *p and *cap unchanged. */
 int util_grow(void **p, size_t *cap, size_t size, size_t first);
 
+/* Little-endian integers in byte buffers (wire frames, records, files), whatever the host's
+ * byte order. */
+static inline void util_le32_put(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+static inline uint32_t util_le32_get(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void util_le64_put(uint8_t *p, uint64_t v)
+{
+    util_le32_put(p, (uint32_t)v);
+    util_le32_put(p + 4, (uint32_t)(v >> 32));
+}
+static inline uint64_t util_le64_get(const uint8_t *p)
+{
+    return (uint64_t)util_le32_get(p) | (uint64_t)util_le32_get(p + 4) << 32;
+}
+
 /* FNV-1a hash of a NUL-terminated string, for hash tables keyed by names. */
 uint64_t util_hash_str(const char *s);
 
