@@ -5,11 +5,13 @@
  * queued stops being read (TCP then slows its sender) until the partner drains below the
  * low-water mark; an end without a partner yet may hold up to high_water bytes, then it
  * too stops being read. Limits and timeouts are checked by one periodic timer. */
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -867,40 +869,77 @@ static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out
     return 0;
 }
 
+/* The numeric options: each a whole number up to max, stored into a field of the config of
+ * the given width (4 or 8 bytes). */
+struct relay_num_opt {
+    const char *name;
+    uint64_t max;
+    size_t off, size;
+};
+#define NUM_OPT(n, max, field) {n, max, offsetof(struct kvd_relay_config, field), \
+                                sizeof(((struct kvd_relay_config *)0)->field)}
+static const struct relay_num_opt num_opts[] = {
+    NUM_OPT("max-bridges", 1u << 24, max_bridges),
+    NUM_OPT("max-per-addr", 1u << 24, max_per_addr),
+    NUM_OPT("pair-timeout", 86400000, pair_timeout_ms),
+    NUM_OPT("idle-timeout", 86400000, idle_timeout_ms),
+    NUM_OPT("ping-interval", 86400000, ping_interval_ms),
+    NUM_OPT("max-msg", 1u << 30, max_msg_bytes),
+    NUM_OPT("high-water", 1u << 30, high_water),
+    NUM_OPT("max-held", 1u << 30, max_held),
+    NUM_OPT("max-held-total", 1ull << 40, max_held_total),
+    NUM_OPT("max-fragments", 1u << 24, max_fragments),
+    NUM_OPT("max-assembly", 1ull << 40, max_assembly),
+    NUM_OPT("max-conns-per-addr", 1u << 24, max_conns_per_addr),
+    NUM_OPT("header-timeout", 86400000, header_timeout_ms),
+    NUM_OPT("write-timeout", 86400000, write_timeout_ms),
+};
+#undef NUM_OPT
+#define N_NUM_OPTS (sizeof num_opts / sizeof num_opts[0])
+
+static int set_num_opt(struct kvd_relay_config *cfg, const struct relay_num_opt *o, const char *s)
+{
+    uint64_t v;
+    char name[48];
+    snprintf(name, sizeof name, "--%s", o->name);
+    if (parse_u64(name, s, o->max, &v)) return -EINVAL;
+    uint8_t *f = (uint8_t *)cfg + o->off;
+    if (o->size == sizeof(uint32_t)) {
+        uint32_t w = (uint32_t)v;
+        memcpy(f, &w, sizeof w);
+    } else {
+        assert(o->size == sizeof(uint64_t));
+        memcpy(f, &v, sizeof v);
+    }
+    return 0;
+}
+
 int kvd_relay_main(int argc, char **argv)
 {
     struct kvd_relay_config cfg = {0};
-    enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_MAXB, O_MAXA, O_PAIR, O_IDLE, O_PING,
-           O_MSG, O_QUIET, O_HELP, O_HIGH, O_HELD, O_HELDT, O_FRAGS, O_ASM, O_CPA, O_HDRT,
-           O_WRT };
-    static const struct option opts[] = {
+    enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_QUIET, O_HELP, O_NUM = 0x100 };
+    static const struct option fixed[] = {
         {"role", required_argument, 0, O_ROLE},
         {"listen", required_argument, 0, O_LISTEN},
         {"tls-cert", required_argument, 0, O_CERT},
         {"tls-key", required_argument, 0, O_KEY},
         {"plain", no_argument, 0, O_PLAIN},
-        {"max-bridges", required_argument, 0, O_MAXB},
-        {"max-per-addr", required_argument, 0, O_MAXA},
-        {"pair-timeout", required_argument, 0, O_PAIR},
-        {"idle-timeout", required_argument, 0, O_IDLE},
-        {"ping-interval", required_argument, 0, O_PING},
-        {"max-msg", required_argument, 0, O_MSG},
-        {"high-water", required_argument, 0, O_HIGH},
-        {"max-held", required_argument, 0, O_HELD},
-        {"max-held-total", required_argument, 0, O_HELDT},
-        {"max-fragments", required_argument, 0, O_FRAGS},
-        {"max-assembly", required_argument, 0, O_ASM},
-        {"max-conns-per-addr", required_argument, 0, O_CPA},
-        {"header-timeout", required_argument, 0, O_HDRT},
-        {"write-timeout", required_argument, 0, O_WRT},
         {"quiet", no_argument, 0, O_QUIET},
         {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
     };
+    struct option opts[sizeof fixed / sizeof fixed[0] + N_NUM_OPTS + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) opts[n++] = fixed[i];
+    for (size_t i = 0; i < N_NUM_OPTS; i++)
+        opts[n++] = (struct option){num_opts[i].name, required_argument, 0, O_NUM + (int)i};
+    opts[n] = (struct option){0, 0, 0, 0};
     int c;
-    uint64_t v;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c >= O_NUM && c < O_NUM + (int)N_NUM_OPTS) {
+            if (set_num_opt(&cfg, &num_opts[c - O_NUM], optarg)) return 2;
+            continue;
+        }
         switch (c) {
         case O_ROLE:
             if (strcmp(optarg, "relay") != 0) {
@@ -913,62 +952,6 @@ int kvd_relay_main(int argc, char **argv)
         case O_KEY: cfg.tls_key = optarg; break;
         case O_PLAIN: cfg.plain = true; break;
         case O_QUIET: cfg.quiet = true; break;
-        case O_MAXB:
-            if (parse_u64("--max-bridges", optarg, 1u << 24, &v)) return 2;
-            cfg.max_bridges = (uint32_t)v;
-            break;
-        case O_MAXA:
-            if (parse_u64("--max-per-addr", optarg, 1u << 24, &v)) return 2;
-            cfg.max_per_addr = (uint32_t)v;
-            break;
-        case O_PAIR:
-            if (parse_u64("--pair-timeout", optarg, 86400000, &v)) return 2;
-            cfg.pair_timeout_ms = (uint32_t)v;
-            break;
-        case O_IDLE:
-            if (parse_u64("--idle-timeout", optarg, 86400000, &v)) return 2;
-            cfg.idle_timeout_ms = (uint32_t)v;
-            break;
-        case O_PING:
-            if (parse_u64("--ping-interval", optarg, 86400000, &v)) return 2;
-            cfg.ping_interval_ms = (uint32_t)v;
-            break;
-        case O_MSG:
-            if (parse_u64("--max-msg", optarg, 1u << 30, &v)) return 2;
-            cfg.max_msg_bytes = v;
-            break;
-        case O_HIGH:
-            if (parse_u64("--high-water", optarg, 1u << 30, &v)) return 2;
-            cfg.high_water = (size_t)v;
-            break;
-        case O_HELD:
-            if (parse_u64("--max-held", optarg, 1u << 30, &v)) return 2;
-            cfg.max_held = v;
-            break;
-        case O_HELDT:
-            if (parse_u64("--max-held-total", optarg, 1ull << 40, &v)) return 2;
-            cfg.max_held_total = v;
-            break;
-        case O_FRAGS:
-            if (parse_u64("--max-fragments", optarg, 1u << 24, &v)) return 2;
-            cfg.max_fragments = (uint32_t)v;
-            break;
-        case O_ASM:
-            if (parse_u64("--max-assembly", optarg, 1ull << 40, &v)) return 2;
-            cfg.max_assembly = v;
-            break;
-        case O_CPA:
-            if (parse_u64("--max-conns-per-addr", optarg, 1u << 24, &v)) return 2;
-            cfg.max_conns_per_addr = (uint32_t)v;
-            break;
-        case O_HDRT:
-            if (parse_u64("--header-timeout", optarg, 86400000, &v)) return 2;
-            cfg.header_timeout_ms = (uint32_t)v;
-            break;
-        case O_WRT:
-            if (parse_u64("--write-timeout", optarg, 86400000, &v)) return 2;
-            cfg.write_timeout_ms = (uint32_t)v;
-            break;
         case O_HELP:
             relay_usage(stdout);
             return 0;
