@@ -17,9 +17,11 @@
 
 #include "gguf/gguf.h"
 #include "kvctl/kvctl.h"
+#include "net/net.h"
 #include "model/model.h"
 #include "planner/plan.h"
 #include "util/err.h"
+#include "util/util.h"
 
 #define DESC_MAX_BYTES (16u << 20)
 #define DEVICES_MAX_BYTES (64u << 20)
@@ -564,17 +566,74 @@ out:
     return rc;
 }
 
+/* ------------------------------------------------------------------ model identity */
+
+/* The manifest's model name and catalog id, so that a planned manifest runs unedited (a
+ * stage started with --catalog checks the id). --model and --catalog together: the shape
+ * from the GGUF, the id from the catalog, and the GGUF's header must be the catalog's.
+ * --model alone: a full GGUF is hashed into its catalog for the id; a stage window or a
+ * shape descriptor cannot give one, which is said. --catalog alone: the name is --name or
+ * ARCH-ID12, since a catalog keeps digests of the metadata, not its values. */
+static int model_identity(struct model_src *m, const char *model, const char *catalog, const char *name,
+                          char *err, size_t errlen)
+{
+    int rc;
+    if (model && catalog) {
+        if ((rc = gguf_catalog_load(&m->cat, catalog, m->catalog, err, errlen)) < 0) return rc;
+        if (m->gf && (rc = gguf_catalog_verify_metadata(m->cat, m->gf, err, errlen)) < 0) {
+            char why[KV_ERR_MAX];
+            snprintf(why, sizeof why, "%s", err);
+            snprintf(err, errlen, "%s is not the model of catalog %s: %.600s", model, catalog, why);
+            return rc;
+        }
+        if (strcmp(m->arch, m->cat->arch) != 0 || m->mi.n_layers != m->cat->n_layers) {
+            snprintf(err, errlen, "%s (%s, %u layers) is not the model of catalog %s (%s, %u layers)", model,
+                     m->arch, m->mi.n_layers, catalog, m->cat->arch, m->cat->n_layers);
+            return -EINVAL;
+        }
+    } else if (model && m->gf) {
+        uint32_t wf, wl;
+        if (gguf_window_get(m->gf, &wf, &wl) == 0) {
+            fprintf(stderr, "kvctl plan: note: %s is a stage window; its model's catalog id is not known, so "
+                    "the manifest has none (pass --catalog CAT to name it)\n", model);
+        } else {
+            fprintf(stderr, "kvctl plan: hashing %s for its catalog id (pass --catalog CAT to skip)\n", model);
+            struct gguf_catalog *c;
+            if ((rc = gguf_catalog_build(&c, m->gf, err, errlen)) < 0) return rc;
+            char *js = NULL;
+            size_t len;
+            rc = gguf_catalog_to_json(c, &js, &len, m->catalog);
+            free(js);
+            gguf_catalog_free(c);
+            if (rc < 0) { snprintf(err, errlen, "%s: catalog: %s", model, strerror(-rc)); return rc; }
+        }
+    } else if (model) {
+        fprintf(stderr, "kvctl plan: note: %s is a shape descriptor: the manifest names no catalog id "
+                "(pass --catalog CAT to name it)\n", model);
+    }
+    if (name)
+        snprintf(m->name, sizeof m->name, "%s", name);
+    else if (!m->name[0] && m->catalog[0])
+        snprintf(m->name, sizeof m->name, "%s-%.12s", m->arch, m->catalog);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ plan */
 
 static void plan_usage(FILE *o)
 {
     fprintf(o,
-        "usage: kvctl plan (--model FILE | --catalog CAT) --devices devices.json [options]\n"
+        "usage: kvctl plan (--model FILE [--catalog CAT] | --catalog CAT) --devices devices.json [options]\n"
         "Plan a ring: cut the model's layers into windows over the devices and write the rank\n"
         "manifest (docs/design.md, \"The rank manifest\"), printing a table of the plan.\n"
         "  --model FILE         a GGUF or stage mini-GGUF (header only), or a JSON shape\n"
         "                       descriptor (docs/planner.md)\n"
-        "  --catalog CAT        a catalog (kvctl catalog); MoE models need --experts-used N\n"
+        "  --catalog CAT        a catalog (kvctl catalog); MoE models need --experts-used N.\n"
+        "                       The manifest names the model by catalog id: with --model alone\n"
+        "                       a full GGUF is hashed for it; with both, the GGUF's header must\n"
+        "                       match the catalog and the shape comes from the GGUF\n"
+        "  --name NAME          the model's name in the manifest (default: general.name of the\n"
+        "                       GGUF; with a catalog alone, ARCH-ID where ID is 12 hex digits)\n"
         "  --experts-used N     experts a token uses (catalogs only)\n"
         "  --nextn N            trailing MTP blocks (catalogs; default: found by tensor names)\n"
         "  --devices FILE       device profiles; repeat to merge several files\n"
@@ -755,6 +814,7 @@ int kvctl_cmd_plan(int argc, char **argv)
 {
     if (kvctl_is_help(argc, argv)) { plan_usage(stdout); return 0; }
     const char *model = NULL, *catalog = NULL, *outp = NULL, *relay = NULL, *wire = "f32";
+    const char *name = NULL;
     const char *devfiles[MAX_DEVICE_FILES];
     int ndev = 0, nextn = -1;
     bool json = false, show_layers = false, relay_plain = false;
@@ -772,7 +832,13 @@ int kvctl_cmd_plan(int argc, char **argv)
         const char *val = argv[++i];
         if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
         else if (!strcmp(a, "--catalog")) catalog = val;
-        else if (!strcmp(a, "--devices")) {
+        else if (!strcmp(a, "--name")) {
+            if (!val[0] || strlen(val) >= sizeof ((struct model_src *)0)->name) {
+                fprintf(stderr, "kvctl plan: --name must be 1-%zu bytes\n", sizeof ((struct model_src *)0)->name - 1);
+                return 2;
+            }
+            name = val;
+        } else if (!strcmp(a, "--devices")) {
             if (ndev >= MAX_DEVICE_FILES) { fprintf(stderr, "kvctl plan: more than %d --devices files\n", MAX_DEVICE_FILES); return 2; }
             devfiles[ndev++] = val;
         } else if (!strcmp(a, "--objective")) {
@@ -816,8 +882,8 @@ int kvctl_cmd_plan(int argc, char **argv)
         } else if (!strcmp(a, "-o")) outp = val;
         else { fprintf(stderr, "kvctl plan: unknown option %s\n", a); plan_usage(stderr); return 2; }
     }
-    if (!!model == !!catalog || ndev == 0) {
-        fprintf(stderr, "kvctl plan: give one of --model / --catalog, and --devices\n");
+    if ((!model && !catalog) || ndev == 0) {
+        fprintf(stderr, "kvctl plan: give --model and/or --catalog, and --devices\n");
         plan_usage(stderr);
         return 2;
     }
@@ -832,6 +898,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     struct plan_result *r = NULL;
     cJSON *root = NULL;
     rc = model ? load_model(&m, model, err, sizeof err) : load_catalog(&m, catalog, used, nextn, err, sizeof err);
+    if (rc == 0) rc = model_identity(&m, model, catalog, name, err, sizeof err);
     if (rc) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
     drop_mtp(&m);
     for (int i = 0; i < ndev; i++)
@@ -924,16 +991,20 @@ static void profile_usage(FILE *o)
     fprintf(o,
         "usage: kvctl profile --model FILE [-t N] [--id ID] [--endpoint URL] [--rtt-ms X]\n"
         "                     [--bw BYTES_PER_S] [--no-inbound] [--tokens N] [--estimate]\n"
+        "                     [--state-dir DIR]\n"
         "Measure this machine for a model: ms per layer-token (the model's layers run on this\n"
         "CPU with N threads), free memory (MemAvailable), memory bandwidth; print the device\n"
         "profile JSON for `kvctl plan --devices`. --estimate skips running the model and\n"
-        "estimates from the measured bandwidth and the bytes a token reads.\n");
+        "estimates from the measured bandwidth and the bytes a token reads. --state-dir DIR\n"
+        "adds the node key of the kvd that will run there (DIR/node.key, created if missing,\n"
+        "as `kvd stage --state-dir DIR --print-key` does), so a planned manifest admits only\n"
+        "that node on its rank.\n");
 }
 
 int kvctl_cmd_profile(int argc, char **argv)
 {
     if (kvctl_is_help(argc, argv)) { profile_usage(stdout); return 0; }
-    const char *model = NULL, *id = NULL, *endpoint = NULL;
+    const char *model = NULL, *id = NULL, *endpoint = NULL, *state_dir = NULL;
     double v, rtt = 0, bw = 0;
     int threads = 0, tokens = 16;
     bool inbound = true, estimate = false;
@@ -948,6 +1019,7 @@ int kvctl_cmd_profile(int argc, char **argv)
         else if (!strcmp(a, "--tokens")) { if (parse_num("profile", a, val, 1, 4096, &v)) return 2; tokens = (int)v; }
         else if (!strcmp(a, "--id")) id = val;
         else if (!strcmp(a, "--endpoint")) endpoint = val;
+        else if (!strcmp(a, "--state-dir")) state_dir = val;
         else if (!strcmp(a, "--rtt-ms")) { if (parse_num("profile", a, val, 0, 1e6, &rtt)) return 2; }
         else if (!strcmp(a, "--bw")) { if (parse_num("profile", a, val, 0, 1e15, &bw)) return 2; }
         else { fprintf(stderr, "kvctl profile: unknown option %s\n", a); profile_usage(stderr); return 2; }
@@ -957,6 +1029,16 @@ int kvctl_cmd_profile(int argc, char **argv)
     gethostname(host, sizeof host - 1);
     if (!id) id = host;
     char err[KV_ERR_MAX];
+    char node[65] = "";
+    if (state_dir) {
+        struct net_identity *ident;
+        if (net_identity_load(&ident, state_dir, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl profile: node key in %s: %s\n", state_dir, err);
+            return 1;
+        }
+        util_hex_encode(net_identity_pub(ident), 32, node);
+        net_identity_free(ident);
+    }
     struct model_src m;
     memset(&m, 0, sizeof m);
     if (load_model(&m, model, err, sizeof err)) {
@@ -1029,6 +1111,7 @@ int kvctl_cmd_profile(int argc, char **argv)
     cJSON_AddNumberToObject(d, "bw_bytes_s", bw);
     cJSON_AddBoolToObject(d, "inbound", inbound);
     if (endpoint) cJSON_AddStringToObject(d, "endpoint", endpoint);
+    if (node[0]) cJSON_AddStringToObject(d, "node", node);
     cJSON_AddStringToObject(d, "ms_per_layer_token_is", how);
     cJSON_AddItemToArray(arr, d);
     char *js = cJSON_Print(root);

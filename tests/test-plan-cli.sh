@@ -106,4 +106,26 @@ a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
 assert a[\"model\"][\"n_layers\"]==b[\"model\"][\"n_layers\"]==8
 x=a[\"ranks\"][0][\"mem_bytes\"];y=b[\"ranks\"][0][\"mem_bytes\"]
 assert abs(x-y)<=0.01*y,(x,y)" "$T/w2.json" "$T/g2.json"'
+# 6. the manifest names the model so that it runs unedited: name and catalog id both
+"$K" catalog "$D/models/stories260K.gguf" -o "$T/st-cat.json" > /dev/null 2>&1
+STID=$(python3 -c "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())" "$T/st-cat.json")
+mid() { python3 -c "import json,sys;m=json.load(open(sys.argv[1]))['model'];print(m['name'],m['catalog'])" "$1"; }
+"$K" plan --model "$D/models/stories260K.gguf" --devices "$T/one.json" --json > "$T/id1.json" 2> "$T/id1.txt"
+check "--model alone: hashed for the catalog id, name from the GGUF" '[ "$(mid "$T/id1.json")" = "llama $STID" ] && grep -q "hashing" "$T/id1.txt"'
+"$K" plan --model "$D/models/stories260K.gguf" --catalog "$T/st-cat.json" --devices "$T/one.json" --json > "$T/id2.json" 2> "$T/id2.txt"
+check "--model and --catalog: id from the catalog, not hashed again" '[ "$(mid "$T/id2.json")" = "llama $STID" ] && ! grep -q "hashing" "$T/id2.txt"'
+"$K" plan --catalog "$T/st-cat.json" --devices "$T/one.json" --json > "$T/id3.json" 2>/dev/null
+check "--catalog alone: ARCH-ID12 name" '[ "$(mid "$T/id3.json")" = "llama-${STID:0:12} $STID" ]'
+"$K" plan --catalog "$T/st-cat.json" --name stories --devices "$T/one.json" --json > "$T/id4.json" 2>/dev/null
+check "--name sets the name" '[ "$(mid "$T/id4.json")" = "stories $STID" ]'
+"$K" plan --model "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" --catalog "$T/st-cat.json" --devices "$T/one.json" --json > /dev/null 2> "$T/id5.txt"
+check "a GGUF that is not the catalog's model is refused, the key named" '[ $? -ne 0 ] && grep -q "is not the model of catalog" "$T/id5.txt" && grep -q "general.architecture" "$T/id5.txt"'
+"$K" plan --model "$T/w25.gguf" --devices "$T/one.json" --json > "$T/id6.json" 2> "$T/id6.txt"
+check "a window alone: no catalog id, and said so" '[ -z "$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[\"model\"][\"catalog\"])" "$T/id6.json")" ] && grep -q "stage window" "$T/id6.txt"'
+
+# 7. profile --state-dir: the node key the stage will use, so the manifest admits only it
+mkdir -p "$T/node"
+"$K" profile --model "$D/models/stories260K.gguf" --estimate --state-dir "$T/node" > "$T/pn.json" 2>/dev/null
+KEY=$("$B/kvd" stage --state-dir "$T/node" --print-key 2>/dev/null)
+check "profile carries the node key kvd prints" '[ ${#KEY} -eq 64 ] && [ "$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[\"devices\"][0][\"node\"])" "$T/pn.json")" = "$KEY" ]'
 finish

@@ -4,6 +4,8 @@
 # out), kvd stages started from the planned manifest, and greedy generation through the
 # ring gives the one-process tokens. Then again with the middle device declaring
 # "inbound": false and a (plain) relay: its edge goes through relay+ws://.../b/<bridge id>.
+# The profiles carry each device's node key (kvctl profile --state-dir) and the stages check
+# the catalog id, so the planned manifest runs unedited and admits only the planned nodes.
 . "$(dirname "$0")/lib.sh"
 D=$DATA
 M="$D/models/stories260K.gguf"
@@ -15,15 +17,23 @@ plan_ring_cleanup() { for p in $pids $spids; do kill "$p" 2>/dev/null; done; wai
 at_exit plan_ring_cleanup
 want=$("$B/kvctl" generate -m "$M" -p "Once upon a time" -n 24 --temp 0 --ids 2>/dev/null)
 [ -n "$want" ] || { echo "FAIL one-process generation"; exit 1; }
+# each device's node key, as `kvctl profile --state-dir` reports it
+for d in a b c tiny; do
+    mkdir -p "$T/node-$d"
+    "$B/kvctl" profile --model "$M" --estimate --state-dir "$T/node-$d" > "$T/prof-$d.json" 2>/dev/null ||
+        { echo "FAIL profile --state-dir for $d"; exit 1; }
+    eval "KEY_$d=\$(python3 -c \"import json;print(json.load(open('$T/prof-$d.json'))['devices'][0]['node'])\")"
+done
+"$B/kvctl" catalog "$M" -o "$T/cat.json" > /dev/null 2>&1 || { echo "FAIL catalog"; exit 1; }
 run_ring() {  # $1: "relay" or ""
 for attempt in 1 2 3; do
     P=$((20000 + RANDOM % 30000))
     cat > "$T/devs.json" <<JSON
 {"devices":[
- {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P"},
- {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+1))","inbound":$inb},
- {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+2))"},
- {"id":"tiny","mem_bytes":100000,"ms_per_layer_token":0.1,"endpoint":"tcp://127.0.0.1:$((P+3))"}]}
+ {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P","node":"$KEY_a"},
+ {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+1))","inbound":$inb,"node":"$KEY_b"},
+ {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+2))","node":"$KEY_c"},
+ {"id":"tiny","mem_bytes":100000,"ms_per_layer_token":0.1,"endpoint":"tcp://127.0.0.1:$((P+3))","node":"$KEY_tiny"}]}
 JSON
     "$B/kvctl" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 2 --headroom 0 $relayopt -o "$T/ring/ring.json" > "$T/plan.txt" 2>&1 \
         || { echo "FAIL plan"; cat "$T/plan.txt"; exit 1; }
@@ -33,7 +43,10 @@ JSON
     spids=""
     for r in 0 1 2; do
         rm -rf "$T/ring/rank-$r"; mkdir -p "$T/ring/rank-$r"
-        "$B/kvd" stage --manifest "$T/ring/ring.json" --rank $r --model "$M" --state-dir "$T/ring/rank-$r" -t 1 > "$T/r$r.log" 2>&1 &
+        dev=$(python3 -c "import json;print(json.load(open('$T/ring/ring.json'))['ranks'][$r]['device'])")
+        cp "$T/node-$dev/node.key" "$T/ring/rank-$r/node.key"
+        "$B/kvd" stage --manifest "$T/ring/ring.json" --rank $r --model "$M" --catalog "$T/cat.json" \
+            --state-dir "$T/ring/rank-$r" -t 1 > "$T/r$r.log" 2>&1 &
         spids="$spids $!"
     done
     for i in $(seq 300); do   # until every stage has both links up
@@ -58,6 +71,20 @@ exit 1
 
 inb=true relayopt=""
 run_ring ""
+python3 -c "
+import json
+m=json.load(open('$T/ring/ring.json'))
+assert m['model']['catalog'] and m['model']['name'], m['model']
+assert all(len(r.get('node',''))==64 for r in m['ranks']), 'a rank without its node key'
+" || { echo "FAIL the planned manifest lacks the catalog id, name or node keys"; exit 1; }
+# a node with another key cannot take a planned rank
+mkdir -p "$T/intruder"
+timeout 20 "$B/kvd" stage --manifest "$T/ring/ring.json" --rank 1 --model "$M" --state-dir "$T/intruder" -t 1 \
+    > "$T/intruder.log" 2>&1
+rc=$?
+{ [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "not the one the manifest names" "$T/intruder.log"; } ||
+    { echo "FAIL a stage with another node key was not refused (rc $rc)"; tail -n 3 "$T/intruder.log"; exit 1; }
+echo "ok   a stage with another node key is refused"
 # the middle stage accepts no inbound connection: a plain relay carries its in-edge
 "$B/kvd" relay --listen 127.0.0.1:0 --plain > "$T/relay.log" 2>&1 &
 relaypid=$!
