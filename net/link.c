@@ -3,6 +3,7 @@
  * listener. Links are closed through their transport and freed only
  * after the transport reports every handle closed (libuv close callbacks). */
 #include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -402,10 +403,22 @@ int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char *
     }
     int rc = strchr(host, ':') ? uv_ip6_addr(host, (int)pn, (struct sockaddr_in6 *)ss)
                                : uv_ip4_addr(host[0] ? host : "0.0.0.0", (int)pn, (struct sockaddr_in *)ss);
-    if (rc < 0) {
-        *why = ": host must be a numeric IP";
+    if (rc == 0)
+        return 0;
+    /* A host name (a planned manifest's endpoints are often names): resolved once, here, at
+     * start; the first address wins. Blocking is fine: listeners are made before serving. */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || !res || res->ai_addrlen > sizeof *ss) {
+        if (res)
+            freeaddrinfo(res);
+        *why = ": the host name does not resolve";
         return -EINVAL;
     }
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
     return 0;
 }
 

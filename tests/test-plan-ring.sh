@@ -32,7 +32,7 @@ for attempt in 1 2 3; do
 {"devices":[
  {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P","node":"$KEY_a"},
  {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+1))","inbound":$inb,"node":"$KEY_b"},
- {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$((P+2))","node":"$KEY_c"},
+ {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://localhost:$((P+2))","node":"$KEY_c"},
  {"id":"tiny","mem_bytes":100000,"ms_per_layer_token":0.1,"endpoint":"tcp://127.0.0.1:$((P+3))","node":"$KEY_tiny"}]}
 JSON
     "$B/kvctl" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 2 --headroom 0 $relayopt -o "$T/ring/ring.json" > "$T/plan.txt" 2>&1 \
@@ -85,6 +85,20 @@ rc=$?
 { [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "not the one the manifest names" "$T/intruder.log"; } ||
     { echo "FAIL a stage with another node key was not refused (rc $rc)"; tail -n 3 "$T/intruder.log"; exit 1; }
 echo "ok   a stage with another node key is refused"
+# a host name in an endpoint is resolved (device c listens on tcp://localhost:PORT above); one
+# that does not resolve is refused with the way out
+python3 -c "
+import json
+m=json.load(open('$T/ring/ring.json')); m['ranks'][1]['endpoint']='tcp://no-such-host.invalid:7100'
+json.dump(m,open('$T/badhost.json','w'))"
+dev1=$(python3 -c "import json;print(json.load(open('$T/ring/ring.json'))['ranks'][1]['device'])")
+mkdir -p "$T/badhost"; cp "$T/node-$dev1/node.key" "$T/badhost/"
+timeout 20 "$B/kvd" stage --manifest "$T/badhost.json" --rank 1 --model "$M" --state-dir "$T/badhost" -t 1 \
+    > "$T/badhost.log" 2>&1
+rc=$?
+{ [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "does not resolve" "$T/badhost.log" && grep -q -- "--listen" "$T/badhost.log"; } ||
+    { echo "FAIL an unresolvable endpoint host: rc $rc"; tail -n 3 "$T/badhost.log"; exit 1; }
+echo "ok   a host-name endpoint binds; an unresolvable one is refused naming --listen"
 # the middle stage accepts no inbound connection: a plain relay carries its in-edge
 "$B/kvd" relay --listen 127.0.0.1:0 --plain > "$T/relay.log" 2>&1 &
 relaypid=$!

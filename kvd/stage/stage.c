@@ -302,7 +302,11 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         rc = net_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
                               HS_MAX_PAYLOAD, err, sizeof err);
         if (rc < 0) {
-            kvd_log(KVD_LOG_ERROR, "%s", err);
+            if (o->listen)
+                kvd_log(KVD_LOG_ERROR, "%s", err);
+            else  /* the address came from the manifest: say how to bind another */
+                kvd_log(KVD_LOG_ERROR, "%s (the manifest's endpoint for rank %u; pass --listen HOST:PORT, "
+                        "e.g. 0.0.0.0:PORT, to listen on another address)", err, o->rank);
             goto fail_loop;
         }
     }
