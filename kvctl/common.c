@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <float.h>
+#include <sys/random.h>
 
 #include "kvctl/kvctl.h"
 #include "model/model.h"
@@ -39,6 +40,22 @@ int kvctl_parse_float(const char *opt, const char *s, float *out)
     if (util_parse_double(s, -FLT_MAX, FLT_MAX, 0, &v, NULL, 0) < 0) {
         fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
         return -EINVAL;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* A number in [lo, hi]; the message names the option and the range. */
+static int parse_float_in(const char *opt, const char *s, double lo, double hi, float *out)
+{
+    double v;
+    if (util_parse_double(s, -FLT_MAX, FLT_MAX, 0, &v, NULL, 0) < 0) {
+        fprintf(stderr, "%s: '%s' is not a number\n", opt, s);
+        return -EINVAL;
+    }
+    if (!(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: %s is out of range [%g, %g]\n", opt, s, lo, hi);
+        return -ERANGE;
     }
     *out = (float)v;
     return 0;
@@ -79,25 +96,36 @@ int kvctl_parse_tokens(const char *s, uint32_t max, int32_t **out, uint32_t *n)
     return 0;
 }
 
+/* Whether --seed was given (a CLI runs one command per process). */
+static bool seed_given;
+
 int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
 {
     long v;
     int rc;
     switch (c) {
-    case KVCTL_OPT_TEMP: return kvctl_parse_float("--temp", arg, &sp->temperature);
+    /* Ranges: temperature 0 (greedy) to 100; top-p and min-p are probabilities; the
+     * penalties as OpenAI's API bounds them; repeat penalty above 0 (1: off). */
+    case KVCTL_OPT_TEMP: return parse_float_in("--temp", arg, 0, 100, &sp->temperature);
     case KVCTL_OPT_TOPK:
         if ((rc = kvctl_parse_long("--top-k", arg, 0, INT32_MAX, &v)) == 0)
             sp->top_k = (int32_t)v;
         return rc;
-    case KVCTL_OPT_TOPP: return kvctl_parse_float("--top-p", arg, &sp->top_p);
-    case KVCTL_OPT_MINP: return kvctl_parse_float("--min-p", arg, &sp->min_p);
-    case KVCTL_OPT_REPEAT: return kvctl_parse_float("--repeat-penalty", arg, &sp->repeat_penalty);
+    case KVCTL_OPT_TOPP: return parse_float_in("--top-p", arg, 0, 1, &sp->top_p);
+    case KVCTL_OPT_MINP: return parse_float_in("--min-p", arg, 0, 1, &sp->min_p);
+    case KVCTL_OPT_REPEAT:
+        if ((rc = parse_float_in("--repeat-penalty", arg, 0, 100, &sp->repeat_penalty)) == 0 &&
+            !(sp->repeat_penalty > 0)) {
+            fprintf(stderr, "--repeat-penalty: must be above 0 (1: off)\n");
+            return -ERANGE;
+        }
+        return rc;
     case KVCTL_OPT_REPEAT_N:
         if ((rc = kvctl_parse_long("--repeat-last-n", arg, 0, 1 << 20, &v)) == 0)
             sp->penalty_last_n = (int32_t)v;
         return rc;
-    case KVCTL_OPT_FREQ: return kvctl_parse_float("--freq-penalty", arg, &sp->freq_penalty);
-    case KVCTL_OPT_PRES: return kvctl_parse_float("--presence-penalty", arg, &sp->presence_penalty);
+    case KVCTL_OPT_FREQ: return parse_float_in("--freq-penalty", arg, -2, 2, &sp->freq_penalty);
+    case KVCTL_OPT_PRES: return parse_float_in("--presence-penalty", arg, -2, 2, &sp->presence_penalty);
     case KVCTL_OPT_SEED: {
         /* "-N" wraps as strtoull does, so llama.cpp's habit of "--seed -1" keeps working
          * (it names one fixed seed, 2^64 - 1, here). */
@@ -108,10 +136,28 @@ int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp)
             return -EINVAL;
         }
         sp->seed = neg ? 0 - s : s;
+        seed_given = true;
         return 0;
     }
     default: return 1;
     }
+}
+
+int kvctl_sampling_seed(struct model_sampler_params *sp, const char *cmd)
+{
+    if (seed_given)
+        return 0;
+    /* 53 bits: the seed travels to a ring as a JSON number */
+    uint64_t s;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) {
+        fprintf(stderr, "%s: no random seed: %s (pass --seed S)\n", cmd, strerror(errno));
+        return -EIO;
+    }
+    sp->seed = s & ((1ull << 53) - 1);
+    if (sp->temperature > 0)
+        fprintf(stderr, "%s: seed %llu (--seed %llu repeats this run)\n", cmd,
+                (unsigned long long)sp->seed, (unsigned long long)sp->seed);
+    return 0;
 }
 
 int kvctl_stop_add(const char *s, const char **stops, uint32_t max, uint32_t *n)

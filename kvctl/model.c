@@ -179,7 +179,7 @@ static void generate_usage(FILE *f)
         "  --repeat-penalty R penalise the last --repeat-last-n tokens (default 1 = off)\n"
         "  --repeat-last-n N  (default 64)\n"
         "  --freq-penalty F, --presence-penalty F  (default 0)\n"
-        "  --seed S           RNG seed: the same seed reproduces a run\n"
+        "  --seed S           RNG seed: the same seed reproduces a run (default: random, printed)\n"
         "  -t N               threads (default: one per CPU)\n"
         "  --device NAME      kernel device: cpu (default) or ref (the scalar oracle)\n"
         "  --ctx N            context length (default: the model's, at most 4096)\n"
@@ -251,10 +251,8 @@ int kvctl_cmd_generate(int argc, char **argv)
                     !path ? "-m FILE (or --ring DIR)" : "-p TEXT or --tokens 1,2,3");
         return 2;
     }
-    if (!(sp.repeat_penalty > 0.0f)) {
-        fprintf(stderr, "--repeat-penalty must be > 0\n");
+    if (kvctl_sampling_seed(&sp, "kvctl generate") < 0)
         return 2;
-    }
     if (prompt && toks) {
         fprintf(stderr, "kvctl generate: -p and --tokens exclude each other\n");
         return 2;

@@ -1090,6 +1090,10 @@ int kvctl_ring_generate(int argc, char **argv)
         cJSON_Delete(req);
         return 2;
     }
+    if (kvctl_sampling_seed(&sp, "kvctl generate") < 0) {
+        cJSON_Delete(req);
+        return 2;
+    }
     cJSON_AddStringToObject(req, "op", "generate");
     if (toks) {
         int32_t *t;

@@ -94,6 +94,25 @@ printf '%s\n' "$out" | sed -n 2p | grep -q "^prompt: 3 tokens" || fail "generate
 "$KVCTL" generate --help | grep -q -- "--ring" || fail "generate --help does not mention --ring"
 "$KVCTL" generate --ring x --help | grep -q "unix:SOCKET" || fail "generate --ring --help lacks unix:SOCKET"
 
+# Without --seed a sampled run draws a random seed and says it; that seed repeats the run.
+"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 > "$T/s1.out" 2> "$T/s1.err" || fail "sampled run 1"
+"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 > "$T/s2.out" 2> "$T/s2.err" || fail "sampled run 2"
+seed1=$(sed -n 's/^kvctl generate: seed \([0-9]*\) .*/\1/p' "$T/s1.err")
+[ -n "$seed1" ] || fail "a sampled run without --seed does not print its seed: $(head -3 "$T/s1.err")"
+cmp -s "$T/s1.out" "$T/s2.out" && fail "two unseeded sampled runs gave the same text"
+"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 --seed "$seed1" > "$T/s3.out" 2> "$T/s3.err"
+cmp -s "$T/s1.out" "$T/s3.out" || fail "--seed $seed1 does not repeat the run that printed it"
+grep -q "seed" "$T/s3.err" && fail "a seeded run still prints a seed line"
+"$KVCTL" generate -m "$M" -p x -n 2 --temp 0 2> "$T/g.err" > /dev/null
+grep -q "seed" "$T/g.err" && fail "a greedy run prints a seed"
+# Sampling parameters out of range are refused, naming the option and the range.
+for bad in "--temp -1" "--top-p 5" "--min-p 1.5" "--repeat-penalty 0" "--freq-penalty 3" "--presence-penalty -9"; do
+    # shellcheck disable=SC2086
+    "$KVCTL" generate -m "$M" -p x -n 1 $bad > /dev/null 2> "$T/bad.err"
+    rc=$?
+    [ $rc -eq 2 ] && grep -q -- "${bad%% *}" "$T/bad.err" || fail "generate $bad: rc $rc, '$(cat "$T/bad.err")'"
+done
+
 python3 tests/kvctl_doc_check.py "$KVCTL" docs/kvctl.md || fail "docs/kvctl.md misses options (above)"
 
 finish
