@@ -79,6 +79,17 @@ FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS) $(KVD_STUB)
 
+# The version both programs print (--version): VERSION plus the commit when built from git.
+# $(B)/.version changes only when the string does, so only the two mains rebuild.
+KV_VERSION := $(shell cat VERSION 2>/dev/null || echo 0)$(shell git rev-parse --short HEAD 2>/dev/null | sed 's/^/+g/')
+$(B)/.version: FORCE
+	@mkdir -p $(B)
+	@echo '$(KV_VERSION)' | cmp -s - $@ || echo '$(KV_VERSION)' > $@
+$(B)/obj/kvd/main.o $(B)/obj/kvctl/main.o: $(B)/.version
+$(B)/obj/kvd/main.o $(B)/obj/kvctl/main.o: CFLAGS_ALL += -DKV_VERSION='"$(KV_VERSION)"'
+.PHONY: FORCE
+FORCE:
+
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<")

@@ -5,6 +5,10 @@
 #include "kvctl/kvctl.h"
 #include "util/util.h"
 
+#ifndef KV_VERSION
+#define KV_VERSION "unknown" /* set by the Makefile */
+#endif
+
 static const struct util_cmd commands[] = {
     {"inspect",    kvctl_cmd_inspect,    "FILE                      what a model holds: arch, shapes, tensors, bytes per layer"},
     {"slice",      kvctl_cmd_slice,      "FILE --layers A:B -o OUT  write the stage mini-GGUF of layers [A,B)"},
@@ -27,7 +31,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: kvctl COMMAND [options]\n\ncommands:\n");
     util_cmd_list(out, commands, sizeof commands / sizeof commands[0], 11);
-    fprintf(out, "\n'kvctl COMMAND --help' describes one command.\n");
+    fprintf(out, "\n'kvctl COMMAND --help' describes one command; 'kvctl --version' prints the version.\n");
 }
 
 int main(int argc, char **argv)
@@ -38,6 +42,10 @@ int main(int argc, char **argv)
     }
     if (util_is_help(argv[1])) {
         usage(stdout);
+        return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "--version")) {
+        printf("%s %s\n", "kvctl", KV_VERSION);
         return 0;
     }
     const struct util_cmd *cmd = util_cmd_find(commands, sizeof commands / sizeof commands[0], argv[1]);

@@ -6,6 +6,10 @@
 #include "kvd/kvd.h"
 #include "util/util.h"
 
+#ifndef KV_VERSION
+#define KV_VERSION "unknown" /* set by the Makefile */
+#endif
+
 static const struct util_cmd roles[] = {
     {"stage", kvd_stage_main, "--manifest ring.json --rank R [--model FILE | --window MINI.gguf] ...  a ring stage"},
     {"relay", kvd_relay_main, "--listen HOST:PORT (--tls-cert C --tls-key K | --plain) ...  WebSocket relay for NAT'd stages"},
@@ -16,13 +20,17 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: kvd [ROLE] [options]   (ROLE defaults to stage)\n\nroles:\n");
     util_cmd_list(out, roles, sizeof roles / sizeof roles[0], 7);
-    fprintf(out, "\n'kvd ROLE --help' describes a role's options.\n");
+    fprintf(out, "\n'kvd ROLE --help' describes a role's options; 'kvd --version' prints the version.\n");
 }
 
 int main(int argc, char **argv)
 {
     if (argc >= 2 && util_is_help(argv[1])) {
         usage(stdout);
+        return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "--version")) {
+        printf("%s %s\n", "kvd", KV_VERSION);
         return 0;
     }
     /* `kvd --role relay ...` is the relay's documented spelling */

@@ -113,6 +113,17 @@ for bad in "--temp -1" "--top-p 5" "--min-p 1.5" "--repeat-penalty 0" "--freq-pe
     [ $rc -eq 2 ] && grep -q -- "${bad%% *}" "$T/bad.err" || fail "generate $bad: rc $rc, '$(cat "$T/bad.err")'"
 done
 
+# --version on both programs; kvd takes --opt=value as kvctl does.
+"$KVCTL" --version | grep -Eq '^kvctl [0-9]+\.[0-9]+\.[0-9]+' || fail "kvctl --version: '$("$KVCTL" --version 2>&1)'"
+"$B/kvd" --version | grep -Eq '^kvd [0-9]+\.[0-9]+\.[0-9]+' || fail "kvd --version: '$("$B/kvd" --version 2>&1)'"
+[ "$("$KVCTL" --version | cut -d' ' -f2)" = "$("$B/kvd" --version | cut -d' ' -f2)" ] || fail "kvd and kvctl versions differ"
+mkdir -p "$T/keydir"
+k1=$("$B/kvd" stage --state-dir="$T/keydir" --print-key 2>&1)
+k2=$("$B/kvd" stage --state-dir "$T/keydir" --print-key 2>&1)
+[ ${#k1} -eq 64 ] && [ "$k1" = "$k2" ] || fail "kvd stage --state-dir=DIR: '$k1' vs '$k2'"
+"$B/kvd" stage --print-key=yes > "$T/pk.err" 2>&1 && fail "kvd stage --print-key=yes accepted"
+grep -q "takes no value" "$T/pk.err" || fail "kvd stage --print-key=yes: '$(cat "$T/pk.err")'"
+
 python3 tests/kvctl_doc_check.py "$KVCTL" docs/kvctl.md || fail "docs/kvctl.md misses options (above)"
 
 finish

@@ -100,9 +100,12 @@ int kvd_stage_main(int argc, char **argv)
                     printf("  %-14s %-10s %s\n", bk->option, "", bk->help);
             return 0;
         }
+        /* --name VALUE or --name=VALUE */
+        const char *eq = !strncmp(argv[i], "--", 2) ? strchr(argv[i], '=') : NULL;
+        size_t nlen = eq ? (size_t)(eq - argv[i]) : strlen(argv[i]);
         const struct opt *op = NULL;
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-            if (!strcmp(argv[i], opts[k].name))
+            if (strlen(opts[k].name) == nlen && !strncmp(argv[i], opts[k].name, nlen))
                 op = &opts[k];
         /* The options of the compute backends this build added (kvd/stage's table). */
         const struct kvd_backend_kind *bk = NULL;
@@ -118,12 +121,17 @@ int kvd_stage_main(int argc, char **argv)
             return 2;
         }
         const char *v = NULL;
-        if (op->arg) {
+        if (op->arg && eq) {
+            v = eq + 1;
+        } else if (op->arg) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "kvd stage: %s needs %s\n", op->name, op->arg);
                 return 2;
             }
             v = argv[++i];
+        } else if (eq) {
+            fprintf(stderr, "kvd stage: %s takes no value\n", op->name);
+            return 2;
         }
         if (op->set(&o, v) < 0) {
             fprintf(stderr, "kvd stage: bad value '%s' for %s\n", v ? v : "", op->name);
