@@ -838,19 +838,36 @@ static int ignore_line(const char *line, void *ud)
     return 1;
 }
 
+/* The ring directory option of status and ring down: --dir DIR, --ring DIR, --dir=DIR or
+ * --ring=DIR (both names mean the same). The value, with *i moved past it, or NULL. */
+static const char *dir_opt(int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "--ring" : "--dir";
+        size_t n = strlen(name);
+        if (!strncmp(a, name, n) && a[n] == '=' && a[n + 1])
+            return a + n + 1;
+        if (!strcmp(a, name) && *i + 1 < argc)
+            return argv[++*i];
+    }
+    return NULL;
+}
+
 /* Each rank: ask its kvd over the control socket to stop, wait for it; only a pid that is
  * this ring's kvd (ring_kvd_is, checked again before each signal) gets SIGTERM, then SIGKILL. */
 static int ring_down(int argc, char **argv)
 {
-    const char *dir = "ring";
+    const char *dir = "ring", *v;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
+        if ((v = dir_opt(argc, argv, &i)))   /* --dir DIR, or --ring DIR as status spells it */
+            dir = v;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvctl ring down [--dir DIR]   stop the local ring started in DIR\n");
+            printf("usage: kvctl ring down [--dir DIR]   stop the local ring started in DIR\n"
+                   "  (--ring DIR is the same, as kvctl status spells it)\n");
             return 0;
         } else {
-            fprintf(stderr, "usage: kvctl ring down [--dir DIR]\n");
+            fprintf(stderr, "kvctl ring down: unknown option '%s'\nusage: kvctl ring down [--dir DIR]\n", argv[i]);
             return 2;
         }
     }
@@ -922,11 +939,11 @@ int kvctl_cmd_ring(int argc, char **argv)
 
 int kvctl_cmd_status(int argc, char **argv)
 {
-    const char *arg = NULL;
+    const char *arg = NULL, *v;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ring") && i + 1 < argc)
-            arg = argv[++i];
+        if ((v = dir_opt(argc, argv, &i)))   /* --ring DIR, or --dir DIR as ring up/down spell it */
+            arg = v;
         else if (!strcmp(argv[i], "--json"))
             json = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {

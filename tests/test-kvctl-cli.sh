@@ -81,6 +81,13 @@ expect_err "synth heads/kv-heads" "--heads 8 is not a multiple of --kv-heads 3" 
 # ring down with nothing running: nothing to stop, not an error.
 "$KVCTL" ring down --dir "$T/nothing" > "$T/out" 2>&1 || fail "ring down, nothing running: $(cat "$T/out")"
 grep -q "0 stages stopped" "$T/out" || fail "ring down, nothing running: '$(cat "$T/out")'"
+for spelling in "--ring $T/nothing" "--dir=$T/nothing" "--ring=$T/nothing"; do
+    # shellcheck disable=SC2086
+    "$KVCTL" ring down $spelling > "$T/out" 2>&1 && grep -q "0 stages stopped" "$T/out" ||
+        fail "ring down $spelling: '$(cat "$T/out")'"
+done
+"$KVCTL" status --dir "$T/nothing" > "$T/out" 2>&1
+[ $? -eq 1 ] && grep -q "nothing" "$T/out" || fail "status --dir: '$(cat "$T/out")'"
 
 # Text first, statistics after, also when stdout and stderr share one pipe.
 out=$("$KVCTL" generate -m "$M" --tokens 1,400,300 -n 4 --temp 0 --ids 2>&1)
