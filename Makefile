@@ -4,6 +4,8 @@
 #   make demo       set-up, build, run the demo (tests/demo.sh)
 #   make bench      set-up, build, run the benchmarks (tests/bench.sh)
 #   make fuzz       run the fuzz targets until interrupted (FUZZ_TIME=seconds to bound)
+#   make install    kvd, kvctl, the systemd unit, an example config and the docs
+#                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; docs/service.md)
 # SAN=1 builds into build/asan with -fsanitize=address,undefined,float-cast-overflow.  V=1 shows commands.
 
 CC      ?= gcc
@@ -35,6 +37,13 @@ CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-paramet
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
               -lsqlite3 -lpcre2-8 -lm -pthread $(LDLIBS)
+
+# systemd's readiness notifications (kvd/service.c) when libsystemd is there; without it kvd
+# still runs under systemd as Type=simple.
+ifneq ($(shell pkg-config --exists libsystemd 2>/dev/null && echo y),)
+  CFLAGS_ALL += -DKV_HAVE_SYSTEMD
+  LDLIBS_ALL += -lsystemd
+endif
 
 ifeq ($(V),1)
   Q :=
@@ -75,7 +84,7 @@ KVD_STUB   := $(B)/tests/kvd-stub
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
-.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup clean
+.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup clean install uninstall
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS) $(KVD_STUB)
 
@@ -163,3 +172,23 @@ clean:
 	rm -rf build
 
 -include $(shell find build -name '*.d' 2>/dev/null)
+
+# Installation (docs/service.md). The config is installed only where none exists, and
+# uninstall leaves it (it is the operator's).
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= /etc
+BINDIR     ?= $(PREFIX)/bin
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/kvasir
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/kvd
+	install -m 0755 $(B)/kvd $(B)/kvctl $(DESTDIR)$(BINDIR)/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    contrib/kvd.service.in > $(DESTDIR)$(UNITDIR)/kvd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/kvd.service
+	[ -e $(DESTDIR)$(SYSCONFDIR)/kvd/kvd.conf ] || install -m 0644 contrib/kvd.conf $(DESTDIR)$(SYSCONFDIR)/kvd/kvd.conf
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/kvd $(DESTDIR)$(BINDIR)/kvctl $(DESTDIR)$(UNITDIR)/kvd.service
+	rm -rf $(DESTDIR)$(DOCDIR)

@@ -1,7 +1,7 @@
 /* kvd — the daemon: its roles (stage, seeder, relay), each with a `kvd_<role>_main` that
  * parses that role's options, and the log every role writes to.
  *
- * Sections: [log], [stage], [seeder], [relay].
+ * Sections: [log], [config and service], [stage], [seeder], [relay].
  */
 #ifndef KV_KVD_H
 #define KV_KVD_H
@@ -16,6 +16,45 @@ enum kvd_log_level { KVD_LOG_ERROR, KVD_LOG_WARN, KVD_LOG_INFO, KVD_LOG_DEBUG };
 void kvd_log_set_level(int level);
 void kvd_log_set_prefix(const char *prefix);
 void kvd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "error|warn|info|debug" -> KVD_LOG_*, or -EINVAL. */
+int kvd_log_level_parse(const char *name);
+
+/* ============================ config and service ============================ */
+/* A role's command-line options, for the configuration file (kvd/config.c): the long name
+ * without dashes, whether it takes a value, whether it may be given several times. The
+ * array ends with a NULL name. */
+struct kvd_optspec {
+    const char *name;
+    bool arg;
+    bool repeat;
+};
+const struct kvd_optspec *kvd_stage_optspecs(void);
+const struct kvd_optspec *kvd_relay_optspecs(void);
+const struct kvd_optspec *kvd_seeder_optspecs(void);
+/* The role a config file names (`role = ...`; "" when none), syntax checked. 0 or -errno. */
+int kvd_config_role(const char *path, char *role, size_t n, char *err, size_t errlen);
+/* The file's options as arguments (malloc'ed strings in a malloc'ed array, *n of them),
+ * every key checked against specs: errors name file, line and key. The file is remembered
+ * for kvd_config_reload. 0 or -errno. */
+int kvd_config_args(const char *path, const struct kvd_optspec *specs, char ***out, int *n, char *err,
+                    size_t errlen);
+/* Whether kvd started from a config file. */
+bool kvd_config_active(void);
+/* SIGHUP with a config file: re-read and validate it; the log level applies at once, other
+ * changes are logged as waiting for a restart; an invalid file keeps the running settings.
+ * 0, -ENOENT (no file) or -EINVAL. */
+int kvd_config_reload(void);
+/* What SIGHUP means for this process: a reload when it runs from a config file without a
+ * controlling terminal (a service), else a hang-up (the adb shell or terminal that started a
+ * foreground kvd went away): a clean stop. Reloads when it should and returns false; true:
+ * the caller stops. */
+bool kvd_sighup_stops(void);
+/* Service manager notifications (sd_notify, when built with libsystemd and started by
+ * systemd with Type=notify; nothing otherwise): ready with a status line, reloading,
+ * stopping. */
+void kvd_service_ready(const char *status);
+void kvd_service_reloading(void);
+void kvd_service_stopping(void);
 
 /* ================================== stage ================================== */
 /* The stage role (docs/design.md, "The ring data path"): a kvd that holds the layer window

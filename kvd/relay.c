@@ -837,14 +837,18 @@ void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud)
 /* ---------------------------------------------------------------- kvd --role relay */
 
 static struct kvd_relay *main_relay;
-static uv_signal_t sig_int, sig_term;
+static uv_signal_t sig_int, sig_term, sig_hup;
 
 static void on_signal(uv_signal_t *s, int signum)
 {
+    if (signum == SIGHUP && !kvd_sighup_stops())
+        return;   /* a service's config reload */
     fprintf(stderr, "kvd relay: signal %d, shutting down\n", signum);
+    kvd_service_stopping();
     kvd_relay_close(main_relay, NULL, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_hup, NULL);
 }
 
 static void relay_usage(FILE *f)
@@ -914,19 +918,34 @@ static int set_num_opt(struct kvd_relay_config *cfg, const struct relay_num_opt 
     return 0;
 }
 
+enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_QUIET, O_HELP, O_NUM = 0x100 };
+static const struct option fixed[] = {
+    {"role", required_argument, 0, O_ROLE},
+    {"listen", required_argument, 0, O_LISTEN},
+    {"tls-cert", required_argument, 0, O_CERT},
+    {"tls-key", required_argument, 0, O_KEY},
+    {"plain", no_argument, 0, O_PLAIN},
+    {"quiet", no_argument, 0, O_QUIET},
+    {"help", no_argument, 0, O_HELP},
+};
+
+const struct kvd_optspec *kvd_relay_optspecs(void)
+{
+    static struct kvd_optspec specs[sizeof fixed / sizeof fixed[0] + N_NUM_OPTS + 1];
+    if (!specs[0].name) {
+        size_t n = 0;
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+            if (fixed[i].val != O_HELP && fixed[i].val != O_ROLE)
+                specs[n++] = (struct kvd_optspec){fixed[i].name, fixed[i].has_arg == required_argument, false};
+        for (size_t i = 0; i < N_NUM_OPTS; i++)
+            specs[n++] = (struct kvd_optspec){num_opts[i].name, true, false};
+    }
+    return specs;
+}
+
 int kvd_relay_main(int argc, char **argv)
 {
     struct kvd_relay_config cfg = {0};
-    enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_QUIET, O_HELP, O_NUM = 0x100 };
-    static const struct option fixed[] = {
-        {"role", required_argument, 0, O_ROLE},
-        {"listen", required_argument, 0, O_LISTEN},
-        {"tls-cert", required_argument, 0, O_CERT},
-        {"tls-key", required_argument, 0, O_KEY},
-        {"plain", no_argument, 0, O_PLAIN},
-        {"quiet", no_argument, 0, O_QUIET},
-        {"help", no_argument, 0, O_HELP},
-    };
     struct option opts[sizeof fixed / sizeof fixed[0] + N_NUM_OPTS + 1];
     size_t n = 0;
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) opts[n++] = fixed[i];
@@ -985,8 +1004,13 @@ int kvd_relay_main(int argc, char **argv)
             kvd_relay_port(main_relay), cfg.plain ? "plain ws" : "TLS");
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_term);
+    uv_signal_init(loop, &sig_hup);
     uv_signal_start(&sig_int, on_signal, SIGINT);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_start(&sig_hup, on_signal, SIGHUP);
+    char status[128];
+    snprintf(status, sizeof status, "relay on port %d", kvd_relay_port(main_relay));
+    kvd_service_ready(status);
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
     return 0;

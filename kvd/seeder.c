@@ -12,16 +12,20 @@
 #include "util/util.h"
 #include "util/err.h"
 
-static uv_signal_t sig_int, sig_term;
+static uv_signal_t sig_int, sig_term, sig_hup;
 static struct net_http_server *main_srv;
 
 static void on_signal(uv_signal_t *h, int signum)
 {
-    (void)signum;
+    if (signum == SIGHUP && !kvd_sighup_stops())
+        return;   /* a service's config reload */
+    kvd_service_stopping();
     uv_signal_stop(&sig_int);
     uv_signal_stop(&sig_term);
+    uv_signal_stop(&sig_hup);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_hup, NULL);
     net_http_server_close(main_srv, NULL, NULL);
 }
 
@@ -59,6 +63,18 @@ static int seeder_u32(const char *opt, const char *s, uint32_t max, uint32_t *ou
     }
     *out = (uint32_t)v;
     return 0;
+}
+
+const struct kvd_optspec *kvd_seeder_optspecs(void)
+{
+    /* the options kvd_seeder_main parses below */
+    static const struct kvd_optspec specs[] = {
+        {"serve", true, true}, {"listen", true, false}, {"max-rate", true, false},
+        {"header-timeout", true, false}, {"body-timeout", true, false}, {"idle-timeout", true, false},
+        {"write-timeout", true, false}, {"max-conns", true, false}, {"max-conns-per-addr", true, false},
+        {"max-zstd", true, false}, {"port-file", true, false}, {NULL, false, false},
+    };
+    return specs;
 }
 
 int kvd_seeder_main(int argc, char **argv)
@@ -157,8 +173,13 @@ int kvd_seeder_main(int argc, char **argv)
     main_srv = srv;
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_term);
+    uv_signal_init(loop, &sig_hup);
     uv_signal_start(&sig_int, on_signal, SIGINT);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_start(&sig_hup, on_signal, SIGHUP);
+    char status[128];
+    snprintf(status, sizeof status, "seeding on port %d", net_http_server_port(srv));
+    kvd_service_ready(status);
     uv_run(loop, UV_RUN_DEFAULT);
     seed_server_free(sd);
     uv_loop_close(loop);

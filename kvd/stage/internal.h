@@ -256,7 +256,7 @@ struct stage {
     uv_timer_t tick, redial;
     uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
     uint32_t redial_in_ms;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     struct conn *in, *out, *pending;
     uint32_t redial_ms;
     struct kvd_reject_log rejects[REJECT_LOG_SOURCES];

@@ -58,13 +58,11 @@ static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return pars
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(v, names[i])) {
-            kvd_log_set_level(i);
-            return 0;
-        }
-    return -EINVAL;
+    int level = kvd_log_level_parse(v);
+    if (level < 0)
+        return level;
+    kvd_log_set_level(level);
+    return 0;
 }
 
 static const struct opt opts[] = {
@@ -85,6 +83,22 @@ static const struct opt opts[] = {
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
 };
+
+const struct kvd_optspec *kvd_stage_optspecs(void)
+{
+    /* the table above plus the compute backends' switches, without the dashes */
+    static struct kvd_optspec specs[sizeof opts / sizeof opts[0] + 16 + 1];
+    if (!specs[0].name) {
+        size_t n = 0;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+            specs[n++] = (struct kvd_optspec){opts[k].name + 2, opts[k].arg != NULL, false};
+        const struct kvd_backend_kind *bk;
+        for (size_t k = 0; n < sizeof specs / sizeof specs[0] - 1 && (bk = kvd_backend_kind_at(k)); k++)
+            if (bk->option)
+                specs[n++] = (struct kvd_optspec){bk->option + 2, false, false};
+    }
+    return specs;
+}
 
 int kvd_stage_main(int argc, char **argv)
 {

@@ -75,6 +75,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     if (st->shutting_down)
         return;
     kvd_log(KVD_LOG_INFO, "shutting down: %s", why);
+    kvd_service_stopping();
     st->shutting_down = true;
     while (st->sessions)
         kvd_sess_finish(st, st->sessions, NULL, "the daemon is shutting down");
@@ -101,6 +102,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     uv_close((uv_handle_t *)&st->redial_in, NULL);
     uv_close((uv_handle_t *)&st->sigterm, NULL);
     uv_close((uv_handle_t *)&st->sigint, NULL);
+    uv_close((uv_handle_t *)&st->sighup, NULL);
     kvd_compute_stop(st->comp, on_compute_closed, st);
     st->comp = NULL;
 }
@@ -108,7 +110,9 @@ static void stage_shutdown(struct stage *st, const char *why)
 static void on_signal(uv_signal_t *h, int sig)
 {
     struct stage *st = h->data;
-    stage_shutdown(st, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (sig == SIGHUP && !kvd_sighup_stops())
+        return;   /* a service's config reload */
+    stage_shutdown(st, sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP (hang-up)" : "SIGINT");
 }
 
 static int endpoint_hostport(const char *ep, char *out, size_t n)
@@ -352,9 +356,11 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     }
     uv_signal_init(st->loop, &st->sigterm);
     uv_signal_init(st->loop, &st->sigint);
-    st->sigterm.data = st->sigint.data = st;
+    uv_signal_init(st->loop, &st->sighup);
+    st->sigterm.data = st->sigint.data = st->sighup.data = st;
     uv_signal_start(&st->sigterm, on_signal, SIGTERM);
     uv_signal_start(&st->sigint, on_signal, SIGINT);
+    uv_signal_start(&st->sighup, on_signal, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
     char key[65];
     util_hex_encode(net_identity_pub(st->id), 32, key);
@@ -362,6 +368,9 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
             "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
             me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
             st->sock_path);
+    char status[160];
+    snprintf(status, sizeof status, "rank %u of %u, layers [%u,%u)", st->rank, st->n, me->first, me->last);
+    kvd_service_ready(status);
     kvd_link_dial_out(st);
     if (via_relay)
         kvd_link_dial_in(st);
