@@ -64,6 +64,7 @@ enum {
 /* Applies sampling option c (a KVCTL_OPT_* code) to *sp: 0, -EINVAL after a message on
  * stderr, or 1 when c is not a sampling option. */
 int kvctl_sampling_opt(int c, const char *arg, struct model_sampler_params *sp);
+
 /* After the options: without --seed, a random seed (53 bits), printed on stderr as
  * "CMD: seed N ..." when the run samples (temperature > 0), so it can be repeated.
  * 0, or -EIO when no randomness could be had. */

@@ -49,8 +49,20 @@ int main(int argc, char **argv)
         return 0;
     }
     const struct util_cmd *cmd = util_cmd_find(commands, sizeof commands / sizeof commands[0], argv[1]);
-    if (cmd)
-        return cmd->fn(argc - 1, argv + 1);
+    if (cmd) {
+        /* The commands with their own option loops see --opt=VALUE as --opt VALUE, as the
+         * getopt-based ones (generate, logits, bench, tokenize, ring up) do by themselves. */
+        static const char *const own_loops[] = {"inspect", "slice", "catalog", "verify", "synth",
+                                                "plan", "profile", "pull"};
+        int n = argc - 1;
+        char **v = argv + 1;
+        for (size_t i = 0; i < sizeof own_loops / sizeof own_loops[0]; i++)
+            if (!strcmp(argv[1], own_loops[i]) && util_args_split_eq(&n, &v) < 0) {
+                fprintf(stderr, "kvctl: out of memory\n");
+                return 1;
+            }
+        return cmd->fn(n, v);
+    }
     fprintf(stderr, "kvctl: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -205,8 +205,8 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"ids", no_argument, 0, OPT_IDS}, {"stop", required_argument, 0, OPT_STOP},
         {"dump-logits", required_argument, 0, OPT_DUMP}, {"help", no_argument, 0, 'h'},
         {"device", required_argument, 0, OPT_DEVICE}, {0, 0, 0, 0}};
-    for (int i = 1; i < argc; i++)   /* through a running ring: kvctl_ring.c */
-        if (!strcmp(argv[i], "--ring"))
+    for (int i = 1; i < argc; i++)   /* through a running ring: kvctl/ring.c */
+        if (!strcmp(argv[i], "--ring") || !strncmp(argv[i], "--ring=", 7))
             return kvctl_ring_generate(argc, argv);
     const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *device = "cpu";
     const char *stops[MODEL_GEN_MAX_STOPS];

@@ -10,9 +10,9 @@
 #include "seed/seed.h"
 #include "util/err.h"
 
-static void usage(void)
+static void usage(FILE *out)
 {
-    fprintf(stderr,
+    fprintf(out,
             "usage: kvctl pull --from URL --layers A:B [--catalog CAT] -o WINDOW.gguf\n"
             "  URL: a seeder (http://host:port) or an HTTP(S) URL of a full GGUF on a server\n"
             "       that supports range requests. Layers are half-open: 0:4 is layers 0..3.\n"
@@ -53,7 +53,7 @@ int kvctl_cmd_pull(int argc, char **argv)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
+            usage(stdout);
             return 0;
         } else if (!strcmp(a, "--from") && v) {
             o.url = v;
@@ -99,12 +99,12 @@ int kvctl_cmd_pull(int argc, char **argv)
             o.progress = 0;
         } else {
             fprintf(stderr, "kvctl pull: unknown or incomplete option '%s'\n", a);
-            usage();
+            usage(stderr);
             return 2;
         }
     }
     if (!o.url || !have_layers || !o.out_path) {
-        usage();
+        usage(stderr);
         return 2;
     }
     if (o.source_sha256 && strlen(o.source_sha256) != 64) {

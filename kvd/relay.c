@@ -49,6 +49,7 @@ struct relay_end {
     bool closing;
     bool paused;
     uint64_t t_open, t_role, last_ping, paused_at;
+    uint64_t bytes_in, msgs_in;      /* what this end sent (for the close line) */
     struct held_msg *held, *held_tail;
     size_t held_bytes;
 };
@@ -95,17 +96,18 @@ static void relay_maybe_free(struct kvd_relay *r)
         done(done_ud);
 }
 
-static void relay_log(struct kvd_relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void relay_log(struct kvd_relay *r, const char *fmt, ...)
+/* The relay's lines go to kvd's log (prefix "relay"); --quiet keeps only warnings and errors. */
+static void relay_log(struct kvd_relay *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void relay_log(struct kvd_relay *r, int level, const char *fmt, ...)
 {
-    if (r->cfg.quiet)
+    if (r->cfg.quiet && level > KVD_LOG_WARN)
         return;
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kvd relay: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    kvd_log(level, "%s", line);
 }
 
 static bool bridge_id_valid(const char *id)
@@ -177,7 +179,7 @@ static void end_close(struct relay_end *e, int code, const char *fmt, ...)
     vsnprintf(reason, sizeof reason, fmt, ap);
     va_end(ap);
     if (code != NET_WS_CODE_PARTNER_GONE && code != NET_WS_CODE_NORMAL)
-        relay_log(e->r, "%s: closing %s end of bridge %.12s: %d %s", net_ws_peer(e->ws),
+        relay_log(e->r, KVD_LOG_WARN, "%s: closing %s end of bridge %.12s: %d %s", net_ws_peer(e->ws),
                   e->role ? role_name(e->role) : "unpaired", e->id, code, reason);
     end_detach(e, code, reason);
     net_ws_close(e->ws, code, reason);
@@ -213,6 +215,8 @@ static void forward(struct relay_end *from, struct relay_end *to, const uint8_t 
     }
     r->st.messages_total++;
     r->st.bytes_total += len;
+    from->bytes_in += len;
+    from->msgs_in++;
     if (net_ws_pending(to->ws) > r->cfg.high_water)
         end_pause(from, true);
 }
@@ -269,6 +273,8 @@ static void end_set_role(struct relay_end *e, int role)
         r->st.waiting--;
         r->st.paired++;
         r->st.pairings_total++;
+        relay_log(r, KVD_LOG_INFO, "bridge %.12s paired: upstream %s, downstream %s", b->id,
+                  net_ws_peer(b->end[1]->ws), net_ws_peer(b->end[2]->ws));
         flush_held(e, p);
         flush_held(p, e);
     }
@@ -355,6 +361,13 @@ static void on_close(struct net_ws *ws, int code, const char *reason, void *ud)
 {
     struct relay_end *e = ud;
     struct kvd_relay *r = e->r;
+    /* one line per bridge end that took a role: who, which bridge, how long, how much (never
+     * what); ends that never got that far are debug detail (a flood would fill the log) */
+    relay_log(r, e->role ? KVD_LOG_INFO : KVD_LOG_DEBUG,
+              "%s: %s end of bridge %.12s closed after %.1f s: %" PRIu64 " bytes in %" PRIu64
+              " messages from it; %d %.80s", net_ws_peer(ws), e->role ? role_name(e->role) : "unpaired",
+              e->id[0] ? e->id : "-", (double)(uv_now(r->loop) - e->t_open) / 1000.0, e->bytes_in, e->msgs_in,
+              code, reason ? reason : "");
     end_detach(e, code, reason);
     for (struct held_msg *m = e->held; m;) {
         struct held_msg *n = m->next;
@@ -686,7 +699,7 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
 /* The HTTP server's own lines (refused connections, dropped slow readers; rate-limited). */
 static void http_log(void *ud, const char *line)
 {
-    relay_log(ud, "%s", line);
+    relay_log(ud, KVD_LOG_WARN, "%s", line);
 }
 
 int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
@@ -843,7 +856,7 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     if (signum == SIGHUP && !kvd_sighup_stops())
         return;   /* a service's config reload */
-    fprintf(stderr, "kvd relay: signal %d, shutting down\n", signum);
+    kvd_log(KVD_LOG_INFO, "shutting down: %s", signum == SIGTERM ? "SIGTERM" : signum == SIGHUP ? "SIGHUP (hang-up)" : "SIGINT");
     kvd_service_stopping();
     kvd_relay_close(main_relay, NULL, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
@@ -918,7 +931,7 @@ static int set_num_opt(struct kvd_relay_config *cfg, const struct relay_num_opt 
     return 0;
 }
 
-enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_QUIET, O_HELP, O_NUM = 0x100 };
+enum { O_ROLE = 1, O_LISTEN, O_CERT, O_KEY, O_PLAIN, O_QUIET, O_HELP, O_LOG, O_NUM = 0x100 };
 static const struct option fixed[] = {
     {"role", required_argument, 0, O_ROLE},
     {"listen", required_argument, 0, O_LISTEN},
@@ -926,6 +939,7 @@ static const struct option fixed[] = {
     {"tls-key", required_argument, 0, O_KEY},
     {"plain", no_argument, 0, O_PLAIN},
     {"quiet", no_argument, 0, O_QUIET},
+    {"log-level", required_argument, 0, O_LOG},
     {"help", no_argument, 0, O_HELP},
 };
 
@@ -971,6 +985,15 @@ int kvd_relay_main(int argc, char **argv)
         case O_KEY: cfg.tls_key = optarg; break;
         case O_PLAIN: cfg.plain = true; break;
         case O_QUIET: cfg.quiet = true; break;
+        case O_LOG: {
+            int level = kvd_log_level_parse(optarg);
+            if (level < 0) {
+                fprintf(stderr, "kvd relay: --log-level '%s' is not error|warn|info|debug\n", optarg);
+                return 2;
+            }
+            kvd_log_set_level(level);
+            break;
+        }
         case O_HELP:
             relay_usage(stdout);
             return 0;
@@ -993,15 +1016,16 @@ int kvd_relay_main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    kvd_log_set_prefix("relay");
     uv_loop_t *loop = uv_default_loop();
     char err[KV_ERR_MAX];
     int rc = kvd_relay_new(&main_relay, loop, &cfg, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "kvd relay: %s\n", err);
+        kvd_log(KVD_LOG_ERROR, "%s", err);
         return 1;
     }
-    fprintf(stderr, "kvd relay: listening on %s port %d (%s)\n", cfg.listen,
-            kvd_relay_port(main_relay), cfg.plain ? "plain ws" : "TLS");
+    kvd_log(KVD_LOG_INFO, "listening on %s port %d (%s)", cfg.listen, kvd_relay_port(main_relay),
+            cfg.plain ? "plain ws" : "TLS");
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_hup);

@@ -19,6 +19,7 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     if (signum == SIGHUP && !kvd_sighup_stops())
         return;   /* a service's config reload */
+    kvd_log(KVD_LOG_INFO, "shutting down: %s", signum == SIGTERM ? "SIGTERM" : signum == SIGHUP ? "SIGHUP (hang-up)" : "SIGINT");
     kvd_service_stopping();
     uv_signal_stop(&sig_int);
     uv_signal_stop(&sig_term);
@@ -29,14 +30,15 @@ static void on_signal(uv_signal_t *h, int signum)
     net_http_server_close(main_srv, NULL, NULL);
 }
 
-static void seeder_usage(void)
+static void seeder_usage(FILE *out)
 {
-    fprintf(stderr,
+    fprintf(out,
             "usage: kvd seeder --serve FILE[,CATALOG] [--serve ...] [--listen HOST:PORT]\n"
             "       (also: kvd --role seeder ...)\n"
             "  Serves models and windows over HTTP: /v1/models, /v1/catalog/<id>,\n"
             "  /v1/windows/<id>/<first>-<last>. Default listen 127.0.0.1:7480.\n"
             "  --port-file PATH   write the bound port there (for --listen HOST:0)\n"
+            "  --log-level L      error|warn|info|debug (default info)\n"
             "  --max-rate R       send at most R bytes/s per window transfer (K/M suffixes)\n"
             "  --header-timeout MS, --body-timeout MS, --idle-timeout MS, --write-timeout MS\n"
             "                     deadlines: request head, request body, keep-alive idle (and a\n"
@@ -50,7 +52,7 @@ static void seeder_usage(void)
 static void http_log(void *ud, const char *line)
 {
     (void)ud;
-    fprintf(stderr, "kvd seeder: %s\n", line);
+    kvd_log(KVD_LOG_WARN, "%s", line);
 }
 
 /* "--opt N" with N in 1..max into *out: 0, or -EINVAL after saying why. */
@@ -72,7 +74,8 @@ const struct kvd_optspec *kvd_seeder_optspecs(void)
         {"serve", true, true}, {"listen", true, false}, {"max-rate", true, false},
         {"header-timeout", true, false}, {"body-timeout", true, false}, {"idle-timeout", true, false},
         {"write-timeout", true, false}, {"max-conns", true, false}, {"max-conns-per-addr", true, false},
-        {"max-zstd", true, false}, {"port-file", true, false}, {NULL, false, false},
+        {"max-zstd", true, false}, {"port-file", true, false}, {"log-level", true, false},
+        {NULL, false, false},
     };
     return specs;
 }
@@ -83,6 +86,10 @@ int kvd_seeder_main(int argc, char **argv)
     const char *serve[SEED_MAX_MODELS];
     struct net_http_limits lim = {0};
     int n_serve = 0;
+    if (util_args_split_eq(&argc, &argv) < 0) {
+        fprintf(stderr, "kvd seeder: out of memory\n");
+        return 1;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "seeder"))
@@ -118,29 +125,37 @@ int kvd_seeder_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-zstd") && i + 1 < argc) {
             if (seeder_u32(a, argv[++i], 4096, &lim.max_zstd_streams) < 0)
                 return 2;
+        } else if (!strcmp(a, "--log-level") && i + 1 < argc) {
+            int level = kvd_log_level_parse(argv[++i]);
+            if (level < 0) {
+                fprintf(stderr, "kvd seeder: --log-level '%s' is not error|warn|info|debug\n", argv[i]);
+                return 2;
+            }
+            kvd_log_set_level(level);
         } else if (!strcmp(a, "--port-file") && i + 1 < argc) {
             port_file = argv[++i];
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            seeder_usage();
+            seeder_usage(stdout);
             return 0;
         } else {
             fprintf(stderr, "kvd seeder: unknown or incomplete option '%s'\n", a);
-            seeder_usage();
+            seeder_usage(stderr);
             return 2;
         }
     }
     if (n_serve == 0) {
-        seeder_usage();
+        seeder_usage(stderr);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    kvd_log_set_prefix("seeder");
     uv_loop_t *loop = uv_default_loop();
     struct net_http_server *srv;
     struct seed_server *sd;
     char err[KV_ERR_MAX];
     int rc = net_http_server_new(&srv, loop, &lim);
     if (rc || (rc = seed_server_new(&sd, srv))) {
-        fprintf(stderr, "kvd seeder: %s\n", strerror(-rc));
+        kvd_log(KVD_LOG_ERROR, "%s", strerror(-rc));
         return 1;
     }
     net_http_server_set_log(srv, http_log, NULL);
@@ -153,16 +168,16 @@ int kvd_seeder_main(int argc, char **argv)
         char id[65];
         err[0] = 0;
         if ((rc = seed_server_add(sd, path, comma, id, err, sizeof err))) {
-            fprintf(stderr, "kvd seeder: %s\n", err[0] ? err : strerror(-rc));
+            kvd_log(KVD_LOG_ERROR, "%s", err[0] ? err : strerror(-rc));
             return 1;
         }
-        fprintf(stderr, "kvd seeder: serving %s as %s\n", path, id);
+        kvd_log(KVD_LOG_INFO, "serving %s as %s", path, id);
     }
     if ((rc = net_http_server_listen(srv, listen))) {
-        fprintf(stderr, "kvd seeder: listen on %s: %s\n", listen, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "listen on %s: %s", listen, uv_strerror(rc));
         return 1;
     }
-    fprintf(stderr, "kvd seeder: listening on port %d\n", net_http_server_port(srv));
+    kvd_log(KVD_LOG_INFO, "listening on %s port %d", listen, net_http_server_port(srv));
     if (port_file) {
         FILE *fp = fopen(port_file, "w");
         if (fp) {

@@ -29,6 +29,10 @@ const struct util_cmd *util_cmd_find(const struct util_cmd *cmds, size_t n, cons
 void util_cmd_list(FILE *out, const struct util_cmd *cmds, size_t n, int width);
 /* True when arg asks for help: -h, --help or help. */
 bool util_is_help(const char *arg);
+/* Rewrites *argv so that each "--name=VALUE" is two arguments, "--name" and "VALUE", for
+ * option loops written by hand (getopt_long does this itself). The new array lives until
+ * exit. 0 or -ENOMEM. */
+int util_args_split_eq(int *argc, char ***argv);
 
 /* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
  * -ENOMEM with *p and *cap unchanged. */

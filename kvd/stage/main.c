@@ -84,6 +84,16 @@ static const struct opt opts[] = {
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
 };
 
+/* seed_window_from's lines: notes into the log, the progress bar (terminals only) as is. */
+static void pull_log(void *ud, int kind, const char *line)
+{
+    if (kind == SEED_PULL_LINE)
+        kvd_log(KVD_LOG_INFO, "%s", line);
+    else
+        seed_pull_log_file(stderr, kind, line);
+    (void)ud;
+}
+
 const struct kvd_optspec *kvd_stage_optspecs(void)
 {
     /* the table above plus the compute backends' switches, without the dashes */
@@ -175,10 +185,12 @@ int kvd_stage_main(int argc, char **argv)
             return 2;
         }
         char err[KV_ERR_MAX];
+        /* notes go to the log; progress only as a bar on a terminal (a log gets no ten
+         * "pull: NN%" lines) */
         if (seed_window_from(o.manifest, o.rank, window_from, window_catalog, o.state_dir,
-                             isatty(STDERR_FILENO) ? 2 : 1, seed_pull_log_file, stderr, pulled,
-                             sizeof pulled, err, sizeof err) < 0) {
-            fprintf(stderr, "kvd stage: --window-from %s: %s\n", window_from, err);
+                             isatty(STDERR_FILENO) ? 2 : 0, pull_log, NULL, pulled, sizeof pulled, err,
+                             sizeof err) < 0) {
+            kvd_log(KVD_LOG_ERROR, "--window-from %s: %s", window_from, err);
             return 1;
         }
         o.window = pulled;
