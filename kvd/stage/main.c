@@ -193,6 +193,7 @@ int kvd_stage_main(int argc, char **argv)
             kvd_log(KVD_LOG_ERROR, "--window-from %s: %s", window_from, err);
             return 1;
         }
+        kvd_log(KVD_LOG_INFO, "window pulled from %s: %s", window_from, pulled);
         o.window = pulled;
     }
     return kvd_stage_run(&o) < 0 ? 1 : 0;
