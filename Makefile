@@ -84,7 +84,7 @@ KVD_STUB   := $(B)/tests/kvd-stub
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
-.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup clean install uninstall
+.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup setup-test clean install uninstall
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS) $(KVD_STUB)
 
@@ -149,10 +149,15 @@ $(B)/fuzz-%: $(B)/obj/tests/fuzz-%.o $$(call fuzz_objs,$$*)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
+# `make demo` installs what building and running need; `make test`, `make bench` (and
+# fuzz) also what the suite uses (scripts/setup.sh --test).
 setup:
 	@scripts/setup.sh
 
-test: setup
+setup-test:
+	@scripts/setup.sh --test
+
+test: setup-test
 	@$(MAKE) --no-print-directory tests
 	@$(MAKE) --no-print-directory SAN=1 tests
 	@tests/run.sh build build/asan
@@ -161,11 +166,11 @@ demo: setup
 	@$(MAKE) --no-print-directory all
 	@tests/demo.sh
 
-bench: setup
+bench: setup-test
 	@$(MAKE) --no-print-directory all
 	@tests/bench.sh
 
-fuzz: setup
+fuzz: setup-test
 	@tests/fuzz.sh $(FUZZ_TIME)
 
 clean:

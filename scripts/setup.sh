@@ -1,16 +1,33 @@
 #!/bin/sh
-# Installs the Debian packages Kvasir builds and tests with (docs/design.md, "Dependencies")
-# that are missing. Does nothing when all are present. Uses sudo when not root.
+# Installs the Debian packages Kvasir needs (docs/design.md, "Dependencies") that are missing,
+# and does nothing when all are present. Uses sudo when not root.
+#   scripts/setup.sh            what building and running need (make, make demo)
+#   scripts/setup.sh --test     that plus what tests, benchmarks and fuzzers use (make test, bench)
+#   --dry-run                   print the packages that would be installed, install nothing
 set -eu
 
-# What the build links against, then what only the tests use.
+TEST=0
+DRY=0
+for a in "$@"; do
+    case "$a" in
+        --test) TEST=1 ;;
+        --dry-run) DRY=1 ;;
+        *) echo "usage: scripts/setup.sh [--test] [--dry-run]" >&2; exit 2 ;;
+    esac
+done
+
+# What the build links against and what running it (kvd, kvctl, the demo: curl) uses.
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
-libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev libsystemd-dev"
+libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
+libsystemd-dev curl"
 BUILD_PKGS=$(echo $BUILD_PKGS)
+# What only the tests, benchmarks and fuzzers use.
 TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-curl openssl procps nodejs node-ws chromium testssl.sh"
-PKGS="$BUILD_PKGS $TEST_PKGS"
+openssl procps nodejs node-ws chromium testssl.sh systemd"
+TEST_PKGS=$(echo $TEST_PKGS)
+PKGS="$BUILD_PKGS"
+[ "$TEST" = 1 ] && PKGS="$BUILD_PKGS $TEST_PKGS"
 
 missing=""
 for p in $PKGS; do
@@ -38,6 +55,10 @@ npm_ws() {
         echo "setup: npm install ws failed: the relay interop test will fail" >&2
 }
 
+if [ "$DRY" = 1 ]; then
+    echo "setup: would install:$missing"
+    exit 0
+fi
 if [ -n "$missing" ]; then
     echo "setup: installing missing Debian packages:$missing"
     SUDO=""
@@ -70,4 +91,5 @@ if [ -n "$missing" ]; then
     fi
     echo "setup: done"
 fi
+[ "$TEST" = 1 ] || exit 0
 cd "$(dirname "$0")/.." && npm_ws
