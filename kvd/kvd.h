@@ -16,6 +16,9 @@ enum kvd_log_level { KVD_LOG_ERROR, KVD_LOG_WARN, KVD_LOG_INFO, KVD_LOG_DEBUG };
 void kvd_log_set_level(int level);
 void kvd_log_set_prefix(const char *prefix);
 void kvd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One HTTP server's access-log line: "PEER METHOD PATH STATUS N bytes T ms" (info; 5xx warn). */
+struct net_http_access;
+void kvd_log_access(const struct net_http_access *a);
 /* "error|warn|info|debug" -> KVD_LOG_*, or -EINVAL. */
 int kvd_log_level_parse(const char *name);
 

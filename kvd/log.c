@@ -11,7 +11,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <inttypes.h>
+
 #include "kvd/kvd.h"
+#include "net/net.h"
 
 static int log_level = KVD_LOG_INFO;
 static char log_prefix[64] = "kvd";
@@ -69,4 +72,10 @@ void kvd_log(int level, const char *fmt, ...)
         vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s\n", line);
+}
+
+void kvd_log_access(const struct net_http_access *a)
+{
+    kvd_log(a->status >= 500 ? KVD_LOG_WARN : KVD_LOG_INFO, "%s %s %s %d %" PRIu64 " bytes %.1f ms%s", a->peer,
+            a->method, a->path, a->status, a->bytes, a->ms, a->complete ? "" : " (client gone)");
 }

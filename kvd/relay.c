@@ -702,6 +702,14 @@ static void http_log(void *ud, const char *line)
     relay_log(ud, KVD_LOG_WARN, "%s", line);
 }
 
+/* Plain HTTP requests (status, metrics; bridges are upgrades, logged per end): one line each. */
+static void access_log(void *ud, const struct net_http_access *a)
+{
+    struct kvd_relay *r = ud;
+    if (!r->cfg.quiet || a->status >= 500)
+        kvd_log_access(a);
+}
+
 int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
                   const struct kvd_relay_config *cfg, char *err, size_t errlen)
 {
@@ -768,6 +776,7 @@ int kvd_relay_new(struct kvd_relay **out, struct uv_loop_s *loop,
     if (rc < 0)
         goto fail;
     net_http_server_set_log(net_ws_server_http(r->srv), http_log, r);
+    net_http_server_set_access_log(net_ws_server_http(r->srv), access_log, r);
     uv_timer_init(loop, &r->tick);
     r->tick.data = r;
     uint32_t period = min_u32(min_u32(c->pair_timeout_ms, c->idle_timeout_ms), c->ping_interval_ms) / 4;

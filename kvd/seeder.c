@@ -1,5 +1,6 @@
 /* kvd seeder: the seeder role's command line and event loop around seed/seed.h's server. */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,13 @@ static void http_log(void *ud, const char *line)
 {
     (void)ud;
     kvd_log(KVD_LOG_WARN, "%s", line);
+}
+
+/* One line per request: who, what, the answer, how much and how long (never the bytes). */
+static void access_log(void *ud, const struct net_http_access *a)
+{
+    (void)ud;
+    kvd_log_access(a);
 }
 
 /* "--opt N" with N in 1..max into *out: 0, or -EINVAL after saying why. */
@@ -159,6 +167,7 @@ int kvd_seeder_main(int argc, char **argv)
         return 1;
     }
     net_http_server_set_log(srv, http_log, NULL);
+    net_http_server_set_access_log(srv, access_log, NULL);
     for (int i = 0; i < n_serve; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s", serve[i]);

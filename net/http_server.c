@@ -82,6 +82,8 @@ struct net_http_server {
     void *log_ud;
     uint64_t log_last;          /* loop ms of the last line */
     uint64_t log_skipped;       /* lines left out since */
+    net_http_access_cb access;  /* one call per answered request (NULL: none) */
+    void *access_ud;
     /* zstd contexts not in use, shared by the thread-pool jobs of every connection */
     uv_mutex_t zmu;
     ZSTD_CCtx *zpool[HTTP_ZPOOL_MAX];
@@ -125,6 +127,9 @@ struct net_http_req {
     void (*writable)(void *);
     void *writable_ud;
     struct body_stream *bs;
+    /* for the access log */
+    int status;
+    uint64_t t0_ns, handed0;
 };
 
 struct net_http_conn {
@@ -169,6 +174,7 @@ static void conn_close(struct net_http_conn *c);
 static void conn_process(struct net_http_conn *c);
 static void pump(struct net_http_conn *c);
 static void req_finish(struct net_http_req *r);
+static void access_log(struct net_http_req *r, bool complete);
 static void read_start(struct net_http_conn *c);
 
 /* ------------------------------------------------------------------ streams */
@@ -510,6 +516,8 @@ static void conn_close(struct net_http_conn *c)
         return;
     c->closing = true;
     struct net_http_req *r = &c->req;
+    if (c->st == ST_DISPATCHED && r->answered && !r->resp_done)
+        access_log(r, false);
     if (c->st == ST_DISPATCHED && !r->answered && r->abort_cb) {
         void (*cb)(void *) = r->abort_cb;
         r->abort_cb = NULL;
@@ -717,6 +725,8 @@ static void dispatch(struct net_http_conn *c)
     c->st = ST_DISPATCHED;
     c->in_body = false;
     s->stats.requests++;
+    r->t0_ns = uv_hrtime();
+    r->handed0 = c->handed;
     if (r->upgrade)
         r->keep_alive = false; /* unless the handler upgrades, the connection ends here */
     timer_arm(c, s->lim.idle_timeout_ms);
@@ -1228,8 +1238,10 @@ void net_http_req_set_abort(struct net_http_req *r, void (*abort_cb)(void *), vo
 
 /* ------------------------------------------------------------------ responses */
 
-static void count_status(struct net_http_server *s, int status)
+static void count_status(struct net_http_req *r, int status)
 {
+    struct net_http_server *s = r->c->srv;
+    r->status = status;
     if (status < 300) s->stats.responses_2xx++;
     else if (status < 400) s->stats.responses_3xx++;
     else if (status < 500) s->stats.responses_4xx++;
@@ -1270,11 +1282,34 @@ static int answer_check(struct net_http_req *r)
     return 0;
 }
 
+/* One access-log line for r: complete (every byte queued) or cut short (the connection went
+ * first). Upgrades are their handler's to log. */
+static void access_log(struct net_http_req *r, bool complete)
+{
+    struct net_http_conn *c = r->c;
+    struct net_http_server *s = c->srv;
+    if (!s->access || !r->answered || r->status == 101)
+        return;
+    struct net_http_access a = {
+        .peer = c->peer, .method = r->method, .path = r->path, .status = r->status,
+        .bytes = c->handed - r->handed0, .ms = (double)(uv_hrtime() - r->t0_ns) / 1e6,
+        .complete = complete,
+    };
+    s->access(s->access_ud, &a);
+}
+
+void net_http_server_set_access_log(struct net_http_server *s, net_http_access_cb cb, void *ud)
+{
+    s->access = cb;
+    s->access_ud = ud;
+}
+
 /* The whole response is queued: next request (keep-alive) or close. */
 static void req_finish(struct net_http_req *r)
 {
     struct net_http_conn *c = r->c;
     r->resp_done = true;
+    access_log(r, true);
     if (c->closing)
         return;
     if (!r->keep_alive) {
@@ -1294,7 +1329,7 @@ int net_http_reply(struct net_http_req *r, int status, const char *content_type,
     if (rc < 0)
         return rc;
     struct net_http_conn *c = r->c;
-    count_status(c->srv, status);
+    count_status(r, status);
     r->kind = R_SIMPLE;
     bool nobody = status == 204 || status == 304 || (status >= 100 && status < 200);
     size_t hl;
@@ -1646,7 +1681,7 @@ int net_http_reply_body(struct net_http_req *r, int status, const char *content_
              body->compressible ? "Vary: Accept-Encoding\r\n" : "",
              bs->zstd ? "Content-Encoding: zstd\r\n" : "", extra_headers ? extra_headers : "");
     r->answered = true;
-    count_status(c->srv, status);
+    count_status(r, status);
     if (bs->zstd) {
         bs->chunked = true;
         c->srv->stats.zstd_active++; /* until the stream is released (bs_unref) */
@@ -1684,7 +1719,7 @@ int net_http_reply_begin(struct net_http_req *r, int status, const char *content
     if (rc < 0)
         return rc;
     struct net_http_conn *c = r->c;
-    count_status(c->srv, status);
+    count_status(r, status);
     r->kind = R_PUSH;
     r->writable = writable;
     r->writable_ud = ud;
@@ -1764,7 +1799,7 @@ int net_http_upgrade(struct net_http_req *r, const char *response_head,
         r->answered = false;
         return -EINVAL;
     }
-    count_status(c->srv, 101);
+    count_status(r, 101);
     c->up = ops;
     c->up_ud = ud;
     c->st = ST_UPGRADED;

@@ -376,6 +376,19 @@ const struct net_http_stats *net_http_server_stats(const struct net_http_server 
  * line a second with a count of those left out; cb NULL: nowhere (the default). */
 typedef void (*net_http_log_cb)(void *ud, const char *line);
 void net_http_server_set_log(struct net_http_server *s, net_http_log_cb cb, void *ud);
+/* The access log: cb once per answered request when its response is all queued (complete)
+ * or its connection closed first (not complete): the peer address, method, path, status,
+ * response bytes (head and body) and the time since the request was dispatched. No payload.
+ * Upgrades (101) are their handler's to log. cb NULL: none (the default). */
+struct net_http_access {
+    const char *peer, *method, *path;
+    int status;
+    uint64_t bytes;
+    double ms;
+    bool complete;
+};
+typedef void (*net_http_access_cb)(void *ud, const struct net_http_access *a);
+void net_http_server_set_access_log(struct net_http_server *s, net_http_access_cb cb, void *ud);
 /* Call cb for each address with open connections (its text as counted: "1.2.3.4" or
  * "2001:db8:1:2::/64") and its count; returns the number of addresses. */
 size_t net_http_server_addrs(const struct net_http_server *s,

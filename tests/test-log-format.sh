@@ -40,6 +40,7 @@ async def main(port):
 asyncio.run(main(int(sys.argv[1])))
 PY
 wait_for 5 grep -q "closed after" "$T/relay.log"
+curl -s "http://127.0.0.1:$RP/v1/relay/status" > /dev/null || fail "relay status"
 kill -TERM "$spid" "$rpid"
 wait "$spid" "$rpid" 2>/dev/null
 
@@ -54,6 +55,11 @@ done
 echo "ok   $n daemon log lines, one format"
 grep -q "INFO  seeder: listening on 127.0.0.1:0 port $SP" "$T/seeder.log" || fail "the seeder's listening line lacks its address: $(grep listening "$T/seeder.log")"
 grep -q "shutting down: SIGTERM" "$T/seeder.log" || fail "the seeder does not log its stop"
+# the seeder logs each request: address, method, path, status, bytes, time
+grep -Eq "INFO  seeder: 127\.0\.0\.1:[0-9]+ GET /v1/windows/[0-9a-f]{64}/0-[0-9]+ 200 [0-9]+ bytes [0-9.]+ ms$" "$T/seeder.log" ||
+    fail "the seeder does not log its window requests: $(grep GET "$T/seeder.log" | head -2)"
+grep -Eq "INFO  relay: 127\.0\.0\.1:[0-9]+ GET /v1/relay/status 200 [0-9]+ bytes" "$T/relay.log" ||
+    fail "the relay does not log its HTTP requests: $(grep GET "$T/relay.log" | head -2)"
 grep -hq "pull: *[0-9]*%" "$T"/ring/rank-*/kvd.log && fail "progress lines in a stage log (not a terminal)"
 [ "$(cat "$T"/ring/rank-*/kvd.log | grep -c "window pulled from http://127.0.0.1:$SP")" = 3 ] ||
     fail "the stages do not log their pulls: $(grep -h pull "$T"/ring/rank-*/kvd.log | head -3)"
