@@ -635,6 +635,8 @@ int model_chat_render_text(char **out, const char *tmpl, const char *name, const
             size_t k = 0;
             for (; k < 40 && tmpl[k]; k++)
                 head[k] = (unsigned char)tmpl[k] < 0x20 ? ' ' : tmpl[k];
+            while (k > 0 && tmpl[k] && ((unsigned char)tmpl[k] & 0xc0) == 0x80)
+                k--;   /* never half a UTF-8 character */
             head[k] = 0;
             util_seterr(err, errlen, "chat template not recognised (starts \"%s\"%s): name a "
                         "family with --chat-template", head, tmpl[k] ? "..." : "");

@@ -9,7 +9,7 @@ libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev
 BUILD_PKGS=$(echo $BUILD_PKGS)
 TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-curl openssl procps nodejs node-ws chromium testssl.sh"
+curl openssl procps nodejs node-ws chromium testssl.sh python3-jinja2"
 PKGS="$BUILD_PKGS $TEST_PKGS"
 
 missing=""
