@@ -37,6 +37,7 @@ enum {
     F_FOLD_LAST = 1u << 8,  /* ... into the last turn when that is a user turn (Mistral v0.3) */
     F_TRIM = 1u << 9,       /* mistral: assistant content trimmed */
     F_GEN_ALWAYS = 1u << 10, /* llama3: the assistant header ends every rendering */
+    F_THINK = 1u << 11,     /* chatml: Qwen3's <think> handling of assistant turns */
 };
 
 /* One family variant: how its template renders. Texts are the template's literals. */
@@ -57,6 +58,7 @@ static const struct style styles[] = {
      "<|im_end|>"},
     {"qwen2.5", FAM_CHATML, 0, "You are Qwen, created by Alibaba Cloud. You are a helpful "
      "assistant.", NULL, NULL, NULL, NULL, "", "<|im_end|>"},
+    {"qwen3", FAM_CHATML, F_THINK, NULL, NULL, NULL, NULL, NULL, "", "<|im_end|>"},
     {"llama3", FAM_LLAMA3, F_BOS, NULL, NULL, NULL, NULL, NULL, "<|begin_of_text|>",
      "<|eot_id|>"},
     {"llama3.1", FAM_LLAMA3, F_BOS | F_DATE, NULL, "26 Jul 2024", NULL, NULL, NULL,
@@ -223,6 +225,96 @@ static int only_user_assistant(const struct conv *c, size_t from)
     return 0;
 }
 
+/* s[0..n) without the characters in set at its start (lstrip) and/or end (rstrip). */
+static void strip_set(const char **s, size_t *n, const char *set, bool left, bool right)
+{
+    while (left && *n && strchr(set, (*s)[0]) && (*s)[0]) {
+        (*s)++;
+        (*n)--;
+    }
+    while (right && *n && strchr(set, (*s)[*n - 1]) && (*s)[*n - 1])
+        (*n)--;
+}
+
+/* The last occurrence of needle in s[0..n), or NULL. */
+static const char *find_last(const char *s, size_t n, const char *needle)
+{
+    const char *last = NULL;
+    size_t k = strlen(needle);
+    for (const char *p = s; p + k <= s + n; p++)
+        if (memcmp(p, needle, k) == 0)
+            last = p;
+    return last;
+}
+
+/* Qwen3: ChatML where assistant turns lose any "<think>...</think>" reasoning, except those
+ * after the last user turn, which keep it (the last one always gets a think block, empty or
+ * not). The first system message opens the conversation. */
+static int qwen3(const struct conv *c, struct buf *b)
+{
+    if (is(c, 0, "system")) {
+        put(b, "<|im_start|>system\n");
+        put(b, content(c, 0));
+        put(b, "<|im_end|>\n");
+    }
+    size_t last_query = c->n - 1;
+    for (size_t i = c->n; i-- > 0;) {
+        const char *t = content(c, i);
+        size_t n = strlen(t), k = strlen("</tool_response>");
+        bool tool = strncmp(t, "<tool_response>", strlen("<tool_response>")) == 0 && n >= k &&
+                    strcmp(t + n - k, "</tool_response>") == 0;
+        if (is(c, i, "user") && !tool) {
+            last_query = i;
+            break;
+        }
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        const char *t = content(c, i);
+        if (is(c, i, "user") || (is(c, i, "system") && i > 0)) {
+            put(b, "<|im_start|>");
+            put(b, role(c, i));
+            put(b, "\n");
+            put(b, t);
+            put(b, "<|im_end|>\n");
+            continue;
+        }
+        if (!is(c, i, "assistant"))
+            continue;
+        /* Python: reasoning = t.split('</think>')[0].rstrip('\n').split('<think>')[-1]
+         * .lstrip('\n'); answer = t.split('</think>')[-1].lstrip('\n') */
+        const char *ans = t, *rsn = "";
+        size_t n_ans = strlen(t), n_rsn = 0;
+        const char *end = strstr(t, "</think>");
+        if (end) {
+            rsn = t;
+            n_rsn = (size_t)(end - t);
+            strip_set(&rsn, &n_rsn, "\n", false, true);
+            const char *open = find_last(rsn, n_rsn, "<think>");
+            if (open) {
+                n_rsn -= (size_t)(open + strlen("<think>") - rsn);
+                rsn = open + strlen("<think>");
+            }
+            strip_set(&rsn, &n_rsn, "\n", true, false);
+            ans = find_last(t, n_ans, "</think>") + strlen("</think>");
+            n_ans = strlen(ans);
+            strip_set(&ans, &n_ans, "\n", true, false);
+        }
+        put(b, "<|im_start|>assistant\n");
+        if (i > last_query && (i + 1 == c->n || n_rsn > 0)) {
+            strip_set(&rsn, &n_rsn, "\n", true, true);
+            put(b, "<think>\n");
+            put_n(b, rsn, n_rsn);
+            put(b, "\n</think>\n\n");
+            strip_set(&ans, &n_ans, "\n", true, false);
+        }
+        put_n(b, ans, n_ans);
+        put(b, "<|im_end|>\n");
+    }
+    if (c->gen)
+        put(b, "<|im_start|>assistant\n");
+    return 0;
+}
+
 static int chatml(const struct conv *c, struct buf *b)
 {
     const struct style *s = c->s;
@@ -250,6 +342,8 @@ static int chatml(const struct conv *c, struct buf *b)
         put(b, s->sys_def);
         put(b, "<|im_end|>\n");
     }
+    if (s->flags & F_THINK)
+        return qwen3(c, b);
     for (size_t i = 0; i < c->n; i++) {
         put(b, "<|im_start|>");
         put(b, role(c, i));
@@ -522,7 +616,9 @@ static int recognise(const char *t, struct rec *r)
     if (strstr(t, "<|im_start|>")) {
         base = style_find("chatml");
         r->s = *base;
-        if (chatml_default_system(t, r->sys, sizeof r->sys))
+        if (strstr(t, "</think>") && strstr(t, "last_query_index"))
+            add |= F_THINK;
+        else if (chatml_default_system(t, r->sys, sizeof r->sys))
             r->s.sys_def = r->sys;
         if (!gen)
             add |= F_SYS_ALWAYS;

@@ -26,6 +26,7 @@ TEMPLATES = {
     "chatml": ("chatml", "", "<|im_end|>"),
     "qwen2": ("chatml", "", "<|im_end|>"),
     "qwen2.5": ("chatml", "", "<|im_end|>"),
+    "qwen3": ("chatml", "", "<|im_end|>"),
     "llama3": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama3.1": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama2": ("llama2", "<s>", "</s>"),
@@ -72,6 +73,14 @@ CONVERSATIONS = {
     "assistant-first": [m("assistant", "a"), m("user", "b")],
     "late-system": [m("user", "a"), m("assistant", "b"), m("system", "c"), m("user", "d")],
     "two-systems": [m("system", "a"), m("system", "b"), m("user", "c")],
+    # reasoning in assistant turns (Qwen3 drops it from turns before the last user turn)
+    "thinking": [m("user", "q1"), m("assistant", "<think>\nr1\n</think>\n\na1"),
+                 m("user", "q2"), m("assistant", "\n<think>\n\nr2\n\n</think>\n\n\na2\n")],
+    "thinking-odd": [m("user", "q"), m("assistant", "x<think>a<think>b\n</think>c</think>\nd"),
+                     m("user", "<tool_response>t</tool_response>"),
+                     m("assistant", "no close tag <think>"), m("user", "</think>")],
+    "thinking-after-tool": [m("user", "q"), m("user", "<tool_response>t</tool_response>"),
+                            m("assistant", "<think>r</think>a")],
 }
 
 
