@@ -225,6 +225,16 @@ static int only_user_assistant(const struct conv *c, size_t from)
     return 0;
 }
 
+/* One ChatML turn: "<|im_start|>ROLE\nTEXT<|im_end|>\n". */
+static void chatml_turn(struct buf *b, const char *r, const char *text)
+{
+    put(b, "<|im_start|>");
+    put(b, r);
+    put(b, "\n");
+    put(b, text);
+    put(b, "<|im_end|>\n");
+}
+
 /* s[0..n) without the characters in set at its start (lstrip) and/or end (rstrip). */
 static void strip_set(const char **s, size_t *n, const char *set, bool left, bool right)
 {
@@ -252,11 +262,8 @@ static const char *find_last(const char *s, size_t n, const char *needle)
  * not). The first system message opens the conversation. */
 static int qwen3(const struct conv *c, struct buf *b)
 {
-    if (is(c, 0, "system")) {
-        put(b, "<|im_start|>system\n");
-        put(b, content(c, 0));
-        put(b, "<|im_end|>\n");
-    }
+    if (is(c, 0, "system"))
+        chatml_turn(b, "system", content(c, 0));
     size_t last_query = c->n - 1;
     for (size_t i = c->n; i-- > 0;) {
         const char *t = content(c, i);
@@ -271,11 +278,7 @@ static int qwen3(const struct conv *c, struct buf *b)
     for (size_t i = 0; i < c->n; i++) {
         const char *t = content(c, i);
         if (is(c, i, "user") || (is(c, i, "system") && i > 0)) {
-            put(b, "<|im_start|>");
-            put(b, role(c, i));
-            put(b, "\n");
-            put(b, t);
-            put(b, "<|im_end|>\n");
+            chatml_turn(b, role(c, i), t);
             continue;
         }
         if (!is(c, i, "assistant"))
@@ -322,9 +325,7 @@ static int chatml(const struct conv *c, struct buf *b)
     if (s->flags & F_SYS_ALWAYS) {
         /* A system block always: the first system message's or the default; then only the
          * user and assistant turns, each user turn opening the assistant's. */
-        put(b, "<|im_start|>system\n");
-        put(b, first_sys ? content(c, 0) : s->sys_def ? s->sys_def : "");
-        put(b, "<|im_end|>\n");
+        chatml_turn(b, "system", first_sys ? content(c, 0) : s->sys_def ? s->sys_def : "");
         for (size_t i = 0; i < c->n; i++) {
             if (is(c, i, "user")) {
                 put(b, "<|im_start|>user\n");
@@ -337,20 +338,12 @@ static int chatml(const struct conv *c, struct buf *b)
         }
         return 0;
     }
-    if (s->sys_def && !first_sys) {
-        put(b, "<|im_start|>system\n");
-        put(b, s->sys_def);
-        put(b, "<|im_end|>\n");
-    }
+    if (s->sys_def && !first_sys)
+        chatml_turn(b, "system", s->sys_def);
     if (s->flags & F_THINK)
         return qwen3(c, b);
-    for (size_t i = 0; i < c->n; i++) {
-        put(b, "<|im_start|>");
-        put(b, role(c, i));
-        put(b, "\n");
-        put(b, content(c, i));
-        put(b, "<|im_end|>\n");
-    }
+    for (size_t i = 0; i < c->n; i++)
+        chatml_turn(b, role(c, i), content(c, i));
     if (c->gen)
         put(b, "<|im_start|>assistant\n");
     return 0;
