@@ -606,6 +606,10 @@ static int recognise(const char *t, struct rec *r)
     unsigned add = 0, drop = 0;
     bool gen = strstr(t, "add_generation_prompt") != NULL;
     bool bos = strstr(t, "bos_token") != NULL;
+    /* Relatives that share a family's markers but lay turns out otherwise (Phi-4's
+     * "<|im_sep|>", Mistral's "[SYSTEM_PROMPT]" block) are refused, never misrendered. */
+    if (strstr(t, "<|im_sep|>") || strstr(t, "[SYSTEM_PROMPT]"))
+        return -ENOTSUP;
     if (strstr(t, "<|im_start|>")) {
         base = style_find("chatml");
         r->s = *base;

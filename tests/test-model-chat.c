@@ -192,6 +192,16 @@ T_CASE(family_markers)
         T_CHECK(rc == 0 && strcmp(fam, cases[i].fam) == 0, "%s: rc %d family %s, want %s",
                 cases[i].tmpl, rc, fam ? fam : "-", cases[i].fam);
     }
+    /* relatives laid out otherwise are refused rather than misrendered */
+    static const char *const others[] = {
+        "{{'<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + '<|im_end|>'}}",
+        "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' }}",
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        const char *fam = NULL;
+        T_CHECK(model_chat_family(others[i], &fam) == -ENOTSUP, "%s: recognised as %s",
+                others[i], fam ? fam : "-");
+    }
 }
 
 T_CASE(refused_conversations)
