@@ -7,9 +7,9 @@ set -eu
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
 libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev"
 BUILD_PKGS=$(echo $BUILD_PKGS)
-TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo python3-jinja2
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-curl openssl procps nodejs node-ws chromium testssl.sh python3-jinja2"
+curl openssl procps nodejs node-ws chromium testssl.sh"
 PKGS="$BUILD_PKGS $TEST_PKGS"
 
 missing=""
