@@ -6,7 +6,7 @@
  * of a ring: rank 0 calls model_embed, every stage model_window_run on the boundary rows,
  * the last rank model_head and the sampler.
  *
- * Sections: [window + executor + sampler], [tokenizer] and [generation].
+ * Sections: [window + executor + sampler], [tokenizer], [generation] and [chat templates].
  */
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
@@ -402,5 +402,39 @@ uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */
 int model_gen_flush(struct model_gen *g, const char **text, size_t *len);
+
+/* ================================ chat templates ================================ */
+
+/* A conversation rendered as the model's tokenizer.chat_template renders it (docs/chat.md):
+ * the families chatml (Qwen), llama3, llama2, mistral, phi3 and gemma, recognised from the
+ * template text, each rendered byte for byte as its Jinja template does. Roles are "system",
+ * "user" and "assistant" (another is -EINVAL); a conversation the template
+ * refuses (roles that do not alternate, a system message where none is allowed) is -EINVAL.
+ *
+ * BOS: the rendered text holds the BOS token's text exactly when the template emits
+ * bos_token (llama3, llama2, mistral, gemma, some phi3). Tokenise it with parse_special and
+ * add_special = !model_chat_has_bos(g, text), so that BOS is never doubled. */
+
+struct model_chat_msg { const char *role; const char *content; };  /* NULL content is "" */
+
+/* Renders msgs with the model's tokenizer.chat_template (family recognised from the
+ * template text) or, when name != NULL, with the named family ("chatml", "llama3",
+ * "llama2", "mistral", "phi3", "gemma"); add_assistant appends the assistant prefix.
+ * *out is malloc'd NUL-terminated text; -ENOTSUP with the family/template named in err
+ * when unknown. */
+int model_chat_render(char **out, const struct gguf_file *g, const char *name,
+                      const struct model_chat_msg *msgs, size_t n, bool add_assistant,
+                      char *err, size_t errlen);
+/* The same from a template text (NULL: only a name will do) and the BOS/EOS token texts
+ * (NULL: the family's usual ones). */
+int model_chat_render_text(char **out, const char *tmpl, const char *name, const char *bos,
+                           const char *eos, const struct model_chat_msg *msgs, size_t n,
+                           bool add_assistant, char *err, size_t errlen);
+/* The family a template text belongs to (*name static: "chatml", ...): 0 or -ENOTSUP. */
+int model_chat_family(const char *tmpl, const char **name);
+/* Whether text starts with g's BOS token text (then tokenise it without adding BOS). */
+bool model_chat_has_bos(const struct gguf_file *g, const char *text);
+/* The names --chat-template takes, ", "-separated, into buf[n] (truncated to fit). */
+void model_chat_names(char *buf, size_t n);
 
 #endif

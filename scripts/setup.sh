@@ -24,7 +24,7 @@ BUILD_PKGS=$(echo $BUILD_PKGS)
 # What only the tests, benchmarks and fuzzers use.
 TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-openssl procps nodejs node-ws chromium testssl.sh systemd"
+openssl procps nodejs node-ws chromium testssl.sh systemd python3-jinja2"
 TEST_PKGS=$(echo $TEST_PKGS)
 PKGS="$BUILD_PKGS"
 [ "$TEST" = 1 ] && PKGS="$BUILD_PKGS $TEST_PKGS"
