@@ -9,10 +9,11 @@
 
 need_exec "$TOOLS/tool-chat"
 need_data "$DATA/tokenizer/ggml-vocab-qwen2.gguf" "$DATA/tokenizer/ggml-vocab-phi-3.gguf"
-python3 -c 'import jinja2' 2>/dev/null ||
+PY=/usr/bin/python3   # Debian's, where python3-jinja2 is (a python3 earlier in PATH may differ)
+"$PY" -c 'import jinja2' 2>/dev/null ||
     die "python3-jinja2 missing (scripts/setup.sh installs it)"
 
-python3 "$ROOT/tests/chat_render.py" "$TOOLS/tool-chat" "$DATA" > "$T/out" 2>&1 ||
+"$PY" "$ROOT/tests/chat_render.py" "$TOOLS/tool-chat" "$DATA" > "$T/out" 2>&1 ||
     fail "chat templates differ from Jinja: $(cat "$T/out")"
 tail -1 "$T/out"
 grep -q ', 0 mismatches' "$T/out" || fail "no comparison summary: $(cat "$T/out")"
