@@ -178,6 +178,18 @@ typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int
 /* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
 typedef void (*kern__quant_fn)(const float *x, void *dst, int64_t n);
 
+/* A repacked group of rp_rows weight rows against nc (<= KERN_RP_MAXCOL) activation rows
+ * xs bytes apart (kern__rp_act_bytes each): out[c * rp_rows + r] for row r of the group. */
+#define KERN_RP_MAXCOL 8
+typedef void (*kern__rp_fn)(const void *grp, int64_t nb, const void *xq, size_t xs, int nc,
+                            float *out);
+/* Bytes of one activation row of the repacked kernels: nb x (32 quants, f32 scale, int32
+ * correction), padded to 64. */
+static inline size_t kern__rp_act_bytes(int64_t cols)
+{
+    return ((size_t)(cols / KERN_QK) * 40 + 63) / 64 * 64;
+}
+
 /* One SIMD level's kernels; NULL entries fall back to the reference. */
 struct kern__simd {
     const char *name;
@@ -201,6 +213,13 @@ struct kern__simd {
                        int nh, int hd, float scale, float *sc);
     void (*att_v_f16)(const uint16_t *v, size_t vstride, int64_t n_ctx, const float *w, int nh,
                       int hd, float *out, size_t ostride);
+    /* Repacked weights (kernels/cpu/cpu_repack.c, simd_repack.inc): rows per interleaved
+     * group (0: none at this level), whether Q8_0 quants are stored +128 as bytes, and per
+     * weight type the group kernel and its activation quantiser (kern__rp_act_bytes). */
+    int rp_rows;
+    bool rp_q8_u8;
+    kern__rp_fn rp_gemm[KERN_T_COUNT];
+    kern__quant_fn rp_quant[KERN_T_COUNT];
 };
 extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
 /* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */

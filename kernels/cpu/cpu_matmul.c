@@ -200,6 +200,10 @@ size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
         size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
         xrow = own > xrow ? own : xrow;
     }
+    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % KERN_QK == 0) { /* kern_matmul_packed */
+        size_t rp = kern__rp_act_bytes(cols);
+        xrow = rp > xrow ? rp : xrow;
+    }
     return (uint64_t)n > SIZE_MAX / (xrow ? xrow : 1) ? SIZE_MAX : (size_t)n * xrow;
 }
 
