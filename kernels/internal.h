@@ -246,7 +246,8 @@ struct kern_buf {
     size_t cap;                    /* bytes at creation (IO: the most a binding may take) */
     void *host;                    /* host device: the bytes (IO: the bound memory or NULL) */
     bool owned;                    /* host is ours to free */
-    void *impl;                    /* a non-host device's handle */
+    void *impl;                    /* a non-host device's handle; a host device's own
+                                      layout of a weight buffer (kern_buf_weight_use) */
     void *bound;                   /* IO: the caller memory bound now */
 };
 
@@ -275,6 +276,12 @@ struct kern__dev_ops {
     void (*buf_free)(struct kern_buf *b);
     int (*buf_write)(struct kern_buf *b, size_t off, const void *src, size_t n);
     int (*buf_read)(struct kern_buf *b, size_t off, void *dst, size_t n);
+    /* optional: kern_buf_weight_use (shape checked) and what it keeps (in b->impl on a host
+     * device, freed by weight_free before the buffer), and its size */
+    int (*weight_use)(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                      int64_t n_mat, bool release);
+    void (*weight_free)(struct kern_buf *b);
+    size_t (*weight_own)(const struct kern_buf *b);
 
     int (*matmul)(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y);

@@ -282,6 +282,17 @@ int kern_dev_reserve(struct kern_dev *d, size_t bytes);
  * staging area of `bytes` elsewhere. 0, -EINVAL, -ENOMEM. */
 int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind kind,
                  size_t bytes, const void *src);
+/* Says that weight buffer b holds n_mat matrices of rows x cols of type, back to back from
+ * its start and filling it, read only as matmul weights (never by get_rows or copy_rows): the
+ * device may then keep them in a layout of its own, in memory it owns ("cpu" repacks Q4_0 and
+ * Q8_0 for its interleaved kernels; docs/devices.md). release: b's bytes are a private
+ * read-only file mapping whose pages the device may drop once it has its copy (read again,
+ * they fault back in from the file). 0 (also when the device keeps the bytes as they are),
+ * -EINVAL (not a weight buffer, a shape that does not fill it), -ENOMEM. */
+int kern_buf_weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                        int64_t n_mat, bool release);
+/* Bytes the device holds for weight buffer b in a layout of its own (0: it reads b's). */
+size_t kern_buf_weight_own(const struct kern_buf *b);
 /* Frees the buffer (after kern_dev_sync when ops may still use it); NULL is a no-op. */
 void kern_buf_free(struct kern_buf *b);
 /* Its size in bytes. */
