@@ -5,10 +5,9 @@
  * (kern_pack_new) and their matmuls are kern_matmul_packed; their mapped pages are dropped.
  * Ops are synchronous. */
 #include <errno.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "kernels/internal.h"
+#include "util/util.h"
 
 #define F KERN__F
 #define H kern__at_host
@@ -47,17 +46,6 @@ static size_t deltanet_scratch(const struct kern_dev *d, int d_state)
 
 static int reserve(struct kern_dev *d, size_t bytes) { return kern_pool_reserve(d->pool, bytes); }
 
-/* The pages wholly inside [p, p + n) dropped from a private read-only file mapping: the
- * resident set keeps the repacked copy only (a later read faults them back from the file). */
-static void drop_pages(const void *p, size_t n)
-{
-    long ps = sysconf(_SC_PAGESIZE);
-    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
-    uintptr_t a = ((uintptr_t)p + page - 1) / page * page, e = ((uintptr_t)p + n) / page * page;
-    if (e > a)
-        (void)madvise((void *)a, e - a, MADV_DONTNEED); /* a hint: failing keeps the pages */
-}
-
 static int weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
                       int64_t n_mat, bool release)
 {
@@ -69,7 +57,7 @@ static int weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t c
         return rc == -ENOTSUP ? 0 : rc;
     b->impl = pk;
     if (release)
-        drop_pages(b->host, b->size);
+        util_pages_drop(b->host, b->size); /* the resident set keeps the copy only */
     return 0;
 }
 
