@@ -7,6 +7,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -158,6 +159,26 @@ void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx);
  * threads finishes it, each call returning once the items it took are done. Workers that are
  * not running when the caller has taken the rest are not waited for (a busy machine). */
 void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx);
+/* Guided self-scheduling: claims the next piece of total items from *next, 1/(2*nth) of those
+ * left, clamped to [lo, hi], so the pieces shrink towards the end and the threads finish
+ * close together. Its length (0: nothing left), its first item in *first. */
+static inline int64_t kern__claim(_Atomic int64_t *next, int64_t total, int nth, int64_t lo,
+                                  int64_t hi, int64_t *first)
+{
+    int64_t s = atomic_load_explicit(next, memory_order_relaxed), c;
+    do {
+        if (s >= total)
+            return 0;
+        c = (total - s) / (2 * nth);
+        c = c > hi ? hi : c;
+        c = c < lo ? lo : c;
+        c = c > total - s ? total - s : c;
+    } while (!atomic_compare_exchange_weak_explicit(next, &s, s + c, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *first = s;
+    return c;
+}
+
 /* The pool's reserved scratch (64-byte aligned) when it holds size bytes, else NULL (the op
  * returns -ENOSPC): it never grows here, only in kern_pool_reserve. One op at a time uses it. */
 void *kern__pool_scratch(struct kern_pool *p, size_t size);

@@ -100,6 +100,15 @@ T_CASE(matmul_all_levels)
     T_CHECK(kern_matmul(NULL, KERN_T_Q2_K, w, 1, 256, x, 1, y) == -EINVAL, "unsupported");
 }
 
+/* The first index where a and b differ bit for bit, -1 when none. */
+static int64_t first_diff(const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]) != 0)
+            return i;
+    return -1;
+}
+
 /* Batched rows bit-identical to rows alone: for every weight type and SIMD level, row i of a
  * matmul over n = 1..16 activation rows (KERN_ROWS_EXACT_MAX for F32, whose larger batches go
  * to OpenBLAS) is the very float the same row gets in a matmul of its own. The ring batches
@@ -141,16 +150,12 @@ T_CASE(matmul_rows_exact)
                 for (int64_t k = 2; k <= nmax; k++) {
                     int64_t n = k <= 16 ? k : big[k - 17];
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
-                    for (int64_t i = 0; i < n * rows; i++) {
-                        if (memcmp(&y[i], &solo[i], sizeof y[i]) != 0) {
-                            T_CHECK(0, "%s %s %lldx%lld: batch of %lld, row %lld differs from "
-                                    "the row alone at index %lld: %.9g vs %.9g", levels[lv],
-                                    kern_type_name(t), (long long)rows, (long long)cols,
-                                    (long long)n, (long long)(i / rows), (long long)(i % rows),
-                                    y[i], solo[i]);
-                            break;
-                        }
-                    }
+                    int64_t i = first_diff(y, solo, n * rows);
+                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
+                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
+                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
+                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
+                            solo[i < 0 ? 0 : i]);
                 }
             }
             free(w); free(x); free(solo); free(y); free(wq);
@@ -840,16 +845,12 @@ T_CASE(packed_rows_exact)
                              "matmul");
                 for (int64_t n = 2; n <= NX; n++) {
                     T_ASSERT(kern_matmul_packed(p, pk, 0, x, n, y) == 0, "matmul");
-                    for (int64_t i = 0; i < n * rows; i++) {
-                        if (memcmp(&y[i], &solo[i], sizeof y[i]) != 0) {
-                            T_CHECK(0, "%s %s %lldx%lld: batch of %lld, row %lld differs from "
-                                    "the row alone at index %lld: %.9g vs %.9g", levels[lv],
-                                    kern_type_name(t), (long long)rows, (long long)cols,
-                                    (long long)n, (long long)(i / rows), (long long)(i % rows),
-                                    y[i], solo[i]);
-                            break;
-                        }
-                    }
+                    int64_t i = first_diff(y, solo, n * rows);
+                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
+                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
+                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
+                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
+                            solo[i < 0 ? 0 : i]);
                 }
                 kern_pack_free(pk);
             }

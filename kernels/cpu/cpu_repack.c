@@ -176,30 +176,14 @@ static void pk_groups(struct pk_job *j, int64_t g0, int64_t g1)
     }
 }
 
-/* Guided self-scheduling over groups, as kern_matmul does over rows. */
+/* Guided self-scheduling over groups (kern__claim), as kern_matmul does over rows. */
 static void pk_task(void *ctx, int ith, int nth)
 {
     struct pk_job *j = ctx;
     (void)ith;
-    const int64_t G = j->pk->groups;
-    int64_t g0 = atomic_load_explicit(&j->next, memory_order_relaxed), c;
-    for (;;) {
-        do {
-            if (g0 >= G)
-                return;
-            c = (G - g0) / (2 * nth);
-            if (c > j->max_chunk)
-                c = j->max_chunk;
-            if (c < 1)
-                c = 1;
-            if (c > G - g0)
-                c = G - g0;
-        } while (!atomic_compare_exchange_weak_explicit(&j->next, &g0, g0 + c,
-                                                        memory_order_relaxed,
-                                                        memory_order_relaxed));
+    int64_t g0, c;
+    while ((c = kern__claim(&j->next, j->pk->groups, nth, 1, j->max_chunk, &g0)) > 0)
         pk_groups(j, g0, g0 + c);
-        g0 = atomic_load_explicit(&j->next, memory_order_relaxed);
-    }
 }
 
 size_t kern_pack_scratch(uint32_t type, int64_t cols, int64_t n)
