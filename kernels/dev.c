@@ -107,6 +107,8 @@ void kern_buf_free(struct kern_buf *b)
 {
     if (!b)
         return;
+    if (b->dev->ops->host && b->dev->ops->weight_free && b->kind == KERN_BUF_WEIGHT)
+        b->dev->ops->weight_free(b);
     if (!b->dev->ops->host)
         b->dev->ops->buf_free(b);
     else if (b->owned)
@@ -222,6 +224,22 @@ static bool opt(const struct kern_dev *d, struct kern_at a, size_t bytes)
 static size_t kv_elem(uint32_t kv_type)
 {
     return kv_type == KERN_T_F16 ? 2 : kv_type == KERN_T_F32 ? 4 : 0;
+}
+
+int kern_buf_weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                        int64_t n_mat, bool release)
+{
+    size_t rb = kern_row_bytes(type, cols);
+    if (b->kind != KERN_BUF_WEIGHT || rows <= 0 || n_mat <= 0 || rb == 0 ||
+        bytes3(rows, n_mat, rb) != b->size)
+        return -EINVAL;
+    const struct kern__dev_ops *ops = b->dev->ops;
+    return ops->weight_use ? ops->weight_use(b, type, rows, cols, n_mat, release) : 0;
+}
+
+size_t kern_buf_weight_own(const struct kern_buf *b)
+{
+    return b->kind == KERN_BUF_WEIGHT && b->dev->ops->weight_own ? b->dev->ops->weight_own(b) : 0;
 }
 
 /* ---- ops ---- */

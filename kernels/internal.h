@@ -7,6 +7,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -158,6 +159,26 @@ void kern__pool_run(struct kern_pool *p, kern__task_fn fn, void *ctx);
  * threads finishes it, each call returning once the items it took are done. Workers that are
  * not running when the caller has taken the rest are not waited for (a busy machine). */
 void kern__pool_run_dyn(struct kern_pool *p, kern__task_fn fn, void *ctx);
+/* Guided self-scheduling: claims the next piece of total items from *next, 1/(2*nth) of those
+ * left, clamped to [lo, hi], so the pieces shrink towards the end and the threads finish
+ * close together. Its length (0: nothing left), its first item in *first. */
+static inline int64_t kern__claim(_Atomic int64_t *next, int64_t total, int nth, int64_t lo,
+                                  int64_t hi, int64_t *first)
+{
+    int64_t s = atomic_load_explicit(next, memory_order_relaxed), c;
+    do {
+        if (s >= total)
+            return 0;
+        c = (total - s) / (2 * nth);
+        c = c > hi ? hi : c;
+        c = c < lo ? lo : c;
+        c = c > total - s ? total - s : c;
+    } while (!atomic_compare_exchange_weak_explicit(next, &s, s + c, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *first = s;
+    return c;
+}
+
 /* The pool's reserved scratch (64-byte aligned) when it holds size bytes, else NULL (the op
  * returns -ENOSPC): it never grows here, only in kern_pool_reserve. One op at a time uses it. */
 void *kern__pool_scratch(struct kern_pool *p, size_t size);
@@ -177,6 +198,18 @@ typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int
                               int64_t n, float *out);
 /* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
 typedef void (*kern__quant_fn)(const float *x, void *dst, int64_t n);
+
+/* A repacked group of rp_rows weight rows against nc (<= KERN_RP_MAXCOL) activation rows
+ * xs bytes apart (kern__rp_act_bytes each): out[c * rp_rows + r] for row r of the group. */
+#define KERN_RP_MAXCOL 8
+typedef void (*kern__rp_fn)(const void *grp, int64_t nb, const void *xq, size_t xs, int nc,
+                            float *out);
+/* Bytes of one activation row of the repacked kernels: nb x (32 quants, f32 scale, int32
+ * correction), padded to 64. */
+static inline size_t kern__rp_act_bytes(int64_t cols)
+{
+    return ((size_t)(cols / KERN_QK) * 40 + 63) / 64 * 64;
+}
 
 /* One SIMD level's kernels; NULL entries fall back to the reference. */
 struct kern__simd {
@@ -201,6 +234,13 @@ struct kern__simd {
                        int nh, int hd, float scale, float *sc);
     void (*att_v_f16)(const uint16_t *v, size_t vstride, int64_t n_ctx, const float *w, int nh,
                       int hd, float *out, size_t ostride);
+    /* Repacked weights (kernels/cpu/cpu_repack.c, simd_repack.inc): rows per interleaved
+     * group (0: none at this level), whether Q8_0 quants are stored +128 as bytes, and per
+     * weight type the group kernel and its activation quantiser (kern__rp_act_bytes). */
+    int rp_rows;
+    bool rp_q8_u8;
+    kern__rp_fn rp_gemm[KERN_T_COUNT];
+    kern__quant_fn rp_quant[KERN_T_COUNT];
 };
 extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
 /* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */
@@ -227,7 +267,8 @@ struct kern_buf {
     size_t cap;                    /* bytes at creation (IO: the most a binding may take) */
     void *host;                    /* host device: the bytes (IO: the bound memory or NULL) */
     bool owned;                    /* host is ours to free */
-    void *impl;                    /* a non-host device's handle */
+    void *impl;                    /* a non-host device's handle; a host device's own
+                                      layout of a weight buffer (kern_buf_weight_use) */
     void *bound;                   /* IO: the caller memory bound now */
 };
 
@@ -256,6 +297,12 @@ struct kern__dev_ops {
     void (*buf_free)(struct kern_buf *b);
     int (*buf_write)(struct kern_buf *b, size_t off, const void *src, size_t n);
     int (*buf_read)(struct kern_buf *b, size_t off, void *dst, size_t n);
+    /* optional: kern_buf_weight_use (shape checked) and what it keeps (in b->impl on a host
+     * device, freed by weight_free before the buffer), and its size */
+    int (*weight_use)(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                      int64_t n_mat, bool release);
+    void (*weight_free)(struct kern_buf *b);
+    size_t (*weight_own)(const struct kern_buf *b);
 
     int (*matmul)(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y);

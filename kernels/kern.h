@@ -155,6 +155,32 @@ size_t kern_deltanet_scratch(const struct kern_pool *p, int d);
  * shape), -ENOSPC (the pool's reserved scratch is too small) or -ENOMEM (no pool). */
 int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows, int64_t cols,
                 const float *x, int64_t n, float *y);
+/* Weights repacked for the interleaved kernels (kernels/cpu/cpu_repack.c; docs/kernels.md,
+ * "Repacked layouts"): n_mat matrices of rows x cols of one type, groups of the SIMD level's
+ * rows with their quants interleaved. A row's result is the same whatever the number of
+ * activation rows (and the same at the AVX2 and AVX-512 levels); it agrees with
+ * kern_ref_matmul by NMSE, not bit for bit. */
+struct kern_packed;
+/* true when the SIMD level in use has repacked kernels for type (Q4_0, Q8_0) and cols. */
+bool kern_pack_supported(uint32_t type, int64_t cols);
+/* Packs n_mat matrices stored back to back in w (the file layout) into memory of its own
+ * (w is not kept). 0, -ENOTSUP (no repacked kernels for type here), -EINVAL, -ENOMEM. */
+int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_t rows,
+                  int64_t cols, int64_t n_mat);
+/* Frees it; NULL is a no-op. */
+void kern_pack_free(struct kern_packed *pk);
+/* Bytes it holds (0 for NULL). */
+size_t kern_pack_bytes(const struct kern_packed *pk);
+/* The matrix of pk that file-layout bytes at offset off of w would be, for a matmul of type,
+ * rows and cols; -1 when pk does not hold it (another shape or type, another SIMD level). */
+int64_t kern_pack_find(const struct kern_packed *pk, uint32_t type, int64_t rows, int64_t cols,
+                       size_t off);
+/* Scratch bytes kern_matmul_packed needs for n activation rows (0 without kernels). */
+size_t kern_pack_scratch(uint32_t type, int64_t cols, int64_t n);
+/* kern_matmul's contract with matrix mat of pk as the weights. 0, -EINVAL (mat, n, or pk made
+ * at another SIMD level), -ENOSPC (reserved scratch too small), -ENOMEM (no pool). */
+int kern_matmul_packed(struct kern_pool *p, const struct kern_packed *pk, int64_t mat,
+                       const float *x, int64_t n, float *y);
 /* kern_ref_attention's contract on the pool's threads; scratch is used only without a pool.
  * 0, or -ENOSPC when the pool's reserved scratch is too small. */
 int kern_attention(struct kern_pool *p, uint32_t kv_type, float *out, const float *q,
@@ -256,6 +282,17 @@ int kern_dev_reserve(struct kern_dev *d, size_t bytes);
  * staging area of `bytes` elsewhere. 0, -EINVAL, -ENOMEM. */
 int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind kind,
                  size_t bytes, const void *src);
+/* Says that weight buffer b holds n_mat matrices of rows x cols of type, back to back from
+ * its start and filling it, read only as matmul weights (never by get_rows or copy_rows): the
+ * device may then keep them in a layout of its own, in memory it owns ("cpu" repacks Q4_0 and
+ * Q8_0 for its interleaved kernels; docs/devices.md). release: b's bytes are a private
+ * read-only file mapping whose pages the device may drop once it has its copy (read again,
+ * they fault back in from the file). 0 (also when the device keeps the bytes as they are),
+ * -EINVAL (not a weight buffer, a shape that does not fill it), -ENOMEM. */
+int kern_buf_weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                        int64_t n_mat, bool release);
+/* Bytes the device holds for weight buffer b in a layout of its own (0: it reads b's). */
+size_t kern_buf_weight_own(const struct kern_buf *b);
 /* Frees the buffer (after kern_dev_sync when ops may still use it); NULL is a no-op. */
 void kern_buf_free(struct kern_buf *b);
 /* Its size in bytes. */

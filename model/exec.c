@@ -165,6 +165,52 @@ static void grow(size_t *need, size_t bytes)
         *need = bytes;
 }
 
+/* The matrices of layer L (absent ones have no data), experts as their expert 0. */
+#define LAYER_MATS(L)                                                                            \
+    {                                                                                            \
+        &(L)->wq, &(L)->wk, &(L)->wv, &(L)->wo, &(L)->wqkv, &(L)->wz, &(L)->w_beta,              \
+        &(L)->w_alpha, &(L)->ssm_out, &(L)->w_gate, &(L)->w_up, &(L)->w_down, &(L)->gate_inp,    \
+        &(L)->gate_exps.m, &(L)->up_exps.m, &(L)->down_exps.m, &(L)->gate_shexp,                 \
+        &(L)->up_shexp, &(L)->down_shexp, &(L)->gate_inp_shexp,                                  \
+    }
+
+/* n matrices like w, back to back from w's data, as what fills their weight buffer, which
+ * only matmuls read: the device may keep it in a layout of its own (docs/devices.md). */
+static int weight_use(struct model_exec *e, const struct model_mat *w, uint32_t n)
+{
+    struct kern_at a = wat(e, w->data);
+    size_t rb = kern_row_bytes(w->type, w->cols);
+    if (!a.buf || a.off != 0 || w->data == e->m->tok_embd.data || rb == 0 ||
+        kern_buf_size(a.buf) != (size_t)n * w->rows * rb)
+        return 0; /* a slice of a tensor, or the embedding get_rows reads */
+    return kern_buf_weight_use(a.buf, w->type, w->rows, w->cols, n, true);
+}
+
+/* Every matrix of the window read only by matmuls, offered to the device for its layout; the
+ * mapping's pages of those it keeps in its own are dropped, so the window is resident once. */
+static int weights_use(struct model_exec *e)
+{
+    const struct model *m = e->m;
+    int rc = 0;
+    for (uint32_t l = 0; rc == 0 && l < m->last - m->first; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct model_mat *mats[] = LAYER_MATS(L);
+        const struct model_exps *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        for (size_t i = 0; rc == 0 && i < sizeof mats / sizeof mats[0]; i++) {
+            uint32_t n = 1;
+            for (size_t k = 0; k < 3; k++)
+                if (mats[i] == &exps[k]->m)
+                    n = exps[k]->stride == kern_row_bytes(mats[i]->type, mats[i]->cols) *
+                                               mats[i]->rows ? exps[k]->n : 0;
+            if (mats[i]->data && n)
+                rc = weight_use(e, mats[i], n);
+        }
+    }
+    if (rc == 0 && m->has_head && m->output.data)
+        rc = weight_use(e, &m->output, 1);
+    return rc;
+}
+
 /* Reserves the device's scratch for the largest op of a forward pass at n_ctx positions and
  * max_batch rows: the widest matmul's quantised activations, attention over the full context,
  * the DeltaNet vectors. Ops never grow it, so the forward pass does not allocate. */
@@ -175,12 +221,7 @@ static int reserve_scratch(struct model_exec *e)
     size_t B = e->max_batch, need = 0;
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const struct model_layer *L = &m->layers[l];
-        const struct model_mat *mats[] = {
-            &L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
-            &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down, &L->gate_inp, &L->gate_exps.m,
-            &L->up_exps.m, &L->down_exps.m, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
-            &L->gate_inp_shexp,
-        };
+        const struct model_mat *mats[] = LAYER_MATS(L);
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             grow(&need, mat_scratch(e, mats[i], B));
     }
@@ -290,7 +331,7 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
     if ((rc = kern_dev_new(&e->dev, o->device ? o->device : "cpu", o->n_threads, err,
                            errlen)) < 0)
         goto fail;
-    if ((rc = weights_open(e)) < 0)
+    if ((rc = weights_open(e)) < 0 || (rc = weights_use(e)) < 0)
         goto fail;
     e->rope_freqs = wat(e, m->rope_freqs); /* an optional operand: absent only if so */
     if (m->rope_freqs && !e->rope_freqs.buf) {

@@ -100,6 +100,15 @@ T_CASE(matmul_all_levels)
     T_CHECK(kern_matmul(NULL, KERN_T_Q2_K, w, 1, 256, x, 1, y) == -EINVAL, "unsupported");
 }
 
+/* The first index where a and b differ bit for bit, -1 when none. */
+static int64_t first_diff(const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]) != 0)
+            return i;
+    return -1;
+}
+
 /* Batched rows bit-identical to rows alone: for every weight type and SIMD level, row i of a
  * matmul over n = 1..16 activation rows (KERN_ROWS_EXACT_MAX for F32, whose larger batches go
  * to OpenBLAS) is the very float the same row gets in a matmul of its own. The ring batches
@@ -141,16 +150,12 @@ T_CASE(matmul_rows_exact)
                 for (int64_t k = 2; k <= nmax; k++) {
                     int64_t n = k <= 16 ? k : big[k - 17];
                     T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
-                    for (int64_t i = 0; i < n * rows; i++) {
-                        if (memcmp(&y[i], &solo[i], sizeof y[i]) != 0) {
-                            T_CHECK(0, "%s %s %lldx%lld: batch of %lld, row %lld differs from "
-                                    "the row alone at index %lld: %.9g vs %.9g", levels[lv],
-                                    kern_type_name(t), (long long)rows, (long long)cols,
-                                    (long long)n, (long long)(i / rows), (long long)(i % rows),
-                                    y[i], solo[i]);
-                            break;
-                        }
-                    }
+                    int64_t i = first_diff(y, solo, n * rows);
+                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
+                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
+                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
+                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
+                            solo[i < 0 ? 0 : i]);
                 }
             }
             free(w); free(x); free(solo); free(y); free(wq);
@@ -683,6 +688,179 @@ T_CASE(scratch_reserved)
     kern_pool_free(p);
 }
 
+/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0 and Q8_0,
+ * odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and several
+ * batch sizes: agree with the reference by NMSE, the thread count changes no bit, and the
+ * AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
+static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0};
+
+T_CASE(packed_matmul)
+{
+    struct { int64_t rows, cols, n_mat; } shapes[] = {
+        {1, 32, 1}, {17, 96, 1}, {33, 160, 2}, {16, 64, 3}, {100, 2048, 1}, {70, 416, 1},
+        {8, 224, 1},
+    };
+    const int64_t ns[] = {1, 3, 8, 13, 33};
+    struct kern_pool *pools[3];
+    for (int nt = 1; nt <= 3; nt++) {
+        int rc = kern_pool_new(&pools[nt - 1], nt);
+        T_ASSERT(rc == 0, "pool");
+        rc = kern_pool_reserve(pools[nt - 1], 33 * kern__rp_act_bytes(2048));
+        T_ASSERT(rc == 0, "reserve");
+    }
+    T_ASSERT(kern__simd_force("scalar") == 0, "scalar level");
+    struct kern_packed *none = NULL;
+    uint8_t blk[34] = {0};
+    T_CHECK(!kern_pack_supported(KERN_T_Q4_0, 32) &&
+                kern_pack_new(&none, KERN_T_Q4_0, blk, 1, 32, 1) == -ENOTSUP && !none,
+            "the scalar level has no repacked kernels");
+    int levels_run = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si].rows, cols = shapes[si].cols, nm = shapes[si].n_mat, N = 33;
+        float *w = malloc(nm * rows * cols * 4), *x = malloc(N * cols * 4);
+        float *y = malloc(N * rows * 4), *yr = malloc(N * rows * 4), *y1 = malloc(N * rows * 4);
+        float *ylv = malloc(N * rows * 4);
+        void *wq = malloc(nm * rows * cols * 4);
+        ku_seed(700 + si);
+        ku_fill(w, nm * rows * cols, 0.1f);
+        ku_fill(x, N * cols, 1.0f);
+        for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+            uint32_t t = packed_types[ti];
+            size_t mb = kern_row_bytes(t, cols) * rows;
+            T_ASSERT(quant_weights(t, w, nm * rows, cols, wq), "quant");
+            bool have_lv = false;
+            for (size_t lv = 1; lv < 3; lv++) {
+                if (kern__simd_force(levels[lv]) != 0)
+                    continue;
+                levels_run++;
+                struct kern_packed *pk;
+                int rc = kern_pack_new(&pk, t, wq, rows, cols, nm);
+                T_ASSERT(rc == 0, "%s pack %s: %d", levels[lv], kern_type_name(t), rc);
+                T_CHECK(kern_pack_bytes(pk) >= (size_t)nm * mb, "packed bytes");
+                for (int64_t m = 0; m < nm; m++) {
+                    T_CHECK(kern_pack_find(pk, t, rows, cols, m * mb) == m, "find matrix %lld",
+                            (long long)m);
+                    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                        int64_t n = ns[ni];
+                        kern_ref_matmul(t, (char *)wq + m * mb, rows, cols, x, n, yr);
+                        for (int nt = 1; nt <= 3; nt++) {
+                            for (int64_t i = 0; i < n * rows; i++)
+                                y[i] = NAN;
+                            rc = kern_matmul_packed(pools[nt - 1], pk, m, x, n, y);
+                            double e = t_nmse(y, yr, n * rows);
+                            T_CHECK(rc == 0 && e <= budget(t),
+                                    "%s %s %d threads %lldx%lld mat %lld n=%lld: rc %d nmse %g",
+                                    levels[lv], kern_type_name(t), nt, (long long)rows,
+                                    (long long)cols, (long long)m, (long long)n, rc, e);
+                            if (nt == 1)
+                                memcpy(y1, y, n * rows * 4);
+                            else
+                                T_CHECK(memcmp(y1, y, n * rows * 4) == 0,
+                                        "%s %s: %d threads differ from 1", levels[lv],
+                                        kern_type_name(t), nt);
+                        }
+                        if (m == nm - 1 && ni == sizeof ns / sizeof ns[0] - 1) {
+                            if (have_lv)
+                                T_CHECK(memcmp(ylv, y1, n * rows * 4) == 0,
+                                        "%s %s %lldx%lld: avx2 and avx512 layouts differ",
+                                        levels[lv], kern_type_name(t), (long long)rows,
+                                        (long long)cols);
+                            memcpy(ylv, y1, n * rows * 4);
+                            have_lv = true;
+                        }
+                    }
+                }
+                T_CHECK(kern_pack_find(pk, t, rows + 1, cols, 0) == -1 &&
+                            kern_pack_find(pk, t, rows, cols, nm * mb) == -1 &&
+                            kern_pack_find(pk, KERN_T_Q4_1, rows, cols, 0) == -1 &&
+                            (mb == 0 || kern_pack_find(pk, t, rows, cols, 1) == -1),
+                        "find refuses what the pack does not hold");
+                T_CHECK(kern_matmul_packed(pools[0], pk, nm, x, 1, y) == -EINVAL, "bad matrix");
+                int other = lv == 1 ? 2 : 1;
+                if (kern__simd_force(levels[other]) == 0) {
+                    T_CHECK(kern_pack_find(pk, t, rows, cols, 0) == -1 &&
+                                kern_matmul_packed(pools[0], pk, 0, x, 1, y) == -EINVAL,
+                            "a pack of another level is refused");
+                }
+                kern_pack_free(pk);
+            }
+        }
+        free(w); free(x); free(y); free(yr); free(y1); free(ylv); free(wq);
+    }
+    if (levels_run == 0)
+        fprintf(stderr, "  no level with repacked kernels here\n");
+    struct kern_pool *small;
+    T_ASSERT(kern_pool_new(&small, 2) == 0, "pool");
+    if (kern__simd_force("avx2") == 0) {
+        struct kern_packed *pk;
+        float w1[64], x1[64], y1[4];
+        uint8_t q[2 * 34];
+        ku_fill(w1, 64, 0.1f);
+        ku_fill(x1, 64, 1.0f);
+        quant_weights(KERN_T_Q8_0, w1, 2, 32, q);
+        T_ASSERT(kern_pack_new(&pk, KERN_T_Q8_0, q, 2, 32, 1) == 0, "pack");
+        T_CHECK(kern_matmul_packed(small, pk, 0, x1, 2, y1) == -ENOSPC, "no scratch reserved");
+        T_CHECK(kern_matmul_scratch(KERN_T_Q8_0, 32, 2) >= kern_pack_scratch(KERN_T_Q8_0, 32, 2) &&
+                    kern_pack_scratch(KERN_T_Q8_0, 32, 2) > 0,
+                "kern_matmul_scratch covers the packed kernels");
+        T_CHECK(kern_matmul_packed(NULL, pk, 0, x1, 2, y1) == 0, "no pool");
+        kern_pack_free(pk);
+    }
+    kern_pool_free(small);
+    kern_pack_free(NULL);
+    kern__simd_force(NULL);
+    for (int nt = 1; nt <= 3; nt++)
+        kern_pool_free(pools[nt - 1]);
+}
+
+/* Row r of an n-row packed matmul (n = 1..70: decode rows, prompt chunks, both mixed) is
+ * bit for bit the row alone: the ring batches sessions' rows through one window on this. */
+T_CASE(packed_rows_exact)
+{
+    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {33, 96}};
+    const int64_t NX = 70;
+    struct kern_pool *p;
+    int rc = kern_pool_new(&p, 2);
+    T_ASSERT(rc == 0, "pool");
+    rc = kern_pool_reserve(p, NX * kern__rp_act_bytes(768));
+    T_ASSERT(rc == 0, "reserve");
+    for (size_t lv = 1; lv < 3; lv++) {
+        if (kern__simd_force(levels[lv]) != 0)
+            continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t rows = shapes[si].rows, cols = shapes[si].cols;
+            float *w = malloc(rows * cols * 4), *x = malloc(NX * cols * 4);
+            float *solo = malloc(NX * rows * 4), *y = malloc(NX * rows * 4);
+            void *wq = malloc(rows * cols * 4);
+            ku_seed(900 + si);
+            ku_fill(w, rows * cols, 0.1f);
+            ku_fill(x, NX * cols, 1.0f);
+            for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+                uint32_t t = packed_types[ti];
+                struct kern_packed *pk;
+                T_ASSERT(quant_weights(t, w, rows, cols, wq), "quant");
+                T_ASSERT(kern_pack_new(&pk, t, wq, rows, cols, 1) == 0, "pack");
+                for (int64_t i = 0; i < NX; i++)
+                    T_ASSERT(kern_matmul_packed(p, pk, 0, x + i * cols, 1, solo + i * rows) == 0,
+                             "matmul");
+                for (int64_t n = 2; n <= NX; n++) {
+                    T_ASSERT(kern_matmul_packed(p, pk, 0, x, n, y) == 0, "matmul");
+                    int64_t i = first_diff(y, solo, n * rows);
+                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
+                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
+                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
+                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
+                            solo[i < 0 ? 0 : i]);
+                }
+                kern_pack_free(pk);
+            }
+            free(w); free(x); free(solo); free(y); free(wq);
+        }
+    }
+    kern__simd_force(NULL);
+    kern_pool_free(p);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -696,6 +874,8 @@ int main(int argc, char **argv)
     T_RUN(attention_fast);
     T_RUN(softmax_simd);
     T_RUN(pool_dispatch);
+    T_RUN(packed_matmul);
+    T_RUN(packed_rows_exact);
     fprintf(stderr, "cpu level: %s\n", kern_cpu_level());
     return T_DONE();
 }

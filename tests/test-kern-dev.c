@@ -221,6 +221,77 @@ T_CASE(ops_are_the_kernels)
     kern_pool_free(pool);
 }
 
+/* Weight buffers said to be matmul-only (kern_buf_weight_use): "cpu" repacks Q4_0/Q8_0 where
+ * its level has the kernels (kern_buf_weight_own > 0) and its matmul is kern_matmul_packed bit
+ * for bit, per matrix of a buffer of several; a matmul of another shape on the same bytes
+ * still reads them as given; the shape must fill the buffer; "ref" keeps the file layout. */
+T_CASE(weights_repacked)
+{
+    enum { R = 21, C = 96, N = 5, M = 2 };
+    static uint8_t wq[M * R * C * 2];
+    float w[M * R * C], x[N * C], y[N * R], ref[N * R];
+    ku_seed(11);
+    ku_fill(w, M * R * C, 1);
+    ku_fill(x, N * C, 1);
+    struct kern_pool *pool;
+    T_ASSERT(kern_pool_new(&pool, 2) == 0 && kern_pool_reserve(pool, 1 << 16) == 0, "pool");
+    const uint32_t types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_1};
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t t = types[ti];
+        size_t rb = kern_row_bytes(t, C), mb = rb * R;
+        for (int r = 0; r < M * R; r++)
+            kern_ref_quant_row(t, w + r * C, wq + r * rb, C);
+        const char *names[] = {"cpu", "ref"};
+        for (int dv = 0; dv < 2; dv++) {
+            struct kern_dev *d = dev_open(names[dv], 2);
+            T_ASSERT(d && kern_dev_reserve(d, 1 << 16) == 0, "dev");
+            struct kern_buf *wb = buf(d, KERN_BUF_WEIGHT, M * mb, wq);
+            struct kern_buf *xb = buf(d, KERN_BUF_ACT, sizeof x, NULL);
+            struct kern_buf *yb = buf(d, KERN_BUF_ACT, sizeof y, NULL);
+            kern_buf_write(xb, 0, x, sizeof x);
+            T_CHECK(kern_buf_weight_use(wb, t, R, C, 1, false) == -EINVAL, "must fill the buffer");
+            T_CHECK(kern_buf_weight_use(xb, t, 1, C, 1, false) == -EINVAL, "weights only");
+            T_CHECK(kern_buf_weight_use(wb, t, R, C, M, false) == 0, "%s weight use", names[dv]);
+            T_CHECK(kern_buf_weight_use(wb, t, R, C, M, false) == 0, "said twice");
+            bool packs = dv == 0 && kern_pack_supported(t, C);
+            T_CHECK((kern_buf_weight_own(wb) > 0) == packs, "%s %s: own bytes %zu", names[dv],
+                    kern_type_name(t), kern_buf_weight_own(wb));
+            struct kern_packed *pk = NULL;
+            if (packs)
+                T_ASSERT(kern_pack_new(&pk, t, wq, R, C, M) == 0, "pack");
+            for (int m = 0; m < M; m++) {
+                T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, m * mb), R, C, kern_at_make(xb, 0),
+                                        N, kern_at_make(yb, 0)) == 0, "matmul");
+                kern_buf_read(yb, 0, y, sizeof y);
+                if (pk)
+                    kern_matmul_packed(pool, pk, m, x, N, ref);
+                else if (dv == 0)
+                    kern_matmul(pool, t, wq + m * mb, R, C, x, N, ref);
+                else
+                    kern_ref_matmul(t, wq + m * mb, R, C, x, N, ref);
+                T_CHECK(!memcmp(y, ref, sizeof y), "%s %s matrix %d is its kernel's", names[dv],
+                        kern_type_name(t), m);
+            }
+            /* rows 1..R of matrix 0 (another offset and shape): the bytes as given */
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, rb), R - 1, C, kern_at_make(xb, 0), N,
+                                    kern_at_make(yb, 0)) == 0, "matmul of a slice");
+            kern_buf_read(yb, 0, y, (R - 1) * N * sizeof(float));
+            if (dv == 0)
+                kern_matmul(pool, t, wq + rb, R - 1, C, x, N, ref);
+            else
+                kern_ref_matmul(t, wq + rb, R - 1, C, x, N, ref);
+            T_CHECK(!memcmp(y, ref, (R - 1) * N * sizeof(float)), "%s %s slice", names[dv],
+                    kern_type_name(t));
+            kern_pack_free(pk);
+            kern_buf_free(wb);
+            kern_buf_free(xb);
+            kern_buf_free(yb);
+            kern_dev_free(d);
+        }
+    }
+    kern_pool_free(pool);
+}
+
 /* The ref device's scratch: an op beyond its reservation is -ENOSPC, never an allocation. */
 T_CASE(ref_scratch_bounded)
 {
@@ -247,5 +318,6 @@ int main(int argc, char **argv)
     T_RUN(operand_checks);
     T_RUN(ops_are_the_kernels);
     T_RUN(ref_scratch_bounded);
+    T_RUN(weights_repacked);
     return T_DONE();
 }

@@ -6,6 +6,8 @@
  * heads (32 query, 4 KV, head_dim 64), CPU time per call and per token (22 layers).
  * -c: compute efficiency instead: one thread, a cache-resident slice, CPU time (not wall
  * time), so the figure holds on a busy machine: G weights per CPU-second.
+ * -p: the weights repacked at load (kern_pack_new: Q4_0 and Q8_0 at the AVX2/AVX-512
+ * levels), as the cpu device runs them; other types stay in the file layout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,25 @@ static double cpu_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The matmul by w, or by its repacked copy pk when there is one. */
+static void mm(struct kern_pool *p, uint32_t t, const void *w, const struct kern_packed *pk,
+               int64_t rows, int64_t cols, const float *x, int batch, float *y)
+{
+    if (pk)
+        kern_matmul_packed(p, pk, 0, x, batch, y);
+    else
+        kern_matmul(p, t, w, rows, cols, x, batch, y);
+}
+
+/* w repacked when asked and possible, else NULL. */
+static struct kern_packed *pack(int packed, uint32_t t, const void *w, int64_t rows, int64_t cols)
+{
+    struct kern_packed *pk = NULL;
+    if (packed && kern_pack_new(&pk, t, w, rows, cols, 1) != 0)
+        pk = NULL;
+    return pk;
+}
+
 static const struct { const char *name; uint32_t type; } tnames[] = {
     {"f32", KERN_T_F32}, {"f16", KERN_T_F16}, {"bf16", KERN_T_BF16}, {"q8_0", KERN_T_Q8_0},
     {"q4_0", KERN_T_Q4_0}, {"q4_1", KERN_T_Q4_1}, {"q5_0", KERN_T_Q5_0}, {"q5_1", KERN_T_Q5_1},
@@ -36,7 +57,7 @@ static const struct { const char *name; uint32_t type; } tnames[] = {
 
 int main(int argc, char **argv)
 {
-    int threads = 0, layers = 0, batch = 1, resident = 0, att_ctx = 0;
+    int threads = 0, layers = 0, batch = 1, resident = 0, att_ctx = 0, packed = 0;
     const char *want[16];
     int nwant = 0;
     for (int i = 1; i < argc; i++) {
@@ -50,6 +71,8 @@ int main(int argc, char **argv)
             att_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-c"))
             resident = 1;
+        else if (!strcmp(argv[i], "-p"))
+            packed = 1;
         else if (nwant < 16)
             want[nwant++] = argv[i];
     }
@@ -98,8 +121,8 @@ int main(int argc, char **argv)
     if (kern_pool_reserve(pool, (size_t)batch * 5632 * 4) != 0)
         return 1;
     double bw = resident ? 0 : kern_bench_bandwidth(pool, (size_t)512 << 20);
-    printf("kernbench: %s, %d threads, read bandwidth %.1f GB/s\n", kern_cpu_level(),
-           kern_pool_threads(pool), bw);
+    printf("kernbench: %s, %d threads, read bandwidth %.1f GB/s%s\n", kern_cpu_level(),
+           kern_pool_threads(pool), bw, packed ? ", repacked weights" : "");
     const int64_t shapes[7][2] = {{2048, 2048}, {256, 2048}, {256, 2048}, {2048, 2048},
                                   {5632, 2048}, {5632, 2048}, {2048, 5632}};
     float *x = malloc(5632 * sizeof(float) * batch), *y = malloc(5632 * sizeof(float) * batch);
@@ -126,12 +149,14 @@ int main(int argc, char **argv)
                 row[i] = (float)(((i * 2654435761u) >> 7) % 2001) / 1000.0f - 1.0f;
             for (int64_t r = 0; r < rows; r++)
                 kern_ref_quant_row(t, row, w + r * rb, cols);
-            kern_matmul(pool, t, w, rows, cols, x, batch, y);
+            struct kern_packed *pk = pack(packed, t, w, rows, cols);
+            mm(pool, t, w, pk, rows, cols, x, batch, y);
             int reps = 2000 / batch + 1;
             double t0 = cpu_s();
             for (int rep = 0; rep < reps; rep++)
-                kern_matmul(pool, t, w, rows, cols, x, batch, y);
+                mm(pool, t, w, pk, rows, cols, x, batch, y);
             double dt = cpu_s() - t0;
+            kern_pack_free(pk);
             printf("  %-5s batch %d: %.2f G weight-products per CPU-second (%.2f GB/s of weights "
                    "per core)\n", want[wi], batch, (double)rows * cols * batch * reps / dt / 1e9,
                    (double)rb * rows * reps / dt / 1e9);
@@ -158,13 +183,20 @@ int main(int argc, char **argv)
                 for (int64_t r = 0; r < shapes[m][0]; r++, off += rb)
                     memcpy(w + off, qrow, rb);
             }
+        struct kern_packed **pks = calloc((size_t)nl * 7, sizeof *pks);
+        off = 0;
+        for (int i = 0; pks && i < nl * 7; i++) {
+            pks[i] = pack(packed, t, w + off, shapes[i % 7][0], shapes[i % 7][1]);
+            off += (size_t)shapes[i % 7][0] * kern_row_bytes(t, shapes[i % 7][1]);
+        }
         double best = 1e30, best_cpu = 1e30;
         for (int rep = 0; rep < 3; rep++) {
             double t0 = now_s(), c0 = cpu_s();
             off = 0;
             for (int l = 0; l < nl; l++)
                 for (int m = 0; m < 7; m++) {
-                    kern_matmul(pool, t, w + off, shapes[m][0], shapes[m][1], x, batch, y);
+                    mm(pool, t, w + off, pks ? pks[l * 7 + m] : NULL, shapes[m][0], shapes[m][1],
+                       x, batch, y);
                     off += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
                 }
             double dt = now_s() - t0, dc = cpu_s() - c0;
@@ -183,6 +215,9 @@ int main(int argc, char **argv)
                    want[wi], batch, per_layer_ms,
                    2.0 * (double)layer_bytes / kern_row_bytes(t, 2048) * 2048 * batch * nl / best / 1e9,
                    batch * 1e3 / (per_layer_ms * 22));
+        for (int i = 0; pks && i < nl * 7; i++)
+            kern_pack_free(pks[i]);
+        free(pks);
         free(w);
     }
     free(x);

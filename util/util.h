@@ -58,6 +58,10 @@ static inline uint64_t util_le64_get(const uint8_t *p)
     return (uint64_t)util_le32_get(p) | (uint64_t)util_le32_get(p + 4) << 32;
 }
 
+/* Drops the pages wholly inside [p, p + n) of a private read-only file mapping from the
+ * resident set (madvise MADV_DONTNEED; read again, they fault back in from the file). A hint:
+ * never use it on memory that was written or is not a file mapping (its bytes would be lost). */
+void util_pages_drop(const void *p, size_t n);
 /* FNV-1a hash of a NUL-terminated string, for hash tables keyed by names. */
 uint64_t util_hash_str(const char *s);
 

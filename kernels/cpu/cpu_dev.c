@@ -1,9 +1,13 @@
 /* cpu_dev.c — the "cpu" device: the kern_* fast path on the device's thread pool. Buffers are
  * host memory (weights viewed in the mapping), so each op is the kern_* call on the
- * operands' addresses: bit-identical to calling kern_* directly. Ops are synchronous. */
+ * operands' addresses: bit-identical to calling kern_* directly. Weight buffers said to be
+ * matmul-only (kern_buf_weight_use) of a type with repacked kernels are repacked
+ * (kern_pack_new) and their matmuls are kern_matmul_packed; their mapped pages are dropped.
+ * Ops are synchronous. */
 #include <errno.h>
 
 #include "kernels/internal.h"
+#include "util/util.h"
 
 #define F KERN__F
 #define H kern__at_host
@@ -42,9 +46,38 @@ static size_t deltanet_scratch(const struct kern_dev *d, int d_state)
 
 static int reserve(struct kern_dev *d, size_t bytes) { return kern_pool_reserve(d->pool, bytes); }
 
+static int weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
+                      int64_t n_mat, bool release)
+{
+    if (b->impl || !kern_pack_supported(type, cols))
+        return 0; /* said twice, or no repacked kernels: the file layout serves */
+    struct kern_packed *pk;
+    int rc = kern_pack_new(&pk, type, b->host, rows, cols, n_mat);
+    if (rc < 0)
+        return rc == -ENOTSUP ? 0 : rc;
+    b->impl = pk;
+    if (release)
+        util_pages_drop(b->host, b->size); /* the resident set keeps the copy only */
+    return 0;
+}
+
+static void weight_free(struct kern_buf *b)
+{
+    kern_pack_free(b->impl);
+    b->impl = NULL;
+}
+
+static size_t weight_own(const struct kern_buf *b) { return kern_pack_bytes(b->impl); }
+
+/* A repacked weight whose matrix this is runs the interleaved kernels; anything else (another
+ * shape or offset, a pack of another SIMD level) reads the bytes as given. */
 static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
 {
+    const struct kern_packed *pk = w.buf->impl;
+    int64_t mat = pk ? kern_pack_find(pk, type, rows, cols, w.off) : -1;
+    if (mat >= 0)
+        return kern_matmul_packed(d->pool, pk, mat, F(x), n, F(y));
     return kern_matmul(d->pool, type, H(w), rows, cols, F(x), n, F(y));
 }
 
@@ -165,4 +198,7 @@ static int deltanet(struct kern_dev *d, struct kern_at o, struct kern_at S, stru
                          F(dt_bias), F(a), n, n_k_head, n_v_head, dim, NULL);
 }
 
-const struct kern__dev_ops kern__dev_cpu = {.name = "cpu", .host = true, KERN__HOST_DEV_OPS};
+const struct kern__dev_ops kern__dev_cpu = {
+    .name = "cpu", .host = true, KERN__HOST_DEV_OPS,
+    .weight_use = weight_use, .weight_free = weight_free, .weight_own = weight_own,
+};

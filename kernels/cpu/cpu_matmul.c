@@ -163,30 +163,15 @@ static void compute_rows(struct mm_job *j, int64_t r0, int64_t r1)
     }
 }
 
-/* Guided self-scheduling: each claim takes 1/(2*nth) of the rows still left (at least
- * j->chunk), so the pieces shrink towards the end and the threads finish close together. */
+/* Guided self-scheduling (kern__claim): at least j->chunk rows a claim, at most j->max_chunk
+ * (a batch re-reads its piece per 8 rows: keep it in L2). */
 static void compute_task(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
     (void)ith;
-    int64_t r0 = atomic_load_explicit(&j->next, memory_order_relaxed), c;
-    for (;;) {
-        do {
-            if (r0 >= j->rows)
-                return;
-            c = (j->rows - r0) / (2 * nth);
-            if (c > j->max_chunk) /* a batch re-reads its piece per 8 rows: keep it in L2 */
-                c = j->max_chunk;
-            if (c < j->chunk)
-                c = j->chunk;
-            if (c > j->rows - r0)
-                c = j->rows - r0;
-        } while (!atomic_compare_exchange_weak_explicit(&j->next, &r0, r0 + c,
-                                                        memory_order_relaxed,
-                                                        memory_order_relaxed));
+    int64_t r0, c;
+    while ((c = kern__claim(&j->next, j->rows, nth, j->chunk, j->max_chunk, &r0)) > 0)
         compute_rows(j, r0, r0 + c);
-        r0 = atomic_load_explicit(&j->next, memory_order_relaxed);
-    }
 }
 
 size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
@@ -199,6 +184,10 @@ size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
     if (type < KERN_T_COUNT && s->actq[type]) {
         size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
         xrow = own > xrow ? own : xrow;
+    }
+    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % KERN_QK == 0) { /* kern_matmul_packed */
+        size_t rp = kern__rp_act_bytes(cols);
+        xrow = rp > xrow ? rp : xrow;
     }
     return (uint64_t)n > SIZE_MAX / (xrow ? xrow : 1) ? SIZE_MAX : (size_t)n * xrow;
 }

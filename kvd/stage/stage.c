@@ -172,6 +172,9 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
         if (same) {
             gguf_sha256_hex(t->data, t->size, hex);
             same = !strcmp(hex, ct->sha256);
+            /* Hashing read every page: let them go again (a weight the device keeps in a
+             * layout of its own must not be resident twice; others fault back in). */
+            util_pages_drop(t->data, t->size);
         }
         if (!same) {
             kvd_log(KVD_LOG_ERROR, "tensor %s does not match catalog %s (%s)", t->name, o->catalog,

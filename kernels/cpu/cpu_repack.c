@@ -1,0 +1,227 @@
+/* cpu_repack.c — weights repacked at load for the interleaved kernels (simd_repack.inc), and
+ * the matmul over them. A matrix is cut into groups of the SIMD level's rp_rows rows (the
+ * last one zero-padded); a group holds, per block, each 4-byte chunk of its rows' quants side
+ * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes), then the rows'
+ * f16 scales block by block. docs/kernels.md, "Repacked layouts", has the picture. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels/internal.h"
+
+struct kern_packed {
+    const struct kern__simd *level; /* the kernels the layout was made for */
+    uint32_t type;
+    int R;                          /* rows per group */
+    int64_t rows, cols, n_mat, nb;  /* nb: blocks per row */
+    int64_t groups;                 /* per matrix */
+    size_t grp_bytes;               /* bytes per group, a multiple of 64 */
+    size_t mat_bytes;               /* bytes of one matrix in the file layout */
+    uint8_t *data;                  /* n_mat * groups * grp_bytes, 64-byte aligned */
+};
+
+/* Quant bytes per row and block of the types there are kernels for. */
+static int quant_bytes(uint32_t type)
+{
+    return type == KERN_T_Q4_0 ? 16 : type == KERN_T_Q8_0 ? 32 : 0;
+}
+
+bool kern_pack_supported(uint32_t type, int64_t cols)
+{
+    const struct kern__simd *s = kern__simd_get();
+    return type < KERN_T_COUNT && s->rp_rows > 0 && s->rp_gemm[type] && s->rp_quant[type] &&
+           quant_bytes(type) && cols > 0 && cols % KERN_QK == 0;
+}
+
+/* Group g of matrix src (rows in the file layout, rb bytes each) into dst. */
+static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t rb, int64_t g,
+                       uint8_t *dst)
+{
+    const int R = pk->R, qb = quant_bytes(pk->type), bb = qb + 2;
+    const bool flip = pk->type == KERN_T_Q8_0 && pk->level->rp_q8_u8;
+    uint8_t *qd = dst;
+    uint16_t *sd = (uint16_t *)(dst + (size_t)pk->nb * qb * R);
+    memset(dst, 0, pk->grp_bytes);
+    for (int r = 0; r < R; r++) {
+        int64_t row = g * R + r;
+        if (row >= pk->rows)
+            break; /* padding rows: zero scales, so they add nothing */
+        const uint8_t *blk = src + (size_t)row * rb;
+        for (int64_t b = 0; b < pk->nb; b++, blk += bb) {
+            uint16_t d;
+            memcpy(&d, blk, 2);
+            sd[b * R + r] = d;
+            uint8_t *q = qd + (size_t)b * qb * R;
+            for (int i = 0; i < qb / 4; i++)
+                for (int k = 0; k < 4; k++)
+                    q[((size_t)i * R + r) * 4 + k] = blk[2 + 4 * i + k] ^ (flip ? 0x80 : 0);
+        }
+    }
+}
+
+int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_t rows,
+                  int64_t cols, int64_t n_mat)
+{
+    *out = NULL;
+    if (!kern_pack_supported(type, cols))
+        return -ENOTSUP;
+    size_t rb = kern_row_bytes(type, cols);
+    if (rows <= 0 || n_mat <= 0 || rb == 0 || (uint64_t)rows > SIZE_MAX / rb ||
+        (uint64_t)n_mat > SIZE_MAX / ((size_t)rows * rb))
+        return -EINVAL;
+    struct kern_packed *pk = calloc(1, sizeof *pk);
+    if (!pk)
+        return -ENOMEM;
+    pk->level = kern__simd_get();
+    pk->type = type;
+    pk->R = pk->level->rp_rows;
+    pk->rows = rows;
+    pk->cols = cols;
+    pk->n_mat = n_mat;
+    pk->nb = cols / KERN_QK;
+    pk->groups = (rows + pk->R - 1) / pk->R;
+    pk->grp_bytes = ((size_t)pk->nb * (quant_bytes(type) + 2) * pk->R + 63) / 64 * 64;
+    pk->mat_bytes = (size_t)rows * rb;
+    size_t total;
+    if (__builtin_mul_overflow(pk->grp_bytes, (size_t)pk->groups, &total) ||
+        __builtin_mul_overflow(total, (size_t)n_mat, &total) ||
+        posix_memalign((void **)&pk->data, 64, total ? total : 64) != 0) {
+        free(pk);
+        return -ENOMEM;
+    }
+    for (int64_t m = 0; m < n_mat; m++) {
+        const uint8_t *src = (const uint8_t *)w + (size_t)m * pk->mat_bytes;
+        for (int64_t g = 0; g < pk->groups; g++)
+            pack_group(pk, src, rb, g, pk->data + ((size_t)m * pk->groups + g) * pk->grp_bytes);
+    }
+    *out = pk;
+    return 0;
+}
+
+void kern_pack_free(struct kern_packed *pk)
+{
+    if (!pk)
+        return;
+    free(pk->data);
+    free(pk);
+}
+
+size_t kern_pack_bytes(const struct kern_packed *pk)
+{
+    return pk ? pk->grp_bytes * (size_t)pk->groups * (size_t)pk->n_mat : 0;
+}
+
+int64_t kern_pack_find(const struct kern_packed *pk, uint32_t type, int64_t rows, int64_t cols,
+                       size_t off)
+{
+    if (!pk || pk->type != type || pk->rows != rows || pk->cols != cols ||
+        pk->level != kern__simd_get() || off % pk->mat_bytes != 0 ||
+        off / pk->mat_bytes >= (uint64_t)pk->n_mat)
+        return -1;
+    return (int64_t)(off / pk->mat_bytes);
+}
+
+/* ---- matmul over a packed matrix ---- */
+
+/* Activation rows a work item takes per pass over its groups (their quants stay in L2). */
+#define COL_BLOCK 64
+
+struct pk_job {
+    const struct kern_packed *pk;
+    const uint8_t *mat;   /* the matrix's first group */
+    const float *x;
+    float *y;
+    int64_t n;
+    uint8_t *xq;
+    size_t xs;
+    kern__rp_fn gemm;
+    kern__quant_fn quant;
+    int64_t max_chunk;    /* most groups per work item */
+    _Atomic int64_t next; /* first group not yet handed out */
+    _Atomic int64_t qnext;
+};
+
+static void pk_quant_task(void *ctx, int ith, int nth)
+{
+    struct pk_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t i = atomic_fetch_add_explicit(&j->qnext, 1, memory_order_relaxed);
+        if (i >= j->n)
+            break;
+        j->quant(j->x + i * j->pk->cols, j->xq + i * j->xs, j->pk->cols);
+    }
+}
+
+/* Groups g0..g1 against every activation row, COL_BLOCK rows at a time. */
+static void pk_groups(struct pk_job *j, int64_t g0, int64_t g1)
+{
+    const struct kern_packed *pk = j->pk;
+    const int R = pk->R;
+    float tmp[KERN_RP_MAXCOL * 16];
+    for (int64_t c0 = 0; c0 < j->n; c0 += COL_BLOCK) {
+        int64_t c1 = c0 + COL_BLOCK < j->n ? c0 + COL_BLOCK : j->n;
+        for (int64_t g = g0; g < g1; g++) {
+            const uint8_t *grp = j->mat + (size_t)g * pk->grp_bytes;
+            int valid = pk->rows - g * R < R ? (int)(pk->rows - g * R) : R;
+            for (int64_t c = c0; c < c1; c += KERN_RP_MAXCOL) {
+                int nc = c1 - c < KERN_RP_MAXCOL ? (int)(c1 - c) : KERN_RP_MAXCOL;
+                j->gemm(grp, pk->nb, j->xq + c * j->xs, j->xs, nc, tmp);
+                for (int k = 0; k < nc; k++)
+                    memcpy(j->y + (c + k) * pk->rows + g * R, tmp + k * R,
+                           (size_t)valid * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Guided self-scheduling over groups (kern__claim), as kern_matmul does over rows. */
+static void pk_task(void *ctx, int ith, int nth)
+{
+    struct pk_job *j = ctx;
+    (void)ith;
+    int64_t g0, c;
+    while ((c = kern__claim(&j->next, j->pk->groups, nth, 1, j->max_chunk, &g0)) > 0)
+        pk_groups(j, g0, g0 + c);
+}
+
+size_t kern_pack_scratch(uint32_t type, int64_t cols, int64_t n)
+{
+    if (!kern_pack_supported(type, cols) || n <= 0)
+        return 0;
+    size_t xs = kern__rp_act_bytes(cols);
+    return (uint64_t)n > SIZE_MAX / xs ? SIZE_MAX : (size_t)n * xs;
+}
+
+int kern_matmul_packed(struct kern_pool *p, const struct kern_packed *pk, int64_t mat,
+                       const float *x, int64_t n, float *y)
+{
+    if (!pk || mat < 0 || mat >= pk->n_mat || n < 0 || pk->level != kern__simd_get())
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    struct pk_job j = {
+        .pk = pk, .mat = pk->data + (size_t)mat * pk->groups * pk->grp_bytes, .x = x, .y = y,
+        .n = n, .xs = kern__rp_act_bytes(pk->cols), .gemm = pk->level->rp_gemm[pk->type],
+        .quant = pk->level->rp_quant[pk->type],
+    };
+    if ((uint64_t)n > SIZE_MAX / j.xs)
+        return -EINVAL;
+    j.xq = p ? kern__pool_scratch(p, (size_t)n * j.xs) : malloc((size_t)n * j.xs);
+    if (!j.xq)
+        return p ? -ENOSPC : -ENOMEM;
+    atomic_store(&j.qnext, 0);
+    if (n >= 4 && kern_pool_threads(p) > 1)
+        kern__pool_run_dyn(p, pk_quant_task, &j);
+    else
+        pk_quant_task(&j, 0, 1);
+    /* A work item's groups re-read per COL_BLOCK activation rows: keep them within ~256 KB. */
+    int64_t mc = (int64_t)((256 << 10) / pk->grp_bytes);
+    j.max_chunk = mc < 1 ? 1 : mc;
+    atomic_store(&j.next, 0);
+    kern__pool_run_dyn(p, pk_task, &j);
+    if (!p)
+        free(j.xq);
+    return 0;
+}
