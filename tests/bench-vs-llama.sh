@@ -9,9 +9,10 @@
 #   kvctl bench -m F -p 64 -n 32 -t T -r 1 --sessions 8    (pp64, tg32, 8 sessions' decode)
 #   kvctl bench -m F -p 512 -n 0 -t T -r 1                 (pp512)
 #   llama-batched-bench -m F -npp 64 -ntg 32 -npl 8 -t T   (8 sequences decoding together)
-# then prints the best round of each figure and the ratios Kvasir / llama.cpp: prompt
-# processing (pp64, pp512), generation (tg32) and batched decode (8 sessions' aggregate tok/s
-# of 32 steps each, every step one row per session in one pass).
+# then prints the file's row of one table (as each file is done): the best round of each
+# figure and the ratios Kvasir / llama.cpp for prompt processing (pp64, pp512), generation
+# (tg32) and batched decode (8 sessions' aggregate tok/s of 32 steps each, every step one row
+# per session in one pass).
 #
 # Without files it uses TinyLlama-1.1B-shaped models in build/bench/ (BENCH_VS_DIR), writing
 # those missing: F16, Q4_0, Q8_0 by `kvctl synth`, and Q4_K_M, Q5_K_M, Q6_K from the F16 one
@@ -83,8 +84,29 @@ best() {
     awk -v k="$1" '$1 == k && $2 + 0 > b {b = $2 + 0; s = 1} END {if (s) print b}' "$2"
 }
 
+# row LABEL FILE KEYS...: "| label | llama | kvasir | ratio |..." for each metric
+row() {
+    lbl=$1 r=$2
+    shift 2
+    line="| $lbl |"
+    for m in "$@"; do
+        l=$(best "l_$m" "$r") k=$(best "k_$m" "$r")
+        line="$line $(awk -v l="$l" -v k="$k" 'BEGIN {
+            printf "%s | %s | %s |", l == "" ? "-" : sprintf("%.1f", l), k == "" ? "-" : sprintf("%.1f", k),
+                   (l == "" || k == "" || l == 0) ? "-" : sprintf("%.2f", k / l) }')"
+    done
+    echo "$line"
+}
+
+label() { basename "$1" .gguf | sed 's/^tinyllama-1.1b-shape-//' | tr a-z A-Z; }
+
 echo "== bench-vs-llama: $T threads, best of $ROUNDS interleaved rounds, $(nproc) CPUs"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "tok/s; ratio = Kvasir / llama.cpp; 8 x tg32 = 8 sessions decoding 32 steps together, aggregate"
+echo "(llama-batched-bench -npp 64 -ntg 32 -npl 8 vs kvctl bench --sessions 8); a row per file as it is done"
+echo
+echo "| model | llama.cpp pp64 | Kvasir pp64 | ratio | llama.cpp pp512 | Kvasir pp512 | ratio | llama.cpp tg32 | Kvasir tg32 | ratio | llama.cpp 8 x tg32 | Kvasir 8 x tg32 | ratio |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 i=0
 for f in "$@"; do
     i=$((i + 1))
@@ -112,42 +134,7 @@ for f in "$@"; do
             awk -F'|' '$4 + 0 == 8 && $2 + 0 == 64 {gsub(/ /, "", $9); print "l_b8", $9}' "$r.bb" >>"$r"
         fi
     done
+    row "$(label "$f")" "$r" pp64 pp512 tg32 b8
 done
+echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-
-# row LABEL FILE KEYS...: "| label | llama | kvasir | ratio |" for each metric
-row() {
-    lbl=$1 r=$2
-    shift 2
-    line="| $lbl |"
-    for m in "$@"; do
-        l=$(best "l_$m" "$r") k=$(best "k_$m" "$r")
-        line="$line $(awk -v l="$l" -v k="$k" 'BEGIN {
-            printf "%s | %s | %s |", l == "" ? "-" : sprintf("%.1f", l), k == "" ? "-" : sprintf("%.1f", k),
-                   (l == "" || k == "" || l == 0) ? "-" : sprintf("%.2f", k / l) }')"
-    done
-    echo "$line"
-}
-
-label() { basename "$1" .gguf | sed 's/^tinyllama-1.1b-shape-//' | tr a-z A-Z; }
-
-echo
-echo "tok/s, best of $ROUNDS; ratio = Kvasir / llama.cpp"
-echo
-echo "| model | llama.cpp pp64 | Kvasir pp64 | ratio | llama.cpp pp512 | Kvasir pp512 | ratio | llama.cpp tg32 | Kvasir tg32 | ratio |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
-i=0
-for f in "$@"; do
-    i=$((i + 1))
-    row "$(label "$f")" "$out/$i" pp64 pp512 tg32
-done
-echo
-echo "batched decode: 8 sessions x 32 steps, aggregate tok/s (llama-batched-bench -npp 64 -ntg 32 -npl 8 vs kvctl bench --sessions 8)"
-echo
-echo "| model | llama.cpp 8 x tg32 | Kvasir 8 x tg32 | ratio |"
-echo "|---|---|---|---|"
-i=0
-for f in "$@"; do
-    i=$((i + 1))
-    row "$(label "$f")" "$out/$i" b8
-done
