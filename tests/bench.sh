@@ -47,7 +47,11 @@
 #     ratios to one session.
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
-# Sections: model kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
+# llama.cpp: with LLAMA_BENCH=path/to/llama-bench, tests/bench-vs-llama.sh runs after the
+# model section (the same TinyLlama-shaped files in llama-bench and kvctl bench, interleaved,
+# ratios; docs/kernels.md, "Against llama.cpp"); without it the section is left out.
+#
+# Sections: model llama kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -115,6 +119,10 @@ if want model; then
             }
         }'
     done
+fi
+
+if [ -n "${LLAMA_BENCH:-}" ] && want llama; then
+    tests/bench-vs-llama.sh "$LLAMA_BENCH" || echo "bench-vs-llama failed"
 fi
 
 if want kernels; then

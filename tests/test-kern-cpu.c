@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "kernels/internal.h"
 #include "tests/kern_util.h"
@@ -285,6 +286,79 @@ T_CASE(dots_exact_inputs)
                 bad += fabsf(da[i] - db[i]) > 1.01f * fabsf(db[i] - x[i]) + 0.02f;
             T_CHECK(bad == 0, "%s q8 type %u: %d elements differ by more than a level",
                     s->name, q8[k], bad);
+        }
+    }
+    kern__simd_force(NULL);
+}
+
+/* ---- K-quant dots on arbitrary blocks ----
+ * The quantiser never writes some bit patterns (every level at its top, every fifth or sixth
+ * bit set, extreme 6-bit scales and mins, Q6_K's -128 scale); random bytes reach them all, and
+ * activations at +-127 push every int16 pair sum in the dots to its largest. Each SIMD dot
+ * against the reference on those blocks, and each column of the multi-row dot (distinct
+ * activation rows per column) bit for bit its own one-row dot. */
+static void random_k_blocks(uint32_t t, void *dst, int64_t nb)
+{
+    size_t bs = kern_row_bytes(t, KERN_QK_K);
+    uint8_t *p = dst;
+    for (size_t i = 0; i < (size_t)nb * bs; i++)
+        p[i] = (uint8_t)ku_u32();
+    for (int64_t b = 0; b < nb; b++) {
+        uint16_t d = kern_f32_to_f16(0.001f + 0.01f * ku_unif());
+        uint16_t dmin = kern_f32_to_f16(0.001f + 0.01f * ku_unif());
+        uint8_t *blk = p + b * bs;
+        if (t == KERN_T_Q6_K) {
+            memcpy(blk + offsetof(struct kern_block_q6_K, d), &d, 2);
+        } else { /* Q4_K, Q5_K: d, dmin first */
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+        }
+    }
+}
+
+T_CASE(kquant_dots_arbitrary_blocks)
+{
+    const uint32_t kt[] = {KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K};
+    enum { NB = 5, COLS = NB * KERN_QK_K };
+    static float x[KERN_MAXCOL][COLS];
+    static char wq[COLS * 2], xq[KERN_MAXCOL][COLS * 2];
+    for (size_t lv = 1; lv < 3; lv++) {
+        if (kern__simd_force(levels[lv]) != 0)
+            continue;
+        const struct kern__simd *s = kern__simd_get();
+        for (size_t c = 0; c < sizeof kt / sizeof kt[0]; c++) {
+            uint32_t t = kt[c];
+            size_t xrow = kern_row_bytes(KERN_T_Q8_K, COLS);
+            T_ASSERT(s->dot[t] && xrow <= sizeof xq[0], "%s: no dot for %s", s->name, kern_type_name(t));
+            double e = 0, r = 0;
+            for (int rep = 0; rep < 40; rep++) {
+                ku_seed(900 + rep);
+                random_k_blocks(t, wq, NB);
+                for (int k = 0; k < KERN_MAXCOL; k++) {
+                    for (int i = 0; i < COLS; i++) /* half the reps at +-127 everywhere */
+                        x[k][i] = rep % 2 ? ((ku_u32() & 1) ? 1.0f : -1.0f) : ku_gauss();
+                    kern_ref_quant_row(KERN_T_Q8_K, x[k], xq[k], COLS);
+                }
+                float one[KERN_MAXCOL], out[KERN_MAXCOL];
+                for (int k = 0; k < KERN_MAXCOL; k++) {
+                    one[k] = s->dot[t](wq, xq[k], COLS);
+                    double b = kern__type_traits(t)->vec_dot(wq, xq[k], COLS);
+                    e += (one[k] - b) * (one[k] - b);
+                    r += b * b;
+                }
+                if (!s->dotn[t])
+                    continue;
+                const size_t xs = sizeof xq[0];
+                for (int nc = 1; nc <= KERN_MAXCOL; nc++) {
+                    s->dotn[t](wq, xq[0], xs, nc, COLS, out);
+                    for (int k = 0; k < nc; k++)
+                        T_CHECK(memcmp(&out[k], &one[k], sizeof one[k]) == 0,
+                                "%s %s rep %d: %d columns, column %d: %.9g vs %.9g alone",
+                                s->name, kern_type_name(t), rep, nc, k, out[k], one[k]);
+                }
+            }
+            T_CHECK(e <= 1e-12 * r, "%s %s on arbitrary blocks: nmse %g", s->name,
+                    kern_type_name(t), e / r);
         }
     }
     kern__simd_force(NULL);
@@ -871,6 +945,7 @@ int main(int argc, char **argv)
     T_RUN(matmul_all_levels);
     T_RUN(matmul_rows_exact);
     T_RUN(dots_exact_inputs);
+    T_RUN(kquant_dots_arbitrary_blocks);
     T_RUN(attention_fast);
     T_RUN(softmax_simd);
     T_RUN(pool_dispatch);
