@@ -304,6 +304,7 @@ struct stage {
     bool waiting;               /* a standby that has not taken over a rank yet */
     uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
                                  * (k-1)-th standby that may serve it */
+    bool out_was_up;            /* the successor linked once: a failed redial may try standbys */
     uint32_t repair_wait_ms;    /* rank 0: pause sessions this long for a repair; 0: end them */
     uint32_t link_timeout_ms;   /* an established link silent this long is dead */
     uv_timer_t repair;          /* rank 0: while sessions are paused */

@@ -144,8 +144,10 @@ static void on_established(struct conn *c)
     net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
-    if (c->role == CONN_OUT)
+    if (c->role == CONN_OUT) {
+        st->out_was_up = true;
         kvd_conn_ping(c);   /* a first RTT right away */
+    }
     if (c->role == CONN_IN && !st->out && !st->shutting_down && !uv_is_active((uv_handle_t *)&st->redial))
         kvd_link_dial_out(st);   /* a standby that just took its rank */
 }
@@ -335,7 +337,8 @@ static void on_close(struct net_link *l, const char *reason)
         /* A successor that did not link: try the next node that may serve its rank. */
         const char *ep;
         const uint8_t *key;
-        if (c->role == CONN_OUT && !c->up && !out_target(st, ++st->out_target, &ep, &key))
+        /* Not while the ring starts (a successor not listening yet is no dead one). */
+        if (c->role == CONN_OUT && !c->up && st->out_was_up && !out_target(st, ++st->out_target, &ep, &key))
             st->out_target = 0;
     } else if (c->role == CONN_PENDING) {
         struct conn **pp = &st->pending;
