@@ -12,3 +12,61 @@ on_fatal() {
         for l in "$d"/rank-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
     done
 }
+
+# Repair helpers (docs/ring.md, "Repair"):
+# serving_pid DIR R: the pid of the kvd that serves rank R now (its own node or a standby)
+serving_pid() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("rank") == int(sys.argv[1]) and not o.get("waiting") and "pid" in o:
+        print(o["pid"]); break' "$2"
+}
+# ring_sessions DIR: sessions held on every node of the ring that answers (ranks, standbys)
+ring_sessions() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+print(sum(json.loads(l).get("sessions", 0) for l in sys.stdin))'
+}
+# rank0_repair DIR KEY: a figure of rank 0's status "repair" object
+rank0_repair() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | sed -n 1p | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
+}
+# kill_measure PID DELAY_MS CLIENT_PID:OUT_FILE:ERR_FILE...: once every client wrote its first
+# bytes, wait DELAY_MS, SIGKILL PID, then print the milliseconds until every client running at
+# the kill has said on stderr that it resumed (the note comes with its next token) or ended,
+# and how many were running ("MS N")
+kill_measure() {
+    python3 - "$@" <<'PY'
+import os, signal, sys, time
+def running(p):
+    try:
+        return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+def resumed(f):
+    with open(f, errors="replace") as fh:
+        return "resumed:" in fh.read()
+pid = int(sys.argv[1])
+cl = [tuple(a.split(":", 2)) for a in sys.argv[3:]]
+t0 = time.time()
+while time.time() - t0 < 30 and any(os.path.getsize(o) == 0 and running(p) for p, o, _ in cl):
+    time.sleep(0.005)
+time.sleep(int(sys.argv[2]) / 1000)
+t0 = time.time()
+os.kill(pid, signal.SIGKILL)
+pending = {c for c in cl if running(c[0])}
+n = len(pending)
+while pending and time.time() - t0 < 120:
+    for c in list(pending):
+        if resumed(c[2]) or not running(c[0]):
+            pending.discard(c)
+    time.sleep(0.005)
+print(int((time.time() - t0) * 1000), n)
+PY
+}
+# node_cmdline PID: the command line of a running kvd, one argument a line (to start it again)
+node_cmdline() { tr '\0' '\n' < "/proc/$1/cmdline"; }

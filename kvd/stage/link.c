@@ -149,7 +149,7 @@ static void on_established(struct conn *c)
         kvd_conn_ping(c);   /* a first RTT right away */
     }
     if (c->role == CONN_IN && !st->out && !st->shutting_down && !uv_is_active((uv_handle_t *)&st->redial))
-        kvd_link_dial_out(st);   /* a standby that just took its rank */
+        kvd_link_dial_out(st);   /* linked from rank 0 up to here: link the successor */
 }
 
 /* The key the manifest lets serve rank r that the peer's HELLO names, else the rank's own (the
@@ -373,6 +373,12 @@ const struct net_link_cbs kvd_link_cbs = {.on_open = on_open, .on_frame = on_fra
 
 void kvd_link_dial_out(struct stage *st)
 {
+    /* The ring links from rank 0 onwards: a stage dials its successor once its predecessor
+     * linked it. So a node restarted while another serves its rank (nobody dials it) never
+     * takes the successor's in-link from the node that serves the rank now (docs/ring.md,
+     * "Repair"); on_established dials when the in-link comes up. */
+    if (st->rank != 0 && !(st->in && st->in->up))
+        return;
     struct conn *c = calloc(1, sizeof *c);
     if (!c)
         return;
