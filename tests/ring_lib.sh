@@ -14,13 +14,14 @@ on_fatal() {
 }
 
 # Repair helpers (docs/ring.md, "Repair"):
-# serving_pid DIR R: the pid of the kvd that serves rank R now (its own node or a standby)
+# serving_pid DIR R: the pid of the kvd that serves rank R in the linked ring now (its own node
+# or a standby)
 serving_pid() {
     "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
     o = json.loads(l)
-    if o.get("rank") == int(sys.argv[1]) and not o.get("waiting") and "pid" in o:
+    if o.get("rank") == int(sys.argv[1]) and o.get("linked"):
         print(o["pid"]); break' "$2"
 }
 # ring_sessions DIR: sessions held on every node of the ring that answers (ranks, standbys)
@@ -38,7 +39,8 @@ print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
 # kill_measure PID DELAY_MS CLIENT_PID:OUT_FILE:ERR_FILE...: once every client wrote its first
 # bytes, wait DELAY_MS, SIGKILL PID, then print the milliseconds until every client running at
 # the kill has said on stderr that it resumed (the note comes with its next token) or ended,
-# and how many were running ("MS N")
+# and how many were running ("MS N"). With KILL_RESTART=DIR (the node's directory, holding
+# kvd.cmdline from node_cmdline), the node is started again right after the kill, as before.
 kill_measure() {
     python3 - "$@" <<'PY'
 import os, signal, sys, time
@@ -58,6 +60,14 @@ while time.time() - t0 < 30 and any(os.path.getsize(o) == 0 and running(p) for p
 time.sleep(int(sys.argv[2]) / 1000)
 t0 = time.time()
 os.kill(pid, signal.SIGKILL)
+nd = os.environ.get("KILL_RESTART")
+if nd:
+    import subprocess
+    cmd = open(nd + "/kvd.cmdline").read().split("\n")[:-1]
+    with open(nd + "/kvd.log", "ab") as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(nd + "/kvd.pid", "w") as f:
+        f.write(f"{p.pid}\n")
 pending = {c for c in cl if running(c[0])}
 n = len(pending)
 while pending and time.time() - t0 < 120:

@@ -224,7 +224,7 @@ static void start_handshake(struct conn *c, uint32_t expect_rank, const uint8_t 
 }
 
 /* The successor's k-th candidate: 0 its manifest entry, k > 0 the (k-1)-th standby that may
- * serve it (endpoint and key; NULL key: any); false past the last. */
+ * serve it, this node apart (endpoint and key; NULL key: any); false past the last. */
 static bool out_target(const struct stage *st, uint32_t k, const char **ep, const uint8_t **key)
 {
     const struct ring_rank_info *ri = &st->m.ranks[st->succ];
@@ -234,7 +234,7 @@ static bool out_target(const struct stage *st, uint32_t k, const char **ep, cons
         return true;
     }
     for (uint32_t i = 0; i < st->m.n_standbys; i++)
-        if ((st->m.standbys[i].ranks >> st->succ & 1) && --k == 0) {
+        if ((st->m.standbys[i].ranks >> st->succ & 1) && (int)i != st->standby && --k == 0) {
             *ep = st->m.standbys[i].endpoint;
             *key = st->m.standbys[i].node;
             return true;
@@ -332,6 +332,11 @@ static void on_close(struct net_link *l, const char *reason)
             st->in = NULL;
         if (c == st->out)
             st->out = NULL;
+        /* A stage without a predecessor lets its successor go too: the ring re-forms from
+         * rank 0 outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's
+         * in-link that the node now serving its rank needs (docs/ring.md, "Repair"). */
+        if (c->role != CONN_OUT && c->up && st->rank != 0 && st->out && !st->shutting_down)
+            kvd_conn_close(st->out, "the predecessor's link broke: the ring links again from rank 0");
         if (c->up && !st->shutting_down)
             kvd_sess_fail_all(st, msg);
         /* A successor that did not link: try the next node that may serve its rank. */
