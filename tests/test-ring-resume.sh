@@ -53,7 +53,7 @@ stderr: $(cat "$TMP/$name.err.$i")"
     [ "$resumed" -ge 1 ] || fail "$name: no client said it resumed ($running were running at the kill)"
     echo "ok $name: rank $rank (pid $pid) killed with $running of 8 sessions running; every text as one process" \
          "($resumed said they resumed); kill -> every running session's next token: $ms ms (rank 0: the" \
-         "break it saw -> next token at most $(rank0_repair "$D" max_resume_ms | cut -d. -f1) ms)"
+         "break it saw -> next token $(rank0_repair "$D" last_resume_ms | cut -d. -f1) ms)"
     wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
     [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "$name: paused sessions left at rank 0"
 }

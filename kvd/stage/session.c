@@ -332,11 +332,18 @@ void kvd_sess_start(struct stage *st, struct sess *s)
         kvd_sess_finish(st, s, model_gen_reason_name(model_gen_reason(s->gen)), NULL);
         return;
     }
-    /* Chunked prefill: stages overlap on a long prompt. */
-    for (uint32_t pos = 0; pos < n_hist; pos += st->chunk) {
-        uint32_t n = n_hist - pos < st->chunk ? n_hist - pos : st->chunk;
+    /* Chunked prefill: stages overlap on a long prompt. A replay feeds the history as it was
+     * fed the first time, the prompt in chunks and then one row per generated token, so that
+     * every stage computes each position exactly as before even where a window's results
+     * depend on the rows run together (F32 weights past KERN_ROWS_EXACT_MAX rows); only the
+     * last row asks for a token. */
+    uint32_t n_prompt = model_gen_n_prompt(s->gen);
+    for (uint32_t pos = 0; pos < n_prompt; pos += st->chunk) {
+        uint32_t n = n_prompt - pos < st->chunk ? n_prompt - pos : st->chunk;
         kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? NET_FL_LAST : 0);
     }
+    for (uint32_t pos = n_prompt; pos < n_hist; pos++)
+        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? NET_FL_LAST : 0);
 }
 
 int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
