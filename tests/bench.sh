@@ -488,30 +488,7 @@ bench_repair() {
         "$KVCTL" generate --ring "$RD" -p "Once upon a time" -n 200 --temp 0 --ignore-eos > "$t/o.$i" 2> "$t/e.$i" &
         args="$args $!:$t/o.$i:$t/e.$i"
     done
-    ms=$(python3 - "$(cat "$RD/rank-1/kvd.pid")" $args <<'PY'
-import os, signal, sys, time
-def running(p):
-    try:
-        return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
-cl = [tuple(a.split(":", 2)) for a in sys.argv[2:]]
-t0 = time.time()
-while time.time() - t0 < 30 and any(os.path.getsize(o) == 0 and running(p) for p, o, _ in cl):
-    time.sleep(0.005)
-time.sleep(0.3)
-t0 = time.time()
-os.kill(int(sys.argv[1]), signal.SIGKILL)
-pending = {c for c in cl if running(c[0])}
-n = len(pending)
-while pending and time.time() - t0 < 120:
-    for c in list(pending):
-        if "resumed:" in open(c[2], errors="replace").read() or not running(c[0]):
-            pending.discard(c)
-    time.sleep(0.005)
-print(int((time.time() - t0) * 1000), n)
-PY
-)
+    ms=$(python3 tests/ring_kill.py "$(cat "$RD/rank-1/kvd.pid")" 300 $args)
     wait
     r0=$("$KVCTL" status --ring "$RD" --json 2>/dev/null | sed -n 1p |
          python3 -c 'import json,sys; r=json.load(sys.stdin)["repair"]; print("%.0f ms (max %.0f ms), %d sessions resumed" % (r["last_resume_ms"], r["max_resume_ms"], r["resumed_sessions"]))' 2>/dev/null)

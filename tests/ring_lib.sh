@@ -40,43 +40,8 @@ print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
 # bytes, wait DELAY_MS, SIGKILL PID, then print the milliseconds until every client running at
 # the kill has said on stderr that it resumed (the note comes with its next token) or ended,
 # and how many were running ("MS N"). With KILL_RESTART=DIR (the node's directory, holding
-# kvd.cmdline from node_cmdline), the node is started again right after the kill, as before.
-kill_measure() {
-    python3 - "$@" <<'PY'
-import os, signal, sys, time
-def running(p):
-    try:
-        return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
-def resumed(f):
-    with open(f, errors="replace") as fh:
-        return "resumed:" in fh.read()
-pid = int(sys.argv[1])
-cl = [tuple(a.split(":", 2)) for a in sys.argv[3:]]
-t0 = time.time()
-while time.time() - t0 < 30 and any(os.path.getsize(o) == 0 and running(p) for p, o, _ in cl):
-    time.sleep(0.005)
-time.sleep(int(sys.argv[2]) / 1000)
-t0 = time.time()
-os.kill(pid, signal.SIGKILL)
-nd = os.environ.get("KILL_RESTART")
-if nd:
-    import subprocess
-    cmd = open(nd + "/kvd.cmdline").read().split("\n")[:-1]
-    with open(nd + "/kvd.log", "ab") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    with open(nd + "/kvd.pid", "w") as f:
-        f.write(f"{p.pid}\n")
-pending = {c for c in cl if running(c[0])}
-n = len(pending)
-while pending and time.time() - t0 < 120:
-    for c in list(pending):
-        if resumed(c[2]) or not running(c[0]):
-            pending.discard(c)
-    time.sleep(0.005)
-print(int((time.time() - t0) * 1000), n)
-PY
-}
+# kvd.cmdline from node_cmdline), the node is started again right after the kill, as before;
+# KILL_SIGNAL=STOP stops it instead (tests/ring_kill.py).
+kill_measure() { python3 "$ROOT/tests/ring_kill.py" "$@"; }
 # node_cmdline PID: the command line of a running kvd, one argument a line (to start it again)
 node_cmdline() { tr '\0' '\n' < "/proc/$1/cmdline"; }

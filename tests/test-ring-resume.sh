@@ -1,7 +1,8 @@
 #!/bin/bash
 # A dead stage costs no tokens (docs/ring.md, "Repair"): 8 concurrent greedy generations run
-# through a 3-stage loopback ring (f32 wire) with two standby nodes; SIGKILL of the middle
-# stage at a random point, then of the last one: a standby takes over each time, every
+# through a 3-stage loopback ring (f32 wire) with three standby nodes; SIGKILL of the middle
+# stage at a random point, then of the last one, then SIGSTOP of the middle one (a hung node,
+# found by the 2 s link timeout): a standby takes over each time, every
 # session's text equals its one-process text, no client sees an error, each says on stderr
 # that it resumed, and no stage keeps a session afterwards. The time from the kill to every
 # running session's next token is printed (a figure, not a limit). Then SIGKILL of rank 0,
@@ -11,7 +12,7 @@
 
 M=$(need_model TinyLLama-v0-q4_0.gguf) || exit 1
 D=$TMP/ring
-ring_up "$D" --model "$M" --stages 3 --standby 2
+ring_up "$D" --model "$M" --stages 3 --standby 3 --link-timeout-ms 2000
 grep -q '"standby"' "$D/ring.json" || fail "no standby entries in the manifest"
 "$KVCTL" status --ring "$D" | grep -q "^standby 1 .* waiting" || fail "standbys not shown: $("$KVCTL" status --ring "$D")"
 
@@ -23,9 +24,10 @@ for i in $(seq 0 7); do
         > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
 done
 
-# round NAME RANK: 8 sessions, RANK's node killed at a random point of them; all must resume.
+# round NAME RANK [STOP]: 8 sessions, RANK's node killed (or stopped) at a random point of
+# them; all must resume.
 round() {
-    local name=$1 rank=$2 i pids="" args="" ms pid
+    local name=$1 rank=$2 sig=${3:-KILL} i pids="" args="" ms pid
     pid=$(serving_pid "$D" "$rank")
     [ -n "$pid" ] || fail "$name: nobody serves rank $rank"
     for i in $(seq 0 7); do
@@ -35,7 +37,7 @@ round() {
         args="$args $!:$TMP/$name.$i:$TMP/$name.err.$i"
     done
     EXTRA_PIDS="$EXTRA_PIDS $pids"
-    read -r ms running < <(kill_measure "$pid" $((RANDOM % 300)) $args)
+    read -r ms running < <(KILL_SIGNAL=$sig kill_measure "$pid" $((RANDOM % 300)) $args)
     [ "$running" -gt 0 ] || fail "$name: no session was running at the kill (the test's timing)"
     i=0
     for p in $pids; do
@@ -51,7 +53,7 @@ stderr: $(cat "$TMP/$name.err.$i")"
     local resumed
     resumed=$(cat "$TMP/$name".err.* | grep -c "resumed [0-9]* time")
     [ "$resumed" -ge 1 ] || fail "$name: no client said it resumed ($running were running at the kill)"
-    echo "ok $name: rank $rank (pid $pid) killed with $running of 8 sessions running; every text as one process" \
+    echo "ok $name: rank $rank (pid $pid) SIG$sig with $running of 8 sessions running; every text as one process" \
          "($resumed said they resumed); kill -> every running session's next token: $ms ms (rank 0: the" \
          "break it saw -> next token $(rank0_repair "$D" last_resume_ms | cut -d. -f1) ms)"
     wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
@@ -64,7 +66,12 @@ round middle 1
 round last 2
 "$KVCTL" status --ring "$D" | grep -q "^standby 1 .* serves rank 2" ||
     fail "standby 1 does not serve rank 2: $("$KVCTL" status --ring "$D")"
-"$KVCTL" status --ring "$D" | grep -q "^repair: .* 2 ring breaks" || fail "repairs not shown: $("$KVCTL" status --ring "$D")"
+stopped=$(serving_pid "$D" 1)
+round stopped 1 STOP
+kill -9 "$stopped"
+"$KVCTL" status --ring "$D" | grep -q "^standby 2 .* serves rank 1" ||
+    fail "standby 2 does not serve rank 1: $("$KVCTL" status --ring "$D")"
+"$KVCTL" status --ring "$D" | grep -q "^repair: .* 3 ring breaks" || fail "repairs not shown: $("$KVCTL" status --ring "$D")"
 
 # Rank 0 dies: its sessions' history goes with it; the clients say so, the others free them.
 pids=""

@@ -37,8 +37,15 @@ static void tick_cb(uv_timer_t *t)
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
-    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > 10000)
-        kvd_conn_close(st->out, "handshake took more than 10 s");
+    /* A successor that takes the connection but not the handshake (a stopped process whose
+     * kernel still accepts) is dead after the link timeout too, so the next candidate for its
+     * rank gets its turn (docs/ring.md, "Repair"). */
+    uint64_t hs_ms = st->link_timeout_ms < 10000 ? st->link_timeout_ms : 10000;
+    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > hs_ms) {
+        char why[80];
+        snprintf(why, sizeof why, "handshake took more than %.1f s", hs_ms / 1000.0);
+        kvd_conn_close(st->out, why);
+    }
     uint64_t idle = (uint64_t)st->o.idle_timeout_s * 1000;
     for (struct sess *s = st->sessions, *next; s; s = next) {
         next = s->next;
