@@ -332,13 +332,14 @@ static void on_close(struct net_link *l, const char *reason)
             st->in = NULL;
         if (c == st->out)
             st->out = NULL;
-        /* A stage without a predecessor lets its successor go too: the ring re-forms from
-         * rank 0 outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's
+        if (c->up && !st->shutting_down)
+            kvd_sess_fail_all(st, msg);
+        /* A stage without a predecessor lets its successor go too (after the sessions' ERRORs,
+         * which name the link that broke, went out on it): the ring re-forms from rank 0
+         * outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's
          * in-link that the node now serving its rank needs (docs/ring.md, "Repair"). */
         if (c->role != CONN_OUT && c->up && st->rank != 0 && st->out && !st->shutting_down)
             kvd_conn_close(st->out, "the predecessor's link broke: the ring links again from rank 0");
-        if (c->up && !st->shutting_down)
-            kvd_sess_fail_all(st, msg);
         /* A successor that did not link: try the next node that may serve its rank. */
         const char *ep;
         const uint8_t *key;
