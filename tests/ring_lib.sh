@@ -9,7 +9,7 @@ san_log_check
 on_fatal() {
     local d l
     for d in $RINGS; do
-        for l in "$d"/rank-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
+        for l in "$d"/rank-*/kvd.log "$d"/standby-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
     done
 }
 

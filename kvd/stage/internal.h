@@ -194,6 +194,7 @@ void kvd_job_free(struct kvd_job *j);
 #define KVD_ERR_SESSION 1
 #define KVD_ERR_RING 4
 #define REPAIR_TICK_MS 50           /* rank 0 looks for a repaired ring this often */
+#define REPAIR_GRACE_MS 10000       /* a ring starting: its stages may not listen yet */
 #define REPLAY_BACKOFF_MAX_MS 2000  /* replays through a ring still broken back off up to this */
 /* Until a link's handshake is done only HELLO, AUTH and ERROR may come: a small cap, so an
  * unauthenticated peer cannot make us buffer a boundary-sized frame. */
@@ -304,7 +305,10 @@ struct stage {
     bool waiting;               /* a standby that has not taken over a rank yet */
     uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
                                  * (k-1)-th standby that may serve it */
-    bool out_was_up;            /* the successor linked once: a failed redial may try standbys */
+    bool out_was_up;            /* the successor linked once (or this standby took over a rank
+                                 * of a running ring): a failed redial may try standbys */
+    uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor
+                                 * that never linked is passed over too */
     uint32_t repair_wait_ms;    /* rank 0: pause sessions this long for a repair; 0: end them */
     uint32_t link_timeout_ms;   /* an established link silent this long is dead */
     uv_timer_t repair;          /* rank 0: while sessions are paused */

@@ -343,8 +343,11 @@ static void on_close(struct net_link *l, const char *reason)
         /* A successor that did not link: try the next node that may serve its rank. */
         const char *ep;
         const uint8_t *key;
-        /* Not while the ring starts (a successor not listening yet is no dead one). */
-        if (c->role == CONN_OUT && !c->up && st->out_was_up && !out_target(st, ++st->out_target, &ep, &key))
+        /* Not while the ring starts (a successor not listening yet is no dead one), unless
+         * the successor was up once or this node came to a running ring (a standby that took
+         * over, a stage restarted) and has waited past the start. */
+        bool may_rotate = st->out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
+        if (c->role == CONN_OUT && !c->up && may_rotate && !out_target(st, ++st->out_target, &ep, &key))
             st->out_target = 0;
     } else if (c->role == CONN_PENDING) {
         struct conn **pp = &st->pending;

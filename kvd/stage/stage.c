@@ -284,6 +284,7 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     if (st->waiting) {
         st->waiting = false;
         st->takeovers++;
+        st->out_was_up = true;   /* the ring ran: its successor may be dead too */
         kvd_log(KVD_LOG_INFO, "standby %u serves rank %u (window loaded in %.0f ms)", st->standby, rank,
                 util_now_ms() - t0);
     }
@@ -313,6 +314,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     }
     st->n = st->m.n_ranks;
     st->standby = -1;
+    st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
     st->link_timeout_ms = o->link_timeout_ms ? o->link_timeout_ms : LINK_SILENCE_MS;
     /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
