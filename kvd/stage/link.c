@@ -347,8 +347,12 @@ static void on_close(struct net_link *l, const char *reason)
          * the successor was up once or this node came to a running ring (a standby that took
          * over, a stage restarted) and has waited past the start. */
         bool may_rotate = st->out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
-        if (c->role == CONN_OUT && !c->up && may_rotate && !out_target(st, ++st->out_target, &ep, &key))
-            st->out_target = 0;
+        if (c->role == CONN_OUT && !c->up && may_rotate) {
+            if (out_target(st, ++st->out_target, &ep, &key))
+                st->redial_ms = 0;   /* a new candidate: dialled after the shortest delay */
+            else
+                st->out_target = 0;
+        }
     } else if (c->role == CONN_PENDING) {
         struct conn **pp = &st->pending;
         while (*pp && *pp != c)
