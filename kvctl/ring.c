@@ -261,6 +261,40 @@ static const char *jstr(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
+/* The standby nodes of a local ring (DIR/standby-I) and rank 0's repair figures. */
+static void print_repair(const char *dir, const struct ring_manifest *m, FILE *out)
+{
+    char sock[PATH_MAX + 32], err[300];
+    for (uint32_t i = 0; i < m->n_standbys; i++) {
+        snprintf(sock, sizeof sock, "%s/standby-%u/kvd.sock", dir, i);
+        const char *ep = m->standbys[i].endpoint;
+        if (!strncmp(ep, "tcp://", 6))
+            ep += 6;
+        cJSON *s = query_status(sock, err, sizeof err);
+        if (!s)
+            fprintf(out, "standby %u  %-22s down (%s)\n", i, ep, err);
+        else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "waiting")))
+            fprintf(out, "standby %u  %-22s pid %.0f  waiting\n", i, ep, util_json_number(s, "pid", 0));
+        else
+            fprintf(out, "standby %u  %-22s pid %.0f  serves rank %.0f (in %s, out %s, %.0f sessions)\n", i, ep,
+                    util_json_number(s, "pid", 0), util_json_number(s, "rank", 0),
+                    jstr(cJSON_GetObjectItemCaseSensitive(s, "in"), "state"),
+                    jstr(cJSON_GetObjectItemCaseSensitive(s, "out"), "state"), util_json_number(s, "sessions", 0));
+        cJSON_Delete(s);
+    }
+    rank_sock(dir, 0, sock, sizeof sock);
+    cJSON *s = query_status(sock, err, sizeof err);
+    const cJSON *r = s ? cJSON_GetObjectItemCaseSensitive(s, "repair") : NULL;
+    if (r && (m->n_standbys || util_json_number(r, "wait_s", 0) > 0 || util_json_number(r, "ring_breaks", 0) > 0))
+        fprintf(out, "repair: wait %.0f s, %.0f paused sessions, %.0f ring breaks, %.0f sessions resumed "
+                "(%.0f replays), %.0f not repaired in time, break to next token last %.0f ms, max %.0f ms\n",
+                util_json_number(r, "wait_s", 0), util_json_number(r, "paused_sessions", 0),
+                util_json_number(r, "ring_breaks", 0), util_json_number(r, "resumed_sessions", 0),
+                util_json_number(r, "replays", 0), util_json_number(r, "not_repaired", 0),
+                util_json_number(r, "last_resume_ms", 0), util_json_number(r, "max_resume_ms", 0));
+    cJSON_Delete(s);
+}
+
 /* The table; returns how many stages did not answer. */
 static int print_status_table(const char *dir, const struct ring_manifest *m, FILE *out)
 {
@@ -291,6 +325,7 @@ static int print_status_table(const char *dir, const struct ring_manifest *m, FI
                 util_json_number(s, "steps", 0));
         cJSON_Delete(s);
     }
+    print_repair(dir, m, out);
     return n_down;
 }
 
@@ -355,6 +390,11 @@ static void ring_up_usage(FILE *f)
         "                      its id goes into the manifest, every stage verifies its window\n"
         "  --split A:B,B:C,... explicit windows, one per stage, contiguous from 0 to the\n"
         "                      model's layers (--stages may be left out)\n"
+        "  --standby N         also start N standby nodes (DIR/standby-I) that may take over\n"
+        "                      any rank but 0 when it dies (manifest standby entries)\n"
+        "  --repair-wait S     rank 0 pauses sessions up to S s for a repair (kvd stage\n"
+        "                      --repair-wait; default 30 with standbys, else 0: they end)\n"
+        "  --link-timeout-ms N a link silent for N ms is dead (kvd stage --link-timeout-ms)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -369,8 +409,11 @@ static int ring_up(int argc, char **argv)
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
         {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
+        {"standby", required_argument, 0, 'Y'}, {"repair-wait", required_argument, 0, 'R'},
+        {"link-timeout-ms", required_argument, 0, 'T'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *window_from = NULL, *catalog = NULL, *split = NULL;
+    long n_standby = 0, repair_wait = -1, link_timeout = 0;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
     long batch_wait = -1;
@@ -391,6 +434,9 @@ static int ring_up(int argc, char **argv)
         case 'S': stub = true; break;
         case 'w': rc = kvctl_parse_long("--batch-wait-us", optarg, 0, 1000000, &batch_wait); break;
         case 'W': window_from = optarg; break;
+        case 'Y': rc = kvctl_parse_long("--standby", optarg, 0, RING_MAX_STANDBYS, &n_standby); break;
+        case 'R': rc = kvctl_parse_long("--repair-wait", optarg, 0, 86400, &repair_wait); break;
+        case 'T': rc = kvctl_parse_long("--link-timeout-ms", optarg, 100, 3600000, &link_timeout); break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
         case 'L': rc = kvctl_parse_long("--layers", optarg, 1, 100000, &s_layers); break;
@@ -448,6 +494,11 @@ static int ring_up(int argc, char **argv)
             fprintf(stderr, "kvctl ring up: unexpected argument '%s'\n", argv[optind]);
         else
             fprintf(stderr, "kvctl ring up: %s is required\n", missing);
+        return 2;
+    }
+    if (n_standby && window_from) {
+        fprintf(stderr, "kvctl ring up: --standby with --window-from: a standby slices the window "
+                "it takes over from --model\n");
         return 2;
     }
     if (strcmp(dtype, "f32") && strcmp(dtype, "f16")) {
@@ -667,6 +718,27 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         cJSON_AddStringToObject(o, "endpoint", ep);
         cJSON_AddItemToArray(jr, o);
     }
+    if (n_standby) {   /* nodes that may take over any rank but 0 */
+        cJSON *jsb = cJSON_AddArrayToObject(root, "standby");
+        for (uint32_t i = 0; i < (uint32_t)n_standby; i++) {
+            char sd[PATH_MAX], err[300], key[65], ep[64];
+            snprintf(sd, sizeof sd, "%s/standby-%u", dir_abs, i);
+            struct net_identity *id;
+            if (mkdir_p(sd) < 0 || net_identity_load(&id, sd, err, sizeof err) < 0) {
+                fprintf(stderr, "kvctl ring up: %s: %s\n", sd, err);
+                cJSON_Delete(root);
+                return 1;
+            }
+            util_hex_encode(net_identity_pub(id), 32, key);
+            net_identity_free(id);
+            int port = base_port ? (int)base_port + (int)stages + (int)i : free_port();
+            snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "node", key);
+            cJSON_AddStringToObject(o, "endpoint", ep);
+            cJSON_AddItemToArray(jsb, o);
+        }
+    }
     /* Local-ring bookkeeping that the stages ignore. */
     cJSON *jk = cJSON_AddObjectToObject(root, "local");
     cJSON_AddStringToObject(jk, "model_path", stub ? "" : model_abs);
@@ -688,14 +760,19 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
                 getenv("KVD_BIN") && *getenv("KVD_BIN") ? "at KVD_BIN" : "next to kvctl", kvd);
         return 1;
     }
-    pid_t pids[MAX_STAGES];
-    for (uint32_t r = 0; r < (uint32_t)stages; r++) {
-        char sd[PATH_MAX], logp[PATH_MAX], rank[16], th[16], bw[24];
-        snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
+    pid_t pids[MAX_STAGES + RING_MAX_STANDBYS];
+    uint32_t n_procs = (uint32_t)stages + (uint32_t)n_standby;
+    for (uint32_t r = 0; r < n_procs; r++) {
+        /* ranks first, then the standbys */
+        bool sb = r >= (uint32_t)stages;
+        char sd[PATH_MAX], logp[PATH_MAX], rank[16], th[16], bw[24], rw[24], lt[24];
+        snprintf(sd, sizeof sd, "%s/%s-%u", dir_abs, sb ? "standby" : "rank", sb ? r - (uint32_t)stages : r);
         snprintf(logp, sizeof logp, "%s/kvd.log", sd);
-        snprintf(rank, sizeof rank, "%u", r);
+        snprintf(rank, sizeof rank, "%u", sb ? r - (uint32_t)stages : r);
         snprintf(th, sizeof th, "%ld", threads);
         snprintf(bw, sizeof bw, "%ld", batch_wait);
+        snprintf(rw, sizeof rw, "%ld", repair_wait);
+        snprintf(lt, sizeof lt, "%ld", link_timeout);
         pid_t pid = fork();
         if (pid < 0) {
             fprintf(stderr, "kvctl ring up: fork: %s\n", strerror(errno));
@@ -711,14 +788,22 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
-            const char *args[20];
+            const char *args[26];
             int a = 0;
             args[a++] = kvd;
             args[a++] = "stage";
             args[a++] = "--manifest";
             args[a++] = mpath;
-            args[a++] = "--rank";
+            args[a++] = sb ? "--standby" : "--rank";
             args[a++] = rank;
+            if (repair_wait >= 0) {
+                args[a++] = "--repair-wait";
+                args[a++] = rw;
+            }
+            if (link_timeout) {
+                args[a++] = "--link-timeout-ms";
+                args[a++] = lt;
+            }
             args[a++] = "--state-dir";
             args[a++] = sd;
             args[a++] = "-t";
@@ -760,18 +845,21 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
     double t0 = util_now_s();
     for (;;) {
         uint32_t linked = 0;
-        for (uint32_t r = 0; r < (uint32_t)stages; r++) {
+        for (uint32_t r = 0; r < n_procs; r++) {
             int st;
+            bool sb = r >= (uint32_t)stages;
+            char nd[PATH_MAX + 32];
+            snprintf(nd, sizeof nd, "%s/%s-%u", dir_abs, sb ? "standby" : "rank", sb ? r - (uint32_t)stages : r);
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-                char logp[PATH_MAX], line[1024];
-                snprintf(logp, sizeof logp, "%s/rank-%u/kvd.log", dir_abs, r);
+                char logp[PATH_MAX + 48], line[1024];
+                snprintf(logp, sizeof logp, "%s/kvd.log", nd);
                 bool port_taken = false;
                 FILE *lf = fopen(logp, "r");
                 while (lf && fgets(line, sizeof line, lf))
                     port_taken |= strstr(line, "address already in use") != NULL;
                 if (lf)
                     fclose(lf);
-                for (uint32_t k = 0; k < (uint32_t)stages; k++)
+                for (uint32_t k = 0; k < n_procs; k++)
                     if (k != r) {
                         kill(pids[k], SIGTERM);
                         waitpid(pids[k], NULL, 0);
@@ -794,14 +882,15 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
                             "KVD_BIN=build/tests/kvd-stub kvctl ring up ...\n");
                 return 1;
             }
-            char sock[PATH_MAX], err[300];
-            rank_sock(dir_abs, r, sock, sizeof sock);
+            char sock[PATH_MAX + 48], err[300];
+            snprintf(sock, sizeof sock, "%s/kvd.sock", nd);
             cJSON *s = query_status(sock, err, sizeof err);
-            if (s && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "linked")))
+            /* a rank: both links up; a standby: answering, waiting for a rank */
+            if (s && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, sb ? "waiting" : "linked")))
                 linked++;
             cJSON_Delete(s);
         }
-        if (linked == (uint32_t)stages)
+        if (linked == n_procs)
             break;
         if (util_now_s() - t0 > 60) {
             fprintf(stderr, "kvctl ring up: the ring did not link within 60 s (logs in %s/rank-*/kvd.log)\n", dir);
@@ -856,6 +945,53 @@ static const char *dir_opt(int argc, char **argv, int *i)
 
 /* Each rank: ask its kvd over the control socket to stop, wait for it; only a pid that is
  * this ring's kvd (ring_kvd_is, checked again before each signal) gets SIGTERM, then SIGKILL. */
+/* Stop the kvd of DIR/KIND-R (KIND rank or standby) through its control socket, else by signal
+ * when its pid file names this ring's kvd; -ENOENT when there is no such directory. */
+static int stop_node(const char *dir_abs, const char *kind, uint32_t r, int *stopped, int *refused)
+{
+    char sd[PATH_MAX + 16], pidf[PATH_MAX + 32], sock[PATH_MAX + 32];
+    snprintf(sd, sizeof sd, "%s/%s-%u", dir_abs, kind, r);
+    if (access(sd, F_OK) != 0)
+        return -ENOENT;
+    snprintf(pidf, sizeof pidf, "%s/kvd.pid", sd);
+    snprintf(sock, sizeof sock, "%s/kvd.sock", sd);
+    int pid = 0;
+    struct stat pst;
+    FILE *f = fopen(pidf, "r");
+    if (f && (fscanf(f, "%d", &pid) != 1 || pid <= 0 || fstat(fileno(f), &pst) != 0))
+        pid = 0;
+    if (f)
+        fclose(f);
+    char err[KV_ERR_MAX];
+    bool asked = ring_ctl_request(sock, "{\"op\":\"shutdown\"}", ignore_line, NULL, 2000, err,
+                                  sizeof err) == 0;
+    if (!pid) {
+        *stopped += asked;
+        return 0;
+    }
+    char why[PATH_MAX * 2 + 64] = "";
+    bool ours = pid_alive(pid) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why);
+    if (!ours) {
+        if (pid_alive(pid)) {
+            fprintf(stderr, "kvctl ring down: %s %u: pid %d in %s is not this ring's kvd (%s): "
+                    "not signalled\n", kind, r, pid, pidf, why);
+            (*refused)++;
+        }
+        *stopped += asked;
+        unlink(pidf);
+        return 0;
+    }
+    if (!wait_gone(pid, asked ? 5 : 0) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why) &&
+        kill(pid, SIGTERM) == 0 && !wait_gone(pid, 5) &&
+        ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why)) {
+        fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pid);
+        kill(pid, SIGKILL);
+    }
+    (*stopped)++;
+    unlink(pidf);
+    return 0;
+}
+
 static int ring_down(int argc, char **argv)
 {
     const char *dir = "ring", *v;
@@ -876,50 +1012,16 @@ static int ring_down(int argc, char **argv)
         printf("ring down: 0 stages stopped (%s)\n", dir);
         return 0;
     }
-    int stopped = 0, refused = 0;
-    for (uint32_t r = 0; r < MAX_STAGES; r++) {
-        char sd[PATH_MAX + 16], pidf[PATH_MAX + 32], sock[PATH_MAX + 32];
-        snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
-        if (access(sd, F_OK) != 0)
+    int stopped = 0, refused = 0, sb_stopped = 0;
+    for (uint32_t r = 0; r < MAX_STAGES; r++)
+        if (stop_node(dir_abs, "rank", r, &stopped, &refused) < 0)
             break;
-        snprintf(pidf, sizeof pidf, "%s/kvd.pid", sd);
-        rank_sock(dir_abs, r, sock, sizeof sock);
-        int pid = 0;
-        struct stat pst;
-        FILE *f = fopen(pidf, "r");
-        if (f && (fscanf(f, "%d", &pid) != 1 || pid <= 0 || fstat(fileno(f), &pst) != 0))
-            pid = 0;
-        if (f)
-            fclose(f);
-        char err[KV_ERR_MAX];
-        bool asked = ring_ctl_request(sock, "{\"op\":\"shutdown\"}", ignore_line, NULL, 2000, err,
-                                      sizeof err) == 0;
-        if (!pid) {
-            stopped += asked;
-            continue;
-        }
-        char why[PATH_MAX * 2 + 64] = "";
-        bool ours = pid_alive(pid) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why);
-        if (!ours) {
-            if (pid_alive(pid)) {
-                fprintf(stderr, "kvctl ring down: rank %u: pid %d in %s is not this ring's kvd (%s): "
-                        "not signalled\n", r, pid, pidf, why);
-                refused++;
-            }
-            stopped += asked;
-            unlink(pidf);
-            continue;
-        }
-        if (!wait_gone(pid, asked ? 5 : 0) && ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why) &&
-            kill(pid, SIGTERM) == 0 && !wait_gone(pid, 5) &&
-            ring_kvd_is(pid, dir_abs, r, pst.st_mtime, why, sizeof why)) {
-            fprintf(stderr, "kvctl ring down: pid %d ignored SIGTERM for 5 s: SIGKILL\n", pid);
-            kill(pid, SIGKILL);
-        }
-        stopped++;
-        unlink(pidf);
-    }
+    for (uint32_t i = 0; i < RING_MAX_STANDBYS; i++)
+        if (stop_node(dir_abs, "standby", i, &sb_stopped, &refused) < 0)
+            break;
     printf("ring down: %d stage%s stopped (%s)", stopped, stopped == 1 ? "" : "s", dir);
+    if (sb_stopped)
+        printf("; %d standby node%s", sb_stopped, sb_stopped == 1 ? "" : "s");
     if (refused)
         printf("; %d stale pid file%s named another process, left alone", refused, refused == 1 ? "" : "s");
     printf("\n");
@@ -951,7 +1053,9 @@ int kvctl_cmd_status(int argc, char **argv)
                    "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
                    "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
                    "  per token, steps; a stage that does not answer shows as down.\n"
-                   "  --json  each stage's full status object, one per line\n"
+                   "  Then the standby nodes of a local ring (waiting, or the rank each serves) and\n"
+                   "  rank 0's repair figures (paused sessions, ring breaks, resumed sessions).\n"
+                   "  --json  each stage's full status object, one per line, then each standby's\n"
                    "Exit status 1 when a stage is down.\n");
             return 0;
         } else {
@@ -983,6 +1087,19 @@ int kvctl_cmd_status(int argc, char **argv)
             free(t);
             cJSON_Delete(s);
         }
+        for (uint32_t i = 0; i < m.n_standbys; i++) {   /* then the standbys of a local ring */
+            char sock[PATH_MAX + 32], err[300];
+            snprintf(sock, sizeof sock, "%s/standby-%u/kvd.sock", dir, i);
+            cJSON *s = query_status(sock, err, sizeof err);
+            if (!s) {
+                printf("{\"standby\":%u,\"error\":\"unreachable\"}\n", i);
+                continue;
+            }
+            char *t = cJSON_PrintUnformatted(s);
+            printf("%s\n", t);
+            free(t);
+            cJSON_Delete(s);
+        }
         return bad;
     }
     return print_status_table(dir, &m, stdout) ? 1 : 0;   /* as --json: 1 when a stage is down */
@@ -991,7 +1108,7 @@ int kvctl_cmd_status(int argc, char **argv)
 /* ---- generate --ring ---- */
 
 struct gen_state {
-    uint32_t n_done;
+    uint32_t n_done, resumed;
     bool ids, error, done;
     double t_first;
     const char *dump_logits;
@@ -1006,6 +1123,14 @@ static int gen_line(const char *line, void *ud)
         fprintf(stderr, "kvctl generate: unreadable reply from the ring: %.100s\n", line);
         g->error = true;
         return 1;
+    }
+    const cJSON *note = cJSON_GetObjectItemCaseSensitive(o, "note");
+    if (cJSON_IsString(note)) {   /* the ring broke and was repaired: said here, not in the text */
+        fprintf(stderr, "kvctl generate: %s\n", note->valuestring);
+        if (!strncmp(note->valuestring, "resumed", 7))
+            g->resumed++;
+        cJSON_Delete(o);
+        return 0;
     }
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
     if (cJSON_IsString(e)) {
@@ -1169,7 +1294,10 @@ int kvctl_ring_generate(int argc, char **argv)
     if (!g.done) {
         if (g.n_done)
             printf("\n");
-        fprintf(stderr, "kvctl generate: the ring closed the stream before the end\n");
+        /* rank 0 holds every session's history: when its stream ends without "done" it is
+         * gone (killed, crashed, stopped), and so is the session; no repair brings it back */
+        fprintf(stderr, "kvctl generate: the ring closed the stream before the end: rank 0 (%s) died or "
+                "stopped; the session's history lived there, so it cannot resume\n", sock);
         return 1;
     }
     printf("\n");
@@ -1185,6 +1313,9 @@ int kvctl_ring_generate(int argc, char **argv)
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, pms, pms > 0 ? n_prompt / pms : 0.0, n_gen_done, gms,
             gms > 0 && n_gen_done > 1 ? (n_gen_done - 1) / gms : 0.0);
+    if (g.resumed)
+        fprintf(stderr, "kvctl generate: resumed %u time%s after the ring was repaired; the text is "
+                "the uninterrupted one\n", g.resumed, g.resumed == 1 ? "" : "s");
     const cJSON *why = cJSON_GetObjectItemCaseSensitive(g.done_obj, "reason");
     if (cJSON_IsString(why) && !strcmp(why->valuestring, "context"))
         fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "

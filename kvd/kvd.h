@@ -79,6 +79,16 @@ struct kvd_stage_opts {
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
+    /* Repair (docs/ring.md, "Repair"): is_standby starts this node as the manifest's standby
+     * entry standby (rank -1), which takes over a dead rank when its predecessor dials it;
+     * repair_wait_s: how long rank 0 pauses sessions waiting for a repair (set: repair_wait_set;
+     * default 30 s when the manifest has standbys, else 0: a broken ring ends them); an
+     * established link silent for link_timeout_ms is dead (0: 15000). */
+    bool is_standby;
+    uint32_t standby;
+    uint32_t repair_wait_s;
+    bool repair_wait_set;
+    uint32_t link_timeout_ms;
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */

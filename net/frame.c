@@ -351,6 +351,15 @@ const struct net_hello *net_handshake_peer(const struct net_handshake *hs)
     return &hs->peer;
 }
 
+int net_handshake_expect_key(struct net_handshake *hs, const uint8_t key[32])
+{
+    if (hs->state != HS_WAIT_HELLO)
+        return -EALREADY;
+    hs->expect.check_key = true;
+    memcpy(hs->expect.node_key, key, 32);
+    return 0;
+}
+
 bool net_handshake_hello_ok(const struct net_handshake *hs)
 {
     return hs->state == HS_WAIT_AUTH || hs->state == HS_DONE;

@@ -167,6 +167,10 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
                        char *err, size_t errlen);
 /* The peer's HELLO (valid once it has been received). */
 const struct net_hello *net_handshake_peer(const struct net_handshake *hs);
+/* Before the peer's HELLO is fed: expect node key key instead (a rank that several nodes may
+ * serve, its own and standbys: the caller picks from the HELLO's claim). 0, or -EALREADY once
+ * the peer's HELLO was taken. */
+int net_handshake_expect_key(struct net_handshake *hs, const uint8_t key[32]);
 /* Whether the peer's HELLO arrived and passed every check. */
 bool net_handshake_hello_ok(const struct net_handshake *hs);
 /* The session keys: 0 once established (feed returned 1), -EAGAIN before. */

@@ -73,6 +73,80 @@ static int get_bool(const cJSON *o, const char *key, bool *out, const char *ctx,
     return 0;
 }
 
+/* The standby entries (docs/ring.md, "Repair"): each names its node key (a standby without
+ * one could be anyone), an endpoint, and optionally the ranks it may take over (default: every
+ * rank but 0). */
+static int parse_standbys(struct ring_manifest *m, const cJSON *sb, char *err, size_t errlen)
+{
+    if (!sb)
+        return 0;
+    if (!cJSON_IsArray(sb) || cJSON_GetArraySize(sb) > RING_MAX_STANDBYS) {
+        snprintf(err, errlen, "manifest: standby must be an array of at most %d entries", RING_MAX_STANDBYS);
+        return -EINVAL;
+    }
+    m->n_standbys = (uint32_t)cJSON_GetArraySize(sb);
+    for (uint32_t i = 0; i < m->n_standbys; i++) {
+        const cJSON *e = cJSON_GetArrayItem(sb, (int)i);
+        struct ring_standby_info *si = &m->standbys[i];
+        char ctx[32], node[80] = "";
+        int rc;
+        snprintf(ctx, sizeof ctx, "standby[%u]", i);
+        if (!cJSON_IsObject(e)) {
+            snprintf(err, errlen, "manifest: %s must be an object", ctx);
+            return -EINVAL;
+        }
+        if ((rc = get_str(e, "node", node, sizeof node, true, ctx, err, errlen)) < 0 ||
+            (rc = get_str(e, "endpoint", si->endpoint, sizeof si->endpoint, true, ctx, err, errlen)) < 0)
+            return rc;
+        if (util_hex_decode(node, si->node, 32) != 0) {
+            snprintf(err, errlen, "manifest: %s.node must be 64 hex digits (an Ed25519 key)", ctx);
+            return -EINVAL;
+        }
+        if (!strstr(si->endpoint, "://")) {
+            snprintf(err, errlen, "manifest: %s.endpoint '%s' is not scheme://address", ctx, si->endpoint);
+            return -EINVAL;
+        }
+        for (uint32_t r = 0; r < m->n_ranks; r++)
+            if (!strcmp(m->ranks[r].endpoint, si->endpoint)) {
+                snprintf(err, errlen, "manifest: %s.endpoint '%s' is rank %u's", ctx, si->endpoint, r);
+                return -EINVAL;
+            }
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+        if (!rk) {
+            for (uint32_t r = 1; r < m->n_ranks; r++)
+                si->ranks |= 1ull << r;
+            continue;
+        }
+        if (!cJSON_IsArray(rk) || cJSON_GetArraySize(rk) < 1) {
+            snprintf(err, errlen, "manifest: %s.ranks must be a non-empty array of ranks", ctx);
+            return -EINVAL;
+        }
+        for (int k = 0; k < cJSON_GetArraySize(rk); k++) {
+            const cJSON *v = cJSON_GetArrayItem(rk, k);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble >= m->n_ranks ||
+                v->valuedouble != (double)(uint32_t)v->valuedouble) {
+                snprintf(err, errlen, "manifest: %s.ranks[%d] must be a rank in [1, %u) (rank 0 "
+                         "holds the sessions' history and has no standby)", ctx, k, m->n_ranks);
+                return -EINVAL;
+            }
+            si->ranks |= 1ull << (uint32_t)v->valuedouble;
+        }
+    }
+    return 0;
+}
+
+bool ring_manifest_may_serve(const struct ring_manifest *m, uint32_t rank, const uint8_t key[32])
+{
+    if (rank >= m->n_ranks)
+        return false;
+    if (!m->ranks[rank].has_node || !memcmp(m->ranks[rank].node, key, 32))
+        return true;
+    for (uint32_t i = 0; i < m->n_standbys; i++)
+        if ((m->standbys[i].ranks >> rank & 1) && !memcmp(m->standbys[i].node, key, 32))
+            return true;
+    return false;
+}
+
 int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, char *err,
                        size_t errlen)
 {
@@ -240,6 +314,8 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
         rc = -EINVAL;
         goto out;
     }
+    if ((rc = parse_standbys(m, cJSON_GetObjectItemCaseSensitive(root, "standby"), err, errlen)) < 0)
+        goto out;
     rc = 0;
 out:
     cJSON_Delete(root);

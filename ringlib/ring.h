@@ -4,7 +4,8 @@
  * The manifest (JSON): version, ring, model {name, catalog, arch, n_layers, n_embd}, wire
  * {dtype f32|f16}, optional limits {n_ctx, max_batch, max_sessions}, ranks [{rank, node,
  * layers [first,last], embed, head, backend, endpoint, mem_bytes, est_ms_per_token}]
- * (docs/design.md, "The rank manifest"). */
+ * (docs/design.md, "The rank manifest"), and optional standbys [{node, endpoint, ranks}]: nodes
+ * that hold no window until one takes over a dead rank (docs/ring.md, "Repair"). */
 #ifndef KV_RING_H
 #define KV_RING_H
 
@@ -25,6 +26,15 @@ struct ring_rank_info {
     double est_ms_per_token;
 };
 
+/* A standby node: its key, where its predecessor-to-be dials it, and the ranks it may take
+ * over (never rank 0, whose sessions' history dies with it). */
+#define RING_MAX_STANDBYS 16
+struct ring_standby_info {
+    uint8_t node[32];                   /* Ed25519 public key (required) */
+    char endpoint[RING_ENDPOINT_MAX];
+    uint64_t ranks;                     /* bit r: may serve rank r */
+};
+
 struct ring_manifest {
     uint32_t version;
     char ring[65];
@@ -36,7 +46,13 @@ struct ring_manifest {
     uint32_t n_ranks;
     struct ring_rank_info ranks[RING_MAX_RANKS];
     uint8_t hash[32];                   /* SHA-256 of the manifest bytes */
+    uint32_t n_standbys;
+    struct ring_standby_info standbys[RING_MAX_STANDBYS];
 };
+
+/* Whether a node with Ed25519 key may serve rank: the key the manifest names for the rank (any
+ * key when it names none), or a standby's that lists the rank. */
+bool ring_manifest_may_serve(const struct ring_manifest *m, uint32_t rank, const uint8_t key[32]);
 
 /* Parse and validate a manifest held in memory (windows contiguous, disjoint, covering
  * [0, n_layers); rank order; embed on rank 0 only, head on the last only). */

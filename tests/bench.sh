@@ -51,7 +51,7 @@
 # model section (the same TinyLlama-shaped files in llama-bench and kvctl bench, interleaved,
 # ratios; docs/kernels.md, "Against llama.cpp"); without it the section is left out.
 #
-# Sections: model llama kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -476,6 +476,38 @@ bench_relay() {
     rm -rf "$t"
 }
 if want relay; then bench_relay || true; fi
+
+# ---- repair: a dead stage costs the time to the next token (docs/ring.md, "Repair") ----
+# A 3-stage loopback ring of a small test-data model (BENCH_REPAIR_MODEL) with one standby,
+# 8 greedy sessions of 200 tokens; SIGKILL of the middle stage 300 ms after every session
+# streamed its first bytes; the time until every session running at the kill has said it
+# resumed (its next token follows the note), and rank 0's own figure (from the break it saw).
+# Target: under 2 s on loopback plus the window's load time.
+bench_repair() {
+    m=${BENCH_REPAIR_MODEL:-$TD/models/TinyLLama-v0-q4_0.gguf}
+    [ -s "$m" ] || { echo "== repair: $m missing; skipped"; return 0; }
+    t=$(mktemp -d /tmp/kvbench-repair.XXXXXX)
+    RD=$t/ring
+    if ! "$KVCTL" ring up --model "$m" --stages 3 --standby 1 --dir "$RD" > "$t/up" 2>&1; then
+        echo "== repair: ring up failed:"; tail -5 "$t/up"; rm -rf "$t"; return 1
+    fi
+    args=""
+    for i in 1 2 3 4 5 6 7 8; do
+        "$KVCTL" generate --ring "$RD" -p "Once upon a time" -n 200 --temp 0 --ignore-eos > "$t/o.$i" 2> "$t/e.$i" &
+        args="$args $!:$t/o.$i:$t/e.$i"
+    done
+    ms=$(python3 tests/ring_kill.py "$(cat "$RD/rank-1/kvd.pid")" 300 $args)
+    wait
+    r0=$("$KVCTL" status --ring "$RD" --json 2>/dev/null | sed -n 1p |
+         python3 -c 'import json,sys; r=json.load(sys.stdin)["repair"]; print("%.0f ms (max %.0f ms), %d sessions resumed" % (r["last_resume_ms"], r["max_resume_ms"], r["resumed_sessions"]))' 2>/dev/null)
+    echo "== repair: SIGKILL of the middle stage of a 3-stage ring, 8 sessions, a standby takes over"
+    echo "  kill -> next token of every running session ($(echo "$ms" | cut -d' ' -f2) running): $(echo "$ms" | cut -d' ' -f1) ms;" \
+         "rank 0, break -> next token: $r0 (target < 2000 ms + window load)"
+    "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true
+    RD=""
+    rm -rf "$t"
+}
+if want repair; then bench_repair || true; fi
 
 # ---- Qwen3.5 family: the small synthetic MoE / hybrid models of the test data ----
 # Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).

@@ -9,6 +9,39 @@ san_log_check
 on_fatal() {
     local d l
     for d in $RINGS; do
-        for l in "$d"/rank-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
+        for l in "$d"/rank-*/kvd.log "$d"/standby-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
     done
 }
+
+# Repair helpers (docs/ring.md, "Repair"):
+# serving_pid DIR R: the pid of the kvd that serves rank R in the linked ring now (its own node
+# or a standby)
+serving_pid() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("rank") == int(sys.argv[1]) and o.get("linked"):
+        print(o["pid"]); break' "$2"
+}
+# ring_sessions DIR: sessions held on every node of the ring that answers (ranks, standbys)
+ring_sessions() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+print(sum(json.loads(l).get("sessions", 0) for l in sys.stdin))'
+}
+# rank0_repair DIR KEY: a figure of rank 0's status "repair" object
+rank0_repair() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | sed -n 1p | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
+}
+# kill_measure PID DELAY_MS CLIENT_PID:OUT_FILE:ERR_FILE...: once every client wrote its first
+# bytes, wait DELAY_MS, SIGKILL PID, then print the milliseconds until every client running at
+# the kill has said on stderr that it resumed (the note comes with its next token) or ended,
+# and how many were running ("MS N"). With KILL_RESTART=DIR (the node's directory, holding
+# kvd.cmdline from node_cmdline), the node is started again right after the kill, as before;
+# KILL_SIGNAL=STOP stops it instead (tests/ring_kill.py).
+kill_measure() { python3 "$ROOT/tests/ring_kill.py" "$@"; }
+# node_cmdline PID: the command line of a running kvd, one argument a line (to start it again)
+node_cmdline() { tr '\0' '\n' < "/proc/$1/cmdline"; }

@@ -164,6 +164,8 @@ struct hs_pair {
     char ea[KV_ERR_MAX], eb[KV_ERR_MAX];
     struct net_link_keys ka, kb;     /* the session keys, when established */
     enum net_hs_side side_b;         /* B's side (NET_HS_DOWN unless a case says otherwise) */
+    const uint8_t *b_expect;         /* set: B expects this key instead, set before A's HELLO */
+    int b_expect_late;               /* net_handshake_expect_key on B after A's HELLO */
 };
 
 static int feed_frame(struct net_handshake *to, const uint8_t *bytes, size_t len, const uint8_t **out,
@@ -194,11 +196,15 @@ static void hs_run(struct hs_pair *p, const char *ring_a, uint32_t rank_a, int f
     }
     net_handshake_new(&p->a, p->ia, &ha, &xa, NET_HS_UP);
     net_handshake_new(&p->b, p->ib, &hb, &xb, p->side_b ? p->side_b : NET_HS_DOWN);
+    if (p->b_expect)
+        net_handshake_expect_key(p->b, p->b_expect);
     const uint8_t *hello_a, *hello_b, *out;
     size_t la, lb, ol;
     net_handshake_hello(p->a, &hello_a, &la);
     net_handshake_hello(p->b, &hello_b, &lb);
     p->rb = feed_frame(p->b, hello_a, la, &out, &ol, p->eb);   /* B gets A's HELLO, answers AUTH */
+    uint8_t any[32] = {0};
+    p->b_expect_late = net_handshake_expect_key(p->b, any);   /* too late: the HELLO was checked */
     uint8_t auth_b[NET_HDR_LEN + NET_AUTH_LEN];
     size_t lab = ol;
     if (ol)
@@ -233,6 +239,7 @@ T_CASE(handshake)
     snprintf(d, sizeof d, "%s/idb", t_tmpdir());
     T_ASSERT(net_identity_load(&p.ib, d, err, sizeof err) == 0, "%s", err);
     p.side_b = 0;
+    p.b_expect = NULL;
     hs_run(&p, "R", 0, 0, false, false);
     T_CHECK(p.ra == 1 && p.rb == 1, "established both ways: %d %d (%s / %s)", p.ra, p.rb, p.ea, p.eb);
     /* one key per direction, agreed by both ends, fresh for every handshake */
@@ -255,6 +262,18 @@ T_CASE(handshake)
     T_CHECK(p.rb == -EPERM && strstr(p.eb, "manifest hash"), "%s", p.eb);
     hs_run(&p, "R", 0, 0, true, false);
     T_CHECK(p.rb == -EPERM && strstr(p.eb, "node key"), "%s", p.eb);
+    /* The key expected changed before the peer's HELLO (a rank a standby may serve): the
+     * peer's key is accepted; after the HELLO it can no longer change. */
+    p.b_expect = net_identity_pub(p.ia);
+    hs_run(&p, "R", 0, 0, true, false);
+    T_CHECK(p.ra == 1 && p.rb == 1 && p.b_expect_late == -EALREADY, "expected key changed: %d %d %d (%s)",
+            p.ra, p.rb, p.b_expect_late, p.eb);
+    uint8_t other[32];
+    memset(other, 0x5a, 32);
+    p.b_expect = other;
+    hs_run(&p, "R", 0, 0, false, false);
+    T_CHECK(p.rb == -EPERM && strstr(p.eb, "node key"), "a key expected that the peer does not hold: %s", p.eb);
+    p.b_expect = NULL;
     hs_run(&p, "R", 0, 0, false, true);
     T_CHECK(p.rb == -EPERM && strstr(p.eb, "bad signature"), "%s", p.eb);
     /* AUTH before HELLO, and an ERROR from the peer */

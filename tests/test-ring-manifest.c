@@ -1,6 +1,7 @@
 /* test-ring-manifest — the ring manifest validator: a good manifest's fields, and one
  * refusal per rule (layer gaps, overlaps and ends, wire dtype, rank order, embed/head flags,
- * endpoints, model sizes, memory past 2^64, ring and node names, not an object, truncated). */
+ * endpoints, model sizes, memory past 2^64, ring and node names, not an object, truncated), and
+ * the standby entries (keys required, never rank 0, who may serve which rank). */
 #include "ringlib/ring.h"
 #include "tests/t.h"
 #include "util/err.h"
@@ -51,9 +52,51 @@ T_CASE(manifest)
     T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
 }
 
+#define K1 "1111111111111111111111111111111111111111111111111111111111111111"
+#define K2 "2222222222222222222222222222222222222222222222222222222222222222"
+#define K3 "3333333333333333333333333333333333333333333333333333333333333333"
+
+/* Standby entries: who may serve which rank once a standby took it over. */
+T_CASE(standby)
+{
+    struct ring_manifest m;
+    char buf[2048];
+#define WITH(rk0, standby) \
+    snprintf(buf, sizeof buf, "%.*s%s", (int)(strstr(good_manifest, "\"layers\":[2,5]") - good_manifest), \
+             good_manifest, "\"node\":\"" rk0 "\",\"layers\":[2,5],\"endpoint\":\"tcp://127.0.0.1:2\"}]," standby "}")
+    WITH(K1, "\"standby\":[{\"node\":\"" K2 "\",\"endpoint\":\"tcp://127.0.0.1:3\"}]");
+    T_ASSERT(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) == 0, "%s: %s", buf, err);
+    uint8_t k1[32], k2[32], k3[32];
+    memset(k1, 0x11, 32);
+    memset(k2, 0x22, 32);
+    memset(k3, 0x33, 32);
+    T_CHECK(m.n_standbys == 1 && m.standbys[0].ranks == 2u && !strcmp(m.standbys[0].endpoint, "tcp://127.0.0.1:3"),
+            "fields: %u standbys, ranks %llx", m.n_standbys, (unsigned long long)m.standbys[0].ranks);
+    T_CHECK(ring_manifest_may_serve(&m, 1, k1), "the rank's own key");
+    T_CHECK(ring_manifest_may_serve(&m, 1, k2), "the standby's key");
+    T_CHECK(!ring_manifest_may_serve(&m, 1, k3), "a key the manifest does not name");
+    T_CHECK(!ring_manifest_may_serve(&m, 2, k2), "a rank past the ring");
+    T_CHECK(ring_manifest_may_serve(&m, 0, k3), "rank 0 names no key: any");
+    WITH(K1, "\"standby\":[{\"node\":\"" K3 "\",\"endpoint\":\"tcp://127.0.0.1:3\",\"ranks\":[1]}]");
+    T_CHECK(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) == 0 && m.standbys[0].ranks == 2u, "%s", err);
+    WITH(K1, "\"standby\":[{\"node\":\"" K3 "\",\"endpoint\":\"tcp://127.0.0.1:3\",\"ranks\":[0]}]");
+    T_CHECK(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) < 0 && strstr(err, "rank 0"),
+            "a standby for rank 0: %s", err);
+    WITH(K1, "\"standby\":[{\"endpoint\":\"tcp://127.0.0.1:3\"}]");
+    T_CHECK(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) < 0 && strstr(err, "standby[0].node"),
+            "a standby without a key: %s", err);
+    WITH(K1, "\"standby\":[{\"node\":\"" K2 "\",\"endpoint\":\"tcp://127.0.0.1:2\"}]");
+    T_CHECK(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) < 0 && strstr(err, "rank 1's"),
+            "a standby on a rank's endpoint: %s", err);
+    WITH(K1, "\"standby\":{}");
+    T_CHECK(ring_manifest_parse(&m, buf, strlen(buf), err, sizeof err) < 0 && strstr(err, "standby"), "%s", err);
+#undef WITH
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(manifest);
+    T_RUN(standby);
     return T_DONE();
 }

@@ -425,7 +425,7 @@ static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint3
         return NULL;
     *h = (struct kvd_job){.kind = KVD_JOB_STEP, .session = j->session, .pos = j->pos, .n = rows,
                           .flags = j->flags & (uint8_t)~NET_FL_LAST, .t_queued = j->t_queued,
-                          .runs_waited = j->runs_waited, .piece = true};
+                          .runs_waited = j->runs_waited, .piece = true, .epoch = j->epoch};
     if (j->tokens) {
         h->tokens = malloc((size_t)rows * sizeof *h->tokens);
         if (!h->tokens)

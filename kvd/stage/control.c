@@ -41,7 +41,7 @@ static cJSON *status_json(struct stage *st)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "ring", st->m.ring);
-    cJSON_AddNumberToObject(o, "rank", st->rank);
+    cJSON_AddNumberToObject(o, "rank", st->waiting ? -1 : (double)st->rank);
     cJSON_AddNumberToObject(o, "n_ranks", st->n);
     cJSON *w = cJSON_AddArrayToObject(o, "window");
     cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].first));
@@ -58,6 +58,23 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "pending_links", pend);
     cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->in && st->in->up);
     cJSON_AddNumberToObject(o, "sessions", st->n_sessions);
+    /* Repair (docs/ring.md, "Repair"): a standby's entry and whether it still waits; rank 0's
+     * paused sessions, the ring breaks they saw, the replays and how long a break cost. */
+    if (st->standby >= 0) {
+        cJSON_AddNumberToObject(o, "standby", st->standby);
+        cJSON_AddBoolToObject(o, "waiting", st->waiting);
+    }
+    if (st->rank == 0 && !st->waiting) {
+        cJSON *ro = cJSON_AddObjectToObject(o, "repair");
+        cJSON_AddNumberToObject(ro, "wait_s", st->repair_wait_ms / 1000);
+        cJSON_AddNumberToObject(ro, "paused_sessions", st->n_paused);
+        cJSON_AddNumberToObject(ro, "ring_breaks", (double)st->ring_breaks);
+        cJSON_AddNumberToObject(ro, "replays", (double)st->replays);
+        cJSON_AddNumberToObject(ro, "resumed_sessions", (double)st->resumed);
+        cJSON_AddNumberToObject(ro, "not_repaired", (double)st->repair_failed);
+        cJSON_AddNumberToObject(ro, "last_resume_ms", st->last_resume_ms);
+        cJSON_AddNumberToObject(ro, "max_resume_ms", st->max_resume_ms);
+    }
     cJSON_AddNumberToObject(o, "steps", (double)st->steps);
     cJSON_AddNumberToObject(o, "rows", (double)st->rows);
     cJSON_AddNumberToObject(o, "ms_per_token", st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0);
@@ -255,8 +272,6 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         }
     }
     s->t_start = util_now_ms();
-    uint32_t n_hist;
-    const int32_t *hist = model_gen_history(s->gen, &n_hist);   /* the prompt, until a token */
     struct net_open_params p = {0};
     p.seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
     p.temperature = (float)g.temp;
@@ -269,36 +284,12 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     p.penalty_last_n = (int32_t)g.repeat_last_n;
     p.max_tokens = max_gen;
     p.n_ctx = st->m.n_ctx;
-    uint8_t flags = s->want_logits ? NET_FL_LOGITS : 0;
+    s->open = p;
+    s->open_flags = s->want_logits ? NET_FL_LOGITS : 0;
     kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
             id, n_toks, max_gen, p.temperature, p.seed);
-    /* Here: create the session's KV (and the sampler when this rank is also the last). */
-    if (kvd_sess_submit_open(st, id, &p, flags, toks, n_toks) < 0) {
-        kvd_sess_finish(st, s, NULL, "out of memory");
-        return;
-    }
-    if (!st->is_last) {
-        size_t plen = NET_OPEN_LEN + (size_t)n_toks * 4;
-        uint8_t *pl = malloc(plen);
-        if (!pl) {
-            kvd_sess_finish(st, s, NULL, "out of memory");
-            return;
-        }
-        net_open_encode(&p, pl);
-        for (uint32_t i = 0; i < n_toks; i++)
-            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-        kvd_conn_send(st->out, NET_F_OPEN, flags, id, 0, n_toks, pl, plen);
-        free(pl);
-    }
-    if (model_gen_reason(s->gen) != MODEL_GEN_RUNNING) {   /* -n 0 */
-        kvd_sess_finish(st, s, model_gen_reason_name(model_gen_reason(s->gen)), NULL);
-        return;
-    }
-    /* Chunked prefill: stages overlap on a long prompt. */
-    for (uint32_t pos = 0; pos < n_toks; pos += st->chunk) {
-        uint32_t n = n_toks - pos < st->chunk ? n_toks - pos : st->chunk;
-        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_toks ? NET_FL_LAST : 0);
-    }
+    free(toks);   /* the generation holds the prompt from here on */
+    kvd_sess_start(st, s);
 }
 
 static void handle_request(struct client *c, const char *line)

@@ -64,7 +64,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (!bs)
             return;
         if (st->rank == 0) {
-            kvd_sess_finish(st, bs, NULL, emsg);
+            kvd_sess_on_error(st, bs, rd32(payload), emsg);
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
             if (st->in && st->in->up)
@@ -80,9 +80,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
     case NET_F_OPEN: {
         if (st->rank == 0)
             VIOLATION(c, "OPEN arrived at rank 0 (rank 0 opens sessions)");
-        if (s || stale)
-            VIOLATION(c, "OPEN for session %016" PRIx64 " which %s", h->session,
-                             s ? "is already open" : "was just closed");
+        if (s)
+            VIOLATION(c, "OPEN for session %016" PRIx64 " which is already open", h->session);
         if (h->session == 0)
             VIOLATION(c, "OPEN for session 0");
         if (h->n_tokens < 1 || h->n_tokens >= st->m.n_ctx)
@@ -107,6 +106,11 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
                 kvd_conn_send_error(st->out, h->session, 3, msg);
             return;
         }
+        /* A session that ended here and opens again: rank 0 replays it after a repair
+         * (docs/ring.md, "Repair"); it is no longer a closed one whose frames are dropped. */
+        for (uint32_t i = 0; stale && i < CLOSED_RING; i++)
+            if (st->closed[i] == h->session)
+                st->closed[i] = 0;
         s = kvd_sess_new(st, h->session, p.n_ctx);
         int32_t *toks = st->is_last ? malloc((size_t)h->n_tokens * 4) : NULL;
         if (!s || (st->is_last && !toks)) {
@@ -126,7 +130,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
             char msg[200];
             snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
-            kvd_sess_fail(st, s, msg);
+            kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
         }
         return;
     }
@@ -158,6 +162,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         memcpy(in, payload, h->payload_len);
         j->kind = KVD_JOB_STEP;
         j->session = h->session;
+        j->epoch = s->epoch;
         j->pos = h->pos;
         j->n = h->n_tokens;
         j->flags = h->flags & NET_FL_LAST;
@@ -177,6 +182,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
                 return;
             VIOLATION(c, "TOKEN for unknown session %016" PRIx64, h->session);
         }
+        if (s->paused)
+            return;   /* computed before the ring broke; the replay computes it again */
         size_t want = 8 + ((h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0);
         if (h->n_tokens != 1 || h->payload_len != want)
             VIOLATION(c, "TOKEN n_tokens %u payload_len %u, expected 1 and %zu", h->n_tokens,
@@ -208,7 +215,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (!s)
             return;
         if (st->rank == 0) {
-            kvd_sess_finish(st, s, NULL, emsg);
+            kvd_sess_on_error(st, s, rd32(payload), emsg);
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails upstream: %s", s->id, emsg);
             kvd_conn_send(st->out, NET_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);

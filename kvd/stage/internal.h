@@ -139,6 +139,9 @@ struct kvd_job {
                                      * the run of the prompt chunk split off before it */
     uint32_t runs_waited;           /* step runs that ended while this step waited */
     bool piece;                     /* a chunk of a prompt the scheduler split, or its rest */
+    uint32_t epoch;                 /* the session's incarnation it was submitted for: a result
+                                     * for an earlier one (a session paused, dropped, replayed) is
+                                     * dropped */
 };
 
 struct kvd_compute;
@@ -185,6 +188,14 @@ void kvd_job_free(struct kvd_job *j);
 #define CTL_LINE_MAX (1u << 20)
 #define LINK_SILENCE_MS 15000   /* an established link with nothing received is dead */
 #define PING_MS 1000
+/* ERROR codes (the u32 that opens an ERROR payload): 1 a session failed, 2 a protocol
+ * violation or handshake failure (session 0), 3 a limit, 4 a ring link is down: rank 0 may
+ * pause the session until the ring is repaired and replay it (docs/ring.md, "Repair"). */
+#define KVD_ERR_SESSION 1
+#define KVD_ERR_RING 4
+#define REPAIR_TICK_MS 50           /* rank 0 looks for a repaired ring this often */
+#define REPAIR_GRACE_MS 10000       /* a ring starting: its stages may not listen yet */
+#define REPLAY_BACKOFF_MAX_MS 2000  /* replays through a ring still broken back off up to this */
 /* Until a link's handshake is done only HELLO, AUTH and ERROR may come: a small cap, so an
  * unauthenticated peer cannot make us buffer a boundary-sized frame. */
 #define HS_MAX_PAYLOAD (4 + NET_ERR_MAX)
@@ -202,6 +213,9 @@ struct conn {
     double rtt_ms;
     bool relay_in;              /* our in-link, dialled out to a relay (relay:// endpoint) */
     uint64_t start_ms, up_ms;   /* when the link was made and when it was established */
+    bool await_hello;           /* accepted: the handshake starts with the peer's HELLO, which
+                                 * says which key to expect (a rank's or a standby's) */
+    uint32_t as_rank;           /* the rank this side's HELLO claims (a standby's rank-to-be) */
     struct conn *next;          /* pending list */
 };
 
@@ -226,6 +240,14 @@ struct sess {
     bool want_logits;
     float *last_logits;
     double t_start, t_first;
+    uint32_t epoch;             /* this incarnation: jobs submitted for an earlier one are dropped */
+    /* rank 0: repair (docs/ring.md, "Repair") */
+    struct net_open_params open;   /* what OPEN carried, for a replay */
+    uint8_t open_flags;
+    bool paused;                /* waiting for the ring's repair */
+    bool replaying;             /* replayed; no token since */
+    uint64_t broken_ms;         /* when the ring broke under it (0: running) */
+    uint32_t replays;
 };
 
 struct client {
@@ -270,11 +292,33 @@ struct stage {
     char sock_path[512];
     /* Set by stage.c: the control socket's shutdown request (control.c lies below it). */
     void (*shutdown)(struct stage *st, const char *why);
+    /* Set by stage.c: a standby takes over rank (window, compute thread): 0 or -errno (logged). */
+    int (*take_rank)(struct stage *st, uint32_t rank);
     /* statistics */
     uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
     double compute_ms;
     uint64_t dec_steps;
     double dec_ms;
+    /* repair (docs/ring.md, "Repair") */
+    uint32_t epoch_ctr;         /* the last session incarnation handed out */
+    int standby;                /* this node's standby entry, -1: a rank from the start */
+    bool waiting;               /* a standby that has not taken over a rank yet */
+    uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
+                                 * (k-1)-th standby that may serve it */
+    bool out_was_up;            /* the successor linked once (or this standby took over a rank
+                                 * of a running ring): a failed redial may try standbys */
+    uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor
+                                 * that never linked is passed over too */
+    uint32_t repair_wait_ms;    /* rank 0: pause sessions this long for a repair; 0: end them */
+    uint32_t link_timeout_ms;   /* an established link silent this long is dead */
+    uv_timer_t repair;          /* rank 0: while sessions are paused */
+    bool repair_open;
+    uint64_t next_replay_ms;
+    uint32_t replay_backoff_ms;
+    uint32_t n_paused;
+    uint64_t ring_breaks, resumed, replays, repair_failed;
+    double last_resume_ms, max_resume_ms;   /* ring broken -> the next token, per session */
+    uint64_t takeovers;         /* a standby: ranks taken over (0 or 1) */
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -307,13 +351,30 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
 void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
+/* The same with the ERROR code to send on (KVD_ERR_SESSION, KVD_ERR_RING). */
+void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg);
+/* Any rank: a ring link is down under every session here: rank 0 pauses them (or ends them
+ * when it does not wait for repairs), the others drop them and pass an ERROR code 4 on. */
 void kvd_sess_fail_all(struct stage *st, const char *msg);
+/* Rank 0: an ERROR came for s: code KVD_ERR_RING pauses it for a repair, others end it. */
+void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg);
+/* Rank 0: the ring broke under s: pause it (free its KV here, CLOSE it round the ring, note to
+ * the client) until kvd_sess_replay, or end it when repairs are not awaited. */
+void kvd_sess_pause(struct stage *st, struct sess *s, const char *why);
+/* Rank 0: open s round the ring (OPEN with its history as the prompt) and send its history as
+ * ACT chunks, the last one flagged LAST: a new session, or a paused one replayed. */
+void kvd_sess_start(struct stage *st, struct sess *s);
+/* Rank 0: the periodic repair check: end sessions paused too long, replay the others once both
+ * of rank 0's links are up. */
+void kvd_sess_repair_tick(struct stage *st);
 /* Queue session id's OPEN job (sampling params p; toks: its prompt, owned by the job from here
  * on, NULL where this rank needs none): 0, or -ENOMEM with toks freed. */
 int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
                          uint8_t flags, int32_t *toks, uint32_t n_toks);
 void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
                           uint32_t pos, uint8_t flags);
+/* The session's next incarnation number (sessions and the jobs submitted for them carry it). */
+uint32_t kvd_sess_epoch_next(struct stage *st);
 /* Positions the session's history holds at rank 0 (prompt + generated), 0 elsewhere. */
 uint32_t kvd_sess_n_hist(const struct sess *s);
 void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,

@@ -4,7 +4,12 @@
  * link seals every frame with its session keys and passes the frames it opens to frames.c; a
  * broken link fails the sessions that crossed it and is re-dialled with a backoff that only
  * a link that stayed up resets. Links in handshake are capped in all and per source address
- * (docs/security.md), and warnings about refused peers are rate-limited per address. */
+ * (docs/security.md), and warnings about refused peers are rate-limited per address.
+ *
+ * Repair (docs/ring.md, "Repair"): the successor dialled is its manifest endpoint or, once that
+ * fails, each standby that may serve its rank in turn; an accepted link reads the peer's HELLO
+ * first, to expect the key of whichever node the manifest lets serve that rank, and a standby
+ * that has no rank yet takes the one after its authenticated predecessor's. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,6 +98,16 @@ static void on_established(struct conn *c)
     struct stage *st = c->st;
     const struct net_hello *p = net_handshake_peer(c->hs);
     c->peer_rank = p->rank;
+    if (c->role == CONN_PENDING && st->waiting) {
+        /* A standby's first predecessor, authenticated: take over the rank after it. */
+        if (st->take_rank(st, c->as_rank) < 0) {
+            kvd_conn_close(c, "taking over the rank failed");
+            return;
+        }
+    } else if (c->role == CONN_PENDING && c->peer_rank != st->pred) {
+        kvd_conn_violation(c, "rank %u is not this stage's predecessor (rank %u)", c->peer_rank, st->pred);
+        return;
+    }
     struct net_link_keys keys;
     int rc = net_handshake_keys(c->hs, &keys);
     if (rc == 0)
@@ -129,9 +144,27 @@ static void on_established(struct conn *c)
     net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, net_link_peer(c->link));
-    if (c->role == CONN_OUT)
+    if (c->role == CONN_OUT) {
+        st->out_was_up = true;
         kvd_conn_ping(c);   /* a first RTT right away */
+    }
+    if (c->role == CONN_IN && !st->out && !st->shutting_down && !uv_is_active((uv_handle_t *)&st->redial))
+        kvd_link_dial_out(st);   /* linked from rank 0 up to here: link the successor */
 }
+
+/* The key the manifest lets serve rank r that the peer's HELLO names, else the rank's own (the
+ * handshake then refuses the peer's); NULL when the rank names no key (any key). */
+static const uint8_t *expected_key(const struct stage *st, uint32_t r, const uint8_t hello_key[32])
+{
+    const struct ring_rank_info *ri = &st->m.ranks[r];
+    if (!ri->has_node)
+        return NULL;
+    if (hello_key && ring_manifest_may_serve(&st->m, r, hello_key))
+        return hello_key;
+    return ri->node;
+}
+
+static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);
 
 static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload)
 {
@@ -142,6 +175,8 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         return;
     }
     /* In handshake last_rx_ms stays the link's start: the deadline counts from there. */
+    if (c->await_hello)
+        accept_hello(c, h, payload);
     if (!c->hs)
         return;
     const uint8_t *out;
@@ -163,17 +198,19 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         on_established(c);
 }
 
-static void start_handshake(struct conn *c, uint32_t expect_rank)
+/* Start the handshake: our HELLO claims rank c->as_rank, the peer must be expect_rank with the
+ * node key key (NULL: any). */
+static void start_handshake(struct conn *c, uint32_t expect_rank, const uint8_t *key)
 {
     struct stage *st = c->st;
-    struct net_hello mine = {.version = NET_VERSION, .rank = st->rank, .n_ranks = st->n};
+    struct net_hello mine = {.version = NET_VERSION, .rank = c->as_rank, .n_ranks = st->n};
     snprintf(mine.ring, sizeof mine.ring, "%s", st->m.ring);
     memcpy(mine.manifest_hash, st->m.hash, 32);
     struct net_hs_expect x = {.rank = expect_rank, .n_ranks = st->n, .ring = st->m.ring};
     memcpy(x.manifest_hash, st->m.hash, 32);
-    if (st->m.ranks[expect_rank].has_node) {
+    if (key) {
         x.check_key = true;
-        memcpy(x.node_key, st->m.ranks[expect_rank].node, 32);
+        memcpy(x.node_key, key, 32);
     }
     enum net_hs_side side = c->role == CONN_OUT ? NET_HS_UP : NET_HS_DOWN;
     if (net_handshake_new(&c->hs, st->id, &mine, &x, side) < 0) {
@@ -186,12 +223,71 @@ static void start_handshake(struct conn *c, uint32_t expect_rank)
     net_link_send_raw(c->link, b, n);
 }
 
+/* The successor's k-th candidate: 0 its manifest entry, k > 0 the (k-1)-th standby that may
+ * serve it, this node apart (endpoint and key; NULL key: any); false past the last. */
+static bool out_target(const struct stage *st, uint32_t k, const char **ep, const uint8_t **key)
+{
+    const struct ring_rank_info *ri = &st->m.ranks[st->succ];
+    if (k == 0) {
+        *ep = ri->endpoint;
+        *key = ri->has_node ? ri->node : NULL;
+        return true;
+    }
+    for (uint32_t i = 0; i < st->m.n_standbys; i++)
+        if ((st->m.standbys[i].ranks >> st->succ & 1) && (int)i != st->standby && --k == 0) {
+            *ep = st->m.standbys[i].endpoint;
+            *key = st->m.standbys[i].node;
+            return true;
+        }
+    return false;
+}
+
 static void on_open(struct net_link *l, int status)
 {
     struct conn *c = net_link_ud(l);
+    struct stage *st = c->st;
     c->start_ms = (uint64_t)util_now_ms();   /* the handshake's deadline counts from here */
-    if (status == 0)
-        start_handshake(c, c->role == CONN_OUT ? c->st->succ : c->st->pred);
+    if (status != 0)
+        return;
+    if (c->role == CONN_OUT) {
+        const char *ep;
+        const uint8_t *key;
+        if (!out_target(st, st->out_target, &ep, &key))
+            out_target(st, st->out_target = 0, &ep, &key);
+        start_handshake(c, st->succ, key);
+    } else {
+        start_handshake(c, st->pred, expected_key(st, st->pred, NULL));
+    }
+}
+
+/* An accepted link's first frame: the peer's HELLO says which key it claims. A stage expects
+ * its predecessor with the key of any node the manifest lets serve that rank (its HELLO went
+ * out on accept: only the expectation changes); a standby without a rank sends its HELLO only
+ * now: it takes the rank after the peer's, if its entry lists it. Anything else meets the
+ * usual handshake, which refuses it with the usual reason. */
+static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload)
+{
+    struct stage *st = c->st;
+    c->await_hello = false;
+    struct net_hello ph;
+    char err[KV_ERR_MAX];
+    bool ok = h->type == NET_F_HELLO &&
+              net_hello_decode(payload, h->payload_len, &ph, err, sizeof err) == 0 && ph.rank < st->n;
+    if (!st->waiting) {
+        const uint8_t *key = expected_key(st, st->pred, ok ? ph.node_key : NULL);
+        if (c->hs && key)
+            net_handshake_expect_key(c->hs, key);
+        return;
+    }
+    uint32_t r = ok ? (ph.rank + 1) % st->n : 0;
+    if (!ok || r == 0 || !(st->m.standbys[st->standby].ranks >> r & 1)) {
+        reject_log(st, net_link_peer(c->link), "a standby may not serve rank %u (after rank %u)", r,
+                   ok ? ph.rank : 0);
+        kvd_conn_close(c, "not a rank this standby may serve");
+        return;
+    }
+    c->as_rank = r;
+    start_handshake(c, ph.rank, expected_key(st, ph.rank, ph.node_key));
 }
 
 
@@ -238,6 +334,25 @@ static void on_close(struct net_link *l, const char *reason)
             st->out = NULL;
         if (c->up && !st->shutting_down)
             kvd_sess_fail_all(st, msg);
+        /* A stage without a predecessor lets its successor go too (after the sessions' ERRORs,
+         * which name the link that broke, went out on it): the ring re-forms from rank 0
+         * outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's
+         * in-link that the node now serving its rank needs (docs/ring.md, "Repair"). */
+        if (c->role != CONN_OUT && c->up && st->rank != 0 && st->out && !st->shutting_down)
+            kvd_conn_close(st->out, "the predecessor's link broke: the ring links again from rank 0");
+        /* A successor that did not link: try the next node that may serve its rank. */
+        const char *ep;
+        const uint8_t *key;
+        /* Not while the ring starts (a successor not listening yet is no dead one), unless
+         * the successor was up once or this node came to a running ring (a standby that took
+         * over, a stage restarted) and has waited past the start. */
+        bool may_rotate = st->out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
+        if (c->role == CONN_OUT && !c->up && may_rotate) {
+            if (out_target(st, ++st->out_target, &ep, &key))
+                st->redial_ms = 0;   /* a new candidate: dialled after the shortest delay */
+            else
+                st->out_target = 0;
+        }
     } else if (c->role == CONN_PENDING) {
         struct conn **pp = &st->pending;
         while (*pp && *pp != c)
@@ -271,16 +386,28 @@ const struct net_link_cbs kvd_link_cbs = {.on_open = on_open, .on_frame = on_fra
 
 void kvd_link_dial_out(struct stage *st)
 {
+    /* The ring links from rank 0 onwards: a stage dials its successor once its predecessor
+     * linked it. So a node restarted while another serves its rank (nobody dials it) never
+     * takes the successor's in-link from the node that serves the rank now (docs/ring.md,
+     * "Repair"); on_established dials when the in-link comes up. */
+    if (st->rank != 0 && !(st->in && st->in->up))
+        return;
     struct conn *c = calloc(1, sizeof *c);
     if (!c)
         return;
     c->st = st;
     c->role = CONN_OUT;
+    c->as_rank = st->rank;
+    const char *ep;
+    const uint8_t *key;
+    if (!out_target(st, st->out_target, &ep, &key))
+        out_target(st, st->out_target = 0, &ep, &key);
+    if (st->out_target)
+        kvd_log(KVD_LOG_INFO, "dialling standby %s for rank %u", ep, st->succ);
     char err[KV_ERR_MAX];
-    int rc = net_link_dial(&c->link, st->loop, st->m.ranks[st->succ].endpoint, &kvd_link_cbs, c,
-                           HS_MAX_PAYLOAD, err, sizeof err);
+    int rc = net_link_dial(&c->link, st->loop, ep, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", st->m.ranks[st->succ].endpoint, err);
+        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", ep, err);
         free(c);
         st->redial_ms = 2000;
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
@@ -302,6 +429,7 @@ void kvd_link_dial_in(struct stage *st)
     c->st = st;
     c->role = CONN_PENDING;
     c->relay_in = true;
+    c->as_rank = st->rank;
     c->last_rx_ms = (uint64_t)util_now_ms();
     char err[KV_ERR_MAX];
     int rc = net_link_dial(&c->link, st->loop, down, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err,
@@ -391,5 +519,8 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
     c->next = st->pending;
     st->pending = c;
     kvd_log(KVD_LOG_DEBUG, "link from %s: handshake", net_link_peer(l));
-    start_handshake(c, st->pred);
+    c->await_hello = true;   /* the peer's HELLO picks the key expected (accept_hello) */
+    c->as_rank = st->rank;
+    if (!st->waiting)
+        start_handshake(c, st->pred, expected_key(st, st->pred, NULL));
 }

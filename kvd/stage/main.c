@@ -55,6 +55,17 @@ static int set_threads(struct kvd_stage_opts *o, const char *v) { return parse_i
 static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
 static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
 static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 0, 1000000, &o->batch_wait_us); }
+static int set_standby(struct kvd_stage_opts *o, const char *v)
+{
+    o->is_standby = true;
+    return parse_u32(v, 0, RING_MAX_STANDBYS - 1, &o->standby);
+}
+static int set_repair_wait(struct kvd_stage_opts *o, const char *v)
+{
+    o->repair_wait_set = true;
+    return parse_u32(v, 0, 86400, &o->repair_wait_s);
+}
+static int set_link_timeout(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 100, 3600000, &o->link_timeout_ms); }
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -79,6 +90,9 @@ static const struct opt opts[] = {
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
+    {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
+    {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
+    {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 15000)", set_link_timeout},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
@@ -174,8 +188,12 @@ int kvd_stage_main(int argc, char **argv)
         net_identity_free(id);
         return 0;
     }
-    if (!o.manifest || o.rank < 0) {
-        fprintf(stderr, "kvd stage: --manifest and --rank are required\n");
+    if (!o.manifest || (o.rank < 0) == !o.is_standby) {
+        fprintf(stderr, "kvd stage: --manifest and --rank (or --standby) are required\n");
+        return 2;
+    }
+    if (o.is_standby && window_from) {
+        fprintf(stderr, "kvd stage: --window-from with --standby: a standby slices its window from --model\n");
         return 2;
     }
     static char pulled[4096];

@@ -32,12 +32,18 @@ bool kvd_sess_recently_closed(struct stage *st, uint64_t id)
     return false;
 }
 
+uint32_t kvd_sess_epoch_next(struct stage *st)
+{
+    return ++st->epoch_ctr;
+}
+
 struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
 {
     struct sess *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
     s->id = id;
+    s->epoch = kvd_sess_epoch_next(st);
     s->n_ctx = n_ctx;
     s->last_active_ms = (uint64_t)util_now_ms();
     s->next = st->sessions;
@@ -54,6 +60,18 @@ uint32_t kvd_sess_n_hist(const struct sess *s)
     return n;
 }
 
+/* Free session id's KV/state on the compute thread (after the jobs queued before). */
+static void submit_close(struct stage *st, uint64_t id)
+{
+    struct kvd_job *j = calloc(1, sizeof *j);
+    if (j && st->comp) {
+        j->kind = KVD_JOB_CLOSE;
+        j->session = id;
+        kvd_compute_submit(st->comp, j);
+    } else
+        free(j);
+}
+
 /* Forget a session here: free its KV/state on the compute thread, remember its id so late
  * frames for it are dropped rather than treated as hostile. */
 void kvd_sess_drop(struct stage *st, struct sess *s)
@@ -64,14 +82,11 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
     if (*pp)
         *pp = s->next;
     st->n_sessions--;
+    if (s->paused)
+        st->n_paused--;
     st->closed[st->closed_pos++ % CLOSED_RING] = s->id;
-    struct kvd_job *j = calloc(1, sizeof *j);
-    if (j && st->comp) {
-        j->kind = KVD_JOB_CLOSE;
-        j->session = s->id;
-        kvd_compute_submit(st->comp, j);
-    } else
-        free(j);
+    if (!s->paused)   /* a paused session's KV went when it paused */
+        submit_close(st, s->id);
     if (s->client) {
         s->client->sess = NULL;
         kvd_client_close(s->client);
@@ -146,27 +161,189 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
     kvd_sess_drop(st, s);
 }
 
-/* Any rank: the session failed here. Rank 0 tells its client; others pass ERROR on. */
-void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
+/* Any rank: the session failed here (ERROR code: KVD_ERR_SESSION, or KVD_ERR_RING when a
+ * ring link is down). Rank 0 tells its client, or pauses the session for a repair; others
+ * pass ERROR on. */
+void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg)
 {
     if (st->rank == 0) {
-        kvd_sess_finish(st, s, NULL, msg);
+        kvd_sess_on_error(st, s, code, msg);
         return;
     }
     kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails: %s", s->id, msg);
     /* Forward round the ring to rank 0, or, when the way forward is down, back the way the
      * session came: either way rank 0 hears of it and tells its client. */
     if (kvd_conn_out_up(st))
-        kvd_conn_send_error(st->out, s->id, 1, msg);
+        kvd_conn_send_error(st->out, s->id, code, msg);
     else if (st->in && st->in->up)
-        kvd_conn_send_error(st->in, s->id, 1, msg);
+        kvd_conn_send_error(st->in, s->id, code, msg);
     kvd_sess_drop(st, s);
+}
+
+void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
+{
+    kvd_sess_fail_code(st, s, KVD_ERR_SESSION, msg);
 }
 
 void kvd_sess_fail_all(struct stage *st, const char *msg)
 {
-    while (st->sessions)
-        kvd_sess_fail(st, st->sessions, msg);
+    for (struct sess *s = st->sessions, *next; s; s = next) {
+        next = s->next;
+        kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+    }
+}
+
+void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg)
+{
+    if (code == KVD_ERR_RING)
+        kvd_sess_pause(st, s, msg);
+    else
+        kvd_sess_finish(st, s, NULL, msg);
+}
+
+static void client_note(struct client *c, const char *note)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "note", note);
+    kvd_client_send_json(c, o);
+}
+
+static void repair_cb(uv_timer_t *t)
+{
+    kvd_sess_repair_tick(t->data);
+}
+
+void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
+{
+    if (s->paused)
+        return;
+    if (!st->repair_wait_ms || st->shutting_down) {
+        kvd_sess_finish(st, s, NULL, why);
+        return;
+    }
+    uint64_t now = (uint64_t)util_now_ms();
+    if (!st->n_paused && !s->broken_ms)
+        st->ring_breaks++;
+    s->paused = true;
+    st->n_paused++;
+    /* Jobs in flight for it are dropped when they come back; its KV here goes, and CLOSE makes
+     * the stages that still hold it drop theirs: the replay starts from a clean ring. */
+    s->epoch = kvd_sess_epoch_next(st);
+    submit_close(st, s->id);
+    if (!st->is_last)
+        kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+    bool first = !s->broken_ms;
+    if (first)
+        s->broken_ms = now;
+    kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " paused (%u positions kept): %s", s->id,
+            kvd_sess_n_hist(s), why);
+    if (s->client && first) {
+        char note[KV_ERR_MAX + 100];
+        snprintf(note, sizeof note, "paused: %s; waiting up to %u s for the ring's repair", why,
+                 st->repair_wait_ms / 1000);
+        client_note(s->client, note);
+    }
+    if (st->repair_open && !uv_is_active((uv_handle_t *)&st->repair)) {
+        if (st->replay_backoff_ms == 0)
+            st->replay_backoff_ms = 100;
+        if (st->next_replay_ms < now + 100)
+            st->next_replay_ms = now + 100;   /* let a redial start before the first replay */
+        uv_timer_start(&st->repair, repair_cb, REPAIR_TICK_MS, REPAIR_TICK_MS);
+    }
+}
+
+void kvd_sess_repair_tick(struct stage *st)
+{
+    uint64_t now = (uint64_t)util_now_ms();
+    for (struct sess *s = st->sessions, *next; s; s = next) {
+        next = s->next;
+        if (s->paused && now - s->broken_ms > st->repair_wait_ms) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the ring broke and was not repaired within %u s (rank 0's "
+                     "links: out %s, in %s)", st->repair_wait_ms / 1000, kvd_conn_out_up(st) ? "up" : "down",
+                     st->in && st->in->up ? "up" : "down");
+            st->repair_failed++;
+            kvd_sess_finish(st, s, NULL, msg);
+        }
+    }
+    if (!st->n_paused) {
+        uv_timer_stop(&st->repair);
+        return;
+    }
+    bool linked = kvd_conn_out_up(st) && st->in && st->in->up;
+    if (!linked || now < st->next_replay_ms)
+        return;
+    /* Both of rank 0's links are up: replay. A link further down still broken sends the
+     * sessions back here with ERROR code 4, and the next try waits twice as long. */
+    st->next_replay_ms = now + st->replay_backoff_ms;
+    st->replay_backoff_ms = st->replay_backoff_ms * 2 > REPLAY_BACKOFF_MAX_MS ? REPLAY_BACKOFF_MAX_MS
+                            : st->replay_backoff_ms * 2;
+    for (struct sess *s = st->sessions, *next; s; s = next) {
+        next = s->next;
+        if (!s->paused)
+            continue;
+        s->paused = false;
+        st->n_paused--;
+        s->replaying = true;
+        s->replays++;
+        st->replays++;
+        s->epoch = kvd_sess_epoch_next(st);
+        s->last_active_ms = now;
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replaying %u positions (try %u)", s->id,
+                kvd_sess_n_hist(s), s->replays);
+        kvd_sess_start(st, s);
+    }
+}
+
+void kvd_sess_start(struct stage *st, struct sess *s)
+{
+    uint32_t n_hist;
+    const int32_t *hist = model_gen_history(s->gen, &n_hist);
+    /* Here: create the session's KV (and the sampler when this rank is also the last, which
+     * takes the whole history: what the sampler has seen so far). */
+    int32_t *toks = malloc((size_t)n_hist * sizeof *toks);
+    if (!toks) {
+        kvd_sess_finish(st, s, NULL, "out of memory");
+        return;
+    }
+    memcpy(toks, hist, (size_t)n_hist * sizeof *toks);
+    if (kvd_sess_submit_open(st, s->id, &s->open, s->open_flags, toks, n_hist) < 0) {
+        kvd_sess_finish(st, s, NULL, "out of memory");
+        return;
+    }
+    if (!st->is_last) {
+        size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
+        uint8_t *pl = malloc(plen);
+        if (!pl) {
+            kvd_sess_finish(st, s, NULL, "out of memory");
+            return;
+        }
+        net_open_encode(&s->open, pl);
+        for (uint32_t i = 0; i < n_hist; i++)
+            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+        int rc = kvd_conn_send(st->out, NET_F_OPEN, s->open_flags, s->id, 0, n_hist, pl, plen);
+        free(pl);
+        if (rc < 0 && s->replaying) {
+            kvd_sess_pause(st, s, "the out link went down again");
+            return;
+        }
+    }
+    if (model_gen_reason(s->gen) != MODEL_GEN_RUNNING) {   /* -n 0 */
+        kvd_sess_finish(st, s, model_gen_reason_name(model_gen_reason(s->gen)), NULL);
+        return;
+    }
+    /* Chunked prefill: stages overlap on a long prompt. A replay feeds the history as it was
+     * fed the first time, the prompt in chunks and then one row per generated token, so that
+     * every stage computes each position exactly as before even where a window's results
+     * depend on the rows run together (F32 weights past KERN_ROWS_EXACT_MAX rows); only the
+     * last row asks for a token. */
+    uint32_t n_prompt = model_gen_n_prompt(s->gen);
+    for (uint32_t pos = 0; pos < n_prompt; pos += st->chunk) {
+        uint32_t n = n_prompt - pos < st->chunk ? n_prompt - pos : st->chunk;
+        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? NET_FL_LAST : 0);
+    }
+    for (uint32_t pos = n_prompt; pos < n_hist; pos++)
+        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? NET_FL_LAST : 0);
 }
 
 int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
@@ -179,6 +356,8 @@ int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_pa
     }
     j->kind = KVD_JOB_OPEN;
     j->session = id;
+    struct sess *s = kvd_sess_find(st, id);
+    j->epoch = s ? s->epoch : 0;
     j->open = *p;
     j->flags = flags;
     j->tokens = toks;
@@ -201,6 +380,7 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
     memcpy(t, tokens, n * sizeof *t);
     j->kind = KVD_JOB_STEP;
     j->session = s->id;
+    j->epoch = s->epoch;
     j->pos = pos;
     j->n = n;
     j->flags = flags;
@@ -298,6 +478,24 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_
     memcpy(&lp, payload + 4, 4);
     if (model_gen_n_gen(s->gen) == 0)
         s->t_first = util_now_ms();
+    if (s->replaying) {   /* the first token after a repair */
+        double ms = util_now_ms() - (double)s->broken_ms;
+        s->replaying = false;
+        s->broken_ms = 0;
+        st->resumed++;
+        st->last_resume_ms = ms;
+        if (ms > st->max_resume_ms)
+            st->max_resume_ms = ms;
+        st->replay_backoff_ms = 100;
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " resumed: %.0f ms from the break to this token",
+                s->id, ms);
+        if (s->client) {
+            char note[200];
+            snprintf(note, sizeof note, "resumed: the ring was repaired; %u positions replayed, "
+                     "%.0f ms from the break to this token", kvd_sess_n_hist(s), ms);
+            client_note(s->client, note);
+        }
+    }
     if ((h->flags & NET_FL_LOGITS) && s->want_logits) {
         if (!s->last_logits)
             s->last_logits = malloc((size_t)st->be.n_vocab * 4);
@@ -336,7 +534,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
 {
     struct stage *st = ud;
     struct sess *s = kvd_sess_find(st, j->session);
-    if (j->kind == KVD_JOB_CLOSE || !s || st->shutting_down) {
+    if (j->kind == KVD_JOB_CLOSE || !s || st->shutting_down || j->epoch != s->epoch || s->paused) {
         kvd_job_free(j);
         return;
     }
@@ -364,7 +562,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             if (rc < 0) {
                 char msg[KV_ERR_MAX + 32];
                 snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
-                kvd_sess_fail(st, s, msg);
+                kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
             } else {
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
                 if (j->out_type == NET_F_ACT)

@@ -29,17 +29,27 @@ static void tick_cb(uv_timer_t *t)
         kvd_conn_ping(st->out);
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
-        if (links[i] && links[i]->up && now - links[i]->last_rx_ms > LINK_SILENCE_MS)
-            kvd_conn_close(links[i], "nothing received for 15 s");
+        if (links[i] && links[i]->up && now - links[i]->last_rx_ms > st->link_timeout_ms) {
+            char why[80];
+            snprintf(why, sizeof why, "nothing received for %.1f s", st->link_timeout_ms / 1000.0);
+            kvd_conn_close(links[i], why);
+        }
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
-    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > 10000)
-        kvd_conn_close(st->out, "handshake took more than 10 s");
+    /* A successor that takes the connection but not the handshake (a stopped process whose
+     * kernel still accepts) is dead after the link timeout too, so the next candidate for its
+     * rank gets its turn (docs/ring.md, "Repair"). */
+    uint64_t hs_ms = st->link_timeout_ms < 10000 ? st->link_timeout_ms : 10000;
+    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > hs_ms) {
+        char why[80];
+        snprintf(why, sizeof why, "handshake took more than %.1f s", hs_ms / 1000.0);
+        kvd_conn_close(st->out, why);
+    }
     uint64_t idle = (uint64_t)st->o.idle_timeout_s * 1000;
     for (struct sess *s = st->sessions, *next; s; s = next) {
         next = s->next;
-        if (now - s->last_active_ms > idle) {
+        if (!s->paused && now - s->last_active_ms > idle) {
             char msg[200];
             snprintf(msg, sizeof msg, "session idle for more than %u s on rank %u", st->o.idle_timeout_s, st->rank);
             if (st->rank == 0)
@@ -100,6 +110,9 @@ static void stage_shutdown(struct stage *st, const char *why)
     uv_close((uv_handle_t *)&st->tick, NULL);
     uv_close((uv_handle_t *)&st->redial, NULL);
     uv_close((uv_handle_t *)&st->redial_in, NULL);
+    if (st->repair_open)
+        uv_close((uv_handle_t *)&st->repair, NULL);
+    st->repair_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
     uv_close((uv_handle_t *)&st->sigint, NULL);
     uv_close((uv_handle_t *)&st->sighup, NULL);
@@ -195,6 +208,101 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
     return 0;
 }
 
+/* Take rank: its window on the backend asked for (sliced from --model, or the --window file),
+ * checked against the manifest and the catalog, the payload cap, and the compute thread. A
+ * stage does it at start; a standby when its first predecessor has authenticated (link.c, through
+ * st->take_rank). 0, or -errno (logged). */
+static int stage_take_rank(struct stage *st, uint32_t rank)
+{
+    const struct kvd_stage_opts *o = &st->o;
+    char err[KV_ERR_MAX];
+    int rc;
+    st->rank = rank;
+    st->pred = (st->rank + st->n - 1) % st->n;
+    st->succ = (st->rank + 1) % st->n;
+    st->is_last = st->rank == st->n - 1;
+    char prefix[64];
+    if (st->waiting)
+        snprintf(prefix, sizeof prefix, "stage %u/%u (standby %u)", st->rank, st->n, st->standby);
+    else
+        snprintf(prefix, sizeof prefix, "stage %u/%u", st->rank, st->n);
+    kvd_log_set_prefix(prefix);
+    const struct ring_rank_info *me = &st->m.ranks[st->rank];
+    if (!st->waiting && me->has_node && memcmp(me->node, net_identity_pub(st->id), 32) != 0) {
+        kvd_log(KVD_LOG_ERROR, "this node's key (%s/node.key) is not the one the manifest names for rank %u",
+                o->state_dir ? o->state_dir : ".", st->rank);
+        return -EPERM;
+    }
+    if (st->waiting)
+        kvd_log(KVD_LOG_INFO, "standby %u takes over rank %u: loading layers [%u,%u)", st->standby, rank,
+                me->first, me->last);
+    double t0 = util_now_ms();
+    /* Load only this rank's window, on the backend asked for (the model unless a build's own). */
+    const struct kvd_backend_kind *kind = kvd_backend_kind_find(o->backend ? o->backend : "model");
+    if (!kind) {
+        kvd_log(KVD_LOG_ERROR, "no compute backend named '%s' in this kvd", o->backend);
+        return -EINVAL;
+    }
+    const char *path = o->window ? o->window : o->model;
+    struct kvd_backend_args ba = {
+        .path = path, .first = o->window ? -1 : (int)me->first, .last = o->window ? -1 : (int)me->last,
+        .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
+        .n_embd = st->m.n_embd, .n_ctx = st->m.n_ctx, .max_batch = st->m.max_batch,
+        .n_threads = o->n_threads,
+    };
+    err[0] = 0;
+    rc = kind->open(&st->be, &ba, err, sizeof err);
+    if (rc < 0) {
+        if (path && kind->open == kvd_backend_open_model)
+            kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
+        else
+            kvd_log(KVD_LOG_ERROR, "%s backend: %s", kind->name, err);
+        goto fail_be;
+    }
+    st->be_open = true;
+    /* A backend without a model file (a stand-in) has no architecture to match. */
+    bool has_file = kvd_backend_gguf(&st->be) != NULL;
+    if (st->be.first != me->first || st->be.last != me->last || st->be.n_layer != st->m.n_layers ||
+        st->be.n_embd != st->m.n_embd || (has_file && strcmp(st->be.arch, st->m.arch) != 0)) {
+        kvd_log(KVD_LOG_ERROR, "the model does not match the manifest: window [%u,%u) vs [%u,%u), n_layers %u vs %u, "
+                "n_embd %u vs %u, arch %s vs %s", st->be.first, st->be.last, me->first, me->last,
+                st->be.n_layer, st->m.n_layers, st->be.n_embd, st->m.n_embd, st->be.arch, st->m.arch);
+        rc = -EINVAL;
+        goto fail_be;
+    }
+    if ((rc = check_identity(st, o)) < 0)
+        goto fail_be;
+    st->chunk = o->chunk && o->chunk < st->m.max_batch ? o->chunk : st->m.max_batch;
+    /* The largest payload a peer may send us: an ACT of max_batch rows, an OPEN with a full
+     * context of prompt, a TOKEN with logits, or an ERROR. */
+    uint64_t cap = (uint64_t)st->m.max_batch * st->m.n_embd * st->m.wire_dsize;
+    uint64_t c2 = NET_OPEN_LEN + (uint64_t)st->m.n_ctx * 4, c3 = 8 + (uint64_t)st->be.n_vocab * 4;
+    if (c2 > cap) cap = c2;
+    if (c3 > cap) cap = c3;
+    if (4 + NET_ERR_MAX > cap) cap = 4 + NET_ERR_MAX;
+    if (NET_HELLO_LEN > cap) cap = NET_HELLO_LEN;
+    st->max_payload = cap > NET_PAYLOAD_HARD_MAX ? NET_PAYLOAD_HARD_MAX : (uint32_t)cap;
+    rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, st->m.max_batch,
+                         o->batch_wait_us, kvd_sess_on_job_done, st);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_ERROR, "compute thread: %s", uv_strerror(rc));
+        goto fail_be;
+    }
+    if (st->waiting) {
+        st->waiting = false;
+        st->takeovers++;
+        st->out_was_up = true;   /* the ring ran: its successor may be dead too */
+        kvd_log(KVD_LOG_INFO, "standby %u serves rank %u (window loaded in %.0f ms)", st->standby, rank,
+                util_now_ms() - t0);
+    }
+    return 0;
+fail_be:
+    if (st->be_open)
+        kvd_backend_close(&st->be);
+    st->be_open = false;
+    return rc;
+}
+
 int kvd_stage_run(const struct kvd_stage_opts *o)
 {
     char err[KV_ERR_MAX];
@@ -211,97 +319,67 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         free(st);
         return rc;
     }
-    if (o->rank < 0 || (uint32_t)o->rank >= st->m.n_ranks) {
-        kvd_log(KVD_LOG_ERROR, "--rank %d not in the manifest's ranks [0, %u)", o->rank, st->m.n_ranks);
-        free(st);
-        return -EINVAL;
-    }
-    st->rank = (uint32_t)o->rank;
     st->n = st->m.n_ranks;
-    st->pred = (st->rank + st->n - 1) % st->n;
-    st->succ = (st->rank + 1) % st->n;
-    st->is_last = st->rank == st->n - 1;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "stage %u/%u", st->rank, st->n);
-    kvd_log_set_prefix(prefix);
-    const struct ring_rank_info *me = &st->m.ranks[st->rank];
+    st->standby = -1;
+    st->start_ms = (uint64_t)util_now_ms();
+    st->take_rank = stage_take_rank;
+    st->link_timeout_ms = o->link_timeout_ms ? o->link_timeout_ms : LINK_SILENCE_MS;
+    /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
+     * a broken ring ends its sessions at once, as a client without a standby would want. */
+    st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s : st->m.n_standbys ? 30 : 0) * 1000;
+    st->loop = uv_default_loop();
     const char *state_dir = o->state_dir ? o->state_dir : ".";
     rc = net_identity_load(&st->id, state_dir, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "node key: %s", err);
         goto fail;
     }
-    if (me->has_node && memcmp(me->node, net_identity_pub(st->id), 32) != 0) {
-        kvd_log(KVD_LOG_ERROR, "this node's key (%s/node.key) is not the one the manifest names for rank %u",
-                state_dir, st->rank);
-        rc = -EPERM;
-        goto fail;
-    }
-    /* Load only this rank's window, on the backend asked for (the model unless a build's own). */
-    const struct kvd_backend_kind *kind = kvd_backend_kind_find(o->backend ? o->backend : "model");
-    if (!kind) {
-        kvd_log(KVD_LOG_ERROR, "no compute backend named '%s' in this kvd", o->backend);
+    const char *own_ep;
+    if (o->is_standby) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "standby %u/%u", o->standby, st->n);
+        kvd_log_set_prefix(prefix);
         rc = -EINVAL;
-        goto fail;
-    }
-    const char *path = o->window ? o->window : o->model;
-    struct kvd_backend_args ba = {
-        .path = path, .first = o->window ? -1 : (int)me->first, .last = o->window ? -1 : (int)me->last,
-        .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
-        .n_embd = st->m.n_embd, .n_ctx = st->m.n_ctx, .max_batch = st->m.max_batch,
-        .n_threads = o->n_threads,
-    };
-    err[0] = 0;
-    rc = kind->open(&st->be, &ba, err, sizeof err);
-    if (rc < 0) {
-        if (path && kind->open == kvd_backend_open_model)
-            kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
-        else
-            kvd_log(KVD_LOG_ERROR, "%s backend: %s", kind->name, err);
-        goto fail;
-    }
-    st->be_open = true;
-    /* A backend without a model file (a stand-in) has no architecture to match. */
-    bool has_file = kvd_backend_gguf(&st->be) != NULL;
-    if (st->be.first != me->first || st->be.last != me->last || st->be.n_layer != st->m.n_layers ||
-        st->be.n_embd != st->m.n_embd || (has_file && strcmp(st->be.arch, st->m.arch) != 0)) {
-        kvd_log(KVD_LOG_ERROR, "the model does not match the manifest: window [%u,%u) vs [%u,%u), n_layers %u vs %u, "
-                "n_embd %u vs %u, arch %s vs %s", st->be.first, st->be.last, me->first, me->last,
-                st->be.n_layer, st->m.n_layers, st->be.n_embd, st->m.n_embd, st->be.arch, st->m.arch);
-        rc = -EINVAL;
-        goto fail;
-    }
-    if ((rc = check_identity(st, o)) < 0)
-        goto fail;
-    st->chunk = o->chunk && o->chunk < st->m.max_batch ? o->chunk : st->m.max_batch;
-    /* The largest payload a peer may send us: an ACT of max_batch rows, an OPEN with a full
-     * context of prompt, a TOKEN with logits, or an ERROR. */
-    uint64_t cap = (uint64_t)st->m.max_batch * st->m.n_embd * st->m.wire_dsize;
-    uint64_t c2 = NET_OPEN_LEN + (uint64_t)st->m.n_ctx * 4, c3 = 8 + (uint64_t)st->be.n_vocab * 4;
-    if (c2 > cap) cap = c2;
-    if (c3 > cap) cap = c3;
-    if (4 + NET_ERR_MAX > cap) cap = 4 + NET_ERR_MAX;
-    if (NET_HELLO_LEN > cap) cap = NET_HELLO_LEN;
-    st->max_payload = cap > NET_PAYLOAD_HARD_MAX ? NET_PAYLOAD_HARD_MAX : (uint32_t)cap;
-
-    st->loop = uv_default_loop();
-    rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, st->m.max_batch,
-                         o->batch_wait_us, kvd_sess_on_job_done, st);
-    if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "compute thread: %s", uv_strerror(rc));
-        goto fail;
+        if (o->standby >= st->m.n_standbys) {
+            kvd_log(KVD_LOG_ERROR, "--standby %u not in the manifest's standby entries [0, %u)", o->standby,
+                    st->m.n_standbys);
+            goto fail;
+        }
+        if (o->window) {
+            kvd_log(KVD_LOG_ERROR, "--window with --standby: a standby slices the window of the rank it "
+                    "takes over from --model");
+            goto fail;
+        }
+        if (memcmp(st->m.standbys[o->standby].node, net_identity_pub(st->id), 32) != 0) {
+            kvd_log(KVD_LOG_ERROR, "this node's key (%s/node.key) is not the one the manifest names for "
+                    "standby %u", state_dir, o->standby);
+            rc = -EPERM;
+            goto fail;
+        }
+        st->standby = (int)o->standby;
+        st->waiting = true;
+        own_ep = st->m.standbys[o->standby].endpoint;
+    } else {
+        if (o->rank < 0 || (uint32_t)o->rank >= st->m.n_ranks) {
+            kvd_log(KVD_LOG_ERROR, "--rank %d not in the manifest's ranks [0, %u)", o->rank, st->m.n_ranks);
+            rc = -EINVAL;
+            goto fail;
+        }
+        if ((rc = stage_take_rank(st, (uint32_t)o->rank)) < 0)
+            goto fail;
+        own_ep = st->m.ranks[st->rank].endpoint;
     }
     char listen[300];
     net_relay_transport_register();
-    bool via_relay = net_relay_endpoint(me->endpoint) && !o->listen;
+    bool via_relay = net_relay_endpoint(own_ep) && !o->listen;
     uv_timer_init(st->loop, &st->redial_in);
     st->redial_in.data = st;
     if (via_relay)
-        snprintf(listen, sizeof listen, "nothing (in-link through the relay %s)", me->endpoint);
+        snprintf(listen, sizeof listen, "nothing (in-link through the relay %s)", own_ep);
     else if (o->listen)
         snprintf(listen, sizeof listen, "%s", o->listen);
-    else if (endpoint_hostport(me->endpoint, listen, sizeof listen) < 0) {
-        kvd_log(KVD_LOG_ERROR, "endpoint %s is not tcp:// or relay://: pass --listen", me->endpoint);
+    else if (endpoint_hostport(own_ep, listen, sizeof listen) < 0) {
+        kvd_log(KVD_LOG_ERROR, "endpoint %s is not tcp:// or relay://: pass --listen", own_ep);
         rc = -EINVAL;
         goto fail_loop;
     }
@@ -334,7 +412,9 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     }
     uv_timer_init(st->loop, &st->tick);
     uv_timer_init(st->loop, &st->redial);
-    st->tick.data = st->redial.data = st;
+    uv_timer_init(st->loop, &st->repair);
+    st->repair_open = true;
+    st->tick.data = st->redial.data = st->repair.data = st;
     uv_timer_start(&st->tick, tick_cb, PING_MS, PING_MS);
     if (o->seed_listen && kvd_backend_gguf(&st->be)) { /* roles combine: this stage also seeds what it holds */
         char id[65];
@@ -367,14 +447,28 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     signal(SIGPIPE, SIG_IGN);
     char key[65];
     util_hex_encode(net_identity_pub(st->id), 32, key);
-    kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
-            "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
-            me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
-            st->sock_path);
-    char status[160];
-    snprintf(status, sizeof status, "rank %u of %u, layers [%u,%u)", st->rank, st->n, me->first, me->last);
-    kvd_service_ready(status);
-    kvd_link_dial_out(st);
+    if (st->waiting) {
+        kvd_log(KVD_LOG_INFO, "ring %s: standby %u of %u for ranks 0x%llx, listening on %s (port %d), node "
+                "%.16s..., control %s", st->m.ring, st->standby, st->m.n_standbys,
+                (unsigned long long)st->m.standbys[st->standby].ranks, listen,
+                st->ls ? net_listener_port(st->ls) : 0, key, st->sock_path);
+        char status[160];
+        snprintf(status, sizeof status, "standby %u of %u", st->standby, st->m.n_standbys);
+        kvd_service_ready(status);
+    } else {
+        const struct ring_rank_info *me = &st->m.ranks[st->rank];
+        kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
+                "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
+                me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
+                st->sock_path);
+        char status[160];
+        snprintf(status, sizeof status, "rank %u of %u, layers [%u,%u)", st->rank, st->n, me->first, me->last);
+        kvd_service_ready(status);
+        if (st->repair_wait_ms && st->rank == 0)
+            kvd_log(KVD_LOG_INFO, "a broken ring pauses sessions for up to %u s waiting for its repair",
+                    st->repair_wait_ms / 1000);
+        kvd_link_dial_out(st);
+    }
     if (via_relay)
         kvd_link_dial_in(st);
     uv_run(st->loop, UV_RUN_DEFAULT);

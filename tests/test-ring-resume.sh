@@ -1,0 +1,102 @@
+#!/bin/bash
+# A dead stage costs no tokens (docs/ring.md, "Repair"): 8 concurrent greedy generations run
+# through a 3-stage loopback ring (f32 wire) with three standby nodes; SIGKILL of the middle
+# stage at a random point, then of the last one, then SIGSTOP of the middle one (a hung node,
+# found by the 2 s link timeout): a standby takes over each time, every
+# session's text equals its one-process text, no client sees an error, each says on stderr
+# that it resumed, and no stage keeps a session afterwards. The time from the kill to every
+# running session's next token is printed (a figure, not a limit). Then SIGKILL of rank 0,
+# which holds the sessions' history: every client ends with an error saying rank 0 died, and
+# the other stages free the sessions.
+. "$(dirname "$0")/ring_lib.sh"
+
+M=$(need_model TinyLLama-v0-q4_0.gguf) || exit 1
+D=$TMP/ring
+ring_up "$D" --model "$M" --stages 3 --standby 3 --link-timeout-ms 2000
+grep -q '"standby"' "$D/ring.json" || fail "no standby entries in the manifest"
+"$KVCTL" status --ring "$D" | grep -q "^standby 1 .* waiting" || fail "standbys not shown: $("$KVCTL" status --ring "$D")"
+
+prompts=("Once upon a time" "The little dog" "Lily and Tom went to the park" "One day, a bird"
+         "Tim had a red ball" "The sun was hot" "Sue liked to draw" "A big bear")
+lens=(260 220 240 200 260 210 250 230)
+for i in $(seq 0 7); do
+    "$KVCTL" generate -m "$M" -p "${prompts[$i]}" -n ${lens[$i]} --temp 0 --ignore-eos \
+        > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
+done
+
+# round NAME RANK [STOP]: 8 sessions, RANK's node killed (or stopped) at a random point of
+# them; all must resume.
+round() {
+    local name=$1 rank=$2 sig=${3:-KILL} i pids="" args="" ms pid
+    pid=$(serving_pid "$D" "$rank")
+    [ -n "$pid" ] || fail "$name: nobody serves rank $rank"
+    for i in $(seq 0 7); do
+        "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} --temp 0 --ignore-eos \
+            > "$TMP/$name.$i" 2> "$TMP/$name.err.$i" &
+        pids="$pids $!"
+        args="$args $!:$TMP/$name.$i:$TMP/$name.err.$i"
+    done
+    EXTRA_PIDS="$EXTRA_PIDS $pids"
+    read -r ms running < <(KILL_SIGNAL=$sig kill_measure "$pid" $((RANDOM % 300)) $args)
+    [ "$running" -gt 0 ] || fail "$name: no session was running at the kill (the test's timing)"
+    i=0
+    for p in $pids; do
+        wait "$p" || fail "$name: session $i failed: $(cat "$TMP/$name.err.$i")"
+        ! grep -q "error" "$TMP/$name.err.$i" || fail "$name: session $i saw an error: $(cat "$TMP/$name.err.$i")"
+        cmp -s "$TMP/one.$i" "$TMP/$name.$i" ||
+            fail "$name: session $i differs from its one-process text:
+one:  $(cat "$TMP/one.$i")
+ring: $(cat "$TMP/$name.$i")
+stderr: $(cat "$TMP/$name.err.$i")"
+        i=$((i + 1))
+    done
+    local resumed
+    resumed=$(cat "$TMP/$name".err.* | grep -c "resumed [0-9]* time")
+    [ "$resumed" -ge 1 ] || fail "$name: no client said it resumed ($running were running at the kill)"
+    echo "ok $name: rank $rank (pid $pid) SIG$sig with $running of 8 sessions running; every text as one process" \
+         "($resumed said they resumed); kill -> every running session's next token: $ms ms (rank 0: the" \
+         "break it saw -> next token $(rank0_repair "$D" last_resume_ms | cut -d. -f1) ms)"
+    wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
+    [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "$name: paused sessions left at rank 0"
+}
+
+round middle 1
+"$KVCTL" status --ring "$D" | grep -q "^standby 0 .* serves rank 1" ||
+    fail "standby 0 does not serve rank 1: $("$KVCTL" status --ring "$D")"
+round last 2
+"$KVCTL" status --ring "$D" | grep -q "^standby 1 .* serves rank 2" ||
+    fail "standby 1 does not serve rank 2: $("$KVCTL" status --ring "$D")"
+stopped=$(serving_pid "$D" 1)
+round stopped 1 STOP
+kill -9 "$stopped"
+"$KVCTL" status --ring "$D" | grep -q "^standby 2 .* serves rank 1" ||
+    fail "standby 2 does not serve rank 1: $("$KVCTL" status --ring "$D")"
+"$KVCTL" status --ring "$D" | grep -q "^repair: .* 3 ring breaks" || fail "repairs not shown: $("$KVCTL" status --ring "$D")"
+
+# Rank 0 dies: its sessions' history goes with it; the clients say so, the others free them.
+pids=""
+for i in 0 1 2 3; do
+    "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n 300 --temp 0 --ignore-eos > "$TMP/r0.$i" 2> "$TMP/r0.err.$i" &
+    pids="$pids $!"
+done
+EXTRA_PIDS="$EXTRA_PIDS $pids"
+wait_for 20 bash -c "for i in 0 1 2 3; do [ \$(stat -c %s $TMP/r0.\$i) -ge 20 ] || exit 1; done" ||
+    fail "rank 0 round: the sessions did not start"
+kill -9 "$(rank_pid "$D" 0)"
+i=0
+for p in $pids; do
+    if wait "$p"; then fail "session $i ended well although rank 0 died"; fi
+    grep -q "rank 0 .* died" "$TMP/r0.err.$i" || fail "session $i: no clear error: $(cat "$TMP/r0.err.$i")"
+    i=$((i + 1))
+done
+echo "ok rank 0 killed: $(head -c 300 "$TMP/r0.err.0")"
+free_all() {
+    local n
+    n=$("$KVCTL" status --ring "$D" --json 2>/dev/null | grep -v unreachable | python3 -c '
+import json, sys
+print(sum(json.loads(l).get("sessions", 0) for l in sys.stdin))')
+    [ "$n" = 0 ]
+}
+wait_for 10 free_all || fail "sessions left on the other stages after rank 0 died: $("$KVCTL" status --ring "$D")"
+echo "ok the other stages freed the sessions"
+finish
