@@ -64,7 +64,8 @@ struct ocl {
     cl_kernel k[K_COUNT];
     cl_mem dummy;             /* stands for "no operand" */
     size_t wg;                /* work-group size of the reducing kernels */
-    size_t cap;               /* bytes of one allocation */
+    size_t cap;               /* weights are split into allocations of this size */
+    size_t maxalloc;          /* the device's largest allocation */
     struct kern_cl_info info;
 };
 
@@ -362,7 +363,7 @@ static int open_(struct kern_dev *d, int n_threads)
     size_t maxwg = 0;
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxalloc, &maxalloc, NULL);
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof maxwg, &maxwg, NULL);
-    size_t cap = (size_t)maxalloc;
+    size_t cap = o->maxalloc = (size_t)maxalloc;
     long forced = opt_long(g_opts.alloc_cap ? (long)g_opts.alloc_cap : -1, "KV_CL_ALLOC_CAP", 0);
     if (forced > 0 && (size_t)forced < cap)
         cap = (size_t)forced;
@@ -476,7 +477,7 @@ static int buf_new(struct kern_buf *b, const void *src)
     size_t size = b->cap, cap = o->cap;
     int rc = 0;
     if (b->kind != KERN_BUF_WEIGHT || size <= cap) {
-        if (size > cap) {
+        if (size > o->maxalloc) {
             buf_free(b);
             return -ENOMEM;  /* only weights are split (docs/opencl.md, "Caps") */
         }
