@@ -355,6 +355,8 @@ static void ring_up_usage(FILE *f)
         "                      its id goes into the manifest, every stage verifies its window\n"
         "  --split A:B,B:C,... explicit windows, one per stage, contiguous from 0 to the\n"
         "                      model's layers (--stages may be left out)\n"
+        "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
+        "                      \"backend\" (default cpu for every rank)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -369,8 +371,8 @@ static int ring_up(int argc, char **argv)
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
         {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *window_from = NULL, *catalog = NULL, *split = NULL;
+        {"backends", required_argument, 0, 'K'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
     long batch_wait = -1;
@@ -393,6 +395,7 @@ static int ring_up(int argc, char **argv)
         case 'W': window_from = optarg; break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
+        case 'K': backends = optarg; break;
         case 'L': rc = kvctl_parse_long("--layers", optarg, 1, 100000, &s_layers); break;
         case 'E': rc = kvctl_parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
         case 'h': ring_up_usage(stdout); return 0;
@@ -663,7 +666,14 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r + 1]));
         cJSON_AddBoolToObject(o, "embed", r == 0);
         cJSON_AddBoolToObject(o, "head", r == (uint32_t)stages - 1);
-        cJSON_AddStringToObject(o, "backend", "cpu");
+        /* rank r's entry of --backends (a comma-separated list; missing ones are cpu) */
+        char be[16] = "cpu";
+        const char *bp = backends;
+        for (uint32_t i = 0; bp && i < r; i++)
+            bp = (bp = strchr(bp, ',')) ? bp + 1 : NULL;
+        if (bp && *bp && *bp != ',')
+            snprintf(be, sizeof be, "%.*s", (int)strcspn(bp, ","), bp);
+        cJSON_AddStringToObject(o, "backend", be);
         cJSON_AddStringToObject(o, "endpoint", ep);
         cJSON_AddItemToArray(jr, o);
     }

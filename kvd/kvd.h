@@ -37,6 +37,8 @@ struct kvd_stage_opts {
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
+    const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
+                                   manifest rank's "backend", else cpu */
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */
