@@ -36,8 +36,10 @@ done
 # Refusals, on the last ring's manifest and state (rank 1, stopped): its manifest entry says
 # opencl; --backend cuda overrides it.
 stage() {  # stage LOG ARGS...: run rank 1 of $d in the foreground; its exit status
+    local log=$1
+    shift
     timeout 60 "$KVD" stage --manifest "$d/ring.json" --rank 1 --state-dir "$d/rank-1" \
-        --model "$M" --listen 127.0.0.1:0 "$@" > "$1" 2>&1
+        --model "$M" "$@" > "$log" 2>&1
 }
 mkdir -p "$TMP/no-icd"
 OCL_ICD_VENDORS="$TMP/no-icd" stage "$TMP/s1.log" && fail "a stage without an OpenCL platform started"
