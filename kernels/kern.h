@@ -335,7 +335,8 @@ int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
 /* ---- the "opencl" device's settings and facts (docs/opencl.md) ----
  * Options for the next kern_dev_new(.., "opencl", ..): a field left at its zero value (or -1
  * for the indices) takes the environment's KV_CL_PLATFORM, KV_CL_DEVICE, KV_CL_ALLOC_CAP
- * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, else the default:
+ * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, KV_CL_LAYOUT,
+ * else the default:
  * platform 0, device 0, the device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or
  * ~/.cache/kvasir/opencl), work-groups of 64. Process-wide; set before opening. */
 struct kern_cl_opts {
@@ -343,12 +344,15 @@ struct kern_cl_opts {
     size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
     const char *cache_dir;     /* program binaries' folder; "off": none; NULL: not given */
     int wg;                    /* work-group size 32..256, a power of two; 0: not given */
+    const char *layout;        /* Q4_0/Q8_0 weights: "plain", "adreno" (split, transposed,
+                                  read as images), "auto" (adreno on Adreno); NULL: not given */
 };
 void kern_cl_opts_set(const struct kern_cl_opts *o);  /* NULL: back to not given */
 struct kern_cl_info {
     char platform[128], device[128];
     size_t alloc_cap;          /* the cap weights are split at */
     int wg;
+    char layout[16];           /* "plain" or "adreno" */
     bool from_cache;           /* the program came from the binary cache */
     double build_ms;           /* compiling from source took (0 from the cache) */
     char cache_file[4200];     /* "" when no cache */
@@ -357,6 +361,8 @@ struct kern_cl_info {
 int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);
 /* Device allocations behind b (more than one: a weight split at the cap); 0 off opencl. */
 int kern_cl_buf_pieces(const struct kern_buf *b);
+/* b holds a Q4_0/Q8_0 matrix in the adreno layout (made at its first matmul or lookup). */
+bool kern_cl_buf_split(const struct kern_buf *b);
 
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */

@@ -4,8 +4,10 @@
  * both with the device's own allocation cap and with a forced 4 KiB cap that splits the
  * weights over several allocations; the norms, RoPE, KV store, attention (F16 and F32 caches,
  * grouped heads, contexts longer than a work-group), the element-wise ops, the MoE router, the
- * causal conv, Gated DeltaNet and the row moves. Then the program cache (the second open
- * takes the binary) and -ENODEV naming what exists. Needs an OpenCL device: PoCL here
+ * causal conv, Gated DeltaNet and the row moves; the adreno layout (Q4_0/Q8_0 split,
+ * transposed, read through images) on PoCL, and the fp16 and subgroup variants compiled by
+ * clang-14's OpenCL front end. Then the program cache (the second open takes the binary) and
+ * -ENODEV naming what exists. Needs an OpenCL device: PoCL here
  * (pocl-opencl-icd, a test package); without one every case fails saying so. */
 #include <errno.h>
 #include <stdio.h>
@@ -140,6 +142,85 @@ static void matmul_case(size_t cap)
 
 T_CASE(matmul_every_type) { matmul_case(0); }
 T_CASE(matmul_every_type_split) { matmul_case(4096); }
+
+/* The adreno layout on PoCL: Q4_0 and Q8_0 matrices split into scales and quants, transposed,
+ * quants read as image texels; a slice of rows (an expert's) and embedding rows from it. */
+T_CASE(adreno_layout)
+{
+    enum { R = 37, PAD = 5, C = 224 };
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache, .layout = "adreno"};
+    kern_cl_opts_set(&o);
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    struct kern_cl_info info;
+    T_CHECK(kern_cl_info(d, &info) == 0 && !strcmp(info.layout, "adreno"), "layout %s", info.layout);
+    ku_seed(13);
+    const uint32_t ts[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K};
+    for (int ti = 0; ti < 3; ti++) {
+        uint32_t t = ts[ti];
+        int64_t cols = t == KERN_T_Q4_K ? 256 : C;
+        size_t rb = kern_row_bytes(t, cols);
+        uint8_t *w = weights(t, R, cols, PAD);
+        struct kern_buf *wb = NULL;
+        T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
+        for (int64_t n = 1; n <= 6; n += 5) {
+            float *x = fl(n * cols, 1), y[6 * R], ref[6 * R];
+            struct kern_buf *xb = act(d, x, (size_t)(n * cols) * 4), *yb = act(d, NULL, sizeof y);
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, PAD * rb), R, cols, A(xb), n, A(yb)) == 0,
+                    "matmul");
+            get(yb, y, (size_t)(n * R) * 4);
+            kern_ref_matmul(t, w + PAD * rb, R, cols, x, n, ref);
+            double e = t_nmse(y, ref, n * R);
+            T_CHECK(e <= QUANT_BOUND, "%s split matmul n=%d: nmse %.3g", kern__type_traits(t)->name,
+                    (int)n, e);
+            kern_buf_free(xb), kern_buf_free(yb), free(x);
+        }
+        T_CHECK(kern_cl_buf_split(wb) == (t != KERN_T_Q4_K), "%s: split layout %d",
+                kern__type_traits(t)->name, kern_cl_buf_split(wb));
+        int32_t ids[] = {0, R + PAD - 1, 7, 3};
+        float *out = malloc(4 * cols * 4), *ref = malloc(4 * cols * 4);
+        struct kern_buf *ib = act(d, ids, sizeof ids), *ob = act(d, NULL, 4 * cols * 4);
+        T_CHECK(kern_dev_get_rows(d, t, A(wb), R + PAD, cols, A(ib), 4, A(ob)) == 0, "get_rows");
+        get(ob, out, 4 * cols * 4);
+        for (int i = 0; i < 4; i++)
+            kern_ref_dequant_row(t, w + (size_t)ids[i] * rb, ref + i * cols, cols);
+        double e = t_nmse(out, ref, 4 * cols);
+        T_CHECK(e <= OP_BOUND, "%s split get_rows: nmse %.3g", kern__type_traits(t)->name, e);
+        kern_buf_free(ib), kern_buf_free(ob), free(out), free(ref);
+        kern_buf_free(wb);
+        free(w);
+    }
+    kern_dev_free(d);
+    kern_cl_opts_set(NULL);
+}
+
+/* The kernels' variants for devices PoCL is not (cl_khr_fp16 arithmetic, native subgroup
+ * reductions, other work-group sizes) compile in clang's OpenCL front end. */
+T_CASE(variants_compile)
+{
+    extern const unsigned char kern__cl_src[];
+    extern const unsigned long kern__cl_src_len;
+    char src[300];
+    snprintf(src, sizeof src, "%s-kern.cl", cache);
+    FILE *f = fopen(src, "wb");
+    T_ASSERT(f && fwrite(kern__cl_src, 1, kern__cl_src_len, f) == kern__cl_src_len, "write");
+    fclose(f);
+    static const char *const variants[] = {
+        "-cl-std=CL2.0 -DKV_SUBGROUPS -DKV_FP16 -DKV_WG=64",
+        "-cl-std=CL2.0 -DKV_SUBGROUPS -DKV_WG=128",
+        "-cl-std=CL2.0 -DKV_FP16 -DKV_WG=128",
+        "-cl-std=CL1.2 -DKV_WG=256",
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "clang-14 -x cl %s -Xclang -finclude-default-header "
+                 "-fsyntax-only -Werror '%s' 2>&1", variants[i], src);
+        T_CHECK(system(cmd) == 0, "clang-14 (a test package) compiles the kernels with %s",
+                variants[i]);
+    }
+    unlink(src);
+}
 
 /* out of the device and ref of n floats agree within OP_BOUND */
 #define SAME(what, b, ref, n)                                                           \
@@ -456,6 +537,8 @@ int main(int argc, char **argv)
     T_RUN_TIMEOUT(kv_store_attention, 600);
     T_RUN_TIMEOUT(moe_deltanet_moves, 600);
     T_RUN_TIMEOUT(io_and_buffers, 600);
+    T_RUN_TIMEOUT(adreno_layout, 600);
+    T_RUN_TIMEOUT(variants_compile, 600);
     T_RUN_TIMEOUT(program_cache, 600);
     T_RUN_TIMEOUT(no_such_device, 600);
     int rc = T_DONE();

@@ -10,7 +10,7 @@
  * gives an NMSE near 1. The "opencl" device (PoCL here, a test package; without an OpenCL
  * device those cases fail saying so) gets the same comparison with the same bounds, also
  * with a forced 16 KiB allocation cap that splits the embedding and output matrices over
- * several device buffers. Also: the device is chosen by name, an unknown one is refused
+ * several device buffers, and with Q4_0/Q8_0 weights in the adreno layout. Also: the device is chosen by name, an unknown one is refused
  * with a message. */
 #include <errno.h>
 
@@ -159,12 +159,17 @@ T_CASE(ref_matches_cpu_hybrid)
 }
 
 /* The OpenCL device (allocations capped at cap bytes, 0: the device's own cap). */
-static void compare_cl(const char *rel, double bound, size_t cap)
+static void compare_cl_layout(const char *rel, double bound, size_t cap, const char *layout)
 {
-    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap};
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .layout = layout};
     kern_cl_opts_set(&o);
     compare_on(rel, bound, "opencl");
     kern_cl_opts_set(NULL);
+}
+
+static void compare_cl(const char *rel, double bound, size_t cap)
+{
+    compare_cl_layout(rel, bound, cap, NULL);
 }
 
 T_CASE(opencl_matches_cpu_dense)
@@ -180,6 +185,15 @@ T_CASE(opencl_matches_cpu_split)
 {
     compare_cl("models/stories260K.gguf", FLOAT_BOUND, 16384);
     compare_cl("models/synth-llama-spm512-q4_0.gguf", QUANT_BOUND, 16384);
+}
+
+/* Q4_0 and Q8_0 weights in the adreno layout (split, transposed, read through images),
+ * experts' slices of it included. */
+T_CASE(opencl_adreno_layout)
+{
+    compare_cl_layout("models/synth-llama-spm512-q4_0.gguf", QUANT_BOUND, 0, "adreno");
+    compare_cl_layout("models/synth-qwen3-bpe1024-q8_0.gguf", QUANT_BOUND, 0, "adreno");
+    compare_cl_layout("models/synth-qwen3moe-bpe1024-q8_0.gguf", QUANT_BOUND, 0, "adreno");
 }
 
 T_CASE(opencl_matches_cpu_moe)
@@ -228,6 +242,7 @@ int main(int argc, char **argv)
     T_RUN(ref_matches_cpu_hybrid);
     T_RUN_TIMEOUT(opencl_matches_cpu_dense, 600);
     T_RUN_TIMEOUT(opencl_matches_cpu_split, 600);
+    T_RUN_TIMEOUT(opencl_adreno_layout, 600);
     T_RUN_TIMEOUT(opencl_matches_cpu_moe, 600);
     T_RUN_TIMEOUT(opencl_matches_cpu_hybrid, 600);
     T_RUN(device_by_name);

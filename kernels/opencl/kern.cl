@@ -603,3 +603,99 @@ __kernel void copy_rows(__global uchar *D, ulong doff, ulong dstride, __global c
     else
         d[b] = s[b];
 }
+
+/* ---- the Adreno-minded layout of Q4_0 and Q8_0 (docs/opencl.md, "Layouts") ----
+ * A matrix of R rows of nb blocks is split into its scales, d[b*R + r] (f16 bits), and its
+ * quants, q[(b*R + r) * QB] — both transposed, block-major, so that work-items on adjacent
+ * rows read adjacent memory — and the quants are read through an image1d_buffer_t of RGBA
+ * uint32 texels (one Q4_0 block's quants a texel, a Q8_0 block's two), which puts them
+ * through the texture cache. repack builds it on the device from the file's blocks. */
+__kernel void repack_q(int t, __global const uchar *W, ulong woff, uint R, uint nb,
+                       __global ushort *D, __global uchar *Q)
+{
+    uint r = get_global_id(0), b = get_global_id(1);
+    if (r >= R)
+        return;
+    uint bb = t == T_Q4_0 ? 18 : 34, qb = bb - 2;
+    __global const uchar *blk = W + woff + ((size_t)r * nb + b) * bb;
+    size_t i = (size_t)b * R + r;
+    D[i] = (ushort)((uint)blk[0] | (uint)blk[1] << 8);
+    for (uint j = 0; j < qb; j++)
+        Q[i * qb + j] = blk[2 + j];
+}
+
+/* The 32 weights of block i (transposed index) of the split layout. */
+static void dq_split(int t, __global const ushort *D, read_only image1d_buffer_t Qi, size_t i,
+                     float *w)
+{
+    float d = vload_half(i, (__global const half *)D);
+    if (t == T_Q4_0) {
+        uint4 q = read_imageui(Qi, (int)i);
+        uint qa[4] = {q.x, q.y, q.z, q.w};
+        for (int j = 0; j < 16; j++) {
+            uint byte = (qa[j / 4] >> (8 * (j % 4))) & 0xFF;
+#ifdef KV_FP16
+            /* half arithmetic where the device has it: exact here (|q| <= 8 times an f16) */
+            w[j] = (float)((half)((int)(byte & 0xF) - 8) * (half)d);
+            w[j + 16] = (float)((half)((int)(byte >> 4) - 8) * (half)d);
+#else
+            w[j] = (float)((int)(byte & 0xF) - 8) * d;
+            w[j + 16] = (float)((int)(byte >> 4) - 8) * d;
+#endif
+        }
+    } else {
+        uint4 q0 = read_imageui(Qi, (int)(2 * i)), q1 = read_imageui(Qi, (int)(2 * i + 1));
+        uint qa[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        for (int j = 0; j < 32; j++)
+            w[j] = (float)(char)((qa[j / 4] >> (8 * (j % 4))) & 0xFF) * d;
+    }
+}
+
+/* y[i*ys + r0 + r] = dot(source row sr0 + r, x row i): one work-item per row and KV_NC
+ * activation rows, blocks in order. */
+__kernel void matmul_split(int t, __global const ushort *D, read_only image1d_buffer_t Qi,
+                           uint R, uint nb, uint sr0, uint nrows, uint cols,
+                           __global const uchar *X, ulong xoff, uint n, __global uchar *Y,
+                           ulong yoff, uint ys, uint r0)
+{
+    uint r = get_global_id(0), c0 = get_global_id(1) * KV_NC;
+    if (r >= nrows)
+        return;
+    __global const float *x = CGF(X, xoff);
+    float acc[KV_NC] = {0.0f};
+    float w[32];
+    for (uint b = 0; b < nb; b++) {
+        dq_split(t, D, Qi, (size_t)b * R + sr0 + r, w);
+        for (int c = 0; c < KV_NC; c++) {
+            if (c0 + c >= n)
+                break;
+            __global const float *xr = x + (size_t)(c0 + c) * cols + b * 32;
+            float s = 0.0f;
+            for (int j = 0; j < 32; j++)
+                s += w[j] * xr[j];
+            acc[c] += s;
+        }
+    }
+    __global float *y = GF(Y, yoff);
+    for (int c = 0; c < KV_NC; c++)
+        if (c0 + c < n)
+            y[(size_t)(c0 + c) * ys + r0 + r] = acc[c];
+}
+
+/* get_rows on the split layout: out row i = row ids[i] (ids below R; others skipped). */
+__kernel void get_rows_split(int t, __global const ushort *D, read_only image1d_buffer_t Qi,
+                             uint R, uint nb, __global const uchar *I, ulong ioff,
+                             __global uchar *O, ulong ooff)
+{
+    uint u = get_global_id(0), i = get_global_id(1);
+    if (u >= nb)
+        return;
+    int id = ((__global const int *)(I + ioff))[i];
+    if (id < 0 || (uint)id >= R)
+        return;
+    float w[32];
+    dq_split(t, D, Qi, (size_t)u * R + id, w);
+    __global float *y = GF(O, ooff) + (size_t)i * nb * 32 + u * 32;
+    for (int j = 0; j < 32; j++)
+        y[j] = w[j];
+}

@@ -30,12 +30,12 @@ extern const unsigned long kern__cl_src_len;
 enum {
     K_MATMUL, K_GET_ROWS, K_RMSNORM, K_L2NORM, K_ROPE_ANGLES, K_ROPE_ROWS, K_KV_STORE,
     K_ATTENTION, K_SWIGLU, K_ADD, K_AXPY_ROWS, K_SIGMOID, K_CONV_SILU, K_MOE_ROUTE, K_DELTANET,
-    K_COPY_ROWS, K_COUNT
+    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "matmul", "get_rows", "rmsnorm", "l2norm", "rope_angles", "rope_rows", "kv_store",
     "attention", "swiglu", "add", "axpy_rows", "sigmoid", "conv_silu", "moe_route", "deltanet",
-    "copy_rows",
+    "copy_rows", "repack_q", "matmul_split", "get_rows_split",
 };
 
 #define NC 4          /* activation rows per matmul work-group (KV_NC in kern.cl) */
@@ -53,6 +53,11 @@ struct cbuf {
     struct piece *p;
     int n;          /* pieces: the main ones first (n_main), then the seams */
     int n_main;
+    /* The split layout (Q4_0/Q8_0 on the "adreno" layout), made at the first matmul: the
+     * buffer is then rows x cols of type, its pieces released. */
+    uint32_t sp_type;
+    int64_t sp_rows, sp_cols;
+    cl_mem sp_d, sp_q, sp_img;
 };
 
 struct ocl {
@@ -66,6 +71,8 @@ struct ocl {
     size_t wg;                /* work-group size of the reducing kernels */
     size_t cap;               /* weights are split into allocations of this size */
     size_t maxalloc;          /* the device's largest allocation */
+    bool split_layout;        /* Q4_0/Q8_0 weights in the split, transposed, image layout */
+    size_t img_max;           /* texels of an image1d_buffer_t at most */
     struct kern_cl_info info;
 };
 
@@ -378,6 +385,29 @@ static int open_(struct kern_dev *d, int n_threads)
     while (wg > 32 && wg > maxwg)
         wg /= 2;
     o->wg = o->info.wg = wg;
+    /* The layout: the option, KV_CL_LAYOUT, else by device class (Adreno: split) */
+    const char *lay = g_opts.layout ? g_opts.layout : getenv("KV_CL_LAYOUT");
+    char vendor[128], name[128];
+    str_info(o->dev, CL_DEVICE_VENDOR, vendor, sizeof vendor);
+    str_info(o->dev, CL_DEVICE_NAME, name, sizeof name);
+    cl_bool images = CL_FALSE;
+    clGetDeviceInfo(o->dev, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL);
+    clGetDeviceInfo(o->dev, CL_DEVICE_IMAGE_MAX_BUFFER_SIZE, sizeof o->img_max, &o->img_max, NULL);
+    if (lay && *lay && strcmp(lay, "auto") && strcmp(lay, "plain") && strcmp(lay, "adreno")) {
+        msg(d, "OpenCL layout %s: auto, plain or adreno", lay);
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (lay && !strcmp(lay, "adreno"))
+        o->split_layout = true;
+    else if (!lay || !*lay || !strcmp(lay, "auto"))
+        o->split_layout = strstr(vendor, "Qualcomm") || strstr(name, "Adreno");
+    if (o->split_layout && !images) {
+        msg(d, "OpenCL device %s has no image support: the adreno layout needs it", name);
+        rc = -ENODEV;
+        goto fail;
+    }
+    snprintf(o->info.layout, sizeof o->info.layout, "%s", o->split_layout ? "adreno" : "plain");
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
     if ((rc = program(d, opts)) < 0)
@@ -443,6 +473,10 @@ static void buf_free(struct kern_buf *b)
     for (int i = 0; i < c->n; i++)
         if (c->p[i].mem)
             clReleaseMemObject(c->p[i].mem);
+    cl_mem sp[3] = {c->sp_img, c->sp_d, c->sp_q};
+    for (int i = 0; i < 3; i++)
+        if (sp[i])
+            clReleaseMemObject(sp[i]);
     free(c->p);
     free(c);
     b->impl = NULL;
@@ -509,6 +543,11 @@ int kern_cl_buf_pieces(const struct kern_buf *b)
     return b && !strcmp(b->dev->ops->name, "opencl") && b->impl ? ((struct cbuf *)b->impl)->n : 0;
 }
 
+bool kern_cl_buf_split(const struct kern_buf *b)
+{
+    return kern_cl_buf_pieces(b) && ((struct cbuf *)b->impl)->sp_img;
+}
+
 static int buf_write(struct kern_buf *b, size_t off, const void *src, size_t n)
 {
     struct cbuf *c = b->impl;
@@ -522,6 +561,8 @@ static int buf_read(struct kern_buf *b, size_t off, void *dst, size_t n)
 {
     struct cbuf *c = b->impl;
     struct ocl *o = OCL(b->dev);
+    if (c->sp_img)
+        return -EINVAL;  /* its bytes are the split layout's now */
     for (int i = 0; i < c->n_main && n; i++) {
         struct piece *p = &c->p[i];
         if (off >= p->hi)
@@ -578,9 +619,9 @@ static void a_at(struct args *a, struct kern_at at, size_t len)
         return;
     }
     const struct piece *p = piece_of(at, len);
-    if (!p) {
+    if (!p || !p->mem) {
         if (a->rc == 0)
-            a->rc = -E2BIG;
+            a->rc = p ? -EINVAL : -E2BIG;
         a_mem(a, a->o->dummy);
         a_l(a, 0);
         return;
@@ -639,6 +680,67 @@ static int matmul_run(struct kern_dev *d, uint32_t type, const struct piece *p, 
     return launch(&a, (size_t)rows * o->wg, (size_t)(n + NC - 1) / NC, 1, o->wg);
 }
 
+/* Buffer c as the split layout for rows of type and cols: made now (on the device, the file's
+ * blocks released) when the buffer is whole rows of a Q4_0/Q8_0 matrix in one piece. 1 when
+ * c has that layout, 0 when it keeps the plain one, or a negative errno. */
+static int split_layout(struct ocl *o, struct cbuf *c, uint32_t type, int64_t cols, size_t size)
+{
+    if (c->sp_img)
+        return c->sp_type == type && c->sp_cols == cols ? 1 : -EINVAL;
+    size_t rb = kern_row_bytes(type, cols);
+    if (!o->split_layout || (type != KERN_T_Q4_0 && type != KERN_T_Q8_0) || c->n != 1 ||
+        size % rb || size / rb > UINT32_MAX)
+        return 0;
+    size_t R = size / rb, nb = (size_t)cols / 32, qb = type == KERN_T_Q4_0 ? 16 : 32;
+    size_t texels = R * nb * qb / 16;
+    if (texels > o->img_max || R * nb * qb > o->maxalloc)
+        return 0;
+    cl_int e;
+    c->sp_d = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, R * nb * 2, NULL, &e);
+    if (c->sp_d)
+        c->sp_q = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, R * nb * qb, NULL, &e);
+    struct args a = args(o, K_REPACK);
+    a_i(&a, (cl_int)type);
+    a_mem(&a, c->p[0].mem);
+    a_l(&a, 0);
+    a_u(&a, (int64_t)R);
+    a_u(&a, (int64_t)nb);
+    a_mem(&a, c->sp_d);
+    a_mem(&a, c->sp_q);
+    int rc = c->sp_q ? launch(&a, R, nb, 1, 0) : cl_rc(e);
+    if (rc == 0) {
+        cl_image_format fmt = {CL_RGBA, CL_UNSIGNED_INT32};
+        cl_image_desc desc = {.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER, .image_width = texels,
+                              .buffer = c->sp_q};
+        c->sp_img = clCreateImage(o->ctx, CL_MEM_READ_ONLY, &fmt, &desc, NULL, &e);
+        rc = c->sp_img ? 0 : cl_rc(e);
+    }
+    if (rc < 0) {
+        if (c->sp_d)
+            clReleaseMemObject(c->sp_d);
+        if (c->sp_q)
+            clReleaseMemObject(c->sp_q);
+        c->sp_d = c->sp_q = NULL;
+        return rc;
+    }
+    /* the file's blocks go once the repack has run (OpenCL keeps them until then) */
+    clReleaseMemObject(c->p[0].mem);
+    c->p[0].mem = NULL;
+    c->sp_type = type;
+    c->sp_rows = (int64_t)R;
+    c->sp_cols = cols;
+    return 1;
+}
+
+static void a_split(struct args *a, const struct cbuf *c)
+{
+    a_i(a, (cl_int)c->sp_type);
+    a_mem(a, c->sp_d);
+    a_mem(a, c->sp_img);
+    a_u(a, c->sp_rows);
+    a_u(a, c->sp_cols / 32);
+}
+
 static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
 {
@@ -646,6 +748,23 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
         return -EINVAL;
     size_t rb = kern_row_bytes(type, cols);
     struct cbuf *c = w.buf->impl;
+    int sl = split_layout(OCL(d), c, type, cols, w.buf->cap);
+    if (sl < 0)
+        return sl;
+    if (sl) {   /* rows from w.off / rb of the split matrix */
+        struct ocl *o = OCL(d);
+        struct args a = args(o, K_MATMUL_SPLIT);
+        a_split(&a, c);
+        a_u(&a, (int64_t)(w.off / rb));
+        a_u(&a, rows);
+        a_u(&a, cols);
+        a_at(&a, x, FB(n * cols));
+        a_u(&a, n);
+        a_at(&a, y, FB(n * rows));
+        a_u(&a, rows);
+        a_u(&a, 0);
+        return w.off % rb ? -EINVAL : launch(&a, (size_t)rows, (size_t)(n + NC - 1) / NC, 1, 0);
+    }
     const struct piece *mp = c->p;
     /* Runs of whole rows inside one piece; a row across a boundary from its seam piece. */
     for (int64_t r = 0; r < rows;) {
@@ -681,6 +800,18 @@ static int get_rows(struct kern_dev *d, uint32_t type, struct kern_at table, int
         return -EINVAL;
     size_t rb = kern_row_bytes(type, cols);
     struct cbuf *c = table.buf->impl;
+    int sl = split_layout(o, c, type, cols, table.buf->cap);
+    if (sl < 0)
+        return sl;
+    if (sl) {
+        if (table.off)
+            return -EINVAL;
+        struct args a = args(o, K_GET_ROWS_SPLIT);
+        a_split(&a, c);
+        a_at(&a, ids, n * sizeof(int32_t));
+        a_at(&a, out, FB(n * cols));
+        return launch(&a, (size_t)cols / 32, (size_t)n, 1, 0);
+    }
     for (int i = 0; i < c->n; i++) {
         const struct piece *p = &c->p[i];
         if (p->hi <= table.off || p->lo >= table.off + (size_t)rows * rb)
