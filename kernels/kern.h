@@ -363,6 +363,9 @@ int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);
 int kern_cl_buf_pieces(const struct kern_buf *b);
 /* b holds a Q4_0/Q8_0 matrix in the adreno layout (made at its first matmul or lookup). */
 bool kern_cl_buf_split(const struct kern_buf *b);
+/* Read bandwidth of d's memory in GB/s (best of 3 sweeps over bytes, capped at one
+ * allocation); 0 on failure or when d is not an opencl device. */
+double kern_cl_bench_bandwidth(struct kern_dev *d, size_t bytes);
 
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */

@@ -699,3 +699,14 @@ __kernel void get_rows_split(int t, __global const ushort *D, read_only image1d_
     for (int j = 0; j < 32; j++)
         y[j] = w[j];
 }
+
+/* ---- the device's read bandwidth (kern_cl_bench_bandwidth) ----
+ * Each work-item sums a strided sweep of uint4s; the sums land in out so nothing is elided. */
+__kernel void bw_read(__global const uint4 *src, ulong n, __global uint *out)
+{
+    size_t g = get_global_id(0), s = get_global_size(0);
+    uint4 acc = (uint4)(0);
+    for (size_t i = g; i < n; i += s)
+        acc ^= src[i];
+    out[g] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+}

@@ -30,12 +30,12 @@ extern const unsigned long kern__cl_src_len;
 enum {
     K_MATMUL, K_GET_ROWS, K_RMSNORM, K_L2NORM, K_ROPE_ANGLES, K_ROPE_ROWS, K_KV_STORE,
     K_ATTENTION, K_SWIGLU, K_ADD, K_AXPY_ROWS, K_SIGMOID, K_CONV_SILU, K_MOE_ROUTE, K_DELTANET,
-    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_COUNT
+    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_BW_READ, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "matmul", "get_rows", "rmsnorm", "l2norm", "rope_angles", "rope_rows", "kv_store",
     "attention", "swiglu", "add", "axpy_rows", "sigmoid", "conv_silu", "moe_route", "deltanet",
-    "copy_rows", "repack_q", "matmul_split", "get_rows_split",
+    "copy_rows", "repack_q", "matmul_split", "get_rows_split", "bw_read",
 };
 
 #define NC 4          /* activation rows per matmul work-group (KV_NC in kern.cl) */
@@ -1093,6 +1093,41 @@ static int zero(struct kern_dev *d, struct kern_at dst, size_t bytes)
     unsigned char z = 0;
     return cl_rc(clEnqueueFillBuffer(OCL(d)->q, p->mem, &z, 1, dst.off - p->lo, bytes, 0, NULL,
                                      NULL));
+}
+
+double kern_cl_bench_bandwidth(struct kern_dev *d, size_t bytes)
+{
+    if (!d || strcmp(d->ops->name, "opencl"))
+        return 0;
+    struct ocl *o = OCL(d);
+    bytes = bytes > o->maxalloc ? o->maxalloc : bytes;
+    bytes &= ~(size_t)15;
+    size_t items = 64 * 1024;
+    cl_int e;
+    cl_mem src = clCreateBuffer(o->ctx, CL_MEM_READ_ONLY, bytes, NULL, &e);
+    cl_mem out = src ? clCreateBuffer(o->ctx, CL_MEM_WRITE_ONLY, items * 4, NULL, &e) : NULL;
+    double best = 0;
+    unsigned char one = 1;
+    if (out && clEnqueueFillBuffer(o->q, src, &one, 1, 0, bytes, 0, NULL, NULL) == CL_SUCCESS &&
+        clFinish(o->q) == CL_SUCCESS) {
+        for (int rep = 0; rep < 4; rep++) {   /* the first pass warms up */
+            struct args a = args(o, K_BW_READ);
+            a_mem(&a, src);
+            a_l(&a, bytes / 16);
+            a_mem(&a, out);
+            double t0 = util_now_s();
+            if (launch(&a, items, 1, 1, 0) < 0 || clFinish(o->q) != CL_SUCCESS)
+                break;
+            double gbs = (double)bytes / (util_now_s() - t0) / 1e9;
+            if (rep > 0 && gbs > best)
+                best = gbs;
+        }
+    }
+    if (out)
+        clReleaseMemObject(out);
+    if (src)
+        clReleaseMemObject(src);
+    return best;
 }
 
 const struct kern__dev_ops kern__dev_opencl = {
