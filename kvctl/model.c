@@ -175,7 +175,8 @@ static const char *feed_error(int rc)
 #define DEVICE_USAGE \
     "  --device NAME      kernel device: cpu (default), ref (the scalar oracle) or opencl\n" \
     "                     (--backend NAME is the same)\n" \
-    "  --cl-platform N, --cl-device N  the OpenCL platform and device (clinfo -l; default 0)\n"
+    "  --cl-platform N, --cl-device N  the OpenCL platform and device, numbered as clinfo\n" \
+    "                     lists them (default 0, 0)\n"
 
 static void generate_usage(FILE *f)
 {
@@ -729,23 +730,18 @@ int kvctl_cmd_bench(int argc, char **argv)
         printf("\n");
     }
     if (want_bw) {
-        struct kern_pool *pool;
+        struct kern_pool *pool = NULL;
         struct kern_dev *cl = NULL;
         char cerr[KV_ERR_MAX];
-        if (!strcmp(device, "opencl")) {   /* the device's memory, not the host's */
-            double bw = kern_dev_new(&cl, "opencl", 1, cerr, sizeof cerr) == 0
-                            ? kern_cl_bench_bandwidth(cl, (size_t)512 << 20) : 0;
+        bool on_cl = !strcmp(device, "opencl");   /* then the device's memory, not the host's */
+        if (on_cl ? kern_dev_new(&cl, "opencl", 1, cerr, sizeof cerr) == 0
+                  : kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
+            double bw = on_cl ? kern_cl_bench_bandwidth(cl, (size_t)512 << 20)
+                              : kern_bench_bandwidth(pool, (size_t)512 << 20);
             kern_dev_free(cl);
-            double ceil = bw * 1e9 / (double)model_weight_bytes(r.m);
-            printf("bandwidth %.2f GB/s (OpenCL device)\n", bw);
-            if (n_tg > 0 && bw > 0)
-                printf("tg ceiling %.2f tok/s (bandwidth / weight bytes), reached %.0f%%\n", ceil,
-                       100.0 * best_tg / ceil);
-        } else if (kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
-            double bw = kern_bench_bandwidth(pool, (size_t)512 << 20);
             kern_pool_free(pool);
             double ceil = bw * 1e9 / (double)model_weight_bytes(r.m);
-            printf("bandwidth %.2f GB/s\n", bw);
+            printf("bandwidth %.2f GB/s%s\n", bw, on_cl ? " (OpenCL device)" : "");
             if (n_tg > 0 && bw > 0)
                 printf("tg ceiling %.2f tok/s (bandwidth / weight bytes), reached %.0f%%\n", ceil,
                        100.0 * best_tg / ceil);
