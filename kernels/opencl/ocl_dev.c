@@ -429,6 +429,16 @@ static int open_(struct kern_dev *d, int n_threads)
             rc = cl_rc(e);
             goto fail;
         }
+        /* the reducing kernels run work-groups of exactly wg: the device must take them */
+        size_t kwg = 0;
+        bool reduces = i == K_MATMUL || i == K_RMSNORM || i == K_L2NORM || i == K_ATTENTION;
+        if (reduces && clGetKernelWorkGroupInfo(o->k[i], o->dev, CL_KERNEL_WORK_GROUP_SIZE,
+                                                sizeof kwg, &kwg, NULL) == CL_SUCCESS && kwg < wg) {
+            msg(d, "OpenCL device %s runs kernel %s in work-groups of at most %zu, below %zu "
+                   "(set KV_CL_WG lower)", o->info.device, kernel_names[i], kwg, wg);
+            rc = -EINVAL;
+            goto fail;
+        }
     }
     o->dummy = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, 16, NULL, &e);
     if (!o->dummy) {
