@@ -36,7 +36,7 @@ endif
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -pthread -I. \
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
-              -lsqlite3 -lpcre2-8 -lm -pthread $(LDLIBS)
+              -lsqlite3 -lpcre2-8 -lOpenCL -lm -pthread $(LDLIBS)
 
 # systemd's readiness notifications (kvd/service.c) when libsystemd is there; without it kvd
 # still runs under systemd as Type=simple.
@@ -70,7 +70,10 @@ TEST_SRCS := $(wildcard tests/test-*.c)
 TOOL_SRCS := $(wildcard tests/tool-*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz-*.c)
 
-LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+# The OpenCL kernels (kernels/opencl/*.cl) are compiled into the library as a C array.
+CL_SRCS    := $(wildcard kernels/opencl/*.cl)
+CL_GEN     := $(B)/gen/kern_cl.c
+LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/gen/kern_cl.o
 KVD_OBJS   := $(KVD_SRCS:%.c=$(B)/obj/%.o)
 KVCTL_OBJS := $(KVCTL_SRCS:%.c=$(B)/obj/%.o)
 LIB        := $(B)/libkvasir.a
@@ -103,6 +106,18 @@ $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC $<")
 	$(Q)$(CC) $(CFLAGS_ALL) $(ISA_$(lastword $(subst _, ,$(basename $(notdir $<))))) -c $< -o $@
+
+$(CL_GEN): $(CL_SRCS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN $@")
+	$(Q){ echo '/* generated from $(CL_SRCS) by the Makefile */'; \
+	  echo 'const unsigned char kern__cl_src[] = {'; cat $(CL_SRCS) | xxd -i; \
+	  echo ', 0};'; echo 'const unsigned long kern__cl_src_len = sizeof kern__cl_src - 1;'; } > $@.tmp
+	$(Q)mv $@.tmp $@
+
+$(B)/obj/gen/kern_cl.o: $(CL_GEN)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)

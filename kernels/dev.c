@@ -9,9 +9,10 @@
 #include "kernels/internal.h"
 #include "util/util.h"
 
-static const struct kern__dev_ops *const devices[] = {&kern__dev_cpu, &kern__dev_ref};
+static const struct kern__dev_ops *const devices[] = {&kern__dev_cpu, &kern__dev_ref,
+                                                     &kern__dev_opencl};
 
-const char *kern_dev_names(void) { return "cpu, ref"; }
+const char *kern_dev_names(void) { return "cpu, ref, opencl"; }
 
 int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
                  size_t errlen)
@@ -32,7 +33,7 @@ int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *e
     d->ops = ops;
     int rc = ops->open(d, n_threads);
     if (rc < 0) {
-        util_seterr(err, errlen, "device %s: %s", name, strerror(-rc));
+        util_seterr(err, errlen, "device %s: %s", name, d->msg[0] ? d->msg : strerror(-rc));
         free(d);
         return rc;
     }

@@ -258,6 +258,7 @@ struct kern_dev {
     void *scratch;                 /* "ref": attention and DeltaNet rows (kern_dev_reserve) */
     size_t scratch_size;
     void *impl;                    /* a non-host device's own state */
+    char msg[4096];                /* why open failed, when it says (kern_dev_new's err) */
 };
 
 struct kern_buf {
@@ -360,7 +361,7 @@ struct kern__dev_ops {
     .l2norm = l2norm, .rmsnorm_silu = rmsnorm_silu, .conv_silu = conv_silu, \
     .moe_route = moe_route, .deltanet = deltanet, .get_rows = kern__host_get_rows, \
     .copy_rows = kern__host_copy_rows, .zero = kern__host_zero
-extern const struct kern__dev_ops kern__dev_cpu, kern__dev_ref;
+extern const struct kern__dev_ops kern__dev_cpu, kern__dev_ref, kern__dev_opencl;
 
 /* Ops every host device shares (kernels/dev_host.c): no arithmetic that a device could do
  * differently, only moves and look-ups. */

@@ -255,8 +255,10 @@ static inline struct kern_at kern_at_make(struct kern_buf *buf, size_t off)
     return a;
 }
 
-/* Opens device `name` ("cpu", "ref") with n_threads threads (<= 0: one per CPU; the ref
- * device always uses one). 0, -ENODEV for an unknown name (message in err), -ENOMEM. */
+/* Opens device `name` ("cpu", "ref", "opencl") with n_threads threads (<= 0: one per CPU;
+ * ref and opencl use one). 0, -ENODEV for an unknown name or no such hardware (message in
+ * err, naming what there is), -ENOMEM, -EIO (opencl: its program failed to build; the build
+ * log is in err). */
 int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
                  size_t errlen);
 /* Frees the device (its buffers must be freed first); NULL is a no-op. */
@@ -264,7 +266,7 @@ void kern_dev_free(struct kern_dev *d);
 /* The device's name (static) and the threads its ops run on. */
 const char *kern_dev_name(const struct kern_dev *d);
 int kern_dev_threads(const struct kern_dev *d);
-/* The names of the devices there are ("cpu, ref"), static. */
+/* The names of the devices there are ("cpu, ref, opencl"), static. */
 const char *kern_dev_names(void);
 /* Waits for every op issued so far. 0 or the first failure of an asynchronous op. */
 int kern_dev_sync(struct kern_dev *d);
@@ -366,6 +368,41 @@ int kern_dev_copy_rows(struct kern_dev *d, struct kern_at dst, size_t dst_stride
                        struct kern_at idx, int64_t n, size_t row_bytes);
 /* bytes zero bytes at dst. */
 int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
+
+/* ---- the "opencl" device's settings and facts (docs/opencl.md) ----
+ * Options for the next kern_dev_new(.., "opencl", ..): a field left at its zero value (or -1
+ * for the indices) takes the environment's KV_CL_PLATFORM, KV_CL_DEVICE, KV_CL_ALLOC_CAP
+ * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, KV_CL_LAYOUT,
+ * else the default:
+ * platform 0, device 0, the device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or
+ * ~/.cache/kvasir/opencl), work-groups of 64. Process-wide; set before opening. */
+struct kern_cl_opts {
+    int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
+    size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
+    const char *cache_dir;     /* program binaries' folder; "off": none; NULL: not given */
+    int wg;                    /* work-group size 32..256, a power of two; 0: not given */
+    const char *layout;        /* Q4_0/Q8_0 weights: "plain", "adreno" (split, transposed,
+                                  read as images), "auto" (adreno on Adreno); NULL: not given */
+};
+void kern_cl_opts_set(const struct kern_cl_opts *o);  /* NULL: back to not given */
+struct kern_cl_info {
+    char platform[128], device[128];
+    size_t alloc_cap;          /* the cap weights are split at */
+    int wg;
+    char layout[16];           /* "plain" or "adreno" */
+    bool from_cache;           /* the program came from the binary cache */
+    double build_ms;           /* compiling from source took (0 from the cache) */
+    char cache_file[4200];     /* "" when no cache */
+};
+/* d's facts; -EINVAL when d is not an opencl device. */
+int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);
+/* Device allocations behind b (more than one: a weight split at the cap); 0 off opencl. */
+int kern_cl_buf_pieces(const struct kern_buf *b);
+/* b holds a Q4_0/Q8_0 matrix in the adreno layout (made at its first matmul or lookup). */
+bool kern_cl_buf_split(const struct kern_buf *b);
+/* Read bandwidth of d's memory in GB/s (best of 3 sweeps over bytes, capped at one
+ * allocation); 0 on failure or when d is not an opencl device. */
+double kern_cl_bench_bandwidth(struct kern_dev *d, size_t bytes);
 
 /* Read bandwidth in GB/s (best of a few passes over a fresh buffer of `bytes`, split over the
  * pool's threads): the ceiling for bandwidth-bound generation. 0 on allocation failure. */

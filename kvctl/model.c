@@ -167,6 +167,17 @@ static const char *feed_error(int rc)
 
 /* ---- generate ---- */
 
+/* --device NAME (or --backend NAME, the ring's word) and the opencl device's choice. */
+#define DEVICE_OPTIONS \
+    {"device", required_argument, 0, OPT_DEVICE}, {"backend", required_argument, 0, OPT_DEVICE}, \
+    {"cl-platform", required_argument, 0, OPT_CL_PLATFORM}, \
+    {"cl-device", required_argument, 0, OPT_CL_DEVICE}
+#define DEVICE_USAGE \
+    "  --device NAME      kernel device: cpu (default), ref (the scalar oracle) or opencl\n" \
+    "                     (--backend NAME is the same)\n" \
+    "  --cl-platform N, --cl-device N  the OpenCL platform and device, numbered as clinfo\n" \
+    "                     lists them (default 0, 0)\n"
+
 static void generate_usage(FILE *f)
 {
     fprintf(f,
@@ -181,7 +192,7 @@ static void generate_usage(FILE *f)
         "  --freq-penalty F, --presence-penalty F  (default 0)\n"
         "  --seed S           RNG seed: the same seed reproduces a run (default: random, printed)\n"
         "  -t N               threads (default: one per CPU)\n"
-        "  --device NAME      kernel device: cpu (default) or ref (the scalar oracle)\n"
+        DEVICE_USAGE
         "  --ctx N            context length (default: the model's, at most 4096)\n"
         "  --ignore-eos       keep going past the end-of-text token\n"
         "  --ids              print token ids instead of text\n"
@@ -193,7 +204,22 @@ static void generate_usage(FILE *f)
 }
 
 enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
-       OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS };
+       OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE };
+
+
+/* An OpenCL index option into the device settings: 0, or -EINVAL (said on stderr). */
+static int cl_opt(int c, const char *arg)
+{
+    static struct kern_cl_opts o = {.platform = -1, .device = -1};
+    long v;
+    int rc = kvctl_parse_long(c == OPT_CL_PLATFORM ? "--cl-platform" : "--cl-device", arg, 0,
+                              64, &v);
+    if (rc < 0)
+        return rc;
+    *(c == OPT_CL_PLATFORM ? &o.platform : &o.device) = (int)v;
+    kern_cl_opts_set(&o);
+    return 0;
+}
 
 int kvctl_cmd_generate(int argc, char **argv)
 {
@@ -204,7 +230,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"ids", no_argument, 0, OPT_IDS}, {"stop", required_argument, 0, OPT_STOP},
         {"dump-logits", required_argument, 0, OPT_DUMP}, {"help", no_argument, 0, 'h'},
-        {"device", required_argument, 0, OPT_DEVICE}, {0, 0, 0, 0}};
+        DEVICE_OPTIONS, {0, 0, 0, 0}};
     for (int i = 1; i < argc; i++)   /* through a running ring: kvctl/ring.c */
         if (!strcmp(argv[i], "--ring") || !strncmp(argv[i], "--ring=", 7))
             return kvctl_ring_generate(argc, argv);
@@ -231,6 +257,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_DEVICE: device = optarg; break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
         case 'h': generate_usage(stdout); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -385,10 +412,11 @@ static void logits_usage(FILE *f)
 {
     fprintf(f,
         "usage: kvctl logits -m FILE (--tokens 1,2,3 | -p TEXT) -o OUT.f32 [-t N] [--batch B]\n"
-        "                    [--device cpu|ref]\n"
+        "                    [--device cpu|ref|opencl] [--cl-platform N] [--cl-device N]\n"
         "Teacher-forced logits: row i = logits after feeding tokens[0..i] at positions 0..i,\n"
         "written as raw little-endian float32 [n_tokens][n_vocab]. The tokens are fed in\n"
-        "batches of B rows (default: all at once). --device ref runs the scalar oracle.\n");
+        "batches of B rows (default: all at once). --device ref runs the scalar oracle,\n"
+        "--device opencl (or --backend opencl) an OpenCL device (docs/opencl.md).\n");
 }
 
 int kvctl_cmd_logits(int argc, char **argv)
@@ -398,8 +426,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         {"prompt", required_argument, 0, 'p'},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
         {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
-        {"device", required_argument, 0, OPT_DEVICE}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        DEVICE_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL, *device = "cpu";
     long threads = 0, batch = 0, ctx = 0;
     int c;
@@ -415,6 +442,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         case OPT_BATCH: rc = kvctl_parse_long("--batch", optarg, 1, 1 << 20, &batch); break;
         case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case OPT_DEVICE: device = optarg; break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
         case 'h': logits_usage(stdout); return 0;
         default: logits_usage(stderr); return 2;
         }
@@ -510,7 +538,8 @@ static void bench_usage(FILE *f)
         "memory read bandwidth too (the ceiling for generation: bandwidth / those bytes).\n"
         "--sessions 1,4,8: for each K, K sessions (each prefilled with its own -p tokens)\n"
         "generate -n tokens together, one row per session in each batched window pass (what a\n"
-        "ring stage does with concurrent sessions): aggregate tok/s and its ratio to K = 1.\n");
+        "ring stage does with concurrent sessions): aggregate tok/s and its ratio to K = 1.\n"
+        DEVICE_USAGE);
 }
 
 /* K sessions decoding together: each prefilled alone with its own n_pp tokens (untimed), then
@@ -578,9 +607,9 @@ int kvctl_cmd_bench(int argc, char **argv)
         {"n-prompt", required_argument, 0, 'p'}, {"n-gen", required_argument, 0, 'n'},
         {"repetitions", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
         {"bandwidth", no_argument, 0, OPT_BW}, {"sessions", required_argument, 0, OPT_SESSIONS},
-        {0, 0, 0, 0}};
+        DEVICE_OPTIONS, {0, 0, 0, 0}};
     bool want_bw = false;
-    const char *path = NULL;
+    const char *path = NULL, *device = "cpu";
     long sess[16], n_sess = 0, max_sess = 1;
     long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
     int c;
@@ -594,6 +623,8 @@ int kvctl_cmd_bench(int argc, char **argv)
         case 'n': rc = kvctl_parse_long("-n", optarg, 0, 65536, &n_tg); break;
         case 'r': rc = kvctl_parse_long("-r", optarg, 1, 100, &reps); break;
         case OPT_BW: want_bw = true; break;
+        case OPT_DEVICE: device = optarg; break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
         case OPT_SESSIONS:
             for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t && rc == 0;
                  t = strtok_r(NULL, ",", &save)) {
@@ -619,7 +650,7 @@ int kvctl_cmd_bench(int argc, char **argv)
     uint32_t ctx = (uint32_t)(n_pp + n_tg + 1);
     struct runner r;
     uint32_t mb = n_pp > max_sess ? (uint32_t)n_pp : (uint32_t)max_sess;
-    if (runner_open(&r, path, (int)threads, ctx, mb, "cpu", "bench") < 0)
+    if (runner_open(&r, path, (int)threads, ctx, mb, device, "bench") < 0)
         return 1;
     int ret = 1, rc;
     int32_t *tokens = malloc((size_t)(n_pp + 1) * sizeof *tokens);
@@ -697,12 +728,18 @@ int kvctl_cmd_bench(int argc, char **argv)
         printf("\n");
     }
     if (want_bw) {
-        struct kern_pool *pool;
-        if (kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
-            double bw = kern_bench_bandwidth(pool, (size_t)512 << 20);
+        struct kern_pool *pool = NULL;
+        struct kern_dev *cl = NULL;
+        char cerr[KV_ERR_MAX];
+        bool on_cl = !strcmp(device, "opencl");   /* then the device's memory, not the host's */
+        if (on_cl ? kern_dev_new(&cl, "opencl", 1, cerr, sizeof cerr) == 0
+                  : kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
+            double bw = on_cl ? kern_cl_bench_bandwidth(cl, (size_t)512 << 20)
+                              : kern_bench_bandwidth(pool, (size_t)512 << 20);
+            kern_dev_free(cl);
             kern_pool_free(pool);
             double ceil = bw * 1e9 / (double)model_weight_bytes(r.m);
-            printf("bandwidth %.2f GB/s\n", bw);
+            printf("bandwidth %.2f GB/s%s\n", bw, on_cl ? " (OpenCL device)" : "");
             if (n_tg > 0 && bw > 0)
                 printf("tg ceiling %.2f tok/s (bandwidth / weight bytes), reached %.0f%%\n", ceil,
                        100.0 * best_tg / ceil);

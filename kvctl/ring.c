@@ -395,6 +395,8 @@ static void ring_up_usage(FILE *f)
         "  --repair-wait S     rank 0 pauses sessions up to S s for a repair (kvd stage\n"
         "                      --repair-wait; default 30 with standbys, else 0: they end)\n"
         "  --link-timeout-ms N a link silent for N ms is dead (kvd stage --link-timeout-ms)\n"
+        "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
+        "                      \"backend\" (default cpu for every rank)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -410,9 +412,9 @@ static int ring_up(int argc, char **argv)
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
         {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
         {"standby", required_argument, 0, 'Y'}, {"repair-wait", required_argument, 0, 'R'},
-        {"link-timeout-ms", required_argument, 0, 'T'},
+        {"link-timeout-ms", required_argument, 0, 'T'}, {"backends", required_argument, 0, 'K'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *window_from = NULL, *catalog = NULL, *split = NULL;
+    const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
     long n_standby = 0, repair_wait = -1, link_timeout = 0;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
@@ -439,6 +441,7 @@ static int ring_up(int argc, char **argv)
         case 'T': rc = kvctl_parse_long("--link-timeout-ms", optarg, 100, 3600000, &link_timeout); break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
+        case 'K': backends = optarg; break;
         case 'L': rc = kvctl_parse_long("--layers", optarg, 1, 100000, &s_layers); break;
         case 'E': rc = kvctl_parse_long("--embd", optarg, 1, 1 << 16, &s_embd); break;
         case 'h': ring_up_usage(stdout); return 0;
@@ -714,7 +717,14 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r + 1]));
         cJSON_AddBoolToObject(o, "embed", r == 0);
         cJSON_AddBoolToObject(o, "head", r == (uint32_t)stages - 1);
-        cJSON_AddStringToObject(o, "backend", "cpu");
+        /* rank r's entry of --backends (a comma-separated list; missing ones are cpu) */
+        char be[16] = "cpu";
+        const char *bp = backends;
+        for (uint32_t i = 0; bp && i < r; i++)
+            bp = (bp = strchr(bp, ',')) ? bp + 1 : NULL;
+        if (bp && *bp && *bp != ',')
+            snprintf(be, sizeof be, "%.*s", (int)strcspn(bp, ","), bp);
+        cJSON_AddStringToObject(o, "backend", be);
         cJSON_AddStringToObject(o, "endpoint", ep);
         cJSON_AddItemToArray(jr, o);
     }

@@ -89,6 +89,8 @@ struct kvd_stage_opts {
     uint32_t repair_wait_s;
     bool repair_wait_set;
     uint32_t link_timeout_ms;
+    const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
+                                   manifest rank's "backend", else cpu */
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */

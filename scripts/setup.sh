@@ -19,10 +19,10 @@ done
 # What the build links against and what running it (kvd, kvctl, the demo: curl) uses.
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
 libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
-libsystemd-dev curl"
+libsystemd-dev curl ocl-icd-opencl-dev opencl-headers xxd"
 BUILD_PKGS=$(echo $BUILD_PKGS)
 # What only the tests, benchmarks and fuzzers use.
-TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+TEST_PKGS="pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
 openssl procps nodejs node-ws chromium testssl.sh systemd python3-jinja2"
 TEST_PKGS=$(echo $TEST_PKGS)

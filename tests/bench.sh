@@ -51,7 +51,12 @@
 # model section (the same TinyLlama-shaped files in llama-bench and kvctl bench, interleaved,
 # ratios; docs/kernels.md, "Against llama.cpp"); without it the section is left out.
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen. BENCH_ONLY="ring relay"
+# OpenCL: an OpenCL stage's executor (kvctl bench --backend opencl, the first device: PoCL on a
+# machine without a GPU) against the CPU path on a small synthetic llama (8 layers, n_embd 512,
+# Q4_0 and Q8_0; BENCH_OPENCL_MODEL overrides), with both Q4_0 layouts; figures only. For a
+# machine with a real GPU: scripts/opencl-bench.
+#
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -522,4 +527,34 @@ if want qwen; then
             $1 == "weight_bytes_per_token" {b = $2} /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
             END {printf "%-30s %s tok/s, %s tok/s, %.2f MB read per token%s\n", m, pp, tg, b / 1e6, ex != "" ? "; experts " ex : ""}'
     done
+fi
+
+# ---- OpenCL: a stage's executor on the first OpenCL device vs the CPU path ----
+if want opencl; then
+    echo "== opencl: kvctl bench -p $PP -n $TG --backend opencl vs cpu (best of $REPS)"
+    if ! clinfo -l 2>/dev/null | grep -q Device; then
+        echo "no OpenCL device (clinfo -l); skipped"
+    else
+        clinfo -l 2>/dev/null | sed 's/^/  /'
+        models=${BENCH_OPENCL_MODEL:-}
+        if [ -z "$models" ]; then
+            for type in q4_0 q8_0; do
+                f="$CACHE/llama-8x512-$type.gguf"
+                [ -s "$f" ] || "$KVCTL" synth --arch llama --layers 8 --embd 512 --ff 1536 --heads 8 \
+                    --kv-heads 4 --vocab 8000 --type "$type" --seed 1 -o "$f" >/dev/null || rm -f "$f"
+                [ -s "$f" ] && models="$models $f"
+            done
+        fi
+        for f in $models; do
+            for run in "cpu::" "opencl:plain:" "opencl:adreno:"; do
+                dev=${run%%:*} lay=${run#*:}; lay=${lay%:}
+                out=$(KV_CL_LAYOUT=${lay:-auto} "$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
+                      -t "$THREADS" --backend "$dev" --bandwidth 2>&1) || { echo "  $(basename "$f") $dev: failed"; continue; }
+                echo "$out" | awk -v m="$(basename "$f")" -v d="$dev${lay:+ ($lay layout)}" '
+                    /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
+                    /^bandwidth/ {bw = $2} /^tg ceiling/ {frac = $NF}
+                    END {printf "  %-24s %-24s %s tok/s, %s tok/s, read bandwidth %s GB/s, %s of its ceiling\n", m, d, pp, tg, bw, frac}'
+            done
+        done
+    fi
 fi

@@ -7,10 +7,14 @@
  * order of f32 sums, ~1e-6; quantised: the SIMD and the reference activation quantisers
  * round differently, ~2e-4, the size of either's distance to llama.cpp in test-model-ref,
  * whose ref_device case holds the ref device to llama.cpp's references); a wrong operand
- * gives an NMSE near 1. The next device (OpenCL) gets the same comparison. Also: the device
- * is chosen by name, an unknown one is refused with a message. */
+ * gives an NMSE near 1. The "opencl" device (PoCL here, a test package; without an OpenCL
+ * device those cases fail saying so) gets the same comparison with the same bounds, also
+ * with a forced 16 KiB allocation cap that splits the embedding and output matrices over
+ * several device buffers, and with Q4_0/Q8_0 weights in the adreno layout. Also: the device is chosen by name, an unknown one is refused
+ * with a message. */
 #include <errno.h>
 
+#include "kernels/kern.h"
 #include "model/model.h"
 #include "tests/t.h"
 #include "tests/util.h"
@@ -100,8 +104,8 @@ static int dev_logits(struct dev_run *r, float *lg)
     return rc;
 }
 
-/* The model rel through both devices: every row's NMSE (ref against cpu) at most bound. */
-static void compare(const char *rel, double bound)
+/* The model rel through cpu and dev: every row's NMSE (dev against cpu) at most bound. */
+static void compare_on(const char *rel, double bound, const char *dev)
 {
     char path[512];
     if (!t_data_path(path, sizeof path, rel))
@@ -109,7 +113,7 @@ static void compare(const char *rel, double bound)
     struct dev_run cpu, ref;
     if (dev_open(&cpu, path, "cpu"))
         return;
-    if (dev_open(&ref, path, "ref")) {
+    if (dev_open(&ref, path, dev)) {
         dev_close(&cpu);
         return;
     }
@@ -124,13 +128,15 @@ static void compare(const char *rel, double bound)
             T_CHECK(e <= bound, "%s row %zu: nmse %.3g > %.3g", rel, i, e, bound);
             worst = e > worst ? e : worst;
         }
-        printf("%s: worst row nmse ref vs cpu %.3g (bound %.3g)\n", rel, worst, bound);
+        printf("%s: worst row nmse %s vs cpu %.3g (bound %.3g)\n", rel, dev, worst, bound);
     }
     free(a);
     free(b);
     dev_close(&ref);
     dev_close(&cpu);
 }
+
+static void compare(const char *rel, double bound) { compare_on(rel, bound, "ref"); }
 
 T_CASE(ref_matches_cpu_dense)
 {
@@ -150,6 +156,55 @@ T_CASE(ref_matches_cpu_hybrid)
 {
     compare("models/synth-qwen35-bpe1024-f16.gguf", FLOAT_BOUND);
     compare("models/synth-qwen35moe-bpe1024-q8_0.gguf", QUANT_BOUND);
+}
+
+/* The OpenCL device (allocations capped at cap bytes, 0: the device's own cap). */
+static void compare_cl_layout(const char *rel, double bound, size_t cap, const char *layout)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .layout = layout};
+    kern_cl_opts_set(&o);
+    compare_on(rel, bound, "opencl");
+    kern_cl_opts_set(NULL);
+}
+
+static void compare_cl(const char *rel, double bound, size_t cap)
+{
+    compare_cl_layout(rel, bound, cap, NULL);
+}
+
+T_CASE(opencl_matches_cpu_dense)
+{
+    compare_cl("models/stories260K.gguf", FLOAT_BOUND, 0);
+    compare_cl("models/synth-llama-spm512-f16.gguf", FLOAT_BOUND, 0);
+    compare_cl("models/synth-llama-spm512-q4_0.gguf", QUANT_BOUND, 0);
+    compare_cl("models/synth-qwen2-bpe1024-q4_k_m.gguf", QUANT_BOUND, 0);
+    compare_cl("models/synth-qwen3-bpe1024-q8_0.gguf", QUANT_BOUND, 0);
+}
+
+T_CASE(opencl_matches_cpu_split)
+{
+    compare_cl("models/stories260K.gguf", FLOAT_BOUND, 16384);
+    compare_cl("models/synth-llama-spm512-q4_0.gguf", QUANT_BOUND, 16384);
+}
+
+/* Q4_0 and Q8_0 weights in the adreno layout (split, transposed, read through images),
+ * experts' slices of it included. */
+T_CASE(opencl_adreno_layout)
+{
+    compare_cl_layout("models/synth-llama-spm512-q4_0.gguf", QUANT_BOUND, 0, "adreno");
+    compare_cl_layout("models/synth-qwen3-bpe1024-q8_0.gguf", QUANT_BOUND, 0, "adreno");
+    compare_cl_layout("models/synth-qwen3moe-bpe1024-q8_0.gguf", QUANT_BOUND, 0, "adreno");
+}
+
+T_CASE(opencl_matches_cpu_moe)
+{
+    compare_cl("models/synth-qwen3moe-bpe1024-q4_k_m.gguf", QUANT_BOUND, 0);
+}
+
+T_CASE(opencl_matches_cpu_hybrid)
+{
+    compare_cl("models/synth-qwen35-bpe1024-f16.gguf", FLOAT_BOUND, 0);
+    compare_cl("models/synth-qwen35moe-bpe1024-q8_0.gguf", QUANT_BOUND, 0);
 }
 
 T_CASE(device_by_name)
@@ -185,6 +240,11 @@ int main(int argc, char **argv)
     T_RUN(ref_matches_cpu_dense);
     T_RUN(ref_matches_cpu_moe);
     T_RUN(ref_matches_cpu_hybrid);
+    T_RUN_TIMEOUT(opencl_matches_cpu_dense, 600);
+    T_RUN_TIMEOUT(opencl_matches_cpu_split, 600);
+    T_RUN_TIMEOUT(opencl_adreno_layout, 600);
+    T_RUN_TIMEOUT(opencl_matches_cpu_moe, 600);
+    T_RUN_TIMEOUT(opencl_matches_cpu_hybrid, 600);
     T_RUN(device_by_name);
     return T_DONE();
 }

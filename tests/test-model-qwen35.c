@@ -2,7 +2,9 @@
  * hybrid, qwen35moe hybrid + experts + shared expert) against llama.cpp's references, and
  * what the ring relies on for them: split windows (starting on a linear-attention layer, on a
  * full-attention layer, single-layer windows) give bit-identical logits; interleaved sessions
- * keep separate recurrent state; recurrent state is fixed-size; rewinds restart from 0. */
+ * keep separate recurrent state; recurrent state is fixed-size; rewinds restart from 0. The
+ * opencl_device case holds the "opencl" device to the same references and bounds (PoCL here;
+ * without an OpenCL device it fails saying so). */
 #include <errno.h>
 #include <unistd.h>
 
@@ -19,6 +21,9 @@ static const struct ref_spec specs[] = {
 
 #define MAXW 8
 #define SID 42
+
+/* The kernel device the chains run on ("cpu"; the opencl_device case takes "opencl"). */
+static const char *chain_device = "cpu";
 
 struct chain {
     struct model *m[MAXW];
@@ -39,8 +44,9 @@ static int chain_open(struct chain *c, const char *path, const int *bounds, int 
         if (rc)
             return rc;
         c->n = i + 1;
-        rc = model_exec_new(&c->e[i], c->m[i], 1, 64, max_batch);
-        T_CHECK(rc == 0, "exec: %d", rc);
+        struct model_exec_opts o = {chain_device, 1, 64, max_batch};
+        rc = model_exec_new_opts(&c->e[i], c->m[i], &o, err, sizeof err);
+        T_CHECK(rc == 0, "exec on %s: %d %s", chain_device, rc, err);
         if (rc)
             return rc;
         T_CHECK(model_session_new(c->e[i], SID) == 0, "session");
@@ -116,6 +122,13 @@ T_CASE(teacher_forced_logits)
             check_case(&specs[i], &rc, 1);
         ref_free(&rc);
     }
+}
+
+/* The teacher-forced cases, both feeding modes, and a window split on the opencl device. */
+T_CASE(opencl_device)
+{
+    chain_device = "opencl";
+    teacher_forced_logits();
 }
 
 T_CASE(hparams_and_schedule)
@@ -628,5 +641,6 @@ int main(int argc, char **argv)
     T_RUN(hostile_hparams);
     T_RUN(mini_gguf_windows);
     T_RUN(unselected_experts_untouched);
+    T_RUN_TIMEOUT(opencl_device, 900);
     return T_DONE();
 }

@@ -5,7 +5,9 @@
  * top-2 margin exceeds 0.1 (F32/F16/BF16) or 0.5 (quantised). Greedy generation from the
  * prompt must reproduce generated_tokens exactly for the stories260K cases and the synthetic
  * F32 and F16 models. The ref_device case holds the executor on the "ref" kernel device (the
- * scalar oracle behind the device seam) to the same references and bounds. */
+ * scalar oracle behind the device seam) to the same references and bounds; the opencl_*
+ * cases hold the "opencl" device (PoCL here; without an OpenCL device they fail saying so)
+ * to them too, the greedy generations included. */
 #include "tests/model_ref.h"
 #include "util/err.h"
 
@@ -108,33 +110,38 @@ static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int
     run_close(&r);
 }
 
-T_CASE(teacher_forced_logits)
+/* Every teacher-forced case on run_device: as the references were made, and in one batch
+ * where the spec asks for it and one_batch is set. */
+static void forced_cases(bool one_batch)
 {
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
         struct ref_case rc;
         if (ref_load(&rc, specs[c].name))
             continue;
         check_case(&specs[c], &rc, 0);
-        if (specs[c].one_batch)
+        if (one_batch && specs[c].one_batch)
             check_case(&specs[c], &rc, 1);
         ref_free(&rc);
     }
 }
 
+T_CASE(teacher_forced_logits) { forced_cases(true); }
+
 /* The teacher-forced cases as the references were made, on the ref device. */
 T_CASE(ref_device)
 {
     run_device = "ref";
-    for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
-        struct ref_case rc;
-        if (ref_load(&rc, specs[c].name))
-            continue;
-        check_case(&specs[c], &rc, 0);
-        ref_free(&rc);
-    }
+    forced_cases(false);
 }
 
-T_CASE(greedy_generation)
+/* Every teacher-forced case (both feeding modes) on the opencl device. */
+T_CASE(opencl_device)
+{
+    run_device = "opencl";
+    forced_cases(true);
+}
+
+static void greedy(void)
 {
     static const char *cases[] = {"stories260K.once", "stories260K.lily",
                                   "synth-llama-spm512-f32.once", "synth-llama-spm512-f16.once"};
@@ -170,11 +177,21 @@ T_CASE(greedy_generation)
     }
 }
 
+T_CASE(greedy_generation) { greedy(); }
+
+T_CASE(opencl_greedy)
+{
+    run_device = "opencl";
+    greedy();
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(teacher_forced_logits);
     T_RUN(greedy_generation);
     T_RUN(ref_device);
+    T_RUN_TIMEOUT(opencl_device, 900);
+    T_RUN_TIMEOUT(opencl_greedy, 600);
     return T_DONE();
 }

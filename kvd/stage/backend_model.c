@@ -8,6 +8,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
+#include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
 #include "util/err.h"
@@ -138,13 +139,17 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     const struct model_hparams *hp = model_get_hparams(mb->m);
     if (max_batch > n_ctx)
         max_batch = n_ctx;
-    rc = model_exec_new(&mb->e, mb->m, a->n_threads, n_ctx, max_batch);
+    struct model_exec_opts eo = {a->device ? a->device : "cpu", a->n_threads, n_ctx, max_batch};
+    char xerr[KV_ERR_MAX] = "";
+    rc = model_exec_new_opts(&mb->e, mb->m, &eo, xerr, sizeof xerr);
     if (rc < 0) {
-        snprintf(err, errlen, "executor (n_ctx %u, max_batch %u): %s", n_ctx, max_batch, strerror(-rc));
+        snprintf(err, errlen, "executor (backend %s, n_ctx %u, max_batch %u): %s", eo.device,
+                 n_ctx, max_batch, xerr[0] ? xerr : strerror(-rc));
         model_free(mb->m);
         free(mb);
         return rc;
     }
+    kvd_log(KVD_LOG_INFO, "kernel device %s", model_exec_device(mb->e));
     mb->n_embd = hp->n_embd;
     mb->n_vocab = hp->n_vocab;
     memset(b, 0, sizeof *b);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kern.h"
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
 #include "ringlib/ring.h"
@@ -66,6 +67,18 @@ static int set_repair_wait(struct kvd_stage_opts *o, const char *v)
     return parse_u32(v, 0, 86400, &o->repair_wait_s);
 }
 static int set_link_timeout(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 100, 3600000, &o->link_timeout_ms); }
+static int set_device(struct kvd_stage_opts *o, const char *v) { o->device = v; return 0; }
+/* The OpenCL platform and device: process-wide settings of the opencl kernel device. */
+static struct kern_cl_opts cl_opts = {.platform = -1, .device = -1};
+static int set_cl(int *field, const char *v)
+{
+    if (parse_int(v, 0, 64, field) < 0)
+        return -EINVAL;
+    kern_cl_opts_set(&cl_opts);
+    return 0;
+}
+static int set_cl_platform(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.platform, v); }
+static int set_cl_device(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.device, v); }
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -87,6 +100,9 @@ static const struct opt opts[] = {
     {"--seed", "HOST:PORT", "also serve windows of what this stage holds (seeder, docs/windows.md)", set_seed},
     {"--catalog", "FILE", "model catalog: id must be the manifest's; the (pulled) window is verified", set_catalog},
     {"-t", "N", "compute threads (default: all cores)", set_threads},
+    {"--backend", "NAME", "kernel device: cpu or opencl (default: the manifest rank's backend)", set_device},
+    {"--cl-platform", "N", "OpenCL platform index (clinfo -l; default 0)", set_cl_platform},
+    {"--cl-device", "N", "OpenCL device index on that platform (default 0)", set_cl_device},
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},

@@ -249,6 +249,9 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
         .n_embd = st->m.n_embd, .n_ctx = st->m.n_ctx, .max_batch = st->m.max_batch,
         .n_threads = o->n_threads,
+        /* --backend, else the manifest's "backend" for this rank: a stage that cannot open it
+         * refuses to start (docs/opencl.md) */
+        .device = o->device ? o->device : me->backend[0] ? me->backend : "cpu",
     };
     err[0] = 0;
     rc = kind->open(&st->be, &ba, err, sizeof err);

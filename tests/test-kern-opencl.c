@@ -1,0 +1,550 @@
+/* test-kern-opencl: the "opencl" device against the scalar oracle (kern_ref_*), op by op, by
+ * normalised MSE: every weight type's matmul (one and several activation rows, rows not a
+ * multiple of the work-group's activation tile, K/32 not a multiple of 4) and embedding rows,
+ * both with the device's own allocation cap and with a forced 4 KiB cap that splits the
+ * weights over several allocations; the norms, RoPE, KV store, attention (F16 and F32 caches,
+ * grouped heads, contexts longer than a work-group), the element-wise ops, the MoE router, the
+ * causal conv, Gated DeltaNet and the row moves; the adreno layout (Q4_0/Q8_0 split,
+ * transposed, read through images) on PoCL, and the fp16 and subgroup variants compiled by
+ * clang-14's OpenCL front end. Then the program cache (the second open takes the binary) and
+ * -ENODEV naming what exists. Needs an OpenCL device: PoCL here
+ * (pocl-opencl-icd, a test package); without one every case fails saying so. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/internal.h"
+#include "tests/kern_util.h"
+#include "tests/t.h"
+#include "util/err.h"
+
+#define FLOAT_BOUND 5e-6   /* f32 arithmetic in another order (ref rounds F16 x to f16) */
+#define QUANT_BOUND 2e-4   /* ref quantises activations to Q8_0/Q8_K; opencl keeps f32 */
+#define OP_BOUND 1e-9
+
+static char cache[256];
+
+/* The opencl device with allocations capped at cap bytes (0: the device's own cap). */
+static struct kern_dev *cl_open(size_t cap)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache};
+    kern_cl_opts_set(&o);
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    int rc = kern_dev_new(&d, "opencl", 1, err, sizeof err);
+    T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
+    return d;
+}
+
+static struct kern_buf *act(struct kern_dev *d, const void *src, size_t bytes)
+{
+    struct kern_buf *b = NULL;
+    T_CHECK(kern_buf_new(&b, d, KERN_BUF_ACT, bytes, NULL) == 0, "act buffer %zu", bytes);
+    if (b && src)
+        T_CHECK(kern_buf_write(b, 0, src, bytes) == 0, "write");
+    return b;
+}
+
+static void get(struct kern_buf *b, void *dst, size_t bytes)
+{
+    T_CHECK(b && kern_buf_read(b, 0, dst, bytes) == 0, "read");
+}
+
+#define A(b) kern_at_make((b), 0)
+
+static float *fl(int64_t n, float sd)
+{
+    float *x = malloc((size_t)n * sizeof *x);
+    ku_fill(x, n, sd);
+    return x;
+}
+
+static const uint32_t types[] = {KERN_T_F32, KERN_T_F16, KERN_T_BF16, KERN_T_Q4_0, KERN_T_Q4_1,
+                                 KERN_T_Q5_0, KERN_T_Q5_1, KERN_T_Q8_0, KERN_T_Q4_K,
+                                 KERN_T_Q5_K, KERN_T_Q6_K};
+
+static bool is_float(uint32_t t) { return t == KERN_T_F32 || t == KERN_T_F16 || t == KERN_T_BF16; }
+
+/* A weight type's test shape: 37 rows (not a multiple of anything); columns 203 for the
+ * float types (a short last unit), 224 (K/32 = 7) for the 32-blocks, 768 for the K types. */
+static int64_t cols_of(uint32_t t)
+{
+    return is_float(t) ? 203 : kern_row_bytes(t, 32) ? 224 : 768;
+}
+
+/* The weights rows x cols of type t from gaussian floats, after `pad` rows of other ones (the
+ * operand's offset is then not 0). */
+static uint8_t *weights(uint32_t t, int64_t rows, int64_t cols, int64_t pad)
+{
+    size_t rb = kern_row_bytes(t, cols);
+    uint8_t *w = malloc((size_t)(rows + pad) * rb);
+    float *f = fl(cols, 1);
+    for (int64_t r = 0; r < rows + pad; r++) {
+        ku_fill(f, cols, 1);
+        T_CHECK(kern_ref_quant_row(t, f, w + (size_t)r * rb, cols) == 0, "quant %u", t);
+    }
+    free(f);
+    return w;
+}
+
+static void matmul_case(size_t cap)
+{
+    enum { R = 37, PAD = 3 };
+    struct kern_dev *d = cl_open(cap);
+    T_ASSERT(d, "dev");
+    ku_seed(11);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        int64_t C = cols_of(t);
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, PAD);
+        struct kern_buf *wb = NULL;
+        T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
+        if (cap)
+            T_CHECK(kern_cl_buf_pieces(wb) > 2, "%s: %zu bytes split at %zu: %d pieces",
+                    kern__type_traits(t)->name, (R + PAD) * rb, cap, kern_cl_buf_pieces(wb));
+        for (int64_t n = 1; n <= 5; n += 4) {
+            float *x = fl(n * C, 1), y[5 * R], ref[5 * R];
+            struct kern_buf *xb = act(d, x, (size_t)(n * C) * 4), *yb = act(d, NULL, sizeof y);
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, PAD * rb), R, C, A(xb), n, A(yb)) == 0,
+                    "%s matmul", kern__type_traits(t)->name);
+            get(yb, y, (size_t)(n * R) * 4);
+            kern_ref_matmul(t, w + PAD * rb, R, C, x, n, ref);
+            double e = t_nmse(y, ref, n * R), bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
+            T_CHECK(e <= bound, "%s matmul %dx%d n=%d cap %zu: nmse %.3g > %.3g",
+                    kern__type_traits(t)->name, R, (int)C, (int)n, cap, e, bound);
+            kern_buf_free(xb);
+            kern_buf_free(yb);
+            free(x);
+        }
+        /* embedding rows: the first, the last, and ones across the pieces' seams */
+        int32_t ids[] = {0, R + PAD - 1, 7, 8, 9, 21, 22, 30, 3};
+        enum { NI = sizeof ids / sizeof ids[0] };
+        float *out = malloc(NI * C * 4), *ref = malloc(NI * C * 4);
+        struct kern_buf *ib = act(d, ids, sizeof ids), *ob = act(d, NULL, NI * C * 4);
+        T_CHECK(kern_dev_get_rows(d, t, A(wb), R + PAD, C, A(ib), NI, A(ob)) == 0, "get_rows");
+        get(ob, out, NI * C * 4);
+        for (int i = 0; i < NI; i++)
+            kern_ref_dequant_row(t, w + (size_t)ids[i] * rb, ref + i * C, C);
+        double e = t_nmse(out, ref, NI * C);
+        T_CHECK(e <= OP_BOUND, "%s get_rows cap %zu: nmse %.3g", kern__type_traits(t)->name, cap, e);
+        kern_buf_free(ib);
+        kern_buf_free(ob);
+        free(out);
+        free(ref);
+        kern_buf_free(wb);
+        free(w);
+    }
+    kern_dev_free(d);
+}
+
+T_CASE(matmul_every_type) { matmul_case(0); }
+T_CASE(matmul_every_type_split) { matmul_case(4096); }
+
+/* The adreno layout on PoCL: Q4_0 and Q8_0 matrices split into scales and quants, transposed,
+ * quants read as image texels; a slice of rows (an expert's) and embedding rows from it. */
+T_CASE(adreno_layout)
+{
+    enum { R = 37, PAD = 5, C = 224 };
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache, .layout = "adreno"};
+    kern_cl_opts_set(&o);
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    struct kern_cl_info info;
+    T_CHECK(kern_cl_info(d, &info) == 0 && !strcmp(info.layout, "adreno"), "layout %s", info.layout);
+    ku_seed(13);
+    const uint32_t ts[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K};
+    for (int ti = 0; ti < 3; ti++) {
+        uint32_t t = ts[ti];
+        int64_t cols = t == KERN_T_Q4_K ? 256 : C;
+        size_t rb = kern_row_bytes(t, cols);
+        uint8_t *w = weights(t, R, cols, PAD);
+        struct kern_buf *wb = NULL;
+        T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
+        for (int64_t n = 1; n <= 6; n += 5) {
+            float *x = fl(n * cols, 1), y[6 * R], ref[6 * R];
+            struct kern_buf *xb = act(d, x, (size_t)(n * cols) * 4), *yb = act(d, NULL, sizeof y);
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, PAD * rb), R, cols, A(xb), n, A(yb)) == 0,
+                    "matmul");
+            get(yb, y, (size_t)(n * R) * 4);
+            kern_ref_matmul(t, w + PAD * rb, R, cols, x, n, ref);
+            double e = t_nmse(y, ref, n * R);
+            T_CHECK(e <= QUANT_BOUND, "%s split matmul n=%d: nmse %.3g", kern__type_traits(t)->name,
+                    (int)n, e);
+            kern_buf_free(xb), kern_buf_free(yb), free(x);
+        }
+        T_CHECK(kern_cl_buf_split(wb) == (t != KERN_T_Q4_K), "%s: split layout %d",
+                kern__type_traits(t)->name, kern_cl_buf_split(wb));
+        int32_t ids[] = {0, R + PAD - 1, 7, 3};
+        float *out = malloc(4 * cols * 4), *ref = malloc(4 * cols * 4);
+        struct kern_buf *ib = act(d, ids, sizeof ids), *ob = act(d, NULL, 4 * cols * 4);
+        T_CHECK(kern_dev_get_rows(d, t, A(wb), R + PAD, cols, A(ib), 4, A(ob)) == 0, "get_rows");
+        get(ob, out, 4 * cols * 4);
+        for (int i = 0; i < 4; i++)
+            kern_ref_dequant_row(t, w + (size_t)ids[i] * rb, ref + i * cols, cols);
+        double e = t_nmse(out, ref, 4 * cols);
+        T_CHECK(e <= OP_BOUND, "%s split get_rows: nmse %.3g", kern__type_traits(t)->name, e);
+        kern_buf_free(ib), kern_buf_free(ob), free(out), free(ref);
+        kern_buf_free(wb);
+        free(w);
+    }
+    kern_dev_free(d);
+    kern_cl_opts_set(NULL);
+}
+
+/* The kernels' variants for devices PoCL is not (cl_khr_fp16 arithmetic, native subgroup
+ * reductions, other work-group sizes) compile in clang's OpenCL front end. */
+T_CASE(variants_compile)
+{
+    extern const unsigned char kern__cl_src[];
+    extern const unsigned long kern__cl_src_len;
+    char src[300];
+    snprintf(src, sizeof src, "%s-kern.cl", cache);
+    FILE *f = fopen(src, "wb");
+    T_ASSERT(f && fwrite(kern__cl_src, 1, kern__cl_src_len, f) == kern__cl_src_len, "write");
+    fclose(f);
+    static const char *const variants[] = {
+        "-cl-std=CL2.0 -DKV_SUBGROUPS -DKV_FP16 -DKV_WG=64",
+        "-cl-std=CL2.0 -DKV_SUBGROUPS -DKV_WG=128",
+        "-cl-std=CL2.0 -DKV_FP16 -DKV_WG=128",
+        "-cl-std=CL1.2 -DKV_WG=256",
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "clang-14 -x cl %s -Xclang -finclude-default-header "
+                 "-fsyntax-only -Werror '%s' 2>&1", variants[i], src);
+        T_CHECK(system(cmd) == 0, "clang-14 (a test package) compiles the kernels with %s",
+                variants[i]);
+    }
+    unlink(src);
+}
+
+/* out of the device and ref of n floats agree within OP_BOUND */
+#define SAME(what, b, ref, n)                                                           \
+    do {                                                                                \
+        float *got_ = malloc((size_t)(n) * 4);                                          \
+        get((b), got_, (size_t)(n) * 4);                                                \
+        double e_ = t_nmse(got_, (ref), (n));                                           \
+        T_CHECK(e_ <= OP_BOUND, "%s: nmse %.3g", (what), e_);                           \
+        free(got_);                                                                     \
+    } while (0)
+
+T_CASE(norms_rope_elementwise)
+{
+    struct kern_dev *d = cl_open(0);
+    T_ASSERT(d, "dev");
+    ku_seed(3);
+    enum { N = 3, C = 301 };
+    float *x = fl(N * C, 2), *w = fl(C, 1), *z = fl(N * C, 1), *ref = malloc(N * C * 4);
+    struct kern_buf *xb = act(d, x, N * C * 4), *wb = act(d, w, C * 4), *zb = act(d, z, N * C * 4);
+    struct kern_buf *ob = act(d, NULL, N * C * 4);
+    T_CHECK(kern_dev_rmsnorm_rows(d, A(ob), A(xb), A(wb), N, C, 1e-5f) == 0, "rmsnorm");
+    for (int r = 0; r < N; r++)
+        kern_ref_rmsnorm(ref + r * C, x + r * C, w, C, 1e-5f);
+    SAME("rmsnorm_rows", ob, ref, N * C);
+    T_CHECK(kern_dev_rmsnorm_silu(d, A(ob), A(xb), A(wb), A(zb), N, C, 1e-6f) == 0, "norm silu");
+    kern_ref_rmsnorm_silu(ref, x, w, z, N, C, 1e-6f);
+    SAME("rmsnorm_silu", ob, ref, N * C);
+
+    /* l2norm over 3 heads of 37 in rows 120 apart */
+    float *l = fl(N * 120, 1);
+    struct kern_buf *lb = act(d, l, N * 120 * 4);
+    T_CHECK(kern_dev_l2norm(d, A(lb), N, 120, 3, 37, 1e-6f) == 0, "l2norm");
+    kern_ref_l2norm(l, N, 120, 3, 37, 1e-6f);
+    SAME("l2norm", lb, l, N * 120);
+
+    /* RoPE: angles with and without divisors; rows of 5 heads of 24 with 16 rotated, both modes */
+    enum { NR = 16, HALF = NR / 2, NH = 5, HD = 24, ST = NH * HD + 7 };
+    float cs[N * HALF], sn[N * HALF], div[HALF], rcs[N * HALF], rsn[N * HALF];
+    for (int i = 0; i < HALF; i++)
+        div[i] = 1.0f + (float)i * 0.5f;
+    struct kern_buf *cb = act(d, NULL, sizeof cs), *sb = act(d, NULL, sizeof sn);
+    struct kern_buf *db = act(d, div, sizeof div);
+    for (int wd = 0; wd < 2; wd++) {
+        T_CHECK(kern_dev_rope_angles(d, A(cb), A(sb), N, 17, NR, 10000.0f, 0.5f,
+                                     kern_at_make(wd ? db : NULL, 0)) == 0, "angles");
+        kern_ref_rope_angles(rcs, rsn, N, 17, NR, 10000.0f, 0.5f, wd ? div : NULL);
+        SAME("rope cos", cb, rcs, N * HALF);
+        SAME("rope sin", sb, rsn, N * HALF);
+    }
+    for (int neox = 0; neox < 2; neox++) {
+        float *r = fl(N * ST, 1);
+        struct kern_buf *rb = act(d, r, N * ST * 4);
+        T_CHECK(kern_dev_rope_rows(d, A(rb), N, ST, NH, HD, NR, A(cb), A(sb), neox) == 0, "rope");
+        kern_ref_rope_rows(r, N, ST, NH, HD, NR, rcs, rsn, neox);
+        SAME(neox ? "rope neox" : "rope normal", rb, r, N * ST);
+        kern_buf_free(rb);
+        free(r);
+    }
+
+    /* element-wise */
+    enum { E = 1001 };
+    float *a = fl(E, 2), *g = fl(E, 2), *e = malloc(E * 4);
+    struct kern_buf *ab = act(d, a, E * 4), *gb = act(d, g, E * 4), *eb = act(d, NULL, E * 4);
+    T_CHECK(kern_dev_swiglu(d, A(eb), A(ab), A(gb), E) == 0, "swiglu");
+    kern_ref_swiglu(e, a, g, E);
+    SAME("swiglu", eb, e, E);
+    T_CHECK(kern_dev_add(d, A(eb), A(ab), E) == 0, "add");
+    kern_ref_add(e, a, E);
+    SAME("add", eb, e, E);
+    T_CHECK(kern_dev_add_rows(d, A(eb), A(gb), 7, 143) == 0, "add_rows");
+    kern_ref_add_rows(e, g, 7, 143);
+    SAME("add_rows", eb, e, E);
+    T_CHECK(kern_dev_mul_sigmoid(d, A(eb), A(gb), E) == 0, "mul_sigmoid");
+    kern_ref_mul_sigmoid(e, g, E);
+    SAME("mul_sigmoid", eb, e, E);
+    T_CHECK(kern_dev_sigmoid(d, A(eb), E) == 0, "sigmoid");
+    kern_ref_sigmoid(e, E);
+    SAME("sigmoid", eb, e, E);
+
+    /* axpy rows: 4 rows into rows 5, 0, 2, 1 of 6; then in place */
+    enum { AC = 77 };
+    float *y = fl(6 * AC, 1), *xs = fl(4 * AC, 1), coef[4] = {0.5f, -1.0f, 2.0f, 0.25f};
+    uint32_t idx[4] = {5, 0, 2, 1};
+    struct kern_buf *yb = act(d, y, 6 * AC * 4), *xsb = act(d, xs, 4 * AC * 4);
+    struct kern_buf *cfb = act(d, coef, sizeof coef), *ixb = act(d, idx, sizeof idx);
+    T_CHECK(kern_dev_axpy_rows(d, A(yb), 6, A(cfb), A(xsb), A(ixb), 4, AC) == 0, "axpy idx");
+    kern_ref_axpy_rows(y, coef, xs, idx, 4, AC);
+    SAME("axpy_rows idx", yb, y, 6 * AC);
+    T_CHECK(kern_dev_axpy_rows(d, A(yb), 6, A(cfb), A(xsb), kern_at_make(NULL, 0), 4, AC) == 0,
+            "axpy");
+    kern_ref_axpy_rows(y, coef, xs, NULL, 4, AC);
+    SAME("axpy_rows", yb, y, 6 * AC);
+
+    /* causal conv: 5 outputs, 3 taps, 19 channels */
+    float *cx = fl(7 * 19, 1), *cw = fl(19 * 3, 1), co[5 * 19];
+    struct kern_buf *cxb = act(d, cx, 7 * 19 * 4), *cwb = act(d, cw, 19 * 3 * 4);
+    struct kern_buf *cob = act(d, NULL, sizeof co);
+    T_CHECK(kern_dev_conv_silu(d, A(cob), A(cxb), A(cwb), 5, 19, 3) == 0, "conv");
+    kern_ref_conv_silu(co, cx, cw, 5, 19, 3);
+    SAME("conv_silu", cob, co, 5 * 19);
+
+    struct kern_buf *all[] = {xb, wb, zb, ob, lb, cb, sb, db, ab, gb, eb, yb, xsb, cfb, ixb,
+                              cxb, cwb, cob};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        kern_buf_free(all[i]);
+    free(x), free(w), free(z), free(ref), free(l), free(a), free(g), free(e), free(y), free(xs);
+    free(cx), free(cw);
+    kern_dev_free(d);
+}
+
+/* Attention after a KV store, both cache types: 6 heads on 2 KV heads of 40, three new rows at
+ * positions 147..149 (longer than a work-group), rows 2*40+5 apart in the cache. */
+T_CASE(kv_store_attention)
+{
+    struct kern_dev *d = cl_open(0);
+    T_ASSERT(d, "dev");
+    ku_seed(5);
+    enum { H = 6, KVH = 2, HD = 40, P = 150, N = 3, KS = KVH * HD + 5 };
+    float *kv = fl(P * KVH * HD, 1), *q = fl(N * H * HD, 1), *o = malloc(N * H * HD * 4);
+    float *sc = malloc(P * 4);
+    for (int f16 = 0; f16 < 2; f16++) {
+        uint32_t t = f16 ? KERN_T_F16 : KERN_T_F32;
+        size_t es = f16 ? 2 : 4;
+        void *cache = calloc(P * KS, es);
+        struct kern_buf *kvb = act(d, kv, P * KVH * HD * 4), *qb = act(d, q, N * H * HD * 4);
+        struct kern_buf *cb = NULL, *ob = act(d, NULL, N * H * HD * 4);
+        T_ASSERT(kern_buf_new(&cb, d, KERN_BUF_STATE, P * KS * es, NULL) == 0, "cache");
+        T_CHECK(kern_dev_kv_store(d, t, A(cb), KS, A(kvb), P, KVH * HD) == 0, "store");
+        kern_ref_kv_store(t, cache, KS, kv, P, KVH * HD);
+        void *got = malloc(P * KS * es);
+        get(cb, got, P * KS * es);
+        T_CHECK(!memcmp(got, cache, P * KS * es), "kv_store %s is ref's", f16 ? "f16" : "f32");
+        T_CHECK(kern_dev_attention(d, t, A(ob), A(qb), A(cb), A(cb), N, P - N, H, KVH, HD, KS,
+                                   0.15f) == 0, "attention");
+        kern_ref_attention(t, o, q, cache, cache, N, P - N, H, KVH, HD, KS, 0.15f, sc);
+        float *oo = malloc(N * H * HD * 4);
+        get(ob, oo, N * H * HD * 4);
+        double e = t_nmse(oo, o, N * H * HD);
+        /* f16: the weights are rounded before normalising here, after in ref */
+        T_CHECK(e <= (f16 ? 1e-6 : OP_BOUND), "attention %s: nmse %.3g", f16 ? "f16" : "f32", e);
+        free(oo), free(got), free(cache);
+        kern_buf_free(kvb), kern_buf_free(qb), kern_buf_free(cb), kern_buf_free(ob);
+    }
+    free(kv), free(q), free(o), free(sc);
+    kern_dev_free(d);
+}
+
+T_CASE(moe_deltanet_moves)
+{
+    struct kern_dev *d = cl_open(0);
+    T_ASSERT(d, "dev");
+    ku_seed(9);
+    /* router: 5 tokens, 13 experts, top 4 */
+    enum { T = 5, NE = 13, K = 4 };
+    float *lg = fl(T * NE, 2), wr[T * K], wo[T * K];
+    uint32_t sel[T * K], selo[T * K];
+    struct kern_buf *lb = act(d, lg, T * NE * 4), *sb = act(d, NULL, sizeof sel);
+    struct kern_buf *wb = act(d, NULL, sizeof wo);
+    T_CHECK(kern_dev_moe_route(d, A(sb), A(wb), A(lb), T, NE, K) == 0, "route");
+    kern_ref_moe_route(sel, wr, lg, T, NE, K);
+    get(sb, selo, sizeof selo);
+    T_CHECK(!memcmp(sel, selo, sizeof sel), "moe_route picks ref's experts");
+    SAME("moe_route weights", wb, wr, T * K);
+    SAME("moe_route probabilities", lb, lg, T * NE);
+
+    /* DeltaNet: 4 tokens, 2 key heads, 4 value heads of 16, q/k/v rows 150 apart */
+    enum { N = 4, KH = 2, VH = 4, D = 16, ST = 150 };
+    float *qkv = fl(N * ST, 0.5f), *S = fl(VH * D * D, 0.1f), *beta = fl(N * VH, 1);
+    float *alpha = fl(N * VH, 1), dt[VH], aa[VH], *o = malloc(N * VH * D * 4);
+    float *scr = malloc(2 * D * 4);
+    for (int h = 0; h < VH; h++)
+        dt[h] = 0.1f * (float)h, aa[h] = -0.5f - 0.1f * (float)h;
+    struct kern_buf *qb = act(d, qkv, N * ST * 4), *Sb = NULL, *bb = act(d, beta, N * VH * 4);
+    T_ASSERT(kern_buf_new(&Sb, d, KERN_BUF_STATE, VH * D * D * 4, NULL) == 0, "state");
+    kern_buf_write(Sb, 0, S, VH * D * D * 4);
+    struct kern_buf *ab = act(d, alpha, N * VH * 4), *dtb = act(d, dt, sizeof dt);
+    struct kern_buf *aab = act(d, aa, sizeof aa), *ob = act(d, NULL, N * VH * D * 4);
+    T_CHECK(kern_dev_deltanet(d, A(ob), A(Sb), kern_at_make(qb, 0), kern_at_make(qb, 4 * KH * D),
+                              kern_at_make(qb, 8 * KH * D), ST, A(bb), A(ab), A(dtb), A(aab), N,
+                              KH, VH, D) == 0, "deltanet");
+    kern_ref_deltanet(o, S, qkv, qkv + KH * D, qkv + 2 * KH * D, ST, beta, alpha, dt, aa, N, KH,
+                      VH, D, scr);
+    SAME("deltanet out", ob, o, N * VH * D);
+    SAME("deltanet state", Sb, S, VH * D * D);
+
+    /* copy_rows: gathered odd-sized rows, then word-aligned strided ones; zero */
+    uint8_t src[6 * 23], dst[4 * 29], ref[4 * 29];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i * 7 + 1);
+    uint32_t idx[4] = {5, 1, 1, 3};
+    struct kern_buf *srb = act(d, src, sizeof src), *dsb = act(d, NULL, sizeof dst);
+    struct kern_buf *ixb = act(d, idx, sizeof idx);
+    T_CHECK(kern_dev_copy_rows(d, A(dsb), 29, A(srb), 23, 6, A(ixb), 4, 21) == 0, "copy idx");
+    memset(ref, 0, sizeof ref);
+    for (int i = 0; i < 4; i++)
+        memcpy(ref + i * 29, src + idx[i] * 23, 21);
+    get(dsb, dst, sizeof dst);
+    T_CHECK(!memcmp(dst, ref, sizeof dst), "copy_rows gathered");
+    T_CHECK(kern_dev_copy_rows(d, kern_at_make(dsb, 4), 28, kern_at_make(srb, 8), 24, 0,
+                               kern_at_make(NULL, 0), 3, 16) == 0, "copy words");
+    for (int i = 0; i < 3; i++)
+        memcpy(ref + 4 + i * 28, src + 8 + i * 24, 16);
+    get(dsb, dst, sizeof dst);
+    T_CHECK(!memcmp(dst, ref, sizeof dst), "copy_rows strided words");
+    T_CHECK(kern_dev_zero(d, kern_at_make(dsb, 3), 50) == 0, "zero");
+    memset(ref + 3, 0, 50);
+    get(dsb, dst, sizeof dst);
+    T_CHECK(!memcmp(dst, ref, sizeof dst), "zero");
+
+    struct kern_buf *all[] = {lb, sb, wb, qb, Sb, bb, ab, dtb, aab, ob, srb, dsb, ixb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        kern_buf_free(all[i]);
+    free(lg), free(qkv), free(S), free(beta), free(alpha), free(o), free(scr);
+    kern_dev_free(d);
+}
+
+/* The boundary: bound rows go up, an op runs on them, the result comes back on unbind; the
+ * buffer kinds' rules hold as on the host devices. */
+T_CASE(io_and_buffers)
+{
+    struct kern_dev *d = cl_open(0);
+    T_ASSERT(d, "dev");
+    float x[10], y[10];
+    for (int i = 0; i < 10; i++)
+        x[i] = (float)i, y[i] = 1.0f;
+    struct kern_buf *io = NULL, *one = act(d, y, sizeof y), *w = NULL;
+    T_ASSERT(kern_buf_new(&io, d, KERN_BUF_IO, sizeof x, NULL) == 0, "io");
+    T_CHECK(kern_buf_size(io) == 0, "unbound io addresses nothing");
+    T_CHECK(kern_buf_bind(io, x, sizeof x, true) == 0, "bind");
+    T_CHECK(kern_dev_add(d, A(io), A(one), 10) == 0, "add on the boundary");
+    T_CHECK(kern_buf_unbind(io, true) == 0, "unbind");
+    T_CHECK(x[0] == 1.0f && x[9] == 10.0f, "downloaded: %g %g", x[0], x[9]);
+    T_ASSERT(kern_buf_new(&w, d, KERN_BUF_WEIGHT, sizeof y, y) == 0, "weight");
+    T_CHECK(kern_buf_write(w, 0, x, 4) == -EINVAL, "weights are read-only");
+    float back[10];
+    T_CHECK(kern_buf_read(w, 0, back, sizeof back) == 0 && !memcmp(back, y, sizeof y), "read");
+    struct kern_cl_info info;
+    struct kern_buf *big = NULL;
+    T_ASSERT(kern_cl_info(d, &info) == 0, "info");
+    T_CHECK(kern_buf_new(&big, d, KERN_BUF_STATE, info.alloc_cap + 1, NULL) == -ENOMEM && !big,
+            "a state buffer over the device's cap is refused (only weights are split)");
+    kern_buf_free(io), kern_buf_free(one), kern_buf_free(w);
+    kern_dev_free(d);
+    d = cl_open(8192);
+    T_ASSERT(d, "capped");
+    T_CHECK(kern_buf_new(&big, d, KERN_BUF_STATE, 1 << 20, NULL) == 0 && big,
+            "a forced cap splits weights only");
+    kern_buf_free(big);
+    kern_dev_free(d);
+}
+
+/* The program binary is cached: a fresh folder gets one, the next open takes it. */
+T_CASE(program_cache)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/fresh", cache);
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = dir};
+    kern_cl_opts_set(&o);
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    struct kern_cl_info info;
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache && info.build_ms > 0, "built");
+    struct stat st;
+    T_CHECK(stat(info.cache_file, &st) == 0 && st.st_size > 0, "cached in %s", info.cache_file);
+    T_CHECK(strstr(info.cache_file, dir) == info.cache_file, "in the folder asked for");
+    printf("device %s (%s), build %.0f ms, cap %zu, wg %d\n", info.device, info.platform,
+           info.build_ms, info.alloc_cap, info.wg);
+    kern_dev_free(d);
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "reopen: %s", err);
+    T_CHECK(kern_cl_info(d, &info) == 0 && info.from_cache, "the second open takes the binary");
+    kern_dev_free(d);
+    /* a corrupt binary is rebuilt from source */
+    FILE *f = fopen(info.cache_file, "wb");
+    T_ASSERT(f, "open cache file");
+    fputs("not a binary", f);
+    fclose(f);
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "corrupt cache: %s", err);
+    T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache, "rebuilt");
+    kern_dev_free(d);
+    /* another work-group size is another program, another file */
+    o.wg = 128;
+    kern_cl_opts_set(&o);
+    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "wg 128: %s", err);
+    T_CHECK(kern_cl_info(d, &info) == 0 && info.wg == 128 && !info.from_cache, "wg 128 built");
+    kern_dev_free(d);
+    kern_cl_opts_set(NULL);
+}
+
+T_CASE(no_such_device)
+{
+    struct kern_cl_opts o = {.platform = 7, .device = -1, .cache_dir = cache};
+    kern_cl_opts_set(&o);
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "platform 7");
+    T_CHECK(strstr(err, "platform 7") && strstr(err, "0: "), "names what exists: %s", err);
+    o = (struct kern_cl_opts){.platform = 0, .device = 5, .cache_dir = cache};
+    kern_cl_opts_set(&o);
+    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "device 5");
+    T_CHECK(strstr(err, "device 5") && strstr(err, "0: "), "names what exists: %s", err);
+    kern_cl_opts_set(NULL);
+    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "defaults again: %s", err);
+    kern_dev_free(d);
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argc, argv);
+    snprintf(cache, sizeof cache, "/tmp/kv-test-kern-opencl.%d", (int)getpid());
+    T_RUN_TIMEOUT(matmul_every_type, 600);
+    T_RUN_TIMEOUT(matmul_every_type_split, 600);
+    T_RUN_TIMEOUT(norms_rope_elementwise, 600);
+    T_RUN_TIMEOUT(kv_store_attention, 600);
+    T_RUN_TIMEOUT(moe_deltanet_moves, 600);
+    T_RUN_TIMEOUT(io_and_buffers, 600);
+    T_RUN_TIMEOUT(adreno_layout, 600);
+    T_RUN_TIMEOUT(variants_compile, 600);
+    T_RUN_TIMEOUT(program_cache, 600);
+    T_RUN_TIMEOUT(no_such_device, 600);
+    int rc = T_DONE();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", cache);
+    return rc;
+}
