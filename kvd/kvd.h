@@ -37,6 +37,11 @@ struct kvd_stage_opts {
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
+    /* rank 0: the OpenAI-compatible API (docs/api.md) */
+    const char *api_listen;     /* "host:port"; NULL: none */
+    const char *api_key_file;   /* Bearer keys, one a line; NULL: no keys */
+    uint32_t api_max_sessions;  /* API generations at once (0: the manifest's max_sessions) */
+    const char *chat_template;  /* a chat template family; NULL: the model's */
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */

@@ -403,4 +403,17 @@ uint32_t model_gen_n_gen(const struct model_gen *g);
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */
 int model_gen_flush(struct model_gen *g, const char **text, size_t *len);
 
+/* ============================== chat templates ============================== */
+
+struct gguf_file;
+struct model_chat_msg { const char *role; const char *content; };
+/* Renders msgs with the model's tokenizer.chat_template (family recognised from the
+ * template text) or, when name != NULL, with the named family ("chatml", "llama3",
+ * "llama2", "mistral", "phi3", "gemma"); add_assistant appends the assistant prefix.
+ * *out is malloc'd NUL-terminated text; -ENOTSUP with the family/template named in err
+ * when unknown. */
+int model_chat_render(char **out, const struct gguf_file *g, const char *name,
+                      const struct model_chat_msg *msgs, size_t n, bool add_assistant,
+                      char *err, size_t errlen);
+
 #endif

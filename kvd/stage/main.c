@@ -55,6 +55,10 @@ static int set_threads(struct kvd_stage_opts *o, const char *v) { return parse_i
 static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
 static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
 static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 0, 1000000, &o->batch_wait_us); }
+static int set_api(struct kvd_stage_opts *o, const char *v) { o->api_listen = v; return 0; }
+static int set_api_keys(struct kvd_stage_opts *o, const char *v) { o->api_key_file = v; return 0; }
+static int set_api_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 65536, &o->api_max_sessions); }
+static int set_chat_template(struct kvd_stage_opts *o, const char *v) { o->chat_template = v; return 0; }
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -81,6 +85,10 @@ static const struct opt opts[] = {
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
+    {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
+    {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
+    {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},
+    {"--chat-template", "NAME", "chat template family (chatml, llama3, ...; default: the model's)", set_chat_template},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},
