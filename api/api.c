@@ -709,7 +709,9 @@ static cJSON *envelope(const struct call *c)
 static cJSON *logprobs_json(const struct call *c, cJSON *es)
 {
     if (c->chat) {
-        cJSON *o = cJSON_CreateObject();
+        cJSON *o = cJSON_CreateObject(), *e;
+        cJSON_ArrayForEach(e, es)
+            cJSON_DeleteItemFromObjectCaseSensitive(e, "offset");   /* completions' only */
         cJSON_AddItemToObject(o, "content", es);
         return o;
     }

@@ -355,6 +355,8 @@ static void ring_up_usage(FILE *f)
         "                      its id goes into the manifest, every stage verifies its window\n"
         "  --split A:B,B:C,... explicit windows, one per stage, contiguous from 0 to the\n"
         "                      model's layers (--stages may be left out)\n"
+        "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md),\n"
+        "  --api-key-file F, --api-max-sessions N, --chat-template NAME  with these (kvd stage)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -369,7 +371,12 @@ static int ring_up(int argc, char **argv)
         {"layers", required_argument, 0, 'L'}, {"embd", required_argument, 0, 'E'},
         {"window-from", required_argument, 0, 'W'}, {"catalog", required_argument, 0, 'C'},
         {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
+        {"api", required_argument, 0, 'A'}, {"api-key-file", required_argument, 0, 'K'},
+        {"api-max-sessions", required_argument, 0, 'X'},
+        {"chat-template", required_argument, 0, 'T'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    /* rank 0's API options, passed on as they are (kvd stage checks them) */
+    const char *api = NULL, *api_keys = NULL, *api_max = NULL, *chat_template = NULL;
     const char *window_from = NULL, *catalog = NULL, *split = NULL;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
@@ -390,6 +397,10 @@ static int ring_up(int argc, char **argv)
         case 'b': rc = kvctl_parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
         case 'S': stub = true; break;
         case 'w': rc = kvctl_parse_long("--batch-wait-us", optarg, 0, 1000000, &batch_wait); break;
+        case 'A': api = optarg; break;
+        case 'K': api_keys = optarg; break;
+        case 'X': api_max = optarg; break;
+        case 'T': chat_template = optarg; break;
         case 'W': window_from = optarg; break;
         case 'C': catalog = optarg; break;
         case 'P': split = optarg; break;
@@ -711,7 +722,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
-            const char *args[20];
+            const char *args[32];
             int a = 0;
             args[a++] = kvd;
             args[a++] = "stage";
@@ -726,6 +737,16 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             if (batch_wait >= 0) {
                 args[a++] = "--batch-wait-us";
                 args[a++] = bw;
+            }
+            if (r == 0) {
+                const char *ao[][2] = {{"--api", api}, {"--api-key-file", api_keys},
+                                       {"--api-max-sessions", api_max},
+                                       {"--chat-template", chat_template}};
+                for (size_t k = 0; k < sizeof ao / sizeof ao[0]; k++)
+                    if (ao[k][1]) {
+                        args[a++] = ao[k][0];
+                        args[a++] = ao[k][1];
+                    }
             }
             if (stub)
                 args[a++] = "--stub";
@@ -815,6 +836,8 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
            "(balanced by work per token, embedding and head included)" : stub ? "even (stand-in compute)"
            : "by layer bytes (the planner refused: see above)");
     print_status_table(dir_abs, &m, stdout);
+    if (api)
+        printf("api: http://%s/v1 (rank 0)\n", api);
     return 0;
 }
 
