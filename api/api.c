@@ -263,7 +263,7 @@ static bool check_auth(struct api_server *s, struct net_http_req *r)
 struct params {
     struct model_sampler_params sp;
     uint32_t max_tokens;
-    bool have_max, stream, include_usage, logprobs;
+    bool have_max, stream, include_usage, logprobs, ignore_eos;
     uint32_t top_logprobs;
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops;
@@ -368,6 +368,10 @@ static int params_parse(struct api_server *s, const cJSON *q, bool chat, struct 
     if (!isnan(d) && d != 1) {
         *bad = "n";
         snprintf(msg, n, "n: %.0f choices asked; this server makes one (n = 1)", d);
+        return -EINVAL;
+    }
+    if (bool_field(q, "ignore_eos", &p->ignore_eos, msg, n) < 0) {
+        *bad = "ignore_eos";
         return -EINVAL;
     }
     if (bool_field(q, "stream", &p->stream, msg, n) < 0) {
@@ -1024,6 +1028,7 @@ static void handle_gen(struct net_http_req *r, struct api_server *s, bool chat)
     }
     struct api_gen_req gr = {
         .prompt = toks, .n_prompt = n_toks, .sp = p.sp, .logits = c->logprobs != 0,
+        .ignore_eos = p.ignore_eos,
         .max_tokens = p.have_max ? p.max_tokens : chat ? s->gen.n_ctx : 16,
         .stops = (const char *const *)c->stops, .n_stops = c->n_stops,
     };

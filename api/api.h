@@ -29,6 +29,7 @@ struct api_gen_req {
                                   * the text holds one */
     uint32_t n_stops;
     bool logits;                 /* every token comes with its position's raw logits */
+    bool ignore_eos;             /* end-of-text tokens do not end it (llama.cpp's extension) */
 };
 
 struct api_gen_token {

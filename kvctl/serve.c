@@ -322,7 +322,8 @@ static int gen_start(void *impl, const struct api_gen_req *r, const struct api_g
     memcpy(g->prompt, r->prompt, (size_t)r->n_prompt * sizeof *g->prompt);
     g->n_prompt = r->n_prompt;
     g->sp = r->sp;
-    g->gp = (struct model_gen_params){.n_ctx = sv->n_ctx, .max_gen = r->max_tokens, .eos = -1};
+    g->gp = (struct model_gen_params){.n_ctx = sv->n_ctx, .max_gen = r->max_tokens, .eos = -1,
+                                         .ignore_eos = r->ignore_eos};
     g->want_logits = r->logits;
     g->sink = sink;
     g->ud = sink_ud;

@@ -60,7 +60,7 @@ static int gen_start(void *impl, const struct api_gen_req *r, const struct api_g
     g->sink = sink;
     g->ud = sink_ud;
     struct kvd_sess_gen sg = {
-        .toks = toks, .n_toks = r->n_prompt, .want_logits = r->logits,
+        .toks = toks, .n_toks = r->n_prompt, .want_logits = r->logits, .ignore_eos = r->ignore_eos,
         .max_gen = r->max_tokens > st->m.n_ctx ? st->m.n_ctx : r->max_tokens,
         .stops = r->stops, .n_stops = r->n_stops, .sink = &sess_sink, .sink_ud = g,
     };
