@@ -6,7 +6,7 @@
  * of a ring: rank 0 calls model_embed, every stage model_window_run on the boundary rows,
  * the last rank model_head and the sampler.
  *
- * Sections: [window + executor + sampler], [tokenizer] and [generation].
+ * Sections: [window + executor + sampler], [tokenizer], [generation] and [chat templates].
  */
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
