@@ -445,31 +445,6 @@ static int params_parse(struct api_server *s, const cJSON *q, bool chat, struct 
 
 /* ================================ prompts ================================ */
 
-static int tokenize(const struct model_vocab *v, const char *text, int32_t **out, uint32_t *n)
-{
-    size_t len = strlen(text), cnt = 0, cap = len + 8;
-    int32_t *t = malloc(cap * sizeof *t);
-    if (!t)
-        return -ENOMEM;
-    int rc = model_tokenize(v, text, len, true, true, t, cap, &cnt);
-    if (rc == -ENOSPC) {
-        int32_t *nt = realloc(t, cnt * sizeof *t);
-        if (!nt) {
-            free(t);
-            return -ENOMEM;
-        }
-        t = nt;
-        rc = model_tokenize(v, text, len, true, true, t, cnt, &cnt);
-    }
-    if (rc < 0 || cnt > UINT32_MAX) {
-        free(t);
-        return rc < 0 ? rc : -E2BIG;
-    }
-    *out = t;
-    *n = (uint32_t)cnt;
-    return 0;
-}
-
 /* The completions prompt: a string, a list of one string, token ids or a list of one list
  * of ids. 0, or an error already answered. */
 static int prompt_completion(struct api_server *s, struct net_http_req *r, const cJSON *q,
@@ -484,7 +459,7 @@ static int prompt_completion(struct api_server *s, struct net_http_req *r, const
             reply_err(r, 400, "prompt", NULL, "prompt: this model has no tokenizer: send token ids");
             return -EINVAL;
         }
-        int rc = tokenize(s->gen.vocab, p->valuestring, toks, n);
+        int rc = model_tokenize_alloc(s->gen.vocab, p->valuestring, toks, n);
         if (rc < 0) {
             reply_err(r, 500, NULL, NULL, "tokenizing the prompt: %s", strerror(-rc));
             return rc;
@@ -595,7 +570,7 @@ static int prompt_chat(struct api_server *s, struct net_http_req *r, const cJSON
         if (rc < 0)
             reply_err(r, 500, NULL, "chat_template", "chat template: %s",
                       err[0] ? err : strerror(-rc));
-        else if ((rc = tokenize(s->gen.vocab, text, toks, n)) < 0)
+        else if ((rc = model_tokenize_alloc(s->gen.vocab, text, toks, n)) < 0)
             reply_err(r, 500, NULL, NULL, "tokenizing the chat: %s", strerror(-rc));
     } else if (rc == -ENOMEM) {
         reply_err(r, 500, NULL, NULL, "out of memory");
@@ -709,6 +684,17 @@ static cJSON *envelope(const struct call *c)
     return o;
 }
 
+/* An answer (or a streamed chunk) with its one choice, *ch, index 0. */
+static cJSON *answer_new(const struct call *c, cJSON **ch)
+{
+    cJSON *o = envelope(c);
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(chs, *ch);
+    cJSON_AddNumberToObject(*ch, "index", 0);
+    return o;
+}
+
 /* The logprobs object of a choice from the entries es (taken). */
 static cJSON *logprobs_json(const struct call *c, cJSON *es)
 {
@@ -763,10 +749,7 @@ static void sse_send(struct call *c, cJSON *o)
 /* One streamed chunk: text t[0..n) and the pending logprob entries; finish may be NULL. */
 static void stream_chunk(struct call *c, const char *t, size_t n, const char *finish)
 {
-    cJSON *o = envelope(c);
-    cJSON *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(chs, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *ch, *o = answer_new(c, &ch);
     if (c->chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (!c->sent_any)
@@ -910,10 +893,7 @@ static void on_done(void *ud, const char *reason, const char *error, const char 
     } else if (error) {
         reply_err(c->req, 500, NULL, NULL, "%s", error);
     } else {
-        cJSON *o = envelope(c);
-        cJSON *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
-        cJSON_AddItemToArray(chs, ch);
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON *ch, *o = answer_new(c, &ch);
         if (c->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
