@@ -6,6 +6,7 @@
 # sampling, and their usage counts are the prompt's and the generation's tokens.
 . "$(dirname "$0")/lib.sh"
 need_exec "$KVCTL" "$KVD"
+san_log_check   # a sanitizer report in a daemon's log (under $T) fails the test
 command -v node >/dev/null || die "node missing (scripts/setup.sh installs nodejs)"
 [ -f tests/node_modules/openai/package.json ] ||
     die "node package openai missing in tests/node_modules (scripts/setup.sh installs it from the npm registry)"

@@ -9,6 +9,7 @@
 # daemon stays up.
 . "$(dirname "$0")/lib.sh"
 need_exec "$KVCTL" "$KVD"
+san_log_check   # a sanitizer report in a daemon's log (under $T) fails the test
 command -v curl >/dev/null || die "curl missing (scripts/setup.sh installs it)"
 M=$(need_model stories260K.gguf) || exit 1
 
