@@ -30,6 +30,8 @@ int kvctl_ring_generate(int argc, char **argv);
 /* kvctl_plan.c */
 int kvctl_cmd_plan(int argc, char **argv);
 int kvctl_cmd_profile(int argc, char **argv);
+/* kvctl_serve.c: the OpenAI-compatible API from one process */
+int kvctl_cmd_serve(int argc, char **argv);
 /* kvctl_pull.c */
 int kvctl_cmd_pull(int argc, char **argv);
 

@@ -24,6 +24,7 @@ static const struct util_cmd commands[] = {
     {"status",     kvctl_cmd_status,     "--ring DIR                the ring at a glance"},
     {"plan",       kvctl_cmd_plan,       "--model FILE --devices J  plan a ring manifest"},
     {"profile",    kvctl_cmd_profile,    "--model FILE              this device's profile JSON"},
+    {"serve",      kvctl_cmd_serve,      "-m FILE --listen HOST:PORT  the OpenAI-compatible API from one process"},
     {"pull",       kvctl_cmd_pull,       "--from URL --layers A:B -o OUT  fetch only a window"},
 };
 

@@ -397,6 +397,8 @@ static void ring_up_usage(FILE *f)
         "  --link-timeout-ms N a link silent for N ms is dead (kvd stage --link-timeout-ms)\n"
         "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
         "                      \"backend\" (default cpu for every rank)\n"
+        "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md),\n"
+        "  --api-key-file F, --api-max-sessions N, --chat-template NAME  with these (kvd stage)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -413,7 +415,12 @@ static int ring_up(int argc, char **argv)
         {"split", required_argument, 0, 'P'}, {"batch-wait-us", required_argument, 0, 'w'},
         {"standby", required_argument, 0, 'Y'}, {"repair-wait", required_argument, 0, 'R'},
         {"link-timeout-ms", required_argument, 0, 'T'}, {"backends", required_argument, 0, 'K'},
+        {"api", required_argument, 0, 'A'}, {"api-key-file", required_argument, 0, 'k'},
+        {"api-max-sessions", required_argument, 0, 'X'},
+        {"chat-template", required_argument, 0, 'J'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    /* rank 0's API options, passed on as they are (kvd stage checks them) */
+    const char *api = NULL, *api_keys = NULL, *api_max = NULL, *chat_template = NULL;
     const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
     long n_standby = 0, repair_wait = -1, link_timeout = 0;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
@@ -435,6 +442,10 @@ static int ring_up(int argc, char **argv)
         case 'b': rc = kvctl_parse_long("--max-batch", optarg, 1, 4096, &max_batch); break;
         case 'S': stub = true; break;
         case 'w': rc = kvctl_parse_long("--batch-wait-us", optarg, 0, 1000000, &batch_wait); break;
+        case 'A': api = optarg; break;
+        case 'k': api_keys = optarg; break;
+        case 'X': api_max = optarg; break;
+        case 'J': chat_template = optarg; break;
         case 'W': window_from = optarg; break;
         case 'Y': rc = kvctl_parse_long("--standby", optarg, 0, RING_MAX_STANDBYS, &n_standby); break;
         case 'R': rc = kvctl_parse_long("--repair-wait", optarg, 0, 86400, &repair_wait); break;
@@ -798,7 +809,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
-            const char *args[26];
+            const char *args[40];
             int a = 0;
             args[a++] = kvd;
             args[a++] = "stage";
@@ -821,6 +832,16 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             if (batch_wait >= 0) {
                 args[a++] = "--batch-wait-us";
                 args[a++] = bw;
+            }
+            if (r == 0) {
+                const char *ao[][2] = {{"--api", api}, {"--api-key-file", api_keys},
+                                       {"--api-max-sessions", api_max},
+                                       {"--chat-template", chat_template}};
+                for (size_t k = 0; k < sizeof ao / sizeof ao[0]; k++)
+                    if (ao[k][1]) {
+                        args[a++] = ao[k][0];
+                        args[a++] = ao[k][1];
+                    }
             }
             if (stub)
                 args[a++] = "--stub";
@@ -914,6 +935,8 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
            "(balanced by work per token, embedding and head included)" : stub ? "even (stand-in compute)"
            : "by layer bytes (the planner refused: see above)");
     print_status_table(dir_abs, &m, stdout);
+    if (api)
+        printf("api: http://%s/v1 (rank 0)\n", api);
     return 0;
 }
 

@@ -91,6 +91,11 @@ struct kvd_stage_opts {
     uint32_t link_timeout_ms;
     const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
                                    manifest rank's "backend", else cpu */
+    /* rank 0: the OpenAI-compatible API (docs/api.md) */
+    const char *api_listen;     /* "host:port"; NULL: none */
+    const char *api_key_file;   /* Bearer keys, one a line; NULL: no keys */
+    uint32_t api_max_sessions;  /* API generations at once (0: the manifest's max_sessions) */
+    const char *chat_template;  /* a chat template family; NULL: the model's */
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */

@@ -302,6 +302,10 @@ int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len)
  * wrong: call again with *n slots), -ENOMEM. */
 int model_tokenize(const struct model_vocab *v, const char *text, size_t len, bool add_special,
                    bool parse_special, int32_t *out, size_t max, size_t *n);
+/* A prompt's tokens as rank 0 and the API take them (special tokens added and parsed) into
+ * *out (malloc'd, the caller frees) and *n: 0, -ENOMEM or -E2BIG (over UINT32_MAX). */
+int model_tokenize_alloc(const struct model_vocab *v, const char *text, int32_t **out,
+                         uint32_t *n);
 
 /* The bytes one token stands for (byte tokens give one byte, which may be part of a UTF-8
  * character). Control/unknown tokens give "" unless special. Borrowed, lives as long as v;

@@ -225,6 +225,32 @@ int model_tokenize(const struct model_vocab *v, const char *text, size_t len, bo
     return rc;
 }
 
+int model_tokenize_alloc(const struct model_vocab *v, const char *text, int32_t **out,
+                         uint32_t *n)
+{
+    size_t len = strlen(text), cnt = 0, cap = len + 8;
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    int rc = model_tokenize(v, text, len, true, true, t, cap, &cnt);
+    if (rc == -ENOSPC) {
+        int32_t *nt = realloc(t, cnt * sizeof *t);
+        if (!nt) {
+            free(t);
+            return -ENOMEM;
+        }
+        t = nt;
+        rc = model_tokenize(v, text, len, true, true, t, cnt, &cnt);
+    }
+    if (rc < 0 || cnt > UINT32_MAX) {
+        free(t);
+        return rc < 0 ? rc : -E2BIG;
+    }
+    *out = t;
+    *n = (uint32_t)cnt;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- detokenize */
 
 const char *model_token_piece(const struct model_vocab *v, int32_t id, bool special, size_t *len)

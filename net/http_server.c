@@ -25,6 +25,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
+#include <cjson/cJSON.h>
 #include <http_parser.h>
 #include <uv.h>
 #include <zstd.h>
@@ -518,7 +519,8 @@ static void conn_close(struct net_http_conn *c)
     struct net_http_req *r = &c->req;
     if (c->st == ST_DISPATCHED && r->answered && !r->resp_done)
         access_log(r, false);
-    if (c->st == ST_DISPATCHED && !r->answered && r->abort_cb) {
+    if (c->st == ST_DISPATCHED && (!r->answered || (r->kind == R_PUSH && !r->resp_done)) &&
+        r->abort_cb) {
         void (*cb)(void *) = r->abort_cb;
         r->abort_cb = NULL;
         cb(r->abort_ud);
@@ -1097,6 +1099,7 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
         if (limits->max_conns_per_addr) d.max_conns_per_addr = limits->max_conns_per_addr;
         if (limits->copy_high_water) d.copy_high_water = limits->copy_high_water;
         if (limits->max_zstd_streams) d.max_zstd_streams = limits->max_zstd_streams;
+        d.json_errors = limits->json_errors;
     }
     if (d.copy_high_water < HTTP_CHUNK)
         d.copy_high_water = HTTP_CHUNK;
@@ -1365,6 +1368,20 @@ int net_http_reply_error(struct net_http_req *r, int status, const char *fmt, ..
         n = 0;
     if ((size_t)n > sizeof msg - 2)
         n = (int)sizeof msg - 2;
+    if (r->c->srv->lim.json_errors) {
+        msg[n] = 0;
+        cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "message", msg);
+        cJSON_AddStringToObject(e, "type", status >= 500 ? "server_error" : "invalid_request_error");
+        cJSON_AddNumberToObject(e, "code", status);
+        char *js = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!js)
+            return net_http_reply(r, 500, "text/plain; charset=utf-8", NULL, NULL, 0);
+        int rc = net_http_reply(r, status, "application/json", NULL, js, strlen(js));
+        free(js);
+        return rc;
+    }
     msg[n++] = '\n';
     msg[n] = 0;
     return net_http_reply(r, status, "text/plain; charset=utf-8", NULL, msg, (size_t)n);

@@ -332,6 +332,10 @@ struct net_http_limits {
      * out unencoded (default 16). */
     uint32_t copy_high_water;
     uint32_t max_zstd_streams;
+    /* The server's own error replies (413, 408, 404, ...) and net_http_reply_error as
+     * {"error": {"message", "type", "code"}} application/json (a JSON API's clients read
+     * every error the same way); false: text/plain. */
+    bool json_errors;
 };
 
 struct net_http_stats {
@@ -417,7 +421,9 @@ bool net_http_req_is_http10(const struct net_http_req *r);      /* HTTP/1.0 requ
 /* Peer address as "ip:port". */
 const char *net_http_req_peer(const struct net_http_req *r);
 struct net_http_conn *net_http_req_conn(struct net_http_req *r);
-/* Called if the connection goes away before the request is answered (async handlers). */
+/* Called if the connection goes away before the request is answered (async handlers), or
+ * before a pushed body's net_http_reply_end (a streaming client that left): the request is
+ * gone once it returns. */
 void net_http_req_set_abort(struct net_http_req *r, void (*abort_cb)(void *ud), void *ud);
 
 /* Answer with a copied body (NULL/0 for none). extra_headers: "Name: value\r\n" lines or

@@ -28,8 +28,9 @@ LAYERS = {
     "planner": ["util", "model"],
     "ringlib": ["util", "kernels", "net"],
     "seed": ["util", "gguf", "net", "ringlib"],
-    "kvd": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
-    "kvctl": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed"],
+    "api": ["util", "kernels", "gguf", "model", "net"],
+    "kvd": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "kvctl": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
 }
 SRC_DIRS = list(LAYERS)
 

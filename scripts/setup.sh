@@ -55,6 +55,19 @@ npm_ws() {
         echo "setup: npm install ws failed: the relay interop test will fail" >&2
 }
 
+# The official `openai` client (the version tests/package.json pins) for the API tests, from
+# the npm registry. Never fatal: the API tests say what is missing. npm prunes what the
+# package.json does not list, so this runs before npm_ws links Debian's ws.
+npm_openai() {
+    want=$(sed -n 's/.*"openai": *"\([^"]*\)".*/\1/p' tests/package.json)
+    have=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' tests/node_modules/openai/package.json 2>/dev/null | head -1)
+    [ -n "$want" ] && [ "$have" = "$want" ] && return 0
+    command -v npm >/dev/null 2>&1 || { echo "setup: no npm: the API tests will fail (openai client missing)" >&2; return 0; }
+    echo "setup: npm install openai@$want into tests/node_modules"
+    (cd tests && npm install --no-package-lock --no-audit --no-fund >/dev/null) ||
+        echo "setup: npm install openai failed: the API tests will fail" >&2
+}
+
 if [ "$DRY" = 1 ]; then
     echo "setup: would install:$missing"
     exit 0
@@ -92,4 +105,4 @@ if [ -n "$missing" ]; then
     echo "setup: done"
 fi
 [ "$TEST" = 1 ] || exit 0
-cd "$(dirname "$0")/.." && npm_ws
+cd "$(dirname "$0")/.." && npm_openai && npm_ws

@@ -56,7 +56,12 @@
 # Q4_0 and Q8_0; BENCH_OPENCL_MODEL overrides), with both Q4_0 layouts; figures only. For a
 # machine with a real GPU: scripts/opencl-bench.
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl. BENCH_ONLY="ring relay"
+# api: the OpenAI-compatible API of a 3-stage ring of stories260K (kvd stage --api):
+#     requests per second and time to first token with 1, 8 and 32 concurrent streaming
+#     clients (BENCH_API_CLIENTS), each sending BENCH_API_REQS completions of
+#     BENCH_API_TOKENS tokens (tests/api_bench.mjs).
+#
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -558,3 +563,21 @@ if want opencl; then
         done
     fi
 fi
+# ---- the OpenAI-compatible API: requests/s and time to first token under load ----
+bench_api() {
+    local f="$TD/models/stories260K.gguf" t port
+    [ -s "$f" ] || { echo "== api: stories260K.gguf missing; skipped"; return 0; }
+    command -v node >/dev/null || { echo "== api: node missing; skipped"; return 0; }
+    t=$(mktemp -d /tmp/kvbench-api.XXXXXX)
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    echo "== api: 3-stage ring of stories260K, rank 0 serving the API; streamed completions of ${BENCH_API_TOKENS:-16} tokens"
+    if ! "$KVCTL" ring up --dir "$t/ring" --model "$f" --stages 3 --api "127.0.0.1:$port" \
+            --api-max-sessions 64 > "$t/up" 2>&1; then
+        echo "ring up failed:"; tail -5 "$t/up"; rm -rf "$t"; return 0
+    fi
+    node tests/api_bench.mjs "http://127.0.0.1:$port" "${BENCH_API_TOKENS:-16}" "${BENCH_API_REQS:-4}" \
+        ${BENCH_API_CLIENTS:-1 8 32} | sed 's/^/  /' || echo "  the API benchmark failed"
+    "$KVCTL" ring down --dir "$t/ring" > /dev/null 2>&1
+    rm -rf "$t"
+}
+if want api; then bench_api || true; fi

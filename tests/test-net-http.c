@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <poll.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -105,6 +106,32 @@ static void h_async(struct net_http_req *r, void *ud)
     uv_timer_start(&async_timer, on_async_timer, 50, 0);
 }
 
+/* A pushed body that never ends by itself: a chunk every 5 ms until its client leaves. */
+static uv_timer_t stream_timer;
+static struct net_http_req *stream_req;
+static int stream_aborted;   /* set on the loop thread, read by the case */
+
+static void on_stream_tick(uv_timer_t *t)
+{
+    if (stream_req)
+        net_http_reply_write(stream_req, "data: tick\n\n", 12);
+}
+
+static void stream_abort(void *ud)
+{
+    stream_req = NULL;
+    uv_timer_stop(&stream_timer);
+    __atomic_store_n(&stream_aborted, 1, __ATOMIC_SEQ_CST);
+}
+
+static void h_stream(struct net_http_req *r, void *ud)
+{
+    net_http_reply_begin(r, 200, "text/event-stream", NULL, UINT64_MAX, NULL, NULL);
+    stream_req = r;
+    net_http_req_set_abort(r, stream_abort, NULL);
+    uv_timer_start(&stream_timer, on_stream_tick, 5, 5);
+}
+
 static void up_data(void *ud, struct net_http_conn *c, const void *buf, size_t n)
 {
     if (n >= 4 && memcmp(buf, "QUIT", 4) == 0) {
@@ -187,6 +214,7 @@ static void on_stop(uv_async_t *a)
     net_http_server_close(srv3, on_closed, &server3_closed);
     uv_close((uv_handle_t *)&stop_async, NULL);
     uv_close((uv_handle_t *)&async_timer, NULL);
+    uv_close((uv_handle_t *)&stream_timer, NULL);
 }
 
 static void *loop_thread(void *arg)
@@ -861,6 +889,60 @@ T_CASE(send_rate_limit)
     free(r.body);
 }
 
+/* A pushed body whose client leaves before net_http_reply_end: the abort callback runs (the
+ * producer stops at once), and the server goes on. */
+T_CASE(push_client_gone)
+{
+    signal(SIGPIPE, SIG_IGN);   /* the server writes on after the client left, as daemons do */
+    struct client c;
+    client_open(&c);
+    const char *q = "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n";
+    sendall(c.fd, q, strlen(q));
+    char b[4096];
+    size_t got = 0;
+    while (got < 200) {
+        ssize_t k = recv(c.fd, b, sizeof b, 0);
+        T_ASSERT(k > 0, "the stream ended early");
+        got += (size_t)k;
+    }
+    close(c.fd);
+    int waited = 0;
+    while (!__atomic_load_n(&stream_aborted, __ATOMIC_SEQ_CST) && waited < 1000) {
+        usleep(10000);
+        waited += 10;
+    }
+    T_CHECK(__atomic_load_n(&stream_aborted, __ATOMIC_SEQ_CST), "no abort callback within 1 s of the client leaving");
+    struct resp r;
+    roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
+    T_CHECK(r.status == 200, "server still answers: %d", r.status);
+    free(r.body);
+}
+
+static bool body_has(const struct resp *r, const char *s)
+{
+    return r->body && memmem(r->body, r->blen, s, strlen(s)) != NULL;
+}
+
+/* json_errors: the server's own refusals are JSON objects with the message and the status. */
+T_CASE(json_errors)
+{
+    int save = port;
+    port = port3;
+    struct resp r;
+    roundtrip("GET /nowhere HTTP/1.1\r\n\r\n", &r, false);
+    const char *ct = hdr(&r, "Content-Type");
+    T_CHECK(r.status == 404 && ct && strcmp(ct, "application/json") == 0, "404: %d %s", r.status,
+            ct ? ct : "(no type)");
+    T_CHECK(r.blen > 0 && body_has(&r, "\"error\":{\"message\":\"no route for /nowhere\"") &&
+            body_has(&r, "\"code\":404"), "404 body: %.*s", (int)r.blen, r.body);
+    free(r.body);
+    roundtrip("POST /body HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", &r, false);
+    T_CHECK(r.status == 413 && r.blen > 0 && body_has(&r, "\"code\":413"), "413: %d %.*s",
+            r.status, (int)r.blen, r.body);
+    free(r.body);
+    port = save;
+}
+
 T_CASE(unit_helpers)
 {
     uint64_t a, b;
@@ -910,6 +992,7 @@ static int servers_up(void)
         net_http_server_route(srv, "GET", "/async", h_async, NULL) != 0 ||
         net_http_server_route(srv, "GET", "/up", h_up, NULL) != 0 ||
         net_http_server_route(srv, "GET", "/hdr/*", h_hdr, NULL) != 0 ||
+        net_http_server_route(srv, "GET", "/stream", h_stream, NULL) != 0 ||
         net_http_server_listen(srv, "127.0.0.1:0") != 0) {
         fprintf(stderr, "server set-up failed\n");
         return -1;
@@ -923,7 +1006,8 @@ static int servers_up(void)
     }
     net_http_server_set_filter(srv2, &xfilter);
     port2 = net_http_server_port(srv2);
-    struct net_http_limits lim3 = {.max_send_rate = 2u << 20, .max_conns_per_addr = 4};
+    struct net_http_limits lim3 = {.max_send_rate = 2u << 20, .max_conns_per_addr = 4,
+                                   .json_errors = true};
     if (net_http_server_new(&srv3, &loop, &lim3) != 0 ||
         net_http_server_route(srv3, "GET", "/body", h_body, NULL) != 0 ||
         net_http_server_listen(srv3, "127.0.0.1:0") != 0) {
@@ -933,6 +1017,7 @@ static int servers_up(void)
     port3 = net_http_server_port(srv3);
     uv_async_init(&loop, &stop_async, on_stop);
     uv_timer_init(&loop, &async_timer);
+    uv_timer_init(&loop, &stream_timer);
     return pthread_create(&loop_th, NULL, loop_thread, NULL) == 0 ? 0 : -1;
 }
 
@@ -976,6 +1061,8 @@ int main(int argc, char **argv)
     T_RUN(upgrade_echo);
     T_RUN(filter_in_front);
     T_RUN(send_rate_limit);
+    T_RUN(push_client_gone);
+    T_RUN(json_errors);
 
     free(big);
     return T_DONE();

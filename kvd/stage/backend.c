@@ -52,25 +52,5 @@ int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks
 {
     if (!b->vocab)
         return -ENOSYS;
-    size_t len = strlen(text), cnt = 0, cap = len + 8;
-    int32_t *t = malloc(cap * sizeof *t);
-    if (!t)
-        return -ENOMEM;
-    int rc = model_tokenize(b->vocab, text, len, true, true, t, cap, &cnt);
-    if (rc == -ENOSPC) {
-        int32_t *nt = realloc(t, cnt * sizeof *t);
-        if (!nt) {
-            free(t);
-            return -ENOMEM;
-        }
-        t = nt;
-        rc = model_tokenize(b->vocab, text, len, true, true, t, cnt, &cnt);
-    }
-    if (rc < 0 || cnt > UINT32_MAX) {
-        free(t);
-        return rc < 0 ? rc : -E2BIG;
-    }
-    *toks = t;
-    *n = (uint32_t)cnt;
-    return 0;
+    return model_tokenize_alloc(b->vocab, text, toks, n);
 }

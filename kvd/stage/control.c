@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
-#include <openssl/rand.h>
 
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
@@ -185,17 +184,6 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         kvd_client_error(c, msg);
         return;
     }
-    if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
-        snprintf(msg, sizeof msg, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
-                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred, st->in && st->in->up ? "up" : "down");
-        kvd_client_error(c, msg);
-        return;
-    }
-    if (st->n_sessions >= st->m.max_sessions) {
-        snprintf(msg, sizeof msg, "too many sessions (%u, limit %u)", st->n_sessions, st->m.max_sessions);
-        kvd_client_error(c, msg);
-        return;
-    }
     int32_t *toks = NULL;
     uint32_t n_toks = 0;
     const cJSON *jt = cJSON_GetObjectItemCaseSensitive(req, "tokens");
@@ -234,62 +222,35 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         kvd_client_error(c, "generate needs tokens (array) or prompt (string)");
         return;
     }
-    uint64_t id = 0;
-    while (id == 0 || kvd_sess_find(st, id) || kvd_sess_recently_closed(st, id))
-        RAND_bytes((unsigned char *)&id, sizeof id);
     uint32_t max_gen = g.n > st->m.n_ctx ? st->m.n_ctx : (uint32_t)g.n;
-    struct sess *s = kvd_sess_new(st, id, st->m.n_ctx);
-    if (!s) {
-        free(toks);
-        return;
-    }
-    s->client = c;
-    c->sess = s;
-    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(req, "ignore_eos");
-    struct model_gen_params gp = {.n_ctx = st->m.n_ctx, .max_gen = max_gen, .eos = st->be.eos,
-                                  .ignore_eos = cJSON_IsTrue(ie)};
-    if (model_gen_new(&s->gen, st->be.vocab, &gp, toks, n_toks) < 0) {
-        free(toks);
-        kvd_sess_finish(st, s, NULL, "out of memory");
-        return;
-    }
-    s->want_logits = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "logits"));
+    struct kvd_sess_gen sg = {.toks = toks, .n_toks = n_toks, .max_gen = max_gen, .client = c};
+    sg.ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "ignore_eos"));
+    sg.want_logits = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "logits"));
     /* Stop strings: up to MODEL_GEN_MAX_STOPS (a longer list is ignored); empty or overlong
      * entries are skipped. */
+    const char *stops[MODEL_GEN_MAX_STOPS];
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(req, "stop");
     if (cJSON_IsArray(js) && cJSON_GetArraySize(js) > 0 && cJSON_GetArraySize(js) <= MODEL_GEN_MAX_STOPS) {
-        const char *stops[MODEL_GEN_MAX_STOPS];
-        uint32_t n_stops = 0;
         for (int i = 0; i < cJSON_GetArraySize(js); i++) {
             const cJSON *v = cJSON_GetArrayItem(js, i);
             if (cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= MODEL_GEN_STOP_MAX)
-                stops[n_stops++] = v->valuestring;
+                stops[sg.n_stops++] = v->valuestring;
         }
-        if (model_gen_set_stops(s->gen, stops, n_stops) < 0) {
-            free(toks);
-            kvd_sess_finish(st, s, NULL, "out of memory");
-            return;
-        }
+        sg.stops = stops;
     }
-    s->t_start = util_now_ms();
-    struct net_open_params p = {0};
-    p.seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
-    p.temperature = (float)g.temp;
-    p.top_k = (int32_t)g.top_k;
-    p.top_p = (float)g.top_p;
-    p.min_p = (float)g.min_p;
-    p.repeat_penalty = (float)g.repeat_penalty;
-    p.freq_penalty = (float)g.freq_penalty;
-    p.presence_penalty = (float)g.presence_penalty;
-    p.penalty_last_n = (int32_t)g.repeat_last_n;
-    p.max_tokens = max_gen;
-    p.n_ctx = st->m.n_ctx;
-    s->open = p;
-    s->open_flags = s->want_logits ? NET_FL_LOGITS : 0;
-    kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
-            id, n_toks, max_gen, p.temperature, p.seed);
-    free(toks);   /* the generation holds the prompt from here on */
-    kvd_sess_start(st, s);
+    struct net_open_params *p = &sg.p;
+    p->seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
+    p->temperature = (float)g.temp;
+    p->top_k = (int32_t)g.top_k;
+    p->top_p = (float)g.top_p;
+    p->min_p = (float)g.min_p;
+    p->repeat_penalty = (float)g.repeat_penalty;
+    p->freq_penalty = (float)g.freq_penalty;
+    p->presence_penalty = (float)g.presence_penalty;
+    p->penalty_last_n = (int32_t)g.repeat_last_n;
+    struct sess *s;
+    if (kvd_sess_start(st, &sg, &s, msg, sizeof msg) < 0)
+        kvd_client_error(c, msg);
 }
 
 static void handle_request(struct client *c, const char *line)

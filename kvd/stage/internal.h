@@ -6,6 +6,7 @@
  *   frames.c    the session frames arriving on a link, checked against the manifest
  *   link.c      predecessor and successor links: dial, accept, handshake, breakage
  *   control.c   the control socket (generate, status, shutdown) and the status object
+ *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
  *   stage.c     the struct's start and stop, the periodic tick, signals
  * control.c asks for a shutdown through stage->shutdown, the one call upwards. */
 #ifndef KV_KVD_INTERNAL_H
@@ -229,6 +230,17 @@ struct kvd_reject_log {
 };
 
 struct client;
+struct sess;
+
+/* Rank 0: where a session's tokens and end go when a local API request (not a control-socket
+ * client) asked for it (kvd/stage/api.c). done is the last call, from kvd_sess_finish or a
+ * drop; the session is freed right after it. */
+struct kvd_sess_sink {
+    void (*token)(void *ud, struct sess *s, int32_t tok, const char *text, size_t len,
+                  const float *logits);
+    void (*done)(void *ud, struct sess *s, const char *reason, const char *error,
+                 const char *tail, size_t tail_len);
+};
 
 struct sess {
     uint64_t id;
@@ -249,6 +261,8 @@ struct sess {
     bool replaying;             /* replayed; no token since */
     uint64_t broken_ms;         /* when the ring broke under it (0: running) */
     uint32_t replays;
+    const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
+    void *sink_ud;
 };
 
 struct client {
@@ -275,6 +289,7 @@ struct stage {
     uv_pipe_t ctl;
     bool ctl_open;
     struct net_http_server *http; /* --seed: windows of what this stage holds */
+    struct api_server *api;       /* --api (rank 0): the OpenAI-compatible API */
     struct seed_server *seeder;
     uv_timer_t tick, redial;
     uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
@@ -364,7 +379,7 @@ void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const ch
 void kvd_sess_pause(struct stage *st, struct sess *s, const char *why);
 /* Rank 0: open s round the ring (OPEN with its history as the prompt) and send its history as
  * ACT chunks, the last one flagged LAST: a new session, or a paused one replayed. */
-void kvd_sess_start(struct stage *st, struct sess *s);
+void kvd_sess_launch(struct stage *st, struct sess *s);
 /* Rank 0: the periodic repair check: end sessions paused too long, replay the others once both
  * of rank 0's links are up. */
 void kvd_sess_repair_tick(struct stage *st);
@@ -376,6 +391,26 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
                           uint32_t pos, uint8_t flags);
 /* The session's next incarnation number (sessions and the jobs submitted for them carry it). */
 uint32_t kvd_sess_epoch_next(struct stage *st);
+/* Rank 0: what a new generation session is opened with. */
+struct kvd_sess_gen {
+    int32_t *toks;                  /* the prompt, 1 <= n_toks < n_ctx: owned from the call on */
+    uint32_t n_toks;
+    struct net_open_params p;       /* sampling; max_tokens and n_ctx are filled in */
+    uint32_t max_gen;
+    bool ignore_eos, want_logits;
+    const char *const *stops;       /* at most MODEL_GEN_MAX_STOPS */
+    uint32_t n_stops;
+    struct client *client;          /* who hears of it: a control-socket client, */
+    const struct kvd_sess_sink *sink;   /* or an API request */
+    void *sink_ud;
+};
+/* Rank 0: open a generation round the ring (the session, its model_gen, OPEN and the
+ * prompt's chunks, kvd_sess_launch), its client or sink attached: 0 and *out (NULL when it
+ * has already ended, max_gen 0 or out of memory on the way, and its client or sink been
+ * told), or -ENOTCONN (ring not linked), -EBUSY (the manifest's max_sessions), -ENOMEM, with
+ * msg saying why and nobody told. */
+int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, char *msg,
+                   size_t n);
 /* Positions the session's history holds at rank 0 (prompt + generated), 0 elsewhere. */
 uint32_t kvd_sess_n_hist(const struct sess *s);
 void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
@@ -398,5 +433,10 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud);
 
 /* control.c: the control socket's connection callback. */
 void kvd_ctl_on_conn(uv_stream_t *server, int status);
+
+/* api.c: rank 0's OpenAI-compatible API (--api): start it (0 when not asked for; an error is
+ * logged) and stop it (its requests' sessions have ended or end now). */
+int kvd_api_start(struct stage *st);
+void kvd_api_stop(struct stage *st);
 
 #endif

@@ -79,6 +79,10 @@ static int set_cl(int *field, const char *v)
 }
 static int set_cl_platform(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.platform, v); }
 static int set_cl_device(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.device, v); }
+static int set_api(struct kvd_stage_opts *o, const char *v) { o->api_listen = v; return 0; }
+static int set_api_keys(struct kvd_stage_opts *o, const char *v) { o->api_key_file = v; return 0; }
+static int set_api_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 65536, &o->api_max_sessions); }
+static int set_chat_template(struct kvd_stage_opts *o, const char *v) { o->chat_template = v; return 0; }
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -109,6 +113,10 @@ static const struct opt opts[] = {
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
     {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
     {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 15000)", set_link_timeout},
+    {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
+    {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
+    {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},
+    {"--chat-template", "NAME", "chat template family (chatml, llama3, ...; default: the model's)", set_chat_template},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},

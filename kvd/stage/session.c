@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <openssl/rand.h>
 
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
@@ -91,6 +92,11 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
         s->client->sess = NULL;
         kvd_client_close(s->client);
     }
+    if (s->sink) {   /* ended without kvd_sess_finish (shutdown) */
+        const struct kvd_sess_sink *k = s->sink;
+        s->sink = NULL;
+        k->done(s->sink_ud, s, NULL, "the session was dropped", NULL, 0);
+    }
     model_gen_free(s->gen);
     free(s->last_logits);
     free(s);
@@ -153,6 +159,15 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
             }
         }
         kvd_client_send_json(s->client, o);
+    }
+    if (s->sink) {
+        const struct kvd_sess_sink *k = s->sink;
+        const char *tail = NULL;
+        size_t tl = 0;
+        if (!error && s->gen)
+            model_gen_flush(s->gen, &tail, &tl);
+        s->sink = NULL;
+        k->done(s->sink_ud, s, error ? NULL : reason, error, tail, tail ? tl : 0);
     }
     kvd_log(error ? KVD_LOG_WARN : KVD_LOG_INFO, "session %016" PRIx64 " ends: %s (prompt %u, generated %u)",
             s->id, error ? error : reason, n_prompt, n_gen);
@@ -291,11 +306,11 @@ void kvd_sess_repair_tick(struct stage *st)
         s->last_active_ms = now;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replaying %u positions (try %u)", s->id,
                 kvd_sess_n_hist(s), s->replays);
-        kvd_sess_start(st, s);
+        kvd_sess_launch(st, s);
     }
 }
 
-void kvd_sess_start(struct stage *st, struct sess *s)
+void kvd_sess_launch(struct stage *st, struct sess *s)
 {
     uint32_t n_hist;
     const int32_t *hist = model_gen_history(s->gen, &n_hist);
@@ -387,6 +402,60 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
     j->tokens = t;
     j->n_tokens = n;
     kvd_compute_submit(st->comp, j);
+}
+
+int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, char *msg,
+                   size_t n)
+{
+    *out = NULL;
+    if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
+        snprintf(msg, n, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
+                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred,
+                 st->in && st->in->up ? "up" : "down");
+        free(g->toks);
+        return -ENOTCONN;
+    }
+    if (st->n_sessions >= st->m.max_sessions) {
+        snprintf(msg, n, "too many sessions (%u, limit %u)", st->n_sessions, st->m.max_sessions);
+        free(g->toks);
+        return -EBUSY;
+    }
+    uint64_t id = 0;
+    while (id == 0 || kvd_sess_find(st, id) || kvd_sess_recently_closed(st, id))
+        RAND_bytes((unsigned char *)&id, sizeof id);
+    struct sess *s = kvd_sess_new(st, id, st->m.n_ctx);
+    if (!s) {
+        free(g->toks);
+        snprintf(msg, n, "out of memory");
+        return -ENOMEM;
+    }
+    struct model_gen_params gp = {.n_ctx = st->m.n_ctx, .max_gen = g->max_gen, .eos = st->be.eos,
+                                  .ignore_eos = g->ignore_eos};
+    if (model_gen_new(&s->gen, st->be.vocab, &gp, g->toks, g->n_toks) < 0 ||
+        (g->n_stops && model_gen_set_stops(s->gen, g->stops, g->n_stops) < 0)) {
+        free(g->toks);
+        kvd_sess_drop(st, s);
+        snprintf(msg, n, "out of memory");
+        return -ENOMEM;
+    }
+    s->want_logits = g->want_logits;
+    s->client = g->client;
+    if (g->client)
+        g->client->sess = s;
+    s->sink = g->sink;
+    s->sink_ud = g->sink_ud;
+    s->t_start = util_now_ms();
+    g->p.max_tokens = g->max_gen;
+    g->p.n_ctx = st->m.n_ctx;
+    s->open = g->p;   /* kept for a replay after a repair */
+    s->open_flags = s->want_logits ? NET_FL_LOGITS : 0;
+    kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
+            id, g->n_toks, g->max_gen, g->p.temperature, g->p.seed);
+    free(g->toks);   /* the generation holds the prompt from here on */
+    g->toks = NULL;
+    kvd_sess_launch(st, s);
+    *out = kvd_sess_find(st, id);   /* NULL when a step could not be queued (and it failed) */
+    return 0;
 }
 
 /* ============================ rank 0: clients ============================ */
@@ -521,6 +590,9 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_
         }
         kvd_client_send_json(s->client, o);
     }
+    if (s->sink && g.emit)
+        s->sink->token(s->sink_ud, s, tok, g.text, g.text ? g.len : 0,
+                       (h->flags & NET_FL_LOGITS) && s->want_logits ? s->last_logits : NULL);
     if (g.reason != MODEL_GEN_RUNNING) {
         kvd_sess_finish(st, s, model_gen_reason_name(g.reason), NULL);
         return;

@@ -103,6 +103,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     if (st->http)
         net_http_server_close(st->http, NULL, NULL);
     st->http = NULL;
+    kvd_api_stop(st);
     if (st->ctl_open)
         uv_close((uv_handle_t *)&st->ctl, NULL);
     st->ctl_open = false;
@@ -439,6 +440,12 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         }
         kvd_log(KVD_LOG_INFO, "seeding %s (model %.16s...) on %s (port %d)",
                 o->window ? o->window : o->model, id, o->seed_listen, net_http_server_port(st->http));
+    }
+    if ((rc = kvd_api_start(st)) < 0) {
+        if (st->http)
+            net_http_server_close(st->http, NULL, NULL);
+        st->http = NULL;
+        goto fail_loop;
     }
     uv_signal_init(st->loop, &st->sigterm);
     uv_signal_init(st->loop, &st->sigint);

@@ -1,0 +1,174 @@
+/* api.c — rank 0's OpenAI-compatible API (`kvd stage --api HOST:PORT`, docs/api.md): the
+ * generator of api/api.h over the ring's sessions, opened as the control socket opens them
+ * (kvd_sess_start) with the request's sampling parameters in OPEN, so the last rank samples
+ * exactly as for `kvctl generate --ring`. Logprobs ride on the TOKEN frames' logits
+ * (NET_FL_LOGITS). A request whose client leaves ends its session round the ring at once. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "kvd/kvd.h"
+#include "kvd/stage/internal.h"
+#include "model/model.h"
+#include "net/net.h"
+
+/* One generation: the API's sink and the session it rides on. */
+struct rgen {
+    struct stage *st;
+    struct sess *s;
+    const struct api_gen_sink *sink;
+    void *ud;
+};
+
+static void sess_token(void *ud, struct sess *s, int32_t tok, const char *text, size_t len,
+                       const float *logits)
+{
+    (void)s;
+    struct rgen *g = ud;
+    struct api_gen_token t = {.id = tok, .text = text, .len = len, .logits = logits};
+    g->sink->token(g->ud, &t);
+}
+
+static void sess_done(void *ud, struct sess *s, const char *reason, const char *error,
+                      const char *tail, size_t tail_len)
+{
+    (void)s;
+    struct rgen *g = ud;
+    g->sink->done(g->ud, reason, error, tail, tail_len);
+    free(g);
+}
+
+static const struct kvd_sess_sink sess_sink = {sess_token, sess_done};
+
+static int gen_start(void *impl, const struct api_gen_req *r, const struct api_gen_sink *sink,
+                     void *sink_ud, void **handle, char *err, size_t errlen)
+{
+    struct stage *st = impl;
+    struct rgen *g = calloc(1, sizeof *g);
+    int32_t *toks = malloc((size_t)r->n_prompt * sizeof *toks);
+    if (!g || !toks) {
+        free(g);
+        free(toks);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    memcpy(toks, r->prompt, (size_t)r->n_prompt * sizeof *toks);
+    g->st = st;
+    g->sink = sink;
+    g->ud = sink_ud;
+    struct kvd_sess_gen sg = {
+        .toks = toks, .n_toks = r->n_prompt, .want_logits = r->logits, .ignore_eos = r->ignore_eos,
+        .max_gen = r->max_tokens > st->m.n_ctx ? st->m.n_ctx : r->max_tokens,
+        .stops = r->stops, .n_stops = r->n_stops, .sink = &sess_sink, .sink_ud = g,
+    };
+    sg.p.seed = r->sp.seed;
+    sg.p.temperature = r->sp.temperature;
+    sg.p.top_k = r->sp.top_k;
+    sg.p.top_p = r->sp.top_p;
+    sg.p.min_p = r->sp.min_p;
+    sg.p.repeat_penalty = r->sp.repeat_penalty;
+    sg.p.freq_penalty = r->sp.freq_penalty;
+    sg.p.presence_penalty = r->sp.presence_penalty;
+    sg.p.penalty_last_n = r->sp.penalty_last_n;
+    int rc = kvd_sess_start(st, &sg, &g->s, err, errlen);
+    if (rc < 0) {
+        free(g);
+        return rc;
+    }
+    /* When the session ended already (done was called and freed g) nothing refers to g */
+    *handle = g;
+    return 0;
+}
+
+/* The client left: the session ends here and round the ring (CLOSE) with no word to it. */
+static void gen_cancel(void *impl, void *handle)
+{
+    struct stage *st = impl;
+    struct rgen *g = handle;
+    struct sess *s = g->s;
+    s->sink = NULL;
+    free(g);
+    kvd_sess_finish(st, s, "client gone", NULL);
+}
+
+static bool gen_ready(void *impl, char *why, size_t n)
+{
+    struct stage *st = impl;
+    bool up = kvd_conn_out_up(st) && st->in && st->in->up;
+    if (!up)
+        snprintf(why, n, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
+                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred,
+                 st->in && st->in->up ? "up" : "down");
+    return up;
+}
+
+static void gen_metrics(void *impl, char *buf, size_t cap)
+{
+    struct stage *st = impl;
+    uint64_t in_rx = 0, in_tx = 0, out_rx = 0, out_tx = 0;
+    if (st->in && st->in->link) {
+        in_rx = net_link_bytes_in(st->in->link);
+        in_tx = net_link_bytes_out(st->in->link);
+    }
+    if (st->out && st->out->link) {
+        out_rx = net_link_bytes_in(st->out->link);
+        out_tx = net_link_bytes_out(st->out->link);
+    }
+    snprintf(buf, cap,
+        "# HELP kvasir_stage_ms_per_token Mean compute time of one decode step on this stage.\n"
+        "# TYPE kvasir_stage_ms_per_token gauge\nkvasir_stage_ms_per_token{rank=\"%u\"} %.4f\n"
+        "# TYPE kvasir_stage_sessions gauge\nkvasir_stage_sessions{rank=\"%u\"} %u\n"
+        "# TYPE kvasir_stage_steps_total counter\nkvasir_stage_steps_total{rank=\"%u\"} %" PRIu64 "\n"
+        "# HELP kvasir_link_bytes_total Bytes on this stage's ring links, by link and direction.\n"
+        "# TYPE kvasir_link_bytes_total counter\n"
+        "kvasir_link_bytes_total{rank=\"%u\",link=\"in\",dir=\"rx\"} %" PRIu64 "\n"
+        "kvasir_link_bytes_total{rank=\"%u\",link=\"in\",dir=\"tx\"} %" PRIu64 "\n"
+        "kvasir_link_bytes_total{rank=\"%u\",link=\"out\",dir=\"rx\"} %" PRIu64 "\n"
+        "kvasir_link_bytes_total{rank=\"%u\",link=\"out\",dir=\"tx\"} %" PRIu64 "\n"
+        "# TYPE kvasir_ring_linked gauge\nkvasir_ring_linked %d\n",
+        st->rank, st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0.0, st->rank,
+        st->n_sessions, st->rank, st->steps, st->rank, in_rx, st->rank, in_tx, st->rank, out_rx,
+        st->rank, out_tx, kvd_conn_out_up(st) && st->in && st->in->up);
+}
+
+static const struct api_gen_ops ring_gen_ops = {gen_start, gen_cancel, gen_ready, gen_metrics};
+
+int kvd_api_start(struct stage *st)
+{
+    const struct kvd_stage_opts *o = &st->o;
+    if (!o->api_listen)
+        return 0;
+    if (st->rank != 0) {
+        kvd_log(KVD_LOG_ERROR, "--api: rank %u is not rank 0; the API is served by rank 0", st->rank);
+        return -EINVAL;
+    }
+    const char *path = o->window ? o->window : o->model;
+    const char *base = path ? strrchr(path, '/') : NULL;
+    struct api_generator gen = {
+        .ops = &ring_gen_ops, .impl = st, .vocab = st->be.vocab, .gguf = kvd_backend_gguf(&st->be),
+        .n_ctx = st->m.n_ctx, .n_vocab = st->be.n_vocab,
+        .model_id = st->m.model_name[0] ? st->m.model_name : base ? base + 1 : path ? path : st->m.ring,
+    };
+    struct api_config c = {.listen = o->api_listen, .key_file = o->api_key_file,
+                           .max_sessions = o->api_max_sessions ? o->api_max_sessions : st->m.max_sessions,
+                           .chat_template = o->chat_template};
+    char err[KV_ERR_MAX] = "";
+    int rc = api_server_new(&st->api, st->loop, &c, &gen, err, sizeof err);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_ERROR, "%s", err[0] ? err : strerror(-rc));
+        return rc;
+    }
+    kvd_log(KVD_LOG_INFO, "OpenAI-compatible API on %s (port %d)%s, at most %u sessions",
+            o->api_listen, api_server_port(st->api), o->api_key_file ? ", API keys required" : "",
+            c.max_sessions);
+    return 0;
+}
+
+void kvd_api_stop(struct stage *st)
+{
+    api_server_close(st->api, NULL, NULL);
+    st->api = NULL;
+}
