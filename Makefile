@@ -52,7 +52,7 @@ endif
 # Source lists follow folders: the shared modules make libkvasir.a; each program is its folder(s).
 srcs_in     = $(wildcard $(addsuffix /*.c,$(1)))
 LIB_DIRS   := util gguf kernels kernels/ref kernels/cpu kernels/opencl model planner net ringlib seed
-KVD_DIRS   := kvd kvd/stage
+KVD_DIRS   := kvd kvd/stage kvd/market
 KVCTL_DIRS := kvctl
 LIB_SRCS   := $(call srcs_in,$(LIB_DIRS))
 KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))

@@ -21,6 +21,7 @@ static const struct util_cmd commands[] = {
     {"plan",       kvctl_cmd_plan,       "--model FILE --devices J  plan a ring manifest"},
     {"profile",    kvctl_cmd_profile,    "--model FILE              this device's profile JSON"},
     {"pull",       kvctl_cmd_pull,       "--from URL --layers A:B -o OUT  fetch only a window"},
+    {"market",     kvctl_cmd_market,     "add|status|balance URL ...  a market's models, coverage map and balances"},
 };
 
 static void usage(FILE *out)
