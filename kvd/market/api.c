@@ -646,7 +646,9 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].last));
         cJSON_AddItemToObject(w, "layers", ly);
         cJSON_AddNumberToObject(w, "mem_bytes", (double)ms->w[i].bytes);
-        cJSON_AddStringToObject(w, "state", lease_names[ms->ls[i]]);
+        /* a window in its grace period has no stage: uncovered, its stage entry says for whom
+         * it is kept */
+        cJSON_AddStringToObject(w, "state", lease_names[ms->ls[i] == L_GRACE ? L_FREE : ms->ls[i]]);
         if (ms->ls[i] != L_FREE)
             cJSON_AddItemToArray(stg, lease_json(a, &ms->l[i], ms->ls[i], now));
         cJSON_AddItemToObject(w, "stages", stg);
