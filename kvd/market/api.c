@@ -1289,7 +1289,9 @@ static void h_receipts(struct net_http_req *req, void *ud)
     }
     /* who may sign: the rank's holder sends; the next rank (rank 0 after the last) receives */
     size_t signer = r.side == KVD_SIDE_SENT ? rank : (rank + 1) % ms->n;
-    if (strcmp(ms->l[signer].node, node) || ms->ls[signer] == L_FREE) {
+    /* the lease's node, lapsed or not: work done before a lapse is still owed (the other
+     * side's countersignature is what makes it count) */
+    if (strcmp(ms->l[signer].node, node)) {
         snprintf(why, sizeof why, "node %.16s... does not hold rank %zu, whose %s side this is",
                  node, signer, side);
         kvd_market__model_clear(&ms->m);
