@@ -47,7 +47,12 @@
 #     ratios to one session.
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
-# Sections: model kernels planner tokenizer ring pull relay qwen. BENCH_ONLY="ring relay"
+# Market: a simulated population (10,000 nodes, 100 models; BENCH_MARKET_NODES / _MODELS /
+# _SECONDS) against `kvd market` on SQLite (tests/tool-market-bench): profiles and claims, then
+# heartbeats and receipts in the proportion of their natural rates; requests/s and p50/p99
+# latency per kind. (PostgreSQL: not built yet.)
+#
+# Sections: model kernels planner tokenizer ring pull relay qwen market. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -468,6 +473,21 @@ bench_relay() {
     rm -rf "$t"
 }
 if want relay; then bench_relay || true; fi
+
+bench_market() {
+    echo "== market: ${BENCH_MARKET_NODES:-10000} simulated nodes, ${BENCH_MARKET_MODELS:-100} models, SQLite"
+    t=$(mktemp -d)
+    "$KVCTL" catalog "$TD/models/stories260K.gguf" -o "$t/cat.json" >/dev/null 2>&1 || { echo "catalog failed"; rm -rf "$t"; return 1; }
+    "$B/kvd" market --db "$t/market.db" --listen 127.0.0.1:0 --port-file "$t/port" --log-level warn >"$t/market.log" 2>&1 &
+    mp=$!
+    for _ in $(seq 50); do [ -s "$t/port" ] && break; sleep 0.1; done
+    "$B/tests/tool-market-bench" --url "http://127.0.0.1:$(cat "$t/port")" --catalog "$t/cat.json" \
+        --nodes "${BENCH_MARKET_NODES:-10000}" --models "${BENCH_MARKET_MODELS:-100}" \
+        --seconds "${BENCH_MARKET_SECONDS:-10}" | sed 's/^/  /'
+    kill $mp; wait $mp 2>/dev/null
+    rm -rf "$t"
+}
+if want market; then bench_market || true; fi
 
 # ---- Qwen3.5 family: the small synthetic MoE / hybrid models of the test data ----
 # Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).
