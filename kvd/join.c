@@ -422,7 +422,7 @@ static int manifest_poll(struct join *j, double wait_s)
     if (ring_market_call(j->market, "GET", path, NULL, NULL, (int)(wait_s * 1000) + CALL_MS, &st,
                          &resp, err, sizeof err) < 0) {
         kvd_log(KVD_LOG_WARN, "market: %s", err);
-        return 0;
+        return -EAGAIN;
     }
     if (st != 200) {
         free(resp);
@@ -464,16 +464,35 @@ static int manifest_poll(struct join *j, double wait_s)
     return 1;
 }
 
+/* Take our window back after our lease lapsed (the market was unreachable for longer than
+ * a lease, say): during its grace period only we may, and the stage keeps running meanwhile,
+ * so the ring is not disturbed. 0 when the lease is ours and active again. */
+static int reclaim(struct join *j)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/claims", b, true, &st);
+    cJSON_Delete(o);
+    if (st != 200 && st != 201)
+        return -EPERM;
+    return heartbeat(j, j->endpoint, 0);
+}
+
 /* Hold the window: heartbeats, manifests, the stage's health. Returns when the lease is lost
- * (-EPERM) or on a stop (0). */
+ * (-EPERM) or on a stop (0). The market being down changes nothing here but the retries:
+ * the ring keeps serving (docs/market.md). */
 static int hold(struct join *j)
 {
     double next_hb = 0;
+    uint32_t backoff = 1000;
     while (!stop_flag) {
         if (util_now_s() >= next_hb) {
             int rc = heartbeat(j, j->endpoint, 0);
-            if (rc == -EPERM)
+            if (rc == -EPERM && reclaim(j)) {
                 return rc;
+            }
             next_hb = util_now_s() + j->lease_s / 4;
         }
         if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
@@ -482,7 +501,12 @@ static int hold(struct join *j)
             j->manifest_sha[0] = 0;
         }
         double wait = j->lease_s / 4 - 1;
-        manifest_poll(j, wait < 1 ? 1 : wait);
+        if (manifest_poll(j, wait < 1 ? 1 : wait) == -EAGAIN) {
+            sleep_ms(backoff);   /* the market is unreachable: back off */
+            backoff = backoff < 8000 ? backoff * 2 : 8000;
+        } else {
+            backoff = 1000;
+        }
     }
     return 0;
 }

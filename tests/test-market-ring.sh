@@ -6,7 +6,9 @@
 #  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
 #  * churn: kill -9 one joined node: its window is reported uncovered once its lease lapses,
 #    a fourth `kvd join` takes exactly that window, the new manifest changes only that rank's
-#    entry, and the ring serves the same generation again.
+#    entry, and the ring serves the same generation again;
+#  * kill -9 of the market: the ring keeps serving, and after the market's restart (same
+#    database) the nodes take their leases back without a new manifest.
 . "$(dirname "$0")/lib.sh"
 S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
 need_data "$S"
@@ -126,4 +128,20 @@ for i, (x, y) in enumerate(zip(ra, rb)):
 EOF
 wait_for 40 serves "$R0" || fail "after churn the ring's tokens ($got; $(cat "$T/gen.err")) differ from one process's"
 echo "ok   a fourth node took window $VR and the ring serves again: $got"
+
+# ---- control plane only: the ring serves while the market is down, and is left alone after
+cp "$T/$R0/manifest.json" "$T/manifest-running.json"
+MPORT=$(cat "$T/market.port")
+kill -9 "$MARKET_PID"
+sleep 2
+serves "$R0" || fail "the ring stopped serving while the market was down ($got)"
+"$KVD" market --db "$T/market.db" --listen "127.0.0.1:$MPORT" --lease-s 6 --grace-s 3 \
+    >>"$T/market.log" 2>&1 &
+MARKET_PID=$!
+PIDS="$PIDS $MARKET_PID"
+wait_for 30 ring_ready || fail "the ring was not complete again after the market came back: $(cat "$T/cov.json")"
+sleep 2
+cmp -s "$T/manifest-running.json" "$T/$R0/manifest.json" || fail "the market's restart changed the manifest"
+serves "$R0" || fail "the ring does not serve after the market came back ($got)"
+echo "ok   the ring served while the market was down, and kept its manifest after"
 finish
