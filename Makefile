@@ -32,9 +32,10 @@ else
 endif
 
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -pthread -I. \
+              -I/usr/include/postgresql \
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
-              -lsqlite3 -lpcre2-8 -lm -pthread $(LDLIBS)
+              -lsqlite3 -lpq -lpcre2-8 -lm -pthread $(LDLIBS)
 
 ifeq ($(V),1)
   Q :=

@@ -5,11 +5,11 @@ set -eu
 
 # What the build links against, then what only the tests use.
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
-libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev"
+libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libpcre2-dev"
 BUILD_PKGS=$(echo $BUILD_PKGS)
 TEST_PKGS="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-curl openssl procps nodejs node-ws chromium testssl.sh"
+curl openssl procps nodejs node-ws chromium testssl.sh postgresql"
 PKGS="$BUILD_PKGS $TEST_PKGS"
 
 missing=""

@@ -14,6 +14,7 @@
 #  * durability: kill -9 of the market during a burst of receipts loses no acknowledged
 #    receipt, and resubmitting everything after the restart double-counts none;
 #  * the coverage page (GET /) renders in headless Chromium (screenshot kept in the log dir).
+# KV_MARKET_DB=postgres://... runs it all on PostgreSQL (tests/test-market-pg.sh).
 . "$(dirname "$0")/lib.sh"
 S=$DATA/models/stories260K.gguf
 need_data "$S"
@@ -24,7 +25,7 @@ san_log_check
 
 "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
 start_market() {
-    "$KVD" market --db "$T/market.db" --listen "127.0.0.1:$MPORT" --lease-s "${LEASE:-60}" \
+    "$KVD" market --db "${KV_MARKET_DB:-$T/market.db}" --listen "127.0.0.1:$MPORT" --lease-s "${LEASE:-60}" \
         --reserve-s "${LEASE:-60}" --grace-s "${GRACE:-2}" --no-probe >>"$T/market.log" 2>&1 &
     MARKET_PID=$!
     PIDS="$PIDS $MARKET_PID"
@@ -221,9 +222,9 @@ else
     grep -q 'data-loaded="1"' "$T/dom.html" && grep -q '<td>0-2</td>' "$T/dom.html" ||
         fail "the coverage page did not render the map: $(head -c 400 "$T/dom.html")"
     timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 \
-        --user-data-dir="$T/chrome" --window-size=1000,500 --screenshot="$LOGDIR/market-coverage.png" "$M/" \
+        --user-data-dir="$T/chrome" --window-size=1000,500 --screenshot="$LOGDIR/market-coverage${KV_MARKET_DB:+-pg}.png" "$M/" \
         >/dev/null 2>>"$T/chrome.err"
-    [ -s "$LOGDIR/market-coverage.png" ] || fail "no screenshot of the coverage page"
-    echo "ok   coverage page rendered; screenshot in $LOGDIR/market-coverage.png"
+    [ -s "$LOGDIR/market-coverage${KV_MARKET_DB:+-pg}.png" ] || fail "no screenshot of the coverage page"
+    echo "ok   coverage page rendered; screenshot in $LOGDIR/market-coverage${KV_MARKET_DB:+-pg}.png"
 fi
 finish

@@ -2,12 +2,12 @@
  * storage interface and the HTTP API around it. The files form an order, each using only
  * the ones below it:
  *   store_sqlite.c  the storage interface on SQLite (WAL; one transaction per request)
+ *   store_pg.c      the same on PostgreSQL (SERIALIZABLE transactions; several instances)
  *   store.c         opening a store by its URL (the one place that knows the backends)
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
- * A PostgreSQL backend fills the same struct kvd_market_store_ops in its own file and is
- * picked by store.c for postgres:// URLs. */
+ * Both backends fill the same struct kvd_market_store_ops. */
 #ifndef KV_KVD_MARKET_INTERNAL_H
 #define KV_KVD_MARKET_INTERNAL_H
 
@@ -116,7 +116,10 @@ struct kvd_market_store {
 /* Open the SQLite store at path (created with the schema when new; WAL). */
 int kvd_market__sqlite_open(struct kvd_market_store **out, const char *path, char *err,
                             size_t errlen);
-/* Open a store by URL: a path (SQLite) or postgres://... (PostgreSQL, when built in). */
+/* Open the PostgreSQL store at a libpq URL (postgres://user@host:port/db; the schema is
+ * created when missing). */
+int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *err, size_t errlen);
+/* Open a store by URL: a path (SQLite) or postgres://... (PostgreSQL). */
 int kvd_market__store_open(struct kvd_market_store **out, const char *url, char *err,
                            size_t errlen);
 void kvd_market__store_close(struct kvd_market_store *s);

@@ -1,5 +1,5 @@
-/* store.c — a market store by its URL: postgres:// (several market instances sharing one
- * database) or a file path (SQLite, the embedded default). */
+/* store.c — a market store by its URL: postgres:// or postgresql:// (libpq; several market
+ * instances sharing one database) or a file path (SQLite, the embedded default). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +12,7 @@ int kvd_market__store_open(struct kvd_market_store **out, const char *url, char 
 {
     *out = NULL;
     if (!strncmp(url, "postgres://", 11) || !strncmp(url, "postgresql://", 13)) {
-        util_seterr(err, errlen, "--db %s: this build has no PostgreSQL backend (use a SQLite path)",
-                    url);
-        return -ENOTSUP;
+        return kvd_market__pg_open(out, url, err, errlen);
     }
     return kvd_market__sqlite_open(out, url, err, errlen);
 }
