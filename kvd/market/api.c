@@ -936,6 +936,21 @@ out:
     cJSON_Delete(b);
 }
 
+/* The body of a call about a model's windows, and room for the model's state: the body
+ * (caller deletes; *ms caller frees), or NULL with the refusal sent. */
+static cJSON *body_and_state(struct net_http_req *req, struct model_state **ms)
+{
+    cJSON *b = body_json(req);
+    if (!b)
+        return NULL;
+    if (!(*ms = calloc(1, sizeof **ms))) {
+        cJSON_Delete(b);
+        reply_err(req, 503, NULL, "out of memory");
+        return NULL;
+    }
+    return b;
+}
+
 /* The lease request's model and window: 0 with ms loaded and *wi the window's index in it,
  * or the refusal sent and the transaction rolled back. */
 static int lease_target(struct kvd_market_api *a, struct net_http_req *req, const cJSON *b,
@@ -982,16 +997,12 @@ static void h_claims(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
     char node[65], why[512];
-    cJSON *b = body_json(req);
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
     if (!b)
         return;
-    struct model_state *ms = calloc(1, sizeof *ms);
     size_t wi;
     double now = now_s();
-    if (!ms) {
-        reply_err(req, 503, NULL, "out of memory");
-        goto out;
-    }
     if (begin_signed(a, req, node) || lease_target(a, req, b, ms, &wi, now))
         goto out;
     int ls = ms->ls[wi];
@@ -1136,17 +1147,13 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
     char node[65], why[512];
-    cJSON *b = body_json(req);
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
     if (!b)
         return;
-    struct model_state *ms = calloc(1, sizeof *ms);
     size_t wi;
     double now = now_s();
     const char *ep = jstr(b, "endpoint");
-    if (!ms) {
-        reply_err(req, 503, NULL, "out of memory");
-        goto out;
-    }
     char host[256];
     int port = 0;
     if (ep && (strlen(ep) >= KVD_MARKET_EP_MAX ||
@@ -1231,20 +1238,16 @@ static void h_receipts(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
     char node[65], why[512];
-    cJSON *b = body_json(req);
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
     if (!b)
         return;
-    struct model_state *ms = calloc(1, sizeof *ms);
     struct kvd_market_receipt r = {0}, other;
     const char *model = jstr(b, "model"), *session = jstr(b, "session"), *digest = jstr(b, "digest");
     const char *side = jstr(b, "side");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(b, "tokens");
     uint64_t rank;
     double now = now_s();
-    if (!ms) {
-        reply_err(req, 503, NULL, "out of memory");
-        goto out;
-    }
     if (!model || !is_hex(model, 64, 64) || !session || !is_hex(session, 16, 64) || !digest ||
         !is_hex(digest, 64, 64) || !side || (strcmp(side, "sent") && strcmp(side, "received"))) {
         reply_err(req, 400, NULL, "a receipt needs model (64 hex), session (16-64 hex), digest "
