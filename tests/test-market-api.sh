@@ -26,14 +26,14 @@ san_log_check
 "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
 start_market() {
     "$KVD" market --db "${KV_MARKET_DB:-$T/market.db}" --listen "127.0.0.1:$MPORT" --lease-s "${LEASE:-60}" \
-        --reserve-s "${LEASE:-60}" --grace-s "${GRACE:-2}" --no-probe >>"$T/market.log" 2>&1 &
+        --reserve-s 60 --grace-s "${GRACE:-2}" --no-probe >>"$T/market.log" 2>&1 &
     MARKET_PID=$!
     PIDS="$PIDS $MARKET_PID"
     wait_port "$MPORT" || die "the market did not start: $(tail -5 "$T/market.log")"
 }
 MPORT=$(free_port)
 M=http://127.0.0.1:$MPORT
-LEASE=8 GRACE=6 start_market
+LEASE=15 GRACE=6 start_market
 ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://127.0.0.1:1 --state-dir "$T/admin") ||
     die "kvctl market add failed"
 
@@ -89,7 +89,7 @@ el=$(echo "$(date +%s.%N) - $t0" | bc)
 [ "$code" = 204 ] && [ "$(echo "$el >= 0.9" | bc)" = 1 ] ||
     fail "a long-poll for an unchanged manifest: HTTP $code after $el s (expected 204 after ~1 s)"
 
-# a lapsed lease: window 2's node stops its heartbeats (lease 8 s, then a grace of 6 s)
+# a lapsed lease: window 2's node stops its heartbeats (lease 15 s, then a grace of 6 s)
 stage_state() { # the state of window $1's stage entry ("" when none)
     curl -s "$M/v1/models/$ID/coverage" | grep -o "\"stages\":\[[^]]*" | sed -n "$(($1 + 1))p" |
         grep -o '"state":"[a-z]*"' | cut -d'"' -f4

@@ -131,15 +131,15 @@ int main(int argc, char **argv)
     fclose(mem);
     if (rc != CURLE_OK) {
         printf("0 %s\n", curl_easy_strerror(rc));
-        return 1;
+    } else {
+        for (size_t k = 0; k < olen; k++)
+            if (out[k] == '\n')
+                out[k] = ' ';
+        printf("%ld %s\n", status, out ? out : "");
     }
-    for (size_t k = 0; k < olen; k++)
-        if (out[k] == '\n')
-            out[k] = ' ';
-    printf("%ld %s\n", status, out ? out : "");
     free(out);
     free(body);
     curl_slist_free_all(hd);
     curl_easy_cleanup(c);
-    return 0;
+    return rc == CURLE_OK ? 0 : 1;
 }
