@@ -1025,7 +1025,14 @@ static void h_claims(struct net_http_req *req, void *ud)
             goto out;
         }
     int status = 200;
-    if (ls == L_FREE || ls == L_GRACE) {   /* a new lease (or the same node back in its grace) */
+    if (ls == L_RESERVED || ls == L_ACTIVE) {   /* its holder again: as good as a heartbeat */
+        l->expires = now + (ls == L_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
+            kvd_market__model_clear(&ms->m);
+            rollback_err(a, req, 503, NULL, a->st->err);
+            goto out;
+        }
+    } else {   /* a new lease (or the same node back in its grace) */
         *l = (struct kvd_market_lease){.window = ms->w[wi].idx, .state = KVD_LEASE_RESERVED,
                                        .expires = now + a->cfg.reserve_s, .since = now};
         memcpy(l->node, node, 65);
