@@ -34,9 +34,10 @@ else
 endif
 
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -pthread -I. \
+              -I/usr/include/postgresql \
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
-              -lsqlite3 -lpcre2-8 -lOpenCL -lm -pthread $(LDLIBS)
+              -lsqlite3 -lpq -lpcre2-8 -lOpenCL -lm -pthread $(LDLIBS)
 
 # systemd's readiness notifications (kvd/service.c) when libsystemd is there; without it kvd
 # still runs under systemd as Type=simple.
@@ -61,7 +62,7 @@ endif
 # Source lists follow folders: the shared modules make libkvasir.a; each program is its folder(s).
 srcs_in     = $(wildcard $(addsuffix /*.c,$(1)))
 LIB_DIRS   := util gguf kernels kernels/ref kernels/cpu kernels/opencl model planner net ringlib seed api
-KVD_DIRS   := kvd kvd/stage
+KVD_DIRS   := kvd kvd/stage kvd/market
 KVCTL_DIRS := kvctl
 LIB_SRCS   := $(call srcs_in,$(LIB_DIRS))
 KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))

@@ -34,6 +34,8 @@ int kvctl_cmd_profile(int argc, char **argv);
 int kvctl_cmd_serve(int argc, char **argv);
 /* kvctl_pull.c */
 int kvctl_cmd_pull(int argc, char **argv);
+/* kvctl/market.c */
+int kvctl_cmd_market(int argc, char **argv);
 
 /* kvctl_common.c — helpers the command files share (internal to kvctl). */
 struct model_sampler_params;

@@ -1,7 +1,7 @@
 /* kvd — the daemon: its roles (stage, seeder, relay), each with a `kvd_<role>_main` that
  * parses that role's options, and the log every role writes to.
  *
- * Sections: [log], [config and service], [stage], [seeder], [relay].
+ * Sections: [log], [config and service], [stage], [seeder], [relay], [market + join].
  */
 #ifndef KV_KVD_H
 #define KV_KVD_H
@@ -177,5 +177,15 @@ void kvd_relay_get_stats(const struct kvd_relay *r, struct kvd_relay_stats *out)
 void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud);
 /* `kvd --role relay ...`: parse options, run until SIGINT/SIGTERM; returns the exit status. */
 int kvd_relay_main(int argc, char **argv);
+
+/* ============================== market + join ============================== */
+/* The market role (docs/market.md): `kvd market --db PATH [--listen HOST:PORT]`, an HTTP JSON
+ * API where nodes claim the windows of registered models, and where rings are assembled and
+ * work is credited; runs until SIGINT/SIGTERM and returns the exit status. */
+int kvd_market_main(int argc, char **argv);
+/* The join role: `kvd join --market URL --model ID --state-dir DIR ...`: claim the
+ * best-rewarded window this node can hold, pull it, wait for the ring's manifest, run as
+ * its stage and keep the lease; returns the exit status. */
+int kvd_join_main(int argc, char **argv);
 
 #endif

@@ -14,6 +14,8 @@
 static const struct util_cmd roles[] = {
     {"stage", kvd_stage_main, "--manifest ring.json --rank R [--model FILE | --window MINI.gguf] ...  a ring stage"},
     {"relay", kvd_relay_main, "--listen HOST:PORT (--tls-cert C --tls-key K | --plain) ...  WebSocket relay for NAT'd stages"},
+    {"market", kvd_market_main, "--db PATH [--listen HOST:PORT] ...  the market: claims, leases, manifests, credit"},
+    {"join", kvd_join_main, "--market URL --model ID --state-dir DIR ...  claim a window, pull it, run as its stage"},
     {"seeder", kvd_seeder_main, "--serve FILE[,CATALOG]... --listen HOST:PORT  serves models and windows over HTTP"},
 };
 

@@ -75,4 +75,24 @@ void ring_wire_encode(const float *x, size_t n, uint32_t dsize, uint8_t *out);
 /* The inverse: n * dsize bytes of in to n floats. */
 void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x);
 
+/* ---- the market (docs/market.md): signed calls, shared by kvd's market and join roles and
+ * kvctl market ----
+ * A mutating call carries four headers: X-Kv-Node (the caller's Ed25519 public key, 64 hex),
+ * X-Kv-Time (Unix seconds), X-Kv-Nonce (16 to 64 hex digits, never reused by that key) and
+ * X-Kv-Signature (128 hex): Ed25519 over the canonical bytes ring_market_canon writes. */
+#define RING_MARKET_CANON_MAX 2400   /* canonical bytes of a path up to 2048 bytes */
+#define RING_MARKET_BODY_MAX (1u << 20) /* the largest request body the market takes */
+struct net_identity;
+/* The canonical bytes "KVMKT1\n" METHOD "\n" PATH "\n" hex(SHA-256(body)) "\n" TS "\n" NONCE
+ * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */
+int ring_market_canon(char *out, const char *method, const char *path, const void *body,
+                     size_t len, int64_t ts, const char *nonce);
+/* A JSON call to a market at base URL ("http://host:port"). id: sign it (NULL: unsigned).
+ * body: JSON text or NULL (GET). *status gets the HTTP status, *resp the answer's body
+ * (malloc'd, NUL-terminated; the caller frees). 0, or negative errno with err filled when no
+ * answer came. timeout_ms bounds the whole call. */
+int ring_market_call(const char *base, const char *method, const char *path, const char *body,
+                    const struct net_identity *id, int timeout_ms, long *status, char **resp,
+                    char *err, size_t errlen);
+
 #endif

@@ -18,13 +18,13 @@ done
 
 # What the build links against and what running it (kvd, kvctl, the demo: curl) uses.
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
-libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev
+libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libpcre2-dev
 libsystemd-dev curl ocl-icd-opencl-dev opencl-headers xxd"
 BUILD_PKGS=$(echo $BUILD_PKGS)
 # What only the tests, benchmarks and fuzzers use.
 TEST_PKGS="pocl-opencl-icd clinfo
 clang-14 libclang-rt-14-dev valgrind iproute2 nftables python3 python3-websockets nginx
-openssl procps nodejs node-ws chromium testssl.sh systemd python3-jinja2"
+openssl procps nodejs node-ws chromium testssl.sh systemd python3-jinja2 postgresql"
 TEST_PKGS=$(echo $TEST_PKGS)
 PKGS="$BUILD_PKGS"
 [ "$TEST" = 1 ] && PKGS="$BUILD_PKGS $TEST_PKGS"

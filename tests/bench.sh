@@ -61,7 +61,12 @@
 #     clients (BENCH_API_CLIENTS), each sending BENCH_API_REQS completions of
 #     BENCH_API_TOKENS tokens (tests/api_bench.mjs).
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api. BENCH_ONLY="ring relay"
+# Market: a simulated population (10,000 nodes, 100 models; BENCH_MARKET_NODES / _MODELS /
+# _SECONDS) against `kvd market` on SQLite (tests/tool-market-bench): profiles and claims, then
+# heartbeats and receipts in the proportion of their natural rates; requests/s and p50/p99
+# latency per kind; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
+#
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -518,6 +523,40 @@ bench_repair() {
     rm -rf "$t"
 }
 if want repair; then bench_repair || true; fi
+# market_run DB LABEL: one simulated population against a market on DB
+market_run() {
+    echo "== market: ${BENCH_MARKET_NODES:-10000} simulated nodes, ${BENCH_MARKET_MODELS:-100} models, $2"
+    rm -f "$t/port"
+    "$B/kvd" market --db "$1" --listen 127.0.0.1:0 --port-file "$t/port" --log-level warn >"$t/market.log" 2>&1 &
+    mp=$!
+    for _ in $(seq 50); do [ -s "$t/port" ] && break; sleep 0.1; done
+    "$B/tests/tool-market-bench" --url "http://127.0.0.1:$(cat "$t/port")" --catalog "$t/cat.json" \
+        --nodes "${BENCH_MARKET_NODES:-10000}" --models "${BENCH_MARKET_MODELS:-100}" \
+        --seconds "${BENCH_MARKET_SECONDS:-10}" | sed 's/^/  /'
+    kill $mp; wait $mp 2>/dev/null
+}
+bench_market() {
+    t=$(mktemp -d)
+    chmod 755 "$t"
+    "$KVCTL" catalog "$TD/models/stories260K.gguf" -o "$t/cat.json" >/dev/null 2>&1 || { echo "catalog failed"; rm -rf "$t"; return 1; }
+    market_run "$t/market.db" SQLite
+    pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+    if [ -z "$pgbin" ]; then echo "== market on PostgreSQL: no server binaries; skipped"; rm -rf "$t"; return 0; fi
+    runas=""
+    mkdir -p "$t/pg"
+    if [ "$(id -u)" = 0 ]; then chown postgres "$t/pg"; runas="runuser -u postgres --"; fi
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    if $runas "$pgbin/initdb" -D "$t/pg/data" -A trust -U kv >/dev/null 2>&1 &&
+       $runas "$pgbin/pg_ctl" -D "$t/pg/data" -l "$t/pg/log" -w -o "-p $port -k $t/pg -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
+        "$pgbin/createdb" -h 127.0.0.1 -p "$port" -U kv market &&
+            market_run "postgres://kv@127.0.0.1:$port/market" PostgreSQL
+        $runas "$pgbin/pg_ctl" -D "$t/pg/data" -m fast stop >/dev/null 2>&1
+    else
+        echo "== market on PostgreSQL: the throwaway server did not start; skipped"
+    fi
+    rm -rf "$t"
+}
+if want market; then bench_market || true; fi
 
 # ---- Qwen3.5 family: the small synthetic MoE / hybrid models of the test data ----
 # Active bytes per token (router + used experts + shared expert) vs all expert bytes (memory).

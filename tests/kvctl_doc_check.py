@@ -8,7 +8,7 @@ for part in re.split(r'^## ', doc, flags=re.M)[1:]:
     secs[head.strip()] = body
 cmds = {'inspect': [], 'slice': [], 'catalog': [], 'verify': [], 'synth': [], 'generate': [],
         'logits': [], 'bench': [], 'tokenize': [], 'detokenize': [], 'status': [], 'plan': [],
-        'profile': [], 'pull': [], 'serve': [], 'ring up': ['ring', 'up'], 'ring down': ['ring', 'down'],
+        'profile': [], 'pull': [], 'serve': [], 'market': ['market'], 'ring up': ['ring', 'up'], 'ring down': ['ring', 'down'],
         'generate --ring': ['generate', '--ring', 'x']}
 bad = 0
 for c, argv in cmds.items():

@@ -1,0 +1,704 @@
+/* join.c — the join role (docs/market.md, "Joining"): a node that knows only a market and a
+ * model id profiles itself, reads the coverage map, claims the best-rewarded window it can
+ * hold (after a random delay, so a crowd does not herd onto one window), pulls just that
+ * window verified against the model's catalog while heartbeats keep the reserved lease,
+ * shows the market its endpoint answers, waits for the ring's manifest and runs as that
+ * rank's stage, renewing its lease. A new manifest (a replaced rank) restarts the stage on
+ * it; a lost lease sends the node back to claiming.
+ *
+ * The stage runs in a child process (kvd_stage_run, the stage role's entry point) that dies
+ * with this one, so a restart on a new manifest starts from a clean loop. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "gguf/gguf.h"
+#include "kvd/kvd.h"
+#include "net/net.h"
+#include "ringlib/ring.h"
+#include "seed/seed.h"
+#include "util/err.h"
+#include "util/util.h"
+
+#define CALL_MS 15000
+
+struct join {
+    const char *market, *model, *dir, *listen, *relay, *backend;
+    uint64_t mem;
+    int n_threads;
+    uint32_t jitter_ms;
+    struct net_identity *id;
+    char node[65];
+    char catalog_path[4096], window_path[4096], manifest_path[4096];
+    char endpoint[RING_ENDPOINT_MAX];
+    uint32_t window, first, last;
+    double lease_s, reserve_s;
+    char manifest_sha[65];
+    int probe_fd;
+    pid_t stage;
+};
+
+static volatile sig_atomic_t stop_flag;
+static void on_stop(int sig) { (void)sig; stop_flag = 1; }
+
+static void sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && !stop_flag)
+        ;
+}
+
+static uint32_t rand_u32(void)
+{
+    uint32_t v = 0;
+    if (RAND_bytes((unsigned char *)&v, sizeof v) != 1)
+        v = (uint32_t)getpid() * 2654435761u ^ (uint32_t)time(NULL);
+    return v;
+}
+
+/* A call whose answer is JSON: the object (caller deletes) or NULL; *status the HTTP status
+ * (0 when the market did not answer). signed_: with the node key. */
+static cJSON *call(struct join *j, const char *method, const char *path, cJSON *body, bool signed_,
+                   long *status)
+{
+    char err[KV_ERR_MAX], *resp = NULL, *b = body ? cJSON_PrintUnformatted(body) : NULL;
+    cJSON_Delete(body);
+    int rc = ring_market_call(j->market, method, path, b, signed_ ? j->id : NULL, CALL_MS, status,
+                              &resp, err, sizeof err);
+    free(b);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_WARN, "market: %s", err);
+        *status = 0;
+        return NULL;
+    }
+    cJSON *o = cJSON_Parse(resp);
+    if (*status >= 400) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+        kvd_log(KVD_LOG_WARN, "market: %s %s: HTTP %ld: %s", method, path, *status,
+                cJSON_IsString(e) ? e->valuestring : resp);
+    }
+    free(resp);
+    return o;
+}
+
+static int profile(struct join *j)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "mem_bytes", (double)j->mem);
+    cJSON_AddStringToObject(b, "backend", j->backend);
+    cJSON_AddBoolToObject(b, "inbound", j->relay == NULL);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/nodes", b, true, &st);
+    cJSON_Delete(o);
+    return st == 200 ? 0 : st >= 400 && st < 500 ? -EINVAL : -EAGAIN;
+}
+
+/* The window to claim from a coverage map: free (or kept for this node), fits in memory
+ * (the planner's estimate), the best reward; ties: the largest window (the fewest devices
+ * left to complete the ring). -1 when none. */
+static int pick(struct join *j, const cJSON *cov)
+{
+    const cJSON *w, *ws = cJSON_GetObjectItemCaseSensitive(cov, "windows");
+    int best = -1;
+    double best_r = -1, best_mem = -1;
+    cJSON_ArrayForEach(w, ws) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(w, "state");
+        const cJSON *stg = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(w, "stages"), 0);
+        const cJSON *holder = cJSON_GetObjectItemCaseSensitive(stg, "node");
+        const cJSON *hs = cJSON_GetObjectItemCaseSensitive(stg, "state");
+        bool mine = cJSON_IsString(holder) && !strcmp(holder->valuestring, j->node);
+        bool kept = cJSON_IsString(hs) && !strcmp(hs->valuestring, "grace") && !mine;
+        if (!cJSON_IsString(st) || kept || (strcmp(st->valuestring, "uncovered") && !mine))
+            continue;
+        double mem = util_json_number(w, "mem_bytes", 0), r = util_json_number(w, "reward", 0);
+        if (mem > (double)j->mem)
+            continue;
+        if (mine)
+            return (int)util_json_number(w, "window", 0);   /* ours to take back first */
+        if (r > best_r || (r == best_r && mem > best_mem)) {
+            best = (int)util_json_number(w, "window", 0);
+            best_r = r;
+            best_mem = mem;
+        }
+    }
+    return best;
+}
+
+/* Claim a window: 0 with j->window/first/last set, -EAGAIN to try again later. */
+static int claim(struct join *j)
+{
+    char path[128];
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/coverage", j->model);
+    sleep_ms(j->jitter_ms ? rand_u32() % j->jitter_ms : 0);
+    cJSON *cov = call(j, "GET", path, NULL, false, &st);
+    if (!cov || st != 200) {
+        cJSON_Delete(cov);
+        return -EAGAIN;
+    }
+    int w = pick(j, cov);
+    cJSON_Delete(cov);
+    if (w < 0) {
+        kvd_log(KVD_LOG_INFO, "no free window of %.16s... fits in %llu bytes; waiting", j->model,
+                (unsigned long long)j->mem);
+        return -EAGAIN;
+    }
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", w);
+    cJSON *o = call(j, "POST", "/v1/claims", b, true, &st);
+    int rc = -EAGAIN;
+    if (o && (st == 200 || st == 201)) {
+        const cJSON *ly = cJSON_GetObjectItemCaseSensitive(o, "layers");
+        j->window = (uint32_t)w;
+        j->first = (uint32_t)cJSON_GetArrayItem(ly, 0)->valuedouble;
+        j->last = (uint32_t)cJSON_GetArrayItem(ly, 1)->valuedouble;
+        j->lease_s = util_json_number(o, "lease_s", 20);
+        j->reserve_s = util_json_number(o, "reserve_s", 60);
+        kvd_log(KVD_LOG_INFO, "claimed window %d (layers %u-%u) of %.16s...", w, j->first, j->last,
+                j->model);
+        rc = 0;
+    } else if (o && st == 409) {
+        kvd_log(KVD_LOG_INFO, "window %d went to another node; reading the map again", w);
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* Renew the lease (with the endpoint once the window is here): 0, -EPERM when the lease is
+ * gone, -EAGAIN when the market did not answer. */
+static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    cJSON_AddNumberToObject(b, "progress", (double)progress);
+    if (endpoint)
+        cJSON_AddStringToObject(b, "endpoint", endpoint);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/leases/heartbeat", b, true, &st);
+    cJSON_Delete(o);
+    if (st == 200)
+        return 0;
+    return st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+}
+
+/* The model's catalog from the market into DIR, checked against the model id. */
+static int fetch_catalog(struct join *j)
+{
+    char path[128], err[KV_ERR_MAX], *resp = NULL, id[65];
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/catalog", j->model);
+    if (ring_market_call(j->market, "GET", path, NULL, NULL, CALL_MS, &st, &resp, err, sizeof err) < 0 ||
+        st != 200) {
+        kvd_log(KVD_LOG_ERROR, "catalog of %s: %s", j->model, resp ? resp : err);
+        free(resp);
+        return -EIO;
+    }
+    struct gguf_catalog *c;
+    int rc = gguf_catalog_from_json(&c, resp, strlen(resp), id, err, sizeof err);
+    if (rc == 0 && strcmp(id, j->model)) {
+        snprintf(err, sizeof err, "its SHA-256 is %s", id);
+        rc = -EINVAL;
+    }
+    gguf_catalog_free(rc == 0 ? c : NULL);
+    if (rc) {
+        kvd_log(KVD_LOG_ERROR, "the market's catalog for %s: %s", j->model, err);
+        free(resp);
+        return rc;
+    }
+    snprintf(j->catalog_path, sizeof j->catalog_path, "%s/catalog-%.16s.json", j->dir, j->model);
+    FILE *f = fopen(j->catalog_path, "w");
+    if (!f || fwrite(resp, 1, strlen(resp), f) != strlen(resp) || fclose(f)) {
+        kvd_log(KVD_LOG_ERROR, "%s: %s", j->catalog_path, strerror(errno));
+        free(resp);
+        return -EIO;
+    }
+    free(resp);
+    return 0;
+}
+
+struct pull_job {
+    struct seed_pull_opts o;
+    int rc;
+    volatile int done;
+    char err[KV_ERR_MAX];
+    struct seed_pull_stats st;
+};
+
+static void *pull_thread(void *ud)
+{
+    struct pull_job *p = ud;
+    p->rc = seed_pull(&p->o, &p->st, p->err, sizeof p->err);
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void pull_log(void *ud, int kind, const char *line)
+{
+    (void)ud;
+    if (kind == SEED_PULL_LINE)
+        kvd_log(KVD_LOG_INFO, "%s", line);
+}
+
+/* Pull the claimed window from the model's sources (each in turn), heartbeating meanwhile:
+ * 0, -EPERM when the lease was lost, or another negative code. */
+static int pull(struct join *j)
+{
+    snprintf(j->window_path, sizeof j->window_path, "%s/window-%u-%u.gguf", j->dir, j->first, j->last);
+    struct stat sb;
+    if (stat(j->window_path, &sb) == 0) {
+        kvd_log(KVD_LOG_INFO, "window %s is here already", j->window_path);
+        return 0;
+    }
+    char path[128];
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/sources", j->model);
+    cJSON *src = call(j, "GET", path, NULL, false, &st);
+    if (!cJSON_IsArray(src)) {
+        cJSON_Delete(src);
+        return -EAGAIN;
+    }
+    int rc = -ENOENT;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, src) {
+        if (!cJSON_IsString(s))
+            continue;
+        static volatile int cancel;
+        cancel = 0;
+        struct pull_job *p = calloc(1, sizeof *p);
+        if (!p) {
+            rc = -ENOMEM;
+            break;
+        }
+        p->o = (struct seed_pull_opts){.url = s->valuestring, .first = j->first, .last = j->last,
+                                       .catalog_path = j->catalog_path, .model_id = j->model,
+                                       .out_path = j->window_path, .progress = 1, .log = pull_log,
+                                       .cancel = &cancel};
+        pthread_t t;
+        if (pthread_create(&t, NULL, pull_thread, p)) {
+            free(p);
+            rc = -EAGAIN;
+            break;
+        }
+        double next = 0;
+        bool lost = false;
+        while (!__atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) {
+            if (util_now_s() >= next) {
+                if (heartbeat(j, NULL, 0) == -EPERM) {
+                    lost = true;
+                    cancel = 1;
+                }
+                next = util_now_s() + j->reserve_s / 4;
+            }
+            if (stop_flag)
+                cancel = 1;
+            sleep_ms(200);
+        }
+        pthread_join(t, NULL);
+        rc = p->rc;
+        if (rc == 0)
+            kvd_log(KVD_LOG_INFO, "pulled window %u-%u from %s (%llu bytes), verified", j->first,
+                    j->last, s->valuestring, (unsigned long long)p->st.bytes_fetched);
+        else
+            kvd_log(KVD_LOG_WARN, "pull from %s: %s", s->valuestring, p->err);
+        free(p);
+        if (lost)
+            rc = -EPERM;
+        if (rc == 0 || lost || stop_flag)
+            break;
+    }
+    cJSON_Delete(src);
+    return rc;
+}
+
+/* Listen on the stage's address until the stage takes it over, so the market's probe finds
+ * the endpoint answering (connections wait in the backlog, unanswered). */
+static int probe_listen(struct join *j)
+{
+    if (j->relay)
+        return 0;
+    char host[256];
+    const char *colon = strrchr(j->listen, ':');
+    if (!colon || (size_t)(colon - j->listen) >= sizeof host)
+        return -EINVAL;
+    memcpy(host, j->listen, (size_t)(colon - j->listen));
+    host[colon - j->listen] = 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return -EINVAL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 16)) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    j->probe_fd = fd;
+    return 0;
+}
+
+static void probe_close(struct join *j)
+{
+    if (j->probe_fd >= 0)
+        close(j->probe_fd);
+    j->probe_fd = -1;
+}
+
+static void stage_stop(struct join *j)
+{
+    if (j->stage <= 0)
+        return;
+    kill(j->stage, SIGTERM);
+    for (int i = 0; i < 100; i++) {
+        if (waitpid(j->stage, NULL, WNOHANG) == j->stage) {
+            j->stage = 0;
+            return;
+        }
+        sleep_ms(50);
+    }
+    kill(j->stage, SIGKILL);
+    waitpid(j->stage, NULL, 0);
+    j->stage = 0;
+}
+
+/* Run the stage of our rank in the manifest in a child that dies with us. */
+static int stage_start(struct join *j, int rank)
+{
+    probe_close(j);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            _exit(1);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "join/stage %d", rank);
+        kvd_log_set_prefix(prefix);
+        struct kvd_stage_opts o = {.manifest = j->manifest_path, .rank = rank,
+                                   .window = j->window_path, .state_dir = j->dir,
+                                   .catalog = j->catalog_path, .n_threads = j->n_threads,
+                                   .listen = j->relay ? NULL : j->listen};
+        if (strcmp(j->backend, "cpu"))
+            o.backend = j->backend;
+        _exit(kvd_stage_run(&o) < 0 ? 1 : 0);
+    }
+    j->stage = pid;
+    kvd_log(KVD_LOG_INFO, "stage of rank %d started (pid %d) on manifest %.16s...", rank, (int)pid,
+            j->manifest_sha);
+    return 0;
+}
+
+/* Wait (long-poll) for a manifest other than the one we run: 1 when one came and the stage
+ * was (re)started, 0 when none came, negative when it does not name us. */
+static int manifest_poll(struct join *j, double wait_s)
+{
+    char path[256], err[KV_ERR_MAX], *resp = NULL;
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/manifest?after=%s&wait=%.0f", j->model,
+             j->manifest_sha[0] ? j->manifest_sha : "none", wait_s);
+    if (ring_market_call(j->market, "GET", path, NULL, NULL, (int)(wait_s * 1000) + CALL_MS, &st,
+                         &resp, err, sizeof err) < 0) {
+        kvd_log(KVD_LOG_WARN, "market: %s", err);
+        return -EAGAIN;
+    }
+    if (st != 200) {
+        free(resp);
+        return 0;
+    }
+    struct ring_manifest *m = calloc(1, sizeof *m);
+    int rc = m ? ring_manifest_parse(m, resp, strlen(resp), err, sizeof err) : -ENOMEM;
+    int rank = -1;
+    uint8_t me[32];
+    util_hex_decode(j->node, me, 32);
+    for (uint32_t r = 0; rc == 0 && r < m->n_ranks; r++)
+        if (m->ranks[r].has_node && !memcmp(m->ranks[r].node, me, 32))
+            rank = (int)r;
+    free(m);
+    if (rc || rank < 0) {
+        kvd_log(KVD_LOG_WARN, "the market's manifest %s", rc ? err : "does not name this node");
+        free(resp);
+        return rc ? rc : -ENOENT;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", j->manifest_path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fwrite(resp, 1, strlen(resp), f) == strlen(resp);
+    if (f && fclose(f))
+        ok = false;
+    if (!ok || rename(tmp, j->manifest_path)) {
+        kvd_log(KVD_LOG_ERROR, "%s: %s", j->manifest_path, strerror(errno));
+        free(resp);
+        return -EIO;
+    }
+    unsigned char dg[32];
+    unsigned dl = 32;
+    EVP_Digest(resp, strlen(resp), dg, &dl, EVP_sha256(), NULL);
+    util_hex_encode(dg, 32, j->manifest_sha);
+    free(resp);
+    stage_stop(j);
+    if ((rc = stage_start(j, rank)))
+        return rc;
+    return 1;
+}
+
+/* Take our window back after our lease lapsed (the market was unreachable for longer than
+ * a lease, say): during its grace period only we may, and the stage keeps running meanwhile,
+ * so the ring is not disturbed. 0 when the lease is ours and active again. */
+static int reclaim(struct join *j)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/claims", b, true, &st);
+    cJSON_Delete(o);
+    if (st != 200 && st != 201)
+        return -EPERM;
+    return heartbeat(j, j->endpoint, 0);
+}
+
+/* Hold the window: heartbeats, manifests, the stage's health. Returns when the lease is lost
+ * (-EPERM) or on a stop (0). The market being down changes nothing here but the retries:
+ * the ring keeps serving (docs/market.md). */
+static int hold(struct join *j)
+{
+    double next_hb = 0;
+    uint32_t backoff = 1000;
+    while (!stop_flag) {
+        if (util_now_s() >= next_hb) {
+            int rc = heartbeat(j, j->endpoint, 0);
+            if (rc == -EPERM && reclaim(j)) {
+                return rc;
+            }
+            next_hb = util_now_s() + j->lease_s / 4;
+        }
+        if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
+            kvd_log(KVD_LOG_WARN, "the stage exited; starting it again");
+            j->stage = 0;
+            j->manifest_sha[0] = 0;
+        }
+        double wait = j->lease_s / 4 - 1;
+        if (manifest_poll(j, wait < 1 ? 1 : wait) == -EAGAIN) {
+            sleep_ms(backoff);   /* the market is unreachable: back off */
+            backoff = backoff < 8000 ? backoff * 2 : 8000;
+        } else {
+            backoff = 1000;
+        }
+    }
+    return 0;
+}
+
+static void join_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvd join --market URL --model ID --state-dir DIR [options]\n"
+        "  Claims the best-rewarded free window of the model that fits, pulls it, waits for the\n"
+        "  ring's manifest and runs as its stage (docs/market.md). Rank 0 serves clients on\n"
+        "  DIR/kvd.sock.\n"
+        "  --mem BYTES         memory for the window (K/M/G suffixes; default: half of MemAvailable)\n"
+        "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port)\n"
+        "  --relay URL         no inbound: the in-edge goes through this relay (relay://HOST:PORT)\n"
+        "  --backend NAME      compute backend (default cpu)\n"
+        "  -t N                compute threads (default: all cores)\n"
+        "  --jitter-ms MS      random delay before each claim (default 1500)\n"
+        "  --log-level L       error|warn|info|debug (default info)\n");
+}
+
+static uint64_t mem_default(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb ? kb * 1024 / 2 : 1ull << 30;
+}
+
+static int free_port(char *out, size_t n)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+        if (fd >= 0)
+            close(fd);
+        return -EADDRNOTAVAIL;
+    }
+    snprintf(out, n, "127.0.0.1:%d", ntohs(sa.sin_port));
+    close(fd);
+    return 0;
+}
+
+int kvd_join_main(int argc, char **argv)
+{
+    struct join j = {.backend = "cpu", .jitter_ms = 1500, .probe_fd = -1};
+    static char listen_buf[64];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            join_usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "kvd join: unknown or incomplete option '%s'\n", a);
+            join_usage(stderr);
+            return 2;
+        }
+        i++;
+        uint64_t x;
+        if (!strcmp(a, "--market"))
+            j.market = v;
+        else if (!strcmp(a, "--model"))
+            j.model = v;
+        else if (!strcmp(a, "--state-dir"))
+            j.dir = v;
+        else if (!strcmp(a, "--listen"))
+            j.listen = v;
+        else if (!strcmp(a, "--relay"))
+            j.relay = v;
+        else if (!strcmp(a, "--backend"))
+            j.backend = v;
+        else if (!strcmp(a, "--mem") || !strcmp(a, "-t") || !strcmp(a, "--jitter-ms")) {
+            bool mem = a[2] == 'm';
+            if (util_parse_u64(v, mem ? 1 << 16 : 0, mem ? 1ull << 50 : 600000,
+                               mem ? UTIL_PARSE_SUFFIX : 0, &x, NULL, 0) < 0) {
+                fprintf(stderr, "kvd join: bad value '%s' for %s\n", v, a);
+                return 2;
+            }
+            if (mem)
+                j.mem = x;
+            else if (a[1] == 't')
+                j.n_threads = (int)x;
+            else
+                j.jitter_ms = (uint32_t)x;
+        } else if (!strcmp(a, "--log-level")) {
+            static const char *names[] = {"error", "warn", "info", "debug"};
+            int k = 0;
+            while (k < 4 && strcmp(v, names[k]))
+                k++;
+            if (k == 4) {
+                fprintf(stderr, "kvd join: --log-level '%s': error|warn|info|debug\n", v);
+                return 2;
+            }
+            kvd_log_set_level(k);
+        } else {
+            fprintf(stderr, "kvd join: unknown option '%s'\n", a);
+            join_usage(stderr);
+            return 2;
+        }
+    }
+    if (!j.market || !j.model || !j.dir) {
+        fprintf(stderr, "kvd join: --market, --model and --state-dir are required\n");
+        return 2;
+    }
+    if (strlen(j.model) != 64 || strspn(j.model, "0123456789abcdef") != 64) {
+        fprintf(stderr, "kvd join: --model '%s': expected the model id (64 hex digits)\n", j.model);
+        return 2;
+    }
+    if (j.relay && strncmp(j.relay, "relay://", 8)) {
+        fprintf(stderr, "kvd join: --relay '%s': expected relay://HOST:PORT\n", j.relay);
+        return 2;
+    }
+    if (!j.mem)
+        j.mem = mem_default();
+    kvd_log_set_prefix("join");
+    mkdir(j.dir, 0700);
+    char err[KV_ERR_MAX];
+    if (net_identity_load(&j.id, j.dir, err, sizeof err) < 0) {
+        fprintf(stderr, "kvd join: %s\n", err);
+        return 1;
+    }
+    util_hex_encode(net_identity_pub(j.id), 32, j.node);
+    if (!j.listen && !j.relay) {
+        if (free_port(listen_buf, sizeof listen_buf)) {
+            fprintf(stderr, "kvd join: no free port on 127.0.0.1 (pass --listen)\n");
+            return 1;
+        }
+        j.listen = listen_buf;
+    }
+    if (j.relay) {
+        uint8_t b[16];
+        char hex[33];
+        RAND_bytes(b, sizeof b);
+        util_hex_encode(b, sizeof b, hex);
+        snprintf(j.endpoint, sizeof j.endpoint, "%s/b/%s", j.relay, hex);
+    } else {
+        snprintf(j.endpoint, sizeof j.endpoint, "tcp://%s", j.listen);
+    }
+    snprintf(j.manifest_path, sizeof j.manifest_path, "%s/manifest.json", j.dir);
+    kvd_log(KVD_LOG_INFO, "node %s joining model %.16s... at %s (memory %llu bytes, endpoint %s)",
+            j.node, j.model, j.market, (unsigned long long)j.mem, j.endpoint);
+    signal(SIGTERM, on_stop);
+    signal(SIGINT, on_stop);
+    signal(SIGPIPE, SIG_IGN);
+    int rc = 0;
+    uint32_t backoff = 500;
+    while (!stop_flag) {
+        rc = profile(&j);
+        if (rc == 0)
+            rc = fetch_catalog(&j);
+        if (rc == -EINVAL)
+            break;   /* the market refuses this node or serves a wrong catalog: no retry helps */
+        if (rc || claim(&j)) {
+            sleep_ms(backoff);
+            backoff = backoff < 8000 ? backoff * 2 : 8000;
+            continue;
+        }
+        backoff = 500;
+        rc = pull(&j);
+        if (rc == -EPERM || rc == -EAGAIN)
+            continue;
+        if (rc)
+            break;
+        if ((rc = probe_listen(&j))) {
+            kvd_log(KVD_LOG_ERROR, "listen on %s: %s", j.listen, strerror(-rc));
+            break;
+        }
+        if (heartbeat(&j, j.endpoint, 0)) {
+            kvd_log(KVD_LOG_WARN, "the market did not activate the lease; claiming again");
+            probe_close(&j);
+            continue;
+        }
+        kvd_log(KVD_LOG_INFO, "lease on window %u active; waiting for the ring's manifest", j.window);
+        rc = hold(&j);
+        stage_stop(&j);
+        probe_close(&j);
+        j.manifest_sha[0] = 0;
+        if (rc == -EPERM) {
+            kvd_log(KVD_LOG_WARN, "lost the lease on window %u; claiming again", j.window);
+            rc = 0;
+        }
+    }
+    stage_stop(&j);
+    probe_close(&j);
+    net_identity_free(j.id);
+    kvd_log(KVD_LOG_INFO, "stopped");
+    return rc < 0 ? 1 : 0;
+}

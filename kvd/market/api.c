@@ -1,0 +1,1496 @@
+/* api.c — the market's HTTP JSON API (docs/market.md): models and their windows, the
+ * coverage map with demand and rewards, signed claims and lease heartbeats, the manifest
+ * stages long-poll for, receipts and balances, and the coverage page at GET /.
+ *
+ * Every request runs in one store transaction: a mutating call checks its signature, spends
+ * its nonce and writes, all committed together or not at all, so a refused call leaves the
+ * ledger as it was and a retried one is never applied twice. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+#include <uv.h>
+
+#include "gguf/gguf.h"
+#include "kvd/kvd.h"
+#include "kvd/market/internal.h"
+#include "net/net.h"
+#include "planner/plan.h"
+#include "ringlib/ring.h"
+#include "util/err.h"
+#include "util/util.h"
+
+#define MAX_PROFILES 256         /* device profiles the planner looks at */
+#define PROFILE_AGE_S 600.0      /* profiles older than this are not planned with */
+#define NONCE_KEEP_FACTOR 2.0    /* nonces are kept for twice the clock skew allowed */
+
+struct poll {                    /* a manifest long-poll waiting for a change */
+    struct kvd_market_api *a;
+    struct net_http_req *req;
+    char model[65], after[65];
+    double deadline;
+    struct poll *next;
+};
+
+struct probe {                   /* an activation waiting for its endpoint to answer */
+    struct kvd_market_api *a;
+    struct net_http_req *req;
+    uv_tcp_t tcp;
+    uv_connect_t conn;
+    uv_timer_t timer;
+    char model[65], node[65], endpoint[KVD_MARKET_EP_MAX];
+    uint32_t window;
+    int closing, answered;
+};
+
+struct kvd_market_api {
+    uv_loop_t *loop;
+    struct net_http_server *srv;
+    struct kvd_market_store *st;
+    struct kvd_market_config cfg;
+    uv_timer_t tick;
+    struct poll *polls;
+    bool closed;
+};
+
+void kvd_market__config_default(struct kvd_market_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->listen = "127.0.0.1:7490";
+    c->lease_s = 20;
+    c->reserve_s = 60;
+    c->grace_s = 30;
+    c->clock_skew_s = 300;
+    c->reward_base = 0.001;
+    c->demand_ref = 10;
+    c->demand_tau_s = 300;
+    c->poll_max_s = 25;
+    c->probe = true;
+}
+
+/* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
+ * at most doubles it, a window without a stage triples it (docs/market.md, "Rewards"). */
+double kvd_market__reward(const struct kvd_market_config *c, double demand, double covered)
+{
+    if (!(demand > 0))
+        demand = 0;
+    if (!(covered >= 0))
+        covered = 0;
+    if (covered > 1)
+        covered = 1;
+    double r = c->reward_base * (1 + demand / (demand + c->demand_ref)) * (1 + 2 * (1 - covered));
+    if (r < c->reward_base)
+        r = c->reward_base;
+    if (r > 6 * c->reward_base)
+        r = 6 * c->reward_base;
+    return r;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- answers ---- */
+
+static void reply_json(struct net_http_req *req, int status, cJSON *o)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    if (!s) {
+        net_http_reply_error(req, 500, "out of memory");
+    } else {
+        size_t n = strlen(s);
+        s[n] = '\n';   /* the terminator's byte becomes the newline; the length says where it ends */
+        net_http_reply(req, status, "application/json", "Cache-Control: no-store\r\n", s, n + 1);
+    }
+    free(s);
+    cJSON_Delete(o);
+}
+
+/* {"error": reason} with a 4xx/5xx status; extra (may be NULL) is merged in (taken). */
+static void reply_err(struct net_http_req *req, int status, cJSON *extra, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_err(struct net_http_req *req, int status, cJSON *extra, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *o = extra ? extra : cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "error", msg);
+    reply_json(req, status, o);
+}
+
+static bool is_hex(const char *s, size_t lo, size_t hi)
+{
+    size_t n = strlen(s);
+    if (n < lo || n > hi)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (util_hex_digit((unsigned char)s[i]) < 0 || (s[i] >= 'A' && s[i] <= 'F'))
+            return false;
+    return true;
+}
+
+/* ---- signed calls ---- */
+
+/* Check the signature headers of req; node gets the caller's key (hex). The nonce is spent
+ * in the open transaction. 0, or the HTTP status to refuse with (reason in why). */
+static int auth(struct kvd_market_api *a, struct net_http_req *req, char node[65], char *why,
+                size_t whylen)
+{
+    const char *k = net_http_req_header(req, "X-Kv-Node");
+    const char *t = net_http_req_header(req, "X-Kv-Time");
+    const char *n = net_http_req_header(req, "X-Kv-Nonce");
+    const char *s = net_http_req_header(req, "X-Kv-Signature");
+    if (!k || !t || !n || !s) {
+        util_seterr(why, whylen, "unsigned call: X-Kv-Node, X-Kv-Time, X-Kv-Nonce and "
+                    "X-Kv-Signature are required");
+        return 401;
+    }
+    uint8_t pub[32], sig[64];
+    if (!is_hex(k, 64, 64) || util_hex_decode(k, pub, 32)) {
+        util_seterr(why, whylen, "X-Kv-Node: expected 64 lowercase hex digits (an Ed25519 key)");
+        return 400;
+    }
+    if (!is_hex(s, 128, 128) || util_hex_decode(s, sig, 64)) {
+        util_seterr(why, whylen, "X-Kv-Signature: expected 128 lowercase hex digits");
+        return 400;
+    }
+    if (!is_hex(n, 16, 64)) {
+        util_seterr(why, whylen, "X-Kv-Nonce: expected 16 to 64 lowercase hex digits");
+        return 400;
+    }
+    int64_t ts;
+    if (util_parse_i64(t, 0, INT64_MAX / 2, &ts, NULL, 0) < 0) {
+        util_seterr(why, whylen, "X-Kv-Time '%.32s': expected Unix seconds", t);
+        return 400;
+    }
+    double now = now_s();
+    if (fabs((double)ts - now) > a->cfg.clock_skew_s) {
+        util_seterr(why, whylen, "X-Kv-Time %lld is %.0f s from the market's clock (at most %.0f s)",
+                    (long long)ts, fabs((double)ts - now), a->cfg.clock_skew_s);
+        return 401;
+    }
+    size_t blen = 0;
+    const void *body = net_http_req_body(req, &blen);
+    char path[2100], canon[RING_MARKET_CANON_MAX];
+    const char *q = net_http_req_query(req);
+    snprintf(path, sizeof path, "%s%s%s", net_http_req_path(req), q[0] ? "?" : "", q);
+    int cl = ring_market_canon(canon, net_http_req_method(req), path, body, blen, ts, n);
+    if (cl < 0 || !net_sig_verify(pub, canon, (size_t)cl, sig)) {
+        util_seterr(why, whylen, "bad signature for node %.16s... over %s %s", k,
+                    net_http_req_method(req), path);
+        return 401;
+    }
+    int rc = a->st->ops->nonce_use(a->st->impl, k, n, now,
+                                   now - NONCE_KEEP_FACTOR * a->cfg.clock_skew_s);
+    if (rc == -EEXIST) {
+        util_seterr(why, whylen, "nonce %s was used before by this node (a replay)", n);
+        return 409;
+    }
+    if (rc < 0) {
+        util_seterr(why, whylen, "store: %s", a->st->err);
+        return 503;
+    }
+    memcpy(node, k, 65);
+    return 0;
+}
+
+/* Parse the request body as a JSON object: the object, or NULL with a 400 sent. */
+static cJSON *body_json(struct net_http_req *req)
+{
+    size_t len = 0;
+    const char *b = net_http_req_body(req, &len);
+    cJSON *o = b && len ? cJSON_ParseWithLength(b, len) : NULL;
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        reply_err(req, 400, NULL, "the body must be a JSON object (%zu bytes given)", len);
+        return NULL;
+    }
+    return o;
+}
+
+static const char *jstr(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* A whole number member in [lo, hi]: 0, or -EINVAL with why. */
+static int juint(const cJSON *o, const char *key, double lo, double hi, uint64_t *out, char *why,
+                 size_t whylen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        v->valuedouble != floor(v->valuedouble)) {
+        util_seterr(why, whylen, "%s: expected a whole number from %.0f to %.0f", key, lo, hi);
+        return -EINVAL;
+    }
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+/* ---- leases ---- */
+
+enum { L_FREE = 0, L_RESERVED = 1, L_ACTIVE = 2, L_GRACE = 3 };
+static const char *const lease_names[] = {"uncovered", "reserved", "active", "grace"};
+
+/* What a lease row means now: held (reserved/active) until expires, then a grace period in
+ * which only its node may take the window back, then free. */
+static int lease_now(const struct kvd_market_api *a, const struct kvd_market_lease *l, double now)
+{
+    if (!l->node[0])
+        return L_FREE;
+    if (now < l->expires)
+        return l->state == KVD_LEASE_ACTIVE ? L_ACTIVE : L_RESERVED;
+    if (now < l->expires + a->cfg.grace_s)
+        return L_GRACE;
+    return L_FREE;
+}
+
+/* The model's windows and their leases (empty node for none). */
+struct model_state {
+    struct kvd_market_model m;
+    struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
+    struct kvd_market_lease l[KVD_MARKET_MAX_WINDOWS];
+    int ls[KVD_MARKET_MAX_WINDOWS];
+    size_t n;
+};
+
+static int model_state_load(struct kvd_market_api *a, const char *id, struct model_state *ms,
+                            double now)
+{
+    const struct kvd_market_store_ops *o = a->st->ops;
+    int rc = o->model_get(a->st->impl, id, &ms->m);
+    if (rc)
+        return rc;
+    if ((rc = o->windows_get(a->st->impl, id, ms->w, KVD_MARKET_MAX_WINDOWS, &ms->n))) {
+        kvd_market__model_clear(&ms->m);
+        return rc;
+    }
+    for (size_t i = 0; i < ms->n; i++) {
+        rc = o->lease_get(a->st->impl, id, ms->w[i].idx, &ms->l[i]);
+        if (rc && rc != -ENOENT) {
+            kvd_market__model_clear(&ms->m);
+            return rc;
+        }
+        ms->ls[i] = lease_now(a, &ms->l[i], now);
+    }
+    return 0;
+}
+
+/* The model's demand decayed to now (requests per minute). */
+static double demand_now(const struct kvd_market_api *a, const struct kvd_market_model *m, double now)
+{
+    if (m->demand_t <= 0 || now <= m->demand_t)
+        return m->demand;
+    return m->demand * exp(-(now - m->demand_t) / a->cfg.demand_tau_s);
+}
+
+static double covered_of(int ls)
+{
+    return ls == L_ACTIVE ? 1.0 : ls == L_RESERVED ? 0.5 : 0.0;
+}
+
+static bool complete(const struct model_state *ms)
+{
+    if (!ms->n)
+        return false;
+    for (size_t i = 0; i < ms->n; i++)
+        if (ms->ls[i] != L_ACTIVE)
+            return false;
+    return true;
+}
+
+static cJSON *free_windows(const struct model_state *ms, const char *node)
+{
+    cJSON *f = cJSON_CreateArray();
+    for (size_t i = 0; i < ms->n; i++)
+        if (ms->ls[i] == L_FREE || (ms->ls[i] == L_GRACE && node && !strcmp(ms->l[i].node, node)))
+            cJSON_AddItemToArray(f, cJSON_CreateNumber(ms->w[i].idx));
+    return f;
+}
+
+static cJSON *lease_json(const struct kvd_market_api *a, const struct kvd_market_lease *l, int ls,
+                         double now)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "window", l->window);
+    cJSON_AddStringToObject(o, "node", l->node);
+    cJSON_AddStringToObject(o, "state", lease_names[ls]);
+    cJSON_AddNumberToObject(o, "expires_in", ls == L_GRACE ? l->expires + a->cfg.grace_s - now
+                                                          : l->expires - now);
+    if (l->endpoint[0])
+        cJSON_AddStringToObject(o, "endpoint", l->endpoint);
+    return o;
+}
+
+/* ---- the manifest ---- */
+
+/* The ring's manifest once every window has an active stage (else NULL); hash gets its
+ * SHA-256. Built from the plan and leases only, so the same state gives the same bytes and a
+ * replaced stage changes only its rank's entry. */
+static char *manifest_of(const struct model_state *ms, char hash[65])
+{
+    if (!complete(ms))
+        return NULL;
+    cJSON *o = cJSON_CreateObject(), *model = cJSON_CreateObject(), *wire = cJSON_CreateObject();
+    cJSON *ranks = cJSON_CreateArray();
+    char ring[32];
+    snprintf(ring, sizeof ring, "mkt-%.16s", ms->m.id);
+    cJSON_AddNumberToObject(o, "version", 1);
+    cJSON_AddStringToObject(o, "ring", ring);
+    cJSON_AddStringToObject(model, "name", ms->m.name);
+    cJSON_AddStringToObject(model, "catalog", ms->m.id);
+    cJSON_AddStringToObject(model, "arch", ms->m.arch);
+    cJSON_AddNumberToObject(model, "n_layers", ms->m.n_layers);
+    cJSON_AddNumberToObject(model, "n_embd", ms->m.n_embd);
+    cJSON_AddItemToObject(o, "model", model);
+    cJSON_AddStringToObject(wire, "dtype", "f32");
+    cJSON_AddItemToObject(o, "wire", wire);
+    for (size_t i = 0; i < ms->n; i++) {
+        cJSON *r = cJSON_CreateObject(), *ly = cJSON_CreateArray();
+        cJSON_AddNumberToObject(r, "rank", (double)i);
+        cJSON_AddStringToObject(r, "node", ms->l[i].node);
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].first));
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].last));
+        cJSON_AddItemToObject(r, "layers", ly);
+        cJSON_AddBoolToObject(r, "embed", i == 0);
+        cJSON_AddBoolToObject(r, "head", i + 1 == ms->n);
+        cJSON_AddStringToObject(r, "endpoint", ms->l[i].endpoint);
+        cJSON_AddItemToArray(ranks, r);
+    }
+    cJSON_AddItemToObject(o, "ranks", ranks);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!s)
+        return NULL;
+    uint8_t dg[32];
+    unsigned dl = 32;
+    EVP_Digest(s, strlen(s), dg, &dl, EVP_sha256(), NULL);
+    util_hex_encode(dg, 32, hash);
+    return s;
+}
+
+/* ---- planning ---- */
+
+/* The planner's view of a catalog: shape (layers caller-freed through *layers). */
+static int shape_of(const struct gguf_catalog *c, struct plan_shape *shape, struct plan_layer **layers,
+                    char *err, size_t errlen)
+{
+    struct plan_tensor *t = calloc(c->n_tensors ? c->n_tensors : 1, sizeof *t);
+    *layers = calloc(c->n_layers ? c->n_layers : 1, sizeof **layers);
+    if (!t || !*layers) {
+        free(t);
+        free(*layers);
+        *layers = NULL;
+        return -ENOMEM;
+    }
+    uint32_t n_embd = 0;
+    for (uint64_t i = 0; i < c->n_tensors; i++) {
+        t[i].name = c->tensors[i].name;
+        t[i].n_dims = c->tensors[i].n_dims;
+        memcpy(t[i].ne, c->tensors[i].ne, sizeof t[i].ne);
+        t[i].bytes = c->tensors[i].size;
+        if (!strcmp(c->tensors[i].name, "token_embd.weight"))
+            n_embd = (uint32_t)c->tensors[i].ne[0];
+    }
+    struct plan_model_info mi = {.n_layers = c->n_layers, .n_embd = n_embd,
+                                 .nextn_layers = c->n_layers - c->n_main};
+    memset(shape, 0, sizeof *shape);
+    shape->arch = c->arch;
+    int rc = plan_shape_from_tensors(t, (size_t)c->n_tensors, &mi, shape, *layers, err, errlen);
+    shape->n_layers = c->n_main;
+    free(t);
+    if (rc) {
+        free(*layers);
+        *layers = NULL;
+    }
+    return rc;
+}
+
+static int cmp_mem(const void *x, const void *y)
+{
+    const struct kvd_market_node *a = x, *b = y;
+    return a->mem_bytes < b->mem_bytes ? -1 : a->mem_bytes > b->mem_bytes;
+}
+
+/* Plan the model's windows from the device profiles seen lately: the planner over those
+ * devices, the median one repeated until the population could hold the model (a crowd
+ * like the nodes that came so far). With no profile yet, one window. 0 or negative. */
+static int plan_windows(struct kvd_market_api *a, const struct kvd_market_model *m, double now,
+                        struct kvd_market_window *w, size_t *n, char *err, size_t errlen)
+{
+    struct gguf_catalog *c = NULL;
+    int rc = gguf_catalog_from_json(&c, m->catalog, strlen(m->catalog), NULL, err, errlen);
+    if (rc)
+        return rc;
+    struct plan_shape shape;
+    struct plan_layer *layers = NULL;
+    struct kvd_market_node *nodes = calloc(MAX_PROFILES, sizeof *nodes);
+    struct plan_device *devs = calloc(KVD_MARKET_MAX_WINDOWS, sizeof *devs);
+    struct plan_result *pr = NULL;
+    size_t nn = 0;
+    if (!nodes || !devs) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = shape_of(c, &shape, &layers, err, errlen)))
+        goto out;
+    shape.name = m->name;
+    uint64_t total = shape.embed_bytes + shape.head_bytes;
+    for (uint32_t i = 0; i < shape.n_layers; i++)
+        total += layers[i].weight_bytes;
+    if ((rc = a->st->ops->nodes_recent(a->st->impl, now - PROFILE_AGE_S, nodes, MAX_PROFILES, &nn)))
+        goto out;
+    qsort(nodes, nn, sizeof *nodes, cmp_mem);
+    uint64_t med = nn ? nodes[nn / 2].mem_bytes : total * 4 + (256u << 20);
+    /* the real devices (the largest first), then copies of the median one until it fits */
+    size_t nd = 0;
+    for (size_t i = nn; i-- > 0 && nd < KVD_MARKET_MAX_WINDOWS;)
+        devs[nd++] = (struct plan_device){.id = nodes[i].id, .backend = "cpu",
+                                          .mem_bytes = nodes[i].mem_bytes, .ms_per_layer_token = 1,
+                                          .rtt_ms = 1, .inbound = nodes[i].inbound};
+    struct plan_opts po;
+    plan_opts_default(&po);
+    po.objective = PLAN_LATENCY;
+    po.ctx = 1024;
+    po.max_ranks = KVD_MARKET_MAX_WINDOWS;
+    for (;;) {
+        rc = nd ? plan_make(&pr, &shape, devs, nd, &po, err, errlen) : -ENOSPC;
+        if (rc != -ENOSPC || nd >= KVD_MARKET_MAX_WINDOWS)
+            break;
+        devs[nd++] = (struct plan_device){.id = "median", .backend = "cpu", .mem_bytes = med,
+                                          .ms_per_layer_token = 1, .rtt_ms = 1, .inbound = true};
+    }
+    if (rc)
+        goto out;
+    *n = pr->n_ranks;
+    for (uint32_t r = 0; r < pr->n_ranks; r++) {
+        const struct plan_rank *k = &pr->ranks[r];
+        w[r] = (struct kvd_market_window){.idx = r, .first = k->first, .last = k->last,
+                                          .bytes = k->mem_bytes};
+    }
+out:
+    plan_result_free(pr);
+    free(devs);
+    free(nodes);
+    free(layers);
+    gguf_catalog_free(c);
+    return rc;
+}
+
+/* Re-plan a model whose windows nobody holds (nothing to disturb): 0 or negative. */
+static int replan_if_idle(struct kvd_market_api *a, const char *id, double now, char *err,
+                          size_t errlen)
+{
+    struct model_state *ms = calloc(1, sizeof *ms);
+    if (!ms)
+        return -ENOMEM;
+    int rc = model_state_load(a, id, ms, now);
+    if (rc)
+        goto out;
+    bool idle = true;
+    for (size_t i = 0; i < ms->n; i++)
+        if (ms->ls[i] != L_FREE)
+            idle = false;
+    if (idle) {
+        struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
+        size_t n = 0;
+        if ((rc = plan_windows(a, &ms->m, now, w, &n, err, errlen)) == 0)
+            rc = a->st->ops->windows_set(a->st->impl, id, w, n);
+    }
+    kvd_market__model_clear(&ms->m);
+out:
+    free(ms);
+    return rc;
+}
+
+/* ---- handlers ---- */
+
+/* Begin the request's transaction: 0, or the 503 sent. */
+static int begin(struct kvd_market_api *a, struct net_http_req *req)
+{
+    if (a->st->ops->begin(a->st->impl)) {
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Commit, then answer o with status; a failed commit answers 503 (nothing was written). */
+static void commit_reply(struct kvd_market_api *a, struct net_http_req *req, int status, cJSON *o)
+{
+    if (a->st->ops->commit(a->st->impl)) {
+        a->st->ops->rollback(a->st->impl);
+        cJSON_Delete(o);
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+        return;
+    }
+    reply_json(req, status, o);
+}
+
+static void rollback_err(struct kvd_market_api *a, struct net_http_req *req, int status,
+                         cJSON *extra, const char *why)
+{
+    a->st->ops->rollback(a->st->impl);
+    reply_err(req, status, extra, "%s", why);
+}
+
+/* Begin, then check the signature: 0 with node set, or the refusal sent. */
+static int begin_signed(struct kvd_market_api *a, struct net_http_req *req, char node[65])
+{
+    char why[512];
+    if (begin(a, req))
+        return -EIO;
+    int st = auth(a, req, node, why, sizeof why);
+    if (st) {
+        rollback_err(a, req, st, NULL, why);
+        return -EPERM;
+    }
+    return 0;
+}
+
+/* POST /v1/models {"catalog": CATALOG-JSON-TEXT, "name": S, "sources": [URL...]} */
+static void h_models_post(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], why[512];
+    cJSON *b = body_json(req);
+    if (!b)
+        return;
+    const char *cat = jstr(b, "catalog"), *name = jstr(b, "name");
+    const cJSON *src = cJSON_GetObjectItemCaseSensitive(b, "sources");
+    struct gguf_catalog *c = NULL;
+    char id[65];
+    if (!cat) {
+        reply_err(req, 400, NULL, "catalog: expected the catalog's JSON text as a string");
+        goto out;
+    }
+    if (name && strlen(name) > 127) {
+        reply_err(req, 400, NULL, "name: at most 127 bytes");
+        goto out;
+    }
+    if (!cJSON_IsArray(src) || cJSON_GetArraySize(src) < 1 || cJSON_GetArraySize(src) > 16) {
+        reply_err(req, 400, NULL, "sources: expected an array of 1 to 16 URLs");
+        goto out;
+    }
+    for (const cJSON *s = src->child; s; s = s->next)
+        if (!cJSON_IsString(s) || (strncmp(s->valuestring, "http://", 7) &&
+                                   strncmp(s->valuestring, "https://", 8)) ||
+            strlen(s->valuestring) > 512) {
+            reply_err(req, 400, NULL, "sources: every source is an http(s):// URL of at most 512 bytes");
+            goto out;
+        }
+    if (gguf_catalog_from_json(&c, cat, strlen(cat), id, why, sizeof why) < 0) {
+        reply_err(req, 400, NULL, "catalog: %s", why);
+        goto out;
+    }
+    if (begin_signed(a, req, node))
+        goto out;
+    struct kvd_market_model m = {0};
+    snprintf(m.id, sizeof m.id, "%s", id);
+    snprintf(m.name, sizeof m.name, "%s", name ? name : c->arch);
+    snprintf(m.arch, sizeof m.arch, "%.31s", c->arch);
+    m.n_layers = c->n_main;
+    for (uint64_t i = 0; i < c->n_tensors; i++) {
+        m.bytes += c->tensors[i].size;
+        if (!strcmp(c->tensors[i].name, "token_embd.weight"))
+            m.n_embd = (uint32_t)c->tensors[i].ne[0];
+    }
+    m.catalog = (char *)cat;
+    m.sources = cJSON_PrintUnformatted(src);
+    double now = now_s();
+    int rc = m.sources ? a->st->ops->model_put(a->st->impl, &m) : -ENOMEM;
+    free(m.sources);
+    if (rc == 0)
+        rc = replan_if_idle(a, id, now, why, sizeof why);
+    if (rc) {
+        rollback_err(a, req, rc == -ENOSPC || rc == -EINVAL ? 422 : 503, NULL,
+                     rc == -EIO ? a->st->err : why);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "name", m.name);
+    cJSON_AddNumberToObject(o, "n_layers", m.n_layers);
+    commit_reply(a, req, 201, o);
+out:
+    gguf_catalog_free(c);
+    cJSON_Delete(b);
+}
+
+static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *ms, double now)
+{
+    double d = demand_now(a, &ms->m, now);
+    cJSON *o = cJSON_CreateObject(), *ws = cJSON_CreateArray(), *rings = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "model", ms->m.id);
+    cJSON_AddStringToObject(o, "name", ms->m.name);
+    cJSON_AddStringToObject(o, "arch", ms->m.arch);
+    cJSON_AddNumberToObject(o, "n_layers", ms->m.n_layers);
+    cJSON_AddNumberToObject(o, "demand_rpm", d);
+    for (size_t i = 0; i < ms->n; i++) {
+        cJSON *w = cJSON_CreateObject(), *ly = cJSON_CreateArray(), *stg = cJSON_CreateArray();
+        cJSON_AddNumberToObject(w, "window", ms->w[i].idx);
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].first));
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].last));
+        cJSON_AddItemToObject(w, "layers", ly);
+        cJSON_AddNumberToObject(w, "mem_bytes", (double)ms->w[i].bytes);
+        /* a window in its grace period has no stage: uncovered, its stage entry says for whom
+         * it is kept */
+        cJSON_AddStringToObject(w, "state", lease_names[ms->ls[i] == L_GRACE ? L_FREE : ms->ls[i]]);
+        if (ms->ls[i] != L_FREE)
+            cJSON_AddItemToArray(stg, lease_json(a, &ms->l[i], ms->ls[i], now));
+        cJSON_AddItemToObject(w, "stages", stg);
+        cJSON *wr = cJSON_CreateArray();
+        if (complete(ms))
+            cJSON_AddItemToArray(wr, cJSON_CreateNumber(0));
+        cJSON_AddItemToObject(w, "rings", wr);
+        cJSON_AddNumberToObject(w, "demand_rpm", d);
+        cJSON_AddNumberToObject(w, "reward", kvd_market__reward(&a->cfg, d, covered_of(ms->ls[i])));
+        cJSON_AddItemToArray(ws, w);
+    }
+    cJSON_AddItemToObject(o, "windows", ws);
+    char hash[65];
+    char *man = manifest_of(ms, hash);
+    if (man) {
+        cJSON *r = cJSON_CreateObject();
+        char ring[32];
+        snprintf(ring, sizeof ring, "mkt-%.16s", ms->m.id);
+        cJSON_AddNumberToObject(r, "ring", 0);
+        cJSON_AddStringToObject(r, "id", ring);
+        cJSON_AddStringToObject(r, "manifest_sha256", hash);
+        cJSON_AddNumberToObject(r, "ranks", (double)ms->n);
+        cJSON_AddItemToArray(rings, r);
+        free(man);
+    }
+    cJSON_AddItemToObject(o, "rings", rings);
+    return o;
+}
+
+/* /v1/models/<id>[/<what>]: id into out (0) or a 400/404 sent. */
+static int path_model(struct net_http_req *req, const char *path, char id[65], const char **what)
+{
+    const char *p = path + strlen("/v1/models/");
+    const char *slash = strchr(p, '/');
+    size_t n = slash ? (size_t)(slash - p) : strlen(p);
+    if (n != 64) {
+        reply_err(req, 400, NULL, "model id: expected 64 hex digits (the catalog's SHA-256)");
+        return -EINVAL;
+    }
+    memcpy(id, p, 64);
+    id[64] = 0;
+    if (!is_hex(id, 64, 64)) {
+        reply_err(req, 400, NULL, "model id: expected 64 lowercase hex digits");
+        return -EINVAL;
+    }
+    *what = slash ? slash + 1 : "";
+    return 0;
+}
+
+static void answer_poll(struct poll *p, int status, char *man);
+
+/* GET /v1/models/<id>/manifest?after=HASH&wait=S: the manifest once the ring is complete and
+ * differs from HASH; waits up to S seconds for that (204 when it does not come). */
+static void manifest_get(struct kvd_market_api *a, struct net_http_req *req, const char *id)
+{
+    const char *q = net_http_req_query(req);
+    char after[65] = "";
+    double wait = 0;
+    const char *x = strstr(q, "after=");
+    if (x) {
+        size_t n = strcspn(x + 6, "&");
+        if (n > 64) {
+            reply_err(req, 400, NULL, "after: expected a manifest's SHA-256 (64 hex digits)");
+            return;
+        }
+        memcpy(after, x + 6, n);
+        after[n] = 0;
+    }
+    if ((x = strstr(q, "wait="))) {
+        wait = atof(x + 5);
+        if (!(wait >= 0))
+            wait = 0;
+        if (wait > a->cfg.poll_max_s)
+            wait = a->cfg.poll_max_s;
+    }
+    struct poll *p = calloc(1, sizeof *p);
+    if (!p) {
+        reply_err(req, 503, NULL, "out of memory");
+        return;
+    }
+    p->a = a;
+    p->req = req;
+    snprintf(p->model, sizeof p->model, "%s", id);
+    snprintf(p->after, sizeof p->after, "%s", after);
+    p->deadline = now_s() + wait;
+    answer_poll(p, 0, NULL);
+}
+
+/* Answer p if its manifest changed or its time is up: true when answered (p freed). */
+static bool poll_try(struct poll *p)
+{
+    struct kvd_market_api *a = p->a;
+    double now = now_s();
+    struct model_state *ms = calloc(1, sizeof *ms);
+    if (!ms || model_state_load(a, p->model, ms, now)) {
+        if (ms && ms->m.catalog)
+            kvd_market__model_clear(&ms->m);
+        free(ms);
+        reply_err(p->req, 404, NULL, "model %s is not registered", p->model);
+        free(p);
+        return true;
+    }
+    char hash[65];
+    char *man = manifest_of(ms, hash);
+    kvd_market__model_clear(&ms->m);
+    free(ms);
+    if (man && strcmp(hash, p->after)) {
+        char hdr[128];
+        snprintf(hdr, sizeof hdr, "X-Kv-Manifest-Sha256: %s\r\nCache-Control: no-store\r\n", hash);
+        net_http_reply(p->req, 200, "application/json", hdr, man, strlen(man));
+        free(man);
+        free(p);
+        return true;
+    }
+    free(man);
+    if (now >= p->deadline) {
+        net_http_reply(p->req, 204, NULL, "Cache-Control: no-store\r\n", NULL, 0);
+        free(p);
+        return true;
+    }
+    return false;
+}
+
+static void poll_abort(void *ud)
+{
+    struct poll *p = ud;
+    struct kvd_market_api *a = p->a;
+    for (struct poll **pp = &a->polls; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    free(p);
+}
+
+static void answer_poll(struct poll *p, int status, char *man)
+{
+    (void)status;
+    (void)man;
+    if (poll_try(p))
+        return;
+    p->next = p->a->polls;
+    p->a->polls = p;
+    net_http_req_set_abort(p->req, poll_abort, p);
+}
+
+/* Every 200 ms: the waiting long-polls whose manifest came or whose time is up. */
+static void on_tick(uv_timer_t *t)
+{
+    struct kvd_market_api *a = t->data;
+    struct poll **pp = &a->polls;
+    while (*pp) {
+        struct poll *p = *pp;
+        *pp = p->next;
+        net_http_req_set_abort(p->req, NULL, NULL);
+        if (!poll_try(p)) {
+            net_http_req_set_abort(p->req, poll_abort, p);
+            p->next = *pp;
+            *pp = p;
+            pp = &p->next;
+        }
+    }
+}
+
+static void h_model_get(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char id[65];
+    const char *what;
+    if (path_model(req, net_http_req_path(req), id, &what))
+        return;
+    if (!strcmp(what, "manifest")) {
+        manifest_get(a, req, id);
+        return;
+    }
+    double now = now_s();
+    struct model_state *ms = calloc(1, sizeof *ms);
+    int rc = ms ? model_state_load(a, id, ms, now) : -ENOMEM;
+    if (rc == -ENOENT)
+        reply_err(req, 404, NULL, "model %s is not registered", id);
+    else if (rc)
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+    else if (!strcmp(what, "coverage") || !what[0])
+        reply_json(req, 200, coverage_json(a, ms, now));
+    else if (!strcmp(what, "catalog"))
+        net_http_reply(req, 200, "application/json", NULL, ms->m.catalog, strlen(ms->m.catalog));
+    else if (!strcmp(what, "sources"))
+        net_http_reply(req, 200, "application/json", NULL, ms->m.sources, strlen(ms->m.sources));
+    else
+        reply_err(req, 404, NULL, "no such resource '%s' of a model (coverage, catalog, sources, manifest)",
+                  what);
+    if (rc == 0)
+        kvd_market__model_clear(&ms->m);
+    free(ms);
+}
+
+/* GET /v1/models: every model with its windows' coverage in short. */
+static void h_models_get(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char (*ids)[65] = calloc(1024, sizeof *ids);
+    struct model_state *ms = calloc(1, sizeof *ms);
+    size_t n = 0;
+    if (!ids || !ms || a->st->ops->model_ids(a->st->impl, ids, 1024, &n)) {
+        free(ids);
+        free(ms);
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+        return;
+    }
+    double now = now_s();
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+        if (model_state_load(a, ids[i], ms, now))
+            continue;
+        cJSON *m = cJSON_CreateObject();
+        size_t covered = 0;
+        for (size_t k = 0; k < ms->n; k++)
+            covered += ms->ls[k] == L_ACTIVE;
+        cJSON_AddStringToObject(m, "id", ms->m.id);
+        cJSON_AddStringToObject(m, "name", ms->m.name);
+        cJSON_AddStringToObject(m, "arch", ms->m.arch);
+        cJSON_AddNumberToObject(m, "n_layers", ms->m.n_layers);
+        cJSON_AddNumberToObject(m, "bytes", (double)ms->m.bytes);
+        cJSON_AddNumberToObject(m, "windows", (double)ms->n);
+        cJSON_AddNumberToObject(m, "covered", (double)covered);
+        cJSON_AddNumberToObject(m, "demand_rpm", demand_now(a, &ms->m, now));
+        cJSON_AddItemToObject(m, "sources", cJSON_Parse(ms->m.sources));
+        cJSON_AddItemToArray(arr, m);
+        kvd_market__model_clear(&ms->m);
+    }
+    cJSON_AddItemToObject(o, "models", arr);
+    free(ids);
+    free(ms);
+    reply_json(req, 200, o);
+}
+
+/* POST /v1/nodes {"model": ID?, "mem_bytes": N, "backend": S, "inbound": B}: a profile. */
+static void h_nodes_post(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], why[512];
+    cJSON *b = body_json(req);
+    if (!b)
+        return;
+    struct kvd_market_node nd = {.inbound = true};
+    const char *be = jstr(b, "backend"), *model = jstr(b, "model");
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(b, "inbound");
+    if (juint(b, "mem_bytes", 1 << 16, 1e15, &nd.mem_bytes, why, sizeof why)) {
+        reply_err(req, 400, NULL, "%s", why);
+        goto out;
+    }
+    if (be && (strlen(be) >= sizeof nd.backend || !be[0])) {
+        reply_err(req, 400, NULL, "backend: 1 to %zu bytes", sizeof nd.backend - 1);
+        goto out;
+    }
+    if (model && !is_hex(model, 64, 64)) {
+        reply_err(req, 400, NULL, "model: expected 64 lowercase hex digits");
+        goto out;
+    }
+    snprintf(nd.backend, sizeof nd.backend, "%s", be ? be : "cpu");
+    if (cJSON_IsBool(in))
+        nd.inbound = cJSON_IsTrue(in);
+    if (begin_signed(a, req, node))
+        goto out;
+    memcpy(nd.id, node, 65);
+    double now = now_s();
+    nd.seen = now;
+    int rc = a->st->ops->node_put(a->st->impl, &nd);
+    if (rc == 0 && model) {
+        rc = replan_if_idle(a, model, now, why, sizeof why);
+        if (rc == -ENOENT) {
+            snprintf(why, sizeof why, "model %s is not registered", model);
+            rollback_err(a, req, 404, NULL, why);
+            goto out;
+        }
+    }
+    if (rc) {
+        rollback_err(a, req, rc == -EIO ? 503 : 422, NULL, rc == -EIO ? a->st->err : why);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "node", node);
+    commit_reply(a, req, 200, o);
+out:
+    cJSON_Delete(b);
+}
+
+/* The body of a call about a model's windows, and room for the model's state: the body
+ * (caller deletes; *ms caller frees), or NULL with the refusal sent. */
+static cJSON *body_and_state(struct net_http_req *req, struct model_state **ms)
+{
+    cJSON *b = body_json(req);
+    if (!b)
+        return NULL;
+    if (!(*ms = calloc(1, sizeof **ms))) {
+        cJSON_Delete(b);
+        reply_err(req, 503, NULL, "out of memory");
+        return NULL;
+    }
+    return b;
+}
+
+/* The lease request's model and window: 0 with ms loaded and *wi the window's index in it,
+ * or the refusal sent and the transaction rolled back. */
+static int lease_target(struct kvd_market_api *a, struct net_http_req *req, const cJSON *b,
+                        struct model_state *ms, size_t *wi, double now)
+{
+    char why[256];
+    const char *model = jstr(b, "model");
+    uint64_t w;
+    if (!model || !is_hex(model, 64, 64)) {
+        rollback_err(a, req, 400, NULL, "model: expected 64 lowercase hex digits");
+        return -EINVAL;
+    }
+    if (juint(b, "window", 0, 1e9, &w, why, sizeof why)) {
+        rollback_err(a, req, 400, NULL, why);
+        return -EINVAL;
+    }
+    int rc = model_state_load(a, model, ms, now);
+    if (rc == -ENOENT) {
+        snprintf(why, sizeof why, "model %s is not registered", model);
+        rollback_err(a, req, 404, NULL, why);
+        return rc;
+    }
+    if (rc) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        return rc;
+    }
+    for (size_t i = 0; i < ms->n; i++)
+        if (ms->w[i].idx == w) {
+            *wi = i;
+            return 0;
+        }
+    snprintf(why, sizeof why, "window %llu does not exist (the model has %zu windows)",
+             (unsigned long long)w, ms->n);
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddItemToObject(x, "free", free_windows(ms, NULL));
+    kvd_market__model_clear(&ms->m);
+    rollback_err(a, req, 404, x, why);
+    return -ENOENT;
+}
+
+/* POST /v1/claims {"model": ID, "window": W}: a reserved lease on a free window, the same one
+ * again to its holder; 409 with the free windows when someone else holds it. */
+static void h_claims(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], why[512];
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
+    if (!b)
+        return;
+    size_t wi;
+    double now = now_s();
+    if (begin_signed(a, req, node) || lease_target(a, req, b, ms, &wi, now))
+        goto out;
+    int ls = ms->ls[wi];
+    struct kvd_market_lease *l = &ms->l[wi];
+    if (ls != L_FREE && strcmp(l->node, node)) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToObject(x, "free", free_windows(ms, node));
+        snprintf(why, sizeof why, "window %u is %s by node %.16s...", ms->w[wi].idx,
+                 ls == L_GRACE ? "in its grace period, kept for" : "held", l->node);
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 409, x, why);
+        goto out;
+    }
+    for (size_t i = 0; i < ms->n; i++)
+        if (i != wi && (ms->ls[i] == L_RESERVED || ms->ls[i] == L_ACTIVE) &&
+            !strcmp(ms->l[i].node, node)) {
+            snprintf(why, sizeof why, "this node already holds window %u of the model", ms->w[i].idx);
+            kvd_market__model_clear(&ms->m);
+            rollback_err(a, req, 409, NULL, why);
+            goto out;
+        }
+    int status = 200;
+    if (ls == L_RESERVED || ls == L_ACTIVE) {   /* its holder again: as good as a heartbeat */
+        l->expires = now + (ls == L_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
+            kvd_market__model_clear(&ms->m);
+            rollback_err(a, req, 503, NULL, a->st->err);
+            goto out;
+        }
+    } else {   /* a new lease (or the same node back in its grace) */
+        *l = (struct kvd_market_lease){.window = ms->w[wi].idx, .state = KVD_LEASE_RESERVED,
+                                       .expires = now + a->cfg.reserve_s, .since = now};
+        memcpy(l->node, node, 65);
+        if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
+            kvd_market__model_clear(&ms->m);
+            rollback_err(a, req, 503, NULL, a->st->err);
+            goto out;
+        }
+        ls = L_RESERVED;
+        status = 201;
+    }
+    cJSON *o = lease_json(a, l, ls, now);
+    cJSON_AddStringToObject(o, "model", ms->m.id);
+    cJSON *ly = cJSON_CreateArray();
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[wi].first));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[wi].last));
+    cJSON_AddItemToObject(o, "layers", ly);
+    cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
+    cJSON_AddNumberToObject(o, "reserve_s", a->cfg.reserve_s);
+    kvd_market__model_clear(&ms->m);
+    commit_reply(a, req, status, o);
+out:
+    free(ms);
+    cJSON_Delete(b);
+}
+
+/* "tcp://HOST:PORT" into host and port: 0 or -EINVAL. */
+static int endpoint_split(const char *ep, char *host, size_t hn, int *port)
+{
+    if (strncmp(ep, "tcp://", 6))
+        return -EINVAL;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon || colon == h || (size_t)(colon - h) >= hn)
+        return -EINVAL;
+    memcpy(host, h, (size_t)(colon - h));
+    host[colon - h] = 0;
+    uint64_t p;
+    if (util_parse_u64(colon + 1, 1, 65535, 0, &p, NULL, 0) < 0)
+        return -EINVAL;
+    *port = (int)p;
+    return 0;
+}
+
+/* Make the lease active (its endpoint answered): a transaction of its own, since the probe
+ * ran between the heartbeat's arrival and now. */
+static void activate(struct probe *p, const char *fail)
+{
+    struct kvd_market_api *a = p->a;
+    struct net_http_req *req = p->req;
+    p->answered = 1;
+    if (fail) {
+        reply_err(req, 409, NULL, "endpoint %s did not answer: %s", p->endpoint, fail);
+        return;
+    }
+    double now = now_s();
+    struct kvd_market_lease l;
+    if (begin(a, req))
+        return;
+    if (a->st->ops->lease_get(a->st->impl, p->model, p->window, &l) || strcmp(l.node, p->node) ||
+        lease_now(a, &l, now) == L_FREE || lease_now(a, &l, now) == L_GRACE) {
+        rollback_err(a, req, 409, NULL, "the lease lapsed while its endpoint was checked: claim again");
+        return;
+    }
+    l.state = KVD_LEASE_ACTIVE;
+    l.expires = now + a->cfg.lease_s;
+    snprintf(l.endpoint, sizeof l.endpoint, "%s", p->endpoint);
+    if (a->st->ops->lease_put(a->st->impl, p->model, &l)) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        return;
+    }
+    cJSON *o = lease_json(a, &l, L_ACTIVE, now);
+    cJSON_AddStringToObject(o, "model", p->model);
+    commit_reply(a, req, 200, o);
+}
+
+static void probe_closed(uv_handle_t *h)
+{
+    struct probe *p = h->data;
+    if (++p->closing == 2)
+        free(p);
+}
+
+static void probe_end(struct probe *p, const char *fail)
+{
+    if (!p->answered) {
+        net_http_req_set_abort(p->req, NULL, NULL);
+        activate(p, fail);
+    }
+    if (!uv_is_closing((uv_handle_t *)&p->tcp)) {
+        uv_close((uv_handle_t *)&p->tcp, probe_closed);
+        uv_close((uv_handle_t *)&p->timer, probe_closed);
+    }
+}
+
+static void probe_connected(uv_connect_t *c, int status)
+{
+    struct probe *p = c->data;
+    if (status == UV_ECANCELED)
+        return;
+    probe_end(p, status ? uv_strerror(status) : NULL);
+}
+
+static void probe_timeout(uv_timer_t *t)
+{
+    probe_end(t->data, "no answer within 3 s");
+}
+
+static void probe_abort(void *ud)
+{
+    struct probe *p = ud;
+    p->answered = 1;   /* the client left: nothing to answer */
+    probe_end(p, NULL);
+}
+
+/* POST /v1/leases/heartbeat {"model", "window", "progress"?, "endpoint"?}: renew the caller's
+ * lease; with an endpoint, a reserved lease becomes active once that endpoint accepts a
+ * connection (docs/market.md, "Leases"). */
+static void h_heartbeat(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], why[512];
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
+    if (!b)
+        return;
+    size_t wi;
+    double now = now_s();
+    const char *ep = jstr(b, "endpoint");
+    char host[256];
+    int port = 0;
+    if (ep && (strlen(ep) >= KVD_MARKET_EP_MAX ||
+               (strncmp(ep, "relay://", 8) && endpoint_split(ep, host, sizeof host, &port)))) {
+        reply_err(req, 400, NULL, "endpoint: expected tcp://HOST:PORT or relay://HOST:PORT/b/ID "
+                  "(at most %d bytes)", KVD_MARKET_EP_MAX - 1);
+        goto out;
+    }
+    if (begin_signed(a, req, node) || lease_target(a, req, b, ms, &wi, now))
+        goto out;
+    struct kvd_market_lease *l = &ms->l[wi];
+    int ls = ms->ls[wi];
+    if (strcmp(l->node, node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u%s", ms->w[wi].idx,
+                 !strcmp(l->node, node) ? " (it lapsed: claim it again)" : "");
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 409, NULL, why);
+        goto out;
+    }
+    bool activating = ep && (l->state != KVD_LEASE_ACTIVE || strcmp(l->endpoint, ep));
+    if (!activating)
+        l->expires = now + (l->state == KVD_LEASE_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+    else
+        l->expires = now + a->cfg.reserve_s;   /* alive while its endpoint is checked */
+    if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 503, NULL, a->st->err);
+        goto out;
+    }
+    if (!activating) {
+        cJSON *o = lease_json(a, l, lease_now(a, l, now), now);
+        cJSON_AddStringToObject(o, "model", ms->m.id);
+        kvd_market__model_clear(&ms->m);
+        commit_reply(a, req, 200, o);
+        goto out;
+    }
+    if (a->st->ops->commit(a->st->impl)) {
+        a->st->ops->rollback(a->st->impl);
+        kvd_market__model_clear(&ms->m);
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+        goto out;
+    }
+    struct probe *p = calloc(1, sizeof *p);
+    if (!p) {
+        kvd_market__model_clear(&ms->m);
+        reply_err(req, 503, NULL, "out of memory");
+        goto out;
+    }
+    p->a = a;
+    p->req = req;
+    p->window = ms->w[wi].idx;
+    memcpy(p->model, ms->m.id, 65);
+    memcpy(p->node, node, 65);
+    snprintf(p->endpoint, sizeof p->endpoint, "%s", ep);
+    kvd_market__model_clear(&ms->m);
+    struct sockaddr_storage sa;
+    if (!a->cfg.probe || port == 0 ||
+        (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) &&
+         uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa))) {
+        /* relay endpoints (no inbound to probe) and probing switched off: active at once */
+        activate(p, NULL);
+        free(p);
+        goto out;
+    }
+    uv_tcp_init(a->loop, &p->tcp);
+    uv_timer_init(a->loop, &p->timer);
+    p->tcp.data = p->timer.data = p->conn.data = p;
+    net_http_req_set_abort(req, probe_abort, p);
+    uv_timer_start(&p->timer, probe_timeout, 3000, 0);
+    int rc = uv_tcp_connect(&p->conn, &p->tcp, (struct sockaddr *)&sa, probe_connected);
+    if (rc)
+        probe_end(p, uv_strerror(rc));
+out:
+    free(ms);
+    cJSON_Delete(b);
+}
+
+/* POST /v1/receipts {"model", "session", "rank", "tokens": [t0, t1], "digest", "side":
+ * "sent"|"received"}: one signature of a receipt; the work of (session, rank, tokens) is
+ * credited once both sides are in and their digests agree. */
+static void h_receipts(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], why[512];
+    struct model_state *ms;
+    cJSON *b = body_and_state(req, &ms);
+    if (!b)
+        return;
+    struct kvd_market_receipt r = {0}, other;
+    const char *model = jstr(b, "model"), *session = jstr(b, "session"), *digest = jstr(b, "digest");
+    const char *side = jstr(b, "side");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(b, "tokens");
+    uint64_t rank;
+    double now = now_s();
+    if (!model || !is_hex(model, 64, 64) || !session || !is_hex(session, 16, 64) || !digest ||
+        !is_hex(digest, 64, 64) || !side || (strcmp(side, "sent") && strcmp(side, "received"))) {
+        reply_err(req, 400, NULL, "a receipt needs model (64 hex), session (16-64 hex), digest "
+                  "(64 hex) and side (sent or received)");
+        goto out;
+    }
+    if (juint(b, "rank", 0, KVD_MARKET_MAX_WINDOWS - 1, &rank, why, sizeof why)) {
+        reply_err(req, 400, NULL, "%s", why);
+        goto out;
+    }
+    if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) != 2 ||
+        !cJSON_IsNumber(tk->child) || !cJSON_IsNumber(tk->child->next) ||
+        !(tk->child->valuedouble >= 0) || !(tk->child->next->valuedouble > tk->child->valuedouble) ||
+        tk->child->next->valuedouble > 1e12 ||
+        tk->child->valuedouble != floor(tk->child->valuedouble) ||
+        tk->child->next->valuedouble != floor(tk->child->next->valuedouble)) {
+        reply_err(req, 400, NULL, "tokens: expected [first, last) whole numbers, first < last <= 1e12");
+        goto out;
+    }
+    snprintf(r.model, sizeof r.model, "%s", model);
+    snprintf(r.session, sizeof r.session, "%s", session);
+    snprintf(r.digest, sizeof r.digest, "%s", digest);
+    r.rank = (uint32_t)rank;
+    r.t0 = (uint64_t)tk->child->valuedouble;
+    r.t1 = (uint64_t)tk->child->next->valuedouble;
+    r.side = !strcmp(side, "sent") ? KVD_SIDE_SENT : KVD_SIDE_RECEIVED;
+    if (begin_signed(a, req, node))
+        goto out;
+    memcpy(r.node, node, 65);
+    int rc = model_state_load(a, model, ms, now);
+    if (rc) {
+        rollback_err(a, req, rc == -ENOENT ? 404 : 503, NULL,
+                     rc == -ENOENT ? "the receipt's model is not registered" : a->st->err);
+        goto out;
+    }
+    if (rank >= ms->n) {
+        snprintf(why, sizeof why, "rank %llu does not exist (the ring has %zu ranks)",
+                 (unsigned long long)rank, ms->n);
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 404, NULL, why);
+        goto out;
+    }
+    /* who may sign: the rank's holder sends; the next rank (rank 0 after the last) receives */
+    size_t signer = r.side == KVD_SIDE_SENT ? rank : (rank + 1) % ms->n;
+    /* the lease's node, lapsed or not: work done before a lapse is still owed (the other
+     * side's countersignature is what makes it count) */
+    if (strcmp(ms->l[signer].node, node)) {
+        snprintf(why, sizeof why, "node %.16s... does not hold rank %zu, whose %s side this is",
+                 node, signer, side);
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 403, NULL, why);
+        goto out;
+    }
+    rc = a->st->ops->receipt_put(a->st->impl, &r);
+    if (rc == -EEXIST) {
+        kvd_market__model_clear(&ms->m);
+        rollback_err(a, req, 409, NULL, "this side of the receipt was submitted before");
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    bool credited = false;
+    if (rc == 0)
+        rc = a->st->ops->receipt_get(a->st->impl, session, r.rank, r.t0, r.t1,
+                                     r.side == KVD_SIDE_SENT ? KVD_SIDE_RECEIVED : KVD_SIDE_SENT, &other);
+    if (rc == -ENOENT) {
+        rc = 0;
+        cJSON_AddStringToObject(o, "status", "waiting for the other side");
+    } else if (rc == 0 && strcmp(other.digest, r.digest)) {
+        cJSON_AddStringToObject(o, "status", "digests differ: not credited");
+    } else if (rc == 0) {
+        const struct kvd_market_receipt *snd = r.side == KVD_SIDE_SENT ? &r : &other;
+        const struct kvd_market_window *w = &ms->w[rank];
+        uint64_t lt = (r.t1 - r.t0) * (uint64_t)(w->last - w->first);
+        double d = demand_now(a, &ms->m, now);
+        double credit = (double)lt * kvd_market__reward(&a->cfg, d, covered_of(ms->ls[rank]));
+        rc = a->st->ops->credit_add(a->st->impl, session, r.rank, r.t0, r.t1, snd->node, lt, credit);
+        if (rc == -EEXIST) {
+            cJSON_Delete(o);
+            kvd_market__model_clear(&ms->m);
+            rollback_err(a, req, 409, NULL, "tokens of this range were credited before for this "
+                         "session and rank");
+            goto out;
+        }
+        /* a new session's first tokens at rank 0: one request more for the demand average */
+        if (rc == 0 && r.rank == 0 && r.t0 == 0)
+            rc = a->st->ops->model_demand_set(a->st->impl, model,
+                                              d + 60.0 / a->cfg.demand_tau_s, now);
+        credited = rc == 0;
+        cJSON_AddStringToObject(o, "status", "credited");
+        cJSON_AddNumberToObject(o, "layer_tokens", (double)lt);
+        cJSON_AddNumberToObject(o, "credit", credit);
+    }
+    kvd_market__model_clear(&ms->m);
+    if (rc) {
+        cJSON_Delete(o);
+        rollback_err(a, req, 503, NULL, a->st->err);
+        goto out;
+    }
+    cJSON_AddBoolToObject(o, "credited", credited);
+    commit_reply(a, req, 200, o);
+out:
+    free(ms);
+    cJSON_Delete(b);
+}
+
+/* GET /v1/nodes/<id>/balance -> {"node", "layer_tokens", "credit"} */
+static void h_node_get(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    const char *p = net_http_req_path(req) + strlen("/v1/nodes/");
+    char id[65];
+    if (strlen(p) != 64 + strlen("/balance") || strcmp(p + 64, "/balance")) {
+        reply_err(req, 404, NULL, "expected /v1/nodes/<64 hex>/balance");
+        return;
+    }
+    memcpy(id, p, 64);
+    id[64] = 0;
+    if (!is_hex(id, 64, 64)) {
+        reply_err(req, 400, NULL, "node id: expected 64 lowercase hex digits (its public key)");
+        return;
+    }
+    uint64_t lt;
+    double credit;
+    if (a->st->ops->balance_get(a->st->impl, id, &lt, &credit)) {
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "node", id);
+    cJSON_AddNumberToObject(o, "layer_tokens", (double)lt);
+    cJSON_AddNumberToObject(o, "credit", credit);
+    reply_json(req, 200, o);
+}
+
+/* GET /: the coverage page (plain HTML and JavaScript over the JSON API). */
+static const char page[] =
+    "<!doctype html><html><head><meta charset=utf-8><title>Kvasir market</title><style>"
+    "body{font:14px sans-serif;margin:20px;background:#fafafa}h2{margin:18px 0 6px}"
+    ".bar{display:flex;height:44px;border:1px solid #444;width:900px}"
+    ".w{border-right:1px solid #444;display:flex;align-items:center;justify-content:center;"
+    "color:#000;font-size:12px;overflow:hidden}"
+    "table{border-collapse:collapse;margin-top:8px}td,th{border:1px solid #bbb;padding:3px 8px}"
+    "</style></head><body><h1>Kvasir market: coverage</h1><div id=models>loading...</div><script>\n"
+    "function colour(w,max){if(w.state=='active')return 'hsl(120,60%,'+(75-30*w.reward/max)+'%)';"
+    "if(w.state=='reserved')return 'hsl(50,90%,60%)';return 'hsl(0,80%,'+(80-30*w.reward/max)+'%)';}\n"
+    "async function load(){const r=await fetch('/v1/models');const j=await r.json();"
+    "const root=document.getElementById('models');root.innerHTML='';"
+    "if(!j.models.length)root.textContent='no models registered';"
+    "for(const m of j.models){const c=await (await fetch('/v1/models/'+m.id+'/coverage')).json();"
+    "const h=document.createElement('h2');h.textContent=m.name+' ('+m.n_layers+' layers, '+"
+    "c.demand_rpm.toFixed(2)+' requests/min)';root.appendChild(h);"
+    "const bar=document.createElement('div');bar.className='bar';"
+    "const max=Math.max(...c.windows.map(w=>w.reward),1e-9);"
+    "for(const w of c.windows){const d=document.createElement('div');d.className='w';"
+    "d.style.width=(100*(w.layers[1]-w.layers[0])/m.n_layers)+'%';d.style.background=colour(w,max);"
+    "d.title='window '+w.window+': layers '+w.layers[0]+'-'+w.layers[1]+', '+w.state+', reward '+w.reward;"
+    "d.textContent=w.layers[0]+'-'+w.layers[1]+' '+w.state;bar.appendChild(d);}root.appendChild(bar);"
+    "const t=document.createElement('table');t.innerHTML='<tr><th>window</th><th>layers</th>"
+    "<th>state</th><th>stage</th><th>endpoint</th><th>reward/layer-token</th></tr>';"
+    "for(const w of c.windows){const s=w.stages[0]||{};const tr=document.createElement('tr');"
+    "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],w.state,(s.node||'').slice(0,16),"
+    "s.endpoint||'',w.reward.toPrecision(3)]){const td=document.createElement('td');"
+    "td.textContent=v;tr.appendChild(td);}t.appendChild(tr);}root.appendChild(t);"
+    "const rg=document.createElement('p');rg.textContent=c.rings.length?'rings: '+"
+    "c.rings.map(x=>x.id+' ('+x.ranks+' ranks)').join(', '):'rings: none complete';"
+    "root.appendChild(rg);}document.title='Kvasir market ('+j.models.length+' models)';"
+    "document.body.setAttribute('data-loaded','1');}\n"
+    "load().catch(e=>{document.getElementById('models').textContent='error: '+e;});"
+    "setInterval(()=>load().catch(()=>{}),5000);\n"
+    "</script></body></html>\n";
+
+static void h_page(struct net_http_req *req, void *ud)
+{
+    (void)ud;
+    net_http_reply(req, 200, "text/html; charset=utf-8", "Cache-Control: no-store\r\n", page,
+                   sizeof page - 1);
+}
+
+int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
+                        struct net_http_server *srv, struct kvd_market_store *store,
+                        const struct kvd_market_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct kvd_market_api *a = calloc(1, sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    a->loop = loop;
+    a->srv = srv;
+    a->st = store;
+    a->cfg = *cfg;
+    static const struct {
+        const char *method, *path;
+        net_http_handler_cb cb;
+    } routes[] = {
+        {"GET", "/", h_page},
+        {"GET", "/v1/models", h_models_get},
+        {"POST", "/v1/models", h_models_post},
+        {"GET", "/v1/models/*", h_model_get},
+        {"POST", "/v1/nodes", h_nodes_post},
+        {"GET", "/v1/nodes/*", h_node_get},
+        {"POST", "/v1/claims", h_claims},
+        {"POST", "/v1/leases/heartbeat", h_heartbeat},
+        {"POST", "/v1/receipts", h_receipts},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        int rc = net_http_server_route(srv, routes[i].method, routes[i].path, routes[i].cb, a);
+        if (rc) {
+            util_seterr(err, errlen, "route %s %s: %s", routes[i].method, routes[i].path, strerror(-rc));
+            free(a);
+            return rc;
+        }
+    }
+    uv_timer_init(loop, &a->tick);
+    a->tick.data = a;
+    uv_timer_start(&a->tick, on_tick, 200, 200);
+    *out = a;
+    return 0;
+}
+
+void kvd_market__api_close(struct kvd_market_api *a)
+{
+    if (!a || a->closed)
+        return;
+    a->closed = true;
+    while (a->polls) {
+        struct poll *p = a->polls;
+        a->polls = p->next;
+        net_http_req_set_abort(p->req, NULL, NULL);
+        net_http_reply(p->req, 204, NULL, NULL, NULL, 0);
+        free(p);
+    }
+    uv_timer_stop(&a->tick);
+    uv_close((uv_handle_t *)&a->tick, NULL);
+}
+
+void kvd_market__api_free(struct kvd_market_api *a)
+{
+    free(a);
+}

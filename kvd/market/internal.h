@@ -1,0 +1,157 @@
+/* kvd/market/internal.h — cross-file internals of the market role (docs/market.md): the
+ * storage interface and the HTTP API around it. The files form an order, each using only
+ * the ones below it:
+ *   store_sqlite.c  the storage interface on SQLite (WAL; one transaction per request)
+ *   store_pg.c      the same on PostgreSQL (SERIALIZABLE transactions; several instances)
+ *   store.c         opening a store by its URL (the one place that knows the backends)
+ *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
+ *                   manifests, receipts, balances, the coverage page
+ *   main.c          `kvd market` options, the event loop
+ * Both backends fill the same struct kvd_market_store_ops. */
+#ifndef KV_KVD_MARKET_INTERNAL_H
+#define KV_KVD_MARKET_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define KVD_MARKET_SCHEMA 1        /* the schema version stored in the database */
+#define KVD_MARKET_MAX_WINDOWS 64  /* windows of one model (the ranks a ring may have) */
+#define KVD_MARKET_EP_MAX 256
+
+enum { KVD_LEASE_RESERVED = 1, KVD_LEASE_ACTIVE = 2 };
+enum { KVD_SIDE_SENT = 1, KVD_SIDE_RECEIVED = 2 };
+
+/* A registered model: its catalog's id and the facts the market needs from it. */
+struct kvd_market_model {
+    char id[65], name[128], arch[32];
+    uint32_t n_layers, n_embd;     /* blocks the runtime runs, boundary width */
+    uint64_t bytes;                /* every tensor of the catalog */
+    char *catalog;                 /* the catalog JSON (its SHA-256 is id); owned */
+    char *sources;                 /* JSON array of source URLs; owned */
+    double demand, demand_t;       /* requests per minute (moving average) at time demand_t */
+};
+static inline void kvd_market__model_clear(struct kvd_market_model *m)
+{
+    free(m->catalog);
+    free(m->sources);
+    m->catalog = m->sources = NULL;
+}
+
+struct kvd_market_window {
+    uint32_t idx, first, last;     /* [first, last) */
+    uint64_t bytes;                /* memory the planner gives it: weights (embedding, head) + KV */
+};
+
+/* The lease on one window (one row per window; a lapsed one lingers for the grace period). */
+struct kvd_market_lease {
+    uint32_t window;
+    char node[65];
+    int state;                     /* KVD_LEASE_* */
+    double expires;                /* Unix seconds */
+    double since;                  /* when the node claimed it */
+    char endpoint[KVD_MARKET_EP_MAX];
+};
+
+struct kvd_market_node {
+    char id[65];
+    uint64_t mem_bytes;
+    char backend[16];
+    bool inbound;
+    double seen;
+};
+
+/* One side of a receipt: the sender's (rank's layer-tokens and the digest of the boundary
+ * bytes it sent) or the receiver's countersignature (the digest it received). */
+struct kvd_market_receipt {
+    char session[65], model[65], node[65], digest[65];
+    uint32_t rank;
+    uint64_t t0, t1;               /* tokens [t0, t1) */
+    int side;                      /* KVD_SIDE_* */
+};
+
+/* The storage operations. Every call returns 0 or a negative errno (-ENOENT: no such row,
+ * -EEXIST: the row is there already, -EIO: the database failed, err says how). A request's
+ * calls run between begin and commit (or rollback), so its writes land together or not. */
+struct kvd_market_store_ops {
+    int (*begin)(void *impl);
+    int (*commit)(void *impl);
+    void (*rollback)(void *impl);
+    int (*model_put)(void *impl, const struct kvd_market_model *m);
+    /* m's strings are the caller's to free (kvd_market__model_clear) */
+    int (*model_get)(void *impl, const char *id, struct kvd_market_model *m);
+    /* ids of every model, up to cap (64 bytes each, NUL-terminated) */
+    int (*model_ids)(void *impl, char (*ids)[65], size_t cap, size_t *n);
+    int (*model_demand_set)(void *impl, const char *id, double demand, double t);
+    int (*windows_set)(void *impl, const char *model, const struct kvd_market_window *w, size_t n);
+    int (*windows_get)(void *impl, const char *model, struct kvd_market_window *w, size_t cap,
+                       size_t *n);
+    int (*node_put)(void *impl, const struct kvd_market_node *n);
+    /* nodes seen at or after since, up to cap */
+    int (*nodes_recent)(void *impl, double since, struct kvd_market_node *out, size_t cap,
+                        size_t *n);
+    int (*lease_get)(void *impl, const char *model, uint32_t window, struct kvd_market_lease *l);
+    int (*lease_put)(void *impl, const char *model, const struct kvd_market_lease *l);
+    int (*lease_count)(void *impl, const char *model, size_t *n);
+    /* -EEXIST when (node, nonce) was used; forgets nonces older than before */
+    int (*nonce_use)(void *impl, const char *node, const char *nonce, double ts, double before);
+    int (*receipt_put)(void *impl, const struct kvd_market_receipt *r);
+    int (*receipt_get)(void *impl, const char *session, uint32_t rank, uint64_t t0, uint64_t t1,
+                       int side, struct kvd_market_receipt *r);
+    /* Credit (session, rank, [t0, t1)) to node: -EEXIST when any token of that range of that
+     * (session, rank) was credited before, the ledger unchanged. */
+    int (*credit_add)(void *impl, const char *session, uint32_t rank, uint64_t t0, uint64_t t1,
+                      const char *node, uint64_t layer_tokens, double credit);
+    int (*balance_get)(void *impl, const char *node, uint64_t *layer_tokens, double *credit);
+    void (*close)(void *impl);
+};
+
+struct kvd_market_store {
+    const struct kvd_market_store_ops *ops;
+    void *impl;
+    char err[256];                 /* the last failure, for the log */
+};
+
+/* Open the SQLite store at path (created with the schema when new; WAL). */
+int kvd_market__sqlite_open(struct kvd_market_store **out, const char *path, char *err,
+                            size_t errlen);
+/* Open the PostgreSQL store at a libpq URL (postgres://user@host:port/db; the schema is
+ * created when missing). */
+int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *err, size_t errlen);
+/* Open a store by URL: a path (SQLite) or postgres://... (PostgreSQL). */
+int kvd_market__store_open(struct kvd_market_store **out, const char *url, char *err,
+                           size_t errlen);
+void kvd_market__store_close(struct kvd_market_store *s);
+
+/* The market's tunables (kvd market options; docs/market.md has their meaning). */
+struct kvd_market_config {
+    const char *listen, *db;
+    double lease_s;                /* an active lease lives this long past its heartbeat */
+    double reserve_s;              /* a reserved lease, past its progress heartbeat */
+    double grace_s;                /* a lapsed lease's window waits this long for its node */
+    double clock_skew_s;           /* a signed call's timestamp may be this far off */
+    double reward_base;            /* credit per layer-token of a covered window, no demand */
+    double demand_ref;             /* requests/min at which demand doubles... half of it */
+    double demand_tau_s;           /* the demand average's time constant */
+    double poll_max_s;             /* the longest a manifest long-poll waits */
+    bool probe;                    /* check a stage's endpoint answers before activating */
+};
+void kvd_market__config_default(struct kvd_market_config *c);
+
+struct net_http_server;
+struct uv_loop_s;
+struct kvd_market_api;
+/* Put the API's routes on srv, backed by store (borrowed; both outlive the API). */
+int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
+                        struct net_http_server *srv, struct kvd_market_store *store,
+                        const struct kvd_market_config *cfg, char *err, size_t errlen);
+/* Answer the pending long-polls and stop the timer; free once the loop ran the close. */
+void kvd_market__api_close(struct kvd_market_api *a);
+void kvd_market__api_free(struct kvd_market_api *a);
+
+/* The published reward per layer-token (docs/market.md, "Rewards"): covered is 1 for an
+ * active stage, 0.5 for a reserved one, 0 for none; demand in requests per minute. */
+double kvd_market__reward(const struct kvd_market_config *c, double demand, double covered);
+
+#endif

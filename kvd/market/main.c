@@ -1,0 +1,168 @@
+/* main.c — `kvd market` options and its event loop (docs/market.md, "Running a market"). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "kvd/kvd.h"
+#include "kvd/market/internal.h"
+#include "net/net.h"
+#include "ringlib/ring.h"
+#include "util/err.h"
+#include "util/util.h"
+
+static uv_signal_t sig_int, sig_term;
+static struct net_http_server *main_srv;
+static struct kvd_market_api *main_api;
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    (void)h;
+    (void)signum;
+    uv_signal_stop(&sig_int);
+    uv_signal_stop(&sig_term);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    kvd_market__api_close(main_api);
+    net_http_server_close(main_srv, NULL, NULL);
+}
+
+static void http_log(void *ud, const char *line)
+{
+    (void)ud;
+    kvd_log(KVD_LOG_WARN, "%s", line);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvd market --db PATH [--listen HOST:PORT] [options]\n"
+        "  The market (docs/market.md): models, the coverage map, signed claims and leases,\n"
+        "  ring manifests, receipts and balances over an HTTP JSON API, and a coverage page at /.\n"
+        "  --db PATH           the SQLite database (created when missing; WAL)\n"
+        "  --listen HOST:PORT  default 127.0.0.1:7490 (port 0 picks one)\n"
+        "  --port-file PATH    write the bound port there\n"
+        "  --lease-s S         an active lease lives S s past its heartbeat (default 20)\n"
+        "  --reserve-s S       a reserved lease, past its download heartbeat (default 60)\n"
+        "  --grace-s S         a lapsed window waits S s for its node to come back (default 30)\n"
+        "  --clock-skew-s S    a signed call's time may be S s off (default 300)\n"
+        "  --reward-base R     credit per layer-token of a covered window (default 0.001)\n"
+        "  --no-probe          activate leases without checking their endpoint answers\n"
+        "  --log-level L       error|warn|info|debug (default info)\n");
+}
+
+static int num(const char *opt, const char *v, double lo, double hi, double *out)
+{
+    if (util_parse_double(v, lo, hi, 0, out, NULL, 0) < 0) {
+        fprintf(stderr, "kvd market: %s '%s': expected a number from %g to %g\n", opt, v, lo, hi);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int kvd_market_main(int argc, char **argv)
+{
+    struct kvd_market_config cfg;
+    kvd_market__config_default(&cfg);
+    const char *port_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-probe")) {
+            cfg.probe = false;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "kvd market: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        int rc = 0;
+        if (!strcmp(a, "--db"))
+            cfg.db = v;
+        else if (!strcmp(a, "--listen"))
+            cfg.listen = v;
+        else if (!strcmp(a, "--port-file"))
+            port_file = v;
+        else if (!strcmp(a, "--lease-s"))
+            rc = num(a, v, 1, 86400, &cfg.lease_s);
+        else if (!strcmp(a, "--reserve-s"))
+            rc = num(a, v, 1, 86400, &cfg.reserve_s);
+        else if (!strcmp(a, "--grace-s"))
+            rc = num(a, v, 0, 86400, &cfg.grace_s);
+        else if (!strcmp(a, "--clock-skew-s"))
+            rc = num(a, v, 1, 86400, &cfg.clock_skew_s);
+        else if (!strcmp(a, "--reward-base"))
+            rc = num(a, v, 1e-12, 1e12, &cfg.reward_base);
+        else if (!strcmp(a, "--log-level")) {
+            static const char *names[] = {"error", "warn", "info", "debug"};
+            rc = -EINVAL;
+            for (int k = 0; k < 4; k++)
+                if (!strcmp(v, names[k])) {
+                    kvd_log_set_level(k);
+                    rc = 0;
+                }
+        } else {
+            fprintf(stderr, "kvd market: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (rc)
+            return 2;
+    }
+    if (!cfg.db) {
+        fprintf(stderr, "kvd market: --db is required\n");
+        usage(stderr);
+        return 2;
+    }
+    kvd_log_set_prefix("market");
+    signal(SIGPIPE, SIG_IGN);
+    char err[KV_ERR_MAX];
+    struct kvd_market_store *st;
+    int rc = kvd_market__store_open(&st, cfg.db, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvd market: %s\n", err);
+        return 1;
+    }
+    uv_loop_t *loop = uv_default_loop();
+    struct net_http_limits lim = {.max_body = RING_MARKET_BODY_MAX,
+                                  .idle_timeout_ms = (uint32_t)(cfg.poll_max_s * 1000) + 10000};
+    struct net_http_server *srv;
+    if ((rc = net_http_server_new(&srv, loop, &lim))) {
+        fprintf(stderr, "kvd market: %s\n", strerror(-rc));
+        kvd_market__store_close(st);
+        return 1;
+    }
+    net_http_server_set_log(srv, http_log, NULL);
+    if ((rc = kvd_market__api_new(&main_api, loop, srv, st, &cfg, err, sizeof err))) {
+        fprintf(stderr, "kvd market: %s\n", err);
+        return 1;
+    }
+    if ((rc = net_http_server_listen(srv, cfg.listen))) {
+        fprintf(stderr, "kvd market: listen on %s: %s\n", cfg.listen, uv_strerror(rc));
+        return 1;
+    }
+    kvd_log(KVD_LOG_INFO, "listening on port %d, database %s", net_http_server_port(srv), cfg.db);
+    if (port_file) {
+        FILE *fp = fopen(port_file, "w");
+        if (fp) {
+            fprintf(fp, "%d\n", net_http_server_port(srv));
+            fclose(fp);
+        }
+    }
+    main_srv = srv;
+    uv_signal_init(loop, &sig_int);
+    uv_signal_init(loop, &sig_term);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_run(loop, UV_RUN_DEFAULT);
+    kvd_market__api_free(main_api);
+    kvd_market__store_close(st);
+    uv_loop_close(loop);
+    return 0;
+}

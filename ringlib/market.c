@@ -1,0 +1,136 @@
+/* market.c — the client side of the market's API (docs/market.md): canonical bytes of a
+ * signed call and one JSON request over libcurl, signed with the node key. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "net/net.h"
+#include "ringlib/ring.h"
+#include "util/util.h"
+
+int ring_market_canon(char *out, const char *method, const char *path, const void *body,
+                     size_t len, int64_t ts, const char *nonce)
+{
+    uint8_t dg[32];
+    char hex[65];
+    unsigned dl = 0;
+    if (!EVP_Digest(body ? body : "", body ? len : 0, dg, &dl, EVP_sha256(), NULL))
+        return -EIO;
+    util_hex_encode(dg, 32, hex);
+    int n = snprintf(out, RING_MARKET_CANON_MAX, "KVMKT1\n%s\n%s\n%s\n%" PRId64 "\n%s", method,
+                     path, hex, ts, nonce);
+    if (n < 0 || n >= RING_MARKET_CANON_MAX)
+        return -ENAMETOOLONG;
+    return n;
+}
+
+struct resp_buf {
+    char *p;
+    size_t n, cap;
+};
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    struct resp_buf *b = ud;
+    size_t n = size * nmemb;
+    if (b->n + n + 1 > (size_t)RING_MARKET_BODY_MAX * 64)   /* an answer this large is hostile */
+        return 0;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q)
+            return 0;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, ptr, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return n;
+}
+
+int ring_market_call(const char *base, const char *method, const char *path, const char *body,
+                    const struct net_identity *id, int timeout_ms, long *status, char **resp,
+                    char *err, size_t errlen)
+{
+    *resp = NULL;
+    *status = 0;
+    size_t blen = body ? strlen(body) : 0;
+    char url[2600];
+    if (snprintf(url, sizeof url, "%s%s", base, path) >= (int)sizeof url) {
+        util_seterr(err, errlen, "market URL %s%s: longer than %zu bytes", base, path, sizeof url - 1);
+        return -ENAMETOOLONG;
+    }
+    CURL *c = curl_easy_init();
+    if (!c) {
+        util_seterr(err, errlen, "libcurl: cannot start a request");
+        return -ENOMEM;
+    }
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    int rc = 0;
+    if (id) {
+        uint8_t nb[16], sig[64];
+        char nonce[33], canon[RING_MARKET_CANON_MAX], pub[65], sighex[129], line[256];
+        if (RAND_bytes(nb, sizeof nb) != 1) {
+            util_seterr(err, errlen, "no random bytes for the nonce");
+            rc = -EIO;
+            goto out;
+        }
+        util_hex_encode(nb, sizeof nb, nonce);
+        int64_t ts = (int64_t)time(NULL);
+        int n = ring_market_canon(canon, method, path, body, blen, ts, nonce);
+        if (n < 0 || net_identity_sign(id, canon, (size_t)n, sig) < 0) {
+            util_seterr(err, errlen, "signing %s %s failed", method, path);
+            rc = n < 0 ? n : -EIO;
+            goto out;
+        }
+        util_hex_encode(net_identity_pub(id), 32, pub);
+        util_hex_encode(sig, 64, sighex);
+        snprintf(line, sizeof line, "X-Kv-Node: %s", pub);
+        hd = curl_slist_append(hd, line);
+        snprintf(line, sizeof line, "X-Kv-Time: %" PRId64, ts);
+        hd = curl_slist_append(hd, line);
+        snprintf(line, sizeof line, "X-Kv-Nonce: %s", nonce);
+        hd = curl_slist_append(hd, line);
+        snprintf(line, sizeof line, "X-Kv-Signature: %s", sighex);
+        hd = curl_slist_append(hd, line);
+    }
+    hd = curl_slist_append(hd, "Expect:");
+    struct resp_buf b = {0};
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 5000 ? timeout_ms : 5000));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)blen);
+    }
+    CURLcode cr = curl_easy_perform(c);
+    if (cr != CURLE_OK) {
+        util_seterr(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(cr));
+        free(b.p);
+        rc = cr == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
+        goto out;
+    }
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+    *resp = b.p ? b.p : strdup("");
+    if (!*resp)
+        rc = -ENOMEM;
+out:
+    curl_slist_free_all(hd);
+    curl_easy_cleanup(c);
+    return rc;
+}

@@ -1,0 +1,147 @@
+#!/bin/bash
+# test-market-ring.sh — the market end to end on loopback (docs/market.md):
+#  * a market, a seeder holding a test model and three `kvd join` nodes (no manifest, no
+#    layer ranges given) form a ring whose generation equals one process's;
+#  * every node holds only its window (pulled, verified), every window is active, one ring;
+#  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
+#  * churn: kill -9 one joined node: its window is reported uncovered once its lease lapses,
+#    a fourth `kvd join` takes exactly that window, the new manifest changes only that rank's
+#    entry, and the ring serves the same generation again;
+#  * kill -9 of the market: the ring keeps serving, and after the market's restart (same
+#    database) the nodes take their leases back without a new manifest.
+. "$(dirname "$0")/lib.sh"
+S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
+need_data "$S"
+need_exec "$KVD" "$KVCTL"
+KEEP_FAILED_TMP=1
+san_log_check
+show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
+on_fatal() { show_logs; }
+fail_fast
+
+"$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
+"$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
+PIDS="$PIDS $!"
+"$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
+    --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
+MARKET_PID=$!
+PIDS="$PIDS $MARKET_PID"
+wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
+SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
+M=http://127.0.0.1:$(cat "$T/market.port")
+ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
+     --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+[ "$ID" = "$(sha256sum "$T/cat.json" | cut -d' ' -f1)" ] || fail "model id $ID is not the catalog's SHA-256"
+
+# three nodes; memory (1.8 MB each) that needs three of them for the 3.6 MiB the planner asks
+declare -A JPID
+join() { # join NAME
+    "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$1" --mem 1800000 -t 1 \
+        --jitter-ms 300 >"$T/join-$1.log" 2>&1 &
+    JPID[$1]=$!
+    PIDS="$PIDS $!"
+}
+for n in a b c; do join $n; done
+
+ring_ready() { # the coverage map has one ring and every window active
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    python3 -c '
+import json,sys
+c=json.load(open(sys.argv[1]))["models"][0]
+sys.exit(0 if len(c["rings"])==1 and all(w["state"]=="active" for w in c["windows"]) else 1)' "$T/cov.json"
+}
+wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
+NW=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["models"][0]["windows"]))' "$T/cov.json")
+[ "$NW" = 3 ] || fail "the market planned $NW windows for three 1.8 MB nodes, expected 3"
+"$KVCTL" market status "$M" >"$T/status.txt" || fail "kvctl market status failed"
+grep -q "rings 1" "$T/status.txt" || fail "the status table shows no ring: $(cat "$T/status.txt")"
+[ "$(grep -c ' active ' "$T/status.txt")" = 3 ] || fail "status table: $(cat "$T/status.txt")"
+
+# which node is rank 0 (its kvd.sock serves clients)
+key_of() { "$KVD" stage --state-dir "$T/$1" --print-key; }
+rank_of() { # rank_of NAME: its rank in the manifest it runs
+    python3 -c '
+import json,sys
+m=json.load(open(sys.argv[1]))
+print([r["rank"] for r in m["ranks"] if r["node"]==sys.argv[2]][0])' "$T/$1/manifest.json" "$(key_of "$1")"
+}
+rank0() { for n in "$@"; do [ "$(rank_of "$n" 2>/dev/null)" = 0 ] && { echo "$n"; return; }; done; }
+serves() { # serves NAME: rank 0's socket answers with the one-process tokens
+    got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,50,100,200,300 -n 16 --temp 0 \
+          --ids 2>"$T/gen.err")
+    [ -n "$got" ] && [ "$got" = "$want" ]
+}
+want=$("$KVCTL" generate -m "$S" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
+[ -n "$want" ] || die "one-process generation failed"
+R0=$(rank0 a b c)
+[ -n "$R0" ] || fail "no node runs rank 0"
+wait_for 30 serves "$R0" || fail "the joined ring's tokens ($got; $(cat "$T/gen.err")) differ from one process's ($want)"
+echo "ok   three joined nodes serve the one-process generation: $got"
+
+# each node pulled only its own window, and the windows are the manifest's
+for n in a b c; do
+    r=$(rank_of $n)
+    win=$(python3 -c '
+import json,sys
+m=json.load(open(sys.argv[1])); l=m["ranks"][int(sys.argv[2])]["layers"]; print("%d-%d"%(l[0],l[1]))' \
+        "$T/$n/manifest.json" "$r")
+    [ -s "$T/$n/window-$win.gguf" ] || fail "node $n (rank $r) has no window-$win.gguf"
+    [ "$(ls "$T/$n"/window-*.gguf | wc -l)" = 1 ] || fail "node $n holds more than its window"
+done
+cmp -s "$T/a/manifest.json" "$T/b/manifest.json" && cmp -s "$T/b/manifest.json" "$T/c/manifest.json" ||
+    fail "the nodes run different manifests"
+"$KVCTL" market balance "$M" "$(key_of a)" --json >"$T/bal.json" || fail "kvctl market balance failed"
+grep -q '"layer_tokens"' "$T/bal.json" && grep -q '"credit"' "$T/bal.json" ||
+    fail "balance lacks layer_tokens/credit: $(cat "$T/bal.json")"
+
+# ---- churn: kill -9 a node that is not rank 0 (the client's socket stays where it is)
+VICTIM=""
+for n in a b c; do [ "$n" != "$R0" ] && VICTIM=$n; done
+VR=$(rank_of $VICTIM)
+cp "$T/$R0/manifest.json" "$T/manifest-before.json"
+kill -9 "${JPID[$VICTIM]}"
+uncovered() {
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    python3 -c '
+import json,sys
+c=json.load(open(sys.argv[1]))["models"][0]
+w=c["windows"][int(sys.argv[2])]
+sys.exit(0 if w["state"]=="uncovered" and not c["rings"] else 1)' "$T/cov.json" "$VR"
+}
+wait_for 20 uncovered || fail "window $VR still covered 20 s after its node was killed: $(cat "$T/cov.json")"
+echo "ok   window $VR reported uncovered once the killed node's lease lapsed"
+join d
+wait_for 60 ring_ready || fail "no complete ring after the fourth node joined: $(cat "$T/cov.json")"
+wait_for 20 test -s "$T/d/manifest.json" || fail "node d got no manifest"
+[ "$(rank_of d)" = "$VR" ] || fail "node d took rank $(rank_of d), the freed window is $VR"
+python3 - "$T/manifest-before.json" "$T/d/manifest.json" "$VR" <<'EOF' || fail "the new manifest changes more than rank $VR's entry"
+import json, sys
+a, b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+ra, rb = a.pop("ranks"), b.pop("ranks")
+assert a == b, "header differs"
+assert len(ra) == len(rb)
+for i, (x, y) in enumerate(zip(ra, rb)):
+    if i == r:
+        assert x["layers"] == y["layers"] and x["node"] != y["node"], "rank %d: %s -> %s" % (i, x, y)
+    else:
+        assert x == y, "rank %d changed: %s -> %s" % (i, x, y)
+EOF
+wait_for 40 serves "$R0" || fail "after churn the ring's tokens ($got; $(cat "$T/gen.err")) differ from one process's"
+echo "ok   a fourth node took window $VR and the ring serves again: $got"
+
+# ---- control plane only: the ring serves while the market is down, and is left alone after
+cp "$T/$R0/manifest.json" "$T/manifest-running.json"
+MPORT=$(cat "$T/market.port")
+kill -9 "$MARKET_PID"
+sleep 2
+serves "$R0" || fail "the ring stopped serving while the market was down ($got)"
+"$KVD" market --db "$T/market.db" --listen "127.0.0.1:$MPORT" --lease-s 6 --grace-s 3 \
+    >>"$T/market.log" 2>&1 &
+MARKET_PID=$!
+PIDS="$PIDS $MARKET_PID"
+wait_for 30 ring_ready || fail "the ring was not complete again after the market came back: $(cat "$T/cov.json")"
+sleep 2
+cmp -s "$T/manifest-running.json" "$T/$R0/manifest.json" || fail "the market's restart changed the manifest"
+serves "$R0" || fail "the ring does not serve after the market came back ($got)"
+echo "ok   the ring served while the market was down, and kept its manifest after"
+finish
