@@ -23,6 +23,33 @@ installed() {
     esac
     return 1
 }
+ARM64_LIBDIR=/usr/lib/aarch64-linux-gnu
+HOST_LIBDIR=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+# The link-time names (lib*.so) a host -dev package provides.
+dev_links() { dpkg -L "$1" 2>/dev/null | grep "^$HOST_LIBDIR/lib[^/]*\.so\$" || true; }
+# A -dev package that is not Multi-Arch: same (libwslay-dev, libhttp-parser-dev) cannot be
+# installed for arm64 beside the host's. Its headers are the host's (architecture-free); what
+# the cross linker lacks is lib*.so, which that package would have made a link to the arm64
+# runtime library: make the same link. True when every such link is there.
+dev_mirrored() {
+    installed "$1" || return 1
+    links=$(dev_links "$1")
+    [ -n "$links" ] || return 1
+    for l in $links; do [ -e "$ARM64_LIBDIR/${l##*/}" ] || return 1; done
+}
+mirror_dev() {
+    for l in $(dev_links "$1"); do
+        t=$(readlink "$l") || return 1
+        [ -e "$ARM64_LIBDIR/$t" ] || return 1
+        $SUDO ln -sfn "$t" "$ARM64_LIBDIR/${l##*/}"
+    done
+    echo "setup-arm64: $1 has no arm64 form beside the host's; linked ${ARM64_LIBDIR}/lib*.so to its runtime library"
+}
+# The runtime libraries a host -dev package depends on (libwslay1 for libwslay-dev).
+dev_runtime() {
+    dpkg-query -W -f='${Depends}' "$1" 2>/dev/null | tr ',' '\n' | sed 's/(.*//; s/|.*//; s/ //g' |
+        grep '^lib' | grep -v -- '-dev$' || true
+}
 have_qemu() { command -v qemu-aarch64 >/dev/null 2>&1 || command -v qemu-aarch64-static >/dev/null 2>&1; }
 
 missing=""
@@ -30,7 +57,9 @@ for p in $TOOLS; do
     [ "$p" = qemu-user ] && have_qemu && continue
     installed "$p" || missing="$missing $p"
 done
-for p in $build_pkgs; do installed "$p:arm64" || missing="$missing $p:arm64"; done
+for p in $build_pkgs; do
+    installed "$p:arm64" || dev_mirrored "$p" || missing="$missing $p:arm64"
+done
 [ -z "$missing" ] && exit 0
 
 SUDO=""
@@ -55,6 +84,21 @@ if ! $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>
     for p in $missing; do
         $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 || failed="$failed $p"
     done
+    # A -dev package without a co-installable arm64 form: its runtime library and a link.
+    still=""
+    for p in $failed; do
+        base=${p%:arm64}
+        if [ "$base" != "$p" ] && installed "$base"; then
+            rt=$(dev_runtime "$base")
+            # shellcheck disable=SC2046
+            if [ -n "$rt" ] && $SUDO apt-get install -y -qq --no-install-recommends \
+                $(for r in $rt; do echo "$r:arm64"; done) >/dev/null 2>&1 && mirror_dev "$base"; then
+                continue
+            fi
+        fi
+        still="$still $p"
+    done
+    failed=$still
     if [ -n "$failed" ]; then
         echo "setup-arm64: could not install:$failed" >&2
         for p in $failed; do
