@@ -16,6 +16,9 @@ esac
 ARM=${KV_ARM64_BUILD:-$ROOT/build/arm64}
 FULL=${KV_ARM64_FULL:-0}
 SYSROOT=/usr/aarch64-linux-gnu
+# OpenBLAS's own worker threads spin while idle; under qemu-user that stalls every program
+# for minutes at start and exit. The kernels use our pool, not OpenBLAS's threads.
+export OPENBLAS_NUM_THREADS=1
 
 # Tools and libraries: install when missing, else say what is missing.
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null ||
