@@ -33,6 +33,47 @@ else
   LDSAN   :=
 endif
 
+# ---- arm64 (docs/arm64.md) ----
+# make ARCH=aarch64 (or CROSS=aarch64-linux-gnu-) cross-builds into build/arm64 with Debian's
+# aarch64-linux-gnu-gcc against the arm64 multiarch libraries (scripts/setup-arm64.sh installs
+# them); pkg-config then reads the arm64 .pc files, so an optional library that has no arm64
+# form is left out as on any host without it. make test-arm64 builds that and runs
+# tests/test-arm64.sh (the kernel tests, model tests and rings under qemu-user).
+HOST_ARCH  := $(shell uname -m)
+ARCH       ?= $(HOST_ARCH)
+PKG_CONFIG ?= pkg-config
+ifeq ($(ARCH),arm64)
+  override ARCH := aarch64
+endif
+ifneq ($(CROSS),)
+  override ARCH := aarch64
+endif
+ifeq ($(ARCH),aarch64)
+  ifneq ($(HOST_ARCH),aarch64)
+    CROSS      ?= aarch64-linux-gnu-
+    CC         := $(CROSS)gcc
+    AR         := $(CROSS)ar
+    PKG_CONFIG := PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig pkg-config
+    ifeq ($(SAN),1)
+      B := build/arm64-asan
+    else
+      B := build/arm64
+    endif
+  endif
+endif
+# kernels/cpu/simd_neon.c is aarch64's; x86's simd_avx*.c compile to empty tables elsewhere.
+ISA_neon   :=
+NOT_THIS_ARCH := $(if $(filter aarch64,$(ARCH)),,kernels/cpu/simd_neon.c)
+
+.DEFAULT_GOAL := all
+test-arm64:
+	@scripts/setup-arm64.sh
+	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory ARCH=aarch64 tests
+	@KV_ARM64_FULL=1 tests/test-arm64.sh build build/arm64
+.PHONY: test-arm64
+# ---- end arm64 ----
+
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -pthread -I. \
               -I/usr/include/postgresql \
               -MMD -MP $(OPT) $(CFLAGS)
@@ -41,7 +82,7 @@ LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl
 
 # systemd's readiness notifications (kvd/service.c) when libsystemd is there; without it kvd
 # still runs under systemd as Type=simple.
-ifneq ($(shell pkg-config --exists libsystemd 2>/dev/null && echo y),)
+ifneq ($(shell $(PKG_CONFIG) --exists libsystemd 2>/dev/null && echo y),)
   CFLAGS_ALL += -DKV_HAVE_SYSTEMD
   LDLIBS_ALL += -lsystemd
 endif
@@ -53,7 +94,6 @@ else
 endif
 
 # Per-file instruction-set flags for runtime-dispatched kernels (one binary runs everywhere).
-ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
   ISA_avx2   := -mavx2 -mfma -mf16c
   ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
@@ -64,7 +104,7 @@ srcs_in     = $(wildcard $(addsuffix /*.c,$(1)))
 LIB_DIRS   := util gguf kernels kernels/ref kernels/cpu kernels/opencl model planner net ringlib seed api
 KVD_DIRS   := kvd kvd/stage kvd/market
 KVCTL_DIRS := kvctl
-LIB_SRCS   := $(call srcs_in,$(LIB_DIRS))
+LIB_SRCS   := $(filter-out $(NOT_THIS_ARCH),$(call srcs_in,$(LIB_DIRS)))
 KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))
 KVCTL_SRCS := $(call srcs_in,$(KVCTL_DIRS))
 TEST_SRCS := $(wildcard tests/test-*.c)
@@ -122,11 +162,11 @@ $(B)/obj/gen/kern_cl.o: $(CL_GEN)
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 $(KVD_LIB): $(KVD_OBJS)
 	@mkdir -p $(dir $@)
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 $(B)/kvd: $(KVD_OBJS) $(LIB)
 	@$(if $(Q),echo "  LD $@")

@@ -242,11 +242,12 @@ struct kern__simd {
     kern__rp_fn rp_gemm[KERN_T_COUNT];
     kern__quant_fn rp_quant[KERN_T_COUNT];
 };
-extern const struct kern__simd kern__simd_avx2, kern__simd_avx512;
-/* The level chosen for this CPU (detected once; KV_KERN_SIMD=scalar|avx2 caps it). */
+extern const struct kern__simd kern__simd_avx2, kern__simd_avx512; /* x86-64 */
+extern const struct kern__simd kern__simd_neon, kern__simd_neon_dotprod; /* aarch64 only */
+/* The level chosen for this CPU (detected once; KV_KERN_SIMD=<level name> caps it). */
 const struct kern__simd *kern__simd_get(void);
-/* Tests: force a level by name ("scalar", "avx2", "avx512"; NULL = detect). -ENOTSUP when
- * this CPU lacks it. Not thread-safe; call before any op. */
+/* Tests: force a level by name ("scalar", "avx2", "avx512", "neon", "neon-dotprod"; NULL =
+ * detect). -ENOTSUP when this CPU or build lacks it. Not thread-safe; call before any op. */
 int kern__simd_force(const char *name);
 
 /* ---- devices (kern_dev_*, kern_buf_*; docs/devices.md) ---- */

@@ -136,7 +136,8 @@ int kern_pool_new(struct kern_pool **out, int n_threads);
 void kern_pool_free(struct kern_pool *p);
 /* Threads an op runs on (1 for NULL). */
 int kern_pool_threads(const struct kern_pool *p);
-/* Human-readable name of the SIMD level in use ("avx512", "avx2", "scalar"). */
+/* Human-readable name of the SIMD level in use ("avx512", "avx2", "neon-dotprod", "neon",
+ * "scalar"). */
 const char *kern_cpu_level(void);
 
 /* Reserves the pool's scratch (quantised activations, attention rows, DeltaNet vectors): at

@@ -17,7 +17,8 @@ static const uint32_t weight_types[] = {
     KERN_T_Q5_0, KERN_T_Q5_1, KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K,
 };
 #define N_WT (sizeof weight_types / sizeof weight_types[0])
-static const char *levels[] = {"scalar", "avx2", "avx512"};
+static const char *levels[] = {"scalar", "avx2", "avx512", "neon", "neon-dotprod"};
+#define N_LEVELS (sizeof levels / sizeof levels[0])
 
 /* Activation rows quantised by the fast path may differ from the reference by one level in
  * rare ties (llama.cpp's x86 rounding); everything else is the same arithmetic. */
@@ -50,8 +51,8 @@ T_CASE(matmul_all_levels)
         rc = kern_pool_reserve(pools[nt - 1], 17 * 1024 * 4); /* every shape, any type */
         T_ASSERT(rc == 0, "reserve");
     }
-    bool have[3];
-    for (size_t lv = 0; lv < 3; lv++) {
+    bool have[N_LEVELS];
+    for (size_t lv = 0; lv < N_LEVELS; lv++) {
         have[lv] = kern__simd_force(levels[lv]) == 0;
         if (!have[lv])
             fprintf(stderr, "  level %s not available here\n", levels[lv]);
@@ -69,7 +70,7 @@ T_CASE(matmul_all_levels)
             if (!quant_weights(t, w, rows, cols, wq))
                 continue;
             kern_ref_matmul(t, wq, rows, cols, x, n, yr);
-            for (size_t lv = 0; lv < 3; lv++) {
+            for (size_t lv = 0; lv < N_LEVELS; lv++) {
                 if (!have[lv])
                     continue;
                 kern__simd_force(levels[lv]);
@@ -129,7 +130,7 @@ T_CASE(matmul_rows_exact)
     for (size_t c = 0; c < N_WT; c++)
         T_CHECK(kern_type_rows_exact(weight_types[c]), "type %s not row-exact",
                 kern_type_name(weight_types[c]));
-    for (size_t lv = 0; lv < 3; lv++) {
+    for (size_t lv = 0; lv < N_LEVELS; lv++) {
         if (kern__simd_force(levels[lv]) != 0)
             continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -222,12 +223,14 @@ T_CASE(dots_exact_inputs)
     int64_t cols; /* 800 = 25 blocks: an odd tail for the paired layouts; 768 for K types */
     float w[800], x[800];
     char wq[800 * 4], xq[800 * 4], xp[800 * 4];
-    for (size_t lv = 1; lv < 3; lv++) {
+    for (size_t lv = 1; lv < N_LEVELS; lv++) {
         if (kern__simd_force(levels[lv]) != 0)
             continue;
         const struct kern__simd *s = kern__simd_get();
         for (size_t c = 0; c < N_WT; c++) {
             uint32_t t = weight_types[c], vt = kern__type_traits(t)->vec_dot_type;
+            if (!s->dot[t])
+                continue; /* this level runs the reference's dot */
             cols = kern_block_elems(t) == 256 ? 768 : 800;
             double e = 0, r = 0;
             for (int rep = 0; rep < 20; rep++) {
@@ -237,7 +240,7 @@ T_CASE(dots_exact_inputs)
                 kern_ref_quant_row(t, w, wq, cols);
                 kern_ref_quant_row(vt, x, xq, cols);
                 const char *fx = xq;
-                if (t == KERN_T_Q8_0) {
+                if (t == KERN_T_Q8_0 && s->actq[t]) {
                     to_flat(xq, cols, xp);
                     fx = xp;
                 } else if (s->actq[t]) {
@@ -262,7 +265,11 @@ T_CASE(dots_exact_inputs)
             }
             T_CHECK(e <= 1e-12 * r, "%s t=%u dot nmse %g", s->name, t, e / r);
         }
-        /* Quantisers: Q8_K and F16 exactly as the reference; Q8_0/Q8_1 within one level. */
+        /* Quantisers: Q8_K and F16 exactly as the reference; Q8_0/Q8_1 within one level
+         * (a level without its own quantisers, such as neon, uses the reference's). */
+        if (!s->quant[KERN_T_Q8_K] || !s->quant[KERN_T_F16] || !s->quant[KERN_T_Q8_0] ||
+            !s->quant[KERN_T_Q8_1])
+            continue;
         cols = 768;
         ku_seed(300);
         ku_fill(x, cols, 2.0f);
@@ -428,10 +435,12 @@ T_CASE(attention_fast)
  * underflow to exact zeros, odd lengths. */
 T_CASE(softmax_simd)
 {
-    for (size_t lv = 1; lv < 3; lv++) {
+    for (size_t lv = 1; lv < N_LEVELS; lv++) {
         if (kern__simd_force(levels[lv]) != 0)
             continue;
         const struct kern__simd *s = kern__simd_get();
+        if (!s->softmax)
+            continue; /* this level runs the reference's */
         const int64_t lens[] = {1, 7, 8, 9, 100, 1000};
         for (size_t li = 0; li < 6; li++) {
             int64_t n = lens[li];
@@ -646,7 +655,7 @@ T_CASE(layer_ops_on_pool)
             SAME(f2, r2, n * 3, "route weights %d threads", nt);
             SAME(f1, r1, n * 13, "route softmax %d threads", nt);
         }
-        for (size_t lv = 0; lv < 3; lv++) { /* KV store, F16 and F32, padded cache rows */
+        for (size_t lv = 0; lv < N_LEVELS; lv++) { /* KV store, F16 and F32, padded cache rows */
             if (kern__simd_force(levels[lv]) != 0)
                 continue;
             uint16_t h1[N * 203], h2[N * 203];

@@ -8,6 +8,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -40,20 +44,52 @@ static bool has_avx512(void)
 }
 #endif
 
+#if defined(__aarch64__)
+/* Advanced SIMD is part of ARMv8-A; SDOT (ARMv8.2 dotprod) is optional: the kernel says. */
+static bool has_neon(void)
+{
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+}
+
+static bool has_neon_dotprod(void)
+{
+    return has_neon() && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+}
+#endif
+
+/* The levels this build has, lowest first, and whether this CPU runs each. */
+static const struct {
+    const struct kern__simd *s;
+    bool (*ok)(void);
+} simd_levels[] = {
+    {&simd_scalar, NULL},
+#if defined(__x86_64__) && defined(__GNUC__)
+    {&kern__simd_avx2, has_avx2},
+    {&kern__simd_avx512, has_avx512},
+#endif
+#if defined(__aarch64__)
+    {&kern__simd_neon, has_neon},
+    {&kern__simd_neon_dotprod, has_neon_dotprod},
+#endif
+};
+#define N_LEVELS (sizeof simd_levels / sizeof simd_levels[0])
+
+static bool level_ok(size_t i)
+{
+    return !simd_levels[i].ok || simd_levels[i].ok();
+}
+
+/* The highest level this CPU runs; KV_KERN_SIMD=<name> caps it at that level. */
 static const struct kern__simd *detect(void)
 {
-#if defined(__x86_64__) && defined(__GNUC__)
     const char *env = getenv("KV_KERN_SIMD");
-    bool avx2 = has_avx2(), avx512 = has_avx512();
-    if (env && strcmp(env, "scalar") == 0)
-        return &simd_scalar;
-    if (env && strcmp(env, "avx2") == 0 && avx2)
-        return &kern__simd_avx2;
-    if (avx512)
-        return &kern__simd_avx512;
-    if (avx2)
-        return &kern__simd_avx2;
-#endif
+    size_t cap = N_LEVELS - 1;
+    for (size_t i = 0; env && i < N_LEVELS; i++)
+        if (strcmp(env, simd_levels[i].s->name) == 0)
+            cap = i;
+    for (size_t i = cap + 1; i-- > 0;)
+        if (level_ok(i))
+            return simd_levels[i].s;
     return &simd_scalar;
 }
 
@@ -72,23 +108,23 @@ const struct kern__simd *kern__simd_get(void)
 
 int kern__simd_force(const char *name)
 {
+    static const char *const known[] = {"scalar", "avx2", "avx512", "neon", "neon-dotprod"};
     if (!name) {
         simd_forced = NULL;
         return 0;
     }
-    const struct kern__simd *want = strcmp(name, "scalar") == 0 ? &simd_scalar
-                                    : strcmp(name, "avx2") == 0 ? &kern__simd_avx2
-                                    : strcmp(name, "avx512") == 0 ? &kern__simd_avx512 : NULL;
-    if (!want)
-        return -EINVAL;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if ((want == &kern__simd_avx2 && !has_avx2()) || (want == &kern__simd_avx512 && !has_avx512()))
-        return -ENOTSUP;
-#endif
-    if (!want->dot[KERN_T_F32] && want != &simd_scalar)
-        return -ENOTSUP; /* built without SIMD on this architecture */
-    simd_forced = want;
-    return 0;
+    for (size_t i = 0; i < N_LEVELS; i++) {
+        if (strcmp(name, simd_levels[i].s->name) == 0) {
+            if (!level_ok(i))
+                return -ENOTSUP;
+            simd_forced = simd_levels[i].s;
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i]) == 0)
+            return -ENOTSUP; /* a level of another architecture */
+    return -EINVAL;
 }
 
 const char *kern_cpu_level(void)
