@@ -70,6 +70,9 @@ if [ "$(id -u)" -ne 0 ]; then
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+# --no-remove everywhere: an arm64 -dev package that is not Multi-Arch: same would otherwise
+# replace the host's (apt removes the amd64 libpq-dev, libwslay-dev, ... to install it), and
+# the native build would no longer link. Such a package fails here and is mirrored below.
 echo "setup-arm64: installing:$missing"
 case " $(dpkg --print-foreign-architectures | tr '\n' ' ') " in
     *" arm64 "*) ;;
@@ -77,12 +80,12 @@ case " $(dpkg --print-foreign-architectures | tr '\n' ' ') " in
 esac
 $SUDO apt-get update -qq || echo "setup-arm64: apt-get update failed; trying what is known" >&2
 # shellcheck disable=SC2086
-if ! $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>&1; then
+if ! $SUDO apt-get install -y -qq --no-install-recommends --no-remove $missing >/dev/null 2>&1; then
     # One package that cannot be had (no arm64 form, a multiarch clash) must not keep the
     # others out: retry one by one and fail only for a tool or a library the build needs.
     failed=""
     for p in $missing; do
-        $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 || failed="$failed $p"
+        $SUDO apt-get install -y -qq --no-install-recommends --no-remove "$p" >/dev/null 2>&1 || failed="$failed $p"
     done
     # A -dev package without a co-installable arm64 form: its runtime library and a link.
     still=""
@@ -91,7 +94,7 @@ if ! $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>
         if [ "$base" != "$p" ] && installed "$base"; then
             rt=$(dev_runtime "$base")
             # shellcheck disable=SC2046
-            if [ -n "$rt" ] && $SUDO apt-get install -y -qq --no-install-recommends \
+            if [ -n "$rt" ] && $SUDO apt-get install -y -qq --no-install-recommends --no-remove \
                 $(for r in $rt; do echo "$r:arm64"; done) >/dev/null 2>&1 && mirror_dev "$base"; then
                 continue
             fi

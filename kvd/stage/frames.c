@@ -137,17 +137,19 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
     case NET_F_ACT: {
         if (st->rank == 0)
             VIOLATION(c, "ACT arrived at rank 0 from rank %u (the last rank sends TOKEN)", c->peer_rank);
-        if (!s) {
-            if (stale)
-                return;   /* in flight when the session ended */
-            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
-        }
+        /* The frame's shape first: a malformed ACT is a violation whatever the state of its
+         * session (one that just failed here, say, while the out link was still coming up). */
         if (h->n_tokens < 1 || h->n_tokens > st->m.max_batch)
             VIOLATION(c, "ACT n_tokens %u not in [1, %u]", h->n_tokens, st->m.max_batch);
         uint64_t want = (uint64_t)h->n_tokens * st->m.n_embd * st->m.wire_dsize;
         if (h->payload_len != want)
             VIOLATION(c, "ACT payload_len %u, expected n_tokens %u x n_embd %u x %u bytes = %" PRIu64,
                              h->payload_len, h->n_tokens, st->m.n_embd, st->m.wire_dsize, want);
+        if (!s) {
+            if (stale)
+                return;   /* in flight when the session ended */
+            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
+        }
         if (h->pos != s->next_pos || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
             VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
                              h->pos, h->n_tokens, h->session, s->next_pos, s->n_ctx);
