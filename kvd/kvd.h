@@ -58,6 +58,9 @@ bool kvd_sighup_stops(void);
 void kvd_service_ready(const char *status);
 void kvd_service_reloading(void);
 void kvd_service_stopping(void);
+/* --port-file PATH of a role listening on port 0: the bound port, one line (for scripts and
+ * tests); a file that cannot be written is logged. */
+void kvd_port_file_write(const char *path, int port);
 
 /* ================================== stage ================================== */
 /* The stage role (docs/design.md, "The ring data path"): a kvd that holds the layer window

@@ -50,3 +50,14 @@ bool kvd_sighup_stops(void)
     notify("READY=1");
     return false;
 }
+
+void kvd_port_file_write(const char *path, int port)
+{
+    FILE *fp = fopen(path, "w");
+    if (!fp) {
+        kvd_log(KVD_LOG_WARN, "port file %s: cannot write", path);
+        return;
+    }
+    fprintf(fp, "%d\n", port);
+    fclose(fp);
+}

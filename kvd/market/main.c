@@ -148,13 +148,8 @@ int kvd_market_main(int argc, char **argv)
         return 1;
     }
     kvd_log(KVD_LOG_INFO, "listening on port %d, database %s", net_http_server_port(srv), cfg.db);
-    if (port_file) {
-        FILE *fp = fopen(port_file, "w");
-        if (fp) {
-            fprintf(fp, "%d\n", net_http_server_port(srv));
-            fclose(fp);
-        }
-    }
+    if (port_file)
+        kvd_port_file_write(port_file, net_http_server_port(srv));
     main_srv = srv;
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_term);
