@@ -69,6 +69,8 @@ static void send_frame(uint8_t type, uint8_t flags, uint64_t sess, uint32_t pos,
     send_hdr(&h, payload, len);
 }
 
+static uint64_t error_session;   /* the session of the last ERROR frame read */
+
 /* Read frames until the stage closes the link or timeout_ms of silence; 1 if closed. */
 static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct net_handshake *hs,
                  bool *established, bool stop_when_established)
@@ -80,8 +82,10 @@ static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct 
         int rc;
         while ((rc = rx ? net_rec_next(rx, r, &h, &pl, err, sizeof err)
                         : net_frame_reader_next(r, &h, &pl, err, sizeof err)) == 1) {
-            if (h.type == NET_F_ERROR && h.payload_len >= 4)
+            if (h.type == NET_F_ERROR && h.payload_len >= 4) {
                 printf("error: %.*s\n", (int)h.payload_len - 4, (const char *)pl + 4);
+                error_session = h.session;
+            }
             if (h.type == NET_F_PONG && pong) {
                 *pong = true;
                 printf("pong\n");
@@ -240,10 +244,25 @@ int main(int argc, char **argv)
          * link itself stays up (exit 0 when the link was not closed within 3 s) */
         struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
                                     .max_tokens = 4, .n_ctx = m.n_ctx};
-        net_open_encode(&p, buf);
-        memset(buf + NET_OPEN_LEN, 0, 4);
-        buf[NET_OPEN_LEN] = 1;
-        send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
+        /* A stage dials its successor only once its predecessor has linked in, so an OPEN
+         * sent at once may fail with "ring not linked": open again (a new session) until
+         * one is accepted, i.e. no ERROR for it within 300 ms. */
+        for (int tries = 0;; tries++) {
+            net_open_encode(&p, buf);
+            memset(buf + NET_OPEN_LEN, 0, 4);
+            buf[NET_OPEN_LEN] = 1;
+            send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
+            error_session = 0;
+            if (drain(&r, 300, NULL, NULL, NULL, false) == 1)
+                goto out;
+            if (error_session != sess)
+                break;
+            if (tries == 20) {
+                printf("every OPEN failed\n");
+                goto out;
+            }
+            RAND_bytes((unsigned char *)&sess, sizeof sess);
+        }
         for (int i = 0; i < 3; i++) {   /* answer nothing, but keep the link alive with PINGs */
             send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
             bool pong = false;
