@@ -49,12 +49,12 @@ TYPES=${BENCH_VS_TYPES:-q4_0 q8_0 q4_k_m q5_k_m q6_k}
 model() {
     [ -s "$1" ] && return 0
     case "$2" in
-    f16 | bf16 | f32 | q4_0 | q4_1 | q5_0 | q5_1 | q8_0 | q4_k | q5_k | q6_k)
+    f16 | f32 | q4_0 | q8_0)   # what `kvctl synth` writes
         echo "writing $1 ..."
         "$KVCTL" synth --arch llama --layers 22 --embd 2048 --ff 5632 --heads 32 --kv-heads 4 \
             --vocab 32000 --type "$2" --seed 1 -o "$1" >/dev/null || { rm -f "$1"; return 1; }
         ;;
-    *)  # llama.cpp's mixes (q4_k_m, q5_k_m, ...) come from the F16 model through its quantizer
+    *)  # every other type (q4_k_m, q5_k_m, q6_k, ...) comes from the F16 model through llama.cpp's quantizer
         [ -x "$LQ" ] || { echo "$2: no llama-quantize next to $LB; skipped"; return 1; }
         src=$DIR/tinyllama-1.1b-shape-f16.gguf
         model "$src" f16 || return 1
