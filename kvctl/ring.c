@@ -276,10 +276,12 @@ static void print_repair(const char *dir, const struct ring_manifest *m, FILE *o
         else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "waiting")))
             fprintf(out, "standby %u  %-22s pid %.0f  waiting\n", i, ep, util_json_number(s, "pid", 0));
         else
-            fprintf(out, "standby %u  %-22s pid %.0f  serves rank %.0f (in %s, out %s, %.0f sessions)\n", i, ep,
+            fprintf(out, "standby %u  %-22s pid %.0f  serves rank %.0f (in %s, out %s, %.0f sessions, "
+                    "%.0f replayed: %.0f positions recomputed)\n", i, ep,
                     util_json_number(s, "pid", 0), util_json_number(s, "rank", 0),
                     jstr(cJSON_GetObjectItemCaseSensitive(s, "in"), "state"),
-                    jstr(cJSON_GetObjectItemCaseSensitive(s, "out"), "state"), util_json_number(s, "sessions", 0));
+                    jstr(cJSON_GetObjectItemCaseSensitive(s, "out"), "state"), util_json_number(s, "sessions", 0),
+                    util_json_number(s, "replayed_sessions", 0), util_json_number(s, "replayed_positions", 0));
         cJSON_Delete(s);
     }
     rank_sock(dir, 0, sock, sizeof sock);
@@ -293,6 +295,15 @@ static void print_repair(const char *dir, const struct ring_manifest *m, FILE *o
                 util_json_number(r, "replays", 0), util_json_number(r, "not_repaired", 0),
                 util_json_number(r, "last_resume_ms", 0), util_json_number(r, "max_resume_ms", 0));
     cJSON_Delete(s);
+    /* What each rank's own node recomputed for replays (a standby's is on its line above). */
+    for (uint32_t i = 0; m->n_standbys && i < m->n_ranks; i++) {
+        rank_sock(dir, i, sock, sizeof sock);
+        if (!(s = query_status(sock, err, sizeof err)))
+            continue;
+        fprintf(out, "replayed on rank %u: %.0f sessions, %.0f positions recomputed\n", i,
+                util_json_number(s, "replayed_sessions", 0), util_json_number(s, "replayed_positions", 0));
+        cJSON_Delete(s);
+    }
 }
 
 /* The table; returns how many stages did not answer. */

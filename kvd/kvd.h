@@ -86,7 +86,7 @@ struct kvd_stage_opts {
      * entry standby (rank -1), which takes over a dead rank when its predecessor dials it;
      * repair_wait_s: how long rank 0 pauses sessions waiting for a repair (set: repair_wait_set;
      * default 30 s when the manifest has standbys, else 0: a broken ring ends them); an
-     * established link silent for link_timeout_ms is dead (0: 15000). */
+     * established link silent for link_timeout_ms is dead (0: 3000 ms + 4 x the link's RTT). */
     bool is_standby;
     uint32_t standby;
     uint32_t repair_wait_s;

@@ -244,6 +244,9 @@ struct model_sampler;
 int model_sampler_new(struct model_sampler **out, const struct model_sampler_params *p,
                       uint32_t n_vocab);
 void model_sampler_free(struct model_sampler *s);
+/* Move the RNG past n draws, as if n tokens had been sampled at temperature > 0: a sampler
+ * rebuilt for a replayed history continues the sequence the first one was drawing. */
+void model_sampler_skip(struct model_sampler *s, uint64_t n);
 /* Record a token as part of the history (prompt and generated) for the penalties. */
 void model_sampler_accept(struct model_sampler *s, int32_t token);
 /* Sample from logits[n_vocab] (modified in place); *logprob may be NULL. Returns the token,

@@ -105,6 +105,11 @@ static uint64_t splitmix64(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+void model_sampler_skip(struct model_sampler *s, uint64_t n)
+{
+    s->rng += n * 0x9e3779b97f4a7c15ull;   /* splitmix64's state moves by one constant a draw */
+}
+
 /* Best first; equal logits by id so the order never depends on the sort. */
 static int cand_cmp(const void *a, const void *b)
 {

@@ -61,7 +61,7 @@ int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
         snprintf(err, errlen, "frame reserved field %u is not 0", h->reserved);
         return -EPROTO;
     }
-    if (h->flags & ~(NET_FL_LAST | NET_FL_LOGITS)) {
+    if (h->flags & ~(NET_FL_LAST | NET_FL_LOGITS | NET_FL_REPLAY)) {
         snprintf(err, errlen, "frame flags 0x%02x has unknown bits", h->flags);
         return -EPROTO;
     }
@@ -88,6 +88,7 @@ void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN])
     util_le32_put(out + 36, (uint32_t)p->penalty_last_n);
     util_le32_put(out + 40, p->max_tokens);
     util_le32_put(out + 44, p->n_ctx);
+    util_le32_put(out + 48, p->draws);
 }
 
 void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
@@ -104,6 +105,7 @@ void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
     p->penalty_last_n = (int32_t)util_le32_get(in + 36);
     p->max_tokens = util_le32_get(in + 40);
     p->n_ctx = util_le32_get(in + 44);
+    p->draws = util_le32_get(in + 48);
 }
 
 /* ---- reader ---- */

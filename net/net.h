@@ -71,6 +71,8 @@ enum net_frame_type {
 enum net_frame_flag {
     NET_FL_LAST = 1,     /* ACT: the last chunk of a step: the last rank samples after it */
     NET_FL_LOGITS = 2,   /* OPEN: send logits with every TOKEN; TOKEN: logits follow */
+    NET_FL_REPLAY = 4,   /* OPEN: a session replayed after a repair; its prompt is the whole
+                          * history, which every stage recomputes */
 };
 
 struct net_frame_hdr {
@@ -88,7 +90,9 @@ struct net_open_params {
     int32_t top_k, penalty_last_n;
     uint32_t max_tokens;      /* generated tokens rank 0 will ask for (informative) */
     uint32_t n_ctx;           /* context the session needs (prompt + generation) */
-    uint8_t reserved[16];
+    uint32_t draws;           /* random draws the sampler made before (a replay after a repair:
+                               * the generated tokens so far), so it continues its sequence */
+    uint8_t reserved[12];
 };
 #define NET_OPEN_LEN 64u
 

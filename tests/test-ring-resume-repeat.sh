@@ -9,7 +9,7 @@
 
 M=$(need_model TinyLLama-v0-q4_0.gguf) || exit 1
 D=$TMP/ring
-ring_up "$D" --model "$M" --stages 3 --standby 1 --repair-wait 30
+ring_up "$D" --model "$M" --stages 3 --standby 1 --repair-wait 30 --link-timeout-ms 4000
 prompts=("Once upon a time" "The little dog" "Lily and Tom went to the park" "One day, a bird")
 lens=(300 260 280 240)
 for i in 0 1 2 3; do

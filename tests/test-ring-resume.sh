@@ -1,8 +1,10 @@
 #!/bin/bash
-# A dead stage costs no tokens (docs/ring.md, "Repair"): 8 concurrent greedy generations run
-# through a 3-stage loopback ring (f32 wire) with three standby nodes; SIGKILL of the middle
+# A dead stage costs no tokens (docs/ring.md, "Repair"): 8 concurrent generations (four greedy,
+# four sampled at temperature 0.8 with fixed seeds: the last rank's sampler continues its draws
+# after a replay) run through a 3-stage loopback ring (f32 wire) with three standby nodes; SIGKILL of the middle
 # stage at a random point, then of the last one, then SIGSTOP of the middle one (a hung node,
-# found by the 2 s link timeout): a standby takes over each time, every
+# found by the default link deadline, 3 s on loopback, and passed over without a handshake
+# timeout): a standby takes over each time, every
 # session's text equals its one-process text, no client sees an error, each says on stderr
 # that it resumed, and no stage keeps a session afterwards. The time from the kill to every
 # running session's next token is printed (a figure, not a limit). Then SIGKILL of rank 0,
@@ -12,15 +14,18 @@
 
 M=$(need_model TinyLLama-v0-q4_0.gguf) || exit 1
 D=$TMP/ring
-ring_up "$D" --model "$M" --stages 3 --standby 3 --link-timeout-ms 2000
+ring_up "$D" --model "$M" --stages 3 --standby 3
 grep -q '"standby"' "$D/ring.json" || fail "no standby entries in the manifest"
 "$KVCTL" status --ring "$D" | grep -q "^standby 1 .* waiting" || fail "standbys not shown: $("$KVCTL" status --ring "$D")"
 
 prompts=("Once upon a time" "The little dog" "Lily and Tom went to the park" "One day, a bird"
          "Tim had a red ball" "The sun was hot" "Sue liked to draw" "A big bear")
 lens=(260 220 240 200 260 210 250 230)
+# sessions 4-7 sample: temperature 0.8, a seed each
+samp=("--temp 0" "--temp 0" "--temp 0" "--temp 0" "--temp 0.8 --seed 11" "--temp 0.8 --seed 12"
+      "--temp 0.8 --seed 13" "--temp 0.8 --seed 14")
 for i in $(seq 0 7); do
-    "$KVCTL" generate -m "$M" -p "${prompts[$i]}" -n ${lens[$i]} --temp 0 --ignore-eos \
+    "$KVCTL" generate -m "$M" -p "${prompts[$i]}" -n ${lens[$i]} ${samp[$i]} --ignore-eos \
         > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
 done
 
@@ -31,7 +36,7 @@ round() {
     pid=$(serving_pid "$D" "$rank")
     [ -n "$pid" ] || fail "$name: nobody serves rank $rank"
     for i in $(seq 0 7); do
-        "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} --temp 0 --ignore-eos \
+        "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} ${samp[$i]} --ignore-eos \
             > "$TMP/$name.$i" 2> "$TMP/$name.err.$i" &
         pids="$pids $!"
         args="$args $!:$TMP/$name.$i:$TMP/$name.err.$i"
@@ -52,6 +57,7 @@ stderr: $(cat "$TMP/$name.err.$i")"
     done
     local resumed
     resumed=$(cat "$TMP/$name".err.* | grep -c "resumed [0-9]* time")
+    SAMPLED_RESUMED=$((SAMPLED_RESUMED + $(cat "$TMP/$name".err.[4-7] | grep -c "resumed [0-9]* time")))
     [ "$resumed" -ge 1 ] || fail "$name: no client said it resumed ($running were running at the kill)"
     echo "ok $name: rank $rank (pid $pid) SIG$sig with $running of 8 sessions running; every text as one process" \
          "($resumed said they resumed); kill -> every running session's next token: $ms ms (rank 0: the" \
@@ -60,6 +66,7 @@ stderr: $(cat "$TMP/$name.err.$i")"
     [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "$name: paused sessions left at rank 0"
 }
 
+SAMPLED_RESUMED=0
 round middle 1
 "$KVCTL" status --ring "$D" | grep -q "^standby 0 .* serves rank 1" ||
     fail "standby 0 does not serve rank 1: $("$KVCTL" status --ring "$D")"
@@ -72,6 +79,9 @@ kill -9 "$stopped"
 "$KVCTL" status --ring "$D" | grep -q "^standby 2 .* serves rank 1" ||
     fail "standby 2 does not serve rank 1: $("$KVCTL" status --ring "$D")"
 "$KVCTL" status --ring "$D" | grep -q "^repair: .* 3 ring breaks" || fail "repairs not shown: $("$KVCTL" status --ring "$D")"
+
+[ "$SAMPLED_RESUMED" -ge 1 ] || fail "no sampled session resumed in any round (the test's timing)"
+echo "ok $SAMPLED_RESUMED sampled sessions resumed with the text of their uninterrupted runs"
 
 # Rank 0 dies: its sessions' history goes with it; the clients say so, the others free them.
 pids=""

@@ -525,6 +525,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
                          (unsigned long long)j->session);
                 return;
             }
+            model_sampler_skip(s->sampler, j->open.draws);   /* a replay: continue the draws */
             s->id = j->session;
             s->logits = j->flags & NET_FL_LOGITS;
             for (uint32_t i = 0; i < j->n_tokens; i++)

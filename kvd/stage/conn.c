@@ -63,3 +63,17 @@ void kvd_conn_ping(struct conn *c)
     wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
     kvd_conn_send(c, NET_F_PING, 0, 0, 0, 0, b, 8);
 }
+
+uint32_t kvd_conn_deadline_ms(const struct conn *c)
+{
+    if (c->st->link_timeout_ms)
+        return c->st->link_timeout_ms;
+    double ms = LINK_SILENCE_MIN_MS + LINK_SILENCE_RTTS * c->rtt_ms;
+    return ms < LINK_SILENCE_MAX_MS ? (uint32_t)ms : LINK_SILENCE_MAX_MS;
+}
+
+uint32_t kvd_conn_hs_deadline_ms(const struct stage *st)
+{
+    double ms = st->link_timeout_ms ? st->link_timeout_ms : LINK_HS_MIN_MS + LINK_HS_RTTS * st->succ_rtt_ms;
+    return ms < LINK_HS_MAX_MS ? (uint32_t)ms : LINK_HS_MAX_MS;
+}

@@ -63,6 +63,17 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(o, "standby", st->standby);
         cJSON_AddBoolToObject(o, "waiting", st->waiting);
     }
+    /* Every stage: ranks it took over, sessions it opened as replays and the history
+     * positions it recomputed for them, the link deadlines in force; rank 0: sessions paused. */
+    cJSON_AddNumberToObject(o, "takeovers", (double)st->takeovers);
+    cJSON_AddNumberToObject(o, "replayed_sessions", (double)st->replayed_sessions);
+    cJSON_AddNumberToObject(o, "replayed_positions", (double)st->replayed_positions);
+    if (st->in)
+        cJSON_AddNumberToObject(o, "in_deadline_ms", kvd_conn_deadline_ms(st->in));
+    if (st->out)
+        cJSON_AddNumberToObject(o, "out_deadline_ms", kvd_conn_deadline_ms(st->out));
+    if (st->rank == 0 && !st->waiting)
+        cJSON_AddNumberToObject(o, "paused_sessions", st->n_paused);
     if (st->rank == 0 && !st->waiting) {
         cJSON *ro = cJSON_AddObjectToObject(o, "repair");
         cJSON_AddNumberToObject(ro, "wait_s", st->repair_wait_ms / 1000);

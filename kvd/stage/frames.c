@@ -28,7 +28,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (c->role == CONN_OUT) {
             uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
             if (sent == c->ping_sent_ns)
-                c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
+                c->st->succ_rtt_ms = c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
         }
         return;
     case NET_F_HELLO:
@@ -121,6 +121,10 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         }
         for (uint32_t i = 0; toks && i < h->n_tokens; i++)
             toks[i] = (int32_t)rd32(payload + NET_OPEN_LEN + 4 * i);
+        if (h->flags & NET_FL_REPLAY) {
+            s->replay_end = h->n_tokens;
+            st->replayed_sessions++;
+        }
         if (kvd_sess_submit_open(st, h->session, &p, h->flags & NET_FL_LOGITS, toks,
                                  h->n_tokens) < 0) {
             kvd_sess_fail(st, s, "out of memory");
@@ -170,6 +174,9 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         j->flags = h->flags & NET_FL_LAST;
         j->in = in;
         j->in_len = h->payload_len;
+        if (h->pos < s->replay_end)   /* a replayed history's positions, recomputed here */
+            st->replayed_positions += (h->pos + h->n_tokens < s->replay_end ? h->pos + h->n_tokens
+                                       : s->replay_end) - h->pos;
         s->next_pos += h->n_tokens;
         s->last_active_ms = (uint64_t)util_now_ms();
         kvd_compute_submit(st->comp, j);

@@ -188,8 +188,22 @@ void kvd_job_free(struct kvd_job *j);
 #define REJECT_LOG_SOURCES 16
 #define CLOSED_RING 256
 #define CTL_LINE_MAX (1u << 20)
-#define LINK_SILENCE_MS 15000   /* an established link with nothing received is dead */
-#define PING_MS 1000
+/* An established link with nothing received (pings included) for its deadline is dead: the
+ * --link-timeout-ms given, else LINK_SILENCE_MIN_MS + LINK_SILENCE_RTTS x the link's measured
+ * round trip, at most LINK_SILENCE_MAX_MS. Pings are sent and answered by the event loop, never
+ * the compute thread, so a window's time per token does not delay them (docs/ring.md,
+ * "Repair"). */
+#define LINK_SILENCE_MIN_MS 3000
+#define LINK_SILENCE_RTTS 4
+#define LINK_SILENCE_MAX_MS 15000
+/* A dialled successor's handshake (two messages each way) must end within the --link-timeout-ms
+ * given, else LINK_HS_MIN_MS + LINK_HS_RTTS x the last round trip measured to a successor: a
+ * stopped node whose kernel still accepts is passed over quickly (docs/ring.md, "Repair"). */
+#define LINK_HS_MIN_MS 1500
+#define LINK_HS_RTTS 8
+#define LINK_HS_MAX_MS 10000
+#define PING_MS 1000            /* at most this long between pings; less for a short deadline */
+#define TICK_MS 250             /* the periodic check: pings, deadlines, idle sessions */
 /* ERROR codes (the u32 that opens an ERROR payload): 1 a session failed, 2 a protocol
  * violation or handshake failure (session 0), 3 a limit, 4 a ring link is down: rank 0 may
  * pause the session until the ring is repaired and replay it (docs/ring.md, "Repair"). */
@@ -218,6 +232,7 @@ struct conn {
     bool await_hello;           /* accepted: the handshake starts with the peer's HELLO, which
                                  * says which key to expect (a rank's or a standby's) */
     uint32_t as_rank;           /* the rank this side's HELLO claims (a standby's rank-to-be) */
+    bool hung;                  /* closed for silence: a redial tries the next candidate first */
     struct conn *next;          /* pending list */
 };
 
@@ -261,6 +276,8 @@ struct sess {
     bool replaying;             /* replayed; no token since */
     uint64_t broken_ms;         /* when the ring broke under it (0: running) */
     uint32_t replays;
+    uint32_t replay_end;        /* ranks > 0: a replayed session's history length (positions
+                                 * below it are recomputed), 0: not a replay */
     const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
     void *sink_ud;
 };
@@ -326,7 +343,10 @@ struct stage {
     uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor
                                  * that never linked is passed over too */
     uint32_t repair_wait_ms;    /* rank 0: pause sessions this long for a repair; 0: end them */
-    uint32_t link_timeout_ms;   /* an established link silent this long is dead */
+    uint32_t link_timeout_ms;   /* an established link silent this long is dead; 0: derived
+                                 * per link (kvd_conn_deadline_ms) */
+    uint64_t last_ping_ms;
+    double succ_rtt_ms;         /* the last round trip measured to a successor */
     uv_timer_t repair;          /* rank 0: while sessions are paused */
     bool repair_open;
     uint64_t next_replay_ms;
@@ -335,6 +355,9 @@ struct stage {
     uint64_t ring_breaks, resumed, replays, repair_failed;
     double last_resume_ms, max_resume_ms;   /* ring broken -> the next token, per session */
     uint64_t takeovers;         /* a standby: ranks taken over (0 or 1) */
+    /* sessions this stage opened as replays (OPEN flagged REPLAY) and the positions of their
+     * histories it recomputed */
+    uint64_t replayed_sessions, replayed_positions;
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -358,6 +381,10 @@ void kvd_conn_violation(struct conn *c, const char *fmt, ...) __attribute__((for
 /* Close the link for a violation and leave the calling handler. */
 #define VIOLATION(c, ...) do { kvd_conn_violation(c, __VA_ARGS__); return; } while (0)
 void kvd_conn_ping(struct conn *c);
+/* How long c may stay silent before it is dead: --link-timeout-ms, or derived from its RTT. */
+uint32_t kvd_conn_deadline_ms(const struct conn *c);
+/* How long the handshake of a successor dialled may take before the next candidate's turn. */
+uint32_t kvd_conn_hs_deadline_ms(const struct stage *st);
 
 /* session.c */
 struct cJSON;

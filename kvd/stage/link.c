@@ -347,7 +347,9 @@ static void on_close(struct net_link *l, const char *reason)
          * the successor was up once or this node came to a running ring (a standby that took
          * over, a stage restarted) and has waited past the start. */
         bool may_rotate = st->out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
-        if (c->role == CONN_OUT && !c->up && may_rotate) {
+        /* A successor that went silent (a stopped process) would take the redial and then hang
+         * in the handshake: try the next candidate for its rank first. */
+        if (c->role == CONN_OUT && (!c->up || c->hung) && may_rotate) {
             if (out_target(st, ++st->out_target, &ep, &key))
                 st->redial_ms = 0;   /* a new candidate: dialled after the shortest delay */
             else

@@ -112,7 +112,7 @@ static const struct opt opts[] = {
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
     {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
-    {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 15000)", set_link_timeout},
+    {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 3000 + 4 x its RTT)", set_link_timeout},
     {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
     {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
     {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},

@@ -302,6 +302,8 @@ void kvd_sess_repair_tick(struct stage *st)
         s->replaying = true;
         s->replays++;
         st->replays++;
+        st->replayed_sessions++;
+        st->replayed_positions += kvd_sess_n_hist(s);
         s->epoch = kvd_sess_epoch_next(st);
         s->last_active_ms = now;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replaying %u positions (try %u)", s->id,
@@ -314,6 +316,9 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
 {
     uint32_t n_hist;
     const int32_t *hist = model_gen_history(s->gen, &n_hist);
+    /* The last rank's sampler drew once per generated token: a replay's sampler skips those
+     * draws, so a seeded sampled session continues as it would have (docs/ring.md, "Repair"). */
+    s->open.draws = model_gen_n_gen(s->gen);
     /* Here: create the session's KV (and the sampler when this rank is also the last, which
      * takes the whole history: what the sampler has seen so far). */
     int32_t *toks = malloc((size_t)n_hist * sizeof *toks);
@@ -336,7 +341,8 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         net_open_encode(&s->open, pl);
         for (uint32_t i = 0; i < n_hist; i++)
             wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-        int rc = kvd_conn_send(st->out, NET_F_OPEN, s->open_flags, s->id, 0, n_hist, pl, plen);
+        uint8_t fl = s->open_flags | (s->replaying ? NET_FL_REPLAY : 0);
+        int rc = kvd_conn_send(st->out, NET_F_OPEN, fl, s->id, 0, n_hist, pl, plen);
         free(pl);
         if (rc < 0 && s->replaying) {
             kvd_sess_pause(st, s, "the out link went down again");

@@ -25,22 +25,30 @@ static void tick_cb(uv_timer_t *t)
 {
     struct stage *st = t->data;
     uint64_t now = (uint64_t)util_now_ms();
-    if (kvd_conn_out_up(st))
-        kvd_conn_ping(st->out);
+    /* Pings often enough that a deadline sees several: a quarter of it, at most PING_MS. */
+    if (kvd_conn_out_up(st)) {
+        uint32_t every = kvd_conn_deadline_ms(st->out) / 4;
+        if (now - st->last_ping_ms >= (every < PING_MS ? every : PING_MS)) {
+            kvd_conn_ping(st->out);
+            st->last_ping_ms = now;
+        }
+    }
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
-        if (links[i] && links[i]->up && now - links[i]->last_rx_ms > st->link_timeout_ms) {
+        if (links[i] && links[i]->up && now - links[i]->last_rx_ms > kvd_conn_deadline_ms(links[i])) {
             char why[80];
-            snprintf(why, sizeof why, "nothing received for %.1f s", st->link_timeout_ms / 1000.0);
+            snprintf(why, sizeof why, "nothing received for %.1f s",
+                     kvd_conn_deadline_ms(links[i]) / 1000.0);
+            links[i]->hung = true;
             kvd_conn_close(links[i], why);
         }
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
     /* A successor that takes the connection but not the handshake (a stopped process whose
-     * kernel still accepts) is dead after the link timeout too, so the next candidate for its
-     * rank gets its turn (docs/ring.md, "Repair"). */
-    uint64_t hs_ms = st->link_timeout_ms < 10000 ? st->link_timeout_ms : 10000;
+     * kernel still accepts) is dead after the handshake deadline, so the next candidate for
+     * its rank gets its turn (docs/ring.md, "Repair"). */
+    uint64_t hs_ms = kvd_conn_hs_deadline_ms(st);
     if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > hs_ms) {
         char why[80];
         snprintf(why, sizeof why, "handshake took more than %.1f s", hs_ms / 1000.0);
@@ -327,7 +335,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->standby = -1;
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
-    st->link_timeout_ms = o->link_timeout_ms ? o->link_timeout_ms : LINK_SILENCE_MS;
+    st->link_timeout_ms = o->link_timeout_ms;   /* 0: each link's own, from its RTT */
     /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
      * a broken ring ends its sessions at once, as a client without a standby would want. */
     st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s : st->m.n_standbys ? 30 : 0) * 1000;
@@ -419,7 +427,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     uv_timer_init(st->loop, &st->repair);
     st->repair_open = true;
     st->tick.data = st->redial.data = st->repair.data = st;
-    uv_timer_start(&st->tick, tick_cb, PING_MS, PING_MS);
+    uv_timer_start(&st->tick, tick_cb, TICK_MS, TICK_MS);
     if (o->seed_listen && kvd_backend_gguf(&st->be)) { /* roles combine: this stage also seeds what it holds */
         char id[65];
         err[0] = 0;
