@@ -405,7 +405,10 @@ static void ring_up_usage(FILE *f)
         "                      any rank but 0 when it dies (manifest standby entries)\n"
         "  --repair-wait S     rank 0 pauses sessions up to S s for a repair (kvd stage\n"
         "                      --repair-wait; default 30 with standbys, else 0: they end)\n"
-        "  --link-timeout-ms N a link silent for N ms is dead (kvd stage --link-timeout-ms)\n"
+        "  --link-timeout-ms N a link silent for N ms is dead (kvd stage --link-timeout-ms;\n"
+        "                      default 3000 + 4 x the link's RTT)\n"
+        "  --boundary-log-mb N each stage keeps up to N MiB (fractions allowed) of the\n"
+        "                      boundaries it sent per session, for repairs (default 4; 0: none)\n"
         "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
         "                      \"backend\" (default cpu for every rank)\n"
         "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md),\n"
@@ -429,10 +432,12 @@ static int ring_up(int argc, char **argv)
         {"api", required_argument, 0, 'A'}, {"api-key-file", required_argument, 0, 'k'},
         {"api-max-sessions", required_argument, 0, 'X'},
         {"chat-template", required_argument, 0, 'J'},
+        {"boundary-log-mb", required_argument, 0, 'G'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     /* rank 0's API options, passed on as they are (kvd stage checks them) */
     const char *api = NULL, *api_keys = NULL, *api_max = NULL, *chat_template = NULL;
     const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
+    const char *blog_mb = NULL;   /* passed on as it is (kvd stage checks it) */
     long n_standby = 0, repair_wait = -1, link_timeout = 0;
     const char *model = NULL, *dtype = "f32", *dir = "ring";
     long stages = 0, base_port = 0, threads = 1, ctx = 0, max_batch = 512, s_layers = 0, s_embd = 0;
@@ -457,6 +462,7 @@ static int ring_up(int argc, char **argv)
         case 'k': api_keys = optarg; break;
         case 'X': api_max = optarg; break;
         case 'J': chat_template = optarg; break;
+        case 'G': blog_mb = optarg; break;
         case 'W': window_from = optarg; break;
         case 'Y': rc = kvctl_parse_long("--standby", optarg, 0, RING_MAX_STANDBYS, &n_standby); break;
         case 'R': rc = kvctl_parse_long("--repair-wait", optarg, 0, 86400, &repair_wait); break;
@@ -835,6 +841,10 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             if (link_timeout) {
                 args[a++] = "--link-timeout-ms";
                 args[a++] = lt;
+            }
+            if (blog_mb) {
+                args[a++] = "--boundary-log-mb";
+                args[a++] = blog_mb;
             }
             args[a++] = "--state-dir";
             args[a++] = sd;

@@ -68,6 +68,8 @@ void kvd_port_file_write(const char *path, int port);
  * the window on a compute thread for every boundary that arrives, and (rank 0) serves clients
  * on a local control socket (STATE_DIR/kvd.sock, one JSON object per line; see docs/ring.md). */
 
+#define KVD_BOUNDARY_LOG_DEFAULT (4ull << 20)
+#define KVD_BOUNDARY_LOG_TOTAL_DEFAULT (256ull << 20)
 struct kvd_stage_opts {
     const char *manifest;       /* path */
     int rank;
@@ -92,6 +94,11 @@ struct kvd_stage_opts {
     uint32_t repair_wait_s;
     bool repair_wait_set;
     uint32_t link_timeout_ms;
+    /* Boundary logs (docs/ring.md, "Repair"): the rows a stage sent downstream, kept per session
+     * up to boundary_log_bytes (set: boundary_log_set; default KVD_BOUNDARY_LOG_DEFAULT, 0: no
+     * logs) and boundary_log_total bytes in all (0: KVD_BOUNDARY_LOG_TOTAL_DEFAULT). */
+    uint64_t boundary_log_bytes, boundary_log_total;
+    bool boundary_log_set;
     const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
                                    manifest rank's "backend", else cpu */
     /* rank 0: the OpenAI-compatible API (docs/api.md) */

@@ -29,12 +29,27 @@ for i in $(seq 0 7); do
         > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
 done
 
+# rank_field RANK KEY: a figure of the status of the node serving RANK now
+rank_field() {
+    "$KVCTL" status --ring "$D" --json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("rank") == int(sys.argv[1]) and o.get("linked"):
+        print(o[sys.argv[2]]); break' "$1" "$2"
+}
+
 # round NAME RANK [STOP]: 8 sessions, RANK's node killed (or stopped) at a random point of
 # them; all must resume.
 round() {
     local name=$1 rank=$2 sig=${3:-KILL} i pids="" args="" ms pid
     pid=$(serving_pid "$D" "$rank")
     [ -n "$pid" ] || fail "$name: nobody serves rank $rank"
+    # what the stages upstream of the dead rank recomputed for replays so far
+    local r up_before=""
+    for r in $(seq 0 $((rank - 1))); do up_before="$up_before $(rank_field "$r" replayed_positions)"; done
+    local from_log0
+    from_log0=$(rank_field 0 replays_from_log)
     for i in $(seq 0 7); do
         "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} ${samp[$i]} --ignore-eos \
             > "$TMP/$name.$i" 2> "$TMP/$name.err.$i" &
@@ -62,6 +77,15 @@ stderr: $(cat "$TMP/$name.err.$i")"
     echo "ok $name: rank $rank (pid $pid) SIG$sig with $running of 8 sessions running; every text as one process" \
          "($resumed said they resumed); kill -> every running session's next token: $ms ms (rank 0: the" \
          "break it saw -> next token $(rank0_repair "$D" last_resume_ms | cut -d. -f1) ms)"
+    # Boundary logs: the stages upstream of the dead rank resent what they had sent and
+    # recomputed nothing; rank 0 says so per session.
+    local up_after=""
+    for r in $(seq 0 $((rank - 1))); do up_after="$up_after $(rank_field "$r" replayed_positions)"; done
+    [ "$up_after" = "$up_before" ] ||
+        fail "$name: stages upstream of rank $rank recomputed replayed positions:$up_before ->$up_after"
+    [ "$(rank_field 0 replays_from_log)" -gt "$from_log0" ] || fail "$name: rank 0 replayed nothing from its boundary log"
+    grep -q "replay from the boundary log" "$D/rank-0/kvd.log" || fail "$name: rank 0's log does not say it replayed from its boundary log"
+    echo "ok $name: upstream of rank $rank nothing recomputed (replayed positions:$up_after), the dead rank's replacement recomputed $(rank_field "$rank" replayed_positions)"
     wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
     [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "$name: paused sessions left at rank 0"
 }

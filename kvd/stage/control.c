@@ -68,6 +68,11 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "takeovers", (double)st->takeovers);
     cJSON_AddNumberToObject(o, "replayed_sessions", (double)st->replayed_sessions);
     cJSON_AddNumberToObject(o, "replayed_positions", (double)st->replayed_positions);
+    /* boundary logs: bytes held now (part of this stage's memory), logs dropped over a cap,
+     * replayed sessions served from a log instead of recomputed */
+    cJSON_AddNumberToObject(o, "boundary_log_bytes", (double)st->blog_bytes);
+    cJSON_AddNumberToObject(o, "boundary_logs_dropped", (double)st->blog_dropped);
+    cJSON_AddNumberToObject(o, "replays_from_log", (double)st->replays_from_log);
     if (st->in)
         cJSON_AddNumberToObject(o, "in_deadline_ms", kvd_conn_deadline_ms(st->in));
     if (st->out)

@@ -65,6 +65,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             return;
         if (st->rank == 0) {
             kvd_sess_on_error(st, bs, rd32(payload), emsg);
+        } else if (rd32(payload) == KVD_ERR_RING) {
+            kvd_sess_hold(st, bs, emsg);   /* kept for the replay where its log is whole */
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
             if (st->in && st->in->up)
@@ -80,7 +82,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
     case NET_F_OPEN: {
         if (st->rank == 0)
             VIOLATION(c, "OPEN arrived at rank 0 (rank 0 opens sessions)");
-        if (s)
+        if (s && !(h->flags & NET_FL_REPLAY))
             VIOLATION(c, "OPEN for session %016" PRIx64 " which is already open", h->session);
         if (h->session == 0)
             VIOLATION(c, "OPEN for session 0");
@@ -99,6 +101,16 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             if (rd32(payload + NET_OPEN_LEN + 4 * i) >= st->be.n_vocab)
                 VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
                                  rd32(payload + NET_OPEN_LEN + 4 * i), st->be.n_vocab);
+        if (s) {
+            /* A replay of a session this stage still has (held when the ring broke downstream):
+             * resent from its boundary log, or dropped here and recomputed (docs/ring.md,
+             * "Repair"). */
+            if (kvd_sess_resume(st, s, h, payload))
+                return;
+            kvd_sess_drop(st, s);
+            s = NULL;
+            stale = true;
+        }
         if (st->n_sessions >= st->m.max_sessions) {
             char msg[200];
             snprintf(msg, sizeof msg, "rank %u: too many sessions (limit %u)", st->rank, st->m.max_sessions);
@@ -157,27 +169,40 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (h->pos != s->next_pos || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
             VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
                              h->pos, h->n_tokens, h->session, s->next_pos, s->n_ctx);
+        /* A session resumed from its log: the rows its KV holds already are not run again. */
+        uint32_t skip = 0;
+        if (h->pos < s->skip_below) {
+            skip = s->skip_below - h->pos < h->n_tokens ? s->skip_below - h->pos : h->n_tokens;
+            if (skip == h->n_tokens) {
+                s->next_pos += h->n_tokens;
+                s->last_active_ms = (uint64_t)util_now_ms();
+                return;
+            }
+        }
+        size_t row = (size_t)st->m.n_embd * st->m.wire_dsize;
+        uint32_t pos = h->pos + skip, n = h->n_tokens - skip;
+        size_t len = (size_t)n * row;
         struct kvd_job *j = calloc(1, sizeof *j);
-        uint8_t *in = malloc(h->payload_len);
+        uint8_t *in = malloc(len);
         if (!j || !in) {
             free(j);
             free(in);
             kvd_sess_fail(st, s, "out of memory");
             return;
         }
-        memcpy(in, payload, h->payload_len);
+        memcpy(in, payload + (size_t)skip * row, len);
         j->kind = KVD_JOB_STEP;
         j->session = h->session;
         j->epoch = s->epoch;
-        j->pos = h->pos;
-        j->n = h->n_tokens;
+        j->pos = pos;
+        j->n = n;
         j->flags = h->flags & NET_FL_LAST;
         j->in = in;
-        j->in_len = h->payload_len;
-        if (h->pos < s->replay_end)   /* a replayed history's positions, recomputed here */
-            st->replayed_positions += (h->pos + h->n_tokens < s->replay_end ? h->pos + h->n_tokens
-                                       : s->replay_end) - h->pos;
+        j->in_len = len;
+        if (pos < s->replay_end)   /* a replayed history's positions, recomputed here */
+            st->replayed_positions += (pos + n < s->replay_end ? pos + n : s->replay_end) - pos;
         s->next_pos += h->n_tokens;
+        s->kv_end = pos + n;
         s->last_active_ms = (uint64_t)util_now_ms();
         kvd_compute_submit(st->comp, j);
         return;

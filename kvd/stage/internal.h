@@ -247,6 +247,15 @@ struct kvd_reject_log {
 struct client;
 struct sess;
 
+/* One ACT frame a stage sent downstream, kept in its session's boundary log: a repair of a
+ * rank downstream resends it instead of recomputing it (docs/ring.md, "Repair"). */
+struct blog_entry {
+    struct blog_entry *next;
+    uint32_t pos, n;
+    uint8_t *data;              /* n rows in the wire dtype */
+    size_t len;
+};
+
 /* Rank 0: where a session's tokens and end go when a local API request (not a control-socket
  * client) asked for it (kvd/stage/api.c). done is the last call, from kvd_sess_finish or a
  * drop; the session is freed right after it. */
@@ -278,6 +287,17 @@ struct sess {
     uint32_t replays;
     uint32_t replay_end;        /* ranks > 0: a replayed session's history length (positions
                                  * below it are recomputed), 0: not a replay */
+    /* The boundary log (every rank but the last): the ACT frames sent for positions
+     * [0, log_end), unless it outgrew its cap (log_dropped). A session whose out link broke
+     * is held: its KV and log stay for the replay, its results are logged but not sent. */
+    struct blog_entry *log_head, *log_tail;
+    size_t log_bytes;
+    uint32_t log_end;
+    bool log_dropped;
+    bool held;
+    uint32_t kv_end;            /* positions submitted to compute (in the KV once they ran) */
+    uint32_t skip_below;        /* a resumed session: ACT rows below it are in the KV already */
+    uint64_t seq;               /* creation order: the oldest logs go first under the total cap */
     const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
     void *sink_ud;
 };
@@ -358,6 +378,11 @@ struct stage {
     /* sessions this stage opened as replays (OPEN flagged REPLAY) and the positions of their
      * histories it recomputed */
     uint64_t replayed_sessions, replayed_positions;
+    uint64_t blog_cap, blog_total_cap;   /* boundary logs: per session and in all (bytes) */
+    uint64_t blog_bytes;        /* held by every session's log now */
+    uint64_t blog_dropped;      /* logs dropped over a cap */
+    uint64_t replays_from_log;  /* replayed sessions this stage served from its log */
+    uint64_t sess_seq;
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -397,8 +422,17 @@ void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
 /* The same with the ERROR code to send on (KVD_ERR_SESSION, KVD_ERR_RING). */
 void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Any rank: a ring link is down under every session here: rank 0 pauses them (or ends them
- * when it does not wait for repairs), the others drop them and pass an ERROR code 4 on. */
-void kvd_sess_fail_all(struct stage *st, const char *msg);
+ * when it does not wait for repairs), the others pass an ERROR code 4 on and drop them, or,
+ * when the link that broke is the out link (out), hold those with a whole boundary log. */
+void kvd_sess_fail_all(struct stage *st, const char *msg, bool out);
+/* Ranks > 0: the way downstream broke under s: hold it (KV and log kept for the replay) when
+ * its log is whole, else drop it; pass an ERROR code 4 on towards rank 0 either way. */
+void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg);
+/* Ranks > 0: OPEN flagged REPLAY (h, payload) for s, which this stage still has: pass the OPEN
+ * on, resend s's log and skip what its KV holds (true), or false when it cannot (the last rank,
+ * its log dropped): the caller drops it and recomputes it like a new session. */
+bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+                     const uint8_t *payload);
 /* Rank 0: an ERROR came for s: code KVD_ERR_RING pauses it for a repair, others end it. */
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Rank 0: the ring broke under s: pause it (free its KV here, CLOSE it round the ring, note to

@@ -333,7 +333,7 @@ static void on_close(struct net_link *l, const char *reason)
         if (c == st->out)
             st->out = NULL;
         if (c->up && !st->shutting_down)
-            kvd_sess_fail_all(st, msg);
+            kvd_sess_fail_all(st, msg, c->role == CONN_OUT);
         /* A stage without a predecessor lets its successor go too (after the sessions' ERRORs,
          * which name the link that broke, went out on it): the ring re-forms from rank 0
          * outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's

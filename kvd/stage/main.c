@@ -67,6 +67,23 @@ static int set_repair_wait(struct kvd_stage_opts *o, const char *v)
     return parse_u32(v, 0, 86400, &o->repair_wait_s);
 }
 static int set_link_timeout(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 100, 3600000, &o->link_timeout_ms); }
+/* A size in MiB, fractions allowed (0.02: about 20 KiB), at most 1 TiB. */
+static int parse_mib(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= 0) || x > 1048576.0)
+        return -EINVAL;
+    *out = (uint64_t)(x * 1048576.0);
+    return 0;
+}
+static int set_blog(struct kvd_stage_opts *o, const char *v)
+{
+    o->boundary_log_set = true;
+    return parse_mib(v, &o->boundary_log_bytes);
+}
+static int set_blog_total(struct kvd_stage_opts *o, const char *v) { return parse_mib(v, &o->boundary_log_total); }
 static int set_device(struct kvd_stage_opts *o, const char *v) { o->device = v; return 0; }
 /* The OpenCL platform and device: process-wide settings of the opencl kernel device. */
 static struct kern_cl_opts cl_opts = {.platform = -1, .device = -1};
@@ -113,6 +130,8 @@ static const struct opt opts[] = {
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
     {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
     {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 3000 + 4 x its RTT)", set_link_timeout},
+    {"--boundary-log-mb", "N", "per session, keep up to N MiB of the boundaries sent, for repairs (default 4; 0: none)", set_blog},
+    {"--boundary-log-total-mb", "N", "boundary logs of all sessions: at most N MiB, oldest dropped first (default 256)", set_blog_total},
     {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
     {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
     {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},

@@ -47,6 +47,8 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
     s->epoch = kvd_sess_epoch_next(st);
     s->n_ctx = n_ctx;
     s->last_active_ms = (uint64_t)util_now_ms();
+    s->seq = ++st->sess_seq;
+    s->log_dropped = !st->blog_cap || st->is_last;   /* no log kept */
     s->next = st->sessions;
     st->sessions = s;
     st->n_sessions++;
@@ -59,6 +61,91 @@ uint32_t kvd_sess_n_hist(const struct sess *s)
     if (s->gen)
         model_gen_history(s->gen, &n);
     return n;
+}
+
+/* ============================ boundary logs ============================ */
+
+/* Free s's boundary log; why != NULL: it outgrew a cap, and the session can no longer be
+ * resumed from it (a replay recomputes it: docs/ring.md, "Repair"). */
+static void blog_free(struct stage *st, struct sess *s, const char *why)
+{
+    for (struct blog_entry *e = s->log_head, *next; e; e = next) {
+        next = e->next;
+        free(e->data);
+        free(e);
+    }
+    st->blog_bytes -= s->log_bytes;
+    s->log_head = s->log_tail = NULL;
+    s->log_bytes = 0;
+    if (why && !s->log_dropped) {
+        st->blog_dropped++;
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": boundary log dropped (%s): a replay "
+                "recomputes it from the first stage that still logs it", s->id, why);
+    }
+    if (why)
+        s->log_dropped = true;
+}
+
+/* Keep the ACT frame j's result (rows [pos, pos + n)) in s's log: it takes j->out. Past the
+ * session's cap its log goes. */
+static void blog_append(struct stage *st, struct sess *s, struct kvd_job *j)
+{
+    if (s->log_dropped)
+        return;
+    char why[120];
+    if (j->pos != s->log_end) {
+        snprintf(why, sizeof why, "rows at %u after %u logged", j->pos, s->log_end);
+        blog_free(st, s, why);
+        return;
+    }
+    if (s->log_bytes + j->out_len > st->blog_cap) {
+        snprintf(why, sizeof why, "over --boundary-log-mb: %zu bytes", s->log_bytes + j->out_len);
+        blog_free(st, s, why);
+        return;
+    }
+    struct blog_entry *e = malloc(sizeof *e);
+    if (!e) {
+        blog_free(st, s, "out of memory");
+        return;
+    }
+    *e = (struct blog_entry){.pos = j->pos, .n = j->n, .data = j->out, .len = j->out_len};
+    j->out = NULL;
+    if (s->log_tail)
+        s->log_tail->next = e;
+    else
+        s->log_head = e;
+    s->log_tail = e;
+    s->log_bytes += e->len;
+    s->log_end = j->pos + j->n;
+    st->blog_bytes += e->len;
+}
+
+/* Past the total cap the oldest sessions' logs go first. */
+static void blog_trim(struct stage *st)
+{
+    while (st->blog_bytes > st->blog_total_cap) {
+        struct sess *old = NULL;
+        for (struct sess *o = st->sessions; o; o = o->next)
+            if (o->log_head && (!old || o->seq < old->seq))
+                old = o;
+        if (!old)
+            break;
+        blog_free(st, old, "over --boundary-log-total-mb: the oldest sessions' logs go first");
+    }
+}
+
+/* Send s's logged frames downstream again, for a replay of n_hist positions (the row at
+ * n_hist - 1, if logged, flagged LAST: the last rank samples after it): 0, or -ENOTCONN. */
+static int blog_resend(struct stage *st, struct sess *s, uint32_t n_hist)
+{
+    for (struct blog_entry *e = s->log_head; e; e = e->next) {
+        uint8_t fl = e->pos + e->n == n_hist ? NET_FL_LAST : 0;
+        if (kvd_conn_send(st->out, NET_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
+            return -ENOTCONN;
+        st->frame_bytes_out += NET_HDR_LEN + e->len;
+        st->act_frames_out++;
+    }
+    return 0;
 }
 
 /* Free session id's KV/state on the compute thread (after the jobs queued before). */
@@ -86,8 +173,9 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
     if (s->paused)
         st->n_paused--;
     st->closed[st->closed_pos++ % CLOSED_RING] = s->id;
-    if (!s->paused)   /* a paused session's KV went when it paused */
+    if (!s->paused || s->held)   /* a paused session's KV went when it paused, unless held */
         submit_close(st, s->id);
+    blog_free(st, s, NULL);
     if (s->client) {
         s->client->sess = NULL;
         kvd_client_close(s->client);
@@ -200,12 +288,59 @@ void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
     kvd_sess_fail_code(st, s, KVD_ERR_SESSION, msg);
 }
 
-void kvd_sess_fail_all(struct stage *st, const char *msg)
+void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
+{
+    if (st->rank == 0 || st->is_last || s->log_dropped) {
+        kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+        return;
+    }
+    if (!s->held)
+        kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " held for a repair (%u positions in its KV, "
+                "%u logged): %s", s->id, s->kv_end, s->log_end, msg);
+    s->held = true;
+    if (kvd_conn_out_up(st))
+        kvd_conn_send_error(st->out, s->id, KVD_ERR_RING, msg);
+    else if (st->in && st->in->up)
+        kvd_conn_send_error(st->in, s->id, KVD_ERR_RING, msg);
+}
+
+void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
 {
     for (struct sess *s = st->sessions, *next; s; s = next) {
         next = s->next;
-        kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+        if (out && st->rank != 0)
+            kvd_sess_hold(st, s, msg);
+        else
+            kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
     }
+}
+
+bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+                     const uint8_t *payload)
+{
+    uint32_t n_hist = h->n_tokens;
+    if (st->is_last || s->log_dropped || s->log_end > n_hist || s->kv_end > n_hist) {
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes its %u positions here "
+                "(%s)", s->id, n_hist, st->is_last ? "the last rank keeps no log"
+                : s->log_dropped ? "its boundary log was dropped" : "its log is past the history");
+        return false;
+    }
+    s->held = false;
+    s->next_pos = 0;              /* the history comes again from position 0 */
+    s->skip_below = s->kv_end;    /* what the KV holds is not computed again */
+    s->replay_end = n_hist;
+    s->last_active_ms = (uint64_t)util_now_ms();
+    st->replayed_sessions++;
+    st->replays_from_log++;
+    kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
+            "resent, %u in the KV kept, %u to compute", s->id, s->log_end, s->kv_end, n_hist - s->kv_end);
+    if (kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload,
+                      h->payload_len) < 0 || blog_resend(st, s, n_hist) < 0) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+        kvd_sess_hold(st, s, msg);
+    }
+    return true;
 }
 
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg)
@@ -241,12 +376,18 @@ void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
         st->ring_breaks++;
     s->paused = true;
     st->n_paused++;
-    /* Jobs in flight for it are dropped when they come back; its KV here goes, and CLOSE makes
-     * the stages that still hold it drop theirs: the replay starts from a clean ring. */
-    s->epoch = kvd_sess_epoch_next(st);
-    submit_close(st, s->id);
-    if (!st->is_last)
-        kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+    if (!s->log_dropped) {
+        /* Held: its KV and boundary log stay, jobs in flight are logged when they come back,
+         * and the stages upstream of the break keep theirs too (docs/ring.md, "Repair"). */
+        s->held = true;
+    } else {
+        /* Jobs in flight for it are dropped when they come back; its KV here goes, and CLOSE
+         * makes the stages that still hold it drop theirs: the replay starts from a clean ring. */
+        s->epoch = kvd_sess_epoch_next(st);
+        submit_close(st, s->id);
+        if (!st->is_last)
+            kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+    }
     bool first = !s->broken_ms;
     if (first)
         s->broken_ms = now;
@@ -303,13 +444,31 @@ void kvd_sess_repair_tick(struct stage *st)
         s->replays++;
         st->replays++;
         st->replayed_sessions++;
-        st->replayed_positions += kvd_sess_n_hist(s);
-        s->epoch = kvd_sess_epoch_next(st);
+        if (!s->held)   /* a held session's jobs in flight still count */
+            s->epoch = kvd_sess_epoch_next(st);
         s->last_active_ms = now;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replaying %u positions (try %u)", s->id,
                 kvd_sess_n_hist(s), s->replays);
         kvd_sess_launch(st, s);
     }
+}
+
+/* Rank 0: feed the history's positions [from, n_hist) into the ring. Chunked prefill: stages
+ * overlap on a long prompt. A replay feeds the history as it was fed the first time, the prompt
+ * in chunks and then one row per generated token, so that every stage computes each position
+ * exactly as before even where a window's results depend on the rows run together (F32
+ * weights past KERN_ROWS_EXACT_MAX rows); only the last row asks for a token. from is 0 or
+ * where an earlier feed stopped (a chunk's end). */
+static void launch_steps(struct stage *st, struct sess *s, const int32_t *hist, uint32_t n_hist,
+                         uint32_t from)
+{
+    uint32_t n_prompt = model_gen_n_prompt(s->gen);
+    for (uint32_t pos = from; pos < n_prompt; pos += st->chunk) {
+        uint32_t n = n_prompt - pos < st->chunk ? n_prompt - pos : st->chunk;
+        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? NET_FL_LAST : 0);
+    }
+    for (uint32_t pos = from > n_prompt ? from : n_prompt; pos < n_hist; pos++)
+        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? NET_FL_LAST : 0);
 }
 
 void kvd_sess_launch(struct stage *st, struct sess *s)
@@ -319,6 +478,52 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
     /* The last rank's sampler drew once per generated token: a replay's sampler skips those
      * draws, so a seeded sampled session continues as it would have (docs/ring.md, "Repair"). */
     s->open.draws = model_gen_n_gen(s->gen);
+    bool from_log = false;
+    if (s->held && (s->log_dropped || s->kv_end > n_hist)) {
+        /* held, but its log went since: recompute it from the start, as a new session */
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes all %u positions from "
+                "rank 0 (its boundary log was dropped)", s->id, n_hist);
+        s->epoch = kvd_sess_epoch_next(st);
+        submit_close(st, s->id);
+        s->held = false;
+    } else if (s->held) {
+        from_log = true;
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
+                "resent, %u to compute", s->id, s->log_end, n_hist - s->kv_end);
+        st->replays_from_log++;
+        st->replayed_positions += n_hist - s->kv_end;
+    } else if (s->replaying) {
+        kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes all %u positions from "
+                "rank 0", s->id, n_hist);
+    }
+    if (!from_log) {
+        if (s->replaying)
+            st->replayed_positions += n_hist;
+        blog_free(st, s, NULL);   /* computed again from position 0 */
+        s->log_end = s->kv_end = 0;
+        s->log_dropped = !st->blog_cap || st->is_last;
+    }
+    s->held = false;
+    if (from_log) {
+        size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
+        uint8_t *pl = malloc(plen);
+        if (!pl) {
+            kvd_sess_finish(st, s, NULL, "out of memory");
+            return;
+        }
+        net_open_encode(&s->open, pl);
+        for (uint32_t i = 0; i < n_hist; i++)
+            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+        int rc = kvd_conn_send(st->out, NET_F_OPEN, s->open_flags | NET_FL_REPLAY, s->id, 0, n_hist,
+                               pl, plen);
+        free(pl);
+        if (rc < 0 || blog_resend(st, s, n_hist) < 0) {
+            kvd_sess_pause(st, s, "the out link went down again");
+            return;
+        }
+        launch_steps(st, s, hist, n_hist, s->kv_end);
+        return;
+    }
     /* Here: create the session's KV (and the sampler when this rank is also the last, which
      * takes the whole history: what the sampler has seen so far). */
     int32_t *toks = malloc((size_t)n_hist * sizeof *toks);
@@ -353,18 +558,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         kvd_sess_finish(st, s, model_gen_reason_name(model_gen_reason(s->gen)), NULL);
         return;
     }
-    /* Chunked prefill: stages overlap on a long prompt. A replay feeds the history as it was
-     * fed the first time, the prompt in chunks and then one row per generated token, so that
-     * every stage computes each position exactly as before even where a window's results
-     * depend on the rows run together (F32 weights past KERN_ROWS_EXACT_MAX rows); only the
-     * last row asks for a token. */
-    uint32_t n_prompt = model_gen_n_prompt(s->gen);
-    for (uint32_t pos = 0; pos < n_prompt; pos += st->chunk) {
-        uint32_t n = n_prompt - pos < st->chunk ? n_prompt - pos : st->chunk;
-        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? NET_FL_LAST : 0);
-    }
-    for (uint32_t pos = n_prompt; pos < n_hist; pos++)
-        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? NET_FL_LAST : 0);
+    launch_steps(st, s, hist, n_hist, 0);
 }
 
 int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
@@ -407,6 +601,7 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
     j->flags = flags;
     j->tokens = t;
     j->n_tokens = n;
+    s->kv_end = pos + n;
     kvd_compute_submit(st->comp, j);
 }
 
@@ -612,7 +807,8 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
 {
     struct stage *st = ud;
     struct sess *s = kvd_sess_find(st, j->session);
-    if (j->kind == KVD_JOB_CLOSE || !s || st->shutting_down || j->epoch != s->epoch || s->paused) {
+    if (j->kind == KVD_JOB_CLOSE || !s || st->shutting_down || j->epoch != s->epoch ||
+        (s->paused && !s->held)) {
         kvd_job_free(j);
         return;
     }
@@ -632,15 +828,27 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             st->dec_steps++;
             st->dec_ms += j->ms;
         }
+        /* The boundary rows go into the log (a held session's only there, until its replay) */
+        const uint8_t *out = j->out;
+        if (j->out_type == NET_F_ACT && !s->log_dropped) {
+            blog_append(st, s, j);
+            if (!j->out && s->log_tail)
+                out = s->log_tail->data;
+        }
+        if (s->held || s->paused || !out) {
+            blog_trim(st);
+            kvd_job_free(j);
+            return;
+        }
         if (j->out_type) {
             uint32_t pos = j->out_type == NET_F_TOKEN ? j->pos + j->n : j->pos;
             uint32_t n = j->out_type == NET_F_TOKEN ? 1 : j->n;
             int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
-                                   j->out, j->out_len);
+                                   out, j->out_len);
             if (rc < 0) {
                 char msg[KV_ERR_MAX + 32];
                 snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
-                kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+                kvd_sess_hold(st, s, msg);
             } else {
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
                 if (j->out_type == NET_F_ACT)
@@ -650,5 +858,6 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             }
         }
     }
+    blog_trim(st);
     kvd_job_free(j);
 }

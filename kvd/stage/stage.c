@@ -336,6 +336,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
     st->link_timeout_ms = o->link_timeout_ms;   /* 0: each link's own, from its RTT */
+    st->blog_cap = o->boundary_log_set ? o->boundary_log_bytes : KVD_BOUNDARY_LOG_DEFAULT;
+    st->blog_total_cap = o->boundary_log_total ? o->boundary_log_total : KVD_BOUNDARY_LOG_TOTAL_DEFAULT;
     /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
      * a broken ring ends its sessions at once, as a client without a standby would want. */
     st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s : st->m.n_standbys ? 30 : 0) * 1000;
