@@ -527,11 +527,6 @@ static int ring_up(int argc, char **argv)
             fprintf(stderr, "kvctl ring up: %s is required\n", missing);
         return 2;
     }
-    if (n_standby && window_from) {
-        fprintf(stderr, "kvctl ring up: --standby with --window-from: a standby slices the window "
-                "it takes over from --model\n");
-        return 2;
-    }
     if (strcmp(dtype, "f32") && strcmp(dtype, "f16")) {
         fprintf(stderr, "kvctl ring up: --dtype must be f32 or f16\n");
         return 2;

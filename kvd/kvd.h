@@ -99,6 +99,9 @@ struct kvd_stage_opts {
      * logs) and boundary_log_total bytes in all (0: KVD_BOUNDARY_LOG_TOTAL_DEFAULT). */
     uint64_t boundary_log_bytes, boundary_log_total;
     bool boundary_log_set;
+    /* A standby without a model file: pull the window of the rank it takes over from here
+     * (a seeder or a GGUF URL, seed_window_from), verified against catalog. */
+    const char *standby_window_from;
     const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
                                    manifest rank's "backend", else cpu */
     /* rank 0: the OpenAI-compatible API (docs/api.md) */

@@ -347,6 +347,12 @@ struct stage {
     void (*shutdown)(struct stage *st, const char *why);
     /* Set by stage.c: a standby takes over rank (window, compute thread): 0 or -errno (logged). */
     int (*take_rank)(struct stage *st, uint32_t rank);
+    /* Set by stage.c: a standby with --window-from: 1 when rank's window is here, 0 while it is
+     * being pulled (started by this call when no pull runs), -errno when it cannot be. */
+    int (*pull_window)(struct stage *st, uint32_t rank);
+    char pulled[4096];          /* the window pulled for pulled_rank ("" none yet) */
+    uint32_t pulled_rank;
+    bool pulling;
     /* statistics */
     uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
     double compute_ms;

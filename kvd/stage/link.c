@@ -286,6 +286,14 @@ static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const ui
         kvd_conn_close(c, "not a rank this standby may serve");
         return;
     }
+    /* A standby without a model file pulls the rank's window first (in the background): the
+     * dialler is turned away until it is here and takes the rank on a later dial. */
+    int pw = st->pull_window ? st->pull_window(st, r) : 1;
+    if (pw <= 0) {
+        kvd_conn_close(c, pw == 0 ? "pulling the window of that rank first; dial again"
+                                  : "cannot pull the window of that rank");
+        return;
+    }
     c->as_rank = r;
     start_handshake(c, ph.rank, expected_key(st, ph.rank, ph.node_key));
 }

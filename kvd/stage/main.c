@@ -236,8 +236,13 @@ int kvd_stage_main(int argc, char **argv)
         return 2;
     }
     if (o.is_standby && window_from) {
-        fprintf(stderr, "kvd stage: --window-from with --standby: a standby slices its window from --model\n");
-        return 2;
+        /* a standby pulls the window of the rank it takes over, when it takes it */
+        if (o.model || o.window) {
+            fprintf(stderr, "kvd stage: --window-from replaces --model / --window\n");
+            return 2;
+        }
+        o.standby_window_from = window_from;
+        window_from = NULL;
     }
     static char pulled[4096];
     if (window_from) {

@@ -252,9 +252,10 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         kvd_log(KVD_LOG_ERROR, "no compute backend named '%s' in this kvd", o->backend);
         return -EINVAL;
     }
-    const char *path = o->window ? o->window : o->model;
+    bool win = o->window || st->pulled[0];   /* a window file, not a full model to slice */
+    const char *path = st->pulled[0] ? st->pulled : o->window ? o->window : o->model;
     struct kvd_backend_args ba = {
-        .path = path, .first = o->window ? -1 : (int)me->first, .last = o->window ? -1 : (int)me->last,
+        .path = path, .first = win ? -1 : (int)me->first, .last = win ? -1 : (int)me->last,
         .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
         .n_embd = st->m.n_embd, .n_ctx = st->m.n_ctx, .max_batch = st->m.max_batch,
         .n_threads = o->n_threads,
@@ -315,6 +316,70 @@ fail_be:
     return rc;
 }
 
+/* A standby with --window-from: the pull of one rank's window, on a libuv worker thread. */
+struct window_pull {
+    uv_work_t req;
+    struct stage *st;
+    uint32_t rank;
+    int rc;
+    char path[4096], err[KV_ERR_MAX];
+    double t0;
+};
+
+static void pull_work(uv_work_t *req)
+{
+    struct window_pull *p = req->data;
+    const struct kvd_stage_opts *o = &p->st->o;
+    p->rc = seed_window_from(o->manifest, (int)p->rank, o->standby_window_from, o->catalog,
+                             o->state_dir, 0, NULL, NULL, p->path, sizeof p->path, p->err,
+                             sizeof p->err);
+}
+
+static void pull_done(uv_work_t *req, int status)
+{
+    struct window_pull *p = req->data;
+    struct stage *st = p->st;
+    st->pulling = false;
+    if (status < 0 || p->rc < 0)
+        kvd_log(KVD_LOG_ERROR, "standby %u: pulling the window of rank %u from %s failed: %s",
+                st->standby, p->rank, st->o.standby_window_from,
+                status < 0 ? uv_strerror(status) : p->err);
+    else {
+        snprintf(st->pulled, sizeof st->pulled, "%s", p->path);
+        st->pulled_rank = p->rank;
+        kvd_log(KVD_LOG_INFO, "standby %u: window of rank %u pulled from %s in %.0f ms: %s",
+                st->standby, p->rank, st->o.standby_window_from, util_now_ms() - p->t0, p->path);
+    }
+    free(p);
+}
+
+static int stage_pull_window(struct stage *st, uint32_t rank)
+{
+    if (!st->o.standby_window_from)
+        return 1;   /* the window is sliced from --model */
+    if (st->pulled[0] && st->pulled_rank == rank)
+        return 1;
+    if (st->pulling || st->shutting_down)
+        return 0;
+    struct window_pull *p = calloc(1, sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    p->req.data = p;
+    p->st = st;
+    p->rank = rank;
+    p->t0 = util_now_ms();
+    st->pulled[0] = 0;   /* another rank's window is of no use any more */
+    int rc = uv_queue_work(st->loop, &p->req, pull_work, pull_done);
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    st->pulling = true;
+    kvd_log(KVD_LOG_INFO, "standby %u: dialled for rank %u; pulling its window from %s first",
+            st->standby, rank, st->o.standby_window_from);
+    return 0;
+}
+
 int kvd_stage_run(const struct kvd_stage_opts *o)
 {
     char err[KV_ERR_MAX];
@@ -335,6 +400,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->standby = -1;
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
+    st->pull_window = stage_pull_window;
     st->link_timeout_ms = o->link_timeout_ms;   /* 0: each link's own, from its RTT */
     st->blog_cap = o->boundary_log_set ? o->boundary_log_bytes : KVD_BOUNDARY_LOG_DEFAULT;
     st->blog_total_cap = o->boundary_log_total ? o->boundary_log_total : KVD_BOUNDARY_LOG_TOTAL_DEFAULT;
