@@ -69,7 +69,7 @@ void kvd_port_file_write(const char *path, int port);
  * on a local control socket (STATE_DIR/kvd.sock, one JSON object per line; see docs/ring.md). */
 
 #define KVD_BOUNDARY_LOG_DEFAULT (4ull << 20)
-#define KVD_BOUNDARY_LOG_TOTAL_DEFAULT (256ull << 20)
+#define KVD_BOUNDARY_LOG_TOTAL_DEFAULT (64ull << 20)
 struct kvd_stage_opts {
     const char *manifest;       /* path */
     int rank;

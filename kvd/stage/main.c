@@ -131,7 +131,7 @@ static const struct opt opts[] = {
     {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
     {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 3000 + 4 x its RTT)", set_link_timeout},
     {"--boundary-log-mb", "N", "per session, keep up to N MiB of the boundaries sent, for repairs (default 4; 0: none)", set_blog},
-    {"--boundary-log-total-mb", "N", "boundary logs of all sessions: at most N MiB, oldest dropped first (default 256)", set_blog_total},
+    {"--boundary-log-total-mb", "N", "boundary logs of all sessions: at most N MiB, oldest dropped first (default 64)", set_blog_total},
     {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
     {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
     {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},
