@@ -453,6 +453,23 @@ void kvd_sess_repair_tick(struct stage *st)
     }
 }
 
+/* Rank 0: OPEN for s (its sampling, flags, the history hist[n_hist] as the prompt) to the
+ * successor: 0, -ENOMEM, or kvd_conn_send's error. */
+static int send_open(struct stage *st, struct sess *s, const int32_t *hist, uint32_t n_hist,
+                     uint8_t flags)
+{
+    size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
+    uint8_t *pl = malloc(plen);
+    if (!pl)
+        return -ENOMEM;
+    net_open_encode(&s->open, pl);
+    for (uint32_t i = 0; i < n_hist; i++)
+        wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+    int rc = kvd_conn_send(st->out, NET_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
+    free(pl);
+    return rc;
+}
+
 /* Rank 0: feed the history's positions [from, n_hist) into the ring. Chunked prefill: stages
  * overlap on a long prompt. A replay feeds the history as it was fed the first time, the prompt
  * in chunks and then one row per generated token, so that every stage computes each position
@@ -505,18 +522,11 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
     }
     s->held = false;
     if (from_log) {
-        size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
-        uint8_t *pl = malloc(plen);
-        if (!pl) {
+        int rc = send_open(st, s, hist, n_hist, s->open_flags | NET_FL_REPLAY);
+        if (rc == -ENOMEM) {
             kvd_sess_finish(st, s, NULL, "out of memory");
             return;
         }
-        net_open_encode(&s->open, pl);
-        for (uint32_t i = 0; i < n_hist; i++)
-            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-        int rc = kvd_conn_send(st->out, NET_F_OPEN, s->open_flags | NET_FL_REPLAY, s->id, 0, n_hist,
-                               pl, plen);
-        free(pl);
         if (rc < 0 || blog_resend(st, s, n_hist) < 0) {
             kvd_sess_pause(st, s, "the out link went down again");
             return;
@@ -537,18 +547,11 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         return;
     }
     if (!st->is_last) {
-        size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
-        uint8_t *pl = malloc(plen);
-        if (!pl) {
+        int rc = send_open(st, s, hist, n_hist, s->open_flags | (s->replaying ? NET_FL_REPLAY : 0));
+        if (rc == -ENOMEM) {
             kvd_sess_finish(st, s, NULL, "out of memory");
             return;
         }
-        net_open_encode(&s->open, pl);
-        for (uint32_t i = 0; i < n_hist; i++)
-            wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-        uint8_t fl = s->open_flags | (s->replaying ? NET_FL_REPLAY : 0);
-        int rc = kvd_conn_send(st->out, NET_F_OPEN, fl, s->id, 0, n_hist, pl, plen);
-        free(pl);
         if (rc < 0 && s->replaying) {
             kvd_sess_pause(st, s, "the out link went down again");
             return;
