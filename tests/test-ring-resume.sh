@@ -103,6 +103,13 @@ kill -9 "$stopped"
 "$KVCTL" status --ring "$D" | grep -q "^standby 2 .* serves rank 1" ||
     fail "standby 2 does not serve rank 1: $("$KVCTL" status --ring "$D")"
 "$KVCTL" status --ring "$D" | grep -q "^repair: .* 3 ring breaks" || fail "repairs not shown: $("$KVCTL" status --ring "$D")"
+"$KVCTL" status --ring "$D" | grep -q "^replayed on rank 0: [1-9][0-9]* sessions, 0 positions recomputed" ||
+    fail "rank 0's replays from its log not shown: $("$KVCTL" status --ring "$D")"
+"$KVCTL" status --ring "$D" | grep -q "^standby 2 .* [1-9][0-9]* replayed: [1-9][0-9]* positions recomputed" ||
+    fail "what the standby recomputed not shown: $("$KVCTL" status --ring "$D")"
+grep -q "replay recomputes its [0-9]* positions here (new to this stage)" "$D/standby-2/kvd.log" ||
+    fail "the standby's log does not say it recomputed the replays"
+"$KVCTL" status --ring "$D"
 
 [ "$SAMPLED_RESUMED" -ge 1 ] || fail "no sampled session resumed in any round (the test's timing)"
 echo "ok $SAMPLED_RESUMED sampled sessions resumed with the text of their uninterrupted runs"

@@ -136,6 +136,9 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (h->flags & NET_FL_REPLAY) {
             s->replay_end = h->n_tokens;
             st->replayed_sessions++;
+            if (!stale)   /* a dropped one said why in kvd_sess_resume */
+                kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes its %u positions "
+                        "here (new to this stage)", h->session, h->n_tokens);
         }
         if (kvd_sess_submit_open(st, h->session, &p, h->flags & NET_FL_LOGITS, toks,
                                  h->n_tokens) < 0) {
