@@ -2,8 +2,8 @@
  * the matmul over them. A matrix is cut into groups of the SIMD level's rp_rows rows (the
  * last one zero-padded); a group holds, per block, each 4-byte chunk of its rows' quants side
  * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes), then the rows'
- * scales block by block (f16 for Q4_0/Q8_0; Q4_K's d, dmin and its sub-blocks' 6-bit scales
- * and mins unpacked to bytes). docs/kernels.md, "Repacked layouts", has the picture. */
+ * scales block by block (f16 for Q4_0/Q8_0; Q4_K's and Q5_K's d, dmin and their sub-blocks'
+ * 6-bit scales and mins unpacked to bytes). docs/kernels.md, "Repacked layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -34,6 +34,7 @@ static struct rp_type rp_type(uint32_t type)
     case KERN_T_Q4_0: return (struct rp_type){KERN_QK, 16, 2};
     case KERN_T_Q8_0: return (struct rp_type){KERN_QK, 32, 2};
     case KERN_T_Q4_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2, 20};
+    case KERN_T_Q5_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 8, 20};
     default: return (struct rp_type){0, 0, 0};
     }
 }
@@ -49,11 +50,13 @@ bool kern_pack_supported(uint32_t type, int64_t cols)
 /* Row r's scales of one block into the group's scale area sd of that block (R rows). */
 static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t *sd)
 {
-    if (type != KERN_T_Q4_K) {
+    if (type != KERN_T_Q4_K && type != KERN_T_Q5_K) {
         memcpy(sd + 2 * r, blk, 2); /* the f16 d */
         return;
     }
-    /* Q4_K: d[R], dmin[R] (f16), then sc[8][R] and m[8][R] */
+    /* Q4_K / Q5_K (the same first 16 bytes): d[R], dmin[R] (f16), then sc[8][R], m[8][R] */
+    static_assert(offsetof(struct kern_block_q5_K, scales) ==
+                      offsetof(struct kern_block_q4_K, scales), "K block heads");
     const struct kern_block_q4_K *k = (const void *)blk;
     memcpy(sd + 2 * r, &k->d, 2);
     memcpy(sd + 2 * R + 2 * r, &k->dmin, 2);
@@ -72,7 +75,10 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
     const int R = pk->R;
     const struct rp_type rt = rp_type(pk->type);
     const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
-    const size_t qoff = pk->type == KERN_T_Q4_K ? offsetof(struct kern_block_q4_K, qs) : 2;
+    /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, as the kernel reads */
+    const size_t qoff = pk->type == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
+                        : pk->type == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
+                                                  : 2;
     const bool flip = pk->type == KERN_T_Q8_0 && pk->level->rp_q8_u8;
     uint8_t *qd = dst, *sd = dst + (size_t)pk->nb * rt.qb * R;
     memset(dst, 0, pk->grp_bytes);
