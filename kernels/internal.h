@@ -213,10 +213,10 @@ typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int
 typedef void (*kern__rp_fn)(const void *grp, int64_t nb, const void *xq, size_t xs, int nc,
                             float *out);
 /* Bytes of one activation row of the repacked kernels of a weight type, padded to 64: Q4_K's
- * and Q5_K's are Q8_K blocks, the others' nb x (32 quants, f32 scale, int32 correction). */
+ * Q5_K's and Q6_K's are Q8_K blocks, the others' nb x (32 quants, f32 scale, int32 correction). */
 static inline size_t kern__rp_act_bytes(uint32_t type, int64_t cols)
 {
-    size_t b = type == KERN_T_Q4_K || type == KERN_T_Q5_K
+    size_t b = type == KERN_T_Q4_K || type == KERN_T_Q5_K || type == KERN_T_Q6_K
                    ? (size_t)(cols / KERN_QK_K) * sizeof(struct kern_block_q8_K)
                    : (size_t)(cols / KERN_QK) * 40;
     return (b + 63) / 64 * 64;

@@ -772,10 +772,11 @@ T_CASE(scratch_reserved)
 }
 
 /* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q8_0,
- * Q4_K and Q5_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
+ * Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
  * several batch sizes: agree with the reference by NMSE, the thread count changes no bit, and
  * the AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
-static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K};
+static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K,
+                                        KERN_T_Q6_K};
 
 /* Whether cols is a whole number of t's blocks (the K types' super-blocks are 256). */
 static bool whole_blocks(uint32_t t, int64_t cols)

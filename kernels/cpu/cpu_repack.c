@@ -3,7 +3,7 @@
  * last one zero-padded); a group holds, per block, each 4-byte chunk of its rows' quants side
  * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes), then the rows'
  * scales block by block (f16 for Q4_0/Q8_0; Q4_K's and Q5_K's d, dmin and their sub-blocks'
- * 6-bit scales and mins unpacked to bytes). docs/kernels.md, "Repacked layouts", has the picture. */
+ * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales). docs/kernels.md, "Repacked layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -35,6 +35,7 @@ static struct rp_type rp_type(uint32_t type)
     case KERN_T_Q8_0: return (struct rp_type){KERN_QK, 32, 2};
     case KERN_T_Q4_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2, 20};
     case KERN_T_Q5_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 8, 20};
+    case KERN_T_Q6_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 4, 18};
     default: return (struct rp_type){0, 0, 0};
     }
 }
@@ -50,6 +51,13 @@ bool kern_pack_supported(uint32_t type, int64_t cols)
 /* Row r's scales of one block into the group's scale area sd of that block (R rows). */
 static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t *sd)
 {
+    if (type == KERN_T_Q6_K) { /* d[R] (f16), then the int8 sc[16][R] */
+        const struct kern_block_q6_K *k = (const void *)blk;
+        memcpy(sd + 2 * r, &k->d, 2);
+        for (int j = 0; j < 16; j++)
+            sd[2 * R + j * R + r] = (uint8_t)k->scales[j];
+        return;
+    }
     if (type != KERN_T_Q4_K && type != KERN_T_Q5_K) {
         memcpy(sd + 2 * r, blk, 2); /* the f16 d */
         return;
@@ -75,9 +83,11 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
     const int R = pk->R;
     const struct rp_type rt = rp_type(pk->type);
     const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
-    /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, as the kernel reads */
+    /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, Q6_K's ql (32) then
+     * qh (16), as the kernels read them */
     const size_t qoff = pk->type == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
                         : pk->type == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
+                        : pk->type == KERN_T_Q6_K ? offsetof(struct kern_block_q6_K, ql)
                                                   : 2;
     const bool flip = pk->type == KERN_T_Q8_0 && pk->level->rp_q8_u8;
     uint8_t *qd = dst, *sd = dst + (size_t)pk->nb * rt.qb * R;
