@@ -234,7 +234,8 @@ size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
         size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
         xrow = own > xrow ? own : xrow;
     }
-    if (kern_pack_supported(type, cols)) { /* kern_matmul_packed */
+    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % tt->blck_size == 0) {
+        /* kern_matmul_packed */
         size_t rp = kern__rp_act_bytes(type, cols);
         xrow = rp > xrow ? rp : xrow;
     }
