@@ -179,6 +179,15 @@ static inline int64_t kern__claim(_Atomic int64_t *next, int64_t total, int nth,
     return c;
 }
 
+/* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
+typedef void (*kern__quant_fn)(const float *x, void *dst, int64_t n);
+/* Convert n activation rows (cols f32 values each, src rows cols apart) into dst rows dst_stride
+ * bytes apart with quant (NULL: the reference quantiser of type vt), the rows handed out one
+ * at a time through an atomic counter on the pool (inline for fewer than 4 rows or 1 thread),
+ * as the matmuls do before their dot products. */
+void kern__act_quant(struct kern_pool *p, kern__quant_fn quant, uint32_t vt, const float *x,
+                     int64_t cols, int64_t n, void *dst, size_t dst_stride);
+
 /* The pool's reserved scratch (64-byte aligned) when it holds size bytes, else NULL (the op
  * returns -ENOSPC): it never grows here, only in kern_pool_reserve. One op at a time uses it. */
 void *kern__pool_scratch(struct kern_pool *p, size_t size);
@@ -196,19 +205,21 @@ void kern__deltanet_head(float *o, size_t o_stride, float *S, const float *q, co
 #define KERN_MAXCOL 8
 typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int nc,
                               int64_t n, float *out);
-/* Convert n f32 values into the activation type (Q8_0/Q8_1/Q8_K/F16/BF16). */
-typedef void (*kern__quant_fn)(const float *x, void *dst, int64_t n);
 
 /* A repacked group of rp_rows weight rows against nc (<= KERN_RP_MAXCOL) activation rows
- * xs bytes apart (kern__rp_act_bytes each): out[c * rp_rows + r] for row r of the group. */
+ * xs bytes apart (kern__rp_act_bytes each), nb the row's blocks (super-blocks for the K types):
+ * out[c * rp_rows + r] for row r of the group. */
 #define KERN_RP_MAXCOL 8
 typedef void (*kern__rp_fn)(const void *grp, int64_t nb, const void *xq, size_t xs, int nc,
                             float *out);
-/* Bytes of one activation row of the repacked kernels: nb x (32 quants, f32 scale, int32
- * correction), padded to 64. */
-static inline size_t kern__rp_act_bytes(int64_t cols)
+/* Bytes of one activation row of the repacked kernels of a weight type, padded to 64: Q4_K's
+ * Q5_K's and Q6_K's are Q8_K blocks, the others' nb x (32 quants, f32 scale, int32 correction). */
+static inline size_t kern__rp_act_bytes(uint32_t type, int64_t cols)
 {
-    return ((size_t)(cols / KERN_QK) * 40 + 63) / 64 * 64;
+    size_t b = type == KERN_T_Q4_K || type == KERN_T_Q5_K || type == KERN_T_Q6_K
+                   ? (size_t)(cols / KERN_QK_K) * sizeof(struct kern_block_q8_K)
+                   : (size_t)(cols / KERN_QK) * 40;
+    return (b + 63) / 64 * 64;
 }
 
 /* One SIMD level's kernels; NULL entries fall back to the reference. */

@@ -162,7 +162,8 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
  * activation rows (and the same at the AVX2 and AVX-512 levels); it agrees with
  * kern_ref_matmul by NMSE, not bit for bit. */
 struct kern_packed;
-/* true when the SIMD level in use has repacked kernels for type (Q4_0, Q8_0) and cols. */
+/* true when the SIMD level in use has repacked kernels for type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)
+ * and cols is a whole number of its blocks. */
 bool kern_pack_supported(uint32_t type, int64_t cols);
 /* Packs n_mat matrices stored back to back in w (the file layout) into memory of its own
  * (w is not kept). 0, -ENOTSUP (no repacked kernels for type here), -EINVAL, -ENOMEM. */
@@ -287,10 +288,10 @@ int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind k
                  size_t bytes, const void *src);
 /* Says that weight buffer b holds n_mat matrices of rows x cols of type, back to back from
  * its start and filling it, read only as matmul weights (never by get_rows or copy_rows): the
- * device may then keep them in a layout of its own, in memory it owns ("cpu" repacks Q4_0 and
- * Q8_0 for its interleaved kernels; docs/devices.md). release: b's bytes are a private
- * read-only file mapping whose pages the device may drop once it has its copy (read again,
- * they fault back in from the file). 0 (also when the device keeps the bytes as they are),
+ * device may then keep them in a layout of its own, in memory it owns ("cpu" repacks Q4_0,
+ * Q8_0 and the K types for its interleaved kernels; docs/devices.md). release: b's bytes are
+ * a private read-only file mapping whose pages the device may drop once it has its copy
+ * (read again, they fault back in from the file). 0 (also when the device keeps the bytes as they are),
  * -EINVAL (not a weight buffer, a shape that does not fill it), -ENOMEM. */
 int kern_buf_weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t cols,
                         int64_t n_mat, bool release);

@@ -771,24 +771,38 @@ T_CASE(scratch_reserved)
     kern_pool_free(p);
 }
 
-/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0 and Q8_0,
- * odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and several
- * batch sizes: agree with the reference by NMSE, the thread count changes no bit, and the
- * AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
-static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0};
+/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q8_0,
+ * Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
+ * several batch sizes: agree with the reference by NMSE, the thread count changes no bit, and
+ * the AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
+static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K,
+                                        KERN_T_Q6_K};
+
+/* Whether cols is a whole number of t's blocks (the K types' super-blocks are 256). */
+static bool whole_blocks(uint32_t t, int64_t cols)
+{
+    return kern_row_bytes(t, cols) != 0;
+}
+
+/* Scratch for n activation rows of cols values, whichever packed type. */
+static size_t packed_act(int64_t cols, int64_t n)
+{
+    size_t a = kern__rp_act_bytes(KERN_T_Q4_0, cols), b = kern__rp_act_bytes(KERN_T_Q4_K, cols);
+    return n * (a > b ? a : b);
+}
 
 T_CASE(packed_matmul)
 {
     struct { int64_t rows, cols, n_mat; } shapes[] = {
         {1, 32, 1}, {17, 96, 1}, {33, 160, 2}, {16, 64, 3}, {100, 2048, 1}, {70, 416, 1},
-        {8, 224, 1},
+        {8, 224, 1}, {17, 512, 2}, {1, 256, 1}, {9, 768, 1},
     };
     const int64_t ns[] = {1, 3, 8, 13, 33};
     struct kern_pool *pools[3];
     for (int nt = 1; nt <= 3; nt++) {
         int rc = kern_pool_new(&pools[nt - 1], nt);
         T_ASSERT(rc == 0, "pool");
-        rc = kern_pool_reserve(pools[nt - 1], 33 * kern__rp_act_bytes(2048));
+        rc = kern_pool_reserve(pools[nt - 1], packed_act(2048, 33));
         T_ASSERT(rc == 0, "reserve");
     }
     T_ASSERT(kern__simd_force("scalar") == 0, "scalar level");
@@ -809,6 +823,8 @@ T_CASE(packed_matmul)
         ku_fill(x, N * cols, 1.0f);
         for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
             uint32_t t = packed_types[ti];
+            if (!whole_blocks(t, cols))
+                continue;
             size_t mb = kern_row_bytes(t, cols) * rows;
             T_ASSERT(quant_weights(t, w, nm * rows, cols, wq), "quant");
             bool have_lv = false;
@@ -900,12 +916,12 @@ T_CASE(packed_matmul)
  * bit for bit the row alone: the ring batches sessions' rows through one window on this. */
 T_CASE(packed_rows_exact)
 {
-    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {33, 96}};
+    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {33, 96}, {40, 512}};
     const int64_t NX = 70;
     struct kern_pool *p;
     int rc = kern_pool_new(&p, 2);
     T_ASSERT(rc == 0, "pool");
-    rc = kern_pool_reserve(p, NX * kern__rp_act_bytes(768));
+    rc = kern_pool_reserve(p, packed_act(768, NX));
     T_ASSERT(rc == 0, "reserve");
     for (size_t lv = 1; lv < 3; lv++) {
         if (kern__simd_force(levels[lv]) != 0)
@@ -921,6 +937,8 @@ T_CASE(packed_rows_exact)
             for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
                 uint32_t t = packed_types[ti];
                 struct kern_packed *pk;
+                if (!whole_blocks(t, cols))
+                    continue;
                 T_ASSERT(quant_weights(t, w, rows, cols, wq), "quant");
                 T_ASSERT(kern_pack_new(&pk, t, wq, rows, cols, 1) == 0, "pack");
                 for (int64_t i = 0; i < NX; i++)

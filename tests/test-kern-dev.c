@@ -221,13 +221,13 @@ T_CASE(ops_are_the_kernels)
     kern_pool_free(pool);
 }
 
-/* Weight buffers said to be matmul-only (kern_buf_weight_use): "cpu" repacks Q4_0/Q8_0 where
+/* Weight buffers said to be matmul-only (kern_buf_weight_use): "cpu" repacks Q4_0/Q8_0/Q4_K/Q5_K/Q6_K where
  * its level has the kernels (kern_buf_weight_own > 0) and its matmul is kern_matmul_packed bit
  * for bit, per matrix of a buffer of several; a matmul of another shape on the same bytes
  * still reads them as given; the shape must fill the buffer; "ref" keeps the file layout. */
 T_CASE(weights_repacked)
 {
-    enum { R = 21, C = 96, N = 5, M = 2 };
+    enum { R = 21, C = 256, N = 5, M = 2 };
     static uint8_t wq[M * R * C * 2];
     float w[M * R * C], x[N * C], y[N * R], ref[N * R];
     ku_seed(11);
@@ -235,8 +235,9 @@ T_CASE(weights_repacked)
     ku_fill(x, N * C, 1);
     struct kern_pool *pool;
     T_ASSERT(kern_pool_new(&pool, 2) == 0 && kern_pool_reserve(pool, 1 << 16) == 0, "pool");
-    const uint32_t types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_1};
-    for (size_t ti = 0; ti < 3; ti++) {
+    const uint32_t types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K,
+                              KERN_T_Q4_1};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t t = types[ti];
         size_t rb = kern_row_bytes(t, C), mb = rb * R;
         for (int r = 0; r < M * R; r++)

@@ -134,45 +134,58 @@ const char *kern_cpu_level(void)
 
 /* ---- matmul ---- */
 
-struct mm_job {
+struct aq_job {
+    kern__quant_fn quant;
     uint32_t vt;
+    const float *x;
+    int64_t cols, n;
+    char *dst;
+    size_t stride;
+    _Atomic int64_t next; /* next row to convert */
+};
+
+static void aq_task(void *ctx, int ith, int nth)
+{
+    struct aq_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n)
+            break;
+        if (j->quant)
+            j->quant(j->x + i * j->cols, j->dst + i * j->stride, j->cols);
+        else
+            kern_ref_quant_row(j->vt, j->x + i * j->cols, j->dst + i * j->stride, j->cols);
+    }
+}
+
+void kern__act_quant(struct kern_pool *p, kern__quant_fn quant, uint32_t vt, const float *x,
+                     int64_t cols, int64_t n, void *dst, size_t dst_stride)
+{
+    struct aq_job j = {
+        .quant = quant, .vt = vt, .x = x, .cols = cols, .n = n, .dst = dst,
+        .stride = dst_stride,
+    };
+    atomic_store(&j.next, 0);
+    if (n >= 4 && kern_pool_threads(p) > 1)
+        kern__pool_run_dyn(p, aq_task, &j);
+    else
+        aq_task(&j, 0, 1);
+}
+
+struct mm_job {
     const char *w;
     int64_t rows, cols, n;
-    const float *x;
     float *y;
     char *xq;
     size_t wrow, xrow;
     kern__dot_fn dot;
     kern__dotn_fn dotn;
-    kern__quant_fn quant;
     int64_t chunk;        /* fewest rows per work item */
     int64_t max_chunk;    /* most rows per work item */
     _Atomic int64_t next; /* first row not yet handed out */
-    _Atomic int64_t qnext; /* next activation row to convert */
 };
-
-static void quant_rows(struct mm_job *j, int64_t i0, int64_t i1)
-{
-    for (int64_t i = i0; i < i1; i++) {
-        if (j->quant)
-            j->quant(j->x + i * j->cols, j->xq + i * j->xrow, j->cols);
-        else
-            kern_ref_quant_row(j->vt, j->x + i * j->cols, j->xq + i * j->xrow, j->cols);
-    }
-}
-
-static void quant_task(void *ctx, int ith, int nth)
-{
-    struct mm_job *j = ctx;
-    (void)ith;
-    (void)nth;
-    for (;;) {
-        int64_t i = atomic_fetch_add_explicit(&j->qnext, 1, memory_order_relaxed);
-        if (i >= j->n)
-            break;
-        quant_rows(j, i, i + 1);
-    }
-}
 
 static void compute_rows(struct mm_job *j, int64_t r0, int64_t r1)
 {
@@ -221,8 +234,9 @@ size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
         size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
         xrow = own > xrow ? own : xrow;
     }
-    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % KERN_QK == 0) { /* kern_matmul_packed */
-        size_t rp = kern__rp_act_bytes(cols);
+    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % tt->blck_size == 0) {
+        /* kern_matmul_packed */
+        size_t rp = kern__rp_act_bytes(type, cols);
         xrow = rp > xrow ? rp : xrow;
     }
     return (uint64_t)n > SIZE_MAX / (xrow ? xrow : 1) ? SIZE_MAX : (size_t)n * xrow;
@@ -247,7 +261,6 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
     }
     if (rows == 0 || n == 0)
         return 0;
-    int nth = kern_pool_threads(p);
 
     if (type == KERN_T_F32 && n >= 16 && rows >= 64 && n <= INT32_MAX && rows <= INT32_MAX &&
         cols <= INT32_MAX) {
@@ -258,9 +271,8 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
     }
 
     struct mm_job j = {
-        .vt = vt, .w = w, .rows = rows, .cols = cols, .n = n, .x = x,
-        .y = y, .wrow = wrow, .xrow = xrow, .dot = dot,
-        .dotn = s->dotn[type], .quant = quant,
+        .w = w, .rows = rows, .cols = cols, .n = n, .y = y, .wrow = wrow, .xrow = xrow,
+        .dot = dot, .dotn = s->dotn[type],
     };
     if (vt == KERN_T_F32) {
         j.xq = (char *)x; /* the activations are used as they are */
@@ -270,11 +282,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
         j.xq = p ? kern__pool_scratch(p, (size_t)n * xrow) : malloc((size_t)n * xrow);
         if (!j.xq)
             return p ? -ENOSPC : -ENOMEM;
-        atomic_store(&j.qnext, 0);
-        if (n >= 4 && nth > 1)
-            kern__pool_run_dyn(p, quant_task, &j);
-        else
-            quant_rows(&j, 0, n);
+        kern__act_quant(p, quant, vt, x, cols, n, j.xq, xrow);
     }
     /* Smallest work item: ~16 KB of weights (and at least 8 rows), so a claim (an atomic on
      * a shared line) stays well under the work it hands out. */

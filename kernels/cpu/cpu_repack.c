@@ -2,9 +2,11 @@
  * the matmul over them. A matrix is cut into groups of the SIMD level's rp_rows rows (the
  * last one zero-padded); a group holds, per block, each 4-byte chunk of its rows' quants side
  * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes), then the rows'
- * f16 scales block by block. docs/kernels.md, "Repacked layouts", has the picture. */
+ * scales block by block (f16 for Q4_0/Q8_0; Q4_K's and Q5_K's d, dmin and their sub-blocks'
+ * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales). docs/kernels.md, "Repacked layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "kernels/internal.h"
@@ -20,27 +22,75 @@ struct kern_packed {
     uint8_t *data;                  /* n_mat * groups * grp_bytes, 64-byte aligned */
 };
 
-/* Quant bytes per row and block of the types there are kernels for. */
-static int quant_bytes(uint32_t type)
+/* Per type with kernels: elements per block, and per row and block the bytes of quants and
+ * of scales in the repacked layout. */
+struct rp_type {
+    int qk, qb, sb;
+};
+
+static struct rp_type rp_type(uint32_t type)
 {
-    return type == KERN_T_Q4_0 ? 16 : type == KERN_T_Q8_0 ? 32 : 0;
+    switch (type) {
+    case KERN_T_Q4_0: return (struct rp_type){KERN_QK, 16, 2};
+    case KERN_T_Q8_0: return (struct rp_type){KERN_QK, 32, 2};
+    case KERN_T_Q4_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2, 20};
+    case KERN_T_Q5_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 8, 20};
+    case KERN_T_Q6_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 4, 18};
+    default: return (struct rp_type){0, 0, 0};
+    }
 }
 
 bool kern_pack_supported(uint32_t type, int64_t cols)
 {
     const struct kern__simd *s = kern__simd_get();
+    struct rp_type rt = rp_type(type);
     return type < KERN_T_COUNT && s->rp_rows > 0 && s->rp_gemm[type] && s->rp_quant[type] &&
-           quant_bytes(type) && cols > 0 && cols % KERN_QK == 0;
+           rt.qk && cols > 0 && cols % rt.qk == 0;
+}
+
+/* Row r's scales of one block into the group's scale area sd of that block (R rows). */
+static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t *sd)
+{
+    if (type == KERN_T_Q6_K) { /* d[R] (f16), then the int8 sc[16][R] */
+        const struct kern_block_q6_K *k = (const void *)blk;
+        memcpy(sd + 2 * r, &k->d, 2);
+        for (int j = 0; j < 16; j++)
+            sd[2 * R + j * R + r] = (uint8_t)k->scales[j];
+        return;
+    }
+    if (type != KERN_T_Q4_K && type != KERN_T_Q5_K) {
+        memcpy(sd + 2 * r, blk, 2); /* the f16 d */
+        return;
+    }
+    /* Q4_K / Q5_K (the same first 16 bytes): d[R], dmin[R] (f16), then sc[8][R], m[8][R] */
+    static_assert(offsetof(struct kern_block_q5_K, scales) ==
+                      offsetof(struct kern_block_q4_K, scales), "K block heads");
+    const struct kern_block_q4_K *k = (const void *)blk;
+    memcpy(sd + 2 * r, &k->d, 2);
+    memcpy(sd + 2 * R + 2 * r, &k->dmin, 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        kern__scale_min_k4(j, k->scales, &sc, &m);
+        sd[4 * R + j * R + r] = sc;
+        sd[12 * R + j * R + r] = m;
+    }
 }
 
 /* Group g of matrix src (rows in the file layout, rb bytes each) into dst. */
 static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t rb, int64_t g,
                        uint8_t *dst)
 {
-    const int R = pk->R, qb = quant_bytes(pk->type), bb = qb + 2;
+    const int R = pk->R;
+    const struct rp_type rt = rp_type(pk->type);
+    const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
+    /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, Q6_K's ql (32) then
+     * qh (16), as the kernels read them */
+    const size_t qoff = pk->type == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
+                        : pk->type == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
+                        : pk->type == KERN_T_Q6_K ? offsetof(struct kern_block_q6_K, ql)
+                                                  : 2;
     const bool flip = pk->type == KERN_T_Q8_0 && pk->level->rp_q8_u8;
-    uint8_t *qd = dst;
-    uint16_t *sd = (uint16_t *)(dst + (size_t)pk->nb * qb * R);
+    uint8_t *qd = dst, *sd = dst + (size_t)pk->nb * rt.qb * R;
     memset(dst, 0, pk->grp_bytes);
     for (int r = 0; r < R; r++) {
         int64_t row = g * R + r;
@@ -48,13 +98,11 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
             break; /* padding rows: zero scales, so they add nothing */
         const uint8_t *blk = src + (size_t)row * rb;
         for (int64_t b = 0; b < pk->nb; b++, blk += bb) {
-            uint16_t d;
-            memcpy(&d, blk, 2);
-            sd[b * R + r] = d;
-            uint8_t *q = qd + (size_t)b * qb * R;
-            for (int i = 0; i < qb / 4; i++)
+            pack_scales(pk->type, blk, R, r, sd + (size_t)b * rt.sb * R);
+            uint8_t *q = qd + (size_t)b * rt.qb * R;
+            for (int i = 0; i < rt.qb / 4; i++)
                 for (int k = 0; k < 4; k++)
-                    q[((size_t)i * R + r) * 4 + k] = blk[2 + 4 * i + k] ^ (flip ? 0x80 : 0);
+                    q[((size_t)i * R + r) * 4 + k] = blk[qoff + 4 * i + k] ^ (flip ? 0x80 : 0);
         }
     }
 }
@@ -78,9 +126,10 @@ int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_
     pk->rows = rows;
     pk->cols = cols;
     pk->n_mat = n_mat;
-    pk->nb = cols / KERN_QK;
+    const struct rp_type rt = rp_type(type);
+    pk->nb = cols / rt.qk;
     pk->groups = (rows + pk->R - 1) / pk->R;
-    pk->grp_bytes = ((size_t)pk->nb * (quant_bytes(type) + 2) * pk->R + 63) / 64 * 64;
+    pk->grp_bytes = ((size_t)pk->nb * (rt.qb + rt.sb) * pk->R + 63) / 64 * 64;
     pk->mat_bytes = (size_t)rows * rb;
     size_t total;
     if (__builtin_mul_overflow(pk->grp_bytes, (size_t)pk->groups, &total) ||
@@ -129,30 +178,14 @@ int64_t kern_pack_find(const struct kern_packed *pk, uint32_t type, int64_t rows
 struct pk_job {
     const struct kern_packed *pk;
     const uint8_t *mat;   /* the matrix's first group */
-    const float *x;
     float *y;
     int64_t n;
     uint8_t *xq;
     size_t xs;
     kern__rp_fn gemm;
-    kern__quant_fn quant;
     int64_t max_chunk;    /* most groups per work item */
     _Atomic int64_t next; /* first group not yet handed out */
-    _Atomic int64_t qnext;
 };
-
-static void pk_quant_task(void *ctx, int ith, int nth)
-{
-    struct pk_job *j = ctx;
-    (void)ith;
-    (void)nth;
-    for (;;) {
-        int64_t i = atomic_fetch_add_explicit(&j->qnext, 1, memory_order_relaxed);
-        if (i >= j->n)
-            break;
-        j->quant(j->x + i * j->pk->cols, j->xq + i * j->xs, j->pk->cols);
-    }
-}
 
 /* Groups g0..g1 against every activation row, COL_BLOCK rows at a time. */
 static void pk_groups(struct pk_job *j, int64_t g0, int64_t g1)
@@ -190,7 +223,7 @@ size_t kern_pack_scratch(uint32_t type, int64_t cols, int64_t n)
 {
     if (!kern_pack_supported(type, cols) || n <= 0)
         return 0;
-    size_t xs = kern__rp_act_bytes(cols);
+    size_t xs = kern__rp_act_bytes(type, cols);
     return (uint64_t)n > SIZE_MAX / xs ? SIZE_MAX : (size_t)n * xs;
 }
 
@@ -202,20 +235,16 @@ int kern_matmul_packed(struct kern_pool *p, const struct kern_packed *pk, int64_
     if (n == 0)
         return 0;
     struct pk_job j = {
-        .pk = pk, .mat = pk->data + (size_t)mat * pk->groups * pk->grp_bytes, .x = x, .y = y,
-        .n = n, .xs = kern__rp_act_bytes(pk->cols), .gemm = pk->level->rp_gemm[pk->type],
-        .quant = pk->level->rp_quant[pk->type],
+        .pk = pk, .mat = pk->data + (size_t)mat * pk->groups * pk->grp_bytes, .y = y,
+        .n = n, .xs = kern__rp_act_bytes(pk->type, pk->cols),
+        .gemm = pk->level->rp_gemm[pk->type],
     };
     if ((uint64_t)n > SIZE_MAX / j.xs)
         return -EINVAL;
     j.xq = p ? kern__pool_scratch(p, (size_t)n * j.xs) : malloc((size_t)n * j.xs);
     if (!j.xq)
         return p ? -ENOSPC : -ENOMEM;
-    atomic_store(&j.qnext, 0);
-    if (n >= 4 && kern_pool_threads(p) > 1)
-        kern__pool_run_dyn(p, pk_quant_task, &j);
-    else
-        pk_quant_task(&j, 0, 1);
+    kern__act_quant(p, pk->level->rp_quant[pk->type], KERN_T_COUNT, x, pk->cols, n, j.xq, j.xs);
     /* A work item's groups re-read per COL_BLOCK activation rows: keep them within ~256 KB. */
     int64_t mc = (int64_t)((256 << 10) / pk->grp_bytes);
     j.max_chunk = mc < 1 ? 1 : mc;
