@@ -46,6 +46,9 @@ struct join {
     struct net_identity *id;
     char node[65];
     char catalog_path[4096], window_path[4096], manifest_path[4096];
+    char receipts_path[4096], offset_path[4096];
+    double receipts_next;       /* the next try at submitting receipts (a backoff) */
+    uint32_t receipts_backoff_ms;
     char endpoint[RING_ENDPOINT_MAX];
     uint32_t window, first, last;
     double lease_s, reserve_s;
@@ -400,7 +403,8 @@ static int stage_start(struct join *j, int rank)
         struct kvd_stage_opts o = {.manifest = j->manifest_path, .rank = rank,
                                    .window = j->window_path, .state_dir = j->dir,
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
-                                   .listen = j->relay ? NULL : j->listen};
+                                   .listen = j->relay ? NULL : j->listen,
+                                   .receipts = j->receipts_path};
         if (strcmp(j->backend, "cpu"))
             o.backend = j->backend;
         _exit(kvd_stage_run(&o) < 0 ? 1 : 0);
@@ -480,6 +484,80 @@ static int reclaim(struct join *j)
     return heartbeat(j, j->endpoint, 0);
 }
 
+/* Submit the receipts the stage wrote (DIR/receipts.jsonl, one JSON line a side of a
+ * session's receipt) past the offset kept in DIR/receipts.offset, each signed with the node
+ * key. A receipt the market answered (2xx, or 4xx: refused, or 409: submitted before) is done;
+ * one it did not answer (no answer, 5xx) is tried again later with backoff. The market never
+ * credits a (session, rank, range, side) twice, so a resubmission after a timeout or after a
+ * crash before the offset was saved is answered 409 and changes nothing: that key is the
+ * receipt's idempotency key. Returns how many are still pending (0: all done). */
+static int receipts_submit(struct join *j)
+{
+    FILE *f = fopen(j->receipts_path, "r");
+    if (!f)
+        return 0;
+    long off = 0;
+    FILE *of = fopen(j->offset_path, "r");
+    if (of) {
+        if (fscanf(of, "%ld", &off) != 1 || off < 0)
+            off = 0;
+        fclose(of);
+    }
+    int pending = 0;
+    char line[1024];
+    if (fseek(f, off, SEEK_SET))
+        off = 0;
+    long start = off;
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        if (n == 0 || line[n - 1] != '\n') {
+            pending++;   /* written in part so far */
+            break;
+        }
+        cJSON *b = cJSON_Parse(line);
+        if (!cJSON_IsObject(b)) {
+            kvd_log(KVD_LOG_WARN, "%s: skipping a line that is not a receipt", j->receipts_path);
+            cJSON_Delete(b);
+            off += (long)n;
+            continue;
+        }
+        cJSON_AddStringToObject(b, "model", j->model);
+        long st;
+        cJSON *o = call(j, "POST", "/v1/receipts", b, true, &st);
+        cJSON_Delete(o);
+        if (st == 0 || st >= 500) {
+            pending++;
+            break;
+        }
+        off += (long)n;
+    }
+    fclose(f);
+    if (off != start) {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", j->offset_path);
+        FILE *w = fopen(tmp, "w");
+        if (!w || fprintf(w, "%ld\n", off) < 0 || fclose(w) || rename(tmp, j->offset_path))
+            kvd_log(KVD_LOG_WARN, "%s: %s", j->offset_path, strerror(errno));
+    }
+    return pending;
+}
+
+/* Submit receipts when due: now, or after the backoff a market that did not answer set. */
+static void receipts_tick(struct join *j)
+{
+    if (util_now_s() < j->receipts_next)
+        return;
+    if (receipts_submit(j)) {
+        j->receipts_backoff_ms = j->receipts_backoff_ms ? j->receipts_backoff_ms * 2 : 1000;
+        if (j->receipts_backoff_ms > 30000)
+            j->receipts_backoff_ms = 30000;
+        j->receipts_next = util_now_s() + j->receipts_backoff_ms / 1000.0;
+    } else {
+        j->receipts_backoff_ms = 0;
+        j->receipts_next = 0;
+    }
+}
+
 /* Hold the window: heartbeats, manifests, the stage's health. Returns when the lease is lost
  * (-EPERM) or on a stop (0). The market being down changes nothing here but the retries:
  * the ring keeps serving (docs/market.md). */
@@ -495,6 +573,7 @@ static int hold(struct join *j)
             }
             next_hb = util_now_s() + j->lease_s / 4;
         }
+        receipts_tick(j);
         if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
             kvd_log(KVD_LOG_WARN, "the stage exited; starting it again");
             j->stage = 0;
@@ -653,6 +732,8 @@ int kvd_join_main(int argc, char **argv)
         snprintf(j.endpoint, sizeof j.endpoint, "tcp://%s", j.listen);
     }
     snprintf(j.manifest_path, sizeof j.manifest_path, "%s/manifest.json", j.dir);
+    snprintf(j.receipts_path, sizeof j.receipts_path, "%s/receipts.jsonl", j.dir);
+    snprintf(j.offset_path, sizeof j.offset_path, "%s/receipts.offset", j.dir);
     kvd_log(KVD_LOG_INFO, "node %s joining model %.16s... at %s (memory %llu bytes, endpoint %s)",
             j.node, j.model, j.market, (unsigned long long)j.mem, j.endpoint);
     signal(SIGTERM, on_stop);
@@ -698,6 +779,9 @@ int kvd_join_main(int argc, char **argv)
     }
     stage_stop(&j);
     probe_close(&j);
+    /* on a clean exit, what the stage wrote last (its sessions end as it stops) */
+    for (int i = 0; i < 3 && receipts_submit(&j); i++)
+        sleep_ms(1000);
     net_identity_free(j.id);
     kvd_log(KVD_LOG_INFO, "stopped");
     return rc < 0 ? 1 : 0;

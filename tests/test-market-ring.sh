@@ -4,6 +4,8 @@
 #    layer ranges given) form a ring whose generation equals one process's;
 #  * every node holds only its window (pulled, verified), every window is active, one ring;
 #  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
+#  * receipts: each node's balance (layer_tokens) equals its window's layers x the rows its own
+#    stage counted, and its credit follows the published reward of a covered window;
 #  * churn: kill -9 one joined node: its window is reported uncovered once its lease lapses,
 #    a fourth `kvd join` takes exactly that window, the new manifest changes only that rank's
 #    entry, and the ring serves the same generation again;
@@ -94,6 +96,68 @@ cmp -s "$T/a/manifest.json" "$T/b/manifest.json" && cmp -s "$T/b/manifest.json" 
 grep -q '"layer_tokens"' "$T/bal.json" && grep -q '"credit"' "$T/bal.json" ||
     fail "balance lacks layer_tokens/credit: $(cat "$T/bal.json")"
 
+# ---- receipts: the stages sign what they computed, kvd join submits it, the market credits it.
+# A second generation with a longer prompt, so prompt and decode rows both count.
+serves2() {
+    got2=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,20,30,40,50,60,70,80 -n 9 \
+           --temp 0 --ids 2>"$T/gen.err")
+    [ -n "$got2" ]
+}
+serves2 "$R0" || fail "the second generation failed: $(cat "$T/gen.err")"
+# credited(N...): every node's balance equals its window's layers x the rows its stage ran (its
+# own status counter), and its credit per layer-token is the published reward of a covered
+# window: base x (1 + d/(d+10)) for some demand d >= 0, i.e. within [base, 2 x base]
+credited() {
+    for n in "$@"; do
+        "$KVCTL" market balance "$M" "$(key_of "$n")" --json >"$T/bal-$n.json" 2>/dev/null || return 1
+    done
+    /usr/bin/python3 - "$T" "$@" >"$T/credited.txt" 2>&1 <<'EOF2'
+import json, socket, sys
+T, names = sys.argv[1], sys.argv[2:]
+base = 0.001
+ok = True
+for n in names:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect("%s/%s/kvd.sock" % (T, n))
+    s.sendall(b'{"op":"status"}\n')
+    buf = b""
+    while b"\n" not in buf:
+        c = s.recv(65536)
+        if not c:
+            break
+        buf += c
+    st = json.loads(buf.split(b"\n")[0])
+    m = json.load(open("%s/%s/manifest.json" % (T, n)))
+    key = json.load(open("%s/bal-%s.json" % (T, n)))["node"]
+    r = [x for x in m["ranks"] if x["node"] == key][0]
+    layers = r["layers"][1] - r["layers"][0]
+    b = json.load(open("%s/bal-%s.json" % (T, n)))
+    want = st["rows"] * layers
+    good = b["layer_tokens"] == want and want > 0 and \
+        base * want * (1 - 1e-9) <= b["credit"] <= 2 * base * want * (1 + 1e-9)
+    print("%s rank %d: rows %d x layers %d = %d; balance %s" % (n, r["rank"], st["rows"], layers, want, b))
+    ok = ok and good
+sys.exit(0 if ok else 1)
+EOF2
+}
+wait_for 30 credited a b c || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
+echo "ok   every node is credited the layer-tokens its stage computed, at the published reward:"
+sed 's/^/       /' "$T/credited.txt"
+# a node that submits its receipts again (its submitted offset lost, as after a crash between a
+# submission and saving the offset) is told 409 for each and credited nothing more
+for n in a b c; do cp "$T/bal-$n.json" "$T/bal-$n.before"; rm -f "$T/$n/receipts.offset"; done
+wait_for 20 test -s "$T/a/receipts.offset" -a -s "$T/b/receipts.offset" -a -s "$T/c/receipts.offset" ||
+    fail "the nodes did not submit their receipts again"
+sleep 1
+for n in a b c; do
+    "$KVCTL" market balance "$M" "$(key_of $n)" --json >"$T/bal-$n.json" || fail "balance of $n"
+    cmp -s "$T/bal-$n.json" "$T/bal-$n.before" ||
+        fail "resubmitted receipts changed node $n's balance: $(cat "$T/bal-$n.before") -> $(cat "$T/bal-$n.json")"
+done
+grep -q "submitted before" "$T/join-a.log" || fail "node a's resubmissions were not refused as duplicates"
+echo "ok   resubmitted receipts are refused as duplicates and credit nothing twice"
+
 # ---- churn: kill -9 a node that is not rank 0 (the client's socket stays where it is)
 VICTIM=""
 for n in a b c; do [ "$n" != "$R0" ] && VICTIM=$n; done
@@ -143,5 +207,9 @@ wait_for 30 ring_ready || fail "the ring was not complete again after the market
 sleep 2
 cmp -s "$T/manifest-running.json" "$T/$R0/manifest.json" || fail "the market's restart changed the manifest"
 serves "$R0" || fail "the ring does not serve after the market came back ($got)"
-echo "ok   the ring served while the market was down, and kept its manifest after"
+# the receipts of what the ring served while the market was down reach it once it is back
+# (node d's stage ran from its start on this manifest, so its counter is all its work)
+wait_for 40 credited d || fail "node d's balance does not match its stage's work: $(cat "$T/credited.txt")"
+echo "ok   the ring served while the market was down, and kept its manifest after; receipts"
+echo "     of that work were submitted once the market was back"
 finish

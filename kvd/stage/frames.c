@@ -172,6 +172,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         j->in_len = h->payload_len;
         s->next_pos += h->n_tokens;
         s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_receipt_received(st, s, h->pos, h->n_tokens, payload, h->payload_len);
         kvd_compute_submit(st->comp, j);
         return;
     }
@@ -200,6 +201,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (n_hist >= s->n_ctx)
             VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
         s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_receipt_received(st, s, h->pos, 1, payload, h->payload_len);
         kvd_sess_on_token(st, s, h, payload);
         return;
     }

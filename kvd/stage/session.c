@@ -97,6 +97,7 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
         s->sink = NULL;
         k->done(s->sink_ud, s, NULL, "the session was dropped", NULL, 0);
     }
+    kvd_receipt_close(st, s);
     model_gen_free(s->gen);
     free(s->last_logits);
     free(s);
@@ -626,6 +627,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             st->dec_steps++;
             st->dec_ms += j->ms;
         }
+        kvd_receipt_ran(st, s, j->pos, j->n);
         if (j->out_type) {
             uint32_t pos = j->out_type == NET_F_TOKEN ? j->pos + j->n : j->pos;
             uint32_t n = j->out_type == NET_F_TOKEN ? 1 : j->n;
@@ -636,6 +638,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
                 kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
             } else {
+                kvd_receipt_sent(st, s, j->out, j->out_len);
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
                 if (j->out_type == NET_F_ACT)
                     st->act_frames_out++;
