@@ -12,6 +12,7 @@
 #  * kill -9 of the market: the ring keeps serving, and after the market's restart (same
 #    database) the nodes take their leases back without a new manifest.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/market_lib.sh"
 S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
 need_data "$S"
 need_exec "$KVD" "$KVCTL"
@@ -45,13 +46,6 @@ join() { # join NAME
 }
 for n in a b c; do join $n; done
 
-ring_ready() { # the coverage map has one ring and every window active
-    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
-    python3 -c '
-import json,sys
-c=json.load(open(sys.argv[1]))["models"][0]
-sys.exit(0 if len(c["rings"])==1 and all(w["state"]=="active" for w in c["windows"]) else 1)' "$T/cov.json"
-}
 wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
 NW=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["models"][0]["windows"]))' "$T/cov.json")
 [ "$NW" = 3 ] || fail "the market planned $NW windows for three 1.8 MB nodes, expected 3"
@@ -59,15 +53,6 @@ NW=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["models
 grep -q "rings 1" "$T/status.txt" || fail "the status table shows no ring: $(cat "$T/status.txt")"
 [ "$(grep -c ' active ' "$T/status.txt")" = 3 ] || fail "status table: $(cat "$T/status.txt")"
 
-# which node is rank 0 (its kvd.sock serves clients)
-key_of() { "$KVD" stage --state-dir "$T/$1" --print-key; }
-rank_of() { # rank_of NAME: its rank in the manifest it runs
-    python3 -c '
-import json,sys
-m=json.load(open(sys.argv[1]))
-print([r["rank"] for r in m["ranks"] if r["node"]==sys.argv[2]][0])' "$T/$1/manifest.json" "$(key_of "$1")"
-}
-rank0() { for n in "$@"; do [ "$(rank_of "$n" 2>/dev/null)" = 0 ] && { echo "$n"; return; }; done; }
 serves() { # serves NAME: rank 0's socket answers with the one-process tokens
     got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,50,100,200,300 -n 16 --temp 0 \
           --ids 2>"$T/gen.err")
@@ -104,43 +89,6 @@ serves2() {
     [ -n "$got2" ]
 }
 serves2 "$R0" || fail "the second generation failed: $(cat "$T/gen.err")"
-# credited(N...): every node's balance equals its window's layers x the rows its stage ran (its
-# own status counter), and its credit per layer-token is the published reward of a covered
-# window: base x (1 + d/(d+10)) for some demand d >= 0, i.e. within [base, 2 x base]
-credited() {
-    for n in "$@"; do
-        "$KVCTL" market balance "$M" "$(key_of "$n")" --json >"$T/bal-$n.json" 2>/dev/null || return 1
-    done
-    /usr/bin/python3 - "$T" "$@" >"$T/credited.txt" 2>&1 <<'EOF2'
-import json, socket, sys
-T, names = sys.argv[1], sys.argv[2:]
-base = 0.001
-ok = True
-for n in names:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    s.connect("%s/%s/kvd.sock" % (T, n))
-    s.sendall(b'{"op":"status"}\n')
-    buf = b""
-    while b"\n" not in buf:
-        c = s.recv(65536)
-        if not c:
-            break
-        buf += c
-    st = json.loads(buf.split(b"\n")[0])
-    m = json.load(open("%s/%s/manifest.json" % (T, n)))
-    key = json.load(open("%s/bal-%s.json" % (T, n)))["node"]
-    r = [x for x in m["ranks"] if x["node"] == key][0]
-    layers = r["layers"][1] - r["layers"][0]
-    b = json.load(open("%s/bal-%s.json" % (T, n)))
-    want = st["rows"] * layers
-    good = b["layer_tokens"] == want and want > 0 and \
-        base * want * (1 - 1e-9) <= b["credit"] <= 2 * base * want * (1 + 1e-9)
-    print("%s rank %d: rows %d x layers %d = %d; balance %s" % (n, r["rank"], st["rows"], layers, want, b))
-    ok = ok and good
-sys.exit(0 if ok else 1)
-EOF2
-}
 wait_for 30 credited a b c || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
 echo "ok   every node is credited the layer-tokens its stage computed, at the published reward:"
 sed 's/^/       /' "$T/credited.txt"
