@@ -14,12 +14,10 @@
 # layer-tokens its stage computed. Needs root, ip, nft.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
+. "$(dirname "$0")/nat_lib.sh"
 S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
 need_data "$S"
 need_exec "$KVD" "$KVCTL"
-[ "$(id -u)" = 0 ] || die "needs root for network namespaces"
-command -v ip >/dev/null || die "ip (iproute2) missing"
-command -v nft >/dev/null || die "nft (nftables) missing"
 KEEP_FAILED_TMP=1
 san_log_check
 show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
@@ -28,42 +26,7 @@ fail_fast
 
 N=$$
 PUB=kvmp$N NAT=kvmn$N PHONE=kvmh$N
-ns_cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    PIDS=""
-    for n in $PUB $NAT $PHONE; do ip netns del "$n" 2>/dev/null; done
-}
-at_exit ns_cleanup
-for n in $PUB $NAT $PHONE; do ip netns add "$n" || die "ip netns add $n"; ip -n "$n" link set lo up; done
-ip link add pub0 netns $PUB type veth peer name wan0 netns $NAT || die "veth pub-nat"
-ip link add lan0 netns $NAT type veth peer name ph0 netns $PHONE || die "veth nat-phone"
-ip -n $PUB addr add 203.0.113.1/24 dev pub0
-ip -n $NAT addr add 203.0.113.2/24 dev wan0
-ip -n $NAT addr add 198.51.100.1/24 dev lan0
-ip -n $PHONE addr add 198.51.100.2/24 dev ph0
-for l in "$PUB pub0" "$NAT wan0" "$NAT lan0" "$PHONE ph0"; do set -- $l; ip -n "$1" link set "$2" up; done
-ip -n $PHONE route add default via 198.51.100.1
-# pub knows where the phone's network is (as an ISP would): only the NAT can stop the dial
-ip -n $PUB route add 198.51.100.0/24 via 203.0.113.2
-ip netns exec $NAT sysctl -qw net.ipv4.ip_forward=1
-ip netns exec $NAT nft -f - <<'NFT' || die "nftables rules"
-table ip nat {
-    chain postrouting { type nat hook postrouting priority 100; oifname "wan0" ip saddr 198.51.100.0/24 masquerade; }
-}
-table inet filter {
-    chain forward {
-        type filter hook forward priority 0; policy drop;
-        ct state established,related accept
-        iifname "lan0" oifname "wan0" accept
-    }
-    chain input {
-        type filter hook input priority 0; policy drop;
-        ct state established,related accept
-        iifname { "lo", "lan0" } accept
-    }
-}
-NFT
+nat_setup $PUB $NAT $PHONE
 INPUB="ip netns exec $PUB"
 INPHONE="ip netns exec $PHONE"
 MKT_NS=$INPUB
@@ -128,16 +91,7 @@ grep "link in up: rank $RB" "$T/join-$SUCC.log" | grep -q "203.0.113.2" ||
     fail "node $SUCC (rank $(( (RB + 1) % 3 ))) did not see node b behind the NAT's address"
 
 # a listener in the phone answers inside the phone, but a dial from pub does not get through
-$INPHONE /usr/bin/python3 -c '
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7101)); s.listen(4); time.sleep(60)' &
-PIDS="$PIDS $!"
-sleep 0.3
-$INPHONE timeout 3 bash -c 'echo > /dev/tcp/198.51.100.2/7101' || fail "the phone's own listener is not up"
-if $INPUB timeout 3 bash -c 'echo > /dev/tcp/198.51.100.2/7101' 2>/dev/null; then
-    fail "a direct dial from pub into the phone got through the NAT"
-fi
+nat_dial_blocked $PUB $PHONE 7101
 echo "ok   node b is reachable only through the relay (a direct dial into the phone fails)"
 
 wait_for 30 credited a b c || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
