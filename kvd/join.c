@@ -601,6 +601,7 @@ static void join_usage(FILE *f)
         "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port)\n"
         "  --relay URL         no inbound: the in-edge goes through this relay (relay://HOST:PORT)\n"
         "  --backend NAME      compute backend (default cpu)\n"
+        "  --ca PEM            an https:// market's certificate must chain to this CA\n"
         "  -t N                compute threads (default: all cores)\n"
         "  --jitter-ms MS      random delay before each claim (default 1500)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
@@ -664,6 +665,8 @@ int kvd_join_main(int argc, char **argv)
             j.relay = v;
         else if (!strcmp(a, "--backend"))
             j.backend = v;
+        else if (!strcmp(a, "--ca"))
+            ring_market_set_ca(v);   /* an https:// market's certificate chains to this CA */
         else if (!strcmp(a, "--mem") || !strcmp(a, "-t") || !strcmp(a, "--jitter-ms")) {
             bool mem = a[2] == 'm';
             if (util_parse_u64(v, mem ? 1 << 16 : 0, mem ? 1ull << 50 : 600000,
