@@ -1204,6 +1204,36 @@ static void probe_abort(void *ud)
     probe_end(p, NULL);
 }
 
+/* POST /v1/leases/release {"model", "window"}: the caller gives its lease up; the window is free
+ * at once, with no grace period (a node moving to another window, docs/market.md, "Moving"). */
+static void h_release(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, NULL))
+        goto out;
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    if (strcmp(l->node, c.node) || c.ms->ls[c.wi] == L_FREE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
+    l->expires = c.now - a->cfg.grace_s - 1;   /* past its grace: free for anyone */
+    if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+        state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", c.ms->m.id);
+    cJSON_AddNumberToObject(o, "window", c.ms->w[c.wi].idx);
+    cJSON_AddStringToObject(o, "state", "released");
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, 200, o);
+out:
+    lease_call_end(&c);
+}
+
 /* POST /v1/leases/heartbeat {"model", "window", "progress"?, "endpoint"?}: renew the caller's
  * lease; with an endpoint, a reserved lease becomes active once that endpoint accepts a
  * connection (docs/market.md, "Leases"). */
@@ -1494,6 +1524,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"GET", "/v1/nodes/*", h_node_get},
         {"POST", "/v1/claims", h_claims},
         {"POST", "/v1/leases/heartbeat", h_heartbeat},
+        {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/receipts", h_receipts},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
