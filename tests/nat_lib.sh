@@ -63,8 +63,8 @@ import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(4); time.sleep(60)' "$port" &
     PIDS="$PIDS $!"
-    sleep 0.3
-    ip netns exec $phone timeout 3 bash -c "echo > /dev/tcp/198.51.100.2/$port" ||
+    # (python starts slowly on a loaded machine: give it time)
+    wait_for 10 ip netns exec $phone timeout 1 bash -c "echo > /dev/tcp/198.51.100.2/$port" 2>/dev/null ||
         fail "the phone's own listener is not up"
     if ip netns exec $pub timeout 3 bash -c "echo > /dev/tcp/198.51.100.2/$port" 2>/dev/null; then
         fail "a direct dial from pub into the phone got through the NAT"
