@@ -4,6 +4,34 @@
 # ring_ready: the coverage map (in $T/cov.json) has one ring and every window active.
 # MKT_NS: a command prefix that reaches the market (ip netns exec NS), empty on loopback.
 MKT_NS=${MKT_NS:-}
+S=$DATA/models/stories260K.gguf   # the test model: a trained llama, 5 layers
+
+# The scripts' common start: the model and the binaries there, sanitizer reports checked, the
+# first failure stops the script after showing every log's tail (the scratch dir is kept).
+need_data "$S"
+need_exec "$KVD" "$KVCTL"
+KEEP_FAILED_TMP=1
+san_log_check
+show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
+on_fatal() { show_logs; }
+fail_fast
+
+# market_up: the model's catalog, a seeder and a market (lease 6 s, grace 3 s) on loopback,
+# the model registered: sets SEEDER, M, ID and MARKET_PID.
+market_up() {
+    "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
+    "$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
+    PIDS="$PIDS $!"
+    "$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
+        --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
+    MARKET_PID=$!
+    PIDS="$PIDS $MARKET_PID"
+    wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
+    SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
+    M=http://127.0.0.1:$(cat "$T/market.port")
+    ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
+         --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+}
 ring_ready() {
     $MKT_NS "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
     python3 -c '

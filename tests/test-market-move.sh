@@ -10,25 +10,8 @@
 #    then takes; the ring serves the one-process generation again.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
-S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
-need_data "$S"
-need_exec "$KVD" "$KVCTL"
-KEEP_FAILED_TMP=1
-san_log_check
-show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
-on_fatal() { show_logs; }
-fail_fast
 
-"$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
-"$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
-PIDS="$PIDS $!"
-"$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
-    --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
-PIDS="$PIDS $!"
-wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
-M=http://127.0.0.1:$(cat "$T/market.port")
-ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "http://127.0.0.1:$(cat "$T/seeder.port")" \
-     --name stories --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+market_up
 declare -A JPID
 join() {
     "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$1" --mem 1800000 -t 1 --jitter-ms 300 \

@@ -15,14 +15,6 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
 . "$(dirname "$0")/nat_lib.sh"
-S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
-need_data "$S"
-need_exec "$KVD" "$KVCTL"
-KEEP_FAILED_TMP=1
-san_log_check
-show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
-on_fatal() { show_logs; }
-fail_fast
 
 N=$$
 PUB=kvmp$N NAT=kvmn$N PHONE=kvmh$N
@@ -45,8 +37,8 @@ $INPUB "$KVD" market --db "$T/market.db" --listen 203.0.113.1:7490 --lease-s 6 -
     >"$T/market.log" 2>&1 &
 PIDS="$PIDS $!"
 M=http://203.0.113.1:7490
-market_up() { $INPUB curl -sf "$M/v1/models" >/dev/null; }
-wait_for 10 market_up || die "the market did not start"
+market_answers() { $INPUB curl -sf "$M/v1/models" >/dev/null; }
+wait_for 10 market_answers || die "the market did not start"
 ID=$($INPUB "$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://203.0.113.1:7480 \
      --name stories --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
 

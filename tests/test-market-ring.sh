@@ -13,27 +13,8 @@
 #    database) the nodes take their leases back without a new manifest.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
-S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
-need_data "$S"
-need_exec "$KVD" "$KVCTL"
-KEEP_FAILED_TMP=1
-san_log_check
-show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
-on_fatal() { show_logs; }
-fail_fast
 
-"$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
-"$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
-PIDS="$PIDS $!"
-"$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
-    --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
-MARKET_PID=$!
-PIDS="$PIDS $MARKET_PID"
-wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
-SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
-M=http://127.0.0.1:$(cat "$T/market.port")
-ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
-     --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+market_up
 [ "$ID" = "$(sha256sum "$T/cat.json" | cut -d' ' -f1)" ] || fail "model id $ID is not the catalog's SHA-256"
 
 # three nodes; memory (1.8 MB each) that needs three of them for the 3.6 MiB the planner asks

@@ -7,14 +7,7 @@
 #  * `kvd join --ca` enrols over HTTPS: claims, pulls and activates its lease, and the ring of
 #    one it forms serves the one-process generation; without --ca it gets nowhere.
 . "$(dirname "$0")/lib.sh"
-S=$DATA/models/stories260K.gguf
-need_data "$S"
-need_exec "$KVD" "$KVCTL"
-KEEP_FAILED_TMP=1
-san_log_check
-show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
-on_fatal() { show_logs; }
-fail_fast
+. "$(dirname "$0")/market_lib.sh"
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
     -subj /CN=kvasir-market -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" \
