@@ -22,10 +22,13 @@ static void market_usage(FILE *f)
         "usage: kvctl market add URL --catalog CAT.json --source URL... [--name NAME] [--state-dir DIR]\n"
         "       kvctl market status URL [--model ID] [--json]\n"
         "       kvctl market balance URL NODE [--json]\n"
+        "       (each also takes --ca PEM)\n"
         "  add      register a model (its id is the catalog's SHA-256) with its sources (seeders\n"
         "           or GGUF URLs); signed with the node key in --state-dir (default .)\n"
         "  status   the coverage map: windows, stages, demand, reward, rings (--json: as data)\n"
-        "  balance  a node's credited work (layer-tokens) and credit; NODE is its public key\n");
+        "  balance  a node's credited work (layer-tokens) and credit; NODE is its public key\n"
+        "  --ca PEM  an https:// market's certificate must chain to this CA (default: the\n"
+        "           system's store)\n");
 }
 
 /* GET/POST and parse: the JSON answer (caller deletes), or NULL after a message. */
@@ -57,7 +60,7 @@ static int market_add(int argc, char **argv)
     static const struct option lo[] = {
         {"catalog", required_argument, 0, 'c'}, {"source", required_argument, 0, 's'},
         {"name", required_argument, 0, 'n'}, {"state-dir", required_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ca", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -72,6 +75,7 @@ static int market_add(int argc, char **argv)
             }
             src[n_src++] = optarg;
             break;
+        case 'C': ring_market_set_ca(optarg); break;
         case 'h': market_usage(stdout); return 0;
         default: market_usage(stderr); return 2;
         }
@@ -149,13 +153,14 @@ static int market_status(int argc, char **argv)
     bool json = false;
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'}, {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ca", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = true; break;
+        case 'C': ring_market_set_ca(optarg); break;
         case 'h': market_usage(stdout); return 0;
         default: market_usage(stderr); return 2;
         }
@@ -217,12 +222,14 @@ static int market_balance(int argc, char **argv)
 {
     bool json = false;
     static const struct option lo[] = {
-        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"json", no_argument, 0, 'j'}, {"ca", required_argument, 0, 'C'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'j': json = true; break;
+        case 'C': ring_market_set_ca(optarg); break;
         case 'h': market_usage(stdout); return 0;
         default: market_usage(stderr); return 2;
         }

@@ -46,6 +46,14 @@ struct join {
     struct net_identity *id;
     char node[65];
     char catalog_path[4096], window_path[4096], manifest_path[4096];
+    char receipts_path[4096], offset_path[4096];
+    double receipts_next;       /* the next try at submitting receipts (a backoff) */
+    uint32_t receipts_backoff_ms;
+    /* moving (docs/market.md, "Moving"): to a free window worth move_ratio x ours or more,
+     * held so for move_after_s, with no session open on our stage */
+    double move_ratio, move_after_s;
+    double better_since;        /* when a window first looked that much better (0: none) */
+    int better, prefer;         /* that window; the one to claim first (-1: none) */
     char endpoint[RING_ENDPOINT_MAX];
     uint32_t window, first, last;
     double lease_s, reserve_s;
@@ -130,8 +138,9 @@ static int pick(struct join *j, const cJSON *cov)
         double mem = util_json_number(w, "mem_bytes", 0), r = util_json_number(w, "reward", 0);
         if (mem > (double)j->mem)
             continue;
-        if (mine)
-            return (int)util_json_number(w, "window", 0);   /* ours to take back first */
+        if (mine || (int)util_json_number(w, "window", -1) == j->prefer)
+            return (int)util_json_number(w, "window", 0);   /* ours to take back first, or
+                                                             * the one we are moving to */
         if (r > best_r || (r == best_r && mem > best_mem)) {
             best = (int)util_json_number(w, "window", 0);
             best_r = r;
@@ -174,6 +183,7 @@ static int claim(struct join *j)
         j->reserve_s = util_json_number(o, "reserve_s", 60);
         kvd_log(KVD_LOG_INFO, "claimed window %d (layers %u-%u) of %.16s...", w, j->first, j->last,
                 j->model);
+        j->prefer = -1;
         rc = 0;
     } else if (o && st == 409) {
         kvd_log(KVD_LOG_INFO, "window %d went to another node; reading the map again", w);
@@ -400,7 +410,8 @@ static int stage_start(struct join *j, int rank)
         struct kvd_stage_opts o = {.manifest = j->manifest_path, .rank = rank,
                                    .window = j->window_path, .state_dir = j->dir,
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
-                                   .listen = j->relay ? NULL : j->listen};
+                                   .listen = j->relay ? NULL : j->listen,
+                                   .receipts = j->receipts_path};
         if (strcmp(j->backend, "cpu"))
             o.backend = j->backend;
         _exit(kvd_stage_run(&o) < 0 ? 1 : 0);
@@ -480,8 +491,188 @@ static int reclaim(struct join *j)
     return heartbeat(j, j->endpoint, 0);
 }
 
+/* Submit the receipts the stage wrote (DIR/receipts.jsonl, one JSON line a side of a
+ * session's receipt) past the offset kept in DIR/receipts.offset, each signed with the node
+ * key. A receipt the market answered (2xx, or 4xx: refused, or 409: submitted before) is done;
+ * one it did not answer (no answer, 5xx) is tried again later with backoff. The market never
+ * credits a (session, rank, range, side) twice, so a resubmission after a timeout or after a
+ * crash before the offset was saved is answered 409 and changes nothing: that key is the
+ * receipt's idempotency key. Returns how many are still pending (0: all done). */
+static int receipts_submit(struct join *j)
+{
+    FILE *f = fopen(j->receipts_path, "r");
+    if (!f)
+        return 0;
+    long off = 0;
+    FILE *of = fopen(j->offset_path, "r");
+    if (of) {
+        if (fscanf(of, "%ld", &off) != 1 || off < 0)
+            off = 0;
+        fclose(of);
+    }
+    int pending = 0;
+    char line[1024];
+    if (fseek(f, off, SEEK_SET))
+        off = 0;
+    long start = off;
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        if (n == 0 || line[n - 1] != '\n') {
+            pending++;   /* written in part so far */
+            break;
+        }
+        cJSON *b = cJSON_Parse(line);
+        if (!cJSON_IsObject(b)) {
+            kvd_log(KVD_LOG_WARN, "%s: skipping a line that is not a receipt", j->receipts_path);
+            cJSON_Delete(b);
+            off += (long)n;
+            continue;
+        }
+        cJSON_AddStringToObject(b, "model", j->model);
+        long st;
+        cJSON *o = call(j, "POST", "/v1/receipts", b, true, &st);
+        cJSON_Delete(o);
+        if (st == 0 || st >= 500) {
+            pending++;
+            break;
+        }
+        off += (long)n;
+    }
+    fclose(f);
+    if (off != start) {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", j->offset_path);
+        FILE *w = fopen(tmp, "w");
+        if (!w || fprintf(w, "%ld\n", off) < 0 || fclose(w) || rename(tmp, j->offset_path))
+            kvd_log(KVD_LOG_WARN, "%s: %s", j->offset_path, strerror(errno));
+    }
+    return pending;
+}
+
+/* Submit receipts when due: now, or after the backoff a market that did not answer set. */
+static void receipts_tick(struct join *j)
+{
+    if (util_now_s() < j->receipts_next)
+        return;
+    if (receipts_submit(j)) {
+        j->receipts_backoff_ms = j->receipts_backoff_ms ? j->receipts_backoff_ms * 2 : 1000;
+        if (j->receipts_backoff_ms > 30000)
+            j->receipts_backoff_ms = 30000;
+        j->receipts_next = util_now_s() + j->receipts_backoff_ms / 1000.0;
+    } else {
+        j->receipts_backoff_ms = 0;
+        j->receipts_next = 0;
+    }
+}
+
+/* What a window is worth to the node that covers it, per token it runs: its layers times the
+ * reward it pays once covered (the published reward without its coverage factor, 1 + 2 x (1 -
+ * c): docs/market.md, "Rewards"). */
+static double window_value(const cJSON *w)
+{
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(w, "layers");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(w, "state");
+    double layers = cJSON_GetArraySize(ly) == 2 ?
+        cJSON_GetArrayItem(ly, 1)->valuedouble - cJSON_GetArrayItem(ly, 0)->valuedouble : 0;
+    double c = !cJSON_IsString(st) ? 0 : !strcmp(st->valuestring, "active") ? 1 :
+               !strcmp(st->valuestring, "reserved") ? 0.5 : 0;
+    return layers * util_json_number(w, "reward", 0) / (1 + 2 * (1 - c));
+}
+
+static int status_line(const char *line, void *ud)
+{
+    cJSON *o = cJSON_Parse(line);
+    *(double *)ud = util_json_number(o, "sessions", -1);
+    cJSON_Delete(o);
+    return 1;
+}
+
+/* Sessions open on our stage now; -1 when its control socket does not answer. */
+static int stage_sessions(struct join *j)
+{
+    char sock[4200], err[KV_ERR_MAX];
+    double n = -1;
+    snprintf(sock, sizeof sock, "%s/kvd.sock", j->dir);
+    if (j->stage <= 0)
+        return 0;   /* no stage runs (no ring yet): nothing to interrupt */
+    if (ring_ctl_request(sock, "{\"op\":\"status\"}", status_line, &n, 3000, err, sizeof err) < 0)
+        return -1;
+    return (int)n;
+}
+
+/* The hysteresis of moving (docs/market.md, "Moving"): the free window to move to now, or -1.
+ * A window qualifies while it is free, fits, and is worth move_ratio times ours or more; the
+ * move happens once one has qualified at every look for move_after_s and our stage has no
+ * session open. Rewards that change by less, or for less long, move nobody. */
+static int move_target(struct join *j)
+{
+    char path[128];
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/coverage", j->model);
+    cJSON *cov = call(j, "GET", path, NULL, false, &st);
+    if (!cov || st != 200) {
+        cJSON_Delete(cov);
+        return -1;   /* no map: no judgement (the window we hold is not at stake) */
+    }
+    double mine = 0, best = 0;
+    int bw = -1;
+    const cJSON *w;
+    cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(cov, "windows")) {
+        int idx = (int)util_json_number(w, "window", -1);
+        const cJSON *state = cJSON_GetObjectItemCaseSensitive(w, "state");
+        const cJSON *stg = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(w, "stages"), 0);
+        const cJSON *hs = cJSON_GetObjectItemCaseSensitive(stg, "state");
+        if (idx == (int)j->window) {
+            mine = window_value(w);
+            continue;
+        }
+        if (!cJSON_IsString(state) || strcmp(state->valuestring, "uncovered") ||
+            (cJSON_IsString(hs) && !strcmp(hs->valuestring, "grace")) ||
+            util_json_number(w, "mem_bytes", 0) > (double)j->mem)
+            continue;
+        double v = window_value(w);
+        if (v > best) {
+            best = v;
+            bw = idx;
+        }
+    }
+    cJSON_Delete(cov);
+    if (bw < 0 || mine <= 0 || best < j->move_ratio * mine) {
+        if (j->better_since)
+            kvd_log(KVD_LOG_INFO, "no free window is worth %.2gx ours any more; staying",
+                    j->move_ratio);
+        j->better_since = 0;
+        return -1;
+    }
+    double now = util_now_s();
+    if (!j->better_since || bw != j->better) {
+        kvd_log(KVD_LOG_INFO, "window %d is worth %.2fx ours (window %u); moving there if that "
+                "lasts %.0f s", bw, best / mine, j->window, j->move_after_s);
+        j->better_since = now;
+        j->better = bw;
+    }
+    if (now - j->better_since < j->move_after_s)
+        return -1;
+    int n = stage_sessions(j);
+    if (n != 0) {
+        kvd_log(KVD_LOG_DEBUG, "window %d still better, but %d session(s) run here", bw, n);
+        return -1;   /* never in the middle of sessions */
+    }
+    return bw;
+}
+
+/* Give our lease up (moving): the window is free at once. */
+static void release(struct join *j)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    long st;
+    cJSON_Delete(call(j, "POST", "/v1/leases/release", b, true, &st));
+}
+
 /* Hold the window: heartbeats, manifests, the stage's health. Returns when the lease is lost
- * (-EPERM) or on a stop (0). The market being down changes nothing here but the retries:
+ * (-EPERM), to move to a better window (-EXDEV, j->prefer set) or on a stop (0). The market being down changes nothing here but the retries:
  * the ring keeps serving (docs/market.md). */
 static int hold(struct join *j)
 {
@@ -494,7 +685,13 @@ static int hold(struct join *j)
                 return rc;
             }
             next_hb = util_now_s() + j->lease_s / 4;
+            int to = move_target(j);
+            if (to >= 0) {
+                j->prefer = to;
+                return -EXDEV;
+            }
         }
+        receipts_tick(j);
         if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
             kvd_log(KVD_LOG_WARN, "the stage exited; starting it again");
             j->stage = 0;
@@ -522,8 +719,11 @@ static void join_usage(FILE *f)
         "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port)\n"
         "  --relay URL         no inbound: the in-edge goes through this relay (relay://HOST:PORT)\n"
         "  --backend NAME      compute backend (default cpu)\n"
+        "  --ca PEM            an https:// market's certificate must chain to this CA\n"
         "  -t N                compute threads (default: all cores)\n"
         "  --jitter-ms MS      random delay before each claim (default 1500)\n"
+        "  --move-ratio R      move to a free window worth R x ours or more (default 1.5) ...\n"
+        "  --move-after-s S    ... once that has lasted S s and no session runs (default 120)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
 }
 
@@ -558,7 +758,8 @@ static int free_port(char *out, size_t n)
 
 int kvd_join_main(int argc, char **argv)
 {
-    struct join j = {.backend = "cpu", .jitter_ms = 1500, .probe_fd = -1};
+    struct join j = {.backend = "cpu", .jitter_ms = 1500, .probe_fd = -1, .move_ratio = 1.5,
+                     .move_after_s = 120, .prefer = -1};
     static char listen_buf[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -585,6 +786,16 @@ int kvd_join_main(int argc, char **argv)
             j.relay = v;
         else if (!strcmp(a, "--backend"))
             j.backend = v;
+        else if (!strcmp(a, "--move-ratio") || !strcmp(a, "--move-after-s")) {
+            double d;
+            bool ratio = !strcmp(a, "--move-ratio");
+            if (util_parse_double(v, ratio ? 1 : 0, 1e6, 0, &d, NULL, 0) < 0) {
+                fprintf(stderr, "kvd join: bad value '%s' for %s\n", v, a);
+                return 2;
+            }
+            *(ratio ? &j.move_ratio : &j.move_after_s) = d;
+        } else if (!strcmp(a, "--ca"))
+            ring_market_set_ca(v);   /* an https:// market's certificate chains to this CA */
         else if (!strcmp(a, "--mem") || !strcmp(a, "-t") || !strcmp(a, "--jitter-ms")) {
             bool mem = a[2] == 'm';
             if (util_parse_u64(v, mem ? 1 << 16 : 0, mem ? 1ull << 50 : 600000,
@@ -653,6 +864,8 @@ int kvd_join_main(int argc, char **argv)
         snprintf(j.endpoint, sizeof j.endpoint, "tcp://%s", j.listen);
     }
     snprintf(j.manifest_path, sizeof j.manifest_path, "%s/manifest.json", j.dir);
+    snprintf(j.receipts_path, sizeof j.receipts_path, "%s/receipts.jsonl", j.dir);
+    snprintf(j.offset_path, sizeof j.offset_path, "%s/receipts.offset", j.dir);
     kvd_log(KVD_LOG_INFO, "node %s joining model %.16s... at %s (memory %llu bytes, endpoint %s)",
             j.node, j.model, j.market, (unsigned long long)j.mem, j.endpoint);
     signal(SIGTERM, on_stop);
@@ -691,6 +904,15 @@ int kvd_join_main(int argc, char **argv)
         stage_stop(&j);
         probe_close(&j);
         j.manifest_sha[0] = 0;
+        j.better_since = 0;
+        if (rc == -EXDEV) {   /* moving: what we owe is submitted while we hold the rank */
+            kvd_log(KVD_LOG_INFO, "moving from window %u to window %d", j.window, j.prefer);
+            receipts_submit(&j);
+            release(&j);
+            unlink(j.window_path);   /* a node keeps only the window it serves */
+            rc = 0;
+            continue;
+        }
         if (rc == -EPERM) {
             kvd_log(KVD_LOG_WARN, "lost the lease on window %u; claiming again", j.window);
             rc = 0;
@@ -698,6 +920,9 @@ int kvd_join_main(int argc, char **argv)
     }
     stage_stop(&j);
     probe_close(&j);
+    /* on a clean exit, what the stage wrote last (its sessions end as it stops) */
+    for (int i = 0; i < 3 && receipts_submit(&j); i++)
+        sleep_ms(1000);
     net_identity_free(j.id);
     kvd_log(KVD_LOG_INFO, "stopped");
     return rc < 0 ? 1 : 0;

@@ -84,6 +84,8 @@ struct kvd_stage_opts {
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
+    const char *receipts;       /* append each ended session's work receipts here as JSON
+                                   lines (kvd join submits them; docs/market.md); NULL: none */
     /* Repair (docs/ring.md, "Repair"): is_standby starts this node as the manifest's standby
      * entry standby (rank -1), which takes over a dead rank when its predecessor dials it;
      * repair_wait_s: how long rank 0 pauses sessions waiting for a repair (set: repair_wait_set;

@@ -520,6 +520,9 @@ int net_tls_ctx_server_new(struct net_tls_ctx **out, const char *cert_file, cons
 int net_tls_ctx_client_new(struct net_tls_ctx **out, const char *ca_file, bool verify, char *err,
                            size_t errlen);
 void net_tls_ctx_free(struct net_tls_ctx *ctx);
+/* f: TLS as the byte filter of an HTTP server (net_http_server_set_filter), with a server
+ * ctx; the filter borrows ctx, and both must outlive the server. */
+void net_tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx);
 
 /* WebSocket opcodes and the close codes Kvasir uses (RFC 6455 section 7.4; 4xxx are ours). */
 enum {

@@ -354,3 +354,8 @@ void net__tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx)
     f->close = tls_f_close;
     f->ud = ctx;
 }
+
+void net_tls_filter_init(struct net_http_filter *f, struct net_tls_ctx *ctx)
+{
+    net__tls_filter_init(f, ctx);
+}

@@ -31,6 +31,13 @@ int ring_market_canon(char *out, const char *method, const char *path, const voi
     return n;
 }
 
+static const char *market_ca;
+
+void ring_market_set_ca(const char *ca_file)
+{
+    market_ca = ca_file;
+}
+
 struct resp_buf {
     char *p;
     size_t n, cap;
@@ -114,6 +121,8 @@ int ring_market_call(const char *base, const char *method, const char *path, con
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 5000 ? timeout_ms : 5000));
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    if (market_ca)   /* https://: the market's certificate must chain to this CA */
+        curl_easy_setopt(c, CURLOPT_CAINFO, market_ca);
     if (body) {
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)blen);

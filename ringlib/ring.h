@@ -87,7 +87,10 @@ struct net_identity;
  * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */
 int ring_market_canon(char *out, const char *method, const char *path, const void *body,
                      size_t len, int64_t ts, const char *nonce);
-/* A JSON call to a market at base URL ("http://host:port"). id: sign it (NULL: unsigned).
+/* The CA certificate file (PEM) every later ring_market_call verifies an https:// market
+ * with (borrowed: it must live as long); NULL: the system's store. Set once, at start-up. */
+void ring_market_set_ca(const char *ca_file);
+/* A JSON call to a market at base URL ("http://host:port" or "https://..."). id: sign it (NULL: unsigned).
  * body: JSON text or NULL (GET). *status gets the HTTP status, *resp the answer's body
  * (malloc'd, NUL-terminated; the caller frees). 0, or negative errno with err filled when no
  * answer came. timeout_ms bounds the whole call. */

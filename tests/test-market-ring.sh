@@ -4,33 +4,17 @@
 #    layer ranges given) form a ring whose generation equals one process's;
 #  * every node holds only its window (pulled, verified), every window is active, one ring;
 #  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
+#  * receipts: each node's balance (layer_tokens) equals its window's layers x the rows its own
+#    stage counted, and its credit follows the published reward of a covered window;
 #  * churn: kill -9 one joined node: its window is reported uncovered once its lease lapses,
 #    a fourth `kvd join` takes exactly that window, the new manifest changes only that rank's
 #    entry, and the ring serves the same generation again;
 #  * kill -9 of the market: the ring keeps serving, and after the market's restart (same
 #    database) the nodes take their leases back without a new manifest.
 . "$(dirname "$0")/lib.sh"
-S=$DATA/models/stories260K.gguf   # trained llama, 5 layers
-need_data "$S"
-need_exec "$KVD" "$KVCTL"
-KEEP_FAILED_TMP=1
-san_log_check
-show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
-on_fatal() { show_logs; }
-fail_fast
+. "$(dirname "$0")/market_lib.sh"
 
-"$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
-"$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
-PIDS="$PIDS $!"
-"$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
-    --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
-MARKET_PID=$!
-PIDS="$PIDS $MARKET_PID"
-wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
-SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
-M=http://127.0.0.1:$(cat "$T/market.port")
-ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
-     --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+market_up
 [ "$ID" = "$(sha256sum "$T/cat.json" | cut -d' ' -f1)" ] || fail "model id $ID is not the catalog's SHA-256"
 
 # three nodes; memory (1.8 MB each) that needs three of them for the 3.6 MiB the planner asks
@@ -43,13 +27,6 @@ join() { # join NAME
 }
 for n in a b c; do join $n; done
 
-ring_ready() { # the coverage map has one ring and every window active
-    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
-    python3 -c '
-import json,sys
-c=json.load(open(sys.argv[1]))["models"][0]
-sys.exit(0 if len(c["rings"])==1 and all(w["state"]=="active" for w in c["windows"]) else 1)' "$T/cov.json"
-}
 wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
 NW=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["models"][0]["windows"]))' "$T/cov.json")
 [ "$NW" = 3 ] || fail "the market planned $NW windows for three 1.8 MB nodes, expected 3"
@@ -57,15 +34,6 @@ NW=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["models
 grep -q "rings 1" "$T/status.txt" || fail "the status table shows no ring: $(cat "$T/status.txt")"
 [ "$(grep -c ' active ' "$T/status.txt")" = 3 ] || fail "status table: $(cat "$T/status.txt")"
 
-# which node is rank 0 (its kvd.sock serves clients)
-key_of() { "$KVD" stage --state-dir "$T/$1" --print-key; }
-rank_of() { # rank_of NAME: its rank in the manifest it runs
-    python3 -c '
-import json,sys
-m=json.load(open(sys.argv[1]))
-print([r["rank"] for r in m["ranks"] if r["node"]==sys.argv[2]][0])' "$T/$1/manifest.json" "$(key_of "$1")"
-}
-rank0() { for n in "$@"; do [ "$(rank_of "$n" 2>/dev/null)" = 0 ] && { echo "$n"; return; }; done; }
 serves() { # serves NAME: rank 0's socket answers with the one-process tokens
     got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,50,100,200,300 -n 16 --temp 0 \
           --ids 2>"$T/gen.err")
@@ -93,6 +61,31 @@ cmp -s "$T/a/manifest.json" "$T/b/manifest.json" && cmp -s "$T/b/manifest.json" 
 "$KVCTL" market balance "$M" "$(key_of a)" --json >"$T/bal.json" || fail "kvctl market balance failed"
 grep -q '"layer_tokens"' "$T/bal.json" && grep -q '"credit"' "$T/bal.json" ||
     fail "balance lacks layer_tokens/credit: $(cat "$T/bal.json")"
+
+# ---- receipts: the stages sign what they computed, kvd join submits it, the market credits it.
+# A second generation with a longer prompt, so prompt and decode rows both count.
+serves2() {
+    got2=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,20,30,40,50,60,70,80 -n 9 \
+           --temp 0 --ids 2>"$T/gen.err")
+    [ -n "$got2" ]
+}
+serves2 "$R0" || fail "the second generation failed: $(cat "$T/gen.err")"
+wait_for 30 credited a b c || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
+echo "ok   every node is credited the layer-tokens its stage computed, at the published reward:"
+sed 's/^/       /' "$T/credited.txt"
+# a node that submits its receipts again (its submitted offset lost, as after a crash between a
+# submission and saving the offset) is told 409 for each and credited nothing more
+for n in a b c; do cp "$T/bal-$n.json" "$T/bal-$n.before"; rm -f "$T/$n/receipts.offset"; done
+wait_for 20 test -s "$T/a/receipts.offset" -a -s "$T/b/receipts.offset" -a -s "$T/c/receipts.offset" ||
+    fail "the nodes did not submit their receipts again"
+sleep 1
+for n in a b c; do
+    "$KVCTL" market balance "$M" "$(key_of $n)" --json >"$T/bal-$n.json" || fail "balance of $n"
+    cmp -s "$T/bal-$n.json" "$T/bal-$n.before" ||
+        fail "resubmitted receipts changed node $n's balance: $(cat "$T/bal-$n.before") -> $(cat "$T/bal-$n.json")"
+done
+grep -q "submitted before" "$T/join-a.log" || fail "node a's resubmissions were not refused as duplicates"
+echo "ok   resubmitted receipts are refused as duplicates and credit nothing twice"
 
 # ---- churn: kill -9 a node that is not rank 0 (the client's socket stays where it is)
 VICTIM=""
@@ -143,5 +136,9 @@ wait_for 30 ring_ready || fail "the ring was not complete again after the market
 sleep 2
 cmp -s "$T/manifest-running.json" "$T/$R0/manifest.json" || fail "the market's restart changed the manifest"
 serves "$R0" || fail "the ring does not serve after the market came back ($got)"
-echo "ok   the ring served while the market was down, and kept its manifest after"
+# the receipts of what the ring served while the market was down reach it once it is back
+# (node d's stage ran from its start on this manifest, so its counter is all its work)
+wait_for 40 credited d || fail "node d's balance does not match its stage's work: $(cat "$T/credited.txt")"
+echo "ok   the ring served while the market was down, and kept its manifest after; receipts"
+echo "     of that work were submitted once the market was back"
 finish

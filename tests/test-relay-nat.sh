@@ -12,50 +12,13 @@
 cd "$(dirname "$0")/.."
 . tests/relay/lib.sh
 . tests/relay/ring_relay.sh
+. tests/nat_lib.sh
 M=$(need_model stories260K.gguf) || exit 1
-[ "$(id -u)" = 0 ] || fail "needs root for network namespaces"
-command -v ip >/dev/null || fail "ip (iproute2) missing"
-command -v nft >/dev/null || fail "nft (nftables) missing"
 PROMPT=1,400,300,200,100
 
 S=$$
 PUB=kvpub$S NAT=kvnat$S PHONE=kvph$S
-ns_cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    PIDS=""
-    for n in $PUB $NAT $PHONE; do ip netns del "$n" 2>/dev/null; done
-}
-at_exit ns_cleanup
-for n in $PUB $NAT $PHONE; do ip netns add "$n" || fail "ip netns add $n"; ip -n "$n" link set lo up; done
-ip link add pub0 netns $PUB type veth peer name wan0 netns $NAT || fail "veth pub-nat"
-ip link add lan0 netns $NAT type veth peer name ph0 netns $PHONE || fail "veth nat-phone"
-ip -n $PUB addr add 203.0.113.1/24 dev pub0
-ip -n $NAT addr add 203.0.113.2/24 dev wan0
-ip -n $NAT addr add 198.51.100.1/24 dev lan0
-ip -n $PHONE addr add 198.51.100.2/24 dev ph0
-for l in "$PUB pub0" "$NAT wan0" "$NAT lan0" "$PHONE ph0"; do set -- $l; ip -n "$1" link set "$2" up; done
-ip -n $PHONE route add default via 198.51.100.1
-# pub knows where the phone's network is (as an ISP would): only the NAT can stop the dial
-ip -n $PUB route add 198.51.100.0/24 via 203.0.113.2
-ip netns exec $NAT sysctl -qw net.ipv4.ip_forward=1
-ip netns exec $NAT nft -f - <<'NFT' || fail "nftables rules"
-table ip nat {
-    chain postrouting { type nat hook postrouting priority 100; oifname "wan0" ip saddr 198.51.100.0/24 masquerade; }
-}
-table inet filter {
-    chain forward {
-        type filter hook forward priority 0; policy drop;
-        ct state established,related accept
-        iifname "lan0" oifname "wan0" accept
-    }
-    chain input {
-        type filter hook input priority 0; policy drop;
-        ct state established,related accept
-        iifname { "lo", "lan0" } accept
-    }
-}
-NFT
+nat_setup $PUB $NAT $PHONE
 
 # The reference: a direct loopback ring (also gives each rank its node key).
 D="$T/ring"
@@ -93,16 +56,7 @@ st=$(ip netns exec $PUB curl -s --cacert "$T/cert.pem" https://203.0.113.1:4443/
 echo "$st" | grep -q '"paired":1' || fail "relay status: $st"
 
 # A listener in the phone answers inside the phone, but a dial from pub does not get through.
-ip netns exec $PHONE /usr/bin/python3 -c '
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7101)); s.listen(4); time.sleep(60)' &
-PIDS="$PIDS $!"
-sleep 0.3
-ip netns exec $PHONE timeout 3 bash -c 'echo > /dev/tcp/198.51.100.2/7101' || fail "the phone's own listener is not up"
-if ip netns exec $PUB timeout 3 bash -c 'echo > /dev/tcp/198.51.100.2/7101' 2>/dev/null; then
-    fail "a direct dial from pub into the phone got through the NAT"
-fi
+nat_dial_blocked $PUB $PHONE 7101
 echo "ok: a direct dial into the phone fails; the phone is reachable only through the relay"
 "$KVCTL" ring down --dir "$D" > /dev/null
 echo "PASS"

@@ -936,6 +936,32 @@ out:
     cJSON_Delete(b);
 }
 
+/* Refuse a call that loaded a model's state: its rows freed, the transaction rolled back,
+ * the refusal sent. */
+static void state_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                         struct model_state *ms, int status, cJSON *extra, const char *why)
+{
+    kvd_market__model_clear(&ms->m);
+    rollback_err(a, req, status, extra, why);
+}
+
+/* The state of the call's model (64 hex digits, checked by the caller) in the open
+ * transaction: 0, or the refusal sent (404 for a model not registered, 503 for the store)
+ * and the transaction rolled back. */
+static int state_load(struct kvd_market_api *a, struct net_http_req *req, const char *model,
+                      struct model_state *ms, double now)
+{
+    char why[128];
+    int rc = model_state_load(a, model, ms, now);
+    if (rc == -ENOENT) {
+        snprintf(why, sizeof why, "model %s is not registered", model);
+        rollback_err(a, req, 404, NULL, why);
+    } else if (rc) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+    }
+    return rc;
+}
+
 /* The body of a call about a model's windows, and room for the model's state: the body
  * (caller deletes; *ms caller frees), or NULL with the refusal sent. */
 static cJSON *body_and_state(struct net_http_req *req, struct model_state **ms)
@@ -967,16 +993,9 @@ static int lease_target(struct kvd_market_api *a, struct net_http_req *req, cons
         rollback_err(a, req, 400, NULL, why);
         return -EINVAL;
     }
-    int rc = model_state_load(a, model, ms, now);
-    if (rc == -ENOENT) {
-        snprintf(why, sizeof why, "model %s is not registered", model);
-        rollback_err(a, req, 404, NULL, why);
+    int rc = state_load(a, req, model, ms, now);
+    if (rc)
         return rc;
-    }
-    if (rc) {
-        rollback_err(a, req, 503, NULL, a->st->err);
-        return rc;
-    }
     for (size_t i = 0; i < ms->n; i++)
         if (ms->w[i].idx == w) {
             *wi = i;
@@ -986,9 +1005,44 @@ static int lease_target(struct kvd_market_api *a, struct net_http_req *req, cons
              (unsigned long long)w, ms->n);
     cJSON *x = cJSON_CreateObject();
     cJSON_AddItemToObject(x, "free", free_windows(ms, NULL));
-    kvd_market__model_clear(&ms->m);
-    rollback_err(a, req, 404, x, why);
+    state_refuse(a, req, ms, 404, x, why);
     return -ENOENT;
+}
+
+/* A call on one window's lease (claims, heartbeats): its body, the signer, the model's state
+ * and the window's index in it. */
+struct lease_call {
+    cJSON *b;
+    struct model_state *ms;
+    size_t wi;
+    double now;
+    char node[65];
+};
+
+/* Start a lease call: the body (check, when not NULL, says why it is malformed: a 400), the
+ * signature, the model's state, the window: 0, or the refusal sent. lease_call_end frees c
+ * either way. */
+static int lease_call_open(struct lease_call *c, struct kvd_market_api *a,
+                           struct net_http_req *req, const char *(*check)(const cJSON *b))
+{
+    *c = (struct lease_call){0};
+    if (!(c->b = body_and_state(req, &c->ms)))
+        return -EINVAL;
+    c->now = now_s();
+    const char *bad = check ? check(c->b) : NULL;
+    if (bad) {
+        reply_err(req, 400, NULL, "%s", bad);
+        return -EINVAL;
+    }
+    if (begin_signed(a, req, c->node) || lease_target(a, req, c->b, c->ms, &c->wi, c->now))
+        return -EPERM;
+    return 0;
+}
+
+static void lease_call_end(struct lease_call *c)
+{
+    free(c->ms);
+    cJSON_Delete(c->b);
 }
 
 /* POST /v1/claims {"model": ID, "window": W}: a reserved lease on a free window, the same one
@@ -996,67 +1050,57 @@ static int lease_target(struct kvd_market_api *a, struct net_http_req *req, cons
 static void h_claims(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
-    char node[65], why[512];
-    struct model_state *ms;
-    cJSON *b = body_and_state(req, &ms);
-    if (!b)
-        return;
-    size_t wi;
-    double now = now_s();
-    if (begin_signed(a, req, node) || lease_target(a, req, b, ms, &wi, now))
+    char why[512];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, NULL))
         goto out;
-    int ls = ms->ls[wi];
-    struct kvd_market_lease *l = &ms->l[wi];
-    if (ls != L_FREE && strcmp(l->node, node)) {
+    int ls = c.ms->ls[c.wi];
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    if (ls != L_FREE && strcmp(l->node, c.node)) {
         cJSON *x = cJSON_CreateObject();
-        cJSON_AddItemToObject(x, "free", free_windows(ms, node));
-        snprintf(why, sizeof why, "window %u is %s by node %.16s...", ms->w[wi].idx,
+        cJSON_AddItemToObject(x, "free", free_windows(c.ms, c.node));
+        snprintf(why, sizeof why, "window %u is %s by node %.16s...", c.ms->w[c.wi].idx,
                  ls == L_GRACE ? "in its grace period, kept for" : "held", l->node);
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 409, x, why);
+        state_refuse(a, req, c.ms, 409, x, why);
         goto out;
     }
-    for (size_t i = 0; i < ms->n; i++)
-        if (i != wi && (ms->ls[i] == L_RESERVED || ms->ls[i] == L_ACTIVE) &&
-            !strcmp(ms->l[i].node, node)) {
-            snprintf(why, sizeof why, "this node already holds window %u of the model", ms->w[i].idx);
-            kvd_market__model_clear(&ms->m);
-            rollback_err(a, req, 409, NULL, why);
+    for (size_t i = 0; i < c.ms->n; i++)
+        if (i != c.wi && (c.ms->ls[i] == L_RESERVED || c.ms->ls[i] == L_ACTIVE) &&
+            !strcmp(c.ms->l[i].node, c.node)) {
+            snprintf(why, sizeof why, "this node already holds window %u of the model", c.ms->w[i].idx);
+            state_refuse(a, req, c.ms, 409, NULL, why);
             goto out;
         }
     int status = 200;
     if (ls == L_RESERVED || ls == L_ACTIVE) {   /* its holder again: as good as a heartbeat */
-        l->expires = now + (ls == L_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
-        if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
-            kvd_market__model_clear(&ms->m);
-            rollback_err(a, req, 503, NULL, a->st->err);
+        l->expires = c.now + (ls == L_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
     } else {   /* a new lease (or the same node back in its grace) */
-        *l = (struct kvd_market_lease){.window = ms->w[wi].idx, .state = KVD_LEASE_RESERVED,
-                                       .expires = now + a->cfg.reserve_s, .since = now};
-        memcpy(l->node, node, 65);
-        if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
-            kvd_market__model_clear(&ms->m);
-            rollback_err(a, req, 503, NULL, a->st->err);
+        *l = (struct kvd_market_lease){.window = c.ms->w[c.wi].idx, .state = KVD_LEASE_RESERVED,
+                                       .expires = c.now + a->cfg.reserve_s, .since = c.now};
+        memcpy(l->node, c.node, 65);
+        if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
         ls = L_RESERVED;
         status = 201;
     }
-    cJSON *o = lease_json(a, l, ls, now);
-    cJSON_AddStringToObject(o, "model", ms->m.id);
+    cJSON *o = lease_json(a, l, ls, c.now);
+    cJSON_AddStringToObject(o, "model", c.ms->m.id);
     cJSON *ly = cJSON_CreateArray();
-    cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[wi].first));
-    cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[wi].last));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(c.ms->w[c.wi].first));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(c.ms->w[c.wi].last));
     cJSON_AddItemToObject(o, "layers", ly);
     cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
     cJSON_AddNumberToObject(o, "reserve_s", a->cfg.reserve_s);
-    kvd_market__model_clear(&ms->m);
+    kvd_market__model_clear(&c.ms->m);
     commit_reply(a, req, status, o);
 out:
-    free(ms);
-    cJSON_Delete(b);
+    lease_call_end(&c);
 }
 
 /* "tcp://HOST:PORT" into host and port: 0 or -EINVAL. */
@@ -1074,6 +1118,19 @@ static int endpoint_split(const char *ep, char *host, size_t hn, int *port)
         return -EINVAL;
     *port = (int)p;
     return 0;
+}
+
+/* A heartbeat's endpoint, when it has one: NULL when well formed, else why not. */
+_Static_assert(KVD_MARKET_EP_MAX == 256, "endpoint_bad's message names the limit");
+static const char *endpoint_bad(const cJSON *b)
+{
+    const char *ep = jstr(b, "endpoint");
+    char host[256];
+    int port;
+    if (ep && (strlen(ep) >= KVD_MARKET_EP_MAX ||
+               (strncmp(ep, "relay://", 8) && endpoint_split(ep, host, sizeof host, &port))))
+        return "endpoint: expected tcp://HOST:PORT or relay://HOST:PORT/b/ID (at most 255 bytes)";
+    return NULL;
 }
 
 /* Make the lease active (its endpoint answered): a transaction of its own, since the probe
@@ -1147,75 +1204,94 @@ static void probe_abort(void *ud)
     probe_end(p, NULL);
 }
 
+/* POST /v1/leases/release {"model", "window"}: the caller gives its lease up; the window is free
+ * at once, with no grace period (a node moving to another window, docs/market.md, "Moving"). */
+static void h_release(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, NULL))
+        goto out;
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    if (strcmp(l->node, c.node) || c.ms->ls[c.wi] == L_FREE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
+    l->expires = c.now - a->cfg.grace_s - 1;   /* past its grace: free for anyone */
+    if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+        state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", c.ms->m.id);
+    cJSON_AddNumberToObject(o, "window", c.ms->w[c.wi].idx);
+    cJSON_AddStringToObject(o, "state", "released");
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, 200, o);
+out:
+    lease_call_end(&c);
+}
+
 /* POST /v1/leases/heartbeat {"model", "window", "progress"?, "endpoint"?}: renew the caller's
  * lease; with an endpoint, a reserved lease becomes active once that endpoint accepts a
  * connection (docs/market.md, "Leases"). */
 static void h_heartbeat(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
-    char node[65], why[512];
-    struct model_state *ms;
-    cJSON *b = body_and_state(req, &ms);
-    if (!b)
-        return;
-    size_t wi;
-    double now = now_s();
-    const char *ep = jstr(b, "endpoint");
+    char why[512];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, endpoint_bad))
+        goto out;
+    const char *ep = jstr(c.b, "endpoint");
     char host[256];
     int port = 0;
-    if (ep && (strlen(ep) >= KVD_MARKET_EP_MAX ||
-               (strncmp(ep, "relay://", 8) && endpoint_split(ep, host, sizeof host, &port)))) {
-        reply_err(req, 400, NULL, "endpoint: expected tcp://HOST:PORT or relay://HOST:PORT/b/ID "
-                  "(at most %d bytes)", KVD_MARKET_EP_MAX - 1);
-        goto out;
-    }
-    if (begin_signed(a, req, node) || lease_target(a, req, b, ms, &wi, now))
-        goto out;
-    struct kvd_market_lease *l = &ms->l[wi];
-    int ls = ms->ls[wi];
-    if (strcmp(l->node, node) || ls == L_FREE || ls == L_GRACE) {
-        snprintf(why, sizeof why, "this node holds no lease on window %u%s", ms->w[wi].idx,
-                 !strcmp(l->node, node) ? " (it lapsed: claim it again)" : "");
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 409, NULL, why);
+    if (ep && strncmp(ep, "relay://", 8))
+        endpoint_split(ep, host, sizeof host, &port);   /* checked by endpoint_bad */
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    int ls = c.ms->ls[c.wi];
+    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u%s", c.ms->w[c.wi].idx,
+                 !strcmp(l->node, c.node) ? " (it lapsed: claim it again)" : "");
+        state_refuse(a, req, c.ms, 409, NULL, why);
         goto out;
     }
     bool activating = ep && (l->state != KVD_LEASE_ACTIVE || strcmp(l->endpoint, ep));
     if (!activating)
-        l->expires = now + (l->state == KVD_LEASE_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        l->expires = c.now + (l->state == KVD_LEASE_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
     else
-        l->expires = now + a->cfg.reserve_s;   /* alive while its endpoint is checked */
-    if (a->st->ops->lease_put(a->st->impl, ms->m.id, l)) {
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 503, NULL, a->st->err);
+        l->expires = c.now + a->cfg.reserve_s;   /* alive while its endpoint is checked */
+    if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+        state_refuse(a, req, c.ms, 503, NULL, a->st->err);
         goto out;
     }
     if (!activating) {
-        cJSON *o = lease_json(a, l, lease_now(a, l, now), now);
-        cJSON_AddStringToObject(o, "model", ms->m.id);
-        kvd_market__model_clear(&ms->m);
+        cJSON *o = lease_json(a, l, lease_now(a, l, c.now), c.now);
+        cJSON_AddStringToObject(o, "model", c.ms->m.id);
+        kvd_market__model_clear(&c.ms->m);
         commit_reply(a, req, 200, o);
         goto out;
     }
     if (a->st->ops->commit(a->st->impl)) {
         a->st->ops->rollback(a->st->impl);
-        kvd_market__model_clear(&ms->m);
+        kvd_market__model_clear(&c.ms->m);
         reply_err(req, 503, NULL, "store: %s", a->st->err);
         goto out;
     }
     struct probe *p = calloc(1, sizeof *p);
     if (!p) {
-        kvd_market__model_clear(&ms->m);
+        kvd_market__model_clear(&c.ms->m);
         reply_err(req, 503, NULL, "out of memory");
         goto out;
     }
     p->a = a;
     p->req = req;
-    p->window = ms->w[wi].idx;
-    memcpy(p->model, ms->m.id, 65);
-    memcpy(p->node, node, 65);
+    p->window = c.ms->w[c.wi].idx;
+    memcpy(p->model, c.ms->m.id, 65);
+    memcpy(p->node, c.node, 65);
     snprintf(p->endpoint, sizeof p->endpoint, "%s", ep);
-    kvd_market__model_clear(&ms->m);
+    kvd_market__model_clear(&c.ms->m);
     struct sockaddr_storage sa;
     if (!a->cfg.probe || port == 0 ||
         (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) &&
@@ -1234,8 +1310,7 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
     if (rc)
         probe_end(p, uv_strerror(rc));
 out:
-    free(ms);
-    cJSON_Delete(b);
+    lease_call_end(&c);
 }
 
 /* POST /v1/receipts {"model", "session", "rank", "tokens": [t0, t1], "digest", "side":
@@ -1284,17 +1359,12 @@ static void h_receipts(struct net_http_req *req, void *ud)
     if (begin_signed(a, req, node))
         goto out;
     memcpy(r.node, node, 65);
-    int rc = model_state_load(a, model, ms, now);
-    if (rc) {
-        rollback_err(a, req, rc == -ENOENT ? 404 : 503, NULL,
-                     rc == -ENOENT ? "the receipt's model is not registered" : a->st->err);
+    if (state_load(a, req, model, ms, now))
         goto out;
-    }
     if (rank >= ms->n) {
         snprintf(why, sizeof why, "rank %llu does not exist (the ring has %zu ranks)",
                  (unsigned long long)rank, ms->n);
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 404, NULL, why);
+        state_refuse(a, req, ms, 404, NULL, why);
         goto out;
     }
     /* who may sign: the rank's holder sends; the next rank (rank 0 after the last) receives */
@@ -1304,14 +1374,12 @@ static void h_receipts(struct net_http_req *req, void *ud)
     if (strcmp(ms->l[signer].node, node)) {
         snprintf(why, sizeof why, "node %.16s... does not hold rank %zu, whose %s side this is",
                  node, signer, side);
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 403, NULL, why);
+        state_refuse(a, req, ms, 403, NULL, why);
         goto out;
     }
-    rc = a->st->ops->receipt_put(a->st->impl, &r);
+    int rc = a->st->ops->receipt_put(a->st->impl, &r);
     if (rc == -EEXIST) {
-        kvd_market__model_clear(&ms->m);
-        rollback_err(a, req, 409, NULL, "this side of the receipt was submitted before");
+        state_refuse(a, req, ms, 409, NULL, "this side of the receipt was submitted before");
         goto out;
     }
     cJSON *o = cJSON_CreateObject();
@@ -1333,8 +1401,7 @@ static void h_receipts(struct net_http_req *req, void *ud)
         rc = a->st->ops->credit_add(a->st->impl, session, r.rank, r.t0, r.t1, snd->node, lt, credit);
         if (rc == -EEXIST) {
             cJSON_Delete(o);
-            kvd_market__model_clear(&ms->m);
-            rollback_err(a, req, 409, NULL, "tokens of this range were credited before for this "
+            state_refuse(a, req, ms, 409, NULL, "tokens of this range were credited before for this "
                          "session and rank");
             goto out;
         }
@@ -1457,6 +1524,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"GET", "/v1/nodes/*", h_node_get},
         {"POST", "/v1/claims", h_claims},
         {"POST", "/v1/leases/heartbeat", h_heartbeat},
+        {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/receipts", h_receipts},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {

@@ -44,6 +44,8 @@ static void usage(FILE *f)
         "  --db PATH           the SQLite database (created when missing; WAL)\n"
         "  --listen HOST:PORT  default 127.0.0.1:7490 (port 0 picks one)\n"
         "  --port-file PATH    write the bound port there\n"
+        "  --tls-cert PEM      serve HTTPS with this certificate chain (with --tls-key)\n"
+        "  --tls-key PEM       the certificate's private key\n"
         "  --lease-s S         an active lease lives S s past its heartbeat (default 20)\n"
         "  --reserve-s S       a reserved lease, past its download heartbeat (default 60)\n"
         "  --grace-s S         a lapsed window waits S s for its node to come back (default 30)\n"
@@ -66,7 +68,7 @@ int kvd_market_main(int argc, char **argv)
 {
     struct kvd_market_config cfg;
     kvd_market__config_default(&cfg);
-    const char *port_file = NULL;
+    const char *port_file = NULL, *tls_cert = NULL, *tls_key = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -89,6 +91,10 @@ int kvd_market_main(int argc, char **argv)
             cfg.listen = v;
         else if (!strcmp(a, "--port-file"))
             port_file = v;
+        else if (!strcmp(a, "--tls-cert"))
+            tls_cert = v;
+        else if (!strcmp(a, "--tls-key"))
+            tls_key = v;
         else if (!strcmp(a, "--lease-s"))
             rc = num(a, v, 1, 86400, &cfg.lease_s);
         else if (!strcmp(a, "--reserve-s"))
@@ -120,13 +126,24 @@ int kvd_market_main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!tls_cert != !tls_key) {
+        fprintf(stderr, "kvd market: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
     kvd_log_set_prefix("market");
     signal(SIGPIPE, SIG_IGN);
     char err[KV_ERR_MAX];
+    struct net_tls_ctx *tls = NULL;
+    static struct net_http_filter tls_filter;
+    if (tls_cert && net_tls_ctx_server_new(&tls, tls_cert, tls_key, err, sizeof err) < 0) {
+        fprintf(stderr, "kvd market: %s\n", err);
+        return 1;
+    }
     struct kvd_market_store *st;
     int rc = kvd_market__store_open(&st, cfg.db, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvd market: %s\n", err);
+        net_tls_ctx_free(tls);
         return 1;
     }
     uv_loop_t *loop = uv_default_loop();
@@ -139,6 +156,10 @@ int kvd_market_main(int argc, char **argv)
         return 1;
     }
     net_http_server_set_log(srv, http_log, NULL);
+    if (tls) {   /* HTTPS: TLS as the server's byte filter (net/tls.c) */
+        net_tls_filter_init(&tls_filter, tls);
+        net_http_server_set_filter(srv, &tls_filter);
+    }
     if ((rc = kvd_market__api_new(&main_api, loop, srv, st, &cfg, err, sizeof err))) {
         fprintf(stderr, "kvd market: %s\n", err);
         return 1;
@@ -147,7 +168,8 @@ int kvd_market_main(int argc, char **argv)
         fprintf(stderr, "kvd market: listen on %s: %s\n", cfg.listen, uv_strerror(rc));
         return 1;
     }
-    kvd_log(KVD_LOG_INFO, "listening on port %d, database %s", net_http_server_port(srv), cfg.db);
+    kvd_log(KVD_LOG_INFO, "listening on port %d (%s), database %s", net_http_server_port(srv),
+            tls ? "https" : "http", cfg.db);
     if (port_file)
         kvd_port_file_write(port_file, net_http_server_port(srv));
     main_srv = srv;
@@ -159,5 +181,6 @@ int kvd_market_main(int argc, char **argv)
     kvd_market__api_free(main_api);
     kvd_market__store_close(st);
     uv_loop_close(loop);
+    net_tls_ctx_free(tls);
     return 0;
 }

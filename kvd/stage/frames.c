@@ -207,6 +207,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         s->next_pos += h->n_tokens;
         s->kv_end = pos + n;
         s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_receipt_received(st, s, h->pos, h->n_tokens, payload, h->payload_len);
         kvd_compute_submit(st->comp, j);
         return;
     }
@@ -235,6 +236,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (n_hist >= s->n_ctx)
             VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
         s->last_active_ms = (uint64_t)util_now_ms();
+        kvd_receipt_received(st, s, h->pos, 1, payload, h->payload_len);
         kvd_sess_on_token(st, s, h, payload);
         return;
     }

@@ -300,6 +300,7 @@ struct sess {
     uint64_t seq;               /* creation order: the oldest logs go first under the total cap */
     const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
     void *sink_ud;
+    struct kvd_receipt *receipt;   /* the work receipts' counters (receipt.c); NULL: none yet */
 };
 
 struct client {
@@ -400,6 +401,15 @@ static inline void wr32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
+
+/* receipt.c: per session, the positions run and digests of the boundaries sent and received;
+ * written to o.receipts when the session ends here (kvd_receipt_close, from kvd_sess_drop).
+ * Each does nothing without o.receipts. */
+void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n);
+void kvd_receipt_sent(struct stage *st, struct sess *s, const void *payload, size_t len);
+void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+                          const void *payload, size_t len);
+void kvd_receipt_close(struct stage *st, struct sess *s);
 
 /* conn.c */
 bool kvd_conn_out_up(struct stage *st);

@@ -185,6 +185,7 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
         s->sink = NULL;
         k->done(s->sink_ud, s, NULL, "the session was dropped", NULL, 0);
     }
+    kvd_receipt_close(st, s);
     model_gen_free(s->gen);
     free(s->last_logits);
     free(s);
@@ -831,6 +832,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             st->dec_steps++;
             st->dec_ms += j->ms;
         }
+        kvd_receipt_ran(st, s, j->pos, j->n);
         /* The boundary rows go into the log (a held session's only there, until its replay) */
         const uint8_t *out = j->out;
         if (j->out_type == NET_F_ACT && !s->log_dropped) {
@@ -853,6 +855,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
                 kvd_sess_hold(st, s, msg);
             } else {
+                kvd_receipt_sent(st, s, out, j->out_len);
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
                 if (j->out_type == NET_F_ACT)
                     st->act_frames_out++;
