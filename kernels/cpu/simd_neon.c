@@ -128,14 +128,19 @@ static float SFX(dot_f32)(const void *w, const void *xq, int64_t n)
     return SFX(dot_f32_row)(w, xq, n);
 }
 
-/* out[c] = dot(f16 row w, f16 activation row c), two accumulators per column. */
+/* out[c] = dot(f16 row w, f16 activation row c), two accumulators per column. A product of
+ * two f16 values is exact in f32 (22 significant bits); the products are summed in f64 as
+ * the reference sums them, so the dot rounds to the reference's float but for exact ties.
+ * Attention on an F16 cache rounds its softmax weights to f16 after these dots: with f32
+ * sums a score one ulp off the reference's flipped such a rounding now and then (an error of
+ * 2^-11 of one weight), beyond test-kern-cpu's bound for attention against the reference. */
 static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs, const int nc,
                                         int64_t n, float *out)
 {
     const uint16_t *a = w;
-    float32x4_t acc[KERN_MAXCOL][2];
+    float64x2_t acc[KERN_MAXCOL][2];
     for (int c = 0; c < nc; c++)
-        acc[c][0] = acc[c][1] = vdupq_n_f32(0);
+        acc[c][0] = acc[c][1] = vdupq_n_f64(0);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         float32x4_t w0, w1;
@@ -143,16 +148,19 @@ static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs
         for (int c = 0; c < nc; c++) {
             float32x4_t x0, x1;
             ld_f16x8((const uint16_t *)((const char *)xq + c * xs) + i, &x0, &x1);
-            acc[c][0] = vfmaq_f32(acc[c][0], w0, x0);
-            acc[c][1] = vfmaq_f32(acc[c][1], w1, x1);
+            float32x4_t p0 = vmulq_f32(w0, x0), p1 = vmulq_f32(w1, x1); /* exact */
+            acc[c][0] = vaddq_f64(acc[c][0], vcvt_f64_f32(vget_low_f32(p0)));
+            acc[c][1] = vaddq_f64(acc[c][1], vcvt_high_f64_f32(p0));
+            acc[c][0] = vaddq_f64(acc[c][0], vcvt_f64_f32(vget_low_f32(p1)));
+            acc[c][1] = vaddq_f64(acc[c][1], vcvt_high_f64_f32(p1));
         }
     }
     for (int c = 0; c < nc; c++) {
         const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs);
-        float s = vaddvq_f32(vaddq_f32(acc[c][0], acc[c][1]));
+        double s = vaddvq_f64(vaddq_f64(acc[c][0], acc[c][1]));
         for (int64_t k = i; k < n; k++)
-            s += h2f(a[k]) * h2f(b[k]);
-        out[c] = s;
+            s += (double)(h2f(a[k]) * h2f(b[k]));
+        out[c] = (float)s;
     }
 }
 
