@@ -88,13 +88,15 @@ sys.stdout.write(",".join(map(str, v)) if isinstance(v, list) else str(v))' "$1"
 
 if [ "$FULL" = 1 ]; then
     # The model tests on the cpu device (test-model-ref's opencl cases need an arm64 OpenCL
-    # driver, which qemu-user has not).
-    for t in test-kern-ref "test-model-ref teacher_forced_logits greedy_generation ref_device" \
-             test-model-batch test-model-noalloc test-gguf-parse; do
-        set -- $t
-        [ -x "$ARM/tests/$1" ] || continue
-        run_arm "$ARM/tests/$@" > "$T/$1.log" 2>&1 ||
-            fail "$1 under qemu: $(grep -a '^FAIL' "$T/$1.log" | head -n 5; tail -n 3 "$T/$1.log")"
+    # driver, which qemu-user has not; a test program runs the one case it is given).
+    for t in test-kern-ref "test-model-ref teacher_forced_logits" "test-model-ref greedy_generation" \
+             "test-model-ref ref_device" test-model-batch test-model-noalloc test-gguf-parse; do
+        read -r prog tcase <<< "$t"
+        [ -x "$ARM/tests/$prog" ] || { fail "$ARM/tests/$prog is missing"; continue; }
+        log="$T/$prog${tcase:+-$tcase}.log"
+        # shellcheck disable=SC2086
+        run_arm "$ARM/tests/$prog" $tcase > "$log" 2>&1 ||
+            fail "$t under qemu: $(grep -a '^FAIL' "$log" | head -n 5; tail -n 3 "$log")"
         echo "ok $t under qemu"
     done
 
@@ -118,7 +120,9 @@ if [ "$FULL" = 1 ]; then
         cases=$((cases + 1))
         [ "$arm" = "$x86" ] && continue
         case "$exact" in *" $c "*) fail "$c: arm64 tokens '$arm' differ from the x86 build's '$x86'"; continue ;; esac
-        a=($x86) b=($arm) k=0 prefix=$p
+        read -r -a a <<< "$x86"
+        read -r -a b <<< "$arm"
+        k=0 prefix=$p
         while [ $k -lt ${#a[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do prefix="$prefix,${a[$k]}"; k=$((k + 1)); done
         "$KVCTL" logits -m "$M" --tokens "$prefix" -o "$T/x86.f32" >/dev/null 2>&1 &&
             run_arm "$ARM/kvctl" logits -m "$M" --tokens "$prefix" -o "$T/arm.f32" -t 2 >/dev/null 2>&1 ||
