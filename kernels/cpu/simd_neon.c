@@ -1,5 +1,5 @@
-/* simd_neon.c — the aarch64 kernels for the hot dot products: F32, F16, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q8_0, Q4_K and Q6_K, one-row dots and their multi-row forms (docs/kernels.md,
+/* simd_neon.c — the aarch64 kernels for the hot dot products: F32, F16, BF16, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, one-row dots and their multi-row forms (docs/kernels.md,
  * "arm64"). Two levels come from the one body below, which this file includes into itself
  * twice: "neon" (baseline ARMv8-A
  * Advanced SIMD: int8 products widened with vmull/vpadal) and "neon-dotprod" (the same with
@@ -50,6 +50,14 @@ static ALWAYS_INLINE void q5_high(const uint8_t qh[4], uint8x16_t *lo, uint8x16_
     *hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), m), b4);
 }
 
+/* Eight bf16 -> two float32x4 (a bf16 is the top half of an f32). */
+static ALWAYS_INLINE void ld_bf16x8(const uint16_t *p, float32x4_t *a, float32x4_t *b)
+{
+    uint16x8_t u = vld1q_u16(p);
+    *a = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(u), 16));
+    *b = vreinterpretq_f32_u32(vshll_high_n_u16(u, 16));
+}
+
 /* Eight f16 -> two float32x4. */
 static ALWAYS_INLINE void ld_f16x8(const uint16_t *p, float32x4_t *a, float32x4_t *b)
 {
@@ -98,13 +106,14 @@ static ALWAYS_INLINE int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b)
             [KERN_T_Q4_0] = dot_q4_0_##sfx, [KERN_T_Q8_0] = dot_q8_0_##sfx,                    \
             [KERN_T_Q4_K] = dot_q4_K_##sfx, [KERN_T_Q6_K] = dot_q6_K_##sfx,                    \
             [KERN_T_Q4_1] = dot_q4_1_##sfx, [KERN_T_Q5_0] = dot_q5_0_##sfx,                    \
-            [KERN_T_Q5_1] = dot_q5_1_##sfx,                                                    \
+            [KERN_T_Q5_1] = dot_q5_1_##sfx, [KERN_T_BF16] = dot_bf16_neon,                     \
         },                                                                                     \
         .dotn = {                                                                              \
             [KERN_T_F16] = dotn_f16_neon, [KERN_T_Q4_0] = dotn_q4_0_##sfx,                     \
             [KERN_T_Q8_0] = dotn_q8_0_##sfx, [KERN_T_Q4_K] = dotn_q4_K_##sfx,                  \
             [KERN_T_Q6_K] = dotn_q6_K_##sfx, [KERN_T_Q4_1] = dotn_q4_1_##sfx,                  \
             [KERN_T_Q5_0] = dotn_q5_0_##sfx, [KERN_T_Q5_1] = dotn_q5_1_##sfx,                  \
+            [KERN_T_BF16] = dotn_bf16_neon,                                                    \
         },                                                                                     \
         .dot_f32 = dot_f32_row_neon,                                                           \
     }
@@ -145,14 +154,15 @@ static float SFX(dot_f32)(const void *w, const void *xq, int64_t n)
     return SFX(dot_f32_row)(w, xq, n);
 }
 
-/* out[c] = dot(f16 row w, f16 activation row c), two accumulators per column. A product of
- * two f16 values is exact in f32 (22 significant bits); the products are summed in f64 as
- * the reference sums them, so the dot rounds to the reference's float but for exact ties.
+/* out[c] = dot(f16 row w, f16 activation row c), or bf16 rows when bf, two accumulators per
+ * column. A product of two f16 (bf16) values is exact in f32 (22 or 16 significant bits); the
+ * products are summed in f64 as the reference sums them, so the dot rounds to the
+ * reference's float but for exact ties.
  * Attention on an F16 cache rounds its softmax weights to f16 after these dots: with f32
  * sums a score one ulp off the reference's flipped such a rounding now and then (an error of
  * 2^-11 of one weight), beyond test-kern-cpu's bound for attention against the reference. */
-static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs, const int nc,
-                                        int64_t n, float *out)
+static ALWAYS_INLINE void SFX(f16_cols)(const bool bf, const void *w, const void *xq, size_t xs,
+                                        const int nc, int64_t n, float *out)
 {
     const uint16_t *a = w;
     float64x2_t acc[KERN_MAXCOL][2];
@@ -161,10 +171,17 @@ static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         float32x4_t w0, w1;
-        ld_f16x8(a + i, &w0, &w1);
+        if (bf)
+            ld_bf16x8(a + i, &w0, &w1);
+        else
+            ld_f16x8(a + i, &w0, &w1);
         for (int c = 0; c < nc; c++) {
             float32x4_t x0, x1;
-            ld_f16x8((const uint16_t *)((const char *)xq + c * xs) + i, &x0, &x1);
+            const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs) + i;
+            if (bf)
+                ld_bf16x8(b, &x0, &x1);
+            else
+                ld_f16x8(b, &x0, &x1);
             float32x4_t p0 = vmulq_f32(w0, x0), p1 = vmulq_f32(w1, x1); /* exact */
             acc[c][0] = vaddq_f64(acc[c][0], vcvt_f64_f32(vget_low_f32(p0)));
             acc[c][1] = vaddq_f64(acc[c][1], vcvt_high_f64_f32(p0));
@@ -176,7 +193,8 @@ static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs
         const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs);
         double s = vaddvq_f64(vaddq_f64(acc[c][0], acc[c][1]));
         for (int64_t k = i; k < n; k++)
-            s += (double)(h2f(a[k]) * h2f(b[k]));
+            s += bf ? (double)(kern_bf16_to_f32(a[k]) * kern_bf16_to_f32(b[k]))
+                    : (double)(h2f(a[k]) * h2f(b[k]));
         out[c] = (float)s;
     }
 }
@@ -184,13 +202,25 @@ static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs
 static float SFX(dot_f16)(const void *w, const void *xq, int64_t n)
 {
     float out;
-    SFX(f16_cols)(w, xq, 0, 1, n, &out);
+    SFX(f16_cols)(false, w, xq, 0, 1, n, &out);
     return out;
 }
 
 static void SFX(dotn_f16)(const void *w, const void *xq, size_t xs, int nc, int64_t n, float *out)
 {
-    SFX(f16_cols)(w, xq, xs, nc, n, out);
+    SFX(f16_cols)(false, w, xq, xs, nc, n, out);
+}
+
+static float SFX(dot_bf16)(const void *w, const void *xq, int64_t n)
+{
+    float out;
+    SFX(f16_cols)(true, w, xq, 0, 1, n, &out);
+    return out;
+}
+
+static void SFX(dotn_bf16)(const void *w, const void *xq, size_t xs, int nc, int64_t n, float *out)
+{
+    SFX(f16_cols)(true, w, xq, xs, nc, n, out);
 }
 #endif
 
