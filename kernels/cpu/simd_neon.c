@@ -37,6 +37,21 @@ static ALWAYS_INLINE void nibbles(const uint8_t *p, uint8x16_t *lo, uint8x16_t *
     *hi = vshrq_n_u8(raw, 4);
 }
 
+/* The one-row dot and the multi-row dot of type t from an always-inlined columns body taking
+ * (leading args..., w, xq, xs, nc, n, out); SFX is the level's at expansion. */
+#define COLS_DOTS(t, cols, ...)                                                                \
+    static float SFX(dot_##t)(const void *w, const void *xq, int64_t n)                        \
+    {                                                                                          \
+        float out;                                                                             \
+        SFX(cols)(__VA_ARGS__, w, xq, 0, 1, n, &out);                                          \
+        return out;                                                                            \
+    }                                                                                          \
+    static void SFX(dotn_##t)(const void *w, const void *xq, size_t xs, int nc, int64_t n,      \
+                              float *out)                                                      \
+    {                                                                                          \
+        SFX(cols)(__VA_ARGS__, w, xq, xs, nc, n, out);                                         \
+    }
+
 /* The kinds of the Q4_1/Q5_0/Q5_1 body. */
 enum { Q41, Q50, Q51 };
 
@@ -199,29 +214,8 @@ static ALWAYS_INLINE void SFX(f16_cols)(const bool bf, const void *w, const void
     }
 }
 
-static float SFX(dot_f16)(const void *w, const void *xq, int64_t n)
-{
-    float out;
-    SFX(f16_cols)(false, w, xq, 0, 1, n, &out);
-    return out;
-}
-
-static void SFX(dotn_f16)(const void *w, const void *xq, size_t xs, int nc, int64_t n, float *out)
-{
-    SFX(f16_cols)(false, w, xq, xs, nc, n, out);
-}
-
-static float SFX(dot_bf16)(const void *w, const void *xq, int64_t n)
-{
-    float out;
-    SFX(f16_cols)(true, w, xq, 0, 1, n, &out);
-    return out;
-}
-
-static void SFX(dotn_bf16)(const void *w, const void *xq, size_t xs, int nc, int64_t n, float *out)
-{
-    SFX(f16_cols)(true, w, xq, xs, nc, n, out);
-}
+COLS_DOTS(f16, f16_cols, false)
+COLS_DOTS(bf16, f16_cols, true)
 #endif
 
 /* ---- Q4_0 and Q8_0 against Q8_0 activations ---- */
@@ -354,22 +348,9 @@ static ALWAYS_INLINE void SFX(q45_cols)(const int kind, const void *w, const voi
         out[c] = vaddvq_f32(acc[c]) + mins[c];
 }
 
-#define Q45_DOTS(t, kind)                                                                      \
-    static float SFX(dot_##t)(const void *w, const void *xq, int64_t n)                        \
-    {                                                                                          \
-        float out;                                                                             \
-        SFX(q45_cols)(kind, w, xq, 0, 1, n, &out);                                             \
-        return out;                                                                            \
-    }                                                                                          \
-    static void SFX(dotn_##t)(const void *w, const void *xq, size_t xs, int nc, int64_t n,      \
-                              float *out)                                                      \
-    {                                                                                          \
-        SFX(q45_cols)(kind, w, xq, xs, nc, n, out);                                            \
-    }
-Q45_DOTS(q4_1, Q41)
-Q45_DOTS(q5_0, Q50)
-Q45_DOTS(q5_1, Q51)
-#undef Q45_DOTS
+COLS_DOTS(q4_1, q45_cols, Q41)
+COLS_DOTS(q5_0, q45_cols, Q50)
+COLS_DOTS(q5_1, q45_cols, Q51)
 
 /* ---- Q4_K and Q6_K against Q8_K activations ---- */
 
