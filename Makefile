@@ -37,8 +37,9 @@ endif
 # make ARCH=aarch64 (or CROSS=aarch64-linux-gnu-) cross-builds into build/arm64 with Debian's
 # aarch64-linux-gnu-gcc against the arm64 multiarch libraries (scripts/setup-arm64.sh installs
 # them); pkg-config then reads the arm64 .pc files, so an optional library that has no arm64
-# form is left out as on any host without it. make test-arm64 builds that and runs
-# tests/test-arm64.sh (the kernel tests, model tests and rings under qemu-user).
+# form is left out as on any host without it. make test-arm64 builds that (and the x86 kvd
+# and kvctl the rings compare with) and runs tests/test-arm64.sh (the kernel tests, model
+# tests, every reference case and the rings under qemu-user).
 HOST_ARCH  := $(shell uname -m)
 ARCH       ?= $(HOST_ARCH)
 PKG_CONFIG ?= pkg-config
@@ -68,7 +69,7 @@ NOT_THIS_ARCH := $(if $(filter aarch64,$(ARCH)),,kernels/cpu/simd_neon.c)
 .DEFAULT_GOAL := all
 test-arm64:
 	@scripts/setup-arm64.sh
-	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory ARCH=aarch64 tests
 	@KV_ARM64_FULL=1 tests/test-arm64.sh build build/arm64
 .PHONY: test-arm64

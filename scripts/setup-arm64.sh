@@ -15,7 +15,7 @@ build_pkgs=$(sed -n '/^BUILD_PKGS="/,/"/p' scripts/setup.sh | tr -d '"' | sed 's
 TOOLS="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 # Libraries the build cannot do without (the rest are optional by pkg-config in the Makefile).
 REQUIRED="libuv1-dev libssl-dev libopenblas-dev libzstd-dev libwslay-dev libhttp-parser-dev
-libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev"
+libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpcre2-dev libc6"
 
 installed() {
     case "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" in
@@ -60,6 +60,9 @@ done
 for p in $build_pkgs; do
     installed "$p:arm64" || dev_mirrored "$p" || missing="$missing $p:arm64"
 done
+# qemu-user runs the arm64 programs with -L /: the loader /lib/ld-linux-aarch64.so.1 and the
+# libc it loads must be one glibc, libc6:arm64's (docs/arm64.md, "Tests").
+installed libc6:arm64 || missing="$missing libc6:arm64"
 [ -z "$missing" ] && exit 0
 
 SUDO=""

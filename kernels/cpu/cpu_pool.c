@@ -23,6 +23,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+/* the spin-wait hint: lets an SMT sibling (or qemu's translated loop) run */
+#define CPU_RELAX() __asm__ __volatile__("yield" ::: "memory")
 #else
 #define CPU_RELAX() ((void)0)
 #endif
@@ -134,7 +137,12 @@ static void *worker_main(void *arg)
     }
 }
 
-/* Publish job g: the state word first (what workers read), then the futex word. */
+/* Publish job g: the state word first (what workers read), then the futex word. The release
+ * store of state orders the plain writes of fn, ctx and the job's counters before it; a
+ * worker's acquire load (or acq_rel CAS) of state that sees job g sees them. The sleeper
+ * count and gen are seq_cst: a worker that counted itself a sleeper before we read the count
+ * is woken; one that counts itself after it finds the new job, in state or at the latest in
+ * futex_wait, whose check of gen (stored before we read the count) then fails. */
 static void publish(struct kern_pool *p, uint64_t flags)
 {
     uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;

@@ -1,6 +1,7 @@
-/* simd_neon.c — the aarch64 kernels for the hot dot products: F32, F16, Q4_0, Q8_0, Q4_K and
- * Q6_K, one-row dots and their multi-row forms (docs/kernels.md, "arm64"). Two levels come from
- * the one body below, which this file includes into itself twice: "neon" (baseline ARMv8-A
+/* simd_neon.c — the aarch64 kernels for the hot dot products: F32, F16, BF16, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, one-row dots and their multi-row forms (docs/kernels.md,
+ * "arm64"). Two levels come from the one body below, which this file includes into itself
+ * twice: "neon" (baseline ARMv8-A
  * Advanced SIMD: int8 products widened with vmull/vpadal) and "neon-dotprod" (the same with
  * the ARMv8.2 SDOT instruction, compiled under a target pragma and chosen at run time from
  * getauxval(AT_HWCAP) in cpu_matmul.c). Built only for aarch64 (the Makefile leaves it out
@@ -34,6 +35,42 @@ static ALWAYS_INLINE void nibbles(const uint8_t *p, uint8x16_t *lo, uint8x16_t *
     uint8x16_t raw = vld1q_u8(p);
     *lo = vandq_u8(raw, vdupq_n_u8(0x0F));
     *hi = vshrq_n_u8(raw, 4);
+}
+
+/* The one-row dot and the multi-row dot of type t from an always-inlined columns body taking
+ * (leading args..., w, xq, xs, nc, n, out); SFX is the level's at expansion. */
+#define COLS_DOTS(t, cols, ...)                                                                \
+    static float SFX(dot_##t)(const void *w, const void *xq, int64_t n)                        \
+    {                                                                                          \
+        float out;                                                                             \
+        SFX(cols)(__VA_ARGS__, w, xq, 0, 1, n, &out);                                          \
+        return out;                                                                            \
+    }                                                                                          \
+    static void SFX(dotn_##t)(const void *w, const void *xq, size_t xs, int nc, int64_t n,      \
+                              float *out)                                                      \
+    {                                                                                          \
+        SFX(cols)(__VA_ARGS__, w, xq, xs, nc, n, out);                                         \
+    }
+
+/* The kinds of the Q4_1/Q5_0/Q5_1 body. */
+enum { Q41, Q50, Q51 };
+
+/* A Q5 block's fifth bits as 0x10 in the lanes whose bit of qh is set: elements 0..15 (bits
+ * 0..15) into lo, 16..31 (bits 16..31) into hi, as kern__q5_unpack takes them. */
+static ALWAYS_INLINE void q5_high(const uint8_t qh[4], uint8x16_t *lo, uint8x16_t *hi)
+{
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t m = vld1q_u8(bit), b4 = vdupq_n_u8(0x10);
+    *lo = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), m), b4);
+    *hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), m), b4);
+}
+
+/* Eight bf16 -> two float32x4 (a bf16 is the top half of an f32). */
+static ALWAYS_INLINE void ld_bf16x8(const uint16_t *p, float32x4_t *a, float32x4_t *b)
+{
+    uint16x8_t u = vld1q_u16(p);
+    *a = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(u), 16));
+    *b = vreinterpretq_f32_u32(vshll_high_n_u16(u, 16));
 }
 
 /* Eight f16 -> two float32x4. */
@@ -83,11 +120,15 @@ static ALWAYS_INLINE int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b)
             [KERN_T_F32] = dot_f32_neon, [KERN_T_F16] = dot_f16_neon,                          \
             [KERN_T_Q4_0] = dot_q4_0_##sfx, [KERN_T_Q8_0] = dot_q8_0_##sfx,                    \
             [KERN_T_Q4_K] = dot_q4_K_##sfx, [KERN_T_Q6_K] = dot_q6_K_##sfx,                    \
+            [KERN_T_Q4_1] = dot_q4_1_##sfx, [KERN_T_Q5_0] = dot_q5_0_##sfx,                    \
+            [KERN_T_Q5_1] = dot_q5_1_##sfx, [KERN_T_BF16] = dot_bf16_neon,                     \
         },                                                                                     \
         .dotn = {                                                                              \
             [KERN_T_F16] = dotn_f16_neon, [KERN_T_Q4_0] = dotn_q4_0_##sfx,                     \
             [KERN_T_Q8_0] = dotn_q8_0_##sfx, [KERN_T_Q4_K] = dotn_q4_K_##sfx,                  \
-            [KERN_T_Q6_K] = dotn_q6_K_##sfx,                                                   \
+            [KERN_T_Q6_K] = dotn_q6_K_##sfx, [KERN_T_Q4_1] = dotn_q4_1_##sfx,                  \
+            [KERN_T_Q5_0] = dotn_q5_0_##sfx, [KERN_T_Q5_1] = dotn_q5_1_##sfx,                  \
+            [KERN_T_BF16] = dotn_bf16_neon,                                                    \
         },                                                                                     \
         .dot_f32 = dot_f32_row_neon,                                                           \
     }
@@ -128,45 +169,53 @@ static float SFX(dot_f32)(const void *w, const void *xq, int64_t n)
     return SFX(dot_f32_row)(w, xq, n);
 }
 
-/* out[c] = dot(f16 row w, f16 activation row c), two accumulators per column. */
-static ALWAYS_INLINE void SFX(f16_cols)(const void *w, const void *xq, size_t xs, const int nc,
-                                        int64_t n, float *out)
+/* out[c] = dot(f16 row w, f16 activation row c), or bf16 rows when bf, two accumulators per
+ * column. A product of two f16 (bf16) values is exact in f32 (22 or 16 significant bits); the
+ * products are summed in f64 as the reference sums them, so the dot rounds to the
+ * reference's float but for exact ties.
+ * Attention on an F16 cache rounds its softmax weights to f16 after these dots: with f32
+ * sums a score one ulp off the reference's flipped such a rounding now and then (an error of
+ * 2^-11 of one weight), beyond test-kern-cpu's bound for attention against the reference. */
+static ALWAYS_INLINE void SFX(f16_cols)(const bool bf, const void *w, const void *xq, size_t xs,
+                                        const int nc, int64_t n, float *out)
 {
     const uint16_t *a = w;
-    float32x4_t acc[KERN_MAXCOL][2];
+    float64x2_t acc[KERN_MAXCOL][2];
     for (int c = 0; c < nc; c++)
-        acc[c][0] = acc[c][1] = vdupq_n_f32(0);
+        acc[c][0] = acc[c][1] = vdupq_n_f64(0);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         float32x4_t w0, w1;
-        ld_f16x8(a + i, &w0, &w1);
+        if (bf)
+            ld_bf16x8(a + i, &w0, &w1);
+        else
+            ld_f16x8(a + i, &w0, &w1);
         for (int c = 0; c < nc; c++) {
             float32x4_t x0, x1;
-            ld_f16x8((const uint16_t *)((const char *)xq + c * xs) + i, &x0, &x1);
-            acc[c][0] = vfmaq_f32(acc[c][0], w0, x0);
-            acc[c][1] = vfmaq_f32(acc[c][1], w1, x1);
+            const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs) + i;
+            if (bf)
+                ld_bf16x8(b, &x0, &x1);
+            else
+                ld_f16x8(b, &x0, &x1);
+            float32x4_t p0 = vmulq_f32(w0, x0), p1 = vmulq_f32(w1, x1); /* exact */
+            acc[c][0] = vaddq_f64(acc[c][0], vcvt_f64_f32(vget_low_f32(p0)));
+            acc[c][1] = vaddq_f64(acc[c][1], vcvt_high_f64_f32(p0));
+            acc[c][0] = vaddq_f64(acc[c][0], vcvt_f64_f32(vget_low_f32(p1)));
+            acc[c][1] = vaddq_f64(acc[c][1], vcvt_high_f64_f32(p1));
         }
     }
     for (int c = 0; c < nc; c++) {
         const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs);
-        float s = vaddvq_f32(vaddq_f32(acc[c][0], acc[c][1]));
+        double s = vaddvq_f64(vaddq_f64(acc[c][0], acc[c][1]));
         for (int64_t k = i; k < n; k++)
-            s += h2f(a[k]) * h2f(b[k]);
-        out[c] = s;
+            s += bf ? (double)(kern_bf16_to_f32(a[k]) * kern_bf16_to_f32(b[k]))
+                    : (double)(h2f(a[k]) * h2f(b[k]));
+        out[c] = (float)s;
     }
 }
 
-static float SFX(dot_f16)(const void *w, const void *xq, int64_t n)
-{
-    float out;
-    SFX(f16_cols)(w, xq, 0, 1, n, &out);
-    return out;
-}
-
-static void SFX(dotn_f16)(const void *w, const void *xq, size_t xs, int nc, int64_t n, float *out)
-{
-    SFX(f16_cols)(w, xq, xs, nc, n, out);
-}
+COLS_DOTS(f16, f16_cols, false)
+COLS_DOTS(bf16, f16_cols, true)
 #endif
 
 /* ---- Q4_0 and Q8_0 against Q8_0 activations ---- */
@@ -238,6 +287,70 @@ static void SFX(dotn_q8_0)(const void *w, const void *xq, size_t xs, int nc, int
 {
     SFX(q8_0_cols)(w, xq, xs, nc, n, out);
 }
+
+/* ---- Q4_1 and Q5_1 against Q8_1, Q5_0 against Q8_0 ---- */
+
+/* One body for the three (kind is a constant once inlined): the levels as int8 (Q4_1 and Q5_1
+ * unsigned, 0..15 and 0..31; Q5_0 offset by 16) times the activation bytes as in Q4_0, the _1
+ * types adding m_w * s_x per block in f32 beside the lanes. */
+static ALWAYS_INLINE void SFX(q45_cols)(const int kind, const void *w, const void *xq, size_t xs,
+                                        const int nc, int64_t n, float *out)
+{
+    float32x4_t acc[KERN_MAXCOL];
+    float mins[KERN_MAXCOL];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = vdupq_n_f32(0);
+        mins[c] = 0;
+    }
+    for (int64_t b = 0; b < n / KERN_QK; b++) {
+        uint16_t d, m = 0;
+        const uint8_t *qs, *qh = NULL;
+        if (kind == Q41) {
+            const struct kern_block_q4_1 *x = (const struct kern_block_q4_1 *)w + b;
+            d = x->d, m = x->m, qs = x->qs;
+        } else if (kind == Q50) {
+            const struct kern_block_q5_0 *x = (const struct kern_block_q5_0 *)w + b;
+            d = x->d, qs = x->qs, qh = x->qh;
+        } else {
+            const struct kern_block_q5_1 *x = (const struct kern_block_q5_1 *)w + b;
+            d = x->d, m = x->m, qs = x->qs, qh = x->qh;
+        }
+        uint8x16_t ulo, uhi;
+        nibbles(qs, &ulo, &uhi);
+        if (kind != Q41) {
+            uint8x16_t hlo, hhi;
+            q5_high(qh, &hlo, &hhi);
+            ulo = vorrq_u8(ulo, hlo);
+            uhi = vorrq_u8(uhi, hhi);
+        }
+        int8x16_t lo = vreinterpretq_s8_u8(ulo), hi = vreinterpretq_s8_u8(uhi);
+        if (kind == Q50) {
+            lo = vsubq_s8(lo, vdupq_n_s8(16));
+            hi = vsubq_s8(hi, vdupq_n_s8(16));
+        }
+        float dw = h2f(d), mw = h2f(m);
+        for (int c = 0; c < nc; c++) {
+            const int8_t *yq;
+            float dx;
+            if (kind == Q50) {
+                const struct kern_block_q8_0 *y = (const struct kern_block_q8_0 *)((const char *)xq + c * xs) + b;
+                yq = y->qs, dx = h2f(y->d);
+            } else {
+                const struct kern_block_q8_1 *y = (const struct kern_block_q8_1 *)((const char *)xq + c * xs) + b;
+                yq = y->qs, dx = h2f(y->d);
+                mins[c] += mw * h2f(y->s);
+            }
+            int32x4_t p = I8DOT(I8DOT(vdupq_n_s32(0), lo, vld1q_s8(yq)), hi, vld1q_s8(yq + 16));
+            acc[c] = vfmaq_n_f32(acc[c], vcvtq_f32_s32(p), dw * dx);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c] = vaddvq_f32(acc[c]) + mins[c];
+}
+
+COLS_DOTS(q4_1, q45_cols, Q41)
+COLS_DOTS(q5_0, q45_cols, Q50)
+COLS_DOTS(q5_1, q45_cols, Q51)
 
 /* ---- Q4_K and Q6_K against Q8_K activations ---- */
 
