@@ -27,6 +27,7 @@ static void tick_cb(uv_timer_t *t)
     uint64_t now = (uint64_t)util_now_ms();
     if (kvd_conn_out_up(st))
         kvd_conn_ping(st->out);
+    kvd_status_tick(st);
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
         if (links[i] && links[i]->up && now - links[i]->last_rx_ms > st->link_timeout_ms) {
@@ -256,6 +257,8 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     };
     err[0] = 0;
     rc = kind->open(&st->be, &ba, err, sizeof err);
+    snprintf(st->backend_name, sizeof st->backend_name, "%s",
+             kind->open == kvd_backend_open_model ? ba.device : kind->name);
     if (rc < 0) {
         if (path && kind->open == kvd_backend_open_model)
             kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
@@ -325,6 +328,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     }
     st->n = st->m.n_ranks;
     st->standby = -1;
+    st->last_repair_rank = -1;
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
     st->link_timeout_ms = o->link_timeout_ms ? o->link_timeout_ms : LINK_SILENCE_MS;
