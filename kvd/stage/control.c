@@ -27,6 +27,8 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddStringToObject(o, "ring", st->m.ring);
     cJSON_AddStringToObject(o, "model", st->m.model_name);
     cJSON_AddNumberToObject(o, "n_ranks", st->n);
+    cJSON_AddNumberToObject(o, "n_layers", st->m.n_layers);
+    cJSON_AddNumberToObject(o, "n_embd", st->m.n_embd);
     cJSON_AddStringToObject(o, "arch", st->be.arch);
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");

@@ -366,5 +366,23 @@ cJSON *kvd_status_ring(struct stage *st)
         }
         cJSON_AddItemToArray(a, e);
     }
+    /* A rank still answering by its record's age, but whose neighbours both answer and say
+     * their links with it are down, is gone too: it shows so before its record grows old. */
+    for (uint32_t r = 0; st->n > 2 && r < st->n; r++) {
+        cJSON *e = cJSON_GetArrayItem(a, (int)r);
+        const cJSON *p = cJSON_GetArrayItem(a, (int)((r + st->n - 1) % st->n));
+        const cJSON *q = cJSON_GetArrayItem(a, (int)((r + 1) % st->n));
+        if (r == st->rank || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "answer")) ||
+            !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "answer")) ||
+            !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "answer")))
+            continue;
+        const cJSON *po = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "out"), "state");
+        const cJSON *qi = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(q, "in"), "state");
+        if (cJSON_IsString(po) && strcmp(po->valuestring, "up") != 0 && cJSON_IsString(qi) &&
+            strcmp(qi->valuestring, "up") != 0) {
+            cJSON_ReplaceItemInObjectCaseSensitive(e, "answer", cJSON_CreateFalse());
+            cJSON_AddStringToObject(e, "reason", "both of its neighbours' links with it are down");
+        }
+    }
     return a;
 }
