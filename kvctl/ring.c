@@ -285,6 +285,7 @@ struct ring_view {
     cJSON *r0;                          /* rank 0's "ring": true status; NULL: it did not answer */
     const char *dir;                    /* a local ring's directory (standby sockets), or NULL */
     uint32_t n_standbys;
+    uint32_t self;                      /* the rank whose socket was asked (unix:SOCKET) */
 };
 
 static void view_free(struct ring_view *v)
@@ -301,14 +302,16 @@ static void view_from_r0(struct ring_view *v, uint32_t r)
     const cJSON *ranks = v->r0 ? cJSON_GetObjectItemCaseSensitive(v->r0, "ranks") : NULL;
     const cJSON *e = cJSON_IsArray(ranks) ? cJSON_GetArrayItem(ranks, (int)r) : NULL;
     if (!e) {
-        snprintf(v->why[r], sizeof v->why[r], "rank 0 does not answer");
+        snprintf(v->why[r], sizeof v->why[r], "rank %u does not answer", v->self);
         v->down[r] = true;
         return;
     }
     cJSON *c = cJSON_Duplicate(e, 1);
     if (!c)
         return;
-    cJSON_AddStringToObject(c, "via", "rank 0");
+    char via[32];
+    snprintf(via, sizeof via, "rank %u", v->self);
+    cJSON_AddStringToObject(c, "via", via);
     if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "answer"))) {
         v->down[r] = true;
         const cJSON *age = cJSON_GetObjectItemCaseSensitive(c, "age_ms");
@@ -378,13 +381,16 @@ static int view_sock(struct ring_view *v, const char *sock, char *err, size_t er
     v->r0 = query_ring_status(sock, err, errlen);
     if (!v->r0)
         return -1;
-    if (util_json_number(v->r0, "rank", -1) != 0) {
-        snprintf(err, errlen, "%s is not rank 0's control socket (rank %.0f): rank 0 gathers the ring",
-                 sock, util_json_number(v->r0, "rank", -1));
+    /* Any stage holds the ring's records; rank 0's view is the one to ask (it is the ring's
+     * entry and hears every rank), another stage's shows the ring as that stage hears it. */
+    double me = util_json_number(v->r0, "rank", -1);
+    if (me < 0) {
+        snprintf(err, errlen, "%s is a standby that serves no rank yet: ask rank 0's control socket", sock);
         cJSON_Delete(v->r0);
         v->r0 = NULL;
         return -1;
     }
+    v->self = (uint32_t)me;
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(v->r0, "ranks");
     int n = cJSON_GetArraySize(ranks);
     v->n_standbys = (uint32_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(v->r0, "standbys"));
@@ -396,8 +402,8 @@ static int view_sock(struct ring_view *v, const char *sock, char *err, size_t er
     v->n_layers = (uint32_t)util_json_number(v->r0, "n_layers", 0);
     v->n_embd = (uint32_t)util_json_number(v->r0, "n_embd", 0);
     for (uint32_t r = 0; r < v->n; r++) {
-        if (r == 0)
-            v->rows[0] = r0_own(v->r0);
+        if (r == v->self)
+            v->rows[r] = r0_own(v->r0);
         else
             view_from_r0(v, r);
     }
