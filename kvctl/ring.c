@@ -1341,10 +1341,14 @@ int kvctl_cmd_status(int argc, char **argv)
             arg = v;
         else if (!strcmp(argv[i], "--json"))
             json = true;
-        else if (!strcmp(argv[i], "--watch") || !strncmp(argv[i], "--watch=", 8)) {
+        else if (!strncmp(argv[i], "--json=", 7)) {
+            fprintf(stderr, "kvctl status: option '--json' doesn't allow an argument\n%s", usage);
+            return 2;
+        } else if (!strcmp(argv[i], "--watch") || !strncmp(argv[i], "--watch=", 8)) {
             watch = true;
             const char *val = argv[i][7] == '=' ? argv[i] + 8 : NULL;
-            if (!val && i + 1 < argc && argv[i + 1][0] != '-')
+            double d;   /* the next word is its SECONDS when it is a number */
+            if (!val && i + 1 < argc && parse_secs(argv[i + 1], &d) == 0)
                 val = argv[++i];
             if (val && parse_secs(val, &every) < 0) {
                 fprintf(stderr, "kvctl status: --watch '%s': not a number of seconds in [0.1, 86400]\n%s",
