@@ -193,14 +193,22 @@ static int grab_line(const char *line, void *ud)
     return 1;
 }
 
-static cJSON *query_status(const char *sock, char *err, size_t errlen)
+/* A stage's status object; ring: with every rank as it last heard of them ("ranks") and the
+ * standbys. */
+static cJSON *query_status_ring(const char *sock, bool ring, char *err, size_t errlen)
 {
     struct grab g = {0};
-    if (ring_ctl_request(sock, "{\"op\":\"status\"}", grab_line, &g, 3000, err, errlen) < 0)
+    const char *req = ring ? "{\"op\":\"status\",\"ring\":true}" : "{\"op\":\"status\"}";
+    if (ring_ctl_request(sock, req, grab_line, &g, 3000, err, errlen) < 0)
         return NULL;
     if (!g.obj)
         snprintf(err, errlen, "no status reply");
     return g.obj;
+}
+
+static cJSON *query_status(const char *sock, char *err, size_t errlen)
+{
+    return query_status_ring(sock, false, err, errlen);
 }
 
 /* Where rank r's control socket is for a ring directory. */
@@ -259,17 +267,6 @@ static const char *jstr(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsString(v) ? v->valuestring : "";
-}
-
-/* Rank 0's status with every rank as it last heard of them ("ranks") and the standbys. */
-static cJSON *query_ring_status(const char *sock, char *err, size_t errlen)
-{
-    struct grab g = {0};
-    if (ring_ctl_request(sock, "{\"op\":\"status\",\"ring\":true}", grab_line, &g, 3000, err, errlen) < 0)
-        return NULL;
-    if (!g.obj)
-        snprintf(err, errlen, "no status reply");
-    return g.obj;
 }
 
 /* The ring as kvctl status shows it: one status object per rank, each its own control
@@ -353,7 +350,7 @@ static void view_dir(struct ring_view *v, const char *dir, const struct ring_man
     v->n_embd = m->n_embd;
     char sock[PATH_MAX], err[300];
     rank_sock(dir, 0, sock, sizeof sock);
-    v->r0 = query_ring_status(sock, err, sizeof err);
+    v->r0 = query_status_ring(sock, true, err, sizeof err);
     for (uint32_t r = 0; r < v->n; r++) {
         char rd[PATH_MAX + 16];
         snprintf(rd, sizeof rd, "%s/rank-%u", dir, r);
@@ -378,7 +375,7 @@ static void view_dir(struct ring_view *v, const char *dir, const struct ring_man
 static int view_sock(struct ring_view *v, const char *sock, char *err, size_t errlen)
 {
     memset(v, 0, sizeof *v);
-    v->r0 = query_ring_status(sock, err, errlen);
+    v->r0 = query_status_ring(sock, true, err, errlen);
     if (!v->r0)
         return -1;
     /* Any stage holds the ring's records; rank 0's view is the one to ask (it is the ring's
