@@ -360,6 +360,7 @@ struct stage {
     uint64_t repairs;           /* rank 0: the ring linked again after a break */
     int64_t last_repair_unix;
     int last_repair_rank;       /* the rank whose node or process changed, -1: unknown */
+    uint64_t repair_ident_ms;   /* until when the repaired rank's new record is looked for */
 };
 
 static inline uint32_t rd32(const uint8_t *p)

@@ -277,31 +277,39 @@ int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uin
 /* ================================ the tick ================================ */
 
 /* Rank 0: a ring linked again after a break is a repair; the rank repaired is the one whose
- * node or process changed meanwhile (-1 when none did: a link came back by itself). */
+ * node or process changed meanwhile, as its new record shows within STATUS_ANSWER_MS (-1 when
+ * none did: a link came back by itself). */
 static void note_repair(struct stage *st, bool linked)
 {
-    if (linked && st->ring_broken) {
+    uint64_t now = (uint64_t)util_now_ms();
+    if (!linked) {
+        st->ring_broken = st->ring_broken || st->ring_was_linked;
+        return;
+    }
+    if (st->ring_broken) {
         st->ring_broken = false;
         st->repairs++;
         st->last_repair_unix = (int64_t)time(NULL);
         st->last_repair_rank = -1;
+        st->repair_ident_ms = now + STATUS_ANSWER_MS;
+        kvd_log(KVD_LOG_INFO, "the ring is linked again (repair %" PRIu64 ")", st->repairs);
+    }
+    st->ring_was_linked = true;
+    if (st->repair_ident_ms) {
         for (uint32_t r = 1; r < st->n; r++) {
             struct kvd_status_slot *sl = &st->ring_status[r];
             if (sl->who_linked[0] && strcmp(sl->who, sl->who_linked) != 0) {
                 st->last_repair_rank = (int)r;
+                st->repair_ident_ms = 0;
                 break;
             }
         }
-        kvd_log(KVD_LOG_INFO, "the ring is linked again (repair %" PRIu64 ", rank %d)", st->repairs,
-                st->last_repair_rank);
-    } else if (!linked && st->ring_was_linked) {
-        st->ring_broken = true;
+        if (st->repair_ident_ms && now < st->repair_ident_ms)
+            return;   /* who served each rank before the break: kept until the new one shows */
+        st->repair_ident_ms = 0;
     }
-    if (linked && !st->ring_broken) {
-        st->ring_was_linked = true;
-        for (uint32_t r = 1; r < st->n; r++)
-            memcpy(st->ring_status[r].who_linked, st->ring_status[r].who, sizeof st->ring_status[r].who);
-    }
+    for (uint32_t r = 1; r < st->n; r++)
+        memcpy(st->ring_status[r].who_linked, st->ring_status[r].who, sizeof st->ring_status[r].who);
 }
 
 void kvd_status_tick(struct stage *st)
@@ -335,6 +343,8 @@ void kvd_status_link_closed(struct stage *st, bool out, const char *reason)
 {
     snprintf(st->link_err[out], sizeof st->link_err[out], "%s", reason ? reason : "");
     st->link_err_ms[out] = (uint64_t)util_now_ms();
+    if (st->rank == 0 && st->ring_was_linked)   /* even a break shorter than a tick */
+        st->ring_broken = true;
 }
 
 /* ================================ the view ================================ */
