@@ -40,38 +40,44 @@ static uint64_t rss_bytes(void)
     return (uint64_t)res * (uint64_t)(pg > 0 ? pg : 4096);
 }
 
-/* s cut to STATUS_STR_MAX bytes with every byte outside printable ASCII made '?'. */
-static void add_str(cJSON *o, const char *k, const char *s)
+/* s cut to cap (at most STATUS_STR_MAX) bytes with every byte outside printable ASCII made
+ * '?'. */
+static void add_strn(cJSON *o, const char *k, const char *s, size_t cap)
 {
     char b[STATUS_STR_MAX + 1];
     size_t i = 0;
-    for (; s && s[i] && i < STATUS_STR_MAX; i++)
+    if (cap > STATUS_STR_MAX)
+        cap = STATUS_STR_MAX;
+    for (; s && s[i] && i < cap; i++)
         b[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
     b[i] = 0;
     cJSON_AddStringToObject(o, k, b);
 }
 
-static cJSON *link_rec(struct stage *st, struct conn *c, bool out)
+static void add_str(cJSON *o, const char *k, const char *s) { add_strn(o, k, s, STATUS_STR_MAX); }
+
+static cJSON *link_rec(struct stage *st, struct conn *c, bool out, size_t cap)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "peer_rank", out ? st->succ : st->pred);
     cJSON_AddStringToObject(o, "state", !c ? "down" : c->up ? "up" : "handshake");
     if (c && c->link) {
-        add_str(o, "peer", net_link_peer(c->link));
+        add_strn(o, "peer", net_link_peer(c->link), cap);
         cJSON_AddNumberToObject(o, "bytes_in", (double)net_link_bytes_in(c->link));
         cJSON_AddNumberToObject(o, "bytes_out", (double)net_link_bytes_out(c->link));
     }
     if (out && c)
         cJSON_AddNumberToObject(o, "rtt_ms", round(c->rtt_ms * 1000) / 1000);
     if (st->link_err_ms[out]) {
-        add_str(o, "error", st->link_err[out]);
+        add_strn(o, "error", st->link_err[out], cap);
         cJSON_AddNumberToObject(o, "error_age_s",
                                 (double)((uint64_t)util_now_ms() - st->link_err_ms[out]) / 1000);
     }
     return o;
 }
 
-cJSON *kvd_status_record(struct stage *st)
+/* The record with its strings cut to cap bytes. */
+static cJSON *record(struct stage *st, size_t cap)
 {
     cJSON *o = cJSON_CreateObject();
     char b[80];
@@ -81,17 +87,17 @@ cJSON *kvd_status_record(struct stage *st)
     if (gethostname(b, sizeof b) != 0)
         b[0] = 0;
     b[sizeof b - 1] = 0;
-    add_str(o, "host", b);
-    add_str(o, "endpoint", st->standby >= 0 ? st->m.standbys[st->standby].endpoint
-                                            : st->m.ranks[st->rank].endpoint);
+    add_strn(o, "host", b, cap);
+    add_strn(o, "endpoint", st->standby >= 0 ? st->m.standbys[st->standby].endpoint
+                                             : st->m.ranks[st->rank].endpoint, cap);
     cJSON_AddNumberToObject(o, "pid", getpid());
     cJSON *w = cJSON_AddArrayToObject(o, "window");
     cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].first));
     cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].last));
     add_str(o, "backend", st->backend_name);
     cJSON_AddNumberToObject(o, "uptime_s", (double)((uint64_t)util_now_ms() - st->start_ms) / 1000);
-    cJSON_AddItemToObject(o, "in", link_rec(st, st->in, false));
-    cJSON_AddItemToObject(o, "out", link_rec(st, st->out, true));
+    cJSON_AddItemToObject(o, "in", link_rec(st, st->in, false, cap));
+    cJSON_AddItemToObject(o, "out", link_rec(st, st->out, true, cap));
     cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->in && st->in->up);
     cJSON_AddNumberToObject(o, "sessions", st->n_sessions);
     cJSON_AddNumberToObject(o, "paused_sessions", st->n_paused);
@@ -122,6 +128,8 @@ cJSON *kvd_status_record(struct stage *st)
     }
     return o;
 }
+
+cJSON *kvd_status_record(struct stage *st) { return record(st, STATUS_STR_MAX); }
 
 /* ============================ records from peers ============================ */
 
@@ -321,22 +329,23 @@ void kvd_status_tick(struct stage *st)
         note_repair(st, linked);
     if (!(st->in && st->in->up) && !kvd_conn_out_up(st))
         return;
-    cJSON *o = kvd_status_record(st);
-    char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
-    size_t len = txt ? strlen(txt) : 0;
-    if (len > NET_STATUS_MAX) {   /* long strings everywhere: leave the errors out */
-        cJSON_DeleteItemFromObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "error");
-        cJSON_DeleteItemFromObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "error");
+    /* Every string at its longest can pass NET_STATUS_MAX: then shorter ones. */
+    char *txt = NULL;
+    size_t len = 0;
+    for (size_t cap = STATUS_STR_MAX; cap >= 24; cap /= 2) {
+        cJSON *o = record(st, cap);
         free(txt);
-        txt = cJSON_PrintUnformatted(o);
+        txt = o ? cJSON_PrintUnformatted(o) : NULL;
+        cJSON_Delete(o);
         len = txt ? strlen(txt) : 0;
+        if (len <= NET_STATUS_MAX)
+            break;
     }
     if (txt && len <= NET_STATUS_MAX) {
         send_rec(st->in, st->rank, 0, txt, len);
         send_rec(st->out, st->rank, 0, txt, len);
     }
     free(txt);
-    cJSON_Delete(o);
 }
 
 void kvd_status_link_closed(struct stage *st, bool out, const char *reason)
