@@ -150,6 +150,13 @@ wrc=$?
 # a reader that goes away ends it too (SIGPIPE / EPIPE), cleanly
 timeout 20 bash -c "\"$KVCTL\" status --ring \"$SOCK\" --watch 0.1 | head -n 3 > /dev/null"
 [ $? = 0 ] || fail "--watch did not end when its reader went away"
+# on a terminal (script(1) gives it one) each refresh clears the screen and redraws the table
+if command -v script >/dev/null; then
+    timeout -s INT 3 script -qec "\"$KVCTL\" status --ring \"$SOCK\" --watch 0.5" /dev/null > "$TMP/tty" 2>&1
+    n=$(grep -o $'\033\[H\033\[2J' "$TMP/tty" | wc -l)
+    [ "$n" -ge 2 ] || fail "--watch on a terminal did not redraw twice ($n clears): $(head -c 600 "$TMP/tty")"
+    grep -q -- '-- [0-9]' "$TMP/tty" || fail "--watch on a terminal lacks its refresh line"
+fi
 echo "ok --watch: $(grep -c '^-- ' "$TMP/watch") refreshes, ended by SIGINT and by a closed pipe"
 
 # Kill rank 2: rank 0 shows it down with the reason, heard from its neighbours.
