@@ -35,7 +35,7 @@
  *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
  *   STATUS one stage's status record, a JSON object (<= NET_STATUS_MAX bytes); session 0,
  *          n_tokens = the rank it describes, pos = its age in ms when sent; flags 0. Both
- *          directions of an established link carry it (docs/design.md, "Wire protocol").
+ *          directions of an established link carry it (docs/design.md, "The ring data path").
  *
  * Handshake (docs/security.md): each side sends HELLO with a fresh nonce and a fresh X25519
  * key as soon as the stream is up. On the peer's HELLO it checks everything (version, ring,

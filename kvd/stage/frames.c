@@ -1,7 +1,7 @@
 /* frames.c — the frames of an established link, each checked against the manifest before
  * anything acts on it (a violation closes only that link, telling the peer why): PING/PONG
- * and STATUS on both links; from the predecessor the session frames (OPEN, ACT, TOKEN, CLOSE, ERROR);
- * from the successor only a session's ERROR on its way back to rank 0. */
+ * and STATUS (status.c) on both links; from the predecessor the session frames (OPEN, ACT,
+ * TOKEN, CLOSE, ERROR); from the successor only a session's ERROR on its way back to rank 0. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
