@@ -27,7 +27,7 @@
 #define MAX_KEYS 256
 #define KEY_LINE_MAX 512
 #define IDLE_MS (600u * 1000)     /* a non-streamed answer may take this long */
-#define METRICS_GEN_MAX 16384
+#define METRICS_GEN_MAX 131072   /* the generator's metrics: every rank's series */
 
 struct api_server {
     struct uv_loop_s *loop;

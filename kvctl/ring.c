@@ -193,14 +193,22 @@ static int grab_line(const char *line, void *ud)
     return 1;
 }
 
-static cJSON *query_status(const char *sock, char *err, size_t errlen)
+/* A stage's status object; ring: with every rank as it last heard of them ("ranks") and the
+ * standbys. */
+static cJSON *query_status_ring(const char *sock, bool ring, char *err, size_t errlen)
 {
     struct grab g = {0};
-    if (ring_ctl_request(sock, "{\"op\":\"status\"}", grab_line, &g, 3000, err, errlen) < 0)
+    const char *req = ring ? "{\"op\":\"status\",\"ring\":true}" : "{\"op\":\"status\"}";
+    if (ring_ctl_request(sock, req, grab_line, &g, 3000, err, errlen) < 0)
         return NULL;
     if (!g.obj)
         snprintf(err, errlen, "no status reply");
     return g.obj;
+}
+
+static cJSON *query_status(const char *sock, char *err, size_t errlen)
+{
+    return query_status_ring(sock, false, err, errlen);
 }
 
 /* Where rank r's control socket is for a ring directory. */
@@ -261,83 +269,279 @@ static const char *jstr(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* The standby nodes of a local ring (DIR/standby-I) and rank 0's repair figures. */
-static void print_repair(const char *dir, const struct ring_manifest *m, FILE *out)
+/* The ring as kvctl status shows it: one status object per rank, each its own control
+ * socket's (a local ring's rank directory) or the record rank 0 heard over the ring's links
+ * ("via": "rank 0", with its age), and rank 0's view of the ring. */
+struct ring_view {
+    uint32_t n;
+    char ring[72], model[128], arch[32], dtype[8];
+    uint32_t n_layers, n_embd;
+    cJSON *rows[RING_MAX_RANKS];        /* NULL: nothing known of the rank (why[r] says why) */
+    char why[RING_MAX_RANKS][300];
+    bool down[RING_MAX_RANKS];          /* no answer: its socket did not, or its record is old */
+    cJSON *r0;                          /* rank 0's "ring": true status; NULL: it did not answer */
+    const char *dir;                    /* a local ring's directory (standby sockets), or NULL */
+    uint32_t n_standbys;
+    uint32_t self;                      /* the rank whose socket was asked (unix:SOCKET) */
+};
+
+static void view_free(struct ring_view *v)
+{
+    for (uint32_t r = 0; r < v->n; r++)
+        cJSON_Delete(v->rows[r]);
+    cJSON_Delete(v->r0);
+    memset(v, 0, sizeof *v);
+}
+
+/* Row r from rank 0's "ranks": a copy of the record, marked as heard through rank 0. */
+static void view_from_r0(struct ring_view *v, uint32_t r)
+{
+    const cJSON *ranks = v->r0 ? cJSON_GetObjectItemCaseSensitive(v->r0, "ranks") : NULL;
+    const cJSON *e = cJSON_IsArray(ranks) ? cJSON_GetArrayItem(ranks, (int)r) : NULL;
+    if (!e) {
+        snprintf(v->why[r], sizeof v->why[r], "rank %u does not answer", v->self);
+        v->down[r] = true;
+        return;
+    }
+    cJSON *c = cJSON_Duplicate(e, 1);
+    if (!c)
+        return;
+    char via[32];
+    snprintf(via, sizeof via, "rank %u", v->self);
+    cJSON_AddStringToObject(c, "via", via);
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "answer"))) {
+        v->down[r] = true;
+        const cJSON *age = cJSON_GetObjectItemCaseSensitive(c, "age_ms");
+        if (jstr(c, "reason")[0])
+            snprintf(v->why[r], sizeof v->why[r], "no answer: %s; last heard %.1f s ago", jstr(c, "reason"),
+                     util_json_number(c, "age_ms", 0) / 1000);
+        else if (cJSON_IsNumber(age))
+            snprintf(v->why[r], sizeof v->why[r], "no answer: last heard %.1f s ago", age->valuedouble / 1000);
+        else
+            snprintf(v->why[r], sizeof v->why[r], "no answer: never heard of over the ring");
+        cJSON_AddStringToObject(c, "error", v->why[r]);
+        cJSON_ReplaceItemInObjectCaseSensitive(c, "linked", cJSON_CreateFalse());
+    }
+    v->rows[r] = c;
+}
+
+/* Rank 0's own object without the ring view it carries. */
+static cJSON *r0_own(const cJSON *r0)
+{
+    cJSON *c = cJSON_Duplicate(r0, 1);
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "ranks");
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "standbys");
+    return c;
+}
+
+/* A local ring directory (or a manifest next to rank directories): each rank with a
+ * directory here answers on its own socket; the others through rank 0. */
+static void view_dir(struct ring_view *v, const char *dir, const struct ring_manifest *m)
+{
+    memset(v, 0, sizeof *v);
+    v->n = m->n_ranks;
+    v->dir = dir;
+    v->n_standbys = m->n_standbys;
+    snprintf(v->ring, sizeof v->ring, "%s", m->ring);
+    snprintf(v->model, sizeof v->model, "%s", m->model_name);
+    snprintf(v->arch, sizeof v->arch, "%s", m->arch);
+    snprintf(v->dtype, sizeof v->dtype, "%s", m->dtype);
+    v->n_layers = m->n_layers;
+    v->n_embd = m->n_embd;
+    char sock[PATH_MAX], err[300];
+    rank_sock(dir, 0, sock, sizeof sock);
+    v->r0 = query_status_ring(sock, true, err, sizeof err);
+    for (uint32_t r = 0; r < v->n; r++) {
+        char rd[PATH_MAX + 16];
+        snprintf(rd, sizeof rd, "%s/rank-%u", dir, r);
+        if (r > 0 && access(rd, F_OK) != 0) {   /* not on this host: as rank 0 heard of it */
+            view_from_r0(v, r);
+            continue;
+        }
+        if (r == 0 && v->r0) {
+            v->rows[0] = r0_own(v->r0);
+            continue;
+        }
+        rank_sock(dir, r, sock, sizeof sock);
+        v->rows[r] = query_status(sock, err, sizeof err);
+        if (!v->rows[r]) {
+            snprintf(v->why[r], sizeof v->why[r], "%s", err);
+            v->down[r] = true;
+        }
+    }
+}
+
+/* Rank 0's control socket (unix:PATH): every rank as rank 0 heard of it. */
+static int view_sock(struct ring_view *v, const char *sock, char *err, size_t errlen)
+{
+    memset(v, 0, sizeof *v);
+    v->r0 = query_status_ring(sock, true, err, errlen);
+    if (!v->r0)
+        return -1;
+    /* Any stage holds the ring's records; rank 0's view is the one to ask (it is the ring's
+     * entry and hears every rank), another stage's shows the ring as that stage hears it. */
+    double me = util_json_number(v->r0, "rank", -1);
+    if (me < 0) {
+        snprintf(err, errlen, "%s is a standby that serves no rank yet: ask rank 0's control socket", sock);
+        cJSON_Delete(v->r0);
+        v->r0 = NULL;
+        return -1;
+    }
+    v->self = (uint32_t)me;
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(v->r0, "ranks");
+    int n = cJSON_GetArraySize(ranks);
+    v->n_standbys = (uint32_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(v->r0, "standbys"));
+    v->n = n < 0 ? 0 : n > RING_MAX_RANKS ? RING_MAX_RANKS : (uint32_t)n;
+    snprintf(v->ring, sizeof v->ring, "%s", jstr(v->r0, "ring"));
+    snprintf(v->model, sizeof v->model, "%s", jstr(v->r0, "model"));
+    snprintf(v->arch, sizeof v->arch, "%s", jstr(v->r0, "arch"));
+    snprintf(v->dtype, sizeof v->dtype, "%s", jstr(v->r0, "dtype"));
+    v->n_layers = (uint32_t)util_json_number(v->r0, "n_layers", 0);
+    v->n_embd = (uint32_t)util_json_number(v->r0, "n_embd", 0);
+    for (uint32_t r = 0; r < v->n; r++) {
+        if (r == v->self)
+            v->rows[r] = r0_own(v->r0);
+        else
+            view_from_r0(v, r);
+    }
+    return 0;
+}
+
+/* The standby nodes (a local ring's own sockets, else rank 0's view) and rank 0's repair
+ * figures. */
+static void print_repair(const struct ring_view *v, FILE *out)
 {
     char sock[PATH_MAX + 32], err[300];
-    for (uint32_t i = 0; i < m->n_standbys; i++) {
-        snprintf(sock, sizeof sock, "%s/standby-%u/kvd.sock", dir, i);
-        const char *ep = m->standbys[i].endpoint;
+    const cJSON *sbs = v->r0 ? cJSON_GetObjectItemCaseSensitive(v->r0, "standbys") : NULL;
+    for (int i = 0; i < (int)v->n_standbys; i++) {
+        const cJSON *e = cJSON_GetArrayItem(sbs, i);   /* NULL when rank 0 did not answer */
+        const char *ep = jstr(e, "endpoint");
         if (!strncmp(ep, "tcp://", 6))
             ep += 6;
-        cJSON *s = query_status(sock, err, sizeof err);
-        if (!s)
-            fprintf(out, "standby %u  %-22s down (%s)\n", i, ep, err);
-        else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "waiting")))
-            fprintf(out, "standby %u  %-22s pid %.0f  waiting\n", i, ep, util_json_number(s, "pid", 0));
-        else
-            fprintf(out, "standby %u  %-22s pid %.0f  serves rank %.0f (in %s, out %s, %.0f sessions, "
+        snprintf(sock, sizeof sock, "%s/standby-%d/kvd.sock", v->dir ? v->dir : "", i);
+        cJSON *s = v->dir && access(sock, F_OK) == 0 ? query_status(sock, err, sizeof err) : NULL;
+        if (v->dir && access(sock, F_OK) == 0 && !s)
+            fprintf(out, "standby %d  %-22s down (%s)\n", i, ep, err);
+        else if (s && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "waiting")))
+            fprintf(out, "standby %d  %-22s pid %.0f  waiting\n", i, ep, util_json_number(s, "pid", 0));
+        else if (s)
+            fprintf(out, "standby %d  %-22s pid %.0f  serves rank %.0f (in %s, out %s, %.0f sessions, "
                     "%.0f replayed: %.0f positions recomputed)\n", i, ep,
                     util_json_number(s, "pid", 0), util_json_number(s, "rank", 0),
                     jstr(cJSON_GetObjectItemCaseSensitive(s, "in"), "state"),
                     jstr(cJSON_GetObjectItemCaseSensitive(s, "out"), "state"), util_json_number(s, "sessions", 0),
                     util_json_number(s, "replayed_sessions", 0), util_json_number(s, "replayed_positions", 0));
+        else if (util_json_number(e, "serves", -1) >= 0)
+            fprintf(out, "standby %d  %-22s node %.16s  serves rank %.0f\n", i, ep, jstr(e, "node"),
+                    util_json_number(e, "serves", -1));
+        else
+            fprintf(out, "standby %d  %-22s node %.16s  serves no rank (waiting, or not heard of)\n", i, ep,
+                    jstr(e, "node"));
         cJSON_Delete(s);
     }
-    rank_sock(dir, 0, sock, sizeof sock);
-    cJSON *s = query_status(sock, err, sizeof err);
-    const cJSON *r = s ? cJSON_GetObjectItemCaseSensitive(s, "repair") : NULL;
-    if (r && (m->n_standbys || util_json_number(r, "wait_s", 0) > 0 || util_json_number(r, "ring_breaks", 0) > 0))
+    const cJSON *r = v->r0 ? cJSON_GetObjectItemCaseSensitive(v->r0, "repair") : NULL;
+    if (r && (v->n_standbys || util_json_number(r, "wait_s", 0) > 0 ||
+              util_json_number(r, "ring_breaks", 0) > 0)) {
         fprintf(out, "repair: wait %.0f s, %.0f paused sessions, %.0f ring breaks, %.0f sessions resumed "
-                "(%.0f replays), %.0f not repaired in time, break to next token last %.0f ms, max %.0f ms\n",
+                "(%.0f replays), %.0f not repaired in time, break to next token last %.0f ms, max %.0f ms",
                 util_json_number(r, "wait_s", 0), util_json_number(r, "paused_sessions", 0),
                 util_json_number(r, "ring_breaks", 0), util_json_number(r, "resumed_sessions", 0),
                 util_json_number(r, "replays", 0), util_json_number(r, "not_repaired", 0),
                 util_json_number(r, "last_resume_ms", 0), util_json_number(r, "max_resume_ms", 0));
-    cJSON_Delete(s);
-    /* What each rank's own node recomputed for replays (a standby's is on its line above). */
-    for (uint32_t i = 0; m->n_standbys && i < m->n_ranks; i++) {
-        rank_sock(dir, i, sock, sizeof sock);
-        if (!(s = query_status(sock, err, sizeof err)))
+        double reps = util_json_number(r, "repairs", 0);
+        if (reps > 0) {
+            time_t t = (time_t)util_json_number(r, "last_repair_unix", 0);
+            char when[40];
+            struct tm tm;
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
+            double rk = util_json_number(r, "last_repair_rank", -1);
+            fprintf(out, "; %.0f repairs, the last at %s", reps, when);
+            if (rk >= 0)
+                fprintf(out, " (rank %.0f)", rk);
+        }
+        fprintf(out, "\n");
+    }
+    /* What each rank's own node recomputed for replays (a standby's is on its line above); a
+     * rank's own socket gives it, a record heard over the ring does not carry it. */
+    for (uint32_t i = 0; v->n_standbys && i < v->n; i++) {
+        const cJSON *row = v->rows[i];
+        if (!row || !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(row, "replayed_sessions")))
             continue;
         fprintf(out, "replayed on rank %u: %.0f sessions, %.0f positions recomputed\n", i,
-                util_json_number(s, "replayed_sessions", 0), util_json_number(s, "replayed_positions", 0));
-        cJSON_Delete(s);
+                util_json_number(row, "replayed_sessions", 0), util_json_number(row, "replayed_positions", 0));
     }
 }
 
+/* One link's last error, when it is not up. */
+static void print_link_error(FILE *out, uint32_t r, const cJSON *s, bool is_out)
+{
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(s, is_out ? "out" : "in");
+    const char *e = jstr(l, "error");
+    if (!l || !e[0] || !strcmp(jstr(l, "state"), "up"))
+        return;
+    fprintf(out, "  rank %u %s link %s rank %.0f: %s: %s (%.0f s ago)\n", r, is_out ? "out" : "in",
+            is_out ? "to" : "from", util_json_number(l, "peer_rank", 0), jstr(l, "state"), e,
+            util_json_number(l, "error_age_s", 0));
+}
+
 /* The table; returns how many stages did not answer. */
-static int print_status_table(const char *dir, const struct ring_manifest *m, FILE *out)
+static int print_view(const struct ring_view *v, FILE *out)
 {
     int n_down = 0;
-    fprintf(out, "ring %s  model %s (%s, %u layers, n_embd %u)  wire %s  %u stages\n", m->ring,
-            m->model_name, m->arch, m->n_layers, m->n_embd, m->dtype, m->n_ranks);
-    fprintf(out, "%-4s %-9s %-7s %-22s %-9s %-9s %-8s %-5s %-9s %-9s %s\n", "rank", "layers", "pid",
-            "endpoint", "in", "out", "rtt_ms", "sess", "ms/tok", "B/tok out", "steps");
-    for (uint32_t r = 0; r < m->n_ranks; r++) {
-        char sock[PATH_MAX], err[300], layers[32];
-        rank_sock(dir, r, sock, sizeof sock);
-        snprintf(layers, sizeof layers, "[%u,%u)", m->ranks[r].first, m->ranks[r].last);
-        const char *ep = m->ranks[r].endpoint;
+    fprintf(out, "ring %s  model %s (%s, %u layers, n_embd %u)  wire %s  %u stages\n", v->ring,
+            v->model, v->arch, v->n_layers, v->n_embd, v->dtype, v->n);
+    fprintf(out, "%-4s %-9s %-7s %-22s %-9s %-9s %-8s %-5s %-9s %-9s %-7s %s\n", "rank", "layers", "pid",
+            "endpoint", "in", "out", "rtt_ms", "sess", "ms/tok", "B/tok out", "steps", "host");
+    for (uint32_t r = 0; r < v->n; r++) {
+        const cJSON *s = v->rows[r];
+        char layers[32] = "-";
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(s, "window");
+        if (cJSON_GetArraySize(w) == 2)
+            snprintf(layers, sizeof layers, "[%.0f,%.0f)", cJSON_GetArrayItem(w, 0)->valuedouble,
+                     cJSON_GetArrayItem(w, 1)->valuedouble);
+        const char *ep = jstr(s, "endpoint");
         if (!strncmp(ep, "tcp://", 6))
             ep += 6;
-        cJSON *s = query_status(sock, err, sizeof err);
-        if (!s) {
-            fprintf(out, "%-4u %-9s %-7s %-22s down (%s)\n", r, layers, "-", ep, err);
+        if (v->down[r]) {
             n_down++;
+            if (!s || !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(s, "pid")))
+                fprintf(out, "%-4u %-9s %-7s %-22s down (%s)\n", r, layers, "-", ep, v->why[r]);
+            else   /* rank 0 heard of it once: when, and from where */
+                fprintf(out, "%-4u %-9s %-7.0f %-22s down (%s; host %s)\n", r, layers,
+                        util_json_number(s, "pid", 0), ep, v->why[r], jstr(s, "host"));
             continue;
         }
         const cJSON *in = cJSON_GetObjectItemCaseSensitive(s, "in");
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(s, "out");
-        fprintf(out, "%-4u %-9s %-7.0f %-22s %-9s %-9s %-8.3f %-5.0f %-9.3f %-9.0f %.0f\n", r, layers,
+        fprintf(out, "%-4u %-9s %-7.0f %-22s %-9s %-9s %-8.3f %-5.0f %-9.3f %-9.0f %-7.0f %s\n", r, layers,
                 util_json_number(s, "pid", 0), ep, jstr(in, "state"), jstr(o, "state"),
                 util_json_number(o, "rtt_ms", 0), util_json_number(s, "sessions", 0),
                 util_json_number(s, "ms_per_token", 0), util_json_number(s, "bytes_per_token_out", 0),
-                util_json_number(s, "steps", 0));
-        cJSON_Delete(s);
+                util_json_number(s, "steps", 0), jstr(s, "host"));
     }
-    print_repair(dir, m, out);
+    bool errs = false;
+    for (uint32_t r = 0; r < v->n; r++)
+        for (int k = 0; k < 2; k++) {
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(v->rows[r], k ? "out" : "in");
+            if (jstr(l, "error")[0] && strcmp(jstr(l, "state"), "up") != 0) {
+                if (!errs)
+                    fprintf(out, "links not up, with the reason each last closed:\n");
+                errs = true;
+                print_link_error(out, r, v->rows[r], k);
+            }
+        }
+    print_repair(v, out);
     return n_down;
+}
+
+/* The table of a local ring (DIR, or its manifest); returns how many stages did not answer. */
+static int print_status_table(const char *dir, const struct ring_manifest *m, FILE *out)
+{
+    struct ring_view v;
+    view_dir(&v, dir, m);
+    int n = print_view(&v, out);
+    view_free(&v);
+    return n;
 }
 
 /* ---- ring up ---- */
@@ -1088,70 +1292,160 @@ int kvctl_cmd_ring(int argc, char **argv)
     return (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) ? 0 : 2;
 }
 
+/* --watch: a SIGINT ends the loop (after the block being printed), as a closed pipe does. */
+static volatile sig_atomic_t status_stop;
+static void status_on_sigint(int sig) { (void)sig; status_stop = 1; }
+
+/* One status --json block: a status object per rank, one per line, then each standby's. */
+static int print_view_json(const struct ring_view *v, FILE *out)
+{
+    int bad = 0;
+    for (uint32_t r = 0; r < v->n; r++) {
+        if (!v->rows[r]) {
+            fprintf(out, "{\"rank\":%u,\"error\":\"unreachable\"}\n", r);
+            bad = 1;
+            continue;
+        }
+        bad |= v->down[r];
+        char *t = cJSON_PrintUnformatted(v->rows[r]);
+        fprintf(out, "%s\n", t ? t : "{}");
+        free(t);
+    }
+    const cJSON *sbs = v->r0 ? cJSON_GetObjectItemCaseSensitive(v->r0, "standbys") : NULL;
+    for (uint32_t i = 0; i < v->n_standbys; i++) {   /* a local ring's standby answers itself */
+        char sock[PATH_MAX + 32], err[300];
+        snprintf(sock, sizeof sock, "%s/standby-%u/kvd.sock", v->dir ? v->dir : "", i);
+        cJSON *s = v->dir && access(sock, F_OK) == 0 ? query_status(sock, err, sizeof err) : NULL;
+        if (v->dir && access(sock, F_OK) == 0 && !s) {
+            fprintf(out, "{\"standby\":%u,\"error\":\"unreachable\"}\n", i);
+            continue;
+        }
+        const cJSON *e = s ? s : cJSON_GetArrayItem(sbs, (int)i);
+        char *t = e ? cJSON_PrintUnformatted(e) : NULL;
+        if (t)
+            fprintf(out, "%s\n", t);
+        else
+            fprintf(out, "{\"standby\":%u,\"error\":\"unreachable\"}\n", i);
+        free(t);
+        cJSON_Delete(s);
+    }
+    return bad;
+}
+
+/* A non-negative number of seconds (fractions allowed): 0, or -1. */
+static int parse_secs(const char *s, double *out)
+{
+    char *end;
+    double d = strtod(s, &end);
+    if (end == s || *end || !(d >= 0.1 && d <= 86400))
+        return -1;
+    *out = d;
+    return 0;
+}
+
 int kvctl_cmd_status(int argc, char **argv)
 {
     const char *arg = NULL, *v;
-    bool json = false;
+    bool json = false, watch = false;
+    double every = 2;
+    const char *usage = "usage: kvctl status --ring DIR|MANIFEST.json|unix:SOCKET [--json] [--watch [SECONDS]]\n";
     for (int i = 1; i < argc; i++) {
         if ((v = dir_opt(argc, argv, &i)))   /* --ring DIR, or --dir DIR as ring up/down spell it */
             arg = v;
         else if (!strcmp(argv[i], "--json"))
             json = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvctl status --ring DIR|MANIFEST.json [--json]\n"
+        else if (!strncmp(argv[i], "--json=", 7)) {
+            fprintf(stderr, "kvctl status: option '--json' doesn't allow an argument\n%s", usage);
+            return 2;
+        } else if (!strcmp(argv[i], "--watch") || !strncmp(argv[i], "--watch=", 8)) {
+            watch = true;
+            const char *val = argv[i][7] == '=' ? argv[i] + 8 : NULL;
+            double d;   /* the next word is its SECONDS when it is a number */
+            if (!val && i + 1 < argc && parse_secs(argv[i + 1], &d) == 0)
+                val = argv[++i];
+            if (val && parse_secs(val, &every) < 0) {
+                fprintf(stderr, "kvctl status: --watch '%s': not a number of seconds in [0.1, 86400]\n%s",
+                        val, usage);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s"
                    "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
                    "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
-                   "  per token, steps; a stage that does not answer shows as down.\n"
-                   "  Then the standby nodes of a local ring (waiting, or the rank each serves) and\n"
-                   "  rank 0's repair figures (paused sessions, ring breaks, resumed sessions).\n"
-                   "  --json  each stage's full status object, one per line, then each standby's\n"
-                   "Exit status 1 when a stage is down.\n");
+                   "  per token, steps, host; a stage that does not answer shows as down, with the\n"
+                   "  reason (and, for a rank heard of through rank 0, when it was last heard);\n"
+                   "  then the links that are not up with the reason each last closed, the standby\n"
+                   "  nodes (waiting, or the rank each serves) and rank 0's repair figures (paused\n"
+                   "  sessions, ring breaks, resumed sessions, repairs).\n"
+                   "  --ring unix:SOCKET  rank 0's control socket: every rank as rank 0 gathers it\n"
+                   "          over the ring's own links (no connection to other hosts); a ring\n"
+                   "          directory or manifest asks each rank with a directory here on its own\n"
+                   "          socket and the others through rank 0\n"
+                   "  --json  each stage's status object, one per line, then each standby's\n"
+                   "  --watch [SECONDS]  refresh every SECONDS (default 2): a terminal is redrawn,\n"
+                   "          elsewhere a block per refresh; Ctrl-C ends it\n"
+                   "Exit status 1 when a stage is down.\n", usage);
             return 0;
         } else {
-            fprintf(stderr, "usage: kvctl status --ring DIR [--json]\n");
+            fprintf(stderr, "kvctl status: unknown option '%s'\n%s", argv[i], usage);
             return 2;
         }
     }
     if (!arg) {
-        fprintf(stderr, "usage: kvctl status --ring DIR [--json]\n");
+        fprintf(stderr, "%s", usage);
         return 2;
     }
+    bool via_sock = !strncmp(arg, "unix:", 5);
     char dir[PATH_MAX];
     struct ring_manifest m;
-    if (ring_dir(arg, dir, sizeof dir) < 0 || load_ring_at(arg, dir, &m) < 0)
+    if (!via_sock && (ring_dir(arg, dir, sizeof dir) < 0 || load_ring_at(arg, dir, &m) < 0))
         return 1;
-    if (json) {   /* one status object per rank, one per line */
-        int bad = 0;
-        for (uint32_t r = 0; r < m.n_ranks; r++) {
-            char sock[PATH_MAX], err[300];
-            rank_sock(dir, r, sock, sizeof sock);
-            cJSON *s = query_status(sock, err, sizeof err);
-            if (!s) {
-                printf("{\"rank\":%u,\"error\":\"unreachable\"}\n", r);
-                bad = 1;
-                continue;
-            }
-            char *t = cJSON_PrintUnformatted(s);
-            printf("%s\n", t);
-            free(t);
-            cJSON_Delete(s);
-        }
-        for (uint32_t i = 0; i < m.n_standbys; i++) {   /* then the standbys of a local ring */
-            char sock[PATH_MAX + 32], err[300];
-            snprintf(sock, sizeof sock, "%s/standby-%u/kvd.sock", dir, i);
-            cJSON *s = query_status(sock, err, sizeof err);
-            if (!s) {
-                printf("{\"standby\":%u,\"error\":\"unreachable\"}\n", i);
-                continue;
-            }
-            char *t = cJSON_PrintUnformatted(s);
-            printf("%s\n", t);
-            free(t);
-            cJSON_Delete(s);
-        }
-        return bad;
+    bool tty = watch && isatty(STDOUT_FILENO);
+    if (watch) {
+        struct sigaction sa = {.sa_handler = status_on_sigint};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);   /* a closed pipe ends the loop through the failed write */
     }
-    return print_status_table(dir, &m, stdout) ? 1 : 0;   /* as --json: 1 when a stage is down */
+    int rc = 0;
+    for (unsigned round = 0; !status_stop; round++) {
+        struct ring_view rv;
+        char err[KV_ERR_MAX];
+        if (via_sock) {
+            if (view_sock(&rv, arg + 5, err, sizeof err) < 0) {
+                fprintf(stderr, "kvctl status: %s\n", err);
+                rc = 1;
+                if (!watch)
+                    return 1;
+            }
+        } else {
+            view_dir(&rv, dir, &m);
+        }
+        if (rv.r0 || !via_sock) {
+            if (tty)
+                printf("\033[H\033[2J");   /* home, clear: the table redrawn in place */
+            if (watch) {
+                time_t t = time(NULL);
+                struct tm tm;
+                char when[40];
+                strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
+                printf(json ? "{\"watch\":%u,\"time\":\"%s\"}\n" : "-- %u  %s\n", round + 1, when);
+            }
+            rc = json ? print_view_json(&rv, stdout) : print_view(&rv, stdout) ? 1 : 0;
+            if (watch && !json)
+                printf("\n");
+        }
+        view_free(&rv);
+        if (fflush(stdout) != 0 || ferror(stdout))
+            return 0;   /* the reader went away: done */
+        if (!watch)
+            break;
+        /* sleep in small steps, so Ctrl-C ends the wait at once */
+        for (double slept = 0; slept < every && !status_stop; slept += 0.05)
+            usleep(50000);
+    }
+    return watch ? 0 : rc;
 }
 
 /* ---- generate --ring ---- */

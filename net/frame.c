@@ -21,7 +21,7 @@ static float getf(const uint8_t *p) { uint32_t v = util_le32_get(p); float f; me
 const char *net_frame_type_name(uint32_t type)
 {
     static const char *names[] = {"?", "HELLO", "AUTH", "OPEN", "ACT", "TOKEN", "CLOSE",
-                                  "ERROR", "PING", "PONG"};
+                                  "ERROR", "PING", "PONG", "STATUS"};
     return type <= NET_F_MAX ? names[type] : "?";
 }
 

@@ -33,6 +33,9 @@
  *   CLOSE  empty
  *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes)
  *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
+ *   STATUS one stage's status record, a JSON object (<= NET_STATUS_MAX bytes); session 0,
+ *          n_tokens = the rank it describes, pos = its age in ms when sent; flags 0. Both
+ *          directions of an established link carry it (docs/design.md, "The ring data path").
  *
  * Handshake (docs/security.md): each side sends HELLO with a fresh nonce and a fresh X25519
  * key as soon as the stream is up. On the peer's HELLO it checks everything (version, ring,
@@ -61,12 +64,13 @@
 #define NET_AUTH_LEN     64u
 #define NET_RING_ID_MAX  64u          /* ring id bytes, NUL-padded on the wire */
 #define NET_ERR_MAX      1024u        /* ERROR message bytes */
+#define NET_STATUS_MAX   1024u        /* STATUS record bytes (fits every link's payload cap) */
 #define NET_PAYLOAD_HARD_MAX (256u << 20) /* no link accepts a payload above this */
 
 enum net_frame_type {
     NET_F_HELLO = 1, NET_F_AUTH = 2, NET_F_OPEN = 3, NET_F_ACT = 4, NET_F_TOKEN = 5,
-    NET_F_CLOSE = 6, NET_F_ERROR = 7, NET_F_PING = 8, NET_F_PONG = 9,
-    NET_F_MAX = 9
+    NET_F_CLOSE = 6, NET_F_ERROR = 7, NET_F_PING = 8, NET_F_PONG = 9, NET_F_STATUS = 10,
+    NET_F_MAX = 10
 };
 enum net_frame_flag {
     NET_FL_LAST = 1,     /* ACT: the last chunk of a step: the last rank samples after it */

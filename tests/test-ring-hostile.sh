@@ -1,8 +1,9 @@
 #!/bin/bash
 # Hostile peers against a running stage (rank 1 of 3): handshake mismatches (wrong ring,
 # manifest, rank, node key), a second predecessor, random bytes, a wrong magic, payload_len
-# 4 GiB, an ACT with the wrong n_embd, a TOKEN from a non-last rank, an unknown session (all
-# sealed, as a real peer's frames are), an unsealed frame after the handshake. Each closes
+# 4 GiB, an ACT with the wrong n_embd, a TOKEN from a non-last rank, an unknown session, status
+# records oversized, malformed or of the wrong types (all sealed, as a real peer's frames are),
+# an unsealed frame after the handshake. Each closes
 # that link with the reason logged on both sides; the stage stays up, serves a fresh link,
 # and rejoins a ring when the real predecessor comes back.
 . "$(dirname "$0")/ring_lib.sh"
@@ -55,6 +56,25 @@ peer n_embd 0 "$D/rank-0" "ACT payload_len 260, expected n_tokens 1 x n_embd 64"
 peer token 0 "$D/rank-0" "TOKEN from rank 0, which is not the last rank"
 peer unknown 0 "$D/rank-0" "ACT for unknown session"
 peer plain 0 "$D/rank-0" "record 0: length"
+# Status records (STATUS frames, docs/design.md "The ring data path"): capped, JSON, a rank of
+# the ring, every known field of its type; a good one is kept cleaned (control bytes made '?',
+# unknown fields dropped) and the link stays up.
+peer status-big 0 "$D/rank-0" "STATUS payload_len 1025 not in"
+peer status-json 0 "$D/rank-0" "STATUS record for rank 0 is not a JSON object"
+peer status-rank 0 "$D/rank-0" "STATUS for rank 7 of a ring of 3 ranks"
+peer status-type 0 "$D/rank-0" "STATUS record: field sessions has the wrong type"
+out=$("$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
+      --state-dir "$D/rank-0" --case status-ok --target 1 2>&1) || fail "status-ok: the link was closed: $out"
+"$KVCTL" status --ring "unix:$D/rank-1/kvd.sock" --json > "$TMP/st1" 2>&1
+python3 - "$TMP/st1" <<'PY' || fail "rank 1 did not keep the peer's record cleaned: $(cat "$TMP/st1")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+r0 = rows[0]
+assert r0["rank"] == 0 and r0["via"] == "rank 1", r0
+assert r0["host"] == "evil?host" and r0["sessions"] == 7, r0
+assert "junk" not in r0 and r0["in"] == {"state": "up"}, r0
+PY
+echo "ok status records checked, a good one kept cleaned"
 "$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
     --state-dir "$D/rank-0" --case ping | grep -q pong || fail "the stage does not serve a fresh link"
 echo "ok fresh link served"

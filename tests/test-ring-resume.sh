@@ -113,6 +113,15 @@ grep -q "replay recomputes its [0-9]* positions here (new to this stage)" "$D/st
 
 [ "$SAMPLED_RESUMED" -ge 1 ] || fail "no sampled session resumed in any round (the test's timing)"
 echo "ok $SAMPLED_RESUMED sampled sessions resumed with the text of their uninterrupted runs"
+# The same seen from rank 0's socket alone (its view over the ring's links): the standby that
+# serves rank 1 now, the ring linked, and the repairs with the rank last repaired.
+repaired() {
+    "$KVCTL" status --ring "unix:$D/rank-0/kvd.sock" > "$TMP/st0" 2>&1 &&
+        grep -q "^standby 2 .* serves rank 1" "$TMP/st0" && grep -Eq "; [3-9] repairs, the last at .* \(rank 1\)" "$TMP/st0"
+}
+wait_for 10 repaired || fail "rank 0's view lacks the standby or the repairs: $(cat "$TMP/st0")"
+[ "$(grep -Ec "^[0-2] .* up +up " "$TMP/st0")" = 3 ] || fail "rank 0's view: not 3 ranks up: $(cat "$TMP/st0")"
+echo "ok rank 0's view: standby 2 serves rank 1, $(grep -o '[0-9]* repairs' "$TMP/st0")"
 
 # Rank 0 dies: its sessions' history goes with it; the clients say so, the others free them.
 pids=""

@@ -8,7 +8,11 @@
  *       plain (an unsealed frame after the handshake) |
  *       open-idle (OPEN, then silence: exit 0 if the link stays up) | early-act (an ACT
  *       header of 100000 bytes before the handshake) |
- *       wrong-ring | wrong-manifest (handshake mismatches)
+ *       wrong-ring | wrong-manifest (handshake mismatches) |
+ *       status-big | status-json | status-rank | status-type (bad STATUS records: over
+ *       NET_STATUS_MAX, not JSON, a rank past the ring, a field of the wrong type) |
+ *       status-ok (a record of --as-rank with control bytes and an unknown field, then a
+ *       PING: exit 0 if the link stays up)
  * After the handshake every frame goes sealed with the link's keys, as a real peer's do, so the
  * stage's checks behind the record layer are what the bad frames meet.
  * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
@@ -273,6 +277,33 @@ int main(int argc, char **argv)
         printf("still open\n");
         ret = 0;
         goto out;
+    } else if (!strncmp(kase, "status-", 7)) {
+        char rec[NET_STATUS_MAX + 64];
+        uint32_t rank = (uint32_t)as_rank, len;
+        if (!strcmp(kase, "status-big")) {   /* a valid object, one byte over the cap */
+            len = NET_STATUS_MAX + 1;
+            int n = snprintf(rec, sizeof rec, "{\"rank\":%u,\"host\":\"", rank);
+            memset(rec + n, 'x', len - (uint32_t)n - 2);
+            memcpy(rec + len - 2, "\"}", 2);
+        } else if (!strcmp(kase, "status-json")) {
+            len = (uint32_t)snprintf(rec, sizeof rec, "not json");
+        } else if (!strcmp(kase, "status-rank")) {
+            rank = m.n_ranks + 4;
+            len = (uint32_t)snprintf(rec, sizeof rec, "{\"rank\":%u}", rank);
+        } else if (!strcmp(kase, "status-type")) {
+            len = (uint32_t)snprintf(rec, sizeof rec, "{\"rank\":%u,\"sessions\":\"many\"}", rank);
+        } else {   /* status-ok: the stage keeps it, cleaned, and the link stays up */
+            len = (uint32_t)snprintf(rec, sizeof rec, "{\"rank\":%u,\"host\":\"evil\\u0001host\","
+                                     "\"junk\":[1,2,3],\"sessions\":7,\"in\":{\"state\":\"up\","
+                                     "\"extra\":1}}", rank);
+            send_frame(NET_F_STATUS, 0, 0, 0, rank, rec, len);
+            send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
+            bool pong = false;
+            drain(&r, 5000, &pong, NULL, NULL, false);
+            ret = pong ? 0 : 1;
+            goto out;
+        }
+        send_frame(NET_F_STATUS, 0, 0, 0, rank, rec, len);
     } else if (!strcmp(kase, "ping")) {
         send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
         bool pong = false;

@@ -5,9 +5,12 @@
  * (NET_FL_LOGITS). A request whose client leaves ends its session round the ring at once. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "api/api.h"
 #include "kvd/kvd.h"
@@ -105,33 +108,74 @@ static bool gen_ready(void *impl, char *why, size_t n)
     return up;
 }
 
+/* Append to buf[cap] at *at (nothing once full). */
+static void put(char *buf, size_t cap, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t cap, size_t *at, const char *fmt, ...)
+{
+    if (*at >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *at, cap - *at, fmt, ap);
+    va_end(ap);
+    *at = n < 0 ? cap : *at + (size_t)n;
+}
+
+/* Per-stage series for every rank, labelled rank="N", from the ring's status records as rank
+ * 0 last heard them (status.c): a rank not heard of has only kvasir_stage_up 0. */
 static void gen_metrics(void *impl, char *buf, size_t cap)
 {
     struct stage *st = impl;
-    uint64_t in_rx = 0, in_tx = 0, out_rx = 0, out_tx = 0;
-    if (st->in && st->in->link) {
-        in_rx = net_link_bytes_in(st->in->link);
-        in_tx = net_link_bytes_out(st->in->link);
+    cJSON *ranks = kvd_status_ring(st);
+    size_t at = 0;
+    static const struct { const char *name, *key, *type, *help; } series[] = {
+        {"kvasir_stage_ms_per_token", "ms_per_token", "gauge",
+         "Mean compute time of one decode step on the stage."},
+        {"kvasir_stage_ms_per_token_avg", "ms_per_token_avg", "gauge",
+         "Moving average of the compute time of the stage's recent decode steps."},
+        {"kvasir_stage_sessions", "sessions", "gauge", "Sessions open on the stage."},
+        {"kvasir_stage_paused_sessions", "paused_sessions", "gauge", "Sessions paused for a repair."},
+        {"kvasir_stage_steps_total", "steps", "counter", "Window runs of session steps."},
+        {"kvasir_stage_rss_bytes", "rss_bytes", "gauge", "Resident memory of the stage's process."},
+        {"kvasir_stage_kv_bytes", "kv_bytes", "gauge", "K/V and state reserved by open sessions."},
+        {"kvasir_stage_uptime_seconds", "uptime_s", "gauge", "Seconds since the stage started."},
+    };
+    put(buf, cap, &at, "# HELP kvasir_stage_up Whether the rank answered within %u s.\n"
+        "# TYPE kvasir_stage_up gauge\n", STATUS_ANSWER_MS / 1000);
+    const cJSON *r;
+    cJSON_ArrayForEach(r, ranks)
+        put(buf, cap, &at, "kvasir_stage_up{rank=\"%.0f\"} %d\n", util_json_number(r, "rank", 0),
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "answer")));
+    put(buf, cap, &at, "# HELP kvasir_stage_status_age_seconds Age of the rank's last status record.\n"
+        "# TYPE kvasir_stage_status_age_seconds gauge\n");
+    cJSON_ArrayForEach(r, ranks)
+        if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "age_ms")))
+            put(buf, cap, &at, "kvasir_stage_status_age_seconds{rank=\"%.0f\"} %.3f\n",
+                util_json_number(r, "rank", 0), util_json_number(r, "age_ms", 0) / 1000);
+    for (size_t i = 0; i < sizeof series / sizeof series[0]; i++) {
+        put(buf, cap, &at, "# HELP %s %s\n# TYPE %s %s\n", series[i].name, series[i].help,
+            series[i].name, series[i].type);
+        cJSON_ArrayForEach(r, ranks)
+            if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, series[i].key)))
+                put(buf, cap, &at, "%s{rank=\"%.0f\"} %.17g\n", series[i].name,
+                    util_json_number(r, "rank", 0), util_json_number(r, series[i].key, 0));
     }
-    if (st->out && st->out->link) {
-        out_rx = net_link_bytes_in(st->out->link);
-        out_tx = net_link_bytes_out(st->out->link);
-    }
-    snprintf(buf, cap,
-        "# HELP kvasir_stage_ms_per_token Mean compute time of one decode step on this stage.\n"
-        "# TYPE kvasir_stage_ms_per_token gauge\nkvasir_stage_ms_per_token{rank=\"%u\"} %.4f\n"
-        "# TYPE kvasir_stage_sessions gauge\nkvasir_stage_sessions{rank=\"%u\"} %u\n"
-        "# TYPE kvasir_stage_steps_total counter\nkvasir_stage_steps_total{rank=\"%u\"} %" PRIu64 "\n"
-        "# HELP kvasir_link_bytes_total Bytes on this stage's ring links, by link and direction.\n"
-        "# TYPE kvasir_link_bytes_total counter\n"
-        "kvasir_link_bytes_total{rank=\"%u\",link=\"in\",dir=\"rx\"} %" PRIu64 "\n"
-        "kvasir_link_bytes_total{rank=\"%u\",link=\"in\",dir=\"tx\"} %" PRIu64 "\n"
-        "kvasir_link_bytes_total{rank=\"%u\",link=\"out\",dir=\"rx\"} %" PRIu64 "\n"
-        "kvasir_link_bytes_total{rank=\"%u\",link=\"out\",dir=\"tx\"} %" PRIu64 "\n"
-        "# TYPE kvasir_ring_linked gauge\nkvasir_ring_linked %d\n",
-        st->rank, st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0.0, st->rank,
-        st->n_sessions, st->rank, st->steps, st->rank, in_rx, st->rank, in_tx, st->rank, out_rx,
-        st->rank, out_tx, kvd_conn_out_up(st) && st->in && st->in->up);
+    put(buf, cap, &at, "# HELP kvasir_link_bytes_total Bytes on each stage's ring links, by link and "
+        "direction.\n# TYPE kvasir_link_bytes_total counter\n");
+    cJSON_ArrayForEach(r, ranks)
+        for (int k = 0; k < 2; k++) {
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(r, k ? "out" : "in");
+            if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(l, "bytes_in")))
+                continue;
+            put(buf, cap, &at, "kvasir_link_bytes_total{rank=\"%.0f\",link=\"%s\",dir=\"rx\"} %.0f\n"
+                "kvasir_link_bytes_total{rank=\"%.0f\",link=\"%s\",dir=\"tx\"} %.0f\n",
+                util_json_number(r, "rank", 0), k ? "out" : "in", util_json_number(l, "bytes_in", 0),
+                util_json_number(r, "rank", 0), k ? "out" : "in", util_json_number(l, "bytes_out", 0));
+        }
+    put(buf, cap, &at, "# TYPE kvasir_ring_linked gauge\nkvasir_ring_linked %d\n",
+        kvd_conn_out_up(st) && st->in && st->in->up);
+    cJSON_Delete(ranks);
 }
 
 static const struct api_gen_ops ring_gen_ops = {gen_start, gen_cancel, gen_ready, gen_metrics};

@@ -166,6 +166,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     b->head = model_has_head(mb->m);
     snprintf(b->arch, sizeof b->arch, "%s", hp->arch);
     b->weight_bytes = model_weight_bytes(mb->m);
+    b->kv_bytes_per_session = model_kv_bytes_per_token(mb->m) * a->n_ctx + model_state_bytes(mb->m);
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
     b->batch_rows = batch_rows_exact(g, b->first, b->last, max_batch, &b->chunk_exact);

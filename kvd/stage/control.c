@@ -19,57 +19,32 @@
 
 /* ================================ status ================================ */
 
-static cJSON *link_json(struct stage *st, struct conn *c, bool out)
-{
-    cJSON *o = cJSON_CreateObject();
-    uint32_t peer = out ? st->succ : st->pred;
-    cJSON_AddNumberToObject(o, "peer_rank", peer);
-    cJSON_AddStringToObject(o, "endpoint", out ? st->m.ranks[peer].endpoint : "");
-    cJSON_AddStringToObject(o, "state", !c ? "down" : c->up ? "up" : "handshake");
-    if (c && c->link) {
-        cJSON_AddStringToObject(o, "peer", net_link_peer(c->link));
-        cJSON_AddNumberToObject(o, "bytes_in", (double)net_link_bytes_in(c->link));
-        cJSON_AddNumberToObject(o, "bytes_out", (double)net_link_bytes_out(c->link));
-    }
-    if (out && c)
-        cJSON_AddNumberToObject(o, "rtt_ms", c->rtt_ms);
-    return o;
-}
-
+/* This stage's status: its ring record (status.c) and the figures only a local caller gets:
+ * the repair counters, the batching scheduler's waits, frames and bytes sent. */
 static cJSON *status_json(struct stage *st)
 {
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = kvd_status_record(st);
     cJSON_AddStringToObject(o, "ring", st->m.ring);
-    cJSON_AddNumberToObject(o, "rank", st->waiting ? -1 : (double)st->rank);
+    cJSON_AddStringToObject(o, "model", st->m.model_name);
     cJSON_AddNumberToObject(o, "n_ranks", st->n);
-    cJSON *w = cJSON_AddArrayToObject(o, "window");
-    cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].first));
-    cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].last));
+    cJSON_AddNumberToObject(o, "n_layers", st->m.n_layers);
+    cJSON_AddNumberToObject(o, "n_embd", st->m.n_embd);
     cJSON_AddStringToObject(o, "arch", st->be.arch);
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
-    cJSON_AddNumberToObject(o, "pid", getpid());
-    cJSON_AddNumberToObject(o, "weight_bytes", (double)st->be.weight_bytes);
-    cJSON_AddItemToObject(o, "in", link_json(st, st->in, false));
-    cJSON_AddItemToObject(o, "out", link_json(st, st->out, true));
+    cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");
+    cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "endpoint",
+                            st->m.ranks[st->succ].endpoint);
     uint32_t pend = 0;
     for (struct conn *p = st->pending; p; p = p->next)
         pend++;
     cJSON_AddNumberToObject(o, "pending_links", pend);
-    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->in && st->in->up);
-    cJSON_AddNumberToObject(o, "sessions", st->n_sessions);
-    /* Repair (docs/ring.md, "Repair"): a standby's entry and whether it still waits; rank 0's
-     * paused sessions, the ring breaks they saw, the replays and how long a break cost. */
-    if (st->standby >= 0) {
-        cJSON_AddNumberToObject(o, "standby", st->standby);
-        cJSON_AddBoolToObject(o, "waiting", st->waiting);
-    }
-    /* Every stage: ranks it took over, sessions it opened as replays and the history
-     * positions it recomputed for them, the link deadlines in force; rank 0: sessions paused. */
+    /* Repair, every stage: ranks it took over as a standby, sessions it opened as replays and
+     * the history positions it recomputed for them, its boundary logs (bytes held now, part of
+     * this stage's memory; logs dropped over a cap; replayed sessions served from a log instead
+     * of recomputed) and the link deadlines in force (docs/ring.md, "Repair"). */
     cJSON_AddNumberToObject(o, "takeovers", (double)st->takeovers);
     cJSON_AddNumberToObject(o, "replayed_sessions", (double)st->replayed_sessions);
     cJSON_AddNumberToObject(o, "replayed_positions", (double)st->replayed_positions);
-    /* boundary logs: bytes held now (part of this stage's memory), logs dropped over a cap,
-     * replayed sessions served from a log instead of recomputed */
     cJSON_AddNumberToObject(o, "boundary_log_bytes", (double)st->blog_bytes);
     cJSON_AddNumberToObject(o, "boundary_logs_dropped", (double)st->blog_dropped);
     cJSON_AddNumberToObject(o, "replays_from_log", (double)st->replays_from_log);
@@ -77,8 +52,8 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(o, "in_deadline_ms", kvd_conn_deadline_ms(st->in));
     if (st->out)
         cJSON_AddNumberToObject(o, "out_deadline_ms", kvd_conn_deadline_ms(st->out));
-    if (st->rank == 0 && !st->waiting)
-        cJSON_AddNumberToObject(o, "paused_sessions", st->n_paused);
+    /* Repair (docs/ring.md, "Repair"): rank 0's paused sessions, the ring breaks they saw,
+     * the replays and how long a break cost, and the repairs seen (status.c). */
     if (st->rank == 0 && !st->waiting) {
         cJSON *ro = cJSON_AddObjectToObject(o, "repair");
         cJSON_AddNumberToObject(ro, "wait_s", st->repair_wait_ms / 1000);
@@ -89,10 +64,13 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(ro, "not_repaired", (double)st->repair_failed);
         cJSON_AddNumberToObject(ro, "last_resume_ms", st->last_resume_ms);
         cJSON_AddNumberToObject(ro, "max_resume_ms", st->max_resume_ms);
+        cJSON_AddNumberToObject(ro, "repairs", (double)st->repairs);
+        if (st->repairs) {
+            cJSON_AddNumberToObject(ro, "last_repair_unix", (double)st->last_repair_unix);
+            cJSON_AddNumberToObject(ro, "last_repair_rank", st->last_repair_rank);
+        }
     }
-    cJSON_AddNumberToObject(o, "steps", (double)st->steps);
     cJSON_AddNumberToObject(o, "rows", (double)st->rows);
-    cJSON_AddNumberToObject(o, "ms_per_token", st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0);
     cJSON_AddNumberToObject(o, "compute_ms", st->compute_ms);
     if (st->comp) {   /* window runs that took several sessions' steps at once */
         struct kvd_compute_stats cs;
@@ -126,9 +104,38 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);
     /* Boundary (or token) bytes this stage sent per token it processed, headers included. */
     cJSON_AddNumberToObject(o, "boundary_bytes_out", (double)st->frame_bytes_out);
-    cJSON_AddNumberToObject(o, "bytes_per_token_out",
-                            st->rows ? (double)st->frame_bytes_out / (double)st->rows : 0);
     return o;
+}
+
+/* The manifest's standbys: endpoint, the ranks each may serve, and the rank whose record names
+ * its node now (-1: waiting, or not heard of over the ring). */
+static cJSON *standbys_json(struct stage *st, const cJSON *ranks)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; i < st->m.n_standbys; i++) {
+        const struct ring_standby_info *sb = &st->m.standbys[i];
+        cJSON *e = cJSON_CreateObject();
+        char node[17];
+        util_hex_encode(sb->node, 8, node);
+        cJSON_AddNumberToObject(e, "standby", i);
+        cJSON_AddStringToObject(e, "endpoint", sb->endpoint);
+        cJSON_AddStringToObject(e, "node", node);
+        cJSON *may = cJSON_AddArrayToObject(e, "may_serve");
+        for (uint32_t r = 0; r < st->n; r++)
+            if (sb->ranks >> r & 1)
+                cJSON_AddItemToArray(may, cJSON_CreateNumber(r));
+        double serves = -1;
+        const cJSON *rec;
+        cJSON_ArrayForEach(rec, ranks) {
+            const cJSON *nd = cJSON_GetObjectItemCaseSensitive(rec, "node");
+            if (cJSON_IsString(nd) && !strcmp(nd->valuestring, node) &&
+                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(rec, "answer")))
+                serves = util_json_number(rec, "rank", -1);
+        }
+        cJSON_AddNumberToObject(e, "serves", serves);
+        cJSON_AddItemToArray(a, e);
+    }
+    return a;
 }
 
 /* =============================== requests =============================== */
@@ -278,7 +285,15 @@ static void handle_request(struct client *c, const char *line)
         kvd_client_error(c, "request must be a JSON object with an op");
         kvd_client_close(c);
     } else if (!strcmp(op->valuestring, "status")) {
-        kvd_client_send_json(c, status_json(st));
+        cJSON *o = status_json(st);
+        /* "ring": true adds every rank's record as this stage last heard it, and the
+         * manifest's standbys with the rank each serves now (docs/kvctl.md, "status") */
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "ring"))) {
+            cJSON *ranks = kvd_status_ring(st);
+            cJSON_AddItemToObject(o, "ranks", ranks);
+            cJSON_AddItemToObject(o, "standbys", standbys_json(st, ranks));
+        }
+        kvd_client_send_json(c, o);
         kvd_client_close(c);
     } else if (!strcmp(op->valuestring, "shutdown")) {
         cJSON *o = cJSON_CreateObject();

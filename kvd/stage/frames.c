@@ -1,7 +1,7 @@
 /* frames.c — the frames of an established link, each checked against the manifest before
  * anything acts on it (a violation closes only that link, telling the peer why): PING/PONG
- * on both links; from the predecessor the session frames (OPEN, ACT, TOKEN, CLOSE, ERROR);
- * from the successor only a session's ERROR on its way back to rank 0. */
+ * and STATUS (status.c) on both links; from the predecessor the session frames (OPEN, ACT,
+ * TOKEN, CLOSE, ERROR); from the successor only a session's ERROR on its way back to rank 0. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -31,6 +31,12 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
                 c->st->succ_rtt_ms = c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
         }
         return;
+    case NET_F_STATUS: {   /* a rank's status record, either way round the ring */
+        char why[300];
+        if (kvd_status_on_frame(c, h, payload, why, sizeof why) < 0)
+            VIOLATION(c, "%s", why);
+        return;
+    }
     case NET_F_HELLO:
     case NET_F_AUTH:
         VIOLATION(c, "%s after the handshake", tn);

@@ -3,6 +3,7 @@
  * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state and files. Those files form an order, each using only the ones below it:
  *   conn.c      a link's frame output, its closing, protocol violations
  *   session.c   sessions, rank 0's client streams and generation (model_gen), compute results
+ *   status.c    the ring-wide status: this stage's record, every rank's last one, STATUS frames
  *   frames.c    the session frames arriving on a link, checked against the manifest
  *   link.c      predecessor and successor links: dial, accept, handshake, breakage
  *   control.c   the control socket (generate, status, shutdown) and the status object
@@ -63,6 +64,7 @@ struct kvd_backend {
     int32_t eos, bos;          /* -1 when unknown */
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
+    uint64_t kv_bytes_per_session;   /* K/V for the manifest's context and recurrent state */
     /* Most rows one window run of several sessions may take with every row's result the one
      * it has alone: KERN_ROWS_EXACT_MAX with an F32 matmul weight, else what the executor
      * holds; 0: the window's weight types round differently batched. */
@@ -256,6 +258,20 @@ struct blog_entry {
     size_t len;
 };
 
+/* The ring-wide status (docs/design.md, "The ring data path"): every stage sends its own
+ * record each tick on both links, and passes on a record fresher than the one it holds for
+ * that rank; the table has one fixed slot per rank, so a peer's records cannot grow it. */
+#define STATUS_ANSWER_MS 5000   /* a record older than this: the rank does not answer */
+#define STATUS_STR_MAX 120      /* a string field of a record (longer ones are cut) */
+#define STATUS_EVERY_MS 1000   /* how often a stage sends its own record */
+struct kvd_status_slot {
+    uint64_t rx_ms;             /* when the record came (0: none yet) */
+    uint32_t age_rx;            /* its age then, in ms */
+    char rec[NET_STATUS_MAX + 1];   /* the record, checked and re-encoded here */
+    char who[40];               /* node and pid that served the rank (a repair changes it) */
+    char who_linked[40];        /* the same at the last tick the ring was linked */
+};
+
 /* Rank 0: where a session's tokens and end go when a local API request (not a control-socket
  * client) asked for it (kvd/stage/api.c). done is the last call, from kvd_sess_finish or a
  * drop; the session is freed right after it. */
@@ -390,6 +406,18 @@ struct stage {
     uint64_t blog_dropped;      /* logs dropped over a cap */
     uint64_t replays_from_log;  /* replayed sessions this stage served from its log */
     uint64_t sess_seq;
+    /* status (status.c) */
+    char backend_name[24];      /* the compute backend or kernel device the window runs on */
+    double ms_tok_avg;          /* moving average of a decode step's compute, ms */
+    char link_err[2][STATUS_STR_MAX + 1];   /* [0] in, [1] out: why the link last closed */
+    uint64_t link_err_ms[2];    /* when (0: never) */
+    struct kvd_status_slot ring_status[RING_MAX_RANKS];
+    bool ring_was_linked, ring_broken;
+    uint64_t repairs;           /* rank 0: the ring linked again after a break */
+    int64_t last_repair_unix;
+    int last_repair_rank;       /* the rank whose node or process changed, -1: unknown */
+    uint64_t repair_ident_ms;   /* until when the repaired rank's new record is looked for */
+    uint64_t status_sent_ms;    /* when this stage last sent its own record */
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -498,6 +526,22 @@ void kvd_client_send_json(struct client *c, struct cJSON *o);   /* frees o */
 void kvd_client_error(struct client *c, const char *msg);
 void kvd_client_close(struct client *c);
 void kvd_client_on_closed(uv_handle_t *h);
+
+/* status.c */
+struct cJSON;
+/* This stage's status record (docs/kvctl.md, "status"): rank, node, host, endpoint, window,
+ * backend, links with their last error, ms/token, sessions, memory, uptime; the caller frees. */
+struct cJSON *kvd_status_record(struct stage *st);
+/* Each tick: this stage's record on both links; rank 0 also notes a repaired ring. */
+void kvd_status_tick(struct stage *st);
+/* A STATUS frame from c: 0, or -EPROTO with why (the caller closes the link for it). */
+int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload,
+                        char *why, size_t n);
+/* Every rank's entry: this stage's own record, else the last one heard, with "age_ms" and
+ * "answer" (false past STATUS_ANSWER_MS or when none came); the caller frees. */
+struct cJSON *kvd_status_ring(struct stage *st);
+/* A link closed for reason: kept for the status's "error" of that link. */
+void kvd_status_link_closed(struct stage *st, bool out, const char *reason);
 
 /* frames.c: a frame on an established link. */
 void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);

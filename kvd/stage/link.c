@@ -336,6 +336,7 @@ static void on_close(struct net_link *l, const char *reason)
                      st->rank, peer, reason);
         if (c->up)
             kvd_log(st->shutting_down ? KVD_LOG_INFO : KVD_LOG_WARN, "%s", msg);
+        kvd_status_link_closed(st, c->role == CONN_OUT, reason);
         if (c == st->in)
             st->in = NULL;
         if (c == st->out)

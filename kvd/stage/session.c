@@ -831,6 +831,8 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
         if (j->n == 1) {
             st->dec_steps++;
             st->dec_ms += j->ms;
+            /* the status's moving average: the last few dozen decode steps weigh most */
+            st->ms_tok_avg = st->dec_steps == 1 ? j->ms : 0.9 * st->ms_tok_avg + 0.1 * j->ms;
         }
         kvd_receipt_ran(st, s, j->pos, j->n);
         /* The boundary rows go into the log (a held session's only there, until its replay) */

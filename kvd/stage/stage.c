@@ -33,6 +33,7 @@ static void tick_cb(uv_timer_t *t)
             st->last_ping_ms = now;
         }
     }
+    kvd_status_tick(st);
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
         if (links[i] && links[i]->up && now - links[i]->last_rx_ms > kvd_conn_deadline_ms(links[i])) {
@@ -265,6 +266,8 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     };
     err[0] = 0;
     rc = kind->open(&st->be, &ba, err, sizeof err);
+    snprintf(st->backend_name, sizeof st->backend_name, "%s",
+             kind->open == kvd_backend_open_model ? ba.device : kind->name);
     if (rc < 0) {
         if (path && kind->open == kvd_backend_open_model)
             kvd_log(KVD_LOG_ERROR, "model %s: %s", path, err);
@@ -398,6 +401,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     }
     st->n = st->m.n_ranks;
     st->standby = -1;
+    st->last_repair_rank = -1;
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
     st->pull_window = stage_pull_window;
