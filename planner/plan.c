@@ -1010,6 +1010,39 @@ void plan_result_free(struct plan_result *r)
     free(r);
 }
 
+int plan_device_choose(const struct plan_device *opt, size_t n, const struct plan_shape *s,
+                       const struct plan_opts *o, double *ms_model)
+{
+    if (!opt || !s || !o || !s->layers || s->n_layers == 0)
+        return -EINVAL;
+    bool by_bytes;
+    double ref = layer_cost_ref(s, &by_bytes);
+    uint64_t smallest = UINT64_MAX;
+    for (uint32_t i = 0; i < s->n_layers; i++)
+        if (s->layers[i].weight_bytes && layer_mem(&s->layers[i], o) < smallest)
+            smallest = layer_mem(&s->layers[i], o);
+    int best = -1;
+    double best_ms = 0;
+    for (size_t k = 0; k < n; k++) {
+        const struct plan_device *d = &opt[k];
+        if (bad_num(d->ms_per_layer_token) || bad_num(d->flops) || bad_num(d->mem_bw_bytes_s) ||
+            (d->ms_per_layer_token <= 0 && d->flops <= 0 && d->mem_bw_bytes_s <= 0))
+            continue;   /* no speed figure */
+        if ((double)d->mem_bytes * (1.0 - o->headroom) < (double)smallest)
+            continue;   /* cannot hold a layer */
+        double t = 0;
+        for (uint32_t i = 0; i < s->n_layers; i++)
+            t += work_ms(d, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
+        if (best < 0 || t < best_ms) {
+            best = (int)k;
+            best_ms = t;
+        }
+    }
+    if (best >= 0 && ms_model)
+        *ms_model = best_ms;
+    return best < 0 ? -ENOENT : best;
+}
+
 int plan_even(const struct plan_shape *s, uint32_t n, uint32_t *first, uint32_t *last)
 {
     if (!s || !s->layers || n == 0 || n > s->n_layers || s->n_layers > PLAN_MAX_LAYERS)

@@ -49,6 +49,13 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
     cJSON_AddNumberToObject(o, "pid", getpid());
     cJSON_AddNumberToObject(o, "weight_bytes", (double)st->be.weight_bytes);
+    if (st->be.device[0])
+        cJSON_AddStringToObject(o, "device", st->be.device);
+    if (st->be.cl_weights[0]) {   /* how the opencl device holds the window (docs/opencl.md) */
+        cJSON_AddStringToObject(o, "cl_weights", st->be.cl_weights);
+        cJSON_AddNumberToObject(o, "cl_weights_mapped_bytes", (double)st->be.cl_weights_mapped);
+        cJSON_AddNumberToObject(o, "cl_weights_copied_bytes", (double)st->be.cl_weights_copied);
+    }
     cJSON_AddItemToObject(o, "in", link_json(st, st->in, false));
     cJSON_AddItemToObject(o, "out", link_json(st, st->out, true));
     uint32_t pend = 0;
