@@ -540,15 +540,17 @@ static void buf_free(struct kern_buf *b)
 
 /* Wrap bytes [lo, hi) of src in place: the pointer aligned down to the device's base
  * alignment (the bytes before it lie in the same page, so they are mapped too) and the length
- * rounded up to 64 bytes (within the last byte's page). NULL when the alignment is above a
- * page or the runtime refuses. */
+ * rounded up to 64 bytes (within the last byte's page). NULL (a copy, then) when the bytes are
+ * not 16-byte aligned (a kernel's vector reads then keep the alignment an upload gives them;
+ * GGUF aligns tensors to 32), the device's alignment is above a page, or the runtime
+ * refuses. */
 static cl_mem wrap(struct ocl *o, const void *src, size_t lo, size_t hi, size_t *shift,
                    size_t *len)
 {
     size_t al = o->info.base_align, pg = 4096;
-    if (al > pg || (al & (al - 1)))
-        return NULL;
     uintptr_t a = (uintptr_t)src + lo;
+    if (al > pg || (al & (al - 1)) || a % 16)
+        return NULL;
     *shift = a % al;
     *len = (*shift + (hi - lo) + 63) & ~(size_t)63;
     cl_int e;
