@@ -237,6 +237,41 @@ T_CASE(local_devices)
     plan_result_free(r);
 }
 
+/* A machine's kernel devices (profile "backends"): plan_device_choose takes the fastest that
+ * holds a layer, by measured time or the roofline, ties to the first. */
+T_CASE(device_choose)
+{
+    pt_make(&inst, 12, 1, 0);
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.ctx = 0;
+    o.headroom = 0;
+    uint64_t big = UINT64_MAX / 4;
+    struct plan_device d[3] = {
+        {.backend = "cpu", .mem_bytes = big, .ms_per_layer_token = 2},
+        {.backend = "opencl", .mem_bytes = big, .ms_per_layer_token = 0.5},
+        {.backend = "npu", .mem_bytes = big},           /* no speed figure */
+    };
+    double ms = 0;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, &ms) == 1, "the faster opencl not chosen");
+    T_CHECK(ms > 0, "ms %g", ms);
+    d[1].ms_per_layer_token = 4;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "the slower opencl chosen");
+    d[1].ms_per_layer_token = 2;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "a tie not to the first");
+    /* faster but too small for any layer: left */
+    d[1].ms_per_layer_token = 0.5;
+    d[1].mem_bytes = 1;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "an opencl device too small chosen");
+    /* the roofline when not measured: bandwidth decides a memory-bound model */
+    d[1] = (struct plan_device){.backend = "opencl", .mem_bytes = big, .mem_bw_bytes_s = 1e12};
+    d[0] = (struct plan_device){.backend = "cpu", .mem_bytes = big, .mem_bw_bytes_s = 1e10};
+    T_CHECK(plan_device_choose(d, 2, &inst.shape, &o, NULL) == 1, "the roofline's faster not chosen");
+    d[0].mem_bytes = d[1].mem_bytes = 1;
+    T_CHECK(plan_device_choose(d, 2, &inst.shape, &o, NULL) == -ENOENT, "none fits, yet chosen");
+    T_CHECK(plan_device_choose(NULL, 0, &inst.shape, &o, NULL) == -EINVAL, "no options accepted");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -245,5 +280,6 @@ int main(int argc, char **argv)
     T_RUN(heuristic_near_exhaustive);
     T_RUN(errors);
     T_RUN(even_split);
+    T_RUN(device_choose);
     return T_DONE();
 }
