@@ -474,6 +474,7 @@ static int dev_figures(const cJSON *o, struct plan_device *d, const char *ctx, c
 {
     int rc;
     if ((rc = ju64(o, "mem_bytes", true, &d->mem_bytes, ctx, err, errlen)) < 0 ||
+        (rc = ju64(o, "max_alloc_bytes", false, &d->max_alloc_bytes, ctx, err, errlen)) < 0 ||
         (rc = util_json_number_in(o, "ms_per_layer_token", 0, 1e9, false, &d->ms_per_layer_token, ctx, err,
                                   errlen)) < 0 ||
         (rc = util_json_number_in(o, "flops", 0, 1e20, false, &d->flops, ctx, err, errlen)) < 0 ||
@@ -503,6 +504,7 @@ static int devset_add_backends(struct devset *s, const cJSON *o, const struct pl
         struct devopt *x = &s->opt[s->n_opt];
         *x = (struct devopt){.dev = s->n, .d = *base};
         x->d.ms_per_layer_token = x->d.flops = x->d.mem_bw_bytes_s = 0;
+        x->d.max_alloc_bytes = 0;
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(b, "backend");
         if (!cJSON_IsObject(b) || !cJSON_IsString(name) || !name->valuestring[0] ||
             strlen(name->valuestring) >= sizeof x->backend) {
@@ -549,6 +551,7 @@ static int devset_choose(struct devset *s, const struct plan_shape *shape, const
         s->d[i].ms_per_layer_token = opts[c].ms_per_layer_token;
         s->d[i].flops = opts[c].flops;
         s->d[i].mem_bw_bytes_s = opts[c].mem_bw_bytes_s;
+        s->d[i].max_alloc_bytes = opts[c].max_alloc_bytes;
     }
     return 0;
 }
@@ -1136,7 +1139,8 @@ out:
  * no OpenCL device opens. *bw is its measured read bandwidth (bytes/s), *mem the memory a
  * window may use there: its global memory, and on a device that shares host memory at most
  * what the host has available. */
-static cJSON *probe_opencl(const struct model_src *m, uint64_t host_avail, double *bw, uint64_t *mem)
+static cJSON *probe_opencl(const struct model_src *m, uint64_t host_avail, double *bw, uint64_t *mem,
+                           uint64_t *max_alloc)
 {
     struct kern_dev *d;
     char err[KV_ERR_MAX];
@@ -1148,6 +1152,7 @@ static cJSON *probe_opencl(const struct model_src *m, uint64_t host_avail, doubl
     kern_cl_info(d, &ci);
     *bw = kern_cl_bench_bandwidth(d, (size_t)64 << 20) * 1e9;
     *mem = ci.global_mem;
+    *max_alloc = ci.max_alloc;
     if (ci.unified && host_avail && host_avail < *mem)
         *mem = host_avail;
     cJSON *o = cJSON_CreateObject();
@@ -1306,8 +1311,8 @@ int kvctl_cmd_profile(int argc, char **argv)
     char clname[160] = "";
     if (cl) {
         double clbw = 0;
-        uint64_t clmem = 0;
-        if (!(clinfo = probe_opencl(&m, avail, &clbw, &clmem))) {
+        uint64_t clmem = 0, clalloc = 0;
+        if (!(clinfo = probe_opencl(&m, avail, &clbw, &clmem, &clalloc))) {
             model_src_free(&m);
             return 1;
         }
@@ -1318,6 +1323,7 @@ int kvctl_cmd_profile(int argc, char **argv)
             clms = act / clbw * 1000.0;
         snprintf(clname, sizeof clname, "%s", cJSON_GetObjectItem(clinfo, "device")->valuestring);
         opt[1].mem_bytes = clmem;
+        opt[1].max_alloc_bytes = clalloc;
         opt[1].ms_per_layer_token = clms;
         opt[1].mem_bw_bytes_s = clbw;
     }
@@ -1334,6 +1340,8 @@ int kvctl_cmd_profile(int argc, char **argv)
     cJSON_AddStringToObject(d, "backend", opt[pick].backend);
     cJSON_AddNumberToObject(d, "ms_per_layer_token", opt[pick].ms_per_layer_token);
     cJSON_AddNumberToObject(d, "mem_bw_bytes_s", opt[pick].mem_bw_bytes_s);
+    if (opt[pick].max_alloc_bytes)
+        cJSON_AddNumberToObject(d, "max_alloc_bytes", (double)opt[pick].max_alloc_bytes);
     cJSON_AddNumberToObject(d, "rtt_ms", rtt);
     cJSON_AddNumberToObject(d, "bw_bytes_s", bw);
     cJSON_AddBoolToObject(d, "inbound", inbound);
@@ -1348,6 +1356,8 @@ int kvctl_cmd_profile(int argc, char **argv)
             cJSON_AddNumberToObject(b, "mem_bytes", (double)opt[k].mem_bytes);
             cJSON_AddNumberToObject(b, "ms_per_layer_token", opt[k].ms_per_layer_token);
             cJSON_AddNumberToObject(b, "mem_bw_bytes_s", opt[k].mem_bw_bytes_s);
+            if (opt[k].max_alloc_bytes)
+                cJSON_AddNumberToObject(b, "max_alloc_bytes", (double)opt[k].max_alloc_bytes);
             cJSON_AddStringToObject(b, "ms_per_layer_token_is", opt_how[k]);
             if (k == 1)
                 cJSON_AddItemToObject(b, "opencl", clinfo);

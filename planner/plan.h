@@ -72,6 +72,9 @@ struct plan_device {
     double rtt_ms;                /* round trip to its peers */
     double bw_bytes_s;            /* link bandwidth; 0: not limiting */
     bool inbound;                 /* false: needs a relay for its incoming edge */
+    uint64_t max_alloc_bytes;     /* largest single allocation (an OpenCL device's
+                                     CL_DEVICE_MAX_MEM_ALLOC_SIZE): a window's K cache plus
+                                     recurrent state for one session must fit; 0: no limit */
 };
 
 enum plan_objective { PLAN_LATENCY = 0, PLAN_THROUGHPUT = 1 };

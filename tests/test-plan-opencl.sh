@@ -27,6 +27,7 @@ assert cl["unified_memory"] is True and cl["weights"] == "map", cl   # PoCL's CP
 assert b["opencl"]["mem_bytes"] == min(cl["global_mem_bytes"], b["cpu"]["mem_bytes"]), b
 assert b["opencl"]["ms_per_layer_token_is"] == "measured" and b["opencl"]["ms_per_layer_token"] > 0, b
 assert b["opencl"]["mem_bw_bytes_s"] > 0, b
+assert b["opencl"]["max_alloc_bytes"] == cl["max_alloc_bytes"], b
 mm = {m["type"]: m for m in cl["matmul"]}
 assert "f32" in mm and mm["f32"]["gb_s"] > 0 and mm["f32"]["gflops"] > 0, mm
 # the profile's own figures are its faster option's
@@ -39,7 +40,8 @@ print("ok   profile: %s (%s), %.2f GB, max alloc %.2f GB, unified, f32 matmul %.
 PY
 
 # devs MODE PORT0: three machines from the measured profile. MODE fast: b's OpenCL device is
-# 10x faster than its CPU; small: and has too little memory for a layer; slow: as measured.
+# 10x faster than its CPU; small: and has too little memory for a layer; alloc: and its
+# largest allocation cannot hold a layer's K cache; slow: 10x slower.
 devs() {
     $PY - "$TMP/prof.json" "$1" "$2"  <<'PY'
 import json, sys
@@ -53,15 +55,17 @@ for i, name in enumerate("abc"):
         cpu = {"backend": "cpu", "mem_bytes": 700000, "ms_per_layer_token": 1}
         cl = dict(next(x for x in p["backends"] if x["backend"] == "opencl"))
         cl["mem_bytes"] = 700000
-        cl["ms_per_layer_token"] = {"fast": 0.1, "small": 0.1, "slow": 10}[mode]
+        cl["ms_per_layer_token"] = {"fast": 0.1, "small": 0.1, "alloc": 0.1, "slow": 10}[mode]
         if mode == "small":
             cl["mem_bytes"] = 1000
+        if mode == "alloc":
+            cl["max_alloc_bytes"] = 1000
         d["backends"] = [cpu, cl]
     out.append(d)
 print(json.dumps({"devices": out}))
 PY
 }
-for mode in slow small fast; do
+for mode in slow small alloc fast; do
     devs $mode 1 > "$TMP/devs-$mode.json"
     "$KVCTL" plan --model "$M" --devices "$TMP/devs-$mode.json" --ctx 256 --sessions 2 --headroom 0 \
         -o "$TMP/plan-$mode.json" > "$TMP/plan-$mode.txt" 2>&1 || fail "plan $mode: $(cat "$TMP/plan-$mode.txt")"
@@ -74,7 +78,7 @@ for mode in slow small fast; do
     n_cl=$(grep -cE '^[0-9]+ +[a-z]+ +opencl ' "$TMP/plan-$mode.txt")
     [ "$n_cl" = "$([ $mode = fast ] && echo 1 || echo 0)" ] || fail "plan $mode: $n_cl opencl ranks in: $(cat "$TMP/plan-$mode.txt")"
 done
-echo "ok   plan: b's windows go on its OpenCL device only when it is faster and holds a layer"
+echo "ok   plan: b's windows go on its OpenCL device only when it is faster and holds a layer (and its K cache)"
 
 # the fast plan as a real ring, stages started from the manifest alone
 want=$("$KVCTL" generate -m "$M" --ids --tokens 1,400,300,200,100 -n 16 --temp 0 --ignore-eos 2>/dev/null)
