@@ -539,15 +539,16 @@ static void buf_free(struct kern_buf *b)
 }
 
 /* Wrap bytes [lo, hi) of src in place: the pointer aligned down to the device's base
- * alignment (the bytes before it lie in the same page, so they are mapped too) and the length
- * rounded up to 64 bytes (within the last byte's page). NULL (a copy, then) when the bytes are
+ * alignment, and at least 64 (the bytes before it lie in the same page, so they are mapped
+ * too), and the length rounded up to 64 bytes (from a 64-byte boundary: still within the last
+ * byte's page). NULL (a copy, then) when the bytes are
  * not 16-byte aligned (a kernel's vector reads then keep the alignment an upload gives them;
  * GGUF aligns tensors to 32), the device's alignment is above a page, or the runtime
  * refuses. */
 static cl_mem wrap(struct ocl *o, const void *src, size_t lo, size_t hi, size_t *shift,
                    size_t *len)
 {
-    size_t al = o->info.base_align, pg = 4096;
+    size_t al = o->info.base_align < 64 ? 64 : o->info.base_align, pg = 4096;
     uintptr_t a = (uintptr_t)src + lo;
     if (al > pg || (al & (al - 1)) || a % 16)
         return NULL;
