@@ -375,9 +375,10 @@ int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
  * Options for the next kern_dev_new(.., "opencl", ..): a field left at its zero value (or -1
  * for the indices) takes the environment's KV_CL_PLATFORM, KV_CL_DEVICE, KV_CL_ALLOC_CAP
  * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, KV_CL_LAYOUT,
- * else the default:
+ * KV_CL_WEIGHTS, else the default:
  * platform 0, device 0, the device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or
- * ~/.cache/kvasir/opencl), work-groups of 64. Process-wide; set before opening. */
+ * ~/.cache/kvasir/opencl), work-groups of 64, weights "auto". Process-wide; set before
+ * opening. */
 struct kern_cl_opts {
     int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
     size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
@@ -385,6 +386,9 @@ struct kern_cl_opts {
     int wg;                    /* work-group size 32..256, a power of two; 0: not given */
     const char *layout;        /* Q4_0/Q8_0 weights: "plain", "adreno" (split, transposed,
                                   read as images), "auto" (adreno on Adreno); NULL: not given */
+    const char *weights;       /* "map" (weights wrapped in place over the caller's bytes,
+                                  CL_MEM_USE_HOST_PTR), "copy" (uploaded), "auto" (map where the
+                                  device shares host memory); NULL: not given */
 };
 void kern_cl_opts_set(const struct kern_cl_opts *o);  /* NULL: back to not given */
 struct kern_cl_info {
@@ -395,6 +399,13 @@ struct kern_cl_info {
     bool from_cache;           /* the program came from the binary cache */
     double build_ms;           /* compiling from source took (0 from the cache) */
     char cache_file[4200];     /* "" when no cache */
+    uint64_t global_mem;       /* CL_DEVICE_GLOBAL_MEM_SIZE */
+    uint64_t max_alloc;        /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    bool unified;              /* CL_DEVICE_HOST_UNIFIED_MEMORY: the device shares host memory */
+    size_t base_align;         /* CL_DEVICE_MEM_BASE_ADDR_ALIGN, in bytes */
+    char weights[8];           /* the weights setting in effect: "map" or "copy" */
+    uint64_t weights_mapped;   /* weight bytes wrapped in place so far (pieces, seams too) */
+    uint64_t weights_copied;   /* weight bytes copied to the device so far */
 };
 /* d's facts; -EINVAL when d is not an opencl device. */
 int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);

@@ -43,6 +43,10 @@ struct model_sampler_params;
 bool kvctl_is_help(int argc, char **argv);
 /* A decimal integer in [lo, hi] for option opt: 0, or -EINVAL after a message on stderr. */
 int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
+/* An OpenCL device option (--cl-platform N, --cl-device N, --cl-weights map|copy|auto) into
+ * the opencl device's settings (kern_cl_opts_set): 0, -EINVAL (said on stderr), or -ENOENT
+ * when name is none of them. */
+int kvctl_cl_option(const char *name, const char *val);
 /* A number for option opt: 0, or -EINVAL after a message on stderr. */
 int kvctl_parse_float(const char *opt, const char *s, float *out);
 /* "1,2,3" (commas or blanks) -> at most max token ids in *out (caller frees) and their count:

@@ -106,6 +106,10 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
         runner_free(r);
         return rc;
     }
+    struct kern_cl_info ci;
+    if (kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0)
+        fprintf(stderr, "opencl: %s, %s layout, weights %s (%" PRIu64 " bytes wrapped in place, %" PRIu64
+                " copied)\n", ci.device, ci.layout, ci.weights, ci.weights_mapped, ci.weights_copied);
     r->x = malloc((size_t)max_batch * r->hp->n_embd * sizeof(float));
     r->logits = malloc((size_t)max_batch * r->hp->n_vocab * sizeof(float));
     if (!r->x || !r->logits) {
@@ -171,12 +175,15 @@ static const char *feed_error(int rc)
 #define DEVICE_OPTIONS \
     {"device", required_argument, 0, OPT_DEVICE}, {"backend", required_argument, 0, OPT_DEVICE}, \
     {"cl-platform", required_argument, 0, OPT_CL_PLATFORM}, \
-    {"cl-device", required_argument, 0, OPT_CL_DEVICE}
+    {"cl-device", required_argument, 0, OPT_CL_DEVICE}, \
+    {"cl-weights", required_argument, 0, OPT_CL_WEIGHTS}
 #define DEVICE_USAGE \
     "  --device NAME      kernel device: cpu (default), ref (the scalar oracle) or opencl\n" \
     "                     (--backend NAME is the same)\n" \
     "  --cl-platform N, --cl-device N  the OpenCL platform and device, numbered as clinfo\n" \
-    "                     lists them (default 0, 0)\n"
+    "                     lists them (default 0, 0)\n" \
+    "  --cl-weights MODE  opencl weights: map (wrapped in place over the mapped file), copy\n" \
+    "                     (uploaded), auto (map where the device shares host memory; default)\n"
 
 static void generate_usage(FILE *f)
 {
@@ -204,21 +211,38 @@ static void generate_usage(FILE *f)
 }
 
 enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
-       OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE };
+       OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE,
+       OPT_CL_WEIGHTS };
 
 
-/* An OpenCL index option into the device settings: 0, or -EINVAL (said on stderr). */
-static int cl_opt(int c, const char *arg)
+int kvctl_cl_option(const char *name, const char *val)
 {
     static struct kern_cl_opts o = {.platform = -1, .device = -1};
+    if (!strcmp(name, "--cl-weights")) {
+        if (strcmp(val, "map") && strcmp(val, "copy") && strcmp(val, "auto")) {
+            fprintf(stderr, "kvctl: --cl-weights %s: map, copy or auto\n", val);
+            return -EINVAL;
+        }
+        o.weights = val;
+        kern_cl_opts_set(&o);
+        return 0;
+    }
+    bool plat = !strcmp(name, "--cl-platform");
+    if (!plat && strcmp(name, "--cl-device"))
+        return -ENOENT;
     long v;
-    int rc = kvctl_parse_long(c == OPT_CL_PLATFORM ? "--cl-platform" : "--cl-device", arg, 0,
-                              64, &v);
+    int rc = kvctl_parse_long(name, val, 0, 64, &v);
     if (rc < 0)
         return rc;
-    *(c == OPT_CL_PLATFORM ? &o.platform : &o.device) = (int)v;
+    *(plat ? &o.platform : &o.device) = (int)v;
     kern_cl_opts_set(&o);
     return 0;
+}
+
+static int cl_opt(int c, const char *arg)
+{
+    return kvctl_cl_option(c == OPT_CL_PLATFORM ? "--cl-platform"
+                           : c == OPT_CL_DEVICE ? "--cl-device" : "--cl-weights", arg);
 }
 
 int kvctl_cmd_generate(int argc, char **argv)
@@ -257,7 +281,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
         case 'h': generate_usage(stdout); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -442,7 +466,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         case OPT_BATCH: rc = kvctl_parse_long("--batch", optarg, 1, 1 << 20, &batch); break;
         case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
         case 'h': logits_usage(stdout); return 0;
         default: logits_usage(stderr); return 2;
         }
@@ -624,7 +648,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         case 'r': rc = kvctl_parse_long("-r", optarg, 1, 100, &reps); break;
         case OPT_BW: want_bw = true; break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
         case OPT_SESSIONS:
             for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t && rc == 0;
                  t = strtok_r(NULL, ",", &save)) {

@@ -421,6 +421,7 @@ fail:
 int model_exec_threads(const struct model_exec *e) { return kern_dev_threads(e->dev); }
 
 const char *model_exec_device(const struct model_exec *e) { return kern_dev_name(e->dev); }
+const struct kern_dev *model_exec_kern_dev(const struct model_exec *e) { return e->dev; }
 
 static void session_free(struct model_session *s)
 {

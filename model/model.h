@@ -196,6 +196,8 @@ void model_exec_free(struct model_exec *e);
 int model_exec_threads(const struct model_exec *e);
 /* The name of the device the executor runs on (static). */
 const char *model_exec_device(const struct model_exec *e);
+/* The kernel device itself (for its facts, e.g. kern_cl_info); borrowed, lives as long as e. */
+const struct kern_dev *model_exec_kern_dev(const struct model_exec *e);
 int model_session_new(struct model_exec *e, uint64_t id);   /* -EEXIST, -ENOMEM */
 int model_session_free(struct model_exec *e, uint64_t id);  /* -ENOENT */
 /* Positions the session holds (the next position to run), 0 for an unknown id. */

@@ -60,6 +60,7 @@ void plan_devices_local(struct plan_device *devs, const char *const *ids, size_t
 struct dev_info {
     uint32_t idx;          /* index into the caller's devices */
     uint64_t cap;          /* memory after headroom */
+    uint64_t alloc;        /* largest allocation (0: no limit) */
     double embed_ms, head_ms;
     double rtt, bw;        /* bw 0: not limiting */
     double mean_layer_ms;  /* for ordering and explanations */
@@ -74,6 +75,7 @@ struct ctx {
     struct dev_info *di;       /* N */
     double *T;                 /* N x (L+1) prefix sums of layer ms */
     uint64_t *M;               /* L+1 prefix sums of layer memory (weights + reserved KV/state) */
+    uint64_t *A;               /* L+1 prefix sums of one session's K cache + state per layer */
     uint64_t embed_mem, head_mem;
     double wire, token;        /* bytes per token on the ranks' edges and the closing edge */
     /* DP scratch */
@@ -130,7 +132,7 @@ static struct stage stage_cost(const struct ctx *c, uint32_t k, uint32_t j, uint
     uint64_t mem = c->M[j2] - c->M[j];
     if (first) mem += c->embed_mem;
     if (last) mem += c->head_mem;
-    if (mem < c->M[j2] - c->M[j] || mem > d->cap)
+    if (mem < c->M[j2] - c->M[j] || mem > d->cap || (d->alloc && c->A[j2] - c->A[j] > d->alloc))
         return st;
     st.mem = mem;
     st.compute = c->T[(size_t)k * (c->L + 1) + j2] - c->T[(size_t)k * (c->L + 1) + j];
@@ -182,11 +184,12 @@ static double dp_run(struct ctx *c, const uint32_t *ord, uint32_t n, int mode, d
                 room -= c->embed_mem;
                 extra = d->embed_ms;
             }
-            uint64_t base = M[j];
+            uint64_t base = M[j], abase = c->A[j];
             double t0 = T[j] - extra, dj = D[j], sj = S[j];
             for (uint32_t j2 = j + 1; j2 <= L; j2++) {
                 uint64_t mem = M[j2] - base;
                 if (mem > room) break;      /* memory only grows with the window */
+                if (d->alloc && c->A[j2] - abase > d->alloc) break;   /* so does the K cache */
                 double comp = T[j2] - t0, x;
                 if (j2 == L) {
                     if (mem + c->head_mem > room || mem + c->head_mem < mem) continue;
@@ -340,6 +343,14 @@ static uint64_t layer_mem(const struct plan_layer *l, const struct plan_opts *o)
     return sat_add(l->weight_bytes, sat_mul(per_session, o->sessions));
 }
 
+/* One session's bytes of layer l in a single allocation of the runtime: its K cache (the V
+ * cache is another, as large) and its recurrent state, counted together (conservative: they
+ * are separate allocations too). */
+static uint64_t layer_alloc(const struct plan_layer *l, const struct plan_opts *o)
+{
+    return sat_add(l->state_bytes, sat_mul(l->kv_bytes_per_token / 2, o->ctx));
+}
+
 static bool bad_num(double v) { return !(v >= 0) || isinf(v); }
 
 static int validate(const struct plan_shape *s, const struct plan_device *devs, size_t n,
@@ -405,7 +416,7 @@ static int excl_add(struct plan_result *r, uint32_t dev, enum plan_exclusion why
 
 static void ctx_free(struct ctx *c)
 {
-    free(c->di); free(c->T); free(c->M);
+    free(c->di); free(c->T); free(c->M); free(c->A);
     free(c->D); free(c->ND); free(c->S); free(c->NS); free(c->choice); free(c->mean_ms);
 }
 
@@ -493,12 +504,12 @@ static bool dominates(const struct ctx *c, uint32_t a, uint32_t b, bool *same)
     uint32_t L = c->L;
     const double *Ta = c->T + (size_t)a * (L + 1), *Tb = c->T + (size_t)b * (L + 1);
     if (x->cap < y->cap || x->rtt > y->rtt || x->embed_ms > y->embed_ms || x->head_ms > y->head_ms ||
-        Ta[L] > Tb[L])
+        Ta[L] > Tb[L] || (x->alloc && (!y->alloc || x->alloc < y->alloc)))
         return false;
     if (x->bw > 0 && (y->bw == 0 || x->bw < y->bw))
         return false;
     bool eq = x->cap == y->cap && x->rtt == y->rtt && x->embed_ms == y->embed_ms &&
-              x->head_ms == y->head_ms && x->bw == y->bw;
+              x->head_ms == y->head_ms && x->bw == y->bw && x->alloc == y->alloc;
     for (uint32_t i = 0; i < L; i++) {
         double ta = Ta[i + 1] - Ta[i], tb = Tb[i + 1] - Tb[i];
         if (ta > tb) return false;
@@ -809,17 +820,20 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
     r->objective = o->objective;
     r->excluded = calloc(n_devs, sizeof *r->excluded);
     c.M = calloc(c.L + 1, sizeof *c.M);
+    c.A = calloc(c.L + 1, sizeof *c.A);
     c.di = calloc(n_devs, sizeof *c.di);
     c.mean_ms = calloc(2 * n_devs, sizeof *c.mean_ms);
-    if (!r->excluded || !c.M || !c.di || !c.mean_ms) { rc = -ENOMEM; goto fail; }
+    if (!r->excluded || !c.M || !c.A || !c.di || !c.mean_ms) { rc = -ENOMEM; goto fail; }
     double *mean_ms = c.mean_ms, *hop_ms = c.mean_ms + n_devs;
 
     uint32_t L = c.L;
-    uint64_t min_layer = UINT64_MAX;
+    uint64_t min_layer = UINT64_MAX, min_alloc = UINT64_MAX;
     for (uint32_t i = 0; i < L; i++) {
-        uint64_t m = layer_mem(&s->layers[i], o);
+        uint64_t m = layer_mem(&s->layers[i], o), a = layer_alloc(&s->layers[i], o);
         c.M[i + 1] = sat_add(c.M[i], m);
+        c.A[i + 1] = sat_add(c.A[i], a);
         if (m < min_layer) min_layer = m;
+        if (a < min_alloc) min_alloc = a;
     }
     if (c.M[L] > (1ull << 62)) {
         util_seterr(err, errlen, "plan: the model's memory (%llu bytes with ctx %u x %u sessions) is out of range",
@@ -862,9 +876,17 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
                      "(weights + KV/state for ctx %u x %u sessions)", id, a, b, o->ctx, o->sessions);
             continue;
         }
+        if (d->max_alloc_bytes && d->max_alloc_bytes < min_alloc) {
+            excl_add(r, (uint32_t)i, PLAN_EX_NO_MEMORY,
+                     "%s: its largest allocation (%llu bytes) cannot hold one layer's K cache for ctx %u "
+                     "(%llu bytes)", id, (unsigned long long)d->max_alloc_bytes, o->ctx,
+                     (unsigned long long)min_alloc);
+            continue;
+        }
         struct dev_info *x = &c.di[c.N++];
         x->idx = (uint32_t)i;
         x->cap = cap;
+        x->alloc = d->max_alloc_bytes;
         x->rtt = d->rtt_ms;
         x->bw = d->bw_bytes_s;
         x->embed_ms = work_ms(d, (double)s->embed_active_bytes, 0, by_bytes, ref);
@@ -1008,6 +1030,45 @@ void plan_result_free(struct plan_result *r)
     free(r->ranks);
     free(r->excluded);
     free(r);
+}
+
+int plan_device_choose(const struct plan_device *opt, size_t n, const struct plan_shape *s,
+                       const struct plan_opts *o, double *ms_model)
+{
+    if (!opt || !s || !o || !s->layers || s->n_layers == 0)
+        return -EINVAL;
+    bool by_bytes;
+    double ref = layer_cost_ref(s, &by_bytes);
+    uint64_t smallest = UINT64_MAX, smallest_alloc = UINT64_MAX;
+    for (uint32_t i = 0; i < s->n_layers; i++)
+        if (s->layers[i].weight_bytes) {
+            if (layer_mem(&s->layers[i], o) < smallest)
+                smallest = layer_mem(&s->layers[i], o);
+            if (layer_alloc(&s->layers[i], o) < smallest_alloc)
+                smallest_alloc = layer_alloc(&s->layers[i], o);
+        }
+    int best = -1;
+    double best_ms = 0;
+    for (size_t k = 0; k < n; k++) {
+        const struct plan_device *d = &opt[k];
+        if (bad_num(d->ms_per_layer_token) || bad_num(d->flops) || bad_num(d->mem_bw_bytes_s) ||
+            (d->ms_per_layer_token <= 0 && d->flops <= 0 && d->mem_bw_bytes_s <= 0))
+            continue;   /* no speed figure */
+        if ((double)d->mem_bytes * (1.0 - o->headroom) < (double)smallest)
+            continue;   /* cannot hold a layer */
+        if (d->max_alloc_bytes && d->max_alloc_bytes < smallest_alloc)
+            continue;   /* nor one layer's K cache in one allocation */
+        double t = 0;
+        for (uint32_t i = 0; i < s->n_layers; i++)
+            t += work_ms(d, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
+        if (best < 0 || t < best_ms) {
+            best = (int)k;
+            best_ms = t;
+        }
+    }
+    if (best >= 0 && ms_model)
+        *ms_model = best_ms;
+    return best < 0 ? -ENOENT : best;
 }
 
 int plan_even(const struct plan_shape *s, uint32_t n, uint32_t *first, uint32_t *last)

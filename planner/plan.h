@@ -72,6 +72,9 @@ struct plan_device {
     double rtt_ms;                /* round trip to its peers */
     double bw_bytes_s;            /* link bandwidth; 0: not limiting */
     bool inbound;                 /* false: needs a relay for its incoming edge */
+    uint64_t max_alloc_bytes;     /* largest single allocation (an OpenCL device's
+                                     CL_DEVICE_MAX_MEM_ALLOC_SIZE): a window's K cache plus
+                                     recurrent state for one session must fit; 0: no limit */
 };
 
 enum plan_objective { PLAN_LATENCY = 0, PLAN_THROUGHPUT = 1 };
@@ -137,6 +140,15 @@ int plan_make(struct plan_result **out, const struct plan_shape *shape,
               const struct plan_device *devs, size_t n_devs, const struct plan_opts *opts,
               char *err, size_t errlen);
 void plan_result_free(struct plan_result *r);
+
+/* One machine, several kernel devices (its CPU, an OpenCL GPU: the "backends" of a profile,
+ * docs/planner.md): which of the n options opt[] its windows should run on. The fastest for
+ * the model's layers (ms_per_layer_token scaled by each layer's work, or the roofline) among
+ * those that have a speed figure and whose memory after headroom holds the smallest layer
+ * with its KV for opts' sessions and context; ties go to the earlier option. Its index and, in *ms_model (may be NULL), its ms per token for all the layers;
+ * -ENOENT when none qualifies, -EINVAL for missing arguments. */
+int plan_device_choose(const struct plan_device *opt, size_t n, const struct plan_shape *shape,
+                       const struct plan_opts *opts, double *ms_model);
 
 /* ---- N local identical processes (for `kvctl ring up`, instead of an even split) ----
  * Build the shape from the model's tensor list with plan_shape_from_tensors (names, ne and

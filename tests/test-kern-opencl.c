@@ -10,8 +10,10 @@
  * -ENODEV naming what exists. Needs an OpenCL device: PoCL here
  * (pocl-opencl-icd, a test package); without one every case fails saying so. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,11 +27,13 @@
 #define OP_BOUND 1e-9
 
 static char cache[256];
+static const char *weights_mode;   /* the weights setting of cl_open (NULL: auto) */
 
 /* The opencl device with allocations capped at cap bytes (0: the device's own cap). */
 static struct kern_dev *cl_open(size_t cap)
 {
-    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache};
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache,
+                             .weights = weights_mode};
     kern_cl_opts_set(&o);
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
@@ -105,6 +109,17 @@ static void matmul_case(size_t cap)
         if (cap)
             T_CHECK(kern_cl_buf_pieces(wb) > 2, "%s: %zu bytes split at %zu: %d pieces",
                     kern__type_traits(t)->name, (R + PAD) * rb, cap, kern_cl_buf_pieces(wb));
+        /* mapped in place (PoCL shares host memory: auto maps) or copied, every byte */
+        struct kern_cl_info ci;
+        T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
+        bool map = !weights_mode || !strcmp(weights_mode, "map");
+        T_CHECK(ci.unified && !strcmp(ci.weights, map ? "map" : "copy"), "weights %s, unified %d",
+                ci.weights, ci.unified);
+        T_CHECK(map ? ci.weights_mapped >= (R + PAD) * rb && !ci.weights_copied
+                    : ci.weights_copied >= (R + PAD) * rb && !ci.weights_mapped,
+                "%s %s: %" PRIu64 " bytes mapped, %" PRIu64 " copied of %zu",
+                kern__type_traits(t)->name, ci.weights, ci.weights_mapped, ci.weights_copied,
+                (R + PAD) * rb);
         for (int64_t n = 1; n <= 5; n += 4) {
             float *x = fl(n * C, 1), y[5 * R], ref[5 * R];
             struct kern_buf *xb = act(d, x, (size_t)(n * C) * 4), *yb = act(d, NULL, sizeof y);
@@ -142,6 +157,66 @@ static void matmul_case(size_t cap)
 
 T_CASE(matmul_every_type) { matmul_case(0); }
 T_CASE(matmul_every_type_split) { matmul_case(4096); }
+T_CASE(matmul_every_type_copy)
+{
+    weights_mode = "copy";
+    matmul_case(0);
+    matmul_case(4096);
+    weights_mode = NULL;
+}
+T_CASE(matmul_every_type_map)
+{
+    weights_mode = "map";
+    matmul_case(4096);
+    weights_mode = NULL;
+}
+
+/* Weights whose bytes are not 16-byte aligned are copied even when mapping (the kernels' reads
+ * keep the alignment an upload gives), and compute the same; freeing a buffer gives its bytes
+ * back in the counts. */
+T_CASE(map_unaligned_copies)
+{
+    enum { R = 37, C = 224 };
+    weights_mode = "map";
+    struct kern_dev *d = cl_open(0);
+    weights_mode = NULL;
+    T_ASSERT(d, "dev");
+    ku_seed(5);
+    uint32_t t = KERN_T_Q8_0;
+    size_t rb = kern_row_bytes(t, C);
+    uint8_t *w = weights(t, R, C, 0), *odd = malloc(R * rb + 64);
+    uint8_t *at = odd + (16 - (uintptr_t)odd % 16) % 16 + 4;   /* 4 past a 16-byte boundary */
+    memcpy(at, w, R * rb);
+    struct kern_buf *wb = NULL, *wa = NULL;
+    T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, R * rb, at) == 0, "weights");
+    struct kern_cl_info ci;
+    kern_cl_info(d, &ci);
+    T_CHECK(ci.weights_copied == R * rb && ci.weights_mapped == 0,
+            "unaligned: %" PRIu64 " mapped, %" PRIu64 " copied", ci.weights_mapped, ci.weights_copied);
+    T_ASSERT(kern_buf_new(&wa, d, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+    kern_cl_info(d, &ci);
+    T_CHECK(ci.weights_mapped >= R * rb, "aligned malloc'd bytes not mapped: %" PRIu64, ci.weights_mapped);
+    float *x = fl(C, 1), y[R], y2[R], ref[R];
+    struct kern_buf *xb = act(d, x, C * 4), *yb = act(d, NULL, sizeof y);
+    T_CHECK(kern_dev_matmul(d, t, A(wb), R, C, A(xb), 1, A(yb)) == 0, "matmul");
+    get(yb, y, sizeof y);
+    T_CHECK(kern_dev_matmul(d, t, A(wa), R, C, A(xb), 1, A(yb)) == 0, "matmul");
+    get(yb, y2, sizeof y2);
+    kern_ref_matmul(t, w, R, C, x, 1, ref);
+    T_CHECK(t_nmse(y, ref, R) <= QUANT_BOUND && !memcmp(y, y2, sizeof y),
+            "copied and mapped weights differ (nmse %.3g)", t_nmse(y, ref, R));
+    kern_buf_free(wa);
+    kern_buf_free(wb);
+    kern_cl_info(d, &ci);
+    T_CHECK(!ci.weights_mapped && !ci.weights_copied, "after free: %" PRIu64 " mapped, %" PRIu64 " copied",
+            ci.weights_mapped, ci.weights_copied);
+    kern_buf_free(xb);
+    kern_buf_free(yb);
+    kern_dev_free(d);
+    free(x);
+    free(w);
+    free(odd);
+}
 
 /* The adreno layout on PoCL: Q4_0 and Q8_0 matrices split into scales and quants, transposed,
  * quants read as image texels; a slice of rows (an expert's) and embedding rows from it. */
@@ -533,6 +608,9 @@ int main(int argc, char **argv)
     snprintf(cache, sizeof cache, "/tmp/kv-test-kern-opencl.%d", (int)getpid());
     T_RUN_TIMEOUT(matmul_every_type, 600);
     T_RUN_TIMEOUT(matmul_every_type_split, 600);
+    T_RUN_TIMEOUT(matmul_every_type_copy, 600);
+    T_RUN_TIMEOUT(matmul_every_type_map, 600);
+    T_RUN_TIMEOUT(map_unaligned_copies, 600);
     T_RUN_TIMEOUT(norms_rope_elementwise, 600);
     T_RUN_TIMEOUT(kv_store_attention, 600);
     T_RUN_TIMEOUT(moe_deltanet_moves, 600);

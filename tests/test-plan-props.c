@@ -237,6 +237,88 @@ T_CASE(local_devices)
     plan_result_free(r);
 }
 
+/* A machine's kernel devices (profile "backends"): plan_device_choose takes the fastest that
+ * holds a layer, by measured time or the roofline, ties to the first. */
+T_CASE(device_choose)
+{
+    pt_make(&inst, 12, 1, 0);
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.ctx = 0;
+    o.headroom = 0;
+    uint64_t big = UINT64_MAX / 4;
+    struct plan_device d[3] = {
+        {.backend = "cpu", .mem_bytes = big, .ms_per_layer_token = 2},
+        {.backend = "opencl", .mem_bytes = big, .ms_per_layer_token = 0.5},
+        {.backend = "npu", .mem_bytes = big},           /* no speed figure */
+    };
+    double ms = 0;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, &ms) == 1, "the faster opencl not chosen");
+    T_CHECK(ms > 0, "ms %g", ms);
+    d[1].ms_per_layer_token = 4;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "the slower opencl chosen");
+    d[1].ms_per_layer_token = 2;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "a tie not to the first");
+    /* faster but too small for any layer: left */
+    d[1].ms_per_layer_token = 0.5;
+    d[1].mem_bytes = 1;
+    T_CHECK(plan_device_choose(d, 3, &inst.shape, &o, NULL) == 0, "an opencl device too small chosen");
+    /* the roofline when not measured: bandwidth decides a memory-bound model */
+    d[1] = (struct plan_device){.backend = "opencl", .mem_bytes = big, .mem_bw_bytes_s = 1e12};
+    d[0] = (struct plan_device){.backend = "cpu", .mem_bytes = big, .mem_bw_bytes_s = 1e10};
+    T_CHECK(plan_device_choose(d, 2, &inst.shape, &o, NULL) == 1, "the roofline's faster not chosen");
+    d[0].mem_bytes = d[1].mem_bytes = 1;
+    T_CHECK(plan_device_choose(d, 2, &inst.shape, &o, NULL) == -ENOENT, "none fits, yet chosen");
+    T_CHECK(plan_device_choose(NULL, 0, &inst.shape, &o, NULL) == -EINVAL, "no options accepted");
+}
+
+/* A device's largest allocation (OpenCL's cap) bounds a window's per-session K cache: the
+ * planner cuts windows to fit it, leaves out a device that cannot hold one layer's, and
+ * plan_device_choose passes over such an option. */
+T_CASE(max_alloc)
+{
+    pt_make(&inst, 12, 1, 0);
+    for (uint32_t i = 0; i < 12; i++) { inst.layers[i].kv_bytes_per_token = 1000; inst.layers[i].state_bytes = 0; }
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.ctx = 100;           /* one layer's K: 500 x 100 = 50000 bytes */
+    o.headroom = 0;
+    o.exhaustive_max = 4;
+    struct plan_device d[5];
+    static const char *ids[5] = {"a", "b", "c", "d", "tiny"};
+    for (int i = 0; i < 5; i++)
+        d[i] = (struct plan_device){.id = ids[i], .backend = "opencl", .mem_bytes = 1ull << 50,
+                                    .ms_per_layer_token = 1, .max_alloc_bytes = 250000, .inbound = true};
+    d[4].max_alloc_bytes = 49999;
+    d[4].ms_per_layer_token = 0.01;
+    struct plan_result *r = NULL;
+    char err[KV_ERR_MAX];
+    T_ASSERT(plan_make(&r, &inst.shape, d, 5, &o, err, sizeof err) == 0, "plan: %s", err);
+    T_CHECK(r->n_ranks >= 3, "%u ranks: 12 layers of 50000-byte K in 250000-byte allocations", r->n_ranks);
+    for (uint32_t i = 0; i < r->n_ranks; i++)
+        T_CHECK(r->ranks[i].last - r->ranks[i].first <= 5 && r->ranks[i].device != 4,
+                "rank %u: layers [%u,%u) on %u", i, r->ranks[i].first, r->ranks[i].last, r->ranks[i].device);
+    bool tiny_out = false;
+    for (uint32_t i = 0; i < r->n_excluded; i++)
+        if (r->excluded[i].device == 4 && r->excluded[i].why == PLAN_EX_NO_MEMORY &&
+            strstr(r->excluded[i].reason, "largest allocation"))
+            tiny_out = true;
+    T_CHECK(tiny_out, "the device whose allocations hold no layer's K cache is not left out as such");
+    plan_result_free(r);
+    /* no limit: the fast device that could not hold a layer's K takes them all */
+    d[4].max_alloc_bytes = 0;
+    T_ASSERT(plan_make(&r, &inst.shape, d, 5, &o, err, sizeof err) == 0, "plan: %s", err);
+    T_CHECK(r->n_ranks == 1 && r->ranks[0].device == 4, "%u ranks without its limit", r->n_ranks);
+    plan_result_free(r);
+    struct plan_device opt[2] = {
+        {.backend = "cpu", .mem_bytes = 1ull << 50, .ms_per_layer_token = 2},
+        {.backend = "opencl", .mem_bytes = 1ull << 50, .ms_per_layer_token = 1, .max_alloc_bytes = 49999},
+    };
+    T_CHECK(plan_device_choose(opt, 2, &inst.shape, &o, NULL) == 0, "an option whose allocations hold no K chosen");
+    opt[1].max_alloc_bytes = 50000;
+    T_CHECK(plan_device_choose(opt, 2, &inst.shape, &o, NULL) == 1, "the faster option that fits not chosen");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -245,5 +327,7 @@ int main(int argc, char **argv)
     T_RUN(heuristic_near_exhaustive);
     T_RUN(errors);
     T_RUN(even_split);
+    T_RUN(device_choose);
+    T_RUN(max_alloc);
     return T_DONE();
 }

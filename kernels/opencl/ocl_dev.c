@@ -1,7 +1,9 @@
 /* ocl_dev.c — the "opencl" device: the forward pass's ops as OpenCL kernels (kern.cl,
  * embedded at build time) on buffers in the device's memory (docs/opencl.md).
  *
- * Weights are uploaded once when their buffer is made. A device caps the size of one
+ * Weights are uploaded once when their buffer is made, or, on a device that shares host
+ * memory (or when asked), wrapped in place over the mapped file (CL_MEM_USE_HOST_PTR) so the
+ * window is not held twice. A device caps the size of one
  * allocation (CL_DEVICE_MAX_MEM_ALLOC_SIZE, 256 MB-1 GB on phones; KV_CL_ALLOC_CAP forces a
  * smaller one): a weight buffer over the cap is split into pieces of the cap, plus a "seam"
  * piece across each boundary holding the rows that straddle it, so every row a kernel reads
@@ -43,11 +45,19 @@ static const char *const kernel_names[K_COUNT] = {
 #define SEAM_MAX (4u << 20)
 
 /* One allocation of a buffer: bytes [lo, hi) of it; seam > 0 for a piece across boundary
- * seam that holds only the rows straddling it. */
+ * seam that holds only the rows straddling it. A piece wrapped over the caller's bytes starts
+ * `shift` bytes before lo (its host pointer aligned down to the device's base alignment):
+ * buffer byte x is the allocation's byte x - lo + shift. */
 struct piece {
     cl_mem mem;
     size_t lo, hi, seam;
+    size_t shift;
+    size_t mapped;    /* bytes wrapped in place (0: copied or device memory) */
+    size_t copied;    /* weight bytes copied to the device */
 };
+
+/* Where buffer byte off of piece p lies in its allocation. */
+static size_t in_piece(const struct piece *p, size_t off) { return off - p->lo + p->shift; }
 
 struct cbuf {
     struct piece *p;
@@ -72,6 +82,7 @@ struct ocl {
     size_t cap;               /* weights are split into allocations of this size */
     size_t maxalloc;          /* the device's largest allocation */
     bool split_layout;        /* Q4_0/Q8_0 weights in the split, transposed, image layout */
+    bool map_weights;         /* weights wrapped in place (CL_MEM_USE_HOST_PTR) where aligned */
     size_t img_max;           /* texels of an image1d_buffer_t at most */
     struct kern_cl_info info;
 };
@@ -418,6 +429,27 @@ static int open_(struct kern_dev *d, int n_threads)
         goto fail;
     }
     snprintf(o->info.layout, sizeof o->info.layout, "%s", o->split_layout ? "adreno" : "plain");
+    /* Weights: wrapped in place where the device shares host memory (phones, integrated
+     * GPUs, CPU devices), so the window is held once; copied to a discrete GPU's memory. */
+    cl_bool unified = CL_FALSE;
+    cl_uint align_bits = 0;
+    cl_ulong gmem = 0;
+    clGetDeviceInfo(o->dev, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
+    clGetDeviceInfo(o->dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
+    clGetDeviceInfo(o->dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gmem, &gmem, NULL);
+    o->info.unified = unified == CL_TRUE;
+    o->info.base_align = align_bits / 8 ? align_bits / 8 : 1;
+    o->info.global_mem = gmem;
+    o->info.max_alloc = maxalloc;
+    const char *wm = g_opts.weights ? g_opts.weights : getenv("KV_CL_WEIGHTS");
+    if (wm && *wm && strcmp(wm, "auto") && strcmp(wm, "map") && strcmp(wm, "copy")) {
+        msg(d, "OpenCL weights %s: map, copy or auto", wm);
+        rc = -EINVAL;
+        goto fail;
+    }
+    o->map_weights = wm && !strcmp(wm, "map") ? true
+                     : wm && !strcmp(wm, "copy") ? false : o->info.unified;
+    snprintf(o->info.weights, sizeof o->info.weights, "%s", o->map_weights ? "map" : "copy");
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
     if ((rc = program(d, opts)) < 0)
@@ -490,9 +522,13 @@ static void buf_free(struct kern_buf *b)
     struct cbuf *c = b->impl;
     if (!c)
         return;
-    for (int i = 0; i < c->n; i++)
+    struct ocl *o = OCL(b->dev);
+    for (int i = 0; i < c->n; i++) {
         if (c->p[i].mem)
             clReleaseMemObject(c->p[i].mem);
+        o->info.weights_mapped -= c->p[i].mapped;
+        o->info.weights_copied -= c->p[i].copied;
+    }
     cl_mem sp[3] = {c->sp_img, c->sp_d, c->sp_q};
     for (int i = 0; i < 3; i++)
         if (sp[i])
@@ -502,17 +538,46 @@ static void buf_free(struct kern_buf *b)
     b->impl = NULL;
 }
 
+/* Wrap bytes [lo, hi) of src in place: the pointer aligned down to the device's base
+ * alignment, and at least 64 (the bytes before it lie in the same page, so they are mapped
+ * too), and the length rounded up to 64 bytes (from a 64-byte boundary: still within the last
+ * byte's page). NULL (a copy, then) when the bytes are
+ * not 16-byte aligned (a kernel's vector reads then keep the alignment an upload gives them;
+ * GGUF aligns tensors to 32), the device's alignment is above a page, or the runtime
+ * refuses. */
+static cl_mem wrap(struct ocl *o, const void *src, size_t lo, size_t hi, size_t *shift,
+                   size_t *len)
+{
+    size_t al = o->info.base_align < 64 ? 64 : o->info.base_align, pg = 4096;
+    uintptr_t a = (uintptr_t)src + lo;
+    if (al > pg || (al & (al - 1)) || a % 16)
+        return NULL;
+    *shift = a % al;
+    *len = (*shift + (hi - lo) + 63) & ~(size_t)63;
+    cl_int e;
+    return clCreateBuffer(o->ctx, CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, *len,
+                          (void *)(a - *shift), &e);
+}
+
 static int add_piece(struct ocl *o, struct cbuf *c, size_t lo, size_t hi, size_t seam,
                      const void *src, cl_mem_flags fl)
 {
-    cl_int e;
+    cl_int e = CL_SUCCESS;
     struct piece *p = &c->p[c->n];
     *p = (struct piece){.lo = lo, .hi = hi, .seam = seam};
-    size_t n = hi > lo ? hi - lo : 1;
-    p->mem = clCreateBuffer(o->ctx, fl | (src ? CL_MEM_COPY_HOST_PTR : 0), n,
-                            src ? (void *)((const char *)src + lo) : NULL, &e);
+    size_t n = hi > lo ? hi - lo : 1, len = 0;
+    if (src && o->map_weights && hi > lo && (p->mem = wrap(o, src, lo, hi, &p->shift, &len)))
+        p->mapped = len;
+    if (!p->mem) {
+        p->shift = 0;
+        p->mem = clCreateBuffer(o->ctx, fl | (src ? CL_MEM_COPY_HOST_PTR : 0), n,
+                                src ? (void *)((const char *)src + lo) : NULL, &e);
+        p->copied = src ? n : 0;
+    }
     if (!p->mem)
         return cl_rc(e);
+    o->info.weights_mapped += p->mapped;
+    o->info.weights_copied += p->copied;
     c->n++;
     if (!src) {
         unsigned char zero = 0;
@@ -588,7 +653,8 @@ static int buf_read(struct kern_buf *b, size_t off, void *dst, size_t n)
         if (off >= p->hi)
             continue;
         size_t k = p->hi - off < n ? p->hi - off : n;
-        cl_int e = clEnqueueReadBuffer(o->q, p->mem, CL_TRUE, off - p->lo, k, dst, 0, NULL, NULL);
+        cl_int e = clEnqueueReadBuffer(o->q, p->mem, CL_TRUE, in_piece(p, off), k, dst, 0, NULL,
+                                       NULL);
         if (e != CL_SUCCESS)
             return cl_rc(e);
         off += k, n -= k, dst = (char *)dst + k;
@@ -647,7 +713,7 @@ static void a_at(struct args *a, struct kern_at at, size_t len)
         return;
     }
     a_mem(a, p->mem);
-    a_l(a, at.off - p->lo);
+    a_l(a, in_piece(p, at.off));
 }
 
 static size_t up(size_t n, size_t m) { return (n + m - 1) / m * m; }
@@ -722,7 +788,7 @@ static int split_layout(struct ocl *o, struct cbuf *c, uint32_t type, int64_t co
     struct args a = args(o, K_REPACK);
     a_i(&a, (cl_int)type);
     a_mem(&a, c->p[0].mem);
-    a_l(&a, 0);
+    a_l(&a, c->p[0].shift);
     a_u(&a, (int64_t)R);
     a_u(&a, (int64_t)nb);
     a_mem(&a, c->sp_d);
@@ -746,6 +812,9 @@ static int split_layout(struct ocl *o, struct cbuf *c, uint32_t type, int64_t co
     /* the file's blocks go once the repack has run (OpenCL keeps them until then) */
     clReleaseMemObject(c->p[0].mem);
     c->p[0].mem = NULL;
+    o->info.weights_mapped -= c->p[0].mapped;
+    o->info.weights_copied -= c->p[0].copied;
+    c->p[0].mapped = c->p[0].copied = 0;
     c->sp_type = type;
     c->sp_rows = (int64_t)R;
     c->sp_cols = cols;
@@ -804,7 +873,7 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
                 return -E2BIG;
             fit = 1;
         }
-        int rc = matmul_run(d, type, p, s - p->lo, rb, r, fit, cols, x, n, y, rows);
+        int rc = matmul_run(d, type, p, in_piece(p, s), rb, r, fit, cols, x, n, y, rows);
         if (rc < 0)
             return rc;
         r += fit;
@@ -838,11 +907,13 @@ static int get_rows(struct kern_dev *d, uint32_t type, struct kern_at table, int
             continue;
         struct args a = args(o, K_GET_ROWS);
         a_i(&a, (cl_int)type);
+        /* the kernel's coordinates moved by the shift: a row it reads lies in the allocation
+         * (a wrapped piece's rows just before lo are whole there too, and the same bytes) */
         a_mem(&a, p->mem);
-        a_l(&a, table.off);
+        a_l(&a, table.off + p->shift);
         a_l(&a, p->lo);
-        a_l(&a, p->hi);
-        a_l(&a, p->seam);
+        a_l(&a, p->hi + p->shift);
+        a_l(&a, p->seam ? p->seam + p->shift : 0);
         a_l(&a, rb);
         a_u(&a, rows);
         a_u(&a, cols);
@@ -1111,7 +1182,7 @@ static int zero(struct kern_dev *d, struct kern_at dst, size_t bytes)
     if (!p)
         return -E2BIG;
     unsigned char z = 0;
-    return cl_rc(clEnqueueFillBuffer(OCL(d)->q, p->mem, &z, 1, dst.off - p->lo, bytes, 0, NULL,
+    return cl_rc(clEnqueueFillBuffer(OCL(d)->q, p->mem, &z, 1, in_piece(p, dst.off), bytes, 0, NULL,
                                      NULL));
 }
 

@@ -2,6 +2,7 @@
  * they are mapped) and an executor with per-session KV; rank 0 embeds, the last rank's head
  * gives logits. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,15 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     snprintf(b->arch, sizeof b->arch, "%s", hp->arch);
     b->weight_bytes = model_weight_bytes(mb->m);
     b->kv_bytes_per_session = model_kv_bytes_per_token(mb->m) * a->n_ctx + model_state_bytes(mb->m);
+    snprintf(b->device, sizeof b->device, "%s", model_exec_device(mb->e));
+    struct kern_cl_info ci;
+    if (kern_cl_info(model_exec_kern_dev(mb->e), &ci) == 0) {
+        snprintf(b->cl_weights, sizeof b->cl_weights, "%s", ci.weights);
+        b->cl_weights_mapped = ci.weights_mapped;
+        b->cl_weights_copied = ci.weights_copied;
+        kvd_log(KVD_LOG_INFO, "opencl weights: %s (%" PRIu64 " bytes wrapped in place, %" PRIu64
+                " copied)", ci.weights, (uint64_t)ci.weights_mapped, (uint64_t)ci.weights_copied);
+    }
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
     b->batch_rows = batch_rows_exact(g, b->first, b->last, max_batch, &b->chunk_exact);

@@ -34,6 +34,13 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "endpoint",
                             st->m.ranks[st->succ].endpoint);
+    if (st->be.device[0])
+        cJSON_AddStringToObject(o, "device", st->be.device);
+    if (st->be.cl_weights[0]) {   /* how the opencl device holds the window (docs/opencl.md) */
+        cJSON_AddStringToObject(o, "cl_weights", st->be.cl_weights);
+        cJSON_AddNumberToObject(o, "cl_weights_mapped_bytes", (double)st->be.cl_weights_mapped);
+        cJSON_AddNumberToObject(o, "cl_weights_copied_bytes", (double)st->be.cl_weights_copied);
+    }
     uint32_t pend = 0;
     for (struct conn *p = st->pending; p; p = p->next)
         pend++;

@@ -65,6 +65,11 @@ struct kvd_backend {
     bool add_bos;
     uint64_t weight_bytes;     /* bytes of the window's weights (mapped) */
     uint64_t kv_bytes_per_session;   /* K/V for the manifest's context and recurrent state */
+    char device[16];           /* the kernel device ("cpu", "opencl"; "" without a model) */
+    /* opencl: "map" (weights wrapped in place over the mapping) or "copy" (uploaded), and the
+     * weight bytes each way (docs/opencl.md, "Memory"); "" and 0 on other devices */
+    char cl_weights[8];
+    uint64_t cl_weights_mapped, cl_weights_copied;
     /* Most rows one window run of several sessions may take with every row's result the one
      * it has alone: KERN_ROWS_EXACT_MAX with an F32 matmul weight, else what the executor
      * holds; 0: the window's weight types round differently batched. */

@@ -96,6 +96,15 @@ static int set_cl(int *field, const char *v)
 }
 static int set_cl_platform(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.platform, v); }
 static int set_cl_device(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.device, v); }
+static int set_cl_weights(struct kvd_stage_opts *o, const char *v)
+{
+    (void)o;
+    if (strcmp(v, "map") && strcmp(v, "copy") && strcmp(v, "auto"))
+        return -EINVAL;
+    cl_opts.weights = v;
+    kern_cl_opts_set(&cl_opts);
+    return 0;
+}
 static int set_api(struct kvd_stage_opts *o, const char *v) { o->api_listen = v; return 0; }
 static int set_api_keys(struct kvd_stage_opts *o, const char *v) { o->api_key_file = v; return 0; }
 static int set_api_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 65536, &o->api_max_sessions); }
@@ -124,6 +133,7 @@ static const struct opt opts[] = {
     {"--backend", "NAME", "kernel device: cpu or opencl (default: the manifest rank's backend)", set_device},
     {"--cl-platform", "N", "OpenCL platform index (clinfo -l; default 0)", set_cl_platform},
     {"--cl-device", "N", "OpenCL device index on that platform (default 0)", set_cl_device},
+    {"--cl-weights", "MODE", "OpenCL weights: map (in place over the file), copy, auto (map on shared memory)", set_cl_weights},
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
