@@ -222,12 +222,15 @@ int net__tls_handshake(struct net__tls *t, char *err, size_t errlen)
     long v = SSL_get_verify_result(t->ssl);
     X509 *cert = SSL_get1_peer_certificate(t->ssl);
     if (v != X509_V_OK) {
-        char subj[256] = "?";
-        if (cert)
-            X509_NAME_oneline(X509_get_subject_name(cert), subj, sizeof subj);
+        char subj[256] = "";
+        if (cert) {
+            memcpy(subj, " (subject ", 10);
+            X509_NAME_oneline(X509_get_subject_name(cert), subj + 10, sizeof subj - 12);
+            strcat(subj, ")");
+        }
         if (err && errlen)
-            snprintf(err, errlen, "TLS handshake failed: the peer's certificate (subject %s) was "
-                     "rejected: %s", subj, X509_verify_cert_error_string(v));
+            snprintf(err, errlen, "TLS handshake failed: the peer's certificate%s was rejected: %s",
+                     subj, X509_verify_cert_error_string(v));
         t->cert_rejected = true;
         ERR_clear_error();
     } else {
