@@ -31,7 +31,8 @@
  *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it)
  *   TOKEN  i32 token | f32 logprob [| f32 logits[n_vocab] with flag LOGITS]
  *   CLOSE  empty
- *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes)
+ *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes; printable ASCII is all a
+ *          receiver keeps: net_text_clean)
  *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
  *
  * Handshake (docs/security.md): each side sends HELLO with a fresh nonce and a fresh X25519

@@ -12,7 +12,7 @@
 #include "kvd/stage/internal.h"
 #include "net/net.h"
 
-/* A link report from the successor (KVD_ERR_LINK_DOWN/UP, docs/design.md, "Wire protocol"):
+/* A link report from the successor (KVD_ERR_LINK_DOWN/UP, docs/design.md, "The ring data path"):
  * about a link further on (rank pos -> pos + 1, pos past this rank), kept and passed back
  * towards rank 0. Rank 0 logs each distinct state once; a report about any other link is a
  * violation. */

@@ -195,7 +195,7 @@ void kvd_job_free(struct kvd_job *j);
  * pause the session until the ring is repaired and replay it (docs/ring.md, "Repair"). */
 #define KVD_ERR_SESSION 1
 #define KVD_ERR_RING 4
-/* Link reports (docs/design.md, "Wire protocol", link reports): an ERROR of session 0 with
+/* Link reports (docs/design.md, "The ring data path"): an ERROR of session 0 with
  * code 5 (the link rank pos -> pos + 1 is down; the message is why) or 6 (it is up again),
  * sent by a stage about its out link back over its in link and passed on by every stage
  * back to rank 0. Unlike other session-0 ERRORs it leaves the link it travels on up. */

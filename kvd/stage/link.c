@@ -566,7 +566,7 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
         const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
         reject_log(st, net_link_peer(l), "refusing it: %s", why);
         char msg[80];
-        snprintf(msg, sizeof msg, "rank %u is %s", st->rank, why);
+        snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
         kvd_conn_send_error(c, 0, 2, msg);   /* the peer logs why (in the clear: no keys) */
         net_link_close(l, "refused");
         return;
