@@ -35,8 +35,14 @@ static struct net_tls_ctx *relay_client_tls(char *err, size_t errlen)
     const char *ca = getenv("KV_RELAY_CA");
     const char *insecure = getenv("KV_RELAY_INSECURE");
     bool verify = !(insecure && !strcmp(insecure, "1"));
-    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify, err, errlen) < 0)
+    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify, err, errlen) < 0) {
         client_tls = NULL;
+        if (ca && ca[0]) {   /* name the setting the file came from */
+            char e[KV_ERR_MAX];
+            snprintf(e, sizeof e, "%s", err);
+            snprintf(err, errlen, "KV_RELAY_CA (the stage's environment): %s", e);
+        }
+    }
     return client_tls;
 }
 

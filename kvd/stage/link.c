@@ -185,6 +185,10 @@ static void on_established(struct conn *c)
         kvd_conn_note(st, st->rank, false, st->rank, NULL);
         kvd_conn_report_out(st);
         kvd_conn_ping(c);   /* a first RTT right away */
+    } else if (st->rank == 0) {
+        /* The ring is whole: every link in it is up, whatever report got lost on the way. */
+        for (uint32_t r = 0; r < st->n; r++)
+            kvd_conn_note(st, r, false, r, NULL);
     } else {
         kvd_conn_note(st, st->pred, false, st->pred, NULL);
         st->out_report_hash = 0;   /* a new predecessor hears the out link's next state */
