@@ -77,14 +77,12 @@ void kvd_conn_note(struct stage *st, uint32_t r, bool down, uint32_t by, const c
     }
 }
 
-/* FNV-1a of the out link's state, to report each distinct one once. */
+/* A hash of the out link's state, to report each distinct one once (never 0: "none"). */
 static uint32_t note_hash(const struct kvd_link_note *ln)
 {
-    uint32_t h = 2166136261u;
-    h = (h ^ (ln->down ? 1u : 2u)) * 16777619u;
-    for (const char *s = ln->down ? ln->last_reason : ""; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h ? h : 1;
+    uint64_t h = ln->down ? util_hash_str(ln->last_reason) : 0;
+    uint32_t r = (uint32_t)(h ^ h >> 32) ^ (ln->down ? 0x9e3779b9u : 0);
+    return r ? r : 1;
 }
 
 void kvd_conn_report_out(struct stage *st)

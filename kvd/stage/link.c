@@ -31,13 +31,12 @@ static void peer_source(const char *peer, char *out, size_t n)
     snprintf(out, n, "%.*s", (int)k, peer);
 }
 
-/* FNV-1a of a log line, to tell repeats apart. */
+/* A log line's hash, to tell repeats apart (0 is kept for "none"). */
 static uint32_t line_hash(const char *s)
 {
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
+    uint64_t h = util_hash_str(s);
+    uint32_t r = (uint32_t)(h ^ h >> 32);
+    return r ? r : 1;
 }
 
 /* A warning about a peer from source address src (its port left out: "link from SRC: what").
@@ -91,11 +90,6 @@ static void reject_log(struct stage *st, const char *peer, const char *fmt, ...)
     else
         kvd_log(KVD_LOG_WARN, "link from %s: %s", src, what);
     e->suppressed = 0;
-}
-
-static uint32_t st_succ(const struct conn *c)
-{
-    return c->st->succ;
 }
 
 /* The out link did not come up, or broke: keep the reason (the client's error and status
@@ -235,7 +229,7 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         const char *refusal = net_handshake_refusal(c->hs);
         char r[KV_ERR_MAX + 64];
         if (refusal && c->role == CONN_OUT)
-            snprintf(r, sizeof r, "rank %u refused the link: %s", st_succ(c), refusal);
+            snprintf(r, sizeof r, "rank %u refused the link: %s", c->st->succ, refusal);
         else if (refusal)
             snprintf(r, sizeof r, "the peer refused the link: %s", refusal);
         else
