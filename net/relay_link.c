@@ -51,15 +51,12 @@ static struct net_tls_ctx *relay_client_tls(char *err, size_t errlen)
 static void cert_hint(char *r, size_t n)
 {
     const char *ca = getenv("KV_RELAY_CA");
+    bool own = ca && ca[0];
     size_t k = strlen(r);
-    if (ca && ca[0])
-        snprintf(r + k, n - k, " (relay certificates are checked against KV_RELAY_CA=%s: set "
-                 "KV_RELAY_CA in the stage's environment to the PEM file of the CA that signed "
-                 "the relay's certificate, and name the relay by a host its certificate holds)", ca);
-    else
-        snprintf(r + k, n - k, " (relay certificates are checked against the system store: set "
-                 "KV_RELAY_CA in the stage's environment to the PEM file of the CA that signed "
-                 "the relay's certificate, and name the relay by a host its certificate holds)");
+    snprintf(r + k, n - k, " (relay certificates are checked against %s%s: set KV_RELAY_CA in "
+             "the stage's environment to the PEM file of the CA that signed the relay's "
+             "certificate, and name the relay by a host its certificate holds)",
+             own ? "KV_RELAY_CA=" : "the system store", own ? ca : "");
 }
 
 static void rt_open(struct net_ws *ws, void *ud)
