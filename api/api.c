@@ -1073,7 +1073,7 @@ static void on_models(struct net_http_req *r, void *ud)
 static void on_health(struct net_http_req *r, void *ud)
 {
     struct api_server *s = ud;
-    char why[256] = "";
+    char why[KV_ERR_MAX] = "";
     bool ok = s->gen.ops->ready(s->gen.impl, why, sizeof why);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", ok ? "ok" : "unavailable");

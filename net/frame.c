@@ -74,6 +74,25 @@ int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
     return 0;
 }
 
+size_t net_text_clean(char *out, size_t outn, const uint8_t *in, size_t n)
+{
+    if (outn < 4) {
+        if (outn)
+            out[0] = 0;
+        return 0;
+    }
+    bool cut = n > outn - 1;
+    size_t k = cut ? outn - 4 : n;
+    for (size_t i = 0; i < k; i++)
+        out[i] = in[i] >= 0x20 && in[i] < 0x7f ? (char)in[i] : '?';
+    if (cut) {
+        memcpy(out + k, "...", 3);
+        k += 3;
+    }
+    out[k] = 0;
+    return k;
+}
+
 void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN])
 {
     memset(out, 0, NET_OPEN_LEN);
@@ -226,6 +245,8 @@ struct net_handshake {
     struct net_link_keys keys;
     uint8_t hello_frame[NET_HDR_LEN + NET_HELLO_LEN];
     uint8_t auth_frame[NET_HDR_LEN + NET_AUTH_LEN];
+    bool refused;                       /* the peer sent ERROR: refusal holds its reason */
+    char refusal[NET_REFUSAL_MAX + 1];
 };
 
 /* The signed message: "KVR2-auth" | u8 signer's side | transcript. */
@@ -375,6 +396,11 @@ int net_handshake_keys(const struct net_handshake *hs, struct net_link_keys *key
     return 0;
 }
 
+const char *net_handshake_refusal(const struct net_handshake *hs)
+{
+    return hs && hs->refused ? hs->refusal : NULL;
+}
+
 static int hs_fail(struct net_handshake *hs, int rc)
 {
     hs->state = HS_FAILED;
@@ -382,9 +408,11 @@ static int hs_fail(struct net_handshake *hs, int rc)
     return rc;
 }
 
-/* Check the peer's HELLO against what we expect of it: 0 or a negative code with err. */
-static int hello_check(const struct net_hello *p, const struct net_hs_expect *x, char *err,
-                       size_t errlen)
+/* Check the peer's HELLO against what we expect of it (own_rank: the rank our HELLO claims):
+ * 0 or a negative code with err. The words name ranks, not "ours" and "theirs", because the
+ * refusing side sends err to the peer, which logs it too. */
+static int hello_check(const struct net_hello *p, const struct net_hs_expect *x, uint32_t own_rank,
+                       char *err, size_t errlen)
 {
     if (strcmp(p->ring, x->ring) != 0) {
         snprintf(err, errlen, "wrong ring '%s', expected '%s'", p->ring, x->ring);
@@ -402,7 +430,8 @@ static int hello_check(const struct net_hello *p, const struct net_hs_expect *x,
         char a[65], b[65];
         util_hex_encode(p->manifest_hash, 32, a);
         util_hex_encode(x->manifest_hash, 32, b);
-        snprintf(err, errlen, "manifest hash %.16s... differs from ours %.16s...", a, b);
+        snprintf(err, errlen, "manifest hash mismatch: rank %u has %.16s..., rank %u has %.16s... "
+                 "(every stage must run the same manifest file)", p->rank, a, own_rank, b);
         return -EPERM;
     }
     if (x->check_key && memcmp(p->node_key, x->node_key, 32) != 0) {
@@ -432,7 +461,7 @@ static int on_hello(struct net_handshake *hs, const struct net_frame_hdr *h, con
     int rc = net_hello_decode(payload, h->payload_len, &p, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = hello_check(&p, &hs->expect, err, errlen)) < 0)
+    if ((rc = hello_check(&p, &hs->expect, hs->mine.rank, err, errlen)) < 0)
         return rc;
     if (!memcmp(p.nonce, hs->mine.nonce, 32) || !memcmp(p.ephemeral, hs->mine.ephemeral, 32)) {
         snprintf(err, errlen, "the peer's HELLO reflects our own nonce or key");
@@ -473,14 +502,12 @@ int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
         return -EPROTO;
     }
     if (h->type == NET_F_ERROR) {
+        /* The reason as the peer gave it, bounded and printable (it reaches our log and,
+         * through rank 0, a client). */
         size_t n = h->payload_len > 4 ? h->payload_len - 4 : 0;
-        if (n > 200)
-            n = 200;
-        char msg[201];
-        for (size_t i = 0; i < n; i++)
-            msg[i] = (payload[4 + i] >= 0x20 && payload[4 + i] < 0x7f) ? (char)payload[4 + i] : '?';
-        msg[n] = 0;
-        snprintf(err, errlen, "peer refused the link: %s", msg);
+        net_text_clean(hs->refusal, sizeof hs->refusal, payload + 4, n);
+        hs->refused = true;
+        snprintf(err, errlen, "peer refused the link: %s", hs->refusal);
         return hs_fail(hs, -ECONNREFUSED);
     }
     if (h->session || h->pos || h->n_tokens || h->flags) {

@@ -21,7 +21,7 @@ struct net_link {
     struct net_frame_reader rd;
     struct net_rec *tx, *rx;    /* set by net_link_set_keys: every frame sealed from then on */
     char peer[96];
-    char reason[256];
+    char reason[KV_ERR_MAX];   /* whole: a TLS failure names the certificate and the fix */
     bool closing, opened, in_data;
     uint64_t bytes_in, bytes_out;
     size_t queued;
@@ -204,6 +204,14 @@ void net_link_tp_opened(struct net_link *l, int status)
         snprintf(r, sizeof r, "dial %s failed: %s", l->peer, uv_strerror(status));
         net_link_close(l, r);
     }
+}
+
+void net_link_tp_failed(struct net_link *l, int status, const char *reason)
+{
+    if (l->cbs.on_open && !l->closing)
+        l->cbs.on_open(l, status < 0 ? status : -ECONNREFUSED);
+    if (!l->closing)
+        net_link_close(l, reason);
 }
 
 void net_link_tp_data(struct net_link *l, const void *data, size_t len)

@@ -31,7 +31,8 @@
  *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it)
  *   TOKEN  i32 token | f32 logprob [| f32 logits[n_vocab] with flag LOGITS]
  *   CLOSE  empty
- *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes)
+ *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes; printable ASCII is all a
+ *          receiver keeps: net_text_clean)
  *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
  *   STATUS one stage's status record, a JSON object (<= NET_STATUS_MAX bytes); session 0,
  *          n_tokens = the rank it describes, pos = its age in ms when sent; flags 0. Both
@@ -112,6 +113,11 @@ int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
 void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN]);
 void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p);
 
+/* A peer's text (an ERROR message, a relay's close reason) made safe to log and pass on:
+ * bytes outside printable ASCII become '?', and text longer than outn - 1 bytes is cut and
+ * ends in "...". Returns the length written (out is always NUL-terminated; outn >= 4). */
+size_t net_text_clean(char *out, size_t outn, const uint8_t *in, size_t n);
+
 /* Streaming frame reader: push bytes, pull whole frames. */
 struct net_frame_reader {
     uint8_t *buf;
@@ -179,6 +185,11 @@ const struct net_hello *net_handshake_peer(const struct net_handshake *hs);
  * serve, its own and standbys: the caller picks from the HELLO's claim). 0, or -EALREADY once
  * the peer's HELLO was taken. */
 int net_handshake_expect_key(struct net_handshake *hs, const uint8_t key[32]);
+/* The reason the peer gave when it refused the link (an ERROR during the handshake: feed
+ * returned -ECONNREFUSED), cleaned with net_text_clean and at most NET_REFUSAL_MAX bytes;
+ * NULL when it did not refuse. Borrowed from hs. */
+#define NET_REFUSAL_MAX 300u
+const char *net_handshake_refusal(const struct net_handshake *hs);
 /* Whether the peer's HELLO arrived and passed every check. */
 bool net_handshake_hello_ok(const struct net_handshake *hs);
 /* The session keys: 0 once established (feed returned 1), -EAGAIN before. */
@@ -263,6 +274,9 @@ void net_link_tp_opened(struct net_link *l, int status);
 void net_link_tp_data(struct net_link *l, const void *data, size_t len);
 void net_link_tp_written(struct net_link *l, size_t len);
 void net_link_tp_closed(struct net_link *l);
+/* The dial failed (status < 0) for reason, which the link keeps whole as its close reason
+ * (net_link_tp_opened's is "dial PEER failed: <status>"). */
+void net_link_tp_failed(struct net_link *l, int status, const char *reason);
 /* The stream ended or failed: closes the link with this reason. */
 void net_link_tp_error(struct net_link *l, const char *reason);
 
@@ -585,6 +599,9 @@ void net_ws_close(struct net_ws *ws, int code, const char *reason);
 void net_ws_abort(struct net_ws *ws);
 /* Bytes queued for sending that the kernel has not taken yet. */
 size_t net_ws_pending(const struct net_ws *ws);
+/* Whether the connection failed because the peer's TLS certificate did not verify (a dialled
+ * wss:// URL; the close reason names the problem). */
+bool net_ws_cert_rejected(const struct net_ws *ws);
 /* Stop (true) or resume (false) reading from the peer: the peer is slowed by TCP. */
 void net_ws_pause(struct net_ws *ws, bool pause);
 /* Loop time (uv_now, ms) when the last frame of any kind arrived. */

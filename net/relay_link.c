@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "net/net.h"
+#include "util/err.h"
 
 #define RELAY_MSG_MAX (1u << 20)
 
@@ -34,9 +35,28 @@ static struct net_tls_ctx *relay_client_tls(char *err, size_t errlen)
     const char *ca = getenv("KV_RELAY_CA");
     const char *insecure = getenv("KV_RELAY_INSECURE");
     bool verify = !(insecure && !strcmp(insecure, "1"));
-    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify, err, errlen) < 0)
+    if (net_tls_ctx_client_new(&client_tls, ca && ca[0] ? ca : NULL, verify, err, errlen) < 0) {
         client_tls = NULL;
+        if (ca && ca[0]) {   /* name the setting the file came from */
+            char e[KV_ERR_MAX];
+            snprintf(e, sizeof e, "%s", err);
+            snprintf(err, errlen, "KV_RELAY_CA (the stage's environment): %s", e);
+        }
+    }
     return client_tls;
+}
+
+/* Append to a rejected certificate's reason the setting that decides which relay
+ * certificates a stage trusts. */
+static void cert_hint(char *r, size_t n)
+{
+    const char *ca = getenv("KV_RELAY_CA");
+    bool own = ca && ca[0];
+    size_t k = strlen(r);
+    snprintf(r + k, n - k, " (relay certificates are checked against %s%s: set KV_RELAY_CA in "
+             "the stage's environment to the PEM file of the CA that signed the relay's "
+             "certificate, and name the relay by a host its certificate holds)",
+             own ? "KV_RELAY_CA=" : "the system store", own ? ca : "");
 }
 
 static void rt_open(struct net_ws *ws, void *ud)
@@ -77,15 +97,18 @@ static void rt_close(struct net_ws *ws, int code, const char *reason, void *ud)
     struct net_link *l = t->l;
     t->ws = NULL;
     if (!t->close_wanted) {
-        char r[200];
+        /* The relay's close reason is its text: printable and bounded before it is logged. */
+        char why[512], r[KV_ERR_MAX];
+        net_text_clean(why, sizeof why, (const uint8_t *)reason, strlen(reason));
         if (!t->open) {
-            snprintf(r, sizeof r, "relay %s: %s", net_link_peer(l), reason);
-            net_link_tp_set_peer(l, r);
+            snprintf(r, sizeof r, "relay %s: %s", net_link_peer(l), why);
+            if (net_ws_cert_rejected(ws))
+                cert_hint(r, sizeof r);
             /* on_open(-ECONNREFUSED), then net_link_close -> relay_close below */
-            net_link_tp_opened(l, -ECONNREFUSED);
+            net_link_tp_failed(l, -ECONNREFUSED, r);
             return;
         }
-        snprintf(r, sizeof r, "relay closed the bridge: %d %s", code, reason);
+        snprintf(r, sizeof r, "relay closed the bridge: %d %s", code, why);
         net_link_tp_error(l, r); /* -> net_link_close -> relay_close: ws already gone */
         return;
     }

@@ -25,6 +25,7 @@ struct net__tls {
     SSL *ssl;
     BIO *rbio;   /* ciphertext from the peer (we write, OpenSSL reads) */
     BIO *wbio;   /* ciphertext for the peer (OpenSSL writes, we read) */
+    bool cert_rejected;   /* the handshake failed on the peer's certificate */
 };
 
 /* "what: <OpenSSL's first queued reason>" (or what alone) into err, and the thread's
@@ -215,8 +216,33 @@ int net__tls_handshake(struct net__tls *t, char *err, size_t errlen)
     int e = SSL_get_error(t->ssl, r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
         return 0;
-    tls_error(err, errlen, "TLS handshake failed");
+    /* A certificate that did not verify: OpenSSL's queue says only "certificate verify
+     * failed"; the verify result names the problem ("certificate has expired", "unable to get
+     * local issuer certificate", "hostname mismatch") and the certificate's subject who. */
+    long v = SSL_get_verify_result(t->ssl);
+    X509 *cert = SSL_get1_peer_certificate(t->ssl);
+    if (v != X509_V_OK) {
+        char subj[256] = "";
+        if (cert) {
+            memcpy(subj, " (subject ", 10);
+            X509_NAME_oneline(X509_get_subject_name(cert), subj + 10, sizeof subj - 12);
+            strcat(subj, ")");
+        }
+        if (err && errlen)
+            snprintf(err, errlen, "TLS handshake failed: the peer's certificate%s was rejected: %s",
+                     subj, X509_verify_cert_error_string(v));
+        t->cert_rejected = true;
+        ERR_clear_error();
+    } else {
+        tls_error(err, errlen, "TLS handshake failed");
+    }
+    X509_free(cert);
     return -EPROTO;
+}
+
+bool net__tls_cert_rejected(const struct net__tls *t)
+{
+    return t && t->cert_rejected;
 }
 
 ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len)

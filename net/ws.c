@@ -74,6 +74,11 @@ static void ws_handle_closed(uv_handle_t *h)
     net__ws_unref(h->data);
 }
 
+bool net_ws_cert_rejected(const struct net_ws *ws)
+{
+    return ws && ws->tls && net__tls_cert_rejected(ws->tls);
+}
+
 void net__ws_drop(struct net_ws *ws, const char *reason)
 {
     if (ws->state == NET__WS_CLOSING)

@@ -8,6 +8,7 @@
 #include <wslay/wslay.h>
 
 #include "net/net.h"
+#include "util/err.h"
 
 /* ---- tls.c: one TLS session over memory BIOs ---- */
 struct net__tls;
@@ -19,6 +20,8 @@ int net__tls_feed(struct net__tls *t, const uint8_t *data, size_t len);
 /* Advance the handshake: 1 done, 0 needs more input, -EPROTO failed ("TLS handshake
  * failed: <OpenSSL's reason>" in err; err may be NULL). */
 int net__tls_handshake(struct net__tls *t, char *err, size_t errlen);
+/* Whether the last handshake failed because the peer's certificate did not verify. */
+bool net__tls_cert_rejected(const struct net__tls *t);
 /* Decrypted bytes into buf: > 0 count, 0 needs more input, -EPIPE peer closed TLS,
  * -EPROTO error (renegotiation attempts land here). */
 ssize_t net__tls_read(struct net__tls *t, uint8_t *buf, size_t len);
@@ -101,7 +104,7 @@ struct net_ws {
     uint64_t asm_bytes;
     uint64_t *asm_total;
     int close_code;              /* what the peer sent, 1006 if none */
-    char close_reason[128];
+    char close_reason[KV_ERR_MAX];   /* a local reason (a TLS failure) can be long */
     char peer[64];
     /* HTTP state (handshake) */
     struct net__http *http;      /* handshake parser, freed once open */

@@ -295,6 +295,26 @@ T_CASE(handshake)
     net_frame_hdr_encode(&fh, f);
     memcpy(f + NET_HDR_LEN + 4, "nope!", 5);
     T_CHECK(feed_frame(h, f, NET_HDR_LEN + 9, &out, &ol, e) == -ECONNREFUSED && strstr(e, "nope!"), "%s", e);
+    T_CHECK(net_handshake_refusal(h) && !strcmp(net_handshake_refusal(h), "nope!"), "the refusal kept");
+    net_handshake_free(h);
+    /* A hostile refusal: control bytes and a message as long as an ERROR may be. What is kept
+     * (and logged, and passed on to a client) is printable and at most NET_REFUSAL_MAX. */
+    net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
+    T_CHECK(net_handshake_refusal(h) == NULL, "no refusal before an ERROR");
+    uint8_t *big = calloc(1, NET_HDR_LEN + 4 + NET_ERR_MAX);
+    fh.payload_len = 4 + NET_ERR_MAX;
+    net_frame_hdr_encode(&fh, big);
+    memset(big + NET_HDR_LEN + 4, 'x', NET_ERR_MAX);
+    memcpy(big + NET_HDR_LEN + 4, "\x1b[2J\x07\n\xc2\x9b ok", 11);
+    T_CHECK(feed_frame(h, big, NET_HDR_LEN + 4 + NET_ERR_MAX, &out, &ol, e) == -ECONNREFUSED, "%s", e);
+    const char *rf = net_handshake_refusal(h);
+    T_ASSERT(rf != NULL, "a refusal");
+    T_CHECK(strlen(rf) == NET_REFUSAL_MAX && !strcmp(rf + NET_REFUSAL_MAX - 3, "..."), "cut: %zu", strlen(rf));
+    T_CHECK(!strncmp(rf, "?[2J???? ok", 11), "cleaned: %.20s", rf);
+    for (const char *c = rf; *c; c++)
+        T_CHECK(*c >= 0x20 && *c < 0x7f, "printable at %td", c - rf);
+    T_CHECK(strlen(e) < KV_ERR_MAX && !strchr(e, 0x1b), "the error is cleaned too");
+    free(big);
     net_handshake_free(h);
     /* an older peer's HELLO (version 1, 172 bytes): a clear word about the version */
     net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
@@ -318,6 +338,17 @@ T_CASE(handshake)
     net_handshake_free(h);
     net_identity_free(p.ia);
     net_identity_free(p.ib);
+}
+
+T_CASE(text_clean)
+{
+    char o[8];
+    T_CHECK(net_text_clean(o, sizeof o, (const uint8_t *)"abc", 3) == 3 && !strcmp(o, "abc"), "%s", o);
+    T_CHECK(net_text_clean(o, sizeof o, (const uint8_t *)"a\x1b\x7f\x80z", 5) == 5 && !strcmp(o, "a???z"), "%s", o);
+    T_CHECK(net_text_clean(o, sizeof o, (const uint8_t *)"1234567", 7) == 7 && !strcmp(o, "1234567"), "fits: %s", o);
+    T_CHECK(net_text_clean(o, sizeof o, (const uint8_t *)"12345678", 8) == 7 && !strcmp(o, "1234..."), "cut: %s", o);
+    T_CHECK(net_text_clean(o, sizeof o, (const uint8_t *)"", 0) == 0 && o[0] == 0, "empty");
+    T_CHECK(net_text_clean(o, 2, (const uint8_t *)"abc", 3) == 0 && o[0] == 0, "no room");
 }
 
 /* Seal n frames of growing size with tx into one stream. */
@@ -425,6 +456,7 @@ int main(int argc, char **argv)
     T_RUN(open_and_hello_payloads);
     T_RUN(identity);
     T_RUN(handshake);
+    T_RUN(text_clean);
     T_RUN(records);
     return T_DONE();
 }

@@ -88,7 +88,8 @@ static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct 
                         : net_frame_reader_next(r, &h, &pl, err, sizeof err)) == 1) {
             if (h.type == NET_F_ERROR && h.payload_len >= 4) {
                 printf("error: %.*s\n", (int)h.payload_len - 4, (const char *)pl + 4);
-                error_session = h.session;
+                if (h.session)   /* session 0: the link's, or a link report from further on */
+                    error_session = h.session;
             }
             if (h.type == NET_F_PONG && pong) {
                 *pong = true;
@@ -195,6 +196,16 @@ int main(int argc, char **argv)
         ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
         goto out;
     }
+    /* A hostile peer's words: control bytes (a terminal escape, a bell) that must never
+     * reach the stage's log as they are. */
+    static const char evil[] = "\x1b[2Jevil\x07 reason";
+    if (!strcmp(kase, "hs-error")) {   /* an ERROR instead of a HELLO */
+        uint8_t e[4 + sizeof evil] = {2};
+        memcpy(e + 4, evil, sizeof evil - 1);
+        send_frame(NET_F_ERROR, 0, 0, 0, 0, e, 4 + sizeof evil - 1);
+        ret = drain(&r, 5000, NULL, NULL, NULL, false) == 1 ? 0 : 1;
+        goto out;
+    }
     uint32_t target = target_rank >= 0 ? (uint32_t)target_rank : ((uint32_t)as_rank + 1) % m.n_ranks;
     struct net_hello mine = {.version = NET_VERSION, .rank = (uint32_t)as_rank, .n_ranks = m.n_ranks};
     snprintf(mine.ring, sizeof mine.ring, "%s", !strcmp(kase, "wrong-ring") ? "not-this-ring" : m.ring);
@@ -239,6 +250,19 @@ int main(int argc, char **argv)
         uint8_t b[NET_HDR_LEN + 8] = {0};
         net_frame_hdr_encode(&h, b);
         send_all(b, sizeof b);
+    } else if (!strcmp(kase, "error-ctl")) {   /* the link's ERROR, sealed, with control bytes */
+        buf[0] = 2;
+        memcpy(buf + 4, evil, sizeof evil - 1);
+        send_frame(NET_F_ERROR, 0, 0, 0, 0, buf, 4 + sizeof evil - 1);
+    } else if (!strcmp(kase, "error-huge")) {   /* an ERROR one byte over NET_ERR_MAX */
+        uint8_t *e = calloc(1, 4 + NET_ERR_MAX + 1);
+        memset(e + 4, 'A', NET_ERR_MAX + 1);
+        send_frame(NET_F_ERROR, 0, 0, 0, 0, e, 4 + NET_ERR_MAX + 1);
+        free(e);
+    } else if (!strcmp(kase, "report-up")) {   /* a link report sent downstream, not back */
+        buf[0] = 5;
+        memcpy(buf + 4, "down", 4);
+        send_frame(NET_F_ERROR, 0, 0, 2, 0, buf, 8);
     } else if (!strcmp(kase, "token")) {
         send_frame(NET_F_TOKEN, 0, sess, 1, 1, buf, 8);
     } else if (!strcmp(kase, "unknown")) {

@@ -102,9 +102,7 @@ static bool gen_ready(void *impl, char *why, size_t n)
     struct stage *st = impl;
     bool up = kvd_conn_out_up(st) && st->in && st->in->up;
     if (!up)
-        snprintf(why, n, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
-                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred,
-                 st->in && st->in->up ? "up" : "down");
+        kvd_conn_ring_why(st, why, n);
     return up;
 }
 

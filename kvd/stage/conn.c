@@ -77,3 +77,71 @@ uint32_t kvd_conn_hs_deadline_ms(const struct stage *st)
     double ms = st->link_timeout_ms ? st->link_timeout_ms : LINK_HS_MIN_MS + LINK_HS_RTTS * st->succ_rtt_ms;
     return ms < LINK_HS_MAX_MS ? (uint32_t)ms : LINK_HS_MAX_MS;
 }
+
+void kvd_conn_note(struct stage *st, uint32_t r, bool down, uint32_t by, const char *reason)
+{
+    if (r >= st->n)
+        return;
+    struct kvd_link_note *ln = &st->links[r];
+    ln->down = down;
+    if (down && reason) {
+        snprintf(ln->last_reason, sizeof ln->last_reason, "%s", reason);
+        ln->last_reason_ms = (uint64_t)util_now_ms();
+        ln->by_rank = by;
+    }
+}
+
+/* A hash of the out link's state, to report each distinct one once (never 0: "none"). */
+static uint32_t note_hash(const struct kvd_link_note *ln)
+{
+    uint64_t h = ln->down ? util_hash_str(ln->last_reason) : 0;
+    uint32_t r = (uint32_t)(h ^ h >> 32) ^ (ln->down ? 0x9e3779b9u : 0);
+    return r ? r : 1;
+}
+
+void kvd_conn_report_out(struct stage *st)
+{
+    const struct kvd_link_note *ln = &st->links[st->rank];
+    uint32_t h = note_hash(ln);
+    if (st->rank == 0 || !st->in || !st->in->up || h == st->out_report_hash)
+        return;
+    st->out_report_hash = h;
+    size_t n = ln->down ? strlen(ln->last_reason) : 0;
+    uint8_t buf[4 + KVD_REASON_MAX];
+    wr32(buf, ln->down ? KVD_ERR_LINK_DOWN : KVD_ERR_LINK_UP);
+    memcpy(buf + 4, ln->last_reason, n);
+    struct net_frame_hdr hd = {.magic = NET_MAGIC, .type = NET_F_ERROR, .pos = st->rank};
+    net_link_send(st->in->link, &hd, buf, 4 + n);
+}
+
+void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n)
+{
+    const struct kvd_link_note *ln = &st->links[st->rank];
+    snprintf(msg, n, "ring not linked: link rank %u -> rank %u is down%s%s", st->rank, st->succ,
+             ln->last_reason[0] ? ": " : "", ln->last_reason);
+}
+
+void kvd_conn_ring_why(struct stage *st, char *msg, size_t n)
+{
+    bool out_up = kvd_conn_out_up(st), in_up = st->in && st->in->up;
+    /* The ring links from rank 0 outwards: the first link down in that order is the one to
+     * fix; without a report, rank 0's own in link is. */
+    uint32_t r = st->n - 1;
+    if (!out_up)
+        r = 0;
+    else
+        for (uint32_t i = 1; i < st->n; i++)
+            if (st->links[i].down && st->links[i].last_reason[0]) {
+                r = i;
+                break;
+            }
+    const struct kvd_link_note *ln = &st->links[r];
+    char ago[64] = "";
+    if (ln->last_reason[0])
+        snprintf(ago, sizeof ago, " (rank %u, %.0f s ago)", ln->by_rank,
+                 (double)((uint64_t)util_now_ms() - ln->last_reason_ms) / 1000.0);
+    snprintf(msg, n, "ring not linked: link rank %u -> rank %u is down: %s%s; out link to rank %u "
+             "is %s, in link from rank %u is %s", r, (r + 1) % st->n,
+             ln->last_reason[0] ? ln->last_reason : "no stage has said why yet (is every stage running?)",
+             ago, st->succ, out_up ? "up" : "down", st->pred, in_up ? "up" : "down");
+}

@@ -204,7 +204,7 @@ static int gen_nums_parse(const cJSON *req, struct gen_nums *g, char *msg, size_
 
 static void handle_generate(struct stage *st, struct client *c, const cJSON *req)
 {
-    char msg[300];
+    char msg[KV_ERR_MAX];
     if (st->rank != 0) {
         kvd_client_error(c, "this stage is not rank 0: send generation requests to rank 0");
         return;

@@ -12,6 +12,37 @@
 #include "kvd/stage/internal.h"
 #include "net/net.h"
 
+/* A link report from the successor (KVD_ERR_LINK_DOWN/UP, docs/design.md, "The ring data path"):
+ * about a link further on (rank pos -> pos + 1, pos past this rank), kept and passed back
+ * towards rank 0. Rank 0 logs each distinct state once; a report about any other link is a
+ * violation. */
+static void on_link_report(struct conn *c, const struct net_frame_hdr *h, uint32_t code,
+                           const uint8_t *msg, size_t n)
+{
+    struct stage *st = c->st;
+    if (c->role != CONN_OUT)
+        VIOLATION(c, "link report from the predecessor (they travel back towards rank 0)");
+    if (h->pos <= st->rank || h->pos >= st->n)
+        VIOLATION(c, "link report about rank %u's out link: not in (%u, %u)", h->pos, st->rank, st->n);
+    char why[KVD_REASON_MAX];
+    net_text_clean(why, sizeof why, msg, n);
+    bool down = code == KVD_ERR_LINK_DOWN;
+    struct kvd_link_note *ln = &st->links[h->pos];
+    bool same = ln->down == down && (!down || !strcmp(ln->last_reason, why));
+    kvd_conn_note(st, h->pos, down, h->pos, why);
+    if (!same)
+        kvd_log(st->rank == 0 ? KVD_LOG_INFO : KVD_LOG_DEBUG, "rank %u reports: link rank %u -> rank %u is %s%s%s",
+                h->pos, h->pos, (h->pos + 1) % st->n, down ? "down" : "up", down ? ": " : "",
+                down ? why : "");
+    if (st->rank != 0 && st->in && st->in->up) {   /* passed on cleaned */
+        uint8_t b[4 + KVD_REASON_MAX];
+        size_t k = down ? strlen(why) : 0;
+        wr32(b, code);
+        memcpy(b + 4, why, k);
+        kvd_conn_send(st->in, NET_F_ERROR, 0, 0, h->pos, 0, b, 4 + k);
+    }
+}
+
 void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload)
 {
     struct stage *st = c->st;
@@ -47,17 +78,23 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
     default:
         break;
     }
+    /* A peer's words: printable and bounded before they reach a log or a client. */
     char emsg[NET_ERR_MAX + 1] = "";
     if (h->type == NET_F_ERROR) {
-        size_t n = h->payload_len - 4;
-        for (size_t i = 0; i < n; i++)
-            emsg[i] = payload[4 + i] >= 0x20 && payload[4 + i] != 0x7f ? (char)payload[4 + i] : '?';
-        emsg[n] = 0;
-        if (h->session == 0) {   /* about the link itself */
-            kvd_log(KVD_LOG_WARN, "link %s (%s): peer reports: %s", c->role == CONN_OUT ? "out" : "in",
-                    net_link_peer(c->link), emsg);
-            char r[NET_ERR_MAX + 40];
-            snprintf(r, sizeof r, "peer reported: %s", emsg);
+        net_text_clean(emsg, sizeof emsg, payload + 4, h->payload_len - 4);
+        uint32_t code = rd32(payload);
+        if (h->session == 0 && (code == KVD_ERR_LINK_DOWN || code == KVD_ERR_LINK_UP)) {
+            on_link_report(c, h, code, payload + 4, h->payload_len - 4);
+            return;
+        }
+        if (h->session == 0) {   /* about the link itself: the peer closes it */
+            char r[NET_ERR_MAX + 64];
+            if (c->role == CONN_OUT)
+                snprintf(r, sizeof r, "rank %u refused the link: %s", c->peer_rank, emsg);
+            else
+                snprintf(r, sizeof r, "rank %u closed the link: %s", c->peer_rank, emsg);
+            kvd_log(KVD_LOG_WARN, "link %s (%s): %s", c->role == CONN_OUT ? "out" : "in",
+                    net_link_peer(c->link), r);
             kvd_conn_close(c, r);
             return;
         }
@@ -153,8 +190,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         }
         if (!st->is_last &&
             kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+            char msg[KV_ERR_MAX];
+            kvd_conn_out_down_why(st, msg, sizeof msg);
             kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
         }
         return;

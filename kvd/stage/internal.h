@@ -216,6 +216,12 @@ void kvd_job_free(struct kvd_job *j);
  * pause the session until the ring is repaired and replay it (docs/ring.md, "Repair"). */
 #define KVD_ERR_SESSION 1
 #define KVD_ERR_RING 4
+/* Link reports (docs/design.md, "The ring data path"): an ERROR of session 0 with
+ * code 5 (the link rank pos -> pos + 1 is down; the message is why) or 6 (it is up again),
+ * sent by a stage about its out link back over its in link and passed on by every stage
+ * back to rank 0. Unlike other session-0 ERRORs it leaves the link it travels on up. */
+#define KVD_ERR_LINK_DOWN 5
+#define KVD_ERR_LINK_UP 6
 #define REPAIR_TICK_MS 50           /* rank 0 looks for a repaired ring this often */
 #define REPAIR_GRACE_MS 10000       /* a ring starting: its stages may not listen yet */
 #define REPLAY_BACKOFF_MAX_MS 2000  /* replays through a ring still broken back off up to this */
@@ -249,6 +255,17 @@ struct kvd_reject_log {
     uint64_t window_ms;                 /* start of the current interval */
     uint32_t lines[REJECT_LOG_LINES];   /* hashes of the lines logged in it */
     uint32_t n_lines, suppressed;
+};
+
+/* What a stage knows of the ring link rank r -> rank r + 1 (mod n): its own out link (r =
+ * its rank), its in link (r = pred), and rank 0 (and each stage on the way) what stages
+ * further on reported. A plain string with its time, for the client's error and status. */
+#define KVD_REASON_MAX 512
+struct kvd_link_note {
+    bool down;                          /* down as last seen or reported */
+    uint32_t by_rank;                   /* the rank that gave last_reason */
+    char last_reason[KVD_REASON_MAX];   /* the last failure ("" none): printable, bounded */
+    uint64_t last_reason_ms;            /* when it was recorded (util_now_ms) */
 };
 
 struct client;
@@ -423,6 +440,12 @@ struct stage {
     int last_repair_rank;       /* the rank whose node or process changed, -1: unknown */
     uint64_t repair_ident_ms;   /* until when the repaired rank's new record is looked for */
     uint64_t status_sent_ms;    /* when this stage last sent its own record */
+    /* why links are down (conn.c: kvd_conn_note; docs/troubleshooting.md) */
+    struct kvd_link_note links[RING_MAX_RANKS];   /* [r]: the link rank r -> rank r + 1 */
+    uint32_t out_fail_hash;     /* the out link's failure logged last (0: none since up) */
+    uint32_t out_fail_n;        /* failed attempts with that reason */
+    uint64_t out_fail_log_ms;   /* when it was last logged */
+    uint32_t out_report_hash;   /* the out link's state last reported back (0: none) */
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -459,6 +482,17 @@ void kvd_conn_ping(struct conn *c);
 uint32_t kvd_conn_deadline_ms(const struct conn *c);
 /* How long the handshake of a successor dialled may take before the next candidate's turn. */
 uint32_t kvd_conn_hs_deadline_ms(const struct stage *st);
+/* Record the state of the link rank r -> r + 1 as seen here or reported by rank by: down with
+ * reason (NULL: keep the last one), or up (reason ignored). */
+void kvd_conn_note(struct stage *st, uint32_t r, bool down, uint32_t by, const char *reason);
+/* Tell rank 0 (back over the in link) the state of this stage's out link (a link report). */
+void kvd_conn_report_out(struct stage *st);
+/* "ring not linked: link rank R -> rank S is down: <its last reason>" for a client of rank 0:
+ * the first link down in ring order and the last reason any stage gave for it, then rank 0's
+ * own links. */
+void kvd_conn_ring_why(struct stage *st, char *msg, size_t n);
+/* "ring not linked: link rank R -> rank S is down[: reason]" about this stage's out link. */
+void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n);
 
 /* session.c */
 struct cJSON;

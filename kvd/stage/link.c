@@ -31,13 +31,12 @@ static void peer_source(const char *peer, char *out, size_t n)
     snprintf(out, n, "%.*s", (int)k, peer);
 }
 
-/* FNV-1a of a log line, to tell repeats apart. */
+/* A log line's hash, to tell repeats apart (0 is kept for "none"). */
 static uint32_t line_hash(const char *s)
 {
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
+    uint64_t h = util_hash_str(s);
+    uint32_t r = (uint32_t)(h ^ h >> 32);
+    return r ? r : 1;
 }
 
 /* A warning about a peer from source address src (its port left out: "link from SRC: what").
@@ -93,6 +92,36 @@ static void reject_log(struct stage *st, const char *peer, const char *fmt, ...)
     e->suppressed = 0;
 }
 
+/* The out link did not come up, or broke: keep the reason (the client's error and status
+ * show it), tell rank 0 (a link report), and log it once per distinct reason, then once a
+ * minute while it repeats, so a stage waiting for its successor says why (info while the
+ * ring starts, warn after). */
+static void out_failed(struct stage *st, const char *ep, const char *reason, bool logged)
+{
+    kvd_conn_note(st, st->rank, true, st->rank, reason);
+    kvd_conn_report_out(st);
+    uint32_t h = line_hash(reason);
+    uint64_t now = (uint64_t)util_now_ms();
+    if (h == st->out_fail_hash) {
+        st->out_fail_n++;
+        if (now - st->out_fail_log_ms < 60000)
+            return;
+    } else {
+        st->out_fail_hash = h;
+        st->out_fail_n = 1;
+    }
+    st->out_fail_log_ms = now;
+    if (logged)
+        return;
+    bool starting = !st->out_was_up && now - st->start_ms < REPAIR_GRACE_MS;
+    if (st->out_fail_n > 1)
+        kvd_log(starting ? KVD_LOG_INFO : KVD_LOG_WARN, "link rank %u -> rank %u (%s) still down "
+                "after %u attempts: %s", st->rank, st->succ, ep, st->out_fail_n, reason);
+    else
+        kvd_log(starting ? KVD_LOG_INFO : KVD_LOG_WARN, "link rank %u -> rank %u (%s) is down: %s "
+                "(retrying)", st->rank, st->succ, ep, reason);
+}
+
 static void on_established(struct conn *c)
 {
     struct stage *st = c->st;
@@ -146,7 +175,17 @@ static void on_established(struct conn *c)
             c->peer_rank, net_link_peer(c->link));
     if (c->role == CONN_OUT) {
         st->out_was_up = true;
+        st->out_fail_hash = 0;
+        kvd_conn_note(st, st->rank, false, st->rank, NULL);
+        kvd_conn_report_out(st);
         kvd_conn_ping(c);   /* a first RTT right away */
+    } else if (st->rank == 0) {
+        /* The ring is whole: every link in it is up, whatever report got lost on the way. */
+        for (uint32_t r = 0; r < st->n; r++)
+            kvd_conn_note(st, r, false, r, NULL);
+    } else {
+        kvd_conn_note(st, st->pred, false, st->pred, NULL);
+        st->out_report_hash = 0;   /* a new predecessor hears the out link's next state */
     }
     if (c->role == CONN_IN && !st->out && !st->shutting_down && !uv_is_active((uv_handle_t *)&st->redial))
         kvd_link_dial_out(st);   /* linked from rank 0 up to here: link the successor */
@@ -184,12 +223,20 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
     char err[KV_ERR_MAX];
     int rc = net_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
     if (rc < 0) {
-        /* an in-link's failure is logged (rate-limited) when it closes, with this reason */
-        if (c->role == CONN_OUT)
-            kvd_log(KVD_LOG_WARN, "link out (%s): handshake failed: %s", net_link_peer(l), err);
+        /* The reason is logged when the link closes (out: once per distinct reason; in:
+         * rate-limited per source). A refusal of ours goes to the peer first, in the clear
+         * (no keys yet), so that its side logs why; a refusal of the peer's is not answered. */
+        const char *refusal = net_handshake_refusal(c->hs);
+        char r[KV_ERR_MAX + 64];
+        if (refusal && c->role == CONN_OUT)
+            snprintf(r, sizeof r, "rank %u refused the link: %s", c->st->succ, refusal);
+        else if (refusal)
+            snprintf(r, sizeof r, "the peer refused the link: %s", refusal);
+        else
+            snprintf(r, sizeof r, "%s", err);
         if (rc != -ECONNREFUSED)
             kvd_conn_send_error(c, 0, 2, err);
-        kvd_conn_close(c, err);
+        kvd_conn_close(c, r);
         return;
     }
     if (outlen)
@@ -283,6 +330,9 @@ static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const ui
     if (!ok || r == 0 || !(st->m.standbys[st->standby].ranks >> r & 1)) {
         reject_log(st, net_link_peer(c->link), "a standby may not serve rank %u (after rank %u)", r,
                    ok ? ph.rank : 0);
+        char msg[120];
+        snprintf(msg, sizeof msg, "this standby may not serve rank %u (after rank %u)", r, ok ? ph.rank : 0);
+        kvd_conn_send_error(c, 0, 2, msg);
         kvd_conn_close(c, "not a rank this standby may serve");
         return;
     }
@@ -337,6 +387,11 @@ static void on_close(struct net_link *l, const char *reason)
         if (c->up)
             kvd_log(st->shutting_down ? KVD_LOG_INFO : KVD_LOG_WARN, "%s", msg);
         kvd_status_link_closed(st, c->role == CONN_OUT, reason);
+        if (c->role != CONN_OUT && c->up) {
+            char why[KVD_REASON_MAX];
+            snprintf(why, sizeof why, "broke: %s", reason);
+            kvd_conn_note(st, st->pred, true, st->rank, why);
+        }
         if (c == st->in)
             st->in = NULL;
         if (c == st->out)
@@ -370,11 +425,13 @@ static void on_close(struct net_link *l, const char *reason)
             pp = &(*pp)->next;
         if (*pp)
             *pp = c->next;
-        if (!c->relay_in)
+        if (!c->relay_in) {
             reject_log(st, net_link_peer(l), "handshake failed: %s", reason);
-        else
-            kvd_log(KVD_LOG_WARN, "link from %s closed during the handshake: %s", net_link_peer(l),
-                    reason);
+        } else {
+            /* our in link through the relay: nothing upstream hears of it, so keep it here */
+            kvd_conn_note(st, st->pred, true, st->rank, reason);
+            reject_log(st, net_link_peer(l), "closed during the handshake: %s", reason);
+        }
     }
     /* Only a link that stayed up resets the backoff: a peer refused right after its handshake
      * (a second predecessor) keeps backing off instead of redialling ten times a second. */
@@ -384,8 +441,9 @@ static void on_close(struct net_link *l, const char *reason)
         uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
     }
     if (c->role == CONN_OUT && !st->shutting_down) {
-        if (!c->up)
-            kvd_log(KVD_LOG_DEBUG, "dial rank %u failed: %s", st->succ, reason);
+        char why[KVD_REASON_MAX];
+        snprintf(why, sizeof why, "%s%s", c->up ? "broke: " : "", reason);
+        out_failed(st, net_link_peer(l), why, c->up);
         st->redial_ms = backoff_next(st->redial_ms, stable);
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
     }
@@ -418,7 +476,9 @@ void kvd_link_dial_out(struct stage *st)
     char err[KV_ERR_MAX];
     int rc = net_link_dial(&c->link, st->loop, ep, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "cannot dial %s: %s", ep, err);
+        char why[KVD_REASON_MAX];
+        snprintf(why, sizeof why, "cannot dial %.200s: %.290s", ep, err);
+        out_failed(st, ep, why, false);
         free(c);
         st->redial_ms = 2000;
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
@@ -512,8 +572,11 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
         net_link_set_ud(l, c);
         c->next = st->pending;
         st->pending = c;
-        reject_log(st, net_link_peer(l), "refusing it: %s",
-                   st->shutting_down ? "shutting down" : "too many links in handshake");
+        const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
+        reject_log(st, net_link_peer(l), "refusing it: %s", why);
+        char msg[80];
+        snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
+        kvd_conn_send_error(c, 0, 2, msg);   /* the peer logs why (in the clear: no keys) */
         net_link_close(l, "refused");
         return;
     }

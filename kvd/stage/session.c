@@ -614,9 +614,7 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
 {
     *out = NULL;
     if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
-        snprintf(msg, n, "ring not linked: out link to rank %u is %s, in link from rank %u is %s",
-                 st->succ, kvd_conn_out_up(st) ? "up" : "down", st->pred,
-                 st->in && st->in->up ? "up" : "down");
+        kvd_conn_ring_why(st, msg, n);
         free(g->toks);
         return -ENOTCONN;
     }
@@ -853,8 +851,8 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
                                    out, j->out_len);
             if (rc < 0) {
-                char msg[KV_ERR_MAX + 32];
-                snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
+                char msg[KV_ERR_MAX];
+                kvd_conn_out_down_why(st, msg, sizeof msg);
                 kvd_sess_hold(st, s, msg);
             } else {
                 kvd_receipt_sent(st, s, out, j->out_len);
