@@ -60,6 +60,11 @@ wait_for 5 bash -c "\"$KVCTL\" generate --ring \"$D\" --ids --tokens 1,2,3 -n 3 
 grep -q "ring not linked: link rank 1 -> rank 2 is down: .*manifest hash mismatch: rank [12] has [0-9a-f]*\.\.\., rank [12] has" "$TMP/err2" ||
     fail "the client's error does not name the mismatch: $(cat "$TMP/err2")"
 echo "ok the client hears of the manifest mismatch: $(cat "$TMP/err2")"
+# ... and so does the ring-wide status asked at rank 0: rank 1's out link and why it is down
+wait_for 5 bash -c "\"$KVCTL\" status --ring unix:$D/rank-0/kvd.sock 2>/dev/null |
+    grep -q 'rank 1 out link to rank 2: [a-z]*: .*manifest hash mismatch'" ||
+    fail "rank 0's status does not show why rank 1's out link is down: $("$KVCTL" status --ring unix:$D/rank-0/kvd.sock 2>&1)"
+echo "ok rank 0's status shows the mismatch on rank 1's out link"
 sleep 3
 n=$(grep -c "manifest hash mismatch" "$D/rank-1/kvd.log")
 [ "$n" -le 2 ] || fail "rank 1 logged the mismatch $n times in a few seconds"

@@ -68,10 +68,18 @@ static cJSON *link_rec(struct stage *st, struct conn *c, bool out, size_t cap)
     }
     if (out && c)
         cJSON_AddNumberToObject(o, "rtt_ms", round(c->rtt_ms * 1000) / 1000);
-    if (st->link_err_ms[out]) {
-        add_strn(o, "error", st->link_err[out], cap);
-        cJSON_AddNumberToObject(o, "error_age_s",
-                                (double)((uint64_t)util_now_ms() - st->link_err_ms[out]) / 1000);
+    /* Why the link last failed: how it closed, or for the out link a later dial failure or
+     * refusal from the successor (conn.c's link note), whichever came last. */
+    const char *err = st->link_err[out];
+    uint64_t err_ms = st->link_err_ms[out];
+    const struct kvd_link_note *ln = &st->links[st->rank];
+    if (out && ln->last_reason[0] && ln->last_reason_ms > err_ms) {
+        err = ln->last_reason;
+        err_ms = ln->last_reason_ms;
+    }
+    if (err_ms) {
+        add_strn(o, "error", err, cap);
+        cJSON_AddNumberToObject(o, "error_age_s", (double)((uint64_t)util_now_ms() - err_ms) / 1000);
     }
     return o;
 }
