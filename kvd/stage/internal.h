@@ -291,7 +291,7 @@ struct kvd_status_slot {
     uint32_t age_rx;            /* its age then, in ms */
     char rec[NET_STATUS_MAX + 1];   /* the record, checked and re-encoded here */
     char who[40];               /* node and pid that served the rank (a repair changes it) */
-    char who_linked[40];        /* the same at the last tick the ring was linked */
+    char who_seen[40];          /* the same as rank 0 last looked (status.c: note_repair) */
 };
 
 /* Rank 0: where a session's tokens and end go when a local API request (not a control-socket
@@ -437,8 +437,7 @@ struct stage {
     bool ring_was_linked, ring_broken;
     uint64_t repairs;           /* rank 0: the ring linked again after a break */
     int64_t last_repair_unix;
-    int last_repair_rank;       /* the rank whose node or process changed, -1: unknown */
-    uint64_t repair_ident_ms;   /* until when the repaired rank's new record is looked for */
+    int last_repair_rank;       /* the rank whose node or process changed last, -1: none */
     uint64_t status_sent_ms;    /* when this stage last sent its own record */
     /* why links are down (conn.c: kvd_conn_note; docs/troubleshooting.md) */
     struct kvd_link_note links[RING_MAX_RANKS];   /* [r]: the link rank r -> rank r + 1 */

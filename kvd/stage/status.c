@@ -297,7 +297,18 @@ int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uin
  * none did: a link came back by itself). */
 static void note_repair(struct stage *st, bool linked)
 {
-    uint64_t now = (uint64_t)util_now_ms();
+    /* A rank whose record names another node or process than the one before was replaced
+     * (a standby took it, or its node restarted): the rank a repair is named by. One repair
+     * may see its ring link and break again before the replacement's record comes, so this
+     * is kept apart from the counting below. */
+    for (uint32_t r = 1; r < st->n; r++) {
+        struct kvd_status_slot *sl = &st->ring_status[r];
+        if (!sl->who[0])
+            continue;
+        if (sl->who_seen[0] && strcmp(sl->who, sl->who_seen) != 0)
+            st->last_repair_rank = (int)r;
+        memcpy(sl->who_seen, sl->who, sizeof sl->who_seen);
+    }
     if (!linked) {
         st->ring_broken = st->ring_broken || st->ring_was_linked;
         return;
@@ -306,26 +317,9 @@ static void note_repair(struct stage *st, bool linked)
         st->ring_broken = false;
         st->repairs++;
         st->last_repair_unix = (int64_t)time(NULL);
-        st->last_repair_rank = -1;
-        st->repair_ident_ms = now + STATUS_ANSWER_MS;
         kvd_log(KVD_LOG_INFO, "the ring is linked again (repair %" PRIu64 ")", st->repairs);
     }
     st->ring_was_linked = true;
-    if (st->repair_ident_ms) {
-        for (uint32_t r = 1; r < st->n; r++) {
-            struct kvd_status_slot *sl = &st->ring_status[r];
-            if (sl->who_linked[0] && strcmp(sl->who, sl->who_linked) != 0) {
-                st->last_repair_rank = (int)r;
-                st->repair_ident_ms = 0;
-                break;
-            }
-        }
-        if (st->repair_ident_ms && now < st->repair_ident_ms)
-            return;   /* who served each rank before the break: kept until the new one shows */
-        st->repair_ident_ms = 0;
-    }
-    for (uint32_t r = 1; r < st->n; r++)
-        memcpy(st->ring_status[r].who_linked, st->ring_status[r].who, sizeof st->ring_status[r].who);
 }
 
 void kvd_status_tick(struct stage *st)
