@@ -59,23 +59,15 @@ credited() {
         $MKT_NS "$KVCTL" market balance "$M" "$(key_of "$n")" --json >"$T/bal-$n.json" 2>/dev/null ||
             return 1
     done
-    /usr/bin/python3 - "$T" "$@" >"$T/credited.txt" 2>&1 <<'PY'
-import json, socket, sys
-T, names = sys.argv[1], sys.argv[2:]
+    /usr/bin/python3 - "$ROOT/tests" "$T" "$@" >"$T/credited.txt" 2>&1 <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kvd_ctl
+T, names = sys.argv[2], sys.argv[3:]
 base = 0.001
 ok = True
 for n in names:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    s.connect("%s/%s/kvd.sock" % (T, n))
-    s.sendall(b'{"op":"status"}\n')
-    buf = b""
-    while b"\n" not in buf:
-        c = s.recv(65536)
-        if not c:
-            break
-        buf += c
-    st = json.loads(buf.split(b"\n")[0])
+    st = kvd_ctl.status("%s/%s/kvd.sock" % (T, n))
     m = json.load(open("%s/%s/manifest.json" % (T, n)))
     b = json.load(open("%s/bal-%s.json" % (T, n)))
     r = [x for x in m["ranks"] if x["node"] == b["node"]][0]

@@ -13,7 +13,8 @@ were running: "MS N".
   started some late) and print "0 0", so the caller can try again.
 - The clients may be given as @FILE: their specs, read once FILE exists, so that this program
   is up and watching before they start (python starts slowly on a loaded machine)."""
-import json, os, signal, socket, sys, time
+import os, signal, sys, time
+import kvd_ctl
 def running(p):
     try:
         return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
@@ -25,18 +26,7 @@ def resumed(f):
 def open_sessions(sock):
     """The sessions rank 0 holds open now (its control socket's status), -1 on no answer."""
     try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(2)
-        s.connect(sock)
-        s.sendall(b'{"op":"status"}\n')
-        buf = b""
-        while b"\n" not in buf:
-            d = s.recv(65536)
-            if not d:
-                break
-            buf += d
-        s.close()
-        return int(json.loads(buf.split(b"\n")[0]).get("sessions", -1))
+        return int(kvd_ctl.status(sock, 2).get("sessions", -1))
     except (OSError, ValueError):
         return -1
 pid = int(sys.argv[1])

@@ -431,8 +431,6 @@ struct stage {
     /* status (status.c) */
     char backend_name[24];      /* the compute backend or kernel device the window runs on */
     double ms_tok_avg;          /* moving average of a decode step's compute, ms */
-    char link_err[2][STATUS_STR_MAX + 1];   /* [0] in, [1] out: why the link last closed */
-    uint64_t link_err_ms[2];    /* when (0: never) */
     struct kvd_status_slot ring_status[RING_MAX_RANKS];
     bool ring_was_linked, ring_broken;
     uint64_t repairs;           /* rank 0: the ring linked again after a break */
@@ -578,8 +576,8 @@ int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uin
 /* Every rank's entry: this stage's own record, else the last one heard, with "age_ms" and
  * "answer" (false past STATUS_ANSWER_MS or when none came); the caller frees. */
 struct cJSON *kvd_status_ring(struct stage *st);
-/* A link closed for reason: kept for the status's "error" of that link. */
-void kvd_status_link_closed(struct stage *st, bool out, const char *reason);
+/* A ring link closed: on rank 0, the ring counts as broken until it links again (a repair). */
+void kvd_status_link_closed(struct stage *st);
 
 /* frames.c: a frame on an established link. */
 void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);

@@ -386,10 +386,10 @@ static void on_close(struct net_link *l, const char *reason)
                      st->rank, peer, reason);
         if (c->up)
             kvd_log(st->shutting_down ? KVD_LOG_INFO : KVD_LOG_WARN, "%s", msg);
-        kvd_status_link_closed(st, c->role == CONN_OUT, reason);
-        if (c->role != CONN_OUT && c->up) {
+        kvd_status_link_closed(st);
+        if (c->role != CONN_OUT) {   /* the out link's is kept below, with its redial */
             char why[KVD_REASON_MAX];
-            snprintf(why, sizeof why, "broke: %s", reason);
+            snprintf(why, sizeof why, "%s%s", c->up ? "broke: " : "", reason);
             kvd_conn_note(st, st->pred, true, st->rank, why);
         }
         if (c == st->in)

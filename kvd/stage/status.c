@@ -68,15 +68,11 @@ static cJSON *link_rec(struct stage *st, struct conn *c, bool out, size_t cap)
     }
     if (out && c)
         cJSON_AddNumberToObject(o, "rtt_ms", round(c->rtt_ms * 1000) / 1000);
-    /* Why the link last failed: how it closed, or for the out link a later dial failure or
-     * refusal from the successor (conn.c's link note), whichever came last. */
-    const char *err = st->link_err[out];
-    uint64_t err_ms = st->link_err_ms[out];
-    const struct kvd_link_note *ln = &st->links[st->rank];
-    if (out && ln->last_reason[0] && ln->last_reason_ms > err_ms) {
-        err = ln->last_reason;
-        err_ms = ln->last_reason_ms;
-    }
+    /* Why the link last failed, as conn.c's link note keeps it (a close, a dial failure, a
+     * refusal from the peer) */
+    const struct kvd_link_note *ln = &st->links[out ? st->rank : st->pred];
+    const char *err = ln->last_reason;
+    uint64_t err_ms = ln->last_reason[0] ? ln->last_reason_ms : 0;
     if (err_ms) {
         add_strn(o, "error", err, cap);
         cJSON_AddNumberToObject(o, "error_age_s", (double)((uint64_t)util_now_ms() - err_ms) / 1000);
@@ -355,10 +351,8 @@ void kvd_status_tick(struct stage *st)
     free(txt);
 }
 
-void kvd_status_link_closed(struct stage *st, bool out, const char *reason)
+void kvd_status_link_closed(struct stage *st)
 {
-    snprintf(st->link_err[out], sizeof st->link_err[out], "%s", reason ? reason : "");
-    st->link_err_ms[out] = (uint64_t)util_now_ms();
     if (st->rank == 0 && st->ring_was_linked)   /* even a break shorter than a tick */
         st->ring_broken = true;
 }
