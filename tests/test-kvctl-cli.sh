@@ -102,14 +102,21 @@ printf '%s\n' "$out" | sed -n 2p | grep -q "^prompt: 3 tokens" || fail "generate
 "$KVCTL" generate --ring x --help | grep -q "unix:SOCKET" || fail "generate --ring --help lacks unix:SOCKET"
 
 # Without --seed a sampled run draws a random seed and says it; that seed repeats the run.
-"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 > "$T/s1.out" 2> "$T/s1.err" || fail "sampled run 1"
-"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 > "$T/s2.out" 2> "$T/s2.err" || fail "sampled run 2"
+# Two runs may by chance sample the same text, three runs of 32 tokens each alike would not;
+# the seeds they print must all differ.
+for i in 1 2 3; do
+    "$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 > "$T/s$i.out" 2> "$T/s$i.err" ||
+        fail "sampled run $i: $(cat "$T/s$i.err")"
+done
 seed1=$(sed -n 's/^kvctl generate: seed \([0-9]*\) .*/\1/p' "$T/s1.err")
 [ -n "$seed1" ] || fail "a sampled run without --seed does not print its seed: $(head -3 "$T/s1.err")"
-cmp -s "$T/s1.out" "$T/s2.out" && fail "two unseeded sampled runs gave the same text"
-"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 --seed "$seed1" > "$T/s3.out" 2> "$T/s3.err"
-cmp -s "$T/s1.out" "$T/s3.out" || fail "--seed $seed1 does not repeat the run that printed it"
-grep -q "seed" "$T/s3.err" && fail "a seeded run still prints a seed line"
+seeds=$(sed -n 's/^kvctl generate: seed \([0-9]*\) .*/\1/p' "$T"/s[123].err | sort -u | wc -l)
+[ "$seeds" = 3 ] || fail "three unseeded runs printed $seeds different seeds: $(grep -h seed "$T"/s[123].err)"
+cmp -s "$T/s1.out" "$T/s2.out" && cmp -s "$T/s1.out" "$T/s3.out" &&
+    fail "three unseeded sampled runs gave the same text: '$(head -c 200 "$T/s1.out")'"
+"$KVCTL" generate -m "$M" -p "Once upon a time" -n 32 --temp 1 --seed "$seed1" > "$T/s4.out" 2> "$T/s4.err"
+cmp -s "$T/s1.out" "$T/s4.out" || fail "--seed $seed1 does not repeat the run that printed it"
+grep -q "seed" "$T/s4.err" && fail "a seeded run still prints a seed line"
 "$KVCTL" generate -m "$M" -p x -n 2 --temp 0 2> "$T/g.err" > /dev/null
 grep -q "seed" "$T/g.err" && fail "a greedy run prints a seed"
 # Sampling parameters out of range are refused, naming the option and the range.
