@@ -193,7 +193,7 @@ bench_ring() {
     local ctg=${BENCH_RING_CPU_TG:-256} idle=${BENCH_RING_IDLE_S:-5}
     local sessions=${BENCH_RING_SESSIONS:-1 4 8 16}
     local f=${BENCH_RING_MODEL:-$CACHE/ring-bench-q4_0.gguf} prompt=1,100,200,300,400,500,600,700
-    local clients=$B/tests/tool-ring-clients hz n best1 bestr i out sock
+    local clients=$B/tests/tool-ring-clients hz n best1 bestr i out sock pairs r1 r2
     RD=$CACHE/ring-bench
     if [ -z "${BENCH_RING_MODEL:-}" ] && [ ! -s "$f" ]; then
         echo "writing $f ..."
@@ -236,13 +236,20 @@ print("%.3f" % (r.ru_utime + r.ru_stime))' "$@"; }
     for n in 1 2 3; do
         if [ $n -lt 3 ] && skip_ring stages; then continue; fi
         up $n || { echo "  ring up --stages $n failed"; return 0; }
-        best1=0 bestr=0
+        best1=0 bestr=0 pairs=""
         for i in $(seq "$rr"); do
-            best1=$(max "$best1" "$(gen_one "$rn")")
-            bestr=$(max "$bestr" "$(gen_ring "$rn")")
+            r1=$(gen_one "$rn")
+            r2=$(gen_ring "$rn")
+            best1=$(max "$best1" "$r1")
+            bestr=$(max "$bestr" "$r2")
+            pairs="$pairs $(ratio "$r2" "$r1")"
         done
         printf "  tg%d: one process %8.2f tok/s, %d-stage ring %8.2f tok/s = %sx%s\n" "$rn" "$best1" $n "$bestr" \
             "$(ratio "$bestr" "$best1")" "$([ $n -eq 3 ] && echo " (goal >= 0.95x)")"
+        # On a host whose speed drifts between runs the best-of figures can come from
+        # different moments; each rep's own pair (one process, then the ring) saw one moment.
+        echo "$pairs" | tr ' ' '\n' | grep -v '^-\?$' | sort -g |
+            awk '{ v[NR] = $1 } END { if (NR) printf "        the %d reps'"'"' own ratios: median %.2fx (from %.2fx to %.2fx)\n", NR, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }'
     done
     sock=$RD/rank-0/kvd.sock
 
