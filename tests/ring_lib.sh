@@ -11,6 +11,8 @@ on_fatal() {
     for d in $RINGS; do
         for l in "$d"/rank-*/kvd.log "$d"/standby-*/kvd.log; do [ -f "$l" ] && { echo "--- $l"; tail -n 15 "$l"; }; done
     done
+    # then a test's own helpers' output (a proxy's, an attacker's), when it defines it
+    if declare -F on_fatal_extra > /dev/null; then on_fatal_extra; fi
 }
 
 # Repair helpers (docs/ring.md, "Repair"):

@@ -35,6 +35,8 @@ for B in "$@"; do
             # the cases that failed (t.h and lib.sh start those lines with FAIL), then the tail
             grep -a '^FAIL' "$log" | head -n 20 | sed 's/^/    > /'
             tail -n 30 "$log" | sed 's/^/    | /'
+            # once more after the tail, so that a reader who sees only the end still sees why
+            grep -a '^FAIL' "$log" | head -n 3 | sed "s|^|    > $name: |"
         fi
     done
 done
