@@ -1455,10 +1455,11 @@ static void activate(struct probe *p, const char *fail)
         return;
     }
     snprintf(l.endpoint, sizeof l.endpoint, "%s", p->endpoint);
-    /* A reserved lease of a model with a probe set waits for the stage's answer to a
-     * known-answer probe (h_probe); a changed endpoint of an active one does not. */
+    /* With a probe set, the lease waits (reserved) for the stage's answer to a known-answer
+     * probe (h_probe): also an active one whose endpoint changed, a new stage process that
+     * must show its window again. */
     int rc = 0;
-    cJSON *ch = a->cfg.probe && l.state == KVD_LEASE_RESERVED ?
+    cJSON *ch = a->cfg.probe ?
         probe_issue(a, p->model, p->window, p->first, p->last, p->node, "activation", now, &rc) : NULL;
     if (rc) {
         rollback_err(a, req, 503, NULL, a->st->err);
@@ -1468,6 +1469,7 @@ static void activate(struct probe *p, const char *fail)
         l.state = KVD_LEASE_ACTIVE;
         l.expires = now + a->cfg.lease_s;
     } else {
+        l.state = KVD_LEASE_RESERVED;
         l.expires = now + a->cfg.reserve_s;
     }
     if (a->st->ops->lease_put(a->st->impl, p->model, &l)) {
@@ -1727,6 +1729,10 @@ static void h_receipts(struct net_http_req *req, void *ud)
         cJSON_AddStringToObject(o, "status", "waiting for the other side");
     } else if (rc == 0 && strcmp(other.digest, r.digest)) {
         cJSON_AddStringToObject(o, "status", "digests differ: not credited");
+    } else if (rc == 0 && penalized(a, r.side == KVD_SIDE_SENT ? r.node : other.node, now, why,
+                                    sizeof why)) {
+        /* work of a node that failed a probe is not paid, like its voided credit */
+        cJSON_AddStringToObject(o, "status", "the sending node failed a probe: not credited");
     } else if (rc == 0) {
         const struct kvd_market_receipt *snd = r.side == KVD_SIDE_SENT ? &r : &other;
         const struct kvd_market_window *w = &ms->w[rank];

@@ -117,6 +117,8 @@ cJSON *kvd_market__probe_challenge(const cJSON *set, uint32_t first, uint32_t la
     for (int i = 0; i < 8; i++)
         snprintf(hex + 2 * i, 3, "%02x", id[i]);
     cJSON_AddStringToObject(o, "id", hex);
+    cJSON_AddItemToObject(o, "n_layers", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_layers"), 0));
+    cJSON_AddItemToObject(o, "n_embd", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_embd"), 0));
     cJSON *ly = cJSON_AddArrayToObject(o, "layers");
     cJSON_AddItemToArray(ly, cJSON_CreateNumber(first));
     cJSON_AddItemToArray(ly, cJSON_CreateNumber(last));
