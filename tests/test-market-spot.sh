@@ -4,9 +4,11 @@
 #  (a) honest nodes' leases become active only after their probe passed: each node logs the
 #      market's verdict before its lease is active, the market logs every probe's result and
 #      the coverage map shows it on each stage; honest stages pass their spot checks too;
-#  (c) a node that turns wrong once active (`--backend wrong-late`) is caught by a spot check
-#      (every 1.5..4.5 s here): its lease ends, its window is reported uncovered, its unpaid
-#      credit is voided (its balance is zero and stays so), its claims are refused;
+#  (c) a node that turns wrong once active is caught by a spot check (every 1.5..4.5 s here):
+#      node l first serves honestly and is credited, then restarts (same key) with
+#      `--backend wrong-late`, takes its window back after passing a new activation probe, and
+#      is caught: its lease ends, its window is reported uncovered, the credit it earned is
+#      voided (its balance is zero and stays so), its claims are refused;
 #  (b) a node whose stage is wrong from the start (`--backend wrong`) takes the freed window,
 #      fails its activation probe, never gets an active lease, and its claims are refused with
 #      the reason, which it logs.
@@ -26,7 +28,7 @@ join() { # join NAME BACKEND
 }
 join a cpu
 join b cpu
-join l wrong-late
+join l cpu
 KA=$(key_of a); KB=$(key_of b); KL=$(key_of l)
 short() { echo "${1:0:16}"; }
 
@@ -58,17 +60,25 @@ echo "ok   honest nodes activate only after their known-answer probe passed (mar
 
 # ---- (c) a node that turns wrong after activation is caught by a spot check
 caught() { grep -q "node $(short "$KL")\.\.\.: window [0-9]*: spot probe failed" "$T/market.log"; }
-grep -q "(activation) of window [0-9]* by node $(short "$KL")\.\.\.: pass" "$T/market.log" ||
-    wait_for 30 grep -q "(activation) of window [0-9]* by node $(short "$KL")\.\.\.: pass" "$T/market.log" ||
-    fail "node l (wrong only once active) did not pass its activation probe"
-# a generation while it is in the ring, so that it may have credit to lose
+wait_for 30 ring_ready || fail "no complete ring: $(cat "$T/cov.json")"
 R0=$(rank0 a b l)
-[ -n "$R0" ] && "$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --tokens 1,50,100 -n 8 --temp 0 --ids \
-    >/dev/null 2>&1 || true
+[ -n "$R0" ] || fail "no node runs rank 0"
+"$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --tokens 1,50,100,200 -n 8 --temp 0 --ids \
+    >/dev/null 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
+wait_for 30 credited a b l || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
+LT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layer_tokens"])' "$T/bal-l.json")
+# node l stops and comes back with the same key (within its grace period), now wrong once active
+kill -TERM "${JPID[l]}"
+wait "${JPID[l]}" 2>/dev/null
+mv "$T/join-l.log" "$T/join-l-honest.log"
+join l wrong-late
+wait_for 30 grep -q "(activation) of window .*found it right" "$T/join-l.log" ||
+    fail "node l (wrong only once active) did not pass its new activation probe"
 wait_for 30 caught || fail "no spot check caught node l within 30 s"
 LW=$(grep -o "node $(short "$KL")\.\.\.: window [0-9]*: spot" "$T/market.log" | head -1 | grep -o "window [0-9]*" | cut -d' ' -f2)
-grep "node $(short "$KL")\.\.\.: window" "$T/market.log" | head -1 | grep -q "unpaid credit voided" ||
-    fail "the market's log does not say node l's unpaid credit was voided"
+grep "node $(short "$KL")\.\.\.: window" "$T/market.log" | head -1 |
+    grep -q "unpaid credit voided ($LT layer-tokens" ||
+    fail "the market's log does not say node l's unpaid credit ($LT layer-tokens) was voided"
 l_uncovered() {
     "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
     python3 - "$T/cov.json" "$LW" "$KL" <<'PY'
@@ -88,7 +98,7 @@ wait_for 20 grep -q "claims are refused for [0-9]* s more: window $LW: spot prob
 python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); sys.exit(0 if b["layer_tokens"]==0 and b["credit"]==0 else 1)' \
     "$T/bal-l.json" || fail "node l's balance after the spot check is not zero: $(cat "$T/bal-l.json")"
 echo "ok   a node wrong after activation is caught by a spot check: lease ended, window $LW uncovered,"
-echo "     credit voided ($(grep -o "unpaid credit voided ([^)]*)" "$T/market.log" | head -1)), claims refused"
+echo "     its credit voided ($(grep -o "unpaid credit voided ([^)]*)" "$T/market.log" | head -1)), claims refused"
 
 # ---- (b) a node wrong from the start never gets an active lease
 join x wrong

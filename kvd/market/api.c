@@ -1213,10 +1213,13 @@ static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_ma
     bool spot = !strcmp(kind, "spot");
     if (rc == 0 && spot)
         rc = a->st->ops->credit_void(a->st->impl, l->node, now, msg, &lt, &cr);
-    if (rc == 0)
-        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s%s%.0f "
-                "layer-tokens, %g credit%s", l->node, msg, a->cfg.penalty_s,
-                spot ? ", unpaid credit voided (" : " (", (double)lt, cr, spot ? ")" : " kept)");
+    if (rc == 0 && spot)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s, unpaid "
+                "credit voided (%llu layer-tokens, %g credit)", l->node, msg, a->cfg.penalty_s,
+                (unsigned long long)lt, cr);
+    else if (rc == 0)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s", l->node,
+                msg, a->cfg.penalty_s);
     return rc;
 }
 
