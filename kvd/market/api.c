@@ -1136,6 +1136,15 @@ static bool penalized(struct kvd_market_api *a, const char *node, double now, ch
     return on;
 }
 
+/* A challenge as the stage gets it: its kind, window and the seconds left to answer. */
+static cJSON *challenge_tag(cJSON *ch, const char *kind, uint32_t window, double deadline_s)
+{
+    cJSON_AddStringToObject(ch, "kind", kind);
+    cJSON_AddNumberToObject(ch, "window", window);
+    cJSON_AddNumberToObject(ch, "deadline_s", deadline_s);
+    return ch;
+}
+
 /* A challenge (kind "activation" or "spot") for node's lease on window [first, last), kept as
  * the lease's pending check: the challenge to send (caller deletes); NULL when the model has no
  * probe set (*rc 0) or the store failed (*rc < 0). */
@@ -1160,9 +1169,7 @@ static cJSON *probe_issue(struct kvd_market_api *a, const char *model, uint32_t 
     cJSON_AddStringToObject(pd, "kind", kind);
     cJSON_AddItemToObject(pd, "seqs", seqs);
     cJSON_AddNumberToObject(pd, "deadline", deadline);
-    cJSON_AddStringToObject(ch, "kind", kind);
-    cJSON_AddNumberToObject(ch, "window", window);
-    cJSON_AddNumberToObject(ch, "deadline_s", deadline - now);
+    challenge_tag(ch, kind, window, deadline - now);
     *rc = blob_save(a, key, chk);
     cJSON_Delete(chk);
     if (*rc) {
@@ -1239,17 +1246,26 @@ static int spot_tick(struct kvd_market_api *a, const struct model_state *ms, siz
         return 0;
     }
     const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
-    if (pd) {
-        if (now > util_json_number(pd, "deadline", 0)) {
-            const char *kind = jstr(pd, "kind");
-            char k[16];
-            snprintf(k, sizeof k, "%s", kind ? kind : "spot");
-            probe_record(chk, k, false, INFINITY, "no answer before its deadline", now);
-            rc = blob_save(a, key, chk);
-            if (rc == 0)
-                rc = probe_fail(a, ms->m.id, l, k, "no answer before its deadline", now, msg, n);
-            rc = rc ? rc : 1;
-        }
+    if (pd && now <= util_json_number(pd, "deadline", 0)) {
+        /* not answered yet (its answer lost, say): the same probe again, same deadline */
+        char pkey[80];
+        snprintf(pkey, sizeof pkey, "probes/%s", ms->m.id);
+        cJSON *set = blob_load(a, pkey);
+        const char *id = jstr(pd, "id"), *kind = jstr(pd, "kind");
+        if (set && id && kind)
+            *ch = challenge_tag(kvd_market__probe_build(set, ms->w[wi].first, ms->w[wi].last,
+                                                        cJSON_GetObjectItemCaseSensitive(pd, "seqs"), id),
+                                kind, l->window, util_json_number(pd, "deadline", 0) - now);
+        cJSON_Delete(set);
+    } else if (pd) {
+        const char *kind = jstr(pd, "kind");
+        char k[16];
+        snprintf(k, sizeof k, "%s", kind ? kind : "spot");
+        probe_record(chk, k, false, INFINITY, "no answer before its deadline", now);
+        rc = blob_save(a, key, chk);
+        if (rc == 0)
+            rc = probe_fail(a, ms->m.id, l, k, "no answer before its deadline", now, msg, n);
+        rc = rc ? rc : 1;
     } else if (a->cfg.spot_check_s > 0 && now >= util_json_number(chk, "next", 0)) {
         *ch = probe_issue(a, ms->m.id, l->window, ms->w[wi].first, ms->w[wi].last, l->node, "spot",
                           now, &rc);
@@ -1824,10 +1840,11 @@ static const char page[] =
     "d.title='window '+w.window+': layers '+w.layers[0]+'-'+w.layers[1]+', '+w.state+', reward '+w.reward;"
     "d.textContent=w.layers[0]+'-'+w.layers[1]+' '+w.state;bar.appendChild(d);}root.appendChild(bar);"
     "const t=document.createElement('table');t.innerHTML='<tr><th>window</th><th>layers</th>"
-    "<th>state</th><th>stage</th><th>endpoint</th><th>reward/layer-token</th></tr>';"
+    "<th>state</th><th>stage</th><th>endpoint</th><th>last probe</th><th>reward/layer-token</th></tr>';"
     "for(const w of c.windows){const s=w.stages[0]||{};const tr=document.createElement('tr');"
     "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],w.state,(s.node||'').slice(0,16),"
-    "s.endpoint||'',w.reward.toPrecision(3)]){const td=document.createElement('td');"
+    "s.endpoint||'',s.probe?s.probe.kind+' '+s.probe.result:'',w.reward.toPrecision(3)]){"
+    "const td=document.createElement('td');"
     "td.textContent=v;tr.appendChild(td);}t.appendChild(tr);}root.appendChild(t);"
     "const rg=document.createElement('p');rg.textContent=c.rings.length?'rings: '+"
     "c.rings.map(x=>x.id+' ('+x.ranks+' ranks)').join(', '):'rings: none complete';"

@@ -161,6 +161,9 @@ int kvd_market__probes_check(const struct cJSON *set, uint32_t n_layers, uint32_
  * of the set's sequences in a random order, each with its tokens (first == 0) or its input
  * boundary; *seqs gets the indices asked, in that order (the caller deletes). */
 struct cJSON *kvd_market__probe_challenge(const struct cJSON *set, uint32_t first, uint32_t last, struct cJSON **seqs);
+/* The challenge of sequences seqs (indices into the set) with that id again (a resend). */
+struct cJSON *kvd_market__probe_build(const struct cJSON *set, uint32_t first, uint32_t last,
+                                      const struct cJSON *seqs, const char *id);
 /* The answer to a challenge of sequences seqs for a window ending at last: 0 when every output
  * boundary is within RING_PROBE_TOL NMSE (the worst in *nmse) or every clear greedy token
  * matches (last == n_layers); -EBADMSG for a wrong answer, -EINVAL for a malformed one, why

@@ -96,6 +96,33 @@ int kvd_market__probes_check(const cJSON *set, uint32_t n_layers, uint32_t n_emb
     return rc;
 }
 
+cJSON *kvd_market__probe_build(const cJSON *set, uint32_t first, uint32_t last, const cJSON *seqs,
+                               const char *id)
+{
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(set, "seqs"), *k;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddItemToObject(o, "n_layers", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_layers"), 0));
+    cJSON_AddItemToObject(o, "n_embd", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_embd"), 0));
+    cJSON *ly = cJSON_AddArrayToObject(o, "layers");
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(first));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(last));
+    cJSON *qs = cJSON_AddArrayToObject(o, "seqs");
+    cJSON_ArrayForEach(k, seqs) {
+        const cJSON *q = cJSON_GetArrayItem(all, (int)k->valuedouble);
+        cJSON *c = cJSON_CreateObject();
+        if (first == 0)
+            cJSON_AddItemToObject(c, "tokens",
+                                  cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(q, "tokens"), 1));
+        else
+            cJSON_AddStringToObject(c, "input", cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(q, "bounds"),
+                                                                   (int)first - 1)->valuestring);
+        cJSON_AddNumberToObject(c, "n", cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(q, "tokens")));
+        cJSON_AddItemToArray(qs, c);
+    }
+    return o;
+}
+
 cJSON *kvd_market__probe_challenge(const cJSON *set, uint32_t first, uint32_t last, cJSON **seqs)
 {
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(set, "seqs");
@@ -108,34 +135,16 @@ cJSON *kvd_market__probe_challenge(const cJSON *set, uint32_t first, uint32_t la
         idx[i] = idx[j];
         idx[j] = t;
     }
-    cJSON *o = cJSON_CreateObject(), *qs = cJSON_AddArrayToObject(o, "seqs");
     *seqs = cJSON_CreateArray();
+    for (int i = 0; i < k; i++)
+        cJSON_AddItemToArray(*seqs, cJSON_CreateNumber(idx[i]));
     uint8_t id[8];
     char hex[17];
     if (RAND_bytes(id, sizeof id) != 1)
         memset(id, 0, sizeof id);
     for (int i = 0; i < 8; i++)
         snprintf(hex + 2 * i, 3, "%02x", id[i]);
-    cJSON_AddStringToObject(o, "id", hex);
-    cJSON_AddItemToObject(o, "n_layers", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_layers"), 0));
-    cJSON_AddItemToObject(o, "n_embd", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(set, "n_embd"), 0));
-    cJSON *ly = cJSON_AddArrayToObject(o, "layers");
-    cJSON_AddItemToArray(ly, cJSON_CreateNumber(first));
-    cJSON_AddItemToArray(ly, cJSON_CreateNumber(last));
-    for (int i = 0; i < k; i++) {
-        const cJSON *q = cJSON_GetArrayItem(all, idx[i]);
-        cJSON *c = cJSON_CreateObject();
-        if (first == 0)
-            cJSON_AddItemToObject(c, "tokens",
-                                  cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(q, "tokens"), 1));
-        else
-            cJSON_AddStringToObject(c, "input", cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(q, "bounds"),
-                                                                   (int)first - 1)->valuestring);
-        cJSON_AddNumberToObject(c, "n", cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(q, "tokens")));
-        cJSON_AddItemToArray(qs, c);
-        cJSON_AddItemToArray(*seqs, cJSON_CreateNumber(idx[i]));
-    }
-    return o;
+    return kvd_market__probe_build(set, first, last, *seqs, hex);
 }
 
 int kvd_market__probe_judge(const cJSON *set, uint32_t last, const cJSON *seqs,
