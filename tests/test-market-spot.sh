@@ -3,7 +3,8 @@
 # kvd-stub's wrappers of the model that return wrong boundaries (tests/stub_backend.c):
 #  (a) honest nodes' leases become active only after their probe passed: each node logs the
 #      market's verdict before its lease is active, the market logs every probe's result and
-#      the coverage map shows it on each stage; honest stages pass their spot checks too;
+#      the coverage map shows it on each stage; honest stages pass their spot checks too, also
+#      at other SIMD levels (scalar, AVX2) than kvctl market add computed the probes at;
 #  (c) a node that turns wrong once active is caught by a spot check (every 1.5..4.5 s here):
 #      node l first serves honestly and is credited, then restarts (same key) with
 #      `--backend wrong-late`, takes its window back after passing a new activation probe, and
@@ -26,8 +27,10 @@ join() { # join NAME BACKEND
     JPID[$1]=$!
     PIDS="$PIDS $!"
 }
-join a cpu
-join b cpu
+# the honest nodes compute at other SIMD levels than kvctl did (KV_KERN_SIMD caps a process's):
+# the tolerance must hold across them
+KV_KERN_SIMD=scalar join a cpu
+KV_KERN_SIMD=avx2 join b cpu
 join l cpu
 KA=$(key_of a); KB=$(key_of b); KL=$(key_of l)
 short() { echo "${1:0:16}"; }
