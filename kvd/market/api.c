@@ -687,8 +687,8 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         if (ms->ls[i] != L_FREE) {
             cJSON *e = lease_json(a, &ms->l[i], ms->ls[i], now);
             char key[100];
-            cJSON *chk = blob_load(a, (snprintf(key, sizeof key, "check/%s/%u", ms->m.id,
-                                                ms->w[i].idx), key));
+            snprintf(key, sizeof key, "check/%s/%u", ms->m.id, ms->w[i].idx);
+            cJSON *chk = blob_load(a, key);
             const char *n = jstr(chk, "node");
             const cJSON *last = cJSON_GetObjectItemCaseSensitive(chk, "last");
             if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
