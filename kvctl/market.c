@@ -2,13 +2,17 @@
  * coverage map, read a node's balance (docs/market.md; the API's client is ringlib's). */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
+#include <openssl/rand.h>
+
 #include "kvctl/kvctl.h"
+#include "model/model.h"
 #include "net/net.h"
 #include "ringlib/ring.h"
 #include "util/err.h"
@@ -20,11 +24,13 @@ static void market_usage(FILE *f)
 {
     fprintf(f,
         "usage: kvctl market add URL --catalog CAT.json --source URL... [--name NAME] [--state-dir DIR]\n"
+        "                        [--model GGUF]\n"
         "       kvctl market status URL [--model ID] [--json]\n"
         "       kvctl market balance URL NODE [--json]\n"
         "       (each also takes --ca PEM)\n"
         "  add      register a model (its id is the catalog's SHA-256) with its sources (seeders\n"
-        "           or GGUF URLs); signed with the node key in --state-dir (default .)\n"
+        "           or GGUF URLs); signed with the node key in --state-dir (default .); --model:\n"
+        "           the whole model, to compute the known-answer probes stages must answer\n"
         "  status   the coverage map: windows, stages, demand, reward, rings (--json: as data)\n"
         "  balance  a node's credited work (layer-tokens) and credit; NODE is its public key\n"
         "  --ca PEM  an https:// market's certificate must chain to this CA (default: the\n"
@@ -52,20 +58,138 @@ static cJSON *call(const char *url, const char *method, const char *path, const 
     return o;
 }
 
+/* Known-answer probes (docs/market.md, "Probes"): a few short random token sequences run
+ * through the whole model one layer at a time (so only one layer is mapped at once), keeping
+ * each sequence's boundary after every layer but the last (f16, base64) and the greedy token
+ * at each position, with whether its lead over the runner-up is clear enough to compare
+ * (PROBE_MARGIN logits). As many sequences of PROBE_TOKENS tokens (fewer when one does not
+ * fit) as RING_PROBE_BYTES_MAX holds, at most PROBE_SEQS. The probe set (caller deletes), or
+ * NULL with err filled. */
+#define PROBE_TOKENS 4
+#define PROBE_SEQS 4
+#define PROBE_MARGIN 0.05f
+static cJSON *probes_make(const char *path, char *err, size_t errlen)
+{
+    struct model *m = NULL;
+    struct model_exec *e = NULL;
+    cJSON *out = NULL;
+    float *h = NULL, *logits = NULL;
+    int32_t *toks = NULL;
+    if (model_open(&m, path, 0, 1, err, errlen) < 0)
+        return NULL;
+    const struct model_hparams *hp = model_get_hparams(m);
+    uint32_t L = hp->n_layer, E = hp->n_embd, V = hp->n_vocab;
+    model_free(m);
+    m = NULL;
+    uint64_t row = (uint64_t)(L > 1 ? L - 1 : 0) * E * 2;   /* f16 bytes of one position */
+    uint32_t T = PROBE_TOKENS, S = PROBE_SEQS;
+    while (T > 1 && (uint64_t)T * row > RING_PROBE_BYTES_MAX)
+        T--;
+    while (S > 1 && (uint64_t)S * T * row > RING_PROBE_BYTES_MAX)
+        S--;
+    if ((uint64_t)S * T * row > RING_PROBE_BYTES_MAX) {
+        snprintf(err, errlen, "one position's boundaries (%llu bytes as f16) exceed the probe "
+                 "budget (%u bytes)", (unsigned long long)row, RING_PROBE_BYTES_MAX);
+        return NULL;
+    }
+    uint32_t n = S * T;
+    h = malloc((size_t)n * E * sizeof *h);
+    logits = malloc((size_t)T * V * sizeof *logits);
+    toks = malloc((size_t)n * sizeof *toks);
+    if (!h || !logits || !toks || RAND_bytes((unsigned char *)toks, (int)(n * sizeof *toks)) != 1) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        toks[i] = (int32_t)((uint32_t)toks[i] % V);
+    out = cJSON_CreateObject();
+    cJSON *seqs = cJSON_AddArrayToObject(out, "seqs");
+    cJSON_AddNumberToObject(out, "n_layers", L);
+    cJSON_AddNumberToObject(out, "n_embd", E);
+    for (uint32_t s = 0; s < S; s++) {
+        cJSON *q = cJSON_CreateObject();
+        cJSON *t = cJSON_AddArrayToObject(q, "tokens");
+        for (uint32_t i = 0; i < T; i++)
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(toks[s * T + i]));
+        cJSON_AddArrayToObject(q, "bounds");
+        cJSON_AddItemToArray(seqs, q);
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        int rc = model_open(&m, path, (int)l, (int)l + 1, err, errlen);
+        if (rc == 0 && (rc = model_exec_new(&e, m, 0, T, T)) < 0)
+            snprintf(err, errlen, "layer %u: executor: %s", l, strerror(-rc));
+        for (uint32_t s = 0; rc == 0 && s < S; s++) {
+            float *x = h + (size_t)s * T * E;
+            if (l == 0 && (rc = model_embed(e, toks + s * T, T, x)) < 0)
+                break;
+            if ((rc = model_session_new(e, s)) < 0 || (rc = model_window_run(e, s, 0, T, x)) < 0)
+                break;
+            cJSON *q = cJSON_GetArrayItem(seqs, (int)s);
+            if (l + 1 < L) {
+                char *b = ring_probe_rows_encode(x, (size_t)T * E);
+                if (!b) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(q, "bounds"), cJSON_CreateString(b));
+                free(b);
+                continue;
+            }
+            if ((rc = model_head(e, x, T, logits)) < 0)
+                break;
+            cJSON *g = cJSON_AddArrayToObject(q, "greedy"), *c = cJSON_AddArrayToObject(q, "clear");
+            for (uint32_t i = 0; i < T; i++) {
+                const float *lg = logits + (size_t)i * V;
+                uint32_t best = 0;
+                float second = -INFINITY;
+                for (uint32_t v = 1; v < V; v++)
+                    if (lg[v] > lg[best]) {
+                        second = lg[best];
+                        best = v;
+                    } else if (lg[v] > second) {
+                        second = lg[v];
+                    }
+                cJSON_AddItemToArray(g, cJSON_CreateNumber(best));
+                cJSON_AddItemToArray(c, cJSON_CreateBool(lg[best] - second >= PROBE_MARGIN));
+            }
+        }
+        if (rc < 0 && !err[0])
+            snprintf(err, errlen, "layer %u: %s", l, strerror(-rc));
+        model_exec_free(e);
+        model_free(m);
+        e = NULL;
+        m = NULL;
+        if (rc < 0)
+            goto fail;
+    }
+    free(h);
+    free(logits);
+    free(toks);
+    return out;
+fail:
+    cJSON_Delete(out);
+    free(h);
+    free(logits);
+    free(toks);
+    return NULL;
+}
+
 static int market_add(int argc, char **argv)
 {
-    const char *cat = NULL, *name = NULL, *dir = ".";
+    const char *cat = NULL, *name = NULL, *dir = ".", *model = NULL;
     const char *src[16];
     int n_src = 0;
     static const struct option lo[] = {
         {"catalog", required_argument, 0, 'c'}, {"source", required_argument, 0, 's'},
         {"name", required_argument, 0, 'n'}, {"state-dir", required_argument, 0, 'd'},
-        {"ca", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ca", required_argument, 0, 'C'}, {"model", required_argument, 0, 'm'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'c': cat = optarg; break;
+        case 'm': model = optarg; break;
         case 'n': name = optarg; break;
         case 'd': dir = optarg; break;
         case 's':
@@ -97,8 +221,17 @@ static int market_add(int argc, char **argv)
         free(text);
         return 1;
     }
+    cJSON *probes = NULL;
+    if (model && !(probes = probes_make(model, err, sizeof err))) {
+        fprintf(stderr, "kvctl market add: --model %s: probes: %s\n", model, err);
+        free(text);
+        net_identity_free(id);
+        return 1;
+    }
     cJSON *b = cJSON_CreateObject(), *s = cJSON_CreateArray();
     cJSON_AddStringToObject(b, "catalog", text);
+    if (probes)
+        cJSON_AddItemToObject(b, "probes", probes);
     if (name)
         cJSON_AddStringToObject(b, "name", name);
     for (int i = 0; i < n_src; i++)

@@ -192,8 +192,48 @@ static int claim(struct join *j)
     return rc;
 }
 
-/* Renew the lease (with the endpoint once the window is here): 0, -EPERM when the lease is
- * gone, -EAGAIN when the market did not answer. */
+/* Answer a known-answer probe the market sent with a heartbeat's answer (docs/market.md,
+ * "Probes"): run it through this node's compute backend on the pulled window and post the
+ * outputs. 0 when the market found them right, -EPERM when it found them wrong (the lease is
+ * over and this node's claims are refused for a while: the market's reason is logged),
+ * -EAGAIN when the probe could not run or the market did not answer. */
+static int probe_answer(struct join *j, const cJSON *p)
+{
+    char err[KV_ERR_MAX], *outs = NULL, *text = cJSON_PrintUnformatted(p);
+    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(p, "id");
+    const cJSON *jk = cJSON_GetObjectItemCaseSensitive(p, "kind");
+    const char *id = cJSON_IsString(jid) ? jid->valuestring : "?";
+    const char *kind = cJSON_IsString(jk) ? jk->valuestring : "?";
+    double t0 = util_now_ms();
+    int rc = text ? kvd_stage_probe(strcmp(j->backend, "cpu") ? j->backend : NULL, j->window_path,
+                                    j->n_threads, text, &outs, err, sizeof err) : -ENOMEM;
+    free(text);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_WARN, "probe %s (%s) of window %u: %s", id, kind, j->window, err);
+        return -EAGAIN;
+    }
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    cJSON_AddStringToObject(b, "id", id);
+    cJSON_AddItemToObject(b, "outputs", cJSON_Parse(outs));
+    free(outs);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/leases/probe", b, true, &st);
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(o, "probe");
+    if (st == 200)
+        kvd_log(KVD_LOG_INFO, "probe %s (%s) of window %u: the market found it right (NMSE %.3g, "
+                "%.0f ms)", id, kind, j->window, util_json_number(res, "nmse", 0), util_now_ms() - t0);
+    else if (st == 403)
+        kvd_log(KVD_LOG_ERROR, "probe %s (%s) of window %u: the market found it wrong; the lease "
+                "is over and this node's claims are refused for a while", id, kind, j->window);
+    cJSON_Delete(o);
+    return st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+}
+
+/* Renew the lease (with the endpoint once the window is here), answering a probe the market
+ * sends with it: 0, -EPERM when the lease is gone (or a probe failed), -EAGAIN when the market
+ * did not answer. */
 static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
 {
     cJSON *b = cJSON_CreateObject();
@@ -204,10 +244,12 @@ static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
         cJSON_AddStringToObject(b, "endpoint", endpoint);
     long st;
     cJSON *o = call(j, "POST", "/v1/leases/heartbeat", b, true, &st);
+    int rc = st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "probe");
+    if (rc == 0 && cJSON_IsObject(p))
+        rc = probe_answer(j, p);
     cJSON_Delete(o);
-    if (st == 200)
-        return 0;
-    return st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+    return rc;
 }
 
 /* The model's catalog from the market into DIR, checked against the model id. */

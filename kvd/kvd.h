@@ -115,6 +115,13 @@ struct kvd_stage_opts {
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */
 int kvd_stage_run(const struct kvd_stage_opts *o);
+/* Answer a market's known-answer probe (docs/market.md, "Probes"): challenge is the JSON of
+ * the market's "probe" object; each of its sequences runs as a fresh session through a new
+ * instance of the compute backend named backend (NULL: the model) on the window file.
+ * *outputs gets the JSON array of answers (malloc'd; the caller frees). 0, or negative with
+ * err filled. */
+int kvd_stage_probe(const char *backend, const char *window, int n_threads, const char *challenge,
+                    char **outputs, char *err, size_t errlen);
 /* `kvd stage ...` command line (options parsed here), returns the exit status. */
 int kvd_stage_main(int argc, char **argv);
 

@@ -1,6 +1,7 @@
 /* market.c — the client side of the market's API (docs/market.md): canonical bytes of a
  * signed call and one JSON request over libcurl, signed with the node key. */
 #include <errno.h>
+#include <math.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include "kernels/kern.h"
 #include "net/net.h"
 #include "ringlib/ring.h"
 #include "util/util.h"
@@ -142,4 +144,55 @@ out:
     curl_slist_free_all(hd);
     curl_easy_cleanup(c);
     return rc;
+}
+
+char *ring_probe_rows_encode(const float *x, size_t n)
+{
+    if (n > RING_PROBE_BYTES_MAX)
+        return NULL;
+    uint8_t *h = malloc(n * 2 + 1);
+    char *out = malloc((n * 2 + 2) / 3 * 4 + 1);
+    if (h && out) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = kern_f32_to_f16(x[i]);
+            h[2 * i] = (uint8_t)v;
+            h[2 * i + 1] = (uint8_t)(v >> 8);
+        }
+        EVP_EncodeBlock((unsigned char *)out, h, (int)(n * 2));
+    } else {
+        free(out);
+        out = NULL;
+    }
+    free(h);
+    return out;
+}
+
+int ring_probe_rows_decode(const char *s, float *x, size_t n)
+{
+    size_t len = strlen(s);
+    if (n > RING_PROBE_BYTES_MAX || len != (n * 2 + 2) / 3 * 4)
+        return -EINVAL;
+    uint8_t *h = malloc(len / 4 * 3 + 1);
+    if (!h)
+        return -ENOMEM;
+    /* EVP_DecodeBlock counts the padding as zero bytes: the length is checked above */
+    int got = EVP_DecodeBlock(h, (const unsigned char *)s, (int)len);
+    int rc = got < (int)(n * 2) ? -EINVAL : 0;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        x[i] = kern_f16_to_f32((uint16_t)(h[2 * i] | h[2 * i + 1] << 8));
+    free(h);
+    return rc;
+}
+
+double ring_probe_nmse(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? num / den : num > 0 ? INFINITY : 0;
 }

@@ -98,4 +98,18 @@ int ring_market_call(const char *base, const char *method, const char *path, con
                     const struct net_identity *id, int timeout_ms, long *status, char **resp,
                     char *err, size_t errlen);
 
+/* Known-answer probes (docs/market.md, "Probes"): boundary rows travel as base64 of
+ * little-endian f16, the wire's own rounding. */
+#define RING_PROBE_TOL 1e-3            /* NMSE a probe's answer may be off by */
+#define RING_PROBE_BYTES_MAX (384u << 10) /* f16 bytes of every boundary of a probe set */
+#define RING_PROBE_SEQS_MAX 8
+#define RING_PROBE_TOKENS_MAX 16
+/* base64 of x[n] as f16 (malloc'd, NUL-terminated; the caller frees), NULL when out of memory. */
+char *ring_probe_rows_encode(const float *x, size_t n);
+/* x[n] from base64 f16 text: 0, or -EINVAL when s is not base64 of exactly n f16 values. */
+int ring_probe_rows_decode(const char *s, float *x, size_t n);
+/* The normalised squared error sum((a-b)^2) / sum(b^2) of a against the expected b; a
+ * non-finite a gives INFINITY. */
+double ring_probe_nmse(const float *a, const float *b, size_t n);
+
 #endif

@@ -16,21 +16,22 @@ show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
 on_fatal() { show_logs; }
 fail_fast
 
-# market_up: the model's catalog, a seeder and a market (lease 6 s, grace 3 s) on loopback,
-# the model registered: sets SEEDER, M, ID and MARKET_PID.
+# market_up: the model's catalog, a seeder and a market (lease 6 s, grace 3 s, and
+# $MARKET_ARGS) on loopback, the model registered with its known-answer probes (kvctl market add
+# --model): sets SEEDER, M, ID and MARKET_PID.
 market_up() {
     "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
     "$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
     PIDS="$PIDS $!"
     "$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
-        --lease-s 6 --grace-s 3 >"$T/market.log" 2>&1 &
+        --lease-s 6 --grace-s 3 ${MARKET_ARGS:-} >"$T/market.log" 2>&1 &
     MARKET_PID=$!
     PIDS="$PIDS $MARKET_PID"
     wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
     SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
     M=http://127.0.0.1:$(cat "$T/market.port")
     ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
-         --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+         --model "$S" --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
 }
 ring_ready() {
     $MKT_NS "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&

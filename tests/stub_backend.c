@@ -2,7 +2,8 @@
  * only into the test build of kvd (build/tests/kvd-stub), where `kvd stage --stub` selects it:
  * cheap maths with per-session state, so each step depends on the session's history and
  * mixed-up sessions or positions change the tokens; n_vocab 256, no model file. It registers
- * itself in kvd/stage's backend table before main runs. */
+ * itself in kvd/stage's backend table before main runs, with two wrappers of the model that
+ * return wrong boundaries (the market probe tests'; below). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -190,4 +191,109 @@ __attribute__((constructor)) static void stub_register(void)
 {
     if (kvd_backend_register(&stub_kind) < 0)
         abort();   /* a build that cannot offer --stub must not pretend to */
+}
+
+/* Wrong boundaries, for the market's probe tests (docs/market.md, "Probes"): the model
+ * backend wrapped so that each run's output boundary (and, on the last rank, its logits) comes
+ * out perturbed — x scaled by 1.5 plus 0.25, the logits rotated by one token — from the start
+ * (`wrong`) or only in backend instances after the first this process opens (`wrong-late`:
+ * kvd join's activation probe opens the first and passes; the stage it forks next and every
+ * spot check after run wrong, as a node that turns bad once active). */
+struct wrong {
+    struct kvd_backend in;
+    bool wrong;
+};
+
+static int wrong_session_new(void *impl, uint64_t id)
+{
+    struct wrong *w = impl;
+    return w->in.ops->session_new(w->in.impl, id);
+}
+
+static int wrong_session_free(void *impl, uint64_t id)
+{
+    struct wrong *w = impl;
+    return w->in.ops->session_free(w->in.impl, id);
+}
+
+static int wrong_run(void *impl, const struct kvd_backend_batch *bt, char *err, size_t errlen)
+{
+    struct wrong *w = impl;
+    int rc = w->in.ops->run(w->in.impl, bt, err, errlen);
+    if (rc < 0 || !w->wrong)
+        return rc;
+    for (size_t i = 0; i < (size_t)bt->n * w->in.n_embd; i++)
+        bt->x[i] = bt->x[i] * 1.5f + 0.25f;
+    for (uint32_t k = 0; k < bt->n_head; k++) {
+        float *lg = bt->logits + (size_t)k * w->in.n_vocab, first = lg[0];
+        memmove(lg, lg + 1, (w->in.n_vocab - 1) * sizeof *lg);
+        lg[w->in.n_vocab - 1] = first;
+    }
+    return 0;
+}
+
+static void wrong_free(void *impl)
+{
+    struct wrong *w = impl;
+    if (w) {
+        kvd_backend_close(&w->in);
+        free(w);
+    }
+}
+
+static const struct kvd_backend_ops wrong_ops = {
+    .session_new = wrong_session_new, .session_free = wrong_session_free, .run = wrong_run,
+    .free = wrong_free,
+};
+
+static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a, bool late,
+                         char *err, size_t errlen)
+{
+    static int opened;   /* backend instances this process opened so far */
+    struct wrong *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = kvd_backend_open_model(&w->in, a, err, errlen);
+    if (rc < 0) {
+        free(w);
+        return rc;
+    }
+    w->wrong = !late || opened > 0;
+    opened++;
+    *b = w->in;
+    w->in.vocab = NULL;   /* the outer backend owns the tokenizer (kvd_backend_close frees it) */
+    b->ops = &wrong_ops;
+    b->impl = w;
+    return 0;
+}
+
+static int wrong_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
+                      size_t errlen)
+{
+    return wrong_open_as(b, a, false, err, errlen);
+}
+
+static int wrong_late_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
+                           size_t errlen)
+{
+    return wrong_open_as(b, a, true, err, errlen);
+}
+
+static const struct kvd_backend_kind wrong_kind = {
+    .name = "wrong", .option = "--wrong-boundaries",
+    .help = "tests only: the model with every output boundary perturbed", .open = wrong_open,
+};
+
+static const struct kvd_backend_kind wrong_late_kind = {
+    .name = "wrong-late", .option = "--wrong-boundaries-late",
+    .help = "tests only: the model, perturbed in every instance after the process's first",
+    .open = wrong_late_open,
+};
+
+__attribute__((constructor)) static void wrong_register(void)
+{
+    if (kvd_backend_register(&wrong_kind) < 0 || kvd_backend_register(&wrong_late_kind) < 0)
+        abort();
 }

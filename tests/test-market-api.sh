@@ -144,6 +144,22 @@ head -c 2000000 /dev/zero | tr '\0' ' ' >"$T/big.json"
 expect "oversized body" 413 --key "$T/a" POST "$M" /v1/claims "@$T/big.json"
 expect "bad model id in a path" 400 GET "$M" "/v1/models/xyz/coverage"
 
+# ---- known-answer probes: hostile answers and probe sets (their flow: test-market-spot.sh)
+probe_ans() { echo "{\"model\":\"$ID\",\"window\":$1,\"id\":\"0011223344556677\",\"outputs\":[]}"; }
+expect "a probe answer with no probe pending" 409 --key "$T/a" POST "$M" /v1/leases/probe "$(probe_ans 0)"
+expect "a probe answer from a node without the lease" 409 --key "$T/d" POST "$M" /v1/leases/probe "$(probe_ans 0)"
+expect "a probe answer for a window that does not exist" 404 --key "$T/a" POST "$M" /v1/leases/probe "$(probe_ans 9)"
+reg_with_probes() { # reg_with_probes FILE PROBES-JSON: a registration body with that probe set
+    python3 -c '
+import json,sys
+print(json.dumps({"catalog": open(sys.argv[1]).read(), "sources": ["http://127.0.0.1:1"],
+                  "probes": json.loads(sys.argv[2])}))' "$T/cat.json" "$2" >"$1"
+}
+reg_with_probes "$T/p1.json" '{"n_layers": 5, "n_embd": 64, "seqs": [{"tokens": [1, 2]}]}'
+expect "a probe set without boundaries" 400 --key "$T/admin" POST "$M" /v1/models "@$T/p1.json"
+reg_with_probes "$T/p2.json" '{"n_layers": 9, "n_embd": 64, "seqs": []}'
+expect "a probe set of another shape" 400 --key "$T/admin" POST "$M" /v1/models "@$T/p2.json"
+
 # ---- receipts
 bal() { curl -s "$M/v1/nodes/$1/balance" | python3 -c 'import json,sys; b=json.load(sys.stdin); print(b["layer_tokens"], "%.9f" % b["credit"])'; }
 ledger() { echo "$(bal "$A") $(bal "$B") $(bal "$C") $(bal "$D")"; }

@@ -10,8 +10,9 @@
 #
 # Three `kvd join` nodes (no manifest, no layer ranges) form one ring through the relay whose
 # generation equals one process's; node b's manifest endpoint is a relay one and its in-link
-# comes through the relay; a direct dial into the phone fails; every node is credited the
-# layer-tokens its stage computed. Needs root, ip, nft.
+# comes through the relay; node b's lease became active after a known-answer probe that
+# travelled over the market's API; a direct dial into the phone fails; every node is credited
+# the layer-tokens its stage computed. Needs root, ip, nft.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
 . "$(dirname "$0")/nat_lib.sh"
@@ -40,7 +41,7 @@ M=http://203.0.113.1:7490
 market_answers() { $INPUB curl -sf "$M/v1/models" >/dev/null; }
 wait_for 10 market_answers || die "the market did not start"
 ID=$($INPUB "$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://203.0.113.1:7480 \
-     --name stories --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+     --name stories --model "$S" --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
 
 join() { # join NAME NETNS-PREFIX [kvd join options...]
     local name=$1 ns=$2; shift 2
@@ -81,6 +82,14 @@ SUCC=""
 for n in a c; do [ "$(rank_of $n)" = $(( (RB + 1) % 3 )) ] && SUCC=$n; done
 grep "link in up: rank $RB" "$T/join-$SUCC.log" | grep -q "203.0.113.2" ||
     fail "node $SUCC (rank $(( (RB + 1) % 3 ))) did not see node b behind the NAT's address"
+
+# the node behind the NAT got its known-answer probe over the market's API (no inbound needed)
+# and its lease became active only once the market found the answer right
+grep -q "(activation) of window [0-9]*: the market found it right" "$T/join-b.log" ||
+    fail "node b (relay endpoint) logged no passed activation probe"
+grep -q "(activation) of window [0-9]* by node $(key_of b | cut -c1-16)\.\.\.: pass" "$T/market.log" ||
+    fail "the market logged no passed activation probe of node b"
+echo "ok   node b (relay endpoint) was activated by a known-answer probe over the market's API"
 
 # a listener in the phone answers inside the phone, but a dial from pub does not get through
 nat_dial_blocked $PUB $PHONE 7101

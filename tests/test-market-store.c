@@ -1,15 +1,19 @@
 /* test-market-store.c — the market's storage interface on SQLite (kvd/market/internal.h) and
  * its reward formula: nonces spent once, credit paid once per (session, rank, token range)
  * and never for an overlapping range, leases and windows round-trip, a rolled-back
- * transaction leaves nothing, the data survive a reopen, a newer schema is refused.
+ * transaction leaves nothing, the data survive a reopen, a newer schema is refused, blobs
+ * round-trip and a version-1 database gains their table, voided credit leaves a zero balance;
+ * and the known-answer probes' checks, challenges and judgements (kvd/market/probe.c).
  * With KV_MARKET_PG=postgres://... (tests/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
+#include <cjson/cJSON.h>
 #include <libpq-fe.h>
 #include <sqlite3.h>
 
 #include "tests/t.h"
 #include "kvd/market/internal.h"
+#include "ringlib/ring.h"
 #include "util/err.h"
 
 static const char *pg_url(void) { return getenv("KV_MARKET_PG"); }
@@ -132,6 +136,181 @@ T_CASE(newer_schema_refused)
             "an unreachable postgres:// fails with a reason");
 }
 
+T_CASE(blobs_and_voids)
+{
+    struct kvd_market_store *s = open_store("b.db", true);
+    T_ASSERT(s, "no store");
+    const struct kvd_market_store_ops *o = s->ops;
+    char *v = NULL;
+    T_CHECK(o->blob_get(s->impl, "probes/m", &v) == -ENOENT && !v, "no blob yet");
+    size_t big = 700 << 10;   /* a probe set's size */
+    char *text = malloc(big + 1);
+    T_ASSERT(text, "oom");
+    memset(text, 'A', big);
+    text[big] = 0;
+    T_CHECK(o->blob_put(s->impl, "probes/m", text) == 0, "put");
+    T_CHECK(o->blob_put(s->impl, "probes/m", "{\"x\":1}") == 0, "replace");
+    T_CHECK(o->blob_put(s->impl, "check/m/0", text) == 0, "another");
+    T_CHECK(o->credit_add(s->impl, "s1", 0, 0, 10, "nodeA", 20, 0.02) == 0, "credit");
+    uint64_t lt;
+    double cr;
+    T_CHECK(o->credit_void(s->impl, "nodeA", 5, "spot probe failed", &lt, &cr) == 0 && lt == 20 &&
+            fabs(cr - 0.02) < 1e-12, "void: %llu %g", (unsigned long long)lt, cr);
+    o->balance_get(s->impl, "nodeA", &lt, &cr);
+    T_CHECK(lt == 0 && cr == 0, "a voided balance is zero");
+    T_CHECK(o->credit_add(s->impl, "s1", 0, 0, 10, "nodeA", 20, 0.02) == -EEXIST,
+            "voided work is not credited again");
+    T_CHECK(o->credit_void(s->impl, "nobody", 5, "x", &lt, &cr) == 0 && lt == 0 && cr == 0,
+            "voiding nothing");
+    kvd_market__store_close(s);
+    s = open_store("b.db", false);
+    T_ASSERT(s, "reopen");
+    o = s->ops;
+    T_CHECK(o->blob_get(s->impl, "probes/m", &v) == 0 && v && !strcmp(v, "{\"x\":1}"), "after reopen");
+    free(v);
+    T_CHECK(o->blob_get(s->impl, "check/m/0", &v) == 0 && v && strlen(v) == big, "a large blob");
+    free(v);
+    T_CHECK(o->blob_put(s->impl, "check/m/0", NULL) == 0 &&
+            o->blob_get(s->impl, "check/m/0", &v) == -ENOENT, "deleted");
+    kvd_market__store_close(s);
+    /* a database of schema version 1 (before blobs and voids) gains their tables */
+    raw_exec("b.db", "DROP TABLE blobs; DROP TABLE voids; UPDATE meta SET v='1' WHERE k='schema'");
+    s = open_store("b.db", false);
+    T_ASSERT(s, "open a version-1 database");
+    T_CHECK(s->ops->blob_put(s->impl, "k", "v") == 0, "blobs after the upgrade");
+    T_CHECK(s->ops->credit_void(s->impl, "nodeA", 6, "x", &lt, &cr) == 0, "voids after the upgrade");
+    kvd_market__store_close(s);
+    free(text);
+}
+
+/* A probe set of n_layers 3, n_embd 4, S sequences of 2 tokens: boundary l of sequence q is
+ * filled with q + l + position/10. */
+static cJSON *probe_set(int S)
+{
+    cJSON *set = cJSON_CreateObject(), *seqs = cJSON_AddArrayToObject(set, "seqs");
+    cJSON_AddNumberToObject(set, "n_layers", 3);
+    cJSON_AddNumberToObject(set, "n_embd", 4);
+    for (int q = 0; q < S; q++) {
+        cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
+        cJSON *b = cJSON_AddArrayToObject(o, "bounds"), *g = cJSON_AddArrayToObject(o, "greedy");
+        cJSON *c = cJSON_AddArrayToObject(o, "clear");
+        for (int i = 0; i < 2; i++) {
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(q * 2 + i));
+            cJSON_AddItemToArray(g, cJSON_CreateNumber(100 + q * 2 + i));
+            cJSON_AddItemToArray(c, cJSON_CreateBool(i == 0));
+        }
+        for (int l = 1; l < 3; l++) {
+            float x[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = (float)(q + l) + (float)(i / 4) / 10;
+            char *e = ring_probe_rows_encode(x, 8);
+            cJSON_AddItemToArray(b, cJSON_CreateString(e));
+            free(e);
+        }
+        cJSON_AddItemToArray(seqs, o);
+    }
+    return set;
+}
+
+/* The answer an honest window [.., last) gives to challenge seqs, scaled by f (1: right). */
+static cJSON *probe_answer(const cJSON *seqs, uint32_t last, float f, int wrong_token)
+{
+    cJSON *outs = cJSON_CreateArray();
+    const cJSON *q;
+    cJSON_ArrayForEach(q, seqs) {
+        int k = (int)q->valuedouble;
+        cJSON *o = cJSON_CreateObject();
+        if (last == 3) {
+            cJSON *t = cJSON_AddArrayToObject(o, "tokens");
+            for (int i = 0; i < 2; i++)
+                cJSON_AddItemToArray(t, cJSON_CreateNumber(100 + k * 2 + i + (i == wrong_token)));
+        } else {
+            float x[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = ((float)(k + (int)last) + (float)(i / 4) / 10) * f;
+            char *e = ring_probe_rows_encode(x, 8);
+            cJSON_AddStringToObject(o, "output", e);
+            free(e);
+        }
+        cJSON_AddItemToArray(outs, o);
+    }
+    return outs;
+}
+
+T_CASE(probe_judge)
+{
+    char why[512];
+    cJSON *set = probe_set(4);
+    T_CHECK(kvd_market__probes_check(set, 3, 4, why, sizeof why) == 0, "a good set: %s", why);
+    T_CHECK(kvd_market__probes_check(set, 4, 4, why, sizeof why) == -EINVAL, "n_layers differs");
+    T_CHECK(kvd_market__probes_check(set, 3, 8, why, sizeof why) == -EINVAL, "n_embd differs");
+    cJSON *bad = cJSON_Duplicate(set, 1);
+    cJSON *b0 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(bad, "seqs"), 2), "bounds");
+    cJSON_ReplaceItemInArray(b0, 1, cJSON_CreateString("AAAA"));
+    T_CHECK(kvd_market__probes_check(bad, 3, 4, why, sizeof why) == -EINVAL && strstr(why, "seqs[2]"),
+            "a short boundary: %s", why);
+    cJSON_Delete(bad);
+    cJSON *huge = cJSON_CreateObject();
+    cJSON_AddNumberToObject(huge, "n_layers", 3);
+    cJSON_AddNumberToObject(huge, "n_embd", 4);
+    T_CHECK(kvd_market__probes_check(huge, 3, 4, why, sizeof why) == -EINVAL, "no seqs");
+    cJSON_Delete(huge);
+
+    /* challenges: a random subset in a random order, inputs where the window starts */
+    bool orders[4][4] = {{0}};
+    for (int r = 0; r < 40; r++) {
+        cJSON *seqs, *ch = kvd_market__probe_challenge(set, 1, 2, &seqs);
+        T_ASSERT(ch && cJSON_GetArraySize(seqs) == 2, "two sequences asked");
+        int a = (int)cJSON_GetArrayItem(seqs, 0)->valuedouble, b = (int)cJSON_GetArrayItem(seqs, 1)->valuedouble;
+        T_CHECK(a != b && a >= 0 && a < 4 && b >= 0 && b < 4, "distinct sequences %d %d", a, b);
+        orders[a][b] = true;
+        const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ch, "seqs"), 0);
+        const cJSON *in = cJSON_GetObjectItemCaseSensitive(c0, "input");
+        float x[8];
+        T_CHECK(cJSON_IsString(in) && ring_probe_rows_decode(in->valuestring, x, 8) == 0 &&
+                x[0] == (float)(a + 1), "the input is boundary 1 of sequence %d", a);
+        double e;
+        cJSON *ok = probe_answer(seqs, 2, 1, -1), *off = probe_answer(seqs, 2, 1.2f, -1);
+        T_CHECK(kvd_market__probe_judge(set, 2, seqs, ok, &e, why, sizeof why) == 0 && e < 1e-6,
+                "the right answer passes: %s", why);
+        T_CHECK(kvd_market__probe_judge(set, 2, seqs, off, &e, why, sizeof why) == -EBADMSG &&
+                e > RING_PROBE_TOL, "a 20%% error fails");
+        cJSON_Delete(ok);
+        cJSON_Delete(off);
+        cJSON_Delete(seqs);
+        cJSON_Delete(ch);
+    }
+    int seen = 0;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            seen += orders[a][b];
+    T_CHECK(seen >= 4, "40 challenges asked only %d ordered pairs", seen);
+
+    /* the first window gets tokens; the last is judged by its clear greedy tokens */
+    cJSON *seqs, *ch = kvd_market__probe_challenge(set, 0, 3, &seqs);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ch, "seqs"), 0);
+    T_CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(c0, "tokens")) == 2 &&
+            !cJSON_GetObjectItemCaseSensitive(c0, "input"), "window 0 gets tokens");
+    double e;
+    cJSON *ok = probe_answer(seqs, 3, 1, -1), *unclear = probe_answer(seqs, 3, 1, 1),
+          *wrong = probe_answer(seqs, 3, 1, 0);
+    T_CHECK(kvd_market__probe_judge(set, 3, seqs, ok, &e, why, sizeof why) == 0, "right tokens");
+    T_CHECK(kvd_market__probe_judge(set, 3, seqs, unclear, &e, why, sizeof why) == 0,
+            "a differing token where the lead was not clear is not held against it");
+    T_CHECK(kvd_market__probe_judge(set, 3, seqs, wrong, &e, why, sizeof why) == -EBADMSG,
+            "a wrong clear token fails");
+    cJSON *none = cJSON_CreateArray();
+    T_CHECK(kvd_market__probe_judge(set, 3, seqs, none, &e, why, sizeof why) == -EINVAL,
+            "missing answers are malformed");
+    cJSON_Delete(none);
+    cJSON_Delete(ok);
+    cJSON_Delete(unclear);
+    cJSON_Delete(wrong);
+    cJSON_Delete(seqs);
+    cJSON_Delete(ch);
+    cJSON_Delete(set);
+}
+
 T_CASE(reward_formula)
 {
     struct kvd_market_config c;
@@ -154,6 +333,8 @@ int main(int argc, char **argv)
     T_RUN(credit_once);
     T_RUN(rollback_and_reopen);
     T_RUN(newer_schema_refused);
+    T_RUN(blobs_and_voids);
+    T_RUN(probe_judge);
     T_RUN(reward_formula);
     return T_DONE();
 }

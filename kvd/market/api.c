@@ -15,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <uv.h>
 
 #include "gguf/gguf.h"
@@ -45,7 +46,7 @@ struct probe {                   /* an activation waiting for its endpoint to an
     uv_connect_t conn;
     uv_timer_t timer;
     char model[65], node[65], endpoint[KVD_MARKET_EP_MAX];
-    uint32_t window;
+    uint32_t window, first, last;
     int closing, answered;
 };
 
@@ -72,6 +73,8 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->demand_tau_s = 300;
     c->poll_max_s = 25;
     c->probe = true;
+    c->spot_check_s = 300;
+    c->penalty_s = 600;
 }
 
 /* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
@@ -333,6 +336,25 @@ static cJSON *lease_json(const struct kvd_market_api *a, const struct kvd_market
     if (l->endpoint[0])
         cJSON_AddStringToObject(o, "endpoint", l->endpoint);
     return o;
+}
+
+/* A blob as JSON: the object (caller deletes), NULL when there is none. */
+static cJSON *blob_load(struct kvd_market_api *a, const char *key)
+{
+    char *v = NULL;
+    if (a->st->ops->blob_get(a->st->impl, key, &v))
+        return NULL;
+    cJSON *o = cJSON_Parse(v);
+    free(v);
+    return o;
+}
+
+static int blob_save(struct kvd_market_api *a, const char *key, const cJSON *o)
+{
+    char *v = cJSON_PrintUnformatted(o);
+    int rc = v ? a->st->ops->blob_put(a->st->impl, key, v) : -ENOMEM;
+    free(v);
+    return rc;
 }
 
 /* ---- the manifest ---- */
@@ -609,10 +631,22 @@ static void h_models_post(struct net_http_req *req, void *ud)
             m.n_embd = (uint32_t)c->tensors[i].ne[0];
     }
     m.catalog = (char *)cat;
+    const cJSON *probes = cJSON_GetObjectItemCaseSensitive(b, "probes");
+    char *pt = NULL;
+    if (probes && kvd_market__probes_check(probes, m.n_layers, m.n_embd, why, sizeof why)) {
+        rollback_err(a, req, 400, NULL, why);
+        goto out;
+    }
     m.sources = cJSON_PrintUnformatted(src);
     double now = now_s();
     int rc = m.sources ? a->st->ops->model_put(a->st->impl, &m) : -ENOMEM;
     free(m.sources);
+    if (rc == 0 && probes) {   /* a registration without probes keeps the ones the model has */
+        char key[80];
+        snprintf(key, sizeof key, "probes/%s", id);
+        rc = (pt = cJSON_PrintUnformatted(probes)) ? a->st->ops->blob_put(a->st->impl, key, pt) : -ENOMEM;
+        free(pt);
+    }
     if (rc == 0)
         rc = replan_if_idle(a, id, now, why, sizeof why);
     if (rc) {
@@ -624,6 +658,7 @@ static void h_models_post(struct net_http_req *req, void *ud)
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "name", m.name);
     cJSON_AddNumberToObject(o, "n_layers", m.n_layers);
+    cJSON_AddBoolToObject(o, "probes", probes != NULL);
     commit_reply(a, req, 201, o);
 out:
     gguf_catalog_free(c);
@@ -649,8 +684,18 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         /* a window in its grace period has no stage: uncovered, its stage entry says for whom
          * it is kept */
         cJSON_AddStringToObject(w, "state", lease_names[ms->ls[i] == L_GRACE ? L_FREE : ms->ls[i]]);
-        if (ms->ls[i] != L_FREE)
-            cJSON_AddItemToArray(stg, lease_json(a, &ms->l[i], ms->ls[i], now));
+        if (ms->ls[i] != L_FREE) {
+            cJSON *e = lease_json(a, &ms->l[i], ms->ls[i], now);
+            char key[100];
+            snprintf(key, sizeof key, "check/%s/%u", ms->m.id, ms->w[i].idx);
+            cJSON *chk = blob_load(a, key);
+            const char *n = jstr(chk, "node");
+            const cJSON *last = cJSON_GetObjectItemCaseSensitive(chk, "last");
+            if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
+                cJSON_AddItemToObject(e, "probe", cJSON_Duplicate(last, 1));
+            cJSON_Delete(chk);
+            cJSON_AddItemToArray(stg, e);
+        }
         cJSON_AddItemToObject(w, "stages", stg);
         cJSON *wr = cJSON_CreateArray();
         if (complete(ms))
@@ -1045,6 +1090,277 @@ static void lease_call_end(struct lease_call *c)
     cJSON_Delete(c->b);
 }
 
+/* ---- known-answer probes (docs/market.md, "Probes") ----
+ * Blobs: "probes/<model>" the model's probe set (kvctl market add); "check/<model>/<window>"
+ * the lease's checks: {"node", "next": the next spot check, "pending": {id, kind, seqs,
+ * deadline}, "last": {kind, result, nmse, why, at}}; "penalty/<node>" {"until", "reason"}. */
+
+/* The checks of the lease of node on window (a fresh record when the last was another
+ * node's); key gets the blob's key. The caller deletes. */
+static cJSON *checks_load(struct kvd_market_api *a, const char *model, uint32_t window,
+                          const char *node, char key[100])
+{
+    snprintf(key, 100, "check/%s/%u", model, window);
+    cJSON *c = blob_load(a, key);
+    const char *n = jstr(c, "node");
+    if (!n || strcmp(n, node)) {
+        cJSON_Delete(c);
+        c = cJSON_CreateObject();
+        cJSON_AddStringToObject(c, "node", node);
+    }
+    return c;
+}
+
+/* When the next spot check of a lease probed now is due: 0.5 to 1.5 x spot_check_s away, so
+ * a stage cannot tell when it comes. */
+static double spot_next(const struct kvd_market_api *a, double now)
+{
+    uint32_t r = 0;
+    RAND_bytes((unsigned char *)&r, sizeof r);
+    return now + a->cfg.spot_check_s * (0.5 + r / 4294967296.0);
+}
+
+/* Whether node may not claim now: the reason into why. */
+static bool penalized(struct kvd_market_api *a, const char *node, double now, char *why, size_t n)
+{
+    char key[80];
+    snprintf(key, sizeof key, "penalty/%s", node);
+    cJSON *p = blob_load(a, key);
+    double until = util_json_number(p, "until", 0);
+    const char *r = jstr(p, "reason");
+    bool on = until > now;
+    if (on)
+        snprintf(why, n, "this node's claims are refused for %.0f s more: %s", until - now,
+                 r ? r : "it failed a probe");
+    cJSON_Delete(p);
+    return on;
+}
+
+/* A challenge as the stage gets it: its kind, window and the seconds left to answer. */
+static cJSON *challenge_tag(cJSON *ch, const char *kind, uint32_t window, double deadline_s)
+{
+    cJSON_AddStringToObject(ch, "kind", kind);
+    cJSON_AddNumberToObject(ch, "window", window);
+    cJSON_AddNumberToObject(ch, "deadline_s", deadline_s);
+    return ch;
+}
+
+/* A challenge (kind "activation" or "spot") for node's lease on window [first, last), kept as
+ * the lease's pending check: the challenge to send (caller deletes); NULL when the model has no
+ * probe set (*rc 0) or the store failed (*rc < 0). */
+static cJSON *probe_issue(struct kvd_market_api *a, const char *model, uint32_t window,
+                          uint32_t first, uint32_t last, const char *node, const char *kind,
+                          double now, int *rc)
+{
+    char key[100];
+    snprintf(key, sizeof key, "probes/%s", model);
+    *rc = 0;
+    cJSON *set = blob_load(a, key);
+    if (!set)
+        return NULL;
+    cJSON *seqs;
+    cJSON *ch = kvd_market__probe_challenge(set, first, last, &seqs);
+    cJSON_Delete(set);
+    double deadline = now + a->cfg.reserve_s;
+    cJSON *chk = checks_load(a, model, window, node, key);
+    cJSON_DeleteItemFromObject(chk, "pending");
+    cJSON *pd = cJSON_AddObjectToObject(chk, "pending");
+    cJSON_AddStringToObject(pd, "id", jstr(ch, "id"));
+    cJSON_AddStringToObject(pd, "kind", kind);
+    cJSON_AddItemToObject(pd, "seqs", seqs);
+    cJSON_AddNumberToObject(pd, "deadline", deadline);
+    challenge_tag(ch, kind, window, deadline - now);
+    *rc = blob_save(a, key, chk);
+    cJSON_Delete(chk);
+    if (*rc) {
+        cJSON_Delete(ch);
+        return NULL;
+    }
+    kvd_log(KVD_LOG_INFO, "probe %s (%s) of window %u of %.16s... sent to node %.16s...",
+            jstr(ch, "id"), kind, window, model, node);
+    return ch;
+}
+
+/* The lease's last check result, the pending one cleared. */
+static void probe_record(cJSON *chk, const char *kind, bool pass, double nmse, const char *why,
+                         double now)
+{
+    cJSON_DeleteItemFromObject(chk, "pending");
+    cJSON_DeleteItemFromObject(chk, "last");
+    cJSON *l = cJSON_AddObjectToObject(chk, "last");
+    cJSON_AddStringToObject(l, "kind", kind);
+    cJSON_AddStringToObject(l, "result", pass ? "pass" : "fail");
+    if (isfinite(nmse))
+        cJSON_AddNumberToObject(l, "nmse", nmse);
+    if (why)
+        cJSON_AddStringToObject(l, "why", why);
+    cJSON_AddNumberToObject(l, "at", now);
+}
+
+/* A failed probe (a wrong answer, or none in time): the lease ends at once, with no grace
+ * (the window shows uncovered and is free for anyone), the node's claims are refused for
+ * penalty_s, and after a spot check its unpaid credit is voided. msg gets the reason the
+ * node is told. 0, or the store's failure. */
+static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_market_lease *l,
+                      const char *kind, const char *why, double now, char *msg, size_t n)
+{
+    snprintf(msg, n, "window %u: %s probe failed: %s", l->window, kind, why);
+    l->expires = now - a->cfg.grace_s - 1;
+    int rc = a->st->ops->lease_put(a->st->impl, model, l);
+    char key[80];
+    snprintf(key, sizeof key, "penalty/%s", l->node);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "until", now + a->cfg.penalty_s);
+    cJSON_AddStringToObject(p, "reason", msg);
+    if (rc == 0)
+        rc = blob_save(a, key, p);
+    cJSON_Delete(p);
+    uint64_t lt = 0;
+    double cr = 0;
+    bool spot = !strcmp(kind, "spot");
+    if (rc == 0 && spot)
+        rc = a->st->ops->credit_void(a->st->impl, l->node, now, msg, &lt, &cr);
+    if (rc == 0 && spot)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s, unpaid "
+                "credit voided (%llu layer-tokens, %g credit)", l->node, msg, a->cfg.penalty_s,
+                (unsigned long long)lt, cr);
+    else if (rc == 0)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s", l->node,
+                msg, a->cfg.penalty_s);
+    return rc;
+}
+
+/* The pending spot check of an active lease that ran past its deadline (failed: msg set,
+ * returns 1), or a new one when due (*ch set), on a heartbeat. 0, 1, or the store's failure. */
+static int spot_tick(struct kvd_market_api *a, const struct model_state *ms, size_t wi,
+                     struct kvd_market_lease *l, double now, cJSON **ch, char *msg, size_t n)
+{
+    char key[100];
+    *ch = NULL;
+    snprintf(key, sizeof key, "check/%s/%u", ms->m.id, l->window);
+    cJSON *chk = blob_load(a, key);
+    const char *node = jstr(chk, "node");
+    int rc = 0;
+    if (!node || strcmp(node, l->node)) {
+        cJSON_Delete(chk);   /* no probe set, or activated without one: nothing to check */
+        return 0;
+    }
+    const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
+    if (pd && now <= util_json_number(pd, "deadline", 0)) {
+        /* not answered yet (its answer lost, say): the same probe again, same deadline */
+        char pkey[80];
+        snprintf(pkey, sizeof pkey, "probes/%s", ms->m.id);
+        cJSON *set = blob_load(a, pkey);
+        const char *id = jstr(pd, "id"), *kind = jstr(pd, "kind");
+        if (set && id && kind)
+            *ch = challenge_tag(kvd_market__probe_build(set, ms->w[wi].first, ms->w[wi].last,
+                                                        cJSON_GetObjectItemCaseSensitive(pd, "seqs"), id),
+                                kind, l->window, util_json_number(pd, "deadline", 0) - now);
+        cJSON_Delete(set);
+    } else if (pd) {
+        const char *kind = jstr(pd, "kind");
+        char k[16];
+        snprintf(k, sizeof k, "%s", kind ? kind : "spot");
+        probe_record(chk, k, false, INFINITY, "no answer before its deadline", now);
+        rc = blob_save(a, key, chk);
+        if (rc == 0)
+            rc = probe_fail(a, ms->m.id, l, k, "no answer before its deadline", now, msg, n);
+        rc = rc ? rc : 1;
+    } else if (a->cfg.spot_check_s > 0 && now >= util_json_number(chk, "next", 0)) {
+        *ch = probe_issue(a, ms->m.id, l->window, ms->w[wi].first, ms->w[wi].last, l->node, "spot",
+                          now, &rc);
+    }
+    cJSON_Delete(chk);
+    return rc;
+}
+
+/* POST /v1/leases/probe {"model", "window", "id", "outputs": [{"output": F16-BASE64} |
+ * {"tokens": [...]}, ...]}: the stage's answer to the probe pending on its lease. Right: an
+ * activation makes the lease active, a spot check changes nothing; both set the next spot
+ * check. Wrong or late: 403 with the reason, the lease ended (probe_fail). */
+static void h_probe(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512], msg[700], key[100];
+    struct lease_call c;
+    cJSON *chk = NULL, *set = NULL;
+    if (lease_call_open(&c, a, req, NULL))
+        goto out;
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    int ls = c.ms->ls[c.wi];
+    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
+    chk = checks_load(a, c.ms->m.id, l->window, c.node, key);
+    const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
+    const char *id = jstr(c.b, "id"), *pid = jstr(pd, "id"), *kind = jstr(pd, "kind");
+    if (!id || !pid || !kind || strcmp(id, pid)) {
+        snprintf(why, sizeof why, "no probe %s is pending on this node's lease of window %u",
+                 id ? id : "(no id)", l->window);
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
+    char pkey[80], k[16];
+    snprintf(k, sizeof k, "%s", kind);
+    snprintf(pkey, sizeof pkey, "probes/%s", c.ms->m.id);
+    set = blob_load(a, pkey);
+    if (!set) {
+        state_refuse(a, req, c.ms, 503, NULL, "the model's probe set is gone");
+        goto out;
+    }
+    double nmse = 0;
+    bool late = c.now > util_json_number(pd, "deadline", 0);
+    int rc = late ? -EBADMSG : kvd_market__probe_judge(set, c.ms->w[c.wi].last,
+                                                        cJSON_GetObjectItemCaseSensitive(pd, "seqs"),
+                                                        cJSON_GetObjectItemCaseSensitive(c.b, "outputs"),
+                                                        &nmse, why, sizeof why);
+    if (late)
+        snprintf(why, sizeof why, "answered after its deadline");
+    if (rc && rc != -EBADMSG) {
+        state_refuse(a, req, c.ms, rc == -EINVAL ? 400 : 503, NULL, why);
+        goto out;
+    }
+    probe_record(chk, k, rc == 0, nmse, rc ? why : NULL, c.now);
+    cJSON *last = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(chk, "last"), 1);
+    if (rc == 0) {
+        cJSON_DeleteItemFromObject(chk, "next");
+        cJSON_AddNumberToObject(chk, "next", spot_next(a, c.now));
+        if (!strcmp(k, "activation")) {
+            l->state = KVD_LEASE_ACTIVE;
+            l->expires = c.now + a->cfg.lease_s;
+        }
+    }
+    int src = blob_save(a, key, chk);
+    if (src == 0 && rc == 0)
+        src = a->st->ops->lease_put(a->st->impl, c.ms->m.id, l);
+    if (src == 0 && rc)
+        src = probe_fail(a, c.ms->m.id, l, k, why, c.now, msg, sizeof msg);
+    if (src) {
+        cJSON_Delete(last);
+        state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+        goto out;
+    }
+    cJSON *o;
+    if (rc == 0) {
+        kvd_log(KVD_LOG_INFO, "probe %s (%s) of window %u by node %.16s...: pass (NMSE %.3g)", id, k,
+                l->window, c.node, nmse);
+        o = lease_json(a, l, lease_now(a, l, c.now), c.now);
+        cJSON_AddStringToObject(o, "model", c.ms->m.id);
+    } else {
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "error", msg);
+    }
+    cJSON_AddItemToObject(o, "probe", last);
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, rc == 0 ? 200 : 403, o);
+out:
+    cJSON_Delete(chk);
+    cJSON_Delete(set);
+    lease_call_end(&c);
+}
+
 /* POST /v1/claims {"model": ID, "window": W}: a reserved lease on a free window, the same one
  * again to its holder; 409 with the free windows when someone else holds it. */
 static void h_claims(struct net_http_req *req, void *ud)
@@ -1056,6 +1372,10 @@ static void h_claims(struct net_http_req *req, void *ud)
         goto out;
     int ls = c.ms->ls[c.wi];
     struct kvd_market_lease *l = &c.ms->l[c.wi];
+    if (penalized(a, c.node, c.now, why, sizeof why)) {
+        state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
     if (ls != L_FREE && strcmp(l->node, c.node)) {
         cJSON *x = cJSON_CreateObject();
         cJSON_AddItemToObject(x, "free", free_windows(c.ms, c.node));
@@ -1153,15 +1473,33 @@ static void activate(struct probe *p, const char *fail)
         rollback_err(a, req, 409, NULL, "the lease lapsed while its endpoint was checked: claim again");
         return;
     }
-    l.state = KVD_LEASE_ACTIVE;
-    l.expires = now + a->cfg.lease_s;
     snprintf(l.endpoint, sizeof l.endpoint, "%s", p->endpoint);
-    if (a->st->ops->lease_put(a->st->impl, p->model, &l)) {
+    /* With a probe set, the lease waits (reserved) for the stage's answer to a known-answer
+     * probe (h_probe): also an active one whose endpoint changed, a new stage process that
+     * must show its window again. */
+    int rc = 0;
+    cJSON *ch = a->cfg.probe ?
+        probe_issue(a, p->model, p->window, p->first, p->last, p->node, "activation", now, &rc) : NULL;
+    if (rc) {
         rollback_err(a, req, 503, NULL, a->st->err);
         return;
     }
-    cJSON *o = lease_json(a, &l, L_ACTIVE, now);
+    if (!ch) {
+        l.state = KVD_LEASE_ACTIVE;
+        l.expires = now + a->cfg.lease_s;
+    } else {
+        l.state = KVD_LEASE_RESERVED;
+        l.expires = now + a->cfg.reserve_s;
+    }
+    if (a->st->ops->lease_put(a->st->impl, p->model, &l)) {
+        cJSON_Delete(ch);
+        rollback_err(a, req, 503, NULL, a->st->err);
+        return;
+    }
+    cJSON *o = lease_json(a, &l, ch ? L_RESERVED : L_ACTIVE, now);
     cJSON_AddStringToObject(o, "model", p->model);
+    if (ch)
+        cJSON_AddItemToObject(o, "probe", ch);
     commit_reply(a, req, 200, o);
 }
 
@@ -1267,10 +1605,26 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
         goto out;
     }
     if (!activating) {
-        cJSON *o = lease_json(a, l, lease_now(a, l, c.now), c.now);
-        cJSON_AddStringToObject(o, "model", c.ms->m.id);
+        cJSON *ch = NULL;
+        char msg[700];
+        int rc = a->cfg.probe && l->state == KVD_LEASE_ACTIVE ?
+            spot_tick(a, c.ms, c.wi, l, c.now, &ch, msg, sizeof msg) : 0;
+        if (rc < 0) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
+        cJSON *o;
+        if (rc == 1) {   /* a spot check went unanswered: the lease is over */
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "error", msg);
+        } else {
+            o = lease_json(a, l, lease_now(a, l, c.now), c.now);
+            cJSON_AddStringToObject(o, "model", c.ms->m.id);
+            if (ch)
+                cJSON_AddItemToObject(o, "probe", ch);
+        }
         kvd_market__model_clear(&c.ms->m);
-        commit_reply(a, req, 200, o);
+        commit_reply(a, req, rc == 1 ? 403 : 200, o);
         goto out;
     }
     if (a->st->ops->commit(a->st->impl)) {
@@ -1288,6 +1642,8 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
     p->a = a;
     p->req = req;
     p->window = c.ms->w[c.wi].idx;
+    p->first = c.ms->w[c.wi].first;
+    p->last = c.ms->w[c.wi].last;
     memcpy(p->model, c.ms->m.id, 65);
     memcpy(p->node, c.node, 65);
     snprintf(p->endpoint, sizeof p->endpoint, "%s", ep);
@@ -1392,6 +1748,10 @@ static void h_receipts(struct net_http_req *req, void *ud)
         cJSON_AddStringToObject(o, "status", "waiting for the other side");
     } else if (rc == 0 && strcmp(other.digest, r.digest)) {
         cJSON_AddStringToObject(o, "status", "digests differ: not credited");
+    } else if (rc == 0 && penalized(a, r.side == KVD_SIDE_SENT ? r.node : other.node, now, why,
+                                    sizeof why)) {
+        /* work of a node that failed a probe is not paid, like its voided credit */
+        cJSON_AddStringToObject(o, "status", "the sending node failed a probe: not credited");
     } else if (rc == 0) {
         const struct kvd_market_receipt *snd = r.side == KVD_SIDE_SENT ? &r : &other;
         const struct kvd_market_window *w = &ms->w[rank];
@@ -1480,10 +1840,11 @@ static const char page[] =
     "d.title='window '+w.window+': layers '+w.layers[0]+'-'+w.layers[1]+', '+w.state+', reward '+w.reward;"
     "d.textContent=w.layers[0]+'-'+w.layers[1]+' '+w.state;bar.appendChild(d);}root.appendChild(bar);"
     "const t=document.createElement('table');t.innerHTML='<tr><th>window</th><th>layers</th>"
-    "<th>state</th><th>stage</th><th>endpoint</th><th>reward/layer-token</th></tr>';"
+    "<th>state</th><th>stage</th><th>endpoint</th><th>last probe</th><th>reward/layer-token</th></tr>';"
     "for(const w of c.windows){const s=w.stages[0]||{};const tr=document.createElement('tr');"
     "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],w.state,(s.node||'').slice(0,16),"
-    "s.endpoint||'',w.reward.toPrecision(3)]){const td=document.createElement('td');"
+    "s.endpoint||'',s.probe?s.probe.kind+' '+s.probe.result:'',w.reward.toPrecision(3)]){"
+    "const td=document.createElement('td');"
     "td.textContent=v;tr.appendChild(td);}t.appendChild(tr);}root.appendChild(t);"
     "const rg=document.createElement('p');rg.textContent=c.rings.length?'rings: '+"
     "c.rings.map(x=>x.id+' ('+x.ranks+' ranks)').join(', '):'rings: none complete';"
@@ -1525,6 +1886,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"POST", "/v1/claims", h_claims},
         {"POST", "/v1/leases/heartbeat", h_heartbeat},
         {"POST", "/v1/leases/release", h_release},
+        {"POST", "/v1/leases/probe", h_probe},
         {"POST", "/v1/receipts", h_receipts},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {

@@ -4,6 +4,7 @@
  *   store_sqlite.c  the storage interface on SQLite (WAL; one transaction per request)
  *   store_pg.c      the same on PostgreSQL (SERIALIZABLE transactions; several instances)
  *   store.c         opening a store by its URL (the one place that knows the backends)
+ *   probe.c         known-answer probes: a probe set's checks, challenges, judgements
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
@@ -16,7 +17,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define KVD_MARKET_SCHEMA 1        /* the schema version stored in the database */
+#define KVD_MARKET_SCHEMA 2        /* the schema version stored in the database (2: blobs, voids;
+                                    * a version-1 database gains those tables) */
 #define KVD_MARKET_MAX_WINDOWS 64  /* windows of one model (the ranks a ring may have) */
 #define KVD_MARKET_EP_MAX 256
 
@@ -104,6 +106,15 @@ struct kvd_market_store_ops {
     int (*credit_add)(void *impl, const char *session, uint32_t rank, uint64_t t0, uint64_t t1,
                       const char *node, uint64_t layer_tokens, double credit);
     int (*balance_get)(void *impl, const char *node, uint64_t *layer_tokens, double *credit);
+    /* Small JSON documents by key (a model's probe set, a lease's pending probe, a node's
+     * penalty): put replaces (value NULL deletes); get hands back a malloc'd copy (caller
+     * frees), -ENOENT when there is none. */
+    int (*blob_put)(void *impl, const char *key, const char *value);
+    int (*blob_get)(void *impl, const char *key, char **value);
+    /* Void the node's unpaid credit (its whole balance; nothing is paid out yet): the balance
+     * becomes zero and a void row records what it was, when and why (*layer_tokens, *credit). */
+    int (*credit_void)(void *impl, const char *node, double at, const char *reason,
+                       uint64_t *layer_tokens, double *credit);
     void (*close)(void *impl);
 };
 
@@ -135,9 +146,30 @@ struct kvd_market_config {
     double demand_ref;             /* requests/min at which demand doubles... half of it */
     double demand_tau_s;           /* the demand average's time constant */
     double poll_max_s;             /* the longest a manifest long-poll waits */
-    bool probe;                    /* check a stage's endpoint answers before activating */
+    bool probe;                    /* check a stage's endpoint and its probe before activating */
+    double spot_check_s;           /* an active lease is probed again every 0.5..1.5 x this (0: never) */
+    double penalty_s;              /* a node that failed a probe may not claim for this long */
 };
 void kvd_market__config_default(struct kvd_market_config *c);
+
+/* Known-answer probes (docs/market.md, "Probes"). */
+struct cJSON;
+/* A registered probe set's shape and size against the model's: 0, or -EINVAL/-E2BIG with why. */
+int kvd_market__probes_check(const struct cJSON *set, uint32_t n_layers, uint32_t n_embd, char *why,
+                             size_t n);
+/* A challenge for window [first, last) (the caller deletes it): id, layers and a random subset
+ * of the set's sequences in a random order, each with its tokens (first == 0) or its input
+ * boundary; *seqs gets the indices asked, in that order (the caller deletes). */
+struct cJSON *kvd_market__probe_challenge(const struct cJSON *set, uint32_t first, uint32_t last, struct cJSON **seqs);
+/* The challenge of sequences seqs (indices into the set) with that id again (a resend). */
+struct cJSON *kvd_market__probe_build(const struct cJSON *set, uint32_t first, uint32_t last,
+                                      const struct cJSON *seqs, const char *id);
+/* The answer to a challenge of sequences seqs for a window ending at last: 0 when every output
+ * boundary is within RING_PROBE_TOL NMSE (the worst in *nmse) or every clear greedy token
+ * matches (last == n_layers); -EBADMSG for a wrong answer, -EINVAL for a malformed one, why
+ * saying which. */
+int kvd_market__probe_judge(const struct cJSON *set, uint32_t last, const struct cJSON *seqs,
+                            const struct cJSON *outputs, double *nmse, char *why, size_t n);
 
 struct net_http_server;
 struct uv_loop_s;

@@ -51,7 +51,11 @@ static void usage(FILE *f)
         "  --grace-s S         a lapsed window waits S s for its node to come back (default 30)\n"
         "  --clock-skew-s S    a signed call's time may be S s off (default 300)\n"
         "  --reward-base R     credit per layer-token of a covered window (default 0.001)\n"
-        "  --no-probe          activate leases without checking their endpoint answers\n"
+        "  --no-probe          activate leases on reachability alone: no endpoint check, no\n"
+        "                      known-answer probes, no spot checks\n"
+        "  --spot-check-s S    probe an active stage again every 0.5..1.5 x S s (default 300;\n"
+        "                      0: never)\n"
+        "  --penalty-s S       a node that failed a probe may not claim for S s (default 600)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
 }
 
@@ -101,6 +105,10 @@ int kvd_market_main(int argc, char **argv)
             rc = num(a, v, 1, 86400, &cfg.reserve_s);
         else if (!strcmp(a, "--grace-s"))
             rc = num(a, v, 0, 86400, &cfg.grace_s);
+        else if (!strcmp(a, "--spot-check-s"))
+            rc = num(a, v, 0, 86400 * 30, &cfg.spot_check_s);
+        else if (!strcmp(a, "--penalty-s"))
+            rc = num(a, v, 0, 86400 * 365, &cfg.penalty_s);
         else if (!strcmp(a, "--clock-skew-s"))
             rc = num(a, v, 1, 86400, &cfg.clock_skew_s);
         else if (!strcmp(a, "--reward-base"))

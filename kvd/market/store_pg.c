@@ -42,7 +42,10 @@ static const char schema[] =
     " t0 BIGINT NOT NULL, t1 BIGINT NOT NULL, node TEXT NOT NULL, layer_tokens BIGINT NOT NULL,"
     " credit DOUBLE PRECISION NOT NULL, PRIMARY KEY(session, rank, t0));"
     "CREATE TABLE IF NOT EXISTS balances(node TEXT PRIMARY KEY, layer_tokens BIGINT NOT NULL,"
-    " credit DOUBLE PRECISION NOT NULL);";
+    " credit DOUBLE PRECISION NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS blobs(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS voids(node TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,"
+    " layer_tokens BIGINT NOT NULL, credit DOUBLE PRECISION NOT NULL, reason TEXT NOT NULL);";
 
 /* Parameters are text: numbers are formatted into these slots. */
 struct args {
@@ -430,6 +433,53 @@ static int pg_balance_get(void *impl, const char *node, uint64_t *layer_tokens, 
     return 0;
 }
 
+static int pg_blob_put(void *impl, const char *key, const char *value)
+{
+    struct args a = {0};
+    a_str(&a, key);
+    if (!value)
+        return exec(impl, "DELETE FROM blobs WHERE k=$1", &a);
+    a_str(&a, value);
+    return exec(impl, "INSERT INTO blobs(k,v) VALUES($1,$2) ON CONFLICT(k) DO UPDATE SET v=excluded.v",
+                &a);
+}
+
+static int pg_blob_get(void *impl, const char *key, char **value)
+{
+    struct args a = {0};
+    int rc;
+    *value = NULL;
+    a_str(&a, key);
+    PGresult *r = run(impl, "SELECT v FROM blobs WHERE k=$1", &a, &rc);
+    if (!r)
+        return rc;
+    rc = -ENOENT;
+    if (PQntuples(r) == 1)
+        rc = (*value = strdup(PQgetvalue(r, 0, 0))) ? 0 : -ENOMEM;
+    PQclear(r);
+    return rc;
+}
+
+static int pg_credit_void(void *impl, const char *node, double at, const char *reason,
+                          uint64_t *layer_tokens, double *credit)
+{
+    int rc = pg_balance_get(impl, node, layer_tokens, credit);
+    if (rc)
+        return rc;
+    struct args a = {0};
+    a_str(&a, node);
+    a_dbl(&a, at);
+    a_u64(&a, *layer_tokens);
+    a_dbl(&a, *credit);
+    a_str(&a, reason);
+    if ((rc = exec(impl, "INSERT INTO voids(node,at,layer_tokens,credit,reason) VALUES($1,$2,$3,$4,$5)",
+                   &a)))
+        return rc;
+    struct args b = {0};
+    a_str(&b, node);
+    return exec(impl, "UPDATE balances SET layer_tokens=0, credit=0 WHERE node=$1", &b);
+}
+
 static void pg_close(void *impl)
 {
     struct pg *p = impl;
@@ -443,7 +493,7 @@ static const struct kvd_market_store_ops pg_ops = {
     pg_begin, pg_commit, pg_rollback, pg_model_put, pg_model_get, pg_model_ids,
     pg_model_demand_set, pg_windows_set, pg_windows_get, pg_node_put, pg_nodes_recent,
     pg_lease_get, pg_lease_put, pg_lease_count, pg_nonce_use, pg_receipt_put, pg_receipt_get,
-    pg_credit_add, pg_balance_get, pg_close,
+    pg_credit_add, pg_balance_get, pg_blob_put, pg_blob_get, pg_credit_void, pg_close,
 };
 
 int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *err, size_t errlen)

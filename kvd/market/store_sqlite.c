@@ -41,7 +41,10 @@ static const char schema[] =
     " t0 INTEGER NOT NULL, t1 INTEGER NOT NULL, node TEXT NOT NULL, layer_tokens INTEGER NOT NULL,"
     " credit REAL NOT NULL, PRIMARY KEY(session, rank, t0));"
     "CREATE TABLE IF NOT EXISTS balances(node TEXT PRIMARY KEY, layer_tokens INTEGER NOT NULL,"
-    " credit REAL NOT NULL);";
+    " credit REAL NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS blobs(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS voids(node TEXT NOT NULL, at REAL NOT NULL,"
+    " layer_tokens INTEGER NOT NULL, credit REAL NOT NULL, reason TEXT NOT NULL);";
 
 /* Prepare sql into *st, noting a failure in the store's err: 0 or -EIO. */
 static int prep(struct sq *q, sqlite3_stmt **st, const char *sql)
@@ -427,6 +430,56 @@ static int sq_balance_get(void *impl, const char *node, uint64_t *layer_tokens, 
     return 0;
 }
 
+static int sq_blob_put(void *impl, const char *key, const char *value)
+{
+    struct sq *q = impl;
+    sqlite3_stmt *st;
+    if (prep(q, &st, value ? "INSERT OR REPLACE INTO blobs(k,v) VALUES(?,?)" : "DELETE FROM blobs WHERE k=?"))
+        return -EIO;
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    if (value)
+        sqlite3_bind_text(st, 2, value, -1, SQLITE_STATIC);
+    return run(q, st);
+}
+
+static int sq_blob_get(void *impl, const char *key, char **value)
+{
+    struct sq *q = impl;
+    sqlite3_stmt *st;
+    *value = NULL;
+    if (prep(q, &st, "SELECT v FROM blobs WHERE k=?"))
+        return -EIO;
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    int rc = -ENOENT;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        rc = (*value = text_dup(st, 0)) ? 0 : -ENOMEM;
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int sq_credit_void(void *impl, const char *node, double at, const char *reason,
+                          uint64_t *layer_tokens, double *credit)
+{
+    struct sq *q = impl;
+    sqlite3_stmt *st;
+    int rc = sq_balance_get(impl, node, layer_tokens, credit);
+    if (rc)
+        return rc;
+    if (prep(q, &st, "INSERT INTO voids(node,at,layer_tokens,credit,reason) VALUES(?,?,?,?,?)"))
+        return -EIO;
+    sqlite3_bind_text(st, 1, node, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 2, at);
+    sqlite3_bind_int64(st, 3, (sqlite3_int64)*layer_tokens);
+    sqlite3_bind_double(st, 4, *credit);
+    sqlite3_bind_text(st, 5, reason, -1, SQLITE_STATIC);
+    if ((rc = run(q, st)))
+        return rc;
+    if (prep(q, &st, "UPDATE balances SET layer_tokens=0, credit=0 WHERE node=?"))
+        return -EIO;
+    sqlite3_bind_text(st, 1, node, -1, SQLITE_STATIC);
+    return run(q, st);
+}
+
 static void sq_close(void *impl)
 {
     struct sq *q = impl;
@@ -440,7 +493,7 @@ static const struct kvd_market_store_ops sqlite_ops = {
     sq_begin, sq_commit, sq_rollback, sq_model_put, sq_model_get, sq_model_ids,
     sq_model_demand_set, sq_windows_set, sq_windows_get, sq_node_put, sq_nodes_recent,
     sq_lease_get, sq_lease_put, sq_lease_count, sq_nonce_use, sq_receipt_put, sq_receipt_get,
-    sq_credit_add, sq_balance_get, sq_close,
+    sq_credit_add, sq_balance_get, sq_blob_put, sq_blob_get, sq_credit_void, sq_close,
 };
 
 int kvd_market__sqlite_open(struct kvd_market_store **out, const char *path, char *err,

@@ -9,6 +9,7 @@
  *   control.c   the control socket (generate, status, shutdown) and the status object
  *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
  *   stage.c     the struct's start and stop, the periodic tick, signals
+ *   probe.c     a market's known-answer probe through a fresh instance of the backend
  * control.c asks for a shutdown through stage->shutdown, the one call upwards. */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
