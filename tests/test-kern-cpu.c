@@ -771,12 +771,12 @@ T_CASE(scratch_reserved)
     kern_pool_free(p);
 }
 
-/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q8_0,
- * Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
+/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
  * several batch sizes: agree with the reference by NMSE, the thread count changes no bit, and
  * the AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
-static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K,
-                                        KERN_T_Q6_K};
+static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q4_1, KERN_T_Q5_0, KERN_T_Q5_1,
+                                        KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K};
 
 /* Whether cols is a whole number of t's blocks (the K types' super-blocks are 256). */
 static bool whole_blocks(uint32_t t, int64_t cols)
@@ -871,7 +871,8 @@ T_CASE(packed_matmul)
                 }
                 T_CHECK(kern_pack_find(pk, t, rows + 1, cols, 0) == -1 &&
                             kern_pack_find(pk, t, rows, cols, nm * mb) == -1 &&
-                            kern_pack_find(pk, KERN_T_Q4_1, rows, cols, 0) == -1 &&
+                            kern_pack_find(pk, t == KERN_T_Q4_0 ? KERN_T_Q8_0 : KERN_T_Q4_0,
+                                           rows, cols, 0) == -1 &&
                             (mb == 0 || kern_pack_find(pk, t, rows, cols, 1) == -1),
                         "find refuses what the pack does not hold");
                 T_CHECK(kern_matmul_packed(pools[0], pk, nm, x, 1, y) == -EINVAL, "bad matrix");
