@@ -43,6 +43,7 @@ T_CASE(matmul_all_levels)
     struct { int64_t rows, cols, n; } shapes[] = {
         {1, 256, 1}, {37, 512, 1}, {67, 768, 5}, {130, 256, 9}, {200, 512, 17}, {96, 1024, 4},
         {33, 96, 6}, {70, 224, 1}, /* odd block counts (K types skip these) */
+        {11, 104, 9}, {7, 101, 5}, /* F32/F16/BF16 only: the dots' 8-wide and scalar tails */
     };
     struct kern_pool *pools[3];
     for (int nt = 1; nt <= 3; nt++) {
@@ -118,7 +119,10 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
  * take every tail of the kernels, and rows past 64 split across the threads. */
 T_CASE(matmul_rows_exact)
 {
-    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {5, 96}, {33, 1280}};
+    /* 104 and 101 columns (F32/F16/BF16 only): the 8-wide and scalar tails of the F16/BF16
+     * multi-row dots */
+    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {5, 96}, {33, 1280},
+                                               {12, 104}, {9, 101}};
     struct kern_pool *p;
     int rc = kern_pool_new(&p, 2);
     T_ASSERT(rc == 0, "pool");
