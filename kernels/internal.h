@@ -213,7 +213,8 @@ typedef void (*kern__dotn_fn)(const void *w, const void *xq, size_t xstride, int
 typedef void (*kern__rp_fn)(const void *grp, int64_t nb, const void *xq, size_t xs, int nc,
                             float *out);
 /* Bytes of one activation row of the repacked kernels of a weight type, padded to 64: Q4_K's
- * Q5_K's and Q6_K's are Q8_K blocks, the others' nb x (32 quants, f32 scale, int32 correction). */
+ * Q5_K's and Q6_K's are Q8_K blocks, the others' nb x (32 quants, f32 scale, int32 correction
+ * or, for Q4_1/Q5_1, the f32 s). */
 static inline size_t kern__rp_act_bytes(uint32_t type, int64_t cols)
 {
     size_t b = type == KERN_T_Q4_K || type == KERN_T_Q5_K || type == KERN_T_Q6_K

@@ -43,6 +43,7 @@ T_CASE(matmul_all_levels)
     struct { int64_t rows, cols, n; } shapes[] = {
         {1, 256, 1}, {37, 512, 1}, {67, 768, 5}, {130, 256, 9}, {200, 512, 17}, {96, 1024, 4},
         {33, 96, 6}, {70, 224, 1}, /* odd block counts (K types skip these) */
+        {11, 104, 9}, {7, 101, 5}, /* F32/F16/BF16 only: the dots' 8-wide and scalar tails */
     };
     struct kern_pool *pools[3];
     for (int nt = 1; nt <= 3; nt++) {
@@ -118,7 +119,10 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
  * take every tail of the kernels, and rows past 64 split across the threads. */
 T_CASE(matmul_rows_exact)
 {
-    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {5, 96}, {33, 1280}};
+    /* 104 and 101 columns (F32/F16/BF16 only): the 8-wide and scalar tails of the F16/BF16
+     * multi-row dots */
+    struct { int64_t rows, cols; } shapes[] = {{70, 416}, {19, 768}, {5, 96}, {33, 1280},
+                                               {12, 104}, {9, 101}};
     struct kern_pool *p;
     int rc = kern_pool_new(&p, 2);
     T_ASSERT(rc == 0, "pool");
@@ -771,12 +775,51 @@ T_CASE(scratch_reserved)
     kern_pool_free(p);
 }
 
-/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q8_0,
- * Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
+/* F16/BF16: the AVX-512 dots keep a column's accumulators in zmm pairs, lane for lane the
+ * AVX2 ymm operations, so both levels give the same bits (odd and tail column counts, batches
+ * of 1, 3 and 9 rows: the one-row dot and the multi-row one). */
+T_CASE(f16_levels_same_bits)
+{
+    struct { int64_t rows, cols; } shapes[] = {{12, 104}, {9, 101}, {19, 768}, {5, 2048}};
+    const uint32_t types[] = {KERN_T_F16, KERN_T_BF16};
+    const int64_t ns[] = {1, 3, 9};
+    if (kern__simd_force("avx2") != 0 || kern__simd_force("avx512") != 0) {
+        kern__simd_force(NULL);
+        fprintf(stderr, "  avx2 and avx512 not both here\n");
+        return;
+    }
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si].rows, cols = shapes[si].cols;
+        float *w = malloc(rows * cols * 4), *x = malloc(9 * cols * 4);
+        float *ya = malloc(9 * rows * 4), *yb = malloc(9 * rows * 4);
+        void *wq = malloc(rows * cols * 2);
+        ku_seed(1300 + si);
+        ku_fill(w, rows * cols, 0.1f);
+        ku_fill(x, 9 * cols, 1.0f);
+        for (size_t ti = 0; ti < 2; ti++) {
+            T_ASSERT(quant_weights(types[ti], w, rows, cols, wq), "quant");
+            for (size_t ni = 0; ni < 3; ni++) {
+                int64_t n = ns[ni];
+                kern__simd_force("avx2");
+                T_ASSERT(kern_matmul(NULL, types[ti], wq, rows, cols, x, n, ya) == 0, "matmul");
+                kern__simd_force("avx512");
+                T_ASSERT(kern_matmul(NULL, types[ti], wq, rows, cols, x, n, yb) == 0, "matmul");
+                T_CHECK(memcmp(ya, yb, n * rows * 4) == 0, "%s %lldx%lld n=%lld: avx2 and "
+                        "avx512 differ", kern_type_name(types[ti]), (long long)rows,
+                        (long long)cols, (long long)n);
+            }
+        }
+        free(w); free(x); free(ya); free(yb); free(wq);
+    }
+    kern__simd_force(NULL);
+}
+
+/* Repacked weights (kernels/cpu/cpu_repack.c) at every level that has them, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, odd shapes (rows not a multiple of the group, odd block counts), 1-3 threads and
  * several batch sizes: agree with the reference by NMSE, the thread count changes no bit, and
  * the AVX2 and AVX-512 layouts give the very same floats (one chain of operations per output). */
-static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K,
-                                        KERN_T_Q6_K};
+static const uint32_t packed_types[] = {KERN_T_Q4_0, KERN_T_Q4_1, KERN_T_Q5_0, KERN_T_Q5_1,
+                                        KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K};
 
 /* Whether cols is a whole number of t's blocks (the K types' super-blocks are 256). */
 static bool whole_blocks(uint32_t t, int64_t cols)
@@ -871,7 +914,8 @@ T_CASE(packed_matmul)
                 }
                 T_CHECK(kern_pack_find(pk, t, rows + 1, cols, 0) == -1 &&
                             kern_pack_find(pk, t, rows, cols, nm * mb) == -1 &&
-                            kern_pack_find(pk, KERN_T_Q4_1, rows, cols, 0) == -1 &&
+                            kern_pack_find(pk, t == KERN_T_Q4_0 ? KERN_T_Q8_0 : KERN_T_Q4_0,
+                                           rows, cols, 0) == -1 &&
                             (mb == 0 || kern_pack_find(pk, t, rows, cols, 1) == -1),
                         "find refuses what the pack does not hold");
                 T_CHECK(kern_matmul_packed(pools[0], pk, nm, x, 1, y) == -EINVAL, "bad matrix");
@@ -971,6 +1015,7 @@ int main(int argc, char **argv)
     T_RUN(scratch_reserved);
     T_RUN(matmul_all_levels);
     T_RUN(matmul_rows_exact);
+    T_RUN(f16_levels_same_bits);
     T_RUN(dots_exact_inputs);
     T_RUN(kquant_dots_arbitrary_blocks);
     T_RUN(attention_fast);

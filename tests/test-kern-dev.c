@@ -236,7 +236,7 @@ T_CASE(weights_repacked)
     struct kern_pool *pool;
     T_ASSERT(kern_pool_new(&pool, 2) == 0 && kern_pool_reserve(pool, 1 << 16) == 0, "pool");
     const uint32_t types[] = {KERN_T_Q4_0, KERN_T_Q8_0, KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K,
-                              KERN_T_Q4_1};
+                              KERN_T_Q4_1, KERN_T_Q5_0, KERN_T_Q5_1, KERN_T_F16};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t t = types[ti];
         size_t rb = kern_row_bytes(t, C), mb = rb * R;

@@ -8,7 +8,7 @@
  * -c: compute efficiency instead: one thread, a cache-resident slice, CPU time (not wall
  * time), so the figure holds on a busy machine: G weights per CPU-second, the best of -r
  * rounds (default 5).
- * -p: the weights repacked at load (kern_pack_new: Q4_0, Q8_0 and the K types at the AVX2/AVX-512
+ * -p: the weights repacked at load (kern_pack_new: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K types at the AVX2/AVX-512
  * levels), as the cpu device runs them; other types stay in the file layout.
  */
 #include <stdio.h>

@@ -1,8 +1,9 @@
 /* cpu_repack.c — weights repacked at load for the interleaved kernels (simd_repack.inc), and
  * the matmul over them. A matrix is cut into groups of the SIMD level's rp_rows rows (the
  * last one zero-padded); a group holds, per block, each 4-byte chunk of its rows' quants side
- * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes), then the rows'
- * scales block by block (f16 for Q4_0/Q8_0; Q4_K's and Q5_K's d, dmin and their sub-blocks'
+ * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes; Q5_0/Q5_1's fifth
+ * bits rearranged into one chunk before the nibbles), then the rows' scales block by block
+ * (f16 d for Q4_0/Q5_0/Q8_0, d then m for Q4_1/Q5_1; Q4_K's and Q5_K's d, dmin and their sub-blocks'
  * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales). docs/kernels.md, "Repacked layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -32,6 +33,9 @@ static struct rp_type rp_type(uint32_t type)
 {
     switch (type) {
     case KERN_T_Q4_0: return (struct rp_type){KERN_QK, 16, 2};
+    case KERN_T_Q4_1: return (struct rp_type){KERN_QK, 16, 4};
+    case KERN_T_Q5_0: return (struct rp_type){KERN_QK, 20, 2};
+    case KERN_T_Q5_1: return (struct rp_type){KERN_QK, 20, 4};
     case KERN_T_Q8_0: return (struct rp_type){KERN_QK, 32, 2};
     case KERN_T_Q4_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2, 20};
     case KERN_T_Q5_K: return (struct rp_type){KERN_QK_K, KERN_QK_K / 2 + KERN_QK_K / 8, 20};
@@ -60,6 +64,8 @@ static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t
     }
     if (type != KERN_T_Q4_K && type != KERN_T_Q5_K) {
         memcpy(sd + 2 * r, blk, 2); /* the f16 d */
+        if (type == KERN_T_Q4_1 || type == KERN_T_Q5_1)
+            memcpy(sd + 2 * R + 2 * r, blk + 2, 2); /* then m[R] */
         return;
     }
     /* Q4_K / Q5_K (the same first 16 bytes): d[R], dmin[R] (f16), then sc[8][R], m[8][R] */
@@ -76,6 +82,21 @@ static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t
     }
 }
 
+/* A Q5_0/Q5_1 block's 32 fifth bits (qh: bit e for element e) as the kernels read them:
+ * byte k, bit 2i + h = element 4i + k + 16h, the fifth bit of nibble k of quant chunk i
+ * (low nibbles h = 0, high h = 1). */
+static void pack_fifth(const uint8_t qh[4], uint8_t out[4])
+{
+    uint32_t v = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                 (uint32_t)qh[3] << 24;
+    for (int k = 0; k < 4; k++) {
+        out[k] = 0;
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < 2; h++)
+                out[k] |= (uint8_t)(((v >> (4 * i + k + 16 * h)) & 1) << (2 * i + h));
+    }
+}
+
 /* Group g of matrix src (rows in the file layout, rb bytes each) into dst. */
 static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t rb, int64_t g,
                        uint8_t *dst)
@@ -84,11 +105,17 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
     const struct rp_type rt = rp_type(pk->type);
     const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
     /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, Q6_K's ql (32) then
-     * qh (16), as the kernels read them */
-    const size_t qoff = pk->type == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
-                        : pk->type == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
-                        : pk->type == KERN_T_Q6_K ? offsetof(struct kern_block_q6_K, ql)
-                                                  : 2;
+     * qh (16), as the kernels read them; Q5_0/Q5_1's fifth bits rearranged (pack_fifth) in
+     * one chunk before their nibbles */
+    const uint32_t t = pk->type;
+    const size_t qoff = t == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
+                        : t == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
+                        : t == KERN_T_Q6_K ? offsetof(struct kern_block_q6_K, ql)
+                        : t == KERN_T_Q4_1 ? offsetof(struct kern_block_q4_1, qs)
+                        : t == KERN_T_Q5_0 ? offsetof(struct kern_block_q5_0, qh)
+                        : t == KERN_T_Q5_1 ? offsetof(struct kern_block_q5_1, qh)
+                                           : 2;
+    const bool q5 = t == KERN_T_Q5_0 || t == KERN_T_Q5_1;
     const bool flip = pk->type == KERN_T_Q8_0 && pk->level->rp_q8_u8;
     uint8_t *qd = dst, *sd = dst + (size_t)pk->nb * rt.qb * R;
     memset(dst, 0, pk->grp_bytes);
@@ -100,9 +127,16 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
         for (int64_t b = 0; b < pk->nb; b++, blk += bb) {
             pack_scales(pk->type, blk, R, r, sd + (size_t)b * rt.sb * R);
             uint8_t *q = qd + (size_t)b * rt.qb * R;
+            uint8_t q5b[20]; /* Q5_0/Q5_1: fifth-bit chunk, then qs (which follows qh) */
+            const uint8_t *qsrc = blk + qoff;
+            if (q5) {
+                pack_fifth(blk + qoff, q5b);
+                memcpy(q5b + 4, blk + qoff + 4, 16);
+                qsrc = q5b;
+            }
             for (int i = 0; i < rt.qb / 4; i++)
                 for (int k = 0; k < 4; k++)
-                    q[((size_t)i * R + r) * 4 + k] = blk[qoff + 4 * i + k] ^ (flip ? 0x80 : 0);
+                    q[((size_t)i * R + r) * 4 + k] = qsrc[4 * i + k] ^ (flip ? 0x80 : 0);
         }
     }
 }
