@@ -97,6 +97,28 @@ static void pack_fifth(const uint8_t qh[4], uint8_t out[4])
     }
 }
 
+/* A Q6_K block's quants (ql then qh, 192 bytes) rearranged within the same bytes so the
+ * kernels build each 6-bit level with fewer operations. Chunk t (0..7) of half h gives, per
+ * byte e, the levels L0..L3 of elements 4t + e + 32k of the half (k = 0..3); the file holds
+ * their low nibbles in ql (L0, L2 in chunk t, L1, L3 in chunk t + 8) and their high 2-bit
+ * fields in qh (bits 2k). The packed chunks at the same places hold
+ *     X = L0 | (L2 >> 4) << 6,   Y = L1 | (L3 >> 4) << 6,   Z = (L2 & 15) | (L3 & 15) << 4
+ * so L0 and L1 are one mask each and L2, L3 one shift of X or Y joined to a nibble of Z. */
+static void pack_q6_K(const uint8_t in[192], uint8_t out[192])
+{
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 32; i++) {
+            const uint8_t a = in[64 * h + i], b = in[64 * h + 32 + i], hb = in[128 + 32 * h + i];
+            const uint8_t l0 = (uint8_t)((a & 15) | (hb & 3) << 4);
+            const uint8_t l1 = (uint8_t)((b & 15) | (hb >> 2 & 3) << 4);
+            const uint8_t l2 = (uint8_t)((a >> 4) | (hb >> 4 & 3) << 4);
+            const uint8_t l3 = (uint8_t)((b >> 4) | (hb >> 6) << 4);
+            out[64 * h + i] = (uint8_t)(l0 | (l2 >> 4) << 6);
+            out[64 * h + 32 + i] = (uint8_t)(l1 | (l3 >> 4) << 6);
+            out[128 + 32 * h + i] = (uint8_t)((l2 & 15) | (l3 & 15) << 4);
+        }
+}
+
 /* Group g of matrix src (rows in the file layout, rb bytes each) into dst. */
 static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t rb, int64_t g,
                        uint8_t *dst)
@@ -127,12 +149,16 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
         for (int64_t b = 0; b < pk->nb; b++, blk += bb) {
             pack_scales(pk->type, blk, R, r, sd + (size_t)b * rt.sb * R);
             uint8_t *q = qd + (size_t)b * rt.qb * R;
-            uint8_t q5b[20]; /* Q5_0/Q5_1: fifth-bit chunk, then qs (which follows qh) */
+            uint8_t rq[192]; /* Q5_0/Q5_1: fifth-bit chunk, then qs (which follows qh);
+                                Q6_K: pack_q6_K's chunks */
             const uint8_t *qsrc = blk + qoff;
             if (q5) {
-                pack_fifth(blk + qoff, q5b);
-                memcpy(q5b + 4, blk + qoff + 4, 16);
-                qsrc = q5b;
+                pack_fifth(blk + qoff, rq);
+                memcpy(rq + 4, blk + qoff + 4, 16);
+                qsrc = rq;
+            } else if (t == KERN_T_Q6_K) {
+                pack_q6_K(blk + qoff, rq);
+                qsrc = rq;
             }
             for (int i = 0; i < rt.qb / 4; i++)
                 for (int k = 0; k < 4; k++)
