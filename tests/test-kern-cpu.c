@@ -956,6 +956,59 @@ T_CASE(packed_matmul)
         kern_pool_free(pools[nt - 1]);
 }
 
+/* Repacked K-quant weights on arbitrary blocks (random_k_blocks: every 6-bit level at its
+ * top, every fifth and sixth bit, extreme scales, Q6_K's -128 scale), which the quantiser
+ * seldom writes and the repacking rearranges bit by bit: at every level with repacked
+ * kernels, against the reference within the integer-exact budget, each activation row of a
+ * batch bit for bit that row alone, and the AVX2 and AVX-512 layouts the same floats. */
+T_CASE(packed_kquant_arbitrary_blocks)
+{
+    const uint32_t kt[] = {KERN_T_Q4_K, KERN_T_Q5_K, KERN_T_Q6_K};
+    enum { ROWS = 37, NB = 3, COLS = NB * KERN_QK_K, N = 5 };
+    static float x[N * COLS], y[N * ROWS], yr[N * ROWS], y1[ROWS], ylv[N * ROWS];
+    static uint8_t wq[ROWS * NB * 210];
+    struct kern_pool *pool;
+    T_ASSERT(kern_pool_new(&pool, 1) == 0 && kern_pool_reserve(pool, packed_act(COLS, N)) == 0,
+             "pool");
+    for (size_t c = 0; c < sizeof kt / sizeof kt[0]; c++) {
+        const uint32_t t = kt[c];
+        T_ASSERT(kern_row_bytes(t, COLS) * ROWS <= sizeof wq, "weights buffer");
+        for (int rep = 0; rep < 6; rep++) {
+            ku_seed(1300 + rep);
+            random_k_blocks(t, wq, (int64_t)ROWS * NB);
+            for (int i = 0; i < N * COLS; i++) /* half the reps at +-127 everywhere */
+                x[i] = rep % 2 ? ((ku_u32() & 1) ? 1.0f : -1.0f) : ku_gauss();
+            T_ASSERT(kern_ref_matmul(t, wq, ROWS, COLS, x, N, yr) == 0, "reference");
+            bool have_lv = false;
+            for (size_t lv = 1; lv < 3; lv++) {
+                if (kern__simd_force(levels[lv]) != 0)
+                    continue;
+                struct kern_packed *pk;
+                T_ASSERT(kern_pack_new(&pk, t, wq, ROWS, COLS, 1) == 0, "%s pack %s",
+                         levels[lv], kern_type_name(t));
+                T_ASSERT(kern_matmul_packed(pool, pk, 0, x, N, y) == 0, "matmul");
+                double e = t_nmse(y, yr, N * ROWS);
+                T_CHECK(e <= 1e-12, "%s %s rep %d on arbitrary blocks: nmse %g", levels[lv],
+                        kern_type_name(t), rep, e);
+                for (int k = 0; k < N; k++) {
+                    T_ASSERT(kern_matmul_packed(pool, pk, 0, x + k * COLS, 1, y1) == 0, "one row");
+                    T_CHECK(memcmp(y1, y + k * ROWS, sizeof y1) == 0,
+                            "%s %s rep %d: row %d of %d differs from it alone", levels[lv],
+                            kern_type_name(t), rep, k, N);
+                }
+                if (have_lv)
+                    T_CHECK(memcmp(ylv, y, sizeof y) == 0, "%s %s rep %d: avx2 and avx512 differ",
+                            levels[lv], kern_type_name(t), rep);
+                memcpy(ylv, y, sizeof y);
+                have_lv = true;
+                kern_pack_free(pk);
+            }
+        }
+    }
+    kern__simd_force(NULL);
+    kern_pool_free(pool);
+}
+
 /* Row r of an n-row packed matmul (n = 1..70: decode rows, prompt chunks, both mixed) is
  * bit for bit the row alone: the ring batches sessions' rows through one window on this. */
 T_CASE(packed_rows_exact)
@@ -1022,6 +1075,7 @@ int main(int argc, char **argv)
     T_RUN(softmax_simd);
     T_RUN(pool_dispatch);
     T_RUN(packed_matmul);
+    T_RUN(packed_kquant_arbitrary_blocks);
     T_RUN(packed_rows_exact);
     fprintf(stderr, "cpu level: %s\n", kern_cpu_level());
     return T_DONE();
