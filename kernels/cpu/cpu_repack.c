@@ -4,7 +4,8 @@
  * by side (Q8_0 stored +128 when the level's kernels take unsigned bytes; Q5_0/Q5_1's fifth
  * bits rearranged into one chunk before the nibbles), then the rows' scales block by block
  * (f16 d for Q4_0/Q5_0/Q8_0, d then m for Q4_1/Q5_1; Q4_K's and Q5_K's d, dmin and their sub-blocks'
- * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales). docs/kernels.md, "Repacked layouts", has the picture. */
+ * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales by pairs of sub-blocks;
+ * Q6_K's quants rearranged within their bytes, pack_q6_K). docs/kernels.md, "Repacked layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -55,11 +56,11 @@ bool kern_pack_supported(uint32_t type, int64_t cols)
 /* Row r's scales of one block into the group's scale area sd of that block (R rows). */
 static void pack_scales(uint32_t type, const uint8_t *blk, int R, int r, uint8_t *sd)
 {
-    if (type == KERN_T_Q6_K) { /* d[R] (f16), then the int8 sc[16][R] */
+    if (type == KERN_T_Q6_K) { /* d[R] (f16), then the int8 scales by pairs: sc[8][R][2] */
         const struct kern_block_q6_K *k = (const void *)blk;
         memcpy(sd + 2 * r, &k->d, 2);
         for (int j = 0; j < 16; j++)
-            sd[2 * R + j * R + r] = (uint8_t)k->scales[j];
+            sd[2 * R + (j / 2) * 2 * R + 2 * r + j % 2] = (uint8_t)k->scales[j];
         return;
     }
     if (type != KERN_T_Q4_K && type != KERN_T_Q5_K) {
@@ -127,8 +128,8 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
     const struct rp_type rt = rp_type(pk->type);
     const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
     /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, Q6_K's ql (32) then
-     * qh (16), as the kernels read them; Q5_0/Q5_1's fifth bits rearranged (pack_fifth) in
-     * one chunk before their nibbles */
+     * qh (16) with their bits rearranged (pack_q6_K), as the kernels read them; Q5_0/Q5_1's
+     * fifth bits rearranged (pack_fifth) in one chunk before their nibbles */
     const uint32_t t = pk->type;
     const size_t qoff = t == KERN_T_Q4_K   ? offsetof(struct kern_block_q4_K, qs)
                         : t == KERN_T_Q5_K ? offsetof(struct kern_block_q5_K, qh)
