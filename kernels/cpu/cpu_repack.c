@@ -5,7 +5,8 @@
  * bits rearranged into one chunk before the nibbles), then the rows' scales block by block
  * (f16 d for Q4_0/Q5_0/Q8_0, d then m for Q4_1/Q5_1; Q4_K's and Q5_K's d, dmin and their sub-blocks'
  * 6-bit scales and mins unpacked to bytes; Q6_K's d and int8 scales by pairs of sub-blocks;
- * Q6_K's quants rearranged within their bytes, pack_q6_K). docs/kernels.md, "Repacked layouts", has the picture. */
+ * Q6_K's quants rearranged within their bytes, pack_q6_K). docs/kernels.md, "Repacked
+ * layouts", has the picture. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
