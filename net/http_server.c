@@ -146,6 +146,10 @@ struct net_http_conn {
     int handles_open;
     bool closing, close_after_write, reading, user_paused, work_pending, in_process, again,
          pumping;
+    bool linger;         /* the client may still be sending: close by lingering (conn_close) */
+    bool lingering;      /* the write side is shut; the client's bytes are read and dropped */
+    uint64_t linger_bytes;
+    uv_shutdown_t sd;
     enum conn_state st;
     http_parser parser;
     http_parser_settings ps;
@@ -511,10 +515,33 @@ static void conn_close_handles(struct net_http_conn *c)
     uv_close((uv_handle_t *)&c->wtimer, on_handle_closed);
 }
 
+/* Lingering close (RFC 9112, section 9.6): a response sent before the request's body was read
+ * (413, a malformed request mid-body) would be followed by a reset if the socket closed with
+ * the client's bytes unread, and a client still sending may then never see the response. So
+ * the write side is shut once the response is out (a FIN after it), the client's further
+ * bytes are read and dropped until it closes, for at most LINGER_MS or LINGER_MAX bytes, and
+ * only then is the connection closed. Not with a filter (TLS), whose records own the stream. */
+#define LINGER_MS 2000
+#define LINGER_MAX (16u << 20)
+
+static void on_linger_shutdown(uv_shutdown_t *sd, int status)
+{
+    (void)sd;
+    (void)status;   /* the close that follows is the lingering's end, whatever this says */
+}
+
 static void conn_close(struct net_http_conn *c)
 {
     if (c->closing)
         return;
+    if (c->linger && !c->lingering && !c->filter && !c->srv->closing &&
+        uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_linger_shutdown) == 0) {
+        c->lingering = true;
+        timer_arm(c, LINGER_MS);
+        if (!c->reading)
+            read_start(c);
+        return;
+    }
     c->closing = true;
     struct net_http_req *r = &c->req;
     if (c->st == ST_DISPATCHED && r->answered && !r->resp_done)
@@ -550,6 +577,10 @@ static void on_timer(uv_timer_t *t)
     struct net_http_conn *c = t->data;
     if (c->closing)
         return;
+    if (c->lingering) {   /* the client did not finish: close now */
+        conn_close(c);
+        return;
+    }
     struct net_http_server *s = c->srv;
     if (c->st == ST_HEADERS) {
         /* a request that never finishes its headers or its body (slowloris): 408, close */
@@ -806,6 +837,7 @@ static void conn_process(struct net_http_conn *c)
                 struct net_http_req *r = &c->req;
                 int st = r->err_status ? r->err_status : 400;
                 r->keep_alive = false;
+                c->linger = true;   /* the client may still be sending the rest */
                 c->in_pos = c->in_len;
                 c->st = ST_DISPATCHED;
                 if (st == 413)
@@ -834,7 +866,7 @@ static void conn_process(struct net_http_conn *c)
     } while (c->again && !c->closing);
     c->in_process = false;
     /* read while waiting for a request (or upgraded), pause while answering */
-    bool want = !c->closing && !c->user_paused && (c->st != ST_DISPATCHED);
+    bool want = !c->closing && (c->lingering || (!c->user_paused && c->st != ST_DISPATCHED));
     if (want && !c->reading) {
         read_start(c);
     } else if (!want && c->reading && !c->closing) {
@@ -896,6 +928,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (nread == 0 || c->closing)
         return;
     c->srv->stats.bytes_received += (uint64_t)nread;
+    if (c->lingering) {   /* dropped; enough of it ends the lingering */
+        c->linger_bytes += (uint64_t)nread;
+        if (c->linger_bytes > LINGER_MAX)
+            conn_close(c);
+        return;
+    }
     if (c->filter) {
         if (c->filter->recv(c->fstate, c, b->base, (size_t)nread) < 0)
             conn_close(c);

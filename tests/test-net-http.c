@@ -544,6 +544,39 @@ T_CASE(malformed_and_limits)
     roundtrip("POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", &r, false);
     T_CHECK(r.status == 413, "big body: %d", r.status);
     free(r.body);
+    /* ... also to a client that goes on sending that body and reads only afterwards: the
+     * server lingers (reads and drops what comes) instead of closing with bytes unread, which
+     * would reset the connection and lose the 413 */
+    for (int round = 0; round < 3; round++) {
+        struct client c;
+        client_open(&c);
+        const char *h = "POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n";
+        sendall(c.fd, h, strlen(h));
+        /* 2 MiB in 64 KiB pieces, as a client uploading would: every byte is taken (a
+         * server that closed with bytes unread would reset the connection, and the client
+         * would stop at a send error, as curl does, without reading the answer) */
+        static char junk[64 << 10];
+        size_t sent = 0;
+        for (int i = 0; i < 32; i++) {
+            size_t off = 0;
+            while (off < sizeof junk) {
+                ssize_t k = send(c.fd, junk + off, sizeof junk - off, MSG_NOSIGNAL);
+                if (k <= 0)
+                    break;
+                off += (size_t)k;
+            }
+            sent += off;
+            if (off < sizeof junk)
+                break;
+            usleep(2000);
+        }
+        T_CHECK(sent == 32 * sizeof junk, "big body still being sent (round %d): the server "
+                "reset the connection after %zu of %zu bytes", round, sent, 32 * sizeof junk);
+        client_read(&c, &r, false);
+        T_CHECK(r.status == 413, "big body still being sent (round %d): %d", round, r.status);
+        free(r.body);
+        close(c.fd);
+    }
     roundtrip("GET /nowhere HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 404, "no route: %d", r.status);
     free(r.body);
