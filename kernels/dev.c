@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/internal.h"
 #include "util/util.h"
@@ -72,6 +73,9 @@ int kern_dev_reserve(struct kern_dev *d, size_t bytes) { return d->ops->reserve(
 
 /* ---- buffers ---- */
 
+/* Host buffers of this size or more are anonymous mappings of their own (kern_buf_new). */
+#define KERN_BUF_MAP_MIN ((size_t)1 << 20)
+
 int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind kind,
                  size_t bytes, const void *src)
 {
@@ -91,9 +95,18 @@ int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind k
     } else if (kind == KERN_BUF_WEIGHT) {
         b->host = (void *)src;          /* a view: the caller's bytes outlive the buffer */
     } else if (kind != KERN_BUF_IO) {
-        /* calloc: large KV caches come as untouched zero pages, filled as positions come */
-        b->host = calloc(1, bytes ? bytes : 1);
+        /* Zeroed bytes. A large one (a session's KV cache, tens of MiB) is its own anonymous
+         * mapping: untouched zero pages, faulted in as positions fill them. calloc would not
+         * do: once glibc has freed such a chunk it serves the next from its heap and clears
+         * it whole, so every session opened would write its full context first. */
         b->owned = true;
+        if (bytes >= KERN_BUF_MAP_MIN) {
+            void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            b->host = p == MAP_FAILED ? NULL : p;
+            b->mapped = b->host != NULL;
+        } else {
+            b->host = calloc(1, bytes ? bytes : 1);
+        }
         rc = b->host ? 0 : -ENOMEM;
     }
     if (rc < 0) {
@@ -112,6 +125,8 @@ void kern_buf_free(struct kern_buf *b)
         b->dev->ops->weight_free(b);
     if (!b->dev->ops->host)
         b->dev->ops->buf_free(b);
+    else if (b->owned && b->mapped)
+        munmap(b->host, b->cap);
     else if (b->owned)
         free(b->host);
     free(b);

@@ -90,8 +90,8 @@ want() {
 }
 skip_ring() { case " ${BENCH_RING_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # the ring section's ring directory while a ring may be up: taken down on any exit
-RD=""
-trap 'if [ -n "$RD" ]; then "$KVCTL" ring down --dir "$RD" >/dev/null 2>&1 || true; fi' EXIT
+RD="" RD1=""
+trap 'for d in "$RD" "$RD1"; do if [ -n "$d" ]; then "$KVCTL" ring down --dir "$d" >/dev/null 2>&1 || true; fi; done' EXIT
 trap 'exit 130' INT TERM
 
 # The kernels' tools (matvec micro-benchmark) are not part of `make all`.
@@ -208,7 +208,11 @@ bench_ring() {
     tgrate() { sed -n 's/.*generation: \([0-9]*\) tokens in \([0-9.]*\) s.*/\1 \2/p' |
         awk '{ if ($2 > 0 && $1 > 1) printf "%.2f", ($1 - 1) / $2; else print 0 }'; }
     gen_one() { "$KVCTL" generate -m "$f" --ids --tokens $prompt -n "$1" --temp 0 --ignore-eos -t "$rt" 2>&1 >/dev/null | tgrate; }
-    gen_ring() { "$KVCTL" generate --ring "$RD" --ids --tokens $prompt -n "$1" --temp 0 --ignore-eos 2>&1 >/dev/null | tgrate; }
+    gen_ring() { gen_ring_at "$RD" "$1"; }
+    gen_ring_at() { "$KVCTL" generate --ring "$1" --ids --tokens $prompt -n "$2" --temp 0 --ignore-eos 2>&1 >/dev/null | tgrate; }
+    # "median Mx (from Ax to Bx)" of a list of ratios ("-": none)
+    med() { echo "$1" | tr ' ' '\n' | grep -v '^-\?$' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) printf "median %.2fx (from %.2fx to %.2fx)", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }'; }
     # CPU seconds (user + system) of every stage of the ring, from /proc/PID/stat
     ring_cpu() { for p in $(cat "$RD"/rank-*/kvd.pid 2>/dev/null); do sed 's/.*) //' "/proc/$p/stat" 2>/dev/null; done |
         awk -v hz="$hz" '{ s += $12 + $13 } END { printf "%.3f", s / hz }'; }
@@ -248,10 +252,36 @@ print("%.3f" % (r.ru_utime + r.ru_stime))' "$@"; }
             "$(ratio "$bestr" "$best1")" "$([ $n -eq 3 ] && echo " (goal >= 0.95x)")"
         # On a host whose speed drifts between runs the best-of figures can come from
         # different moments; each rep's own pair (one process, then the ring) saw one moment.
-        echo "$pairs" | tr ' ' '\n' | grep -v '^-\?$' | sort -g |
-            awk '{ v[NR] = $1 } END { if (NR) printf "        the %d reps'"'"' own ratios: median %.2fx (from %.2fx to %.2fx)\n", NR, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }'
+        if [ -n "$(med "$pairs")" ]; then echo "        the $rr reps' own ratios: $(med "$pairs")"; fi
     done
     sock=$RD/rank-0/kvd.sock
+
+    if ! skip_ring pairs; then
+        # The 3-stage ring against one process holding the whole model as a 1-stage ring (the
+        # same kvd, the same client path; both up, each idle while the other runs): short runs
+        # alternated, each side first in turn, so a pair's two runs see one moment of a host
+        # whose speed drifts; the median of the pairs' ratios.
+        local np=${BENCH_RING_PAIRS:-9} pn=${BENCH_RING_PAIR_TG:-32} a b
+        RD1=$CACHE/ring-bench-1
+        "$KVCTL" ring down --dir "$RD1" >/dev/null 2>&1 || true
+        if "$KVCTL" ring up --model "$f" --stages 1 --dir "$RD1" -t "$rt" >/dev/null; then
+            pairs=""
+            for i in $(seq "$np"); do
+                if [ $((i % 2)) -eq 1 ]; then
+                    a=$(gen_ring_at "$RD1" "$pn"); b=$(gen_ring_at "$RD" "$pn")
+                else
+                    b=$(gen_ring_at "$RD" "$pn"); a=$(gen_ring_at "$RD1" "$pn")
+                fi
+                pairs="$pairs $(ratio "$b" "$a")"
+            done
+            "$KVCTL" ring down --dir "$RD1" >/dev/null 2>&1 || true
+            RD1=""
+            echo "  tg$pn, $np alternated pairs against one process holding the whole model (a 1-stage ring):"
+            echo "        3-stage ring / one process: $(med "$pairs") (goal >= 0.95x)"
+        else
+            echo "  ring up --stages 1 failed: the alternated pairs skipped"
+        fi
+    fi
 
     if ! skip_ring records; then
         # The sealed records' cost: seal + open of one decode boundary frame (n_embd x wire
@@ -307,29 +337,44 @@ for l in sys.stdin:
             "$ctg" "$rr" "$cr" "$co" "$(ratio "$cr" "$co")"
     fi
 
-    # agg_sessions: aggregate tok/s of $sessions concurrent sessions on the ring at $sock,
-    # each as a ratio to one session (best of rr runs)
+    # agg_sessions: aggregate tok/s of $sessions concurrent sessions on the ring at $sock, as
+    # ratios to one session. Each of rr rounds runs one session, then every K in turn, so a
+    # round's ratios compare one moment; printed: the best aggregate of each K (its gap and
+    # first-token figures), its ratio to the best single session, and the median and range of
+    # the rounds' own ratios, the figure that holds on a host whose speed drifts.
     agg_sessions() {
-        local base=0 k line reps best bline
-        for k in $sessions; do
-            # one session: the best of rr runs, so the ratios do not rest on one unlucky run
-            reps=1 best=0 bline=""
-            [ "$k" -eq 1 ] && reps=$rr
-            for i in $(seq "$reps"); do
-                out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || { out=""; break; }
+        local k i line agg tab
+        tab=$(mktemp /tmp/kvbench-agg.XXXXXX)
+        for i in $(seq "$rr"); do
+            agg=0
+            for k in 1 $sessions; do
+                [ "$k" -eq 1 ] && [ "$agg" != 0 ] && continue   # one session: once a round, first
+                out=$("$clients" "$sock" "$k" "$rn" 2>"$CACHE/ring-clients.err") || {
+                    echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
                 line=$(echo "$out" | tail -n 1)
                 # total: sessions S tokens T wall_s W tok_s R max_gap_ms G ttft_max_ms F worst_session I ttft_mean_ms M
                 # shellcheck disable=SC2086
                 set -- $line
-                if awk -v a="$9" -v b="$best" 'BEGIN { exit !(a + 0 > b + 0) }'; then best=$9 bline=$line; fi
+                [ "$k" -eq 1 ] && agg=$9
+                echo "$k $9 ${11} ${13} $(ratio "$9" "$agg")" >> "$tab"
             done
-            [ -n "$out" ] || { echo "  $k session(s): failed:"; head -n 3 "$CACHE/ring-clients.err"; continue; }
-            # shellcheck disable=SC2086
-            set -- $bline
-            [ "$k" -eq 1 ] && base=${9}
-            printf "  %2d session(s): %8.2f tok/s aggregate = %sx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n" \
-                "$k" "${9}" "$(ratio "${9}" "$base")" "$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" "${11}" "${13}"
         done
+        for k in $sessions; do
+            # the best round of K (its figures), the best single session, the rounds' own ratios
+            awk -v k="$k" -v g="$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" '
+                $1 == 1 && $2 + 0 > b1 { b1 = $2 + 0 }
+                $1 == k && $2 + 0 > best { best = $2 + 0; gap = $3; ft = $4 }
+                $1 == k && $5 != "-" { r[++n] = $5 + 0 }
+                END {
+                    if (!best) exit
+                    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+                    printf "  %2d session(s): %8.2f tok/s aggregate = %.2fx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n",
+                        k, best, b1 ? best / b1 : 0, g, gap, ft
+                    if (k > 1 && n) printf "        the %d rounds'"'"' own ratios (one session, then %d, one moment): median %.2fx (from %.2fx to %.2fx)\n",
+                        n, k, (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2, r[1], r[n]
+                }' "$tab"
+        done
+        rm -f "$tab"
     }
 
     if ! skip_ring sessions; then

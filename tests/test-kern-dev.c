@@ -1,9 +1,14 @@
 /* test-kern-dev: the kernel device seam. Devices by name; buffers (weights viewed, state and
- * activations zeroed, reads and writes bounded, weights read-only); the boundary buffer bound
+ * activations zeroed, a large state buffer untouched until written, reads and writes bounded,
+ * weights read-only); the boundary buffer bound
  * to caller memory; every op's operands checked against their buffers (out of range, another
  * device's buffer, a missing operand: -EINVAL, nothing written); and the ops' results: "cpu"
  * bit-identical to kern_* on a pool, "ref" to kern_ref_*. */
 #include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/internal.h"
 #include "tests/kern_util.h"
@@ -75,6 +80,57 @@ T_CASE(buffers)
     kern_buf_free(wb);
     kern_buf_free(sb);
     kern_buf_free(NULL);
+    kern_dev_free(d);
+}
+
+/* Pages of [p, p + n) resident in memory (mincore), or -1. */
+static long resident_pages(const void *p, size_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1);
+    size_t len = (uintptr_t)p + n - a, np = (len + (size_t)pg - 1) / (size_t)pg;
+    unsigned char *v = malloc(np);
+    long r = -1;
+    if (v && mincore((void *)a, len, v) == 0)
+        for (size_t i = r = 0; i < np; i++)
+            r += v[i] & 1;
+    free(v);
+    return r;
+}
+
+/* A large state buffer (a session's KV cache) reads as zeros but costs no memory or time
+ * until written: opening a session does not write its whole context. Several in turn, as
+ * sessions open and close, so the allocator's reuse of a freed one is covered too. */
+T_CASE(large_state_untouched)
+{
+    struct kern_dev *d = dev_open("cpu", 1);
+    T_ASSERT(d, "dev");
+    /* 24 MiB: a TinyLlama session's K or V at 2048 positions, and under glibc's largest
+     * mmap threshold (32 MiB), past which malloc would map it anyway */
+    const size_t big = (size_t)24 << 20;
+    for (int round = 0; round < 3; round++) {
+        struct kern_buf *kv = buf(d, KERN_BUF_STATE, big, NULL);
+        T_ASSERT(kv, "a 24 MiB state buffer");
+        long res = resident_pages(kv->host, big), all = (long)(big / (size_t)sysconf(_SC_PAGESIZE));
+        T_CHECK(res >= 0 && res < all / 8, "round %d: %ld of the state's %ld pages resident before "
+                "any write", round, res, all);
+        uint8_t out[4096];
+        bool zero = true;
+        for (size_t off = 0; off + sizeof out <= big; off += big / 16) {
+            memset(out, 7, sizeof out);
+            T_CHECK(kern_buf_read(kv, off, out, sizeof out) == 0, "read at %zu", off);
+            for (size_t i = 0; i < sizeof out; i++)
+                zero &= out[i] == 0;
+        }
+        T_CHECK(zero, "round %d: the state reads as zeros", round);
+        /* dirty it all, as a long session does, before it is freed and the next one made */
+        int bad = 0;
+        memset(out, 0x5a, sizeof out);
+        for (size_t off = 0; off < big; off += sizeof out)
+            bad += kern_buf_write(kv, off, out, sizeof out) != 0;
+        T_CHECK(bad == 0, "round %d: %d writes failed", round, bad);
+        kern_buf_free(kv);
+    }
     kern_dev_free(d);
 }
 
@@ -315,6 +371,7 @@ int main(int argc, char **argv)
     t_init(argc, argv);
     T_RUN(devices_by_name);
     T_RUN(buffers);
+    T_RUN(large_state_untouched);
     T_RUN(io_binding);
     T_RUN(operand_checks);
     T_RUN(ops_are_the_kernels);
