@@ -17,7 +17,12 @@
 # (BENCH_RING_THREADS, default 1):
 #   - decode tok/s of one greedy session of 64 tokens (BENCH_RING_TG) through 1-, 2- and
 #     3-stage rings vs `kvctl generate -m` (best of 3, BENCH_RING_REPS, alternated) and
-#     `kvctl bench`; ratio ring / one process (goal for 3 stages: >= 0.95x);
+#     `kvctl bench`; ratio ring / one process (goal for 3 stages: >= 0.95x), and the median
+#     and range of each rep's own ratio; then 9 pairs (BENCH_RING_PAIRS) of 32-token runs
+#     (BENCH_RING_PAIR_TG) alternated between the 3-stage ring and one process holding the
+#     whole model as a 1-stage ring (same kvd and client path, no model load between runs,
+#     each side first in turn): the median of the pairs' ratios, the figure that holds on a
+#     host whose speed drifts from second to second (BENCH_RING_SKIP=pairs leaves it out);
 #   - the sealed records' cost: seal + open of one decode boundary frame (tests/tool-rec-bench,
 #     best of 5 rounds) times the 3 edges a token crosses, as a share of the 3-stage ring's
 #     time per token (goal < 2%);
@@ -30,7 +35,9 @@
 #     (/proc/PID/stat) vs the one process (its rusage), the least of 3 each, and their ratio;
 #   - aggregate decode tok/s of 1, 4, 8 and 16 concurrent sessions (BENCH_RING_SESSIONS) of
 #     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
-#     to the last end; one session: best of 3), the ratio to one session (goal >= 3x at 8 sessions, where the machine
+#     to the last end), in BENCH_RING_REPS rounds of one session then each K: the best of
+#     each K, its ratio to the best single session and the median and range of the rounds'
+#     own ratios (goal >= 3x at 8 sessions, where the machine
 #     has the cores: the ceiling is min(3 stages, CPUs / T)), the longest gap one session saw
 #     between two of its streamed tokens, and the longest wait for a first token; then the
 #     same counts for one process batching them (`kvctl bench --sessions`: one row per session
