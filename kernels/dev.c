@@ -103,7 +103,6 @@ int kern_buf_new(struct kern_buf **out, struct kern_dev *d, enum kern_buf_kind k
         if (bytes >= KERN_BUF_MAP_MIN) {
             void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             b->host = p == MAP_FAILED ? NULL : p;
-            b->mapped = b->host != NULL;
         } else {
             b->host = calloc(1, bytes ? bytes : 1);
         }
@@ -125,7 +124,7 @@ void kern_buf_free(struct kern_buf *b)
         b->dev->ops->weight_free(b);
     if (!b->dev->ops->host)
         b->dev->ops->buf_free(b);
-    else if (b->owned && b->mapped)
+    else if (b->owned && b->cap >= KERN_BUF_MAP_MIN)   /* kern_buf_new mapped it */
         munmap(b->host, b->cap);
     else if (b->owned)
         free(b->host);

@@ -281,7 +281,6 @@ struct kern_buf {
     size_t cap;                    /* bytes at creation (IO: the most a binding may take) */
     void *host;                    /* host device: the bytes (IO: the bound memory or NULL) */
     bool owned;                    /* host is ours to free */
-    bool mapped;                   /* owned host bytes are an anonymous mapping (munmap) */
     void *impl;                    /* a non-host device's handle; a host device's own
                                       layout of a weight buffer (kern_buf_weight_use) */
     void *bound;                   /* IO: the caller memory bound now */

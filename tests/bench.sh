@@ -259,7 +259,8 @@ print("%.3f" % (r.ru_utime + r.ru_stime))' "$@"; }
             "$(ratio "$bestr" "$best1")" "$([ $n -eq 3 ] && echo " (goal >= 0.95x)")"
         # On a host whose speed drifts between runs the best-of figures can come from
         # different moments; each rep's own pair (one process, then the ring) saw one moment.
-        if [ -n "$(med "$pairs")" ]; then echo "        the $rr reps' own ratios: $(med "$pairs")"; fi
+        line=$(med "$pairs")
+        if [ -n "$line" ]; then echo "        the $rr reps' own ratios: $line"; fi
     done
     sock=$RD/rank-0/kvd.sock
 
@@ -367,19 +368,17 @@ for l in sys.stdin:
             done
         done
         for k in $sessions; do
-            # the best round of K (its figures), the best single session, the rounds' own ratios
+            # the best round of K (its figures) against the best single session
             awk -v k="$k" -v g="$([ "$k" -eq 8 ] && echo " (goal >= 3x)")" '
                 $1 == 1 && $2 + 0 > b1 { b1 = $2 + 0 }
                 $1 == k && $2 + 0 > best { best = $2 + 0; gap = $3; ft = $4 }
-                $1 == k && $5 != "-" { r[++n] = $5 + 0 }
-                END {
-                    if (!best) exit
-                    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
-                    printf "  %2d session(s): %8.2f tok/s aggregate = %.2fx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n",
-                        k, best, b1 ? best / b1 : 0, g, gap, ft
-                    if (k > 1 && n) printf "        the %d rounds'"'"' own ratios (one session, then %d, one moment): median %.2fx (from %.2fx to %.2fx)\n",
-                        n, k, (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2, r[1], r[n]
-                }' "$tab"
+                END { if (best) printf "  %2d session(s): %8.2f tok/s aggregate = %.2fx one session%s, max gap %7.1f ms, first token after at most %7.1f ms\n",
+                        k, best, b1 ? best / b1 : 0, g, gap, ft }' "$tab"
+            # the rounds' own ratios
+            line=$(med "$(awk -v k="$k" '$1 == k { print $5 }' "$tab" | tr '\n' ' ')")
+            if [ "$k" -gt 1 ] && [ -n "$line" ]; then
+                echo "        the $rr rounds' own ratios (one session, then $k, one moment): $line"
+            fi
         done
         rm -f "$tab"
     }
