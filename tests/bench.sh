@@ -200,7 +200,7 @@ bench_ring() {
     local ctg=${BENCH_RING_CPU_TG:-256} idle=${BENCH_RING_IDLE_S:-5}
     local sessions=${BENCH_RING_SESSIONS:-1 4 8 16}
     local f=${BENCH_RING_MODEL:-$CACHE/ring-bench-q4_0.gguf} prompt=1,100,200,300,400,500,600,700
-    local clients=$B/tests/tool-ring-clients hz n best1 bestr i out sock pairs r1 r2
+    local clients=$B/tests/tool-ring-clients hz n best1 bestr i out sock pairs r1 r2 line
     RD=$CACHE/ring-bench
     if [ -z "${BENCH_RING_MODEL:-}" ] && [ ! -s "$f" ]; then
         echo "writing $f ..."

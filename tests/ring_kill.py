@@ -11,9 +11,6 @@ were running: "MS N".
   sessions as there are clients (or one has ended).
 - KILL_NEED_RUNNING=1: kill nothing when every client has ended by then (a loaded machine
   started some late) and print "0 0", so the caller can try again.
-- KILL_AFTER_LOG=FILE:COUNT:TEXT: wait also until FILE holds COUNT lines containing TEXT (a
-  node's log saying the sessions got far enough: a kill at a position, not at a time, which a
-  slow machine would reach later), at most 60 s, or until every client has ended.
 - The clients may be given as @FILE: their specs, read once FILE exists, so that this program
   is up and watching before they start (python starts slowly on a loaded machine)."""
 import os, signal, sys, time
@@ -51,15 +48,6 @@ while time.time() - t0 < 30:
     elif not any(os.path.getsize(o) == 0 and running(p) for p, o, _ in cl):
         break
     time.sleep(0.005)
-after_log = os.environ.get("KILL_AFTER_LOG")
-if after_log:
-    log_file, count, text = after_log.split(":", 2)
-    t0 = time.time()
-    while time.time() - t0 < 60 and any(running(p) for p, _, _ in cl):
-        with open(log_file, errors="replace") as fh:
-            if sum(text in line for line in fh) >= int(count):
-                break
-        time.sleep(0.01)
 time.sleep(int(sys.argv[2]) / 1000)
 if os.environ.get("KILL_NEED_RUNNING") and not any(running(p) for p, _, _ in cl):
     print(0, 0)   # every client had ended: no kill, the caller may try again

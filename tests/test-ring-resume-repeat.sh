@@ -23,6 +23,10 @@ for i in 0 1 2 3; do
         > "$TMP/one.$i" 2>/dev/null || fail "one-process generate $i"
 done
 
+# boundary logs rank 0 has dropped so far; all four sessions' since a count N
+dropped() { grep -c "boundary log dropped" "$D/rank-0/kvd.log"; }
+dropped_since() { [ "$(dropped)" -ge $(($1 + 4)) ]; }
+
 SECS=${RESUME_REPEAT_SECS:-60}
 end=$((SECONDS + SECS))
 round=0 kills=0 resumed=0
@@ -34,10 +38,8 @@ while [ $SECONDS -lt $end ]; do
     [ -n "$pid" ] || fail "round $round: nobody serves rank $rank: $("$KVCTL" status --ring "$D")"
     nd=$(dirname "$(grep -lx "$pid" "$D"/*/kvd.pid)")
     node_cmdline "$pid" > "$nd/kvd.cmdline"
-    pids="" args="" after=""
-    if [ $((round % 2)) -eq 1 ]; then
-        after="$D/rank-0/kvd.log:$(($(grep -c "boundary log dropped" "$D/rank-0/kvd.log") + 4)):boundary log dropped"
-    fi
+    pids="" args=""
+    drops=$(dropped)
     for i in 0 1 2 3; do
         "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} --temp 0 --ignore-eos \
             > "$TMP/r$round.$i" 2> "$TMP/r$round.err.$i" &
@@ -45,7 +47,10 @@ while [ $SECONDS -lt $end ]; do
         args="$args $!:$TMP/r$round.$i:$TMP/r$round.err.$i"
     done
     EXTRA_PIDS="$EXTRA_PIDS $pids"
-    read -r ms running < <(KILL_RESTART=$nd KILL_AFTER_LOG=$after kill_measure "$pid" $((RANDOM % 800)) $args)
+    if [ $((round % 2)) -eq 1 ]; then   # (at most 60 s: the round goes on either way)
+        wait_for 60 dropped_since "$drops" || true
+    fi
+    read -r ms running < <(KILL_RESTART=$nd kill_measure "$pid" $((RANDOM % 800)) $args)
     kills=$((kills + 1))
     i=0
     for p in $pids; do
