@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
@@ -38,6 +39,10 @@ struct api_server {
     char *model_id;
     unsigned char (*keys)[32];     /* SHA-256 of each key */
     uint32_t n_keys;
+    bool keyed;                    /* a key file was given: only its keys get in */
+    double keys_checked;           /* key_file_reload: when the file was last looked at */
+    struct stat keys_st;           /* ... and what it was then */
+    char *key_path;                /* key_file_reload: the file (owned) */
     struct call *calls;            /* generations running */
     uint32_t n_calls;
     /* metrics */
@@ -188,7 +193,10 @@ static int keys_load(struct api_server *s, const char *path, char *err, size_t e
         util_seterr(err, errlen, "--api-key-file %s: %s", path, strerror(errno));
         return -errno;
     }
-    s->keys = calloc(MAX_KEYS, sizeof *s->keys);
+    fstat(fileno(f), &s->keys_st);
+    s->n_keys = 0;
+    if (!s->keys)
+        s->keys = calloc(MAX_KEYS, sizeof *s->keys);
     if (!s->keys) {
         fclose(f);
         return -ENOMEM;
@@ -218,10 +226,21 @@ static int keys_load(struct api_server *s, const char *path, char *err, size_t e
             rc = -E2BIG;
             break;
         }
+        /* "sha256:HEX": a key named by its digest, so the file need not hold the secret */
+        if (!strncmp(k, "sha256:", 7)) {
+            if (strlen(k + 7) != 64 || util_hex_decode(k + 7, s->keys[s->n_keys], 32)) {
+                util_seterr(err, errlen, "--api-key-file %s: line %u: sha256: takes 64 hex digits",
+                            path, lineno);
+                rc = -EINVAL;
+                break;
+            }
+            s->n_keys++;
+            continue;
+        }
         key_hash(k, strlen(k), s->keys[s->n_keys++]);
     }
     fclose(f);
-    if (rc == 0 && s->n_keys == 0) {
+    if (rc == 0 && s->n_keys == 0 && !s->cfg.key_file_reload) {
         util_seterr(err, errlen, "--api-key-file %s: no key in it", path);
         rc = -EINVAL;
     }
@@ -230,16 +249,52 @@ static int keys_load(struct api_server *s, const char *path, char *err, size_t e
 
 /* Whether the request carries one of the keys: every key is compared (constant time, on
  * SHA-256 digests so lengths leak nothing) whatever matched before. */
-static bool authorised(struct api_server *s, struct net_http_req *r)
+/* A reloaded key file: read again when it changed since the last look (at most once a
+ * second); a file that cannot be read now keeps the keys it had. */
+static void keys_refresh(struct api_server *s)
 {
-    if (!s->n_keys)
-        return true;
+    double now = now_s();
+    if (!s->cfg.key_file_reload || now - s->keys_checked < 1.0)
+        return;
+    s->keys_checked = now;
+    struct stat st;
+    if (stat(s->key_path, &st) || (st.st_mtim.tv_sec == s->keys_st.st_mtim.tv_sec &&
+                                       st.st_mtim.tv_nsec == s->keys_st.st_mtim.tv_nsec &&
+                                       st.st_size == s->keys_st.st_size && st.st_ino == s->keys_st.st_ino))
+        return;
+    unsigned char (*old)[32] = s->keys;
+    uint32_t n_old = s->n_keys;
+    char err[KV_ERR_MAX];
+    s->keys = NULL;
+    if (keys_load(s, s->key_path, err, sizeof err) < 0) {
+        free(s->keys);
+        s->keys = old;
+        s->n_keys = n_old;
+        return;
+    }
+    free(old);
+}
+
+/* The request's Bearer key, or NULL. */
+static const char *bearer(struct net_http_req *r)
+{
     const char *h = net_http_req_header(r, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return NULL;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return h;
+}
+
+static bool authorised(struct api_server *s, struct net_http_req *r)
+{
+    if (!s->keyed)
+        return true;
+    keys_refresh(s);
+    const char *k = bearer(r);
+    if (!k)
         return false;
-    const char *k = h + 7;
-    while (*k == ' ')
-        k++;
     unsigned char d[32];
     key_hash(k, strlen(k), d);
     int ok = 0;
@@ -1011,6 +1066,7 @@ static void handle_gen(struct net_http_req *r, struct api_server *s, bool chat)
         .ignore_eos = p.ignore_eos,
         .max_tokens = p.have_max ? p.max_tokens : chat ? s->gen.n_ctx : 16,
         .stops = (const char *const *)c->stops, .n_stops = c->n_stops,
+        .api_key = s->keyed ? bearer(r) : NULL,
     };
     char err[KV_ERR_MAX] = "";
     c->in_start = true;
@@ -1149,8 +1205,12 @@ int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct
     s->chat_template = c->chat_template ? strdup(c->chat_template) : NULL;
     s->cfg.chat_template = NULL;
     int rc = s->model_id && (!c->chat_template || s->chat_template) ? 0 : -ENOMEM;
-    if (rc == 0 && c->key_file)
+    if (rc == 0 && c->key_file) {
+        s->keyed = true;
         rc = keys_load(s, c->key_file, err, errlen);
+        if (rc == 0 && c->key_file_reload && !(s->key_path = strdup(c->key_file)))
+            rc = -ENOMEM;
+    }
     struct net_http_limits lim = {.max_body = s->cfg.max_body, .idle_timeout_ms = IDLE_MS,
                                   .json_errors = true};
     if (rc == 0 && (rc = net_http_server_new(&s->http, loop, &lim)) < 0)
@@ -1170,6 +1230,7 @@ int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct
             net_http_server_close(s->http, NULL, NULL);
         }
         free(s->keys);
+        free(s->key_path);
         free(s->model_id);
         free(s->chat_template);
         free(s);
@@ -1189,6 +1250,7 @@ static void on_http_closed(void *ud)
     void (*done)(void *) = s->done;
     void *dud = s->done_ud;
     free(s->keys);
+    free(s->key_path);
     free(s->model_id);
     free(s->chat_template);
     free(s);

@@ -30,6 +30,8 @@ struct api_gen_req {
     uint32_t n_stops;
     bool logits;                 /* every token comes with its position's raw logits */
     bool ignore_eos;             /* end-of-text tokens do not end it (llama.cpp's extension) */
+    const char *api_key;         /* the Bearer key the request was let in with, or NULL (no
+                                  * key file); borrowed for the start call */
 };
 
 struct api_gen_token {
@@ -77,7 +79,10 @@ struct api_generator {
 
 struct api_config {
     const char *listen;          /* "HOST:PORT" (port 0 picks one: api_server_port) */
-    const char *key_file;        /* one API key a line ('#' comments); NULL: no keys */
+    const char *key_file;        /* one API key a line ('#' comments; "sha256:HEX" names a key
+                                  * by its SHA-256); NULL: no keys */
+    bool key_file_reload;        /* re-read key_file when it changes (checked at most once a
+                                  * second); it may hold no key, which lets nobody in */
     uint32_t max_sessions;       /* generations at once, 429 beyond (0: 16) */
     uint32_t max_body;           /* request body bytes, 413 beyond (0: 1 MiB) */
     const char *chat_template;   /* a family name; NULL: the model's template */

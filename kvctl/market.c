@@ -1,5 +1,6 @@
-/* market.c — `kvctl market add|status|balance`: register a model with a market, read its
- * coverage map, read a node's balance (docs/market.md; the API's client is ringlib's). */
+/* market.c — `kvctl market add|remove|status|balance|client`: register or remove a model at a
+ * market, read its coverage map, read a node's balance, keep paying clients' accounts
+ * (docs/market.md; the API's client is ringlib's). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -27,12 +28,23 @@ static void market_usage(FILE *f)
         "                        [--model GGUF]\n"
         "       kvctl market status URL [--model ID] [--json]\n"
         "       kvctl market balance URL NODE [--json]\n"
+        "       kvctl market remove URL ID [--state-dir DIR]\n"
+        "       kvctl market client add URL --credit N [--name NAME] [--state-dir DIR]\n"
+        "       kvctl market client credit URL CLIENT --credit N [--state-dir DIR]\n"
+        "       kvctl market client show URL CLIENT [--json]\n"
         "       (each also takes --ca PEM)\n"
         "  add      register a model (its id is the catalog's SHA-256) with its sources (seeders\n"
         "           or GGUF URLs); signed with the node key in --state-dir (default .); --model:\n"
         "           the whole model, to compute the known-answer probes stages must answer\n"
         "  status   the coverage map: windows, stages, demand, reward, rings (--json: as data)\n"
         "  balance  a node's credited work (layer-tokens) and credit; NODE is its public key\n"
+        "  remove   remove a model (signed by its owner or a market operator)\n"
+        "  client add     make a paying client's key and open its account with N credit (signed\n"
+        "           by a market operator, kvd market --operator-key); prints the key, which the\n"
+        "           client sends as Authorization: Bearer KEY to a ring's API (kept nowhere else:\n"
+        "           the market holds only its id and verifier)\n"
+        "  client credit  add N to a client's balance (an operator); CLIENT: its key or its id\n"
+        "  client show    a client's balance and what it spent\n"
         "  --ca PEM  an https:// market's certificate must chain to this CA (default: the\n"
         "           system's store)\n");
 }
@@ -389,6 +401,184 @@ static int market_balance(int argc, char **argv)
     return 0;
 }
 
+/* Options shared by the client and remove commands. */
+struct acct_opts {
+    const char *dir, *name;
+    double credit;
+    bool have_credit, json;
+};
+
+static int acct_parse(int argc, char **argv, struct acct_opts *o)
+{
+    static const struct option lo[] = {
+        {"state-dir", required_argument, 0, 'd'}, {"name", required_argument, 0, 'n'},
+        {"credit", required_argument, 0, 'c'}, {"json", no_argument, 0, 'j'},
+        {"ca", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    *o = (struct acct_opts){.dir = "."};
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'd': o->dir = optarg; break;
+        case 'n': o->name = optarg; break;
+        case 'j': o->json = true; break;
+        case 'C': ring_market_set_ca(optarg); break;
+        case 'c':
+            if (util_parse_double(optarg, 0, 1e15, 0, &o->credit, NULL, 0) < 0) {
+                fprintf(stderr, "kvctl market: --credit '%s': expected a number from 0 to 1e15\n", optarg);
+                return 2;
+            }
+            o->have_credit = true;
+            break;
+        case 'h': market_usage(stdout); return 1;
+        default: market_usage(stderr); return 2;
+        }
+    }
+    return 0;
+}
+
+/* A client named by its key or its id: the id (64 hex) into out, or -EINVAL. */
+static int client_ref(const char *s, char out[65])
+{
+    if (ring_client_key_valid(s)) {
+        ring_client_id(s, out);
+        return 0;
+    }
+    if (strlen(s) == 64 && strspn(s, "0123456789abcdef") == 64) {
+        memcpy(out, s, 65);
+        return 0;
+    }
+    fprintf(stderr, "kvctl market client: '%.80s' is neither a client key (%s and 64 hex) nor a "
+            "client id (64 hex)\n", s, RING_CLIENT_KEY_PREFIX);
+    return -EINVAL;
+}
+
+/* A signed call with the node key in dir: 0 with the answer printed (json) or summed up. */
+static int acct_call(const char *url, const char *method, const char *path, cJSON *body,
+                     const char *dir, cJSON **out)
+{
+    char err[KV_ERR_MAX];
+    struct net_identity *id = NULL;
+    if (dir && net_identity_load(&id, dir, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl market: %s\n", err);
+        cJSON_Delete(body);
+        return 1;
+    }
+    char *b = body ? cJSON_PrintUnformatted(body) : NULL;
+    cJSON_Delete(body);
+    long status;
+    *out = call(url, method, path, b, id, &status);
+    free(b);
+    net_identity_free(id);
+    return *out ? 0 : 1;
+}
+
+static void client_print(const cJSON *o, bool json)
+{
+    if (json) {
+        char *s = cJSON_Print(o);
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        return;
+    }
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "name");
+    printf("client %s\nname %s\nbalance %.6f\nspent %.6f\n",
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "client")),
+           cJSON_IsString(n) ? n->valuestring : "", util_json_number(o, "balance", 0),
+           util_json_number(o, "spent", 0));
+}
+
+static int market_client(int argc, char **argv)
+{
+    if (argc < 2) {
+        market_usage(stderr);
+        return 2;
+    }
+    const char *sub = argv[1];
+    struct acct_opts o;
+    int rc = acct_parse(argc - 1, argv + 1, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    int rest = argc - 1 - optind;   /* positional arguments after the subcommand */
+    char **pos = argv + 1 + optind;
+    cJSON *ans = NULL;
+    char path[200], cid[65];
+    if (!strcmp(sub, "add")) {
+        if (rest != 1 || !o.have_credit) {
+            fprintf(stderr, "kvctl market client add: URL and --credit N are required\n");
+            return 2;
+        }
+        char key[RING_CLIENT_KEY_LEN + 1], v[65];
+        uint8_t vb[32];
+        if (ring_client_key_new(key)) {
+            fprintf(stderr, "kvctl market client add: no randomness for a key\n");
+            return 1;
+        }
+        ring_client_id(key, cid);
+        ring_client_verifier(key, vb);
+        util_hex_encode(vb, 32, v);
+        cJSON *b = cJSON_CreateObject();
+        cJSON_AddStringToObject(b, "client", cid);
+        cJSON_AddStringToObject(b, "verifier", v);
+        cJSON_AddNumberToObject(b, "credit", o.credit);
+        if (o.name)
+            cJSON_AddStringToObject(b, "name", o.name);
+        if ((rc = acct_call(pos[0], "POST", "/v1/clients", b, o.dir, &ans)))
+            return rc;
+        if (o.json) {
+            cJSON_AddStringToObject(ans, "key", key);
+            client_print(ans, true);
+        } else {
+            printf("%s\n", key);
+            fprintf(stderr, "client %s: give the key above to the client (it is not kept anywhere "
+                    "else)\n", cid);
+        }
+    } else if (!strcmp(sub, "credit") || !strcmp(sub, "show")) {
+        bool credit = !strcmp(sub, "credit");
+        if (rest != 2 || (credit && !o.have_credit)) {
+            fprintf(stderr, "kvctl market client %s: URL and CLIENT%s are required\n", sub,
+                    credit ? " and --credit N" : "");
+            return 2;
+        }
+        if (client_ref(pos[1], cid))
+            return 2;
+        snprintf(path, sizeof path, "/v1/clients/%s%s", cid, credit ? "/credit" : "");
+        cJSON *b = NULL;
+        if (credit) {
+            b = cJSON_CreateObject();
+            cJSON_AddNumberToObject(b, "credit", o.credit);
+        }
+        if ((rc = acct_call(pos[0], credit ? "POST" : "GET", path, b, credit ? o.dir : NULL, &ans)))
+            return rc;
+        client_print(ans, o.json);
+    } else {
+        fprintf(stderr, "kvctl market client: unknown subcommand '%s' (add, credit, show)\n", sub);
+        return 2;
+    }
+    cJSON_Delete(ans);
+    return 0;
+}
+
+static int market_remove(int argc, char **argv)
+{
+    struct acct_opts o;
+    int rc = acct_parse(argc, argv, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (optind + 2 != argc || strlen(argv[optind + 1]) != 64) {
+        fprintf(stderr, "kvctl market remove: URL and the model's ID (64 hex) are required\n");
+        return 2;
+    }
+    char path[160];
+    snprintf(path, sizeof path, "/v1/models/%s", argv[optind + 1]);
+    cJSON *ans = NULL;
+    if ((rc = acct_call(argv[optind], "DELETE", path, NULL, o.dir, &ans)))
+        return rc;
+    printf("removed %s\n", argv[optind + 1]);
+    cJSON_Delete(ans);
+    return 0;
+}
+
 int kvctl_cmd_market(int argc, char **argv)
 {
     if (argc < 2 || util_is_help(argv[1])) {
@@ -401,6 +591,11 @@ int kvctl_cmd_market(int argc, char **argv)
         return market_status(argc - 1, argv + 1);
     if (!strcmp(argv[1], "balance"))
         return market_balance(argc - 1, argv + 1);
-    fprintf(stderr, "kvctl market: unknown subcommand '%s' (add, status, balance)\n", argv[1]);
+    if (!strcmp(argv[1], "client"))
+        return market_client(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "remove"))
+        return market_remove(argc - 1, argv + 1);
+    fprintf(stderr, "kvctl market: unknown subcommand '%s' (add, remove, status, balance, client)\n",
+            argv[1]);
     return 2;
 }

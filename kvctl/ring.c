@@ -1519,12 +1519,15 @@ static void gen_usage(FILE *f)
         "  socket (STATE_DIR/kvd.sock on rank 0's host). -m, -t and --ctx are accepted and\n"
         "  ignored: the ring's manifest fixes them.\n"
         "  --dump-logits FILE  write the last position's logits (raw f32) to FILE\n"
-        "  --stop S            stop when the text contains S (repeatable)\n");
+        "  --stop S            stop when the text contains S (repeatable)\n"
+        "  --client-key KEY    a market ring: the paying client the session is for (kvctl market\n"
+        "                      client add), so the ring is credited for it\n");
 }
 
 int kvctl_ring_generate(int argc, char **argv)
 {
-    enum { O_TOK = KVCTL_OPT_SAMPLING_END, O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL };
+    enum { O_TOK = KVCTL_OPT_SAMPLING_END, O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL,
+           O_CKEY };
     static const struct option opts[] = {
         {"ring", required_argument, 0, O_RING}, {"model", required_argument, 0, O_MODEL},
         {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
@@ -1532,8 +1535,9 @@ int kvctl_ring_generate(int argc, char **argv)
         {"tokens", required_argument, 0, O_TOK}, {"ctx", required_argument, 0, O_CTX},
         {"ignore-eos", no_argument, 0, O_IEOS}, {"ids", no_argument, 0, O_IDS},
         {"dump-logits", required_argument, 0, O_DUMP}, {"stop", required_argument, 0, O_STOP},
+        {"client-key", required_argument, 0, O_CKEY},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *ring = NULL, *prompt = NULL, *toks = NULL, *dump = NULL;
+    const char *ring = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *ckey = NULL;
     long n_gen = 64;
     bool ignore_eos = false, ids = false;
     struct model_sampler_params sp;
@@ -1557,6 +1561,7 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_IDS: ids = true; break;
         case O_DUMP: dump = optarg; break;
         case O_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
+        case O_CKEY: ckey = optarg; break;
         case 'h': gen_usage(stdout); cJSON_Delete(req); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -1605,6 +1610,8 @@ int kvctl_ring_generate(int argc, char **argv)
     cJSON_AddNumberToObject(req, "presence_penalty", sp.presence_penalty);
     cJSON_AddBoolToObject(req, "ignore_eos", ignore_eos);
     cJSON_AddBoolToObject(req, "logits", dump != NULL);
+    if (ckey)
+        cJSON_AddStringToObject(req, "client_key", ckey);
     cJSON *stop = cJSON_AddArrayToObject(req, "stop");
     for (uint32_t i = 0; i < n_stops; i++)
         cJSON_AddItemToArray(stop, cJSON_CreateString(stops[i]));

@@ -37,16 +37,18 @@
 #include "util/util.h"
 
 #define CALL_MS 15000
+#define CLIENTS_EVERY_S 3.0      /* how often a ring's API learns the market's paying clients */
 
 struct join {
-    const char *market, *model, *dir, *listen, *relay, *backend;
+    const char *market, *model, *dir, *listen, *relay, *backend, *api;
     uint64_t mem;
     int n_threads;
     uint32_t jitter_ms;
     struct net_identity *id;
     char node[65];
     char catalog_path[4096], window_path[4096], manifest_path[4096];
-    char receipts_path[4096], offset_path[4096];
+    char receipts_path[4096], offset_path[4096], clients_path[4096];
+    double clients_next;        /* the next refresh of the paying clients' list */
     double receipts_next;       /* the next try at submitting receipts (a backoff) */
     uint32_t receipts_backoff_ms;
     /* moving (docs/market.md, "Moving"): to a free window worth move_ratio x ours or more,
@@ -172,6 +174,8 @@ static int claim(struct join *j)
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "model", j->model);
     cJSON_AddNumberToObject(b, "window", w);
+    if (j->relay)   /* counted under the market's cap for nodes behind carrier NAT */
+        cJSON_AddBoolToObject(b, "relay", true);
     cJSON *o = call(j, "POST", "/v1/claims", b, true, &st);
     int rc = -EAGAIN;
     if (o && (st == 200 || st == 201)) {
@@ -187,6 +191,9 @@ static int claim(struct join *j)
         rc = 0;
     } else if (o && st == 409) {
         kvd_log(KVD_LOG_INFO, "window %d went to another node; reading the map again", w);
+    } else if (o && (st == 403 || st == 429)) {
+        const char *e = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "error"));
+        kvd_log(KVD_LOG_WARN, "the market refused the claim of window %d: %s", w, e ? e : "?");
     }
     cJSON_Delete(o);
     return rc;
@@ -454,6 +461,11 @@ static int stage_start(struct join *j, int rank)
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
                                    .listen = j->relay ? NULL : j->listen,
                                    .receipts = j->receipts_path};
+        if (rank == 0 && j->api) {   /* the ring's API: paying clients only */
+            o.api_listen = j->api;
+            o.api_key_file = j->clients_path;
+            o.api_keys_reload = true;
+        }
         if (strcmp(j->backend, "cpu"))
             o.backend = j->backend;
         _exit(kvd_stage_run(&o) < 0 ? 1 : 0);
@@ -570,9 +582,14 @@ static int receipts_submit(struct join *j)
             off += (long)n;
             continue;
         }
-        cJSON_AddStringToObject(b, "model", j->model);
+        if (!cJSON_GetObjectItemCaseSensitive(b, "model"))
+            cJSON_AddStringToObject(b, "model", j->model);
         long st;
         cJSON *o = call(j, "POST", "/v1/receipts", b, true, &st);
+        if (st >= 400 && st < 500 && st != 409) {
+            const char *e = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "error"));
+            kvd_log(KVD_LOG_WARN, "the market refused a receipt (%ld): %s", st, e ? e : "?");
+        }
         cJSON_Delete(o);
         if (st == 0 || st >= 500) {
             pending++;
@@ -589,6 +606,36 @@ static int receipts_submit(struct join *j)
             kvd_log(KVD_LOG_WARN, "%s: %s", j->offset_path, strerror(errno));
     }
     return pending;
+}
+
+/* The paying clients a market ring's API lets in (DIR/clients.keys, "sha256:<client id>" a
+ * line, which the stage's API reads again when it changes): refreshed from the market every
+ * few seconds; a market that does not answer leaves the list as it was. */
+static void clients_refresh(struct join *j)
+{
+    if (!j->api || util_now_s() < j->clients_next)
+        return;
+    j->clients_next = util_now_s() + CLIENTS_EVERY_S;
+    long st;
+    cJSON *o = call(j, "GET", "/v1/clients", NULL, false, &st);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "payable"), *id;
+    if (st != 200 || !cJSON_IsArray(ids)) {
+        cJSON_Delete(o);
+        return;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", j->clients_path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fprintf(f, "# the market's paying clients, refreshed by kvd join\n") > 0;
+    cJSON_ArrayForEach(id, ids)
+        if (ok && cJSON_IsString(id) && strlen(id->valuestring) == 64 &&
+            strspn(id->valuestring, "0123456789abcdef") == 64)
+            ok = fprintf(f, "sha256:%s\n", id->valuestring) > 0;
+    if (f && fclose(f))
+        ok = false;
+    if (!ok || rename(tmp, j->clients_path))
+        kvd_log(KVD_LOG_WARN, "%s: %s", j->clients_path, strerror(errno));
+    cJSON_Delete(o);
 }
 
 /* Submit receipts when due: now, or after the backoff a market that did not answer set. */
@@ -734,6 +781,7 @@ static int hold(struct join *j)
             }
         }
         receipts_tick(j);
+        clients_refresh(j);
         if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
             kvd_log(KVD_LOG_WARN, "the stage exited; starting it again");
             j->stage = 0;
@@ -760,6 +808,8 @@ static void join_usage(FILE *f)
         "  --mem BYTES         memory for the window (K/M/G suffixes; default: half of MemAvailable)\n"
         "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port)\n"
         "  --relay URL         no inbound: the in-edge goes through this relay (relay://HOST:PORT)\n"
+        "  --api HOST:PORT     as rank 0, serve the OpenAI-compatible API there to the market's\n"
+        "                      paying clients (Authorization: Bearer <client key>)\n"
         "  --backend NAME      compute backend (default cpu)\n"
         "  --ca PEM            an https:// market's certificate must chain to this CA\n"
         "  -t N                compute threads (default: all cores)\n"
@@ -826,6 +876,8 @@ int kvd_join_main(int argc, char **argv)
             j.listen = v;
         else if (!strcmp(a, "--relay"))
             j.relay = v;
+        else if (!strcmp(a, "--api"))
+            j.api = v;
         else if (!strcmp(a, "--backend"))
             j.backend = v;
         else if (!strcmp(a, "--move-ratio") || !strcmp(a, "--move-after-s")) {
@@ -908,11 +960,20 @@ int kvd_join_main(int argc, char **argv)
     snprintf(j.manifest_path, sizeof j.manifest_path, "%s/manifest.json", j.dir);
     snprintf(j.receipts_path, sizeof j.receipts_path, "%s/receipts.jsonl", j.dir);
     snprintf(j.offset_path, sizeof j.offset_path, "%s/receipts.offset", j.dir);
+    snprintf(j.clients_path, sizeof j.clients_path, "%s/clients.keys", j.dir);
+    if (j.api) {   /* nobody until the market's list came */
+        FILE *cf = fopen(j.clients_path, "a");
+        if (cf)
+            fclose(cf);
+    }
     kvd_log(KVD_LOG_INFO, "node %s joining model %.16s... at %s (memory %llu bytes, endpoint %s)",
             j.node, j.model, j.market, (unsigned long long)j.mem, j.endpoint);
     signal(SIGTERM, on_stop);
     signal(SIGINT, on_stop);
     signal(SIGPIPE, SIG_IGN);
+    /* what a previous run of this node owes is submitted first: its receipts count for the
+     * ranks it held when the sessions ran, whatever it will hold now */
+    receipts_submit(&j);
     int rc = 0;
     uint32_t backoff = 500;
     while (!stop_flag) {

@@ -109,6 +109,8 @@ struct kvd_stage_opts {
     /* rank 0: the OpenAI-compatible API (docs/api.md) */
     const char *api_listen;     /* "host:port"; NULL: none */
     const char *api_key_file;   /* Bearer keys, one a line; NULL: no keys */
+    bool api_keys_reload;       /* re-read api_key_file when it changes; it may be empty (a
+                                 * market ring's paying clients, which kvd join keeps current) */
     uint32_t api_max_sessions;  /* API generations at once (0: the manifest's max_sessions) */
     const char *chat_template;  /* a chat template family; NULL: the model's */
 };

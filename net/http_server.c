@@ -154,6 +154,7 @@ struct net_http_conn {
     http_parser parser;
     http_parser_settings ps;
     char peer[64];
+    char addr[64];       /* the counting key: an IPv4 address or an IPv6 /64 */
     void *fstate;
     const struct net_http_filter *filter;
     char *in;
@@ -1058,6 +1059,7 @@ static void on_connection(uv_stream_t *ls, int status)
     net__tcp_peer(&c->tcp, c->peer, sizeof c->peer);
     char addr[sizeof c->ae->addr];
     addr_key(&c->tcp, addr, sizeof addr);
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
     struct addr_ent **as = addr_slot(s, addr);
     if (s->stats.conns_open > s->lim.max_conns) {
         s->stats.conns_refused++;
@@ -1246,6 +1248,7 @@ bool net_http_req_is_head(const struct net_http_req *r) { return r->head; }
 bool net_http_req_is_upgrade(const struct net_http_req *r) { return r->upgrade; }
 bool net_http_req_is_http10(const struct net_http_req *r) { return r->http10; }
 const char *net_http_req_peer(const struct net_http_req *r) { return r->c->peer; }
+const char *net_http_req_addr(const struct net_http_req *r) { return r->c->addr; }
 struct net_http_conn *net_http_req_conn(struct net_http_req *r) { return r->c; }
 size_t net_http_req_header_count(const struct net_http_req *r) { return r->nh; }
 

@@ -442,6 +442,9 @@ bool net_http_req_is_upgrade(const struct net_http_req *r);
 bool net_http_req_is_http10(const struct net_http_req *r);      /* HTTP/1.0 request */
 /* Peer address as "ip:port". */
 const char *net_http_req_peer(const struct net_http_req *r);
+/* The peer's address as the server's per-address caps count it: an IPv4 address, or the /64
+ * of an IPv6 one ("2001:db8::/64"). */
+const char *net_http_req_addr(const struct net_http_req *r);
 struct net_http_conn *net_http_req_conn(struct net_http_req *r);
 /* Called if the connection goes away before the request is answered (async handlers), or
  * before a pushed body's net_http_reply_end (a streaming client that left): the request is

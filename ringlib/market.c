@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include "kernels/kern.h"
@@ -195,4 +197,55 @@ double ring_probe_nmse(const float *a, const float *b, size_t n)
         den += (double)b[i] * b[i];
     }
     return den > 0 ? num / den : num > 0 ? INFINITY : 0;
+}
+
+/* ---- client keys ---- */
+
+bool ring_client_key_valid(const char *key)
+{
+    size_t p = strlen(RING_CLIENT_KEY_PREFIX);
+    if (!key || strlen(key) != RING_CLIENT_KEY_LEN || strncmp(key, RING_CLIENT_KEY_PREFIX, p))
+        return false;
+    for (const char *c = key + p; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+            return false;
+    return true;
+}
+
+int ring_client_key_new(char out[RING_CLIENT_KEY_LEN + 1])
+{
+    uint8_t b[32];
+    if (RAND_bytes(b, sizeof b) != 1)
+        return -EIO;
+    memcpy(out, RING_CLIENT_KEY_PREFIX, strlen(RING_CLIENT_KEY_PREFIX));
+    util_hex_encode(b, sizeof b, out + strlen(RING_CLIENT_KEY_PREFIX));
+    OPENSSL_cleanse(b, sizeof b);
+    return 0;
+}
+
+void ring_client_id(const char *key, char out[65])
+{
+    uint8_t d[32];
+    unsigned dl = 32;
+    EVP_Digest(key, strlen(key), d, &dl, EVP_sha256(), NULL);
+    util_hex_encode(d, 32, out);
+}
+
+void ring_client_verifier(const char *key, uint8_t out[32])
+{
+    unsigned ol = 32;
+    HMAC(EVP_sha256(), key, (int)strlen(key), (const unsigned char *)RING_CLIENT_VERIFIER_MSG,
+         strlen(RING_CLIENT_VERIFIER_MSG), out, &ol);
+}
+
+void ring_client_proof(const uint8_t v[32], const char *model, const char *manifest,
+                       const char *session, uint64_t tokens, char out[65])
+{
+    char msg[256];
+    int n = snprintf(msg, sizeof msg, "KVSESS1\n%.64s\n%.64s\n%.64s\n%" PRIu64, model, manifest,
+                     session, tokens);
+    uint8_t d[32];
+    unsigned dl = 32;
+    HMAC(EVP_sha256(), v, 32, (const unsigned char *)msg, (size_t)(n > 0 ? n : 0), d, &dl);
+    util_hex_encode(d, 32, out);
 }

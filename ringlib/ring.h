@@ -98,6 +98,28 @@ int ring_market_call(const char *base, const char *method, const char *path, con
                     const struct net_identity *id, int timeout_ms, long *status, char **resp,
                     char *err, size_t errlen);
 
+/* Client keys (docs/market.md, "Clients"): a paying client's API key is a secret string
+ * ("kvc-" and 64 hex digits, made by kvctl market client add). The market knows the client by
+ * its id, hex(SHA-256(key)), and holds its verifier, HMAC-SHA256(key, RING_CLIENT_VERIFIER_MSG);
+ * rank 0, which the client gave its key, binds each session to the client with a proof,
+ * HMAC-SHA256(verifier, "KVSESS1\n" model "\n" manifest "\n" session "\n" tokens), which only a
+ * holder of the key or the market can make. */
+#define RING_CLIENT_KEY_PREFIX "kvc-"
+#define RING_CLIENT_KEY_LEN 68         /* the prefix and 64 hex digits */
+#define RING_CLIENT_VERIFIER_MSG "kvasir client verifier v1"
+/* Whether key is a well-formed client key. */
+bool ring_client_key_valid(const char *key);
+/* A fresh client key into out (RING_CLIENT_KEY_LEN + 1 bytes): 0 or -EIO (no randomness). */
+int ring_client_key_new(char out[RING_CLIENT_KEY_LEN + 1]);
+/* The client's id: hex(SHA-256(key)). */
+void ring_client_id(const char *key, char out[65]);
+/* The verifier of key: 32 bytes. */
+void ring_client_verifier(const char *key, uint8_t out[32]);
+/* The proof binding session (16..64 hex) of ring generation manifest (64 hex) of model (64
+ * hex), tokens [0, tokens), to the client whose verifier is v: 64 hex. */
+void ring_client_proof(const uint8_t v[32], const char *model, const char *manifest,
+                       const char *session, uint64_t tokens, char out[65]);
+
 /* Known-answer probes (docs/market.md, "Probes"): boundary rows travel as base64 of
  * little-endian f16, the wire's own rounding. */
 #define RING_PROBE_TOL 1e-3            /* NMSE a probe's answer may be off by */

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <uv.h>
@@ -30,6 +31,9 @@
 #define MAX_PROFILES 256         /* device profiles the planner looks at */
 #define PROFILE_AGE_S 600.0      /* profiles older than this are not planned with */
 #define NONCE_KEEP_FACTOR 2.0    /* nonces are kept for twice the clock skew allowed */
+#define SWEEP_EVERY_S 2.0        /* how often pending sessions are looked at */
+#define CLIENTS_LIST_MAX 4096    /* client ids GET /v1/clients lists */
+#define SESSION_TOKENS_MAX 16777216.0 /* the most tokens a session may be opened for */
 
 struct poll {                    /* a manifest long-poll waiting for a change */
     struct kvd_market_api *a;
@@ -58,6 +62,9 @@ struct kvd_market_api {
     uv_timer_t tick;
     struct poll *polls;
     bool closed;
+    struct kvd_market_admit *admit;
+    char sweep_after[KVD_MARKET_KEY_MAX];   /* the settlement sweep's cursor */
+    double sweep_next;
 };
 
 void kvd_market__config_default(struct kvd_market_config *c)
@@ -75,6 +82,13 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->probe = true;
     c->spot_check_s = 300;
     c->penalty_s = 600;
+    c->pull_min_rate = 1 << 20;
+    c->lapse_refuse_s = 600;
+    c->claims_per_min_key = 12;
+    c->claims_per_min_addr = 60;
+    c->max_ranks_addr = 1;
+    c->max_ranks_relay_addr = 4;
+    c->settle_wait_s = 120;
 }
 
 /* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
@@ -256,7 +270,9 @@ static int lease_now(const struct kvd_market_api *a, const struct kvd_market_lea
         return L_FREE;
     if (now < l->expires)
         return l->state == KVD_LEASE_ACTIVE ? L_ACTIVE : L_RESERVED;
-    if (now < l->expires + a->cfg.grace_s)
+    /* the grace period is for a serving stage that blinked; a reservation that lapsed frees
+     * its window at once (else a squatter could hold it through its grace) */
+    if (l->state == KVD_LEASE_ACTIVE && now < l->expires + a->cfg.grace_s)
         return L_GRACE;
     return L_FREE;
 }
@@ -292,12 +308,9 @@ static int model_state_load(struct kvd_market_api *a, const char *id, struct mod
     return 0;
 }
 
-/* The model's demand decayed to now (requests per minute). */
 static double demand_now(const struct kvd_market_api *a, const struct kvd_market_model *m, double now)
 {
-    if (m->demand_t <= 0 || now <= m->demand_t)
-        return m->demand;
-    return m->demand * exp(-(now - m->demand_t) / a->cfg.demand_tau_s);
+    return kvd_market__demand_now(&a->cfg, m, now);
 }
 
 static double covered_of(int ls)
@@ -583,6 +596,82 @@ static int begin_signed(struct kvd_market_api *a, struct net_http_req *req, char
     return 0;
 }
 
+static int path_model(struct net_http_req *req, const char *path, char id[65], const char **what);
+
+/* The key that owns model id ("" when none is recorded: a model registered before owners
+ * were kept, which only an operator may change), into buf. */
+static const char *model_owner(struct kvd_market_api *a, const char *id, char *buf, size_t n)
+{
+    char key[80];
+    snprintf(key, sizeof key, "owner/%s", id);
+    cJSON *o = blob_load(a, key);
+    snprintf(buf, n, "%s", jstr(o, "owner") ? jstr(o, "owner") : "");
+    cJSON_Delete(o);
+    return buf;
+}
+
+/* May node change model id? 0 (*exists says whether it is registered already), or the 403
+ * (naming the owner) or 503 sent and the transaction rolled back. */
+static int model_owner_check(struct kvd_market_api *a, struct net_http_req *req, const char *id,
+                             const char *node, bool *exists)
+{
+    struct kvd_market_model old;
+    int rc = a->st->ops->model_get(a->st->impl, id, &old);
+    if (rc && rc != -ENOENT) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        return rc;
+    }
+    *exists = rc == 0;
+    if (rc)
+        return 0;
+    kvd_market__model_clear(&old);
+    char owner[65], why[256];
+    model_owner(a, id, owner, sizeof owner);
+    if (!strcmp(owner, node) || kvd_market__admit_operator(a->admit, node))
+        return 0;
+    if (owner[0])
+        snprintf(why, sizeof why, "model %.16s... belongs to node %s: only its owner or a market "
+                 "operator may change or remove it", id, owner);
+    else
+        snprintf(why, sizeof why, "model %.16s... has no recorded owner: only a market operator "
+                 "(kvd market --operator-key) may change or remove it", id);
+    rollback_err(a, req, 403, NULL, why);
+    return -EPERM;
+}
+
+/* DELETE /v1/models/<id>: signed by its owner or an operator; its windows and leases go with it
+ * (its stages' heartbeats are refused from then on). */
+static void h_model_delete(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char id[65], node[65];
+    const char *what;
+    if (path_model(req, net_http_req_path(req), id, &what))
+        return;
+    if (what[0]) {
+        reply_err(req, 404, NULL, "DELETE takes /v1/models/<id>");
+        return;
+    }
+    if (begin_signed(a, req, node))
+        return;
+    bool exists = false;
+    if (model_owner_check(a, req, id, node, &exists))
+        return;
+    if (!exists) {
+        rollback_err(a, req, 404, NULL, "no such model");
+        return;
+    }
+    if (a->st->ops->model_delete(a->st->impl, id)) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        return;
+    }
+    kvd_log(KVD_LOG_INFO, "model %.16s... removed by node %.16s...", id, node);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "state", "removed");
+    commit_reply(a, req, 200, o);
+}
+
 /* POST /v1/models {"catalog": CATALOG-JSON-TEXT, "name": S, "sources": [URL...]} */
 static void h_models_post(struct net_http_req *req, void *ud)
 {
@@ -620,6 +709,11 @@ static void h_models_post(struct net_http_req *req, void *ud)
     }
     if (begin_signed(a, req, node))
         goto out;
+    /* a model belongs to the key that registered it (and the operators) */
+    bool exists = false;
+    int orc = model_owner_check(a, req, id, node, &exists);
+    if (orc)
+        goto out;
     struct kvd_market_model m = {0};
     snprintf(m.id, sizeof m.id, "%s", id);
     snprintf(m.name, sizeof m.name, "%s", name ? name : c->arch);
@@ -647,6 +741,15 @@ static void h_models_post(struct net_http_req *req, void *ud)
         rc = (pt = cJSON_PrintUnformatted(probes)) ? a->st->ops->blob_put(a->st->impl, key, pt) : -ENOMEM;
         free(pt);
     }
+    if (rc == 0 && !exists) {
+        char key[80];
+        snprintf(key, sizeof key, "owner/%s", id);
+        cJSON *ow = cJSON_CreateObject();
+        cJSON_AddStringToObject(ow, "owner", node);
+        cJSON_AddNumberToObject(ow, "at", now);
+        rc = blob_save(a, key, ow);
+        cJSON_Delete(ow);
+    }
     if (rc == 0)
         rc = replan_if_idle(a, id, now, why, sizeof why);
     if (rc) {
@@ -659,7 +762,8 @@ static void h_models_post(struct net_http_req *req, void *ud)
     cJSON_AddStringToObject(o, "name", m.name);
     cJSON_AddNumberToObject(o, "n_layers", m.n_layers);
     cJSON_AddBoolToObject(o, "probes", probes != NULL);
-    commit_reply(a, req, 201, o);
+    cJSON_AddStringToObject(o, "owner", exists ? model_owner(a, id, why, sizeof why) : node);
+    commit_reply(a, req, exists ? 200 : 201, o);
 out:
     gguf_catalog_free(c);
     cJSON_Delete(b);
@@ -782,6 +886,24 @@ static void manifest_get(struct kvd_market_api *a, struct net_http_req *req, con
     answer_poll(p, 0, NULL);
 }
 
+/* Record the generation of a manifest about to be served (its own transaction): its nodes are
+ * the ones whose receipts for sessions on it count (docs/market.md, "Receipts and credit"). */
+static int gen_note(struct kvd_market_api *a, const char *model, const char *sha, const char *man,
+                    double now)
+{
+    int rc = a->st->ops->begin(a->st->impl);
+    if (rc == 0)
+        rc = kvd_market__gen_record(a->st, model, sha, man, now);
+    if (rc == 0)
+        rc = a->st->ops->commit(a->st->impl);
+    if (rc) {
+        a->st->ops->rollback(a->st->impl);
+        kvd_log(KVD_LOG_ERROR, "recording ring generation %.16s... of model %.16s...: %s", sha, model,
+                a->st->err);
+    }
+    return rc;
+}
+
 /* Answer p if its manifest changed or its time is up: true when answered (p freed). */
 static bool poll_try(struct poll *p)
 {
@@ -800,6 +922,12 @@ static bool poll_try(struct poll *p)
     char *man = manifest_of(ms, hash);
     kvd_market__model_clear(&ms->m);
     free(ms);
+    if (man && strcmp(hash, p->after) && gen_note(a, p->model, hash, man, now)) {
+        reply_err(p->req, 503, NULL, "store: %s", a->st->err);
+        free(man);
+        free(p);
+        return true;
+    }
     if (man && strcmp(hash, p->after)) {
         char hdr[128];
         snprintf(hdr, sizeof hdr, "X-Kv-Manifest-Sha256: %s\r\nCache-Control: no-store\r\n", hash);
@@ -844,6 +972,22 @@ static void answer_poll(struct poll *p, int status, char *man)
 static void on_tick(uv_timer_t *t)
 {
     struct kvd_market_api *a = t->data;
+    double now = now_s();
+    if (now >= a->sweep_next) {   /* sessions whose ring did not all submit: the settle wait */
+        a->sweep_next = now + SWEEP_EVERY_S;
+        size_t paid = 0;
+        int rc = a->st->ops->begin(a->st->impl);
+        if (rc == 0)
+            rc = kvd_market__session_sweep(a->st, &a->cfg, now, a->sweep_after, &paid);
+        if (rc == 0)
+            rc = a->st->ops->commit(a->st->impl);
+        if (rc) {
+            a->st->ops->rollback(a->st->impl);
+            kvd_log(KVD_LOG_WARN, "settling pending sessions: %s", a->st->err);
+        } else if (paid) {
+            kvd_log(KVD_LOG_INFO, "settled %zu ranks' shares of sessions past their wait", paid);
+        }
+    }
     struct poll **pp = &a->polls;
     while (*pp) {
         struct poll *p = *pp;
@@ -1123,17 +1267,7 @@ static double spot_next(const struct kvd_market_api *a, double now)
 /* Whether node may not claim now: the reason into why. */
 static bool penalized(struct kvd_market_api *a, const char *node, double now, char *why, size_t n)
 {
-    char key[80];
-    snprintf(key, sizeof key, "penalty/%s", node);
-    cJSON *p = blob_load(a, key);
-    double until = util_json_number(p, "until", 0);
-    const char *r = jstr(p, "reason");
-    bool on = until > now;
-    if (on)
-        snprintf(why, n, "this node's claims are refused for %.0f s more: %s", until - now,
-                 r ? r : "it failed a probe");
-    cJSON_Delete(p);
-    return on;
+    return kvd_market__penalized(a->st, node, now, why, n);
 }
 
 /* A challenge as the stage gets it: its kind, window and the seconds left to answer. */
@@ -1363,6 +1497,87 @@ out:
 
 /* POST /v1/claims {"model": ID, "window": W}: a reserved lease on a free window, the same one
  * again to its holder; 409 with the free windows when someone else holds it. */
+/* When the reservation of window wi ends whatever its heartbeats say: the claim time plus
+ * the time its window takes at the slowest pull rate the market accepts (at least reserve_s). */
+static double reserve_end(const struct kvd_market_api *a, const struct model_state *ms, size_t wi,
+                          const struct kvd_market_lease *l)
+{
+    double t = (double)ms->w[wi].bytes / a->cfg.pull_min_rate;
+    return l->since + (t > a->cfg.reserve_s ? t : a->cfg.reserve_s);
+}
+
+/* A reserved lease's next expiry: reserve_s on, never past its end. */
+static double reserve_expiry(const struct kvd_market_api *a, const struct model_state *ms,
+                             size_t wi, const struct kvd_market_lease *l, double now)
+{
+    double e = now + a->cfg.reserve_s, end = reserve_end(a, ms, wi, l);
+    return e < end ? e : end;
+}
+
+/* Blobs of the claims' checks: "refuse/<model>/<window>/<node>" {until, why}: a node whose
+ * reservation ran out may not claim that window again until then; "addr/<model>/<window>"
+ * {node, addr, relay}: where the holder of the window claimed it from. */
+static int refuse_put(struct kvd_market_api *a, const char *model, uint32_t window,
+                      const struct kvd_market_lease *l)
+{
+    char key[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "refuse/%s/%u/%s", model, window, l->node);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "until", l->expires + a->cfg.lapse_refuse_s);
+    cJSON_AddNumberToObject(o, "lapsed", l->expires);
+    int rc = blob_save(a, key, o);
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* Whether node's reservation of the window ran out lately (why says so), from the lease row
+ * when it is still node's, else from the blob kept when another node took the window. */
+static bool lapse_refused(struct kvd_market_api *a, const struct model_state *ms, size_t wi,
+                          const char *node, double now, char *why, size_t n)
+{
+    const struct kvd_market_lease *l = &ms->l[wi];
+    double lapsed = 0, until = 0;
+    if (!strcmp(l->node, node) && l->state == KVD_LEASE_RESERVED && ms->ls[wi] == L_FREE &&
+        l->since > 0) {
+        lapsed = l->expires;
+        until = l->expires + a->cfg.lapse_refuse_s;
+    } else {
+        char key[KVD_MARKET_KEY_MAX];
+        snprintf(key, sizeof key, "refuse/%s/%u/%s", ms->m.id, ms->w[wi].idx, node);
+        cJSON *o = blob_load(a, key);
+        lapsed = util_json_number(o, "lapsed", 0);
+        until = util_json_number(o, "until", 0);
+        cJSON_Delete(o);
+    }
+    if (now >= until)
+        return false;
+    snprintf(why, n, "this node's reservation of window %u ran out %.0f s ago without becoming "
+             "active; it may claim that window again in %.0f s", ms->w[wi].idx, now - lapsed,
+             until - now);
+    return true;
+}
+
+/* How many windows of the model other than wi are held from addr by nodes of the same kind
+ * (reached through a relay or not); -1 when the store failed. */
+static int addr_held(struct kvd_market_api *a, const struct model_state *ms, size_t wi,
+                     const char *addr, bool relay)
+{
+    int k = 0;
+    for (size_t i = 0; i < ms->n; i++) {
+        if (i == wi || (ms->ls[i] != L_RESERVED && ms->ls[i] != L_ACTIVE && ms->ls[i] != L_GRACE))
+            continue;
+        char key[KVD_MARKET_KEY_MAX];
+        snprintf(key, sizeof key, "addr/%s/%u", ms->m.id, ms->w[i].idx);
+        cJSON *o = blob_load(a, key);
+        const char *on = jstr(o, "node"), *oa = jstr(o, "addr");
+        if (on && oa && !strcmp(on, ms->l[i].node) && !strcmp(oa, addr) &&
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "relay")) == relay)
+            k++;
+        cJSON_Delete(o);
+    }
+    return k;
+}
+
 static void h_claims(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
@@ -1372,7 +1587,19 @@ static void h_claims(struct net_http_req *req, void *ud)
         goto out;
     int ls = c.ms->ls[c.wi];
     struct kvd_market_lease *l = &c.ms->l[c.wi];
-    if (penalized(a, c.node, c.now, why, sizeof why)) {
+    const char *addr = net_http_req_addr(req);
+    bool relay = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c.b, "relay"));
+    if (!kvd_market__admit_allowed(a->admit, c.node)) {
+        snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
+        state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
+    if (kvd_market__admit_claim(a->admit, c.node, addr, c.now, why, sizeof why)) {
+        state_refuse(a, req, c.ms, 429, NULL, why);
+        goto out;
+    }
+    if (penalized(a, c.node, c.now, why, sizeof why) ||
+        lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
         state_refuse(a, req, c.ms, 403, NULL, why);
         goto out;
     }
@@ -1391,18 +1618,44 @@ static void h_claims(struct net_http_req *req, void *ud)
             state_refuse(a, req, c.ms, 409, NULL, why);
             goto out;
         }
+    uint32_t cap = relay ? a->cfg.max_ranks_relay_addr : a->cfg.max_ranks_addr;
+    int held = cap ? addr_held(a, c.ms, c.wi, addr, relay) : 0;
+    if (cap && held >= (int)cap) {
+        snprintf(why, sizeof why, "address %s already holds %d %s of this model (at most %u for "
+                 "nodes %s; kvd market %s)", addr, held, held == 1 ? "rank" : "ranks", cap,
+                 relay ? "reached through a relay" : "with a direct endpoint",
+                 relay ? "--max-ranks-per-relay-addr" : "--max-ranks-per-addr");
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
     int status = 200;
     if (ls == L_RESERVED || ls == L_ACTIVE) {   /* its holder again: as good as a heartbeat */
-        l->expires = c.now + (ls == L_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        l->expires = ls == L_ACTIVE ? c.now + a->cfg.lease_s
+                                    : reserve_expiry(a, c.ms, c.wi, l, c.now);
         if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
             state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
     } else {   /* a new lease (or the same node back in its grace) */
+        /* the node before whose reservation ran out: it may not take the window back soon */
+        if (l->node[0] && strcmp(l->node, c.node) && l->state == KVD_LEASE_RESERVED &&
+            l->since > 0 && refuse_put(a, c.ms->m.id, c.ms->w[c.wi].idx, l)) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
         *l = (struct kvd_market_lease){.window = c.ms->w[c.wi].idx, .state = KVD_LEASE_RESERVED,
-                                       .expires = c.now + a->cfg.reserve_s, .since = c.now};
+                                       .since = c.now};
+        l->expires = reserve_expiry(a, c.ms, c.wi, l, c.now);
         memcpy(l->node, c.node, 65);
-        if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+        char key[KVD_MARKET_KEY_MAX];
+        snprintf(key, sizeof key, "addr/%s/%u", c.ms->m.id, c.ms->w[c.wi].idx);
+        cJSON *ao = cJSON_CreateObject();
+        cJSON_AddStringToObject(ao, "node", c.node);
+        cJSON_AddStringToObject(ao, "addr", addr);
+        cJSON_AddBoolToObject(ao, "relay", relay);
+        int arc = blob_save(a, key, ao);
+        cJSON_Delete(ao);
+        if (arc || a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
             state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
@@ -1417,6 +1670,8 @@ static void h_claims(struct net_http_req *req, void *ud)
     cJSON_AddItemToObject(o, "layers", ly);
     cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
     cJSON_AddNumberToObject(o, "reserve_s", a->cfg.reserve_s);
+    if (l->state == KVD_LEASE_RESERVED)
+        cJSON_AddNumberToObject(o, "reserve_ends_in", reserve_end(a, c.ms, c.wi, l) - c.now);
     kvd_market__model_clear(&c.ms->m);
     commit_reply(a, req, status, o);
 out:
@@ -1558,6 +1813,7 @@ static void h_release(struct net_http_req *req, void *ud)
         goto out;
     }
     l->expires = c.now - a->cfg.grace_s - 1;   /* past its grace: free for anyone */
+    l->since = 0;                              /* given back, not run out */
     if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
         state_refuse(a, req, c.ms, 503, NULL, a->st->err);
         goto out;
@@ -1596,8 +1852,24 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
         goto out;
     }
     bool activating = ep && (l->state != KVD_LEASE_ACTIVE || strcmp(l->endpoint, ep));
+    if (activating && ep && strncmp(ep, "relay://", 8)) {
+        /* a node that claimed as relay-reached (counted under the relay cap) must stay so */
+        char key[KVD_MARKET_KEY_MAX];
+        snprintf(key, sizeof key, "addr/%s/%u", c.ms->m.id, c.ms->w[c.wi].idx);
+        cJSON *ao = blob_load(a, key);
+        bool relayed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ao, "relay")) &&
+                       jstr(ao, "node") && !strcmp(jstr(ao, "node"), c.node);
+        cJSON_Delete(ao);
+        if (relayed) {
+            snprintf(why, sizeof why, "window %u was claimed as reached through a relay; endpoint "
+                     "%s is not a relay:// one", c.ms->w[c.wi].idx, ep);
+            state_refuse(a, req, c.ms, 409, NULL, why);
+            goto out;
+        }
+    }
     if (!activating)
-        l->expires = c.now + (l->state == KVD_LEASE_ACTIVE ? a->cfg.lease_s : a->cfg.reserve_s);
+        l->expires = l->state == KVD_LEASE_ACTIVE ? c.now + a->cfg.lease_s
+                                                  : reserve_expiry(a, c.ms, c.wi, l, c.now);
     else
         l->expires = c.now + a->cfg.reserve_s;   /* alive while its endpoint is checked */
     if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
@@ -1669,27 +1941,40 @@ out:
     lease_call_end(&c);
 }
 
-/* POST /v1/receipts {"model", "session", "rank", "tokens": [t0, t1], "digest", "side":
- * "sent"|"received"}: one signature of a receipt; the work of (session, rank, tokens) is
- * credited once both sides are in and their digests agree. */
+/* POST /v1/receipts {"model", "manifest", "session", "rank", "tokens": [t0, t1], "side":
+ * "sent"|"received", "digest"} or, from rank 0, {..., "side": "open", "tokens": [0, T],
+ * "client", "proof"}: one signature of a session's receipt, from the node that held the
+ * signing rank in the ring generation (manifest) the session ran on. The session is settled
+ * (ledger.c) as its sides come in. */
 static void h_receipts(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
-    char node[65], why[512];
-    struct model_state *ms;
-    cJSON *b = body_and_state(req, &ms);
+    char node[65], why[512], key[65];
+    cJSON *b = body_json(req);
     if (!b)
         return;
-    struct kvd_market_receipt r = {0}, other;
+    struct kvd_market_receipt r = {0};
     const char *model = jstr(b, "model"), *session = jstr(b, "session"), *digest = jstr(b, "digest");
-    const char *side = jstr(b, "side");
+    const char *side = jstr(b, "side"), *man = jstr(b, "manifest");
+    const char *client = jstr(b, "client"), *proof = jstr(b, "proof");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(b, "tokens");
     uint64_t rank;
     double now = now_s();
-    if (!model || !is_hex(model, 64, 64) || !session || !is_hex(session, 16, 64) || !digest ||
-        !is_hex(digest, 64, 64) || !side || (strcmp(side, "sent") && strcmp(side, "received"))) {
-        reply_err(req, 400, NULL, "a receipt needs model (64 hex), session (16-64 hex), digest "
-                  "(64 hex) and side (sent or received)");
+    struct kvd_market_gen g;
+    struct kvd_market_client cl;
+    if (!model || !is_hex(model, 64, 64) || !session || !is_hex(session, 16, 64) || !man ||
+        !is_hex(man, 64, 64) || !side ||
+        (strcmp(side, "sent") && strcmp(side, "received") && strcmp(side, "open"))) {
+        reply_err(req, 400, NULL, "a receipt needs model (64 hex), manifest (the ring generation's "
+                  "SHA-256, 64 hex), session (16-64 hex) and side (sent, received or open)");
+        goto out;
+    }
+    r.side = !strcmp(side, "sent") ? KVD_SIDE_SENT : !strcmp(side, "received") ? KVD_SIDE_RECEIVED
+                                                                                : KVD_SIDE_OPEN;
+    if (r.side != KVD_SIDE_OPEN ? !digest || !is_hex(digest, 64, 64)
+                                : !client || !is_hex(client, 64, 64) || !proof || !is_hex(proof, 64, 64)) {
+        reply_err(req, 400, NULL, r.side != KVD_SIDE_OPEN ? "digest: expected 64 hex digits"
+                  : "an open side needs client (the client's id, 64 hex) and proof (64 hex)");
         goto out;
     }
     if (juint(b, "rank", 0, KVD_MARKET_MAX_WINDOWS - 1, &rank, why, sizeof why)) {
@@ -1699,91 +1984,258 @@ static void h_receipts(struct net_http_req *req, void *ud)
     if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) != 2 ||
         !cJSON_IsNumber(tk->child) || !cJSON_IsNumber(tk->child->next) ||
         !(tk->child->valuedouble >= 0) || !(tk->child->next->valuedouble > tk->child->valuedouble) ||
-        tk->child->next->valuedouble > 1e12 ||
+        tk->child->next->valuedouble > SESSION_TOKENS_MAX ||
         tk->child->valuedouble != floor(tk->child->valuedouble) ||
         tk->child->next->valuedouble != floor(tk->child->next->valuedouble)) {
-        reply_err(req, 400, NULL, "tokens: expected [first, last) whole numbers, first < last <= 1e12");
+        reply_err(req, 400, NULL, "tokens: expected [first, last) whole numbers, first < last <= %.0f",
+                  SESSION_TOKENS_MAX);
         goto out;
     }
     snprintf(r.model, sizeof r.model, "%s", model);
     snprintf(r.session, sizeof r.session, "%s", session);
-    snprintf(r.digest, sizeof r.digest, "%s", digest);
+    snprintf(r.digest, sizeof r.digest, "%s", r.side == KVD_SIDE_OPEN ? proof : digest);
     r.rank = (uint32_t)rank;
     r.t0 = (uint64_t)tk->child->valuedouble;
     r.t1 = (uint64_t)tk->child->next->valuedouble;
-    r.side = !strcmp(side, "sent") ? KVD_SIDE_SENT : KVD_SIDE_RECEIVED;
+    if (r.side == KVD_SIDE_OPEN && (r.rank != 0 || r.t0 != 0)) {
+        reply_err(req, 400, NULL, "an open side is rank 0's, for tokens [0, T)");
+        goto out;
+    }
     if (begin_signed(a, req, node))
         goto out;
     memcpy(r.node, node, 65);
-    if (state_load(a, req, model, ms, now))
-        goto out;
-    if (rank >= ms->n) {
-        snprintf(why, sizeof why, "rank %llu does not exist (the ring has %zu ranks)",
-                 (unsigned long long)rank, ms->n);
-        state_refuse(a, req, ms, 404, NULL, why);
-        goto out;
-    }
-    /* who may sign: the rank's holder sends; the next rank (rank 0 after the last) receives */
-    size_t signer = r.side == KVD_SIDE_SENT ? rank : (rank + 1) % ms->n;
-    /* the lease's node, lapsed or not: work done before a lapse is still owed (the other
-     * side's countersignature is what makes it count) */
-    if (strcmp(ms->l[signer].node, node)) {
-        snprintf(why, sizeof why, "node %.16s... does not hold rank %zu, whose %s side this is",
-                 node, signer, side);
-        state_refuse(a, req, ms, 403, NULL, why);
+    /* the ring generation: only a manifest the market published has sessions that count */
+    int rc = kvd_market__gen_load(a->st, man, &g);
+    if (rc == -ENOENT || (rc == 0 && strcmp(g.model, model))) {
+        snprintf(why, sizeof why, "manifest %.16s... is no ring generation of model %.16s... that "
+                 "this market published", man, model);
+        rollback_err(a, req, 404, NULL, why);
         goto out;
     }
-    int rc = a->st->ops->receipt_put(a->st->impl, &r);
-    if (rc == -EEXIST) {
-        state_refuse(a, req, ms, 409, NULL, "this side of the receipt was submitted before");
-        goto out;
-    }
-    cJSON *o = cJSON_CreateObject();
-    bool credited = false;
-    if (rc == 0)
-        rc = a->st->ops->receipt_get(a->st->impl, session, r.rank, r.t0, r.t1,
-                                     r.side == KVD_SIDE_SENT ? KVD_SIDE_RECEIVED : KVD_SIDE_SENT, &other);
-    if (rc == -ENOENT) {
-        rc = 0;
-        cJSON_AddStringToObject(o, "status", "waiting for the other side");
-    } else if (rc == 0 && strcmp(other.digest, r.digest)) {
-        cJSON_AddStringToObject(o, "status", "digests differ: not credited");
-    } else if (rc == 0 && penalized(a, r.side == KVD_SIDE_SENT ? r.node : other.node, now, why,
-                                    sizeof why)) {
-        /* work of a node that failed a probe is not paid, like its voided credit */
-        cJSON_AddStringToObject(o, "status", "the sending node failed a probe: not credited");
-    } else if (rc == 0) {
-        const struct kvd_market_receipt *snd = r.side == KVD_SIDE_SENT ? &r : &other;
-        const struct kvd_market_window *w = &ms->w[rank];
-        uint64_t lt = (r.t1 - r.t0) * (uint64_t)(w->last - w->first);
-        double d = demand_now(a, &ms->m, now);
-        double credit = (double)lt * kvd_market__reward(&a->cfg, d, covered_of(ms->ls[rank]));
-        rc = a->st->ops->credit_add(a->st->impl, session, r.rank, r.t0, r.t1, snd->node, lt, credit);
-        if (rc == -EEXIST) {
-            cJSON_Delete(o);
-            state_refuse(a, req, ms, 409, NULL, "tokens of this range were credited before for this "
-                         "session and rank");
-            goto out;
-        }
-        /* a new session's first tokens at rank 0: one request more for the demand average */
-        if (rc == 0 && r.rank == 0 && r.t0 == 0)
-            rc = a->st->ops->model_demand_set(a->st->impl, model,
-                                              d + 60.0 / a->cfg.demand_tau_s, now);
-        credited = rc == 0;
-        cJSON_AddStringToObject(o, "status", "credited");
-        cJSON_AddNumberToObject(o, "layer_tokens", (double)lt);
-        cJSON_AddNumberToObject(o, "credit", credit);
-    }
-    kvd_market__model_clear(&ms->m);
     if (rc) {
-        cJSON_Delete(o);
         rollback_err(a, req, 503, NULL, a->st->err);
         goto out;
     }
-    cJSON_AddBoolToObject(o, "credited", credited);
+    if (rank >= g.n) {
+        snprintf(why, sizeof why, "rank %llu does not exist (ring generation %.16s... has %zu ranks)",
+                 (unsigned long long)rank, man, g.n);
+        rollback_err(a, req, 404, NULL, why);
+        goto out;
+    }
+    /* who may sign: the rank's node sends (and rank 0 opens); the next rank (rank 0 after the
+     * last) receives; whoever held that rank in that generation, whatever it holds now */
+    size_t signer = r.side == KVD_SIDE_RECEIVED ? (rank + 1) % g.n : rank;
+    if (strcmp(g.node[signer], node)) {
+        snprintf(why, sizeof why, "node %.16s... did not hold rank %zu, whose %s side this is, in "
+                 "ring generation %.16s... (node %.16s... did)", node, signer, side, man,
+                 g.node[signer]);
+        rollback_err(a, req, 403, NULL, why);
+        goto out;
+    }
+    if (r.side == KVD_SIDE_OPEN) {   /* a paying client opened it: rank 0 holds the client's key */
+        rc = kvd_market__client_get(a->st, client, &cl);
+        if (rc == -ENOENT) {
+            snprintf(why, sizeof why, "client %.16s... is not known to this market", client);
+            rollback_err(a, req, 403, NULL, why);
+            goto out;
+        }
+        char want[65];
+        if (rc == 0)
+            ring_client_proof(cl.verifier, model, man, session, r.t1, want);
+        if (rc == 0 && CRYPTO_memcmp(want, proof, 64)) {
+            snprintf(why, sizeof why, "the proof does not bind session %s to client %.16s...: rank 0 "
+                     "must hold the client's key", session, client);
+            rollback_err(a, req, 403, NULL, why);
+            goto out;
+        }
+        if (rc) {
+            rollback_err(a, req, 503, NULL, a->st->err);
+            goto out;
+        }
+    }
+    kvd_market__session_key(model, man, session, key);
+    struct kvd_market_receipt kr = r;   /* the receipts table keys sessions by the ledger's key */
+    memcpy(kr.session, key, 65);
+    rc = a->st->ops->receipt_put(a->st->impl, &kr);
+    if (rc == 0)
+        rc = kvd_market__session_side(a->st, &r, man, key, client, now);
+    if (rc == -EEXIST) {
+        rollback_err(a, req, 409, NULL, "this side of the session's receipt was submitted before");
+        goto out;
+    }
+    if (rc == 0 && r.side == KVD_SIDE_OPEN) {   /* one client request more for the demand */
+        struct kvd_market_model m;
+        if ((rc = a->st->ops->model_get(a->st->impl, model, &m)) == 0) {
+            rc = a->st->ops->model_demand_set(a->st->impl, model,
+                                              demand_now(a, &m, now) + 60.0 / a->cfg.demand_tau_s, now);
+            kvd_market__model_clear(&m);
+        }
+    }
+    struct kvd_market_settled set = {0};
+    if (rc == 0)
+        rc = kvd_market__session_settle(a->st, &a->cfg, key, now, &set);
+    if (rc) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", !set.opened ? "waiting for rank 0's open side (a session "
+                            "no client opened is never paid)" : set.done ? "settled" :
+                            set.ranks_paid ? "credited" : "waiting for the ring's other sides");
+    cJSON_AddBoolToObject(o, "credited", set.ranks_paid > 0);
+    cJSON_AddNumberToObject(o, "ranks_paid", set.ranks_paid);
+    cJSON_AddNumberToObject(o, "layer_tokens", (double)set.layer_tokens);
+    cJSON_AddNumberToObject(o, "credit", set.credit);
     commit_reply(a, req, 200, o);
 out:
-    free(ms);
+    cJSON_Delete(b);
+}
+
+/* ---- clients (docs/market.md, "Clients") ---- */
+
+static cJSON *client_json(const struct kvd_market_client *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "client", c->id);
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddNumberToObject(o, "balance", c->balance);
+    cJSON_AddNumberToObject(o, "spent", c->spent);
+    return o;
+}
+
+/* Begin a call only operators may make: 0 with node set, or the refusal sent. */
+static int begin_operator(struct kvd_market_api *a, struct net_http_req *req, char node[65],
+                          const char *what)
+{
+    if (begin_signed(a, req, node))
+        return -EPERM;
+    if (kvd_market__admit_operator(a->admit, node))
+        return 0;
+    char why[256];
+    snprintf(why, sizeof why, "only the market's operators (kvd market --operator-key) may %s; node "
+             "%.16s... is none", what, node);
+    rollback_err(a, req, 403, NULL, why);
+    return -EPERM;
+}
+
+/* A credit amount member: 0, or the 400 sent. */
+static int credit_arg(struct net_http_req *req, const cJSON *b, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, "credit");
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e15)) {
+        reply_err(req, 400, NULL, "credit: expected a number from 0 to 1e15");
+        return -EINVAL;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* POST /v1/clients {"client": ID, "verifier": HEX, "credit": N, "name"?: S}, by an operator:
+ * a paying client's account (kvctl market client add made the key and sends only its id and
+ * verifier). 201, 409 when the id is taken. */
+static void h_clients_post(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65];
+    cJSON *b = body_json(req);
+    if (!b)
+        return;
+    struct kvd_market_client c = {0}, old;
+    const char *id = jstr(b, "client"), *v = jstr(b, "verifier"), *name = jstr(b, "name");
+    if (!id || !is_hex(id, 64, 64) || !v || !is_hex(v, 64, 64) || util_hex_decode(v, c.verifier, 32) ||
+        (name && strlen(name) > 127)) {
+        reply_err(req, 400, NULL, "a client needs client (its id, 64 hex), verifier (64 hex) and "
+                  "credit; name at most 127 bytes");
+        goto out;
+    }
+    if (credit_arg(req, b, &c.balance) || begin_operator(a, req, node, "add clients"))
+        goto out;
+    snprintf(c.id, sizeof c.id, "%s", id);
+    snprintf(c.name, sizeof c.name, "%s", name ? name : "");
+    c.created = now_s();
+    int rc = kvd_market__client_get(a->st, id, &old);
+    if (rc == 0) {
+        rollback_err(a, req, 409, NULL, "a client with that id exists");
+        goto out;
+    }
+    if ((rc == -ENOENT ? kvd_market__client_put(a->st, &c) : rc)) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        goto out;
+    }
+    kvd_log(KVD_LOG_INFO, "client %.16s... (%s) added by operator %.16s... with credit %g", id, c.name,
+            node, c.balance);
+    commit_reply(a, req, 201, client_json(&c));
+out:
+    cJSON_Delete(b);
+}
+
+/* GET /v1/clients: {"payable": [ids]}, the clients whose balance is above zero (what a ring's
+ * API lets in); GET /v1/clients/<id>: the account. */
+static void h_clients_get(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    const char *p = net_http_req_path(req);
+    struct kvd_market_client c;
+    if (!strcmp(p, "/v1/clients")) {
+        static char keys[CLIENTS_LIST_MAX][KVD_MARKET_KEY_MAX];
+        size_t n = 0;
+        if (a->st->ops->blob_keys(a->st->impl, "client/", keys, CLIENTS_LIST_MAX, &n)) {
+            reply_err(req, 503, NULL, "store: %s", a->st->err);
+            return;
+        }
+        cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "payable");
+        for (size_t i = 0; i < n; i++)
+            if (kvd_market__client_get(a->st, keys[i] + strlen("client/"), &c) == 0 && c.balance > 0)
+                cJSON_AddItemToArray(ids, cJSON_CreateString(c.id));
+        reply_json(req, 200, o);
+        return;
+    }
+    p += strlen("/v1/clients/");
+    if (strlen(p) != 64 || !is_hex(p, 64, 64)) {
+        reply_err(req, 404, NULL, "expected /v1/clients/<client id, 64 hex>");
+        return;
+    }
+    int rc = kvd_market__client_get(a->st, p, &c);
+    if (rc == -ENOENT)
+        reply_err(req, 404, NULL, "client %.16s... is not known to this market", p);
+    else if (rc)
+        reply_err(req, 503, NULL, "store: %s", a->st->err);
+    else
+        reply_json(req, 200, client_json(&c));
+}
+
+/* POST /v1/clients/<id>/credit {"credit": N}, by an operator: add to the client's balance. */
+static void h_client_credit(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char node[65], id[65];
+    const char *p = net_http_req_path(req) + strlen("/v1/clients/");
+    double add;
+    cJSON *b = body_json(req);
+    if (!b)
+        return;
+    if (strlen(p) != 64 + strlen("/credit") || strcmp(p + 64, "/credit")) {
+        reply_err(req, 404, NULL, "expected /v1/clients/<client id>/credit");
+        goto out;
+    }
+    memcpy(id, p, 64);
+    id[64] = 0;
+    struct kvd_market_client c;
+    if (!is_hex(id, 64, 64) || credit_arg(req, b, &add) ||
+        begin_operator(a, req, node, "credit clients"))
+        goto out;
+    int rc = kvd_market__client_get(a->st, id, &c);
+    if (rc == -ENOENT) {
+        rollback_err(a, req, 404, NULL, "no such client");
+        goto out;
+    }
+    c.balance += add;
+    if (rc || kvd_market__client_put(a->st, &c)) {
+        rollback_err(a, req, 503, NULL, a->st->err);
+        goto out;
+    }
+    commit_reply(a, req, 200, client_json(&c));
+out:
     cJSON_Delete(b);
 }
 
@@ -1873,6 +2325,11 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
     a->srv = srv;
     a->st = store;
     a->cfg = *cfg;
+    int arc = kvd_market__admit_new(&a->admit, cfg, err, errlen);
+    if (arc) {
+        free(a);
+        return arc;
+    }
     static const struct {
         const char *method, *path;
         net_http_handler_cb cb;
@@ -1888,11 +2345,17 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/leases/probe", h_probe},
         {"POST", "/v1/receipts", h_receipts},
+        {"DELETE", "/v1/models/*", h_model_delete},
+        {"POST", "/v1/clients", h_clients_post},
+        {"GET", "/v1/clients", h_clients_get},
+        {"GET", "/v1/clients/*", h_clients_get},
+        {"POST", "/v1/clients/*", h_client_credit},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         int rc = net_http_server_route(srv, routes[i].method, routes[i].path, routes[i].cb, a);
         if (rc) {
             util_seterr(err, errlen, "route %s %s: %s", routes[i].method, routes[i].path, strerror(-rc));
+            kvd_market__admit_free(a->admit);
             free(a);
             return rc;
         }
@@ -1922,5 +2385,7 @@ void kvd_market__api_close(struct kvd_market_api *a)
 
 void kvd_market__api_free(struct kvd_market_api *a)
 {
+    if (a)
+        kvd_market__admit_free(a->admit);
     free(a);
 }

@@ -5,6 +5,8 @@
  *   store_pg.c      the same on PostgreSQL (SERIALIZABLE transactions; several instances)
  *   store.c         opening a store by its URL (the one place that knows the backends)
  *   probe.c         known-answer probes: a probe set's checks, challenges, judgements
+ *   admit.c         operator keys, the admission allowlist, claim rate limits
+ *   ledger.c        ring generations, client accounts, the settlement of sessions' receipts
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
@@ -21,9 +23,10 @@
                                     * a version-1 database gains those tables) */
 #define KVD_MARKET_MAX_WINDOWS 64  /* windows of one model (the ranks a ring may have) */
 #define KVD_MARKET_EP_MAX 256
+#define KVD_MARKET_KEY_MAX 192   /* a blob key */
 
 enum { KVD_LEASE_RESERVED = 1, KVD_LEASE_ACTIVE = 2 };
-enum { KVD_SIDE_SENT = 1, KVD_SIDE_RECEIVED = 2 };
+enum { KVD_SIDE_SENT = 1, KVD_SIDE_RECEIVED = 2, KVD_SIDE_OPEN = 3 };
 
 /* A registered model: its catalog's id and the facts the market needs from it. */
 struct kvd_market_model {
@@ -115,6 +118,13 @@ struct kvd_market_store_ops {
      * becomes zero and a void row records what it was, when and why (*layer_tokens, *credit). */
     int (*credit_void)(void *impl, const char *node, double at, const char *reason,
                        uint64_t *layer_tokens, double *credit);
+    /* Keys of the blobs whose key starts with prefix, in key order, up to cap (each at most
+     * KVD_MARKET_KEY_MAX - 1 bytes; longer ones are skipped). */
+    int (*blob_keys)(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
+                     size_t *n);
+    /* Remove a model with its windows, leases and the blobs keyed "<anything>/<id>..." that
+     * hold its probes and checks: -ENOENT when there is no such model. */
+    int (*model_delete)(void *impl, const char *id);
     void (*close)(void *impl);
 };
 
@@ -149,6 +159,18 @@ struct kvd_market_config {
     bool probe;                    /* check a stage's endpoint and its probe before activating */
     double spot_check_s;           /* an active lease is probed again every 0.5..1.5 x this (0: never) */
     double penalty_s;              /* a node that failed a probe may not claim for this long */
+    double pull_min_rate;          /* bytes/s: a reserved lease ends window bytes / this after
+                                    * its claim (at least reserve_s) unless it became active */
+    double lapse_refuse_s;         /* a node whose reservation ran out may not claim that window
+                                    * again for this long */
+    double claims_per_min_key;     /* claims a key may make per minute (a burst of as many) */
+    double claims_per_min_addr;    /* claims one address (IPv6: its /64) may make per minute */
+    uint32_t max_ranks_addr;       /* ranks of one model held from one address (0: no cap) */
+    uint32_t max_ranks_relay_addr; /* the same for nodes reached through a relay (behind NAT) */
+    const char *allowlist;         /* admission: only these node keys may claim (NULL: open) */
+    const char *operator_keys;     /* keys that may change any model and add clients */
+    double settle_wait_s;          /* how long a session's ring has to submit before the ranks
+                                    * that did are paid without the ones that did not */
 };
 void kvd_market__config_default(struct kvd_market_config *c);
 
@@ -170,6 +192,77 @@ struct cJSON *kvd_market__probe_build(const struct cJSON *set, uint32_t first, u
  * saying which. */
 int kvd_market__probe_judge(const struct cJSON *set, uint32_t last, const struct cJSON *seqs,
                             const struct cJSON *outputs, double *nmse, char *why, size_t n);
+
+/* ---- admission (admit.c) ---- */
+struct kvd_market_admit;
+/* The operator keys and allowlist of cfg loaded, the claim limits set: 0 or the reason. */
+int kvd_market__admit_new(struct kvd_market_admit **out, const struct kvd_market_config *cfg,
+                          char *err, size_t errlen);
+void kvd_market__admit_free(struct kvd_market_admit *ad);
+/* Whether node is one of the market's operator keys. */
+bool kvd_market__admit_operator(const struct kvd_market_admit *ad, const char *node);
+/* Whether node may claim (always, when admission is open). */
+bool kvd_market__admit_allowed(const struct kvd_market_admit *ad, const char *node);
+/* One claim by node from addr (net_http_req_addr): 0, or -EAGAIN over a rate limit, why
+ * saying which and when to try again. */
+int kvd_market__admit_claim(struct kvd_market_admit *ad, const char *node, const char *addr,
+                            double now, char *why, size_t n);
+
+/* ---- the ledger (ledger.c) ---- */
+
+/* A ring generation: the nodes of one published manifest, rank by rank, and its life. */
+struct kvd_market_gen {
+    char model[65];
+    char node[KVD_MARKET_MAX_WINDOWS][65];
+    uint32_t first[KVD_MARKET_MAX_WINDOWS], last[KVD_MARKET_MAX_WINDOWS];
+    size_t n;
+    double since, until;           /* until 0: still the model's newest */
+};
+/* A paying client's account. */
+struct kvd_market_client {
+    char id[65], name[128];
+    uint8_t verifier[32];
+    double balance, spent, created;
+};
+/* What one settlement paid. */
+struct kvd_market_settled {
+    bool opened;                   /* a client opened the session */
+    bool done;                     /* every rank was paid or held back for good */
+    uint32_t ranks_paid;
+    uint64_t layer_tokens;
+    double credit;
+};
+/* The model's demand decayed to now (requests per minute). */
+double kvd_market__demand_now(const struct kvd_market_config *c, const struct kvd_market_model *m,
+                              double now);
+/* Whether node's claims are refused after a failed probe (why says until when). */
+bool kvd_market__penalized(struct kvd_market_store *st, const char *node, double now, char *why,
+                           size_t n);
+/* Record the generation of manifest (its SHA-256 sha) of model when it is new; the model's
+ * previous one ends now. */
+int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const char *sha,
+                           const char *manifest, double now);
+/* -ENOENT when the market never published that manifest. */
+int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kvd_market_gen *g);
+int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct kvd_market_client *c);
+int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_client *c);
+/* The ledger's key of a session: hex(SHA-256(model "|" manifest "|" session)). */
+void kvd_market__session_key(const char *model, const char *manifest, const char *session,
+                             char out[65]);
+/* Record one side of the session's receipt (r->side: sent, received, or open with client and
+ * r->t1 the tokens opened): -EEXIST when that side was recorded before. */
+int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_market_receipt *r,
+                             const char *manifest, const char *key, const char *client,
+                             double now);
+/* Pay what the session's receipts prove (docs/market.md, "Receipts and credit"): each rank
+ * whose edges agree, once the whole ring's are in or the settle wait is over; the client who
+ * opened it is debited what the ranks are credited. */
+int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                               const char *key, double now, struct kvd_market_settled *out);
+/* Settle the pending sessions whose wait is over, up to a bounded number per call, from the
+ * cursor after (updated); *paid gets the ranks paid. */
+int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                              double now, char after[KVD_MARKET_KEY_MAX], size_t *paid);
 
 struct net_http_server;
 struct uv_loop_s;

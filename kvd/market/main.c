@@ -56,6 +56,21 @@ static void usage(FILE *f)
         "  --spot-check-s S    probe an active stage again every 0.5..1.5 x S s (default 300;\n"
         "                      0: never)\n"
         "  --penalty-s S       a node that failed a probe may not claim for S s (default 600)\n"
+        "  --pull-min-rate B   bytes/s: a reservation ends window bytes / B s after its claim\n"
+        "                      (at least --reserve-s) unless it became active (default 1048576)\n"
+        "  --lapse-refuse-s S  a node whose reservation ran out may not claim that window again\n"
+        "                      for S s (default 600)\n"
+        "  --claims-per-min-key N   claims one node key may make a minute (default 12; 0: no limit)\n"
+        "  --claims-per-min-addr N  claims from one address (IPv6: a /64) a minute (default 60)\n"
+        "  --max-ranks-per-addr N   ranks of one model held from one address by nodes with a\n"
+        "                      direct endpoint (default 1; 0: no cap)\n"
+        "  --max-ranks-per-relay-addr N  the same for nodes reached through a relay, which share\n"
+        "                      carrier NAT addresses (default 4; 0: no cap)\n"
+        "  --admission open|allowlist FILE  who may claim: anyone (default), or the node keys in FILE\n"
+        "  --operator-key FILE the operators' node keys (64 hex a line): they may change or remove\n"
+        "                      any model and add and credit clients\n"
+        "  --settle-wait-s S   a session's ranks that submitted are paid without the ones that did\n"
+        "                      not after S s (default 120)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
 }
 
@@ -113,6 +128,36 @@ int kvd_market_main(int argc, char **argv)
             rc = num(a, v, 1, 86400, &cfg.clock_skew_s);
         else if (!strcmp(a, "--reward-base"))
             rc = num(a, v, 1e-12, 1e12, &cfg.reward_base);
+        else if (!strcmp(a, "--pull-min-rate"))
+            rc = num(a, v, 1, 1e12, &cfg.pull_min_rate);
+        else if (!strcmp(a, "--lapse-refuse-s"))
+            rc = num(a, v, 0, 86400 * 30, &cfg.lapse_refuse_s);
+        else if (!strcmp(a, "--claims-per-min-key"))
+            rc = num(a, v, 0, 1e9, &cfg.claims_per_min_key);
+        else if (!strcmp(a, "--claims-per-min-addr"))
+            rc = num(a, v, 0, 1e9, &cfg.claims_per_min_addr);
+        else if (!strcmp(a, "--settle-wait-s"))
+            rc = num(a, v, 0, 86400 * 30, &cfg.settle_wait_s);
+        else if (!strcmp(a, "--max-ranks-per-addr") || !strcmp(a, "--max-ranks-per-relay-addr")) {
+            double d = 0;
+            if (!(rc = num(a, v, 0, KVD_MARKET_MAX_WINDOWS, &d)) && d != (uint32_t)d) {
+                fprintf(stderr, "kvd market: %s '%s': expected a whole number\n", a, v);
+                rc = -EINVAL;
+            }
+            *(!strcmp(a, "--max-ranks-per-addr") ? &cfg.max_ranks_addr : &cfg.max_ranks_relay_addr) =
+                (uint32_t)d;
+        } else if (!strcmp(a, "--operator-key"))
+            cfg.operator_keys = v;
+        else if (!strcmp(a, "--admission")) {
+            if (!strcmp(v, "open")) {
+                cfg.allowlist = NULL;
+            } else if (!strcmp(v, "allowlist") && i + 1 < argc) {
+                cfg.allowlist = argv[++i];
+            } else {
+                fprintf(stderr, "kvd market: --admission '%s': expected open, or allowlist FILE\n", v);
+                rc = -EINVAL;
+            }
+        }
         else if (!strcmp(a, "--log-level")) {
             static const char *names[] = {"error", "warn", "info", "debug"};
             rc = -EINVAL;

@@ -480,6 +480,45 @@ static int pg_credit_void(void *impl, const char *node, double at, const char *r
     return exec(impl, "UPDATE balances SET layer_tokens=0, credit=0 WHERE node=$1", &b);
 }
 
+static int pg_blob_keys(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
+                        size_t *n)
+{
+    struct args a = {0};
+    int rc;
+    *n = 0;
+    a_str(&a, prefix);
+    /* starts_with keeps the prefix literal (LIKE would read % and _ in it) */
+    PGresult *r = run(impl, "SELECT k FROM blobs WHERE starts_with(k, $1) ORDER BY k", &a, &rc);
+    if (!r)
+        return rc;
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++)
+        if (strlen(PQgetvalue(r, i, 0)) < KVD_MARKET_KEY_MAX)
+            col(r, i, 0, keys[(*n)++], KVD_MARKET_KEY_MAX);
+    PQclear(r);
+    return 0;
+}
+
+static int pg_model_delete(void *impl, const char *id)
+{
+    static const char *const sql[] = {
+        "DELETE FROM windows WHERE model=$1", "DELETE FROM leases WHERE model=$1",
+        "DELETE FROM blobs WHERE k = 'probes/' || $1 OR k = 'owner/' || $1"
+        " OR starts_with(k, 'check/' || $1 || '/')",
+    };
+    struct args a = {0};
+    int rc;
+    a_str(&a, id);
+    for (size_t i = 0; i < sizeof sql / sizeof sql[0]; i++)
+        if ((rc = exec(impl, sql[i], &a)))
+            return rc;
+    PGresult *r = run(impl, "DELETE FROM models WHERE id=$1", &a, &rc);
+    if (!r)
+        return rc;
+    rc = atoi(PQcmdTuples(r)) > 0 ? 0 : -ENOENT;
+    PQclear(r);
+    return rc;
+}
+
 static void pg_close(void *impl)
 {
     struct pg *p = impl;
@@ -493,7 +532,8 @@ static const struct kvd_market_store_ops pg_ops = {
     pg_begin, pg_commit, pg_rollback, pg_model_put, pg_model_get, pg_model_ids,
     pg_model_demand_set, pg_windows_set, pg_windows_get, pg_node_put, pg_nodes_recent,
     pg_lease_get, pg_lease_put, pg_lease_count, pg_nonce_use, pg_receipt_put, pg_receipt_get,
-    pg_credit_add, pg_balance_get, pg_blob_put, pg_blob_get, pg_credit_void, pg_close,
+    pg_credit_add, pg_balance_get, pg_blob_put, pg_blob_get, pg_credit_void, pg_blob_keys,
+    pg_model_delete, pg_close,
 };
 
 int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *err, size_t errlen)

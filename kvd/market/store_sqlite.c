@@ -480,6 +480,47 @@ static int sq_credit_void(void *impl, const char *node, double at, const char *r
     return run(q, st);
 }
 
+static int sq_blob_keys(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
+                        size_t *n)
+{
+    struct sq *q = impl;
+    sqlite3_stmt *st;
+    *n = 0;
+    /* a range over the primary key: every key that starts with prefix sorts in [prefix,
+     * prefix || 0xff) */
+    if (prep(q, &st, "SELECT k FROM blobs WHERE k >= ?1 AND k < ?1 || char(255) ORDER BY k"))
+        return -EIO;
+    sqlite3_bind_text(st, 1, prefix, -1, SQLITE_STATIC);
+    while (*n < cap && sqlite3_step(st) == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        if (t && strlen((const char *)t) < KVD_MARKET_KEY_MAX)
+            snprintf(keys[(*n)++], KVD_MARKET_KEY_MAX, "%s", (const char *)t);
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+static int sq_model_delete(void *impl, const char *id)
+{
+    struct sq *q = impl;
+    static const char *const sql[] = {
+        "DELETE FROM windows WHERE model=?1", "DELETE FROM leases WHERE model=?1",
+        "DELETE FROM blobs WHERE k = 'probes/' || ?1 OR k = 'owner/' || ?1"
+        " OR (k >= 'check/' || ?1 || '/' AND k < 'check/' || ?1 || '0')",
+        "DELETE FROM models WHERE id=?1",
+    };
+    for (size_t i = 0; i < sizeof sql / sizeof sql[0]; i++) {
+        sqlite3_stmt *st;
+        if (prep(q, &st, sql[i]))
+            return -EIO;
+        sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+        int rc = run(q, st);
+        if (rc)
+            return rc;
+    }
+    return sqlite3_changes(q->db) ? 0 : -ENOENT;
+}
+
 static void sq_close(void *impl)
 {
     struct sq *q = impl;
@@ -493,7 +534,8 @@ static const struct kvd_market_store_ops sqlite_ops = {
     sq_begin, sq_commit, sq_rollback, sq_model_put, sq_model_get, sq_model_ids,
     sq_model_demand_set, sq_windows_set, sq_windows_get, sq_node_put, sq_nodes_recent,
     sq_lease_get, sq_lease_put, sq_lease_count, sq_nonce_use, sq_receipt_put, sq_receipt_get,
-    sq_credit_add, sq_balance_get, sq_blob_put, sq_blob_get, sq_credit_void, sq_close,
+    sq_credit_add, sq_balance_get, sq_blob_put, sq_blob_get, sq_credit_void, sq_blob_keys,
+    sq_model_delete, sq_close,
 };
 
 int kvd_market__sqlite_open(struct kvd_market_store **out, const char *path, char *err,

@@ -66,6 +66,7 @@ static int gen_start(void *impl, const struct api_gen_req *r, const struct api_g
         .toks = toks, .n_toks = r->n_prompt, .want_logits = r->logits, .ignore_eos = r->ignore_eos,
         .max_gen = r->max_tokens > st->m.n_ctx ? st->m.n_ctx : r->max_tokens,
         .stops = r->stops, .n_stops = r->n_stops, .sink = &sess_sink, .sink_ud = g,
+        .client_key = r->api_key,
     };
     sg.p.seed = r->sp.seed;
     sg.p.temperature = r->sp.temperature;
@@ -195,6 +196,7 @@ int kvd_api_start(struct stage *st)
         .model_id = st->m.model_name[0] ? st->m.model_name : base ? base + 1 : path ? path : st->m.ring,
     };
     struct api_config c = {.listen = o->api_listen, .key_file = o->api_key_file,
+                           .key_file_reload = o->api_keys_reload,
                            .max_sessions = o->api_max_sessions ? o->api_max_sessions : st->m.max_sessions,
                            .chat_template = o->chat_template};
     char err[KV_ERR_MAX] = "";

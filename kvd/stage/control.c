@@ -256,6 +256,16 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
     struct kvd_sess_gen sg = {.toks = toks, .n_toks = n_toks, .max_gen = max_gen, .client = c};
     sg.ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "ignore_eos"));
     sg.want_logits = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "logits"));
+    /* a paying client's key (kvctl generate --client-key): the socket is the node operator's */
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(req, "client_key");
+    if (cJSON_IsString(ck)) {
+        if (!ring_client_key_valid(ck->valuestring)) {
+            free(toks);
+            kvd_client_error(c, "client_key: expected " RING_CLIENT_KEY_PREFIX " and 64 hex digits");
+            return;
+        }
+        sg.client_key = ck->valuestring;
+    }
     /* Stop strings: up to MODEL_GEN_MAX_STOPS (a longer list is ignored); empty or overlong
      * entries are skipped. */
     const char *stops[MODEL_GEN_MAX_STOPS];

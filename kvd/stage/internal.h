@@ -340,6 +340,10 @@ struct sess {
     const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
     void *sink_ud;
     struct kvd_receipt *receipt;   /* the work receipts' counters (receipt.c); NULL: none yet */
+    /* rank 0: the paying client who opened it (its receipts bind the session to it) */
+    bool has_client;
+    char client_id[65];
+    uint8_t client_v[32];          /* the client's verifier (ring_client_verifier), not its key */
 };
 
 struct client {
@@ -545,6 +549,8 @@ struct kvd_sess_gen {
     struct client *client;          /* who hears of it: a control-socket client, */
     const struct kvd_sess_sink *sink;   /* or an API request */
     void *sink_ud;
+    const char *client_key;         /* the paying client's key (RING_CLIENT_KEY_PREFIX...) that
+                                     * opened it, or NULL; borrowed for the call */
 };
 /* Rank 0: open a generation round the ring (the session, its model_gen, OPEN and the
  * prompt's chunks, kvd_sess_launch), its client or sink attached: 0 and *out (NULL when it

@@ -87,22 +87,46 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
         r->got = true;
 }
 
+/* One line of this stage's receipts: the session's model and ring generation (the manifest's
+ * SHA-256) come first, then what varies. */
+static void put(struct stage *st, int fd, uint64_t session, const char *rest)
+{
+    char man[65], line[640];
+    util_hex_encode(st->m.hash, 32, man);
+    int n = snprintf(line, sizeof line, "{\"model\":\"%s\",\"manifest\":\"%s\",\"session\":\"%016"
+                     PRIx64 "\",%s}\n", st->m.catalog, man, session, rest);
+    /* one write per line on an O_APPEND file: a reader never sees half of one that was
+     * written whole */
+    if (n > 0 && (size_t)n < sizeof line && write(fd, line, (size_t)n) != n)
+        kvd_log(KVD_LOG_WARN, "receipts %s: %s", st->o.receipts, strerror(errno));
+}
+
 static void put_line(struct stage *st, int fd, uint64_t session, uint32_t rank, uint32_t t0,
                      uint32_t t1, EVP_MD_CTX *md, const char *side)
 {
     unsigned char dg[32];
     unsigned dl = 0;
-    char hex[65], line[320];
+    char hex[65], rest[256];
     if (!EVP_DigestFinal_ex(md, dg, &dl))
         return;
     util_hex_encode(dg, 32, hex);
-    int n = snprintf(line, sizeof line,
-                     "{\"session\":\"%016" PRIx64 "\",\"rank\":%u,\"tokens\":[%u,%u],"
-                     "\"digest\":\"%s\",\"side\":\"%s\"}\n", session, rank, t0, t1, hex, side);
-    /* one write per line on an O_APPEND file: a reader never sees half of one that was
-     * written whole */
-    if (n > 0 && write(fd, line, (size_t)n) != n)
-        kvd_log(KVD_LOG_WARN, "receipts %s: %s", st->o.receipts, strerror(errno));
+    snprintf(rest, sizeof rest, "\"rank\":%u,\"tokens\":[%u,%u],\"digest\":\"%s\",\"side\":\"%s\"",
+             rank, t0, t1, hex, side);
+    put(st, fd, session, rest);
+}
+
+/* Rank 0's open side: the paying client that opened the session, and the proof (made with the
+ * client's verifier, which only a holder of its key can make) binding it to the positions
+ * [0, t1) of this session in this ring generation. */
+static void put_open(struct stage *st, int fd, const struct sess *s, uint32_t t1)
+{
+    char man[65], sid[17], proof[65], rest[320];
+    util_hex_encode(st->m.hash, 32, man);
+    snprintf(sid, sizeof sid, "%016" PRIx64, s->id);
+    ring_client_proof(s->client_v, st->m.catalog, man, sid, t1, proof);
+    snprintf(rest, sizeof rest, "\"rank\":0,\"tokens\":[0,%u],\"side\":\"open\",\"client\":\"%s\","
+             "\"proof\":\"%s\"", t1, s->client_id, proof);
+    put(st, fd, s->id, rest);
 }
 
 void kvd_receipt_close(struct stage *st, struct sess *s)
@@ -115,6 +139,8 @@ void kvd_receipt_close(struct stage *st, struct sess *s)
     if (fd < 0) {
         kvd_log(KVD_LOG_WARN, "receipts %s: %s", st->o.receipts, strerror(errno));
     } else {
+        if (r->ran && st->rank == 0 && s->has_client)
+            put_open(st, fd, s, r->t1);
         if (r->ran)
             put_line(st, fd, s->id, st->rank, r->t0, r->t1, r->sent, "sent");
         /* rank 0 attests the last rank over the positions it ran itself */

@@ -647,6 +647,11 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
         g->client->sess = s;
     s->sink = g->sink;
     s->sink_ud = g->sink_ud;
+    if (g->client_key && ring_client_key_valid(g->client_key)) {
+        s->has_client = true;
+        ring_client_id(g->client_key, s->client_id);
+        ring_client_verifier(g->client_key, s->client_v);
+    }
     s->t_start = util_now_ms();
     g->p.max_tokens = g->max_gen;
     g->p.n_ctx = st->m.n_ctx;

@@ -1,0 +1,440 @@
+/* ledger.c — what the market owes and to whom (docs/market.md, "Receipts and credit"): the
+ * ring generations (who held each rank of each published manifest, and when), the paying
+ * clients' accounts, and the settlement of a session's receipts into credit for the ranks and
+ * a debit for the client who opened it.
+ *
+ * Everything here runs inside the caller's store transaction and keeps its state in blobs:
+ *   "gen/<manifest sha>"     {model, ranks: [{node, first, last}], since, until}
+ *   "genlast/<model>"        {sha}: the model's newest generation
+ *   "client/<id>"            {name, verifier, balance, spent, created}
+ *   "sess/<key>"             {model, manifest, session, first, sides: {"s<r>"|"r<r>": {t0,
+ *                            t1, d, node}}, client, tokens, opened, paid: {"<r>": credit},
+ *                            held: {"<r>": why}}
+ *   "pend/<key>"             {at}: a session not settled yet (the sweep looks at these)
+ * where key = hex(SHA-256(model "|" manifest "|" session)): a session id is rank 0's choice,
+ * so it is only unique within its model and generation. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "kvd/kvd.h"
+#include "kvd/market/internal.h"
+#include "ringlib/ring.h"
+#include "util/util.h"
+
+#define SWEEP_MAX 256            /* pending sessions one sweep looks at */
+#define PENDING_MAX_AGE_S (7 * 86400.0) /* a session no client opened is forgotten after this */
+
+static cJSON *load(struct kvd_market_store *st, const char *key)
+{
+    char *v = NULL;
+    if (st->ops->blob_get(st->impl, key, &v))
+        return NULL;
+    cJSON *o = cJSON_Parse(v);
+    free(v);
+    return o;
+}
+
+static int save(struct kvd_market_store *st, const char *key, const cJSON *o)
+{
+    char *v = cJSON_PrintUnformatted(o);
+    int rc = v ? st->ops->blob_put(st->impl, key, v) : -ENOMEM;
+    free(v);
+    return rc;
+}
+
+static double num(const cJSON *o, const char *k, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+double kvd_market__demand_now(const struct kvd_market_config *c, const struct kvd_market_model *m,
+                              double now)
+{
+    if (m->demand_t <= 0 || now <= m->demand_t)
+        return m->demand;
+    return m->demand * exp(-(now - m->demand_t) / c->demand_tau_s);
+}
+
+bool kvd_market__penalized(struct kvd_market_store *st, const char *node, double now, char *why,
+                           size_t n)
+{
+    char key[80];
+    snprintf(key, sizeof key, "penalty/%s", node);
+    cJSON *p = load(st, key);
+    bool on = p && num(p, "until", 0) > now;
+    if (on)
+        snprintf(why, n, "this node's claims are refused for %.0f s more: %s",
+                 num(p, "until", 0) - now, str(p, "reason") ? str(p, "reason") : "it failed a probe");
+    cJSON_Delete(p);
+    return on;
+}
+
+/* ---- generations ---- */
+
+int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const char *sha,
+                           const char *manifest, double now)
+{
+    char key[KVD_MARKET_KEY_MAX], last[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "gen/%s", sha);
+    cJSON *g = load(st, key);
+    if (g) {   /* known: the common case, a stage polling again */
+        cJSON_Delete(g);
+        return 0;
+    }
+    cJSON *m = cJSON_Parse(manifest), *ranks = cJSON_GetObjectItemCaseSensitive(m, "ranks");
+    if (!cJSON_IsArray(ranks)) {
+        cJSON_Delete(m);
+        return -EINVAL;
+    }
+    g = cJSON_CreateObject();
+    cJSON_AddStringToObject(g, "model", model);
+    cJSON *out = cJSON_AddArrayToObject(g, "ranks");
+    const cJSON *r;
+    cJSON_ArrayForEach(r, ranks) {
+        const cJSON *ly = cJSON_GetObjectItemCaseSensitive(r, "layers");
+        double f = 0, l = 0;
+        if (cJSON_IsArray(ly) && cJSON_GetArraySize(ly) == 2) {
+            f = ly->child->valuedouble;
+            l = ly->child->next->valuedouble;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "node", str(r, "node") ? str(r, "node") : "");
+        cJSON_AddNumberToObject(o, "first", f);
+        cJSON_AddNumberToObject(o, "last", l);
+        cJSON_AddItemToArray(out, o);
+    }
+    cJSON_Delete(m);
+    cJSON_AddNumberToObject(g, "since", now);
+    int rc = save(st, key, g);
+    cJSON_Delete(g);
+    /* the model's previous generation ended now */
+    snprintf(last, sizeof last, "genlast/%s", model);
+    cJSON *l = load(st, last);
+    if (rc == 0 && l && str(l, "sha") && strcmp(str(l, "sha"), sha)) {
+        char pk[KVD_MARKET_KEY_MAX];
+        snprintf(pk, sizeof pk, "gen/%.64s", str(l, "sha"));
+        cJSON *pg = load(st, pk);
+        if (pg && !cJSON_GetObjectItemCaseSensitive(pg, "until")) {
+            cJSON_AddNumberToObject(pg, "until", now);
+            rc = save(st, pk, pg);
+        }
+        cJSON_Delete(pg);
+    }
+    cJSON_Delete(l);
+    if (rc == 0) {
+        l = cJSON_CreateObject();
+        cJSON_AddStringToObject(l, "sha", sha);
+        rc = save(st, last, l);
+        cJSON_Delete(l);
+    }
+    return rc;
+}
+
+int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kvd_market_gen *g)
+{
+    char key[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "gen/%s", sha);
+    memset(g, 0, sizeof *g);
+    cJSON *o = load(st, key);
+    if (!o)
+        return -ENOENT;
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks"), *r;
+    snprintf(g->model, sizeof g->model, "%s", str(o, "model") ? str(o, "model") : "");
+    g->since = num(o, "since", 0);
+    g->until = num(o, "until", 0);
+    cJSON_ArrayForEach(r, ranks) {
+        if (g->n == KVD_MARKET_MAX_WINDOWS)
+            break;
+        snprintf(g->node[g->n], 65, "%s", str(r, "node") ? str(r, "node") : "");
+        g->first[g->n] = (uint32_t)num(r, "first", 0);
+        g->last[g->n] = (uint32_t)num(r, "last", 0);
+        g->n++;
+    }
+    cJSON_Delete(o);
+    return g->n ? 0 : -EINVAL;
+}
+
+/* ---- clients ---- */
+
+int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct kvd_market_client *c)
+{
+    char key[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "client/%s", id);
+    memset(c, 0, sizeof *c);
+    cJSON *o = load(st, key);
+    if (!o)
+        return -ENOENT;
+    snprintf(c->id, sizeof c->id, "%s", id);
+    snprintf(c->name, sizeof c->name, "%s", str(o, "name") ? str(o, "name") : "");
+    const char *v = str(o, "verifier");
+    int rc = v && strlen(v) == 64 && !util_hex_decode(v, c->verifier, 32) ? 0 : -EINVAL;
+    c->balance = num(o, "balance", 0);
+    c->spent = num(o, "spent", 0);
+    c->created = num(o, "created", 0);
+    cJSON_Delete(o);
+    return rc;
+}
+
+int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_client *c)
+{
+    char key[KVD_MARKET_KEY_MAX], v[65];
+    snprintf(key, sizeof key, "client/%s", c->id);
+    util_hex_encode(c->verifier, 32, v);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "verifier", v);
+    cJSON_AddNumberToObject(o, "balance", c->balance);
+    cJSON_AddNumberToObject(o, "spent", c->spent);
+    cJSON_AddNumberToObject(o, "created", c->created);
+    int rc = save(st, key, o);
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---- sessions ---- */
+
+void kvd_market__session_key(const char *model, const char *manifest, const char *session,
+                             char out[65])
+{
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "%.64s|%.64s|%.64s", model, manifest, session);
+    uint8_t d[32];
+    unsigned dl = 32;
+    EVP_Digest(buf, (size_t)n, d, &dl, EVP_sha256(), NULL);
+    util_hex_encode(d, 32, out);
+}
+
+/* The session's record (a fresh one when it has none yet). */
+static cJSON *sess_load(struct kvd_market_store *st, const char *key, const char *model,
+                        const char *manifest, const char *session, double now)
+{
+    char k[KVD_MARKET_KEY_MAX];
+    snprintf(k, sizeof k, "sess/%s", key);
+    cJSON *s = load(st, k);
+    if (s)
+        return s;
+    s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "model", model);
+    cJSON_AddStringToObject(s, "manifest", manifest);
+    cJSON_AddStringToObject(s, "session", session);
+    cJSON_AddNumberToObject(s, "first", now);
+    cJSON_AddObjectToObject(s, "sides");
+    cJSON_AddObjectToObject(s, "paid");
+    cJSON_AddObjectToObject(s, "held");
+    return s;
+}
+
+int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_market_receipt *r,
+                             const char *manifest, const char *key, const char *client,
+                             double now)
+{
+    cJSON *s = sess_load(st, key, r->model, manifest, r->session, now);
+    int rc = 0;
+    if (r->side == KVD_SIDE_OPEN) {
+        if (cJSON_GetObjectItemCaseSensitive(s, "client")) {
+            rc = -EEXIST;
+            goto out;
+        }
+        cJSON_AddStringToObject(s, "client", client);
+        cJSON_AddNumberToObject(s, "tokens", (double)r->t1);
+        cJSON_AddNumberToObject(s, "opened", now);
+    } else {
+        char name[16];
+        snprintf(name, sizeof name, "%c%u", r->side == KVD_SIDE_SENT ? 's' : 'r', r->rank);
+        cJSON *sides = cJSON_GetObjectItemCaseSensitive(s, "sides");
+        if (cJSON_GetObjectItemCaseSensitive(sides, name)) {
+            rc = -EEXIST;
+            goto out;
+        }
+        cJSON *o = cJSON_AddObjectToObject(sides, name);
+        cJSON_AddNumberToObject(o, "t0", (double)r->t0);
+        cJSON_AddNumberToObject(o, "t1", (double)r->t1);
+        cJSON_AddStringToObject(o, "d", r->digest);
+        cJSON_AddStringToObject(o, "node", r->node);
+    }
+    char k[KVD_MARKET_KEY_MAX];
+    snprintf(k, sizeof k, "sess/%s", key);
+    if ((rc = save(st, k, s)) == 0) {
+        snprintf(k, sizeof k, "pend/%s", key);
+        char *v = NULL;
+        if (st->ops->blob_get(st->impl, k, &v) == -ENOENT) {
+            char at[64];
+            snprintf(at, sizeof at, "{\"at\":%.17g}", now);
+            rc = st->ops->blob_put(st->impl, k, at);
+        }
+        free(v);
+    }
+out:
+    cJSON_Delete(s);
+    return rc;
+}
+
+enum { E_NONE, E_HALF, E_OK, E_BAD };
+
+/* The state of edge e (rank e -> e + 1): both sides in and equal, only one in, none, or two
+ * that disagree (digest or range). */
+static int edge_state(const cJSON *sides, uint32_t e)
+{
+    char sn[16], rn[16];
+    snprintf(sn, sizeof sn, "s%u", e);
+    snprintf(rn, sizeof rn, "r%u", e);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(sides, sn);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(sides, rn);
+    if (!s && !r)
+        return E_NONE;
+    if (!s || !r)
+        return E_HALF;
+    const char *a = str(s, "d"), *b = str(r, "d");
+    bool same = a && b && !strcmp(a, b) && num(s, "t0", -1) == num(r, "t0", -2) &&
+                num(s, "t1", -1) == num(r, "t1", -2);
+    return same ? E_OK : E_BAD;
+}
+
+int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                               const char *key, double now, struct kvd_market_settled *out)
+{
+    char k[KVD_MARKET_KEY_MAX], why[256];
+    memset(out, 0, sizeof *out);
+    snprintf(k, sizeof k, "sess/%s", key);
+    cJSON *s = load(st, k);
+    if (!s)
+        return -ENOENT;
+    struct kvd_market_gen g;
+    struct kvd_market_client c;
+    struct kvd_market_model m = {0};
+    const char *client = str(s, "client"), *man = str(s, "manifest"), *model = str(s, "model");
+    int rc = 0;
+    out->opened = client != NULL;
+    if (!client || !man || !model)   /* no paying client opened it (yet): nothing is owed */
+        goto out;
+    if ((rc = kvd_market__gen_load(st, man, &g)) || (rc = st->ops->model_get(st->impl, model, &m)))
+        goto out;
+    if ((rc = kvd_market__client_get(st, client, &c)))
+        goto out;
+    cJSON *sides = cJSON_GetObjectItemCaseSensitive(s, "sides");
+    cJSON *paid = cJSON_GetObjectItemCaseSensitive(s, "paid");
+    cJSON *held = cJSON_GetObjectItemCaseSensitive(s, "held");
+    uint64_t tokens = (uint64_t)num(s, "tokens", 0);
+    int es[KVD_MARKET_MAX_WINDOWS];
+    bool all_ok = true, attested = true;
+    for (uint32_t e = 0; e < g.n; e++) {
+        es[e] = edge_state(sides, e);
+        all_ok = all_ok && es[e] == E_OK;
+        attested = attested && (es[e] == E_OK || es[e] == E_HALF);
+    }
+    /* a rank whose node is gone holds back only its own share: once the wait is over, the
+     * others are paid when every edge has at least one side in and none disagrees */
+    bool late = now >= num(s, "opened", now) + cfg->settle_wait_s;
+    double reward = kvd_market__reward(cfg, kvd_market__demand_now(cfg, &m, now), 1.0);
+    bool changed = false;
+    uint32_t settled = 0;
+    for (uint32_t r = 0; r < g.n; r++) {
+        char rk[16], sn[16], rn[16];
+        snprintf(rk, sizeof rk, "%u", r);
+        if (cJSON_GetObjectItemCaseSensitive(paid, rk) || cJSON_GetObjectItemCaseSensitive(held, rk)) {
+            settled++;
+            continue;
+        }
+        uint32_t pred = (r + g.n - 1) % g.n;
+        snprintf(sn, sizeof sn, "s%u", r);
+        snprintf(rn, sizeof rn, "r%u", pred);
+        const cJSON *own = cJSON_GetObjectItemCaseSensitive(sides, sn);
+        if (!own || !cJSON_GetObjectItemCaseSensitive(sides, rn))
+            continue;   /* this rank's node has not signed both its sides yet */
+        const char *hold = NULL;
+        if (es[r] == E_BAD || es[pred] == E_BAD)
+            hold = "the digests of an edge of this rank disagree";
+        else if (num(own, "t1", 0) > (double)tokens)
+            hold = "its token range is past what rank 0 opened for the client";
+        else if (kvd_market__penalized(st, g.node[r], now, why, sizeof why))
+            hold = "the node failed a probe";
+        if (!hold && !(all_ok || (late && attested)))
+            continue;   /* wait for the rest of the ring */
+        if (hold) {
+            cJSON_AddStringToObject(held, rk, hold);
+            changed = true;
+            settled++;
+            continue;
+        }
+        uint64_t t0 = (uint64_t)num(own, "t0", 0), t1 = (uint64_t)num(own, "t1", 0);
+        uint64_t lt = (t1 - t0) * (uint64_t)(g.last[r] - g.first[r]);
+        double credit = (double)lt * reward;
+        rc = st->ops->credit_add(st->impl, key, r, t0, t1, g.node[r], lt, credit);
+        if (rc == -EEXIST) {   /* paid before (the record was lost with a rollback): never twice */
+            rc = 0;
+        } else if (rc) {
+            goto out;
+        } else {
+            c.balance -= credit;
+            c.spent += credit;
+            out->layer_tokens += lt;
+            out->credit += credit;
+            out->ranks_paid++;
+        }
+        cJSON_AddNumberToObject(paid, rk, credit);
+        changed = true;
+        settled++;
+    }
+    if (out->ranks_paid && (rc = kvd_market__client_put(st, &c)))
+        goto out;
+    if (changed && (rc = save(st, k, s)))
+        goto out;
+    out->done = settled == g.n;
+    if (out->done) {
+        snprintf(k, sizeof k, "pend/%s", key);
+        rc = st->ops->blob_put(st->impl, k, NULL);
+    }
+out:
+    kvd_market__model_clear(&m);
+    cJSON_Delete(s);
+    return rc;
+}
+
+int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                              double now, char after[KVD_MARKET_KEY_MAX], size_t *paid)
+{
+    static char keys[SWEEP_MAX][KVD_MARKET_KEY_MAX];
+    size_t n = 0;
+    *paid = 0;
+    int rc = st->ops->blob_keys(st->impl, "pend/", keys, SWEEP_MAX, &n);
+    if (rc)
+        return rc;
+    /* a cursor through the pending sessions: each sweep takes up to SWEEP_MAX past the last */
+    size_t start = 0;
+    while (start < n && after[0] && strcmp(keys[start], after) <= 0)
+        start++;
+    if (start == n)
+        start = 0;
+    after[0] = 0;
+    for (size_t i = start; i < n; i++) {
+        cJSON *p = load(st, keys[i]);
+        double at = num(p, "at", now);
+        cJSON_Delete(p);
+        snprintf(after, KVD_MARKET_KEY_MAX, "%s", keys[i]);
+        if (now < at + cfg->settle_wait_s)
+            continue;   /* its ring may still be submitting: its own receipts settle it */
+        struct kvd_market_settled s;
+        rc = kvd_market__session_settle(st, cfg, keys[i] + strlen("pend/"), now, &s);
+        if (rc == -ENOENT || (rc == 0 && !s.opened && now > at + PENDING_MAX_AGE_S)) {
+            rc = st->ops->blob_put(st->impl, keys[i], NULL);
+        }
+        if (rc)
+            return rc;
+        *paid += s.ranks_paid;
+    }
+    return 0;
+}
