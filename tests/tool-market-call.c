@@ -6,6 +6,7 @@
  *   --ts N           X-Kv-Time (default now)       --nonce HEX   (default random)
  *   --sign-body B    sign B instead of the body sent (a forged call)
  *   --save FILE      write the headers sent there; --replay FILE sends those headers again
+ *   --from ADDR      connect from this local address (another loopback address: another host)
  * Prints "STATUS BODY" on one line (the body's newline removed); exit 0 when a reply came. */
 #include <errno.h>
 #include <inttypes.h>
@@ -31,6 +32,7 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ud)
 int main(int argc, char **argv)
 {
     const char *key = NULL, *as = NULL, *nonce = NULL, *sign_body = NULL, *save = NULL, *replay = NULL;
+    const char *from = NULL;
     int64_t ts = (int64_t)time(NULL);
     int i = 1;
     for (; i + 1 < argc && argv[i][0] == '-' && argv[i][1] == '-'; i += 2) {
@@ -42,6 +44,7 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "--sign-body")) sign_body = v;
         else if (!strcmp(o, "--save")) save = v;
         else if (!strcmp(o, "--replay")) replay = v;
+        else if (!strcmp(o, "--from")) from = v;
         else { fprintf(stderr, "unknown option %s\n", o); return 2; }
     }
     if (argc - i < 3) {
@@ -119,6 +122,8 @@ int main(int argc, char **argv)
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+    if (from)
+        curl_easy_setopt(c, CURLOPT_INTERFACE, from);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, mem);
     if (body) {

@@ -334,10 +334,11 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     for (uint32_t e = 0; e < g.n; e++) {
         es[e] = edge_state(sides, e);
         all_ok = all_ok && es[e] == E_OK;
-        attested = attested && (es[e] == E_OK || es[e] == E_HALF);
+        attested = attested && es[e] != E_NONE;
     }
     /* a rank whose node is gone holds back only its own share: once the wait is over, the
-     * others are paid when every edge has at least one side in and none disagrees */
+     * others are paid when every edge of the ring has at least one side in (an edge whose two
+     * sides disagree holds back the two ranks at its ends, not the rest) */
     bool late = now >= num(s, "opened", now) + cfg->settle_wait_s;
     double reward = kvd_market__reward(cfg, kvd_market__demand_now(cfg, &m, now), 1.0);
     bool changed = false;
