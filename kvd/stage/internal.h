@@ -594,6 +594,9 @@ void kvd_ctl_on_conn(uv_stream_t *server, int status);
 
 /* api.c: rank 0's OpenAI-compatible API (--api): start it (0 when not asked for; an error is
  * logged) and stop it (its requests' sessions have ended or end now). */
+/* The --api options, checked before the model loads (an address other than loopback needs
+ * keys or --api-open; TLS needs both files): 0, or negative with the reason logged. */
+int kvd_api_check(const struct kvd_stage_opts *o);
 int kvd_api_start(struct stage *st);
 void kvd_api_stop(struct stage *st);
 
