@@ -46,6 +46,12 @@ static void tick_cb(uv_timer_t *t)
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
+        else if (p->hello_ms && now - p->hello_ms > AUTH_AFTER_HELLO_MS) {
+            char why[120];
+            snprintf(why, sizeof why, "no AUTH within %.1f s of its valid HELLO (a HELLO is public "
+                     "data; only the AUTH proves the key)", AUTH_AFTER_HELLO_MS / 1000.0);
+            kvd_conn_close(p, why);
+        }
     /* A successor that takes the connection but not the handshake (a stopped process whose
      * kernel still accepts) is dead after the handshake deadline, so the next candidate for
      * its rank gets its turn (docs/ring.md, "Repair"). */
