@@ -226,6 +226,31 @@ def ws_frame(op, p):
     return h + p
 
 
+def bridge_accept(c):
+    """A bridge end's WebSocket upgrade and role preamble on socket c: (file, path, role), or
+    None (c closed)."""
+    f = c.makefile("rb")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = f.readline()
+        if not line:
+            c.close()
+            return None
+        head += line
+    lines = head.decode(errors="replace").split("\r\n")
+    path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
+    hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
+    acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
+                           "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+    c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
+    first = ws_read(f)
+    if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
+        c.close()
+        return None
+    return f, path, first[2][0]
+
+
 def relay(listen_port, mode, record, nth):
     tm = Tamper(mode, record, nth)
     bridges = {}          # bridge id -> {role: (socket, send lock)}
@@ -240,26 +265,10 @@ def relay(listen_port, mode, record, nth):
                 pass
 
     def serve(c):
-        f = c.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            line = f.readline()
-            if not line:
-                c.close()
-                return
-            head += line
-        lines = head.decode(errors="replace").split("\r\n")
-        path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
-        hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
-        acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
-                               "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
-        c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
-        first = ws_read(f)
-        if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
-            c.close()
+        up = bridge_accept(c)
+        if not up:
             return
-        role = first[2][0]
+        f, path, role = up
         bid = path.rsplit("/", 1)[-1]
         me = (c, threading.Lock())
         with cv:
@@ -432,26 +441,10 @@ def mitm(listen_port, manifest):
     print("relay key %s" % key.hex(), flush=True)
 
     def serve(c):
-        f = c.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            line = f.readline()
-            if not line:
-                c.close()
-                return
-            head += line
-        lines = head.decode(errors="replace").split("\r\n")
-        path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
-        hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
-        acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
-                               "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
-        c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
-        first = ws_read(f)
-        if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
-            c.close()
+        up = bridge_accept(c)
+        if not up:
             return
-        role = first[2][0]
+        f, path, role = up
         bid = path.rsplit("/", 1)[-1].split("?")[0]
         down = [r["rank"] for r in m["ranks"] if r["endpoint"].endswith("/" + bid)]
         if not down:
