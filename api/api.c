@@ -27,12 +27,13 @@
 #define DEF_MAX_BODY (1u << 20)
 #define MAX_KEYS 256
 #define KEY_LINE_MAX 512
-#define IDLE_MS (600u * 1000)     /* a non-streamed answer may take this long */
 #define METRICS_GEN_MAX 131072   /* the generator's metrics: every rank's series */
 
 struct api_server {
     struct uv_loop_s *loop;
     struct net_http_server *http;
+    struct net_tls_ctx *tls;       /* HTTPS (NULL: plain HTTP); freed after http */
+    struct net_http_filter tls_filter;
     struct api_config cfg;
     char *chat_template;
     struct api_generator gen;
@@ -1170,11 +1171,17 @@ static void on_metrics(struct net_http_req *r, void *ud)
         "# TYPE kvasir_api_http_responses_total counter\n"
         "kvasir_api_http_responses_total{class=\"2xx\"} %" PRIu64 "\n"
         "kvasir_api_http_responses_total{class=\"4xx\"} %" PRIu64 "\n"
-        "kvasir_api_http_responses_total{class=\"5xx\"} %" PRIu64 "\n",
+        "kvasir_api_http_responses_total{class=\"5xx\"} %" PRIu64 "\n"
+        "# TYPE kvasir_api_connections gauge\nkvasir_api_connections %" PRIu64 "\n"
+        "# HELP kvasir_api_connections_evicted_total Idle connections closed to make room for a new one.\n"
+        "# TYPE kvasir_api_connections_evicted_total counter\nkvasir_api_connections_evicted_total %" PRIu64 "\n"
+        "# HELP kvasir_api_connections_refused_total Connections refused over a cap with none idle.\n"
+        "# TYPE kvasir_api_connections_refused_total counter\nkvasir_api_connections_refused_total %" PRIu64 "\n",
         s->requests, s->n_calls, s->cfg.max_sessions, s->sessions_total, s->refused_busy,
         s->prompt_tokens, s->completion_tokens,
         s->gen_seconds > 0 ? (double)s->completion_tokens / s->gen_seconds : 0.0,
-        s->ttft_sum, s->ttft_count, hs->responses_2xx, hs->responses_4xx, hs->responses_5xx);
+        s->ttft_sum, s->ttft_count, hs->responses_2xx, hs->responses_4xx, hs->responses_5xx,
+        hs->conns_open, hs->conns_evicted, hs->conns_refused + hs->conns_refused_addr);
     if (n < 0)
         n = 0;
     if ((size_t)n < cap && s->gen.ops->metrics)
@@ -1184,6 +1191,27 @@ static void on_metrics(struct net_http_req *r, void *ud)
 }
 
 /* ================================= server ================================= */
+
+int api_config_check(const struct api_config *c, char *err, size_t errlen)
+{
+    if (!c->key_file && !c->open && !net_listen_addr_is_loopback(c->listen)) {
+        util_seterr(err, errlen, "API on %s: an address other than loopback serves anyone who can "
+                    "reach it; give --api-key-file FILE (and --api-tls-cert/--api-tls-key for "
+                    "HTTPS), or --api-open if an API without keys is meant", c->listen);
+        return -EPERM;
+    }
+    if (!c->tls_cert != !c->tls_key) {
+        util_seterr(err, errlen, "API: --api-tls-cert and --api-tls-key go together (%s given alone)",
+                    c->tls_cert ? "--api-tls-cert" : "--api-tls-key");
+        return -EINVAL;
+    }
+    if (c->keepalive_s > API_ANSWER_MS / 1000) {
+        util_seterr(err, errlen, "API: keep-alive %u s over the %u s an answer may take",
+                    c->keepalive_s, API_ANSWER_MS / 1000);
+        return -EINVAL;
+    }
+    return 0;
+}
 
 int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct api_config *c,
                    const struct api_generator *gen, char *err, size_t errlen)
@@ -1201,20 +1229,32 @@ int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct
         s->cfg.max_body = DEF_MAX_BODY;
     s->cfg.listen = NULL;
     s->cfg.key_file = NULL;
+    s->cfg.tls_cert = s->cfg.tls_key = NULL;
+    if (!s->cfg.keepalive_s)
+        s->cfg.keepalive_s = API_KEEPALIVE_DEFAULT_S;
     s->model_id = strdup(gen->model_id && gen->model_id[0] ? gen->model_id : "kvasir");
     s->chat_template = c->chat_template ? strdup(c->chat_template) : NULL;
     s->cfg.chat_template = NULL;
     int rc = s->model_id && (!c->chat_template || s->chat_template) ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = api_config_check(c, err, errlen);
     if (rc == 0 && c->key_file) {
         s->keyed = true;
         rc = keys_load(s, c->key_file, err, errlen);
         if (rc == 0 && c->key_file_reload && !(s->key_path = strdup(c->key_file)))
             rc = -ENOMEM;
     }
-    struct net_http_limits lim = {.max_body = s->cfg.max_body, .idle_timeout_ms = IDLE_MS,
+    if (rc == 0 && c->tls_cert)
+        rc = net_tls_ctx_server_new(&s->tls, c->tls_cert, c->tls_key, err, errlen);
+    struct net_http_limits lim = {.max_body = s->cfg.max_body, .idle_timeout_ms = API_ANSWER_MS,
+                                  .keepalive_timeout_ms = s->cfg.keepalive_s * 1000u,
                                   .json_errors = true};
     if (rc == 0 && (rc = net_http_server_new(&s->http, loop, &lim)) < 0)
         util_seterr(err, errlen, "API server: %s", strerror(-rc));
+    if (rc == 0 && s->tls) {
+        net_tls_filter_init(&s->tls_filter, s->tls);
+        net_http_server_set_filter(s->http, &s->tls_filter);
+    }
     if (rc == 0) {
         net_http_server_route(s->http, "POST", "/v1/completions", on_completions, s);
         net_http_server_route(s->http, "POST", "/v1/chat/completions", on_chat, s);
@@ -1226,9 +1266,11 @@ int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct
     }
     if (rc < 0) {
         if (s->http) {
-            /* nothing accepted yet: the server frees itself on the loop */
+            /* nothing accepted yet: the server frees itself on the loop, and then its filter
+             * is no longer used */
             net_http_server_close(s->http, NULL, NULL);
         }
+        net_tls_ctx_free(s->tls);
         free(s->keys);
         free(s->key_path);
         free(s->model_id);
@@ -1249,6 +1291,7 @@ static void on_http_closed(void *ud)
     struct api_server *s = ud;
     void (*done)(void *) = s->done;
     void *dud = s->done_ud;
+    net_tls_ctx_free(s->tls);
     free(s->keys);
     free(s->key_path);
     free(s->model_id);

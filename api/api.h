@@ -86,11 +86,27 @@ struct api_config {
     uint32_t max_sessions;       /* generations at once, 429 beyond (0: 16) */
     uint32_t max_body;           /* request body bytes, 413 beyond (0: 1 MiB) */
     const char *chat_template;   /* a family name; NULL: the model's template */
+    /* An address other than loopback serves strangers: the server refuses to start there
+     * without key_file unless open says that is meant. */
+    bool open;
+    const char *tls_cert, *tls_key; /* PEM files: serve HTTPS (both or neither) */
+    uint32_t keepalive_s;        /* a kept-alive connection idle this long closes (0: 30);
+                                  * an answer may take longer (API_ANSWER_MS) */
 };
+/* How long a non-streamed answer may take. */
+#define API_ANSWER_MS (600u * 1000)
+#define API_KEEPALIVE_DEFAULT_S 30
+
+/* Check c before anything is opened (api_server_new does it too, so a caller may do it
+ * early, before loading a model): 0, or -EPERM for an address others can reach with neither
+ * key_file nor open (anyone there could use the model), -EINVAL for half a TLS pair or a
+ * keep-alive time over an answer's; err says which and what to give. */
+int api_config_check(const struct api_config *c, char *err, size_t errlen);
 
 struct api_server;
-/* Listen and serve: 0, or a negative code with err naming the address, key file or limit
- * that failed. gen is copied (its impl and vocab/gguf borrowed for s's life). */
+/* Listen and serve: 0, or a negative code with err naming the address, key file, TLS file
+ * or limit that failed (-EPERM: an address other than loopback with neither keys nor open).
+ * gen is copied (its impl and vocab/gguf borrowed for s's life). */
 int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct api_config *c,
                    const struct api_generator *gen, char *err, size_t errlen);
 int api_server_port(const struct api_server *s);

@@ -607,7 +607,8 @@ static int devset_add(struct devset *s, const cJSON *o, const char *ctx, char *e
         snprintf(err, errlen, "%s: endpoint '%s' is not scheme://address", c2, endpoint);
         return -EINVAL;
     }
-    if (node[0] && strlen(node) != 64) {
+    uint8_t key[32];
+    if (node[0] && (strlen(node) != 64 || util_hex_decode(node, key, 32) != 0)) {
         snprintf(err, errlen, "%s: node must be 64 hex digits (an Ed25519 key)", c2);
         return -EINVAL;
     }
@@ -744,6 +745,8 @@ static void plan_usage(FILE *o)
         "  --relay HOST:PORT    relay for devices with \"inbound\": false (relay:// endpoints;\n"
         "                       ws://HOST:PORT for a plain relay: relay+ws://)\n"
         "  --max-ranks N        most ranks in the ring (default 64, what a stage accepts)\n"
+        "  --allow-unpinned     write a manifest even where a device names no node key (its\n"
+        "                       rank then admits whoever links first; the ranks are named)\n"
         "  -o FILE              write the manifest (default: print it only with --json)\n"
         "  --json               print the manifest on stdout instead of the table\n"
         "  --layers             also print the model's per-layer shape\n");
@@ -915,7 +918,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     const char *name = NULL;
     const char *devfiles[MAX_DEVICE_FILES];
     int ndev = 0, nextn = -1;
-    bool json = false, show_layers = false, relay_plain = false;
+    bool json = false, show_layers = false, relay_plain = false, allow_unpinned = false;
     struct plan_opts o;
     plan_opts_default(&o);
     o.max_ranks = RING_MAX_RANKS;
@@ -926,6 +929,7 @@ int kvctl_cmd_plan(int argc, char **argv)
         bool has = i + 1 < argc;
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--layers")) { show_layers = true; continue; }
+        if (!strcmp(a, "--allow-unpinned")) { allow_unpinned = true; continue; }
         if (!has) { fprintf(stderr, "kvctl plan: %s needs a value (or is unknown)\n", a); plan_usage(stderr); return 2; }
         const char *val = argv[++i];
         if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
@@ -1017,6 +1021,28 @@ int kvctl_cmd_plan(int argc, char **argv)
                 "so their edges get relay:// endpoints (no manifest written)\n");
         goto out;
     }
+    /* A rank without a node key admits whoever links first as that rank (a relay in the
+     * middle, anyone on the path): the manifest's ranks name every key unless told otherwise. */
+    char unpinned[600] = "";
+    size_t at = 0;
+    for (uint32_t i = 0; i < r->n_ranks && at < sizeof unpinned; i++)
+        if (!ds.nodes[r->ranks[i].device][0])
+            at += (size_t)snprintf(unpinned + at, sizeof unpinned - at, "%srank %u (device %s)",
+                                   at ? ", " : "", i, ds.ids[r->ranks[i].device]);
+    if (unpinned[0] && (json || outp) && !allow_unpinned) {
+        fprintf(stderr, "kvctl plan: %s name%s no node key: whoever links first (a relay, anyone on "
+                "the path) could serve %s and read or rewrite the ring's traffic. Profile each device "
+                "with `kvctl profile --state-dir DIR` (DIR: the state dir its kvd runs with), or add "
+                "\"node\": the output of `kvd stage --print-key --state-dir DIR` to its entry; "
+                "--allow-unpinned writes the manifest anyway (no manifest written)\n", unpinned,
+                strchr(unpinned, ',') ? "" : "s", strchr(unpinned, ',') ? "those ranks" : "that rank");
+        goto out;
+    }
+    if (unpinned[0])
+        fprintf(stderr, "kvctl plan: %s: %s name%s no node key%s\n",
+                allow_unpinned ? "warning (--allow-unpinned)" : "note", unpinned,
+                strchr(unpinned, ',') ? "" : "s",
+                allow_unpinned ? ": any node may link as them" : " (a manifest written now would be refused)");
     if (r->n_ranks > RING_MAX_RANKS)
         fprintf(stderr, "kvctl plan: note: %u ranks (--max-ranks); a stage accepts manifests of at most %d\n",
                 r->n_ranks, RING_MAX_RANKS);
@@ -1215,19 +1241,20 @@ static cJSON *probe_opencl(const struct model_src *m, uint64_t host_avail, doubl
 static void profile_usage(FILE *o)
 {
     fprintf(o,
-        "usage: kvctl profile --model FILE [-t N] [--id ID] [--endpoint URL] [--rtt-ms X]\n"
-        "                     [--bw BYTES_PER_S] [--no-inbound] [--tokens N] [--estimate]\n"
-        "                     [--state-dir DIR] [--backend cpu|opencl] [--cl-platform N]\n"
-        "                     [--cl-device N] [--cl-weights map|copy|auto]\n"
+        "usage: kvctl profile --model FILE --state-dir DIR [-t N] [--id ID] [--endpoint URL]\n"
+        "                     [--rtt-ms X] [--bw BYTES_PER_S] [--no-inbound] [--tokens N]\n"
+        "                     [--estimate] [--backend cpu|opencl] [--cl-platform N]\n"
+        "                     [--cl-device N] [--cl-weights map|copy|auto] [--allow-unpinned]\n"
         "Measure this machine for a model: ms per layer-token (the model's layers run on this\n"
         "CPU with N threads), free memory (MemAvailable), memory bandwidth; print the device\n"
         "profile JSON for `kvctl plan --devices`. --backend opencl also measures the OpenCL\n"
         "device (its memory, bandwidth, a matmul per weight type, the layers run on it) and\n"
         "lists both under \"backends\"; the planner places the windows on the faster. --estimate skips running the model and\n"
         "estimates from the measured bandwidth and the bytes a token reads. --state-dir DIR\n"
-        "adds the node key of the kvd that will run there (DIR/node.key, created if missing,\n"
+        "records the node key of the kvd that will run there (DIR/node.key, created if missing,\n"
         "as `kvd stage --state-dir DIR --print-key` does), so a planned manifest admits only\n"
-        "that node on its rank.\n");
+        "that node on its rank; without it the profile is refused unless --allow-unpinned\n"
+        "(and `kvctl plan` then refuses the manifest unless --allow-unpinned too).\n");
 }
 
 int kvctl_cmd_profile(int argc, char **argv)
@@ -1236,12 +1263,13 @@ int kvctl_cmd_profile(int argc, char **argv)
     const char *model = NULL, *id = NULL, *endpoint = NULL, *state_dir = NULL;
     double v, rtt = 0, bw = 0;
     int threads = 0, tokens = 16;
-    bool inbound = true, estimate = false;
+    bool inbound = true, estimate = false, allow_unpinned = false;
     const char *backend = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--no-inbound")) { inbound = false; continue; }
         if (!strcmp(a, "--estimate")) { estimate = true; continue; }
+        if (!strcmp(a, "--allow-unpinned")) { allow_unpinned = true; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "kvctl profile: %s needs a value (or is unknown)\n", a); profile_usage(stderr); return 2; }
         const char *val = argv[++i];
         if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
@@ -1261,6 +1289,14 @@ int kvctl_cmd_profile(int argc, char **argv)
         else { fprintf(stderr, "kvctl profile: unknown option %s\n", a); profile_usage(stderr); return 2; }
     }
     if (!model) { fprintf(stderr, "kvctl profile: --model is required\n"); profile_usage(stderr); return 2; }
+    if (!state_dir && !allow_unpinned) {
+        fprintf(stderr, "kvctl profile: --state-dir DIR is required: the node key of the kvd that "
+                "will run on this device (DIR/node.key, created if missing; the --state-dir its "
+                "kvd stage runs with) goes into the profile, so a planned manifest admits only that "
+                "node on its rank. --allow-unpinned profiles without it (any node could then link as "
+                "its rank)\n");
+        return 2;
+    }
     bool cl = !strcmp(backend, "opencl");
     if (!cl && strcmp(backend, "cpu")) {
         fprintf(stderr, "kvctl profile: --backend %s: cpu or opencl\n", backend);

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/rand.h>
 
+#include "api/api.h"
 #include "gguf/gguf.h"
 #include "kvctl/kvctl.h"
 #include "ringlib/ring.h"
@@ -616,7 +617,9 @@ static void ring_up_usage(FILE *f)
         "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
         "                      \"backend\" (default cpu for every rank)\n"
         "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md),\n"
-        "  --api-key-file F, --api-max-sessions N, --chat-template NAME  with these (kvd stage)\n"
+        "  --api-key-file F, --api-max-sessions N, --chat-template NAME, --api-open,\n"
+        "  --api-tls-cert PEM, --api-tls-key PEM, --api-keepalive S  with these (kvd stage;\n"
+        "                      an address other than loopback needs keys or --api-open)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -635,11 +638,15 @@ static int ring_up(int argc, char **argv)
         {"link-timeout-ms", required_argument, 0, 'T'}, {"backends", required_argument, 0, 'K'},
         {"api", required_argument, 0, 'A'}, {"api-key-file", required_argument, 0, 'k'},
         {"api-max-sessions", required_argument, 0, 'X'},
+        {"api-open", no_argument, 0, 'O'}, {"api-tls-cert", required_argument, 0, 'Z'},
+        {"api-tls-key", required_argument, 0, 'z'}, {"api-keepalive", required_argument, 0, 'V'},
         {"chat-template", required_argument, 0, 'J'},
         {"boundary-log-mb", required_argument, 0, 'G'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     /* rank 0's API options, passed on as they are (kvd stage checks them) */
     const char *api = NULL, *api_keys = NULL, *api_max = NULL, *chat_template = NULL;
+    const char *api_cert = NULL, *api_tls_key = NULL, *api_keepalive = NULL;
+    bool api_open = false;
     const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
     const char *blog_mb = NULL;   /* passed on as it is (kvd stage checks it) */
     long n_standby = 0, repair_wait = -1, link_timeout = 0;
@@ -665,6 +672,10 @@ static int ring_up(int argc, char **argv)
         case 'A': api = optarg; break;
         case 'k': api_keys = optarg; break;
         case 'X': api_max = optarg; break;
+        case 'O': api_open = true; break;
+        case 'Z': api_cert = optarg; break;
+        case 'z': api_tls_key = optarg; break;
+        case 'V': api_keepalive = optarg; break;
         case 'J': chat_template = optarg; break;
         case 'G': blog_mb = optarg; break;
         case 'W': window_from = optarg; break;
@@ -734,6 +745,15 @@ static int ring_up(int argc, char **argv)
     if (strcmp(dtype, "f32") && strcmp(dtype, "f16")) {
         fprintf(stderr, "kvctl ring up: --dtype must be f32 or f16\n");
         return 2;
+    }
+    if (api) {   /* rank 0 would refuse them only after the ring started: say so now */
+        struct api_config ac = {.listen = api, .key_file = api_keys, .open = api_open,
+                                .tls_cert = api_cert, .tls_key = api_tls_key};
+        char err[KV_ERR_MAX];
+        if (api_config_check(&ac, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl ring up: %s\n", err);
+            return 2;
+        }
     }
     /* The model's shape and bytes per layer. */
     char arch[32] = "stub", name[128] = "stub";
@@ -1025,7 +1045,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
-            const char *args[40];
+            const char *args[56];
             int a = 0;
             args[a++] = kvd;
             args[a++] = "stage";
@@ -1056,12 +1076,16 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             if (r == 0) {
                 const char *ao[][2] = {{"--api", api}, {"--api-key-file", api_keys},
                                        {"--api-max-sessions", api_max},
+                                       {"--api-tls-cert", api_cert}, {"--api-tls-key", api_tls_key},
+                                       {"--api-keepalive", api_keepalive},
                                        {"--chat-template", chat_template}};
                 for (size_t k = 0; k < sizeof ao / sizeof ao[0]; k++)
                     if (ao[k][1]) {
                         args[a++] = ao[k][0];
                         args[a++] = ao[k][1];
                     }
+                if (api_open)
+                    args[a++] = "--api-open";
             }
             if (stub)
                 args[a++] = "--stub";
@@ -1156,7 +1180,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
            : "by layer bytes (the planner refused: see above)");
     print_status_table(dir_abs, &m, stdout);
     if (api)
-        printf("api: http://%s/v1 (rank 0)\n", api);
+        printf("api: %s://%s/v1 (rank 0)\n", api_cert ? "https" : "http", api);
     return 0;
 }
 

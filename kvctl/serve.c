@@ -410,6 +410,10 @@ static void serve_usage(FILE *f)
         "usage: kvctl serve -m FILE --listen HOST:PORT [options]\n"
         "Serves the OpenAI-compatible API (docs/api.md) from this one process.\n"
         "  --api-key-file F   API keys, one a line: requests need Authorization: Bearer KEY\n"
+        "                     (required on an address other than loopback, unless --api-open)\n"
+        "  --api-open         serve without keys on an address other than loopback\n"
+        "  --api-tls-cert PEM, --api-tls-key PEM  serve HTTPS (use it when keys cross a network)\n"
+        "  --api-keepalive S  close a kept-alive connection idle for S seconds (default 30)\n"
         "  --max-sessions N   generations at once, 429 beyond (default 16)\n"
         "  --max-body BYTES   request body limit, 413 beyond (default 1048576)\n"
         "  --chat-template NAME  chat template family (chatml, llama3, ...; default: the model's)\n"
@@ -421,13 +425,16 @@ static void serve_usage(FILE *f)
 }
 
 enum { OPT_LISTEN = 2000, OPT_KEYS, OPT_MAXS, OPT_BODY, OPT_TEMPLATE, OPT_CTX, OPT_BATCH,
-       OPT_DEVICE };
+       OPT_DEVICE, OPT_OPEN, OPT_CERT, OPT_TLSKEY, OPT_KEEPALIVE };
 
 int kvctl_cmd_serve(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"listen", required_argument, 0, OPT_LISTEN},
-        {"api-key-file", required_argument, 0, OPT_KEYS},
+        {"api-key-file", required_argument, 0, OPT_KEYS}, {"api-open", no_argument, 0, OPT_OPEN},
+        {"api-tls-cert", required_argument, 0, OPT_CERT},
+        {"api-tls-key", required_argument, 0, OPT_TLSKEY},
+        {"api-keepalive", required_argument, 0, OPT_KEEPALIVE},
         {"max-sessions", required_argument, 0, OPT_MAXS},
         {"max-body", required_argument, 0, OPT_BODY},
         {"chat-template", required_argument, 0, OPT_TEMPLATE},
@@ -435,7 +442,9 @@ int kvctl_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, 't'}, {"device", required_argument, 0, OPT_DEVICE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *path = NULL, *listen = NULL, *keys = NULL, *tmpl = NULL, *device = "cpu";
-    long maxs = 16, body = 1 << 20, ctx = 0, batch = 64, threads = 0;
+    const char *cert = NULL, *tlskey = NULL;
+    long maxs = 16, body = 1 << 20, ctx = 0, batch = 64, threads = 0, keepalive = 0;
+    bool open = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
@@ -444,6 +453,12 @@ int kvctl_cmd_serve(int argc, char **argv)
         case 'm': path = optarg; break;
         case OPT_LISTEN: listen = optarg; break;
         case OPT_KEYS: keys = optarg; break;
+        case OPT_OPEN: open = true; break;
+        case OPT_CERT: cert = optarg; break;
+        case OPT_TLSKEY: tlskey = optarg; break;
+        case OPT_KEEPALIVE:
+            rc = kvctl_parse_long("--api-keepalive", optarg, 1, API_ANSWER_MS / 1000, &keepalive);
+            break;
         case OPT_TEMPLATE: tmpl = optarg; break;
         case OPT_DEVICE: device = optarg; break;
         case OPT_MAXS: rc = kvctl_parse_long("--max-sessions", optarg, 1, 65536, &maxs); break;
@@ -461,10 +476,17 @@ int kvctl_cmd_serve(int argc, char **argv)
         serve_usage(stderr);
         return 2;
     }
+    char err[KV_ERR_MAX] = "";
+    struct api_config cfg = {.listen = listen, .key_file = keys, .max_sessions = (uint32_t)maxs,
+                             .max_body = (uint32_t)body, .chat_template = tmpl, .open = open,
+                             .tls_cert = cert, .tls_key = tlskey, .keepalive_s = (uint32_t)keepalive};
+    if (api_config_check(&cfg, err, sizeof err) < 0) {   /* before the model loads */
+        fprintf(stderr, "kvctl serve: %s\n", err);
+        return 2;
+    }
     struct server *sv = calloc(1, sizeof *sv);
     if (!sv)
         return 1;
-    char err[KV_ERR_MAX] = "";
     int ret = 1, rc = model_open(&sv->m, path, -1, -1, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "kvctl serve: %s\n", err);
@@ -502,8 +524,6 @@ int kvctl_cmd_serve(int argc, char **argv)
         .n_ctx = sv->n_ctx, .n_vocab = sv->hp->n_vocab,
         .model_id = name[0] ? name : base ? base + 1 : path,
     };
-    struct api_config cfg = {.listen = listen, .key_file = keys, .max_sessions = (uint32_t)maxs,
-                             .max_body = (uint32_t)body, .chat_template = tmpl};
     if ((rc = uv_thread_create(&sv->thr, worker, sv)) < 0) {
         fprintf(stderr, "kvctl serve: worker thread: %s\n", uv_strerror(rc));
         goto out_loop;
@@ -523,8 +543,9 @@ int kvctl_cmd_serve(int argc, char **argv)
     sv->sigint.data = sv->sigterm.data = sv;
     uv_signal_start(&sv->sigint, on_signal, SIGINT);
     uv_signal_start(&sv->sigterm, on_signal, SIGTERM);
-    printf("kvctl serve: %s on %s (port %d), context %u, at most %ld sessions%s\n", gen.model_id,
-           listen, api_server_port(sv->api), sv->n_ctx, maxs, keys ? ", API keys required" : "");
+    printf("kvctl serve: %s on %s://%s (port %d), context %u, at most %ld sessions%s\n", gen.model_id,
+           cert ? "https" : "http", listen, api_server_port(sv->api), sv->n_ctx, maxs,
+           keys ? ", API keys required" : "");
     fflush(stdout);
     uv_run(sv->loop, UV_RUN_DEFAULT);
     ret = 0;

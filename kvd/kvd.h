@@ -111,8 +111,14 @@ struct kvd_stage_opts {
     const char *api_key_file;   /* Bearer keys, one a line; NULL: no keys */
     bool api_keys_reload;       /* re-read api_key_file when it changes; it may be empty (a
                                  * market ring's paying clients, which kvd join keeps current) */
+    bool api_open;              /* no keys on an address other than loopback is meant */
+    const char *api_tls_cert, *api_tls_key; /* PEM files: the API serves HTTPS */
+    uint32_t api_keepalive_s;   /* a kept-alive API connection idle this long closes (0: 30) */
     uint32_t api_max_sessions;  /* API generations at once (0: the manifest's max_sessions) */
     const char *chat_template;  /* a chat template family; NULL: the model's */
+    /* Neighbour ranks (and standbys) the manifest names no node key for: linked only when
+     * this is set (a warning names them), else the stage refuses to start. */
+    bool allow_unpinned;
 };
 /* Run a stage until SIGTERM/SIGINT or a shutdown request: 0, or negative on a start failure
  * (logged). */

@@ -141,6 +141,7 @@ struct net_http_conn {
     struct addr_ent *ae; /* this connection's address count (NULL: not counted) */
     bool in_body;        /* headers done, the body is being received */
     bool got_request;    /* a request byte arrived (ends the handshake phase) */
+    uint64_t idle_ms;    /* loop ms since when it waits for a request (accept, last answer) */
     struct net_http_server *srv;
     struct net_http_conn *prev, *next;
     int handles_open;
@@ -990,6 +991,26 @@ static void addr_key(const uv_tcp_t *tcp, char *out, size_t n)
     snprintf(out, n, "%s/64", buf);
 }
 
+/* The connection to close so that c, over a cap, may stay: the one waiting longest for a
+ * request, kept alive after an answer first, then one that has sent nothing yet (a TLS
+ * handshake included); only from ae when given (the per-address cap). A connection
+ * answering, reading a request, upgraded, or with bytes waiting for the socket is never
+ * chosen. NULL: none is idle. */
+static struct net_http_conn *idle_victim(struct net_http_server *s, struct net_http_conn *c,
+                                         const struct addr_ent *ae)
+{
+    struct net_http_conn *kept = NULL, *silent = NULL;
+    for (struct net_http_conn *v = s->conns; v; v = v->next) {
+        if (v == c || v->st != ST_IDLE || v->closing || v->lingering || v->queued ||
+            v->work_pending || v->close_after_write || (ae && v->ae != ae))
+            continue;
+        struct net_http_conn **best = v->got_request ? &kept : &silent;
+        if (!*best || v->idle_ms < (*best)->idle_ms)
+            *best = v;
+    }
+    return kept ? kept : silent;
+}
+
 /* Close a connection over a cap at once: a plain server first tries a 503 without queueing
  * anything (what the socket does not take is dropped), then the close is logged. */
 static void conn_refuse(struct net_http_conn *c, const char *fmt, ...)
@@ -1061,13 +1082,24 @@ static void on_connection(uv_stream_t *ls, int status)
     addr_key(&c->tcp, addr, sizeof addr);
     snprintf(c->addr, sizeof c->addr, "%s", addr);
     struct addr_ent **as = addr_slot(s, addr);
-    if (s->stats.conns_open > s->lim.max_conns) {
+    c->idle_ms = uv_now(s->loop);
+    /* Over a cap: an idle connection makes room (it counts until its close callback, so the
+     * count may pass the cap by the connections closing now). */
+    bool over_addr = *as && (*as)->n >= s->lim.max_conns_per_addr;
+    struct net_http_conn *v = NULL;
+    if (over_addr || s->stats.conns_open > s->lim.max_conns)
+        v = idle_victim(s, c, over_addr ? *as : NULL);
+    if (v) {
+        s->stats.conns_evicted++;
+        srv_log(s, "closed an idle connection from %s (idle %.1f s) to make room for %s", v->peer,
+                (double)(c->idle_ms - v->idle_ms) / 1000, c->peer);
+        conn_close(v);
+    } else if (s->stats.conns_open > s->lim.max_conns) {
         s->stats.conns_refused++;
         conn_refuse(c, "refused connection from %s: %u connections open (limit %u)", c->peer,
                     (unsigned)s->stats.conns_open - 1, s->lim.max_conns);
         return;
-    }
-    if (*as && (*as)->n >= s->lim.max_conns_per_addr) {
+    } else if (over_addr) {
         s->stats.conns_refused_addr++;
         conn_refuse(c, "refused connection from %s: %u connections from %s (limit %u)", c->peer,
                     (*as)->n, addr, s->lim.max_conns_per_addr);
@@ -1119,7 +1151,9 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
     if (!s)
         return -ENOMEM;
     s->loop = loop;
-    struct net_http_limits d = {2048, 16384, 64, 1u << 20, 10000, 60000, 1024, 3, 0,
+    struct net_http_limits d = {.max_url = 2048, .max_header_bytes = 16384, .max_headers = 64,
+                                .max_body = 1u << 20, .header_timeout_ms = 10000,
+                                .idle_timeout_ms = 60000, .max_conns = 1024, .zstd_level = 3,
                                 .body_timeout_ms = 30000, .write_timeout_ms = 30000,
                                 .handshake_timeout_ms = 10000, .max_conns_per_addr = 256,
                                 .copy_high_water = 512u << 10, .max_zstd_streams = 16};
@@ -1130,6 +1164,7 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
         if (limits->max_body) d.max_body = limits->max_body;
         if (limits->header_timeout_ms) d.header_timeout_ms = limits->header_timeout_ms;
         if (limits->idle_timeout_ms) d.idle_timeout_ms = limits->idle_timeout_ms;
+        d.keepalive_timeout_ms = limits->keepalive_timeout_ms;
         if (limits->max_conns) d.max_conns = limits->max_conns;
         if (limits->zstd_level) d.zstd_level = limits->zstd_level;
         d.max_send_rate = limits->max_send_rate;
@@ -1141,6 +1176,8 @@ int net_http_server_new(struct net_http_server **out, struct uv_loop_s *loop,
         if (limits->max_zstd_streams) d.max_zstd_streams = limits->max_zstd_streams;
         d.json_errors = limits->json_errors;
     }
+    if (!d.keepalive_timeout_ms)
+        d.keepalive_timeout_ms = d.idle_timeout_ms;
     if (d.copy_high_water < HTTP_CHUNK)
         d.copy_high_water = HTTP_CHUNK;
     if (d.max_headers > HTTP_MAX_HEADERS_CAP)
@@ -1362,7 +1399,8 @@ static void req_finish(struct net_http_req *r)
     }
     req_reset(r);
     c->st = ST_IDLE;
-    timer_arm(c, c->srv->lim.idle_timeout_ms);
+    c->idle_ms = uv_now(c->srv->loop);
+    timer_arm(c, c->srv->lim.keepalive_timeout_ms);
     conn_process(c);
 }
 

@@ -430,6 +430,22 @@ int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char *
     return 0;
 }
 
+bool net_listen_addr_is_loopback(const char *addr)
+{
+    struct sockaddr_storage ss;
+    const char *why;
+    if (net__listen_addr(addr, &ss, &why) < 0)
+        return false;
+    if (ss.ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss.ss_family != AF_INET6)
+        return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a))
+        return true;
+    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
+
 static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
                     size_t errlen)
 {

@@ -288,6 +288,10 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
                      const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
                      uint32_t max_payload, char *err, size_t errlen);
 int net_listener_port(const struct net_listener *ls);
+/* Whether a listen address "host:port" reaches this machine only: 127.0.0.0/8, ::1 or an
+ * IPv4-mapped 127.x address, a host name resolving to one of those. An empty host (every
+ * address), any other address, and a name that does not resolve are not loopback. */
+bool net_listen_addr_is_loopback(const char *addr);
 /* Stop listening; ls is freed once its handle has closed, and done (may be NULL) runs then. */
 void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *ud);
 
@@ -332,8 +336,10 @@ struct net_http_limits {
     uint32_t max_headers;      /* header count (default 64, at most 256; 431) */
     uint32_t max_body;         /* request body bytes (default 1 MiB; 413) */
     uint32_t header_timeout_ms;/* first byte to end of headers (default 10000; 408) */
-    uint32_t idle_timeout_ms;  /* keep-alive idle time, and a handler's time to answer
-                                * (default 60000; close) */
+    uint32_t idle_timeout_ms;  /* a handler's time to answer, and a slow reader's time
+                                * between bytes taken (default 60000; close) */
+    uint32_t keepalive_timeout_ms; /* a kept-alive connection with no request in flight
+                                * closes after this long (default: idle_timeout_ms) */
     uint32_t max_conns;        /* open connections (default 1024; extra ones are closed) */
     int zstd_level;            /* zstd level for Content-Encoding (default 3) */
     uint64_t max_send_rate;    /* bytes/s per pulled body (default 0: unlimited) */
@@ -344,8 +350,12 @@ struct net_http_limits {
                                 * long: dropped, in any state, upgraded too (default 30000) */
     uint32_t handshake_timeout_ms; /* with a filter (TLS): accept to the first request byte,
                                 * the handshake included (default 10000; close) */
-    /* Connection caps. Every connection counts (plain, TLS, upgraded) from accept to close;
-     * a refused one is closed at once (503 first on a plain server) and logged (rate-limited). */
+    /* Connection caps. Every connection counts (plain, TLS, upgraded) from accept to close.
+     * A new connection over a cap first makes room: the connection idle longest between
+     * requests (kept alive after an answer, else one that has sent nothing yet), from the
+     * same address when that cap is the one reached, is closed. Only when none is idle is
+     * the new one refused: closed at once (503 first on a plain server) and logged
+     * (rate-limited). */
     uint32_t max_conns_per_addr; /* from one IPv4 address or IPv6 /64 (default 256) */
     /* Memory. A compressed or filtered (TLS) body is a copy: at most copy_high_water bytes
      * of it wait for the socket per connection (default 512 KiB). zstd works on independent
@@ -366,6 +376,7 @@ struct net_http_stats {
     uint64_t body_bytes_sent;  /* body bytes on the wire (after compression, before framing) */
     uint64_t bytes_sent, bytes_received; /* everything on the socket */
     uint64_t conns_refused_addr;   /* over max_conns_per_addr (conns_refused: over max_conns) */
+    uint64_t conns_evicted;        /* idle connections closed to make room for a new one */
     uint64_t addrs;                /* distinct addresses (IPv6: /64) with open connections */
     uint64_t timeouts_handshake, timeouts_header, timeouts_body, timeouts_idle, timeouts_write;
     uint64_t queued_bytes;         /* bytes waiting for the socket, every connection */

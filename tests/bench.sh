@@ -73,7 +73,7 @@
 # heartbeats and receipts in the proportion of their natural rates; requests/s and p50/p99
 # latency per kind; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market. BENCH_ONLY="ring relay"
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -678,3 +678,26 @@ bench_api() {
     rm -rf "$t"
 }
 if want api; then bench_api || true; fi
+# ---- attacks on the defaults: what a legitimate peer waits while they go on ----
+# The figures come from the attack tests themselves (they assert only generous bounds): a fresh
+# API client while 1024 idle keep-alive connections hold the server, target < 1 s; a restarted
+# rank linking while 40 pending links with valid HELLOs are held at its neighbour, target < 3 s.
+bench_attacks() {
+    local t out v
+    t=$(mktemp -d /tmp/kvbench-attacks.XXXXXX)
+    echo "== attacks: what a legitimate peer waits during an attack (docs/security.md, \"Attacks\")"
+    if KV_BUILD=$B bash tests/test-api-exposure.sh "$B" > "$t/api" 2>&1; then
+        v=$(sed -n 's/^fresh client: HTTP\/1.1 200 OK after \([0-9.]*\) s/\1/p' "$t/api")
+        echo "  fresh API client, 1024 idle keep-alive connections held: ${v:-?} s (target < 1 s: $(python3 -c "import sys; print('%.0fx under' % (1/max(float(sys.argv[1]),1e-3)))" "${v:-1}"))"
+    else
+        echo "  test-api-exposure failed:"; tail -n 5 "$t/api" | sed 's/^/    /'
+    fi
+    if KV_BUILD=$B bash tests/test-ring-handshake-slots.sh "$B" > "$t/slots" 2>&1; then
+        v=$(sed -n 's/.*rank 1 linked again in \([0-9.]*\) s.*/\1/p' "$t/slots")
+        echo "  restarted rank linking, 40 pending valid HELLOs held at its neighbour: ${v:-?} s (target < 3 s: ${v:-?}/3 = $(python3 -c "import sys; print('%.2f' % (float(sys.argv[1])/3))" "${v:-0}"))"
+    else
+        echo "  test-ring-handshake-slots failed:"; tail -n 5 "$t/slots" | sed 's/^/    /'
+    fi
+    rm -rf "$t"
+}
+if want attacks; then bench_attacks || true; fi

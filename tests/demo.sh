@@ -104,8 +104,8 @@ demo_seeder() {
 # Planning: this machine's profile for the model, then the documented Qwen3.5-122B-A10B
 # example (docs/planner.md) over a mixed set of GPU, CPU servers, a laptop and NAT'd phones.
 demo_plan() {
-    say "this machine's device profile for the model (kvctl profile)"
-    run "$KVCTL" profile --model "$MODEL" -t 2 --id this-machine
+    say "this machine's device profile for the model, with the node key of its kvd (kvctl profile --state-dir)"
+    run "$KVCTL" profile --model "$MODEL" -t 2 --id this-machine --state-dir "$DEMO/this-machine"
     say "Qwen3.5-122B-A10B (shape descriptor) over a GPU box, two CPU servers, a laptop and six phones: one session"
     run "$KVCTL" plan --model docs/examples/qwen3.5-122b-a10b.shape.json \
         --devices docs/examples/mixed-devices.json --relay relay.example.org:443 -o "$DEMO/ring-122b.json"

@@ -25,6 +25,23 @@ node key: they know what ring.json says, and what passes through them.
 
   idle HOST:PORT COUNT SECONDS
       COUNT idle TCP connections to a stage, held for SECONDS (reopened when closed).
+
+  mitm LISTEN_PORT MANIFEST
+      A malicious relay (plain ws://, relay+ws:// endpoints) that terminates both ends of
+      every bridge itself instead of forwarding: to each end it sends a HELLO of its own,
+      right in every public field of MANIFEST (ring id, ranks, manifest hash) but carrying
+      the relay's own Ed25519 key, and reports what the stage does: "rank R refused: ..."
+      (its ERROR, or its close with no AUTH) or "rank R accepted the relay's key" (it sent its AUTH, a signature for
+      the relay: the link would be the relay's). Prints the relay's key first
+      ("relay key HEX"). Runs until killed.
+
+  pending HOST:PORT MANIFEST AS_RANK ADDRS PER_ADDR SECONDS [--count-file F]
+      Valid pending HELLOs: from each of ADDRS loopback source addresses (127.0.0.2, ...),
+      PER_ADDR connections to a stage, each sending a HELLO built from MANIFEST's public data
+      that claims rank AS_RANK with that rank's key (which it cannot prove: no AUTH follows);
+      a connection closed by the stage is opened again at once, for SECONDS. Writes the number
+      of connections held now to F every 0.1 s; prints how many it opened and how often the
+      stage closed one.
 """
 import base64
 import hashlib
@@ -209,6 +226,31 @@ def ws_frame(op, p):
     return h + p
 
 
+def bridge_accept(c):
+    """A bridge end's WebSocket upgrade and role preamble on socket c: (file, path, role), or
+    None (c closed)."""
+    f = c.makefile("rb")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = f.readline()
+        if not line:
+            c.close()
+            return None
+        head += line
+    lines = head.decode(errors="replace").split("\r\n")
+    path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
+    hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
+    acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
+                           "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+    c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
+    first = ws_read(f)
+    if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
+        c.close()
+        return None
+    return f, path, first[2][0]
+
+
 def relay(listen_port, mode, record, nth):
     tm = Tamper(mode, record, nth)
     bridges = {}          # bridge id -> {role: (socket, send lock)}
@@ -223,26 +265,10 @@ def relay(listen_port, mode, record, nth):
                 pass
 
     def serve(c):
-        f = c.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            line = f.readline()
-            if not line:
-                c.close()
-                return
-            head += line
-        lines = head.decode(errors="replace").split("\r\n")
-        path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
-        hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
-        acc = base64.b64encode(hashlib.sha1((hdr.get("sec-websocket-key", "") +
-                               "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
-        c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   "Sec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
-        first = ws_read(f)
-        if not first or len(first[2]) != 1 or first[2][0] not in (1, 2):
-            c.close()
+        up = bridge_accept(c)
+        if not up:
             return
-        role = first[2][0]
+        f, path, role = up
         bid = path.rsplit("/", 1)[-1]
         me = (c, threading.Lock())
         with cv:
@@ -391,6 +417,129 @@ def idle(to, count, seconds):
     print(f"opened {opened} idle connections", flush=True)
 
 
+def hello_frame(ring, rank, n_ranks, key, mhash, nonce, eph):
+    """A HELLO frame (protocol version 2): the 28-byte header and its 204-byte payload."""
+    p = struct.pack("<III", 2, rank, n_ranks) + ring.encode().ljust(64, b"\0") + key + mhash + nonce + eph
+    return struct.pack("<IBBHQIII", MAGIC, F_HELLO, 0, 0, 0, 0, 0, len(p)) + p
+
+
+def manifest_facts(path):
+    import json
+    raw = open(path, "rb").read()
+    m = json.loads(raw)
+    return m, hashlib.sha256(raw).digest()
+
+
+def mitm(listen_port, manifest):
+    import os
+    from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
+    from cryptography.hazmat.primitives import serialization
+    raw = serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    key = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(*raw)
+    m, mhash = manifest_facts(manifest)
+    n = len(m["ranks"])
+    print("relay key %s" % key.hex(), flush=True)
+
+    def serve(c):
+        up = bridge_accept(c)
+        if not up:
+            return
+        f, path, role = up
+        bid = path.rsplit("/", 1)[-1].split("?")[0]
+        down = [r["rank"] for r in m["ranks"] if r["endpoint"].endswith("/" + bid)]
+        if not down:
+            c.close()
+            return
+        stage = (down[0] - 1) % n if role == 1 else down[0]    # the rank on this end
+        peer = down[0] if role == 1 else (down[0] - 1) % n     # the rank the relay poses as
+        eph = x25519.X25519PrivateKey.generate().public_key().public_bytes(*raw)
+        c.sendall(ws_frame(2, hello_frame(m["ring"], peer, n, key, mhash, os.urandom(32), eph)))
+        buf, res = b"", "refused: closed the link after the relay's HELLO, no AUTH"
+        while True:
+            fr = ws_read(f)
+            if fr is None or fr[1] == 8:
+                break
+            if fr[1] == 9:
+                c.sendall(ws_frame(10, fr[2]))
+                continue
+            buf += fr[2]
+            while len(buf) >= HDR and len(buf) >= HDR + struct.unpack_from("<I", buf, 24)[0]:
+                plen = struct.unpack_from("<I", buf, 24)[0]
+                typ, body, buf = buf[4], buf[HDR:HDR + plen], buf[HDR + plen:]
+                if typ == F_AUTH:
+                    res = "accepted the relay's key (sent its AUTH for it)"
+                elif typ == F_ERROR:
+                    res = "refused: " + body[4:].decode(errors="replace")
+                else:
+                    continue
+                break
+            if not res.startswith("refused: closed"):
+                break
+        print("rank %d (bridge %s, role %d) %s" % (stage, bid[:8], role, res), flush=True)
+        c.close()
+
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", int(listen_port)))
+    ls.listen(16)
+    print(f"mitm relay :{listen_port}", flush=True)
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+def pending(to, manifest, as_rank, addrs, per_addr, seconds, count_file):
+    import os
+    from cryptography.hazmat.primitives.asymmetric import x25519
+    from cryptography.hazmat.primitives import serialization
+    raw = serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    m, mhash = manifest_facts(manifest)
+    r = int(as_rank)
+    key = bytes.fromhex(m["ranks"][r]["node"])
+    host, port = to.rsplit(":", 1)
+    srcs = ["127.0.0.%d" % (2 + i) for i in range(int(addrs))]
+    end = time.time() + float(seconds)
+    held = {}          # socket -> source address
+    opened = closed = 0
+    last_write = 0
+
+    def open_one(src):
+        s = socket.socket()
+        s.bind((src, 0))
+        s.settimeout(2)
+        s.connect((host, int(port)))
+        eph = x25519.X25519PrivateKey.generate().public_key().public_bytes(*raw)
+        s.sendall(hello_frame(m["ring"], r, len(m["ranks"]), key, mhash, os.urandom(32), eph))
+        s.setblocking(False)
+        return s
+
+    while time.time() < end:
+        for src in srcs:
+            while sum(1 for v in held.values() if v == src) < int(per_addr) and time.time() < end:
+                try:
+                    held[open_one(src)] = src
+                    opened += 1
+                except OSError:
+                    time.sleep(0.01)
+                    break
+        rd, _, _ = select.select(list(held), [], [], 0.05)
+        for s in rd:
+            try:
+                d = s.recv(4096)
+            except OSError:
+                d = b""
+            if not d:
+                held.pop(s)
+                s.close()
+                closed += 1
+        if count_file and time.time() - last_write > 0.1:
+            last_write = time.time()
+            with open(count_file + ".tmp", "w") as f:
+                f.write("%d\n" % len(held))
+            os.replace(count_file + ".tmp", count_file)
+    print(f"opened {opened} pending links with valid HELLOs as rank {r}; the stage closed {closed}", flush=True)
+
+
 def main(argv):
     if len(argv) >= 4 and argv[1] in ("proxy", "relay"):
         record, nth = None, 1
@@ -409,6 +558,10 @@ def main(argv):
         reflect(argv[2], argv[3], argv[4])
     elif len(argv) == 5 and argv[1] == "idle":
         idle(argv[2], argv[3], argv[4])
+    elif len(argv) == 4 and argv[1] == "mitm":
+        mitm(argv[2], argv[3])
+    elif len(argv) in (8, 10) and argv[1] == "pending":
+        pending(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], argv[9] if len(argv) == 10 else None)
     else:
         print(__doc__, file=sys.stderr)
         return 2

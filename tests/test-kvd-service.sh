@@ -43,14 +43,21 @@ echo "     systemd-analyze security: $level"
 check "systemd-analyze security rates the unit OK or better" 'case "${level#* }" in PERFECT|SAFE|OK) true ;; *) false ;; esac'
 
 # 3. kvd from the unit's ExecStart, as systemd would start it
+# every device pinned by its node key (b and c run no kvd here: keys of their own state dirs)
+for d in a b c; do
+    mkdir -p "$T/node-$d"
+    eval "KEY_$d=\$("$B/kvd" stage --print-key --state-dir "$T/node-$d")"
+done
 cat > "$T/devs.json" <<JSON
 {"devices":[
- {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)"},
- {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)"},
- {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)"}]}
+ {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)","node":"$KEY_a"},
+ {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)","node":"$KEY_b"},
+ {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)","node":"$KEY_c"}]}
 JSON
 "$K" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 1 --headroom 0 -o "$T/state/ring.json" > /dev/null 2>&1 ||
     die "plan failed"
+dev0=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][0]["device"])' "$T/state/ring.json")
+cp "$T/node-$dev0/node.key" "$T/state/"   # rank 0 runs as the device planned for it
 cat > "$T/etc/kvd/kvd.conf" <<CONF
 # a stage of a planned ring
 role = stage

@@ -813,14 +813,16 @@ T_CASE(slow_steady_reader_kept)
     close(fd);
 }
 
-/* Every connection counts against the per-address cap (4 on server 3), idle ones too; the
- * one over it gets a 503 and is closed at once; a slot freed is usable again. */
+/* Every connection counts against the per-address cap (4 on server 3); with none idle (each
+ * in the middle of its headers) the one over it gets a 503 and is closed at once; a slot
+ * freed is usable again. */
 T_CASE(per_address_cap)
 {
     int fds[4];
     for (int i = 0; i < 4; i++) {
         fds[i] = dial3();
         T_ASSERT(fds[i] >= 0, "connect %d", i);
+        sendall(fds[i], "GET /body HTTP/1.1\r\n", 20);   /* busy: reading a request */
     }
     usleep(100000);
     int x = dial3();
@@ -838,6 +840,37 @@ T_CASE(per_address_cap)
     sendall(fds[0], q, strlen(q));
     k = recv(fds[0], b, sizeof b - 1, 0);
     T_CHECK(k > 0 && strncmp(b, "HTTP/1.1 206", 12) == 0, "a freed slot serves again: %.20s", b);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+}
+
+/* Over the per-address cap with idle connections there (kept alive after an answer, or silent
+ * since their accept), the new one is served: the kept-alive one idle longest is closed for it
+ * (counted in conns_evicted), not the new client refused. */
+T_CASE(idle_evicted_for_new)
+{
+    int fds[4];
+    char b[256];
+    const char *q = "GET /body HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n";
+    for (int i = 0; i < 4; i++) {
+        fds[i] = dial3();
+        T_ASSERT(fds[i] >= 0, "connect %d", i);
+        if (i < 2) {   /* two kept alive after one answer, the others silent */
+            sendall(fds[i], q, strlen(q));
+            ssize_t k = recv(fds[i], b, sizeof b - 1, 0);
+            T_ASSERT(k > 0 && strncmp(b, "HTTP/1.1 206", 12) == 0, "answer %d", i);
+        }
+        usleep(20000);
+    }
+    uint64_t before = net_http_server_stats(srv3)->conns_evicted;
+    int x = dial3();
+    T_ASSERT(x >= 0, "connect 5");
+    sendall(x, q, strlen(q));
+    ssize_t k = recv(x, b, sizeof b - 1, 0);
+    T_CHECK(k > 0 && strncmp(b, "HTTP/1.1 206", 12) == 0, "the 5th connection is served: %.20s", b);
+    T_CHECK(net_http_server_stats(srv3)->conns_evicted == before + 1, "one idle connection closed for it");
+    T_CHECK(peer_closed(fds[0]), "the kept-alive connection idle longest is the one closed");
+    close(x);
     for (int i = 0; i < 4; i++)
         close(fds[i]);
 }
@@ -1091,6 +1124,7 @@ int main(int argc, char **argv)
     T_RUN(write_stall_dropped);
     T_RUN(slow_steady_reader_kept);
     T_RUN(per_address_cap);
+    T_RUN(idle_evicted_for_new);
     T_RUN(upgrade_echo);
     T_RUN(filter_in_front);
     T_RUN(send_rate_limit);

@@ -3,11 +3,15 @@
 # docs/planner.md over the mixed device set (both objectives): a valid manifest, relay
 # endpoints with fresh 128-bit bridge ids for the NAT'd phones, no window over a device's
 # memory; refusals (no --relay, does not fit, bad profiles); a real GGUF, a catalog and a
-# profile measured on this machine feeding a plan.
+# profile measured on this machine feeding a plan; pinning: a profile without the node key and
+# a manifest with a rank naming none are refused unless --allow-unpinned (which names the
+# ranks), and a stage of such a manifest refuses to link to them unless told so too.
 . "$(dirname "$0")/lib.sh"
 K=$KVCTL
 D=$DATA
 check() { if eval "$2"; then echo "ok   $1"; else fail "$1"; fi; }
+# made_up_key NAME: a fixed 64-hex-digit key for a device that runs no kvd here
+made_up_key() { python3 -c "import hashlib,sys;print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" "$1"; }
 need_data "$D/models/stories260K.gguf" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf"
 SHAPE=docs/examples/qwen3.5-122b-a10b.shape.json
 DEVS=docs/examples/mixed-devices.json
@@ -72,20 +76,22 @@ check "a device with no speed: named, and memory is not blamed" '[ $? -eq 1 ] &&
 check "neither GGUF nor descriptor: said so" '[ $? -eq 1 ] && grep -q "neither a GGUF file" "$T/notmodel.txt"'
 
 # 3. a real GGUF with a profile measured here
-"$K" profile --model "$D/models/stories260K.gguf" -t 1 --id here --endpoint tcp://127.0.0.1:7100 > "$T/prof.json" 2> "$T/prof.txt"
+"$K" profile --model "$D/models/stories260K.gguf" -t 1 --id here --endpoint tcp://127.0.0.1:7100 \
+    --state-dir "$T/here" > "$T/prof.json" 2> "$T/prof.txt"
 check "profile prints a device" '[ $? -eq 0 ] && python3 -c "import json,sys;d=json.load(open(sys.argv[1]))[\"devices\"][0];assert d[\"ms_per_layer_token\"]>0 and d[\"mem_bytes\"]>0 and d[\"backend\"]==\"cpu\" and d[\"ms_per_layer_token_is\"]==\"measured\"" "$T/prof.json"'
 python3 -c "
 import json; d=json.load(open('$T/prof.json'))['devices'][0]
 devs=[]
 for i in range(3):
-    x=dict(d); x['id']='p%d'%i; x['mem_bytes']=600000; x['endpoint']='tcp://127.0.0.1:%d'%(7100+i); devs.append(x)
+    x=dict(d); x['id']='p%d'%i; x['mem_bytes']=600000; x['endpoint']='tcp://127.0.0.1:%d'%(7100+i)
+    x['node']='%064x'%(i+1) if i else d['node']; devs.append(x)
 json.dump({'devices':devs},open('$T/three.json','w'))"
 "$K" plan --model "$D/models/stories260K.gguf" --devices "$T/three.json" --ctx 256 --sessions 1 --headroom 0 -o "$T/st.json" > "$T/st.txt" 2>&1
 check "GGUF plan over measured profiles" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/st.json" "$T/three.json" >/dev/null && [ "$(python3 -c "import json;print(len(json.load(open(\"$T/st.json\"))[\"ranks\"]))")" -ge 2 ]'
 
 # 4. a catalog of a MoE model: experts-used is required, then it plans like the GGUF
 "$K" catalog "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" -o "$T/cat.json" > /dev/null 2>&1
-echo '{"devices":[{"id":"one","mem_bytes":100000000,"ms_per_layer_token":1}]}' > "$T/one.json"
+echo '{"devices":[{"id":"one","mem_bytes":100000000,"ms_per_layer_token":1,"node":"'$(made_up_key one)'"}]}' > "$T/one.json"
 "$K" plan --catalog "$T/cat.json" --devices "$T/one.json" > "$T/c1.txt" 2>&1
 check "catalog MoE needs --experts-used" '[ $? -eq 1 ] && grep -q -- "--experts-used" "$T/c1.txt"'
 "$K" plan --catalog "$T/cat.json" --experts-used 2 --devices "$T/one.json" --json > "$T/c2.json" 2>/dev/null
@@ -128,4 +134,39 @@ mkdir -p "$T/node"
 "$K" profile --model "$D/models/stories260K.gguf" --estimate --state-dir "$T/node" > "$T/pn.json" 2>/dev/null
 KEY=$("$B/kvd" stage --state-dir "$T/node" --print-key 2>/dev/null)
 check "profile carries the node key kvd prints" '[ ${#KEY} -eq 64 ] && [ "$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[\"devices\"][0][\"node\"])" "$T/pn.json")" = "$KEY" ]'
+
+# 8. pinned unless said otherwise: profile, plan and stage each refuse a rank without a key
+"$K" profile --model "$D/models/stories260K.gguf" --estimate > "$T/pu.json" 2> "$T/pu.txt"
+check "profile without --state-dir is refused, the reason and the way out named" \
+    '[ $? -eq 2 ] && [ ! -s "$T/pu.json" ] && grep -q -- "--state-dir DIR is required" "$T/pu.txt" && grep -q -- "--allow-unpinned" "$T/pu.txt"'
+"$K" profile --model "$D/models/stories260K.gguf" --estimate --allow-unpinned > "$T/pu.json" 2>/dev/null
+check "profile --allow-unpinned: a profile without a node key" \
+    '[ $? -eq 0 ] && python3 -c "import json,sys;d=json.load(open(sys.argv[1]))[\"devices\"][0];assert \"node\" not in d" "$T/pu.json"'
+P0=$(free_port); P1=$(free_port)
+cat > "$T/mixed.json" <<JSON
+{"devices":[{"id":"keyed","mem_bytes":1000000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P0","node":"$KEY"},
+ {"id":"bare","mem_bytes":1000000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P1"}]}
+JSON
+planm() { "$K" plan --model "$D/models/stories260K.gguf" --devices "$T/mixed.json" --ctx 256 --sessions 1 --headroom 0 --max-ranks 2 "$@"; }
+planm -o "$T/unpinned.json" > "$T/pl1.txt" 2>&1
+check "plan refuses a manifest with a rank naming no key: rank and device named, none written" \
+    '[ $? -eq 1 ] && grep -q "rank [01] (device bare) names no node key" "$T/pl1.txt" && grep -q -- "--allow-unpinned" "$T/pl1.txt" && [ ! -e "$T/unpinned.json" ]'
+planm --json > "$T/pl2.json" 2> "$T/pl2.txt"
+check "plan --json is refused the same way" '[ $? -eq 1 ] && [ ! -s "$T/pl2.json" ] && grep -q "(device bare) names no node key" "$T/pl2.txt"'
+planm --allow-unpinned -o "$T/unpinned.json" > "$T/pl3.txt" 2>&1
+check "plan --allow-unpinned writes it and names the ranks" \
+    '[ $? -eq 0 ] && [ -s "$T/unpinned.json" ] && grep -q "warning (--allow-unpinned): rank [01] (device bare) names no node key" "$T/pl3.txt"'
+KR=$(python3 -c "import json,sys;print([r['rank'] for r in json.load(open(sys.argv[1]))['ranks'] if r.get('node')][0])" "$T/unpinned.json")
+BR=$((1 - KR))
+"$B/kvd" stage --manifest "$T/unpinned.json" --rank "$KR" --model "$D/models/stories260K.gguf" --state-dir "$T/node" > "$T/st1.log" 2>&1
+check "a stage whose neighbour names no key refuses to start, naming the rank" \
+    '[ $? -ne 0 ] && grep -q "names no node key for rank $BR" "$T/st1.log" && grep -q -- "--allow-unpinned" "$T/st1.log"'
+"$B/kvd" stage --manifest "$T/unpinned.json" --rank "$KR" --model "$D/models/stories260K.gguf" --state-dir "$T/node" \
+    --allow-unpinned > "$T/st2.log" 2>&1 &
+SPID=$!
+at_exit "kill $SPID 2>/dev/null"
+wait_for 20 grep -q "listening on" "$T/st2.log"
+check "with --allow-unpinned it starts and warns, naming the rank" \
+    'grep -q "WARN.*--allow-unpinned: .* names no node key for rank $BR" "$T/st2.log" || grep -qi "warn.*--allow-unpinned.*rank $BR" "$T/st2.log"'
+kill "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
 finish

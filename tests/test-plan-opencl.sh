@@ -13,7 +13,12 @@ clinfo -l 2>/dev/null | grep -q "Device" ||
 M=$(need_model stories260K.gguf) || exit 1
 PY=/usr/bin/python3
 
-"$KVCTL" profile --model "$M" --backend opencl --tokens 6 > "$TMP/prof.json" 2> "$TMP/prof.err" ||
+# each machine's node key, as `kvctl profile --state-dir` records it (the profile measured is b's)
+for name in a b c; do
+    mkdir -p "$TMP/node-$name"
+    "$KVD" stage --print-key --state-dir "$TMP/node-$name" > "$TMP/node-$name/key" || fail "node key of $name"
+done
+"$KVCTL" profile --model "$M" --backend opencl --tokens 6 --state-dir "$TMP/node-b" > "$TMP/prof.json" 2> "$TMP/prof.err" ||
     fail "profile --backend opencl: $(cat "$TMP/prof.err")"
 $PY - "$TMP/prof.json" <<'PY' || fail "profile: $(cat "$TMP/prof.json")"
 import json, sys
@@ -43,14 +48,16 @@ PY
 # 10x faster than its CPU; small: and has too little memory for a layer; alloc: and its
 # largest allocation cannot hold a layer's K cache; slow: 10x slower.
 devs() {
-    $PY - "$TMP/prof.json" "$1" "$2"  <<'PY'
+    $PY - "$TMP/prof.json" "$1" "$2" "$TMP" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["devices"][0]
 mode, port = sys.argv[2], int(sys.argv[3])
 out = []
 for i, name in enumerate("abc"):
     d = {"id": name, "mem_bytes": 700000, "ms_per_layer_token": 1,
-         "endpoint": "tcp://127.0.0.1:%d" % (port + i)}
+         "endpoint": "tcp://127.0.0.1:%d" % (port + i),
+         "node": open("%s/node-%s/key" % (sys.argv[4], name)).read().strip()}
+    assert name != "b" or d["node"] == p["node"], "the profile carries b's key"
     if name == "b":
         cpu = {"backend": "cpu", "mem_bytes": 700000, "ms_per_layer_token": 1}
         cl = dict(next(x for x in p["backends"] if x["backend"] == "opencl"))
@@ -93,6 +100,8 @@ for attempt in 1 2 3; do
     pids=""
     for r in 0 1 2; do
         mkdir -p "$D/rank-$r"
+        dev=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][int(sys.argv[2])]["device"])' "$D/ring.json" $r)
+        cp "$TMP/node-$dev/node.key" "$D/rank-$r/"   # the machine's key: the rank admits only it
         "$KVD" stage --manifest "$D/ring.json" --rank $r --model "$M" --state-dir "$D/rank-$r" -t 1 \
             > "$D/rank-$r/kvd.log" 2>&1 &
         pids="$pids $!"

@@ -179,6 +179,28 @@ static void gen_metrics(void *impl, char *buf, size_t cap)
 
 static const struct api_gen_ops ring_gen_ops = {gen_start, gen_cancel, gen_ready, gen_metrics};
 
+/* The API's configuration from the stage's options (max_sessions 0: the caller's default). */
+static struct api_config api_config_of(const struct kvd_stage_opts *o)
+{
+    return (struct api_config){.listen = o->api_listen, .key_file = o->api_key_file,
+                               .key_file_reload = o->api_keys_reload, .open = o->api_open, .tls_cert = o->api_tls_cert,
+                               .tls_key = o->api_tls_key, .keepalive_s = o->api_keepalive_s,
+                               .max_sessions = o->api_max_sessions,
+                               .chat_template = o->chat_template};
+}
+
+int kvd_api_check(const struct kvd_stage_opts *o)
+{
+    if (!o->api_listen)
+        return 0;
+    struct api_config c = api_config_of(o);
+    char err[KV_ERR_MAX];
+    int rc = api_config_check(&c, err, sizeof err);
+    if (rc < 0)
+        kvd_log(KVD_LOG_ERROR, "--api: %s", err);
+    return rc;
+}
+
 int kvd_api_start(struct stage *st)
 {
     const struct kvd_stage_opts *o = &st->o;
@@ -195,18 +217,17 @@ int kvd_api_start(struct stage *st)
         .n_ctx = st->m.n_ctx, .n_vocab = st->be.n_vocab,
         .model_id = st->m.model_name[0] ? st->m.model_name : base ? base + 1 : path ? path : st->m.ring,
     };
-    struct api_config c = {.listen = o->api_listen, .key_file = o->api_key_file,
-                           .key_file_reload = o->api_keys_reload,
-                           .max_sessions = o->api_max_sessions ? o->api_max_sessions : st->m.max_sessions,
-                           .chat_template = o->chat_template};
+    struct api_config c = api_config_of(o);
+    if (!c.max_sessions)
+        c.max_sessions = st->m.max_sessions;
     char err[KV_ERR_MAX] = "";
     int rc = api_server_new(&st->api, st->loop, &c, &gen, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "%s", err[0] ? err : strerror(-rc));
         return rc;
     }
-    kvd_log(KVD_LOG_INFO, "OpenAI-compatible API on %s (port %d)%s, at most %u sessions",
-            o->api_listen, api_server_port(st->api), o->api_key_file ? ", API keys required" : "",
+    kvd_log(KVD_LOG_INFO, "OpenAI-compatible API on %s://%s (port %d)%s, at most %u sessions",
+            o->api_tls_cert ? "https" : "http", o->api_listen, api_server_port(st->api), o->api_key_file ? ", API keys required" : "",
             c.max_sessions);
     return 0;
 }

@@ -187,9 +187,13 @@ void kvd_job_free(struct kvd_job *j);
 /* ============================ the loop side ============================ */
 
 /* Links in handshake: at most this many in all and from one source address; a new one over
- * a limit evicts the oldest that has not sent a valid HELLO (docs/security.md). */
+ * a limit closes the oldest that has not sent a valid HELLO, else the oldest from the source
+ * holding the most (a HELLO is public data: only the AUTH proves the key), so a restarted
+ * neighbour always gets a slot. A valid HELLO must be followed by its AUTH within
+ * AUTH_AFTER_HELLO_MS, about one round trip for a real peer (docs/security.md). */
 #define MAX_PENDING_LINKS 32
 #define MAX_PENDING_PER_SOURCE 4
+#define AUTH_AFTER_HELLO_MS 3000
 #define LINK_STABLE_MS 5000     /* a link up this long resets its redial backoff */
 #define REJECT_LOG_MS 10000     /* warnings about refused peers: per source and interval, */
 #define REJECT_LOG_LINES 16     /* each distinct line once and at most this many lines */
@@ -243,6 +247,7 @@ struct conn {
     double rtt_ms;
     bool relay_in;              /* our in-link, dialled out to a relay (relay:// endpoint) */
     uint64_t start_ms, up_ms;   /* when the link was made and when it was established */
+    uint64_t hello_ms;          /* when the peer's HELLO passed its check (0: not yet) */
     bool await_hello;           /* accepted: the handshake starts with the peer's HELLO, which
                                  * says which key to expect (a rank's or a standby's) */
     uint32_t as_rank;           /* the rank this side's HELLO claims (a standby's rank-to-be) */
@@ -600,6 +605,9 @@ void kvd_ctl_on_conn(uv_stream_t *server, int status);
 
 /* api.c: rank 0's OpenAI-compatible API (--api): start it (0 when not asked for; an error is
  * logged) and stop it (its requests' sessions have ended or end now). */
+/* The --api options, checked before the model loads (an address other than loopback needs
+ * keys or --api-open; TLS needs both files): 0, or negative with the reason logged. */
+int kvd_api_check(const struct kvd_stage_opts *o);
 int kvd_api_start(struct stage *st);
 void kvd_api_stop(struct stage *st);
 

@@ -239,6 +239,8 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         kvd_conn_close(c, r);
         return;
     }
+    if (!c->hello_ms && net_handshake_hello_ok(c->hs))
+        c->hello_ms = (uint64_t)util_now_ms();   /* its AUTH must follow (AUTH_AFTER_HELLO_MS) */
     if (outlen)
         net_link_send_raw(l, out, outlen);
     if (rc == 1)
@@ -516,16 +518,26 @@ void kvd_link_dial_in(struct stage *st)
     st->pending = c;
 }
 
-/* Make room for a link from src: 0 when it may start its handshake (the oldest pending link
- * that has not sent a valid HELLO, from src first, is closed when a limit is reached), or
- * -EBUSY when every pending link has passed its HELLO check and the limits are reached. */
+/* Whether p is a link in handshake that counts against the limits. */
+static bool pending_counts(const struct conn *p)
+{
+    return !p->relay_in && p->link && !net_link_is_closing(p->link);
+}
+
+/* Make room for a link from src: 0 when it may start its handshake, after closing one pending
+ * link when a limit is reached: the oldest that has not sent a valid HELLO (from src first),
+ * else the oldest from src (its cap reached) or from the source holding the most pending links
+ * (the total reached). A valid HELLO proves nothing (it is built from the manifest's public
+ * data), so links that passed it cannot hold the slots against a neighbour that restarts; one
+ * needs about a round trip to send its AUTH. -EBUSY: nothing to close (cannot happen while a
+ * limit is reached, kept for safety). */
 static int pending_make_room(struct stage *st, const char *src)
 {
-    uint32_t total = 0, from_src = 0;
-    struct conn *victim_src = NULL, *victim_any = NULL;
-    char s2[64];
+    uint32_t total = 0, from_src = 0, most = 0;
+    struct conn *idle_src = NULL, *idle_any = NULL, *oldest_src = NULL, *oldest_most = NULL;
+    char s2[64], s3[64];
     for (struct conn *p = st->pending; p; p = p->next) {
-        if (p->relay_in || !p->link || net_link_is_closing(p->link))
+        if (!pending_counts(p))
             continue;
         total++;
         peer_source(net_link_peer(p->link), s2, sizeof s2);
@@ -534,22 +546,37 @@ static int pending_make_room(struct stage *st, const char *src)
         bool idle = !p->hs || !net_handshake_hello_ok(p->hs);
         /* the list is newest first: the last match is the oldest */
         if (idle && same)
-            victim_src = p;
+            idle_src = p;
         if (idle)
-            victim_any = p;
+            idle_any = p;
+        if (same)
+            oldest_src = p;
+        uint32_t n = 0;   /* links from p's source (a few dozen at most: quadratic is fine) */
+        for (struct conn *q = st->pending; q; q = q->next) {
+            if (!pending_counts(q))
+                continue;
+            peer_source(net_link_peer(q->link), s3, sizeof s3);
+            n += !strcmp(s2, s3);
+        }
+        if (n >= most) {
+            most = n;
+            oldest_most = p;
+        }
     }
     struct conn *v = NULL;
     if (from_src >= MAX_PENDING_PER_SOURCE)
-        v = victim_src;
+        v = idle_src ? idle_src : oldest_src;
     else if (total >= MAX_PENDING_LINKS)
-        v = victim_src ? victim_src : victim_any;
+        v = idle_src ? idle_src : idle_any ? idle_any : oldest_most;
     else
         return 0;
     if (!v)
         return -EBUSY;
-    reject_log(st, net_link_peer(v->link), "closing it: no valid HELLO, and a newer link "
-               "needs its place");
-    kvd_conn_close(v, "evicted: no valid HELLO while others waited");
+    bool idle = !v->hs || !net_handshake_hello_ok(v->hs);
+    reject_log(st, net_link_peer(v->link), "closing it: %s, and a newer link needs its place",
+               idle ? "no valid HELLO" : "the oldest in handshake from the busiest source (no AUTH yet)");
+    kvd_conn_close(v, idle ? "evicted: no valid HELLO while others waited"
+                           : "evicted: no AUTH yet, the oldest link in handshake from the busiest source");
     return 0;
 }
 

@@ -107,6 +107,11 @@ static int set_cl_weights(struct kvd_stage_opts *o, const char *v)
 }
 static int set_api(struct kvd_stage_opts *o, const char *v) { o->api_listen = v; return 0; }
 static int set_api_keys(struct kvd_stage_opts *o, const char *v) { o->api_key_file = v; return 0; }
+static int set_api_open(struct kvd_stage_opts *o, const char *v) { (void)v; o->api_open = true; return 0; }
+static int set_api_cert(struct kvd_stage_opts *o, const char *v) { o->api_tls_cert = v; return 0; }
+static int set_api_tls_key(struct kvd_stage_opts *o, const char *v) { o->api_tls_key = v; return 0; }
+static int set_api_keepalive(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 600, &o->api_keepalive_s); }
+static int set_unpinned(struct kvd_stage_opts *o, const char *v) { (void)v; o->allow_unpinned = true; return 0; }
 static int set_api_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 65536, &o->api_max_sessions); }
 static int set_chat_template(struct kvd_stage_opts *o, const char *v) { o->chat_template = v; return 0; }
 static int set_log(struct kvd_stage_opts *o, const char *v)
@@ -144,8 +149,13 @@ static const struct opt opts[] = {
     {"--boundary-log-total-mb", "N", "boundary logs of all sessions: at most N MiB, oldest dropped first (default 64)", set_blog_total},
     {"--api", "HOST:PORT", "rank 0: serve the OpenAI-compatible API (docs/api.md)", set_api},
     {"--api-key-file", "FILE", "API keys, one a line: requests need Authorization: Bearer KEY", set_api_keys},
+    {"--api-open", NULL, "serve the API without keys on an address other than loopback", set_api_open},
+    {"--api-tls-cert", "PEM", "serve the API over HTTPS with this certificate chain", set_api_cert},
+    {"--api-tls-key", "PEM", "... and this private key", set_api_tls_key},
+    {"--api-keepalive", "S", "close a kept-alive API connection idle for S s (default 30)", set_api_keepalive},
     {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},
     {"--chat-template", "NAME", "chat template family (chatml, llama3, ...; default: the model's)", set_chat_template},
+    {"--allow-unpinned", NULL, "link to neighbour ranks the manifest names no node key for (a warning names them)", set_unpinned},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},
     {"--print-key", NULL, "create the node key in --state-dir if needed, print its public key, exit", set_print_key},

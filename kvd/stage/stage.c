@@ -46,6 +46,12 @@ static void tick_cb(uv_timer_t *t)
     for (struct conn *p = st->pending; p; p = p->next)
         if (now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
+        else if (p->hello_ms && now - p->hello_ms > AUTH_AFTER_HELLO_MS) {
+            char why[120];
+            snprintf(why, sizeof why, "no AUTH within %.1f s of its valid HELLO (a HELLO is public "
+                     "data; only the AUTH proves the key)", AUTH_AFTER_HELLO_MS / 1000.0);
+            kvd_conn_close(p, why);
+        }
     /* A successor that takes the connection but not the handshake (a stopped process whose
      * kernel still accepts) is dead after the handshake deadline, so the next candidate for
      * its rank gets its turn (docs/ring.md, "Repair"). */
@@ -383,6 +389,26 @@ static int stage_pull_window(struct stage *st, uint32_t rank)
     return 0;
 }
 
+/* The ranks this node links to (the predecessors and successors of the ranks it may serve:
+ * its own, or a standby's) that the manifest names no node key for, as "rank 1, rank 3" into
+ * out[n] (empty: every neighbour is pinned). Anyone could link as those: a relay or anyone on
+ * the path could read and rewrite the ring's traffic by answering with its own key. */
+static void unpinned_neighbours(const struct ring_manifest *m, const struct kvd_stage_opts *o,
+                                char *out, size_t n)
+{
+    uint64_t serve = o->is_standby ? m->standbys[o->standby].ranks : (uint64_t)1 << o->rank;
+    uint64_t peers = 0;
+    for (uint32_t r = 0; r < m->n_ranks; r++)
+        if (serve >> r & 1)
+            peers |= (uint64_t)1 << (r + m->n_ranks - 1) % m->n_ranks |
+                     (uint64_t)1 << (r + 1) % m->n_ranks;
+    size_t at = 0;
+    out[0] = 0;
+    for (uint32_t r = 0; r < m->n_ranks; r++)
+        if ((peers >> r & 1) && !m->ranks[r].has_node && at < n)
+            at += (size_t)snprintf(out + at, n - at, "%srank %u", at ? ", " : "", r);
+}
+
 int kvd_stage_run(const struct kvd_stage_opts *o)
 {
     char err[KV_ERR_MAX];
@@ -400,6 +426,25 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         return rc;
     }
     st->n = st->m.n_ranks;
+    bool own_ok = o->is_standby ? o->standby < st->m.n_standbys : o->rank >= 0 && (uint32_t)o->rank < st->n;
+    char unpinned[400];
+    unpinned_neighbours(&st->m, o, unpinned, own_ok ? sizeof unpinned : 0);
+    if (own_ok && unpinned[0] && !o->allow_unpinned) {
+        kvd_log(KVD_LOG_ERROR, "%s names no node key for %s: whoever answers first (a relay, anyone "
+                "on the path) could link as %s and read or rewrite what the ring computes. Name the "
+                "keys (\"node\": `kvd stage --print-key --state-dir DIR` on each host, or `kvctl "
+                "profile --state-dir DIR` for `kvctl plan`), or pass --allow-unpinned to link anyway",
+                o->manifest, unpinned, strchr(unpinned, ',') ? "them" : "it");
+        free(st);
+        return -EPERM;
+    }
+    if (own_ok && unpinned[0])
+        kvd_log(KVD_LOG_WARN, "--allow-unpinned: %s names no node key for %s; linking to whichever "
+                "node answers for %s", o->manifest, unpinned, strchr(unpinned, ',') ? "them" : "it");
+    if (kvd_api_check(o) < 0) {
+        free(st);
+        return -EINVAL;
+    }
     st->standby = -1;
     st->last_repair_rank = -1;
     st->start_ms = (uint64_t)util_now_ms();
