@@ -16,22 +16,33 @@ show_logs() { for f in "$T"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; }
 on_fatal() { show_logs; }
 fail_fast
 
-# market_up: the model's catalog, a seeder and a market (lease 6 s, grace 3 s, and
-# $MARKET_ARGS) on loopback, the model registered with its known-answer probes (kvctl market add
-# --model): sets SEEDER, M, ID and MARKET_PID.
+# market_up: the model's catalog, a seeder and a market (lease 6 s, grace 3 s, an operator key,
+# and $MARKET_ARGS) on loopback, the model registered with its known-answer probes (kvctl market
+# add --model) and a paying client with plenty of credit: sets SEEDER, M, ID, MARKET_PID and
+# CKEY (the client's key: sessions opened with it are credited). Every node here comes from
+# 127.0.0.1, so the caps on ranks and claims per address are off (MARKET_CAPS replaces that).
+MARKET_CAPS=${MARKET_CAPS:---max-ranks-per-addr 0 --claims-per-min-addr 0}
+market_start() { # market_start [PORT]: the market on its database (again, after a kill)
+    "$KVD" market --db "$T/market.db" --listen "127.0.0.1:${1:-0}" --port-file "$T/market.port" \
+        --lease-s 6 --grace-s 3 --operator-key "$T/operators.txt" $MARKET_CAPS ${MARKET_ARGS:-} \
+        >>"$T/market.log" 2>&1 &
+    MARKET_PID=$!
+    PIDS="$PIDS $MARKET_PID"
+}
 market_up() {
     "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
     "$KVD" seeder --serve "$S" --listen 127.0.0.1:0 --port-file "$T/seeder.port" >"$T/seeder.log" 2>&1 &
     PIDS="$PIDS $!"
-    "$KVD" market --db "$T/market.db" --listen 127.0.0.1:0 --port-file "$T/market.port" \
-        --lease-s 6 --grace-s 3 ${MARKET_ARGS:-} >"$T/market.log" 2>&1 &
-    MARKET_PID=$!
-    PIDS="$PIDS $MARKET_PID"
+    mkdir -p "$T/op"
+    "$KVD" stage --state-dir "$T/op" --print-key >"$T/operators.txt" || die "no operator key"
+    market_start
     wait_file "$T/seeder.port" && wait_file "$T/market.port" || die "seeder or market did not start"
     SEEDER=http://127.0.0.1:$(cat "$T/seeder.port")
     M=http://127.0.0.1:$(cat "$T/market.port")
     ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source "$SEEDER" --name stories \
          --model "$S" --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+    CKEY=$("$KVCTL" market client add "$M" --credit 1000000 --name tests --state-dir "$T/op" 2>>"$T/add.log") ||
+        { cat "$T/add.log"; die "kvctl market client add failed"; }
 }
 ring_ready() {
     $MKT_NS "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
@@ -52,7 +63,7 @@ print([r["rank"] for r in m["ranks"] if r["node"]==sys.argv[2]][0])' "$T/$1/mani
 # rank0 NAME...: the one of them that runs rank 0
 rank0() { for n in "$@"; do [ "$(rank_of "$n" 2>/dev/null)" = 0 ] && { echo "$n"; return; }; done; }
 # credited NAME...: every node's balance equals its window's layers x the rows its stage ran
-# (its own status counter), and its credit per layer-token is the published reward of a
+# (its own status counter; plus $T/extra-NAME layer-tokens where a test credited more), and its credit per layer-token is the published reward of a
 # covered window, base x (1 + d/(d+10)) for some demand d >= 0: within [base, 2 x base]
 # (docs/market.md, "Rewards"). What each showed goes to $T/credited.txt.
 credited() {
@@ -74,6 +85,10 @@ for n in names:
     r = [x for x in m["ranks"] if x["node"] == b["node"]][0]
     layers = r["layers"][1] - r["layers"][0]
     want = st["rows"] * layers
+    try:   # work credited besides the stage's rows (a test's own receipts for it)
+        want += int(open("%s/extra-%s" % (T, n)).read())
+    except FileNotFoundError:
+        pass
     good = b["layer_tokens"] == want and want > 0 and \
         base * want * (1 - 1e-9) <= b["credit"] <= 2 * base * want * (1 + 1e-9)
     print("%s rank %d: rows %d x layers %d = %d; balance %s" % (n, r["rank"], st["rows"], layers, want, b))

@@ -39,7 +39,7 @@ H0=$(holder 0) H1=$(holder 1) L=$(holder 2)
 R0=$(rank0 a b c)
 want=$("$KVCTL" generate -m "$S" --tokens 1,50,100,200,300 -n 12 --temp 0 --ids 2>/dev/null)
 serves() {
-    got=$("$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --tokens 1,50,100,200,300 -n 12 --temp 0 \
+    got=$("$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" --tokens 1,50,100,200,300 -n 12 --temp 0 \
           --ids 2>"$T/gen.err")
     [ -n "$got" ] && [ "$got" = "$want" ]
 }

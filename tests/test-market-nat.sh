@@ -34,14 +34,19 @@ PIDS="$PIDS $!"
 "$KVCTL" catalog "$S" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
 $INPUB "$KVD" seeder --serve "$S" --listen 203.0.113.1:7480 >"$T/seeder.log" 2>&1 &
 PIDS="$PIDS $!"
+mkdir -p "$T/op"
+"$KVD" stage --state-dir "$T/op" --print-key >"$T/operators.txt" || die "no operator key"
+# a and c share the public host 203.0.113.1: two direct ranks from one address
 $INPUB "$KVD" market --db "$T/market.db" --listen 203.0.113.1:7490 --lease-s 6 --grace-s 3 \
-    >"$T/market.log" 2>&1 &
+    --operator-key "$T/operators.txt" --max-ranks-per-addr 2 >"$T/market.log" 2>&1 &
 PIDS="$PIDS $!"
 M=http://203.0.113.1:7490
 market_answers() { $INPUB curl -sf "$M/v1/models" >/dev/null; }
 wait_for 10 market_answers || die "the market did not start"
 ID=$($INPUB "$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://203.0.113.1:7480 \
      --name stories --model "$S" --state-dir "$T/admin" 2>"$T/add.log") || { cat "$T/add.log"; die "kvctl market add failed"; }
+CKEY=$($INPUB "$KVCTL" market client add "$M" --credit 1000 --state-dir "$T/op" 2>>"$T/add.log") ||
+    { cat "$T/add.log"; die "kvctl market client add failed"; }
 
 join() { # join NAME NETNS-PREFIX [kvd join options...]
     local name=$1 ns=$2; shift 2
@@ -57,7 +62,7 @@ wait_for 90 ring_ready || fail "no complete ring within 90 s: $(cat "$T/cov.json
 want=$("$KVCTL" generate -m "$S" --tokens 1,50,100,200,300 -n 16 --temp 0 --ids 2>/dev/null)
 [ -n "$want" ] || die "one-process generation failed"
 serves() { # serves NAME: its kvd.sock (a Unix socket: any namespace reaches it) answers
-    got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,50,100,200,300 -n 16 --temp 0 \
+    got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --client-key "$CKEY" --tokens 1,50,100,200,300 -n 16 --temp 0 \
           --ids 2>"$T/gen.err")
     [ -n "$got" ] && [ "$got" = "$want" ]
 }

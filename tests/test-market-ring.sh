@@ -5,7 +5,8 @@
 #  * every node holds only its window (pulled, verified), every window is active, one ring;
 #  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
 #  * receipts: each node's balance (layer_tokens) equals its window's layers x the rows its own
-#    stage counted, and its credit follows the published reward of a covered window;
+#    stage counted for a paying client's sessions, and its credit follows the published
+#    reward of a covered window;
 #  * churn: kill -9 one joined node: its window is reported uncovered once its lease lapses,
 #    a fourth `kvd join` takes exactly that window, the new manifest changes only that rank's
 #    entry, and the ring serves the same generation again;
@@ -35,7 +36,7 @@ grep -q "rings 1" "$T/status.txt" || fail "the status table shows no ring: $(cat
 [ "$(grep -c ' active ' "$T/status.txt")" = 3 ] || fail "status table: $(cat "$T/status.txt")"
 
 serves() { # serves NAME: rank 0's socket answers with the one-process tokens
-    got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,50,100,200,300 -n 16 --temp 0 \
+    got=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --client-key "$CKEY" --tokens 1,50,100,200,300 -n 16 --temp 0 \
           --ids 2>"$T/gen.err")
     [ -n "$got" ] && [ "$got" = "$want" ]
 }
@@ -65,7 +66,7 @@ grep -q '"layer_tokens"' "$T/bal.json" && grep -q '"credit"' "$T/bal.json" ||
 # ---- receipts: the stages sign what they computed, kvd join submits it, the market credits it.
 # A second generation with a longer prompt, so prompt and decode rows both count.
 serves2() {
-    got2=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --tokens 1,20,30,40,50,60,70,80 -n 9 \
+    got2=$("$KVCTL" generate --ring "unix:$T/$1/kvd.sock" --client-key "$CKEY" --tokens 1,20,30,40,50,60,70,80 -n 9 \
            --temp 0 --ids 2>"$T/gen.err")
     [ -n "$got2" ]
 }
@@ -128,10 +129,7 @@ MPORT=$(cat "$T/market.port")
 kill -9 "$MARKET_PID"
 sleep 2
 serves "$R0" || fail "the ring stopped serving while the market was down ($got)"
-"$KVD" market --db "$T/market.db" --listen "127.0.0.1:$MPORT" --lease-s 6 --grace-s 3 \
-    >>"$T/market.log" 2>&1 &
-MARKET_PID=$!
-PIDS="$PIDS $MARKET_PID"
+market_start "$MPORT"
 wait_for 30 ring_ready || fail "the ring was not complete again after the market came back: $(cat "$T/cov.json")"
 sleep 2
 cmp -s "$T/manifest-running.json" "$T/$R0/manifest.json" || fail "the market's restart changed the manifest"

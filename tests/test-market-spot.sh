@@ -66,7 +66,7 @@ caught() { grep -q "node $(short "$KL")\.\.\.: window [0-9]*: spot probe failed"
 wait_for 30 ring_ready || fail "no complete ring: $(cat "$T/cov.json")"
 R0=$(rank0 a b l)
 [ -n "$R0" ] || fail "no node runs rank 0"
-"$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --tokens 1,50,100,200 -n 8 --temp 0 --ids \
+"$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" --tokens 1,50,100,200 -n 8 --temp 0 --ids \
     >/dev/null 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
 wait_for 30 credited a b l || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
 LT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layer_tokens"])' "$T/bal-l.json")
