@@ -57,6 +57,7 @@ struct kvd_market_api {
     struct kvd_market_config cfg;
     uv_timer_t tick;
     struct poll *polls;
+    struct kvd_market_audit *audit;   /* audits of credited work (audit.c) */
     bool closed;
 };
 
@@ -75,6 +76,8 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->probe = true;
     c->spot_check_s = 300;
     c->penalty_s = 600;
+    c->audit_rate = 0.05;
+    c->audit_deadline_s = 300;
 }
 
 /* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
@@ -1217,7 +1220,7 @@ static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_ma
     cJSON_Delete(p);
     uint64_t lt = 0;
     double cr = 0;
-    bool spot = !strcmp(kind, "spot");
+    bool spot = strcmp(kind, "activation") != 0;   /* a spot check or an audit */
     if (rc == 0 && spot)
         rc = a->st->ops->credit_void(a->st->impl, l->node, now, msg, &lt, &cr);
     if (rc == 0 && spot)
@@ -1228,6 +1231,48 @@ static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_ma
         kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s", l->node,
                 msg, a->cfg.penalty_s);
     return rc;
+}
+
+/* A failed audit (docs/market.md, "Audits"): as a failed spot check (probe_fail, kind
+ * "audit") on the node's lease of the model; a node that holds none any more loses its credit
+ * and its claims all the same. msg gets the reason. 0, or the store's failure. */
+static int audit_fail(struct kvd_market_api *a, const char *model, const char *node,
+                      const char *why, double now, char *msg, size_t n)
+{
+    struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
+    size_t nw = 0;
+    int rc = a->st->ops->windows_get(a->st->impl, model, w, KVD_MARKET_MAX_WINDOWS, &nw);
+    for (size_t i = 0; rc == 0 && i < nw; i++) {
+        struct kvd_market_lease l;
+        if (a->st->ops->lease_get(a->st->impl, model, w[i].idx, &l) == 0 && !strcmp(l.node, node) &&
+            lease_now(a, &l, now) != L_FREE)
+            return probe_fail(a, model, &l, "audit", why, now, msg, n);
+    }
+    if (rc)
+        return rc;
+    snprintf(msg, n, "audit failed: %s", why);
+    char key[80];
+    snprintf(key, sizeof key, "penalty/%s", node);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "until", now + a->cfg.penalty_s);
+    cJSON_AddStringToObject(p, "reason", msg);
+    rc = blob_save(a, key, p);
+    cJSON_Delete(p);
+    uint64_t lt = 0;
+    double cr = 0;
+    if (rc == 0)
+        rc = a->st->ops->credit_void(a->st->impl, node, now, msg, &lt, &cr);
+    if (rc == 0)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; claims refused for %.0f s, unpaid credit voided "
+                "(%llu layer-tokens, %g credit)", node, msg, a->cfg.penalty_s,
+                (unsigned long long)lt, cr);
+    return rc;
+}
+
+static int audit_verdict(void *ud, const char *model, const char *node, const char *why, double now)
+{
+    char msg[700];
+    return audit_fail(ud, model, node, why, now, msg, sizeof msg);
 }
 
 /* The pending spot check of an active lease that ran past its deadline (failed: msg set,
@@ -1358,6 +1403,46 @@ static void h_probe(struct net_http_req *req, void *ud)
 out:
     cJSON_Delete(chk);
     cJSON_Delete(set);
+    lease_call_end(&c);
+}
+
+/* POST /v1/leases/audit {"model", "window", "id", "outputs", "inputs" | "token_ids"}: the
+ * node's answer to the audit pending on it (docs/market.md, "Audits"). 202 while its rows are
+ * recomputed (a wrong verdict ends the lease then), 200 when judged on its proofs alone; 403
+ * with the reason when wrong (the lease is over, as for a failed spot check); 409 when no
+ * such audit is pending, or the node's received side of the session is not in yet. */
+static void h_audit(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512], msg[700];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, NULL))
+        goto out;
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    int ls = c.ms->ls[c.wi];
+    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 409, NULL, why);
+        goto out;
+    }
+    bool settled = false;
+    int rc = kvd_market__audit_answer(a->audit, c.ms->m.id, c.node, c.b, c.now, &settled, why,
+                                      sizeof why);
+    if (rc == -EBADMSG && probe_fail(a, c.ms->m.id, l, "audit", why, c.now, msg, sizeof msg))
+        rc = -EIO;
+    if (rc && rc != -EBADMSG) {
+        state_refuse(a, req, c.ms, rc == -EINVAL ? 400 : rc == -ENOENT || rc == -EAGAIN ? 409 : 503,
+                     NULL, rc == -EIO ? a->st->err : why);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (rc == 0)
+        cJSON_AddStringToObject(o, "audit", settled ? "pass" : "verifying");
+    else
+        cJSON_AddStringToObject(o, "error", msg);
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, rc ? 403 : settled ? 200 : 202, o);
+out:
     lease_call_end(&c);
 }
 
@@ -1613,8 +1698,19 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
             state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
+        /* an audit of credited work pending on the node (audit.c): sent until its deadline */
+        cJSON *au = NULL;
+        char awhy[512];
+        if (rc == 0 && (rc = kvd_market__audit_due(a->audit, c.ms->m.id, c.node, c.now, &au, awhy,
+                                                  sizeof awhy)) == 1)
+            rc = probe_fail(a, c.ms->m.id, l, "audit", awhy, c.now, msg, sizeof msg) ? -EIO : 1;
+        if (rc < 0) {
+            cJSON_Delete(ch);
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
         cJSON *o;
-        if (rc == 1) {   /* a spot check went unanswered: the lease is over */
+        if (rc == 1) {   /* a spot check or an audit went unanswered: the lease is over */
             o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "error", msg);
         } else {
@@ -1622,7 +1718,12 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
             cJSON_AddStringToObject(o, "model", c.ms->m.id);
             if (ch)
                 cJSON_AddItemToObject(o, "probe", ch);
+            if (au)
+                cJSON_AddItemToObject(o, "audit", au);
+            au = ch = NULL;
         }
+        cJSON_Delete(ch);
+        cJSON_Delete(au);
         kvd_market__model_clear(&c.ms->m);
         commit_reply(a, req, rc == 1 ? 403 : 200, o);
         goto out;
@@ -1770,6 +1871,13 @@ static void h_receipts(struct net_http_req *req, void *ud)
             rc = a->st->ops->model_demand_set(a->st->impl, model,
                                               d + 60.0 / a->cfg.demand_tau_s, now);
         credited = rc == 0;
+        if (rc == 0) {   /* a share of credited work is audited later (audit.c) */
+            struct kvd_market_audit_work aw = {
+                .model = model, .node = snd->node, .session = session, .digest = snd->digest,
+                .rank = r.rank, .n_ranks = (uint32_t)ms->n, .window = w->idx, .first = w->first,
+                .last = w->last, .n_embd = ms->m.n_embd, .t0 = r.t0, .t1 = r.t1};
+            rc = kvd_market__audit_note(a->audit, &aw, now);
+        }
         cJSON_AddStringToObject(o, "status", "credited");
         cJSON_AddNumberToObject(o, "layer_tokens", (double)lt);
         cJSON_AddNumberToObject(o, "credit", credit);
@@ -1873,6 +1981,10 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
     a->srv = srv;
     a->st = store;
     a->cfg = *cfg;
+    if (kvd_market__audit_new(&a->audit, loop, store, cfg, audit_verdict, a)) {
+        free(a);
+        return -ENOMEM;
+    }
     static const struct {
         const char *method, *path;
         net_http_handler_cb cb;
@@ -1887,12 +1999,14 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"POST", "/v1/leases/heartbeat", h_heartbeat},
         {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/leases/probe", h_probe},
+        {"POST", "/v1/leases/audit", h_audit},
         {"POST", "/v1/receipts", h_receipts},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         int rc = net_http_server_route(srv, routes[i].method, routes[i].path, routes[i].cb, a);
         if (rc) {
             util_seterr(err, errlen, "route %s %s: %s", routes[i].method, routes[i].path, strerror(-rc));
+            kvd_market__audit_free(a->audit);
             free(a);
             return rc;
         }
@@ -1922,5 +2036,7 @@ void kvd_market__api_close(struct kvd_market_api *a)
 
 void kvd_market__api_free(struct kvd_market_api *a)
 {
+    if (a)
+        kvd_market__audit_free(a->audit);
     free(a);
 }

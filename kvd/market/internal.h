@@ -5,6 +5,8 @@
  *   store_pg.c      the same on PostgreSQL (SERIALIZABLE transactions; several instances)
  *   store.c         opening a store by its URL (the one place that knows the backends)
  *   probe.c         known-answer probes: a probe set's checks, challenges, judgements
+ *   audit.c         audits of credited work: drawn at credit, delivered with heartbeats,
+ *                   answers' Merkle proofs checked, rows recomputed on a pool thread
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
@@ -149,6 +151,9 @@ struct kvd_market_config {
     bool probe;                    /* check a stage's endpoint and its probe before activating */
     double spot_check_s;           /* an active lease is probed again every 0.5..1.5 x this (0: never) */
     double penalty_s;              /* a node that failed a probe may not claim for this long */
+    double audit_rate;             /* the share of credited receipts audited (0: none) */
+    double audit_deadline_s;       /* an audit unanswered this long after it was drawn fails */
+    const char *verify_model;      /* the whole GGUF audits recompute rows with (NULL: proofs only) */
 };
 void kvd_market__config_default(struct kvd_market_config *c);
 
@@ -170,6 +175,42 @@ struct cJSON *kvd_market__probe_build(const struct cJSON *set, uint32_t first, u
  * saying which. */
 int kvd_market__probe_judge(const struct cJSON *set, uint32_t last, const struct cJSON *seqs,
                             const struct cJSON *outputs, double *nmse, char *why, size_t n);
+
+/* Audits of credited work (docs/market.md, "Audits"). The verdict callback runs inside the
+ * verdict's transaction when a recomputation found the node wrong (api.c ends its lease, voids
+ * its credit, refuses its claims): 0, or the store's failure (the verdict is rolled back). */
+struct kvd_market_audit;
+struct uv_loop_s;
+typedef int (*kvd_market_audit_verdict_cb)(void *ud, const char *model, const char *node,
+                                           const char *why, double now);
+int kvd_market__audit_new(struct kvd_market_audit **out, struct uv_loop_s *loop,
+                          struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                          kvd_market_audit_verdict_cb verdict, void *ud);
+/* Free once the loop has run every queued recomputation (after uv_run returns). */
+void kvd_market__audit_free(struct kvd_market_audit *au);
+/* A credited receipt's work: who sent it, what it commits to. */
+struct kvd_market_audit_work {
+    const char *model, *node, *session, *digest;   /* digest: the sent root (64 hex) */
+    uint32_t rank, n_ranks, window, first, last, n_embd;
+    uint64_t t0, t1;
+};
+/* Draw an audit of w with probability audit_rate (none while one is pending on the node), in
+ * the open transaction: 0 or the store's failure. */
+int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_audit_work *w,
+                           double now);
+/* The node's pending audit at a heartbeat: 0 with *challenge (to send; the caller deletes) or
+ * NULL when none is to be answered; 1 when it went unanswered past its deadline (settled as
+ * failed, why set: the caller fails the node); or the store's failure. */
+int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
+                          double now, struct cJSON **challenge, char *why, size_t n);
+/* The node's answer (POST /v1/leases/audit), in the open transaction: 0 when accepted (*settled:
+ * judged already, on its proofs alone; else queued for recomputation, the verdict later);
+ * -EBADMSG when wrong (a proof that fails, a row that is no row, late: settled, why set, the
+ * caller fails the node); -EINVAL malformed; -ENOENT no such audit pending; -EAGAIN the node's
+ * received side of the session is not in yet (answer again); -EIO the store. */
+int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
+                             const struct cJSON *body, double now, bool *settled, char *why,
+                             size_t n);
 
 struct net_http_server;
 struct uv_loop_s;

@@ -56,6 +56,11 @@ static void usage(FILE *f)
         "  --spot-check-s S    probe an active stage again every 0.5..1.5 x S s (default 300;\n"
         "                      0: never)\n"
         "  --penalty-s S       a node that failed a probe may not claim for S s (default 600)\n"
+        "  --audit-rate R      audit this share of credited receipts afterwards (default 0.05;\n"
+        "                      0: none)\n"
+        "  --audit-deadline-s S  an audit unanswered S s after it was drawn fails (default 300)\n"
+        "  --verify-model GGUF the whole model: audits recompute the rows on it (without it they\n"
+        "                      check the Merkle proofs only)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
 }
 
@@ -109,6 +114,12 @@ int kvd_market_main(int argc, char **argv)
             rc = num(a, v, 0, 86400 * 30, &cfg.spot_check_s);
         else if (!strcmp(a, "--penalty-s"))
             rc = num(a, v, 0, 86400 * 365, &cfg.penalty_s);
+        else if (!strcmp(a, "--audit-rate"))
+            rc = num(a, v, 0, 1, &cfg.audit_rate);
+        else if (!strcmp(a, "--audit-deadline-s"))
+            rc = num(a, v, 1, 86400, &cfg.audit_deadline_s);
+        else if (!strcmp(a, "--verify-model"))
+            cfg.verify_model = v;
         else if (!strcmp(a, "--clock-skew-s"))
             rc = num(a, v, 1, 86400, &cfg.clock_skew_s);
         else if (!strcmp(a, "--reward-base"))
