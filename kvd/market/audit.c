@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
@@ -403,7 +404,9 @@ static void job_done(uv_work_t *w, int status)
         return;
     }
     char key[160];
-    double now = util_now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);   /* the ledger's clock: Unix seconds */
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     cJSON *r = record_load(au, j->model, j->node, key);
     const char *pid = jstr(cJSON_GetObjectItemCaseSensitive(r, "pending"), "id");
     int rc = 0;
