@@ -231,6 +231,12 @@ static int probe_answer(struct join *j, const cJSON *p)
     return st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
 }
 
+static const char *jstr_or(const cJSON *o, const char *key, const char *def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : def;
+}
+
 /* Answer an audit of this node's past work the market sent with a heartbeat's answer
  * (docs/market.md, "Audits"): the rows of that session from the stage's row log, with their
  * Merkle proofs, posted to POST /v1/leases/audit. 0 when the market took the answer (it
@@ -240,8 +246,7 @@ static int probe_answer(struct join *j, const cJSON *p)
 static int audit_answer(struct join *j, const cJSON *a)
 {
     char err[KV_ERR_MAX], *ans = NULL, *text = cJSON_PrintUnformatted(a);
-    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(a, "id");
-    const char *id = cJSON_IsString(jid) ? jid->valuestring : "?";
+    const char *id = jstr_or(a, "id", "?");
     int rc = text ? kvd_stage_audit(j->dir, text, &ans, err, sizeof err) : -ENOMEM;
     free(text);
     if (rc < 0) {
@@ -258,8 +263,8 @@ static int audit_answer(struct join *j, const cJSON *a)
     cJSON *o = call(j, "POST", "/v1/leases/audit", b, true, &st);
     cJSON_Delete(o);
     if (st == 200 || st == 202)
-        kvd_log(KVD_LOG_INFO, "audit %s of session %s: answered (%s)", id,
-                cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "session")),
+        kvd_log(KVD_LOG_INFO, "audit %s of session %.16s: answered (%s)", id,
+                jstr_or(a, "session", "?"),
                 st == 200 ? "passed on its proofs" : "the market recomputes it");
     else if (st == 403)
         kvd_log(KVD_LOG_ERROR, "audit %s: the market found this node's work wrong; the lease is "

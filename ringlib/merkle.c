@@ -49,31 +49,10 @@ static size_t level_up(uint8_t (*lv)[32], size_t n)
     return k;
 }
 
-int ring_merkle_root(const uint8_t (*leaves)[32], size_t n, uint8_t root[32])
+/* Climb the tree of leaves[n] to its root; with path, collect leaf idx's siblings on the way. */
+static int climb(const uint8_t (*leaves)[32], size_t n, size_t idx, uint8_t (*path)[32],
+                 size_t *len, uint8_t root[32])
 {
-    if (n == 0) {
-        sha("", 0, "", 0, NULL, 0, root);
-        return 0;
-    }
-    if (n > RING_MERKLE_LEAVES_MAX)
-        return -E2BIG;
-    uint8_t (*lv)[32] = malloc(n * 32);
-    if (!lv)
-        return -ENOMEM;
-    memcpy(lv, leaves, n * 32);
-    while (n > 1)
-        n = level_up(lv, n);
-    memcpy(root, lv[0], 32);
-    free(lv);
-    return 0;
-}
-
-int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
-                      uint8_t (*path)[32], size_t *len)
-{
-    *len = 0;
-    if (idx >= n)
-        return -EINVAL;
     if (n > RING_MERKLE_LEAVES_MAX)
         return -E2BIG;
     uint8_t (*lv)[32] = malloc(n * 32);
@@ -81,14 +60,33 @@ int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
         return -ENOMEM;
     memcpy(lv, leaves, n * 32);
     while (n > 1) {
-        bool promoted = idx == n - 1 && (n & 1);
-        if (!promoted)
+        if (path && !(idx == n - 1 && (n & 1)))   /* a promoted node has no sibling */
             memcpy(path[(*len)++], lv[idx ^ 1], 32);
         n = level_up(lv, n);
         idx /= 2;
     }
+    memcpy(root, lv[0], 32);
     free(lv);
     return 0;
+}
+
+int ring_merkle_root(const uint8_t (*leaves)[32], size_t n, uint8_t root[32])
+{
+    if (n == 0) {
+        sha("", 0, "", 0, NULL, 0, root);
+        return 0;
+    }
+    return climb(leaves, n, 0, NULL, NULL, root);
+}
+
+int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
+                      uint8_t (*path)[32], size_t *len)
+{
+    uint8_t root[32];
+    *len = 0;
+    if (idx >= n)
+        return -EINVAL;
+    return climb(leaves, n, idx, path, len, root);
 }
 
 bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint8_t (*path)[32],

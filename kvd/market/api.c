@@ -341,23 +341,15 @@ static cJSON *lease_json(const struct kvd_market_api *a, const struct kvd_market
     return o;
 }
 
-/* A blob as JSON: the object (caller deletes), NULL when there is none. */
+/* A blob as JSON (caller deletes), NULL when there is none; and a blob put (store.c). */
 static cJSON *blob_load(struct kvd_market_api *a, const char *key)
 {
-    char *v = NULL;
-    if (a->st->ops->blob_get(a->st->impl, key, &v))
-        return NULL;
-    cJSON *o = cJSON_Parse(v);
-    free(v);
-    return o;
+    return kvd_market__blob_load(a->st, key);
 }
 
 static int blob_save(struct kvd_market_api *a, const char *key, const cJSON *o)
 {
-    char *v = cJSON_PrintUnformatted(o);
-    int rc = v ? a->st->ops->blob_put(a->st->impl, key, v) : -ENOMEM;
-    free(v);
-    return rc;
+    return kvd_market__blob_save(a->st, key, o);
 }
 
 /* ---- the manifest ---- */
@@ -1087,6 +1079,23 @@ static int lease_call_open(struct lease_call *c, struct kvd_market_api *a,
     return 0;
 }
 
+/* lease_call_open for a call only the lease's live holder may make (a probe's or an audit's
+ * answer): 0, or the refusal sent (409 when the caller holds no live lease on the window). */
+static int lease_call_held(struct lease_call *c, struct kvd_market_api *a, struct net_http_req *req)
+{
+    char why[128];
+    if (lease_call_open(c, a, req, NULL))
+        return -EPERM;
+    const struct kvd_market_lease *l = &c->ms->l[c->wi];
+    int ls = c->ms->ls[c->wi];
+    if (strcmp(l->node, c->node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c->ms->w[c->wi].idx);
+        state_refuse(a, req, c->ms, 409, NULL, why);
+        return -EPERM;
+    }
+    return 0;
+}
+
 static void lease_call_end(struct lease_call *c)
 {
     free(c->ms);
@@ -1329,15 +1338,9 @@ static void h_probe(struct net_http_req *req, void *ud)
     char why[512], msg[700], key[100];
     struct lease_call c;
     cJSON *chk = NULL, *set = NULL;
-    if (lease_call_open(&c, a, req, NULL))
+    if (lease_call_held(&c, a, req))
         goto out;
     struct kvd_market_lease *l = &c.ms->l[c.wi];
-    int ls = c.ms->ls[c.wi];
-    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
-        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
-        state_refuse(a, req, c.ms, 409, NULL, why);
-        goto out;
-    }
     chk = checks_load(a, c.ms->m.id, l->window, c.node, key);
     const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
     const char *id = jstr(c.b, "id"), *pid = jstr(pd, "id"), *kind = jstr(pd, "kind");
@@ -1416,15 +1419,9 @@ static void h_audit(struct net_http_req *req, void *ud)
     struct kvd_market_api *a = ud;
     char why[512], msg[700];
     struct lease_call c;
-    if (lease_call_open(&c, a, req, NULL))
+    if (lease_call_held(&c, a, req))
         goto out;
     struct kvd_market_lease *l = &c.ms->l[c.wi];
-    int ls = c.ms->ls[c.wi];
-    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
-        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
-        state_refuse(a, req, c.ms, 409, NULL, why);
-        goto out;
-    }
     bool settled = false;
     int rc = kvd_market__audit_answer(a->audit, c.ms->m.id, c.node, c.b, c.now, &settled, why,
                                       sizeof why);

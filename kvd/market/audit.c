@@ -86,24 +86,6 @@ static double unit(void)
     return r / 4294967296.0;
 }
 
-static cJSON *blob_load(struct kvd_market_audit *au, const char *key)
-{
-    char *v = NULL;
-    if (au->st->ops->blob_get(au->st->impl, key, &v))
-        return NULL;
-    cJSON *o = cJSON_Parse(v);
-    free(v);
-    return o;
-}
-
-static int blob_save(struct kvd_market_audit *au, const char *key, const cJSON *o)
-{
-    char *v = cJSON_PrintUnformatted(o);
-    int rc = v ? au->st->ops->blob_put(au->st->impl, key, v) : -ENOMEM;
-    free(v);
-    return rc;
-}
-
 static const char *jstr(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -115,7 +97,7 @@ static cJSON *record_load(struct kvd_market_audit *au, const char *model, const 
                           char key[160])
 {
     snprintf(key, 160, "audit/%s/%s", model, node);
-    cJSON *r = blob_load(au, key);
+    cJSON *r = kvd_market__blob_load(au->st, key);
     if (!cJSON_IsObject(r)) {
         cJSON_Delete(r);
         r = cJSON_CreateObject();
@@ -181,7 +163,7 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
     cJSON_AddNumberToObject(p, "position", pos);
     cJSON_AddStringToObject(p, "sent", w->digest);
     cJSON_AddNumberToObject(p, "deadline", now + au->cfg.audit_deadline_s);
-    int rc = blob_save(au, key, r);
+    int rc = kvd_market__blob_save(au->st, key, r);
     cJSON_Delete(r);
     if (rc == 0)
         kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: rank %u, session %s, position %u "
@@ -212,7 +194,7 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
         char idc[17];
         snprintf(idc, sizeof idc, "%s", id);
         record_last(r, idc, "fail", INFINITY, why, now);
-        rc = blob_save(au, key, r);
+        rc = kvd_market__blob_save(au->st, key, r);
         cJSON_Delete(r);
         return rc ? rc : 1;
     }
@@ -417,7 +399,7 @@ static void job_done(uv_work_t *w, int status)
         return;
     }
     record_last(r, j->id, res, j->nmse, j->why[0] ? j->why : NULL, now);
-    rc = blob_save(au, key, r);
+    rc = kvd_market__blob_save(au->st, key, r);
     if (rc == 0 && j->result == 0)
         rc = au->verdict(au->ud, j->model, j->node, j->why, now);
     if (rc == 0 && au->st->ops->commit(au->st->impl))
@@ -526,7 +508,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         }
         record_last(r, id, "pass", INFINITY, "no token sampled from the position on", now);
         *settled = true;
-        rc = blob_save(au, key, r);
+        rc = kvd_market__blob_save(au->st, key, r);
         goto out;
     }
     j->pos = q;
@@ -603,13 +585,13 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     if (!au->cfg.verify_model) {   /* no weights here: the proofs are all that is checked */
         record_last(r, id, "pass", INFINITY, "proofs only (no --verify-model)", now);
         *settled = true;
-        rc = blob_save(au, key, r);
+        rc = kvd_market__blob_save(au->st, key, r);
         kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: proofs right (not recomputed: no "
                 "--verify-model)", id, node);
         goto out;
     }
     cJSON_AddBoolToObject(p, "verifying", true);
-    if ((rc = blob_save(au, key, r)))
+    if ((rc = kvd_market__blob_save(au->st, key, r)))
         goto out;
     j->w.data = j;
     if ((rc = uv_queue_work(au->loop, &j->w, job_run, job_done)))
@@ -619,7 +601,7 @@ out:
     if (rc == -EBADMSG) {   /* a wrong answer settles the audit: the caller fails the node */
         record_last(r, id, "fail", INFINITY, why, now);
         kvd_log(KVD_LOG_WARN, "audit %s of node %.16s...: fail: %s", id, node, why);
-        if (blob_save(au, key, r))
+        if (kvd_market__blob_save(au->st, key, r))
             rc = -EIO;
     }
     free(row);

@@ -136,6 +136,11 @@ int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *er
 int kvd_market__store_open(struct kvd_market_store **out, const char *url, char *err,
                            size_t errlen);
 void kvd_market__store_close(struct kvd_market_store *s);
+struct cJSON;
+/* A blob as JSON: the object (caller deletes), NULL when there is none or it is no JSON. */
+struct cJSON *kvd_market__blob_load(struct kvd_market_store *s, const char *key);
+/* Put o as the blob key: 0 or the store's failure (-ENOMEM). */
+int kvd_market__blob_save(struct kvd_market_store *s, const char *key, const struct cJSON *o);
 
 /* The market's tunables (kvd market options; docs/market.md has their meaning). */
 struct kvd_market_config {

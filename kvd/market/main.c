@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "kvd/kvd.h"
@@ -143,6 +144,10 @@ int kvd_market_main(int argc, char **argv)
     if (!cfg.db) {
         fprintf(stderr, "kvd market: --db is required\n");
         usage(stderr);
+        return 2;
+    }
+    if (cfg.verify_model && access(cfg.verify_model, R_OK)) {
+        fprintf(stderr, "kvd market: --verify-model %s: %s\n", cfg.verify_model, strerror(errno));
         return 2;
     }
     if (!tls_cert != !tls_key) {
