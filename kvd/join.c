@@ -238,6 +238,47 @@ static int probe_answer(struct join *j, const cJSON *p)
     return st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
 }
 
+static const char *jstr_or(const cJSON *o, const char *key, const char *def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : def;
+}
+
+/* Answer an audit of this node's past work the market sent with a heartbeat's answer
+ * (docs/market.md, "Audits"): the rows of that session from the stage's row log, with their
+ * Merkle proofs, posted to POST /v1/leases/audit. 0 when the market took the answer (it
+ * recomputes it later; a wrong one ends the lease at a later heartbeat), -EPERM when it found
+ * it wrong (the lease is over, the claims refused), -EAGAIN when it could not be answered now
+ * (the market sends it again until its deadline). */
+static int audit_answer(struct join *j, const cJSON *a)
+{
+    char err[KV_ERR_MAX], *ans = NULL, *text = cJSON_PrintUnformatted(a);
+    const char *id = jstr_or(a, "id", "?");
+    int rc = text ? kvd_stage_audit(j->dir, text, &ans, err, sizeof err) : -ENOMEM;
+    free(text);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_WARN, "audit %s: %s", id, err);
+        return -EAGAIN;
+    }
+    cJSON *b = cJSON_Parse(ans);
+    free(ans);
+    if (!b)
+        return -EAGAIN;
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/leases/audit", b, true, &st);
+    cJSON_Delete(o);
+    if (st == 200 || st == 202)
+        kvd_log(KVD_LOG_INFO, "audit %s of session %.16s: answered (%s)", id,
+                jstr_or(a, "session", "?"),
+                st == 200 ? "passed on its proofs" : "the market recomputes it");
+    else if (st == 403)
+        kvd_log(KVD_LOG_ERROR, "audit %s: the market found this node's work wrong; the lease is "
+                "over and this node's claims are refused for a while", id);
+    return st == 200 || st == 202 ? 0 : st == 403 ? -EPERM : -EAGAIN;
+}
+
 /* Renew the lease (with the endpoint once the window is here), answering a probe the market
  * sends with it: 0, -EPERM when the lease is gone (or a probe failed), -EAGAIN when the market
  * did not answer. */
@@ -255,6 +296,9 @@ static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "probe");
     if (rc == 0 && cJSON_IsObject(p))
         rc = probe_answer(j, p);
+    const cJSON *au = cJSON_GetObjectItemCaseSensitive(o, "audit");
+    if (rc == 0 && cJSON_IsObject(au) && audit_answer(j, au) == -EPERM)
+        rc = -EPERM;
     cJSON_Delete(o);
     return rc;
 }

@@ -130,6 +130,13 @@ int kvd_stage_run(const struct kvd_stage_opts *o);
  * err filled. */
 int kvd_stage_probe(const char *backend, const char *window, int n_threads, const char *challenge,
                     char **outputs, char *err, size_t errlen);
+/* Answer a market's audit of one session's work (docs/market.md, "Audits") from the row log
+ * the stage keeps in state_dir/rows: challenge is the JSON of the market's "audit" object
+ * (session, tokens [t0, t1), position, embed, head). *answer gets the JSON object to post
+ * (id, outputs, and inputs with their Merkle proofs, or rank 0's token_ids; malloc'd, the
+ * caller frees). 0, or negative with err filled (-ENOENT: the log does not hold the rows). */
+int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer, char *err,
+                    size_t errlen);
 /* `kvd stage ...` command line (options parsed here), returns the exit status. */
 int kvd_stage_main(int argc, char **argv);
 

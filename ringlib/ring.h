@@ -134,4 +134,28 @@ int ring_probe_rows_decode(const char *s, float *x, size_t n);
  * non-finite a gives INFINITY. */
 double ring_probe_nmse(const float *a, const float *b, size_t n);
 
+/* ---- the Merkle tree of a session's boundary rows (docs/market.md, "Audits") ----
+ * Leaves, one per position: SHA-256(0x00 || u32le pos || row bytes); an inner node:
+ * SHA-256(0x01 || left || right); the odd last node of a level is promoted unchanged. A
+ * receipt's digest is the root over the positions [t0, t1) of its range, leaf i being position
+ * t0 + i (a position with no row, such as a prompt row the last rank sampled no token for, is
+ * the leaf of an empty row). A proof is the sibling hashes from the leaf up, the promoted
+ * levels skipped: at most RING_MERKLE_DEPTH_MAX of them. The root does not bind the leaf
+ * count (a proof in a tree of 3 leaves also verifies as one in a tree of 4, the third leaf's
+ * hash standing for the right half), so a verifier takes n from elsewhere: a receipt's range. */
+#define RING_MERKLE_LEAVES_MAX (1u << 24)
+#define RING_MERKLE_DEPTH_MAX 24
+void ring_merkle_leaf(uint32_t pos, const void *row, size_t len, uint8_t out[32]);
+void ring_merkle_node(const uint8_t l[32], const uint8_t r[32], uint8_t out[32]);
+/* The root over leaves[n] (n = 0: SHA-256 of nothing): 0, -E2BIG past RING_MERKLE_LEAVES_MAX,
+ * -ENOMEM. */
+int ring_merkle_root(const uint8_t (*leaves)[32], size_t n, uint8_t root[32]);
+/* The proof of leaf idx into path (room for RING_MERKLE_DEPTH_MAX), *len hashes: 0, -EINVAL
+ * for idx past n, -E2BIG, -ENOMEM. */
+int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
+                      uint8_t (*path)[32], size_t *len);
+/* Whether leaf is leaf idx of a tree of n leaves with that root, by path[len]. */
+bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint8_t (*path)[32],
+                        size_t len, const uint8_t root[32]);
+
 #endif

@@ -198,21 +198,51 @@ __attribute__((constructor)) static void stub_register(void)
  * out perturbed — x scaled by 1.5 plus 0.25, the logits rotated by one token — from the start
  * (`wrong`) or only in backend instances after the first this process opens (`wrong-late`:
  * kvd join's activation probe opens the first and passes; the stage it forks next and every
- * spot check after run wrong, as a node that turns bad once active). */
+ * spot check after run wrong, as a node that turns bad once active), or, in `wrong-traffic`, only
+ * in one ring session in KVD_WRONG_TRAFFIC_EVERY (default 2): a node honest on every probe
+ * (known by the probes' session ids) and wrong on real traffic, which only the market's audits
+ * of credited work can catch (docs/market.md, "Audits"). */
+#define WRONG_TRAFFIC_MAX 256
 struct wrong {
     struct kvd_backend in;
-    bool wrong;
+    bool wrong, traffic;
+    uint32_t every, sessions;           /* traffic: one ring session in every; seen so far */
+    uint64_t bad[WRONG_TRAFFIC_MAX];    /* traffic: the sessions run wrong (0: free slot) */
 };
+
+/* Whether row i of a batch is perturbed. */
+static bool wrong_row(const struct wrong *w, const struct kvd_backend_batch *bt, uint32_t i)
+{
+    if (!w->traffic)
+        return w->wrong;
+    for (int k = 0; k < WRONG_TRAFFIC_MAX; k++)
+        if (w->bad[k] && w->bad[k] == bt->rows[i].id)
+            return true;
+    return false;
+}
 
 static int wrong_session_new(void *impl, uint64_t id)
 {
     struct wrong *w = impl;
-    return w->in.ops->session_new(w->in.impl, id);
+    int rc = w->in.ops->session_new(w->in.impl, id);
+    /* kvd/stage/probe.c numbers a probe's sessions from 0x70726f6265000000 ("probe") */
+    if (rc == 0 && w->traffic && id >> 24 != 0x70726f6265ull && ++w->sessions % w->every == 0)
+        for (int k = 0; k < WRONG_TRAFFIC_MAX; k++)
+            if (!w->bad[k]) {
+                w->bad[k] = id;
+                fprintf(stderr, "wrong-traffic: session %016llx runs wrong (ring session %u)\n",
+                        (unsigned long long)id, w->sessions);
+                break;
+            }
+    return rc;
 }
 
 static int wrong_session_free(void *impl, uint64_t id)
 {
     struct wrong *w = impl;
+    for (int k = 0; k < WRONG_TRAFFIC_MAX; k++)
+        if (w->bad[k] == id)
+            w->bad[k] = 0;
     return w->in.ops->session_free(w->in.impl, id);
 }
 
@@ -222,9 +252,12 @@ static int wrong_run(void *impl, const struct kvd_backend_batch *bt, char *err, 
     int rc = w->in.ops->run(w->in.impl, bt, err, errlen);
     if (rc < 0 || !w->wrong)
         return rc;
-    for (size_t i = 0; i < (size_t)bt->n * w->in.n_embd; i++)
-        bt->x[i] = bt->x[i] * 1.5f + 0.25f;
+    for (uint32_t r = 0; r < bt->n; r++)
+        for (size_t i = 0; wrong_row(w, bt, r) && i < w->in.n_embd; i++)
+            bt->x[(size_t)r * w->in.n_embd + i] = bt->x[(size_t)r * w->in.n_embd + i] * 1.5f + 0.25f;
     for (uint32_t k = 0; k < bt->n_head; k++) {
+        if (!wrong_row(w, bt, bt->head[k]))
+            continue;
         float *lg = bt->logits + (size_t)k * w->in.n_vocab, first = lg[0];
         memmove(lg, lg + 1, (w->in.n_vocab - 1) * sizeof *lg);
         lg[w->in.n_vocab - 1] = first;
@@ -246,9 +279,10 @@ static const struct kvd_backend_ops wrong_ops = {
     .free = wrong_free,
 };
 
-static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a, bool late,
+static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a, int mode,
                          char *err, size_t errlen)
 {
+    bool late = mode == 1;
     static int opened;   /* backend instances this process opened so far */
     struct wrong *w = calloc(1, sizeof *w);
     if (!w) {
@@ -262,6 +296,11 @@ static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a
     }
     w->wrong = !late || opened > 0;
     opened++;
+    if (mode == 2) {
+        const char *e = getenv("KVD_WRONG_TRAFFIC_EVERY");
+        w->traffic = true;
+        w->every = e && atoi(e) > 0 ? (uint32_t)atoi(e) : 2;
+    }
     *b = w->in;
     w->in.vocab = NULL;   /* the outer backend owns the tokenizer (kvd_backend_close frees it) */
     b->ops = &wrong_ops;
@@ -272,13 +311,19 @@ static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a
 static int wrong_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
                       size_t errlen)
 {
-    return wrong_open_as(b, a, false, err, errlen);
+    return wrong_open_as(b, a, 0, err, errlen);
 }
 
 static int wrong_late_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
                            size_t errlen)
 {
-    return wrong_open_as(b, a, true, err, errlen);
+    return wrong_open_as(b, a, 1, err, errlen);
+}
+
+static int wrong_traffic_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
+                              size_t errlen)
+{
+    return wrong_open_as(b, a, 2, err, errlen);
 }
 
 static const struct kvd_backend_kind wrong_kind = {
@@ -292,8 +337,16 @@ static const struct kvd_backend_kind wrong_late_kind = {
     .open = wrong_late_open,
 };
 
+static const struct kvd_backend_kind wrong_traffic_kind = {
+    .name = "wrong-traffic", .option = "--wrong-traffic",
+    .help = "tests only: the model, honest on probes, perturbed in one ring session in "
+            "KVD_WRONG_TRAFFIC_EVERY (default 2)",
+    .open = wrong_traffic_open,
+};
+
 __attribute__((constructor)) static void wrong_register(void)
 {
-    if (kvd_backend_register(&wrong_kind) < 0 || kvd_backend_register(&wrong_late_kind) < 0)
+    if (kvd_backend_register(&wrong_kind) < 0 || kvd_backend_register(&wrong_late_kind) < 0 ||
+        kvd_backend_register(&wrong_traffic_kind) < 0)
         abort();
 }

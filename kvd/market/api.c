@@ -61,6 +61,7 @@ struct kvd_market_api {
     struct kvd_market_config cfg;
     uv_timer_t tick;
     struct poll *polls;
+    struct kvd_market_audit *audit;   /* audits of credited work (audit.c) */
     bool closed;
     struct kvd_market_admit *admit;
     char sweep_after[KVD_MARKET_KEY_MAX];   /* the settlement sweep's cursor */
@@ -89,6 +90,8 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->max_ranks_addr = 1;
     c->max_ranks_relay_addr = 4;
     c->settle_wait_s = 120;
+    c->audit_rate = 0.05;
+    c->audit_deadline_s = 300;
 }
 
 /* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
@@ -351,23 +354,15 @@ static cJSON *lease_json(const struct kvd_market_api *a, const struct kvd_market
     return o;
 }
 
-/* A blob as JSON: the object (caller deletes), NULL when there is none. */
+/* A blob as JSON (caller deletes), NULL when there is none; and a blob put (store.c). */
 static cJSON *blob_load(struct kvd_market_api *a, const char *key)
 {
-    char *v = NULL;
-    if (a->st->ops->blob_get(a->st->impl, key, &v))
-        return NULL;
-    cJSON *o = cJSON_Parse(v);
-    free(v);
-    return o;
+    return kvd_market__blob_load(a->st, key);
 }
 
 static int blob_save(struct kvd_market_api *a, const char *key, const cJSON *o)
 {
-    char *v = cJSON_PrintUnformatted(o);
-    int rc = v ? a->st->ops->blob_put(a->st->impl, key, v) : -ENOMEM;
-    free(v);
-    return rc;
+    return kvd_market__blob_save(a->st, key, o);
 }
 
 /* ---- the manifest ---- */
@@ -886,6 +881,18 @@ static void manifest_get(struct kvd_market_api *a, struct net_http_req *req, con
     answer_poll(p, 0, NULL);
 }
 
+/* A rank's share of a session was paid: a share of the credited work is audited later
+ * (audit.c). */
+static int on_paid(void *ud, const struct kvd_market_paid *p, double now)
+{
+    struct kvd_market_api *a = ud;
+    struct kvd_market_audit_work aw = {
+        .model = p->model, .node = p->node, .session = p->session, .digest = p->digest,
+        .key = p->key, .rank = p->rank, .n_ranks = p->n_ranks, .window = p->rank,
+        .first = p->first, .last = p->last, .n_embd = p->n_embd, .t0 = p->t0, .t1 = p->t1};
+    return kvd_market__audit_note(a->audit, &aw, now);
+}
+
 /* Record the generation of a manifest about to be served (its own transaction): its nodes are
  * the ones whose receipts for sessions on it count (docs/market.md, "Receipts and credit"). */
 static int gen_note(struct kvd_market_api *a, const char *model, const char *sha, const char *man,
@@ -978,7 +985,7 @@ static void on_tick(uv_timer_t *t)
         size_t paid = 0;
         int rc = a->st->ops->begin(a->st->impl);
         if (rc == 0)
-            rc = kvd_market__session_sweep(a->st, &a->cfg, now, a->sweep_after, &paid);
+            rc = kvd_market__session_sweep(a->st, &a->cfg, now, a->sweep_after, on_paid, a, &paid);
         if (rc == 0)
             rc = a->st->ops->commit(a->st->impl);
         if (rc) {
@@ -1228,6 +1235,23 @@ static int lease_call_open(struct lease_call *c, struct kvd_market_api *a,
     return 0;
 }
 
+/* lease_call_open for a call only the lease's live holder may make (a probe's or an audit's
+ * answer): 0, or the refusal sent (409 when the caller holds no live lease on the window). */
+static int lease_call_held(struct lease_call *c, struct kvd_market_api *a, struct net_http_req *req)
+{
+    char why[128];
+    if (lease_call_open(c, a, req, NULL))
+        return -EPERM;
+    const struct kvd_market_lease *l = &c->ms->l[c->wi];
+    int ls = c->ms->ls[c->wi];
+    if (strcmp(l->node, c->node) || ls == L_FREE || ls == L_GRACE) {
+        snprintf(why, sizeof why, "this node holds no lease on window %u", c->ms->w[c->wi].idx);
+        state_refuse(a, req, c->ms, 409, NULL, why);
+        return -EPERM;
+    }
+    return 0;
+}
+
 static void lease_call_end(struct lease_call *c)
 {
     free(c->ms);
@@ -1351,7 +1375,7 @@ static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_ma
     cJSON_Delete(p);
     uint64_t lt = 0;
     double cr = 0;
-    bool spot = !strcmp(kind, "spot");
+    bool spot = strcmp(kind, "activation") != 0;   /* a spot check or an audit */
     if (rc == 0 && spot)
         rc = a->st->ops->credit_void(a->st->impl, l->node, now, msg, &lt, &cr);
     if (rc == 0 && spot)
@@ -1362,6 +1386,48 @@ static int probe_fail(struct kvd_market_api *a, const char *model, struct kvd_ma
         kvd_log(KVD_LOG_WARN, "node %.16s...: %s; lease ended, claims refused for %.0f s", l->node,
                 msg, a->cfg.penalty_s);
     return rc;
+}
+
+/* A failed audit (docs/market.md, "Audits"): as a failed spot check (probe_fail, kind
+ * "audit") on the node's lease of the model; a node that holds none any more loses its credit
+ * and its claims all the same. msg gets the reason. 0, or the store's failure. */
+static int audit_fail(struct kvd_market_api *a, const char *model, const char *node,
+                      const char *why, double now, char *msg, size_t n)
+{
+    struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
+    size_t nw = 0;
+    int rc = a->st->ops->windows_get(a->st->impl, model, w, KVD_MARKET_MAX_WINDOWS, &nw);
+    for (size_t i = 0; rc == 0 && i < nw; i++) {
+        struct kvd_market_lease l;
+        if (a->st->ops->lease_get(a->st->impl, model, w[i].idx, &l) == 0 && !strcmp(l.node, node) &&
+            lease_now(a, &l, now) != L_FREE)
+            return probe_fail(a, model, &l, "audit", why, now, msg, n);
+    }
+    if (rc)
+        return rc;
+    snprintf(msg, n, "audit failed: %s", why);
+    char key[80];
+    snprintf(key, sizeof key, "penalty/%s", node);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "until", now + a->cfg.penalty_s);
+    cJSON_AddStringToObject(p, "reason", msg);
+    rc = blob_save(a, key, p);
+    cJSON_Delete(p);
+    uint64_t lt = 0;
+    double cr = 0;
+    if (rc == 0)
+        rc = a->st->ops->credit_void(a->st->impl, node, now, msg, &lt, &cr);
+    if (rc == 0)
+        kvd_log(KVD_LOG_WARN, "node %.16s...: %s; claims refused for %.0f s, unpaid credit voided "
+                "(%llu layer-tokens, %g credit)", node, msg, a->cfg.penalty_s,
+                (unsigned long long)lt, cr);
+    return rc;
+}
+
+static int audit_verdict(void *ud, const char *model, const char *node, const char *why, double now)
+{
+    char msg[700];
+    return audit_fail(ud, model, node, why, now, msg, sizeof msg);
 }
 
 /* The pending spot check of an active lease that ran past its deadline (failed: msg set,
@@ -1418,15 +1484,9 @@ static void h_probe(struct net_http_req *req, void *ud)
     char why[512], msg[700], key[100];
     struct lease_call c;
     cJSON *chk = NULL, *set = NULL;
-    if (lease_call_open(&c, a, req, NULL))
+    if (lease_call_held(&c, a, req))
         goto out;
     struct kvd_market_lease *l = &c.ms->l[c.wi];
-    int ls = c.ms->ls[c.wi];
-    if (strcmp(l->node, c.node) || ls == L_FREE || ls == L_GRACE) {
-        snprintf(why, sizeof why, "this node holds no lease on window %u", c.ms->w[c.wi].idx);
-        state_refuse(a, req, c.ms, 409, NULL, why);
-        goto out;
-    }
     chk = checks_load(a, c.ms->m.id, l->window, c.node, key);
     const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
     const char *id = jstr(c.b, "id"), *pid = jstr(pd, "id"), *kind = jstr(pd, "kind");
@@ -1492,6 +1552,40 @@ static void h_probe(struct net_http_req *req, void *ud)
 out:
     cJSON_Delete(chk);
     cJSON_Delete(set);
+    lease_call_end(&c);
+}
+
+/* POST /v1/leases/audit {"model", "window", "id", "outputs", "inputs" | "token_ids"}: the
+ * node's answer to the audit pending on it (docs/market.md, "Audits"). 202 while its rows are
+ * recomputed (a wrong verdict ends the lease then), 200 when judged on its proofs alone; 403
+ * with the reason when wrong (the lease is over, as for a failed spot check); 409 when no
+ * such audit is pending, or the node's received side of the session is not in yet. */
+static void h_audit(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512], msg[700];
+    struct lease_call c;
+    if (lease_call_held(&c, a, req))
+        goto out;
+    struct kvd_market_lease *l = &c.ms->l[c.wi];
+    bool settled = false;
+    int rc = kvd_market__audit_answer(a->audit, c.ms->m.id, c.node, c.b, c.now, &settled, why,
+                                      sizeof why);
+    if (rc == -EBADMSG && probe_fail(a, c.ms->m.id, l, "audit", why, c.now, msg, sizeof msg))
+        rc = -EIO;
+    if (rc && rc != -EBADMSG) {
+        state_refuse(a, req, c.ms, rc == -EINVAL ? 400 : rc == -ENOENT || rc == -EAGAIN ? 409 : 503,
+                     NULL, rc == -EIO ? a->st->err : why);
+        goto out;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (rc == 0)
+        cJSON_AddStringToObject(o, "audit", settled ? "pass" : "verifying");
+    else
+        cJSON_AddStringToObject(o, "error", msg);
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, rc ? 403 : settled ? 200 : 202, o);
+out:
     lease_call_end(&c);
 }
 
@@ -1885,8 +1979,19 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
             state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
         }
+        /* an audit of credited work pending on the node (audit.c): sent until its deadline */
+        cJSON *au = NULL;
+        char awhy[512];
+        if (rc == 0 && (rc = kvd_market__audit_due(a->audit, c.ms->m.id, c.node, c.now, &au, awhy,
+                                                  sizeof awhy)) == 1)
+            rc = probe_fail(a, c.ms->m.id, l, "audit", awhy, c.now, msg, sizeof msg) ? -EIO : 1;
+        if (rc < 0) {
+            cJSON_Delete(ch);
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
         cJSON *o;
-        if (rc == 1) {   /* a spot check went unanswered: the lease is over */
+        if (rc == 1) {   /* a spot check or an audit went unanswered: the lease is over */
             o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "error", msg);
         } else {
@@ -1894,7 +1999,12 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
             cJSON_AddStringToObject(o, "model", c.ms->m.id);
             if (ch)
                 cJSON_AddItemToObject(o, "probe", ch);
+            if (au)
+                cJSON_AddItemToObject(o, "audit", au);
+            au = ch = NULL;
         }
+        cJSON_Delete(ch);
+        cJSON_Delete(au);
         kvd_market__model_clear(&c.ms->m);
         commit_reply(a, req, rc == 1 ? 403 : 200, o);
         goto out;
@@ -2073,7 +2183,7 @@ static void h_receipts(struct net_http_req *req, void *ud)
     }
     struct kvd_market_settled set = {0};
     if (rc == 0)
-        rc = kvd_market__session_settle(a->st, &a->cfg, key, now, &set);
+        rc = kvd_market__session_settle(a->st, &a->cfg, key, now, on_paid, a, &set);
     if (rc) {
         rollback_err(a, req, 503, NULL, a->st->err);
         goto out;
@@ -2330,6 +2440,11 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         free(a);
         return arc;
     }
+    if (kvd_market__audit_new(&a->audit, loop, store, cfg, audit_verdict, a)) {
+        kvd_market__admit_free(a->admit);
+        free(a);
+        return -ENOMEM;
+    }
     static const struct {
         const char *method, *path;
         net_http_handler_cb cb;
@@ -2344,6 +2459,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"POST", "/v1/leases/heartbeat", h_heartbeat},
         {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/leases/probe", h_probe},
+        {"POST", "/v1/leases/audit", h_audit},
         {"POST", "/v1/receipts", h_receipts},
         {"DELETE", "/v1/models/*", h_model_delete},
         {"POST", "/v1/clients", h_clients_post},
@@ -2356,6 +2472,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         if (rc) {
             util_seterr(err, errlen, "route %s %s: %s", routes[i].method, routes[i].path, strerror(-rc));
             kvd_market__admit_free(a->admit);
+            kvd_market__audit_free(a->audit);
             free(a);
             return rc;
         }
@@ -2385,7 +2502,9 @@ void kvd_market__api_close(struct kvd_market_api *a)
 
 void kvd_market__api_free(struct kvd_market_api *a)
 {
-    if (a)
+    if (a) {
         kvd_market__admit_free(a->admit);
+        kvd_market__audit_free(a->audit);
+    }
     free(a);
 }

@@ -7,6 +7,8 @@
  *   probe.c         known-answer probes: a probe set's checks, challenges, judgements
  *   admit.c         operator keys, the admission allowlist, claim rate limits
  *   ledger.c        ring generations, client accounts, the settlement of sessions' receipts
+ *   audit.c         audits of credited work: drawn at credit, delivered with heartbeats,
+ *                   answers' Merkle proofs checked, rows recomputed on a pool thread
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
@@ -144,6 +146,11 @@ int kvd_market__pg_open(struct kvd_market_store **out, const char *url, char *er
 int kvd_market__store_open(struct kvd_market_store **out, const char *url, char *err,
                            size_t errlen);
 void kvd_market__store_close(struct kvd_market_store *s);
+struct cJSON;
+/* A blob as JSON: the object (caller deletes), NULL when there is none or it is no JSON. */
+struct cJSON *kvd_market__blob_load(struct kvd_market_store *s, const char *key);
+/* Put o as the blob key: 0 or the store's failure (-ENOMEM). */
+int kvd_market__blob_save(struct kvd_market_store *s, const char *key, const struct cJSON *o);
 
 /* The market's tunables (kvd market options; docs/market.md has their meaning). */
 struct kvd_market_config {
@@ -171,6 +178,9 @@ struct kvd_market_config {
     const char *operator_keys;     /* keys that may change any model and add clients */
     double settle_wait_s;          /* how long a session's ring has to submit before the ranks
                                     * that did are paid without the ones that did not */
+    double audit_rate;             /* the share of credited receipts audited (0: none) */
+    double audit_deadline_s;       /* an audit unanswered this long after it was drawn fails */
+    const char *verify_model;      /* the whole GGUF audits recompute rows with (NULL: proofs only) */
 };
 void kvd_market__config_default(struct kvd_market_config *c);
 
@@ -254,15 +264,61 @@ void kvd_market__session_key(const char *model, const char *manifest, const char
 int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_market_receipt *r,
                              const char *manifest, const char *key, const char *client,
                              double now);
+/* One rank's share of a session, as it is paid (for the audits of credited work). */
+struct kvd_market_paid {
+    const char *model, *manifest, *session, *key, *node, *digest;   /* digest: its sent root */
+    uint32_t rank, n_ranks, first, last, n_embd;
+    uint64_t t0, t1;
+};
+typedef int (*kvd_market_paid_cb)(void *ud, const struct kvd_market_paid *p, double now);
 /* Pay what the session's receipts prove (docs/market.md, "Receipts and credit"): each rank
  * whose edges agree, once the whole ring's are in or the settle wait is over; the client who
- * opened it is debited what the ranks are credited. */
+ * opened it is debited what the ranks are credited; on_paid (may be NULL) hears of each share
+ * paid, in the transaction. */
 int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
-                               const char *key, double now, struct kvd_market_settled *out);
+                               const char *key, double now, kvd_market_paid_cb on_paid, void *ud,
+                               struct kvd_market_settled *out);
 /* Settle the pending sessions whose wait is over, up to a bounded number per call, from the
  * cursor after (updated); *paid gets the ranks paid. */
 int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_market_config *cfg,
-                              double now, char after[KVD_MARKET_KEY_MAX], size_t *paid);
+                              double now, char after[KVD_MARKET_KEY_MAX], kvd_market_paid_cb on_paid,
+                              void *ud, size_t *paid);
+/* Audits of credited work (docs/market.md, "Audits"). The verdict callback runs inside the
+ * verdict's transaction when a recomputation found the node wrong (api.c ends its lease, voids
+ * its credit, refuses its claims): 0, or the store's failure (the verdict is rolled back). */
+struct kvd_market_audit;
+struct uv_loop_s;
+typedef int (*kvd_market_audit_verdict_cb)(void *ud, const char *model, const char *node,
+                                           const char *why, double now);
+int kvd_market__audit_new(struct kvd_market_audit **out, struct uv_loop_s *loop,
+                          struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                          kvd_market_audit_verdict_cb verdict, void *ud);
+/* Free once the loop has run every queued recomputation (after uv_run returns). */
+void kvd_market__audit_free(struct kvd_market_audit *au);
+/* A credited receipt's work: who sent it, what it commits to. */
+struct kvd_market_audit_work {
+    const char *model, *node, *session, *digest;   /* digest: the sent root (64 hex) */
+    const char *key;               /* the ledger's key of the session (its receipts' rows) */
+    uint32_t rank, n_ranks, window, first, last, n_embd;
+    uint64_t t0, t1;
+};
+/* Draw an audit of w with probability audit_rate (none while one is pending on the node), in
+ * the open transaction: 0 or the store's failure. */
+int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_audit_work *w,
+                           double now);
+/* The node's pending audit at a heartbeat: 0 with *challenge (to send; the caller deletes) or
+ * NULL when none is to be answered; 1 when it went unanswered past its deadline (settled as
+ * failed, why set: the caller fails the node); or the store's failure. */
+int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
+                          double now, struct cJSON **challenge, char *why, size_t n);
+/* The node's answer (POST /v1/leases/audit), in the open transaction: 0 when accepted (*settled:
+ * judged already, on its proofs alone; else queued for recomputation, the verdict later);
+ * -EBADMSG when wrong (a proof that fails, a row that is no row, late: settled, why set, the
+ * caller fails the node); -EINVAL malformed; -ENOENT no such audit pending; -EAGAIN the node's
+ * received side of the session is not in yet (answer again); -EIO the store. */
+int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
+                             const struct cJSON *body, double now, bool *settled, char *why,
+                             size_t n);
 
 struct net_http_server;
 struct uv_loop_s;

@@ -305,7 +305,8 @@ static int edge_state(const cJSON *sides, uint32_t e)
 }
 
 int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
-                               const char *key, double now, struct kvd_market_settled *out)
+                               const char *key, double now, kvd_market_paid_cb on_paid, void *ud,
+                               struct kvd_market_settled *out)
 {
     char k[KVD_MARKET_KEY_MAX], why[256];
     memset(out, 0, sizeof *out);
@@ -385,6 +386,12 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
             out->layer_tokens += lt;
             out->credit += credit;
             out->ranks_paid++;
+            struct kvd_market_paid p = {
+                .model = model, .manifest = man, .session = str(s, "session"), .key = key,
+                .node = g.node[r], .digest = str(own, "d"), .rank = r, .n_ranks = (uint32_t)g.n,
+                .first = g.first[r], .last = g.last[r], .n_embd = m.n_embd, .t0 = t0, .t1 = t1};
+            if (on_paid && p.session && p.digest && (rc = on_paid(ud, &p, now)))
+                goto out;
         }
         cJSON_AddNumberToObject(paid, rk, credit);
         changed = true;
@@ -406,7 +413,8 @@ out:
 }
 
 int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_market_config *cfg,
-                              double now, char after[KVD_MARKET_KEY_MAX], size_t *paid)
+                              double now, char after[KVD_MARKET_KEY_MAX], kvd_market_paid_cb on_paid,
+                              void *ud, size_t *paid)
 {
     static char keys[SWEEP_MAX][KVD_MARKET_KEY_MAX];
     size_t n = 0;
@@ -429,7 +437,7 @@ int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_mark
         if (now < at + cfg->settle_wait_s)
             continue;   /* its ring may still be submitting: its own receipts settle it */
         struct kvd_market_settled s;
-        rc = kvd_market__session_settle(st, cfg, keys[i] + strlen("pend/"), now, &s);
+        rc = kvd_market__session_settle(st, cfg, keys[i] + strlen("pend/"), now, on_paid, ud, &s);
         if (rc == -ENOENT || (rc == 0 && !s.opened && now > at + PENDING_MAX_AGE_S)) {
             rc = st->ops->blob_put(st->impl, keys[i], NULL);
         }

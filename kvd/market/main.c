@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "kvd/kvd.h"
@@ -71,6 +72,11 @@ static void usage(FILE *f)
         "                      any model and add and credit clients\n"
         "  --settle-wait-s S   a session's ranks that submitted are paid without the ones that did\n"
         "                      not after S s (default 120)\n"
+        "  --audit-rate R      audit this share of credited receipts afterwards (default 0.05;\n"
+        "                      0: none)\n"
+        "  --audit-deadline-s S  an audit unanswered S s after it was drawn fails (default 300)\n"
+        "  --verify-model GGUF the whole model: audits recompute the rows on it (without it they\n"
+        "                      check the Merkle proofs only)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
 }
 
@@ -124,6 +130,12 @@ int kvd_market_main(int argc, char **argv)
             rc = num(a, v, 0, 86400 * 30, &cfg.spot_check_s);
         else if (!strcmp(a, "--penalty-s"))
             rc = num(a, v, 0, 86400 * 365, &cfg.penalty_s);
+        else if (!strcmp(a, "--audit-rate"))
+            rc = num(a, v, 0, 1, &cfg.audit_rate);
+        else if (!strcmp(a, "--audit-deadline-s"))
+            rc = num(a, v, 1, 86400, &cfg.audit_deadline_s);
+        else if (!strcmp(a, "--verify-model"))
+            cfg.verify_model = v;
         else if (!strcmp(a, "--clock-skew-s"))
             rc = num(a, v, 1, 86400, &cfg.clock_skew_s);
         else if (!strcmp(a, "--reward-base"))
@@ -177,6 +189,10 @@ int kvd_market_main(int argc, char **argv)
     if (!cfg.db) {
         fprintf(stderr, "kvd market: --db is required\n");
         usage(stderr);
+        return 2;
+    }
+    if (cfg.verify_model && access(cfg.verify_model, R_OK)) {
+        fprintf(stderr, "kvd market: --verify-model %s: %s\n", cfg.verify_model, strerror(errno));
         return 2;
     }
     if (!tls_cert != !tls_key) {

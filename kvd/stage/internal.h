@@ -465,14 +465,32 @@ static inline void wr32(uint8_t *p, uint32_t v)
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
-/* receipt.c: per session, the positions run and digests of the boundaries sent and received;
- * written to o.receipts when the session ends here (kvd_receipt_close, from kvd_sess_drop).
- * Each does nothing without o.receipts. */
-void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n);
-void kvd_receipt_sent(struct stage *st, struct sess *s, const void *payload, size_t len);
+/* receipt.c: per session, the positions run and Merkle roots over the boundary rows sent and
+ * received (one leaf per position); written to o.receipts when the session ends here
+ * (kvd_receipt_close, from kvd_sess_drop). Each does nothing without o.receipts. ran: the
+ * positions of a step (tokens: rank 0's ids it embedded, else NULL); sent and received: a
+ * frame's rows as its header gives them (an ACT's n rows at pos, a TOKEN at pos). */
+void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+                     const int32_t *tokens);
+void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+                      const void *payload, size_t len);
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
                           const void *payload, size_t len);
 void kvd_receipt_close(struct stage *st, struct sess *s);
+
+/* rowlog.c: the row log of the sessions whose receipts this stage wrote, kept for audits
+ * (docs/market.md, "Audits"): DIR/rows/<session>.rows, one record per row, u8 kind | u32le pos
+ * | u32le len | len bytes; files older than KVD_ROWLOG_KEEP_S go, and the oldest first while
+ * they hold more than KVD_ROWLOG_MAX_BYTES. Only with o.receipts. */
+enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3 };
+#define KVD_ROWLOG_KEEP_S 3600
+#define KVD_ROWLOG_MAX_BYTES (1ull << 30)
+/* The session's log, opened for appending: a descriptor, or -1 (logged) when it cannot be. */
+int kvd_rowlog_open(struct stage *st, uint64_t session);
+/* Append a record (nothing for fd -1). */
+void kvd_rowlog_put(int fd, int kind, uint32_t pos, const void *row, size_t len);
+/* Close the session's log and, at most once a minute, drop what is past the retention. */
+void kvd_rowlog_close(struct stage *st, int fd);
 
 /* conn.c */
 bool kvd_conn_out_up(struct stage *st);

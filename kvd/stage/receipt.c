@@ -1,14 +1,18 @@
 /* receipt.c — the stage's receipts of work (docs/market.md, "Receipts and credit"): per
- * session, the positions this stage ran through its window and SHA-256 digests of the
- * boundary bytes it sent and received. When the session ends here, its receipts go as JSON
- * lines to the file kvd_stage_opts.receipts names (kvd join signs and submits them); without
- * that option nothing is kept.
+ * session, the positions this stage ran through its window and the Merkle roots (ringlib's
+ * ring_merkle_*) over the boundary rows it sent and received, one leaf per position. When the
+ * session ends here, its receipts go as JSON lines to the file kvd_stage_opts.receipts names
+ * (kvd join signs and submits them); without that option nothing is kept.
  *
  * Every rank sees the same session end (rank 0 finishes it, CLOSE goes round), so the two
  * signers of one receipt cut it at the same place: the sender's "sent" side names the
- * positions it ran and the digest of what it sent; its successor's "received" side names the
- * positions it received and the digest of those bytes; rank 0 attests the last rank with the
- * positions rank 0 ran (every rank runs the same ones) and the digest of the TOKEN payloads. */
+ * positions it ran and the root over what it sent; its successor's "received" side names the
+ * positions it received and the root over those rows; rank 0 attests the last rank with the
+ * positions rank 0 ran (every rank runs the same ones) and the root over the TOKEN payloads.
+ * An ACT frame of n rows at pos is n leaves (pos .. pos + n - 1); a TOKEN frame at pos is one
+ * leaf at pos - 1, the row whose logits it was sampled from, so both trees are over the
+ * positions run. The rows also go to the stage's row log (rowlog.c), from which the node
+ * answers the market's audits with proofs against these roots. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -17,15 +21,22 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
 #include "kvd/stage/internal.h"
 
+/* The leaves of one side, by absolute position (set[p]: a row came for p). */
+struct leaves {
+    uint8_t (*h)[32];
+    uint8_t *set;
+    uint32_t cap;
+};
+
 struct kvd_receipt {
-    EVP_MD_CTX *sent, *recv;
+    struct leaves sent, recv;
     uint32_t t0, t1;            /* positions this stage ran: [t0, t1) */
     uint32_t r0, r1;            /* positions of the boundaries received (ranks > 0) */
     bool ran, got;
+    bool broken;                /* a leaf could not be kept: no receipt of this session */
+    int log;                    /* the session's row log (rowlog.c); -1: none */
 };
 
 /* The session's receipt, made on first use; NULL when receipts are off or memory is short. */
@@ -37,18 +48,51 @@ static struct kvd_receipt *receipt_of(struct stage *st, struct sess *s)
         struct kvd_receipt *r = calloc(1, sizeof *r);
         if (!r)
             return NULL;
-        r->sent = EVP_MD_CTX_new();
-        r->recv = EVP_MD_CTX_new();
-        if (!r->sent || !r->recv || !EVP_DigestInit_ex(r->sent, EVP_sha256(), NULL) ||
-            !EVP_DigestInit_ex(r->recv, EVP_sha256(), NULL)) {
-            EVP_MD_CTX_free(r->sent);
-            EVP_MD_CTX_free(r->recv);
-            free(r);
-            return NULL;
-        }
+        r->log = kvd_rowlog_open(st, s->id);
         s->receipt = r;
     }
     return s->receipt;
+}
+
+/* Leaf pos of a side, the array grown to hold it (positions are below the session's context,
+ * checked by the frame handler): 0 or -ENOMEM. */
+static int leaf_put(struct leaves *l, uint32_t pos, const void *row, size_t len)
+{
+    if (pos >= l->cap) {
+        uint32_t cap = l->cap ? l->cap : 64;
+        while (cap <= pos)
+            cap *= 2;
+        uint8_t (*h)[32] = realloc(l->h, (size_t)cap * 32);
+        if (!h)
+            return -ENOMEM;
+        l->h = h;
+        uint8_t *set = realloc(l->set, cap);
+        if (!set)
+            return -ENOMEM;
+        memset(set + l->cap, 0, cap - l->cap);
+        l->set = set;
+        l->cap = cap;
+    }
+    ring_merkle_leaf(pos, row, len, l->h[pos]);
+    l->set[pos] = 1;
+    return 0;
+}
+
+/* The root over positions [a, b): a position with no row is an empty row's leaf. */
+static int leaves_root(struct leaves *l, uint32_t a, uint32_t b, uint8_t root[32])
+{
+    uint8_t (*v)[32] = malloc((size_t)(b - a) * 32 + 32);
+    if (!v)
+        return -ENOMEM;
+    for (uint32_t p = a; p < b; p++) {
+        if (p < l->cap && l->set[p])
+            memcpy(v[p - a], l->h[p], 32);
+        else
+            ring_merkle_leaf(p, NULL, 0, v[p - a]);
+    }
+    int rc = ring_merkle_root((const uint8_t (*)[32])v, b - a, root);
+    free(v);
+    return rc;
 }
 
 static void extend(uint32_t *a, uint32_t *b, bool *any, uint32_t pos, uint32_t n)
@@ -60,18 +104,42 @@ static void extend(uint32_t *a, uint32_t *b, bool *any, uint32_t pos, uint32_t n
     *any = true;
 }
 
-void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n)
+void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+                     const int32_t *tokens)
 {
     struct kvd_receipt *r = receipt_of(st, s);
-    if (r && n)
-        extend(&r->t0, &r->t1, &r->ran, pos, n);
+    if (!r || !n)
+        return;
+    extend(&r->t0, &r->t1, &r->ran, pos, n);
+    for (uint32_t i = 0; tokens && i < n; i++)   /* rank 0: the ids it embedded */
+        kvd_rowlog_put(r->log, KVD_ROWLOG_TOKEN, pos + i, &tokens[i], 4);
 }
 
-void kvd_receipt_sent(struct stage *st, struct sess *s, const void *payload, size_t len)
+/* A frame's rows as leaves of one side and records of the row log: an ACT's n rows at pos.., a
+ * TOKEN's payload at pos - 1. */
+static void rows_put(struct kvd_receipt *r, struct leaves *l, int kind, bool token, uint32_t pos,
+                     uint32_t n, const uint8_t *payload, size_t len)
+{
+    if (token) {
+        if (pos == 0 || leaf_put(l, pos - 1, payload, len))
+            r->broken = true;   /* no honest receipt can be made of this session */
+        kvd_rowlog_put(r->log, kind, pos - 1, payload, len);
+        return;
+    }
+    size_t row = n ? len / n : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (leaf_put(l, pos + i, payload + i * row, row))
+            r->broken = true;
+        kvd_rowlog_put(r->log, kind, pos + i, payload + i * row, row);
+    }
+}
+
+void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+                      const void *payload, size_t len)
 {
     struct kvd_receipt *r = receipt_of(st, s);
     if (r)
-        EVP_DigestUpdate(r->sent, payload, len);
+        rows_put(r, &r->sent, KVD_ROWLOG_SENT, st->is_last, pos, n, payload, len);
 }
 
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
@@ -80,7 +148,7 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
     struct kvd_receipt *r = receipt_of(st, s);
     if (!r)
         return;
-    EVP_DigestUpdate(r->recv, payload, len);
+    rows_put(r, &r->recv, KVD_ROWLOG_RECEIVED, st->rank == 0, pos, n, payload, len);
     if (st->rank != 0)
         extend(&r->r0, &r->r1, &r->got, pos, n);
     else
@@ -102,12 +170,11 @@ static void put(struct stage *st, int fd, uint64_t session, const char *rest)
 }
 
 static void put_line(struct stage *st, int fd, uint64_t session, uint32_t rank, uint32_t t0,
-                     uint32_t t1, EVP_MD_CTX *md, const char *side)
+                     uint32_t t1, struct leaves *l, const char *side)
 {
     unsigned char dg[32];
-    unsigned dl = 0;
     char hex[65], rest[256];
-    if (!EVP_DigestFinal_ex(md, dg, &dl))
+    if (leaves_root(l, t0, t1, dg))
         return;
     util_hex_encode(dg, 32, hex);
     snprintf(rest, sizeof rest, "\"rank\":%u,\"tokens\":[%u,%u],\"digest\":\"%s\",\"side\":\"%s\"",
@@ -135,22 +202,28 @@ void kvd_receipt_close(struct stage *st, struct sess *s)
     if (!r)
         return;
     s->receipt = NULL;
-    int fd = open(st->o.receipts, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    int fd = r->broken ? -1 : open(st->o.receipts, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (r->broken) {
+        kvd_log(KVD_LOG_WARN, "session %016" PRIx64 ": out of memory for its receipt's rows; "
+                "no receipt", s->id);
+    } else if (fd < 0) {
         kvd_log(KVD_LOG_WARN, "receipts %s: %s", st->o.receipts, strerror(errno));
     } else {
         if (r->ran && st->rank == 0 && s->has_client)
             put_open(st, fd, s, r->t1);
         if (r->ran)
-            put_line(st, fd, s->id, st->rank, r->t0, r->t1, r->sent, "sent");
+            put_line(st, fd, s->id, st->rank, r->t0, r->t1, &r->sent, "sent");
         /* rank 0 attests the last rank over the positions it ran itself */
         if (r->got && st->rank != 0)
-            put_line(st, fd, s->id, st->pred, r->r0, r->r1, r->recv, "received");
+            put_line(st, fd, s->id, st->pred, r->r0, r->r1, &r->recv, "received");
         else if (r->got && r->ran)
-            put_line(st, fd, s->id, st->pred, r->t0, r->t1, r->recv, "received");
+            put_line(st, fd, s->id, st->pred, r->t0, r->t1, &r->recv, "received");
         close(fd);
     }
-    EVP_MD_CTX_free(r->sent);
-    EVP_MD_CTX_free(r->recv);
+    kvd_rowlog_close(st, r->log);
+    free(r->sent.h);
+    free(r->sent.set);
+    free(r->recv.h);
+    free(r->recv.set);
     free(r);
 }

@@ -837,7 +837,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             /* the status's moving average: the last few dozen decode steps weigh most */
             st->ms_tok_avg = st->dec_steps == 1 ? j->ms : 0.9 * st->ms_tok_avg + 0.1 * j->ms;
         }
-        kvd_receipt_ran(st, s, j->pos, j->n);
+        kvd_receipt_ran(st, s, j->pos, j->n, st->rank == 0 ? j->tokens : NULL);
         /* The boundary rows go into the log (a held session's only there, until its replay) */
         const uint8_t *out = j->out;
         if (j->out_type == NET_F_ACT && !s->log_dropped) {
@@ -860,7 +860,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 kvd_conn_out_down_why(st, msg, sizeof msg);
                 kvd_sess_hold(st, s, msg);
             } else {
-                kvd_receipt_sent(st, s, out, j->out_len);
+                kvd_receipt_sent(st, s, pos, n, out, j->out_len);
                 st->frame_bytes_out += NET_HDR_LEN + j->out_len;
                 if (j->out_type == NET_F_ACT)
                     st->act_frames_out++;

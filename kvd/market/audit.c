@@ -1,0 +1,616 @@
+/* audit.c — audits of credited work (docs/market.md, "Audits"): checks a stage cannot tell
+ * from traffic, because they are made after the fact, of sessions it already served. When a
+ * receipt is credited, the sending node is audited with probability audit_rate: the market
+ * picks a position of that session at random and keeps the audit pending on the node (a blob,
+ * "audit/<model>/<node>"); the node's next lease heartbeat carries it ("audit"); the node
+ * answers from its row log (POST /v1/leases/audit) with the rows it received up to that
+ * position and the row it sent there, each with its Merkle proof against the roots its
+ * receipts committed to; the market checks the proofs, then recomputes the sent row from the
+ * received ones on the window's weights (--verify-model, on a thread of libuv's pool) and
+ * compares by NMSE. api.c delivers and takes the answers; a failed audit goes back to it
+ * through the verdict callback (probe_fail: lease over, credit voided, claims refused). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <uv.h>
+
+#include "kvd/kvd.h"
+#include "kvd/market/internal.h"
+#include "model/model.h"
+#include "ringlib/ring.h"
+#include "util/util.h"
+
+/* An answer's rows, base64, and their proofs stay this far under the API's 1 MiB body cap: the
+ * audited position is drawn among the first rows that fit. */
+#define AUDIT_ANSWER_BYTES (640u << 10)
+/* The last rank's token is found wrong when it was reported as the sampler's favourite
+ * (logprob >= log 0.5) and the recomputed logits put another token this far ahead of it. */
+#define AUDIT_HEAD_LEAD 4.0
+#define AUDIT_VERIFY_THREADS 2
+
+struct kvd_market_audit {
+    uv_loop_t *loop;
+    struct kvd_market_store *st;
+    struct kvd_market_config cfg;
+    kvd_market_audit_verdict_cb verdict;
+    void *ud;
+};
+
+struct job {
+    uv_work_t w;
+    struct kvd_market_audit *au;
+    char model[65], node[65], id[17], session[17];
+    uint32_t first, last, n_embd, n, rank, pos;
+    bool embed, head;
+    int32_t *tokens;        /* rank 0: [n] the ids embedded */
+    float *x;               /* [n][n_embd]: the rows received, then the window's output */
+    float *sent;            /* [n_embd]: the row the node sent (ranks but the last) */
+    uint8_t *tok;           /* the last rank's TOKEN payload: token, logprob[, logits] */
+    uint32_t tok_len;
+    /* the verdict */
+    int result;             /* 1 pass, 0 fail, -1 the verifier could not run */
+    double nmse;
+    char why[400];
+};
+
+int kvd_market__audit_new(struct kvd_market_audit **out, struct uv_loop_s *loop,
+                          struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                          kvd_market_audit_verdict_cb verdict, void *ud)
+{
+    struct kvd_market_audit *au = calloc(1, sizeof *au);
+    if (!au)
+        return -ENOMEM;
+    *au = (struct kvd_market_audit){.loop = loop, .st = st, .cfg = *cfg, .verdict = verdict,
+                                    .ud = ud};
+    *out = au;
+    return 0;
+}
+
+void kvd_market__audit_free(struct kvd_market_audit *au)
+{
+    free(au);
+}
+
+static double unit(void)
+{
+    uint32_t r = 0;
+    if (RAND_bytes((unsigned char *)&r, sizeof r) != 1)
+        r = (uint32_t)rand();
+    return r / 4294967296.0;
+}
+
+static const char *jstr(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The node's audit record (a fresh one when it has none); key gets its key. */
+static cJSON *record_load(struct kvd_market_audit *au, const char *model, const char *node,
+                          char key[160])
+{
+    snprintf(key, 160, "audit/%s/%s", model, node);
+    cJSON *r = kvd_market__blob_load(au->st, key);
+    if (!cJSON_IsObject(r)) {
+        cJSON_Delete(r);
+        r = cJSON_CreateObject();
+    }
+    return r;
+}
+
+/* The last audit's result, the pending one cleared. */
+static void record_last(cJSON *r, const char *id, const char *result, double nmse,
+                        const char *why, double now)
+{
+    cJSON_DeleteItemFromObject(r, "pending");
+    cJSON_DeleteItemFromObject(r, "last");
+    cJSON *l = cJSON_AddObjectToObject(r, "last");
+    cJSON_AddStringToObject(l, "id", id);
+    cJSON_AddStringToObject(l, "result", result);
+    if (isfinite(nmse))
+        cJSON_AddNumberToObject(l, "nmse", nmse);
+    if (why)
+        cJSON_AddStringToObject(l, "why", why);
+    cJSON_AddNumberToObject(l, "at", now);
+}
+
+int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_audit_work *w,
+                           double now)
+{
+    if (!au || !(au->cfg.audit_rate > 0) || w->t0 != 0 || w->t1 <= w->t0 ||
+        unit() >= au->cfg.audit_rate)
+        return 0;   /* not drawn; a range from past 0 has no KV to recompute it from */
+    char key[160];
+    cJSON *r = record_load(au, w->model, w->node, key);
+    if (cJSON_GetObjectItemCaseSensitive(r, "pending")) {
+        kvd_log(KVD_LOG_DEBUG, "audit of node %.16s... not drawn: one is pending", w->node);
+        cJSON_Delete(r);
+        return 0;
+    }
+    /* the positions whose rows and proofs fit in an answer */
+    uint64_t per = (uint64_t)w->n_embd * 4 / 3 * 4 + RING_MERKLE_DEPTH_MAX * 67 + 64;
+    uint64_t fit = AUDIT_ANSWER_BYTES / per, span = w->t1 - w->t0;
+    if (fit < 1)
+        fit = 1;
+    uint32_t pos = (uint32_t)(w->t0 + (uint64_t)(unit() * (double)(span < fit ? span : fit)));
+    uint8_t idb[8];
+    char id[17];
+    if (RAND_bytes(idb, sizeof idb) != 1)
+        memset(idb, 0, sizeof idb);
+    util_hex_encode(idb, sizeof idb, id);
+    cJSON *p = cJSON_AddObjectToObject(r, "pending");
+    cJSON_AddStringToObject(p, "id", id);
+    cJSON_AddStringToObject(p, "session", w->session);
+    if (w->key)
+        cJSON_AddStringToObject(p, "key", w->key);
+    cJSON_AddNumberToObject(p, "rank", w->rank);
+    cJSON_AddNumberToObject(p, "pred", w->rank ? w->rank - 1 : w->n_ranks - 1);
+    cJSON_AddNumberToObject(p, "window", w->window);
+    cJSON *ly = cJSON_AddArrayToObject(p, "layers");
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(w->first));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(w->last));
+    cJSON_AddNumberToObject(p, "n_embd", w->n_embd);
+    cJSON_AddBoolToObject(p, "embed", w->rank == 0);
+    cJSON_AddBoolToObject(p, "head", w->rank + 1 == w->n_ranks);
+    cJSON *tk = cJSON_AddArrayToObject(p, "tokens");
+    cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)w->t0));
+    cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)w->t1));
+    cJSON_AddNumberToObject(p, "position", pos);
+    cJSON_AddStringToObject(p, "sent", w->digest);
+    cJSON_AddNumberToObject(p, "deadline", now + au->cfg.audit_deadline_s);
+    int rc = kvd_market__blob_save(au->st, key, r);
+    cJSON_Delete(r);
+    if (rc == 0)
+        kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: rank %u, session %s, position %u "
+                "(answer within %.0f s)", id, w->node, w->rank, w->session, pos,
+                au->cfg.audit_deadline_s);
+    return rc;
+}
+
+int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
+                          double now, cJSON **challenge, char *why, size_t n)
+{
+    *challenge = NULL;
+    if (!au)
+        return 0;
+    char key[160];
+    cJSON *r = record_load(au, model, node, key);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
+    const char *id = jstr(p, "id");
+    int rc = 0;
+    if (!id || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "verifying"))) {
+        cJSON_Delete(r);   /* none, or answered and being recomputed */
+        return 0;
+    }
+    double deadline = util_json_number(p, "deadline", 0);
+    if (now > deadline) {
+        snprintf(why, n, "audit %s (session %s, position %.0f): no answer before its deadline", id,
+                 jstr(p, "session") ? jstr(p, "session") : "?", util_json_number(p, "position", 0));
+        char idc[17];
+        snprintf(idc, sizeof idc, "%s", id);
+        record_last(r, idc, "fail", INFINITY, why, now);
+        rc = kvd_market__blob_save(au->st, key, r);
+        cJSON_Delete(r);
+        return rc ? rc : 1;
+    }
+    cJSON *c = cJSON_CreateObject();
+    static const char *const keep[] = {"id", "session", "rank", "window", "layers", "embed",
+                                       "head", "tokens", "position"};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        cJSON_AddItemToObject(c, keep[i], cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(p, keep[i]), 1));
+    cJSON_AddNumberToObject(c, "deadline_s", deadline - now);
+    *challenge = c;
+    cJSON_Delete(r);
+    return 0;
+}
+
+/* One opened leaf {"pos", "row": base64, "path": [hex...]} at position want of the tree of
+ * [t0, t1) with that root: its row bytes (malloc'd into *row, *len), or -EBADMSG/-EINVAL with why. */
+static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, const uint8_t root[32],
+                     const char *what, uint8_t **row, uint32_t *len, char *why, size_t n)
+{
+    *row = NULL;
+    *len = 0;
+    const cJSON *path = cJSON_GetObjectItemCaseSensitive(o, "path"), *h;
+    const char *b64 = jstr(o, "row");
+    size_t bl = b64 ? strlen(b64) : 0;
+    if (util_json_number(o, "pos", -1) != want || !b64 || bl % 4 || bl > RING_MARKET_BODY_MAX ||
+        !cJSON_IsArray(path) || cJSON_GetArraySize(path) > RING_MERKLE_DEPTH_MAX) {
+        snprintf(why, n, "%s at position %u: expected {pos %u, row (base64), path (at most %d "
+                 "hashes)}", what, want, want, RING_MERKLE_DEPTH_MAX);
+        return -EINVAL;
+    }
+    uint8_t p[RING_MERKLE_DEPTH_MAX][32], leaf[32];
+    size_t k = 0;
+    cJSON_ArrayForEach(h, path) {
+        if (!cJSON_IsString(h) || strlen(h->valuestring) != 64 || util_hex_decode(h->valuestring, p[k], 32)) {
+            snprintf(why, n, "%s at position %u: a path hash is not 64 hex digits", what, want);
+            return -EINVAL;
+        }
+        k++;
+    }
+    uint8_t *b = malloc(bl / 4 * 3 + 1);
+    if (!b) {
+        snprintf(why, n, "out of memory");
+        return -ENOMEM;
+    }
+    int got = bl ? EVP_DecodeBlock(b, (const unsigned char *)b64, (int)bl) : 0;
+    if (got < 0) {
+        free(b);
+        snprintf(why, n, "%s at position %u: row is not base64", what, want);
+        return -EINVAL;
+    }
+    /* EVP_DecodeBlock counts the padding as bytes */
+    if (bl && b64[bl - 1] == '=')
+        got -= 1 + (b64[bl - 2] == '=');
+    ring_merkle_leaf(want, b, (size_t)got, leaf);
+    if (!ring_merkle_verify(leaf, want - t0, t1 - t0, (const uint8_t (*)[32])p, k, root)) {
+        free(b);
+        snprintf(why, n, "%s at position %u: its Merkle proof does not lead to the root the "
+                 "receipt committed to", what, want);
+        return -EBADMSG;
+    }
+    *row = b;
+    *len = (uint32_t)got;
+    return 0;
+}
+
+/* Wire bytes of one boundary row into x[n_embd]: 0, or -EBADMSG when it is no row of f32 or f16. */
+static int row_decode(const uint8_t *b, uint32_t len, uint32_t n_embd, float *x)
+{
+    uint32_t ds = n_embd ? len / n_embd : 0;
+    if ((ds != 4 && ds != 2) || len != ds * n_embd)
+        return -EBADMSG;
+    ring_wire_decode(b, n_embd, ds, x);
+    return 0;
+}
+
+static void job_free(struct job *j)
+{
+    if (!j)
+        return;
+    free(j->tokens);
+    free(j->x);
+    free(j->sent);
+    free(j->tok);
+    free(j);
+}
+
+/* The last rank's token against the recomputed logits (docs/market.md, "Audits"). */
+static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
+{
+    uint32_t t = (uint32_t)j->tok[0] | (uint32_t)j->tok[1] << 8 | (uint32_t)j->tok[2] << 16 |
+                 (uint32_t)j->tok[3] << 24;
+    float lp;
+    memcpy(&lp, j->tok + 4, 4);
+    j->result = 1;
+    if (t >= n_vocab || !isfinite(lp) || lp > 1e-3f) {
+        j->result = 0;
+        snprintf(j->why, sizeof j->why, "position %u: token %u with logprob %g is no sample of "
+                 "a vocabulary of %u", j->pos, t, lp, n_vocab);
+        return;
+    }
+    if (j->tok_len == 8 + (uint64_t)n_vocab * 4) {   /* the logits went along: compare them */
+        float *got = malloc((size_t)n_vocab * sizeof *got);
+        if (got) {
+            memcpy(got, j->tok + 8, (size_t)n_vocab * 4);
+            j->nmse = ring_probe_nmse(got, lg, n_vocab);
+            free(got);
+            if (!(j->nmse <= RING_PROBE_TOL)) {
+                j->result = 0;
+                snprintf(j->why, sizeof j->why, "position %u: the logits sent are off by NMSE "
+                         "%.3g (tolerance %g)", j->pos, j->nmse, RING_PROBE_TOL);
+                return;
+            }
+        }
+    }
+    uint32_t g = 0;
+    for (uint32_t v = 1; v < n_vocab; v++)
+        if (lg[v] > lg[g])
+            g = v;
+    if (lp >= logf(0.5f) && t != g && lg[g] - lg[t] >= AUDIT_HEAD_LEAD) {
+        j->result = 0;
+        snprintf(j->why, sizeof j->why, "position %u: token %u reported as the favourite "
+                 "(logprob %.3f), but token %u leads it by %.2f in the recomputed logits", j->pos,
+                 t, lp, g, lg[g] - lg[t]);
+    }
+}
+
+/* On a pool thread: the window over the opened inputs, the output compared. */
+static void job_run(uv_work_t *w)
+{
+    struct job *j = w->data;
+    struct model *m = NULL;
+    struct model_exec *e = NULL;
+    float *lg = NULL;
+    char err[256];
+    j->result = -1;
+    j->nmse = INFINITY;
+    int rc = model_open(&m, j->au->cfg.verify_model, (int)j->first, (int)j->last, err, sizeof err);
+    if (rc == 0 && model_get_hparams(m)->n_embd != j->n_embd) {
+        snprintf(err, sizeof err, "the verify model's n_embd is %u, the audited one's %u",
+                 model_get_hparams(m)->n_embd, j->n_embd);
+        rc = -EINVAL;
+    }
+    if (rc == 0)
+        rc = model_exec_new(&e, m, AUDIT_VERIFY_THREADS, j->n, j->n < 32 ? j->n : 32);
+    if (rc == 0)
+        rc = model_session_new(e, 1);
+    if (rc == 0 && j->embed)
+        rc = model_embed(e, j->tokens, j->n, j->x);
+    if (rc == 0)
+        rc = model_window_run(e, 1, 0, j->n, j->x);
+    const float *out = j->x + (size_t)(j->n - 1) * j->n_embd;
+    if (rc == 0 && j->head) {
+        uint32_t nv = model_get_hparams(m)->n_vocab;
+        lg = malloc((size_t)nv * sizeof *lg);
+        rc = lg ? model_head(e, out, 1, lg) : -ENOMEM;
+        if (rc == 0)
+            judge_head(j, lg, nv);
+    } else if (rc == 0) {
+        j->nmse = ring_probe_nmse(j->sent, out, j->n_embd);
+        j->result = j->nmse <= RING_PROBE_TOL;
+        if (!j->result)
+            snprintf(j->why, sizeof j->why, "position %u: the row sent is off by NMSE %.3g from "
+                     "the recomputed one (tolerance %g)", j->pos, j->nmse, RING_PROBE_TOL);
+    }
+    if (rc && j->result < 0)
+        snprintf(j->why, sizeof j->why, "the verifier could not run: %s",
+                 rc == -ENOMEM ? "out of memory" : err[0] ? err : strerror(-rc));
+    free(lg);
+    model_exec_free(e);
+    model_free(m);
+}
+
+/* Back on the loop: the verdict in a transaction of its own. */
+static void job_done(uv_work_t *w, int status)
+{
+    struct job *j = w->data;
+    struct kvd_market_audit *au = j->au;
+    if (status == UV_ECANCELED) {
+        job_free(j);
+        return;
+    }
+    const char *res = j->result > 0 ? "pass" : j->result == 0 ? "fail" : "inconclusive";
+    kvd_log(j->result > 0 ? KVD_LOG_INFO : KVD_LOG_WARN, "audit %s of node %.16s... (rank %u, "
+            "session %s, position %u): %s%s%s", j->id, j->node, j->rank, j->session, j->pos, res,
+            j->why[0] ? ": " : "", j->why);
+    if (au->st->ops->begin(au->st->impl)) {
+        kvd_log(KVD_LOG_ERROR, "audit %s: store: %s", j->id, au->st->err);
+        job_free(j);
+        return;
+    }
+    char key[160];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);   /* the ledger's clock: Unix seconds */
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    cJSON *r = record_load(au, j->model, j->node, key);
+    const char *pid = jstr(cJSON_GetObjectItemCaseSensitive(r, "pending"), "id");
+    int rc = 0;
+    if (!pid || strcmp(pid, j->id)) {   /* settled meanwhile (its deadline, say) */
+        au->st->ops->rollback(au->st->impl);
+        cJSON_Delete(r);
+        job_free(j);
+        return;
+    }
+    record_last(r, j->id, res, j->nmse, j->why[0] ? j->why : NULL, now);
+    rc = kvd_market__blob_save(au->st, key, r);
+    if (rc == 0 && j->result == 0)
+        rc = au->verdict(au->ud, j->model, j->node, j->why, now);
+    if (rc == 0 && au->st->ops->commit(au->st->impl))
+        rc = -EIO;
+    if (rc) {
+        au->st->ops->rollback(au->st->impl);
+        kvd_log(KVD_LOG_ERROR, "audit %s: store: %s", j->id, au->st->err);
+    }
+    cJSON_Delete(r);
+    job_free(j);
+}
+
+int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
+                             const cJSON *body, double now, bool *settled, char *why, size_t n)
+{
+    *settled = false;
+    char key[160];
+    cJSON *r = record_load(au, model, node, key);
+    cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
+    const char *id = jstr(body, "id"), *pid = jstr(p, "id"), *session = jstr(p, "session");
+    const char *sent_hex = jstr(p, "sent");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(p, "tokens");
+    struct job *j = NULL;
+    uint8_t *row = NULL;
+    uint32_t len = 0;
+    int rc;
+    if (!id || !pid || strcmp(id, pid) || !session || !sent_hex || cJSON_GetArraySize(tk) != 2 ||
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "verifying"))) {
+        snprintf(why, n, "no audit %s is pending on this node", id ? id : "(no id)");
+        rc = -ENOENT;
+        goto out;
+    }
+    uint32_t t0 = (uint32_t)cJSON_GetArrayItem(tk, 0)->valuedouble;
+    uint32_t t1 = (uint32_t)cJSON_GetArrayItem(tk, 1)->valuedouble;
+    uint32_t pos = (uint32_t)util_json_number(p, "position", 0);
+    uint32_t rank = (uint32_t)util_json_number(p, "rank", 0);
+    uint32_t pred = (uint32_t)util_json_number(p, "pred", 0);
+    bool embed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "embed"));
+    bool head = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "head"));
+    uint8_t sroot[32], rroot[32];
+    util_hex_decode(sent_hex, sroot, 32);
+    if (now > util_json_number(p, "deadline", 0)) {
+        snprintf(why, n, "audit %s: answered after its deadline", id);
+        rc = -EBADMSG;
+        goto out;
+    }
+    if (!embed) {   /* the received root: the node's own countersignature of its predecessor */
+        struct kvd_market_receipt rc_;
+        const char *lk = jstr(p, "key") ? jstr(p, "key") : session;   /* the ledger's key */
+        rc = au->st->ops->receipt_get(au->st->impl, lk, pred, t0, t1, KVD_SIDE_RECEIVED, &rc_);
+        if (rc == -ENOENT) {
+            snprintf(why, n, "audit %s: this node's received side of session %s (rank %u, tokens "
+                     "[%u, %u)) is not in yet: submit it, then answer", id, session, pred, t0, t1);
+            rc = -EAGAIN;
+            goto out;
+        }
+        if (rc)
+            goto out;
+        util_hex_decode(rc_.digest, rroot, 32);
+    }
+    j = calloc(1, sizeof *j);
+    if (!j) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    j->au = au;
+    snprintf(j->model, sizeof j->model, "%s", model);
+    snprintf(j->node, sizeof j->node, "%s", node);
+    snprintf(j->id, sizeof j->id, "%s", id);
+    snprintf(j->session, sizeof j->session, "%.16s", session);
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(p, "layers");
+    j->first = (uint32_t)cJSON_GetArrayItem(ly, 0)->valuedouble;
+    j->last = (uint32_t)cJSON_GetArrayItem(ly, 1)->valuedouble;
+    j->n_embd = (uint32_t)util_json_number(p, "n_embd", 0);
+    j->rank = rank;
+    j->embed = embed;
+    j->head = head;
+    /* the outputs: the sent row at pos; the last rank's TOKEN at the first position from pos
+     * on that has one, the empty leaves before it opened */
+    const cJSON *outs = cJSON_GetObjectItemCaseSensitive(body, "outputs"), *o;
+    int no = cJSON_GetArraySize(outs);
+    if (!cJSON_IsArray(outs) || no < 1 || (!head && no != 1) || (uint64_t)pos + (uint64_t)no > t1) {
+        snprintf(why, n, "outputs: expected %s from position %u", head ? "the openings" : "one opening",
+                 pos);
+        rc = -EINVAL;
+        goto out;
+    }
+    uint32_t q = pos;
+    cJSON_ArrayForEach(o, outs) {
+        free(row);
+        if ((rc = open_leaf(o, q, t0, t1, sroot, "the row sent", &row, &len, why, n)))
+            goto out;
+        bool last = o->next == NULL;
+        if (head && !last && len) {
+            snprintf(why, n, "outputs: position %u has a token; the opening must stop there", q);
+            rc = -EINVAL;
+            goto out;
+        }
+        if (!last)
+            q++;
+    }
+    if (head && !len) {
+        if (q + 1 != t1) {
+            snprintf(why, n, "outputs: position %u has no token and is not the last one", q);
+            rc = -EINVAL;
+            goto out;
+        }
+        record_last(r, id, "pass", INFINITY, "no token sampled from the position on", now);
+        *settled = true;
+        rc = kvd_market__blob_save(au->st, key, r);
+        goto out;
+    }
+    j->pos = q;
+    j->n = q - t0 + 1;
+    if (head) {
+        if (len < 8) {
+            snprintf(why, n, "position %u: a TOKEN of %u bytes", q, len);
+            rc = -EBADMSG;
+            goto out;
+        }
+        j->tok = row;
+        j->tok_len = len;
+        row = NULL;
+    } else {
+        j->sent = malloc((size_t)j->n_embd * sizeof *j->sent);
+        if (!j->sent) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if (row_decode(row, len, j->n_embd, j->sent)) {
+            snprintf(why, n, "position %u: the row sent is %u bytes, no boundary of %u values", q,
+                     len, j->n_embd);
+            rc = -EBADMSG;
+            goto out;
+        }
+    }
+    j->x = malloc((size_t)j->n * j->n_embd * sizeof *j->x);
+    if (!j->x) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if (embed) {   /* rank 0: the ids it embedded (its own statement: see the docs' limits) */
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(body, "token_ids"), *v;
+        j->tokens = malloc((size_t)j->n * sizeof *j->tokens);
+        if (!j->tokens) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if (cJSON_GetArraySize(ids) != (int)j->n) {
+            snprintf(why, n, "token_ids: expected %u ids (positions %u to %u)", j->n, t0, q);
+            rc = -EINVAL;
+            goto out;
+        }
+        uint32_t i = 0;
+        cJSON_ArrayForEach(v, ids) {
+            if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 2147483647.0)) {
+                snprintf(why, n, "token_ids[%u]: expected a token id", i);
+                rc = -EINVAL;
+                goto out;
+            }
+            j->tokens[i++] = (int32_t)v->valuedouble;
+        }
+    } else {       /* the rows received, each against the received root */
+        const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "inputs");
+        if (cJSON_GetArraySize(in) != (int)j->n) {
+            snprintf(why, n, "inputs: expected %u openings (positions %u to %u)", j->n, t0, q);
+            rc = -EINVAL;
+            goto out;
+        }
+        uint32_t i = 0;
+        cJSON_ArrayForEach(o, in) {
+            free(row);
+            if ((rc = open_leaf(o, t0 + i, t0, t1, rroot, "the row received", &row, &len, why, n)))
+                goto out;
+            if (row_decode(row, len, j->n_embd, j->x + (size_t)i * j->n_embd)) {
+                snprintf(why, n, "position %u: the row received is %u bytes, no boundary of %u "
+                         "values", t0 + i, len, j->n_embd);
+                rc = -EBADMSG;
+                goto out;
+            }
+            i++;
+        }
+    }
+    if (!au->cfg.verify_model) {   /* no weights here: the proofs are all that is checked */
+        record_last(r, id, "pass", INFINITY, "proofs only (no --verify-model)", now);
+        *settled = true;
+        rc = kvd_market__blob_save(au->st, key, r);
+        kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: proofs right (not recomputed: no "
+                "--verify-model)", id, node);
+        goto out;
+    }
+    cJSON_AddBoolToObject(p, "verifying", true);
+    if ((rc = kvd_market__blob_save(au->st, key, r)))
+        goto out;
+    j->w.data = j;
+    if ((rc = uv_queue_work(au->loop, &j->w, job_run, job_done)))
+        goto out;
+    j = NULL;   /* the pool's now; job_done settles it */
+out:
+    if (rc == -EBADMSG) {   /* a wrong answer settles the audit: the caller fails the node */
+        record_last(r, id, "fail", INFINITY, why, now);
+        kvd_log(KVD_LOG_WARN, "audit %s of node %.16s...: fail: %s", id, node, why);
+        if (kvd_market__blob_save(au->st, key, r))
+            rc = -EIO;
+    }
+    free(row);
+    job_free(j);
+    cJSON_Delete(r);
+    if (rc == -ENOMEM)
+        snprintf(why, n, "out of memory");
+    return rc;
+}

@@ -1,0 +1,346 @@
+/* rowlog.c — the row log (docs/market.md, "Audits"): the boundary rows a stage received and
+ * sent for each session it wrote receipts of, and on rank 0 the token ids it embedded, kept
+ * in DIR/rows/<session>.rows for KVD_ROWLOG_KEEP_S (one hour) and at most
+ * KVD_ROWLOG_MAX_BYTES in all (the oldest files go first). The market audits credited work
+ * after the fact: kvd join answers an audit from this log (kvd_stage_audit), opening the rows
+ * of one session with Merkle proofs against the roots its receipts committed to.
+ *
+ * A record: u8 kind (KVD_ROWLOG_*) | u32le pos | u32le len | len bytes. Rows are appended on
+ * the loop as frames go and come (a write to the page cache, like the receipts' lines); a row
+ * logged twice for one position (a session resumed on this stage) counts as its receipt's
+ * leaf does: the last one. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+
+#include "kvd/stage/internal.h"
+
+#define ROWLOG_RECORD_MAX (64u << 20)   /* the largest row a record may hold (a TOKEN's logits) */
+#define ROWLOG_SWEEP_S 60               /* the retention is enforced at most this often */
+
+static const char *dir_of(const char *state_dir)
+{
+    return state_dir ? state_dir : ".";
+}
+
+int kvd_rowlog_open(struct stage *st, uint64_t session)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rows", dir_of(st->o.state_dir));
+    mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/rows/%016" PRIx64 ".rows", dir_of(st->o.state_dir), session);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        kvd_log(KVD_LOG_WARN, "row log %s: %s (this session cannot be audited)", path,
+                strerror(errno));
+    return fd;
+}
+
+void kvd_rowlog_put(int fd, int kind, uint32_t pos, const void *row, size_t len)
+{
+    if (fd < 0 || len > ROWLOG_RECORD_MAX)
+        return;
+    uint8_t h[9] = {(uint8_t)kind};
+    wr32(h + 1, pos);
+    wr32(h + 5, (uint32_t)len);
+    struct piece {
+        const void *b;
+        size_t n;
+    } v[2] = {{h, sizeof h}, {row, len}};
+    for (int i = 0; i < 2; i++)
+        for (size_t off = 0; off < v[i].n;) {
+            ssize_t w = write(fd, (const uint8_t *)v[i].b + off, v[i].n - off);
+            if (w <= 0)
+                return;   /* a short log: the audit of this session fails at its proofs */
+            off += (size_t)w;
+        }
+}
+
+struct old {
+    char name[40];
+    time_t mtime;
+    off_t size;
+};
+
+static int by_age(const void *a, const void *b)
+{
+    const struct old *x = a, *y = b;
+    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
+}
+
+/* Drop the files past the retention time, then the oldest while the rest exceed the cap. */
+static void sweep(const char *state_dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rows", dir_of(state_dir));
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    struct old *v = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        struct stat sb;
+        if (len != 16 + 5 || strcmp(e->d_name + 16, ".rows"))
+            continue;
+        snprintf(path, sizeof path, "%s/rows/%s", dir_of(state_dir), e->d_name);
+        if (stat(path, &sb))
+            continue;
+        if (now - sb.st_mtime > KVD_ROWLOG_KEEP_S) {
+            unlink(path);
+            continue;
+        }
+        if (n == cap) {
+            size_t c2 = cap ? cap * 2 : 64;
+            struct old *v2 = realloc(v, c2 * sizeof *v);
+            if (!v2)
+                break;
+            v = v2;
+            cap = c2;
+        }
+        snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+        v[n].mtime = sb.st_mtime;
+        v[n].size = sb.st_size;
+        total += (uint64_t)sb.st_size;
+        n++;
+    }
+    closedir(d);
+    qsort(v, n, sizeof *v, by_age);
+    for (size_t i = 0; i < n && total > KVD_ROWLOG_MAX_BYTES; i++) {
+        snprintf(path, sizeof path, "%s/rows/%s", dir_of(state_dir), v[i].name);
+        unlink(path);
+        total -= (uint64_t)v[i].size;
+    }
+    free(v);
+}
+
+void kvd_rowlog_close(struct stage *st, int fd)
+{
+    static double last;
+    if (fd >= 0)
+        close(fd);
+    double now = util_now_s();
+    if (now - last >= ROWLOG_SWEEP_S) {
+        last = now;
+        sweep(st->o.state_dir);
+    }
+}
+
+/* ---- answering an audit (kvd join) ---- */
+
+/* One side's rows of the session over the audited range [t0, t1): pointers into the log. */
+struct side {
+    const uint8_t **row;
+    uint32_t *len;
+};
+
+struct audit_log {
+    uint8_t *buf;
+    size_t size;
+    uint32_t t0, t1;
+    struct side recv, sent;
+    int32_t *tok;
+    uint8_t *has_tok;
+};
+
+static void audit_log_free(struct audit_log *l)
+{
+    free(l->buf);
+    free(l->recv.row);
+    free(l->recv.len);
+    free(l->sent.row);
+    free(l->sent.len);
+    free(l->tok);
+    free(l->has_tok);
+}
+
+/* Read the session's log and index its rows over [t0, t1): 0, or negative with err. */
+static int audit_log_load(struct audit_log *l, const char *state_dir, const char *session,
+                          uint32_t t0, uint32_t t1, char *err, size_t errlen)
+{
+    char path[4200];
+    size_t n = t1 - t0;
+    snprintf(path, sizeof path, "%s/rows/%s.rows", dir_of(state_dir), session);
+    *l = (struct audit_log){.t0 = t0, .t1 = t1};
+    FILE *f = fopen(path, "rb");
+    struct stat sb;
+    if (!f || fstat(fileno(f), &sb) || (uint64_t)sb.st_size > KVD_ROWLOG_MAX_BYTES) {
+        snprintf(err, errlen, "row log %s: %s", path, f ? "too large" : strerror(errno));
+        if (f)
+            fclose(f);
+        return -ENOENT;
+    }
+    l->size = (size_t)sb.st_size;
+    l->buf = malloc(l->size + 1);
+    l->recv.row = calloc(n, sizeof *l->recv.row);
+    l->recv.len = calloc(n, sizeof *l->recv.len);
+    l->sent.row = calloc(n, sizeof *l->sent.row);
+    l->sent.len = calloc(n, sizeof *l->sent.len);
+    l->tok = calloc(n, sizeof *l->tok);
+    l->has_tok = calloc(n, 1);
+    bool ok = l->buf && l->recv.row && l->recv.len && l->sent.row && l->sent.len && l->tok &&
+              l->has_tok && fread(l->buf, 1, l->size, f) == l->size;
+    fclose(f);
+    if (!ok) {
+        snprintf(err, errlen, "row log %s: cannot read it (%zu bytes)", path, l->size);
+        audit_log_free(l);
+        return -EIO;
+    }
+    for (size_t off = 0; off + 9 <= l->size;) {
+        uint8_t kind = l->buf[off];
+        uint32_t pos = rd32(l->buf + off + 1), len = rd32(l->buf + off + 5);
+        if (len > l->size - off - 9)
+            break;   /* cut short (the stage died writing it): what came before holds */
+        const uint8_t *row = l->buf + off + 9;
+        off += 9 + (size_t)len;
+        if (pos < t0 || pos >= t1)
+            continue;
+        uint32_t i = pos - t0;
+        if (kind == KVD_ROWLOG_RECEIVED) {
+            l->recv.row[i] = row;
+            l->recv.len[i] = len;
+        } else if (kind == KVD_ROWLOG_SENT) {
+            l->sent.row[i] = row;
+            l->sent.len[i] = len;
+        } else if (kind == KVD_ROWLOG_TOKEN && len == 4) {
+            l->tok[i] = (int32_t)rd32(row);
+            l->has_tok[i] = 1;
+        }
+    }
+    return 0;
+}
+
+/* {"pos", "row": base64 of its bytes ("" for none), "path": [hex, ...]}: the opening of
+ * position pos of one side, or NULL (out of memory). */
+static cJSON *opening(const struct audit_log *l, const struct side *sd, uint8_t (*leaves)[32],
+                      uint32_t pos)
+{
+    uint32_t n = l->t1 - l->t0, i = pos - l->t0;
+    uint8_t path[RING_MERKLE_DEPTH_MAX][32];
+    size_t plen = 0;
+    if (ring_merkle_proof((const uint8_t (*)[32])leaves, n, i, path, &plen))
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "pos", pos);
+    char *b64 = malloc((size_t)(sd->len[i] + 2) / 3 * 4 + 1);
+    if (!b64) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    b64[0] = 0;
+    if (sd->row[i])
+        EVP_EncodeBlock((unsigned char *)b64, sd->row[i], (int)sd->len[i]);
+    cJSON_AddStringToObject(o, "row", b64);
+    free(b64);
+    cJSON *pa = cJSON_AddArrayToObject(o, "path");
+    for (size_t k = 0; k < plen; k++) {
+        char hex[65];
+        util_hex_encode(path[k], 32, hex);
+        cJSON_AddItemToArray(pa, cJSON_CreateString(hex));
+    }
+    return o;
+}
+
+static uint8_t (*side_leaves(const struct audit_log *l, const struct side *sd))[32]
+{
+    uint32_t n = l->t1 - l->t0;
+    uint8_t (*v)[32] = malloc((size_t)n * 32 + 32);
+    for (uint32_t i = 0; v && i < n; i++)
+        ring_merkle_leaf(l->t0 + i, sd->row[i], sd->row[i] ? sd->len[i] : 0, v[i]);
+    return v;
+}
+
+int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer, char *err,
+                    size_t errlen)
+{
+    *answer = NULL;
+    cJSON *c = cJSON_Parse(challenge);
+    const cJSON *sj = cJSON_GetObjectItemCaseSensitive(c, "session");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(c, "tokens");
+    double t0d = cJSON_GetArraySize(tk) == 2 ? cJSON_GetArrayItem(tk, 0)->valuedouble : -1;
+    double t1d = cJSON_GetArraySize(tk) == 2 ? cJSON_GetArrayItem(tk, 1)->valuedouble : -1;
+    double pd = util_json_number(c, "position", -1);
+    bool embed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "embed"));
+    bool head = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "head"));
+    if (!cJSON_IsString(sj) || strlen(sj->valuestring) != 16 ||
+        strspn(sj->valuestring, "0123456789abcdef") != 16 || !(t0d >= 0) || !(t1d > t0d) ||
+        t1d - t0d > RING_MERKLE_LEAVES_MAX || t1d > 4294967295.0 || !(pd >= t0d && pd < t1d)) {
+        snprintf(err, errlen, "audit: expected session (16 hex), tokens [t0, t1) and a position "
+                 "inside them");
+        cJSON_Delete(c);
+        return -EINVAL;
+    }
+    uint32_t t0 = (uint32_t)t0d, t1 = (uint32_t)t1d, p = (uint32_t)pd;
+    struct audit_log l;
+    int rc = audit_log_load(&l, state_dir, sj->valuestring, t0, t1, err, errlen);
+    if (rc) {
+        cJSON_Delete(c);
+        return rc;
+    }
+    /* the output: the sent row at p; the last rank's the first TOKEN at or after p (a prompt
+     * row samples none), with the empty leaves before it opened to show there was none */
+    uint32_t q = p;
+    while (head && q + 1 < t1 && !l.sent.row[q - t0])
+        q++;
+    uint8_t (*sl)[32] = side_leaves(&l, &l.sent), (*rl)[32] = side_leaves(&l, &l.recv);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "id", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(c, "id"), 0));
+    cJSON *outs = cJSON_AddArrayToObject(o, "outputs");
+    rc = sl && rl ? 0 : -ENOMEM;
+    for (uint32_t i = p; rc == 0 && i <= q; i++) {
+        cJSON *x = opening(&l, &l.sent, sl, i);
+        if (!x)
+            rc = -ENOMEM;
+        cJSON_AddItemToArray(outs, x);
+    }
+    if (rc == 0 && !l.sent.row[q - t0]) {
+        snprintf(err, errlen, "audit: the row log of session %s holds no row sent at %u",
+                 sj->valuestring, q);
+        rc = -ENOENT;
+    }
+    if (rc == 0 && embed) {   /* rank 0: the token ids it embedded, t0 .. q */
+        cJSON *t = cJSON_AddArrayToObject(o, "token_ids");
+        for (uint32_t i = t0; rc == 0 && i <= q; i++) {
+            if (!l.has_tok[i - t0]) {
+                snprintf(err, errlen, "audit: the row log of session %s holds no token at %u",
+                         sj->valuestring, i);
+                rc = -ENOENT;
+            }
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(l.tok[i - t0]));
+        }
+    } else if (rc == 0) {     /* the rows received, t0 .. q, against the received root */
+        cJSON *in = cJSON_AddArrayToObject(o, "inputs");
+        for (uint32_t i = t0; rc == 0 && i <= q; i++) {
+            cJSON *x = l.recv.row[i - t0] ? opening(&l, &l.recv, rl, i) : NULL;
+            if (!x) {
+                snprintf(err, errlen, "audit: the row log of session %s holds no row received "
+                         "at %u", sj->valuestring, i);
+                rc = -ENOENT;
+            }
+            cJSON_AddItemToArray(in, x);
+        }
+    }
+    if (rc == 0 && !(*answer = cJSON_PrintUnformatted(o)))
+        rc = -ENOMEM;
+    if (rc == -ENOMEM)
+        snprintf(err, errlen, "audit: out of memory");
+    cJSON_Delete(o);
+    free(sl);
+    free(rl);
+    audit_log_free(&l);
+    cJSON_Delete(c);
+    return rc;
+}
