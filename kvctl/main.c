@@ -26,7 +26,7 @@ static const struct util_cmd commands[] = {
     {"profile",    kvctl_cmd_profile,    "--model FILE              this device's profile JSON"},
     {"serve",      kvctl_cmd_serve,      "-m FILE --listen HOST:PORT  the OpenAI-compatible API from one process"},
     {"pull",       kvctl_cmd_pull,       "--from URL --layers A:B -o OUT  fetch only a window"},
-    {"market",     kvctl_cmd_market,     "add|status|balance URL ...  a market's models, coverage map and balances"},
+    {"market",     kvctl_cmd_market,     "add|remove|status|balance|client URL ...  a market's models, map, balances, clients"},
 };
 
 static void usage(FILE *out)
