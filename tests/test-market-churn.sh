@@ -62,8 +62,12 @@ SPID=$(pgrep -P "${JPID[$V]}" | head -1)
 kill -9 "${JPID[$V]}"
 wait_for 20 bash -c "! kill -0 $SPID 2>/dev/null" || fail "node $V's stage outlived its join process"
 echo "ok   node $V (rank 1) killed with -9 after the sessions, its receipts unsent"
-# nobody is paid for them yet: the ring's receipts are not all in, and the wait is long
-sleep 2
+# nobody is paid for them yet, though the others submitted theirs: the ring's receipts are not
+# all in, and the wait is long
+submitted() { [ "$(cat "$T/$1/receipts.offset" 2>/dev/null)" = "$(stat -c %s "$T/$1/receipts.jsonl")" ]; }
+for n in a b c; do
+    [ "$n" = "$V" ] || wait_for 30 submitted $n || fail "node $n did not submit its receipts"
+done
 for n in a b c; do
     "$KVCTL" market balance "$M" "$(key_of $n)" --json >"$T/bal-$n.now" || fail "balance of $n"
     python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["layer_tokens"] == json.load(open(sys.argv[2]))["layer_tokens"] else 1)' \

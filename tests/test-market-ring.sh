@@ -4,6 +4,7 @@
 #    layer ranges given) form a ring whose generation equals one process's;
 #  * every node holds only its window (pulled, verified), every window is active, one ring;
 #  * `kvctl market status` (table and --json) and `kvctl market balance` read the map;
+#  * the API of rank 0's node (kvd join --api) serves the market's paying clients only;
 #  * receipts: each node's balance (layer_tokens) equals its window's layers x the rows its own
 #    stage counted for a paying client's sessions, and its credit follows the published
 #    reward of a covered window;
@@ -20,9 +21,11 @@ market_up
 
 # three nodes; memory (1.8 MB each) that needs three of them for the 3.6 MiB the planner asks
 declare -A JPID
-join() { # join NAME
+declare -A APORT
+join() { # join NAME: the node serves the ring's API on its own port should it be rank 0
+    APORT[$1]=$(free_port)
     "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$1" --mem 1800000 -t 1 \
-        --jitter-ms 300 >"$T/join-$1.log" 2>&1 &
+        --jitter-ms 300 --api "127.0.0.1:${APORT[$1]}" >"$T/join-$1.log" 2>&1 &
     JPID[$1]=$!
     PIDS="$PIDS $!"
 }
@@ -46,6 +49,26 @@ R0=$(rank0 a b c)
 [ -n "$R0" ] || fail "no node runs rank 0"
 wait_for 30 serves "$R0" || fail "the joined ring's tokens ($got; $(cat "$T/gen.err")) differ from one process's ($want)"
 echo "ok   three joined nodes serve the one-process generation: $got"
+
+# the ring's API on rank 0's node: the market's paying clients only
+api() { # api KEY: the HTTP status of a completion request with that key ("" for none)
+    curl -s -o "$T/api.out" -w '%{http_code}' ${1:+-H "Authorization: Bearer $1"} \
+        -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' \
+        "http://127.0.0.1:${APORT[$R0]}/v1/completions"
+}
+wait_for 20 bash -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer $CKEY' -H 'Content-Type: application/json' \
+    -d '{\"prompt\":\"Once\",\"max_tokens\":2}' http://127.0.0.1:${APORT[$R0]}/v1/completions)\" = 200 ]" ||
+    fail "the ring's API does not serve the paying client: $(api "$CKEY") $(cat "$T/api.out")"
+[ "$(api "$CKEY")" = 200 ] && grep -q '"text"' "$T/api.out" || fail "completion for the client: $(cat "$T/api.out")"
+[ "$(api "")" = 401 ] || fail "the ring's API served a request without a key: $(cat "$T/api.out")"
+[ "$(api kvc-00000000000000000000000000000000000000000000000000000000000000aa)" = 401 ] ||
+    fail "the ring's API served a key the market does not know: $(cat "$T/api.out")"
+ZKEY=$("$KVCTL" market client add "$M" --credit 0 --state-dir "$T/op" 2>/dev/null) || fail "a client with no credit"
+client_listed() { curl -s "$M/v1/clients" | grep -q "$(printf %s "$CKEY" | sha256sum | cut -c1-64)"; }
+wait_for 10 client_listed || fail "GET /v1/clients does not list the paying client"
+curl -s "$M/v1/clients" | grep -q "$(printf %s "$ZKEY" | sha256sum | cut -c1-64)" && fail "a client with no credit is listed as payable"
+[ "$(api "$ZKEY")" = 401 ] || fail "the ring's API served a client with no credit: $(cat "$T/api.out")"
+echo "ok   rank 0's API (kvd join --api) serves the market's paying clients and refuses others (401)"
 
 # each node pulled only its own window, and the windows are the manifest's
 for n in a b c; do
