@@ -94,23 +94,6 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->audit_deadline_s = 300;
 }
 
-/* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
- * at most doubles it, a window without a stage triples it (docs/market.md, "Rewards"). */
-double kvd_market__reward(const struct kvd_market_config *c, double demand, double covered)
-{
-    if (!(demand > 0))
-        demand = 0;
-    if (!(covered >= 0))
-        covered = 0;
-    if (covered > 1)
-        covered = 1;
-    double r = c->reward_base * (1 + demand / (demand + c->demand_ref)) * (1 + 2 * (1 - covered));
-    if (r < c->reward_base)
-        r = c->reward_base;
-    if (r > 6 * c->reward_base)
-        r = 6 * c->reward_base;
-    return r;
-}
 
 static double now_s(void)
 {
