@@ -1506,6 +1506,7 @@ static void h_probe(struct net_http_req *req, void *ud)
         cJSON_AddNumberToObject(chk, "next", spot_next(a, c.now));
         if (!strcmp(k, "activation")) {
             l->state = KVD_LEASE_ACTIVE;
+            l->since = -fabs(l->since);   /* active once: no fixed end from here on */
             l->expires = c.now + a->cfg.lease_s;
         }
     }
@@ -1579,6 +1580,8 @@ out:
 static double reserve_end(const struct kvd_market_api *a, const struct model_state *ms, size_t wi,
                           const struct kvd_market_lease *l)
 {
+    if (l->since <= 0)   /* active before (a restarted stage probed again): no fixed end */
+        return INFINITY;
     double t = (double)ms->w[wi].bytes / a->cfg.pull_min_rate;
     return l->since + (t > a->cfg.reserve_s ? t : a->cfg.reserve_s);
 }
@@ -1747,7 +1750,7 @@ static void h_claims(struct net_http_req *req, void *ud)
     cJSON_AddItemToObject(o, "layers", ly);
     cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
     cJSON_AddNumberToObject(o, "reserve_s", a->cfg.reserve_s);
-    if (l->state == KVD_LEASE_RESERVED)
+    if (l->state == KVD_LEASE_RESERVED && l->since > 0)
         cJSON_AddNumberToObject(o, "reserve_ends_in", reserve_end(a, c.ms, c.wi, l) - c.now);
     kvd_market__model_clear(&c.ms->m);
     commit_reply(a, req, status, o);
@@ -1818,6 +1821,7 @@ static void activate(struct probe *p, const char *fail)
     }
     if (!ch) {
         l.state = KVD_LEASE_ACTIVE;
+        l.since = -fabs(l.since);   /* active once: no fixed end from here on */
         l.expires = now + a->cfg.lease_s;
     } else {
         l.state = KVD_LEASE_RESERVED;

@@ -57,7 +57,9 @@ struct kvd_market_lease {
     char node[65];
     int state;                     /* KVD_LEASE_* */
     double expires;                /* Unix seconds */
-    double since;                  /* when the node claimed it */
+    double since;                  /* when the node claimed it; negated once the lease was
+                                    * active (a reservation's fixed end applies to new claims
+                                    * only), 0 when it was given back */
     char endpoint[KVD_MARKET_EP_MAX];
 };
 
