@@ -111,7 +111,7 @@ static void sweep(const char *state_dir)
             v = v2;
             cap = c2;
         }
-        snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+        memcpy(v[n].name, e->d_name, len + 1);   /* 21 bytes: checked above */
         v[n].mtime = sb.st_mtime;
         v[n].size = sb.st_size;
         total += (uint64_t)sb.st_size;
