@@ -69,9 +69,13 @@
 #     BENCH_API_TOKENS tokens (tests/api_bench.mjs).
 #
 # Market: a simulated population (10,000 nodes, 100 models; BENCH_MARKET_NODES / _MODELS /
-# _SECONDS) against `kvd market` on SQLite (tests/tool-market-bench): profiles and claims, then
-# heartbeats and receipts in the proportion of their natural rates; requests/s and p50/p99
-# latency per kind; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
+# _SECONDS, default 20 s of steady state) against `kvd market` on SQLite
+# (tests/tool-market-bench, the real protocol with signatures): profiles and claims, leases
+# activated, manifests fetched, client accounts made by an operator key, then heartbeats and
+# whole sessions' receipts (rank 0's open side for a client, both sides of every edge) in the
+# proportion of their natural rates; requests/s and p50/p99 latency per kind, sessions
+# settled/s, and a check that every session settled and the credit paid equals the clients'
+# debits; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
 #
 # Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
@@ -597,7 +601,7 @@ market_run() {
     for _ in $(seq 50); do [ -s "$t/port" ] && break; sleep 0.1; done
     "$B/tests/tool-market-bench" --url "http://127.0.0.1:$(cat "$t/port")" --catalog "$t/cat.json" \
         --operator "$t/op" --nodes "${BENCH_MARKET_NODES:-10000}" --models "${BENCH_MARKET_MODELS:-100}" \
-        --seconds "${BENCH_MARKET_SECONDS:-10}" 2>&1 | sed 's/^/  /'
+        --seconds "${BENCH_MARKET_SECONDS:-20}" 2>&1 | sed 's/^/  /'
     echo "  load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
     kill $mp; wait $mp 2>/dev/null
 }

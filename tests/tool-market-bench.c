@@ -1,7 +1,7 @@
 /* tool-market-bench — a simulated population against a running market, speaking its whole
  * protocol with real signatures (make bench, section "market"; docs/market.md, "Storage"):
  *   tool-market-bench --url URL --catalog CAT.json --operator DIR [--nodes 10000]
- *                     [--models 100] [--clients 100] [--threads 8] [--seconds 10]
+ *                     [--models 100] [--clients 100] [--threads 8] [--seconds 20]
  *                     [--heartbeat-s 5] [--session-s 10]
  * The market must run with --no-probe (a lease activates on its heartbeat's endpoint alone),
  * with DIR's node key among its --operator-key keys, and without claim rate limits or address
@@ -101,7 +101,7 @@ static struct node *nodes, operator_node;
 static struct ring *rings;
 static struct client *clients;
 static int n_nodes = 10000, n_models = 100, n_clients = 100, n_threads = 8;
-static double seconds = 10, heartbeat_s = 5, session_s = 10;
+static double seconds = 20, heartbeat_s = 5, session_s = 10;
 static double hb_per_session;   /* the steady state's mix */
 static const char *url;
 static int *holders, n_holders;
