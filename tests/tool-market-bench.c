@@ -578,7 +578,7 @@ static int check_ledger(struct conn *k, uint64_t want_lt)
         snprintf(path, sizeof path, "/v1/nodes/%s/balance", nodes[holders[h]].pub);
         long code = call(k, NULL, path, NULL);
         double l = jnum(k->resp, "layer_tokens"), c = jnum(k->resp, "credit");
-        if (code != 200 || l != l || c != c) {
+        if (code != 200 || isnan(l) || isnan(c)) {
             fprintf(stderr, "FAILED: the balance of node %.16s...: HTTP %ld %s\n", nodes[holders[h]].pub,
                     code, k->resp);
             return 1;
@@ -590,7 +590,7 @@ static int check_ledger(struct conn *k, uint64_t want_lt)
         snprintf(path, sizeof path, "/v1/clients/%s", clients[c].id);
         long code = call(k, NULL, path, NULL);
         double b = jnum(k->resp, "balance"), s = jnum(k->resp, "spent");
-        if (code != 200 || b != b || s != s || fabs(b + s - CLIENT_CREDIT) > 1e-6) {
+        if (code != 200 || isnan(b) || isnan(s) || fabs(b + s - CLIENT_CREDIT) > 1e-6) {
             fprintf(stderr, "FAILED: client %d's account: HTTP %ld %s (opening credit %.0f)\n", c,
                     code, k->resp, CLIENT_CREDIT);
             return 1;
