@@ -69,9 +69,13 @@
 #     BENCH_API_TOKENS tokens (tests/api_bench.mjs).
 #
 # Market: a simulated population (10,000 nodes, 100 models; BENCH_MARKET_NODES / _MODELS /
-# _SECONDS) against `kvd market` on SQLite (tests/tool-market-bench): profiles and claims, then
-# heartbeats and receipts in the proportion of their natural rates; requests/s and p50/p99
-# latency per kind; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
+# _SECONDS, default 20 s of steady state) against `kvd market` on SQLite
+# (tests/tool-market-bench, the real protocol with signatures): profiles and claims, leases
+# activated, manifests fetched, client accounts made by an operator key, then heartbeats and
+# whole sessions' receipts (rank 0's open side for a client, both sides of every edge) in the
+# proportion of their natural rates; requests/s and p50/p99 latency per kind, sessions
+# settled/s, and a check that every session settled and the credit paid equals the clients'
+# debits; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
 #
 # Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
@@ -581,22 +585,32 @@ bench_repair() {
     rm -rf "$t"
 }
 if want repair; then bench_repair || true; fi
-# market_run DB LABEL: one simulated population against a market on DB
+# market_run DB LABEL: one simulated population against a market on DB. Every node here comes
+# from 127.0.0.1, so the claim rate limits and the address cap are off; no probes (a lease
+# activates on its heartbeat's endpoint) and no audits, so the figures are the market's own;
+# reservations last 10 minutes, as the claims of 10,000 nodes may take more than a minute.
+MARKET_OPTS="--no-probe --max-ranks-per-addr 0 --claims-per-min-addr 0 --claims-per-min-key 0 --audit-rate 0 --reserve-s 600"
 market_run() {
-    echo "== market: ${BENCH_MARKET_NODES:-10000} simulated nodes, ${BENCH_MARKET_MODELS:-100} models, $2"
+    echo "== market: ${BENCH_MARKET_NODES:-10000} simulated nodes, ${BENCH_MARKET_MODELS:-100} models, $2;" \
+         "kvd market $MARKET_OPTS; nproc $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg)"
     rm -f "$t/port"
-    "$B/kvd" market --db "$1" --listen 127.0.0.1:0 --port-file "$t/port" --log-level warn >"$t/market.log" 2>&1 &
+    # shellcheck disable=SC2086
+    "$B/kvd" market --db "$1" --listen 127.0.0.1:0 --port-file "$t/port" --log-level warn \
+        --operator-key "$t/operators.txt" $MARKET_OPTS >"$t/market.log" 2>&1 &
     mp=$!
     for _ in $(seq 50); do [ -s "$t/port" ] && break; sleep 0.1; done
     "$B/tests/tool-market-bench" --url "http://127.0.0.1:$(cat "$t/port")" --catalog "$t/cat.json" \
-        --nodes "${BENCH_MARKET_NODES:-10000}" --models "${BENCH_MARKET_MODELS:-100}" \
-        --seconds "${BENCH_MARKET_SECONDS:-10}" | sed 's/^/  /'
+        --operator "$t/op" --nodes "${BENCH_MARKET_NODES:-10000}" --models "${BENCH_MARKET_MODELS:-100}" \
+        --seconds "${BENCH_MARKET_SECONDS:-20}" 2>&1 | sed 's/^/  /'
+    echo "  load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
     kill $mp; wait $mp 2>/dev/null
 }
 bench_market() {
     t=$(mktemp -d)
     chmod 755 "$t"
     "$KVCTL" catalog "$TD/models/stories260K.gguf" -o "$t/cat.json" >/dev/null 2>&1 || { echo "catalog failed"; rm -rf "$t"; return 1; }
+    mkdir -p "$t/op"
+    "$B/kvd" stage --state-dir "$t/op" --print-key >"$t/operators.txt" || { echo "no operator key"; rm -rf "$t"; return 1; }
     market_run "$t/market.db" SQLite
     pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
     if [ -z "$pgbin" ]; then echo "== market on PostgreSQL: no server binaries; skipped"; rm -rf "$t"; return 0; fi
