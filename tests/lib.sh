@@ -116,6 +116,32 @@ need_model() {
     [ -f "$TD/models/$1" ] || { fail "test data missing: $TD/models/$1 (set KV_TESTDATA)" >&2; return 1; }
     echo "$TD/models/$1"
 }
+# expect WHAT CODE-PATTERN ARGS...: one signed market call (tests/tool-market-call.c with
+# ARGS); its "STATUS BODY" answer must match the status pattern (LAST keeps the answer)
+expect() {
+    local what=$1 want=$2 out
+    shift 2
+    out=$("$TOOLS/tool-market-call" "$@")
+    LAST=$out
+    case "${out%% *}" in
+        $want) echo "ok   $what -> ${out:0:200}" ;;
+        *) fail "$what: expected $want, got: $out" ;;
+    esac
+}
+# client_open MODEL MANIFEST SESSION T KEY [CLIENT-ID]: rank 0's open side of a session for the
+# paying client whose key is KEY, with its proof (docs/market.md, "Clients"); CLIENT-ID names
+# another client than KEY's (a forgery)
+client_open() {
+    python3 - "$@" <<'PY'
+import hashlib, hmac, json, sys
+model, man, sess, t, key = sys.argv[1:6]
+cid = sys.argv[6] if len(sys.argv) > 6 else hashlib.sha256(key.encode()).hexdigest()
+v = hmac.new(key.encode(), b"kvasir client verifier v1", hashlib.sha256).digest()
+p = hmac.new(v, ("KVSESS1\n%s\n%s\n%s\n%s" % (model, man, sess, t)).encode(), hashlib.sha256).hexdigest()
+print(json.dumps({"model": model, "manifest": man, "session": sess, "rank": 0, "tokens": [0, int(t)],
+                  "side": "open", "client": cid, "proof": p}))
+PY
+}
 need_exec() {
     local f
     for f in "$@"; do [ -x "$f" ] || die "no $f (build first: make tests)"; done

@@ -43,16 +43,6 @@ LEASE=15 GRACE=6 start_market
 ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://127.0.0.1:1 --state-dir "$T/admin") ||
     die "kvctl market add failed"
 
-expect() { # expect WHAT CODE-PATTERN CALL-ARGS...: run the tool, check the status
-    local what=$1 want=$2 out
-    shift 2
-    out=$("$CALL" "$@")
-    LAST=$out
-    case "${out%% *}" in
-        $want) echo "ok   $what -> ${out:0:160}" ;;
-        *) fail "$what: expected $want, got: $out" ;;
-    esac
-}
 key() { "$KVD" stage --state-dir "$T/$1" --print-key; }
 for n in a b c d; do mkdir -p "$T/$n"; done
 A=$(key a); B=$(key b); C=$(key c); D=$(key d)
@@ -181,14 +171,7 @@ KEY=$("$KVCTL" market client add "$M" --credit 100 --name tester --state-dir "$T
     die "kvctl market client add: $(cat "$T/client.err")"
 CID=$(printf %s "$KEY" | sha256sum | cut -d' ' -f1)
 op() { # op SESSION T [PROOF-KEY]: rank 0's open side for the client, with a proof made with the key
-    python3 - "$ID" "$H" "$1" "$2" "${3:-$KEY}" "$CID" <<'PY'
-import hashlib, hmac, json, sys
-model, man, sess, t, key, cid = sys.argv[1:]
-v = hmac.new(key.encode(), b"kvasir client verifier v1", hashlib.sha256).digest()
-p = hmac.new(v, ("KVSESS1\n%s\n%s\n%s\n%s" % (model, man, sess, t)).encode(), hashlib.sha256).hexdigest()
-print(json.dumps({"model": model, "manifest": man, "session": sess, "rank": 0, "tokens": [0, int(t)],
-                  "side": "open", "client": cid, "proof": p}))
-PY
+    client_open "$ID" "$H" "$1" "$2" "${3:-$KEY}" "$CID"
 }
 ring_sides() { # ring_sides SESSION T DIGEST: every side of every edge of the 3-rank ring
     expect "$1: a sent" 200 --key "$T/a" POST "$M" /v1/receipts "$(rc $1 0 0 $2 $3 sent)"

@@ -26,16 +26,6 @@ MARKET_ARGS="--reserve-s 8 --pull-min-rate 1e12 --lapse-refuse-s 600 --settle-wa
 . "$(dirname "$0")/market_lib.sh"
 market_up
 
-expect() { # expect WHAT CODE-PATTERN CALL-ARGS...: run the tool, check the status
-    local what=$1 want=$2 out
-    shift 2
-    out=$("$CALL" "$@")
-    LAST=$out
-    case "${out%% *}" in
-        $want) echo "ok   $what -> ${out:0:200}" ;;
-        *) fail "$what: expected $want, got: $out" ;;
-    esac
-}
 claim() { echo "{\"model\":\"$ID\",\"window\":$1}"; }
 for n in x y q q2; do mkdir -p "$T/$n"; done
 # three windows: the plan follows the first profiles (1.8 MB each, as the joins send)
@@ -107,14 +97,7 @@ rc() { # rc SESSION RANK T0 T1 SIDE [MANIFEST]
     echo "{\"model\":\"$ID\",\"manifest\":\"${6:-$H}\",\"session\":\"$1\",\"rank\":$2,\"tokens\":[$3,$4],\"digest\":\"$(echo x | sha256sum | cut -d' ' -f1)\",\"side\":\"$5\"}"
 }
 op() { # op SESSION T CLIENT-ID PROOF-KEY: an open side with a proof made with that key
-    python3 - "$ID" "$H" "$1" "$2" "$3" "$4" <<'PY'
-import hashlib, hmac, json, sys
-model, man, sess, t, cid, key = sys.argv[1:]
-v = hmac.new(key.encode(), b"kvasir client verifier v1", hashlib.sha256).digest()
-p = hmac.new(v, ("KVSESS1\n%s\n%s\n%s\n%s" % (model, man, sess, t)).encode(), hashlib.sha256).hexdigest()
-print(json.dumps({"model": model, "manifest": man, "session": sess, "rank": 0, "tokens": [0, int(t)],
-                  "side": "open", "client": cid, "proof": p}))
-PY
+    client_open "$ID" "$H" "$1" "$2" "$4" "$3"
 }
 X1=aaaaaaaaaaaaaaa1
 expect "a stranger signs rank 0's side of the live ring" 403 --key "$T/x" --from 127.0.0.9 POST "$M" /v1/receipts "$(rc $X1 0 0 10 sent)"

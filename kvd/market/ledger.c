@@ -10,7 +10,8 @@
  *   "sess/<key>"             {model, manifest, session, first, sides: {"s<r>"|"r<r>": {t0,
  *                            t1, d, node}}, client, tokens, opened, paid: {"<r>": credit},
  *                            held: {"<r>": why}}
- *   "pend/<key>"             {at}: a session not settled yet (the sweep looks at these)
+ *   "pend/<key>"             {at}: an opened session not settled yet (the sweep looks at
+ *                            these; "at" is when it was opened)
  * where key = hex(SHA-256(model "|" manifest "|" session)): a session id is rank 0's choice,
  * so it is only unique within its model and generation. */
 #include <errno.h>
@@ -29,31 +30,8 @@
 #include "util/util.h"
 
 #define SWEEP_MAX 256            /* pending sessions one sweep looks at */
-#define PENDING_MAX_AGE_S (7 * 86400.0) /* a session no client opened is forgotten after this */
-
-static cJSON *load(struct kvd_market_store *st, const char *key)
-{
-    char *v = NULL;
-    if (st->ops->blob_get(st->impl, key, &v))
-        return NULL;
-    cJSON *o = cJSON_Parse(v);
-    free(v);
-    return o;
-}
-
-static int save(struct kvd_market_store *st, const char *key, const cJSON *o)
-{
-    char *v = cJSON_PrintUnformatted(o);
-    int rc = v ? st->ops->blob_put(st->impl, key, v) : -ENOMEM;
-    free(v);
-    return rc;
-}
-
-static double num(const cJSON *o, const char *k, double dflt)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
-}
+#define PENDING_MAX_AGE_S (7 * 86400.0) /* the sweep gives up on a session after this (a late
+                                         * side still settles it when it comes) */
 
 static const char *str(const cJSON *o, const char *k)
 {
@@ -92,11 +70,11 @@ bool kvd_market__penalized(struct kvd_market_store *st, const char *node, double
 {
     char key[80];
     snprintf(key, sizeof key, "penalty/%s", node);
-    cJSON *p = load(st, key);
-    bool on = p && num(p, "until", 0) > now;
+    cJSON *p = kvd_market__blob_load(st, key);
+    bool on = p && util_json_number(p, "until", 0) > now;
     if (on)
         snprintf(why, n, "this node's claims are refused for %.0f s more: %s",
-                 num(p, "until", 0) - now, str(p, "reason") ? str(p, "reason") : "it failed a probe");
+                 util_json_number(p, "until", 0) - now, str(p, "reason") ? str(p, "reason") : "it failed a probe");
     cJSON_Delete(p);
     return on;
 }
@@ -108,7 +86,7 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
 {
     char key[KVD_MARKET_KEY_MAX], last[KVD_MARKET_KEY_MAX];
     snprintf(key, sizeof key, "gen/%s", sha);
-    cJSON *g = load(st, key);
+    cJSON *g = kvd_market__blob_load(st, key);
     if (g) {   /* known: the common case, a stage polling again */
         cJSON_Delete(g);
         return 0;
@@ -137,18 +115,18 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
     }
     cJSON_Delete(m);
     cJSON_AddNumberToObject(g, "since", now);
-    int rc = save(st, key, g);
+    int rc = kvd_market__blob_save(st, key, g);
     cJSON_Delete(g);
     /* the model's previous generation ended now */
     snprintf(last, sizeof last, "genlast/%s", model);
-    cJSON *l = load(st, last);
+    cJSON *l = kvd_market__blob_load(st, last);
     if (rc == 0 && l && str(l, "sha") && strcmp(str(l, "sha"), sha)) {
         char pk[KVD_MARKET_KEY_MAX];
         snprintf(pk, sizeof pk, "gen/%.64s", str(l, "sha"));
-        cJSON *pg = load(st, pk);
+        cJSON *pg = kvd_market__blob_load(st, pk);
         if (pg && !cJSON_GetObjectItemCaseSensitive(pg, "until")) {
             cJSON_AddNumberToObject(pg, "until", now);
-            rc = save(st, pk, pg);
+            rc = kvd_market__blob_save(st, pk, pg);
         }
         cJSON_Delete(pg);
     }
@@ -156,7 +134,7 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
     if (rc == 0) {
         l = cJSON_CreateObject();
         cJSON_AddStringToObject(l, "sha", sha);
-        rc = save(st, last, l);
+        rc = kvd_market__blob_save(st, last, l);
         cJSON_Delete(l);
     }
     return rc;
@@ -167,19 +145,19 @@ int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kv
     char key[KVD_MARKET_KEY_MAX];
     snprintf(key, sizeof key, "gen/%s", sha);
     memset(g, 0, sizeof *g);
-    cJSON *o = load(st, key);
+    cJSON *o = kvd_market__blob_load(st, key);
     if (!o)
         return -ENOENT;
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks"), *r;
     snprintf(g->model, sizeof g->model, "%s", str(o, "model") ? str(o, "model") : "");
-    g->since = num(o, "since", 0);
-    g->until = num(o, "until", 0);
+    g->since = util_json_number(o, "since", 0);
+    g->until = util_json_number(o, "until", 0);
     cJSON_ArrayForEach(r, ranks) {
         if (g->n == KVD_MARKET_MAX_WINDOWS)
             break;
         snprintf(g->node[g->n], 65, "%s", str(r, "node") ? str(r, "node") : "");
-        g->first[g->n] = (uint32_t)num(r, "first", 0);
-        g->last[g->n] = (uint32_t)num(r, "last", 0);
+        g->first[g->n] = (uint32_t)util_json_number(r, "first", 0);
+        g->last[g->n] = (uint32_t)util_json_number(r, "last", 0);
         g->n++;
     }
     cJSON_Delete(o);
@@ -193,16 +171,16 @@ int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct k
     char key[KVD_MARKET_KEY_MAX];
     snprintf(key, sizeof key, "client/%s", id);
     memset(c, 0, sizeof *c);
-    cJSON *o = load(st, key);
+    cJSON *o = kvd_market__blob_load(st, key);
     if (!o)
         return -ENOENT;
     snprintf(c->id, sizeof c->id, "%s", id);
     snprintf(c->name, sizeof c->name, "%s", str(o, "name") ? str(o, "name") : "");
     const char *v = str(o, "verifier");
     int rc = v && strlen(v) == 64 && !util_hex_decode(v, c->verifier, 32) ? 0 : -EINVAL;
-    c->balance = num(o, "balance", 0);
-    c->spent = num(o, "spent", 0);
-    c->created = num(o, "created", 0);
+    c->balance = util_json_number(o, "balance", 0);
+    c->spent = util_json_number(o, "spent", 0);
+    c->created = util_json_number(o, "created", 0);
     cJSON_Delete(o);
     return rc;
 }
@@ -218,7 +196,7 @@ int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_
     cJSON_AddNumberToObject(o, "balance", c->balance);
     cJSON_AddNumberToObject(o, "spent", c->spent);
     cJSON_AddNumberToObject(o, "created", c->created);
-    int rc = save(st, key, o);
+    int rc = kvd_market__blob_save(st, key, o);
     cJSON_Delete(o);
     return rc;
 }
@@ -242,7 +220,7 @@ static cJSON *sess_load(struct kvd_market_store *st, const char *key, const char
 {
     char k[KVD_MARKET_KEY_MAX];
     snprintf(k, sizeof k, "sess/%s", key);
-    cJSON *s = load(st, k);
+    cJSON *s = kvd_market__blob_load(st, k);
     if (s)
         return s;
     s = cJSON_CreateObject();
@@ -286,15 +264,14 @@ int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_marke
     }
     char k[KVD_MARKET_KEY_MAX];
     snprintf(k, sizeof k, "sess/%s", key);
-    if ((rc = save(st, k, s)) == 0) {
+    /* an opened session is pending until every rank is settled: the sweep pays the ranks that
+     * submitted once the wait is over (a session no client opened is owed nothing, so it
+     * never waits there) */
+    if ((rc = kvd_market__blob_save(st, k, s)) == 0 && r->side == KVD_SIDE_OPEN) {
+        char at[64];
         snprintf(k, sizeof k, "pend/%s", key);
-        char *v = NULL;
-        if (st->ops->blob_get(st->impl, k, &v) == -ENOENT) {
-            char at[64];
-            snprintf(at, sizeof at, "{\"at\":%.17g}", now);
-            rc = st->ops->blob_put(st->impl, k, at);
-        }
-        free(v);
+        snprintf(at, sizeof at, "{\"at\":%.17g}", now);
+        rc = st->ops->blob_put(st->impl, k, at);
     }
 out:
     cJSON_Delete(s);
@@ -317,8 +294,8 @@ static int edge_state(const cJSON *sides, uint32_t e)
     if (!s || !r)
         return E_HALF;
     const char *a = str(s, "d"), *b = str(r, "d");
-    bool same = a && b && !strcmp(a, b) && num(s, "t0", -1) == num(r, "t0", -2) &&
-                num(s, "t1", -1) == num(r, "t1", -2);
+    bool same = a && b && !strcmp(a, b) && util_json_number(s, "t0", -1) == util_json_number(r, "t0", -2) &&
+                util_json_number(s, "t1", -1) == util_json_number(r, "t1", -2);
     return same ? E_OK : E_BAD;
 }
 
@@ -329,7 +306,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     char k[KVD_MARKET_KEY_MAX], why[256];
     memset(out, 0, sizeof *out);
     snprintf(k, sizeof k, "sess/%s", key);
-    cJSON *s = load(st, k);
+    cJSON *s = kvd_market__blob_load(st, k);
     if (!s)
         return -ENOENT;
     struct kvd_market_gen g;
@@ -347,7 +324,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     cJSON *sides = cJSON_GetObjectItemCaseSensitive(s, "sides");
     cJSON *paid = cJSON_GetObjectItemCaseSensitive(s, "paid");
     cJSON *held = cJSON_GetObjectItemCaseSensitive(s, "held");
-    uint64_t tokens = (uint64_t)num(s, "tokens", 0);
+    uint64_t tokens = (uint64_t)util_json_number(s, "tokens", 0);
     int es[KVD_MARKET_MAX_WINDOWS];
     bool all_ok = true, attested = true;
     for (uint32_t e = 0; e < g.n; e++) {
@@ -358,7 +335,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     /* a rank whose node is gone holds back only its own share: once the wait is over, the
      * others are paid when every edge of the ring has at least one side in (an edge whose two
      * sides disagree holds back the two ranks at its ends, not the rest) */
-    bool late = now >= num(s, "opened", now) + cfg->settle_wait_s;
+    bool late = now >= util_json_number(s, "opened", now) + cfg->settle_wait_s;
     double reward = kvd_market__reward(cfg, kvd_market__demand_now(cfg, &m, now), 1.0);
     bool changed = false;
     uint32_t settled = 0;
@@ -378,7 +355,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
         const char *hold = NULL;
         if (es[r] == E_BAD || es[pred] == E_BAD)
             hold = "the digests of an edge of this rank disagree";
-        else if (num(own, "t1", 0) > (double)tokens)
+        else if (util_json_number(own, "t1", 0) > (double)tokens)
             hold = "its token range is past what rank 0 opened for the client";
         else if (kvd_market__penalized(st, g.node[r], now, why, sizeof why))
             hold = "the node failed a probe";
@@ -390,7 +367,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
             settled++;
             continue;
         }
-        uint64_t t0 = (uint64_t)num(own, "t0", 0), t1 = (uint64_t)num(own, "t1", 0);
+        uint64_t t0 = (uint64_t)util_json_number(own, "t0", 0), t1 = (uint64_t)util_json_number(own, "t1", 0);
         uint64_t lt = (t1 - t0) * (uint64_t)(g.last[r] - g.first[r]);
         double credit = (double)lt * reward;
         rc = st->ops->credit_add(st->impl, key, r, t0, t1, g.node[r], lt, credit);
@@ -417,7 +394,7 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     }
     if (out->ranks_paid && (rc = kvd_market__client_put(st, &c)))
         goto out;
-    if (changed && (rc = save(st, k, s)))
+    if (changed && (rc = kvd_market__blob_save(st, k, s)))
         goto out;
     out->done = settled == g.n;
     if (out->done) {
@@ -448,15 +425,15 @@ int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_mark
         start = 0;
     after[0] = 0;
     for (size_t i = start; i < n; i++) {
-        cJSON *p = load(st, keys[i]);
-        double at = num(p, "at", now);
+        cJSON *p = kvd_market__blob_load(st, keys[i]);
+        double at = util_json_number(p, "at", now);
         cJSON_Delete(p);
         snprintf(after, KVD_MARKET_KEY_MAX, "%s", keys[i]);
         if (now < at + cfg->settle_wait_s)
             continue;   /* its ring may still be submitting: its own receipts settle it */
         struct kvd_market_settled s;
         rc = kvd_market__session_settle(st, cfg, keys[i] + strlen("pend/"), now, on_paid, ud, &s);
-        if (rc == -ENOENT || (rc == 0 && !s.opened && now > at + PENDING_MAX_AGE_S)) {
+        if (rc == -ENOENT || (rc == 0 && now > at + PENDING_MAX_AGE_S)) {
             rc = st->ops->blob_put(st->impl, keys[i], NULL);
         }
         if (rc)
