@@ -311,8 +311,14 @@ if [ -z "$CHROME" ]; then
 else
     LOGDIR=${KV_BUILD:-build}/test-logs
     mkdir -p "$LOGDIR"
-    timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 \
-        --user-data-dir="$T/chrome" --dump-dom "$M/" >"$T/dom.html" 2>"$T/chrome.err"
+    # the page fills itself from the API: a slow build may answer after Chromium dumped the DOM,
+    # so the dump is taken again until the filled page is in it (or the wait runs out)
+    rendered() {
+        timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=10000 \
+            --user-data-dir="$T/chrome" --dump-dom "$M/" >"$T/dom.html" 2>>"$T/chrome.err" &&
+            grep -q 'data-loaded="1"' "$T/dom.html"
+    }
+    for try in 1 2 3 4 5; do rendered && break; done
     grep -q 'data-loaded="1"' "$T/dom.html" && grep -q '<td>0-2</td>' "$T/dom.html" ||
         fail "the coverage page did not render the map: $(head -c 400 "$T/dom.html")"
     timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 \

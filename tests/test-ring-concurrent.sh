@@ -26,13 +26,16 @@ EXTRA_PIDS="$pids"
 for r in 0 1 2; do
     pid=$(rank_pid "$D" $r)
     inodes=$(ls -l /proc/$pid/fd 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | sort -u)
-    est=0
+    port=$(printf '%04X' $(rank_port "$D" $r))
+    est=0 inb=0
+    # only this stage's own sockets count (another program may hold a connection whose local
+    # port has the same number on another address)
     for ino in $inodes; do
         awk -v ino=$ino '$4 == "01" && $10 == ino {found=1} END {exit !found}' /proc/net/tcp /proc/net/tcp6 2>/dev/null && est=$((est + 1))
+        awk -v ino=$ino -v p=":$port" '$4 == "01" && $10 == ino && substr($2, length($2) - 4) == p {found=1} END {exit !found}' \
+            /proc/net/tcp /proc/net/tcp6 2>/dev/null && inb=$((inb + 1))
     done
     [ $est -eq 2 ] || fail "rank $r (pid $pid) has $est established TCP connections, expected 2"
-    port=$(printf '%04X' $(rank_port "$D" $r))
-    inb=$(awk -v p=":$port" '$4 == "01" && substr($2, length($2) - 4) == p' /proc/net/tcp | wc -l)
     [ $inb -eq 1 ] || fail "rank $r: $inb established connections into its port, expected 1"
 done
 echo "ok two established connections per stage"
