@@ -997,7 +997,7 @@ static void addr_key(const uv_tcp_t *tcp, char *out, size_t n)
  * answering, reading a request, upgraded, or with bytes waiting for the socket is never
  * chosen. NULL: none is idle. */
 static struct net_http_conn *idle_victim(struct net_http_server *s, struct net_http_conn *c,
-                                         const struct addr_ent *ae)
+                                         const struct addr_ent *ae, bool kept_only)
 {
     struct net_http_conn *kept = NULL, *silent = NULL;
     for (struct net_http_conn *v = s->conns; v; v = v->next) {
@@ -1008,7 +1008,7 @@ static struct net_http_conn *idle_victim(struct net_http_server *s, struct net_h
         if (!*best || v->idle_ms < (*best)->idle_ms)
             *best = v;
     }
-    return kept ? kept : silent;
+    return kept ? kept : kept_only ? NULL : silent;
 }
 
 /* Close a connection over a cap at once: a plain server first tries a 503 without queueing
@@ -1087,8 +1087,11 @@ static void on_connection(uv_stream_t *ls, int status)
      * count may pass the cap by the connections closing now). */
     bool over_addr = *as && (*as)->n >= s->lim.max_conns_per_addr;
     struct net_http_conn *v = NULL;
+    /* Over the per-address cap only a kept-alive connection of that address makes room: its
+     * silent ones are what a slow-loris host holds, and refusing its next one (counted and
+     * logged, rate-limited) is what bounds it. Over the global cap a silent one may go too. */
     if (over_addr || s->stats.conns_open > s->lim.max_conns)
-        v = idle_victim(s, c, over_addr ? *as : NULL);
+        v = idle_victim(s, c, over_addr ? *as : NULL, over_addr);
     if (v) {
         s->stats.conns_evicted++;
         srv_log(s, "closed an idle connection from %s (idle %.1f s) to make room for %s", v->peer,
