@@ -1678,9 +1678,15 @@ static void h_claims(struct net_http_req *req, void *ud)
         state_refuse(a, req, c.ms, 429, NULL, why);
         goto out;
     }
-    if (penalized(a, c.node, c.now, why, sizeof why) ||
-        lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
+    if (penalized(a, c.node, c.now, why, sizeof why)) {
         state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
+    if (lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
+        /* that window only: the node may claim another one (kvd join does) */
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "refused_window", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 403, x, why);
         goto out;
     }
     if (ls != L_FREE && strcmp(l->node, c.node)) {

@@ -41,6 +41,11 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(o, "cl_weights_mapped_bytes", (double)st->be.cl_weights_mapped);
         cJSON_AddNumberToObject(o, "cl_weights_copied_bytes", (double)st->be.cl_weights_copied);
     }
+    /* how long ago this stage last ran a token (absent before the first): the market's map
+     * shows it (kvd join sends it in its heartbeats) */
+    if (st->last_step_ms)
+        cJSON_AddNumberToObject(o, "last_token_age_s",
+                                round(((uint64_t)util_now_ms() - st->last_step_ms) / 100.0) / 10);
     uint32_t pend = 0;
     for (struct conn *p = st->pending; p; p = p->next)
         pend++;
