@@ -748,22 +748,26 @@ out:
 }
 
 /* The complete ring's truth from its stages' reports (ringmap.c): each window's report into
- * reps (NULL where none counts), whether any says its links are down (why: the first such
- * reason), and the API URLs of rank 0 into api. */
+ * reps (NULL where none counts), whether any says its links are down (why: the reason of the
+ * first rank that gave one, else of the first down), and the API URLs of rank 0 into api. */
 static bool ring_down(struct kvd_market_api *a, const struct model_state *ms, const char *hash,
                       double now, cJSON **reps, cJSON *api, char *why, size_t n)
 {
-    bool down = false;
+    int down = 0;
+    char w[600];
     for (size_t i = 0; i < ms->n; i++) {
         reps[i] = kvd_market__report_load(a->st, ms->m.id, ms->w[i].idx, ms->l[i].node, hash, now,
                                           3 * a->cfg.lease_s);
-        if (!down && reps[i])
-            down = kvd_market__report_down(reps[i], (uint32_t)i, why, n);
+        int d = reps[i] ? kvd_market__report_down(reps[i], (uint32_t)i, w, sizeof w) : 0;
+        if (d > down) {
+            down = d;
+            snprintf(why, n, "%s", w);
+        }
         const char *u = jstr(reps[i], "api");
         if (i == 0 && u)
             cJSON_AddItemToArray(api, cJSON_CreateString(u));
     }
-    return down;
+    return down > 0;
 }
 
 static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *ms, double now)
@@ -771,7 +775,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
     double d = demand_now(a, &ms->m, now);
     cJSON *o = cJSON_CreateObject(), *ws = cJSON_CreateArray(), *rings = cJSON_CreateArray();
     cJSON *reps[KVD_MARKET_MAX_WINDOWS] = {0}, *api = cJSON_CreateArray();
-    char hash[65], why[512] = "";
+    char hash[65], why[600] = "";
     char *man = manifest_of(ms, hash);
     bool down = man && ring_down(a, ms, hash, now, reps, api, why, sizeof why);
     cJSON_AddStringToObject(o, "model", ms->m.id);

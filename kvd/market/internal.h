@@ -338,8 +338,9 @@ int kvd_market__report_save(struct kvd_market_store *st, const char *model, uint
 struct cJSON *kvd_market__report_load(struct kvd_market_store *st, const char *model,
                                       uint32_t window, const char *node, const char *manifest,
                                       double now, double fresh_s);
-/* Whether a report says rank's links are down; why gets the reason when so. */
-bool kvd_market__report_down(const struct cJSON *rep, uint32_t rank, char *why, size_t n);
+/* Whether a report says rank's links are down: 0 when not, else why gets the reason, and 2
+ * when the stage said why a link failed, 1 when not (a link that waits for its peer). */
+int kvd_market__report_down(const struct cJSON *rep, uint32_t rank, char *why, size_t n);
 
 struct net_http_server;
 struct uv_loop_s;

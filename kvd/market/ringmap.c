@@ -18,7 +18,7 @@
 #include "kvd/market/internal.h"
 #include "util/util.h"
 
-#define REPORT_STR_MAX 300       /* a link's error as kept and shown, in bytes */
+#define REPORT_STR_MAX 512       /* a link's error as kept and shown, in bytes */
 #define REPORT_API_MAX 256       /* an API URL */
 
 static const char *jstr(const cJSON *o, const char *key)
@@ -158,11 +158,11 @@ cJSON *kvd_market__report_load(struct kvd_market_store *st, const char *model, u
     return o;
 }
 
-bool kvd_market__report_down(const cJSON *rep, uint32_t rank, char *why, size_t n)
+int kvd_market__report_down(const cJSON *rep, uint32_t rank, char *why, size_t n)
 {
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(rep, "links");
     if (!l || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "linked")))
-        return false;
+        return 0;
     const char *in = jstr(l, "in"), *out = jstr(l, "out");
     const char *ie = jstr(l, "in_error"), *oe = jstr(l, "out_error"), *e = jstr(l, "error");
     if (e)
@@ -175,5 +175,6 @@ bool kvd_market__report_down(const cJSON *rep, uint32_t rank, char *why, size_t 
                  ie ? ": " : "", ie ? ie : "");
     else
         snprintf(why, n, "rank %u reports its links down", rank);
-    return true;
+    /* a link down with its reason says more than one that waits for its peer */
+    return e || (out && strcmp(out, "up") && oe) || (in && strcmp(in, "up") && ie) ? 2 : 1;
 }

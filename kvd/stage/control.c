@@ -31,6 +31,13 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "n_embd", st->m.n_embd);
     cJSON_AddStringToObject(o, "arch", st->be.arch);
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
+    /* a local caller gets each link's last failure whole (the ring's records cut it) */
+    for (int k = 0; k < 2; k++) {
+        const struct kvd_link_note *ln = &st->links[k ? st->rank : st->pred];
+        cJSON *l = cJSON_GetObjectItemCaseSensitive(o, k ? "out" : "in");
+        if (ln->last_reason[0] && cJSON_GetObjectItemCaseSensitive(l, "error"))
+            cJSON_ReplaceItemInObjectCaseSensitive(l, "error", cJSON_CreateString(ln->last_reason));
+    }
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "endpoint",
                             st->m.ranks[st->succ].endpoint);
