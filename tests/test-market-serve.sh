@@ -8,7 +8,8 @@
 #    the market's paying client's key and with a key of --api-key-file, and gets 401 without;
 #  * every stage reports its links up and when it last ran a token;
 #  * with temperature, seed, top-k, top-p and min-p all given, the API and `kvctl generate`
-#    write the same text (and with the API's defaults spelled out to kvctl, too);
+#    write the same text (kvctl's defaults spelled out to the API, other values on both, and
+#    the API's defaults spelled out to kvctl);
 #  * SIGTERM of a join node gives its lease back: its window is uncovered at once (no lease
 #    to lapse, no grace), and a replacement started right after on the same port takes it;
 #  * `kvctl ring down --dir NODE_DIR` stops a joined node, which gives its lease back.
@@ -86,6 +87,8 @@ print("       API: %r\n       kvctl: %r" % (got, want))
 sys.exit(0 if got == want and got else 1)
 PY
 }
+same_text '"temperature":0.8,"seed":42,"top_k":40,"top_p":0.95,"min_p":0.05' \
+    --temp 0.8 --seed 42 --top-k 40 --top-p 0.95 --min-p 0.05
 same_text '"temperature":0.9,"seed":7,"top_k":20,"top_p":0.9,"min_p":0.02' \
     --temp 0.9 --seed 7 --top-k 20 --top-p 0.9 --min-p 0.02
 same_text '"temperature":0.8,"seed":42' --temp 0.8 --seed 42 --top-k 0 --top-p 1 --min-p 0
