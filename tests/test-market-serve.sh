@@ -12,7 +12,10 @@
 #    the API's defaults spelled out to kvctl);
 #  * SIGTERM of a join node gives its lease back: its window is uncovered at once (no lease
 #    to lapse, no grace), and a replacement started right after on the same port takes it;
-#  * `kvctl ring down --dir NODE_DIR` stops a joined node, which gives its lease back.
+#  * `kvctl ring down --dir NODE_DIR` stops a joined node, which gives its lease back;
+#  * an endpoint the market refuses (400) stops kvd join with the reason, no claim loop;
+#  * a node killed with -9: `kvctl market status` shows its window in grace with its holder,
+#    and a newcomer that fits says the window is kept for that holder, then takes it.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/market_lib.sh"
 command -v node >/dev/null || die "node missing (scripts/setup.sh installs nodejs)"
@@ -130,4 +133,36 @@ grep -q "gave its lease back" "$T/down.txt" || fail "kvctl ring down --dir: $(ca
 kill -0 "${JPID[d]}" 2>/dev/null && fail "node d still runs after kvctl ring down --dir"
 freed "$VR" || fail "window $VR not free after kvctl ring down --dir: $(cat "$T/cov.json")"
 echo "ok   kvctl ring down --dir NODE_DIR stopped node d and its window is free: $(cat "$T/down.txt")"
+
+# ---- a refusal no retry changes stops kvd join with the market's reason: an endpoint the
+# market refuses (a port past 65535), instead of claiming again once a second
+timeout 60 "$KVD" join --market "$M" --model "$ID" --state-dir "$T/x" --mem 1800000 -t 1 --jitter-ms 0 \
+    --advertise 127.0.0.1:99999 >"$T/join-x.log" 2>&1
+rc=$?
+[ $rc = 1 ] || fail "kvd join with an endpoint the market refuses exited $rc: $(tail -5 "$T/join-x.log")"
+grep -q "HTTP 400: endpoint: expected tcp://HOST:PORT" "$T/join-x.log" && grep -q "refused endpoint tcp://127.0.0.1:99999; stopping" "$T/join-x.log" ||
+    fail "kvd join does not say why it stopped: $(tail -5 "$T/join-x.log")"
+[ "$(grep -c 'claimed window' "$T/join-x.log")" = 1 ] || fail "kvd join claimed more than once: $(grep 'claimed window' "$T/join-x.log")"
+freed "$VR" || fail "window $VR is not free after the refused node stopped: $(cat "$T/cov.json")"
+echo "ok   kvd join stops on the market's 400 for its endpoint, with the reason, and gives the window back"
+
+# ---- grace, shown as such: a node killed with -9 keeps its window for itself a while; the map
+# says grace with its holder, and a newcomer that would fit says whose it is
+join e
+wait_for 60 ring_ready || fail "no complete ring after node e joined: $(cat "$T/cov.json")"
+OTHER=""
+for n in a b c; do [ "$n" != "$R0" ] && [ "$n" != "$VICTIM" ] && OTHER=$n; done
+OR=$(rank_of $OTHER)
+kill -9 "${JPID[$OTHER]}"
+in_grace() {
+    "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" 2>/dev/null &&
+    grep -qE "^  $OR +[0-9]+-[0-9]+ +grace +[^ ]+ [^ ]+ +$(key_of $OTHER | cut -c1-16) " "$T/status.txt"
+}
+wait_for 15 in_grace || fail "window $OR of the killed node is not shown in grace with its holder: $(cat "$T/status.txt")"
+join f
+wait_for 10 grep -q "window $OR of .* fits in [0-9]* bytes but is kept for its holder $(key_of $OTHER | cut -c1-16)\.\.\. in its grace period" "$T/join-f.log" ||
+    fail "node f does not say the window is kept for its holder: $(tail -3 "$T/join-f.log")"
+echo "ok   window $OR in grace: kvctl market status shows grace and its holder, and node f says whose it is"
+wait_for 30 ring_ready || fail "node f did not take window $OR after its grace: $(cat "$T/cov.json")"
+echo "ok   node f took window $OR once its grace was over"
 finish
