@@ -264,32 +264,67 @@ static int market_add(int argc, char **argv)
     return 0;
 }
 
+/* o[k] when it is a string, else "?" (the market's answer, printed as it came). */
+static const char *str_or_q(const cJSON *o, const char *k)
+{
+    const char *v = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
+    return v ? v : "?";
+}
+
 static void status_table(const cJSON *cov)
 {
-    const cJSON *w, *ws = cJSON_GetObjectItemCaseSensitive(cov, "windows");
+    const cJSON *w, *r, *ws = cJSON_GetObjectItemCaseSensitive(cov, "windows");
     const cJSON *rings = cJSON_GetObjectItemCaseSensitive(cov, "rings");
+    const cJSON *unlinked = cJSON_GetObjectItemCaseSensitive(cov, "unlinked");
     printf("model %s  %s  %d layers  demand %.2f requests/min  rings %d\n",
            cJSON_GetObjectItemCaseSensitive(cov, "model")->valuestring,
            cJSON_GetObjectItemCaseSensitive(cov, "name")->valuestring,
            (int)util_json_number(cov, "n_layers", 0), util_json_number(cov, "demand_rpm", 0),
            cJSON_GetArraySize(rings));
-    printf("  %-6s %-9s %-10s %-10s %-18s %-28s %s\n", "window", "layers", "state", "mem", "stage",
-           "endpoint", "reward/layer-token");
+    printf("  %-6s %-9s %-10s %-10s %-18s %-28s %-20s %s\n", "window", "layers", "state", "mem",
+           "stage", "endpoint", "links", "reward/layer-token");
     cJSON_ArrayForEach(w, ws) {
         const cJSON *ly = cJSON_GetObjectItemCaseSensitive(w, "layers");
         const cJSON *st = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(w, "stages"), 0);
         const cJSON *node = cJSON_GetObjectItemCaseSensitive(st, "node");
         const cJSON *ep = cJSON_GetObjectItemCaseSensitive(st, "endpoint");
-        char range[32], mem[32], nd[20] = "-";
+        const cJSON *sst = cJSON_GetObjectItemCaseSensitive(st, "state");
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(st, "ring");
+        const cJSON *lk = cJSON_GetObjectItemCaseSensitive(rep, "links");
+        const char *state = cJSON_GetObjectItemCaseSensitive(w, "state")->valuestring;
+        char range[32], mem[32], nd[20] = "-", links[40] = "-";
         snprintf(range, sizeof range, "%d-%d", (int)cJSON_GetArrayItem(ly, 0)->valuedouble,
                  (int)cJSON_GetArrayItem(ly, 1)->valuedouble);
         util_fmt_bytes(mem, sizeof mem, util_json_number(w, "mem_bytes", 0), 1, 0);
         if (cJSON_IsString(node))
             snprintf(nd, sizeof nd, "%.16s", node->valuestring);
-        printf("  %-6d %-9s %-10s %-10s %-18s %-28s %.6g\n", (int)util_json_number(w, "window", 0),
-               range, cJSON_GetObjectItemCaseSensitive(w, "state")->valuestring, mem, nd,
-               cJSON_IsString(ep) ? ep->valuestring : "-", util_json_number(w, "reward", 0));
+        /* a window in its grace period is kept for the stage shown, its holder */
+        if (cJSON_IsString(sst) && !strcmp(sst->valuestring, "grace"))
+            state = "grace";
+        if (lk) {
+            double age = util_json_number(rep, "last_token_age_s", -1);
+            int k = snprintf(links, sizeof links, "%s",
+                             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lk, "linked")) ? "up" : "down");
+            if (age >= 0)
+                snprintf(links + k, sizeof links - (size_t)k, ", token %.0fs ago", age);
+        }
+        printf("  %-6d %-9s %-10s %-10s %-18s %-28s %-20s %.6g\n", (int)util_json_number(w, "window", 0),
+               range, state, mem, nd, cJSON_IsString(ep) ? ep->valuestring : "-", links,
+               util_json_number(w, "reward", 0));
     }
+    cJSON_ArrayForEach(r, rings) {
+        const cJSON *api = cJSON_GetObjectItemCaseSensitive(r, "api"), *u;
+        printf("  ring %s  %d ranks  API", str_or_q(r, "id"),
+               (int)util_json_number(r, "ranks", 0));
+        if (!cJSON_GetArraySize(api))
+            printf(" - (rank 0 serves none)");
+        cJSON_ArrayForEach(u, api)
+            printf(" %s", cJSON_IsString(u) ? u->valuestring : "?");
+        printf("\n");
+    }
+    cJSON_ArrayForEach(r, unlinked)
+        printf("  not a ring: %s (%d ranks, every window active): %s\n",
+               str_or_q(r, "id"), (int)util_json_number(r, "ranks", 0), str_or_q(r, "reason"));
 }
 
 static int market_status(int argc, char **argv)

@@ -103,12 +103,38 @@ static bool pid_alive(int pid)
     return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
-/* Whether pid is rank r's kvd of the ring in dir_abs (an absolute path), as its pid file
- * (modified at pid_mtime) says: its executable is kvd, its command line names the rank's state
- * directory or the ring's manifest, and it started before the pid file was written. A pid
- * file outlives a crash, and the kernel hands its number to another process; that one must
- * never be signalled. false with the reason in why. */
+/* Whether an argument of pid's command line is the path want (absolute): as written, or a
+ * relative one resolved from the process's working directory. */
+static bool arg_is_path(int pid, const char *arg, const char *want)
+{
+    char p[PATH_MAX + 64], real[PATH_MAX];
+    if (!strcmp(arg, want))
+        return true;
+    if (arg[0] == '/' || !arg[0])
+        return false;
+    snprintf(p, sizeof p, "/proc/%d/cwd/%s", pid, arg);
+    return realpath(p, real) && !strcmp(real, want);
+}
+
+/* Whether pid is the kvd that its pid file (modified at pid_mtime) says: its executable is
+ * kvd, its command line names want_a or want_b (absolute paths; NULL: none), and it started
+ * before the pid file was written. A pid file outlives a crash, and the kernel hands its
+ * number to another process; that one must never be signalled. false with the reason in why. */
+static bool kvd_pid_is(int pid, const char *want_a, const char *want_b, time_t pid_mtime, char *why,
+                       size_t n);
+
+/* Whether pid is rank r's kvd of the ring in dir_abs (an absolute path): kvd_pid_is with the
+ * rank's state directory or the ring's manifest. */
 static bool ring_kvd_is(int pid, const char *dir_abs, uint32_t r, time_t pid_mtime, char *why, size_t n)
+{
+    char want_sd[PATH_MAX + 16], want_m[PATH_MAX + 16];
+    snprintf(want_sd, sizeof want_sd, "%s/rank-%u", dir_abs, r);
+    snprintf(want_m, sizeof want_m, "%s/ring.json", dir_abs);
+    return kvd_pid_is(pid, want_sd, want_m, pid_mtime, why, n);
+}
+
+static bool kvd_pid_is(int pid, const char *want_sd, const char *want_m, time_t pid_mtime, char *why,
+                       size_t n)
 {
     char path[64], exe[PATH_MAX];
     snprintf(path, sizeof path, "/proc/%d/exe", pid);
@@ -130,9 +156,7 @@ static bool ring_kvd_is(int pid, const char *dir_abs, uint32_t r, time_t pid_mti
         snprintf(why, n, "its executable is %s, not %s", exe, want);
         return false;
     }
-    char want_sd[PATH_MAX + 16], want_m[PATH_MAX + 16], args[8192];
-    snprintf(want_sd, sizeof want_sd, "%s/rank-%u", dir_abs, r);
-    snprintf(want_m, sizeof want_m, "%s/ring.json", dir_abs);
+    char args[8192];
     snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
     FILE *f = fopen(path, "r");
     size_t al = f ? fread(args, 1, sizeof args - 1, f) : 0;
@@ -141,9 +165,9 @@ static bool ring_kvd_is(int pid, const char *dir_abs, uint32_t r, time_t pid_mti
     args[al] = 0;
     bool named = false;
     for (size_t i = 0; i < al; i += strlen(args + i) + 1)
-        named |= !strcmp(args + i, want_sd) || !strcmp(args + i, want_m);
+        named |= arg_is_path(pid, args + i, want_sd) || (want_m && arg_is_path(pid, args + i, want_m));
     if (!named) {
-        snprintf(why, n, "its command line names neither %s nor %s", want_sd, want_m);
+        snprintf(why, n, "its command line names neither %s nor %s", want_sd, want_m ? want_m : "it");
         return false;
     }
     /* start time: field 22 of /proc/PID/stat (clock ticks after boot) + btime of /proc/stat */
@@ -1269,6 +1293,36 @@ static int stop_node(const char *dir_abs, const char *kind, uint32_t r, int *sto
     return 0;
 }
 
+/* A node that kvd join runs in dir_abs (its state directory, with join.pid): stopped with
+ * SIGTERM, on which it gives its lease back to the market at once (docs/market.md). 1 when
+ * there was one and it stopped, 0 when there is none, -1 when it did not stop. */
+static int stop_join(const char *dir_abs)
+{
+    char pidf[PATH_MAX + 16], why[PATH_MAX * 2 + 64] = "";
+    snprintf(pidf, sizeof pidf, "%s/join.pid", dir_abs);
+    int pid = 0;
+    struct stat pst;
+    FILE *f = fopen(pidf, "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%d", &pid) != 1 || pid <= 0 || fstat(fileno(f), &pst) != 0)
+        pid = 0;
+    fclose(f);
+    if (!pid || !pid_alive(pid))
+        return 0;
+    if (!kvd_pid_is(pid, dir_abs, NULL, pst.st_mtime, why, sizeof why)) {
+        fprintf(stderr, "kvctl ring down: pid %d in %s is not this node's kvd join (%s): not "
+                "signalled\n", pid, pidf, why);
+        return 0;
+    }
+    /* it stops its stage, gives its lease back and submits its last receipts: up to ~10 s */
+    if (kill(pid, SIGTERM) == 0 && !wait_gone(pid, 20)) {
+        fprintf(stderr, "kvctl ring down: kvd join (pid %d) did not stop within 20 s\n", pid);
+        return -1;
+    }
+    return 1;
+}
+
 static int ring_down(int argc, char **argv)
 {
     const char *dir = "ring", *v;
@@ -1277,7 +1331,8 @@ static int ring_down(int argc, char **argv)
             dir = v;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: kvctl ring down [--dir DIR]   stop the local ring started in DIR\n"
-                   "  (--ring DIR is the same, as kvctl status spells it)\n");
+                   "  (--ring DIR is the same, as kvctl status spells it); DIR may be a kvd join\n"
+                   "  node's state directory: the node stops and gives its lease back\n");
             return 0;
         } else {
             fprintf(stderr, "kvctl ring down: unknown option '%s'\nusage: kvctl ring down [--dir DIR]\n", argv[i]);
@@ -1288,6 +1343,12 @@ static int ring_down(int argc, char **argv)
     if (!realpath(dir, dir_abs)) {
         printf("ring down: 0 stages stopped (%s)\n", dir);
         return 0;
+    }
+    int joined = stop_join(dir_abs);
+    if (joined) {
+        printf("ring down: %s (%s)\n", joined > 0 ? "the joined node stopped and gave its lease "
+               "back" : "the joined node did not stop", dir);
+        return joined > 0 ? 0 : 1;
     }
     int stopped = 0, refused = 0, sb_stopped = 0;
     for (uint32_t r = 0; r < MAX_STAGES; r++)

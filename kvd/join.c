@@ -38,9 +38,15 @@
 
 #define CALL_MS 15000
 #define CLIENTS_EVERY_S 3.0      /* how often a ring's API learns the market's paying clients */
+#define CLIENTS_MAX 4096         /* the most of them written for it */
 
 struct join {
     const char *market, *model, *dir, *listen, *relay, *backend, *api;
+    const char *api_keys;       /* --api-key-file: keys let in besides the market's clients */
+    const char *chat_template;  /* --chat-template: the API's template family (NULL: the model's) */
+    const char *advertise;      /* --advertise HOST:PORT: the endpoint others dial, when not --listen */
+    char api_url[300];          /* rank 0's API as clients reach it (http://HOST:PORT) */
+    char *market_clients;       /* the market's paying clients, as the lines last written */
     uint64_t mem;
     int n_threads;
     uint32_t jitter_ms;
@@ -56,10 +62,14 @@ struct join {
     double move_ratio, move_after_s;
     double better_since;        /* when a window first looked that much better (0: none) */
     int better, prefer;         /* that window; the one to claim first (-1: none) */
+    int avoid;                  /* a window the market refuses us for a while (-1: none) ... */
+    double avoid_until;         /* ... until then */
     char endpoint[RING_ENDPOINT_MAX];
     uint32_t window, first, last;
     double lease_s, reserve_s;
     char manifest_sha[65];
+    int rank;                   /* our rank in the manifest the stage runs (-1: none) */
+    bool held;                  /* we hold a lease on window (given back on a clean exit) */
     int probe_fd;
     pid_t stage;
 };
@@ -107,6 +117,12 @@ static cJSON *call(struct join *j, const char *method, const char *path, cJSON *
     return o;
 }
 
+static const char *jstr_or(const cJSON *o, const char *key, const char *def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : def;
+}
+
 static int profile(struct join *j)
 {
     cJSON *b = cJSON_CreateObject();
@@ -122,12 +138,14 @@ static int profile(struct join *j)
 
 /* The window to claim from a coverage map: free (or kept for this node), fits in memory
  * (the planner's estimate), the best reward; ties: the largest window (the fewest devices
- * left to complete the ring). -1 when none. */
-static int pick(struct join *j, const cJSON *cov)
+ * left to complete the ring). -1 when none; then *kept names a window that fits but is kept
+ * for its holder in its grace period (borrowed from cov; NULL when none). */
+static int pick(struct join *j, const cJSON *cov, const cJSON **kept_w)
 {
     const cJSON *w, *ws = cJSON_GetObjectItemCaseSensitive(cov, "windows");
     int best = -1;
     double best_r = -1, best_mem = -1;
+    *kept_w = NULL;
     cJSON_ArrayForEach(w, ws) {
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(w, "state");
         const cJSON *stg = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(w, "stages"), 0);
@@ -135,10 +153,13 @@ static int pick(struct join *j, const cJSON *cov)
         const cJSON *hs = cJSON_GetObjectItemCaseSensitive(stg, "state");
         bool mine = cJSON_IsString(holder) && !strcmp(holder->valuestring, j->node);
         bool kept = cJSON_IsString(hs) && !strcmp(hs->valuestring, "grace") && !mine;
+        double mem = util_json_number(w, "mem_bytes", 0), r = util_json_number(w, "reward", 0);
+        if (kept && mem <= (double)j->mem && !*kept_w)
+            *kept_w = w;
         if (!cJSON_IsString(st) || kept || (strcmp(st->valuestring, "uncovered") && !mine))
             continue;
-        double mem = util_json_number(w, "mem_bytes", 0), r = util_json_number(w, "reward", 0);
-        if (mem > (double)j->mem)
+        if (mem > (double)j->mem ||
+            ((int)util_json_number(w, "window", -1) == j->avoid && util_now_s() < j->avoid_until))
             continue;
         if (mine || (int)util_json_number(w, "window", -1) == j->prefer)
             return (int)util_json_number(w, "window", 0);   /* ours to take back first, or
@@ -152,7 +173,9 @@ static int pick(struct join *j, const cJSON *cov)
     return best;
 }
 
-/* Claim a window: 0 with j->window/first/last set, -EAGAIN to try again later. */
+/* Claim a window: 0 with j->window/first/last set, -EAGAIN to try again later, -EINVAL when
+ * the market refused in a way no retry changes (the model is gone, the claim is malformed,
+ * this node's claims are refused: its reason is logged). */
 static int claim(struct join *j)
 {
     char path[128];
@@ -162,15 +185,23 @@ static int claim(struct join *j)
     cJSON *cov = call(j, "GET", path, NULL, false, &st);
     if (!cov || st != 200) {
         cJSON_Delete(cov);
-        return -EAGAIN;
+        return st == 404 ? -EINVAL : -EAGAIN;
     }
-    int w = pick(j, cov);
-    cJSON_Delete(cov);
-    if (w < 0) {
+    const cJSON *kept;
+    int w = pick(j, cov, &kept);
+    if (w < 0 && kept) {
+        const cJSON *stg = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(kept, "stages"), 0);
+        kvd_log(KVD_LOG_INFO, "window %d of %.16s... fits in %llu bytes but is kept for its holder "
+                "%.16s... in its grace period (%.0f s more); waiting",
+                (int)util_json_number(kept, "window", -1), j->model, (unsigned long long)j->mem,
+                jstr_or(stg, "node", "?"), util_json_number(stg, "expires_in", 0));
+    } else if (w < 0) {
         kvd_log(KVD_LOG_INFO, "no free window of %.16s... fits in %llu bytes; waiting", j->model,
                 (unsigned long long)j->mem);
-        return -EAGAIN;
     }
+    cJSON_Delete(cov);
+    if (w < 0)
+        return -EAGAIN;
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "model", j->model);
     cJSON_AddNumberToObject(b, "window", w);
@@ -191,9 +222,21 @@ static int claim(struct join *j)
         rc = 0;
     } else if (o && st == 409) {
         kvd_log(KVD_LOG_INFO, "window %d went to another node; reading the map again", w);
-    } else if (o && (st == 403 || st == 429)) {
+    } else if (st == 429 || st == 404) {
+        /* over a rate limit: later; no such window: the plan changed, read the map again */
         const char *e = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "error"));
         kvd_log(KVD_LOG_WARN, "the market refused the claim of window %d: %s", w, e ? e : "?");
+    } else if (st == 403 && cJSON_GetObjectItemCaseSensitive(o, "refused_window")) {
+        /* our reservation of that window ran out: another window may be claimed meanwhile */
+        const char *e = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "error"));
+        kvd_log(KVD_LOG_WARN, "the market refused the claim of window %d: %s", w, e ? e : "?");
+        j->avoid = w;
+        j->avoid_until = util_now_s() + 60;
+    } else if (st >= 400 && st < 500) {
+        const char *e = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "error"));
+        kvd_log(KVD_LOG_ERROR, "the market refused the claim of window %d (HTTP %ld): %s; not "
+                "claiming again", w, st, e ? e : "?");
+        rc = -EINVAL;
     }
     cJSON_Delete(o);
     return rc;
@@ -238,12 +281,6 @@ static int probe_answer(struct join *j, const cJSON *p)
     return st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
 }
 
-static const char *jstr_or(const cJSON *o, const char *key, const char *def)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : def;
-}
-
 /* Answer an audit of this node's past work the market sent with a heartbeat's answer
  * (docs/market.md, "Audits"): the rows of that session from the stage's row log, with their
  * Merkle proofs, posted to POST /v1/leases/audit. 0 when the market took the answer (it
@@ -279,9 +316,68 @@ static int audit_answer(struct join *j, const cJSON *a)
     return st == 200 || st == 202 ? 0 : st == 403 ? -EPERM : -EAGAIN;
 }
 
+static int status_obj(const char *line, void *ud)
+{
+    cJSON_Delete(*(cJSON **)ud);
+    *(cJSON **)ud = cJSON_Parse(line);
+    return 1;
+}
+
+/* Our stage's status over its control socket (caller deletes), NULL when none runs or it does
+ * not answer. */
+static cJSON *stage_status(struct join *j)
+{
+    char sock[4200], err[KV_ERR_MAX];
+    cJSON *o = NULL;
+    if (j->stage <= 0)
+        return NULL;
+    snprintf(sock, sizeof sock, "%s/kvd.sock", j->dir);
+    if (ring_ctl_request(sock, "{\"op\":\"status\"}", status_obj, &o, 3000, err, sizeof err) < 0) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* What a heartbeat tells the market of the ring (docs/market.md, "The map"): the manifest our
+ * stage runs, its links' state (and why one is down), how long ago it last ran a token, and on
+ * rank 0 the API's URL. Nothing while no stage runs. */
+static void ring_report(struct join *j, cJSON *b)
+{
+    if (j->stage <= 0 || !j->manifest_sha[0])
+        return;
+    cJSON_AddStringToObject(b, "manifest", j->manifest_sha);
+    cJSON *s = stage_status(j), *l = cJSON_CreateObject();
+    if (!s) {
+        cJSON_AddBoolToObject(l, "linked", false);
+        cJSON_AddStringToObject(l, "error", "the stage does not answer on its control socket");
+    } else {
+        cJSON_AddBoolToObject(l, "linked",
+                              cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "linked")));
+        for (int k = 0; k < 2; k++) {
+            const char *side = k ? "out" : "in";
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, side);
+            char key[16];
+            cJSON_AddStringToObject(l, side, jstr_or(x, "state", "down"));
+            const char *e = jstr_or(x, "error", NULL);
+            snprintf(key, sizeof key, "%s_error", side);
+            if (e && strcmp(jstr_or(x, "state", "down"), "up"))
+                cJSON_AddStringToObject(l, key, e);
+        }
+        double age = util_json_number(s, "last_token_age_s", -1);
+        if (age >= 0)
+            cJSON_AddNumberToObject(b, "last_token_age_s", age);
+    }
+    cJSON_AddItemToObject(b, "links", l);
+    if (j->rank == 0 && j->api_url[0])
+        cJSON_AddStringToObject(b, "api", j->api_url);
+    cJSON_Delete(s);
+}
+
 /* Renew the lease (with the endpoint once the window is here), answering a probe the market
- * sends with it: 0, -EPERM when the lease is gone (or a probe failed), -EAGAIN when the market
- * did not answer. */
+ * sends with it: 0, -EPERM when the lease is gone (or a probe failed), -EINVAL when the
+ * market found the heartbeat malformed (an endpoint it refuses: its reason is logged),
+ * -EAGAIN when the market did not answer. */
 static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
 {
     cJSON *b = cJSON_CreateObject();
@@ -290,9 +386,10 @@ static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
     cJSON_AddNumberToObject(b, "progress", (double)progress);
     if (endpoint)
         cJSON_AddStringToObject(b, "endpoint", endpoint);
+    ring_report(j, b);
     long st;
     cJSON *o = call(j, "POST", "/v1/leases/heartbeat", b, true, &st);
-    int rc = st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+    int rc = st == 200 ? 0 : st == 400 ? -EINVAL : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "probe");
     if (rc == 0 && cJSON_IsObject(p))
         rc = probe_answer(j, p);
@@ -432,32 +529,66 @@ static int pull(struct join *j)
     return rc;
 }
 
-/* Listen on the stage's address until the stage takes it over, so the market's probe finds
- * the endpoint answering (connections wait in the backlog, unanswered). */
-static int probe_listen(struct join *j)
+/* A listening TCP socket on hostport (IPv4 HOST:PORT; PORT 0: any free one): its fd, with the
+ * port bound in *port; a negative errno. */
+static int tcp_listen(const char *hostport, uint16_t *port)
 {
-    if (j->relay)
-        return 0;
     char host[256];
-    const char *colon = strrchr(j->listen, ':');
-    if (!colon || (size_t)(colon - j->listen) >= sizeof host)
+    const char *colon = strrchr(hostport, ':');
+    if (!colon || (size_t)(colon - hostport) >= sizeof host)
         return -EINVAL;
-    memcpy(host, j->listen, (size_t)(colon - j->listen));
-    host[colon - j->listen] = 0;
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = 0;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    socklen_t sl = sizeof sa;
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
         return -EINVAL;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     if (fd < 0)
         return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 16)) {
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 16) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
         int e = -errno;
         close(fd);
         return e;
     }
-    j->probe_fd = fd;
-    return 0;
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* Listen on the stage's address until the stage takes it over, so the market's probe finds
+ * the endpoint answering (connections wait in the backlog, unanswered). An address still in
+ * use (a stage of a node stopped a moment ago on this port) is tried again every second,
+ * keeping the reservation meanwhile: 0, -EPERM when the lease was lost, or another negative
+ * code. */
+static int heartbeat(struct join *j, const char *endpoint, uint64_t progress);
+static int probe_listen(struct join *j)
+{
+    if (j->relay || j->probe_fd >= 0)
+        return 0;
+    uint16_t port;
+    double next_hb = util_now_s() + j->reserve_s / 4, logged = 0;
+    for (;;) {
+        int fd = tcp_listen(j->listen, &port);
+        if (fd >= 0) {
+            j->probe_fd = fd;
+            return 0;
+        }
+        if (fd != -EADDRINUSE || stop_flag)
+            return fd;
+        if (util_now_s() - logged >= 10) {
+            kvd_log(KVD_LOG_INFO, "listen on %s: address in use (a process stopped a moment ago "
+                    "may still hold it); trying again every second", j->listen);
+            logged = util_now_s();
+        }
+        sleep_ms(1000);
+        if (util_now_s() >= next_hb) {
+            if (heartbeat(j, NULL, 0) == -EPERM)
+                return -EPERM;
+            next_hb = util_now_s() + j->reserve_s / 4;
+        }
+    }
 }
 
 static void probe_close(struct join *j)
@@ -505,16 +636,18 @@ static int stage_start(struct join *j, int rank)
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
                                    .listen = j->relay ? NULL : j->listen,
                                    .receipts = j->receipts_path};
-        if (rank == 0 && j->api) {   /* the ring's API: paying clients only */
+        if (rank == 0 && j->api) {   /* the ring's API: paying clients and --api-key-file's */
             o.api_listen = j->api;
             o.api_key_file = j->clients_path;
             o.api_keys_reload = true;
+            o.chat_template = j->chat_template;
         }
         if (strcmp(j->backend, "cpu"))
             o.backend = j->backend;
         _exit(kvd_stage_run(&o) < 0 ? 1 : 0);
     }
     j->stage = pid;
+    j->rank = rank;
     kvd_log(KVD_LOG_INFO, "stage of rank %d started (pid %d) on manifest %.16s...", rank, (int)pid,
             j->manifest_sha);
     return 0;
@@ -652,9 +785,60 @@ static int receipts_submit(struct join *j)
     return pending;
 }
 
-/* The paying clients a market ring's API lets in (DIR/clients.keys, "sha256:<client id>" a
- * line, which the stage's API reads again when it changes): refreshed from the market every
- * few seconds; a market that does not answer leaves the list as it was. */
+/* Write DIR/clients.keys, the keys the ring's API lets in (the stage's API reads it again when
+ * it changes): the market's paying clients as last fetched ("sha256:<client id>" lines) and
+ * the lines of --api-key-file as they are now (plain keys or "sha256:" lines; the API checks
+ * them). Written only when its text changed, through a rename. */
+static void clients_write(struct join *j)
+{
+    size_t cap = 1 << 20, n = 0;   /* the API caps its keys far below this */
+    char *text = malloc(cap), line[600];
+    if (!text)
+        return;
+    n = (size_t)snprintf(text, cap, "# the market's paying clients and --api-key-file's keys, "
+                         "written by kvd join\n");
+    if (j->market_clients) {
+        size_t k = strlen(j->market_clients);
+        if (n + k < cap) {
+            memcpy(text + n, j->market_clients, k + 1);
+            n += k;
+        }
+    }
+    FILE *kf = j->api_keys ? fopen(j->api_keys, "r") : NULL;
+    if (j->api_keys && !kf)
+        kvd_log(KVD_LOG_WARN, "--api-key-file %s: %s (its keys are not let in now)", j->api_keys,
+                strerror(errno));
+    while (kf && fgets(line, sizeof line, kf)) {
+        size_t k = strlen(line);
+        if (k && line[k - 1] != '\n' && k + 1 < sizeof line)
+            line[k++] = '\n', line[k] = 0;
+        if (n + k + 1 >= cap)
+            break;
+        memcpy(text + n, line, k + 1);
+        n += k;
+    }
+    if (kf)
+        fclose(kf);
+    FILE *old = fopen(j->clients_path, "r");
+    bool same = false;
+    if (old) {
+        char *cur = malloc(n + 2);
+        size_t got = cur ? fread(cur, 1, n + 1, old) : 0;
+        same = cur && got == n && !memcmp(cur, text, n);
+        free(cur);
+        fclose(old);
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", j->clients_path);
+    FILE *f = same ? NULL : fopen(tmp, "w");
+    if (!same && (!f || fwrite(text, 1, n, f) != n || fclose(f) || rename(tmp, j->clients_path)))
+        kvd_log(KVD_LOG_WARN, "%s: %s", j->clients_path, strerror(errno));
+    free(text);
+}
+
+/* The paying clients a market ring's API lets in: refreshed from the market every few
+ * seconds (with --api-key-file's keys, clients_write); a market that does not answer leaves
+ * its part as it was. */
 static void clients_refresh(struct join *j)
 {
     if (!j->api || util_now_s() < j->clients_next)
@@ -663,23 +847,23 @@ static void clients_refresh(struct join *j)
     long st;
     cJSON *o = call(j, "GET", "/v1/clients", NULL, false, &st);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "payable"), *id;
-    if (st != 200 || !cJSON_IsArray(ids)) {
-        cJSON_Delete(o);
-        return;
+    if (st == 200 && cJSON_IsArray(ids)) {
+        /* each line 72 bytes, at most CLIENTS_MAX of them whatever the market sends */
+        int cnt = cJSON_GetArraySize(ids);
+        size_t cap = (size_t)(cnt < CLIENTS_MAX ? cnt : CLIENTS_MAX) * 72 + 1, n = 0;
+        char *lines = malloc(cap);
+        if (lines) {
+            lines[0] = 0;
+            cJSON_ArrayForEach(id, ids)
+                if (cJSON_IsString(id) && strlen(id->valuestring) == 64 &&
+                    strspn(id->valuestring, "0123456789abcdef") == 64 && n + 73 <= cap)
+                    n += (size_t)snprintf(lines + n, cap - n, "sha256:%s\n", id->valuestring);
+            free(j->market_clients);
+            j->market_clients = lines;
+        }
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", j->clients_path);
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fprintf(f, "# the market's paying clients, refreshed by kvd join\n") > 0;
-    cJSON_ArrayForEach(id, ids)
-        if (ok && cJSON_IsString(id) && strlen(id->valuestring) == 64 &&
-            strspn(id->valuestring, "0123456789abcdef") == 64)
-            ok = fprintf(f, "sha256:%s\n", id->valuestring) > 0;
-    if (f && fclose(f))
-        ok = false;
-    if (!ok || rename(tmp, j->clients_path))
-        kvd_log(KVD_LOG_WARN, "%s: %s", j->clients_path, strerror(errno));
     cJSON_Delete(o);
+    clients_write(j);
 }
 
 /* Submit receipts when due: now, or after the backoff a market that did not answer set. */
@@ -712,25 +896,15 @@ static double window_value(const cJSON *w)
     return layers * util_json_number(w, "reward", 0) / (1 + 2 * (1 - c));
 }
 
-static int status_line(const char *line, void *ud)
-{
-    cJSON *o = cJSON_Parse(line);
-    *(double *)ud = util_json_number(o, "sessions", -1);
-    cJSON_Delete(o);
-    return 1;
-}
-
 /* Sessions open on our stage now; -1 when its control socket does not answer. */
 static int stage_sessions(struct join *j)
 {
-    char sock[4200], err[KV_ERR_MAX];
-    double n = -1;
-    snprintf(sock, sizeof sock, "%s/kvd.sock", j->dir);
     if (j->stage <= 0)
         return 0;   /* no stage runs (no ring yet): nothing to interrupt */
-    if (ring_ctl_request(sock, "{\"op\":\"status\"}", status_line, &n, 3000, err, sizeof err) < 0)
-        return -1;
-    return (int)n;
+    cJSON *s = stage_status(j);
+    int n = s ? (int)util_json_number(s, "sessions", -1) : -1;
+    cJSON_Delete(s);
+    return n;
 }
 
 /* The hysteresis of moving (docs/market.md, "Moving"): the free window to move to now, or -1.
@@ -814,9 +988,8 @@ static int hold(struct join *j)
     while (!stop_flag) {
         if (util_now_s() >= next_hb) {
             int rc = heartbeat(j, j->endpoint, 0);
-            if (rc == -EPERM && reclaim(j)) {
+            if (rc == -EINVAL || (rc == -EPERM && reclaim(j)))
                 return rc;
-            }
             next_hb = util_now_s() + j->lease_s / 4;
             int to = move_target(j);
             if (to >= 0) {
@@ -850,10 +1023,17 @@ static void join_usage(FILE *f)
         "  ring's manifest and runs as its stage (docs/market.md). Rank 0 serves clients on\n"
         "  DIR/kvd.sock.\n"
         "  --mem BYTES         memory for the window (K/M/G suffixes; default: half of MemAvailable)\n"
-        "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port)\n"
+        "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port;\n"
+        "                      PORT 0: a free one, bound first and advertised)\n"
+        "  --advertise HOST:PORT  the endpoint the market publishes, when not --listen's (a\n"
+        "                      forwarded port)\n"
         "  --relay URL         no inbound: the in-edge goes through this relay (relay://HOST:PORT)\n"
+        "  --relay-ca PEM      relay certificates chain to this CA (as KV_RELAY_CA does)\n"
         "  --api HOST:PORT     as rank 0, serve the OpenAI-compatible API there to the market's\n"
-        "                      paying clients (Authorization: Bearer <client key>)\n"
+        "                      paying clients (Authorization: Bearer <client key>); the market\n"
+        "                      publishes it in the map. A node of another rank serves nothing\n"
+        "  --api-key-file F    keys let in besides the market's clients (plain or sha256:HEX lines)\n"
+        "  --chat-template NAME  the API's chat template family (default: the model's)\n"
         "  --backend NAME      compute backend (default cpu)\n"
         "  --ca PEM            an https:// market's certificate must chain to this CA\n"
         "  -t N                compute threads (default: all cores)\n"
@@ -892,10 +1072,21 @@ static int free_port(char *out, size_t n)
     return 0;
 }
 
+/* The URL clients reach --api HOST:PORT at: http://HOST:PORT (a wildcard host is sent as it
+ * is; the market puts the address the heartbeat came from in its place). 0, or -EINVAL
+ * without a port. */
+static int api_url_of(const char *api, char *out, size_t n)
+{
+    const char *colon = strrchr(api, ':');
+    if (!colon || atoi(colon + 1) <= 0 || atoi(colon + 1) > 65535 || colon == api)
+        return -EINVAL;
+    return snprintf(out, n, "http://%s", api) < (int)n ? 0 : -EINVAL;
+}
+
 int kvd_join_main(int argc, char **argv)
 {
     struct join j = {.backend = "cpu", .jitter_ms = 1500, .probe_fd = -1, .move_ratio = 1.5,
-                     .move_after_s = 120, .prefer = -1};
+                     .move_after_s = 120, .prefer = -1, .avoid = -1, .rank = -1};
     static char listen_buf[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -922,6 +1113,20 @@ int kvd_join_main(int argc, char **argv)
             j.relay = v;
         else if (!strcmp(a, "--api"))
             j.api = v;
+        else if (!strcmp(a, "--api-key-file"))
+            j.api_keys = v;
+        else if (!strcmp(a, "--chat-template"))
+            j.chat_template = v;
+        else if (!strcmp(a, "--advertise"))
+            j.advertise = v;
+        else if (!strcmp(a, "--relay-ca")) {
+            /* the stage's relay links read it from the environment (net/relay_link.c) */
+            if (access(v, R_OK)) {
+                fprintf(stderr, "kvd join: --relay-ca %s: %s\n", v, strerror(errno));
+                return 2;
+            }
+            setenv("KV_RELAY_CA", v, 1);
+        }
         else if (!strcmp(a, "--backend"))
             j.backend = v;
         else if (!strcmp(a, "--move-ratio") || !strcmp(a, "--move-after-s")) {
@@ -975,6 +1180,23 @@ int kvd_join_main(int argc, char **argv)
         fprintf(stderr, "kvd join: --relay '%s': expected relay://HOST:PORT\n", j.relay);
         return 2;
     }
+    if ((j.api_keys || j.chat_template) && !j.api) {
+        fprintf(stderr, "kvd join: --api-key-file and --chat-template are the API's: pass --api\n");
+        return 2;
+    }
+    if (j.api_keys && access(j.api_keys, R_OK)) {
+        fprintf(stderr, "kvd join: --api-key-file %s: %s\n", j.api_keys, strerror(errno));
+        return 2;
+    }
+    if (j.advertise && (j.relay || !strrchr(j.advertise, ':') || !atoi(strrchr(j.advertise, ':') + 1))) {
+        fprintf(stderr, "kvd join: --advertise '%s': expected HOST:PORT (not with --relay)\n",
+                j.advertise);
+        return 2;
+    }
+    if (j.api && api_url_of(j.api, j.api_url, sizeof j.api_url)) {
+        fprintf(stderr, "kvd join: --api '%s': expected HOST:PORT with a port\n", j.api);
+        return 2;
+    }
     if (!j.mem)
         j.mem = mem_default();
     kvd_log_set_prefix("join");
@@ -992,6 +1214,18 @@ int kvd_join_main(int argc, char **argv)
         }
         j.listen = listen_buf;
     }
+    const char *lc = j.listen && !j.relay ? strrchr(j.listen, ':') : NULL;
+    if (lc && !strcmp(lc, ":0")) {   /* bind first, then advertise the port bound */
+        uint16_t port;
+        int fd = tcp_listen(j.listen, &port);
+        if (fd < 0) {
+            fprintf(stderr, "kvd join: --listen %s: %s\n", j.listen, strerror(-fd));
+            return 1;
+        }
+        snprintf(listen_buf, sizeof listen_buf, "%.*s:%u", (int)(lc - j.listen), j.listen, port);
+        j.listen = listen_buf;
+        j.probe_fd = fd;
+    }
     if (j.relay) {
         uint8_t b[16];
         char hex[33];
@@ -999,17 +1233,22 @@ int kvd_join_main(int argc, char **argv)
         util_hex_encode(b, sizeof b, hex);
         snprintf(j.endpoint, sizeof j.endpoint, "%s/b/%s", j.relay, hex);
     } else {
-        snprintf(j.endpoint, sizeof j.endpoint, "tcp://%s", j.listen);
+        snprintf(j.endpoint, sizeof j.endpoint, "tcp://%s", j.advertise ? j.advertise : j.listen);
     }
     snprintf(j.manifest_path, sizeof j.manifest_path, "%s/manifest.json", j.dir);
     snprintf(j.receipts_path, sizeof j.receipts_path, "%s/receipts.jsonl", j.dir);
     snprintf(j.offset_path, sizeof j.offset_path, "%s/receipts.offset", j.dir);
     snprintf(j.clients_path, sizeof j.clients_path, "%s/clients.keys", j.dir);
-    if (j.api) {   /* nobody until the market's list came */
-        FILE *cf = fopen(j.clients_path, "a");
-        if (cf)
-            fclose(cf);
+    if (j.api) {   /* --api-key-file's keys only until the market's list came */
+        unlink(j.clients_path);
+        clients_write(&j);
     }
+    /* kvctl ring down --dir DIR stops this node through it (a clean stop gives the lease back) */
+    char pid_path[4200];
+    snprintf(pid_path, sizeof pid_path, "%s/join.pid", j.dir);
+    FILE *pf = fopen(pid_path, "w");
+    if (!pf || fprintf(pf, "%d\n", (int)getpid()) < 0 || fclose(pf))
+        kvd_log(KVD_LOG_WARN, "%s: %s", pid_path, strerror(errno));
     kvd_log(KVD_LOG_INFO, "node %s joining model %.16s... at %s (memory %llu bytes, endpoint %s)",
             j.node, j.model, j.market, (unsigned long long)j.mem, j.endpoint);
     signal(SIGTERM, on_stop);
@@ -1024,26 +1263,43 @@ int kvd_join_main(int argc, char **argv)
         rc = profile(&j);
         if (rc == 0)
             rc = fetch_catalog(&j);
+        if (rc == 0)
+            rc = claim(&j);
         if (rc == -EINVAL)
             break;   /* the market refuses this node or serves a wrong catalog: no retry helps */
-        if (rc || claim(&j)) {
+        if (rc) {
+            rc = 0;
             sleep_ms(backoff);
             backoff = backoff < 8000 ? backoff * 2 : 8000;
             continue;
         }
+        j.held = true;
         backoff = 500;
         rc = pull(&j);
-        if (rc == -EPERM || rc == -EAGAIN)
+        if (rc == -EPERM || rc == -EAGAIN) {
+            j.held = rc != -EPERM;
+            rc = 0;
             continue;
+        }
         if (rc)
             break;
-        if ((rc = probe_listen(&j))) {
+        if ((rc = probe_listen(&j)) == -EPERM) {
+            j.held = false;
+            rc = 0;
+            continue;
+        }
+        if (rc) {
             kvd_log(KVD_LOG_ERROR, "listen on %s: %s", j.listen, strerror(-rc));
             break;
         }
-        if (heartbeat(&j, j.endpoint, 0)) {
+        if ((rc = heartbeat(&j, j.endpoint, 0)) == -EINVAL) {
+            kvd_log(KVD_LOG_ERROR, "the market refused endpoint %s; stopping", j.endpoint);
+            break;
+        }
+        if (rc) {
             kvd_log(KVD_LOG_WARN, "the market did not activate the lease; claiming again");
             probe_close(&j);
+            rc = 0;
             continue;
         }
         kvd_log(KVD_LOG_INFO, "lease on window %u active; waiting for the ring's manifest", j.window);
@@ -1052,24 +1308,35 @@ int kvd_join_main(int argc, char **argv)
         probe_close(&j);
         j.manifest_sha[0] = 0;
         j.better_since = 0;
+        j.rank = -1;
+        if (rc == -EINVAL)
+            break;
         if (rc == -EXDEV) {   /* moving: what we owe is submitted while we hold the rank */
             kvd_log(KVD_LOG_INFO, "moving from window %u to window %d", j.window, j.prefer);
             receipts_submit(&j);
             release(&j);
+            j.held = false;
             unlink(j.window_path);   /* a node keeps only the window it serves */
             rc = 0;
             continue;
         }
         if (rc == -EPERM) {
             kvd_log(KVD_LOG_WARN, "lost the lease on window %u; claiming again", j.window);
+            j.held = false;
             rc = 0;
         }
     }
     stage_stop(&j);
     probe_close(&j);
+    if (j.held) {   /* the window is free at once, not after the lease and its grace */
+        release(&j);
+        kvd_log(KVD_LOG_INFO, "gave the lease on window %u back", j.window);
+    }
     /* on a clean exit, what the stage wrote last (its sessions end as it stops) */
     for (int i = 0; i < 3 && receipts_submit(&j); i++)
         sleep_ms(1000);
+    unlink(pid_path);
+    free(j.market_clients);
     net_identity_free(j.id);
     kvd_log(KVD_LOG_INFO, "stopped");
     return rc < 0 ? 1 : 0;

@@ -54,8 +54,8 @@ static void cert_hint(char *r, size_t n)
     bool own = ca && ca[0];
     size_t k = strlen(r);
     snprintf(r + k, n - k, " (relay certificates are checked against %s%s: set KV_RELAY_CA in "
-             "the stage's environment to the PEM file of the CA that signed the relay's "
-             "certificate, and name the relay by a host its certificate holds)",
+             "the stage's environment, or --relay-ca, to the PEM file of the CA that signed the "
+             "relay's certificate, and name the relay by a host its certificate holds)",
              own ? "KV_RELAY_CA=" : "the system store", own ? ca : "");
 }
 

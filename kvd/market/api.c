@@ -747,10 +747,37 @@ out:
     cJSON_Delete(b);
 }
 
+/* The complete ring's truth from its stages' reports (ringmap.c): each window's report into
+ * reps (NULL where none counts), whether any says its links are down (why: the reason of the
+ * first rank that gave one, else of the first down), and the API URLs of rank 0 into api. */
+static bool ring_down(struct kvd_market_api *a, const struct model_state *ms, const char *hash,
+                      double now, cJSON **reps, cJSON *api, char *why, size_t n)
+{
+    int down = 0;
+    char w[600];
+    for (size_t i = 0; i < ms->n; i++) {
+        reps[i] = kvd_market__report_load(a->st, ms->m.id, ms->w[i].idx, ms->l[i].node, hash, now,
+                                          3 * a->cfg.lease_s);
+        int d = reps[i] ? kvd_market__report_down(reps[i], (uint32_t)i, w, sizeof w) : 0;
+        if (d > down) {
+            down = d;
+            snprintf(why, n, "%s", w);
+        }
+        const char *u = jstr(reps[i], "api");
+        if (i == 0 && u)
+            cJSON_AddItemToArray(api, cJSON_CreateString(u));
+    }
+    return down > 0;
+}
+
 static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *ms, double now)
 {
     double d = demand_now(a, &ms->m, now);
     cJSON *o = cJSON_CreateObject(), *ws = cJSON_CreateArray(), *rings = cJSON_CreateArray();
+    cJSON *reps[KVD_MARKET_MAX_WINDOWS] = {0}, *api = cJSON_CreateArray();
+    char hash[65], why[600] = "";
+    char *man = manifest_of(ms, hash);
+    bool down = man && ring_down(a, ms, hash, now, reps, api, why, sizeof why);
     cJSON_AddStringToObject(o, "model", ms->m.id);
     cJSON_AddStringToObject(o, "name", ms->m.name);
     cJSON_AddStringToObject(o, "arch", ms->m.arch);
@@ -776,11 +803,16 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
             if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
                 cJSON_AddItemToObject(e, "probe", cJSON_Duplicate(last, 1));
             cJSON_Delete(chk);
+            if (reps[i]) {   /* what the stage reports of the ring it runs */
+                cJSON_DeleteItemFromObjectCaseSensitive(reps[i], "node");
+                cJSON_AddItemToObject(e, "ring", reps[i]);
+                reps[i] = NULL;
+            }
             cJSON_AddItemToArray(stg, e);
         }
         cJSON_AddItemToObject(w, "stages", stg);
         cJSON *wr = cJSON_CreateArray();
-        if (complete(ms))
+        if (man && !down)
             cJSON_AddItemToArray(wr, cJSON_CreateNumber(0));
         cJSON_AddItemToObject(w, "rings", wr);
         cJSON_AddNumberToObject(w, "demand_rpm", d);
@@ -788,9 +820,8 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON_AddItemToArray(ws, w);
     }
     cJSON_AddItemToObject(o, "windows", ws);
-    char hash[65];
-    char *man = manifest_of(ms, hash);
-    if (man) {
+    cJSON *unlinked = cJSON_CreateArray();
+    if (man) {   /* every window has an active stage: a ring, unless its stages say otherwise */
         cJSON *r = cJSON_CreateObject();
         char ring[32];
         snprintf(ring, sizeof ring, "mkt-%.16s", ms->m.id);
@@ -798,10 +829,21 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON_AddStringToObject(r, "id", ring);
         cJSON_AddStringToObject(r, "manifest_sha256", hash);
         cJSON_AddNumberToObject(r, "ranks", (double)ms->n);
-        cJSON_AddItemToArray(rings, r);
+        if (down) {
+            cJSON_AddStringToObject(r, "reason", why);
+            cJSON_AddItemToArray(unlinked, r);
+        } else {
+            cJSON_AddItemToObject(r, "api", api);
+            api = NULL;
+            cJSON_AddItemToArray(rings, r);
+        }
         free(man);
     }
+    for (size_t i = 0; i < ms->n; i++)
+        cJSON_Delete(reps[i]);
+    cJSON_Delete(api);
     cJSON_AddItemToObject(o, "rings", rings);
+    cJSON_AddItemToObject(o, "unlinked", unlinked);
     return o;
 }
 
@@ -1678,9 +1720,15 @@ static void h_claims(struct net_http_req *req, void *ud)
         state_refuse(a, req, c.ms, 429, NULL, why);
         goto out;
     }
-    if (penalized(a, c.node, c.now, why, sizeof why) ||
-        lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
+    if (penalized(a, c.node, c.now, why, sizeof why)) {
         state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
+    if (lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
+        /* that window only: the node may claim another one (kvd join does) */
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "refused_window", c.ms->w[c.wi].idx);
+        state_refuse(a, req, c.ms, 403, x, why);
         goto out;
     }
     if (ls != L_FREE && strcmp(l->node, c.node)) {
@@ -1786,6 +1834,13 @@ static const char *endpoint_bad(const cJSON *b)
                (strncmp(ep, "relay://", 8) && endpoint_split(ep, host, sizeof host, &port))))
         return "endpoint: expected tcp://HOST:PORT or relay://HOST:PORT/b/ID (at most 255 bytes)";
     return NULL;
+}
+
+/* A heartbeat's fields: its endpoint and the ring report (ringmap.c) well formed or absent. */
+static const char *heartbeat_bad(const cJSON *b)
+{
+    const char *bad = endpoint_bad(b);
+    return bad ? bad : kvd_market__report_bad(b);
 }
 
 /* Make the lease active (its endpoint answered): a transaction of its own, since the probe
@@ -1917,7 +1972,7 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
     struct kvd_market_api *a = ud;
     char why[512];
     struct lease_call c;
-    if (lease_call_open(&c, a, req, endpoint_bad))
+    if (lease_call_open(&c, a, req, heartbeat_bad))
         goto out;
     const char *ep = jstr(c.b, "endpoint");
     char host[256];
@@ -1953,7 +2008,9 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
                                                   : reserve_expiry(a, c.ms, c.wi, l, c.now);
     else
         l->expires = c.now + a->cfg.reserve_s;   /* alive while its endpoint is checked */
-    if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+    if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l) ||
+        kvd_market__report_save(a->st, c.ms->m.id, c.ms->w[c.wi].idx, c.node, c.b,
+                                net_http_req_addr(req), c.now)) {
         state_refuse(a, req, c.ms, 503, NULL, a->st->err);
         goto out;
     }
@@ -2389,14 +2446,20 @@ static const char page[] =
     "d.title='window '+w.window+': layers '+w.layers[0]+'-'+w.layers[1]+', '+w.state+', reward '+w.reward;"
     "d.textContent=w.layers[0]+'-'+w.layers[1]+' '+w.state;bar.appendChild(d);}root.appendChild(bar);"
     "const t=document.createElement('table');t.innerHTML='<tr><th>window</th><th>layers</th>"
-    "<th>state</th><th>stage</th><th>endpoint</th><th>last probe</th><th>reward/layer-token</th></tr>';"
+    "<th>state</th><th>stage</th><th>endpoint</th><th>links</th><th>last probe</th>"
+    "<th>reward/layer-token</th></tr>';"
     "for(const w of c.windows){const s=w.stages[0]||{};const tr=document.createElement('tr');"
-    "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],w.state,(s.node||'').slice(0,16),"
-    "s.endpoint||'',s.probe?s.probe.kind+' '+s.probe.result:'',w.reward.toPrecision(3)]){"
+    "const g=s.state=='grace'?'grace (kept for its holder, '+Math.round(s.expires_in)+' s)':w.state;"
+    "const l=s.ring&&s.ring.links?(s.ring.links.linked?'up':'down')+(s.ring.last_token_age_s!=null?"
+    "', last token '+Math.round(s.ring.last_token_age_s)+' s ago':''):'';"
+    "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],g,(s.node||'').slice(0,16),"
+    "s.endpoint||'',l,s.probe?s.probe.kind+' '+s.probe.result:'',w.reward.toPrecision(3)]){"
     "const td=document.createElement('td');"
     "td.textContent=v;tr.appendChild(td);}t.appendChild(tr);}root.appendChild(t);"
     "const rg=document.createElement('p');rg.textContent=c.rings.length?'rings: '+"
-    "c.rings.map(x=>x.id+' ('+x.ranks+' ranks)').join(', '):'rings: none complete';"
+    "c.rings.map(x=>x.id+' ('+x.ranks+' ranks'+(x.api&&x.api.length?', API '+x.api.join(' '):'')+')')"
+    ".join(', '):'rings: none complete';"
+    "for(const x of c.unlinked||[])rg.textContent+='; '+x.id+' not linked: '+x.reason;"
     "root.appendChild(rg);}document.title='Kvasir market ('+j.models.length+' models)';"
     "document.body.setAttribute('data-loaded','1');}\n"
     "load().catch(e=>{document.getElementById('models').textContent='error: '+e;});"

@@ -9,6 +9,8 @@
  *   ledger.c        ring generations, client accounts, the settlement of sessions' receipts
  *   audit.c         audits of credited work: drawn at credit, delivered with heartbeats,
  *                   answers' Merkle proofs checked, rows recomputed on a pool thread
+ *   ringmap.c       what the stages report of their ring (links, last token, rank 0's API):
+ *                   checked, kept per window, read back for the map
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
@@ -321,6 +323,24 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
 int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
                              const struct cJSON *body, double now, bool *settled, char *why,
                              size_t n);
+
+/* ---- ringmap.c: the stages' reports (docs/market.md, "The map") ---- */
+/* NULL when a heartbeat's report fields (manifest, links, last_token_age_s, api) are well
+ * formed or absent, else why not (a static string). */
+const char *kvd_market__report_bad(const struct cJSON *b);
+/* Keep the report of a heartbeat b (checked) of node on window, when it names a manifest; an
+ * API URL on a wildcard host gets peer (the heartbeat's address) instead. 0 or the store's
+ * failure. */
+int kvd_market__report_save(struct kvd_market_store *st, const char *model, uint32_t window,
+                            const char *node, const struct cJSON *b, const char *peer, double now);
+/* The window's last report, as the map shows it ({node, manifest, links, last_token_age_s?,
+ * api?, age_s}; caller deletes), when node sent it about manifest within fresh_s; else NULL. */
+struct cJSON *kvd_market__report_load(struct kvd_market_store *st, const char *model,
+                                      uint32_t window, const char *node, const char *manifest,
+                                      double now, double fresh_s);
+/* Whether a report says rank's links are down: 0 when not, else why gets the reason, and 2
+ * when the stage said why a link failed, 1 when not (a link that waits for its peer). */
+int kvd_market__report_down(const struct cJSON *rep, uint32_t rank, char *why, size_t n);
 
 struct net_http_server;
 struct uv_loop_s;

@@ -31,6 +31,13 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddNumberToObject(o, "n_embd", st->m.n_embd);
     cJSON_AddStringToObject(o, "arch", st->be.arch);
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
+    /* a local caller gets each link's last failure whole (the ring's records cut it) */
+    for (int k = 0; k < 2; k++) {
+        const struct kvd_link_note *ln = &st->links[k ? st->rank : st->pred];
+        cJSON *l = cJSON_GetObjectItemCaseSensitive(o, k ? "out" : "in");
+        if (ln->last_reason[0] && cJSON_GetObjectItemCaseSensitive(l, "error"))
+            cJSON_ReplaceItemInObjectCaseSensitive(l, "error", cJSON_CreateString(ln->last_reason));
+    }
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "endpoint",
                             st->m.ranks[st->succ].endpoint);
@@ -41,6 +48,11 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(o, "cl_weights_mapped_bytes", (double)st->be.cl_weights_mapped);
         cJSON_AddNumberToObject(o, "cl_weights_copied_bytes", (double)st->be.cl_weights_copied);
     }
+    /* how long ago this stage last ran a token (absent before the first): the market's map
+     * shows it (kvd join sends it in its heartbeats) */
+    if (st->last_step_ms)
+        cJSON_AddNumberToObject(o, "last_token_age_s",
+                                round(((uint64_t)util_now_ms() - st->last_step_ms) / 100.0) / 10);
     uint32_t pend = 0;
     for (struct conn *p = st->pending; p; p = p->next)
         pend++;

@@ -215,6 +215,8 @@ void kvd_job_free(struct kvd_job *j);
 #define LINK_HS_RTTS 8
 #define LINK_HS_MAX_MS 10000
 #define PING_MS 1000            /* at most this long between pings; less for a short deadline */
+#define RELAY_WAIT_MS 60000     /* an in-link through a relay that no predecessor came to is
+                                 * dialled again after this (the relay usually ends it first) */
 #define TICK_MS 250             /* the periodic check: pings, deadlines, idle sessions */
 /* ERROR codes (the u32 that opens an ERROR payload): 1 a session failed, 2 a protocol
  * violation or handshake failure (session 0), 3 a limit, 4 a ring link is down: rank 0 may
@@ -404,6 +406,7 @@ struct stage {
     bool pulling;
     /* statistics */
     uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
+    uint64_t last_step_ms;         /* when the last step ran (0: none yet): the map's last token */
     double compute_ms;
     uint64_t dec_steps;
     double dec_ms;
@@ -413,6 +416,7 @@ struct stage {
     bool waiting;               /* a standby that has not taken over a rank yet */
     uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
                                  * (k-1)-th standby that may serve it */
+    bool pred_wait_logged;      /* said once that we wait for the predecessor (through a relay) */
     bool out_was_up;            /* the successor linked once (or this standby took over a rank
                                  * of a running ring): a failed redial may try standbys */
     uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor

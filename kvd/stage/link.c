@@ -167,6 +167,7 @@ static void on_established(struct conn *c)
         }
         c->role = CONN_IN;
         st->in = c;
+        st->pred_wait_logged = false;
     }
     c->up = true;
     c->last_rx_ms = c->up_ms = (uint64_t)util_now_ms();
@@ -432,7 +433,17 @@ static void on_close(struct net_link *l, const char *reason)
         } else {
             /* our in link through the relay: nothing upstream hears of it, so keep it here */
             kvd_conn_note(st, st->pred, true, st->rank, reason);
-            reject_log(st, net_link_peer(l), "closed during the handshake: %s", reason);
+            bool unpaired = strstr(reason, "no partner") || strstr(reason, "no predecessor came");
+            if (unpaired && net_link_bytes_in(l) == 0 && !st->shutting_down) {
+                /* nobody came through the relay: the predecessor does not run (yet), or cannot
+                 * reach the relay; said once until the in-link comes up */
+                if (!st->pred_wait_logged)
+                    kvd_log(KVD_LOG_INFO, "waiting for rank %u (the predecessor) to link through "
+                            "the relay %s (%s)", st->pred, net_link_peer(l), reason);
+                st->pred_wait_logged = true;
+            } else {
+                reject_log(st, net_link_peer(l), "closed during the handshake: %s", reason);
+            }
         }
     }
     /* Only a link that stayed up resets the backoff: a peer refused right after its handshake

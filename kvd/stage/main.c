@@ -114,6 +114,15 @@ static int set_api_keepalive(struct kvd_stage_opts *o, const char *v) { return p
 static int set_unpinned(struct kvd_stage_opts *o, const char *v) { (void)v; o->allow_unpinned = true; return 0; }
 static int set_api_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 65536, &o->api_max_sessions); }
 static int set_chat_template(struct kvd_stage_opts *o, const char *v) { o->chat_template = v; return 0; }
+/* The relay links read their CA from the environment (net/relay_link.c): this option sets it,
+ * so KV_RELAY_CA keeps working and the command line says the same. */
+static int set_relay_ca(struct kvd_stage_opts *o, const char *v)
+{
+    (void)o;
+    if (access(v, R_OK))
+        return -errno;
+    return setenv("KV_RELAY_CA", v, 1) ? -errno : 0;
+}
 static int set_log(struct kvd_stage_opts *o, const char *v)
 {
     (void)o;
@@ -155,6 +164,7 @@ static const struct opt opts[] = {
     {"--api-keepalive", "S", "close a kept-alive API connection idle for S s (default 30)", set_api_keepalive},
     {"--api-max-sessions", "N", "API generations at once, 429 beyond (default: the manifest's)", set_api_max},
     {"--chat-template", "NAME", "chat template family (chatml, llama3, ...; default: the model's)", set_chat_template},
+    {"--relay-ca", "PEM", "relay certificates chain to this CA (as KV_RELAY_CA does)", set_relay_ca},
     {"--allow-unpinned", NULL, "link to neighbour ranks the manifest names no node key for (a warning names them)", set_unpinned},
     {"--log-level", "L", "error|warn|info|debug (default info)", set_log},
     {"--foreground", NULL, "stay in the foreground (the default; for service managers)", set_fg},

@@ -829,6 +829,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
     }
     if (j->kind == KVD_JOB_STEP) {
         st->steps++;
+        st->last_step_ms = s->last_active_ms;
         st->rows += j->n;
         st->compute_ms += j->ms;
         if (j->n == 1) {

@@ -43,8 +43,13 @@ static void tick_cb(uv_timer_t *t)
             links[i]->hung = true;
             kvd_conn_close(links[i], why);
         }
-    for (struct conn *p = st->pending; p; p = p->next)
-        if (now - p->last_rx_ms > 10000)
+    for (struct conn *p = st->pending; p; p = p->next) {
+        /* our in-link through a relay that nothing came to yet waits for the predecessor,
+         * which may not run yet: that is no handshake taking too long */
+        bool waiting = p->relay_in && p->link && net_link_bytes_in(p->link) == 0;
+        if (waiting && now - p->last_rx_ms > RELAY_WAIT_MS)
+            kvd_conn_close(p, "no predecessor came through the relay");
+        else if (!waiting && now - p->last_rx_ms > 10000)
             kvd_conn_close(p, "handshake took more than 10 s");
         else if (p->hello_ms && now - p->hello_ms > AUTH_AFTER_HELLO_MS) {
             char why[120];
@@ -52,6 +57,7 @@ static void tick_cb(uv_timer_t *t)
                      "data; only the AUTH proves the key)", AUTH_AFTER_HELLO_MS / 1000.0);
             kvd_conn_close(p, why);
         }
+    }
     /* A successor that takes the connection but not the handshake (a stopped process whose
      * kernel still accepts) is dead after the handshake deadline, so the next candidate for
      * its rank gets its turn (docs/ring.md, "Repair"). */
