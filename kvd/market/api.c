@@ -32,7 +32,7 @@
 #define PROFILE_AGE_S 600.0      /* profiles older than this are not planned with */
 #define NONCE_KEEP_FACTOR 2.0    /* nonces are kept for twice the clock skew allowed */
 #define SWEEP_EVERY_S 2.0        /* how often pending sessions are looked at */
-#define CLIENTS_LIST_MAX 4096    /* client ids GET /v1/clients lists */
+#define CLIENTS_LIST_MAX 16384   /* client ids GET /v1/clients lists (about 1.1 MB of JSON) */
 #define SESSION_TOKENS_MAX 16777216.0 /* the most tokens a session may be opened for */
 
 struct poll {                    /* a manifest long-poll waiting for a change */
@@ -2331,16 +2331,18 @@ static void h_clients_get(struct net_http_req *req, void *ud)
     const char *p = net_http_req_path(req);
     struct kvd_market_client c;
     if (!strcmp(p, "/v1/clients")) {
-        static char keys[CLIENTS_LIST_MAX][KVD_MARKET_KEY_MAX];
+        char (*keys)[KVD_MARKET_KEY_MAX] = malloc(CLIENTS_LIST_MAX * sizeof *keys);
         size_t n = 0;
-        if (a->st->ops->blob_keys(a->st->impl, "client/", keys, CLIENTS_LIST_MAX, &n)) {
-            reply_err(req, 503, NULL, "store: %s", a->st->err);
+        if (!keys || a->st->ops->blob_keys(a->st->impl, "client/", keys, CLIENTS_LIST_MAX, &n)) {
+            free(keys);
+            reply_err(req, 503, NULL, "store: %s", keys ? a->st->err : "out of memory");
             return;
         }
         cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "payable");
         for (size_t i = 0; i < n; i++)
             if (kvd_market__client_get(a->st, keys[i] + strlen("client/"), &c) == 0 && c.balance > 0)
                 cJSON_AddItemToArray(ids, cJSON_CreateString(c.id));
+        free(keys);
         reply_json(req, 200, o);
         return;
     }
