@@ -329,7 +329,10 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
     s->held = false;
     s->next_pos = 0;              /* the history comes again from position 0 */
     s->skip_below = s->kv_end;    /* what the KV holds is not computed again */
-    s->replay_end = n_hist;
+    /* nothing of this replay is computed here a second time: the KV keeps [0, kv_end), and
+     * the rows past it (in flight when the ring broke) are computed here for the first time,
+     * so they do not count as replayed positions */
+    s->replay_end = 0;
     s->last_active_ms = (uint64_t)util_now_ms();
     st->replayed_sessions++;
     st->replays_from_log++;
@@ -508,8 +511,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         from_log = true;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
                 "resent, %u to compute", s->id, s->log_end, n_hist - s->kv_end);
-        st->replays_from_log++;
-        st->replayed_positions += n_hist - s->kv_end;
+        st->replays_from_log++;   /* positions past kv_end are new here, not recomputed */
     } else if (s->replaying) {
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes all %u positions from "
                 "rank 0", s->id, n_hist);
