@@ -85,7 +85,8 @@
 # tests/tool-ring-clients, and ring passes per generated token (rank 0's steps over the tokens:
 # 1 without drafting), beside the floor one pass sets (stages x one-way delay); first the
 # proxy's own overhead (profile none: the added round trip of a 64 B message and the stream
-# throughput, against the same echo server without it).
+# throughput, against the same echo server without it; and how late a proxy set to 1 ms hands
+# a message over, its timer's wake-up).
 #
 # Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
@@ -729,7 +730,7 @@ if want attacks; then bench_attacks || true; fi
 # ---- wan: rings behind an emulated WAN, a delay proxy on every link ----
 bench_wan() {
     local m=${BENCH_WAN_MODEL:-$TD/models/TinyLLama-v0-q4_0.gguf} tg=${BENCH_WAN_TG:-32} k=${BENCH_WAN_SESSIONS:-8}
-    local p=$B/tests/tool-wan-proxy clients=$B/tests/tool-ring-clients t ep pp d1 d2 s1 s2 prof n st0 st1 one many delay
+    local p=$B/tests/tool-wan-proxy clients=$B/tests/tool-ring-clients t ep pp dp d1 d2 d3 s1 s2 prof n st0 st1 one many delay
     [ -s "$m" ] || { echo "== wan: $m missing; skipped"; return 0; }
     make -s -j2 "$p" "$clients" >/dev/null 2>&1 || true
     [ -x "$p" ] && [ -x "$clients" ] || { echo "== wan: tool-wan-proxy or tool-ring-clients not built; skipped"; return 0; }
@@ -739,15 +740,20 @@ bench_wan() {
     # the proxy's own overhead: the same echo server with and without a proxy (profile none)
     "$p" echo --port-file "$t/echo.port" 2>/dev/null & ep=$!
     "$p" --profile none --to-file "$t/echo.port" --port-file "$t/proxy.port" 2>/dev/null & pp=$!
-    for _ in $(seq 50); do [ -s "$t/echo.port" ] && [ -s "$t/proxy.port" ] && break; sleep 0.1; done
+    # and a proxy that delays each crossing by exactly 1 ms: how late its timer hands bytes over
+    "$p" --delay-ms 1 --to-file "$t/echo.port" --port-file "$t/delay.port" 2>/dev/null & dp=$!
+    for _ in $(seq 50); do [ -s "$t/echo.port" ] && [ -s "$t/proxy.port" ] && [ -s "$t/delay.port" ] && break; sleep 0.1; done
     d1=$("$p" ping --to "127.0.0.1:$(cat "$t/echo.port")" --count 2000 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
     d2=$("$p" ping --to "127.0.0.1:$(cat "$t/proxy.port")" --count 2000 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
     s1=$("$p" stream --to "127.0.0.1:$(cat "$t/echo.port")" --bytes 256M | sed -n 's/.*: \([0-9.]*\) MB\/s.*/\1/p')
     s2=$("$p" stream --to "127.0.0.1:$(cat "$t/proxy.port")" --bytes 256M | sed -n 's/.*: \([0-9.]*\) MB\/s.*/\1/p')
-    kill $pp $ep 2>/dev/null; wait $pp $ep 2>/dev/null
+    d3=$("$p" ping --to "127.0.0.1:$(cat "$t/delay.port")" --count 500 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
+    kill $pp $dp $ep 2>/dev/null; wait $pp $dp $ep 2>/dev/null
     echo "  proxy overhead (profile none): 64 B round trip, median of 2000: ${d1:-?} ms direct, ${d2:-?} ms through the proxy" \
          "(+$(awk -v a="${d1:-0}" -v b="${d2:-0}" 'BEGIN { printf "%.3f", b - a }') ms for two crossings);" \
          "echoed stream: ${s1:-?} MB/s direct, ${s2:-?} MB/s through the proxy, each way"
+    echo "  timed crossings (--delay-ms 1): round trip median of 500 ${d3:-?} ms against 2 ms set" \
+         "(+$(awk -v a="${d1:-0}" -v b="${d3:-0}" 'BEGIN { printf "%.3f", (b - a - 2) / 2 }') ms late a crossing, the timer's wake-up)"
     printf "  %-7s  %6s  %10s  %12s  %24s  %s\n" profile stages "pass floor" "1 session" "$k sessions" "passes/token"
     for prof in ${BENCH_WAN_PROFILES:-lan wan phone}; do
         delay=$(case $prof in lan) echo 0.2 ;; wan) echo 20 ;; phone) echo 50 ;; *) echo 0 ;; esac)
