@@ -12,7 +12,8 @@
  *       rename), and for each connection dials the target and forwards both ways, each
  *       direction through the link model of tests/wan_link.h (delay, jitter without
  *       reordering, a token bucket that queues, TCP-like loss). The profile sets every field
- *       (default none: no delay, no limit, no loss); the options after it override fields.
+ *       (default none: no delay, no limit, no loss); the other options override its fields,
+ *       wherever they stand.
  *       --to-file is read at each dial (a port, or HOST:PORT): a target that does not exist
  *       yet (a stage still starting) is dialled again every 100 ms up to --dial-timeout-ms
  *       (default 30000) while the client's bytes wait in the queue. Memory is bounded: at
@@ -796,7 +797,20 @@ int main(int argc, char **argv)
     O = (struct opts){.listen = "127.0.0.1:0", .queue_max = 4u << 20, .max_conns = 64,
                       .dial_timeout_ms = 30000, .seed = 1, .count = 200, .size = 64, .bytes = 64u << 20};
     wan_profile_get("none", &O.p);
-    bool profile_given = false;
+    /* the profile first, wherever it stands, so that every other option overrides its field */
+    const char *profile = NULL;
+    for (int k = i; k + 1 < argc; k++)
+        if (!strcmp(argv[k], "--profile")) {
+            if (profile) {
+                fprintf(stderr, "tool-wan-proxy: --profile given twice\n");
+                return 2;
+            }
+            profile = argv[k + 1];
+        }
+    if (profile && wan_profile_get(profile, &O.p) < 0) {
+        fprintf(stderr, "tool-wan-proxy: --profile '%s': not one of none, lan, wan, phone\n", profile);
+        return 2;
+    }
     for (; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char err[200] = "";
@@ -819,15 +833,9 @@ int main(int argc, char **argv)
             O.to_file = v;
         else if (!strcmp(a, "--port-file"))
             O.port_file = v;
-        else if (!strcmp(a, "--profile")) {
-            /* a profile sets every field: it must come before the options that override */
-            if (profile_given || wan_profile_get(v, &O.p) < 0) {
-                fprintf(stderr, "tool-wan-proxy: --profile '%s': %s\n", v,
-                        profile_given ? "given twice" : "not one of none, lan, wan, phone");
-                return 2;
-            }
-            profile_given = true;
-        } else if (!strcmp(a, "--delay-ms"))
+        else if (!strcmp(a, "--profile"))
+            ;   /* applied above */
+        else if (!strcmp(a, "--delay-ms"))
             rc = util_parse_double(v, 0, 60000, 0, &O.p.delay_ms, err, sizeof err);
         else if (!strcmp(a, "--jitter-ms"))
             rc = util_parse_double(v, 0, 60000, 0, &O.p.jitter_ms, err, sizeof err);
