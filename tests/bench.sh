@@ -77,7 +77,18 @@
 # settled/s, and a check that every session settled and the credit paid equals the clients'
 # debits; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks. BENCH_ONLY="ring relay"
+# wan: rings behind an emulated WAN (docs/ring.md, "Over a WAN"): tests/wan_ring.sh puts a
+# tests/tool-wan-proxy on every link of a local ring of TinyLLama-v0 (a real-text model from the
+# test data; BENCH_WAN_MODEL), 1 thread per stage; for each profile (BENCH_WAN_PROFILES, default
+# lan wan phone) and ring size (BENCH_WAN_STAGES, default 2 4 8): aggregate tokens/s of 1
+# session and of 8 concurrent ones (BENCH_WAN_SESSIONS) of 32 tokens (BENCH_WAN_TG), from
+# tests/tool-ring-clients, and ring passes per generated token (rank 0's steps over the tokens:
+# 1 without drafting), beside the floor one pass sets (stages x one-way delay); first the
+# proxy's own overhead (profile none: the added round trip of a 64 B message and the stream
+# throughput, against the same echo server without it; and how late a proxy set to 1 ms hands
+# a message over, its timer's wake-up).
+#
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -101,8 +112,9 @@ want() {
 }
 skip_ring() { case " ${BENCH_RING_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # the ring section's ring directory while a ring may be up: taken down on any exit
-RD="" RD1=""
-trap 'for d in "$RD" "$RD1"; do if [ -n "$d" ]; then "$KVCTL" ring down --dir "$d" >/dev/null 2>&1 || true; fi; done' EXIT
+RD="" RD1="" WD=""
+trap 'for d in "$RD" "$RD1"; do if [ -n "$d" ]; then "$KVCTL" ring down --dir "$d" >/dev/null 2>&1 || true; fi; done
+      if [ -n "$WD" ]; then KV_BUILD=$B tests/wan_ring.sh down "$WD" || true; fi' EXIT
 trap 'exit 130' INT TERM
 
 # The kernels' tools (matvec micro-benchmark) are not part of `make all`.
@@ -715,3 +727,54 @@ bench_attacks() {
     rm -rf "$t"
 }
 if want attacks; then bench_attacks || true; fi
+# ---- wan: rings behind an emulated WAN, a delay proxy on every link ----
+bench_wan() {
+    local m=${BENCH_WAN_MODEL:-$TD/models/TinyLLama-v0-q4_0.gguf} tg=${BENCH_WAN_TG:-32} k=${BENCH_WAN_SESSIONS:-8}
+    local p=$B/tests/tool-wan-proxy clients=$B/tests/tool-ring-clients t ep pp dp d1 d2 d3 s1 s2 prof n st0 st1 one many delay
+    [ -s "$m" ] || { echo "== wan: $m missing; skipped"; return 0; }
+    make -s -j2 "$p" "$clients" >/dev/null 2>&1 || true
+    [ -x "$p" ] && [ -x "$clients" ] || { echo "== wan: tool-wan-proxy or tool-ring-clients not built; skipped"; return 0; }
+    t=$(mktemp -d /tmp/kvbench-wan.XXXXXX)
+    echo "== wan: $(basename "$m") behind tests/tool-wan-proxy on every link (tests/wan_ring.sh), 1 thread per stage," \
+         "$tg tokens a session; $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    # the proxy's own overhead: the same echo server with and without a proxy (profile none)
+    "$p" echo --port-file "$t/echo.port" 2>/dev/null & ep=$!
+    "$p" --profile none --to-file "$t/echo.port" --port-file "$t/proxy.port" 2>/dev/null & pp=$!
+    # and a proxy that delays each crossing by exactly 1 ms: how late its timer hands bytes over
+    "$p" --delay-ms 1 --to-file "$t/echo.port" --port-file "$t/delay.port" 2>/dev/null & dp=$!
+    for _ in $(seq 50); do [ -s "$t/echo.port" ] && [ -s "$t/proxy.port" ] && [ -s "$t/delay.port" ] && break; sleep 0.1; done
+    d1=$("$p" ping --to "127.0.0.1:$(cat "$t/echo.port")" --count 2000 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
+    d2=$("$p" ping --to "127.0.0.1:$(cat "$t/proxy.port")" --count 2000 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
+    s1=$("$p" stream --to "127.0.0.1:$(cat "$t/echo.port")" --bytes 256M | sed -n 's/.*: \([0-9.]*\) MB\/s.*/\1/p')
+    s2=$("$p" stream --to "127.0.0.1:$(cat "$t/proxy.port")" --bytes 256M | sed -n 's/.*: \([0-9.]*\) MB\/s.*/\1/p')
+    d3=$("$p" ping --to "127.0.0.1:$(cat "$t/delay.port")" --count 500 | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')
+    kill $pp $dp $ep 2>/dev/null; wait $pp $dp $ep 2>/dev/null
+    echo "  proxy overhead (profile none): 64 B round trip, median of 2000: ${d1:-?} ms direct, ${d2:-?} ms through the proxy" \
+         "(+$(awk -v a="${d1:-0}" -v b="${d2:-0}" 'BEGIN { printf "%.3f", b - a }') ms for two crossings);" \
+         "echoed stream: ${s1:-?} MB/s direct, ${s2:-?} MB/s through the proxy, each way"
+    echo "  timed crossings (--delay-ms 1): round trip median of 500 ${d3:-?} ms against 2 ms set" \
+         "(+$(awk -v a="${d1:-0}" -v b="${d3:-0}" 'BEGIN { printf "%.3f", (b - a - 2) / 2 }') ms late a crossing, the timer's wake-up)"
+    printf "  %-7s  %6s  %10s  %12s  %24s  %s\n" profile stages "pass floor" "1 session" "$k sessions" "passes/token"
+    for prof in ${BENCH_WAN_PROFILES:-lan wan phone}; do
+        delay=$(case $prof in lan) echo 0.2 ;; wan) echo 20 ;; phone) echo 50 ;; *) echo 0 ;; esac)
+        for n in ${BENCH_WAN_STAGES:-2 4 8}; do
+            WD=$t/ring
+            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
+                echo "  $prof $n stages: the ring did not come up:"; tail -3 "$t/up" | sed 's/^/    /'
+                continue
+            fi
+            st0=$("$KVCTL" status --ring "$WD" --json 2>/dev/null | sed -n 1p | python3 -c 'import json,sys; print(json.load(sys.stdin)["steps"])')
+            one=$("$clients" "$WD/rank-0/kvd.sock" 1 "$tg" 2>/dev/null | sed -n 's/^total:.* tok_s \([0-9.]*\).*/\1/p')
+            many=$("$clients" "$WD/rank-0/kvd.sock" "$k" "$tg" 2>/dev/null | sed -n 's/^total:.* tok_s \([0-9.]*\).*/\1/p')
+            st1=$("$KVCTL" status --ring "$WD" --json 2>/dev/null | sed -n 1p | python3 -c 'import json,sys; print(json.load(sys.stdin)["steps"])')
+            printf "  %-7s  %6s  %7.1f ms  %6s tok/s  %7s tok/s = %5sx  %s\n" "$prof" "$n" \
+                "$(awk -v n="$n" -v d="$delay" 'BEGIN { print n * d }')" "${one:-?}" "${many:-?}" \
+                "$(awk -v a="${many:-0}" -v b="${one:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')" \
+                "$(awk -v a="${st0:-0}" -v b="${st1:-0}" -v t=$(((k + 1) * tg)) 'BEGIN { printf "%.2f", (b - a) / t }')"
+            KV_BUILD=$B tests/wan_ring.sh down "$WD"
+            WD=""
+        done
+    done
+    rm -rf "$t"
+}
+if want wan; then bench_wan || true; fi
