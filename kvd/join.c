@@ -38,7 +38,6 @@
 
 #define CALL_MS 15000
 #define CLIENTS_EVERY_S 3.0      /* how often a ring's API learns the market's paying clients */
-#define CLIENTS_MAX 4096         /* the most of them written for it */
 
 struct join {
     const char *market, *model, *dir, *listen, *relay, *backend, *api;
@@ -119,8 +118,8 @@ static cJSON *call(struct join *j, const char *method, const char *path, cJSON *
 
 static const char *jstr_or(const cJSON *o, const char *key, const char *def)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : def;
+    const char *v = util_json_string(o, key);
+    return v ? v : def;
 }
 
 static int profile(struct join *j)
@@ -648,6 +647,7 @@ static int stage_start(struct join *j, int rank)
     }
     j->stage = pid;
     j->rank = rank;
+    j->clients_next = 0;   /* rank 0's API wants the paying clients at once */
     kvd_log(KVD_LOG_INFO, "stage of rank %d started (pid %d) on manifest %.16s...", rank, (int)pid,
             j->manifest_sha);
     return 0;
@@ -841,16 +841,16 @@ static void clients_write(struct join *j)
  * its part as it was. */
 static void clients_refresh(struct join *j)
 {
-    if (!j->api || util_now_s() < j->clients_next)
-        return;
+    if (!j->api || j->rank != 0 || util_now_s() < j->clients_next)
+        return;   /* only rank 0 serves the API */
     j->clients_next = util_now_s() + CLIENTS_EVERY_S;
     long st;
     cJSON *o = call(j, "GET", "/v1/clients", NULL, false, &st);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "payable"), *id;
     if (st == 200 && cJSON_IsArray(ids)) {
-        /* each line 72 bytes, at most CLIENTS_MAX of them whatever the market sends */
+        /* each line 72 bytes, at most RING_CLIENTS_LIST_MAX of them whatever the market sends */
         int cnt = cJSON_GetArraySize(ids);
-        size_t cap = (size_t)(cnt < CLIENTS_MAX ? cnt : CLIENTS_MAX) * 72 + 1, n = 0;
+        size_t cap = (size_t)(cnt < RING_CLIENTS_LIST_MAX ? cnt : RING_CLIENTS_LIST_MAX) * 72 + 1, n = 0;
         char *lines = malloc(cap);
         if (lines) {
             lines[0] = 0;

@@ -107,6 +107,7 @@ int ring_market_call(const char *base, const char *method, const char *path, con
 #define RING_CLIENT_KEY_PREFIX "kvc-"
 #define RING_CLIENT_KEY_LEN 68         /* the prefix and 64 hex digits */
 #define RING_CLIENT_VERIFIER_MSG "kvasir client verifier v1"
+#define RING_CLIENTS_LIST_MAX 16384    /* client ids a market lists as payable (GET /v1/clients) */
 /* Whether key is a well-formed client key. */
 bool ring_client_key_valid(const char *key);
 /* A fresh client key into out (RING_CLIENT_KEY_LEN + 1 bytes): 0 or -EIO (no randomness). */

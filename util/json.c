@@ -11,6 +11,12 @@ double util_json_number(const struct cJSON *o, const char *key, double def)
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
+const char *util_json_string(const struct cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
 int util_json_number_in(const struct cJSON *o, const char *key, double lo, double hi, bool required,
                         double *out, const char *ctx, char *err, size_t errlen)
 {

@@ -123,6 +123,8 @@ double util_now_s(void);
 
 /* The number under key in object o, or def when it is absent or not a number. */
 double util_json_number(const struct cJSON *o, const char *key, double def);
+/* The string under key in object o (borrowed from o), or NULL when it is absent or not one. */
+const char *util_json_string(const struct cJSON *o, const char *key);
 /* The number under key in [lo, hi] into *out: 0; 1 when absent and not required (*out
  * untouched); -EINVAL when required and absent, or not a number in range ("CTX: 'KEY' ..."). */
 int util_json_number_in(const struct cJSON *o, const char *key, double lo, double hi, bool required,

@@ -32,7 +32,6 @@
 #define PROFILE_AGE_S 600.0      /* profiles older than this are not planned with */
 #define NONCE_KEEP_FACTOR 2.0    /* nonces are kept for twice the clock skew allowed */
 #define SWEEP_EVERY_S 2.0        /* how often pending sessions are looked at */
-#define CLIENTS_LIST_MAX 16384   /* client ids GET /v1/clients lists (about 1.1 MB of JSON) */
 #define SESSION_TOKENS_MAX 16777216.0 /* the most tokens a session may be opened for */
 
 struct poll {                    /* a manifest long-poll waiting for a change */
@@ -223,12 +222,6 @@ static cJSON *body_json(struct net_http_req *req)
     return o;
 }
 
-static const char *jstr(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* A whole number member in [lo, hi]: 0, or -EINVAL with why. */
 static int juint(const cJSON *o, const char *key, double lo, double hi, uint64_t *out, char *why,
                  size_t whylen)
@@ -292,11 +285,6 @@ static int model_state_load(struct kvd_market_api *a, const char *id, struct mod
         ms->ls[i] = lease_now(a, &ms->l[i], now);
     }
     return 0;
-}
-
-static double demand_now(const struct kvd_market_api *a, const struct kvd_market_model *m, double now)
-{
-    return kvd_market__demand_now(&a->cfg, m, now);
 }
 
 static double covered_of(int ls)
@@ -560,6 +548,20 @@ static void rollback_err(struct kvd_market_api *a, struct net_http_req *req, int
     reply_err(req, status, extra, "%s", why);
 }
 
+/* rollback_err with the reason formatted here. */
+static void rollback_errf(struct kvd_market_api *a, struct net_http_req *req, int status,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void rollback_errf(struct kvd_market_api *a, struct net_http_req *req, int status,
+                          const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    rollback_err(a, req, status, NULL, why);
+}
+
 /* Begin, then check the signature: 0 with node set, or the refusal sent. */
 static int begin_signed(struct kvd_market_api *a, struct net_http_req *req, char node[65])
 {
@@ -583,7 +585,7 @@ static const char *model_owner(struct kvd_market_api *a, const char *id, char *b
     char key[80];
     snprintf(key, sizeof key, "owner/%s", id);
     cJSON *o = blob_load(a, key);
-    snprintf(buf, n, "%s", jstr(o, "owner") ? jstr(o, "owner") : "");
+    snprintf(buf, n, "%s", util_json_string(o, "owner") ? util_json_string(o, "owner") : "");
     cJSON_Delete(o);
     return buf;
 }
@@ -658,7 +660,7 @@ static void h_models_post(struct net_http_req *req, void *ud)
     cJSON *b = body_json(req);
     if (!b)
         return;
-    const char *cat = jstr(b, "catalog"), *name = jstr(b, "name");
+    const char *cat = util_json_string(b, "catalog"), *name = util_json_string(b, "name");
     const cJSON *src = cJSON_GetObjectItemCaseSensitive(b, "sources");
     struct gguf_catalog *c = NULL;
     char id[65];
@@ -763,7 +765,7 @@ static bool ring_down(struct kvd_market_api *a, const struct model_state *ms, co
             down = d;
             snprintf(why, n, "%s", w);
         }
-        const char *u = jstr(reps[i], "api");
+        const char *u = util_json_string(reps[i], "api");
         if (i == 0 && u)
             cJSON_AddItemToArray(api, cJSON_CreateString(u));
     }
@@ -772,7 +774,7 @@ static bool ring_down(struct kvd_market_api *a, const struct model_state *ms, co
 
 static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *ms, double now)
 {
-    double d = demand_now(a, &ms->m, now);
+    double d = kvd_market__demand_now(&a->cfg, &ms->m, now);
     cJSON *o = cJSON_CreateObject(), *ws = cJSON_CreateArray(), *rings = cJSON_CreateArray();
     cJSON *reps[KVD_MARKET_MAX_WINDOWS] = {0}, *api = cJSON_CreateArray();
     char hash[65], why[600] = "";
@@ -798,7 +800,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
             char key[100];
             snprintf(key, sizeof key, "check/%s/%u", ms->m.id, ms->w[i].idx);
             cJSON *chk = blob_load(a, key);
-            const char *n = jstr(chk, "node");
+            const char *n = util_json_string(chk, "node");
             const cJSON *last = cJSON_GetObjectItemCaseSensitive(chk, "last");
             if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
                 cJSON_AddItemToObject(e, "probe", cJSON_Duplicate(last, 1));
@@ -1095,7 +1097,7 @@ static void h_models_get(struct net_http_req *req, void *ud)
         cJSON_AddNumberToObject(m, "bytes", (double)ms->m.bytes);
         cJSON_AddNumberToObject(m, "windows", (double)ms->n);
         cJSON_AddNumberToObject(m, "covered", (double)covered);
-        cJSON_AddNumberToObject(m, "demand_rpm", demand_now(a, &ms->m, now));
+        cJSON_AddNumberToObject(m, "demand_rpm", kvd_market__demand_now(&a->cfg, &ms->m, now));
         cJSON_AddItemToObject(m, "sources", cJSON_Parse(ms->m.sources));
         cJSON_AddItemToArray(arr, m);
         kvd_market__model_clear(&ms->m);
@@ -1115,7 +1117,7 @@ static void h_nodes_post(struct net_http_req *req, void *ud)
     if (!b)
         return;
     struct kvd_market_node nd = {.inbound = true};
-    const char *be = jstr(b, "backend"), *model = jstr(b, "model");
+    const char *be = util_json_string(b, "backend"), *model = util_json_string(b, "model");
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(b, "inbound");
     if (juint(b, "mem_bytes", 1 << 16, 1e15, &nd.mem_bytes, why, sizeof why)) {
         reply_err(req, 400, NULL, "%s", why);
@@ -1204,7 +1206,7 @@ static int lease_target(struct kvd_market_api *a, struct net_http_req *req, cons
                         struct model_state *ms, size_t *wi, double now)
 {
     char why[256];
-    const char *model = jstr(b, "model");
+    const char *model = util_json_string(b, "model");
     uint64_t w;
     if (!model || !is_hex(model, 64, 64)) {
         rollback_err(a, req, 400, NULL, "model: expected 64 lowercase hex digits");
@@ -1295,7 +1297,7 @@ static cJSON *checks_load(struct kvd_market_api *a, const char *model, uint32_t 
 {
     snprintf(key, 100, "check/%s/%u", model, window);
     cJSON *c = blob_load(a, key);
-    const char *n = jstr(c, "node");
+    const char *n = util_json_string(c, "node");
     if (!n || strcmp(n, node)) {
         cJSON_Delete(c);
         c = cJSON_CreateObject();
@@ -1311,12 +1313,6 @@ static double spot_next(const struct kvd_market_api *a, double now)
     uint32_t r = 0;
     RAND_bytes((unsigned char *)&r, sizeof r);
     return now + a->cfg.spot_check_s * (0.5 + r / 4294967296.0);
-}
-
-/* Whether node may not claim now: the reason into why. */
-static bool penalized(struct kvd_market_api *a, const char *node, double now, char *why, size_t n)
-{
-    return kvd_market__penalized(a->st, node, now, why, n);
 }
 
 /* A challenge as the stage gets it: its kind, window and the seconds left to answer. */
@@ -1348,7 +1344,7 @@ static cJSON *probe_issue(struct kvd_market_api *a, const char *model, uint32_t 
     cJSON *chk = checks_load(a, model, window, node, key);
     cJSON_DeleteItemFromObject(chk, "pending");
     cJSON *pd = cJSON_AddObjectToObject(chk, "pending");
-    cJSON_AddStringToObject(pd, "id", jstr(ch, "id"));
+    cJSON_AddStringToObject(pd, "id", util_json_string(ch, "id"));
     cJSON_AddStringToObject(pd, "kind", kind);
     cJSON_AddItemToObject(pd, "seqs", seqs);
     cJSON_AddNumberToObject(pd, "deadline", deadline);
@@ -1360,7 +1356,7 @@ static cJSON *probe_issue(struct kvd_market_api *a, const char *model, uint32_t 
         return NULL;
     }
     kvd_log(KVD_LOG_INFO, "probe %s (%s) of window %u of %.16s... sent to node %.16s...",
-            jstr(ch, "id"), kind, window, model, node);
+            util_json_string(ch, "id"), kind, window, model, node);
     return ch;
 }
 
@@ -1464,7 +1460,7 @@ static int spot_tick(struct kvd_market_api *a, const struct model_state *ms, siz
     *ch = NULL;
     snprintf(key, sizeof key, "check/%s/%u", ms->m.id, l->window);
     cJSON *chk = blob_load(a, key);
-    const char *node = jstr(chk, "node");
+    const char *node = util_json_string(chk, "node");
     int rc = 0;
     if (!node || strcmp(node, l->node)) {
         cJSON_Delete(chk);   /* no probe set, or activated without one: nothing to check */
@@ -1476,14 +1472,14 @@ static int spot_tick(struct kvd_market_api *a, const struct model_state *ms, siz
         char pkey[80];
         snprintf(pkey, sizeof pkey, "probes/%s", ms->m.id);
         cJSON *set = blob_load(a, pkey);
-        const char *id = jstr(pd, "id"), *kind = jstr(pd, "kind");
+        const char *id = util_json_string(pd, "id"), *kind = util_json_string(pd, "kind");
         if (set && id && kind)
             *ch = challenge_tag(kvd_market__probe_build(set, ms->w[wi].first, ms->w[wi].last,
                                                         cJSON_GetObjectItemCaseSensitive(pd, "seqs"), id),
                                 kind, l->window, util_json_number(pd, "deadline", 0) - now);
         cJSON_Delete(set);
     } else if (pd) {
-        const char *kind = jstr(pd, "kind");
+        const char *kind = util_json_string(pd, "kind");
         char k[16];
         snprintf(k, sizeof k, "%s", kind ? kind : "spot");
         probe_record(chk, k, false, INFINITY, "no answer before its deadline", now);
@@ -1514,7 +1510,7 @@ static void h_probe(struct net_http_req *req, void *ud)
     struct kvd_market_lease *l = &c.ms->l[c.wi];
     chk = checks_load(a, c.ms->m.id, l->window, c.node, key);
     const cJSON *pd = cJSON_GetObjectItemCaseSensitive(chk, "pending");
-    const char *id = jstr(c.b, "id"), *pid = jstr(pd, "id"), *kind = jstr(pd, "kind");
+    const char *id = util_json_string(c.b, "id"), *pid = util_json_string(pd, "id"), *kind = util_json_string(pd, "kind");
     if (!id || !pid || !kind || strcmp(id, pid)) {
         snprintf(why, sizeof why, "no probe %s is pending on this node's lease of window %u",
                  id ? id : "(no id)", l->window);
@@ -1691,7 +1687,7 @@ static int addr_held(struct kvd_market_api *a, const struct model_state *ms, siz
         char key[KVD_MARKET_KEY_MAX];
         snprintf(key, sizeof key, "addr/%s/%u", ms->m.id, ms->w[i].idx);
         cJSON *o = blob_load(a, key);
-        const char *on = jstr(o, "node"), *oa = jstr(o, "addr");
+        const char *on = util_json_string(o, "node"), *oa = util_json_string(o, "addr");
         if (on && oa && !strcmp(on, ms->l[i].node) && !strcmp(oa, addr) &&
             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "relay")) == relay)
             k++;
@@ -1720,7 +1716,7 @@ static void h_claims(struct net_http_req *req, void *ud)
         state_refuse(a, req, c.ms, 429, NULL, why);
         goto out;
     }
-    if (penalized(a, c.node, c.now, why, sizeof why)) {
+    if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
         state_refuse(a, req, c.ms, 403, NULL, why);
         goto out;
     }
@@ -1827,7 +1823,7 @@ static int endpoint_split(const char *ep, char *host, size_t hn, int *port)
 _Static_assert(KVD_MARKET_EP_MAX == 256, "endpoint_bad's message names the limit");
 static const char *endpoint_bad(const cJSON *b)
 {
-    const char *ep = jstr(b, "endpoint");
+    const char *ep = util_json_string(b, "endpoint");
     char host[256];
     int port;
     if (ep && (strlen(ep) >= KVD_MARKET_EP_MAX ||
@@ -1974,7 +1970,7 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
     struct lease_call c;
     if (lease_call_open(&c, a, req, heartbeat_bad))
         goto out;
-    const char *ep = jstr(c.b, "endpoint");
+    const char *ep = util_json_string(c.b, "endpoint");
     char host[256];
     int port = 0;
     if (ep && strncmp(ep, "relay://", 8))
@@ -1994,7 +1990,7 @@ static void h_heartbeat(struct net_http_req *req, void *ud)
         snprintf(key, sizeof key, "addr/%s/%u", c.ms->m.id, c.ms->w[c.wi].idx);
         cJSON *ao = blob_load(a, key);
         bool relayed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ao, "relay")) &&
-                       jstr(ao, "node") && !strcmp(jstr(ao, "node"), c.node);
+                       util_json_string(ao, "node") && !strcmp(util_json_string(ao, "node"), c.node);
         cJSON_Delete(ao);
         if (relayed) {
             snprintf(why, sizeof why, "window %u was claimed as reached through a relay; endpoint "
@@ -2108,9 +2104,9 @@ static void h_receipts(struct net_http_req *req, void *ud)
     if (!b)
         return;
     struct kvd_market_receipt r = {0};
-    const char *model = jstr(b, "model"), *session = jstr(b, "session"), *digest = jstr(b, "digest");
-    const char *side = jstr(b, "side"), *man = jstr(b, "manifest");
-    const char *client = jstr(b, "client"), *proof = jstr(b, "proof");
+    const char *model = util_json_string(b, "model"), *session = util_json_string(b, "session"), *digest = util_json_string(b, "digest");
+    const char *side = util_json_string(b, "side"), *man = util_json_string(b, "manifest");
+    const char *client = util_json_string(b, "client"), *proof = util_json_string(b, "proof");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(b, "tokens");
     uint64_t rank;
     double now = now_s();
@@ -2161,9 +2157,8 @@ static void h_receipts(struct net_http_req *req, void *ud)
     /* the ring generation: only a manifest the market published has sessions that count */
     int rc = kvd_market__gen_load(a->st, man, &g);
     if (rc == -ENOENT || (rc == 0 && strcmp(g.model, model))) {
-        snprintf(why, sizeof why, "manifest %.16s... is no ring generation of model %.16s... that "
+        rollback_errf(a, req, 404, "manifest %.16s... is no ring generation of model %.16s... that "
                  "this market published", man, model);
-        rollback_err(a, req, 404, NULL, why);
         goto out;
     }
     if (rc) {
@@ -2171,35 +2166,31 @@ static void h_receipts(struct net_http_req *req, void *ud)
         goto out;
     }
     if (rank >= g.n) {
-        snprintf(why, sizeof why, "rank %llu does not exist (ring generation %.16s... has %zu ranks)",
+        rollback_errf(a, req, 404, "rank %llu does not exist (ring generation %.16s... has %zu ranks)",
                  (unsigned long long)rank, man, g.n);
-        rollback_err(a, req, 404, NULL, why);
         goto out;
     }
     /* who may sign: the rank's node sends (and rank 0 opens); the next rank (rank 0 after the
      * last) receives; whoever held that rank in that generation, whatever it holds now */
     size_t signer = r.side == KVD_SIDE_RECEIVED ? (rank + 1) % g.n : rank;
     if (strcmp(g.node[signer], node)) {
-        snprintf(why, sizeof why, "node %.16s... did not hold rank %zu, whose %s side this is, in "
+        rollback_errf(a, req, 403, "node %.16s... did not hold rank %zu, whose %s side this is, in "
                  "ring generation %.16s... (node %.16s... did)", node, signer, side, man,
                  g.node[signer]);
-        rollback_err(a, req, 403, NULL, why);
         goto out;
     }
     if (r.side == KVD_SIDE_OPEN) {   /* a paying client opened it: rank 0 holds the client's key */
         rc = kvd_market__client_get(a->st, client, &cl);
         if (rc == -ENOENT) {
-            snprintf(why, sizeof why, "client %.16s... is not known to this market", client);
-            rollback_err(a, req, 403, NULL, why);
+            rollback_errf(a, req, 403, "client %.16s... is not known to this market", client);
             goto out;
         }
         char want[65];
         if (rc == 0)
             ring_client_proof(cl.verifier, model, man, session, r.t1, want);
         if (rc == 0 && CRYPTO_memcmp(want, proof, 64)) {
-            snprintf(why, sizeof why, "the proof does not bind session %s to client %.16s...: rank 0 "
+            rollback_errf(a, req, 403, "the proof does not bind session %s to client %.16s...: rank 0 "
                      "must hold the client's key", session, client);
-            rollback_err(a, req, 403, NULL, why);
             goto out;
         }
         if (rc) {
@@ -2211,23 +2202,21 @@ static void h_receipts(struct net_http_req *req, void *ud)
     struct kvd_market_receipt kr = r;   /* the receipts table keys sessions by the ledger's key */
     memcpy(kr.session, key, 65);
     rc = a->st->ops->receipt_put(a->st->impl, &kr);
-    if (rc == 0)
-        rc = kvd_market__session_side(a->st, &r, man, key, client, now);
-    if (rc == -EEXIST) {
-        rollback_err(a, req, 409, NULL, "this side of the session's receipt was submitted before");
-        goto out;
-    }
     if (rc == 0 && r.side == KVD_SIDE_OPEN) {   /* one client request more for the demand */
         struct kvd_market_model m;
         if ((rc = a->st->ops->model_get(a->st->impl, model, &m)) == 0) {
-            rc = a->st->ops->model_demand_set(a->st->impl, model,
-                                              demand_now(a, &m, now) + 60.0 / a->cfg.demand_tau_s, now);
+            double d = kvd_market__demand_now(&a->cfg, &m, now) + 60.0 / a->cfg.demand_tau_s;
+            rc = a->st->ops->model_demand_set(a->st->impl, model, d, now);
             kvd_market__model_clear(&m);
         }
     }
     struct kvd_market_settled set = {0};
     if (rc == 0)
-        rc = kvd_market__session_settle(a->st, &a->cfg, key, now, on_paid, a, &set);
+        rc = kvd_market__session_submit(a->st, &a->cfg, &r, man, key, client, now, on_paid, a, &set);
+    if (rc == -EEXIST) {
+        rollback_err(a, req, 409, NULL, "this side of the session's receipt was submitted before");
+        goto out;
+    }
     if (rc) {
         rollback_err(a, req, 503, NULL, a->st->err);
         goto out;
@@ -2295,7 +2284,7 @@ static void h_clients_post(struct net_http_req *req, void *ud)
     if (!b)
         return;
     struct kvd_market_client c = {0}, old;
-    const char *id = jstr(b, "client"), *v = jstr(b, "verifier"), *name = jstr(b, "name");
+    const char *id = util_json_string(b, "client"), *v = util_json_string(b, "verifier"), *name = util_json_string(b, "name");
     if (!id || !is_hex(id, 64, 64) || !v || !is_hex(v, 64, 64) || util_hex_decode(v, c.verifier, 32) ||
         (name && strlen(name) > 127)) {
         reply_err(req, 400, NULL, "a client needs client (its id, 64 hex), verifier (64 hex) and "
@@ -2331,9 +2320,9 @@ static void h_clients_get(struct net_http_req *req, void *ud)
     const char *p = net_http_req_path(req);
     struct kvd_market_client c;
     if (!strcmp(p, "/v1/clients")) {
-        char (*keys)[KVD_MARKET_KEY_MAX] = malloc(CLIENTS_LIST_MAX * sizeof *keys);
+        char (*keys)[KVD_MARKET_KEY_MAX] = malloc(RING_CLIENTS_LIST_MAX * sizeof *keys);
         size_t n = 0;
-        if (!keys || a->st->ops->blob_keys(a->st->impl, "client/", keys, CLIENTS_LIST_MAX, &n)) {
+        if (!keys || a->st->ops->blob_keys(a->st->impl, "client/", keys, RING_CLIENTS_LIST_MAX, &n)) {
             free(keys);
             reply_err(req, 503, NULL, "store: %s", keys ? a->st->err : "out of memory");
             return;

@@ -86,12 +86,6 @@ static double unit(void)
     return r / 4294967296.0;
 }
 
-static const char *jstr(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* The node's audit record (a fresh one when it has none); key gets its key. */
 static cJSON *record_load(struct kvd_market_audit *au, const char *model, const char *node,
                           char key[160])
@@ -183,7 +177,7 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
     char key[160];
     cJSON *r = record_load(au, model, node, key);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
-    const char *id = jstr(p, "id");
+    const char *id = util_json_string(p, "id");
     int rc = 0;
     if (!id || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "verifying"))) {
         cJSON_Delete(r);   /* none, or answered and being recomputed */
@@ -192,7 +186,7 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
     double deadline = util_json_number(p, "deadline", 0);
     if (now > deadline) {
         snprintf(why, n, "audit %s (session %s, position %.0f): no answer before its deadline", id,
-                 jstr(p, "session") ? jstr(p, "session") : "?", util_json_number(p, "position", 0));
+                 util_json_string(p, "session") ? util_json_string(p, "session") : "?", util_json_number(p, "position", 0));
         char idc[17];
         snprintf(idc, sizeof idc, "%s", id);
         record_last(r, idc, "fail", INFINITY, why, now);
@@ -219,7 +213,7 @@ static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, co
     *row = NULL;
     *len = 0;
     const cJSON *path = cJSON_GetObjectItemCaseSensitive(o, "path"), *h;
-    const char *b64 = jstr(o, "row");
+    const char *b64 = util_json_string(o, "row");
     size_t bl = b64 ? strlen(b64) : 0;
     if (util_json_number(o, "pos", -1) != want || !b64 || bl % 4 || bl > RING_MARKET_BODY_MAX ||
         !cJSON_IsArray(path) || cJSON_GetArraySize(path) > RING_MERKLE_DEPTH_MAX) {
@@ -392,7 +386,7 @@ static void job_done(uv_work_t *w, int status)
     clock_gettime(CLOCK_REALTIME, &ts);   /* the ledger's clock: Unix seconds */
     double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     cJSON *r = record_load(au, j->model, j->node, key);
-    const char *pid = jstr(cJSON_GetObjectItemCaseSensitive(r, "pending"), "id");
+    const char *pid = util_json_string(cJSON_GetObjectItemCaseSensitive(r, "pending"), "id");
     int rc = 0;
     if (!pid || strcmp(pid, j->id)) {   /* settled meanwhile (its deadline, say) */
         au->st->ops->rollback(au->st->impl);
@@ -421,8 +415,8 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     char key[160];
     cJSON *r = record_load(au, model, node, key);
     cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
-    const char *id = jstr(body, "id"), *pid = jstr(p, "id"), *session = jstr(p, "session");
-    const char *sent_hex = jstr(p, "sent");
+    const char *id = util_json_string(body, "id"), *pid = util_json_string(p, "id"), *session = util_json_string(p, "session");
+    const char *sent_hex = util_json_string(p, "sent");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(p, "tokens");
     struct job *j = NULL;
     uint8_t *row = NULL;
@@ -450,7 +444,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     }
     if (!embed) {   /* the received root: the node's own countersignature of its predecessor */
         struct kvd_market_receipt rc_;
-        const char *lk = jstr(p, "key") ? jstr(p, "key") : session;   /* the ledger's key */
+        const char *lk = util_json_string(p, "key") ? util_json_string(p, "key") : session;   /* the ledger's key */
         rc = au->st->ops->receipt_get(au->st->impl, lk, pred, t0, t1, KVD_SIDE_RECEIVED, &rc_);
         if (rc == -ENOENT) {
             snprintf(why, n, "audit %s: this node's received side of session %s (rank %u, tokens "

@@ -263,11 +263,6 @@ int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_
 /* The ledger's key of a session: hex(SHA-256(model "|" manifest "|" session)). */
 void kvd_market__session_key(const char *model, const char *manifest, const char *session,
                              char out[65]);
-/* Record one side of the session's receipt (r->side: sent, received, or open with client and
- * r->t1 the tokens opened): -EEXIST when that side was recorded before. */
-int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_market_receipt *r,
-                             const char *manifest, const char *key, const char *client,
-                             double now);
 /* One rank's share of a session, as it is paid (for the audits of credited work). */
 struct kvd_market_paid {
     const char *model, *manifest, *session, *key, *node, *digest;   /* digest: its sent root */
@@ -281,6 +276,14 @@ typedef int (*kvd_market_paid_cb)(void *ud, const struct kvd_market_paid *p, dou
  * paid, in the transaction. */
 int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
                                const char *key, double now, kvd_market_paid_cb on_paid, void *ud,
+                               struct kvd_market_settled *out);
+/* Record one side of the session's receipt (r->side: sent, received, or open with client and
+ * r->t1 the tokens opened) and settle the session, on one read and one write of its record:
+ * -EEXIST when that side was recorded before. */
+int kvd_market__session_submit(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                               const struct kvd_market_receipt *r, const char *manifest,
+                               const char *key, const char *client, double now,
+                               kvd_market_paid_cb on_paid, void *ud,
                                struct kvd_market_settled *out);
 /* Settle the pending sessions whose wait is over, up to a bounded number per call, from the
  * cursor after (updated); *paid gets the ranks paid. */

@@ -33,12 +33,6 @@
 #define PENDING_MAX_AGE_S (7 * 86400.0) /* the sweep gives up on a session after this (a late
                                          * side still settles it when it comes) */
 
-static const char *str(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* reward = base x (1 + d / (d + D)) x (1 + 2 (1 - covered)), within [base, 6 base]: demand
  * at most doubles it, a window without a stage triples it (docs/market.md, "Rewards"). */
 double kvd_market__reward(const struct kvd_market_config *c, double demand, double covered)
@@ -74,7 +68,7 @@ bool kvd_market__penalized(struct kvd_market_store *st, const char *node, double
     bool on = p && util_json_number(p, "until", 0) > now;
     if (on)
         snprintf(why, n, "this node's claims are refused for %.0f s more: %s",
-                 util_json_number(p, "until", 0) - now, str(p, "reason") ? str(p, "reason") : "it failed a probe");
+                 util_json_number(p, "until", 0) - now, util_json_string(p, "reason") ? util_json_string(p, "reason") : "it failed a probe");
     cJSON_Delete(p);
     return on;
 }
@@ -108,7 +102,7 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
             l = ly->child->next->valuedouble;
         }
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "node", str(r, "node") ? str(r, "node") : "");
+        cJSON_AddStringToObject(o, "node", util_json_string(r, "node") ? util_json_string(r, "node") : "");
         cJSON_AddNumberToObject(o, "first", f);
         cJSON_AddNumberToObject(o, "last", l);
         cJSON_AddItemToArray(out, o);
@@ -120,9 +114,9 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
     /* the model's previous generation ended now */
     snprintf(last, sizeof last, "genlast/%s", model);
     cJSON *l = kvd_market__blob_load(st, last);
-    if (rc == 0 && l && str(l, "sha") && strcmp(str(l, "sha"), sha)) {
+    if (rc == 0 && l && util_json_string(l, "sha") && strcmp(util_json_string(l, "sha"), sha)) {
         char pk[KVD_MARKET_KEY_MAX];
-        snprintf(pk, sizeof pk, "gen/%.64s", str(l, "sha"));
+        snprintf(pk, sizeof pk, "gen/%.64s", util_json_string(l, "sha"));
         cJSON *pg = kvd_market__blob_load(st, pk);
         if (pg && !cJSON_GetObjectItemCaseSensitive(pg, "until")) {
             cJSON_AddNumberToObject(pg, "until", now);
@@ -149,13 +143,13 @@ int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kv
     if (!o)
         return -ENOENT;
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks"), *r;
-    snprintf(g->model, sizeof g->model, "%s", str(o, "model") ? str(o, "model") : "");
+    snprintf(g->model, sizeof g->model, "%s", util_json_string(o, "model") ? util_json_string(o, "model") : "");
     g->since = util_json_number(o, "since", 0);
     g->until = util_json_number(o, "until", 0);
     cJSON_ArrayForEach(r, ranks) {
         if (g->n == KVD_MARKET_MAX_WINDOWS)
             break;
-        snprintf(g->node[g->n], 65, "%s", str(r, "node") ? str(r, "node") : "");
+        snprintf(g->node[g->n], 65, "%s", util_json_string(r, "node") ? util_json_string(r, "node") : "");
         g->first[g->n] = (uint32_t)util_json_number(r, "first", 0);
         g->last[g->n] = (uint32_t)util_json_number(r, "last", 0);
         g->n++;
@@ -175,8 +169,8 @@ int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct k
     if (!o)
         return -ENOENT;
     snprintf(c->id, sizeof c->id, "%s", id);
-    snprintf(c->name, sizeof c->name, "%s", str(o, "name") ? str(o, "name") : "");
-    const char *v = str(o, "verifier");
+    snprintf(c->name, sizeof c->name, "%s", util_json_string(o, "name") ? util_json_string(o, "name") : "");
+    const char *v = util_json_string(o, "verifier");
     int rc = v && strlen(v) == 64 && !util_hex_decode(v, c->verifier, 32) ? 0 : -EINVAL;
     c->balance = util_json_number(o, "balance", 0);
     c->spent = util_json_number(o, "spent", 0);
@@ -234,49 +228,6 @@ static cJSON *sess_load(struct kvd_market_store *st, const char *key, const char
     return s;
 }
 
-int kvd_market__session_side(struct kvd_market_store *st, const struct kvd_market_receipt *r,
-                             const char *manifest, const char *key, const char *client,
-                             double now)
-{
-    cJSON *s = sess_load(st, key, r->model, manifest, r->session, now);
-    int rc = 0;
-    if (r->side == KVD_SIDE_OPEN) {
-        if (cJSON_GetObjectItemCaseSensitive(s, "client")) {
-            rc = -EEXIST;
-            goto out;
-        }
-        cJSON_AddStringToObject(s, "client", client);
-        cJSON_AddNumberToObject(s, "tokens", (double)r->t1);
-        cJSON_AddNumberToObject(s, "opened", now);
-    } else {
-        char name[16];
-        snprintf(name, sizeof name, "%c%u", r->side == KVD_SIDE_SENT ? 's' : 'r', r->rank);
-        cJSON *sides = cJSON_GetObjectItemCaseSensitive(s, "sides");
-        if (cJSON_GetObjectItemCaseSensitive(sides, name)) {
-            rc = -EEXIST;
-            goto out;
-        }
-        cJSON *o = cJSON_AddObjectToObject(sides, name);
-        cJSON_AddNumberToObject(o, "t0", (double)r->t0);
-        cJSON_AddNumberToObject(o, "t1", (double)r->t1);
-        cJSON_AddStringToObject(o, "d", r->digest);
-        cJSON_AddStringToObject(o, "node", r->node);
-    }
-    char k[KVD_MARKET_KEY_MAX];
-    snprintf(k, sizeof k, "sess/%s", key);
-    /* an opened session is pending until every rank is settled: the sweep pays the ranks that
-     * submitted once the wait is over (a session no client opened is owed nothing, so it
-     * never waits there) */
-    if ((rc = kvd_market__blob_save(st, k, s)) == 0 && r->side == KVD_SIDE_OPEN) {
-        char at[64];
-        snprintf(k, sizeof k, "pend/%s", key);
-        snprintf(at, sizeof at, "{\"at\":%.17g}", now);
-        rc = st->ops->blob_put(st->impl, k, at);
-    }
-out:
-    cJSON_Delete(s);
-    return rc;
-}
 
 enum { E_NONE, E_HALF, E_OK, E_BAD };
 
@@ -293,26 +244,25 @@ static int edge_state(const cJSON *sides, uint32_t e)
         return E_NONE;
     if (!s || !r)
         return E_HALF;
-    const char *a = str(s, "d"), *b = str(r, "d");
+    const char *a = util_json_string(s, "d"), *b = util_json_string(r, "d");
     bool same = a && b && !strcmp(a, b) && util_json_number(s, "t0", -1) == util_json_number(r, "t0", -2) &&
                 util_json_number(s, "t1", -1) == util_json_number(r, "t1", -2);
     return same ? E_OK : E_BAD;
 }
 
-int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
-                               const char *key, double now, kvd_market_paid_cb on_paid, void *ud,
-                               struct kvd_market_settled *out)
+/* Settle the session record s (its key: key) in place: *changed when s must be saved. */
+static int settle_doc(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                      const char *key, cJSON *s, double now, kvd_market_paid_cb on_paid, void *ud,
+                      struct kvd_market_settled *out, bool *changed)
 {
     char k[KVD_MARKET_KEY_MAX], why[256];
     memset(out, 0, sizeof *out);
-    snprintf(k, sizeof k, "sess/%s", key);
-    cJSON *s = kvd_market__blob_load(st, k);
-    if (!s)
-        return -ENOENT;
+    *changed = false;
     struct kvd_market_gen g;
     struct kvd_market_client c;
     struct kvd_market_model m = {0};
-    const char *client = str(s, "client"), *man = str(s, "manifest"), *model = str(s, "model");
+    const char *client = util_json_string(s, "client"), *man = util_json_string(s, "manifest");
+    const char *model = util_json_string(s, "model");
     int rc = 0;
     out->opened = client != NULL;
     if (!client || !man || !model)   /* no paying client opened it (yet): nothing is owed */
@@ -337,7 +287,6 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
      * sides disagree holds back the two ranks at its ends, not the rest) */
     bool late = now >= util_json_number(s, "opened", now) + cfg->settle_wait_s;
     double reward = kvd_market__reward(cfg, kvd_market__demand_now(cfg, &m, now), 1.0);
-    bool changed = false;
     uint32_t settled = 0;
     for (uint32_t r = 0; r < g.n; r++) {
         char rk[16], sn[16], rn[16];
@@ -363,11 +312,12 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
             continue;   /* wait for the rest of the ring */
         if (hold) {
             cJSON_AddStringToObject(held, rk, hold);
-            changed = true;
+            *changed = true;
             settled++;
             continue;
         }
-        uint64_t t0 = (uint64_t)util_json_number(own, "t0", 0), t1 = (uint64_t)util_json_number(own, "t1", 0);
+        uint64_t t0 = (uint64_t)util_json_number(own, "t0", 0);
+        uint64_t t1 = (uint64_t)util_json_number(own, "t1", 0);
         uint64_t lt = (t1 - t0) * (uint64_t)(g.last[r] - g.first[r]);
         double credit = (double)lt * reward;
         rc = st->ops->credit_add(st->impl, key, r, t0, t1, g.node[r], lt, credit);
@@ -382,19 +332,18 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
             out->credit += credit;
             out->ranks_paid++;
             struct kvd_market_paid p = {
-                .model = model, .manifest = man, .session = str(s, "session"), .key = key,
-                .node = g.node[r], .digest = str(own, "d"), .rank = r, .n_ranks = (uint32_t)g.n,
-                .first = g.first[r], .last = g.last[r], .n_embd = m.n_embd, .t0 = t0, .t1 = t1};
+                .model = model, .manifest = man, .session = util_json_string(s, "session"),
+                .key = key, .node = g.node[r], .digest = util_json_string(own, "d"), .rank = r,
+                .n_ranks = (uint32_t)g.n, .first = g.first[r], .last = g.last[r],
+                .n_embd = m.n_embd, .t0 = t0, .t1 = t1};
             if (on_paid && p.session && p.digest && (rc = on_paid(ud, &p, now)))
                 goto out;
         }
         cJSON_AddNumberToObject(paid, rk, credit);
-        changed = true;
+        *changed = true;
         settled++;
     }
     if (out->ranks_paid && (rc = kvd_market__client_put(st, &c)))
-        goto out;
-    if (changed && (rc = kvd_market__blob_save(st, k, s)))
         goto out;
     out->done = settled == g.n;
     if (out->done) {
@@ -403,6 +352,75 @@ int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_mar
     }
 out:
     kvd_market__model_clear(&m);
+    return rc;
+}
+
+int kvd_market__session_settle(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                               const char *key, double now, kvd_market_paid_cb on_paid, void *ud,
+                               struct kvd_market_settled *out)
+{
+    char k[KVD_MARKET_KEY_MAX];
+    snprintf(k, sizeof k, "sess/%s", key);
+    memset(out, 0, sizeof *out);
+    cJSON *s = kvd_market__blob_load(st, k);
+    if (!s)
+        return -ENOENT;
+    bool changed;
+    int rc = settle_doc(st, cfg, key, s, now, on_paid, ud, out, &changed);
+    if (rc == 0 && changed)
+        rc = kvd_market__blob_save(st, k, s);
+    cJSON_Delete(s);
+    return rc;
+}
+
+int kvd_market__session_submit(struct kvd_market_store *st, const struct kvd_market_config *cfg,
+                               const struct kvd_market_receipt *r, const char *manifest,
+                               const char *key, const char *client, double now,
+                               kvd_market_paid_cb on_paid, void *ud,
+                               struct kvd_market_settled *out)
+{
+    cJSON *s = sess_load(st, key, r->model, manifest, r->session, now);
+    int rc = 0;
+    memset(out, 0, sizeof *out);
+    if (r->side == KVD_SIDE_OPEN) {
+        if (cJSON_GetObjectItemCaseSensitive(s, "client")) {
+            rc = -EEXIST;
+            goto out;
+        }
+        cJSON_AddStringToObject(s, "client", client);
+        cJSON_AddNumberToObject(s, "tokens", (double)r->t1);
+        cJSON_AddNumberToObject(s, "opened", now);
+    } else {
+        char name[16];
+        snprintf(name, sizeof name, "%c%u", r->side == KVD_SIDE_SENT ? 's' : 'r', r->rank);
+        cJSON *sides = cJSON_GetObjectItemCaseSensitive(s, "sides");
+        if (cJSON_GetObjectItemCaseSensitive(sides, name)) {
+            rc = -EEXIST;
+            goto out;
+        }
+        cJSON *o = cJSON_AddObjectToObject(sides, name);
+        cJSON_AddNumberToObject(o, "t0", (double)r->t0);
+        cJSON_AddNumberToObject(o, "t1", (double)r->t1);
+        cJSON_AddStringToObject(o, "d", r->digest);
+        cJSON_AddStringToObject(o, "node", r->node);
+    }
+    char k[KVD_MARKET_KEY_MAX];
+    /* an opened session is pending until every rank is settled: the sweep pays the ranks that
+     * submitted once the wait is over (a session no client opened is owed nothing, so it
+     * never waits there) */
+    if (r->side == KVD_SIDE_OPEN) {
+        char at[64];
+        snprintf(k, sizeof k, "pend/%s", key);
+        snprintf(at, sizeof at, "{\"at\":%.17g}", now);
+        rc = st->ops->blob_put(st->impl, k, at);
+    }
+    bool changed;
+    if (rc == 0)
+        rc = settle_doc(st, cfg, key, s, now, on_paid, ud, out, &changed);
+    snprintf(k, sizeof k, "sess/%s", key);
+    if (rc == 0)
+        rc = kvd_market__blob_save(st, k, s);
+out:
     cJSON_Delete(s);
     return rc;
 }

@@ -21,12 +21,6 @@
 #define REPORT_STR_MAX 512       /* a link's error as kept and shown, in bytes */
 #define REPORT_API_MAX 256       /* an API URL */
 
-static const char *jstr(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 static bool link_state_ok(const char *s)
 {
     return !strcmp(s, "up") || !strcmp(s, "down") || !strcmp(s, "handshake");
@@ -103,7 +97,7 @@ static void api_add(cJSON *o, const char *url, const char *peer)
 int kvd_market__report_save(struct kvd_market_store *st, const char *model, uint32_t window,
                             const char *node, const cJSON *b, const char *peer, double now)
 {
-    const char *man = jstr(b, "manifest");
+    const char *man = util_json_string(b, "manifest");
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(b, "links");
     if (!man)
         return 0;   /* no stage runs: nothing to say of a ring */
@@ -120,15 +114,15 @@ int kvd_market__report_save(struct kvd_market_store *st, const char *model, uint
         cJSON_AddBoolToObject(lo, "linked", cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "linked")));
         static const char *const keys[] = {"in", "out", "in_error", "out_error", "error"};
         for (int k = 0; k < 5; k++)
-            if (jstr(l, keys[k]))
-                add_cut(lo, keys[k], jstr(l, keys[k]));
+            if (util_json_string(l, keys[k]))
+                add_cut(lo, keys[k], util_json_string(l, keys[k]));
     }
     cJSON_AddItemToObject(o, "links", lo);
     const cJSON *age = cJSON_GetObjectItemCaseSensitive(b, "last_token_age_s");
     if (cJSON_IsNumber(age))   /* kept as a time on the market's clock */
         cJSON_AddNumberToObject(o, "last_token_at", now - age->valuedouble);
-    if (jstr(b, "api"))
-        api_add(o, jstr(b, "api"), peer);
+    if (util_json_string(b, "api"))
+        api_add(o, util_json_string(b, "api"), peer);
     char key[KVD_MARKET_KEY_MAX];
     snprintf(key, sizeof key, "report/%s/%u", model, window);
     int rc = kvd_market__blob_save(st, key, o);
@@ -142,7 +136,7 @@ cJSON *kvd_market__report_load(struct kvd_market_store *st, const char *model, u
     char key[KVD_MARKET_KEY_MAX];
     snprintf(key, sizeof key, "report/%s/%u", model, window);
     cJSON *o = kvd_market__blob_load(st, key);
-    const char *n = jstr(o, "node"), *m = jstr(o, "manifest");
+    const char *n = util_json_string(o, "node"), *m = util_json_string(o, "manifest");
     if (!n || !m || strcmp(n, node) || !manifest || strcmp(m, manifest) ||
         now - util_json_number(o, "at", 0) > fresh_s) {
         cJSON_Delete(o);
@@ -163,8 +157,8 @@ int kvd_market__report_down(const cJSON *rep, uint32_t rank, char *why, size_t n
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(rep, "links");
     if (!l || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "linked")))
         return 0;
-    const char *in = jstr(l, "in"), *out = jstr(l, "out");
-    const char *ie = jstr(l, "in_error"), *oe = jstr(l, "out_error"), *e = jstr(l, "error");
+    const char *in = util_json_string(l, "in"), *out = util_json_string(l, "out");
+    const char *ie = util_json_string(l, "in_error"), *oe = util_json_string(l, "out_error"), *e = util_json_string(l, "error");
     if (e)
         snprintf(why, n, "rank %u: %s", rank, e);
     else if (out && strcmp(out, "up"))
