@@ -311,6 +311,14 @@ static void status_table(const cJSON *cov)
         printf("  %-6d %-9s %-10s %-10s %-18s %-28s %-20s %.6g\n", (int)util_json_number(w, "window", 0),
                range, state, mem, nd, cJSON_IsString(ep) ? ep->valuestring : "-", links,
                util_json_number(w, "reward", 0));
+        const cJSON *took = cJSON_GetObjectItemCaseSensitive(st, "took_over"), *sb;
+        if (took)   /* a standby took the rank over: the manifest still names the node before */
+            printf("  %-6s %-9s took over from %.16s (the manifest's node for this rank)\n", "", "",
+                   str_or_q(took, "from"));
+        cJSON_ArrayForEach(sb, cJSON_GetObjectItemCaseSensitive(w, "standbys"))
+            printf("  %-6s %-9s %-10s %-10s %-18.16s %-28s\n", "", "", str_or_q(sb, "state"), "",
+                   str_or_q(sb, "node"), cJSON_IsString(cJSON_GetObjectItemCaseSensitive(sb, "endpoint")) ?
+                   str_or_q(sb, "endpoint") : "- (pulling its window)");
     }
     cJSON_ArrayForEach(r, rings) {
         const cJSON *api = cJSON_GetObjectItemCaseSensitive(r, "api"), *u;

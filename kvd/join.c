@@ -68,6 +68,15 @@ struct join {
     double lease_s, reserve_s;
     char manifest_sha[65];
     int rank;                   /* our rank in the manifest the stage runs (-1: none) */
+    /* a standby (docs/market.md, "Standbys"): holds a standby lease on window, its window
+     * pulled ahead, its stage waiting to be dialled for rank standby_rank */
+    bool standby;
+    int standby_rank;
+    bool took_pending_logged;   /* the market said a takeover waits for the holder to lapse */
+    char roster_path[4096];
+    char roster_sha[65];        /* the manifest the roster last written is for ("": none) */
+    bool roster_me;             /* ... and whether it names this node */
+    char *roster_text;          /* its text as last written */
     bool held;                  /* we hold a lease on window (given back on a clean exit) */
     int probe_fd;
     pid_t stage;
@@ -172,6 +181,69 @@ static int pick(struct join *j, const cJSON *cov, const cJSON **kept_w)
     return best;
 }
 
+/* Once every window has an active stage, the window to stand by for (docs/market.md,
+ * "Standbys"): a middle rank's (rank 0 and the last rank have none) that fits, with the
+ * fewest standbys (ties: the largest window, the costliest to lose). -1 when none (or the ring
+ * is not complete yet). */
+static int standby_pick(struct join *j, const cJSON *cov)
+{
+    const cJSON *w, *ws = cJSON_GetObjectItemCaseSensitive(cov, "windows");
+    int best = -1, best_n = 0, last = cJSON_GetArraySize(ws) - 1;
+    double best_mem = -1;
+    cJSON_ArrayForEach(w, ws) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(w, "state");
+        if (!cJSON_IsString(st) || strcmp(st->valuestring, "active"))
+            return -1;   /* a window still free or reserved: the ring is not complete */
+        int idx = (int)util_json_number(w, "window", -1);
+        int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(w, "standbys"));
+        double mem = util_json_number(w, "mem_bytes", 0);
+        if (idx <= 0 || idx >= last || mem > (double)j->mem)
+            continue;
+        if (best < 0 || n < best_n || (n == best_n && mem > best_mem)) {
+            best = idx;
+            best_n = n;
+            best_mem = mem;
+        }
+    }
+    return best;
+}
+
+/* Take a standby lease on window w: 0 with j->window/first/last set and j->standby, -EAGAIN to
+ * read the map again later, -EINVAL when the market refuses in a way no retry changes. */
+static int standby_claim(struct join *j, int w)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", w);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/standbys", b, true, &st);
+    int rc = -EAGAIN;
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(o, "layers");
+    if ((st == 200 || st == 201) && cJSON_GetArraySize(ly) == 2) {
+        j->window = (uint32_t)w;
+        j->first = (uint32_t)cJSON_GetArrayItem(ly, 0)->valuedouble;
+        j->last = (uint32_t)cJSON_GetArrayItem(ly, 1)->valuedouble;
+        j->lease_s = util_json_number(o, "lease_s", 20);
+        j->reserve_s = j->lease_s;
+        j->standby = true;
+        j->standby_rank = (int)util_json_number(o, "rank", w);
+        j->took_pending_logged = false;
+        kvd_log(KVD_LOG_INFO, "every window of %.16s... has a stage: standing by for window %d "
+                "(layers %u-%u, rank %d), its window pulled ahead", j->model, w, j->first, j->last,
+                j->standby_rank);
+        rc = 0;
+    } else if (st == 403 || st == 400) {
+        kvd_log(KVD_LOG_ERROR, "the market refused a standby lease on window %d (HTTP %ld): %s; "
+                "not claiming again", w, st, jstr_or(o, "error", "?"));
+        rc = -EINVAL;
+    } else if (st >= 400) {
+        kvd_log(KVD_LOG_INFO, "no standby lease on window %d (HTTP %ld): %s; reading the map again",
+                w, st, jstr_or(o, "error", "?"));
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
 /* Claim a window: 0 with j->window/first/last set, -EAGAIN to try again later, -EINVAL when
  * the market refused in a way no retry changes (the model is gone, the claim is malformed,
  * this node's claims are refused: its reason is logged). */
@@ -194,6 +266,9 @@ static int claim(struct join *j)
                 "%.16s... in its grace period (%.0f s more); waiting",
                 (int)util_json_number(kept, "window", -1), j->model, (unsigned long long)j->mem,
                 jstr_or(stg, "node", "?"), util_json_number(stg, "expires_in", 0));
+    } else if (w < 0 && !j->relay && (w = standby_pick(j, cov)) >= 0) {
+        cJSON_Delete(cov);
+        return standby_claim(j, w);
     } else if (w < 0) {
         kvd_log(KVD_LOG_INFO, "no free window of %.16s... fits in %llu bytes; waiting", j->model,
                 (unsigned long long)j->mem);
@@ -377,8 +452,11 @@ static void ring_report(struct join *j, cJSON *b)
  * sends with it: 0, -EPERM when the lease is gone (or a probe failed), -EINVAL when the
  * market found the heartbeat malformed (an endpoint it refuses: its reason is logged),
  * -EAGAIN when the market did not answer. */
+static int standby_beat(struct join *j, const char *endpoint);
 static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
 {
+    if (j->standby)
+        return standby_beat(j, endpoint);
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "model", j->model);
     cJSON_AddNumberToObject(b, "window", j->window);
@@ -397,6 +475,100 @@ static int heartbeat(struct join *j, const char *endpoint, uint64_t progress)
         rc = -EPERM;
     cJSON_Delete(o);
     return rc;
+}
+
+/* Renew our standby lease (with our endpoint once the window is here and the stage may
+ * listen): 0, -EPERM when the market no longer has it for us, -EINVAL when it refused the
+ * call's form (logged), -EAGAIN when it did not answer. */
+static int standby_beat(struct join *j, const char *endpoint)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    if (endpoint)
+        cJSON_AddStringToObject(b, "endpoint", endpoint);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/standbys", b, true, &st);
+    if (st >= 400 && st < 500)
+        kvd_log(KVD_LOG_WARN, "the market refused the standby lease on window %u (HTTP %ld): %s",
+                j->window, st, jstr_or(o, "error", "?"));
+    cJSON_Delete(o);
+    return st == 200 || st == 201 ? 0 : st == 400 ? -EINVAL : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
+}
+
+/* Tell the market our standby stage took its rank over (it was dialled for it): 1 when the
+ * market made us the window's holder, 0 while it waits for the old holder to lapse (or did not
+ * answer), -EPERM when it refused. */
+static int standby_took(struct join *j, int rank)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", j->model);
+    cJSON_AddNumberToObject(b, "window", j->window);
+    cJSON_AddNumberToObject(b, "serving", rank);
+    cJSON_AddStringToObject(b, "manifest", j->manifest_sha);
+    ring_report(j, b);
+    long st;
+    cJSON *o = call(j, "POST", "/v1/standbys", b, true, &st);
+    int rc = 0;
+    if (st == 200 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "holder"))) {
+        kvd_log(KVD_LOG_INFO, "took rank %d over; the market made this node the holder of window "
+                "%u", rank, j->window);
+        rc = 1;
+    } else if (st == 202) {
+        if (!j->took_pending_logged)
+            kvd_log(KVD_LOG_INFO, "took rank %d over; the market waits: %s", rank,
+                    jstr_or(o, "pending", "?"));
+        j->took_pending_logged = true;
+    } else if (st >= 400 && st < 500) {
+        kvd_log(KVD_LOG_WARN, "took rank %d over; the market refused to record it (HTTP %ld): %s",
+                rank, st, jstr_or(o, "error", "?"));
+        rc = -EPERM;
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* The roster of the ring the market serves (GET /v1/models/<id>/roster: standbys named beside
+ * the manifest) into DIR/roster.json, which the stage re-reads when it changes. Written only
+ * when its text changed, through a rename; a market that does not answer leaves it as it was. */
+static void roster_refresh(struct join *j)
+{
+    char path[128], err[KV_ERR_MAX], *resp = NULL;
+    long st;
+    snprintf(path, sizeof path, "/v1/models/%s/roster", j->model);
+    if (ring_market_call(j->market, "GET", path, NULL, NULL, CALL_MS, &st, &resp, err, sizeof err) < 0 ||
+        st != 200) {
+        free(resp);
+        return;
+    }
+    cJSON *o = cJSON_Parse(resp);
+    const char *sha = util_json_string(o, "manifest");
+    bool me = false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(o, "standby"))
+        me |= util_json_string(e, "node") && !strcmp(util_json_string(e, "node"), j->node);
+    if (!sha || strlen(sha) != 64 || (j->roster_text && !strcmp(j->roster_text, resp))) {
+        cJSON_Delete(o);
+        free(resp);
+        return;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", j->roster_path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fwrite(resp, 1, strlen(resp), f) == strlen(resp);
+    if (f && fclose(f))
+        ok = false;
+    if (!ok || rename(tmp, j->roster_path)) {
+        kvd_log(KVD_LOG_WARN, "%s: %s", j->roster_path, strerror(errno));
+        cJSON_Delete(o);
+        free(resp);
+        return;
+    }
+    snprintf(j->roster_sha, sizeof j->roster_sha, "%s", sha);
+    j->roster_me = me;
+    free(j->roster_text);
+    j->roster_text = resp;
+    cJSON_Delete(o);
 }
 
 /* The model's catalog from the market into DIR, checked against the model id. */
@@ -634,7 +806,9 @@ static int stage_start(struct join *j, int rank)
                                    .window = j->window_path, .state_dir = j->dir,
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
                                    .listen = j->relay ? NULL : j->listen,
-                                   .receipts = j->receipts_path};
+                                   .receipts = j->receipts_path, .roster = j->roster_path};
+        if (rank < 0)   /* the roster's standby entry for our key, for our window's rank */
+            o.is_standby = o.standby_by_key = true;
         if (rank == 0 && j->api) {   /* the ring's API: paying clients and --api-key-file's */
             o.api_listen = j->api;
             o.api_key_file = j->clients_path;
@@ -648,8 +822,12 @@ static int stage_start(struct join *j, int rank)
     j->stage = pid;
     j->rank = rank;
     j->clients_next = 0;   /* rank 0's API wants the paying clients at once */
-    kvd_log(KVD_LOG_INFO, "stage of rank %d started (pid %d) on manifest %.16s...", rank, (int)pid,
-            j->manifest_sha);
+    if (rank < 0)
+        kvd_log(KVD_LOG_INFO, "standby stage for rank %d (window %u) started (pid %d) on manifest "
+                "%.16s...", j->standby_rank, j->window, (int)pid, j->manifest_sha);
+    else
+        kvd_log(KVD_LOG_INFO, "stage of rank %d started (pid %d) on manifest %.16s...", rank,
+                (int)pid, j->manifest_sha);
     return 0;
 }
 
@@ -679,7 +857,11 @@ static int manifest_poll(struct join *j, double wait_s)
         if (m->ranks[r].has_node && !memcmp(m->ranks[r].node, me, 32))
             rank = (int)r;
     free(m);
-    if (rc || rank < 0) {
+    /* as a standby we wait on the manifest whatever it names (a node back after its rank was
+     * taken over is still named in it); a holder that it does not name took the rank over in
+     * it, and the roster names us for that rank: either way the stage is the roster's standby */
+    bool standby = j->standby || (rank < 0 && j->held);
+    if (rc || (rank < 0 && !standby)) {
         kvd_log(KVD_LOG_WARN, "the market's manifest %s", rc ? err : "does not name this node");
         free(resp);
         return rc ? rc : -ENOENT;
@@ -701,9 +883,42 @@ static int manifest_poll(struct join *j, double wait_s)
     util_hex_encode(dg, 32, j->manifest_sha);
     free(resp);
     stage_stop(j);
+    if (standby) {   /* started once the roster names us (standby_tick) */
+        j->rank = -1;
+        kvd_log(KVD_LOG_INFO, "manifest %.16s... does not name this node: standing by for rank "
+                "%d", j->manifest_sha, j->standby_rank);
+        return 1;
+    }
     if ((rc = stage_start(j, rank)))
         return rc;
     return 1;
+}
+
+/* A standby's part of the hold loop: its stage started once the roster for the manifest we
+ * have names us; a takeover (the stage was dialled for its rank) reported to the market, which
+ * makes us the window's holder. */
+static void standby_tick(struct join *j)
+{
+    if (!j->manifest_sha[0] || j->rank >= 0)
+        return;
+    if (j->stage <= 0) {
+        if (j->roster_me && !strcmp(j->roster_sha, j->manifest_sha))
+            stage_start(j, -1);
+        return;
+    }
+    cJSON *s = stage_status(j);
+    int rank = s ? (int)util_json_number(s, "rank", -1) : -1;
+    bool waiting = !s || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "waiting"));
+    cJSON_Delete(s);
+    if (rank < 0 || waiting)
+        return;
+    int rc = j->standby ? standby_took(j, rank) : 1;
+    if (rc == 1) {
+        j->standby = false;
+        j->held = true;
+        j->rank = rank;
+        j->clients_next = 0;
+    }
 }
 
 /* Take our window back after our lease lapsed (the market was unreachable for longer than
@@ -869,7 +1084,9 @@ static void clients_refresh(struct join *j)
 /* Submit receipts when due: now, or after the backoff a market that did not answer set. */
 static void receipts_tick(struct join *j)
 {
-    if (util_now_s() < j->receipts_next)
+    /* a standby whose takeover the market has not recorded yet: its sides of the sessions it
+     * ran would be refused as from a node that held no rank (they go once it has) */
+    if (j->standby || util_now_s() < j->receipts_next)
         return;
     if (receipts_submit(j)) {
         j->receipts_backoff_ms = j->receipts_backoff_ms ? j->receipts_backoff_ms * 2 : 1000;
@@ -968,14 +1185,17 @@ static int move_target(struct join *j)
     return bw;
 }
 
-/* Give our lease up (moving): the window is free at once. */
+/* Give our lease up (moving, a clean stop): the window is free at once; a standby's lease
+ * leaves the roster at once. */
 static void release(struct join *j)
 {
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "model", j->model);
     cJSON_AddNumberToObject(b, "window", j->window);
+    if (j->standby)
+        cJSON_AddBoolToObject(b, "release", true);
     long st;
-    cJSON_Delete(call(j, "POST", "/v1/leases/release", b, true, &st));
+    cJSON_Delete(call(j, "POST", j->standby ? "/v1/standbys" : "/v1/leases/release", b, true, &st));
 }
 
 /* Hold the window: heartbeats, manifests, the stage's health. Returns when the lease is lost
@@ -988,10 +1208,10 @@ static int hold(struct join *j)
     while (!stop_flag) {
         if (util_now_s() >= next_hb) {
             int rc = heartbeat(j, j->endpoint, 0);
-            if (rc == -EINVAL || (rc == -EPERM && reclaim(j)))
+            if (rc == -EINVAL || (rc == -EPERM && (j->standby || reclaim(j))))
                 return rc;
             next_hb = util_now_s() + j->lease_s / 4;
-            int to = move_target(j);
+            int to = j->standby ? -1 : move_target(j);
             if (to >= 0) {
                 j->prefer = to;
                 return -EXDEV;
@@ -999,12 +1219,15 @@ static int hold(struct join *j)
         }
         receipts_tick(j);
         clients_refresh(j);
+        roster_refresh(j);
+        standby_tick(j);
         if (j->stage > 0 && waitpid(j->stage, NULL, WNOHANG) == j->stage) {
             kvd_log(KVD_LOG_WARN, "the stage exited; starting it again");
             j->stage = 0;
             j->manifest_sha[0] = 0;
         }
-        double wait = j->lease_s / 4 - 1;
+        /* a standby waiting for the roster to name it looks again soon */
+        double wait = j->standby && j->stage <= 0 ? 1 : j->lease_s / 4 - 1;
         if (manifest_poll(j, wait < 1 ? 1 : wait) == -EAGAIN) {
             sleep_ms(backoff);   /* the market is unreachable: back off */
             backoff = backoff < 8000 ? backoff * 2 : 8000;
@@ -1239,6 +1462,8 @@ int kvd_join_main(int argc, char **argv)
     snprintf(j.receipts_path, sizeof j.receipts_path, "%s/receipts.jsonl", j.dir);
     snprintf(j.offset_path, sizeof j.offset_path, "%s/receipts.offset", j.dir);
     snprintf(j.clients_path, sizeof j.clients_path, "%s/clients.keys", j.dir);
+    snprintf(j.roster_path, sizeof j.roster_path, "%s/roster.json", j.dir);
+    unlink(j.roster_path);   /* a roster of an earlier run names nothing we know of */
     if (j.api) {   /* --api-key-file's keys only until the market's list came */
         unlink(j.clients_path);
         clients_write(&j);
@@ -1273,18 +1498,19 @@ int kvd_join_main(int argc, char **argv)
             backoff = backoff < 8000 ? backoff * 2 : 8000;
             continue;
         }
-        j.held = true;
+        j.held = !j.standby;
         backoff = 500;
         rc = pull(&j);
         if (rc == -EPERM || rc == -EAGAIN) {
-            j.held = rc != -EPERM;
+            j.held = rc != -EPERM && !j.standby;
+            j.standby = j.standby && rc != -EPERM;
             rc = 0;
             continue;
         }
         if (rc)
             break;
         if ((rc = probe_listen(&j)) == -EPERM) {
-            j.held = false;
+            j.held = j.standby = false;
             rc = 0;
             continue;
         }
@@ -1302,7 +1528,11 @@ int kvd_join_main(int argc, char **argv)
             rc = 0;
             continue;
         }
-        kvd_log(KVD_LOG_INFO, "lease on window %u active; waiting for the ring's manifest", j.window);
+        if (j.standby)
+            kvd_log(KVD_LOG_INFO, "standby for window %u at %s; waiting for the ring's roster to "
+                    "name it", j.window, j.endpoint);
+        else
+            kvd_log(KVD_LOG_INFO, "lease on window %u active; waiting for the ring's manifest", j.window);
         rc = hold(&j);
         stage_stop(&j);
         probe_close(&j);
@@ -1321,22 +1551,25 @@ int kvd_join_main(int argc, char **argv)
             continue;
         }
         if (rc == -EPERM) {
-            kvd_log(KVD_LOG_WARN, "lost the lease on window %u; claiming again", j.window);
-            j.held = false;
+            kvd_log(KVD_LOG_WARN, "lost the %slease on window %u; claiming again",
+                    j.standby ? "standby " : "", j.window);
+            j.held = j.standby = false;
             rc = 0;
         }
     }
     stage_stop(&j);
     probe_close(&j);
-    if (j.held) {   /* the window is free at once, not after the lease and its grace */
+    if (j.held || j.standby) {   /* the window is free at once, not after the lease and its grace */
         release(&j);
-        kvd_log(KVD_LOG_INFO, "gave the lease on window %u back", j.window);
+        kvd_log(KVD_LOG_INFO, "gave the %slease on window %u back", j.standby ? "standby " : "",
+                j.window);
     }
     /* on a clean exit, what the stage wrote last (its sessions end as it stops) */
     for (int i = 0; i < 3 && receipts_submit(&j); i++)
         sleep_ms(1000);
     unlink(pid_path);
     free(j.market_clients);
+    free(j.roster_text);
     net_identity_free(j.id);
     kvd_log(KVD_LOG_INFO, "stopped");
     return rc < 0 ? 1 : 0;

@@ -104,6 +104,13 @@ struct kvd_stage_opts {
     /* A standby without a model file: pull the window of the rank it takes over from here
      * (a seeder or a GGUF URL, seed_window_from), verified against catalog. */
     const char *standby_window_from;
+    /* A roster file (ring_roster_apply; kvd join writes it from the market): standbys named
+     * beside the manifest, read at start and again whenever the file changes. With is_standby
+     * and standby_by_key, this node's standby entry is the roster's entry for its own key
+     * (standby is then ignored), and a window file given with it is the window of the one
+     * rank that entry lists (pulled ahead of a takeover). */
+    const char *roster;
+    bool standby_by_key;
     const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
                                    manifest rank's "backend", else cpu */
     /* rank 0: the OpenAI-compatible API (docs/api.md) */

@@ -78,19 +78,23 @@ static int get_bool(const cJSON *o, const char *key, bool *out, const char *ctx,
  * rank but 0). */
 static int parse_standbys(struct ring_manifest *m, const cJSON *sb, char *err, size_t errlen)
 {
+    m->n_standbys = m->n_own_standbys;
     if (!sb)
         return 0;
-    if (!cJSON_IsArray(sb) || cJSON_GetArraySize(sb) > RING_MAX_STANDBYS) {
-        snprintf(err, errlen, "manifest: standby must be an array of at most %d entries", RING_MAX_STANDBYS);
+    if (!cJSON_IsArray(sb) || m->n_own_standbys + (uint32_t)cJSON_GetArraySize(sb) > RING_MAX_STANDBYS) {
+        snprintf(err, errlen, "manifest: standby must be an array of at most %d entries (roster "
+                 "entries included)", RING_MAX_STANDBYS);
         return -EINVAL;
     }
-    m->n_standbys = (uint32_t)cJSON_GetArraySize(sb);
-    for (uint32_t i = 0; i < m->n_standbys; i++) {
+    uint32_t base = m->n_own_standbys, n = (uint32_t)cJSON_GetArraySize(sb);
+    struct ring_standby_info parsed[RING_MAX_STANDBYS];
+    memset(parsed, 0, sizeof parsed);
+    for (uint32_t i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(sb, (int)i);
-        struct ring_standby_info *si = &m->standbys[i];
+        struct ring_standby_info *si = &parsed[i];
         char ctx[32], node[80] = "";
         int rc;
-        snprintf(ctx, sizeof ctx, "standby[%u]", i);
+        snprintf(ctx, sizeof ctx, "standby[%u]", base + i);
         if (!cJSON_IsObject(e)) {
             snprintf(err, errlen, "manifest: %s must be an object", ctx);
             return -EINVAL;
@@ -132,6 +136,9 @@ static int parse_standbys(struct ring_manifest *m, const cJSON *sb, char *err, s
             si->ranks |= 1ull << (uint32_t)v->valuedouble;
         }
     }
+    /* parsed whole before any is taken: a bad roster leaves the standbys as they were */
+    memcpy(&m->standbys[base], parsed, n * sizeof parsed[0]);
+    m->n_standbys = base + n;
     return 0;
 }
 
@@ -314,8 +321,10 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
         rc = -EINVAL;
         goto out;
     }
+    m->n_own_standbys = 0;
     if ((rc = parse_standbys(m, cJSON_GetObjectItemCaseSensitive(root, "standby"), err, errlen)) < 0)
         goto out;
+    m->n_own_standbys = m->n_standbys;
     rc = 0;
 out:
     cJSON_Delete(root);
@@ -338,5 +347,34 @@ int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, siz
             rc = -EIO;
     }
     free(buf);
+    return rc;
+}
+
+int ring_roster_apply(struct ring_manifest *m, const char *json, size_t len, char *err, size_t errlen)
+{
+    if (len > MANIFEST_MAX_BYTES) {
+        snprintf(err, errlen, "roster: %zu bytes, more than %d", len, MANIFEST_MAX_BYTES);
+        return -EFBIG;
+    }
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        snprintf(err, errlen, "roster: not a JSON object");
+        return -EINVAL;
+    }
+    char want[65];
+    util_hex_encode(m->hash, 32, want);
+    const cJSON *man = cJSON_GetObjectItemCaseSensitive(root, "manifest");
+    int rc;
+    if (!cJSON_IsString(man) || strcmp(man->valuestring, want)) {
+        snprintf(err, errlen, "roster: for manifest %.16s..., not this ring's %.16s...",
+                 cJSON_IsString(man) ? man->valuestring : "(none)", want);
+        rc = -ESTALE;
+    } else {
+        rc = parse_standbys(m, cJSON_GetObjectItemCaseSensitive(root, "standby"), err, errlen);
+        if (rc < 0 && !strncmp(err, "manifest: ", 10))
+            memcpy(err, "roster:   ", 10);
+    }
+    cJSON_Delete(root);
     return rc;
 }

@@ -46,7 +46,8 @@ struct ring_manifest {
     uint32_t n_ranks;
     struct ring_rank_info ranks[RING_MAX_RANKS];
     uint8_t hash[32];                   /* SHA-256 of the manifest bytes */
-    uint32_t n_standbys;
+    uint32_t n_standbys;                /* the manifest's own, then a roster's */
+    uint32_t n_own_standbys;            /* the manifest's own "standby" entries */
     struct ring_standby_info standbys[RING_MAX_STANDBYS];
 };
 
@@ -60,6 +61,12 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
                        size_t errlen);
 /* Read, hash and parse a manifest file. */
 int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, size_t errlen);
+/* A roster (docs/market.md, "Standbys"): standbys named beside a manifest rather than in it,
+ * so that adding one changes nothing the links check. {"manifest": "<hex SHA-256 of the
+ * manifest>", "standby": [entries as the manifest's]}: its entries replace the roster entries
+ * taken before (they follow the manifest's own). 0; -ESTALE when it is for another manifest;
+ * -EINVAL (err says why) leaving the standbys as they were. */
+int ring_roster_apply(struct ring_manifest *m, const char *json, size_t len, char *err, size_t errlen);
 
 /* Control client (kvctl): connect to a stage's control socket, send one JSON request line,
  * call on_line for every reply line until it returns non-zero or the daemon closes.

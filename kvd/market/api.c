@@ -262,6 +262,11 @@ struct model_state {
     struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
     struct kvd_market_lease l[KVD_MARKET_MAX_WINDOWS];
     int ls[KVD_MARKET_MAX_WINDOWS];
+    /* a standby took the window's rank over in generation took_sha (standby.c), and the
+     * manifest of that generation names mnode at mendpoint for it: the manifest stays so while
+     * the standby holds the window and nothing else changed */
+    char took_sha[KVD_MARKET_MAX_WINDOWS][65], mnode[KVD_MARKET_MAX_WINDOWS][65];
+    char mendpoint[KVD_MARKET_MAX_WINDOWS][KVD_MARKET_EP_MAX];
     size_t n;
 };
 
@@ -283,6 +288,16 @@ static int model_state_load(struct kvd_market_api *a, const char *id, struct mod
             return rc;
         }
         ms->ls[i] = lease_now(a, &ms->l[i], now);
+        ms->took_sha[i][0] = 0;
+        cJSON *t = ms->l[i].node[0] ? kvd_market__took_load(a->st, id, ms->w[i].idx) : NULL;
+        const char *tn = util_json_string(t, "node"), *tm = util_json_string(t, "manifest");
+        const char *mn = util_json_string(t, "mnode"), *me = util_json_string(t, "mendpoint");
+        if (tn && tm && mn && me && !strcmp(tn, ms->l[i].node) && strlen(tm) == 64) {
+            snprintf(ms->took_sha[i], 65, "%s", tm);
+            snprintf(ms->mnode[i], 65, "%s", mn);
+            snprintf(ms->mendpoint[i], KVD_MARKET_EP_MAX, "%s", me);
+        }
+        cJSON_Delete(t);
     }
     return 0;
 }
@@ -341,10 +356,33 @@ static int blob_save(struct kvd_market_api *a, const char *key, const cJSON *o)
 /* The ring's manifest once every window has an active stage (else NULL); hash gets its
  * SHA-256. Built from the plan and leases only, so the same state gives the same bytes and a
  * replaced stage changes only its rank's entry. */
+static char *manifest_build(const struct model_state *ms, const bool *keep, char hash[65]);
+
 static char *manifest_of(const struct model_state *ms, char hash[65])
 {
     if (!complete(ms))
         return NULL;
+    /* a rank a standby took over keeps its published entry, as long as the manifest is the
+     * generation it was taken over in (the ring runs it); otherwise the manifest names the
+     * windows' holders as they are */
+    bool keep[KVD_MARKET_MAX_WINDOWS], any = false;
+    for (size_t i = 0; i < ms->n; i++)
+        any |= keep[i] = ms->took_sha[i][0] != 0;
+    char *s = manifest_build(ms, keep, hash);
+    if (!any || !s)
+        return s;
+    bool again = false;
+    for (size_t i = 0; i < ms->n; i++)
+        if (keep[i] && strcmp(ms->took_sha[i], hash))
+            keep[i] = false, again = true;
+    if (!again)
+        return s;
+    free(s);
+    return manifest_build(ms, keep, hash);
+}
+
+static char *manifest_build(const struct model_state *ms, const bool *keep, char hash[65])
+{
     cJSON *o = cJSON_CreateObject(), *model = cJSON_CreateObject(), *wire = cJSON_CreateObject();
     cJSON *ranks = cJSON_CreateArray();
     char ring[32];
@@ -362,13 +400,13 @@ static char *manifest_of(const struct model_state *ms, char hash[65])
     for (size_t i = 0; i < ms->n; i++) {
         cJSON *r = cJSON_CreateObject(), *ly = cJSON_CreateArray();
         cJSON_AddNumberToObject(r, "rank", (double)i);
-        cJSON_AddStringToObject(r, "node", ms->l[i].node);
+        cJSON_AddStringToObject(r, "node", keep[i] ? ms->mnode[i] : ms->l[i].node);
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].first));
         cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].last));
         cJSON_AddItemToObject(r, "layers", ly);
         cJSON_AddBoolToObject(r, "embed", i == 0);
         cJSON_AddBoolToObject(r, "head", i + 1 == ms->n);
-        cJSON_AddStringToObject(r, "endpoint", ms->l[i].endpoint);
+        cJSON_AddStringToObject(r, "endpoint", keep[i] ? ms->mendpoint[i] : ms->l[i].endpoint);
         cJSON_AddItemToArray(ranks, r);
     }
     cJSON_AddItemToObject(o, "ranks", ranks);
@@ -780,6 +818,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
     char hash[65], why[600] = "";
     char *man = manifest_of(ms, hash);
     bool down = man && ring_down(a, ms, hash, now, reps, api, why, sizeof why);
+    cJSON *live = kvd_market__standby_list(a->st, ms->m.id, now);
     cJSON_AddStringToObject(o, "model", ms->m.id);
     cJSON_AddStringToObject(o, "name", ms->m.name);
     cJSON_AddStringToObject(o, "arch", ms->m.arch);
@@ -805,6 +844,11 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
             if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
                 cJSON_AddItemToObject(e, "probe", cJSON_Duplicate(last, 1));
             cJSON_Delete(chk);
+            if (ms->took_sha[i][0]) {   /* a standby that took the rank over */
+                cJSON *t = cJSON_AddObjectToObject(e, "took_over");
+                cJSON_AddStringToObject(t, "from", ms->mnode[i]);
+                cJSON_AddStringToObject(t, "manifest_sha256", ms->took_sha[i]);
+            }
             if (reps[i]) {   /* what the stage reports of the ring it runs */
                 cJSON_DeleteItemFromObjectCaseSensitive(reps[i], "node");
                 cJSON_AddItemToObject(e, "ring", reps[i]);
@@ -813,6 +857,19 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
             cJSON_AddItemToArray(stg, e);
         }
         cJSON_AddItemToObject(w, "stages", stg);
+        cJSON *sbs = cJSON_AddArrayToObject(w, "standbys");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, live) {
+            if ((uint32_t)util_json_number(e, "window", -1) != ms->w[i].idx)
+                continue;
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "node", util_json_string(e, "node"));
+            cJSON_AddStringToObject(x, "state", util_json_string(e, "endpoint") ? "standby" : "pulling");
+            if (util_json_string(e, "endpoint"))
+                cJSON_AddStringToObject(x, "endpoint", util_json_string(e, "endpoint"));
+            cJSON_AddNumberToObject(x, "expires_in", util_json_number(e, "expires", now) - now);
+            cJSON_AddItemToArray(sbs, x);
+        }
         cJSON *wr = cJSON_CreateArray();
         if (man && !down)
             cJSON_AddItemToArray(wr, cJSON_CreateNumber(0));
@@ -843,6 +900,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
     }
     for (size_t i = 0; i < ms->n; i++)
         cJSON_Delete(reps[i]);
+    cJSON_Delete(live);
     cJSON_Delete(api);
     cJSON_AddItemToObject(o, "rings", rings);
     cJSON_AddItemToObject(o, "unlinked", unlinked);
@@ -1036,6 +1094,8 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
+static void roster_get(struct kvd_market_api *a, struct net_http_req *req, const char *id);
+
 static void h_model_get(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
@@ -1043,6 +1103,10 @@ static void h_model_get(struct net_http_req *req, void *ud)
     const char *what;
     if (path_model(req, net_http_req_path(req), id, &what))
         return;
+    if (!strcmp(what, "roster")) {
+        roster_get(a, req, id);
+        return;
+    }
     if (!strcmp(what, "manifest")) {
         manifest_get(a, req, id);
         return;
@@ -1061,7 +1125,7 @@ static void h_model_get(struct net_http_req *req, void *ud)
     else if (!strcmp(what, "sources"))
         net_http_reply(req, 200, "application/json", NULL, ms->m.sources, strlen(ms->m.sources));
     else
-        reply_err(req, 404, NULL, "no such resource '%s' of a model (coverage, catalog, sources, manifest)",
+        reply_err(req, 404, NULL, "no such resource '%s' of a model (coverage, catalog, sources, manifest, roster)",
                   what);
     if (rc == 0)
         kvd_market__model_clear(&ms->m);
@@ -1779,6 +1843,11 @@ static void h_claims(struct net_http_req *req, void *ud)
         cJSON_AddBoolToObject(ao, "relay", relay);
         int arc = blob_save(a, key, ao);
         cJSON_Delete(ao);
+        /* a standby that claims a window gives its standby lease up */
+        cJSON *sb = kvd_market__standby_get(a->st, c.ms->m.id, c.node, c.now);
+        if (!arc && sb)
+            arc = kvd_market__standby_put(a->st, c.ms->m.id, c.node, 0, NULL, 0, 0);
+        cJSON_Delete(sb);
         if (arc || a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
             state_refuse(a, req, c.ms, 503, NULL, a->st->err);
             goto out;
@@ -2091,6 +2160,273 @@ out:
     lease_call_end(&c);
 }
 
+/* ---- standbys (standby.c; docs/market.md, "Standbys") ---- */
+
+#define STANDBYS_PER_WINDOW 2   /* standby leases one window may have at a time */
+
+/* A standby's call: its endpoint (tcp:// only: a standby is dialled by its predecessor),
+ * the ring report, and "serving"/"manifest" when it says it took a rank over. */
+static const char *standby_bad(const cJSON *b)
+{
+    const char *ep = util_json_string(b, "endpoint");
+    if (ep && !strncmp(ep, "relay://", 8))
+        return "endpoint: a standby is dialled by the rank before it; relay:// endpoints are not "
+               "supported for standbys";
+    const char *bad = heartbeat_bad(b);
+    if (bad)
+        return bad;
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(b, "serving");
+    const char *man = util_json_string(b, "manifest");
+    if (sv && (!cJSON_IsNumber(sv) || !man || !is_hex(man, 64, 64)))
+        return "serving: expected the rank taken over, with manifest (its SHA-256)";
+    return NULL;
+}
+
+/* A standby that took its window's rank over: made the window's holder once the market sees
+ * the rank's node gone (it missed a heartbeat, or reports its links down), so that a standby
+ * cannot push a live holder out by saying so. 200 {"holder": true}, 202 while the holder
+ * still looks alive, 409 when this is not the ring or rank the standby lease is for. */
+static void standby_took(struct kvd_market_api *a, struct net_http_req *req, struct lease_call *c,
+                         const cJSON *mine)
+{
+    char why[512], hash[65];
+    size_t wi = c->wi;
+    uint32_t idx = c->ms->w[wi].idx;
+    struct kvd_market_lease *l = &c->ms->l[wi];
+    int ls = c->ms->ls[wi];
+    const char *man_sha = util_json_string(c->b, "manifest");
+    double rank = util_json_number(c->b, "serving", -1);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", c->ms->m.id);
+    cJSON_AddNumberToObject(o, "window", idx);
+    if (!strcmp(l->node, c->node) && (ls == L_ACTIVE || ls == L_RESERVED)) {
+        cJSON_AddBoolToObject(o, "holder", true);   /* recorded before: as good as a heartbeat */
+        cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
+        kvd_market__model_clear(&c->ms->m);
+        commit_reply(a, req, 200, o);
+        return;
+    }
+    cJSON_Delete(o);
+    char *man = manifest_of(c->ms, hash);
+    free(man);
+    if (!mine || (uint32_t)util_json_number(mine, "window", -1) != idx) {
+        snprintf(why, sizeof why, "this node holds no standby lease on window %u", idx);
+        state_refuse(a, req, c->ms, 409, NULL, why);
+        return;
+    }
+    if (!man || strcmp(hash, man_sha) || rank != (double)wi) {
+        snprintf(why, sizeof why, "rank %.0f of manifest %.16s... is not window %u of the ring "
+                 "this market serves (manifest %.16s...)", rank, man_sha, idx, man ? hash : "none");
+        state_refuse(a, req, c->ms, 409, NULL, why);
+        return;
+    }
+    /* the holder's last heartbeat renewed its lease for lease_s; it beats every lease_s / 4 */
+    double beat_age = c->now - (l->expires - a->cfg.lease_s);
+    cJSON *rep = ls == L_ACTIVE ? kvd_market__report_load(a->st, c->ms->m.id, idx, l->node, hash,
+                                                          c->now, 3 * a->cfg.lease_s) : NULL;
+    bool cut_off = rep && kvd_market__report_down(rep, (uint32_t)wi, why, sizeof why) > 0;
+    cJSON_Delete(rep);
+    if (ls == L_ACTIVE && strcmp(l->node, c->node) && beat_age < a->cfg.lease_s / 4 + 1 && !cut_off) {
+        o = cJSON_CreateObject();
+        snprintf(why, sizeof why, "the holder of window %u (node %.16s...) heartbeated %.1f s ago "
+                 "and reports its links up; the takeover is recorded once it misses a heartbeat",
+                 idx, l->node, beat_age);
+        cJSON_AddStringToObject(o, "pending", why);
+        kvd_market__model_clear(&c->ms->m);
+        commit_reply(a, req, 202, o);
+        return;
+    }
+    const char *mnode = c->ms->took_sha[wi][0] ? c->ms->mnode[wi] : l->node;
+    const char *mep = c->ms->took_sha[wi][0] ? c->ms->mendpoint[wi] : l->endpoint;
+    char old[65];
+    snprintf(old, sizeof old, "%s", l->node);
+    struct kvd_market_lease nl = {.window = idx, .state = KVD_LEASE_ACTIVE, .since = -c->now,
+                                  .expires = c->now + a->cfg.lease_s};
+    memcpy(nl.node, c->node, 65);
+    snprintf(nl.endpoint, sizeof nl.endpoint, "%s", util_json_string(mine, "endpoint") ?
+             util_json_string(mine, "endpoint") : "");
+    char key[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "addr/%s/%u", c->ms->m.id, idx);
+    cJSON *ao = cJSON_CreateObject();
+    cJSON_AddStringToObject(ao, "node", c->node);
+    cJSON_AddStringToObject(ao, "addr", net_http_req_addr(req));
+    cJSON_AddBoolToObject(ao, "relay", false);
+    int rc = kvd_market__took_save(a->st, c->ms->m.id, idx, c->node, hash, mnode, mep, c->now);
+    if (!rc)
+        rc = kvd_market__gen_took(a->st, hash, (uint32_t)wi, c->node);
+    if (!rc)
+        rc = a->st->ops->lease_put(a->st->impl, c->ms->m.id, &nl);
+    if (!rc)
+        rc = kvd_market__standby_put(a->st, c->ms->m.id, c->node, idx, NULL, 0, 0);
+    if (!rc)
+        rc = blob_save(a, key, ao);
+    cJSON_Delete(ao);
+    if (rc) {
+        state_refuse(a, req, c->ms, 503, NULL, rc == -ENOSPC ? "this rank was taken over too "
+                     "often in this ring generation" : a->st->err);
+        return;
+    }
+    kvd_log(KVD_LOG_INFO, "model %.16s...: standby %.16s... took rank %zu (window %u) over from "
+            "node %.16s... in ring generation %.16s...", c->ms->m.id, c->node, wi, idx, old, hash);
+    o = lease_json(a, &nl, L_ACTIVE, c->now);
+    cJSON_AddStringToObject(o, "model", c->ms->m.id);
+    cJSON_AddBoolToObject(o, "holder", true);
+    cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
+    kvd_market__model_clear(&c->ms->m);
+    commit_reply(a, req, 200, o);
+}
+
+/* POST /v1/standbys {"model", "window", "endpoint"?}: take or renew a standby lease on a
+ * covered window (docs/market.md, "Standbys"); with "serving": RANK and "manifest", the
+ * standby says it took that rank over (standby_took). A standby lease lives lease_s past its
+ * last call, like a lease; with an endpoint (once its window is pulled and it listens) it is
+ * named in the ring's roster. */
+static void h_standbys(struct net_http_req *req, void *ud)
+{
+    struct kvd_market_api *a = ud;
+    char why[512];
+    struct lease_call c;
+    if (lease_call_open(&c, a, req, standby_bad))
+        goto out;
+    uint32_t idx = c.ms->w[c.wi].idx;
+    cJSON *mine = kvd_market__standby_get(a->st, c.ms->m.id, c.node, c.now);
+    if (cJSON_GetObjectItemCaseSensitive(c.b, "serving")) {
+        standby_took(a, req, &c, mine);
+        cJSON_Delete(mine);
+        goto out;
+    }
+    bool renew = mine && (uint32_t)util_json_number(mine, "window", -1) == idx;
+    double since = renew ? util_json_number(mine, "since", c.now) : c.now;
+    cJSON_Delete(mine);
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c.b, "release"))) {   /* given back */
+        if (!renew) {
+            snprintf(why, sizeof why, "this node holds no standby lease on window %u", idx);
+            state_refuse(a, req, c.ms, 409, NULL, why);
+            goto out;
+        }
+        if (kvd_market__standby_put(a->st, c.ms->m.id, c.node, idx, NULL, 0, 0)) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", c.ms->m.id);
+        cJSON_AddNumberToObject(o, "window", idx);
+        cJSON_AddStringToObject(o, "state", "released");
+        kvd_market__model_clear(&c.ms->m);
+        commit_reply(a, req, 200, o);
+        goto out;
+    }
+    for (size_t i = 0; i < c.ms->n; i++)
+        if ((c.ms->ls[i] == L_RESERVED || c.ms->ls[i] == L_ACTIVE) && !strcmp(c.ms->l[i].node, c.node)) {
+            snprintf(why, sizeof why, "this node holds window %u of the model: a holder is no "
+                     "standby", c.ms->w[i].idx);
+            state_refuse(a, req, c.ms, 409, NULL, why);
+            goto out;
+        }
+    if (!renew) {   /* a new standby: the same admission as a claim */
+        if (!kvd_market__admit_allowed(a->admit, c.node)) {
+            snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
+            state_refuse(a, req, c.ms, 403, NULL, why);
+            goto out;
+        }
+        if (kvd_market__admit_claim(a->admit, c.node, net_http_req_addr(req), c.now, why, sizeof why)) {
+            state_refuse(a, req, c.ms, 429, NULL, why);
+            goto out;
+        }
+        if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
+            state_refuse(a, req, c.ms, 403, NULL, why);
+            goto out;
+        }
+        if (c.ms->ls[c.wi] != L_ACTIVE || c.wi == 0 || c.wi + 1 == c.ms->n) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddItemToObject(x, "free", free_windows(c.ms, c.node));
+            /* rank 0 holds the sessions' history; the last rank's TOKEN frames before a break
+             * cannot be made again by a replacement, so its receipts would not match rank 0's */
+            snprintf(why, sizeof why, c.wi == 0 ? "window %u is rank 0's, which holds the "
+                     "sessions' history and has no standby" : c.wi + 1 == c.ms->n ? "window %u "
+                     "is the last rank's, which has no standby (a replacement cannot attest the "
+                     "tokens sampled before the break)" : "window %u has no active stage to "
+                     "stand by for: claim it", idx);
+            state_refuse(a, req, c.ms, 409, x, why);
+            goto out;
+        }
+        cJSON *live = kvd_market__standby_list(a->st, c.ms->m.id, c.now);
+        int on = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, live)
+            on += (uint32_t)util_json_number(e, "window", -1) == idx;
+        cJSON_Delete(live);
+        if (on >= STANDBYS_PER_WINDOW) {
+            snprintf(why, sizeof why, "window %u has %d standbys already (at most %d)", idx, on,
+                     STANDBYS_PER_WINDOW);
+            state_refuse(a, req, c.ms, 409, NULL, why);
+            goto out;
+        }
+    }
+    const char *ep = util_json_string(c.b, "endpoint");
+    if (kvd_market__standby_put(a->st, c.ms->m.id, c.node, idx, ep, since, c.now + a->cfg.lease_s)) {
+        state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+        goto out;
+    }
+    char hash[65];
+    char *man = manifest_of(c.ms, hash);
+    cJSON *o = cJSON_CreateObject(), *ly = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "model", c.ms->m.id);
+    cJSON_AddNumberToObject(o, "window", idx);
+    cJSON_AddStringToObject(o, "state", "standby");
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(c.ms->w[c.wi].first));
+    cJSON_AddItemToArray(ly, cJSON_CreateNumber(c.ms->w[c.wi].last));
+    cJSON_AddItemToObject(o, "layers", ly);
+    cJSON_AddNumberToObject(o, "rank", (double)c.wi);
+    cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
+    if (man)
+        cJSON_AddStringToObject(o, "manifest", hash);
+    free(man);
+    kvd_market__model_clear(&c.ms->m);
+    commit_reply(a, req, renew ? 200 : 201, o);
+out:
+    lease_call_end(&c);
+}
+
+/* GET /v1/models/<id>/roster: the standbys of the ring the market serves now (standby.c), for
+ * its stages to accept as a rank's node: {"manifest", "standby": [{node, endpoint, ranks}]}.
+ * 404 while there is no ring. */
+static void roster_get(struct kvd_market_api *a, struct net_http_req *req, const char *id)
+{
+    double now = now_s();
+    struct model_state *ms = calloc(1, sizeof *ms);
+    if (!ms) {
+        reply_err(req, 503, NULL, "out of memory");
+        return;
+    }
+    int rc = model_state_load(a, id, ms, now);
+    if (rc) {
+        free(ms);
+        reply_err(req, rc == -ENOENT ? 404 : 503, NULL, rc == -ENOENT ? "model %s is not registered"
+                  : "store: %s", rc == -ENOENT ? id : a->st->err);
+        return;
+    }
+    char hash[65];
+    char *man = manifest_of(ms, hash);
+    cJSON *r = man ? kvd_market__roster(a->st, id, hash, ms->l, ms->n, now) : NULL;
+    free(man);
+    kvd_market__model_clear(&ms->m);
+    free(ms);
+    if (!r) {
+        reply_err(req, man ? 503 : 404, NULL, man ? "store: %s" : "model %.16s... has no ring now",
+                  man ? a->st->err : id);
+        return;
+    }
+    char *text = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    if (!text) {
+        reply_err(req, 503, NULL, "out of memory");
+        return;
+    }
+    net_http_reply(req, 200, "application/json", "Cache-Control: no-store\r\n", text, strlen(text));
+    free(text);
+}
+
 /* POST /v1/receipts {"model", "manifest", "session", "rank", "tokens": [t0, t1], "side":
  * "sent"|"received", "digest"} or, from rank 0, {..., "side": "open", "tokens": [0, T],
  * "client", "proof"}: one signature of a session's receipt, from the node that held the
@@ -2173,7 +2509,7 @@ static void h_receipts(struct net_http_req *req, void *ud)
     /* who may sign: the rank's node sends (and rank 0 opens); the next rank (rank 0 after the
      * last) receives; whoever held that rank in that generation, whatever it holds now */
     size_t signer = r.side == KVD_SIDE_RECEIVED ? (rank + 1) % g.n : rank;
-    if (strcmp(g.node[signer], node)) {
+    if (!kvd_market__gen_may_sign(&g, signer, node)) {
         rollback_errf(a, req, 403, "node %.16s... did not hold rank %zu, whose %s side this is, in "
                  "ring generation %.16s... (node %.16s... did)", node, signer, side, man,
                  g.node[signer]);
@@ -2501,6 +2837,7 @@ int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
         {"POST", "/v1/leases/release", h_release},
         {"POST", "/v1/leases/probe", h_probe},
         {"POST", "/v1/leases/audit", h_audit},
+        {"POST", "/v1/standbys", h_standbys},
         {"POST", "/v1/receipts", h_receipts},
         {"DELETE", "/v1/models/*", h_model_delete},
         {"POST", "/v1/clients", h_clients_post},

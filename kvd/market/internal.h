@@ -28,6 +28,8 @@
 #define KVD_MARKET_MAX_WINDOWS 64  /* windows of one model (the ranks a ring may have) */
 #define KVD_MARKET_EP_MAX 256
 #define KVD_MARKET_KEY_MAX 192   /* a blob key */
+#define KVD_MARKET_MAX_STANDBYS 256   /* standby leases of one model */
+#define KVD_MARKET_MAX_TOOK 4      /* nodes that took one rank over in one generation */
 
 enum { KVD_LEASE_RESERVED = 1, KVD_LEASE_ACTIVE = 2 };
 enum { KVD_SIDE_SENT = 1, KVD_SIDE_RECEIVED = 2, KVD_SIDE_OPEN = 3 };
@@ -228,6 +230,9 @@ int kvd_market__admit_claim(struct kvd_market_admit *ad, const char *node, const
 struct kvd_market_gen {
     char model[65];
     char node[KVD_MARKET_MAX_WINDOWS][65];
+    /* nodes that took the rank over in this generation (standby.c): their receipts count too */
+    char took[KVD_MARKET_MAX_WINDOWS][KVD_MARKET_MAX_TOOK][65];
+    uint32_t n_took[KVD_MARKET_MAX_WINDOWS];
     uint32_t first[KVD_MARKET_MAX_WINDOWS], last[KVD_MARKET_MAX_WINDOWS];
     size_t n;
     double since, until;           /* until 0: still the model's newest */
@@ -258,6 +263,31 @@ int kvd_market__gen_record(struct kvd_market_store *st, const char *model, const
                            const char *manifest, double now);
 /* -ENOENT when the market never published that manifest. */
 int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kvd_market_gen *g);
+/* Whether node may sign for rank in generation g: the node the manifest named, or one that
+ * took the rank over in it. */
+bool kvd_market__gen_may_sign(const struct kvd_market_gen *g, size_t rank, const char *node);
+/* Record that node took rank over in generation sha (kept at KVD_MARKET_MAX_TOOK a rank). */
+int kvd_market__gen_took(struct kvd_market_store *st, const char *sha, uint32_t rank, const char *node);
+
+/* ---- standbys and takeovers (standby.c) ---- */
+/* The node's live standby lease on the model (caller deletes), NULL when none. */
+struct cJSON *kvd_market__standby_get(struct kvd_market_store *st, const char *model,
+                                      const char *node, double now);
+/* Save a standby lease (expires 0 ends it). */
+int kvd_market__standby_put(struct kvd_market_store *st, const char *model, const char *node,
+                            uint32_t window, const char *endpoint, double since, double expires);
+/* The model's live standby leases as a JSON array (caller deletes), NULL on a store error. */
+struct cJSON *kvd_market__standby_list(struct kvd_market_store *st, const char *model, double now);
+/* The takeover record of a window (caller deletes), NULL when none. */
+struct cJSON *kvd_market__took_load(struct kvd_market_store *st, const char *model, uint32_t window);
+int kvd_market__took_save(struct kvd_market_store *st, const char *model, uint32_t window,
+                          const char *node, const char *manifest, const char *mnode,
+                          const char *mendpoint, double now);
+/* The roster of generation sha: the nodes that took a rank over in it and the live standbys
+ * with an endpoint, each for the rank of its window (leases[i] is rank i's window's lease).
+ * NULL on a store error. */
+struct cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const char *sha,
+                                 const struct kvd_market_lease *leases, size_t n, double now);
 int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct kvd_market_client *c);
 int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_client *c);
 /* The ledger's key of a session: hex(SHA-256(model "|" manifest "|" session)). */

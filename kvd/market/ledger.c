@@ -150,12 +150,57 @@ int kvd_market__gen_load(struct kvd_market_store *st, const char *sha, struct kv
         if (g->n == KVD_MARKET_MAX_WINDOWS)
             break;
         snprintf(g->node[g->n], 65, "%s", util_json_string(r, "node") ? util_json_string(r, "node") : "");
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(r, "took"))
+            if (cJSON_IsString(t) && g->n_took[g->n] < KVD_MARKET_MAX_TOOK)
+                snprintf(g->took[g->n][g->n_took[g->n]++], 65, "%s", t->valuestring);
         g->first[g->n] = (uint32_t)util_json_number(r, "first", 0);
         g->last[g->n] = (uint32_t)util_json_number(r, "last", 0);
         g->n++;
     }
     cJSON_Delete(o);
     return g->n ? 0 : -EINVAL;
+}
+
+bool kvd_market__gen_may_sign(const struct kvd_market_gen *g, size_t rank, const char *node)
+{
+    if (rank >= g->n)
+        return false;
+    if (!strcmp(g->node[rank], node))
+        return true;
+    for (uint32_t k = 0; k < g->n_took[rank]; k++)
+        if (!strcmp(g->took[rank][k], node))
+            return true;
+    return false;
+}
+
+int kvd_market__gen_took(struct kvd_market_store *st, const char *sha, uint32_t rank, const char *node)
+{
+    char key[KVD_MARKET_KEY_MAX];
+    snprintf(key, sizeof key, "gen/%s", sha);
+    cJSON *g = kvd_market__blob_load(st, key);
+    cJSON *r = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(g, "ranks"), (int)rank);
+    if (!r) {
+        cJSON_Delete(g);
+        return -ENOENT;
+    }
+    cJSON *took = cJSON_GetObjectItemCaseSensitive(r, "took");
+    if (!took)
+        took = cJSON_AddArrayToObject(r, "took");
+    const cJSON *t;
+    int rc = 0;
+    cJSON_ArrayForEach(t, took)
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, node))
+            goto out;   /* known */
+    if (cJSON_GetArraySize(took) >= KVD_MARKET_MAX_TOOK) {
+        rc = -ENOSPC;
+        goto out;
+    }
+    cJSON_AddItemToArray(took, cJSON_CreateString(node));
+    rc = kvd_market__blob_save(st, key, g);
+out:
+    cJSON_Delete(g);
+    return rc;
 }
 
 /* ---- clients ---- */
@@ -301,12 +346,15 @@ static int settle_doc(struct kvd_market_store *st, const struct kvd_market_confi
         const cJSON *own = cJSON_GetObjectItemCaseSensitive(sides, sn);
         if (!own || !cJSON_GetObjectItemCaseSensitive(sides, rn))
             continue;   /* this rank's node has not signed both its sides yet */
+        /* the node that signed the rank's sent side: the rank's node in the generation, or
+         * the standby that took the rank over and ran this session to its end */
+        const char *own_node = util_json_string(own, "node") ? util_json_string(own, "node") : g.node[r];
         const char *hold = NULL;
         if (es[r] == E_BAD || es[pred] == E_BAD)
             hold = "the digests of an edge of this rank disagree";
         else if (util_json_number(own, "t1", 0) > (double)tokens)
             hold = "its token range is past what rank 0 opened for the client";
-        else if (kvd_market__penalized(st, g.node[r], now, why, sizeof why))
+        else if (kvd_market__penalized(st, own_node, now, why, sizeof why))
             hold = "the node failed a probe";
         if (!hold && !(all_ok || (late && attested)))
             continue;   /* wait for the rest of the ring */
@@ -320,7 +368,7 @@ static int settle_doc(struct kvd_market_store *st, const struct kvd_market_confi
         uint64_t t1 = (uint64_t)util_json_number(own, "t1", 0);
         uint64_t lt = (t1 - t0) * (uint64_t)(g.last[r] - g.first[r]);
         double credit = (double)lt * reward;
-        rc = st->ops->credit_add(st->impl, key, r, t0, t1, g.node[r], lt, credit);
+        rc = st->ops->credit_add(st->impl, key, r, t0, t1, own_node, lt, credit);
         if (rc == -EEXIST) {   /* paid before (the record was lost with a rollback): never twice */
             rc = 0;
         } else if (rc) {
@@ -333,7 +381,7 @@ static int settle_doc(struct kvd_market_store *st, const struct kvd_market_confi
             out->ranks_paid++;
             struct kvd_market_paid p = {
                 .model = model, .manifest = man, .session = util_json_string(s, "session"),
-                .key = key, .node = g.node[r], .digest = util_json_string(own, "d"), .rank = r,
+                .key = key, .node = own_node, .digest = util_json_string(own, "d"), .rank = r,
                 .n_ranks = (uint32_t)g.n, .first = g.first[r], .last = g.last[r],
                 .n_embd = m.n_embd, .t0 = t0, .t1 = t1};
             if (on_paid && p.session && p.digest && (rc = on_paid(ud, &p, now)))

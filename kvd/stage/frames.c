@@ -150,6 +150,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
              * "Repair"). */
             if (kvd_sess_resume(st, s, h, payload))
                 return;
+            kvd_receipt_park(st, s);   /* the replay recomputes it here, under the same receipt */
             kvd_sess_drop(st, s);
             s = NULL;
             stale = true;
@@ -290,6 +291,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             return;   /* never sent to rank 0; harmless */
         if (s)
             kvd_sess_drop(st, s);
+        else
+            kvd_receipt_unpark(st, h->session);   /* ended without the replay it waited for */
         if (!st->is_last)
             kvd_conn_send(st->out, NET_F_CLOSE, 0, h->session, 0, 0, NULL, 0);
         return;

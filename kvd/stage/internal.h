@@ -413,6 +413,11 @@ struct stage {
     /* repair (docs/ring.md, "Repair") */
     uint32_t epoch_ctr;         /* the last session incarnation handed out */
     int standby;                /* this node's standby entry, -1: a rank from the start */
+    void *parked;               /* receipts of sessions lost to a ring break (receipt.c) */
+    uint32_t n_parked;
+    uint64_t roster_checked_ms; /* the roster file (kvd_stage_opts.roster): when last looked at, */
+    struct timespec roster_mtime;   /* ... and the mtime and size of the one read */
+    long long roster_size;
     bool waiting;               /* a standby that has not taken over a rank yet */
     uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
                                  * (k-1)-th standby that may serve it */
@@ -481,6 +486,15 @@ void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
                           const void *payload, size_t len);
 void kvd_receipt_close(struct stage *st, struct sess *s);
+/* A session lost to a ring break: its receipt is kept aside (parked) for its replay, which
+ * adopts it (kvd_receipt_adopt, from kvd_sess_new), instead of being written now; unpark
+ * writes the parked receipt of a session rank 0 ended without a replay; park_tick writes those
+ * parked longer than keep_ms; park_free writes every one left (shutdown). */
+void kvd_receipt_park(struct stage *st, struct sess *s);
+void kvd_receipt_adopt(struct stage *st, struct sess *s);
+void kvd_receipt_unpark(struct stage *st, uint64_t id);
+void kvd_receipt_park_tick(struct stage *st, uint64_t now_ms, uint64_t keep_ms);
+void kvd_receipt_park_free(struct stage *st);
 
 /* rowlog.c: the row log of the sessions whose receipts this stage wrote, kept for audits
  * (docs/market.md, "Audits"): DIR/rows/<session>.rows, one record per row, u8 kind | u32le pos

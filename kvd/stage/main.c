@@ -61,6 +61,13 @@ static int set_standby(struct kvd_stage_opts *o, const char *v)
     o->is_standby = true;
     return parse_u32(v, 0, RING_MAX_STANDBYS - 1, &o->standby);
 }
+static int set_roster(struct kvd_stage_opts *o, const char *v) { o->roster = v; return 0; }
+static int set_standby_key(struct kvd_stage_opts *o, const char *v)
+{
+    (void)v;
+    o->is_standby = o->standby_by_key = true;
+    return 0;
+}
 static int set_repair_wait(struct kvd_stage_opts *o, const char *v)
 {
     o->repair_wait_set = true;
@@ -152,6 +159,8 @@ static const struct opt opts[] = {
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
+    {"--roster", "FILE", "standbys named beside the manifest (re-read when it changes; docs/market.md)", set_roster},
+    {"--standby-by-key", NULL, "instead of --rank: the standby entry (manifest or --roster) naming this node's key", set_standby_key},
     {"--repair-wait", "S", "rank 0: pause sessions up to S s for a repair (default 30 with standbys, else 0)", set_repair_wait},
     {"--link-timeout-ms", "N", "an established link silent for N ms is dead (default 3000 + 4 x its RTT)", set_link_timeout},
     {"--boundary-log-mb", "N", "per session, keep up to N MiB of the boundaries sent, for repairs (default 4; 0: none)", set_blog},

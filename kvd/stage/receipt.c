@@ -196,28 +196,26 @@ static void put_open(struct stage *st, int fd, const struct sess *s, uint32_t t1
     put(st, fd, s->id, rest);
 }
 
-void kvd_receipt_close(struct stage *st, struct sess *s)
+/* Write session id's receipt r (s: the session, for rank 0's open side; NULL for a parked
+ * one, never rank 0's) and free it. */
+static void receipt_write(struct stage *st, uint64_t id, const struct sess *s, struct kvd_receipt *r)
 {
-    struct kvd_receipt *r = s->receipt;
-    if (!r)
-        return;
-    s->receipt = NULL;
     int fd = r->broken ? -1 : open(st->o.receipts, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (r->broken) {
         kvd_log(KVD_LOG_WARN, "session %016" PRIx64 ": out of memory for its receipt's rows; "
-                "no receipt", s->id);
+                "no receipt", id);
     } else if (fd < 0) {
         kvd_log(KVD_LOG_WARN, "receipts %s: %s", st->o.receipts, strerror(errno));
     } else {
-        if (r->ran && st->rank == 0 && s->has_client)
+        if (r->ran && st->rank == 0 && s && s->has_client)
             put_open(st, fd, s, r->t1);
         if (r->ran)
-            put_line(st, fd, s->id, st->rank, r->t0, r->t1, &r->sent, "sent");
+            put_line(st, fd, id, st->rank, r->t0, r->t1, &r->sent, "sent");
         /* rank 0 attests the last rank over the positions it ran itself */
         if (r->got && st->rank != 0)
-            put_line(st, fd, s->id, st->pred, r->r0, r->r1, &r->recv, "received");
+            put_line(st, fd, id, st->pred, r->r0, r->r1, &r->recv, "received");
         else if (r->got && r->ran)
-            put_line(st, fd, s->id, st->pred, r->t0, r->t1, &r->recv, "received");
+            put_line(st, fd, id, st->pred, r->t0, r->t1, &r->recv, "received");
         close(fd);
     }
     kvd_rowlog_close(st, r->log);
@@ -226,4 +224,92 @@ void kvd_receipt_close(struct stage *st, struct sess *s)
     free(r->recv.h);
     free(r->recv.set);
     free(r);
+}
+
+void kvd_receipt_close(struct stage *st, struct sess *s)
+{
+    struct kvd_receipt *r = s->receipt;
+    if (!r)
+        return;
+    s->receipt = NULL;
+    receipt_write(st, s->id, s, r);
+}
+
+/* ---- parked receipts ----
+ * A stage that loses a session to a ring break (its in link broke, or it cannot resume the
+ * session from its log) may see it again: rank 0 replays it after the repair, and this stage
+ * recomputes it as a new session. The receipt is one for the whole session, whichever
+ * incarnations ran it: written at the break, it would name only the positions run so far, and
+ * the market keeps the first side it gets of a (session, rank), so the edge with a neighbour
+ * that kept the session whole would disagree and hold back both ranks' honest work. So the
+ * receipt is parked at the break and adopted by the replay (the same rows come again: their
+ * leaves are the same); it is written when rank 0 ends the session without a replay (CLOSE),
+ * after the idle timeout, or at shutdown. */
+struct parked {
+    uint64_t id, at_ms;
+    struct kvd_receipt *r;
+};
+#define PARKED_MAX 1024   /* the oldest parked receipt is written when one more comes */
+
+void kvd_receipt_park(struct stage *st, struct sess *s)
+{
+    if (!s->receipt)
+        return;
+    if (!st->parked && !(st->parked = calloc(PARKED_MAX, sizeof(struct parked)))) {
+        kvd_receipt_close(st, s);
+        return;
+    }
+    struct parked *p = st->parked;
+    if (st->n_parked == PARKED_MAX) {
+        receipt_write(st, p[0].id, NULL, p[0].r);
+        memmove(p, p + 1, (PARKED_MAX - 1) * sizeof *p);
+        st->n_parked--;
+    }
+    p[st->n_parked++] = (struct parked){.id = s->id, .at_ms = (uint64_t)util_now_ms(), .r = s->receipt};
+    s->receipt = NULL;
+}
+
+static void parked_remove(struct stage *st, uint32_t i, bool write)
+{
+    struct parked *p = st->parked;
+    if (write)
+        receipt_write(st, p[i].id, NULL, p[i].r);
+    memmove(p + i, p + i + 1, (st->n_parked - i - 1) * sizeof *p);
+    st->n_parked--;
+}
+
+void kvd_receipt_adopt(struct stage *st, struct sess *s)
+{
+    struct parked *p = st->parked;
+    for (uint32_t i = 0; i < st->n_parked; i++)
+        if (p[i].id == s->id) {
+            if (s->receipt)   /* cannot happen: a session's receipt starts at its first row */
+                kvd_receipt_close(st, s);
+            s->receipt = p[i].r;
+            parked_remove(st, i, false);
+            return;
+        }
+}
+
+void kvd_receipt_unpark(struct stage *st, uint64_t id)
+{
+    for (uint32_t i = 0; i < st->n_parked; i++)
+        if (((struct parked *)st->parked)[i].id == id) {
+            parked_remove(st, i, true);
+            return;
+        }
+}
+
+void kvd_receipt_park_tick(struct stage *st, uint64_t now_ms, uint64_t keep_ms)
+{
+    while (st->n_parked && now_ms - ((struct parked *)st->parked)[0].at_ms > keep_ms)
+        parked_remove(st, 0, true);
+}
+
+void kvd_receipt_park_free(struct stage *st)
+{
+    while (st->n_parked)
+        parked_remove(st, 0, true);
+    free(st->parked);
+    st->parked = NULL;
 }

@@ -52,6 +52,7 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
     s->next = st->sessions;
     st->sessions = s;
     st->n_sessions++;
+    kvd_receipt_adopt(st, s);   /* a replay's receipt continues the one its break parked */
     return s;
 }
 
@@ -142,6 +143,9 @@ static int blog_resend(struct stage *st, struct sess *s, uint32_t n_hist)
         uint8_t fl = e->pos + e->n == n_hist ? NET_FL_LAST : 0;
         if (kvd_conn_send(st->out, NET_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
             return -ENOTCONN;
+        /* sent now, if not before (rows computed while the session was held went only to
+         * the log): the receipt's leaves are the rows as they go out */
+        kvd_receipt_sent(st, s, e->pos, e->n, e->data, e->len);
         st->frame_bytes_out += NET_HDR_LEN + e->len;
         st->act_frames_out++;
     }
@@ -281,6 +285,8 @@ void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const c
         kvd_conn_send_error(st->out, s->id, code, msg);
     else if (st->in && st->in->up)
         kvd_conn_send_error(st->in, s->id, code, msg);
+    if (code == KVD_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
+        kvd_receipt_park(st, s);
     kvd_sess_drop(st, s);
 }
 

@@ -18,8 +18,64 @@
 #include "seed/seed.h"
 #include "net/net.h"
 #include "util/err.h"
+#include "util/util.h"
 
 /* ================================ periodic ================================ */
+
+#define ROSTER_EVERY_MS 1000   /* how often the roster file is looked at for a change */
+
+/* The roster beside the manifest (kvd_stage_opts.roster): read when its file changed since
+ * the last look (or always, at start); its standbys follow the manifest's own. A stage that is
+ * a standby keeps its roster as it was when a new one leaves its own key out (its entry is
+ * what it serves under). 0, or -errno at start (logged); later errors are logged only. */
+static int roster_read(struct stage *st, bool start)
+{
+    struct stat sb;
+    if (stat(st->o.roster, &sb) < 0) {
+        if (start && errno != ENOENT)
+            kvd_log(KVD_LOG_WARN, "roster %s: %s", st->o.roster, strerror(errno));
+        return 0;   /* none yet: the manifest's standbys only */
+    }
+    if (!start && sb.st_mtim.tv_sec == st->roster_mtime.tv_sec &&
+        sb.st_mtim.tv_nsec == st->roster_mtime.tv_nsec && sb.st_size == st->roster_size)
+        return 0;
+    char *buf, err[KV_ERR_MAX];
+    size_t n;
+    int rc = util_file_read(st->o.roster, 1u << 20, &buf, &n, err, sizeof err);
+    if (rc < 0) {
+        kvd_log(KVD_LOG_WARN, "roster %s: %s", st->o.roster, err);
+        return start ? rc : 0;
+    }
+    st->roster_mtime = sb.st_mtim;
+    st->roster_size = sb.st_size;
+    struct ring_manifest *m = malloc(sizeof *m);
+    if (!m) {
+        free(buf);
+        return -ENOMEM;
+    }
+    memcpy(m, &st->m, sizeof *m);
+    rc = ring_roster_apply(m, buf, n, err, sizeof err);
+    free(buf);
+    int self = -1;
+    for (uint32_t i = 0; rc == 0 && st->id && i < m->n_standbys; i++)
+        if (!memcmp(m->standbys[i].node, net_identity_pub(st->id), 32))
+            self = (int)i;
+    if (rc == 0 && st->standby >= 0 && self < 0) {
+        kvd_log(KVD_LOG_WARN, "roster %s leaves this standby out; keeping the one before", st->o.roster);
+    } else if (rc == 0) {
+        uint32_t before = st->m.n_standbys;
+        memcpy(st->m.standbys, m->standbys, sizeof m->standbys);
+        st->m.n_standbys = m->n_standbys;
+        if (st->standby >= 0)
+            st->standby = self;
+        if (st->m.n_standbys != before)
+            kvd_log(KVD_LOG_INFO, "roster: %u standby(s) for this ring", st->m.n_standbys);
+    } else {
+        kvd_log(KVD_LOG_WARN, "roster %s: %s", st->o.roster, err);
+    }
+    free(m);
+    return 0;
+}
 
 static void tick_cb(uv_timer_t *t)
 {
@@ -34,6 +90,10 @@ static void tick_cb(uv_timer_t *t)
         }
     }
     kvd_status_tick(st);
+    if (st->o.roster && now - st->roster_checked_ms >= ROSTER_EVERY_MS) {
+        st->roster_checked_ms = now;
+        roster_read(st, false);
+    }
     struct conn *links[2] = {st->in, st->out};
     for (int i = 0; i < 2; i++)
         if (links[i] && links[i]->up && now - links[i]->last_rx_ms > kvd_conn_deadline_ms(links[i])) {
@@ -68,6 +128,7 @@ static void tick_cb(uv_timer_t *t)
         kvd_conn_close(st->out, why);
     }
     uint64_t idle = (uint64_t)st->o.idle_timeout_s * 1000;
+    kvd_receipt_park_tick(st, now, idle);
     for (struct sess *s = st->sessions, *next; s; s = next) {
         next = s->next;
         if (!s->paused && now - s->last_active_ms > idle) {
@@ -110,6 +171,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     st->shutting_down = true;
     while (st->sessions)
         kvd_sess_finish(st, st->sessions, NULL, "the daemon is shutting down");
+    kvd_receipt_park_free(st);
     while (st->clients)
         kvd_client_close(st->clients);
     if (st->in)
@@ -461,7 +523,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     st->blog_total_cap = o->boundary_log_total ? o->boundary_log_total : KVD_BOUNDARY_LOG_TOTAL_DEFAULT;
     /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
      * a broken ring ends its sessions at once, as a client without a standby would want. */
-    st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s : st->m.n_standbys ? 30 : 0) * 1000;
+    st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s :
+                          st->m.n_standbys || o->roster ? 30 : 0) * 1000;
     st->loop = uv_default_loop();
     const char *state_dir = o->state_dir ? o->state_dir : ".";
     rc = net_identity_load(&st->id, state_dir, err, sizeof err);
@@ -469,31 +532,48 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         kvd_log(KVD_LOG_ERROR, "node key: %s", err);
         goto fail;
     }
+    if (o->roster && (rc = roster_read(st, true)) < 0)
+        goto fail;
     const char *own_ep;
     if (o->is_standby) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "standby %u/%u", o->standby, st->n);
         kvd_log_set_prefix(prefix);
         rc = -EINVAL;
-        if (o->standby >= st->m.n_standbys) {
+        uint32_t sbi = o->standby;
+        if (o->standby_by_key) {   /* the roster's entry for this node's key */
+            sbi = RING_MAX_STANDBYS;
+            for (uint32_t i = 0; i < st->m.n_standbys; i++)
+                if (!memcmp(st->m.standbys[i].node, net_identity_pub(st->id), 32))
+                    sbi = i;
+            if (sbi == RING_MAX_STANDBYS) {
+                kvd_log(KVD_LOG_ERROR, "no standby entry for this node's key in the manifest or "
+                        "roster %s", o->roster ? o->roster : "(none)");
+                goto fail;
+            }
+            st->o.standby = sbi;
+        }
+        if (sbi >= st->m.n_standbys) {
             kvd_log(KVD_LOG_ERROR, "--standby %u not in the manifest's standby entries [0, %u)", o->standby,
                     st->m.n_standbys);
             goto fail;
         }
-        if (o->window) {
-            kvd_log(KVD_LOG_ERROR, "--window with --standby: a standby slices the window of the rank it "
-                    "takes over from --model");
+        uint64_t rk = st->m.standbys[sbi].ranks;
+        if (o->window && (rk & (rk - 1))) {
+            kvd_log(KVD_LOG_ERROR, "--window with --standby: the window file is one rank's, and "
+                    "standby %u may serve several (ranks 0x%llx); give --model instead", sbi,
+                    (unsigned long long)rk);
             goto fail;
         }
-        if (memcmp(st->m.standbys[o->standby].node, net_identity_pub(st->id), 32) != 0) {
+        if (memcmp(st->m.standbys[sbi].node, net_identity_pub(st->id), 32) != 0) {
             kvd_log(KVD_LOG_ERROR, "this node's key (%s/node.key) is not the one the manifest names for "
-                    "standby %u", state_dir, o->standby);
+                    "standby %u", state_dir, sbi);
             rc = -EPERM;
             goto fail;
         }
-        st->standby = (int)o->standby;
+        st->standby = (int)sbi;
         st->waiting = true;
-        own_ep = st->m.standbys[o->standby].endpoint;
+        own_ep = st->m.standbys[sbi].endpoint;
     } else {
         if (o->rank < 0 || (uint32_t)o->rank >= st->m.n_ranks) {
             kvd_log(KVD_LOG_ERROR, "--rank %d not in the manifest's ranks [0, %u)", o->rank, st->m.n_ranks);
