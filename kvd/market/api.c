@@ -365,7 +365,7 @@ static char *manifest_of(const struct model_state *ms, char hash[65])
     /* a rank a standby took over keeps its published entry, as long as the manifest is the
      * generation it was taken over in (the ring runs it); otherwise the manifest names the
      * windows' holders as they are */
-    bool keep[KVD_MARKET_MAX_WINDOWS], any = false;
+    bool keep[KVD_MARKET_MAX_WINDOWS] = {false}, any = false;
     for (size_t i = 0; i < ms->n; i++)
         any |= keep[i] = ms->took_sha[i][0] != 0;
     char *s = manifest_build(ms, keep, hash);
