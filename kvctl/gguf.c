@@ -222,7 +222,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
             r++;
         util_fmt_bytes(hb, sizeof hb, (double)per_layer[l], 2, 0);
         if (r > l)
-            printf("%s %u-%u: %s each", shown ? "," : "", l, r, hb);
+            printf("%s [%u, %u): %s each", shown ? "," : "", l, r + 1, hb);
         else
             printf("%s %u: %s", shown ? "," : "", l, hb);
         shown++;

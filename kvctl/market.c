@@ -293,7 +293,7 @@ static void status_table(const cJSON *cov)
         const cJSON *lk = cJSON_GetObjectItemCaseSensitive(rep, "links");
         const char *state = cJSON_GetObjectItemCaseSensitive(w, "state")->valuestring;
         char range[32], mem[32], nd[20] = "-", links[40] = "-";
-        snprintf(range, sizeof range, "%d-%d", (int)cJSON_GetArrayItem(ly, 0)->valuedouble,
+        snprintf(range, sizeof range, "[%d, %d)", (int)cJSON_GetArrayItem(ly, 0)->valuedouble,
                  (int)cJSON_GetArrayItem(ly, 1)->valuedouble);
         util_fmt_bytes(mem, sizeof mem, util_json_number(w, "mem_bytes", 0), 1, 0);
         if (cJSON_IsString(node))

@@ -849,22 +849,22 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
         double mb = 0;
         for (uint32_t i = m->shape.n_layers; i < m->shape.n_layers + m->mtp; i++) mb += (double)m->layers[i].weight_bytes;
         util_fmt_bytes(a, sizeof a, mb, 2, UTIL_FMT_SI);
-        fprintf(out, "\n+ %u MTP block%s (%u..%u, %s) skipped in the main pass: not loaded, not planned",
-                m->mtp, m->mtp > 1 ? "s" : "", m->shape.n_layers, m->shape.n_layers + m->mtp - 1, a);
+        fprintf(out, "\n+ %u MTP block%s ([%u, %u), %s) skipped in the main pass: not loaded, not planned",
+                m->mtp, m->mtp > 1 ? "s" : "", m->shape.n_layers, m->shape.n_layers + m->mtp, a);
     }
     fprintf(out, "\nobjective %s, ctx %u x %u sessions, headroom %.0f%%, %zu devices, %s search\n\n",
             o->objective == PLAN_THROUGHPUT ? "throughput" : "latency", o->ctx, o->sessions,
             o->headroom * 100, ds->n, r->exhaustive ? "exhaustive (optimal)" : "heuristic");
-    fprintf(out, "%-4s %-16s %-8s %-9s %-24s %10s %10s %9s %s\n", "rank", "device", "backend", "layers",
+    fprintf(out, "%-4s %-16s %-8s %-10s %-24s %10s %10s %9s %s\n", "rank", "device", "backend", "layers",
             "memory used / avail", "compute", "link", "ms/token", "");
     for (uint32_t i = 0; i < r->n_ranks; i++) {
         const struct plan_rank *k = &r->ranks[i];
-        char lay[24], mem[72];
-        snprintf(lay, sizeof lay, "%u-%u", k->first, k->last - 1);
+        char lay[32], mem[72];
+        snprintf(lay, sizeof lay, "[%u, %u)", k->first, k->last);
         util_fmt_bytes(a, sizeof a, (double)k->mem_bytes, 2, UTIL_FMT_SI);
         util_fmt_bytes(b, sizeof b, (double)k->mem_avail_bytes, 2, UTIL_FMT_SI);
         snprintf(mem, sizeof mem, "%s / %s", a, b);
-        fprintf(out, "%-4u %-16.16s %-8.8s %-9s %-24s %10.2f %10.2f %9.2f %s%s%s\n", i, ds->ids[k->device],
+        fprintf(out, "%-4u %-16.16s %-8.8s %-10s %-24s %10.2f %10.2f %9.2f %s%s%s\n", i, ds->ids[k->device],
                 ds->backends[k->device], lay, mem, k->compute_ms, k->link_ms, k->est_ms_per_token,
                 k->embed ? "embed " : "", k->head ? "head " : "", k->relay ? "relay" : "");
     }
@@ -882,16 +882,16 @@ static void print_table(FILE *out, const struct model_src *m, const struct devse
 static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, const struct plan_opts *o)
 {
     char a[32], b[32], c[32], d[32], e[32];
-    fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s\n", "layers", "weights", "experts", "read/token",
+    fprintf(out, "%-10s %11s %11s %13s %11s %11s %12s\n", "layers", "weights", "experts", "read/token",
             "KV/token", "state", "reserved");
     for (uint32_t i = 0; i < s->n_layers + mtp;) {
         const struct plan_layer *l = &s->layers[i];
         uint32_t j = i + 1;
         while (j < s->n_layers + mtp && (j < s->n_layers) == (i < s->n_layers) &&
                !memcmp(&s->layers[j], l, sizeof *l)) j++;
-        char lay[24];
+        char lay[32];
         if (j - i == 1) snprintf(lay, sizeof lay, "%u", i);
-        else snprintf(lay, sizeof lay, "%u-%u", i, j - 1);
+        else snprintf(lay, sizeof lay, "[%u, %u)", i, j);
         util_fmt_bytes(a, sizeof a, (double)l->weight_bytes, 2, UTIL_FMT_SI);
         util_fmt_bytes(b, sizeof b, (double)l->expert_bytes, 2, UTIL_FMT_SI);
         util_fmt_bytes(c, sizeof c, (double)l->active_bytes, 2, UTIL_FMT_SI);

@@ -229,7 +229,7 @@ static int standby_claim(struct join *j, int w)
         j->standby_rank = (int)util_json_number(o, "rank", w);
         j->took_pending_logged = false;
         kvd_log(KVD_LOG_INFO, "every window of %.16s... has a stage: standing by for window %d "
-                "(layers %u-%u, rank %d), its window pulled ahead", j->model, w, j->first, j->last,
+                "(layers [%u, %u), rank %d), its window pulled ahead", j->model, w, j->first, j->last,
                 j->standby_rank);
         rc = 0;
     } else if (st == 403 || st == 400) {
@@ -290,7 +290,7 @@ static int claim(struct join *j)
         j->last = (uint32_t)cJSON_GetArrayItem(ly, 1)->valuedouble;
         j->lease_s = util_json_number(o, "lease_s", 20);
         j->reserve_s = util_json_number(o, "reserve_s", 60);
-        kvd_log(KVD_LOG_INFO, "claimed window %d (layers %u-%u) of %.16s...", w, j->first, j->last,
+        kvd_log(KVD_LOG_INFO, "claimed window %d (layers [%u, %u)) of %.16s...", w, j->first, j->last,
                 j->model);
         j->prefer = -1;
         rc = 0;
@@ -686,7 +686,7 @@ static int pull(struct join *j)
         pthread_join(t, NULL);
         rc = p->rc;
         if (rc == 0)
-            kvd_log(KVD_LOG_INFO, "pulled window %u-%u from %s (%llu bytes), verified", j->first,
+            kvd_log(KVD_LOG_INFO, "pulled window [%u, %u) from %s (%llu bytes), verified", j->first,
                     j->last, s->valuestring, (unsigned long long)p->st.bytes_fetched);
         else
             kvd_log(KVD_LOG_WARN, "pull from %s: %s", s->valuestring, p->err);

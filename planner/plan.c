@@ -438,15 +438,15 @@ static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t 
         util_fmt_bytes(sb, sizeof sb, need - have, 2, UTIL_FMT_SI);
         util_seterr(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
                    "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
-                   "%.0f%% headroom: short by %.0f bytes (%s); at best layers 0..%u fit, layers %u..%u "
+                   "%.0f%% headroom: short by %.0f bytes (%s); at best layers [0, %u) fit, layers [%u, %u) "
                    "(+ head) find no room (%.0f bytes, %s)",
                    need, nb, L, o->ctx, o->sessions, c->n_usable, have, hb, o->headroom * 100, need - have, sb,
-                   reach ? reach - 1 : 0, reach, L - 1, rest, rb);
+                   reach, reach, L, rest, rb);
     } else {
         util_seterr(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
                    "but no cut into windows fits their sizes (largest device %.0f bytes); at best layers "
-                   "0..%u fit, layers %u..%u (+ head) find no room: short by %.0f bytes (%s)",
-                   have, hb, need, nb, largest, reach ? reach - 1 : 0, reach, L - 1, rest, rb);
+                   "[0, %u) fit, layers [%u, %u) (+ head) find no room: short by %.0f bytes (%s)",
+                   have, hb, need, nb, largest, reach, reach, L, rest, rb);
     }
 }
 
@@ -908,23 +908,23 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
             size_t off;
             if (need > have)
                 off = (size_t)snprintf(err, errlen,
-                    "does not fit: no usable device among the %zu given, so layers 0..%u find no room: "
+                    "does not fit: no usable device among the %zu given, so layers [0, %u) find no room: "
                     "the model needs %.0f bytes (ctx %u x %u sessions), the devices offer %.0f bytes "
                     "after headroom (short by %.0f bytes); the smallest layer (%u) alone needs %llu bytes.",
-                    n_devs, L - 1, need, o->ctx, o->sessions, have, need - have, li,
+                    n_devs, L, need, o->ctx, o->sessions, have, need - have, li,
                     (unsigned long long)min_layer);
             else if (max_cap < (double)min_layer)   /* enough in all, but no device holds a layer */
                 off = (size_t)snprintf(err, errlen,
-                    "does not fit: no device given can hold a single layer, so layers 0..%u find no room: "
+                    "does not fit: no device given can hold a single layer, so layers [0, %u) find no room: "
                     "the smallest layer (%u) needs %llu bytes (weights + KV/state for ctx %u x %u "
                     "sessions), the largest device offers %.0f bytes after headroom (short by %.0f bytes).",
-                    L - 1, li, (unsigned long long)min_layer, o->ctx, o->sessions, max_cap,
+                    L, li, (unsigned long long)min_layer, o->ctx, o->sessions, max_cap,
                     (double)min_layer - max_cap);
             else   /* memory is not what is missing: say what is */
                 off = (size_t)snprintf(err, errlen,
-                    "no usable device among the %zu given, so layers 0..%u have nowhere to run "
+                    "no usable device among the %zu given, so layers [0, %u) have nowhere to run "
                     "(memory alone would do: the model needs %.0f bytes for ctx %u x %u sessions, the "
-                    "devices offer %.0f bytes after headroom):", n_devs, L - 1, need, o->ctx, o->sessions, have);
+                    "devices offer %.0f bytes after headroom):", n_devs, L, need, o->ctx, o->sessions, have);
             for (uint32_t i = 0; i < r->n_excluded && off < errlen; i++)
                 off += (size_t)snprintf(err + off, errlen - off, " %s;", r->excluded[i].reason);
         }

@@ -156,7 +156,7 @@ OR=$(rank_of $OTHER)
 kill -9 "${JPID[$OTHER]}"
 in_grace() {
     "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" 2>/dev/null &&
-    grep -qE "^  $OR +[0-9]+-[0-9]+ +grace +[^ ]+ [^ ]+ +$(key_of $OTHER | cut -c1-16) " "$T/status.txt"
+    grep -qE "^  $OR +\\[[0-9]+, [0-9]+\\) +grace +[^ ]+ [^ ]+ +$(key_of $OTHER | cut -c1-16) " "$T/status.txt"
 }
 wait_for 15 in_grace || fail "window $OR of the killed node is not shown in grace with its holder: $(cat "$T/status.txt")"
 join f

@@ -21,6 +21,9 @@ command -v node >/dev/null || die "node missing (scripts/setup.sh installs nodej
 [ -f tests/node_modules/openai/package.json ] ||
     die "node package openai missing in tests/node_modules (scripts/setup.sh installs it from the npm registry)"
 
+# leases of 12 s (heartbeats every 3 s): a stage silent for 8 s (half the lease and 2 s) is
+# shown silent for the 4 s before its lease lapses
+MARKET_ARGS="--lease-s 12"
 market_up
 declare -A JPID
 join() { # join NAME: a node that serves the API should it be rank 0, on ports it binds
@@ -149,7 +152,7 @@ PY
 }
 wait_for 30 took || fail "the map does not show node d holding window 1 on the same manifest: $(cat "$T/cov.json")"
 "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" || fail "kvctl market status failed"
-grep -qE "^  1 +2-4 +active .* $(key_of d | cut -c1-16) " "$T/status.txt" &&
+grep -qE "^  1 +\\[2, 4\\) +active .* $(key_of d | cut -c1-16) " "$T/status.txt" &&
     grep -q "took over from $(key_of "$MID" | cut -c1-16)" "$T/status.txt" ||
     fail "kvctl market status does not show the takeover: $(cat "$T/status.txt")"
 grep -q "took rank 1 over; the market made this node the holder of window 1" "$T/join-d.log" ||
@@ -172,6 +175,23 @@ wait_for 30 back || fail "node $MID, started again, is not a waiting standby: $(
 [ "$(grep -c 'stage of rank' "$T/join-$MID.log")" = 1 ] ||
     fail "node $MID started a stage for its old rank again: $(grep 'stage of rank' "$T/join-$MID.log")"
 echo "ok   node $MID, started again, stands by for window 1"
+
+# ---- a silent lease is not active: the last rank's join process stopped (its stage still
+# serves) sends no heartbeat; the map shows its window silent and the ring as no ring, with
+# the reason, until it beats again
+LAST=""
+for n in a b c d; do [ "$n" != "$MID" ] && [ "$(rank_of $n 2>/dev/null)" = 2 ] && LAST=$n; done
+[ -n "$LAST" ] || fail "no node runs rank 2"
+kill -STOP "${JPID[$LAST]}"
+silent() {
+    "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" 2>/dev/null &&
+    grep -qE "^  2 +\[4, 5\) +silent " "$T/status.txt" &&
+    grep -q "not a ring: .*window 2's stage (node $(key_of $LAST | cut -c1-16)...) has sent no heartbeat for" "$T/status.txt"
+}
+wait_for 12 silent || { kill -CONT "${JPID[$LAST]}"; fail "the stopped node's window is not shown silent: $(cat "$T/status.txt")"; }
+kill -CONT "${JPID[$LAST]}"
+wait_for 30 ring_ready || fail "the ring is not listed again after node $LAST's heartbeats resumed: $(cat "$T/cov.json")"
+echo "ok   a node that stopped heartbeating: its window shown silent and its ring as no ring, until it beats again"
 
 # ---- credit: every session of the generation is paid in full, nothing held back; rank 1's
 # share of each goes to the node that ran the session to its end (the standby for those the
@@ -206,7 +226,7 @@ for (v,) in db.execute("select v from blobs where k like 'sess/%'"):
     s = json.loads(v)
     if s.get("manifest") == sys.argv[2] and "client" in s:
         own = s["sides"]["s1"]
-        want[own["node"]] += (own["t1"] - own["t0"]) * 2   # window 1: layers 2-4
+        want[own["node"]] += (own["t1"] - own["t0"]) * 2   # window 1: layers [2, 4)
 got = {json.load(open(f))["node"]: json.load(open(f))["layer_tokens"] for f in sys.argv[5:7]}
 print("       rank 1's layer-tokens: standby %d (want %d), the killed node %d (want %d)" %
       (got[sys.argv[3]], want[sys.argv[3]], got[sys.argv[4]], want[sys.argv[4]]))

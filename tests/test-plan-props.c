@@ -146,7 +146,7 @@ T_CASE(errors)
     struct plan_device z[2] = {{.id = "z1", .ms_per_layer_token = 1}, {.id = "z2", .ms_per_layer_token = 1}};
     T_CHECK(plan_make(&r, &inst.shape, z, 2, &inst.opts, err, sizeof err) == -ENOSPC, "no memory accepted");
     T_CHECK(strstr(err, "z1: mem_bytes is 0") && strstr(err, "z2: mem_bytes is 0") && strstr(err, "short by") &&
-            strstr(err, "layers 0.."), "no-memory message: %s", err);
+            strstr(err, "layers [0, "), "no-memory message: %s", err);
 
     /* exact shortfall: 4 layers of 100 MB, no KV; two devices of 150 MB -> short by 100 MB */
     struct plan_layer ly[4];
@@ -161,14 +161,14 @@ T_CASE(errors)
     plan_opts_default(&o);
     o.headroom = 0;
     T_CHECK(plan_make(&r, &s, two, 2, &o, err, sizeof err) == -ENOSPC, "400 MB into 300 MB accepted");
-    T_CHECK(strstr(err, "short by 100000000 bytes") && strstr(err, "layers 2..3"), "shortfall message: %s", err);
+    T_CHECK(strstr(err, "short by 100000000 bytes") && strstr(err, "layers [2, 4)"), "shortfall message: %s", err);
     /* enough bytes in total but windows cannot be cut: 3 x 100 MB layers... devices 250+250 */
     s.n_layers = 3;
     two[0].mem_bytes = two[1].mem_bytes = 150000000;
     two[1].mem_bytes = 170000000;
     struct plan_device three[3] = {two[0], two[1], {.id = "c", .mem_bytes = 90000000, .ms_per_layer_token = 1}};
     T_CHECK(plan_make(&r, &s, three, 3, &o, err, sizeof err) == -ENOSPC, "granularity infeasible accepted");
-    T_CHECK(strstr(err, "layers 2..2") && strstr(err, "short by"), "granularity message: %s", err);
+    T_CHECK(strstr(err, "layers [2, 3)") && strstr(err, "short by"), "granularity message: %s", err);
     T_CHECK(strstr(err, "c: too little memory") == NULL, "(c is excluded, not an error line) %s", err);
 
     /* bad options */

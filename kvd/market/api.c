@@ -810,6 +810,14 @@ static bool ring_down(struct kvd_market_api *a, const struct model_state *ms, co
     return down > 0;
 }
 
+/* An active lease whose holder stopped heartbeating (it beats every quarter of the lease):
+ * shown as silent, not active, for the rest of its lease, and its ring as no ring. */
+static bool lease_silent(const struct kvd_market_api *a, const struct model_state *ms, size_t i,
+                         double now)
+{
+    return ms->ls[i] == L_ACTIVE && now - (ms->l[i].expires - a->cfg.lease_s) > a->cfg.lease_s / 2 + 2;
+}
+
 static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *ms, double now)
 {
     double d = kvd_market__demand_now(&a->cfg, &ms->m, now);
@@ -819,6 +827,13 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
     char *man = manifest_of(ms, hash);
     bool down = man && ring_down(a, ms, hash, now, reps, api, why, sizeof why);
     cJSON *live = kvd_market__standby_list(a->st, ms->m.id, now);
+    int n_silent = 0;
+    char silent_why[300] = "";
+    for (size_t i = 0; i < ms->n; i++)
+        if (lease_silent(a, ms, i, now) && !n_silent++)
+            snprintf(silent_why, sizeof silent_why, "window %u's stage (node %.16s...) has sent no "
+                     "heartbeat for %.0f s", ms->w[i].idx, ms->l[i].node,
+                     now - (ms->l[i].expires - a->cfg.lease_s));
     cJSON_AddStringToObject(o, "model", ms->m.id);
     cJSON_AddStringToObject(o, "name", ms->m.name);
     cJSON_AddStringToObject(o, "arch", ms->m.arch);
@@ -833,9 +848,16 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON_AddNumberToObject(w, "mem_bytes", (double)ms->w[i].bytes);
         /* a window in its grace period has no stage: uncovered, its stage entry says for whom
          * it is kept */
-        cJSON_AddStringToObject(w, "state", lease_names[ms->ls[i] == L_GRACE ? L_FREE : ms->ls[i]]);
+        double beat_age = now - (ms->l[i].expires - a->cfg.lease_s);
+        bool silent = lease_silent(a, ms, i, now);
+        cJSON_AddStringToObject(w, "state", silent ? "silent" :
+                                lease_names[ms->ls[i] == L_GRACE ? L_FREE : ms->ls[i]]);
         if (ms->ls[i] != L_FREE) {
             cJSON *e = lease_json(a, &ms->l[i], ms->ls[i], now);
+            if (silent) {
+                cJSON_ReplaceItemInObjectCaseSensitive(e, "state", cJSON_CreateString("silent"));
+                cJSON_AddNumberToObject(e, "silent_s", beat_age);
+            }
             char key[100];
             snprintf(key, sizeof key, "check/%s/%u", ms->m.id, ms->w[i].idx);
             cJSON *chk = blob_load(a, key);
@@ -871,7 +893,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
             cJSON_AddItemToArray(sbs, x);
         }
         cJSON *wr = cJSON_CreateArray();
-        if (man && !down)
+        if (man && !down && !n_silent)
             cJSON_AddItemToArray(wr, cJSON_CreateNumber(0));
         cJSON_AddItemToObject(w, "rings", wr);
         cJSON_AddNumberToObject(w, "demand_rpm", d);
@@ -888,8 +910,8 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON_AddStringToObject(r, "id", ring);
         cJSON_AddStringToObject(r, "manifest_sha256", hash);
         cJSON_AddNumberToObject(r, "ranks", (double)ms->n);
-        if (down) {
-            cJSON_AddStringToObject(r, "reason", why);
+        if (down || n_silent) {
+            cJSON_AddStringToObject(r, "reason", down ? why : silent_why);
             cJSON_AddItemToArray(unlinked, r);
         } else {
             cJSON_AddItemToObject(r, "api", api);
@@ -2770,8 +2792,8 @@ static const char page[] =
     "const max=Math.max(...c.windows.map(w=>w.reward),1e-9);"
     "for(const w of c.windows){const d=document.createElement('div');d.className='w';"
     "d.style.width=(100*(w.layers[1]-w.layers[0])/m.n_layers)+'%';d.style.background=colour(w,max);"
-    "d.title='window '+w.window+': layers '+w.layers[0]+'-'+w.layers[1]+', '+w.state+', reward '+w.reward;"
-    "d.textContent=w.layers[0]+'-'+w.layers[1]+' '+w.state;bar.appendChild(d);}root.appendChild(bar);"
+    "d.title='window '+w.window+': layers ['+w.layers[0]+', '+w.layers[1]+'), '+w.state+', reward '+w.reward;"
+    "d.textContent='['+w.layers[0]+', '+w.layers[1]+') '+w.state;bar.appendChild(d);}root.appendChild(bar);"
     "const t=document.createElement('table');t.innerHTML='<tr><th>window</th><th>layers</th>"
     "<th>state</th><th>stage</th><th>endpoint</th><th>links</th><th>last probe</th>"
     "<th>reward/layer-token</th></tr>';"
@@ -2779,7 +2801,7 @@ static const char page[] =
     "const g=s.state=='grace'?'grace (kept for its holder, '+Math.round(s.expires_in)+' s)':w.state;"
     "const l=s.ring&&s.ring.links?(s.ring.links.linked?'up':'down')+(s.ring.last_token_age_s!=null?"
     "', last token '+Math.round(s.ring.last_token_age_s)+' s ago':''):'';"
-    "for(const v of [w.window,w.layers[0]+'-'+w.layers[1],g,(s.node||'').slice(0,16),"
+    "for(const v of [w.window,'['+w.layers[0]+', '+w.layers[1]+')',g,(s.node||'').slice(0,16),"
     "s.endpoint||'',l,s.probe?s.probe.kind+' '+s.probe.result:'',w.reward.toPrecision(3)]){"
     "const td=document.createElement('td');"
     "td.textContent=v;tr.appendChild(td);}t.appendChild(tr);}root.appendChild(t);"

@@ -59,7 +59,7 @@ static int mb_run(void *impl, const struct kvd_backend_batch *bt, char *err, siz
     else
         rc = model_window_run_batch(b->e, bt->rows, bt->n, bt->x);
     if (rc < 0) {
-        snprintf(err, errlen, "layers %u..%u: %s", b->first, b->last,
+        snprintf(err, errlen, "layers [%u, %u): %s", b->first, b->last,
                  rc == -ERANGE ? "past the context" : strerror(-rc));
         return rc;
     }

@@ -24,7 +24,7 @@ static cJSON *probe_seq(struct kvd_backend *b, uint64_t id, const cJSON *q, char
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(q, "input");
     if (n < 1 || n > RING_PROBE_TOKENS_MAX || (b->embed ? cJSON_GetArraySize(toks) != (int)n
                                                         : !cJSON_IsString(in))) {
-        snprintf(err, errlen, "probe: a sequence needs n (1..%d) and, for layers %u-%u, %s",
+        snprintf(err, errlen, "probe: a sequence needs n (1..%d) and, for layers [%u, %u), %s",
                  RING_PROBE_TOKENS_MAX, b->first, b->last, b->embed ? "n tokens" : "an input");
         return NULL;
     }
@@ -123,7 +123,7 @@ int kvd_stage_probe(const char *backend, const char *window, int n_threads, cons
         return rc;
     }
     if (b.first != ba.win_first || b.last != ba.win_last) {
-        snprintf(err, errlen, "probe: layers %u-%u asked, the window holds %u-%u", ba.win_first,
+        snprintf(err, errlen, "probe: layers [%u, %u) asked, the window holds [%u, %u)", ba.win_first,
                  ba.win_last, b.first, b.last);
         rc = -EINVAL;
     }

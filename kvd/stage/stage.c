@@ -318,7 +318,7 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         return -EPERM;
     }
     if (st->waiting)
-        kvd_log(KVD_LOG_INFO, "standby %u takes over rank %u: loading layers [%u,%u)", st->standby, rank,
+        kvd_log(KVD_LOG_INFO, "standby %u takes over rank %u: loading layers [%u, %u)", st->standby, rank,
                 me->first, me->last);
     double t0 = util_now_ms();
     /* Load only this rank's window, on the backend asked for (the model unless a build's own). */
@@ -354,7 +354,7 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     bool has_file = kvd_backend_gguf(&st->be) != NULL;
     if (st->be.first != me->first || st->be.last != me->last || st->be.n_layer != st->m.n_layers ||
         st->be.n_embd != st->m.n_embd || (has_file && strcmp(st->be.arch, st->m.arch) != 0)) {
-        kvd_log(KVD_LOG_ERROR, "the model does not match the manifest: window [%u,%u) vs [%u,%u), n_layers %u vs %u, "
+        kvd_log(KVD_LOG_ERROR, "the model does not match the manifest: window [%u, %u) vs [%u, %u), n_layers %u vs %u, "
                 "n_embd %u vs %u, arch %s vs %s", st->be.first, st->be.last, me->first, me->last,
                 st->be.n_layer, st->m.n_layers, st->be.n_embd, st->m.n_embd, st->be.arch, st->m.arch);
         rc = -EINVAL;
@@ -678,12 +678,12 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         kvd_service_ready(status);
     } else {
         const struct ring_rank_info *me = &st->m.ranks[st->rank];
-        kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u,%u)%s%s, listening on %s (port %d), node %.16s..., "
+        kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u, %u)%s%s, listening on %s (port %d), node %.16s..., "
                 "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
                 me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
                 st->sock_path);
         char status[160];
-        snprintf(status, sizeof status, "rank %u of %u, layers [%u,%u)", st->rank, st->n, me->first, me->last);
+        snprintf(status, sizeof status, "rank %u of %u, layers [%u, %u)", st->rank, st->n, me->first, me->last);
         kvd_service_ready(status);
         if (st->repair_wait_ms && st->rank == 0)
             kvd_log(KVD_LOG_INFO, "a broken ring pauses sessions for up to %u s waiting for its repair",
