@@ -437,6 +437,10 @@ static void ring_report(struct join *j, cJSON *b)
             snprintf(key, sizeof key, "%s_error", side);
             if (e && strcmp(jstr_or(x, "state", "down"), "up"))
                 cJSON_AddStringToObject(l, key, e);
+            /* the address our successor was dialled at: the market's evidence of which node
+             * serves the next rank after a takeover */
+            if (k && !strcmp(jstr_or(x, "state", "down"), "up") && jstr_or(x, "peer", NULL))
+                cJSON_AddStringToObject(l, "out_peer", jstr_or(x, "peer", NULL));
         }
         double age = util_json_number(s, "last_token_age_s", -1);
         if (age >= 0)

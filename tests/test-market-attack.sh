@@ -14,6 +14,10 @@
 #    sessions no client opened (self-dealing), for made-up clients, with proofs made without
 #    the client's key, and for 1e12 tokens: none is credited and demand does not rise;
 #    self-dealing with a client account of one's own pays exactly what it costs;
+#  * a stranger standing by for a window says it took the rank over while its holder serves:
+#    the market waits for the rank before it to report its link up to the standby (202), and
+#    the holder keeps its window; standby leases on rank 0's and the last rank's windows, and
+#    takeovers of another rank or generation, are refused;
 #  * a model hijack: a stranger's re-registration and removal of a model are refused (403
 #    naming the owner), the model keeps its sources and probes; its owner's re-registration is
 #    idempotent;
@@ -164,6 +168,34 @@ curl -s "$M/v1/models" | grep -q '"name":"stories"' || fail "the model's name ch
     >"$T/readd.out" 2>"$T/readd.err" || fail "the owner's re-registration: $(cat "$T/readd.err")"
 [ "$(cat "$T/readd.out")" = "$ID" ] || fail "the owner's re-registration answered $(cat "$T/readd.out")"
 echo "ok   a stranger cannot change or remove the model; its owner's re-registration is idempotent"
+
+# ---- a stranger standing by says it took over a rank whose holder is alive
+mkdir -p "$T/sb"
+MAN=$(curl -s "$M/v1/models/$ID/coverage" | python3 -c 'import json,sys; print(json.load(sys.stdin)["rings"][0]["manifest_sha256"])')
+sb() { echo "{\"model\":\"$ID\",\"window\":$1${2:-}}"; }
+expect "a stranger stands by for rank 0's window" 409 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 0)"
+expect "a stranger stands by for the last rank's window" 409 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 2)"
+expect "a stranger stands by for window 1" 201 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 1 ',"endpoint":"tcp://127.0.0.12:9"')"
+expect "it says it took rank 2 over with a standby lease on window 1" 409 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 1 ",\"serving\":2,\"manifest\":\"$MAN\"")"
+expect "it says it took rank 1 over in a ring generation never published" 409 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 1 ",\"serving\":1,\"manifest\":\"$(printf '%064d' 0)\"")"
+# for longer than its holder's heartbeat period (the lease is 6 s): the market waits for the
+# predecessor's word and the holder keeps its window
+t0=$(date +%s)
+while [ $(( $(date +%s) - t0 )) -lt 4 ]; do
+    expect "it says it took rank 1 over while its holder serves" 202 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 1 ",\"serving\":1,\"manifest\":\"$MAN\"")" >/dev/null
+done
+echo "$LAST" | grep -q "does not report its link to its successor up to tcp://127.0.0.12:9" ||
+    fail "the refusal does not say what it waits for: $LAST"
+"$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" || fail "kvctl market status failed"
+python3 - "$T/cov.json" "$(key_of "$(for n in a b c; do [ "$(rank_of $n)" = 1 ] && echo $n; done)")" <<'PY' ||
+import json, sys
+w = json.load(open(sys.argv[1]))["models"][0]["windows"][1]
+st = w["stages"][0]
+sys.exit(0 if st["node"] == sys.argv[2] and "took_over" not in st and w["state"] == "active" else 1)
+PY
+    fail "window 1 changed hands on the stranger's word: $(cat "$T/cov.json")"
+expect "the stranger gives its standby lease up" 200 --key "$T/sb" --from 127.0.0.12 POST "$M" /v1/standbys "$(sb 1 ',"release":true')"
+echo "ok   a standby's word that it took a live holder's rank over changes nothing (202 until the rank before confirms it)"
 
 # ---- the honest ring was never disturbed
 ring_ready || fail "the honest ring is not complete after the attacks: $(cat "$T/cov.json")"

@@ -2204,10 +2204,12 @@ static const char *standby_bad(const cJSON *b)
     return NULL;
 }
 
-/* A standby that took its window's rank over: made the window's holder once the market sees
- * the rank's node gone (it missed a heartbeat, or reports its links down), so that a standby
- * cannot push a live holder out by saying so. 200 {"holder": true}, 202 while the holder
- * still looks alive, 409 when this is not the ring or rank the standby lease is for. */
+/* A standby that took its window's rank over: made the window's holder once the market has
+ * it from another node: the holder of the rank before reports its link to its successor up
+ * to the standby's endpoint, and the old holder missed a heartbeat (or its lease lapsed). So a
+ * standby cannot push a live holder out by saying it took over: that takes the predecessor's
+ * holder lying with it. 200 {"holder": true}, 202 while unconfirmed, 409 when this is not the
+ * ring or rank the standby lease is for. */
 static void standby_took(struct kvd_market_api *a, struct net_http_req *req, struct lease_call *c,
                          const cJSON *mine)
 {
@@ -2236,7 +2238,7 @@ static void standby_took(struct kvd_market_api *a, struct net_http_req *req, str
         state_refuse(a, req, c->ms, 409, NULL, why);
         return;
     }
-    if (!man || strcmp(hash, man_sha) || rank != (double)wi) {
+    if (!man || strcmp(hash, man_sha) || rank != (double)wi || wi == 0) {
         snprintf(why, sizeof why, "rank %.0f of manifest %.16s... is not window %u of the ring "
                  "this market serves (manifest %.16s...)", rank, man_sha, idx, man ? hash : "none");
         state_refuse(a, req, c->ms, 409, NULL, why);
@@ -2244,15 +2246,25 @@ static void standby_took(struct kvd_market_api *a, struct net_http_req *req, str
     }
     /* the holder's last heartbeat renewed its lease for lease_s; it beats every lease_s / 4 */
     double beat_age = c->now - (l->expires - a->cfg.lease_s);
-    cJSON *rep = ls == L_ACTIVE ? kvd_market__report_load(a->st, c->ms->m.id, idx, l->node, hash,
-                                                          c->now, 3 * a->cfg.lease_s) : NULL;
-    bool cut_off = rep && kvd_market__report_down(rep, (uint32_t)wi, why, sizeof why) > 0;
+    bool missed = ls != L_ACTIVE || beat_age > a->cfg.lease_s / 4 + 1;
+    /* the predecessor's last report: its out link up to the standby's endpoint */
+    const struct kvd_market_lease *pl = &c->ms->l[wi - 1];
+    cJSON *rep = kvd_market__report_load(a->st, c->ms->m.id, pl->window, pl->node, hash, c->now,
+                                         a->cfg.lease_s);
+    const cJSON *lk = cJSON_GetObjectItemCaseSensitive(rep, "links");
+    const char *peer = util_json_string(lk, "out_peer"), *sep = util_json_string(mine, "endpoint");
+    bool seen = peer && sep && !strncmp(sep, "tcp://", 6) && !strcmp(peer, sep + 6) &&
+                !strcmp(util_json_string(lk, "out") ? util_json_string(lk, "out") : "", "up");
     cJSON_Delete(rep);
-    if (ls == L_ACTIVE && strcmp(l->node, c->node) && beat_age < a->cfg.lease_s / 4 + 1 && !cut_off) {
+    if (!missed || !seen) {
         o = cJSON_CreateObject();
-        snprintf(why, sizeof why, "the holder of window %u (node %.16s...) heartbeated %.1f s ago "
-                 "and reports its links up; the takeover is recorded once it misses a heartbeat",
-                 idx, l->node, beat_age);
+        if (!seen)
+            snprintf(why, sizeof why, "the holder of window %u (rank %zu) does not report its "
+                     "link to its successor up to %s yet", pl->window, wi - 1, sep ? sep : "-");
+        else
+            snprintf(why, sizeof why, "the holder of window %u (node %.16s...) heartbeated %.1f s "
+                     "ago; the takeover is recorded once it misses a heartbeat", idx, l->node,
+                     beat_age);
         cJSON_AddStringToObject(o, "pending", why);
         kvd_market__model_clear(&c->ms->m);
         commit_reply(a, req, 202, o);

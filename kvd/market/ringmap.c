@@ -60,6 +60,10 @@ const char *kvd_market__report_bad(const cJSON *b)
             if (v && (!cJSON_IsString(v) || !printable(v->valuestring, true)))
                 return "links: an error is a string of printable ASCII";
         }
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(l, "out_peer");
+        if (op && (!cJSON_IsString(op) || strlen(op->valuestring) > 96 ||
+                   !printable(op->valuestring, false)))
+            return "links: out_peer is HOST:PORT (printable, at most 96 bytes)";
     }
     if (age && (!cJSON_IsNumber(age) || !(age->valuedouble >= 0 && age->valuedouble <= 1e9)))
         return "last_token_age_s: expected seconds, 0 to 1e9";
@@ -112,8 +116,8 @@ int kvd_market__report_save(struct kvd_market_store *st, const char *model, uint
     cJSON_AddNumberToObject(o, "at", now);
     if (l) {
         cJSON_AddBoolToObject(lo, "linked", cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "linked")));
-        static const char *const keys[] = {"in", "out", "in_error", "out_error", "error"};
-        for (int k = 0; k < 5; k++)
+        static const char *const keys[] = {"in", "out", "in_error", "out_error", "error", "out_peer"};
+        for (int k = 0; k < 6; k++)
             if (util_json_string(l, keys[k]))
                 add_cut(lo, keys[k], util_json_string(l, keys[k]));
     }
