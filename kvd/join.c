@@ -509,8 +509,9 @@ static int standby_took(struct join *j, int rank)
     cJSON_AddStringToObject(b, "model", j->model);
     cJSON_AddNumberToObject(b, "window", j->window);
     cJSON_AddNumberToObject(b, "serving", rank);
-    cJSON_AddStringToObject(b, "manifest", j->manifest_sha);
-    ring_report(j, b);
+    ring_report(j, b);   /* with the manifest the stage runs */
+    if (!cJSON_GetObjectItemCaseSensitive(b, "manifest"))
+        cJSON_AddStringToObject(b, "manifest", j->manifest_sha);
     long st;
     cJSON *o = call(j, "POST", "/v1/standbys", b, true, &st);
     int rc = 0;
@@ -1212,6 +1213,13 @@ static int hold(struct join *j)
     while (!stop_flag) {
         if (util_now_s() >= next_hb) {
             int rc = heartbeat(j, j->endpoint, 0);
+            if (rc == -EPERM && j->standby) {
+                /* the market may have made us the holder already (its answer to our takeover
+                 * lost): say it again before giving anything up */
+                standby_tick(j);
+                if (!j->standby)
+                    rc = heartbeat(j, j->endpoint, 0);
+            }
             if (rc == -EINVAL || (rc == -EPERM && (j->standby || reclaim(j))))
                 return rc;
             next_hb = util_now_s() + j->lease_s / 4;
@@ -1230,8 +1238,11 @@ static int hold(struct join *j)
             j->stage = 0;
             j->manifest_sha[0] = 0;
         }
-        /* a standby waiting for the roster to name it looks again soon */
+        /* a standby waiting for the roster to name it looks again soon; nobody waits past
+         * its next heartbeat */
         double wait = j->standby && j->stage <= 0 ? 1 : j->lease_s / 4 - 1;
+        if (wait > next_hb - util_now_s())
+            wait = next_hb - util_now_s();
         if (manifest_poll(j, wait < 1 ? 1 : wait) == -EAGAIN) {
             sleep_ms(backoff);   /* the market is unreachable: back off */
             backoff = backoff < 8000 ? backoff * 2 : 8000;

@@ -882,7 +882,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         cJSON *sbs = cJSON_AddArrayToObject(w, "standbys");
         const cJSON *e;
         cJSON_ArrayForEach(e, live) {
-            if ((uint32_t)util_json_number(e, "window", -1) != ms->w[i].idx)
+            if (util_json_number(e, "window", -1) != (double)ms->w[i].idx)
                 continue;
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "node", util_json_string(e, "node"));
@@ -2231,22 +2231,52 @@ static void standby_took(struct kvd_market_api *a, struct net_http_req *req, str
         return;
     }
     cJSON_Delete(o);
-    char *man = manifest_of(c->ms, hash);
-    free(man);
-    if (!mine || (uint32_t)util_json_number(mine, "window", -1) != idx) {
+    if (!mine || util_json_number(mine, "window", -1) != (double)idx) {
         snprintf(why, sizeof why, "this node holds no standby lease on window %u", idx);
         state_refuse(a, req, c->ms, 409, NULL, why);
         return;
     }
-    if (!man || strcmp(hash, man_sha) || rank != (double)wi || wi == 0) {
+    /* the ring the market serves: its manifest now, or, while the dead holder's lease is in
+     * its grace (no complete ring), the last one published, which the ring still runs */
+    char *man = manifest_of(c->ms, hash);
+    bool have = man != NULL;
+    free(man);
+    if (!have) {
+        char key[KVD_MARKET_KEY_MAX];
+        snprintf(key, sizeof key, "genlast/%s", c->ms->m.id);
+        cJSON *gl = blob_load(a, key);
+        snprintf(hash, sizeof hash, "%s", util_json_string(gl, "sha") ? util_json_string(gl, "sha") : "");
+        cJSON_Delete(gl);
+        have = hash[0] && ls != L_ACTIVE && ls != L_RESERVED;
+        for (size_t i = 0; have && i < c->ms->n; i++)
+            have = i == wi || c->ms->ls[i] == L_ACTIVE;
+    }
+    if (!have || strcmp(hash, man_sha) || rank != (double)wi || wi == 0) {
         snprintf(why, sizeof why, "rank %.0f of manifest %.16s... is not window %u of the ring "
-                 "this market serves (manifest %.16s...)", rank, man_sha, idx, man ? hash : "none");
+                 "this market serves (manifest %.16s...)", rank, man_sha, idx, have ? hash : "none");
         state_refuse(a, req, c->ms, 409, NULL, why);
         return;
     }
-    /* the holder's last heartbeat renewed its lease for lease_s; it beats every lease_s / 4 */
+    /* the claim's rules hold for a takeover too */
+    if (!kvd_market__admit_allowed(a->admit, c->node) ||
+        kvd_market__penalized(a->st, c->node, c->now, why, sizeof why)) {
+        if (!kvd_market__admit_allowed(a->admit, c->node))
+            snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c->node);
+        state_refuse(a, req, c->ms, 403, NULL, why);
+        return;
+    }
+    uint32_t cap = a->cfg.max_ranks_addr;
+    int held = cap ? addr_held(a, c->ms, wi, net_http_req_addr(req), false) : 0;
+    if (cap && held >= (int)cap) {
+        snprintf(why, sizeof why, "address %s already holds %d rank(s) of this model (at most %u; "
+                 "kvd market --max-ranks-per-addr)", net_http_req_addr(req), held, cap);
+        state_refuse(a, req, c->ms, 409, NULL, why);
+        return;
+    }
+    /* the holder's last heartbeat renewed its lease for lease_s; it beats every lease_s / 4,
+     * so one silent for half a lease and 2 s has missed a heartbeat (as the map's "silent") */
     double beat_age = c->now - (l->expires - a->cfg.lease_s);
-    bool missed = ls != L_ACTIVE || beat_age > a->cfg.lease_s / 4 + 1;
+    bool missed = ls != L_ACTIVE || lease_silent(a, c->ms, wi, c->now);
     /* the predecessor's last report: its out link up to the standby's endpoint */
     const struct kvd_market_lease *pl = &c->ms->l[wi - 1];
     cJSON *rep = kvd_market__report_load(a->st, c->ms->m.id, pl->window, pl->node, hash, c->now,
@@ -2285,7 +2315,18 @@ static void standby_took(struct kvd_market_api *a, struct net_http_req *req, str
     cJSON_AddStringToObject(ao, "node", c->node);
     cJSON_AddStringToObject(ao, "addr", net_http_req_addr(req));
     cJSON_AddBoolToObject(ao, "relay", false);
-    int rc = kvd_market__took_save(a->st, c->ms->m.id, idx, c->node, hash, mnode, mep, c->now);
+    /* never probed for this window as its holder: a spot check at its first heartbeat */
+    char pkey[KVD_MARKET_KEY_MAX], ckey[100];
+    snprintf(pkey, sizeof pkey, "probes/%s", c->ms->m.id);
+    cJSON *probes = blob_load(a, pkey), *chk = cJSON_CreateObject();
+    cJSON_AddStringToObject(chk, "node", c->node);
+    cJSON_AddNumberToObject(chk, "next", 0);
+    snprintf(ckey, sizeof ckey, "check/%s/%u", c->ms->m.id, idx);
+    int rc = probes ? blob_save(a, ckey, chk) : 0;
+    cJSON_Delete(probes);
+    cJSON_Delete(chk);
+    if (!rc)
+        rc = kvd_market__took_save(a->st, c->ms->m.id, idx, c->node, hash, mnode, mep, c->now);
     if (!rc)
         rc = kvd_market__gen_took(a->st, hash, (uint32_t)wi, c->node);
     if (!rc)
@@ -2329,7 +2370,7 @@ static void h_standbys(struct net_http_req *req, void *ud)
         cJSON_Delete(mine);
         goto out;
     }
-    bool renew = mine && (uint32_t)util_json_number(mine, "window", -1) == idx;
+    bool renew = mine && util_json_number(mine, "window", -1) == (double)idx;
     double since = renew ? util_json_number(mine, "since", c.now) : c.now;
     cJSON_Delete(mine);
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c.b, "release"))) {   /* given back */
@@ -2357,18 +2398,19 @@ static void h_standbys(struct net_http_req *req, void *ud)
             state_refuse(a, req, c.ms, 409, NULL, why);
             goto out;
         }
-    if (!renew) {   /* a new standby: the same admission as a claim */
-        if (!kvd_market__admit_allowed(a->admit, c.node)) {
-            snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
-            state_refuse(a, req, c.ms, 403, NULL, why);
-            goto out;
-        }
+    /* the same admission as a claim, on every call (a node penalized meanwhile loses it) */
+    if (!kvd_market__admit_allowed(a->admit, c.node)) {
+        snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
+        state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
+    if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
+        state_refuse(a, req, c.ms, 403, NULL, why);
+        goto out;
+    }
+    if (!renew) {
         if (kvd_market__admit_claim(a->admit, c.node, net_http_req_addr(req), c.now, why, sizeof why)) {
             state_refuse(a, req, c.ms, 429, NULL, why);
-            goto out;
-        }
-        if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
-            state_refuse(a, req, c.ms, 403, NULL, why);
             goto out;
         }
         if (c.ms->ls[c.wi] != L_ACTIVE || c.wi == 0 || c.wi + 1 == c.ms->n) {
@@ -2385,10 +2427,14 @@ static void h_standbys(struct net_http_req *req, void *ud)
             goto out;
         }
         cJSON *live = kvd_market__standby_list(a->st, c.ms->m.id, c.now);
+        if (!live) {
+            state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
         int on = 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, live)
-            on += (uint32_t)util_json_number(e, "window", -1) == idx;
+            on += util_json_number(e, "window", -1) == (double)idx;
         cJSON_Delete(live);
         if (on >= STANDBYS_PER_WINDOW) {
             snprintf(why, sizeof why, "window %u has %d standbys already (at most %d)", idx, on,
@@ -2404,6 +2450,8 @@ static void h_standbys(struct net_http_req *req, void *ud)
     }
     char hash[65];
     char *man = manifest_of(c.ms, hash);
+    bool have = man != NULL;
+    free(man);
     cJSON *o = cJSON_CreateObject(), *ly = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "model", c.ms->m.id);
     cJSON_AddNumberToObject(o, "window", idx);
@@ -2413,9 +2461,8 @@ static void h_standbys(struct net_http_req *req, void *ud)
     cJSON_AddItemToObject(o, "layers", ly);
     cJSON_AddNumberToObject(o, "rank", (double)c.wi);
     cJSON_AddNumberToObject(o, "lease_s", a->cfg.lease_s);
-    if (man)
+    if (have)
         cJSON_AddStringToObject(o, "manifest", hash);
-    free(man);
     kvd_market__model_clear(&c.ms->m);
     commit_reply(a, req, renew ? 200 : 201, o);
 out:
@@ -2442,13 +2489,14 @@ static void roster_get(struct kvd_market_api *a, struct net_http_req *req, const
     }
     char hash[65];
     char *man = manifest_of(ms, hash);
-    cJSON *r = man ? kvd_market__roster(a->st, id, hash, ms->l, ms->n, now) : NULL;
+    bool have = man != NULL;
     free(man);
+    cJSON *r = have ? kvd_market__roster(a->st, id, hash, ms->l, ms->n, now) : NULL;
     kvd_market__model_clear(&ms->m);
     free(ms);
     if (!r) {
-        reply_err(req, man ? 503 : 404, NULL, man ? "store: %s" : "model %.16s... has no ring now",
-                  man ? a->st->err : id);
+        reply_err(req, have ? 503 : 404, NULL, have ? "store: %s" : "model %.16s... has no ring now",
+                  have ? a->st->err : id);
         return;
     }
     char *text = cJSON_PrintUnformatted(r);

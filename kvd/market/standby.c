@@ -49,6 +49,8 @@ int kvd_market__standby_put(struct kvd_market_store *st, const char *model, cons
 {
     char key[KVD_MARKET_KEY_MAX];
     stby_key(key, model, node);
+    if (expires <= 0)   /* given up or taken over: gone, so lists read only live ones */
+        return st->ops->blob_put(st->impl, key, NULL);
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return -ENOMEM;
@@ -80,7 +82,7 @@ cJSON *kvd_market__standby_list(struct kvd_market_store *st, const char *model, 
         if (o && util_json_number(o, "expires", 0) > now)
             cJSON_AddItemToArray(arr, o);
         else
-            cJSON_Delete(o);
+            cJSON_Delete(o);   /* lapsed: removed when its node calls again or claims */
     }
     free(keys);
     return arr;
@@ -150,10 +152,10 @@ cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const 
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, live) {
-        uint32_t w = (uint32_t)util_json_number(e, "window", -1);
+        double w = util_json_number(e, "window", -1);
         const char *ep = util_json_string(e, "endpoint"), *node = util_json_string(e, "node");
         for (size_t i = 1; ep && node && i + 1 < n; i++)   /* nor rank 0 nor the last rank */
-            if (leases[i].window == w && cJSON_GetArraySize(sb) < RING_MAX_STANDBYS)
+            if ((double)leases[i].window == w && cJSON_GetArraySize(sb) < RING_MAX_STANDBYS)
                 entry_add(sb, node, ep, (uint32_t)i);
     }
     cJSON_Delete(live);

@@ -196,6 +196,16 @@ static void put_open(struct stage *st, int fd, const struct sess *s, uint32_t t1
     put(st, fd, s->id, rest);
 }
 
+static void receipt_free(struct stage *st, struct kvd_receipt *r)
+{
+    kvd_rowlog_close(st, r->log);
+    free(r->sent.h);
+    free(r->sent.set);
+    free(r->recv.h);
+    free(r->recv.set);
+    free(r);
+}
+
 /* Write session id's receipt r (s: the session, for rank 0's open side; NULL for a parked
  * one, never rank 0's) and free it. */
 static void receipt_write(struct stage *st, uint64_t id, const struct sess *s, struct kvd_receipt *r)
@@ -218,12 +228,7 @@ static void receipt_write(struct stage *st, uint64_t id, const struct sess *s, s
             put_line(st, fd, id, st->pred, r->t0, r->t1, &r->recv, "received");
         close(fd);
     }
-    kvd_rowlog_close(st, r->log);
-    free(r->sent.h);
-    free(r->sent.set);
-    free(r->recv.h);
-    free(r->recv.set);
-    free(r);
+    receipt_free(st, r);
 }
 
 void kvd_receipt_close(struct stage *st, struct sess *s)
@@ -243,8 +248,8 @@ void kvd_receipt_close(struct stage *st, struct sess *s)
  * the market keeps the first side it gets of a (session, rank), so the edge with a neighbour
  * that kept the session whole would disagree and hold back both ranks' honest work. So the
  * receipt is parked at the break and adopted by the replay (the same rows come again: their
- * leaves are the same); it is written when rank 0 ends the session without a replay (CLOSE),
- * after the idle timeout, or at shutdown. */
+ * leaves are the same); it is written when rank 0 ends the session without a replay (CLOSE)
+ * or after the idle timeout, and dropped at shutdown. */
 struct parked {
     uint64_t id, at_ms;
     struct kvd_receipt *r;
@@ -308,8 +313,15 @@ void kvd_receipt_park_tick(struct stage *st, uint64_t now_ms, uint64_t keep_ms)
 
 void kvd_receipt_park_free(struct stage *st)
 {
-    while (st->n_parked)
-        parked_remove(st, 0, true);
+    /* sessions still waiting for a replay when the stage stops (its node lost its rank to a
+     * standby, say): the replay runs elsewhere, under a receipt that covers the whole session,
+     * and a part of one written here would contradict it and hold back the ranks around */
+    if (st->n_parked)
+        kvd_log(KVD_LOG_INFO, "%u receipt(s) of sessions broken and not replayed here are not "
+                "written (their replay is another stage's)", st->n_parked);
+    for (uint32_t i = 0; i < st->n_parked; i++)
+        receipt_free(st, ((struct parked *)st->parked)[i].r);
+    st->n_parked = 0;
     free(st->parked);
     st->parked = NULL;
 }
