@@ -522,7 +522,7 @@ static int print_view(const struct ring_view *v, FILE *out)
         char layers[32] = "-";
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(s, "window");
         if (cJSON_GetArraySize(w) == 2)
-            snprintf(layers, sizeof layers, "[%.0f,%.0f)", cJSON_GetArrayItem(w, 0)->valuedouble,
+            snprintf(layers, sizeof layers, "[%.0f, %.0f)", cJSON_GetArrayItem(w, 0)->valuedouble,
                      cJSON_GetArrayItem(w, 1)->valuedouble);
         const char *ep = jstr(s, "endpoint");
         if (!strncmp(ep, "tcp://", 6))

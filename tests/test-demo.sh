@@ -22,7 +22,7 @@ check() {
     local log=$1 what=$2
     grep -q "^ring up in" "$log" || fail "$what: no ring up"
     grep -q "^=== a 3-stage ring on loopback" "$log" || fail "$what: not a 3-stage ring"
-    [ "$(grep -cE '^[0-2] +\[[0-9]+,[0-9]+\) +[0-9]+ +127\.0\.0\.1:[0-9]+ +up +up' "$log")" -ge 6 ] ||
+    [ "$(grep -cE '^[0-2] +\[[0-9]+, [0-9]+\) +[0-9]+ +127\.0\.0\.1:[0-9]+ +up +up' "$log")" -ge 6 ] ||
         fail "$what: the status tables do not show 3 linked stages twice (up and status)"
     local ring one
     ring=$(grep -A1 -- "generate --ring .* --temp 0 --ids" "$log" | sed -n 2p)

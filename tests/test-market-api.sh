@@ -319,7 +319,7 @@ else
             grep -q 'data-loaded="1"' "$T/dom.html"
     }
     for try in 1 2 3 4 5; do rendered && break; done
-    grep -q 'data-loaded="1"' "$T/dom.html" && grep -q '<td>0-2</td>' "$T/dom.html" ||
+    grep -q 'data-loaded="1"' "$T/dom.html" && grep -qF '<td>[0, 2)</td>' "$T/dom.html" ||
         fail "the coverage page did not render the map: $(head -c 400 "$T/dom.html")"
     timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 \
         --user-data-dir="$T/chrome" --window-size=1000,500 --screenshot="$LOGDIR/market-coverage${KV_MARKET_DB:+-pg}.png" "$M/" \

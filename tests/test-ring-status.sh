@@ -90,7 +90,7 @@ sleep 1.5   # a tick: the ranks' records carry the steps
 cat "$TMP/table"
 for r in "0 kvs-a 192.0.2.9:7100" "1 kvs-b 192.0.2.2:7101" "2 kvs-c 192.0.2.6:7102"; do
     set -- $r
-    grep -Eq "^$1 +\[[0-9]+,[0-9]+\) +[0-9]+ +$3 +up +up .* $2\$" "$TMP/table" ||
+    grep -Eq "^$1 +\[[0-9]+, [0-9]+\) +[0-9]+ +$3 +up +up .* $2\$" "$TMP/table" ||
         fail "rank $1 (host $2, $3) is not listed up/up: $(cat "$TMP/table")"
 done
 "$KVCTL" status --ring "$SOCK" --json > "$TMP/json" || fail "status --json"
