@@ -205,6 +205,9 @@ static void generate_usage(FILE *f)
         "  --ids              print token ids instead of text\n"
         "  --stop S           stop when the generated text contains S (repeatable)\n"
         "  --dump-logits FILE write the last sampled position's logits (raw f32) to FILE\n"
+        "  --draft lookup|none  speculative decoding with prompt-lookup drafts (default none):\n"
+        "                     the same tokens, fewer passes where the text repeats itself\n"
+        "  --draft-max K      drafts verified per pass, 1..15 (default 8)\n"
         "Streams the generated text to stdout; prompt and generation speed go to stderr.\n"
         "Through a running ring: kvctl generate --ring DIR|ring.json|unix:SOCKET ... (the same\n"
         "options; kvctl generate --ring DIR --help).\n");
@@ -212,7 +215,7 @@ static void generate_usage(FILE *f)
 
 enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_STOP, OPT_DUMP,
        OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE,
-       OPT_CL_WEIGHTS };
+       OPT_CL_WEIGHTS, OPT_DRAFT, OPT_DRAFT_MAX };
 
 
 int kvctl_cl_option(const char *name, const char *val)
@@ -245,6 +248,23 @@ static int cl_opt(int c, const char *arg)
                            : c == OPT_CL_DEVICE ? "--cl-device" : "--cl-weights", arg);
 }
 
+/* Push tok into the generation and print what it adds: true when the generation ended (tok
+ * not taken, or it ended it). */
+static bool emit_token(struct model_gen *gen, struct model_sampler *smp, int32_t tok, bool print_ids)
+{
+    struct model_gen_step st;
+    model_gen_push(gen, tok, &st);
+    if (!st.emit)
+        return true;
+    model_sampler_accept(smp, tok);
+    if (print_ids)
+        printf("%s%d", model_gen_n_gen(gen) > 1 ? " " : "", tok);
+    else
+        fwrite(st.text, 1, st.len, stdout);
+    fflush(stdout);
+    return st.reason != MODEL_GEN_RUNNING;
+}
+
 int kvctl_cmd_generate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -254,6 +274,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         {"ctx", required_argument, 0, OPT_CTX}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"ids", no_argument, 0, OPT_IDS}, {"stop", required_argument, 0, OPT_STOP},
         {"dump-logits", required_argument, 0, OPT_DUMP}, {"help", no_argument, 0, 'h'},
+        {"draft", required_argument, 0, OPT_DRAFT}, {"draft-max", required_argument, 0, OPT_DRAFT_MAX},
         DEVICE_OPTIONS, {0, 0, 0, 0}};
     for (int i = 1; i < argc; i++)   /* through a running ring: kvctl/ring.c */
         if (!strcmp(argv[i], "--ring") || !strncmp(argv[i], "--ring=", 7))
@@ -261,8 +282,8 @@ int kvctl_cmd_generate(int argc, char **argv)
     const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *device = "cpu";
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops = 0;
-    long n_gen = 64, threads = 0, ctx = 0;
-    bool ignore_eos = false, print_ids = false;
+    long n_gen = 64, threads = 0, ctx = 0, draft_max = 8;
+    bool ignore_eos = false, print_ids = false, draft = false;
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
     int c;
@@ -280,6 +301,14 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_IDS: print_ids = true; break;
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
+        case OPT_DRAFT:
+            if (strcmp(optarg, "lookup") && strcmp(optarg, "none")) {
+                fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
+                return 2;
+            }
+            draft = !strcmp(optarg, "lookup");
+            break;
+        case OPT_DRAFT_MAX: rc = kvctl_parse_long("--draft-max", optarg, 1, MODEL_DRAFT_MAX, &draft_max); break;
         case OPT_DEVICE: device = optarg; break;
         case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
         case 'h': generate_usage(stdout); return 0;
@@ -315,7 +344,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     struct model_sampler *smp = NULL;
     struct model_vocab *voc = NULL;
     struct model_gen *gen = NULL;
-    float *last_logits = NULL;
+    float *last_logits = NULL, *dlogits = NULL;
     if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, device, "generate") < 0)
         return 1;
     char err[KV_ERR_MAX];
@@ -374,35 +403,82 @@ int kvctl_cmd_generate(int argc, char **argv)
     double t1 = util_now_s();
     bool dumped = false;
     uint32_t pos = n_prompt;
+    if (draft && !model_exec_can_rewind(r.e)) {
+        fprintf(stderr, "kvctl generate: --draft: the model has recurrent layers, whose state "
+                "cannot drop the rows of rejected drafts; generating without drafts\n");
+        draft = false;
+    }
+    /* Speculative decoding (docs/model.md, "Drafting"): each pass feeds the sampled token with
+     * up to draft_max prompt-lookup drafts; the sampler draws at each verified row in turn,
+     * exactly as it would one token at a time, and a draft counts while it equals the token
+     * drawn. So greedy and seeded output are the output without drafts; a pass yields the
+     * accepted drafts and one token more. */
+    int32_t drafts[MODEL_DRAFT_MAX + 1];
+    dlogits = draft ? malloc((size_t)(MODEL_DRAFT_MAX + 1) * r.hp->n_vocab * sizeof(float)) : NULL;
+    if (draft && !dlogits)
+        goto out;
+    uint64_t n_passes = 0, n_proposed = 0, n_accepted = 0;
+    int32_t next = -1;   /* a token drawn at a rejected draft's row: fed without drawing again */
+    const float *lg = r.logits;
     while (model_gen_reason(gen) == MODEL_GEN_RUNNING) {
-        if (last_logits) {   /* raw logits, before the sampler touches them (as a ring) */
-            memcpy(last_logits, r.logits, (size_t)r.hp->n_vocab * sizeof *last_logits);
-            dumped = true;
-        }
-        int32_t tok = model_sampler_sample(smp, r.logits, NULL);
+        int32_t tok = next;
         if (tok < 0) {
-            model_gen_fail(gen);
-            fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
-            goto out;
+            if (last_logits) {   /* raw logits, before the sampler touches them (as a ring) */
+                memcpy(last_logits, lg, (size_t)r.hp->n_vocab * sizeof *last_logits);
+                dumped = true;
+            }
+            tok = model_sampler_sample(smp, (float *)lg, NULL);
+            if (tok < 0) {
+                model_gen_fail(gen);
+                fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+                goto out;
+            }
+            if (emit_token(gen, smp, tok, print_ids))
+                break;
         }
-        struct model_gen_step st;
-        model_gen_push(gen, tok, &st);
-        if (!st.emit)
-            break;
-        model_sampler_accept(smp, tok);
-        if (print_ids)
-            printf("%s%d", model_gen_n_gen(gen) > 1 ? " " : "", tok);
-        else
-            fwrite(st.text, 1, st.len, stdout);
-        fflush(stdout);
-        if (st.reason != MODEL_GEN_RUNNING)
-            break;
-        if ((rc = runner_feed(&r, pos, &tok, 1, NULL)) < 0) {
+        next = -1;
+        /* drafts: what followed the last n-gram before, no further than the context and -n */
+        uint32_t nd = 0;
+        if (draft) {
+            uint32_t nh;
+            const int32_t *h = model_gen_history(gen, &nh);
+            uint32_t room = r.n_ctx - 1 - pos, left = (uint32_t)n_gen - model_gen_n_gen(gen);
+            uint32_t k = (uint32_t)draft_max < room ? (uint32_t)draft_max : room;
+            nd = model_draft_lookup(h, nh, k < left ? k : left, drafts + 1);
+        }
+        drafts[0] = tok;
+        n_passes++;
+        n_proposed += nd;
+        if ((rc = runner_feed(&r, pos, drafts, nd + 1, nd ? dlogits : NULL)) < 0) {
             fprintf(stderr, "kvctl generate: %s\n", feed_error(rc));
             goto out;
         }
         pos++;
+        lg = r.logits;
+        for (uint32_t i = 0; i < nd; i++) {   /* row i: the distribution after drafts[0..i] */
+            float *row = dlogits + (size_t)i * r.hp->n_vocab;
+            if (last_logits) {
+                memcpy(last_logits, row, (size_t)r.hp->n_vocab * sizeof *last_logits);
+                dumped = true;
+            }
+            int32_t t = model_sampler_sample(smp, row, NULL);
+            if (t < 0) {
+                model_gen_fail(gen);
+                fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+                goto out;
+            }
+            if (emit_token(gen, smp, t, print_ids))
+                goto done;
+            if (t != drafts[i + 1]) {   /* rejected: t goes in at drafts[i + 1]'s position */
+                next = t;
+                break;
+            }
+            n_accepted++;
+            pos++;
+            lg = dlogits + (size_t)(i + 1) * r.hp->n_vocab;
+        }
     }
+done:;
     const char *txt;
     size_t len;
     if (!print_ids && model_gen_flush(gen, &txt, &len) == 0 && txt)
@@ -414,6 +490,10 @@ int kvctl_cmd_generate(int argc, char **argv)
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_done, t2 - t1,
             n_done > 0 ? n_done / (t2 - t1) : 0.0);
+    if (draft)
+        fprintf(stderr, "drafts: %" PRIu64 " proposed, %" PRIu64 " accepted; %" PRIu64 " passes for "
+                "%u tokens (%.2f tokens a pass)\n", n_proposed, n_accepted, n_passes, n_done,
+                n_passes ? (double)n_done / (double)n_passes : 0.0);
     if (model_gen_reason(gen) == MODEL_GEN_CONTEXT)
         fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
                 "tokens (--ctx %u)\n", n_prompt, n_done, r.n_ctx);
@@ -421,6 +501,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     if (dump && kvctl_dump_logits(dump, dumped ? last_logits : NULL, r.hp->n_vocab) < 0)
         ret = 1;
 out:
+    free(dlogits);
     free(last_logits);
     model_gen_free(gen);
     model_vocab_free(voc);

@@ -525,6 +525,11 @@ int model_session_free(struct model_exec *e, uint64_t id)
     return 0;
 }
 
+bool model_exec_can_rewind(const struct model_exec *e)
+{
+    return e->n_rec == 0;
+}
+
 uint32_t model_session_pos(struct model_exec *e, uint64_t id)
 {
     struct model_session *s = session_find(e, id, NULL);

@@ -191,6 +191,30 @@ const int32_t *model_gen_history(const struct model_gen *g, uint32_t *n)
     return g->hist;
 }
 
+uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out)
+{
+    if (k > MODEL_DRAFT_MAX)
+        k = MODEL_DRAFT_MAX;
+    for (uint32_t g = n > MODEL_DRAFT_NGRAM_MAX ? MODEL_DRAFT_NGRAM_MAX : n - (n > 0); g >= 1 && k; g--) {
+        const int32_t *tail = hist + n - g;
+        /* the most recent earlier occurrence with k tokens after it, else the one with the
+         * most (an occurrence near the end has only the tail itself after it) */
+        uint32_t best = 0, at = 0;
+        for (uint32_t s = n - g; s-- > 0 && best < k;) {
+            if (memcmp(hist + s, tail, g * sizeof *hist))
+                continue;
+            uint32_t m = n - (s + g) < k ? n - (s + g) : k;
+            if (m > best)
+                best = m, at = s + g;
+        }
+        if (best) {
+            memcpy(out, hist + at, best * sizeof *hist);
+            return best;
+        }
+    }
+    return 0;
+}
+
 uint32_t model_gen_n_prompt(const struct model_gen *g)
 {
     return g->n_prompt;

@@ -202,6 +202,10 @@ int model_session_new(struct model_exec *e, uint64_t id);   /* -EEXIST, -ENOMEM 
 int model_session_free(struct model_exec *e, uint64_t id);  /* -ENOENT */
 /* Positions the session holds (the next position to run), 0 for an unknown id. */
 uint32_t model_session_pos(struct model_exec *e, uint64_t id);
+/* Whether a session may rewind to any earlier position (model_window_run): true unless the
+ * window has recurrent layers, whose state cannot go back (a rewind to 0 only). Drafting needs
+ * it to drop the rows of rejected drafts. */
+bool model_exec_can_rewind(const struct model_exec *e);
 /* Rank 0: out[n][n_embd] = embeddings of tokens (-EINVAL for an id outside the vocabulary,
  * -ENOTSUP when the window has no embedding). */
 int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *out);
@@ -407,6 +411,16 @@ const char *model_gen_reason_name(enum model_gen_reason r);
 /* The history, prompt first (borrowed, valid until the next push); its length in *n. */
 const int32_t *model_gen_history(const struct model_gen *g, uint32_t *n);
 uint32_t model_gen_n_prompt(const struct model_gen *g);
+/* Prompt-lookup drafting (speculative decoding, docs/model.md "Drafting"): up to k tokens that
+ * followed an earlier occurrence of the history's last n-gram (the longest n from
+ * MODEL_DRAFT_NGRAM_MAX down to 1 that occurs; of its occurrences the most recent with k tokens
+ * after it, else the one with the most) into out; how many. Any model, no extra weights:
+ * it pays on text that repeats itself (code, lists, summaries, a story's names). */
+#define MODEL_DRAFT_NGRAM_MAX 4
+#define MODEL_DRAFT_MAX 15   /* rows verified in one pass: k + 1 <= 16, where every weight type's
+                              * matmul is row-exact (kern_type_rows_exact), so a verified row is
+                              * the row a one-row step would give */
+uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
 uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */
