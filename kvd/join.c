@@ -557,14 +557,9 @@ static void roster_refresh(struct join *j)
         free(resp);
         return;
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", j->roster_path);
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fwrite(resp, 1, strlen(resp), f) == strlen(resp);
-    if (f && fclose(f))
-        ok = false;
-    if (!ok || rename(tmp, j->roster_path)) {
-        kvd_log(KVD_LOG_WARN, "%s: %s", j->roster_path, strerror(errno));
+    int wrc = util_file_replace(j->roster_path, resp, strlen(resp));
+    if (wrc) {
+        kvd_log(KVD_LOG_WARN, "%s: %s", j->roster_path, strerror(-wrc));
         cJSON_Delete(o);
         free(resp);
         return;
@@ -871,14 +866,9 @@ static int manifest_poll(struct join *j, double wait_s)
         free(resp);
         return rc ? rc : -ENOENT;
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", j->manifest_path);
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fwrite(resp, 1, strlen(resp), f) == strlen(resp);
-    if (f && fclose(f))
-        ok = false;
-    if (!ok || rename(tmp, j->manifest_path)) {
-        kvd_log(KVD_LOG_ERROR, "%s: %s", j->manifest_path, strerror(errno));
+    int wrc = util_file_replace(j->manifest_path, resp, strlen(resp));
+    if (wrc) {
+        kvd_log(KVD_LOG_ERROR, "%s: %s", j->manifest_path, strerror(-wrc));
         free(resp);
         return -EIO;
     }
@@ -996,11 +986,10 @@ static int receipts_submit(struct join *j)
     }
     fclose(f);
     if (off != start) {
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp", j->offset_path);
-        FILE *w = fopen(tmp, "w");
-        if (!w || fprintf(w, "%ld\n", off) < 0 || fclose(w) || rename(tmp, j->offset_path))
-            kvd_log(KVD_LOG_WARN, "%s: %s", j->offset_path, strerror(errno));
+        char num[32];
+        int k = snprintf(num, sizeof num, "%ld\n", off), wrc = util_file_replace(j->offset_path, num, (size_t)k);
+        if (wrc)
+            kvd_log(KVD_LOG_WARN, "%s: %s", j->offset_path, strerror(-wrc));
     }
     return pending;
 }
@@ -1048,11 +1037,9 @@ static void clients_write(struct join *j)
         free(cur);
         fclose(old);
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", j->clients_path);
-    FILE *f = same ? NULL : fopen(tmp, "w");
-    if (!same && (!f || fwrite(text, 1, n, f) != n || fclose(f) || rename(tmp, j->clients_path)))
-        kvd_log(KVD_LOG_WARN, "%s: %s", j->clients_path, strerror(errno));
+    int wrc = same ? 0 : util_file_replace(j->clients_path, text, n);
+    if (wrc)
+        kvd_log(KVD_LOG_WARN, "%s: %s", j->clients_path, strerror(-wrc));
     free(text);
 }
 

@@ -1,8 +1,11 @@
 /* util/file.c — a whole file into memory, under a cap, for the small JSON and text inputs
  * (manifests, descriptors, device profiles, tokenizer input). */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/util.h"
 
@@ -67,4 +70,25 @@ int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *
     int rc = util_file_read_stream(f, path, max, buf, len, err, errlen);
     fclose(f);
     return rc;
+}
+
+int util_file_replace(const char *path, const void *data, size_t n)
+{
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        return -ENAMETOOLONG;
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    bool ok = fwrite(data, 1, n, f) == n;
+    int e = ok ? 0 : errno;
+    if (fclose(f) && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (ok && rename(tmp, path))
+        ok = false, e = errno;
+    if (!ok)
+        unlink(tmp);
+    return ok ? 0 : -(e ? e : EIO);
 }

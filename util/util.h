@@ -111,6 +111,9 @@ int util_file_read(const char *path, size_t max, char **buf, size_t *len, char *
 /* The same from an open stream (not closed); name labels the messages. */
 int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, size_t *len, char *err,
                           size_t errlen);
+/* Replace path's content with data[0..n) whole: written to "path.tmp", then renamed over path,
+ * so a reader sees the old content or the new, never a part. 0 or -errno. */
+int util_file_replace(const char *path, const void *data, size_t n);
 
 /* ------------------------------------------------------------------ clock (util/time.c) */
 
