@@ -11,6 +11,7 @@
  *                   answers' Merkle proofs checked, rows recomputed on a pool thread
  *   ringmap.c       what the stages report of their ring (links, last token, rank 0's API):
  *                   checked, kept per window, read back for the map
+ *   standby.c       standby leases, takeover records and the roster beside the manifest
  *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
  *                   manifests, receipts, balances, the coverage page
  *   main.c          `kvd market` options, the event loop
