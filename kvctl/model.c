@@ -403,11 +403,9 @@ int kvctl_cmd_generate(int argc, char **argv)
     double t1 = util_now_s();
     bool dumped = false;
     uint32_t pos = n_prompt;
-    if (draft && !model_exec_can_rewind(r.e)) {
-        fprintf(stderr, "kvctl generate: --draft: the model has recurrent layers, whose state "
-                "cannot drop the rows of rejected drafts; generating without drafts\n");
-        draft = false;
-    }
+    /* a window with recurrent layers cannot rewind: its state is checkpointed before a pass
+     * of drafts and, when one is rejected, restored and the accepted rows run again */
+    bool ckpt = draft && !model_exec_can_rewind(r.e);
     /* Speculative decoding (docs/model.md, "Drafting"): each pass feeds the sampled token with
      * up to draft_max prompt-lookup drafts; the sampler draws at each verified row in turn,
      * exactly as it would one token at a time, and a draft counts while it equals the token
@@ -417,7 +415,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     dlogits = draft ? malloc((size_t)(MODEL_DRAFT_MAX + 1) * r.hp->n_vocab * sizeof(float)) : NULL;
     if (draft && !dlogits)
         goto out;
-    uint64_t n_passes = 0, n_proposed = 0, n_accepted = 0;
+    uint64_t n_passes = 0, n_proposed = 0, n_accepted = 0, n_recomputed = 0;
     int32_t next = -1;   /* a token drawn at a rejected draft's row: fed without drawing again */
     const float *lg = r.logits;
     while (model_gen_reason(gen) == MODEL_GEN_RUNNING) {
@@ -449,6 +447,11 @@ int kvctl_cmd_generate(int argc, char **argv)
         drafts[0] = tok;
         n_passes++;
         n_proposed += nd;
+        if (ckpt && nd && (rc = model_session_checkpoint(r.e, 1)) < 0) {
+            fprintf(stderr, "kvctl generate: checkpoint: %s\n", strerror(-rc));
+            goto out;
+        }
+        uint32_t pos0 = pos;
         if ((rc = runner_feed(&r, pos, drafts, nd + 1, nd ? dlogits : NULL)) < 0) {
             fprintf(stderr, "kvctl generate: %s\n", feed_error(rc));
             goto out;
@@ -471,6 +474,14 @@ int kvctl_cmd_generate(int argc, char **argv)
                 goto done;
             if (t != drafts[i + 1]) {   /* rejected: t goes in at drafts[i + 1]'s position */
                 next = t;
+                /* the recurrent state ran past it: back to before the pass, and the rows
+                 * kept (the token and i accepted drafts) again */
+                if (ckpt && ((rc = model_session_restore(r.e, 1)) < 0 ||
+                             (rc = runner_feed(&r, pos0, drafts, i + 1, NULL)) < 0)) {
+                    fprintf(stderr, "kvctl generate: restoring the state: %s\n", strerror(-rc));
+                    goto out;
+                }
+                n_recomputed += ckpt ? i + 1 : 0;
                 break;
             }
             n_accepted++;
@@ -494,6 +505,9 @@ done:;
         fprintf(stderr, "drafts: %" PRIu64 " proposed, %" PRIu64 " accepted; %" PRIu64 " passes for "
                 "%u tokens (%.2f tokens a pass)\n", n_proposed, n_accepted, n_passes, n_done,
                 n_passes ? (double)n_done / (double)n_passes : 0.0);
+    if (draft && !model_exec_can_rewind(r.e))
+        fprintf(stderr, "drafts: recurrent state restored after rejected drafts, %" PRIu64
+                " rows run again\n", n_recomputed);
     if (model_gen_reason(gen) == MODEL_GEN_CONTEXT)
         fprintf(stderr, "kvctl generate: stopped at the context length: %u prompt + %u generated "
                 "tokens (--ctx %u)\n", n_prompt, n_done, r.n_ctx);

@@ -30,6 +30,9 @@ struct model_session {
     struct kern_buf *k, *v; /* F16 [n_attn][n_ctx][kv_dim] */
     struct kern_buf *conv;  /* F32 [n_rec][conv_kernel-1][conv_dim]: previous pre-conv rows */
     struct kern_buf *ssm;   /* F32 [n_rec][dt_rank][d_state][d_state]: S per value head */
+    uint8_t *ckpt;          /* host copy of conv then ssm at n_past ckpt_pos (drafting) */
+    uint32_t ckpt_pos;
+    bool has_ckpt;
 };
 
 /* Scratch for up to max_batch rows (B), device buffers; q_dim = n_head*head_dim, kv_dim =
@@ -431,6 +434,7 @@ static void session_free(struct model_session *s)
     kern_buf_free(s->v);
     kern_buf_free(s->conv);
     kern_buf_free(s->ssm);
+    free(s->ckpt);
     free(s);
 }
 
@@ -522,6 +526,43 @@ int model_session_free(struct model_exec *e, uint64_t id)
     kern_dev_sync(e->dev);                 /* no op may still use its buffers */
     session_free(s);
     e->sess[i] = e->sess[--e->n_sess];
+    return 0;
+}
+
+int model_session_checkpoint(struct model_exec *e, uint64_t id)
+{
+    struct model_session *s = session_find(e, id, NULL);
+    if (!s)
+        return -ENOENT;
+    size_t nc = (size_t)e->n_rec * e->conv_layer * sizeof(float);
+    size_t ns = (size_t)e->n_rec * e->ssm_layer * sizeof(float);
+    if (nc + ns && !s->ckpt && !(s->ckpt = malloc(nc + ns)))
+        return -ENOMEM;
+    int rc = nc ? kern_buf_read(s->conv, 0, s->ckpt, nc) : 0;
+    if (!rc && ns)
+        rc = kern_buf_read(s->ssm, 0, s->ckpt + nc, ns);
+    if (rc)
+        return rc;
+    s->ckpt_pos = s->n_past;
+    s->has_ckpt = true;
+    return 0;
+}
+
+int model_session_restore(struct model_exec *e, uint64_t id)
+{
+    struct model_session *s = session_find(e, id, NULL);
+    if (!s)
+        return -ENOENT;
+    if (!s->has_ckpt)
+        return -EINVAL;
+    size_t nc = (size_t)e->n_rec * e->conv_layer * sizeof(float);
+    size_t ns = (size_t)e->n_rec * e->ssm_layer * sizeof(float);
+    int rc = nc ? kern_buf_write(s->conv, 0, s->ckpt, nc) : 0;
+    if (!rc && ns)
+        rc = kern_buf_write(s->ssm, 0, s->ckpt + nc, ns);
+    if (rc)
+        return rc;
+    s->n_past = s->ckpt_pos;   /* attention K/V past it is overwritten as positions run again */
     return 0;
 }
 

@@ -206,6 +206,14 @@ uint32_t model_session_pos(struct model_exec *e, uint64_t id);
  * window has recurrent layers, whose state cannot go back (a rewind to 0 only). Drafting needs
  * it to drop the rows of rejected drafts. */
 bool model_exec_can_rewind(const struct model_exec *e);
+/* A checkpoint of session id at its position now (its recurrent state copied to the host; a
+ * window without recurrent layers keeps only the position), and the session put back to it:
+ * drafting on a hybrid model checkpoints before a pass of drafts and, when one is rejected,
+ * restores and runs the accepted rows again. 0, -ENOENT (unknown session; restore: -EINVAL
+ * without a checkpoint), -ENOMEM, or a device's error. The host copy is n_rec x (conv +
+ * DeltaNet state) bytes a session, kept until the session ends. */
+int model_session_checkpoint(struct model_exec *e, uint64_t id);
+int model_session_restore(struct model_exec *e, uint64_t id);
 /* Rank 0: out[n][n_embd] = embeddings of tokens (-EINVAL for an id outside the vocabulary,
  * -ENOTSUP when the window has no embedding). */
 int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *out);
