@@ -88,7 +88,7 @@
 # throughput, against the same echo server without it; and how late a proxy set to 1 ms hands
 # a message over, its timer's wake-up).
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan. BENCH_ONLY="ring relay"
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan draft. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -778,3 +778,28 @@ bench_wan() {
     rm -rf "$t"
 }
 if want wan; then bench_wan || true; fi
+# ---- draft: speculative decoding with prompt-lookup drafts in one process (docs/model.md,
+# "Drafting"): the same text in fewer passes where it repeats itself ----
+bench_draft() {
+    local f m n=${BENCH_DRAFT_TG:-256} samp base drf a b
+    echo "== draft: kvctl generate --draft lookup against none, one process, 1 thread, $n tokens," \
+         "\"Once upon a time\", --ignore-eos; $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc)," \
+         "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    printf "  %-28s %-10s %12s %12s %8s %18s %s\n" model sampling "none tok/s" "draft tok/s" ratio "passes / tokens" "accepted / proposed"
+    for f in ${BENCH_DRAFT_MODELS:-stories260K.gguf TinyLLama-v0-q4_0.gguf synth-qwen35-bpe1024-f16.gguf}; do
+        m=$TD/models/$f
+        [ -s "$m" ] || { echo "  $f missing; skipped"; continue; }
+        for samp in "--temp 0" "--temp 0.8 --seed 7"; do
+            base=$("$KVCTL" generate -m "$m" -p "Once upon a time" -n "$n" $samp --ignore-eos -t 1 2>&1 >/dev/null |
+                   sed -n 's/.*generation: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p')
+            drf=$("$KVCTL" generate -m "$m" -p "Once upon a time" -n "$n" $samp --ignore-eos -t 1 --draft lookup 2>&1 >/dev/null)
+            a=$(echo "$drf" | sed -n 's/.*generation: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p')
+            b=$(echo "$drf" | sed -n 's/^drafts: \([0-9]*\) proposed, \([0-9]*\) accepted; \([0-9]*\) passes for \([0-9]*\) tokens.*/\3 \4 \2 \1/p')
+            set -- $b
+            printf "  %-28s %-10s %12s %12s %7sx %18s %s\n" "$f" "$([ "$samp" = "--temp 0" ] && echo greedy || echo seeded)" \
+                "${base:-?}" "${a:-?}" "$(awk -v x="${a:-0}" -v y="${base:-0}" 'BEGIN { if (y > 0) printf "%.2f", x / y; else print "-" }')" \
+                "${1:-?} / ${2:-?}" "${3:-?} / ${4:-?}"
+        done
+    done
+}
+if want draft; then bench_draft || true; fi
