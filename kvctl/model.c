@@ -248,6 +248,24 @@ static int cl_opt(int c, const char *arg)
                            : c == OPT_CL_DEVICE ? "--cl-device" : "--cl-weights", arg);
 }
 
+/* Draw a token from logits[n_vocab] (the sampler may change them), their raw values kept in
+ * dump first when given (--dump-logits, as a ring's). The token, or -1 with the generation
+ * failed and the reason said. */
+static int32_t draw(struct model_gen *gen, struct model_sampler *smp, float *logits,
+                    uint32_t n_vocab, float *dump, bool *dumped)
+{
+    if (dump) {
+        memcpy(dump, logits, (size_t)n_vocab * sizeof *dump);
+        *dumped = true;
+    }
+    int32_t tok = model_sampler_sample(smp, logits, NULL);
+    if (tok < 0) {
+        model_gen_fail(gen);
+        fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+    }
+    return tok;
+}
+
 /* Push tok into the generation and print what it adds: true when the generation ended (tok
  * not taken, or it ended it). */
 static bool emit_token(struct model_gen *gen, struct model_sampler *smp, int32_t tok, bool print_ids)
@@ -417,20 +435,12 @@ int kvctl_cmd_generate(int argc, char **argv)
         goto out;
     uint64_t n_passes = 0, n_proposed = 0, n_accepted = 0, n_recomputed = 0;
     int32_t next = -1;   /* a token drawn at a rejected draft's row: fed without drawing again */
-    const float *lg = r.logits;
+    float *lg = r.logits;
     while (model_gen_reason(gen) == MODEL_GEN_RUNNING) {
         int32_t tok = next;
         if (tok < 0) {
-            if (last_logits) {   /* raw logits, before the sampler touches them (as a ring) */
-                memcpy(last_logits, lg, (size_t)r.hp->n_vocab * sizeof *last_logits);
-                dumped = true;
-            }
-            tok = model_sampler_sample(smp, (float *)lg, NULL);
-            if (tok < 0) {
-                model_gen_fail(gen);
-                fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+            if ((tok = draw(gen, smp, lg, r.hp->n_vocab, last_logits, &dumped)) < 0)
                 goto out;
-            }
             if (emit_token(gen, smp, tok, print_ids))
                 break;
         }
@@ -459,17 +469,10 @@ int kvctl_cmd_generate(int argc, char **argv)
         pos++;
         lg = r.logits;
         for (uint32_t i = 0; i < nd; i++) {   /* row i: the distribution after drafts[0..i] */
-            float *row = dlogits + (size_t)i * r.hp->n_vocab;
-            if (last_logits) {
-                memcpy(last_logits, row, (size_t)r.hp->n_vocab * sizeof *last_logits);
-                dumped = true;
-            }
-            int32_t t = model_sampler_sample(smp, row, NULL);
-            if (t < 0) {
-                model_gen_fail(gen);
-                fprintf(stderr, "kvctl generate: no token can be sampled (logits all -inf/NaN)\n");
+            int32_t t = draw(gen, smp, dlogits + (size_t)i * r.hp->n_vocab, r.hp->n_vocab,
+                             last_logits, &dumped);
+            if (t < 0)
                 goto out;
-            }
             if (emit_token(gen, smp, t, print_ids))
                 goto done;
             if (t != drafts[i + 1]) {   /* rejected: t goes in at drafts[i + 1]'s position */

@@ -529,13 +529,20 @@ int model_session_free(struct model_exec *e, uint64_t id)
     return 0;
 }
 
+/* Bytes of a session's conv state and DeltaNet state, all recurrent layers. */
+static void rec_bytes(const struct model_exec *e, size_t *nc, size_t *ns)
+{
+    *nc = (size_t)e->n_rec * e->conv_layer * sizeof(float);
+    *ns = (size_t)e->n_rec * e->ssm_layer * sizeof(float);
+}
+
 int model_session_checkpoint(struct model_exec *e, uint64_t id)
 {
     struct model_session *s = session_find(e, id, NULL);
     if (!s)
         return -ENOENT;
-    size_t nc = (size_t)e->n_rec * e->conv_layer * sizeof(float);
-    size_t ns = (size_t)e->n_rec * e->ssm_layer * sizeof(float);
+    size_t nc, ns;
+    rec_bytes(e, &nc, &ns);
     if (nc + ns && !s->ckpt && !(s->ckpt = malloc(nc + ns)))
         return -ENOMEM;
     int rc = nc ? kern_buf_read(s->conv, 0, s->ckpt, nc) : 0;
@@ -555,8 +562,8 @@ int model_session_restore(struct model_exec *e, uint64_t id)
         return -ENOENT;
     if (!s->has_ckpt)
         return -EINVAL;
-    size_t nc = (size_t)e->n_rec * e->conv_layer * sizeof(float);
-    size_t ns = (size_t)e->n_rec * e->ssm_layer * sizeof(float);
+    size_t nc, ns;
+    rec_bytes(e, &nc, &ns);
     int rc = nc ? kern_buf_write(s->conv, 0, s->ckpt, nc) : 0;
     if (!rc && ns)
         rc = kern_buf_write(s->ssm, 0, s->ckpt + nc, ns);

@@ -281,15 +281,19 @@ static int model_state_load(struct kvd_market_api *a, const char *id, struct mod
         kvd_market__model_clear(&ms->m);
         return rc;
     }
+    cJSON *took = kvd_market__took_load(a->st, id);   /* standby.c: takeovers, one read */
     for (size_t i = 0; i < ms->n; i++) {
         rc = o->lease_get(a->st->impl, id, ms->w[i].idx, &ms->l[i]);
         if (rc && rc != -ENOENT) {
+            cJSON_Delete(took);
             kvd_market__model_clear(&ms->m);
             return rc;
         }
         ms->ls[i] = lease_now(a, &ms->l[i], now);
         ms->took_sha[i][0] = 0;
-        cJSON *t = ms->l[i].node[0] ? kvd_market__took_load(a->st, id, ms->w[i].idx) : NULL;
+        char w[16];
+        snprintf(w, sizeof w, "%u", ms->w[i].idx);
+        const cJSON *t = ms->l[i].node[0] ? cJSON_GetObjectItemCaseSensitive(took, w) : NULL;
         const char *tn = util_json_string(t, "node"), *tm = util_json_string(t, "manifest");
         const char *mn = util_json_string(t, "mnode"), *me = util_json_string(t, "mendpoint");
         if (tn && tm && mn && me && !strcmp(tn, ms->l[i].node) && strlen(tm) == 64) {
@@ -297,8 +301,8 @@ static int model_state_load(struct kvd_market_api *a, const char *id, struct mod
             snprintf(ms->mnode[i], 65, "%s", mn);
             snprintf(ms->mendpoint[i], KVD_MARKET_EP_MAX, "%s", me);
         }
-        cJSON_Delete(t);
     }
+    cJSON_Delete(took);
     return 0;
 }
 
@@ -1782,6 +1786,48 @@ static int addr_held(struct kvd_market_api *a, const struct model_state *ms, siz
     return k;
 }
 
+/* The admission of every lease call that takes something (a claim, a standby lease, a
+ * takeover): the allowlist, the claim rate (rate: a new lease, not a renewal), the penalties.
+ * 0, or the refusal sent (403, 429) with the transaction rolled back. */
+static int admit_or_refuse(struct kvd_market_api *a, struct net_http_req *req, struct lease_call *c,
+                           bool rate)
+{
+    char why[512];
+    int status = 0;
+    if (!kvd_market__admit_allowed(a->admit, c->node)) {
+        snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c->node);
+        status = 403;
+    } else if (rate && kvd_market__admit_claim(a->admit, c->node, net_http_req_addr(req), c->now,
+                                               why, sizeof why)) {
+        status = 429;
+    } else if (kvd_market__penalized(a->st, c->node, c->now, why, sizeof why)) {
+        status = 403;
+    }
+    if (status)
+        state_refuse(a, req, c->ms, status, NULL, why);
+    return status ? -EPERM : 0;
+}
+
+/* The caps on the ranks of a model one address holds (--max-ranks-per-addr, and
+ * --max-ranks-per-relay-addr for nodes reached through a relay), for the caller taking window
+ * c->wi: 0, or the 409 sent with the transaction rolled back. */
+static int addr_cap_or_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                              struct lease_call *c, bool relay)
+{
+    char why[512];
+    const char *addr = net_http_req_addr(req);
+    uint32_t cap = relay ? a->cfg.max_ranks_relay_addr : a->cfg.max_ranks_addr;
+    int held = cap ? addr_held(a, c->ms, c->wi, addr, relay) : 0;
+    if (!cap || held < (int)cap)
+        return 0;
+    snprintf(why, sizeof why, "address %s already holds %d %s of this model (at most %u for "
+             "nodes %s; kvd market %s)", addr, held, held == 1 ? "rank" : "ranks", cap,
+             relay ? "reached through a relay" : "with a direct endpoint",
+             relay ? "--max-ranks-per-relay-addr" : "--max-ranks-per-addr");
+    state_refuse(a, req, c->ms, 409, NULL, why);
+    return -EPERM;
+}
+
 static void h_claims(struct net_http_req *req, void *ud)
 {
     struct kvd_market_api *a = ud;
@@ -1793,19 +1839,8 @@ static void h_claims(struct net_http_req *req, void *ud)
     struct kvd_market_lease *l = &c.ms->l[c.wi];
     const char *addr = net_http_req_addr(req);
     bool relay = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c.b, "relay"));
-    if (!kvd_market__admit_allowed(a->admit, c.node)) {
-        snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
-        state_refuse(a, req, c.ms, 403, NULL, why);
+    if (admit_or_refuse(a, req, &c, true))
         goto out;
-    }
-    if (kvd_market__admit_claim(a->admit, c.node, addr, c.now, why, sizeof why)) {
-        state_refuse(a, req, c.ms, 429, NULL, why);
-        goto out;
-    }
-    if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
-        state_refuse(a, req, c.ms, 403, NULL, why);
-        goto out;
-    }
     if (lapse_refused(a, c.ms, c.wi, c.node, c.now, why, sizeof why)) {
         /* that window only: the node may claim another one (kvd join does) */
         cJSON *x = cJSON_CreateObject();
@@ -1828,16 +1863,8 @@ static void h_claims(struct net_http_req *req, void *ud)
             state_refuse(a, req, c.ms, 409, NULL, why);
             goto out;
         }
-    uint32_t cap = relay ? a->cfg.max_ranks_relay_addr : a->cfg.max_ranks_addr;
-    int held = cap ? addr_held(a, c.ms, c.wi, addr, relay) : 0;
-    if (cap && held >= (int)cap) {
-        snprintf(why, sizeof why, "address %s already holds %d %s of this model (at most %u for "
-                 "nodes %s; kvd market %s)", addr, held, held == 1 ? "rank" : "ranks", cap,
-                 relay ? "reached through a relay" : "with a direct endpoint",
-                 relay ? "--max-ranks-per-relay-addr" : "--max-ranks-per-addr");
-        state_refuse(a, req, c.ms, 409, NULL, why);
+    if (addr_cap_or_refuse(a, req, &c, relay))
         goto out;
-    }
     int status = 200;
     if (ls == L_RESERVED || ls == L_ACTIVE) {   /* its holder again: as good as a heartbeat */
         l->expires = ls == L_ACTIVE ? c.now + a->cfg.lease_s
@@ -2258,21 +2285,8 @@ static void standby_took(struct kvd_market_api *a, struct net_http_req *req, str
         return;
     }
     /* the claim's rules hold for a takeover too */
-    if (!kvd_market__admit_allowed(a->admit, c->node) ||
-        kvd_market__penalized(a->st, c->node, c->now, why, sizeof why)) {
-        if (!kvd_market__admit_allowed(a->admit, c->node))
-            snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c->node);
-        state_refuse(a, req, c->ms, 403, NULL, why);
+    if (admit_or_refuse(a, req, c, false) || addr_cap_or_refuse(a, req, c, false))
         return;
-    }
-    uint32_t cap = a->cfg.max_ranks_addr;
-    int held = cap ? addr_held(a, c->ms, wi, net_http_req_addr(req), false) : 0;
-    if (cap && held >= (int)cap) {
-        snprintf(why, sizeof why, "address %s already holds %d rank(s) of this model (at most %u; "
-                 "kvd market --max-ranks-per-addr)", net_http_req_addr(req), held, cap);
-        state_refuse(a, req, c->ms, 409, NULL, why);
-        return;
-    }
     /* the holder's last heartbeat renewed its lease for lease_s; it beats every lease_s / 4,
      * so one silent for half a lease and 2 s has missed a heartbeat (as the map's "silent") */
     double beat_age = c->now - (l->expires - a->cfg.lease_s);
@@ -2399,20 +2413,9 @@ static void h_standbys(struct net_http_req *req, void *ud)
             goto out;
         }
     /* the same admission as a claim, on every call (a node penalized meanwhile loses it) */
-    if (!kvd_market__admit_allowed(a->admit, c.node)) {
-        snprintf(why, sizeof why, "node %.16s... is not on this market's admission allowlist", c.node);
-        state_refuse(a, req, c.ms, 403, NULL, why);
+    if (admit_or_refuse(a, req, &c, !renew))
         goto out;
-    }
-    if (kvd_market__penalized(a->st, c.node, c.now, why, sizeof why)) {
-        state_refuse(a, req, c.ms, 403, NULL, why);
-        goto out;
-    }
     if (!renew) {
-        if (kvd_market__admit_claim(a->admit, c.node, net_http_req_addr(req), c.now, why, sizeof why)) {
-            state_refuse(a, req, c.ms, 429, NULL, why);
-            goto out;
-        }
         if (c.ms->ls[c.wi] != L_ACTIVE || c.wi == 0 || c.wi + 1 == c.ms->n) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddItemToObject(x, "free", free_windows(c.ms, c.node));
@@ -2491,7 +2494,10 @@ static void roster_get(struct kvd_market_api *a, struct net_http_req *req, const
     char *man = manifest_of(ms, hash);
     bool have = man != NULL;
     free(man);
-    cJSON *r = have ? kvd_market__roster(a->st, id, hash, ms->l, ms->n, now) : NULL;
+    bool took[KVD_MARKET_MAX_WINDOWS];
+    for (size_t i = 0; i < ms->n; i++)
+        took[i] = !strcmp(ms->took_sha[i], hash);
+    cJSON *r = have ? kvd_market__roster(a->st, id, hash, ms->l, took, ms->n, now) : NULL;
     kvd_market__model_clear(&ms->m);
     free(ms);
     if (!r) {

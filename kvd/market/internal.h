@@ -279,16 +279,19 @@ int kvd_market__standby_put(struct kvd_market_store *st, const char *model, cons
                             uint32_t window, const char *endpoint, double since, double expires);
 /* The model's live standby leases as a JSON array (caller deletes), NULL on a store error. */
 struct cJSON *kvd_market__standby_list(struct kvd_market_store *st, const char *model, double now);
-/* The takeover record of a window (caller deletes), NULL when none. */
-struct cJSON *kvd_market__took_load(struct kvd_market_store *st, const char *model, uint32_t window);
+/* The model's takeover records, {"<window>": {node, manifest, mnode, mendpoint, at}} (caller
+ * deletes; NULL when none), one blob read for all windows; took_save sets one window's. */
+struct cJSON *kvd_market__took_load(struct kvd_market_store *st, const char *model);
 int kvd_market__took_save(struct kvd_market_store *st, const char *model, uint32_t window,
                           const char *node, const char *manifest, const char *mnode,
                           const char *mendpoint, double now);
 /* The roster of generation sha: the nodes that took a rank over in it and the live standbys
- * with an endpoint, each for the rank of its window (leases[i] is rank i's window's lease).
+ * with an endpoint, each for the rank of its window (leases[i] is rank i's window's lease;
+ * took[i]: its holder took rank i over in generation sha).
  * NULL on a store error. */
 struct cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const char *sha,
-                                 const struct kvd_market_lease *leases, size_t n, double now);
+                                 const struct kvd_market_lease *leases, const bool *took, size_t n,
+                                 double now);
 int kvd_market__client_get(struct kvd_market_store *st, const char *id, struct kvd_market_client *c);
 int kvd_market__client_put(struct kvd_market_store *st, const struct kvd_market_client *c);
 /* The ledger's key of a session: hex(SHA-256(model "|" manifest "|" session)). */

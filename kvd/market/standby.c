@@ -12,9 +12,9 @@
  * Blobs:
  *   "stby/<model>/<node>"   {window, endpoint, expires, since}: a standby lease (expires 0:
  *                           given up or taken over)
- *   "took/<model>/<window>" {node, manifest, mnode, mendpoint, at}: node took the window's
- *                           rank over in ring generation manifest, whose rank entry names
- *                           mnode at mendpoint */
+ *   "took/<model>"          {"<window>": {node, manifest, mnode, mendpoint, at}}: node took
+ *                           the window's rank over in ring generation manifest, whose rank
+ *                           entry names mnode at mendpoint */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,10 +88,10 @@ cJSON *kvd_market__standby_list(struct kvd_market_store *st, const char *model, 
     return arr;
 }
 
-cJSON *kvd_market__took_load(struct kvd_market_store *st, const char *model, uint32_t window)
+cJSON *kvd_market__took_load(struct kvd_market_store *st, const char *model)
 {
     char key[KVD_MARKET_KEY_MAX];
-    snprintf(key, sizeof key, "took/%s/%u", model, window);
+    snprintf(key, sizeof key, "took/%s", model);
     return kvd_market__blob_load(st, key);
 }
 
@@ -99,18 +99,29 @@ int kvd_market__took_save(struct kvd_market_store *st, const char *model, uint32
                           const char *node, const char *manifest, const char *mnode,
                           const char *mendpoint, double now)
 {
-    char key[KVD_MARKET_KEY_MAX];
-    snprintf(key, sizeof key, "took/%s/%u", model, window);
+    char key[KVD_MARKET_KEY_MAX], w[16];
+    snprintf(key, sizeof key, "took/%s", model);
+    snprintf(w, sizeof w, "%u", window);
+    cJSON *all = kvd_market__blob_load(st, key);
+    if (!cJSON_IsObject(all)) {
+        cJSON_Delete(all);
+        all = cJSON_CreateObject();
+    }
     cJSON *o = cJSON_CreateObject();
-    if (!o)
+    if (!all || !o) {
+        cJSON_Delete(all);
+        cJSON_Delete(o);
         return -ENOMEM;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(all, w);
+    cJSON_AddItemToObject(all, w, o);
     cJSON_AddStringToObject(o, "node", node);
     cJSON_AddStringToObject(o, "manifest", manifest);
     cJSON_AddStringToObject(o, "mnode", mnode);
     cJSON_AddStringToObject(o, "mendpoint", mendpoint);
     cJSON_AddNumberToObject(o, "at", now);
-    int rc = kvd_market__blob_save(st, key, o);
-    cJSON_Delete(o);
+    int rc = kvd_market__blob_save(st, key, all);
+    cJSON_Delete(all);
     return rc;
 }
 
@@ -130,7 +141,8 @@ static void entry_add(cJSON *arr, const char *node, const char *endpoint, uint32
 }
 
 cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const char *sha,
-                          const struct kvd_market_lease *leases, size_t n, double now)
+                          const struct kvd_market_lease *leases, const bool *took, size_t n,
+                          double now)
 {
     cJSON *r = cJSON_CreateObject(), *sb = cJSON_CreateArray();
     cJSON *live = kvd_market__standby_list(st, model, now);
@@ -143,13 +155,9 @@ cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const 
     cJSON_AddStringToObject(r, "manifest", sha);
     /* the nodes that took a rank over in this generation first: the ring's links accept
      * them as that rank's node from then on */
-    for (size_t i = 0; i < n; i++) {
-        cJSON *t = kvd_market__took_load(st, model, leases[i].window);
-        const char *tn = util_json_string(t, "node"), *tm = util_json_string(t, "manifest");
-        if (tn && tm && !strcmp(tm, sha) && !strcmp(tn, leases[i].node) && leases[i].endpoint[0] && i > 0)
-            entry_add(sb, tn, leases[i].endpoint, (uint32_t)i);
-        cJSON_Delete(t);
-    }
+    for (size_t i = 1; i < n; i++)
+        if (took[i] && leases[i].endpoint[0])
+            entry_add(sb, leases[i].node, leases[i].endpoint, (uint32_t)i);
     const cJSON *e;
     cJSON_ArrayForEach(e, live) {
         double w = util_json_number(e, "window", -1);
