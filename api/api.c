@@ -323,6 +323,8 @@ struct params {
     struct model_sampler_params sp;
     uint32_t max_tokens;
     bool have_max, stream, include_usage, logprobs, ignore_eos;
+    int draft;
+    uint32_t draft_max;
     uint32_t top_logprobs;
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops;
@@ -429,6 +431,18 @@ static int params_parse(struct api_server *s, const cJSON *q, bool chat, struct 
         snprintf(msg, n, "n: %.0f choices asked; this server makes one (n = 1)", d);
         return -EINVAL;
     }
+    /* drafting (an extension: docs/api.md): "lookup" or "none", and drafts per pass */
+    p->draft = -1;
+    const cJSON *dr = field(q, "draft");
+    if (dr) {
+        if (!cJSON_IsString(dr) || (strcmp(dr->valuestring, "lookup") && strcmp(dr->valuestring, "none"))) {
+            *bad = "draft";
+            snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
+            return -EINVAL;
+        }
+        p->draft = !strcmp(dr->valuestring, "lookup");
+    }
+    NUM("draft_max", 1, MODEL_DRAFT_MAX, true, p->draft_max = (uint32_t)d);
     if (bool_field(q, "ignore_eos", &p->ignore_eos, msg, n) < 0) {
         *bad = "ignore_eos";
         return -EINVAL;
@@ -1067,7 +1081,7 @@ static void handle_gen(struct net_http_req *r, struct api_server *s, bool chat)
     }
     struct api_gen_req gr = {
         .prompt = toks, .n_prompt = n_toks, .sp = p.sp, .logits = c->logprobs != 0,
-        .ignore_eos = p.ignore_eos,
+        .ignore_eos = p.ignore_eos, .draft = p.draft, .draft_max = p.draft_max,
         .max_tokens = p.have_max ? p.max_tokens : chat ? s->gen.n_ctx : 16,
         .stops = (const char *const *)c->stops, .n_stops = c->n_stops,
         .api_key = s->keyed ? bearer(r) : NULL,

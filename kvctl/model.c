@@ -207,7 +207,7 @@ static void generate_usage(FILE *f)
         "  --dump-logits FILE write the last sampled position's logits (raw f32) to FILE\n"
         "  --draft lookup|none  speculative decoding with prompt-lookup drafts (default none):\n"
         "                     the same tokens, fewer passes where the text repeats itself\n"
-        "  --draft-max K      drafts verified per pass, 1..15 (default 8)\n"
+        "  --draft-max K      drafts verified per pass, 1..14 (default 8)\n"
         "Streams the generated text to stdout; prompt and generation speed go to stderr.\n"
         "Through a running ring: kvctl generate --ring DIR|ring.json|unix:SOCKET ... (the same\n"
         "options; kvctl generate --ring DIR --help).\n");

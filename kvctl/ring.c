@@ -1606,15 +1606,19 @@ static void gen_usage(FILE *f)
         "  --dump-logits FILE  write the last position's logits (raw f32) to FILE\n"
         "  --stop S            stop when the text contains S (repeatable)\n"
         "  --client-key KEY    a market ring: the paying client the session is for (kvctl market\n"
-        "                      client add), so the ring is credited for it\n");
+        "                      client add), so the ring is credited for it\n"
+        "  --draft lookup|none  prompt-lookup drafts: several tokens a ring pass, the same text\n"
+        "                      (default: rank 0's kvd stage --draft, none unless set)\n"
+        "  --draft-max K       drafts a pass verifies, 1..14 (default: rank 0's, 8)\n");
 }
 
 int kvctl_ring_generate(int argc, char **argv)
 {
     enum { O_TOK = KVCTL_OPT_SAMPLING_END, O_CTX, O_IEOS, O_IDS, O_RING, O_DUMP, O_STOP, O_MODEL,
-           O_CKEY };
+           O_CKEY, O_DRAFT, O_DRAFT_MAX };
     static const struct option opts[] = {
         {"ring", required_argument, 0, O_RING}, {"model", required_argument, 0, O_MODEL},
+        {"draft", required_argument, 0, O_DRAFT}, {"draft-max", required_argument, 0, O_DRAFT_MAX},
         {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'}, KVCTL_SAMPLING_OPTIONS,
         {"tokens", required_argument, 0, O_TOK}, {"ctx", required_argument, 0, O_CTX},
@@ -1623,8 +1627,9 @@ int kvctl_ring_generate(int argc, char **argv)
         {"client-key", required_argument, 0, O_CKEY},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *ring = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *ckey = NULL;
-    long n_gen = 64;
+    long n_gen = 64, draft_max = 0;
     bool ignore_eos = false, ids = false;
+    const char *draft = NULL;   /* not given: rank 0's --draft decides */
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
     const char *stops[MODEL_GEN_MAX_STOPS];
@@ -1647,6 +1652,14 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_DUMP: dump = optarg; break;
         case O_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case O_CKEY: ckey = optarg; break;
+        case O_DRAFT:
+            if (strcmp(optarg, "lookup") && strcmp(optarg, "none")) {
+                fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
+                rc = -EINVAL;
+            }
+            draft = optarg;
+            break;
+        case O_DRAFT_MAX: rc = kvctl_parse_long("--draft-max", optarg, 1, MODEL_DRAFT_MAX, &draft_max); break;
         case 'h': gen_usage(stdout); cJSON_Delete(req); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -1697,6 +1710,10 @@ int kvctl_ring_generate(int argc, char **argv)
     cJSON_AddBoolToObject(req, "logits", dump != NULL);
     if (ckey)
         cJSON_AddStringToObject(req, "client_key", ckey);
+    if (draft)
+        cJSON_AddStringToObject(req, "draft", draft);
+    if (draft_max)
+        cJSON_AddNumberToObject(req, "draft_max", (double)draft_max);
     cJSON *stop = cJSON_AddArrayToObject(req, "stop");
     for (uint32_t i = 0; i < n_stops; i++)
         cJSON_AddItemToArray(stop, cJSON_CreateString(stops[i]));
@@ -1748,6 +1765,13 @@ int kvctl_ring_generate(int argc, char **argv)
     fprintf(stderr, "prompt: %u tokens in %.3f s (%.2f tok/s); generation: %u tokens in %.3f s "
             "(%.2f tok/s)\n", n_prompt, pms, pms > 0 ? n_prompt / pms : 0.0, n_gen_done, gms,
             gms > 0 && n_gen_done > 1 ? (n_gen_done - 1) / gms : 0.0);
+    /* drafting: as the one-process generate reports it, the passes being ring passes */
+    double passes = util_json_number(g.done_obj, "passes", 0);
+    double proposed = util_json_number(g.done_obj, "drafts", 0);
+    if (proposed > 0)
+        fprintf(stderr, "drafts: %.0f proposed, %.0f accepted; %.0f passes for %u tokens (%.2f "
+                "tokens a pass)\n", proposed, util_json_number(g.done_obj, "drafts_accepted", 0),
+                passes, n_gen_done, passes > 0 ? n_gen_done / passes : 0.0);
     if (g.resumed)
         fprintf(stderr, "kvctl generate: resumed %u time%s after the ring was repaired; the text is "
                 "the uninterrupted one\n", g.resumed, g.resumed == 1 ? "" : "s");

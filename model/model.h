@@ -425,9 +425,10 @@ uint32_t model_gen_n_prompt(const struct model_gen *g);
  * after it, else the one with the most) into out; how many. Any model, no extra weights:
  * it pays on text that repeats itself (code, lists, summaries, a story's names). */
 #define MODEL_DRAFT_NGRAM_MAX 4
-#define MODEL_DRAFT_MAX 15   /* rows verified in one pass: k + 1 <= 16, where every weight type's
-                              * matmul is row-exact (kern_type_rows_exact), so a verified row is
-                              * the row a one-row step would give */
+#define MODEL_DRAFT_MAX 14   /* rows verified in one pass: k + 1 <= KERN_ROWS_EXACT_MAX (15),
+                              * where every weight type's matmul is row-exact (F32 included:
+                              * kern_type_rows_exact), so a verified row is the row a one-row
+                              * step would give */
 uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
 uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):

@@ -61,7 +61,7 @@ int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
         snprintf(err, errlen, "frame reserved field %u is not 0", h->reserved);
         return -EPROTO;
     }
-    if (h->flags & ~(NET_FL_LAST | NET_FL_LOGITS | NET_FL_REPLAY)) {
+    if (h->flags & ~(NET_FL_LAST | NET_FL_LOGITS | NET_FL_REPLAY | NET_FL_DRAFT)) {
         snprintf(err, errlen, "frame flags 0x%02x has unknown bits", h->flags);
         return -EPROTO;
     }
@@ -108,6 +108,7 @@ void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN])
     util_le32_put(out + 40, p->max_tokens);
     util_le32_put(out + 44, p->n_ctx);
     util_le32_put(out + 48, p->draws);
+    out[52] = p->draft_max;
 }
 
 void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
@@ -125,6 +126,7 @@ void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
     p->max_tokens = util_le32_get(in + 40);
     p->n_ctx = util_le32_get(in + 44);
     p->draws = util_le32_get(in + 48);
+    p->draft_max = in[52];
 }
 
 /* ---- reader ---- */

@@ -28,8 +28,12 @@
  *          u8 ephemeral[32] (X25519, fresh per link)                             (204 B)
  *   AUTH   u8 sig[64]: Ed25519 over "KVR2-auth" | u8 signer's side | transcript[32]
  *   OPEN   struct net_open_params (64 B) | i32 prompt tokens[n_tokens]
- *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it)
- *   TOKEN  i32 token | f32 logprob [| f32 logits[n_vocab] with flag LOGITS]
+ *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it;
+ *          flag DRAFT with LAST: a verifying pass, the last rank samples at every row)
+ *   TOKEN  i32 tokens[n_tokens] | f32 logprobs[n_tokens] | i32 drafts[n_drafts]
+ *          [| f32 logits[n_tokens][n_vocab] with flag LOGITS]: the tokens sampled, at positions
+ *          pos .. pos + n_tokens - 1 (1 .. NET_TOKENS_MAX), and the last rank's guesses of the
+ *          ones after them (n_drafts, 0 .. NET_DRAFTS_MAX, from payload_len)
  *   CLOSE  empty
  *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes; printable ASCII is all a
  *          receiver keeps: net_text_clean)
@@ -59,7 +63,7 @@
 #include <uv.h>
 
 #define NET_MAGIC        0x3152564bu  /* "KVR1" little-endian */
-#define NET_VERSION      2u
+#define NET_VERSION      3u
 #define NET_HDR_LEN      28u
 #define NET_HELLO_LEN    204u
 #define NET_AUTH_LEN     64u
@@ -67,6 +71,9 @@
 #define NET_ERR_MAX      1024u        /* ERROR message bytes */
 #define NET_STATUS_MAX   1024u        /* STATUS record bytes (fits every link's payload cap) */
 #define NET_PAYLOAD_HARD_MAX (256u << 20) /* no link accepts a payload above this */
+#define NET_DRAFTS_MAX   14u          /* drafts a TOKEN carries and a verifying pass checks:
+                                       * 15 rows, where every weight type is row-exact */
+#define NET_TOKENS_MAX   (NET_DRAFTS_MAX + 1u)   /* tokens one TOKEN carries */
 
 enum net_frame_type {
     NET_F_HELLO = 1, NET_F_AUTH = 2, NET_F_OPEN = 3, NET_F_ACT = 4, NET_F_TOKEN = 5,
@@ -78,6 +85,9 @@ enum net_frame_flag {
     NET_FL_LOGITS = 2,   /* OPEN: send logits with every TOKEN; TOKEN: logits follow */
     NET_FL_REPLAY = 4,   /* OPEN: a session replayed after a repair; its prompt is the whole
                           * history, which every stage recomputes */
+    NET_FL_DRAFT = 8,    /* ACT (with LAST): rows of a verifying pass, the token sampled last
+                          * and drafts after it; every stage keeps what it needs to drop the
+                          * rows of rejected drafts, the last rank samples at every row */
 };
 
 struct net_frame_hdr {
@@ -97,7 +107,9 @@ struct net_open_params {
     uint32_t n_ctx;           /* context the session needs (prompt + generation) */
     uint32_t draws;           /* random draws the sampler made before (a replay after a repair:
                                * the generated tokens so far), so it continues its sequence */
-    uint8_t reserved[12];
+    uint8_t draft_max;        /* drafts the last rank proposes with each TOKEN (0: none; at
+                               * most NET_DRAFTS_MAX) */
+    uint8_t reserved[11];
 };
 #define NET_OPEN_LEN 64u
 

@@ -418,8 +418,8 @@ def idle(to, count, seconds):
 
 
 def hello_frame(ring, rank, n_ranks, key, mhash, nonce, eph):
-    """A HELLO frame (protocol version 2): the 28-byte header and its 204-byte payload."""
-    p = struct.pack("<III", 2, rank, n_ranks) + ring.encode().ljust(64, b"\0") + key + mhash + nonce + eph
+    """A HELLO frame (protocol version 3): the 28-byte header and its 204-byte payload."""
+    p = struct.pack("<III", 3, rank, n_ranks) + ring.encode().ljust(64, b"\0") + key + mhash + nonce + eph
     return struct.pack("<IBBHQIII", MAGIC, F_HELLO, 0, 0, 0, 0, 0, len(p)) + p
 
 

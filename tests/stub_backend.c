@@ -21,6 +21,9 @@ struct stub_sess {
     uint64_t id;
     uint32_t next_pos;
     double acc;     /* running state: stands in for the KV cache */
+    uint32_t ck_pos;   /* the checkpoint (ops->checkpoint): like a recurrent state, the */
+    double ck_acc;     /* running state cannot go back without one */
+    bool ck;
 };
 
 struct stub {
@@ -146,9 +149,32 @@ static void stub_free(void *impl)
     }
 }
 
+static int stub_checkpoint(void *impl, uint64_t id)
+{
+    struct stub_sess *s = stub_find(impl, id);
+    if (!s)
+        return -ENOENT;
+    s->ck_pos = s->next_pos;
+    s->ck_acc = s->acc;
+    s->ck = true;
+    return 0;
+}
+
+static int stub_restore(void *impl, uint64_t id)
+{
+    struct stub_sess *s = stub_find(impl, id);
+    if (!s)
+        return -ENOENT;
+    if (!s->ck)
+        return -EINVAL;
+    s->next_pos = s->ck_pos;
+    s->acc = s->ck_acc;
+    return 0;
+}
+
 static const struct kvd_backend_ops stub_ops = {
     .session_new = stub_session_new, .session_free = stub_session_free, .run = stub_run,
-    .free = stub_free,
+    .free = stub_free, .checkpoint = stub_checkpoint, .restore = stub_restore,
 };
 
 static int stub_open(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
@@ -274,9 +300,21 @@ static void wrong_free(void *impl)
     }
 }
 
+static int wrong_checkpoint(void *impl, uint64_t id)
+{
+    struct wrong *w = impl;
+    return w->in.ops->checkpoint(w->in.impl, id);
+}
+
+static int wrong_restore(void *impl, uint64_t id)
+{
+    struct wrong *w = impl;
+    return w->in.ops->restore(w->in.impl, id);
+}
+
 static const struct kvd_backend_ops wrong_ops = {
     .session_new = wrong_session_new, .session_free = wrong_session_free, .run = wrong_run,
-    .free = wrong_free,
+    .free = wrong_free, .checkpoint = wrong_checkpoint, .restore = wrong_restore,
 };
 
 static int wrong_open_as(struct kvd_backend *b, const struct kvd_backend_args *a, int mode,

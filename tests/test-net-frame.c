@@ -323,7 +323,16 @@ T_CASE(handshake)
     net_frame_hdr_encode(&fh, old);
     old[NET_HDR_LEN] = 1;
     T_CHECK(feed_frame(h, old, sizeof old, &out, &ol, e) == -EPROTO && strstr(e, "version 1") &&
-            strstr(e, "speaks 2"), "%s", e);
+            strstr(e, "speaks 3"), "%s", e);
+    net_handshake_free(h);
+    /* version 2 (HELLO of today's size, TOKEN frames of one token): refused the same way */
+    net_handshake_new(&h, p.ia, &me, &x, NET_HS_UP);
+    uint8_t v2[NET_HDR_LEN + NET_HELLO_LEN] = {0};
+    fh = (struct net_frame_hdr){.magic = NET_MAGIC, .type = NET_F_HELLO, .payload_len = NET_HELLO_LEN};
+    net_frame_hdr_encode(&fh, v2);
+    v2[NET_HDR_LEN] = 2;
+    T_CHECK(feed_frame(h, v2, sizeof v2, &out, &ol, e) == -EPROTO && strstr(e, "version 2") &&
+            strstr(e, "speaks 3"), "%s", e);
     net_handshake_free(h);
     /* our own HELLO reflected back (a peer copying it): refused before anything is signed */
     struct net_hs_expect self = {.rank = 0, .n_ranks = 2, .ring = ""};

@@ -84,8 +84,12 @@ static void mb_free(void *impl)
     free(b);
 }
 
+static int mb_checkpoint(void *impl, uint64_t id) { return model_session_checkpoint(((struct mb *)impl)->e, id); }
+static int mb_restore(void *impl, uint64_t id) { return model_session_restore(((struct mb *)impl)->e, id); }
+
 static const struct kvd_backend_ops mb_ops = {
     .session_new = mb_session_new, .session_free = mb_session_free, .run = mb_run, .free = mb_free,
+    .checkpoint = mb_checkpoint, .restore = mb_restore,
 };
 
 const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
@@ -180,6 +184,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
     b->batch_rows = batch_rows_exact(g, b->first, b->last, max_batch, &b->chunk_exact);
+    b->can_rewind = model_exec_can_rewind(mb->e);
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;
     if (b->embed) {   /* rank 0 tokenizes prompts and turns tokens into text */

@@ -28,12 +28,37 @@
  * would spread prompts thin: every one late). */
 #define KVD_CHUNK_MIN 4
 
+/* A session on the compute thread: where its rows end, and what drafting needs. */
 struct csess {
     uint64_t id;
+    uint32_t end;               /* the position after the last row run */
+    uint32_t n_ctx;
+    /* A window that cannot rewind (kvd_backend.can_rewind false): the state before the last
+     * verifying pass, at ck_pos, and that pass's input rows (tokens on rank 0, the boundary
+     * in the wire dtype elsewhere), so that the next run may start inside it: restored, the
+     * rows kept run again. ck_n 0: none. */
+    uint32_t ck_pos, ck_n;
+    int32_t *ck_tok;
+    uint8_t *ck_in;
+    /* last rank */
     struct model_sampler *sampler;
     bool logits;
+    uint32_t draft_max;         /* 0: no drafting */
+    int32_t *hist;              /* drafting: the prompt and every token sampled since */
+    uint32_t n_hist, hist_cap;
+    int32_t prop[NET_DRAFTS_MAX];   /* the drafts the last TOKEN carried */
+    uint32_t n_prop;
     struct csess *next;
 };
+
+static void cs_free(struct csess *s)
+{
+    model_sampler_free(s->sampler);
+    free(s->hist);
+    free(s->ck_tok);
+    free(s->ck_in);
+    free(s);
+}
 
 struct kvd_compute {
     uv_async_t async;
@@ -137,35 +162,54 @@ static void sampler_params(struct model_sampler_params *sp, const struct net_ope
     sp->penalty_last_n = p->penalty_last_n;
 }
 
-/* A STEP's window output x into its result: the token sampled from its last row's logits lg
- * on the last rank (lg NULL: the step neither ends a prompt nor decodes), the ACT payload
- * elsewhere. */
-static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x, float *lg)
+/* The rows of a STEP whose logits the last rank samples from: the last one when it ends a
+ * prompt or decodes, every one of a verifying pass (NET_FL_DRAFT), none elsewhere. */
+static uint32_t heads_of(const struct kvd_compute *c, const struct kvd_job *j)
+{
+    if (!c->b->head || !(j->flags & NET_FL_LAST) || j->n == 0)
+        return 0;
+    return (j->flags & NET_FL_DRAFT) ? j->n : 1;
+}
+
+/* Last rank: the tokens of a step from the logits of its head rows lg[n_lg][n_vocab] (one row
+ * after a prompt or a decode step; every row of a verifying pass, whose rows after the first
+ * are the drafts the last TOKEN proposed), then the next drafts, into the TOKEN payload
+ * (net/net.h). The sampler draws at each row in turn exactly as one row at a time would, and a
+ * draft is accepted while it equals the token drawn: the first token drawn that is not the
+ * draft ends the pass (docs/ring.md, "Drafting"). So greedy and seeded tokens, and the number
+ * of draws (one per token), are the ones without drafts. */
+static void head_output(struct kvd_compute *c, struct kvd_job *j, float *lg, uint32_t n_lg)
 {
     struct kvd_backend *b = c->b;
-    size_t ne = (size_t)j->n * b->n_embd;
-    if (b->head) {
-        if (!lg) {
-            j->out_type = 0;
-            return;
-        }
-        struct csess *s = cs_find(c, j->session, NULL);
-        if (!s) {
-            j->rc = -ENOENT;
-            snprintf(j->err, sizeof j->err, "no sampler for the session");
-            return;
-        }
-        size_t extra = s->logits ? (size_t)b->n_vocab * 4 : 0;
-        uint8_t *out = malloc(8 + extra);
-        if (!out) {
-            j->rc = -ENOMEM;
-            snprintf(j->err, sizeof j->err, "out of memory for logits");
-            return;
-        }
-        if (extra)
-            memcpy(out + 8, lg, extra);   /* raw logits, before the sampler touches them */
-        float lp = 0;
-        int32_t tok = model_sampler_sample(s->sampler, lg, &lp);
+    struct csess *s = cs_find(c, j->session, NULL);
+    if (!s) {
+        j->rc = -ENOENT;
+        snprintf(j->err, sizeof j->err, "no sampler for the session");
+        return;
+    }
+    if (n_lg > 1 && n_lg - 1 > s->n_prop) {
+        j->rc = -EPROTO;
+        snprintf(j->err, sizeof j->err, "a verifying pass of %u drafts, but %u were proposed",
+                 n_lg - 1, s->n_prop);
+        return;
+    }
+    size_t lsz = s->logits ? (size_t)b->n_vocab * 4 : 0;
+    /* the logits go last; they are kept at the end until the drafts' count is known */
+    size_t head = (size_t)NET_TOKENS_MAX * 8 + (size_t)NET_DRAFTS_MAX * 4;
+    uint8_t *out = malloc(head + (size_t)n_lg * lsz);
+    if (!out) {
+        j->rc = -ENOMEM;
+        snprintf(j->err, sizeof j->err, "out of memory for logits");
+        return;
+    }
+    int32_t toks[NET_TOKENS_MAX];
+    float lps[NET_TOKENS_MAX];
+    uint32_t nt = 0;
+    for (uint32_t i = 0; i < n_lg && i < NET_TOKENS_MAX; i++) {
+        float *row = lg + (size_t)i * b->n_vocab, lp = 0;
+        if (lsz)   /* raw logits, before the sampler touches them */
+            memcpy(out + head + (size_t)i * lsz, row, lsz);
+        int32_t tok = model_sampler_sample(s->sampler, row, &lp);
         if (tok < 0 || (uint32_t)tok >= b->n_vocab) {
             free(out);
             j->rc = -EDOM;
@@ -173,14 +217,51 @@ static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x
             return;
         }
         model_sampler_accept(s->sampler, tok);
-        put32(out, (uint32_t)tok);
-        memcpy(out + 4, &lp, 4);
-        j->token = tok;
-        j->logprob = lp;
-        j->out = out;
-        j->out_len = 8 + extra;
-        j->out_type = NET_F_TOKEN;
-        j->out_flags = extra ? NET_FL_LOGITS : 0;
+        if (s->hist && s->n_hist < s->hist_cap)
+            s->hist[s->n_hist++] = tok;
+        toks[nt] = tok;
+        lps[nt++] = lp;
+        if (i + 1 < n_lg && tok != s->prop[i])
+            break;   /* the draft at row i + 1 is rejected, and the rows after it */
+    }
+    /* the next drafts: the next pass runs the last token at n_hist - 1 and each draft after
+     * it, all below the context */
+    s->n_prop = 0;
+    if (s->draft_max && s->hist && s->n_hist < s->n_ctx) {
+        uint32_t k = s->n_ctx - s->n_hist < s->draft_max ? s->n_ctx - s->n_hist : s->draft_max;
+        s->n_prop = model_draft_lookup(s->hist, s->n_hist, k, s->prop);
+    }
+    size_t ld = (size_t)nt * 8 + (size_t)s->n_prop * 4;
+    for (uint32_t i = 0; i < nt; i++) {
+        put32(out + 4 * i, (uint32_t)toks[i]);
+        memcpy(out + 4 * (nt + i), &lps[i], 4);
+    }
+    for (uint32_t i = 0; i < s->n_prop; i++)
+        put32(out + (size_t)nt * 8 + 4 * i, (uint32_t)s->prop[i]);
+    if (lsz)
+        memmove(out + ld, out + head, (size_t)nt * lsz);
+    j->out = out;
+    j->out_len = ld + (size_t)nt * lsz;
+    j->out_type = NET_F_TOKEN;
+    j->out_flags = lsz ? NET_FL_LOGITS : 0;
+    j->token = toks[0];
+    j->logprob = lps[0];
+    j->out_pos = j->pos + j->n - n_lg + 1;   /* the token sampled from the first head row's */
+    j->out_n = nt;
+}
+
+/* A STEP's window output x into its result: the tokens sampled from its head rows' logits lg
+ * on the last rank (lg NULL: the step neither ends a prompt nor decodes), the ACT payload
+ * elsewhere. */
+static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x, float *lg)
+{
+    struct kvd_backend *b = c->b;
+    size_t ne = (size_t)j->n * b->n_embd;
+    if (b->head) {
+        if (!lg)
+            j->out_type = 0;
+        else
+            head_output(c, j, lg, heads_of(c, j));
         return;
     }
     size_t bytes = ne * c->wire_dsize;
@@ -194,38 +275,120 @@ static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x
     j->out = out;
     j->out_len = bytes;
     j->out_type = NET_F_ACT;
-    j->out_flags = j->flags & NET_FL_LAST;
+    j->out_flags = j->flags & (NET_FL_LAST | NET_FL_DRAFT);
+    j->out_pos = j->pos;
+    j->out_n = j->n;
 }
 
-/* Whether a STEP asks the last rank for a token: it ends a prompt or is a decode step. */
-static bool wants_head(const struct kvd_compute *c, const struct kvd_job *j)
+
+/* Run n rows of session id from position pos on their own, their output dropped: tokens on
+ * rank 0, boundary rows in the wire dtype in elsewhere. 0 or the backend's error. */
+static int rows_rerun(struct kvd_compute *c, uint64_t id, uint32_t pos, uint32_t n,
+                      const int32_t *tokens, const uint8_t *in, char *err, size_t errlen)
 {
-    return c->b->head && (j->flags & NET_FL_LAST) && j->n > 0;
+    struct kvd_backend *b = c->b;
+    struct model_batch_row rows[NET_TOKENS_MAX];
+    float *x = malloc((size_t)n * b->n_embd * sizeof *x);
+    if (!x)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        rows[i] = (struct model_batch_row){.id = id, .pos = pos + i};
+    if (!b->embed)
+        ring_wire_decode(in, (size_t)n * b->n_embd, c->wire_dsize, x);
+    struct kvd_backend_batch bt = {.rows = rows, .n = n, .tokens = b->embed ? tokens : NULL, .x = x};
+    int rc = b->ops->run(b->impl, &bt, err, errlen);
+    free(x);
+    return rc;
+}
+
+/* Before job j runs: a run that starts before its session's end drops the rows after its
+ * start (the rejected drafts of a verifying pass). A window that can rewind overwrites them;
+ * one that cannot is put back to its checkpoint and the rows kept run again. A verifying pass
+ * on such a window takes a checkpoint first. 0, or j->rc set. */
+static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
+{
+    struct kvd_backend *b = c->b;
+    struct csess *s = cs_find(c, j->session, NULL);
+    if (!s || b->can_rewind)
+        return 0;
+    char berr[KV_ERR_MAX] = "";
+    int rc = 0;
+    if (j->pos < s->end) {
+        if (!s->ck_n || j->pos <= s->ck_pos || j->pos > s->ck_pos + s->ck_n) {
+            rc = -EINVAL;
+            snprintf(berr, sizeof berr, "a run from position %u, before the session's end %u, "
+                     "and no checkpoint there", j->pos, s->end);
+        } else if ((rc = b->ops->restore(b->impl, j->session)) < 0) {
+            snprintf(berr, sizeof berr, "restoring the recurrent state: %s", strerror(-rc));
+        } else {
+            rc = rows_rerun(c, j->session, s->ck_pos, j->pos - s->ck_pos, s->ck_tok, s->ck_in,
+                            berr, sizeof berr);
+        }
+    }
+    s->ck_n = 0;
+    if (rc == 0 && (j->flags & NET_FL_DRAFT) && j->n > 1) {
+        if (!b->ops->checkpoint || !b->ops->restore) {
+            rc = -ENOTSUP;
+            snprintf(berr, sizeof berr, "this window cannot drop rejected drafts (recurrent "
+                     "layers and no checkpoint)");
+        } else if (j->n > NET_TOKENS_MAX) {
+            rc = -EINVAL;
+            snprintf(berr, sizeof berr, "a verifying pass of %u rows (at most %u)", j->n, NET_TOKENS_MAX);
+        } else if ((rc = b->ops->checkpoint(b->impl, j->session)) < 0) {
+            snprintf(berr, sizeof berr, "checkpointing the recurrent state: %s", strerror(-rc));
+        } else {
+            size_t bytes = b->embed ? (size_t)j->n * sizeof *s->ck_tok : j->in_len;
+            uint8_t *keep = malloc(bytes);
+            if (!keep) {
+                rc = -ENOMEM;
+                snprintf(berr, sizeof berr, "out of memory for the checkpoint's rows");
+            } else {
+                memcpy(keep, b->embed ? (const void *)j->tokens : (const void *)j->in, bytes);
+                free(s->ck_tok);
+                free(s->ck_in);
+                s->ck_tok = b->embed ? (int32_t *)keep : NULL;
+                s->ck_in = b->embed ? NULL : keep;
+                s->ck_pos = j->pos;
+                s->ck_n = j->n;
+            }
+        }
+    }
+    if (rc < 0)
+        step_run_failed(j, rc, berr);
+    return rc;
 }
 
 /* Run STEP jobs of different sessions as one backend run: each job's rows (tokens on rank 0,
  * its decoded ACT payload elsewhere) are packed into the batch, run together, split back, and
- * each job ends (wire encoding, or sampling its last row's logits) exactly as if run alone.
- * One job is a batch of one, the path of a session alone. */
-static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jobs)
+ * each job ends (wire encoding, or sampling its head rows' logits) exactly as if run alone.
+ * One job is a batch of one, the path of a session alone. A job that cannot start (a rewind
+ * without its checkpoint) fails alone. */
+static void step_run(struct kvd_compute *c, struct kvd_job **all, uint32_t n_all)
 {
     struct kvd_backend *b = c->b;
     double t0 = util_now_ms();
-    uint32_t rows = 0, n_head = 0;
-    for (uint32_t k = 0; k < n_jobs; k++) {
-        jobs[k]->rc = 0;
-        rows += jobs[k]->n;
-        n_head += wants_head(c, jobs[k]);
+    struct kvd_job *jobs[KVD_BATCH_JOBS_MAX];
+    uint32_t n_jobs = 0, rows = 0, n_head = 0;
+    for (uint32_t k = 0; k < n_all; k++) {
+        all[k]->rc = 0;
+        all[k]->out_type = 0;
+        if (step_prepare(c, all[k]) < 0)
+            continue;
+        jobs[n_jobs++] = all[k];
+        rows += all[k]->n;
+        n_head += heads_of(c, all[k]);
     }
+    if (n_jobs == 0)
+        goto done;
     if (scratch_reserve(c, rows, n_head) < 0) {
         for (uint32_t k = 0; k < n_jobs; k++) {
             jobs[k]->rc = -ENOMEM;
             snprintf(jobs[k]->err, sizeof jobs[k]->err, "out of memory for %u boundary rows", rows);
         }
-        return;
+        goto done;
     }
-    /* Pack the inputs; roff[k]: job k's first row, hk[k]: its logits row (or -1). */
-    uint32_t roff[KVD_BATCH_JOBS_MAX], head[KVD_BATCH_JOBS_MAX];
+    /* Pack the inputs; roff[k]: job k's first row, hk[k]: its first logits row (or -1). */
+    uint32_t roff[KVD_BATCH_JOBS_MAX], head[KVD_BATCH_JOBS_MAX * NET_TOKENS_MAX];
     int32_t hk[KVD_BATCH_JOBS_MAX];
     uint32_t r = 0, h = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
@@ -238,11 +401,10 @@ static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jo
         else
             ring_wire_decode(j->in, (size_t)j->n * b->n_embd, c->wire_dsize,
                              c->x + (size_t)r * b->n_embd);
-        hk[k] = -1;
-        if (wants_head(c, j)) {
-            hk[k] = (int32_t)h;
-            head[h++] = r + j->n - 1;
-        }
+        uint32_t nh = heads_of(c, j);
+        hk[k] = nh ? (int32_t)h : -1;
+        for (uint32_t i = 0; i < nh; i++)
+            head[h++] = r + j->n - nh + i;
         r += j->n;
     }
     struct kvd_backend_batch bt = {
@@ -255,13 +417,18 @@ static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jo
         /* Refused before anything ran (x and every session untouched): one session's fault,
          * so each job runs alone and only the faulty one fails. */
         for (uint32_t k = 0; k < n_jobs; k++) {
-            uint32_t hr = jobs[k]->n - 1;
             struct kvd_backend_batch one = {
                 .rows = c->rows + roff[k], .n = jobs[k]->n,
                 .tokens = b->embed ? c->tok + roff[k] : NULL,
-                .x = c->x + (size_t)roff[k] * b->n_embd, .head = &hr, .n_head = hk[k] >= 0,
+                .x = c->x + (size_t)roff[k] * b->n_embd, .head = head + (hk[k] >= 0 ? hk[k] : 0),
+                .n_head = heads_of(c, jobs[k]),
                 .logits = c->logits + (hk[k] >= 0 ? (size_t)hk[k] * b->n_vocab : 0),
             };
+            /* the head rows as indices into this job's own rows */
+            uint32_t hr[NET_TOKENS_MAX];
+            for (uint32_t i = 0; i < one.n_head; i++)
+                hr[i] = jobs[k]->n - one.n_head + i;
+            one.head = hr;
             berr[0] = 0;
             int rk = b->ops->run(b->impl, &one, berr, sizeof berr);
             if (rk < 0)
@@ -271,14 +438,21 @@ static void step_run(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n_jo
         for (uint32_t k = 0; k < n_jobs; k++)
             step_run_failed(jobs[k], rc, berr);
     }
-    for (uint32_t k = 0; k < n_jobs; k++)
-        if (jobs[k]->rc == 0)
-            step_output(c, jobs[k], c->x + (size_t)roff[k] * b->n_embd,
-                        hk[k] >= 0 ? c->logits + (size_t)hk[k] * b->n_vocab : NULL);
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        struct kvd_job *j = jobs[k];
+        if (j->rc != 0)
+            continue;
+        struct csess *s = cs_find(c, j->session, NULL);
+        if (s)
+            s->end = j->pos + j->n;
+        step_output(c, j, c->x + (size_t)roff[k] * b->n_embd,
+                    hk[k] >= 0 ? c->logits + (size_t)hk[k] * b->n_vocab : NULL);
+    }
+done:;
     /* Each job's share of the batch's time, so the stage's compute total stays the wall time. */
     double ms = util_now_ms() - t0;
-    for (uint32_t k = 0; k < n_jobs; k++)
-        jobs[k]->ms = rows ? ms * jobs[k]->n / rows : 0;
+    for (uint32_t k = 0; k < n_all; k++)
+        all[k]->ms = rows ? ms * all[k]->n / rows : 0;
 }
 
 static bool seen_has(const uint64_t *seen, uint32_t n, uint64_t id)
@@ -326,6 +500,14 @@ static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out, struct kvd
     return n;
 }
 
+/* A step the scheduler takes whole and first: a decode step (one row) or a verifying pass (a
+ * decode step with its drafts, never split: its rows' logits are all sampled from). The rest
+ * are prompts. */
+static bool step_whole(const struct kvd_job *j)
+{
+    return j->n == 1 || (j->flags & NET_FL_DRAFT);
+}
+
 static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
 {
     p->rows_of[p->n] = rows;
@@ -355,7 +537,7 @@ static struct kvd_job *plan_make(struct kvd_compute *c, struct plan *p)
     if (cap < 2) {
         struct kvd_job *pick = r[0];
         for (uint32_t i = 0; c->last_prompt && i < nr; i++)
-            if (r[i]->n == 1) {
+            if (step_whole(r[i])) {
                 pick = r[i];
                 break;
             }
@@ -366,7 +548,7 @@ static struct kvd_job *plan_make(struct kvd_compute *c, struct plan *p)
     struct kvd_job *pr[KVD_BATCH_SEEN_MAX];
     uint32_t np = 0;
     for (uint32_t i = 0; i < nr; i++)
-        if (r[i]->n > 1) {
+        if (!step_whole(r[i])) {
             uint32_t k = np++;
             for (; k > 0 && pr[k - 1]->t_queued > r[i]->t_queued; k--)
                 pr[k] = pr[k - 1];
@@ -380,9 +562,9 @@ static struct kvd_job *plan_make(struct kvd_compute *c, struct plan *p)
     for (uint32_t i = 0; i < np && !reserve; i++)
         if (pr[i]->n <= cap || c->b->chunk_exact)
             reserve = pr[i]->n < cap / 3 ? pr[i]->n : cap / 3;
-    for (uint32_t i = 0; i < nr && p->rows + reserve < cap; i++)
-        if (r[i]->n == 1)
-            plan_add(p, r[i], 1);
+    for (uint32_t i = 0; i < nr && p->n < KVD_BATCH_JOBS_MAX; i++)
+        if (step_whole(r[i]) && p->rows + r[i]->n + reserve <= cap)
+            plan_add(p, r[i], r[i]->n);
     /* Each prompt's share of the rows left: several prompts progress in one run. */
     uint32_t share = np ? (cap - p->rows + np - 1) / np : 0;
     if (share < KVD_CHUNK_MIN)
@@ -514,25 +696,40 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
                      (unsigned long long)j->session, strerror(-rc));
             return;
         }
-        if (b->head) {
-            struct csess *s = calloc(1, sizeof *s);
-            sampler_params(&sp, &j->open);
-            if (!s || model_sampler_new(&s->sampler, &sp, b->n_vocab) < 0) {
-                free(s);
-                ops->session_free(b->impl, j->session);
-                j->rc = -ENOMEM;
-                snprintf(j->err, sizeof j->err, "session %016llx: cannot create its sampler",
-                         (unsigned long long)j->session);
-                return;
-            }
-            model_sampler_skip(s->sampler, j->open.draws);   /* a replay: continue the draws */
+        struct csess *s = calloc(1, sizeof *s);
+        if (s) {
             s->id = j->session;
-            s->logits = j->flags & NET_FL_LOGITS;
-            for (uint32_t i = 0; i < j->n_tokens; i++)
-                model_sampler_accept(s->sampler, j->tokens[i]);
-            s->next = c->sessions;
-            c->sessions = s;
+            s->n_ctx = j->open.n_ctx;
         }
+        if (s && b->head) {
+            sampler_params(&sp, &j->open);
+            s->logits = j->flags & NET_FL_LOGITS;
+            s->draft_max = j->open.draft_max < NET_DRAFTS_MAX ? j->open.draft_max : NET_DRAFTS_MAX;
+            /* drafting looks its guesses up in the session's tokens (model_draft_lookup) */
+            s->hist_cap = s->draft_max ? s->n_ctx + NET_TOKENS_MAX : 0;
+            if (model_sampler_new(&s->sampler, &sp, b->n_vocab) < 0 ||
+                (s->hist_cap && !(s->hist = malloc((size_t)s->hist_cap * sizeof *s->hist)))) {
+                cs_free(s);
+                s = NULL;
+            }
+        }
+        if (!s) {
+            ops->session_free(b->impl, j->session);
+            j->rc = -ENOMEM;
+            snprintf(j->err, sizeof j->err, "session %016llx: cannot create its %s",
+                     (unsigned long long)j->session, b->head ? "sampler" : "state");
+            return;
+        }
+        if (b->head) {
+            model_sampler_skip(s->sampler, j->open.draws);   /* a replay: continue the draws */
+            for (uint32_t i = 0; i < j->n_tokens; i++) {
+                model_sampler_accept(s->sampler, j->tokens[i]);
+                if (s->hist && s->n_hist < s->hist_cap)
+                    s->hist[s->n_hist++] = j->tokens[i];
+            }
+        }
+        s->next = c->sessions;
+        c->sessions = s;
         return;
     }
     if (j->kind == KVD_JOB_CLOSE) {
@@ -540,19 +737,19 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         struct csess **pp = NULL, *s = cs_find(c, j->session, &pp);
         if (s) {
             *pp = s->next;
-            model_sampler_free(s->sampler);
-            free(s);
+            cs_free(s);
         }
         return;
     }
     step_run(c, &j, 1);
 }
 
-/* A decode step: one row that ends its step (LAST: a token follows), no piece of a prompt
- * the scheduler split here; a predecessor's one-row chunk of a prompt is none. */
+/* A decode step: one row (or a verifying pass) that ends its step (LAST: a token follows), no
+ * piece of a prompt the scheduler split here; a predecessor's one-row chunk of a prompt is
+ * none. */
 static bool is_decode(const struct kvd_job *j)
 {
-    return j->n == 1 && (j->flags & NET_FL_LAST) && !j->piece;
+    return step_whole(j) && (j->flags & NET_FL_LAST) && !j->piece;
 }
 
 /* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several
@@ -614,7 +811,7 @@ static void after_step_run(struct kvd_compute *c, struct kvd_job **batch, uint32
     c->last_solo = nb == 1 && batch[0]->n > batch_cap(c);
     c->last_prompt = false;
     for (uint32_t k = 0; k < nb; k++)
-        c->last_prompt = c->last_prompt || batch[k]->n > 1;
+        c->last_prompt = c->last_prompt || !step_whole(batch[k]);
 }
 
 static void *thread_main(void *arg)
@@ -653,8 +850,7 @@ static void *thread_main(void *arg)
     while (c->sessions) {
         struct csess *s = c->sessions;
         c->sessions = s->next;
-        model_sampler_free(s->sampler);
-        free(s);
+        cs_free(s);
     }
     return NULL;
 }

@@ -291,6 +291,14 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         sg.stops = stops;
     }
     struct net_open_params *p = &sg.p;
+    int draft;
+    uint32_t draft_max;
+    if (kvd_sess_draft_parse(req, &draft, &draft_max, msg, sizeof msg) < 0) {
+        free(toks);
+        kvd_client_error(c, msg);
+        return;
+    }
+    p->draft_max = kvd_sess_draft_max(st, draft, draft_max);
     p->seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
     p->temperature = (float)g.temp;
     p->top_k = (int32_t)g.top_k;

@@ -140,6 +140,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         net_open_decode(payload, &p);
         if (p.n_ctx > st->m.n_ctx || p.n_ctx <= h->n_tokens)
             VIOLATION(c, "OPEN n_ctx %u not in (%u, %u]", p.n_ctx, h->n_tokens, st->m.n_ctx);
+        if (p.draft_max > NET_DRAFTS_MAX)
+            VIOLATION(c, "OPEN draft_max %u above %u", p.draft_max, NET_DRAFTS_MAX);
         for (uint32_t i = 0; i < h->n_tokens; i++)
             if (rd32(payload + NET_OPEN_LEN + 4 * i) >= st->be.n_vocab)
                 VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
@@ -213,15 +215,25 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
                 return;   /* in flight when the session ended */
             VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
         }
-        if (h->pos != s->next_pos || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
-            VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u, context %u",
-                             h->pos, h->n_tokens, h->session, s->next_pos, s->n_ctx);
+        if ((h->flags & NET_FL_DRAFT) &&
+            (!(h->flags & NET_FL_LAST) || h->n_tokens < 2 || h->n_tokens > NET_TOKENS_MAX))
+            VIOLATION(c, "ACT flagged DRAFT with n_tokens %u%s (a verifying pass is the last chunk "
+                      "of its step, 2 to %u rows)", h->n_tokens, (h->flags & NET_FL_LAST) ? "" :
+                      " and without LAST", NET_TOKENS_MAX);
+        /* After a verifying pass the next step starts at the first row not kept: anywhere
+         * after the pass's first row, up to its end (every draft accepted). */
+        bool rewind = s->drafted && h->pos > s->draft_from && h->pos < s->next_pos;
+        if ((h->pos != s->next_pos && !rewind) || (uint64_t)h->pos + h->n_tokens > s->n_ctx)
+            VIOLATION(c, "ACT pos %u (+%u) for session %016" PRIx64 ": expected pos %u%s, context %u",
+                      h->pos, h->n_tokens, h->session, s->next_pos, s->drafted ? " or a position "
+                      "inside the verifying pass before it" : "", s->n_ctx);
         /* A session resumed from its log: the rows its KV holds already are not run again. */
         uint32_t skip = 0;
         if (h->pos < s->skip_below) {
             skip = s->skip_below - h->pos < h->n_tokens ? s->skip_below - h->pos : h->n_tokens;
             if (skip == h->n_tokens) {
-                s->next_pos += h->n_tokens;
+                s->next_pos = h->pos + h->n_tokens;
+                s->drafted = false;
                 s->last_active_ms = (uint64_t)util_now_ms();
                 return;
             }
@@ -243,12 +255,14 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         j->epoch = s->epoch;
         j->pos = pos;
         j->n = n;
-        j->flags = h->flags & NET_FL_LAST;
+        j->flags = h->flags & (NET_FL_LAST | NET_FL_DRAFT);
         j->in = in;
         j->in_len = len;
         if (pos < s->replay_end)   /* a replayed history's positions, recomputed here */
             st->replayed_positions += (pos + n < s->replay_end ? pos + n : s->replay_end) - pos;
-        s->next_pos += h->n_tokens;
+        s->next_pos = h->pos + h->n_tokens;
+        s->drafted = (h->flags & NET_FL_DRAFT) != 0;
+        s->draft_from = h->pos;
         s->kv_end = pos + n;
         s->last_active_ms = (uint64_t)util_now_ms();
         kvd_receipt_received(st, s, h->pos, h->n_tokens, payload, h->payload_len);
@@ -266,21 +280,39 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         }
         if (s->paused)
             return;   /* computed before the ring broke; the replay computes it again */
-        size_t want = 8 + ((h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0);
-        if (h->n_tokens != 1 || h->payload_len != want)
-            VIOLATION(c, "TOKEN n_tokens %u payload_len %u, expected 1 and %zu", h->n_tokens,
-                             h->payload_len, want);
-        uint32_t n_hist = kvd_sess_n_hist(s);
+        /* tokens, logprobs, drafts, logits (net/net.h): the tokens are the drafts the pass
+         * verified, accepted in order, and one more; n_drafts follows from payload_len */
+        uint32_t nt = h->n_tokens;
+        if (nt < 1 || nt > s->n_drafts + 1)
+            VIOLATION(c, "TOKEN n_tokens %u not in [1, %u] (the pass verified %u drafts)", nt,
+                      s->n_drafts + 1, s->n_drafts);
+        uint64_t fixed = (uint64_t)nt * (8 + ((h->flags & NET_FL_LOGITS) ? (uint64_t)st->be.n_vocab * 4 : 0));
+        if (h->payload_len < fixed || (h->payload_len - fixed) % 4 ||
+            (h->payload_len - fixed) / 4 > NET_DRAFTS_MAX)
+            VIOLATION(c, "TOKEN payload_len %u: expected %" PRIu64 " for %u tokens%s and 4 bytes "
+                      "for each of at most %u drafts", h->payload_len, fixed, nt,
+                      (h->flags & NET_FL_LOGITS) ? " with logits" : "", NET_DRAFTS_MAX);
+        uint32_t n_hist = kvd_sess_n_hist(s), nd = (uint32_t)((h->payload_len - fixed) / 4);
         if (h->pos != n_hist)
             VIOLATION(c, "TOKEN pos %u for session %016" PRIx64 ", expected %u", h->pos,
                              h->session, n_hist);
-        uint32_t tok = rd32(payload);
-        if (tok >= st->be.n_vocab)
-            VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
-        if (n_hist >= s->n_ctx)
+        if ((uint64_t)n_hist + nt > s->n_ctx)
             VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
+        for (uint32_t i = 0; i < nt; i++) {
+            uint32_t tok = rd32(payload + 4 * i);
+            if (tok >= st->be.n_vocab)
+                VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
+            if (i + 1 < nt && tok != (uint32_t)s->drafts[i])
+                VIOLATION(c, "TOKEN's token %u at pos %u is not the draft %d the pass verified "
+                          "there (only a token after the accepted drafts may differ)", tok,
+                          h->pos + i, s->drafts[i]);
+        }
+        for (uint32_t i = 0; i < nd; i++)
+            if (rd32(payload + 8 * (size_t)nt + 4 * i) >= st->be.n_vocab)
+                VIOLATION(c, "TOKEN draft %u = %u not below n_vocab %u", i,
+                          rd32(payload + 8 * (size_t)nt + 4 * i), st->be.n_vocab);
         s->last_active_ms = (uint64_t)util_now_ms();
-        kvd_receipt_received(st, s, h->pos, 1, payload, h->payload_len);
+        kvd_receipt_received(st, s, h->pos, nt, payload, h->payload_len);
         kvd_sess_on_token(st, s, h, payload);
         return;
     }

@@ -54,6 +54,11 @@ struct kvd_backend_ops {
     int (*session_free)(void *impl, uint64_t id);   /* -ENOENT */
     int (*run)(void *impl, const struct kvd_backend_batch *bt, char *err, size_t errlen);
     void (*free)(void *impl);
+    /* A window whose sessions cannot go back to an earlier position (recurrent layers; the
+     * backend's can_rewind is false): keep a session's state at its position now, and put it
+     * back (a verifying pass of drafts, some rejected). NULL: no checkpoints, no drafting. */
+    int (*checkpoint)(void *impl, uint64_t id);
+    int (*restore)(void *impl, uint64_t id);
 };
 
 struct kvd_backend {
@@ -79,6 +84,10 @@ struct kvd_backend {
      * every layer weight row-exact at any row count (no F32, which goes to a BLAS past
      * KERN_ROWS_EXACT_MAX rows). The scheduler then splits long prompts into chunks. */
     bool chunk_exact;
+    /* A run may start at an earlier position than the session's end (its later rows are
+     * overwritten): no recurrent layers in the window. Without it, going back takes
+     * ops->checkpoint and ops->restore. */
+    bool can_rewind;
     struct model_vocab *vocab; /* rank 0: the tokenizer (NULL without one); immutable */
 };
 
@@ -129,7 +138,7 @@ struct kvd_job {
     int kind;
     uint64_t session;
     uint32_t pos, n;
-    uint8_t flags;                  /* NET_FL_LAST, NET_FL_LOGITS */
+    uint8_t flags;                  /* NET_FL_LAST, NET_FL_DRAFT, NET_FL_LOGITS */
     struct net_open_params open;    /* OPEN */
     int32_t *tokens;                /* OPEN: prompt (sampler history); STEP on rank 0: to embed */
     uint32_t n_tokens;
@@ -140,10 +149,12 @@ struct kvd_job {
     char err[KV_ERR_MAX];
     int out_type;                   /* 0, NET_F_ACT or NET_F_TOKEN */
     uint8_t out_flags;
+    uint32_t out_pos, out_n;        /* the frame's pos and n_tokens (a TOKEN: its first token's
+                                     * position and how many it carries) */
+    int32_t token;                  /* last rank: the first token sampled, and its logprob */
+    float logprob;
     uint8_t *out;
     size_t out_len;
-    int32_t token;
-    float logprob;
     double ms;                      /* compute time */
     double t_queued;                /* util_now_ms() at kvd_compute_submit, or at the end of
                                      * the run of the prompt chunk split off before it */
@@ -343,6 +354,15 @@ struct sess {
     bool held;
     uint32_t kv_end;            /* positions submitted to compute (in the KV once they ran) */
     uint32_t skip_below;        /* a resumed session: ACT rows below it are in the KV already */
+    /* Drafting (docs/ring.md, "Drafting"): the last rows run were a verifying pass from
+     * draft_from, so the next step may start at any position in (draft_from, kv_end] (the
+     * rows after it were rejected drafts: dropped) */
+    bool drafted;
+    uint32_t draft_from;
+    /* rank 0: the drafts that pass verified (the rows after its first) */
+    int32_t drafts[NET_DRAFTS_MAX];
+    uint32_t n_drafts;
+    uint64_t drafts_proposed, drafts_accepted, passes;
     uint64_t seq;               /* creation order: the oldest logs go first under the total cap */
     const struct kvd_sess_sink *sink;   /* instead of client: the API's request */
     void *sink_ud;
@@ -410,6 +430,9 @@ struct stage {
     double compute_ms;
     uint64_t dec_steps;
     double dec_ms;
+    /* rank 0, drafting: verifying passes sent, the drafts they carried, and those accepted;
+     * tokens that came back (one a pass without drafts) */
+    uint64_t draft_passes, drafts_sent, drafts_accepted, tokens_in, passes_in;
     /* repair (docs/ring.md, "Repair") */
     uint32_t epoch_ctr;         /* the last session incarnation handed out */
     int standby;                /* this node's standby entry, -1: a rank from the start */
@@ -593,6 +616,15 @@ struct kvd_sess_gen {
     const char *client_key;         /* the paying client's key (RING_CLIENT_KEY_PREFIX...) that
                                      * opened it, or NULL; borrowed for the call */
 };
+/* Rank 0: the drafts a session's passes verify (its OPEN's draft_max) from a request's
+ * "draft" (-1: not said, 0: "none", 1: "lookup") and "draft_max" (0: not said; 1..14): what
+ * the request says wins, the stage's --draft/--draft-max fill in the rest, and a request's
+ * draft_max alone asks for drafts. */
+#define KVD_DRAFT_MAX_DEFAULT 8u
+uint8_t kvd_sess_draft_max(const struct stage *st, int draft, uint32_t draft_max);
+/* The "draft" and "draft_max" fields of a JSON request (control socket, API) into *draft and
+ * *draft_max as kvd_sess_draft_max takes them: 0, or -EINVAL with msg naming the field. */
+int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n);
 /* Rank 0: open a generation round the ring (the session, its model_gen, OPEN and the
  * prompt's chunks, kvd_sess_launch), its client or sink attached: 0 and *out (NULL when it
  * has already ended, max_gen 0 or out of memory on the way, and its client or sink been

@@ -56,6 +56,14 @@ static int set_threads(struct kvd_stage_opts *o, const char *v) { return parse_i
 static int set_idle(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 86400 * 7, &o->idle_timeout_s); }
 static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, 4096, &o->chunk); }
 static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 0, 1000000, &o->batch_wait_us); }
+static int set_draft(struct kvd_stage_opts *o, const char *v)
+{
+    if (strcmp(v, "lookup") && strcmp(v, "none"))
+        return -EINVAL;
+    o->draft = !strcmp(v, "lookup");
+    return 0;
+}
+static int set_draft_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, NET_DRAFTS_MAX, &o->draft_max); }
 static int set_standby(struct kvd_stage_opts *o, const char *v)
 {
     o->is_standby = true;
@@ -158,6 +166,8 @@ static const struct opt opts[] = {
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
+    {"--draft", "MODE", "rank 0: lookup (prompt-lookup drafts, several tokens a ring pass) or none, for requests that do not say (default none)", set_draft},
+    {"--draft-max", "K", "rank 0: drafts a pass verifies, 1..14, for requests that do not say (default 8)", set_draft_max},
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
     {"--roster", "FILE", "standbys named beside the manifest (re-read when it changes; docs/market.md)", set_roster},
     {"--standby-by-key", NULL, "instead of --rank: the standby entry (manifest or --roster) naming this node's key", set_standby_key},

@@ -87,6 +87,38 @@ static void blog_free(struct stage *st, struct sess *s, const char *why)
         s->log_dropped = true;
 }
 
+/* Cut s's log at position pos (the rows from pos on go: drafts a verifying pass rejected, or
+ * rows past a replay's history). A row's result does not depend on the rows after it, so
+ * what stays is what a run without those rows would have logged. */
+static void blog_truncate(struct stage *st, struct sess *s, uint32_t pos)
+{
+    size_t row = (size_t)st->m.n_embd * st->m.wire_dsize;
+    struct blog_entry **pp = &s->log_head, *last = NULL;
+    while (*pp && (*pp)->pos < pos) {
+        struct blog_entry *e = *pp;
+        if (e->pos + e->n > pos) {
+            size_t keep = (size_t)(pos - e->pos) * row;
+            s->log_bytes -= e->len - keep;
+            st->blog_bytes -= e->len - keep;
+            e->n = pos - e->pos;
+            e->len = keep;
+        }
+        last = e;
+        pp = &e->next;
+    }
+    for (struct blog_entry *e = *pp, *next; e; e = next) {
+        next = e->next;
+        s->log_bytes -= e->len;
+        st->blog_bytes -= e->len;
+        free(e->data);
+        free(e);
+    }
+    *pp = NULL;
+    s->log_tail = last;
+    if (s->log_end > pos)
+        s->log_end = pos;
+}
+
 /* Keep the ACT frame j's result (rows [pos, pos + n)) in s's log: it takes j->out. Past the
  * session's cap its log goes. */
 static void blog_append(struct stage *st, struct sess *s, struct kvd_job *j)
@@ -94,6 +126,8 @@ static void blog_append(struct stage *st, struct sess *s, struct kvd_job *j)
     if (s->log_dropped)
         return;
     char why[120];
+    if (j->pos < s->log_end)   /* a step after a verifying pass: its rejected rows go */
+        blog_truncate(st, s, j->pos);
     if (j->pos != s->log_end) {
         snprintf(why, sizeof why, "rows at %u after %u logged", j->pos, s->log_end);
         blog_free(st, s, why);
@@ -240,6 +274,10 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
             cJSON_AddNumberToObject(o, "n_gen", n_gen);
             cJSON_AddNumberToObject(o, "prompt_ms", s->t_first > 0 ? s->t_first - s->t_start : 0);
             cJSON_AddNumberToObject(o, "gen_ms", s->t_first > 0 ? t_end - s->t_first : 0);
+            /* ring passes that brought tokens back, drafts sent and accepted */
+            cJSON_AddNumberToObject(o, "passes", (double)s->passes);
+            cJSON_AddNumberToObject(o, "drafts", (double)s->drafts_proposed);
+            cJSON_AddNumberToObject(o, "drafts_accepted", (double)s->drafts_accepted);
             if (s->want_logits && s->last_logits) {
                 cJSON *a = cJSON_CreateArray();
                 char num[32];
@@ -329,7 +367,8 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
     if (st->is_last || s->log_dropped || s->log_end > n_hist || s->kv_end > n_hist) {
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes its %u positions here "
                 "(%s)", s->id, n_hist, st->is_last ? "the last rank keeps no log"
-                : s->log_dropped ? "its boundary log was dropped" : "its log is past the history");
+                : s->log_dropped ? "its boundary log was dropped"
+                : "its log is past the history (drafts in flight when the ring broke)");
         return false;
     }
     s->held = false;
@@ -502,6 +541,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
 {
     uint32_t n_hist;
     const int32_t *hist = model_gen_history(s->gen, &n_hist);
+    s->n_drafts = 0;   /* the history goes again one row a token: no pass of drafts in flight */
     /* The last rank's sampler drew once per generated token: a replay's sampler skips those
      * draws, so a seeded sampled session continues as it would have (docs/ring.md, "Repair"). */
     s->open.draws = model_gen_n_gen(s->gen);
@@ -615,6 +655,40 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
     j->n_tokens = n;
     s->kv_end = pos + n;
     kvd_compute_submit(st->comp, j);
+}
+
+uint8_t kvd_sess_draft_max(const struct stage *st, int draft, uint32_t draft_max)
+{
+    bool on = draft > 0 || (draft < 0 && (draft_max > 0 || st->o.draft));
+    if (!on)
+        return 0;
+    uint32_t k = draft_max ? draft_max : st->o.draft_max ? st->o.draft_max : KVD_DRAFT_MAX_DEFAULT;
+    return (uint8_t)(k < NET_DRAFTS_MAX ? k : NET_DRAFTS_MAX);
+}
+
+int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n)
+{
+    const cJSON *o = json_obj;
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "draft");
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "draft_max");
+    *draft = -1;
+    *draft_max = 0;
+    if (d && !cJSON_IsNull(d)) {
+        if (!cJSON_IsString(d) || (strcmp(d->valuestring, "lookup") && strcmp(d->valuestring, "none"))) {
+            snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
+            return -EINVAL;
+        }
+        *draft = !strcmp(d->valuestring, "lookup");
+    }
+    if (k && !cJSON_IsNull(k)) {
+        if (!cJSON_IsNumber(k) || !(k->valuedouble >= 1 && k->valuedouble <= NET_DRAFTS_MAX) ||
+            k->valuedouble != (double)(uint32_t)k->valuedouble) {
+            snprintf(msg, n, "draft_max: expected an integer in [1, %u]", NET_DRAFTS_MAX);
+            return -EINVAL;
+        }
+        *draft_max = (uint32_t)k->valuedouble;
+    }
+    return 0;
 }
 
 int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, char *msg,
@@ -758,11 +832,11 @@ void kvd_client_send(struct client *c, const char *line)
 void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
                        const uint8_t *payload)
 {
-    int32_t tok = (int32_t)rd32(payload);
-    float lp;
-    memcpy(&lp, payload + 4, 4);
-    if (model_gen_n_gen(s->gen) == 0)
-        s->t_first = util_now_ms();
+    /* The payload (net/net.h), checked by the frame handler: tokens, logprobs, drafts, logits */
+    uint32_t nt = h->n_tokens;
+    size_t lsz = (h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0;
+    uint32_t nd = (uint32_t)((h->payload_len - (size_t)nt * (8 + lsz)) / 4);
+    const uint8_t *dr = payload + (size_t)nt * 8, *lgs = dr + (size_t)nd * 4;
     if (s->replaying) {   /* the first token after a repair */
         double ms = util_now_ms() - (double)s->broken_ms;
         s->replaying = false;
@@ -781,39 +855,76 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_
             client_note(s->client, note);
         }
     }
-    if ((h->flags & NET_FL_LOGITS) && s->want_logits) {
-        if (!s->last_logits)
-            s->last_logits = malloc((size_t)st->be.n_vocab * 4);
-        if (s->last_logits)
-            memcpy(s->last_logits, payload + 8, (size_t)st->be.n_vocab * 4);
-    }
-    /* End of generation as one process decides it (model_gen): EOS, EOT and the like (the
-     * vocabulary's list, or the file's EOS id without one), -n, the context, stop strings. */
-    struct model_gen_step g;
-    model_gen_push(s->gen, tok, &g);
-    if (s->client && g.emit) {   /* EOS ends the text; it is not part of it */
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "t", tok);
-        cJSON_AddNumberToObject(o, "lp", lp);
-        if (g.text) {
-            char *tmp = malloc(g.len + 1);
-            if (tmp) {
-                memcpy(tmp, g.text, g.len);
-                tmp[g.len] = 0;
-                cJSON_AddStringToObject(o, "s", tmp);
-                free(tmp);
-            }
+    st->passes_in++;
+    st->tokens_in += nt;
+    st->drafts_accepted += nt - 1;   /* the frame handler checked them against the drafts sent */
+    s->drafts_accepted += nt - 1;
+    s->passes++;
+    int32_t tok = 0;
+    for (uint32_t i = 0; i < nt; i++) {
+        tok = (int32_t)rd32(payload + 4 * i);
+        float lp;
+        memcpy(&lp, payload + 4 * (nt + i), 4);
+        if (model_gen_n_gen(s->gen) == 0)
+            s->t_first = util_now_ms();
+        if (lsz && s->want_logits) {
+            if (!s->last_logits)
+                s->last_logits = malloc(lsz);
+            if (s->last_logits)
+                memcpy(s->last_logits, lgs + i * lsz, lsz);
         }
-        kvd_client_send_json(s->client, o);
+        /* End of generation as one process decides it (model_gen): EOS, EOT and the like (the
+         * vocabulary's list, or the file's EOS id without one), -n, the context, stop strings.
+         * Tokens after the end (accepted drafts past it) are dropped. */
+        struct model_gen_step g;
+        model_gen_push(s->gen, tok, &g);
+        if (s->client && g.emit) {   /* EOS ends the text; it is not part of it */
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "t", tok);
+            cJSON_AddNumberToObject(o, "lp", lp);
+            if (g.text) {
+                char *tmp = malloc(g.len + 1);
+                if (tmp) {
+                    memcpy(tmp, g.text, g.len);
+                    tmp[g.len] = 0;
+                    cJSON_AddStringToObject(o, "s", tmp);
+                    free(tmp);
+                }
+            }
+            kvd_client_send_json(s->client, o);
+        }
+        if (s->sink && g.emit)
+            s->sink->token(s->sink_ud, s, tok, g.text, g.text ? g.len : 0,
+                           lsz && s->want_logits ? s->last_logits : NULL);
+        if (g.reason != MODEL_GEN_RUNNING) {
+            kvd_sess_finish(st, s, model_gen_reason_name(g.reason), NULL);
+            return;
+        }
     }
-    if (s->sink && g.emit)
-        s->sink->token(s->sink_ud, s, tok, g.text, g.text ? g.len : 0,
-                       (h->flags & NET_FL_LOGITS) && s->want_logits ? s->last_logits : NULL);
-    if (g.reason != MODEL_GEN_RUNNING) {
-        kvd_sess_finish(st, s, model_gen_reason_name(g.reason), NULL);
-        return;
+    /* The next pass: the last token and the drafts that fit below the context (its rows end
+     * at n_hist - 1 + k, and a token there would be the context's last), within -n (a pass
+     * yields up to k + 1 tokens) and within a run's rows. */
+    uint32_t n_hist = kvd_sess_n_hist(s), n_gen = model_gen_n_gen(s->gen);
+    uint32_t k = nd < s->open.draft_max ? nd : s->open.draft_max;
+    uint32_t room = s->n_ctx > n_hist + 1 ? s->n_ctx - n_hist - 1 : 0;
+    uint32_t left = s->open.max_tokens > n_gen + 1 ? s->open.max_tokens - n_gen - 1 : 0;
+    if (k > room)
+        k = room;
+    if (k > left)
+        k = left;
+    if (k + 1 > st->m.max_batch)
+        k = st->m.max_batch - 1;
+    int32_t rows[NET_TOKENS_MAX];
+    rows[0] = tok;
+    for (uint32_t i = 0; i < k; i++)
+        rows[1 + i] = s->drafts[i] = (int32_t)rd32(dr + 4 * i);
+    s->n_drafts = k;
+    if (k) {
+        st->draft_passes++;
+        st->drafts_sent += k;
+        s->drafts_proposed += k;
     }
-    kvd_sess_submit_step(st, s, &tok, 1, kvd_sess_n_hist(s) - 1, NET_FL_LAST);
+    kvd_sess_submit_step(st, s, rows, k + 1, n_hist - 1, NET_FL_LAST | (k ? NET_FL_DRAFT : 0));
 }
 
 /* ============================== compute results ============================== */
@@ -860,8 +971,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
             return;
         }
         if (j->out_type) {
-            uint32_t pos = j->out_type == NET_F_TOKEN ? j->pos + j->n : j->pos;
-            uint32_t n = j->out_type == NET_F_TOKEN ? 1 : j->n;
+            uint32_t pos = j->out_pos, n = j->out_n;
             int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
                                    out, j->out_len);
             if (rc < 0) {
