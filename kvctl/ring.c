@@ -644,6 +644,8 @@ static void ring_up_usage(FILE *f)
         "  --api-key-file F, --api-max-sessions N, --chat-template NAME, --api-open,\n"
         "  --api-tls-cert PEM, --api-tls-key PEM, --api-keepalive S  with these (kvd stage;\n"
         "                      an address other than loopback needs keys or --api-open)\n"
+        "  --draft lookup|none, --draft-max K  rank 0's drafting for requests that do not say\n"
+        "                      (kvd stage --draft; default none)\n"
         "Writes DIR/ring.json (the planner's even split by work unless --split), starts one kvd per\n"
         "stage on loopback, waits until the ring is linked and prints it.\n");
 }
@@ -666,9 +668,11 @@ static int ring_up(int argc, char **argv)
         {"api-tls-key", required_argument, 0, 'z'}, {"api-keepalive", required_argument, 0, 'V'},
         {"chat-template", required_argument, 0, 'J'},
         {"boundary-log-mb", required_argument, 0, 'G'},
+        {"draft", required_argument, 0, 'F'}, {"draft-max", required_argument, 0, 'f'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     /* rank 0's API options, passed on as they are (kvd stage checks them) */
     const char *api = NULL, *api_keys = NULL, *api_max = NULL, *chat_template = NULL;
+    const char *draft = NULL, *draft_max = NULL;   /* rank 0's defaults (kvd stage --draft) */
     const char *api_cert = NULL, *api_tls_key = NULL, *api_keepalive = NULL;
     bool api_open = false;
     const char *window_from = NULL, *catalog = NULL, *split = NULL, *backends = NULL;
@@ -702,6 +706,8 @@ static int ring_up(int argc, char **argv)
         case 'V': api_keepalive = optarg; break;
         case 'J': chat_template = optarg; break;
         case 'G': blog_mb = optarg; break;
+        case 'F': draft = optarg; break;
+        case 'f': draft_max = optarg; break;
         case 'W': window_from = optarg; break;
         case 'Y': rc = kvctl_parse_long("--standby", optarg, 0, RING_MAX_STANDBYS, &n_standby); break;
         case 'R': rc = kvctl_parse_long("--repair-wait", optarg, 0, 86400, &repair_wait); break;
@@ -1069,7 +1075,7 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
-            const char *args[56];
+            const char *args[72];   /* the most options below, with room */
             int a = 0;
             args[a++] = kvd;
             args[a++] = "stage";
@@ -1102,7 +1108,8 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
                                        {"--api-max-sessions", api_max},
                                        {"--api-tls-cert", api_cert}, {"--api-tls-key", api_tls_key},
                                        {"--api-keepalive", api_keepalive},
-                                       {"--chat-template", chat_template}};
+                                       {"--chat-template", chat_template},
+                                       {"--draft", draft}, {"--draft-max", draft_max}};
                 for (size_t k = 0; k < sizeof ao / sizeof ao[0]; k++)
                     if (ao[k][1]) {
                         args[a++] = ao[k][0];

@@ -84,6 +84,8 @@ struct kvd_compute {
     bool last_solo;             /* the last step run: a prompt too long to batch, alone */
     bool last_prompt;           /* the last step run held a prompt (several rows) */
     struct kvd_compute_stats stats;   /* under mu */
+    struct kvd_compute_stats dstats;  /* compute thread: the drafting counters, copied into
+                                       * stats after each run */
 };
 
 void kvd_job_free(struct kvd_job *j)
@@ -309,7 +311,13 @@ static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
 {
     struct kvd_backend *b = c->b;
     struct csess *s = cs_find(c, j->session, NULL);
-    if (!s || b->can_rewind)
+    if (!s)
+        return 0;
+    if (j->flags & NET_FL_DRAFT)
+        c->dstats.draft_passes++;
+    if (j->pos < s->end)
+        c->dstats.rows_dropped += s->end - j->pos;
+    if (b->can_rewind)
         return 0;
     char berr[KV_ERR_MAX] = "";
     int rc = 0;
@@ -321,6 +329,8 @@ static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
         } else if ((rc = b->ops->restore(b->impl, j->session)) < 0) {
             snprintf(berr, sizeof berr, "restoring the recurrent state: %s", strerror(-rc));
         } else {
+            c->dstats.restores++;
+            c->dstats.rows_rerun += j->pos - s->ck_pos;
             rc = rows_rerun(c, j->session, s->ck_pos, j->pos - s->ck_pos, s->ck_tok, s->ck_in,
                             berr, sizeof berr);
         }
@@ -337,6 +347,7 @@ static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
         } else if ((rc = b->ops->checkpoint(b->impl, j->session)) < 0) {
             snprintf(berr, sizeof berr, "checkpointing the recurrent state: %s", strerror(-rc));
         } else {
+            c->dstats.checkpoints++;
             size_t bytes = b->embed ? (size_t)j->n * sizeof *s->ck_tok : j->in_len;
             uint8_t *keep = malloc(bytes);
             if (!keep) {
@@ -834,6 +845,11 @@ static void *thread_main(void *arg)
         double run_ms = util_now_ms() - t_run;
         pthread_mutex_lock(&c->mu);
         stats_note(&c->stats, batch, nb, t_run, run_ms);
+        c->stats.draft_passes = c->dstats.draft_passes;
+        c->stats.rows_dropped = c->dstats.rows_dropped;
+        c->stats.checkpoints = c->dstats.checkpoints;
+        c->stats.restores = c->dstats.restores;
+        c->stats.rows_rerun = c->dstats.rows_rerun;
         if (batch[0]->kind == KVD_JOB_STEP && !c->stop)
             after_step_run(c, batch, nb);
         for (uint32_t k = 0; k < nb; k++) {

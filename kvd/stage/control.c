@@ -118,6 +118,27 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(bo, "mean_run_ms",
                                 cs.step_runs ? cs.run_ms_total / (double)cs.step_runs : 0);
     }
+    /* Drafting (docs/ring.md, "Drafting"): every stage's verifying passes and the rows of
+     * rejected drafts it dropped (and on a window that cannot rewind its checkpoints, restores
+     * and rows run again); rank 0's passes sent, drafts in them and accepted, and the tokens
+     * that came back per pass. */
+    cJSON *dro = cJSON_AddObjectToObject(o, "drafts");
+    if (st->comp) {
+        struct kvd_compute_stats cs;
+        kvd_compute_stats(st->comp, &cs);
+        cJSON_AddNumberToObject(dro, "verifying_passes", (double)cs.draft_passes);
+        cJSON_AddNumberToObject(dro, "rows_dropped", (double)cs.rows_dropped);
+        cJSON_AddNumberToObject(dro, "checkpoints", (double)cs.checkpoints);
+        cJSON_AddNumberToObject(dro, "restores", (double)cs.restores);
+        cJSON_AddNumberToObject(dro, "rows_rerun", (double)cs.rows_rerun);
+    }
+    if (st->rank == 0) {
+        cJSON_AddNumberToObject(dro, "passes_sent", (double)st->draft_passes);
+        cJSON_AddNumberToObject(dro, "drafts_sent", (double)st->drafts_sent);
+        cJSON_AddNumberToObject(dro, "drafts_accepted", (double)st->drafts_accepted);
+        cJSON_AddNumberToObject(dro, "token_frames", (double)st->passes_in);
+        cJSON_AddNumberToObject(dro, "tokens", (double)st->tokens_in);
+    }
     uint64_t frames = st->act_frames_out + st->tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);
     cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);

@@ -186,6 +186,9 @@ struct kvd_compute_stats {
      * prompt chunks split off (docs/ring.md, "The batching scheduler") */
     uint32_t max_runs_waited, max_dec_runs_waited;
     uint64_t chunks;
+    /* drafting: verifying passes run, rows of rejected drafts dropped, and on a window that
+     * cannot rewind the checkpoints taken, restored, and the kept rows run again */
+    uint64_t draft_passes, rows_dropped, checkpoints, restores, rows_rerun;
 };
 void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 /* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
