@@ -775,7 +775,49 @@ bench_wan() {
             WD=""
         done
     done
+    bench_wan_draft "$m" "$clients" "$t"
     rm -rf "$t"
+}
+# rank0_figs DIR: rank 0's steps, tokens come back and TOKEN frames, one line
+rank0_figs() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | sed -n 1p |
+        python3 -c 'import json,sys; o=json.load(sys.stdin); d=o["drafts"]; print(o["steps"], d["tokens"], d["token_frames"])'
+}
+# Drafting over the emulated WAN (docs/ring.md, "Drafting"): a repetitive real-text task (greedy
+# stories from one prompt, BENCH_WAN_DRAFT_TG tokens each, long enough that the story repeats
+# itself), 1 and 8 sessions, without drafts and with prompt-lookup drafts (8 a pass): tokens/s,
+# ring passes per generated token, drafts accepted per pass, and the ratio of the two rates.
+bench_wan_draft() {
+    local m=$1 clients=$2 t=$3 tg=${BENCH_WAN_DRAFT_TG:-256} prof n delay k mode a b tok pass acc line
+    local prompt="Once upon a time"
+    echo "  drafting: \"$prompt\", greedy, $tg tokens a session (BENCH_WAN_DRAFT_TG); passes/token from rank 0's steps"
+    printf "  %-7s  %6s  %8s  %-6s  %12s  %13s  %13s\n" profile stages sessions drafts "tok/s" "passes/token" "accepted/pass"
+    for prof in ${BENCH_WAN_DRAFT_PROFILES:-lan wan phone}; do
+        for n in ${BENCH_WAN_DRAFT_STAGES:-8}; do
+            WD=$t/dring
+            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
+                echo "  $prof $n stages: the ring did not come up:"; tail -3 "$t/up" | sed 's/^/    /'
+                continue
+            fi
+            for k in 1 ${BENCH_WAN_SESSIONS:-8}; do
+                local base=""
+                for mode in 0 8; do
+                    a=$(rank0_figs "$WD")
+                    tok=$("$clients" --draft $mode --prompt "$prompt" "$WD/rank-0/kvd.sock" "$k" "$tg" 2>/dev/null |
+                          sed -n 's/^total:.* tok_s \([0-9.]*\).*/\1/p')
+                    b=$(rank0_figs "$WD")
+                    line=$(awk -v a="$a" -v b="$b" -v n=$((k * tg)) 'BEGIN { split(a, x, " "); split(b, y, " ");
+                        f = y[3] - x[3]; printf "%.2f %.2f", (y[1] - x[1]) / n, (f > 0 ? (y[2] - x[2] - f) / f : 0) }')
+                    printf "  %-7s  %6s  %8s  %-6s  %12s  %13s  %13s%s\n" "$prof" "$n" "$k" \
+                        "$([ $mode = 0 ] && echo none || echo lookup)" "${tok:-?}" "${line% *}" "${line#* }" \
+                        "$([ $mode = 0 ] && echo "" || awk -v a="${tok:-0}" -v b="${base:-0}" 'BEGIN { if (b > 0) printf "   %.2fx none", a / b }')"
+                    [ $mode = 0 ] && base=$tok
+                done
+            done
+            KV_BUILD=$B tests/wan_ring.sh down "$WD"
+            WD=""
+        done
+    done
 }
 if want wan; then bench_wan || true; fi
 # ---- draft: speculative decoding with prompt-lookup drafts in one process (docs/model.md,

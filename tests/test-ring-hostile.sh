@@ -58,6 +58,14 @@ peer n_embd 0 "$D/rank-0" "ACT payload_len 260, expected n_tokens 1 x n_embd 64"
 peer token 0 "$D/rank-0" "TOKEN from rank 0, which is not the last rank"
 peer unknown 0 "$D/rank-0" "ACT for unknown session"
 peer plain 0 "$D/rank-0" "record 0: length"
+# Drafting (docs/ring.md, "Drafting"): more drafts than a pass may verify, a verifying pass
+# that is not the last chunk of its step or too long, and an ACT that goes back without a
+# verifying pass before it (or to the pass's own first row, which is always kept).
+peer draft-max 0 "$D/rank-0" "OPEN draft_max 15 above 14"
+peer draft-nolast 0 "$D/rank-0" "ACT flagged DRAFT with n_tokens 2 and without LAST"
+peer draft-big 0 "$D/rank-0" "ACT flagged DRAFT with n_tokens 16 ("
+peer draft-rewind 0 "$D/rank-0" "ACT pos 0 (+1) for session [0-9a-f]*: expected pos 1, context"
+peer draft-deep 0 "$D/rank-0" "ACT pos 1 (+1) for session [0-9a-f]*: expected pos 4 or a position inside the verifying pass"
 # Status records (STATUS frames, docs/design.md "The ring data path"): capped, JSON, a rank of
 # the ring, every known field of its type; a good one is kept cleaned (control bytes made '?',
 # unknown fields dropped) and the link stays up.

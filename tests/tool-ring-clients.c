@@ -1,11 +1,14 @@
 /* tool-ring-clients: concurrent sessions against a running ring, timed on the client side
  * (used by tests/bench.sh).
  *
- *   tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN[,PROMPT_LEN...]]
+ *   tool-ring-clients [--draft K] [--prompt TEXT] SOCK SESSIONS TOKENS [PROMPT_LEN[,...]]
  *       Opens SESSIONS generate requests at once on rank 0's control socket SOCK (one thread
  *       each, released together), greedy, --ignore-eos, TOKENS tokens each, session i's prompt
  *       being PROMPT_LEN (default 3) distinct small ids; with a list, session i takes its
- *       (i mod count)-th length (mixed prompts: prefill chunks beside decode steps). Every
+ *       (i mod count)-th length (mixed prompts: prefill chunks beside decode steps); with
+ *       --prompt every session's prompt is TEXT. --draft K asks for prompt-lookup drafts, K a
+ *       pass ("draft": "lookup", "draft_max": K); --draft 0 for none ("draft": "none");
+ *       without it the request leaves drafting to rank 0's default. Every
  *       streamed token line is
  *       timestamped. Prints one line per session (tokens, time to the first token, decode
  *       rate, the longest gap between two consecutive tokens) and a last line
@@ -29,7 +32,7 @@
 struct client {
     pthread_t th;
     unsigned idx;
-    char req[1024];
+    char *req;
     double t_start, t_first, t_prev, t_end, max_gap;
     unsigned n_tok;
     bool done;
@@ -92,8 +95,19 @@ static long arg_long(const char *s, long lo, long hi, const char *what)
 
 int main(int argc, char **argv)
 {
+    long draft = -1;
+    const char *text = NULL;
+    while (argc > 2 && (!strcmp(argv[1], "--draft") || !strcmp(argv[1], "--prompt"))) {
+        if (!strcmp(argv[1], "--draft"))
+            draft = arg_long(argv[2], 0, 14, "--draft");
+        else
+            text = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 4 || argc > 5) {
-        fprintf(stderr, "usage: tool-ring-clients SOCK SESSIONS TOKENS [PROMPT_LEN[,PROMPT_LEN...]]\n");
+        fprintf(stderr, "usage: tool-ring-clients [--draft K] [--prompt TEXT] SOCK SESSIONS TOKENS "
+                "[PROMPT_LEN[,PROMPT_LEN...]]\n");
         return 2;
     }
     sock_path = argv[1];
@@ -119,12 +133,30 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < n; i++) {
         struct client *c = &cs[i];
         c->idx = i;
-        /* ids 1, 100+i, 200+i, ...: distinct prompts, all below any test vocabulary's size */
-        int len = snprintf(c->req, sizeof c->req, "{\"op\":\"generate\",\"tokens\":[1");
-        for (unsigned k = 1, plen = plens[i % n_plen]; k < plen; k++)
-            len += snprintf(c->req + len, sizeof c->req - (size_t)len, ",%u", 100 * k + i % 97);
-        snprintf(c->req + len, sizeof c->req - (size_t)len,
-                 "],\"n\":%ld,\"temp\":0,\"ignore_eos\":true}", n_gen);
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddStringToObject(q, "op", "generate");
+        if (text) {
+            cJSON_AddStringToObject(q, "prompt", text);
+        } else {
+            /* ids 1, 100+i, 200+i, ...: distinct prompts, all below any test vocabulary's size */
+            cJSON *a = cJSON_AddArrayToObject(q, "tokens");
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(1));
+            for (unsigned k = 1, plen = plens[i % n_plen]; k < plen; k++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(100 * k + i % 97));
+        }
+        cJSON_AddNumberToObject(q, "n", (double)n_gen);
+        cJSON_AddNumberToObject(q, "temp", 0);
+        cJSON_AddBoolToObject(q, "ignore_eos", 1);
+        if (draft >= 0)
+            cJSON_AddStringToObject(q, "draft", draft ? "lookup" : "none");
+        if (draft > 0)
+            cJSON_AddNumberToObject(q, "draft_max", (double)draft);
+        c->req = cJSON_PrintUnformatted(q);
+        cJSON_Delete(q);
+        if (!c->req) {
+            fprintf(stderr, "tool-ring-clients: out of memory\n");
+            return 1;
+        }
         if (pthread_create(&c->th, NULL, run, c) != 0) {
             fprintf(stderr, "tool-ring-clients: cannot start thread %u\n", i);
             return 1;
@@ -152,6 +184,7 @@ int main(int argc, char **argv)
         }
         if (c->max_gap > max_gap)
             max_gap = c->max_gap, worst = i;
+        free(c->req);
         if (ttft > ttft_max)
             ttft_max = ttft;
         ttft_sum += ttft;

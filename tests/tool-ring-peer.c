@@ -12,7 +12,11 @@
  *       status-big | status-json | status-rank | status-type (bad STATUS records: over
  *       NET_STATUS_MAX, not JSON, a rank past the ring, a field of the wrong type) |
  *       status-ok (a record of --as-rank with control bytes and an unknown field, then a
- *       PING: exit 0 if the link stays up)
+ *       PING: exit 0 if the link stays up) |
+ *       draft-max (OPEN asking for 15 drafts a pass) | draft-nolast (an ACT flagged DRAFT
+ *       without LAST) | draft-big (a verifying pass of 16 rows) | draft-rewind (an open
+ *       session's ACT at the position of its last one, with no verifying pass before) |
+ *       draft-deep (after a verifying pass from pos 1, an ACT at 1: no row of it kept)
  * After the handshake every frame goes sealed with the link's keys, as a real peer's do, so the
  * stage's checks behind the record layer are what the bad frames meet.
  * Prints "established" after the handshake, every ERROR the stage sends ("error: ..."), and
@@ -37,6 +41,35 @@
 
 static int fd = -1;
 static struct net_rec *tx, *rx;   /* the link's record directions, once established */
+
+static void send_frame(uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
+                       uint32_t n_tokens, const void *payload, uint32_t len);
+static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct net_handshake *hs,
+                 bool *established, bool stop_when_established);
+static uint64_t error_session;   /* the session of the last ERROR frame read */
+
+/* Open a session of a one-token prompt that the stage accepts: a stage dials its successor
+ * only once its predecessor has linked in, so an OPEN sent at once may fail with "ring not
+ * linked": open again (a new session) until no ERROR comes for it within 300 ms. 0 and *sess,
+ * 1 when the stage closed the link, -1 when every try failed. */
+static int open_accepted(struct net_frame_reader *r, uint8_t *buf, uint32_t n_ctx, uint64_t *sess)
+{
+    struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
+                                .max_tokens = 4, .n_ctx = n_ctx};
+    for (int tries = 0; tries <= 20; tries++) {
+        net_open_encode(&p, buf);
+        memset(buf + NET_OPEN_LEN, 0, 4);
+        buf[NET_OPEN_LEN] = 1;
+        send_frame(NET_F_OPEN, 0, *sess, 0, 1, buf, NET_OPEN_LEN + 4);
+        error_session = 0;
+        if (drain(r, 300, NULL, NULL, NULL, false) == 1)
+            return 1;
+        if (error_session != *sess)
+            return 0;
+        RAND_bytes((unsigned char *)sess, sizeof *sess);
+    }
+    return -1;
+}
 
 static void send_all(const void *b, size_t n)
 {
@@ -73,7 +106,6 @@ static void send_frame(uint8_t type, uint8_t flags, uint64_t sess, uint32_t pos,
     send_hdr(&h, payload, len);
 }
 
-static uint64_t error_session;   /* the session of the last ERROR frame read */
 
 /* Read frames until the stage closes the link or timeout_ms of silence; 1 if closed. */
 static int drain(struct net_frame_reader *r, int timeout_ms, bool *pong, struct net_handshake *hs,
@@ -270,26 +302,12 @@ int main(int argc, char **argv)
     } else if (!strcmp(kase, "open-idle")) {
         /* open a session and never feed it: the stage's idle timeout must end it while the
          * link itself stays up (exit 0 when the link was not closed within 3 s) */
-        struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
-                                    .max_tokens = 4, .n_ctx = m.n_ctx};
-        /* A stage dials its successor only once its predecessor has linked in, so an OPEN
-         * sent at once may fail with "ring not linked": open again (a new session) until
-         * one is accepted, i.e. no ERROR for it within 300 ms. */
-        for (int tries = 0;; tries++) {
-            net_open_encode(&p, buf);
-            memset(buf + NET_OPEN_LEN, 0, 4);
-            buf[NET_OPEN_LEN] = 1;
-            send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
-            error_session = 0;
-            if (drain(&r, 300, NULL, NULL, NULL, false) == 1)
-                goto out;
-            if (error_session != sess)
-                break;
-            if (tries == 20) {
-                printf("every OPEN failed\n");
-                goto out;
-            }
-            RAND_bytes((unsigned char *)&sess, sizeof sess);
+        int oc = open_accepted(&r, buf, m.n_ctx, &sess);
+        if (oc == 1)
+            goto out;
+        if (oc < 0) {
+            printf("every OPEN failed\n");
+            goto out;
         }
         for (int i = 0; i < 3; i++) {   /* answer nothing, but keep the link alive with PINGs */
             send_frame(NET_F_PING, 0, 0, 0, 0, buf, 8);
@@ -301,6 +319,34 @@ int main(int argc, char **argv)
         printf("still open\n");
         ret = 0;
         goto out;
+    } else if (!strcmp(kase, "draft-max")) {
+        struct net_open_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1,
+                                    .max_tokens = 4, .n_ctx = m.n_ctx, .draft_max = NET_DRAFTS_MAX + 1};
+        net_open_encode(&p, buf);
+        memset(buf + NET_OPEN_LEN, 0, 4);
+        buf[NET_OPEN_LEN] = 1;
+        send_frame(NET_F_OPEN, 0, sess, 0, 1, buf, NET_OPEN_LEN + 4);
+    } else if (!strcmp(kase, "draft-nolast") || !strcmp(kase, "draft-big")) {
+        uint32_t n = !strcmp(kase, "draft-big") ? NET_TOKENS_MAX + 1 : 2;
+        size_t len = (size_t)n * m.n_embd * m.wire_dsize;
+        uint8_t *rows = calloc(1, len);
+        send_frame(NET_F_ACT, n == 2 ? NET_FL_DRAFT : NET_FL_DRAFT | NET_FL_LAST, sess, 0, n, rows, (uint32_t)len);
+        free(rows);
+    } else if (!strcmp(kase, "draft-rewind") || !strcmp(kase, "draft-deep")) {
+        /* a session the stage holds, one row run, then a frame that goes back */
+        int oc = open_accepted(&r, buf, m.n_ctx, &sess);
+        if (oc != 0) {
+            printf(oc == 1 ? "closed at OPEN\n" : "every OPEN failed\n");
+            goto out;
+        }
+        size_t row = (size_t)m.n_embd * m.wire_dsize;
+        uint8_t *rows = calloc(4, row);
+        send_frame(NET_F_ACT, NET_FL_LAST, sess, 0, 1, rows, (uint32_t)row);
+        if (!strcmp(kase, "draft-deep"))   /* a verifying pass of 3 rows from pos 1 */
+            send_frame(NET_F_ACT, NET_FL_LAST | NET_FL_DRAFT, sess, 1, 3, rows, (uint32_t)(3 * row));
+        uint32_t back = !strcmp(kase, "draft-deep") ? 1 : 0;
+        send_frame(NET_F_ACT, NET_FL_LAST, sess, back, 1, rows, (uint32_t)row);
+        free(rows);
     } else if (!strncmp(kase, "status-", 7)) {
         char rec[NET_STATUS_MAX + 64];
         uint32_t rank = (uint32_t)as_rank, len;

@@ -210,16 +210,16 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
         if (h->payload_len != want)
             VIOLATION(c, "ACT payload_len %u, expected n_tokens %u x n_embd %u x %u bytes = %" PRIu64,
                              h->payload_len, h->n_tokens, st->m.n_embd, st->m.wire_dsize, want);
-        if (!s) {
-            if (stale)
-                return;   /* in flight when the session ended */
-            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
-        }
         if ((h->flags & NET_FL_DRAFT) &&
             (!(h->flags & NET_FL_LAST) || h->n_tokens < 2 || h->n_tokens > NET_TOKENS_MAX))
             VIOLATION(c, "ACT flagged DRAFT with n_tokens %u%s (a verifying pass is the last chunk "
                       "of its step, 2 to %u rows)", h->n_tokens, (h->flags & NET_FL_LAST) ? "" :
                       " and without LAST", NET_TOKENS_MAX);
+        if (!s) {
+            if (stale)
+                return;   /* in flight when the session ended */
+            VIOLATION(c, "ACT for unknown session %016" PRIx64, h->session);
+        }
         /* After a verifying pass the next step starts at the first row not kept: anywhere
          * after the pass's first row, up to its end (every draft accepted). */
         bool rewind = s->drafted && h->pos > s->draft_from && h->pos < s->next_pos;
