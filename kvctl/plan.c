@@ -739,6 +739,8 @@ static void plan_usage(FILE *o)
         "  --objective O        latency (one session, default) or throughput (many sessions)\n"
         "  --ctx N              context tokens reserved per session (default 4096)\n"
         "  --sessions K         sessions reserved for and estimated (default 4)\n"
+        "  --draft-max K        sessions draft K tokens a pass: recurrent windows keep a\n"
+        "                       checkpoint of each session's state (default 0: no drafting)\n"
         "  --headroom F         fraction of each device's memory kept free (default 0.05)\n"
         "  --wire f32|f16       boundary dtype (default f32)\n"
         "  --kv-bytes N         bytes per cached K/V element (default 2, f16)\n"
@@ -813,6 +815,7 @@ static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, 
     cJSON_AddStringToObject(jp, "objective", o->objective == PLAN_THROUGHPUT ? "throughput" : "latency");
     cJSON_AddNumberToObject(jp, "ctx", o->ctx);
     cJSON_AddNumberToObject(jp, "sessions", o->sessions);
+    cJSON_AddNumberToObject(jp, "draft_max", o->draft_max);
     cJSON_AddNumberToObject(jp, "headroom", o->headroom);
     cJSON_AddNumberToObject(jp, "est_ms_per_token", r->ms_per_token);
     cJSON_AddNumberToObject(jp, "period_ms", r->period_ms);
@@ -953,6 +956,9 @@ int kvctl_cmd_plan(int argc, char **argv)
         } else if (!strcmp(a, "--sessions")) {
             if (parse_num("plan", a, val, 1, 1u << 20, &v)) return 2;
             o.sessions = (uint32_t)v;
+        } else if (!strcmp(a, "--draft-max")) {
+            if (parse_num("plan", a, val, 0, NET_DRAFTS_MAX, &v)) return 2;
+            o.draft_max = (uint32_t)v;
         } else if (!strcmp(a, "--headroom")) {
             if (parse_num("plan", a, val, 0, 0.95, &o.headroom)) return 2;
         } else if (!strcmp(a, "--max-ranks")) {

@@ -337,9 +337,16 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-static uint64_t layer_mem(const struct plan_layer *l, const struct plan_opts *o)
+/* Bytes of layer l on its device: its weights, and per session its KV and recurrent state;
+ * with drafting, a recurrent layer's checkpoint (its state again) and the verifying pass's
+ * input rows kept beside it (counted per layer, which overcounts a window of several). */
+static uint64_t layer_mem(const struct plan_layer *l, const struct plan_shape *s,
+                          const struct plan_opts *o)
 {
     uint64_t per_session = sat_add(l->state_bytes, sat_mul(l->kv_bytes_per_token, o->ctx));
+    if (o->draft_max && l->state_bytes)
+        per_session = sat_add(per_session, sat_add(l->state_bytes,
+                              sat_mul((uint64_t)o->draft_max + 1, (uint64_t)s->n_embd * 4)));
     return sat_add(l->weight_bytes, sat_mul(per_session, o->sessions));
 }
 
@@ -376,6 +383,10 @@ static int validate(const struct plan_shape *s, const struct plan_device *devs, 
     }
     if (o->sessions == 0 || o->sessions > 1u << 20) {
         util_seterr(err, errlen, "plan: sessions %u out of range [1, %u]", o->sessions, 1u << 20);
+        return -EINVAL;
+    }
+    if (o->draft_max > 64) {
+        util_seterr(err, errlen, "plan: draft_max %u out of range [0, 64]", o->draft_max);
         return -EINVAL;
     }
     if (o->ctx > 1u << 26) {
@@ -829,7 +840,7 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
     uint32_t L = c.L;
     uint64_t min_layer = UINT64_MAX, min_alloc = UINT64_MAX;
     for (uint32_t i = 0; i < L; i++) {
-        uint64_t m = layer_mem(&s->layers[i], o), a = layer_alloc(&s->layers[i], o);
+        uint64_t m = layer_mem(&s->layers[i], s, o), a = layer_alloc(&s->layers[i], o);
         c.M[i + 1] = sat_add(c.M[i], m);
         c.A[i + 1] = sat_add(c.A[i], a);
         if (m < min_layer) min_layer = m;
@@ -1042,8 +1053,8 @@ int plan_device_choose(const struct plan_device *opt, size_t n, const struct pla
     uint64_t smallest = UINT64_MAX, smallest_alloc = UINT64_MAX;
     for (uint32_t i = 0; i < s->n_layers; i++)
         if (s->layers[i].weight_bytes) {
-            if (layer_mem(&s->layers[i], o) < smallest)
-                smallest = layer_mem(&s->layers[i], o);
+            if (layer_mem(&s->layers[i], s, o) < smallest)
+                smallest = layer_mem(&s->layers[i], s, o);
             if (layer_alloc(&s->layers[i], o) < smallest_alloc)
                 smallest_alloc = layer_alloc(&s->layers[i], o);
         }

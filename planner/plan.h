@@ -86,6 +86,10 @@ struct plan_opts {
     double headroom;              /* fraction of each device's memory kept free, [0, 0.95] */
     uint32_t exhaustive_max;      /* try every order up to this many devices (0: default 6) */
     uint32_t max_ranks;           /* most ranks a ring may have (0: no limit; stages take 64) */
+    uint32_t draft_max;           /* drafts a verifying pass carries (docs/ring.md, "Drafting");
+                                     0: no drafting. A window with recurrent layers keeps a
+                                     checkpoint of each session's state (its size again) and
+                                     the pass's rows (draft_max + 1 boundaries) */
 };
 /* Defaults: latency, ctx 4096, 4 sessions, headroom 0.05, exhaustive up to 6 devices. */
 void plan_opts_default(struct plan_opts *o);

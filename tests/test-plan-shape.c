@@ -219,6 +219,29 @@ T_CASE(qwen35_122b_example)
     T_CHECK(plan_make(&r, &s, d, nd, &o, err, sizeof err) == -ENOSPC, "fits without the big machines?");
     T_CHECK(strstr(err, "short by") && strstr(err, "layers"), "message: %s", err);
     fprintf(stderr, "without the big machines: %s\n", err);
+
+    /* Drafting: every session's recurrent state is kept twice (the checkpoint) with the
+     * verifying pass's rows, on the DeltaNet layers only; one device holding every layer */
+    struct plan_device one = {.id = "big", .backend = "cpu", .mem_bytes = (uint64_t)(512 * GiB),
+                              .flops = 2e12, .mem_bw_bytes_s = 1e11, .rtt_ms = 1, .inbound = true};
+    uint64_t mem[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        plan_opts_default(&o);
+        o.draft_max = k ? 8 : 0;
+        T_ASSERT(plan_make(&r, &s, &one, 1, &o, err, sizeof err) == 0, "one device: %s", err);
+        T_CHECK(r->n_ranks == 1, "one device, %u ranks", r->n_ranks);
+        mem[k] = r->ranks[0].mem_bytes;
+        plan_result_free(r);
+    }
+    double extra = 0;
+    for (uint32_t i = 0; i < 49; i++)
+        if (layers[i].state_bytes)
+            extra += o.sessions * ((double)layers[i].state_bytes + 9.0 * 3072 * 4);
+    T_CHECK(extra > 0 && (double)(mem[1] - mem[0]) == extra, "drafting adds %.0f bytes, want %.0f",
+            (double)(mem[1] - mem[0]), extra);
+    o.draft_max = 65;
+    T_CHECK(plan_make(&r, &s, &one, 1, &o, err, sizeof err) == -EINVAL && strstr(err, "draft_max 65"),
+            "draft_max 65: %s", err);
 }
 
 int main(int argc, char **argv)
