@@ -7,6 +7,7 @@
 #   seeded sampling with --draft-max 8 and 14 equal one process without drafts; drafts were
 #   accepted where the text repeats itself, the dense ring's last logits are bit-identical,
 #   and the hybrid rings' stages put their recurrent state back after rejected drafts;
+# - the same on a ring of OpenCL stages (PoCL);
 # - 8 concurrent sessions with drafts on a batching ring: each its one-process text;
 # - rank 0's --draft default and a request's "draft": "none" (which wins), over the API too;
 # - a middle stage killed mid-session (a standby takes over, the sessions replay): every
@@ -63,6 +64,29 @@ one:  $one"
         done ;;
     esac
     echo "ok $f: 3 stages, greedy and sampled with drafts = one process (rank 1: $(draft_field "$d" 1 verifying_passes) verifying passes, $(draft_field "$d" 1 rows_dropped) rows dropped, $(draft_field "$d" 1 restores) restores)"
+    ring_down "$d"
+done
+
+# On the OpenCL device (PoCL here): a ring of two OpenCL stages with drafts generates what one
+# OpenCL process generates without them; the hybrid's stages restore their device state.
+export KV_CL_CACHE="$TMP/clcache"
+clinfo -l 2>/dev/null | grep -q "Device" || fail "no OpenCL device (clinfo -l lists none): install pocl-opencl-icd"
+for f in stories260K.gguf synth-qwen35-bpe1024-f16.gguf; do
+    M=$(need_model $f) || exit 1
+    d=$TMP/cl-$f
+    ring_up "$d" --model "$M" --stages 2 --backends opencl,opencl
+    one=$("$KVCTL" generate -m "$M" --device opencl --ids --tokens $P -n 60 --temp 0 --ignore-eos 2>/dev/null) ||
+        fail "$f: one OpenCL process"
+    out=$("$KVCTL" generate --ring "$d" --ids --tokens $P -n 60 --temp 0 --ignore-eos --draft lookup 2>"$TMP/err") ||
+        fail "$f: OpenCL ring with drafts: $(cat "$TMP/err")"
+    [ "$out" = "$one" ] || fail "$f: OpenCL ring with drafts differs from one OpenCL process:
+ring: $out
+one:  $one"
+    [ "$(draft_field "$d" 1 verifying_passes)" -gt 0 ] || fail "$f: the OpenCL stage ran no verifying pass"
+    case $f in synth-qwen35*)
+        [ "$(draft_field "$d" 1 restores)" -gt 0 ] || fail "$f: the OpenCL stage restored no checkpoint" ;;
+    esac
+    echo "ok $f on OpenCL: drafts through 2 stages = one OpenCL process ($(grep '^drafts' "$TMP/err"))"
     ring_down "$d"
 done
 
