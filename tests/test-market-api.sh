@@ -312,9 +312,11 @@ else
     LOGDIR=${KV_BUILD:-build}/test-logs
     mkdir -p "$LOGDIR"
     # the page fills itself from the API: a slow build may answer after Chromium dumped the DOM,
-    # so the dump is taken again until the filled page is in it (or the wait runs out)
+    # so the dump is taken again until the filled page is in it (or the wait runs out); the
+    # page reloads every 5 s (swapping the new content in whole), and a budget under that
+    # dumps the first load's
     rendered() {
-        timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=10000 \
+        timeout 60 "$CHROME" --headless --no-sandbox --disable-gpu --virtual-time-budget=4000 \
             --user-data-dir="$T/chrome" --dump-dom "$M/" >"$T/dom.html" 2>>"$T/chrome.err" &&
             grep -q 'data-loaded="1"' "$T/dom.html"
     }

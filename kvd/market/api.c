@@ -2849,7 +2849,9 @@ static const char page[] =
     "function colour(w,max){if(w.state=='active')return 'hsl(120,60%,'+(75-30*w.reward/max)+'%)';"
     "if(w.state=='reserved')return 'hsl(50,90%,60%)';return 'hsl(0,80%,'+(80-30*w.reward/max)+'%)';}\n"
     "async function load(){const r=await fetch('/v1/models');const j=await r.json();"
-    "const root=document.getElementById('models');root.innerHTML='';"
+    /* built aside and swapped in whole, so a reader (a screen, a DOM dump) never sees the
+     * page half refilled by the periodic reload */
+    "const root=document.createElement('div');"
     "if(!j.models.length)root.textContent='no models registered';"
     "for(const m of j.models){const c=await (await fetch('/v1/models/'+m.id+'/coverage')).json();"
     "const h=document.createElement('h2');h.textContent=m.name+' ('+m.n_layers+' layers, '+"
@@ -2875,7 +2877,8 @@ static const char page[] =
     "c.rings.map(x=>x.id+' ('+x.ranks+' ranks'+(x.api&&x.api.length?', API '+x.api.join(' '):'')+')')"
     ".join(', '):'rings: none complete';"
     "for(const x of c.unlinked||[])rg.textContent+='; '+x.id+' not linked: '+x.reason;"
-    "root.appendChild(rg);}document.title='Kvasir market ('+j.models.length+' models)';"
+    "root.appendChild(rg);}document.getElementById('models').replaceChildren(...root.childNodes);"
+    "document.title='Kvasir market ('+j.models.length+' models)';"
     "document.body.setAttribute('data-loaded','1');}\n"
     "load().catch(e=>{document.getElementById('models').textContent='error: '+e;});"
     "setInterval(()=>load().catch(()=>{}),5000);\n"
