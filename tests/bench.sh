@@ -86,7 +86,10 @@
 # 1 without drafting), beside the floor one pass sets (stages x one-way delay); first the
 # proxy's own overhead (profile none: the added round trip of a 64 B message and the stream
 # throughput, against the same echo server without it; and how late a proxy set to 1 ms hands
-# a message over, its timer's wake-up).
+# a message over, its timer's wake-up). Then drafting (BENCH_WAN_DRAFT_PROFILES, default lan
+# wan phone; BENCH_WAN_DRAFT_STAGES, default 8): a story of BENCH_WAN_DRAFT_TG (256) greedy
+# tokens, 1 and 8 sessions, without drafts and with prompt-lookup drafts; with LLAMA_RPC_BIN,
+# llama.cpp's RPC mode over the same links and hosts (tests/bench-wan-rpc.sh).
 #
 # Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan draft. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
@@ -787,6 +790,9 @@ rank0_figs() {
 # stories from one prompt, BENCH_WAN_DRAFT_TG tokens each, long enough that the story repeats
 # itself), 1 and 8 sessions, without drafts and with prompt-lookup drafts (8 a pass): tokens/s,
 # ring passes per generated token, drafts accepted per pass, and the ratio of the two rates.
+# With LLAMA_RPC_BIN (a directory holding llama-bench and rpc-server of a llama.cpp built
+# outside this repository with GGML_RPC on), llama.cpp's RPC mode over the same links and as
+# many hosts, one sequence of BENCH_WAN_RPC_TG (16) tokens: tests/bench-wan-rpc.sh.
 bench_wan_draft() {
     local m=$1 clients=$2 t=$3 tg=${BENCH_WAN_DRAFT_TG:-256} prof n delay k mode a b tok pass acc line
     local prompt="Once upon a time"
@@ -813,6 +819,15 @@ bench_wan_draft() {
                         "$([ $mode = 0 ] && echo "" || awk -v a="${tok:-0}" -v b="${base:-0}" 'BEGIN { if (b > 0) printf "   %.2fx none", a / b }')"
                     [ $mode = 0 ] && base=$tok
                 done
+                # llama.cpp's RPC mode over the same emulated links, n hosts (one session)
+                if [ "$k" = 1 ] && [ -n "${LLAMA_RPC_BIN:-}" ]; then
+                    local rpc
+                    rpc=$(KV_BUILD=$B tests/bench-wan-rpc.sh "$LLAMA_RPC_BIN" "$m" "$n" "$prof" "${BENCH_WAN_RPC_TG:-16}")
+                    a=$(echo "$rpc" | sed -n 's/^tok_s \([0-9.]*\).*/\1/p')
+                    printf "  %-7s  %6s  %8s  %-6s  %12s  %13s  %13s%s\n" "$prof" "$n" 1 "llama.cpp RPC" "${a:-?}" "" "" \
+                        "$(awk -v a="${base:-0}" -v b="${a:-0}" 'BEGIN { if (b > 0) printf "   ring (none) %.1fx", a / b }')"
+                    [ -n "$a" ] || echo "    $rpc"
+                fi
             done
             KV_BUILD=$B tests/wan_ring.sh down "$WD"
             WD=""
