@@ -345,7 +345,7 @@ static void view_from_r0(struct ring_view *v, uint32_t r)
         else
             snprintf(v->why[r], sizeof v->why[r], "no answer: never heard of over the ring");
         cJSON_AddStringToObject(c, "error", v->why[r]);
-        cJSON_ReplaceItemInObjectCaseSensitive(c, "linked", cJSON_CreateFalse());
+        util_json_set(c, "linked", cJSON_CreateFalse());
     }
     v->rows[r] = c;
 }

@@ -36,3 +36,11 @@ int util_json_number_in(const struct cJSON *o, const char *key, double lo, doubl
     *out = v->valuedouble;
     return 0;
 }
+
+void util_json_set(cJSON *o, const char *key, cJSON *v)
+{
+    if (!v)
+        return;
+    if (!o || (!cJSON_ReplaceItemInObjectCaseSensitive(o, key, v) && !cJSON_AddItemToObject(o, key, v)))
+        cJSON_Delete(v);
+}

@@ -132,5 +132,8 @@ const char *util_json_string(const struct cJSON *o, const char *key);
  * untouched); -EINVAL when required and absent, or not a number in range ("CTX: 'KEY' ..."). */
 int util_json_number_in(const struct cJSON *o, const char *key, double lo, double hi, bool required,
                         double *out, const char *ctx, char *err, size_t errlen);
+/* o[key] = v, whether or not o has key already (cJSON's replace does nothing, and keeps v
+ * unowned, when it has not). v is taken: freed when it cannot be put in. */
+void util_json_set(struct cJSON *o, const char *key, struct cJSON *v);
 
 #endif

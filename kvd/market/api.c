@@ -859,7 +859,7 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct model_state *
         if (ms->ls[i] != L_FREE) {
             cJSON *e = lease_json(a, &ms->l[i], ms->ls[i], now);
             if (silent) {
-                cJSON_ReplaceItemInObjectCaseSensitive(e, "state", cJSON_CreateString("silent"));
+                util_json_set(e, "state", cJSON_CreateString("silent"));
                 cJSON_AddNumberToObject(e, "silent_s", beat_age);
             }
             char key[100];

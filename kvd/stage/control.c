@@ -36,7 +36,7 @@ static cJSON *status_json(struct stage *st)
         const struct kvd_link_note *ln = &st->links[k ? st->rank : st->pred];
         cJSON *l = cJSON_GetObjectItemCaseSensitive(o, k ? "out" : "in");
         if (ln->last_reason[0] && cJSON_GetObjectItemCaseSensitive(l, "error"))
-            cJSON_ReplaceItemInObjectCaseSensitive(l, "error", cJSON_CreateString(ln->last_reason));
+            util_json_set(l, "error", cJSON_CreateString(ln->last_reason));
     }
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "in"), "endpoint", "");
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "out"), "endpoint",

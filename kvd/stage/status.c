@@ -400,7 +400,7 @@ cJSON *kvd_status_ring(struct stage *st)
         const cJSON *qi = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(q, "in"), "state");
         if (cJSON_IsString(po) && strcmp(po->valuestring, "up") != 0 && cJSON_IsString(qi) &&
             strcmp(qi->valuestring, "up") != 0) {
-            cJSON_ReplaceItemInObjectCaseSensitive(e, "answer", cJSON_CreateFalse());
+            util_json_set(e, "answer", cJSON_CreateFalse());
             cJSON_AddStringToObject(e, "reason", "both of its neighbours' links with it are down");
         }
     }
