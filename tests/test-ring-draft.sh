@@ -132,6 +132,14 @@ ring_up "$d" --model "$M" --stages 2 --draft lookup --draft-max 6 --api 127.0.0.
     fail "default drafting: $(cat "$TMP/dflt.err")"
 head -c 200 "$TMP/one.0" | cmp -s - <(head -c 200 "$TMP/dflt.txt") || fail "default drafting: text differs"
 grep -q "^drafts: [1-9]" "$TMP/dflt.err" || fail "rank 0's --draft lookup did not draft: $(cat "$TMP/dflt.err")"
+# logits with drafts: a TOKEN of several tokens carries each one's 32000 logits (the link's
+# payload cap counts them); the last position's are one process's, bit for bit
+"$KVCTL" generate -m "$M" -p "${prompts[0]}" -n 60 --temp 0 --ignore-eos -t 1 --dump-logits "$TMP/one32k.lg" \
+    > /dev/null 2>&1 || fail "one-process --dump-logits"
+"$KVCTL" generate --ring "$d" -p "${prompts[0]}" -n 60 --temp 0 --ignore-eos --draft-max 14 \
+    --dump-logits "$TMP/ring32k.lg" > /dev/null 2> "$TMP/lg.err" || fail "--dump-logits with drafts: $(cat "$TMP/lg.err")"
+grep -Eq "^drafts: [0-9]+ proposed, [1-9]" "$TMP/lg.err" || fail "--dump-logits: no draft accepted: $(cat "$TMP/lg.err")"
+cmp -s "$TMP/one32k.lg" "$TMP/ring32k.lg" || fail "--dump-logits with drafts: last logits differ from one process"
 s0=$(draft_field "$d" 0 drafts_sent)
 "$KVCTL" generate --ring "$d" -p "${prompts[0]}" -n 80 --temp 0 --ignore-eos --draft none > /dev/null 2> "$TMP/none.err" ||
     fail "--draft none: $(cat "$TMP/none.err")"

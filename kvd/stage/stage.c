@@ -364,9 +364,11 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         goto fail_be;
     st->chunk = o->chunk && o->chunk < st->m.max_batch ? o->chunk : st->m.max_batch;
     /* The largest payload a peer may send us: an ACT of max_batch rows, an OPEN with a full
-     * context of prompt, a TOKEN with logits, or an ERROR. */
+     * context of prompt, a TOKEN of a verifying pass's tokens with their logits and the next
+     * drafts, or an ERROR. */
     uint64_t cap = (uint64_t)st->m.max_batch * st->m.n_embd * st->m.wire_dsize;
-    uint64_t c2 = NET_OPEN_LEN + (uint64_t)st->m.n_ctx * 4, c3 = 8 + (uint64_t)st->be.n_vocab * 4;
+    uint64_t c2 = NET_OPEN_LEN + (uint64_t)st->m.n_ctx * 4;
+    uint64_t c3 = (uint64_t)NET_TOKENS_MAX * (8 + (uint64_t)st->be.n_vocab * 4) + NET_DRAFTS_MAX * 4;
     if (c2 > cap) cap = c2;
     if (c3 > cap) cap = c3;
     if (4 + NET_ERR_MAX > cap) cap = 4 + NET_ERR_MAX;
