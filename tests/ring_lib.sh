@@ -45,5 +45,32 @@ print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
 # kvd.cmdline from node_cmdline), the node is started again right after the kill, as before;
 # KILL_SIGNAL=STOP stops it instead (tests/ring_kill.py).
 kill_measure() { python3 "$ROOT/tests/ring_kill.py" "$@"; }
+# kill_during SOCK PID MAX_DELAY_MS SIGNAL START: the function START starts clients (setting
+# CLIENT_PIDS and CLIENT_ARGS, PID:OUT_FILE:ERR_FILE ...) and kill_measure sends PID SIGNAL
+# (KILL, STOP) a random delay below MAX_DELAY_MS after every client wrote its first bytes,
+# sessions opened on rank 0's control socket SOCK counting. On a loaded machine the last
+# client may start when the others have ended: then nothing is signalled, the clients are
+# waited for and it starts again (3 tries, the later ones without delay). Sets KILL_MS, the
+# time to every running client's next token, and KILL_RUNNING, the clients running at the kill
+# (> 0: it fails the test otherwise).
+kill_during() {
+    local sock=$1 pid=$2 maxd=$3 sig=$4 start=$5 spec km attempt
+    for attempt in 1 2 3; do
+        spec=$(mktemp "$TMP/kill.XXXXXX") && rm -f "$spec"
+        KILL_OPEN_SOCK=$sock KILL_NEED_RUNNING=1 KILL_SIGNAL=$sig \
+            kill_measure "$pid" $((attempt == 1 ? RANDOM % maxd : 0)) "@$spec" > "$spec.km" &
+        km=$!
+        CLIENT_PIDS="" CLIENT_ARGS=""
+        "$start"
+        EXTRA_PIDS="$EXTRA_PIDS $CLIENT_PIDS $km"
+        echo "$CLIENT_ARGS" > "$spec.tmp" && mv "$spec.tmp" "$spec"
+        wait "$km" || fail "the kill's stopwatch failed"
+        read -r KILL_MS KILL_RUNNING < "$spec.km"
+        [ "$KILL_RUNNING" -gt 0 ] && return 0
+        wait $CLIENT_PIDS
+        echo "note: every session had ended before the kill could fall; again"
+    done
+    fail "no session was running at the kill (the test's timing)"
+}
 # node_cmdline PID: the command line of a running kvd, one argument a line (to start it again)
 node_cmdline() { tr '\0' '\n' < "/proc/$1/cmdline"; }

@@ -172,33 +172,23 @@ ring_down "$d"
 # every text is its one-process text.
 d=$TMP/kill
 ring_up "$d" --model "$M" --stages 3 --standby 1
-for attempt in 1 2 3; do
-    pid=$(serving_pid "$d" 1)
-    [ -n "$pid" ] || fail "nobody serves rank 1"
-    pids="" args=""
-    spec=$TMP/kill.clients
-    rm -f "$spec"
-    KILL_OPEN_SOCK="$d/rank-0/kvd.sock" KILL_NEED_RUNNING=1 \
-        kill_measure "$pid" $((attempt == 1 ? RANDOM % 200 : 0)) "@$spec" > "$TMP/kill.km" &
-    km=$!
-    for i in $(seq 0 3); do
-        n=$((200 + 20 * i))
-        "$KVCTL" generate -m "$M" -p "${prompts[$i]}" -n $n ${samp[$((i * 2))]} --ignore-eos -t 1 \
-            > "$TMP/kone.$i" 2>/dev/null || fail "one-process generate $i"
-        "$KVCTL" generate --ring "$d" -p "${prompts[$i]}" -n $n ${samp[$((i * 2))]} --ignore-eos \
-            --draft lookup > "$TMP/kill.$i" 2> "$TMP/kill.err.$i" &
-        pids="$pids $!"
-        args="$args $!:$TMP/kill.$i:$TMP/kill.err.$i"
-    done
-    EXTRA_PIDS="$EXTRA_PIDS $pids $km"
-    echo "$args" > "$spec.tmp" && mv "$spec.tmp" "$spec"
-    wait "$km" || fail "the kill's stopwatch failed"
-    read -r ms running < "$TMP/kill.km"
-    [ "$running" -gt 0 ] && break
-    wait $pids
-    echo "note: every session had ended before the kill; again"
+for i in $(seq 0 3); do
+    "$KVCTL" generate -m "$M" -p "${prompts[$i]}" -n $((200 + 20 * i)) ${samp[$((i * 2))]} --ignore-eos -t 1 \
+        > "$TMP/kone.$i" 2>/dev/null || fail "one-process generate $i"
 done
-[ "$running" -gt 0 ] || fail "no session was running at the kill (the test's timing)"
+start_drafting() {
+    local i
+    for i in $(seq 0 3); do
+        "$KVCTL" generate --ring "$d" -p "${prompts[$i]}" -n $((200 + 20 * i)) ${samp[$((i * 2))]} \
+            --ignore-eos --draft lookup > "$TMP/kill.$i" 2> "$TMP/kill.err.$i" &
+        CLIENT_PIDS="$CLIENT_PIDS $!"
+        CLIENT_ARGS="$CLIENT_ARGS $!:$TMP/kill.$i:$TMP/kill.err.$i"
+    done
+}
+pid=$(serving_pid "$d" 1)
+[ -n "$pid" ] || fail "nobody serves rank 1"
+kill_during "$d/rank-0/kvd.sock" "$pid" 200 KILL start_drafting
+pids=$CLIENT_PIDS ms=$KILL_MS running=$KILL_RUNNING
 i=0
 for p in $pids; do
     wait "$p" || fail "session $i failed after the kill: $(cat "$TMP/kill.err.$i")"

@@ -39,10 +39,21 @@ for l in sys.stdin:
         print(o[sys.argv[2]]); break' "$1" "$2"
 }
 
+# start_round: the 8 sessions of round $ROUND (kill_during's START)
+start_round() {
+    local i
+    for i in $(seq 0 7); do
+        "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} ${samp[$i]} --ignore-eos \
+            > "$TMP/$ROUND.$i" 2> "$TMP/$ROUND.err.$i" &
+        CLIENT_PIDS="$CLIENT_PIDS $!"
+        CLIENT_ARGS="$CLIENT_ARGS $!:$TMP/$ROUND.$i:$TMP/$ROUND.err.$i"
+    done
+}
+
 # round NAME RANK [STOP]: 8 sessions, RANK's node killed (or stopped) at a random point of
 # them; all must resume.
 round() {
-    local name=$1 rank=$2 sig=${3:-KILL} i pids="" args="" ms pid
+    local name=$1 rank=$2 sig=${3:-KILL} i pids="" ms pid running
     pid=$(serving_pid "$D" "$rank")
     [ -n "$pid" ] || fail "$name: nobody serves rank $rank"
     # what the stages upstream of the dead rank recomputed for replays so far
@@ -50,30 +61,9 @@ round() {
     for r in $(seq 0 $((rank - 1))); do up_before="$up_before $(rank_field "$r" replayed_positions)"; done
     local from_log0
     from_log0=$(rank_field 0 replays_from_log)
-    # On a loaded machine the last client may start when the others have ended: then nothing
-    # is killed and the round starts again (the kill must fall in running sessions).
-    local attempt km spec=$TMP/$name.clients
-    for attempt in 1 2 3; do
-        pids="" args=""
-        rm -f "$spec"
-        KILL_OPEN_SOCK="$D/rank-0/kvd.sock" KILL_NEED_RUNNING=1 KILL_SIGNAL=$sig \
-            kill_measure "$pid" $((attempt == 1 ? RANDOM % 300 : 0)) "@$spec" > "$TMP/$name.km" &
-        km=$!
-        for i in $(seq 0 7); do
-            "$KVCTL" generate --ring "$D" -p "${prompts[$i]}" -n ${lens[$i]} ${samp[$i]} --ignore-eos \
-                > "$TMP/$name.$i" 2> "$TMP/$name.err.$i" &
-            pids="$pids $!"
-            args="$args $!:$TMP/$name.$i:$TMP/$name.err.$i"
-        done
-        EXTRA_PIDS="$EXTRA_PIDS $pids $km"
-        echo "$args" > "$spec.tmp" && mv "$spec.tmp" "$spec"
-        wait "$km" || fail "$name: the kill's stopwatch failed"
-        read -r ms running < "$TMP/$name.km"
-        [ "$running" -gt 0 ] && break
-        wait $pids
-        echo "note: $name: every session had ended before the kill could fall; again"
-    done
-    [ "$running" -gt 0 ] || fail "$name: no session was running at the kill (the test's timing)"
+    ROUND=$name
+    kill_during "$D/rank-0/kvd.sock" "$pid" 300 "$sig" start_round
+    pids=$CLIENT_PIDS ms=$KILL_MS running=$KILL_RUNNING
     i=0
     for p in $pids; do
         wait "$p" || fail "$name: session $i failed: $(cat "$TMP/$name.err.$i")"
