@@ -238,7 +238,7 @@ void net_link_tp_data(struct net_link *l, const void *data, size_t len)
             /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
             uint8_t eb[4 + sizeof r];
             size_t n = strlen(r);
-            eb[0] = 2; eb[1] = eb[2] = eb[3] = 0;
+            eb[0] = NET_ERR_PROTO; eb[1] = eb[2] = eb[3] = 0;
             memcpy(eb + 4, r, n);
             struct net_frame_hdr eh = {.magic = NET_MAGIC, .type = NET_F_ERROR};
             net_link_send(l, &eh, eb, 4 + n);

@@ -80,6 +80,21 @@ enum net_frame_type {
     NET_F_CLOSE = 6, NET_F_ERROR = 7, NET_F_PING = 8, NET_F_PONG = 9, NET_F_STATUS = 10,
     NET_F_MAX = 10
 };
+/* ERROR codes, the u32 that opens an ERROR payload. */
+enum net_err_code {
+    NET_ERR_SESSION = 1,     /* the session failed */
+    NET_ERR_PROTO = 2,       /* session 0: a protocol violation or handshake failure; the
+                              * sender closes the link */
+    NET_ERR_LIMIT = 3,       /* a limit (too many sessions) */
+    NET_ERR_RING = 4,        /* a ring link is down: rank 0 may pause the session until the
+                              * ring is repaired and replay it (docs/ring.md, "Repair") */
+    /* Link reports (docs/design.md, "The ring data path"): session 0, about the link rank
+     * pos -> pos + 1, down (the message is why) or up again, sent by a stage about its out
+     * link back over its in link and passed on by every stage back to rank 0. Unlike other
+     * session-0 ERRORs they leave the link they travel on up. */
+    NET_ERR_LINK_DOWN = 5,
+    NET_ERR_LINK_UP = 6,
+};
 enum net_frame_flag {
     NET_FL_LAST = 1,     /* ACT: the last chunk of a step: the last rank samples after it */
     NET_FL_LOGITS = 2,   /* OPEN: send logits with every TOKEN; TOKEN: logits follow */

@@ -283,7 +283,7 @@ int main(int argc, char **argv)
         net_frame_hdr_encode(&h, b);
         send_all(b, sizeof b);
     } else if (!strcmp(kase, "error-ctl")) {   /* the link's ERROR, sealed, with control bytes */
-        buf[0] = 2;
+        buf[0] = NET_ERR_PROTO;
         memcpy(buf + 4, evil, sizeof evil - 1);
         send_frame(NET_F_ERROR, 0, 0, 0, 0, buf, 4 + sizeof evil - 1);
     } else if (!strcmp(kase, "error-huge")) {   /* an ERROR one byte over NET_ERR_MAX */
@@ -292,7 +292,7 @@ int main(int argc, char **argv)
         send_frame(NET_F_ERROR, 0, 0, 0, 0, e, 4 + NET_ERR_MAX + 1);
         free(e);
     } else if (!strcmp(kase, "report-up")) {   /* a link report sent downstream, not back */
-        buf[0] = 5;
+        buf[0] = NET_ERR_LINK_DOWN;
         memcpy(buf + 4, "down", 4);
         send_frame(NET_F_ERROR, 0, 0, 2, 0, buf, 8);
     } else if (!strcmp(kase, "token")) {

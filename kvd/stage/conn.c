@@ -51,7 +51,7 @@ void kvd_conn_violation(struct conn *c, const char *fmt, ...)
     va_end(ap);
     kvd_log(KVD_LOG_WARN, "link %s (%s): closing: %s", c->role == CONN_OUT ? "out" : "in",
             net_link_peer(c->link), msg);
-    kvd_conn_send_error(c, 0, 2, msg);
+    kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);
     kvd_conn_close(c, msg);
 }
 
@@ -108,7 +108,7 @@ void kvd_conn_report_out(struct stage *st)
     st->out_report_hash = h;
     size_t n = ln->down ? strlen(ln->last_reason) : 0;
     uint8_t buf[4 + KVD_REASON_MAX];
-    wr32(buf, ln->down ? KVD_ERR_LINK_DOWN : KVD_ERR_LINK_UP);
+    wr32(buf, ln->down ? NET_ERR_LINK_DOWN : NET_ERR_LINK_UP);
     memcpy(buf + 4, ln->last_reason, n);
     struct net_frame_hdr hd = {.magic = NET_MAGIC, .type = NET_F_ERROR, .pos = st->rank};
     net_link_send(st->in->link, &hd, buf, 4 + n);

@@ -12,7 +12,7 @@
 #include "kvd/stage/internal.h"
 #include "net/net.h"
 
-/* A link report from the successor (KVD_ERR_LINK_DOWN/UP, docs/design.md, "The ring data path"):
+/* A link report from the successor (NET_ERR_LINK_DOWN/UP, docs/design.md, "The ring data path"):
  * about a link further on (rank pos -> pos + 1, pos past this rank), kept and passed back
  * towards rank 0. Rank 0 logs each distinct state once; a report about any other link is a
  * violation. */
@@ -26,7 +26,7 @@ static void on_link_report(struct conn *c, const struct net_frame_hdr *h, uint32
         VIOLATION(c, "link report about rank %u's out link: not in (%u, %u)", h->pos, st->rank, st->n);
     char why[KVD_REASON_MAX];
     net_text_clean(why, sizeof why, msg, n);
-    bool down = code == KVD_ERR_LINK_DOWN;
+    bool down = code == NET_ERR_LINK_DOWN;
     struct kvd_link_note *ln = &st->links[h->pos];
     bool same = ln->down == down && (!down || !strcmp(ln->last_reason, why));
     kvd_conn_note(st, h->pos, down, h->pos, why);
@@ -83,7 +83,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
     if (h->type == NET_F_ERROR) {
         net_text_clean(emsg, sizeof emsg, payload + 4, h->payload_len - 4);
         uint32_t code = rd32(payload);
-        if (h->session == 0 && (code == KVD_ERR_LINK_DOWN || code == KVD_ERR_LINK_UP)) {
+        if (h->session == 0 && (code == NET_ERR_LINK_DOWN || code == NET_ERR_LINK_UP)) {
             on_link_report(c, h, code, payload + 4, h->payload_len - 4);
             return;
         }
@@ -108,7 +108,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             return;
         if (st->rank == 0) {
             kvd_sess_on_error(st, bs, rd32(payload), emsg);
-        } else if (rd32(payload) == KVD_ERR_RING) {
+        } else if (rd32(payload) == NET_ERR_RING) {
             kvd_sess_hold(st, bs, emsg);   /* kept for the replay where its log is whole */
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
@@ -161,7 +161,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             char msg[200];
             snprintf(msg, sizeof msg, "rank %u: too many sessions (limit %u)", st->rank, st->m.max_sessions);
             if (kvd_conn_out_up(st))
-                kvd_conn_send_error(st->out, h->session, 3, msg);
+                kvd_conn_send_error(st->out, h->session, NET_ERR_LIMIT, msg);
             return;
         }
         /* A session that ended here and opens again: rank 0 replays it after a repair
@@ -195,7 +195,7 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
             char msg[KV_ERR_MAX];
             kvd_conn_out_down_why(st, msg, sizeof msg);
-            kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+            kvd_sess_fail_code(st, s, NET_ERR_RING, msg);
         }
         return;
     }

@@ -232,17 +232,6 @@ void kvd_job_free(struct kvd_job *j);
 #define RELAY_WAIT_MS 60000     /* an in-link through a relay that no predecessor came to is
                                  * dialled again after this (the relay usually ends it first) */
 #define TICK_MS 250             /* the periodic check: pings, deadlines, idle sessions */
-/* ERROR codes (the u32 that opens an ERROR payload): 1 a session failed, 2 a protocol
- * violation or handshake failure (session 0), 3 a limit, 4 a ring link is down: rank 0 may
- * pause the session until the ring is repaired and replay it (docs/ring.md, "Repair"). */
-#define KVD_ERR_SESSION 1
-#define KVD_ERR_RING 4
-/* Link reports (docs/design.md, "The ring data path"): an ERROR of session 0 with
- * code 5 (the link rank pos -> pos + 1 is down; the message is why) or 6 (it is up again),
- * sent by a stage about its out link back over its in link and passed on by every stage
- * back to rank 0. Unlike other session-0 ERRORs it leaves the link it travels on up. */
-#define KVD_ERR_LINK_DOWN 5
-#define KVD_ERR_LINK_UP 6
 #define REPAIR_TICK_MS 50           /* rank 0 looks for a repaired ring this often */
 #define REPAIR_GRACE_MS 10000       /* a ring starting: its stages may not listen yet */
 #define REPLAY_BACKOFF_MAX_MS 2000  /* replays through a ring still broken back off up to this */
@@ -571,21 +560,21 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
 void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
-/* The same with the ERROR code to send on (KVD_ERR_SESSION, KVD_ERR_RING). */
+/* The same with the ERROR code to send on (NET_ERR_SESSION, NET_ERR_RING). */
 void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Any rank: a ring link is down under every session here: rank 0 pauses them (or ends them
- * when it does not wait for repairs), the others pass an ERROR code 4 on and drop them, or,
+ * when it does not wait for repairs), the others pass an ERROR code NET_ERR_RING on and drop them, or,
  * when the link that broke is the out link (out), hold those with a whole boundary log. */
 void kvd_sess_fail_all(struct stage *st, const char *msg, bool out);
 /* Ranks > 0: the way downstream broke under s: hold it (KV and log kept for the replay) when
- * its log is whole, else drop it; pass an ERROR code 4 on towards rank 0 either way. */
+ * its log is whole, else drop it; pass an ERROR code NET_ERR_RING on towards rank 0 either way. */
 void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg);
 /* Ranks > 0: OPEN flagged REPLAY (h, payload) for s, which this stage still has: pass the OPEN
  * on, resend s's log and skip what its KV holds (true), or false when it cannot (the last rank,
  * its log dropped): the caller drops it and recomputes it like a new session. */
 bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
                      const uint8_t *payload);
-/* Rank 0: an ERROR came for s: code KVD_ERR_RING pauses it for a repair, others end it. */
+/* Rank 0: an ERROR came for s: code NET_ERR_RING pauses it for a repair, others end it. */
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Rank 0: the ring broke under s: pause it (free its KV here, CLOSE it round the ring, note to
  * the client) until kvd_sess_replay, or end it when repairs are not awaited. */

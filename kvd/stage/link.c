@@ -236,7 +236,7 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         else
             snprintf(r, sizeof r, "%s", err);
         if (rc != -ECONNREFUSED)
-            kvd_conn_send_error(c, 0, 2, err);
+            kvd_conn_send_error(c, 0, NET_ERR_PROTO, err);
         kvd_conn_close(c, r);
         return;
     }
@@ -335,7 +335,7 @@ static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const ui
                    ok ? ph.rank : 0);
         char msg[120];
         snprintf(msg, sizeof msg, "this standby may not serve rank %u (after rank %u)", r, ok ? ph.rank : 0);
-        kvd_conn_send_error(c, 0, 2, msg);
+        kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);
         kvd_conn_close(c, "not a rank this standby may serve");
         return;
     }
@@ -614,7 +614,7 @@ void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
         reject_log(st, net_link_peer(l), "refusing it: %s", why);
         char msg[80];
         snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
-        kvd_conn_send_error(c, 0, 2, msg);   /* the peer logs why (in the clear: no keys) */
+        kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);   /* the peer logs why (in the clear: no keys) */
         net_link_close(l, "refused");
         return;
     }

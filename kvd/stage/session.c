@@ -307,7 +307,7 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
     kvd_sess_drop(st, s);
 }
 
-/* Any rank: the session failed here (ERROR code: KVD_ERR_SESSION, or KVD_ERR_RING when a
+/* Any rank: the session failed here (ERROR code: NET_ERR_SESSION, or NET_ERR_RING when a
  * ring link is down). Rank 0 tells its client, or pauses the session for a repair; others
  * pass ERROR on. */
 void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg)
@@ -323,20 +323,20 @@ void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const c
         kvd_conn_send_error(st->out, s->id, code, msg);
     else if (st->in && st->in->up)
         kvd_conn_send_error(st->in, s->id, code, msg);
-    if (code == KVD_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
+    if (code == NET_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
         kvd_receipt_park(st, s);
     kvd_sess_drop(st, s);
 }
 
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
 {
-    kvd_sess_fail_code(st, s, KVD_ERR_SESSION, msg);
+    kvd_sess_fail_code(st, s, NET_ERR_SESSION, msg);
 }
 
 void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
 {
     if (st->rank == 0 || st->is_last || s->log_dropped) {
-        kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+        kvd_sess_fail_code(st, s, NET_ERR_RING, msg);
         return;
     }
     if (!s->held)
@@ -344,9 +344,9 @@ void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
                 "%u logged): %s", s->id, s->kv_end, s->log_end, msg);
     s->held = true;
     if (kvd_conn_out_up(st))
-        kvd_conn_send_error(st->out, s->id, KVD_ERR_RING, msg);
+        kvd_conn_send_error(st->out, s->id, NET_ERR_RING, msg);
     else if (st->in && st->in->up)
-        kvd_conn_send_error(st->in, s->id, KVD_ERR_RING, msg);
+        kvd_conn_send_error(st->in, s->id, NET_ERR_RING, msg);
 }
 
 void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
@@ -356,7 +356,7 @@ void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
         if (out && st->rank != 0)
             kvd_sess_hold(st, s, msg);
         else
-            kvd_sess_fail_code(st, s, KVD_ERR_RING, msg);
+            kvd_sess_fail_code(st, s, NET_ERR_RING, msg);
     }
 }
 
@@ -394,7 +394,7 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
 
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg)
 {
-    if (code == KVD_ERR_RING)
+    if (code == NET_ERR_RING)
         kvd_sess_pause(st, s, msg);
     else
         kvd_sess_finish(st, s, NULL, msg);
@@ -479,7 +479,7 @@ void kvd_sess_repair_tick(struct stage *st)
     if (!linked || now < st->next_replay_ms)
         return;
     /* Both of rank 0's links are up: replay. A link further down still broken sends the
-     * sessions back here with ERROR code 4, and the next try waits twice as long. */
+     * sessions back here with ERROR code 4 (NET_ERR_RING), and the next try waits twice as long. */
     st->next_replay_ms = now + st->replay_backoff_ms;
     st->replay_backoff_ms = st->replay_backoff_ms * 2 > REPLAY_BACKOFF_MAX_MS ? REPLAY_BACKOFF_MAX_MS
                             : st->replay_backoff_ms * 2;
