@@ -126,7 +126,7 @@ static void extrapolate_window(struct model_src *m, uint32_t wf, uint32_t wl)
     char key[128];
     snprintf(key, sizeof key, "%s.full_attention_interval", m->arch);
     if (gguf_get_u32(m->gf, key, &fai) != 0 && (!strcmp(m->arch, "qwen35") || !strcmp(m->arch, "qwen35moe")))
-        fai = 4;
+        fai = MODEL_FULL_ATTN_INTERVAL_DEFAULT;
     snprintf(key, sizeof key, "%s.vocab_size", m->arch);
     if (gguf_get_u32(m->gf, key, &vocab) != 0) {
         const struct gguf_value *arr;

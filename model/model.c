@@ -108,7 +108,7 @@ static int read_hparams(struct gguf_file *f, struct model_hparams *hp,
             return rc;
     }
     if ((*ad)->hybrid) {
-        hp->full_attn_interval = 4;
+        hp->full_attn_interval = MODEL_FULL_ATTN_INTERVAL_DEFAULT;
         if ((rc = get_u32(f, a, "full_attention_interval", &hp->full_attn_interval, false, 1, MODEL_MAX_LAYERS, err, errlen)) ||
             (rc = get_u32(f, a, "ssm.conv_kernel", &hp->ssm_conv_kernel, true, 1, MODEL_MAX_CONV, err, errlen)) ||
             (rc = get_u32(f, a, "ssm.state_size", &hp->ssm_d_state, true, 1, MODEL_MAX_HEAD_DIM, err, errlen)) ||

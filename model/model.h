@@ -20,6 +20,10 @@ struct gguf_file;
 
 /* ======================= window + executor + sampler ======================= */
 
+/* A hybrid's (qwen35, qwen35moe) full_attention_interval when its file does not say, as
+ * llama.cpp defaults it: every fourth block is full attention. */
+#define MODEL_FULL_ATTN_INTERVAL_DEFAULT 4u
+
 struct model_hparams {
     char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe" */
     uint32_t n_layer;         /* layers of the main pass: block_count - nextn_predict_layers.

@@ -210,7 +210,7 @@ struct plan_hparams {
     uint32_t n_embd, n_vocab, n_ff;
     uint32_t n_head, n_head_kv, head_dim;
     uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
-    uint32_t full_attention_interval;            /* qwen35*: 4 */
+    uint32_t full_attention_interval;            /* qwen35*: 0 is MODEL_FULL_ATTN_INTERVAL_DEFAULT */
     uint32_t ssm_conv_kernel, ssm_group_count, ssm_time_step_rank, ssm_state_size;
     bool tied_embeddings;
     double bits_per_weight;       /* matrices; norms and small vectors are f32 */

@@ -249,7 +249,7 @@ int plan_tensors_from_hparams(const struct plan_hparams *h, struct plan_tensor *
         .n_head = h->n_head, .n_head_kv = h->n_head_kv, .head_dim = h->head_dim, .n_rot = h->head_dim,
         .n_expert = h->n_expert, .n_expert_used = h->n_expert_used, .n_ff_exp = h->n_ff_exp,
         .n_ff_shexp = h->n_ff_shexp,
-        .full_attn_interval = h->full_attention_interval ? h->full_attention_interval : 4,
+        .full_attn_interval = h->full_attention_interval ? h->full_attention_interval : MODEL_FULL_ATTN_INTERVAL_DEFAULT,
         .ssm_conv_kernel = h->ssm_conv_kernel, .ssm_d_state = h->ssm_state_size,
         .ssm_n_group = h->ssm_group_count, .ssm_dt_rank = h->ssm_time_step_rank,
         .ssm_d_inner = h->ssm_time_step_rank * h->ssm_state_size,
