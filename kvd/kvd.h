@@ -1,5 +1,5 @@
-/* kvd — the daemon: its roles (stage, seeder, relay), each with a `kvd_<role>_main` that
- * parses that role's options, and the log every role writes to.
+/* kvd — the daemon: its roles (stage, seeder, relay, market, join), each with a
+ * `kvd_<role>_main` that parses that role's options, and the log every role writes to.
  *
  * Sections: [log], [config and service], [stage], [seeder], [relay], [market + join].
  */
