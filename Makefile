@@ -1,6 +1,7 @@
 # Kvasir — one non-recursive Makefile.
 #   make            build build/kvd and build/kvctl
 #   make test       set-up, build, run the suite, then again under ASan+UBSan, then a bounded fuzz run
+#   make check      the C unit tests and the fast shell tests (tests/check.list): no set-up, minutes
 #   make demo       set-up, build, run the demo (tests/demo.sh)
 #   make bench      set-up, build, run the benchmarks (tests/bench.sh)
 #   make fuzz       run the fuzz targets until interrupted (FUZZ_TIME=seconds to bound)
@@ -129,7 +130,7 @@ KVD_STUB   := $(B)/tests/kvd-stub
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
 
-.PHONY: all tests test demo bench fuzz fuzzers fuzz-objs setup setup-test clean install uninstall
+.PHONY: all tests test check demo bench fuzz fuzzers fuzz-objs setup setup-test clean install uninstall
 all: $(B)/kvd $(B)/kvctl
 tests: all $(TESTS) $(TOOLS) $(KVD_STUB)
 
@@ -218,6 +219,12 @@ test: setup-test
 	@$(MAKE) --no-print-directory tests
 	@$(MAKE) --no-print-directory SAN=1 tests
 	@tests/run.sh build build/asan
+
+# The quick one, without the package set-up: the C unit tests and the fast shell tests of
+# tests/check.list, normal build only (docs/hacking.md).
+check:
+	@$(MAKE) --no-print-directory tests
+	@CHECK=1 tests/run.sh build
 
 demo: setup
 	@$(MAKE) --no-print-directory all

@@ -3,7 +3,8 @@
 # each in its own process with a timeout, for each build directory given (default: build).
 # Scripts get KV_BUILD (the build directory) in the environment. KV_TESTDATA points at the
 # shared test data (default ../shared/testdata next to the repository).
-# Filter with TESTS=<substring>. A failed test shows the lines of its log that start with
+# Filter with TESTS=<substring>; CHECK=1 runs the C tests and only the shell tests named in
+# tests/check.list (make check). A failed test shows the lines of its log that start with
 # FAIL (for a C test, each failed case and why) and the log's tail.
 # Ends with "N passed, N failed"; exits 1 on any failure.
 set -u
@@ -20,6 +21,10 @@ for B in "$@"; do
     for t in $items; do
         name=$(basename "$t")
         [ -n "${TESTS:-}" ] && case "$name" in *"$TESTS"*) ;; *) continue ;; esac
+        if [ "${CHECK:-0}" = 1 ] && [ "${name%.sh}" != "$name" ] &&
+           ! grep -qx -- "$name" tests/check.list; then
+            continue
+        fi
         log="$B/test-logs/$name.log"
         start=$(date +%s)
         ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
@@ -40,7 +45,7 @@ for B in "$@"; do
         fi
     done
 done
-if [ -z "${TESTS:-}" ] && [ -x tests/fuzz.sh ] && [ "${FUZZ_TIME:-60}" != 0 ]; then
+if [ -z "${TESTS:-}" ] && [ "${CHECK:-0}" != 1 ] && [ -x tests/fuzz.sh ] && [ "${FUZZ_TIME:-60}" != 0 ]; then
     if tests/fuzz.sh "${FUZZ_TIME:-60}" > build/test-logs/fuzz.log 2>&1; then
         pass=$((pass + 1)); echo "PASS fuzz"
     else
