@@ -116,7 +116,7 @@ ring: $(cat "$TMP/conc.$i")
 one:  $(cat "$TMP/one.$i")"
     i=$((i + 1))
 done
-acc=$(cat "$TMP"/conc.err.* | sed -n 's/^drafts: [0-9]* proposed, \([0-9]*\) accepted.*/\1/p' | paste -sd+ | bc)
+acc=$(cat "$TMP"/conc.err.* | sed -n 's/^drafts: [0-9]* proposed, \([0-9]*\) accepted.*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
 [ "$acc" -gt 0 ] || fail "8 concurrent sessions: no draft accepted"
 runs=$("$KVCTL" status --ring "$d" --json | sed -n 2p | python3 -c 'import json,sys; print(json.load(sys.stdin)["batches"]["runs"])')
 [ "$runs" -gt 0 ] || fail "rank 1 never batched two sessions' steps"
