@@ -61,6 +61,13 @@ void kvd_service_stopping(void);
 /* --port-file PATH of a role listening on port 0: the bound port, one line (for scripts and
  * tests); a file that cannot be written is logged. */
 void kvd_port_file_write(const char *path, int port);
+/* The end of a role's main (the relay, the seeder, the market): SIGINT, SIGTERM and SIGHUP
+ * (unless kvd_sighup_stops reloads instead) stop it: the log says which, the service manager
+ * hears it is stopping, the signal handles close and stop(ud) closes the role's own handles.
+ * Tells the service manager the role is ready (status), then runs loop until nothing is left
+ * in it. Returns uv_run's result. */
+struct uv_loop_s;
+int kvd_role_run(struct uv_loop_s *loop, const char *status, void (*stop)(void *ud), void *ud);
 
 /* ================================== stage ================================== */
 /* The stage role (docs/design.md, "The ring data path"): a kvd that holds the layer window

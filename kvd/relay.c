@@ -858,19 +858,9 @@ void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud)
 
 /* ---------------------------------------------------------------- kvd --role relay */
 
-static struct kvd_relay *main_relay;
-static uv_signal_t sig_int, sig_term, sig_hup;
-
-static void on_signal(uv_signal_t *s, int signum)
+static void relay_stop(void *ud)
 {
-    if (signum == SIGHUP && !kvd_sighup_stops())
-        return;   /* a service's config reload */
-    kvd_log(KVD_LOG_INFO, "shutting down: %s", signum == SIGTERM ? "SIGTERM" : signum == SIGHUP ? "SIGHUP (hang-up)" : "SIGINT");
-    kvd_service_stopping();
-    kvd_relay_close(main_relay, NULL, NULL);
-    uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_close((uv_handle_t *)&sig_term, NULL);
-    uv_close((uv_handle_t *)&sig_hup, NULL);
+    kvd_relay_close(ud, NULL, NULL);
 }
 
 static void relay_usage(FILE *f)
@@ -1028,6 +1018,7 @@ int kvd_relay_main(int argc, char **argv)
     kvd_log_set_prefix("relay");
     uv_loop_t *loop = uv_default_loop();
     char err[KV_ERR_MAX];
+    struct kvd_relay *main_relay;
     int rc = kvd_relay_new(&main_relay, loop, &cfg, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "%s", err);
@@ -1035,16 +1026,9 @@ int kvd_relay_main(int argc, char **argv)
     }
     kvd_log(KVD_LOG_INFO, "listening on %s port %d (%s)", cfg.listen, kvd_relay_port(main_relay),
             cfg.plain ? "plain ws" : "TLS");
-    uv_signal_init(loop, &sig_int);
-    uv_signal_init(loop, &sig_term);
-    uv_signal_init(loop, &sig_hup);
-    uv_signal_start(&sig_int, on_signal, SIGINT);
-    uv_signal_start(&sig_term, on_signal, SIGTERM);
-    uv_signal_start(&sig_hup, on_signal, SIGHUP);
     char status[128];
     snprintf(status, sizeof status, "relay on port %d", kvd_relay_port(main_relay));
-    kvd_service_ready(status);
-    uv_run(loop, UV_RUN_DEFAULT);
+    kvd_role_run(loop, status, relay_stop, main_relay);
     uv_loop_close(loop);
     return 0;
 }

@@ -13,22 +13,9 @@
 #include "util/util.h"
 #include "util/err.h"
 
-static uv_signal_t sig_int, sig_term, sig_hup;
-static struct net_http_server *main_srv;
-
-static void on_signal(uv_signal_t *h, int signum)
+static void seeder_stop(void *ud)
 {
-    if (signum == SIGHUP && !kvd_sighup_stops())
-        return;   /* a service's config reload */
-    kvd_log(KVD_LOG_INFO, "shutting down: %s", signum == SIGTERM ? "SIGTERM" : signum == SIGHUP ? "SIGHUP (hang-up)" : "SIGINT");
-    kvd_service_stopping();
-    uv_signal_stop(&sig_int);
-    uv_signal_stop(&sig_term);
-    uv_signal_stop(&sig_hup);
-    uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_close((uv_handle_t *)&sig_term, NULL);
-    uv_close((uv_handle_t *)&sig_hup, NULL);
-    net_http_server_close(main_srv, NULL, NULL);
+    net_http_server_close(ud, NULL, NULL);
 }
 
 static void seeder_usage(FILE *out)
@@ -189,17 +176,9 @@ int kvd_seeder_main(int argc, char **argv)
     kvd_log(KVD_LOG_INFO, "listening on %s port %d", listen, net_http_server_port(srv));
     if (port_file)
         kvd_port_file_write(port_file, net_http_server_port(srv));
-    main_srv = srv;
-    uv_signal_init(loop, &sig_int);
-    uv_signal_init(loop, &sig_term);
-    uv_signal_init(loop, &sig_hup);
-    uv_signal_start(&sig_int, on_signal, SIGINT);
-    uv_signal_start(&sig_term, on_signal, SIGTERM);
-    uv_signal_start(&sig_hup, on_signal, SIGHUP);
     char status[128];
     snprintf(status, sizeof status, "seeding on port %d", net_http_server_port(srv));
-    kvd_service_ready(status);
-    uv_run(loop, UV_RUN_DEFAULT);
+    kvd_role_run(loop, status, seeder_stop, srv);
     seed_server_free(sd);
     uv_loop_close(loop);
     return 0;

@@ -14,18 +14,12 @@
 #include "util/err.h"
 #include "util/util.h"
 
-static uv_signal_t sig_int, sig_term;
 static struct net_http_server *main_srv;
 static struct kvd_market_api *main_api;
 
-static void on_signal(uv_signal_t *h, int signum)
+static void market_stop(void *ud)
 {
-    (void)h;
-    (void)signum;
-    uv_signal_stop(&sig_int);
-    uv_signal_stop(&sig_term);
-    uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_close((uv_handle_t *)&sig_term, NULL);
+    (void)ud;
     kvd_market__api_close(main_api);
     net_http_server_close(main_srv, NULL, NULL);
 }
@@ -242,11 +236,9 @@ int kvd_market_main(int argc, char **argv)
     if (port_file)
         kvd_port_file_write(port_file, net_http_server_port(srv));
     main_srv = srv;
-    uv_signal_init(loop, &sig_int);
-    uv_signal_init(loop, &sig_term);
-    uv_signal_start(&sig_int, on_signal, SIGINT);
-    uv_signal_start(&sig_term, on_signal, SIGTERM);
-    uv_run(loop, UV_RUN_DEFAULT);
+    char status[128];
+    snprintf(status, sizeof status, "market on port %d", net_http_server_port(srv));
+    kvd_role_run(loop, status, market_stop, NULL);
     kvd_market__api_free(main_api);
     kvd_market__store_close(st);
     uv_loop_close(loop);
