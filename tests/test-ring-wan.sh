@@ -9,7 +9,9 @@
 #     the one-process tokens, greedy and seeded, also 4 sessions at once, and its links' RTTs
 #     say the proxies are on them;
 #   - the same behind `phone` proxies with a loss every 20 segments: the same tokens, and the
-#     proxies did lose segments.
+#     proxies did lose segments;
+#   - rank 1 behind a relay (WAN_RING_RELAY): the same tokens, with drafts too, and the relayed
+#     hop's RTT two legs long.
 . "$(dirname "$0")/ring_lib.sh"
 need_exec "$TOOLS/tool-wan-proxy"
 M=$(need_model TinyLLama-v0-q4_0.gguf) || exit 1
@@ -115,4 +117,25 @@ lost=$(cat "$d"/wan-*.log | grep -c "lost")
 [ "$lost" -gt 0 ] || fail "the phone proxies lost no segment"
 tests/wan_ring.sh down "$d"
 echo "ok 3-stage ring behind phone proxies, $lost segments lost: one-process tokens"
+
+# A phone behind NAT: rank 1 accepts no connection, its in-link goes through a relay, and both
+# legs of that hop cross its proxy (5 ms each way): the same tokens, with drafts too; rank 0's
+# out link (through the relay) has an RTT of at least two legs' delays (lower bounds only: a
+# busy machine only adds).
+d=$T/relay
+WAN_RING_RELAY=1 wan_ring "$d" none --delay-ms 5
+same_tokens "$d" "relayed rank 1"
+out=$("$KVCTL" generate --ring "$d" --ids -p "$PROMPT" -n $N --temp 0 --draft lookup 2>"$T/err") ||
+    fail "relayed rank 1 with drafts: $(cat "$T/err")"
+[ "$out" = "$one" ] || fail "relayed rank 1 with drafts: '$out' vs '$one'"
+grep -q "in-link through the relay" "$d/rank-1/kvd.log" || fail "rank 1 did not take its in-link through the relay"
+rtts=($("$KVCTL" status --ring "$d" --json | python3 -c '
+import json, sys
+print(" ".join(str(json.loads(l)["out"]["rtt_ms"]) for l in sys.stdin))' 2>/dev/null))
+echo "relayed ring link RTTs: ${rtts[*]} ms"
+[ "${#rtts[@]}" = 3 ] || fail "no RTTs in the ring's status"
+ge "${rtts[0]}" 20 || fail "the relayed hop's RTT is ${rtts[0]} ms, under its two legs' 20 ms"
+ge "${rtts[1]}" 10 || fail "a direct hop's RTT is ${rtts[1]} ms, under its leg's 10 ms"
+tests/wan_ring.sh down "$d"
+echo "ok a relayed rank behind the proxies: one-process tokens, the relayed hop two legs long"
 finish
