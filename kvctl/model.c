@@ -845,8 +845,10 @@ int kvctl_cmd_bench(int argc, char **argv)
         if (sess[i] == 1)
             base = ts;
         printf("tg%ld_sessions %ld %.2f tok/s aggregate", n_tg, sess[i], ts);
+        /* and what a step of K rows (one per session) costs in one-row steps: K / the ratio */
         if (base > 0)
-            printf(" = %.2fx one session", ts / base);
+            printf(" = %.2fx one session; a step of %ld rows costs %.2f one-row steps", ts / base,
+                   sess[i], (double)sess[i] * base / ts);
         printf("\n");
     }
     if (want_bw) {

@@ -125,7 +125,8 @@ echo "$out" | grep -Eq '^weight_bytes_per_token [0-9]+' || fail "bench bytes: $o
 # --sessions: K sessions decoding together, one line per K with its ratio to one session.
 out=$("$KVCTL" bench -m "$M" -p 4 -n 4 -t 1 --sessions 1,3 2>&1)
 echo "$out" | grep -Eq '^tg4_sessions 1 [0-9.]+ tok/s aggregate = 1.00x one session' || fail "bench --sessions 1: $out"
-echo "$out" | grep -Eq '^tg4_sessions 3 [0-9.]+ tok/s aggregate = [0-9.]+x one session' || fail "bench --sessions 3: $out"
+echo "$out" | grep -Eq '^tg4_sessions 3 [0-9.]+ tok/s aggregate = [0-9.]+x one session; a step of 3 rows costs [0-9.]+ one-row steps' ||
+    fail "bench --sessions 3: $out"
 "$KVCTL" bench -m "$M" -p 4 -n 4 --sessions 0 >/dev/null 2>&1; [ $? = 2 ] || fail "bench --sessions 0 accepted"
 
 # Refusals: usage errors exit 2, a bad model file exits 1 with a message.
