@@ -373,6 +373,7 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
     }
     s->held = false;
     s->next_pos = 0;              /* the history comes again from position 0 */
+    s->drafted = false;           /* ... one row a token: no verifying pass to go back into */
     s->skip_below = s->kv_end;    /* what the KV holds is not computed again */
     /* nothing of this replay is computed here a second time: the KV keeps [0, kv_end), and
      * the rows past it (in flight when the ring broke) are computed here for the first time,
