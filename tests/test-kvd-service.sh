@@ -95,6 +95,8 @@ check "a broken config on reload is named and the running settings kept" 'grep -
 kill -TERM "$kpid"
 wait "$kpid"
 rc=$?
+# the listener (another process) writes each datagram down as it gets it: wait for it
+wait_for 10 grep -q "STOPPING=1" "$T/notify.txt"
 check "SIGTERM: STOPPING=1 and exit status 0" '[ $rc -eq 0 ] && grep -q "STOPPING=1" "$T/notify.txt"'
 
 # 4. from a terminal (an adb shell, a login) SIGHUP is a hang-up: a clean stop
