@@ -79,13 +79,16 @@ js=$(stat -c '%d:%i' "$T/journal.log")
 NOTIFY_SOCKET="$T/notify.sock" JOURNAL_STREAM="$js" setsid $exec_start >> "$T/journal.log" 2>&1 &
 kpid=$!
 pids="$pids $kpid"
-wait_for 20 grep -qs "READY=1" "$T/notify.txt"
+wait_for 20 grep -qs "STATUS=rank 0 of 3" "$T/notify.txt"   # READY=1 comes first, in the same datagram
 check "READY=1 once the stage listens, with its rank in STATUS" 'grep -q "READY=1" "$T/notify.txt" && grep -q "STATUS=rank 0 of 3" "$T/notify.txt"'
 check "journal lines: syslog priority, no timestamp of its own" 'grep -q "^<6>INFO" "$T/journal.log" && ! grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T" "$T/journal.log"'
 # reload: the log level at once, another change named as waiting for a restart
 sed -i 's/^log-level = info/log-level = debug/; s/^rank = 0/rank = 0\nidle-timeout = 60/' "$T/etc/kvd/kvd.conf"
 kill -HUP "$kpid"
 wait_for 5 grep -q "config reloaded" "$T/journal.log"
+# the notifications reach the listener (another process) on their own time: wait for them
+reloaded() { grep -q "RELOADING=1" "$T/notify.txt" && [ "$(grep -c READY=1 "$T/notify.txt")" -ge 2 ]; }
+wait_for 10 reloaded
 check "SIGHUP reloads: RELOADING=1 then READY=1, the process stays" 'grep -q "RELOADING=1" "$T/notify.txt" && [ "$(grep -c READY=1 "$T/notify.txt")" -ge 2 ] && kill -0 $kpid'
 check "the new log level applies, a changed key is named for restart" 'grep -q "log level debug" "$T/journal.log" && grep -q "idle-timeout changed (line" "$T/journal.log"'
 echo "bogus-key = 1" >> "$T/etc/kvd/kvd.conf"
@@ -95,7 +98,6 @@ check "a broken config on reload is named and the running settings kept" 'grep -
 kill -TERM "$kpid"
 wait "$kpid"
 rc=$?
-# the listener (another process) writes each datagram down as it gets it: wait for it
 wait_for 10 grep -q "STOPPING=1" "$T/notify.txt"
 check "SIGTERM: STOPPING=1 and exit status 0" '[ $rc -eq 0 ] && grep -q "STOPPING=1" "$T/notify.txt"'
 
