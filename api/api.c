@@ -435,12 +435,11 @@ static int params_parse(struct api_server *s, const cJSON *q, bool chat, struct 
     p->draft = -1;
     const cJSON *dr = field(q, "draft");
     if (dr) {
-        if (!cJSON_IsString(dr) || (strcmp(dr->valuestring, "lookup") && strcmp(dr->valuestring, "none"))) {
+        if ((p->draft = model_draft_mode(cJSON_GetStringValue(dr))) < 0) {
             *bad = "draft";
             snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
             return -EINVAL;
         }
-        p->draft = !strcmp(dr->valuestring, "lookup");
     }
     NUM("draft_max", 1, MODEL_DRAFT_MAX, true, p->draft_max = (uint32_t)d);
     if (bool_field(q, "ignore_eos", &p->ignore_eos, msg, n) < 0) {

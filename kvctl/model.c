@@ -320,11 +320,11 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_DRAFT:
-            if (strcmp(optarg, "lookup") && strcmp(optarg, "none")) {
+            if (model_draft_mode(optarg) < 0) {
                 fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
                 return 2;
             }
-            draft = !strcmp(optarg, "lookup");
+            draft = model_draft_mode(optarg) == 1;
             break;
         case OPT_DRAFT_MAX: rc = kvctl_parse_long("--draft-max", optarg, 1, MODEL_DRAFT_MAX, &draft_max); break;
         case OPT_DEVICE: device = optarg; break;

@@ -1660,7 +1660,7 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case O_CKEY: ckey = optarg; break;
         case O_DRAFT:
-            if (strcmp(optarg, "lookup") && strcmp(optarg, "none")) {
+            if (model_draft_mode(optarg) < 0) {
                 fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
                 rc = -EINVAL;
             }

@@ -215,6 +215,15 @@ uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t
     return 0;
 }
 
+int model_draft_mode(const char *name)
+{
+    if (name && !strcmp(name, "lookup"))
+        return 1;
+    if (name && !strcmp(name, "none"))
+        return 0;
+    return -EINVAL;
+}
+
 uint32_t model_gen_n_prompt(const struct model_gen *g)
 {
     return g->n_prompt;

@@ -434,6 +434,9 @@ uint32_t model_gen_n_prompt(const struct model_gen *g);
                               * kern_type_rows_exact), so a verified row is the row a one-row
                               * step would give */
 uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
+/* A drafting mode's name, as every option and request field spells it: 1 "lookup", 0 "none",
+ * -EINVAL for anything else (NULL included). */
+int model_draft_mode(const char *name);
 uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */

@@ -8,6 +8,7 @@
 #include "kernels/kern.h"
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
+#include "model/model.h"
 #include "ringlib/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
@@ -58,9 +59,10 @@ static int set_chunk(struct kvd_stage_opts *o, const char *v) { return parse_u32
 static int set_batch_wait(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 0, 1000000, &o->batch_wait_us); }
 static int set_draft(struct kvd_stage_opts *o, const char *v)
 {
-    if (strcmp(v, "lookup") && strcmp(v, "none"))
-        return -EINVAL;
-    o->draft = !strcmp(v, "lookup");
+    int m = model_draft_mode(v);
+    if (m < 0)
+        return m;
+    o->draft = m == 1;
     return 0;
 }
 static int set_draft_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, NET_DRAFTS_MAX, &o->draft_max); }

@@ -68,16 +68,13 @@ uint32_t kvd_sess_n_hist(const struct sess *s)
 
 /* Free s's boundary log; why != NULL: it outgrew a cap, and the session can no longer be
  * resumed from it (a replay recomputes it: docs/ring.md, "Repair"). */
+static void blog_truncate(struct stage *st, struct sess *s, uint32_t pos);
+
 static void blog_free(struct stage *st, struct sess *s, const char *why)
 {
-    for (struct blog_entry *e = s->log_head, *next; e; e = next) {
-        next = e->next;
-        free(e->data);
-        free(e);
-    }
-    st->blog_bytes -= s->log_bytes;
-    s->log_head = s->log_tail = NULL;
-    s->log_bytes = 0;
+    uint32_t end = s->log_end;   /* what was logged stays known (the messages name it) */
+    blog_truncate(st, s, 0);
+    s->log_end = end;
     if (why && !s->log_dropped) {
         st->blog_dropped++;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": boundary log dropped (%s): a replay "
@@ -675,11 +672,10 @@ int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, 
     *draft = -1;
     *draft_max = 0;
     if (d && !cJSON_IsNull(d)) {
-        if (!cJSON_IsString(d) || (strcmp(d->valuestring, "lookup") && strcmp(d->valuestring, "none"))) {
+        if ((*draft = model_draft_mode(cJSON_GetStringValue(d))) < 0) {
             snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
             return -EINVAL;
         }
-        *draft = !strcmp(d->valuestring, "lookup");
     }
     if (k && !cJSON_IsNull(k)) {
         if (!cJSON_IsNumber(k) || !(k->valuedouble >= 1 && k->valuedouble <= NET_DRAFTS_MAX) ||
