@@ -215,15 +215,20 @@ setup:
 setup-test:
 	@scripts/setup.sh --test
 
+# The builds take every CPU unless make was given -j itself; tests/run.sh runs the tests side
+# by side (TEST_JOBS, default the CPUs; docs/hacking.md).
+NPROC  := $(shell nproc 2>/dev/null || echo 2)
+JFLAG   = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+
 test: setup-test
-	@$(MAKE) --no-print-directory tests
-	@$(MAKE) --no-print-directory SAN=1 tests
+	@$(MAKE) --no-print-directory $(JFLAG) tests
+	@$(MAKE) --no-print-directory $(JFLAG) SAN=1 tests
 	@tests/run.sh build build/asan
 
 # The quick one, without the package set-up: the C unit tests and the fast shell tests of
 # tests/check.list, normal build only (docs/hacking.md).
 check:
-	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory $(JFLAG) tests
 	@CHECK=1 tests/run.sh build
 
 demo: setup

@@ -1,15 +1,19 @@
 /* kvctl_ring.c — local rings: `kvctl ring up|down`, `kvctl status --ring`, and
  * `kvctl generate --ring` (the one-process generate's options and output, through a ring). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -70,19 +74,61 @@ static int kvd_path(char *out, size_t n)
     return access(out, X_OK) == 0 ? 0 : -ENOENT;
 }
 
-/* A free loopback port (bound then released; a small race we accept for local rings). */
-static int free_port(void)
+/* A socket listening at host (numeric; "" = any IPv4 address) and port (0: a free one), its
+ * port in *got: the fd (close-on-exec; the stage it is for gets it as systemd's socket
+ * activation hands one over, LISTEN_FDS, net/listen.c), or a negative errno. Bound here and
+ * handed over, a stage's port cannot be taken by another program between choosing and
+ * binding it. */
+static int listen_socket(const char *host, int port, int *got)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
+                    *ai = NULL;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(*host ? host : "0.0.0.0", ps, &hints, &ai) != 0 || !ai)
+        return -EINVAL;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        e = -errno;
+    freeaddrinfo(ai);
+    if (e) {
+        if (fd >= 0)
+            close(fd);
+        return e;
+    }
+    *got = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+/* In a forked child before exec: fds[0..n) become fds 3.. with LISTEN_FDS/LISTEN_PID set, as
+ * systemd hands listening sockets over (moved above 3 first, so none overwrites another). */
+static void hand_over(const int *fds, int n)
+{
+    int high[2];
+    char v[24];
+    for (int i = 0; i < n; i++)
+        high[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 16);
+    for (int i = 0; i < n; i++)
+        dup2(high[i], 3 + i); /* the copy at 3 + i is not close-on-exec */
+    snprintf(v, sizeof v, "%d", n);
+    setenv("LISTEN_FDS", v, 1);
+    snprintf(v, sizeof v, "%ld", (long)getpid());
+    setenv("LISTEN_PID", v, 1);
+    unsetenv("LISTEN_FDNAMES");
+}
+
+static void close_fds(int *fds, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
 }
 
 /* A pid is gone when it no longer exists or is a zombie waiting for a parent to reap it
@@ -640,7 +686,8 @@ static void ring_up_usage(FILE *f)
         "                      boundaries it sent per session, for repairs (default 4; 0: none)\n"
         "  --backends B,B,...  each rank's kernel device (cpu, opencl) in the manifest's\n"
         "                      \"backend\" (default cpu for every rank)\n"
-        "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md),\n"
+        "  --api HOST:PORT     rank 0 serves the OpenAI-compatible API there (docs/api.md; port\n"
+        "                      0: a free one, printed),\n"
         "  --api-key-file F, --api-max-sessions N, --chat-template NAME, --api-open,\n"
         "  --api-tls-cert PEM, --api-tls-key PEM, --api-keepalive S  with these (kvd stage;\n"
         "                      an address other than loopback needs keys or --api-open)\n"
@@ -776,6 +823,8 @@ static int ring_up(int argc, char **argv)
         fprintf(stderr, "kvctl ring up: --dtype must be f32 or f16\n");
         return 2;
     }
+    int api_fd = -1;       /* rank 0's API socket when kvctl binds it (--api HOST:0) */
+    char api_bound[160];
     if (api) {   /* rank 0 would refuse them only after the ring started: say so now */
         struct api_config ac = {.listen = api, .key_file = api_keys, .open = api_open,
                                 .tls_cert = api_cert, .tls_key = api_tls_key};
@@ -783,6 +832,25 @@ static int ring_up(int argc, char **argv)
         if (api_config_check(&ac, err, sizeof err) < 0) {
             fprintf(stderr, "kvctl ring up: %s\n", err);
             return 2;
+        }
+        /* port 0: a free port, bound here and handed to rank 0 (printed below) */
+        const char *colon = strrchr(api, ':');
+        if (colon && strcmp(colon, ":0") == 0) {
+            char host[128];
+            int port = 0;
+            snprintf(host, sizeof host, "%.*s", (int)(colon - api), api);
+            size_t hl = strlen(host);
+            if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+                memmove(host, host + 1, hl - 2);
+                host[hl - 2] = 0;
+            }
+            api_fd = listen_socket(host, 0, &port);
+            if (api_fd < 0) {
+                fprintf(stderr, "kvctl ring up: --api %s: %s\n", api, strerror(-api_fd));
+                return 1;
+            }
+            snprintf(api_bound, sizeof api_bound, "%.*s:%d", (int)(colon - api), api, port);
+            api = api_bound;
         }
     }
     /* The model's shape and bytes per layer. */
@@ -952,8 +1020,9 @@ static int ring_up(int argc, char **argv)
             return 1;
         }
     }
-    int attempt = 0;
-again:;   /* a free port taken by someone else before a stage bound it: new ports, again */
+    int lfd[MAX_STAGES + RING_MAX_STANDBYS]; /* each stage's listening socket */
+    for (size_t i = 0; i < sizeof lfd / sizeof lfd[0]; i++)
+        lfd[i] = -1;
     uint8_t rid[8];
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
@@ -984,7 +1053,15 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
         }
         util_hex_encode(net_identity_pub(id), 32, key);
         net_identity_free(id);
-        int port = base_port ? (int)base_port + (int)r : free_port();
+        int port = 0;
+        lfd[r] = listen_socket("127.0.0.1", base_port ? (int)base_port + (int)r : 0, &port);
+        if (lfd[r] < 0) {
+            fprintf(stderr, "kvctl ring up: rank %u: listening on 127.0.0.1:%ld: %s\n", r,
+                    base_port ? base_port + (long)r : 0L, strerror(-lfd[r]));
+            close_fds(lfd, r);
+            cJSON_Delete(root);
+            return 1;
+        }
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "rank", r);
@@ -1018,7 +1095,15 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             util_hex_encode(net_identity_pub(id), 32, key);
             net_identity_free(id);
-            int port = base_port ? (int)base_port + (int)stages + (int)i : free_port();
+            int port = 0, k = (int)stages + (int)i;
+            lfd[k] = listen_socket("127.0.0.1", base_port ? (int)base_port + k : 0, &port);
+            if (lfd[k] < 0) {
+                fprintf(stderr, "kvctl ring up: standby %u: listening on 127.0.0.1:%ld: %s\n", i,
+                        base_port ? base_port + (long)k : 0L, strerror(-lfd[k]));
+                close_fds(lfd, (uint32_t)k);
+                cJSON_Delete(root);
+                return 1;
+            }
             snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "node", key);
@@ -1075,6 +1160,8 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             }
             if (nul >= 0)
                 dup2(nul, 0);
+            int hfd[2] = {lfd[r], api_fd};
+            hand_over(hfd, r == 0 && api_fd >= 0 ? 2 : 1);
             const char *args[72];   /* the most options below, with room */
             int a = 0;
             args[a++] = kvd;
@@ -1136,6 +1223,12 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             _exit(127);
         }
         pids[r] = pid;
+        close(lfd[r]);
+        lfd[r] = -1;
+        if (r == 0 && api_fd >= 0) {
+            close(api_fd);
+            api_fd = -1;
+        }
         char pidf[PATH_MAX];
         snprintf(pidf, sizeof pidf, "%s/kvd.pid", sd);
         FILE *pf = fopen(pidf, "w");
@@ -1159,24 +1252,14 @@ again:;   /* a free port taken by someone else before a stage bound it: new port
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
                 char logp[PATH_MAX + 48], line[1024];
                 snprintf(logp, sizeof logp, "%s/kvd.log", nd);
-                bool port_taken = false;
-                FILE *lf = fopen(logp, "r");
-                while (lf && fgets(line, sizeof line, lf))
-                    port_taken |= strstr(line, "address already in use") != NULL;
-                if (lf)
-                    fclose(lf);
                 for (uint32_t k = 0; k < n_procs; k++)
                     if (k != r) {
                         kill(pids[k], SIGTERM);
                         waitpid(pids[k], NULL, 0);
                     }
-                if (port_taken && !base_port && ++attempt < 3) {
-                    fprintf(stderr, "kvctl ring up: stage %u's port was taken meanwhile: new ports\n", r);
-                    goto again;
-                }
                 fprintf(stderr, "kvctl ring up: stage %u exited; its log (%s):\n", r, logp);
                 bool no_stub = false;
-                lf = fopen(logp, "r");
+                FILE *lf = fopen(logp, "r");
                 while (lf && fgets(line, sizeof line, lf)) {
                     fprintf(stderr, "  %s", line);
                     no_stub |= strstr(line, "unknown option '--stub'") != NULL;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kvd/kvd.h"
+#include "net/net.h"
 #include "util/util.h"
 
 #ifndef KV_VERSION
@@ -111,6 +112,8 @@ int main(int argc, char **argv)
         printf("%s %s\n", "kvd", KV_VERSION);
         return 0;
     }
+    /* sockets handed over by systemd or `kvctl ring up`, taken before any role forks */
+    net_listen_inherit();
     int crc = run_with_config(argc, argv);
     if (crc >= 0)
         return crc;

@@ -1240,7 +1240,7 @@ int net_http_server_listen(struct net_http_server *s, const char *addr)
     int rc = net__listen_addr(addr, &ss, &why);
     if (rc < 0)
         return rc;
-    if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0)) < 0)
+    if ((rc = net__listen_tcp(&s->listener, &ss)) < 0)
         return rc;
     if ((rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection)) < 0)
         return rc;

@@ -15,4 +15,9 @@ int net__tcp_peer(const uv_tcp_t *tcp, char *out, size_t n);
  * into *ss: 0, or -EINVAL with *why saying what is wrong with it. */
 int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char **why);
 
+/* Makes tcp (initialised, not yet bound) a socket at *ss for listening: the listening socket
+ * this process was handed at exactly that address (LISTEN_FDS, net/listen.c), else a fresh
+ * bind. 0 or a negative libuv error. */
+int net__listen_tcp(uv_tcp_t *tcp, const struct sockaddr_storage *ss);
+
 #endif

@@ -598,7 +598,7 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
     ls->max_payload = max_payload;
     uv_tcp_init(loop, &ls->tcp);
     ls->tcp.data = ls;
-    rc = uv_tcp_bind(&ls->tcp, (struct sockaddr *)&ss, 0);
+    rc = net__listen_tcp(&ls->tcp, &ss);
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&ls->tcp, 16, ls_on_conn);
     if (rc < 0) {

@@ -307,6 +307,13 @@ void net_link_tp_failed(struct net_link *l, int status, const char *reason);
 /* The stream ended or failed: closes the link with this reason. */
 void net_link_tp_error(struct net_link *l, const char *reason);
 
+/* The listening sockets this process was handed as systemd's socket activation hands them
+ * (LISTEN_PID, LISTEN_FDS: fds 3..). Every listener of this module (net_listener_new,
+ * net_http_server_listen) whose address is exactly one of theirs takes it instead of binding.
+ * Read once, on the first listen or here: call it first thing in a program that forks children
+ * that listen (LISTEN_PID names the process that was started, not its children). */
+void net_listen_inherit(void);
+
 /* TCP listener: every accepted stream becomes a link with cbs (ud given to each). */
 struct net_listener;
 typedef void (*net_accept_cb)(struct net_listener *ls, struct net_link *l, void *ud);

@@ -27,7 +27,15 @@
 #   wait_for SECONDS CMD...   runs CMD every 0.1 s until it succeeds (0) or time is up (1)
 #   wait_file FILE [SECONDS]  until FILE exists and is not empty
 #   wait_port PORT [SECONDS]  until 127.0.0.1:PORT accepts a connection
-#   free_port                 prints a TCP port free on 127.0.0.1 right now
+#   free_port                 prints a TCP port free on 127.0.0.1 right now (for a port that
+#                             nothing must listen on; a daemon's port comes from LISTEN)
+#   $LISTEN PORTFILE PORT[,PORT..] -- CMD...   runs CMD with a listening socket on 127.0.0.1
+#                             for each PORT (0: a free one), bound first (tests/listen.py; kvd
+#                             takes them as systemd hands sockets over); {PORT} / {PORT0},
+#                             {PORT1}.. in CMD are their ports; in the background (&), $! is
+#                             the daemon's pid
+#   port_of PORTFILE [I]      waits for PORTFILE and prints its port I (default 0)
+#   api_port DIR              the port of ring DIR's API (`ring_up DIR ... --api 127.0.0.1:0`)
 # Rings on loopback (real kvd processes):
 #   ring_up DIR ARGS...  `kvctl ring up --dir DIR ARGS...`, stopped on exit
 #   ring_down DIR; rank_pid DIR R; rank_port DIR R; wait_linked DIR N SECONDS
@@ -42,7 +50,13 @@ KVD_STUB=$B/tests/kvd-stub
 TOOLS=$B/tests
 DATA=${KV_TESTDATA:-$ROOT/../shared/testdata}
 TD=$DATA
-T=$(mktemp -d "/tmp/kvtest-$(basename "$0" .sh).XXXXXX")
+# (under tests/run.sh, inside the test's own scratch directory, with a short name: socket
+# paths under T are bounded)
+if [ -n "${KV_TEST_TMP:-}" ]; then
+    T=$(mktemp -d "$KV_TEST_TMP/t.XXXXXX")
+else
+    T=$(mktemp -d "/tmp/kvtest-$(basename "$0" .sh).XXXXXX")
+fi
 TMP=$T
 PIDS=""
 RINGS=""
@@ -158,6 +172,12 @@ wait_for() {
 }
 wait_file() { wait_for "${2:-10}" test -s "$1"; }
 wait_port() { wait_for "${2:-10}" bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+LISTEN=$ROOT/tests/listen.py
+port_of() {
+    wait_file "$1" 20 || { echo "FAIL: $1 was not written (the daemon's launcher failed)" >&2; return 1; }
+    awk -v i="${2:-0}" '{ print $(i + 1) }' "$1"
+}
+api_port() { sed -n 's|^api: https\{0,1\}://.*:\([0-9][0-9]*\)/v1.*|\1|p' "$1.up"; }
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

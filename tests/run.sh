@@ -1,57 +1,165 @@
 #!/bin/bash
-# Test runner: runs every test binary build*/tests/test-* and every script tests/test-*.sh,
-# each in its own process with a timeout, for each build directory given (default: build).
-# Scripts get KV_BUILD (the build directory) in the environment. KV_TESTDATA points at the
-# shared test data (default ../shared/testdata next to the repository).
-# Filter with TESTS=<substring>; CHECK=1 runs the C tests and only the shell tests named in
-# tests/check.list (make check). A failed test shows the lines of its log that start with
-# FAIL (for a C test, each failed case and why) and the log's tail.
-# Ends with "N passed, N failed"; exits 1 on any failure.
+# Test runner: runs the suite's tests side by side, each in its own process group, scratch
+# directory and time limit, and prints one line per test as it ends.
+#
+#   tests/run.sh [-j JOBS] [BUILD...]      (default BUILD: build)
+#
+# What runs, for each build directory given:
+#   - every C test BUILD/tests/test-*;
+#   - the shell tests tests/test-*.sh: all of them for a normal build; for a sanitizer build
+#     (a directory named asan) only those listed in tests/san.list, the ones whose daemons
+#     parse what a peer, a client or a file sends (set TEST_SAN_ALL=1 for all of them);
+#   - once, after the given builds, tests/fuzz.sh's bounded run (FUZZ_TIME seconds, default
+#     60; 0 skips it), when no filter is set.
+# Filters: TESTS=<substring> runs only tests whose name contains it; CHECK=1 the C tests and
+# the shell tests of tests/check.list (make check).
+#
+# Side by side: JOBS (-j, or TEST_JOBS; default the number of CPUs) is a budget of weights. A
+# test weighs 1 unless its script says otherwise in a line "# test-weight: N" (the tests that
+# keep several busy daemons); the runner starts tests while their weights fit in the budget, a
+# test heavier than the budget alone. The longest tests start first: each run writes every
+# test's duration into BUILD/test-logs/times and the next run orders by it.
+# Each test runs under `timeout` (TEST_TIMEOUT seconds, default 900), which puts it in a
+# process group of its own; when the test ends, whatever it left in that group is killed. It
+# gets a scratch directory of its own, /tmp/kvt.XXXXXX (short: the sockets the tests make
+# there have paths of at most 107 bytes), as TMPDIR and KV_TEST_TMP, removed when it ends
+# (kept after a failure with KEEP_FAILED_TMP=1).
+# A test's environment: KV_BUILD (its build directory), KV_TESTDATA (default
+# ../shared/testdata beside the repository), ASAN_OPTIONS/UBSAN_OPTIONS.
+#
+# A failed test shows the lines of its log that start with FAIL (for a C test, each failed case
+# and why) and the log's tail. Ends with "N passed, N failed"; exits 1 on any failure.
+#
+# Why by hand: prove -j (TAP::Harness) and GNU parallel run jobs side by side but know no job
+# weights (two ring tests of several daemons each would then share two cores with two more),
+# prove wants TAP from every test, and ctest or meson would bring a second build system. Bash's
+# `wait -n -p` gives what a weighted pool needs in a few lines.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 export KV_TESTDATA=${KV_TESTDATA:-$ROOT/../shared/testdata}
 TIMEOUT=${TEST_TIMEOUT:-900}
+JOBS=${TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+while [ $# -gt 0 ]; do
+    case $1 in
+    -j) JOBS=$2; shift 2 ;;
+    -j*) JOBS=${1#-j}; shift ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+    esac
+done
+case $JOBS in ''|*[!0-9]*|0) echo "run.sh: -j wants a positive number, not '$JOBS'" >&2; exit 2 ;; esac
 [ $# -eq 0 ] && set -- build
-pass=0; fail=0; failed=""
 for B in "$@"; do
-    export KV_BUILD="$ROOT/$B"
+    [ -d "$B" ] || { echo "run.sh: no build directory $B (make first)" >&2; exit 2; }
+done
+
+selected() { # NAME LIST: whether the shell test NAME is listed in LIST (comments skipped)
+    grep -v '^#' "$2" 2>/dev/null | grep -qx -- "$1"
+}
+
+# ---- the queue: lines "SECONDS WEIGHT BUILD PATH" ----
+queue=""
+for B in "$@"; do
     mkdir -p "$B/test-logs"
-    items=$(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$'; ls tests/test-*.sh 2>/dev/null)
-    for t in $items; do
+    times="$B/test-logs/times"
+    san=0
+    [ "$(basename "$B")" = asan ] && [ "${TEST_SAN_ALL:-0}" != 1 ] && san=1
+    for t in $(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$') $(ls tests/test-*.sh 2>/dev/null); do
         name=$(basename "$t")
         [ -n "${TESTS:-}" ] && case "$name" in *"$TESTS"*) ;; *) continue ;; esac
-        if [ "${CHECK:-0}" = 1 ] && [ "${name%.sh}" != "$name" ] &&
-           ! grep -qx -- "$name" tests/check.list; then
-            continue
-        fi
-        log="$B/test-logs/$name.log"
-        start=$(date +%s)
-        ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
-        UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-            timeout -k 10 "$TIMEOUT" "$t" >"$log" 2>&1
-        rc=$?
-        dur=$(( $(date +%s) - start ))
-        if [ $rc -eq 0 ]; then
-            pass=$((pass + 1)); printf 'PASS %-40s %-12s %4ds\n' "$name" "$B" "$dur"
+        if [ "${name%.sh}" != "$name" ]; then
+            [ "${CHECK:-0}" = 1 ] && ! selected "$name" tests/check.list && continue
+            [ $san = 1 ] && ! selected "$name" tests/san.list && continue
+            w=$(sed -n '1,40s/^# test-weight: *\([0-9][0-9]*\).*/\1/p' "$t" | head -n 1)
         else
-            fail=$((fail + 1)); failed="$failed $B/$name"
-            printf 'FAIL %-40s %-12s %4ds (rc %d)\n' "$name" "$B" "$dur" "$rc"
-            # the cases that failed (t.h and lib.sh start those lines with FAIL), then the tail
-            grep -a '^FAIL' "$log" | head -n 20 | sed 's/^/    > /'
-            tail -n 30 "$log" | sed 's/^/    | /'
-            # once more after the tail, so that a reader who sees only the end still sees why
-            grep -a '^FAIL' "$log" | head -n 3 | sed "s|^|    > $name: |"
+            w=1
         fi
+        w=${w:-1}
+        [ "$w" -gt "$JOBS" ] && w=$JOBS
+        s=$(awk -v n="$name" '$1 == n { print $2 }' "$times" 2>/dev/null | tail -n 1)
+        queue="$queue${s:-30} $w $B $t"$'\n'
     done
 done
 if [ -z "${TESTS:-}" ] && [ "${CHECK:-0}" != 1 ] && [ -x tests/fuzz.sh ] && [ "${FUZZ_TIME:-60}" != 0 ]; then
-    if tests/fuzz.sh "${FUZZ_TIME:-60}" > build/test-logs/fuzz.log 2>&1; then
-        pass=$((pass + 1)); echo "PASS fuzz"
-    else
-        fail=$((fail + 1)); failed="$failed fuzz"; echo "FAIL fuzz"; tail -n 30 build/test-logs/fuzz.log
-    fi
+    # the fuzz run builds its targets first; it counts as one long test of weight 1
+    queue="$queue$(( ${FUZZ_TIME:-60} + 200 )) 1 build fuzz"$'\n'
 fi
+queue=$(printf '%s' "$queue" | sort -s -k1,1nr)
+
+# ---- the pool ----
+declare -A job_name job_build job_w job_start job_log job_tmp
+used=0 pass=0 fail=0 failed=""
+newtimes=$(mktemp)
+trap 'rm -f "$newtimes"' EXIT
+trap 'for p in "${!job_name[@]}"; do kill -TERM -- "-$p" 2>/dev/null; rm -rf "${job_tmp[$p]}"; done; exit 130' INT TERM
+
+start_one() { # WEIGHT BUILD PATH
+    local w=$1 B=$2 t=$3 name log tmp=
+    if [ "$t" = fuzz ]; then
+        name=fuzz
+        log="$B/test-logs/fuzz.log"
+        tests/fuzz.sh "${FUZZ_TIME:-60}" > "$log" 2>&1 &
+    else
+        name=$(basename "$t")
+        log="$B/test-logs/$name.log"
+        tmp=$(mktemp -d /tmp/kvt.XXXXXX)
+        chmod 755 "$tmp"   # tests that run a server as another user (PostgreSQL) reach through it
+        KV_BUILD="$ROOT/$B" TMPDIR="$tmp" KV_TEST_TMP="$tmp" \
+        ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+        UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+            timeout -k 10 "$TIMEOUT" "$t" > "$log" 2>&1 < /dev/null &
+    fi
+    job_name[$!]=$name job_build[$!]=$B job_w[$!]=$w job_start[$!]=$(date +%s) job_log[$!]=$log
+    job_tmp[$!]=${tmp:-}
+    used=$((used + w))
+}
+
+finish_one() { # PID RC
+    local p=$1 rc=$2 name=${job_name[$1]} B=${job_build[$1]} log=${job_log[$1]} dur
+    local tmp=${job_tmp[$1]}
+    # timeout made the test's process group; what the test left running in it goes now
+    [ "$name" != fuzz ] && kill -KILL -- "-$p" 2>/dev/null
+    dur=$(( $(date +%s) - job_start[$p] ))
+    used=$((used - job_w[$p]))
+    unset "job_name[$p]" "job_build[$p]" "job_w[$p]" "job_start[$p]" "job_log[$p]" "job_tmp[$p]"
+    if [ -n "$tmp" ]; then
+        if [ "$rc" -ne 0 ] && [ "${KEEP_FAILED_TMP:-0}" = 1 ]; then echo "    kept $tmp"; else rm -rf "$tmp"; fi
+    fi
+    echo "$B $name $dur" >> "$newtimes"
+    if [ "$rc" -eq 0 ]; then
+        pass=$((pass + 1)); printf 'PASS %-40s %-12s %4ds\n' "$name" "$B" "$dur"
+    else
+        fail=$((fail + 1)); failed="$failed $B/$name"
+        printf 'FAIL %-40s %-12s %4ds (rc %d)\n' "$name" "$B" "$dur" "$rc"
+        # the cases that failed (t.h and lib.sh start those lines with FAIL), then the tail
+        grep -a '^FAIL' "$log" | head -n 20 | sed 's/^/    > /'
+        tail -n 30 "$log" | sed 's/^/    | /'
+        # once more after the tail, so that a reader who sees only the end still sees why
+        grep -a '^FAIL' "$log" | head -n 3 | sed "s|^|    > $name: |"
+    fi
+}
+
+wait_one() {
+    local p rc
+    wait -n -p p
+    rc=$?
+    [ -n "${p:-}" ] && [ -n "${job_name[$p]:-}" ] && finish_one "$p" "$rc"
+}
+
+while read -r _ w B t; do
+    [ -n "${t:-}" ] || continue
+    while [ $((used + w)) -gt "$JOBS" ] && [ "$used" -gt 0 ]; do wait_one; done
+    start_one "$w" "$B" "$t"
+done <<< "$queue"
+while [ "${#job_name[@]}" -gt 0 ]; do wait_one; done
+
+# the durations for the next run's order (the newest figure of each test wins)
+for B in "$@"; do
+    awk -v b="$B" '$1 == b { print $2, $3 }' "$newtimes" >> "$B/test-logs/times"
+    tail -n 400 "$B/test-logs/times" > "$B/test-logs/times.new" && mv "$B/test-logs/times.new" "$B/test-logs/times"
+done
 [ -n "$failed" ] && echo "failed:$failed"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

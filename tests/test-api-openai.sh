@@ -69,29 +69,27 @@ PY
 }
 
 # A 3-stage loopback ring, rank 0 serving the API.
-PORT=$(free_port)
-ring_up "$T/ring" --model "$M" --stages 3 --api 127.0.0.1:$PORT --chat-template chatml
-grep -q "^api: http://127.0.0.1:$PORT/v1" "$T/ring.up" || die "ring up --api: $(cat "$T/ring.up")"
+ring_up "$T/ring" --model "$M" --stages 3 --api 127.0.0.1:0 --chat-template chatml
+PORT=$(api_port "$T/ring")
+[ -n "$PORT" ] && [ "$PORT" != 0 ] || die "ring up --api 127.0.0.1:0 printed no port: $(cat "$T/ring.up")"
 timeout 120 node tests/api_openai_client.mjs "http://127.0.0.1:$PORT/v1" "$PROMPT" $N 0.8 0.9 42 > "$T/ring.json" 2> "$T/node.err" ||
     fail "openai client against the ring: $(cat "$T/node.err")"
 [ -s "$T/ring.json" ] && check "3-stage ring" "$T/ring.json" --ring "$T/ring"
 ring_down "$T/ring"
 
 # One process: kvctl serve.
-PORT=$(free_port)
-"$KVCTL" serve -m "$M" --listen 127.0.0.1:$PORT --chat-template chatml -t 1 > "$T/serve.log" 2>&1 &
+"$LISTEN" "$T/serve.port" 0 -- "$KVCTL" serve -m "$M" --listen 127.0.0.1:{PORT} --chat-template chatml -t 1 > "$T/serve.log" 2>&1 &
 PIDS="$PIDS $!"
-wait_port $PORT 20 || die "kvctl serve did not listen: $(cat "$T/serve.log")"
+PORT=$(port_of "$T/serve.port") || die "kvctl serve: $(cat "$T/serve.log")"
 timeout 120 node tests/api_openai_client.mjs "http://127.0.0.1:$PORT/v1" "$PROMPT" $N 0.8 0.9 42 > "$T/serve.json" 2> "$T/node.err" ||
     fail "openai client against kvctl serve: $(cat "$T/node.err")"
 [ -s "$T/serve.json" ] && check "kvctl serve" "$T/serve.json" -m "$M" -t 1
 
 # API keys: the client without the key gets 401 (AuthenticationError), with it an answer.
 printf '# keys\nsecret-one\n  secret-two  \n' > "$T/keys"
-PORT=$(free_port)
-"$KVCTL" serve -m "$M" --listen 127.0.0.1:$PORT --api-key-file "$T/keys" -t 1 > "$T/serve2.log" 2>&1 &
+"$LISTEN" "$T/serve2.port" 0 -- "$KVCTL" serve -m "$M" --listen 127.0.0.1:{PORT} --api-key-file "$T/keys" -t 1 > "$T/serve2.log" 2>&1 &
 PIDS="$PIDS $!"
-wait_port $PORT 20 || die "kvctl serve --api-key-file did not listen: $(cat "$T/serve2.log")"
+PORT=$(port_of "$T/serve2.port") || die "kvctl serve --api-key-file: $(cat "$T/serve2.log")"
 out=$(node tests/api_openai_client.mjs --key "http://127.0.0.1:$PORT/v1" wrong-key)
 [ "$out" = "401 AuthenticationError" ] || fail "a wrong key: '$out', expected 401 AuthenticationError"
 out=$(node tests/api_openai_client.mjs --key "http://127.0.0.1:$PORT/v1" secret-two)

@@ -183,9 +183,9 @@ stream_and_leave() {
 }
 
 # ------------------------------------------------------------------ the ring
-PORT=$(free_port)
-ring_up "$T/ring" --model "$M" --stages 3 --ctx 4096 --api 127.0.0.1:$PORT --api-max-sessions 20 --chat-template chatml
-grep -q "^api:" "$T/ring.up" || die "ring up --api: $(cat "$T/ring.up")"
+ring_up "$T/ring" --model "$M" --stages 3 --ctx 4096 --api 127.0.0.1:0 --api-max-sessions 20 --chat-template chatml
+PORT=$(api_port "$T/ring")
+[ -n "$PORT" ] || die "ring up --api: $(cat "$T/ring.up")"
 BASE=http://127.0.0.1:$PORT
 common_checks "$BASE" "ring"
 
@@ -226,11 +226,11 @@ kill -0 "$(rank_pid "$T/ring" 0)" || fail "rank 0 died"
 ring_down "$T/ring"
 
 # ------------------------------------------------------------------ kvctl serve
-PORT=$(free_port)
-"$KVCTL" serve -m "$M" --listen 127.0.0.1:$PORT --ctx 4096 --max-sessions 4 --chat-template chatml -t 1 > "$T/serve.log" 2>&1 &
+"$LISTEN" "$T/serve.port" 0 -- "$KVCTL" serve -m "$M" --listen 127.0.0.1:{PORT} --ctx 4096 --max-sessions 4 --chat-template chatml -t 1 > "$T/serve.log" 2>&1 &
 SERVE=$!
 PIDS="$PIDS $SERVE"
-wait_port $PORT 20 || die "kvctl serve did not listen: $(cat "$T/serve.log")"
+PORT=$(port_of "$T/serve.port") || die "kvctl serve: $(cat "$T/serve.log")"
+wait_port $PORT 20 || die "kvctl serve did not serve: $(cat "$T/serve.log")"
 BASE=http://127.0.0.1:$PORT
 common_checks "$BASE" "kvctl serve"
 stream_and_leave "$BASE"

@@ -30,16 +30,19 @@ san_log_check
 mkdir -p "$T/op"
 "$KVD" stage --state-dir "$T/op" --print-key >"$T/operators.txt" || die "no operator key"
 start_market() {   # every node here comes from 127.0.0.1: no cap on ranks per address
-    "$KVD" market --db "${KV_MARKET_DB:-$T/market.db}" --listen "127.0.0.1:$MPORT" --lease-s "${LEASE:-60}" \
+    rm -f "$T/market.port"   # a restart keeps the port the first start got
+    "$LISTEN" "$T/market.port" "$MPORT" -- \
+    "$KVD" market --db "${KV_MARKET_DB:-$T/market.db}" --listen "127.0.0.1:{PORT}" --lease-s "${LEASE:-60}" \
         --reserve-s 60 --grace-s "${GRACE:-2}" --no-probe --max-ranks-per-addr 0 \
         --claims-per-min-addr 0 --operator-key "$T/operators.txt" --settle-wait-s 3 >>"$T/market.log" 2>&1 &
     MARKET_PID=$!
     PIDS="$PIDS $MARKET_PID"
+    MPORT=$(port_of "$T/market.port") || die "the market's launcher failed: $(tail -5 "$T/market.log")"
     wait_port "$MPORT" || die "the market did not start: $(tail -5 "$T/market.log")"
 }
-MPORT=$(free_port)
-M=http://127.0.0.1:$MPORT
+MPORT=0
 LEASE=15 GRACE=6 start_market
+M=http://127.0.0.1:$MPORT
 ID=$("$KVCTL" market add "$M" --catalog "$T/cat.json" --source http://127.0.0.1:1 --state-dir "$T/admin") ||
     die "kvctl market add failed"
 

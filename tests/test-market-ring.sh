@@ -23,11 +23,12 @@ market_up
 declare -A JPID
 declare -A APORT
 join() { # join NAME: the node serves the ring's API on its own port should it be rank 0
-    APORT[$1]=$(free_port)
-    "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$1" --mem 1800000 -t 1 \
-        --jitter-ms 300 --api "127.0.0.1:${APORT[$1]}" >"$T/join-$1.log" 2>&1 &
+    rm -f "$T/$1.api"
+    "$LISTEN" "$T/$1.api" 0 -- "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$1" --mem 1800000 -t 1 \
+        --jitter-ms 300 --api "127.0.0.1:{PORT}" >"$T/join-$1.log" 2>&1 &
     JPID[$1]=$!
     PIDS="$PIDS $!"
+    APORT[$1]=$(port_of "$T/$1.api") || fail "node $1's launcher: $(cat "$T/join-$1.log")"
 }
 for n in a b c; do join $n; done
 

@@ -27,12 +27,13 @@ printf '# keys of our own\nown-key-1\n' >"$T/own.keys"
 declare -A JPID APORT
 join() { # join NAME [options]: a node with its API should it be rank 0, on a port it binds
     local n=$1; shift
-    APORT[$n]=$(free_port)
-    "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
-        --jitter-ms 300 --api "127.0.0.1:${APORT[$n]}" --api-key-file "$T/own.keys" \
+    rm -f "$T/$n.api"
+    "$LISTEN" "$T/$n.api" 0 -- "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
+        --jitter-ms 300 --api "127.0.0.1:{PORT}" --api-key-file "$T/own.keys" \
         --chat-template chatml "$@" >"$T/join-$n.log" 2>&1 &
     JPID[$n]=$!
     PIDS="$PIDS $!"
+    APORT[$n]=$(port_of "$T/$n.api") || fail "node $n's launcher: $(cat "$T/join-$n.log")"
 }
 for n in a b c; do join $n --listen 127.0.0.1:0; done
 wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"

@@ -28,8 +28,8 @@ market_up
 declare -A JPID
 join() { # join NAME: a node that serves the API should it be rank 0, on ports it binds
     local n=$1
-    "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
-        --jitter-ms 300 --listen 127.0.0.1:0 --api "127.0.0.1:$(free_port)" \
+    "$LISTEN" "$T/$n.api" 0 -- "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
+        --jitter-ms 300 --listen 127.0.0.1:0 --api "127.0.0.1:{PORT}" \
         >>"$T/join-$n.log" 2>&1 &
     JPID[$n]=$!
     PIDS="$PIDS $!"

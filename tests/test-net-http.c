@@ -7,6 +7,7 @@
  * connection that was opened has been released, and the loop closes with no handle left. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,7 +15,9 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <http_parser.h>
 #include <uv.h>
@@ -1101,8 +1104,97 @@ static void servers_down(void)
     T_CHECK(uv_loop_close(&loop) == 0, "loop closes with no handle left");
 }
 
+/* A socket bound on 127.0.0.1:0 and listening; its port in *port. */
+static int bound_socket(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 8) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+        return -1;
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* In a fresh process (this program run again with KV_T_HANDOVER set: the hand-over is read
+ * once a process, and this one has listened already): two listening sockets as fds 3 and 4,
+ * LISTEN_FDS=2 and LISTEN_PID naming this process (mine) or its parent. Exit status: 0 when
+ * every step went as it should, else the step that did not. */
+static int handover_child(bool mine)
+{
+    int pa = 0, pb = 0, a = bound_socket(&pa), b = bound_socket(&pb);
+    if (a < 0 || b < 0)
+        return 1;
+    int ha = fcntl(a, F_DUPFD, 20), hb = fcntl(b, F_DUPFD, 20);
+    close(a);
+    close(b);
+    if (ha < 0 || hb < 0 || dup2(ha, 3) != 3 || dup2(hb, 4) != 4)
+        return 2;
+    close(ha);
+    close(hb);
+    char v[24];
+    snprintf(v, sizeof v, "%ld", (long)(mine ? getpid() : getppid()));
+    setenv("LISTEN_PID", v, 1);
+    setenv("LISTEN_FDS", "2", 1);
+    uv_loop_t lp;
+    uv_loop_init(&lp);
+    struct net_http_server *s1, *s2, *s3;
+    char addr_a[32], addr_b[32];
+    snprintf(addr_a, sizeof addr_a, "127.0.0.1:%d", pa);
+    snprintf(addr_b, sizeof addr_b, "127.0.0.1:%d", pb);
+    if (net_http_server_new(&s1, &lp, NULL) || net_http_server_new(&s2, &lp, NULL) ||
+        net_http_server_new(&s3, &lp, NULL))
+        return 3;
+    if (!mine) /* not ours: ignored, and a fresh bind meets the socket that holds the port */
+        return net_http_server_listen(s1, addr_b) == UV_EADDRINUSE ? 0 : 4;
+    /* matched by address, not by order: b's address takes fd 4 */
+    if (net_http_server_listen(s1, addr_b) != 0 || net_http_server_port(s1) != pb)
+        return 5;
+    if (getenv("LISTEN_FDS") || getenv("LISTEN_PID"))
+        return 6; /* meant for this process only: gone before a child could see them */
+    if (net_http_server_listen(s2, addr_a) != 0 || net_http_server_port(s2) != pa)
+        return 7;
+    /* each socket serves one listener: a second at a's address binds afresh, and is refused */
+    if (net_http_server_listen(s3, addr_a) != UV_EADDRINUSE)
+        return 8;
+    /* the taken sockets are the ones that accept */
+    for (int i = 0; i < 2; i++) {
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                 .sin_port = htons((uint16_t)(i ? pa : pb))};
+        if (c < 0 || connect(c, (struct sockaddr *)&sa, sizeof sa) != 0)
+            return 9;
+        close(c);
+    }
+    return 0;
+}
+
+T_CASE(listen_takes_handed_over_socket)
+{
+    for (int mine = 1; mine >= 0; mine--) {
+        pid_t pid = fork();
+        T_ASSERT(pid >= 0, "fork");
+        if (pid == 0) {
+            setenv("KV_T_HANDOVER", mine ? "mine" : "other", 1);
+            execl("/proc/self/exe", "test-net-http", (char *)NULL);
+            _exit(100);
+        }
+        int st = 0;
+        T_ASSERT(waitpid(pid, &st, 0) == pid, "waitpid");
+        T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "sockets handed over to %s: step %d went wrong (handover_child)",
+                mine ? "this process" : "another process", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    const char *ho = getenv("KV_T_HANDOVER");
+    if (ho) /* listen_takes_handed_over_socket's fresh process */
+        return handover_child(strcmp(ho, "mine") == 0);
     t_init(argc, argv);
     big = malloc(BIG);
     uint32_t x = 12345;
@@ -1130,6 +1222,7 @@ int main(int argc, char **argv)
     T_RUN(send_rate_limit);
     T_RUN(push_client_gone);
     T_RUN(json_errors);
+    T_RUN(listen_takes_handed_over_socket);
 
     free(big);
     return T_DONE();

@@ -125,9 +125,9 @@ ring_down "$d"
 
 # Rank 0's default (kvd stage --draft lookup) drafts for a request that does not say; a
 # request's "none" wins over it; the API takes the same fields.
-PORT=$(free_port)
 d=$TMP/dflt
-ring_up "$d" --model "$M" --stages 2 --draft lookup --draft-max 6 --api 127.0.0.1:$PORT
+ring_up "$d" --model "$M" --stages 2 --draft lookup --draft-max 6 --api 127.0.0.1:0
+PORT=$(api_port "$d")
 "$KVCTL" generate --ring "$d" -p "${prompts[0]}" -n 80 --temp 0 --ignore-eos > "$TMP/dflt.txt" 2> "$TMP/dflt.err" ||
     fail "default drafting: $(cat "$TMP/dflt.err")"
 head -c 200 "$TMP/one.0" | cmp -s - <(head -c 200 "$TMP/dflt.txt") || fail "default drafting: text differs"

@@ -942,18 +942,27 @@ void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out)
     pthread_mutex_unlock(&c->mu);
 }
 
-void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
+void kvd_compute_submit_n(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n)
 {
-    j->next = NULL;
-    j->t_queued = util_now_ms();
+    double now = util_now_ms();
     pthread_mutex_lock(&c->mu);
-    if (c->in_tail)
-        c->in_tail->next = j;
-    else
-        c->in_head = j;
-    c->in_tail = j;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvd_job *j = jobs[i];
+        j->next = NULL;
+        j->t_queued = now;
+        if (c->in_tail)
+            c->in_tail->next = j;
+        else
+            c->in_head = j;
+        c->in_tail = j;
+    }
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
+}
+
+void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
+{
+    kvd_compute_submit_n(c, &j, 1);
 }
 
 static void on_async_closed(uv_handle_t *h)

@@ -173,6 +173,8 @@ int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backen
                     uint32_t wire_dsize, uint32_t max_batch, uint32_t batch_wait_us,
                     kvd_job_done_cb done, void *ud);
 void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j);
+/* jobs[0..n) queued at once, in order: the compute thread sees all of them in its next plan. */
+void kvd_compute_submit_n(struct kvd_compute *c, struct kvd_job **jobs, uint32_t n);
 /* Window runs that took steps of several sessions at once; every step's wait from being
  * submitted to its run starting (the scheduler's fairness: docs/ring.md), and the step runs'
  * times (batched or alone). */
