@@ -21,6 +21,7 @@
 #include "net/net.h"
 #include "model/model.h"
 #include "planner/plan.h"
+#include "ringlib/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 
@@ -761,39 +762,58 @@ static const char *dev_endpoint(const struct devset *ds, uint32_t d, char *buf, 
     return buf;
 }
 
-static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, const struct plan_result *r,
-                            const struct plan_opts *o, const char *wire, const char *relay, bool plain)
+/* src into a manifest field of n bytes: -EINVAL when it does not fit (cut, it would name
+ * something else). */
+static int field_set(char *dst, size_t n, const char *src, const char *what, char *err, size_t errlen)
 {
-    cJSON *root = cJSON_CreateObject();
-    char ring[33];
-    hex_random(ring, 16);
-    cJSON_AddNumberToObject(root, "version", 1);
-    cJSON_AddStringToObject(root, "ring", ring);
-    cJSON *jm = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(jm, "name", m->name);
-    cJSON_AddStringToObject(jm, "catalog", m->catalog);
-    cJSON_AddStringToObject(jm, "arch", m->arch);
-    cJSON_AddNumberToObject(jm, "n_layers", m->shape.n_layers);
-    cJSON_AddNumberToObject(jm, "n_embd", m->shape.n_embd);
-    cJSON *jw = cJSON_AddObjectToObject(root, "wire");
-    cJSON_AddStringToObject(jw, "dtype", wire);
-    cJSON *jl = cJSON_AddObjectToObject(root, "limits");
-    cJSON_AddNumberToObject(jl, "n_ctx", o->ctx < 8 ? 8 : o->ctx);
-    cJSON_AddNumberToObject(jl, "max_sessions", o->sessions);
-    cJSON *jr = cJSON_AddArrayToObject(root, "ranks");
-    for (uint32_t i = 0; i < r->n_ranks; i++) {
+    size_t len = strlen(src);
+    if (len >= n) {
+        snprintf(err, errlen, "%s '%s' is longer than a manifest takes (%zu bytes)", what, src, n - 1);
+        return -EINVAL;
+    }
+    memcpy(dst, src, len + 1);
+    return 0;
+}
+
+/* The manifest of the plan, with the planner's figures beside the ring's own fields: per rank
+ * its device and estimates, and a "plan" object. */
+static int manifest_json(cJSON **out, const struct model_src *m, const struct devset *ds,
+                         const struct plan_result *r, const struct plan_opts *o, const char *wire,
+                         const char *relay, bool plain, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (r->n_ranks > RING_MAX_RANKS) {
+        snprintf(err, errlen, "%u ranks (--max-ranks); a stage accepts manifests of at most %d", r->n_ranks,
+                 RING_MAX_RANKS);
+        return -EINVAL;
+    }
+    struct ring_manifest *man = calloc(1, sizeof *man);
+    if (!man) { snprintf(err, errlen, "out of memory"); return -ENOMEM; }
+    man->version = 1;
+    man->stated = RING_STATED_N_CTX | RING_STATED_MAX_SESSIONS | RING_STATED_ESTIMATES;
+    hex_random(man->ring, 16);
+    snprintf(man->model_name, sizeof man->model_name, "%s", m->name);
+    snprintf(man->catalog, sizeof man->catalog, "%s", m->catalog);
+    man->n_layers = m->shape.n_layers;
+    man->n_embd = m->shape.n_embd;
+    man->n_ctx = o->ctx < 8 ? 8 : o->ctx;
+    man->max_sessions = o->sessions;
+    man->n_ranks = r->n_ranks;
+    int rc = field_set(man->arch, sizeof man->arch, m->arch, "arch", err, errlen);
+    if (rc == 0) rc = field_set(man->dtype, sizeof man->dtype, wire, "wire dtype", err, errlen);
+    for (uint32_t i = 0; rc == 0 && i < r->n_ranks; i++) {
         const struct plan_rank *k = &r->ranks[i];
-        cJSON *x = cJSON_CreateObject();
-        char ep[300], tmp[300];
-        cJSON_AddNumberToObject(x, "rank", i);
-        if (ds->nodes[k->device][0]) cJSON_AddStringToObject(x, "node", ds->nodes[k->device]);
-        cJSON_AddStringToObject(x, "device", ds->ids[k->device]);
-        cJSON *ly = cJSON_AddArrayToObject(x, "layers");
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(k->first));
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(k->last));
-        cJSON_AddBoolToObject(x, "embed", k->embed);
-        cJSON_AddBoolToObject(x, "head", k->head);
-        cJSON_AddStringToObject(x, "backend", ds->backends[k->device]);
+        struct ring_rank_info *ri = &man->ranks[i];
+        char ep[300], tmp[300], what[64];
+        ri->rank = i;
+        ri->first = k->first;
+        ri->last = k->last;
+        ri->embed = k->embed;
+        ri->head = k->head;
+        ri->mem_bytes = k->mem_bytes;
+        ri->est_ms_per_token = k->est_ms_per_token;
+        ri->has_node = ds->nodes[k->device][0] != 0;
+        if (ri->has_node) util_hex_decode(ds->nodes[k->device], ri->node, 32);   /* checked by devset_add */
         if (k->relay && relay) {
             char bridge[33];
             hex_random(bridge, 16);
@@ -801,15 +821,25 @@ static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, 
         } else {
             snprintf(ep, sizeof ep, "%s", dev_endpoint(ds, k->device, tmp, sizeof tmp));
         }
-        cJSON_AddStringToObject(x, "endpoint", ep);
-        cJSON_AddNumberToObject(x, "mem_bytes", (double)k->mem_bytes);
+        snprintf(what, sizeof what, "rank %u: backend", i);
+        rc = field_set(ri->backend, sizeof ri->backend, ds->backends[k->device], what, err, errlen);
+        snprintf(what, sizeof what, "rank %u: endpoint", i);
+        if (rc == 0) rc = field_set(ri->endpoint, sizeof ri->endpoint, ep, what, err, errlen);
+    }
+    cJSON *root = NULL;
+    if (rc == 0) rc = ring_manifest_to_json(&root, man, err, errlen);
+    free(man);
+    if (rc < 0) return rc;
+    cJSON *jr = cJSON_GetObjectItemCaseSensitive(root, "ranks");
+    for (uint32_t i = 0; i < r->n_ranks; i++) {
+        const struct plan_rank *k = &r->ranks[i];
+        cJSON *x = cJSON_GetArrayItem(jr, (int)i);
+        cJSON_AddStringToObject(x, "device", ds->ids[k->device]);
         cJSON_AddNumberToObject(x, "mem_avail_bytes", (double)k->mem_avail_bytes);
         cJSON_AddNumberToObject(x, "expert_bytes", (double)k->expert_bytes);
         cJSON_AddNumberToObject(x, "active_bytes_per_token", (double)k->active_bytes);
-        cJSON_AddNumberToObject(x, "est_ms_per_token", k->est_ms_per_token);
         cJSON_AddNumberToObject(x, "compute_ms", k->compute_ms);
         cJSON_AddNumberToObject(x, "link_ms", k->link_ms);
-        cJSON_AddItemToArray(jr, x);
     }
     cJSON *jp = cJSON_AddObjectToObject(root, "plan");
     cJSON_AddStringToObject(jp, "objective", o->objective == PLAN_THROUGHPUT ? "throughput" : "latency");
@@ -830,7 +860,8 @@ static cJSON *manifest_json(const struct model_src *m, const struct devset *ds, 
         cJSON_AddStringToObject(x, "reason", r->excluded[i].reason);
         cJSON_AddItemToArray(je, x);
     }
-    return root;
+    *out = root;
+    return 0;
 }
 
 static void print_table(FILE *out, const struct model_src *m, const struct devset *ds,
@@ -1049,11 +1080,15 @@ int kvctl_cmd_plan(int argc, char **argv)
                 allow_unpinned ? "warning (--allow-unpinned)" : "note", unpinned,
                 strchr(unpinned, ',') ? "" : "s",
                 allow_unpinned ? ": any node may link as them" : " (a manifest written now would be refused)");
-    if (r->n_ranks > RING_MAX_RANKS)
+    if (r->n_ranks > RING_MAX_RANKS && !json && !outp)
         fprintf(stderr, "kvctl plan: note: %u ranks (--max-ranks); a stage accepts manifests of at most %d\n",
                 r->n_ranks, RING_MAX_RANKS);
-    root = manifest_json(&m, &ds, r, &o, wire, relay, relay_plain);
-    char *js = root ? cJSON_Print(root) : NULL;
+    if (!json && !outp) { ret = 0; goto out; }
+    if (manifest_json(&root, &m, &ds, r, &o, wire, relay, relay_plain, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl plan: %s (no manifest written)\n", err);
+        goto out;
+    }
+    char *js = cJSON_Print(root);
     if (!js) { fprintf(stderr, "kvctl plan: out of memory\n"); goto out; }
     if (json) printf("%s\n", js);
     if (outp) {

@@ -1027,89 +1027,77 @@ static int ring_up(int argc, char **argv)
     RAND_bytes(rid, sizeof rid);
     char ring_id[17];
     util_hex_encode(rid, sizeof rid, ring_id);
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddNumberToObject(root, "version", 1);
-    cJSON_AddStringToObject(root, "ring", ring_id);
-    cJSON *jm = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(jm, "name", name);
-    cJSON_AddStringToObject(jm, "catalog", cat_id);
-    cJSON_AddStringToObject(jm, "arch", arch);
-    cJSON_AddNumberToObject(jm, "n_layers", n_layers);
-    cJSON_AddNumberToObject(jm, "n_embd", n_embd);
-    cJSON *jw = cJSON_AddObjectToObject(root, "wire");
-    cJSON_AddStringToObject(jw, "dtype", dtype);
-    cJSON *jl = cJSON_AddObjectToObject(root, "limits");
-    cJSON_AddNumberToObject(jl, "n_ctx", (double)ctx);
-    cJSON_AddNumberToObject(jl, "max_batch", (double)max_batch);
-    cJSON *jr = cJSON_AddArrayToObject(root, "ranks");
+    struct ring_manifest man = {.version = 1, .stated = RING_STATED_N_CTX | RING_STATED_MAX_BATCH,
+                                .n_layers = n_layers, .n_embd = n_embd, .n_ctx = (uint32_t)ctx,
+                                .max_batch = (uint32_t)max_batch, .n_ranks = (uint32_t)stages,
+                                .n_standbys = (uint32_t)n_standby, .n_own_standbys = (uint32_t)n_standby};
+    snprintf(man.ring, sizeof man.ring, "%s", ring_id);
+    snprintf(man.model_name, sizeof man.model_name, "%s", name);
+    snprintf(man.catalog, sizeof man.catalog, "%s", cat_id);
+    snprintf(man.arch, sizeof man.arch, "%s", arch);
+    snprintf(man.dtype, sizeof man.dtype, "%s", dtype);
     for (uint32_t r = 0; r < (uint32_t)stages; r++) {
-        char sd[PATH_MAX], err[300], key[65], ep[64];
+        struct ring_rank_info *ri = &man.ranks[r];
+        char sd[PATH_MAX], err[300];
         snprintf(sd, sizeof sd, "%s/rank-%u", dir_abs, r);
         struct net_identity *id;
         if (net_identity_load(&id, sd, err, sizeof err) < 0) {
             fprintf(stderr, "kvctl ring up: %s\n", err);
-            cJSON_Delete(root);
             return 1;
         }
-        util_hex_encode(net_identity_pub(id), 32, key);
+        memcpy(ri->node, net_identity_pub(id), 32);
         net_identity_free(id);
+        ri->has_node = true;
+        ri->rank = r;
+        ri->first = bounds[r];
+        ri->last = bounds[r + 1];
+        ri->embed = r == 0;
+        ri->head = r == (uint32_t)stages - 1;
+        /* rank r's entry of --backends (a comma-separated list; missing ones are cpu) */
+        const char *bp = backends;
+        for (uint32_t i = 0; bp && i < r; i++)
+            bp = (bp = strchr(bp, ',')) ? bp + 1 : NULL;
+        snprintf(ri->backend, sizeof ri->backend, "cpu");
+        if (bp && *bp && *bp != ',')
+            snprintf(ri->backend, sizeof ri->backend, "%.*s", (int)strcspn(bp, ","), bp);
         int port = 0;
         lfd[r] = listen_socket("127.0.0.1", base_port ? (int)base_port + (int)r : 0, &port);
         if (lfd[r] < 0) {
             fprintf(stderr, "kvctl ring up: rank %u: listening on 127.0.0.1:%ld: %s\n", r,
                     base_port ? base_port + (long)r : 0L, strerror(-lfd[r]));
             close_fds(lfd, r);
-            cJSON_Delete(root);
             return 1;
         }
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "rank", r);
-        cJSON_AddStringToObject(o, "node", key);
-        cJSON *ly = cJSON_AddArrayToObject(o, "layers");
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r]));
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(bounds[r + 1]));
-        cJSON_AddBoolToObject(o, "embed", r == 0);
-        cJSON_AddBoolToObject(o, "head", r == (uint32_t)stages - 1);
-        /* rank r's entry of --backends (a comma-separated list; missing ones are cpu) */
-        char be[16] = "cpu";
-        const char *bp = backends;
-        for (uint32_t i = 0; bp && i < r; i++)
-            bp = (bp = strchr(bp, ',')) ? bp + 1 : NULL;
-        if (bp && *bp && *bp != ',')
-            snprintf(be, sizeof be, "%.*s", (int)strcspn(bp, ","), bp);
-        cJSON_AddStringToObject(o, "backend", be);
-        cJSON_AddStringToObject(o, "endpoint", ep);
-        cJSON_AddItemToArray(jr, o);
+        snprintf(ri->endpoint, sizeof ri->endpoint, "tcp://127.0.0.1:%d", port);
     }
-    if (n_standby) {   /* nodes that may take over any rank but 0 */
-        cJSON *jsb = cJSON_AddArrayToObject(root, "standby");
-        for (uint32_t i = 0; i < (uint32_t)n_standby; i++) {
-            char sd[PATH_MAX], err[300], key[65], ep[64];
-            snprintf(sd, sizeof sd, "%s/standby-%u", dir_abs, i);
-            struct net_identity *id;
-            if (mkdir_p(sd) < 0 || net_identity_load(&id, sd, err, sizeof err) < 0) {
-                fprintf(stderr, "kvctl ring up: %s: %s\n", sd, err);
-                cJSON_Delete(root);
-                return 1;
-            }
-            util_hex_encode(net_identity_pub(id), 32, key);
-            net_identity_free(id);
-            int port = 0, k = (int)stages + (int)i;
-            lfd[k] = listen_socket("127.0.0.1", base_port ? (int)base_port + k : 0, &port);
-            if (lfd[k] < 0) {
-                fprintf(stderr, "kvctl ring up: standby %u: listening on 127.0.0.1:%ld: %s\n", i,
-                        base_port ? base_port + (long)k : 0L, strerror(-lfd[k]));
-                close_fds(lfd, (uint32_t)k);
-                cJSON_Delete(root);
-                return 1;
-            }
-            snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "node", key);
-            cJSON_AddStringToObject(o, "endpoint", ep);
-            cJSON_AddItemToArray(jsb, o);
+    for (uint32_t i = 0; i < (uint32_t)n_standby; i++) {   /* nodes that may take over any rank but 0 */
+        struct ring_standby_info *si = &man.standbys[i];
+        char sd[PATH_MAX], err[300];
+        snprintf(sd, sizeof sd, "%s/standby-%u", dir_abs, i);
+        struct net_identity *id;
+        if (mkdir_p(sd) < 0 || net_identity_load(&id, sd, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl ring up: %s: %s\n", sd, err);
+            return 1;
         }
+        memcpy(si->node, net_identity_pub(id), 32);
+        net_identity_free(id);
+        for (uint32_t r = 1; r < (uint32_t)stages; r++)
+            si->ranks |= 1ull << r;
+        int port = 0, k = (int)stages + (int)i;
+        lfd[k] = listen_socket("127.0.0.1", base_port ? (int)base_port + k : 0, &port);
+        if (lfd[k] < 0) {
+            fprintf(stderr, "kvctl ring up: standby %u: listening on 127.0.0.1:%ld: %s\n", i,
+                    base_port ? base_port + (long)k : 0L, strerror(-lfd[k]));
+            close_fds(lfd, (uint32_t)k);
+            return 1;
+        }
+        snprintf(si->endpoint, sizeof si->endpoint, "tcp://127.0.0.1:%d", port);
+    }
+    cJSON *root;
+    char err[KV_ERR_MAX];
+    if (ring_manifest_to_json(&root, &man, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl ring up: %s\n", err);
+        return 1;
     }
     /* Local-ring bookkeeping that the stages ignore. */
     cJSON *jk = cJSON_AddObjectToObject(root, "local");

@@ -1,6 +1,7 @@
 /* manifest.c — the rank manifest (docs/design.md, "The rank manifest"): parsed with cJSON, every field
  * checked (types, ranges, windows contiguous and covering the model). */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,13 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
             (rc = get_u32(limits, "max_batch", &m->max_batch, 1, 4096, false, "limits", err, errlen)) < 0 ||
             (rc = get_u32(limits, "max_sessions", &m->max_sessions, 1, 4096, false, "limits", err, errlen)) < 0)
             goto out;
+        static const struct { const char *key; uint32_t bit; } lim[] = {
+            {"n_ctx", RING_STATED_N_CTX}, {"max_batch", RING_STATED_MAX_BATCH},
+            {"max_sessions", RING_STATED_MAX_SESSIONS},
+        };
+        for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+            if (cJSON_GetObjectItemCaseSensitive(limits, lim[i].key))
+                m->stated |= lim[i].bit;
     }
     if ((uint64_t)m->max_batch * m->n_embd * 4 > NET_PAYLOAD_HARD_MAX) {
         snprintf(err, errlen, "manifest: limits.max_batch %u x n_embd %u x 4 exceeds the frame cap %u",
@@ -304,6 +312,8 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(r, "est_ms_per_token");
         if (cJSON_IsNumber(ms))
             ri->est_ms_per_token = ms->valuedouble;
+        if (cJSON_IsNumber(mb) || cJSON_IsNumber(ms))
+            m->stated |= RING_STATED_ESTIMATES;
         /* embed/head default to the position in the ring and must agree with it. */
         if (!cJSON_GetObjectItemCaseSensitive(r, "embed"))
             ri->embed = i == 0;
@@ -347,6 +357,156 @@ int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, siz
             rc = -EIO;
     }
     free(buf);
+    return rc;
+}
+
+/* ---- the writer: the fields the parser reads, in the order every manifest has them ---- */
+
+static bool put_limits(cJSON *root, const struct ring_manifest *m)
+{
+    if (!(m->stated & (RING_STATED_N_CTX | RING_STATED_MAX_BATCH | RING_STATED_MAX_SESSIONS)))
+        return true;
+    cJSON *jl = cJSON_AddObjectToObject(root, "limits");
+    return jl && (!(m->stated & RING_STATED_N_CTX) || cJSON_AddNumberToObject(jl, "n_ctx", m->n_ctx)) &&
+           (!(m->stated & RING_STATED_MAX_BATCH) || cJSON_AddNumberToObject(jl, "max_batch", m->max_batch)) &&
+           (!(m->stated & RING_STATED_MAX_SESSIONS) ||
+            cJSON_AddNumberToObject(jl, "max_sessions", m->max_sessions));
+}
+
+/* A new object at the end of arr: NULL when out of memory. */
+static cJSON *add_object(cJSON *arr)
+{
+    cJSON *x = cJSON_CreateObject();
+    if (!cJSON_AddItemToArray(arr, x)) {
+        cJSON_Delete(x);
+        return NULL;
+    }
+    return x;
+}
+
+static bool put_rank(cJSON *jr, const struct ring_manifest *m, const struct ring_rank_info *ri)
+{
+    cJSON *x = add_object(jr), *ly = NULL;
+    if (!x)
+        return false;
+    char node[65];
+    util_hex_encode(ri->node, 32, node);
+    bool ok = cJSON_AddNumberToObject(x, "rank", ri->rank) &&
+              (!ri->has_node || cJSON_AddStringToObject(x, "node", node)) &&
+              (ly = cJSON_AddArrayToObject(x, "layers")) &&
+              cJSON_AddItemToArray(ly, cJSON_CreateNumber(ri->first)) &&
+              cJSON_AddItemToArray(ly, cJSON_CreateNumber(ri->last)) &&
+              cJSON_AddBoolToObject(x, "embed", ri->embed) && cJSON_AddBoolToObject(x, "head", ri->head) &&
+              (!ri->backend[0] || cJSON_AddStringToObject(x, "backend", ri->backend)) &&
+              cJSON_AddStringToObject(x, "endpoint", ri->endpoint);
+    if (ok && (m->stated & RING_STATED_ESTIMATES))
+        ok = cJSON_AddNumberToObject(x, "mem_bytes", (double)ri->mem_bytes) &&
+             cJSON_AddNumberToObject(x, "est_ms_per_token", ri->est_ms_per_token);
+    return ok;
+}
+
+/* A standby names the ranks it may take over unless that is every rank but 0 (the default). */
+static bool put_standby(cJSON *jsb, const struct ring_manifest *m, const struct ring_standby_info *si)
+{
+    cJSON *x = add_object(jsb), *rk = NULL;
+    if (!x)
+        return false;
+    char node[65];
+    util_hex_encode(si->node, 32, node);
+    uint64_t all = (m->n_ranks >= 64 ? ~0ull : (1ull << m->n_ranks) - 1) & ~1ull;
+    bool ok = cJSON_AddStringToObject(x, "node", node) && cJSON_AddStringToObject(x, "endpoint", si->endpoint);
+    if (!ok || si->ranks == all)
+        return ok;
+    ok = (rk = cJSON_AddArrayToObject(x, "ranks")) != NULL;
+    for (uint32_t r = 0; ok && r < 64; r++)
+        if (si->ranks >> r & 1)
+            ok = cJSON_AddItemToArray(rk, cJSON_CreateNumber(r));
+    return ok;
+}
+
+static bool put_manifest(cJSON *root, const struct ring_manifest *m)
+{
+    cJSON *jm = NULL, *jw = NULL, *jr = NULL, *jsb = NULL;
+    bool ok = cJSON_AddNumberToObject(root, "version", m->version) &&
+              cJSON_AddStringToObject(root, "ring", m->ring) &&
+              (jm = cJSON_AddObjectToObject(root, "model")) &&
+              cJSON_AddStringToObject(jm, "name", m->model_name) &&
+              cJSON_AddStringToObject(jm, "catalog", m->catalog) &&
+              cJSON_AddStringToObject(jm, "arch", m->arch) &&
+              cJSON_AddNumberToObject(jm, "n_layers", m->n_layers) &&
+              cJSON_AddNumberToObject(jm, "n_embd", m->n_embd) &&
+              (jw = cJSON_AddObjectToObject(root, "wire")) &&
+              cJSON_AddStringToObject(jw, "dtype", m->dtype) &&
+              put_limits(root, m) &&
+              (jr = cJSON_AddArrayToObject(root, "ranks"));
+    for (uint32_t i = 0; ok && i < m->n_ranks; i++)
+        ok = put_rank(jr, m, &m->ranks[i]);
+    if (ok && m->n_own_standbys)
+        ok = (jsb = cJSON_AddArrayToObject(root, "standby")) != NULL;
+    for (uint32_t i = 0; ok && i < m->n_own_standbys; i++)
+        ok = put_standby(jsb, m, &m->standbys[i]);
+    return ok;
+}
+
+/* The tree of m and, checked by the parser, its text in cJSON_Print's layout (*text malloc'd). */
+static int manifest_build(cJSON **tree, char **text, const struct ring_manifest *m, char *err, size_t errlen)
+{
+    *tree = NULL;
+    *text = NULL;
+    if (m->n_ranks > RING_MAX_RANKS || m->n_own_standbys > RING_MAX_STANDBYS) {
+        snprintf(err, errlen, "manifest: %u ranks and %u standbys, at most %d and %d", m->n_ranks,
+                 m->n_own_standbys, RING_MAX_RANKS, RING_MAX_STANDBYS);
+        return -EINVAL;
+    }
+    for (uint32_t i = 0; (m->stated & RING_STATED_ESTIMATES) && i < m->n_ranks; i++)
+        if (!isfinite(m->ranks[i].est_ms_per_token)) {
+            snprintf(err, errlen, "manifest: ranks[%u].est_ms_per_token %g is not a finite number", i,
+                     m->ranks[i].est_ms_per_token);
+            return -EINVAL;
+        }
+    cJSON *root = cJSON_CreateObject();
+    char *s = root && put_manifest(root, m) ? cJSON_Print(root) : NULL;
+    if (!s) {
+        cJSON_Delete(root);
+        snprintf(err, errlen, "manifest: out of memory");
+        return -ENOMEM;
+    }
+    struct ring_manifest *back = malloc(sizeof *back);
+    int rc = back ? ring_manifest_parse(back, s, strlen(s), err, errlen) : -ENOMEM;
+    free(back);
+    if (rc < 0) {
+        if (rc == -ENOMEM)
+            snprintf(err, errlen, "manifest: out of memory");
+        cJSON_Delete(root);
+        free(s);
+        return rc;
+    }
+    *tree = root;
+    *text = s;
+    return 0;
+}
+
+int ring_manifest_to_json(cJSON **out, const struct ring_manifest *m, char *err, size_t errlen)
+{
+    char *s;
+    int rc = manifest_build(out, &s, m, err, errlen);
+    free(s);
+    return rc;
+}
+
+int ring_manifest_write(char **out, uint8_t hash[32], const struct ring_manifest *m, char *err,
+                        size_t errlen)
+{
+    cJSON *tree;
+    int rc = manifest_build(&tree, out, m, err, errlen);
+    cJSON_Delete(tree);
+    unsigned int hl = 32;
+    if (rc == 0 && hash && EVP_Digest(*out, strlen(*out), hash, &hl, EVP_sha256(), NULL) != 1) {
+        free(*out);
+        *out = NULL;
+        snprintf(err, errlen, "manifest: SHA-256 failed");
+        rc = -EIO;
+    }
     return rc;
 }
 

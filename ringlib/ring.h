@@ -5,13 +5,17 @@
  * {dtype f32|f16}, optional limits {n_ctx, max_batch, max_sessions}, ranks [{rank, node,
  * layers [first,last], embed, head, backend, endpoint, mem_bytes, est_ms_per_token}]
  * (docs/design.md, "The rank manifest"), and optional standbys [{node, endpoint, ranks}]: nodes
- * that hold no window until one takes over a dead rank (docs/ring.md, "Repair"). */
+ * that hold no window until one takes over a dead rank (docs/ring.md, "Repair"). Every manifest
+ * is written by ring_manifest_to_json or ring_manifest_write (kvctl plan, kvctl ring up, the
+ * market) and read by ring_manifest_parse. */
 #ifndef KV_RING_H
 #define KV_RING_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+struct cJSON;
 
 #define RING_MAX_RANKS 64
 #define RING_ENDPOINT_MAX 256
@@ -35,8 +39,16 @@ struct ring_standby_info {
     uint64_t ranks;                     /* bit r: may serve rank r */
 };
 
+/* The optional fields a manifest states (struct ring_manifest's stated): the parser sets the bit
+ * of each it read, the writer writes those whose bit is set (the others read as their defaults). */
+#define RING_STATED_N_CTX        (1u << 0)  /* limits.n_ctx */
+#define RING_STATED_MAX_BATCH    (1u << 1)  /* limits.max_batch */
+#define RING_STATED_MAX_SESSIONS (1u << 2)  /* limits.max_sessions */
+#define RING_STATED_ESTIMATES    (1u << 3)  /* the ranks' mem_bytes and est_ms_per_token */
+
 struct ring_manifest {
     uint32_t version;
+    uint32_t stated;                    /* RING_STATED_* */
     char ring[65];
     char model_name[128], catalog[65], arch[32];
     uint32_t n_layers, n_embd;
@@ -59,6 +71,18 @@ bool ring_manifest_may_serve(const struct ring_manifest *m, uint32_t rank, const
  * [0, n_layers); rank order; embed on rank 0 only, head on the last only). */
 int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, char *err,
                        size_t errlen);
+/* The inverse of ring_manifest_parse, the one writer of manifests: m as a JSON object in *out
+ * (the caller's, cJSON_Delete) with version, ring, model {name, catalog, arch, n_layers, n_embd},
+ * wire {dtype}, the limits m->stated names, ranks [{rank, node (when has_node), layers, embed,
+ * head, backend (when set), endpoint, mem_bytes and est_ms_per_token (RING_STATED_ESTIMATES)}]
+ * and m's own standbys [{node, endpoint, ranks (unless every rank but 0)}]. A manifest the
+ * parser would refuse is not written: -EINVAL, err naming the field; -ENOMEM. */
+int ring_manifest_to_json(struct cJSON **out, const struct ring_manifest *m, char *err, size_t errlen);
+/* The same as text in cJSON_Print's layout (every manifest's, so the same ring gives the same
+ * bytes): *out malloc'd and NUL-terminated, the caller frees; hash, when not NULL, gets the
+ * SHA-256 of those bytes. 0, -EINVAL or -ENOMEM as ring_manifest_to_json, -EIO. */
+int ring_manifest_write(char **out, uint8_t hash[32], const struct ring_manifest *m, char *err,
+                        size_t errlen);
 /* Read, hash and parse a manifest file. */
 int ring_manifest_load(struct ring_manifest *m, const char *path, char *err, size_t errlen);
 /* A roster (docs/market.md, "Standbys"): standbys named beside a manifest rather than in it,

@@ -15,7 +15,6 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <uv.h>
 
@@ -387,41 +386,35 @@ static char *manifest_of(const struct model_state *ms, char hash[65])
 
 static char *manifest_build(const struct model_state *ms, const bool *keep, char hash[65])
 {
-    cJSON *o = cJSON_CreateObject(), *model = cJSON_CreateObject(), *wire = cJSON_CreateObject();
-    cJSON *ranks = cJSON_CreateArray();
-    char ring[32];
-    snprintf(ring, sizeof ring, "mkt-%.16s", ms->m.id);
-    cJSON_AddNumberToObject(o, "version", 1);
-    cJSON_AddStringToObject(o, "ring", ring);
-    cJSON_AddStringToObject(model, "name", ms->m.name);
-    cJSON_AddStringToObject(model, "catalog", ms->m.id);
-    cJSON_AddStringToObject(model, "arch", ms->m.arch);
-    cJSON_AddNumberToObject(model, "n_layers", ms->m.n_layers);
-    cJSON_AddNumberToObject(model, "n_embd", ms->m.n_embd);
-    cJSON_AddItemToObject(o, "model", model);
-    cJSON_AddStringToObject(wire, "dtype", "f32");
-    cJSON_AddItemToObject(o, "wire", wire);
-    for (size_t i = 0; i < ms->n; i++) {
-        cJSON *r = cJSON_CreateObject(), *ly = cJSON_CreateArray();
-        cJSON_AddNumberToObject(r, "rank", (double)i);
-        cJSON_AddStringToObject(r, "node", keep[i] ? ms->mnode[i] : ms->l[i].node);
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].first));
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ms->w[i].last));
-        cJSON_AddItemToObject(r, "layers", ly);
-        cJSON_AddBoolToObject(r, "embed", i == 0);
-        cJSON_AddBoolToObject(r, "head", i + 1 == ms->n);
-        cJSON_AddStringToObject(r, "endpoint", keep[i] ? ms->mendpoint[i] : ms->l[i].endpoint);
-        cJSON_AddItemToArray(ranks, r);
-    }
-    cJSON_AddItemToObject(o, "ranks", ranks);
-    char *s = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!s)
+    struct ring_manifest *m = calloc(1, sizeof *m);
+    if (!m)
         return NULL;
+    m->version = 1;
+    snprintf(m->ring, sizeof m->ring, "mkt-%.16s", ms->m.id);
+    snprintf(m->model_name, sizeof m->model_name, "%s", ms->m.name);
+    snprintf(m->catalog, sizeof m->catalog, "%s", ms->m.id);
+    snprintf(m->arch, sizeof m->arch, "%s", ms->m.arch);
+    m->n_layers = ms->m.n_layers;
+    m->n_embd = ms->m.n_embd;
+    snprintf(m->dtype, sizeof m->dtype, "f32");
+    m->n_ranks = (uint32_t)ms->n;
+    for (size_t i = 0; i < ms->n; i++) {
+        struct ring_rank_info *ri = &m->ranks[i];
+        ri->rank = (uint32_t)i;
+        ri->has_node = util_hex_decode(keep[i] ? ms->mnode[i] : ms->l[i].node, ri->node, 32) == 0;
+        ri->first = ms->w[i].first;
+        ri->last = ms->w[i].last;
+        ri->embed = i == 0;
+        ri->head = i + 1 == ms->n;
+        snprintf(ri->endpoint, sizeof ri->endpoint, "%s", keep[i] ? ms->mendpoint[i] : ms->l[i].endpoint);
+    }
+    char *s = NULL, err[KV_ERR_MAX];
     uint8_t dg[32];
-    unsigned dl = 32;
-    EVP_Digest(s, strlen(s), dg, &dl, EVP_sha256(), NULL);
-    util_hex_encode(dg, 32, hash);
+    if (ring_manifest_write(&s, dg, m, err, sizeof err) == 0)
+        util_hex_encode(dg, 32, hash);
+    else
+        kvd_log(KVD_LOG_ERROR, "model %.16s...: no manifest: %s", ms->m.id, err);
+    free(m);
     return s;
 }
 
