@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # test-gen-draft.sh — speculative decoding with prompt-lookup drafts in one process (kvctl
 # generate --draft lookup; docs/model.md, "Drafting"): on the dense (F32, Q8_0, F16), MoE and
 # hybrid test models, greedy and seeded sampling write exactly the text they write without

@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # test-plan-ring: a manifest written by `kvctl plan` runs as a real ring. Three local
 # "devices" whose memory forces a 3-way split (a fourth too small to hold a layer is left
 # out), kvd stages started from the planned manifest, and greedy generation through the

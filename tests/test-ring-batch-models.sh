@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # Batched equals unbatched on every kind of model: 8 concurrent greedy sessions of mixed
 # prompt lengths (1 to 40 tokens) through a 3-stage ring (f32 wire, each stage waiting a
 # little for company so that steps of several sessions run as one window pass) give every

@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # Drafting round the ring (docs/ring.md, "Drafting"): the last rank sends prompt-lookup drafts
 # with each TOKEN, rank 0 runs the token and its drafts through every stage as one verifying
 # pass, and every stage drops the rows of rejected drafts. The tokens are the ones without

@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # Repeated repairs (docs/ring.md, "Repair"): for about a minute, 4 concurrent greedy
 # generations at a time through a 3-stage loopback ring with one standby, and every few
 # seconds SIGKILL of whichever node serves rank 1 or 2 (its own node, or the standby that took

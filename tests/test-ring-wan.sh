@@ -1,4 +1,5 @@
 #!/bin/bash
+# test-weight: 2 (several stages computing at once)
 # The WAN harness (docs/ring.md, "Over a WAN"): the delay proxy itself, then rings behind it.
 #   - the proxy delays: a round trip through a `wan` proxy takes at least twice its delay less
 #     the jitter (a lower bound only: a slow machine only adds);
