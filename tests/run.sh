@@ -109,7 +109,7 @@ start_one() { # WEIGHT BUILD PATH
     if [ "$t" = fuzz ]; then
         name=fuzz
         log="$B/test-logs/fuzz.log"
-        tests/fuzz.sh "${FUZZ_TIME:-60}" > "$log" 2>&1 &
+        timeout -k 10 "$TIMEOUT" tests/fuzz.sh "${FUZZ_TIME:-60}" > "$log" 2>&1 < /dev/null &
     else
         name=$(basename "$t")
         log="$B/test-logs/$name.log"
@@ -129,7 +129,7 @@ finish_one() { # PID RC
     local p=$1 rc=$2 name=${job_name[$1]} B=${job_build[$1]} log=${job_log[$1]} dur
     local tmp=${job_tmp[$1]}
     # timeout made the test's process group; what the test left running in it goes now
-    [ "$name" != fuzz ] && kill -KILL -- "-$p" 2>/dev/null
+    kill -KILL -- "-$p" 2>/dev/null
     dur=$(( $(date +%s) - job_start[$p] ))
     used=$((used - job_w[$p]))
     unset "job_name[$p]" "job_build[$p]" "job_w[$p]" "job_start[$p]" "job_log[$p]" "job_tmp[$p]"
