@@ -11,8 +11,8 @@
 #     parse what a peer, a client or a file sends (set TEST_SAN_ALL=1 for all of them);
 #   - once, after the given builds, tests/fuzz.sh's bounded run (FUZZ_TIME seconds, default
 #     60; 0 skips it), when no filter is set.
-# Filters: TESTS=<substring> runs only tests whose name contains it; CHECK=1 the C tests and
-# the shell tests of tests/check.list (make check).
+# Filters: TESTS="<substring> ..." runs only tests whose name contains one of them; CHECK=1
+# the C tests and the shell tests of tests/check.list (make check).
 #
 # Side by side: JOBS (-j, or TEST_JOBS; default the number of CPUs and one: most tests spend
 # about half their time waiting on their daemons) is a budget of weights. A test weighs 1 unless
@@ -71,7 +71,11 @@ for B in "$@"; do
     [ "$(basename "$B")" = asan ] && [ "${TEST_SAN_ALL:-0}" != 1 ] && san=1
     for t in $(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$') $(ls tests/test-*.sh 2>/dev/null); do
         name=$(basename "$t")
-        [ -n "${TESTS:-}" ] && case "$name" in *"$TESTS"*) ;; *) continue ;; esac
+        if [ -n "${TESTS:-}" ]; then
+            hit=0
+            for pat in $TESTS; do case "$name" in *"$pat"*) hit=1 ;; esac; done
+            [ $hit = 1 ] || continue
+        fi
         if [ "${name%.sh}" != "$name" ]; then
             [ "${CHECK:-0}" = 1 ] && ! selected "$name" tests/check.list && continue
             [ $san = 1 ] && ! selected "$name" tests/san.list && continue

@@ -11,16 +11,25 @@
 # the background (its results ignored), so the chosen tests meet a busy machine, as on a shared
 # CI runner. Every failed run's log is kept in BUILD/stress-logs/TEST.RUN.log. Prints one line
 # per run and at the end "N runs, N failed"; exits 1 when any run failed.
+#
+#   tests/stress.sh -r [-n ROUNDS] [-j JOBS] [-b BUILD] [-l "LOAD_TEST ..."] PATTERN ...
+#
+# Rounds: every test whose name contains a PATTERN (ring- market- relay- api- covers those
+# suites) runs once a round, side by side through tests/run.sh -j JOBS (default 4), so they
+# load each other as well as the load tests; ROUNDS rounds (default 10). A failed run's log is
+# kept as BUILD/stress-logs/TEST.ROUND.log.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-runs=10 B=build load="test-ring-sched.sh test-market-api.sh"
+runs=10 B=build load="test-ring-sched.sh test-market-api.sh" rounds=0 jobs=4
 while [ $# -gt 0 ]; do
     case $1 in
     -n) runs=$2; shift 2 ;;
+    -r) rounds=1; shift ;;
+    -j) jobs=$2; shift 2 ;;
     -b) B=$2; shift 2 ;;
     -l) load=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "stress.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac
@@ -40,7 +49,7 @@ path() {
     elif [ -x "$B/tests/$1" ]; then echo "$B/tests/$1"
     else return 1; fi
 }
-for t in "$@" $load; do
+for t in $([ $rounds = 1 ] || echo "$@") $load; do
     path "$t" > /dev/null || { echo "stress.sh: no test named $t (in tests/ or $B/tests/)" >&2; exit 2; }
 done
 
@@ -60,6 +69,23 @@ trap stop_load EXIT
 trap 'exit 130' INT TERM
 
 total=0 bad=0
+if [ $rounds = 1 ]; then
+    for i in $(seq "$runs"); do
+        out=$(TESTS="$*" FUZZ_TIME=0 tests/run.sh -j "$jobs" "$B")
+        n=$(echo "$out" | grep -c '^\(PASS\|FAIL\) ')
+        total=$((total + n))
+        for t in $(echo "$out" | sed -n 's/^FAIL \([^ ]*\) .*/\1/p'); do
+            bad=$((bad + 1))
+            cp "$B/test-logs/$t.log" "$logs/$t.$i.log"
+            echo "FAIL $t round $i (log $logs/$t.$i.log)"
+            grep -a '^FAIL' "$logs/$t.$i.log" | head -n 3 | sed 's/^/    > /'
+        done
+        echo "round $i: $n runs, $(echo "$out" | tail -n 1)"
+    done
+    echo "$total runs, $bad failed (load: ${load:-none})"
+    [ $bad -eq 0 ]
+    exit
+fi
 for t in "$@"; do
     exe=$(path "$t")
     for i in $(seq "$runs"); do
