@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     -j) jobs=$2; shift 2 ;;
     -b) B=$2; shift 2 ;;
     -l) load=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "stress.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac
