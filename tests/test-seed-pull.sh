@@ -76,13 +76,21 @@ EOF
 }
 write_nginx_conf
 start_nginx() { "$NGINX" -p "$T/nginx" -c "$T/nginx/nginx.conf" 2>>"$T/nginx/logs/start.log"; }
-stop_nginx() { kill "$(cat "$T/nginx/nginx.pid")" 2>/dev/null; sleep 0.3; }
+stop_nginx() { # until the master is gone and its ports free for the next start
+    local p
+    p=$(cat "$T/nginx/nginx.pid" 2>/dev/null) || return 0
+    kill "$p" 2>/dev/null
+    wait_for 10 bash -c "! kill -0 $p 2>/dev/null" || { echo "FAIL: nginx $p did not stop"; fails=$((fails + 1)); }
+}
 start_nginx || { echo "FAIL: nginx did not start"; cat "$T/nginx/logs/"*; exit 1; }
 
-SPORT=$(free_port)
-start_seeder() { # [extra options]
-    "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:$SPORT" "$@" >>"$T/seeder.log" 2>&1 &
+SPORT=0
+start_seeder() { # [extra options]: on a free port, then again on the same one
+    rm -f "$T/seeder.port"
+    "$LISTEN" "$T/seeder.port" "$SPORT" -- \
+        "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:{PORT}" "$@" >>"$T/seeder.log" 2>&1 &
     SEED_PID=$!
+    SPORT=$(port_of "$T/seeder.port") || { echo "FAIL: the seeder's launcher failed"; cat "$T/seeder.log"; exit 1; }
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$SPORT/v1/models" >/dev/null 2>&1 && return 0
         sleep 0.1
@@ -128,7 +136,7 @@ check "--model picks it" "$KVCTL" pull -q --from "$SEEDER" --model "$(cat "$T/s.
 # ---- bytes moved for a 1-layer window
 : > "$T/nginx/logs/access.log"
 "$KVCTL" pull -q --from "$NGX/model.gguf" --layers 3:4 --catalog "$T/m.cat.json" -o "$T/b.gguf" || fails=$((fails + 1))
-sleep 0.3
+wait_file "$T/nginx/logs/access.log" 10   # nginx logs a request once it has sent it
 sent=$(awk '{s += $4} END {print s + 0}' "$T/nginx/logs/access.log")
 wsize=$(stat -c %s "$T/ref-3-4.gguf")
 msize=$(stat -c %s "$M")
@@ -171,7 +179,7 @@ kill "$SEED_PID"; wait "$SEED_PID" 2>/dev/null
 start_seeder --max-rate 400K   # a slow seeder, so the cut lands mid-way
 "$KVCTL" pull -q --zstd --from "$SEEDER" --layers 0:8 --catalog "$T/m.cat.json" -o "$T/r.gguf" 2>"$T/r1.err" &
 PULL=$!
-sleep 1.5
+check "the pull from the slow seeder is under way" wait_file "$T/r.gguf.part" 30   # mid-way
 kill -9 "$SEED_PID"; wait "$SEED_PID" 2>/dev/null; SEED_PID=""
 wait $PULL; rc=$?
 check "zstd pull fails when the seeder dies" test $rc -ne 0
@@ -193,17 +201,15 @@ fi
 stop_nginx
 write_nginx_conf "limit_rate 300k;"
 start_nginx
-sleep 0.3
 "$KVCTL" pull -q --from "$NGX/model.gguf" --layers 5:8 --catalog "$T/m.cat.json" -o "$T/rs.gguf" 2>"$T/rs1.err" &
 PULL=$!
-sleep 1.5
+check "the pull from the slow nginx is under way" wait_file "$T/rs.gguf.part" 30
 stop_nginx
 wait $PULL; rc=$?
 check "pull fails when nginx stops" test $rc -ne 0
 check "nothing at -o after the interruption (nginx)" test ! -e "$T/rs.gguf"
 write_nginx_conf
 start_nginx
-sleep 0.3
 "$KVCTL" pull --from "$NGX/model.gguf" --layers 5:8 --catalog "$T/m.cat.json" -o "$T/rs.gguf" 2>"$T/rs2.err" </dev/null
 check "nginx pull resumes" grep -q "resuming at" "$T/rs2.err"
 check "resumed nginx window identical" cmp -s "$T/rs.gguf" "$T/ref-5-8.gguf"
