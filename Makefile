@@ -194,7 +194,7 @@ $(KVD_STUB): $(B)/obj/tests/stub_backend.o $(KVD_LIB) $(LIB)
 # is a file prefix ("model/tok" = model/tok*.c).
 fuzzers: $(FUZZERS)
 
-fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z/ ]*\).*/\1/p' tests/fuzz-$(1).c)
+fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z0-9_/ ]*\).*/\1/p' tests/fuzz-$(1).c)
 fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(B)/libfuzz.a)
 # Without the comment a target links $(B)/libfuzz.a: the library objects clang could build
 # (tests/fuzz.sh first compiles them with make -k fuzz-objs; gcc-only SIMD code may fail),
