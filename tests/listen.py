@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""listen.py PORTFILE PORT[,PORT...] -- CMD ARG...: runs CMD with a listening TCP socket on
-127.0.0.1 for each PORT (0: a free one) that it binds first, handed over as systemd's socket
-activation does (fds 3.., LISTEN_FDS,
-LISTEN_PID; kvd takes a handed-over socket whose address is the one it is told to listen on,
-net/listen.c). The ports are written to PORTFILE (space-separated, one line, written whole) and
-replace {PORT} (the first) and {PORT0}, {PORT1}, ... in the arguments. The process keeps this
-one's pid (exec), so `$!` of `listen.py ... &` is the daemon's.
+"""listen.py [--wait GOFILE] PORTFILE PORT[,PORT...] -- CMD ARG...: runs CMD with a listening
+TCP socket on 127.0.0.1 for each PORT (0: a free one) that it binds first, handed over as
+systemd's socket activation does (fds 3.., LISTEN_FDS, LISTEN_PID; kvd takes a handed-over
+socket whose address is the one it is told to listen on, net/listen.c). The ports are written
+to PORTFILE (space-separated, one line, written whole) and replace {PORT} (the first) and
+{PORT0}, {PORT1}, ... in the arguments. The process keeps this one's pid (exec), so `$!` of
+`listen.py ... &` is the daemon's. With --wait GOFILE it writes PORTFILE, then waits for
+GOFILE to exist before it runs CMD: the ports can go into a manifest (or a plan) that CMD
+reads.
 
 Why: a test that picks a free port and then starts a daemon on it leaves a window in which
 another program (another test, running side by side) can take the port; a socket bound here
@@ -14,13 +16,18 @@ import fcntl
 import os
 import socket
 import sys
+import time
 
 
 def main():
-    if len(sys.argv) < 5 or sys.argv[3] != "--":
-        sys.stderr.write("usage: listen.py PORTFILE PORT[,PORT...] -- CMD ARG...\n")
+    argv = sys.argv[1:]
+    gofile = None
+    if len(argv) >= 2 and argv[0] == "--wait":
+        gofile, argv = argv[1], argv[2:]
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("usage: listen.py [--wait GOFILE] PORTFILE PORT[,PORT...] -- CMD ARG...\n")
         return 2
-    portfile, want, cmd = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], sys.argv[4:]
+    portfile, want, cmd = argv[0], [int(p) for p in argv[1].split(",")], argv[3:]
     n = len(want)
     socks = []
     for port in want:
@@ -49,6 +56,10 @@ def main():
     with open(tmp, "w") as f:
         f.write(" ".join(ports) + "\n")
     os.rename(tmp, portfile)
+    # --wait: the ports are known (a manifest can name them) before CMD starts; it starts once
+    # GOFILE exists (the sockets already listen: a peer that comes early waits in the backlog)
+    while gofile and not os.path.exists(gofile):
+        time.sleep(0.05)
     os.environ["LISTEN_FDS"] = str(n)
     os.environ["LISTEN_PID"] = str(os.getpid())
     os.environ.pop("LISTEN_FDNAMES", None)

@@ -45,6 +45,7 @@ node key: they know what ring.json says, and what passes through them.
 """
 import base64
 import hashlib
+import os
 import select
 import socket
 import struct
@@ -151,12 +152,22 @@ class Tamper:
         return out
 
 
-def proxy(listen_port, to, mode, record, nth):
-    host, port = to.rsplit(":", 1)
+def listening(port, backlog):
+    """The listening socket tests/listen.py handed over (fd 3, LISTEN_FDS), else one bound on
+    127.0.0.1:port: a port nobody can take between its choice and its use."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS", "0") != "0":
+        del os.environ["LISTEN_PID"], os.environ["LISTEN_FDS"]
+        return socket.socket(fileno=3)
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", int(listen_port)))
-    ls.listen(8)
+    ls.bind(("127.0.0.1", int(port)))
+    ls.listen(backlog)
+    return ls
+
+
+def proxy(listen_port, to, mode, record, nth):
+    host, port = to.rsplit(":", 1)
+    ls = listening(listen_port, 8)
     tm = Tamper(mode, record, nth)
     pairs = {}     # socket -> (peer socket, Dir, is_dialer_side)
     print(f"proxy :{listen_port} -> {to} mode {mode}", flush=True)
@@ -302,10 +313,7 @@ def relay(listen_port, mode, record, nth):
         c.close()
         print("bridge %s end closed (role %d)" % (bid[:8], role), flush=True)
 
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", int(listen_port)))
-    ls.listen(16)
+    ls = listening(listen_port, 16)
     print(f"relay :{listen_port} mode {mode}", flush=True)
     while True:
         c, _ = ls.accept()
@@ -478,10 +486,7 @@ def mitm(listen_port, manifest):
         print("rank %d (bridge %s, role %d) %s" % (stage, bid[:8], role, res), flush=True)
         c.close()
 
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", int(listen_port)))
-    ls.listen(16)
+    ls = listening(listen_port, 16)
     print(f"mitm relay :{listen_port}", flush=True)
     while True:
         c, _ = ls.accept()

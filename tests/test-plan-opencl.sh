@@ -44,18 +44,20 @@ print("ok   profile: %s (%s), %.2f GB, max alloc %.2f GB, unified, f32 matmul %.
       mm["f32"]["gb_s"], b["cpu"]["ms_per_layer_token"], b["opencl"]["ms_per_layer_token"], d["backend"]))
 PY
 
-# devs MODE PORT0: three machines from the measured profile. MODE fast: b's OpenCL device is
+# devs MODE PORTS: three machines from the measured profile, a, b and c on the ports given
+# ("P0,P1,P2"; one port P: P, P+1, P+2). MODE fast: b's OpenCL device is
 # 10x faster than its CPU; small: and has too little memory for a layer; alloc: and its
 # largest allocation cannot hold a layer's K cache; slow: 10x slower.
 devs() {
     $PY - "$TMP/prof.json" "$1" "$2" "$TMP" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["devices"][0]
-mode, port = sys.argv[2], int(sys.argv[3])
+mode, ports = sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
+ports = ports if len(ports) == 3 else [ports[0] + i for i in range(3)]
 out = []
 for i, name in enumerate("abc"):
     d = {"id": name, "mem_bytes": 700000, "ms_per_layer_token": 1,
-         "endpoint": "tcp://127.0.0.1:%d" % (port + i),
+         "endpoint": "tcp://127.0.0.1:%d" % ports[i],
          "node": open("%s/node-%s/key" % (sys.argv[4], name)).read().strip()}
     assert name != "b" or d["node"] == p["node"], "the profile carries b's key"
     if name == "b":
@@ -90,31 +92,34 @@ echo "ok   plan: b's windows go on its OpenCL device only when it is faster and 
 # the fast plan as a real ring, stages started from the manifest alone
 want=$("$KVCTL" generate -m "$M" --ids --tokens 1,400,300,200,100 -n 16 --temp 0 --ignore-eos 2>/dev/null)
 [ -n "$want" ] || fail "one-process generate"
-for attempt in 1 2 3; do
-    P=$(free_port)
-    devs fast "$P" > "$TMP/devs.json"
-    D=$TMP/ring-$attempt
-    mkdir -p "$D"
-    "$KVCTL" plan --model "$M" --devices "$TMP/devs.json" --ctx 256 --sessions 2 --headroom 0 \
-        -o "$D/ring.json" > "$TMP/plan.txt" 2>&1 || fail "plan: $(cat "$TMP/plan.txt")"
-    pids=""
-    for r in 0 1 2; do
-        mkdir -p "$D/rank-$r"
-        dev=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][int(sys.argv[2])]["device"])' "$D/ring.json" $r)
-        cp "$TMP/node-$dev/node.key" "$D/rank-$r/"   # the machine's key: the rank admits only it
-        "$KVD" stage --manifest "$D/ring.json" --rank $r --model "$M" --state-dir "$D/rank-$r" -t 1 \
-            > "$D/rank-$r/kvd.log" 2>&1 &
-        pids="$pids $!"
-        echo $! > "$D/rank-$r/kvd.pid"
-    done
-    at_exit "kill $pids 2>/dev/null"
-    wait_for 30 lib_linked "$D" 3
-    got=$(timeout 120 "$KVCTL" generate --ring "$D" --ids --tokens 1,400,300,200,100 -n 16 --temp 0 \
-          --ignore-eos 2> "$TMP/gen.err")
-    for p in $pids; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    if grep -qi "in use\|bind" "$D"/rank-*/kvd.log && [ "$got" != "$want" ]; then continue; fi
-    break
+# each machine's stage on a socket bound before the plan names its port (tests/listen.py
+# --wait): it starts, as the rank the plan gives it, once the manifest is written
+D=$TMP/ring
+mkdir -p "$D"
+pids=""
+for dev in a b c; do
+    "$LISTEN" --wait "$D/go" "$D/port-$dev" 0 -- bash -c '
+        r=$(cat "$1/rank-of-$2")
+        exec "$3" stage --manifest "$1/ring.json" --rank "$r" --model "$4" --state-dir "$1/rank-$r" -t 1 \
+            > "$1/rank-$r/kvd.log" 2>&1' _ "$D" "$dev" "$KVD" "$M" > "$D/launch-$dev.log" 2>&1 &
+    pids="$pids $!"
 done
+at_exit "kill $pids 2>/dev/null"
+ports=$(for dev in a b c; do port_of "$D/port-$dev"; done | paste -sd, -)
+devs fast "$ports" > "$TMP/devs.json"
+"$KVCTL" plan --model "$M" --devices "$TMP/devs.json" --ctx 256 --sessions 2 --headroom 0 \
+    -o "$D/ring.json" > "$TMP/plan.txt" 2>&1 || fail "plan: $(cat "$TMP/plan.txt")"
+for r in 0 1 2; do
+    mkdir -p "$D/rank-$r"
+    dev=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][int(sys.argv[2])]["device"])' "$D/ring.json" $r)
+    cp "$TMP/node-$dev/node.key" "$D/rank-$r/"   # the machine's key: the rank admits only it
+    echo "$r" > "$D/rank-of-$dev"
+done
+touch "$D/go"
+wait_for 30 lib_linked "$D" 3
+got=$(timeout 120 "$KVCTL" generate --ring "$D" --ids --tokens 1,400,300,200,100 -n 16 --temp 0 \
+      --ignore-eos 2> "$TMP/gen.err")
+for p in $pids; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
 r_cl=$($PY -c 'import json,sys; print([i for i, r in enumerate(json.load(open(sys.argv[1]))["ranks"]) if r.get("backend") == "opencl"][0])' "$D/ring.json")
 grep -q "kernel device opencl" "$D/rank-$r_cl/kvd.log" || fail "rank $r_cl does not run on opencl: $(tail -5 "$D/rank-$r_cl/kvd.log")"
 [ "$got" = "$want" ] || fail "planned ring with an opencl rank: '$got', one process: '$want' ($(cat "$TMP/gen.err"))"

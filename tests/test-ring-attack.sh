@@ -41,13 +41,23 @@ out=$(gen) || fail "generate: $out"
 [ "$out" = "$REF" ] || fail "ring generates '$out', one process '$REF'"
 echo "ok reference: $REF"
 
-# restart_rank1 [LISTEN]: kill -9 rank 1 and start it again (listening on LISTEN if given).
+# restart_rank1 [own]: kill -9 rank 1 and start it again, on its manifest endpoint or (own) on
+# a port of its own, Q1 (a free one the first time, handed over: tests/listen.py).
+Q1=0
 restart_rank1() {
     kill -9 "$(rank_pid "$D" 1)" 2>/dev/null
     for i in $(seq 50); do kill -0 "$(rank_pid "$D" 1)" 2>/dev/null || break; sleep 0.1; done
-    "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$D/catalog.json" \
-        --state-dir "$D/rank-1" ${1:+--listen "$1"} >> "$LOG1" 2>&1 &
-    echo $! > "$D/rank-1/kvd.pid"
+    if [ "${1:-}" = own ]; then
+        rm -f "$TMP/q1.port"
+        "$LISTEN" "$TMP/q1.port" "$Q1" -- "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" \
+            --catalog "$D/catalog.json" --state-dir "$D/rank-1" --listen "127.0.0.1:{PORT}" >> "$LOG1" 2>&1 &
+        echo $! > "$D/rank-1/kvd.pid"
+        Q1=$(port_of "$TMP/q1.port") || fail "rank 1's launcher: $(tail -3 "$LOG1")"
+    else
+        "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$D/catalog.json" \
+            --state-dir "$D/rank-1" >> "$LOG1" 2>&1 &
+        echo $! > "$D/rank-1/kvd.pid"
+    fi
 }
 
 # ---- (a) takeover by reflection ----
@@ -133,7 +143,6 @@ eavesdropped_and_tampered() {
 }
 
 # ---- (b), (c): a proxy on rank 1's endpoint; rank 1 itself listens elsewhere ----
-Q1=$(free_port)
 PPID_=
 proxy_start() {   # MODE [--record FILE]
     [ -n "$PPID_" ] && { kill "$PPID_" 2>/dev/null; wait "$PPID_" 2>/dev/null; }
@@ -142,7 +151,7 @@ proxy_start() {   # MODE [--record FILE]
     at_exit "kill $PPID_ 2>/dev/null"
     wait_port "$P1" 5 || fail "the proxy does not listen on $P1"
 }
-restart_rank1 "127.0.0.1:$Q1"
+restart_rank1 own
 proxy_start pass --record "$TMP/wire.bin"
 wait_linked "$D" 2 15 || fail "the ring did not link through the proxy"
 grep -q "link through the proxy" "$TMP/proxy.out" || fail "rank 0 -> rank 1 does not go through the proxy"
@@ -179,24 +188,26 @@ echo "ok (d) rank 0 linked past $(cat "$TMP/idle.out" | grep -o '[0-9]* idle') c
 ring_down "$D"
 D2=$TMP/relayring
 mkdir -p "$D2"
-RP=$(free_port)
+RING=$D2
+RLOG1=$D2/rank-1/kvd.log
+RPID_=
+RP=0
+relay_start() {   # MODE [--record FILE]: on a free port the first time (handed over), then on it
+    [ -n "$RPID_" ] && { kill "$RPID_" 2>/dev/null; wait "$RPID_" 2>/dev/null; }
+    rm -f "$TMP/relay.port"
+    "$LISTEN" "$TMP/relay.port" "$RP" -- $ATTACK relay "{PORT}" "$@" >> "$TMP/relay.out" 2>&1 &
+    RPID_=$!
+    at_exit "kill $RPID_ 2>/dev/null"
+    RP=$(port_of "$TMP/relay.port") || fail "the malicious relay's launcher failed"
+    wait_port "$RP" 5 || fail "the malicious relay does not listen on $RP"
+}
+relay_start pass --record "$TMP/relay-wire.bin"
 python3 - "$D/ring.json" "$D2/ring.json" "relay+ws://127.0.0.1:$RP/b/$(openssl rand -hex 16)" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
 m["ranks"][1]["endpoint"] = sys.argv[3]
 json.dump(m, open(sys.argv[2], "w"), indent=1)
 EOF
-RING=$D2
-RLOG1=$D2/rank-1/kvd.log
-RPID_=
-relay_start() {   # MODE [--record FILE]
-    [ -n "$RPID_" ] && { kill "$RPID_" 2>/dev/null; wait "$RPID_" 2>/dev/null; }
-    $ATTACK relay "$RP" "$@" >> "$TMP/relay.out" 2>&1 &
-    RPID_=$!
-    at_exit "kill $RPID_ 2>/dev/null"
-    wait_port "$RP" 5 || fail "the malicious relay does not listen on $RP"
-}
-relay_start pass --record "$TMP/relay-wire.bin"
 for r in 0 1; do   # the same stages (their node keys), the manifest with the relay
     mkdir -p "$D2/rank-$r"
     cp "$D/rank-$r/node.key" "$D2/rank-$r/"
