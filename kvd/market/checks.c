@@ -174,7 +174,8 @@ static int audit_fail(struct kvd_market_api *a, const char *model, const char *n
     return rc;
 }
 
-int kvd_market__audit_verdict(void *ud, const char *model, const char *node, const char *why, double now)
+int kvd_market__audit_verdict(void *ud, const char *model, const char *node, const char *why,
+                              double now)
 {
     char msg[700];
     return audit_fail(ud, model, node, why, now, msg, sizeof msg);

@@ -150,8 +150,8 @@ cJSON *kvd_market__body_json(struct net_http_req *req)
 }
 
 /* A whole number member in [lo, hi]: 0, or -EINVAL with why. */
-int kvd_market__juint(const cJSON *o, const char *key, double lo, double hi, uint64_t *out, char *why,
-                      size_t whylen)
+int kvd_market__juint(const cJSON *o, const char *key, double lo, double hi, uint64_t *out,
+                      char *why, size_t whylen)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
@@ -163,7 +163,7 @@ int kvd_market__juint(const cJSON *o, const char *key, double lo, double hi, uin
     return 0;
 }
 
-/* ---- handlers ---- */
+/* ---- a request's transaction ---- */
 
 /* Begin the request's transaction: 0, or the 503 sent. */
 int kvd_market__begin(struct kvd_market_api *a, struct net_http_req *req)
@@ -176,7 +176,8 @@ int kvd_market__begin(struct kvd_market_api *a, struct net_http_req *req)
 }
 
 /* Commit, then answer o with status; a failed commit answers 503 (nothing was written). */
-void kvd_market__commit_reply(struct kvd_market_api *a, struct net_http_req *req, int status, cJSON *o)
+void kvd_market__commit_reply(struct kvd_market_api *a, struct net_http_req *req, int status,
+                              cJSON *o)
 {
     if (a->st->ops->commit(a->st->impl)) {
         a->st->ops->rollback(a->st->impl);
@@ -221,7 +222,8 @@ int kvd_market__begin_signed(struct kvd_market_api *a, struct net_http_req *req,
 }
 
 /* /v1/models/<id>[/<what>]: id into out (0) or a 400/404 sent. */
-int kvd_market__path_model(struct net_http_req *req, const char *path, char id[65], const char **what)
+int kvd_market__path_model(struct net_http_req *req, const char *path, char id[65],
+                           const char **what)
 {
     const char *p = path + strlen("/v1/models/");
     const char *slash = strchr(p, '/');

@@ -339,7 +339,7 @@ int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_mark
                               double now, char after[KVD_MARKET_KEY_MAX], kvd_market_paid_cb on_paid,
                               void *ud, size_t *paid);
 /* Audits of credited work (docs/market.md, "Audits"). The verdict callback runs inside the
- * verdict's transaction when a recomputation found the node wrong (api.c ends its lease, voids
+ * verdict's transaction when a recomputation found the node wrong (checks.c ends its lease, voids
  * its credit, refuses its claims): 0, or the store's failure (the verdict is rolled back). */
 struct kvd_market_audit;
 struct uv_loop_s;

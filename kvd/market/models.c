@@ -14,6 +14,7 @@
 #include "net/net.h"
 #include "util/util.h"
 
+/* A window's coverage as the reward counts it (kvd_market__reward). */
 static double covered_of(int ls)
 {
     return ls == KVD_LS_ACTIVE ? 1.0 : ls == KVD_LS_RESERVED ? 0.5 : 0.0;

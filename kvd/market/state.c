@@ -17,7 +17,8 @@ const char *const kvd_market__lease_names[] = {"uncovered", "reserved", "active"
 
 /* What a lease row means now: held (reserved/active) until expires, then a grace period in
  * which only its node may take the window back, then free. */
-int kvd_market__lease_now(const struct kvd_market_api *a, const struct kvd_market_lease *l, double now)
+int kvd_market__lease_now(const struct kvd_market_api *a, const struct kvd_market_lease *l,
+                          double now)
 {
     if (!l->node[0])
         return KVD_LS_FREE;
@@ -75,8 +76,8 @@ cJSON *kvd_market__free_windows(const struct kvd_market_state *ms, const char *n
     return f;
 }
 
-cJSON *kvd_market__lease_json(const struct kvd_market_api *a, const struct kvd_market_lease *l, int ls,
-                              double now)
+cJSON *kvd_market__lease_json(const struct kvd_market_api *a, const struct kvd_market_lease *l,
+                              int ls, double now)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "window", l->window);
@@ -91,8 +92,8 @@ cJSON *kvd_market__lease_json(const struct kvd_market_api *a, const struct kvd_m
 
 /* An active lease whose holder stopped heartbeating (it beats every quarter of the lease):
  * shown as silent, not active, for the rest of its lease, and its ring as no ring. */
-bool kvd_market__lease_silent(const struct kvd_market_api *a, const struct kvd_market_state *ms, size_t i,
-                              double now)
+bool kvd_market__lease_silent(const struct kvd_market_api *a, const struct kvd_market_state *ms,
+                              size_t i, double now)
 {
     return ms->ls[i] == KVD_LS_ACTIVE && now - (ms->l[i].expires - a->cfg.lease_s) > a->cfg.lease_s / 2 + 2;
 }
@@ -192,7 +193,8 @@ int kvd_market__lease_call_open(struct kvd_market_lease_call *c, struct kvd_mark
 
 /* kvd_market__lease_call_open for a call only the lease's live holder may make (a probe's or an audit's
  * answer): 0, or the refusal sent (409 when the caller holds no live lease on the window). */
-int kvd_market__lease_call_held(struct kvd_market_lease_call *c, struct kvd_market_api *a, struct net_http_req *req)
+int kvd_market__lease_call_held(struct kvd_market_lease_call *c, struct kvd_market_api *a,
+                                struct net_http_req *req)
 {
     char why[128];
     if (kvd_market__lease_call_open(c, a, req, NULL))
@@ -237,8 +239,8 @@ static int addr_held(struct kvd_market_api *a, const struct kvd_market_state *ms
 /* The admission of every lease call that takes something (a claim, a standby lease, a
  * takeover): the allowlist, the claim rate (rate: a new lease, not a renewal), the penalties.
  * 0, or the refusal sent (403, 429) with the transaction rolled back. */
-int kvd_market__admit_or_refuse(struct kvd_market_api *a, struct net_http_req *req, struct kvd_market_lease_call *c,
-                                bool rate)
+int kvd_market__admit_or_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                                struct kvd_market_lease_call *c, bool rate)
 {
     char why[512];
     int status = 0;
