@@ -113,11 +113,13 @@ TEST_SRCS := $(wildcard tests/test-*.c)
 TOOL_SRCS := $(wildcard tests/tool-*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz-*.c)
 
-# The OpenCL kernels (kernels/opencl/*.cl) are compiled into the library as a C array.
+# Files compiled in as C arrays (the embed recipe below): the OpenCL kernels
+# (kernels/opencl/*.cl) into the library, the market's coverage page into kvd.
 CL_SRCS    := $(wildcard kernels/opencl/*.cl)
 CL_GEN     := $(B)/gen/kern_cl.c
+PAGE_GEN   := $(B)/gen/market_page.c
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/gen/kern_cl.o
-KVD_OBJS   := $(KVD_SRCS:%.c=$(B)/obj/%.o)
+KVD_OBJS   := $(KVD_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/gen/market_page.o
 KVCTL_OBJS := $(KVCTL_SRCS:%.c=$(B)/obj/%.o)
 LIB        := $(B)/libkvasir.a
 # The daemon's roles as an archive too, so tests link the relay or the stage; its main() is
@@ -150,15 +152,24 @@ $(B)/obj/%.o: %.c
 	@$(if $(Q),echo "  CC $<")
 	$(Q)$(CC) $(CFLAGS_ALL) $(ISA_$(lastword $(subst _, ,$(basename $(notdir $<))))) -c $< -o $@
 
-$(CL_GEN): $(CL_SRCS)
+# $(call embed,NAME): the prerequisites' bytes as the array NAME (with a NUL after them) and
+# their length as NAME_len, written to $@.
+define embed
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GEN $@")
-	$(Q){ echo '/* generated from $(CL_SRCS) by the Makefile */'; \
-	  echo 'const unsigned char kern__cl_src[] = {'; cat $(CL_SRCS) | xxd -i; \
-	  echo ', 0};'; echo 'const unsigned long kern__cl_src_len = sizeof kern__cl_src - 1;'; } > $@.tmp
+	$(Q){ echo '/* generated from $^ by the Makefile */'; \
+	  echo 'const unsigned char $(1)[] = {'; cat $^ | xxd -i; \
+	  echo ', 0};'; echo 'const unsigned long $(1)_len = sizeof $(1) - 1;'; } > $@.tmp
 	$(Q)mv $@.tmp $@
+endef
 
-$(B)/obj/gen/kern_cl.o: $(CL_GEN)
+$(CL_GEN): $(CL_SRCS)
+	$(call embed,kern__cl_src)
+
+$(PAGE_GEN): kvd/market/page.html
+	$(call embed,kvd_market__page)
+
+$(B)/obj/gen/%.o: $(B)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
 

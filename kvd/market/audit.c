@@ -7,8 +7,9 @@
  * position and the row it sent there, each with its Merkle proof against the roots its
  * receipts committed to; the market checks the proofs, then recomputes the sent row from the
  * received ones on the window's weights (--verify-model, on a thread of libuv's pool) and
- * compares by NMSE. api.c delivers and takes the answers; a failed audit goes back to it
- * through the verdict callback (probe_fail: lease over, credit voided, claims refused). */
+ * compares by NMSE. The API delivers and takes the answers (leases.c, checks.c); a failed
+ * audit goes back to it through the verdict callback (checks.c's kvd_market__probe_fail: lease
+ * over, credit voided, claims refused). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

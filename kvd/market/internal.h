@@ -12,8 +12,20 @@
  *   ringmap.c       what the stages report of their ring (links, last token, rank 0's API):
  *                   checked, kept per window, read back for the map
  *   standby.c       standby leases, takeover records and the roster beside the manifest
- *   api.c           the HTTP JSON API: signed calls, models, coverage, claims, leases,
- *                   manifests, receipts, balances, the coverage page
+ * and the HTTP JSON API over them, one concern a file:
+ *   http.c          the glue: answers, signed calls, a request's transaction, id checks
+ *   state.c         a model's windows and leases as they stand; a call on one window's lease
+ *                   and the admission checks of every call that takes a window
+ *   manifest.c      the manifest built from the state, ring generations, the long-poll
+ *   plan.c          a model's windows planned from the nodes' device profiles
+ *   checks.c        probes and audits of a lease: issued, answered, failed
+ *   leases.c        claims, heartbeats (and activation), releases
+ *   standbys.c      standby leases and takeovers as calls, the roster
+ *   receipts.c      receipts of sessions, settled by the ledger
+ *   clients.c       paying clients' accounts
+ *   nodes.c         nodes' device profiles and balances
+ *   models.c        models: registration, removal, the list, the coverage map
+ *   api.c           the route table, the coverage page (page.html), the tick, the API's life
  *   main.c          `kvd market` options, the event loop
  * Both backends fill the same struct kvd_market_store_ops. */
 #ifndef KV_KVD_MARKET_INTERNAL_H
@@ -23,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include <uv.h>
 
 #define KVD_MARKET_SCHEMA 2        /* the schema version stored in the database (2: blobs, voids;
                                     * a version-1 database gains those tables) */
@@ -325,7 +339,7 @@ int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_mark
                               double now, char after[KVD_MARKET_KEY_MAX], kvd_market_paid_cb on_paid,
                               void *ud, size_t *paid);
 /* Audits of credited work (docs/market.md, "Audits"). The verdict callback runs inside the
- * verdict's transaction when a recomputation found the node wrong (api.c ends its lease, voids
+ * verdict's transaction when a recomputation found the node wrong (checks.c ends its lease, voids
  * its credit, refuses its claims): 0, or the store's failure (the verdict is rolled back). */
 struct kvd_market_audit;
 struct uv_loop_s;
@@ -379,9 +393,177 @@ struct cJSON *kvd_market__report_load(struct kvd_market_store *st, const char *m
  * when the stage said why a link failed, 1 when not (a link that waits for its peer). */
 int kvd_market__report_down(const struct cJSON *rep, uint32_t rank, char *why, size_t n);
 
+/* ---- the HTTP API (http.c ... api.c) ---- */
 struct net_http_server;
-struct uv_loop_s;
-struct kvd_market_api;
+struct net_http_req;
+struct kvd_market_poll;
+struct kvd_market_api {
+    uv_loop_t *loop;
+    struct net_http_server *srv;
+    struct kvd_market_store *st;
+    struct kvd_market_config cfg;
+    uv_timer_t tick;
+    struct kvd_market_poll *polls;   /* the waiting manifest long-polls (manifest.c) */
+    struct kvd_market_audit *audit;   /* audits of credited work (audit.c) */
+    bool closed;
+    struct kvd_market_admit *admit;
+    char sweep_after[KVD_MARKET_KEY_MAX];   /* the settlement sweep's cursor */
+    double sweep_next;
+};
+
+/* http.c. Every handler answers its request exactly once: "sent" below means answered. */
+double kvd_market__now(void);
+/* Answer o (taken) as JSON with status. */
+void kvd_market__reply_json(struct net_http_req *req, int status, struct cJSON *o);
+/* {"error": reason} with a 4xx/5xx status; extra (may be NULL) is merged in (taken). */
+void kvd_market__reply_err(struct net_http_req *req, int status, struct cJSON *extra,
+                           const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Whether s is lo to hi lowercase hex digits. */
+bool kvd_market__is_hex(const char *s, size_t lo, size_t hi);
+/* The request body as a JSON object (caller deletes), or NULL with a 400 sent. */
+struct cJSON *kvd_market__body_json(struct net_http_req *req);
+/* A whole number member in [lo, hi]: 0, or -EINVAL with why. */
+int kvd_market__juint(const struct cJSON *o, const char *key, double lo, double hi, uint64_t *out,
+                      char *why, size_t whylen);
+/* Begin the request's transaction: 0, or the 503 sent. */
+int kvd_market__begin(struct kvd_market_api *a, struct net_http_req *req);
+/* Commit, then answer o (taken) with status; a failed commit answers 503. */
+void kvd_market__commit_reply(struct kvd_market_api *a, struct net_http_req *req, int status,
+                              struct cJSON *o);
+/* Roll back and refuse with status and why (extra as for reply_err). */
+void kvd_market__rollback_err(struct kvd_market_api *a, struct net_http_req *req, int status,
+                              struct cJSON *extra, const char *why);
+void kvd_market__rollback_errf(struct kvd_market_api *a, struct net_http_req *req, int status,
+                               const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Begin, then check the signature: 0 with node (the caller's key, hex) set, or the refusal
+ * sent. */
+int kvd_market__begin_signed(struct kvd_market_api *a, struct net_http_req *req, char node[65]);
+/* /v1/models/<id>[/<what>]: id and *what (the rest, "" when none), or a 400 sent. */
+int kvd_market__path_model(struct net_http_req *req, const char *path, char id[65],
+                           const char **what);
+
+/* state.c: what a lease row means now (KVD_LS_*, named by kvd_market__lease_names). */
+enum { KVD_LS_FREE = 0, KVD_LS_RESERVED = 1, KVD_LS_ACTIVE = 2, KVD_LS_GRACE = 3 };
+extern const char *const kvd_market__lease_names[];
+/* The model's windows and their leases (empty node for none). */
+struct kvd_market_state {
+    struct kvd_market_model m;
+    struct kvd_market_window w[KVD_MARKET_MAX_WINDOWS];
+    struct kvd_market_lease l[KVD_MARKET_MAX_WINDOWS];
+    int ls[KVD_MARKET_MAX_WINDOWS];
+    /* a standby took the window's rank over in generation took_sha (standby.c), and the
+     * manifest of that generation names mnode at mendpoint for it: the manifest stays so while
+     * the standby holds the window and nothing else changed */
+    char took_sha[KVD_MARKET_MAX_WINDOWS][65], mnode[KVD_MARKET_MAX_WINDOWS][65];
+    char mendpoint[KVD_MARKET_MAX_WINDOWS][KVD_MARKET_EP_MAX];
+    size_t n;
+};
+
+/* A call on one window's lease (claims, heartbeats): its body, the signer, the model's state
+ * and the window's index in it. */
+struct kvd_market_lease_call {
+    struct cJSON *b;
+    struct kvd_market_state *ms;
+    size_t wi;
+    double now;
+    char node[65];
+};
+
+int kvd_market__lease_now(const struct kvd_market_api *a, const struct kvd_market_lease *l,
+                          double now);
+/* Load model id's state: 0, -ENOENT or the store's failure (ms->m to clear on 0). */
+int kvd_market__state_load(struct kvd_market_api *a, const char *id, struct kvd_market_state *ms,
+                           double now);
+/* The windows node may claim, as a JSON array (caller deletes). */
+struct cJSON *kvd_market__free_windows(const struct kvd_market_state *ms, const char *node);
+/* A lease as the API shows it (caller deletes). */
+struct cJSON *kvd_market__lease_json(const struct kvd_market_api *a,
+                                     const struct kvd_market_lease *l, int ls, double now);
+/* Whether window i's active holder stopped heartbeating. */
+bool kvd_market__lease_silent(const struct kvd_market_api *a, const struct kvd_market_state *ms,
+                              size_t i, double now);
+/* Refuse a call that loaded ms: its rows freed, rolled back, the refusal sent. */
+void kvd_market__state_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                              struct kvd_market_state *ms, int status, struct cJSON *extra,
+                              const char *why);
+/* Open a call on one window's lease (check says why a body is malformed): 0, or the refusal
+ * sent; lease_call_held also refuses a caller that holds no live lease on the window.
+ * lease_call_end frees c either way. */
+int kvd_market__lease_call_open(struct kvd_market_lease_call *c, struct kvd_market_api *a,
+                                struct net_http_req *req,
+                                const char *(*check)(const struct cJSON *b));
+int kvd_market__lease_call_held(struct kvd_market_lease_call *c, struct kvd_market_api *a,
+                                struct net_http_req *req);
+void kvd_market__lease_call_end(struct kvd_market_lease_call *c);
+/* The admission of a call that takes a window (rate: a new lease): 0, or the refusal sent. */
+int kvd_market__admit_or_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                                struct kvd_market_lease_call *c, bool rate);
+/* The per-address caps on ranks held: 0, or the 409 sent. */
+int kvd_market__addr_cap_or_refuse(struct kvd_market_api *a, struct net_http_req *req,
+                                   struct kvd_market_lease_call *c, bool relay);
+
+/* manifest.c */
+/* The ring's manifest once every window has an active stage (caller frees; else NULL), its
+ * SHA-256 into hash. */
+char *kvd_market__manifest_of(const struct kvd_market_state *ms, char hash[65]);
+/* GET /v1/models/<id>/manifest: answered now or queued as a long-poll. */
+void kvd_market__manifest_get(struct kvd_market_api *a, struct net_http_req *req, const char *id);
+/* Answer the waiting long-polls whose manifest came or whose time is up; at close, all. */
+void kvd_market__polls_tick(struct kvd_market_api *a);
+void kvd_market__polls_close(struct kvd_market_api *a);
+
+/* plan.c: re-plan a model whose windows nobody holds: 0 or negative. */
+int kvd_market__replan_if_idle(struct kvd_market_api *a, const char *id, double now, char *err,
+                               size_t errlen);
+
+/* checks.c */
+/* A probe (kind "activation" or "spot") issued and kept as the lease's pending check: the
+ * challenge (caller deletes), NULL when the model has no probe set (*rc 0) or on a store
+ * failure (*rc < 0). */
+struct cJSON *kvd_market__probe_issue(struct kvd_market_api *a, const char *model,
+                                      uint32_t window, uint32_t first, uint32_t last,
+                                      const char *node, const char *kind, double now, int *rc);
+/* A failed check: the lease ends, the node's claims are refused, after a spot check or an
+ * audit its credit is voided; msg gets the reason. 0 or the store's failure. */
+int kvd_market__probe_fail(struct kvd_market_api *a, const char *model, struct kvd_market_lease *l,
+                           const char *kind, const char *why, double now, char *msg, size_t n);
+/* The audits' verdict callback (kvd_market_audit_verdict_cb; ud is the API). */
+int kvd_market__audit_verdict(void *ud, const char *model, const char *node, const char *why,
+                              double now);
+/* At a heartbeat of an active lease: 1 when its pending spot check ran past its deadline (msg
+ * set), 0 with *ch a check to send or NULL, or the store's failure. */
+int kvd_market__spot_tick(struct kvd_market_api *a, const struct kvd_market_state *ms, size_t wi,
+                          struct kvd_market_lease *l, double now, struct cJSON **ch, char *msg,
+                          size_t n);
+
+/* leases.c: a heartbeat's fields well formed or absent: NULL, else why not. */
+const char *kvd_market__heartbeat_bad(const struct cJSON *b);
+/* standbys.c: GET /v1/models/<id>/roster. */
+void kvd_market__roster_get(struct kvd_market_api *a, struct net_http_req *req, const char *id);
+/* receipts.c: a share paid, noted for the audits (kvd_market_paid_cb; ud is the API). */
+int kvd_market__on_paid(void *ud, const struct kvd_market_paid *p, double now);
+
+/* The handlers of api.c's route table (net_http_handler_cb; ud is the API), by file. */
+void kvd_market__h_probe(struct net_http_req *req, void *ud);           /* checks.c */
+void kvd_market__h_audit(struct net_http_req *req, void *ud);
+void kvd_market__h_claims(struct net_http_req *req, void *ud);          /* leases.c */
+void kvd_market__h_heartbeat(struct net_http_req *req, void *ud);
+void kvd_market__h_release(struct net_http_req *req, void *ud);
+void kvd_market__h_standbys(struct net_http_req *req, void *ud);        /* standbys.c */
+void kvd_market__h_receipts(struct net_http_req *req, void *ud);        /* receipts.c */
+void kvd_market__h_clients_post(struct net_http_req *req, void *ud);    /* clients.c */
+void kvd_market__h_clients_get(struct net_http_req *req, void *ud);
+void kvd_market__h_client_credit(struct net_http_req *req, void *ud);
+void kvd_market__h_nodes_post(struct net_http_req *req, void *ud);      /* nodes.c */
+void kvd_market__h_node_get(struct net_http_req *req, void *ud);
+void kvd_market__h_models_post(struct net_http_req *req, void *ud);     /* models.c */
+void kvd_market__h_models_get(struct net_http_req *req, void *ud);
+void kvd_market__h_model_get(struct net_http_req *req, void *ud);
+void kvd_market__h_model_delete(struct net_http_req *req, void *ud);
+/* The coverage page (kvd/market/page.html as a C array, made by the Makefile). */
+extern const unsigned char kvd_market__page[];
+extern const unsigned long kvd_market__page_len;
+
 /* Put the API's routes on srv, backed by store (borrowed; both outlive the API). */
 int kvd_market__api_new(struct kvd_market_api **out, struct uv_loop_s *loop,
                         struct net_http_server *srv, struct kvd_market_store *store,

@@ -2,7 +2,7 @@
  * model's probe set when it is registered, the challenge a stage gets for its window (a
  * random subset of the set's sequences in a random order, each with its input boundary or
  * tokens), and the judgement of the stage's answer against the expected output boundary (by
- * NMSE) or greedy tokens. Pure functions of JSON: api.c keeps them in the store. */
+ * NMSE) or greedy tokens. Pure functions of JSON: checks.c keeps them in the store. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
