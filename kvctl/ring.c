@@ -858,8 +858,9 @@ static int up_parse(struct up_opts *o, int argc, char **argv)
 /* What the options must say together: a model (or --stub's shape), a stage count, a wire dtype,
  * and an API rank 0 will accept (it would refuse only after the ring started: say so now).
  * 0, or 2 (said). */
-static int up_check(const struct up_opts *o)
+static int up_check(struct up *u)
 {
+    const struct up_opts *o = &u->o;
     const char *missing = o->extra ? "no arguments besides the options"
                         : !o->model && !o->stub ? "--model FILE"
                         : !o->stages ? "--stages N (or --split A:B,B:C,...)"
@@ -1499,6 +1500,13 @@ static void up_free(struct up *u)
         close(u->api_fd);
 }
 
+/* The steps of ring up after the options are parsed, in order: each returns 0 to go on, or
+ * the command's exit status (said). */
+static int (*const up_steps[])(struct up *) = {
+    up_check, up_bind_api, up_model, up_windows, up_dir, up_save_catalog, up_manifest,
+    up_write_manifest, up_start, up_wait_linked,
+};
+
 /* kvctl ring up: the options, the model and its windows, DIR with the catalog and manifest,
  * the stages started on sockets bound here, and the wait until they link. */
 static int ring_up(int argc, char **argv)
@@ -1512,25 +1520,8 @@ static int ring_up(int argc, char **argv)
     if (rc != 0 || u.o.help)
         return rc;
     u.api = u.o.api;
-    rc = up_check(&u.o);
-    if (rc == 0)
-        rc = up_bind_api(&u);
-    if (rc == 0)
-        rc = up_model(&u);
-    if (rc == 0)
-        rc = up_windows(&u);
-    if (rc == 0)
-        rc = up_dir(&u);
-    if (rc == 0)
-        rc = up_save_catalog(&u);
-    if (rc == 0)
-        rc = up_manifest(&u);
-    if (rc == 0)
-        rc = up_write_manifest(&u);
-    if (rc == 0)
-        rc = up_start(&u);
-    if (rc == 0)
-        rc = up_wait_linked(&u);
+    for (size_t i = 0; rc == 0 && i < sizeof up_steps / sizeof up_steps[0]; i++)
+        rc = up_steps[i](&u);
     if (rc == 0)
         up_print(&u);
     up_free(&u);
