@@ -1748,109 +1748,142 @@ static int parse_secs(const char *s, double *out)
     return 0;
 }
 
-int kvctl_cmd_status(int argc, char **argv)
+static const char status_usage[] =
+    "usage: kvctl status --ring DIR|MANIFEST.json|unix:SOCKET [--json] [--watch [SECONDS]]\n";
+
+/* What `kvctl status` was asked for. */
+struct status_opts {
+    const char *arg;                    /* --ring: DIR, MANIFEST.json or unix:SOCKET */
+    bool json, watch;
+    double every;                       /* --watch: seconds between refreshes */
+    bool help;                          /* the help went to stdout: nothing more to do */
+};
+
+static void status_help(void)
 {
-    const char *arg = NULL, *v;
-    bool json = false, watch = false;
-    double every = 2;
-    const char *usage = "usage: kvctl status --ring DIR|MANIFEST.json|unix:SOCKET [--json] [--watch [SECONDS]]\n";
+    printf("%s"
+           "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
+           "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
+           "  per token, steps, host; a stage that does not answer shows as down, with the\n"
+           "  reason (and, for a rank heard of through rank 0, when it was last heard);\n"
+           "  then the links that are not up with the reason each last closed, the standby\n"
+           "  nodes (waiting, or the rank each serves) and rank 0's repair figures (paused\n"
+           "  sessions, ring breaks, resumed sessions, repairs).\n"
+           "  --ring unix:SOCKET  rank 0's control socket: every rank as rank 0 gathers it\n"
+           "          over the ring's own links (no connection to other hosts); a ring\n"
+           "          directory or manifest asks each rank with a directory here on its own\n"
+           "          socket and the others through rank 0\n"
+           "  --json  each stage's status object, one per line, then each standby's\n"
+           "  --watch [SECONDS]  refresh every SECONDS (default 2): a terminal is redrawn,\n"
+           "          elsewhere a block per refresh; Ctrl-C ends it\n"
+           "Exit status 1 when a stage is down.\n", status_usage);
+}
+
+/* The command line into o (its defaults already there); -h prints the help and sets o->help.
+ * 0, or 2 for a malformed or missing option (said). */
+static int status_parse(struct status_opts *o, int argc, char **argv)
+{
+    const char *v;
     for (int i = 1; i < argc; i++) {
         if ((v = dir_opt(argc, argv, &i)))   /* --ring DIR, or --dir DIR as ring up/down spell it */
-            arg = v;
+            o->arg = v;
         else if (!strcmp(argv[i], "--json"))
-            json = true;
+            o->json = true;
         else if (!strncmp(argv[i], "--json=", 7)) {
-            fprintf(stderr, "kvctl status: option '--json' doesn't allow an argument\n%s", usage);
+            fprintf(stderr, "kvctl status: option '--json' doesn't allow an argument\n%s", status_usage);
             return 2;
         } else if (!strcmp(argv[i], "--watch") || !strncmp(argv[i], "--watch=", 8)) {
-            watch = true;
+            o->watch = true;
             const char *val = argv[i][7] == '=' ? argv[i] + 8 : NULL;
             double d;   /* the next word is its SECONDS when it is a number */
             if (!val && i + 1 < argc && parse_secs(argv[i + 1], &d) == 0)
                 val = argv[++i];
-            if (val && parse_secs(val, &every) < 0) {
+            if (val && parse_secs(val, &o->every) < 0) {
                 fprintf(stderr, "kvctl status: --watch '%s': not a number of seconds in [0.1, 86400]\n%s",
-                        val, usage);
+                        val, status_usage);
                 return 2;
             }
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("%s"
-                   "  the ring at a glance, one line per rank: window, pid, endpoint, in/out link\n"
-                   "  states, RTT of the out link, open sessions, ms per token, boundary bytes sent\n"
-                   "  per token, steps, host; a stage that does not answer shows as down, with the\n"
-                   "  reason (and, for a rank heard of through rank 0, when it was last heard);\n"
-                   "  then the links that are not up with the reason each last closed, the standby\n"
-                   "  nodes (waiting, or the rank each serves) and rank 0's repair figures (paused\n"
-                   "  sessions, ring breaks, resumed sessions, repairs).\n"
-                   "  --ring unix:SOCKET  rank 0's control socket: every rank as rank 0 gathers it\n"
-                   "          over the ring's own links (no connection to other hosts); a ring\n"
-                   "          directory or manifest asks each rank with a directory here on its own\n"
-                   "          socket and the others through rank 0\n"
-                   "  --json  each stage's status object, one per line, then each standby's\n"
-                   "  --watch [SECONDS]  refresh every SECONDS (default 2): a terminal is redrawn,\n"
-                   "          elsewhere a block per refresh; Ctrl-C ends it\n"
-                   "Exit status 1 when a stage is down.\n", usage);
+            status_help();
+            o->help = true;
             return 0;
         } else {
-            fprintf(stderr, "kvctl status: unknown option '%s'\n%s", argv[i], usage);
+            fprintf(stderr, "kvctl status: unknown option '%s'\n%s", argv[i], status_usage);
             return 2;
         }
     }
-    if (!arg) {
-        fprintf(stderr, "%s", usage);
+    if (!o->arg) {
+        fprintf(stderr, "%s", status_usage);
         return 2;
     }
-    bool via_sock = !strncmp(arg, "unix:", 5);
+    return 0;
+}
+
+/* One look at the ring: each stage of the local ring in dir (manifest m), or, dir NULL, rank
+ * 0's view through its socket; printed as o asks (under --watch after a header, the screen
+ * cleared first on a terminal). 1 when a stage is down or the socket did not answer, else 0. */
+static int status_show(const struct status_opts *o, const char *dir, const struct ring_manifest *m,
+                       unsigned round, bool tty)
+{
+    struct ring_view rv;
+    char err[KV_ERR_MAX];
+    int rc = 0;
+    if (!dir) {
+        if (view_sock(&rv, o->arg + 5, err, sizeof err) < 0) {
+            fprintf(stderr, "kvctl status: %s\n", err);
+            rc = 1;
+        }
+    } else {
+        view_dir(&rv, dir, m);
+    }
+    if (rv.r0 || dir) {
+        if (tty)
+            printf("\033[H\033[2J");   /* home, clear: the table redrawn in place */
+        if (o->watch) {
+            time_t t = time(NULL);
+            struct tm tm;
+            char when[40];
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
+            printf(o->json ? "{\"watch\":%u,\"time\":\"%s\"}\n" : "-- %u  %s\n", round + 1, when);
+        }
+        rc = o->json ? print_view_json(&rv, stdout) : print_view(&rv, stdout) ? 1 : 0;
+        if (o->watch && !o->json)
+            printf("\n");
+    }
+    view_free(&rv);
+    return rc;
+}
+
+int kvctl_cmd_status(int argc, char **argv)
+{
+    struct status_opts o = {.every = 2};
+    int rc = status_parse(&o, argc, argv);
+    if (rc != 0 || o.help)
+        return rc;
+    bool via_sock = !strncmp(o.arg, "unix:", 5);
     char dir[PATH_MAX];
     struct ring_manifest m;
-    if (!via_sock && (ring_dir(arg, dir, sizeof dir) < 0 || load_ring_at(arg, dir, &m) < 0))
+    if (!via_sock && (ring_dir(o.arg, dir, sizeof dir) < 0 || load_ring_at(o.arg, dir, &m) < 0))
         return 1;
-    bool tty = watch && isatty(STDOUT_FILENO);
-    if (watch) {
+    bool tty = o.watch && isatty(STDOUT_FILENO);
+    if (o.watch) {
         struct sigaction sa = {.sa_handler = status_on_sigint};
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         signal(SIGPIPE, SIG_IGN);   /* a closed pipe ends the loop through the failed write */
     }
-    int rc = 0;
     for (unsigned round = 0; !status_stop; round++) {
-        struct ring_view rv;
-        char err[KV_ERR_MAX];
-        if (via_sock) {
-            if (view_sock(&rv, arg + 5, err, sizeof err) < 0) {
-                fprintf(stderr, "kvctl status: %s\n", err);
-                rc = 1;
-                if (!watch)
-                    return 1;
-            }
-        } else {
-            view_dir(&rv, dir, &m);
-        }
-        if (rv.r0 || !via_sock) {
-            if (tty)
-                printf("\033[H\033[2J");   /* home, clear: the table redrawn in place */
-            if (watch) {
-                time_t t = time(NULL);
-                struct tm tm;
-                char when[40];
-                strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
-                printf(json ? "{\"watch\":%u,\"time\":\"%s\"}\n" : "-- %u  %s\n", round + 1, when);
-            }
-            rc = json ? print_view_json(&rv, stdout) : print_view(&rv, stdout) ? 1 : 0;
-            if (watch && !json)
-                printf("\n");
-        }
-        view_free(&rv);
+        rc = status_show(&o, via_sock ? NULL : dir, &m, round, tty);
         if (fflush(stdout) != 0 || ferror(stdout))
             return 0;   /* the reader went away: done */
-        if (!watch)
+        if (!o.watch)
             break;
         /* sleep in small steps, so Ctrl-C ends the wait at once */
-        for (double slept = 0; slept < every && !status_stop; slept += 0.05)
+        for (double slept = 0; slept < o.every && !status_stop; slept += 0.05)
             usleep(50000);
     }
-    return watch ? 0 : rc;
+    return o.watch ? 0 : rc;
 }
 
 /* ---- generate --ring ---- */
