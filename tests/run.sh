@@ -100,9 +100,10 @@ if [ -z "${TESTS:-}" ] && [ "${CHECK:-0}" != 1 ] && [ -x tests/fuzz.sh ] && [ "$
     queue="$queue$(( ${FUZZ_TIME:-60} + 200 )) 1 build fuzz"$'\n'
 fi
 queue=$(printf '%s' "$queue" | sort -s -k1,1nr)
+[ -n "$queue" ] || { echo "run.sh: no test to run in $* (TESTS='${TESTS:-}', CHECK=${CHECK:-0})" >&2; exit 2; }
 
 # ---- the pool ----
-declare -A job_name job_build job_w job_start job_log job_tmp
+declare -A job_name=() job_build=() job_w=() job_start=() job_log=() job_tmp=()
 used=0 pass=0 fail=0 failed=""
 newtimes=$(mktemp)
 trap 'rm -f "$newtimes"' EXIT
