@@ -21,16 +21,17 @@ import sys
 # layering, lowest first.
 LAYERS = {
     "util": [],
-    "kernels": ["util"],
-    "gguf": ["util"],
+    "wtype": ["util"],
+    "kernels": ["util", "wtype"],
+    "gguf": ["util", "wtype"],
     "net": ["util"],
-    "model": ["util", "kernels", "gguf"],
+    "model": ["util", "wtype", "kernels", "gguf"],
     "planner": ["util", "model"],
-    "ringlib": ["util", "kernels", "net"],
+    "ringlib": ["util", "wtype", "kernels", "net"],
     "seed": ["util", "gguf", "net", "ringlib"],
-    "api": ["util", "kernels", "gguf", "model", "net"],
-    "kvd": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
-    "kvctl": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "api": ["util", "wtype", "kernels", "gguf", "model", "net"],
+    "kvd": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "kvctl": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
 }
 SRC_DIRS = list(LAYERS)
 
