@@ -16,6 +16,7 @@
 #include "gguf/internal.h"
 #include "util/util.h"
 #include "util/err.h"
+#include "wtype/wtype.h"
 
 void gguf_sha256_hex(const void *p, size_t n, char hex[65])
 {
@@ -380,7 +381,7 @@ int gguf_catalog_to_json(const struct gguf_catalog *c, char **json, size_t *len,
             break;
         cJSON_AddItemToArray(arr, o);
         cJSON_AddStringToObject(o, "name", t->name);
-        const struct gguf_type_info *ti = gguf_type_info(t->type);
+        const struct wtype_info *ti = wtype_info(t->type);
         cJSON_AddStringToObject(o, "type", ti ? ti->name : "?");
         cJSON *sh = cJSON_AddArrayToObject(o, "shape");
         for (uint32_t d = 0; sh && d < t->n_dims; d++)
@@ -564,7 +565,7 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
         }
         strcpy(t->name, name);
         const char *ty = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "type"));
-        int tid = ty ? gguf_type_by_name(ty) : -1;
+        int tid = ty ? wtype_by_name(ty) : -1;
         if (tid < 0) {
             util_seterr(err, errlen, "catalog: tensor %s: type '%s' unknown", name, ty ? ty : "(none)");
             goto out;
@@ -590,7 +591,7 @@ int gguf_catalog_from_json(struct gguf_catalog **out, const char *json, size_t l
         uint64_t want;
         if (!json_u64(cJSON_GetObjectItemCaseSensitive(o, "offset"), &t->offset) ||
             !json_u64(cJSON_GetObjectItemCaseSensitive(o, "size"), &t->size) ||
-            gguf_type_bytes(t->type, nel, &want) || want != t->size) {
+            wtype_bytes(t->type, nel, &want) || want != t->size) {
             util_seterr(err, errlen, "catalog: tensor %s: offset/size missing or size not that of its shape", name);
             goto out;
         }

@@ -1,6 +1,7 @@
 /* gguf.c — the GGUF reader: parse a header prefix (validating everything), typed getters,
- * the tensor type table, and mapping of selected tensors' page ranges. The lowest file of the
- * module: it also holds the helpers the others share (gguf/internal.h). */
+ * and mapping of selected tensors' page ranges (tensor types are wtype/'s). The lowest file
+ * of the module: it also holds the helpers the others share (gguf/internal.h). */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -17,53 +18,9 @@
 #include "gguf/internal.h"
 #include "util/err.h"
 #include "util/util.h"
+#include "wtype/wtype.h"
 
-/* ------------------------------------------------------------------ type table */
-
-static const struct gguf_type_info type_table[GGUF_T_COUNT] = {
-    [GGUF_T_F32]  = {"f32", 1, 4},     [GGUF_T_F16]  = {"f16", 1, 2},
-    [GGUF_T_Q4_0] = {"q4_0", 32, 18},  [GGUF_T_Q4_1] = {"q4_1", 32, 20},
-    [GGUF_T_Q5_0] = {"q5_0", 32, 22},  [GGUF_T_Q5_1] = {"q5_1", 32, 24},
-    [GGUF_T_Q8_0] = {"q8_0", 32, 34},  [GGUF_T_Q8_1] = {"q8_1", 32, 36},
-    [GGUF_T_Q2_K] = {"q2_k", 256, 84}, [GGUF_T_Q3_K] = {"q3_k", 256, 110},
-    [GGUF_T_Q4_K] = {"q4_k", 256, 144}, [GGUF_T_Q5_K] = {"q5_k", 256, 176},
-    [GGUF_T_Q6_K] = {"q6_k", 256, 210}, [GGUF_T_Q8_K] = {"q8_k", 256, 292},
-    [16] = {"iq2_xxs", 256, 66}, [17] = {"iq2_xs", 256, 74}, [18] = {"iq3_xxs", 256, 98},
-    [19] = {"iq1_s", 256, 50},   [20] = {"iq4_nl", 32, 18},  [21] = {"iq3_s", 256, 110},
-    [22] = {"iq2_s", 256, 82},   [23] = {"iq4_xs", 256, 136},
-    [GGUF_T_I8]  = {"i8", 1, 1},   [GGUF_T_I16] = {"i16", 1, 2}, [GGUF_T_I32] = {"i32", 1, 4},
-    [GGUF_T_I64] = {"i64", 1, 8},  [GGUF_T_F64] = {"f64", 1, 8},
-    [29] = {"iq1_m", 256, 56},     [GGUF_T_BF16] = {"bf16", 1, 2},
-    [34] = {"tq1_0", 256, 54},     [35] = {"tq2_0", 256, 66},
-    [39] = {"mxfp4", 32, 17},
-};
-
-const struct gguf_type_info *gguf_type_info(uint32_t type)
-{
-    if (type >= GGUF_T_COUNT || !type_table[type].name)
-        return NULL;
-    return &type_table[type];
-}
-
-int gguf_type_bytes(uint32_t type, uint64_t n, uint64_t *out)
-{
-    const struct gguf_type_info *ti = gguf_type_info(type);
-    if (!ti || n % ti->block_elems)
-        return -EINVAL;
-    uint64_t blocks = n / ti->block_elems;
-    if (blocks > UINT64_MAX / ti->block_bytes)
-        return -EOVERFLOW;
-    *out = blocks * ti->block_bytes;
-    return 0;
-}
-
-int gguf_type_by_name(const char *name)
-{
-    for (int i = 0; i < GGUF_T_COUNT; i++)
-        if (type_table[i].name && !strcasecmp(type_table[i].name, name))
-            return i;
-    return -1;
-}
+static_assert(GGUF_T_COUNT == WTYPE_COUNT, "tensor type ids are wtype's");
 
 static const char *vtype_names[GGUF_V_COUNT] = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
@@ -605,7 +562,7 @@ static int parse(struct gguf_file *f, struct rd *r)
         }
         if ((rc = rd_u32(r, &type, what)))
             return rc;
-        const struct gguf_type_info *ti = gguf_type_info(type);
+        const struct wtype_info *ti = wtype_info(type);
         if (!ti) {
             util_seterr(r->err, r->errlen, "%s: type id %u unknown", what, type);
             return -EPROTO;
@@ -616,7 +573,7 @@ static int parse(struct gguf_file *f, struct rd *r)
                          what, t->ne[0], ti->name, ti->block_elems);
             return -EPROTO;
         }
-        if (gguf_type_bytes(type, nel, &t->size)) {
+        if (wtype_bytes(type, nel, &t->size)) {
             util_seterr(r->err, r->errlen, "%s: byte size of %" PRIu64 " %s elements overflows", what, nel, ti->name);
             return -EOVERFLOW;
         }

@@ -48,7 +48,8 @@ enum gguf_vtype {
     GGUF_V_COUNT
 };
 
-/* Tensor (ggml) types; the numbers are ggml's. */
+/* Tensor (ggml) types; the numbers are ggml's, their names and block sizes wtype_info's
+ * (wtype/wtype.h). */
 enum gguf_ttype {
     GGUF_T_F32 = 0, GGUF_T_F16 = 1, GGUF_T_Q4_0 = 2, GGUF_T_Q4_1 = 3,
     GGUF_T_Q5_0 = 6, GGUF_T_Q5_1 = 7, GGUF_T_Q8_0 = 8, GGUF_T_Q8_1 = 9,
@@ -59,18 +60,6 @@ enum gguf_ttype {
     GGUF_T_COUNT = 40
 };
 
-struct gguf_type_info {
-    const char *name;      /* "q4_0" */
-    uint32_t block_elems;  /* elements per block (1 for plain types) */
-    uint32_t block_bytes;  /* bytes per block */
-};
-
-/* Type table entry, or NULL for an unknown type id. */
-const struct gguf_type_info *gguf_type_info(uint32_t type);
-/* Bytes of n elements of type (n a multiple of the block size): 0, or -EINVAL/-EOVERFLOW. */
-int gguf_type_bytes(uint32_t type, uint64_t n, uint64_t *out);
-/* Type id by name ("q8_0", case-insensitive), or -1. */
-int gguf_type_by_name(const char *name);
 /* Name of a metadata value type ("u32", "string", ...), "?" if unknown. */
 const char *gguf_vtype_name(uint32_t type);
 

@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "gguf/internal.h"
 #include "util/util.h"
+#include "wtype/wtype.h"
 
 struct wkv {
     char *key;
@@ -241,7 +242,7 @@ static int add_tensor(struct gguf_writer *w, const char *name, uint32_t type, ui
                       const uint64_t *ne, const void *data, gguf_fill_cb fill, void *ud)
 {
     size_t nl = strlen(name);
-    const struct gguf_type_info *ti = gguf_type_info(type);
+    const struct wtype_info *ti = wtype_info(type);
     if (!nl || nl > GGUF_MAX_NAME || !ti || n_dims == 0 || n_dims > GGUF_MAX_DIMS)
         return -EINVAL;
     for (size_t i = 0; i < w->n_t; i++)
@@ -255,7 +256,7 @@ static int add_tensor(struct gguf_writer *w, const char *name, uint32_t type, ui
             return -EINVAL;
         nel *= t.ne[d];
     }
-    if (t.ne[0] % ti->block_elems || gguf_type_bytes(type, nel, &t.size))
+    if (t.ne[0] % ti->block_elems || wtype_bytes(type, nel, &t.size))
         return -EINVAL;
     if (w->n_t == w->cap_t && util_grow((void **)&w->t, &w->cap_t, sizeof *w->t, 64))
         return -ENOMEM;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/kern.h"
+#include "wtype/wtype.h"
 
 #define KERN_QK   32   /* elements per block of the *_0 / *_1 types */
 #define KERN_QK_K 256  /* elements per super-block of the K types */
@@ -63,13 +64,10 @@ typedef float (*kern__dot_fn)(const void *w, const void *xq, int64_t n);
 typedef void (*kern__to_float_fn)(const void *src, float *dst, int64_t nb);
 typedef void (*kern__from_float_fn)(const float *src, void *dst, int64_t nb);
 
-/* The type-traits table (ggml's type_traits), one entry per enum kern_type: every per-type
- * fact and reference function of the module is read from it. */
+/* The type-traits table (ggml's type_traits), one entry per enum kern_type: what the kernels
+ * do with a type. Its name and block geometry are wtype_info(type)'s. */
 struct kern__type_traits {
-    const char *name;                    /* ggml's name: "f32", "q4_K" */
-    uint32_t blck_size;                  /* elements per block (1 for plain types) */
-    uint32_t type_size;                  /* bytes per block */
-    bool is_quantized;
+    bool known;                          /* an enum kern_type the kernels have an entry for */
     bool weight;                         /* the matmuls take it as a weight type */
     uint32_t vec_dot_type;               /* the activation type its dot consumes */
     kern__to_float_fn to_float;          /* reference dequantiser, NULL when none */
@@ -110,7 +108,7 @@ static inline int kern__nearest_int(float f)
     return (int)lrintf(f);
 }
 
-static inline float kern__h2f(uint16_t h) { return kern_f16_to_f32(h); }
+static inline float kern__h2f(uint16_t h) { return wtype_f16_to_f32(h); }
 
 /* The 32 five-bit quants (0..31) of a Q5_0/Q5_1 block: low nibbles in qs (element j and
  * j + 16 share byte j), fifth bits in the 32-bit little-endian qh. */

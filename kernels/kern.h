@@ -44,12 +44,6 @@ uint32_t kern_block_bytes(uint32_t type);
 /* Bytes of one row of cols elements (cols a multiple of the block size), 0 if invalid. */
 size_t kern_row_bytes(uint32_t type, int64_t cols);
 
-/* f16 / bf16 conversions (round to nearest even). */
-uint16_t kern_f32_to_f16(float f);
-float kern_f16_to_f32(uint16_t h);
-uint16_t kern_f32_to_bf16(float f);
-float kern_bf16_to_f32(uint16_t h);
-
 /* ---- scalar reference (the oracle) ---- */
 /* Dequantise n elements (a multiple of the block size) of type from src into dst. */
 int kern_ref_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);

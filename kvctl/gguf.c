@@ -12,6 +12,7 @@
 #include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "util/err.h"
+#include "wtype/wtype.h"
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -178,7 +179,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
     for (int t = 0; t < GGUF_T_COUNT; t++)
         if (per_type[t]) {
             util_fmt_bytes(hb, sizeof hb, (double)bytes_type[t], 2, 0);
-            printf(" %s %" PRIu64 " (%s)", gguf_type_info((uint32_t)t)->name, per_type[t], hb);
+            printf(" %s %" PRIu64 " (%s)", wtype_info((uint32_t)t)->name, per_type[t], hb);
         }
     util_fmt_bytes(hb, sizeof hb, (double)total, 2, 0);
     printf("; %s in all\n", hb);
@@ -247,7 +248,7 @@ int kvctl_cmd_inspect(int argc, char **argv)
             int o = 0;
             for (uint32_t d = 0; d < t->n_dims; d++)
                 o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? "x" : "", t->ne[d]);
-            printf("  %-36s %-6s %-16s %12" PRIu64 " %12" PRIu64 "\n", t->name, gguf_type_info(t->type)->name,
+            printf("  %-36s %-6s %-16s %12" PRIu64 " %12" PRIu64 "\n", t->name, wtype_info(t->type)->name,
                    shape, t->size, t->offset);
         }
     }
@@ -522,7 +523,7 @@ static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
         if (t->type == GGUF_T_F16) {
             uint16_t *h = (uint16_t *)dst;
             for (uint64_t j = 0; j < ne0; j++)
-                h[j] = kern_f32_to_f16(row[j]);
+                h[j] = wtype_f32_to_f16(row[j]);
         } else {
             rc = kern_ref_quant_row(t->type, row, dst, (int64_t)ne0);
         }
@@ -704,7 +705,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         fprintf(stderr, "kvctl synth: -o OUT is required\n");
         return 2;
     }
-    int type = gguf_type_by_name(tname);
+    int type = wtype_by_name(tname);
     if (type != GGUF_T_F32 && type != GGUF_T_F16 && type != GGUF_T_Q8_0 && type != GGUF_T_Q4_0) {
         fprintf(stderr, "kvctl synth: --type '%s' not one of f32, f16, q8_0, q4_0\n", tname);
         return 2;
@@ -739,7 +740,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         fprintf(stderr, "kvctl synth: vocab %" PRIu64 " too small (3 specials + 256 byte tokens + pieces: >= 260)\n", vocab);
         return 2;
     }
-    uint32_t be = gguf_type_info((uint32_t)type)->block_elems;
+    uint32_t be = wtype_info((uint32_t)type)->block_elems;
     uint64_t q_dim = heads * head_dim;
     if (embd % be || ff % be || q_dim % be) {
         fprintf(stderr, "kvctl synth: embd %" PRIu64 ", ff %" PRIu64 " and heads*head-dim %" PRIu64

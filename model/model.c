@@ -12,6 +12,7 @@
 #include "kernels/kern.h"
 #include "model/internal.h"
 #include "util/util.h"
+#include "wtype/wtype.h"
 
 /* Tensor types are ggml's numbers in both the file format and the kernels; model is where the
  * two meet (kernels/ includes no GGUF header), so this is where they are pinned together. */
@@ -211,7 +212,7 @@ static int check_weight(const struct gguf_tensor *t, const char *name, uint32_t 
                         uint64_t n_rows, size_t *rb, char *err, size_t errlen)
 {
     if (!kern_type_supported(t->type)) {
-        const struct gguf_type_info *ti = gguf_type_info(t->type);
+        const struct wtype_info *ti = wtype_info(t->type);
         util_seterr(err, errlen, "tensor %s: weight type %s (%" PRIu32 ") is not supported", name,
                       ti ? ti->name : "unknown", t->type);
         return -ENOTSUP;

@@ -14,10 +14,10 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "kernels/kern.h"
 #include "net/net.h"
 #include "ringlib/ring.h"
 #include "util/util.h"
+#include "wtype/wtype.h"
 
 int ring_market_canon(char *out, const char *method, const char *path, const void *body,
                      size_t len, int64_t ts, const char *nonce)
@@ -156,7 +156,7 @@ char *ring_probe_rows_encode(const float *x, size_t n)
     char *out = malloc((n * 2 + 2) / 3 * 4 + 1);
     if (h && out) {
         for (size_t i = 0; i < n; i++) {
-            uint16_t v = kern_f32_to_f16(x[i]);
+            uint16_t v = wtype_f32_to_f16(x[i]);
             h[2 * i] = (uint8_t)v;
             h[2 * i + 1] = (uint8_t)(v >> 8);
         }
@@ -181,7 +181,7 @@ int ring_probe_rows_decode(const char *s, float *x, size_t n)
     int got = EVP_DecodeBlock(h, (const unsigned char *)s, (int)len);
     int rc = got < (int)(n * 2) ? -EINVAL : 0;
     for (size_t i = 0; rc == 0 && i < n; i++)
-        x[i] = kern_f16_to_f32((uint16_t)(h[2 * i] | h[2 * i + 1] << 8));
+        x[i] = wtype_f16_to_f32((uint16_t)(h[2 * i] | h[2 * i + 1] << 8));
     free(h);
     return rc;
 }

@@ -2,7 +2,7 @@
  * (so the wire and the KV cache round the same way). */
 #include <string.h>
 
-#include "kernels/kern.h"
+#include "wtype/wtype.h"
 #include "ringlib/ring.h"
 
 void ring_wire_encode(const float *x, size_t n, uint32_t dsize, uint8_t *out)
@@ -12,7 +12,7 @@ void ring_wire_encode(const float *x, size_t n, uint32_t dsize, uint8_t *out)
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = kern_f32_to_f16(x[i]);
+        uint16_t h = wtype_f32_to_f16(x[i]);
         out[2 * i] = (uint8_t)h;
         out[2 * i + 1] = (uint8_t)(h >> 8);
     }
@@ -25,5 +25,5 @@ void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x)
         return;
     }
     for (size_t i = 0; i < n; i++)
-        x[i] = kern_f16_to_f32((uint16_t)(in[2 * i] | in[2 * i + 1] << 8));
+        x[i] = wtype_f16_to_f32((uint16_t)(in[2 * i] | in[2 * i + 1] << 8));
 }

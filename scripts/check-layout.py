@@ -4,8 +4,10 @@
 1. No include cycle: the graph of `#include "..."` between the project's own files has no
    cycle (a header never reaches itself).
 2. No file cycle: a source file A depends on B when A's object uses a global symbol that
-   B's object defines (read with nm). No two files depend on each other, directly or through
-   a cycle; within a module, files form a dependency order.
+   B's object defines (read with nm), or when a header A includes (directly or through other
+   headers) has a static inline function that calls such a symbol: the call is A's even when
+   A never calls that inline function, as nm would not show it. No two files depend on each
+   other, directly or through a cycle; within a module, files form a dependency order.
 3. Modules depend only downwards: each module may use the modules listed for it in LAYERS
    and nothing else (by #include and by symbol).
 
@@ -21,16 +23,17 @@ import sys
 # layering, lowest first.
 LAYERS = {
     "util": [],
-    "kernels": ["util"],
-    "gguf": ["util"],
+    "wtype": ["util"],
+    "kernels": ["util", "wtype"],
+    "gguf": ["util", "wtype"],
     "net": ["util"],
-    "model": ["util", "kernels", "gguf"],
+    "model": ["util", "wtype", "kernels", "gguf"],
     "planner": ["util", "model"],
-    "ringlib": ["util", "kernels", "net"],
+    "ringlib": ["util", "wtype", "kernels", "net"],
     "seed": ["util", "gguf", "net", "ringlib"],
-    "api": ["util", "kernels", "gguf", "model", "net"],
-    "kvd": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
-    "kvctl": ["util", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "api": ["util", "wtype", "kernels", "gguf", "model", "net"],
+    "kvd": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "kvctl": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
 }
 SRC_DIRS = list(LAYERS)
 
@@ -74,7 +77,44 @@ def include_graph(root, files):
 ARCH_ONLY = {"kernels/cpu/simd_neon.c": "aarch64"}
 
 
-def symbol_graph(build, files):
+STATIC_INLINE = re.compile(r'^[ \t]*static\s+inline\b[^;{]*?\b([A-Za-z_]\w*)\s*\([^;{]*\)\s*\{', re.M)
+CALL = re.compile(r'\b([A-Za-z_]\w*)\s*\(')
+COMMENT = re.compile(r'/\*.*?\*/|//[^\n]*', re.S)
+
+
+def inline_calls(root, files):
+    """header -> the names its static inline functions call, less their calls to each other."""
+    out = {}
+    for f in files:
+        if not f.endswith(".h"):
+            continue
+        text = COMMENT.sub(" ", open(os.path.join(root, f), encoding="utf-8", errors="replace").read())
+        bodies = {}
+        for m in STATIC_INLINE.finditer(text):
+            depth, i = 1, m.end()
+            while i < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            bodies[m.group(1)] = set(CALL.findall(text[m.end():i]))
+        calls = set()
+        for b in bodies.values():
+            calls |= b
+        out[f] = calls - set(bodies)
+    return out
+
+
+def included(ig, f):
+    """Every file f includes, directly or through others."""
+    seen, todo = set(), [f]
+    while todo:
+        for d in ig.get(todo.pop(), ()):
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def symbol_graph(build, files, ig, hcalls):
     defs, uses = {}, {}
     for f in files:
         if not f.endswith(".c"):
@@ -105,6 +145,25 @@ def symbol_graph(build, files):
             if o and o != f:
                 g[f].add(o)
                 why.setdefault((f, o), s)
+    # A header with inline calls is a node of its own: it uses the files whose symbols it
+    # calls, and every file that includes it uses it, so a header that calls up into a file
+    # including it is a cycle, and every file including it depends on what it calls.
+    for h, calls in sorted(hcalls.items()):
+        for s in sorted(calls):
+            o = owner.get(s)
+            if o:
+                g.setdefault(h, set()).add(o)
+                why.setdefault((h, o), s)
+    for f in list(g):
+        for h in sorted(included(ig, f)):
+            if h in g and h != f:
+                g[f].add(h)
+                why.setdefault((f, h), "#include")
+            for s in sorted(hcalls.get(h, ())):
+                o = owner.get(s)
+                if o and o != f:
+                    g[f].add(o)
+                    why.setdefault((f, o), f"{s} (called by an inline function of {h})")
     return g, why
 
 
@@ -153,14 +212,17 @@ def main():
     ig = include_graph(root, files)
     for comp in sccs(ig):
         bad.append("include cycle: " + " -> ".join(comp))
-    sg, why = symbol_graph(build, files)
+    sg, why = symbol_graph(build, files, ig, inline_calls(root, files))
     for comp in sccs(sg):
-        pairs = [f"{a} uses {why[(a, b)]} from {b}" for a in comp for b in sorted(sg[a]) if b in comp]
+        pairs = [f"{a} includes {b}" if why[(a, b)] == "#include" else f"{a} uses {why[(a, b)]} from {b}"
+                 for a in comp for b in sorted(sg[a]) if b in comp]
         bad.append("file cycle among " + ", ".join(comp) + ":\n    " + "\n    ".join(pairs))
     for g, kind in ((ig, "includes"), (sg, "uses")):
         for f, deps in sorted(g.items()):
             mf = module_of(f)
             for d in sorted(deps):
+                if kind == "uses" and why[(f, d)] == "#include":
+                    continue  # the include graph's own check reports it
                 md = module_of(d)
                 if md and md != mf and md not in LAYERS[mf]:
                     extra = f" ({why[(f, d)]})" if kind == "uses" else ""

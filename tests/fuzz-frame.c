@@ -4,7 +4,7 @@
  * the peer's plaintext (u16 length-prefixed pieces) sealed under a fixed key and opened again
  * through a streaming reader, so whatever a keyed peer seals meets the frame decoder behind it.
  * The first byte picks the mode; the rest is the peer's byte stream (or the manifest).
- * fuzz-modules: util net ringlib kernels/ref/ref_quant */
+ * fuzz-modules: util wtype net ringlib */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

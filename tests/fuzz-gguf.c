@@ -2,7 +2,7 @@
  * The input is a file prefix: parsed with its size known (must fail or succeed, never -EAGAIN)
  * and unknown (may say "need more"); whatever parses is walked completely, rewritten, and the
  * rewritten header must parse to the same shape.
- * fuzz-modules: util gguf */
+ * fuzz-modules: util wtype gguf */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 
 #include "gguf/gguf.h"
 #include "util/err.h"
+#include "wtype/wtype.h"
 
 static volatile uint64_t sink;
 
@@ -59,7 +60,7 @@ static void walk(const struct gguf_file *f, size_t size)
             gguf_get_arr(f, "tokenizer.ggml.tokens", &a) + gguf_block_count(f, &u32);
     for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        if (gguf_tensor_find(f, t->name) != t || !gguf_type_info(t->type))
+        if (gguf_tensor_find(f, t->name) != t || !wtype_info(t->type))
             abort();
         if (t->offset % gguf_file_alignment(f))
             abort();

@@ -6,7 +6,7 @@
  * every id in range, whole-sequence and streaming decoding must succeed, every streamed chunk
  * must be whole UTF-8, and for the byte-level BPE vocabulary without clean-up valid UTF-8 text
  * must decode back to itself.
- * fuzz-modules: util gguf model/tok */
+ * fuzz-modules: util wtype gguf model/tok */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -9,6 +9,7 @@
 #include "tests/t.h"
 #include "tests/gguf_build.h"
 #include "util/err.h"
+#include "wtype/wtype.h"
 
 /* Copy n bytes so that they end exactly at a PROT_NONE page: any over-read faults. */
 struct guarded {
@@ -125,17 +126,17 @@ T_CASE(type_table)
         {GGUF_T_Q5_K, 256, 176}, {GGUF_T_Q6_K, 256, 210}, {GGUF_T_Q8_K, 256, 292},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        const struct gguf_type_info *ti = gguf_type_info(want[i].t);
+        const struct wtype_info *ti = wtype_info(want[i].t);
         T_ASSERT(ti, "type %u missing", want[i].t);
         T_CHECK(ti->block_elems == want[i].be && ti->block_bytes == want[i].bb, "type %s", ti->name);
-        T_CHECK(gguf_type_by_name(ti->name) == (int)want[i].t, "by name %s", ti->name);
+        T_CHECK(wtype_by_name(ti->name) == (int)want[i].t, "by name %s", ti->name);
     }
     uint64_t n;
-    T_CHECK(gguf_type_bytes(GGUF_T_Q4_K, 512, &n) == 0 && n == 288, "q4_k bytes");
-    T_CHECK(gguf_type_bytes(GGUF_T_Q4_K, 100, &n) == -EINVAL, "not a block multiple");
-    T_CHECK(gguf_type_bytes(GGUF_T_F32, UINT64_MAX / 2, &n) == -EOVERFLOW, "overflow");
-    T_CHECK(gguf_type_info(4) == NULL && gguf_type_info(1000) == NULL, "unknown ids");
-    T_CHECK(gguf_type_by_name("Q8_0") == GGUF_T_Q8_0 && gguf_type_by_name("zz") == -1, "names");
+    T_CHECK(wtype_bytes(GGUF_T_Q4_K, 512, &n) == 0 && n == 288, "q4_k bytes");
+    T_CHECK(wtype_bytes(GGUF_T_Q4_K, 100, &n) == -EINVAL, "not a block multiple");
+    T_CHECK(wtype_bytes(GGUF_T_F32, UINT64_MAX / 2, &n) == -EOVERFLOW, "overflow");
+    T_CHECK(wtype_info(4) == NULL && wtype_info(1000) == NULL, "unknown ids");
+    T_CHECK(wtype_by_name("Q8_0") == GGUF_T_Q8_0 && wtype_by_name("zz") == -1, "names");
 }
 
 /* A broken file must fail with a message containing `frag`. */

@@ -186,7 +186,7 @@ static void to_pairs(uint32_t vt, const void *blocks, int64_t cols, void *dst)
         if (vt == KERN_T_Q8_0) {
             const struct kern_block_q8_0 *k = (const struct kern_block_q8_0 *)blocks + b;
             qs = k->qs;
-            d = kern_f16_to_f32(k->d);
+            d = wtype_f16_to_f32(k->d);
             int sum = 0;
             for (int e = 0; e < 32; e++)
                 sum += qs[e];
@@ -194,8 +194,8 @@ static void to_pairs(uint32_t vt, const void *blocks, int64_t cols, void *dst)
         } else {
             const struct kern_block_q8_1 *k = (const struct kern_block_q8_1 *)blocks + b;
             qs = k->qs;
-            d = kern_f16_to_f32(k->d);
-            sy = kern_f16_to_f32(k->s);
+            d = wtype_f16_to_f32(k->d);
+            sy = wtype_f16_to_f32(k->s);
         }
         memcpy(q + 64 * (b / 2) + 16 * (b % 2), qs, 16);
         memcpy(q + 64 * (b / 2) + 32 + 16 * (b % 2), qs + 16, 16);
@@ -216,7 +216,7 @@ static void to_flat(const void *blocks, int64_t cols, void *dst)
         for (int e = 0; e < 32; e++)
             sum += k->qs[e];
         memcpy(q + 32 * b, k->qs, 32);
-        dy[b] = kern_f16_to_f32(k->d);
+        dy[b] = wtype_f16_to_f32(k->d);
         ys[b] = dy[b] * sum;
     }
 }
@@ -315,8 +315,8 @@ static void random_k_blocks(uint32_t t, void *dst, int64_t nb)
     for (size_t i = 0; i < (size_t)nb * bs; i++)
         p[i] = (uint8_t)ku_u32();
     for (int64_t b = 0; b < nb; b++) {
-        uint16_t d = kern_f32_to_f16(0.001f + 0.01f * ku_unif());
-        uint16_t dmin = kern_f32_to_f16(0.001f + 0.01f * ku_unif());
+        uint16_t d = wtype_f32_to_f16(0.001f + 0.01f * ku_unif());
+        uint16_t dmin = wtype_f32_to_f16(0.001f + 0.01f * ku_unif());
         uint8_t *blk = p + b * bs;
         if (t == KERN_T_Q6_K) {
             memcpy(blk + offsetof(struct kern_block_q6_K, d), &d, 2);
@@ -391,8 +391,8 @@ static void attention_shape(int NH, int NKV, int HD)
     ku_fill(v, CTX * stride, 1.0f);
     ku_fill(q, CTX * NH * HD, 1.0f);
     for (size_t i = 0; i < CTX * stride; i++) {
-        k16[i] = kern_f32_to_f16(k[i]);
-        v16[i] = kern_f32_to_f16(v[i]);
+        k16[i] = wtype_f32_to_f16(k[i]);
+        v16[i] = wtype_f32_to_f16(v[i]);
     }
     struct { int64_t n, pos0; } cases[] = {{1, 0}, {1, 44}, {7, 0}, {13, 32}};
     for (int nt = 1; nt <= 3; nt += 2) {
@@ -752,7 +752,7 @@ T_CASE(scratch_reserved)
     kern_ref_quant_row(KERN_T_Q8_0, w + 64, wq + 68, 64);
     uint16_t kc[2 * 64];
     for (int i = 0; i < 128; i++)
-        kc[i] = kern_f32_to_f16(w[i]);
+        kc[i] = wtype_f32_to_f16(w[i]);
     T_CHECK(kern_matmul(p, KERN_T_Q8_0, wq, 2, 64, x, 2, y) == -ENOSPC, "matmul without scratch");
     T_CHECK(kern_matmul(p, KERN_T_F32, w, 2, 64, x, 1, y) == 0, "f32 matmul needs none");
     T_CHECK(kern_attention(p, KERN_T_F16, o, x, kc, kc, 1, 1, 2, 1, 32, 64, 0.1f, sc) == -ENOSPC,

@@ -108,7 +108,7 @@ static void matmul_case(size_t cap)
         T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
         if (cap)
             T_CHECK(kern_cl_buf_pieces(wb) > 2, "%s: %zu bytes split at %zu: %d pieces",
-                    kern__type_traits(t)->name, (R + PAD) * rb, cap, kern_cl_buf_pieces(wb));
+                    kern_type_name(t), (R + PAD) * rb, cap, kern_cl_buf_pieces(wb));
         /* mapped in place (PoCL shares host memory: auto maps) or copied, every byte */
         struct kern_cl_info ci;
         T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
@@ -118,18 +118,18 @@ static void matmul_case(size_t cap)
         T_CHECK(map ? ci.weights_mapped >= (R + PAD) * rb && !ci.weights_copied
                     : ci.weights_copied >= (R + PAD) * rb && !ci.weights_mapped,
                 "%s %s: %" PRIu64 " bytes mapped, %" PRIu64 " copied of %zu",
-                kern__type_traits(t)->name, ci.weights, ci.weights_mapped, ci.weights_copied,
+                kern_type_name(t), ci.weights, ci.weights_mapped, ci.weights_copied,
                 (R + PAD) * rb);
         for (int64_t n = 1; n <= 5; n += 4) {
             float *x = fl(n * C, 1), y[5 * R], ref[5 * R];
             struct kern_buf *xb = act(d, x, (size_t)(n * C) * 4), *yb = act(d, NULL, sizeof y);
             T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, PAD * rb), R, C, A(xb), n, A(yb)) == 0,
-                    "%s matmul", kern__type_traits(t)->name);
+                    "%s matmul", kern_type_name(t));
             get(yb, y, (size_t)(n * R) * 4);
             kern_ref_matmul(t, w + PAD * rb, R, C, x, n, ref);
             double e = t_nmse(y, ref, n * R), bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
             T_CHECK(e <= bound, "%s matmul %dx%d n=%d cap %zu: nmse %.3g > %.3g",
-                    kern__type_traits(t)->name, R, (int)C, (int)n, cap, e, bound);
+                    kern_type_name(t), R, (int)C, (int)n, cap, e, bound);
             kern_buf_free(xb);
             kern_buf_free(yb);
             free(x);
@@ -144,7 +144,7 @@ static void matmul_case(size_t cap)
         for (int i = 0; i < NI; i++)
             kern_ref_dequant_row(t, w + (size_t)ids[i] * rb, ref + i * C, C);
         double e = t_nmse(out, ref, NI * C);
-        T_CHECK(e <= OP_BOUND, "%s get_rows cap %zu: nmse %.3g", kern__type_traits(t)->name, cap, e);
+        T_CHECK(e <= OP_BOUND, "%s get_rows cap %zu: nmse %.3g", kern_type_name(t), cap, e);
         kern_buf_free(ib);
         kern_buf_free(ob);
         free(out);
@@ -247,12 +247,12 @@ T_CASE(adreno_layout)
             get(yb, y, (size_t)(n * R) * 4);
             kern_ref_matmul(t, w + PAD * rb, R, cols, x, n, ref);
             double e = t_nmse(y, ref, n * R);
-            T_CHECK(e <= QUANT_BOUND, "%s split matmul n=%d: nmse %.3g", kern__type_traits(t)->name,
+            T_CHECK(e <= QUANT_BOUND, "%s split matmul n=%d: nmse %.3g", kern_type_name(t),
                     (int)n, e);
             kern_buf_free(xb), kern_buf_free(yb), free(x);
         }
         T_CHECK(kern_cl_buf_split(wb) == (t != KERN_T_Q4_K), "%s: split layout %d",
-                kern__type_traits(t)->name, kern_cl_buf_split(wb));
+                kern_type_name(t), kern_cl_buf_split(wb));
         int32_t ids[] = {0, R + PAD - 1, 7, 3};
         float *out = malloc(4 * cols * 4), *ref = malloc(4 * cols * 4);
         struct kern_buf *ib = act(d, ids, sizeof ids), *ob = act(d, NULL, 4 * cols * 4);
@@ -261,7 +261,7 @@ T_CASE(adreno_layout)
         for (int i = 0; i < 4; i++)
             kern_ref_dequant_row(t, w + (size_t)ids[i] * rb, ref + i * cols, cols);
         double e = t_nmse(out, ref, 4 * cols);
-        T_CHECK(e <= OP_BOUND, "%s split get_rows: nmse %.3g", kern__type_traits(t)->name, e);
+        T_CHECK(e <= OP_BOUND, "%s split get_rows: nmse %.3g", kern_type_name(t), e);
         kern_buf_free(ib), kern_buf_free(ob), free(out), free(ref);
         kern_buf_free(wb);
         free(w);

@@ -28,47 +28,63 @@ T_CASE(traits)
         T_CHECK(kern_type_supported(weight_types[i]), "%s supported", kern_type_name(weight_types[i]));
     T_CHECK(!kern_type_supported(KERN_T_Q2_K) && !kern_type_supported(KERN_T_Q8_K) &&
             !kern_type_supported(99), "unsupported types");
+    T_CHECK(!strcmp(kern_type_name(KERN_T_Q4_K), "q4_K") && !strcmp(kern_type_name(KERN_T_BF16), "bf16"),
+            "ggml's names");
+    T_CHECK(kern_type_name(16) == NULL && kern_row_bytes(16, 256) == 0 && wtype_info(16),
+            "a type the file format knows and the kernels do not");
+    /* The block layouts here against the weight-type table's sizes. */
+    static const struct { uint32_t t; size_t size; } blocks[] = {
+        {KERN_T_Q4_0, sizeof(struct kern_block_q4_0)}, {KERN_T_Q4_1, sizeof(struct kern_block_q4_1)},
+        {KERN_T_Q5_0, sizeof(struct kern_block_q5_0)}, {KERN_T_Q5_1, sizeof(struct kern_block_q5_1)},
+        {KERN_T_Q8_0, sizeof(struct kern_block_q8_0)}, {KERN_T_Q8_1, sizeof(struct kern_block_q8_1)},
+        {KERN_T_Q2_K, sizeof(struct kern_block_q2_K)}, {KERN_T_Q3_K, sizeof(struct kern_block_q3_K)},
+        {KERN_T_Q4_K, sizeof(struct kern_block_q4_K)}, {KERN_T_Q5_K, sizeof(struct kern_block_q5_K)},
+        {KERN_T_Q6_K, sizeof(struct kern_block_q6_K)}, {KERN_T_Q8_K, sizeof(struct kern_block_q8_K)},
+    };
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        T_CHECK(kern_block_bytes(blocks[i].t) == blocks[i].size, "%s: %u bytes in wtype, block struct %zu",
+                kern_type_name(blocks[i].t), kern_block_bytes(blocks[i].t), blocks[i].size);
 }
 
 T_CASE(f16_conversion)
 {
-    T_CHECK(kern_f32_to_f16(1.0f) == 0x3c00, "1.0");
-    T_CHECK(kern_f32_to_f16(-2.0f) == 0xc000, "-2.0");
-    T_CHECK(kern_f32_to_f16(65504.0f) == 0x7bff, "max");
-    T_CHECK(kern_f32_to_f16(65519.0f) == 0x7bff, "just below the inf threshold");
-    T_CHECK(kern_f32_to_f16(65520.0f) == 0x7c00, "rounds to inf");
-    T_CHECK(kern_f32_to_f16(INFINITY) == 0x7c00 && kern_f32_to_f16(-INFINITY) == 0xfc00, "inf");
-    T_CHECK((kern_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (kern_f32_to_f16(NAN) & 0x3ff), "nan");
-    T_CHECK(kern_f32_to_f16(ldexpf(1, -24)) == 0x0001, "smallest subnormal");
-    T_CHECK(kern_f32_to_f16(ldexpf(1, -25)) == 0x0000, "half of it ties to even zero");
-    T_CHECK(kern_f32_to_f16(ldexpf(1.5f, -25)) == 0x0001, "above the tie");
-    T_CHECK(kern_f32_to_f16(ldexpf(3, -25)) == 0x0002, "1.5 units ties to even 2");
-    T_CHECK(kern_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even down");
-    T_CHECK(kern_f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3c02, "tie to even up");
-    T_CHECK(kern_f32_to_f16(ldexpf(1023, -24) + ldexpf(1, -25)) == 0x0400, "subnormal to normal");
+    T_CHECK(wtype_f32_to_f16(1.0f) == 0x3c00, "1.0");
+    T_CHECK(wtype_f32_to_f16(-2.0f) == 0xc000, "-2.0");
+    T_CHECK(wtype_f32_to_f16(65504.0f) == 0x7bff, "max");
+    T_CHECK(wtype_f32_to_f16(65519.0f) == 0x7bff, "just below the inf threshold");
+    T_CHECK(wtype_f32_to_f16(65520.0f) == 0x7c00, "rounds to inf");
+    T_CHECK(wtype_f32_to_f16(INFINITY) == 0x7c00 && wtype_f32_to_f16(-INFINITY) == 0xfc00, "inf");
+    T_CHECK((wtype_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (wtype_f32_to_f16(NAN) & 0x3ff), "nan");
+    T_CHECK(wtype_f32_to_f16(ldexpf(1, -24)) == 0x0001, "smallest subnormal");
+    T_CHECK(wtype_f32_to_f16(ldexpf(1, -25)) == 0x0000, "half of it ties to even zero");
+    T_CHECK(wtype_f32_to_f16(ldexpf(1.5f, -25)) == 0x0001, "above the tie");
+    T_CHECK(wtype_f32_to_f16(ldexpf(3, -25)) == 0x0002, "1.5 units ties to even 2");
+    T_CHECK(wtype_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even down");
+    T_CHECK(wtype_f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3c02, "tie to even up");
+    T_CHECK(wtype_f32_to_f16(ldexpf(1023, -24) + ldexpf(1, -25)) == 0x0400, "subnormal to normal");
     /* Every finite half converts to f32 and back unchanged. */
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
             continue;
-        if (kern_f32_to_f16(kern_f16_to_f32((uint16_t)h)) != h)
+        if (wtype_f32_to_f16(wtype_f16_to_f32((uint16_t)h)) != h)
             bad++;
     }
     T_CHECK(bad == 0, "%d halves do not round-trip", bad);
-    T_CHECK(kern_f16_to_f32(0x0001) == ldexpf(1, -24) && kern_f16_to_f32(0x3555) == 0x1.554p-2f,
+    T_CHECK(wtype_f16_to_f32(0x0001) == ldexpf(1, -24) && wtype_f16_to_f32(0x3555) == 0x1.554p-2f,
             "decode");
     /* Rounding picks the nearest representable half for random floats of every magnitude. */
     ku_seed(1);
     bad = 0;
     for (int i = 0; i < 200000; i++) {
         float f = ldexpf(ku_unif() * 2 - 1, (int)(ku_u32() % 44) - 28);
-        uint16_t h = kern_f32_to_f16(f);
-        double e = fabs((double)f - kern_f16_to_f32(h));
+        uint16_t h = wtype_f32_to_f16(f);
+        double e = fabs((double)f - wtype_f16_to_f32(h));
         for (int dlt = -1; dlt <= 1; dlt += 2) {
             uint16_t g = (uint16_t)(h + dlt);
             if ((g & 0x7c00) == 0x7c00 || ((g ^ h) & 0x8000))
                 continue;
-            if (fabs((double)f - kern_f16_to_f32(g)) < e)
+            if (fabs((double)f - wtype_f16_to_f32(g)) < e)
                 bad++;
         }
     }
@@ -77,12 +93,12 @@ T_CASE(f16_conversion)
 
 T_CASE(bf16_conversion)
 {
-    T_CHECK(kern_f32_to_bf16(1.0f) == 0x3f80, "1.0");
-    T_CHECK(kern_f32_to_bf16(bits_f(0x3f808000)) == 0x3f80, "tie to even down");
-    T_CHECK(kern_f32_to_bf16(bits_f(0x3f818000)) == 0x3f82, "tie to even up");
-    T_CHECK(kern_f32_to_bf16(bits_f(0x3f808001)) == 0x3f81, "above tie");
-    T_CHECK(kern_bf16_to_f32(0xc040) == -3.0f, "decode");
-    uint16_t n = kern_f32_to_bf16(NAN);
+    T_CHECK(wtype_f32_to_bf16(1.0f) == 0x3f80, "1.0");
+    T_CHECK(wtype_f32_to_bf16(bits_f(0x3f808000)) == 0x3f80, "tie to even down");
+    T_CHECK(wtype_f32_to_bf16(bits_f(0x3f818000)) == 0x3f82, "tie to even up");
+    T_CHECK(wtype_f32_to_bf16(bits_f(0x3f808001)) == 0x3f81, "above tie");
+    T_CHECK(wtype_bf16_to_f32(0xc040) == -3.0f, "decode");
+    uint16_t n = wtype_f32_to_bf16(NAN);
     T_CHECK((n & 0x7f80) == 0x7f80 && (n & 0x7f), "nan stays nan");
 }
 
@@ -247,14 +263,14 @@ T_CASE(quant_roundtrip)
     kern_ref_dequant_row(KERN_T_Q4_0, q, y, n);
     int bad = 0;
     for (int64_t i = 0; i < n; i++)
-        bad += fabsf(y[i] - x[i]) > fabsf(kern_f16_to_f32(b4[i / 32].d)) * 1.01f;
+        bad += fabsf(y[i] - x[i]) > fabsf(wtype_f16_to_f32(b4[i / 32].d)) * 1.01f;
     T_CHECK(bad == 0, "q4_0: %d elements off by more than a step", bad);
     struct kern_block_q8_0 *b8 = q;
     kern_ref_quant_row(KERN_T_Q8_0, x, q, n);
     kern_ref_dequant_row(KERN_T_Q8_0, q, y, n);
     bad = 0;
     for (int64_t i = 0; i < n; i++)
-        bad += fabsf(y[i] - x[i]) > fabsf(kern_f16_to_f32(b8[i / 32].d)) * 0.51f + 1e-3f * fabsf(x[i]);
+        bad += fabsf(y[i] - x[i]) > fabsf(wtype_f16_to_f32(b8[i / 32].d)) * 0.51f + 1e-3f * fabsf(x[i]);
     T_CHECK(bad == 0, "q8_0: %d elements off by more than half a step", bad);
     /* Q8_1's s is d times the sum of its quants; Q8_K's bsums are sums of 16 quants. */
     struct kern_block_q8_1 *b81 = q;
@@ -262,8 +278,8 @@ T_CASE(quant_roundtrip)
     int s = 0;
     for (int j = 0; j < 32; j++)
         s += b81[1].qs[j];
-    T_CHECK(fabsf(kern_f16_to_f32(b81[1].s) - s * kern_f16_to_f32(b81[1].d)) <=
-            fabsf(s * kern_f16_to_f32(b81[1].d)) * 1e-3f + 1e-6f, "q8_1 s");
+    T_CHECK(fabsf(wtype_f16_to_f32(b81[1].s) - s * wtype_f16_to_f32(b81[1].d)) <=
+            fabsf(s * wtype_f16_to_f32(b81[1].d)) * 1e-3f + 1e-6f, "q8_1 s");
     struct kern_block_q8_K *bk = q;
     kern_ref_quant_row(KERN_T_Q8_K, x, q, 256);
     int bs = 0, qmax = 0;
@@ -486,10 +502,10 @@ T_CASE(attention)
     T_CHECK(e < 1e-12, "f32 cache nmse %g", e);
     /* F16 cache: the same formula over the rounded cache, within f16 rounding of q and p. */
     for (size_t i = 0; i < CTX * stride; i++) {
-        k16[i] = kern_f32_to_f16(k[i]);
-        v16[i] = kern_f32_to_f16(v[i]);
-        kr[i] = kern_f16_to_f32(k16[i]);
-        vr[i] = kern_f16_to_f32(v16[i]);
+        k16[i] = wtype_f32_to_f16(k[i]);
+        v16[i] = wtype_f32_to_f16(v[i]);
+        kr[i] = wtype_f16_to_f32(k16[i]);
+        vr[i] = wtype_f16_to_f32(v16[i]);
     }
     naive_attention(want, q, kr, vr, n, pos0, NH, NKV, HD, stride, scale);
     kern_ref_attention(KERN_T_F16, o, q, k16, v16, n, pos0, NH, NKV, HD, stride, scale, scratch);

@@ -1,8 +1,8 @@
 /* The tables model/ relies on:
- * - the type tables of the file format and the kernels agree: the enum values are pinned at
- *   build time in model/model.c; here every type both know has the same block size, bytes per
- *   block and name in gguf's validation table and the kernels' type-traits table, and every
- *   type the kernels know is one the file format knows;
+ * - the file format and the kernels see the same types: the enum values are pinned at build
+ *   time in model/model.c; here every type the kernels know is in the weight-type table gguf
+ *   validates with (wtype/), with the same block size, bytes per block and name (ggml's
+ *   spelling in the kernels, lower case in the files' listings);
  * - the architecture table is well formed: every entry has a name, 1-3 dims, a form, and no
  *   two tensors of a block share a name or (bound ones) a field; the flags each architecture
  *   declares match its lists; walking a file's tensors gives what the hyperparameters say. */
@@ -13,13 +13,14 @@
 #include "kernels/kern.h"
 #include "model/model.h"
 #include "tests/t.h"
+#include "wtype/wtype.h"
 
 T_CASE(gguf_and_kern_type_tables_agree)
 {
     int both = 0;
     for (uint32_t t = 0; t < KERN_T_COUNT; t++) {
         const char *kn = kern_type_name(t);
-        const struct gguf_type_info *gi = gguf_type_info(t);
+        const struct wtype_info *gi = wtype_info(t);
         if (!kn)
             continue;
         T_CHECK(gi != NULL, "kern type %u (%s) unknown to gguf", t, kn);

@@ -5,24 +5,24 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "kernels/kern.h"
+#include "wtype/wtype.h"
 #include "ringlib/ring.h"
 #include "tests/t.h"
 
 T_CASE(f16_wire)
 {
-    T_CHECK(kern_f32_to_f16(1.0f) == 0x3c00 && kern_f32_to_f16(-2.0f) == 0xc000, "1, -2");
-    T_CHECK(kern_f32_to_f16(65504.0f) == 0x7bff && kern_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
-    T_CHECK(kern_f32_to_f16(ldexpf(1, -24)) == 0x0001 && kern_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
-    T_CHECK(kern_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
-    T_CHECK(kern_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
-    T_CHECK(kern_f32_to_f16(INFINITY) == 0x7c00 && (kern_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
-            (kern_f32_to_f16(NAN) & 0x3ff), "inf, nan");
+    T_CHECK(wtype_f32_to_f16(1.0f) == 0x3c00 && wtype_f32_to_f16(-2.0f) == 0xc000, "1, -2");
+    T_CHECK(wtype_f32_to_f16(65504.0f) == 0x7bff && wtype_f32_to_f16(70000.0f) == 0x7c00, "max, overflow");
+    T_CHECK(wtype_f32_to_f16(ldexpf(1, -24)) == 0x0001 && wtype_f32_to_f16(ldexpf(1, -26)) == 0, "subnormal");
+    T_CHECK(wtype_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
+    T_CHECK(wtype_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even (up)");
+    T_CHECK(wtype_f32_to_f16(INFINITY) == 0x7c00 && (wtype_f32_to_f16(NAN) & 0x7c00) == 0x7c00 &&
+            (wtype_f32_to_f16(NAN) & 0x3ff), "inf, nan");
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
             continue;   /* NaNs */
-        if (kern_f32_to_f16(kern_f16_to_f32((uint16_t)h)) != (uint16_t)h)
+        if (wtype_f32_to_f16(wtype_f16_to_f32((uint16_t)h)) != (uint16_t)h)
             bad++;
     }
     T_CHECK(bad == 0, "%d halves do not round trip", bad);
@@ -58,12 +58,12 @@ T_CASE(wire_f16_round_trip)
             "1, -2 as little-endian halves: %02x %02x %02x %02x", b[4], b[5], b[6], b[7]);
     for (size_t i = 0; i < N_SOME; i++) {
         uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
-        T_CHECK(h == kern_f32_to_f16(some[i]), "%g: wire %04x, kernels %04x", some[i], h,
-                kern_f32_to_f16(some[i]));
+        T_CHECK(h == wtype_f32_to_f16(some[i]), "%g: wire %04x, kernels %04x", some[i], h,
+                wtype_f32_to_f16(some[i]));
     }
     ring_wire_decode(b, N_SOME, 2, back);
     for (size_t i = 0; i < N_SOME; i++) {
-        float want = kern_f16_to_f32(kern_f32_to_f16(some[i]));
+        float want = wtype_f16_to_f32(wtype_f32_to_f16(some[i]));
         T_CHECK(memcmp(&back[i], &want, sizeof want) == 0, "%g came back as %g, not %g", some[i],
                 back[i], want);
         if (fabsf(some[i]) >= 6.103515625e-05f && fabsf(some[i]) <= 65504.0f)

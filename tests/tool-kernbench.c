@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kernels/kern.h"
+#include "wtype/wtype.h"
 
 static double now_s(void)
 {
@@ -103,8 +104,8 @@ int main(int argc, char **argv)
         float *q = calloc((size_t)nh * hd, 4), *o = calloc((size_t)nh * hd, 4);
         float *scratch = calloc((size_t)att_ctx, 4);
         for (size_t i = 0; i < (size_t)att_ctx * stride; i++) {
-            k[i] = kern_f32_to_f16((float)((i * 37) % 101) / 50.0f - 1.0f);
-            v[i] = kern_f32_to_f16((float)((i * 53) % 97) / 48.0f - 1.0f);
+            k[i] = wtype_f32_to_f16((float)((i * 37) % 101) / 50.0f - 1.0f);
+            v[i] = wtype_f32_to_f16((float)((i * 53) % 97) / 48.0f - 1.0f);
         }
         for (int i = 0; i < nh * hd; i++)
             q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;

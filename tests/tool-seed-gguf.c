@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "tests/gguf_build.h"
 #include "util/err.h"
+#include "wtype/wtype.h"
 
 static int n_written;
 
@@ -64,7 +65,7 @@ static void made(const char *dir)
         gguf_writer_set_f32(w, "x.f", 0.25f);
         int n = 0;
         for (uint32_t t = 0; t < GGUF_T_COUNT; t++) {
-            const struct gguf_type_info *ti = gguf_type_info(t);
+            const struct wtype_info *ti = wtype_info(t);
             if (!ti)
                 continue;
             uint64_t ne[2] = {ti->block_elems, 2};

@@ -58,12 +58,12 @@ static void att_one(struct att_job *j, int64_t i, int h, float *sc, uint16_t *q1
         const uint16_t *v = j->v;
         for (int64_t p = 0; p < n_ctx; p++) {
             const uint16_t *vr = v + p * j->kv_stride + koff;
-            float w = kern_f16_to_f32(p16[p]);
+            float w = wtype_f16_to_f32(p16[p]);
             if (s->axpy_f16) {
                 s->axpy_f16(o, w, vr, hd);
             } else {
                 for (int d = 0; d < hd; d++)
-                    o[d] += w * kern_f16_to_f32(vr[d]);
+                    o[d] += w * wtype_f16_to_f32(vr[d]);
             }
         }
     } else {

@@ -229,12 +229,12 @@ size_t kern_matmul_scratch(uint32_t type, int64_t cols, int64_t n)
     const struct kern__type_traits *tt = kern__type_traits(type);
     if (!tt || cols <= 0 || n <= 0 || tt->vec_dot_type == KERN_T_F32)
         return 0;
-    size_t xrow = kern_row_bytes(tt->vec_dot_type, cols);
+    size_t xrow = wtype_row_bytes(tt->vec_dot_type, cols);
     if (type < KERN_T_COUNT && s->actq[type]) {
         size_t own = (size_t)((cols / KERN_QK + 1) / 2) * s->act_pair_bytes[type];
         xrow = own > xrow ? own : xrow;
     }
-    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % tt->blck_size == 0) {
+    if (type < KERN_T_COUNT && s->rp_gemm[type] && cols % wtype_info(type)->block_elems == 0) {
         /* kern_matmul_packed */
         size_t rp = kern__rp_act_bytes(type, cols);
         xrow = rp > xrow ? rp : xrow;
@@ -251,7 +251,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
         return -EINVAL;
     kern__dot_fn dot = s->dot[type] ? s->dot[type] : tt->vec_dot;
     uint32_t vt = tt->vec_dot_type;
-    size_t wrow = kern_row_bytes(type, cols), xrow = kern_row_bytes(vt, cols);
+    size_t wrow = wtype_row_bytes(type, cols), xrow = wtype_row_bytes(vt, cols);
     if (!dot || rows < 0 || n < 0 || cols <= 0 || wrow == 0 || xrow == 0)
         return -EINVAL;
     kern__quant_fn quant = s->quant[vt];

@@ -127,7 +127,7 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
 {
     const int R = pk->R;
     const struct rp_type rt = rp_type(pk->type);
-    const size_t bb = kern_row_bytes(pk->type, rt.qk); /* one file block */
+    const size_t bb = wtype_row_bytes(pk->type, rt.qk); /* one file block */
     /* the quants in file order: Q5_K's qh (8 chunks) then its nibbles, Q6_K's ql (32) then
      * qh (16) with their bits rearranged (pack_q6_K), as the kernels read them; Q5_0/Q5_1's
      * fifth bits rearranged (pack_fifth) in one chunk before their nibbles */
@@ -175,7 +175,7 @@ int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_
     *out = NULL;
     if (!kern_pack_supported(type, cols))
         return -ENOTSUP;
-    size_t rb = kern_row_bytes(type, cols);
+    size_t rb = wtype_row_bytes(type, cols);
     if (rows <= 0 || n_mat <= 0 || rb == 0 || (uint64_t)rows > SIZE_MAX / rb ||
         (uint64_t)n_mat > SIZE_MAX / ((size_t)rows * rb))
         return -EINVAL;

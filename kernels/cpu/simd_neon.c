@@ -208,7 +208,7 @@ static ALWAYS_INLINE void SFX(f16_cols)(const bool bf, const void *w, const void
         const uint16_t *b = (const uint16_t *)((const char *)xq + c * xs);
         double s = vaddvq_f64(vaddq_f64(acc[c][0], acc[c][1]));
         for (int64_t k = i; k < n; k++)
-            s += bf ? (double)(kern_bf16_to_f32(a[k]) * kern_bf16_to_f32(b[k]))
+            s += bf ? (double)(wtype_bf16_to_f32(a[k]) * wtype_bf16_to_f32(b[k]))
                     : (double)(h2f(a[k]) * h2f(b[k]));
         out[c] = (float)s;
     }

@@ -773,7 +773,7 @@ static int split_layout(struct ocl *o, struct cbuf *c, uint32_t type, int64_t co
 {
     if (c->sp_img)
         return c->sp_type == type && c->sp_cols == cols ? 1 : -EINVAL;
-    size_t rb = kern_row_bytes(type, cols);
+    size_t rb = wtype_row_bytes(type, cols);
     if (!o->split_layout || (type != KERN_T_Q4_0 && type != KERN_T_Q8_0) || c->n != 1 ||
         size % rb || size / rb > UINT32_MAX)
         return 0;
@@ -835,7 +835,7 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
 {
     if (!type_ok(type) || cols <= 0 || rows > UINT32_MAX || n > UINT32_MAX)
         return -EINVAL;
-    size_t rb = kern_row_bytes(type, cols);
+    size_t rb = wtype_row_bytes(type, cols);
     struct cbuf *c = w.buf->impl;
     int sl = split_layout(OCL(d), c, type, cols, w.buf->cap);
     if (sl < 0)
@@ -887,7 +887,7 @@ static int get_rows(struct kern_dev *d, uint32_t type, struct kern_at table, int
     struct ocl *o = OCL(d);
     if (!type_ok(type) || rows > UINT32_MAX || cols > UINT32_MAX)
         return -EINVAL;
-    size_t rb = kern_row_bytes(type, cols);
+    size_t rb = wtype_row_bytes(type, cols);
     struct cbuf *c = table.buf->impl;
     int sl = split_layout(o, c, type, cols, table.buf->cap);
     if (sl < 0)

@@ -27,12 +27,12 @@ static float dot_16(const uint16_t *a, const uint16_t *b, int64_t n, float (*cvt
 
 float kern__dot_f16(const void *w, const void *xq, int64_t n)
 {
-    return dot_16(w, xq, n, kern_f16_to_f32);
+    return dot_16(w, xq, n, wtype_f16_to_f32);
 }
 
 float kern__dot_bf16(const void *w, const void *xq, int64_t n)
 {
-    return dot_16(w, xq, n, kern_bf16_to_f32);
+    return dot_16(w, xq, n, wtype_bf16_to_f32);
 }
 
 float kern__dot_q4_0(const void *w, const void *xq, int64_t n)

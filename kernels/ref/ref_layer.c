@@ -51,7 +51,7 @@ void kern_ref_kv_store(uint32_t kv_type, void *dst, size_t dst_stride, const flo
         if (kv_type == KERN_T_F16) {
             uint16_t *y = (uint16_t *)dst + (size_t)r * dst_stride;
             for (int64_t i = 0; i < dim; i++)
-                y[i] = kern_f32_to_f16(x[i]);
+                y[i] = wtype_f32_to_f16(x[i]);
         } else {
             memcpy((float *)dst + (size_t)r * dst_stride, x, (size_t)dim * sizeof *x);
         }

@@ -90,8 +90,8 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
                 if (f16) {
                     const uint16_t *kr = (const uint16_t *)k + (size_t)p * kv_stride + koff;
                     for (int d = 0; d < head_dim; d++)
-                        s += (double)(kern_f16_to_f32(kern_f32_to_f16(qh[d])) *
-                                      kern_f16_to_f32(kr[d]));
+                        s += (double)(wtype_f16_to_f32(wtype_f32_to_f16(qh[d])) *
+                                      wtype_f16_to_f32(kr[d]));
                 } else {
                     const float *kr = (const float *)k + (size_t)p * kv_stride + koff;
                     for (int d = 0; d < head_dim; d++)
@@ -106,8 +106,8 @@ void kern_ref_attention(uint32_t kv_type, float *out, const float *q, const void
                 for (int64_t p = 0; p < n_ctx; p++) {
                     if (f16) {
                         const uint16_t *vr = (const uint16_t *)v + (size_t)p * kv_stride + koff;
-                        s += (double)(kern_f16_to_f32(kern_f32_to_f16(scratch[p])) *
-                                      kern_f16_to_f32(vr[d]));
+                        s += (double)(wtype_f16_to_f32(wtype_f32_to_f16(scratch[p])) *
+                                      wtype_f16_to_f32(vr[d]));
                     } else {
                         const float *vr = (const float *)v + (size_t)p * kv_stride + koff;
                         s += (double)(scratch[p] * vr[d]);

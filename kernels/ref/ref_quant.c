@@ -1,5 +1,5 @@
-/* f16/bf16 conversions, and the reference dequantisers and quantisers of every type (the
- * type-traits table in ref_types.c points at them).
+/* The reference dequantisers and quantisers of every type (the type-traits table in
+ * ref_types.c points at them).
  * Quantisers follow ggml's reference rounding so that files we write quantise like
  * llama.cpp's and our activation blocks match its CPU path. */
 #include <errno.h>
@@ -9,75 +9,6 @@
 
 #define MAXI(a, b) ((a) > (b) ? (a) : (b))
 #define MINI(a, b) ((a) < (b) ? (a) : (b))
-
-/* ---- f16 / bf16 ---- */
-
-uint16_t kern_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) /* NaN: keep it quiet and keep the top payload bits */
-        return (uint16_t)(sign | 0x7e00 | ((ax >> 13) & 0x3ff));
-    if (ax >= 0x477ff000) /* rounds to >= 65520: infinity */
-        return (uint16_t)(sign | 0x7c00);
-    if (ax < 0x38800000) { /* below 2^-14: an f16 subnormal (or zero) */
-        if (ax <= 0x33000000) /* <= 2^-25 rounds to zero (the tie goes to even 0) */
-            return (uint16_t)sign;
-        uint32_t mant = (ax & 0x7fffff) | 0x800000;
-        int shift = 126 - (int)(ax >> 23); /* value = mant * 2^-shift units of 2^-24 */
-        uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t h = (ax >> 13) - ((127 - 15) << 10);
-    uint32_t rem = ax & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-float kern_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0x1f) {
-        x = sign | 0x7f800000 | (m << 13);
-    } else if (e != 0) {
-        x = sign | ((e + 127 - 15) << 23) | (m << 13);
-    } else if (m == 0) {
-        x = sign;
-    } else { /* subnormal: renormalise */
-        e = 127 - 15 + 1;
-        while (!(m & 0x400)) {
-            m <<= 1;
-            e--;
-        }
-        x = sign | (e << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t kern_f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000)
-        return (uint16_t)((x >> 16) | 64); /* quiet NaN */
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
-float kern_bf16_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 /* ---- dequantisation (nb blocks each) ---- */
 
@@ -90,14 +21,14 @@ void kern__dequant_f16(const void *src, float *y, int64_t nb)
 {
     const uint16_t *h = src;
     for (int64_t i = 0; i < nb; i++)
-        y[i] = kern_f16_to_f32(h[i]);
+        y[i] = wtype_f16_to_f32(h[i]);
 }
 
 void kern__dequant_bf16(const void *src, float *y, int64_t nb)
 {
     const uint16_t *h = src;
     for (int64_t i = 0; i < nb; i++)
-        y[i] = kern_bf16_to_f32(h[i]);
+        y[i] = wtype_bf16_to_f32(h[i]);
 }
 
 void kern__dequant_q4_0(const void *src, float *y, int64_t nb)
@@ -252,14 +183,14 @@ void kern__quant_f16(const float *x, void *dst, int64_t nb)
 {
     uint16_t *h = dst;
     for (int64_t i = 0; i < nb; i++)
-        h[i] = kern_f32_to_f16(x[i]);
+        h[i] = wtype_f32_to_f16(x[i]);
 }
 
 void kern__quant_bf16(const float *x, void *dst, int64_t nb)
 {
     uint16_t *h = dst;
     for (int64_t i = 0; i < nb; i++)
-        h[i] = kern_f32_to_bf16(x[i]);
+        h[i] = wtype_f32_to_bf16(x[i]);
 }
 
 /* Largest |x| of a block and the signed value that has it. */
@@ -285,7 +216,7 @@ void kern__quant_q4_0(const float *x, void *dst, int64_t nb)
         float max;
         abs_max(x, KERN_QK, &max);
         float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = kern_f32_to_f16(d);
+        b[i].d = wtype_f32_to_f16(d);
         for (int j = 0; j < KERN_QK / 2; j++) {
             int q0 = MINI(15, (int8_t)(x[j] * id + 8.5f));
             int q1 = MINI(15, (int8_t)(x[j + 16] * id + 8.5f));
@@ -312,8 +243,8 @@ void kern__quant_q4_1(const float *x, void *dst, int64_t nb)
         float min, max;
         min_max(x, KERN_QK, &min, &max);
         float d = (max - min) / 15, id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = kern_f32_to_f16(d);
-        b[i].m = kern_f32_to_f16(min);
+        b[i].d = wtype_f32_to_f16(d);
+        b[i].m = wtype_f32_to_f16(min);
         for (int j = 0; j < KERN_QK / 2; j++) {
             int q0 = MINI(15, (int8_t)((x[j] - min) * id + 0.5f));
             int q1 = MINI(15, (int8_t)((x[j + 16] - min) * id + 0.5f));
@@ -329,7 +260,7 @@ void kern__quant_q5_0(const float *x, void *dst, int64_t nb)
         float max;
         abs_max(x, KERN_QK, &max);
         float d = max / -16, id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = kern_f32_to_f16(d);
+        b[i].d = wtype_f32_to_f16(d);
         int q[KERN_QK];
         for (int j = 0; j < KERN_QK; j++)
             q[j] = MINI(31, (int8_t)(x[j] * id + 16.5f));
@@ -344,8 +275,8 @@ void kern__quant_q5_1(const float *x, void *dst, int64_t nb)
         float min, max;
         min_max(x, KERN_QK, &min, &max);
         float d = (max - min) / 31, id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = kern_f32_to_f16(d);
-        b[i].m = kern_f32_to_f16(min);
+        b[i].d = wtype_f32_to_f16(d);
+        b[i].m = wtype_f32_to_f16(min);
         int q[KERN_QK];
         for (int j = 0; j < KERN_QK; j++)
             q[j] = MINI(31, (uint8_t)((x[j] - min) * id + 0.5f));
@@ -358,7 +289,7 @@ void kern__quant_q8_0(const float *x, void *dst, int64_t nb)
     struct kern_block_q8_0 *b = dst;
     for (int64_t i = 0; i < nb; i++, x += KERN_QK) {
         float d = abs_max(x, KERN_QK, NULL) / 127, id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = kern_f32_to_f16(d);
+        b[i].d = wtype_f32_to_f16(d);
         for (int j = 0; j < KERN_QK; j++)
             b[i].qs[j] = (int8_t)roundf(x[j] * id);
     }
@@ -374,8 +305,8 @@ void kern__quant_q8_1(const float *x, void *dst, int64_t nb)
             b[i].qs[j] = (int8_t)roundf(x[j] * id);
             sum += b[i].qs[j];
         }
-        b[i].d = kern_f32_to_f16(d);
-        b[i].s = kern_f32_to_f16(sum * d);
+        b[i].d = wtype_f32_to_f16(d);
+        b[i].s = wtype_f32_to_f16(sum * d);
     }
 }
 
@@ -537,8 +468,8 @@ static void q_k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t 
             scales_out[j] |= (uint8_t)((lm >> 4) << 6);
         }
     }
-    *d_out = kern_f32_to_f16(max_scale / 63.0f);
-    *dmin_out = kern_f32_to_f16(max_min / 63.0f);
+    *d_out = wtype_f32_to_f16(max_scale / 63.0f);
+    *dmin_out = wtype_f32_to_f16(max_min / 63.0f);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         kern__scale_min_k4(j, scales_out, &sc, &m);
@@ -610,7 +541,7 @@ void kern__quant_q6_K(const float *x, void *dst, int64_t nb)
             continue;
         }
         float iscale = -128.0f / max_scale;
-        b[i].d = kern_f32_to_f16(1 / iscale);
+        b[i].d = wtype_f32_to_f16(1 / iscale);
         for (int ib = 0; ib < 16; ib++)
             b[i].scales[ib] = (int8_t)MINI(127, kern__nearest_int(iscale * scales[ib]));
         for (int j = 0; j < 16; j++) {
