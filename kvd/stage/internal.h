@@ -10,10 +10,13 @@
  *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
  *   stage.c     the struct's start and stop, the periodic tick, signals
  *   probe.c     a market's known-answer probe through a fresh instance of the backend
- * control.c asks for a shutdown through stage->shutdown, the one call upwards. */
+ * control.c asks for a shutdown through stage->shutdown, the one call upwards. The compute
+ * thread lies below them: sched.c (its batching scheduler) < compute.c (the thread, its jobs
+ * run on the backend). */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -199,6 +202,45 @@ void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
 typedef void (*kvd_compute_closed_cb)(void *ud);
 void kvd_compute_stop(struct kvd_compute *c, kvd_compute_closed_cb closed, void *ud);
 void kvd_job_free(struct kvd_job *j);
+
+/* The compute thread's state (compute.c), which its batching scheduler (sched.c) reads and
+ * whose queue it takes jobs from. At most KVD_BATCH_JOBS_MAX jobs run in one batch. */
+#define KVD_BATCH_JOBS_MAX 32
+struct csess;
+struct kvd_compute {
+    uv_async_t async;
+    struct kvd_backend *b;
+    uint32_t wire_dsize;
+    kvd_job_done_cb done;
+    void *ud;
+    kvd_compute_closed_cb closed;   /* kvd_compute_stop's: after everything is freed */
+    void *closed_ud;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct kvd_job *in_head, *in_tail, *out_head, *out_tail;
+    bool stop;
+    struct csess *sessions;     /* compute thread only */
+    /* compute thread scratch: a batch's rows, tokens (rank 0) and boundary, and its logits */
+    struct model_batch_row *rows;
+    int32_t *tok;
+    float *x, *logits;
+    size_t rows_cap, x_cap, logits_cap;
+    uint32_t max_batch;         /* rows one window run may take */
+    uint32_t batch_wait_us;     /* how long a batch waits for more steps (0: never) */
+    bool last_solo;             /* the last step run: a prompt too long to batch, alone */
+    bool last_prompt;           /* the last step run held a prompt (several rows) */
+    struct kvd_compute_stats stats;   /* under mu */
+    struct kvd_compute_stats dstats;  /* compute thread: the drafting counters, copied into
+                                       * stats after each run */
+};
+/* The batching scheduler (sched.c). Rows one run of several sessions may take (0 or 1: every
+ * run takes one session's step); whether a step is taken whole and first (a decode step or a
+ * verifying pass); with c->mu held and the queue not empty, the jobs the next run takes into
+ * batch[KVD_BATCH_JOBS_MAX] (how many; an OPEN or CLOSE alone). */
+uint32_t kvd_sched_cap(const struct kvd_compute *c);
+bool kvd_sched_step_whole(const struct kvd_job *j);
+uint32_t kvd_sched_take(struct kvd_compute *c, struct kvd_job **batch);
 
 /* ============================ the loop side ============================ */
 
