@@ -22,7 +22,8 @@ int kvctl_cmd_bench(int argc, char **argv);
 /* kvctl/tok.c */
 int kvctl_cmd_tokenize(int argc, char **argv);
 int kvctl_cmd_detokenize(int argc, char **argv);
-/* kvctl/ring.c */
+/* kvctl/ring.c, ring_up.c (ring up), ring_gen.c (generate --ring); their shared parts in
+ * kvctl/internal.h */
 int kvctl_cmd_ring(int argc, char **argv);
 int kvctl_cmd_status(int argc, char **argv);
 /* generate through a running ring (kvctl generate --ring ...). */
