@@ -1,5 +1,8 @@
-/* kvctl/internal.h — what the ring command files share (internal to kvctl). They form an
- * order, each using only the ones above it:
+/* kvctl/internal.h — what kvctl's command files share besides common.c (internal to kvctl).
+ * They form an order, each using only the ones above it:
+ *   shape.c       model shapes for the planner: a GGUF header, a catalog, a shape descriptor
+ *   plan.c        kvctl plan
+ *   profile.c     kvctl profile
  *   ring_node.c   local nodes: directories, listening sockets handed to a kvd, pid checks,
  *                 control-socket status queries, the ring directory and its manifest
  *   ring_view.c   the ring as kvctl status shows it: a view per rank, the table, the JSON lines
@@ -17,7 +20,52 @@
 #include <cjson/cJSON.h>
 
 #include "kvctl/kvctl.h"
+#include "planner/plan.h"
 #include "ringlib/ring.h"
+
+struct gguf_file;
+struct gguf_catalog;
+
+/* ---- kvctl/shape.c ---- */
+
+/* A model's shape as kvctl plan and kvctl profile read it, and what it was read from. */
+struct kvctl_model {
+    struct gguf_file *gf;          /* --model GGUF: names borrowed from it */
+    struct gguf_catalog *cat;      /* --catalog */
+    struct plan_tensor *t;
+    size_t nt;
+    char *names;                   /* descriptor hparams: synthesised names */
+    struct plan_layer *layers;     /* every block, the MTP ones last */
+    struct plan_shape shape;
+    struct plan_model pm;          /* what the source says (plan_shape_of_model's input) */
+    char name[128], arch[64], catalog[65];
+    uint32_t kv_bytes, wire_bytes;
+    char kind[16];                 /* "gguf", "catalog", "descriptor" */
+    uint32_t mtp;                  /* trailing MTP blocks left out of the plan */
+};
+
+/* The planner's view of GGUF header g (its architecture arch, borrowed): the tensors into *t
+ * (the caller frees it; names borrowed from g), the blocks, the MTP ones (nextn_predict_layers),
+ * the width and the experts as the header says them. 0, or -ENOMEM. */
+int kvctl__gguf_plan_model(const struct gguf_file *g, const char *arch, struct plan_model *pm,
+                           struct plan_tensor **t);
+/* --model FILE into m (zeroed, kv_bytes/wire_bytes set): a GGUF (magic) or a JSON shape
+ * descriptor. 0, or negative with err. m is freed with kvctl__model_free either way. */
+int kvctl__model_load(struct kvctl_model *m, const char *path, char *err, size_t errlen);
+/* --catalog FILE into m: used is --experts-used (0: none given), nextn --nextn (-1: the
+ * catalog's own count of MTP blocks). 0, or negative with err. */
+int kvctl__model_load_catalog(struct kvctl_model *m, const char *path, uint32_t used, int nextn, char *err,
+                              size_t errlen);
+/* What m holds (not m). */
+void kvctl__model_free(struct kvctl_model *m);
+/* JSON fields of the descriptor and the device profiles: an integer in [0, hi] (u64: [0, 2^52]),
+ * absent unless required (out then untouched); 0, or -EINVAL with err naming ctx and key. */
+int kvctl__json_u32(const cJSON *o, const char *key, uint32_t hi, bool required, uint32_t *out,
+                    const char *ctx, char *err, size_t errlen);
+int kvctl__json_u64(const cJSON *o, const char *key, bool required, uint64_t *out, const char *ctx,
+                    char *err, size_t errlen);
+/* A string field into buf (cut to n); buf untouched when absent. */
+void kvctl__json_str(const cJSON *o, const char *key, char *buf, size_t n);
 
 /* ---- kvctl/ring_node.c ---- */
 

@@ -35,34 +35,21 @@
 
 /* Windows for n identical local stages from the planner (planner/plan.h plan_even): the
  * model's shape from its tensor list, the runtime's layers (MTP blocks left out). */
-static int plan_split(const struct gguf_file *g, const char *arch, uint32_t n_layers, uint32_t nextn,
-                      uint32_t n_embd, uint32_t n, uint32_t *first, uint32_t *last)
+static int plan_split(const struct gguf_file *g, const char *arch, uint32_t n, uint32_t *first,
+                      uint32_t *last)
 {
-    uint64_t nt = gguf_tensor_count(g);
-    struct plan_tensor *t = calloc(nt ? nt : 1, sizeof *t);
-    struct plan_layer *layers = calloc(n_layers + nextn, sizeof *layers);
-    int rc = -ENOMEM;
-    if (t && layers) {
-        for (uint64_t i = 0; i < nt; i++) {
-            const struct gguf_tensor *gt = gguf_tensor_at(g, i);
-            t[i].name = gt->name;
-            t[i].n_dims = gt->n_dims;
-            memcpy(t[i].ne, gt->ne, sizeof t[i].ne);
-            t[i].bytes = gt->size;
-        }
-        struct plan_model_info mi = {.n_layers = n_layers + nextn, .n_embd = n_embd, .nextn_layers = nextn};
-        char key[96];
-        snprintf(key, sizeof key, "%s.expert_count", arch);
-        gguf_get_u32(g, key, &mi.n_expert);
-        snprintf(key, sizeof key, "%s.expert_used_count", arch);
-        gguf_get_u32(g, key, &mi.n_expert_used);
-        struct plan_shape shape = {.arch = arch};
+    struct plan_model pm;
+    struct plan_tensor *t = NULL;
+    struct plan_layer *layers = NULL;
+    int rc = kvctl__gguf_plan_model(g, arch, &pm, &t);
+    if (rc == 0 && !(layers = calloc(pm.n_blocks ? pm.n_blocks : 1, sizeof *layers)))
+        rc = -ENOMEM;
+    if (rc == 0) {
+        struct plan_shape shape;
         char err[KV_ERR_MAX];
-        rc = plan_shape_from_tensors(t, (size_t)nt, &mi, &shape, layers, err, sizeof err);
-        if (rc == 0) {
-            shape.n_layers = n_layers;
+        rc = plan_shape_of_model(&pm, &shape, layers, err, sizeof err);
+        if (rc == 0)
             rc = plan_even(&shape, n, first, last);
-        }
         if (rc < 0)
             fprintf(stderr, "kvctl ring up: planner: %s; splitting by layer bytes\n",
                     rc == -EINVAL ? err : strerror(-rc));
@@ -333,20 +320,16 @@ static int up_bind_api(struct up *u)
 }
 
 /* The model's shape from its GGUF header: architecture, the layers of the main pass, width,
- * trained context and name; *nextn gets its multi-token-prediction blocks. 0, or 1 (said). */
-static int up_model_shape(struct up *u, const struct gguf_file *g, uint32_t *nextn)
+ * trained context and name. 0, or 1 (said). */
+static int up_model_shape(struct up *u, const struct gguf_file *g)
 {
     const char *model = u->o.model;
     char key[96];
     int rc = gguf_get_str(g, "general.architecture", u->arch, sizeof u->arch);
-    if (rc == 0)
-        rc = gguf_block_count(g, &u->n_layers);
     /* Multi-token-prediction blocks (qwen35moe and others) are not part of the main pass:
      * the ring's layers are block_count - nextn_predict_layers (as model_open counts). */
-    *nextn = 0;
-    snprintf(key, sizeof key, "%s.nextn_predict_layers", u->arch);
-    if (rc == 0 && gguf_get_u32(g, key, nextn) == 0 && *nextn < u->n_layers)
-        u->n_layers -= *nextn;
+    if (rc == 0)
+        rc = gguf_main_layers(g, &u->n_layers);
     snprintf(key, sizeof key, "%s.embedding_length", u->arch);
     if (rc == 0)
         rc = gguf_get_u32(g, key, &u->n_embd);
@@ -425,14 +408,12 @@ static int up_model(struct up *u)
         fprintf(stderr, "kvctl ring up: %s\n", err);   /* err names the file */
         return 1;
     }
-    uint32_t nextn;
-    int rc = up_model_shape(u, g, &nextn);
+    int rc = up_model_shape(u, g);
     if (rc == 0) {
         /* The planner's even split for identical local processes (balanced by the work per
          * token, embedding and head included); the byte split is the fallback. */
         if (!o->split && (uint32_t)o->stages <= u->n_layers)
-            u->planned = plan_split(g, u->arch, u->n_layers, nextn, u->n_embd, (uint32_t)o->stages,
-                                    u->plan_first, u->plan_last) == 0;
+            u->planned = plan_split(g, u->arch, (uint32_t)o->stages, u->plan_first, u->plan_last) == 0;
         u->lbytes = layer_bytes(g, u->n_layers);
         rc = up_catalog(u, g);
     }
