@@ -45,6 +45,16 @@ int kvctl_parse_float(const char *opt, const char *s, float *out)
     return 0;
 }
 
+int kvctl_parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char err[KV_ERR_MAX];
+    if (util_parse_double(s, lo, hi, 0, out, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
+        return -1;
+    }
+    return 0;
+}
+
 /* A number in [lo, hi]; the message names the option and the range. */
 static int parse_float_in(const char *opt, const char *s, double lo, double hi, float *out)
 {

@@ -22,12 +22,13 @@ int kvctl_cmd_bench(int argc, char **argv);
 /* kvctl/tok.c */
 int kvctl_cmd_tokenize(int argc, char **argv);
 int kvctl_cmd_detokenize(int argc, char **argv);
-/* kvctl/ring.c */
+/* kvctl/ring.c, ring_up.c (ring up), ring_gen.c (generate --ring); their shared parts in
+ * kvctl/internal.h */
 int kvctl_cmd_ring(int argc, char **argv);
 int kvctl_cmd_status(int argc, char **argv);
 /* generate through a running ring (kvctl generate --ring ...). */
 int kvctl_ring_generate(int argc, char **argv);
-/* kvctl/plan.c */
+/* kvctl/plan.c, profile.c (both over shape.c) */
 int kvctl_cmd_plan(int argc, char **argv);
 int kvctl_cmd_profile(int argc, char **argv);
 /* kvctl/serve.c: the OpenAI-compatible API from one process */
@@ -49,6 +50,9 @@ int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out
 int kvctl_cl_option(const char *name, const char *val);
 /* A number for option opt: 0, or -EINVAL after a message on stderr. */
 int kvctl_parse_float(const char *opt, const char *s, float *out);
+/* A number in [lo, hi] for option opt of command cmd: 0, or -1 after "kvctl CMD: OPT <why>" on
+ * stderr. */
+int kvctl_parse_num(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
 /* "1,2,3" (commas or blanks) -> at most max token ids in *out (caller frees) and their count:
  * 0, -EINVAL after a message on stderr, or -ENOMEM. */
 int kvctl_parse_tokens(const char *s, uint32_t max, int32_t **out, uint32_t *n);

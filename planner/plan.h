@@ -155,9 +155,9 @@ int plan_device_choose(const struct plan_device *opt, size_t n, const struct pla
                        const struct plan_opts *opts, double *ms_model);
 
 /* ---- N local identical processes (for `kvctl ring up`, instead of an even split) ----
- * Build the shape from the model's tensor list with plan_shape_from_tensors (names, ne and
- * sizes from gguf_tensor_at; plan_model_info from the metadata; set shape.n_layers to
- * block_count - nextn_predict_layers, the blocks the runtime runs), then either:
+ * Build the shape from the model's tensor list with plan_shape_of_model (names, ne and
+ * sizes from gguf_tensor_at; the blocks and the main pass's from the metadata, so that
+ * shape.n_layers is block_count - nextn_predict_layers, the blocks the runtime runs), then either:
  *   - plan_even(shape, n, first, last): n non-empty windows balanced by work, or
  *   - plan_devices_local(devs, ids, n, mem_each, ms) + plan_make(..., &opts, ...) with
  *     opts.objective = PLAN_THROUGHPUT: windows that also respect each process's memory
@@ -200,6 +200,30 @@ struct plan_model_info {
 int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct plan_model_info *mi,
                             struct plan_shape *shape, struct plan_layer *layers,
                             char *err, size_t errlen);
+
+/* A model as a GGUF header, a catalog or a shape descriptor gives it (the caller fills it from
+ * its source; everything borrowed). Its trailing nextn_layers blocks are multi-token
+ * prediction (MTP) blocks: a GGUF's nextn_predict_layers (block_count - gguf_main_layers),
+ * which a catalog records as n_layers - n_main_layers and a descriptor gives as nextn_layers. */
+struct plan_model {
+    const char *name, *arch;      /* NULL name: none */
+    const struct plan_tensor *t;  /* [n_tensors] */
+    size_t n_tensors;
+    uint32_t n_blocks;            /* blk.N blocks, MTP blocks included */
+    uint32_t nextn_layers;        /* the trailing MTP blocks among them */
+    uint32_t n_embd;              /* 0: token_embd.weight's row length */
+    uint32_t n_expert, n_expert_used; /* 0 for dense models */
+    uint32_t kv_elem_bytes;       /* as plan_model_info */
+    uint32_t wire_elem_bytes;
+};
+
+/* The shape the planner plans for model m: plan_shape_from_tensors over every block, then the
+ * MTP blocks left out of the plan (the runtime never runs them: shape->n_layers is n_blocks -
+ * nextn_layers; their bytes stay in layers[] after the main blocks, with no work per token).
+ * layers is caller-owned (n_blocks entries); shape's name and arch point at m's. 0, or -EINVAL
+ * with err. */
+int plan_shape_of_model(const struct plan_model *m, struct plan_shape *shape, struct plan_layer *layers,
+                        char *err, size_t errlen);
 
 /* Hyperparameters of a model family, enough to derive its tensors (for a model whose file is
  * not at hand: the JSON shape descriptor of docs/planner.md). */

@@ -156,6 +156,22 @@ out:
     return rc;
 }
 
+int plan_shape_of_model(const struct plan_model *m, struct plan_shape *shape, struct plan_layer *layers,
+                        char *err, size_t errlen)
+{
+    if (!m) { util_seterr(err, errlen, "shape: missing argument"); return -EINVAL; }
+    struct plan_model_info mi = {.n_layers = m->n_blocks, .n_embd = m->n_embd, .n_expert = m->n_expert,
+                                 .n_expert_used = m->n_expert_used, .nextn_layers = m->nextn_layers,
+                                 .kv_elem_bytes = m->kv_elem_bytes, .wire_elem_bytes = m->wire_elem_bytes};
+    int rc = plan_shape_from_tensors(m->t, m->n_tensors, &mi, shape, layers, err, errlen);
+    if (rc)
+        return rc;
+    shape->n_layers = m->n_blocks - m->nextn_layers;   /* below n_blocks: checked above */
+    shape->name = m->name;
+    shape->arch = m->arch;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
  * Tensor lists from hyperparameters: the architecture table (model/arch.c) says which tensors
  * a file of the family holds and their shapes; here they get sizes. */

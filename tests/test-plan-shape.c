@@ -123,6 +123,33 @@ static int shape_122b(struct plan_shape *s, char *err, size_t errlen)
     return plan_shape_from_tensors(syn, n, &mi, s, layers, err, errlen);
 }
 
+/* The MTP rule: a model's trailing nextn_layers blocks keep their bytes in layers[] but are
+ * left out of the plan, as the runtime never runs them; all of them MTP blocks is refused. */
+T_CASE(mtp_blocks_left_out)
+{
+    struct plan_hparams h = {
+        .arch = "qwen35moe", .n_layers = 48, .nextn_layers = 1, .n_embd = 3072, .n_vocab = 248320,
+        .n_head = 32, .n_head_kv = 2, .head_dim = 256, .n_expert = 256, .n_expert_used = 8,
+        .n_ff_exp = 1024, .n_ff_shexp = 1024, .full_attention_interval = 4, .ssm_conv_kernel = 4,
+        .ssm_group_count = 16, .ssm_time_step_rank = 64, .ssm_state_size = 128, .bits_per_weight = 4.98,
+    };
+    char err[KV_ERR_MAX];
+    size_t n = 0;
+    T_ASSERT(plan_tensors_from_hparams(&h, syn, MAXT, names, &n, err, sizeof err) == 0, "synth: %s", err);
+    struct plan_model pm = {.name = "q", .arch = h.arch, .t = syn, .n_tensors = n, .n_blocks = 49,
+                            .nextn_layers = 1, .n_expert = 256, .n_expert_used = 8};
+    struct plan_shape s;
+    T_ASSERT(plan_shape_of_model(&pm, &s, layers, err, sizeof err) == 0, "shape: %s", err);
+    T_CHECK(s.n_layers == 48, "n_layers %u, want the 48 main blocks", s.n_layers);
+    T_CHECK(s.n_embd == 3072, "n_embd %u from token_embd", s.n_embd);
+    T_CHECK(s.arch == pm.arch && s.name == pm.name, "name and arch are the model's");
+    T_CHECK(layers[48].weight_bytes > 0 && layers[48].active_bytes == 0 && layers[48].macs == 0,
+            "the MTP block: bytes, no work");
+    T_CHECK(layers[47].active_bytes > 0, "the last main block works");
+    pm.nextn_layers = 49;
+    T_CHECK(plan_shape_of_model(&pm, &s, layers, err, sizeof err) == -EINVAL, "no main block");
+}
+
 #define GiB (1024.0 * 1024 * 1024)
 
 static size_t mixed_devices(struct plan_device *d, bool big)
@@ -249,5 +276,6 @@ int main(int argc, char **argv)
     t_init(argc, argv);
     T_RUN(gguf_shape_and_synthesis);
     T_RUN(qwen35_122b_example);
+    T_RUN(mtp_blocks_left_out);
     return T_DONE();
 }

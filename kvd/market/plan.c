@@ -27,21 +27,15 @@ static int shape_of(const struct gguf_catalog *c, struct plan_shape *shape, stru
         *layers = NULL;
         return -ENOMEM;
     }
-    uint32_t n_embd = 0;
     for (uint64_t i = 0; i < c->n_tensors; i++) {
         t[i].name = c->tensors[i].name;
         t[i].n_dims = c->tensors[i].n_dims;
         memcpy(t[i].ne, c->tensors[i].ne, sizeof t[i].ne);
         t[i].bytes = c->tensors[i].size;
-        if (!strcmp(c->tensors[i].name, "token_embd.weight"))
-            n_embd = (uint32_t)c->tensors[i].ne[0];
     }
-    struct plan_model_info mi = {.n_layers = c->n_layers, .n_embd = n_embd,
-                                 .nextn_layers = c->n_layers - c->n_main};
-    memset(shape, 0, sizeof *shape);
-    shape->arch = c->arch;
-    int rc = plan_shape_from_tensors(t, (size_t)c->n_tensors, &mi, shape, *layers, err, errlen);
-    shape->n_layers = c->n_main;
+    struct plan_model pm = {.arch = c->arch, .t = t, .n_tensors = (size_t)c->n_tensors,
+                            .n_blocks = c->n_layers, .nextn_layers = c->n_layers - c->n_main};
+    int rc = plan_shape_of_model(&pm, shape, *layers, err, errlen);
     free(t);
     if (rc) {
         free(*layers);
