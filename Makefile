@@ -227,7 +227,7 @@ setup-test:
 	@scripts/setup.sh --test
 
 # The builds take every CPU unless make was given -j itself; tests/run.sh runs the tests side
-# by side (TEST_JOBS, default the CPUs and one; docs/hacking.md).
+# by side (TEST_JOBS, default twice the CPUs; docs/hacking.md).
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
 JFLAG   = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 

@@ -14,11 +14,11 @@
 # Filters: TESTS="<substring> ..." runs only tests whose name contains one of them; CHECK=1
 # the C tests and the shell tests of tests/check.list (make check).
 #
-# Side by side: JOBS (-j, or TEST_JOBS; default the number of CPUs and one: most tests spend
-# about half their time waiting on their daemons) is a budget of weights. A test weighs 1 unless
-# its script says otherwise in a line "# test-weight: N" (the ones whose several daemons compute
-# at once), twice that in a sanitizer build (its code runs several times slower); the runner
-# starts tests while their weights fit in the budget, a test heavier than the budget alone.
+# Side by side: JOBS (-j, or TEST_JOBS; default twice the CPUs: most tests spend most of
+# their time waiting on their daemons, and at the CPUs and one the load stayed near one CPU) is
+# a budget of weights. A test weighs 1 unless its script says otherwise in a line
+# "# test-weight: N" (the ones whose several daemons compute at once); the runner starts
+# tests while their weights fit in the budget, a test heavier than the budget alone.
 # The longest tests start first: each run writes every test's duration into
 # BUILD/test-logs/times and the next run orders by it (a test not timed there yet counts 20 s
 # as a script, 3 s as a C test, four times that under a sanitizer).
@@ -42,7 +42,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 export KV_TESTDATA=${KV_TESTDATA:-$ROOT/../shared/testdata}
 TIMEOUT=${TEST_TIMEOUT:-900}
-JOBS=${TEST_JOBS:-$(( $(nproc 2>/dev/null || echo 2) + 1 ))}
+JOBS=${TEST_JOBS:-$(( $(nproc 2>/dev/null || echo 2) * 2 ))}
 while [ $# -gt 0 ]; do
     case $1 in
     -j) JOBS=$2; shift 2 ;;
@@ -84,7 +84,6 @@ for B in "$@"; do
             w=1
         fi
         w=${w:-1}
-        [ "$(basename "$B")" = asan ] && w=$((w * 2))
         [ "$w" -gt "$JOBS" ] && w=$JOBS
         s=$(awk -v n="$name" '$1 == n { print $2 }' "$times" 2>/dev/null | tail -n 1)
         if [ -z "$s" ]; then   # not run here yet: shell tests take longer, sanitizers ~4x
