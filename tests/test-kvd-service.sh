@@ -4,7 +4,8 @@
 # docs; the unit passes `systemd-analyze verify` and `systemd-analyze security` rates it OK or
 # better; kvd is started with the unit's own ExecStart line (paths pointed at this build),
 # with a stand-in notification socket and the journal's stream variable set as systemd sets
-# them: it says READY=1 with its rank, logs without timestamps of its own (syslog priority
+# them, and its listening socket handed over as a kvd.socket unit would: it serves on that
+# socket, says READY=1 with its rank, logs without timestamps of its own (syslog priority
 # prefixes), reloads its config on SIGHUP (log level at once, other changes named, a broken
 # file keeps the running settings), and on SIGTERM says STOPPING=1 and exits 0. Started from
 # a terminal (a shell or adb session), SIGHUP is a hang-up: a clean stop. The config file's
@@ -42,8 +43,10 @@ level=$(sed -n 's/.*Overall exposure level for kvd.service: \([0-9.]*\) \([A-Z]*
 echo "     systemd-analyze security: $level"
 check "systemd-analyze security rates the unit OK or better" 'case "${level#* }" in PERFECT|SAFE|OK) true ;; *) false ;; esac'
 
-# 3. kvd from the unit's ExecStart, as systemd would start it
-# every device pinned by its node key (b and c run no kvd here: keys of their own state dirs)
+# 3. kvd from the unit's ExecStart, as systemd would start it, its listening socket handed
+# over as a kvd.socket unit would (LISTEN_FDS; tests/listen.py binds it first)
+# every device pinned by its node key (b and c run no kvd here: keys of their own state dirs,
+# endpoints nobody listens on)
 for d in a b c; do
     mkdir -p "$T/node-$d"
     eval "KEY_$d=\$("$B/kvd" stage --print-key --state-dir "$T/node-$d")"
@@ -54,9 +57,12 @@ cat > "$T/devs.json" <<JSON
  {"id":"b","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)","node":"$KEY_b"},
  {"id":"c","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$(free_port)","node":"$KEY_c"}]}
 JSON
-"$K" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 1 --headroom 0 -o "$T/state/ring.json" > /dev/null 2>&1 ||
-    die "plan failed"
-dev0=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][0]["device"])' "$T/state/ring.json")
+plan() {
+    "$K" plan --model "$M" --devices "$T/devs.json" --ctx 256 --sessions 1 --headroom 0 -o "$T/state/ring.json" > /dev/null 2>&1 ||
+        die "plan failed"
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"][0]["device"])' "$T/state/ring.json"
+}
+dev0=$(plan)   # which device the plan makes rank 0
 cp "$T/node-$dev0/node.key" "$T/state/"   # rank 0 runs as the device planned for it
 cat > "$T/etc/kvd/kvd.conf" <<CONF
 # a stage of a planned ring
@@ -74,13 +80,26 @@ wait_for 10 grep -qs listening "$T/notify.txt" || die "notification listener did
 # stderr is the "journal": JOURNAL_STREAM names its device and inode
 : > "$T/journal.log"
 js=$(stat -c '%d:%i' "$T/journal.log")
-# setsid: no controlling terminal, as under systemd
+# setsid: no controlling terminal, as under systemd; it starts once the plan names its port
 # shellcheck disable=SC2086
-NOTIFY_SOCKET="$T/notify.sock" JOURNAL_STREAM="$js" setsid $exec_start >> "$T/journal.log" 2>&1 &
+"$LISTEN" --wait "$T/go" "$T/rank0.port" 0 -- \
+    env NOTIFY_SOCKET="$T/notify.sock" JOURNAL_STREAM="$js" setsid $exec_start >> "$T/journal.log" 2>&1 &
 kpid=$!
 pids="$pids $kpid"
+P0=$(port_of "$T/rank0.port") || die "the socket's launcher failed"
+python3 - "$T/devs.json" "$dev0" "$P0" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for x in d["devices"]:
+    if x["id"] == sys.argv[2]:
+        x["endpoint"] = "tcp://127.0.0.1:" + sys.argv[3]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+[ "$(plan)" = "$dev0" ] || die "the plan moved rank 0 when its port changed"
+touch "$T/go"
 wait_for 20 grep -qs "STATUS=rank 0 of 3" "$T/notify.txt"   # READY=1 comes first, in the same datagram
 check "READY=1 once the stage listens, with its rank in STATUS" 'grep -q "READY=1" "$T/notify.txt" && grep -q "STATUS=rank 0 of 3" "$T/notify.txt"'
+check "it serves on the socket handed over (port $P0, LISTEN_FDS)" 'grep -q "listening on 127.0.0.1:$P0 (port $P0)" "$T/journal.log"'
 check "journal lines: syslog priority, no timestamp of its own" 'grep -q "^<6>INFO" "$T/journal.log" && ! grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T" "$T/journal.log"'
 # reload: the log level at once, another change named as waiting for a restart
 sed -i 's/^log-level = info/log-level = debug/; s/^rank = 0/rank = 0\nidle-timeout = 60/' "$T/etc/kvd/kvd.conf"
