@@ -26,7 +26,12 @@ p = json.load(open(sys.argv[1])); p["devices"][0]["mem_bytes"] = 1000000
 json.dump(p, open(sys.argv[1], "w"))
 EOF
 }
-RP=$(free_port)
+# the malicious relay's socket bound first (tests/listen.py --wait): the plan names its port,
+# then the relay starts with the planned manifest
+"$LISTEN" --wait "$T/go-relay" "$T/relay.port" 0 -- $ATTACK mitm "{PORT}" "$T/ring.json" > "$T/mitm.out" 2>&1 &
+APID=$!
+at_exit "kill $APID 2>/dev/null"
+RP=$(port_of "$T/relay.port") || die "the malicious relay's launcher failed: $(cat "$T/mitm.out")"
 profile host-a "tcp://127.0.0.1:$(free_port)" --state-dir "$T/host-a"
 profile host-b "tcp://127.0.0.1:$(free_port)" --state-dir "$T/host-b" --no-inbound
 "$KVCTL" plan --model "$M" --devices "$T/host-a.json" --devices "$T/host-b.json" --ctx 256 --sessions 1 \
@@ -57,10 +62,8 @@ start_ring() {
 stop_all() { kill $PIDS 2>/dev/null; wait $PIDS 2>/dev/null; PIDS=""; }
 
 # ---- pinned: the relay is refused by both stages ----
-$ATTACK mitm "$RP" "$T/ring.json" > "$T/mitm.out" 2>&1 &
-APID=$!
-at_exit "kill $APID 2>/dev/null"
-wait_port "$RP" 5 || die "the malicious relay does not listen: $(cat "$T/mitm.out")"
+touch "$T/go-relay"
+wait_for 10 grep -q "^relay key " "$T/mitm.out" || die "the malicious relay did not start: $(cat "$T/mitm.out")"
 RKEY=$(sed -n 's/^relay key //p' "$T/mitm.out")
 [ ${#RKEY} -eq 64 ] || die "no relay key: $(cat "$T/mitm.out")"
 t0=$(date +%s.%N)
