@@ -74,9 +74,6 @@ int kvctl__mkdir_p(const char *dir);
 /* The kvd binary to start into out: $KVD_BIN when set, else the kvd next to this kvctl. 0, or
  * -ENOENT when it is not executable (out holds the path looked at), or -errno. */
 int kvctl__kvd_path(char *out, size_t n);
-/* A close-on-exec socket listening at host (numeric; "": any IPv4 address) and port (0: a free
- * one), its port in *got: the fd, or a negative errno. */
-int kvctl__listen_socket(const char *host, int port, int *got);
 /* In a forked child before exec: fds[0..n) (n <= 2) become fds 3.. with LISTEN_FDS/LISTEN_PID
  * set, as systemd hands listening sockets over. */
 void kvctl__hand_over(const int *fds, int n);

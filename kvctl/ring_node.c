@@ -62,37 +62,6 @@ int kvctl__kvd_path(char *out, size_t n)
     return access(out, X_OK) == 0 ? 0 : -ENOENT;
 }
 
-/* A socket listening at host (numeric; "" = any IPv4 address) and port (0: a free one), its
- * port in *got: the fd (close-on-exec; the stage it is for gets it as systemd's socket
- * activation hands one over, LISTEN_FDS, net/listen.c), or a negative errno. Bound here and
- * handed over, a stage's port cannot be taken by another program between choosing and
- * binding it. */
-int kvctl__listen_socket(const char *host, int port, int *got)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
-                    *ai = NULL;
-    char ps[8];
-    snprintf(ps, sizeof ps, "%d", port);
-    if (getaddrinfo(*host ? host : "0.0.0.0", ps, &hints, &ai) != 0 || !ai)
-        return -EINVAL;
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
-        getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
-        e = -errno;
-    freeaddrinfo(ai);
-    if (e) {
-        if (fd >= 0)
-            close(fd);
-        return e;
-    }
-    *got = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
-}
-
 /* In a forked child before exec: fds[0..n) become fds 3.. with LISTEN_FDS/LISTEN_PID set, as
  * systemd hands listening sockets over (moved above 3 first, so none overwrites another). */
 void kvctl__hand_over(const int *fds, int n)

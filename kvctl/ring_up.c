@@ -301,15 +301,8 @@ static int up_bind_api(struct up *u)
     const char *colon = api ? strrchr(api, ':') : NULL;
     if (!colon || strcmp(colon, ":0") != 0)
         return 0;
-    char host[128];
     int port = 0;
-    snprintf(host, sizeof host, "%.*s", (int)(colon - api), api);
-    size_t hl = strlen(host);
-    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = 0;
-    }
-    u->api_fd = kvctl__listen_socket(host, 0, &port);
+    u->api_fd = net_listen_fd(api, &port);
     if (u->api_fd < 0) {
         fprintf(stderr, "kvctl ring up: --api %s: %s\n", api, strerror(-u->api_fd));
         return 1;
@@ -549,7 +542,9 @@ static int up_listen(struct up *u, uint32_t k, const char *what, uint32_t i, cha
 {
     long base = u->o.base_port;
     int port = 0;
-    int fd = kvctl__listen_socket("127.0.0.1", base ? (int)base + (int)k : 0, &port);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%ld", base ? base + (long)k : 0L);
+    int fd = net_listen_fd(addr, &port);
     if (fd < 0) {
         fprintf(stderr, "kvctl ring up: %s %u: listening on 127.0.0.1:%ld: %s\n", what, i,
                 base ? base + (long)k : 0L, strerror(-fd));

@@ -4,9 +4,12 @@
  * after the transport reports every handle closed (libuv close callbacks). */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "net/internal.h"
 #include "net/net.h"
@@ -428,6 +431,28 @@ int net__listen_addr(const char *addr, struct sockaddr_storage *ss, const char *
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     return 0;
+}
+
+int net_listen_fd(const char *addr, int *port)
+{
+    struct sockaddr_storage ss;
+    const char *why;
+    if (net__listen_addr(addr, &ss, &why) < 0)
+        return -EINVAL;
+    socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return -errno;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                           : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
 }
 
 bool net_listen_addr_is_loopback(const char *addr)

@@ -313,6 +313,10 @@ void net_link_tp_error(struct net_link *l, const char *reason);
  * Read once, on the first listen or here: call it first thing in a program that forks children
  * that listen (LISTEN_PID names the process that was started, not its children). */
 void net_listen_inherit(void);
+/* A TCP socket listening at addr ("host:port", "[v6]:port"; port 0: a free one), close-on-exec,
+ * made to be handed to a child that listens there (LISTEN_FDS): the fd with its port in *port,
+ * or a negative errno (-EINVAL: not an address). */
+int net_listen_fd(const char *addr, int *port);
 
 /* TCP listener: every accepted stream becomes a link with cbs (ud given to each). */
 struct net_listener;
