@@ -7,9 +7,9 @@ node key: they know what ring.json says, and what passes through them.
       handshake frames as they are and then parses the sealed records (u32 length + body).
       MODE pass forwards everything; flip / drop / replay / reorder act once, on the N-th
       (default 1st) record of 100 bytes or more sent by the dialer (an OPEN or an ACT): flip a
-      byte of it, drop it, send it twice, or swap it with the next such record. --record FILE
-      appends the body of every record it forwarded, both ways (the plaintext length prefixes
-      left out), for a test to search. Runs until killed; prints one line per action.
+      byte of it, drop it, send it twice, or swap it with the next record the dialer sends.
+      --record FILE appends the body of every record it forwarded, both ways (the plaintext
+      length prefixes left out), for a test to search. Runs until killed; prints one line per action.
 
   reflect R0_HOST:PORT R1_HOST:PORT SECONDS
       The takeover of a restarted rank 1 in a 2-stage ring: connect to rank 1 as its
@@ -119,16 +119,16 @@ class Tamper:
             if self.rec is not None and kind == "record":
                 self.rec.write(body)
                 self.rec.flush()
+            if kind == "record" and upstream and d.held is not None:
+                # reorder: the next record, whatever its size, first, then the held one
+                out += unit + d.held
+                d.held = None
+                print("reordered two records", flush=True)
+                continue
             if kind != "record" or not upstream or self.mode == "pass" or self.done or len(unit) < 100:
                 out += unit
                 continue
             d.big += 1
-            if d.held is not None:        # reorder: the next one first, then the held one
-                out += unit + d.held
-                d.held = None
-                self.done = True
-                print("reordered two records", flush=True)
-                continue
             if d.big < self.nth:
                 out += unit
                 continue
@@ -146,7 +146,10 @@ class Tamper:
                 self.done = True
                 print("replayed a record", flush=True)
             elif self.mode == "reorder":
+                # done now: if this link closes before another record comes, the held one is
+                # simply lost, and the next link is left alone ("act once").
                 d.held = unit
+                self.done = True
             else:
                 out += unit
         return out
