@@ -437,7 +437,7 @@ static int params_parse(struct api_server *s, const cJSON *q, bool chat, struct 
     if (dr) {
         if ((p->draft = model_draft_mode(cJSON_GetStringValue(dr))) < 0) {
             *bad = "draft";
-            snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
+            snprintf(msg, n, "draft: expected \"lookup\", \"mtp\", \"auto\" or \"none\"");
             return -EINVAL;
         }
     }

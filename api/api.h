@@ -30,8 +30,9 @@ struct api_gen_req {
     uint32_t n_stops;
     bool logits;                 /* every token comes with its position's raw logits */
     bool ignore_eos;             /* end-of-text tokens do not end it (llama.cpp's extension) */
-    int draft;                   /* "draft": -1 not said (the server's default), 0 "none",
-                                  * 1 "lookup" (prompt-lookup drafts: several tokens a pass) */
+    int draft;                   /* "draft": -1 not said (the server's default), else an enum
+                                  * model_draft: "none", "lookup" (prompt-lookup drafts), "mtp"
+                                  * (the model's MTP block), "auto" */
     uint32_t draft_max;          /* "draft_max": drafts a pass verifies, 1..MODEL_DRAFT_MAX;
                                   * 0 not said */
     const char *api_key;         /* the Bearer key the request was let in with, or NULL (no

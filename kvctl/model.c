@@ -65,6 +65,7 @@ struct runner {
     uint32_t n_ctx, max_batch;
     float *x;        /* [max_batch][n_embd] */
     float *logits;   /* [max_batch][n_vocab] */
+    bool mtp;        /* drafting with the MTP block: a prompt feeds it as it runs */
 };
 
 static void runner_free(struct runner *r)
@@ -130,6 +131,10 @@ static int runner_feed(struct runner *r, uint32_t pos, const int32_t *tokens, ui
         if ((rc = model_embed(r->e, tokens + done, nb, r->x)) < 0)
             return rc;
         if ((rc = model_window_run(r->e, 1, pos + done, nb, r->x)) < 0)
+            return rc;
+        /* the MTP block's entries of a prompt's rows (tokens is the prompt, from 0) */
+        if (r->mtp && pos == 0 &&
+            (rc = model_mtp_draft(r->e, 1, done, nb, r->x, tokens, n, 0, NULL, NULL)) < 0)
             return rc;
         if (all_logits) {
             float *dst = all_logits + (size_t)done * r->hp->n_vocab;
@@ -205,8 +210,10 @@ static void generate_usage(FILE *f)
         "  --ids              print token ids instead of text\n"
         "  --stop S           stop when the generated text contains S (repeatable)\n"
         "  --dump-logits FILE write the last sampled position's logits (raw f32) to FILE\n"
-        "  --draft lookup|none  speculative decoding with prompt-lookup drafts (default none):\n"
-        "                     the same tokens, fewer passes where the text repeats itself\n"
+        "  --draft MODE       speculative decoding (default none): lookup (prompt-lookup drafts,\n"
+        "                     any model), mtp (the model's MTP block: Qwen3.5), auto (mtp where\n"
+        "                     the model has the block, else lookup), none: the same tokens in\n"
+        "                     fewer passes when drafts are accepted\n"
         "  --draft-max K      drafts verified per pass, 1..14 (default 8)\n"
         "Streams the generated text to stdout; prompt and generation speed go to stderr.\n"
         "Through a running ring: kvctl generate --ring DIR|ring.json|unix:SOCKET ... (the same\n"
@@ -301,7 +308,8 @@ int kvctl_cmd_generate(int argc, char **argv)
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops = 0;
     long n_gen = 64, threads = 0, ctx = 0, draft_max = 8;
-    bool ignore_eos = false, print_ids = false, draft = false;
+    bool ignore_eos = false, print_ids = false;
+    int dmode = MODEL_DRAFT_NONE;
     struct model_sampler_params sp;
     model_sampler_params_default(&sp);
     int c;
@@ -320,11 +328,10 @@ int kvctl_cmd_generate(int argc, char **argv)
         case OPT_STOP: rc = kvctl_stop_add(optarg, stops, MODEL_GEN_MAX_STOPS, &n_stops); break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_DRAFT:
-            if (model_draft_mode(optarg) < 0) {
-                fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
+            if ((dmode = model_draft_mode(optarg)) < 0) {
+                fprintf(stderr, "kvctl generate: --draft '%s': lookup, mtp, auto or none\n", optarg);
                 return 2;
             }
-            draft = model_draft_mode(optarg) == 1;
             break;
         case OPT_DRAFT_MAX: rc = kvctl_parse_long("--draft-max", optarg, 1, MODEL_DRAFT_MAX, &draft_max); break;
         case OPT_DEVICE: device = optarg; break;
@@ -365,6 +372,16 @@ int kvctl_cmd_generate(int argc, char **argv)
     float *last_logits = NULL, *dlogits = NULL;
     if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, device, "generate") < 0)
         return 1;
+    if (dmode == MODEL_DRAFT_AUTO)
+        dmode = model_has_mtp(r.m) ? MODEL_DRAFT_MTP : MODEL_DRAFT_LOOKUP;
+    if (dmode == MODEL_DRAFT_MTP && !model_has_mtp(r.m)) {
+        fprintf(stderr, "kvctl generate: --draft mtp: %s has no MTP block (%s.nextn_predict_layers)\n",
+                path, r.hp->arch);
+        runner_free(&r);
+        return 2;
+    }
+    bool draft = dmode != MODEL_DRAFT_NONE;
+    r.mtp = dmode == MODEL_DRAFT_MTP;
     char err[KV_ERR_MAX];
     int rc = model_vocab_load(&voc, model_get_gguf(r.m), err, sizeof err);
     if (rc < 0 && (prompt || !print_ids)) {
@@ -436,6 +453,10 @@ int kvctl_cmd_generate(int argc, char **argv)
     uint64_t n_passes = 0, n_proposed = 0, n_accepted = 0, n_recomputed = 0;
     int32_t next = -1;   /* a token drawn at a rejected draft's row: fed without drawing again */
     float *lg = r.logits;
+    /* the rows of the last pass whose tokens stand (r.x), which the MTP block reads next:
+     * after the prompt its last row */
+    uint32_t xpos = n_prompt - 1, xn = 1;
+    const float *xrows = r.x + (size_t)((n_prompt - 1) % r.max_batch) * r.hp->n_embd;
     while (model_gen_reason(gen) == MODEL_GEN_RUNNING) {
         int32_t tok = next;
         if (tok < 0) {
@@ -445,14 +466,24 @@ int kvctl_cmd_generate(int argc, char **argv)
                 break;
         }
         next = -1;
-        /* drafts: what followed the last n-gram before, no further than the context and -n */
+        /* drafts: what followed the last n-gram before, or the MTP block's guesses after the
+         * rows that stand, no further than the context and -n */
         uint32_t nd = 0;
         if (draft) {
             uint32_t nh;
             const int32_t *h = model_gen_history(gen, &nh);
             uint32_t room = r.n_ctx - 1 - pos, left = (uint32_t)n_gen - model_gen_n_gen(gen);
             uint32_t k = (uint32_t)draft_max < room ? (uint32_t)draft_max : room;
-            nd = model_draft_lookup(h, nh, k < left ? k : left, drafts + 1);
+            k = k < left ? k : left;
+            if (!r.mtp) {
+                nd = model_draft_lookup(h, nh, k, drafts + 1);
+            } else if ((rc = model_mtp_draft(r.e, 1, xpos, xn, xrows, h, nh, k, drafts + 1,
+                                             NULL)) < 0) {
+                fprintf(stderr, "kvctl generate: MTP drafts: %s\n", strerror(-rc));
+                goto out;
+            } else {
+                nd = (uint32_t)rc;
+            }
         }
         drafts[0] = tok;
         n_passes++;
@@ -468,6 +499,9 @@ int kvctl_cmd_generate(int argc, char **argv)
         }
         pos++;
         lg = r.logits;
+        xpos = pos0;
+        xn = nd + 1;
+        xrows = r.x;
         for (uint32_t i = 0; i < nd; i++) {   /* row i: the distribution after drafts[0..i] */
             int32_t t = draw(gen, smp, dlogits + (size_t)i * r.hp->n_vocab, r.hp->n_vocab,
                              last_logits, &dumped);
@@ -477,6 +511,7 @@ int kvctl_cmd_generate(int argc, char **argv)
                 goto done;
             if (t != drafts[i + 1]) {   /* rejected: t goes in at drafts[i + 1]'s position */
                 next = t;
+                xn = i + 1;
                 /* the recurrent state ran past it: back to before the pass, and the rows
                  * kept (the token and i accepted drafts) again */
                 if (ckpt && ((rc = model_session_restore(r.e, 1)) < 0 ||

@@ -86,8 +86,10 @@ static void gen_usage(FILE *f)
         "  --stop S            stop when the text contains S (repeatable)\n"
         "  --client-key KEY    a market ring: the paying client the session is for (kvctl market\n"
         "                      client add), so the ring is credited for it\n"
-        "  --draft lookup|none  prompt-lookup drafts: several tokens a ring pass, the same text\n"
-        "                      (default: rank 0's kvd stage --draft, none unless set)\n"
+        "  --draft MODE        several tokens a ring pass, the same text: lookup (prompt-lookup\n"
+        "                      drafts), mtp (the model's MTP block, on the last rank), auto (mtp\n"
+        "                      where the last rank has it, else lookup) or none (default: rank\n"
+        "                      0's kvd stage --draft, none unless set)\n"
         "  --draft-max K       drafts a pass verifies, 1..14 (default: rank 0's, 8)\n");
 }
 
@@ -133,7 +135,7 @@ int kvctl_ring_generate(int argc, char **argv)
         case O_CKEY: ckey = optarg; break;
         case O_DRAFT:
             if (model_draft_mode(optarg) < 0) {
-                fprintf(stderr, "kvctl generate: --draft '%s': lookup or none\n", optarg);
+                fprintf(stderr, "kvctl generate: --draft '%s': lookup, mtp, auto or none\n", optarg);
                 rc = -EINVAL;
             }
             draft = optarg;

@@ -90,8 +90,9 @@ struct kvd_stage_opts {
     uint32_t chunk;             /* prefill chunk (tokens); 0: max_batch */
     uint32_t batch_wait_us;     /* a step waits this long for other sessions' to batch with */
     /* rank 0: the sessions' drafting when a request does not say (docs/ring.md, "Drafting"):
-     * prompt-lookup drafts on or off, and how many a pass verifies (0: KVD_DRAFT_MAX_DEFAULT) */
-    bool draft;
+     * an enum model_draft (none, lookup, mtp, auto), and how many a pass verifies (0:
+     * KVD_DRAFT_MAX_DEFAULT) */
+    int draft;
     uint32_t draft_max;
     const char *backend;        /* a compute backend's name (kvd/stage's table); NULL: the model */
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */

@@ -102,15 +102,13 @@ const struct model_tensor_desc model_tensors_output[] = {
     END,
 };
 
-/* Multi-token prediction combines the embedding and the hidden state; never run here, so
- * never bound (field 0). */
-#define N(nm, nd, d0, d1, fm, fl) \
-    {nm, nd, {MODEL_DIM_##d0, MODEL_DIM_##d1, MODEL_DIM_ONE}, MODEL_FORM_##fm, fl, 0}
+/* Multi-token prediction: what an MTP block holds beside a full-attention block's tensors
+ * (the embedding and the hidden state combined, the norm before the shared head). */
 const struct model_tensor_desc model_tensors_nextn[] = {
-    N("nextn.eh_proj.weight", 2, EMBD2, EMBD, MAT, 0),
-    N("nextn.enorm.weight", 1, EMBD, ONE, VEC, F32),
-    N("nextn.hnorm.weight", 1, EMBD, ONE, VEC, F32),
-    N("nextn.shared_head_norm.weight", 1, EMBD, ONE, VEC, F32),
+    T("nextn.eh_proj.weight", 2, EMBD2, EMBD, ONE, MAT, 0, eh_proj),
+    T("nextn.enorm.weight", 1, EMBD, ONE, ONE, VEC, F32, enorm),
+    T("nextn.hnorm.weight", 1, EMBD, ONE, ONE, VEC, F32, hnorm),
+    T("nextn.shared_head_norm.weight", 1, EMBD, ONE, ONE, VEC, F32, head_norm),
     END,
 };
 

@@ -27,7 +27,8 @@
 struct model_session {
     uint64_t id;
     uint32_t n_past;        /* positions 0..n_past-1 have been run */
-    struct kern_buf *k, *v; /* F16 [n_attn][n_ctx][kv_dim] */
+    uint32_t mtp_past;      /* MTP block: its entries 0..mtp_past-1 hold (model_mtp_draft) */
+    struct kern_buf *k, *v; /* F16 [n_attn (+1: the MTP block's, last)][n_ctx][kv_dim] */
     struct kern_buf *conv;  /* F32 [n_rec][conv_kernel-1][conv_dim]: previous pre-conv rows */
     struct kern_buf *ssm;   /* F32 [n_rec][dt_rank][d_state][d_state]: S per value head */
     uint8_t *ckpt;          /* host copy of conv then ssm at n_past ckpt_pos (drafting) */
@@ -46,6 +47,9 @@ struct model_state {
     struct kern_buf *proj;  /* [B][n_embd] output projection before the residual add */
     struct kern_buf *rope_cs, *rope_sn; /* [B][n_rot/2] RoPE cos/sin of the batch's positions */
     struct kern_buf *tok;   /* [B] int32 token ids of an embedding */
+    /* multi-token prediction */
+    struct kern_buf *mcat;  /* [B][2 n_embd] [enorm(embedding) | hnorm(hidden)] */
+    struct kern_buf *mx;    /* [B][n_embd] the MTP block's rows */
     /* gated attention (qwen35*) */
     struct kern_buf *qg;    /* [B][2 q_dim] per head [q | gate] */
     struct kern_buf *gate;  /* [B][q_dim] */
@@ -91,6 +95,7 @@ struct model_exec {
     uint32_t n_ctx, max_batch;
     size_t kv_layer;                 /* elements of one layer's K (or V) cache: n_ctx*kv_dim */
     uint32_t n_attn, n_rec;          /* full-attention and recurrent layers of the window */
+    uint32_t n_kv;                   /* K/V slots of a session: n_attn, + 1 with the MTP block */
     uint32_t *slot;                  /* [window layers]: index among its kind */
     uint32_t conv_dim;               /* 2 n_group d_state + d_inner */
     size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
@@ -101,6 +106,8 @@ struct model_exec {
     struct kern_buf *io_logits;      /* boundary: [B][n_vocab] logits out (last rank) */
     struct model_state s;
     struct model_seg *seg;           /* [max_batch]: the sessions of the batch being run */
+    float *h_rows;                   /* MTP: host [B][n_embd] hidden rows of a call */
+    float *h_logits;                 /* MTP: host [n_vocab] a draft's logits */
     struct model_session **sess;     /* n_sess of cap_sess */
     uint32_t n_sess, cap_sess;
 };
@@ -177,6 +184,18 @@ static void grow(size_t *need, size_t bytes)
         &(L)->up_shexp, &(L)->down_shexp, &(L)->gate_inp_shexp,                                  \
     }
 
+/* The window's blocks and, last, its MTP block: what the executor holds weights and scratch
+ * for (block_at(m, i), i < n_blocks(m)). */
+static uint32_t n_blocks(const struct model *m)
+{
+    return m->last - m->first + (m->has_mtp ? 1u : 0u);
+}
+
+static const struct model_layer *block_at(const struct model *m, uint32_t i)
+{
+    return i < m->last - m->first ? &m->layers[i] : &m->mtp;
+}
+
 /* n matrices like w, back to back from w's data, as what fills their weight buffer, which
  * only matmuls read: the device may keep it in a layout of its own (docs/devices.md). */
 static int weight_use(struct model_exec *e, const struct model_mat *w, uint32_t n)
@@ -195,8 +214,8 @@ static int weights_use(struct model_exec *e)
 {
     const struct model *m = e->m;
     int rc = 0;
-    for (uint32_t l = 0; rc == 0 && l < m->last - m->first; l++) {
-        const struct model_layer *L = &m->layers[l];
+    for (uint32_t l = 0; rc == 0 && l < n_blocks(m); l++) {
+        const struct model_layer *L = block_at(m, l);
         const struct model_mat *mats[] = LAYER_MATS(L);
         const struct model_exps *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
         for (size_t i = 0; rc == 0 && i < sizeof mats / sizeof mats[0]; i++) {
@@ -211,6 +230,8 @@ static int weights_use(struct model_exec *e)
     }
     if (rc == 0 && m->has_head && m->output.data)
         rc = weight_use(e, &m->output, 1);
+    if (rc == 0 && m->has_mtp)
+        rc = weight_use(e, &m->mtp.eh_proj, 1);
     return rc;
 }
 
@@ -222,15 +243,17 @@ static int reserve_scratch(struct model_exec *e)
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     size_t B = e->max_batch, need = 0;
-    for (uint32_t l = 0; l < m->last - m->first; l++) {
-        const struct model_layer *L = &m->layers[l];
+    for (uint32_t l = 0; l < n_blocks(m); l++) {
+        const struct model_layer *L = block_at(m, l);
         const struct model_mat *mats[] = LAYER_MATS(L);
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             grow(&need, mat_scratch(e, mats[i], B));
     }
     if (m->has_head)
         grow(&need, mat_scratch(e, &m->output, B));
-    if (e->n_attn)
+    if (m->has_mtp)
+        grow(&need, mat_scratch(e, &m->mtp.eh_proj, B));
+    if (e->n_kv)
         grow(&need, kern_dev_attention_scratch(e->dev, e->n_ctx, (int)hp->head_dim));
     if (e->n_rec)
         grow(&need, kern_dev_deltanet_scratch(e->dev, (int)hp->ssm_d_state));
@@ -347,11 +370,12 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
     e->slot = xcalloc(nl, sizeof *e->slot, &rc);
     if (rc < 0)
         goto fail;
-    bool gated = false;
+    bool gated = m->has_mtp && m->mtp.attn_gated;
     for (uint32_t l = 0; l < nl; l++) {
         e->slot[l] = m->layers[l].recurrent ? e->n_rec++ : e->n_attn++;
         gated |= m->layers[l].attn_gated;
     }
+    e->n_kv = e->n_attn + (m->has_mtp ? 1u : 0u);
     e->kv_layer = (size_t)n_ctx * kv_dim;
     e->conv_dim = 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
     size_t K1 = hp->ssm_conv_kernel ? hp->ssm_conv_kernel - 1 : 0;
@@ -375,9 +399,15 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
     s->hb = xbuf(e, KERN_BUF_ACT, B * F, &rc);
     s->hb2 = xbuf(e, KERN_BUF_ACT, B * F, &rc);
     s->proj = xbuf(e, KERN_BUF_ACT, B * E, &rc);
-    if (m->has_embed)
+    if (m->has_embed || m->has_mtp)
         s->tok = xbuf(e, KERN_BUF_ACT, B, &rc);
-    if (e->n_attn) {
+    if (m->has_mtp) {
+        s->mcat = xbuf(e, KERN_BUF_ACT, B * 2 * E, &rc);
+        s->mx = xbuf(e, KERN_BUF_ACT, B * E, &rc);
+        e->h_rows = xcalloc(B * E, sizeof(float), &rc);
+        e->h_logits = xcalloc(hp->n_vocab, sizeof(float), &rc);
+    }
+    if (e->n_kv) {
         s->rope_cs = xbuf(e, KERN_BUF_ACT, B * (hp->n_rot / 2), &rc);
         s->rope_sn = xbuf(e, KERN_BUF_ACT, B * (hp->n_rot / 2), &rc);
     }
@@ -450,7 +480,7 @@ void model_exec_free(struct model_exec *e)
     struct model_state *s = &e->s;
     struct kern_buf *bufs[] = {
         s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->proj, s->rope_cs, s->rope_sn,
-        s->tok, s->qg, s->gate, s->mixed, s->conv_out, s->z, s->beta, s->alpha, s->lin_o,
+        s->tok, s->mcat, s->mx, s->qg, s->gate, s->mixed, s->conv_out, s->z, s->beta, s->alpha, s->lin_o,
         s->router, s->sel, s->selw, s->ex_tok, s->ex_w, s->xe, s->ye, s->shg, e->io_x,
         e->io_logits,
     };
@@ -461,6 +491,8 @@ void model_exec_free(struct model_exec *e)
     free(s->h_ex_off);
     free(s->h_ex_tok);
     free(s->h_ex_w);
+    free(e->h_rows);
+    free(e->h_logits);
     for (uint32_t i = 0; i < e->n_w; i++)
         kern_buf_free(e->w[i].b);
     free(e->w);
@@ -496,7 +528,7 @@ int model_session_new(struct model_exec *e, uint64_t id)
     /* n_attn * n_ctx * kv_dim F16 values each for K and V; bounded by MODEL_MAX_CTX and the
      * hyperparameter caps, checked here anyway. On a host device the pages are touched only
      * as positions fill. Recurrent layers: conv state and S, fixed size. */
-    size_t na = e->n_attn, nr = e->n_rec;
+    size_t na = e->n_kv, nr = e->n_rec;
     if ((e->kv_layer && na > SIZE_MAX / sizeof(uint16_t) / e->kv_layer) ||
         (e->ssm_layer && nr > SIZE_MAX / sizeof(float) / (e->ssm_layer + e->conv_layer)))
         return -ENOMEM;
@@ -809,46 +841,59 @@ static int moe(struct model_exec *e, const struct model_layer *L, uint32_t n)
     return 0;
 }
 
+/* RoPE angles of the positions of the rows of sessions seg[0..nseg). */
+static int rope_angles(struct model_exec *e, uint32_t nseg)
+{
+    const struct model_hparams *hp = &e->m->hp;
+    struct model_state *s = &e->s;
+    const size_t half = hp->n_rot / 2;
+    for (uint32_t j = 0; j < nseg; j++) {
+        const struct model_seg *g = &e->seg[j];
+        TRY(kern_dev_rope_angles(e->dev, AT(s->rope_cs, g->off * half),
+                                 AT(s->rope_sn, g->off * half), g->n, g->pos, (int)hp->n_rot,
+                                 hp->rope_base, hp->rope_scale,
+                                 e->rope_freqs));                /* [g.n][n_rot/2] each */
+    }
+    return 0;
+}
+
+/* One block L (its K/V or state slot `slot`) on x[n][n_embd], the rows of seg[0..nseg). */
+static int block_run(struct model_exec *e, const struct model_layer *L, size_t slot,
+                     uint32_t nseg, uint32_t n, struct kern_at x)
+{
+    const struct model_hparams *hp = &e->m->hp;
+    struct model_state *s = &e->s;
+    struct kern_dev *d = e->dev;
+    const uint32_t E = hp->n_embd;
+
+    /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->attn_norm), n, E,
+                              hp->rms_eps));                     /* [n][E] */
+    if (L->recurrent)
+        TRY(deltanet(e, L, slot, nseg, n));
+    else
+        TRY(attention(e, L, slot, nseg, n));
+    TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E));     /* [n][E] */
+
+    /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->ffn_norm), n, E,
+                              hp->rms_eps));                     /* [n][E] */
+    if (L->gate_inp.data)
+        TRY(moe(e, L, n));
+    else
+        TRY(swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, AT(s->xb, 0), n, AT(s->proj, 0)));
+    return kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E);  /* [n][E] */
+}
+
 /* Layers of the window on x[n][n_embd] (n <= max_batch, the bound boundary buffer), the rows
  * of sessions seg[0..nseg) (consecutive, covering all n rows). */
 static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, struct kern_at x)
 {
     const struct model *m = e->m;
-    const struct model_hparams *hp = &m->hp;
-    struct model_state *s = &e->s;
-    struct kern_dev *d = e->dev;
-    const uint32_t E = hp->n_embd;
-
-    const size_t half = hp->n_rot / 2;
-    for (uint32_t j = 0; e->n_attn && j < nseg; j++) { /* RoPE angles of the rows' positions */
-        const struct model_seg *g = &e->seg[j];
-        TRY(kern_dev_rope_angles(d, AT(s->rope_cs, g->off * half), AT(s->rope_sn, g->off * half),
-                                 g->n, g->pos, (int)hp->n_rot, hp->rope_base, hp->rope_scale,
-                                 e->rope_freqs));                /* [g.n][n_rot/2] each */
-    }
-    for (uint32_t l = 0; l < m->last - m->first; l++) {
-        const struct model_layer *L = &m->layers[l];
-        size_t slot = e->slot[l];
-
-        /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
-        TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->attn_norm), n, E,
-                                  hp->rms_eps));                 /* [n][E] */
-        if (L->recurrent)
-            TRY(deltanet(e, L, slot, nseg, n));
-        else
-            TRY(attention(e, L, slot, nseg, n));
-        TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E)); /* [n][E] */
-
-        /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
-        TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->ffn_norm), n, E,
-                                  hp->rms_eps));                 /* [n][E] */
-        if (L->gate_inp.data)
-            TRY(moe(e, L, n));
-        else
-            TRY(swiglu_ffn(e, &L->w_gate, &L->w_up, &L->w_down, AT(s->xb, 0), n,
-                           AT(s->proj, 0)));
-        TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E)); /* [n][E] */
-    }
+    if (e->n_attn)
+        TRY(rope_angles(e, nseg));
+    for (uint32_t l = 0; l < m->last - m->first; l++)
+        TRY(block_run(e, &m->layers[l], e->slot[l], nseg, n, x));
     return 0;
 }
 
@@ -972,4 +1017,131 @@ int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits)
         done += nb;
     }
     return 0;
+}
+
+/* ---- multi-token prediction (last rank) ---- */
+
+bool model_has_mtp(const struct model *m) { return m->has_mtp; }
+
+/* The MTP block on n rows (n <= max_batch) of session ss at its entries pos..pos+n-1: row i
+ * embeds tokens[i] and takes the hidden row h[i] (host; the main pass's output before the
+ * final norm when prenorm, else already normalised: the block's own h_out); the last row's
+ * normalised output into h_out[n_embd] and its logits into logits[n_vocab] (either may be
+ * NULL). llama.cpp's MTP graph: x = eh_proj [enorm(embedding) | hnorm(h)], one gated
+ * full-attention block with its own K/V (slot n_attn), shared_head_norm, the model's head. */
+static int mtp_rows(struct model_exec *e, struct model_session *ss, uint32_t pos, uint32_t n,
+                    const int32_t *tokens, const float *h, bool prenorm, float *h_out,
+                    float *logits)
+{
+    const struct model *m = e->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct model_layer *L = &m->mtp;
+    struct model_state *s = &e->s;
+    struct kern_dev *d = e->dev;
+    const uint32_t E = hp->n_embd;
+    const struct kern_at none = {NULL, 0};
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+            return -EINVAL;
+    /* [enorm(embedding) | hnorm(h)] */
+    TRY(kern_buf_write(s->tok, 0, tokens, (size_t)n * sizeof(int32_t)));
+    TRY(kern_dev_get_rows(d, m->tok_embd.type, wat(e, m->tok_embd.data), hp->n_vocab, E,
+                          AT(s->tok, 0), n, AT(s->mx, 0)));      /* [n][E] */
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(s->mx, 0), wat(e, L->enorm), n, E,
+                              hp->rms_eps));
+    TRY(kern_dev_copy_rows(d, AT(s->mcat, 0), 2 * E * sizeof(float), AT(s->xb, 0),
+                           E * sizeof(float), 0, none, n, E * sizeof(float)));
+    TRY(kern_buf_bind(e->io_x, (float *)(uintptr_t)h, (size_t)n * E * sizeof(float), true));
+    int rc = 0;
+    if (prenorm)
+        rc = kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(e->io_x, 0), wat(e, m->output_norm), n, E,
+                                   hp->rms_eps);
+    if (rc == 0)
+        rc = kern_dev_rmsnorm_rows(d, AT(s->xb, 0), prenorm ? AT(s->xb, 0) : AT(e->io_x, 0),
+                                   wat(e, L->hnorm), n, E, hp->rms_eps);
+    int rc2 = kern_buf_unbind(e->io_x, false);
+    TRY(rc < 0 ? rc : rc2);
+    TRY(kern_dev_copy_rows(d, AT(s->mcat, E), 2 * E * sizeof(float), AT(s->xb, 0),
+                           E * sizeof(float), 0, none, n, E * sizeof(float)));
+    TRY(matmul(e, &L->eh_proj, AT(s->mcat, 0), n, AT(s->mx, 0))); /* [n][E] */
+    /* the block, at the entries' positions */
+    e->seg[0] = (struct model_seg){ss, 0, n, pos};
+    TRY(rope_angles(e, 1));
+    TRY(block_run(e, L, e->n_attn, 1, n, AT(s->mx, 0)));
+    /* the last row: shared_head_norm, then the head */
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(s->mx, (size_t)(n - 1) * E),
+                              wat(e, L->head_norm), 1, E, hp->rms_eps));
+    if (logits) {
+        TRY(kern_buf_bind(e->io_logits, logits, (size_t)hp->n_vocab * sizeof(float), false));
+        rc = matmul(e, &m->output, AT(s->xb, 0), 1, AT(e->io_logits, 0)); /* [1][V] */
+        rc2 = kern_buf_unbind(e->io_logits, rc == 0);
+        TRY(rc < 0 ? rc : rc2);
+    }
+    return h_out ? kern_buf_read(s->xb, 0, h_out, E * sizeof(float)) : 0;
+}
+
+static int32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return (int32_t)best;
+}
+
+int model_mtp_draft(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, const float *x,
+                    const int32_t *hist, uint32_t n_hist, uint32_t k, int32_t *out,
+                    float *logits)
+{
+    const struct model *m = e->m;
+    const uint32_t E = m->hp.n_embd;
+    if (!m->has_mtp)
+        return -ENOTSUP;
+    struct model_session *ss = session_find(e, id, NULL);
+    if (!ss)
+        return -ENOENT;
+    if ((uint64_t)pos + n > e->n_ctx || n_hist > e->n_ctx || n_hist == 0)
+        return -ERANGE;
+    /* entry p takes token p and the hidden row of position p - 1 (zeros before position 0):
+     * this pass writes the entries from pos + 1 (from 0 on a first pass) */
+    uint32_t p0 = pos == 0 ? 0 : pos + 1;
+    if (ss->mtp_past < p0)
+        return -EINVAL;           /* an entry before them was never written */
+    uint64_t p1 = (uint64_t)pos + n < n_hist - 1 ? (uint64_t)pos + n : n_hist - 1;
+    bool last = p1 == n_hist - 1 && p1 >= p0 && n > 0;
+    float *lg = logits ? logits : e->h_logits;
+    for (uint64_t p = p0; p <= p1;) {
+        uint32_t nb = p1 + 1 - p < e->max_batch ? (uint32_t)(p1 + 1 - p) : e->max_batch;
+        for (uint32_t i = 0; i < nb; i++) {
+            uint64_t q = p + i;   /* its hidden row: position q - 1 of this pass */
+            if (q == 0)
+                memset(e->h_rows, 0, E * sizeof(float));
+            else
+                memcpy(e->h_rows + (size_t)i * E, x + (size_t)(q - 1 - pos) * E, E * sizeof(float));
+        }
+        bool end = p + nb > p1;
+        int rc = mtp_rows(e, ss, (uint32_t)p, nb, hist + p, e->h_rows, true,
+                          end && last && k ? e->h_rows : NULL, end && last ? lg : NULL);
+        if (rc < 0) {
+            ss->mtp_past = (uint32_t)p;
+            return rc;
+        }
+        p += nb;
+    }
+    if (p1 + 1 >= p0)
+        ss->mtp_past = (uint32_t)(p1 + 1);
+    if (!last || !k)
+        return 0;
+    /* drafts, greedy: the next from the entry of the previous one and the block's own output;
+     * these entries are scratch, written over by the next pass */
+    uint32_t nd = 0;
+    out[nd++] = argmax(lg, m->hp.n_vocab);
+    for (uint64_t p = p1 + 1; nd < k && p < e->n_ctx; p++) {
+        int rc = mtp_rows(e, ss, (uint32_t)p, 1, &out[nd - 1], e->h_rows, false, e->h_rows,
+                          e->h_logits);
+        if (rc < 0)
+            return rc;
+        out[nd++] = argmax(e->h_logits, m->hp.n_vocab);
+    }
+    return (int)nd;
 }

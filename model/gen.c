@@ -215,13 +215,22 @@ uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t
     return 0;
 }
 
+static const char *const draft_names[] = {
+    [MODEL_DRAFT_NONE] = "none", [MODEL_DRAFT_LOOKUP] = "lookup", [MODEL_DRAFT_MTP] = "mtp",
+    [MODEL_DRAFT_AUTO] = "auto",
+};
+
 int model_draft_mode(const char *name)
 {
-    if (name && !strcmp(name, "lookup"))
-        return 1;
-    if (name && !strcmp(name, "none"))
-        return 0;
+    for (int i = 0; name && i < (int)(sizeof draft_names / sizeof draft_names[0]); i++)
+        if (!strcmp(name, draft_names[i]))
+            return i;
     return -EINVAL;
+}
+
+const char *model_draft_name(int mode)
+{
+    return mode >= 0 && mode < (int)(sizeof draft_names / sizeof draft_names[0]) ? draft_names[mode] : "?";
 }
 
 uint32_t model_gen_n_prompt(const struct model_gen *g)

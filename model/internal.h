@@ -77,6 +77,11 @@ struct model_layer {
     struct model_mat gate_shexp, up_shexp;   /* [n_ff_shexp][n_embd] */
     struct model_mat down_shexp;   /* [n_embd][n_ff_shexp] */
     struct model_mat gate_inp_shexp; /* [1][n_embd] scalar gate */
+    /* multi-token prediction (the MTP block only): the projection of
+     * [enorm(embedding) | hnorm(hidden)] into the block, and the norm before the shared head */
+    struct model_mat eh_proj;      /* [n_embd][2 n_embd] */
+    const float *enorm, *hnorm;    /* [n_embd] */
+    const float *head_norm;        /* [n_embd] shared_head_norm */
 };
 
 struct model {
@@ -90,6 +95,10 @@ struct model {
     struct model_mat output;       /* [n_vocab][n_embd] (last rank; = tok_embd when tied) */
     const float *rope_freqs;       /* [n_rot/2] RoPE frequency divisors (Llama 3.1) or NULL */
     struct model_layer *layers;    /* last - first blocks; layers[i] is block first + i */
+    /* The first multi-token-prediction block (block n_layer), loaded on the last rank when the
+     * file holds it and the token embedding it reads (has_mtp); never run in the main pass. */
+    bool has_mtp;
+    struct model_layer mtp;
     bool *recurrent;               /* [n_layer]: layer kind of every main-pass layer */
 };
 

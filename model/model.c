@@ -353,24 +353,29 @@ static int bind_desc(struct model *m, const struct model_tensor_desc *d, const c
     return -EINVAL;
 }
 
-static int bind_layer(struct model *m, uint32_t il, struct model_layer *L, char *err,
+/* Block il into L: a main-pass block of its kind, or (mtp) a multi-token-prediction block: a
+ * full-attention block of the architecture (gated on the hybrids) plus the nextn tensors. */
+static int bind_block(struct model *m, uint32_t il, struct model_layer *L, bool mtp, char *err,
                       size_t errlen)
 {
-    L->recurrent = m->recurrent[il];
+    L->recurrent = !mtp && m->recurrent[il];
     L->attn_gated = m->arch->hybrid && !L->recurrent;
-    const struct model_tensor_desc *d =
-        m->arch->layer[L->recurrent ? MODEL_LAYER_RECURRENT : MODEL_LAYER_ATTN];
+    const struct model_tensor_desc *lists[] = {
+        m->arch->layer[L->recurrent ? MODEL_LAYER_RECURRENT : MODEL_LAYER_ATTN],
+        mtp ? model_tensors_nextn : NULL};
     bool fused = false;       /* gate and up experts came as one tensor */
-    for (; d->name; d++) {
-        char n[96];
-        snprintf(n, sizeof n, "blk.%" PRIu32 ".%s", il, d->name);
-        bool optional = (d->flags & MODEL_TF_OPTIONAL) || ((d->flags & MODEL_TF_UNFUSED) && fused);
-        int rc = bind_desc(m, d, n, L, optional, err, errlen);
-        if (rc < 0)
-            return rc;
-        if (d->form == MODEL_FORM_EXPS2)
-            fused = L->gate_exps.m.data != NULL;
-    }
+    for (size_t k = 0; k < 2 && lists[k]; k++)
+        for (const struct model_tensor_desc *d = lists[k]; d->name; d++) {
+            char n[96];
+            snprintf(n, sizeof n, "blk.%" PRIu32 ".%s", il, d->name);
+            bool optional = (d->flags & MODEL_TF_OPTIONAL) ||
+                            ((d->flags & MODEL_TF_UNFUSED) && fused);
+            int rc = bind_desc(m, d, n, L, optional, err, errlen);
+            if (rc < 0)
+                return rc;
+            if (d->form == MODEL_FORM_EXPS2)
+                fused = L->gate_exps.m.data != NULL;
+        }
     if (!L->recurrent && !L->q_norm != !L->k_norm) {
         util_seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
         return -EINVAL;
@@ -421,6 +426,7 @@ static int layer_schedule(struct model *m, char *err, size_t errlen)
 struct want_ctx {
     uint32_t first, last;
     bool embed, head, tied;
+    int32_t mtp;           /* the MTP block the window loads (-1: none) */
 };
 
 /* A global tensor a window with (or without) the embedding and the head reads: token_embd
@@ -428,7 +434,7 @@ struct want_ctx {
 static bool global_wanted(const struct model_tensor_desc *d, const struct want_ctx *w)
 {
     if (d->flags & MODEL_TF_EMBED)
-        return w->embed || (w->head && w->tied);
+        return w->embed || (w->head && (w->tied || w->mtp >= 0));
     if (d->flags & MODEL_TF_HEAD)
         return w->head && !((d->flags & MODEL_TF_UNTIED) && w->tied);
     return true;
@@ -441,7 +447,7 @@ static bool want_tensor(const struct gguf_tensor *t, void *ud)
     const struct want_ctx *w = ud;
     int l = gguf_tensor_layer(t->name);
     if (l >= 0)
-        return (uint32_t)l >= w->first && (uint32_t)l < w->last;
+        return ((uint32_t)l >= w->first && (uint32_t)l < w->last) || l == w->mtp;
     for (size_t g = 0; g < sizeof globals / sizeof globals[0]; g++)
         for (const struct model_tensor_desc *d = globals[g]; d->name; d++)
             if (!strcmp(t->name, d->name))
@@ -494,7 +500,15 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     m->has_head = m->last == hp->n_layer;
 
     struct want_ctx w = {m->first, m->last, m->has_embed, m->has_head,
-                         gguf_tensor_find(m->gf, "output.weight") == NULL};
+                         gguf_tensor_find(m->gf, "output.weight") == NULL, -1};
+    /* The last window loads the first MTP block when the file holds it and the embedding it
+     * reads (a full GGUF, or a last-window slice that carries them). */
+    char mtp_name[64];
+    snprintf(mtp_name, sizeof mtp_name, "blk.%" PRIu32 ".nextn.eh_proj.weight", hp->n_layer);
+    if (m->has_head && hp->n_nextn > 0 && gguf_tensor_find(m->gf, mtp_name) &&
+        gguf_tensor_find(m->gf, "token_embd.weight"))
+        w.mtp = (int32_t)hp->n_layer;
+    m->has_mtp = w.mtp >= 0;
     if ((rc = gguf_file_map_tensors(m->gf, want_tensor, &w, err, errlen)) < 0)
         goto fail;
 
@@ -506,8 +520,10 @@ int model_open(struct model **out, const char *path, int first, int last, char *
     if ((rc = layer_schedule(m, err, errlen)) < 0)
         goto fail;
     for (uint32_t il = m->first; il < m->last; il++)
-        if ((rc = bind_layer(m, il, &m->layers[il - m->first], err, errlen)) < 0)
+        if ((rc = bind_block(m, il, &m->layers[il - m->first], false, err, errlen)) < 0)
             goto fail;
+    if (m->has_mtp && (rc = bind_block(m, hp->n_layer, &m->mtp, true, err, errlen)) < 0)
+        goto fail;
     for (size_t g = 0; g < sizeof globals / sizeof globals[0]; g++)
         for (const struct model_tensor_desc *d = globals[g]; d->name; d++)
             if (global_wanted(d, &w) &&
@@ -550,6 +566,7 @@ uint64_t model_kv_bytes_per_token(const struct model *m)
     uint64_t n = 0;
     for (uint32_t i = 0; i < m->last - m->first; i++)
         n += !m->layers[i].recurrent;
+    n += m->has_mtp;   /* the MTP block's entries */
     return n * 2u * m->hp.n_head_kv * m->hp.head_dim * 2u;
 }
 

@@ -28,7 +28,8 @@ struct model_hparams {
     char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe" */
     uint32_t n_layer;         /* layers of the main pass: block_count - nextn_predict_layers.
                                * Windows, rings and manifests count these; the MTP blocks
-                               * blk.n_layer.. are never mapped or run. */
+                               * blk.n_layer.. never run in the main pass (the last window
+                               * loads the first as its drafter: model_has_mtp). */
     uint32_t n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     uint32_t n_rot;
     float rms_eps, rope_base, rope_scale;
@@ -247,6 +248,27 @@ int model_window_run_batch(struct model_exec *e, const struct model_batch_row *r
  * the window has no head, or a kernel's error). */
 int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits);
 
+/* Multi-token prediction (docs/model.md, "Drafting"). Whether the window holds the model's
+ * first MTP block (Qwen3.5's nextn block): the last window of a file that has the block and
+ * token_embd, which the block reads. Its K/V is one more full-attention layer's a session
+ * (model_kv_bytes_per_token counts it). */
+bool model_has_mtp(const struct model *m);
+/* Last rank with the MTP block: feed it what session id's main pass just gave, and draft.
+ * The pass ran positions pos..pos+n-1 and x[n][n_embd] is its output (the window's rows
+ * before the final norm; only rows whose tokens stand); hist[0..n_hist) is the session's
+ * tokens, prompt first, its last the token sampled after those rows (a prompt chunk that
+ * samples nothing: the prompt). The block keeps one entry a position: entry p embeds token p
+ * with the normalised hidden row of position p - 1 (zeros at 0), as llama.cpp's MTP graph.
+ * This writes the entries from pos + 1 (from 0 when pos is 0) up to min(pos + n, n_hist - 1);
+ * when that reaches n_hist - 1 and k > 0, it drafts up to k tokens into out, greedy: the
+ * first from that entry's logits (into logits[n_vocab] too, when not NULL), each next from an
+ * entry of the previous draft and the block's own output, all below n_ctx. Returns how many
+ * drafts, or -ENOTSUP (no MTP block), -ENOENT, -EINVAL (an entry before pos + 1 was never
+ * written, or a token outside the vocabulary), -ERANGE (past the context), a kernel's error. */
+int model_mtp_draft(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, const float *x,
+                    const int32_t *hist, uint32_t n_hist, uint32_t k, int32_t *out,
+                    float *logits);
+
 struct model_sampler_params {
     uint64_t seed;
     float temperature;        /* <= 0: greedy */
@@ -434,9 +456,20 @@ uint32_t model_gen_n_prompt(const struct model_gen *g);
                               * kern_type_rows_exact), so a verified row is the row a one-row
                               * step would give */
 uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
-/* A drafting mode's name, as every option and request field spells it: 1 "lookup", 0 "none",
- * -EINVAL for anything else (NULL included). */
+/* Drafting modes: none; prompt lookup (model_draft_lookup); the model's MTP block
+ * (model_mtp_draft: models that have one); auto: the MTP block where the model has one,
+ * else prompt lookup. */
+enum model_draft {
+    MODEL_DRAFT_NONE = 0,
+    MODEL_DRAFT_LOOKUP = 1,
+    MODEL_DRAFT_MTP = 2,
+    MODEL_DRAFT_AUTO = 3,
+};
+/* A drafting mode's name, as every option and request field spells it ("none", "lookup",
+ * "mtp", "auto"): its enum model_draft, -EINVAL for anything else (NULL included). */
 int model_draft_mode(const char *name);
+/* The mode's name (static; "?" for another value). */
+const char *model_draft_name(int mode);
 uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */

@@ -109,6 +109,7 @@ void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN])
     util_le32_put(out + 44, p->n_ctx);
     util_le32_put(out + 48, p->draws);
     out[52] = p->draft_max;
+    out[53] = p->draft_kind;
 }
 
 void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
@@ -127,6 +128,7 @@ void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p)
     p->n_ctx = util_le32_get(in + 44);
     p->draws = util_le32_get(in + 48);
     p->draft_max = in[52];
+    p->draft_kind = in[53];
 }
 
 /* ---- reader ---- */

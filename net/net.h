@@ -124,7 +124,17 @@ struct net_open_params {
                                * the generated tokens so far), so it continues its sequence */
     uint8_t draft_max;        /* drafts the last rank proposes with each TOKEN (0: none; at
                                * most NET_DRAFTS_MAX) */
-    uint8_t reserved[11];
+    uint8_t draft_kind;       /* how it drafts (enum net_draft_kind) */
+    uint8_t reserved[10];
+};
+/* OPEN draft_kind: the last rank's drafter. Prompt lookup works for every model; the MTP
+ * block only where the last window holds one (a session asking for it elsewhere fails with
+ * an error saying so); auto takes the MTP block where there is one, else prompt lookup. */
+enum net_draft_kind {
+    NET_DRAFT_LOOKUP = 0,
+    NET_DRAFT_MTP = 1,
+    NET_DRAFT_AUTO = 2,
+    NET_DRAFT_KIND_MAX = 2,
 };
 #define NET_OPEN_LEN 64u
 

@@ -51,7 +51,7 @@ print("       stories260K greedy, 200 tokens: %d drafts proposed, %d accepted, %
 # every token is one fed by a pass, an accepted draft, or the last (never fed)
 sys.exit(0 if acc > 0 and passes + acc + 1 == toks and toks / passes > 1.2 else 1)
 PY
-"$KVCTL" generate -m "$DATA/models/stories260K.gguf" -p "$P" --draft bogus 2>&1 | grep -q "draft 'bogus': lookup or none" ||
+"$KVCTL" generate -m "$DATA/models/stories260K.gguf" -p "$P" --draft bogus 2>&1 | grep -q "draft 'bogus': lookup, mtp, auto or none" ||
     fail "a bad --draft value is not refused with the reason"
 "$KVCTL" generate -m "$DATA/models/stories260K.gguf" -p "$P" --draft lookup --draft-max 15 >/dev/null 2>&1 &&
     fail "--draft-max 15 accepted (at most 14)"

@@ -77,7 +77,7 @@ static int gen_start(void *impl, const struct api_gen_req *r, const struct api_g
     sg.p.freq_penalty = r->sp.freq_penalty;
     sg.p.presence_penalty = r->sp.presence_penalty;
     sg.p.penalty_last_n = r->sp.penalty_last_n;
-    sg.p.draft_max = kvd_sess_draft_max(st, r->draft, r->draft_max);
+    kvd_sess_draft_set(st, r->draft, r->draft_max, &sg.p);
     int rc = kvd_sess_start(st, &sg, &g->s, err, errlen);
     if (rc < 0) {
         free(g);

@@ -87,9 +87,15 @@ static void mb_free(void *impl)
 static int mb_checkpoint(void *impl, uint64_t id) { return model_session_checkpoint(((struct mb *)impl)->e, id); }
 static int mb_restore(void *impl, uint64_t id) { return model_session_restore(((struct mb *)impl)->e, id); }
 
+static int mb_mtp_draft(void *impl, uint64_t id, uint32_t pos, uint32_t n, const float *x,
+                        const int32_t *hist, uint32_t n_hist, uint32_t k, int32_t *out)
+{
+    return model_mtp_draft(((struct mb *)impl)->e, id, pos, n, x, hist, n_hist, k, out, NULL);
+}
+
 static const struct kvd_backend_ops mb_ops = {
     .session_new = mb_session_new, .session_free = mb_session_free, .run = mb_run, .free = mb_free,
-    .checkpoint = mb_checkpoint, .restore = mb_restore,
+    .checkpoint = mb_checkpoint, .restore = mb_restore, .mtp_draft = mb_mtp_draft,
 };
 
 const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
@@ -169,6 +175,10 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     b->n_ctx_train = hp->n_ctx_train;
     b->embed = model_has_embed(mb->m);
     b->head = model_has_head(mb->m);
+    b->mtp = model_has_mtp(mb->m);
+    if (b->mtp)
+        kvd_log(KVD_LOG_INFO, "MTP block %u loaded: drafts for sessions that ask (--draft mtp|auto)",
+                hp->n_layer);
     snprintf(b->arch, sizeof b->arch, "%s", hp->arch);
     b->weight_bytes = model_weight_bytes(mb->m);
     b->kv_bytes_per_session = model_kv_bytes_per_token(mb->m) * a->n_ctx + model_state_bytes(mb->m);

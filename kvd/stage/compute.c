@@ -33,6 +33,7 @@ struct csess {
     struct model_sampler *sampler;
     bool logits;
     uint32_t draft_max;         /* 0: no drafting */
+    bool mtp;                   /* drafting with the window's MTP block, not prompt lookup */
     int32_t *hist;              /* drafting: the prompt and every token sampled since */
     uint32_t n_hist, hist_cap;
     int32_t prop[NET_DRAFTS_MAX];   /* the drafts the last TOKEN carried */
@@ -131,7 +132,8 @@ static uint32_t heads_of(const struct kvd_compute *c, const struct kvd_job *j)
  * draft is accepted while it equals the token drawn: the first token drawn that is not the
  * draft ends the pass (docs/ring.md, "Drafting"). So greedy and seeded tokens, and the number
  * of draws (one per token), are the ones without drafts. */
-static void head_output(struct kvd_compute *c, struct kvd_job *j, float *lg, uint32_t n_lg)
+static void head_output(struct kvd_compute *c, struct kvd_job *j, const float *x, float *lg,
+                        uint32_t n_lg)
 {
     struct kvd_backend *b = c->b;
     struct csess *s = cs_find(c, j->session, NULL);
@@ -182,7 +184,21 @@ static void head_output(struct kvd_compute *c, struct kvd_job *j, float *lg, uin
     s->n_prop = 0;
     if (s->draft_max && s->hist && s->n_hist < s->n_ctx) {
         uint32_t k = s->n_ctx - s->n_hist < s->draft_max ? s->n_ctx - s->n_hist : s->draft_max;
-        s->n_prop = model_draft_lookup(s->hist, s->n_hist, k, s->prop);
+        if (!s->mtp) {
+            s->n_prop = model_draft_lookup(s->hist, s->n_hist, k, s->prop);
+        } else {
+            /* the MTP block reads the rows whose tokens stand: those before the head rows and
+             * the head rows that sampled the tokens kept */
+            int rc = b->ops->mtp_draft(b->impl, j->session, j->pos, j->n - n_lg + nt, x,
+                                       s->hist, s->n_hist, k, s->prop);
+            if (rc < 0) {
+                free(out);
+                j->rc = rc;
+                snprintf(j->err, sizeof j->err, "MTP drafts: %s", strerror(-rc));
+                return;
+            }
+            s->n_prop = (uint32_t)rc;
+        }
     }
     size_t ld = (size_t)nt * 8 + (size_t)s->n_prop * 4;
     for (uint32_t i = 0; i < nt; i++) {
@@ -211,10 +227,19 @@ static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x
     struct kvd_backend *b = c->b;
     size_t ne = (size_t)j->n * b->n_embd;
     if (b->head) {
-        if (!lg)
+        struct csess *s = lg ? NULL : cs_find(c, j->session, NULL);
+        int rc = 0;
+        /* a prompt's chunk before its last: the MTP block's entries of its rows */
+        if (s && s->mtp && s->hist)
+            rc = b->ops->mtp_draft(b->impl, j->session, j->pos, j->n, x, s->hist, s->n_hist, 0, NULL);
+        if (rc < 0) {
+            j->rc = rc;
+            snprintf(j->err, sizeof j->err, "MTP block: %s", strerror(-rc));
+        } else if (!lg) {
             j->out_type = 0;
-        else
-            head_output(c, j, lg, heads_of(c, j));
+        } else {
+            head_output(c, j, x, lg, heads_of(c, j));
+        }
         return;
     }
     size_t bytes = ne * c->wire_dsize;
@@ -439,6 +464,17 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
             sampler_params(&sp, &j->open);
             s->logits = j->flags & NET_FL_LOGITS;
             s->draft_max = j->open.draft_max < NET_DRAFTS_MAX ? j->open.draft_max : NET_DRAFTS_MAX;
+            s->mtp = s->draft_max && b->mtp && j->open.draft_kind != NET_DRAFT_LOOKUP;
+            if (s->draft_max && j->open.draft_kind == NET_DRAFT_MTP && !b->mtp) {
+                cs_free(s);
+                ops->session_free(b->impl, j->session);
+                j->rc = -ENOTSUP;
+                snprintf(j->err, sizeof j->err, "session %016llx asks for MTP drafts, and the last "
+                         "window holds no MTP block (the model has none, or this stage's file "
+                         "lacks it or token_embd): use --draft lookup or auto",
+                         (unsigned long long)j->session);
+                return;
+            }
             /* drafting looks its guesses up in the session's tokens (model_draft_lookup) */
             s->hist_cap = s->draft_max ? s->n_ctx + NET_TOKENS_MAX : 0;
             if (model_sampler_new(&s->sampler, &sp, b->n_vocab) < 0 ||

@@ -319,7 +319,7 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         kvd_client_error(c, msg);
         return;
     }
-    p->draft_max = kvd_sess_draft_max(st, draft, draft_max);
+    kvd_sess_draft_set(st, draft, draft_max, p);
     p->seed = g.seed >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)g.seed;
     p->temperature = (float)g.temp;
     p->top_k = (int32_t)g.top_k;

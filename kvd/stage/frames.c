@@ -142,6 +142,8 @@ void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8
             VIOLATION(c, "OPEN n_ctx %u not in (%u, %u]", p.n_ctx, h->n_tokens, st->m.n_ctx);
         if (p.draft_max > NET_DRAFTS_MAX)
             VIOLATION(c, "OPEN draft_max %u above %u", p.draft_max, NET_DRAFTS_MAX);
+        if (p.draft_kind > NET_DRAFT_KIND_MAX)
+            VIOLATION(c, "OPEN draft_kind %u above %u", p.draft_kind, NET_DRAFT_KIND_MAX);
         for (uint32_t i = 0; i < h->n_tokens; i++)
             if (rd32(payload + NET_OPEN_LEN + 4 * i) >= st->be.n_vocab)
                 VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,

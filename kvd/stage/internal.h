@@ -62,6 +62,9 @@ struct kvd_backend_ops {
      * back (a verifying pass of drafts, some rejected). NULL: no checkpoints, no drafting. */
     int (*checkpoint)(void *impl, uint64_t id);
     int (*restore)(void *impl, uint64_t id);
+    /* Last rank with an MTP block (kvd_backend.mtp): model_mtp_draft. NULL: no MTP block. */
+    int (*mtp_draft)(void *impl, uint64_t id, uint32_t pos, uint32_t n, const float *x,
+                     const int32_t *hist, uint32_t n_hist, uint32_t k, int32_t *out);
 };
 
 struct kvd_backend {
@@ -69,6 +72,7 @@ struct kvd_backend {
     void *impl;
     uint32_t n_embd, n_vocab, n_layer, first, last, n_ctx_train;
     bool embed, head;
+    bool mtp;                  /* last rank: the window holds the MTP block (ops->mtp_draft) */
     char arch[32];
     int32_t eos, bos;          /* -1 when unknown */
     bool add_bos;
@@ -652,12 +656,14 @@ struct kvd_sess_gen {
     const char *client_key;         /* the paying client's key (RING_CLIENT_KEY_PREFIX...) that
                                      * opened it, or NULL; borrowed for the call */
 };
-/* Rank 0: the drafts a session's passes verify (its OPEN's draft_max) from a request's
- * "draft" (-1: not said, 0: "none", 1: "lookup") and "draft_max" (0: not said; 1..14): what
- * the request says wins, the stage's --draft/--draft-max fill in the rest, and a request's
- * draft_max alone asks for drafts. */
+/* Rank 0: a session's drafting, its OPEN's draft_max (the drafts its passes verify) and
+ * draft_kind, into p, from a request's "draft" (-1: not said, else an enum model_draft) and
+ * "draft_max" (0: not said; 1..14): what the request says wins, the stage's
+ * --draft/--draft-max fill in the rest, and a request's draft_max alone asks for drafts (of
+ * the stage's kind, prompt lookup when it has none). */
 #define KVD_DRAFT_MAX_DEFAULT 8u
-uint8_t kvd_sess_draft_max(const struct stage *st, int draft, uint32_t draft_max);
+void kvd_sess_draft_set(const struct stage *st, int draft, uint32_t draft_max,
+                        struct net_open_params *p);
 /* The "draft" and "draft_max" fields of a JSON request (control socket, API) into *draft and
  * *draft_max as kvd_sess_draft_max takes them: 0, or -EINVAL with msg naming the field. */
 int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n);

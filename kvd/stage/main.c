@@ -62,7 +62,7 @@ static int set_draft(struct kvd_stage_opts *o, const char *v)
     int m = model_draft_mode(v);
     if (m < 0)
         return m;
-    o->draft = m == 1;
+    o->draft = m;
     return 0;
 }
 static int set_draft_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, NET_DRAFTS_MAX, &o->draft_max); }
@@ -168,7 +168,7 @@ static const struct opt opts[] = {
     {"--idle-timeout", "S", "end sessions idle for S seconds (default 300)", set_idle},
     {"--chunk", "N", "prefill chunk in tokens (default: limits.max_batch)", set_chunk},
     {"--batch-wait-us", "N", "a step waits N us for other sessions' steps to batch with (default 0)", set_batch_wait},
-    {"--draft", "MODE", "rank 0: lookup (prompt-lookup drafts, several tokens a ring pass) or none, for requests that do not say (default none)", set_draft},
+    {"--draft", "MODE", "rank 0: lookup (prompt-lookup drafts, several tokens a ring pass), mtp (the model's MTP block on the last rank), auto (mtp where the last rank has the block, else lookup) or none, for requests that do not say (default none)", set_draft},
     {"--draft-max", "K", "rank 0: drafts a pass verifies, 1..14, for requests that do not say (default 8)", set_draft_max},
     {"--standby", "I", "instead of --rank: the manifest's standby entry I, taking over a dead rank", set_standby},
     {"--roster", "FILE", "standbys named beside the manifest (re-read when it changes; docs/market.md)", set_roster},

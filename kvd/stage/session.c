@@ -655,13 +655,19 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
     kvd_compute_submit(st->comp, j);
 }
 
-uint8_t kvd_sess_draft_max(const struct stage *st, int draft, uint32_t draft_max)
+void kvd_sess_draft_set(const struct stage *st, int draft, uint32_t draft_max,
+                        struct net_open_params *p)
 {
-    bool on = draft > 0 || (draft < 0 && (draft_max > 0 || st->o.draft));
-    if (!on)
-        return 0;
+    int mode = draft >= 0 ? draft : st->o.draft > 0 ? st->o.draft :
+               draft_max > 0 ? MODEL_DRAFT_LOOKUP : MODEL_DRAFT_NONE;
+    p->draft_max = 0;
+    p->draft_kind = NET_DRAFT_LOOKUP;
+    if (mode <= MODEL_DRAFT_NONE)
+        return;
     uint32_t k = draft_max ? draft_max : st->o.draft_max ? st->o.draft_max : KVD_DRAFT_MAX_DEFAULT;
-    return (uint8_t)(k < NET_DRAFTS_MAX ? k : NET_DRAFTS_MAX);
+    p->draft_max = (uint8_t)(k < NET_DRAFTS_MAX ? k : NET_DRAFTS_MAX);
+    p->draft_kind = mode == MODEL_DRAFT_MTP ? NET_DRAFT_MTP :
+                    mode == MODEL_DRAFT_AUTO ? NET_DRAFT_AUTO : NET_DRAFT_LOOKUP;
 }
 
 int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n)
@@ -673,7 +679,7 @@ int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, 
     *draft_max = 0;
     if (d && !cJSON_IsNull(d)) {
         if ((*draft = model_draft_mode(cJSON_GetStringValue(d))) < 0) {
-            snprintf(msg, n, "draft: expected \"lookup\" or \"none\"");
+            snprintf(msg, n, "draft: expected \"lookup\", \"mtp\", \"auto\" or \"none\"");
             return -EINVAL;
         }
     }
