@@ -135,7 +135,6 @@ int kvctl_cmd_inspect(int argc, char **argv)
     hp_line(f, arch, "ssm groups (k/q)", "ssm.group_count");
     hp_line(f, arch, "ssm v heads", "ssm.time_step_rank");
     hp_line(f, arch, "ssm inner", "ssm.inner_size");
-    hp_line(f, arch, "nextn (MTP) blocks", "nextn_predict_layers");
     char tm[64] = "none";
     gguf_get_str(f, "tokenizer.ggml.model", tm, sizeof tm);
     const struct gguf_value *toks = NULL, *merges = NULL;
@@ -493,20 +492,24 @@ static void rng_fill(struct rng *r, float *x, uint64_t n, float center, float sc
 }
 
 struct synth_tensor {
-    char name[64];
+    char name[96];
     uint32_t type, n_dims;
-    uint64_t ne[2];
+    uint64_t ne[4];               /* unused dimensions 1 */
     float center, scale;
     uint64_t seed;
 };
 
+/* Rows of ne[0] values (every dimension past the first counts rows: routed experts are
+ * n_expert slices of rows), each quantized on its own. */
 static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
 {
     const struct synth_tensor *t = ud;
     struct rng r;
     rng_seed(&r, t->seed, name);
-    uint64_t ne0 = t->ne[0], rows = t->n_dims > 1 ? t->ne[1] : 1;
+    uint64_t ne0 = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->type == GGUF_T_F32) {
+        if (size != ne0 * rows * sizeof(float))
+            return -EINVAL;
         rng_fill(&r, buf, ne0 * rows, t->center, t->scale);
         return 0;
     }
@@ -532,6 +535,29 @@ static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
     return rc;
 }
 
+/* Tensor d of the architecture table, named name, to be filled in type from (seed, name):
+ * 1-D vectors near 1 (norms) or 0 (biases), +-0.1; matrices and routed experts uniform in
+ * +-sqrt(3 / ne0), which keeps activations near unit size (the embedding +-1). */
+static void synth_tensor_init(struct synth_tensor *t, const char *name,
+                              const struct model_tensor_desc *d, const uint64_t ne[4],
+                              uint32_t type, uint64_t seed)
+{
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = type;
+    t->n_dims = d->n_dims;
+    memcpy(t->ne, ne, sizeof t->ne);
+    t->seed = seed;
+    if (d->form == MODEL_FORM_VEC) {
+        size_t len = strlen(name);
+        bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
+        t->center = bias ? 0.0f : 1.0f;
+        t->scale = 0.1f;
+    } else {
+        t->center = 0.0f;
+        t->scale = d->flags & MODEL_TF_EMBED ? 1.0f : sqrtf(3.0f / (float)ne[0]);
+    }
+}
+
 /* The tensors being added to the writer. */
 struct synth_ctx {
     struct gguf_writer *w;
@@ -541,30 +567,14 @@ struct synth_ctx {
     size_t n;
 };
 
-/* Adds one tensor of the architecture table: matrices in the chosen type with a scale that
- * keeps activations near unit size (sqrt(3 / cols); the embedding at 1), f32 vectors near 1
- * (norms) or 0 (biases). */
+/* Adds one tensor of the architecture table: matrices in the chosen type, the tensors
+ * llama.cpp keeps in f32 (norms, biases) in f32. */
 static int synth_add(void *ud, const char *name, const struct model_tensor_desc *d,
                      const uint64_t ne[4])
 {
     struct synth_ctx *c = ud;
     struct synth_tensor *t = &c->ts[c->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = d->n_dims;
-    t->ne[0] = ne[0];
-    t->ne[1] = ne[1];
-    t->seed = c->seed;
-    if (d->flags & MODEL_TF_F32) {
-        size_t len = strlen(name);
-        bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
-        t->type = GGUF_T_F32;
-        t->center = bias ? 0.0f : 1.0f;
-        t->scale = 0.1f;
-    } else {
-        t->type = c->type;
-        t->center = 0.0f;
-        t->scale = d->flags & MODEL_TF_EMBED ? 1.0f : sqrtf(3.0f / (float)ne[0]);
-    }
+    synth_tensor_init(t, name, d, ne, d->flags & MODEL_TF_F32 ? GGUF_T_F32 : c->type, c->seed);
     return gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
 }
 
