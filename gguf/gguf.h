@@ -176,6 +176,17 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
 typedef int (*gguf_fill_cb)(void *ud, const char *name, void *buf, uint64_t size);
 int gguf_writer_add_tensor_fill(struct gguf_writer *w, const char *name, uint32_t type,
                                 uint32_t n_dims, const uint64_t *ne, gguf_fill_cb fill, void *ud);
+/* Copy every metadata key of src (value types as they are, arrays of strings included) into
+ * w, in src's order, except the keys skip(key, ud) is true for (skip may be NULL). Set keys
+ * afterwards to change a value in place. 0, or a negative code with err naming the key. */
+typedef bool (*gguf_key_cb)(const char *key, void *ud);
+int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_file *src, gguf_key_cb skip,
+                        void *ud, char *err, size_t errlen);
+/* Add tensor t of src under its own name, type and shape; its bytes are copied from src at
+ * write time (from the mapping when mapped, else read with pread). src must outlive the write.
+ * 0 or gguf_writer_add_tensor_fill's code. */
+int gguf_writer_add_tensor_copy(struct gguf_writer *w, const struct gguf_file *src,
+                                const struct gguf_tensor *t);
 /* Bytes the file will have when written now (header, padding, tensors). */
 uint64_t gguf_writer_file_size(const struct gguf_writer *w);
 /* Write the file (to path.tmp, fsync, rename) : 0 or negative code with err filled. */

@@ -111,17 +111,12 @@ out:
     return rc;
 }
 
-static int fill_from_src(void *ud, const char *name, void *buf, uint64_t size)
+/* The keys a window writer sets itself: left out when the source is a window too. */
+static bool is_window_key(const char *key, void *ud)
 {
-    const struct gguf_file *src = ud;
-    const struct gguf_tensor *t = gguf_tensor_find(src, name);
-    if (!t || t->size != size)
-        return -EINVAL;
-    if (t->data) {
-        memcpy(buf, t->data, size);
-        return 0;
-    }
-    return gguf_tensor_read(src, t, buf, NULL, 0);
+    (void)ud;
+    return !strcmp(key, "kvasir.window.first") || !strcmp(key, "kvasir.window.last") ||
+           !strcmp(key, "kvasir.source.sha256");
 }
 
 int gguf_window_write(struct gguf_file *src, const struct gguf_window_opts *o, const char *path,
@@ -179,15 +174,7 @@ int gguf_window_writer(struct gguf_writer **out, struct gguf_file *src,
     struct gguf_writer *w;
     if ((rc = gguf_writer_new(&w)))
         return rc;
-    for (uint64_t i = 0; i < gguf_kv_count(src) && !rc; i++) {
-        const struct gguf_kv *kv = gguf_kv_at(src, i);
-        if (!strcmp(kv->key, "kvasir.window.first") || !strcmp(kv->key, "kvasir.window.last") ||
-            !strcmp(kv->key, "kvasir.source.sha256"))
-            continue;
-        rc = gguf_writer_set(w, kv->key, &kv->val);
-        if (rc)
-            util_seterr(err, errlen, "window: copying key '%s': %s", kv->key, strerror(-rc));
-    }
+    rc = gguf_writer_copy_kv(w, src, is_window_key, NULL, err, errlen);
     if (!rc)
         rc = gguf_writer_set_u32(w, "kvasir.window.first", o->first);
     if (!rc)
@@ -200,7 +187,7 @@ int gguf_window_writer(struct gguf_writer **out, struct gguf_file *src,
         const struct gguf_tensor *t = gguf_tensor_at(src, i);
         if (!gguf_window_wants(t->name, o->first, o->last, n_layers, has_output))
             continue;
-        rc = gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src, src);
+        rc = gguf_writer_add_tensor_copy(w, src, t);
         if (rc)
             util_seterr(err, errlen, "window: adding tensor '%s': %s", t->name, strerror(-rc));
     }

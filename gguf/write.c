@@ -281,6 +281,45 @@ int gguf_writer_add_tensor_fill(struct gguf_writer *w, const char *name, uint32_
     return add_tensor(w, name, type, n_dims, ne, NULL, fill, ud);
 }
 
+int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_file *src, gguf_key_cb skip,
+                        void *ud, char *err, size_t errlen)
+{
+    for (uint64_t i = 0; i < gguf_kv_count(src); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(src, i);
+        if (skip && skip(kv->key, ud))
+            continue;
+        int rc = gguf_writer_set(w, kv->key, &kv->val);
+        if (rc) {
+            util_seterr(err, errlen, "copying metadata key '%s': %s", kv->key, strerror(-rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The bytes of the tensor of src named name: the writer's fill callback for copied tensors.
+ * The size is checked again, since src is only borrowed. */
+static int fill_from_src(void *ud, const char *name, void *buf, uint64_t size)
+{
+    const struct gguf_file *src = ud;
+    const struct gguf_tensor *t = gguf_tensor_find(src, name);
+    if (!t || t->size != size)
+        return -EINVAL;
+    if (t->data) {
+        memcpy(buf, t->data, size);
+        return 0;
+    }
+    return gguf_tensor_read(src, t, buf, NULL, 0);
+}
+
+int gguf_writer_add_tensor_copy(struct gguf_writer *w, const struct gguf_file *src,
+                                const struct gguf_tensor *t)
+{
+    /* the callback only reads src: the cast drops const for the void * of gguf_fill_cb */
+    return gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_from_src,
+                                       (void *)src);
+}
+
 /* ------------------------------------------------------------------ serialisation */
 
 struct out {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gguf/gguf.h"
 #include "kernels/kern.h"
@@ -135,7 +136,6 @@ int kvctl_cmd_inspect(int argc, char **argv)
     hp_line(f, arch, "ssm groups (k/q)", "ssm.group_count");
     hp_line(f, arch, "ssm v heads", "ssm.time_step_rank");
     hp_line(f, arch, "ssm inner", "ssm.inner_size");
-    hp_line(f, arch, "nextn (MTP) blocks", "nextn_predict_layers");
     char tm[64] = "none";
     gguf_get_str(f, "tokenizer.ggml.model", tm, sizeof tm);
     const struct gguf_value *toks = NULL, *merges = NULL;
@@ -493,20 +493,24 @@ static void rng_fill(struct rng *r, float *x, uint64_t n, float center, float sc
 }
 
 struct synth_tensor {
-    char name[64];
+    char name[96];
     uint32_t type, n_dims;
-    uint64_t ne[2];
+    uint64_t ne[4];               /* unused dimensions 1 */
     float center, scale;
     uint64_t seed;
 };
 
+/* Rows of ne[0] values (every dimension past the first counts rows: routed experts are
+ * n_expert slices of rows), each quantized on its own. */
 static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
 {
     const struct synth_tensor *t = ud;
     struct rng r;
     rng_seed(&r, t->seed, name);
-    uint64_t ne0 = t->ne[0], rows = t->n_dims > 1 ? t->ne[1] : 1;
+    uint64_t ne0 = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->type == GGUF_T_F32) {
+        if (size != ne0 * rows * sizeof(float))
+            return -EINVAL;
         rng_fill(&r, buf, ne0 * rows, t->center, t->scale);
         return 0;
     }
@@ -532,6 +536,29 @@ static int synth_fill(void *ud, const char *name, void *buf, uint64_t size)
     return rc;
 }
 
+/* Tensor d of the architecture table, named name, to be filled in type from (seed, name):
+ * 1-D vectors near 1 (norms) or 0 (biases), +-0.1; matrices and routed experts uniform in
+ * +-sqrt(3 / ne0), which keeps activations near unit size (the embedding +-1). */
+static void synth_tensor_init(struct synth_tensor *t, const char *name,
+                              const struct model_tensor_desc *d, const uint64_t ne[4],
+                              uint32_t type, uint64_t seed)
+{
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = type;
+    t->n_dims = d->n_dims;
+    memcpy(t->ne, ne, sizeof t->ne);
+    t->seed = seed;
+    if (d->form == MODEL_FORM_VEC) {
+        size_t len = strlen(name);
+        bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
+        t->center = bias ? 0.0f : 1.0f;
+        t->scale = 0.1f;
+    } else {
+        t->center = 0.0f;
+        t->scale = d->flags & MODEL_TF_EMBED ? 1.0f : sqrtf(3.0f / (float)ne[0]);
+    }
+}
+
 /* The tensors being added to the writer. */
 struct synth_ctx {
     struct gguf_writer *w;
@@ -541,30 +568,14 @@ struct synth_ctx {
     size_t n;
 };
 
-/* Adds one tensor of the architecture table: matrices in the chosen type with a scale that
- * keeps activations near unit size (sqrt(3 / cols); the embedding at 1), f32 vectors near 1
- * (norms) or 0 (biases). */
+/* Adds one tensor of the architecture table: matrices in the chosen type, the tensors
+ * llama.cpp keeps in f32 (norms, biases) in f32. */
 static int synth_add(void *ud, const char *name, const struct model_tensor_desc *d,
                      const uint64_t ne[4])
 {
     struct synth_ctx *c = ud;
     struct synth_tensor *t = &c->ts[c->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = d->n_dims;
-    t->ne[0] = ne[0];
-    t->ne[1] = ne[1];
-    t->seed = c->seed;
-    if (d->flags & MODEL_TF_F32) {
-        size_t len = strlen(name);
-        bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
-        t->type = GGUF_T_F32;
-        t->center = bias ? 0.0f : 1.0f;
-        t->scale = 0.1f;
-    } else {
-        t->type = c->type;
-        t->center = 0.0f;
-        t->scale = d->flags & MODEL_TF_EMBED ? 1.0f : sqrtf(3.0f / (float)ne[0]);
-    }
+    synth_tensor_init(t, name, d, ne, d->flags & MODEL_TF_F32 ? GGUF_T_F32 : c->type, c->seed);
     return gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
 }
 
@@ -649,33 +660,224 @@ static int vocab_build(struct vocab *v, uint64_t n)
     return rc < 0 ? rc : 0;
 }
 
+/* ---- synth --from MODEL --nextn N: the model with N random multi-token-prediction blocks */
+
+#define SYNTH_MAX_NEXTN 4
+
+/* The types the new blocks' tensors may be written in (synth_fill makes them from floats). */
+static bool synth_type_ok(uint32_t type)
+{
+    return type == GGUF_T_F32 || type == GGUF_T_F16 || type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0;
+}
+
+/* The new blocks being added after the copied tensors of src. */
+struct nextn_ctx {
+    struct gguf_writer *w;
+    const struct gguf_file *src;
+    uint32_t first;               /* the first new block: the source's block_count */
+    uint32_t like;                /* the last full-attention layer of the main pass */
+    uint64_t seed;
+    struct synth_tensor *ts;      /* live until the file is written (the fill callbacks) */
+    size_t n, cap;
+    char err[KV_ERR_MAX];
+};
+
+/* One tensor of the architecture walk: a tensor of a new block gets the type its counterpart
+ * in the layer `like` has (blk.<like>.attn_q.weight for blk.8.attn_q.weight); one with no
+ * counterpart (the nextn.* tensors) is f32 when a vector or kept in f32 by llama.cpp, else in
+ * the type of that layer's attn_q. Tensors of the source's blocks and globals are skipped:
+ * they are copied as they are. */
+static int nextn_add(void *ud, const char *name, const struct model_tensor_desc *d,
+                     const uint64_t ne[4])
+{
+    struct nextn_ctx *c = ud;
+    int l = gguf_tensor_layer(name);
+    if (l < 0 || (uint32_t)l < c->first)
+        return 0;
+    const char *part = strchr(name + 4, '.') + 1; /* after "blk.N." (gguf_tensor_layer parsed it) */
+    char like[128];
+    snprintf(like, sizeof like, "blk.%" PRIu32 ".%s", c->like, part);
+    const struct gguf_tensor *lt = gguf_tensor_find(c->src, like);
+    if (!lt && d->form != MODEL_FORM_VEC && !(d->flags & MODEL_TF_F32)) {
+        snprintf(like, sizeof like, "blk.%" PRIu32 ".attn_q.weight", c->like);
+        if (!(lt = gguf_tensor_find(c->src, like))) {
+            snprintf(c->err, sizeof c->err, "tensor %s: the model has no %s to take its type from",
+                     name, like);
+            return -ENOENT;
+        }
+    }
+    uint32_t type = lt ? lt->type : GGUF_T_F32;
+    const struct wtype_info *ti = wtype_info(type);
+    if (!synth_type_ok(type)) {
+        snprintf(c->err, sizeof c->err, "tensor %s: type %s (%" PRIu32 ", from %s) cannot be "
+                 "written: only f32, f16, q8_0 and q4_0 are", name, ti ? ti->name : "unknown", type, like);
+        return -ENOTSUP;
+    }
+    if (ne[0] % ti->block_elems) {
+        snprintf(c->err, sizeof c->err, "tensor %s: row of %" PRIu64 " values is not a multiple of "
+                 "the %s block (%" PRIu32 ")", name, ne[0], ti->name, ti->block_elems);
+        return -EINVAL;
+    }
+    if (c->n == c->cap) {
+        snprintf(c->err, sizeof c->err, "tensor %s: more new tensors than counted (%zu)", name, c->cap);
+        return -EOVERFLOW;
+    }
+    struct synth_tensor *t = &c->ts[c->n++];
+    synth_tensor_init(t, name, d, ne, type, c->seed);
+    int rc = gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
+    if (rc)
+        snprintf(c->err, sizeof c->err, "adding tensor %s: %s", name, strerror(-rc));
+    return rc;
+}
+
+/* Write out = from with n_new MTP blocks appended: every key and tensor of from as it is
+ * (but <arch>.block_count and <arch>.nextn_predict_layers, each raised by n_new), then the
+ * new blocks' tensors, random from (seed, name). The main pass reads none of them, so it is
+ * the source's, bit for bit. Returns the exit status. */
+static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const char *out)
+{
+    struct stat si, so;   /* writing over the model while it is read would corrupt both */
+    if (stat(from, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fprintf(stderr, "kvctl synth: -o %s is the --from model itself: give another output file\n", out);
+        return 2;
+    }
+    char err[KV_ERR_MAX] = "", key[96];
+    struct model *m;
+    if (model_open(&m, from, -1, -1, err, sizeof err)) {
+        /* the gguf module's messages already start with the path */
+        bool named = !strncmp(err, from, strlen(from)) && err[strlen(from)] == ':';
+        fprintf(stderr, "kvctl synth: %s%s%s\n", named ? "" : from, named ? "" : ": ", err);
+        return 1;
+    }
+    const struct gguf_file *src = model_get_gguf(m);
+    const struct model_hparams *hp = model_get_hparams(m);
+    const struct model_arch *ad = model_arch_find(hp->arch);
+    struct nextn_ctx c = {.src = src, .first = hp->n_block, .like = UINT32_MAX, .seed = seed};
+    struct model_hparams h2 = *hp;
+    h2.n_block += n_new;
+    h2.n_nextn += n_new;
+    uint32_t wf, wl;
+    int rc = -EINVAL;
+    if (gguf_window_get(src, &wf, &wl) == 0) {
+        snprintf(err, sizeof err, "a stage window (layers [%" PRIu32 ", %" PRIu32 ")), not a whole model", wf, wl);
+        goto out_model;
+    }
+    if (!ad || !ad->hybrid) {
+        snprintf(err, sizeof err, "architecture '%s' has no multi-token-prediction blocks (qwen35 and "
+                 "qwen35moe have)", hp->arch);
+        goto out_model;
+    }
+    for (uint32_t il = hp->n_layer; il-- > 0;)
+        if (!model_layer_is_recurrent(m, il)) {
+            c.like = il;
+            break;
+        }
+    if (c.like == UINT32_MAX) {
+        snprintf(err, sizeof err, "no full-attention layer in the main pass to model the MTP block on");
+        goto out_model;
+    }
+    bool tied = gguf_tensor_find(src, "output.weight") == NULL;
+    int total = model_arch_tensors(ad, &h2, tied, NULL, NULL);
+    if (total < 0 || !(c.ts = calloc((size_t)total, sizeof *c.ts))) {
+        rc = total < 0 ? total : -ENOMEM;
+        snprintf(err, sizeof err, "sizing the new blocks: %s", strerror(-rc));
+        goto out_model;
+    }
+    c.cap = (size_t)total;
+    if ((rc = gguf_writer_new(&c.w)))
+        goto out_model;
+    rc = gguf_writer_copy_kv(c.w, src, NULL, NULL, err, sizeof err);
+    snprintf(key, sizeof key, "%s.block_count", hp->arch);
+    if (!rc)
+        rc = gguf_writer_set_u32(c.w, key, h2.n_block);
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", hp->arch);
+    if (!rc)
+        rc = gguf_writer_set_u32(c.w, key, h2.n_nextn);
+    if (rc && !err[0])
+        snprintf(err, sizeof err, "setting %s: %s", key, strerror(-rc));
+    for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(src, i);
+        if ((rc = gguf_writer_add_tensor_copy(c.w, src, t)))
+            snprintf(err, sizeof err, "copying tensor %s: %s", t->name, strerror(-rc));
+    }
+    if (!rc && (rc = model_arch_tensors(ad, &h2, tied, nextn_add, &c)) < 0)
+        snprintf(err, sizeof err, "%s", c.err);
+    else if (rc > 0)
+        rc = 0;
+    bool written = false;
+    if (!rc)
+        written = (rc = gguf_writer_write(c.w, out, err, sizeof err)) == 0;
+    /* The copy must read back as the source with more MTP blocks (the reader's caps on
+     * block_count apply too); one that does not is removed. */
+    struct model *back = NULL;
+    char berr[KV_ERR_MAX] = "";
+    if (!rc && (rc = model_open(&back, out, -1, -1, berr, sizeof berr)) != 0) {
+        snprintf(err, sizeof err, "the written %s does not load: %s", out, berr);
+    } else if (!rc) {
+        const struct model_hparams *bh = model_get_hparams(back);
+        if (bh->n_layer != hp->n_layer || bh->n_block != h2.n_block || bh->n_nextn != h2.n_nextn) {
+            snprintf(err, sizeof err, "written file reads back with %" PRIu32 " layers + %" PRIu32
+                     " MTP blocks, not %" PRIu32 " + %" PRIu32, bh->n_layer, bh->n_nextn, hp->n_layer,
+                     h2.n_nextn);
+            rc = -EPROTO;
+        }
+    }
+    model_free(back);
+    if (rc && written)
+        unlink(out);
+    if (!rc) {
+        char hb[32];
+        util_fmt_bytes(hb, sizeof hb, (double)gguf_writer_file_size(c.w), 2, 0);
+        printf("%s: %s of %s with %" PRIu32 " MTP block(s) appended: block_count %" PRIu32 " -> %" PRIu32
+               ", nextn_predict_layers %" PRIu32 ", %" PRIu64 " tensors copied, %zu new (seed %" PRIu64
+               ", types of layer %" PRIu32 "), %s\n", out, hp->arch, from, n_new, hp->n_block, h2.n_block,
+               h2.n_nextn, gguf_tensor_count(src), c.n, seed, c.like, hb);
+    }
+out_model:
+    if (rc)
+        fprintf(stderr, "kvctl synth: --from %s: %s\n", from, err);
+    gguf_writer_free(c.w);
+    free(c.ts);
+    model_free(m);
+    return rc ? 1 : 0;
+}
+
 int kvctl_cmd_synth(int argc, char **argv)
 {
-    const char *arch = "llama", *out = NULL, *tname = "f32", *mname = NULL;
+    const char *arch = "llama", *out = NULL, *tname = "f32", *mname = NULL, *from = NULL,
+               *shaped = NULL, *nextn_s = NULL;
     uint64_t layers = 2, embd = 256, ff = 768, heads = 8, kv_heads = 0, head_dim = 0, vocab = 512,
-             seed = 1, ctx = 2048;
+             seed = 1, ctx = 2048, nextn = 0;
     bool tied = false;
     if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl synth --arch llama|qwen2|qwen3 --layers N --embd D --ff F --heads H\n"
                "                   [--kv-heads K] [--head-dim E] --vocab V --type f32|f16|q8_0|q4_0\n"
                "                   [--seed S] [--ctx C] [--tied] [--name NAME] -o OUT\n"
+               "       kvctl synth --from MODEL --nextn N [--seed S] -o OUT\n"
                "  write a random-weight model with a working SPM vocabulary (<unk> <s> </s>, the 256\n"
                "  byte tokens, scored pieces); 2-D weights in --type, norms (and qwen2 biases) f32.\n"
                "  --tied leaves out output.weight (the head reuses token_embd). Defaults: 2 layers,\n"
-               "  256 embd, 768 ff, 8 heads, kv-heads = heads, head-dim = embd/heads, 512 vocab, f32.\n");
+               "  256 embd, 768 ff, 8 heads, kv-heads = heads, head-dim = embd/heads, 512 vocab, f32.\n"
+               "  --from MODEL --nextn N (1..4): a copy of a qwen35/qwen35moe model with N random\n"
+               "  multi-token-prediction blocks appended (block_count and nextn_predict_layers + N);\n"
+               "  every key and tensor of MODEL copied as is, so the main pass is MODEL's.\n");
         return 0;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
-        if (!strcmp(a, "--tied")) { tied = true; continue; }
+        if (!strcmp(a, "--tied")) { tied = true; shaped = a; continue; }
         if (!v) {
             fprintf(stderr, "kvctl synth: '%s' needs a value (see --help)\n", a);
             return 2;
         }
         i++;
+        if (strcmp(a, "-o") && strcmp(a, "--seed") && strcmp(a, "--from") && strcmp(a, "--nextn"))
+            shaped = a;   /* an option of the first form */
         if (!strcmp(a, "--arch")) arch = v;
         else if (!strcmp(a, "-o")) out = v;
+        else if (!strcmp(a, "--from")) from = v;
+        else if (!strcmp(a, "--nextn")) nextn_s = v;
         else if (!strcmp(a, "--type")) tname = v;
         else if (!strcmp(a, "--name")) mname = v;
         else if (!strcmp(a, "--layers")) bad = parse_u64("synth", a, v, 4096, &layers);
@@ -693,6 +895,26 @@ int kvctl_cmd_synth(int argc, char **argv)
         }
         if (bad)
             return 2;
+    }
+    if (from || nextn_s) {
+        char perr[KV_ERR_MAX];
+        if (!from || !nextn_s) {
+            fprintf(stderr, "kvctl synth: --from MODEL and --nextn N go together (see --help)\n");
+            return 2;
+        }
+        if (shaped) {
+            fprintf(stderr, "kvctl synth: %s does not go with --from (the model gives the shapes)\n", shaped);
+            return 2;
+        }
+        if (util_parse_u64(nextn_s, 1, SYNTH_MAX_NEXTN, 0, &nextn, perr, sizeof perr) < 0) {
+            fprintf(stderr, "kvctl synth: --nextn %s (MTP blocks to append)\n", perr);
+            return 2;
+        }
+        if (!out) {
+            fprintf(stderr, "kvctl synth: -o OUT is required\n");
+            return 2;
+        }
+        return synth_nextn(from, (uint32_t)nextn, seed, out);
     }
     /* Dense attention-only architectures: the options above are all their shapes need. */
     const struct model_arch *ad = model_arch_find(arch);
