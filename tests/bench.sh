@@ -91,7 +91,7 @@
 # tokens, 1 and 8 sessions, without drafts and with prompt-lookup drafts; with LLAMA_RPC_BIN,
 # llama.cpp's RPC mode over the same links and hosts (tests/bench-wan-rpc.sh).
 #
-# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan draft. BENCH_ONLY="ring relay"
+# Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan draft mtp. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
 # wire idle cpu sessions fair" leaves out parts of the ring section.
 set -e
@@ -860,3 +860,40 @@ bench_draft() {
     done
 }
 if want draft; then bench_draft || true; fi
+# ---- mtp: the MTP drafter's cost in one process (docs/model.md, "Drafting"): copies of the
+# Qwen3.5 test models with one random MTP block (kvctl synth --from --nextn 1), whose guesses
+# random weights rarely confirm, so this shows what a pass costs with the block's drafts
+# against a pass without (the text is the same) ----
+bench_mtp() {
+    local f m c n=${BENCH_MTP_TG:-128} k none t_none p_none drf t p acc prop
+    echo "== mtp: kvctl generate --draft mtp against none, one process, 1 thread, $n tokens greedy," \
+         "copies with one random MTP block; $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc)," \
+         "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    printf "  %-34s %-10s %10s %12s %10s %18s %s\n" model drafts "tok/s" "ms / pass" "x none" "passes / tokens" "accepted / proposed"
+    mkdir -p build/bench
+    for f in ${BENCH_MTP_MODELS:-synth-qwen35-bpe1024-f16.gguf synth-qwen35moe-bpe1024-q8_0.gguf}; do
+        m=$TD/models/$f
+        [ -s "$m" ] || { echo "  $f missing; skipped"; continue; }
+        c=build/bench/mtp-$f
+        "$KVCTL" synth --from "$m" --nextn 1 -o "$c" > /dev/null || { echo "  $f: kvctl synth --from failed"; continue; }
+        none=$("$KVCTL" generate -m "$c" --tokens 1,400,300,200 -n "$n" --temp 0 --ignore-eos -t 1 --ids 2>&1 >/dev/null)
+        t_none=$(echo "$none" | sed -n 's/.*generation: \([0-9]*\) tokens in \([0-9.]*\) s.*/\2/p')
+        p_none=$(echo "$none" | sed -n 's/.*generation: \([0-9]*\) tokens in.*/\1/p')
+        printf "  %-34s %-10s %10s %12s %10s %18s %s\n" "$f" none \
+            "$(awk -v t="$t_none" -v p="$p_none" 'BEGIN { if (t > 0) printf "%.0f", p / t }')" \
+            "$(awk -v t="$t_none" -v p="$p_none" 'BEGIN { if (p > 0) printf "%.3f", 1000 * t / p }')" 1.00 "$p_none / $p_none" "-"
+        for k in 1 3; do
+            drf=$("$KVCTL" generate -m "$c" --tokens 1,400,300,200 -n "$n" --temp 0 --ignore-eos -t 1 --ids \
+                  --draft mtp --draft-max $k 2>&1 >/dev/null)
+            t=$(echo "$drf" | sed -n 's/.*generation: [0-9]* tokens in \([0-9.]*\) s.*/\1/p')
+            set -- $(echo "$drf" | sed -n 's/^drafts: \([0-9]*\) proposed, \([0-9]*\) accepted; \([0-9]*\) passes for \([0-9]*\) tokens.*/\1 \2 \3 \4/p')
+            prop=${1:-?} acc=${2:-?} p=${3:-0}
+            printf "  %-34s %-10s %10s %12s %9sx %18s %s\n" "$f" "mtp $k" \
+                "$(awk -v t="$t" -v n="${4:-0}" 'BEGIN { if (t > 0) printf "%.0f", n / t }')" \
+                "$(awk -v t="$t" -v p="$p" 'BEGIN { if (p > 0) printf "%.3f", 1000 * t / p }')" \
+                "$(awk -v t="$t" -v p="$p" -v t0="$t_none" -v p0="$p_none" 'BEGIN { if (p > 0 && t0 > 0) printf "%.2f", (t / p) / (t0 / p0) }')" \
+                "$p / ${4:-?}" "$acc / $prop"
+        done
+    done
+}
+if want mtp; then bench_mtp || true; fi

@@ -98,6 +98,8 @@ one:  $(cat "$TMP/kone.$i")
 stderr: $(cat "$TMP/kill.err.$i")"
     i=$((i + 1))
 done
+cat "$TMP"/kill.err.* | grep -q "resumed [0-9]* time" || fail "no session said it resumed: $(cat "$TMP"/kill.err.*)"
+grep -q "MTP block 8 loaded" "$d"/standby-*/kvd.log || fail "the standby that took rank 2 over did not load the MTP block"
 echo "ok the last stage killed after ${KILL_MS} ms with $KILL_RUNNING sessions drafting: every text as one process"
 ring_down "$d"
 
