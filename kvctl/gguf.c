@@ -784,8 +784,10 @@ static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const ch
         goto out_model;
     }
     c.cap = (size_t)total;
-    if ((rc = gguf_writer_new(&c.w)))
+    if ((rc = gguf_writer_new(&c.w))) {
+        util_seterr(err, sizeof err, "a GGUF writer: %s", strerror(-rc));
         goto out_model;
+    }
     rc = gguf_writer_copy_kv(c.w, src, NULL, NULL, err, sizeof err);
     snprintf(key, sizeof key, "%s.block_count", hp->arch);
     if (!rc)
