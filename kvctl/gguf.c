@@ -701,7 +701,7 @@ static int nextn_add(void *ud, const char *name, const struct model_tensor_desc 
     if (!lt && d->form != MODEL_FORM_VEC && !(d->flags & MODEL_TF_F32)) {
         snprintf(like, sizeof like, "blk.%" PRIu32 ".attn_q.weight", c->like);
         if (!(lt = gguf_tensor_find(c->src, like))) {
-            snprintf(c->err, sizeof c->err, "tensor %s: the model has no %s to take its type from",
+            util_seterr(c->err, sizeof c->err, "tensor %s: the model has no %s to take its type from",
                      name, like);
             return -ENOENT;
         }
@@ -709,24 +709,24 @@ static int nextn_add(void *ud, const char *name, const struct model_tensor_desc 
     uint32_t type = lt ? lt->type : GGUF_T_F32;
     const struct wtype_info *ti = wtype_info(type);
     if (!synth_type_ok(type)) {
-        snprintf(c->err, sizeof c->err, "tensor %s: type %s (%" PRIu32 ", from %s) cannot be "
+        util_seterr(c->err, sizeof c->err, "tensor %s: type %s (%" PRIu32 ", from %s) cannot be "
                  "written: only f32, f16, q8_0 and q4_0 are", name, ti ? ti->name : "unknown", type, like);
         return -ENOTSUP;
     }
     if (ne[0] % ti->block_elems) {
-        snprintf(c->err, sizeof c->err, "tensor %s: row of %" PRIu64 " values is not a multiple of "
+        util_seterr(c->err, sizeof c->err, "tensor %s: row of %" PRIu64 " values is not a multiple of "
                  "the %s block (%" PRIu32 ")", name, ne[0], ti->name, ti->block_elems);
         return -EINVAL;
     }
     if (c->n == c->cap) {
-        snprintf(c->err, sizeof c->err, "tensor %s: more new tensors than counted (%zu)", name, c->cap);
+        util_seterr(c->err, sizeof c->err, "tensor %s: more new tensors than counted (%zu)", name, c->cap);
         return -EOVERFLOW;
     }
     struct synth_tensor *t = &c->ts[c->n++];
     synth_tensor_init(t, name, d, ne, type, c->seed);
     int rc = gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
     if (rc)
-        snprintf(c->err, sizeof c->err, "adding tensor %s: %s", name, strerror(-rc));
+        util_seterr(c->err, sizeof c->err, "adding tensor %s: %s", name, strerror(-rc));
     return rc;
 }
 
@@ -759,11 +759,11 @@ static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const ch
     uint32_t wf, wl;
     int rc = -EINVAL;
     if (gguf_window_get(src, &wf, &wl) == 0) {
-        snprintf(err, sizeof err, "a stage window (layers [%" PRIu32 ", %" PRIu32 ")), not a whole model", wf, wl);
+        util_seterr(err, sizeof err, "a stage window (layers [%" PRIu32 ", %" PRIu32 ")), not a whole model", wf, wl);
         goto out_model;
     }
     if (!ad || !ad->hybrid) {
-        snprintf(err, sizeof err, "architecture '%s' has no multi-token-prediction blocks (qwen35 and "
+        util_seterr(err, sizeof err, "architecture '%s' has no multi-token-prediction blocks (qwen35 and "
                  "qwen35moe have)", hp->arch);
         goto out_model;
     }
@@ -773,19 +773,21 @@ static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const ch
             break;
         }
     if (c.like == UINT32_MAX) {
-        snprintf(err, sizeof err, "no full-attention layer in the main pass to model the MTP block on");
+        util_seterr(err, sizeof err, "no full-attention layer in the main pass to model the MTP block on");
         goto out_model;
     }
     bool tied = gguf_tensor_find(src, "output.weight") == NULL;
     int total = model_arch_tensors(ad, &h2, tied, NULL, NULL);
     if (total < 0 || !(c.ts = calloc((size_t)total, sizeof *c.ts))) {
         rc = total < 0 ? total : -ENOMEM;
-        snprintf(err, sizeof err, "sizing the new blocks: %s", strerror(-rc));
+        util_seterr(err, sizeof err, "sizing the new blocks: %s", strerror(-rc));
         goto out_model;
     }
     c.cap = (size_t)total;
-    if ((rc = gguf_writer_new(&c.w)))
+    if ((rc = gguf_writer_new(&c.w))) {
+        util_seterr(err, sizeof err, "a GGUF writer: %s", strerror(-rc));
         goto out_model;
+    }
     rc = gguf_writer_copy_kv(c.w, src, NULL, NULL, err, sizeof err);
     snprintf(key, sizeof key, "%s.block_count", hp->arch);
     if (!rc)
@@ -794,14 +796,14 @@ static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const ch
     if (!rc)
         rc = gguf_writer_set_u32(c.w, key, h2.n_nextn);
     if (rc && !err[0])
-        snprintf(err, sizeof err, "setting %s: %s", key, strerror(-rc));
+        util_seterr(err, sizeof err, "setting %s: %s", key, strerror(-rc));
     for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(src, i);
         if ((rc = gguf_writer_add_tensor_copy(c.w, src, t)))
-            snprintf(err, sizeof err, "copying tensor %s: %s", t->name, strerror(-rc));
+            util_seterr(err, sizeof err, "copying tensor %s: %s", t->name, strerror(-rc));
     }
     if (!rc && (rc = model_arch_tensors(ad, &h2, tied, nextn_add, &c)) < 0)
-        snprintf(err, sizeof err, "%s", c.err);
+        util_seterr(err, sizeof err, "%s", c.err);
     else if (rc > 0)
         rc = 0;
     bool written = false;
@@ -812,11 +814,11 @@ static int synth_nextn(const char *from, uint32_t n_new, uint64_t seed, const ch
     struct model *back = NULL;
     char berr[KV_ERR_MAX] = "";
     if (!rc && (rc = model_open(&back, out, -1, -1, berr, sizeof berr)) != 0) {
-        snprintf(err, sizeof err, "the written %s does not load: %s", out, berr);
+        util_seterr(err, sizeof err, "the written %s does not load: %s", out, berr);
     } else if (!rc) {
         const struct model_hparams *bh = model_get_hparams(back);
         if (bh->n_layer != hp->n_layer || bh->n_block != h2.n_block || bh->n_nextn != h2.n_nextn) {
-            snprintf(err, sizeof err, "written file reads back with %" PRIu32 " layers + %" PRIu32
+            util_seterr(err, sizeof err, "written file reads back with %" PRIu32 " layers + %" PRIu32
                      " MTP blocks, not %" PRIu32 " + %" PRIu32, bh->n_layer, bh->n_nextn, hp->n_layer,
                      h2.n_nextn);
             rc = -EPROTO;
