@@ -55,8 +55,26 @@ f=synth-qwen35-bpe1024-f16.gguf
 M=$(need_model $f) || exit 1
 C=$TMP/mtp-$f
 d=$TMP/ring
-ring_up "$d" --model "$C" --stages 3 --standby 1
+ring_up "$d" --model "$C" --stages 3 --standby 1 --api 127.0.0.1:0
 grep -q "MTP block 8 loaded" "$d/rank-2/kvd.log" || fail "the last rank did not load the MTP block: $(tail -5 "$d/rank-2/kvd.log")"
+# the API's "draft": "mtp" gives the text of "none"
+PORT=$(api_port "$d")
+api() { curl -s -m 60 -H 'Content-Type: application/json' -d "$1" "http://127.0.0.1:$PORT/v1/completions" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'; }
+sent() {   # the drafts rank 0 has sent in verifying passes
+    "$KVCTL" status --ring "$d" --json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("rank") == 0 and o.get("linked"):
+        print(o["drafts"]["drafts_sent"]); break'
+}
+a1=$(api '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "draft": "none"}') || fail "API draft none"
+s0=$(sent)
+a2=$(api '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "draft": "mtp", "draft_max": 2}') ||
+    fail "API draft mtp"
+[ -n "$a1" ] && [ "$a1" = "$a2" ] || fail "API: the text with MTP drafts differs: '$a1' vs '$a2'"
+[ "$(sent)" -gt "$s0" ] || fail "API draft mtp: rank 0 sent no drafts"
 for samp in "--temp 0" "--temp 0.8 --seed 7"; do
     one=$("$KVCTL" generate -m "$C" --ids --tokens $P -n 60 $samp --ignore-eos -t 1 2>/dev/null) ||
         fail "ring $samp: one-process generate"
