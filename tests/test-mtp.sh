@@ -5,13 +5,14 @@
 # (kvctl synth --from MODEL --nextn 1; the copy's main pass is the original's):
 # - one process: without drafts the copy generates what the original does; --draft mtp with 1,
 #   3 and 14 drafts a pass, and --draft auto, give that text, greedy and seeded, and the block
-#   proposed drafts (random weights: few are accepted, the text never changes);
+#   proposed drafts (random weights: few are accepted, the text never changes); the same on
+#   the OpenCL device;
 # - the original (no block): --draft mtp is refused with the reason, --draft auto drafts by
 #   prompt lookup;
 # - a 3-stage ring of the copy: --draft mtp greedy and seeded = one process, the last rank's
 #   log says it loaded the block; the last stage killed mid-session (a standby takes over, the
 #   sessions replay, the new last rank rebuilds the block's entries from the history): every
-#   text as one process;
+#   text as one process; the API's "draft": "mtp" drafts and gives the text of "none";
 # - a ring of the original: a session asking for MTP drafts fails, naming the missing block.
 . "$(dirname "$0")/ring_lib.sh"
 
@@ -49,6 +50,18 @@ none: $one"
         fail "$f: --draft auto without the block changed the text"
     echo "ok $f: one process, --draft mtp (1, 3, 14 drafts) and auto = no drafting = the original, greedy and seeded"
 done
+
+# On the OpenCL device (PoCL here): the block runs there too, the text that of no drafting.
+export KV_CL_CACHE="$TMP/clcache"
+clinfo -l 2>/dev/null | grep -q "Device" || fail "no OpenCL device (clinfo -l lists none): install pocl-opencl-icd"
+C=$TMP/mtp-synth-qwen35-bpe1024-f16.gguf
+one=$("$KVCTL" generate -m "$C" --device opencl --ids --tokens $P -n 24 --temp 0 --ignore-eos 2>/dev/null) ||
+    fail "OpenCL: generate"
+out=$("$KVCTL" generate -m "$C" --device opencl --ids --tokens $P -n 24 --temp 0 --ignore-eos --draft mtp \
+      --draft-max 2 2>"$TMP/err") || fail "OpenCL --draft mtp: $(cat "$TMP/err")"
+[ -n "$one" ] && [ "$out" = "$one" ] || fail "OpenCL --draft mtp: tokens differ from no drafting"
+grep -q "^drafts: [1-9][0-9]* proposed" "$TMP/err" || fail "OpenCL: the MTP block proposed nothing: $(cat "$TMP/err")"
+echo "ok OpenCL: --draft mtp = no drafting"
 
 # A 3-stage ring of the dense hybrid copy.
 f=synth-qwen35-bpe1024-f16.gguf
