@@ -463,19 +463,20 @@ static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t 
     double rest = (double)(c->M[L] - c->M[reach]) + (double)c->head_mem +
                   (reach == 0 ? (double)c->embed_mem : (double)c->head_embed_mem);
     util_fmt_bytes(rb, sizeof rb, rest, 2, UTIL_FMT_SI);
+    const char *tail = c->s->mtp_blocks && !o->no_mtp ? "head, MTP blocks" : "head";
     if (need > have) {
         util_fmt_bytes(sb, sizeof sb, need - have, 2, UTIL_FMT_SI);
         util_seterr(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
-                   "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
+                   "sessions, embedding, %s) but the %u usable devices offer %.0f bytes (%s) after "
                    "%.0f%% headroom: short by %.0f bytes (%s); at best layers [0, %u) fit, layers [%u, %u) "
-                   "(+ head) find no room (%.0f bytes, %s)",
-                   need, nb, L, o->ctx, o->sessions, c->n_usable, have, hb, o->headroom * 100, need - have, sb,
-                   reach, reach, L, rest, rb);
+                   "(+ %s) find no room (%.0f bytes, %s)",
+                   need, nb, L, o->ctx, o->sessions, tail, c->n_usable, have, hb, o->headroom * 100, need - have,
+                   sb, reach, reach, L, tail, rest, rb);
     } else {
         util_seterr(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
                    "but no cut into windows fits their sizes (largest device %.0f bytes); at best layers "
-                   "[0, %u) fit, layers [%u, %u) (+ head) find no room: short by %.0f bytes (%s)",
-                   have, hb, need, nb, largest, reach, reach, L, rest, rb);
+                   "[0, %u) fit, layers [%u, %u) (+ %s) find no room: short by %.0f bytes (%s)",
+                   have, hb, need, nb, largest, reach, reach, L, tail, rest, rb);
     }
 }
 
