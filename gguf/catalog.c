@@ -714,7 +714,7 @@ int gguf_catalog_window_bound(const struct gguf_catalog *c, uint32_t first, uint
         const struct gguf_catalog_tensor *t = &c->tensors[i];
         /* a hostile catalog may overlap its tensors: the sums saturate */
         all = sat_add(all, t->size);
-        if (gguf_window_wants(t->name, first, last, c->n_main, has_output)) {
+        if (gguf_window_wants(t->name, first, last, c->n_main, c->n_layers, has_output)) {
             want = sat_add(want, t->size);
             pad = sat_add(pad, align - 1);
         }
@@ -787,7 +787,7 @@ int gguf_catalog_verify(const struct gguf_catalog *c, const struct gguf_file *w,
     bool has_output = gguf_catalog_find(c, "output.weight") != NULL;
     for (uint64_t i = 0; i < c->n_tensors; i++) {
         const char *name = c->tensors[i].name;
-        bool need = is_window ? gguf_window_wants(name, first, last, n_main, has_output) : true;
+        bool need = is_window ? gguf_window_wants(name, first, last, n_main, c->n_layers, has_output) : true;
         if (need && !gguf_tensor_find(w, name)) {
             util_seterr(err, errlen, "tensor %s: missing (window [%u, %u) needs it)", name, first, last);
             return -EBADMSG;

@@ -212,14 +212,17 @@ int gguf_block_count(const struct gguf_file *f, uint32_t *out);
 /* Layers of the main pass: block_count minus <arch>.nextn_predict_layers (multi-token
  * prediction blocks appended after the main layers), as the model module counts them. */
 int gguf_main_layers(const struct gguf_file *f, uint32_t *out);
-/* Whether tensor t belongs in the window [first, last) of a model whose main pass has
- * n_layers layers (gguf_main_layers), with (has_output) or without a separate output.weight:
- * blk.N.* for first <= N < last, token_embd.* when first == 0; the last window
- * (last >= n_layers) holds output_norm.* / output.* (and token_embd.* when the model ties
- * embeddings) and any blocks past the main pass (N >= n_layers); other non-block tensors
- * (for example rope_freqs) are in every window. */
+/* Whether tensor t belongs in the window [first, last) of a model of n_block blocks
+ * (gguf_block_count) whose main pass has n_layers of them (gguf_main_layers), with
+ * (has_output) or without a separate output.weight: blk.N.* for first <= N < last,
+ * token_embd.* when first == 0; the last window (last >= n_layers) holds output_norm.* /
+ * output.*, the multi-token-prediction blocks past the main pass (blk.N.* for N >= n_layers,
+ * which the last rank runs as its drafter) and token_embd.* too when the model ties its head
+ * to the embedding or has such blocks (the drafter embeds the token it sampled); other
+ * non-block tensors (for example rope_freqs) are in every window. The one rule for what a
+ * window holds: slicing, catalogs' window bounds and verification, seeders and pulls. */
 bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
-                       bool has_output);
+                       uint32_t n_block, bool has_output);
 /* The window a stage mini-GGUF declares (kvasir.window.first/last): 0 or -ENOENT. */
 int gguf_window_get(const struct gguf_file *f, uint32_t *first, uint32_t *last);
 

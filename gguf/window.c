@@ -57,15 +57,18 @@ int gguf_main_layers(const struct gguf_file *f, uint32_t *out)
 }
 
 bool gguf_window_wants(const char *name, uint32_t first, uint32_t last, uint32_t n_layers,
-                       bool has_output)
+                       uint32_t n_block, bool has_output)
 {
+    bool tail = last >= n_layers;   /* the last window: the head and the MTP blocks */
     int l = gguf_tensor_layer(name);
     if (l >= 0) /* blocks past the main pass (multi-token prediction) go with the head */
-        return (uint32_t)l < n_layers ? (uint32_t)l >= first && (uint32_t)l < last : last >= n_layers;
+        return (uint32_t)l < n_layers ? (uint32_t)l >= first && (uint32_t)l < last : tail;
+    /* Rank 0 embeds the prompt; the last rank reads token_embd as its head when the model
+     * ties them, and its MTP drafter embeds each token it samples. */
     if (has_prefix(name, "token_embd."))
-        return first == 0 || (last >= n_layers && !has_output);
+        return first == 0 || (tail && (!has_output || n_block > n_layers));
     if (has_prefix(name, "output_norm.") || has_prefix(name, "output."))
-        return last >= n_layers;
+        return tail;
     return true; /* shared tensors such as rope_freqs.weight: every stage needs them */
 }
 
@@ -185,7 +188,7 @@ int gguf_window_writer(struct gguf_writer **out, struct gguf_file *src,
         util_seterr(err, errlen, "window: setting metadata: %s", strerror(-rc));
     for (uint64_t i = 0; i < gguf_tensor_count(src) && !rc; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(src, i);
-        if (!gguf_window_wants(t->name, o->first, o->last, n_layers, has_output))
+        if (!gguf_window_wants(t->name, o->first, o->last, n_layers, n_block, has_output))
             continue;
         rc = gguf_writer_add_tensor_copy(w, src, t);
         if (rc)

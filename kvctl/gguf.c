@@ -265,7 +265,8 @@ int kvctl_cmd_slice(int argc, char **argv)
         printf("usage: kvctl slice FILE --layers A:B -o OUT [--source-sha256 HEX]\n"
                "  write the stage mini-GGUF of layers [A, B): all metadata, the window's tensors under\n"
                "  their original names (token_embd when A is 0, output_norm/output when B is the last\n"
-               "  layer, token_embd there too when the model ties them), kvasir.window.first/last and\n"
+               "  layer, with the MTP blocks past it and token_embd there too when the model ties them\n"
+               "  or has MTP blocks), kvasir.window.first/last and\n"
                "  kvasir.source.sha256 (the source file's SHA-256, computed unless given).\n");
         return 0;
     }

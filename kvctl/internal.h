@@ -35,13 +35,12 @@ struct kvctl_model {
     struct plan_tensor *t;
     size_t nt;
     char *names;                   /* descriptor hparams: synthesised names */
-    struct plan_layer *layers;     /* every block, the MTP ones last */
+    struct plan_layer *layers;     /* every block, the MTP ones last (shape.mtp sums them) */
     struct plan_shape shape;
     struct plan_model pm;          /* what the source says (plan_shape_of_model's input) */
     char name[128], arch[64], catalog[65];
     uint32_t kv_bytes, wire_bytes;
     char kind[16];                 /* "gguf", "catalog", "descriptor" */
-    uint32_t mtp;                  /* trailing MTP blocks left out of the plan */
 };
 
 /* The planner's view of GGUF header g (its architecture arch, borrowed): the tensors into *t

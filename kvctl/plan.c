@@ -331,6 +331,9 @@ static void plan_usage(FILE *o)
         "                       GGUF; with a catalog alone, ARCH-ID where ID is 12 hex digits)\n"
         "  --experts-used N     experts a token uses (catalogs only)\n"
         "  --nextn N            trailing MTP blocks (catalogs; default: the catalog's count)\n"
+        "  --no-mtp             leave the model's MTP blocks out: the last rank will not draft\n"
+        "                       with them (default: it holds them, their K/V and, unless it is\n"
+        "                       rank 0 or the head is token_embd, a token_embd of its own)\n"
         "  --devices FILE       device profiles; repeat to merge several files\n"
         "  --objective O        latency (one session, default) or throughput (many sessions)\n"
         "  --ctx N              context tokens reserved per session (default 4096)\n"
@@ -435,12 +438,18 @@ static int manifest_json(cJSON **out, const struct kvctl_model *m, const struct 
         cJSON_AddNumberToObject(x, "active_bytes_per_token", (double)k->active_bytes);
         cJSON_AddNumberToObject(x, "compute_ms", k->compute_ms);
         cJSON_AddNumberToObject(x, "link_ms", k->link_ms);
+        if (k->mtp_blocks) {   /* the blocks after the main pass [n_layers, n_layers + mtp_blocks) */
+            cJSON_AddNumberToObject(x, "mtp_blocks", k->mtp_blocks);
+            cJSON_AddNumberToObject(x, "mtp_mem_bytes", (double)k->mtp_mem_bytes);
+        }
     }
     cJSON *jp = cJSON_AddObjectToObject(root, "plan");
     cJSON_AddStringToObject(jp, "objective", o->objective == PLAN_THROUGHPUT ? "throughput" : "latency");
     cJSON_AddNumberToObject(jp, "ctx", o->ctx);
     cJSON_AddNumberToObject(jp, "sessions", o->sessions);
     cJSON_AddNumberToObject(jp, "draft_max", o->draft_max);
+    cJSON_AddNumberToObject(jp, "mtp_blocks", m->shape.mtp_blocks);
+    cJSON_AddBoolToObject(jp, "mtp_placed", m->shape.mtp_blocks && !o->no_mtp);
     cJSON_AddNumberToObject(jp, "headroom", o->headroom);
     cJSON_AddNumberToObject(jp, "est_ms_per_token", r->ms_per_token);
     cJSON_AddNumberToObject(jp, "period_ms", r->period_ms);
@@ -474,12 +483,24 @@ static void print_table(FILE *out, const struct kvctl_model *m, const struct dev
     fprintf(out, "model %s (%s, %s): %u layers, n_embd %u, %s of weights", m->name[0] ? m->name : "?",
             m->arch, m->kind, m->shape.n_layers, m->shape.n_embd, a);
     if (experts > 0) fprintf(out, " (%s routed experts)", b);
-    if (m->mtp) {
-        double mb = 0;
-        for (uint32_t i = m->shape.n_layers; i < m->shape.n_layers + m->mtp; i++) mb += (double)m->layers[i].weight_bytes;
-        util_fmt_bytes(a, sizeof a, mb, 2, UTIL_FMT_SI);
-        fprintf(out, "\n+ %u MTP block%s ([%u, %u), %s) skipped in the main pass: not loaded, not planned",
-                m->mtp, m->mtp > 1 ? "s" : "", m->shape.n_layers, m->shape.n_layers + m->mtp, a);
+    uint32_t nm = m->shape.mtp_blocks;
+    if (nm) {
+        const struct plan_rank *last = &r->ranks[r->n_ranks - 1];
+        util_fmt_bytes(a, sizeof a, (double)m->shape.mtp.weight_bytes, 2, UTIL_FMT_SI);
+        fprintf(out, "\n+ %u MTP block%s ([%u, %u), %s) ", nm, nm > 1 ? "s" : "", m->shape.n_layers,
+                m->shape.n_layers + nm, a);
+        if (o->no_mtp) {
+            fprintf(out, "left out (--no-mtp): the last rank neither loads nor drafts with %s",
+                    nm > 1 ? "them" : "it");
+        } else {
+            util_fmt_bytes(b, sizeof b, (double)last->mtp_mem_bytes, 2, UTIL_FMT_SI);
+            fprintf(out, "placed on rank %u with the head (drafting): %s there with %s K/V", r->n_ranks - 1, b,
+                    nm > 1 ? "their" : "its");
+            if (!last->embed && m->shape.mtp_embed_bytes) {
+                util_fmt_bytes(a, sizeof a, (double)m->shape.mtp_embed_bytes, 2, UTIL_FMT_SI);
+                fprintf(out, " and a token_embd of its own (%s)", a);
+            }
+        }
     }
     fprintf(out, "\nobjective %s, ctx %u x %u sessions, headroom %.0f%%, %zu devices, %s search\n\n",
             o->objective == PLAN_THROUGHPUT ? "throughput" : "latency", o->ctx, o->sessions,
@@ -493,9 +514,10 @@ static void print_table(FILE *out, const struct kvctl_model *m, const struct dev
         util_fmt_bytes(a, sizeof a, (double)k->mem_bytes, 2, UTIL_FMT_SI);
         util_fmt_bytes(b, sizeof b, (double)k->mem_avail_bytes, 2, UTIL_FMT_SI);
         snprintf(mem, sizeof mem, "%s / %s", a, b);
-        fprintf(out, "%-4u %-16.16s %-8.8s %-10s %-24s %10.2f %10.2f %9.2f %s%s%s\n", i, ds->ids[k->device],
+        fprintf(out, "%-4u %-16.16s %-8.8s %-10s %-24s %10.2f %10.2f %9.2f %s%s%s%s\n", i, ds->ids[k->device],
                 ds->backends[k->device], lay, mem, k->compute_ms, k->link_ms, k->est_ms_per_token,
-                k->embed ? "embed " : "", k->head ? "head " : "", k->relay ? "relay" : "");
+                k->embed ? "embed " : "", k->head ? "head " : "", k->mtp_blocks ? "mtp " : "",
+                k->relay ? "relay" : "");
     }
     fprintf(out, "\nestimate: %.1f ms/token for one session (%.2f tokens/s); period %.1f ms, "
             "%.2f tokens/s with %u sessions\n", r->ms_per_token, r->tokens_per_s_1, r->period_ms,
@@ -507,9 +529,10 @@ static void print_table(FILE *out, const struct kvctl_model *m, const struct dev
     }
 }
 
-/* Per-layer shape, runs of equal layers folded into one line. */
-static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, const struct plan_opts *o)
+/* Per-layer shape, runs of equal layers folded into one line (the MTP blocks last). */
+static void print_layers(FILE *out, const struct plan_shape *s, const struct plan_opts *o)
 {
+    uint32_t mtp = s->mtp_blocks;
     char a[32], b[32], c[32], d[32], e[32];
     fprintf(out, "%-10s %11s %11s %13s %11s %11s %12s\n", "layers", "weights", "experts", "read/token",
             "KV/token", "state", "reserved");
@@ -529,14 +552,18 @@ static void print_layers(FILE *out, const struct plan_shape *s, uint32_t mtp, co
         char rs[32];
         util_fmt_bytes(rs, sizeof rs, (double)o->sessions * ((double)l->state_bytes + (double)l->kv_bytes_per_token * o->ctx), 2, UTIL_FMT_SI);
         fprintf(out, "%-9s %11s %11s %13s %11s %11s %12s%s\n", lay, a, b, c, d, e, rs,
-                i >= s->n_layers ? "  MTP: not loaded" : "");
+                i < s->n_layers ? "" : o->no_mtp ? "  MTP: left out (--no-mtp)" : "  MTP: last rank (drafter)");
         i = j;
     }
     util_fmt_bytes(a, sizeof a, (double)s->embed_bytes, 2, UTIL_FMT_SI);
     util_fmt_bytes(b, sizeof b, (double)s->head_bytes, 2, UTIL_FMT_SI);
     util_fmt_bytes(c, sizeof c, (double)s->head_active_bytes, 2, UTIL_FMT_SI);
-    fprintf(out, "embedding %s (rank 0); head %s, reads %s per token (last rank); wire %llu bytes per token\n"
-            "(reserved = KV/state for ctx %u x %u sessions)\n\n", a, b, c,
+    fprintf(out, "embedding %s (rank 0); head %s, reads %s per token (last rank)", a, b, c);
+    if (mtp && !o->no_mtp && s->mtp_embed_bytes) {
+        util_fmt_bytes(a, sizeof a, (double)s->mtp_embed_bytes, 2, UTIL_FMT_SI);
+        fprintf(out, "; the drafter's token_embd %s (last rank, unless rank 0)", a);
+    }
+    fprintf(out, "; wire %llu bytes per token\n(reserved = KV/state for ctx %u x %u sessions)\n\n",
             (unsigned long long)s->wire_bytes_per_token, o->ctx, o->sessions);
 }
 
@@ -559,6 +586,7 @@ int kvctl_cmd_plan(int argc, char **argv)
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--layers")) { show_layers = true; continue; }
         if (!strcmp(a, "--allow-unpinned")) { allow_unpinned = true; continue; }
+        if (!strcmp(a, "--no-mtp")) { o.no_mtp = true; continue; }
         if (!has) { fprintf(stderr, "kvctl plan: %s needs a value (or is unknown)\n", a); plan_usage(stderr); return 2; }
         const char *val = argv[++i];
         if (!strcmp(a, "--model") || !strcmp(a, "-m")) model = val;
@@ -637,7 +665,7 @@ int kvctl_cmd_plan(int argc, char **argv)
     if (rc) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
     for (int i = 0; i < ndev; i++)
         if (load_devices(&ds, devfiles[i], err, sizeof err) < 0) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
-    if (show_layers && !json) print_layers(stdout, &m.shape, m.mtp, &o);
+    if (show_layers && !json) print_layers(stdout, &m.shape, &o);
     if (devset_choose(&ds, &m.shape, &o, err, sizeof err) < 0) { fprintf(stderr, "kvctl plan: %s\n", err); goto out; }
     rc = plan_make(&r, &m.shape, ds.d, ds.n, &o, err, sizeof err);
     if (rc) {

@@ -91,7 +91,7 @@ static int measure_layers(const struct kvctl_model *m, const char *path, const c
     free(x);
     uint32_t runs = last > first ? last - first : 0;
     if (ok && best > 0 && runs) {
-        /* the file's MTP blocks are not run: count the layers that work */
+        /* the window's MTP blocks are not in the main pass: count the layers it runs */
         uint32_t work = 0;
         for (uint32_t l = first; l < last && l < m->shape.n_layers; l++)
             if (m->shape.layers[l].active_bytes) work++;
@@ -267,8 +267,6 @@ int kvctl_cmd_profile(int argc, char **argv)
         kvctl__model_free(&m);
         return 1;
     }
-    /* this machine is profiled for the whole file, MTP blocks included */
-    m.shape.n_layers += m.mtp;
     uint64_t avail = meminfo_kb("MemAvailable") * 1024;
     double membw = measure_bw();
     /* the average working layer: what ms_per_layer_token means to the planner */

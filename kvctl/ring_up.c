@@ -34,7 +34,8 @@
 #endif
 
 /* Windows for n identical local stages from the planner (planner/plan.h plan_even): the
- * model's shape from its tensor list, the runtime's layers (MTP blocks left out). */
+ * model's shape from its tensor list, the main pass's layers (the MTP blocks, if any, count
+ * as the last rank's work beside the head). */
 static int plan_split(const struct gguf_file *g, const char *arch, uint32_t n, uint32_t *first,
                       uint32_t *last)
 {

@@ -61,7 +61,7 @@ void kvctl__model_free(struct kvctl_model *m)
 }
 
 /* The planner's shape of the model m's source describes (plan_shape_of_model: the trailing MTP
- * blocks are left out of the plan, counted in m->mtp). */
+ * blocks go to the last rank, beside the head). */
 static int finish_shape(struct kvctl_model *m, char *err, size_t errlen)
 {
     struct plan_model *pm = &m->pm;
@@ -73,10 +73,7 @@ static int finish_shape(struct kvctl_model *m, char *err, size_t errlen)
     pm->wire_elem_bytes = m->wire_bytes;
     m->layers = calloc(pm->n_blocks ? pm->n_blocks : 1, sizeof *m->layers);
     if (!m->layers) { snprintf(err, errlen, "out of memory"); return -ENOMEM; }
-    int rc = plan_shape_of_model(pm, &m->shape, m->layers, err, errlen);
-    if (rc) return rc;
-    m->mtp = pm->nextn_layers;
-    return 0;
+    return plan_shape_of_model(pm, &m->shape, m->layers, err, errlen);
 }
 
 /* Experts from the 3-D *_exps tensors when the metadata does not say. */
@@ -88,9 +85,11 @@ static uint32_t experts_in(const struct plan_tensor *t, size_t n)
     return 0;
 }
 
-/* A stage mini-GGUF holds only its window's blocks: take the blocks outside it from blocks
- * of the same kind inside it (full attention or not, for hybrids: every interval-th block),
- * and the embedding / head from the vocabulary and the window's bytes per weight. */
+/* A stage mini-GGUF holds only its window's blocks (the last one also the head, the MTP
+ * blocks and, with them, token_embd): take the blocks outside it from blocks of the same kind
+ * inside it (full attention or not, for hybrids: every interval-th block; an MTP block is a
+ * full-attention one), and the embedding / head it lacks from the vocabulary and the window's
+ * bytes per weight. */
 static void extrapolate_window(struct kvctl_model *m, uint32_t wf, uint32_t wl)
 {
     struct plan_shape *s = &m->shape;
@@ -106,9 +105,10 @@ static void extrapolate_window(struct kvctl_model *m, uint32_t wf, uint32_t wl)
             vocab = (uint32_t)arr->v.arr.n;
     }
     uint32_t main_last = nl - m->pm.nextn_layers; /* first MTP block */
+    bool last = wl >= main_last;
     for (uint32_t i = 0; i < nl; i++) {
-        if (i >= wf && i < wl) continue;
         bool mtp = i >= main_last;
+        if ((i >= wf && i < wl) || (mtp && last)) continue;
         bool kind = fai && !mtp ? (i + 1) % fai == 0 : true;
         int src = -1;
         for (uint32_t j = wf; j < wl && j < main_last; j++) {
@@ -117,12 +117,6 @@ static void extrapolate_window(struct kvctl_model *m, uint32_t wf, uint32_t wl)
         }
         if (src < 0) src = (int)(wf < main_last ? wf : wl - 1);
         m->layers[i] = m->layers[src];   /* s->layers points at m->layers */
-        if (mtp) {
-            m->layers[i].active_bytes = 0;
-            m->layers[i].macs = 0;
-            m->layers[i].kv_bytes_per_token = 0;
-            m->layers[i].state_bytes = 0;
-        }
     }
     /* bytes per weight of the window's matrices */
     double bytes = 0, el = 0;
@@ -133,15 +127,18 @@ static void extrapolate_window(struct kvctl_model *m, uint32_t wf, uint32_t wl)
         }
     double bpe = el > 0 ? bytes / el : 2;
     double table = (double)vocab * s->n_embd * bpe;
-    if (wf > 0) {
+    if (wf > 0 && !gguf_tensor_find(m->gf, "token_embd.weight")) {
         s->embed_bytes = (uint64_t)table;
         s->embed_active_bytes = vocab ? (uint64_t)(table / vocab) : 0;
     }
-    if (wl < nl) {
+    if (!last) {
         s->head_bytes = (uint64_t)table + 4ull * s->n_embd;
         s->head_active_bytes = s->head_bytes;
         s->head_macs = (double)vocab * s->n_embd;
     }
+    /* the MTP blocks and the drafter's token_embd from the blocks and embedding just filled in
+     * (a window without the head cannot say whether the model ties it: taken as untied) */
+    plan_shape_set_mtp(s, m->pm.nextn_layers, last && !gguf_tensor_find(m->gf, "output.weight"));
     fprintf(stderr, "kvctl: %s is the window [%u, %u) of a %u-layer model: the other blocks, the "
             "embedding and the head are extrapolated from it\n", gguf_file_path(m->gf), wf, wl, nl);
 }

@@ -77,6 +77,8 @@ struct ctx {
     uint64_t *M;               /* L+1 prefix sums of layer memory (weights + reserved KV/state) */
     uint64_t *A;               /* L+1 prefix sums of one session's K cache + state per layer */
     uint64_t embed_mem, head_mem;
+    uint64_t head_embed_mem;   /* the drafter's token_embd on a last rank that is not rank 0 */
+    uint64_t head_alloc;       /* one session's MTP K cache, beside the last window's */
     double wire, token;        /* bytes per token on the ranks' edges and the closing edge */
     /* DP scratch */
     double *D, *ND, *S, *NS;   /* value and secondary (latency under a period cap) */
@@ -86,6 +88,13 @@ struct ctx {
     double *mean_ms;           /* per caller device: mean layer ms, then hop ms (2 x n) */
     uint32_t n_usable;
 };
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
 
 struct stage {
     bool ok;
@@ -129,10 +138,13 @@ static struct stage stage_cost(const struct ctx *c, uint32_t k, uint32_t j, uint
     struct stage st = {0};
     const struct dev_info *d = &c->di[k];
     bool first = j == 0, last = j2 == c->L;
-    uint64_t mem = c->M[j2] - c->M[j];
-    if (first) mem += c->embed_mem;
-    if (last) mem += c->head_mem;
-    if (mem < c->M[j2] - c->M[j] || mem > d->cap || (d->alloc && c->A[j2] - c->A[j] > d->alloc))
+    uint64_t mem = c->M[j2] - c->M[j], alloc = c->A[j2] - c->A[j];
+    if (first) mem = sat_add(mem, c->embed_mem);
+    if (last) {
+        mem = sat_add(mem, sat_add(c->head_mem, first ? 0 : c->head_embed_mem));
+        alloc = sat_add(alloc, c->head_alloc);
+    }
+    if (mem > d->cap || (d->alloc && alloc > d->alloc))
         return st;
     st.mem = mem;
     st.compute = c->T[(size_t)k * (c->L + 1) + j2] - c->T[(size_t)k * (c->L + 1) + j];
@@ -178,6 +190,9 @@ static double dp_run(struct ctx *c, const uint32_t *ord, uint32_t n, int mode, d
             if (D[j] == INF)
                 continue;
             uint64_t room = d->cap;
+            /* the last window's extras: the head, the MTP blocks and (not on rank 0) the
+             * drafter's token_embd */
+            uint64_t tail = sat_add(c->head_mem, j == 0 ? 0 : c->head_embed_mem);
             double extra = 0;
             if (j == 0) {
                 if (c->embed_mem > room) continue;
@@ -192,7 +207,8 @@ static double dp_run(struct ctx *c, const uint32_t *ord, uint32_t n, int mode, d
                 if (d->alloc && c->A[j2] - abase > d->alloc) break;   /* so does the K cache */
                 double comp = T[j2] - t0, x;
                 if (j2 == L) {
-                    if (mem + c->head_mem > room || mem + c->head_mem < mem) continue;
+                    if (sat_add(mem, tail) > room) continue;
+                    if (d->alloc && sat_add(c->A[j2] - abase, c->head_alloc) > d->alloc) continue;
                     comp += d->head_ms;
                     x = j == 0 ? 0 : xe;
                 } else {
@@ -330,12 +346,6 @@ static void sort_order(const struct ctx *c, uint32_t *ord, uint32_t n, enum orde
 
 /* ------------------------------------------------------------------------------------------ */
 
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
-static uint64_t sat_mul(uint64_t a, uint64_t b)
-{
-    uint64_t r;
-    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
-}
 
 /* Bytes of layer l on its device: its weights, and per session its KV and recurrent state;
  * with drafting, a recurrent layer's checkpoint (its state again) and the verifying pass's
@@ -410,6 +420,12 @@ static int validate(const struct plan_shape *s, const struct plan_device *devs, 
         util_seterr(err, errlen, "plan: embedding/head/wire sizes out of range");
         return -EINVAL;
     }
+    if (s->mtp_blocks > PLAN_MAX_LAYERS || s->mtp.weight_bytes > big || s->mtp.active_bytes > big ||
+        s->mtp.kv_bytes_per_token > (1ull << 32) || s->mtp.state_bytes > big || bad_num(s->mtp.macs) ||
+        s->mtp.macs > 1e18 || s->mtp_embed_bytes > big) {
+        util_seterr(err, errlen, "plan: MTP blocks (%u) or their sizes out of range", s->mtp_blocks);
+        return -EINVAL;
+    }
     return 0;
 }
 
@@ -436,28 +452,31 @@ static void explain_infeasible(struct ctx *c, uint32_t reach, char *err, size_t 
 {
     const struct plan_opts *o = c->o;
     uint32_t L = c->L;
-    double need = (double)c->M[L] + (double)c->embed_mem + (double)c->head_mem;
+    /* a ring of two ranks or more: the last one keeps the drafter's token_embd too */
+    double need = (double)c->M[L] + (double)c->embed_mem + (double)c->head_mem + (double)c->head_embed_mem;
     double have = c->have, largest = 0;
     for (uint32_t k = 0; k < c->N; k++)
         if (c->di[k].cap > largest) largest = (double)c->di[k].cap;
     char nb[32], hb[32], sb[32], rb[32];
     util_fmt_bytes(nb, sizeof nb, need, 2, UTIL_FMT_SI);
     util_fmt_bytes(hb, sizeof hb, have, 2, UTIL_FMT_SI);
-    double rest = (double)(c->M[L] - c->M[reach]) + (double)c->head_mem + (reach == 0 ? (double)c->embed_mem : 0);
+    double rest = (double)(c->M[L] - c->M[reach]) + (double)c->head_mem +
+                  (reach == 0 ? (double)c->embed_mem : (double)c->head_embed_mem);
     util_fmt_bytes(rb, sizeof rb, rest, 2, UTIL_FMT_SI);
+    const char *tail = c->s->mtp_blocks && !o->no_mtp ? "head, MTP blocks" : "head";
     if (need > have) {
         util_fmt_bytes(sb, sizeof sb, need - have, 2, UTIL_FMT_SI);
         util_seterr(err, errlen, "does not fit: the model needs %.0f bytes (%s: %u layers with ctx %u x %u "
-                   "sessions, embedding, head) but the %u usable devices offer %.0f bytes (%s) after "
+                   "sessions, embedding, %s) but the %u usable devices offer %.0f bytes (%s) after "
                    "%.0f%% headroom: short by %.0f bytes (%s); at best layers [0, %u) fit, layers [%u, %u) "
-                   "(+ head) find no room (%.0f bytes, %s)",
-                   need, nb, L, o->ctx, o->sessions, c->n_usable, have, hb, o->headroom * 100, need - have, sb,
-                   reach, reach, L, rest, rb);
+                   "(+ %s) find no room (%.0f bytes, %s)",
+                   need, nb, L, o->ctx, o->sessions, tail, c->n_usable, have, hb, o->headroom * 100, need - have,
+                   sb, reach, reach, L, tail, rest, rb);
     } else {
         util_seterr(err, errlen, "does not fit: the devices offer %.0f bytes (%s) for %.0f needed (%s), "
                    "but no cut into windows fits their sizes (largest device %.0f bytes); at best layers "
-                   "[0, %u) fit, layers [%u, %u) (+ head) find no room: short by %.0f bytes (%s)",
-                   have, hb, need, nb, largest, reach, reach, L, rest, rb);
+                   "[0, %u) fit, layers [%u, %u) (+ %s) find no room: short by %.0f bytes (%s)",
+                   have, hb, need, nb, largest, reach, reach, L, tail, rest, rb);
     }
 }
 
@@ -489,6 +508,12 @@ static int fill_result(struct ctx *c, const uint32_t *ord, uint32_t n, struct pl
         }
         if (rk->embed) rk->active_bytes += c->s->embed_active_bytes;
         if (rk->head) rk->active_bytes += c->s->head_active_bytes;
+        if (rk->head && c->s->mtp_blocks && !c->o->no_mtp) {
+            rk->mtp_blocks = c->s->mtp_blocks;
+            rk->mtp_mem_bytes = sat_add(layer_mem(&c->s->mtp, c->s, c->o), rk->embed ? 0 : c->head_embed_mem);
+            rk->expert_bytes += c->s->mtp.expert_bytes;
+            rk->active_bytes += c->s->mtp.active_bytes;
+        }
         rk->compute_ms = s.compute;
         rk->link_ms = s.link;
         rk->transfer_ms = s.xfer;
@@ -645,7 +670,8 @@ static void search_heuristic(struct ctx *c, uint32_t *ord, uint32_t *best, uint3
         bool *inpool = calloc(N, sizeof *inpool);
         cand = malloc(N * sizeof *cand);
         if (inpool && cand) {
-            double need = (double)c->M[c->L] + (double)c->embed_mem + (double)c->head_mem;
+            double need = (double)c->M[c->L] + (double)c->embed_mem + (double)c->head_mem +
+                          (double)c->head_embed_mem;
             nc = 0;
             for (int m = 0; m < K_COUNT; m++) {
                 for (uint32_t i = 0; i < N; i++) ord[i] = i;
@@ -854,6 +880,16 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
     }
     c.embed_mem = s->embed_bytes;
     c.head_mem = s->head_bytes;
+    /* The MTP blocks travel with the head: the last rank holds them and runs them as its
+     * drafter, with a token_embd of its own unless the head is token_embd or it is rank 0. */
+    bool mtp = s->mtp_blocks && !o->no_mtp;
+    if (mtp) {
+        c.head_mem = sat_add(c.head_mem, layer_mem(&s->mtp, s, o));
+        c.head_embed_mem = s->mtp_embed_bytes;
+        c.head_alloc = layer_alloc(&s->mtp, o);
+    }
+    double head_active = (double)s->head_active_bytes + (mtp ? (double)s->mtp.active_bytes : 0);
+    double head_macs = s->head_macs + (mtp ? s->mtp.macs : 0);
     c.wire = (double)s->wire_bytes_per_token;
     c.token = PLAN_TOKEN_BYTES;
     bool by_bytes;
@@ -901,12 +937,13 @@ int plan_make(struct plan_result **out, const struct plan_shape *s,
         x->rtt = d->rtt_ms;
         x->bw = d->bw_bytes_s;
         x->embed_ms = work_ms(d, (double)s->embed_active_bytes, 0, by_bytes, ref);
-        x->head_ms = work_ms(d, (double)s->head_active_bytes, s->head_macs, by_bytes, ref);
+        x->head_ms = work_ms(d, head_active, head_macs, by_bytes, ref);
         x->hop_key = d->rtt_ms + (d->bw_bytes_s > 0 ? 2 * c.wire / d->bw_bytes_s * 1000.0 : 0);
     }
     if (c.N == 0) {
         if (err && errlen) {
-            double need = (double)c.M[L] + (double)c.embed_mem + (double)c.head_mem, have = 0;
+            double need = (double)c.M[L] + (double)c.embed_mem + (double)c.head_mem + (double)c.head_embed_mem,
+                   have = 0;
             for (size_t i = 0; i < n_devs; i++)
                 have += (double)devs[i].mem_bytes * (1.0 - o->headroom);
             uint32_t li = 0;
@@ -1098,7 +1135,8 @@ int plan_even(const struct plan_shape *s, uint32_t n, uint32_t *first, uint32_t 
     for (uint32_t i = 0; i < L; i++)
         P[i + 1] = P[i] + work_ms(&d, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
     double emb = work_ms(&d, (double)s->embed_active_bytes, 0, by_bytes, ref);
-    double head = work_ms(&d, (double)s->head_active_bytes, s->head_macs, by_bytes, ref);
+    double head = work_ms(&d, (double)(s->head_active_bytes + s->mtp.active_bytes), s->head_macs + s->mtp.macs,
+                          by_bytes, ref);
     /* D[r][j]: min over cuts of the largest window's work covering [0, j) with r ranks. */
     for (size_t i = 0; i < (size_t)(n + 1) * (L + 1); i++) D[i] = INF;
     D[0] = 0;

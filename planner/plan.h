@@ -2,7 +2,8 @@
  *
  * The planner cuts a model's blocks [0, n_layers) into contiguous windows, one per rank, and
  * gives each window to one device, in ring order: rank 0 also holds the token embedding, the
- * last rank the output head. It never puts a window on a device whose memory (after headroom)
+ * last rank the output head and the model's multi-token-prediction (MTP) blocks, which it runs
+ * as its drafter (with a token_embd of its own to embed the tokens it samples). It never puts a window on a device whose memory (after headroom)
  * cannot hold the window's weights plus the KV cache / recurrent state reserved for
  * `sessions` sessions of `ctx` tokens.
  *
@@ -11,6 +12,9 @@
  *     by layer i's share of the work (active bytes per token), or else the roofline
  *     max(2 * macs / flops, active_bytes / mem_bw). Only the bytes a token touches count for
  *     time (a MoE layer reads its used experts), all bytes count for memory.
+ *   - The last rank also pays for the MTP blocks like a window's layers (weights, K/V reserved
+ *     for `sessions` x `ctx`, a token's active bytes in its time) plus, unless it is rank 0, the
+ *     drafter's token_embd (memory only); opts.no_mtp leaves them out.
  *   - Every device in a ring of two or more ranks has one link in and one out. Its share of
  *     the hop costs is its rtt_ms (half on each link) plus the bytes it receives and sends
  *     divided by its bandwidth: activations (wire bytes per token) between ranks, a token id
@@ -50,15 +54,24 @@ struct plan_layer {
 struct plan_shape {
     const char *name;             /* model name for the manifest (may be NULL) */
     const char *arch;             /* "llama", "qwen35moe", ... (may be NULL) */
-    uint32_t n_layers;            /* blocks in the file, MTP blocks included */
+    uint32_t n_layers;            /* blocks of the main pass, cut into windows (MTP blocks not included) */
     uint32_t n_embd;
     uint64_t wire_bytes_per_token; /* boundary bytes per token between ranks */
-    const struct plan_layer *layers; /* n_layers of them */
+    const struct plan_layer *layers; /* n_layers of them (plan_shape_of_model: the MTP blocks follow) */
     uint64_t embed_bytes;         /* token_embd (rank 0) */
     uint64_t embed_active_bytes;  /* one row per token */
     uint64_t head_bytes;          /* output_norm + output (last rank; token_embd again if tied) */
     uint64_t head_active_bytes;
     double head_macs;
+    /* Multi-token-prediction blocks after the main pass (Qwen3.5's nextn_predict_layers): the
+     * last rank holds them beside the head and runs them as its drafter (docs/planner.md).
+     * 0 blocks: the model has none. */
+    uint32_t mtp_blocks;
+    struct plan_layer mtp;        /* the MTP blocks summed: weights, the bytes and multiply-adds a
+                                     token reads through them, K/V per token of context */
+    uint64_t mtp_embed_bytes;     /* token_embd for the drafter to embed the token it sampled: the
+                                     last rank's own copy, unless the head is token_embd (tied:
+                                     0 here) or the last rank is rank 0 too (then not counted) */
 };
 
 /* One device profile (docs/design.md, "The rank manifest"). Strings are borrowed. */
@@ -90,6 +103,8 @@ struct plan_opts {
                                      0: no drafting. A window with recurrent layers keeps a
                                      checkpoint of each session's state (its size again) and
                                      the pass's rows (draft_max + 1 boundaries) */
+    bool no_mtp;                  /* leave the shape's MTP blocks out (a ring that will not draft
+                                     with them): the last rank then neither holds nor runs them */
 };
 /* Defaults: latency, ctx 4096, 4 sessions, headroom 0.05, exhaustive up to 6 devices. */
 void plan_opts_default(struct plan_opts *o);
@@ -99,7 +114,7 @@ struct plan_rank {
     uint32_t first, last;         /* window [first, last) */
     bool embed, head;
     bool relay;                   /* the device accepts no inbound: its in-edge needs a relay */
-    uint64_t mem_bytes;           /* estimated use: weights + KV/state (+ embed / head) */
+    uint64_t mem_bytes;           /* estimated use: weights + KV/state (+ embed / head / MTP) */
     uint64_t mem_avail_bytes;     /* the device's memory after headroom */
     uint64_t expert_bytes;        /* routed-expert bytes in the window */
     uint64_t active_bytes;        /* weight bytes read per token */
@@ -107,6 +122,10 @@ struct plan_rank {
     double link_ms;               /* per token: its share of the hops (rtt + transfer) */
     double transfer_ms;           /* of which bytes / bandwidth (limits the period) */
     double est_ms_per_token;      /* compute_ms + link_ms */
+    uint32_t mtp_blocks;          /* MTP blocks it holds: the shape's on the last rank (unless
+                                     opts.no_mtp), 0 elsewhere */
+    uint64_t mtp_mem_bytes;       /* of mem_bytes: their weights and K/V, and the drafter's
+                                     token_embd (shape.mtp_embed_bytes) unless it is rank 0 */
 };
 
 enum plan_exclusion {
@@ -184,10 +203,9 @@ struct plan_tensor {
 };
 
 struct plan_model_info {
-    uint32_t n_layers;            /* block count (MTP blocks included) */
+    uint32_t n_layers;            /* blocks, each planned as a window's layer */
     uint32_t n_embd;
     uint32_t n_expert, n_expert_used; /* 0 for dense models */
-    uint32_t nextn_layers;        /* trailing MTP blocks: memory, but no work per token */
     uint32_t kv_elem_bytes;       /* bytes per cached K/V element (0: 2, f16 as the runtime keeps them) */
     uint32_t wire_elem_bytes;     /* bytes per boundary element (0: 4, f32) */
 };
@@ -218,12 +236,18 @@ struct plan_model {
 };
 
 /* The shape the planner plans for model m: plan_shape_from_tensors over every block, then the
- * MTP blocks left out of the plan (the runtime never runs them: shape->n_layers is n_blocks -
- * nextn_layers; their bytes stay in layers[] after the main blocks, with no work per token).
+ * MTP blocks taken out of the windows (shape->n_layers is n_blocks - nextn_layers, the main
+ * pass the wire and the manifest count) and given to the last rank (plan_shape_set_mtp: the
+ * runtime runs them there as the drafter); layers[] keeps every block, the MTP ones last.
  * layers is caller-owned (n_blocks entries); shape's name and arch point at m's. 0, or -EINVAL
  * with err. */
 int plan_shape_of_model(const struct plan_model *m, struct plan_shape *shape, struct plan_layer *layers,
                         char *err, size_t errlen);
+/* The MTP part of shape s, the one rule for it: mtp_blocks = n, mtp the sum of the n blocks
+ * that follow the main pass in s->layers (s->layers[s->n_layers .. + n), which must exist),
+ * mtp_embed_bytes = s->embed_bytes when n > 0 and the head is not token_embd (!tied), else 0.
+ * Call it again after changing those blocks or the embedding. */
+void plan_shape_set_mtp(struct plan_shape *s, uint32_t n, bool tied);
 
 /* Hyperparameters of a model family, enough to derive its tensors (for a model whose file is
  * not at hand: the JSON shape descriptor of docs/planner.md). */

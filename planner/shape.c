@@ -52,10 +52,6 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
         util_seterr(err, errlen, "shape: n_layers %u out of range [1, %u]", L, PLAN_MAX_LAYERS);
         return -EINVAL;
     }
-    if (mi->nextn_layers >= L) {
-        util_seterr(err, errlen, "shape: nextn_layers %u must be below n_layers %u", mi->nextn_layers, L);
-        return -EINVAL;
-    }
     if (mi->n_expert_used > mi->n_expert) {
         util_seterr(err, errlen, "shape: expert_used_count %u exceeds expert_count %u", mi->n_expert_used,
                    mi->n_expert);
@@ -109,7 +105,6 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
             goto out;
         }
         struct plan_layer *l = &layers[li];
-        bool mtp = (uint32_t)li >= L - mi->nextn_layers;
         bool expert = strstr(rest, "_exps") != NULL;
         l->weight_bytes += x->bytes;
         double act = (double)x->bytes, mac = x->n_dims >= 2 ? elems(x) : 0;
@@ -118,20 +113,18 @@ int plan_shape_from_tensors(const struct plan_tensor *t, size_t n, const struct 
             act *= used_share;
             mac *= used_share;
         }
-        if (!mtp) {
-            l->active_bytes += (uint64_t)(act + 0.5);
-            l->macs += mac;
-            if (has_prefix(rest, "attn_k.") || has_prefix(rest, "attn_v."))
-                l->kv_bytes_per_token += (x->n_dims >= 2 ? x->ne[1] : x->ne[0]) * kvb;
-            if (has_prefix(rest, "ssm_conv1d.") && x->n_dims >= 2 && x->ne[0] >= 1)
-                conv[li] = (x->ne[0] - 1) * x->ne[1];
-            if (has_prefix(rest, "ssm_a") && (rest[5] == 0 || rest[5] == '.'))
-                hv[li] = x->ne[0];
-            if (has_prefix(rest, "ssm_dt.") && !hv[li])
-                hv[li] = x->ne[0];
-            if (has_prefix(rest, "ssm_norm."))
-                dk[li] = x->ne[0];
-        }
+        l->active_bytes += (uint64_t)(act + 0.5);
+        l->macs += mac;
+        if (has_prefix(rest, "attn_k.") || has_prefix(rest, "attn_v."))
+            l->kv_bytes_per_token += (x->n_dims >= 2 ? x->ne[1] : x->ne[0]) * kvb;
+        if (has_prefix(rest, "ssm_conv1d.") && x->n_dims >= 2 && x->ne[0] >= 1)
+            conv[li] = (x->ne[0] - 1) * x->ne[1];
+        if (has_prefix(rest, "ssm_a") && (rest[5] == 0 || rest[5] == '.'))
+            hv[li] = x->ne[0];
+        if (has_prefix(rest, "ssm_dt.") && !hv[li])
+            hv[li] = x->ne[0];
+        if (has_prefix(rest, "ssm_norm."))
+            dk[li] = x->ne[0];
     }
     for (uint32_t i = 0; i < L; i++) {
         /* conv state (f32 rows) + the recurrent matrix S: value heads x d x d, f32 */
@@ -160,16 +153,41 @@ int plan_shape_of_model(const struct plan_model *m, struct plan_shape *shape, st
                         char *err, size_t errlen)
 {
     if (!m) { util_seterr(err, errlen, "shape: missing argument"); return -EINVAL; }
+    if (m->n_blocks && m->nextn_layers >= m->n_blocks) {
+        util_seterr(err, errlen, "shape: nextn_layers %u must be below the block count %u", m->nextn_layers,
+                    m->n_blocks);
+        return -EINVAL;
+    }
     struct plan_model_info mi = {.n_layers = m->n_blocks, .n_embd = m->n_embd, .n_expert = m->n_expert,
-                                 .n_expert_used = m->n_expert_used, .nextn_layers = m->nextn_layers,
+                                 .n_expert_used = m->n_expert_used,
                                  .kv_elem_bytes = m->kv_elem_bytes, .wire_elem_bytes = m->wire_elem_bytes};
     int rc = plan_shape_from_tensors(m->t, m->n_tensors, &mi, shape, layers, err, errlen);
     if (rc)
         return rc;
+    bool tied = true;
+    for (size_t i = 0; i < m->n_tensors && tied; i++)
+        tied = strcmp(m->t[i].name, "output.weight") != 0;
     shape->n_layers = m->n_blocks - m->nextn_layers;   /* below n_blocks: checked above */
+    plan_shape_set_mtp(shape, m->nextn_layers, tied);
     shape->name = m->name;
     shape->arch = m->arch;
     return 0;
+}
+
+void plan_shape_set_mtp(struct plan_shape *s, uint32_t n, bool tied)
+{
+    memset(&s->mtp, 0, sizeof s->mtp);
+    s->mtp_blocks = n;
+    for (uint32_t i = s->n_layers; i < s->n_layers + n; i++) {
+        const struct plan_layer *l = &s->layers[i];
+        s->mtp.weight_bytes += l->weight_bytes;
+        s->mtp.expert_bytes += l->expert_bytes;
+        s->mtp.active_bytes += l->active_bytes;
+        s->mtp.macs += l->macs;
+        s->mtp.kv_bytes_per_token += l->kv_bytes_per_token;
+        s->mtp.state_bytes += l->state_bytes;
+    }
+    s->mtp_embed_bytes = n && !tied ? s->embed_bytes : 0;
 }
 
 /* ------------------------------------------------------------------------------------------

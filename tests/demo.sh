@@ -106,7 +106,7 @@ demo_seeder() {
 demo_plan() {
     say "this machine's device profile for the model, with the node key of its kvd (kvctl profile --state-dir)"
     run "$KVCTL" profile --model "$MODEL" -t 2 --id this-machine --state-dir "$DEMO/this-machine"
-    say "Qwen3.5-122B-A10B (shape descriptor) over a GPU box, two CPU servers, a laptop and six phones: one session"
+    say "Qwen3.5-122B-A10B (shape descriptor: 48 blocks and the MTP block, which goes to the last rank) over a GPU box, two CPU servers, a laptop and six phones: one session"
     run "$KVCTL" plan --model docs/examples/qwen3.5-122b-a10b.shape.json \
         --devices docs/examples/mixed-devices.json --relay relay.example.org:443 -o "$DEMO/ring-122b.json"
     say "the same for many sessions: every device helps, the phones' edges go through the relay"

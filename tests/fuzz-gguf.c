@@ -66,7 +66,7 @@ static void walk(const struct gguf_file *f, size_t size)
             abort();
         if (size != SIZE_MAX && gguf_file_data_offset(f) + t->offset + t->size > size)
             abort(); /* bounds were promised */
-        sink += (uint64_t)gguf_tensor_layer(t->name) + gguf_window_wants(t->name, 0, 2, 4, true);
+        sink += (uint64_t)gguf_tensor_layer(t->name) + gguf_window_wants(t->name, 0, 2, 4, 5, true);
     }
 }
 

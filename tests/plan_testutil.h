@@ -53,7 +53,7 @@ static void pt_make(struct pt_inst *in, uint32_t L, uint32_t N, int tight)
         l->macs = (double)l->active_bytes * pt_unif(0.5, 2);
         if (pt_rand() % 4 == 0) l->state_bytes = pt_range(0, 4000000);
         else l->kv_bytes_per_token = pt_range(0, 4096);
-        if (i == L - 1 && L > 2 && pt_rand() % 4 == 0) { l->active_bytes = 0; l->macs = 0; } /* MTP */
+        if (i == L - 1 && L > 2 && pt_rand() % 4 == 0) { l->active_bytes = 0; l->macs = 0; } /* no work */
         total += l->weight_bytes + in->opts.sessions * (l->state_bytes + l->kv_bytes_per_token * in->opts.ctx);
     }
     in->shape.n_layers = L;
@@ -66,6 +66,20 @@ static void pt_make(struct pt_inst *in, uint32_t L, uint32_t N, int tight)
     in->shape.head_active_bytes = in->shape.head_bytes;
     in->shape.head_macs = (double)in->shape.head_bytes;
     total += in->shape.embed_bytes + in->shape.head_bytes;
+    if (pt_rand() % 3 == 0) {   /* MTP blocks: the last rank holds and runs them beside the head */
+        struct plan_layer *m = &in->shape.mtp;
+        in->shape.mtp_blocks = (uint32_t)pt_range(1, 2);
+        m->weight_bytes = pt_range(1000, 100000) * 1000 * in->shape.mtp_blocks;
+        m->expert_bytes = moe ? m->weight_bytes * 9 / 10 : 0;
+        m->active_bytes = moe ? m->weight_bytes / 10 + m->expert_bytes / 32 : m->weight_bytes;
+        m->macs = (double)m->active_bytes * pt_unif(0.5, 2);
+        m->kv_bytes_per_token = pt_range(0, 4096);
+        in->shape.mtp_embed_bytes = pt_rand() % 4 ? in->shape.embed_bytes : 0;   /* 0: tied */
+        in->opts.no_mtp = pt_rand() % 4 == 0;
+        if (!in->opts.no_mtp)
+            total += m->weight_bytes + in->opts.sessions * m->kv_bytes_per_token * in->opts.ctx +
+                     in->shape.mtp_embed_bytes;
+    }
     in->n_devs = N;
     for (uint32_t d = 0; d < N; d++) {
         struct plan_device *x = &in->devs[d];
@@ -95,6 +109,7 @@ struct pt_model {
     double lt[PT_MAXD][PT_MAXL + 1];        /* prefix ms */
     double embed_ms[PT_MAXD], head_ms[PT_MAXD];
     double embed_mem, head_mem, wire;
+    double head_embed_mem;                  /* the MTP drafter's token_embd, unless rank 0 is last */
     const struct plan_device *devs;
 };
 
@@ -131,6 +146,15 @@ static void pt_model_init(struct pt_model *m, const struct pt_inst *in)
     }
     m->embed_mem = (double)s->embed_bytes;
     m->head_mem = (double)s->head_bytes;
+    m->head_embed_mem = 0;
+    /* docs/planner.md: the MTP blocks are the last rank's, memory like a layer's (weights + K/V
+     * for every session), time like a layer's, and its own token_embd unless it is rank 0 */
+    int mtp = s->mtp_blocks && !in->opts.no_mtp;
+    if (mtp) {
+        m->head_mem += (double)s->mtp.weight_bytes +
+            (double)in->opts.sessions * ((double)s->mtp.state_bytes + (double)s->mtp.kv_bytes_per_token * in->opts.ctx);
+        m->head_embed_mem = (double)s->mtp_embed_bytes;
+    }
     m->wire = (double)s->wire_bytes_per_token;
     for (uint32_t d = 0; d < m->N; d++) {
         const struct plan_device *x = &in->devs[d];
@@ -139,7 +163,8 @@ static void pt_model_init(struct pt_model *m, const struct pt_inst *in)
         for (uint32_t i = 0; i < m->L; i++)
             m->lt[d][i + 1] = m->lt[d][i] + pt_work(x, (double)s->layers[i].active_bytes, s->layers[i].macs, by_bytes, ref);
         m->embed_ms[d] = pt_work(x, (double)s->embed_active_bytes, 0, by_bytes, ref);
-        m->head_ms[d] = pt_work(x, (double)s->head_active_bytes, s->head_macs, by_bytes, ref);
+        m->head_ms[d] = pt_work(x, (double)s->head_active_bytes + (mtp ? (double)s->mtp.active_bytes : 0),
+                                s->head_macs + (mtp ? s->mtp.macs : 0), by_bytes, ref);
     }
 }
 
@@ -148,7 +173,8 @@ static int pt_stage(const struct pt_model *m, uint32_t d, uint32_t j, uint32_t j
                     double *per, double *mem)
 {
     int first = j == 0, last = j2 == m->L;
-    double mm = m->lm[j2] - m->lm[j] + (first ? m->embed_mem : 0) + (last ? m->head_mem : 0);
+    double mm = m->lm[j2] - m->lm[j] + (first ? m->embed_mem : 0) + (last ? m->head_mem : 0) +
+                (last && !first ? m->head_embed_mem : 0);
     if (mem) *mem = mm;
     if (mm > m->cap[d]) return 0;
     double comp = m->lt[d][j2] - m->lt[d][j] + (first ? m->embed_ms[d] : 0) + (last ? m->head_ms[d] : 0);

@@ -2,8 +2,9 @@
 # test-demo: `make demo`'s script (tests/demo.sh) runs to the end on the synthetic model and
 # shows what it promises: three windows verified against the catalog, a 3-stage ring on
 # loopback that is linked, a generation through it whose greedy ids equal one process's, the
-# status table, ring down, a window pulled from a seeder; then the same with MODEL= a real
-# model (stories260K) instead of the synthetic one.
+# status table, ring down, a window pulled from a seeder, the 122B plans with its MTP block on
+# the last rank; then the same with MODEL= a real model (stories260K) instead of the synthetic
+# one.
 . "$(dirname "$0")/lib.sh"
 # the demo's rings, wherever it put them
 demo_rings_down() {
@@ -38,6 +39,8 @@ DEMO_DIR=$T/synth KV_BUILD=$B tests/demo.sh > "$T/synth.log" 2>&1 || fail "demo 
 check "$T/synth.log" "synthetic"
 grep -q "^=== 3 stage windows of the 6 layers" "$T/synth.log" || fail "synthetic: not 3 windows of 6 layers"
 [ "$(grep -c "tensors match catalog" "$T/synth.log")" = 3 ] || fail "synthetic: not 3 windows verified"
+[ "$(grep -cE '^\+ 1 MTP block \(\[48, 49\), 1\.57 GB\) placed on rank [0-9]+ with the head \(drafting\)' "$T/synth.log")" = 2 ] ||
+    fail "synthetic: the 122B plans do not place the MTP block on the last rank"
 
 MODEL=$M DEMO_DIR=$T/user KV_BUILD=$B tests/demo.sh > "$T/user.log" 2>&1 || fail "demo MODEL=stories260K exit $?: $(tail -5 "$T/user.log")"
 check "$T/user.log" "MODEL=stories260K"

@@ -1,7 +1,9 @@
 #!/bin/bash
 # test-gguf-kvctl: kvctl synth / inspect / slice / catalog / verify end to end.
 # Every shared test model is cut into 2 and 3 windows; each window verifies against the
-# model's catalog, and a flipped byte makes verify fail naming the tensor it sits in.
+# model's catalog, and a flipped byte makes verify fail naming the tensor it sits in. A model
+# with an MTP block (tool-gguf-mtp): the last window, [k, 8) or [k, 9), carries the block and a
+# token_embd for its drafter, the first and middle ones do not; each verifies.
 . "$(dirname "$0")/lib.sh"
 CHECK=tests/gguf_strict_check.py
 # the per-model checks run two at a time in subshells: lib.sh counts their failures too
@@ -80,6 +82,32 @@ out=$("$KVCTL" verify "$T/s.gguf" --catalog "$T/stories260K.cat.json" 2>&1) || f
 "$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 3:2 -o "$T/x.gguf" 2>/dev/null && fail "empty window accepted"
 "$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 0:6 -o "$T/x.gguf" 2>/dev/null && fail "window past the end accepted"
 "$KVCTL" slice "$DATA/models/stories260K.gguf" --layers 0-2 -o "$T/x.gguf" 2>/dev/null && fail "bad --layers accepted"
+
+# a model with an MTP block after its 8 main blocks: only the last window carries blk.8.* (every
+# one of its tensors) and, for the drafter, token_embd
+need_exec "$B/tests/tool-gguf-mtp"
+mtp=$T/mtp.gguf
+"$B/tests/tool-gguf-mtp" "$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf" "$mtp" || fail "tool-gguf-mtp"
+"$KVCTL" catalog "$mtp" -o "$T/mtp.cat.json" >/dev/null 2>&1 || fail "mtp: catalog"
+python3 -c "import json,sys;c=json.load(open(sys.argv[1]));assert c['n_layers']==9 and c['n_main_layers']==8" "$T/mtp.cat.json" ||
+    fail "mtp: the catalog does not record 9 blocks, 8 main"
+n8=$("$KVCTL" inspect --tensors "$mtp" | awk '$1 ~ /^blk\.8\./' | wc -l)
+[ "$n8" -ge 20 ] || fail "mtp: the model has only $n8 blk.8 tensors"
+for w in 0:3 3:6 6:8 6:9 2:8; do
+    f="$T/mtp-${w/:/-}.gguf"
+    "$KVCTL" slice "$mtp" --layers "$w" -o "$f" >/dev/null || { fail "mtp: slice $w"; continue; }
+    out=$("$KVCTL" verify "$f" --catalog "$T/mtp.cat.json" 2>&1) || fail "mtp [$w): verify: $out"
+    names=$("$KVCTL" inspect --tensors "$f" | awk '{ print $1 }')
+    has8=$(echo "$names" | grep -c '^blk\.8\.')
+    embd=$(echo "$names" | grep -cx 'token_embd.weight')
+    head=$(echo "$names" | grep -cx 'output.weight')
+    case $w in
+    0:3) [ "$has8" = 0 ] && [ "$embd" = 1 ] && [ "$head" = 0 ] || fail "mtp first window $w: blk.8 $has8, token_embd $embd, output $head" ;;
+    3:6) [ "$has8" = 0 ] && [ "$embd" = 0 ] && [ "$head" = 0 ] || fail "mtp middle window $w: blk.8 $has8, token_embd $embd, output $head" ;;
+    *) [ "$has8" = "$n8" ] && [ "$embd" = 1 ] && [ "$head" = 1 ] || fail "mtp last window $w: blk.8 $has8 of $n8, token_embd $embd, output $head" ;;
+    esac
+done
+out=$(python3 "$CHECK" "$T"/mtp-*.gguf 2>&1) || fail "mtp windows: strict reader: $out"
 
 # synth: every arch and type; shapes and tensor sets
 for arch in llama qwen2 qwen3; do

@@ -66,7 +66,7 @@ struct win {
 static bool want_window(const struct gguf_tensor *t, void *ud)
 {
     const struct win *w = ud;
-    return gguf_window_wants(t->name, w->first, w->last, N_LAYERS, true);
+    return gguf_window_wants(t->name, w->first, w->last, N_LAYERS, N_LAYERS, true);
 }
 
 T_CASE(window_maps_only_its_pages)

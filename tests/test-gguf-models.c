@@ -281,24 +281,31 @@ T_CASE(vocab_files)
     T_CHECK(count >= 5, "only %d vocab files found", count);
 }
 
-/* A model with a multi-token-prediction block after its 2 main layers (block_count 3,
- * nextn_predict_layers 1): the last window, [k, 2) or [k, 3), holds the head and blk.2. */
+/* A model with a multi-token-prediction block after its 3 main layers (block_count 4,
+ * nextn_predict_layers 1): the last window, [k, 3) or [k, 4), holds the head, blk.3 (the MTP
+ * block) and token_embd (its drafter embeds the sampled token, although the head is
+ * output.weight); the first and middle windows hold neither the MTP block nor (the middle
+ * one) token_embd. The catalog verifies each window and bounds its bytes by exactly the
+ * tensors it holds; a window missing token_embd or the MTP block fails verification. */
 T_CASE(nextn_windows)
 {
     char path[1024], out[1100], err[KV_ERR_MAX];
     snprintf(path, sizeof path, "%s/nextn.gguf", t_tmpdir());
-    static float data[64];
+    static float data[8][64];
     uint64_t ne[1] = {64};
     struct gguf_writer *w;
     T_ASSERT(gguf_writer_new(&w) == 0, "writer");
     gguf_writer_set_str(w, "general.architecture", "qwen35moe");
-    gguf_writer_set_u32(w, "qwen35moe.block_count", 3);
+    gguf_writer_set_u32(w, "qwen35moe.block_count", 4);
     gguf_writer_set_u32(w, "qwen35moe.nextn_predict_layers", 1);
     static const char *names[] = {"token_embd.weight", "blk.0.a.weight", "blk.1.a.weight", "blk.2.a.weight",
-                                  "blk.2.nextn.eh_proj.weight", "output_norm.weight", "output.weight"};
-    for (size_t i = 0; i < 7; i++) {
-        data[i] = (float)i;
-        T_CHECK(gguf_writer_add_tensor(w, names[i], GGUF_T_F32, 1, ne, data) == 0, "add %s", names[i]);
+                                  "blk.3.a.weight", "blk.3.nextn.eh_proj.weight", "output_norm.weight",
+                                  "output.weight"};
+    enum { NT = sizeof names / sizeof names[0] };
+    for (size_t i = 0; i < NT; i++) {
+        for (size_t k = 0; k < 64; k++)
+            data[i][k] = (float)(i * 64 + k);
+        T_CHECK(gguf_writer_add_tensor(w, names[i], GGUF_T_F32, 1, ne, data[i]) == 0, "add %s", names[i]);
     }
     int rc = gguf_writer_write(w, path, err, sizeof err);
     gguf_writer_free(w);
@@ -306,16 +313,20 @@ T_CASE(nextn_windows)
     struct gguf_file *f;
     T_ASSERT(gguf_file_open(&f, path, err, sizeof err) == 0, "%s", err);
     uint32_t n;
-    T_CHECK(gguf_main_layers(f, &n) == 0 && n == 2, "main layers %u", n);
+    T_CHECK(gguf_main_layers(f, &n) == 0 && n == 3, "main layers %u", n);
     struct gguf_catalog *cat;
     T_ASSERT(gguf_catalog_build(&cat, f, err, sizeof err) == 0, "catalog: %s", err);
+#define TAIL "blk.3.a.weight blk.3.nextn.eh_proj.weight output_norm.weight output.weight token_embd.weight"
     static const struct { uint32_t first, last; const char *has; } win[] = {
         {0, 1, "token_embd.weight blk.0.a.weight"},
-        {1, 2, "blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight output_norm.weight output.weight"},
-        {1, 3, "blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight output_norm.weight output.weight"},
-        {0, 2, "token_embd.weight blk.0.a.weight blk.1.a.weight blk.2.a.weight blk.2.nextn.eh_proj.weight "
-               "output_norm.weight output.weight"},
+        {1, 2, "blk.1.a.weight"},
+        {0, 2, "token_embd.weight blk.0.a.weight blk.1.a.weight"},
+        {2, 3, "blk.2.a.weight " TAIL},
+        {2, 4, "blk.2.a.weight " TAIL},
+        {1, 3, "blk.1.a.weight blk.2.a.weight " TAIL},
+        {0, 3, "blk.0.a.weight blk.1.a.weight blk.2.a.weight " TAIL},
     };
+#undef TAIL
     for (size_t i = 0; i < sizeof win / sizeof win[0]; i++) {
         snprintf(out, sizeof out, "%s.%zu", path, i);
         struct gguf_window_opts o = {win[i].first, win[i].last, NULL};
@@ -325,16 +336,45 @@ T_CASE(nextn_windows)
             T_CHECK(0, "reopen: %s", err);
             continue;
         }
-        for (size_t k = 0; k < 7; k++) {
+        uint64_t held = 0, lo = 0, hi = 0;
+        for (size_t k = 0; k < NT; k++) {
             bool want = strstr(win[i].has, names[k]) != NULL;
-            T_CHECK((gguf_tensor_find(g, names[k]) != NULL) == want, "[%u,%u): %s %s", o.first, o.last,
-                    names[k], want ? "missing" : "present");
+            const struct gguf_tensor *t = gguf_tensor_find(g, names[k]);
+            T_CHECK((t != NULL) == want, "[%u,%u): %s %s", o.first, o.last, names[k], want ? "missing" : "present");
+            held += t ? t->size : 0;
         }
         T_CHECK(gguf_catalog_verify(cat, g, err, sizeof err) == 0, "[%u,%u) verify: %s", o.first, o.last, err);
+        T_CHECK(gguf_catalog_window_bound(cat, o.first, o.last, &lo, &hi) == 0 && lo == held && hi >= held,
+                "[%u,%u): catalog bound %llu, the window holds %llu bytes of tensors", o.first, o.last,
+                (unsigned long long)lo, (unsigned long long)held);
         gguf_file_free(g);
         unlink(out);
     }
-    struct gguf_window_opts bad = {2, 3, NULL};
+    /* a last window without token_embd or without the MTP block is not the window */
+    static const char *tail[] = {"token_embd.weight", "blk.2.a.weight", "blk.3.a.weight",
+                                 "blk.3.nextn.eh_proj.weight", "output_norm.weight", "output.weight"};
+    T_ASSERT(gguf_file_map_tensors(f, NULL, NULL, err, sizeof err) == 0, "map: %s", err);
+    for (int drop = 0; drop < 2; drop++) {
+        const char *gone = drop ? "blk.3.nextn.eh_proj.weight" : "token_embd.weight";
+        snprintf(out, sizeof out, "%s.drop", path);
+        T_ASSERT(gguf_writer_new(&w) == 0, "writer");
+        for (uint64_t i = 0; i < gguf_kv_count(f); i++)
+            gguf_writer_set(w, gguf_kv_at(f, i)->key, &gguf_kv_at(f, i)->val);
+        gguf_writer_set_u32(w, "kvasir.window.first", 2);
+        gguf_writer_set_u32(w, "kvasir.window.last", 3);
+        for (size_t k = 0; k < sizeof tail / sizeof tail[0]; k++)
+            if (strcmp(tail[k], gone))
+                gguf_writer_add_tensor(w, tail[k], GGUF_T_F32, 1, ne, gguf_tensor_find(f, tail[k])->data);
+        T_CHECK(gguf_writer_write(w, out, err, sizeof err) == 0, "write: %s", err);
+        gguf_writer_free(w);
+        struct gguf_file *g;
+        T_ASSERT(gguf_file_open(&g, out, err, sizeof err) == 0, "%s", err);
+        T_CHECK(gguf_catalog_verify(cat, g, err, sizeof err) == -EBADMSG && strstr(err, gone) &&
+                strstr(err, "missing"), "last window without %s: %s", gone, err);
+        gguf_file_free(g);
+        unlink(out);
+    }
+    struct gguf_window_opts bad = {3, 4, NULL};
     T_CHECK(gguf_window_write(f, &bad, out, err, sizeof err) == -EINVAL, "window of only the MTP block refused");
     gguf_catalog_free(cat);
     gguf_file_free(f);

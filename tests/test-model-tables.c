@@ -5,7 +5,10 @@
  *   spelling in the kernels, lower case in the files' listings);
  * - the architecture table is well formed: every entry has a name, 1-3 dims, a form, and no
  *   two tensors of a block share a name or (bound ones) a field; the flags each architecture
- *   declares match its lists; walking a file's tensors gives what the hyperparameters say. */
+ *   declares match its lists; walking a file's tensors gives what the hyperparameters say;
+ * - the windows gguf cuts agree with what the tables list: an MTP block's tensors (blk.N for
+ *   N >= n_layer, nextn.* included) and token_embd for its drafter go to the last window only
+ *   (token_embd also to the first), and every tensor of a file lands in some window. */
 #include <string.h>
 #include <strings.h>
 
@@ -134,11 +137,61 @@ T_CASE(arch_walk)
     T_CHECK(model_arch_tensors(model_arch_find("qwen2"), &hp, false, NULL, NULL) == 4 * 12 + 3, "qwen2");
 }
 
+/* Which windows of a qwen35moe with 4 main blocks and 1 MTP block take each tensor. */
+struct wins {
+    int n, mtp, in_last_only, embd_first_last, unplaced;
+    bool tied;
+};
+
+static int place(void *ud, const char *name, const struct model_tensor_desc *d, const uint64_t ne[4])
+{
+    struct wins *w = ud;
+    (void)d; (void)ne;
+    static const uint32_t cut[][2] = {{0, 1}, {1, 3}, {3, 4}};   /* first, middle, last */
+    bool in[3];
+    for (int k = 0; k < 3; k++)
+        in[k] = gguf_window_wants(name, cut[k][0], cut[k][1], 4, 5, !w->tied);
+    w->n++;
+    if (!in[0] && !in[1] && !in[2])
+        w->unplaced++;
+    if (!strncmp(name, "blk.4.", 6)) {
+        w->mtp++;
+        T_CHECK(in[2] && !in[0] && !in[1], "%s: the MTP block's tensor is the last window's alone", name);
+    }
+    if (!strncmp(name, "blk.4.nextn.", 12) || !strncmp(name, "output", 6))
+        w->in_last_only += in[2] && !in[0] && !in[1];
+    if (!strcmp(name, "token_embd.weight")) {
+        T_CHECK(in[0] && !in[1] && in[2], "token_embd: in the first window and the last (the drafter's)");
+        w->embd_first_last++;
+    }
+    return 0;
+}
+
+T_CASE(arch_windows)
+{
+    struct model_hparams hp = {.n_layer = 4, .n_block = 5, .n_nextn = 1, .n_embd = 64, .n_ff = 96,
+                               .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16, .n_vocab = 300,
+                               .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32, .n_ff_shexp = 48,
+                               .full_attn_interval = 4, .ssm_conv_kernel = 4, .ssm_d_state = 16,
+                               .ssm_n_group = 2, .ssm_dt_rank = 4, .ssm_d_inner = 64};
+    const struct model_arch *a = model_arch_find("qwen35moe");
+    T_ASSERT(a != NULL, "qwen35moe");
+    for (int tied = 0; tied < 2; tied++) {
+        struct wins w = {.tied = tied};
+        T_CHECK(model_arch_tensors(a, &hp, tied, place, &w) == w.n, "count returned");
+        T_CHECK(w.mtp == 20 && w.unplaced == 0 && w.embd_first_last == 1, "tied %d: %d MTP tensors, %d in no window",
+                tied, w.mtp, w.unplaced);
+        T_CHECK(w.in_last_only == 4 + 2 - tied, "tied %d: nextn and output tensors in the last window alone: %d",
+                tied, w.in_last_only);
+    }
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(gguf_and_kern_type_tables_agree);
     T_RUN(arch_table);
     T_RUN(arch_walk);
+    T_RUN(arch_windows);
     return T_DONE();
 }

@@ -6,6 +6,10 @@
 # profile measured on this machine feeding a plan; pinning: a profile without the node key and
 # a manifest with a rank naming none are refused unless --allow-unpinned (which names the
 # ranks), and a stage of such a manifest refuses to link to them unless told so too.
+# MTP blocks: the 122B's 49th block is placed on the last rank with its weights (1.57 GB), its
+# K/V and a token_embd of its own (474.87 MB; none when that rank is rank 0), and the table and
+# the manifest say so; --no-mtp leaves all of it out; the same from a real GGUF with an MTP
+# block (tool-gguf-mtp), its catalog, a stage window of it, and a catalog given --nextn.
 . "$(dirname "$0")/lib.sh"
 K=$KVCTL
 D=$DATA
@@ -13,6 +17,7 @@ check() { if eval "$2"; then echo "ok   $1"; else fail "$1"; fi; }
 # made_up_key NAME: a fixed 64-hex-digit key for a device that runs no kvd here
 made_up_key() { python3 -c "import hashlib,sys;print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" "$1"; }
 need_data "$D/models/stories260K.gguf" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf"
+need_exec "$B/tests/tool-gguf-mtp"
 SHAPE=docs/examples/qwen3.5-122b-a10b.shape.json
 DEVS=docs/examples/mixed-devices.json
 
@@ -47,8 +52,50 @@ PY
 # 1. the 122B example, latency and throughput
 "$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 -o "$T/lat.json" > "$T/lat.txt" 2>&1
 check "122B latency plan" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/lat.json" "$DEVS" relay.example.org:443'
-check "122B latency table" 'grep -q "^0 .*embed" "$T/lat.txt" && grep -q "head" "$T/lat.txt" && grep -q "phone-1: not needed" "$T/lat.txt" && grep -qF "1 MTP block ([48, 49)" "$T/lat.txt"'
-check "122B manifest: 48 main blocks (the MTP block is not loaded)" 'python3 -c "import json,sys;m=json.load(open(sys.argv[1]));assert m[\"model\"][\"n_layers\"]==48 and m[\"ranks\"][-1][\"layers\"][1]==48" "$T/lat.json"'
+check "122B latency table" 'grep -q "^0 .*embed" "$T/lat.txt" && grep -q "head" "$T/lat.txt" && grep -q "phone-1: not needed" "$T/lat.txt"'
+# the MTP block: on the last rank, with its 1.57 GB, its K/V and the drafter's token_embd
+cat > "$T/mtp.py" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); want = sys.argv[2]; low = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+r = m["ranks"]; p = m["plan"]
+assert m["model"]["n_layers"] == int(sys.argv[4]) if len(sys.argv) > 4 else True
+assert r[-1]["layers"][1] == m["model"]["n_layers"], "the windows are the main pass"
+assert all("mtp_blocks" not in x for x in r[:-1]), "an MTP block off the last rank"
+if want == "placed":
+    assert r[-1]["mtp_blocks"] == 1 and p["mtp_blocks"] == 1 and p["mtp_placed"] is True, r[-1]
+    assert low <= r[-1]["mtp_mem_bytes"] <= r[-1]["mem_bytes"], (low, r[-1]["mtp_mem_bytes"])
+else:
+    assert "mtp_blocks" not in r[-1] and "mtp_mem_bytes" not in r[-1], r[-1]
+    assert p["mtp_blocks"] == (1 if want == "left out" else 0) and p["mtp_placed"] is False, p
+print(len(r) - 1)
+PY
+R=$(python3 "$T/mtp.py" "$T/lat.json" placed $((1570000000 + 474870000)) 48)
+check "122B manifest: 48 main blocks in the windows, the MTP block (1.57 GB) and a token_embd (474.87 MB) on the last rank" '[ -n "$R" ] && [ "$R" -ge 1 ]'
+check "122B table: the MTP block placed on the last rank, drafting, with its token_embd" \
+    'grep -qF "+ 1 MTP block ([48, 49), 1.57 GB) placed on rank $R with the head (drafting)" "$T/lat.txt" && grep -qF "a token_embd of its own (474.87 MB)" "$T/lat.txt" && grep -qE "^$R .* head mtp" "$T/lat.txt"'
+"$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --no-mtp -o "$T/nomtp.json" > "$T/nomtp.txt" 2>&1
+check "--no-mtp: the block left out, said so, counted nowhere" \
+    '[ $? -eq 0 ] && python3 "$T/mtp.py" "$T/nomtp.json" "left out" >/dev/null && grep -qF "+ 1 MTP block ([48, 49), 1.57 GB) left out (--no-mtp)" "$T/nomtp.txt" && ! grep -q " mtp" "$T/nomtp.txt"'
+"$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --layers > "$T/layers.txt" 2>&1
+check "--layers: block 48 is the last rank's drafter, the drafter's token_embd named" \
+    'grep -qE "^48 .*MTP: last rank \(drafter\)" "$T/layers.txt" && grep -qF "the drafter'"'"'s token_embd 474.87 MB" "$T/layers.txt"'
+# one machine holds it all: rank 0 is the last rank, with token_embd already; two need their own
+echo '{"devices":[{"id":"big","mem_bytes":200000000000,"ms_per_layer_token":1,"node":"'$(made_up_key big)'"}]}' > "$T/big1.json"
+echo '{"devices":[{"id":"h1","mem_bytes":60000000000,"ms_per_layer_token":1,"node":"'$(made_up_key h1)'"},{"id":"h2","mem_bytes":60000000000,"ms_per_layer_token":1,"node":"'$(made_up_key h2)'"}]}' > "$T/big2.json"
+for f in big1 big2; do
+    "$K" plan --model "$SHAPE" --devices "$T/$f.json" --json > "$T/$f.out" 2>/dev/null
+    "$K" plan --model "$SHAPE" --devices "$T/$f.json" --json --no-mtp > "$T/$f.nomtp" 2>/dev/null
+done
+check "122B on one and two machines: the MTP block's bytes, K/V and (only off rank 0) token_embd" 'python3 -c "
+import json,sys
+one,one0,two,two0=(json.load(open(sys.argv[i])) for i in range(1,5))
+a=one[\"ranks\"][-1]; a0=one0[\"ranks\"][-1]; b=two[\"ranks\"][-1]
+assert len(one[\"ranks\"])==1 and len(two[\"ranks\"])==2, \"rank counts\"
+kv=4*4096*2048
+assert a[\"mem_bytes\"]-a0[\"mem_bytes\"]==a[\"mtp_mem_bytes\"] and 1.565e9<a[\"mtp_mem_bytes\"]-kv<1.575e9, a
+assert abs(b[\"mtp_mem_bytes\"]-a[\"mtp_mem_bytes\"]-474.87e6)<0.01e6, (a,b)
+assert a[\"compute_ms\"]>a0[\"compute_ms\"], \"the drafter takes time\"
+assert all(\"mtp_blocks\" not in r for r in one0[\"ranks\"]+two0[\"ranks\"])" "$T/big1.out" "$T/big1.nomtp" "$T/big2.out" "$T/big2.nomtp"'
 "$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --objective throughput --sessions 16 -o "$T/thr.json" > "$T/thr.txt" 2>&1
 check "122B throughput plan with relays" '[ $? -eq 0 ] && python3 "$T/check.py" "$T/thr.json" "$DEVS" relay.example.org:443 | grep -qv " 0 relay"'
 "$K" plan --model "$SHAPE" --devices "$DEVS" --relay relay.example.org:443 --objective throughput --sessions 16 -o "$T/thr2.json" > /dev/null 2>&1
@@ -112,6 +159,37 @@ a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
 assert a[\"model\"][\"n_layers\"]==b[\"model\"][\"n_layers\"]==8
 x=a[\"ranks\"][0][\"mem_bytes\"];y=b[\"ranks\"][0][\"mem_bytes\"]
 assert abs(x-y)<=0.01*y,(x,y)" "$T/w2.json" "$T/g2.json"'
+check "a model without MTP blocks: none placed" 'python3 "$T/mtp.py" "$T/g2.json" none >/dev/null && python3 "$T/mtp.py" "$T/c2.json" none >/dev/null'
+"$K" plan --catalog "$T/cat.json" --experts-used 2 --nextn 1 --devices "$T/one.json" --json > "$T/c3.json" 2>/dev/null
+check "a catalog with --nextn 1: 7 main blocks, blk.7 on the last rank" 'python3 "$T/mtp.py" "$T/c3.json" placed 1 7 >/dev/null'
+
+# 5b. a real GGUF with an MTP block after its 8 main blocks, its catalog, a stage window of it
+"$B/tests/tool-gguf-mtp" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" "$T/mtp.gguf" > /dev/null 2>&1
+"$K" catalog "$T/mtp.gguf" -o "$T/mtp.cat.json" > /dev/null 2>&1
+# two 35 MB machines: the model (48 MB with its K/V) needs both, the last keeps its own token_embd
+echo '{"devices":[{"id":"m1","mem_bytes":35000000,"ms_per_layer_token":1,"node":"'$(made_up_key m1)'"},{"id":"m2","mem_bytes":35000000,"ms_per_layer_token":1,"node":"'$(made_up_key m2)'"}]}' > "$T/m2.json"
+"$K" plan --model "$T/mtp.gguf" --devices "$T/m2.json" --json > "$T/mg.json" 2>/dev/null
+"$K" plan --model "$T/mtp.gguf" --devices "$T/m2.json" > "$T/mg.txt" 2>&1
+"$K" plan --catalog "$T/mtp.cat.json" --experts-used 2 --devices "$T/m2.json" --json > "$T/mc.json" 2>/dev/null
+# what the last rank must hold for it: blk.8.*, K/V of 2 heads x 64 x (K, V) f16 for 4 x 4096 tokens, token_embd
+WANT=$(python3 -c "
+import json,sys; c=json.load(open(sys.argv[1]))
+print(sum(t['size'] for t in c['tensors'] if t['name'].startswith('blk.8.') or t['name']=='token_embd.weight') + 4*4096*512)" "$T/mtp.cat.json")
+check "GGUF with an MTP block: 8 main blocks, blk.8, its K/V and a token_embd on the last rank" \
+    'python3 "$T/mtp.py" "$T/mg.json" placed "$WANT" 8 >/dev/null && python3 -c "import json,sys;r=json.load(open(sys.argv[1]))[\"ranks\"];assert len(r)==2 and r[-1][\"mtp_mem_bytes\"]==int(sys.argv[2]),r" "$T/mg.json" "$WANT" && grep -qF "+ 1 MTP block ([8, 9)" "$T/mg.txt" && grep -q "placed on rank 1 with the head (drafting)" "$T/mg.txt"'
+check "its catalog plans the same" 'python3 "$T/mtp.py" "$T/mc.json" placed "$WANT" 8 >/dev/null && python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1]));b=json.load(open(sys.argv[2]))
+assert [r[\"mem_bytes\"] for r in a[\"ranks\"]]==[r[\"mem_bytes\"] for r in b[\"ranks\"]]" "$T/mc.json" "$T/mg.json"'
+# its last window holds the head, the MTP block and token_embd: their real bytes, not guesses
+"$K" slice "$T/mtp.gguf" --layers 4:8 -o "$T/mtp48.gguf" > /dev/null 2>&1
+"$K" plan --model "$T/mtp48.gguf" --devices "$T/one.json" --json > "$T/mw.json" 2>/dev/null
+"$K" plan --model "$T/mtp.gguf" --devices "$T/one.json" --json > "$T/mg1.json" 2>/dev/null
+check "its last window plans the MTP block as the whole model does" 'python3 "$T/mtp.py" "$T/mw.json" placed 1 8 >/dev/null && python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1]))[\"ranks\"][-1];b=json.load(open(sys.argv[2]))[\"ranks\"][-1]
+assert a[\"mtp_mem_bytes\"]==b[\"mtp_mem_bytes\"]>0 and abs(a[\"mem_bytes\"]-b[\"mem_bytes\"])<=0.01*b[\"mem_bytes\"],(a,b)" "$T/mw.json" "$T/mg1.json"'
+
 # 6. the manifest names the model so that it runs unedited: name and catalog id both
 "$K" catalog "$D/models/stories260K.gguf" -o "$T/st-cat.json" > /dev/null 2>&1
 STID=$(python3 -c "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())" "$T/st-cat.json")

@@ -3,7 +3,8 @@
  * order; rank 0 embeds and the last rank has the head; no device's memory is exceeded (checked
  * with an independent memory model); every device in the output exists in the input and
  * appears once; used + excluded = all devices; infeasible inputs fail with -ENOSPC and a
- * message naming bytes and layers. Also: explicit error cases and plan_even. */
+ * message naming bytes and layers; the MTP blocks are the last rank's alone (none with
+ * no_mtp), their memory counted there. Also: explicit error cases and plan_even. */
 #include <errno.h>
 #include <float.h>
 
@@ -39,6 +40,14 @@ static void check_plan(const struct pt_inst *in, const struct plan_result *r, in
         T_CHECK(k->mem_bytes <= k->mem_avail_bytes, "instance %d rank %u: mem %llu > avail %llu", it, i,
                 (unsigned long long)k->mem_bytes, (unsigned long long)k->mem_avail_bytes);
         T_CHECK(k->relay == (r->n_ranks > 1 && !in->devs[k->device].inbound), "instance %d rank %u: relay flag", it, i);
+        bool mtp = k->head && !in->opts.no_mtp && in->shape.mtp_blocks;
+        T_CHECK(k->mtp_blocks == (mtp ? in->shape.mtp_blocks : 0), "instance %d rank %u: %u MTP blocks", it, i,
+                k->mtp_blocks);
+        double mm = mtp ? (double)in->shape.mtp.weight_bytes + (double)in->opts.sessions *
+                          (double)in->shape.mtp.kv_bytes_per_token * in->opts.ctx +
+                          (k->embed ? 0 : (double)in->shape.mtp_embed_bytes) : 0;
+        T_CHECK((double)k->mtp_mem_bytes == mm && k->mtp_mem_bytes <= k->mem_bytes,
+                "instance %d rank %u: MTP memory %llu, want %.0f", it, i, (unsigned long long)k->mtp_mem_bytes, mm);
         j = k->last;
     }
     T_CHECK(j == in->shape.n_layers, "instance %d: windows end at %u of %u layers", it, j, in->shape.n_layers);
@@ -187,8 +196,8 @@ T_CASE(even_split)
         pt_make(&inst, L, 1, 0);
         if (it % 2) { /* uniform layers, no embed/head work: windows differ by at most one layer */
             for (uint32_t i = 0; i < L; i++) { inst.layers[i].active_bytes = 1000; inst.layers[i].macs = 1000; }
-            inst.shape.embed_active_bytes = inst.shape.head_active_bytes = 0;
-            inst.shape.head_macs = 0;
+            inst.shape.embed_active_bytes = inst.shape.head_active_bytes = inst.shape.mtp.active_bytes = 0;
+            inst.shape.head_macs = inst.shape.mtp.macs = 0;
         }
         uint32_t n = (uint32_t)pt_range(1, L), first[PT_MAXL], last[PT_MAXL];
         T_ASSERT(plan_even(&inst.shape, n, first, last) == 0, "plan_even failed L %u n %u", L, n);
@@ -215,7 +224,8 @@ T_CASE(local_devices)
     static const char *ids[4] = {"rank-0", "rank-1", "rank-2", "rank-3"};
     struct plan_device d[4];
     pt_make(&inst, 24, 1, 0);
-    uint64_t total = inst.shape.embed_bytes + inst.shape.head_bytes;
+    uint64_t total = inst.shape.embed_bytes + inst.shape.head_bytes + inst.shape.mtp.weight_bytes +
+                     inst.shape.mtp_embed_bytes;
     for (uint32_t i = 0; i < 24; i++) total += inst.layers[i].weight_bytes;
     struct plan_opts o;
     plan_opts_default(&o);

@@ -8,7 +8,11 @@
  *   block, memory with all 256 experts, time with 8 routed + 1 shared; planned over the mixed
  *   device set (one 24 GB GPU box, two 64 GB CPU servers, a 16 GB laptop, six 8 GB NAT'd
  *   phones) for both objectives: valid, nothing placed where it does not fit, relay flags on
- *   the phones; without the big machines it does not fit and says by how much. */
+ *   the phones; without the big machines it does not fit and says by how much.
+ * - Its MTP block (the 49th) goes to the last rank: windows cover the 48 main blocks, the last
+ *   rank's memory counts the block's 1.57 GB, its K/V for every session and a token_embd of
+ *   its own (not on a rank 0 that is also last, not for a tied model), its time the block's
+ *   active bytes; opts.no_mtp leaves all of that out. */
 #include <errno.h>
 #include <math.h>
 
@@ -119,13 +123,16 @@ static int shape_122b(struct plan_shape *s, char *err, size_t errlen)
     size_t n = 0;
     int rc = plan_tensors_from_hparams(&h, syn, MAXT, names, &n, err, errlen);
     if (rc) return rc;
-    struct plan_model_info mi = {.n_layers = 49, .nextn_layers = 1, .n_embd = 3072, .n_expert = 256, .n_expert_used = 8};
-    return plan_shape_from_tensors(syn, n, &mi, s, layers, err, errlen);
+    struct plan_model pm = {.name = "q", .arch = h.arch, .t = syn, .n_tensors = n, .n_blocks = 49,
+                            .nextn_layers = 1, .n_expert = 256, .n_expert_used = 8};
+    return plan_shape_of_model(&pm, s, layers, err, errlen);
 }
 
-/* The MTP rule: a model's trailing nextn_layers blocks keep their bytes in layers[] but are
- * left out of the plan, as the runtime never runs them; all of them MTP blocks is refused. */
-T_CASE(mtp_blocks_left_out)
+/* The MTP rule: a model's trailing nextn_layers blocks leave the windows (n_layers is the main
+ * pass) and are summed for the last rank: their bytes, work and K/V like a full-attention
+ * block's, and the drafter's token_embd unless the head is token_embd; all of them MTP blocks
+ * is refused. */
+T_CASE(mtp_blocks_to_the_last_rank)
 {
     struct plan_hparams h = {
         .arch = "qwen35moe", .n_layers = 48, .nextn_layers = 1, .n_embd = 3072, .n_vocab = 248320,
@@ -143,9 +150,25 @@ T_CASE(mtp_blocks_left_out)
     T_CHECK(s.n_layers == 48, "n_layers %u, want the 48 main blocks", s.n_layers);
     T_CHECK(s.n_embd == 3072, "n_embd %u from token_embd", s.n_embd);
     T_CHECK(s.arch == pm.arch && s.name == pm.name, "name and arch are the model's");
-    T_CHECK(layers[48].weight_bytes > 0 && layers[48].active_bytes == 0 && layers[48].macs == 0,
-            "the MTP block: bytes, no work");
-    T_CHECK(layers[47].active_bytes > 0, "the last main block works");
+    T_CHECK(s.mtp_blocks == 1 && !memcmp(&s.mtp, &layers[48], sizeof s.mtp), "shape.mtp is block 48");
+    T_CHECK(layers[48].weight_bytes > layers[47].weight_bytes && layers[48].active_bytes > layers[47].active_bytes &&
+            layers[48].macs > layers[47].macs, "the MTP block: a full-attention block and its nextn projection");
+    T_CHECK(layers[48].kv_bytes_per_token == 2ull * 2 * 256 * 2 && layers[48].state_bytes == 0,
+            "MTP K/V: n_head_kv x head_dim x 2 f16 values per position (%llu bytes), no state",
+            (unsigned long long)layers[48].kv_bytes_per_token);
+    T_CHECK(s.mtp_embed_bytes == s.embed_bytes && s.embed_bytes > 400e6, "untied: the drafter needs token_embd (%llu)",
+            (unsigned long long)s.mtp_embed_bytes);
+    /* tied: the head is token_embd, the last rank has it already */
+    h.tied_embeddings = true;
+    T_ASSERT(plan_tensors_from_hparams(&h, syn, MAXT, names, &n, err, sizeof err) == 0, "synth: %s", err);
+    pm.n_tensors = n;
+    T_ASSERT(plan_shape_of_model(&pm, &s, layers, err, sizeof err) == 0, "shape: %s", err);
+    T_CHECK(s.mtp_blocks == 1 && s.mtp.weight_bytes > 0 && s.mtp_embed_bytes == 0, "tied: no second token_embd");
+    /* no MTP blocks: nothing for the last rank */
+    pm.nextn_layers = 0;
+    T_ASSERT(plan_shape_of_model(&pm, &s, layers, err, sizeof err) == 0, "shape: %s", err);
+    T_CHECK(s.n_layers == 49 && s.mtp_blocks == 0 && s.mtp.weight_bytes == 0 && s.mtp_embed_bytes == 0,
+            "no MTP blocks: every block in the windows");
     pm.nextn_layers = 49;
     T_CHECK(plan_shape_of_model(&pm, &s, layers, err, sizeof err) == -EINVAL, "no main block");
 }
@@ -176,7 +199,8 @@ T_CASE(qwen35_122b_example)
     struct plan_shape s;
     char err[KV_ERR_MAX];
     T_ASSERT(shape_122b(&s, err, sizeof err) == 0, "122B shape: %s", err);
-    T_CHECK(s.n_layers == 49 && s.n_embd == 3072, "layers %u n_embd %u", s.n_layers, s.n_embd);
+    T_CHECK(s.n_layers == 48 && s.mtp_blocks == 1 && s.n_embd == 3072, "layers %u + %u MTP, n_embd %u",
+            s.n_layers, s.mtp_blocks, s.n_embd);
     double total = (double)s.embed_bytes + (double)s.head_bytes, active = (double)s.head_active_bytes;
     for (uint32_t i = 0; i < 49; i++) {
         const struct plan_layer *l = &layers[i];
@@ -195,7 +219,11 @@ T_CASE(qwen35_122b_example)
             T_CHECK(((i + 1) % 4 == 0) == (l->kv_bytes_per_token > 0), "block %u: KV only on full attention", i);
             T_CHECK(((i + 1) % 4 == 0) == (l->state_bytes == 0), "block %u: state only on DeltaNet", i);
         } else {
-            T_CHECK(l->active_bytes == 0 && l->macs == 0, "MTP block does work per token");
+            /* the MTP block: a full-attention block (8 + 1 experts) and the nextn projection */
+            double want = (double)(l->weight_bytes - l->expert_bytes) + exp_bytes * 8 / 256;
+            T_CHECK(fabs((double)l->active_bytes - want) < 1e3 && l->kv_bytes_per_token == 2048 && !l->state_bytes,
+                    "MTP block active %.0f, want %.0f; K/V %llu per token", (double)l->active_bytes, want,
+                    (unsigned long long)l->kv_bytes_per_token);
         }
     }
     T_CHECK(total > 77.0e9 && total < 78.5e9, "total %.2f GB, expected about 77.6", total / 1e9);
@@ -220,11 +248,24 @@ T_CASE(qwen35_122b_example)
             for (uint32_t l = k->first; l < k->last; l++)
                 mem += (double)layers[l].weight_bytes + o.sessions * ((double)layers[l].state_bytes +
                        (double)layers[l].kv_bytes_per_token * o.ctx);
+            /* the last rank: the MTP block, its K/V per session and its own token_embd */
+            double mtp = (double)layers[48].weight_bytes + o.sessions * 2048.0 * o.ctx +
+                         (k->embed ? 0 : (double)s.embed_bytes);
+            if (k->head) {
+                mem += mtp;
+                T_CHECK(k->mtp_blocks == 1 && k->mtp_mem_bytes == mtp && layers[48].weight_bytes > 1.5e9 &&
+                        s.embed_bytes > 470e6, "last rank (%s): MTP memory %llu, want %.0f (1.57 GB + 474.9 MB "
+                        "+ K/V)", d[k->device].id, (unsigned long long)k->mtp_mem_bytes, mtp);
+            } else {
+                T_CHECK(k->mtp_blocks == 0 && k->mtp_mem_bytes == 0, "rank %u holds no MTP block", i);
+            }
+            T_CHECK(fabs((double)k->mem_bytes - mem) < 2, "rank %u (%s): %llu bytes, want %.0f", i, d[k->device].id,
+                    (unsigned long long)k->mem_bytes, mem);
             double cap = floor((double)d[k->device].mem_bytes * (1 - o.headroom));
             T_CHECK(mem <= cap, "rank %u (%s) holds %.0f bytes, can hold %.0f", i, d[k->device].id, mem, cap);
             T_CHECK(k->relay == !d[k->device].inbound, "rank %u relay flag", i);
         }
-        T_CHECK(j == 49, "windows cover %u of 49", j);
+        T_CHECK(j == 48, "windows cover %u of the 48 main blocks", j);
         if (!obj) {
             /* one session: the fast, big machines carry it; the phones would only add 40 ms hops */
             T_CHECK(r->n_ranks <= 3, "latency plan uses %u ranks", r->n_ranks);
@@ -261,7 +302,7 @@ T_CASE(qwen35_122b_example)
         plan_result_free(r);
     }
     double extra = 0;
-    for (uint32_t i = 0; i < 49; i++)
+    for (uint32_t i = 0; i < 48; i++)
         if (layers[i].state_bytes)
             extra += o.sessions * ((double)layers[i].state_bytes + 9.0 * 3072 * 4);
     T_CHECK(extra > 0 && (double)(mem[1] - mem[0]) == extra, "drafting adds %.0f bytes, want %.0f",
@@ -271,11 +312,89 @@ T_CASE(qwen35_122b_example)
             "draft_max 65: %s", err);
 }
 
+/* The 122B's MTP block with and without opts.no_mtp: on one device (rank 0 is the last rank:
+ * no second token_embd) and on two (the last rank's own token_embd), memory and time. */
+T_CASE(mtp_on_the_last_rank)
+{
+    struct plan_shape s;
+    char err[KV_ERR_MAX];
+    T_ASSERT(shape_122b(&s, err, sizeof err) == 0, "122B shape: %s", err);
+    const struct plan_layer *b = &layers[48];
+    struct plan_device one = {.id = "big", .backend = "cpu", .mem_bytes = (uint64_t)(512 * GiB),
+                              .flops = 2e12, .mem_bw_bytes_s = 1e11, .rtt_ms = 1, .inbound = true};
+    struct plan_opts o;
+    plan_opts_default(&o);
+    struct plan_result *r[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        o.no_mtp = k;
+        T_ASSERT(plan_make(&r[k], &s, &one, 1, &o, err, sizeof err) == 0, "one device: %s", err);
+        T_ASSERT(r[k]->n_ranks == 1, "one device, %u ranks", r[k]->n_ranks);
+    }
+    const struct plan_rank *w = &r[0]->ranks[0], *wo = &r[1]->ranks[0];
+    double kv = o.sessions * (double)b->kv_bytes_per_token * o.ctx;
+    T_CHECK(w->first == 0 && w->last == 48 && w->mtp_blocks == 1 && wo->mtp_blocks == 0 && !wo->mtp_mem_bytes,
+            "one device: [%u, %u), MTP blocks %u / %u", w->first, w->last, w->mtp_blocks, wo->mtp_blocks);
+    T_CHECK((double)(w->mem_bytes - wo->mem_bytes) == (double)b->weight_bytes + kv &&
+            (double)w->mtp_mem_bytes == (double)b->weight_bytes + kv,
+            "one device: the MTP block adds %llu bytes, want its weights and K/V %.0f (rank 0 has token_embd)",
+            (unsigned long long)(w->mem_bytes - wo->mem_bytes), (double)b->weight_bytes + kv);
+    double t = fmax(2.0 * b->macs / one.flops, (double)b->active_bytes / one.mem_bw_bytes_s) * 1000;
+    T_CHECK(fabs(w->compute_ms - wo->compute_ms - t) < 0.05 * t && t > 0.5,
+            "one device: the MTP block adds %.3f ms per token, want about %.3f", w->compute_ms - wo->compute_ms, t);
+    T_CHECK(w->active_bytes - wo->active_bytes == b->active_bytes && w->expert_bytes - wo->expert_bytes == b->expert_bytes,
+            "one device: active and expert bytes count the MTP block");
+    plan_result_free(r[0]);
+    plan_result_free(r[1]);
+    /* two 64 GiB machines: the model needs both, the last rank keeps its own token_embd */
+    struct plan_device two[2] = {one, one};
+    two[0].id = "a";
+    two[1].id = "b";
+    two[0].mem_bytes = two[1].mem_bytes = (uint64_t)(64 * GiB);
+    for (int k = 0; k < 2; k++) {
+        o.no_mtp = k;
+        T_ASSERT(plan_make(&r[k], &s, two, 2, &o, err, sizeof err) == 0, "two devices: %s", err);
+        T_ASSERT(r[k]->n_ranks == 2, "two devices, %u ranks", r[k]->n_ranks);
+    }
+    w = &r[0]->ranks[1];
+    wo = &r[1]->ranks[1];
+    T_CHECK(w->head && w->mtp_blocks == 1 && (double)w->mtp_mem_bytes == (double)b->weight_bytes + kv + (double)s.embed_bytes,
+            "two devices: last rank's MTP memory %llu, want %.0f (+ token_embd %llu)",
+            (unsigned long long)w->mtp_mem_bytes, (double)b->weight_bytes + kv, (unsigned long long)s.embed_bytes);
+    T_CHECK(r[0]->ranks[0].mtp_blocks == 0 && wo->mtp_blocks == 0 && wo->mtp_mem_bytes == 0, "rank 0 / --no-mtp: none");
+    double per_layer = 0;
+    for (uint32_t i = w->first; i < w->last; i++)
+        per_layer += (double)layers[i].weight_bytes + o.sessions * ((double)layers[i].state_bytes +
+                     (double)layers[i].kv_bytes_per_token * o.ctx);
+    T_CHECK((double)w->mem_bytes == per_layer + (double)s.head_bytes + (double)w->mtp_mem_bytes,
+            "two devices: last rank %llu bytes, want its layers, the head and the MTP part", (unsigned long long)w->mem_bytes);
+    plan_result_free(r[0]);
+    plan_result_free(r[1]);
+    /* a last rank that could hold its window and the head but not the MTP part too */
+    o.no_mtp = false;
+    two[0].mem_bytes = (uint64_t)(512 * GiB);
+    two[1].mem_bytes = (uint64_t)((per_layer + (double)s.head_bytes + 1e6) / (1 - o.headroom));
+    two[1].flops = 1e15;   /* much faster: the planner wants it to hold as much as it can */
+    two[1].mem_bw_bytes_s = 1e13;
+    for (int k = 0; k < 2; k++) {
+        o.no_mtp = k;
+        T_ASSERT(plan_make(&r[k], &s, two, 2, &o, err, sizeof err) == 0, "tight last rank: %s", err);
+        T_ASSERT(r[k]->n_ranks == 2, "tight: %u ranks", r[k]->n_ranks);
+    }
+    w = &r[0]->ranks[1];
+    wo = &r[1]->ranks[1];
+    T_CHECK(w->mem_bytes <= w->mem_avail_bytes && w->mtp_blocks == 1 && w->first > wo->first,
+            "tight: last rank [%u, 48) %llu of %llu bytes with the MTP block, [%u, 48) without", w->first,
+            (unsigned long long)w->mem_bytes, (unsigned long long)w->mem_avail_bytes, wo->first);
+    plan_result_free(r[0]);
+    plan_result_free(r[1]);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(gguf_shape_and_synthesis);
     T_RUN(qwen35_122b_example);
-    T_RUN(mtp_blocks_left_out);
+    T_RUN(mtp_blocks_to_the_last_rank);
+    T_RUN(mtp_on_the_last_rank);
     return T_DONE();
 }

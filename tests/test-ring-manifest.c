@@ -1,6 +1,8 @@
 /* test-ring-manifest — the ring manifest validator: a good manifest's fields, and one
  * refusal per rule (layer gaps, overlaps and ends, wire dtype, rank order, embed/head flags,
- * endpoints, model sizes, memory past 2^64, ring and node names, not an object, truncated), and
+ * endpoints, model sizes, memory past 2^64, ring and node names, not an object, truncated), the
+ * figures `kvctl plan` writes beside a rank's fields (its device, the MTP blocks the last rank
+ * holds after the main pass) read past, n_layers staying the main pass, and
  * the standby entries (keys required, never rank 0, who may serve which rank); and the writer:
  * write -> parse -> write gives the same bytes and fields, the bytes a market served before,
  * and nothing written that the parser refuses. */
@@ -54,6 +56,8 @@ T_CASE(manifest)
     T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"mem_bytes\":-1,") < 0 && strstr(err, "mem_bytes"),
             "negative mem_bytes: %s", err);
     T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"mem_bytes\":1048576,") == 0, "mem_bytes: %s", err);
+    T_CHECK(parse_with("\"rank\":1,", "\"rank\":1,\"device\":\"gpu\",\"compute_ms\":2.5,\"mtp_blocks\":1,"
+                       "\"mtp_mem_bytes\":2082132220,") == 0, "the planner's figures, MTP blocks on the last rank: %s", err);
     T_CHECK(ring_manifest_parse(&m, "[]", 2, err, sizeof err) < 0, "not an object");
     T_CHECK(ring_manifest_parse(&m, "{", 1, err, sizeof err) < 0, "truncated");
 }

@@ -9,11 +9,17 @@
 #  * a corrupted byte at the source fails the pull naming the tensor, nothing at -o;
 #  * hostile requests get 4xx and the seeder stays up;
 #  * a 2-stage ring whose stages pull their windows (--window-from, seeder and nginx) gives
-#    the tokens of `kvctl generate -m` on the full file.
+#    the tokens of `kvctl generate -m` on the full file;
+#  * a model with an MTP block (tool-gguf-mtp): its last window, pulled from either, carries
+#    the block and a token_embd for the drafter, byte-identical to the slice and verified; a
+#    middle window neither.
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf   # 8 layers, ~18 MB
 S=$DATA/models/stories260K.gguf                     # trained llama, for tokens
 need_data "$M" "$S"
+need_exec "$B/tests/tool-gguf-mtp"
+MTP=$T/mtp.gguf                                     # M with an MTP block: 8 main blocks + blk.8
+"$B/tests/tool-gguf-mtp" "$M" "$MTP" || { echo "FAIL: tool-gguf-mtp"; exit 1; }
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || { echo "FAIL: nginx not installed (scripts/setup.sh installs it)"; exit 1; }
 
@@ -36,6 +42,7 @@ check() { # check "what" command...
 mkdir -p "$T/www" "$T/nginx/logs" "$T/nginx/tmp"
 ln -s "$(readlink -f "$M")" "$T/www/model.gguf"
 ln -s "$(readlink -f "$S")" "$T/www/stories.gguf"
+ln -s "$MTP" "$T/www/mtp.gguf"
 cp "$M" "$T/www/bad.gguf"
 NPORT=$(free_port)
 TPORT=$(free_port)
@@ -88,7 +95,7 @@ SPORT=0
 start_seeder() { # [extra options]: on a free port, then again on the same one
     rm -f "$T/seeder.port"
     "$LISTEN" "$T/seeder.port" "$SPORT" -- \
-        "$KVD" seeder --serve "$M" --serve "$S" --listen "127.0.0.1:{PORT}" "$@" >>"$T/seeder.log" 2>&1 &
+        "$KVD" seeder --serve "$M" --serve "$S" --serve "$MTP" --listen "127.0.0.1:{PORT}" "$@" >>"$T/seeder.log" 2>&1 &
     SEED_PID=$!
     SPORT=$(port_of "$T/seeder.port") || { echo "FAIL: the seeder's launcher failed"; cat "$T/seeder.log"; exit 1; }
     for _ in $(seq 100); do
@@ -132,6 +139,19 @@ fi
 "$KVCTL" pull -q --from "$SEEDER" --layers 0:1 -o "$T/two.gguf" 2>"$T/two.err"
 check "two models served: pull asks for one ($(head -c 80 "$T/two.err"))" grep -q "choose one with --model" "$T/two.err"
 check "--model picks it" "$KVCTL" pull -q --from "$SEEDER" --model "$(cat "$T/s.id")" --layers 0:1 -o "$T/two.gguf"
+
+# ---- a model with an MTP block: the last window carries it and the drafter's token_embd
+"$KVCTL" catalog "$MTP" -o "$T/mtp.cat.json" >/dev/null || { echo "FAIL: kvctl catalog (MTP)"; exit 1; }
+tail_n=$(python3 -c "import json,sys;print(sum(t['name'].startswith('blk.8.') or t['name']=='token_embd.weight' for t in json.load(open(sys.argv[1]))['tensors']))" "$T/mtp.cat.json")
+for w in 5:8 5:9 3:5; do
+    n=mtp-${w/:/-}
+    "$KVCTL" slice "$MTP" --layers $w -o "$T/ref-$n.gguf" >/dev/null || { echo "FAIL: slice MTP $w"; exit 1; }
+    check "seeder pull of the MTP model's $w identical to slice" bash -c "'$KVCTL' pull -q --from '$SEEDER' --layers $w --catalog '$T/mtp.cat.json' -o '$T/s-$n.gguf' && cmp -s '$T/s-$n.gguf' '$T/ref-$n.gguf'"
+    check "nginx pull of the MTP model's $w identical to slice, verified" bash -c "'$KVCTL' pull -q --from '$NGX/mtp.gguf' --layers $w --catalog '$T/mtp.cat.json' -o '$T/n-$n.gguf' && cmp -s '$T/n-$n.gguf' '$T/ref-$n.gguf' && '$KVCTL' verify '$T/n-$n.gguf' --catalog '$T/mtp.cat.json' >/dev/null"
+    got=$("$KVCTL" inspect --tensors "$T/s-$n.gguf" 2>/dev/null | awk '$1 ~ /^blk\.8\./ || $1 == "token_embd.weight"' | wc -l)
+    want=$tail_n; [ $w = 3:5 ] && want=0
+    check "the MTP model's $w holds $got of blk.8.* and token_embd (want $want)" test "$got" = "$want" -a "$tail_n" -gt 20
+done
 
 # ---- bytes moved for a 1-layer window
 : > "$T/nginx/logs/access.log"

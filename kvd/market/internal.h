@@ -67,7 +67,8 @@ static inline void kvd_market__model_clear(struct kvd_market_model *m)
 
 struct kvd_market_window {
     uint32_t idx, first, last;     /* [first, last) */
-    uint64_t bytes;                /* memory the planner gives it: weights (embedding, head) + KV */
+    uint64_t bytes;                /* memory the planner gives it: weights (embedding, head, the MTP
+                                    * blocks and their token_embd on the last) + KV */
 };
 
 /* The lease on one window (one row per window; a lapsed one lingers for the grace period). */

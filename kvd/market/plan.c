@@ -15,7 +15,9 @@
 
 /* ---- planning ---- */
 
-/* The planner's view of a catalog: shape (layers caller-freed through *layers). */
+/* The planner's view of a catalog: shape (layers caller-freed through *layers). The model's
+ * MTP blocks (n_layers - n_main) go to the last window, as gguf_window_wants gives them to it,
+ * with the drafter's token_embd: its bytes count them (planner/plan.h). */
 static int shape_of(const struct gguf_catalog *c, struct plan_shape *shape, struct plan_layer **layers,
                     char *err, size_t errlen)
 {
@@ -73,7 +75,7 @@ static int plan_windows(struct kvd_market_api *a, const struct kvd_market_model 
     if ((rc = shape_of(c, &shape, &layers, err, errlen)))
         goto out;
     shape.name = m->name;
-    uint64_t total = shape.embed_bytes + shape.head_bytes;
+    uint64_t total = shape.embed_bytes + shape.head_bytes + shape.mtp.weight_bytes + shape.mtp_embed_bytes;
     for (uint32_t i = 0; i < shape.n_layers; i++)
         total += layers[i].weight_bytes;
     if ((rc = a->st->ops->nodes_recent(a->st->impl, now - PROFILE_AGE_S, nodes, MAX_PROFILES, &nn)))
