@@ -2,7 +2,7 @@
 # test-gguf-kvctl: kvctl synth / inspect / slice / catalog / verify end to end.
 # Every shared test model is cut into 2 and 3 windows; each window verifies against the
 # model's catalog, and a flipped byte makes verify fail naming the tensor it sits in. A model
-# with an MTP block (tool-gguf-mtp): the last window, [k, 8) or [k, 9), carries the block and a
+# with an MTP block (kvctl synth --from --nextn 1): the last window, [k, 8) or [k, 9), carries the block and a
 # token_embd for its drafter, the first and middle ones do not; each verifies.
 . "$(dirname "$0")/lib.sh"
 CHECK=tests/gguf_strict_check.py
@@ -85,9 +85,8 @@ out=$("$KVCTL" verify "$T/s.gguf" --catalog "$T/stories260K.cat.json" 2>&1) || f
 
 # a model with an MTP block after its 8 main blocks: only the last window carries blk.8.* (every
 # one of its tensors) and, for the drafter, token_embd
-need_exec "$B/tests/tool-gguf-mtp"
 mtp=$T/mtp.gguf
-"$B/tests/tool-gguf-mtp" "$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf" "$mtp" || fail "tool-gguf-mtp"
+"$KVCTL" synth --from "$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf" --nextn 1 -o "$mtp" > /dev/null || fail "kvctl synth --from --nextn 1"
 "$KVCTL" catalog "$mtp" -o "$T/mtp.cat.json" >/dev/null 2>&1 || fail "mtp: catalog"
 python3 -c "import json,sys;c=json.load(open(sys.argv[1]));assert c['n_layers']==9 and c['n_main_layers']==8" "$T/mtp.cat.json" ||
     fail "mtp: the catalog does not record 9 blocks, 8 main"

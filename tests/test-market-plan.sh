@@ -1,5 +1,5 @@
 #!/bin/bash
-# test-market-plan.sh — the market's window plan of a model with an MTP block (tool-gguf-mtp:
+# test-market-plan.sh — the market's window plan of a model with an MTP block (kvctl synth --from --nextn 1:
 # 8 main blocks + blk.8): its windows cover the main pass [0, 8), and the last window's bytes
 # count the MTP block, its K/V and the drafter's token_embd (planner/plan.h), exactly as
 # `kvctl plan` counts them for the same devices (ctx 1024, 4 sessions, every expert read: the
@@ -7,11 +7,11 @@
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf
 need_data "$M"
-need_exec "$KVD" "$KVCTL" "$TOOLS/tool-market-call" "$TOOLS/tool-gguf-mtp"
+need_exec "$KVD" "$KVCTL" "$TOOLS/tool-market-call"
 KEEP_FAILED_TMP=1
 san_log_check
 
-"$TOOLS/tool-gguf-mtp" "$M" "$T/mtp.gguf" || die "tool-gguf-mtp failed"
+"$KVCTL" synth --from "$M" --nextn 1 -o "$T/mtp.gguf" > /dev/null || die "kvctl synth --from --nextn 1 failed"
 "$KVCTL" catalog "$T/mtp.gguf" -o "$T/cat.json" >/dev/null 2>&1 || die "kvctl catalog failed"
 "$LISTEN" "$T/market.port" 0 -- \
     "$KVD" market --db "$T/market.db" --listen "127.0.0.1:{PORT}" --no-probe --max-ranks-per-addr 0 \

@@ -9,7 +9,7 @@
 # MTP blocks: the 122B's 49th block is placed on the last rank with its weights (1.57 GB), its
 # K/V and a token_embd of its own (474.87 MB; none when that rank is rank 0), and the table and
 # the manifest say so; --no-mtp leaves all of it out; the same from a real GGUF with an MTP
-# block (tool-gguf-mtp), its catalog, a stage window of it, and a catalog given --nextn.
+# block (kvctl synth --from --nextn 1), its catalog, a stage window of it, and a catalog given --nextn.
 . "$(dirname "$0")/lib.sh"
 K=$KVCTL
 D=$DATA
@@ -17,7 +17,6 @@ check() { if eval "$2"; then echo "ok   $1"; else fail "$1"; fi; }
 # made_up_key NAME: a fixed 64-hex-digit key for a device that runs no kvd here
 made_up_key() { python3 -c "import hashlib,sys;print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" "$1"; }
 need_data "$D/models/stories260K.gguf" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf"
-need_exec "$B/tests/tool-gguf-mtp"
 SHAPE=docs/examples/qwen3.5-122b-a10b.shape.json
 DEVS=docs/examples/mixed-devices.json
 
@@ -164,7 +163,7 @@ check "a model without MTP blocks: none placed" 'python3 "$T/mtp.py" "$T/g2.json
 check "a catalog with --nextn 1: 7 main blocks, blk.7 on the last rank" 'python3 "$T/mtp.py" "$T/c3.json" placed 1 7 >/dev/null'
 
 # 5b. a real GGUF with an MTP block after its 8 main blocks, its catalog, a stage window of it
-"$B/tests/tool-gguf-mtp" "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" "$T/mtp.gguf" > /dev/null 2>&1
+"$K" synth --from "$D/models/synth-qwen35moe-bpe1024-q8_0.gguf" --nextn 1 -o "$T/mtp.gguf" > /dev/null 2>&1
 "$K" catalog "$T/mtp.gguf" -o "$T/mtp.cat.json" > /dev/null 2>&1
 # two 35 MB machines: the model (48 MB with its K/V) needs both, the last keeps its own token_embd
 echo '{"devices":[{"id":"m1","mem_bytes":35000000,"ms_per_layer_token":1,"node":"'$(made_up_key m1)'"},{"id":"m2","mem_bytes":35000000,"ms_per_layer_token":1,"node":"'$(made_up_key m2)'"}]}' > "$T/m2.json"

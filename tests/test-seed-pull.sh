@@ -10,16 +10,15 @@
 #  * hostile requests get 4xx and the seeder stays up;
 #  * a 2-stage ring whose stages pull their windows (--window-from, seeder and nginx) gives
 #    the tokens of `kvctl generate -m` on the full file;
-#  * a model with an MTP block (tool-gguf-mtp): its last window, pulled from either, carries
+#  * a model with an MTP block (kvctl synth --from --nextn 1): its last window, pulled from either, carries
 #    the block and a token_embd for the drafter, byte-identical to the slice and verified; a
 #    middle window neither.
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/synth-qwen35moe-bpe1024-q8_0.gguf   # 8 layers, ~18 MB
 S=$DATA/models/stories260K.gguf                     # trained llama, for tokens
 need_data "$M" "$S"
-need_exec "$B/tests/tool-gguf-mtp"
 MTP=$T/mtp.gguf                                     # M with an MTP block: 8 main blocks + blk.8
-"$B/tests/tool-gguf-mtp" "$M" "$MTP" || { echo "FAIL: tool-gguf-mtp"; exit 1; }
+"$KVCTL" synth --from "$M" --nextn 1 -o "$MTP" > /dev/null || { echo "FAIL: kvctl synth --from --nextn 1"; exit 1; }
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || { echo "FAIL: nginx not installed (scripts/setup.sh installs it)"; exit 1; }
 
