@@ -63,10 +63,13 @@ done
 el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%d", b - a + 1 }')
 [ "$el" -lt 60 ] || fail "60 claims took ${el} s: too slow to tell the rate limit from its refill"
 want=$((60 - 20 - (el * 20 + 59) / 60))
+# one reservation of window 2 at a time: one that never becomes active ends after --reserve-s
+# (8 s), and a later claim of the crowd may take the window again
+maxok=$((1 + el / 8))
 n429=$(grep -c '^429' "$T/crowd.txt")
 nok=$(grep -c '^20[01]' "$T/crowd.txt")
-[ "$n429" -ge "$want" ] && [ "$nok" -le 1 ] ||
-    fail "60 fresh identities from one address in ${el} s: $n429 rate-limited (expected >= $want), $nok leases: $(sort "$T/crowd.txt" | uniq -c)"
+[ "$n429" -ge "$want" ] && [ "$nok" -le "$maxok" ] ||
+    fail "60 fresh identities from one address in ${el} s: $n429 rate-limited (expected >= $want), $nok leases (expected <= $maxok): $(sort "$T/crowd.txt" | uniq -c)"
 # (a token refilled just now lets one call through: the next one meets the empty bucket)
 named() { "$CALL" --key "$T/crowd/61" --from 127.0.0.10 POST "$M" /v1/claims "$(claim 2)" |
               grep -q "too many claims from address 127.0.0.10"; }

@@ -16,8 +16,12 @@ check() { local out; out=$($A check "$@") || fail "$out"; }
 # target really holds: keep it small so the heap figures below mean the same there.
 case "$B" in *asan*) export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=1" ;; esac
 
+# The ends of the floods below have no partner: the pair timeout must outlast opening them all,
+# sending and reading the status on a loaded machine (ASan, tests side by side), or the relay
+# would close them before the status shows what they hold; once they are reported, it closes
+# those still open.
 "$KVD" --role relay --listen 127.0.0.1:0 --plain --max-fragments 64 --max-assembly 1048576 \
-    --max-held 262144 --max-held-total 1048576 --pair-timeout 1500 --max-per-addr 32 \
+    --max-held 262144 --max-held-total 1048576 --pair-timeout 5000 --max-per-addr 32 \
     2> "$T/relay.log" &
 RPID=$!
 PIDS="$PIDS $RPID"
