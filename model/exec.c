@@ -1080,15 +1080,6 @@ static int mtp_rows(struct model_exec *e, struct model_session *ss, uint32_t pos
     return h_out ? kern_buf_read(s->xb, 0, h_out, E * sizeof(float)) : 0;
 }
 
-static int32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return (int32_t)best;
-}
-
 int model_mtp_draft(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n, const float *x,
                     const int32_t *hist, uint32_t n_hist, uint32_t k, int32_t *out,
                     float *logits)
@@ -1135,13 +1126,13 @@ int model_mtp_draft(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n,
     /* drafts, greedy: the next from the entry of the previous one and the block's own output;
      * these entries are scratch, written over by the next pass */
     uint32_t nd = 0;
-    out[nd++] = argmax(lg, m->hp.n_vocab);
+    out[nd++] = model_argmax(lg, m->hp.n_vocab);
     for (uint64_t p = p1 + 1; nd < k && p < e->n_ctx; p++) {
         int rc = mtp_rows(e, ss, (uint32_t)p, 1, &out[nd - 1], e->h_rows, false, e->h_rows,
                           e->h_logits);
         if (rc < 0)
             return rc;
-        out[nd++] = argmax(e->h_logits, m->hp.n_vocab);
+        out[nd++] = model_argmax(e->h_logits, m->hp.n_vocab);
     }
     return (int)nd;
 }

@@ -37,6 +37,17 @@ struct model_exps {
     size_t stride;
 };
 
+/* The index of the largest of x[0..n) (the first of equals): greedy sampling and the MTP
+ * block's drafts. */
+static inline int32_t model_argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return (int32_t)best;
+}
+
 static inline struct model_mat model_expert(const struct model_exps *x, uint32_t e)
 {
     struct model_mat r = x->m;

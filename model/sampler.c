@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model.h"
+#include "model/internal.h"
 
 struct cand {
     int32_t id;
@@ -166,15 +166,6 @@ static void apply_penalties(struct model_sampler *s, float *logits)
     }
 }
 
-static int32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return (int32_t)best;
-}
-
 int model_sampler_kept(struct model_sampler *s, float *logits, const int32_t **ids,
                        const float **probs)
 {
@@ -182,7 +173,7 @@ int model_sampler_kept(struct model_sampler *s, float *logits, const int32_t **i
     apply_penalties(s, logits);
     uint32_t n = s->n_vocab;
     if (p->temperature <= 0.0f) {
-        s->kept_id[0] = argmax(logits, n);
+        s->kept_id[0] = model_argmax(logits, n);
         s->kept_p[0] = 1.0f;
         *ids = s->kept_id;
         *probs = s->kept_p;

@@ -45,6 +45,19 @@ print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
 # kvd.cmdline from node_cmdline), the node is started again right after the kill, as before;
 # KILL_SIGNAL=STOP stops it instead (tests/ring_kill.py).
 kill_measure() { python3 "$ROOT/tests/ring_kill.py" "$@"; }
+# clients_as_one ONE OUT: each client of CLIENT_PIDS, the i-th, ended well and wrote OUT.i (its
+# stderr OUT.err.i) equal to ONE.i, what one process wrote; fails the test naming the first not.
+clients_as_one() {
+    local i=0 p
+    for p in $CLIENT_PIDS; do
+        wait "$p" || fail "session $i failed after the kill: $(cat "$2.err.$i")"
+        cmp -s "$1.$i" "$2.$i" || fail "session $i differs from one process after the kill:
+ring: $(cat "$2.$i")
+one:  $(cat "$1.$i")
+stderr: $(cat "$2.err.$i")"
+        i=$((i + 1))
+    done
+}
 # kill_during SOCK PID MAX_DELAY_MS SIGNAL START: the function START starts clients (setting
 # CLIENT_PIDS and CLIENT_ARGS, PID:OUT_FILE:ERR_FILE ...) and kill_measure sends PID SIGNAL
 # (KILL, STOP) a random delay below MAX_DELAY_MS after every client wrote its first bytes,

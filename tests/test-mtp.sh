@@ -120,15 +120,7 @@ start_drafting() {
 pid=$(serving_pid "$d" 2)
 [ -n "$pid" ] || fail "nobody serves rank 2"
 kill_during "$d/rank-0/kvd.sock" "$pid" 100 KILL start_drafting
-i=0
-for p in $CLIENT_PIDS; do
-    wait "$p" || fail "session $i failed after the kill: $(cat "$TMP/kill.err.$i")"
-    cmp -s "$TMP/kone.$i" "$TMP/kill.$i" || fail "session $i differs from one process after the kill:
-ring: $(cat "$TMP/kill.$i")
-one:  $(cat "$TMP/kone.$i")
-stderr: $(cat "$TMP/kill.err.$i")"
-    i=$((i + 1))
-done
+clients_as_one "$TMP/kone" "$TMP/kill"
 cat "$TMP"/kill.err.* | grep -q "resumed [0-9]* time" || fail "no session said it resumed: $(cat "$TMP"/kill.err.*)"
 grep -q "MTP block 8 loaded" "$d"/standby-*/kvd.log || fail "the standby that took rank 2 over did not load the MTP block"
 echo "ok the last stage killed after ${KILL_MS} ms with $KILL_RUNNING sessions drafting: every text as one process"

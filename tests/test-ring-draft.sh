@@ -189,16 +189,8 @@ start_drafting() {
 pid=$(serving_pid "$d" 1)
 [ -n "$pid" ] || fail "nobody serves rank 1"
 kill_during "$d/rank-0/kvd.sock" "$pid" 200 KILL start_drafting
-pids=$CLIENT_PIDS ms=$KILL_MS running=$KILL_RUNNING
-i=0
-for p in $pids; do
-    wait "$p" || fail "session $i failed after the kill: $(cat "$TMP/kill.err.$i")"
-    cmp -s "$TMP/kone.$i" "$TMP/kill.$i" || fail "session $i differs from one process after the kill:
-ring: $(cat "$TMP/kill.$i")
-one:  $(cat "$TMP/kone.$i")
-stderr: $(cat "$TMP/kill.err.$i")"
-    i=$((i + 1))
-done
+ms=$KILL_MS running=$KILL_RUNNING
+clients_as_one "$TMP/kone" "$TMP/kill"
 cat "$TMP"/kill.err.* | grep -q "resumed [0-9]* time" || fail "no session said it resumed"
 echo "ok middle stage killed with $running drafting sessions running: every text as one process ($ms ms to the next tokens)"
 ring_down "$d"
