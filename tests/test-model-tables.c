@@ -114,13 +114,20 @@ static int count(void *ud, const char *name, const struct model_tensor_desc *d, 
     return 0;
 }
 
+/* A small qwen35moe with 4 main blocks (3 recurrent, 1 gated attention) and 1 MTP block. */
+static struct model_hparams qwen35moe_mtp_hp(void)
+{
+    return (struct model_hparams){.n_layer = 4, .n_block = 5, .n_nextn = 1, .n_embd = 64, .n_ff = 96,
+                                  .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16,
+                                  .n_vocab = 300, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32,
+                                  .n_ff_shexp = 48, .full_attn_interval = 4, .ssm_conv_kernel = 4,
+                                  .ssm_d_state = 16, .ssm_n_group = 2, .ssm_dt_rank = 4,
+                                  .ssm_d_inner = 64};
+}
+
 T_CASE(arch_walk)
 {
-    struct model_hparams hp = {.n_layer = 4, .n_block = 5, .n_nextn = 1, .n_embd = 64, .n_ff = 96,
-                               .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16, .n_vocab = 300,
-                               .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32, .n_ff_shexp = 48,
-                               .full_attn_interval = 4, .ssm_conv_kernel = 4, .ssm_d_state = 16,
-                               .ssm_n_group = 2, .ssm_dt_rank = 4, .ssm_d_inner = 64};
+    struct model_hparams hp = qwen35moe_mtp_hp();
     /* qwen35moe: blocks 0-2 recurrent (19 tensors), 3 gated attention (16), 4 MTP (16 + 4);
      * token_embd, output_norm, output */
     const struct model_arch *a = model_arch_find("qwen35moe");
@@ -169,11 +176,7 @@ static int place(void *ud, const char *name, const struct model_tensor_desc *d, 
 
 T_CASE(arch_windows)
 {
-    struct model_hparams hp = {.n_layer = 4, .n_block = 5, .n_nextn = 1, .n_embd = 64, .n_ff = 96,
-                               .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16, .n_vocab = 300,
-                               .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32, .n_ff_shexp = 48,
-                               .full_attn_interval = 4, .ssm_conv_kernel = 4, .ssm_d_state = 16,
-                               .ssm_n_group = 2, .ssm_dt_rank = 4, .ssm_d_inner = 64};
+    struct model_hparams hp = qwen35moe_mtp_hp();
     const struct model_arch *a = model_arch_find("qwen35moe");
     T_ASSERT(a != NULL, "qwen35moe");
     for (int tied = 0; tied < 2; tied++) {
