@@ -14,7 +14,7 @@ static const struct util_cmd commands[] = {
     {"slice",      kvctl_cmd_slice,      "FILE --layers A:B -o OUT  write the stage mini-GGUF of layers [A,B)"},
     {"catalog",    kvctl_cmd_catalog,    "FILE [-o cat.json]        per-tensor SHA-256 catalog; its own SHA-256 is the model id"},
     {"verify",     kvctl_cmd_verify,     "WINDOW --catalog CAT      check a window tensor by tensor against a catalog"},
-    {"synth",      kvctl_cmd_synth,      "--arch A --layers N ...   write a random-weight model"},
+    {"synth",      kvctl_cmd_synth,      "--arch A ... | --from F --nextn N  a random-weight model, or a copy with MTP blocks"},
     {"generate",   kvctl_cmd_generate,   "-m FILE|--ring DIR -p TEXT -n N [sampling]  generate text"},
     {"logits",     kvctl_cmd_logits,     "-m FILE --tokens ... -o OUT  teacher-forced logits"},
     {"bench",      kvctl_cmd_bench,      "-m FILE -p 64 -n 32 -t N  prompt and generation speed"},
