@@ -101,7 +101,11 @@ struct model_exec {
     size_t conv_layer, ssm_layer;    /* floats of one layer's conv state and S */
     struct model_wbuf *w;            /* n_w weight tensors, by address */
     uint32_t n_w;
-    struct kern_at rope_freqs;       /* m->rope_freqs as an operand, resolved once at load */
+    /* The weights the forward pass reads, as the model's views with each one's operand bound
+     * (bind_weights): n_blocks(m) blocks (the window's, then its MTP block), the globals. */
+    struct model_layer *blk;
+    struct model_mat tok_embd, output;
+    struct model_vec output_norm, rope_freqs;
     struct kern_buf *io_x;           /* boundary: [B][n_embd] rows in and out */
     struct kern_buf *io_logits;      /* boundary: [B][n_vocab] logits out (last rank) */
     struct model_state s;
@@ -128,9 +132,9 @@ static inline struct kern_at AT(struct kern_buf *b, size_t i)
     return kern_at_make(b, i * sizeof(float));
 }
 
-/* The buffer and offset of weight bytes p (a view into the mapping: a tensor, a row of one, an
- * expert of a 3-D tensor); no operand for NULL or bytes outside every tensor of the window (the
- * op then fails with -EINVAL). */
+/* The buffer and offset of weight bytes p (a view into the mapping: a tensor, or a part of one
+ * such as a fused tensor's second half); no operand for NULL or bytes outside every tensor of
+ * the window. Only bind_weights looks a weight up: the forward pass reads bound operands. */
 static struct kern_at wat(const struct model_exec *e, const void *p)
 {
     const uint8_t *q = p;
@@ -154,7 +158,7 @@ static struct kern_at wat(const struct model_exec *e, const void *p)
 static int matmul(struct model_exec *e, const struct model_mat *w, struct kern_at x, uint32_t n,
                   struct kern_at y)
 {
-    return kern_dev_matmul(e->dev, w->type, wat(e, w->data), w->rows, w->cols, x, n, y);
+    return kern_dev_matmul(e->dev, w->type, w->at, w->rows, w->cols, x, n, y);
 }
 
 /* bytes from src to dst on the device. */
@@ -175,17 +179,27 @@ static void grow(size_t *need, size_t bytes)
         *need = bytes;
 }
 
-/* The matrices of layer L (absent ones have no data), experts as their expert 0. */
+/* The matrices of layer L (absent ones have no data), experts as their expert 0. With
+ * LAYER_VECS, every weight of a block: bind_weights binds exactly these, so a new field of
+ * struct model_layer goes in one of the two lists. */
 #define LAYER_MATS(L)                                                                            \
     {                                                                                            \
         &(L)->wq, &(L)->wk, &(L)->wv, &(L)->wo, &(L)->wqkv, &(L)->wz, &(L)->w_beta,              \
         &(L)->w_alpha, &(L)->ssm_out, &(L)->w_gate, &(L)->w_up, &(L)->w_down, &(L)->gate_inp,    \
         &(L)->gate_exps.m, &(L)->up_exps.m, &(L)->down_exps.m, &(L)->gate_shexp,                 \
-        &(L)->up_shexp, &(L)->down_shexp, &(L)->gate_inp_shexp,                                  \
+        &(L)->up_shexp, &(L)->down_shexp, &(L)->gate_inp_shexp, &(L)->eh_proj,                   \
+    }
+
+/* The vectors of layer L (absent ones have no data). */
+#define LAYER_VECS(L)                                                                            \
+    {                                                                                            \
+        &(L)->attn_norm, &(L)->bq, &(L)->bk, &(L)->bv, &(L)->q_norm, &(L)->k_norm,               \
+        &(L)->conv1d, &(L)->dt_bias, &(L)->ssm_a, &(L)->ssm_norm, &(L)->ffn_norm, &(L)->enorm,   \
+        &(L)->hnorm, &(L)->head_norm,                                                            \
     }
 
 /* The window's blocks and, last, its MTP block: what the executor holds weights and scratch
- * for (block_at(m, i), i < n_blocks(m)). */
+ * for (the model's block_at(m, i), i < n_blocks(m); bound, the executor's blk[i]). */
 static uint32_t n_blocks(const struct model *m)
 {
     return m->last - m->first + (m->has_mtp ? 1u : 0u);
@@ -200,7 +214,7 @@ static const struct model_layer *block_at(const struct model *m, uint32_t i)
  * only matmuls read: the device may keep it in a layout of its own (docs/devices.md). */
 static int weight_use(struct model_exec *e, const struct model_mat *w, uint32_t n)
 {
-    struct kern_at a = wat(e, w->data);
+    struct kern_at a = w->at;
     size_t rb = kern_row_bytes(w->type, w->cols);
     if (!a.buf || a.off != 0 || w->data == e->m->tok_embd.data || rb == 0 ||
         kern_buf_size(a.buf) != (size_t)n * w->rows * rb)
@@ -215,7 +229,7 @@ static int weights_use(struct model_exec *e)
     const struct model *m = e->m;
     int rc = 0;
     for (uint32_t l = 0; rc == 0 && l < n_blocks(m); l++) {
-        const struct model_layer *L = block_at(m, l);
+        const struct model_layer *L = &e->blk[l];
         const struct model_mat *mats[] = LAYER_MATS(L);
         const struct model_exps *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
         for (size_t i = 0; rc == 0 && i < sizeof mats / sizeof mats[0]; i++) {
@@ -228,10 +242,8 @@ static int weights_use(struct model_exec *e)
                 rc = weight_use(e, mats[i], n);
         }
     }
-    if (rc == 0 && m->has_head && m->output.data)
-        rc = weight_use(e, &m->output, 1);
-    if (rc == 0 && m->has_mtp)
-        rc = weight_use(e, &m->mtp.eh_proj, 1);
+    if (rc == 0 && m->has_head && e->output.data)
+        rc = weight_use(e, &e->output, 1);
     return rc;
 }
 
@@ -244,15 +256,12 @@ static int reserve_scratch(struct model_exec *e)
     const struct model_hparams *hp = &m->hp;
     size_t B = e->max_batch, need = 0;
     for (uint32_t l = 0; l < n_blocks(m); l++) {
-        const struct model_layer *L = block_at(m, l);
-        const struct model_mat *mats[] = LAYER_MATS(L);
+        const struct model_mat *mats[] = LAYER_MATS(&e->blk[l]);
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             grow(&need, mat_scratch(e, mats[i], B));
     }
     if (m->has_head)
-        grow(&need, mat_scratch(e, &m->output, B));
-    if (m->has_mtp)
-        grow(&need, mat_scratch(e, &m->mtp.eh_proj, B));
+        grow(&need, mat_scratch(e, &e->output, B));
     if (e->n_kv)
         grow(&need, kern_dev_attention_scratch(e->dev, e->n_ctx, (int)hp->head_dim));
     if (e->n_rec)
@@ -322,6 +331,48 @@ static int weights_open(struct model_exec *e)
     return 0;
 }
 
+/* Binds a weight view's operand to the buffer holding its bytes: -EINVAL if none does. */
+static int bind_at(const struct model_exec *e, const void *data, struct kern_at *at)
+{
+    *at = wat(e, data);
+    return data && !at->buf ? -EINVAL : 0;
+}
+
+/* The executor's own copy of the weights the forward pass reads (the window's blocks, its MTP
+ * block, the embedding, the head, the RoPE divisors), each weight's operand bound once here:
+ * the model may be run by several executors, each on its own device's buffers, and no op
+ * looks a weight up. An expert's operand is its tensor's, offset by the expert's stride
+ * (model_expert). */
+static int bind_weights(struct model_exec *e)
+{
+    const struct model *m = e->m;
+    int rc = 0;
+    e->blk = xcalloc(n_blocks(m), sizeof *e->blk, &rc);
+    for (uint32_t l = 0; rc == 0 && l < n_blocks(m); l++) {
+        struct model_layer *L = &e->blk[l];
+        *L = *block_at(m, l);
+        struct model_mat *mats[] = LAYER_MATS(L);
+        struct model_vec *vecs[] = LAYER_VECS(L);
+        for (size_t i = 0; rc == 0 && i < sizeof mats / sizeof mats[0]; i++)
+            rc = bind_at(e, mats[i]->data, &mats[i]->at);
+        for (size_t i = 0; rc == 0 && i < sizeof vecs / sizeof vecs[0]; i++)
+            rc = bind_at(e, vecs[i]->data, &vecs[i]->at);
+    }
+    e->tok_embd = m->tok_embd;
+    e->output = m->output;
+    e->output_norm = m->output_norm;
+    e->rope_freqs = m->rope_freqs;   /* an optional operand: absent only if the model has none */
+    if (rc == 0)
+        rc = bind_at(e, e->tok_embd.data, &e->tok_embd.at);
+    if (rc == 0)
+        rc = bind_at(e, e->output.data, &e->output.at);
+    if (rc == 0)
+        rc = bind_at(e, e->output_norm.data, &e->output_norm.at);
+    if (rc == 0)
+        rc = bind_at(e, e->rope_freqs.data, &e->rope_freqs.at);
+    return rc;
+}
+
 void model_exec_opts_default(struct model_exec_opts *o)
 {
     *o = (struct model_exec_opts){.device = "cpu", .n_threads = 0, .n_ctx = 512, .max_batch = 32};
@@ -357,13 +408,8 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
     if ((rc = kern_dev_new(&e->dev, o->device ? o->device : "cpu", o->n_threads, err,
                            errlen)) < 0)
         goto fail;
-    if ((rc = weights_open(e)) < 0 || (rc = weights_use(e)) < 0)
+    if ((rc = weights_open(e)) < 0 || (rc = bind_weights(e)) < 0 || (rc = weights_use(e)) < 0)
         goto fail;
-    e->rope_freqs = wat(e, m->rope_freqs); /* an optional operand: absent only if so */
-    if (m->rope_freqs && !e->rope_freqs.buf) {
-        rc = -EINVAL;
-        goto fail;
-    }
     size_t B = max_batch, E = hp->n_embd;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     uint32_t nl = m->last - m->first;
@@ -496,6 +542,7 @@ void model_exec_free(struct model_exec *e)
     for (uint32_t i = 0; i < e->n_w; i++)
         kern_buf_free(e->w[i].b);
     free(e->w);
+    free(e->blk);
     free(e->slot);
     free(e->seg);
     kern_dev_free(e->dev);
@@ -631,7 +678,7 @@ int model_embed(struct model_exec *e, const int32_t *tokens, uint32_t n, float *
         uint32_t nb = n - done < e->max_batch ? n - done : e->max_batch;
         TRY(kern_buf_write(e->s.tok, 0, tokens + done, (size_t)nb * sizeof(int32_t)));
         TRY(kern_buf_bind(e->io_x, out + (size_t)done * E, (size_t)nb * E * sizeof(float), false));
-        int rc = kern_dev_get_rows(e->dev, m->tok_embd.type, wat(e, m->tok_embd.data),
+        int rc = kern_dev_get_rows(e->dev, e->tok_embd.type, e->tok_embd.at,
                                    m->hp.n_vocab, E, AT(e->s.tok, 0), nb,
                                    AT(e->io_x, 0));      /* [nb][E] */
         int rc2 = kern_buf_unbind(e->io_x, rc == 0);
@@ -669,15 +716,15 @@ static int attention(struct model_exec *e, const struct model_layer *L, size_t s
     }
     TRY(matmul(e, &L->wk, AT(s->xb, 0), n, AT(s->k, 0)));       /* [n][kv_dim] */
     TRY(matmul(e, &L->wv, AT(s->xb, 0), n, AT(s->v, 0)));       /* [n][kv_dim] */
-    if (L->bq) {
-        TRY(kern_dev_add_rows(d, AT(s->q, 0), wat(e, L->bq), n, q_dim)); /* [n][q_dim] += [q_dim] */
-        TRY(kern_dev_add_rows(d, AT(s->k, 0), wat(e, L->bk), n, kv_dim)); /* [n][kv_dim] += .. */
-        TRY(kern_dev_add_rows(d, AT(s->v, 0), wat(e, L->bv), n, kv_dim));
+    if (L->bq.data) {
+        TRY(kern_dev_add_rows(d, AT(s->q, 0), L->bq.at, n, q_dim)); /* [n][q_dim] += [q_dim] */
+        TRY(kern_dev_add_rows(d, AT(s->k, 0), L->bk.at, n, kv_dim)); /* [n][kv_dim] += .. */
+        TRY(kern_dev_add_rows(d, AT(s->v, 0), L->bv.at, n, kv_dim));
     }
-    if (L->q_norm) {                         /* per-head RMSNorm (qwen3 and later), in place */
-        TRY(kern_dev_rmsnorm_rows(d, AT(s->q, 0), AT(s->q, 0), wat(e, L->q_norm),
+    if (L->q_norm.data) {                    /* per-head RMSNorm (qwen3 and later), in place */
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->q, 0), AT(s->q, 0), L->q_norm.at,
                                   (int64_t)n * hp->n_head, hd, hp->rms_eps));
-        TRY(kern_dev_rmsnorm_rows(d, AT(s->k, 0), AT(s->k, 0), wat(e, L->k_norm),
+        TRY(kern_dev_rmsnorm_rows(d, AT(s->k, 0), AT(s->k, 0), L->k_norm.at,
                                   (int64_t)n * hp->n_head_kv, hd,
                                   hp->rms_eps));                 /* [n * n_head(_kv)][hd] */
     }
@@ -736,7 +783,7 @@ static int deltanet(struct model_exec *e, const struct model_layer *L, size_t sl
         struct kern_at state = AT(g->ss->conv, slot * e->conv_layer);
         TRY(copy(e, AT(s->mixed, (size_t)g->off * CD), state, K1 * CD * sizeof(float)));
         TRY(kern_dev_conv_silu(dv, AT(s->conv_out, (size_t)g->off * CD),
-                               AT(s->mixed, (size_t)g->off * CD), wat(e, L->conv1d), g->n, CD,
+                               AT(s->mixed, (size_t)g->off * CD), L->conv1d.at, g->n, CD,
                                (int)K));                         /* [g.n][CD] */
         TRY(copy(e, state, AT(s->mixed, (size_t)(g->off + g->n) * CD), K1 * CD * sizeof(float)));
     }
@@ -751,10 +798,10 @@ static int deltanet(struct model_exec *e, const struct model_layer *L, size_t sl
                               AT(g->ss->ssm, slot * e->ssm_layer), AT(s->conv_out, q),
                               AT(s->conv_out, k), AT(s->conv_out, v), CD,
                               AT(s->beta, (size_t)g->off * Hv), AT(s->alpha, (size_t)g->off * Hv),
-                              wat(e, L->dt_bias), wat(e, L->ssm_a), g->n, (int)Hk, (int)Hv,
+                              L->dt_bias.at, L->ssm_a.at, g->n, (int)Hk, (int)Hv,
                               (int)d));                          /* [g.n][Hv][d] */
     }
-    TRY(kern_dev_rmsnorm_silu(dv, AT(s->lin_o, 0), AT(s->lin_o, 0), wat(e, L->ssm_norm),
+    TRY(kern_dev_rmsnorm_silu(dv, AT(s->lin_o, 0), AT(s->lin_o, 0), L->ssm_norm.at,
                               AT(s->z, 0), (int64_t)n * Hv, d, hp->rms_eps)); /* [n * Hv][d] */
     return matmul(e, &L->ssm_out, AT(s->lin_o, 0), n, AT(s->proj, 0)); /* [n][E] */
 }
@@ -852,7 +899,7 @@ static int rope_angles(struct model_exec *e, uint32_t nseg)
         TRY(kern_dev_rope_angles(e->dev, AT(s->rope_cs, g->off * half),
                                  AT(s->rope_sn, g->off * half), g->n, g->pos, (int)hp->n_rot,
                                  hp->rope_base, hp->rope_scale,
-                                 e->rope_freqs));                /* [g.n][n_rot/2] each */
+                                 e->rope_freqs.at));                /* [g.n][n_rot/2] each */
     }
     return 0;
 }
@@ -867,7 +914,7 @@ static int block_run(struct model_exec *e, const struct model_layer *L, size_t s
     const uint32_t E = hp->n_embd;
 
     /* mixer: x += mixer(rmsnorm(x) * attn_norm) */
-    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->attn_norm), n, E,
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, L->attn_norm.at, n, E,
                               hp->rms_eps));                     /* [n][E] */
     if (L->recurrent)
         TRY(deltanet(e, L, slot, nseg, n));
@@ -876,7 +923,7 @@ static int block_run(struct model_exec *e, const struct model_layer *L, size_t s
     TRY(kern_dev_add(d, x, AT(s->proj, 0), (int64_t)n * E));     /* [n][E] */
 
     /* feed-forward: x += ffn(rmsnorm(x) * ffn_norm), dense SwiGLU or routed experts */
-    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, wat(e, L->ffn_norm), n, E,
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), x, L->ffn_norm.at, n, E,
                               hp->rms_eps));                     /* [n][E] */
     if (L->gate_inp.data)
         TRY(moe(e, L, n));
@@ -893,7 +940,7 @@ static int forward(struct model_exec *e, uint32_t nseg, uint32_t n, struct kern_
     if (e->n_attn)
         TRY(rope_angles(e, nseg));
     for (uint32_t l = 0; l < m->last - m->first; l++)
-        TRY(block_run(e, &m->layers[l], e->slot[l], nseg, n, x));
+        TRY(block_run(e, &e->blk[l], e->slot[l], nseg, n, x));
     return 0;
 }
 
@@ -1008,9 +1055,9 @@ int model_head(struct model_exec *e, const float *x, uint32_t n, float *logits)
                                (size_t)nb * V * sizeof(float), false);
         if (rc == 0)
             rc = kern_dev_rmsnorm_rows(e->dev, AT(e->s.xb, 0), AT(e->io_x, 0),
-                                       wat(e, m->output_norm), nb, E, m->hp.rms_eps); /* [nb][E] */
+                                       e->output_norm.at, nb, E, m->hp.rms_eps); /* [nb][E] */
         if (rc == 0)
-            rc = matmul(e, &m->output, AT(e->s.xb, 0), nb, AT(e->io_logits, 0)); /* [nb][V] */
+            rc = matmul(e, &e->output, AT(e->s.xb, 0), nb, AT(e->io_logits, 0)); /* [nb][V] */
         int rc2 = kern_buf_unbind(e->io_x, false);
         int rc3 = kern_buf_unbind(e->io_logits, rc == 0);
         TRY(rc < 0 ? rc : rc2 < 0 ? rc2 : rc3);
@@ -1035,7 +1082,7 @@ static int mtp_rows(struct model_exec *e, struct model_session *ss, uint32_t pos
 {
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
-    const struct model_layer *L = &m->mtp;
+    const struct model_layer *L = &e->blk[m->last - m->first];   /* the MTP block */
     struct model_state *s = &e->s;
     struct kern_dev *d = e->dev;
     const uint32_t E = hp->n_embd;
@@ -1045,20 +1092,20 @@ static int mtp_rows(struct model_exec *e, struct model_session *ss, uint32_t pos
             return -EINVAL;
     /* [enorm(embedding) | hnorm(h)] */
     TRY(kern_buf_write(s->tok, 0, tokens, (size_t)n * sizeof(int32_t)));
-    TRY(kern_dev_get_rows(d, m->tok_embd.type, wat(e, m->tok_embd.data), hp->n_vocab, E,
+    TRY(kern_dev_get_rows(d, e->tok_embd.type, e->tok_embd.at, hp->n_vocab, E,
                           AT(s->tok, 0), n, AT(s->mx, 0)));      /* [n][E] */
-    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(s->mx, 0), wat(e, L->enorm), n, E,
+    TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(s->mx, 0), L->enorm.at, n, E,
                               hp->rms_eps));
     TRY(kern_dev_copy_rows(d, AT(s->mcat, 0), 2 * E * sizeof(float), AT(s->xb, 0),
                            E * sizeof(float), 0, none, n, E * sizeof(float)));
     TRY(kern_buf_bind(e->io_x, (float *)(uintptr_t)h, (size_t)n * E * sizeof(float), true));
     int rc = 0;
     if (prenorm)
-        rc = kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(e->io_x, 0), wat(e, m->output_norm), n, E,
+        rc = kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(e->io_x, 0), e->output_norm.at, n, E,
                                    hp->rms_eps);
     if (rc == 0)
         rc = kern_dev_rmsnorm_rows(d, AT(s->xb, 0), prenorm ? AT(s->xb, 0) : AT(e->io_x, 0),
-                                   wat(e, L->hnorm), n, E, hp->rms_eps);
+                                   L->hnorm.at, n, E, hp->rms_eps);
     int rc2 = kern_buf_unbind(e->io_x, false);
     TRY(rc < 0 ? rc : rc2);
     TRY(kern_dev_copy_rows(d, AT(s->mcat, E), 2 * E * sizeof(float), AT(s->xb, 0),
@@ -1070,10 +1117,10 @@ static int mtp_rows(struct model_exec *e, struct model_session *ss, uint32_t pos
     TRY(block_run(e, L, e->n_attn, 1, n, AT(s->mx, 0)));
     /* the last row: shared_head_norm, then the head */
     TRY(kern_dev_rmsnorm_rows(d, AT(s->xb, 0), AT(s->mx, (size_t)(n - 1) * E),
-                              wat(e, L->head_norm), 1, E, hp->rms_eps));
+                              L->head_norm.at, 1, E, hp->rms_eps));
     if (logits) {
         TRY(kern_buf_bind(e->io_logits, logits, (size_t)hp->n_vocab * sizeof(float), false));
-        rc = matmul(e, &m->output, AT(s->xb, 0), 1, AT(e->io_logits, 0)); /* [1][V] */
+        rc = matmul(e, &e->output, AT(s->xb, 0), 1, AT(e->io_logits, 0)); /* [1][V] */
         rc2 = kern_buf_unbind(e->io_logits, rc == 0);
         TRY(rc < 0 ? rc : rc2);
     }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kern.h"
 #include "model/model.h"
 
 /* Caps on hyperparameters read from a file (a file that needs more is refused). */
@@ -21,16 +22,27 @@
 #define MODEL_MAX_CONV     64u
 
 /* A weight matrix: `rows` rows of `cols` elements of a ggml type, a view into the mapping.
- * y = W x takes x of length cols to y of length rows (GGUF ne[0] = cols, ne[1] = rows). */
+ * y = W x takes x of length cols to y of length rows (GGUF ne[0] = cols, ne[1] = rows).
+ * `at` is the same bytes as an operand of an executor's device: several executors may run one
+ * model, so each binds its own copy of the weights once when it is made (model/exec.c); in
+ * the model's own it stays {NULL, 0}. */
 struct model_mat {
     const void *data;
     uint32_t type;
     uint32_t rows, cols;
+    struct kern_at at;
+};
+
+/* An F32 weight vector (or a small F32 array: ssm_conv1d), a view into the mapping; `at` as
+ * for struct model_mat. */
+struct model_vec {
+    const float *data;
+    struct kern_at at;
 };
 
 /* The experts of a routed MoE tensor: n matrices of rows x cols, expert e's at
  * data + e * stride bytes (a 3-D GGUF tensor, read in place; a fused gate_up tensor gives two
- * views with the same stride). */
+ * views with the same stride), so at the same offset past expert 0's operand, in its buffer. */
 struct model_exps {
     struct model_mat m;            /* expert 0 */
     uint32_t n;
@@ -52,6 +64,8 @@ static inline struct model_mat model_expert(const struct model_exps *x, uint32_t
 {
     struct model_mat r = x->m;
     r.data = (const uint8_t *)x->m.data + (size_t)e * x->stride;
+    if (r.at.buf)
+        r.at.off += (size_t)e * x->stride;
     return r;
 }
 
@@ -59,23 +73,23 @@ static inline struct model_mat model_expert(const struct model_exps *x, uint32_t
 struct model_layer {
     bool recurrent;                /* Gated DeltaNet mixer instead of attention (qwen35*) */
     bool attn_gated;               /* wq rows are per head [q | gate] (qwen35* full attention) */
-    const float *attn_norm;        /* [n_embd] */
+    struct model_vec attn_norm;    /* [n_embd] */
     struct model_mat wq;           /* [q_dim][n_embd] */
     struct model_mat wk;           /* [kv_dim][n_embd] */
     struct model_mat wv;           /* [kv_dim][n_embd] */
     struct model_mat wo;           /* [n_embd][q_dim] */
-    const float *bq, *bk, *bv;     /* [q_dim], [kv_dim], [kv_dim] or NULL (qwen2) */
-    const float *q_norm, *k_norm;  /* [head_dim] or NULL (qwen3: per-head RMSNorm) */
+    struct model_vec bq, bk, bv;   /* [q_dim], [kv_dim], [kv_dim] or absent (qwen2) */
+    struct model_vec q_norm, k_norm; /* [head_dim] or absent (qwen3: per-head RMSNorm) */
     /* Gated DeltaNet (conv_dim = 2 * n_group * d_state + d_inner) */
     struct model_mat wqkv;         /* [conv_dim][n_embd] -> [q | k | v] */
     struct model_mat wz;           /* [d_inner][n_embd] output gate */
     struct model_mat w_beta;       /* [dt_rank][n_embd] */
     struct model_mat w_alpha;      /* [dt_rank][n_embd] */
-    const float *conv1d;           /* [conv_dim][conv_kernel]: channel c's taps, oldest first */
-    const float *dt_bias, *ssm_a;  /* [dt_rank] */
-    const float *ssm_norm;         /* [d_state] */
+    struct model_vec conv1d;       /* [conv_dim][conv_kernel]: channel c's taps, oldest first */
+    struct model_vec dt_bias, ssm_a; /* [dt_rank] */
+    struct model_vec ssm_norm;     /* [d_state] */
     struct model_mat ssm_out;      /* [n_embd][d_inner] */
-    const float *ffn_norm;         /* [n_embd] (post_attention_norm for qwen35*) */
+    struct model_vec ffn_norm;     /* [n_embd] (post_attention_norm for qwen35*) */
     struct model_mat w_gate;       /* [n_ff][n_embd] (dense FFN) */
     struct model_mat w_up;         /* [n_ff][n_embd] */
     struct model_mat w_down;       /* [n_embd][n_ff] */
@@ -91,8 +105,8 @@ struct model_layer {
     /* multi-token prediction (the MTP block only): the projection of
      * [enorm(embedding) | hnorm(hidden)] into the block, and the norm before the shared head */
     struct model_mat eh_proj;      /* [n_embd][2 n_embd] */
-    const float *enorm, *hnorm;    /* [n_embd] */
-    const float *head_norm;        /* [n_embd] shared_head_norm */
+    struct model_vec enorm, hnorm; /* [n_embd] */
+    struct model_vec head_norm;    /* [n_embd] shared_head_norm */
 };
 
 struct model {
@@ -102,9 +116,9 @@ struct model {
     uint32_t first, last;          /* window [first, last) */
     bool has_embed, has_head;
     struct model_mat tok_embd;     /* [n_vocab][n_embd] (rank 0, or the head when tied) */
-    const float *output_norm;      /* [n_embd] (last rank) */
+    struct model_vec output_norm;  /* [n_embd] (last rank) */
     struct model_mat output;       /* [n_vocab][n_embd] (last rank; = tok_embd when tied) */
-    const float *rope_freqs;       /* [n_rot/2] RoPE frequency divisors (Llama 3.1) or NULL */
+    struct model_vec rope_freqs;   /* [n_rot/2] RoPE frequency divisors (Llama 3.1) or absent */
     struct model_layer *layers;    /* last - first blocks; layers[i] is block first + i */
     /* The first multi-token-prediction block (block n_layer), loaded on the last rank when the
      * file holds it and the token embedding it reads (has_mtp); never run in the main pass. */

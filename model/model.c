@@ -256,8 +256,8 @@ static int bind_mat(struct model *m, const char *name, uint32_t cols, uint32_t r
 }
 
 /* A 1-D F32 vector of n elements. */
-static int bind_vec(struct model *m, const char *name, uint32_t n, const float **out, char *err,
-                    size_t errlen)
+static int bind_vec(struct model *m, const char *name, uint32_t n, struct model_vec *out,
+                    char *err, size_t errlen)
 {
     const struct gguf_tensor *t = gguf_tensor_find(m->gf, name);
     if (!t) {
@@ -277,13 +277,13 @@ static int bind_vec(struct model *m, const char *name, uint32_t n, const float *
         util_seterr(err, errlen, "tensor %s: not mapped or misaligned", name);
         return -EINVAL;
     }
-    *out = t->data;
+    out->data = t->data;
     return 0;
 }
 
 /* A 2-D F32 array of rows x cols (ssm_conv1d). */
 static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t rows,
-                    const float **out, char *err, size_t errlen)
+                    struct model_vec *out, char *err, size_t errlen)
 {
     struct model_mat w;
     int rc = bind_mat(m, name, cols, rows, &w, err, errlen);
@@ -293,7 +293,7 @@ static int bind_f32(struct model *m, const char *name, uint32_t cols, uint32_t r
         util_seterr(err, errlen, "tensor %s: type %" PRIu32 ", expected aligned f32", name, w.type);
         return -ENOTSUP;
     }
-    *out = w.data;
+    out->data = w.data;
     return 0;
 }
 
@@ -318,7 +318,7 @@ static int bind_exps(struct model *m, const char *name, uint32_t cols, uint32_t 
     int rc = check_weight(t, name, cols, (uint64_t)rows * parts * n, &rb, err, errlen);
     if (rc < 0)
         return rc;
-    struct model_exps x = {{t->data, t->type, rows, cols}, n, rb * rows * parts};
+    struct model_exps x = {{t->data, t->type, rows, cols, {NULL, 0}}, n, rb * rows * parts};
     *out = x;
     if (parts == 2) {
         x.m.data = (const uint8_t *)t->data + rb * rows;
@@ -376,7 +376,7 @@ static int bind_block(struct model *m, uint32_t il, struct model_layer *L, bool 
             if (d->form == MODEL_FORM_EXPS2)
                 fused = L->gate_exps.m.data != NULL;
         }
-    if (!L->recurrent && !L->q_norm != !L->k_norm) {
+    if (!L->recurrent && !L->q_norm.data != !L->k_norm.data) {
         util_seterr(err, errlen, "block %" PRIu32 ": attn_q_norm and attn_k_norm must come together", il);
         return -EINVAL;
     }
@@ -620,8 +620,8 @@ uint64_t model_weight_bytes(const struct model *m)
         b += mat_bytes(&L->gate_inp) + expert_bytes(L) * hp->n_expert_used +
              mat_bytes(&L->gate_shexp) + mat_bytes(&L->up_shexp) + mat_bytes(&L->down_shexp) +
              mat_bytes(&L->gate_inp_shexp);
-        b += 4ull * (2ull * hp->n_embd + (L->bq ? q_dim + 2ull * kv_dim : 0) +
-                     (L->q_norm ? 2ull * hp->head_dim : 0));
+        b += 4ull * (2ull * hp->n_embd + (L->bq.data ? q_dim + 2ull * kv_dim : 0) +
+                     (L->q_norm.data ? 2ull * hp->head_dim : 0));
         if (L->recurrent)
             b += 4ull * ((2ull * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner) *
                          hp->ssm_conv_kernel + 2ull * hp->ssm_dt_rank + hp->ssm_d_state);
