@@ -27,8 +27,10 @@
 #   wait_for SECONDS CMD...   runs CMD every 0.1 s until it succeeds (0) or time is up (1)
 #   wait_file FILE [SECONDS]  until FILE exists and is not empty
 #   wait_port PORT [SECONDS]  until 127.0.0.1:PORT accepts a connection
-#   free_port                 prints a TCP port free on 127.0.0.1 right now (for a port that
-#                             nothing must listen on; a daemon's port comes from LISTEN)
+#   free_port                 prints a TCP port free on 127.0.0.1 right now, below the ephemeral
+#                             range (for a port nothing must listen on, or a server that cannot
+#                             take a socket handed over: nginx, PostgreSQL; a daemon's port
+#                             comes from LISTEN)
 #   $LISTEN PORTFILE PORT[,PORT..] -- CMD...   runs CMD with a listening socket on 127.0.0.1
 #                             for each PORT (0: a free one), bound first (tests/listen.py; kvd
 #                             takes them as systemd hands sockets over); {PORT} / {PORT0},
@@ -179,7 +181,30 @@ port_of() {
 }
 api_port() { sed -n 's|^api: https\{0,1\}://.*:\([0-9][0-9]*\)/v1.*|\1|p' "$1.up"; }
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    # A random port below the kernel's ephemeral range (ip_local_port_range), free right now:
+    # no outgoing connection of another test can be given it between this choice and its use,
+    # as one from the ephemeral range could; two tests picking the same one of ~20000 at the
+    # same moment is what is left.
+    python3 -c '
+import random, socket
+try:
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    lo = 32768
+lo = max(lo, 12000)
+for _ in range(200):
+    p = random.randrange(10000, lo)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+else:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # ring_up DIR ARGS...: start a local ring, remember it for clean-up.
