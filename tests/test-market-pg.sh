@@ -17,18 +17,20 @@ if [ "$(id -u)" = 0 ]; then
 fi
 "${RUNAS[@]}" "$PGBIN/initdb" -D "$T/pg/data" -A trust -U kv >"$T/initdb.log" 2>&1 ||
     die "initdb failed: $(tail -5 "$T/initdb.log")"
-PGPORT=$(free_port)
+# The server listens on a Unix socket in the scratch directory only (no TCP port to pick and
+# race for): the port number just names the socket file, $T/pg/.s.PGSQL.5432.
+PGPORT=5432
 "${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$T/pg/data" -l "$T/pg/server.log" -w -t 60 \
-    -o "-p $PGPORT -k $T/pg -c listen_addresses=127.0.0.1 -c fsync=off" start >"$T/pg_ctl.log" 2>&1 ||
+    -o "-p $PGPORT -k $T/pg -c listen_addresses= -c fsync=off" start >"$T/pg_ctl.log" 2>&1 ||
     die "pg_ctl start failed: $(tail -5 "$T/pg_ctl.log"; tail -5 "$T/pg/server.log" 2>/dev/null)"
 at_exit '"${RUNAS[@]}" "$PGBIN/pg_ctl" -D "$T/pg/data" -m immediate stop >/dev/null 2>&1'
 for db in store api; do
-    "$PGBIN/createdb" -h 127.0.0.1 -p "$PGPORT" -U kv "market_$db" || die "createdb market_$db failed"
+    "$PGBIN/createdb" -h "$T/pg" -p "$PGPORT" -U kv "market_$db" || die "createdb market_$db failed"
 done
-KV_MARKET_PG="postgres://kv@127.0.0.1:$PGPORT/market_store" "$TOOLS/test-market-store" 2>&1 |
+KV_MARKET_PG="postgres://kv@/market_store?host=$T/pg&port=$PGPORT" "$TOOLS/test-market-store" 2>&1 |
     tee "$T/store.out" | tail -n 8
 grep -q " 0 failed;" "$T/store.out" || fail "the store's cases failed on PostgreSQL"
-KV_MARKET_DB="postgres://kv@127.0.0.1:$PGPORT/market_api" bash tests/test-market-api.sh >"$T/api.out" 2>&1 ||
+KV_MARKET_DB="postgres://kv@/market_api?host=$T/pg&port=$PGPORT" bash tests/test-market-api.sh >"$T/api.out" 2>&1 ||
     { grep -v "^ok" "$T/api.out" | head -30; fail "test-market-api.sh failed on PostgreSQL"; }
 grep -c "^ok" "$T/api.out" | sed 's/^/ok   test-market-api.sh on PostgreSQL: /; s/$/ checks passed/'
 finish
