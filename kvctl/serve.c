@@ -3,12 +3,13 @@
  * machine and a ring without a change. The generator is the whole model on one worker thread:
  * it takes the running generations in turn, one token each (prompt first), samples with
  * model/'s sampler and keeps each one's history, text and stop conditions with model_gen, as
- * `kvctl generate -m` does; results cross to the loop thread through a uv_async_t. The loop
- * thread never computes. */
+ * `kvctl generate -m` does; results cross to the loop thread through a net_handoff (net/). The
+ * loop thread never computes. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "gguf/gguf.h"
 #include "kvctl/kvctl.h"
 #include "model/model.h"
+#include "net/net.h"
 #include "util/err.h"
 
 /* One generation. Freed by the loop thread only, when its last event (done) is delivered. */
@@ -43,7 +45,7 @@ struct sgen {
 enum { EV_TOKEN, EV_DONE };
 
 struct event {
-    struct event *next;
+    struct net_handoff_link link;    /* the way back to the loop */
     int kind;
     struct sgen *g;
     int32_t tok;
@@ -56,7 +58,7 @@ struct event {
 
 struct server {
     uv_loop_t *loop;
-    uv_async_t async;
+    struct net_handoff *events;      /* the worker's events, to the loop thread */
     uv_signal_t sigint, sigterm;
     uv_thread_t thr;
     uv_mutex_t mu;
@@ -69,7 +71,6 @@ struct server {
     float *x;                        /* [max_batch][n_embd], the worker's */
     struct sgen *active;             /* the worker's */
     struct sgen *incoming;           /* under mu */
-    struct event *ev_head, *ev_tail; /* under mu */
     bool stop;                       /* under mu */
     uint64_t next_id;
     /* under mu: decode steps and their time, for the metrics */
@@ -83,14 +84,7 @@ struct server {
 
 static void post(struct server *sv, struct event *ev)
 {
-    uv_mutex_lock(&sv->mu);
-    if (sv->ev_tail)
-        sv->ev_tail->next = ev;
-    else
-        sv->ev_head = ev;
-    sv->ev_tail = ev;
-    uv_mutex_unlock(&sv->mu);
-    uv_async_send(&sv->async);
+    net_handoff_push(sv->events, &ev->link);
 }
 
 static void post_done(struct server *sv, struct sgen *g, const char *reason, const char *err)
@@ -265,37 +259,55 @@ static void sgen_free(struct sgen *g)
     free(g);
 }
 
-static void on_async(uv_async_t *a)
+static struct event *event_of(struct net_handoff_link *l)
 {
-    struct server *sv = a->data;
+    return (struct event *)((char *)l - offsetof(struct event, link));
+}
+
+static void event_free(struct event *ev)
+{
+    free(ev->text);
+    free(ev->logits);
+    free(ev);
+}
+
+/* On the loop thread: one of the worker's events, to its request (unless cancelled). A done
+ * is the generation's last event, so the generation goes with it. */
+static void on_event(struct net_handoff_link *l, void *ud)
+{
+    struct server *sv = ud;
+    struct event *ev = event_of(l);
+    struct sgen *g = ev->g;
     uv_mutex_lock(&sv->mu);
-    struct event *ev = sv->ev_head;
-    sv->ev_head = sv->ev_tail = NULL;
+    bool cancelled = g->cancelled;
     uv_mutex_unlock(&sv->mu);
-    while (ev) {
-        struct event *next = ev->next;
-        struct sgen *g = ev->g;
-        uv_mutex_lock(&sv->mu);
-        bool cancelled = g->cancelled;
-        uv_mutex_unlock(&sv->mu);
-        if (ev->kind == EV_TOKEN) {
-            if (!cancelled) {
-                struct api_gen_token t = {.id = ev->tok, .text = ev->text ? ev->text : "",
-                                          .len = ev->len, .logits = ev->logits};
-                g->sink->token(g->ud, &t);
-            }
-        } else {
-            if (!cancelled)
-                g->sink->done(g->ud, ev->err[0] ? NULL : ev->reason, ev->err[0] ? ev->err : NULL,
-                              ev->text, ev->len);
-            sv->n_running--;
-            sgen_free(g);
+    if (ev->kind == EV_TOKEN) {
+        if (!cancelled) {
+            struct api_gen_token t = {.id = ev->tok, .text = ev->text ? ev->text : "",
+                                      .len = ev->len, .logits = ev->logits};
+            g->sink->token(g->ud, &t);
         }
-        free(ev->text);
-        free(ev->logits);
-        free(ev);
-        ev = next;
+    } else {
+        if (!cancelled)
+            g->sink->done(g->ud, ev->err[0] ? NULL : ev->reason, ev->err[0] ? ev->err : NULL,
+                          ev->text, ev->len);
+        sv->n_running--;
+        sgen_free(g);
     }
+    event_free(ev);
+}
+
+/* An event the queue still held when it closed: the server drains it after joining the
+ * worker, so none is expected; one would be freed, its request not told. */
+static void on_event_dropped(struct net_handoff_link *l, void *ud)
+{
+    struct server *sv = ud;
+    struct event *ev = event_of(l);
+    if (ev->kind == EV_DONE) {
+        sv->n_running--;
+        sgen_free(ev->g);
+    }
+    event_free(ev);
 }
 
 static int gen_start(void *impl, const struct api_gen_req *r, const struct api_gen_sink *sink,
@@ -376,7 +388,7 @@ static void on_api_closed(void *ud)
     uv_cond_signal(&sv->cv);
     uv_mutex_unlock(&sv->mu);
     uv_thread_join(&sv->thr);
-    on_async(&sv->async);   /* the last events (the cancelled ones' ends) */
+    net_handoff_drain(sv->events);   /* the last events (the cancelled ones' ends) */
     /* those the worker had not swept yet: every request is gone, nobody is told */
     for (struct sgen *l = sv->active, *ln = sv->incoming; l || ln; l = ln, ln = NULL)
         while (l) {
@@ -386,7 +398,8 @@ static void on_api_closed(void *ud)
             l = next;
         }
     sv->active = sv->incoming = NULL;
-    uv_close((uv_handle_t *)&sv->async, NULL);
+    net_handoff_close(sv->events, NULL, NULL);
+    sv->events = NULL;
     uv_close((uv_handle_t *)&sv->sigint, NULL);
     uv_close((uv_handle_t *)&sv->sigterm, NULL);
 }
@@ -514,8 +527,10 @@ int kvctl_cmd_serve(int argc, char **argv)
     sv->loop = uv_default_loop();
     uv_mutex_init(&sv->mu);
     uv_cond_init(&sv->cv);
-    uv_async_init(sv->loop, &sv->async, on_async);
-    sv->async.data = sv;
+    if ((rc = net_handoff_new(&sv->events, sv->loop, on_event, on_event_dropped, sv)) < 0) {
+        fprintf(stderr, "kvctl serve: the worker's queue: %s\n", uv_strerror(rc));
+        goto out_loop;
+    }
     const char *base = strrchr(path, '/');
     char name[256] = "";
     gguf_get_str(model_get_gguf(sv->m), "general.name", name, sizeof name);
@@ -550,8 +565,7 @@ int kvctl_cmd_serve(int argc, char **argv)
     uv_run(sv->loop, UV_RUN_DEFAULT);
     ret = 0;
 out_loop:
-    if (!uv_is_closing((uv_handle_t *)&sv->async))
-        uv_close((uv_handle_t *)&sv->async, NULL);
+    net_handoff_close(sv->events, NULL, NULL);   /* NULL once on_api_closed closed it */
     uv_run(sv->loop, UV_RUN_DEFAULT);
     uv_loop_close(sv->loop);
     uv_cond_destroy(&sv->cv);

@@ -1,7 +1,7 @@
 /* net — libuv links, ring framing and handshake, HTTP server/client, TLS, WebSocket bridge.
  * Knows nothing of tensors beyond byte payloads.
  *
- * Sections: [frames + links], [http], [tls + websocket].
+ * Sections: [frames + links], [http], [tls + websocket], [worker -> loop handoff].
  */
 #ifndef KV_NET_H
 #define KV_NET_H
@@ -724,5 +724,37 @@ void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void
 int net_relay_transport_register(void);
 /* Is endpoint a relay:// or relay+ws:// endpoint? */
 bool net_relay_endpoint(const char *endpoint);
+
+/* ========================= worker -> loop handoff ========================= */
+/* How a worker thread hands results back to a libuv loop (the event loop never computes:
+ * docs/design.md, "The ring data path"). Items are the caller's own structs with a struct
+ * net_handoff_link inside (the queue never allocates per item, so a push cannot fail);
+ * net_handoff_push appends from any thread under a mutex and wakes the loop (uv_async_send);
+ * on the loop thread the whole list is taken under the mutex and each item goes to deliver
+ * outside it, in push order (one thread's items in the order it pushed them). Items still
+ * queued when the queue closes go to drop, never to deliver. */
+struct net_handoff_link {
+    struct net_handoff_link *next;   /* the queue's while the item is in it */
+};
+struct net_handoff;
+/* An item handed back (its link cleared); ud is net_handoff_new's. The callee owns it. */
+typedef void (*net_handoff_cb)(struct net_handoff_link *item, void *ud);
+typedef void (*net_handoff_closed_cb)(void *ud);
+/* On the loop thread: a queue whose items are delivered on loop's thread. drop takes the
+ * items still queued at close (may be NULL when none can be). 0, -ENOMEM or libuv's error;
+ * nothing to close on failure. */
+int net_handoff_new(struct net_handoff **out, uv_loop_t *loop, net_handoff_cb deliver,
+                    net_handoff_cb drop, void *ud);
+/* From any thread: item queued (the queue owns it until deliver or drop), the loop woken. */
+void net_handoff_push(struct net_handoff *q, struct net_handoff_link *item);
+/* items[0..n) queued in order under one lock, one wake-up for all. */
+void net_handoff_push_n(struct net_handoff *q, struct net_handoff_link **items, size_t n);
+/* On the loop thread: deliver what is queued now, without waiting for the async callback
+ * (an owner that has just joined its workers takes their last items this way). */
+void net_handoff_drain(struct net_handoff *q);
+/* On the loop thread, once no thread can push any more (the workers joined): closes the
+ * async handle; in its close callback the items still queued go to drop, the queue is freed,
+ * then closed(ud) runs (may be NULL). q NULL: nothing happens, closed is not called. */
+void net_handoff_close(struct net_handoff *q, net_handoff_closed_cb closed, void *ud);
 
 #endif

@@ -2,10 +2,11 @@
  * close a session) to a queue; one thread runs them on the backend, each session's in order,
  * steps of several sessions as one batched run picked by the scheduler (decode steps first,
  * prompts sharing the rest in chunks: docs/ring.md, "The batching scheduler"), and hands them
- * back through uv_async, so the event loop never computes. On the last rank the sessions'
+ * back through a net_handoff, so the event loop never computes. On the last rank the sessions'
  * samplers (model/model.h) live here too. */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -611,14 +612,10 @@ static void *thread_main(void *arg)
         c->stats.rows_rerun = c->dstats.rows_rerun;
         if (batch[0]->kind == KVD_JOB_STEP && !c->stop)
             after_step_run(c, batch, nb);
-        for (uint32_t k = 0; k < nb; k++) {
-            if (c->out_tail)
-                c->out_tail->next = batch[k];
-            else
-                c->out_head = batch[k];
-            c->out_tail = batch[k];
-        }
-        uv_async_send(&c->async);
+        struct net_handoff_link *back[KVD_BATCH_JOBS_MAX];
+        for (uint32_t k = 0; k < nb; k++)
+            back[k] = &batch[k]->back;
+        net_handoff_push_n(c->results, back, nb);
     }
     pthread_mutex_unlock(&c->mu);
     /* Free what the thread owns: samplers and the sessions' KV. */
@@ -630,22 +627,27 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-static void on_async(uv_async_t *a)
+static struct kvd_job *job_of(struct net_handoff_link *l)
 {
-    struct kvd_compute *c = a->data;
-    pthread_mutex_lock(&c->mu);
-    struct kvd_job *j = c->out_head;
-    c->out_head = c->out_tail = NULL;
-    pthread_mutex_unlock(&c->mu);
-    while (j) {
-        struct kvd_job *next = j->next;
-        j->next = NULL;
-        if (c->stop)
-            kvd_job_free(j);
-        else
-            c->done(j, c->ud);
-        j = next;
-    }
+    return (struct kvd_job *)((char *)l - offsetof(struct kvd_job, back));
+}
+
+/* On the loop thread: a job run, to the owner. */
+static void on_result(struct net_handoff_link *l, void *ud)
+{
+    struct kvd_compute *c = ud;
+    struct kvd_job *j = job_of(l);
+    j->next = NULL;
+    if (c->stop)
+        kvd_job_free(j);
+    else
+        c->done(j, c->ud);
+}
+
+/* A job run that nobody will be told of: the queue closed with it in. */
+static void on_result_dropped(struct net_handoff_link *l, void *ud)
+{
+    kvd_job_free(job_of(l));
 }
 
 int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backend *b,
@@ -670,18 +672,17 @@ int kvd_compute_new(struct kvd_compute **out, uv_loop_t *loop, struct kvd_backen
         free(c);
         return -ENOMEM;
     }
-    /* The thread first: it touches the async handle only for a job, and none can be submitted
-     * before we return, so a failed handle is undone here without a loop turn. */
+    /* The thread first: it touches the results' queue only for a job, and none can be
+     * submitted before we return, so a failed queue is undone here without a loop turn. */
     int rc = -EAGAIN;
     if (pthread_create(&c->thread, NULL, thread_main, c) != 0)
         goto fail_thread;
-    rc = uv_async_init(loop, &c->async, on_async);
+    rc = net_handoff_new(&c->results, loop, on_result, on_result_dropped, c);
     if (rc < 0)
-        goto fail_async;
-    c->async.data = c;
+        goto fail_results;
     *out = c;
     return 0;
-fail_async:
+fail_results:
     pthread_mutex_lock(&c->mu);
     c->stop = true;
     pthread_cond_signal(&c->cv);
@@ -724,15 +725,10 @@ void kvd_compute_submit(struct kvd_compute *c, struct kvd_job *j)
     kvd_compute_submit_n(c, &j, 1);
 }
 
-static void on_async_closed(uv_handle_t *h)
+/* The results' queue is closed, its last jobs dropped: the rest of c goes. */
+static void on_results_closed(void *arg)
 {
-    struct kvd_compute *c = h->data;
-    struct kvd_job *j = c->out_head;
-    while (j) {
-        struct kvd_job *n = j->next;
-        kvd_job_free(j);
-        j = n;
-    }
+    struct kvd_compute *c = arg;
     free(c->rows);
     free(c->tok);
     free(c->x);
@@ -764,5 +760,5 @@ void kvd_compute_stop(struct kvd_compute *c, kvd_compute_closed_cb closed, void 
         j = n;
     }
     pthread_join(c->thread, NULL);
-    uv_close((uv_handle_t *)&c->async, on_async_closed);
+    net_handoff_close(c->results, on_results_closed, c);
 }

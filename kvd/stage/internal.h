@@ -141,7 +141,8 @@ int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks
 enum kvd_job_kind { KVD_JOB_OPEN, KVD_JOB_STEP, KVD_JOB_CLOSE };
 
 struct kvd_job {
-    struct kvd_job *next;
+    struct kvd_job *next;           /* the compute thread's queue */
+    struct net_handoff_link back;   /* the way back to the loop, once run */
     int kind;
     uint64_t session;
     uint32_t pos, n;
@@ -200,8 +201,8 @@ struct kvd_compute_stats {
     uint64_t draft_passes, rows_dropped, checkpoints, restores, rows_rerun;
 };
 void kvd_compute_stats(struct kvd_compute *c, struct kvd_compute_stats *out);
-/* Stop the thread (pending jobs are dropped, the thread joined) and close the async handle.
- * c is freed in the handle's close callback, which then calls closed(ud) (may be NULL): from
+/* Stop the thread (pending jobs are dropped, the thread joined) and close the results' queue
+ * (jobs run and not yet delivered are dropped too). c is freed in the queue's close callback, which then calls closed(ud) (may be NULL): from
  * then on nothing of c touches the backend. c == NULL: nothing happens, closed is not called. */
 typedef void (*kvd_compute_closed_cb)(void *ud);
 void kvd_compute_stop(struct kvd_compute *c, kvd_compute_closed_cb closed, void *ud);
@@ -212,7 +213,7 @@ void kvd_job_free(struct kvd_job *j);
 #define KVD_BATCH_JOBS_MAX 32
 struct csess;
 struct kvd_compute {
-    uv_async_t async;
+    struct net_handoff *results;    /* jobs run, back to the loop thread */
     struct kvd_backend *b;
     uint32_t wire_dsize;
     kvd_job_done_cb done;
@@ -222,7 +223,7 @@ struct kvd_compute {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct kvd_job *in_head, *in_tail, *out_head, *out_tail;
+    struct kvd_job *in_head, *in_tail;
     bool stop;
     struct csess *sessions;     /* compute thread only */
     /* compute thread scratch: a batch's rows, tokens (rank 0) and boundary, and its logits */
