@@ -1,25 +1,70 @@
 // Concurrent streamed completions through the official openai client, with a node killed in
 // the middle of them (tests/test-market-standby.sh). Every session of SPEC streams at once;
-// once each has brought a few chunks, KILL_PID gets SIGKILL; the streams go on to their end.
-// Each session's text goes to OUTDIR/<i>.txt (its error, if any, to OUTDIR/<i>.err), and one
-// JSON line says how many were still running at the kill and how many failed.
-// usage: node tests/api_sessions.mjs BASE_URL KEY SPEC.json OUTDIR KILL_PID
+// KILL_PID gets SIGKILL once rank 0's control socket CTL_SOCK (when given) has reported every
+// session open there and a few steps a session since, with sessions still running: the kill
+// lands while rank 0 runs them whatever the clients' lag (on a loaded machine a client reads
+// its stream late, after rank 0 may have finished it); without CTL_SOCK, once each has
+// brought a few chunks. The
+// streams go on to their end. Each session's text goes to OUTDIR/<i>.txt (its error, if any,
+// to OUTDIR/<i>.err), and one JSON line says how many were running at the kill (rank 0's count
+// with CTL_SOCK) and how many failed.
+// usage: node tests/api_sessions.mjs BASE_URL KEY SPEC.json OUTDIR KILL_PID [CTL_SOCK]
 //   SPEC: [{"prompt", "max_tokens", "temperature", "seed", "top_k", "top_p", "min_p"}, ...]
 import fs from 'node:fs';
+import net from 'node:net';
 import OpenAI from 'openai';
 
-const [base, key, specPath, outDir, killPid] = process.argv.slice(2);
+const [base, key, specPath, outDir, killPid, ctlSock] = process.argv.slice(2);
 const spec = JSON.parse(fs.readFileSync(specPath, 'utf8'));
 const client = new OpenAI({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 120000 });
 const chunks = spec.map(() => 0);
 const ended = spec.map(() => false);
 let killed = false, runningAtKill = 0;
 
-function maybeKill() {
-    if (killed || !chunks.every((n) => n >= 3)) return;
-    killed = true;
-    runningAtKill = ended.filter((e) => !e).length;
-    process.kill(Number(killPid), 'SIGKILL');
+// rank 0's status ({"op":"status"} on its control socket): {sessions, steps}, or null
+function rank0Status() {
+    return new Promise((resolve) => {
+        let buf = '';
+        const c = net.connect(ctlSock, () => c.write('{"op":"status"}\n'));
+        c.setTimeout(5000, () => { c.destroy(); resolve(null); });
+        c.on('data', (d) => {
+            buf += d;
+            const nl = buf.indexOf('\n');
+            if (nl < 0) return;
+            c.destroy();
+            try { resolve(JSON.parse(buf.slice(0, nl))); } catch { resolve(null); }
+        });
+        c.on('error', () => resolve(null));
+    });
+}
+
+let polling = false;
+async function maybeKill() {
+    if (killed) return;
+    if (!ctlSock) {
+        if (!chunks.every((n) => n >= 3)) return;
+        killed = true;
+        runningAtKill = ended.filter((e) => !e).length;
+        process.kill(Number(killPid), 'SIGKILL');
+        return;
+    }
+    if (polling) return;
+    polling = true;
+    let steps0 = -1;   // rank 0's steps when it first held every session
+    while (!killed && !ended.every((e) => e)) {
+        const st = await rank0Status();
+        if (st && steps0 < 0 && st.sessions >= spec.length)
+            steps0 = st.steps;
+        // a few tokens of each generated, and sessions still running there
+        if (st && steps0 >= 0 && st.sessions >= 1 && st.steps - steps0 >= 3 * spec.length) {
+            killed = true;
+            runningAtKill = st.sessions;
+            process.kill(Number(killPid), 'SIGKILL');
+            break;
+        }
+        await new Promise((r) => setTimeout(r, 10));
+    }
+    polling = false;
 }
 
 async function one(i) {
@@ -43,6 +88,9 @@ async function one(i) {
     ended[i] = true;
 }
 
-await Promise.all(spec.map((_, i) => one(i)));
+const all = Promise.all(spec.map((_, i) => one(i)));
+if (ctlSock)
+    maybeKill();   // polls rank 0 from the start
+await all;
 const failed = spec.filter((_, i) => fs.existsSync(`${outDir}/${i}.err`)).length;
 console.log(JSON.stringify({ killed, running_at_kill: runningAtKill, failed }));

@@ -104,7 +104,9 @@ for i, s in enumerate(json.load(open(T + "/spec.json"))):
             sys.exit(1)
 PY
 mkdir -p "$T/out"
-node tests/api_sessions.mjs "$API/v1" "$CKEY" "$T/spec.json" "$T/out" "${JPID[$MID]}" >"$T/sessions.json" 2>"$T/sessions.err" ||
+R0=$(rank0 a b c)
+node tests/api_sessions.mjs "$API/v1" "$CKEY" "$T/spec.json" "$T/out" "${JPID[$MID]}" "$T/$R0/kvd.sock" \
+    >"$T/sessions.json" 2>"$T/sessions.err" ||
     fail "the sessions' client failed: $(cat "$T/sessions.err")"
 python3 - "$T/sessions.json" "$T/out" "$T" <<'PY' || fail "the sessions through the repair: $(cat "$T/sessions.json")"
 import json, os, sys
@@ -128,7 +130,6 @@ RUNNING=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runni
 echo "ok   8 concurrent sessions through the API at $API, node $MID killed with -9 while $RUNNING ran: every text equals its one-process text, no client error"
 
 # ---- the standby holds the rank; rank 0 resumed the sessions; the map shows it
-R0=$(rank0 a b c)
 python3 - "$ROOT/tests" "$T/$R0/kvd.sock" "$RUNNING" <<'PY' || fail "rank 0 did not resume the sessions the kill broke"
 import sys
 sys.path.insert(0, sys.argv[1])
