@@ -93,24 +93,14 @@ struct rec {
 /* ---- output buffer ---- */
 
 struct buf {
-    char *p;
-    size_t len, cap;
+    struct util_buf u;
     int rc;          /* first failure, sticky */
 };
 
 static void put_n(struct buf *b, const char *s, size_t n)
 {
-    if (b->rc)
-        return;
-    while (b->len + n + 1 > b->cap) {
-        if (util_grow((void **)&b->p, &b->cap, 1, 256) < 0) {
-            b->rc = -ENOMEM;
-            return;
-        }
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
+    if (!b->rc)
+        b->rc = util_buf_append(&b->u, s, n, SIZE_MAX);
 }
 
 static void put(struct buf *b, const char *s)
@@ -401,13 +391,13 @@ static int llama2(const struct conv *c, struct buf *b)
         }
         put(&t, content(c, i));
         if (t.rc) {
-            free(t.p);
+            util_buf_free(&t.u);
             return t.rc;
         }
         const char *p = "";
         size_t n = 0;
-        if (t.p)
-            strip(t.p, t.len, &p, &n);
+        if (t.u.p)
+            strip(t.u.s, t.u.len, &p, &n);
         if (is(c, i, "user")) {
             put(b, c->bos);
             put(b, "[INST] ");
@@ -419,7 +409,7 @@ static int llama2(const struct conv *c, struct buf *b)
             put(b, " ");
             put(b, c->eos);
         }
-        free(t.p);
+        util_buf_free(&t.u);
     }
     return 0;
 }
@@ -761,9 +751,9 @@ int model_chat_render_text(char **out, const char *tmpl, const char *name, const
     if (rc == 0)
         rc = b.rc;
     if (rc < 0)
-        free(b.p);
+        util_buf_free(&b.u);
     else
-        *out = b.p;
+        *out = b.u.s;
 out_rec:
     free(r);
     return rc;

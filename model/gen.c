@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "util/util.h"
 
 struct model_gen {
     const struct model_vocab *v;
@@ -19,8 +20,7 @@ struct model_gen {
     size_t stop_max;            /* longest stop string */
     /* The end of the generated text a new match can start in: the last stop_max - 1 bytes
      * before the newest piece, then the piece. */
-    char *tail;
-    size_t tail_len, tail_cap;
+    struct util_buf tail;
 };
 
 int model_gen_new(struct model_gen **out, const struct model_vocab *v,
@@ -58,7 +58,7 @@ static void stops_clear(struct model_gen *g)
     g->stop = NULL;
     g->n_stop = 0;
     g->stop_max = 0;
-    g->tail_len = 0;
+    g->tail.len = 0;
 }
 
 void model_gen_free(struct model_gen *g)
@@ -66,7 +66,7 @@ void model_gen_free(struct model_gen *g)
     if (!g)
         return;
     stops_clear(g);
-    free(g->tail);
+    util_buf_free(&g->tail);
     model_detok_free(g->detok);
     free(g->hist);
     free(g);
@@ -104,28 +104,18 @@ int model_gen_set_stops(struct model_gen *g, const char *const *stops, uint32_t 
  * pieces found none, so a match must). Keeps only the bytes a later match can start in. */
 static bool stop_found(struct model_gen *g, const char *piece, size_t len)
 {
-    size_t need = g->tail_len + len;
-    if (need > g->tail_cap) {
-        char *nt = realloc(g->tail, need);
-        if (!nt)
-            return false;   /* as when the text could not be kept: no match */
-        g->tail = nt;
-        g->tail_cap = need;
-    }
-    size_t old = g->tail_len;
-    memcpy(g->tail + old, piece, len);
-    g->tail_len = need;
+    size_t old = g->tail.len;
+    if (util_buf_append(&g->tail, piece, len, SIZE_MAX))
+        return false;   /* as when the text could not be kept: no match */
     bool hit = false;
     for (uint32_t i = 0; i < g->n_stop && !hit; i++) {
         size_t sl = strlen(g->stop[i]);
         size_t from = old >= sl ? old - sl + 1 : 0;
-        hit = memmem(g->tail + from, g->tail_len - from, g->stop[i], sl) != NULL;
+        hit = memmem(g->tail.p + from, g->tail.len - from, g->stop[i], sl) != NULL;
     }
     size_t keep = g->stop_max - 1;
-    if (g->tail_len > keep) {
-        memmove(g->tail, g->tail + g->tail_len - keep, keep);
-        g->tail_len = keep;
-    }
+    if (g->tail.len > keep)
+        util_buf_consume(&g->tail, g->tail.len - keep);
     return hit;
 }
 

@@ -26,6 +26,7 @@
 #define TOK_MAX_TOKENS   (1u << 24)   /* ids in one vocabulary */
 #define TOK_MAX_MERGES   (1u << 24)
 #define TOK_MAX_TEXT     (1u << 16)   /* bytes of one token text or merge */
+#define TOK_POOL_MAX     ((size_t)1 << 31)   /* bytes of all of them: offsets are 32-bit */
 #define TOK_MAX_REGEX    8            /* pre-tokenizer regexes applied in sequence */
 
 /* Token attributes (llama.cpp's llama_token_attr bits). */
@@ -79,8 +80,7 @@ struct model_vocab {
     char pre_name[64];
     uint32_t n_tokens;
     struct tok_token *tok;
-    char *pool;           /* token texts, then merge strings */
-    size_t pool_len, pool_cap;
+    struct util_buf pool; /* token texts, then merge strings (under TOK_POOL_MAX) */
     char *ppool;          /* decoded pieces */
     size_t ppool_len;
 
@@ -114,14 +114,6 @@ struct model_vocab {
 };
 
 /* ---- tok_util.c */
-
-
-/* A growing byte buffer. */
-struct tok_buf {
-    char *p;
-    size_t n, cap;
-};
-int tok_buf_add(struct tok_buf *b, const void *s, size_t n);
 
 /* A growing list of token ids. */
 struct tok_out {

@@ -1,5 +1,5 @@
-/* tok_util.c — the tokenizer's lowest layer, used by every other tok*.c file: growing
- * buffers, the candidate heap of the merge loops, UTF-8 helpers and the byte-level alphabet
+/* tok_util.c — the tokenizer's lowest layer, used by every other tok*.c file: the growing
+ * list of ids, the candidate heap of the merge loops, UTF-8 helpers and the byte-level alphabet
  * of BPE vocabularies. Knows nothing of a vocabulary. */
 #include <errno.h>
 #include <pthread.h>
@@ -11,28 +11,7 @@
 #include "model/internal.h"
 #include "model/tok_internal.h"
 
-/* ---------------------------------------------------------------- buffers */
-
-int tok_buf_add(struct tok_buf *b, const void *s, size_t n)
-{
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n) {
-            if (cap > SIZE_MAX / 2)
-                return -ENOMEM;
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return 0;
-}
+/* ---------------------------------------------------------------- ids */
 
 int tok_out_push(struct tok_out *o, int32_t id)
 {

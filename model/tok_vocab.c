@@ -60,7 +60,7 @@ int32_t tok_find(const struct model_vocab *v, const char *s, size_t n)
         /* the stored hash bits spare most mismatching probes a look at the text */
         if ((e & 0xFFFFFFFF00000000ull) == tag) {
             const struct tok_token *t = &v->tok[(uint32_t)e - 1];
-            if (t->len == n && !memcmp(v->pool + t->off, s, n))
+            if (t->len == n && !memcmp(v->pool.s + t->off, s, n))
                 return (int32_t)((uint32_t)e - 1);
         }
         i = (i + 1) & v->tmap_mask;
@@ -72,7 +72,7 @@ int32_t tok_find(const struct model_vocab *v, const char *s, size_t n)
 static void tok_index(struct model_vocab *v, uint32_t id)
 {
     const struct tok_token *t = &v->tok[id];
-    uint64_t h = hash_bytes(v->pool + t->off, t->len, 0), tag = h >> 32 << 32;
+    uint64_t h = hash_bytes(v->pool.s + t->off, t->len, 0), tag = h >> 32 << 32;
     uint32_t i = (uint32_t)h & v->tmap_mask;
     for (;;) {
         uint64_t e = v->tmap[i];
@@ -82,7 +82,7 @@ static void tok_index(struct model_vocab *v, uint32_t id)
         }
         const struct tok_token *o = &v->tok[(uint32_t)e - 1];
         if ((e & 0xFFFFFFFF00000000ull) == tag && o->len == t->len &&
-            !memcmp(v->pool + o->off, v->pool + t->off, t->len)) {
+            !memcmp(v->pool.s + o->off, v->pool.s + t->off, t->len)) {
             v->tmap[i] = tag | (id + 1);
             return;
         }
@@ -101,7 +101,7 @@ int32_t tok_merge_rank(const struct model_vocab *v, const char *a, size_t alen, 
         if (!e)
             return -1;
         const struct tok_merge *m = &v->merges[e - 1];
-        if (m->first_len == alen && m->second_len == blen && !memcmp(v->pool + m->off, a, n))
+        if (m->first_len == alen && m->second_len == blen && !memcmp(v->pool.s + m->off, a, n))
             return (int32_t)m->rank;
         i = (i + 1) & v->mmap_mask;
     }
@@ -155,7 +155,7 @@ static void merge_index(struct model_vocab *v, uint32_t idx)
 {
     const struct tok_merge *m = &v->merges[idx];
     size_t n = (size_t)m->first_len + m->second_len;
-    uint32_t i = (uint32_t)hash_bytes(v->pool + m->off, n, m->first_len) & v->mmap_mask;
+    uint32_t i = (uint32_t)hash_bytes(v->pool.s + m->off, n, m->first_len) & v->mmap_mask;
     for (;;) {
         uint32_t e = v->mmap[i];
         if (!e) {
@@ -164,7 +164,7 @@ static void merge_index(struct model_vocab *v, uint32_t idx)
         }
         const struct tok_merge *o = &v->merges[e - 1];
         if (o->first_len == m->first_len && o->second_len == m->second_len &&
-            !memcmp(v->pool + o->off, v->pool + m->off, n))
+            !memcmp(v->pool.s + o->off, v->pool.s + m->off, n))
             return;
         i = (i + 1) & v->mmap_mask;
     }
@@ -174,24 +174,11 @@ static int pool_add(struct model_vocab *v, const void *s, size_t n, uint32_t *of
 {
     if (n > TOK_MAX_TEXT)
         return -EINVAL;
-    if (v->pool_len + n > v->pool_cap) {
-        size_t cap = v->pool_cap ? v->pool_cap : 1 << 16;
-        while (cap < v->pool_len + n) {
-            if (cap > (size_t)UINT32_MAX / 2)
-                return -E2BIG;
-            cap *= 2;
-        }
-        char *p = realloc(v->pool, cap);
-        if (!p)
-            return -ENOMEM;
-        v->pool = p;
-        v->pool_cap = cap;
-    }
-    if (v->pool_len + n > UINT32_MAX)
-        return -E2BIG;
-    memcpy(v->pool + v->pool_len, s, n);
-    *off = (uint32_t)v->pool_len;
-    v->pool_len += n;
+    size_t at = v->pool.len;
+    int rc = util_buf_append(&v->pool, s, n, TOK_POOL_MAX);
+    if (rc)
+        return rc;
+    *off = (uint32_t)at;
     return 0;
 }
 
@@ -498,21 +485,21 @@ static int byte_token_value(const char *s, size_t n)
 }
 
 /* The piece of token id with special = true (llama.cpp's token_to_piece cache). */
-static int make_piece(const struct model_vocab *v, uint32_t id, struct tok_buf *b)
+static int make_piece(const struct model_vocab *v, uint32_t id, struct util_buf *b)
 {
     const struct tok_token *t = &v->tok[id];
-    const char *s = v->pool + t->off;
+    const char *s = v->pool.s + t->off;
     size_t n = t->len;
     if (t->attr & (TOK_ATTR_UNKNOWN | TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED))
-        return tok_buf_add(b, s, n);
+        return util_buf_append(b, s, n, SIZE_MAX);
     if (v->type == MODEL_VOCAB_SPM) {
         if (t->attr & TOK_ATTR_NORMAL) {
             for (size_t i = 0; i < n;) {
                 if (i + 3 <= n && !memcmp(s + i, "\xE2\x96\x81", 3)) {
-                    if (tok_buf_add(b, " ", 1)) return -ENOMEM;
+                    if (util_buf_append(b, " ", 1, SIZE_MAX)) return -ENOMEM;
                     i += 3;
                 } else {
-                    if (tok_buf_add(b, s + i, 1)) return -ENOMEM;
+                    if (util_buf_append(b, s + i, 1, SIZE_MAX)) return -ENOMEM;
                     i++;
                 }
             }
@@ -520,7 +507,7 @@ static int make_piece(const struct model_vocab *v, uint32_t id, struct tok_buf *
         }
         if (t->attr & TOK_ATTR_BYTE) {
             char c = (char)byte_token_value(s, n);
-            return tok_buf_add(b, &c, 1);
+            return util_buf_append(b, &c, 1, SIZE_MAX);
         }
         return 0;
     }
@@ -537,17 +524,18 @@ static int make_piece(const struct model_vocab *v, uint32_t id, struct tok_buf *
         int byte = cp <= 0x10FFFF ? tok_cp_byte(cp) : -1;
         if (byte >= 0) {
             char c = (char)byte;
-            if (tok_buf_add(b, &c, 1)) return -ENOMEM;
+            if (util_buf_append(b, &c, 1, SIZE_MAX)) return -ENOMEM;
         } else {
             /* llama.cpp writes the codepoint's bytes and the whole text in brackets */
             char u[4], hx[16];
             size_t ul = cp <= 0x10FFFF ? tok_utf8_put(cp, u) : 0;
-            if (tok_buf_add(b, "[UNK_BYTE_0x", 12)) return -ENOMEM;
+            if (util_buf_append(b, "[UNK_BYTE_0x", 12, SIZE_MAX)) return -ENOMEM;
             for (size_t j = 0; j < ul; j++) {
                 snprintf(hx, sizeof hx, "%02x", (unsigned char)u[j]);
-                if (tok_buf_add(b, hx, 2)) return -ENOMEM;
+                if (util_buf_append(b, hx, 2, SIZE_MAX)) return -ENOMEM;
             }
-            if (tok_buf_add(b, s, n) || tok_buf_add(b, "]", 1)) return -ENOMEM;
+            if (util_buf_append(b, s, n, SIZE_MAX) || util_buf_append(b, "]", 1, SIZE_MAX))
+                return -ENOMEM;
         }
         i += k;
     }
@@ -658,9 +646,9 @@ static int load_tokens(struct model_vocab *v, const struct gguf_file *f, char *e
             }
         }
         if (v->type == MODEL_VOCAB_SPM && (t->attr & TOK_ATTR_BYTE) &&
-            byte_token_value(v->pool + t->off, t->len) < 0) {
+            byte_token_value(v->pool.s + t->off, t->len) < 0) {
             util_seterr(err, errlen, "tokenizer.ggml.tokens[%u]: byte token '%.*s' is not <0xHH>", i,
-                          (int)(t->len > 32 ? 32 : t->len), v->pool + t->off);
+                          (int)(t->len > 32 ? 32 : t->len), v->pool.s + t->off);
             return -EINVAL;
         }
         tok_index(v, i);
@@ -724,7 +712,7 @@ static int load_merges(struct model_vocab *v, const struct gguf_file *f, char *e
             return -ENOMEM;
         }
         (void)off2; /* second follows first in the pool */
-        const char *t = v->pool + mg->off;
+        const char *t = v->pool.s + mg->off;
         int32_t a = tok_find(v, t, mg->first_len), b = tok_find(v, t + mg->first_len, mg->second_len);
         mg->result = tok_find(v, t, (size_t)mg->first_len + mg->second_len);
         if (a >= 0 && b >= 0)
@@ -923,12 +911,12 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
     for (uint32_t i = 0; i < v->n_special; i++) {
         const struct tok_token *t = &v->tok[v->special[i]];
         v->tok[v->special[i]].special_pos = (int32_t)i;
-        unsigned char c = (unsigned char)v->pool[t->off];
+        unsigned char c = (unsigned char)v->pool.s[t->off];
         v->special_first[1][c >> 3] |= (uint8_t)(1u << (c & 7));
         if (!(t->attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
             v->special_first[0][c >> 3] |= (uint8_t)(1u << (c & 7));
         /* the prefilter finds specials by text: a text shared with another id defeats it */
-        if (tok_find(v, v->pool + t->off, t->len) != v->special[i])
+        if (tok_find(v, v->pool.s + t->off, t->len) != v->special[i])
             v->special_lens_many = true;
         if (i == 0 || t->len != v->tok[v->special[i - 1]].len) {
             if (v->n_special_lens == sizeof v->special_lens / sizeof v->special_lens[0])
@@ -982,7 +970,7 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
          * character: then no merge can join the end of one word to the next. */
         v->spm_cut = true;
         for (uint32_t i = 0; i < v->n_tokens && v->spm_cut; i++) {
-            const char *t = v->pool + v->tok[i].off;
+            const char *t = v->pool.s + v->tok[i].off;
             size_t n = v->tok[i].len, k = 0;
             while (k + 3 <= n && !memcmp(t + k, "\xE2\x96\x81", 3))
                 k += 3;
@@ -996,25 +984,25 @@ int model_vocab_load(struct model_vocab **out, const struct gguf_file *f, char *
 
     /* decoded pieces */
     {
-        struct tok_buf pb = {0};
+        struct util_buf pb = {0};
         for (uint32_t i = 0; i < v->n_tokens; i++) {
-            size_t before = pb.n;
+            size_t before = pb.len;
             if (make_piece(v, i, &pb)) {
-                free(pb.p);
+                util_buf_free(&pb);
                 rc = -ENOMEM;
                 goto fail;
             }
-            if (pb.n > UINT32_MAX) {
-                free(pb.p);
+            if (pb.len > UINT32_MAX) {
+                util_buf_free(&pb);
                 util_seterr(err, errlen, "tokenizer.ggml.tokens: decoded pieces too large");
                 rc = -E2BIG;
                 goto fail;
             }
             v->tok[i].poff = (uint32_t)before;
-            v->tok[i].plen = (uint32_t)(pb.n - before);
+            v->tok[i].plen = (uint32_t)(pb.len - before);
         }
-        v->ppool = pb.p ? pb.p : malloc(1);
-        v->ppool_len = pb.n;
+        v->ppool = pb.p ? pb.s : malloc(1);
+        v->ppool_len = pb.len;
         if (!v->ppool) {
             rc = -ENOMEM;
             goto fail;
@@ -1033,7 +1021,7 @@ void model_vocab_free(struct model_vocab *v)
         return;
     tok_regex_free(v->re);
     free(v->tok);
-    free(v->pool);
+    util_buf_free(&v->pool);
     free(v->ppool);
     free(v->tmap);
     free(v->merges);
@@ -1075,7 +1063,7 @@ const char *model_vocab_text(const struct model_vocab *v, int32_t id, size_t *le
         return NULL;
     }
     *len = v->tok[id].len;
-    return v->pool + v->tok[id].off;
+    return v->pool.s + v->tok[id].off;
 }
 
 int32_t model_vocab_find(const struct model_vocab *v, const char *s, size_t len)

@@ -80,7 +80,7 @@ static int partition(const struct model_vocab *v, const char *text, size_t len, 
             continue;
         if (present && !present[si])
             continue;
-        const char *stext = v->pool + st->off;
+        const char *stext = v->pool.s + st->off;
         size_t slen = st->len;
         bool any = false;
         next.n = 0;
@@ -302,7 +302,7 @@ static size_t clean_spaces(char *t, size_t n)
 int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, unsigned flags,
                      char *buf, size_t cap, size_t *len)
 {
-    struct tok_buf b = {0};
+    struct util_buf b = {0};
     bool strip = v->add_space_prefix;
     bool remove_special = flags & MODEL_DETOK_REMOVE_SPECIAL, special = flags & MODEL_DETOK_SPECIAL;
     int rc = 0;
@@ -326,18 +326,18 @@ int model_detokenize(const struct model_vocab *v, const int32_t *ids, size_t n, 
             pl--;
         }
         strip = false;
-        if ((rc = tok_buf_add(&b, p, pl)))
+        if ((rc = util_buf_append(&b, p, pl, SIZE_MAX)))
             goto done;
     }
     if ((flags & MODEL_DETOK_CLEAN_SPACES) && v->clean_spaces)
-        b.n = clean_spaces(b.p, b.n);
-    *len = b.n;
-    if (b.n > cap)
+        b.len = clean_spaces(b.s, b.len);
+    *len = b.len;
+    if (b.len > cap)
         rc = -ENOSPC;
-    else if (b.n)
-        memcpy(buf, b.p, b.n);
+    else if (b.len)
+        memcpy(buf, b.p, b.len);
 done:
-    free(b.p);
+    util_buf_free(&b);
     return rc;
 }
 
@@ -348,7 +348,7 @@ struct model_detok {
     bool special, strip;
     unsigned char pend[4];
     size_t npend;
-    struct tok_buf out;
+    struct util_buf out;
 };
 
 int model_detok_new(struct model_detok **out, const struct model_vocab *v, bool special,
@@ -368,14 +368,14 @@ void model_detok_free(struct model_detok *d)
 {
     if (!d)
         return;
-    free(d->out.p);
+    util_buf_free(&d->out);
     free(d);
 }
 
 /* Move the complete characters of pend + piece into out; keep an unfinished tail. */
 static int detok_feed(struct model_detok *d, const char *p, size_t pl, bool final)
 {
-    d->out.n = 0;
+    d->out.len = 0;
     while (pl || d->npend) {
         /* work on pend topped up from the piece, at most 4 bytes at a time */
         while (d->npend < 4 && pl) {
@@ -387,11 +387,11 @@ static int detok_feed(struct model_detok *d, const char *p, size_t pl, bool fina
             break; /* wait for the rest of the character */
         size_t used;
         if (k > 0) {
-            if (tok_buf_add(&d->out, d->pend, (size_t)k))
+            if (util_buf_append(&d->out, d->pend, (size_t)k, SIZE_MAX))
                 return -ENOMEM;
             used = (size_t)k;
         } else {
-            if (tok_buf_add(&d->out, "\xEF\xBF\xBD", 3))
+            if (util_buf_append(&d->out, "\xEF\xBF\xBD", 3, SIZE_MAX))
                 return -ENOMEM;
             used = k < 0 ? (size_t)-k : d->npend;
         }
@@ -403,7 +403,7 @@ static int detok_feed(struct model_detok *d, const char *p, size_t pl, bool fina
             while (a < pl && !((unsigned char)p[a] & 0x80))
                 a++;
             if (a) {
-                if (tok_buf_add(&d->out, p, a))
+                if (util_buf_append(&d->out, p, a, SIZE_MAX))
                     return -ENOMEM;
                 p += a;
                 pl -= a;
@@ -429,8 +429,8 @@ int model_detok_push(struct model_detok *d, int32_t id, const char **text, size_
     int rc = detok_feed(d, p, pl, false);
     if (rc)
         return rc;
-    *text = d->out.n ? d->out.p : "";
-    *len = d->out.n;
+    *text = d->out.len ? d->out.s : "";
+    *len = d->out.len;
     return 0;
 }
 
@@ -441,7 +441,7 @@ int model_detok_flush(struct model_detok *d, const char **text, size_t *len)
     *len = 0;
     if (rc)
         return rc;
-    *text = d->out.n ? d->out.p : "";
-    *len = d->out.n;
+    *text = d->out.len ? d->out.s : "";
+    *len = d->out.len;
     return 0;
 }

@@ -141,51 +141,33 @@ void net_frame_reader_init(struct net_frame_reader *r, uint32_t max_payload)
 
 void net_frame_reader_free(struct net_frame_reader *r)
 {
-    free(r->buf);
+    util_buf_free(&r->buf);
     memset(r, 0, sizeof *r);
 }
 
 int net_frame_reader_push(struct net_frame_reader *r, const void *data, size_t len)
 {
-    if (r->off > 0) {   /* drop consumed bytes before growing */
-        memmove(r->buf, r->buf + r->off, r->len - r->off);
-        r->len -= r->off;
-        r->off = 0;
-    }
-    if (len > SIZE_MAX - r->len)
-        return -EOVERFLOW;
-    size_t need = r->len + len;
-    if (need > r->cap) {
-        size_t cap = r->cap ? r->cap : 4096;
-        while (cap < need)
-            cap *= 2;
-        uint8_t *nb = realloc(r->buf, cap);
-        if (!nb)
-            return -ENOMEM;
-        r->buf = nb;
-        r->cap = cap;
-    }
-    if (len)
-        memcpy(r->buf + r->len, data, len);
-    r->len += len;
-    return 0;
+    util_buf_consume(&r->buf, r->off);   /* drop consumed bytes before growing */
+    r->off = 0;
+    int rc = util_buf_append(&r->buf, data, len, SIZE_MAX);
+    return rc == -E2BIG ? -EOVERFLOW : rc;
 }
 
 int net_frame_reader_next(struct net_frame_reader *r, struct net_frame_hdr *h,
                           const uint8_t **payload, char *err, size_t errlen)
 {
-    size_t avail = r->len - r->off;
+    size_t avail = r->buf.len - r->off;
     if (avail < NET_HDR_LEN)
         return 0;
-    int rc = net_frame_hdr_decode(r->buf + r->off, h, r->max_payload, err, errlen);
+    int rc = net_frame_hdr_decode(r->buf.p + r->off, h, r->max_payload, err, errlen);
     if (rc < 0)
         return rc;
     if (avail - NET_HDR_LEN < h->payload_len)
         return 0;
-    *payload = r->buf + r->off + NET_HDR_LEN;
+    *payload = r->buf.p + r->off + NET_HDR_LEN;
     r->off += NET_HDR_LEN + (size_t)h->payload_len;
-    if (r->off == r->len)
-        r->off = r->len = 0;   /* payload stays valid: nothing overwrites it before next push */
+    if (r->off == r->buf.len)
+        r->off = r->buf.len = 0;   /* payload stays valid: nothing overwrites it before next push */
     return 1;
 }
 

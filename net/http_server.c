@@ -41,7 +41,6 @@
 #define HTTP_LOW_WATER (1u * 1024 * 1024)  /* writable callbacks below this */
 #define HTTP_PATH_MAX 4096
 #define HTTP_RBUF (64u * 1024)             /* socket read buffer */
-#define HTTP_IN0 (16u * 1024)              /* first size of the input buffer (grows) */
 #define HTTP_ADDR_BUCKETS 256
 #define HTTP_ZPOOL_MAX 8                   /* idle zstd contexts kept per server */
 #define HTTP_LOG_GAP_MS 1000               /* at most one log line a second */
@@ -114,8 +113,7 @@ struct net_http_req {
     uint32_t hname[HTTP_MAX_HEADERS_CAP], hval[HTTP_MAX_HEADERS_CAP];
     size_t nh;
     bool in_value;
-    char *body;
-    size_t body_len;
+    struct util_buf body;   /* under lim.max_body */
     bool head, upgrade, keep_alive, http10, answered;
     int err_status;      /* limit violated while parsing */
     void (*abort_cb)(void *);
@@ -158,8 +156,8 @@ struct net_http_conn {
     char addr[64];       /* the counting key: an IPv4 address or an IPv6 /64 */
     void *fstate;
     const struct net_http_filter *filter;
-    char *in;
-    size_t in_len, in_pos, in_cap, in_max;
+    struct util_buf in;  /* read, not yet parsed from in_pos on; under in_max */
+    size_t in_pos, in_max;
     size_t queued;
     uint64_t handed;     /* bytes ever handed to uv_write */
     uint64_t taken_mark; /* bytes the kernel had taken when wtimer was last started */
@@ -466,7 +464,7 @@ static void server_maybe_free(struct net_http_server *s)
 static void req_reset(struct net_http_req *r)
 {
     bs_unref(r->bs);
-    free(r->body);
+    util_buf_free(&r->body);
     struct net_http_conn *c = r->c;
     char *url = r->url, *hbuf = r->hbuf;
     size_t hcap = r->hcap;
@@ -503,7 +501,7 @@ static void on_handle_closed(uv_handle_t *h)
     req_reset(&c->req);
     free(c->req.url);
     free(c->req.hbuf);
-    free(c->in);
+    util_buf_free(&c->in);
     free(c->scratch);
     free(c);
     server_maybe_free(s);
@@ -717,19 +715,11 @@ static int on_body(http_parser *p, const char *at, size_t len)
 {
     struct net_http_conn *c = pconn(p);
     struct net_http_req *r = &c->req;
-    if (len > c->srv->lim.max_body - r->body_len) {
-        r->err_status = 413;
+    int rc = util_buf_append(&r->body, at, len, c->srv->lim.max_body);
+    if (rc < 0) {
+        r->err_status = rc == -E2BIG ? 413 : 500;
         return 1;
     }
-    char *nb = realloc(r->body, r->body_len + len + 1);
-    if (!nb) {
-        r->err_status = 500;
-        return 1;
-    }
-    r->body = nb;
-    memcpy(r->body + r->body_len, at, len);
-    r->body_len += len;
-    r->body[r->body_len] = 0;
     return 0;
 }
 
@@ -819,15 +809,15 @@ static void conn_process(struct net_http_conn *c)
     c->in_process = true;
     do {
         c->again = false;
-        while (!c->closing && (c->st == ST_IDLE || c->st == ST_HEADERS) && c->in_pos < c->in_len) {
+        while (!c->closing && (c->st == ST_IDLE || c->st == ST_HEADERS) && c->in_pos < c->in.len) {
             if (c->st == ST_IDLE) {
                 c->st = ST_HEADERS;
                 c->in_body = false;
                 c->got_request = true;
                 timer_arm(c, c->srv->lim.header_timeout_ms);
             }
-            size_t avail = c->in_len - c->in_pos;
-            size_t n = http_parser_execute(&c->parser, &c->ps, c->in + c->in_pos, avail);
+            size_t avail = c->in.len - c->in_pos;
+            size_t n = http_parser_execute(&c->parser, &c->ps, c->in.s + c->in_pos, avail);
             enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
             if (e == HPE_PAUSED) {
                 c->in_pos += n;
@@ -840,7 +830,7 @@ static void conn_process(struct net_http_conn *c)
                 int st = r->err_status ? r->err_status : 400;
                 r->keep_alive = false;
                 c->linger = true;   /* the client may still be sending the rest */
-                c->in_pos = c->in_len;
+                c->in_pos = c->in.len;
                 c->st = ST_DISPATCHED;
                 if (st == 413)
                     net_http_reply_error(r, st, "request body over the limit %u bytes",
@@ -858,13 +848,13 @@ static void conn_process(struct net_http_conn *c)
             }
             c->in_pos += n;
         }
-        if (c->st == ST_UPGRADED && c->in_pos < c->in_len && c->up && !c->closing) {
-            size_t n = c->in_len - c->in_pos;
-            c->in_pos = c->in_len;
-            c->up->on_data(c->up_ud, c, c->in + c->in_len - n, n);
+        if (c->st == ST_UPGRADED && c->in_pos < c->in.len && c->up && !c->closing) {
+            size_t n = c->in.len - c->in_pos;
+            c->in_pos = c->in.len;
+            c->up->on_data(c->up_ud, c, c->in.s + c->in.len - n, n);
         }
-        if (c->in_pos == c->in_len)
-            c->in_pos = c->in_len = 0;
+        if (c->in_pos == c->in.len)
+            c->in_pos = c->in.len = 0;
     } while (c->again && !c->closing);
     c->in_process = false;
     /* read while waiting for a request (or upgraded), pause while answering */
@@ -881,31 +871,15 @@ int net_http_conn_feed(struct net_http_conn *c, const void *buf, size_t n)
 {
     if (c->closing)
         return -ECANCELED;
-    if (n > c->in_cap - c->in_len) {
-        if (c->in_pos > 0) {
-            memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
-            c->in_len -= c->in_pos;
-            c->in_pos = 0;
-        }
-        if (n > c->in_max - c->in_len) {
-            conn_close(c); /* more pipelined input than any request may hold */
-            return -ENOBUFS;
-        }
-        size_t nc = c->in_cap ? c->in_cap : HTTP_IN0;
-        while (nc < c->in_len + n)
-            nc *= 2;
-        if (nc > c->in_max)
-            nc = c->in_max;
-        char *nb = realloc(c->in, nc);
-        if (!nb) {
-            conn_close(c);
-            return -ENOMEM;
-        }
-        c->in = nb;
-        c->in_cap = nc;
+    if (n > c->in.cap - c->in.len) {   /* no room: drop what was parsed before growing */
+        util_buf_consume(&c->in, c->in_pos);
+        c->in_pos = 0;
     }
-    memcpy(c->in + c->in_len, buf, n);
-    c->in_len += n;
+    int rc = util_buf_append(&c->in, buf, n, c->in_max);
+    if (rc < 0) {
+        conn_close(c); /* -E2BIG: more pipelined input than any request may hold */
+        return rc == -E2BIG ? -ENOBUFS : rc;
+    }
     conn_process(c);
     return 0;
 }
@@ -1310,8 +1284,8 @@ const char *net_http_req_header(const struct net_http_req *r, const char *name)
 const void *net_http_req_body(const struct net_http_req *r, size_t *len)
 {
     if (len)
-        *len = r->body_len;
-    return r->body;
+        *len = r->body.len;
+    return r->body.p;
 }
 
 void net_http_req_set_abort(struct net_http_req *r, void (*abort_cb)(void *), void *ud)

@@ -62,6 +62,8 @@
 
 #include <uv.h>
 
+#include "util/util.h"
+
 #define NET_MAGIC        0x3152564bu  /* "KVR1" little-endian */
 #define NET_VERSION      3u
 #define NET_HDR_LEN      28u
@@ -157,8 +159,8 @@ size_t net_text_clean(char *out, size_t outn, const uint8_t *in, size_t n);
 
 /* Streaming frame reader: push bytes, pull whole frames. */
 struct net_frame_reader {
-    uint8_t *buf;
-    size_t len, cap, off;
+    struct util_buf buf;   /* bytes pushed; buf.p[0..off) were pulled already */
+    size_t off;
     uint32_t max_payload;
 };
 void net_frame_reader_init(struct net_frame_reader *r, uint32_t max_payload);

@@ -94,10 +94,10 @@ int net_rec_seal(struct net_rec *r, uint8_t *rec, size_t len)
 int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_frame_hdr *h,
                  const uint8_t **payload, char *err, size_t errlen)
 {
-    size_t avail = rd->len - rd->off;
+    size_t avail = rd->buf.len - rd->off;
     if (avail < 4)
         return 0;
-    const uint8_t *p = rd->buf + rd->off;
+    const uint8_t *p = rd->buf.p + rd->off;
     uint32_t n = util_le32_get(p);
     uint32_t cap = rd->max_payload < NET_PAYLOAD_HARD_MAX ? rd->max_payload : NET_PAYLOAD_HARD_MAX;
     if (n < NET_HDR_LEN + NET_REC_TAG || n - NET_HDR_LEN - NET_REC_TAG > cap) {
@@ -131,8 +131,8 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
     }
     r->seq++;
     rd->off += 4 + (size_t)n;
-    if (rd->off == rd->len)
-        rd->off = rd->len = 0;
+    if (rd->off == rd->buf.len)
+        rd->off = rd->buf.len = 0;
     int rc = net_frame_hdr_decode(r->plain, h, rd->max_payload, err, errlen);
     if (rc < 0)
         return rc;

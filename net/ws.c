@@ -61,8 +61,8 @@ void net__ws_unref(struct net_ws *ws)
     if (ws->wslay)
         wslay_event_context_free(ws->wslay);
     net__tls_free(ws->tls);
-    free(ws->in);
-    free(ws->out);
+    util_buf_free(&ws->in);
+    util_buf_free(&ws->out);
     free(ws->host);
     free(ws->path);
     free(ws->key);
@@ -259,17 +259,16 @@ static void ws_flush(struct net_ws *ws)
             return;
         }
     }
-    if (ws->out_len > 0) {
+    if (ws->out.len > 0) {
         int r;
         if (ws->tls_on) {
-            r = net__tls_write(ws->tls, ws->out, ws->out_len);
-            ws->out_len = 0;
+            r = net__tls_write(ws->tls, ws->out.p, ws->out.len);
+            ws->out.len = 0;
             if (r == 0)
                 r = net__ws_tls_push(ws);
         } else {
-            r = ws_write_buf(ws, ws->out, ws->out_len);
-            ws->out = NULL;
-            ws->out_len = ws->out_cap = 0;
+            r = ws_write_buf(ws, ws->out.p, ws->out.len);   /* the write owns the bytes now */
+            ws->out = (struct util_buf){0};
         }
         if (r < 0) {
             net__ws_drop(ws, "write failed");
@@ -294,12 +293,12 @@ static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
                           void *ud)
 {
     struct net_ws *ws = ud;
-    size_t avail = ws->in_len - ws->in_off;
+    size_t avail = ws->in.len - ws->in_off;
     if (ws->paused || ws->state != NET__WS_OPEN || avail == 0) {
         wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
         return -1;
     }
-    const uint8_t *src = ws->in + ws->in_off;
+    const uint8_t *src = ws->in.p + ws->in_off;
     size_t give = 0;
     while (give < len && give < avail) {
         if (ws->fr_left == 0) {
@@ -348,20 +347,10 @@ static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size
                           void *ud)
 {
     struct net_ws *ws = ud;
-    if (ws->out_len + len > ws->out_cap) {
-        size_t cap = ws->out_cap ? ws->out_cap : 16384;
-        while (cap < ws->out_len + len)
-            cap *= 2;
-        uint8_t *p = realloc(ws->out, cap);
-        if (!p) {
-            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
-            return -1;
-        }
-        ws->out = p;
-        ws->out_cap = cap;
+    if (util_buf_append(&ws->out, data, len, SIZE_MAX) < 0) {
+        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+        return -1;
     }
-    memcpy(ws->out + ws->out_len, data, len);
-    ws->out_len += len;
     return (ssize_t)len;
 }
 
@@ -490,41 +479,25 @@ static void ws_process(struct net_ws *ws)
     default:
         break;
     }
-    if (ws->in_off == ws->in_len) {
-        ws->in_off = ws->in_len = 0;
+    if (ws->in_off == ws->in.len) {
+        ws->in_off = ws->in.len = 0;
         /* an idle connection keeps no input buffer: thousands of them stay cheap */
-        if (ws->in_cap > 16384 && !ws->in_recv) {
-            free(ws->in);
-            ws->in = NULL;
-            ws->in_cap = 0;
-        }
-    } else if (ws->in_off > 0 && ws->in_off >= ws->in_cap / 2) {
-        memmove(ws->in, ws->in + ws->in_off, ws->in_len - ws->in_off);
-        ws->in_len -= ws->in_off;
+        if (ws->in.cap > 16384 && !ws->in_recv)
+            util_buf_free(&ws->in);
+    } else if (ws->in_off > 0 && ws->in_off >= ws->in.cap / 2) {
+        util_buf_consume(&ws->in, ws->in_off);
         ws->in_off = 0;
     }
 }
 
+/* Room for extra more input bytes, dropping the consumed ones first when there is none. */
 static int ws_in_reserve(struct net_ws *ws, size_t extra)
 {
-    if (ws->in_len + extra <= ws->in_cap)
-        return 0;
-    if (ws->in_off > 0) {
-        memmove(ws->in, ws->in + ws->in_off, ws->in_len - ws->in_off);
-        ws->in_len -= ws->in_off;
+    if (extra > ws->in.cap - ws->in.len) {
+        util_buf_consume(&ws->in, ws->in_off);
         ws->in_off = 0;
-        if (ws->in_len + extra <= ws->in_cap)
-            return 0;
     }
-    size_t cap = ws->in_cap ? ws->in_cap : 16384;
-    while (cap < ws->in_len + extra)
-        cap *= 2;
-    uint8_t *p = realloc(ws->in, cap);
-    if (!p)
-        return -ENOMEM;
-    ws->in = p;
-    ws->in_cap = cap;
-    return 0;
+    return util_buf_reserve(&ws->in, extra, SIZE_MAX) < 0 ? -ENOMEM : 0;
 }
 
 static _Thread_local char ws_read_buf[WS_READ_CHUNK];
@@ -549,8 +522,7 @@ static void ws_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             net__ws_drop(ws, "out of memory");
             return;
         }
-        memcpy(ws->in + ws->in_len, data, (size_t)nread);
-        ws->in_len += (size_t)nread;
+        util_buf_append(&ws->in, data, (size_t)nread, SIZE_MAX);   /* room reserved */
         ws_process(ws);
         return;
     }
@@ -578,7 +550,7 @@ static void ws_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             net__ws_drop(ws, "out of memory");
             return;
         }
-        ssize_t n = net__tls_read(ws->tls, ws->in + ws->in_len, ws->in_cap - ws->in_len);
+        ssize_t n = net__tls_read(ws->tls, ws->in.p + ws->in.len, ws->in.cap - ws->in.len);
         if (n == 0)
             break;
         if (n < 0) {
@@ -586,7 +558,7 @@ static void ws_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             net__ws_drop(ws, n == -EPIPE ? "peer closed TLS" : "TLS error");
             return;
         }
-        ws->in_len += (size_t)n;
+        ws->in.len += (size_t)n;
     }
     if (net__ws_tls_push(ws) < 0) {
         net__ws_drop(ws, "write failed");
@@ -676,8 +648,7 @@ static void hc_data(void *ud, struct net_http_conn *c, const void *buf, size_t n
         net__ws_drop(ws, "out of memory");
         return;
     }
-    memcpy(ws->in + ws->in_len, buf, n);
-    ws->in_len += n;
+    util_buf_append(&ws->in, buf, n, SIZE_MAX);   /* room reserved */
     if (!ws->upgrading)
         ws_process(ws);
 }
@@ -764,7 +735,7 @@ int net__ws_upgrade_http(struct net_ws *ws, struct net_http_req *req, const char
 
 void net__ws_after_upgrade(struct net_ws *ws)
 {
-    if (ws->state == NET__WS_OPEN && ws->in_len > ws->in_off)
+    if (ws->state == NET__WS_OPEN && ws->in.len > ws->in_off)
         ws_process(ws);
 }
 
@@ -792,7 +763,7 @@ void net_ws_pause(struct net_ws *ws, bool pause)
         return;
     }
     net__ws_start_read(ws);
-    if (ws->in_len > ws->in_off)
+    if (ws->in.len > ws->in_off)
         ws_process(ws);
 }
 

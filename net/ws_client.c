@@ -50,7 +50,7 @@ static void client_http_input(struct net_ws *ws)
     if (!ws->http)
         return;
     size_t used;
-    int r = net__http_feed(ws->http, ws->in + ws->in_off, ws->in_len - ws->in_off, &used);
+    int r = net__http_feed(ws->http, ws->in.p + ws->in_off, ws->in.len - ws->in_off, &used);
     if (r < 0) {
         char why[128];
         snprintf(why, sizeof why, "handshake response: %s", net__http_error(ws->http));

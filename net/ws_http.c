@@ -55,26 +55,18 @@ struct net__http {
     char field[64];
     size_t field_len;
     bool field_long;
-    char *val[H_COUNT];
-    size_t val_len[H_COUNT];
+    struct util_buf val[H_COUNT];
     char errmsg[96];
 };
 
-static int http_grow(struct net__http *h, char **s, size_t *len, const char *at, size_t n)
+static int http_grow(struct net__http *h, struct util_buf *b, const char *at, size_t n)
 {
     h->head_bytes += n;
     if (h->head_bytes > HTTP_MAX_HEAD) {
         snprintf(h->errmsg, sizeof h->errmsg, "request head over %d bytes", HTTP_MAX_HEAD);
         return -1;
     }
-    char *p = realloc(*s, *len + n + 1);
-    if (!p)
-        return -1;
-    memcpy(p + *len, at, n);
-    *len += n;
-    p[*len] = 0;
-    *s = p;
-    return 0;
+    return util_buf_append(b, at, n, HTTP_MAX_HEAD) < 0 ? -1 : 0;
 }
 
 static int header_id(const char *f)
@@ -115,7 +107,7 @@ static int on_value(http_parser *p, const char *at, size_t n)
         h->last_was_value = true;
         h->cur = h->field_long ? H_NONE : header_id(h->field);
         /* a repeated header joins the list with a comma, as HTTP allows */
-        if (h->cur != H_NONE && h->val[h->cur] && http_grow(h, &h->val[h->cur], &h->val_len[h->cur], ",", 1))
+        if (h->cur != H_NONE && h->val[h->cur].p && http_grow(h, &h->val[h->cur], ",", 1))
             return -1;
     }
     if (h->cur == H_NONE) {
@@ -126,7 +118,7 @@ static int on_value(http_parser *p, const char *at, size_t n)
         }
         return 0;
     }
-    return http_grow(h, &h->val[h->cur], &h->val_len[h->cur], at, n);
+    return http_grow(h, &h->val[h->cur], at, n);
 }
 
 static int on_headers_complete(http_parser *p)
@@ -158,7 +150,7 @@ void net__http_free(struct net__http *h)
     if (!h)
         return;
     for (int i = 0; i < H_COUNT; i++)
-        free(h->val[i]);
+        util_buf_free(&h->val[i]);
     free(h);
 }
 
@@ -197,7 +189,7 @@ int net__http_status(const struct net__http *h)
 
 static const char *http_header(const struct net__http *h, int id)
 {
-    return h->val[id];
+    return h->val[id].s;
 }
 
 const char *net__http_accept(const struct net__http *h) { return http_header(h, H_ACCEPT); }

@@ -9,6 +9,7 @@
 
 #include "net/net.h"
 #include "util/err.h"
+#include "util/util.h"
 
 /* ---- tls.c: one TLS session over memory BIOs ---- */
 struct net__tls;
@@ -89,12 +90,11 @@ struct net_ws {
     const struct net_ws_handlers *h;
     void *ud;
     /* plaintext received, not yet consumed */
-    uint8_t *in;
-    size_t in_len, in_cap, in_off;
+    struct util_buf in;          /* in.p[in_off..in.len) not consumed yet */
+    size_t in_off;
     uint64_t fr_left;            /* bytes of the current frame not yet given to wslay */
     /* plaintext produced by one flush, batched into one uv_write */
-    uint8_t *out;
-    size_t out_len, out_cap;
+    struct util_buf out;
     size_t pending;              /* bytes handed to uv_write, not yet written */
     bool above_low;
     uint64_t last_rx;

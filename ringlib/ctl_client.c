@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ringlib/ring.h"
+#include "util/util.h"
 
 int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_cb on_line, void *ud,
                     int timeout_ms, char *err, size_t errlen)
@@ -54,14 +55,10 @@ int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_c
         off += (size_t)w;
     }
     free(req);
-    size_t cap = 65536, len = 0;
-    char *buf = malloc(cap);
-    int rc = 0;
-    for (;;) {
-        if (!buf) {
-            rc = -ENOMEM;
-            break;
-        }
+    /* the reply's lines: 64 KiB of room to start with, doubling, a line of 64 MiB refused */
+    struct util_buf b = {0};
+    int rc = util_buf_reserve(&b, 65535, 65535);
+    while (rc == 0) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int pr = poll(&p, 1, timeout_ms);
         if (pr < 0 && errno == EINTR)
@@ -71,21 +68,14 @@ int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_c
             rc = -ETIMEDOUT;
             break;
         }
-        if (len + 1 >= cap) {
-            if (cap >= (64u << 20)) {
+        if (b.len == b.cap && (rc = util_buf_reserve(&b, 1, (64u << 20) - 1)) < 0) {
+            if (rc == -E2BIG) {
                 snprintf(err, errlen, "reply line longer than 64 MiB");
                 rc = -EMSGSIZE;
-                break;
             }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                rc = -ENOMEM;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
+            break;
         }
-        ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+        ssize_t n = recv(fd, b.p + b.len, b.cap - b.len, 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -95,9 +85,9 @@ int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_c
             }
             break;   /* daemon closed: done */
         }
-        len += (size_t)n;
-        buf[len] = 0;
-        char *start = buf, *nl;
+        b.len += (size_t)n;
+        b.p[b.len] = 0;
+        char *start = b.s, *nl;
         int stop = 0;
         while ((nl = strchr(start, '\n'))) {
             *nl = 0;
@@ -107,10 +97,9 @@ int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_c
         }
         if (stop)
             break;
-        len -= (size_t)(start - buf);
-        memmove(buf, start, len);
+        util_buf_consume(&b, (size_t)(start - b.s));
     }
-    free(buf);
+    util_buf_free(&b);
     close(fd);
     return rc;
 }

@@ -42,30 +42,12 @@ void ring_market_set_ca(const char *ca_file)
     market_ca = ca_file;
 }
 
-struct resp_buf {
-    char *p;
-    size_t n, cap;
-};
-
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
-    struct resp_buf *b = ud;
     size_t n = size * nmemb;
-    if (b->n + n + 1 > (size_t)RING_MARKET_BODY_MAX * 64)   /* an answer this large is hostile */
+    /* an answer of 64 MiB or more is hostile: curl then stops with a write error */
+    if (util_buf_append(ud, ptr, n, (size_t)RING_MARKET_BODY_MAX * 64 - 1))
         return 0;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return 0;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, ptr, n);
-    b->n += n;
-    b->p[b->n] = 0;
     return n;
 }
 
@@ -116,7 +98,7 @@ int ring_market_call(const char *base, const char *method, const char *path, con
         hd = curl_slist_append(hd, line);
     }
     hd = curl_slist_append(hd, "Expect:");
-    struct resp_buf b = {0};
+    struct util_buf b = {0};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
@@ -134,12 +116,12 @@ int ring_market_call(const char *base, const char *method, const char *path, con
     CURLcode cr = curl_easy_perform(c);
     if (cr != CURLE_OK) {
         util_seterr(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(cr));
-        free(b.p);
+        util_buf_free(&b);
         rc = cr == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-    *resp = b.p ? b.p : strdup("");
+    *resp = b.p ? b.s : strdup("");
     if (!*resp)
         rc = -ENOMEM;
 out:

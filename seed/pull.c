@@ -212,8 +212,8 @@ static void curl_setup(struct pull *p, const char *url)
 }
 
 struct membuf {
-    char *p;
-    size_t len, cap, max;
+    struct util_buf u;
+    size_t max;
     struct pull *pull;  /* set by get_mem for a range request: */
     int64_t a, b;       /* the bytes asked for, [a, b] */
 };
@@ -247,21 +247,8 @@ static size_t on_mem(char *b, size_t sz, size_t n, void *ud)
     if (m->pull && m->a >= 0 && (m->pull->status != 206 || !m->pull->have_cr ||
                                  m->pull->cr_first != (uint64_t)m->a))
         return 0; /* not the bytes asked for: nothing is kept (get_mem says why) */
-    if (len > m->max - m->len)
-        return 0; /* over the cap: curl stops with a write error */
-    if (m->len + len + 1 > m->cap) {
-        size_t nc = m->cap ? m->cap : 65536;
-        while (nc < m->len + len + 1)
-            nc *= 2;
-        char *np = realloc(m->p, nc);
-        if (!np)
-            return 0;
-        m->p = np;
-        m->cap = nc;
-    }
-    memcpy(m->p + m->len, b, len);
-    m->len += len;
-    m->p[m->len] = 0;
+    if (util_buf_append(&m->u, b, len, m->max))
+        return 0; /* over the cap (or out of memory): curl stops with a write error */
     return len;
 }
 
@@ -279,15 +266,15 @@ static int get_mem(struct pull *p, const char *url, int64_t a, int64_t b, struct
     m->b = b;
     curl_easy_setopt(p->curl, CURLOPT_WRITEFUNCTION, on_mem);
     curl_easy_setopt(p->curl, CURLOPT_WRITEDATA, m);
-    size_t before = m->len;
+    size_t before = m->u.len;
     CURLcode cc = curl_easy_perform(p->curl);
-    p->st->bytes_fetched += m->len - before;
+    p->st->bytes_fetched += m->u.len - before;
     if (a >= 0 && (p->status == 200 || p->status == 206)) {
         /* a range: the answer must be those bytes, all of them */
         if (!range_ok(p, url, (uint64_t)a, (uint64_t)b))
             return -EPROTO;
-        if (cc == CURLE_OK && m->len - before != p->cr_last - p->cr_first + 1) {
-            seterr(p, "GET %s: %zu bytes for the range %" PRIu64 "-%" PRIu64, url, m->len - before,
+        if (cc == CURLE_OK && m->u.len - before != p->cr_last - p->cr_first + 1) {
+            seterr(p, "GET %s: %zu bytes for the range %" PRIu64 "-%" PRIu64, url, m->u.len - before,
                    p->cr_first, p->cr_last);
             return -EPROTO;
         }
@@ -299,9 +286,9 @@ static int get_mem(struct pull *p, const char *url, int64_t a, int64_t b, struct
     if (p->status != 200 && p->status != 206) {
         /* a text reason from a seeder is worth showing */
         char reason[200] = "";
-        if (m->len > before) {
-            size_t n = m->len - before < sizeof reason - 1 ? m->len - before : sizeof reason - 1;
-            memcpy(reason, m->p + before, n);
+        if (m->u.len > before) {
+            size_t n = m->u.len - before < sizeof reason - 1 ? m->u.len - before : sizeof reason - 1;
+            memcpy(reason, m->u.s + before, n);
             reason[n] = 0;
             char *nl = strchr(reason, '\n');
             if (nl)
@@ -502,11 +489,11 @@ static int pick_model(struct pull *p, const char *base, const char *want_id, cha
     struct membuf m = {.max = 16u << 20};
     int rc = get_mem(p, url, -1, -1, &m);
     if (rc) {
-        free(m.p);
+        util_buf_free(&m.u);
         return rc;
     }
-    cJSON *root = cJSON_ParseWithLength(m.p, m.len);
-    free(m.p);
+    cJSON *root = cJSON_ParseWithLength(m.u.s, m.u.len);
+    util_buf_free(&m.u);
     cJSON *arr = root ? cJSON_GetObjectItemCaseSensitive(root, "models") : NULL;
     if (!cJSON_IsArray(arr)) {
         cJSON_Delete(root);
@@ -579,12 +566,12 @@ static int pull_seeder(struct pull *p, const char *base, struct gguf_catalog **c
         snprintf(url, sizeof url, "%s/v1/catalog/%s", base, id);
         struct membuf m = {.max = GGUF_CATALOG_MAX_JSON};
         if ((rc = get_mem(p, url, -1, -1, &m))) {
-            free(m.p);
+            util_buf_free(&m.u);
             return rc;
         }
         char got[65], err[KV_ERR_MAX] = "";
-        rc = gguf_catalog_from_json(catp, m.p, m.len, got, err, sizeof err);
-        free(m.p);
+        rc = gguf_catalog_from_json(catp, m.u.s, m.u.len, got, err, sizeof err);
+        util_buf_free(&m.u);
         if (rc) {
             seterr(p, "catalog from %s: %s", url, err);
             return rc;
@@ -784,18 +771,18 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     struct membuf m = {.max = (size_t)GGUF_MAX_HEADER};
     int rc = get_mem(p, url, 0, PULL_HDR_FIRST - 1, &m);
     if (rc) {
-        free(m.p);
+        util_buf_free(&m.u);
         return rc;
     }
     if (p->status != 206 || !p->have_cr) {
-        free(m.p);
+        util_buf_free(&m.u);
         seterr(p, "%s does not answer range requests (HTTP %ld without Content-Range)", url,
                p->status);
         return -EPROTO;
     }
     uint64_t size = p->cr_total;
     if (cat && size != cat->source_size) {
-        free(m.p);
+        util_buf_free(&m.u);
         seterr(p, "%s is %" PRIu64 " bytes, the catalog's source is %" PRIu64, url, size,
                cat->source_size);
         return -EBADMSG;
@@ -812,21 +799,21 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
     for (;;) {
         size_t need = 0;
         err[0] = 0;
-        rc = gguf_file_parse(&src, m.p, m.len, size, &need, err, sizeof err);
+        rc = gguf_file_parse(&src, m.u.s, m.u.len, size, &need, err, sizeof err);
         if (rc != -EAGAIN)
             break;
-        uint64_t want = need > 2 * m.len ? need : 2 * m.len;
+        uint64_t want = need > 2 * m.u.len ? need : 2 * m.u.len;
         if (want > size)
             want = size;
         if (want > hdr_cap && need <= hdr_cap)
             want = hdr_cap;
-        if (want <= m.len || want > hdr_cap) {
+        if (want <= m.u.len || want > hdr_cap) {
             rc = -EPROTO;
             snprintf(err, sizeof err, "header needs %zu bytes of a %" PRIu64 "-byte file (at most %" PRIu64
                      "%s)", need, size, hdr_cap, cat ? ", where the catalog's first tensor starts" : "");
             break;
         }
-        if ((rc = get_mem(p, url, (int64_t)m.len, (int64_t)want - 1, &m)))
+        if ((rc = get_mem(p, url, (int64_t)m.u.len, (int64_t)want - 1, &m)))
             break;
         if (strcmp(p->etag, etag) != 0 || p->cr_total != size) {
             rc = -ESTALE;
@@ -834,7 +821,7 @@ static int pull_plain(struct pull *p, const char *url, const struct gguf_catalog
             break;
         }
     }
-    free(m.p);
+    util_buf_free(&m.u);
     if (rc) {
         if (err[0])
             seterr(p, "%s: %s", url, err);

@@ -7,36 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct gb {
-    uint8_t *p;
-    size_t n, cap;
-};
+#include "util/util.h"
 
-static inline void gb_put(struct gb *b, const void *p, size_t n)
+/* The bytes go in a util_buf; a test that cannot allocate stops. */
+static inline void gb_put(struct util_buf *b, const void *p, size_t n)
 {
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n)
-            c *= 2;
-        b->p = realloc(b->p, c);
-        if (!b->p)
-            abort();
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
+    if (util_buf_append(b, p, n, SIZE_MAX) < 0)
+        abort();
 }
-static inline void gb_u8(struct gb *b, uint8_t v) { gb_put(b, &v, 1); }
-static inline void gb_u16(struct gb *b, uint16_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; gb_put(b, x, 2); }
-static inline void gb_u32(struct gb *b, uint32_t v)
+static inline void gb_u8(struct util_buf *b, uint8_t v) { gb_put(b, &v, 1); }
+static inline void gb_u16(struct util_buf *b, uint16_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; gb_put(b, x, 2); }
+static inline void gb_u32(struct util_buf *b, uint32_t v)
 {
     uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
     gb_put(b, x, 4);
 }
-static inline void gb_u64(struct gb *b, uint64_t v) { gb_u32(b, (uint32_t)v); gb_u32(b, (uint32_t)(v >> 32)); }
-static inline void gb_f32(struct gb *b, float f) { uint32_t u; memcpy(&u, &f, 4); gb_u32(b, u); }
-static inline void gb_str(struct gb *b, const char *s) { gb_u64(b, strlen(s)); gb_put(b, s, strlen(s)); }
-static inline void gb_pad(struct gb *b, size_t a) { while (b->n % a) gb_u8(b, 0); }
+static inline void gb_u64(struct util_buf *b, uint64_t v) { gb_u32(b, (uint32_t)v); gb_u32(b, (uint32_t)(v >> 32)); }
+static inline void gb_f32(struct util_buf *b, float f) { uint32_t u; memcpy(&u, &f, 4); gb_u32(b, u); }
+static inline void gb_str(struct util_buf *b, const char *s) { gb_u64(b, strlen(s)); gb_put(b, s, strlen(s)); }
+static inline void gb_pad(struct util_buf *b, size_t a) { while (b->len % a) gb_u8(b, 0); }
 
 /* Knobs for the small test file; zero values mean "valid default". */
 struct gb_spec {
@@ -58,9 +47,9 @@ struct gb_spec {
 
 /* A small valid GGUF (v3): every value type, a string array, a nested array, three tensors
  * (f32 [8,4], q8_0 [64,2], f16 [16]) with patterned data. */
-static inline struct gb gb_small(const struct gb_spec *s)
+static inline struct util_buf gb_small(const struct gb_spec *s)
 {
-    struct gb b = {0};
+    struct util_buf b = {0};
     uint32_t align = s->set_align && s->align && !(s->align & (s->align - 1)) ? s->align : 32;
     gb_u32(&b, s->magic ? s->magic : 0x46554747u);
     gb_u32(&b, s->version ? s->version : 3);
@@ -114,13 +103,13 @@ static inline struct gb gb_small(const struct gb_spec *s)
     gb_str(&b, "output_norm.weight");
     gb_u32(&b, 1); gb_u64(&b, 16); gb_u32(&b, 1); gb_u64(&b, off2);
     gb_pad(&b, align);
-    size_t data0 = b.n;
+    size_t data0 = b.len;
     size_t total = off2 + 32;
     for (size_t i = 0; i < total; i++)
         gb_u8(&b, (uint8_t)(i * 7 + 3));
     (void)data0;
-    if (s->data_short && (size_t)s->data_short <= b.n)
-        b.n -= (size_t)s->data_short;
+    if (s->data_short && (size_t)s->data_short <= b.len)
+        b.len -= (size_t)s->data_short;
     return b;
 }
 

@@ -35,12 +35,12 @@ static struct guarded guard_copy(const void *src, size_t n)
 
 static void guard_free(struct guarded *g) { munmap(g->base, g->maplen); }
 
-static int parse_bytes(const struct gb *b, char *err, struct gguf_file **out)
+static int parse_bytes(const struct util_buf *b, char *err, struct gguf_file **out)
 {
-    struct guarded g = guard_copy(b->p, b->n);
+    struct guarded g = guard_copy(b->p, b->len);
     struct gguf_file *f = NULL;
     size_t need = 0;
-    int rc = gguf_file_parse(&f, g.p, b->n, b->n, &need, err, KV_ERR_MAX);
+    int rc = gguf_file_parse(&f, g.p, b->len, b->len, &need, err, KV_ERR_MAX);
     guard_free(&g);
     if (out)
         *out = f;
@@ -52,7 +52,7 @@ static int parse_bytes(const struct gb *b, char *err, struct gguf_file **out)
 T_CASE(valid_small_file)
 {
     struct gb_spec s = {0};
-    struct gb b = gb_small(&s);
+    struct util_buf b = gb_small(&s);
     char err[KV_ERR_MAX];
     struct gguf_file *f;
     int rc = parse_bytes(&b, err, &f);
@@ -142,7 +142,7 @@ T_CASE(type_table)
 /* A broken file must fail with a message containing `frag`. */
 static void expect_fail(const char *what, const struct gb_spec *s, const char *frag)
 {
-    struct gb b = gb_small(s);
+    struct util_buf b = gb_small(s);
     char err[KV_ERR_MAX] = "";
     int rc = parse_bytes(&b, err, NULL);
     T_CHECK(rc < 0 && rc != -EAGAIN, "%s: rc %d", what, rc);
@@ -185,7 +185,7 @@ T_CASE(broken_files)
     expect_fail("duplicate tensor name", &(struct gb_spec){.dup_name = 1}, "duplicate tensor name");
     expect_fail("data section short", &(struct gb_spec){.data_short = 5}, "data section shorter");
     /* sanity: a non-default valid alignment is accepted */
-    struct gb b = gb_small(&(struct gb_spec){.set_align = 1, .align = 64});
+    struct util_buf b = gb_small(&(struct gb_spec){.set_align = 1, .align = 64});
     char err[KV_ERR_MAX];
     struct gguf_file *f;
     T_CHECK(parse_bytes(&b, err, &f) == 0, "align 64: %s", err);
@@ -200,10 +200,10 @@ T_CASE(broken_files)
 T_CASE(every_truncation_point)
 {
     struct gb_spec s = {0};
-    struct gb b = gb_small(&s);
+    struct util_buf b = gb_small(&s);
     char err[KV_ERR_MAX];
     int fails = 0;
-    for (size_t len = 0; len < b.n; len++) {
+    for (size_t len = 0; len < b.len; len++) {
         struct guarded g = guard_copy(b.p, len);
         struct gguf_file *f = NULL;
         size_t need = 0;
@@ -218,7 +218,7 @@ T_CASE(every_truncation_point)
         /* unknown file size: the header part says "need more", the data part parses */
         rc = gguf_file_parse(&f, g.p, len, UINT64_MAX, &need, err, sizeof err);
         if (rc == -EAGAIN) {
-            if (need <= len || need > b.n) {
+            if (need <= len || need > b.len) {
                 if (fails++ < 5)
                     T_CHECK(0, "cut at %zu: need %zu", len, need);
             }
@@ -234,8 +234,8 @@ T_CASE(every_truncation_point)
     size_t len = 8, need = 0, rounds = 0;
     struct gguf_file *f = NULL;
     int rc;
-    while ((rc = gguf_file_parse(&f, b.p, len, b.n, &need, err, sizeof err)) == -EAGAIN) {
-        T_ASSERT(need > len && need <= b.n, "need %zu at len %zu", need, len);
+    while ((rc = gguf_file_parse(&f, b.p, len, b.len, &need, err, sizeof err)) == -EAGAIN) {
+        T_ASSERT(need > len && need <= b.len, "need %zu at len %zu", need, len);
         len = need;
         rounds++;
     }
@@ -247,11 +247,11 @@ T_CASE(every_truncation_point)
 T_CASE(copy_is_independent)
 {
     struct gb_spec s = {0};
-    struct gb b = gb_small(&s);
+    struct util_buf b = gb_small(&s);
     char err[KV_ERR_MAX];
     struct gguf_file *f;
-    T_ASSERT(gguf_file_parse(&f, b.p, b.n, b.n, NULL, err, sizeof err) == 0, "%s", err);
-    memset(b.p, 0xAA, b.n);
+    T_ASSERT(gguf_file_parse(&f, b.p, b.len, b.len, NULL, err, sizeof err) == 0, "%s", err);
+    memset(b.p, 0xAA, b.len);
     free(b.p);
     const struct gguf_value *a;
     T_ASSERT(gguf_get_arr(f, "t.strs", &a) == 0, "strs");
@@ -266,7 +266,7 @@ T_CASE(copy_is_independent)
 T_CASE(memory_cap)
 {
     uint64_t n = 14000000;
-    struct gb b = {0};
+    struct util_buf b = {0};
     gb_u32(&b, 0x46554747u);
     gb_u32(&b, 3);
     gb_u64(&b, 0);
@@ -275,10 +275,10 @@ T_CASE(memory_cap)
     gb_u32(&b, 9);
     gb_u32(&b, 8);
     gb_u64(&b, n);
-    size_t len = b.n + n * 8;
+    size_t len = b.len + n * 8;
     uint8_t *buf = calloc(1, len); /* zero pages: the empty strings' lengths */
     T_ASSERT(buf, "calloc");
-    memcpy(buf, b.p, b.n);
+    memcpy(buf, b.p, b.len);
     char err[KV_ERR_MAX];
     struct gguf_file *f = NULL;
     int rc = gguf_file_parse(&f, buf, len, len, NULL, err, sizeof err);

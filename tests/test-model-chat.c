@@ -30,7 +30,7 @@
  * when tmpl != NULL, tokenizer.chat_template. */
 static struct gguf_file *chat_gguf(const char *tmpl, const char *bos, const char *eos)
 {
-    struct gb b = {0};
+    struct util_buf b = {0};
     gb_put(&b, "GGUF", 4);
     gb_u32(&b, 3);
     gb_u64(&b, 0);               /* tensors */
@@ -56,7 +56,7 @@ static struct gguf_file *chat_gguf(const char *tmpl, const char *bos, const char
     struct gguf_file *g = NULL;
     char err[KV_ERR_MAX];
     size_t need = 0;
-    int rc = gguf_file_parse(&g, b.p, b.n, b.n, &need, err, sizeof err);
+    int rc = gguf_file_parse(&g, b.p, b.len, b.len, &need, err, sizeof err);
     free(b.p);
     if (rc < 0) {
         fprintf(stderr, "synthetic GGUF: %s\n", err);

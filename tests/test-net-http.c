@@ -272,8 +272,7 @@ struct resp {
     int status;
     char hdrs[4096];
     size_t hlen;
-    unsigned char *body;
-    size_t blen, bcap;
+    struct util_buf body;
     bool complete, closed;
     bool head;
     char field[128];
@@ -320,12 +319,8 @@ static int rc_on_hc(http_parser *p)
 static int rc_on_body(http_parser *p, const char *at, size_t n)
 {
     struct resp *r = p->data;
-    if (r->blen + n > r->bcap) {
-        r->bcap = (r->blen + n) * 2;
-        r->body = realloc(r->body, r->bcap);
-    }
-    memcpy(r->body + r->blen, at, n);
-    r->blen += n;
+    if (util_buf_append(&r->body, at, n, SIZE_MAX) < 0)
+        abort();
     return 0;
 }
 static int rc_on_done(http_parser *p)
@@ -431,26 +426,26 @@ T_CASE(keepalive_and_basic)
         const char *q = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
         sendall(c.fd, q, strlen(q));
         client_read(&c, &r, false);
-        T_CHECK(r.status == 200 && r.blen == 12 && memcmp(r.body, "hello world\n", 12) == 0,
-                "request %d on one connection: status %d len %zu", i, r.status, r.blen);
+        T_CHECK(r.status == 200 && r.body.len == 12 && memcmp(r.body.p, "hello world\n", 12) == 0,
+                "request %d on one connection: status %d len %zu", i, r.status, r.body.len);
         T_CHECK(!r.closed, "connection kept alive");
-        free(r.body);
+        util_buf_free(&r.body);
     }
     const char *q = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     sendall(c.fd, q, strlen(q));
     client_read(&c, &r, false);
     T_CHECK(r.status == 200, "status %d", r.status);
     T_CHECK(peer_closed(c.fd), "Connection: close is honoured");
-    free(r.body);
+    util_buf_free(&r.body);
     close(c.fd);
     /* HTTP/1.0 without keep-alive closes */
     client_open(&c);
     q = "GET /hello HTTP/1.0\r\n\r\n";
     sendall(c.fd, q, strlen(q));
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 12, "1.0 status %d", r.status);
+    T_CHECK(r.status == 200 && r.body.len == 12, "1.0 status %d", r.status);
     T_CHECK(peer_closed(c.fd), "HTTP/1.0 closes");
-    free(r.body);
+    util_buf_free(&r.body);
     close(c.fd);
 }
 
@@ -466,25 +461,25 @@ T_CASE(pipelining_in_order)
     sendall(c.fd, q, strlen(q));
     struct resp r;
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 14 && memcmp(r.body, "/hdr/a|x=1|one", 14) == 0,
-            "first: %d %.*s", r.status, (int)r.blen, r.body);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == 14 && memcmp(r.body.p, "/hdr/a|x=1|one", 14) == 0,
+            "first: %d %.*s", r.status, (int)r.body.len, r.body.p);
+    util_buf_free(&r.body);
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 6 && memcmp(r.body, "later\n", 6) == 0,
+    T_CHECK(r.status == 200 && r.body.len == 6 && memcmp(r.body.p, "later\n", 6) == 0,
             "second (async): %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 5 && memcmp(r.body, "abcde", 5) == 0, "third (echo) %d",
+    T_CHECK(r.status == 200 && r.body.len == 5 && memcmp(r.body.p, "abcde", 5) == 0, "third (echo) %d",
             r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 300000 && memcmp(r.body, big, 300000) == 0,
-            "fourth (copied body) %d %zu", r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == 300000 && memcmp(r.body.p, big, 300000) == 0,
+            "fourth (copied body) %d %zu", r.status, r.body.len);
+    util_buf_free(&r.body);
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 14 && memcmp(r.body, "/hdr/b||(none)", 14) == 0,
+    T_CHECK(r.status == 200 && r.body.len == 14 && memcmp(r.body.p, "/hdr/b||(none)", 14) == 0,
             "fifth: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     close(c.fd);
 }
 
@@ -501,8 +496,8 @@ T_CASE(expect_continue)
     sendall(c.fd, "abcd", 4);
     struct resp r;
     client_read(&c, &r, false);
-    T_CHECK(r.status == 200 && r.blen == 4 && memcmp(r.body, "abcd", 4) == 0, "echo %d", r.status);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == 4 && memcmp(r.body.p, "abcd", 4) == 0, "echo %d", r.status);
+    util_buf_free(&r.body);
     close(c.fd);
 }
 
@@ -511,13 +506,13 @@ T_CASE(malformed_and_limits)
     struct resp r;
     roundtrip("GARBAGE\r\n\r\n", &r, false);
     T_CHECK(r.status == 400, "garbage request line: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /hello HTTP/1.1\r\nHost x\r\n\r\n", &r, false);
     T_CHECK(r.status == 400, "header without colon: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /hello HTTP/9.9\r\n\r\n", &r, false);
     T_CHECK(r.status == 505, "bad version: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     /* URL too long (limit 2048) */
     char *q = malloc(40000);
     strcpy(q, "GET /hello?");
@@ -525,7 +520,7 @@ T_CASE(malformed_and_limits)
     strcpy(q + 3011, " HTTP/1.1\r\n\r\n");
     roundtrip(q, &r, false);
     T_CHECK(r.status == 414, "long URL: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     /* one 20 KB header (limit 16 KB) */
     strcpy(q, "GET /hello HTTP/1.1\r\nX-Big: ");
     size_t l = strlen(q);
@@ -533,7 +528,7 @@ T_CASE(malformed_and_limits)
     strcpy(q + l + 20000, "\r\n\r\n");
     roundtrip(q, &r, false);
     T_CHECK(r.status == 431, "big header: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     /* 100 headers (limit 64) */
     strcpy(q, "GET /hello HTTP/1.1\r\n");
     for (int i = 0; i < 100; i++)
@@ -541,12 +536,12 @@ T_CASE(malformed_and_limits)
     strcat(q, "\r\n");
     roundtrip(q, &r, false);
     T_CHECK(r.status == 431, "many headers: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     free(q);
     /* body over the limit (1 MiB) announced by Content-Length */
     roundtrip("POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", &r, false);
     T_CHECK(r.status == 413, "big body: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     /* ... also to a client that goes on sending that body and reads only afterwards: the
      * server lingers (reads and drops what comes) instead of closing with bytes unread, which
      * would reset the connection and lose the 413 */
@@ -577,19 +572,19 @@ T_CASE(malformed_and_limits)
                 "reset the connection after %zu of %zu bytes", round, sent, 32 * sizeof junk);
         client_read(&c, &r, false);
         T_CHECK(r.status == 413, "big body still being sent (round %d): %d", round, r.status);
-        free(r.body);
+        util_buf_free(&r.body);
         close(c.fd);
     }
     roundtrip("GET /nowhere HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 404, "no route: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("DELETE /hello HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 405, "wrong method: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     /* still up */
     roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 200, "server still answers: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 T_CASE(path_traversal)
@@ -613,99 +608,99 @@ T_CASE(path_traversal)
         struct resp r;
         roundtrip(bad[i], &r, false);
         T_CHECK(r.status == 400, "%s -> %d", bad[i], r.status);
-        free(r.body);
+        util_buf_free(&r.body);
     }
     struct resp r;
     roundtrip("GET http://host/hdr/ok%20x HTTP/1.1\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen >= 9 && memcmp(r.body, "/hdr/ok x", 9) == 0,
+    T_CHECK(r.status == 200 && r.body.len >= 9 && memcmp(r.body.p, "/hdr/ok x", 9) == 0,
             "absolute-form target and %%20 decoding: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 T_CASE(ranges_head_conditionals)
 {
     struct resp r;
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=0-99\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && r.blen == 100 && memcmp(r.body, big, 100) == 0, "0-99: %d %zu",
-            r.status, r.blen);
+    T_CHECK(r.status == 206 && r.body.len == 100 && memcmp(r.body.p, big, 100) == 0, "0-99: %d %zu",
+            r.status, r.body.len);
     const char *cr = hdr(&r, "Content-Range");
     T_CHECK(cr && strcmp(cr, "bytes 0-99/6291456") == 0, "Content-Range %s", cr ? cr : "-");
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=6291000-\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && r.blen == 456 && memcmp(r.body, big + 6291000, 456) == 0,
-            "open end: %d %zu", r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 206 && r.body.len == 456 && memcmp(r.body.p, big + 6291000, 456) == 0,
+            "open end: %d %zu", r.status, r.body.len);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=-10\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && r.blen == 10 && memcmp(r.body, big + BIG - 10, 10) == 0,
-            "suffix: %d %zu", r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 206 && r.body.len == 10 && memcmp(r.body.p, big + BIG - 10, 10) == 0,
+            "suffix: %d %zu", r.status, r.body.len);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=100-99999999999\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && r.blen == BIG - 100, "last past the end is clamped: %d %zu",
-            r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 206 && r.body.len == BIG - 100, "last past the end is clamped: %d %zu",
+            r.status, r.body.len);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=6291456-\r\n\r\n", &r, false);
     cr = hdr(&r, "Content-Range");
     T_CHECK(r.status == 416 && cr && strcmp(cr, "bytes */6291456") == 0, "past end: %d %s",
             r.status, cr ? cr : "-");
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=5-2\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen == BIG, "invalid range ignored: %d", r.status);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == BIG, "invalid range ignored: %d", r.status);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=0-1,5-6\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen == BIG && memcmp(r.body, big, BIG) == 0,
+    T_CHECK(r.status == 200 && r.body.len == BIG && memcmp(r.body.p, big, BIG) == 0,
             "multi-range served whole: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=10-19\r\nIf-Range: \"other\"\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen == BIG, "If-Range mismatch gives all: %d", r.status);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == BIG, "If-Range mismatch gives all: %d", r.status);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nRange: bytes=10-19\r\nIf-Range: \"big-1\"\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && r.blen == 10 && memcmp(r.body, big + 10, 10) == 0,
+    T_CHECK(r.status == 206 && r.body.len == 10 && memcmp(r.body.p, big + 10, 10) == 0,
             "If-Range match: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nIf-None-Match: \"big-1\"\r\n\r\n", &r, false);
-    T_CHECK(r.status == 304 && r.blen == 0, "If-None-Match: %d", r.status);
-    free(r.body);
+    T_CHECK(r.status == 304 && r.body.len == 0, "If-None-Match: %d", r.status);
+    util_buf_free(&r.body);
     roundtrip("HEAD /body HTTP/1.1\r\n\r\n", &r, true);
     const char *cl = hdr(&r, "Content-Length");
-    T_CHECK(r.status == 200 && r.blen == 0 && cl && strcmp(cl, "6291456") == 0,
+    T_CHECK(r.status == 200 && r.body.len == 0 && cl && strcmp(cl, "6291456") == 0,
             "HEAD: %d len %s [%s]", r.status, cl ? cl : "-", r.hdrs);
     const char *et = hdr(&r, "ETag");
     T_CHECK(et && strcmp(et, "\"big-1\"") == 0, "ETag %s", et ? et : "-");
     T_CHECK(hdr(&r, "Accept-Ranges") != NULL, "Accept-Ranges");
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 T_CASE(full_body_and_zstd)
 {
     struct resp r;
     roundtrip("GET /body HTTP/1.1\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen == BIG && memcmp(r.body, big, BIG) == 0,
-            "6 MiB body streamed: %d %zu", r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == BIG && memcmp(r.body.p, big, BIG) == 0,
+            "6 MiB body streamed: %d %zu", r.status, r.body.len);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: gzip, zstd\r\n\r\n", &r, false);
     const char *ce = hdr(&r, "Content-Encoding");
     T_CHECK(r.status == 200 && ce && strcmp(ce, "zstd") == 0, "zstd: %d %s", r.status,
             ce ? ce : "-");
     const char *et = hdr(&r, "ETag");
     T_CHECK(et && strcmp(et, "\"big-1-zst\"") == 0, "encoded ETag differs: %s", et ? et : "-");
-    T_CHECK(r.blen < BIG, "compressed %zu < %u", r.blen, BIG);
+    T_CHECK(r.body.len < BIG, "compressed %zu < %u", r.body.len, BIG);
     unsigned char *d = malloc(BIG + 16);
-    size_t dn = ZSTD_decompress(d, BIG + 16, r.body, r.blen);
+    size_t dn = ZSTD_decompress(d, BIG + 16, r.body.p, r.body.len);
     T_CHECK(!ZSTD_isError(dn) && dn == BIG && memcmp(d, big, BIG) == 0, "zstd round trip: %zu",
             dn);
     free(d);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: zstd;q=0\r\n\r\n", &r, false);
-    T_CHECK(hdr(&r, "Content-Encoding") == NULL && r.blen == BIG, "q=0 refuses zstd");
-    free(r.body);
+    T_CHECK(hdr(&r, "Content-Encoding") == NULL && r.body.len == BIG, "q=0 refuses zstd");
+    util_buf_free(&r.body);
     roundtrip("GET /body HTTP/1.1\r\nAccept-Encoding: zstd\r\nRange: bytes=0-9\r\n\r\n", &r, false);
-    T_CHECK(r.status == 206 && hdr(&r, "Content-Encoding") == NULL && r.blen == 10,
+    T_CHECK(r.status == 206 && hdr(&r, "Content-Encoding") == NULL && r.body.len == 10,
             "ranges are served identity: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
     roundtrip("GET /push HTTP/1.1\r\n\r\n", &r, false);
-    T_CHECK(r.status == 200 && r.blen == 13 && memcmp(r.body, "one,two,three", 13) == 0,
-            "pushed chunked body: %d %zu", r.status, r.blen);
-    free(r.body);
+    T_CHECK(r.status == 200 && r.body.len == 13 && memcmp(r.body.p, "one,two,three", 13) == 0,
+            "pushed chunked body: %d %zu", r.status, r.body.len);
+    util_buf_free(&r.body);
 }
 
 T_CASE(slow_headers_timeout)
@@ -726,11 +721,11 @@ T_CASE(slow_headers_timeout)
     client_read(&c, &r, false);
     T_CHECK(r.status == 408, "partial headers get 408: %d", r.status);
     T_CHECK(peer_closed(fd), "and the connection is closed");
-    free(r.body);
+    util_buf_free(&r.body);
     close(fd);
     roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 200, "server still answers: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 /* Headers that announce a body, then nothing: the body has its own deadline (300 ms). */
@@ -749,11 +744,11 @@ T_CASE(stalled_body_timeout)
     struct resp r;
     client_read(&c, &r, false);
     double dt = now_s() - t0;
-    T_CHECK(r.status == 408 && strstr((char *)r.body, "body"), "a stalled body gets 408: %d", r.status);
+    T_CHECK(r.status == 408 && strstr((char *)r.body.p, "body"), "a stalled body gets 408: %d", r.status);
     T_CHECK(dt < 2.0, "within its deadline: %.2f s", dt);
     T_CHECK(peer_closed(fd), "and the connection is closed");
     T_CHECK(net_http_server_stats(srv)->timeouts_body == before + 1, "counted as a body timeout");
-    free(r.body);
+    util_buf_free(&r.body);
     close(fd);
 }
 
@@ -779,7 +774,7 @@ T_CASE(write_stall_dropped)
     struct resp r;
     roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 200, "server still answers: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 /* A client that reads slowly but steadily is not a stalled one: every byte the kernel takes
@@ -907,7 +902,7 @@ T_CASE(upgrade_echo)
     struct resp r;
     roundtrip("GET /up HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 426, "no upgrade header: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 T_CASE(filter_in_front)
@@ -951,11 +946,11 @@ T_CASE(send_rate_limit)
     clock_gettime(CLOCK_MONOTONIC, &b);
     port = save;
     double el = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-    T_CHECK(r.status == 206 && r.blen == 1048576 && memcmp(r.body, big, 1048576) == 0,
-            "paced body intact: %d %zu", r.status, r.blen);
+    T_CHECK(r.status == 206 && r.body.len == 1048576 && memcmp(r.body.p, big, 1048576) == 0,
+            "paced body intact: %d %zu", r.status, r.body.len);
     /* 1 MiB at 2 MiB/s with a 100 ms burst cannot take less than 0.4 s */
     T_CHECK(el >= 0.35, "1 MiB at 2 MiB/s took only %.3f s", el);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 /* A pushed body whose client leaves before net_http_reply_end: the abort callback runs (the
@@ -984,12 +979,12 @@ T_CASE(push_client_gone)
     struct resp r;
     roundtrip("GET /hello HTTP/1.1\r\n\r\n", &r, false);
     T_CHECK(r.status == 200, "server still answers: %d", r.status);
-    free(r.body);
+    util_buf_free(&r.body);
 }
 
 static bool body_has(const struct resp *r, const char *s)
 {
-    return r->body && memmem(r->body, r->blen, s, strlen(s)) != NULL;
+    return r->body.p && memmem(r->body.p, r->body.len, s, strlen(s)) != NULL;
 }
 
 /* json_errors: the server's own refusals are JSON objects with the message and the status. */
@@ -1002,13 +997,13 @@ T_CASE(json_errors)
     const char *ct = hdr(&r, "Content-Type");
     T_CHECK(r.status == 404 && ct && strcmp(ct, "application/json") == 0, "404: %d %s", r.status,
             ct ? ct : "(no type)");
-    T_CHECK(r.blen > 0 && body_has(&r, "\"error\":{\"message\":\"no route for /nowhere\"") &&
-            body_has(&r, "\"code\":404"), "404 body: %.*s", (int)r.blen, r.body);
-    free(r.body);
+    T_CHECK(r.body.len > 0 && body_has(&r, "\"error\":{\"message\":\"no route for /nowhere\"") &&
+            body_has(&r, "\"code\":404"), "404 body: %.*s", (int)r.body.len, r.body.p);
+    util_buf_free(&r.body);
     roundtrip("POST /body HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", &r, false);
-    T_CHECK(r.status == 413 && r.blen > 0 && body_has(&r, "\"code\":413"), "413: %d %.*s",
-            r.status, (int)r.blen, r.body);
-    free(r.body);
+    T_CHECK(r.status == 413 && r.body.len > 0 && body_has(&r, "\"code\":413"), "413: %d %.*s",
+            r.status, (int)r.body.len, r.body.p);
+    util_buf_free(&r.body);
     port = save;
 }
 

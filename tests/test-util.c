@@ -227,6 +227,47 @@ T_CASE(grow)
     free(a);
 }
 
+T_CASE(buf)
+{
+    struct util_buf b = {0};
+    util_buf_free(&b);
+    T_CHECK(!b.p && b.len == 0 && b.cap == 0, "free of an empty buffer");
+    T_ASSERT(util_buf_reserve(&b, 0, 100) == 0 && b.p && b.cap > 0 && !strcmp(b.s, ""),
+             "reserve 0: allocated, an empty string");
+    char chunk[40];
+    memset(chunk, 'x', sizeof chunk);
+    T_ASSERT(util_buf_append(&b, "ab", 2, 100) == 0 && b.len == 2 && !strcmp(b.s, "ab"), "append");
+    for (int i = 0; i < 2; i++)
+        T_ASSERT(util_buf_append(&b, chunk, sizeof chunk, 100) == 0, "append %d", i);
+    T_CHECK(b.len == 82 && b.cap >= 82 && b.cap <= 100 && b.s[82] == 0 && !memcmp(b.s, "abxx", 4),
+            "grown under the cap: len %zu cap %zu", b.len, b.cap);
+    size_t cap = b.cap;
+    uint8_t *keep = b.p;
+    T_CHECK(util_buf_append(&b, chunk, 19, 100) == -E2BIG && b.len == 82 && b.cap == cap &&
+            b.p == keep && b.s[82] == 0, "an append across the cap refused, the buffer unchanged");
+    T_CHECK(util_buf_append(&b, chunk, 18, 100) == 0 && b.len == 100 && b.cap == 100,
+            "up to the cap exactly, never more room: cap %zu", b.cap);
+    T_CHECK(util_buf_reserve(&b, 1, 100) == -E2BIG && util_buf_reserve(&b, 0, 100) == 0, "full");
+    T_CHECK(util_buf_reserve(&b, SIZE_MAX, SIZE_MAX) == -E2BIG &&
+            util_buf_reserve(&b, SIZE_MAX - 100, SIZE_MAX) == -E2BIG && b.len == 100 && b.cap == 100,
+            "a size past size_t (with the NUL) refused");
+    util_buf_consume(&b, 98);
+    T_CHECK(b.len == 2 && !strcmp(b.s, "xx"), "consume moves the rest to the front");
+    util_buf_consume(&b, 2);
+    T_CHECK(b.len == 0 && !strcmp(b.s, ""), "consume all");
+    util_buf_free(&b);
+    T_CHECK(!b.p && b.len == 0 && b.cap == 0, "freed");
+    T_CHECK(util_buf_append(&b, NULL, 0, 0) == 0 && b.p && b.cap == 0 && !strcmp(b.s, ""),
+            "nothing under a zero cap: an empty string");
+    T_CHECK(util_buf_append(&b, "a", 1, 0) == -E2BIG, "one byte over a zero cap");
+    util_buf_free(&b);
+    for (size_t i = 0; i < 1000; i++)
+        T_ASSERT(util_buf_append(&b, chunk, 1 + i % 7, SIZE_MAX) == 0, "append %zu", i);
+    T_CHECK(b.len == 3997 && b.cap >= b.len && b.cap < 2 * b.len && b.s[b.len] == 0,
+            "doubling: len %zu cap %zu", b.len, b.cap);
+    util_buf_free(&b);
+}
+
 static int cmd_a(int argc, char **argv) { return argc + (argv[0][0] == 'a' ? 10 : 20); }
 
 T_CASE(cmd_table)
@@ -272,6 +313,7 @@ int main(int argc, char **argv)
     T_RUN(monotonic_clock);
     T_RUN(json);
     T_RUN(grow);
+    T_RUN(buf);
     T_RUN(cmd_table);
     T_RUN(seterr);
     return T_DONE();

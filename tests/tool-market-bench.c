@@ -137,15 +137,9 @@ static void conn_free(struct conn *k)
 
 static void lat_add(struct lat *l, double ms, long code)
 {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 4096;
-        double *v = realloc(l->v, cap * sizeof *v);
-        if (!v) {
-            fprintf(stderr, "out of memory\n");
-            exit(1);
-        }
-        l->v = v;
-        l->cap = cap;
+    if (l->n == l->cap && util_grow((void **)&l->v, &l->cap, sizeof *l->v, 4096)) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
     }
     l->v[l->n++] = ms;
     l->codes[code >= 100 && code < 600 ? code / 100 : 0]++;

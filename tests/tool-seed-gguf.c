@@ -39,8 +39,8 @@ static void crafted(const char *dir)
         {"blocks", {.set_ne0 = 1, .ne0 = 48}},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        struct gb b = gb_small(&v[i].s);
-        put_file(dir, v[i].name, b.p, b.n);
+        struct util_buf b = gb_small(&v[i].s);
+        put_file(dir, v[i].name, b.p, b.len);
         free(b.p);
     }
 }

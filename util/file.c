@@ -16,44 +16,37 @@ int util_file_read_stream(FILE *f, const char *name, size_t max, char **buf, siz
 {
     /* grow as the data comes (a stream has no size to ask), reading one byte past max to tell
      * "exactly max" from "more" */
-    size_t cap = max < 65536 ? max + 1 : 65536, n = 0;
+    size_t lim = max < SIZE_MAX - 1 ? max + 1 : max;
+    struct util_buf b = {0};
     *buf = NULL;
     *len = 0;
-    char *b = malloc(cap + 1);
-    if (!b) {
-        SETERR("%s: out of memory", name);
-        return -ENOMEM;
-    }
     for (;;) {
-        size_t k = fread(b + n, 1, cap - n, f);
-        n += k;
-        if (n > max) {
-            free(b);
+        /* 64 KiB to start with, then the room doubles (util_buf_reserve), up to lim */
+        if (util_buf_reserve(&b, b.p ? 1 : lim < 65536 ? lim : 65536, lim) < 0) {
+            util_buf_free(&b);
+            SETERR("%s: out of memory", name);
+            return -ENOMEM;
+        }
+        size_t k = fread(b.p + b.len, 1, b.cap - b.len, f);
+        b.len += k;
+        if (b.len > max) {
+            util_buf_free(&b);
             SETERR("%s: larger than %zu bytes", name, max);
             return -EFBIG;
         }
-        if (n < cap) { /* fread stops short only at the end or on an error */
+        if (b.len < b.cap) { /* fread stops short only at the end or on an error */
             if (ferror(f)) {
                 int e = errno ? errno : EIO;
-                free(b);
+                util_buf_free(&b);
                 SETERR("%s: %s", name, strerror(e));
                 return -e;
             }
             break;
         }
-        size_t nc = cap > max / 2 ? max + 1 : cap * 2;
-        char *p = realloc(b, nc + 1);
-        if (!p) {
-            free(b);
-            SETERR("%s: out of memory", name);
-            return -ENOMEM;
-        }
-        b = p;
-        cap = nc;
     }
-    b[n] = 0;
-    *buf = b;
-    *len = n;
+    b.p[b.len] = 0;   /* fread wrote past the NUL util_buf_reserve left */
+    *buf = b.s;
+    *len = b.len;
     return 0;
 }
 

@@ -1,7 +1,8 @@
-/* util/mem.c — growing arrays, hashing names, dropping mapped pages. */
+/* util/mem.c — growing arrays and byte buffers, hashing names, dropping mapped pages. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,6 +19,61 @@ int util_grow(void **p, size_t *cap, size_t size, size_t first)
     *p = q;
     *cap = c;
     return 0;
+}
+
+/* The first capacity of a byte buffer: small, as most hold a line or a frame header; doubling
+ * reaches any size in a few steps. */
+#define BUF_FIRST 64
+
+int util_buf_reserve(struct util_buf *b, size_t n, size_t max)
+{
+    /* len + n must fit under max, and the NUL after it under size_t */
+    if (n > max - (b->len < max ? b->len : max) || b->len + n == SIZE_MAX)
+        return -E2BIG;
+    size_t need = b->len + n;
+    if (b->p && need <= b->cap)
+        return 0;
+    size_t c = b->cap > SIZE_MAX / 2 ? SIZE_MAX : b->cap ? b->cap * 2 : BUF_FIRST;
+    if (c < need)
+        c = need;
+    if (c > max)
+        c = max;   /* need <= max: the cap never makes room for more than max */
+    if (c == SIZE_MAX)
+        c = SIZE_MAX - 1;
+    uint8_t *q = realloc(b->p, c + 1);
+    if (!q)
+        return -ENOMEM;
+    q[b->len] = 0;
+    b->p = q;
+    b->cap = c;
+    return 0;
+}
+
+int util_buf_append(struct util_buf *b, const void *src, size_t n, size_t max)
+{
+    int rc = util_buf_reserve(b, n, max);
+    if (rc < 0)
+        return rc;
+    if (n)
+        memcpy(b->p + b->len, src, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+void util_buf_consume(struct util_buf *b, size_t n)
+{
+    if (n == 0)
+        return;
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+    b->p[b->len] = 0;
+}
+
+void util_buf_free(struct util_buf *b)
+{
+    free(b->p);
+    *b = (struct util_buf){0};
 }
 
 uint64_t util_hash_str(const char *s)

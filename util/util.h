@@ -1,6 +1,7 @@
-/* util — the small helpers every module shares: number parsing with bounds, byte and hex
- * formatting, reading a whole file under a cap, the monotonic clock, numbers from cJSON
- * objects. The bottom layer: it depends on no other module (docs/design.md, "Module layout").
+/* util — the small helpers every module shares: number parsing with bounds, growing arrays and
+ * byte buffers, byte and hex formatting, reading a whole file under a cap, the monotonic clock,
+ * numbers from cJSON objects. The bottom layer: it depends on no other module (docs/design.md,
+ * "Module layout").
  *
  * Conventions as elsewhere: actions return 0 or a negative errno and put the reason in
  * err/errlen (err may be NULL when the caller prints its own message). */
@@ -34,9 +35,33 @@ bool util_is_help(const char *arg);
  * exit. 0 or -ENOMEM. */
 int util_args_split_eq(int *argc, char ***argv);
 
+/* ------------------------------------------------------------------ memory (util/mem.c) */
+
 /* Doubles the capacity *cap (first when 0) of the array *p of size-byte elements: 0, or
  * -ENOMEM with *p and *cap unchanged. */
 int util_grow(void **p, size_t *cap, size_t size, size_t first);
+
+/* A growable byte buffer: p[0..len) are the bytes; once anything was reserved p holds cap bytes
+ * and a NUL after them, and p[len] is 0 after every call here, so text in it is a C string
+ * (s is the same pointer as text). {0} is an empty buffer; util_buf_free releases it. */
+struct util_buf {
+    union {
+        uint8_t *p;
+        char *s;
+    };
+    size_t len, cap;
+};
+/* Room for n more bytes after len (cap >= len + n), doubling the capacity but never past max
+ * bytes: 0; -E2BIG when len + n would pass max (or size_t), -ENOMEM; b is unchanged on
+ * failure. A caller that writes into the room itself then sets len and p[len] = 0. */
+int util_buf_reserve(struct util_buf *b, size_t n, size_t max);
+/* Appends src[0..n) under the cap max: 0, -E2BIG or -ENOMEM as util_buf_reserve (nothing
+ * appended on failure). */
+int util_buf_append(struct util_buf *b, const void *src, size_t n, size_t max);
+/* Drops the first n bytes (n <= len: input already used), moving the rest to the front. */
+void util_buf_consume(struct util_buf *b, size_t n);
+/* Frees the bytes and leaves b empty ({0}); an empty b is fine. */
+void util_buf_free(struct util_buf *b);
 
 /* Little-endian integers in byte buffers (wire frames, records, files), whatever the host's
  * byte order. */

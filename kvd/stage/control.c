@@ -386,22 +386,16 @@ static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n > 0 && !c->got_request && !c->closing) {
-        if (c->len + (size_t)n > CTL_LINE_MAX) {
+        int rc = util_buf_append(&c->buf, buf->base, (size_t)n, CTL_LINE_MAX);
+        if (rc == -E2BIG) {
             kvd_client_error(c, "request line too long");
             kvd_client_close(c);
-        } else {
-            char *nb = realloc(c->buf, c->len + (size_t)n + 1);
-            if (nb) {
-                c->buf = nb;
-                memcpy(c->buf + c->len, buf->base, (size_t)n);
-                c->len += (size_t)n;
-                c->buf[c->len] = 0;
-                char *nl = strchr(c->buf, '\n');
-                if (nl) {
-                    *nl = 0;
-                    c->got_request = true;
-                    handle_request(c, c->buf);
-                }
+        } else if (rc == 0) {
+            char *nl = strchr(c->buf.s, '\n');
+            if (nl) {
+                *nl = 0;
+                c->got_request = true;
+                handle_request(c, c->buf.s);
             }
         }
     }

@@ -417,8 +417,7 @@ struct sess {
 struct client {
     uv_pipe_t pipe;
     struct stage *st;
-    char *buf;
-    size_t len;
+    struct util_buf buf;   /* the request line as it comes (under CTL_LINE_MAX) */
     bool closing, got_request;
     struct sess *sess;
     struct client *next;

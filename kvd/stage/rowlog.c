@@ -103,14 +103,8 @@ static void sweep(const char *state_dir)
             unlink(path);
             continue;
         }
-        if (n == cap) {
-            size_t c2 = cap ? cap * 2 : 64;
-            struct old *v2 = realloc(v, c2 * sizeof *v);
-            if (!v2)
-                break;
-            v = v2;
-            cap = c2;
-        }
+        if (n == cap && util_grow((void **)&v, &cap, sizeof *v, 64))
+            break;
         memcpy(v[n].name, e->d_name, len + 1);   /* 21 bytes: checked above */
         v[n].mtime = sb.st_mtime;
         v[n].size = sb.st_size;

@@ -756,7 +756,7 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
 void kvd_client_on_closed(uv_handle_t *h)
 {
     struct client *c = h->data;
-    free(c->buf);
+    util_buf_free(&c->buf);
     free(c);
 }
 
