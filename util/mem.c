@@ -1,4 +1,5 @@
 /* util/mem.c — growing arrays and byte buffers, hashing names, dropping mapped pages. */
+#include <assert.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,6 +64,7 @@ int util_buf_append(struct util_buf *b, const void *src, size_t n, size_t max)
 
 void util_buf_consume(struct util_buf *b, size_t n)
 {
+    assert(n <= b->len);   /* the caller drops bytes it has */
     if (n == 0)
         return;
     memmove(b->p, b->p + n, b->len - n);
