@@ -1150,15 +1150,16 @@ int model_mtp_draft(struct model_exec *e, uint64_t id, uint32_t pos, uint32_t n,
     float *lg = logits ? logits : e->h_logits;
     for (uint64_t p = p0; p <= p1;) {
         uint32_t nb = p1 + 1 - p < e->max_batch ? (uint32_t)(p1 + 1 - p) : e->max_batch;
-        for (uint32_t i = 0; i < nb; i++) {
-            uint64_t q = p + i;   /* its hidden row: position q - 1 of this pass */
-            if (q == 0)
-                memset(e->h_rows, 0, E * sizeof(float));
-            else
-                memcpy(e->h_rows + (size_t)i * E, x + (size_t)(q - 1 - pos) * E, E * sizeof(float));
+        /* the hidden rows of positions p - 1..: the pass's own rows, but for entry 0 a zero
+         * row before them */
+        const float *h = x + (size_t)(p - (p > 0) - pos) * E;
+        if (p == 0) {
+            memset(e->h_rows, 0, E * sizeof(float));
+            memcpy(e->h_rows + E, x, (size_t)(nb - 1) * E * sizeof(float));
+            h = e->h_rows;
         }
         bool end = p + nb > p1;
-        int rc = mtp_rows(e, ss, (uint32_t)p, nb, hist + p, e->h_rows, true,
+        int rc = mtp_rows(e, ss, (uint32_t)p, nb, hist + p, h, true,
                           end && last && k ? e->h_rows : NULL, end && last ? lg : NULL);
         if (rc < 0) {
             ss->mtp_past = (uint32_t)p;

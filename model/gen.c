@@ -218,11 +218,6 @@ int model_draft_mode(const char *name)
     return -EINVAL;
 }
 
-const char *model_draft_name(int mode)
-{
-    return mode >= 0 && mode < (int)(sizeof draft_names / sizeof draft_names[0]) ? draft_names[mode] : "?";
-}
-
 uint32_t model_gen_n_prompt(const struct model_gen *g)
 {
     return g->n_prompt;

@@ -468,8 +468,6 @@ enum model_draft {
 /* A drafting mode's name, as every option and request field spells it ("none", "lookup",
  * "mtp", "auto"): its enum model_draft, -EINVAL for anything else (NULL included). */
 int model_draft_mode(const char *name);
-/* The mode's name (static; "?" for another value). */
-const char *model_draft_name(int mode);
 uint32_t model_gen_n_gen(const struct model_gen *g);
 /* Whatever text is pending at the end (an unfinished UTF-8 character becomes U+FFFD):
  * borrowed until the next call; *text NULL without a vocabulary. 0 or -ENOMEM. */

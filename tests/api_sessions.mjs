@@ -1,14 +1,13 @@
 // Concurrent streamed completions through the official openai client, with a node killed in
 // the middle of them (tests/test-market-standby.sh). Every session of SPEC streams at once;
-// KILL_PID gets SIGKILL once rank 0's control socket CTL_SOCK (when given) has reported every
-// session open there and a few steps a session since, with sessions still running: the kill
-// lands while rank 0 runs them whatever the clients' lag (on a loaded machine a client reads
-// its stream late, after rank 0 may have finished it); without CTL_SOCK, once each has
-// brought a few chunks. The
+// KILL_PID gets SIGKILL once rank 0's control socket CTL_SOCK has reported every session open
+// there and a few steps a session since, with sessions still running: the kill lands while
+// rank 0 runs them whatever the clients' lag (on a loaded machine a client reads its stream
+// late, after rank 0 may have finished it). The
 // streams go on to their end. Each session's text goes to OUTDIR/<i>.txt (its error, if any,
-// to OUTDIR/<i>.err), and one JSON line says how many were running at the kill (rank 0's count
-// with CTL_SOCK) and how many failed.
-// usage: node tests/api_sessions.mjs BASE_URL KEY SPEC.json OUTDIR KILL_PID [CTL_SOCK]
+// to OUTDIR/<i>.err), and one JSON line says how many were running at the kill (rank 0's count)
+// and how many failed.
+// usage: node tests/api_sessions.mjs BASE_URL KEY SPEC.json OUTDIR KILL_PID CTL_SOCK
 //   SPEC: [{"prompt", "max_tokens", "temperature", "seed", "top_k", "top_p", "min_p"}, ...]
 import fs from 'node:fs';
 import net from 'node:net';
@@ -17,7 +16,6 @@ import OpenAI from 'openai';
 const [base, key, specPath, outDir, killPid, ctlSock] = process.argv.slice(2);
 const spec = JSON.parse(fs.readFileSync(specPath, 'utf8'));
 const client = new OpenAI({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 120000 });
-const chunks = spec.map(() => 0);
 const ended = spec.map(() => false);
 let killed = false, runningAtKill = 0;
 
@@ -38,33 +36,22 @@ function rank0Status() {
     });
 }
 
-let polling = false;
-async function maybeKill() {
-    if (killed) return;
-    if (!ctlSock) {
-        if (!chunks.every((n) => n >= 3)) return;
-        killed = true;
-        runningAtKill = ended.filter((e) => !e).length;
-        process.kill(Number(killPid), 'SIGKILL');
-        return;
-    }
-    if (polling) return;
-    polling = true;
+// Polls rank 0 until every session is open there and a few steps a session have run since,
+// then kills, while sessions still run there.
+async function killDuring() {
     let steps0 = -1;   // rank 0's steps when it first held every session
-    while (!killed && !ended.every((e) => e)) {
+    while (!ended.every((e) => e)) {
         const st = await rank0Status();
         if (st && steps0 < 0 && st.sessions >= spec.length)
             steps0 = st.steps;
-        // a few tokens of each generated, and sessions still running there
         if (st && steps0 >= 0 && st.sessions >= 1 && st.steps - steps0 >= 3 * spec.length) {
             killed = true;
             runningAtKill = st.sessions;
             process.kill(Number(killPid), 'SIGKILL');
-            break;
+            return;
         }
         await new Promise((r) => setTimeout(r, 10));
     }
-    polling = false;
 }
 
 async function one(i) {
@@ -78,8 +65,6 @@ async function one(i) {
         for await (const ch of stream) {
             if (!ch.choices.length) continue;
             text += ch.choices[0].text ?? '';
-            chunks[i]++;
-            maybeKill();
         }
         fs.writeFileSync(`${outDir}/${i}.txt`, text);
     } catch (e) {
@@ -88,9 +73,6 @@ async function one(i) {
     ended[i] = true;
 }
 
-const all = Promise.all(spec.map((_, i) => one(i)));
-if (ctlSock)
-    maybeKill();   // polls rank 0 from the start
-await all;
+await Promise.all([...spec.map((_, i) => one(i)), killDuring()]);
 const failed = spec.filter((_, i) => fs.existsSync(`${outDir}/${i}.err`)).length;
 console.log(JSON.stringify({ killed, running_at_kill: runningAtKill, failed }));

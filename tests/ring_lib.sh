@@ -45,6 +45,15 @@ print(json.load(sys.stdin)["repair"][sys.argv[1]])' "$2"
 # kvd.cmdline from node_cmdline), the node is started again right after the kill, as before;
 # KILL_SIGNAL=STOP stops it instead (tests/ring_kill.py).
 kill_measure() { python3 "$ROOT/tests/ring_kill.py" "$@"; }
+# draft_field DIR RANK KEY: a figure of RANK's "drafts" status object
+draft_field() {
+    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("rank") == int(sys.argv[1]) and o.get("linked"):
+        print(o["drafts"][sys.argv[2]]); break' "$2" "$3"
+}
 # clients_as_one ONE OUT: each client of CLIENT_PIDS, the i-th, ended well and wrote OUT.i (its
 # stderr OUT.err.i) equal to ONE.i, what one process wrote; fails the test naming the first not.
 clients_as_one() {

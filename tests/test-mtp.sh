@@ -74,14 +74,7 @@ grep -q "MTP block 8 loaded" "$d/rank-2/kvd.log" || fail "the last rank did not 
 PORT=$(api_port "$d")
 api() { curl -s -m 60 -H 'Content-Type: application/json' -d "$1" "http://127.0.0.1:$PORT/v1/completions" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'; }
-sent() {   # the drafts rank 0 has sent in verifying passes
-    "$KVCTL" status --ring "$d" --json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("rank") == 0 and o.get("linked"):
-        print(o["drafts"]["drafts_sent"]); break'
-}
+sent() { draft_field "$d" 0 drafts_sent; }   # the drafts rank 0 has sent in verifying passes
 a1=$(api '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "draft": "none"}') || fail "API draft none"
 s0=$(sent)
 a2=$(api '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "draft": "mtp", "draft_max": 2}') ||

@@ -16,16 +16,6 @@
 # - a session whose client asks for bad drafting parameters gets a clear error.
 . "$(dirname "$0")/ring_lib.sh"
 
-# draft_field DIR RANK KEY: a figure of RANK's "drafts" status object
-draft_field() {
-    "$KVCTL" status --ring "$1" --json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("rank") == int(sys.argv[1]) and o.get("linked"):
-        print(o["drafts"][sys.argv[2]]); break' "$2" "$3"
-}
-
 P=1,400,300,200,100,400,300,200
 for f in stories260K.gguf synth-qwen3moe-bpe1024-q4_k_m.gguf synth-qwen35-bpe1024-f16.gguf \
          synth-qwen35moe-bpe1024-q8_0.gguf; do
