@@ -103,7 +103,7 @@ endif
 
 # Source lists follow folders: the shared modules make libkvasir.a; each program is its folder(s).
 srcs_in     = $(wildcard $(addsuffix /*.c,$(1)))
-LIB_DIRS   := util wtype gguf kernels kernels/ref kernels/cpu kernels/opencl model planner net ringlib seed api
+LIB_DIRS   := util wtype gguf kernels kernels/ref kernels/cpu kernels/opencl model planner net ring seed api
 KVD_DIRS   := kvd kvd/stage kvd/market kvd/relay kvd/join
 KVCTL_DIRS := kvctl
 LIB_SRCS   := $(filter-out $(NOT_THIS_ARCH),$(call srcs_in,$(LIB_DIRS)))

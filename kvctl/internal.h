@@ -21,7 +21,7 @@
 
 #include "kvctl/kvctl.h"
 #include "planner/plan.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 struct gguf_file;
 struct gguf_catalog;
@@ -105,6 +105,9 @@ int kvctl__load_ring_at(const char *arg, const char *dir, struct ring_manifest *
 /* The ring directory option of status and ring down (--dir DIR, --ring DIR, --dir=DIR,
  * --ring=DIR): the value (borrowed from argv) with *i moved past it, or NULL. */
 const char *kvctl__dir_opt(int argc, char **argv, int *i);
+/* `kvctl ring up`'s state directory when --dir is not given. */
+#define KVCTL_RING_DIR "ring-state"
+const char *kvctl__ring_dir_default(void);
 
 /* ---- kvctl/ring_view.c ---- */
 

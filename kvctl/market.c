@@ -1,6 +1,6 @@
 /* market.c — `kvctl market add|remove|status|balance|client`: register or remove a model at a
  * market, read its coverage map, read a node's balance, keep paying clients' accounts
- * (docs/market.md; the API's client is ringlib's). */
+ * (docs/market.md; the API's client is ring's). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -15,7 +15,7 @@
 #include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "net/net.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 

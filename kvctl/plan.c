@@ -13,7 +13,7 @@
 #include "kvctl/internal.h"
 #include "net/net.h"
 #include "planner/plan.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 
@@ -611,7 +611,7 @@ int kvctl_cmd_plan(int argc, char **argv)
             if (kvctl_parse_num("plan", a, val, 1, 1u << 20, &v)) return 2;
             o.sessions = (uint32_t)v;
         } else if (!strcmp(a, "--draft-max")) {
-            if (kvctl_parse_num("plan", a, val, 0, NET_DRAFTS_MAX, &v)) return 2;
+            if (kvctl_parse_num("plan", a, val, 0, RING_DRAFTS_MAX, &v)) return 2;
             o.draft_max = (uint32_t)v;
         } else if (!strcmp(a, "--headroom")) {
             if (kvctl_parse_num("plan", a, val, 0, 0.95, &o.headroom)) return 2;

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "kvctl/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 
 /* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is
@@ -119,7 +119,7 @@ static int stop_join(const char *dir_abs)
 
 static int ring_down(int argc, char **argv)
 {
-    const char *dir = "ring", *v;
+    const char *dir = kvctl__ring_dir_default(), *v;
     for (int i = 1; i < argc; i++) {
         if ((v = kvctl__dir_opt(argc, argv, &i)))   /* --dir DIR, or --ring DIR as status spells it */
             dir = v;

@@ -11,7 +11,7 @@
 
 #include "kvctl/internal.h"
 #include "model/model.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 
 struct gen_state {

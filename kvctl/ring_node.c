@@ -20,7 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvctl/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 /* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is
  * cut, and then simply not found. */
@@ -281,6 +281,18 @@ int kvctl__load_ring_at(const char *arg, const char *dir, struct ring_manifest *
         return -EINVAL;
     }
     return 0;
+}
+
+/* The state directory `kvctl ring up` and `ring down` take without --dir: ./ring-state, or
+ * ./ring where that holds a ring written by an earlier version (which used ./ring) and
+ * ./ring-state does not exist, so an upgrade still finds and stops a running ring. The
+ * source tree's ring/ module folder holds no ring.json, so it is never taken for one. */
+const char *kvctl__ring_dir_default(void)
+{
+    struct stat st;
+    if (stat(KVCTL_RING_DIR, &st) != 0 && stat("ring/ring.json", &st) == 0)
+        return "ring";
+    return KVCTL_RING_DIR;
 }
 
 /* The ring directory option of status and ring down: --dir DIR, --ring DIR, --dir=DIR or

@@ -22,7 +22,7 @@
 #include "kvctl/internal.h"
 #include "net/net.h"
 #include "planner/plan.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 
 #define MAX_STAGES RING_MAX_RANKS
@@ -66,7 +66,7 @@ static void ring_up_usage(FILE *f)
         "usage: kvctl ring up --model FILE --stages N [options]\n"
         "  --dtype f32|f16     boundary dtype on the wire (default f32: exact)\n"
         "  --base-port P       rank r listens on 127.0.0.1:P+r (default: free ports)\n"
-        "  --dir DIR           manifest, state dirs and logs (default ./ring)\n"
+        "  --dir DIR           manifest, state dirs and logs (default ./ring-state)\n"
         "  -t N                compute threads per stage (default 1)\n"
         "  --ctx N             context length (default: the model's, at most 4096)\n"
         "  --max-batch N       rows per ACT frame (prefill chunk, default 512)\n"
@@ -904,7 +904,7 @@ static int (*const up_steps[])(struct up *) = {
  * the stages started on sockets bound here, and the wait until they link. */
 int kvctl__ring_up(int argc, char **argv)
 {
-    struct up u = {.o = {.dtype = "f32", .dir = "ring", .threads = 1, .max_batch = 512,
+    struct up u = {.o = {.dtype = "f32", .dir = kvctl__ring_dir_default(), .threads = 1, .max_batch = 512,
                          .batch_wait = -1, .repair_wait = -1},
                    .api_fd = -1};
     for (size_t i = 0; i < sizeof u.lfd / sizeof u.lfd[0]; i++)

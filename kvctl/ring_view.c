@@ -11,7 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvctl/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 /* Paths here are built from a directory path plus a short suffix; one longer than PATH_MAX is

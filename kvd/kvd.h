@@ -71,7 +71,7 @@ int kvd_role_run(struct uv_loop_s *loop, const char *status, void (*stop)(void *
 
 /* ================================== stage ================================== */
 /* The stage role (docs/design.md, "The ring data path"): a kvd that holds the layer window
- * of one rank (manifest: ringlib/ring.h), links to its predecessor (in) and successor (out), runs
+ * of one rank (manifest: ring/ring.h), links to its predecessor (in) and successor (out), runs
  * the window on a compute thread for every boundary that arrives, and (rank 0) serves clients
  * on a local control socket (STATE_DIR/kvd.sock, one JSON object per line; see docs/ring.md). */
 

@@ -1,7 +1,8 @@
-/* net — libuv links, ring framing and handshake, HTTP server/client, TLS, WebSocket bridge.
- * Knows nothing of tensors beyond byte payloads.
+/* net — transports: byte streams over TCP or a relay's WebSocket bridge, TCP listeners, node
+ * identities, the HTTP server, TLS, WebSocket, the worker -> loop handoff. Knows nothing of
+ * tensors or of the ring's frames (ring/ring.h) beyond byte payloads.
  *
- * Sections: [frames + links], [http], [tls + websocket], [worker -> loop handoff].
+ * Sections: [streams], [http], [tls + websocket], [worker -> loop handoff].
  */
 #ifndef KV_NET_H
 #define KV_NET_H
@@ -10,166 +11,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ============================= frames + links ============================= */
-/* Ring links (docs/design.md, "The ring data path"). A link is a byte stream between two
- * stages, carried by a transport (TCP here; a WebSocket bridge through a relay for relay://
- * endpoints) behind a small vtable. On top of the stream go frames, all little-endian, with a
- * 28-byte header:
- *
- *   off  0  u32 magic 'KVR1' (0x3152564b)   off 16  u32 pos
- *   off  4  u8  type                        off 20  u32 n_tokens
- *   off  5  u8  flags                       off 24  u32 payload_len (capped per link)
- *   off  6  u16 reserved (0)
- *   off  8  u64 session
- *
- * Payloads by type (the receiver checks every field against its manifest before use):
- *   HELLO  u32 version | u32 rank | u32 n_ranks | char ring[64] (NUL-padded) |
- *          u8 node_key[32] (Ed25519) | u8 manifest_sha256[32] | u8 nonce[32] |
- *          u8 ephemeral[32] (X25519, fresh per link)                             (204 B)
- *   AUTH   u8 sig[64]: Ed25519 over "KVR2-auth" | u8 signer's side | transcript[32]
- *   OPEN   struct net_open_params (64 B) | i32 prompt tokens[n_tokens]
- *   ACT    n_tokens x n_embd boundary values in the wire dtype (flag LAST: sample after it;
- *          flag DRAFT with LAST: a verifying pass, the last rank samples at every row)
- *   TOKEN  i32 tokens[n_tokens] | f32 logprobs[n_tokens] | i32 drafts[n_drafts]
- *          [| f32 logits[n_tokens][n_vocab] with flag LOGITS]: the tokens sampled, at positions
- *          pos .. pos + n_tokens - 1 (1 .. NET_TOKENS_MAX), and the last rank's guesses of the
- *          ones after them (n_drafts, 0 .. NET_DRAFTS_MAX, from payload_len)
- *   CLOSE  empty
- *   ERROR  u32 code | UTF-8 message (<= NET_ERR_MAX bytes; printable ASCII is all a
- *          receiver keeps: net_text_clean)
- *   PING / PONG  u64 sender's monotonic ns (echoed in PONG)
- *   STATUS one stage's status record, a JSON object (<= NET_STATUS_MAX bytes); session 0,
- *          n_tokens = the rank it describes, pos = its age in ms when sent; flags 0. Both
- *          directions of an established link carry it (docs/design.md, "The ring data path").
- *
- * Handshake (docs/security.md): each side sends HELLO with a fresh nonce and a fresh X25519
- * key as soon as the stream is up. On the peer's HELLO it checks everything (version, ring,
- * ranks, manifest hash, node key when the manifest names one) before it signs anything;
- * then it sends AUTH, a signature over the transcript hash
- *   transcript = SHA-256("KVR2-transcript" | HELLO of the up side | HELLO of the down side)
- * and its own side (NET_HS_UP: the predecessor's end, which sends the ring's data; NET_HS_DOWN:
- * the successor's end), so an AUTH is good for this one link, this direction and these two
- * HELLOs only. The link is established when the peer's AUTH verifies with the other side.
- * A mismatch sends ERROR with the reason (so both sides log it) and closes the link.
- *
- * Records: after AUTH every frame travels sealed (net_rec below) with a key per direction,
- *   key(up -> down), key(down -> up) = HKDF-SHA256(X25519 secret, salt transcript,
- *                                                  info "KVR2 up->down" / "KVR2 down->up")
- *   record = u32 len (LE, bytes that follow) | ChaCha20-Poly1305(frame) | tag[16]
- * with the length as associated data and the nonce 0u32 | u64 sequence number (LE), counted
- * per direction from 0. A record that does not open (altered, replayed, reordered, dropped,
- * truncated) closes the link; so does a sequence number that would wrap. */
-
 #include <uv.h>
 
 #include "util/util.h"
 
-#define NET_MAGIC        0x3152564bu  /* "KVR1" little-endian */
-#define NET_VERSION      3u
-#define NET_HDR_LEN      28u
-#define NET_HELLO_LEN    204u
-#define NET_AUTH_LEN     64u
-#define NET_RING_ID_MAX  64u          /* ring id bytes, NUL-padded on the wire */
-#define NET_ERR_MAX      1024u        /* ERROR message bytes */
-#define NET_STATUS_MAX   1024u        /* STATUS record bytes (fits every link's payload cap) */
-#define NET_PAYLOAD_HARD_MAX (256u << 20) /* no link accepts a payload above this */
-#define NET_DRAFTS_MAX   14u          /* drafts a TOKEN carries and a verifying pass checks:
-                                       * 15 rows, where every weight type is row-exact */
-#define NET_TOKENS_MAX   (NET_DRAFTS_MAX + 1u)   /* tokens one TOKEN carries */
-
-enum net_frame_type {
-    NET_F_HELLO = 1, NET_F_AUTH = 2, NET_F_OPEN = 3, NET_F_ACT = 4, NET_F_TOKEN = 5,
-    NET_F_CLOSE = 6, NET_F_ERROR = 7, NET_F_PING = 8, NET_F_PONG = 9, NET_F_STATUS = 10,
-    NET_F_MAX = 10
-};
-/* ERROR codes, the u32 that opens an ERROR payload. */
-enum net_err_code {
-    NET_ERR_SESSION = 1,     /* the session failed */
-    NET_ERR_PROTO = 2,       /* session 0: a protocol violation or handshake failure; the
-                              * sender closes the link */
-    NET_ERR_LIMIT = 3,       /* a limit (too many sessions) */
-    NET_ERR_RING = 4,        /* a ring link is down: rank 0 may pause the session until the
-                              * ring is repaired and replay it (docs/ring.md, "Repair") */
-    /* Link reports (docs/design.md, "The ring data path"): session 0, about the link rank
-     * pos -> pos + 1, down (the message is why) or up again, sent by a stage about its out
-     * link back over its in link and passed on by every stage back to rank 0. Unlike other
-     * session-0 ERRORs they leave the link they travel on up. */
-    NET_ERR_LINK_DOWN = 5,
-    NET_ERR_LINK_UP = 6,
-};
-enum net_frame_flag {
-    NET_FL_LAST = 1,     /* ACT: the last chunk of a step: the last rank samples after it */
-    NET_FL_LOGITS = 2,   /* OPEN: send logits with every TOKEN; TOKEN: logits follow */
-    NET_FL_REPLAY = 4,   /* OPEN: a session replayed after a repair; its prompt is the whole
-                          * history, which every stage recomputes */
-    NET_FL_DRAFT = 8,    /* ACT (with LAST): rows of a verifying pass, the token sampled last
-                          * and drafts after it; every stage keeps what it needs to drop the
-                          * rows of rejected drafts, the last rank samples at every row */
-};
-
-struct net_frame_hdr {
-    uint32_t magic;
-    uint8_t type, flags;
-    uint16_t reserved;
-    uint64_t session;
-    uint32_t pos, n_tokens, payload_len;
-};
-
-/* OPEN payload head (64 bytes on the wire, little-endian, in this order). */
-struct net_open_params {
-    uint64_t seed;
-    float temperature, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
-    int32_t top_k, penalty_last_n;
-    uint32_t max_tokens;      /* generated tokens rank 0 will ask for (informative) */
-    uint32_t n_ctx;           /* context the session needs (prompt + generation) */
-    uint32_t draws;           /* random draws the sampler made before (a replay after a repair:
-                               * the generated tokens so far), so it continues its sequence */
-    uint8_t draft_max;        /* drafts the last rank proposes with each TOKEN (0: none; at
-                               * most NET_DRAFTS_MAX) */
-    uint8_t draft_kind;       /* how it drafts (enum net_draft_kind) */
-    uint8_t reserved[10];
-};
-/* OPEN draft_kind: the last rank's drafter. Prompt lookup works for every model; the MTP
- * block only where the last window holds one (a session asking for it elsewhere fails with
- * an error saying so); auto takes the MTP block where there is one, else prompt lookup. */
-enum net_draft_kind {
-    NET_DRAFT_LOOKUP = 0,
-    NET_DRAFT_MTP = 1,
-    NET_DRAFT_AUTO = 2,
-    NET_DRAFT_KIND_MAX = 2,
-};
-#define NET_OPEN_LEN 64u
-
-/* Name of a frame type ("ACT"), "?" when unknown. */
-const char *net_frame_type_name(uint32_t type);
-/* Encode h into out[NET_HDR_LEN] (magic set by the caller or NET_MAGIC when 0). */
-void net_frame_hdr_encode(const struct net_frame_hdr *h, uint8_t out[NET_HDR_LEN]);
-/* Decode and check a header: magic, type range, reserved == 0, payload_len <= max_payload.
- * 0 or -EPROTO/-EMSGSIZE with err naming the field, value and limit. */
-int net_frame_hdr_decode(const uint8_t in[NET_HDR_LEN], struct net_frame_hdr *h,
-                         uint32_t max_payload, char *err, size_t errlen);
-
-void net_open_encode(const struct net_open_params *p, uint8_t out[NET_OPEN_LEN]);
-void net_open_decode(const uint8_t in[NET_OPEN_LEN], struct net_open_params *p);
-
-/* A peer's text (an ERROR message, a relay's close reason) made safe to log and pass on:
- * bytes outside printable ASCII become '?', and text longer than outn - 1 bytes is cut and
- * ends in "...". Returns the length written (out is always NUL-terminated; outn >= 4). */
-size_t net_text_clean(char *out, size_t outn, const uint8_t *in, size_t n);
-
-/* Streaming frame reader: push bytes, pull whole frames. */
-struct net_frame_reader {
-    struct util_buf buf;   /* bytes pushed; buf.p[0..off) were pulled already */
-    size_t off;
-    uint32_t max_payload;
-};
-void net_frame_reader_init(struct net_frame_reader *r, uint32_t max_payload);
-void net_frame_reader_free(struct net_frame_reader *r);
-int net_frame_reader_push(struct net_frame_reader *r, const void *data, size_t len);
-/* 1 and a frame (payload borrowed until the next call), 0 when more bytes are needed, or a
- * negative code with err filled (the stream is then unusable). */
-int net_frame_reader_next(struct net_frame_reader *r, struct net_frame_hdr *h,
-                          const uint8_t **payload, char *err, size_t errlen);
+/* ================================ streams ================================ */
+/* A stream is a byte stream to a peer, carried by a transport behind a small vtable: TCP here,
+ * a WebSocket bridge through a relay for relay:// endpoints (net/relay_link.c). The ring's
+ * framed, sealed links (ring/ring.h, struct ring_link) run on top of one. A stream is closed
+ * through its transport and freed only after the transport reports every handle closed
+ * (libuv close callbacks). */
 
 /* Node identity: an Ed25519 key kept in DIR/node.key (PEM, 0600), created on first use. */
 struct net_identity;
@@ -180,144 +31,70 @@ int net_identity_sign(const struct net_identity *id, const void *msg, size_t len
                       uint8_t sig[64]);
 bool net_sig_verify(const uint8_t pub[32], const void *msg, size_t len, const uint8_t sig[64]);
 
-struct net_hello {
-    uint32_t version, rank, n_ranks;
-    char ring[NET_RING_ID_MAX + 1];
-    uint8_t node_key[32], manifest_hash[32], nonce[32], ephemeral[32];
-};
-void net_hello_encode(const struct net_hello *h, uint8_t out[NET_HELLO_LEN]);
-int net_hello_decode(const uint8_t *in, size_t len, struct net_hello *h, char *err, size_t errlen);
 
-/* What a side expects of its peer. */
-struct net_hs_expect {
-    uint32_t rank, n_ranks;
-    const char *ring;
-    uint8_t manifest_hash[32];
-    bool check_key;               /* the manifest names the peer's node key */
-    uint8_t node_key[32];
-};
-/* Which end of a link a side is: up sends the ring's data (the predecessor; it dials over
- * TCP), down receives it (the successor; it accepts, or dials a relay as its down role). */
-enum net_hs_side { NET_HS_UP = 1, NET_HS_DOWN = 2 };
-/* Session keys of an established link, as this side uses them. */
-struct net_link_keys {
-    uint8_t tx[32], rx[32];
-};
-/* Handshake state machine over frames (no I/O: it hands back bytes to send). */
-struct net_handshake;
-/* mine: own HELLO (version, node key, nonce and ephemeral key filled here); id: own key
- * (borrowed for the handshake's life); side: this side's end of the link. */
-int net_handshake_new(struct net_handshake **out, const struct net_identity *id,
-                      const struct net_hello *mine, const struct net_hs_expect *expect,
-                      enum net_hs_side side);
-void net_handshake_free(struct net_handshake *hs);
-/* The HELLO frame to send first: bytes borrowed from hs. */
-void net_handshake_hello(struct net_handshake *hs, const uint8_t **bytes, size_t *len);
-/* Feed one received frame. Returns 0 (go on), 1 (established) or a negative code with err
- * naming the mismatch. out, outlen: a frame to send now (borrowed; *outlen 0 when none). */
-int net_handshake_feed(struct net_handshake *hs, const struct net_frame_hdr *h,
-                       const uint8_t *payload, const uint8_t **out, size_t *outlen,
-                       char *err, size_t errlen);
-/* The peer's HELLO (valid once it has been received). */
-const struct net_hello *net_handshake_peer(const struct net_handshake *hs);
-/* Before the peer's HELLO is fed: expect node key key instead (a rank that several nodes may
- * serve, its own and standbys: the caller picks from the HELLO's claim). 0, or -EALREADY once
- * the peer's HELLO was taken. */
-int net_handshake_expect_key(struct net_handshake *hs, const uint8_t key[32]);
-/* The reason the peer gave when it refused the link (an ERROR during the handshake: feed
- * returned -ECONNREFUSED), cleaned with net_text_clean and at most NET_REFUSAL_MAX bytes;
- * NULL when it did not refuse. Borrowed from hs. */
-#define NET_REFUSAL_MAX 300u
-const char *net_handshake_refusal(const struct net_handshake *hs);
-/* Whether the peer's HELLO arrived and passed every check. */
-bool net_handshake_hello_ok(const struct net_handshake *hs);
-/* The session keys: 0 once established (feed returned 1), -EAGAIN before. */
-int net_handshake_keys(const struct net_handshake *hs, struct net_link_keys *keys);
+/* The most bytes one message of a message-based transport (the relay's WebSocket) may carry:
+ * a stream's writers send far less at a time (relay_link.c chunks to 1 MiB); this bounds only
+ * what a peer can make this side buffer for one message. It covers the largest write of a
+ * stream's owner (ring/link.c checks that a whole sealed ring frame fits). */
+#define NET_STREAM_MSG_MAX ((256u << 20) + 64u)
 
-/* Records: one direction of a sealed link (a key and its sequence number). */
-#define NET_REC_TAG      16u
-#define NET_REC_OVERHEAD (4u + NET_REC_TAG)   /* length prefix + tag */
-struct net_rec;
-/* A record direction with key[32], sequence 0. 0 or -ENOMEM/-EIO. */
-int net_rec_new(struct net_rec **out, const uint8_t key[32]);
-void net_rec_free(struct net_rec *r);
-/* Seal in place: rec[0..4) gets the length, rec[4..4+len) holds the frame and is encrypted,
- * rec[4+len..4+len+NET_REC_TAG) gets the tag. 0, -EMSGSIZE, -EOVERFLOW (sequence spent), -EIO. */
-int net_rec_seal(struct net_rec *r, uint8_t *rec, size_t len);
-/* Take the next record from the reader's bytes, open it and decode its frame (header checked
- * against the reader's cap, payload_len against the record): 1 and a frame (payload borrowed
- * from r until the next call), 0 when more bytes are needed, or a negative code with err
- * filled (the stream is then unusable: the link must close). */
-int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_frame_hdr *h,
-                 const uint8_t **payload, char *err, size_t errlen);
-/* Records sealed or opened so far. */
-uint64_t net_rec_seq(const struct net_rec *r);
-
-/* ---- links ---- */
-struct net_link;
-struct net_link_cbs {
-    /* Dial finished: status 0 (stream up) or negative (the link then closes). */
-    void (*on_open)(struct net_link *l, int status);
-    /* One whole frame (header checked against the link's payload cap). */
-    void (*on_frame)(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload);
-    /* Last callback: the link is closed and freed after it returns. */
-    void (*on_close)(struct net_link *l, const char *reason);
+struct net_stream;
+struct net_stream_cbs {
+    /* Dial finished: status 0 (stream up) or negative (the stream then closes). */
+    void (*on_open)(struct net_stream *s, int status);
+    /* Bytes received (borrowed for the call). */
+    void (*on_data)(struct net_stream *s, const void *data, size_t len);
+    /* Last callback: the stream is closed and freed after it returns. */
+    void (*on_close)(struct net_stream *s, const char *reason);
 };
 
-/* A transport moves a link's bytes. Implementations call the net_link_tp_* hooks below. */
+/* A transport moves a stream's bytes. Implementations call the net_stream_tp_* hooks below. */
 struct net_transport {
     const char *scheme;     /* "tcp", "relay" (endpoint "scheme://rest") */
-    /* Start connecting to rest; call net_link_tp_opened when the stream is up or failed.
+    /* Start connecting to rest; call net_stream_tp_opened when the stream is up or failed.
      * A start that fails at once returns a negative code with err filled. */
-    int (*dial)(struct net_link *l, uv_loop_t *loop, const char *rest, char *err, size_t errlen);
+    int (*dial)(struct net_stream *s, uv_loop_t *loop, const char *rest, char *err, size_t errlen);
     /* Send buf (malloc'd; ownership passes: free it when written or on close). It may call
-     * net_link_tp_written before it returns. */
-    int (*write)(struct net_link *l, uv_buf_t buf);
-    /* Close; call net_link_tp_closed exactly once when every handle is closed. */
-    void (*close)(struct net_link *l);
+     * net_stream_tp_written before it returns. */
+    int (*write)(struct net_stream *s, uv_buf_t buf);
+    /* Close; call net_stream_tp_closed exactly once when every handle is closed. */
+    void (*close)(struct net_stream *s);
 };
 /* Register a transport for its scheme (TCP is built in). 0, -EEXIST, -ENOSPC. */
 int net_transport_register(const struct net_transport *t);
 
 /* Dial endpoint "tcp://host:port" (or a registered scheme); callbacks on the loop. 0, or a
  * negative code with err filled when the dial cannot start (no on_open then). */
-int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
-                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload, char *err,
-                  size_t errlen);
-/* Send one frame: h->payload_len is set from len; header and payload are copied (and sealed
- * once the link has keys). */
-int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
-                  size_t len);
-/* Send raw bytes, never sealed (the handshake; tests and tools). */
-int net_link_send_raw(struct net_link *l, const void *data, size_t len);
-/* Seal every frame sent and open every record received from now on (bytes already received
- * and not yet taken as frames included). Called once, when the handshake is established. 0,
- * -EALREADY, -ENOMEM. */
-int net_link_set_keys(struct net_link *l, const struct net_link_keys *keys);
-/* Close with a reason (logged by the owner in on_close). Safe from any callback; idempotent. */
-void net_link_close(struct net_link *l, const char *reason);
-void *net_link_ud(const struct net_link *l);
-void net_link_set_ud(struct net_link *l, void *ud);
-void net_link_set_max_payload(struct net_link *l, uint32_t max_payload);
-const char *net_link_peer(const struct net_link *l);   /* "127.0.0.1:4100" */
-bool net_link_is_closing(const struct net_link *l);
-uint64_t net_link_bytes_in(const struct net_link *l);
-uint64_t net_link_bytes_out(const struct net_link *l);
-size_t net_link_queued(const struct net_link *l);      /* bytes handed to the transport, unwritten */
+int net_stream_dial(struct net_stream **out, uv_loop_t *loop, const char *endpoint,
+                    const struct net_stream_cbs *cbs, void *ud, char *err, size_t errlen);
+/* Send buf[len], malloc'd: ownership passes to the stream whatever the result. 0, -EPIPE
+ * (closing), -ENOTCONN (not open yet) or the transport's error. */
+int net_stream_write(struct net_stream *s, void *buf, size_t len);
+/* Send a copy of data[len]. */
+int net_stream_send(struct net_stream *s, const void *data, size_t len);
+/* Close with a reason (handed to on_close). Safe from any callback; idempotent. */
+void net_stream_close(struct net_stream *s, const char *reason);
+void *net_stream_ud(const struct net_stream *s);
+void net_stream_set_ud(struct net_stream *s, void *ud);
+const char *net_stream_peer(const struct net_stream *s);   /* "127.0.0.1:4100" */
+bool net_stream_is_closing(const struct net_stream *s);
+uint64_t net_stream_bytes_in(const struct net_stream *s);
+uint64_t net_stream_bytes_out(const struct net_stream *s);
+size_t net_stream_queued(const struct net_stream *s);      /* bytes handed to the transport, unwritten */
 
 /* Transport hooks. */
-void net_link_tp_set(struct net_link *l, void *tp);
-void *net_link_tp(const struct net_link *l);
-void net_link_tp_set_peer(struct net_link *l, const char *peer);
-void net_link_tp_opened(struct net_link *l, int status);
-void net_link_tp_data(struct net_link *l, const void *data, size_t len);
-void net_link_tp_written(struct net_link *l, size_t len);
-void net_link_tp_closed(struct net_link *l);
-/* The dial failed (status < 0) for reason, which the link keeps whole as its close reason
- * (net_link_tp_opened's is "dial PEER failed: <status>"). */
-void net_link_tp_failed(struct net_link *l, int status, const char *reason);
-/* The stream ended or failed: closes the link with this reason. */
-void net_link_tp_error(struct net_link *l, const char *reason);
+void net_stream_tp_set(struct net_stream *s, void *tp);
+void *net_stream_tp(const struct net_stream *s);
+void net_stream_tp_set_peer(struct net_stream *s, const char *peer);
+void net_stream_tp_opened(struct net_stream *s, int status);
+void net_stream_tp_data(struct net_stream *s, const void *data, size_t len);
+void net_stream_tp_written(struct net_stream *s, size_t len);
+void net_stream_tp_closed(struct net_stream *s);
+/* The dial failed (status < 0) for reason, which the stream keeps whole as its close reason
+ * (net_stream_tp_opened's is "dial PEER failed: <status>"). */
+void net_stream_tp_failed(struct net_stream *s, int status, const char *reason);
+/* The stream ended or failed: closes the stream with this reason. */
+void net_stream_tp_error(struct net_stream *s, const char *reason);
 
 /* The listening sockets this process was handed as systemd's socket activation hands them
  * (LISTEN_PID, LISTEN_FDS: fds 3..). Every listener of this module (net_listener_new,
@@ -330,13 +107,14 @@ void net_listen_inherit(void);
  * or a negative errno (-EINVAL: not an address). */
 int net_listen_fd(const char *addr, int *port);
 
-/* TCP listener: every accepted stream becomes a link with cbs (ud given to each). */
+/* TCP listener: every accepted connection becomes a stream with cbs, handed to on_accept
+ * (which may set its ud) before any of its bytes are read. */
 struct net_listener;
-typedef void (*net_accept_cb)(struct net_listener *ls, struct net_link *l, void *ud);
+typedef void (*net_accept_cb)(struct net_listener *ls, struct net_stream *s, void *ud);
 /* addr "host:port" (port 0 picks one). */
 int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *addr,
-                     const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
-                     uint32_t max_payload, char *err, size_t errlen);
+                     const struct net_stream_cbs *cbs, net_accept_cb on_accept, void *ud,
+                     char *err, size_t errlen);
 int net_listener_port(const struct net_listener *ls);
 /* Whether a listen address "host:port" reaches this machine only: 127.0.0.0/8, ::1 or an
  * IPv4-mapped 127.x address, a host name resolving to one of those. An empty host (every
@@ -344,6 +122,7 @@ int net_listener_port(const struct net_listener *ls);
 bool net_listen_addr_is_loopback(const char *addr);
 /* Stop listening; ls is freed once its handle has closed, and done (may be NULL) runs then. */
 void net_listener_close(struct net_listener *ls, void (*done)(void *ud), void *ud);
+
 
 /* ================================== http ================================== */
 /* The project's one HTTP/1.1 server (net/http*.c, prefix net_http_), on a libuv loop.
@@ -717,7 +496,7 @@ uint64_t net_ws_server_assembling(const struct net_ws_server *srv);
  * closed (run the loop), and done (may be NULL) runs then. */
 void net_ws_server_close(struct net_ws_server *srv, void (*done)(void *ud), void *ud);
 
-/* Ring links through a relay (net_link transports): relay://HOST:PORT/b/<bridge-id> dials
+/* Streams through a relay (a net_stream transport, what ring links run on): relay://HOST:PORT/b/<bridge-id> dials
  * wss://HOST:PORT/v1/bridge/<bridge-id>, relay+ws:// the same over plain ws. Dialling the
  * endpoint makes this side the upstream end (role 0x01); appending "?role=down" makes it the
  * downstream end (0x02), which is what the stage owning the endpoint does instead of

@@ -1,7 +1,7 @@
-/* The ring link transport through a relay: endpoint relay://HOST:PORT/b/<bridge-id> (wss)
+/* The stream transport through a relay (what ring links run on): endpoint relay://HOST:PORT/b/<bridge-id> (wss)
  * or relay+ws://HOST:PORT/b/<bridge-id> (plain ws, tests and trusted LANs). The stage that
  * dials the endpoint is the upstream end of the edge (role 0x01); the stage that owns the
- * endpoint dials the same bridge with "?role=down" appended (role 0x02). Each link write
+ * endpoint dials the same bridge with "?role=down" appended (role 0x02). Each stream write
  * becomes binary WebSocket messages of at most 1 MiB; the bytes are the ring's unchanged
  * frame stream (message boundaries carry no meaning), so
  * HELLO/AUTH still run end to end and the relay learns nothing it must be trusted with.
@@ -19,7 +19,7 @@
 #define RELAY_MSG_MAX (1u << 20)
 
 struct relay_tp {
-    struct net_link *l;
+    struct net_stream *l;
     struct net_ws *ws;
     uint8_t role;
     bool open, close_wanted;
@@ -67,17 +67,17 @@ static void rt_open(struct net_ws *ws, void *ud)
         return;
     }
     t->open = true;
-    net_link_tp_opened(t->l, 0);
+    net_stream_tp_opened(t->l, 0);
 }
 
 static void rt_msg(struct net_ws *ws, int opcode, const uint8_t *data, size_t len, void *ud)
 {
     struct relay_tp *t = ud;
     if (opcode != NET_WS_BINARY) {
-        net_link_tp_error(t->l, "relay sent a text message");
+        net_stream_tp_error(t->l, "relay sent a text message");
         return;
     }
-    net_link_tp_data(t->l, data, len);
+    net_stream_tp_data(t->l, data, len);
 }
 
 static void rt_drain(struct net_ws *ws, void *ud)
@@ -86,7 +86,7 @@ static void rt_drain(struct net_ws *ws, void *ud)
     if (t->unacked) {
         size_t n = t->unacked;
         t->unacked = 0;
-        net_link_tp_written(t->l, n);
+        net_stream_tp_written(t->l, n);
     }
 }
 
@@ -94,26 +94,26 @@ static void rt_drain(struct net_ws *ws, void *ud)
 static void rt_close(struct net_ws *ws, int code, const char *reason, void *ud)
 {
     struct relay_tp *t = ud;
-    struct net_link *l = t->l;
+    struct net_stream *l = t->l;
     t->ws = NULL;
     if (!t->close_wanted) {
         /* The relay's close reason is its text: printable and bounded before it is logged. */
         char why[512], r[KV_ERR_MAX];
-        net_text_clean(why, sizeof why, (const uint8_t *)reason, strlen(reason));
+        util_text_clean(why, sizeof why, (const uint8_t *)reason, strlen(reason));
         if (!t->open) {
-            snprintf(r, sizeof r, "relay %s: %s", net_link_peer(l), why);
+            snprintf(r, sizeof r, "relay %s: %s", net_stream_peer(l), why);
             if (net_ws_cert_rejected(ws))
                 cert_hint(r, sizeof r);
-            /* on_open(-ECONNREFUSED), then net_link_close -> relay_close below */
-            net_link_tp_failed(l, -ECONNREFUSED, r);
+            /* on_open(-ECONNREFUSED), then net_stream_close -> relay_close below */
+            net_stream_tp_failed(l, -ECONNREFUSED, r);
             return;
         }
         snprintf(r, sizeof r, "relay closed the bridge: %d %s", code, why);
-        net_link_tp_error(l, r); /* -> net_link_close -> relay_close: ws already gone */
+        net_stream_tp_error(l, r); /* -> net_stream_close -> relay_close: ws already gone */
         return;
     }
     free(t);
-    net_link_tp_closed(l);
+    net_stream_tp_closed(l);
 }
 
 static const struct net_ws_handlers rt_handlers = {
@@ -142,7 +142,7 @@ static int relay_url(const char *scheme, const char *rest, char *url, size_t n, 
     return w < 0 || (size_t)w >= n ? -ENAMETOOLONG : 0;
 }
 
-static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *rest, bool tls,
+static int relay_dial_common(struct net_stream *l, uv_loop_t *loop, const char *rest, bool tls,
                              char *err, size_t errlen)
 {
     char url[512];
@@ -162,9 +162,9 @@ static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *re
     }
     t->l = l;
     t->role = role;
-    net_link_tp_set(l, t);
-    /* Anything the link itself would accept; the frame reader caps each frame. */
-    struct net_ws_limits lim = {.max_msg_bytes = (uint64_t)NET_PAYLOAD_HARD_MAX + NET_HDR_LEN};
+    net_stream_tp_set(l, t);
+    /* Anything a stream's owner may write at once; its own reader caps what it takes. */
+    struct net_ws_limits lim = {.max_msg_bytes = NET_STREAM_MSG_MAX};
     rc = net_ws_dial(&t->ws, loop, url, ctx, &lim, &rt_handlers, t, err, errlen);
     if (rc < 0) {
         free(t);
@@ -173,21 +173,21 @@ static int relay_dial_common(struct net_link *l, uv_loop_t *loop, const char *re
     return 0;
 }
 
-static int relay_dial_tls(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+static int relay_dial_tls(struct net_stream *l, uv_loop_t *loop, const char *rest, char *err,
                           size_t errlen)
 {
     return relay_dial_common(l, loop, rest, true, err, errlen);
 }
 
-static int relay_dial_plain(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+static int relay_dial_plain(struct net_stream *l, uv_loop_t *loop, const char *rest, char *err,
                             size_t errlen)
 {
     return relay_dial_common(l, loop, rest, false, err, errlen);
 }
 
-static int relay_write(struct net_link *l, uv_buf_t buf)
+static int relay_write(struct net_stream *l, uv_buf_t buf)
 {
-    struct relay_tp *t = net_link_tp(l);
+    struct relay_tp *t = net_stream_tp(l);
     if (!t->ws || !t->open) {
         free(buf.base);
         return -ENOTCONN;
@@ -205,15 +205,15 @@ static int relay_write(struct net_link *l, uv_buf_t buf)
     /* The link counts queued bytes for its own flow control: report them written at once
      * while the WebSocket queue is short, else when it drains. */
     if (net_ws_pending(t->ws) < (256u << 10) && t->unacked == 0)
-        net_link_tp_written(l, buf.len);
+        net_stream_tp_written(l, buf.len);
     else
         t->unacked += buf.len;
     return 0;
 }
 
-static void relay_close(struct net_link *l)
+static void relay_close(struct net_stream *l)
 {
-    struct relay_tp *t = net_link_tp(l);
+    struct relay_tp *t = net_stream_tp(l);
     t->close_wanted = true;
     if (t->ws) {
         net_ws_close(t->ws, NET_WS_CODE_NORMAL, "link closed");
@@ -221,7 +221,7 @@ static void relay_close(struct net_link *l)
     }
     /* Reached from rt_close (the WebSocket is already gone): finish now. */
     free(t);
-    net_link_tp_closed(l);
+    net_stream_tp_closed(l);
 }
 
 static const struct net_transport relay_tls_transport = {

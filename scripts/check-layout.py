@@ -29,11 +29,11 @@ LAYERS = {
     "net": ["util"],
     "model": ["util", "wtype", "kernels", "gguf"],
     "planner": ["util", "model"],
-    "ringlib": ["util", "wtype", "kernels", "net"],
-    "seed": ["util", "gguf", "net", "ringlib"],
+    "ring": ["util", "wtype", "kernels", "net"],
+    "seed": ["util", "gguf", "net", "ring"],
     "api": ["util", "wtype", "kernels", "gguf", "model", "net"],
-    "kvd": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
-    "kvctl": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ringlib", "seed", "api"],
+    "kvd": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ring", "seed", "api"],
+    "kvctl": ["util", "wtype", "kernels", "gguf", "model", "net", "planner", "ring", "seed", "api"],
 }
 SRC_DIRS = list(LAYERS)
 

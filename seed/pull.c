@@ -28,7 +28,7 @@
 #include <curl/curl.h>
 
 #include "gguf/gguf.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "seed/seed.h"
 #include "util/err.h"
 #include "util/util.h"

@@ -4,14 +4,14 @@
  * the peer's plaintext (u16 length-prefixed pieces) sealed under a fixed key and opened again
  * through a streaming reader, so whatever a keyed peer seals meets the frame decoder behind it.
  * The first byte picks the mode; the rest is the peer's byte stream (or the manifest).
- * fuzz-modules: util wtype net ringlib */
+ * fuzz-modules: util wtype net ring */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "kvd/kvd.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "net/net.h"
 #include "util/err.h"
 
@@ -31,14 +31,14 @@ static void setup(void)
 static int fuzz_records(const uint8_t *data, size_t size, size_t step)
 {
     static const uint8_t key[32] = {7};
-    struct net_rec *tx, *rx;
-    if (net_rec_new(&tx, key) < 0)
+    struct ring_rec *tx, *rx;
+    if (ring_rec_new(&tx, key) < 0)
         return 0;
-    if (net_rec_new(&rx, key) < 0) {
-        net_rec_free(tx);
+    if (ring_rec_new(&rx, key) < 0) {
+        ring_rec_free(tx);
         return 0;
     }
-    uint8_t *stream = malloc(size / 2 * NET_REC_OVERHEAD + size + NET_REC_OVERHEAD);
+    uint8_t *stream = malloc(size / 2 * RING_REC_OVERHEAD + size + RING_REC_OVERHEAD);
     size_t len = 0;
     for (size_t off = 0; stream && off + 2 <= size;) {
         size_t n = (size_t)(data[off] | data[off + 1] << 8);
@@ -46,32 +46,32 @@ static int fuzz_records(const uint8_t *data, size_t size, size_t step)
         if (n > size - off)
             n = size - off;
         memcpy(stream + len + 4, data + off, n);
-        if (net_rec_seal(tx, stream + len, n) < 0)
+        if (ring_rec_seal(tx, stream + len, n) < 0)
             break;
-        len += NET_REC_OVERHEAD + n;
+        len += RING_REC_OVERHEAD + n;
         off += n;
     }
-    struct net_frame_reader r;
-    net_frame_reader_init(&r, 4096);
+    struct ring_frame_reader r;
+    ring_frame_reader_init(&r, 4096);
     char err[KV_ERR_MAX];
     int rc = 0;
     for (size_t off = 0; stream && off < len && rc >= 0;) {
         size_t n = len - off < step ? len - off : step;
-        if (net_frame_reader_push(&r, stream + off, n) < 0)
+        if (ring_frame_reader_push(&r, stream + off, n) < 0)
             break;
         off += n;
-        struct net_frame_hdr h;
+        struct ring_frame_hdr h;
         const uint8_t *p;
-        while ((rc = net_rec_next(rx, &r, &h, &p, err, sizeof err)) == 1)
-            if (h.type == NET_F_OPEN && h.payload_len >= NET_OPEN_LEN) {
-                struct net_open_params op;
-                net_open_decode(p, &op);
+        while ((rc = ring_rec_next(rx, &r, &h, &p, err, sizeof err)) == 1)
+            if (h.type == RING_F_OPEN && h.payload_len >= RING_OPEN_LEN) {
+                struct ring_open_params op;
+                ring_open_decode(p, &op);
             }
     }
-    net_frame_reader_free(&r);
+    ring_frame_reader_free(&r);
     free(stream);
-    net_rec_free(tx);
-    net_rec_free(rx);
+    ring_rec_free(tx);
+    ring_rec_free(rx);
     return 0;
 }
 
@@ -92,36 +92,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (mode == 3)
         return fuzz_records(data, size, step);
-    struct net_frame_reader r;
-    net_frame_reader_init(&r, mode == 0 ? 1u << 16 : 4096);
-    struct net_handshake *hs = NULL;
+    struct ring_frame_reader r;
+    ring_frame_reader_init(&r, mode == 0 ? 1u << 16 : 4096);
+    struct ring_handshake *hs = NULL;
     if (mode == 1) {
-        struct net_hello mine = {.version = NET_VERSION, .rank = 0, .n_ranks = 2};
+        struct ring_hello mine = {.version = RING_VERSION, .rank = 0, .n_ranks = 2};
         snprintf(mine.ring, sizeof mine.ring, "fuzz");
-        struct net_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = "fuzz"};
-        net_handshake_new(&hs, id, &mine, &x, NET_HS_DOWN);
+        struct ring_hs_expect x = {.rank = 1, .n_ranks = 2, .ring = "fuzz"};
+        ring_handshake_new(&hs, id, &mine, &x, RING_HS_DOWN);
     }
     bool done = false;
     for (size_t off = 0; off < size && !done;) {
         size_t n = size - off < step ? size - off : step;
-        if (net_frame_reader_push(&r, data + off, n) < 0)
+        if (ring_frame_reader_push(&r, data + off, n) < 0)
             break;
         off += n;
-        struct net_frame_hdr h;
+        struct ring_frame_hdr h;
         const uint8_t *p;
         int rc;
-        while (!done && (rc = net_frame_reader_next(&r, &h, &p, err, sizeof err)) == 1) {
-            if (h.type == NET_F_HELLO) {
-                struct net_hello hello;
-                net_hello_decode(p, h.payload_len, &hello, err, sizeof err);
-            } else if (h.type == NET_F_OPEN && h.payload_len >= NET_OPEN_LEN) {
-                struct net_open_params op;
-                net_open_decode(p, &op);
+        while (!done && (rc = ring_frame_reader_next(&r, &h, &p, err, sizeof err)) == 1) {
+            if (h.type == RING_F_HELLO) {
+                struct ring_hello hello;
+                ring_hello_decode(p, h.payload_len, &hello, err, sizeof err);
+            } else if (h.type == RING_F_OPEN && h.payload_len >= RING_OPEN_LEN) {
+                struct ring_open_params op;
+                ring_open_decode(p, &op);
             }
             if (hs) {
                 const uint8_t *out;
                 size_t outlen;
-                int hr = net_handshake_feed(hs, &h, p, &out, &outlen, err, sizeof err);
+                int hr = ring_handshake_feed(hs, &h, p, &out, &outlen, err, sizeof err);
                 if (hr != 0)
                     done = true;
             }
@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc < 0)
             break;
     }
-    net_handshake_free(hs);
-    net_frame_reader_free(&r);
+    ring_handshake_free(hs);
+    ring_frame_reader_free(&r);
     return 0;
 }

@@ -72,7 +72,7 @@ static struct kvd_job *job(int kind, uint64_t session, uint32_t pos, const int32
     j->session = session;
     j->pos = pos;
     /* greedy, no penalties (what kvctl generate --temp 0 sends) */
-    j->open = (struct net_open_params){.temperature = 0, .top_p = 1, .repeat_penalty = 1};
+    j->open = (struct ring_open_params){.temperature = 0, .top_p = 1, .repeat_penalty = 1};
     if (toks) {
         j->tokens = malloc(n * sizeof *j->tokens);
         memcpy(j->tokens, toks, n * sizeof *j->tokens);
@@ -80,7 +80,7 @@ static struct kvd_job *job(int kind, uint64_t session, uint32_t pos, const int32
     }
     if (kind == KVD_JOB_STEP) {
         j->n = n;
-        j->flags = NET_FL_LAST;   /* the step ends its prompt: sample */
+        j->flags = RING_FL_LAST;   /* the step ends its prompt: sample */
     }
     return j;
 }
@@ -116,7 +116,7 @@ static void three_sessions(struct run *r, int32_t tok[3], bool *ok)
     *ok = r->n_done == 6;
     for (unsigned s = 0; s < 3; s++) {
         const struct kvd_job *j = result(r, KVD_JOB_STEP, s + 1);
-        *ok = *ok && j && j->rc == 0 && j->out_type == NET_F_TOKEN;
+        *ok = *ok && j && j->rc == 0 && j->out_type == RING_F_TOKEN;
         tok[s] = j ? j->token : -1;
     }
 }
@@ -246,7 +246,7 @@ static struct kvd_job *next_step(struct mix *m, uint64_t s, uint32_t pos, int32_
 static void mix_on_done(struct kvd_job *j, void *ud)
 {
     struct mix *m = ud;
-    if (j->kind == KVD_JOB_STEP && j->out_type == NET_F_TOKEN && j->rc == 0) {
+    if (j->kind == KVD_JOB_STEP && j->out_type == RING_F_TOKEN && j->rc == 0) {
         unsigned i = (unsigned)j->session - 1;
         m->tok[i][m->got[i]++] = j->token;
         struct kvd_job *n = j->session <= N_DEC ? next_step(m, j->session, j->pos + j->n, j->token) : NULL;
@@ -277,7 +277,7 @@ T_CASE(decode_steps_never_wait_behind_prompts)
         run_jobs(&alone, &st, 1);
         for (unsigned k = 0; k < (s <= N_DEC ? N_STEPS : 1u); k++) {
             const struct kvd_job *d = alone.done[alone.n_done - 1];
-            T_ASSERT(d->rc == 0 && d->out_type == NET_F_TOKEN, "session %llu alone: %s",
+            T_ASSERT(d->rc == 0 && d->out_type == RING_F_TOKEN, "session %llu alone: %s",
                      (unsigned long long)s, d->err);
             want[s - 1][k] = d->token;
             if (k + 1 < (s <= N_DEC ? N_STEPS : 1u)) {

@@ -13,7 +13,7 @@
 
 #include "tests/t.h"
 #include "kvd/market/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 
 static const char *pg_url(void) { return getenv("KV_MARKET_PG"); }

@@ -1,28 +1,29 @@
-/* The relay link transport (relay:// and relay+ws:// endpoints behind net_link): malformed
+/* The relay link transport (relay:// and relay+ws:// endpoints behind ring_link): malformed
  * endpoints are refused at dial time; an upstream and a downstream link through an
  * in-process relay carry ring frames both ways, whole and in order; the link's queued-byte
  * count drains to zero; when the relay closes the bridge, both links close with its reason. */
+#include "ring/ring.h"
 #include "tests/ws_tc.h"
 #include "util/err.h"
 
 #define N_FRAMES 200
 
 struct side {
-    struct net_link *l;
+    struct ring_link *l;
     int opened, frames, bad, closed;
     char reason[256];
 };
 
-static void l_open(struct net_link *l, int status)
+static void l_open(struct ring_link *l, int status)
 {
-    struct side *s = net_link_ud(l);
+    struct side *s = ring_link_ud(l);
     s->opened = status == 0 ? 1 : -1;
 }
 
-static void l_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *p)
+static void l_frame(struct ring_link *l, const struct ring_frame_hdr *h, const uint8_t *p)
 {
-    struct side *s = net_link_ud(l);
-    bool ok = h->type == NET_F_ACT && h->pos == (uint32_t)s->frames && h->payload_len == (uint32_t)(s->frames * 97 % 5000);
+    struct side *s = ring_link_ud(l);
+    bool ok = h->type == RING_F_ACT && h->pos == (uint32_t)s->frames && h->payload_len == (uint32_t)(s->frames * 97 % 5000);
     for (uint32_t i = 0; ok && i < h->payload_len; i++)
         ok = p[i] == (uint8_t)(i + h->pos);
     if (!ok)
@@ -30,26 +31,26 @@ static void l_frame(struct net_link *l, const struct net_frame_hdr *h, const uin
     s->frames++;
 }
 
-static void l_close(struct net_link *l, const char *reason)
+static void l_close(struct ring_link *l, const char *reason)
 {
-    struct side *s = net_link_ud(l);
+    struct side *s = ring_link_ud(l);
     s->closed = 1;
     snprintf(s->reason, sizeof s->reason, "%s", reason);
     s->l = NULL;
 }
 
-static const struct net_link_cbs cbs = {.on_open = l_open, .on_frame = l_frame, .on_close = l_close};
+static const struct ring_link_cbs cbs = {.on_open = l_open, .on_frame = l_frame, .on_close = l_close};
 
-static void send_frames(struct net_link *l)
+static void send_frames(struct ring_link *l)
 {
     static uint8_t buf[5000];
     for (int k = 0; k < N_FRAMES; k++) {
         uint32_t n = (uint32_t)(k * 97 % 5000);
         for (uint32_t i = 0; i < n; i++)
             buf[i] = (uint8_t)(i + (uint32_t)k);
-        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .session = 7, .pos = (uint32_t)k,
+        struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = RING_F_ACT, .session = 7, .pos = (uint32_t)k,
                                   .n_tokens = 1};
-        net_link_send(l, &h, buf, n);
+        ring_link_send(l, &h, buf, n);
     }
 }
 
@@ -65,7 +66,7 @@ static struct side up, down;
 static bool both_open(void *a) { return up.opened && down.opened; }
 static bool all_frames(void *a) { return up.frames == N_FRAMES && down.frames == N_FRAMES; }
 static bool both_closed(void *a) { return up.closed && down.closed; }
-static bool drained(void *a) { return net_link_queued(up.l) == 0 && net_link_queued(down.l) == 0; }
+static bool drained(void *a) { return ring_link_queued(up.l) == 0 && ring_link_queued(down.l) == 0; }
 
 T_CASE(bad_endpoints_refused)
 {
@@ -81,9 +82,9 @@ T_CASE(bad_endpoints_refused)
     };
     struct side s = {0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct net_link *l = NULL;
+        struct ring_link *l = NULL;
         char err[KV_ERR_MAX] = "";
-        int rc = net_link_dial(&l, &loop, bad[i], &cbs, &s, 1 << 20, err, sizeof err);
+        int rc = ring_link_dial(&l, &loop, bad[i], &cbs, &s, 1 << 20, err, sizeof err);
         T_CHECK(rc < 0 && strstr(err, "expected HOST:PORT/b/BRIDGE-ID"), "endpoint %s: rc %d, %s",
                 bad[i], rc, err);
     }
@@ -113,8 +114,8 @@ T_CASE(frames_through_the_relay)
     bridge_endpoints(&R, ep, ep_down);
     memset(&up, 0, sizeof up);
     memset(&down, 0, sizeof down);
-    T_ASSERT(net_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20, NULL, 0) == 0, "dial down");
-    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 1 << 20, NULL, 0) == 0, "dial up");
+    T_ASSERT(ring_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20, NULL, 0) == 0, "dial down");
+    T_ASSERT(ring_link_dial(&up.l, &loop, ep, &cbs, &up, 1 << 20, NULL, 0) == 0, "dial up");
     run_until(&loop, both_open, NULL, 5000);
     T_ASSERT(up.opened == 1 && down.opened == 1, "links open: up %d down %d", up.opened, down.opened);
     send_frames(up.l);
@@ -124,8 +125,8 @@ T_CASE(frames_through_the_relay)
             up.frames, down.frames, N_FRAMES);
     T_CHECK(!up.bad && !down.bad, "frames changed or reordered: %d %d", up.bad, down.bad);
     run_until(&loop, drained, NULL, 3000); /* write callbacks may still be on their way */
-    T_CHECK(net_link_queued(up.l) == 0 && net_link_queued(down.l) == 0, "queued bytes left: %zu %zu",
-            net_link_queued(up.l), net_link_queued(down.l));
+    T_CHECK(ring_link_queued(up.l) == 0 && ring_link_queued(down.l) == 0, "queued bytes left: %zu %zu",
+            ring_link_queued(up.l), ring_link_queued(down.l));
     /* the relay goes away: both links close, saying why */
     T_CHECK(tc_relay_stop(&R) == 0, "relay loop left handles");
     run_until(&loop, both_closed, NULL, 5000);
@@ -137,14 +138,14 @@ T_CASE(frames_through_the_relay)
 
 static struct side bigs;
 static size_t big_got;
-static void big_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *p)
+static void big_frame(struct ring_link *l, const struct ring_frame_hdr *h, const uint8_t *p)
 {
     bool ok = h->payload_len == (3u << 20);
     for (uint32_t i = 0; ok && i < h->payload_len; i += 4093)
         ok = p[i] == (uint8_t)(i * 7);
     big_got = ok ? h->payload_len : 1;
 }
-static const struct net_link_cbs big_cbs = {.on_open = l_open, .on_frame = big_frame, .on_close = l_close};
+static const struct ring_link_cbs big_cbs = {.on_open = l_open, .on_frame = big_frame, .on_close = l_close};
 static bool big_done(void *a) { return big_got != 0; }
 
 /* A frame larger than the relay's message limit still crosses: the transport splits it. */
@@ -160,8 +161,8 @@ T_CASE(frame_over_the_relay_message_limit)
     memset(&up, 0, sizeof up);
     memset(&bigs, 0, sizeof bigs);
     big_got = 0;
-    T_ASSERT(net_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20, NULL, 0) == 0, "dial down");
-    T_ASSERT(net_link_dial(&up.l, &loop, ep, &cbs, &up, 4u << 20, NULL, 0) == 0, "dial up");
+    T_ASSERT(ring_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20, NULL, 0) == 0, "dial down");
+    T_ASSERT(ring_link_dial(&up.l, &loop, ep, &cbs, &up, 4u << 20, NULL, 0) == 0, "dial up");
     down.opened = 1;
     uint64_t t0 = tc_now_ms();
     while (!(up.opened && bigs.opened) && tc_now_ms() - t0 < 5000)
@@ -170,15 +171,15 @@ T_CASE(frame_over_the_relay_message_limit)
     uint8_t *p = malloc(3u << 20);
     for (uint32_t i = 0; i < (3u << 20); i++)
         p[i] = (uint8_t)(i * 7);
-    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .session = 1, .n_tokens = 1};
-    T_CHECK(net_link_send(up.l, &h, p, 3u << 20) == 0, "send");
+    struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = RING_F_ACT, .session = 1, .n_tokens = 1};
+    T_CHECK(ring_link_send(up.l, &h, p, 3u << 20) == 0, "send");
     free(p);
     run_until(&loop, big_done, NULL, 10000);
     T_CHECK(big_got == (3u << 20), "3 MiB frame through a relay with a 2 MiB message limit: got %zu", big_got);
     if (up.l)
-        net_link_close(up.l, "done");
+        ring_link_close(up.l, "done");
     if (bigs.l)
-        net_link_close(bigs.l, "done");
+        ring_link_close(bigs.l, "done");
     uv_run(&loop, UV_RUN_DEFAULT);
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
     T_CHECK(tc_relay_stop(&R) == 0, "relay loop left handles");
@@ -198,7 +199,7 @@ T_CASE(dial_refused_reports_failure)
     char ep[200];
     snprintf(ep, sizeof ep, "relay+ws://127.0.0.1:%d/b/0123456789abcdef0123456789abcdef", ntohs(a.sin_port));
     struct side s = {0};
-    T_ASSERT(net_link_dial(&s.l, &loop, ep, &cbs, &s, 1 << 20, NULL, 0) == 0, "dial");
+    T_ASSERT(ring_link_dial(&s.l, &loop, ep, &cbs, &s, 1 << 20, NULL, 0) == 0, "dial");
     uv_run(&loop, UV_RUN_DEFAULT);
     T_CHECK(s.opened == -1 && s.closed, "refused dial: opened %d closed %d (%s)", s.opened, s.closed, s.reason);
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");

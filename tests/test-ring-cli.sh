@@ -5,7 +5,8 @@
 # `ring up` on a running DIR refused naming its pid (the ring keeps working); ring down stops
 # one ring and leaves the other; ring down twice and generate/status on a stopped ring; the
 # stand-in compute (--stub) only in the test build of kvd; --batch-wait-us passed to the
-# stages, whose status reports the steps' waits.
+# stages, whose status reports the steps' waits; without --dir, ./ring-state (or an earlier
+# version's ./ring).
 . "$(dirname "$0")/ring_lib.sh"
 
 M=$(need_model stories260K.gguf) || exit 1
@@ -97,6 +98,24 @@ if "$KVCTL" status --ring "$A" > "$TMP/st" 2>&1; then fail "status of a stopped 
 [ "$(grep -c " down (cannot reach" "$TMP/st")" = 3 ] || fail "status of a stopped ring: $(cat "$TMP/st")"
 ring_down "$B"
 echo "ok ring down leaves the other ring; down twice, generate and status on a stopped ring"
+
+# Without --dir, ring up and ring down use ./ring-state; where ./ring holds a ring an earlier
+# version started (its default) and there is no ./ring-state, ring down stops that one.
+D=$TMP/cwd
+mkdir -p "$D/old"
+RINGS="$RINGS $D/ring-state $D/old/ring"
+(cd "$D" && "$KVCTL" ring up --model "$M" --stages 2) > "$D.up" 2>&1 || fail "ring up without --dir: $(cat "$D.up")"
+[ -s "$D/ring-state/ring.json" ] || fail "ring up without --dir wrote no ./ring-state/ring.json: $(ls "$D")"
+out=$("$KVCTL" generate --ring "$D/ring-state" --ids --tokens 1,400,300 -n 12 --temp 0 2>"$TMP/err") ||
+    fail "generate on the ring in ./ring-state: $(cat "$TMP/err")"
+[ "$out" = "$one" ] || fail "the ring in ./ring-state: '$out'"
+(cd "$D" && "$KVCTL" ring down) > "$TMP/down" 2>&1 || fail "ring down without --dir: $(cat "$TMP/down")"
+grep -q "2 stages stopped" "$TMP/down" || fail "ring down without --dir: '$(cat "$TMP/down")'"
+"$KVCTL" ring up --dir "$D/old/ring" --model "$M" --stages 2 > "$D.old.up" 2>&1 || fail "ring up --dir old/ring: $(cat "$D.old.up")"
+(cd "$D/old" && "$KVCTL" ring down) > "$TMP/down" 2>&1 || fail "ring down in a folder with an old ./ring: $(cat "$TMP/down")"
+grep -q "2 stages stopped" "$TMP/down" || fail "ring down did not stop the ring in an old ./ring: '$(cat "$TMP/down")'"
+[ -e "$D/old/ring-state" ] && fail "ring down made ./ring-state beside an old ./ring"
+echo "ok without --dir: ./ring-state, or the ./ring of an earlier version"
 
 # A client that goes away mid-generation ends its session on every stage (CLOSE round the
 # ring); the ring serves the next client. Stand-in compute keeps the generation going.

@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "tests/t.h"
 #include "util/err.h"
 

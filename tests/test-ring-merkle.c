@@ -1,10 +1,10 @@
-/* test-ring-merkle — the receipts' Merkle tree (ringlib/merkle.c): leaf and node hashes
+/* test-ring-merkle — the receipts' Merkle tree (ring/merkle.c): leaf and node hashes
  * against SHA-256 computed here, the shapes of small trees (the odd node promoted), every
  * proof of every leaf of trees of 1 to 70 leaves verifying, and refusals: another row, another
  * position, another index, a path cut short or too long, a flipped bit. */
 #include <openssl/evp.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "tests/t.h"
 
 static void sha(const void *p, size_t n, uint8_t out[32])

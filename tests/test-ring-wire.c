@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "wtype/wtype.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "tests/t.h"
 
 T_CASE(f16_wire)

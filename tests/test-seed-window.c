@@ -16,7 +16,7 @@
 #include <uv.h>
 
 #include "gguf/gguf.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
 #include "tests/t.h"

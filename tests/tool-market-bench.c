@@ -40,7 +40,7 @@
 #include <openssl/rand.h>
 
 #include "net/net.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 

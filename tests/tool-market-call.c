@@ -1,4 +1,4 @@
-/* tool-market-call — one call to a market's API, signed the way ringlib signs, with every part
+/* tool-market-call — one call to a market's API, signed the way ring signs, with every part
  * of the signature under the test's control (for the hostile-input tests):
  *   tool-market-call [options] METHOD URL PATH [BODY|@FILE]
  *   --key DIR        sign with the node key in DIR (created when missing); none: unsigned
@@ -19,7 +19,7 @@
 #include <openssl/rand.h>
 
 #include "net/net.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "net/net.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 
@@ -18,32 +19,32 @@ int main(int argc, char **argv)
         return 2;
     }
     long bytes = atol(argv[1]), iters = argc > 2 ? atol(argv[2]) : 2000;
-    if (bytes < (long)NET_HDR_LEN || bytes > (1l << 26) || iters < 1) {
-        fprintf(stderr, "BYTES in [%u, 64 MiB], ITERS >= 1\n", NET_HDR_LEN);
+    if (bytes < (long)RING_HDR_LEN || bytes > (1l << 26) || iters < 1) {
+        fprintf(stderr, "BYTES in [%u, 64 MiB], ITERS >= 1\n", RING_HDR_LEN);
         return 2;
     }
     uint8_t key[32] = {1};
-    struct net_rec *tx, *rx;
-    if (net_rec_new(&tx, key) < 0 || net_rec_new(&rx, key) < 0)
+    struct ring_rec *tx, *rx;
+    if (ring_rec_new(&tx, key) < 0 || ring_rec_new(&rx, key) < 0)
         return 1;
-    size_t plen = (size_t)bytes - NET_HDR_LEN;
-    uint8_t *rec = malloc(NET_REC_OVERHEAD + (size_t)bytes), *frame = calloc(1, (size_t)bytes);
-    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ACT, .n_tokens = 1,
+    size_t plen = (size_t)bytes - RING_HDR_LEN;
+    uint8_t *rec = malloc(RING_REC_OVERHEAD + (size_t)bytes), *frame = calloc(1, (size_t)bytes);
+    struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = RING_F_ACT, .n_tokens = 1,
                               .payload_len = (uint32_t)plen};
-    net_frame_hdr_encode(&h, frame);
-    struct net_frame_reader rd;
-    net_frame_reader_init(&rd, (uint32_t)plen);
+    ring_frame_hdr_encode(&h, frame);
+    struct ring_frame_reader rd;
+    ring_frame_reader_init(&rd, (uint32_t)plen);
     char err[KV_ERR_MAX];
     double best = 0;
     for (int round = 0; round < 5; round++) {
         uint64_t t0 = util_now_ns();
         for (long i = 0; i < iters; i++) {
             memcpy(rec + 4, frame, (size_t)bytes);   /* a link copies the frame in as well */
-            net_rec_seal(tx, rec, (size_t)bytes);
-            net_frame_reader_push(&rd, rec, NET_REC_OVERHEAD + (size_t)bytes);
+            ring_rec_seal(tx, rec, (size_t)bytes);
+            ring_frame_reader_push(&rd, rec, RING_REC_OVERHEAD + (size_t)bytes);
             const uint8_t *pl;
-            struct net_frame_hdr g;
-            if (net_rec_next(rx, &rd, &g, &pl, err, sizeof err) != 1) {
+            struct ring_frame_hdr g;
+            if (ring_rec_next(rx, &rd, &g, &pl, err, sizeof err) != 1) {
                 fprintf(stderr, "open failed: %s\n", err);
                 return 1;
             }
@@ -53,9 +54,9 @@ int main(int argc, char **argv)
             best = ns;
     }
     printf("ns_per_frame %.0f\n", best);
-    net_frame_reader_free(&rd);
-    net_rec_free(tx);
-    net_rec_free(rx);
+    ring_frame_reader_free(&rd);
+    ring_rec_free(tx);
+    ring_rec_free(rx);
     free(rec);
     free(frame);
     return 0;

@@ -23,7 +23,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 

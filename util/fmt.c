@@ -1,4 +1,5 @@
-/* util/fmt.c — bytes and hex for people and for ids; error messages into err/errlen. */
+/* util/fmt.c — bytes and hex for people and for ids; error messages into err/errlen; a peer's
+ * text made safe to log. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,4 +65,23 @@ void util_seterr(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+}
+
+size_t util_text_clean(char *out, size_t outn, const uint8_t *in, size_t n)
+{
+    if (outn < 4) {
+        if (outn)
+            out[0] = 0;
+        return 0;
+    }
+    bool cut = n > outn - 1;
+    size_t k = cut ? outn - 4 : n;
+    for (size_t i = 0; i < k; i++)
+        out[i] = in[i] >= 0x20 && in[i] < 0x7f ? (char)in[i] : '?';
+    if (cut) {
+        memcpy(out + k, "...", 3);
+        k += 3;
+    }
+    out[k] = 0;
+    return k;
 }

@@ -126,6 +126,10 @@ void util_hex_encode(const void *src, size_t n, char *out);
 int util_hex_decode(const char *s, void *dst, size_t n);
 /* The value of one hex digit, or -1. */
 int util_hex_digit(int c);
+/* A peer's text (an ERROR message, a relay's close reason) made safe to log and pass on:
+ * bytes outside printable ASCII become '?', and text longer than outn - 1 bytes is cut and
+ * ends in "...". Returns the length written (out is always NUL-terminated; outn >= 4). */
+size_t util_text_clean(char *out, size_t outn, const uint8_t *in, size_t n);
 
 /* ------------------------------------------------------------------ files (util/file.c) */
 

@@ -24,7 +24,7 @@
 #include <sys/types.h>
 
 #include "kvd/kvd.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 struct cJSON;
 struct net_identity;

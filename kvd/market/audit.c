@@ -25,7 +25,7 @@
 #include "kvd/kvd.h"
 #include "kvd/market/internal.h"
 #include "model/model.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 /* An answer's rows, base64, and their proofs stay this far under the API's 1 MiB body cap: the

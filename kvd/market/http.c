@@ -17,7 +17,7 @@
 
 #include "kvd/market/internal.h"
 #include "net/net.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
 

@@ -26,7 +26,7 @@
 
 #include "kvd/kvd.h"
 #include "kvd/market/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 #define SWEEP_MAX 256            /* pending sessions one sweep looks at */

@@ -13,7 +13,7 @@
 #include <openssl/rand.h>
 
 #include "kvd/market/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 #define CHALLENGE_SEQS 2   /* sequences a challenge asks for (fewer when the set has fewer) */
 

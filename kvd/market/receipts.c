@@ -10,7 +10,7 @@
 #include <openssl/crypto.h>
 
 #include "kvd/market/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 #define SESSION_TOKENS_MAX 16777216.0 /* the most tokens a session may be opened for */

@@ -23,7 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvd/market/internal.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 static void stby_key(char key[KVD_MARKET_KEY_MAX], const char *model, const char *node)

@@ -2,7 +2,7 @@
  * generator of api/api.h over the ring's sessions, opened as the control socket opens them
  * (kvd_sess_start) with the request's sampling parameters in OPEN, so the last rank samples
  * exactly as for `kvctl generate --ring`. Logprobs ride on the TOKEN frames' logits
- * (NET_FL_LOGITS). A request whose client leaves ends its session round the ring at once. */
+ * (RING_FL_LOGITS). A request whose client leaves ends its session round the ring at once. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>

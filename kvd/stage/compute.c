@@ -16,7 +16,7 @@
 #include "kernels/kern.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 /* A session on the compute thread: where its rows end, and what drafting needs. */
 struct csess {
@@ -37,7 +37,7 @@ struct csess {
     bool mtp;                   /* drafting with the window's MTP block, not prompt lookup */
     int32_t *hist;              /* drafting: the prompt and every token sampled since */
     uint32_t n_hist, hist_cap;
-    int32_t prop[NET_DRAFTS_MAX];   /* the drafts the last TOKEN carried */
+    int32_t prop[RING_DRAFTS_MAX];   /* the drafts the last TOKEN carried */
     uint32_t n_prop;
     struct csess *next;
 };
@@ -103,7 +103,7 @@ static void step_run_failed(struct kvd_job *j, int rc, const char *berr)
 }
 
 /* model_sampler's parameters from an OPEN's. */
-static void sampler_params(struct model_sampler_params *sp, const struct net_open_params *p)
+static void sampler_params(struct model_sampler_params *sp, const struct ring_open_params *p)
 {
     model_sampler_params_default(sp);
     sp->seed = p->seed;
@@ -118,12 +118,12 @@ static void sampler_params(struct model_sampler_params *sp, const struct net_ope
 }
 
 /* The rows of a STEP whose logits the last rank samples from: the last one when it ends a
- * prompt or decodes, every one of a verifying pass (NET_FL_DRAFT), none elsewhere. */
+ * prompt or decodes, every one of a verifying pass (RING_FL_DRAFT), none elsewhere. */
 static uint32_t heads_of(const struct kvd_compute *c, const struct kvd_job *j)
 {
-    if (!c->b->head || !(j->flags & NET_FL_LAST) || j->n == 0)
+    if (!c->b->head || !(j->flags & RING_FL_LAST) || j->n == 0)
         return 0;
-    return (j->flags & NET_FL_DRAFT) ? j->n : 1;
+    return (j->flags & RING_FL_DRAFT) ? j->n : 1;
 }
 
 /* Last rank: the tokens of a step from the logits of its head rows lg[n_lg][n_vocab] (one row
@@ -151,17 +151,17 @@ static void head_output(struct kvd_compute *c, struct kvd_job *j, const float *x
     }
     size_t lsz = s->logits ? (size_t)b->n_vocab * 4 : 0;
     /* the logits go last; they are kept at the end until the drafts' count is known */
-    size_t head = (size_t)NET_TOKENS_MAX * 8 + (size_t)NET_DRAFTS_MAX * 4;
+    size_t head = (size_t)RING_TOKENS_MAX * 8 + (size_t)RING_DRAFTS_MAX * 4;
     uint8_t *out = malloc(head + (size_t)n_lg * lsz);
     if (!out) {
         j->rc = -ENOMEM;
         snprintf(j->err, sizeof j->err, "out of memory for logits");
         return;
     }
-    int32_t toks[NET_TOKENS_MAX];
-    float lps[NET_TOKENS_MAX];
+    int32_t toks[RING_TOKENS_MAX];
+    float lps[RING_TOKENS_MAX];
     uint32_t nt = 0;
-    for (uint32_t i = 0; i < n_lg && i < NET_TOKENS_MAX; i++) {
+    for (uint32_t i = 0; i < n_lg && i < RING_TOKENS_MAX; i++) {
         float *row = lg + (size_t)i * b->n_vocab, lp = 0;
         if (lsz)   /* raw logits, before the sampler touches them */
             memcpy(out + head + (size_t)i * lsz, row, lsz);
@@ -212,8 +212,8 @@ static void head_output(struct kvd_compute *c, struct kvd_job *j, const float *x
         memmove(out + ld, out + head, (size_t)nt * lsz);
     j->out = out;
     j->out_len = ld + (size_t)nt * lsz;
-    j->out_type = NET_F_TOKEN;
-    j->out_flags = lsz ? NET_FL_LOGITS : 0;
+    j->out_type = RING_F_TOKEN;
+    j->out_flags = lsz ? RING_FL_LOGITS : 0;
     j->token = toks[0];
     j->logprob = lps[0];
     j->out_pos = j->pos + j->n - n_lg + 1;   /* the token sampled from the first head row's */
@@ -253,8 +253,8 @@ static void step_output(struct kvd_compute *c, struct kvd_job *j, const float *x
     ring_wire_encode(x, ne, c->wire_dsize, out);
     j->out = out;
     j->out_len = bytes;
-    j->out_type = NET_F_ACT;
-    j->out_flags = j->flags & (NET_FL_LAST | NET_FL_DRAFT);
+    j->out_type = RING_F_ACT;
+    j->out_flags = j->flags & (RING_FL_LAST | RING_FL_DRAFT);
     j->out_pos = j->pos;
     j->out_n = j->n;
 }
@@ -266,7 +266,7 @@ static int rows_rerun(struct kvd_compute *c, uint64_t id, uint32_t pos, uint32_t
                       const int32_t *tokens, const uint8_t *in, char *err, size_t errlen)
 {
     struct kvd_backend *b = c->b;
-    struct model_batch_row rows[NET_TOKENS_MAX];
+    struct model_batch_row rows[RING_TOKENS_MAX];
     float *x = malloc((size_t)n * b->n_embd * sizeof *x);
     if (!x)
         return -ENOMEM;
@@ -290,7 +290,7 @@ static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
     struct csess *s = cs_find(c, j->session, NULL);
     if (!s)
         return 0;
-    if (j->flags & NET_FL_DRAFT)
+    if (j->flags & RING_FL_DRAFT)
         c->dstats.draft_passes++;
     if (j->pos < s->end)
         c->dstats.rows_dropped += s->end - j->pos;
@@ -313,14 +313,14 @@ static int step_prepare(struct kvd_compute *c, struct kvd_job *j)
         }
     }
     s->ck_n = 0;
-    if (rc == 0 && (j->flags & NET_FL_DRAFT) && j->n > 1) {
+    if (rc == 0 && (j->flags & RING_FL_DRAFT) && j->n > 1) {
         if (!b->ops->checkpoint || !b->ops->restore) {
             rc = -ENOTSUP;
             snprintf(berr, sizeof berr, "this window cannot drop rejected drafts (recurrent "
                      "layers and no checkpoint)");
-        } else if (j->n > NET_TOKENS_MAX) {
+        } else if (j->n > RING_TOKENS_MAX) {
             rc = -EINVAL;
-            snprintf(berr, sizeof berr, "a verifying pass of %u rows (at most %u)", j->n, NET_TOKENS_MAX);
+            snprintf(berr, sizeof berr, "a verifying pass of %u rows (at most %u)", j->n, RING_TOKENS_MAX);
         } else if ((rc = b->ops->checkpoint(b->impl, j->session)) < 0) {
             snprintf(berr, sizeof berr, "checkpointing the recurrent state: %s", strerror(-rc));
         } else {
@@ -376,7 +376,7 @@ static void step_run(struct kvd_compute *c, struct kvd_job **all, uint32_t n_all
         goto done;
     }
     /* Pack the inputs; roff[k]: job k's first row, hk[k]: its first logits row (or -1). */
-    uint32_t roff[KVD_BATCH_JOBS_MAX], head[KVD_BATCH_JOBS_MAX * NET_TOKENS_MAX];
+    uint32_t roff[KVD_BATCH_JOBS_MAX], head[KVD_BATCH_JOBS_MAX * RING_TOKENS_MAX];
     int32_t hk[KVD_BATCH_JOBS_MAX];
     uint32_t r = 0, h = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
@@ -413,7 +413,7 @@ static void step_run(struct kvd_compute *c, struct kvd_job **all, uint32_t n_all
                 .logits = c->logits + (hk[k] >= 0 ? (size_t)hk[k] * b->n_vocab : 0),
             };
             /* the head rows as indices into this job's own rows */
-            uint32_t hr[NET_TOKENS_MAX];
+            uint32_t hr[RING_TOKENS_MAX];
             for (uint32_t i = 0; i < one.n_head; i++)
                 hr[i] = jobs[k]->n - one.n_head + i;
             one.head = hr;
@@ -463,10 +463,10 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
         }
         if (s && b->head) {
             sampler_params(&sp, &j->open);
-            s->logits = j->flags & NET_FL_LOGITS;
-            s->draft_max = j->open.draft_max < NET_DRAFTS_MAX ? j->open.draft_max : NET_DRAFTS_MAX;
-            s->mtp = s->draft_max && b->mtp && j->open.draft_kind != NET_DRAFT_LOOKUP;
-            if (s->draft_max && j->open.draft_kind == NET_DRAFT_MTP && !b->mtp) {
+            s->logits = j->flags & RING_FL_LOGITS;
+            s->draft_max = j->open.draft_max < RING_DRAFTS_MAX ? j->open.draft_max : RING_DRAFTS_MAX;
+            s->mtp = s->draft_max && b->mtp && j->open.draft_kind != RING_DRAFT_LOOKUP;
+            if (s->draft_max && j->open.draft_kind == RING_DRAFT_MTP && !b->mtp) {
                 cs_free(s);
                 ops->session_free(b->impl, j->session);
                 j->rc = -ENOTSUP;
@@ -477,7 +477,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
                 return;
             }
             /* drafting looks its guesses up in the session's tokens (model_draft_lookup) */
-            s->hist_cap = s->draft_max ? s->n_ctx + NET_TOKENS_MAX : 0;
+            s->hist_cap = s->draft_max ? s->n_ctx + RING_TOKENS_MAX : 0;
             if (model_sampler_new(&s->sampler, &sp, b->n_vocab) < 0 ||
                 (s->hist_cap && !(s->hist = malloc((size_t)s->hist_cap * sizeof *s->hist)))) {
                 cs_free(s);
@@ -520,7 +520,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
  * none. */
 static bool is_decode(const struct kvd_job *j)
 {
-    return kvd_sched_step_whole(j) && (j->flags & NET_FL_LAST) && !j->piece;
+    return kvd_sched_step_whole(j) && (j->flags & RING_FL_LAST) && !j->piece;
 }
 
 /* Count a run of nb jobs that started at t_run and took run_ms into st: a batch of several

@@ -16,29 +16,29 @@ int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session,
 {
     if (!c || !c->up)
         return -ENOTCONN;
-    struct net_frame_hdr h = {.magic = NET_MAGIC, .type = type, .flags = flags, .session = session,
+    struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = type, .flags = flags, .session = session,
                               .pos = pos, .n_tokens = n_tokens};
-    return net_link_send(c->link, &h, payload, len);
+    return ring_link_send(c->link, &h, payload, len);
 }
 
 void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg)
 {
     size_t n = strlen(msg);
-    if (n > NET_ERR_MAX)
-        n = NET_ERR_MAX;
-    uint8_t buf[4 + NET_ERR_MAX];
+    if (n > RING_ERRMSG_MAX)
+        n = RING_ERRMSG_MAX;
+    uint8_t buf[4 + RING_ERRMSG_MAX];
     wr32(buf, code);
     memcpy(buf + 4, msg, n);
-    if (c && c->link && !net_link_is_closing(c->link)) {
-        struct net_frame_hdr h = {.magic = NET_MAGIC, .type = NET_F_ERROR, .session = session};
-        net_link_send(c->link, &h, buf, 4 + n);
+    if (c && c->link && !ring_link_is_closing(c->link)) {
+        struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = RING_F_ERROR, .session = session};
+        ring_link_send(c->link, &h, buf, 4 + n);
     }
 }
 
 void kvd_conn_close(struct conn *c, const char *reason)
 {
     if (c->link)
-        net_link_close(c->link, reason);
+        ring_link_close(c->link, reason);
 }
 
 /* Close the link for a protocol violation: log, tell the peer, close. */
@@ -50,8 +50,8 @@ void kvd_conn_violation(struct conn *c, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     kvd_log(KVD_LOG_WARN, "link %s (%s): closing: %s", c->role == CONN_OUT ? "out" : "in",
-            net_link_peer(c->link), msg);
-    kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);
+            ring_link_peer(c->link), msg);
+    kvd_conn_send_error(c, 0, RING_ERR_PROTO, msg);
     kvd_conn_close(c, msg);
 }
 
@@ -61,7 +61,7 @@ void kvd_conn_ping(struct conn *c)
     c->ping_sent_ns = util_now_ns();
     wr32(b, (uint32_t)c->ping_sent_ns);
     wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
-    kvd_conn_send(c, NET_F_PING, 0, 0, 0, 0, b, 8);
+    kvd_conn_send(c, RING_F_PING, 0, 0, 0, 0, b, 8);
 }
 
 uint32_t kvd_conn_deadline_ms(const struct conn *c)
@@ -108,10 +108,10 @@ void kvd_conn_report_out(struct stage *st)
     st->out_report_hash = h;
     size_t n = ln->down ? strlen(ln->last_reason) : 0;
     uint8_t buf[4 + KVD_REASON_MAX];
-    wr32(buf, ln->down ? NET_ERR_LINK_DOWN : NET_ERR_LINK_UP);
+    wr32(buf, ln->down ? RING_ERR_LINK_DOWN : RING_ERR_LINK_UP);
     memcpy(buf + 4, ln->last_reason, n);
-    struct net_frame_hdr hd = {.magic = NET_MAGIC, .type = NET_F_ERROR, .pos = st->rank};
-    net_link_send(st->in->link, &hd, buf, 4 + n);
+    struct ring_frame_hdr hd = {.magic = RING_MAGIC, .type = RING_F_ERROR, .pos = st->rank};
+    ring_link_send(st->in->link, &hd, buf, 4 + n);
 }
 
 void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n)

@@ -311,7 +311,7 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         }
         sg.stops = stops;
     }
-    struct net_open_params *p = &sg.p;
+    struct ring_open_params *p = &sg.p;
     int draft;
     uint32_t draft_max;
     if (kvd_sess_draft_parse(req, &draft, &draft_max, msg, sizeof msg) < 0) {

@@ -23,7 +23,7 @@
 #include <uv.h>
 
 #include "kvd/kvd.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 #include "net/net.h"
 #include "util/err.h"
@@ -146,8 +146,8 @@ struct kvd_job {
     int kind;
     uint64_t session;
     uint32_t pos, n;
-    uint8_t flags;                  /* NET_FL_LAST, NET_FL_DRAFT, NET_FL_LOGITS */
-    struct net_open_params open;    /* OPEN */
+    uint8_t flags;                  /* RING_FL_LAST, RING_FL_DRAFT, RING_FL_LOGITS */
+    struct ring_open_params open;    /* OPEN */
     int32_t *tokens;                /* OPEN: prompt (sampler history); STEP on rank 0: to embed */
     uint32_t n_tokens;
     uint8_t *in;                    /* STEP on rank > 0: the ACT payload (wire dtype) */
@@ -155,7 +155,7 @@ struct kvd_job {
     /* results */
     int rc;
     char err[KV_ERR_MAX];
-    int out_type;                   /* 0, NET_F_ACT or NET_F_TOKEN */
+    int out_type;                   /* 0, RING_F_ACT or RING_F_TOKEN */
     uint8_t out_flags;
     uint32_t out_pos, out_n;        /* the frame's pos and n_tokens (a TOKEN: its first token's
                                      * position and how many it carries) */
@@ -286,14 +286,14 @@ uint32_t kvd_sched_take(struct kvd_compute *c, struct kvd_job **batch);
 #define REPLAY_BACKOFF_MAX_MS 2000  /* replays through a ring still broken back off up to this */
 /* Until a link's handshake is done only HELLO, AUTH and ERROR may come: a small cap, so an
  * unauthenticated peer cannot make us buffer a boundary-sized frame. */
-#define HS_MAX_PAYLOAD (4 + NET_ERR_MAX)
+#define HS_MAX_PAYLOAD (4 + RING_ERRMSG_MAX)
 
 enum { CONN_PENDING, CONN_IN, CONN_OUT };
 
 struct conn {
     struct stage *st;
-    struct net_link *link;
-    struct net_handshake *hs;
+    struct ring_link *link;
+    struct ring_handshake *hs;
     int role;
     bool up;
     uint32_t peer_rank;
@@ -349,7 +349,7 @@ struct blog_entry {
 struct kvd_status_slot {
     uint64_t rx_ms;             /* when the record came (0: none yet) */
     uint32_t age_rx;            /* its age then, in ms */
-    char rec[NET_STATUS_MAX + 1];   /* the record, checked and re-encoded here */
+    char rec[RING_STATUS_MAX + 1];   /* the record, checked and re-encoded here */
     char who[40];               /* node and pid that served the rank (a repair changes it) */
     char who_seen[40];          /* the same as rank 0 last looked (status.c: note_repair) */
 };
@@ -377,7 +377,7 @@ struct sess {
     double t_start, t_first;
     uint32_t epoch;             /* this incarnation: jobs submitted for an earlier one are dropped */
     /* rank 0: repair (docs/ring.md, "Repair") */
-    struct net_open_params open;   /* what OPEN carried, for a replay */
+    struct ring_open_params open;   /* what OPEN carried, for a replay */
     uint8_t open_flags;
     bool paused;                /* waiting for the ring's repair */
     bool replaying;             /* replayed; no token since */
@@ -401,7 +401,7 @@ struct sess {
     bool drafted;
     uint32_t draft_from;
     /* rank 0: the drafts that pass verified (the rows after its first) */
-    int32_t drafts[NET_DRAFTS_MAX];
+    int32_t drafts[RING_DRAFTS_MAX];
     uint32_t n_drafts;
     uint64_t drafts_proposed, drafts_accepted, passes;
     uint64_t seq;               /* creation order: the oldest logs go first under the total cap */
@@ -433,7 +433,7 @@ struct stage {
     struct kvd_backend be;
     bool be_open;
     struct kvd_compute *comp;
-    struct net_listener *ls;
+    struct ring_listener *ls;
     uv_pipe_t ctl;
     bool ctl_open;
     struct net_http_server *http; /* --seed: windows of what this stage holds */
@@ -608,21 +608,21 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
 void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg);
-/* The same with the ERROR code to send on (NET_ERR_SESSION, NET_ERR_RING). */
+/* The same with the ERROR code to send on (RING_ERR_SESSION, RING_ERR_RING). */
 void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Any rank: a ring link is down under every session here: rank 0 pauses them (or ends them
- * when it does not wait for repairs), the others pass an ERROR code NET_ERR_RING on and drop them, or,
+ * when it does not wait for repairs), the others pass an ERROR code RING_ERR_RING on and drop them, or,
  * when the link that broke is the out link (out), hold those with a whole boundary log. */
 void kvd_sess_fail_all(struct stage *st, const char *msg, bool out);
 /* Ranks > 0: the way downstream broke under s: hold it (KV and log kept for the replay) when
- * its log is whole, else drop it; pass an ERROR code NET_ERR_RING on towards rank 0 either way. */
+ * its log is whole, else drop it; pass an ERROR code RING_ERR_RING on towards rank 0 either way. */
 void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg);
 /* Ranks > 0: OPEN flagged REPLAY (h, payload) for s, which this stage still has: pass the OPEN
  * on, resend s's log and skip what its KV holds (true), or false when it cannot (the last rank,
  * its log dropped): the caller drops it and recomputes it like a new session. */
-bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+bool kvd_sess_resume(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                      const uint8_t *payload);
-/* Rank 0: an ERROR came for s: code NET_ERR_RING pauses it for a repair, others end it. */
+/* Rank 0: an ERROR came for s: code RING_ERR_RING pauses it for a repair, others end it. */
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Rank 0: the ring broke under s: pause it (free its KV here, CLOSE it round the ring, note to
  * the client) until kvd_sess_replay, or end it when repairs are not awaited. */
@@ -635,7 +635,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s);
 void kvd_sess_repair_tick(struct stage *st);
 /* Queue session id's OPEN job (sampling params p; toks: its prompt, owned by the job from here
  * on, NULL where this rank needs none): 0, or -ENOMEM with toks freed. */
-int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
+int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct ring_open_params *p,
                          uint8_t flags, int32_t *toks, uint32_t n_toks);
 void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *tokens, uint32_t n,
                           uint32_t pos, uint8_t flags);
@@ -645,7 +645,7 @@ uint32_t kvd_sess_epoch_next(struct stage *st);
 struct kvd_sess_gen {
     int32_t *toks;                  /* the prompt, 1 <= n_toks < n_ctx: owned from the call on */
     uint32_t n_toks;
-    struct net_open_params p;       /* sampling; max_tokens and n_ctx are filled in */
+    struct ring_open_params p;       /* sampling; max_tokens and n_ctx are filled in */
     uint32_t max_gen;
     bool ignore_eos, want_logits;
     const char *const *stops;       /* at most MODEL_GEN_MAX_STOPS */
@@ -663,7 +663,7 @@ struct kvd_sess_gen {
  * the stage's kind, prompt lookup when it has none). */
 #define KVD_DRAFT_MAX_DEFAULT 8u
 void kvd_sess_draft_set(const struct stage *st, int draft, uint32_t draft_max,
-                        struct net_open_params *p);
+                        struct ring_open_params *p);
 /* The "draft" and "draft_max" fields of a JSON request (control socket, API) into *draft and
  * *draft_max as kvd_sess_draft_max takes them: 0, or -EINVAL with msg naming the field. */
 int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n);
@@ -676,7 +676,7 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
                    size_t n);
 /* Positions the session's history holds at rank 0 (prompt + generated), 0 elsewhere. */
 uint32_t kvd_sess_n_hist(const struct sess *s);
-void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                        const uint8_t *payload);
 void kvd_sess_on_job_done(struct kvd_job *j, void *ud);
 void kvd_client_send(struct client *c, const char *line);
@@ -693,7 +693,7 @@ struct cJSON *kvd_status_record(struct stage *st);
 /* Each tick: this stage's record on both links; rank 0 also notes a repaired ring. */
 void kvd_status_tick(struct stage *st);
 /* A STATUS frame from c: 0, or -EPROTO with why (the caller closes the link for it). */
-int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload,
+int kvd_status_on_frame(struct conn *c, const struct ring_frame_hdr *h, const uint8_t *payload,
                         char *why, size_t n);
 /* Every rank's entry: this stage's own record, else the last one heard, with "age_ms" and
  * "answer" (false past STATUS_ANSWER_MS or when none came); the caller frees. */
@@ -702,13 +702,13 @@ struct cJSON *kvd_status_ring(struct stage *st);
 void kvd_status_link_closed(struct stage *st);
 
 /* frames.c: a frame on an established link. */
-void kvd_frame_handle(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);
+void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint8_t *payload);
 
 /* link.c */
-extern const struct net_link_cbs kvd_link_cbs;
+extern const struct ring_link_cbs kvd_link_cbs;
 void kvd_link_dial_out(struct stage *st);
 void kvd_link_dial_in(struct stage *st);
-void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud);
+void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud);
 
 /* control.c: the control socket's connection callback. */
 void kvd_ctl_on_conn(uv_stream_t *server, int status);

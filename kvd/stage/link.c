@@ -1,6 +1,6 @@
 /* link.c — the stage's two ring links: the successor dialled (out), the predecessor accepted
  * or, behind a relay:// endpoint, dialled through the relay (in). Each starts with the
- * handshake (net_handshake: manifest, ranks, node keys, the key exchange); an established
+ * handshake (ring_handshake: manifest, ranks, node keys, the key exchange); an established
  * link seals every frame with its session keys and passes the frames it opens to frames.c; a
  * broken link fails the sessions that crossed it and is re-dialled with a backoff that only
  * a link that stayed up resets. Links in handshake are capped in all and per source address
@@ -125,7 +125,7 @@ static void out_failed(struct stage *st, const char *ep, const char *reason, boo
 static void on_established(struct conn *c)
 {
     struct stage *st = c->st;
-    const struct net_hello *p = net_handshake_peer(c->hs);
+    const struct ring_hello *p = ring_handshake_peer(c->hs);
     c->peer_rank = p->rank;
     if (c->role == CONN_PENDING && st->waiting) {
         /* A standby's first predecessor, authenticated: take over the rank after it. */
@@ -137,12 +137,12 @@ static void on_established(struct conn *c)
         kvd_conn_violation(c, "rank %u is not this stage's predecessor (rank %u)", c->peer_rank, st->pred);
         return;
     }
-    struct net_link_keys keys;
-    int rc = net_handshake_keys(c->hs, &keys);
+    struct ring_link_keys keys;
+    int rc = ring_handshake_keys(c->hs, &keys);
     if (rc == 0)
-        rc = net_link_set_keys(c->link, &keys);
+        rc = ring_link_set_keys(c->link, &keys);
     OPENSSL_cleanse(&keys, sizeof keys);
-    net_handshake_free(c->hs);
+    ring_handshake_free(c->hs);
     c->hs = NULL;
     if (rc < 0) {
         kvd_conn_close(c, "installing the link's session keys failed");
@@ -158,7 +158,7 @@ static void on_established(struct conn *c)
         if (st->in) {
             char msg[300];
             snprintf(msg, sizeof msg, "rank %u already has a predecessor link (from %s); refusing a second one",
-                     st->rank, net_link_peer(st->in->link));
+                     st->rank, ring_link_peer(st->in->link));
             c->role = CONN_IN;   /* for the log line only; it never becomes st->in */
             c->up = true;
             kvd_conn_violation(c, "%s", msg);
@@ -171,9 +171,9 @@ static void on_established(struct conn *c)
     }
     c->up = true;
     c->last_rx_ms = c->up_ms = (uint64_t)util_now_ms();
-    net_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
+    ring_link_set_max_payload(c->link, st->max_payload);   /* boundary frames from now on */
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
-            c->peer_rank, net_link_peer(c->link));
+            c->peer_rank, ring_link_peer(c->link));
     if (c->role == CONN_OUT) {
         st->out_was_up = true;
         st->out_fail_hash = 0;
@@ -204,11 +204,11 @@ static const uint8_t *expected_key(const struct stage *st, uint32_t r, const uin
     return ri->node;
 }
 
-static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload);
+static void accept_hello(struct conn *c, const struct ring_frame_hdr *h, const uint8_t *payload);
 
-static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const uint8_t *payload)
+static void on_frame(struct ring_link *l, const struct ring_frame_hdr *h, const uint8_t *payload)
 {
-    struct conn *c = net_link_ud(l);
+    struct conn *c = ring_link_ud(l);
     if (c->up) {
         c->last_rx_ms = (uint64_t)util_now_ms();
         kvd_frame_handle(c, h, payload);
@@ -222,12 +222,12 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
     const uint8_t *out;
     size_t outlen;
     char err[KV_ERR_MAX];
-    int rc = net_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
+    int rc = ring_handshake_feed(c->hs, h, payload, &out, &outlen, err, sizeof err);
     if (rc < 0) {
         /* The reason is logged when the link closes (out: once per distinct reason; in:
          * rate-limited per source). A refusal of ours goes to the peer first, in the clear
          * (no keys yet), so that its side logs why; a refusal of the peer's is not answered. */
-        const char *refusal = net_handshake_refusal(c->hs);
+        const char *refusal = ring_handshake_refusal(c->hs);
         char r[KV_ERR_MAX + 64];
         if (refusal && c->role == CONN_OUT)
             snprintf(r, sizeof r, "rank %u refused the link: %s", c->st->succ, refusal);
@@ -236,14 +236,14 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
         else
             snprintf(r, sizeof r, "%s", err);
         if (rc != -ECONNREFUSED)
-            kvd_conn_send_error(c, 0, NET_ERR_PROTO, err);
+            kvd_conn_send_error(c, 0, RING_ERR_PROTO, err);
         kvd_conn_close(c, r);
         return;
     }
-    if (!c->hello_ms && net_handshake_hello_ok(c->hs))
+    if (!c->hello_ms && ring_handshake_hello_ok(c->hs))
         c->hello_ms = (uint64_t)util_now_ms();   /* its AUTH must follow (AUTH_AFTER_HELLO_MS) */
     if (outlen)
-        net_link_send_raw(l, out, outlen);
+        ring_link_send_raw(l, out, outlen);
     if (rc == 1)
         on_established(c);
 }
@@ -253,24 +253,24 @@ static void on_frame(struct net_link *l, const struct net_frame_hdr *h, const ui
 static void start_handshake(struct conn *c, uint32_t expect_rank, const uint8_t *key)
 {
     struct stage *st = c->st;
-    struct net_hello mine = {.version = NET_VERSION, .rank = c->as_rank, .n_ranks = st->n};
+    struct ring_hello mine = {.version = RING_VERSION, .rank = c->as_rank, .n_ranks = st->n};
     snprintf(mine.ring, sizeof mine.ring, "%s", st->m.ring);
     memcpy(mine.manifest_hash, st->m.hash, 32);
-    struct net_hs_expect x = {.rank = expect_rank, .n_ranks = st->n, .ring = st->m.ring};
+    struct ring_hs_expect x = {.rank = expect_rank, .n_ranks = st->n, .ring = st->m.ring};
     memcpy(x.manifest_hash, st->m.hash, 32);
     if (key) {
         x.check_key = true;
         memcpy(x.node_key, key, 32);
     }
-    enum net_hs_side side = c->role == CONN_OUT ? NET_HS_UP : NET_HS_DOWN;
-    if (net_handshake_new(&c->hs, st->id, &mine, &x, side) < 0) {
+    enum ring_hs_side side = c->role == CONN_OUT ? RING_HS_UP : RING_HS_DOWN;
+    if (ring_handshake_new(&c->hs, st->id, &mine, &x, side) < 0) {
         kvd_conn_close(c, "handshake set-up failed");
         return;
     }
     const uint8_t *b;
     size_t n;
-    net_handshake_hello(c->hs, &b, &n);
-    net_link_send_raw(c->link, b, n);
+    ring_handshake_hello(c->hs, &b, &n);
+    ring_link_send_raw(c->link, b, n);
 }
 
 /* The successor's k-th candidate: 0 its manifest entry, k > 0 the (k-1)-th standby that may
@@ -292,9 +292,9 @@ static bool out_target(const struct stage *st, uint32_t k, const char **ep, cons
     return false;
 }
 
-static void on_open(struct net_link *l, int status)
+static void on_open(struct ring_link *l, int status)
 {
-    struct conn *c = net_link_ud(l);
+    struct conn *c = ring_link_ud(l);
     struct stage *st = c->st;
     c->start_ms = (uint64_t)util_now_ms();   /* the handshake's deadline counts from here */
     if (status != 0)
@@ -315,27 +315,27 @@ static void on_open(struct net_link *l, int status)
  * out on accept: only the expectation changes); a standby without a rank sends its HELLO only
  * now: it takes the rank after the peer's, if its entry lists it. Anything else meets the
  * usual handshake, which refuses it with the usual reason. */
-static void accept_hello(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload)
+static void accept_hello(struct conn *c, const struct ring_frame_hdr *h, const uint8_t *payload)
 {
     struct stage *st = c->st;
     c->await_hello = false;
-    struct net_hello ph;
+    struct ring_hello ph;
     char err[KV_ERR_MAX];
-    bool ok = h->type == NET_F_HELLO &&
-              net_hello_decode(payload, h->payload_len, &ph, err, sizeof err) == 0 && ph.rank < st->n;
+    bool ok = h->type == RING_F_HELLO &&
+              ring_hello_decode(payload, h->payload_len, &ph, err, sizeof err) == 0 && ph.rank < st->n;
     if (!st->waiting) {
         const uint8_t *key = expected_key(st, st->pred, ok ? ph.node_key : NULL);
         if (c->hs && key)
-            net_handshake_expect_key(c->hs, key);
+            ring_handshake_expect_key(c->hs, key);
         return;
     }
     uint32_t r = ok ? (ph.rank + 1) % st->n : 0;
     if (!ok || r == 0 || !(st->m.standbys[st->standby].ranks >> r & 1)) {
-        reject_log(st, net_link_peer(c->link), "a standby may not serve rank %u (after rank %u)", r,
+        reject_log(st, ring_link_peer(c->link), "a standby may not serve rank %u (after rank %u)", r,
                    ok ? ph.rank : 0);
         char msg[120];
         snprintf(msg, sizeof msg, "this standby may not serve rank %u (after rank %u)", r, ok ? ph.rank : 0);
-        kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);
+        kvd_conn_send_error(c, 0, RING_ERR_PROTO, msg);
         kvd_conn_close(c, "not a rank this standby may serve");
         return;
     }
@@ -374,13 +374,13 @@ static uint32_t backoff_next(uint32_t ms, bool stable)
     return ms * 2 > 2000 ? 2000 : ms * 2;
 }
 
-static void on_close(struct net_link *l, const char *reason)
+static void on_close(struct ring_link *l, const char *reason)
 {
-    struct conn *c = net_link_ud(l);
+    struct conn *c = ring_link_ud(l);
     struct stage *st = c->st;
     if (c->up || c == st->in || c == st->out) {
         char msg[400];
-        const char *peer = net_link_peer(l);
+        const char *peer = ring_link_peer(l);
         if (c->role == CONN_OUT)
             snprintf(msg, sizeof msg, "ring link rank %u -> rank %u (%s) broke: %s", st->rank, st->succ,
                      peer, reason);
@@ -429,20 +429,20 @@ static void on_close(struct net_link *l, const char *reason)
         if (*pp)
             *pp = c->next;
         if (!c->relay_in) {
-            reject_log(st, net_link_peer(l), "handshake failed: %s", reason);
+            reject_log(st, ring_link_peer(l), "handshake failed: %s", reason);
         } else {
             /* our in link through the relay: nothing upstream hears of it, so keep it here */
             kvd_conn_note(st, st->pred, true, st->rank, reason);
             bool unpaired = strstr(reason, "no partner") || strstr(reason, "no predecessor came");
-            if (unpaired && net_link_bytes_in(l) == 0 && !st->shutting_down) {
+            if (unpaired && ring_link_bytes_in(l) == 0 && !st->shutting_down) {
                 /* nobody came through the relay: the predecessor does not run (yet), or cannot
                  * reach the relay; said once until the in-link comes up */
                 if (!st->pred_wait_logged)
                     kvd_log(KVD_LOG_INFO, "waiting for rank %u (the predecessor) to link through "
-                            "the relay %s (%s)", st->pred, net_link_peer(l), reason);
+                            "the relay %s (%s)", st->pred, ring_link_peer(l), reason);
                 st->pred_wait_logged = true;
             } else {
-                reject_log(st, net_link_peer(l), "closed during the handshake: %s", reason);
+                reject_log(st, ring_link_peer(l), "closed during the handshake: %s", reason);
             }
         }
     }
@@ -456,15 +456,15 @@ static void on_close(struct net_link *l, const char *reason)
     if (c->role == CONN_OUT && !st->shutting_down) {
         char why[KVD_REASON_MAX];
         snprintf(why, sizeof why, "%s%s", c->up ? "broke: " : "", reason);
-        out_failed(st, net_link_peer(l), why, c->up);
+        out_failed(st, ring_link_peer(l), why, c->up);
         st->redial_ms = backoff_next(st->redial_ms, stable);
         uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
     }
-    net_handshake_free(c->hs);
+    ring_handshake_free(c->hs);
     free(c);
 }
 
-const struct net_link_cbs kvd_link_cbs = {.on_open = on_open, .on_frame = on_frame, .on_close = on_close};
+const struct ring_link_cbs kvd_link_cbs = {.on_open = on_open, .on_frame = on_frame, .on_close = on_close};
 
 void kvd_link_dial_out(struct stage *st)
 {
@@ -487,7 +487,7 @@ void kvd_link_dial_out(struct stage *st)
     if (st->out_target)
         kvd_log(KVD_LOG_INFO, "dialling standby %s for rank %u", ep, st->succ);
     char err[KV_ERR_MAX];
-    int rc = net_link_dial(&c->link, st->loop, ep, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
+    int rc = ring_link_dial(&c->link, st->loop, ep, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
     if (rc < 0) {
         char why[KVD_REASON_MAX];
         snprintf(why, sizeof why, "cannot dial %.200s: %.290s", ep, err);
@@ -516,7 +516,7 @@ void kvd_link_dial_in(struct stage *st)
     c->as_rank = st->rank;
     c->last_rx_ms = (uint64_t)util_now_ms();
     char err[KV_ERR_MAX];
-    int rc = net_link_dial(&c->link, st->loop, down, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err,
+    int rc = ring_link_dial(&c->link, st->loop, down, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err,
                            sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, err);
@@ -532,7 +532,7 @@ void kvd_link_dial_in(struct stage *st)
 /* Whether p is a link in handshake that counts against the limits. */
 static bool pending_counts(const struct conn *p)
 {
-    return !p->relay_in && p->link && !net_link_is_closing(p->link);
+    return !p->relay_in && p->link && !ring_link_is_closing(p->link);
 }
 
 /* Make room for a link from src: 0 when it may start its handshake, after closing one pending
@@ -551,10 +551,10 @@ static int pending_make_room(struct stage *st, const char *src)
         if (!pending_counts(p))
             continue;
         total++;
-        peer_source(net_link_peer(p->link), s2, sizeof s2);
+        peer_source(ring_link_peer(p->link), s2, sizeof s2);
         bool same = !strcmp(s2, src);
         from_src += same;
-        bool idle = !p->hs || !net_handshake_hello_ok(p->hs);
+        bool idle = !p->hs || !ring_handshake_hello_ok(p->hs);
         /* the list is newest first: the last match is the oldest */
         if (idle && same)
             idle_src = p;
@@ -566,7 +566,7 @@ static int pending_make_room(struct stage *st, const char *src)
         for (struct conn *q = st->pending; q; q = q->next) {
             if (!pending_counts(q))
                 continue;
-            peer_source(net_link_peer(q->link), s3, sizeof s3);
+            peer_source(ring_link_peer(q->link), s3, sizeof s3);
             n += !strcmp(s2, s3);
         }
         if (n >= most) {
@@ -583,54 +583,54 @@ static int pending_make_room(struct stage *st, const char *src)
         return 0;
     if (!v)
         return -EBUSY;
-    bool idle = !v->hs || !net_handshake_hello_ok(v->hs);
-    reject_log(st, net_link_peer(v->link), "closing it: %s, and a newer link needs its place",
+    bool idle = !v->hs || !ring_handshake_hello_ok(v->hs);
+    reject_log(st, ring_link_peer(v->link), "closing it: %s, and a newer link needs its place",
                idle ? "no valid HELLO" : "the oldest in handshake from the busiest source (no AUTH yet)");
     kvd_conn_close(v, idle ? "evicted: no valid HELLO while others waited"
                            : "evicted: no AUTH yet, the oldest link in handshake from the busiest source");
     return 0;
 }
 
-void kvd_link_on_accept(struct net_listener *ls, struct net_link *l, void *ud)
+void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
 {
     struct stage *st = ud;
     char src[64];
-    peer_source(net_link_peer(l), src, sizeof src);
+    peer_source(ring_link_peer(l), src, sizeof src);
     bool full = !st->shutting_down && pending_make_room(st, src) < 0;
     if (st->shutting_down || full) {
-        net_link_set_ud(l, NULL);
+        ring_link_set_ud(l, NULL);
         struct conn *c = calloc(1, sizeof *c);
         if (!c) {
-            net_link_close(l, "out of memory");   /* on_close needs a conn: see below */
+            ring_link_close(l, "out of memory");   /* on_close needs a conn: see below */
             return;
         }
         c->st = st;
         c->role = CONN_PENDING;
         c->link = l;
-        net_link_set_ud(l, c);
+        ring_link_set_ud(l, c);
         c->next = st->pending;
         st->pending = c;
         const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
-        reject_log(st, net_link_peer(l), "refusing it: %s", why);
+        reject_log(st, ring_link_peer(l), "refusing it: %s", why);
         char msg[80];
         snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
-        kvd_conn_send_error(c, 0, NET_ERR_PROTO, msg);   /* the peer logs why (in the clear: no keys) */
-        net_link_close(l, "refused");
+        kvd_conn_send_error(c, 0, RING_ERR_PROTO, msg);   /* the peer logs why (in the clear: no keys) */
+        ring_link_close(l, "refused");
         return;
     }
     struct conn *c = calloc(1, sizeof *c);
     if (!c) {
-        net_link_close(l, "out of memory");
+        ring_link_close(l, "out of memory");
         return;
     }
     c->st = st;
     c->role = CONN_PENDING;
     c->link = l;
     c->last_rx_ms = c->start_ms = (uint64_t)util_now_ms();
-    net_link_set_ud(l, c);
+    ring_link_set_ud(l, c);
     c->next = st->pending;
     st->pending = c;
-    kvd_log(KVD_LOG_DEBUG, "link from %s: handshake", net_link_peer(l));
+    kvd_log(KVD_LOG_DEBUG, "link from %s: handshake", ring_link_peer(l));
     c->await_hello = true;   /* the peer's HELLO picks the key expected (accept_hello) */
     c->as_rank = st->rank;
     if (!st->waiting)

@@ -9,7 +9,7 @@
 #include "kvd/kvd.h"
 #include "kvd/stage/internal.h"
 #include "model/model.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
 #include "util/util.h"
@@ -65,7 +65,7 @@ static int set_draft(struct kvd_stage_opts *o, const char *v)
     o->draft = m;
     return 0;
 }
-static int set_draft_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, NET_DRAFTS_MAX, &o->draft_max); }
+static int set_draft_max(struct kvd_stage_opts *o, const char *v) { return parse_u32(v, 1, RING_DRAFTS_MAX, &o->draft_max); }
 static int set_standby(struct kvd_stage_opts *o, const char *v)
 {
     o->is_standby = true;

@@ -1,5 +1,5 @@
 /* receipt.c — the stage's receipts of work (docs/market.md, "Receipts and credit"): per
- * session, the positions this stage ran through its window and the Merkle roots (ringlib's
+ * session, the positions this stage ran through its window and the Merkle roots (ring's
  * ring_merkle_*) over the boundary rows it sent and received, one leaf per position. When the
  * session ends here, its receipts go as JSON lines to the file kvd_stage_opts.receipts names
  * (kvd join signs and submits them); without that option nothing is kept.

@@ -80,7 +80,7 @@ static uint32_t runnable(struct kvd_compute *c, struct kvd_job **out, struct kvd
  * are prompts. */
 bool kvd_sched_step_whole(const struct kvd_job *j)
 {
-    return j->n == 1 || (j->flags & NET_FL_DRAFT);
+    return j->n == 1 || (j->flags & RING_FL_DRAFT);
 }
 
 static void plan_add(struct plan *p, struct kvd_job *j, uint32_t rows)
@@ -181,7 +181,7 @@ static struct kvd_job *split_off(struct kvd_compute *c, struct kvd_job *j, uint3
     if (!h)
         return NULL;
     *h = (struct kvd_job){.kind = KVD_JOB_STEP, .session = j->session, .pos = j->pos, .n = rows,
-                          .flags = j->flags & (uint8_t)~NET_FL_LAST, .t_queued = j->t_queued,
+                          .flags = j->flags & (uint8_t)~RING_FL_LAST, .t_queued = j->t_queued,
                           .runs_waited = j->runs_waited, .piece = true, .epoch = j->epoch};
     if (j->tokens) {
         h->tokens = malloc((size_t)rows * sizeof *h->tokens);

@@ -171,13 +171,13 @@ static void blog_trim(struct stage *st)
 static int blog_resend(struct stage *st, struct sess *s, uint32_t n_hist)
 {
     for (struct blog_entry *e = s->log_head; e; e = e->next) {
-        uint8_t fl = e->pos + e->n == n_hist ? NET_FL_LAST : 0;
-        if (kvd_conn_send(st->out, NET_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
+        uint8_t fl = e->pos + e->n == n_hist ? RING_FL_LAST : 0;
+        if (kvd_conn_send(st->out, RING_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
             return -ENOTCONN;
         /* sent now, if not before (rows computed while the session was held went only to
          * the log): the receipt's leaves are the rows as they go out */
         kvd_receipt_sent(st, s, e->pos, e->n, e->data, e->len);
-        st->frame_bytes_out += NET_HDR_LEN + e->len;
+        st->frame_bytes_out += RING_HDR_LEN + e->len;
         st->act_frames_out++;
     }
     return 0;
@@ -300,11 +300,11 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
     kvd_log(error ? KVD_LOG_WARN : KVD_LOG_INFO, "session %016" PRIx64 " ends: %s (prompt %u, generated %u)",
             s->id, error ? error : reason, n_prompt, n_gen);
     if (!st->is_last)
-        kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+        kvd_conn_send(st->out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
     kvd_sess_drop(st, s);
 }
 
-/* Any rank: the session failed here (ERROR code: NET_ERR_SESSION, or NET_ERR_RING when a
+/* Any rank: the session failed here (ERROR code: RING_ERR_SESSION, or RING_ERR_RING when a
  * ring link is down). Rank 0 tells its client, or pauses the session for a repair; others
  * pass ERROR on. */
 void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const char *msg)
@@ -320,20 +320,20 @@ void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const c
         kvd_conn_send_error(st->out, s->id, code, msg);
     else if (st->in && st->in->up)
         kvd_conn_send_error(st->in, s->id, code, msg);
-    if (code == NET_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
+    if (code == RING_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
         kvd_receipt_park(st, s);
     kvd_sess_drop(st, s);
 }
 
 void kvd_sess_fail(struct stage *st, struct sess *s, const char *msg)
 {
-    kvd_sess_fail_code(st, s, NET_ERR_SESSION, msg);
+    kvd_sess_fail_code(st, s, RING_ERR_SESSION, msg);
 }
 
 void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
 {
     if (st->rank == 0 || st->is_last || s->log_dropped) {
-        kvd_sess_fail_code(st, s, NET_ERR_RING, msg);
+        kvd_sess_fail_code(st, s, RING_ERR_RING, msg);
         return;
     }
     if (!s->held)
@@ -341,9 +341,9 @@ void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
                 "%u logged): %s", s->id, s->kv_end, s->log_end, msg);
     s->held = true;
     if (kvd_conn_out_up(st))
-        kvd_conn_send_error(st->out, s->id, NET_ERR_RING, msg);
+        kvd_conn_send_error(st->out, s->id, RING_ERR_RING, msg);
     else if (st->in && st->in->up)
-        kvd_conn_send_error(st->in, s->id, NET_ERR_RING, msg);
+        kvd_conn_send_error(st->in, s->id, RING_ERR_RING, msg);
 }
 
 void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
@@ -353,11 +353,11 @@ void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
         if (out && st->rank != 0)
             kvd_sess_hold(st, s, msg);
         else
-            kvd_sess_fail_code(st, s, NET_ERR_RING, msg);
+            kvd_sess_fail_code(st, s, RING_ERR_RING, msg);
     }
 }
 
-bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+bool kvd_sess_resume(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                      const uint8_t *payload)
 {
     uint32_t n_hist = h->n_tokens;
@@ -381,7 +381,7 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
     st->replays_from_log++;
     kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
             "resent, %u in the KV kept, %u to compute", s->id, s->log_end, s->kv_end, n_hist - s->kv_end);
-    if (kvd_conn_send(st->out, NET_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload,
+    if (kvd_conn_send(st->out, RING_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload,
                       h->payload_len) < 0 || blog_resend(st, s, n_hist) < 0) {
         char msg[200];
         snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
@@ -392,7 +392,7 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct net_frame_hd
 
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg)
 {
-    if (code == NET_ERR_RING)
+    if (code == RING_ERR_RING)
         kvd_sess_pause(st, s, msg);
     else
         kvd_sess_finish(st, s, NULL, msg);
@@ -433,7 +433,7 @@ void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
         s->epoch = kvd_sess_epoch_next(st);
         submit_close(st, s->id);
         if (!st->is_last)
-            kvd_conn_send(st->out, NET_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+            kvd_conn_send(st->out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
     }
     bool first = !s->broken_ms;
     if (first)
@@ -477,7 +477,7 @@ void kvd_sess_repair_tick(struct stage *st)
     if (!linked || now < st->next_replay_ms)
         return;
     /* Both of rank 0's links are up: replay. A link further down still broken sends the
-     * sessions back here with ERROR code 4 (NET_ERR_RING), and the next try waits twice as long. */
+     * sessions back here with ERROR code 4 (RING_ERR_RING), and the next try waits twice as long. */
     st->next_replay_ms = now + st->replay_backoff_ms;
     st->replay_backoff_ms = st->replay_backoff_ms * 2 > REPLAY_BACKOFF_MAX_MS ? REPLAY_BACKOFF_MAX_MS
                             : st->replay_backoff_ms * 2;
@@ -505,14 +505,14 @@ void kvd_sess_repair_tick(struct stage *st)
 static int send_open(struct stage *st, struct sess *s, const int32_t *hist, uint32_t n_hist,
                      uint8_t flags)
 {
-    size_t plen = NET_OPEN_LEN + (size_t)n_hist * 4;
+    size_t plen = RING_OPEN_LEN + (size_t)n_hist * 4;
     uint8_t *pl = malloc(plen);
     if (!pl)
         return -ENOMEM;
-    net_open_encode(&s->open, pl);
+    ring_open_encode(&s->open, pl);
     for (uint32_t i = 0; i < n_hist; i++)
-        wr32(pl + NET_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-    int rc = kvd_conn_send(st->out, NET_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
+        wr32(pl + RING_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+    int rc = kvd_conn_send(st->out, RING_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
     free(pl);
     return rc;
 }
@@ -529,10 +529,10 @@ static void launch_steps(struct stage *st, struct sess *s, const int32_t *hist, 
     uint32_t n_prompt = model_gen_n_prompt(s->gen);
     for (uint32_t pos = from; pos < n_prompt; pos += st->chunk) {
         uint32_t n = n_prompt - pos < st->chunk ? n_prompt - pos : st->chunk;
-        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? NET_FL_LAST : 0);
+        kvd_sess_submit_step(st, s, hist + pos, n, pos, pos + n == n_hist ? RING_FL_LAST : 0);
     }
     for (uint32_t pos = from > n_prompt ? from : n_prompt; pos < n_hist; pos++)
-        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? NET_FL_LAST : 0);
+        kvd_sess_submit_step(st, s, hist + pos, 1, pos, pos + 1 == n_hist ? RING_FL_LAST : 0);
 }
 
 void kvd_sess_launch(struct stage *st, struct sess *s)
@@ -569,7 +569,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
     }
     s->held = false;
     if (from_log) {
-        int rc = send_open(st, s, hist, n_hist, s->open_flags | NET_FL_REPLAY);
+        int rc = send_open(st, s, hist, n_hist, s->open_flags | RING_FL_REPLAY);
         if (rc == -ENOMEM) {
             kvd_sess_finish(st, s, NULL, "out of memory");
             return;
@@ -594,7 +594,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         return;
     }
     if (!st->is_last) {
-        int rc = send_open(st, s, hist, n_hist, s->open_flags | (s->replaying ? NET_FL_REPLAY : 0));
+        int rc = send_open(st, s, hist, n_hist, s->open_flags | (s->replaying ? RING_FL_REPLAY : 0));
         if (rc == -ENOMEM) {
             kvd_sess_finish(st, s, NULL, "out of memory");
             return;
@@ -611,7 +611,7 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
     launch_steps(st, s, hist, n_hist, 0);
 }
 
-int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct net_open_params *p,
+int kvd_sess_submit_open(struct stage *st, uint64_t id, const struct ring_open_params *p,
                          uint8_t flags, int32_t *toks, uint32_t n_toks)
 {
     struct kvd_job *j = calloc(1, sizeof *j);
@@ -656,18 +656,18 @@ void kvd_sess_submit_step(struct stage *st, struct sess *s, const int32_t *token
 }
 
 void kvd_sess_draft_set(const struct stage *st, int draft, uint32_t draft_max,
-                        struct net_open_params *p)
+                        struct ring_open_params *p)
 {
     int mode = draft >= 0 ? draft : st->o.draft > 0 ? st->o.draft :
                draft_max > 0 ? MODEL_DRAFT_LOOKUP : MODEL_DRAFT_NONE;
     p->draft_max = 0;
-    p->draft_kind = NET_DRAFT_LOOKUP;
+    p->draft_kind = RING_DRAFT_LOOKUP;
     if (mode <= MODEL_DRAFT_NONE)
         return;
     uint32_t k = draft_max ? draft_max : st->o.draft_max ? st->o.draft_max : KVD_DRAFT_MAX_DEFAULT;
-    p->draft_max = (uint8_t)(k < NET_DRAFTS_MAX ? k : NET_DRAFTS_MAX);
-    p->draft_kind = mode == MODEL_DRAFT_MTP ? NET_DRAFT_MTP :
-                    mode == MODEL_DRAFT_AUTO ? NET_DRAFT_AUTO : NET_DRAFT_LOOKUP;
+    p->draft_max = (uint8_t)(k < RING_DRAFTS_MAX ? k : RING_DRAFTS_MAX);
+    p->draft_kind = mode == MODEL_DRAFT_MTP ? RING_DRAFT_MTP :
+                    mode == MODEL_DRAFT_AUTO ? RING_DRAFT_AUTO : RING_DRAFT_LOOKUP;
 }
 
 int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n)
@@ -684,9 +684,9 @@ int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, 
         }
     }
     if (k && !cJSON_IsNull(k)) {
-        if (!cJSON_IsNumber(k) || !(k->valuedouble >= 1 && k->valuedouble <= NET_DRAFTS_MAX) ||
+        if (!cJSON_IsNumber(k) || !(k->valuedouble >= 1 && k->valuedouble <= RING_DRAFTS_MAX) ||
             k->valuedouble != (double)(uint32_t)k->valuedouble) {
-            snprintf(msg, n, "draft_max: expected an integer in [1, %u]", NET_DRAFTS_MAX);
+            snprintf(msg, n, "draft_max: expected an integer in [1, %u]", RING_DRAFTS_MAX);
             return -EINVAL;
         }
         *draft_max = (uint32_t)k->valuedouble;
@@ -741,7 +741,7 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
     g->p.max_tokens = g->max_gen;
     g->p.n_ctx = st->m.n_ctx;
     s->open = g->p;   /* kept for a replay after a repair */
-    s->open_flags = s->want_logits ? NET_FL_LOGITS : 0;
+    s->open_flags = s->want_logits ? RING_FL_LOGITS : 0;
     kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " opens: %u prompt tokens, up to %u new, temp %.2f seed %" PRIu64,
             id, g->n_toks, g->max_gen, g->p.temperature, g->p.seed);
     free(g->toks);   /* the generation holds the prompt from here on */
@@ -832,12 +832,12 @@ void kvd_client_send(struct client *c, const char *line)
 
 /* ============================== rank 0: tokens ============================== */
 
-void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_hdr *h,
+void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                        const uint8_t *payload)
 {
     /* The payload (net/net.h), checked by the frame handler: tokens, logprobs, drafts, logits */
     uint32_t nt = h->n_tokens;
-    size_t lsz = (h->flags & NET_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0;
+    size_t lsz = (h->flags & RING_FL_LOGITS) ? (size_t)st->be.n_vocab * 4 : 0;
     uint32_t nd = (uint32_t)((h->payload_len - (size_t)nt * (8 + lsz)) / 4);
     const uint8_t *dr = payload + (size_t)nt * 8, *lgs = dr + (size_t)nd * 4;
     if (s->replaying) {   /* the first token after a repair */
@@ -917,7 +917,7 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_
         k = left;
     if (k + 1 > st->m.max_batch)
         k = st->m.max_batch - 1;
-    int32_t rows[NET_TOKENS_MAX];
+    int32_t rows[RING_TOKENS_MAX];
     rows[0] = tok;
     for (uint32_t i = 0; i < k; i++)
         rows[1 + i] = s->drafts[i] = (int32_t)rd32(dr + 4 * i);
@@ -927,7 +927,7 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct net_frame_
         st->drafts_sent += k;
         s->drafts_proposed += k;
     }
-    kvd_sess_submit_step(st, s, rows, k + 1, n_hist - 1, NET_FL_LAST | (k ? NET_FL_DRAFT : 0));
+    kvd_sess_submit_step(st, s, rows, k + 1, n_hist - 1, RING_FL_LAST | (k ? RING_FL_DRAFT : 0));
 }
 
 /* ============================== compute results ============================== */
@@ -963,7 +963,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
         kvd_receipt_ran(st, s, j->pos, j->n, st->rank == 0 ? j->tokens : NULL);
         /* The boundary rows go into the log (a held session's only there, until its replay) */
         const uint8_t *out = j->out;
-        if (j->out_type == NET_F_ACT && !s->log_dropped) {
+        if (j->out_type == RING_F_ACT && !s->log_dropped) {
             blog_append(st, s, j);
             if (!j->out && s->log_tail)
                 out = s->log_tail->data;
@@ -983,8 +983,8 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 kvd_sess_hold(st, s, msg);
             } else {
                 kvd_receipt_sent(st, s, pos, n, out, j->out_len);
-                st->frame_bytes_out += NET_HDR_LEN + j->out_len;
-                if (j->out_type == NET_F_ACT)
+                st->frame_bytes_out += RING_HDR_LEN + j->out_len;
+                if (j->out_type == RING_F_ACT)
                     st->act_frames_out++;
                 else
                     st->tok_frames_out++;

@@ -14,7 +14,7 @@
 #include "gguf/gguf.h"
 #include "kvd/stage/internal.h"
 #include "kvd/kvd.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "seed/seed.h"
 #include "net/net.h"
 #include "util/err.h"
@@ -106,7 +106,7 @@ static void tick_cb(uv_timer_t *t)
     for (struct conn *p = st->pending; p; p = p->next) {
         /* our in-link through a relay that nothing came to yet waits for the predecessor,
          * which may not run yet: that is no handshake taking too long */
-        bool waiting = p->relay_in && p->link && net_link_bytes_in(p->link) == 0;
+        bool waiting = p->relay_in && p->link && ring_link_bytes_in(p->link) == 0;
         if (waiting && now - p->last_rx_ms > RELAY_WAIT_MS)
             kvd_conn_close(p, "no predecessor came through the relay");
         else if (!waiting && now - p->last_rx_ms > 10000)
@@ -181,7 +181,7 @@ static void stage_shutdown(struct stage *st, const char *why)
     for (struct conn *p = st->pending; p; p = p->next)
         kvd_conn_close(p, "shutting down");
     if (st->ls)
-        net_listener_close(st->ls, NULL, NULL);
+        ring_listener_close(st->ls, NULL, NULL);
     st->ls = NULL;
     if (st->http)
         net_http_server_close(st->http, NULL, NULL);
@@ -367,13 +367,13 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
      * context of prompt, a TOKEN of a verifying pass's tokens with their logits and the next
      * drafts, or an ERROR. */
     uint64_t cap = (uint64_t)st->m.max_batch * st->m.n_embd * st->m.wire_dsize;
-    uint64_t c2 = NET_OPEN_LEN + (uint64_t)st->m.n_ctx * 4;
-    uint64_t c3 = (uint64_t)NET_TOKENS_MAX * (8 + (uint64_t)st->be.n_vocab * 4) + NET_DRAFTS_MAX * 4;
+    uint64_t c2 = RING_OPEN_LEN + (uint64_t)st->m.n_ctx * 4;
+    uint64_t c3 = (uint64_t)RING_TOKENS_MAX * (8 + (uint64_t)st->be.n_vocab * 4) + RING_DRAFTS_MAX * 4;
     if (c2 > cap) cap = c2;
     if (c3 > cap) cap = c3;
-    if (4 + NET_ERR_MAX > cap) cap = 4 + NET_ERR_MAX;
-    if (NET_HELLO_LEN > cap) cap = NET_HELLO_LEN;
-    st->max_payload = cap > NET_PAYLOAD_HARD_MAX ? NET_PAYLOAD_HARD_MAX : (uint32_t)cap;
+    if (4 + RING_ERRMSG_MAX > cap) cap = 4 + RING_ERRMSG_MAX;
+    if (RING_HELLO_LEN > cap) cap = RING_HELLO_LEN;
+    st->max_payload = cap > RING_PAYLOAD_HARD_MAX ? RING_PAYLOAD_HARD_MAX : (uint32_t)cap;
     rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, st->m.max_batch,
                          o->batch_wait_us, kvd_sess_on_job_done, st);
     if (rc < 0) {
@@ -601,7 +601,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         goto fail_loop;
     }
     if (!via_relay) {
-        rc = net_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
+        rc = ring_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
                               HS_MAX_PAYLOAD, err, sizeof err);
         if (rc < 0) {
             if (o->listen)
@@ -674,7 +674,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         kvd_log(KVD_LOG_INFO, "ring %s: standby %u of %u for ranks 0x%llx, listening on %s (port %d), node "
                 "%.16s..., control %s", st->m.ring, st->standby, st->m.n_standbys,
                 (unsigned long long)st->m.standbys[st->standby].ranks, listen,
-                st->ls ? net_listener_port(st->ls) : 0, key, st->sock_path);
+                st->ls ? ring_listener_port(st->ls) : 0, key, st->sock_path);
         char status[160];
         snprintf(status, sizeof status, "standby %u of %u", st->standby, st->m.n_standbys);
         kvd_service_ready(status);
@@ -682,7 +682,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         const struct ring_rank_info *me = &st->m.ranks[st->rank];
         kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u, %u)%s%s, listening on %s (port %d), node %.16s..., "
                 "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
-                me->head ? " +head" : "", listen, st->ls ? net_listener_port(st->ls) : 0, key, st->m.dtype,
+                me->head ? " +head" : "", listen, st->ls ? ring_listener_port(st->ls) : 0, key, st->m.dtype,
                 st->sock_path);
         char status[160];
         snprintf(status, sizeof status, "rank %u of %u, layers [%u, %u)", st->rank, st->n, me->first, me->last);
@@ -700,7 +700,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
 fail_loop:
     st->shutting_down = true;
     if (st->ls)
-        net_listener_close(st->ls, NULL, NULL);
+        ring_listener_close(st->ls, NULL, NULL);
     if (st->ctl_open)
         uv_close((uv_handle_t *)&st->ctl, NULL);
     kvd_compute_stop(st->comp, on_compute_closed, st);

@@ -8,7 +8,7 @@
  * lets its record come round the other way. A record carries its age (pos), not a clock, so
  * no two hosts need the same time. A peer's record is checked field by field and re-encoded
  * before anything keeps or forwards it: a known field of the wrong type, a rank out of range,
- * a record over NET_STATUS_MAX bytes or not a JSON object closes the link; every string is
+ * a record over RING_STATUS_MAX bytes or not a JSON object closes the link; every string is
  * cut to STATUS_STR_MAX bytes of printable characters; unknown fields are dropped. The table
  * has one fixed slot per rank, so nothing a peer sends grows this stage's memory. */
 #include <errno.h>
@@ -62,9 +62,9 @@ static cJSON *link_rec(struct stage *st, struct conn *c, bool out, size_t cap)
     cJSON_AddNumberToObject(o, "peer_rank", out ? st->succ : st->pred);
     cJSON_AddStringToObject(o, "state", !c ? "down" : c->up ? "up" : "handshake");
     if (c && c->link) {
-        add_strn(o, "peer", net_link_peer(c->link), cap);
-        cJSON_AddNumberToObject(o, "bytes_in", (double)net_link_bytes_in(c->link));
-        cJSON_AddNumberToObject(o, "bytes_out", (double)net_link_bytes_out(c->link));
+        add_strn(o, "peer", ring_link_peer(c->link), cap);
+        cJSON_AddNumberToObject(o, "bytes_in", (double)ring_link_bytes_in(c->link));
+        cJSON_AddNumberToObject(o, "bytes_out", (double)ring_link_bytes_out(c->link));
     }
     if (out && c)
         cJSON_AddNumberToObject(o, "rtt_ms", round(c->rtt_ms * 1000) / 1000);
@@ -230,10 +230,10 @@ static void rec_who(const cJSON *r, char *out, size_t n)
 static void send_rec(struct conn *c, uint32_t rank, uint32_t age, const char *rec, size_t len)
 {
     if (c && c->up)
-        kvd_conn_send(c, NET_F_STATUS, 0, 0, age, rank, rec, len);
+        kvd_conn_send(c, RING_F_STATUS, 0, 0, age, rank, rec, len);
 }
 
-int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uint8_t *payload,
+int kvd_status_on_frame(struct conn *c, const struct ring_frame_hdr *h, const uint8_t *payload,
                         char *why, size_t n)
 {
     struct stage *st = c->st;
@@ -242,8 +242,8 @@ int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uin
                  h->flags);
         return -EPROTO;
     }
-    if (h->payload_len < 2 || h->payload_len > NET_STATUS_MAX) {
-        snprintf(why, n, "STATUS payload_len %u not in [2, %u]", h->payload_len, NET_STATUS_MAX);
+    if (h->payload_len < 2 || h->payload_len > RING_STATUS_MAX) {
+        snprintf(why, n, "STATUS payload_len %u not in [2, %u]", h->payload_len, RING_STATUS_MAX);
         return -EPROTO;
     }
     if (h->n_tokens >= st->n) {
@@ -272,7 +272,7 @@ int kvd_status_on_frame(struct conn *c, const struct net_frame_hdr *h, const uin
     /* This stage's own rank is never taken from a peer; an older record than the one held
      * is dropped (it came the long way round). */
     if (r != st->rank && !st->waiting && (!sl->rx_ms || h->pos < slot_age(sl, now)) &&
-        (txt = cJSON_PrintUnformatted(rec)) && strlen(txt) <= NET_STATUS_MAX) {
+        (txt = cJSON_PrintUnformatted(rec)) && strlen(txt) <= RING_STATUS_MAX) {
         size_t len = strlen(txt);
         memcpy(sl->rec, txt, len + 1);
         sl->rx_ms = now;
@@ -332,7 +332,7 @@ void kvd_status_tick(struct stage *st)
     if (st->status_sent_ms && now - st->status_sent_ms < STATUS_EVERY_MS)
         return;
     st->status_sent_ms = now;
-    /* Every string at its longest can pass NET_STATUS_MAX: then shorter ones. */
+    /* Every string at its longest can pass RING_STATUS_MAX: then shorter ones. */
     char *txt = NULL;
     size_t len = 0;
     for (size_t cap = STATUS_STR_MAX; cap >= 24; cap /= 2) {
@@ -341,10 +341,10 @@ void kvd_status_tick(struct stage *st)
         txt = o ? cJSON_PrintUnformatted(o) : NULL;
         cJSON_Delete(o);
         len = txt ? strlen(txt) : 0;
-        if (len <= NET_STATUS_MAX)
+        if (len <= RING_STATUS_MAX)
             break;
     }
-    if (txt && len <= NET_STATUS_MAX) {
+    if (txt && len <= RING_STATUS_MAX) {
         send_rec(st->in, st->rank, 0, txt, len);
         send_rec(st->out, st->rank, 0, txt, len);
     }

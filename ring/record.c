@@ -1,7 +1,7 @@
 /* record.c — the sealed records of an established ring link: ChaCha20-Poly1305 (OpenSSL
  * EVP) with a key per direction and a 64-bit sequence number per direction in the nonce, so
  * no nonce is ever used twice under a key and a record that was altered, replayed, reordered,
- * dropped or cut short does not open. Layout: net/net.h's frames section. */
+ * dropped or cut short does not open. Layout: ring/ring.h's protocol section. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,31 +10,31 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include "net/net.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
-struct net_rec {
+struct ring_rec {
     EVP_CIPHER_CTX *ctx;
     uint64_t seq;
-    uint8_t *plain;             /* the last opened frame (net_rec_next's payload lives here) */
+    uint8_t *plain;             /* the last opened frame (ring_rec_next's payload lives here) */
     size_t cap;
 };
 
-int net_rec_new(struct net_rec **out, const uint8_t key[32])
+int ring_rec_new(struct ring_rec **out, const uint8_t key[32])
 {
-    struct net_rec *r = calloc(1, sizeof *r);
+    struct ring_rec *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
     r->ctx = EVP_CIPHER_CTX_new();
     if (!r->ctx || EVP_CipherInit_ex(r->ctx, EVP_chacha20_poly1305(), NULL, key, NULL, -1) != 1) {
-        net_rec_free(r);
+        ring_rec_free(r);
         return -EIO;
     }
     *out = r;
     return 0;
 }
 
-void net_rec_free(struct net_rec *r)
+void ring_rec_free(struct ring_rec *r)
 {
     if (!r)
         return;
@@ -43,7 +43,7 @@ void net_rec_free(struct net_rec *r)
     free(r);
 }
 
-uint64_t net_rec_seq(const struct net_rec *r)
+uint64_t ring_rec_seq(const struct ring_rec *r)
 {
     return r->seq;
 }
@@ -52,8 +52,8 @@ uint64_t net_rec_seq(const struct net_rec *r)
 
 /* One AEAD pass over in[n] into out[n] with the length bytes as associated data: seal
  * (enc 1, tag written) or open (enc 0, tag checked). 0 or -EIO (open: not authentic). */
-static int rec_crypt(struct net_rec *r, int enc, const uint8_t lenb[4], const uint8_t *in, size_t n,
-                 uint8_t *out, uint8_t tag[NET_REC_TAG])
+static int rec_crypt(struct ring_rec *r, int enc, const uint8_t lenb[4], const uint8_t *in, size_t n,
+                 uint8_t *out, uint8_t tag[RING_REC_TAG])
 {
     uint8_t iv[12] = {0};
     for (int i = 0; i < 8; i++)
@@ -69,29 +69,29 @@ static int rec_crypt(struct net_rec *r, int enc, const uint8_t lenb[4], const ui
             return -EIO;
         off += k;
     }
-    if (!enc && EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_AEAD_SET_TAG, NET_REC_TAG, tag) != 1)
+    if (!enc && EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_AEAD_SET_TAG, RING_REC_TAG, tag) != 1)
         return -EIO;
     if (EVP_CipherFinal_ex(r->ctx, out + n, &len) != 1)
         return -EIO;
-    if (enc && EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_AEAD_GET_TAG, NET_REC_TAG, tag) != 1)
+    if (enc && EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_AEAD_GET_TAG, RING_REC_TAG, tag) != 1)
         return -EIO;
     return 0;
 }
 
-int net_rec_seal(struct net_rec *r, uint8_t *rec, size_t len)
+int ring_rec_seal(struct ring_rec *r, uint8_t *rec, size_t len)
 {
-    if (len > NET_HDR_LEN + (size_t)NET_PAYLOAD_HARD_MAX)
+    if (len > RING_HDR_LEN + (size_t)RING_PAYLOAD_HARD_MAX)
         return -EMSGSIZE;
     if (r->seq == UINT64_MAX)
         return -EOVERFLOW;
-    util_le32_put(rec, (uint32_t)(len + NET_REC_TAG));
+    util_le32_put(rec, (uint32_t)(len + RING_REC_TAG));
     if (rec_crypt(r, 1, rec, rec + 4, len, rec + 4, rec + 4 + len) < 0)
         return -EIO;
     r->seq++;
     return 0;
 }
 
-int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_frame_hdr *h,
+int ring_rec_next(struct ring_rec *r, struct ring_frame_reader *rd, struct ring_frame_hdr *h,
                  const uint8_t **payload, char *err, size_t errlen)
 {
     size_t avail = rd->buf.len - rd->off;
@@ -99,11 +99,11 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
         return 0;
     const uint8_t *p = rd->buf.p + rd->off;
     uint32_t n = util_le32_get(p);
-    uint32_t cap = rd->max_payload < NET_PAYLOAD_HARD_MAX ? rd->max_payload : NET_PAYLOAD_HARD_MAX;
-    if (n < NET_HDR_LEN + NET_REC_TAG || n - NET_HDR_LEN - NET_REC_TAG > cap) {
+    uint32_t cap = rd->max_payload < RING_PAYLOAD_HARD_MAX ? rd->max_payload : RING_PAYLOAD_HARD_MAX;
+    if (n < RING_HDR_LEN + RING_REC_TAG || n - RING_HDR_LEN - RING_REC_TAG > cap) {
         snprintf(err, errlen, "record %llu: length %u outside [%u, %u + the payload cap %u]",
-                 (unsigned long long)r->seq, n, NET_HDR_LEN + NET_REC_TAG,
-                 NET_HDR_LEN + NET_REC_TAG, cap);
+                 (unsigned long long)r->seq, n, RING_HDR_LEN + RING_REC_TAG,
+                 RING_HDR_LEN + RING_REC_TAG, cap);
         return -EMSGSIZE;
     }
     if (avail - 4 < n)
@@ -112,7 +112,7 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
         snprintf(err, errlen, "record sequence numbers spent: the link must be re-established");
         return -EOVERFLOW;
     }
-    size_t plen = n - NET_REC_TAG;
+    size_t plen = n - RING_REC_TAG;
     if (plen > r->cap) {
         uint8_t *nb = realloc(r->plain, plen);
         if (!nb) {
@@ -122,8 +122,8 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
         r->plain = nb;
         r->cap = plen;
     }
-    uint8_t tag[NET_REC_TAG];
-    memcpy(tag, p + 4 + plen, NET_REC_TAG);
+    uint8_t tag[RING_REC_TAG];
+    memcpy(tag, p + 4 + plen, RING_REC_TAG);
     if (rec_crypt(r, 0, p, p + 4, plen, r->plain, tag) < 0) {
         snprintf(err, errlen, "record %llu (%u bytes) does not authenticate: altered, replayed, "
                  "reordered or dropped on the way", (unsigned long long)r->seq, n);
@@ -133,14 +133,14 @@ int net_rec_next(struct net_rec *r, struct net_frame_reader *rd, struct net_fram
     rd->off += 4 + (size_t)n;
     if (rd->off == rd->buf.len)
         rd->off = rd->buf.len = 0;
-    int rc = net_frame_hdr_decode(r->plain, h, rd->max_payload, err, errlen);
+    int rc = ring_frame_hdr_decode(r->plain, h, rd->max_payload, err, errlen);
     if (rc < 0)
         return rc;
-    if (h->payload_len != plen - NET_HDR_LEN) {
+    if (h->payload_len != plen - RING_HDR_LEN) {
         snprintf(err, errlen, "%s frame payload_len %u, but its record holds %zu bytes",
-                 net_frame_type_name(h->type), h->payload_len, plen - NET_HDR_LEN);
+                 ring_frame_type_name(h->type), h->payload_len, plen - RING_HDR_LEN);
         return -EPROTO;
     }
-    *payload = r->plain + NET_HDR_LEN;
+    *payload = r->plain + RING_HDR_LEN;
     return 1;
 }

@@ -9,7 +9,7 @@
 
 #include <openssl/evp.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 static void sha(const void *a, size_t na, const void *b, size_t nb, const void *c, size_t nc,
                 uint8_t out[32])

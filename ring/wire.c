@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "wtype/wtype.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 
 void ring_wire_encode(const float *x, size_t n, uint32_t dsize, uint8_t *out)
 {

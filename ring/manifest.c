@@ -9,7 +9,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "net/net.h"
 #include "util/util.h"
 
@@ -237,9 +237,9 @@ int ring_manifest_parse(struct ring_manifest *m, const char *json, size_t len, c
             if (cJSON_GetObjectItemCaseSensitive(limits, lim[i].key))
                 m->stated |= lim[i].bit;
     }
-    if ((uint64_t)m->max_batch * m->n_embd * 4 > NET_PAYLOAD_HARD_MAX) {
+    if ((uint64_t)m->max_batch * m->n_embd * 4 > RING_PAYLOAD_HARD_MAX) {
         snprintf(err, errlen, "manifest: limits.max_batch %u x n_embd %u x 4 exceeds the frame cap %u",
-                 m->max_batch, m->n_embd, NET_PAYLOAD_HARD_MAX);
+                 m->max_batch, m->n_embd, RING_PAYLOAD_HARD_MAX);
         rc = -EINVAL;
         goto out;
     }

@@ -9,7 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 
 int ring_ctl_request(const char *sock_path, const char *request, ring_ctl_line_cb on_line, void *ud,

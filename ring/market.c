@@ -15,7 +15,7 @@
 #include <openssl/rand.h>
 
 #include "net/net.h"
-#include "ringlib/ring.h"
+#include "ring/ring.h"
 #include "util/util.h"
 #include "wtype/wtype.h"
 

@@ -1,7 +1,7 @@
-/* link.c — ring links: a framed byte stream over a pluggable transport, sealed records once
- * the owner installs the handshake's keys (record.c); the built-in TCP transport and the TCP
- * listener. Links are closed through their transport and freed only
- * after the transport reports every handle closed (libuv close callbacks). */
+/* stream.c — byte streams over a pluggable transport, the built-in TCP transport and the TCP
+ * listener. Streams are closed through their transport and freed only after the transport
+ * reports every handle closed (libuv close callbacks). The ring's framed, sealed links run on
+ * top (ring/link.c). */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -15,17 +15,15 @@
 #include "net/net.h"
 #include "util/err.h"
 
-struct net_link {
+struct net_stream {
     uv_loop_t *loop;
     const struct net_transport *ops;
     void *tp;
-    struct net_link_cbs cbs;
+    struct net_stream_cbs cbs;
     void *ud;
-    struct net_frame_reader rd;
-    struct net_rec *tx, *rx;    /* set by net_link_set_keys: every frame sealed from then on */
     char peer[96];
     char reason[KV_ERR_MAX];   /* whole: a TLS failure names the certificate and the fix */
-    bool closing, opened, in_data;
+    bool closing, opened;
     uint64_t bytes_in, bytes_out;
     size_t queued;
 };
@@ -63,24 +61,22 @@ static const struct net_transport *transport_find(const char *endpoint, const ch
     return NULL;
 }
 
-static struct net_link *link_new(uv_loop_t *loop, const struct net_transport *ops,
-                                 const struct net_link_cbs *cbs, void *ud, uint32_t max_payload)
+static struct net_stream *stream_new(uv_loop_t *loop, const struct net_transport *ops,
+                                     const struct net_stream_cbs *cbs, void *ud)
 {
-    struct net_link *l = calloc(1, sizeof *l);
+    struct net_stream *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
     l->loop = loop;
     l->ops = ops;
     l->cbs = *cbs;
     l->ud = ud;
-    net_frame_reader_init(&l->rd, max_payload);
     snprintf(l->peer, sizeof l->peer, "?");
     return l;
 }
 
-int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
-                  const struct net_link_cbs *cbs, void *ud, uint32_t max_payload, char *err,
-                  size_t errlen)
+int net_stream_dial(struct net_stream **out, uv_loop_t *loop, const char *endpoint,
+                    const struct net_stream_cbs *cbs, void *ud, char *err, size_t errlen)
 {
     const char *rest;
     const struct net_transport *ops = transport_find(endpoint, &rest);
@@ -88,7 +84,7 @@ int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
         snprintf(err, errlen, "endpoint %s: no transport for its scheme", endpoint);
         return -EPROTONOSUPPORT;
     }
-    struct net_link *l = link_new(loop, ops, cbs, ud, max_payload);
+    struct net_stream *l = stream_new(loop, ops, cbs, ud);
     if (!l) {
         snprintf(err, errlen, "endpoint %s: out of memory", endpoint);
         return -ENOMEM;
@@ -96,7 +92,6 @@ int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
     snprintf(l->peer, sizeof l->peer, "%s", rest);
     int rc = ops->dial(l, loop, rest, err, errlen);
     if (rc < 0) {
-        net_frame_reader_free(&l->rd);
         free(l);
         return rc;
     }
@@ -104,12 +99,15 @@ int net_link_dial(struct net_link **out, uv_loop_t *loop, const char *endpoint,
     return 0;
 }
 
-/* Hand the malloc'd b[len] to the transport, counting it queued and sent. */
-static int link_write(struct net_link *l, char *b, size_t len)
+int net_stream_write(struct net_stream *l, void *buf, size_t len)
 {
+    if (l->closing || !l->opened) {
+        free(buf);
+        return l->closing ? -EPIPE : -ENOTCONN;
+    }
     /* counted before the write: a transport may report it written before write returns */
     l->queued += len;
-    int rc = l->ops->write(l, uv_buf_init(b, (unsigned)len));
+    int rc = l->ops->write(l, uv_buf_init(buf, (unsigned)len));
     if (rc < 0) {
         l->queued = len <= l->queued ? l->queued - len : 0;
         return rc;
@@ -118,7 +116,7 @@ static int link_write(struct net_link *l, char *b, size_t len)
     return 0;
 }
 
-int net_link_send_raw(struct net_link *l, const void *data, size_t len)
+int net_stream_send(struct net_stream *l, const void *data, size_t len)
 {
     if (l->closing)
         return -EPIPE;
@@ -128,50 +126,10 @@ int net_link_send_raw(struct net_link *l, const void *data, size_t len)
     if (!b)
         return -ENOMEM;
     memcpy(b, data, len);
-    return link_write(l, b, len);
+    return net_stream_write(l, b, len);
 }
 
-int net_link_send(struct net_link *l, const struct net_frame_hdr *h, const void *payload,
-                  size_t len)
-{
-    if (l->closing)
-        return -EPIPE;
-    if (!l->opened)
-        return -ENOTCONN;
-    if (len > NET_PAYLOAD_HARD_MAX)
-        return -EMSGSIZE;
-    size_t pre = l->tx ? 4 : 0, post = l->tx ? NET_REC_TAG : 0;
-    uint8_t *b = malloc(pre + NET_HDR_LEN + len + post);
-    if (!b)
-        return -ENOMEM;
-    struct net_frame_hdr hh = *h;
-    hh.payload_len = (uint32_t)len;
-    net_frame_hdr_encode(&hh, b + pre);
-    if (len)
-        memcpy(b + pre + NET_HDR_LEN, payload, len);
-    if (l->tx) {
-        int rc = net_rec_seal(l->tx, b, NET_HDR_LEN + len);
-        if (rc < 0) {
-            free(b);
-            return rc;
-        }
-    }
-    return link_write(l, (char *)b, pre + NET_HDR_LEN + len + post);
-}
-
-int net_link_set_keys(struct net_link *l, const struct net_link_keys *keys)
-{
-    if (l->tx || l->rx)
-        return -EALREADY;
-    int rc = net_rec_new(&l->tx, keys->tx);
-    if (rc == 0 && (rc = net_rec_new(&l->rx, keys->rx)) < 0) {
-        net_rec_free(l->tx);
-        l->tx = NULL;
-    }
-    return rc;
-}
-
-void net_link_close(struct net_link *l, const char *reason)
+void net_stream_close(struct net_stream *l, const char *reason)
 {
     if (l->closing)
         return;
@@ -180,23 +138,22 @@ void net_link_close(struct net_link *l, const char *reason)
     l->ops->close(l);
 }
 
-void *net_link_ud(const struct net_link *l) { return l->ud; }
-void net_link_set_ud(struct net_link *l, void *ud) { l->ud = ud; }
-void net_link_set_max_payload(struct net_link *l, uint32_t m) { l->rd.max_payload = m; }
-const char *net_link_peer(const struct net_link *l) { return l->peer; }
-bool net_link_is_closing(const struct net_link *l) { return l->closing; }
-uint64_t net_link_bytes_in(const struct net_link *l) { return l->bytes_in; }
-uint64_t net_link_bytes_out(const struct net_link *l) { return l->bytes_out; }
-size_t net_link_queued(const struct net_link *l) { return l->queued; }
+void *net_stream_ud(const struct net_stream *l) { return l->ud; }
+void net_stream_set_ud(struct net_stream *l, void *ud) { l->ud = ud; }
+const char *net_stream_peer(const struct net_stream *l) { return l->peer; }
+bool net_stream_is_closing(const struct net_stream *l) { return l->closing; }
+uint64_t net_stream_bytes_in(const struct net_stream *l) { return l->bytes_in; }
+uint64_t net_stream_bytes_out(const struct net_stream *l) { return l->bytes_out; }
+size_t net_stream_queued(const struct net_stream *l) { return l->queued; }
 
-void net_link_tp_set(struct net_link *l, void *tp) { l->tp = tp; }
-void *net_link_tp(const struct net_link *l) { return l->tp; }
-void net_link_tp_set_peer(struct net_link *l, const char *peer)
+void net_stream_tp_set(struct net_stream *l, void *tp) { l->tp = tp; }
+void *net_stream_tp(const struct net_stream *l) { return l->tp; }
+void net_stream_tp_set_peer(struct net_stream *l, const char *peer)
 {
     snprintf(l->peer, sizeof l->peer, "%s", peer);
 }
 
-void net_link_tp_opened(struct net_link *l, int status)
+void net_stream_tp_opened(struct net_stream *l, int status)
 {
     if (status == 0)
         l->opened = true;
@@ -205,70 +162,41 @@ void net_link_tp_opened(struct net_link *l, int status)
     if (status < 0 && !l->closing) {
         char r[160];
         snprintf(r, sizeof r, "dial %s failed: %s", l->peer, uv_strerror(status));
-        net_link_close(l, r);
+        net_stream_close(l, r);
     }
 }
 
-void net_link_tp_failed(struct net_link *l, int status, const char *reason)
+void net_stream_tp_failed(struct net_stream *l, int status, const char *reason)
 {
     if (l->cbs.on_open && !l->closing)
         l->cbs.on_open(l, status < 0 ? status : -ECONNREFUSED);
     if (!l->closing)
-        net_link_close(l, reason);
+        net_stream_close(l, reason);
 }
 
-void net_link_tp_data(struct net_link *l, const void *data, size_t len)
+void net_stream_tp_data(struct net_stream *l, const void *data, size_t len)
 {
     if (l->closing)
         return;
     l->bytes_in += len;
-    if (net_frame_reader_push(&l->rd, data, len) < 0) {
-        net_link_close(l, "out of memory buffering a frame");
-        return;
-    }
-    struct net_frame_hdr h;
-    const uint8_t *payload;
-    char err[KV_ERR_MAX];
-    int rc;
-    /* The owner may install keys inside on_frame (the handshake's end): the bytes after it
-     * are records, so the kind of the next read is decided each time round. */
-    while (!l->closing &&
-           (rc = l->rx ? net_rec_next(l->rx, &l->rd, &h, &payload, err, sizeof err)
-                       : net_frame_reader_next(&l->rd, &h, &payload, err, sizeof err)) != 0) {
-        if (rc < 0) {
-            char r[KV_ERR_MAX + 16];
-            snprintf(r, sizeof r, "%s: %s", rc == -EBADMSG ? "bad record" : "bad frame", err);
-            /* Tell the peer why before closing (an ERROR frame about the link: session 0). */
-            uint8_t eb[4 + sizeof r];
-            size_t n = strlen(r);
-            eb[0] = NET_ERR_PROTO; eb[1] = eb[2] = eb[3] = 0;
-            memcpy(eb + 4, r, n);
-            struct net_frame_hdr eh = {.magic = NET_MAGIC, .type = NET_F_ERROR};
-            net_link_send(l, &eh, eb, 4 + n);
-            net_link_close(l, r);
-            return;
-        }
-        l->cbs.on_frame(l, &h, payload);
-    }
+    if (l->cbs.on_data)
+        l->cbs.on_data(l, data, len);
 }
 
-void net_link_tp_written(struct net_link *l, size_t len)
+void net_stream_tp_written(struct net_stream *l, size_t len)
 {
     l->queued = len <= l->queued ? l->queued - len : 0;
 }
 
-void net_link_tp_error(struct net_link *l, const char *reason)
+void net_stream_tp_error(struct net_stream *l, const char *reason)
 {
-    net_link_close(l, reason);
+    net_stream_close(l, reason);
 }
 
-void net_link_tp_closed(struct net_link *l)
+void net_stream_tp_closed(struct net_stream *l)
 {
     if (l->cbs.on_close)
         l->cbs.on_close(l, l->reason);
-    net_frame_reader_free(&l->rd);
-    net_rec_free(l->tx);
-    net_rec_free(l->rx);
     free(l);
 }
 
@@ -279,14 +207,14 @@ struct tcp_tp {
     uv_getaddrinfo_t gai;
     uv_connect_t conn;
     uv_shutdown_t sd;
-    struct net_link *l;
+    struct net_stream *l;
     bool tcp_inited, resolving, close_wanted;
 };
 
 struct tcp_wr {
     uv_write_t req;
     uv_buf_t buf;
-    struct net_link *l;
+    struct net_stream *l;
 };
 
 static void tcp_alloc(uv_handle_t *h, size_t sug, uv_buf_t *buf)
@@ -300,11 +228,11 @@ static void tcp_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     struct tcp_tp *t = s->data;
     if (n > 0)
-        net_link_tp_data(t->l, buf->base, (size_t)n);
+        net_stream_tp_data(t->l, buf->base, (size_t)n);
     else if (n < 0) {
         char r[128];
         snprintf(r, sizeof r, "%s", n == UV_EOF ? "peer closed the connection" : uv_strerror((int)n));
-        net_link_tp_error(t->l, r);
+        net_stream_tp_error(t->l, r);
     }
     free(buf->base);
 }
@@ -312,9 +240,9 @@ static void tcp_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static void tcp_on_closed(uv_handle_t *h)
 {
     struct tcp_tp *t = h->data;
-    struct net_link *l = t->l;
+    struct net_stream *l = t->l;
     free(t);
-    net_link_tp_closed(l);
+    net_stream_tp_closed(l);
 }
 
 int net__tcp_peer(const uv_tcp_t *tcp, char *out, size_t n)
@@ -341,18 +269,18 @@ static void tcp_set_peer(struct tcp_tp *t)
 {
     char p[96];
     if (net__tcp_peer(&t->tcp, p, sizeof p) == 0)
-        net_link_tp_set_peer(t->l, p);
+        net_stream_tp_set_peer(t->l, p);
 }
 
 static void tcp_on_connect(uv_connect_t *req, int status)
 {
     struct tcp_tp *t = req->data;
-    if (status == 0 && !net_link_is_closing(t->l)) {
+    if (status == 0 && !net_stream_is_closing(t->l)) {
         uv_tcp_nodelay(&t->tcp, 1);
         status = uv_read_start((uv_stream_t *)&t->tcp, tcp_alloc, tcp_on_read);
     }
     if (status != UV_ECANCELED)
-        net_link_tp_opened(t->l, status);
+        net_stream_tp_opened(t->l, status);
 }
 
 static void tcp_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
@@ -370,7 +298,7 @@ static void tcp_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *
     }
     uv_freeaddrinfo(res);
     if (status < 0)
-        net_link_tp_opened(t->l, status);
+        net_stream_tp_opened(t->l, status);
 }
 
 /* Split "host:port" or "[v6]:port". */
@@ -471,7 +399,7 @@ bool net_listen_addr_is_loopback(const char *addr)
     return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
 }
 
-static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest, char *err,
+static int tcp_dial(struct net_stream *l, uv_loop_t *loop, const char *rest, char *err,
                     size_t errlen)
 {
     char host[256], port[16];
@@ -487,7 +415,7 @@ static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest, char 
     }
     t->l = l;
     t->gai.data = t;
-    net_link_tp_set(l, t);
+    net_stream_tp_set(l, t);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     rc = uv_getaddrinfo(loop, &t->gai, tcp_on_resolved, host, port, &hints);
     if (rc < 0) {
@@ -505,16 +433,16 @@ static int tcp_dial(struct net_link *l, uv_loop_t *loop, const char *rest, char 
 static void tcp_on_written(uv_write_t *req, int status)
 {
     struct tcp_wr *w = (struct tcp_wr *)req;
-    net_link_tp_written(w->l, w->buf.len);
+    net_stream_tp_written(w->l, w->buf.len);
     if (status < 0 && status != UV_ECANCELED)
-        net_link_tp_error(w->l, uv_strerror(status));
+        net_stream_tp_error(w->l, uv_strerror(status));
     free(w->buf.base);
     free(w);
 }
 
-static int tcp_write(struct net_link *l, uv_buf_t buf)
+static int tcp_write(struct net_stream *l, uv_buf_t buf)
 {
-    struct tcp_tp *t = net_link_tp(l);
+    struct tcp_tp *t = net_stream_tp(l);
     struct tcp_wr *w = malloc(sizeof *w);
     if (!w || !t->tcp_inited) {
         free(w);
@@ -538,9 +466,9 @@ static void tcp_on_shutdown(uv_shutdown_t *req, int status)
     uv_close((uv_handle_t *)&t->tcp, tcp_on_closed);
 }
 
-static void tcp_close(struct net_link *l)
+static void tcp_close(struct net_stream *l)
 {
-    struct tcp_tp *t = net_link_tp(l);
+    struct tcp_tp *t = net_stream_tp(l);
     if (t->resolving) {
         t->close_wanted = true;   /* finished in tcp_on_resolved */
         uv_cancel((uv_req_t *)&t->gai);
@@ -548,7 +476,7 @@ static void tcp_close(struct net_link *l)
     }
     uv_read_stop((uv_stream_t *)&t->tcp);
     /* Flush queued frames (an ERROR with the reason) before closing. */
-    if (net_link_queued(l) > 0 && uv_is_writable((uv_stream_t *)&t->tcp)) {
+    if (net_stream_queued(l) > 0 && uv_is_writable((uv_stream_t *)&t->tcp)) {
         t->sd.data = t;
         if (uv_shutdown(&t->sd, (uv_stream_t *)&t->tcp, tcp_on_shutdown) == 0)
             return;
@@ -564,10 +492,9 @@ const struct net_transport net__tcp_transport = {
 
 struct net_listener {
     uv_tcp_t tcp;
-    struct net_link_cbs cbs;
+    struct net_stream_cbs cbs;
     net_accept_cb on_accept;
     void *ud;
-    uint32_t max_payload;
     void (*done)(void *ud);      /* net_listener_close's callback */
     void *done_ud;
 };
@@ -578,8 +505,8 @@ static void ls_on_conn(uv_stream_t *server, int status)
     if (status < 0)
         return;
     struct tcp_tp *t = calloc(1, sizeof *t);
-    struct net_link *l = t ? link_new(server->loop, &net__tcp_transport, &ls->cbs, ls->ud,
-                                      ls->max_payload) : NULL;
+    struct net_stream *l = t ? stream_new(server->loop, &net__tcp_transport, &ls->cbs, NULL)
+                             : NULL;
     if (!l || uv_tcp_init(server->loop, &t->tcp) != 0) {
         free(t);
         free(l);
@@ -588,7 +515,7 @@ static void ls_on_conn(uv_stream_t *server, int status)
     t->l = l;
     t->tcp.data = t;
     t->tcp_inited = true;
-    net_link_tp_set(l, t);
+    net_stream_tp_set(l, t);
     if (uv_accept(server, (uv_stream_t *)&t->tcp) != 0 ||
         uv_read_start((uv_stream_t *)&t->tcp, tcp_alloc, tcp_on_read) != 0) {
         l->closing = true;
@@ -604,8 +531,8 @@ static void ls_on_conn(uv_stream_t *server, int status)
 }
 
 int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *addr,
-                     const struct net_link_cbs *cbs, net_accept_cb on_accept, void *ud,
-                     uint32_t max_payload, char *err, size_t errlen)
+                     const struct net_stream_cbs *cbs, net_accept_cb on_accept, void *ud,
+                     char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
     const char *why;
@@ -620,7 +547,6 @@ int net_listener_new(struct net_listener **out, uv_loop_t *loop, const char *add
     ls->cbs = *cbs;
     ls->on_accept = on_accept;
     ls->ud = ud;
-    ls->max_payload = max_payload;
     uv_tcp_init(loop, &ls->tcp);
     ls->tcp.data = ls;
     rc = net__listen_tcp(&ls->tcp, &ss);
