@@ -34,6 +34,16 @@ int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out
     return 0;
 }
 
+int kvctl_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+    char err[KV_ERR_MAX];
+    if (util_parse_u64(s, 0, max, 0, out, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
+        return -1;
+    }
+    return 0;
+}
+
 int kvctl_parse_float(const char *opt, const char *s, float *out)
 {
     double v;
