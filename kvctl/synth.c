@@ -241,7 +241,9 @@ static int vocab_build(struct vocab *v, uint64_t n)
 
 #define SYNTH_MAX_NEXTN 4
 
-/* The types the new blocks' tensors may be written in (synth_fill makes them from floats). */
+/* The types synth writes matrices in, for a new model (--type) and for the new blocks of
+ * --from (synth_fill makes them from floats; ftype[] in kvctl_cmd_synth names each as
+ * general.file_type). */
 static bool synth_type_ok(uint32_t type)
 {
     return type == GGUF_T_F32 || type == GGUF_T_F16 || type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0;
@@ -507,7 +509,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         return 2;
     }
     int type = wtype_by_name(tname);
-    if (type != GGUF_T_F32 && type != GGUF_T_F16 && type != GGUF_T_Q8_0 && type != GGUF_T_Q4_0) {
+    if (type < 0 || !synth_type_ok((uint32_t)type)) {
         fprintf(stderr, "kvctl synth: --type '%s' not one of f32, f16, q8_0, q4_0\n", tname);
         return 2;
     }
