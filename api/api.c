@@ -1214,6 +1214,18 @@ int api_config_check(const struct api_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* Frees what the server owns and the server itself, once its HTTP server uses none of it:
+ * closed (on_http_closed), or closing having accepted nothing (api_server_new's failure). */
+static void server_free(struct api_server *s)
+{
+    net_tls_ctx_free(s->tls);
+    free(s->keys);
+    free(s->key_path);
+    free(s->model_id);
+    free(s->chat_template);
+    free(s);
+}
+
 int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct api_config *c,
                    const struct api_generator *gen, char *err, size_t errlen)
 {
@@ -1271,12 +1283,7 @@ int api_server_new(struct api_server **out, struct uv_loop_s *loop, const struct
              * is no longer used */
             net_http_server_close(s->http, NULL, NULL);
         }
-        net_tls_ctx_free(s->tls);
-        free(s->keys);
-        free(s->key_path);
-        free(s->model_id);
-        free(s->chat_template);
-        free(s);
+        server_free(s);
         return rc;
     }
     *out = s;
@@ -1292,12 +1299,7 @@ static void on_http_closed(void *ud)
     struct api_server *s = ud;
     void (*done)(void *) = s->done;
     void *dud = s->done_ud;
-    net_tls_ctx_free(s->tls);
-    free(s->keys);
-    free(s->key_path);
-    free(s->model_id);
-    free(s->chat_template);
-    free(s);
+    server_free(s);
     if (done)
         done(dud);
 }

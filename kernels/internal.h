@@ -147,6 +147,20 @@ static inline void kern__scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8
     }
 }
 
+/* The 256 levels (0..31) of a Q4_K or Q5_K super-block, in element order: sub-blocks 2j and
+ * 2j + 1 are the low and high nibbles of qs[32j .. 32j + 32), each with its fifth bit from qh
+ * (bits 2j and 2j + 1 of qh[l]; NULL for Q4_K, whose levels are the nibbles, 0..15). */
+static inline void kern__k45_levels(const uint8_t qs[KERN_QK_K / 2], const uint8_t *qh,
+                                    uint8_t q[KERN_QK_K])
+{
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            int h1 = qh ? (qh[l] >> (2 * j)) & 1 : 0, h2 = qh ? (qh[l] >> (2 * j + 1)) & 1 : 0;
+            q[64 * j + l] = (uint8_t)((qs[32 * j + l] & 0xF) | (h1 << 4));
+            q[64 * j + 32 + l] = (uint8_t)((qs[32 * j + l] >> 4) | (h2 << 4));
+        }
+}
+
 /* ---- fast CPU path internals ---- */
 
 /* A parallel task: called once on each of nth threads with ith = 0..nth-1 (0 = caller). */

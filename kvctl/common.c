@@ -1,6 +1,6 @@
-/* kvctl/common.c — what several kvctl commands share: option-value parsing, the sampling
- * options of generate (one process and through a ring) with its stop strings and logits
- * dump, token-id lists, a clock. */
+/* kvctl/common.c — what several kvctl commands share: option-value parsing, the OpenCL device
+ * options (generate, logits, bench, profile), the sampling options of generate (one
+ * process and through a ring) with its stop strings and logits dump, token-id lists. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <float.h>
 #include <sys/random.h>
 
+#include "kernels/kern.h"
 #include "kvctl/kvctl.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -34,6 +35,16 @@ int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out
     return 0;
 }
 
+int kvctl_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+    char err[KV_ERR_MAX];
+    if (util_parse_u64(s, 0, max, 0, out, err, sizeof err) < 0) {
+        fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
+        return -1;
+    }
+    return 0;
+}
+
 int kvctl_parse_float(const char *opt, const char *s, float *out)
 {
     double v;
@@ -52,6 +63,30 @@ int kvctl_parse_num(const char *cmd, const char *opt, const char *s, double lo, 
         fprintf(stderr, "kvctl %s: %s %s\n", cmd, opt, err);
         return -1;
     }
+    return 0;
+}
+
+int kvctl_cl_option(const char *name, const char *val)
+{
+    static struct kern_cl_opts o = {.platform = -1, .device = -1};
+    if (!strcmp(name, "--cl-weights")) {
+        if (strcmp(val, "map") && strcmp(val, "copy") && strcmp(val, "auto")) {
+            fprintf(stderr, "kvctl: --cl-weights %s: map, copy or auto\n", val);
+            return -EINVAL;
+        }
+        o.weights = val;
+        kern_cl_opts_set(&o);
+        return 0;
+    }
+    bool plat = !strcmp(name, "--cl-platform");
+    if (!plat && strcmp(name, "--cl-device"))
+        return -ENOENT;
+    long v;
+    int rc = kvctl_parse_long(name, val, 0, 64, &v);
+    if (rc < 0)
+        return rc;
+    *(plat ? &o.platform : &o.device) = (int)v;
+    kern_cl_opts_set(&o);
     return 0;
 }
 

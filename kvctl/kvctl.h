@@ -14,6 +14,7 @@ int kvctl_cmd_inspect(int argc, char **argv);
 int kvctl_cmd_slice(int argc, char **argv);
 int kvctl_cmd_catalog(int argc, char **argv);
 int kvctl_cmd_verify(int argc, char **argv);
+/* kvctl/synth.c */
 int kvctl_cmd_synth(int argc, char **argv);
 /* kvctl/model.c */
 int kvctl_cmd_generate(int argc, char **argv);
@@ -48,6 +49,9 @@ int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out
  * the opencl device's settings (kern_cl_opts_set): 0, -EINVAL (said on stderr), or -ENOENT
  * when name is none of them. */
 int kvctl_cl_option(const char *name, const char *val);
+/* A decimal integer in [0, max] for option opt of command cmd: 0, or -1 after "kvctl CMD: OPT
+ * <why>" on stderr. */
+int kvctl_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out);
 /* A number for option opt: 0, or -EINVAL after a message on stderr. */
 int kvctl_parse_float(const char *opt, const char *s, float *out);
 /* A number in [lo, hi] for option opt of command cmd: 0, or -1 after "kvctl CMD: OPT <why>" on

@@ -224,31 +224,6 @@ enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OP
        OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE,
        OPT_CL_WEIGHTS, OPT_DRAFT, OPT_DRAFT_MAX };
 
-
-int kvctl_cl_option(const char *name, const char *val)
-{
-    static struct kern_cl_opts o = {.platform = -1, .device = -1};
-    if (!strcmp(name, "--cl-weights")) {
-        if (strcmp(val, "map") && strcmp(val, "copy") && strcmp(val, "auto")) {
-            fprintf(stderr, "kvctl: --cl-weights %s: map, copy or auto\n", val);
-            return -EINVAL;
-        }
-        o.weights = val;
-        kern_cl_opts_set(&o);
-        return 0;
-    }
-    bool plat = !strcmp(name, "--cl-platform");
-    if (!plat && strcmp(name, "--cl-device"))
-        return -ENOENT;
-    long v;
-    int rc = kvctl_parse_long(name, val, 0, 64, &v);
-    if (rc < 0)
-        return rc;
-    *(plat ? &o.platform : &o.device) = (int)v;
-    kern_cl_opts_set(&o);
-    return 0;
-}
-
 static int cl_opt(int c, const char *arg)
 {
     return kvctl_cl_option(c == OPT_CL_PLATFORM ? "--cl-platform"

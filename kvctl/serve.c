@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -60,9 +61,9 @@ struct server {
     uv_loop_t *loop;
     struct net_handoff *events;      /* the worker's events, to the loop thread */
     uv_signal_t sigint, sigterm;
-    uv_thread_t thr;
-    uv_mutex_t mu;
-    uv_cond_t cv;
+    pthread_t thr;
+    pthread_mutex_t mu;              /* the lists, stop, cancelled flags, the step figures */
+    pthread_cond_t cv;               /* the worker waits on it for work or stop */
     struct model *m;
     struct model_exec *e;
     struct model_vocab *voc;
@@ -186,22 +187,22 @@ static bool step(struct server *sv, struct sgen *g)
         post_done(sv, g, NULL, msg);
         return false;
     }
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     sv->dec_steps++;
     sv->dec_ms += util_now_ms() - t0;
-    uv_mutex_unlock(&sv->mu);
+    pthread_mutex_unlock(&sv->mu);
     return true;
 }
 
-static void worker(void *arg)
+static void *worker(void *arg)
 {
     struct server *sv = arg;
     for (;;) {
-        uv_mutex_lock(&sv->mu);
+        pthread_mutex_lock(&sv->mu);
         while (!sv->stop && !sv->incoming && !sv->active)
-            uv_cond_wait(&sv->cv, &sv->mu);
+            pthread_cond_wait(&sv->cv, &sv->mu);
         if (sv->stop) {
-            uv_mutex_unlock(&sv->mu);
+            pthread_mutex_unlock(&sv->mu);
             break;
         }
         /* new ones join at the end, in the order they came */
@@ -221,16 +222,16 @@ static void worker(void *arg)
             struct sgen *g = *pp;
             if (g->cancelled) {
                 *pp = g->next;
-                uv_mutex_unlock(&sv->mu);
+                pthread_mutex_unlock(&sv->mu);
                 if (g->started)
                     model_session_free(sv->e, g->id);
                 post_done(sv, g, "cancelled", NULL);
-                uv_mutex_lock(&sv->mu);
+                pthread_mutex_lock(&sv->mu);
             } else {
                 pp = &g->next;
             }
         }
-        uv_mutex_unlock(&sv->mu);
+        pthread_mutex_unlock(&sv->mu);
         /* one turn each */
         for (struct sgen **pp = &sv->active; *pp;) {
             struct sgen *g = *pp;
@@ -243,6 +244,7 @@ static void worker(void *arg)
             }
         }
     }
+    return NULL;
 }
 
 /* ================================ loop side ================================ */
@@ -278,9 +280,9 @@ static void on_event(struct net_handoff_link *l, void *ud)
     struct server *sv = ud;
     struct event *ev = event_of(l);
     struct sgen *g = ev->g;
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     bool cancelled = g->cancelled;
-    uv_mutex_unlock(&sv->mu);
+    pthread_mutex_unlock(&sv->mu);
     if (ev->kind == EV_TOKEN) {
         if (!cancelled) {
             struct api_gen_token t = {.id = ev->tok, .text = ev->text ? ev->text : "",
@@ -341,11 +343,11 @@ static int gen_start(void *impl, const struct api_gen_req *r, const struct api_g
     g->ud = sink_ud;
     g->id = ++sv->next_id;
     sv->n_running++;
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     g->next = sv->incoming;
     sv->incoming = g;
-    uv_cond_signal(&sv->cv);
-    uv_mutex_unlock(&sv->mu);
+    pthread_cond_signal(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
     *handle = g;
     return 0;
 }
@@ -354,10 +356,10 @@ static void gen_cancel(void *impl, void *handle)
 {
     struct server *sv = impl;
     struct sgen *g = handle;
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     g->cancelled = true;
-    uv_cond_signal(&sv->cv);
-    uv_mutex_unlock(&sv->mu);
+    pthread_cond_signal(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
 }
 
 static bool gen_ready(void *impl, char *why, size_t n)
@@ -369,9 +371,9 @@ static bool gen_ready(void *impl, char *why, size_t n)
 static void gen_metrics(void *impl, char *buf, size_t cap)
 {
     struct server *sv = impl;
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     double ms = sv->dec_steps ? sv->dec_ms / (double)sv->dec_steps : 0;
-    uv_mutex_unlock(&sv->mu);
+    pthread_mutex_unlock(&sv->mu);
     snprintf(buf, cap,
         "# HELP kvasir_stage_ms_per_token Mean compute time of one decode step on this stage.\n"
         "# TYPE kvasir_stage_ms_per_token gauge\nkvasir_stage_ms_per_token{rank=\"0\"} %.4f\n",
@@ -383,11 +385,11 @@ static const struct api_gen_ops serve_ops = {gen_start, gen_cancel, gen_ready, g
 static void on_api_closed(void *ud)
 {
     struct server *sv = ud;
-    uv_mutex_lock(&sv->mu);
+    pthread_mutex_lock(&sv->mu);
     sv->stop = true;
-    uv_cond_signal(&sv->cv);
-    uv_mutex_unlock(&sv->mu);
-    uv_thread_join(&sv->thr);
+    pthread_cond_signal(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
+    pthread_join(sv->thr, NULL);
     net_handoff_drain(sv->events);   /* the last events (the cancelled ones' ends) */
     /* those the worker had not swept yet: every request is gone, nobody is told */
     for (struct sgen *l = sv->active, *ln = sv->incoming; l || ln; l = ln, ln = NULL)
@@ -525,8 +527,15 @@ int kvctl_cmd_serve(int argc, char **argv)
     if (!(sv->x = malloc((size_t)sv->max_batch * sv->hp->n_embd * sizeof(float))))
         goto out_exec;
     sv->loop = uv_default_loop();
-    uv_mutex_init(&sv->mu);
-    uv_cond_init(&sv->cv);
+    if ((rc = pthread_mutex_init(&sv->mu, NULL)) != 0) {
+        fprintf(stderr, "kvctl serve: the worker's lock: %s\n", strerror(rc));
+        goto out_exec;
+    }
+    if ((rc = pthread_cond_init(&sv->cv, NULL)) != 0) {
+        fprintf(stderr, "kvctl serve: the worker's lock: %s\n", strerror(rc));
+        pthread_mutex_destroy(&sv->mu);
+        goto out_exec;
+    }
     if ((rc = net_handoff_new(&sv->events, sv->loop, on_event, on_event_dropped, sv)) < 0) {
         fprintf(stderr, "kvctl serve: the worker's queue: %s\n", uv_strerror(rc));
         goto out_loop;
@@ -539,17 +548,17 @@ int kvctl_cmd_serve(int argc, char **argv)
         .n_ctx = sv->n_ctx, .n_vocab = sv->hp->n_vocab,
         .model_id = name[0] ? name : base ? base + 1 : path,
     };
-    if ((rc = uv_thread_create(&sv->thr, worker, sv)) < 0) {
-        fprintf(stderr, "kvctl serve: worker thread: %s\n", uv_strerror(rc));
+    if ((rc = pthread_create(&sv->thr, NULL, worker, sv)) != 0) {
+        fprintf(stderr, "kvctl serve: worker thread: %s\n", strerror(rc));
         goto out_loop;
     }
     if ((rc = api_server_new(&sv->api, sv->loop, &cfg, &gen, err, sizeof err)) < 0) {
         fprintf(stderr, "kvctl serve: %s\n", err[0] ? err : strerror(-rc));
-        uv_mutex_lock(&sv->mu);
+        pthread_mutex_lock(&sv->mu);
         sv->stop = true;
-        uv_cond_signal(&sv->cv);
-        uv_mutex_unlock(&sv->mu);
-        uv_thread_join(&sv->thr);
+        pthread_cond_signal(&sv->cv);
+        pthread_mutex_unlock(&sv->mu);
+        pthread_join(sv->thr, NULL);
         goto out_loop;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -568,8 +577,8 @@ out_loop:
     net_handoff_close(sv->events, NULL, NULL);   /* NULL once on_api_closed closed it */
     uv_run(sv->loop, UV_RUN_DEFAULT);
     uv_loop_close(sv->loop);
-    uv_cond_destroy(&sv->cv);
-    uv_mutex_destroy(&sv->mu);
+    pthread_cond_destroy(&sv->cv);
+    pthread_mutex_destroy(&sv->mu);
 out_exec:
     free(sv->x);
     model_vocab_free(sv->voc);

@@ -1,4 +1,4 @@
-/* kvctl_tok.c — kvctl tokenize / detokenize: the model's own vocabulary (model.h
+/* kvctl/tok.c — kvctl tokenize / detokenize: the model's own vocabulary (model.h
  * [tokenizer]) on text from the command line, a file or standard input. */
 #include <errno.h>
 #include <getopt.h>

@@ -9,7 +9,8 @@
    A never calls that inline function, as nm would not show it. No two files depend on each
    other, directly or through a cycle; within a module, files form a dependency order.
 3. Modules depend only downwards: each module may use the modules listed for it in LAYERS
-   and nothing else (by #include and by symbol).
+   and nothing else, by #include and by symbol, the calls of a header's static inline
+   functions included (a header that calls up is reported, and so is every file including it).
 
 Usage: check-layout.py BUILD_DIR  (the objects under BUILD_DIR/obj). Prints every violation
 and exits 1 when there is one.

@@ -112,6 +112,45 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
     return -1;
 }
 
+/* A batch-against-alone case of one shape: a rows x cols weight w (uniform +-0.1 from the
+ * seed) with room for its quantised copy wq, nx activation rows x (+-1), and the results of
+ * each row alone (solo) and of a batch (y). */
+struct batch_case {
+    int64_t rows, cols;
+    float *w, *x, *solo, *y;
+    void *wq;
+};
+
+static void batch_case_new(struct batch_case *c, int64_t rows, int64_t cols, int64_t nx, uint64_t seed)
+{
+    c->rows = rows;
+    c->cols = cols;
+    c->w = malloc(rows * cols * 4);
+    c->x = malloc(nx * cols * 4);
+    c->solo = malloc(nx * rows * 4);
+    c->y = malloc(nx * rows * 4);
+    c->wq = malloc(rows * cols * 4);
+    ku_seed(seed);
+    ku_fill(c->w, rows * cols, 0.1f);
+    ku_fill(c->x, nx * cols, 1.0f);
+}
+
+static void batch_case_free(struct batch_case *c)
+{
+    free(c->w); free(c->x); free(c->solo); free(c->y); free(c->wq);
+}
+
+/* Checks that each of the first n rows of the batch (c->y) is bit for bit that row alone
+ * (c->solo), naming the first that is not. */
+static void batch_case_check(const struct batch_case *c, const char *level, uint32_t t, int64_t n)
+{
+    int64_t rows = c->rows, i = first_diff(c->y, c->solo, n * rows);
+    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the row alone at index "
+            "%lld: %.9g vs %.9g", level, kern_type_name(t), (long long)rows, (long long)c->cols,
+            (long long)n, (long long)(i / rows), (long long)(i % rows), c->y[i < 0 ? 0 : i],
+            c->solo[i < 0 ? 0 : i]);
+}
+
 /* Batched rows bit-identical to rows alone: for every weight type and SIMD level, row i of a
  * matmul over n = 1..16 activation rows (KERN_ROWS_EXACT_MAX for F32, whose larger batches go
  * to OpenBLAS) is the very float the same row gets in a matmul of its own. The ring batches
@@ -139,32 +178,23 @@ T_CASE(matmul_rows_exact)
             continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int64_t rows = shapes[si].rows, cols = shapes[si].cols;
-            float *w = malloc(rows * cols * 4), *x = malloc(NX * cols * 4);
-            float *solo = malloc(NX * rows * 4), *y = malloc(NX * rows * 4);
-            void *wq = malloc(rows * cols * 4);
-            ku_seed(500 + si);
-            ku_fill(w, rows * cols, 0.1f);
-            ku_fill(x, NX * cols, 1.0f);
+            struct batch_case bc;
+            batch_case_new(&bc, rows, cols, NX, 500 + si);
             for (size_t c = 0; c < N_WT; c++) {
                 uint32_t t = weight_types[c];
-                if (!quant_weights(t, w, rows, cols, wq))
+                if (!quant_weights(t, bc.w, rows, cols, bc.wq))
                     continue;
                 for (int64_t i = 0; i < NX; i++)
-                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x + i * cols, 1,
-                                         solo + i * rows) == 0, "matmul");
+                    T_ASSERT(kern_matmul(p, t, bc.wq, rows, cols, bc.x + i * cols, 1,
+                                         bc.solo + i * rows) == 0, "matmul");
                 int64_t nmax = t == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : 16 + 3;
                 for (int64_t k = 2; k <= nmax; k++) {
                     int64_t n = k <= 16 ? k : big[k - 17];
-                    T_ASSERT(kern_matmul(p, t, wq, rows, cols, x, n, y) == 0, "matmul");
-                    int64_t i = first_diff(y, solo, n * rows);
-                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
-                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
-                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
-                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
-                            solo[i < 0 ? 0 : i]);
+                    T_ASSERT(kern_matmul(p, t, bc.wq, rows, cols, bc.x, n, bc.y) == 0, "matmul");
+                    batch_case_check(&bc, levels[lv], t, n);
                 }
             }
-            free(w); free(x); free(solo); free(y); free(wq);
+            batch_case_free(&bc);
         }
     }
     kern__simd_force(NULL);
@@ -1025,34 +1055,25 @@ T_CASE(packed_rows_exact)
             continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int64_t rows = shapes[si].rows, cols = shapes[si].cols;
-            float *w = malloc(rows * cols * 4), *x = malloc(NX * cols * 4);
-            float *solo = malloc(NX * rows * 4), *y = malloc(NX * rows * 4);
-            void *wq = malloc(rows * cols * 4);
-            ku_seed(900 + si);
-            ku_fill(w, rows * cols, 0.1f);
-            ku_fill(x, NX * cols, 1.0f);
+            struct batch_case bc;
+            batch_case_new(&bc, rows, cols, NX, 900 + si);
             for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
                 uint32_t t = packed_types[ti];
                 struct kern_packed *pk;
                 if (!whole_blocks(t, cols))
                     continue;
-                T_ASSERT(quant_weights(t, w, rows, cols, wq), "quant");
-                T_ASSERT(kern_pack_new(&pk, t, wq, rows, cols, 1) == 0, "pack");
+                T_ASSERT(quant_weights(t, bc.w, rows, cols, bc.wq), "quant");
+                T_ASSERT(kern_pack_new(&pk, t, bc.wq, rows, cols, 1) == 0, "pack");
                 for (int64_t i = 0; i < NX; i++)
-                    T_ASSERT(kern_matmul_packed(p, pk, 0, x + i * cols, 1, solo + i * rows) == 0,
+                    T_ASSERT(kern_matmul_packed(p, pk, 0, bc.x + i * cols, 1, bc.solo + i * rows) == 0,
                              "matmul");
                 for (int64_t n = 2; n <= NX; n++) {
-                    T_ASSERT(kern_matmul_packed(p, pk, 0, x, n, y) == 0, "matmul");
-                    int64_t i = first_diff(y, solo, n * rows);
-                    T_CHECK(i < 0, "%s %s %lldx%lld: batch of %lld, row %lld differs from the "
-                            "row alone at index %lld: %.9g vs %.9g", levels[lv],
-                            kern_type_name(t), (long long)rows, (long long)cols, (long long)n,
-                            (long long)(i / rows), (long long)(i % rows), y[i < 0 ? 0 : i],
-                            solo[i < 0 ? 0 : i]);
+                    T_ASSERT(kern_matmul_packed(p, pk, 0, bc.x, n, bc.y) == 0, "matmul");
+                    batch_case_check(&bc, levels[lv], t, n);
                 }
                 kern_pack_free(pk);
             }
-            free(w); free(x); free(solo); free(y); free(wq);
+            batch_case_free(&bc);
         }
     }
     kern__simd_force(NULL);

@@ -94,25 +94,30 @@ T_CASE(bad_endpoints_refused)
     T_CHECK(uv_loop_close(&loop) == 0, "loop left handles");
 }
 
-/* A fresh bridge on relay R: the up side's endpoint and the down side's. */
-static void bridge_endpoints(const struct tc_relay *R, char ep[200], char ep_down[220])
+/* Relay R started with cfg, a loop and a fresh bridge on R: the up side's endpoint and the
+ * down side's, the up side's state zeroed. 0, or tc_relay_start's error (nothing started). */
+static int relay_bridge(struct tc_relay *R, const struct kvd_relay_config *cfg, uv_loop_t *loop,
+                        char ep[200], char ep_down[220])
 {
+    int rc = tc_relay_start(R, cfg);
+    if (rc)
+        return rc;
+    uv_loop_init(loop);
     char id[33];
     tc_bridge_id(id);
     snprintf(ep, 200, "relay+ws://127.0.0.1:%d/b/%s", R->port, id);
     snprintf(ep_down, 220, "%s?role=down", ep);
+    memset(&up, 0, sizeof up);
+    return 0;
 }
 
 T_CASE(frames_through_the_relay)
 {
     struct tc_relay R;
     struct kvd_relay_config cfg = {.plain = true};
-    T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
     uv_loop_t loop;
-    uv_loop_init(&loop);
     char ep[200], ep_down[220];
-    bridge_endpoints(&R, ep, ep_down);
-    memset(&up, 0, sizeof up);
+    T_ASSERT(relay_bridge(&R, &cfg, &loop, ep, ep_down) == 0, "relay start");
     memset(&down, 0, sizeof down);
     T_ASSERT(ring_link_dial(&down.l, &loop, ep_down, &cbs, &down, 1 << 20, NULL, 0) == 0, "dial down");
     T_ASSERT(ring_link_dial(&up.l, &loop, ep, &cbs, &up, 1 << 20, NULL, 0) == 0, "dial up");
@@ -153,12 +158,9 @@ T_CASE(frame_over_the_relay_message_limit)
 {
     struct tc_relay R;
     struct kvd_relay_config cfg = {.plain = true, .max_msg_bytes = 2u << 20};
-    T_ASSERT(tc_relay_start(&R, &cfg) == 0, "relay start");
     uv_loop_t loop;
-    uv_loop_init(&loop);
     char ep[200], ep_down[220];
-    bridge_endpoints(&R, ep, ep_down);
-    memset(&up, 0, sizeof up);
+    T_ASSERT(relay_bridge(&R, &cfg, &loop, ep, ep_down) == 0, "relay start");
     memset(&bigs, 0, sizeof bigs);
     big_got = 0;
     T_ASSERT(ring_link_dial(&bigs.l, &loop, ep_down, &big_cbs, &bigs, 4u << 20, NULL, 0) == 0, "dial down");

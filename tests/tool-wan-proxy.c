@@ -1,5 +1,5 @@
 /* tool-wan-proxy: a TCP proxy that makes a loopback link behave like a WAN path, for rings
- * measured under emulated latency (tests/wan_lib.sh, tests/test-ring-wan.sh, the `wan`
+ * measured under emulated latency (tests/wan_ring.sh, tests/test-ring-wan.sh, the `wan`
  * section of tests/bench.sh). This machine's kernel has no `tc netem`, so the path is
  * emulated in user space; what that costs is measured by the `ping` and `stream` modes below
  * and stated in docs/ring.md, "Over a WAN".

@@ -137,11 +137,7 @@ float kern__dot_q4_K(const void *w, const void *xq, int64_t n)
     float sumf = 0;
     uint8_t q[KERN_QK_K];
     for (int64_t i = 0; i < n / KERN_QK_K; i++) {
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = x[i].qs[32 * j + l] & 0xF;
-                q[64 * j + 32 + l] = x[i].qs[32 * j + l] >> 4;
-            }
+        kern__k45_levels(x[i].qs, NULL, q);
         sumf += dot_k_levels(q, x[i].scales, kern__h2f(x[i].d), kern__h2f(x[i].dmin), &y[i]);
     }
     return sumf;
@@ -154,12 +150,7 @@ float kern__dot_q5_K(const void *w, const void *xq, int64_t n)
     float sumf = 0;
     uint8_t q[KERN_QK_K];
     for (int64_t i = 0; i < n / KERN_QK_K; i++) {
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                int h1 = (x[i].qh[l] >> (2 * j)) & 1, h2 = (x[i].qh[l] >> (2 * j + 1)) & 1;
-                q[64 * j + l] = (uint8_t)((x[i].qs[32 * j + l] & 0xF) | (h1 << 4));
-                q[64 * j + 32 + l] = (uint8_t)((x[i].qs[32 * j + l] >> 4) | (h2 << 4));
-            }
+        kern__k45_levels(x[i].qs, x[i].qh, q);
         sumf += dot_k_levels(q, x[i].scales, kern__h2f(x[i].d), kern__h2f(x[i].dmin), &y[i]);
     }
     return sumf;

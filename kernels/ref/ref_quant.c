@@ -100,45 +100,34 @@ void kern__dequant_q8_1(const void *src, float *y, int64_t nb)
         dequant_q8_block(b[i].qs, kern__h2f(b[i].d), y);
 }
 
+/* One Q4_K or Q5_K super-block (qh NULL for Q4_K): each level times its sub-block's scale,
+ * less its min (6-bit scales and mins, times the block's d and dmin). */
+static void dequant_k45(const uint8_t *scales, float d, float dmin, const uint8_t *qs,
+                        const uint8_t *qh, float *y)
+{
+    uint8_t q[KERN_QK_K];
+    kern__k45_levels(qs, qh, q);
+    for (int j = 0; j < 8; j++, y += 32) {
+        uint8_t sc, m;
+        kern__scale_min_k4(j, scales, &sc, &m);
+        float dj = d * sc, mj = dmin * m;
+        for (int l = 0; l < 32; l++)
+            y[l] = dj * q[32 * j + l] - mj;
+    }
+}
+
 void kern__dequant_q4_K(const void *src, float *y, int64_t nb)
 {
     const struct kern_block_q4_K *b = src;
-    for (int64_t i = 0; i < nb; i++) {
-        float d = kern__h2f(b[i].d), dmin = kern__h2f(b[i].dmin);
-        const uint8_t *q = b[i].qs;
-        for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            uint8_t sc, m;
-            kern__scale_min_k4(j, b[i].scales, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            kern__scale_min_k4(j + 1, b[i].scales, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) {
-                y[l] = d1 * (q[l] & 0xF) - m1;
-                y[l + 32] = d2 * (q[l] >> 4) - m2;
-            }
-        }
-    }
+    for (int64_t i = 0; i < nb; i++, y += KERN_QK_K)
+        dequant_k45(b[i].scales, kern__h2f(b[i].d), kern__h2f(b[i].dmin), b[i].qs, NULL, y);
 }
 
 void kern__dequant_q5_K(const void *src, float *y, int64_t nb)
 {
     const struct kern_block_q5_K *b = src;
-    for (int64_t i = 0; i < nb; i++) {
-        float d = kern__h2f(b[i].d), dmin = kern__h2f(b[i].dmin);
-        const uint8_t *q = b[i].qs, *qh = b[i].qh;
-        for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            uint8_t sc, m;
-            kern__scale_min_k4(j, b[i].scales, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            kern__scale_min_k4(j + 1, b[i].scales, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) {
-                int h1 = (qh[l] >> j) & 1, h2 = (qh[l] >> (j + 1)) & 1;
-                y[l] = d1 * ((q[l] & 0xF) + 16 * h1) - m1;
-                y[l + 32] = d2 * ((q[l] >> 4) + 16 * h2) - m2;
-            }
-        }
-    }
+    for (int64_t i = 0; i < nb; i++, y += KERN_QK_K)
+        dequant_k45(b[i].scales, kern__h2f(b[i].d), kern__h2f(b[i].dmin), b[i].qs, b[i].qh, y);
 }
 
 void kern__dequant_q6_K(const void *src, float *y, int64_t nb)
