@@ -102,7 +102,7 @@ static void gen_cancel(void *impl, void *handle)
 static bool gen_ready(void *impl, char *why, size_t n)
 {
     struct stage *st = impl;
-    bool up = kvd_conn_out_up(st) && st->links.in && st->links.in->up;
+    bool up = kvd_conn_out_up(st) && kvd_conn_in_up(st);
     if (!up)
         kvd_conn_ring_why(st, why, n);
     return up;
@@ -174,7 +174,7 @@ static void gen_metrics(void *impl, char *buf, size_t cap)
                 util_json_number(r, "rank", 0), k ? "out" : "in", util_json_number(l, "bytes_out", 0));
         }
     put(buf, cap, &at, "# TYPE kvasir_ring_linked gauge\nkvasir_ring_linked %d\n",
-        kvd_conn_out_up(st) && st->links.in && st->links.in->up);
+        kvd_conn_out_up(st) && kvd_conn_in_up(st));
     cJSON_Delete(ranks);
 }
 

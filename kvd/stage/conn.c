@@ -11,6 +11,8 @@
 
 bool kvd_conn_out_up(struct stage *st) { return st->links.out && st->links.out->up; }
 
+bool kvd_conn_in_up(struct stage *st) { return st->links.in && st->links.in->up; }
+
 int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
                   uint32_t n_tokens, const void *payload, size_t len)
 {
@@ -64,6 +66,15 @@ void kvd_conn_ping(struct conn *c)
     kvd_conn_send(c, RING_F_PING, 0, 0, 0, 0, b, 8);
 }
 
+void kvd_conn_pong(struct conn *c, const uint8_t payload[8])
+{
+    uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
+    if (c->role != CONN_OUT || sent != c->ping_sent_ns)
+        return;
+    c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
+    c->st->links.succ_rtt_ms = c->rtt_ms;
+}
+
 uint32_t kvd_conn_deadline_ms(const struct conn *c)
 {
     if (c->st->o.link_timeout_ms)
@@ -104,7 +115,7 @@ void kvd_conn_report_out(struct stage *st)
 {
     const struct kvd_link_note *ln = &st->links.note[st->rank];
     uint32_t h = note_hash(ln);
-    if (st->rank == 0 || !st->links.in || !st->links.in->up || h == st->links.out_report_hash)
+    if (st->rank == 0 || !kvd_conn_in_up(st) || h == st->links.out_report_hash)
         return;
     st->links.out_report_hash = h;
     size_t n = ln->down ? strlen(ln->last_reason) : 0;
@@ -124,7 +135,7 @@ void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n)
 
 void kvd_conn_ring_why(struct stage *st, char *msg, size_t n)
 {
-    bool out_up = kvd_conn_out_up(st), in_up = st->links.in && st->links.in->up;
+    bool out_up = kvd_conn_out_up(st), in_up = kvd_conn_in_up(st);
     /* The ring links from rank 0 outwards: the first link down in that order is the one to
      * fix; without a report, rank 0's own in link is. */
     uint32_t r = st->n - 1;

@@ -417,7 +417,6 @@ void kvd_ctl_on_conn(uv_stream_t *server, int status)
         uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
         return;
     }
-    c->next = st->sessions.clients;
-    st->sessions.clients = c;
+    kvd_client_add(c);
     uv_read_start((uv_stream_t *)&c->pipe, client_alloc, client_on_read);
 }

@@ -34,7 +34,7 @@ static void on_link_report(struct conn *c, const struct ring_frame_hdr *h, uint3
         kvd_log(st->rank == 0 ? KVD_LOG_INFO : KVD_LOG_DEBUG, "rank %u reports: link rank %u -> rank %u is %s%s%s",
                 h->pos, h->pos, (h->pos + 1) % st->n, down ? "down" : "up", down ? ": " : "",
                 down ? why : "");
-    if (st->rank != 0 && st->links.in && st->links.in->up) {   /* passed on cleaned */
+    if (st->rank != 0 && kvd_conn_in_up(st)) {   /* passed on cleaned */
         uint8_t b[4 + KVD_REASON_MAX];
         size_t k = down ? strlen(why) : 0;
         wr32(b, code);
@@ -56,11 +56,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
     case RING_F_PONG:
         if (h->payload_len != 8)
             VIOLATION(c, "PONG payload_len %u is not 8", h->payload_len);
-        if (c->role == CONN_OUT) {
-            uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
-            if (sent == c->ping_sent_ns)
-                c->st->links.succ_rtt_ms = c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
-        }
+        kvd_conn_pong(c, payload);
         return;
     case RING_F_STATUS: {   /* a rank's status record, either way round the ring */
         char why[300];
@@ -112,7 +108,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             kvd_sess_hold(st, bs, emsg);   /* kept for the replay where its log is whole */
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
-            if (st->links.in && st->links.in->up)
+            if (kvd_conn_in_up(st))
                 kvd_conn_send(st->links.in, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
             kvd_sess_drop(st, bs);
         }
@@ -168,9 +164,8 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         }
         /* A session that ended here and opens again: rank 0 replays it after a repair
          * (docs/ring.md, "Repair"); it is no longer a closed one whose frames are dropped. */
-        for (uint32_t i = 0; stale && i < CLOSED_RING; i++)
-            if (st->sessions.closed[i] == h->session)
-                st->sessions.closed[i] = 0;
+        if (stale)
+            kvd_sess_closed_forget(st, h->session);
         s = kvd_sess_new(st, h->session, p.n_ctx);
         int32_t *toks = st->is_last ? malloc((size_t)h->n_tokens * 4) : NULL;
         if (!s || (st->is_last && !toks)) {

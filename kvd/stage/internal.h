@@ -1,18 +1,29 @@
 /* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable and
  * the table of backends by name (the model; a build may add others, as the network tests'
- * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state and files. Those files form an order, each using only the ones below it:
- *   conn.c      a link's frame output, its closing, protocol violations
- *   session.c   sessions, rank 0's client streams and generation (model_gen), compute results
+ * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state (struct
+ * stage) and files. The loop side's files form an order, each using only those before it:
+ *   conn.c      a link's frame output, its closing, protocol violations, pings, the link notes
+ *   rowlog.c    the row log of the sessions whose receipts this stage wrote (audits)
+ *   receipt.c   the work receipts of sessions, and those parked for a replay
+ *   session.c   sessions, their boundary logs, rank 0's client streams and generation
+ *               (model_gen), compute results, rank 0's repair (pause, replay)
  *   status.c    the ring-wide status: this stage's record, every rank's last one, STATUS frames
  *   frames.c    the session frames arriving on a link, checked against the manifest
  *   link.c      predecessor and successor links: dial, accept, handshake, breakage
  *   control.c   the control socket (generate, status, shutdown) and the status object
  *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
- *   stage.c     the struct's start and stop, the periodic tick, signals
- *   probe.c     a market's known-answer probe through a fresh instance of the backend
- * control.c asks for a shutdown through stage->shutdown, the one call upwards. The compute
- * thread lies below them: sched.c (its batching scheduler) < compute.c (the thread, its jobs
- * run on the backend). */
+ *   stage.c     the struct's start and stop, the periodic tick, signals, a standby's takeover
+ *   main.c      `kvd stage`'s options
+ * The calls upwards go through function pointers that stage.c sets in struct stage: control.c's
+ * shutdown, and link.c's take_rank and pull_window (a standby taking a rank). probe.c (a
+ * market's known-answer probe through a fresh instance of the backend) stands apart. The
+ * compute thread lies below them all: backend.c and backend_model.c (what it runs), sched.c
+ * (its batching scheduler) < compute.c (the thread, its jobs run on the backend).
+ *
+ * struct stage is in parts, each written by the file its comment names (stage.c sets every
+ * part's first values): at the top the shape, settings and compute (stage.c); io, tick and
+ * standby (stage.c); links (link.c, conn.c); sessions and repair (session.c); status
+ * (status.c); stats (session.c, frames.c); receipts (receipt.c). */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
 
@@ -467,9 +478,9 @@ struct stage_standby {
 
 /* The ring links: link.c (dial, accept, handshake, redial, the out link's failures) and below
  * it conn.c (the notes on every link, the reports back to rank 0, the successor's round
- * trip). Every file reads in and out (kvd_conn_in_up, kvd_conn_out_up); frames.c, status.c
- * and control.c read the notes (kvd_conn_note writes them); stage.c's tick closes links past
- * their deadlines. */
+ * trip). The other files send on in and out (kvd_conn_in_up and kvd_conn_out_up say whether
+ * they are up); frames.c, status.c and control.c read the notes; stage.c's tick closes links
+ * past their deadlines. */
 struct stage_links {
     struct conn *in, *out;      /* the predecessor's and the successor's link (NULL: none) */
     struct conn *pending;       /* links in handshake, newest first */
@@ -643,7 +654,9 @@ void kvd_rowlog_put(int fd, int kind, uint32_t pos, const void *row, size_t len)
 void kvd_rowlog_close(struct stage *st, int fd);
 
 /* conn.c */
+/* Whether the successor's (out) and the predecessor's (in) link are established. */
 bool kvd_conn_out_up(struct stage *st);
+bool kvd_conn_in_up(struct stage *st);
 int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
                   uint32_t n_tokens, const void *payload, size_t len);
 void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg);
@@ -653,6 +666,9 @@ void kvd_conn_violation(struct conn *c, const char *fmt, ...) __attribute__((for
 /* Close the link for a violation and leave the calling handler. */
 #define VIOLATION(c, ...) do { kvd_conn_violation(c, __VA_ARGS__); return; } while (0)
 void kvd_conn_ping(struct conn *c);
+/* A PONG's payload came on c: on the out link, an answer to its last ping gives the round trip
+ * (the link's deadline and the next successor's handshake deadline follow from it). */
+void kvd_conn_pong(struct conn *c, const uint8_t payload[8]);
 /* How long c may stay silent before it is dead: --link-timeout-ms, or derived from its RTT. */
 uint32_t kvd_conn_deadline_ms(const struct conn *c);
 /* How long the handshake of a successor dialled may take before the next candidate's turn. */
@@ -672,7 +688,10 @@ void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n);
 /* session.c */
 struct cJSON;
 struct sess *kvd_sess_find(struct stage *st, uint64_t id);
+/* Whether session id ended here lately (frames still coming for it are dropped, not refused);
+ * forget it among those (it opens again: a replay). */
 bool kvd_sess_recently_closed(struct stage *st, uint64_t id);
+void kvd_sess_closed_forget(struct stage *st, uint64_t id);
 struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
 void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
@@ -748,6 +767,9 @@ uint32_t kvd_sess_n_hist(const struct sess *s);
 void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                        const uint8_t *payload);
 void kvd_sess_on_job_done(struct kvd_job *j, void *ud);
+/* Rank 0's control-socket clients (control.c accepts them): add c, accepted, to its stage's
+ * list, which kvd_client_close takes it off. */
+void kvd_client_add(struct client *c);
 void kvd_client_send(struct client *c, const char *line);
 void kvd_client_send_json(struct client *c, struct cJSON *o);   /* frees o */
 void kvd_client_error(struct client *c, const char *msg);

@@ -133,6 +133,7 @@ static void on_established(struct conn *c)
             kvd_conn_close(c, "taking over the rank failed");
             return;
         }
+        st->links.out_was_up = true;   /* the ring ran: its successor may be dead too */
     } else if (c->role == CONN_PENDING && c->peer_rank != st->pred) {
         kvd_conn_violation(c, "rank %u is not this stage's predecessor (rank %u)", c->peer_rank, st->pred);
         return;
@@ -159,7 +160,7 @@ static void on_established(struct conn *c)
             char msg[300];
             snprintf(msg, sizeof msg, "rank %u already has a predecessor link (from %s); refusing a second one",
                      st->rank, ring_link_peer(st->links.in->link));
-            c->role = CONN_IN;   /* for the log line only; it never becomes st->in */
+            c->role = CONN_IN;   /* for the log line only; it never becomes st->links.in */
             c->up = true;
             kvd_conn_violation(c, "%s", msg);
             c->up = false;
@@ -473,7 +474,7 @@ void kvd_link_dial_out(struct stage *st)
      * linked it. So a node restarted while another serves its rank (nobody dials it) never
      * takes the successor's in-link from the node that serves the rank now (docs/ring.md,
      * "Repair"); on_established dials when the in-link comes up. */
-    if (st->rank != 0 && !(st->links.in && st->links.in->up))
+    if (st->rank != 0 && !kvd_conn_in_up(st))
         return;
     struct conn *c = calloc(1, sizeof *c);
     if (!c)

@@ -33,6 +33,13 @@ bool kvd_sess_recently_closed(struct stage *st, uint64_t id)
     return false;
 }
 
+void kvd_sess_closed_forget(struct stage *st, uint64_t id)
+{
+    for (uint32_t i = 0; i < CLOSED_RING; i++)
+        if (st->sessions.closed[i] == id)
+            st->sessions.closed[i] = 0;
+}
+
 uint32_t kvd_sess_epoch_next(struct stage *st)
 {
     return ++st->sessions.epoch;
@@ -318,7 +325,7 @@ void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const c
      * session came: either way rank 0 hears of it and tells its client. */
     if (kvd_conn_out_up(st))
         kvd_conn_send_error(st->links.out, s->id, code, msg);
-    else if (st->links.in && st->links.in->up)
+    else if (kvd_conn_in_up(st))
         kvd_conn_send_error(st->links.in, s->id, code, msg);
     if (code == RING_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
         kvd_receipt_park(st, s);
@@ -342,7 +349,7 @@ void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
     s->held = true;
     if (kvd_conn_out_up(st))
         kvd_conn_send_error(st->links.out, s->id, RING_ERR_RING, msg);
-    else if (st->links.in && st->links.in->up)
+    else if (kvd_conn_in_up(st))
         kvd_conn_send_error(st->links.in, s->id, RING_ERR_RING, msg);
 }
 
@@ -464,7 +471,7 @@ void kvd_sess_repair_tick(struct stage *st)
             char msg[200];
             snprintf(msg, sizeof msg, "the ring broke and was not repaired within %u s (rank 0's "
                      "links: out %s, in %s)", st->repair.wait_ms / 1000, kvd_conn_out_up(st) ? "up" : "down",
-                     st->links.in && st->links.in->up ? "up" : "down");
+                     kvd_conn_in_up(st) ? "up" : "down");
             st->repair.failed++;
             kvd_sess_finish(st, s, NULL, msg);
         }
@@ -473,7 +480,7 @@ void kvd_sess_repair_tick(struct stage *st)
         uv_timer_stop(&st->repair.timer);
         return;
     }
-    bool linked = kvd_conn_out_up(st) && st->links.in && st->links.in->up;
+    bool linked = kvd_conn_out_up(st) && kvd_conn_in_up(st);
     if (!linked || now < st->repair.next_replay_ms)
         return;
     /* Both of rank 0's links are up: replay. A link further down still broken sends the
@@ -698,7 +705,7 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
                    size_t n)
 {
     *out = NULL;
-    if (!kvd_conn_out_up(st) || !(st->links.in && st->links.in->up)) {
+    if (!kvd_conn_out_up(st) || !kvd_conn_in_up(st)) {
         kvd_conn_ring_why(st, msg, n);
         free(g->toks);
         return -ENOTCONN;
@@ -766,6 +773,12 @@ static void client_on_shutdown(uv_shutdown_t *req, int status)
     struct client *c = req->data;
     free(req);
     uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
+}
+
+void kvd_client_add(struct client *c)
+{
+    c->next = c->st->sessions.clients;
+    c->st->sessions.clients = c;
 }
 
 void kvd_client_close(struct client *c)

@@ -383,7 +383,6 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     if (st->standby.waiting) {
         st->standby.waiting = false;
         st->standby.takeovers++;
-        st->links.out_was_up = true;   /* the ring ran: its successor may be dead too */
         kvd_log(KVD_LOG_INFO, "standby %u serves rank %u (window loaded in %.0f ms)", st->standby.index, rank,
                 util_now_ms() - t0);
     }

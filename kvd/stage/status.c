@@ -102,7 +102,7 @@ static cJSON *record(struct stage *st, size_t cap)
     cJSON_AddNumberToObject(o, "uptime_s", (double)((uint64_t)util_now_ms() - st->start_ms) / 1000);
     cJSON_AddItemToObject(o, "in", link_rec(st, st->links.in, false, cap));
     cJSON_AddItemToObject(o, "out", link_rec(st, st->links.out, true, cap));
-    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->links.in && st->links.in->up);
+    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && kvd_conn_in_up(st));
     cJSON_AddNumberToObject(o, "sessions", st->sessions.n);
     cJSON_AddNumberToObject(o, "paused_sessions", st->repair.n_paused);
     cJSON_AddNumberToObject(o, "steps", (double)st->stats.steps);
@@ -322,10 +322,10 @@ void kvd_status_tick(struct stage *st)
 {
     if (st->standby.waiting)
         return;
-    bool linked = kvd_conn_out_up(st) && st->links.in && st->links.in->up;
+    bool linked = kvd_conn_out_up(st) && kvd_conn_in_up(st);
     if (st->rank == 0)
         note_repair(st, linked);
-    if (!(st->links.in && st->links.in->up) && !kvd_conn_out_up(st))
+    if (!kvd_conn_in_up(st) && !kvd_conn_out_up(st))
         return;
     /* The tick runs every TICK_MS; a record goes out once a STATUS_EVERY_MS. */
     uint64_t now = (uint64_t)util_now_ms();
