@@ -102,7 +102,7 @@ static void gen_cancel(void *impl, void *handle)
 static bool gen_ready(void *impl, char *why, size_t n)
 {
     struct stage *st = impl;
-    bool up = kvd_conn_out_up(st) && st->in && st->in->up;
+    bool up = kvd_conn_out_up(st) && kvd_conn_in_up(st);
     if (!up)
         kvd_conn_ring_why(st, why, n);
     return up;
@@ -174,7 +174,7 @@ static void gen_metrics(void *impl, char *buf, size_t cap)
                 util_json_number(r, "rank", 0), k ? "out" : "in", util_json_number(l, "bytes_out", 0));
         }
     put(buf, cap, &at, "# TYPE kvasir_ring_linked gauge\nkvasir_ring_linked %d\n",
-        kvd_conn_out_up(st) && st->in && st->in->up);
+        kvd_conn_out_up(st) && kvd_conn_in_up(st));
     cJSON_Delete(ranks);
 }
 
@@ -222,19 +222,19 @@ int kvd_api_start(struct stage *st)
     if (!c.max_sessions)
         c.max_sessions = st->m.max_sessions;
     char err[KV_ERR_MAX] = "";
-    int rc = api_server_new(&st->api, st->loop, &c, &gen, err, sizeof err);
+    int rc = api_server_new(&st->io.api, st->loop, &c, &gen, err, sizeof err);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "%s", err[0] ? err : strerror(-rc));
         return rc;
     }
     kvd_log(KVD_LOG_INFO, "OpenAI-compatible API on %s://%s (port %d)%s, at most %u sessions",
-            o->api_tls_cert ? "https" : "http", o->api_listen, api_server_port(st->api), o->api_key_file ? ", API keys required" : "",
+            o->api_tls_cert ? "https" : "http", o->api_listen, api_server_port(st->io.api), o->api_key_file ? ", API keys required" : "",
             c.max_sessions);
     return 0;
 }
 
 void kvd_api_stop(struct stage *st)
 {
-    api_server_close(st->api, NULL, NULL);
-    st->api = NULL;
+    api_server_close(st->io.api, NULL, NULL);
+    st->io.api = NULL;
 }

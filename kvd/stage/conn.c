@@ -9,7 +9,9 @@
 #include "kvd/stage/internal.h"
 #include "net/net.h"
 
-bool kvd_conn_out_up(struct stage *st) { return st->out && st->out->up; }
+bool kvd_conn_out_up(struct stage *st) { return st->links.out && st->links.out->up; }
+
+bool kvd_conn_in_up(struct stage *st) { return st->links.in && st->links.in->up; }
 
 int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
                   uint32_t n_tokens, const void *payload, size_t len)
@@ -64,17 +66,27 @@ void kvd_conn_ping(struct conn *c)
     kvd_conn_send(c, RING_F_PING, 0, 0, 0, 0, b, 8);
 }
 
+void kvd_conn_pong(struct conn *c, const uint8_t payload[8])
+{
+    uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
+    if (c->role != CONN_OUT || sent != c->ping_sent_ns)
+        return;
+    c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
+    c->st->links.succ_rtt_ms = c->rtt_ms;
+}
+
 uint32_t kvd_conn_deadline_ms(const struct conn *c)
 {
-    if (c->st->link_timeout_ms)
-        return c->st->link_timeout_ms;
+    if (c->st->o.link_timeout_ms)
+        return c->st->o.link_timeout_ms;
     double ms = LINK_SILENCE_MIN_MS + LINK_SILENCE_RTTS * c->rtt_ms;
     return ms < LINK_SILENCE_MAX_MS ? (uint32_t)ms : LINK_SILENCE_MAX_MS;
 }
 
 uint32_t kvd_conn_hs_deadline_ms(const struct stage *st)
 {
-    double ms = st->link_timeout_ms ? st->link_timeout_ms : LINK_HS_MIN_MS + LINK_HS_RTTS * st->succ_rtt_ms;
+    double ms = st->o.link_timeout_ms ? st->o.link_timeout_ms
+                                      : LINK_HS_MIN_MS + LINK_HS_RTTS * st->links.succ_rtt_ms;
     return ms < LINK_HS_MAX_MS ? (uint32_t)ms : LINK_HS_MAX_MS;
 }
 
@@ -82,7 +94,7 @@ void kvd_conn_note(struct stage *st, uint32_t r, bool down, uint32_t by, const c
 {
     if (r >= st->n)
         return;
-    struct kvd_link_note *ln = &st->links[r];
+    struct kvd_link_note *ln = &st->links.note[r];
     ln->down = down;
     if (down && reason) {
         snprintf(ln->last_reason, sizeof ln->last_reason, "%s", reason);
@@ -101,29 +113,29 @@ static uint32_t note_hash(const struct kvd_link_note *ln)
 
 void kvd_conn_report_out(struct stage *st)
 {
-    const struct kvd_link_note *ln = &st->links[st->rank];
+    const struct kvd_link_note *ln = &st->links.note[st->rank];
     uint32_t h = note_hash(ln);
-    if (st->rank == 0 || !st->in || !st->in->up || h == st->out_report_hash)
+    if (st->rank == 0 || !kvd_conn_in_up(st) || h == st->links.out_report_hash)
         return;
-    st->out_report_hash = h;
+    st->links.out_report_hash = h;
     size_t n = ln->down ? strlen(ln->last_reason) : 0;
     uint8_t buf[4 + KVD_REASON_MAX];
     wr32(buf, ln->down ? RING_ERR_LINK_DOWN : RING_ERR_LINK_UP);
     memcpy(buf + 4, ln->last_reason, n);
     struct ring_frame_hdr hd = {.magic = RING_MAGIC, .type = RING_F_ERROR, .pos = st->rank};
-    ring_link_send(st->in->link, &hd, buf, 4 + n);
+    ring_link_send(st->links.in->link, &hd, buf, 4 + n);
 }
 
 void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n)
 {
-    const struct kvd_link_note *ln = &st->links[st->rank];
+    const struct kvd_link_note *ln = &st->links.note[st->rank];
     snprintf(msg, n, "ring not linked: link rank %u -> rank %u is down%s%s", st->rank, st->succ,
              ln->last_reason[0] ? ": " : "", ln->last_reason);
 }
 
 void kvd_conn_ring_why(struct stage *st, char *msg, size_t n)
 {
-    bool out_up = kvd_conn_out_up(st), in_up = st->in && st->in->up;
+    bool out_up = kvd_conn_out_up(st), in_up = kvd_conn_in_up(st);
     /* The ring links from rank 0 outwards: the first link down in that order is the one to
      * fix; without a report, rank 0's own in link is. */
     uint32_t r = st->n - 1;
@@ -131,11 +143,11 @@ void kvd_conn_ring_why(struct stage *st, char *msg, size_t n)
         r = 0;
     else
         for (uint32_t i = 1; i < st->n; i++)
-            if (st->links[i].down && st->links[i].last_reason[0]) {
+            if (st->links.note[i].down && st->links.note[i].last_reason[0]) {
                 r = i;
                 break;
             }
-    const struct kvd_link_note *ln = &st->links[r];
+    const struct kvd_link_note *ln = &st->links.note[r];
     char ago[64] = "";
     if (ln->last_reason[0])
         snprintf(ago, sizeof ago, " (rank %u, %.0f s ago)", ln->by_rank,

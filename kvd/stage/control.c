@@ -33,7 +33,7 @@ static cJSON *status_json(struct stage *st)
     cJSON_AddStringToObject(o, "dtype", st->m.dtype);
     /* a local caller gets each link's last failure whole (the ring's records cut it) */
     for (int k = 0; k < 2; k++) {
-        const struct kvd_link_note *ln = &st->links[k ? st->rank : st->pred];
+        const struct kvd_link_note *ln = &st->links.note[k ? st->rank : st->pred];
         cJSON *l = cJSON_GetObjectItemCaseSensitive(o, k ? "out" : "in");
         if (ln->last_reason[0] && cJSON_GetObjectItemCaseSensitive(l, "error"))
             util_json_set(l, "error", cJSON_CreateString(ln->last_reason));
@@ -50,47 +50,47 @@ static cJSON *status_json(struct stage *st)
     }
     /* how long ago this stage last ran a token (absent before the first): the market's map
      * shows it (kvd join sends it in its heartbeats) */
-    if (st->last_step_ms)
+    if (st->stats.last_step_ms)
         cJSON_AddNumberToObject(o, "last_token_age_s",
-                                round(((uint64_t)util_now_ms() - st->last_step_ms) / 100.0) / 10);
+                                round(((uint64_t)util_now_ms() - st->stats.last_step_ms) / 100.0) / 10);
     uint32_t pend = 0;
-    for (struct conn *p = st->pending; p; p = p->next)
+    for (struct conn *p = st->links.pending; p; p = p->next)
         pend++;
     cJSON_AddNumberToObject(o, "pending_links", pend);
     /* Repair, every stage: ranks it took over as a standby, sessions it opened as replays and
      * the history positions it recomputed for them, its boundary logs (bytes held now, part of
      * this stage's memory; logs dropped over a cap; replayed sessions served from a log instead
      * of recomputed) and the link deadlines in force (docs/ring.md, "Repair"). */
-    cJSON_AddNumberToObject(o, "takeovers", (double)st->takeovers);
-    cJSON_AddNumberToObject(o, "replayed_sessions", (double)st->replayed_sessions);
-    cJSON_AddNumberToObject(o, "replayed_positions", (double)st->replayed_positions);
-    cJSON_AddNumberToObject(o, "boundary_log_bytes", (double)st->blog_bytes);
-    cJSON_AddNumberToObject(o, "boundary_logs_dropped", (double)st->blog_dropped);
-    cJSON_AddNumberToObject(o, "replays_from_log", (double)st->replays_from_log);
-    if (st->in)
-        cJSON_AddNumberToObject(o, "in_deadline_ms", kvd_conn_deadline_ms(st->in));
-    if (st->out)
-        cJSON_AddNumberToObject(o, "out_deadline_ms", kvd_conn_deadline_ms(st->out));
+    cJSON_AddNumberToObject(o, "takeovers", (double)st->standby.takeovers);
+    cJSON_AddNumberToObject(o, "replayed_sessions", (double)st->stats.replayed_sessions);
+    cJSON_AddNumberToObject(o, "replayed_positions", (double)st->stats.replayed_positions);
+    cJSON_AddNumberToObject(o, "boundary_log_bytes", (double)st->sessions.blog_bytes);
+    cJSON_AddNumberToObject(o, "boundary_logs_dropped", (double)st->stats.blog_dropped);
+    cJSON_AddNumberToObject(o, "replays_from_log", (double)st->stats.replays_from_log);
+    if (st->links.in)
+        cJSON_AddNumberToObject(o, "in_deadline_ms", kvd_conn_deadline_ms(st->links.in));
+    if (st->links.out)
+        cJSON_AddNumberToObject(o, "out_deadline_ms", kvd_conn_deadline_ms(st->links.out));
     /* Repair (docs/ring.md, "Repair"): rank 0's paused sessions, the ring breaks they saw,
      * the replays and how long a break cost, and the repairs seen (status.c). */
-    if (st->rank == 0 && !st->waiting) {
+    if (st->rank == 0 && !st->standby.waiting) {
         cJSON *ro = cJSON_AddObjectToObject(o, "repair");
-        cJSON_AddNumberToObject(ro, "wait_s", st->repair_wait_ms / 1000);
-        cJSON_AddNumberToObject(ro, "paused_sessions", st->n_paused);
-        cJSON_AddNumberToObject(ro, "ring_breaks", (double)st->ring_breaks);
-        cJSON_AddNumberToObject(ro, "replays", (double)st->replays);
-        cJSON_AddNumberToObject(ro, "resumed_sessions", (double)st->resumed);
-        cJSON_AddNumberToObject(ro, "not_repaired", (double)st->repair_failed);
-        cJSON_AddNumberToObject(ro, "last_resume_ms", st->last_resume_ms);
-        cJSON_AddNumberToObject(ro, "max_resume_ms", st->max_resume_ms);
-        cJSON_AddNumberToObject(ro, "repairs", (double)st->repairs);
-        if (st->repairs) {
-            cJSON_AddNumberToObject(ro, "last_repair_unix", (double)st->last_repair_unix);
-            cJSON_AddNumberToObject(ro, "last_repair_rank", st->last_repair_rank);
+        cJSON_AddNumberToObject(ro, "wait_s", st->repair.wait_ms / 1000);
+        cJSON_AddNumberToObject(ro, "paused_sessions", st->repair.n_paused);
+        cJSON_AddNumberToObject(ro, "ring_breaks", (double)st->repair.ring_breaks);
+        cJSON_AddNumberToObject(ro, "replays", (double)st->repair.replays);
+        cJSON_AddNumberToObject(ro, "resumed_sessions", (double)st->repair.resumed);
+        cJSON_AddNumberToObject(ro, "not_repaired", (double)st->repair.failed);
+        cJSON_AddNumberToObject(ro, "last_resume_ms", st->repair.last_resume_ms);
+        cJSON_AddNumberToObject(ro, "max_resume_ms", st->repair.max_resume_ms);
+        cJSON_AddNumberToObject(ro, "repairs", (double)st->status.repairs);
+        if (st->status.repairs) {
+            cJSON_AddNumberToObject(ro, "last_repair_unix", (double)st->status.last_repair_unix);
+            cJSON_AddNumberToObject(ro, "last_repair_rank", st->status.last_repair_rank);
         }
     }
-    cJSON_AddNumberToObject(o, "rows", (double)st->rows);
-    cJSON_AddNumberToObject(o, "compute_ms", st->compute_ms);
+    cJSON_AddNumberToObject(o, "rows", (double)st->stats.rows);
+    cJSON_AddNumberToObject(o, "compute_ms", st->stats.compute_ms);
     if (st->comp) {   /* window runs that took several sessions' steps at once */
         struct kvd_compute_stats cs;
         kvd_compute_stats(st->comp, &cs);
@@ -133,17 +133,17 @@ static cJSON *status_json(struct stage *st)
         cJSON_AddNumberToObject(dro, "rows_rerun", (double)cs.rows_rerun);
     }
     if (st->rank == 0) {
-        cJSON_AddNumberToObject(dro, "passes_sent", (double)st->draft_passes);
-        cJSON_AddNumberToObject(dro, "drafts_sent", (double)st->drafts_sent);
-        cJSON_AddNumberToObject(dro, "drafts_accepted", (double)st->drafts_accepted);
-        cJSON_AddNumberToObject(dro, "token_frames", (double)st->passes_in);
-        cJSON_AddNumberToObject(dro, "tokens", (double)st->tokens_in);
+        cJSON_AddNumberToObject(dro, "passes_sent", (double)st->stats.draft_passes);
+        cJSON_AddNumberToObject(dro, "drafts_sent", (double)st->stats.drafts_sent);
+        cJSON_AddNumberToObject(dro, "drafts_accepted", (double)st->stats.drafts_accepted);
+        cJSON_AddNumberToObject(dro, "token_frames", (double)st->stats.passes_in);
+        cJSON_AddNumberToObject(dro, "tokens", (double)st->stats.tokens_in);
     }
-    uint64_t frames = st->act_frames_out + st->tok_frames_out;
+    uint64_t frames = st->stats.act_frames_out + st->stats.tok_frames_out;
     cJSON_AddNumberToObject(o, "frames_out", (double)frames);
-    cJSON_AddNumberToObject(o, "rows_out", (double)st->rows);
+    cJSON_AddNumberToObject(o, "rows_out", (double)st->stats.rows);
     /* Boundary (or token) bytes this stage sent per token it processed, headers included. */
-    cJSON_AddNumberToObject(o, "boundary_bytes_out", (double)st->frame_bytes_out);
+    cJSON_AddNumberToObject(o, "boundary_bytes_out", (double)st->stats.frame_bytes_out);
     return o;
 }
 
@@ -417,7 +417,6 @@ void kvd_ctl_on_conn(uv_stream_t *server, int status)
         uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
         return;
     }
-    c->next = st->clients;
-    st->clients = c;
+    kvd_client_add(c);
     uv_read_start((uv_stream_t *)&c->pipe, client_alloc, client_on_read);
 }

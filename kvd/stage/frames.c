@@ -27,19 +27,19 @@ static void on_link_report(struct conn *c, const struct ring_frame_hdr *h, uint3
     char why[KVD_REASON_MAX];
     util_text_clean(why, sizeof why, msg, n);
     bool down = code == RING_ERR_LINK_DOWN;
-    struct kvd_link_note *ln = &st->links[h->pos];
+    struct kvd_link_note *ln = &st->links.note[h->pos];
     bool same = ln->down == down && (!down || !strcmp(ln->last_reason, why));
     kvd_conn_note(st, h->pos, down, h->pos, why);
     if (!same)
         kvd_log(st->rank == 0 ? KVD_LOG_INFO : KVD_LOG_DEBUG, "rank %u reports: link rank %u -> rank %u is %s%s%s",
                 h->pos, h->pos, (h->pos + 1) % st->n, down ? "down" : "up", down ? ": " : "",
                 down ? why : "");
-    if (st->rank != 0 && st->in && st->in->up) {   /* passed on cleaned */
+    if (st->rank != 0 && kvd_conn_in_up(st)) {   /* passed on cleaned */
         uint8_t b[4 + KVD_REASON_MAX];
         size_t k = down ? strlen(why) : 0;
         wr32(b, code);
         memcpy(b + 4, why, k);
-        kvd_conn_send(st->in, RING_F_ERROR, 0, 0, h->pos, 0, b, 4 + k);
+        kvd_conn_send(st->links.in, RING_F_ERROR, 0, 0, h->pos, 0, b, 4 + k);
     }
 }
 
@@ -56,11 +56,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
     case RING_F_PONG:
         if (h->payload_len != 8)
             VIOLATION(c, "PONG payload_len %u is not 8", h->payload_len);
-        if (c->role == CONN_OUT) {
-            uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
-            if (sent == c->ping_sent_ns)
-                c->st->succ_rtt_ms = c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
-        }
+        kvd_conn_pong(c, payload);
         return;
     case RING_F_STATUS: {   /* a rank's status record, either way round the ring */
         char why[300];
@@ -112,8 +108,8 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             kvd_sess_hold(st, bs, emsg);   /* kept for the replay where its log is whole */
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
-            if (st->in && st->in->up)
-                kvd_conn_send(st->in, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
+            if (kvd_conn_in_up(st))
+                kvd_conn_send(st->links.in, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
             kvd_sess_drop(st, bs);
         }
         return;
@@ -159,18 +155,17 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             s = NULL;
             stale = true;
         }
-        if (st->n_sessions >= st->m.max_sessions) {
+        if (st->sessions.n >= st->m.max_sessions) {
             char msg[200];
             snprintf(msg, sizeof msg, "rank %u: too many sessions (limit %u)", st->rank, st->m.max_sessions);
             if (kvd_conn_out_up(st))
-                kvd_conn_send_error(st->out, h->session, RING_ERR_LIMIT, msg);
+                kvd_conn_send_error(st->links.out, h->session, RING_ERR_LIMIT, msg);
             return;
         }
         /* A session that ended here and opens again: rank 0 replays it after a repair
          * (docs/ring.md, "Repair"); it is no longer a closed one whose frames are dropped. */
-        for (uint32_t i = 0; stale && i < CLOSED_RING; i++)
-            if (st->closed[i] == h->session)
-                st->closed[i] = 0;
+        if (stale)
+            kvd_sess_closed_forget(st, h->session);
         s = kvd_sess_new(st, h->session, p.n_ctx);
         int32_t *toks = st->is_last ? malloc((size_t)h->n_tokens * 4) : NULL;
         if (!s || (st->is_last && !toks)) {
@@ -183,7 +178,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             toks[i] = (int32_t)rd32(payload + RING_OPEN_LEN + 4 * i);
         if (h->flags & RING_FL_REPLAY) {
             s->replay_end = h->n_tokens;
-            st->replayed_sessions++;
+            st->stats.replayed_sessions++;
             if (!stale)   /* a dropped one said why in kvd_sess_resume */
                 kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes its %u positions "
                         "here (new to this stage)", h->session, h->n_tokens);
@@ -194,7 +189,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             return;
         }
         if (!st->is_last &&
-            kvd_conn_send(st->out, RING_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
+            kvd_conn_send(st->links.out, RING_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload, h->payload_len) < 0) {
             char msg[KV_ERR_MAX];
             kvd_conn_out_down_why(st, msg, sizeof msg);
             kvd_sess_fail_code(st, s, RING_ERR_RING, msg);
@@ -261,7 +256,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         j->in = in;
         j->in_len = len;
         if (pos < s->replay_end)   /* a replayed history's positions, recomputed here */
-            st->replayed_positions += (pos + n < s->replay_end ? pos + n : s->replay_end) - pos;
+            st->stats.replayed_positions += (pos + n < s->replay_end ? pos + n : s->replay_end) - pos;
         s->next_pos = h->pos + h->n_tokens;
         s->drafted = (h->flags & RING_FL_DRAFT) != 0;
         s->draft_from = h->pos;
@@ -328,7 +323,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         else
             kvd_receipt_unpark(st, h->session);   /* ended without the replay it waited for */
         if (!st->is_last)
-            kvd_conn_send(st->out, RING_F_CLOSE, 0, h->session, 0, 0, NULL, 0);
+            kvd_conn_send(st->links.out, RING_F_CLOSE, 0, h->session, 0, 0, NULL, 0);
         return;
     case RING_F_ERROR:
         if (!s)
@@ -337,7 +332,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             kvd_sess_on_error(st, s, rd32(payload), emsg);
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails upstream: %s", s->id, emsg);
-            kvd_conn_send(st->out, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
+            kvd_conn_send(st->links.out, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);
             kvd_sess_drop(st, s);
         }
         return;

@@ -1,18 +1,29 @@
 /* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable and
  * the table of backends by name (the model; a build may add others, as the network tests'
- * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state and files. Those files form an order, each using only the ones below it:
- *   conn.c      a link's frame output, its closing, protocol violations
- *   session.c   sessions, rank 0's client streams and generation (model_gen), compute results
+ * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state (struct
+ * stage) and files. The loop side's files form an order, each using only those before it:
+ *   conn.c      a link's frame output, its closing, protocol violations, pings, the link notes
+ *   rowlog.c    the row log of the sessions whose receipts this stage wrote (audits)
+ *   receipt.c   the work receipts of sessions, and those parked for a replay
+ *   session.c   sessions, their boundary logs, rank 0's client streams and generation
+ *               (model_gen), compute results, rank 0's repair (pause, replay)
  *   status.c    the ring-wide status: this stage's record, every rank's last one, STATUS frames
  *   frames.c    the session frames arriving on a link, checked against the manifest
  *   link.c      predecessor and successor links: dial, accept, handshake, breakage
  *   control.c   the control socket (generate, status, shutdown) and the status object
  *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
- *   stage.c     the struct's start and stop, the periodic tick, signals
- *   probe.c     a market's known-answer probe through a fresh instance of the backend
- * control.c asks for a shutdown through stage->shutdown, the one call upwards. The compute
- * thread lies below them: sched.c (its batching scheduler) < compute.c (the thread, its jobs
- * run on the backend). */
+ *   stage.c     the struct's start and stop, the periodic tick, signals, a standby's takeover
+ *   main.c      `kvd stage`'s options
+ * The calls upwards go through function pointers that stage.c sets in struct stage: control.c's
+ * shutdown, and link.c's take_rank and pull_window (a standby taking a rank). probe.c (a
+ * market's known-answer probe through a fresh instance of the backend) stands apart. The
+ * compute thread lies below them all: backend.c and backend_model.c (what it runs), sched.c
+ * (its batching scheduler) < compute.c (the thread, its jobs run on the backend).
+ *
+ * struct stage is in parts, each written by the file its comment names (stage.c sets every
+ * part's first values): at the top the shape, settings and compute (stage.c); io, tick and
+ * standby (stage.c); links (link.c, conn.c); sessions and repair (session.c); status
+ * (status.c); stats (session.c, frames.c); receipts (receipt.c). */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
 
@@ -423,7 +434,146 @@ struct client {
     struct client *next;
 };
 
+/* ============================ struct stage ============================ */
+
+/* The loop side's state, in parts. Each part below is written by the file its comment names
+ * and only read elsewhere; stage.c, which starts and stops the stage, also sets every part's
+ * first values and initialises and closes the libuv handles inside them. A file that needs
+ * another part changed asks its owner (kvd_client_add, kvd_sess_closed_forget,
+ * kvd_conn_pong, ...). */
+
+/* stage.c: the ring listener, the control socket (control.c serves its connections), the
+ * seeder and the signals, opened at start and closed at shutdown; api is api.c's
+ * (kvd_api_start and kvd_api_stop, called from stage.c). */
+struct stage_io {
+    struct ring_listener *ls;
+    uv_pipe_t ctl;
+    bool ctl_open;
+    char sock_path[512];
+    struct net_http_server *http; /* --seed: windows of what this stage holds */
+    struct seed_server *seeder;
+    struct api_server *api;       /* --api (rank 0): the OpenAI-compatible API */
+    uv_signal_t sigterm, sigint, sighup;
+};
+
+/* stage.c: the periodic tick (pings, deadlines, idle sessions, the roster). */
+struct stage_tick {
+    uv_timer_t timer;
+    uint64_t last_ping_ms;
+    uint64_t roster_checked_ms; /* the roster file (kvd_stage_opts.roster): when last looked at, */
+    struct timespec roster_mtime;   /* ... and the mtime and size of the one read */
+    long long roster_size;
+};
+
+/* stage.c: this node as a standby (docs/ring.md, "Repair"); read by link.c (which rank a
+ * predecessor's HELLO may give it), status.c and control.c. */
+struct stage_standby {
+    int index;                  /* this node's standby entry, -1: a rank from the start */
+    bool waiting;               /* a standby that has not taken over a rank yet */
+    char pulled[4096];          /* the window pulled for pulled_rank ("" none yet) */
+    uint32_t pulled_rank;
+    bool pulling;
+    uint64_t takeovers;         /* ranks taken over (0 or 1) */
+};
+
+/* The ring links: link.c (dial, accept, handshake, redial, the out link's failures) and below
+ * it conn.c (the notes on every link, the reports back to rank 0, the successor's round
+ * trip). The other files send on in and out (kvd_conn_in_up and kvd_conn_out_up say whether
+ * they are up); frames.c, status.c and control.c read the notes; stage.c's tick closes links
+ * past their deadlines. */
+struct stage_links {
+    struct conn *in, *out;      /* the predecessor's and the successor's link (NULL: none) */
+    struct conn *pending;       /* links in handshake, newest first */
+    uv_timer_t redial;          /* the out link's next dial, after redial_ms */
+    uint32_t redial_ms;
+    uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
+    uint32_t redial_in_ms;
+    struct kvd_reject_log rejects[REJECT_LOG_SOURCES];
+    uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
+                                 * (k-1)-th standby that may serve it */
+    bool pred_wait_logged;      /* said once that we wait for the predecessor (through a relay) */
+    bool out_was_up;            /* the successor linked once (or this standby took over a rank
+                                 * of a running ring): a failed redial may try standbys */
+    uint32_t out_fail_hash;     /* the out link's failure logged last (0: none since up) */
+    uint32_t out_fail_n;        /* failed attempts with that reason */
+    uint64_t out_fail_log_ms;   /* when it was last logged */
+    /* conn.c: why links are down (kvd_conn_note; docs/troubleshooting.md) */
+    struct kvd_link_note note[RING_MAX_RANKS];   /* [r]: the link rank r -> rank r + 1 */
+    uint32_t out_report_hash;   /* the out link's state last reported back (0: none; link.c
+                                 * clears it for a new predecessor) */
+    double succ_rtt_ms;         /* the last round trip measured to a successor */
+};
+
+/* session.c: the sessions, with their boundary logs, and rank 0's control-socket clients
+ * (control.c hands each new one over: kvd_client_add). Read by frames.c and status.c (n),
+ * control.c, and stage.c (the idle check, everything ended at shutdown). */
+struct stage_sessions {
+    struct sess *list;
+    uint32_t n;
+    uint64_t closed[CLOSED_RING];   /* sessions ended lately: frames still coming are dropped */
+    uint32_t closed_pos;
+    uint32_t epoch;             /* the last session incarnation handed out */
+    uint64_t seq;               /* the last creation number (sess.seq) */
+    struct client *clients;
+    uint64_t blog_cap, blog_total_cap;   /* boundary logs: per session and in all (bytes) */
+    uint64_t blog_bytes;        /* held by every session's log now */
+};
+
+/* session.c: rank 0's repair (docs/ring.md, "Repair"): sessions paused while the ring is
+ * broken, replayed once it links again, and what the breaks cost. Read by control.c and
+ * status.c. */
+struct stage_repair {
+    uint32_t wait_ms;           /* pause sessions this long for a repair; 0: end them */
+    uv_timer_t timer;           /* while sessions are paused */
+    bool timer_open;
+    uint64_t next_replay_ms;
+    uint32_t backoff_ms;        /* the next wait between replays through a ring still broken */
+    uint32_t n_paused;
+    uint64_t ring_breaks, resumed, replays, failed;
+    double last_resume_ms, max_resume_ms;   /* ring broken -> the next token, per session */
+};
+
+/* status.c: the ring-wide status: every rank's last record, and rank 0's repairs as the
+ * records show them. Read by control.c. */
+struct stage_status {
+    struct kvd_status_slot slot[RING_MAX_RANKS];
+    uint64_t sent_ms;           /* when this stage last sent its own record */
+    bool was_linked, broken;
+    uint64_t repairs;           /* rank 0: the ring linked again after a break */
+    int64_t last_repair_unix;
+    int last_repair_rank;       /* the rank whose node or process changed last, -1: none */
+};
+
+/* The work counters of the status objects: session.c counts steps, frames, drafts and the
+ * replays it serves; frames.c the replays that come to this stage (an OPEN flagged REPLAY,
+ * the positions its ACTs recompute). Read by control.c and status.c. */
+struct stage_stats {
+    uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
+    uint64_t last_step_ms;      /* when the last step ran (0: none yet): the map's last token */
+    double compute_ms;
+    uint64_t dec_steps;
+    double dec_ms;
+    double ms_tok_avg;          /* moving average of a decode step's compute, ms */
+    /* rank 0, drafting: verifying passes sent, the drafts they carried, and those accepted;
+     * tokens that came back (one a pass without drafts) */
+    uint64_t draft_passes, drafts_sent, drafts_accepted, tokens_in, passes_in;
+    /* sessions this stage opened as replays (OPEN flagged REPLAY) and the positions of their
+     * histories it recomputed; boundary logs dropped over a cap; replayed sessions this stage
+     * served from its log */
+    uint64_t replayed_sessions, replayed_positions;
+    uint64_t blog_dropped, replays_from_log;
+};
+
+/* receipt.c: receipts of sessions lost to a ring break, kept for their replay. */
+struct stage_receipts {
+    void *parked;
+    uint32_t n_parked;
+};
+
 struct stage {
+    /* The stage's shape, settings and compute: set by stage.c at start (the rank, the window
+     * and the compute thread when a standby takes a rank; the manifest's standbys when the
+     * roster changes) and read by every file. */
     uv_loop_t *loop;
     struct kvd_stage_opts o;
     struct ring_manifest m;
@@ -432,28 +582,12 @@ struct stage {
     struct net_identity *id;
     struct kvd_backend be;
     bool be_open;
+    char backend_name[24];      /* the compute backend or kernel device the window runs on */
     struct kvd_compute *comp;
-    struct ring_listener *ls;
-    uv_pipe_t ctl;
-    bool ctl_open;
-    struct net_http_server *http; /* --seed: windows of what this stage holds */
-    struct api_server *api;       /* --api (rank 0): the OpenAI-compatible API */
-    struct seed_server *seeder;
-    uv_timer_t tick, redial;
-    uv_timer_t redial_in;       /* relay:// endpoint: re-dial the relay for the in-link */
-    uint32_t redial_in_ms;
-    uv_signal_t sigterm, sigint, sighup;
-    struct conn *in, *out, *pending;
-    uint32_t redial_ms;
-    struct kvd_reject_log rejects[REJECT_LOG_SOURCES];
-    struct sess *sessions;
-    uint32_t n_sessions;
-    uint64_t closed[CLOSED_RING];
-    uint32_t closed_pos;
-    struct client *clients;
-    bool shutting_down;
     uint32_t max_payload, chunk;
-    char sock_path[512];
+    uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor
+                                 * that never linked is passed over too */
+    bool shutting_down;
     /* Set by stage.c: the control socket's shutdown request (control.c lies below it). */
     void (*shutdown)(struct stage *st, const char *why);
     /* Set by stage.c: a standby takes over rank (window, compute thread): 0 or -errno (logged). */
@@ -461,70 +595,16 @@ struct stage {
     /* Set by stage.c: a standby with --window-from: 1 when rank's window is here, 0 while it is
      * being pulled (started by this call when no pull runs), -errno when it cannot be. */
     int (*pull_window)(struct stage *st, uint32_t rank);
-    char pulled[4096];          /* the window pulled for pulled_rank ("" none yet) */
-    uint32_t pulled_rank;
-    bool pulling;
-    /* statistics */
-    uint64_t steps, rows, act_frames_out, tok_frames_out, frame_bytes_out;
-    uint64_t last_step_ms;         /* when the last step ran (0: none yet): the map's last token */
-    double compute_ms;
-    uint64_t dec_steps;
-    double dec_ms;
-    /* rank 0, drafting: verifying passes sent, the drafts they carried, and those accepted;
-     * tokens that came back (one a pass without drafts) */
-    uint64_t draft_passes, drafts_sent, drafts_accepted, tokens_in, passes_in;
-    /* repair (docs/ring.md, "Repair") */
-    uint32_t epoch_ctr;         /* the last session incarnation handed out */
-    int standby;                /* this node's standby entry, -1: a rank from the start */
-    void *parked;               /* receipts of sessions lost to a ring break (receipt.c) */
-    uint32_t n_parked;
-    uint64_t roster_checked_ms; /* the roster file (kvd_stage_opts.roster): when last looked at, */
-    struct timespec roster_mtime;   /* ... and the mtime and size of the one read */
-    long long roster_size;
-    bool waiting;               /* a standby that has not taken over a rank yet */
-    uint32_t out_target;        /* the successor's candidate dialled: 0 its endpoint, k > 0 the
-                                 * (k-1)-th standby that may serve it */
-    bool pred_wait_logged;      /* said once that we wait for the predecessor (through a relay) */
-    bool out_was_up;            /* the successor linked once (or this standby took over a rank
-                                 * of a running ring): a failed redial may try standbys */
-    uint64_t start_ms;          /* when the stage started: past REPAIR_GRACE_MS a successor
-                                 * that never linked is passed over too */
-    uint32_t repair_wait_ms;    /* rank 0: pause sessions this long for a repair; 0: end them */
-    uint32_t link_timeout_ms;   /* an established link silent this long is dead; 0: derived
-                                 * per link (kvd_conn_deadline_ms) */
-    uint64_t last_ping_ms;
-    double succ_rtt_ms;         /* the last round trip measured to a successor */
-    uv_timer_t repair;          /* rank 0: while sessions are paused */
-    bool repair_open;
-    uint64_t next_replay_ms;
-    uint32_t replay_backoff_ms;
-    uint32_t n_paused;
-    uint64_t ring_breaks, resumed, replays, repair_failed;
-    double last_resume_ms, max_resume_ms;   /* ring broken -> the next token, per session */
-    uint64_t takeovers;         /* a standby: ranks taken over (0 or 1) */
-    /* sessions this stage opened as replays (OPEN flagged REPLAY) and the positions of their
-     * histories it recomputed */
-    uint64_t replayed_sessions, replayed_positions;
-    uint64_t blog_cap, blog_total_cap;   /* boundary logs: per session and in all (bytes) */
-    uint64_t blog_bytes;        /* held by every session's log now */
-    uint64_t blog_dropped;      /* logs dropped over a cap */
-    uint64_t replays_from_log;  /* replayed sessions this stage served from its log */
-    uint64_t sess_seq;
-    /* status (status.c) */
-    char backend_name[24];      /* the compute backend or kernel device the window runs on */
-    double ms_tok_avg;          /* moving average of a decode step's compute, ms */
-    struct kvd_status_slot ring_status[RING_MAX_RANKS];
-    bool ring_was_linked, ring_broken;
-    uint64_t repairs;           /* rank 0: the ring linked again after a break */
-    int64_t last_repair_unix;
-    int last_repair_rank;       /* the rank whose node or process changed last, -1: none */
-    uint64_t status_sent_ms;    /* when this stage last sent its own record */
-    /* why links are down (conn.c: kvd_conn_note; docs/troubleshooting.md) */
-    struct kvd_link_note links[RING_MAX_RANKS];   /* [r]: the link rank r -> rank r + 1 */
-    uint32_t out_fail_hash;     /* the out link's failure logged last (0: none since up) */
-    uint32_t out_fail_n;        /* failed attempts with that reason */
-    uint64_t out_fail_log_ms;   /* when it was last logged */
-    uint32_t out_report_hash;   /* the out link's state last reported back (0: none) */
+
+    struct stage_io io;
+    struct stage_tick tick;
+    struct stage_standby standby;
+    struct stage_links links;
+    struct stage_sessions sessions;
+    struct stage_repair repair;
+    struct stage_status status;
+    struct stage_stats stats;
+    struct stage_receipts receipts;
 };
 
 static inline uint32_t rd32(const uint8_t *p)
@@ -574,7 +654,9 @@ void kvd_rowlog_put(int fd, int kind, uint32_t pos, const void *row, size_t len)
 void kvd_rowlog_close(struct stage *st, int fd);
 
 /* conn.c */
+/* Whether the successor's (out) and the predecessor's (in) link are established. */
 bool kvd_conn_out_up(struct stage *st);
+bool kvd_conn_in_up(struct stage *st);
 int kvd_conn_send(struct conn *c, uint8_t type, uint8_t flags, uint64_t session, uint32_t pos,
                   uint32_t n_tokens, const void *payload, size_t len);
 void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const char *msg);
@@ -584,6 +666,9 @@ void kvd_conn_violation(struct conn *c, const char *fmt, ...) __attribute__((for
 /* Close the link for a violation and leave the calling handler. */
 #define VIOLATION(c, ...) do { kvd_conn_violation(c, __VA_ARGS__); return; } while (0)
 void kvd_conn_ping(struct conn *c);
+/* A PONG's payload came on c: on the out link, an answer to its last ping gives the round trip
+ * (the link's deadline and the next successor's handshake deadline follow from it). */
+void kvd_conn_pong(struct conn *c, const uint8_t payload[8]);
 /* How long c may stay silent before it is dead: --link-timeout-ms, or derived from its RTT. */
 uint32_t kvd_conn_deadline_ms(const struct conn *c);
 /* How long the handshake of a successor dialled may take before the next candidate's turn. */
@@ -603,7 +688,10 @@ void kvd_conn_out_down_why(struct stage *st, char *msg, size_t n);
 /* session.c */
 struct cJSON;
 struct sess *kvd_sess_find(struct stage *st, uint64_t id);
+/* Whether session id ended here lately (frames still coming for it are dropped, not refused);
+ * forget it among those (it opens again: a replay). */
 bool kvd_sess_recently_closed(struct stage *st, uint64_t id);
+void kvd_sess_closed_forget(struct stage *st, uint64_t id);
 struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx);
 void kvd_sess_drop(struct stage *st, struct sess *s);
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error);
@@ -679,6 +767,9 @@ uint32_t kvd_sess_n_hist(const struct sess *s);
 void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame_hdr *h,
                        const uint8_t *payload);
 void kvd_sess_on_job_done(struct kvd_job *j, void *ud);
+/* Rank 0's control-socket clients (control.c accepts them): add c, accepted, to its stage's
+ * list, which kvd_client_close takes it off. */
+void kvd_client_add(struct client *c);
 void kvd_client_send(struct client *c, const char *line);
 void kvd_client_send_json(struct client *c, struct cJSON *o);   /* frees o */
 void kvd_client_error(struct client *c, const char *msg);

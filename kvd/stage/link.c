@@ -54,9 +54,9 @@ static void reject_log(struct stage *st, const char *peer, const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     uint64_t now = (uint64_t)util_now_ms();
-    struct kvd_reject_log *e = NULL, *oldest = &st->rejects[0];
+    struct kvd_reject_log *e = NULL, *oldest = &st->links.rejects[0];
     for (int i = 0; i < REJECT_LOG_SOURCES; i++) {
-        struct kvd_reject_log *r = &st->rejects[i];
+        struct kvd_reject_log *r = &st->links.rejects[i];
         if (r->src[0] && !strcmp(r->src, src)) {
             e = r;
             break;
@@ -102,21 +102,21 @@ static void out_failed(struct stage *st, const char *ep, const char *reason, boo
     kvd_conn_report_out(st);
     uint32_t h = line_hash(reason);
     uint64_t now = (uint64_t)util_now_ms();
-    if (h == st->out_fail_hash) {
-        st->out_fail_n++;
-        if (now - st->out_fail_log_ms < 60000)
+    if (h == st->links.out_fail_hash) {
+        st->links.out_fail_n++;
+        if (now - st->links.out_fail_log_ms < 60000)
             return;
     } else {
-        st->out_fail_hash = h;
-        st->out_fail_n = 1;
+        st->links.out_fail_hash = h;
+        st->links.out_fail_n = 1;
     }
-    st->out_fail_log_ms = now;
+    st->links.out_fail_log_ms = now;
     if (logged)
         return;
-    bool starting = !st->out_was_up && now - st->start_ms < REPAIR_GRACE_MS;
-    if (st->out_fail_n > 1)
+    bool starting = !st->links.out_was_up && now - st->start_ms < REPAIR_GRACE_MS;
+    if (st->links.out_fail_n > 1)
         kvd_log(starting ? KVD_LOG_INFO : KVD_LOG_WARN, "link rank %u -> rank %u (%s) still down "
-                "after %u attempts: %s", st->rank, st->succ, ep, st->out_fail_n, reason);
+                "after %u attempts: %s", st->rank, st->succ, ep, st->links.out_fail_n, reason);
     else
         kvd_log(starting ? KVD_LOG_INFO : KVD_LOG_WARN, "link rank %u -> rank %u (%s) is down: %s "
                 "(retrying)", st->rank, st->succ, ep, reason);
@@ -127,12 +127,13 @@ static void on_established(struct conn *c)
     struct stage *st = c->st;
     const struct ring_hello *p = ring_handshake_peer(c->hs);
     c->peer_rank = p->rank;
-    if (c->role == CONN_PENDING && st->waiting) {
+    if (c->role == CONN_PENDING && st->standby.waiting) {
         /* A standby's first predecessor, authenticated: take over the rank after it. */
         if (st->take_rank(st, c->as_rank) < 0) {
             kvd_conn_close(c, "taking over the rank failed");
             return;
         }
+        st->links.out_was_up = true;   /* the ring ran: its successor may be dead too */
     } else if (c->role == CONN_PENDING && c->peer_rank != st->pred) {
         kvd_conn_violation(c, "rank %u is not this stage's predecessor (rank %u)", c->peer_rank, st->pred);
         return;
@@ -149,25 +150,25 @@ static void on_established(struct conn *c)
         return;
     }
     if (c->role == CONN_PENDING) {
-        struct conn **pp = &st->pending;
+        struct conn **pp = &st->links.pending;
         while (*pp && *pp != c)
             pp = &(*pp)->next;
         if (*pp)
             *pp = c->next;
         c->next = NULL;
-        if (st->in) {
+        if (st->links.in) {
             char msg[300];
             snprintf(msg, sizeof msg, "rank %u already has a predecessor link (from %s); refusing a second one",
-                     st->rank, ring_link_peer(st->in->link));
-            c->role = CONN_IN;   /* for the log line only; it never becomes st->in */
+                     st->rank, ring_link_peer(st->links.in->link));
+            c->role = CONN_IN;   /* for the log line only; it never becomes st->links.in */
             c->up = true;
             kvd_conn_violation(c, "%s", msg);
             c->up = false;
             return;
         }
         c->role = CONN_IN;
-        st->in = c;
-        st->pred_wait_logged = false;
+        st->links.in = c;
+        st->links.pred_wait_logged = false;
     }
     c->up = true;
     c->last_rx_ms = c->up_ms = (uint64_t)util_now_ms();
@@ -175,8 +176,8 @@ static void on_established(struct conn *c)
     kvd_log(KVD_LOG_INFO, "link %s up: rank %u at %s", c->role == CONN_OUT ? "out" : "in",
             c->peer_rank, ring_link_peer(c->link));
     if (c->role == CONN_OUT) {
-        st->out_was_up = true;
-        st->out_fail_hash = 0;
+        st->links.out_was_up = true;
+        st->links.out_fail_hash = 0;
         kvd_conn_note(st, st->rank, false, st->rank, NULL);
         kvd_conn_report_out(st);
         kvd_conn_ping(c);   /* a first RTT right away */
@@ -186,9 +187,10 @@ static void on_established(struct conn *c)
             kvd_conn_note(st, r, false, r, NULL);
     } else {
         kvd_conn_note(st, st->pred, false, st->pred, NULL);
-        st->out_report_hash = 0;   /* a new predecessor hears the out link's next state */
+        st->links.out_report_hash = 0;   /* a new predecessor hears the out link's next state */
     }
-    if (c->role == CONN_IN && !st->out && !st->shutting_down && !uv_is_active((uv_handle_t *)&st->redial))
+    if (c->role == CONN_IN && !st->links.out && !st->shutting_down &&
+        !uv_is_active((uv_handle_t *)&st->links.redial))
         kvd_link_dial_out(st);   /* linked from rank 0 up to here: link the successor */
 }
 
@@ -284,7 +286,7 @@ static bool out_target(const struct stage *st, uint32_t k, const char **ep, cons
         return true;
     }
     for (uint32_t i = 0; i < st->m.n_standbys; i++)
-        if ((st->m.standbys[i].ranks >> st->succ & 1) && (int)i != st->standby && --k == 0) {
+        if ((st->m.standbys[i].ranks >> st->succ & 1) && (int)i != st->standby.index && --k == 0) {
             *ep = st->m.standbys[i].endpoint;
             *key = st->m.standbys[i].node;
             return true;
@@ -302,8 +304,8 @@ static void on_open(struct ring_link *l, int status)
     if (c->role == CONN_OUT) {
         const char *ep;
         const uint8_t *key;
-        if (!out_target(st, st->out_target, &ep, &key))
-            out_target(st, st->out_target = 0, &ep, &key);
+        if (!out_target(st, st->links.out_target, &ep, &key))
+            out_target(st, st->links.out_target = 0, &ep, &key);
         start_handshake(c, st->succ, key);
     } else {
         start_handshake(c, st->pred, expected_key(st, st->pred, NULL));
@@ -323,14 +325,14 @@ static void accept_hello(struct conn *c, const struct ring_frame_hdr *h, const u
     char err[KV_ERR_MAX];
     bool ok = h->type == RING_F_HELLO &&
               ring_hello_decode(payload, h->payload_len, &ph, err, sizeof err) == 0 && ph.rank < st->n;
-    if (!st->waiting) {
+    if (!st->standby.waiting) {
         const uint8_t *key = expected_key(st, st->pred, ok ? ph.node_key : NULL);
         if (c->hs && key)
             ring_handshake_expect_key(c->hs, key);
         return;
     }
     uint32_t r = ok ? (ph.rank + 1) % st->n : 0;
-    if (!ok || r == 0 || !(st->m.standbys[st->standby].ranks >> r & 1)) {
+    if (!ok || r == 0 || !(st->m.standbys[st->standby.index].ranks >> r & 1)) {
         reject_log(st, ring_link_peer(c->link), "a standby may not serve rank %u (after rank %u)", r,
                    ok ? ph.rank : 0);
         char msg[120];
@@ -355,14 +357,14 @@ static void accept_hello(struct conn *c, const struct ring_frame_hdr *h, const u
 static void redial_in_cb(uv_timer_t *t)
 {
     struct stage *st = t->data;
-    if (!st->shutting_down && !st->in)
+    if (!st->shutting_down && !st->links.in)
         kvd_link_dial_in(st);
 }
 
 static void redial_cb(uv_timer_t *t)
 {
     struct stage *st = t->data;
-    if (!st->shutting_down && !st->out)
+    if (!st->shutting_down && !st->links.out)
         kvd_link_dial_out(st);
 }
 
@@ -378,7 +380,7 @@ static void on_close(struct ring_link *l, const char *reason)
 {
     struct conn *c = ring_link_ud(l);
     struct stage *st = c->st;
-    if (c->up || c == st->in || c == st->out) {
+    if (c->up || c == st->links.in || c == st->links.out) {
         char msg[400];
         const char *peer = ring_link_peer(l);
         if (c->role == CONN_OUT)
@@ -395,35 +397,35 @@ static void on_close(struct ring_link *l, const char *reason)
             snprintf(why, sizeof why, "%s%s", c->up ? "broke: " : "", reason);
             kvd_conn_note(st, st->pred, true, st->rank, why);
         }
-        if (c == st->in)
-            st->in = NULL;
-        if (c == st->out)
-            st->out = NULL;
+        if (c == st->links.in)
+            st->links.in = NULL;
+        if (c == st->links.out)
+            st->links.out = NULL;
         if (c->up && !st->shutting_down)
             kvd_sess_fail_all(st, msg, c->role == CONN_OUT);
         /* A stage without a predecessor lets its successor go too (after the sessions' ERRORs,
          * which name the link that broke, went out on it): the ring re-forms from rank 0
          * outwards (kvd_link_dial_out), so no node cut off upstream keeps a successor's
          * in-link that the node now serving its rank needs (docs/ring.md, "Repair"). */
-        if (c->role != CONN_OUT && c->up && st->rank != 0 && st->out && !st->shutting_down)
-            kvd_conn_close(st->out, "the predecessor's link broke: the ring links again from rank 0");
+        if (c->role != CONN_OUT && c->up && st->rank != 0 && st->links.out && !st->shutting_down)
+            kvd_conn_close(st->links.out, "the predecessor's link broke: the ring links again from rank 0");
         /* A successor that did not link: try the next node that may serve its rank. */
         const char *ep;
         const uint8_t *key;
         /* Not while the ring starts (a successor not listening yet is no dead one), unless
          * the successor was up once or this node came to a running ring (a standby that took
          * over, a stage restarted) and has waited past the start. */
-        bool may_rotate = st->out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
+        bool may_rotate = st->links.out_was_up || (uint64_t)util_now_ms() - st->start_ms > REPAIR_GRACE_MS;
         /* A successor that went silent (a stopped process) would take the redial and then hang
          * in the handshake: try the next candidate for its rank first. */
         if (c->role == CONN_OUT && (!c->up || c->hung) && may_rotate) {
-            if (out_target(st, ++st->out_target, &ep, &key))
-                st->redial_ms = 0;   /* a new candidate: dialled after the shortest delay */
+            if (out_target(st, ++st->links.out_target, &ep, &key))
+                st->links.redial_ms = 0;   /* a new candidate: dialled after the shortest delay */
             else
-                st->out_target = 0;
+                st->links.out_target = 0;
         }
     } else if (c->role == CONN_PENDING) {
-        struct conn **pp = &st->pending;
+        struct conn **pp = &st->links.pending;
         while (*pp && *pp != c)
             pp = &(*pp)->next;
         if (*pp)
@@ -437,10 +439,10 @@ static void on_close(struct ring_link *l, const char *reason)
             if (unpaired && ring_link_bytes_in(l) == 0 && !st->shutting_down) {
                 /* nobody came through the relay: the predecessor does not run (yet), or cannot
                  * reach the relay; said once until the in-link comes up */
-                if (!st->pred_wait_logged)
+                if (!st->links.pred_wait_logged)
                     kvd_log(KVD_LOG_INFO, "waiting for rank %u (the predecessor) to link through "
                             "the relay %s (%s)", st->pred, ring_link_peer(l), reason);
-                st->pred_wait_logged = true;
+                st->links.pred_wait_logged = true;
             } else {
                 reject_log(st, ring_link_peer(l), "closed during the handshake: %s", reason);
             }
@@ -450,15 +452,15 @@ static void on_close(struct ring_link *l, const char *reason)
      * (a second predecessor) keeps backing off instead of redialling ten times a second. */
     bool stable = c->up && (uint64_t)util_now_ms() - c->up_ms >= LINK_STABLE_MS;
     if (c->relay_in && !st->shutting_down) {
-        st->redial_in_ms = backoff_next(st->redial_in_ms, stable);
-        uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
+        st->links.redial_in_ms = backoff_next(st->links.redial_in_ms, stable);
+        uv_timer_start(&st->links.redial_in, redial_in_cb, st->links.redial_in_ms, 0);
     }
     if (c->role == CONN_OUT && !st->shutting_down) {
         char why[KVD_REASON_MAX];
         snprintf(why, sizeof why, "%s%s", c->up ? "broke: " : "", reason);
         out_failed(st, ring_link_peer(l), why, c->up);
-        st->redial_ms = backoff_next(st->redial_ms, stable);
-        uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
+        st->links.redial_ms = backoff_next(st->links.redial_ms, stable);
+        uv_timer_start(&st->links.redial, redial_cb, st->links.redial_ms, 0);
     }
     ring_handshake_free(c->hs);
     free(c);
@@ -472,7 +474,7 @@ void kvd_link_dial_out(struct stage *st)
      * linked it. So a node restarted while another serves its rank (nobody dials it) never
      * takes the successor's in-link from the node that serves the rank now (docs/ring.md,
      * "Repair"); on_established dials when the in-link comes up. */
-    if (st->rank != 0 && !(st->in && st->in->up))
+    if (st->rank != 0 && !kvd_conn_in_up(st))
         return;
     struct conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -482,9 +484,9 @@ void kvd_link_dial_out(struct stage *st)
     c->as_rank = st->rank;
     const char *ep;
     const uint8_t *key;
-    if (!out_target(st, st->out_target, &ep, &key))
-        out_target(st, st->out_target = 0, &ep, &key);
-    if (st->out_target)
+    if (!out_target(st, st->links.out_target, &ep, &key))
+        out_target(st, st->links.out_target = 0, &ep, &key);
+    if (st->links.out_target)
         kvd_log(KVD_LOG_INFO, "dialling standby %s for rank %u", ep, st->succ);
     char err[KV_ERR_MAX];
     int rc = ring_link_dial(&c->link, st->loop, ep, &kvd_link_cbs, c, HS_MAX_PAYLOAD, err, sizeof err);
@@ -493,11 +495,11 @@ void kvd_link_dial_out(struct stage *st)
         snprintf(why, sizeof why, "cannot dial %.200s: %.290s", ep, err);
         out_failed(st, ep, why, false);
         free(c);
-        st->redial_ms = 2000;
-        uv_timer_start(&st->redial, redial_cb, st->redial_ms, 0);
+        st->links.redial_ms = 2000;
+        uv_timer_start(&st->links.redial, redial_cb, st->links.redial_ms, 0);
         return;
     }
-    st->out = c;
+    st->links.out = c;
 }
 
 /* A stage whose own endpoint is relay:// accepts nothing: it dials the relay as the
@@ -521,12 +523,12 @@ void kvd_link_dial_in(struct stage *st)
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "cannot dial the relay at %s: %s", ep, err);
         free(c);
-        st->redial_in_ms = 2000;
-        uv_timer_start(&st->redial_in, redial_in_cb, st->redial_in_ms, 0);
+        st->links.redial_in_ms = 2000;
+        uv_timer_start(&st->links.redial_in, redial_in_cb, st->links.redial_in_ms, 0);
         return;
     }
-    c->next = st->pending;
-    st->pending = c;
+    c->next = st->links.pending;
+    st->links.pending = c;
 }
 
 /* Whether p is a link in handshake that counts against the limits. */
@@ -547,7 +549,7 @@ static int pending_make_room(struct stage *st, const char *src)
     uint32_t total = 0, from_src = 0, most = 0;
     struct conn *idle_src = NULL, *idle_any = NULL, *oldest_src = NULL, *oldest_most = NULL;
     char s2[64], s3[64];
-    for (struct conn *p = st->pending; p; p = p->next) {
+    for (struct conn *p = st->links.pending; p; p = p->next) {
         if (!pending_counts(p))
             continue;
         total++;
@@ -563,7 +565,7 @@ static int pending_make_room(struct stage *st, const char *src)
         if (same)
             oldest_src = p;
         uint32_t n = 0;   /* links from p's source (a few dozen at most: quadratic is fine) */
-        for (struct conn *q = st->pending; q; q = q->next) {
+        for (struct conn *q = st->links.pending; q; q = q->next) {
             if (!pending_counts(q))
                 continue;
             peer_source(ring_link_peer(q->link), s3, sizeof s3);
@@ -608,8 +610,8 @@ void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
         c->role = CONN_PENDING;
         c->link = l;
         ring_link_set_ud(l, c);
-        c->next = st->pending;
-        st->pending = c;
+        c->next = st->links.pending;
+        st->links.pending = c;
         const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
         reject_log(st, ring_link_peer(l), "refusing it: %s", why);
         char msg[80];
@@ -628,11 +630,11 @@ void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
     c->link = l;
     c->last_rx_ms = c->start_ms = (uint64_t)util_now_ms();
     ring_link_set_ud(l, c);
-    c->next = st->pending;
-    st->pending = c;
+    c->next = st->links.pending;
+    st->links.pending = c;
     kvd_log(KVD_LOG_DEBUG, "link from %s: handshake", ring_link_peer(l));
     c->await_hello = true;   /* the peer's HELLO picks the key expected (accept_hello) */
     c->as_rank = st->rank;
-    if (!st->waiting)
+    if (!st->standby.waiting)
         start_handshake(c, st->pred, expected_key(st, st->pred, NULL));
 }

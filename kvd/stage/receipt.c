@@ -260,33 +260,34 @@ void kvd_receipt_park(struct stage *st, struct sess *s)
 {
     if (!s->receipt)
         return;
-    if (!st->parked && !(st->parked = calloc(PARKED_MAX, sizeof(struct parked)))) {
+    if (!st->receipts.parked && !(st->receipts.parked = calloc(PARKED_MAX, sizeof(struct parked)))) {
         kvd_receipt_close(st, s);
         return;
     }
-    struct parked *p = st->parked;
-    if (st->n_parked == PARKED_MAX) {
+    struct parked *p = st->receipts.parked;
+    if (st->receipts.n_parked == PARKED_MAX) {
         receipt_write(st, p[0].id, NULL, p[0].r);
         memmove(p, p + 1, (PARKED_MAX - 1) * sizeof *p);
-        st->n_parked--;
+        st->receipts.n_parked--;
     }
-    p[st->n_parked++] = (struct parked){.id = s->id, .at_ms = (uint64_t)util_now_ms(), .r = s->receipt};
+    p[st->receipts.n_parked++] = (struct parked){.id = s->id, .at_ms = (uint64_t)util_now_ms(),
+                                                 .r = s->receipt};
     s->receipt = NULL;
 }
 
 static void parked_remove(struct stage *st, uint32_t i, bool write)
 {
-    struct parked *p = st->parked;
+    struct parked *p = st->receipts.parked;
     if (write)
         receipt_write(st, p[i].id, NULL, p[i].r);
-    memmove(p + i, p + i + 1, (st->n_parked - i - 1) * sizeof *p);
-    st->n_parked--;
+    memmove(p + i, p + i + 1, (st->receipts.n_parked - i - 1) * sizeof *p);
+    st->receipts.n_parked--;
 }
 
 void kvd_receipt_adopt(struct stage *st, struct sess *s)
 {
-    struct parked *p = st->parked;
-    for (uint32_t i = 0; i < st->n_parked; i++)
+    struct parked *p = st->receipts.parked;
+    for (uint32_t i = 0; i < st->receipts.n_parked; i++)
         if (p[i].id == s->id) {
             if (s->receipt)   /* cannot happen: a session's receipt starts at its first row */
                 kvd_receipt_close(st, s);
@@ -298,8 +299,8 @@ void kvd_receipt_adopt(struct stage *st, struct sess *s)
 
 void kvd_receipt_unpark(struct stage *st, uint64_t id)
 {
-    for (uint32_t i = 0; i < st->n_parked; i++)
-        if (((struct parked *)st->parked)[i].id == id) {
+    for (uint32_t i = 0; i < st->receipts.n_parked; i++)
+        if (((struct parked *)st->receipts.parked)[i].id == id) {
             parked_remove(st, i, true);
             return;
         }
@@ -307,7 +308,7 @@ void kvd_receipt_unpark(struct stage *st, uint64_t id)
 
 void kvd_receipt_park_tick(struct stage *st, uint64_t now_ms, uint64_t keep_ms)
 {
-    while (st->n_parked && now_ms - ((struct parked *)st->parked)[0].at_ms > keep_ms)
+    while (st->receipts.n_parked && now_ms - ((struct parked *)st->receipts.parked)[0].at_ms > keep_ms)
         parked_remove(st, 0, true);
 }
 
@@ -316,12 +317,12 @@ void kvd_receipt_park_free(struct stage *st)
     /* sessions still waiting for a replay when the stage stops (its node lost its rank to a
      * standby, say): the replay runs elsewhere, under a receipt that covers the whole session,
      * and a part of one written here would contradict it and hold back the ranks around */
-    if (st->n_parked)
+    if (st->receipts.n_parked)
         kvd_log(KVD_LOG_INFO, "%u receipt(s) of sessions broken and not replayed here are not "
-                "written (their replay is another stage's)", st->n_parked);
-    for (uint32_t i = 0; i < st->n_parked; i++)
-        receipt_free(st, ((struct parked *)st->parked)[i].r);
-    st->n_parked = 0;
-    free(st->parked);
-    st->parked = NULL;
+                "written (their replay is another stage's)", st->receipts.n_parked);
+    for (uint32_t i = 0; i < st->receipts.n_parked; i++)
+        receipt_free(st, ((struct parked *)st->receipts.parked)[i].r);
+    st->receipts.n_parked = 0;
+    free(st->receipts.parked);
+    st->receipts.parked = NULL;
 }

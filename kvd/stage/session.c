@@ -19,7 +19,7 @@
 
 struct sess *kvd_sess_find(struct stage *st, uint64_t id)
 {
-    for (struct sess *s = st->sessions; s; s = s->next)
+    for (struct sess *s = st->sessions.list; s; s = s->next)
         if (s->id == id)
             return s;
     return NULL;
@@ -28,14 +28,21 @@ struct sess *kvd_sess_find(struct stage *st, uint64_t id)
 bool kvd_sess_recently_closed(struct stage *st, uint64_t id)
 {
     for (uint32_t i = 0; i < CLOSED_RING; i++)
-        if (st->closed[i] == id && id != 0)
+        if (st->sessions.closed[i] == id && id != 0)
             return true;
     return false;
 }
 
+void kvd_sess_closed_forget(struct stage *st, uint64_t id)
+{
+    for (uint32_t i = 0; i < CLOSED_RING; i++)
+        if (st->sessions.closed[i] == id)
+            st->sessions.closed[i] = 0;
+}
+
 uint32_t kvd_sess_epoch_next(struct stage *st)
 {
-    return ++st->epoch_ctr;
+    return ++st->sessions.epoch;
 }
 
 struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
@@ -47,11 +54,11 @@ struct sess *kvd_sess_new(struct stage *st, uint64_t id, uint32_t n_ctx)
     s->epoch = kvd_sess_epoch_next(st);
     s->n_ctx = n_ctx;
     s->last_active_ms = (uint64_t)util_now_ms();
-    s->seq = ++st->sess_seq;
-    s->log_dropped = !st->blog_cap || st->is_last;   /* no log kept */
-    s->next = st->sessions;
-    st->sessions = s;
-    st->n_sessions++;
+    s->seq = ++st->sessions.seq;
+    s->log_dropped = !st->sessions.blog_cap || st->is_last;   /* no log kept */
+    s->next = st->sessions.list;
+    st->sessions.list = s;
+    st->sessions.n++;
     kvd_receipt_adopt(st, s);   /* a replay's receipt continues the one its break parked */
     return s;
 }
@@ -76,7 +83,7 @@ static void blog_free(struct stage *st, struct sess *s, const char *why)
     blog_truncate(st, s, 0);
     s->log_end = end;
     if (why && !s->log_dropped) {
-        st->blog_dropped++;
+        st->stats.blog_dropped++;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": boundary log dropped (%s): a replay "
                 "recomputes it from the first stage that still logs it", s->id, why);
     }
@@ -96,7 +103,7 @@ static void blog_truncate(struct stage *st, struct sess *s, uint32_t pos)
         if (e->pos + e->n > pos) {
             size_t keep = (size_t)(pos - e->pos) * row;
             s->log_bytes -= e->len - keep;
-            st->blog_bytes -= e->len - keep;
+            st->sessions.blog_bytes -= e->len - keep;
             e->n = pos - e->pos;
             e->len = keep;
         }
@@ -106,7 +113,7 @@ static void blog_truncate(struct stage *st, struct sess *s, uint32_t pos)
     for (struct blog_entry *e = *pp, *next; e; e = next) {
         next = e->next;
         s->log_bytes -= e->len;
-        st->blog_bytes -= e->len;
+        st->sessions.blog_bytes -= e->len;
         free(e->data);
         free(e);
     }
@@ -130,7 +137,7 @@ static void blog_append(struct stage *st, struct sess *s, struct kvd_job *j)
         blog_free(st, s, why);
         return;
     }
-    if (s->log_bytes + j->out_len > st->blog_cap) {
+    if (s->log_bytes + j->out_len > st->sessions.blog_cap) {
         snprintf(why, sizeof why, "over --boundary-log-mb: %zu bytes", s->log_bytes + j->out_len);
         blog_free(st, s, why);
         return;
@@ -149,15 +156,15 @@ static void blog_append(struct stage *st, struct sess *s, struct kvd_job *j)
     s->log_tail = e;
     s->log_bytes += e->len;
     s->log_end = j->pos + j->n;
-    st->blog_bytes += e->len;
+    st->sessions.blog_bytes += e->len;
 }
 
 /* Past the total cap the oldest sessions' logs go first. */
 static void blog_trim(struct stage *st)
 {
-    while (st->blog_bytes > st->blog_total_cap) {
+    while (st->sessions.blog_bytes > st->sessions.blog_total_cap) {
         struct sess *old = NULL;
-        for (struct sess *o = st->sessions; o; o = o->next)
+        for (struct sess *o = st->sessions.list; o; o = o->next)
             if (o->log_head && (!old || o->seq < old->seq))
                 old = o;
         if (!old)
@@ -172,13 +179,13 @@ static int blog_resend(struct stage *st, struct sess *s, uint32_t n_hist)
 {
     for (struct blog_entry *e = s->log_head; e; e = e->next) {
         uint8_t fl = e->pos + e->n == n_hist ? RING_FL_LAST : 0;
-        if (kvd_conn_send(st->out, RING_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
+        if (kvd_conn_send(st->links.out, RING_F_ACT, fl, s->id, e->pos, e->n, e->data, e->len) < 0)
             return -ENOTCONN;
         /* sent now, if not before (rows computed while the session was held went only to
          * the log): the receipt's leaves are the rows as they go out */
         kvd_receipt_sent(st, s, e->pos, e->n, e->data, e->len);
-        st->frame_bytes_out += RING_HDR_LEN + e->len;
-        st->act_frames_out++;
+        st->stats.frame_bytes_out += RING_HDR_LEN + e->len;
+        st->stats.act_frames_out++;
     }
     return 0;
 }
@@ -199,15 +206,15 @@ static void submit_close(struct stage *st, uint64_t id)
  * frames for it are dropped rather than treated as hostile. */
 void kvd_sess_drop(struct stage *st, struct sess *s)
 {
-    struct sess **pp = &st->sessions;
+    struct sess **pp = &st->sessions.list;
     while (*pp && *pp != s)
         pp = &(*pp)->next;
     if (*pp)
         *pp = s->next;
-    st->n_sessions--;
+    st->sessions.n--;
     if (s->paused)
-        st->n_paused--;
-    st->closed[st->closed_pos++ % CLOSED_RING] = s->id;
+        st->repair.n_paused--;
+    st->sessions.closed[st->sessions.closed_pos++ % CLOSED_RING] = s->id;
     if (!s->paused || s->held)   /* a paused session's KV went when it paused, unless held */
         submit_close(st, s->id);
     blog_free(st, s, NULL);
@@ -300,7 +307,7 @@ void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const
     kvd_log(error ? KVD_LOG_WARN : KVD_LOG_INFO, "session %016" PRIx64 " ends: %s (prompt %u, generated %u)",
             s->id, error ? error : reason, n_prompt, n_gen);
     if (!st->is_last)
-        kvd_conn_send(st->out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+        kvd_conn_send(st->links.out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
     kvd_sess_drop(st, s);
 }
 
@@ -317,9 +324,9 @@ void kvd_sess_fail_code(struct stage *st, struct sess *s, uint32_t code, const c
     /* Forward round the ring to rank 0, or, when the way forward is down, back the way the
      * session came: either way rank 0 hears of it and tells its client. */
     if (kvd_conn_out_up(st))
-        kvd_conn_send_error(st->out, s->id, code, msg);
-    else if (st->in && st->in->up)
-        kvd_conn_send_error(st->in, s->id, code, msg);
+        kvd_conn_send_error(st->links.out, s->id, code, msg);
+    else if (kvd_conn_in_up(st))
+        kvd_conn_send_error(st->links.in, s->id, code, msg);
     if (code == RING_ERR_RING)   /* a replay may bring it back: its receipt waits for it */
         kvd_receipt_park(st, s);
     kvd_sess_drop(st, s);
@@ -341,14 +348,14 @@ void kvd_sess_hold(struct stage *st, struct sess *s, const char *msg)
                 "%u logged): %s", s->id, s->kv_end, s->log_end, msg);
     s->held = true;
     if (kvd_conn_out_up(st))
-        kvd_conn_send_error(st->out, s->id, RING_ERR_RING, msg);
-    else if (st->in && st->in->up)
-        kvd_conn_send_error(st->in, s->id, RING_ERR_RING, msg);
+        kvd_conn_send_error(st->links.out, s->id, RING_ERR_RING, msg);
+    else if (kvd_conn_in_up(st))
+        kvd_conn_send_error(st->links.in, s->id, RING_ERR_RING, msg);
 }
 
 void kvd_sess_fail_all(struct stage *st, const char *msg, bool out)
 {
-    for (struct sess *s = st->sessions, *next; s; s = next) {
+    for (struct sess *s = st->sessions.list, *next; s; s = next) {
         next = s->next;
         if (out && st->rank != 0)
             kvd_sess_hold(st, s, msg);
@@ -377,11 +384,11 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct ring_frame_h
      * so they do not count as replayed positions */
     s->replay_end = 0;
     s->last_active_ms = (uint64_t)util_now_ms();
-    st->replayed_sessions++;
-    st->replays_from_log++;
+    st->stats.replayed_sessions++;
+    st->stats.replays_from_log++;
     kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
             "resent, %u in the KV kept, %u to compute", s->id, s->log_end, s->kv_end, n_hist - s->kv_end);
-    if (kvd_conn_send(st->out, RING_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload,
+    if (kvd_conn_send(st->links.out, RING_F_OPEN, h->flags, h->session, 0, h->n_tokens, payload,
                       h->payload_len) < 0 || blog_resend(st, s, n_hist) < 0) {
         char msg[200];
         snprintf(msg, sizeof msg, "ring not linked: link rank %u -> rank %u is down", st->rank, st->succ);
@@ -414,15 +421,15 @@ void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
 {
     if (s->paused)
         return;
-    if (!st->repair_wait_ms || st->shutting_down) {
+    if (!st->repair.wait_ms || st->shutting_down) {
         kvd_sess_finish(st, s, NULL, why);
         return;
     }
     uint64_t now = (uint64_t)util_now_ms();
-    if (!st->n_paused && !s->broken_ms)
-        st->ring_breaks++;
+    if (!st->repair.n_paused && !s->broken_ms)
+        st->repair.ring_breaks++;
     s->paused = true;
-    st->n_paused++;
+    st->repair.n_paused++;
     if (!s->log_dropped) {
         /* Held: its KV and boundary log stay, jobs in flight are logged when they come back,
          * and the stages upstream of the break keep theirs too (docs/ring.md, "Repair"). */
@@ -433,7 +440,7 @@ void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
         s->epoch = kvd_sess_epoch_next(st);
         submit_close(st, s->id);
         if (!st->is_last)
-            kvd_conn_send(st->out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
+            kvd_conn_send(st->links.out, RING_F_CLOSE, 0, s->id, 0, 0, NULL, 0);
     }
     bool first = !s->broken_ms;
     if (first)
@@ -443,54 +450,54 @@ void kvd_sess_pause(struct stage *st, struct sess *s, const char *why)
     if (s->client && first) {
         char note[KV_ERR_MAX + 100];
         snprintf(note, sizeof note, "paused: %s; waiting up to %u s for the ring's repair", why,
-                 st->repair_wait_ms / 1000);
+                 st->repair.wait_ms / 1000);
         client_note(s->client, note);
     }
-    if (st->repair_open && !uv_is_active((uv_handle_t *)&st->repair)) {
-        if (st->replay_backoff_ms == 0)
-            st->replay_backoff_ms = 100;
-        if (st->next_replay_ms < now + 100)
-            st->next_replay_ms = now + 100;   /* let a redial start before the first replay */
-        uv_timer_start(&st->repair, repair_cb, REPAIR_TICK_MS, REPAIR_TICK_MS);
+    if (st->repair.timer_open && !uv_is_active((uv_handle_t *)&st->repair.timer)) {
+        if (st->repair.backoff_ms == 0)
+            st->repair.backoff_ms = 100;
+        if (st->repair.next_replay_ms < now + 100)
+            st->repair.next_replay_ms = now + 100;   /* let a redial start before the first replay */
+        uv_timer_start(&st->repair.timer, repair_cb, REPAIR_TICK_MS, REPAIR_TICK_MS);
     }
 }
 
 void kvd_sess_repair_tick(struct stage *st)
 {
     uint64_t now = (uint64_t)util_now_ms();
-    for (struct sess *s = st->sessions, *next; s; s = next) {
+    for (struct sess *s = st->sessions.list, *next; s; s = next) {
         next = s->next;
-        if (s->paused && now - s->broken_ms > st->repair_wait_ms) {
+        if (s->paused && now - s->broken_ms > st->repair.wait_ms) {
             char msg[200];
             snprintf(msg, sizeof msg, "the ring broke and was not repaired within %u s (rank 0's "
-                     "links: out %s, in %s)", st->repair_wait_ms / 1000, kvd_conn_out_up(st) ? "up" : "down",
-                     st->in && st->in->up ? "up" : "down");
-            st->repair_failed++;
+                     "links: out %s, in %s)", st->repair.wait_ms / 1000, kvd_conn_out_up(st) ? "up" : "down",
+                     kvd_conn_in_up(st) ? "up" : "down");
+            st->repair.failed++;
             kvd_sess_finish(st, s, NULL, msg);
         }
     }
-    if (!st->n_paused) {
-        uv_timer_stop(&st->repair);
+    if (!st->repair.n_paused) {
+        uv_timer_stop(&st->repair.timer);
         return;
     }
-    bool linked = kvd_conn_out_up(st) && st->in && st->in->up;
-    if (!linked || now < st->next_replay_ms)
+    bool linked = kvd_conn_out_up(st) && kvd_conn_in_up(st);
+    if (!linked || now < st->repair.next_replay_ms)
         return;
     /* Both of rank 0's links are up: replay. A link further down still broken sends the
      * sessions back here with ERROR code 4 (RING_ERR_RING), and the next try waits twice as long. */
-    st->next_replay_ms = now + st->replay_backoff_ms;
-    st->replay_backoff_ms = st->replay_backoff_ms * 2 > REPLAY_BACKOFF_MAX_MS ? REPLAY_BACKOFF_MAX_MS
-                            : st->replay_backoff_ms * 2;
-    for (struct sess *s = st->sessions, *next; s; s = next) {
+    st->repair.next_replay_ms = now + st->repair.backoff_ms;
+    st->repair.backoff_ms = st->repair.backoff_ms * 2 > REPLAY_BACKOFF_MAX_MS ? REPLAY_BACKOFF_MAX_MS
+                            : st->repair.backoff_ms * 2;
+    for (struct sess *s = st->sessions.list, *next; s; s = next) {
         next = s->next;
         if (!s->paused)
             continue;
         s->paused = false;
-        st->n_paused--;
+        st->repair.n_paused--;
         s->replaying = true;
         s->replays++;
-        st->replays++;
-        st->replayed_sessions++;
+        st->repair.replays++;
+        st->stats.replayed_sessions++;
         if (!s->held)   /* a held session's jobs in flight still count */
             s->epoch = kvd_sess_epoch_next(st);
         s->last_active_ms = now;
@@ -512,7 +519,7 @@ static int send_open(struct stage *st, struct sess *s, const int32_t *hist, uint
     ring_open_encode(&s->open, pl);
     for (uint32_t i = 0; i < n_hist; i++)
         wr32(pl + RING_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
-    int rc = kvd_conn_send(st->out, RING_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
+    int rc = kvd_conn_send(st->links.out, RING_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
     free(pl);
     return rc;
 }
@@ -555,17 +562,17 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         from_log = true;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay from the boundary log: %u positions "
                 "resent, %u to compute", s->id, s->log_end, n_hist - s->kv_end);
-        st->replays_from_log++;   /* positions past kv_end are new here, not recomputed */
+        st->stats.replays_from_log++;   /* positions past kv_end are new here, not recomputed */
     } else if (s->replaying) {
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes all %u positions from "
                 "rank 0", s->id, n_hist);
     }
     if (!from_log) {
         if (s->replaying)
-            st->replayed_positions += n_hist;
+            st->stats.replayed_positions += n_hist;
         blog_free(st, s, NULL);   /* computed again from position 0 */
         s->log_end = s->kv_end = 0;
-        s->log_dropped = !st->blog_cap || st->is_last;
+        s->log_dropped = !st->sessions.blog_cap || st->is_last;
     }
     s->held = false;
     if (from_log) {
@@ -698,13 +705,13 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
                    size_t n)
 {
     *out = NULL;
-    if (!kvd_conn_out_up(st) || !(st->in && st->in->up)) {
+    if (!kvd_conn_out_up(st) || !kvd_conn_in_up(st)) {
         kvd_conn_ring_why(st, msg, n);
         free(g->toks);
         return -ENOTCONN;
     }
-    if (st->n_sessions >= st->m.max_sessions) {
-        snprintf(msg, n, "too many sessions (%u, limit %u)", st->n_sessions, st->m.max_sessions);
+    if (st->sessions.n >= st->m.max_sessions) {
+        snprintf(msg, n, "too many sessions (%u, limit %u)", st->sessions.n, st->m.max_sessions);
         free(g->toks);
         return -EBUSY;
     }
@@ -768,13 +775,19 @@ static void client_on_shutdown(uv_shutdown_t *req, int status)
     uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
 }
 
+void kvd_client_add(struct client *c)
+{
+    c->next = c->st->sessions.clients;
+    c->st->sessions.clients = c;
+}
+
 void kvd_client_close(struct client *c)
 {
     if (c->closing)
         return;
     c->closing = true;
     struct stage *st = c->st;
-    struct client **pp = &st->clients;
+    struct client **pp = &st->sessions.clients;
     while (*pp && *pp != c)
         pp = &(*pp)->next;
     if (*pp)
@@ -844,11 +857,11 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
         double ms = util_now_ms() - (double)s->broken_ms;
         s->replaying = false;
         s->broken_ms = 0;
-        st->resumed++;
-        st->last_resume_ms = ms;
-        if (ms > st->max_resume_ms)
-            st->max_resume_ms = ms;
-        st->replay_backoff_ms = 100;
+        st->repair.resumed++;
+        st->repair.last_resume_ms = ms;
+        if (ms > st->repair.max_resume_ms)
+            st->repair.max_resume_ms = ms;
+        st->repair.backoff_ms = 100;
         kvd_log(KVD_LOG_INFO, "session %016" PRIx64 " resumed: %.0f ms from the break to this token",
                 s->id, ms);
         if (s->client) {
@@ -858,9 +871,9 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
             client_note(s->client, note);
         }
     }
-    st->passes_in++;
-    st->tokens_in += nt;
-    st->drafts_accepted += nt - 1;   /* the frame handler checked them against the drafts sent */
+    st->stats.passes_in++;
+    st->stats.tokens_in += nt;
+    st->stats.drafts_accepted += nt - 1;   /* the frame handler checked them against the drafts sent */
     s->drafts_accepted += nt - 1;
     s->passes++;
     int32_t tok = 0;
@@ -923,8 +936,8 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
         rows[1 + i] = s->drafts[i] = (int32_t)rd32(dr + 4 * i);
     s->n_drafts = k;
     if (k) {
-        st->draft_passes++;
-        st->drafts_sent += k;
+        st->stats.draft_passes++;
+        st->stats.drafts_sent += k;
         s->drafts_proposed += k;
     }
     kvd_sess_submit_step(st, s, rows, k + 1, n_hist - 1, RING_FL_LAST | (k ? RING_FL_DRAFT : 0));
@@ -950,15 +963,16 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
         return;
     }
     if (j->kind == KVD_JOB_STEP) {
-        st->steps++;
-        st->last_step_ms = s->last_active_ms;
-        st->rows += j->n;
-        st->compute_ms += j->ms;
+        st->stats.steps++;
+        st->stats.last_step_ms = s->last_active_ms;
+        st->stats.rows += j->n;
+        st->stats.compute_ms += j->ms;
         if (j->n == 1) {
-            st->dec_steps++;
-            st->dec_ms += j->ms;
+            st->stats.dec_steps++;
+            st->stats.dec_ms += j->ms;
             /* the status's moving average: the last few dozen decode steps weigh most */
-            st->ms_tok_avg = st->dec_steps == 1 ? j->ms : 0.9 * st->ms_tok_avg + 0.1 * j->ms;
+            st->stats.ms_tok_avg = st->stats.dec_steps == 1 ? j->ms
+                                                            : 0.9 * st->stats.ms_tok_avg + 0.1 * j->ms;
         }
         kvd_receipt_ran(st, s, j->pos, j->n, st->rank == 0 ? j->tokens : NULL);
         /* The boundary rows go into the log (a held session's only there, until its replay) */
@@ -975,7 +989,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
         }
         if (j->out_type) {
             uint32_t pos = j->out_pos, n = j->out_n;
-            int rc = kvd_conn_send(st->out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
+            int rc = kvd_conn_send(st->links.out, (uint8_t)j->out_type, j->out_flags, j->session, pos, n,
                                    out, j->out_len);
             if (rc < 0) {
                 char msg[KV_ERR_MAX];
@@ -983,11 +997,11 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 kvd_sess_hold(st, s, msg);
             } else {
                 kvd_receipt_sent(st, s, pos, n, out, j->out_len);
-                st->frame_bytes_out += RING_HDR_LEN + j->out_len;
+                st->stats.frame_bytes_out += RING_HDR_LEN + j->out_len;
                 if (j->out_type == RING_F_ACT)
-                    st->act_frames_out++;
+                    st->stats.act_frames_out++;
                 else
-                    st->tok_frames_out++;
+                    st->stats.tok_frames_out++;
             }
         }
     }

@@ -36,8 +36,8 @@ static int roster_read(struct stage *st, bool start)
             kvd_log(KVD_LOG_WARN, "roster %s: %s", st->o.roster, strerror(errno));
         return 0;   /* none yet: the manifest's standbys only */
     }
-    if (!start && sb.st_mtim.tv_sec == st->roster_mtime.tv_sec &&
-        sb.st_mtim.tv_nsec == st->roster_mtime.tv_nsec && sb.st_size == st->roster_size)
+    if (!start && sb.st_mtim.tv_sec == st->tick.roster_mtime.tv_sec &&
+        sb.st_mtim.tv_nsec == st->tick.roster_mtime.tv_nsec && sb.st_size == st->tick.roster_size)
         return 0;
     char *buf, err[KV_ERR_MAX];
     size_t n;
@@ -46,8 +46,8 @@ static int roster_read(struct stage *st, bool start)
         kvd_log(KVD_LOG_WARN, "roster %s: %s", st->o.roster, err);
         return start ? rc : 0;
     }
-    st->roster_mtime = sb.st_mtim;
-    st->roster_size = sb.st_size;
+    st->tick.roster_mtime = sb.st_mtim;
+    st->tick.roster_size = sb.st_size;
     struct ring_manifest *m = malloc(sizeof *m);
     if (!m) {
         free(buf);
@@ -60,14 +60,14 @@ static int roster_read(struct stage *st, bool start)
     for (uint32_t i = 0; rc == 0 && st->id && i < m->n_standbys; i++)
         if (!memcmp(m->standbys[i].node, net_identity_pub(st->id), 32))
             self = (int)i;
-    if (rc == 0 && st->standby >= 0 && self < 0) {
+    if (rc == 0 && st->standby.index >= 0 && self < 0) {
         kvd_log(KVD_LOG_WARN, "roster %s leaves this standby out; keeping the one before", st->o.roster);
     } else if (rc == 0) {
         uint32_t before = st->m.n_standbys;
         memcpy(st->m.standbys, m->standbys, sizeof m->standbys);
         st->m.n_standbys = m->n_standbys;
-        if (st->standby >= 0)
-            st->standby = self;
+        if (st->standby.index >= 0)
+            st->standby.index = self;
         if (st->m.n_standbys != before)
             kvd_log(KVD_LOG_INFO, "roster: %u standby(s) for this ring", st->m.n_standbys);
     } else {
@@ -83,18 +83,18 @@ static void tick_cb(uv_timer_t *t)
     uint64_t now = (uint64_t)util_now_ms();
     /* Pings often enough that a deadline sees several: a quarter of it, at most PING_MS. */
     if (kvd_conn_out_up(st)) {
-        uint32_t every = kvd_conn_deadline_ms(st->out) / 4;
-        if (now - st->last_ping_ms >= (every < PING_MS ? every : PING_MS)) {
-            kvd_conn_ping(st->out);
-            st->last_ping_ms = now;
+        uint32_t every = kvd_conn_deadline_ms(st->links.out) / 4;
+        if (now - st->tick.last_ping_ms >= (every < PING_MS ? every : PING_MS)) {
+            kvd_conn_ping(st->links.out);
+            st->tick.last_ping_ms = now;
         }
     }
     kvd_status_tick(st);
-    if (st->o.roster && now - st->roster_checked_ms >= ROSTER_EVERY_MS) {
-        st->roster_checked_ms = now;
+    if (st->o.roster && now - st->tick.roster_checked_ms >= ROSTER_EVERY_MS) {
+        st->tick.roster_checked_ms = now;
         roster_read(st, false);
     }
-    struct conn *links[2] = {st->in, st->out};
+    struct conn *links[2] = {st->links.in, st->links.out};
     for (int i = 0; i < 2; i++)
         if (links[i] && links[i]->up && now - links[i]->last_rx_ms > kvd_conn_deadline_ms(links[i])) {
             char why[80];
@@ -103,7 +103,7 @@ static void tick_cb(uv_timer_t *t)
             links[i]->hung = true;
             kvd_conn_close(links[i], why);
         }
-    for (struct conn *p = st->pending; p; p = p->next) {
+    for (struct conn *p = st->links.pending; p; p = p->next) {
         /* our in-link through a relay that nothing came to yet waits for the predecessor,
          * which may not run yet: that is no handshake taking too long */
         bool waiting = p->relay_in && p->link && ring_link_bytes_in(p->link) == 0;
@@ -122,14 +122,14 @@ static void tick_cb(uv_timer_t *t)
      * kernel still accepts) is dead after the handshake deadline, so the next candidate for
      * its rank gets its turn (docs/ring.md, "Repair"). */
     uint64_t hs_ms = kvd_conn_hs_deadline_ms(st);
-    if (st->out && !st->out->up && st->out->hs && now - st->out->start_ms > hs_ms) {
+    if (st->links.out && !st->links.out->up && st->links.out->hs && now - st->links.out->start_ms > hs_ms) {
         char why[80];
         snprintf(why, sizeof why, "handshake took more than %.1f s", hs_ms / 1000.0);
-        kvd_conn_close(st->out, why);
+        kvd_conn_close(st->links.out, why);
     }
     uint64_t idle = (uint64_t)st->o.idle_timeout_s * 1000;
     kvd_receipt_park_tick(st, now, idle);
-    for (struct sess *s = st->sessions, *next; s; s = next) {
+    for (struct sess *s = st->sessions.list, *next; s; s = next) {
         next = s->next;
         if (!s->paused && now - s->last_active_ms > idle) {
             char msg[200];
@@ -169,37 +169,37 @@ static void stage_shutdown(struct stage *st, const char *why)
     kvd_log(KVD_LOG_INFO, "shutting down: %s", why);
     kvd_service_stopping();
     st->shutting_down = true;
-    while (st->sessions)
-        kvd_sess_finish(st, st->sessions, NULL, "the daemon is shutting down");
+    while (st->sessions.list)
+        kvd_sess_finish(st, st->sessions.list, NULL, "the daemon is shutting down");
     kvd_receipt_park_free(st);
-    while (st->clients)
-        kvd_client_close(st->clients);
-    if (st->in)
-        kvd_conn_close(st->in, "shutting down");
-    if (st->out)
-        kvd_conn_close(st->out, "shutting down");
-    for (struct conn *p = st->pending; p; p = p->next)
+    while (st->sessions.clients)
+        kvd_client_close(st->sessions.clients);
+    if (st->links.in)
+        kvd_conn_close(st->links.in, "shutting down");
+    if (st->links.out)
+        kvd_conn_close(st->links.out, "shutting down");
+    for (struct conn *p = st->links.pending; p; p = p->next)
         kvd_conn_close(p, "shutting down");
-    if (st->ls)
-        ring_listener_close(st->ls, NULL, NULL);
-    st->ls = NULL;
-    if (st->http)
-        net_http_server_close(st->http, NULL, NULL);
-    st->http = NULL;
+    if (st->io.ls)
+        ring_listener_close(st->io.ls, NULL, NULL);
+    st->io.ls = NULL;
+    if (st->io.http)
+        net_http_server_close(st->io.http, NULL, NULL);
+    st->io.http = NULL;
     kvd_api_stop(st);
-    if (st->ctl_open)
-        uv_close((uv_handle_t *)&st->ctl, NULL);
-    st->ctl_open = false;
-    unlink(st->sock_path);
-    uv_close((uv_handle_t *)&st->tick, NULL);
-    uv_close((uv_handle_t *)&st->redial, NULL);
-    uv_close((uv_handle_t *)&st->redial_in, NULL);
-    if (st->repair_open)
-        uv_close((uv_handle_t *)&st->repair, NULL);
-    st->repair_open = false;
-    uv_close((uv_handle_t *)&st->sigterm, NULL);
-    uv_close((uv_handle_t *)&st->sigint, NULL);
-    uv_close((uv_handle_t *)&st->sighup, NULL);
+    if (st->io.ctl_open)
+        uv_close((uv_handle_t *)&st->io.ctl, NULL);
+    st->io.ctl_open = false;
+    unlink(st->io.sock_path);
+    uv_close((uv_handle_t *)&st->tick.timer, NULL);
+    uv_close((uv_handle_t *)&st->links.redial, NULL);
+    uv_close((uv_handle_t *)&st->links.redial_in, NULL);
+    if (st->repair.timer_open)
+        uv_close((uv_handle_t *)&st->repair.timer, NULL);
+    st->repair.timer_open = false;
+    uv_close((uv_handle_t *)&st->io.sigterm, NULL);
+    uv_close((uv_handle_t *)&st->io.sigint, NULL);
+    uv_close((uv_handle_t *)&st->io.sighup, NULL);
     kvd_compute_stop(st->comp, on_compute_closed, st);
     st->comp = NULL;
 }
@@ -306,20 +306,20 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     st->succ = (st->rank + 1) % st->n;
     st->is_last = st->rank == st->n - 1;
     char prefix[64];
-    if (st->waiting)
-        snprintf(prefix, sizeof prefix, "stage %u/%u (standby %u)", st->rank, st->n, st->standby);
+    if (st->standby.waiting)
+        snprintf(prefix, sizeof prefix, "stage %u/%u (standby %u)", st->rank, st->n, st->standby.index);
     else
         snprintf(prefix, sizeof prefix, "stage %u/%u", st->rank, st->n);
     kvd_log_set_prefix(prefix);
     const struct ring_rank_info *me = &st->m.ranks[st->rank];
-    if (!st->waiting && me->has_node && memcmp(me->node, net_identity_pub(st->id), 32) != 0) {
+    if (!st->standby.waiting && me->has_node && memcmp(me->node, net_identity_pub(st->id), 32) != 0) {
         kvd_log(KVD_LOG_ERROR, "this node's key (%s/node.key) is not the one the manifest names for rank %u",
                 o->state_dir ? o->state_dir : ".", st->rank);
         return -EPERM;
     }
-    if (st->waiting)
-        kvd_log(KVD_LOG_INFO, "standby %u takes over rank %u: loading layers [%u, %u)", st->standby, rank,
-                me->first, me->last);
+    if (st->standby.waiting)
+        kvd_log(KVD_LOG_INFO, "standby %u takes over rank %u: loading layers [%u, %u)", st->standby.index,
+                rank, me->first, me->last);
     double t0 = util_now_ms();
     /* Load only this rank's window, on the backend asked for (the model unless a build's own). */
     const struct kvd_backend_kind *kind = kvd_backend_kind_find(o->backend ? o->backend : "model");
@@ -327,8 +327,8 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         kvd_log(KVD_LOG_ERROR, "no compute backend named '%s' in this kvd", o->backend);
         return -EINVAL;
     }
-    bool win = o->window || st->pulled[0];   /* a window file, not a full model to slice */
-    const char *path = st->pulled[0] ? st->pulled : o->window ? o->window : o->model;
+    bool win = o->window || st->standby.pulled[0];   /* a window file, not a full model to slice */
+    const char *path = st->standby.pulled[0] ? st->standby.pulled : o->window ? o->window : o->model;
     struct kvd_backend_args ba = {
         .path = path, .first = win ? -1 : (int)me->first, .last = win ? -1 : (int)me->last,
         .win_first = me->first, .win_last = me->last, .n_layer = st->m.n_layers,
@@ -380,11 +380,10 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         kvd_log(KVD_LOG_ERROR, "compute thread: %s", uv_strerror(rc));
         goto fail_be;
     }
-    if (st->waiting) {
-        st->waiting = false;
-        st->takeovers++;
-        st->out_was_up = true;   /* the ring ran: its successor may be dead too */
-        kvd_log(KVD_LOG_INFO, "standby %u serves rank %u (window loaded in %.0f ms)", st->standby, rank,
+    if (st->standby.waiting) {
+        st->standby.waiting = false;
+        st->standby.takeovers++;
+        kvd_log(KVD_LOG_INFO, "standby %u serves rank %u (window loaded in %.0f ms)", st->standby.index, rank,
                 util_now_ms() - t0);
     }
     return 0;
@@ -418,16 +417,16 @@ static void pull_done(uv_work_t *req, int status)
 {
     struct window_pull *p = req->data;
     struct stage *st = p->st;
-    st->pulling = false;
+    st->standby.pulling = false;
     if (status < 0 || p->rc < 0)
         kvd_log(KVD_LOG_ERROR, "standby %u: pulling the window of rank %u from %s failed: %s",
-                st->standby, p->rank, st->o.standby_window_from,
+                st->standby.index, p->rank, st->o.standby_window_from,
                 status < 0 ? uv_strerror(status) : p->err);
     else {
-        snprintf(st->pulled, sizeof st->pulled, "%s", p->path);
-        st->pulled_rank = p->rank;
+        snprintf(st->standby.pulled, sizeof st->standby.pulled, "%s", p->path);
+        st->standby.pulled_rank = p->rank;
         kvd_log(KVD_LOG_INFO, "standby %u: window of rank %u pulled from %s in %.0f ms: %s",
-                st->standby, p->rank, st->o.standby_window_from, util_now_ms() - p->t0, p->path);
+                st->standby.index, p->rank, st->o.standby_window_from, util_now_ms() - p->t0, p->path);
     }
     free(p);
 }
@@ -436,9 +435,9 @@ static int stage_pull_window(struct stage *st, uint32_t rank)
 {
     if (!st->o.standby_window_from)
         return 1;   /* the window is sliced from --model */
-    if (st->pulled[0] && st->pulled_rank == rank)
+    if (st->standby.pulled[0] && st->standby.pulled_rank == rank)
         return 1;
-    if (st->pulling || st->shutting_down)
+    if (st->standby.pulling || st->shutting_down)
         return 0;
     struct window_pull *p = calloc(1, sizeof *p);
     if (!p)
@@ -447,15 +446,15 @@ static int stage_pull_window(struct stage *st, uint32_t rank)
     p->st = st;
     p->rank = rank;
     p->t0 = util_now_ms();
-    st->pulled[0] = 0;   /* another rank's window is of no use any more */
+    st->standby.pulled[0] = 0;   /* another rank's window is of no use any more */
     int rc = uv_queue_work(st->loop, &p->req, pull_work, pull_done);
     if (rc < 0) {
         free(p);
         return rc;
     }
-    st->pulling = true;
+    st->standby.pulling = true;
     kvd_log(KVD_LOG_INFO, "standby %u: dialled for rank %u; pulling its window from %s first",
-            st->standby, rank, st->o.standby_window_from);
+            st->standby.index, rank, st->o.standby_window_from);
     return 0;
 }
 
@@ -515,17 +514,17 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         free(st);
         return -EINVAL;
     }
-    st->standby = -1;
-    st->last_repair_rank = -1;
+    st->standby.index = -1;
+    st->status.last_repair_rank = -1;
     st->start_ms = (uint64_t)util_now_ms();
     st->take_rank = stage_take_rank;
     st->pull_window = stage_pull_window;
-    st->link_timeout_ms = o->link_timeout_ms;   /* 0: each link's own, from its RTT */
-    st->blog_cap = o->boundary_log_set ? o->boundary_log_bytes : KVD_BOUNDARY_LOG_DEFAULT;
-    st->blog_total_cap = o->boundary_log_total ? o->boundary_log_total : KVD_BOUNDARY_LOG_TOTAL_DEFAULT;
+    st->sessions.blog_cap = o->boundary_log_set ? o->boundary_log_bytes : KVD_BOUNDARY_LOG_DEFAULT;
+    st->sessions.blog_total_cap = o->boundary_log_total ? o->boundary_log_total
+                                                        : KVD_BOUNDARY_LOG_TOTAL_DEFAULT;
     /* Repairs are awaited where the manifest names standbys, unless told otherwise: elsewhere
      * a broken ring ends its sessions at once, as a client without a standby would want. */
-    st->repair_wait_ms = (o->repair_wait_set ? o->repair_wait_s :
+    st->repair.wait_ms = (o->repair_wait_set ? o->repair_wait_s :
                           st->m.n_standbys || o->roster ? 30 : 0) * 1000;
     st->loop = uv_default_loop();
     const char *state_dir = o->state_dir ? o->state_dir : ".";
@@ -573,8 +572,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
             rc = -EPERM;
             goto fail;
         }
-        st->standby = (int)sbi;
-        st->waiting = true;
+        st->standby.index = (int)sbi;
+        st->standby.waiting = true;
         own_ep = st->m.standbys[sbi].endpoint;
     } else {
         if (o->rank < 0 || (uint32_t)o->rank >= st->m.n_ranks) {
@@ -589,8 +588,8 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     char listen[300];
     net_relay_transport_register();
     bool via_relay = net_relay_endpoint(own_ep) && !o->listen;
-    uv_timer_init(st->loop, &st->redial_in);
-    st->redial_in.data = st;
+    uv_timer_init(st->loop, &st->links.redial_in);
+    st->links.redial_in.data = st;
     if (via_relay)
         snprintf(listen, sizeof listen, "nothing (in-link through the relay %s)", own_ep);
     else if (o->listen)
@@ -601,7 +600,7 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         goto fail_loop;
     }
     if (!via_relay) {
-        rc = ring_listener_new(&st->ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
+        rc = ring_listener_new(&st->io.ls, st->loop, listen, &kvd_link_cbs, kvd_link_on_accept, st,
                               HS_MAX_PAYLOAD, err, sizeof err);
         if (rc < 0) {
             if (o->listen)
@@ -613,83 +612,83 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
         }
     }
     /* Control socket. */
-    snprintf(st->sock_path, sizeof st->sock_path, "%s/kvd.sock", state_dir);
-    unlink(st->sock_path);
-    uv_pipe_init(st->loop, &st->ctl, 0);
-    st->ctl.data = st;
-    st->ctl_open = true;
-    rc = uv_pipe_bind(&st->ctl, st->sock_path);
-    if (rc == 0 && chmod(st->sock_path, 0600) < 0)   /* the control socket is the owner's */
+    snprintf(st->io.sock_path, sizeof st->io.sock_path, "%s/kvd.sock", state_dir);
+    unlink(st->io.sock_path);
+    uv_pipe_init(st->loop, &st->io.ctl, 0);
+    st->io.ctl.data = st;
+    st->io.ctl_open = true;
+    rc = uv_pipe_bind(&st->io.ctl, st->io.sock_path);
+    if (rc == 0 && chmod(st->io.sock_path, 0600) < 0)   /* the control socket is the owner's */
         rc = -errno;
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&st->ctl, 16, kvd_ctl_on_conn);
+        rc = uv_listen((uv_stream_t *)&st->io.ctl, 16, kvd_ctl_on_conn);
     if (rc < 0) {
-        kvd_log(KVD_LOG_ERROR, "control socket %s: %s", st->sock_path, uv_strerror(rc));
+        kvd_log(KVD_LOG_ERROR, "control socket %s: %s", st->io.sock_path, uv_strerror(rc));
         goto fail_loop;
     }
-    uv_timer_init(st->loop, &st->tick);
-    uv_timer_init(st->loop, &st->redial);
-    uv_timer_init(st->loop, &st->repair);
-    st->repair_open = true;
-    st->tick.data = st->redial.data = st->repair.data = st;
-    uv_timer_start(&st->tick, tick_cb, TICK_MS, TICK_MS);
+    uv_timer_init(st->loop, &st->tick.timer);
+    uv_timer_init(st->loop, &st->links.redial);
+    uv_timer_init(st->loop, &st->repair.timer);
+    st->repair.timer_open = true;
+    st->tick.timer.data = st->links.redial.data = st->repair.timer.data = st;
+    uv_timer_start(&st->tick.timer, tick_cb, TICK_MS, TICK_MS);
     if (o->seed_listen && kvd_backend_gguf(&st->be)) { /* roles combine: this stage also seeds what it holds */
         char id[65];
         err[0] = 0;
-        rc = net_http_server_new(&st->http, st->loop, NULL);
+        rc = net_http_server_new(&st->io.http, st->loop, NULL);
         if (!rc)
-            rc = seed_server_new(&st->seeder, st->http);
+            rc = seed_server_new(&st->io.seeder, st->io.http);
         if (!rc)
-            rc = seed_server_add(st->seeder, o->window ? o->window : o->model, o->catalog, id, err,
+            rc = seed_server_add(st->io.seeder, o->window ? o->window : o->model, o->catalog, id, err,
                                 sizeof err);
         if (!rc)
-            rc = net_http_server_listen(st->http, o->seed_listen);
+            rc = net_http_server_listen(st->io.http, o->seed_listen);
         if (rc) {
             kvd_log(KVD_LOG_ERROR, "seeder on %s: %s", o->seed_listen, err[0] ? err : uv_strerror(rc));
-            if (st->http)
-                net_http_server_close(st->http, NULL, NULL);
-            st->http = NULL;
+            if (st->io.http)
+                net_http_server_close(st->io.http, NULL, NULL);
+            st->io.http = NULL;
             goto fail_loop;
         }
         kvd_log(KVD_LOG_INFO, "seeding %s (model %.16s...) on %s (port %d)",
-                o->window ? o->window : o->model, id, o->seed_listen, net_http_server_port(st->http));
+                o->window ? o->window : o->model, id, o->seed_listen, net_http_server_port(st->io.http));
     }
     if ((rc = kvd_api_start(st)) < 0) {
-        if (st->http)
-            net_http_server_close(st->http, NULL, NULL);
-        st->http = NULL;
+        if (st->io.http)
+            net_http_server_close(st->io.http, NULL, NULL);
+        st->io.http = NULL;
         goto fail_loop;
     }
-    uv_signal_init(st->loop, &st->sigterm);
-    uv_signal_init(st->loop, &st->sigint);
-    uv_signal_init(st->loop, &st->sighup);
-    st->sigterm.data = st->sigint.data = st->sighup.data = st;
-    uv_signal_start(&st->sigterm, on_signal, SIGTERM);
-    uv_signal_start(&st->sigint, on_signal, SIGINT);
-    uv_signal_start(&st->sighup, on_signal, SIGHUP);
+    uv_signal_init(st->loop, &st->io.sigterm);
+    uv_signal_init(st->loop, &st->io.sigint);
+    uv_signal_init(st->loop, &st->io.sighup);
+    st->io.sigterm.data = st->io.sigint.data = st->io.sighup.data = st;
+    uv_signal_start(&st->io.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&st->io.sigint, on_signal, SIGINT);
+    uv_signal_start(&st->io.sighup, on_signal, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
     char key[65];
     util_hex_encode(net_identity_pub(st->id), 32, key);
-    if (st->waiting) {
+    if (st->standby.waiting) {
         kvd_log(KVD_LOG_INFO, "ring %s: standby %u of %u for ranks 0x%llx, listening on %s (port %d), node "
-                "%.16s..., control %s", st->m.ring, st->standby, st->m.n_standbys,
-                (unsigned long long)st->m.standbys[st->standby].ranks, listen,
-                st->ls ? ring_listener_port(st->ls) : 0, key, st->sock_path);
+                "%.16s..., control %s", st->m.ring, st->standby.index, st->m.n_standbys,
+                (unsigned long long)st->m.standbys[st->standby.index].ranks, listen,
+                st->io.ls ? ring_listener_port(st->io.ls) : 0, key, st->io.sock_path);
         char status[160];
-        snprintf(status, sizeof status, "standby %u of %u", st->standby, st->m.n_standbys);
+        snprintf(status, sizeof status, "standby %u of %u", st->standby.index, st->m.n_standbys);
         kvd_service_ready(status);
     } else {
         const struct ring_rank_info *me = &st->m.ranks[st->rank];
         kvd_log(KVD_LOG_INFO, "ring %s: rank %u of %u, layers [%u, %u)%s%s, listening on %s (port %d), node %.16s..., "
                 "wire %s, control %s", st->m.ring, st->rank, st->n, me->first, me->last, me->embed ? " +embed" : "",
-                me->head ? " +head" : "", listen, st->ls ? ring_listener_port(st->ls) : 0, key, st->m.dtype,
-                st->sock_path);
+                me->head ? " +head" : "", listen, st->io.ls ? ring_listener_port(st->io.ls) : 0, key,
+                st->m.dtype, st->io.sock_path);
         char status[160];
         snprintf(status, sizeof status, "rank %u of %u, layers [%u, %u)", st->rank, st->n, me->first, me->last);
         kvd_service_ready(status);
-        if (st->repair_wait_ms && st->rank == 0)
+        if (st->repair.wait_ms && st->rank == 0)
             kvd_log(KVD_LOG_INFO, "a broken ring pauses sessions for up to %u s waiting for its repair",
-                    st->repair_wait_ms / 1000);
+                    st->repair.wait_ms / 1000);
         kvd_link_dial_out(st);
     }
     if (via_relay)
@@ -699,17 +698,17 @@ int kvd_stage_run(const struct kvd_stage_opts *o)
     goto done;
 fail_loop:
     st->shutting_down = true;
-    if (st->ls)
-        ring_listener_close(st->ls, NULL, NULL);
-    if (st->ctl_open)
-        uv_close((uv_handle_t *)&st->ctl, NULL);
+    if (st->io.ls)
+        ring_listener_close(st->io.ls, NULL, NULL);
+    if (st->io.ctl_open)
+        uv_close((uv_handle_t *)&st->io.ctl, NULL);
     kvd_compute_stop(st->comp, on_compute_closed, st);
     st->comp = NULL;
     uv_walk(st->loop, close_walk, NULL);
     uv_run(st->loop, UV_RUN_DEFAULT);
 done:
     uv_loop_close(st->loop);
-    seed_server_free(st->seeder);
+    seed_server_free(st->io.seeder);
 fail:
     if (st->be_open)
         kvd_backend_close(&st->be);

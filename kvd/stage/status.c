@@ -70,7 +70,7 @@ static cJSON *link_rec(struct stage *st, struct conn *c, bool out, size_t cap)
         cJSON_AddNumberToObject(o, "rtt_ms", round(c->rtt_ms * 1000) / 1000);
     /* Why the link last failed, as conn.c's link note keeps it (a close, a dial failure, a
      * refusal from the peer) */
-    const struct kvd_link_note *ln = &st->links[out ? st->rank : st->pred];
+    const struct kvd_link_note *ln = &st->links.note[out ? st->rank : st->pred];
     const char *err = ln->last_reason;
     uint64_t err_ms = ln->last_reason[0] ? ln->last_reason_ms : 0;
     if (err_ms) {
@@ -85,14 +85,14 @@ static cJSON *record(struct stage *st, size_t cap)
 {
     cJSON *o = cJSON_CreateObject();
     char b[80];
-    cJSON_AddNumberToObject(o, "rank", st->waiting ? -1 : (double)st->rank);
+    cJSON_AddNumberToObject(o, "rank", st->standby.waiting ? -1 : (double)st->rank);
     util_hex_encode(net_identity_pub(st->id), 8, b);
     cJSON_AddStringToObject(o, "node", b);
     if (gethostname(b, sizeof b) != 0)
         b[0] = 0;
     b[sizeof b - 1] = 0;
     add_strn(o, "host", b, cap);
-    add_strn(o, "endpoint", st->standby >= 0 ? st->m.standbys[st->standby].endpoint
+    add_strn(o, "endpoint", st->standby.index >= 0 ? st->m.standbys[st->standby.index].endpoint
                                              : st->m.ranks[st->rank].endpoint, cap);
     cJSON_AddNumberToObject(o, "pid", getpid());
     cJSON *w = cJSON_AddArrayToObject(o, "window");
@@ -100,16 +100,16 @@ static cJSON *record(struct stage *st, size_t cap)
     cJSON_AddItemToArray(w, cJSON_CreateNumber(st->m.ranks[st->rank].last));
     add_str(o, "backend", st->backend_name);
     cJSON_AddNumberToObject(o, "uptime_s", (double)((uint64_t)util_now_ms() - st->start_ms) / 1000);
-    cJSON_AddItemToObject(o, "in", link_rec(st, st->in, false, cap));
-    cJSON_AddItemToObject(o, "out", link_rec(st, st->out, true, cap));
-    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && st->in && st->in->up);
-    cJSON_AddNumberToObject(o, "sessions", st->n_sessions);
-    cJSON_AddNumberToObject(o, "paused_sessions", st->n_paused);
-    cJSON_AddNumberToObject(o, "steps", (double)st->steps);
-    cJSON_AddNumberToObject(o, "ms_per_token", st->dec_steps ? st->dec_ms / (double)st->dec_steps : 0);
-    cJSON_AddNumberToObject(o, "ms_per_token_avg", round(st->ms_tok_avg * 1000) / 1000);
+    cJSON_AddItemToObject(o, "in", link_rec(st, st->links.in, false, cap));
+    cJSON_AddItemToObject(o, "out", link_rec(st, st->links.out, true, cap));
+    cJSON_AddBoolToObject(o, "linked", kvd_conn_out_up(st) && kvd_conn_in_up(st));
+    cJSON_AddNumberToObject(o, "sessions", st->sessions.n);
+    cJSON_AddNumberToObject(o, "paused_sessions", st->repair.n_paused);
+    cJSON_AddNumberToObject(o, "steps", (double)st->stats.steps);
+    cJSON_AddNumberToObject(o, "ms_per_token", st->stats.dec_steps ? st->stats.dec_ms / (double)st->stats.dec_steps : 0);
+    cJSON_AddNumberToObject(o, "ms_per_token_avg", round(st->stats.ms_tok_avg * 1000) / 1000);
     cJSON_AddNumberToObject(o, "bytes_per_token_out",
-                            st->rows ? (double)st->frame_bytes_out / (double)st->rows : 0);
+                            st->stats.rows ? (double)st->stats.frame_bytes_out / (double)st->stats.rows : 0);
     if (st->comp) {
         struct kvd_compute_stats cs;
         kvd_compute_stats(st->comp, &cs);
@@ -117,17 +117,17 @@ static cJSON *record(struct stage *st, size_t cap)
     }
     cJSON_AddNumberToObject(o, "rss_bytes", (double)rss_bytes());
     cJSON_AddNumberToObject(o, "weight_bytes", (double)st->be.weight_bytes);
-    uint32_t live = st->n_sessions - (st->n_paused <= st->n_sessions ? st->n_paused : 0);
+    uint32_t live = st->sessions.n - (st->repair.n_paused <= st->sessions.n ? st->repair.n_paused : 0);
     cJSON_AddNumberToObject(o, "kv_bytes", (double)live * (double)st->be.kv_bytes_per_session);
-    if (st->standby >= 0) {
-        cJSON_AddNumberToObject(o, "standby", st->standby);
-        cJSON_AddBoolToObject(o, "waiting", st->waiting);
+    if (st->standby.index >= 0) {
+        cJSON_AddNumberToObject(o, "standby", st->standby.index);
+        cJSON_AddBoolToObject(o, "waiting", st->standby.waiting);
     }
-    if (st->rank == 0 && !st->waiting) {
-        cJSON_AddNumberToObject(o, "repairs", (double)st->repairs);
-        if (st->repairs) {
-            cJSON_AddNumberToObject(o, "last_repair_unix", (double)st->last_repair_unix);
-            cJSON_AddNumberToObject(o, "last_repair_rank", st->last_repair_rank);
+    if (st->rank == 0 && !st->standby.waiting) {
+        cJSON_AddNumberToObject(o, "repairs", (double)st->status.repairs);
+        if (st->status.repairs) {
+            cJSON_AddNumberToObject(o, "last_repair_unix", (double)st->status.last_repair_unix);
+            cJSON_AddNumberToObject(o, "last_repair_rank", st->status.last_repair_rank);
         }
     }
     return o;
@@ -266,12 +266,12 @@ int kvd_status_on_frame(struct conn *c, const struct ring_frame_hdr *h, const ui
         return rec ? -EPROTO : 0;
     }
     uint32_t r = h->n_tokens;
-    struct kvd_status_slot *sl = &st->ring_status[r];
+    struct kvd_status_slot *sl = &st->status.slot[r];
     uint64_t now = (uint64_t)util_now_ms();
     char *txt = NULL;
     /* This stage's own rank is never taken from a peer; an older record than the one held
      * is dropped (it came the long way round). */
-    if (r != st->rank && !st->waiting && (!sl->rx_ms || h->pos < slot_age(sl, now)) &&
+    if (r != st->rank && !st->standby.waiting && (!sl->rx_ms || h->pos < slot_age(sl, now)) &&
         (txt = cJSON_PrintUnformatted(rec)) && strlen(txt) <= RING_STATUS_MAX) {
         size_t len = strlen(txt);
         memcpy(sl->rec, txt, len + 1);
@@ -279,7 +279,7 @@ int kvd_status_on_frame(struct conn *c, const struct ring_frame_hdr *h, const ui
         sl->age_rx = h->pos;
         rec_who(rec, sl->who, sizeof sl->who);
         /* on along the way it came: from the in link to the out link and back */
-        send_rec(c == st->in ? st->out : st->in, r, h->pos, sl->rec, len);
+        send_rec(c == st->links.in ? st->links.out : st->links.in, r, h->pos, sl->rec, len);
     }
     free(txt);
     cJSON_Delete(rec);
@@ -298,40 +298,40 @@ static void note_repair(struct stage *st, bool linked)
      * may see its ring link and break again before the replacement's record comes, so this
      * is kept apart from the counting below. */
     for (uint32_t r = 1; r < st->n; r++) {
-        struct kvd_status_slot *sl = &st->ring_status[r];
+        struct kvd_status_slot *sl = &st->status.slot[r];
         if (!sl->who[0])
             continue;
         if (sl->who_seen[0] && strcmp(sl->who, sl->who_seen) != 0)
-            st->last_repair_rank = (int)r;
+            st->status.last_repair_rank = (int)r;
         memcpy(sl->who_seen, sl->who, sizeof sl->who_seen);
     }
     if (!linked) {
-        st->ring_broken = st->ring_broken || st->ring_was_linked;
+        st->status.broken = st->status.broken || st->status.was_linked;
         return;
     }
-    if (st->ring_broken) {
-        st->ring_broken = false;
-        st->repairs++;
-        st->last_repair_unix = (int64_t)time(NULL);
-        kvd_log(KVD_LOG_INFO, "the ring is linked again (repair %" PRIu64 ")", st->repairs);
+    if (st->status.broken) {
+        st->status.broken = false;
+        st->status.repairs++;
+        st->status.last_repair_unix = (int64_t)time(NULL);
+        kvd_log(KVD_LOG_INFO, "the ring is linked again (repair %" PRIu64 ")", st->status.repairs);
     }
-    st->ring_was_linked = true;
+    st->status.was_linked = true;
 }
 
 void kvd_status_tick(struct stage *st)
 {
-    if (st->waiting)
+    if (st->standby.waiting)
         return;
-    bool linked = kvd_conn_out_up(st) && st->in && st->in->up;
+    bool linked = kvd_conn_out_up(st) && kvd_conn_in_up(st);
     if (st->rank == 0)
         note_repair(st, linked);
-    if (!(st->in && st->in->up) && !kvd_conn_out_up(st))
+    if (!kvd_conn_in_up(st) && !kvd_conn_out_up(st))
         return;
     /* The tick runs every TICK_MS; a record goes out once a STATUS_EVERY_MS. */
     uint64_t now = (uint64_t)util_now_ms();
-    if (st->status_sent_ms && now - st->status_sent_ms < STATUS_EVERY_MS)
+    if (st->status.sent_ms && now - st->status.sent_ms < STATUS_EVERY_MS)
         return;
-    st->status_sent_ms = now;
+    st->status.sent_ms = now;
     /* Every string at its longest can pass RING_STATUS_MAX: then shorter ones. */
     char *txt = NULL;
     size_t len = 0;
@@ -345,16 +345,16 @@ void kvd_status_tick(struct stage *st)
             break;
     }
     if (txt && len <= RING_STATUS_MAX) {
-        send_rec(st->in, st->rank, 0, txt, len);
-        send_rec(st->out, st->rank, 0, txt, len);
+        send_rec(st->links.in, st->rank, 0, txt, len);
+        send_rec(st->links.out, st->rank, 0, txt, len);
     }
     free(txt);
 }
 
 void kvd_status_link_closed(struct stage *st)
 {
-    if (st->rank == 0 && st->ring_was_linked)   /* even a break shorter than a tick */
-        st->ring_broken = true;
+    if (st->rank == 0 && st->status.was_linked)   /* even a break shorter than a tick */
+        st->status.broken = true;
 }
 
 /* ================================ the view ================================ */
@@ -364,9 +364,9 @@ cJSON *kvd_status_ring(struct stage *st)
     cJSON *a = cJSON_CreateArray();
     uint64_t now = (uint64_t)util_now_ms();
     for (uint32_t r = 0; r < st->n; r++) {
-        struct kvd_status_slot *sl = &st->ring_status[r];
+        struct kvd_status_slot *sl = &st->status.slot[r];
         cJSON *e = NULL;
-        if (r == st->rank && !st->waiting) {
+        if (r == st->rank && !st->standby.waiting) {
             e = kvd_status_record(st);
             cJSON_AddNumberToObject(e, "age_ms", 0);
             cJSON_AddBoolToObject(e, "answer", true);
