@@ -713,7 +713,7 @@ bool kvd_sess_resume(struct stage *st, struct sess *s, const struct ring_frame_h
 /* Rank 0: an ERROR came for s: code RING_ERR_RING pauses it for a repair, others end it. */
 void kvd_sess_on_error(struct stage *st, struct sess *s, uint32_t code, const char *msg);
 /* Rank 0: the ring broke under s: pause it (free its KV here, CLOSE it round the ring, note to
- * the client) until kvd_sess_replay, or end it when repairs are not awaited. */
+ * the client) until kvd_sess_repair_tick replays it, or end it when repairs are not awaited. */
 void kvd_sess_pause(struct stage *st, struct sess *s, const char *why);
 /* Rank 0: open s round the ring (OPEN with its history as the prompt) and send its history as
  * ACT chunks, the last one flagged LAST: a new session, or a paused one replayed. */
@@ -753,7 +753,7 @@ struct kvd_sess_gen {
 void kvd_sess_draft_set(const struct stage *st, int draft, uint32_t draft_max,
                         struct ring_open_params *p);
 /* The "draft" and "draft_max" fields of a JSON request (control socket, API) into *draft and
- * *draft_max as kvd_sess_draft_max takes them: 0, or -EINVAL with msg naming the field. */
+ * *draft_max as kvd_sess_draft_set takes them: 0, or -EINVAL with msg naming the field. */
 int kvd_sess_draft_parse(const void *json_obj, int *draft, uint32_t *draft_max, char *msg, size_t n);
 /* Rank 0: open a generation round the ring (the session, its model_gen, OPEN and the
  * prompt's chunks, kvd_sess_launch), its client or sink attached: 0 and *out (NULL when it

@@ -593,37 +593,15 @@ static int pending_make_room(struct stage *st, const char *src)
     return 0;
 }
 
-void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
+/* An accepted link's conn, pending until its handshake ends, at the head of the pending list;
+ * NULL when out of memory (the link is then closed: its on_close finds no conn). */
+static struct conn *pending_add(struct stage *st, struct ring_link *l)
 {
-    struct stage *st = ud;
-    char src[64];
-    peer_source(ring_link_peer(l), src, sizeof src);
-    bool full = !st->shutting_down && pending_make_room(st, src) < 0;
-    if (st->shutting_down || full) {
-        ring_link_set_ud(l, NULL);
-        struct conn *c = calloc(1, sizeof *c);
-        if (!c) {
-            ring_link_close(l, "out of memory");   /* on_close needs a conn: see below */
-            return;
-        }
-        c->st = st;
-        c->role = CONN_PENDING;
-        c->link = l;
-        ring_link_set_ud(l, c);
-        c->next = st->links.pending;
-        st->links.pending = c;
-        const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
-        reject_log(st, ring_link_peer(l), "refusing it: %s", why);
-        char msg[80];
-        snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
-        kvd_conn_send_error(c, 0, RING_ERR_PROTO, msg);   /* the peer logs why (in the clear: no keys) */
-        ring_link_close(l, "refused");
-        return;
-    }
     struct conn *c = calloc(1, sizeof *c);
     if (!c) {
+        ring_link_set_ud(l, NULL);
         ring_link_close(l, "out of memory");
-        return;
+        return NULL;
     }
     c->st = st;
     c->role = CONN_PENDING;
@@ -632,6 +610,27 @@ void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
     ring_link_set_ud(l, c);
     c->next = st->links.pending;
     st->links.pending = c;
+    return c;
+}
+
+void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud)
+{
+    struct stage *st = ud;
+    char src[64];
+    peer_source(ring_link_peer(l), src, sizeof src);
+    bool full = !st->shutting_down && pending_make_room(st, src) < 0;
+    struct conn *c = pending_add(st, l);
+    if (!c)
+        return;
+    if (st->shutting_down || full) {
+        const char *why = st->shutting_down ? "shutting down" : "too many links in handshake";
+        reject_log(st, ring_link_peer(l), "refusing it: %s", why);
+        char msg[80];
+        snprintf(msg, sizeof msg, "rank %u takes no link now: %s", st->rank, why);
+        kvd_conn_send_error(c, 0, RING_ERR_PROTO, msg);   /* the peer logs why (in the clear: no keys) */
+        ring_link_close(l, "refused");
+        return;
+    }
     kvd_log(KVD_LOG_DEBUG, "link from %s: handshake", ring_link_peer(l));
     c->await_hello = true;   /* the peer's HELLO picks the key expected (accept_hello) */
     c->as_rank = st->rank;
