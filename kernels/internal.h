@@ -297,7 +297,7 @@ static inline void *kern__at_host(struct kern_at a)
 struct kern__dev_ops {
     const char *name;
     bool host;
-    int (*open)(struct kern_dev *d, int n_threads);
+    int (*open)(struct kern_dev *d, const struct kern_dev_opts *o);
     void (*close)(struct kern_dev *d);
     int (*sync)(struct kern_dev *d);
     size_t (*matmul_scratch)(const struct kern_dev *d, uint32_t type, int64_t cols, int64_t n);

@@ -251,10 +251,21 @@ static inline struct kern_at kern_at_make(struct kern_buf *buf, size_t off)
     return a;
 }
 
-/* Opens device `name` ("cpu", "ref", "opencl") with n_threads threads (<= 0: one per CPU;
- * ref and opencl use one). 0, -ENODEV for an unknown name or no such hardware (message in
- * err, naming what there is), -ENOMEM, -EIO (opencl: its program failed to build; the build
- * log is in err). */
+/* What a device is made with: each device its own options, nothing process-wide. */
+struct kern_cl_opts;
+struct kern_dev_opts {
+    int n_threads;                  /* <= 0: one per CPU; ref and opencl use one */
+    const struct kern_cl_opts *cl;  /* the "opencl" device's settings (below), read while it
+                                       opens; NULL: none given (the environment's, else the
+                                       defaults); other devices ignore it */
+};
+/* Opens device `name` ("cpu", "ref", "opencl") with o's settings (NULL: the defaults). 0,
+ * -ENODEV for an unknown name or no such hardware (message in err, naming what there is),
+ * -EINVAL (an opencl setting out of its range, named in err), -ENOMEM, -EIO (opencl: its
+ * program failed to build; the build log is in err). */
+int kern_dev_new_opts(struct kern_dev **out, const char *name, const struct kern_dev_opts *o,
+                      char *err, size_t errlen);
+/* kern_dev_new_opts with n_threads threads and no opencl settings. */
 int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
                  size_t errlen);
 /* Frees the device (its buffers must be freed first); NULL is a no-op. */
@@ -366,13 +377,12 @@ int kern_dev_copy_rows(struct kern_dev *d, struct kern_at dst, size_t dst_stride
 int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
 
 /* ---- the "opencl" device's settings and facts (docs/opencl.md) ----
- * Options for the next kern_dev_new(.., "opencl", ..): a field left at its zero value (or -1
- * for the indices) takes the environment's KV_CL_PLATFORM, KV_CL_DEVICE, KV_CL_ALLOC_CAP
- * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, KV_CL_LAYOUT,
- * KV_CL_WEIGHTS, else the default:
- * platform 0, device 0, the device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or
- * ~/.cache/kvasir/opencl), work-groups of 64, weights "auto". Process-wide; set before
- * opening. */
+ * Settings of one opencl device, given when it is made (struct kern_dev_opts's cl): a field
+ * left at its zero value (or -1 for the indices) takes the environment's KV_CL_PLATFORM,
+ * KV_CL_DEVICE, KV_CL_ALLOC_CAP (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no
+ * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, else the default: platform 0, device 0, the
+ * device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl),
+ * work-groups of 64, weights "auto". The strings are read while the device opens, not kept. */
 struct kern_cl_opts {
     int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
     size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
@@ -384,7 +394,6 @@ struct kern_cl_opts {
                                   CL_MEM_USE_HOST_PTR), "copy" (uploaded), "auto" (map where the
                                   device shares host memory); NULL: not given */
 };
-void kern_cl_opts_set(const struct kern_cl_opts *o);  /* NULL: back to not given */
 struct kern_cl_info {
     char platform[128], device[128];
     size_t alloc_cap;          /* the cap weights are split at */

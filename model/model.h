@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 struct gguf_file;
+struct kern_cl_opts;
 
 
 /* ======================= window + executor + sampler ======================= */
@@ -185,9 +186,12 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
                    uint32_t max_batch);
 /* The executor's settings: model_exec_new's, plus the device its forward pass runs on. */
 struct model_exec_opts {
-    const char *device;      /* a kernel device ("cpu", "ref"; docs/devices.md); NULL: "cpu" */
+    const char *device;      /* a kernel device ("cpu", "ref", "opencl"; docs/devices.md);
+                                NULL: "cpu" */
     int n_threads;           /* <= 0: one per CPU */
     uint32_t n_ctx, max_batch;
+    const struct kern_cl_opts *cl;  /* the opencl device's settings (kernels/kern.h), read
+                                       while the executor is made; NULL: the environment's */
 };
 /* Fills o with the defaults: "cpu", one thread per CPU, n_ctx 512, max_batch 32. */
 void model_exec_opts_default(struct model_exec_opts *o);

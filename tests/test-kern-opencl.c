@@ -29,17 +29,29 @@
 static char cache[256];
 static const char *weights_mode;   /* the weights setting of cl_open (NULL: auto) */
 
+/* kern_dev_new_opts of "opencl" with settings o (err: KV_ERR_MAX bytes). */
+static int cl_new(struct kern_dev **d, const struct kern_cl_opts *o, char *err)
+{
+    struct kern_dev_opts dopts = {.n_threads = 1, .cl = o};
+    return kern_dev_new_opts(d, "opencl", &dopts, err, KV_ERR_MAX);
+}
+
+/* The opencl device with settings o, failing the case without one. */
+static struct kern_dev *cl_open_opts(const struct kern_cl_opts *o)
+{
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    int rc = cl_new(&d, o, err);
+    T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
+    return d;
+}
+
 /* The opencl device with allocations capped at cap bytes (0: the device's own cap). */
 static struct kern_dev *cl_open(size_t cap)
 {
     struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache,
                              .weights = weights_mode};
-    kern_cl_opts_set(&o);
-    char err[KV_ERR_MAX] = "";
-    struct kern_dev *d = NULL;
-    int rc = kern_dev_new(&d, "opencl", 1, err, sizeof err);
-    T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
-    return d;
+    return cl_open_opts(&o);
 }
 
 static struct kern_buf *act(struct kern_dev *d, const void *src, size_t bytes)
@@ -224,10 +236,8 @@ T_CASE(adreno_layout)
 {
     enum { R = 37, PAD = 5, C = 224 };
     struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache, .layout = "adreno"};
-    kern_cl_opts_set(&o);
-    char err[KV_ERR_MAX] = "";
-    struct kern_dev *d = NULL;
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    struct kern_dev *d = cl_open_opts(&o);
+    T_ASSERT(d, "open");
     struct kern_cl_info info;
     T_CHECK(kern_cl_info(d, &info) == 0 && !strcmp(info.layout, "adreno"), "layout %s", info.layout);
     ku_seed(13);
@@ -267,7 +277,6 @@ T_CASE(adreno_layout)
         free(w);
     }
     kern_dev_free(d);
-    kern_cl_opts_set(NULL);
 }
 
 /* The kernels' variants for devices PoCL is not (cl_khr_fp16 arithmetic, native subgroup
@@ -553,11 +562,10 @@ T_CASE(program_cache)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/fresh", cache);
     struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = dir};
-    kern_cl_opts_set(&o);
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
     struct kern_cl_info info;
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "open: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache && info.build_ms > 0, "built");
     struct stat st;
     T_CHECK(stat(info.cache_file, &st) == 0 && st.st_size > 0, "cached in %s", info.cache_file);
@@ -565,7 +573,7 @@ T_CASE(program_cache)
     printf("device %s (%s), build %.0f ms, cap %zu, wg %d\n", info.device, info.platform,
            info.build_ms, info.alloc_cap, info.wg);
     kern_dev_free(d);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "reopen: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "reopen: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && info.from_cache, "the second open takes the binary");
     kern_dev_free(d);
     /* a corrupt binary is rebuilt from source */
@@ -573,33 +581,41 @@ T_CASE(program_cache)
     T_ASSERT(f, "open cache file");
     fputs("not a binary", f);
     fclose(f);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "corrupt cache: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "corrupt cache: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache, "rebuilt");
     kern_dev_free(d);
     /* another work-group size is another program, another file */
     o.wg = 128;
-    kern_cl_opts_set(&o);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "wg 128: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "wg 128: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && info.wg == 128 && !info.from_cache, "wg 128 built");
     kern_dev_free(d);
-    kern_cl_opts_set(NULL);
 }
 
 T_CASE(no_such_device)
 {
     struct kern_cl_opts o = {.platform = 7, .device = -1, .cache_dir = cache};
-    kern_cl_opts_set(&o);
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
-    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "platform 7");
+    T_CHECK(cl_new(&d, &o, err) == -ENODEV && !d, "platform 7");
     T_CHECK(strstr(err, "platform 7") && strstr(err, "0: "), "names what exists: %s", err);
     o = (struct kern_cl_opts){.platform = 0, .device = 5, .cache_dir = cache};
-    kern_cl_opts_set(&o);
-    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "device 5");
+    T_CHECK(cl_new(&d, &o, err) == -ENODEV && !d, "device 5");
     T_CHECK(strstr(err, "device 5") && strstr(err, "0: "), "names what exists: %s", err);
-    kern_cl_opts_set(NULL);
+    /* the settings were that device's alone: the next one made without any opens */
     T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "defaults again: %s", err);
     kern_dev_free(d);
+    /* two devices made side by side, each with its own settings */
+    struct kern_cl_opts a = {.platform = -1, .device = -1, .cache_dir = cache, .wg = 32};
+    struct kern_cl_opts b = {.platform = -1, .device = -1, .cache_dir = cache, .wg = 128,
+                             .layout = "adreno"};
+    struct kern_dev *da = NULL, *db = NULL;
+    struct kern_cl_info ia, ib;
+    T_ASSERT(cl_new(&da, &a, err) == 0 && cl_new(&db, &b, err) == 0, "two devices: %s", err);
+    T_CHECK(kern_cl_info(da, &ia) == 0 && kern_cl_info(db, &ib) == 0 && ia.wg == 32 &&
+            ib.wg == 128 && !strcmp(ia.layout, "plain") && !strcmp(ib.layout, "adreno"),
+            "each its own: wg %d/%d, layout %s/%s", ia.wg, ib.wg, ia.layout, ib.layout);
+    kern_dev_free(da);
+    kern_dev_free(db);
 }
 
 int main(int argc, char **argv)

@@ -53,7 +53,7 @@ static int run_open(struct run *r, const char *path, uint32_t n_ctx, uint32_t ma
     T_CHECK(rc == 0, "model_open %s: %d %s", path, rc, err);
     if (rc)
         return rc;
-    struct model_exec_opts o = {run_device, 1, n_ctx, max_batch};
+    struct model_exec_opts o = {run_device, 1, n_ctx, max_batch, NULL};
     rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err);
     T_CHECK(rc == 0, "model_exec_new on %s: %d %s", run_device, rc, err);
     if (rc) {

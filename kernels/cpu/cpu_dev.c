@@ -12,9 +12,9 @@
 #define F KERN__F
 #define H kern__at_host
 
-static int open_(struct kern_dev *d, int n_threads)
+static int open_(struct kern_dev *d, const struct kern_dev_opts *o)
 {
-    int rc = kern_pool_new(&d->pool, n_threads);
+    int rc = kern_pool_new(&d->pool, o->n_threads);
     if (rc == 0)
         d->n_threads = kern_pool_threads(d->pool);
     return rc;

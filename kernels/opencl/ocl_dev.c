@@ -87,8 +87,6 @@ struct ocl {
     struct kern_cl_info info;
 };
 
-static struct kern_cl_opts g_opts = {.platform = -1, .device = -1};
-
 /* The OpenCL runtime (the ICD loader, PoCL and the LLVM it compiles with) keeps allocations
  * until the process exits, which LeakSanitizer reports in ASan builds. A program linking
  * this device ignores leaks allocated inside those libraries only; the sanitizer runtime calls
@@ -97,11 +95,6 @@ const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void)
 {
     return "leak:libpocl.so\nleak:libLLVM\nleak:libOpenCL.so\nleak:libclang\n";
-}
-
-void kern_cl_opts_set(const struct kern_cl_opts *o)
-{
-    g_opts = o ? *o : (struct kern_cl_opts){.platform = -1, .device = -1};
 }
 
 #define OCL(d) ((struct ocl *)(d)->impl)
@@ -189,9 +182,9 @@ static int mkdirs(const char *path)
 
 /* The cache folder: the option, KV_CL_CACHE ("off": none), $XDG_CACHE_HOME/kvasir/opencl,
  * ~/.cache/kvasir/opencl. Empty when there is none. */
-static void cache_dir(char *buf, size_t n)
+static void cache_dir(const struct kern_cl_opts *co, char *buf, size_t n)
 {
-    const char *s = g_opts.cache_dir ? g_opts.cache_dir : getenv("KV_CL_CACHE");
+    const char *s = co->cache_dir ? co->cache_dir : getenv("KV_CL_CACHE");
     buf[0] = 0;
     if (s && !strcmp(s, "off"))
         return;
@@ -244,11 +237,11 @@ static int build(struct kern_dev *d, const char *opts)
     return e == CL_OUT_OF_HOST_MEMORY || e == CL_OUT_OF_RESOURCES ? -ENOMEM : -EIO;
 }
 
-static int program(struct kern_dev *d, const char *opts)
+static int program(struct kern_dev *d, const struct kern_cl_opts *co, const char *opts)
 {
     struct ocl *o = OCL(d);
     char dir[4096], path[4200];
-    cache_dir(dir, sizeof dir);
+    cache_dir(co, dir, sizeof dir);
     cl_int e;
     if (dir[0]) {
         cache_path(o, dir, opts, path, sizeof path);
@@ -328,7 +321,7 @@ static void close_(struct kern_dev *d)
     d->impl = NULL;
 }
 
-static int pick(struct kern_dev *d, struct ocl *o)
+static int pick(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co)
 {
     cl_uint np = 0, nd = 0;
     cl_platform_id plats[16];
@@ -340,7 +333,7 @@ static int pick(struct kern_dev *d, struct ocl *o)
         return -ENODEV;
     }
     np = np > 16 ? 16 : np;
-    long pi = opt_long(g_opts.platform, "KV_CL_PLATFORM", 0);
+    long pi = opt_long(co->platform, "KV_CL_PLATFORM", 0);
     describe(list, sizeof list, plats, np, NULL, 0);
     if (pi >= (long)np) {
         msg(d, "OpenCL platform %ld: there are %u (%s)", pi, np, list);
@@ -352,7 +345,7 @@ static int pick(struct kern_dev *d, struct ocl *o)
         return -ENODEV;
     }
     nd = nd > 16 ? 16 : nd;
-    long di = opt_long(g_opts.device, "KV_CL_DEVICE", 0);
+    long di = opt_long(co->device, "KV_CL_DEVICE", 0);
     describe(list, sizeof list, NULL, 0, devs, nd);
     if (di >= (long)nd) {
         msg(d, "OpenCL device %ld of platform %ld: there are %u (%s)", di, pi, nd, list);
@@ -367,15 +360,16 @@ static int pick(struct kern_dev *d, struct ocl *o)
     return 0;
 }
 
-static int open_(struct kern_dev *d, int n_threads)
+static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
 {
-    (void)n_threads;
+    static const struct kern_cl_opts none = {.platform = -1, .device = -1};
+    const struct kern_cl_opts *co = dopts->cl ? dopts->cl : &none;
     d->n_threads = 1;
     struct ocl *o = calloc(1, sizeof *o);
     if (!o)
         return -ENOMEM;
     d->impl = o;
-    int rc = pick(d, o);
+    int rc = pick(d, o, co);
     if (rc < 0)
         goto fail;
     cl_int e;
@@ -392,12 +386,12 @@ static int open_(struct kern_dev *d, int n_threads)
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxalloc, &maxalloc, NULL);
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof maxwg, &maxwg, NULL);
     size_t cap = o->maxalloc = (size_t)maxalloc;
-    long forced = opt_long(g_opts.alloc_cap ? (long)g_opts.alloc_cap : -1, "KV_CL_ALLOC_CAP", 0);
+    long forced = opt_long(co->alloc_cap ? (long)co->alloc_cap : -1, "KV_CL_ALLOC_CAP", 0);
     if (forced > 0 && (size_t)forced < cap)
         cap = (size_t)forced;
     cap &= ~(size_t)4095;  /* pieces start 4 KiB-aligned: offsets keep their alignment */
     o->cap = o->info.alloc_cap = cap < 4096 ? 4096 : cap;
-    size_t wg = (size_t)opt_long(g_opts.wg ? g_opts.wg : -1, "KV_CL_WG", 64);
+    size_t wg = (size_t)opt_long(co->wg ? co->wg : -1, "KV_CL_WG", 64);
     if (wg < 32 || wg > 256 || (wg & (wg - 1))) {
         msg(d, "OpenCL work-group size %zu: 32, 64, 128 or 256", wg);
         rc = -EINVAL;
@@ -407,7 +401,7 @@ static int open_(struct kern_dev *d, int n_threads)
         wg /= 2;
     o->wg = o->info.wg = wg;
     /* The layout: the option, KV_CL_LAYOUT, else by device class (Adreno: split) */
-    const char *lay = g_opts.layout ? g_opts.layout : getenv("KV_CL_LAYOUT");
+    const char *lay = co->layout ? co->layout : getenv("KV_CL_LAYOUT");
     char vendor[128], name[128];
     str_info(o->dev, CL_DEVICE_VENDOR, vendor, sizeof vendor);
     str_info(o->dev, CL_DEVICE_NAME, name, sizeof name);
@@ -441,7 +435,7 @@ static int open_(struct kern_dev *d, int n_threads)
     o->info.base_align = align_bits / 8 ? align_bits / 8 : 1;
     o->info.global_mem = gmem;
     o->info.max_alloc = maxalloc;
-    const char *wm = g_opts.weights ? g_opts.weights : getenv("KV_CL_WEIGHTS");
+    const char *wm = co->weights ? co->weights : getenv("KV_CL_WEIGHTS");
     if (wm && *wm && strcmp(wm, "auto") && strcmp(wm, "map") && strcmp(wm, "copy")) {
         msg(d, "OpenCL weights %s: map, copy or auto", wm);
         rc = -EINVAL;
@@ -452,7 +446,7 @@ static int open_(struct kern_dev *d, int n_threads)
     snprintf(o->info.weights, sizeof o->info.weights, "%s", o->map_weights ? "map" : "copy");
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
-    if ((rc = program(d, opts)) < 0)
+    if ((rc = program(d, co, opts)) < 0)
         goto fail;
     for (int i = 0; i < K_COUNT; i++) {
         o->k[i] = clCreateKernel(o->prog, kernel_names[i], &e);

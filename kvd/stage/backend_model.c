@@ -150,7 +150,8 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     const struct model_hparams *hp = model_get_hparams(mb->m);
     if (max_batch > n_ctx)
         max_batch = n_ctx;
-    struct model_exec_opts eo = {a->device ? a->device : "cpu", a->n_threads, n_ctx, max_batch};
+    struct model_exec_opts eo = {a->device ? a->device : "cpu", a->n_threads, n_ctx, max_batch,
+                                 a->cl};
     char xerr[KV_ERR_MAX] = "";
     rc = model_exec_new_opts(&mb->e, mb->m, &eo, xerr, sizeof xerr);
     if (rc < 0) {

@@ -107,6 +107,7 @@ struct kvd_backend_args {
     uint32_t n_layer, n_embd, n_ctx, max_batch;
     int n_threads;
     const char *device;        /* the kernel device the model runs on ("cpu", "opencl") */
+    const struct kern_cl_opts *cl;  /* its opencl settings; NULL: the environment's */
 };
 typedef int (*kvd_backend_open_fn)(struct kvd_backend *b, const struct kvd_backend_args *a,
                                    char *err, size_t errlen);
