@@ -58,6 +58,13 @@ void kern_dev_free(struct kern_dev *d)
     free(d);
 }
 
+uint32_t kern_dev_rows_exact(const struct kern_dev *d, uint32_t type)
+{
+    if (!kern_type_rows_exact(type))
+        return 0;
+    return d->ops->rows_exact ? d->ops->rows_exact(d, type) : UINT32_MAX;
+}
+
 const char *kern_dev_name(const struct kern_dev *d) { return d->ops->name; }
 int kern_dev_threads(const struct kern_dev *d) { return d->n_threads; }
 int kern_dev_sync(struct kern_dev *d) { return d->ops->sync(d); }

@@ -33,9 +33,10 @@ const char *kern_type_name(uint32_t type);
 /* true when the kernels can compute with weights of this type. */
 bool kern_type_supported(uint32_t type);
 /* true when a weight type's matmul gives each row the result it has alone, whatever the
- * number of rows up to KERN_ROWS_EXACT_MAX (F32 beyond that goes to a BLAS whose sums differ;
- * the other types hold for any number): today every weight type, at every SIMD level
- * (docs/model.md). */
+ * number of rows up to KERN_ROWS_EXACT_MAX: today every weight type, at every SIMD level
+ * (docs/model.md). Beyond that a device may hand a matmul to a BLAS whose sums differ ("cpu":
+ * F32 to OpenBLAS; "opencl": every type to CLBlast past its GEMM threshold): how many rows
+ * one device keeps it to is kern_dev_rows_exact. */
 #define KERN_ROWS_EXACT_MAX 15
 bool kern_type_rows_exact(uint32_t type);
 /* Elements per block and bytes per block (0 for an unknown type). */
@@ -273,6 +274,12 @@ void kern_dev_free(struct kern_dev *d);
 /* The device's name (static) and the threads its ops run on. */
 const char *kern_dev_name(const struct kern_dev *d);
 int kern_dev_threads(const struct kern_dev *d);
+/* Most activation rows a matmul of weight type on d may take with each row's result the one
+ * it has alone: UINT32_MAX for any number, 0 when not even two (a type that is not
+ * kern_type_rows_exact). At least KERN_ROWS_EXACT_MAX for every type d takes: "cpu" keeps F32
+ * to KERN_ROWS_EXACT_MAX (OpenBLAS past it), "opencl" every type to one row below its GEMM
+ * threshold (CLBlast from it); batching across sessions, replay and drafting rely on it. */
+uint32_t kern_dev_rows_exact(const struct kern_dev *d, uint32_t type);
 /* The names of the devices there are ("cpu, ref, opencl"), static. */
 const char *kern_dev_names(void);
 /* Waits for every op issued so far. 0 or the first failure of an asynchronous op. */
@@ -380,9 +387,12 @@ int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
  * Settings of one opencl device, given when it is made (struct kern_dev_opts's cl): a field
  * left at its zero value (or -1 for the indices) takes the environment's KV_CL_PLATFORM,
  * KV_CL_DEVICE, KV_CL_ALLOC_CAP (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no
- * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, else the default: platform 0, device 0, the
- * device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl),
- * work-groups of 64, weights "auto". The strings are read while the device opens, not kept. */
+ * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, KV_CL_GEMM_ROWS (a number, "off" or 0), else
+ * the default: platform 0, device 0, the device's own allocation cap,
+ * $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl), work-groups of 64, weights
+ * "auto", prompt GEMMs from KERN_CL_GEMM_MIN (16) rows. The strings are read while the
+ * device opens, not kept. */
+#define KERN_CL_GEMM_MIN (KERN_ROWS_EXACT_MAX + 1)   /* the lowest GEMM threshold */
 struct kern_cl_opts {
     int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
     size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
@@ -393,6 +403,10 @@ struct kern_cl_opts {
     const char *weights;       /* "map" (weights wrapped in place over the caller's bytes,
                                   CL_MEM_USE_HOST_PTR), "copy" (uploaded), "auto" (map where the
                                   device shares host memory); NULL: not given */
+    int gemm_rows;             /* matmuls of at least this many activation rows (at least
+                                  KERN_CL_GEMM_MIN) dequantise the weights to f32 tiles and
+                                  run CLBlast's SGEMM; fewer keep the fused kernels; negative:
+                                  never; 0: not given */
 };
 struct kern_cl_info {
     char platform[128], device[128];
@@ -409,6 +423,15 @@ struct kern_cl_info {
     char weights[8];           /* the weights setting in effect: "map" or "copy" */
     uint64_t weights_mapped;   /* weight bytes wrapped in place so far (pieces, seams too) */
     uint64_t weights_copied;   /* weight bytes copied to the device so far */
+    uint32_t gemm_rows;        /* the GEMM threshold in effect (0: off, or turned off by a
+                                  CLBlast failure) */
+    uint64_t gemm_calls;       /* matmuls CLBlast computed */
+    uint64_t gemm_fallbacks;   /* GEMMs that failed, computed by the fused kernels instead */
+    uint64_t gemm_tile_bytes;  /* device memory the GEMMs hold (0 before the first): the f32
+                                  weight tile, at most 32 MiB and the allocation cap, */
+    uint64_t gemm_tmp_bytes;   /* and CLBlast's temporary buffer, at most the largest
+                                  allocation */
+    char gemm_error[256];      /* why the last one failed ("" when none did) */
 };
 /* d's facts; -EINVAL when d is not an opencl device. */
 int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);

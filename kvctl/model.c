@@ -70,6 +70,12 @@ struct runner {
 
 static void runner_free(struct runner *r)
 {
+    /* the matmuls CLBlast ran; a prompt GEMM that failed was computed by the fused kernels */
+    struct kern_cl_info ci;
+    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_calls)
+        fprintf(stderr, "opencl: %" PRIu64 " matmuls through CLBlast\n", ci.gemm_calls);
+    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_fallbacks)
+        fprintf(stderr, "opencl: %s\n", ci.gemm_error);
     model_exec_free(r->e);
     model_free(r->m);
     free(r->x);
@@ -109,9 +115,14 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
         return rc;
     }
     struct kern_cl_info ci;
-    if (kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0)
+    if (kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0) {
+        char gemm[48] = "off";
+        if (ci.gemm_rows)
+            snprintf(gemm, sizeof gemm, "from %u rows", ci.gemm_rows);
         fprintf(stderr, "opencl: %s, %s layout, weights %s (%" PRIu64 " bytes wrapped in place, %" PRIu64
-                " copied)\n", ci.device, ci.layout, ci.weights, ci.weights_mapped, ci.weights_copied);
+                " copied), prompt GEMMs (CLBlast) %s\n", ci.device, ci.layout, ci.weights,
+                ci.weights_mapped, ci.weights_copied, gemm);
+    }
     r->x = malloc((size_t)max_batch * r->hp->n_embd * sizeof(float));
     r->logits = malloc((size_t)max_batch * r->hp->n_vocab * sizeof(float));
     if (!r->x || !r->logits) {

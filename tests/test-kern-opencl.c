@@ -279,6 +279,269 @@ T_CASE(adreno_layout)
     kern_dev_free(d);
 }
 
+/* ---- prompt GEMMs through CLBlast (docs/opencl.md, "Prompt GEMMs") ---- */
+
+/* CLBlast's SGEMM on the dequantised tile against the fused kernels: f32 sums in another
+ * order (seen on PoCL: at most 3e-13). Against the oracle the fused kernels' bounds hold
+ * (seen: 8e-14 F32, 5e-8 F16, 3e-6 BF16, 3e-5 the 32-blocks, 5e-5 the K types). */
+#define GEMM_FUSED_BOUND 1e-10
+#define BLAST_LOCAL_MEM (-2046)   /* CLBlastInvalidLocalMemUsage, one of CLBlast's statuses */
+
+/* The opencl device with prompt GEMMs from gemm_rows rows (negative: off), allocations capped
+ * at cap (0: the device's), in layout (NULL: auto). */
+static struct kern_dev *cl_gemm_open(int gemm_rows, size_t cap, const char *layout)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache,
+                             .layout = layout, .gemm_rows = gemm_rows};
+    return cl_open_opts(&o);
+}
+
+static uint64_t gemm_calls(struct kern_dev *d)
+{
+    struct kern_cl_info ci;
+    return kern_cl_info(d, &ci) == 0 ? ci.gemm_calls : 0;
+}
+
+/* Every weight type's matmul at and above the threshold through CLBlast (the device says it
+ * took that path) against the oracle and against the fused kernels of a device without
+ * GEMMs; one row below it the fused kernels, bit for bit. cap splits the weights over
+ * pieces and seams and shrinks the f32 tile to a few rows (several tiles a matmul); the
+ * adreno layout dequantises its split Q4_0/Q8_0 matrices. */
+static void gemm_case(size_t cap, const char *layout)
+{
+    enum { R = 37, PAD = 3, T = KERN_CL_GEMM_MIN, NMAX = T + 5 };
+    struct kern_dev *d = cl_gemm_open(T, cap, layout), *f = cl_gemm_open(-1, cap, layout);
+    T_ASSERT(d && f, "devices");
+    ku_seed(17);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        int64_t C = cols_of(t);
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, PAD);
+        struct kern_buf *wd = NULL, *wf = NULL;
+        T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0 &&
+                 kern_buf_new(&wf, f, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
+        T_CHECK(kern_dev_rows_exact(d, t) == T - 1 && kern_dev_rows_exact(f, t) == UINT32_MAX,
+                "%s: row-exact up to %u with GEMMs from %d, %u without", kern_type_name(t),
+                kern_dev_rows_exact(d, t), T, kern_dev_rows_exact(f, t));
+        double worst_ref = 0, worst_fused = 0;
+        const int64_t ns[] = {T - 1, T, NMAX};
+        for (int k = 0; k < 3; k++) {
+            int64_t n = ns[k];
+            float *x = fl(n * C, 1), *y = malloc(NMAX * R * 4), *yf = malloc(NMAX * R * 4),
+                  *ref = malloc(NMAX * R * 4);
+            struct kern_buf *xd = act(d, x, (size_t)(n * C) * 4), *yd = act(d, NULL, NMAX * R * 4);
+            struct kern_buf *xf = act(f, x, (size_t)(n * C) * 4), *yb = act(f, NULL, NMAX * R * 4);
+            uint64_t before = gemm_calls(d);
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wd, PAD * rb), R, C, A(xd), n, A(yd)) == 0 &&
+                    kern_dev_matmul(f, t, kern_at_make(wf, PAD * rb), R, C, A(xf), n, A(yb)) == 0,
+                    "%s matmul n=%d", kern_type_name(t), (int)n);
+            get(yd, y, (size_t)(n * R) * 4);
+            get(yb, yf, (size_t)(n * R) * 4);
+            kern_ref_matmul(t, w + PAD * rb, R, C, x, n, ref);
+            uint64_t took = gemm_calls(d) - before;
+            if (n < T) {
+                T_CHECK(took == 0 && !memcmp(y, yf, (size_t)(n * R) * 4),
+                        "%s n=%d (below the threshold): %" PRIu64 " GEMMs, fused kernels' bits %s",
+                        kern_type_name(t), (int)n, took, memcmp(y, yf, (size_t)(n * R) * 4) ? "differ" : "kept");
+            } else {
+                double er = t_nmse(y, ref, n * R), ef = t_nmse(y, yf, n * R);
+                double bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
+                T_CHECK(took == 1, "%s n=%d cap %zu: %" PRIu64 " matmuls through CLBlast, want 1",
+                        kern_type_name(t), (int)n, cap, took);
+                T_CHECK(er <= bound, "%s GEMM n=%d cap %zu: nmse vs ref %.3g > %.3g",
+                        kern_type_name(t), (int)n, cap, er, bound);
+                T_CHECK(ef <= GEMM_FUSED_BOUND, "%s GEMM n=%d cap %zu: nmse vs fused %.3g > %.3g",
+                        kern_type_name(t), (int)n, cap, ef, GEMM_FUSED_BOUND);
+                worst_ref = er > worst_ref ? er : worst_ref;
+                worst_fused = ef > worst_fused ? ef : worst_fused;
+            }
+            kern_buf_free(xd), kern_buf_free(yd), kern_buf_free(xf), kern_buf_free(yb);
+            free(x), free(y), free(yf), free(ref);
+        }
+        printf("gemm %-5s cap %-5zu %-6s nmse vs ref %.3g, vs fused %.3g\n", kern_type_name(t),
+               cap, layout ? layout : "plain", worst_ref, worst_fused);
+        struct kern_cl_info ci;
+        T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_tile_bytes > 0 &&
+                ci.gemm_tile_bytes <= (cap ? cap : (size_t)32 << 20),
+                "the f32 tile: %" PRIu64 " bytes (cap %zu)", ci.gemm_tile_bytes, cap);
+        kern_buf_free(wd);
+        kern_buf_free(wf);
+        free(w);
+    }
+    kern_dev_free(d);
+    kern_dev_free(f);
+}
+
+T_CASE(gemm_every_type) { gemm_case(0, NULL); }
+
+/* A prompt-sized GEMM (96 rows by 2000 x 1024 weights), where CLBlast takes its indirect
+ * kernel with padded copies in its temporary buffer (the device reports one), for an F32
+ * weight (multiplied where it lies) and a quantised one, against the oracle and the fused
+ * kernels. */
+T_CASE(gemm_large)
+{
+    enum { R = 2000, C = 1024, N = 96, T = KERN_CL_GEMM_MIN };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL), *f = cl_gemm_open(-1, 0, NULL);
+    T_ASSERT(d && f, "devices");
+    ku_seed(29);
+    const uint32_t ts[] = {KERN_T_F32, KERN_T_Q4_K};
+    float *x = fl(N * C, 1), *y = malloc((size_t)N * R * 4), *yf = malloc((size_t)N * R * 4),
+          *ref = malloc((size_t)N * R * 4);
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t t = ts[ti];
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, 0);
+        struct kern_buf *wd = NULL, *wf = NULL, *xd = act(d, x, N * C * 4),
+                        *yd = act(d, NULL, (size_t)N * R * 4), *xf = act(f, x, N * C * 4),
+                        *yb = act(f, NULL, (size_t)N * R * 4);
+        T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, R * rb, w) == 0 &&
+                 kern_buf_new(&wf, f, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+        uint64_t before = gemm_calls(d);
+        T_CHECK(kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0 &&
+                kern_dev_matmul(f, t, A(wf), R, C, A(xf), N, A(yb)) == 0, "matmul");
+        get(yd, y, (size_t)N * R * 4);
+        get(yb, yf, (size_t)N * R * 4);
+        kern_ref_matmul(t, w, R, C, x, N, ref);
+        double er = t_nmse(y, ref, N * R), ef = t_nmse(y, yf, N * R);
+        double bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
+        T_CHECK(gemm_calls(d) == before + 1, "%s: not through CLBlast", kern_type_name(t));
+        T_CHECK(er <= bound && ef <= GEMM_FUSED_BOUND, "%s %dx%dx%d: nmse vs ref %.3g, vs fused %.3g",
+                kern_type_name(t), N, R, C, er, ef);
+        printf("gemm %-5s %dx%dx%d nmse vs ref %.3g, vs fused %.3g\n", kern_type_name(t), N, R,
+               C, er, ef);
+        kern_buf_free(wd), kern_buf_free(wf), kern_buf_free(xd), kern_buf_free(yd);
+        kern_buf_free(xf), kern_buf_free(yb);
+        free(w);
+    }
+    struct kern_cl_info ci;
+    T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_tmp_bytes > 0 && ci.gemm_tmp_bytes <= ci.max_alloc,
+            "CLBlast's temporary buffer: %" PRIu64 " bytes (its indirect kernel not taken?)",
+            ci.gemm_tmp_bytes);
+    printf("tile %" PRIu64 " bytes, CLBlast's temporary buffer %" PRIu64 " bytes\n",
+           ci.gemm_tile_bytes, ci.gemm_tmp_bytes);
+    kern_dev_free(d);
+    kern_dev_free(f);
+    free(x), free(y), free(yf), free(ref);
+}
+T_CASE(gemm_every_type_split) { gemm_case(4096, NULL); }
+T_CASE(gemm_adreno_layout) { gemm_case(0, "adreno"); }
+
+/* What batching across sessions relies on: below the GEMM threshold a row's result is the one
+ * it has alone, bit for bit, for every type (kern_dev_rows_exact's promise). */
+T_CASE(gemm_rows_exact_below)
+{
+    enum { R = 37, T = KERN_CL_GEMM_MIN };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL);
+    T_ASSERT(d, "dev");
+    ku_seed(19);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        int64_t C = cols_of(t), n = kern_dev_rows_exact(d, t);
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, 0);
+        float *x = fl(n * C, 1), *y = malloc((size_t)(n * R) * 4), one[R];
+        struct kern_buf *wb = NULL, *xb = act(d, x, (size_t)(n * C) * 4),
+                        *yb = act(d, NULL, (size_t)(n * R) * 4);
+        T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+        T_CHECK(kern_dev_matmul(d, t, A(wb), R, C, A(xb), n, A(yb)) == 0, "matmul");
+        get(yb, y, (size_t)(n * R) * 4);
+        for (int64_t i = 0; i < n; i += 7) {
+            T_CHECK(kern_dev_matmul(d, t, A(wb), R, C, kern_at_make(xb, (size_t)(i * C) * 4), 1,
+                                    A(yb)) == 0, "one row");
+            get(yb, one, sizeof one);
+            T_CHECK(!memcmp(one, y + i * R, sizeof one), "%s: row %d of %d differs from alone",
+                    kern_type_name(t), (int)i, (int)n);
+        }
+        kern_buf_free(wb), kern_buf_free(xb), kern_buf_free(yb);
+        free(w), free(x), free(y);
+    }
+    kern_dev_free(d);
+}
+
+/* A GEMM that CLBlast fails (an error status) is computed by the fused kernels instead, bit
+ * for bit what a device without GEMMs gives; the device says why and keeps to its own kernels
+ * from then on (and then promises row-exactness at any number of rows). */
+T_CASE(gemm_failure_falls_back)
+{
+    enum { R = 37, T = KERN_CL_GEMM_MIN, N = T + 2 };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL), *f = cl_gemm_open(-1, 0, NULL);
+    T_ASSERT(d && f, "devices");
+    ku_seed(23);
+    uint32_t t = KERN_T_Q4_K;
+    int64_t C = cols_of(t);
+    size_t rb = kern_row_bytes(t, C);
+    uint8_t *w = weights(t, R, C, 0);
+    float *x = fl(N * C, 1), y[N * R], yf[N * R];
+    struct kern_buf *wd = NULL, *wf = NULL, *xd = act(d, x, N * C * 4), *yd = act(d, NULL, sizeof y);
+    struct kern_buf *xf = act(f, x, N * C * 4), *yb = act(f, NULL, sizeof yf);
+    T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, R * rb, w) == 0 &&
+             kern_buf_new(&wf, f, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+    T_CHECK(kern__cl_gemm_fault(d, BLAST_LOCAL_MEM) == 0, "fault");
+    T_CHECK(kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0, "matmul after a failure");
+    T_CHECK(kern_dev_matmul(f, t, A(wf), R, C, A(xf), N, A(yb)) == 0, "fused");
+    get(yd, y, sizeof y);
+    get(yb, yf, sizeof yf);
+    T_CHECK(!memcmp(y, yf, sizeof y), "the failed GEMM's rows are not the fused kernels'");
+    struct kern_cl_info ci;
+    T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
+    T_CHECK(ci.gemm_fallbacks == 1 && ci.gemm_calls == 0 && ci.gemm_rows == 0,
+            "fallbacks %" PRIu64 ", calls %" PRIu64 ", rows %u", ci.gemm_fallbacks, ci.gemm_calls,
+            ci.gemm_rows);
+    T_CHECK(strstr(ci.gemm_error, "CLBlast SGEMM") && strstr(ci.gemm_error, "-2046") &&
+            strstr(ci.gemm_error, "local memory"), "says why: %s", ci.gemm_error);
+    printf("%s\n", ci.gemm_error);
+    T_CHECK(kern_dev_rows_exact(d, t) == UINT32_MAX, "row-exact at any number once off");
+    /* the device stays on its own kernels: the next matmul does not call CLBlast */
+    T_CHECK(kern__cl_gemm_fault(d, 0) == 0 &&
+            kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0 && gemm_calls(d) == 0,
+            "GEMMs stay off");
+    T_CHECK(kern__cl_gemm_fault(NULL, 1) == -EINVAL, "not an opencl device");
+    kern_buf_free(wd), kern_buf_free(wf), kern_buf_free(xd), kern_buf_free(yd);
+    kern_buf_free(xf), kern_buf_free(yb);
+    kern_dev_free(d);
+    kern_dev_free(f);
+    free(w), free(x);
+}
+
+/* The threshold: the option, KV_CL_GEMM_ROWS ("off", a number), the default; below
+ * KERN_CL_GEMM_MIN or not a number refused, naming the value. */
+T_CASE(gemm_options)
+{
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    struct kern_cl_info ci;
+    unsetenv("KV_CL_GEMM_ROWS");
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache};
+    T_ASSERT(cl_new(&d, &o, err) == 0 && kern_cl_info(d, &ci) == 0, "default: %s", err);
+    T_CHECK(ci.gemm_rows == KERN_CL_GEMM_MIN, "default threshold %u", ci.gemm_rows);
+    kern_dev_free(d);
+    static const struct { const char *env; int opt, rc; uint32_t rows; const char *says; } c[] = {
+        {"off", 0, 0, 0, NULL}, {"0", 0, 0, 0, NULL}, {"24", 0, 0, 24, NULL},
+        {"24", 40, 0, 40, NULL}, {"24", -1, 0, 0, NULL}, {NULL, 8, -EINVAL, 0, "GEMM rows 8"},
+        {"8", 0, -EINVAL, 0, "KV_CL_GEMM_ROWS 8"}, {"lots", 0, -EINVAL, 0, "KV_CL_GEMM_ROWS lots"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        if (c[i].env)
+            setenv("KV_CL_GEMM_ROWS", c[i].env, 1);
+        else
+            unsetenv("KV_CL_GEMM_ROWS");
+        o.gemm_rows = c[i].opt;
+        d = NULL;
+        int rc = cl_new(&d, &o, err);
+        T_CHECK(rc == c[i].rc, "env %s, option %d: %d, want %d (%s)", c[i].env ? c[i].env : "-",
+                c[i].opt, rc, c[i].rc, err);
+        if (rc == 0)
+            T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_rows == c[i].rows,
+                    "env %s, option %d: threshold %u, want %u", c[i].env ? c[i].env : "-",
+                    c[i].opt, ci.gemm_rows, c[i].rows);
+        else
+            T_CHECK(!d && strstr(err, c[i].says) && strstr(err, "16"), "message: %s", err);
+        kern_dev_free(d);
+    }
+    unsetenv("KV_CL_GEMM_ROWS");
+}
+
 /* The kernels' variants for devices PoCL is not (cl_khr_fp16 arithmetic, native subgroup
  * reductions, other work-group sizes) compile in clang's OpenCL front end. */
 T_CASE(variants_compile)
@@ -632,6 +895,13 @@ int main(int argc, char **argv)
     T_RUN_TIMEOUT(moe_deltanet_moves, 600);
     T_RUN_TIMEOUT(io_and_buffers, 600);
     T_RUN_TIMEOUT(adreno_layout, 600);
+    T_RUN_TIMEOUT(gemm_every_type, 600);
+    T_RUN_TIMEOUT(gemm_large, 600);
+    T_RUN_TIMEOUT(gemm_every_type_split, 600);
+    T_RUN_TIMEOUT(gemm_adreno_layout, 600);
+    T_RUN_TIMEOUT(gemm_rows_exact_below, 600);
+    T_RUN_TIMEOUT(gemm_failure_falls_back, 600);
+    T_RUN_TIMEOUT(gemm_options, 600);
     T_RUN_TIMEOUT(variants_compile, 600);
     T_RUN_TIMEOUT(program_cache, 600);
     T_RUN_TIMEOUT(no_such_device, 600);

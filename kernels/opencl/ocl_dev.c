@@ -14,6 +14,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <clblast_c.h>
 #include <openssl/evp.h>
 
 #include "kernels/internal.h"
@@ -32,17 +34,26 @@ extern const unsigned long kern__cl_src_len;
 enum {
     K_MATMUL, K_GET_ROWS, K_RMSNORM, K_L2NORM, K_ROPE_ANGLES, K_ROPE_ROWS, K_KV_STORE,
     K_ATTENTION, K_SWIGLU, K_ADD, K_AXPY_ROWS, K_SIGMOID, K_CONV_SILU, K_MOE_ROUTE, K_DELTANET,
-    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_BW_READ, K_COUNT
+    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_BW_READ, K_DEQUANT_ROWS,
+    K_DEQUANT_SPLIT, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "matmul", "get_rows", "rmsnorm", "l2norm", "rope_angles", "rope_rows", "kv_store",
     "attention", "swiglu", "add", "axpy_rows", "sigmoid", "conv_silu", "moe_route", "deltanet",
-    "copy_rows", "repack_q", "matmul_split", "get_rows_split", "bw_read",
+    "copy_rows", "repack_q", "matmul_split", "get_rows_split", "bw_read", "dequant_rows",
+    "dequant_split",
 };
 
 #define NC 4          /* activation rows per matmul work-group (KV_NC in kern.cl) */
 #define MAXD 512      /* the largest attention head (KV_MAXD) */
 #define SEAM_MAX (4u << 20)
+/* Prompt GEMMs (docs/opencl.md, "Prompt GEMMs"): matmuls of at least this many activation
+ * rows go through CLBlast unless the device is told otherwise (the lowest threshold allowed:
+ * on PoCL 16 rows through CLBlast already ran 2.4x the fused kernels' speed); the f32 tile of
+ * dequantised weight rows they use holds at most GEMM_TILE_MAX bytes (and at most the
+ * allocation cap). */
+#define GEMM_ROWS_DEFAULT KERN_CL_GEMM_MIN
+#define GEMM_TILE_MAX ((size_t)32 << 20)
 
 /* One allocation of a buffer: bytes [lo, hi) of it; seam > 0 for a piece across boundary
  * seam that holds only the rows straddling it. A piece wrapped over the caller's bytes starts
@@ -84,17 +95,26 @@ struct ocl {
     bool split_layout;        /* Q4_0/Q8_0 weights in the split, transposed, image layout */
     bool map_weights;         /* weights wrapped in place (CL_MEM_USE_HOST_PTR) where aligned */
     size_t img_max;           /* texels of an image1d_buffer_t at most */
+    /* Prompt GEMMs: matmuls of at least gemm_rows activation rows (0: none) dequantise the
+     * weight rows, a tile at a time, into gemm_tile (made at the first, gemm_tile_bytes) and
+     * multiply with CLBlast's SGEMM, which may use gemm_tmp (grown as a GEMM asks, within
+     * the device's largest allocation) for its padded copies. */
+    uint32_t gemm_rows;
+    cl_mem gemm_tile, gemm_tmp;
+    size_t gemm_tile_bytes, gemm_tmp_bytes;
+    int gemm_fault;           /* tests: the GEMMs report this CLBlast status instead of running */
     struct kern_cl_info info;
 };
 
-/* The OpenCL runtime (the ICD loader, PoCL and the LLVM it compiles with) keeps allocations
+/* The OpenCL runtime (the ICD loader, PoCL and the LLVM it compiles with, and CLBlast's
+ * cache of compiled kernels) keeps allocations
  * until the process exits, which LeakSanitizer reports in ASan builds. A program linking
  * this device ignores leaks allocated inside those libraries only; the sanitizer runtime calls
  * this hook by its fixed name (a weak symbol there, unused without ASan). */
 const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void)
 {
-    return "leak:libpocl.so\nleak:libLLVM\nleak:libOpenCL.so\nleak:libclang\n";
+    return "leak:libpocl.so\nleak:libLLVM\nleak:libOpenCL.so\nleak:libclang\nleak:libclblast\n";
 }
 
 #define OCL(d) ((struct ocl *)(d)->impl)
@@ -311,6 +331,10 @@ static void close_(struct kern_dev *d)
             clReleaseKernel(o->k[i]);
     if (o->dummy)
         clReleaseMemObject(o->dummy);
+    if (o->gemm_tile)
+        clReleaseMemObject(o->gemm_tile);
+    if (o->gemm_tmp)
+        clReleaseMemObject(o->gemm_tmp);
     if (o->prog)
         clReleaseProgram(o->prog);
     if (o->q)
@@ -357,6 +381,40 @@ static int pick(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co
         o->info.platform[0] = 0;
     o->info.platform[sizeof o->info.platform - 1] = 0;
     str_info(o->dev, CL_DEVICE_NAME, o->info.device, sizeof o->info.device);
+    return 0;
+}
+
+/* The prompt GEMMs' threshold: the option (negative: off), KV_CL_GEMM_ROWS (a number of rows,
+ * "off" or 0), else GEMM_ROWS_DEFAULT; at least KERN_CL_GEMM_MIN, so a drafting pass (at most
+ * KERN_ROWS_EXACT_MAX rows) always runs on the row-exact kernels. 0 (off) in *out. */
+static int gemm_rows_opt(struct kern_dev *d, const struct kern_cl_opts *co, uint32_t *out)
+{
+    long v = co->gemm_rows;
+    const char *s = getenv("KV_CL_GEMM_ROWS"), *what = "OpenCL GEMM rows";
+    if (v == 0 && s && *s) {
+        what = "KV_CL_GEMM_ROWS";
+        char *end;
+        errno = 0;
+        v = !strcmp(s, "off") ? -1 : strtol(s, &end, 10);
+        if (strcmp(s, "off") && (errno || *end || v < 0)) {
+            msg(d, "KV_CL_GEMM_ROWS %s: a number of activation rows (at least %d) or off", s,
+                KERN_CL_GEMM_MIN);
+            return -EINVAL;
+        }
+        v = v == 0 ? -1 : v;
+    } else if (v == 0) {
+        v = GEMM_ROWS_DEFAULT;
+    }
+    if (v < 0) {
+        *out = 0;
+        return 0;
+    }
+    if (v < KERN_CL_GEMM_MIN || v > (long)UINT32_MAX) {
+        msg(d, "%s %ld: at least %d (a drafting pass's %d rows stay on the row-exact "
+               "kernels), or off", what, v, KERN_CL_GEMM_MIN, KERN_ROWS_EXACT_MAX);
+        return -EINVAL;
+    }
+    *out = (uint32_t)v;
     return 0;
 }
 
@@ -444,6 +502,9 @@ static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
     o->map_weights = wm && !strcmp(wm, "map") ? true
                      : wm && !strcmp(wm, "copy") ? false : o->info.unified;
     snprintf(o->info.weights, sizeof o->info.weights, "%s", o->map_weights ? "map" : "copy");
+    if ((rc = gemm_rows_opt(d, co, &o->gemm_rows)) < 0)
+        goto fail;
+    o->info.gemm_rows = o->gemm_rows;
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
     if ((rc = program(d, co, opts)) < 0)
@@ -824,6 +885,172 @@ static void a_split(struct args *a, const struct cbuf *c)
     a_u(a, c->sp_cols / 32);
 }
 
+/* ---- prompt GEMMs through CLBlast (docs/opencl.md, "Prompt GEMMs") ---- */
+
+/* CLBlast's name for a status (its enum's, for the messages). */
+static const char *blast_status(int st)
+{
+    switch (st) {
+    case CLBlastTempBufferAllocFailure: return "temporary buffer allocation failure";
+    case CLBlastOpenCLOutOfResources: return "OpenCL out of resources";
+    case CLBlastOpenCLOutOfHostMemory: return "OpenCL out of host memory";
+    case CLBlastOpenCLBuildProgramFailure: return "kernel build failure";
+    case CLBlastInvalidValue: return "invalid value";
+    case CLBlastInvalidMemObject: return "invalid memory object";
+    case CLBlastInvalidLocalThreadsTotal: return "work-group too large";
+    case CLBlastNotImplemented: return "not implemented";
+    case CLBlastInsufficientMemoryTemp: return "temporary buffer too small";
+    case CLBlastInvalidLocalMemUsage: return "not enough local memory";
+    case CLBlastUnknownError: return "unknown error";
+    case CLBlastUnexpectedError: return "unexpected error";
+    default: return "error";
+    }
+}
+
+/* A GEMM failed: the device keeps to its own kernels from now on, and says why. */
+static void gemm_off(struct ocl *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gemm_off(struct ocl *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->info.gemm_error, sizeof o->info.gemm_error, fmt, ap);
+    va_end(ap);
+    o->gemm_rows = o->info.gemm_rows = 0;
+    o->info.gemm_fallbacks++;
+}
+
+/* C[:, c0 .. c0+nw) (n rows, ldc apart, at element coff of cm) = A (n x k at element aoff of
+ * am) times B^T (nw rows of k at element boff of bm): CLBlast's SGEMM on the device's queue,
+ * with gemm_tmp as its temporary buffer. 0, -EAGAIN (what it needs is over the allocation
+ * cap: the caller's kernels then), or a CLBlast status (negative, not an errno). */
+static int sgemm(struct ocl *o, int64_t n, int64_t nw, int64_t k, cl_mem am, size_t aoff,
+                 cl_mem bm, size_t boff, cl_mem cm, size_t coff, size_t ldc)
+{
+    if (o->gemm_fault)
+        return o->gemm_fault;
+    size_t need = 0;
+    CLBlastStatusCode st = CLBlastSGemmTempBufferSize(
+        CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, (size_t)n, (size_t)nw,
+        (size_t)k, aoff, (size_t)k, boff, (size_t)k, coff, ldc, &o->q, &need);
+    if (st != CLBlastSuccess)
+        return st;
+    need = need ? need : 64;
+    if (need > o->maxalloc)
+        return -EAGAIN;
+    if (need > o->gemm_tmp_bytes) {
+        cl_int e;
+        cl_mem t = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, need, NULL, &e);
+        if (!t)
+            return CLBlastTempBufferAllocFailure;
+        if (o->gemm_tmp)
+            clReleaseMemObject(o->gemm_tmp);
+        o->gemm_tmp = t;
+        o->gemm_tmp_bytes = o->info.gemm_tmp_bytes = need;
+    }
+    return CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, CLBlastTransposeNo,
+                                      CLBlastTransposeYes, (size_t)n, (size_t)nw, (size_t)k,
+                                      1.0f, am, aoff, (size_t)k, bm, boff, (size_t)k, 0.0f, cm,
+                                      coff, ldc, &o->q, NULL, o->gemm_tmp);
+}
+
+/* The tile's first rows: nrows weight rows dequantised to f32, from (p, byte offset woff in
+ * p) or, on the split layout, from row sr0 of c's matrix. */
+static int dequant(struct ocl *o, uint32_t type, const struct cbuf *c, const struct piece *p,
+                   size_t woff, size_t rb, int64_t sr0, int64_t nrows, int64_t cols)
+{
+    struct args a = args(o, p ? K_DEQUANT_ROWS : K_DEQUANT_SPLIT);
+    if (p) {
+        a_i(&a, (cl_int)type);
+        a_mem(&a, p->mem);
+        a_l(&a, woff);
+        a_l(&a, rb);
+        a_u(&a, cols);
+    } else {
+        a_split(&a, c);
+        a_u(&a, sr0);
+    }
+    a_u(&a, nrows);
+    a_mem(&a, o->gemm_tile);
+    return launch(&a, (size_t)(cols + 31) / 32, (size_t)nrows, 1, 0);
+}
+
+/* The matmul as tiles of weight rows: each tile's rows dequantised into the f32 tile (an F32
+ * weight's rows read where they lie), then SGEMM into its columns of y. 0; -EAGAIN when it
+ * declines (a row longer than the tile, operands not at whole floats, a temporary buffer over
+ * the cap) or CLBlast fails, which turns the GEMMs off (gemm_off) — the fused kernels then
+ * compute the whole matmul, overwriting what the tiles wrote; or an OpenCL error. */
+static int gemm(struct kern_dev *d, uint32_t type, struct cbuf *c, bool split, struct kern_at w,
+                int64_t rows, int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
+{
+    struct ocl *o = OCL(d);
+    size_t rb = wtype_row_bytes(type, cols), rowf = FB(cols);
+    if (!o->gemm_tile) {
+        size_t bytes = GEMM_TILE_MAX < o->cap ? GEMM_TILE_MAX : o->cap;
+        if (bytes < rowf)
+            return -EAGAIN;
+        cl_int e;
+        o->gemm_tile = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, bytes, NULL, &e);
+        if (!o->gemm_tile) {
+            gemm_off(o, "the f32 weight tile (%zu bytes): OpenCL error %d", bytes, (int)e);
+            return -EAGAIN;
+        }
+        o->gemm_tile_bytes = o->info.gemm_tile_bytes = bytes;
+    }
+    int64_t tile = (int64_t)(o->gemm_tile_bytes / rowf);
+    const struct piece *xp = piece_of(x, FB(n * cols)), *yp = piece_of(y, FB(n * rows));
+    if (tile < 1 || !xp || !yp || !xp->mem || !yp->mem || in_piece(xp, x.off) % 4 ||
+        in_piece(yp, y.off) % 4)
+        return -EAGAIN;
+    size_t aoff = in_piece(xp, x.off) / 4, coff = in_piece(yp, y.off) / 4;
+    const struct piece *mp = c->p;
+    for (int64_t r = 0; r < rows;) {
+        int64_t nw = rows - r < tile ? rows - r : tile;
+        const struct piece *p = NULL;
+        size_t s = w.off + (size_t)r * rb;
+        if (!split) {   /* a run of whole rows inside one piece, or one row from its seam */
+            while (s >= mp->hi)
+                mp++;
+            int64_t fit = (int64_t)((mp->hi - s) / rb);
+            p = mp;
+            if (fit == 0) {
+                p = NULL;
+                for (int i = c->n_main; i < c->n; i++)
+                    if (c->p[i].seam == mp->hi && s >= c->p[i].lo && s + rb <= c->p[i].hi)
+                        p = &c->p[i];
+                if (!p)
+                    return -E2BIG;
+                fit = 1;
+            }
+            nw = nw < fit ? nw : fit;
+        }
+        cl_mem bm = o->gemm_tile;
+        size_t boff = 0;
+        int rc = 0;
+        if (p && type == KERN_T_F32 && in_piece(p, s) % 4 == 0) {
+            bm = p->mem;
+            boff = in_piece(p, s) / 4;
+        } else {
+            rc = dequant(o, type, c, p, p ? in_piece(p, s) : 0, rb,
+                         (int64_t)(w.off / rb) + r, nw, cols);
+            if (rc < 0)
+                return rc;
+        }
+        int st = sgemm(o, n, nw, cols, xp->mem, aoff, bm, boff, yp->mem, coff + (size_t)r,
+                       (size_t)rows);
+        if (st == -EAGAIN)
+            return -EAGAIN;
+        if (st != CLBlastSuccess) {
+            gemm_off(o, "CLBlast SGEMM (%" PRId64 " x %" PRId64 " x %" PRId64 ", %s): status "
+                     "%d (%s); the device's own kernels from now on", n, nw, cols,
+                     kern_type_name(type), st, blast_status(st));
+            return -EAGAIN;
+        }
+        r += nw;
+    }
+    o->info.gemm_calls++;
+    return 0;
+}
+
 static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
 {
@@ -834,6 +1061,11 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
     int sl = split_layout(OCL(d), c, type, cols, w.buf->cap);
     if (sl < 0)
         return sl;
+    if (OCL(d)->gemm_rows && n >= OCL(d)->gemm_rows && rows > 0 && (!sl || w.off % rb == 0)) {
+        int rc = gemm(d, type, c, sl, w, rows, cols, x, n, y);
+        if (rc != -EAGAIN)
+            return rc;
+    }
     if (sl) {   /* rows from w.off / rb of the split matrix */
         struct ocl *o = OCL(d);
         struct args a = args(o, K_MATMUL_SPLIT);
@@ -1180,6 +1412,22 @@ static int zero(struct kern_dev *d, struct kern_at dst, size_t bytes)
                                      NULL));
 }
 
+/* Row-exact at any number of rows, but where a matmul goes through CLBlast (its sums depend
+ * on the shape: docs/opencl.md, "Prompt GEMMs"): below the GEMM threshold. */
+static uint32_t rows_exact(const struct kern_dev *d, uint32_t type)
+{
+    const struct ocl *o = OCL(d);
+    return o->gemm_rows && type_ok(type) ? o->gemm_rows - 1 : UINT32_MAX;
+}
+
+int kern__cl_gemm_fault(struct kern_dev *d, int status)
+{
+    if (!d || strcmp(d->ops->name, "opencl"))
+        return -EINVAL;
+    OCL(d)->gemm_fault = status;
+    return 0;
+}
+
 double kern_cl_bench_bandwidth(struct kern_dev *d, size_t bytes)
 {
     if (!d || strcmp(d->ops->name, "opencl"))
@@ -1225,5 +1473,5 @@ const struct kern__dev_ops kern__dev_opencl = {
     .add_rows = add_rows, .axpy_rows = axpy_rows, .sigmoid = sigmoid,
     .mul_sigmoid = mul_sigmoid, .l2norm = l2norm, .rmsnorm_silu = rmsnorm_silu,
     .conv_silu = conv_silu, .moe_route = moe_route, .deltanet = deltanet, .get_rows = get_rows,
-    .copy_rows = copy_rows, .zero = zero,
+    .copy_rows = copy_rows, .zero = zero, .rows_exact = rows_exact,
 };
