@@ -387,11 +387,11 @@ int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
  * Settings of one opencl device, given when it is made (struct kern_dev_opts's cl): a field
  * left at its zero value (or -1 for the indices) takes the environment's KV_CL_PLATFORM,
  * KV_CL_DEVICE, KV_CL_ALLOC_CAP (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no
- * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, KV_CL_GEMM_ROWS (a number, "off" or 0), else
- * the default: platform 0, device 0, the device's own allocation cap,
- * $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl), work-groups of 64, weights
- * "auto", prompt GEMMs from KERN_CL_GEMM_MIN (16) rows. The strings are read while the
- * device opens, not kept. */
+ * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, KV_CL_GEMM_ROWS (a number, "off" or 0),
+ * KV_CL_FP16, KV_CL_SUBGROUPS ("on"/1, "off"/0), else the default: platform 0, device 0, the
+ * device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl),
+ * work-groups of 64, weights "auto", prompt GEMMs from KERN_CL_GEMM_MIN (16) rows, neither
+ * variant. The strings are read while the device opens, not kept. */
 #define KERN_CL_GEMM_MIN (KERN_ROWS_EXACT_MAX + 1)   /* the lowest GEMM threshold */
 struct kern_cl_opts {
     int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
@@ -407,6 +407,11 @@ struct kern_cl_opts {
                                   KERN_CL_GEMM_MIN) dequantise the weights to f32 tiles and
                                   run CLBlast's SGEMM; fewer keep the fused kernels; negative:
                                   never; 0: not given */
+    int fp16, subgroups;       /* the kernels' variants (docs/opencl.md, "Kernels and
+                                  layouts"): half arithmetic in the split dequantiser
+                                  (cl_khr_fp16), reductions through native subgroups
+                                  (cl_khr_subgroups); 1: on (-ENODEV on a device without the
+                                  extension), -1: off, 0: not given */
 };
 struct kern_cl_info {
     char platform[128], device[128];
@@ -432,6 +437,9 @@ struct kern_cl_info {
     uint64_t gemm_tmp_bytes;   /* and CLBlast's temporary buffer, at most the largest
                                   allocation */
     char gemm_error[256];      /* why the last one failed ("" when none did) */
+    size_t max_wg;             /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    bool has_fp16, has_subgroups;   /* the variants the device offers */
+    bool fp16, subgroups;      /* the variants the kernels were built with */
 };
 /* d's facts; -EINVAL when d is not an opencl device. */
 int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);

@@ -5,10 +5,15 @@
  * weights over several allocations; the norms, RoPE, KV store, attention (F16 and F32 caches,
  * grouped heads, contexts longer than a work-group), the element-wise ops, the MoE router, the
  * causal conv, Gated DeltaNet and the row moves; the adreno layout (Q4_0/Q8_0 split,
- * transposed, read through images) on PoCL, and the fp16 and subgroup variants compiled by
- * clang-14's OpenCL front end. Then the program cache (the second open takes the binary) and
- * -ENODEV naming what exists. Needs an OpenCL device: PoCL here
- * (pocl-opencl-icd, a test package); without one every case fails saying so. */
+ * transposed, read through images) on PoCL. The prompt GEMMs through CLBlast: every weight
+ * type against the oracle and the fused kernels, rows exact below the threshold, a CLBlast
+ * failure computed by the fused kernels, the threshold's settings. Every variant of the
+ * kernels the device offers (work-group sizes, fp16, native subgroups) runs the op cases, one
+ * log line each saying it ran or which extension the device lacks, and every variant is
+ * compiled by clang-14's OpenCL front end. Then the program cache (the second open takes the
+ * binary), -ENODEV naming what exists, and devices with settings of their own side by side.
+ * Needs an OpenCL device: PoCL here (pocl-opencl-icd, a test package); without one every case
+ * fails saying so. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -36,12 +41,22 @@ static int cl_new(struct kern_dev **d, const struct kern_cl_opts *o, char *err)
     return kern_dev_new_opts(d, "opencl", &dopts, err, KV_ERR_MAX);
 }
 
-/* The opencl device with settings o, failing the case without one. */
+/* The kernels' variant the devices of cl_open_opts are built with (variants_run sets it;
+ * zero fields: the defaults). */
+static struct {
+    int wg, fp16, subgroups;
+} variant;
+
+/* The opencl device with settings o (and the variant), failing the case without one. */
 static struct kern_dev *cl_open_opts(const struct kern_cl_opts *o)
 {
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
-    int rc = cl_new(&d, o, err);
+    struct kern_cl_opts v = *o;
+    v.wg = variant.wg ? variant.wg : v.wg;
+    v.fp16 = variant.fp16 ? variant.fp16 : v.fp16;
+    v.subgroups = variant.subgroups ? variant.subgroups : v.subgroups;
+    int rc = cl_new(&d, &v, err);
     T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
     return d;
 }
@@ -569,6 +584,94 @@ T_CASE(variants_compile)
     unlink(src);
 }
 
+/* Every variant of the kernels the device offers runs the op cases against the oracle (every
+ * weight type's matmul plain and split at 4 KiB, the adreno layout, the norms, RoPE, the
+ * element-wise ops and attention); each variant gets one line in the log saying it ran (and
+ * how it went) or which extension the device lacks (then only variants_compile checks it,
+ * for syntax), and asking a device for a variant it lacks is refused, naming it. */
+static void norms_rope_elementwise(void);
+static void kv_store_attention(void);
+
+T_CASE(variants_run)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache};
+    struct kern_dev *d = cl_open_opts(&o);
+    T_ASSERT(d, "dev");
+    struct kern_cl_info ci;
+    T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
+    kern_dev_free(d);
+    static const struct {
+        const char *name;
+        int wg, fp16, subgroups;
+    } vs[] = {
+        {"work-groups of 32 (KV_WG=32)", 32, 0, 0},
+        {"work-groups of 128 (KV_WG=128)", 128, 0, 0},
+        {"work-groups of 256 (KV_WG=256)", 256, 0, 0},
+        {"fp16 (KV_FP16: half arithmetic in the split dequantiser, cl_khr_fp16)", 0, 1, 0},
+        {"subgroups (KV_SUBGROUPS: native subgroup reductions, cl_khr_subgroups)", 0, 0, 1},
+        {"fp16 and subgroups", 0, 1, 1},
+    };
+    printf("variant work-groups of 64 (KV_WG=64, the default): RAN on %s: every case of this "
+           "test\n", ci.device);
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        struct kern_cl_opts vo = {.platform = -1, .device = -1, .cache_dir = cache,
+                                  .wg = vs[i].wg, .fp16 = vs[i].fp16, .subgroups = vs[i].subgroups};
+        char err[KV_ERR_MAX] = "", lacks[300] = "";
+        if (vs[i].fp16 && !ci.has_fp16)
+            snprintf(lacks, sizeof lacks, "cl_khr_fp16");
+        if (vs[i].subgroups && !ci.has_subgroups)
+            snprintf(lacks + strlen(lacks), sizeof lacks - strlen(lacks), "%scl_khr_subgroups",
+                     lacks[0] ? " and " : "");
+        if (vs[i].wg && (size_t)vs[i].wg > ci.max_wg)
+            snprintf(lacks, sizeof lacks, "work-groups of %d (at most %zu)", vs[i].wg, ci.max_wg);
+        d = NULL;
+        int rc = cl_new(&d, &vo, err);
+        if (lacks[0]) {
+            T_CHECK(rc == -ENODEV && !d && strstr(err, vs[i].fp16 && !ci.has_fp16 ? "cl_khr_fp16"
+                                                                                   : "cl_khr_subgroups"),
+                    "%s asked of a device without it: %d %s", vs[i].name, rc, err);
+            printf("variant %s: NOT RUN: %s lacks %s (compiled for syntax only: variants_compile)\n",
+                   vs[i].name, ci.device, lacks);
+            kern_dev_free(d);
+            continue;
+        }
+        struct kern_cl_info vi;
+        if (rc == -EINVAL && strstr(err, "at most")) {   /* its compiled kernels take fewer */
+            printf("variant %s: NOT RUN: %s: %s\n", vs[i].name, ci.device, err);
+            continue;
+        }
+        T_ASSERT(rc == 0 && kern_cl_info(d, &vi) == 0, "%s: %d %s", vs[i].name, rc, err);
+        T_CHECK((!vs[i].wg || vi.wg == vs[i].wg) && vi.fp16 == (vs[i].fp16 > 0) &&
+                vi.subgroups == (vs[i].subgroups > 0), "%s: built with wg %d, fp16 %d, subgroups %d",
+                vs[i].name, vi.wg, vi.fp16, vi.subgroups);
+        kern_dev_free(d);
+        int failed = t_failures;
+        variant.wg = vs[i].wg, variant.fp16 = vs[i].fp16, variant.subgroups = vs[i].subgroups;
+        matmul_case(0);
+        matmul_case(4096);
+        adreno_layout();
+        norms_rope_elementwise();
+        kv_store_attention();
+        variant.wg = variant.fp16 = variant.subgroups = 0;
+        printf("variant %s: RAN on %s (matmul every type, split weights, adreno layout, norms, "
+               "RoPE, element-wise, attention): %s\n", vs[i].name, ci.device,
+               t_failures == failed ? "agrees with the oracle" : "FAILED");
+    }
+    /* the environment's settings: a value that is neither on nor off is refused */
+    char err[KV_ERR_MAX] = "";
+    setenv("KV_CL_FP16", "maybe", 1);
+    d = NULL;
+    T_CHECK(cl_new(&d, &o, err) == -EINVAL && !d && strstr(err, "KV_CL_FP16 maybe"), "%s", err);
+    setenv("KV_CL_FP16", ci.has_fp16 ? "on" : "off", 1);
+    setenv("KV_CL_SUBGROUPS", ci.has_subgroups ? "1" : "0", 1);
+    struct kern_cl_info vi;
+    T_CHECK(cl_new(&d, &o, err) == 0 && kern_cl_info(d, &vi) == 0 && vi.fp16 == ci.has_fp16 &&
+            vi.subgroups == ci.has_subgroups, "every variant the device offers: %s", err);
+    kern_dev_free(d);
+    unsetenv("KV_CL_FP16");
+    unsetenv("KV_CL_SUBGROUPS");
+}
+
 /* out of the device and ref of n floats agree within OP_BOUND */
 #define SAME(what, b, ref, n)                                                           \
     do {                                                                                \
@@ -903,6 +1006,7 @@ int main(int argc, char **argv)
     T_RUN_TIMEOUT(gemm_failure_falls_back, 600);
     T_RUN_TIMEOUT(gemm_options, 600);
     T_RUN_TIMEOUT(variants_compile, 600);
+    T_RUN_TIMEOUT(variants_run, 900);
     T_RUN_TIMEOUT(program_cache, 600);
     T_RUN_TIMEOUT(no_such_device, 600);
     int rc = T_DONE();

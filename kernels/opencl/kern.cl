@@ -4,9 +4,10 @@
  *
  * Operands arrive as a buffer and a byte offset (the seam's (buffer, offset) operands, without
  * sub-buffers and their alignment rules). Build-time parameters (docs/opencl.md):
- *   KV_WG          work-group size of the reducing kernels (32, 64, 128, 256)
- *   KV_SUBGROUPS   reduce through cl_khr_subgroups instead of local memory
- *   KV_FP16        the device has cl_khr_fp16 (only the syntax check compiles it here)
+ *   KV_WG          work-group size of the reducing kernels (32, 64, 128, 256; KV_CL_WG)
+ *   KV_SUBGROUPS   reduce through cl_khr_subgroups instead of local memory (KV_CL_SUBGROUPS)
+ *   KV_FP16        half arithmetic where exact, with cl_khr_fp16 (KV_CL_FP16)
+ * The last two never ran on a device here (PoCL has neither): clang-14 checks their syntax.
  */
 #ifndef KV_WG
 #define KV_WG 64

@@ -384,6 +384,55 @@ static int pick(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co
     return 0;
 }
 
+/* A variant setting: the option (> 0 on, < 0 off), else the environment's ("1"/"on",
+ * "0"/"off"), else off. -EINVAL for another value. */
+static int variant_opt(struct kern_dev *d, int given, const char *env, bool *on)
+{
+    const char *s = getenv(env);
+    if (given || !s || !*s) {
+        *on = given > 0;
+        return 0;
+    }
+    if (strcmp(s, "1") && strcmp(s, "on") && strcmp(s, "0") && strcmp(s, "off")) {
+        msg(d, "%s %s: on (1) or off (0)", env, s);
+        return -EINVAL;
+    }
+    *on = !strcmp(s, "1") || !strcmp(s, "on");
+    return 0;
+}
+
+/* The kernels' variants the device offers (cl_khr_fp16; cl_khr_subgroups, which the kernels
+ * use from OpenCL C 2.0) and those asked for: -ENODEV for one the device lacks. */
+static int variants(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co)
+{
+    size_t n = 0;
+    if (clGetDeviceInfo(o->dev, CL_DEVICE_EXTENSIONS, 0, NULL, &n) != CL_SUCCESS)
+        n = 0;
+    char *ext = calloc(1, n + 1);
+    if (!ext)
+        return -ENOMEM;
+    if (n && clGetDeviceInfo(o->dev, CL_DEVICE_EXTENSIONS, n, ext, NULL) != CL_SUCCESS)
+        ext[0] = 0;
+    char cver[128];
+    str_info(o->dev, CL_DEVICE_OPENCL_C_VERSION, cver, sizeof cver);
+    o->info.has_fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+    o->info.has_subgroups = strstr(ext, "cl_khr_subgroups") != NULL &&
+                            (strstr(cver, "OpenCL C 2.") || strstr(cver, "OpenCL C 3."));
+    free(ext);
+    int rc = variant_opt(d, co->fp16, "KV_CL_FP16", &o->info.fp16);
+    if (rc == 0)
+        rc = variant_opt(d, co->subgroups, "KV_CL_SUBGROUPS", &o->info.subgroups);
+    if (rc < 0)
+        return rc;
+    if ((o->info.fp16 && !o->info.has_fp16) || (o->info.subgroups && !o->info.has_subgroups)) {
+        msg(d, "OpenCL device %s has no %s: the %s variant needs it", o->info.device,
+            o->info.fp16 && !o->info.has_fp16 ? "cl_khr_fp16" : "cl_khr_subgroups (OpenCL C 2.0)",
+            o->info.fp16 && !o->info.has_fp16 ? "fp16" : "subgroups");
+        return -ENODEV;
+    }
+    return 0;
+}
+
 /* The prompt GEMMs' threshold: the option (negative: off), KV_CL_GEMM_ROWS (a number of rows,
  * "off" or 0), else GEMM_ROWS_DEFAULT; at least KERN_CL_GEMM_MIN, so a drafting pass (at most
  * KERN_ROWS_EXACT_MAX rows) always runs on the row-exact kernels. 0 (off) in *out. */
@@ -458,6 +507,7 @@ static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
     while (wg > 32 && wg > maxwg)
         wg /= 2;
     o->wg = o->info.wg = wg;
+    o->info.max_wg = maxwg;
     /* The layout: the option, KV_CL_LAYOUT, else by device class (Adreno: split) */
     const char *lay = co->layout ? co->layout : getenv("KV_CL_LAYOUT");
     char vendor[128], name[128];
@@ -505,8 +555,11 @@ static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
     if ((rc = gemm_rows_opt(d, co, &o->gemm_rows)) < 0)
         goto fail;
     o->info.gemm_rows = o->gemm_rows;
+    if ((rc = variants(d, o, co)) < 0)
+        goto fail;
     char opts[256];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
+    snprintf(opts, sizeof opts, "-cl-std=%s -DKV_WG=%zu%s%s", o->info.subgroups ? "CL2.0" : "CL1.2",
+             wg, o->info.fp16 ? " -DKV_FP16" : "", o->info.subgroups ? " -DKV_SUBGROUPS" : "");
     if ((rc = program(d, co, opts)) < 0)
         goto fail;
     for (int i = 0; i < K_COUNT; i++) {
