@@ -49,9 +49,9 @@ static const char *const kernel_names[K_COUNT] = {
 #define SEAM_MAX (4u << 20)
 /* Prompt GEMMs (docs/opencl.md, "Prompt GEMMs"): matmuls of at least this many activation
  * rows go through CLBlast unless the device is told otherwise (the lowest threshold allowed:
- * on PoCL 16 rows through CLBlast already ran 2.4x the fused kernels' speed); the f32 tile of
- * dequantised weight rows they use holds at most GEMM_TILE_MAX bytes (and at most the
- * allocation cap). */
+ * on PoCL CLBlast wins from 8 rows, and at 16 runs 2.3x the fused kernels' speed); the f32
+ * tile of dequantised weight rows they use holds at most GEMM_TILE_MAX bytes (and at most
+ * the allocation cap). */
 #define GEMM_ROWS_DEFAULT KERN_CL_GEMM_MIN
 #define GEMM_TILE_MAX ((size_t)32 << 20)
 
@@ -972,10 +972,11 @@ static void gemm_off(struct ocl *o, const char *fmt, ...)
     o->info.gemm_fallbacks++;
 }
 
-/* C[:, c0 .. c0+nw) (n rows, ldc apart, at element coff of cm) = A (n x k at element aoff of
- * am) times B^T (nw rows of k at element boff of bm): CLBlast's SGEMM on the device's queue,
- * with gemm_tmp as its temporary buffer. 0, -EAGAIN (what it needs is over the allocation
- * cap: the caller's kernels then), or a CLBlast status (negative, not an errno). */
+/* C (n rows of nw, ldc elements apart, from element coff of cm) = A (n x k from element aoff
+ * of am) times B^T (nw rows of k from element boff of bm): CLBlast's SGEMM on the device's
+ * queue, with gemm_tmp as its temporary buffer. 0, -EAGAIN (what it needs is over the
+ * device's largest allocation: the caller's kernels then), or a CLBlast status (negative,
+ * not an errno). */
 static int sgemm(struct ocl *o, int64_t n, int64_t nw, int64_t k, cl_mem am, size_t aoff,
                  cl_mem bm, size_t boff, cl_mem cm, size_t coff, size_t ldc)
 {
