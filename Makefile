@@ -80,7 +80,7 @@ CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-paramet
               -I/usr/include/postgresql \
               -MMD -MP $(OPT) $(CFLAGS)
 LDLIBS_ALL := -luv -lssl -lcrypto -lopenblas -lzstd -lwslay -lhttp_parser -lcurl -lcjson \
-              -lsqlite3 -lpq -lpcre2-8 -lOpenCL -lm -pthread $(LDLIBS)
+              -lsqlite3 -lpq -lpcre2-8 -lclblast -lOpenCL -lm -pthread $(LDLIBS)
 
 # systemd's readiness notifications (kvd/service.c) when libsystemd is there; without it kvd
 # still runs under systemd as Type=simple.

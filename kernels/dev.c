@@ -18,6 +18,14 @@ const char *kern_dev_names(void) { return "cpu, ref, opencl"; }
 int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
                  size_t errlen)
 {
+    struct kern_dev_opts o = {.n_threads = n_threads};
+    return kern_dev_new_opts(out, name, &o, err, errlen);
+}
+
+int kern_dev_new_opts(struct kern_dev **out, const char *name, const struct kern_dev_opts *o,
+                      char *err, size_t errlen)
+{
+    static const struct kern_dev_opts none;
     *out = NULL;
     const struct kern__dev_ops *ops = NULL;
     for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
@@ -32,7 +40,7 @@ int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *e
     if (!d)
         return -ENOMEM;
     d->ops = ops;
-    int rc = ops->open(d, n_threads);
+    int rc = ops->open(d, o ? o : &none);
     if (rc < 0) {
         util_seterr(err, errlen, "device %s: %s", name, d->msg[0] ? d->msg : strerror(-rc));
         free(d);
@@ -48,6 +56,13 @@ void kern_dev_free(struct kern_dev *d)
         return;
     d->ops->close(d);
     free(d);
+}
+
+uint32_t kern_dev_rows_exact(const struct kern_dev *d, uint32_t type)
+{
+    if (!kern_type_rows_exact(type))
+        return 0;
+    return d->ops->rows_exact ? d->ops->rows_exact(d, type) : UINT32_MAX;
 }
 
 const char *kern_dev_name(const struct kern_dev *d) { return d->ops->name; }

@@ -311,7 +311,7 @@ static inline void *kern__at_host(struct kern_at a)
 struct kern__dev_ops {
     const char *name;
     bool host;
-    int (*open)(struct kern_dev *d, int n_threads);
+    int (*open)(struct kern_dev *d, const struct kern_dev_opts *o);
     void (*close)(struct kern_dev *d);
     int (*sync)(struct kern_dev *d);
     size_t (*matmul_scratch)(const struct kern_dev *d, uint32_t type, int64_t cols, int64_t n);
@@ -329,6 +329,8 @@ struct kern__dev_ops {
                       int64_t n_mat, bool release);
     void (*weight_free)(struct kern_buf *b);
     size_t (*weight_own)(const struct kern_buf *b);
+    /* optional: kern_dev_rows_exact for a kern_type_rows_exact type (NULL: any number) */
+    uint32_t (*rows_exact)(const struct kern_dev *d, uint32_t type);
 
     int (*matmul)(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y);
@@ -387,6 +389,9 @@ struct kern__dev_ops {
     .moe_route = moe_route, .deltanet = deltanet, .get_rows = kern__host_get_rows, \
     .copy_rows = kern__host_copy_rows, .zero = kern__host_zero
 extern const struct kern__dev_ops kern__dev_cpu, kern__dev_ref, kern__dev_opencl;
+/* Tests: opencl device d's prompt GEMMs report CLBlast status (a CLBlastStatusCode; 0: run
+ * them again) instead of calling CLBlast, as a failing library would. -EINVAL off opencl. */
+int kern__cl_gemm_fault(struct kern_dev *d, int status);
 
 /* Ops every host device shares (kernels/dev_host.c): no arithmetic that a device could do
  * differently, only moves and look-ups. */

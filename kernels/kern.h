@@ -33,9 +33,10 @@ const char *kern_type_name(uint32_t type);
 /* true when the kernels can compute with weights of this type. */
 bool kern_type_supported(uint32_t type);
 /* true when a weight type's matmul gives each row the result it has alone, whatever the
- * number of rows up to KERN_ROWS_EXACT_MAX (F32 beyond that goes to a BLAS whose sums differ;
- * the other types hold for any number): today every weight type, at every SIMD level
- * (docs/model.md). */
+ * number of rows up to KERN_ROWS_EXACT_MAX: today every weight type, at every SIMD level
+ * (docs/model.md). Beyond that a device may hand a matmul to a BLAS whose sums differ ("cpu":
+ * F32 to OpenBLAS; "opencl": every type to CLBlast past its GEMM threshold): how many rows
+ * one device keeps it to is kern_dev_rows_exact. */
 #define KERN_ROWS_EXACT_MAX 15
 bool kern_type_rows_exact(uint32_t type);
 /* Elements per block and bytes per block (0 for an unknown type). */
@@ -251,10 +252,21 @@ static inline struct kern_at kern_at_make(struct kern_buf *buf, size_t off)
     return a;
 }
 
-/* Opens device `name` ("cpu", "ref", "opencl") with n_threads threads (<= 0: one per CPU;
- * ref and opencl use one). 0, -ENODEV for an unknown name or no such hardware (message in
- * err, naming what there is), -ENOMEM, -EIO (opencl: its program failed to build; the build
- * log is in err). */
+/* What a device is made with: each device its own options, nothing process-wide. */
+struct kern_cl_opts;
+struct kern_dev_opts {
+    int n_threads;                  /* <= 0: one per CPU; ref and opencl use one */
+    const struct kern_cl_opts *cl;  /* the "opencl" device's settings (below), read while it
+                                       opens; NULL: none given (the environment's, else the
+                                       defaults); other devices ignore it */
+};
+/* Opens device `name` ("cpu", "ref", "opencl") with o's settings (NULL: the defaults). 0,
+ * -ENODEV for an unknown name or no such hardware (message in err, naming what there is),
+ * -EINVAL (an opencl setting out of its range, named in err), -ENOMEM, -EIO (opencl: its
+ * program failed to build; the build log is in err). */
+int kern_dev_new_opts(struct kern_dev **out, const char *name, const struct kern_dev_opts *o,
+                      char *err, size_t errlen);
+/* kern_dev_new_opts with n_threads threads and no opencl settings. */
 int kern_dev_new(struct kern_dev **out, const char *name, int n_threads, char *err,
                  size_t errlen);
 /* Frees the device (its buffers must be freed first); NULL is a no-op. */
@@ -262,6 +274,12 @@ void kern_dev_free(struct kern_dev *d);
 /* The device's name (static) and the threads its ops run on. */
 const char *kern_dev_name(const struct kern_dev *d);
 int kern_dev_threads(const struct kern_dev *d);
+/* Most activation rows a matmul of weight type on d may take with each row's result the one
+ * it has alone: UINT32_MAX for any number, 0 when not even two (a type that is not
+ * kern_type_rows_exact). At least KERN_ROWS_EXACT_MAX for every type d takes: "cpu" keeps F32
+ * to KERN_ROWS_EXACT_MAX (OpenBLAS past it), "opencl" every type to one row below its GEMM
+ * threshold (CLBlast from it); batching across sessions, replay and drafting rely on it. */
+uint32_t kern_dev_rows_exact(const struct kern_dev *d, uint32_t type);
 /* The names of the devices there are ("cpu, ref, opencl"), static. */
 const char *kern_dev_names(void);
 /* Waits for every op issued so far. 0 or the first failure of an asynchronous op. */
@@ -366,13 +384,15 @@ int kern_dev_copy_rows(struct kern_dev *d, struct kern_at dst, size_t dst_stride
 int kern_dev_zero(struct kern_dev *d, struct kern_at dst, size_t bytes);
 
 /* ---- the "opencl" device's settings and facts (docs/opencl.md) ----
- * Options for the next kern_dev_new(.., "opencl", ..): a field left at its zero value (or -1
- * for the indices) takes the environment's KV_CL_PLATFORM, KV_CL_DEVICE, KV_CL_ALLOC_CAP
- * (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no cache), KV_CL_WG, KV_CL_LAYOUT,
- * KV_CL_WEIGHTS, else the default:
- * platform 0, device 0, the device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or
- * ~/.cache/kvasir/opencl), work-groups of 64, weights "auto". Process-wide; set before
- * opening. */
+ * Settings of one opencl device, given when it is made (struct kern_dev_opts's cl): a field
+ * left at its zero value (or -1 for the indices) takes the environment's KV_CL_PLATFORM,
+ * KV_CL_DEVICE, KV_CL_ALLOC_CAP (bytes; k/M suffixes), KV_CL_CACHE (a folder, "off": no
+ * cache), KV_CL_WG, KV_CL_LAYOUT, KV_CL_WEIGHTS, KV_CL_GEMM_ROWS (a number, "off" or 0),
+ * KV_CL_FP16, KV_CL_SUBGROUPS ("on"/1, "off"/0), else the default: platform 0, device 0, the
+ * device's own allocation cap, $XDG_CACHE_HOME/kvasir/opencl (or ~/.cache/kvasir/opencl),
+ * work-groups of 64, weights "auto", prompt GEMMs from KERN_CL_GEMM_MIN (16) rows, neither
+ * variant. The strings are read while the device opens, not kept. */
+#define KERN_CL_GEMM_MIN (KERN_ROWS_EXACT_MAX + 1)   /* the lowest GEMM threshold */
 struct kern_cl_opts {
     int platform, device;      /* indices as `clinfo -l` lists them; -1: not given */
     size_t alloc_cap;          /* bytes of one allocation at most (0: the device's) */
@@ -383,8 +403,16 @@ struct kern_cl_opts {
     const char *weights;       /* "map" (weights wrapped in place over the caller's bytes,
                                   CL_MEM_USE_HOST_PTR), "copy" (uploaded), "auto" (map where the
                                   device shares host memory); NULL: not given */
+    int gemm_rows;             /* matmuls of at least this many activation rows (at least
+                                  KERN_CL_GEMM_MIN) dequantise the weights to f32 tiles and
+                                  run CLBlast's SGEMM; fewer keep the fused kernels; negative:
+                                  never; 0: not given */
+    int fp16, subgroups;       /* the kernels' variants (docs/opencl.md, "Kernels and
+                                  layouts"): half arithmetic in the split dequantiser
+                                  (cl_khr_fp16), reductions through native subgroups
+                                  (cl_khr_subgroups); 1: on (-ENODEV on a device without the
+                                  extension), -1: off, 0: not given */
 };
-void kern_cl_opts_set(const struct kern_cl_opts *o);  /* NULL: back to not given */
 struct kern_cl_info {
     char platform[128], device[128];
     size_t alloc_cap;          /* the cap weights are split at */
@@ -400,6 +428,18 @@ struct kern_cl_info {
     char weights[8];           /* the weights setting in effect: "map" or "copy" */
     uint64_t weights_mapped;   /* weight bytes wrapped in place so far (pieces, seams too) */
     uint64_t weights_copied;   /* weight bytes copied to the device so far */
+    uint32_t gemm_rows;        /* the GEMM threshold in effect (0: off, or turned off by a
+                                  CLBlast failure) */
+    uint64_t gemm_calls;       /* matmuls CLBlast computed */
+    uint64_t gemm_fallbacks;   /* GEMMs that failed, computed by the fused kernels instead */
+    uint64_t gemm_tile_bytes;  /* device memory the GEMMs hold (0 before the first): the f32
+                                  weight tile, at most 32 MiB and the allocation cap, */
+    uint64_t gemm_tmp_bytes;   /* and CLBlast's temporary buffer, at most the largest
+                                  allocation */
+    char gemm_error[256];      /* why the last one failed ("" when none did) */
+    size_t max_wg;             /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    bool has_fp16, has_subgroups;   /* the variants the device offers */
+    bool fp16, subgroups;      /* the variants the kernels were built with */
 };
 /* d's facts; -EINVAL when d is not an opencl device. */
 int kern_cl_info(const struct kern_dev *d, struct kern_cl_info *info);

@@ -66,16 +66,14 @@ int kvctl_parse_num(const char *cmd, const char *opt, const char *s, double lo, 
     return 0;
 }
 
-int kvctl_cl_option(const char *name, const char *val)
+int kvctl_cl_option(struct kern_cl_opts *o, const char *name, const char *val)
 {
-    static struct kern_cl_opts o = {.platform = -1, .device = -1};
     if (!strcmp(name, "--cl-weights")) {
         if (strcmp(val, "map") && strcmp(val, "copy") && strcmp(val, "auto")) {
             fprintf(stderr, "kvctl: --cl-weights %s: map, copy or auto\n", val);
             return -EINVAL;
         }
-        o.weights = val;
-        kern_cl_opts_set(&o);
+        o->weights = val;
         return 0;
     }
     bool plat = !strcmp(name, "--cl-platform");
@@ -85,8 +83,7 @@ int kvctl_cl_option(const char *name, const char *val)
     int rc = kvctl_parse_long(name, val, 0, 64, &v);
     if (rc < 0)
         return rc;
-    *(plat ? &o.platform : &o.device) = (int)v;
-    kern_cl_opts_set(&o);
+    *(plat ? &o->platform : &o->device) = (int)v;
     return 0;
 }
 

@@ -46,9 +46,10 @@ bool kvctl_is_help(int argc, char **argv);
 /* A decimal integer in [lo, hi] for option opt: 0, or -EINVAL after a message on stderr. */
 int kvctl_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
 /* An OpenCL device option (--cl-platform N, --cl-device N, --cl-weights map|copy|auto) into
- * the opencl device's settings (kern_cl_opts_set): 0, -EINVAL (said on stderr), or -ENOENT
- * when name is none of them. */
-int kvctl_cl_option(const char *name, const char *val);
+ * the opencl device's settings o (kernels/kern.h; val is kept, not copied): 0, -EINVAL (said
+ * on stderr), or -ENOENT when name is none of them. */
+struct kern_cl_opts;
+int kvctl_cl_option(struct kern_cl_opts *o, const char *name, const char *val);
 /* A decimal integer in [0, max] for option opt of command cmd: 0, or -1 after "kvctl CMD: OPT
  * <why>" on stderr. */
 int kvctl_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t max, uint64_t *out);

@@ -70,6 +70,12 @@ struct runner {
 
 static void runner_free(struct runner *r)
 {
+    /* the matmuls CLBlast ran; a prompt GEMM that failed was computed by the fused kernels */
+    struct kern_cl_info ci;
+    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_calls)
+        fprintf(stderr, "opencl: %" PRIu64 " matmuls through CLBlast\n", ci.gemm_calls);
+    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_fallbacks)
+        fprintf(stderr, "opencl: %s\n", ci.gemm_error);
     model_exec_free(r->e);
     model_free(r->m);
     free(r->x);
@@ -77,7 +83,8 @@ static void runner_free(struct runner *r)
 }
 
 static int runner_open(struct runner *r, const char *path, int n_threads, uint32_t n_ctx,
-                       uint32_t max_batch, const char *device, const char *cmd)
+                       uint32_t max_batch, const char *device, const struct kern_cl_opts *cl,
+                       const char *cmd)
 {
     memset(r, 0, sizeof *r);
     char err[KV_ERR_MAX];
@@ -101,16 +108,21 @@ static int runner_open(struct runner *r, const char *path, int n_threads, uint32
         max_batch = n_ctx;
     r->n_ctx = n_ctx;
     r->max_batch = max_batch;
-    struct model_exec_opts o = {device, n_threads, n_ctx, max_batch};
+    struct model_exec_opts o = {device, n_threads, n_ctx, max_batch, cl};
     if ((rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err)) < 0) {
         fprintf(stderr, "kvctl %s: executor: %s\n", cmd, err[0] ? err : strerror(-rc));
         runner_free(r);
         return rc;
     }
     struct kern_cl_info ci;
-    if (kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0)
+    if (kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0) {
+        char gemm[48] = "off";
+        if (ci.gemm_rows)
+            snprintf(gemm, sizeof gemm, "from %u rows", ci.gemm_rows);
         fprintf(stderr, "opencl: %s, %s layout, weights %s (%" PRIu64 " bytes wrapped in place, %" PRIu64
-                " copied)\n", ci.device, ci.layout, ci.weights, ci.weights_mapped, ci.weights_copied);
+                " copied), prompt GEMMs (CLBlast) %s\n", ci.device, ci.layout, ci.weights,
+                ci.weights_mapped, ci.weights_copied, gemm);
+    }
     r->x = malloc((size_t)max_batch * r->hp->n_embd * sizeof(float));
     r->logits = malloc((size_t)max_batch * r->hp->n_vocab * sizeof(float));
     if (!r->x || !r->logits) {
@@ -224,9 +236,9 @@ enum { OPT_TOKENS = KVCTL_OPT_SAMPLING_END, OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OP
        OPT_BATCH, OPT_BW, OPT_DEVICE, OPT_SESSIONS, OPT_CL_PLATFORM, OPT_CL_DEVICE,
        OPT_CL_WEIGHTS, OPT_DRAFT, OPT_DRAFT_MAX };
 
-static int cl_opt(int c, const char *arg)
+static int cl_opt(struct kern_cl_opts *o, int c, const char *arg)
 {
-    return kvctl_cl_option(c == OPT_CL_PLATFORM ? "--cl-platform"
+    return kvctl_cl_option(o, c == OPT_CL_PLATFORM ? "--cl-platform"
                            : c == OPT_CL_DEVICE ? "--cl-device" : "--cl-weights", arg);
 }
 
@@ -280,6 +292,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         if (!strcmp(argv[i], "--ring") || !strncmp(argv[i], "--ring=", 7))
             return kvctl_ring_generate(argc, argv);
     const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *device = "cpu";
+    struct kern_cl_opts cl = {.platform = -1, .device = -1};
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops = 0;
     long n_gen = 64, threads = 0, ctx = 0, draft_max = 8;
@@ -310,7 +323,7 @@ int kvctl_cmd_generate(int argc, char **argv)
             break;
         case OPT_DRAFT_MAX: rc = kvctl_parse_long("--draft-max", optarg, 1, MODEL_DRAFT_MAX, &draft_max); break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(&cl, c, optarg); break;
         case 'h': generate_usage(stdout); return 0;
         default:
             if ((rc = kvctl_sampling_opt(c, optarg, &sp)) > 0) {
@@ -345,7 +358,7 @@ int kvctl_cmd_generate(int argc, char **argv)
     struct model_vocab *voc = NULL;
     struct model_gen *gen = NULL;
     float *last_logits = NULL, *dlogits = NULL;
-    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, device, "generate") < 0)
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, 512, device, &cl, "generate") < 0)
         return 1;
     if (dmode == MODEL_DRAFT_AUTO)
         dmode = model_has_mtp(r.m) ? MODEL_DRAFT_MTP : MODEL_DRAFT_LOOKUP;
@@ -560,6 +573,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
         DEVICE_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL, *device = "cpu";
+    struct kern_cl_opts cl = {.platform = -1, .device = -1};
     long threads = 0, batch = 0, ctx = 0;
     int c;
     optind = 1;
@@ -574,7 +588,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         case OPT_BATCH: rc = kvctl_parse_long("--batch", optarg, 1, 1 << 20, &batch); break;
         case OPT_CTX: rc = kvctl_parse_long("--ctx", optarg, 1, 1 << 20, &ctx); break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(&cl, c, optarg); break;
         case 'h': logits_usage(stdout); return 0;
         default: logits_usage(stderr); return 2;
         }
@@ -618,7 +632,7 @@ int kvctl_cmd_logits(int argc, char **argv)
     float *all = NULL;
     FILE *fo = NULL;
     struct runner r;
-    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, (uint32_t)batch, device, "logits") < 0) {
+    if (runner_open(&r, path, (int)threads, (uint32_t)ctx, (uint32_t)batch, device, &cl, "logits") < 0) {
         free(tokens);
         return 1;
     }
@@ -742,6 +756,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         DEVICE_OPTIONS, {0, 0, 0, 0}};
     bool want_bw = false;
     const char *path = NULL, *device = "cpu";
+    struct kern_cl_opts cl = {.platform = -1, .device = -1};
     long sess[16], n_sess = 0, max_sess = 1;
     long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
     int c;
@@ -756,7 +771,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         case 'r': rc = kvctl_parse_long("-r", optarg, 1, 100, &reps); break;
         case OPT_BW: want_bw = true; break;
         case OPT_DEVICE: device = optarg; break;
-        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(c, optarg); break;
+        case OPT_CL_PLATFORM: case OPT_CL_DEVICE: case OPT_CL_WEIGHTS: rc = cl_opt(&cl, c, optarg); break;
         case OPT_SESSIONS:
             for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t && rc == 0;
                  t = strtok_r(NULL, ",", &save)) {
@@ -782,7 +797,7 @@ int kvctl_cmd_bench(int argc, char **argv)
     uint32_t ctx = (uint32_t)(n_pp + n_tg + 1);
     struct runner r;
     uint32_t mb = n_pp > max_sess ? (uint32_t)n_pp : (uint32_t)max_sess;
-    if (runner_open(&r, path, (int)threads, ctx, mb, device, "bench") < 0)
+    if (runner_open(&r, path, (int)threads, ctx, mb, device, &cl, "bench") < 0)
         return 1;
     int ret = 1, rc;
     int32_t *tokens = malloc((size_t)(n_pp + 1) * sizeof *tokens);
@@ -863,14 +878,15 @@ int kvctl_cmd_bench(int argc, char **argv)
     }
     if (want_bw) {
         struct kern_pool *pool = NULL;
-        struct kern_dev *cl = NULL;
+        struct kern_dev *cld = NULL;
         char cerr[KV_ERR_MAX];
         bool on_cl = !strcmp(device, "opencl");   /* then the device's memory, not the host's */
-        if (on_cl ? kern_dev_new(&cl, "opencl", 1, cerr, sizeof cerr) == 0
+        struct kern_dev_opts dopts = {.n_threads = 1, .cl = &cl};
+        if (on_cl ? kern_dev_new_opts(&cld, "opencl", &dopts, cerr, sizeof cerr) == 0
                   : kern_pool_new(&pool, model_exec_threads(r.e)) == 0) {
-            double bw = on_cl ? kern_cl_bench_bandwidth(cl, (size_t)512 << 20)
+            double bw = on_cl ? kern_cl_bench_bandwidth(cld, (size_t)512 << 20)
                               : kern_bench_bandwidth(pool, (size_t)512 << 20);
-            kern_dev_free(cl);
+            kern_dev_free(cld);
             kern_pool_free(pool);
             double ceil = bw * 1e9 / (double)model_weight_bytes(r.m);
             printf("bandwidth %.2f GB/s%s\n", bw, on_cl ? " (OpenCL device)" : "");

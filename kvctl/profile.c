@@ -57,14 +57,14 @@ static double measure_bw(void)
 
 /* Run the model's layers on kernel device dev: one session, `tokens` single-token steps; *ms
  * is the best step's time per working layer. 0, or -1 (said on stderr) when it cannot run. */
-static int measure_layers(const struct kvctl_model *m, const char *path, const char *dev, int threads,
-                          int tokens, double *ms)
+static int measure_layers(const struct kvctl_model *m, const char *path, const char *dev,
+                          const struct kern_cl_opts *cl, int threads, int tokens, double *ms)
 {
     struct model *md = NULL;
     struct model_exec *ex = NULL;
     char merr[KV_ERR_MAX] = "";
     int rc = -1;
-    struct model_exec_opts eo = {dev, threads, (uint32_t)tokens + 8, 1};
+    struct model_exec_opts eo = {dev, threads, (uint32_t)tokens + 8, 1, cl};
     if (model_open(&md, path, -1, -1, merr, sizeof merr) < 0 ||
         model_exec_new_opts(&ex, md, &eo, merr, sizeof merr) < 0 || model_session_new(ex, 1) < 0) {
         fprintf(stderr, "kvctl profile: cannot run the model on %s here (%s)%s\n", dev,
@@ -109,12 +109,13 @@ out:
  * no OpenCL device opens. *bw is its measured read bandwidth (bytes/s), *mem the memory a
  * window may use there: its global memory, and on a device that shares host memory at most
  * what the host has available. */
-static cJSON *probe_opencl(const struct kvctl_model *m, uint64_t host_avail, double *bw, uint64_t *mem,
-                           uint64_t *max_alloc)
+static cJSON *probe_opencl(const struct kvctl_model *m, const struct kern_cl_opts *cl,
+                           uint64_t host_avail, double *bw, uint64_t *mem, uint64_t *max_alloc)
 {
     struct kern_dev *d;
     char err[KV_ERR_MAX];
-    if (kern_dev_new(&d, "opencl", 1, err, sizeof err) < 0) {
+    struct kern_dev_opts dopts = {.n_threads = 1, .cl = cl};
+    if (kern_dev_new_opts(&d, "opencl", &dopts, err, sizeof err) < 0) {
         fprintf(stderr, "kvctl profile: --backend opencl: %s\n", err);
         return NULL;
     }
@@ -209,6 +210,7 @@ int kvctl_cmd_profile(int argc, char **argv)
     int threads = 0, tokens = 16;
     bool inbound = true, estimate = false, allow_unpinned = false;
     const char *backend = "cpu";
+    struct kern_cl_opts clo = {.platform = -1, .device = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--no-inbound")) { inbound = false; continue; }
@@ -224,7 +226,7 @@ int kvctl_cmd_profile(int argc, char **argv)
         else if (!strcmp(a, "--state-dir")) state_dir = val;
         else if (!strcmp(a, "--backend") || !strcmp(a, "--device")) backend = val;
         else if (!strncmp(a, "--cl-", 5)) {
-            int rc = kvctl_cl_option(a, val);
+            int rc = kvctl_cl_option(&clo, a, val);
             if (rc == -ENOENT) { fprintf(stderr, "kvctl profile: unknown option %s\n", a); profile_usage(stderr); }
             if (rc < 0) return 2;
         }
@@ -277,7 +279,7 @@ int kvctl_cmd_profile(int argc, char **argv)
     act = nwork ? act / nwork : 0;
     double ms = 0;
     const char *how = "estimate";
-    if (!estimate && !strcmp(m.kind, "gguf") && measure_layers(&m, model, "cpu", threads, tokens, &ms) == 0)
+    if (!estimate && !strcmp(m.kind, "gguf") && measure_layers(&m, model, "cpu", NULL, threads, tokens, &ms) == 0)
         how = "measured";
     if (ms == 0 && membw > 0)
         ms = act / membw * 1000.0;
@@ -292,12 +294,12 @@ int kvctl_cmd_profile(int argc, char **argv)
     if (cl) {
         double clbw = 0;
         uint64_t clmem = 0, clalloc = 0;
-        if (!(clinfo = probe_opencl(&m, avail, &clbw, &clmem, &clalloc))) {
+        if (!(clinfo = probe_opencl(&m, &clo, avail, &clbw, &clmem, &clalloc))) {
             kvctl__model_free(&m);
             return 1;
         }
         double clms = 0;
-        if (!estimate && !strcmp(m.kind, "gguf") && measure_layers(&m, model, "opencl", 1, tokens, &clms) == 0)
+        if (!estimate && !strcmp(m.kind, "gguf") && measure_layers(&m, model, "opencl", &clo, 1, tokens, &clms) == 0)
             opt_how[1] = "measured";
         else if (clbw > 0)
             clms = act / clbw * 1000.0;

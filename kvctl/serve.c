@@ -515,7 +515,7 @@ int kvctl_cmd_serve(int argc, char **argv)
     }
     sv->n_ctx = ctx ? (uint32_t)ctx : sv->hp->n_ctx_train < 4096 ? sv->hp->n_ctx_train : 4096;
     sv->max_batch = (uint32_t)batch > sv->n_ctx ? sv->n_ctx : (uint32_t)batch;
-    struct model_exec_opts eo = {device, (int)threads, sv->n_ctx, sv->max_batch};
+    struct model_exec_opts eo = {device, (int)threads, sv->n_ctx, sv->max_batch, NULL};
     if ((rc = model_exec_new_opts(&sv->e, sv->m, &eo, err, sizeof err)) < 0) {
         fprintf(stderr, "kvctl serve: executor: %s\n", err[0] ? err : strerror(-rc));
         goto out_model;

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kern.h"
+
 /* =================================== log =================================== */
 enum kvd_log_level { KVD_LOG_ERROR, KVD_LOG_WARN, KVD_LOG_INFO, KVD_LOG_DEBUG };
 /* One line per event on stderr: time, level, component, message. */
@@ -125,6 +127,9 @@ struct kvd_stage_opts {
     bool standby_by_key;
     const char *device;         /* --backend: the kernel device (cpu, opencl); NULL: the
                                    manifest rank's "backend", else cpu */
+    /* --cl-platform, --cl-device, --cl-weights: the opencl device's settings; the indices
+     * -1 when not given (the environment's then), so whoever fills these options sets them */
+    struct kern_cl_opts cl;
     /* rank 0: the OpenAI-compatible API (docs/api.md) */
     const char *api_listen;     /* "host:port"; NULL: none */
     const char *api_key_file;   /* Bearer keys, one a line; NULL: no keys */

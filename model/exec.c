@@ -381,7 +381,7 @@ void model_exec_opts_default(struct model_exec_opts *o)
 int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint32_t n_ctx,
                    uint32_t max_batch)
 {
-    struct model_exec_opts o = {"cpu", n_threads, n_ctx, max_batch};
+    struct model_exec_opts o = {"cpu", n_threads, n_ctx, max_batch, NULL};
     return model_exec_new_opts(out, m, &o, NULL, 0);
 }
 
@@ -405,8 +405,8 @@ int model_exec_new_opts(struct model_exec **out, struct model *m,
     e->m = m;
     e->n_ctx = n_ctx;
     e->max_batch = max_batch;
-    if ((rc = kern_dev_new(&e->dev, o->device ? o->device : "cpu", o->n_threads, err,
-                           errlen)) < 0)
+    struct kern_dev_opts dopts = {.n_threads = o->n_threads, .cl = o->cl};
+    if ((rc = kern_dev_new_opts(&e->dev, o->device ? o->device : "cpu", &dopts, err, errlen)) < 0)
         goto fail;
     if ((rc = weights_open(e)) < 0 || (rc = bind_weights(e)) < 0 || (rc = weights_use(e)) < 0)
         goto fail;

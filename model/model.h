@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 struct gguf_file;
+struct kern_cl_opts;
 
 
 /* ======================= window + executor + sampler ======================= */
@@ -185,9 +186,12 @@ int model_exec_new(struct model_exec **out, struct model *m, int n_threads, uint
                    uint32_t max_batch);
 /* The executor's settings: model_exec_new's, plus the device its forward pass runs on. */
 struct model_exec_opts {
-    const char *device;      /* a kernel device ("cpu", "ref"; docs/devices.md); NULL: "cpu" */
+    const char *device;      /* a kernel device ("cpu", "ref", "opencl"; docs/devices.md);
+                                NULL: "cpu" */
     int n_threads;           /* <= 0: one per CPU */
     uint32_t n_ctx, max_batch;
+    const struct kern_cl_opts *cl;  /* the opencl device's settings (kernels/kern.h), read
+                                       while the executor is made; NULL: the environment's */
 };
 /* Fills o with the defaults: "cpu", one thread per CPU, n_ctx 512, max_batch 32. */
 void model_exec_opts_default(struct model_exec_opts *o);
@@ -241,7 +245,8 @@ struct model_batch_row {
  * rows of a session not consecutive, a skip or a forbidden rewind), -ERANGE past the context;
  * no state changes then. A kernel's error leaves each session at its positions before the
  * batch. A row's result is bit-identical to a model_window_run of it alone where the weight
- * types' matmuls are row-exact (kern_type_rows_exact: every type, F32 only under 16 rows). */
+ * types' matmuls are row-exact for n rows on the executor's device (kern_dev_rows_exact:
+ * every type, F32 on cpu and every type on opencl with prompt GEMMs only under 16 rows). */
 int model_window_run_batch(struct model_exec *e, const struct model_batch_row *rows, uint32_t n,
                            float *x);
 /* Last rank: logits[n][n_vocab] from x[n][n_embd] (final norm + output head; -ENOTSUP when
@@ -452,9 +457,9 @@ uint32_t model_gen_n_prompt(const struct model_gen *g);
  * it pays on text that repeats itself (code, lists, summaries, a story's names). */
 #define MODEL_DRAFT_NGRAM_MAX 4
 #define MODEL_DRAFT_MAX 14   /* rows verified in one pass: k + 1 <= KERN_ROWS_EXACT_MAX (15),
-                              * where every weight type's matmul is row-exact (F32 included:
-                              * kern_type_rows_exact), so a verified row is the row a one-row
-                              * step would give */
+                              * where every weight type's matmul is row-exact on every device
+                              * (F32 included: kern_dev_rows_exact), so a verified row is the
+                              * row a one-row step would give */
 uint32_t model_draft_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
 /* Drafting modes: none; prompt lookup (model_draft_lookup); the model's MTP block
  * (model_mtp_draft: models that have one); auto: the MTP block where the model has one,

@@ -19,7 +19,7 @@ done
 # What the build links against and what running it (kvd, kvctl, the demo: curl) uses.
 BUILD_PKGS="build-essential pkg-config libuv1-dev libssl-dev libopenblas-dev libzstd-dev
 libwslay-dev libhttp-parser-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libpcre2-dev
-libsystemd-dev curl ocl-icd-opencl-dev opencl-headers xxd"
+libsystemd-dev curl ocl-icd-opencl-dev opencl-headers libclblast-dev xxd"
 BUILD_PKGS=$(echo $BUILD_PKGS)
 # What only the tests, benchmarks and fuzzers use.
 TEST_PKGS="pocl-opencl-icd clinfo

@@ -60,8 +60,9 @@
 #
 # OpenCL: an OpenCL stage's executor (kvctl bench --backend opencl, the first device: PoCL on a
 # machine without a GPU) against the CPU path on a small synthetic llama (8 layers, n_embd 512,
-# Q4_0 and Q8_0; BENCH_OPENCL_MODEL overrides), with both Q4_0 layouts; figures only. For a
-# machine with a real GPU: scripts/opencl-bench.
+# Q4_0 and Q8_0; BENCH_OPENCL_MODEL overrides), with both Q4_0 layouts and the plain one
+# without CLBlast's prompt GEMMs (KV_CL_GEMM_ROWS=off); figures only. For a machine with a
+# real GPU: scripts/opencl-bench.
 #
 # api: the OpenAI-compatible API of a 3-stage ring of stories260K (kvd stage --api):
 #     requests per second and time to first token with 1, 8 and 32 concurrent streaming
@@ -677,11 +678,12 @@ if want opencl; then
             done
         fi
         for f in $models; do
-            for run in "cpu::" "opencl:plain:" "opencl:adreno:"; do
-                dev=${run%%:*} lay=${run#*:}; lay=${lay%:}
-                out=$(KV_CL_LAYOUT=${lay:-auto} "$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
-                      -t "$THREADS" --backend "$dev" --bandwidth 2>&1) || { echo "  $(basename "$f") $dev: failed"; continue; }
-                echo "$out" | awk -v m="$(basename "$f")" -v d="$dev${lay:+ ($lay layout)}" '
+            for run in "cpu::" "opencl:plain:" "opencl:plain:off" "opencl:adreno:"; do
+                dev=${run%%:*} lay=${run#*:} gemm=${run##*:}; lay=${lay%%:*}
+                out=$(KV_CL_LAYOUT=${lay:-auto} KV_CL_GEMM_ROWS=$gemm "$KVCTL" bench -m "$f" -p "$PP" \
+                      -n "$TG" -r "$REPS" -t "$THREADS" --backend "$dev" --bandwidth 2>&1) ||
+                    { echo "  $(basename "$f") $dev: failed"; continue; }
+                echo "$out" | awk -v m="$(basename "$f")" -v d="$dev${lay:+ ($lay layout${gemm:+, GEMMs $gemm})}" '
                     /^pp[0-9]+ / {pp = $1 " " $2} /^tg[0-9]+ / {tg = $1 " " $2}
                     /^bandwidth/ {bw = $2} /^tg ceiling/ {frac = $NF}
                     END {printf "  %-24s %-24s %s tok/s, %s tok/s, read bandwidth %s GB/s, %s of its ceiling\n", m, d, pp, tg, bw, frac}'

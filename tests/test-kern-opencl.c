@@ -5,10 +5,15 @@
  * weights over several allocations; the norms, RoPE, KV store, attention (F16 and F32 caches,
  * grouped heads, contexts longer than a work-group), the element-wise ops, the MoE router, the
  * causal conv, Gated DeltaNet and the row moves; the adreno layout (Q4_0/Q8_0 split,
- * transposed, read through images) on PoCL, and the fp16 and subgroup variants compiled by
- * clang-14's OpenCL front end. Then the program cache (the second open takes the binary) and
- * -ENODEV naming what exists. Needs an OpenCL device: PoCL here
- * (pocl-opencl-icd, a test package); without one every case fails saying so. */
+ * transposed, read through images) on PoCL. The prompt GEMMs through CLBlast: every weight
+ * type against the oracle and the fused kernels, rows exact below the threshold, a CLBlast
+ * failure computed by the fused kernels, the threshold's settings. Every variant of the
+ * kernels the device offers (work-group sizes, fp16, native subgroups) runs the op cases, one
+ * log line each saying it ran or which extension the device lacks, and every variant is
+ * compiled by clang-14's OpenCL front end. Then the program cache (the second open takes the
+ * binary), -ENODEV naming what exists, and devices with settings of their own side by side.
+ * Needs an OpenCL device: PoCL here (pocl-opencl-icd, a test package); without one every case
+ * fails saying so. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,17 +34,39 @@
 static char cache[256];
 static const char *weights_mode;   /* the weights setting of cl_open (NULL: auto) */
 
+/* kern_dev_new_opts of "opencl" with settings o (err: KV_ERR_MAX bytes). */
+static int cl_new(struct kern_dev **d, const struct kern_cl_opts *o, char *err)
+{
+    struct kern_dev_opts dopts = {.n_threads = 1, .cl = o};
+    return kern_dev_new_opts(d, "opencl", &dopts, err, KV_ERR_MAX);
+}
+
+/* The kernels' variant the devices of cl_open_opts are built with (variants_run sets it;
+ * zero fields: the defaults). */
+static struct {
+    int wg, fp16, subgroups;
+} variant;
+
+/* The opencl device with settings o (and the variant), failing the case without one. */
+static struct kern_dev *cl_open_opts(const struct kern_cl_opts *o)
+{
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    struct kern_cl_opts v = *o;
+    v.wg = variant.wg ? variant.wg : v.wg;
+    v.fp16 = variant.fp16 ? variant.fp16 : v.fp16;
+    v.subgroups = variant.subgroups ? variant.subgroups : v.subgroups;
+    int rc = cl_new(&d, &v, err);
+    T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
+    return d;
+}
+
 /* The opencl device with allocations capped at cap bytes (0: the device's own cap). */
 static struct kern_dev *cl_open(size_t cap)
 {
     struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache,
                              .weights = weights_mode};
-    kern_cl_opts_set(&o);
-    char err[KV_ERR_MAX] = "";
-    struct kern_dev *d = NULL;
-    int rc = kern_dev_new(&d, "opencl", 1, err, sizeof err);
-    T_CHECK(rc == 0, "no OpenCL device to test on (install pocl-opencl-icd): %d %s", rc, err);
-    return d;
+    return cl_open_opts(&o);
 }
 
 static struct kern_buf *act(struct kern_dev *d, const void *src, size_t bytes)
@@ -224,10 +251,8 @@ T_CASE(adreno_layout)
 {
     enum { R = 37, PAD = 5, C = 224 };
     struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache, .layout = "adreno"};
-    kern_cl_opts_set(&o);
-    char err[KV_ERR_MAX] = "";
-    struct kern_dev *d = NULL;
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    struct kern_dev *d = cl_open_opts(&o);
+    T_ASSERT(d, "open");
     struct kern_cl_info info;
     T_CHECK(kern_cl_info(d, &info) == 0 && !strcmp(info.layout, "adreno"), "layout %s", info.layout);
     ku_seed(13);
@@ -267,7 +292,269 @@ T_CASE(adreno_layout)
         free(w);
     }
     kern_dev_free(d);
-    kern_cl_opts_set(NULL);
+}
+
+/* ---- prompt GEMMs through CLBlast (docs/opencl.md, "Prompt GEMMs") ---- */
+
+/* CLBlast's SGEMM on the dequantised tile against the fused kernels: f32 sums in another
+ * order (seen on PoCL: at most 3e-13). Against the oracle the fused kernels' bounds hold
+ * (seen: 8e-14 F32, 5e-8 F16, 3e-6 BF16, 3e-5 the 32-blocks, 5e-5 the K types). */
+#define GEMM_FUSED_BOUND 1e-10
+#define BLAST_LOCAL_MEM (-2046)   /* CLBlastInvalidLocalMemUsage, one of CLBlast's statuses */
+
+/* The opencl device with prompt GEMMs from gemm_rows rows (negative: off), allocations capped
+ * at cap (0: the device's), in layout (NULL: auto). */
+static struct kern_dev *cl_gemm_open(int gemm_rows, size_t cap, const char *layout)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .cache_dir = cache,
+                             .layout = layout, .gemm_rows = gemm_rows};
+    return cl_open_opts(&o);
+}
+
+static uint64_t gemm_calls(struct kern_dev *d)
+{
+    struct kern_cl_info ci;
+    return kern_cl_info(d, &ci) == 0 ? ci.gemm_calls : 0;
+}
+
+/* Every weight type's matmul at and above the threshold through CLBlast (the device says it
+ * took that path) against the oracle and against the fused kernels of a device without
+ * GEMMs; one row below it the fused kernels, bit for bit. cap splits the weights over
+ * pieces and seams and shrinks the f32 tile to a few rows (several tiles a matmul); the
+ * adreno layout dequantises its split Q4_0/Q8_0 matrices. */
+static void gemm_case(size_t cap, const char *layout)
+{
+    enum { R = 37, PAD = 3, T = KERN_CL_GEMM_MIN, NMAX = T + 5 };
+    struct kern_dev *d = cl_gemm_open(T, cap, layout), *f = cl_gemm_open(-1, cap, layout);
+    T_ASSERT(d && f, "devices");
+    ku_seed(17);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        int64_t C = cols_of(t);
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, PAD);
+        struct kern_buf *wd = NULL, *wf = NULL;
+        T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0 &&
+                 kern_buf_new(&wf, f, KERN_BUF_WEIGHT, (R + PAD) * rb, w) == 0, "weights");
+        T_CHECK(kern_dev_rows_exact(d, t) == T - 1 && kern_dev_rows_exact(f, t) == UINT32_MAX,
+                "%s: row-exact up to %u with GEMMs from %d, %u without", kern_type_name(t),
+                kern_dev_rows_exact(d, t), T, kern_dev_rows_exact(f, t));
+        double worst_ref = 0, worst_fused = 0;
+        const int64_t ns[] = {T - 1, T, NMAX};
+        for (int k = 0; k < 3; k++) {
+            int64_t n = ns[k];
+            float *x = fl(n * C, 1), *y = malloc(NMAX * R * 4), *yf = malloc(NMAX * R * 4),
+                  *ref = malloc(NMAX * R * 4);
+            struct kern_buf *xd = act(d, x, (size_t)(n * C) * 4), *yd = act(d, NULL, NMAX * R * 4);
+            struct kern_buf *xf = act(f, x, (size_t)(n * C) * 4), *yb = act(f, NULL, NMAX * R * 4);
+            uint64_t before = gemm_calls(d);
+            T_CHECK(kern_dev_matmul(d, t, kern_at_make(wd, PAD * rb), R, C, A(xd), n, A(yd)) == 0 &&
+                    kern_dev_matmul(f, t, kern_at_make(wf, PAD * rb), R, C, A(xf), n, A(yb)) == 0,
+                    "%s matmul n=%d", kern_type_name(t), (int)n);
+            get(yd, y, (size_t)(n * R) * 4);
+            get(yb, yf, (size_t)(n * R) * 4);
+            kern_ref_matmul(t, w + PAD * rb, R, C, x, n, ref);
+            uint64_t took = gemm_calls(d) - before;
+            if (n < T) {
+                T_CHECK(took == 0 && !memcmp(y, yf, (size_t)(n * R) * 4),
+                        "%s n=%d (below the threshold): %" PRIu64 " GEMMs, fused kernels' bits %s",
+                        kern_type_name(t), (int)n, took, memcmp(y, yf, (size_t)(n * R) * 4) ? "differ" : "kept");
+            } else {
+                double er = t_nmse(y, ref, n * R), ef = t_nmse(y, yf, n * R);
+                double bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
+                T_CHECK(took == 1, "%s n=%d cap %zu: %" PRIu64 " matmuls through CLBlast, want 1",
+                        kern_type_name(t), (int)n, cap, took);
+                T_CHECK(er <= bound, "%s GEMM n=%d cap %zu: nmse vs ref %.3g > %.3g",
+                        kern_type_name(t), (int)n, cap, er, bound);
+                T_CHECK(ef <= GEMM_FUSED_BOUND, "%s GEMM n=%d cap %zu: nmse vs fused %.3g > %.3g",
+                        kern_type_name(t), (int)n, cap, ef, GEMM_FUSED_BOUND);
+                worst_ref = er > worst_ref ? er : worst_ref;
+                worst_fused = ef > worst_fused ? ef : worst_fused;
+            }
+            kern_buf_free(xd), kern_buf_free(yd), kern_buf_free(xf), kern_buf_free(yb);
+            free(x), free(y), free(yf), free(ref);
+        }
+        printf("gemm %-5s cap %-5zu %-6s nmse vs ref %.3g, vs fused %.3g\n", kern_type_name(t),
+               cap, layout ? layout : "plain", worst_ref, worst_fused);
+        struct kern_cl_info ci;
+        T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_tile_bytes > 0 &&
+                ci.gemm_tile_bytes <= (cap ? cap : (size_t)32 << 20),
+                "the f32 tile: %" PRIu64 " bytes (cap %zu)", ci.gemm_tile_bytes, cap);
+        kern_buf_free(wd);
+        kern_buf_free(wf);
+        free(w);
+    }
+    kern_dev_free(d);
+    kern_dev_free(f);
+}
+
+T_CASE(gemm_every_type) { gemm_case(0, NULL); }
+
+/* A prompt-sized GEMM (96 rows by 2000 x 1024 weights), where CLBlast takes its indirect
+ * kernel with padded copies in its temporary buffer (the device reports one), for an F32
+ * weight (multiplied where it lies) and a quantised one, against the oracle and the fused
+ * kernels. */
+T_CASE(gemm_large)
+{
+    enum { R = 2000, C = 1024, N = 96, T = KERN_CL_GEMM_MIN };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL), *f = cl_gemm_open(-1, 0, NULL);
+    T_ASSERT(d && f, "devices");
+    ku_seed(29);
+    const uint32_t ts[] = {KERN_T_F32, KERN_T_Q4_K};
+    float *x = fl(N * C, 1), *y = malloc((size_t)N * R * 4), *yf = malloc((size_t)N * R * 4),
+          *ref = malloc((size_t)N * R * 4);
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t t = ts[ti];
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, 0);
+        struct kern_buf *wd = NULL, *wf = NULL, *xd = act(d, x, N * C * 4),
+                        *yd = act(d, NULL, (size_t)N * R * 4), *xf = act(f, x, N * C * 4),
+                        *yb = act(f, NULL, (size_t)N * R * 4);
+        T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, R * rb, w) == 0 &&
+                 kern_buf_new(&wf, f, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+        uint64_t before = gemm_calls(d);
+        T_CHECK(kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0 &&
+                kern_dev_matmul(f, t, A(wf), R, C, A(xf), N, A(yb)) == 0, "matmul");
+        get(yd, y, (size_t)N * R * 4);
+        get(yb, yf, (size_t)N * R * 4);
+        kern_ref_matmul(t, w, R, C, x, N, ref);
+        double er = t_nmse(y, ref, N * R), ef = t_nmse(y, yf, N * R);
+        double bound = is_float(t) ? FLOAT_BOUND : QUANT_BOUND;
+        T_CHECK(gemm_calls(d) == before + 1, "%s: not through CLBlast", kern_type_name(t));
+        T_CHECK(er <= bound && ef <= GEMM_FUSED_BOUND, "%s %dx%dx%d: nmse vs ref %.3g, vs fused %.3g",
+                kern_type_name(t), N, R, C, er, ef);
+        printf("gemm %-5s %dx%dx%d nmse vs ref %.3g, vs fused %.3g\n", kern_type_name(t), N, R,
+               C, er, ef);
+        kern_buf_free(wd), kern_buf_free(wf), kern_buf_free(xd), kern_buf_free(yd);
+        kern_buf_free(xf), kern_buf_free(yb);
+        free(w);
+    }
+    struct kern_cl_info ci;
+    T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_tmp_bytes > 0 && ci.gemm_tmp_bytes <= ci.max_alloc,
+            "CLBlast's temporary buffer: %" PRIu64 " bytes (its indirect kernel not taken?)",
+            ci.gemm_tmp_bytes);
+    printf("tile %" PRIu64 " bytes, CLBlast's temporary buffer %" PRIu64 " bytes\n",
+           ci.gemm_tile_bytes, ci.gemm_tmp_bytes);
+    kern_dev_free(d);
+    kern_dev_free(f);
+    free(x), free(y), free(yf), free(ref);
+}
+T_CASE(gemm_every_type_split) { gemm_case(4096, NULL); }
+T_CASE(gemm_adreno_layout) { gemm_case(0, "adreno"); }
+
+/* What batching across sessions relies on: below the GEMM threshold a row's result is the one
+ * it has alone, bit for bit, for every type (kern_dev_rows_exact's promise). */
+T_CASE(gemm_rows_exact_below)
+{
+    enum { R = 37, T = KERN_CL_GEMM_MIN };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL);
+    T_ASSERT(d, "dev");
+    ku_seed(19);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        int64_t C = cols_of(t), n = kern_dev_rows_exact(d, t);
+        size_t rb = kern_row_bytes(t, C);
+        uint8_t *w = weights(t, R, C, 0);
+        float *x = fl(n * C, 1), *y = malloc((size_t)(n * R) * 4), one[R];
+        struct kern_buf *wb = NULL, *xb = act(d, x, (size_t)(n * C) * 4),
+                        *yb = act(d, NULL, (size_t)(n * R) * 4);
+        T_ASSERT(kern_buf_new(&wb, d, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+        T_CHECK(kern_dev_matmul(d, t, A(wb), R, C, A(xb), n, A(yb)) == 0, "matmul");
+        get(yb, y, (size_t)(n * R) * 4);
+        for (int64_t i = 0; i < n; i += 7) {
+            T_CHECK(kern_dev_matmul(d, t, A(wb), R, C, kern_at_make(xb, (size_t)(i * C) * 4), 1,
+                                    A(yb)) == 0, "one row");
+            get(yb, one, sizeof one);
+            T_CHECK(!memcmp(one, y + i * R, sizeof one), "%s: row %d of %d differs from alone",
+                    kern_type_name(t), (int)i, (int)n);
+        }
+        kern_buf_free(wb), kern_buf_free(xb), kern_buf_free(yb);
+        free(w), free(x), free(y);
+    }
+    kern_dev_free(d);
+}
+
+/* A GEMM that CLBlast fails (an error status) is computed by the fused kernels instead, bit
+ * for bit what a device without GEMMs gives; the device says why and keeps to its own kernels
+ * from then on (and then promises row-exactness at any number of rows). */
+T_CASE(gemm_failure_falls_back)
+{
+    enum { R = 37, T = KERN_CL_GEMM_MIN, N = T + 2 };
+    struct kern_dev *d = cl_gemm_open(T, 0, NULL), *f = cl_gemm_open(-1, 0, NULL);
+    T_ASSERT(d && f, "devices");
+    ku_seed(23);
+    uint32_t t = KERN_T_Q4_K;
+    int64_t C = cols_of(t);
+    size_t rb = kern_row_bytes(t, C);
+    uint8_t *w = weights(t, R, C, 0);
+    float *x = fl(N * C, 1), y[N * R], yf[N * R];
+    struct kern_buf *wd = NULL, *wf = NULL, *xd = act(d, x, N * C * 4), *yd = act(d, NULL, sizeof y);
+    struct kern_buf *xf = act(f, x, N * C * 4), *yb = act(f, NULL, sizeof yf);
+    T_ASSERT(kern_buf_new(&wd, d, KERN_BUF_WEIGHT, R * rb, w) == 0 &&
+             kern_buf_new(&wf, f, KERN_BUF_WEIGHT, R * rb, w) == 0, "weights");
+    T_CHECK(kern__cl_gemm_fault(d, BLAST_LOCAL_MEM) == 0, "fault");
+    T_CHECK(kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0, "matmul after a failure");
+    T_CHECK(kern_dev_matmul(f, t, A(wf), R, C, A(xf), N, A(yb)) == 0, "fused");
+    get(yd, y, sizeof y);
+    get(yb, yf, sizeof yf);
+    T_CHECK(!memcmp(y, yf, sizeof y), "the failed GEMM's rows are not the fused kernels'");
+    struct kern_cl_info ci;
+    T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
+    T_CHECK(ci.gemm_fallbacks == 1 && ci.gemm_calls == 0 && ci.gemm_rows == 0,
+            "fallbacks %" PRIu64 ", calls %" PRIu64 ", rows %u", ci.gemm_fallbacks, ci.gemm_calls,
+            ci.gemm_rows);
+    T_CHECK(strstr(ci.gemm_error, "CLBlast SGEMM") && strstr(ci.gemm_error, "-2046") &&
+            strstr(ci.gemm_error, "local memory"), "says why: %s", ci.gemm_error);
+    printf("%s\n", ci.gemm_error);
+    T_CHECK(kern_dev_rows_exact(d, t) == UINT32_MAX, "row-exact at any number once off");
+    /* the device stays on its own kernels: the next matmul does not call CLBlast */
+    T_CHECK(kern__cl_gemm_fault(d, 0) == 0 &&
+            kern_dev_matmul(d, t, A(wd), R, C, A(xd), N, A(yd)) == 0 && gemm_calls(d) == 0,
+            "GEMMs stay off");
+    T_CHECK(kern__cl_gemm_fault(NULL, 1) == -EINVAL, "not an opencl device");
+    kern_buf_free(wd), kern_buf_free(wf), kern_buf_free(xd), kern_buf_free(yd);
+    kern_buf_free(xf), kern_buf_free(yb);
+    kern_dev_free(d);
+    kern_dev_free(f);
+    free(w), free(x);
+}
+
+/* The threshold: the option, KV_CL_GEMM_ROWS ("off", a number), the default; below
+ * KERN_CL_GEMM_MIN or not a number refused, naming the value. */
+T_CASE(gemm_options)
+{
+    char err[KV_ERR_MAX] = "";
+    struct kern_dev *d = NULL;
+    struct kern_cl_info ci;
+    unsetenv("KV_CL_GEMM_ROWS");
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache};
+    T_ASSERT(cl_new(&d, &o, err) == 0 && kern_cl_info(d, &ci) == 0, "default: %s", err);
+    T_CHECK(ci.gemm_rows == KERN_CL_GEMM_MIN, "default threshold %u", ci.gemm_rows);
+    kern_dev_free(d);
+    static const struct { const char *env; int opt, rc; uint32_t rows; const char *says; } c[] = {
+        {"off", 0, 0, 0, NULL}, {"0", 0, 0, 0, NULL}, {"24", 0, 0, 24, NULL},
+        {"24", 40, 0, 40, NULL}, {"24", -1, 0, 0, NULL}, {NULL, 8, -EINVAL, 0, "GEMM rows 8"},
+        {"8", 0, -EINVAL, 0, "KV_CL_GEMM_ROWS 8"}, {"lots", 0, -EINVAL, 0, "KV_CL_GEMM_ROWS lots"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        if (c[i].env)
+            setenv("KV_CL_GEMM_ROWS", c[i].env, 1);
+        else
+            unsetenv("KV_CL_GEMM_ROWS");
+        o.gemm_rows = c[i].opt;
+        d = NULL;
+        int rc = cl_new(&d, &o, err);
+        T_CHECK(rc == c[i].rc, "env %s, option %d: %d, want %d (%s)", c[i].env ? c[i].env : "-",
+                c[i].opt, rc, c[i].rc, err);
+        if (rc == 0)
+            T_CHECK(kern_cl_info(d, &ci) == 0 && ci.gemm_rows == c[i].rows,
+                    "env %s, option %d: threshold %u, want %u", c[i].env ? c[i].env : "-",
+                    c[i].opt, ci.gemm_rows, c[i].rows);
+        else
+            T_CHECK(!d && strstr(err, c[i].says) && strstr(err, "16"), "message: %s", err);
+        kern_dev_free(d);
+    }
+    unsetenv("KV_CL_GEMM_ROWS");
 }
 
 /* The kernels' variants for devices PoCL is not (cl_khr_fp16 arithmetic, native subgroup
@@ -295,6 +582,94 @@ T_CASE(variants_compile)
                 variants[i]);
     }
     unlink(src);
+}
+
+/* Every variant of the kernels the device offers runs the op cases against the oracle (every
+ * weight type's matmul plain and split at 4 KiB, the adreno layout, the norms, RoPE, the
+ * element-wise ops and attention); each variant gets one line in the log saying it ran (and
+ * how it went) or which extension the device lacks (then only variants_compile checks it,
+ * for syntax), and asking a device for a variant it lacks is refused, naming it. */
+static void norms_rope_elementwise(void);
+static void kv_store_attention(void);
+
+T_CASE(variants_run)
+{
+    struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = cache};
+    struct kern_dev *d = cl_open_opts(&o);
+    T_ASSERT(d, "dev");
+    struct kern_cl_info ci;
+    T_ASSERT(kern_cl_info(d, &ci) == 0, "info");
+    kern_dev_free(d);
+    static const struct {
+        const char *name;
+        int wg, fp16, subgroups;
+    } vs[] = {
+        {"work-groups of 32 (KV_WG=32)", 32, 0, 0},
+        {"work-groups of 128 (KV_WG=128)", 128, 0, 0},
+        {"work-groups of 256 (KV_WG=256)", 256, 0, 0},
+        {"fp16 (KV_FP16: half arithmetic in the split dequantiser, cl_khr_fp16)", 0, 1, 0},
+        {"subgroups (KV_SUBGROUPS: native subgroup reductions, cl_khr_subgroups)", 0, 0, 1},
+        {"fp16 and subgroups", 0, 1, 1},
+    };
+    printf("variant work-groups of 64 (KV_WG=64, the default): RAN on %s: every case of this "
+           "test\n", ci.device);
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        struct kern_cl_opts vo = {.platform = -1, .device = -1, .cache_dir = cache,
+                                  .wg = vs[i].wg, .fp16 = vs[i].fp16, .subgroups = vs[i].subgroups};
+        char err[KV_ERR_MAX] = "", lacks[300] = "";
+        if (vs[i].fp16 && !ci.has_fp16)
+            snprintf(lacks, sizeof lacks, "cl_khr_fp16");
+        if (vs[i].subgroups && !ci.has_subgroups)
+            snprintf(lacks + strlen(lacks), sizeof lacks - strlen(lacks), "%scl_khr_subgroups",
+                     lacks[0] ? " and " : "");
+        if (vs[i].wg && (size_t)vs[i].wg > ci.max_wg)
+            snprintf(lacks, sizeof lacks, "work-groups of %d (at most %zu)", vs[i].wg, ci.max_wg);
+        d = NULL;
+        int rc = cl_new(&d, &vo, err);
+        if (lacks[0]) {
+            T_CHECK(rc == -ENODEV && !d && strstr(err, vs[i].fp16 && !ci.has_fp16 ? "cl_khr_fp16"
+                                                                                   : "cl_khr_subgroups"),
+                    "%s asked of a device without it: %d %s", vs[i].name, rc, err);
+            printf("variant %s: NOT RUN: %s lacks %s (compiled for syntax only: variants_compile)\n",
+                   vs[i].name, ci.device, lacks);
+            kern_dev_free(d);
+            continue;
+        }
+        struct kern_cl_info vi;
+        if (rc == -EINVAL && strstr(err, "at most")) {   /* its compiled kernels take fewer */
+            printf("variant %s: NOT RUN: %s: %s\n", vs[i].name, ci.device, err);
+            continue;
+        }
+        T_ASSERT(rc == 0 && kern_cl_info(d, &vi) == 0, "%s: %d %s", vs[i].name, rc, err);
+        T_CHECK((!vs[i].wg || vi.wg == vs[i].wg) && vi.fp16 == (vs[i].fp16 > 0) &&
+                vi.subgroups == (vs[i].subgroups > 0), "%s: built with wg %d, fp16 %d, subgroups %d",
+                vs[i].name, vi.wg, vi.fp16, vi.subgroups);
+        kern_dev_free(d);
+        int failed = t_failures;
+        variant.wg = vs[i].wg, variant.fp16 = vs[i].fp16, variant.subgroups = vs[i].subgroups;
+        matmul_case(0);
+        matmul_case(4096);
+        adreno_layout();
+        norms_rope_elementwise();
+        kv_store_attention();
+        variant.wg = variant.fp16 = variant.subgroups = 0;
+        printf("variant %s: RAN on %s (matmul every type, split weights, adreno layout, norms, "
+               "RoPE, element-wise, attention): %s\n", vs[i].name, ci.device,
+               t_failures == failed ? "agrees with the oracle" : "FAILED");
+    }
+    /* the environment's settings: a value that is neither on nor off is refused */
+    char err[KV_ERR_MAX] = "";
+    setenv("KV_CL_FP16", "maybe", 1);
+    d = NULL;
+    T_CHECK(cl_new(&d, &o, err) == -EINVAL && !d && strstr(err, "KV_CL_FP16 maybe"), "%s", err);
+    setenv("KV_CL_FP16", ci.has_fp16 ? "on" : "off", 1);
+    setenv("KV_CL_SUBGROUPS", ci.has_subgroups ? "1" : "0", 1);
+    struct kern_cl_info vi;
+    T_CHECK(cl_new(&d, &o, err) == 0 && kern_cl_info(d, &vi) == 0 && vi.fp16 == ci.has_fp16 &&
+            vi.subgroups == ci.has_subgroups, "every variant the device offers: %s", err);
+    kern_dev_free(d);
+    unsetenv("KV_CL_FP16");
+    unsetenv("KV_CL_SUBGROUPS");
 }
 
 /* out of the device and ref of n floats agree within OP_BOUND */
@@ -553,11 +928,10 @@ T_CASE(program_cache)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/fresh", cache);
     struct kern_cl_opts o = {.platform = -1, .device = -1, .cache_dir = dir};
-    kern_cl_opts_set(&o);
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
     struct kern_cl_info info;
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "open: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "open: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache && info.build_ms > 0, "built");
     struct stat st;
     T_CHECK(stat(info.cache_file, &st) == 0 && st.st_size > 0, "cached in %s", info.cache_file);
@@ -565,7 +939,7 @@ T_CASE(program_cache)
     printf("device %s (%s), build %.0f ms, cap %zu, wg %d\n", info.device, info.platform,
            info.build_ms, info.alloc_cap, info.wg);
     kern_dev_free(d);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "reopen: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "reopen: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && info.from_cache, "the second open takes the binary");
     kern_dev_free(d);
     /* a corrupt binary is rebuilt from source */
@@ -573,33 +947,41 @@ T_CASE(program_cache)
     T_ASSERT(f, "open cache file");
     fputs("not a binary", f);
     fclose(f);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "corrupt cache: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "corrupt cache: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && !info.from_cache, "rebuilt");
     kern_dev_free(d);
     /* another work-group size is another program, another file */
     o.wg = 128;
-    kern_cl_opts_set(&o);
-    T_ASSERT(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "wg 128: %s", err);
+    T_ASSERT(cl_new(&d, &o, err) == 0, "wg 128: %s", err);
     T_CHECK(kern_cl_info(d, &info) == 0 && info.wg == 128 && !info.from_cache, "wg 128 built");
     kern_dev_free(d);
-    kern_cl_opts_set(NULL);
 }
 
 T_CASE(no_such_device)
 {
     struct kern_cl_opts o = {.platform = 7, .device = -1, .cache_dir = cache};
-    kern_cl_opts_set(&o);
     char err[KV_ERR_MAX] = "";
     struct kern_dev *d = NULL;
-    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "platform 7");
+    T_CHECK(cl_new(&d, &o, err) == -ENODEV && !d, "platform 7");
     T_CHECK(strstr(err, "platform 7") && strstr(err, "0: "), "names what exists: %s", err);
     o = (struct kern_cl_opts){.platform = 0, .device = 5, .cache_dir = cache};
-    kern_cl_opts_set(&o);
-    T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == -ENODEV && !d, "device 5");
+    T_CHECK(cl_new(&d, &o, err) == -ENODEV && !d, "device 5");
     T_CHECK(strstr(err, "device 5") && strstr(err, "0: "), "names what exists: %s", err);
-    kern_cl_opts_set(NULL);
+    /* the settings were that device's alone: the next one made without any opens */
     T_CHECK(kern_dev_new(&d, "opencl", 1, err, sizeof err) == 0, "defaults again: %s", err);
     kern_dev_free(d);
+    /* two devices made side by side, each with its own settings */
+    struct kern_cl_opts a = {.platform = -1, .device = -1, .cache_dir = cache, .wg = 32};
+    struct kern_cl_opts b = {.platform = -1, .device = -1, .cache_dir = cache, .wg = 128,
+                             .layout = "adreno"};
+    struct kern_dev *da = NULL, *db = NULL;
+    struct kern_cl_info ia, ib;
+    T_ASSERT(cl_new(&da, &a, err) == 0 && cl_new(&db, &b, err) == 0, "two devices: %s", err);
+    T_CHECK(kern_cl_info(da, &ia) == 0 && kern_cl_info(db, &ib) == 0 && ia.wg == 32 &&
+            ib.wg == 128 && !strcmp(ia.layout, "plain") && !strcmp(ib.layout, "adreno"),
+            "each its own: wg %d/%d, layout %s/%s", ia.wg, ib.wg, ia.layout, ib.layout);
+    kern_dev_free(da);
+    kern_dev_free(db);
 }
 
 int main(int argc, char **argv)
@@ -616,7 +998,15 @@ int main(int argc, char **argv)
     T_RUN_TIMEOUT(moe_deltanet_moves, 600);
     T_RUN_TIMEOUT(io_and_buffers, 600);
     T_RUN_TIMEOUT(adreno_layout, 600);
+    T_RUN_TIMEOUT(gemm_every_type, 600);
+    T_RUN_TIMEOUT(gemm_large, 600);
+    T_RUN_TIMEOUT(gemm_every_type_split, 600);
+    T_RUN_TIMEOUT(gemm_adreno_layout, 600);
+    T_RUN_TIMEOUT(gemm_rows_exact_below, 600);
+    T_RUN_TIMEOUT(gemm_failure_falls_back, 600);
+    T_RUN_TIMEOUT(gemm_options, 600);
     T_RUN_TIMEOUT(variants_compile, 600);
+    T_RUN_TIMEOUT(variants_run, 900);
     T_RUN_TIMEOUT(program_cache, 600);
     T_RUN_TIMEOUT(no_such_device, 600);
     int rc = T_DONE();

@@ -32,7 +32,8 @@ struct dev_run {
     struct model_exec *e;
 };
 
-static int dev_open(struct dev_run *r, const char *path, const char *device)
+static int dev_open(struct dev_run *r, const char *path, const char *device,
+                    const struct kern_cl_opts *cl)
 {
     char err[KV_ERR_MAX] = "";
     memset(r, 0, sizeof *r);
@@ -46,6 +47,7 @@ static int dev_open(struct dev_run *r, const char *path, const char *device)
     o.n_threads = 2;
     o.n_ctx = NCTX;
     o.max_batch = MAXB;
+    o.cl = cl;
     rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err);
     T_CHECK(rc == 0, "exec on %s: %d %s", device, rc, err);
     if (rc) {
@@ -105,15 +107,16 @@ static int dev_logits(struct dev_run *r, float *lg)
 }
 
 /* The model rel through cpu and dev: every row's NMSE (dev against cpu) at most bound. */
-static void compare_on(const char *rel, double bound, const char *dev)
+static void compare_on(const char *rel, double bound, const char *dev,
+                       const struct kern_cl_opts *cl)
 {
     char path[512];
     if (!t_data_path(path, sizeof path, rel))
         return;
     struct dev_run cpu, ref;
-    if (dev_open(&cpu, path, "cpu"))
+    if (dev_open(&cpu, path, "cpu", NULL))
         return;
-    if (dev_open(&ref, path, dev)) {
+    if (dev_open(&ref, path, dev, cl)) {
         dev_close(&cpu);
         return;
     }
@@ -136,7 +139,7 @@ static void compare_on(const char *rel, double bound, const char *dev)
     dev_close(&cpu);
 }
 
-static void compare(const char *rel, double bound) { compare_on(rel, bound, "ref"); }
+static void compare(const char *rel, double bound) { compare_on(rel, bound, "ref", NULL); }
 
 T_CASE(ref_matches_cpu_dense)
 {
@@ -162,9 +165,7 @@ T_CASE(ref_matches_cpu_hybrid)
 static void compare_cl_layout(const char *rel, double bound, size_t cap, const char *layout)
 {
     struct kern_cl_opts o = {.platform = -1, .device = -1, .alloc_cap = cap, .layout = layout};
-    kern_cl_opts_set(&o);
-    compare_on(rel, bound, "opencl");
-    kern_cl_opts_set(NULL);
+    compare_on(rel, bound, "opencl", &o);
 }
 
 static void compare_cl(const char *rel, double bound, size_t cap)

@@ -44,7 +44,7 @@ static int chain_open(struct chain *c, const char *path, const int *bounds, int 
         if (rc)
             return rc;
         c->n = i + 1;
-        struct model_exec_opts o = {chain_device, 1, 64, max_batch};
+        struct model_exec_opts o = {chain_device, 1, 64, max_batch, NULL};
         rc = model_exec_new_opts(&c->e[i], c->m[i], &o, err, sizeof err);
         T_CHECK(rc == 0, "exec on %s: %d %s", chain_device, rc, err);
         if (rc)

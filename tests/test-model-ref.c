@@ -7,7 +7,9 @@
  * F32 and F16 models. The ref_device case holds the executor on the "ref" kernel device (the
  * scalar oracle behind the device seam) to the same references and bounds; the opencl_*
  * cases hold the "opencl" device (PoCL here; without an OpenCL device they fail saying so)
- * to them too, the greedy generations included. */
+ * to them too, the greedy generations included, and every case's rows in one batch through
+ * CLBlast's GEMMs (opencl_gemm). */
+#include "kernels/kern.h"
 #include "tests/model_ref.h"
 #include "util/err.h"
 
@@ -36,8 +38,10 @@ static const struct ref_spec specs[] = {
     {"synth-qwen3-bpe1024-f16.once", 4.8e-7, false, true},
 };
 
-/* The kernel device the executor runs on ("cpu"; the ref_device case takes "ref"). */
+/* The kernel device the executor runs on ("cpu"; the ref_device case takes "ref"), and the
+ * opencl device's settings (NULL: the environment's). */
 static const char *run_device = "cpu";
+static const struct kern_cl_opts *run_cl;
 
 struct run {
     struct model *m;
@@ -53,7 +57,7 @@ static int run_open(struct run *r, const char *path, uint32_t n_ctx, uint32_t ma
     T_CHECK(rc == 0, "model_open %s: %d %s", path, rc, err);
     if (rc)
         return rc;
-    struct model_exec_opts o = {run_device, 1, n_ctx, max_batch};
+    struct model_exec_opts o = {run_device, 1, n_ctx, max_batch, run_cl};
     rc = model_exec_new_opts(&r->e, r->m, &o, err, sizeof err);
     T_CHECK(rc == 0, "model_exec_new on %s: %d %s", run_device, rc, err);
     if (rc) {
@@ -88,11 +92,12 @@ static int run_feed(struct run *r, uint32_t pos, const int32_t *tok, uint32_t n,
 }
 
 /* Mode 0: as the references were made (prompt as one batch, then one token per call).
- * Mode 1: every row in one call, run in chunks of 8 rows (the batch path over many rows). */
+ * Mode 1: every row in one call, run in chunks of 8 rows (the batch path over many rows).
+ * Mode 2: every row in one call and one chunk (on opencl: CLBlast's GEMMs, which must run). */
 static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int mode)
 {
     struct run r;
-    if (run_open(&r, rc->model, rc->n_fed + 1, mode ? 8 : 64))
+    if (run_open(&r, rc->model, rc->n_fed + 1, mode == 1 ? 8 : 64))
         return;
     T_CHECK(r.n_vocab == rc->n_vocab, "%s: n_vocab %u vs %u", sp->name, r.n_vocab, rc->n_vocab);
     float *ours = calloc((size_t)rc->n_fed * rc->n_vocab, sizeof(float));
@@ -104,6 +109,10 @@ static void check_case(const struct ref_spec *sp, const struct ref_case *rc, int
     } else {
         err = run_feed(&r, 0, rc->fed, rc->n_fed, ours);
     }
+    struct kern_cl_info ci;
+    if (mode == 2 && kern_cl_info(model_exec_kern_dev(r.e), &ci) == 0)
+        T_CHECK(ci.gemm_calls > 0, "%s: %u rows in one batch, no matmul through CLBlast",
+                sp->name, rc->n_fed);
     if (!err)   /* a failed feed has failed the case already */
         ref_compare(sp, rc, ours, mode);
     free(ours);
@@ -125,6 +134,20 @@ static void forced_cases(bool one_batch)
     }
 }
 
+/* Every teacher-forced case with all its rows (28 to 30) in one batch: on opencl through
+ * CLBlast's GEMMs (from KERN_CL_GEMM_MIN rows), to the same bounds. */
+static void gemm_cases(void)
+{
+    for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
+        struct ref_case rc;
+        if (ref_load(&rc, specs[c].name))
+            continue;
+        T_CHECK(rc.n_fed >= KERN_CL_GEMM_MIN, "%s: %u rows", specs[c].name, rc.n_fed);
+        check_case(&specs[c], &rc, 2);
+        ref_free(&rc);
+    }
+}
+
 T_CASE(teacher_forced_logits) { forced_cases(true); }
 
 /* The teacher-forced cases as the references were made, on the ref device. */
@@ -139,6 +162,15 @@ T_CASE(opencl_device)
 {
     run_device = "opencl";
     forced_cases(true);
+}
+
+T_CASE(opencl_gemm)
+{
+    static const struct kern_cl_opts gemm = {.platform = -1, .device = -1,
+                                             .gemm_rows = KERN_CL_GEMM_MIN};
+    run_device = "opencl";
+    run_cl = &gemm;
+    gemm_cases();
 }
 
 static void greedy(void)
@@ -193,5 +225,6 @@ int main(int argc, char **argv)
     T_RUN(ref_device);
     T_RUN_TIMEOUT(opencl_device, 900);
     T_RUN_TIMEOUT(opencl_greedy, 600);
+    T_RUN_TIMEOUT(opencl_gemm, 900);
     return T_DONE();
 }

@@ -13,35 +13,6 @@ clinfo -l 2>/dev/null | grep -q "Device" ||
     fail "no OpenCL device (clinfo -l lists none): install pocl-opencl-icd"
 
 N=16
-# near_tie MODEL PROMPT ONE RING: ONE and RING (token id lists) part at a position where the
-# CPU's logits put their two tokens within 1% of the logits' range of each other, and the
-# OpenCL device's logits at that position agree with the CPU's (NMSE < 1e-3).
-near_tie() {
-    local m=$1 prompt=$2
-    local -a a=($3) b=($4)
-    local k=0
-    while [ $k -lt ${#a[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do k=$((k + 1)); done
-    local prefix=$prompt
-    for ((i = 0; i < k; i++)); do prefix="$prefix,${a[$i]}"; done
-    "$KVCTL" logits -m "$m" --tokens "$prefix" -o "$TMP/cpu.f32" >/dev/null 2>&1 || return 1
-    "$KVCTL" logits -m "$m" --tokens "$prefix" --device opencl -o "$TMP/cl.f32" >/dev/null 2>&1 || return 1
-    python3 - "$TMP/cpu.f32" "$TMP/cl.f32" "$(echo "$prefix" | tr ',' ' ' | wc -w)" "${a[$k]}" "${b[$k]}" <<'PY'
-import struct, sys
-cpu, cl, n, ta, tb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-x = open(cpu, "rb").read(); y = open(cl, "rb").read()
-nv = len(x) // 4 // n
-r = struct.unpack("<%df" % nv, x[(n - 1) * nv * 4:n * nv * 4])
-q = struct.unpack("<%df" % nv, y[(n - 1) * nv * 4:n * nv * 4])
-rng = max(r) - min(r)
-gap = abs(r[ta] - r[tb])
-nmse = sum((u - v) ** 2 for u, v in zip(r, q)) / max(sum(u * u for u in r), 1e-30)
-print(f"     parted at position {n}: tokens {ta} vs {tb}, CPU logit gap {gap:.4g} of range {rng:.4g}, NMSE cpu/opencl {nmse:.2e}")
-sys.exit(0 if gap <= 0.01 * rng and nmse < 1e-3 else 1)
-PY
-    local rc=$?
-    [ $rc -eq 0 ] && echo "ok $name: cpu, opencl, cpu ring = one CPU process up to a near-tie at token $k"
-    return $rc
-}
 for spec in stories260K.gguf:1,400,300,200,100 synth-llama-spm512-q4_0.gguf:1,400,300,200,100 \
             synth-qwen35moe-bpe1024-q8_0.gguf:46,837,263,640,11,257; do
     name=${spec%%:*} PROMPT=${spec#*:}
@@ -64,8 +35,11 @@ for spec in stories260K.gguf:1,400,300,200,100 synth-llama-spm512-q4_0.gguf:1,40
         # tokens agree up to near-ties. Where they part, the two tokens must be a near-tie
         # in the one-process logits at that position (teacher-forced on the common prefix),
         # and both devices' logits there must agree by NMSE.
-        near_tie "$M" "$PROMPT" "$one" "$out" ||
+        if cl_near_tie "$M" "$PROMPT" "$one" "$out"; then
+            echo "ok $name: cpu, opencl, cpu ring = one CPU process up to a near-tie"
+        else
             fail "$name: greedy tokens differ beyond a near-tie: mixed ring '$out' vs one CPU process '$one'"
+        fi
     fi
     ring_down "$d"
 done

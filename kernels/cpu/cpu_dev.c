@@ -12,9 +12,9 @@
 #define F KERN__F
 #define H kern__at_host
 
-static int open_(struct kern_dev *d, int n_threads)
+static int open_(struct kern_dev *d, const struct kern_dev_opts *o)
 {
-    int rc = kern_pool_new(&d->pool, n_threads);
+    int rc = kern_pool_new(&d->pool, o->n_threads);
     if (rc == 0)
         d->n_threads = kern_pool_threads(d->pool);
     return rc;
@@ -198,7 +198,16 @@ static int deltanet(struct kern_dev *d, struct kern_at o, struct kern_at S, stru
                          F(dt_bias), F(a), n, n_k_head, n_v_head, dim, NULL);
 }
 
+/* F32 matmuls of more rows go to OpenBLAS's sgemm (kernels/cpu/cpu_matmul.c), whose sums
+ * depend on the shape; every other type's rows are exact at any number. */
+static uint32_t rows_exact(const struct kern_dev *d, uint32_t type)
+{
+    (void)d;
+    return type == KERN_T_F32 ? KERN_ROWS_EXACT_MAX : UINT32_MAX;
+}
+
 const struct kern__dev_ops kern__dev_cpu = {
     .name = "cpu", .host = true, KERN__HOST_DEV_OPS,
     .weight_use = weight_use, .weight_free = weight_free, .weight_own = weight_own,
+    .rows_exact = rows_exact,
 };

@@ -4,9 +4,10 @@
  *
  * Operands arrive as a buffer and a byte offset (the seam's (buffer, offset) operands, without
  * sub-buffers and their alignment rules). Build-time parameters (docs/opencl.md):
- *   KV_WG          work-group size of the reducing kernels (32, 64, 128, 256)
- *   KV_SUBGROUPS   reduce through cl_khr_subgroups instead of local memory
- *   KV_FP16        the device has cl_khr_fp16 (only the syntax check compiles it here)
+ *   KV_WG          work-group size of the reducing kernels (32, 64, 128, 256; KV_CL_WG)
+ *   KV_SUBGROUPS   reduce through cl_khr_subgroups instead of local memory (KV_CL_SUBGROUPS)
+ *   KV_FP16        half arithmetic where exact, with cl_khr_fp16 (KV_CL_FP16)
+ * The last two never ran on a device here (PoCL has neither): clang-14 checks their syntax.
  */
 #ifndef KV_WG
 #define KV_WG 64
@@ -273,6 +274,23 @@ __kernel void get_rows(int t, __global const uchar *T, ulong toff, ulong lo, ulo
     float o[32];
     dq_unit(t, T + (s - lo), u, cols, o);
     __global float *y = GF(O, ooff) + (size_t)i * cols + u * 32;
+    uint ne = min(32u, cols - u * 32);
+    for (uint j = 0; j < ne; j++)
+        y[j] = o[j];
+}
+
+/* ---- dequantised weight tiles for the prompt GEMMs (docs/opencl.md, "Prompt GEMMs") ----
+ * nrows rows of the weight (row r at W + woff + r * wrow) into an f32 tile O, row r at
+ * r * cols floats: one work-item per (32-element unit, row), the matmul's dequantiser. */
+__kernel void dequant_rows(int t, __global const uchar *W, ulong woff, ulong wrow, uint cols,
+                           uint nrows, __global float *O)
+{
+    uint u = get_global_id(0), r = get_global_id(1), units = (cols + 31) / 32;
+    if (u >= units || r >= nrows)
+        return;
+    float o[32];
+    dq_unit(t, W + woff + (size_t)r * wrow, u, cols, o);
+    __global float *y = O + (size_t)r * cols + u * 32;
     uint ne = min(32u, cols - u * 32);
     for (uint j = 0; j < ne; j++)
         y[j] = o[j];
@@ -696,6 +714,20 @@ __kernel void get_rows_split(int t, __global const ushort *D, read_only image1d_
     float w[32];
     dq_split(t, D, Qi, (size_t)u * R + id, w);
     __global float *y = GF(O, ooff) + (size_t)i * nb * 32 + u * 32;
+    for (int j = 0; j < 32; j++)
+        y[j] = w[j];
+}
+
+/* dequant_rows on the split layout: tile row r = source row sr0 + r (nrows rows). */
+__kernel void dequant_split(int t, __global const ushort *D, read_only image1d_buffer_t Qi,
+                            uint R, uint nb, uint sr0, uint nrows, __global float *O)
+{
+    uint u = get_global_id(0), r = get_global_id(1);
+    if (u >= nb || r >= nrows)
+        return;
+    float w[32];
+    dq_split(t, D, Qi, (size_t)u * R + sr0 + r, w);
+    __global float *y = O + (size_t)r * nb * 32 + u * 32;
     for (int j = 0; j < 32; j++)
         y[j] = w[j];
 }

@@ -14,6 +14,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <clblast_c.h>
 #include <openssl/evp.h>
 
 #include "kernels/internal.h"
@@ -32,17 +34,26 @@ extern const unsigned long kern__cl_src_len;
 enum {
     K_MATMUL, K_GET_ROWS, K_RMSNORM, K_L2NORM, K_ROPE_ANGLES, K_ROPE_ROWS, K_KV_STORE,
     K_ATTENTION, K_SWIGLU, K_ADD, K_AXPY_ROWS, K_SIGMOID, K_CONV_SILU, K_MOE_ROUTE, K_DELTANET,
-    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_BW_READ, K_COUNT
+    K_COPY_ROWS, K_REPACK, K_MATMUL_SPLIT, K_GET_ROWS_SPLIT, K_BW_READ, K_DEQUANT_ROWS,
+    K_DEQUANT_SPLIT, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "matmul", "get_rows", "rmsnorm", "l2norm", "rope_angles", "rope_rows", "kv_store",
     "attention", "swiglu", "add", "axpy_rows", "sigmoid", "conv_silu", "moe_route", "deltanet",
-    "copy_rows", "repack_q", "matmul_split", "get_rows_split", "bw_read",
+    "copy_rows", "repack_q", "matmul_split", "get_rows_split", "bw_read", "dequant_rows",
+    "dequant_split",
 };
 
 #define NC 4          /* activation rows per matmul work-group (KV_NC in kern.cl) */
 #define MAXD 512      /* the largest attention head (KV_MAXD) */
 #define SEAM_MAX (4u << 20)
+/* Prompt GEMMs (docs/opencl.md, "Prompt GEMMs"): matmuls of at least this many activation
+ * rows go through CLBlast unless the device is told otherwise (the lowest threshold allowed:
+ * on PoCL CLBlast wins from 8 rows, and at 16 runs 2.3x the fused kernels' speed); the f32
+ * tile of dequantised weight rows they use holds at most GEMM_TILE_MAX bytes (and at most
+ * the allocation cap). */
+#define GEMM_ROWS_DEFAULT KERN_CL_GEMM_MIN
+#define GEMM_TILE_MAX ((size_t)32 << 20)
 
 /* One allocation of a buffer: bytes [lo, hi) of it; seam > 0 for a piece across boundary
  * seam that holds only the rows straddling it. A piece wrapped over the caller's bytes starts
@@ -84,24 +95,26 @@ struct ocl {
     bool split_layout;        /* Q4_0/Q8_0 weights in the split, transposed, image layout */
     bool map_weights;         /* weights wrapped in place (CL_MEM_USE_HOST_PTR) where aligned */
     size_t img_max;           /* texels of an image1d_buffer_t at most */
+    /* Prompt GEMMs: matmuls of at least gemm_rows activation rows (0: none) dequantise the
+     * weight rows, a tile at a time, into gemm_tile (made at the first, gemm_tile_bytes) and
+     * multiply with CLBlast's SGEMM, which may use gemm_tmp (grown as a GEMM asks, within
+     * the device's largest allocation) for its padded copies. */
+    uint32_t gemm_rows;
+    cl_mem gemm_tile, gemm_tmp;
+    size_t gemm_tile_bytes, gemm_tmp_bytes;
+    int gemm_fault;           /* tests: the GEMMs report this CLBlast status instead of running */
     struct kern_cl_info info;
 };
 
-static struct kern_cl_opts g_opts = {.platform = -1, .device = -1};
-
-/* The OpenCL runtime (the ICD loader, PoCL and the LLVM it compiles with) keeps allocations
+/* The OpenCL runtime (the ICD loader, PoCL and the LLVM it compiles with, and CLBlast's
+ * cache of compiled kernels) keeps allocations
  * until the process exits, which LeakSanitizer reports in ASan builds. A program linking
  * this device ignores leaks allocated inside those libraries only; the sanitizer runtime calls
  * this hook by its fixed name (a weak symbol there, unused without ASan). */
 const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void)
 {
-    return "leak:libpocl.so\nleak:libLLVM\nleak:libOpenCL.so\nleak:libclang\n";
-}
-
-void kern_cl_opts_set(const struct kern_cl_opts *o)
-{
-    g_opts = o ? *o : (struct kern_cl_opts){.platform = -1, .device = -1};
+    return "leak:libpocl.so\nleak:libLLVM\nleak:libOpenCL.so\nleak:libclang\nleak:libclblast\n";
 }
 
 #define OCL(d) ((struct ocl *)(d)->impl)
@@ -189,9 +202,9 @@ static int mkdirs(const char *path)
 
 /* The cache folder: the option, KV_CL_CACHE ("off": none), $XDG_CACHE_HOME/kvasir/opencl,
  * ~/.cache/kvasir/opencl. Empty when there is none. */
-static void cache_dir(char *buf, size_t n)
+static void cache_dir(const struct kern_cl_opts *co, char *buf, size_t n)
 {
-    const char *s = g_opts.cache_dir ? g_opts.cache_dir : getenv("KV_CL_CACHE");
+    const char *s = co->cache_dir ? co->cache_dir : getenv("KV_CL_CACHE");
     buf[0] = 0;
     if (s && !strcmp(s, "off"))
         return;
@@ -244,11 +257,11 @@ static int build(struct kern_dev *d, const char *opts)
     return e == CL_OUT_OF_HOST_MEMORY || e == CL_OUT_OF_RESOURCES ? -ENOMEM : -EIO;
 }
 
-static int program(struct kern_dev *d, const char *opts)
+static int program(struct kern_dev *d, const struct kern_cl_opts *co, const char *opts)
 {
     struct ocl *o = OCL(d);
     char dir[4096], path[4200];
-    cache_dir(dir, sizeof dir);
+    cache_dir(co, dir, sizeof dir);
     cl_int e;
     if (dir[0]) {
         cache_path(o, dir, opts, path, sizeof path);
@@ -318,6 +331,10 @@ static void close_(struct kern_dev *d)
             clReleaseKernel(o->k[i]);
     if (o->dummy)
         clReleaseMemObject(o->dummy);
+    if (o->gemm_tile)
+        clReleaseMemObject(o->gemm_tile);
+    if (o->gemm_tmp)
+        clReleaseMemObject(o->gemm_tmp);
     if (o->prog)
         clReleaseProgram(o->prog);
     if (o->q)
@@ -328,7 +345,7 @@ static void close_(struct kern_dev *d)
     d->impl = NULL;
 }
 
-static int pick(struct kern_dev *d, struct ocl *o)
+static int pick(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co)
 {
     cl_uint np = 0, nd = 0;
     cl_platform_id plats[16];
@@ -340,7 +357,7 @@ static int pick(struct kern_dev *d, struct ocl *o)
         return -ENODEV;
     }
     np = np > 16 ? 16 : np;
-    long pi = opt_long(g_opts.platform, "KV_CL_PLATFORM", 0);
+    long pi = opt_long(co->platform, "KV_CL_PLATFORM", 0);
     describe(list, sizeof list, plats, np, NULL, 0);
     if (pi >= (long)np) {
         msg(d, "OpenCL platform %ld: there are %u (%s)", pi, np, list);
@@ -352,7 +369,7 @@ static int pick(struct kern_dev *d, struct ocl *o)
         return -ENODEV;
     }
     nd = nd > 16 ? 16 : nd;
-    long di = opt_long(g_opts.device, "KV_CL_DEVICE", 0);
+    long di = opt_long(co->device, "KV_CL_DEVICE", 0);
     describe(list, sizeof list, NULL, 0, devs, nd);
     if (di >= (long)nd) {
         msg(d, "OpenCL device %ld of platform %ld: there are %u (%s)", di, pi, nd, list);
@@ -367,15 +384,99 @@ static int pick(struct kern_dev *d, struct ocl *o)
     return 0;
 }
 
-static int open_(struct kern_dev *d, int n_threads)
+/* A variant setting: the option (> 0 on, < 0 off), else the environment's ("1"/"on",
+ * "0"/"off"), else off. -EINVAL for another value. */
+static int variant_opt(struct kern_dev *d, int given, const char *env, bool *on)
 {
-    (void)n_threads;
+    const char *s = getenv(env);
+    if (given || !s || !*s) {
+        *on = given > 0;
+        return 0;
+    }
+    if (strcmp(s, "1") && strcmp(s, "on") && strcmp(s, "0") && strcmp(s, "off")) {
+        msg(d, "%s %s: on (1) or off (0)", env, s);
+        return -EINVAL;
+    }
+    *on = !strcmp(s, "1") || !strcmp(s, "on");
+    return 0;
+}
+
+/* The kernels' variants the device offers (cl_khr_fp16; cl_khr_subgroups, which the kernels
+ * use from OpenCL C 2.0) and those asked for: -ENODEV for one the device lacks. */
+static int variants(struct kern_dev *d, struct ocl *o, const struct kern_cl_opts *co)
+{
+    size_t n = 0;
+    if (clGetDeviceInfo(o->dev, CL_DEVICE_EXTENSIONS, 0, NULL, &n) != CL_SUCCESS)
+        n = 0;
+    char *ext = calloc(1, n + 1);
+    if (!ext)
+        return -ENOMEM;
+    if (n && clGetDeviceInfo(o->dev, CL_DEVICE_EXTENSIONS, n, ext, NULL) != CL_SUCCESS)
+        ext[0] = 0;
+    char cver[128];
+    str_info(o->dev, CL_DEVICE_OPENCL_C_VERSION, cver, sizeof cver);
+    o->info.has_fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+    o->info.has_subgroups = strstr(ext, "cl_khr_subgroups") != NULL &&
+                            (strstr(cver, "OpenCL C 2.") || strstr(cver, "OpenCL C 3."));
+    free(ext);
+    int rc = variant_opt(d, co->fp16, "KV_CL_FP16", &o->info.fp16);
+    if (rc == 0)
+        rc = variant_opt(d, co->subgroups, "KV_CL_SUBGROUPS", &o->info.subgroups);
+    if (rc < 0)
+        return rc;
+    if ((o->info.fp16 && !o->info.has_fp16) || (o->info.subgroups && !o->info.has_subgroups)) {
+        msg(d, "OpenCL device %s has no %s: the %s variant needs it", o->info.device,
+            o->info.fp16 && !o->info.has_fp16 ? "cl_khr_fp16" : "cl_khr_subgroups (OpenCL C 2.0)",
+            o->info.fp16 && !o->info.has_fp16 ? "fp16" : "subgroups");
+        return -ENODEV;
+    }
+    return 0;
+}
+
+/* The prompt GEMMs' threshold: the option (negative: off), KV_CL_GEMM_ROWS (a number of rows,
+ * "off" or 0), else GEMM_ROWS_DEFAULT; at least KERN_CL_GEMM_MIN, so a drafting pass (at most
+ * KERN_ROWS_EXACT_MAX rows) always runs on the row-exact kernels. 0 (off) in *out. */
+static int gemm_rows_opt(struct kern_dev *d, const struct kern_cl_opts *co, uint32_t *out)
+{
+    long v = co->gemm_rows;
+    const char *s = getenv("KV_CL_GEMM_ROWS"), *what = "OpenCL GEMM rows";
+    if (v == 0 && s && *s) {
+        what = "KV_CL_GEMM_ROWS";
+        char *end;
+        errno = 0;
+        v = !strcmp(s, "off") ? -1 : strtol(s, &end, 10);
+        if (strcmp(s, "off") && (errno || *end || v < 0)) {
+            msg(d, "KV_CL_GEMM_ROWS %s: a number of activation rows (at least %d) or off", s,
+                KERN_CL_GEMM_MIN);
+            return -EINVAL;
+        }
+        v = v == 0 ? -1 : v;
+    } else if (v == 0) {
+        v = GEMM_ROWS_DEFAULT;
+    }
+    if (v < 0) {
+        *out = 0;
+        return 0;
+    }
+    if (v < KERN_CL_GEMM_MIN || v > (long)UINT32_MAX) {
+        msg(d, "%s %ld: at least %d (a drafting pass's %d rows stay on the row-exact "
+               "kernels), or off", what, v, KERN_CL_GEMM_MIN, KERN_ROWS_EXACT_MAX);
+        return -EINVAL;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
+{
+    static const struct kern_cl_opts none = {.platform = -1, .device = -1};
+    const struct kern_cl_opts *co = dopts->cl ? dopts->cl : &none;
     d->n_threads = 1;
     struct ocl *o = calloc(1, sizeof *o);
     if (!o)
         return -ENOMEM;
     d->impl = o;
-    int rc = pick(d, o);
+    int rc = pick(d, o, co);
     if (rc < 0)
         goto fail;
     cl_int e;
@@ -392,12 +493,12 @@ static int open_(struct kern_dev *d, int n_threads)
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxalloc, &maxalloc, NULL);
     clGetDeviceInfo(o->dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof maxwg, &maxwg, NULL);
     size_t cap = o->maxalloc = (size_t)maxalloc;
-    long forced = opt_long(g_opts.alloc_cap ? (long)g_opts.alloc_cap : -1, "KV_CL_ALLOC_CAP", 0);
+    long forced = opt_long(co->alloc_cap ? (long)co->alloc_cap : -1, "KV_CL_ALLOC_CAP", 0);
     if (forced > 0 && (size_t)forced < cap)
         cap = (size_t)forced;
     cap &= ~(size_t)4095;  /* pieces start 4 KiB-aligned: offsets keep their alignment */
     o->cap = o->info.alloc_cap = cap < 4096 ? 4096 : cap;
-    size_t wg = (size_t)opt_long(g_opts.wg ? g_opts.wg : -1, "KV_CL_WG", 64);
+    size_t wg = (size_t)opt_long(co->wg ? co->wg : -1, "KV_CL_WG", 64);
     if (wg < 32 || wg > 256 || (wg & (wg - 1))) {
         msg(d, "OpenCL work-group size %zu: 32, 64, 128 or 256", wg);
         rc = -EINVAL;
@@ -406,8 +507,9 @@ static int open_(struct kern_dev *d, int n_threads)
     while (wg > 32 && wg > maxwg)
         wg /= 2;
     o->wg = o->info.wg = wg;
+    o->info.max_wg = maxwg;
     /* The layout: the option, KV_CL_LAYOUT, else by device class (Adreno: split) */
-    const char *lay = g_opts.layout ? g_opts.layout : getenv("KV_CL_LAYOUT");
+    const char *lay = co->layout ? co->layout : getenv("KV_CL_LAYOUT");
     char vendor[128], name[128];
     str_info(o->dev, CL_DEVICE_VENDOR, vendor, sizeof vendor);
     str_info(o->dev, CL_DEVICE_NAME, name, sizeof name);
@@ -441,7 +543,7 @@ static int open_(struct kern_dev *d, int n_threads)
     o->info.base_align = align_bits / 8 ? align_bits / 8 : 1;
     o->info.global_mem = gmem;
     o->info.max_alloc = maxalloc;
-    const char *wm = g_opts.weights ? g_opts.weights : getenv("KV_CL_WEIGHTS");
+    const char *wm = co->weights ? co->weights : getenv("KV_CL_WEIGHTS");
     if (wm && *wm && strcmp(wm, "auto") && strcmp(wm, "map") && strcmp(wm, "copy")) {
         msg(d, "OpenCL weights %s: map, copy or auto", wm);
         rc = -EINVAL;
@@ -450,9 +552,15 @@ static int open_(struct kern_dev *d, int n_threads)
     o->map_weights = wm && !strcmp(wm, "map") ? true
                      : wm && !strcmp(wm, "copy") ? false : o->info.unified;
     snprintf(o->info.weights, sizeof o->info.weights, "%s", o->map_weights ? "map" : "copy");
+    if ((rc = gemm_rows_opt(d, co, &o->gemm_rows)) < 0)
+        goto fail;
+    o->info.gemm_rows = o->gemm_rows;
+    if ((rc = variants(d, o, co)) < 0)
+        goto fail;
     char opts[256];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DKV_WG=%zu", wg);
-    if ((rc = program(d, opts)) < 0)
+    snprintf(opts, sizeof opts, "-cl-std=%s -DKV_WG=%zu%s%s", o->info.subgroups ? "CL2.0" : "CL1.2",
+             wg, o->info.fp16 ? " -DKV_FP16" : "", o->info.subgroups ? " -DKV_SUBGROUPS" : "");
+    if ((rc = program(d, co, opts)) < 0)
         goto fail;
     for (int i = 0; i < K_COUNT; i++) {
         o->k[i] = clCreateKernel(o->prog, kernel_names[i], &e);
@@ -830,6 +938,173 @@ static void a_split(struct args *a, const struct cbuf *c)
     a_u(a, c->sp_cols / 32);
 }
 
+/* ---- prompt GEMMs through CLBlast (docs/opencl.md, "Prompt GEMMs") ---- */
+
+/* CLBlast's name for a status (its enum's, for the messages). */
+static const char *blast_status(int st)
+{
+    switch (st) {
+    case CLBlastTempBufferAllocFailure: return "temporary buffer allocation failure";
+    case CLBlastOpenCLOutOfResources: return "OpenCL out of resources";
+    case CLBlastOpenCLOutOfHostMemory: return "OpenCL out of host memory";
+    case CLBlastOpenCLBuildProgramFailure: return "kernel build failure";
+    case CLBlastInvalidValue: return "invalid value";
+    case CLBlastInvalidMemObject: return "invalid memory object";
+    case CLBlastInvalidLocalThreadsTotal: return "work-group too large";
+    case CLBlastNotImplemented: return "not implemented";
+    case CLBlastInsufficientMemoryTemp: return "temporary buffer too small";
+    case CLBlastInvalidLocalMemUsage: return "not enough local memory";
+    case CLBlastUnknownError: return "unknown error";
+    case CLBlastUnexpectedError: return "unexpected error";
+    default: return "error";
+    }
+}
+
+/* A GEMM failed: the device keeps to its own kernels from now on, and says why. */
+static void gemm_off(struct ocl *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gemm_off(struct ocl *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->info.gemm_error, sizeof o->info.gemm_error, fmt, ap);
+    va_end(ap);
+    o->gemm_rows = o->info.gemm_rows = 0;
+    o->info.gemm_fallbacks++;
+}
+
+/* C (n rows of nw, ldc elements apart, from element coff of cm) = A (n x k from element aoff
+ * of am) times B^T (nw rows of k from element boff of bm): CLBlast's SGEMM on the device's
+ * queue, with gemm_tmp as its temporary buffer. 0, -EAGAIN (what it needs is over the
+ * device's largest allocation: the caller's kernels then), or a CLBlast status (negative,
+ * not an errno). */
+static int sgemm(struct ocl *o, int64_t n, int64_t nw, int64_t k, cl_mem am, size_t aoff,
+                 cl_mem bm, size_t boff, cl_mem cm, size_t coff, size_t ldc)
+{
+    if (o->gemm_fault)
+        return o->gemm_fault;
+    size_t need = 0;
+    CLBlastStatusCode st = CLBlastSGemmTempBufferSize(
+        CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, (size_t)n, (size_t)nw,
+        (size_t)k, aoff, (size_t)k, boff, (size_t)k, coff, ldc, &o->q, &need);
+    if (st != CLBlastSuccess)
+        return st;
+    need = need ? need : 64;
+    if (need > o->maxalloc)
+        return -EAGAIN;
+    if (need > o->gemm_tmp_bytes) {
+        cl_int e;
+        cl_mem t = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, need, NULL, &e);
+        if (!t)
+            return CLBlastTempBufferAllocFailure;
+        if (o->gemm_tmp)
+            clReleaseMemObject(o->gemm_tmp);
+        o->gemm_tmp = t;
+        o->gemm_tmp_bytes = o->info.gemm_tmp_bytes = need;
+    }
+    return CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, CLBlastTransposeNo,
+                                      CLBlastTransposeYes, (size_t)n, (size_t)nw, (size_t)k,
+                                      1.0f, am, aoff, (size_t)k, bm, boff, (size_t)k, 0.0f, cm,
+                                      coff, ldc, &o->q, NULL, o->gemm_tmp);
+}
+
+/* The tile's first rows: nrows weight rows dequantised to f32, from (p, byte offset woff in
+ * p) or, on the split layout, from row sr0 of c's matrix. */
+static int dequant(struct ocl *o, uint32_t type, const struct cbuf *c, const struct piece *p,
+                   size_t woff, size_t rb, int64_t sr0, int64_t nrows, int64_t cols)
+{
+    struct args a = args(o, p ? K_DEQUANT_ROWS : K_DEQUANT_SPLIT);
+    if (p) {
+        a_i(&a, (cl_int)type);
+        a_mem(&a, p->mem);
+        a_l(&a, woff);
+        a_l(&a, rb);
+        a_u(&a, cols);
+    } else {
+        a_split(&a, c);
+        a_u(&a, sr0);
+    }
+    a_u(&a, nrows);
+    a_mem(&a, o->gemm_tile);
+    return launch(&a, (size_t)(cols + 31) / 32, (size_t)nrows, 1, 0);
+}
+
+/* The matmul as tiles of weight rows: each tile's rows dequantised into the f32 tile (an F32
+ * weight's rows read where they lie), then SGEMM into its columns of y. 0; -EAGAIN when it
+ * declines (a row longer than the tile, operands not at whole floats, a temporary buffer over
+ * the cap) or CLBlast fails, which turns the GEMMs off (gemm_off) — the fused kernels then
+ * compute the whole matmul, overwriting what the tiles wrote; or an OpenCL error. */
+static int gemm(struct kern_dev *d, uint32_t type, struct cbuf *c, bool split, struct kern_at w,
+                int64_t rows, int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
+{
+    struct ocl *o = OCL(d);
+    size_t rb = wtype_row_bytes(type, cols), rowf = FB(cols);
+    if (!o->gemm_tile) {
+        size_t bytes = GEMM_TILE_MAX < o->cap ? GEMM_TILE_MAX : o->cap;
+        if (bytes < rowf)
+            return -EAGAIN;
+        cl_int e;
+        o->gemm_tile = clCreateBuffer(o->ctx, CL_MEM_READ_WRITE, bytes, NULL, &e);
+        if (!o->gemm_tile) {
+            gemm_off(o, "the f32 weight tile (%zu bytes): OpenCL error %d", bytes, (int)e);
+            return -EAGAIN;
+        }
+        o->gemm_tile_bytes = o->info.gemm_tile_bytes = bytes;
+    }
+    int64_t tile = (int64_t)(o->gemm_tile_bytes / rowf);
+    const struct piece *xp = piece_of(x, FB(n * cols)), *yp = piece_of(y, FB(n * rows));
+    if (tile < 1 || !xp || !yp || !xp->mem || !yp->mem || in_piece(xp, x.off) % 4 ||
+        in_piece(yp, y.off) % 4)
+        return -EAGAIN;
+    size_t aoff = in_piece(xp, x.off) / 4, coff = in_piece(yp, y.off) / 4;
+    const struct piece *mp = c->p;
+    for (int64_t r = 0; r < rows;) {
+        int64_t nw = rows - r < tile ? rows - r : tile;
+        const struct piece *p = NULL;
+        size_t s = w.off + (size_t)r * rb;
+        if (!split) {   /* a run of whole rows inside one piece, or one row from its seam */
+            while (s >= mp->hi)
+                mp++;
+            int64_t fit = (int64_t)((mp->hi - s) / rb);
+            p = mp;
+            if (fit == 0) {
+                p = NULL;
+                for (int i = c->n_main; i < c->n; i++)
+                    if (c->p[i].seam == mp->hi && s >= c->p[i].lo && s + rb <= c->p[i].hi)
+                        p = &c->p[i];
+                if (!p)
+                    return -E2BIG;
+                fit = 1;
+            }
+            nw = nw < fit ? nw : fit;
+        }
+        cl_mem bm = o->gemm_tile;
+        size_t boff = 0;
+        int rc = 0;
+        if (p && type == KERN_T_F32 && in_piece(p, s) % 4 == 0) {
+            bm = p->mem;
+            boff = in_piece(p, s) / 4;
+        } else {
+            rc = dequant(o, type, c, p, p ? in_piece(p, s) : 0, rb,
+                         (int64_t)(w.off / rb) + r, nw, cols);
+            if (rc < 0)
+                return rc;
+        }
+        int st = sgemm(o, n, nw, cols, xp->mem, aoff, bm, boff, yp->mem, coff + (size_t)r,
+                       (size_t)rows);
+        if (st == -EAGAIN)
+            return -EAGAIN;
+        if (st != CLBlastSuccess) {
+            gemm_off(o, "CLBlast SGEMM (%" PRId64 " x %" PRId64 " x %" PRId64 ", %s): status "
+                     "%d (%s); the device's own kernels from now on", n, nw, cols,
+                     kern_type_name(type), st, blast_status(st));
+            return -EAGAIN;
+        }
+        r += nw;
+    }
+    o->info.gemm_calls++;
+    return 0;
+}
+
 static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t rows,
                   int64_t cols, struct kern_at x, int64_t n, struct kern_at y)
 {
@@ -840,6 +1115,11 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
     int sl = split_layout(OCL(d), c, type, cols, w.buf->cap);
     if (sl < 0)
         return sl;
+    if (OCL(d)->gemm_rows && n >= OCL(d)->gemm_rows && rows > 0 && (!sl || w.off % rb == 0)) {
+        int rc = gemm(d, type, c, sl, w, rows, cols, x, n, y);
+        if (rc != -EAGAIN)
+            return rc;
+    }
     if (sl) {   /* rows from w.off / rb of the split matrix */
         struct ocl *o = OCL(d);
         struct args a = args(o, K_MATMUL_SPLIT);
@@ -1186,6 +1466,22 @@ static int zero(struct kern_dev *d, struct kern_at dst, size_t bytes)
                                      NULL));
 }
 
+/* Row-exact at any number of rows, but where a matmul goes through CLBlast (its sums depend
+ * on the shape: docs/opencl.md, "Prompt GEMMs"): below the GEMM threshold. */
+static uint32_t rows_exact(const struct kern_dev *d, uint32_t type)
+{
+    const struct ocl *o = OCL(d);
+    return o->gemm_rows && type_ok(type) ? o->gemm_rows - 1 : UINT32_MAX;
+}
+
+int kern__cl_gemm_fault(struct kern_dev *d, int status)
+{
+    if (!d || strcmp(d->ops->name, "opencl"))
+        return -EINVAL;
+    OCL(d)->gemm_fault = status;
+    return 0;
+}
+
 double kern_cl_bench_bandwidth(struct kern_dev *d, size_t bytes)
 {
     if (!d || strcmp(d->ops->name, "opencl"))
@@ -1231,5 +1527,5 @@ const struct kern__dev_ops kern__dev_opencl = {
     .add_rows = add_rows, .axpy_rows = axpy_rows, .sigmoid = sigmoid,
     .mul_sigmoid = mul_sigmoid, .l2norm = l2norm, .rmsnorm_silu = rmsnorm_silu,
     .conv_silu = conv_silu, .moe_route = moe_route, .deltanet = deltanet, .get_rows = get_rows,
-    .copy_rows = copy_rows, .zero = zero,
+    .copy_rows = copy_rows, .zero = zero, .rows_exact = rows_exact,
 };

@@ -12,9 +12,9 @@
 #define F KERN__F
 #define H kern__at_host
 
-static int open_(struct kern_dev *d, int n_threads)
+static int open_(struct kern_dev *d, const struct kern_dev_opts *o)
 {
-    (void)n_threads;
+    (void)o;
     d->n_threads = 1;
     return 0;
 }

@@ -18,7 +18,25 @@ struct mb {
     struct model *m;
     struct model_exec *e;
     uint32_t n_embd, n_vocab, first, last;
+    bool cl;                        /* the executor runs on the opencl device */
+    uint64_t cl_gemms, cl_fallbacks;   /* its prompt GEMMs and failed ones, logged so far */
 };
+
+/* After a run on the opencl device: its first prompt GEMM through CLBlast, and each that
+ * failed (the fused kernels computed it; the device keeps to them from then on), in the log. */
+static void cl_gemm_log(struct mb *b, uint32_t n)
+{
+    struct kern_cl_info ci;
+    if (!b->cl || kern_cl_info(model_exec_kern_dev(b->e), &ci) < 0)
+        return;
+    if (ci.gemm_calls && !b->cl_gemms)
+        kvd_log(KVD_LOG_INFO, "opencl: prompt GEMMs through CLBlast (first in a run of %u rows)",
+                n);
+    if (ci.gemm_fallbacks > b->cl_fallbacks)
+        kvd_log(KVD_LOG_WARN, "opencl: %s", ci.gemm_error);
+    b->cl_gemms = ci.gemm_calls;
+    b->cl_fallbacks = ci.gemm_fallbacks;
+}
 
 static int mb_session_new(void *impl, uint64_t id) { return model_session_new(((struct mb *)impl)->e, id); }
 static int mb_session_free(void *impl, uint64_t id) { return model_session_free(((struct mb *)impl)->e, id); }
@@ -58,6 +76,7 @@ static int mb_run(void *impl, const struct kvd_backend_batch *bt, char *err, siz
         rc = model_window_run(b->e, bt->rows[0].id, bt->rows[0].pos, bt->n, bt->x);
     else
         rc = model_window_run_batch(b->e, bt->rows, bt->n, bt->x);
+    cl_gemm_log(b, bt->n);
     if (rc < 0) {
         snprintf(err, errlen, "layers [%u, %u): %s", b->first, b->last,
                  rc == -ERANGE ? "past the context" : strerror(-rc));
@@ -105,29 +124,34 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b)
     return model_get_gguf(((const struct mb *)b->impl)->m);
 }
 
-/* Rows a window run of several sessions may take with each row's result its solo one: 0 when a
- * weight of the window's layers has a type whose matmul rounds differently for several rows;
- * KERN_ROWS_EXACT_MAX when an F32 matmul weight is among them (F32 goes to a BLAS past it);
- * else any number, so max_rows (what the executor's scratch holds). *chunk_exact: no F32
- * matmul weight, so a prompt's rows give the same results in chunks of any size; the causal
- * conv's F32 kernel (ssm_conv1d) is no matmul's and runs row by row. */
-static uint32_t batch_rows_exact(const struct gguf_file *g, uint32_t first, uint32_t last,
-                                 uint32_t max_rows, bool *chunk_exact)
+/* Rows a window run of several sessions may take with each row's result its solo one, on
+ * kernel device dev: the fewest kern_dev_rows_exact gives a matmul weight of the window's
+ * layers (0 when a type rounds differently for several rows; KERN_ROWS_EXACT_MAX for F32 on
+ * the cpu device, which goes to a BLAS past it; one below the GEMM threshold on opencl, where
+ * CLBlast takes over), capped at max_rows (what the executor's scratch holds). *chunk_exact:
+ * every such weight exact at any number of rows, so a prompt's rows give the same results in
+ * chunks of any size; the causal conv's F32 kernel (ssm_conv1d) is no matmul's and runs row
+ * by row. */
+static uint32_t batch_rows_exact(const struct gguf_file *g, const struct kern_dev *dev,
+                                 uint32_t first, uint32_t last, uint32_t max_rows,
+                                 bool *chunk_exact)
 {
     uint64_t n = gguf_tensor_count(g);
+    uint32_t rows = UINT32_MAX;
     *chunk_exact = false;
-    bool f32 = false;
     for (uint64_t i = 0; i < n; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(g, i);
         int l = gguf_tensor_layer(t->name);
-        if (l < 0 || (uint32_t)l < first || (uint32_t)l >= last || t->n_dims < 2)
+        if (l < 0 || (uint32_t)l < first || (uint32_t)l >= last || t->n_dims < 2 ||
+            strstr(t->name, ".ssm_conv1d."))
             continue;
-        if (!kern_type_rows_exact(t->type))
+        uint32_t r = kern_dev_rows_exact(dev, t->type);
+        if (r == 0)
             return 0;
-        f32 = f32 || (t->type == KERN_T_F32 && !strstr(t->name, ".ssm_conv1d."));
+        rows = r < rows ? r : rows;
     }
-    *chunk_exact = !f32;
-    return f32 ? KERN_ROWS_EXACT_MAX : max_rows;
+    *chunk_exact = rows == UINT32_MAX;
+    return rows < max_rows ? rows : max_rows;
 }
 
 int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args *a, char *err,
@@ -150,7 +174,8 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     const struct model_hparams *hp = model_get_hparams(mb->m);
     if (max_batch > n_ctx)
         max_batch = n_ctx;
-    struct model_exec_opts eo = {a->device ? a->device : "cpu", a->n_threads, n_ctx, max_batch};
+    struct model_exec_opts eo = {a->device ? a->device : "cpu", a->n_threads, n_ctx, max_batch,
+                                 a->cl};
     char xerr[KV_ERR_MAX] = "";
     rc = model_exec_new_opts(&mb->e, mb->m, &eo, xerr, sizeof xerr);
     if (rc < 0) {
@@ -185,15 +210,22 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     snprintf(b->device, sizeof b->device, "%s", model_exec_device(mb->e));
     struct kern_cl_info ci;
     if (kern_cl_info(model_exec_kern_dev(mb->e), &ci) == 0) {
+        mb->cl = true;
         snprintf(b->cl_weights, sizeof b->cl_weights, "%s", ci.weights);
         b->cl_weights_mapped = ci.weights_mapped;
         b->cl_weights_copied = ci.weights_copied;
         kvd_log(KVD_LOG_INFO, "opencl weights: %s (%" PRIu64 " bytes wrapped in place, %" PRIu64
                 " copied)", ci.weights, (uint64_t)ci.weights_mapped, (uint64_t)ci.weights_copied);
+        if (ci.gemm_rows)
+            kvd_log(KVD_LOG_INFO, "opencl prompt GEMMs (CLBlast) from %u rows: runs of several "
+                    "sessions take at most %u", ci.gemm_rows, ci.gemm_rows - 1);
+        else
+            kvd_log(KVD_LOG_INFO, "opencl prompt GEMMs off");
     }
     uint32_t v;
     const struct gguf_file *g = model_get_gguf(mb->m);
-    b->batch_rows = batch_rows_exact(g, b->first, b->last, max_batch, &b->chunk_exact);
+    b->batch_rows = batch_rows_exact(g, model_exec_kern_dev(mb->e), b->first, b->last, max_batch,
+                                     &b->chunk_exact);
     b->can_rewind = model_exec_can_rewind(mb->e);
     b->eos = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 ? (int32_t)v : -1;
     b->bos = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int32_t)v : -1;

@@ -95,12 +95,15 @@ struct kvd_backend {
     char cl_weights[8];
     uint64_t cl_weights_mapped, cl_weights_copied;
     /* Most rows one window run of several sessions may take with every row's result the one
-     * it has alone: KERN_ROWS_EXACT_MAX with an F32 matmul weight, else what the executor
-     * holds; 0: the window's weight types round differently batched. */
+     * it has alone (kern_dev_rows_exact of the window's weights on its device):
+     * KERN_ROWS_EXACT_MAX with an F32 matmul weight on the cpu device or any weight on
+     * opencl with prompt GEMMs from 16 rows, else what the executor holds; 0: the window's
+     * weight types round differently batched. */
     uint32_t batch_rows;
     /* A session's rows split into runs of any sizes (in order) give the results of one run:
-     * every layer weight row-exact at any row count (no F32, which goes to a BLAS past
-     * KERN_ROWS_EXACT_MAX rows). The scheduler then splits long prompts into chunks. */
+     * every layer weight row-exact at any row count on the device (no F32 on cpu, no prompt
+     * GEMMs on opencl: a BLAS past some rows). The scheduler then splits long prompts into
+     * chunks. */
     bool chunk_exact;
     /* A run may start at an earlier position than the session's end (its later rows are
      * overwritten): no recurrent layers in the window. Without it, going back takes
@@ -118,6 +121,7 @@ struct kvd_backend_args {
     uint32_t n_layer, n_embd, n_ctx, max_batch;
     int n_threads;
     const char *device;        /* the kernel device the model runs on ("cpu", "opencl") */
+    const struct kern_cl_opts *cl;  /* its opencl settings; NULL: the environment's */
 };
 typedef int (*kvd_backend_open_fn)(struct kvd_backend *b, const struct kvd_backend_args *a,
                                    char *err, size_t errlen);

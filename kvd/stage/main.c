@@ -102,24 +102,14 @@ static int set_blog(struct kvd_stage_opts *o, const char *v)
 }
 static int set_blog_total(struct kvd_stage_opts *o, const char *v) { return parse_mib(v, &o->boundary_log_total); }
 static int set_device(struct kvd_stage_opts *o, const char *v) { o->device = v; return 0; }
-/* The OpenCL platform and device: process-wide settings of the opencl kernel device. */
-static struct kern_cl_opts cl_opts = {.platform = -1, .device = -1};
-static int set_cl(int *field, const char *v)
-{
-    if (parse_int(v, 0, 64, field) < 0)
-        return -EINVAL;
-    kern_cl_opts_set(&cl_opts);
-    return 0;
-}
-static int set_cl_platform(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.platform, v); }
-static int set_cl_device(struct kvd_stage_opts *o, const char *v) { (void)o; return set_cl(&cl_opts.device, v); }
+/* The OpenCL platform, device and weights: settings of the stage's opencl kernel device. */
+static int set_cl_platform(struct kvd_stage_opts *o, const char *v) { return parse_int(v, 0, 64, &o->cl.platform); }
+static int set_cl_device(struct kvd_stage_opts *o, const char *v) { return parse_int(v, 0, 64, &o->cl.device); }
 static int set_cl_weights(struct kvd_stage_opts *o, const char *v)
 {
-    (void)o;
     if (strcmp(v, "map") && strcmp(v, "copy") && strcmp(v, "auto"))
         return -EINVAL;
-    cl_opts.weights = v;
-    kern_cl_opts_set(&cl_opts);
+    o->cl.weights = v;
     return 0;
 }
 static int set_api(struct kvd_stage_opts *o, const char *v) { o->api_listen = v; return 0; }
@@ -220,7 +210,7 @@ const struct kvd_optspec *kvd_stage_optspecs(void)
 
 int kvd_stage_main(int argc, char **argv)
 {
-    struct kvd_stage_opts o = {.rank = -1};
+    struct kvd_stage_opts o = {.rank = -1, .cl = {.platform = -1, .device = -1}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: kvd [stage] --manifest FILE --rank R [options]\n\n");

@@ -10,10 +10,10 @@
 #include "kvd/stage/internal.h"
 
 /* A batch of several sessions' steps: at most this many rows (the backend's batch_rows caps
- * it further: KERN_ROWS_EXACT_MAX for a window with F32 matmul weights) and KVD_BATCH_JOBS_MAX
- * jobs, and this many distinct sessions looked at in the queue while gathering it. 64 rows: a
- * prompt chunk big enough to run at the batched kernels' speed next to the decode rows of
- * other sessions. */
+ * it further: KERN_ROWS_EXACT_MAX for a window with F32 matmul weights on the cpu device or
+ * on opencl with prompt GEMMs) and KVD_BATCH_JOBS_MAX jobs, and this many distinct sessions
+ * looked at in the queue while gathering it. 64 rows: a prompt chunk big enough to run at the
+ * batched kernels' speed next to the decode rows of other sessions. */
 #define KVD_BATCH_ROWS_MAX 64
 #define KVD_BATCH_SEEN_MAX 64
 /* The smallest share of a run's rows a prompt gets when several wait (fewer rows per chunk

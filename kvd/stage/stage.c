@@ -337,6 +337,7 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
         /* --backend, else the manifest's "backend" for this rank: a stage that cannot open it
          * refuses to start (docs/opencl.md) */
         .device = o->device ? o->device : me->backend[0] ? me->backend : "cpu",
+        .cl = &o->cl,
     };
     err[0] = 0;
     rc = kind->open(&st->be, &ba, err, sizeof err);
