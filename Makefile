@@ -1,7 +1,7 @@
 # Kvasir — one non-recursive Makefile.
 #   make            build build/kvd and build/kvctl
 #   make test       set-up, build, run the suite, then again under ASan+UBSan, then a bounded fuzz run
-#   make check      the C unit tests and the fast shell tests (tests/check.list): no set-up, minutes
+#   make check      the C unit tests and the fast shell tests (tests/tests.list): no set-up, minutes
 #   make demo       set-up, build, run the demo (tests/demo.sh)
 #   make bench      set-up, build, run the benchmarks (tests/bench.sh)
 #   make fuzz       run the fuzz targets until interrupted (FUZZ_TIME=seconds to bound)
@@ -39,7 +39,7 @@ endif
 # aarch64-linux-gnu-gcc against the arm64 multiarch libraries (scripts/setup-arm64.sh installs
 # them); pkg-config then reads the arm64 .pc files, so an optional library that has no arm64
 # form is left out as on any host without it. make test-arm64 builds that (and the x86 kvd
-# and kvctl the rings compare with) and runs tests/test-arm64.sh (the kernel tests, model
+# and kvctl the rings compare with) and runs tests/integration/test-arm64.sh (the kernel tests, model
 # tests, every reference case and the rings under qemu-user).
 HOST_ARCH  := $(shell uname -m)
 ARCH       ?= $(HOST_ARCH)
@@ -72,7 +72,7 @@ test-arm64:
 	@scripts/setup-arm64.sh
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory ARCH=aarch64 tests
-	@KV_ARM64_FULL=1 tests/test-arm64.sh build build/arm64
+	@KV_ARM64_FULL=1 tests/integration/test-arm64.sh build build/arm64
 .PHONY: test-arm64
 # ---- end arm64 ----
 
@@ -109,9 +109,9 @@ KVCTL_DIRS := kvctl
 LIB_SRCS   := $(filter-out $(NOT_THIS_ARCH),$(call srcs_in,$(LIB_DIRS)))
 KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))
 KVCTL_SRCS := $(call srcs_in,$(KVCTL_DIRS))
-TEST_SRCS := $(wildcard tests/test-*.c)
-TOOL_SRCS := $(wildcard tests/tool-*.c)
-FUZZ_SRCS := $(wildcard tests/fuzz-*.c)
+TEST_SRCS := $(wildcard tests/unit/test-*.c)
+TOOL_SRCS := $(wildcard tests/tools/tool-*.c)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz-*.c)
 
 # Files compiled in as C arrays (the embed recipe below): the OpenCL kernels
 # (kernels/opencl/*.cl) into the library, the market's coverage page into kvd.
@@ -127,7 +127,7 @@ LIB        := $(B)/libkvasir.a
 KVD_LIB    := $(B)/libkvd.a
 TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
 # The test build of kvd: kvd's own main and roles (libkvd.a) plus the network tests' stand-in
-# compute backend, which adds `kvd stage --stub` (tests/stub_backend.c).
+# compute backend, which adds `kvd stage --stub` (tests/tools/stub_backend.c).
 KVD_STUB   := $(B)/tests/kvd-stub
 TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
 FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
@@ -237,7 +237,7 @@ test: setup-test
 	@tests/run.sh build build/asan
 
 # The quick one, without the package set-up: the C unit tests and the fast shell tests of
-# tests/check.list, normal build only (docs/hacking.md).
+# tests/tests.list, normal build only (docs/hacking.md).
 check:
 	@$(MAKE) --no-print-directory $(JFLAG) tests
 	@CHECK=1 tests/run.sh build

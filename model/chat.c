@@ -6,7 +6,7 @@
  * models) is a row of the style table below plus a render function per family that follows
  * the template's logic step by step: which roles it renders, where the system message goes,
  * which conversations it refuses (the templates' raise_exception), where bos_token and
- * eos_token appear, and Python's str.strip() wherever a template trims. tests/chat_render.py
+ * eos_token appear, and Python's str.strip() wherever a template trims. tests/lib/chat_render.py
  * renders the templates' own text with python3-jinja2 and compares. */
 #include <errno.h>
 #include <stdio.h>

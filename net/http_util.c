@@ -1,5 +1,5 @@
 /* http_util.c — pure helpers of the HTTP server: Range parsing, path cleaning, Accept-Encoding,
- * status texts. No I/O; tested directly by tests/test-net-http.c. */
+ * status texts. No I/O; tested directly by tests/unit/test-net-http.c. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdint.h>

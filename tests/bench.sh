@@ -23,7 +23,7 @@
 #     whole model as a 1-stage ring (same kvd and client path, no model load between runs,
 #     each side first in turn): the median of the pairs' ratios, the figure that holds on a
 #     host whose speed drifts from second to second (BENCH_RING_SKIP=pairs leaves it out);
-#   - the sealed records' cost: seal + open of one decode boundary frame (tests/tool-rec-bench,
+#   - the sealed records' cost: seal + open of one decode boundary frame (tests/tools/tool-rec-bench,
 #     best of 5 rounds) times the 3 edges a token crosses, as a share of the 3-stage ring's
 #     time per token (goal < 2%);
 #   - boundary bytes per token on each edge (`kvctl status --ring --json`);
@@ -34,7 +34,7 @@
 #     a 1-token one (so the model's opening and the prompt drop out): all three stages
 #     (/proc/PID/stat) vs the one process (its rusage), the least of 3 each, and their ratio;
 #   - aggregate decode tok/s of 1, 4, 8 and 16 concurrent sessions (BENCH_RING_SESSIONS) of
-#     64 tokens, run by tests/tool-ring-clients (all tokens / wall time from the first request
+#     64 tokens, run by tests/tools/tool-ring-clients (all tokens / wall time from the first request
 #     to the last end), in BENCH_RING_REPS rounds of one session then each K: the best of
 #     each K, its ratio to the best single session and the median and range of the rounds'
 #     own ratios (goal >= 3x at 8 sessions, where the machine
@@ -54,7 +54,7 @@
 #     ratios to one session.
 # The ring is taken down on exit, also on failure or Ctrl-C.
 #
-# llama.cpp: with LLAMA_BENCH=path/to/llama-bench, tests/bench-vs-llama.sh runs after the
+# llama.cpp: with LLAMA_BENCH=path/to/llama-bench, tests/bench/bench-vs-llama.sh runs after the
 # model section (the same TinyLlama-shaped files in llama-bench and kvctl bench, interleaved,
 # ratios; docs/kernels.md, "Against llama.cpp"); without it the section is left out.
 #
@@ -67,30 +67,30 @@
 # api: the OpenAI-compatible API of a 3-stage ring of stories260K (kvd stage --api):
 #     requests per second and time to first token with 1, 8 and 32 concurrent streaming
 #     clients (BENCH_API_CLIENTS), each sending BENCH_API_REQS completions of
-#     BENCH_API_TOKENS tokens (tests/api_bench.mjs).
+#     BENCH_API_TOKENS tokens (tests/bench/api_bench.mjs).
 #
 # Market: a simulated population (10,000 nodes, 100 models; BENCH_MARKET_NODES / _MODELS /
 # _SECONDS, default 20 s of steady state) against `kvd market` on SQLite
-# (tests/tool-market-bench, the real protocol with signatures): profiles and claims, leases
+# (tests/tools/tool-market-bench, the real protocol with signatures): profiles and claims, leases
 # activated, manifests fetched, client accounts made by an operator key, then heartbeats and
 # whole sessions' receipts (rank 0's open side for a client, both sides of every edge) in the
 # proportion of their natural rates; requests/s and p50/p99 latency per kind, sessions
 # settled/s, and a check that every session settled and the credit paid equals the clients'
 # debits; then the same on a throwaway PostgreSQL server (initdb in a temp dir).
 #
-# wan: rings behind an emulated WAN (docs/ring.md, "Over a WAN"): tests/wan_ring.sh puts a
-# tests/tool-wan-proxy on every link of a local ring of TinyLLama-v0 (a real-text model from the
+# wan: rings behind an emulated WAN (docs/ring.md, "Over a WAN"): tests/lib/wan_ring.sh puts a
+# tests/tools/tool-wan-proxy on every link of a local ring of TinyLLama-v0 (a real-text model from the
 # test data; BENCH_WAN_MODEL), 1 thread per stage; for each profile (BENCH_WAN_PROFILES, default
 # lan wan phone) and ring size (BENCH_WAN_STAGES, default 2 4 8): aggregate tokens/s of 1
 # session and of 8 concurrent ones (BENCH_WAN_SESSIONS) of 32 tokens (BENCH_WAN_TG), from
-# tests/tool-ring-clients, and ring passes per generated token (rank 0's steps over the tokens:
+# tests/tools/tool-ring-clients, and ring passes per generated token (rank 0's steps over the tokens:
 # 1 without drafting), beside the floor one pass sets (stages x one-way delay); first the
 # proxy's own overhead (profile none: the added round trip of a 64 B message and the stream
 # throughput, against the same echo server without it; and how late a proxy set to 1 ms hands
 # a message over, its timer's wake-up). Then drafting (BENCH_WAN_DRAFT_PROFILES, default lan
 # wan phone; BENCH_WAN_DRAFT_STAGES, default 8): a story of BENCH_WAN_DRAFT_TG (256) greedy
 # tokens, 1 and 8 sessions, without drafts and with prompt-lookup drafts; with LLAMA_RPC_BIN,
-# llama.cpp's RPC mode over the same links and hosts (tests/bench-wan-rpc.sh).
+# llama.cpp's RPC mode over the same links and hosts (tests/bench/bench-wan-rpc.sh).
 #
 # Sections: model llama kernels planner tokenizer ring pull relay repair qwen opencl api market attacks wan draft mtp. BENCH_ONLY="ring relay"
 # runs only those, BENCH_SKIP="model kernels" leaves those out; BENCH_RING_SKIP="stages records
@@ -118,7 +118,7 @@ skip_ring() { case " ${BENCH_RING_SKIP:-} " in *" $1 "*) return 0 ;; esac; retur
 # the ring section's ring directory while a ring may be up: taken down on any exit
 RD="" RD1="" WD=""
 trap 'for d in "$RD" "$RD1"; do if [ -n "$d" ]; then "$KVCTL" ring down --dir "$d" >/dev/null 2>&1 || true; fi; done
-      if [ -n "$WD" ]; then KV_BUILD=$B tests/wan_ring.sh down "$WD" || true; fi' EXIT
+      if [ -n "$WD" ]; then KV_BUILD=$B tests/lib/wan_ring.sh down "$WD" || true; fi' EXIT
 trap 'exit 130' INT TERM
 
 # The kernels' tools (matvec micro-benchmark) are not part of `make all`.
@@ -164,7 +164,7 @@ if want model; then
 fi
 
 if [ -n "${LLAMA_BENCH:-}" ] && want llama; then
-    tests/bench-vs-llama.sh "$LLAMA_BENCH" || echo "bench-vs-llama failed"
+    tests/bench/bench-vs-llama.sh "$LLAMA_BENCH" || echo "bench-vs-llama failed"
 fi
 
 if want kernels; then
@@ -589,7 +589,7 @@ bench_repair() {
         "$KVCTL" generate --ring "$RD" -p "Once upon a time" -n 200 --temp 0 --ignore-eos > "$t/o.$i" 2> "$t/e.$i" &
         args="$args $!:$t/o.$i:$t/e.$i"
     done
-    ms=$(python3 tests/ring_kill.py "$(cat "$RD/rank-1/kvd.pid")" 300 $args)
+    ms=$(python3 tests/lib/ring_kill.py "$(cat "$RD/rank-1/kvd.pid")" 300 $args)
     wait
     r0=$("$KVCTL" status --ring "$RD" --json 2>/dev/null | sed -n 1p |
          python3 -c 'import json,sys; r=json.load(sys.stdin)["repair"]; print("%.0f ms (max %.0f ms), %d sessions resumed" % (r["last_resume_ms"], r["max_resume_ms"], r["resumed_sessions"]))' 2>/dev/null)
@@ -703,7 +703,7 @@ bench_api() {
             --api-max-sessions 64 > "$t/up" 2>&1; then
         echo "ring up failed:"; tail -5 "$t/up"; rm -rf "$t"; return 0
     fi
-    node tests/api_bench.mjs "http://127.0.0.1:$port" "${BENCH_API_TOKENS:-16}" "${BENCH_API_REQS:-4}" \
+    node tests/bench/api_bench.mjs "http://127.0.0.1:$port" "${BENCH_API_TOKENS:-16}" "${BENCH_API_REQS:-4}" \
         ${BENCH_API_CLIENTS:-1 8 32} | sed 's/^/  /' || echo "  the API benchmark failed"
     "$KVCTL" ring down --dir "$t/ring" > /dev/null 2>&1
     rm -rf "$t"
@@ -717,13 +717,13 @@ bench_attacks() {
     local t out v
     t=$(mktemp -d /tmp/kvbench-attacks.XXXXXX)
     echo "== attacks: what a legitimate peer waits during an attack (docs/security.md, \"Attacks\")"
-    if KV_BUILD=$B bash tests/test-api-exposure.sh "$B" > "$t/api" 2>&1; then
+    if KV_BUILD=$B bash tests/integration/test-api-exposure.sh "$B" > "$t/api" 2>&1; then
         v=$(sed -n 's/^fresh client: HTTP\/1.1 200 OK after \([0-9.]*\) s/\1/p' "$t/api")
         echo "  fresh API client, 1024 idle keep-alive connections held: ${v:-?} s (target < 1 s: $(python3 -c "import sys; print('%.0fx under' % (1/max(float(sys.argv[1]),1e-3)))" "${v:-1}"))"
     else
         echo "  test-api-exposure failed:"; tail -n 5 "$t/api" | sed 's/^/    /'
     fi
-    if KV_BUILD=$B bash tests/test-ring-handshake-slots.sh "$B" > "$t/slots" 2>&1; then
+    if KV_BUILD=$B bash tests/integration/test-ring-handshake-slots.sh "$B" > "$t/slots" 2>&1; then
         v=$(sed -n 's/.*rank 1 linked again in \([0-9.]*\) s.*/\1/p' "$t/slots")
         echo "  restarted rank linking, 40 pending valid HELLOs held at its neighbour: ${v:-?} s (target < 3 s: ${v:-?}/3 = $(python3 -c "import sys; print('%.2f' % (float(sys.argv[1])/3))" "${v:-0}"))"
     else
@@ -740,7 +740,7 @@ bench_wan() {
     make -s -j2 "$p" "$clients" >/dev/null 2>&1 || true
     [ -x "$p" ] && [ -x "$clients" ] || { echo "== wan: tool-wan-proxy or tool-ring-clients not built; skipped"; return 0; }
     t=$(mktemp -d /tmp/kvbench-wan.XXXXXX)
-    echo "== wan: $(basename "$m") behind tests/tool-wan-proxy on every link (tests/wan_ring.sh), 1 thread per stage," \
+    echo "== wan: $(basename "$m") behind tests/tools/tool-wan-proxy on every link (tests/lib/wan_ring.sh), 1 thread per stage," \
          "$tg tokens a session; $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg)"
     # the proxy's own overhead: the same echo server with and without a proxy (profile none)
     "$p" echo --port-file "$t/echo.port" 2>/dev/null & ep=$!
@@ -764,7 +764,7 @@ bench_wan() {
         delay=$(case $prof in lan) echo 0.2 ;; wan) echo 20 ;; phone) echo 50 ;; *) echo 0 ;; esac)
         for n in ${BENCH_WAN_STAGES:-2 4 8}; do
             WD=$t/ring
-            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
+            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/lib/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
                 echo "  $prof $n stages: the ring did not come up:"; tail -3 "$t/up" | sed 's/^/    /'
                 continue
             fi
@@ -776,7 +776,7 @@ bench_wan() {
                 "$(awk -v n="$n" -v d="$delay" 'BEGIN { print n * d }')" "${one:-?}" "${many:-?}" \
                 "$(awk -v a="${many:-0}" -v b="${one:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')" \
                 "$(awk -v a="${st0:-0}" -v b="${st1:-0}" -v t=$(((k + 1) * tg)) 'BEGIN { printf "%.2f", (b - a) / t }')"
-            KV_BUILD=$B tests/wan_ring.sh down "$WD"
+            KV_BUILD=$B tests/lib/wan_ring.sh down "$WD"
             WD=""
         done
     done
@@ -794,7 +794,7 @@ rank0_figs() {
 # ring passes per generated token, drafts accepted per pass, and the ratio of the two rates.
 # With LLAMA_RPC_BIN (a directory holding llama-bench and rpc-server of a llama.cpp built
 # outside this repository with GGML_RPC on), llama.cpp's RPC mode over the same links and as
-# many hosts, one sequence of BENCH_WAN_RPC_TG (16) tokens: tests/bench-wan-rpc.sh.
+# many hosts, one sequence of BENCH_WAN_RPC_TG (16) tokens: tests/bench/bench-wan-rpc.sh.
 bench_wan_draft() {
     local m=$1 clients=$2 t=$3 tg=${BENCH_WAN_DRAFT_TG:-256} prof n delay k mode a b tok pass acc line
     local prompt="Once upon a time"
@@ -803,7 +803,7 @@ bench_wan_draft() {
     for prof in ${BENCH_WAN_DRAFT_PROFILES:-lan wan phone}; do
         for n in ${BENCH_WAN_DRAFT_STAGES:-8}; do
             WD=$t/dring
-            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
+            if ! KV_BUILD=$B WAN_RING_UP_OPTS="-t 1" tests/lib/wan_ring.sh up "$WD" "$m" "$n" "$prof" > "$t/up" 2>&1; then
                 echo "  $prof $n stages: the ring did not come up:"; tail -3 "$t/up" | sed 's/^/    /'
                 continue
             fi
@@ -824,14 +824,14 @@ bench_wan_draft() {
                 # llama.cpp's RPC mode over the same emulated links, n hosts (one session)
                 if [ "$k" = 1 ] && [ -n "${LLAMA_RPC_BIN:-}" ]; then
                     local rpc
-                    rpc=$(KV_BUILD=$B tests/bench-wan-rpc.sh "$LLAMA_RPC_BIN" "$m" "$n" "$prof" "${BENCH_WAN_RPC_TG:-16}")
+                    rpc=$(KV_BUILD=$B tests/bench/bench-wan-rpc.sh "$LLAMA_RPC_BIN" "$m" "$n" "$prof" "${BENCH_WAN_RPC_TG:-16}")
                     a=$(echo "$rpc" | sed -n 's/^tok_s \([0-9.]*\).*/\1/p')
                     printf "  %-7s  %6s  %8s  %-6s  %12s  %13s  %13s%s\n" "$prof" "$n" 1 "llama.cpp RPC" "${a:-?}" "" "" \
                         "$(awk -v a="${base:-0}" -v b="${a:-0}" 'BEGIN { if (b > 0) printf "   ring (none) %.1fx", a / b }')"
                     [ -n "$a" ] || echo "    $rpc"
                 fi
             done
-            KV_BUILD=$B tests/wan_ring.sh down "$WD"
+            KV_BUILD=$B tests/lib/wan_ring.sh down "$WD"
             WD=""
         done
     done

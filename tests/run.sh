@@ -6,13 +6,13 @@
 #
 # What runs, for each build directory given:
 #   - every C test BUILD/tests/test-*;
-#   - the shell tests tests/test-*.sh: all of them for a normal build; for a sanitizer build
-#     (a directory named asan) only those listed in tests/san.list, the ones whose daemons
+#   - the shell tests tests/integration/test-*.sh: all of them for a normal build; for a sanitizer build
+#     (a directory named asan) only those listed in tests/tests.list, the ones whose daemons
 #     parse what a peer, a client or a file sends (set TEST_SAN_ALL=1 for all of them);
 #   - once, after the given builds, tests/fuzz.sh's bounded run (FUZZ_TIME seconds, default
 #     60; 0 skips it), when no filter is set.
 # Filters: TESTS="<substring> ..." runs only tests whose name contains one of them; CHECK=1
-# the C tests and the shell tests of tests/check.list (make check).
+# the C tests and the shell tests of tests/tests.list (make check).
 #
 # Side by side: JOBS (-j, or TEST_JOBS; default twice the CPUs: most tests spend most of
 # their time waiting on their daemons, and at the CPUs and one the load stayed near one CPU) is
@@ -69,7 +69,7 @@ for B in "$@"; do
     times="$B/test-logs/times"
     san=0
     [ "$(basename "$B")" = asan ] && [ "${TEST_SAN_ALL:-0}" != 1 ] && san=1
-    for t in $(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$') $(ls tests/test-*.sh 2>/dev/null); do
+    for t in $(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$') $(ls tests/integration/test-*.sh 2>/dev/null); do
         name=$(basename "$t")
         if [ -n "${TESTS:-}" ]; then
             hit=0
@@ -77,8 +77,8 @@ for B in "$@"; do
             [ $hit = 1 ] || continue
         fi
         if [ "${name%.sh}" != "$name" ]; then
-            [ "${CHECK:-0}" = 1 ] && ! selected "$name" tests/check.list && continue
-            [ $san = 1 ] && ! selected "$name" tests/san.list && continue
+            [ "${CHECK:-0}" = 1 ] && ! selected "$name" tests/tests.list && continue
+            [ $san = 1 ] && ! selected "$name" tests/tests.list && continue
             w=$(sed -n '1,40s/^# test-weight: *\([0-9][0-9]*\).*/\1/p' "$t" | head -n 1)
         else
             w=1

@@ -1,6 +1,6 @@
 /* ref_dev.c — the "ref" device: the kern_ref_* oracle on the calling thread, behind the same
  * seam as the fast devices. It proves the seam carries a whole forward pass and gives every
- * other device something to be compared with (tests/test-model-dev.c). Buffers are host
+ * other device something to be compared with (tests/unit/test-model-dev.c). Buffers are host
  * memory; its scratch holds the attention row and the DeltaNet vectors. The matmul
  * quantises its activations into a buffer of its own (the oracle allocates; the forward
  * pass on "cpu" does not). Ops are synchronous. */

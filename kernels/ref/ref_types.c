@@ -11,8 +11,8 @@ static_assert(KERN_T_COUNT == WTYPE_COUNT, "kernel type ids are wtype's");
     [KERN_T_##T] = {true, true, KERN_T_##T, kern__dequant_##t, kern__quant_##t, kern__dot_##t, exact}
 /* A quantised weight type (vt: its activation type; exact: rows_exact) and an activation-only
  * one. Row-exact are the types whose multi-row dots repeat the one-row dot's floating-point
- * operations per row at every SIMD level (tests/test-kern-cpu matmul_rows_exact, and whole
- * windows in tests/test-model-batch): today every weight type. */
+ * operations per row at every SIMD level (tests/unit/test-kern-cpu matmul_rows_exact, and whole
+ * windows in tests/unit/test-model-batch): today every weight type. */
 #define QUANT(t, T, vt, exact) \
     [KERN_T_##T] = {true, true, KERN_T_##vt, kern__dequant_##t, kern__quant_##t, kern__dot_##t, exact}
 #define ACT(t, T) [KERN_T_##T] = {true, false, KERN_T_F32, kern__dequant_##t, kern__quant_##t, NULL, false}

@@ -1,5 +1,5 @@
 /* backend.c — what every compute backend shares: the table of backends by name (the model
- * first; a build adds others before main runs, as tests/stub_backend.c does for the network
+ * first; a build adds others before main runs, as tests/tools/stub_backend.c does for the network
  * tests' stand-in), closing, and rank 0's tokenizer. */
 #include <errno.h>
 #include <stdlib.h>

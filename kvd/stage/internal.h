@@ -1,6 +1,6 @@
 /* kvd/stage/internal.h — cross-file internals of the stage role: the compute backend vtable and
  * the table of backends by name (the model; a build may add others, as the network tests'
- * stand-in in tests/stub_backend.c), the compute thread, and the loop side's state (struct
+ * stand-in in tests/tools/stub_backend.c), the compute thread, and the loop side's state (struct
  * stage) and files. The loop side's files form an order, each using only those before it:
  *   conn.c      a link's frame output, its closing, protocol violations, pings, the link notes
  *   rowlog.c    the row log of the sessions whose receipts this stage wrote (audits)
@@ -127,7 +127,7 @@ typedef int (*kvd_backend_open_fn)(struct kvd_backend *b, const struct kvd_backe
                                    char *err, size_t errlen);
 
 /* The backends a kvd offers, by name. The model is built in (the default); a build may add
- * others before main runs (the network tests' stand-in in tests/stub_backend.c), each selected
+ * others before main runs (the network tests' stand-in in tests/tools/stub_backend.c), each selected
  * by a `kvd stage` option without argument. A backend without a model file has no catalog,
  * architecture or seeding checks (kvd_backend_gguf is NULL). */
 struct kvd_backend_kind {

@@ -1,0 +1,238 @@
+#!/bin/bash
+# test-market-standby.sh — a market ring repairs itself like a manifest ring (docs/market.md,
+# "Standbys"):
+#  * three `kvd join` nodes form a ring; a fourth, joining once every window is covered, stands
+#    by for the middle window: it pulls that window ahead, and the ring's roster (beside the
+#    manifest, whose hash the links check) names it; every stage takes the roster in without a
+#    restart, and the manifest stays the one the ring runs;
+#  * the npm openai client, pointed at the API that `kvctl market status` names, runs 8
+#    concurrent streamed sessions (greedy and seeded, every sampling parameter given) with the
+#    market's paying client's key; the node serving the middle rank is killed with -9 once every
+#    session has streamed a few chunks; every session's text equals its one-process text
+#    (`kvctl generate -m`) and no client sees an error;
+#  * the standby took the rank over without the market in the loop: rank 0 counts the resumed
+#    sessions, the map shows the standby holding the window (taken over from the manifest's
+#    node) with the ring still listed on the same manifest, and `kvctl market status` says so;
+#  * the killed node, started again, stands by (its stage waits for its rank; it does not start
+#    a second stage for the rank the manifest still names it for).
+. "$(dirname "$0")/../lib/lib.sh"
+. "$(dirname "$0")/../lib/market_lib.sh"
+command -v node >/dev/null || die "node missing (scripts/setup.sh installs nodejs)"
+[ -f tests/node_modules/openai/package.json ] ||
+    die "node package openai missing in tests/node_modules (scripts/setup.sh installs it from the npm registry)"
+
+# leases of 12 s (heartbeats every 3 s): a stage silent for 8 s (half the lease and 2 s) is
+# shown silent for the 4 s before its lease lapses
+MARKET_ARGS="--lease-s 12"
+market_up
+declare -A JPID
+join() { # join NAME: a node that serves the API should it be rank 0, on ports it binds
+    local n=$1
+    "$LISTEN" "$T/$n.api" 0 -- "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
+        --jitter-ms 300 --listen 127.0.0.1:0 --api "127.0.0.1:{PORT}" \
+        >>"$T/join-$n.log" 2>&1 &
+    JPID[$n]=$!
+    PIDS="$PIDS $!"
+}
+for n in a b c; do join $n; done
+wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
+sha_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["models"][0]["rings"][0]["manifest_sha256"])' "$T/cov.json"; }
+SHA=$(sha_of)
+MID=""
+for n in a b c; do [ "$(rank_of $n)" = 1 ] && MID=$n; done
+[ -n "$MID" ] || fail "no node runs rank 1"
+echo "ok   three nodes form a ring (manifest ${SHA:0:16}); node $MID serves the middle rank"
+
+# ---- a fourth node stands by
+join d
+standing_by() { # d's standby lease is in the map with its endpoint, and every stage read the roster
+    grep -qs "standby stage for rank 1 (window 1) started" "$T/join-d.log" || return 1
+    for n in a b c; do grep -qs "roster: 1 standby(s) for this ring" "$T/join-$n.log" || return 1; done
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    python3 - "$T/cov.json" "$(key_of d)" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["models"][0]
+sb = c["windows"][1]["standbys"]
+sys.exit(0 if len(c["rings"]) == 1 and [s["node"] for s in sb] == [sys.argv[2]] and sb[0]["state"] == "standby" else 1)
+PY
+}
+wait_for 30 standing_by || fail "node d does not stand by for window 1 with every stage knowing it: $(grep -h 'standby\|roster' "$T"/join-*.log | tail -8; cat "$T/cov.json")"
+[ "$(sha_of)" = "$SHA" ] || fail "the manifest changed when a standby came: $(sha_of) vs $SHA"
+grep -q "stage of rank" "$T/join-d.log" && fail "node d started a rank's stage: $(grep 'stage of rank' "$T/join-d.log")"
+for n in a b c; do
+    [ "$(grep -c 'stage of rank .* started' "$T/join-$n.log")" = 1 ] ||
+        fail "node $n's stage restarted when the standby came: $(grep 'started' "$T/join-$n.log")"
+done
+"$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" || fail "kvctl market status failed"
+grep -qE "^ +standby +$(key_of d | cut -c1-16) +tcp://127.0.0.1:[0-9]+" "$T/status.txt" ||
+    fail "kvctl market status does not list the standby: $(cat "$T/status.txt")"
+echo "ok   node d stands by for window 1 (pulled ahead), named in the roster; no stage restarted, the manifest is the same"
+
+# ---- 8 sessions through the API the map names; the middle node killed during them
+api_named() {   # the ring's entry in the map names rank 0's API
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    API=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["models"][0]["rings"][0]["api"][0])' "$T/cov.json" 2>/dev/null)
+}
+wait_for 20 api_named || fail "the map names no API for the ring: $(cat "$T/cov.json")"
+client_listed() { curl -s "$M/v1/clients" | grep -q "$(printf %s "$CKEY" | sha256sum | cut -c1-64)"; }
+wait_for 10 client_listed || fail "GET /v1/clients does not list the paying client"
+key_ok() { [ "$(node tests/lib/api_openai_client.mjs --key "$API/v1" "$CKEY")" = "ok 2" ]; }
+wait_for 20 key_ok || fail "the ring's API at $API does not serve the paying client"
+python3 - "$T/spec.json" <<'PY'
+import json, sys
+prompts = ["Once upon a time", "The little dog", "One day, a girl named Lily", "Tom had a red ball",
+           "The sun was hot", "Sam and his mom went", "There was a big tree", "A bird sat on"]
+spec = []
+for i, p in enumerate(prompts):
+    s = {"prompt": p, "max_tokens": 300 + 10 * i}
+    if i % 2:   # seeded: every sampling parameter given, so both sides use the same
+        s.update(temperature=0.8, seed=100 + i, top_k=40, top_p=0.95, min_p=0.05)
+    else:       # greedy
+        s.update(temperature=0, seed=0, top_k=0, top_p=1, min_p=0)
+    spec.append(s)
+json.dump(spec, open(sys.argv[1], "w"))
+PY
+python3 - "$KVCTL" "$S" "$T" <<'PY' || fail "kvctl generate -m failed: $(cat "$T"/ref.err.* | tail -3)"
+import json, subprocess, sys
+kvctl, model, T = sys.argv[1:4]
+for i, s in enumerate(json.load(open(T + "/spec.json"))):
+    args = [kvctl, "generate", "-m", model, "-p", s["prompt"], "-n", str(s["max_tokens"]),
+            "--temp", str(s["temperature"]), "--seed", str(s["seed"]), "--top-k", str(s["top_k"]),
+            "--top-p", str(s["top_p"]), "--min-p", str(s["min_p"]), "--ignore-eos"]
+    with open("%s/ref.%d" % (T, i), "w") as out, open("%s/ref.err.%d" % (T, i), "w") as err:
+        if subprocess.call(args, stdout=out, stderr=err):
+            sys.exit(1)
+PY
+mkdir -p "$T/out"
+R0=$(rank0 a b c)
+node tests/lib/api_sessions.mjs "$API/v1" "$CKEY" "$T/spec.json" "$T/out" "${JPID[$MID]}" "$T/$R0/kvd.sock" \
+    >"$T/sessions.json" 2>"$T/sessions.err" ||
+    fail "the sessions' client failed: $(cat "$T/sessions.err")"
+python3 - "$T/sessions.json" "$T/out" "$T" <<'PY' || fail "the sessions through the repair: $(cat "$T/sessions.json")"
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+out, T = sys.argv[2], sys.argv[3]
+ok = r["killed"] and r["failed"] == 0
+for i in range(8):
+    if os.path.exists("%s/%d.err" % (out, i)):
+        print("session %d: client error: %s" % (i, open("%s/%d.err" % (out, i)).read()))
+        continue
+    got = open("%s/%d.txt" % (out, i), encoding="utf-8").read()
+    want = open("%s/ref.%d" % (T, i), encoding="utf-8").read()
+    want = want[:-1] if want.endswith("\n") else want
+    if got != want:
+        ok = False
+        print("session %d differs from its one-process text:\n  got  %r\n  want %r" % (i, got[:200], want[:200]))
+sys.exit(0 if ok else 1)
+PY
+RUNNING=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["running_at_kill"])' "$T/sessions.json")
+[ "$RUNNING" -ge 1 ] || fail "no session was running when node $MID was killed (the test's timing): $(cat "$T/sessions.json")"
+echo "ok   8 concurrent sessions through the API at $API, node $MID killed with -9 while $RUNNING ran: every text equals its one-process text, no client error"
+
+# ---- the standby holds the rank; rank 0 resumed the sessions; the map shows it
+python3 - "$ROOT/tests/lib" "$T/$R0/kvd.sock" "$RUNNING" <<'PY' || fail "rank 0 did not resume the sessions the kill broke"
+import sys
+sys.path.insert(0, sys.argv[1])
+import kvd_ctl
+rep = kvd_ctl.status(sys.argv[2])["repair"]
+print("       rank 0's repair: %s" % rep)
+sys.exit(0 if rep["resumed_sessions"] >= 1 and rep["not_repaired"] == 0 else 1)
+PY
+took() { # the map: window 1 held by d, taken over from the killed node, the ring on the same manifest
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    python3 - "$T/cov.json" "$(key_of d)" "$(key_of "$MID")" "$SHA" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["models"][0]
+w = c["windows"][1]
+st = w["stages"][0] if w["stages"] else {}
+ok = w["state"] == "active" and st.get("node") == sys.argv[2] and \
+    st.get("took_over", {}).get("from") == sys.argv[3] and \
+    len(c["rings"]) == 1 and c["rings"][0]["manifest_sha256"] == sys.argv[4]
+sys.exit(0 if ok else 1)
+PY
+}
+wait_for 30 took || fail "the map does not show node d holding window 1 on the same manifest: $(cat "$T/cov.json")"
+"$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" || fail "kvctl market status failed"
+grep -qE "^  1 +\\[2, 4\\) +active .* $(key_of d | cut -c1-16) " "$T/status.txt" &&
+    grep -q "took over from $(key_of "$MID" | cut -c1-16)" "$T/status.txt" ||
+    fail "kvctl market status does not show the takeover: $(cat "$T/status.txt")"
+grep -q "took rank 1 over; the market made this node the holder of window 1" "$T/join-d.log" ||
+    fail "node d does not say it holds the window: $(grep -v pull: "$T/join-d.log" | tail -5)"
+echo "ok   node d holds window 1 (taken over from node $MID), the ring runs on the same manifest"
+
+# ---- the killed node again: a standby now
+join "$MID"
+back() {
+    grep -q "standby stage for rank 1 (window 1) started" "$T/join-$MID.log" &&
+    python3 - "$ROOT/tests/lib" "$T/$MID/kvd.sock" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import kvd_ctl
+s = kvd_ctl.status(sys.argv[2])
+sys.exit(0 if s.get("waiting") and s.get("rank", -1) == -1 else 1)
+PY
+}
+wait_for 30 back || fail "node $MID, started again, is not a waiting standby: $(grep -v pull: "$T/join-$MID.log" | tail -5)"
+[ "$(grep -c 'stage of rank' "$T/join-$MID.log")" = 1 ] ||
+    fail "node $MID started a stage for its old rank again: $(grep 'stage of rank' "$T/join-$MID.log")"
+echo "ok   node $MID, started again, stands by for window 1"
+
+# ---- a silent lease is not active: the last rank's join process stopped (its stage still
+# serves) sends no heartbeat; the map shows its window silent and the ring as no ring, with
+# the reason, until it beats again
+LAST=""
+for n in a b c d; do [ "$n" != "$MID" ] && [ "$(rank_of $n 2>/dev/null)" = 2 ] && LAST=$n; done
+[ -n "$LAST" ] || fail "no node runs rank 2"
+kill -STOP "${JPID[$LAST]}"
+silent() {
+    "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" 2>/dev/null &&
+    grep -qE "^  2 +\[4, 5\) +silent " "$T/status.txt" &&
+    grep -q "not a ring: .*window 2's stage (node $(key_of $LAST | cut -c1-16)...) has sent no heartbeat for" "$T/status.txt"
+}
+wait_for 12 silent || { kill -CONT "${JPID[$LAST]}"; fail "the stopped node's window is not shown silent: $(cat "$T/status.txt")"; }
+kill -CONT "${JPID[$LAST]}"
+wait_for 30 ring_ready || fail "the ring is not listed again after node $LAST's heartbeats resumed: $(cat "$T/cov.json")"
+echo "ok   a node that stopped heartbeating: its window shown silent and its ring as no ring, until it beats again"
+
+# ---- credit: every session of the generation is paid in full, nothing held back; rank 1's
+# share of each goes to the node that ran the session to its end (the standby for those the
+# kill broke: its receipts cover their whole history, and the stages around it kept one
+# receipt across the break)
+settled() {
+    python3 - "$T/market.db" "$SHA" >"$T/settled.txt" 2>&1 <<'PY'
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+n = 0
+for (v,) in db.execute("select v from blobs where k like 'sess/%'"):
+    s = json.loads(v)
+    if s.get("manifest") != sys.argv[2] or "client" not in s:
+        continue
+    n += 1
+    if s["held"] or sorted(s["paid"]) != ["0", "1", "2"]:
+        print("session %s not settled in full: paid %s held %s" % (s["session"], s["paid"], s["held"]))
+        sys.exit(1)
+print("%d sessions paid in full" % n)
+sys.exit(0 if n >= 9 else 1)
+PY
+}
+wait_for 60 settled || fail "the sessions are not all paid in full: $(cat "$T/settled.txt")"
+for n in d "$MID"; do
+    "$KVCTL" market balance "$M" "$(key_of $n)" --json >"$T/bal-$n.json" 2>/dev/null || fail "kvctl market balance $n"
+done
+python3 - "$T/market.db" "$SHA" "$(key_of d)" "$(key_of "$MID")" "$T/bal-d.json" "$T/bal-$MID.json" <<'PY' ||
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+want = {sys.argv[3]: 0, sys.argv[4]: 0}
+for (v,) in db.execute("select v from blobs where k like 'sess/%'"):
+    s = json.loads(v)
+    if s.get("manifest") == sys.argv[2] and "client" in s:
+        own = s["sides"]["s1"]
+        want[own["node"]] += (own["t1"] - own["t0"]) * 2   # window 1: layers [2, 4)
+got = {json.load(open(f))["node"]: json.load(open(f))["layer_tokens"] for f in sys.argv[5:7]}
+print("       rank 1's layer-tokens: standby %d (want %d), the killed node %d (want %d)" %
+      (got[sys.argv[3]], want[sys.argv[3]], got[sys.argv[4]], want[sys.argv[4]]))
+sys.exit(0 if got == want and want[sys.argv[3]] > 0 else 1)
+PY
+    fail "rank 1's credit is not the standby's and the killed node's own work"
+echo "ok   every session paid in full; rank 1's share to whichever node ran each session to its end"
+finish
