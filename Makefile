@@ -1,7 +1,8 @@
 # Kvasir — one non-recursive Makefile.
 #   make            build build/kvd and build/kvctl
 #   make test       set-up, build, run the suite, then again under ASan+UBSan, then a bounded fuzz run
-#   make check      the C unit tests and the fast shell tests (tests/tests.list): no set-up, minutes
+#   make check      the tests tests/tests.list marks "check" (every C unit test, the fast shell
+#                   tests), normal build: no set-up, minutes
 #   make demo       set-up, build, run the demo (tests/demo.sh)
 #   make bench      set-up, build, run the benchmarks (tests/bench.sh)
 #   make fuzz       run the fuzz targets until interrupted (FUZZ_TIME=seconds to bound)
@@ -109,9 +110,12 @@ KVCTL_DIRS := kvctl
 LIB_SRCS   := $(filter-out $(NOT_THIS_ARCH),$(call srcs_in,$(LIB_DIRS)))
 KVD_SRCS   := $(call srcs_in,$(KVD_DIRS))
 KVCTL_SRCS := $(call srcs_in,$(KVCTL_DIRS))
-TEST_SRCS := $(wildcard tests/unit/test-*.c)
-TOOL_SRCS := $(wildcard tests/tools/tool-*.c)
-FUZZ_SRCS := $(wildcard tests/fuzz/fuzz-*.c)
+# The suite's C files are those tests/tests.list names (the one list tests/run.sh reads too):
+# C unit tests in tests/unit/, test tools in tests/tools/, fuzz targets in tests/fuzz/.
+TEST_LIST := $(addprefix tests/,$(shell sed 's/\#.*//' tests/tests.list | awk 'NF { print $$1 }'))
+TEST_SRCS := $(filter tests/unit/test-%.c,$(TEST_LIST))
+TOOL_SRCS := $(filter tests/tools/tool-%.c,$(TEST_LIST))
+FUZZ_SRCS := $(filter tests/fuzz/fuzz-%.c,$(TEST_LIST))
 
 # Files compiled in as C arrays (the embed recipe below): the OpenCL kernels
 # (kernels/opencl/*.cl) into the library, the market's coverage page into kvd.
@@ -125,12 +129,13 @@ LIB        := $(B)/libkvasir.a
 # The daemon's roles as an archive too, so tests link the relay or the stage; its main() is
 # never taken from it (a test defines its own).
 KVD_LIB    := $(B)/libkvd.a
-TESTS      := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
+# Every test and tool binary goes into $(B)/tests/ under its own name, whatever its folder.
+TESTS      := $(TEST_SRCS:tests/unit/%.c=$(B)/tests/%)
 # The test build of kvd: kvd's own main and roles (libkvd.a) plus the network tests' stand-in
 # compute backend, which adds `kvd stage --stub` (tests/tools/stub_backend.c).
 KVD_STUB   := $(B)/tests/kvd-stub
-TOOLS      := $(TOOL_SRCS:tests/%.c=$(B)/tests/%)
-FUZZERS    := $(FUZZ_SRCS:tests/%.c=$(B)/%)
+TOOLS      := $(TOOL_SRCS:tests/tools/%.c=$(B)/tests/%)
+FUZZERS    := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/%)
 
 .PHONY: all tests test check demo bench fuzz fuzzers fuzz-objs setup setup-test clean install uninstall
 all: $(B)/kvd $(B)/kvctl
@@ -189,12 +194,17 @@ $(B)/kvctl: $(KVCTL_OBJS) $(LIB)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
-$(B)/tests/%: $(B)/obj/tests/%.o $(KVD_LIB) $(LIB)
+$(B)/tests/test-%: $(B)/obj/tests/unit/test-%.o $(KVD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
-$(KVD_STUB): $(B)/obj/tests/stub_backend.o $(KVD_LIB) $(LIB)
+$(B)/tests/tool-%: $(B)/obj/tests/tools/tool-%.o $(KVD_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
+
+$(KVD_STUB): $(B)/obj/tests/tools/stub_backend.o $(KVD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
@@ -205,16 +215,16 @@ $(KVD_STUB): $(B)/obj/tests/stub_backend.o $(KVD_LIB) $(LIB)
 # is a file prefix ("model/tok" = model/tok*.c).
 fuzzers: $(FUZZERS)
 
-fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z0-9_/ ]*\).*/\1/p' tests/fuzz-$(1).c)
+fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z0-9_/ ]*\).*/\1/p' tests/fuzz/fuzz-$(1).c)
 fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(B)/libfuzz.a)
 # Without the comment a target links $(B)/libfuzz.a: the library objects clang could build
 # (tests/fuzz.sh first compiles them with make -k fuzz-objs; gcc-only SIMD code may fail),
 # from which the linker takes only the members the target uses.
-fuzz-objs: $(LIB_OBJS) $(FUZZ_SRCS:tests/%.c=$(B)/obj/tests/%.o)
+fuzz-objs: $(LIB_OBJS) $(FUZZ_SRCS:%.c=$(B)/obj/%.o)
 $(B)/libfuzz.a: $(wildcard $(LIB_OBJS))
 	$(Q)rm -f $@ && ar rcs $@ $^
 .SECONDEXPANSION:
-$(B)/fuzz-%: $(B)/obj/tests/fuzz-%.o $$(call fuzz_objs,$$*)
+$(B)/fuzz-%: $(B)/obj/tests/fuzz/fuzz-%.o $$(call fuzz_objs,$$*)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
@@ -236,8 +246,8 @@ test: setup-test
 	@$(MAKE) --no-print-directory $(JFLAG) SAN=1 tests
 	@tests/run.sh build build/asan
 
-# The quick one, without the package set-up: the C unit tests and the fast shell tests of
-# tests/tests.list, normal build only (docs/hacking.md).
+# The quick one, without the package set-up: the tests tests/tests.list marks "check" (every
+# C unit test and the fast shell tests), normal build only (docs/hacking.md).
 check:
 	@$(MAKE) --no-print-directory $(JFLAG) tests
 	@CHECK=1 tests/run.sh build

@@ -1,18 +1,21 @@
 #!/bin/bash
-# tests/fuzz.sh [SECONDS] — builds every libFuzzer target tests/fuzz/fuzz-NAME.c with clang-14
-# (ASan+UBSan, make FUZZ=1 fuzzers -> build/fuzz/fuzz-NAME) and runs each on its corpus
+# tests/fuzz.sh [SECONDS] — builds every libFuzzer target tests/tests.list names
+# (tests/fuzz/fuzz-NAME.c) with clang-14 (ASan+UBSan, make FUZZ=1 fuzzers ->
+# build/fuzz/fuzz-NAME) and runs each on its corpus
 # build/fuzz/corpus-NAME with -malloc_limit_mb=64.
 #   SECONDS given and > 0: the targets run one after another, each for its share of SECONDS.
 #   no SECONDS (make fuzz without FUZZ_TIME): all targets run side by side until interrupted.
-# Seeds: when a test tool tests/tools/tool-seed-NAME.c exists, build/tests/tool-seed-NAME DIR is run
-# first and writes seed inputs into the corpus (generated from valid small files).
+# Seeds: when a test tool tests/tools/tool-seed-NAME.c exists (built as build/tests/tool-seed-NAME),
+# it is run first with the corpus directory and writes seed inputs into it (generated from
+# valid small files).
 # Crashes land in build/fuzz/artifacts-NAME/; any crash makes the script fail.
 set -u
 cd "$(dirname "$0")/.."
 SECS=${1:-0}
 export KV_TESTDATA=${KV_TESTDATA:-$(pwd)/../shared/testdata}
 command -v clang-14 >/dev/null || { echo "fuzz: clang-14 missing (scripts/setup.sh installs it)"; exit 1; }
-targets=$(ls tests/fuzz/fuzz-*.c 2>/dev/null | sed 's#tests/fuzz-\(.*\)\.c#\1#')
+srcs=$(sed 's/#.*//' tests/tests.list | awk '$1 ~ /^fuzz\/fuzz-.*\.c$/ { print "tests/" $1 }')
+targets=$(echo "$srcs" | sed 's#tests/fuzz/fuzz-\(.*\)\.c#\1#')
 [ -n "$targets" ] || { echo "fuzz: no targets"; exit 0; }
 make -s -j2 --no-print-directory tests >/dev/null || { echo "fuzz: build of the seed tools failed"; exit 1; }
 mkdir -p build/fuzz
@@ -20,7 +23,7 @@ mkdir -p build/fuzz
 # for one that does not, every library object clang can build goes into build/fuzz/libfuzz.a
 # first (gcc-only SIMD code is left out; a target that needs it then fails to link, reported).
 : >build/fuzz/build.log
-if grep -L "fuzz-modules:" tests/fuzz/fuzz-*.c | grep -q .; then
+if grep -L "fuzz-modules:" $srcs | grep -q .; then
     make -s -k -j2 --no-print-directory FUZZ=1 fuzz-objs >build/fuzz/build.log 2>&1
 fi
 make -s -j2 --no-print-directory FUZZ=1 fuzzers >>build/fuzz/build.log 2>&1 ||

@@ -2,17 +2,21 @@
 # Test runner: runs the suite's tests side by side, each in its own process group, scratch
 # directory and time limit, and prints one line per test as it ends.
 #
-#   tests/run.sh [-j JOBS] [BUILD...]      (default BUILD: build)
+#   tests/run.sh [-j JOBS] [-l] [BUILD...]      (default BUILD: build)
 #
-# What runs, for each build directory given:
-#   - every C test BUILD/tests/test-*;
-#   - the shell tests tests/integration/test-*.sh: all of them for a normal build; for a sanitizer build
-#     (a directory named asan) only those listed in tests/tests.list, the ones whose daemons
-#     parse what a peer, a client or a file sends (set TEST_SAN_ALL=1 for all of them);
+# What runs comes from tests/tests.list, the suite's one list (the Makefile builds what it
+# names): for each build directory given,
+#   - every C unit test it names (unit/test-NAME.c, run as BUILD/tests/test-NAME) and every
+#     shell test (integration/test-NAME.sh) against a normal build; against a sanitizer build
+#     (a directory named asan) only those marked "san": every C test, and the shell tests
+#     whose daemons parse what a peer, a client or a file sends (TEST_SAN_ALL=1: all of them);
 #   - once, after the given builds, tests/fuzz.sh's bounded run (FUZZ_TIME seconds, default
 #     60; 0 skips it), when no filter is set.
+# Before anything runs, the list is checked against tests/: a test-, tool- or fuzz- file there
+# that the list does not name, a line that names no file or two tests of one name stop the
+# runner. A listed C test that was not built fails.
 # Filters: TESTS="<substring> ..." runs only tests whose name contains one of them; CHECK=1
-# the C tests and the shell tests of tests/tests.list (make check).
+# only those marked "check" (make check). -l lists what would run ("BUILD NAME"), runs nothing.
 #
 # Side by side: JOBS (-j, or TEST_JOBS; default twice the CPUs: most tests spend most of
 # their time waiting on their daemons, and at the CPUs and one the load stayed near one CPU) is
@@ -43,11 +47,13 @@ ROOT=$(pwd)
 export KV_TESTDATA=${KV_TESTDATA:-$ROOT/../shared/testdata}
 TIMEOUT=${TEST_TIMEOUT:-900}
 JOBS=${TEST_JOBS:-$(( $(nproc 2>/dev/null || echo 2) * 2 ))}
+LIST_ONLY=0
 while [ $# -gt 0 ]; do
     case $1 in
     -j) JOBS=$2; shift 2 ;;
     -j*) JOBS=${1#-j}; shift ;;
-    -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -l) LIST_ONLY=1; shift ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac
@@ -55,34 +61,65 @@ done
 case $JOBS in ''|*[!0-9]*|0) echo "run.sh: -j wants a positive number, not '$JOBS'" >&2; exit 2 ;; esac
 [ $# -eq 0 ] && set -- build
 for B in "$@"; do
-    [ -d "$B" ] || { echo "run.sh: no build directory $B (make first)" >&2; exit 2; }
+    [ -d "$B" ] || [ $LIST_ONLY = 1 ] || { echo "run.sh: no build directory $B (make first)" >&2; exit 2; }
 done
 
-selected() { # NAME LIST: whether the shell test NAME is listed in LIST (comments skipped)
-    grep -v '^#' "$2" 2>/dev/null | grep -qx -- "$1"
+# ---- the list: lines "PATH FLAG..." (PATH under tests/), comments and blank lines dropped ----
+LIST=tests/tests.list
+entries=$(sed 's/#.*//' "$LIST" 2>/dev/null | awk 'NF')
+[ -n "$entries" ] || { echo "run.sh: $LIST is missing or empty" >&2; exit 2; }
+list_errors() {
+    local p flags f
+    while read -r p flags; do
+        case $p in
+        unit/test-*.c|integration/test-*.sh|tools/tool-*.c|fuzz/fuzz-*.c) ;;
+        *) echo "$LIST: $p: not unit/test-*.c, integration/test-*.sh, tools/tool-*.c or fuzz/fuzz-*.c" ;;
+        esac
+        [ -f "tests/$p" ] || echo "$LIST: $p: no such file"
+        for f in $flags; do
+            case $f in check|san) ;; *) echo "$LIST: $p: unknown flag '$f' (check, san)" ;; esac
+        done
+    done <<< "$entries"
+    awk -v l="$LIST" '{ n = $1; sub(/.*\//, "", n); sub(/\.c$/, "", n)
+                        if (seen[n]++) print l ": " $1 ": a second test or tool named " n }' <<< "$entries"
+    # the files of the kinds the list holds, in tests/ and its folders, that it does not name
+    comm -13 <(awk '{ print $1 }' <<< "$entries" | LC_ALL=C sort) <(
+        cd tests && for d in . */; do
+            case $d in data/|node_modules/) continue ;; esac
+            ls -d "${d%/}"/test-* "${d%/}"/tool-* "${d%/}"/fuzz-* 2>/dev/null
+        done | sed 's#^\./##' | LC_ALL=C sort) |
+        sed "s#^#tests/#; s#\$#: not in $LIST (docs/hacking.md, \"How to add a test\")#"
+}
+errs=$(list_errors)
+[ -z "$errs" ] || { echo "$errs" | sed 's/^/run.sh: /' >&2; exit 2; }
+marked() { # FLAG FLAGS...: whether FLAG is among FLAGS
+    local f=$1; shift
+    case " $* " in *" $f "*) return 0 ;; esac
+    return 1
 }
 
 # ---- the queue: lines "SECONDS WEIGHT BUILD PATH" ----
-queue=""
+queue="" listing=""
 for B in "$@"; do
-    mkdir -p "$B/test-logs"
+    [ $LIST_ONLY = 1 ] || mkdir -p "$B/test-logs"
     times="$B/test-logs/times"
     san=0
     [ "$(basename "$B")" = asan ] && [ "${TEST_SAN_ALL:-0}" != 1 ] && san=1
-    for t in $(ls "$B"/tests/test-* 2>/dev/null | grep -v '\.d$') $(ls tests/integration/test-*.sh 2>/dev/null); do
-        name=$(basename "$t")
+    while read -r p flags; do
+        case $p in
+        unit/*) name=${p#unit/}; name=${name%.c}; t=$B/tests/$name ;;
+        integration/*) name=${p#integration/}; t=tests/$p ;;
+        *) continue ;;   # tools and fuzz targets are built, not run
+        esac
         if [ -n "${TESTS:-}" ]; then
             hit=0
             for pat in $TESTS; do case "$name" in *"$pat"*) hit=1 ;; esac; done
             [ $hit = 1 ] || continue
         fi
-        if [ "${name%.sh}" != "$name" ]; then
-            [ "${CHECK:-0}" = 1 ] && ! selected "$name" tests/tests.list && continue
-            [ $san = 1 ] && ! selected "$name" tests/tests.list && continue
-            w=$(sed -n '1,40s/^# test-weight: *\([0-9][0-9]*\).*/\1/p' "$t" | head -n 1)
-        else
-            w=1
-        fi
+        [ "${CHECK:-0}" = 1 ] && ! marked check $flags && continue
+        [ $san = 1 ] && ! marked san $flags && continue
+        w=1
+        [ "${name%.sh}" != "$name" ] && w=$(sed -n '1,40s/^# test-weight: *\([0-9][0-9]*\).*/\1/p' "$t" | head -n 1)
         w=${w:-1}
         [ "$w" -gt "$JOBS" ] && w=$JOBS
         s=$(awk -v n="$name" '$1 == n { print $2 }' "$times" 2>/dev/null | tail -n 1)
@@ -92,12 +129,15 @@ for B in "$@"; do
             [ "$(basename "$B")" = asan ] && s=$((s * 4))
         fi
         queue="$queue$s $w $B $t"$'\n'
-    done
+        listing="$listing$B $name"$'\n'
+    done <<< "$entries"
 done
 if [ -z "${TESTS:-}" ] && [ "${CHECK:-0}" != 1 ] && [ -x tests/fuzz.sh ] && [ "${FUZZ_TIME:-60}" != 0 ]; then
     # the fuzz run builds its targets first; it counts as one long test of weight 1
     queue="$queue$(( ${FUZZ_TIME:-60} + 200 )) 1 build fuzz"$'\n'
+    listing="${listing}build fuzz"$'\n'
 fi
+if [ $LIST_ONLY = 1 ]; then printf '%s' "$listing"; exit 0; fi
 queue=$(printf '%s' "$queue" | sort -s -k1,1nr)
 [ -n "$queue" ] || { echo "run.sh: no test to run in $* (TESTS='${TESTS:-}', CHECK=${CHECK:-0})" >&2; exit 2; }
 
@@ -119,10 +159,15 @@ start_one() { # WEIGHT BUILD PATH
         log="$B/test-logs/$name.log"
         tmp=$(mktemp -d /tmp/kvt.XXXXXX)
         chmod 755 "$tmp"   # tests that run a server as another user (PostgreSQL) reach through it
-        KV_BUILD="$ROOT/$B" TMPDIR="$tmp" KV_TEST_TMP="$tmp" \
-        ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
-        UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-            timeout -k 10 "$TIMEOUT" "$t" > "$log" 2>&1 < /dev/null &
+        if [ ! -x "$t" ]; then   # listed but not built: a failure that says so
+            echo "FAIL: $t is missing (make tests builds every C test of $LIST)" > "$log"
+            (exit 127) &
+        else
+            KV_BUILD="$ROOT/$B" TMPDIR="$tmp" KV_TEST_TMP="$tmp" \
+            ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+            UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+                timeout -k 10 "$TIMEOUT" "$t" > "$log" 2>&1 < /dev/null &
+        fi
     fi
     job_name[$!]=$name job_build[$!]=$B job_w[$!]=$w job_start[$!]=$(date +%s) job_log[$!]=$log
     job_tmp[$!]=${tmp:-}

@@ -4,13 +4,14 @@
 #
 #   tests/stress.sh [-n RUNS] [-b BUILD] [-l "LOAD_TEST ..."] TEST ...
 #
-# Each TEST (a name as tests/run.sh prints it: test-ring-gen.sh, test-kvd-compute; a shell
-# test from tests/, a C test from BUILD/tests/) runs RUNS times (default 10) in turn, one run
-# at a time, with the build BUILD (default build) and the environment tests/run.sh gives. Beside
-# them, each LOAD_TEST (default: test-ring-sched.sh test-market-api.sh) runs over and over in
-# the background (its results ignored), so the chosen tests meet a busy machine, as on a shared
-# CI runner. Every failed run's log is kept in BUILD/stress-logs/TEST.RUN.log. Prints one line
-# per run and at the end "N runs, N failed"; exits 1 when any run failed.
+# Each TEST (a name as tests/run.sh prints it: test-ring-gen.sh, test-kvd-compute; a test of
+# tests/tests.list: a shell test from tests/integration/, a C test from BUILD/tests/) runs RUNS
+# times (default 10) in turn, one run at a time, with the build BUILD (default build) and the
+# environment tests/run.sh gives. Beside them, each LOAD_TEST (default: test-ring-sched.sh
+# test-market-api.sh) runs over and over in the background (its results ignored), so the chosen
+# tests meet a busy machine, as on a shared CI runner. Every failed run's log is kept in
+# BUILD/stress-logs/TEST.RUN.log. Prints one line per run and at the end "N runs, N failed";
+# exits 1 when any run failed.
 #
 #   tests/stress.sh -r [-n ROUNDS] [-j JOBS] [-b BUILD] [-l "LOAD_TEST ..."] PATTERN ...
 #
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     -j) jobs=$2; shift 2 ;;
     -b) B=$2; shift 2 ;;
     -l) load=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "stress.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac
@@ -43,14 +44,21 @@ TIMEOUT=${TEST_TIMEOUT:-900}
 logs=$B/stress-logs
 mkdir -p "$logs"
 
-# path NAME: the test's executable (a shell test in tests/, a C test in BUILD/tests/)
+# path NAME: the executable of the test tests/tests.list names NAME (a shell test
+# tests/integration/NAME, a C test BUILD/tests/NAME)
 path() {
-    if [ -x "tests/$1" ] && [ "${1%.sh}" != "$1" ]; then echo "tests/$1"
-    elif [ -x "$B/tests/$1" ]; then echo "$B/tests/$1"
-    else return 1; fi
+    local p
+    p=$(sed 's/#.*//' tests/tests.list |
+        awk -v n="$1" '$1 == "integration/" n || $1 == "unit/" n ".c" { print $1; exit }')
+    case $p in
+    integration/*) echo "tests/$p" ;;
+    unit/*) [ -x "$B/tests/$1" ] && echo "$B/tests/$1" ;;
+    *) return 1 ;;
+    esac
 }
 for t in $([ $rounds = 1 ] || echo "$@") $load; do
-    path "$t" > /dev/null || { echo "stress.sh: no test named $t (in tests/ or $B/tests/)" >&2; exit 2; }
+    path "$t" > /dev/null ||
+        { echo "stress.sh: no test named $t in tests/tests.list (or not built in $B/tests/)" >&2; exit 2; }
 done
 
 # the load: each load test over and over in its own background loop, in its own process group
