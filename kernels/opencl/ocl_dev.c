@@ -938,6 +938,27 @@ static void a_split(struct args *a, const struct cbuf *c)
     a_u(a, c->sp_cols / 32);
 }
 
+/* The rows of c's weight (rb bytes a row) from byte s, *mp walking c's main pieces forward:
+ * a run of whole rows inside one piece (at most want) in *p, or one row across a boundary from
+ * its seam piece. The run's rows, or -E2BIG when no seam holds the row. */
+static int64_t row_run(const struct cbuf *c, const struct piece **mp, size_t s, size_t rb,
+                       int64_t want, const struct piece **p)
+{
+    while (s >= (*mp)->hi)
+        (*mp)++;
+    int64_t fit = (int64_t)(((*mp)->hi - s) / rb);
+    if (fit > 0) {
+        *p = *mp;
+        return fit < want ? fit : want;
+    }
+    for (int i = c->n_main; i < c->n; i++)
+        if (c->p[i].seam == (*mp)->hi && s >= c->p[i].lo && s + rb <= c->p[i].hi) {
+            *p = &c->p[i];
+            return 1;
+        }
+    return -E2BIG;
+}
+
 /* ---- prompt GEMMs through CLBlast (docs/opencl.md, "Prompt GEMMs") ---- */
 
 /* CLBlast's name for a status (its enum's, for the messages). */
@@ -1062,20 +1083,10 @@ static int gemm(struct kern_dev *d, uint32_t type, struct cbuf *c, bool split, s
         const struct piece *p = NULL;
         size_t s = w.off + (size_t)r * rb;
         if (!split) {   /* a run of whole rows inside one piece, or one row from its seam */
-            while (s >= mp->hi)
-                mp++;
-            int64_t fit = (int64_t)((mp->hi - s) / rb);
-            p = mp;
-            if (fit == 0) {
-                p = NULL;
-                for (int i = c->n_main; i < c->n; i++)
-                    if (c->p[i].seam == mp->hi && s >= c->p[i].lo && s + rb <= c->p[i].hi)
-                        p = &c->p[i];
-                if (!p)
-                    return -E2BIG;
-                fit = 1;
-            }
-            nw = nw < fit ? nw : fit;
+            int64_t fit = row_run(c, &mp, s, rb, nw, &p);
+            if (fit < 0)
+                return (int)fit;
+            nw = fit;
         }
         cl_mem bm = o->gemm_tile;
         size_t boff = 0;
@@ -1138,21 +1149,10 @@ static int matmul(struct kern_dev *d, uint32_t type, struct kern_at w, int64_t r
     /* Runs of whole rows inside one piece; a row across a boundary from its seam piece. */
     for (int64_t r = 0; r < rows;) {
         size_t s = w.off + (size_t)r * rb;
-        while (s >= mp->hi)
-            mp++;
-        int64_t fit = (int64_t)((mp->hi - s) / rb);
-        if (fit > rows - r)
-            fit = rows - r;
-        const struct piece *p = mp;
-        if (fit == 0) {
-            p = NULL;
-            for (int i = c->n_main; i < c->n; i++)
-                if (c->p[i].seam == mp->hi && s >= c->p[i].lo && s + rb <= c->p[i].hi)
-                    p = &c->p[i];
-            if (!p)
-                return -E2BIG;
-            fit = 1;
-        }
+        const struct piece *p;
+        int64_t fit = row_run(c, &mp, s, rb, rows - r, &p);
+        if (fit < 0)
+            return (int)fit;
         int rc = matmul_run(d, type, p, in_piece(p, s), rb, r, fit, cols, x, n, y, rows);
         if (rc < 0)
             return rc;

@@ -3,6 +3,7 @@
  * stand-in in tests/tools/stub_backend.c), the compute thread, and the loop side's state (struct
  * stage) and files. The loop side's files form an order, each using only those before it:
  *   conn.c      a link's frame output, its closing, protocol violations, pings, the link notes
+ *   client.c    rank 0's control-socket clients' output (JSON lines) and their memory
  *   rowlog.c    the row log of the sessions whose receipts this stage wrote (audits)
  *   receipt.c   the work receipts of sessions, and those parked for a replay
  *   session.c   sessions, their boundary logs, rank 0's client streams and generation
@@ -772,12 +773,15 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
                        const uint8_t *payload);
 void kvd_sess_on_job_done(struct kvd_job *j, void *ud);
 /* Rank 0's control-socket clients (control.c accepts them): add c, accepted, to its stage's
- * list, which kvd_client_close takes it off. */
+ * list, which kvd_client_close takes it off (ending its session round the ring). */
 void kvd_client_add(struct client *c);
-void kvd_client_send(struct client *c, const char *line);
-void kvd_client_send_json(struct client *c, struct cJSON *o);   /* frees o */
-void kvd_client_error(struct client *c, const char *msg);
 void kvd_client_close(struct client *c);
+
+/* client.c: a line to client c (a newline added; nothing once it is closing), a JSON object
+ * as one line (o freed), an {"error": msg} line; the close callback of its pipe (frees c). */
+void kvd_client_send(struct client *c, const char *line);
+void kvd_client_send_json(struct client *c, struct cJSON *o);
+void kvd_client_error(struct client *c, const char *msg);
 void kvd_client_on_closed(uv_handle_t *h);
 
 /* status.c */

@@ -233,23 +233,6 @@ void kvd_sess_drop(struct stage *st, struct sess *s)
     free(s);
 }
 
-void kvd_client_send_json(struct client *c, cJSON *o)
-{
-    char *s = cJSON_PrintUnformatted(o);
-    if (s) {
-        kvd_client_send(c, s);
-        free(s);
-    }
-    cJSON_Delete(o);
-}
-
-void kvd_client_error(struct client *c, const char *msg)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "error", msg);
-    kvd_client_send_json(c, o);
-}
-
 /* Rank 0: end a session: tell the client, send CLOSE round the ring, free it here. */
 void kvd_sess_finish(struct stage *st, struct sess *s, const char *reason, const char *error)
 {
@@ -760,13 +743,6 @@ int kvd_sess_start(struct stage *st, struct kvd_sess_gen *g, struct sess **out, 
 
 /* ============================ rank 0: clients ============================ */
 
-void kvd_client_on_closed(uv_handle_t *h)
-{
-    struct client *c = h->data;
-    util_buf_free(&c->buf);
-    free(c);
-}
-
 static void client_on_shutdown(uv_shutdown_t *req, int status)
 {
     (void)status;
@@ -807,40 +783,6 @@ void kvd_client_close(struct client *c)
         free(sd);
     }
     uv_close((uv_handle_t *)&c->pipe, kvd_client_on_closed);
-}
-
-struct wreq {
-    uv_write_t req;
-    uv_buf_t buf;
-};
-
-static void client_on_written(uv_write_t *req, int status)
-{
-    (void)status;
-    struct wreq *w = (struct wreq *)req;
-    free(w->buf.base);
-    free(w);
-}
-
-void kvd_client_send(struct client *c, const char *line)
-{
-    if (c->closing)
-        return;
-    size_t n = strlen(line);
-    struct wreq *w = malloc(sizeof *w);
-    char *b = malloc(n + 1);
-    if (!w || !b) {
-        free(w);
-        free(b);
-        return;
-    }
-    memcpy(b, line, n);
-    b[n] = '\n';
-    w->buf = uv_buf_init(b, (unsigned)(n + 1));
-    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &w->buf, 1, client_on_written) < 0) {
-        free(b);
-        free(w);
-    }
 }
 
 /* ============================== rank 0: tokens ============================== */
