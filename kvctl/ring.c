@@ -126,7 +126,9 @@ static int ring_down(int argc, char **argv)
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: kvctl ring down [--dir DIR]   stop the local ring started in DIR\n"
                    "  (--ring DIR is the same, as kvctl status spells it); DIR may be a kvd join\n"
-                   "  node's state directory: the node stops and gives its lease back\n");
+                   "  node's state directory: the node stops and gives its lease back. Without\n"
+                   "  --dir: ./ring-state, or ./ring when only that holds a ring (an earlier\n"
+                   "  version's default)\n");
             return 0;
         } else {
             fprintf(stderr, "kvctl ring down: unknown option '%s'\nusage: kvctl ring down [--dir DIR]\n", argv[i]);
