@@ -413,6 +413,8 @@ struct kern_cl_opts {
                                   (cl_khr_subgroups); 1: on (-ENODEV on a device without the
                                   extension), -1: off, 0: not given */
 };
+/* Options that give nothing (every field from the environment or the default). */
+#define KERN_CL_OPTS_INIT {.platform = -1, .device = -1}
 struct kern_cl_info {
     char platform[128], device[128];
     size_t alloc_cap;          /* the cap weights are split at */

@@ -72,10 +72,12 @@ static void runner_free(struct runner *r)
 {
     /* the matmuls CLBlast ran; a prompt GEMM that failed was computed by the fused kernels */
     struct kern_cl_info ci;
-    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_calls)
-        fprintf(stderr, "opencl: %" PRIu64 " matmuls through CLBlast\n", ci.gemm_calls);
-    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0 && ci.gemm_fallbacks)
-        fprintf(stderr, "opencl: %s\n", ci.gemm_error);
+    if (r->e && kern_cl_info(model_exec_kern_dev(r->e), &ci) == 0) {
+        if (ci.gemm_calls)
+            fprintf(stderr, "opencl: %" PRIu64 " matmuls through CLBlast\n", ci.gemm_calls);
+        if (ci.gemm_fallbacks)
+            fprintf(stderr, "opencl: %s\n", ci.gemm_error);
+    }
     model_exec_free(r->e);
     model_free(r->m);
     free(r->x);
@@ -292,7 +294,7 @@ int kvctl_cmd_generate(int argc, char **argv)
         if (!strcmp(argv[i], "--ring") || !strncmp(argv[i], "--ring=", 7))
             return kvctl_ring_generate(argc, argv);
     const char *path = NULL, *prompt = NULL, *toks = NULL, *dump = NULL, *device = "cpu";
-    struct kern_cl_opts cl = {.platform = -1, .device = -1};
+    struct kern_cl_opts cl = KERN_CL_OPTS_INIT;
     const char *stops[MODEL_GEN_MAX_STOPS];
     uint32_t n_stops = 0;
     long n_gen = 64, threads = 0, ctx = 0, draft_max = 8;
@@ -573,7 +575,7 @@ int kvctl_cmd_logits(int argc, char **argv)
         {"batch", required_argument, 0, OPT_BATCH}, {"ctx", required_argument, 0, OPT_CTX},
         DEVICE_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *path = NULL, *toks = NULL, *outp = NULL, *prompt = NULL, *device = "cpu";
-    struct kern_cl_opts cl = {.platform = -1, .device = -1};
+    struct kern_cl_opts cl = KERN_CL_OPTS_INIT;
     long threads = 0, batch = 0, ctx = 0;
     int c;
     optind = 1;
@@ -756,7 +758,7 @@ int kvctl_cmd_bench(int argc, char **argv)
         DEVICE_OPTIONS, {0, 0, 0, 0}};
     bool want_bw = false;
     const char *path = NULL, *device = "cpu";
-    struct kern_cl_opts cl = {.platform = -1, .device = -1};
+    struct kern_cl_opts cl = KERN_CL_OPTS_INIT;
     long sess[16], n_sess = 0, max_sess = 1;
     long threads = 0, n_pp = 64, n_tg = 32, reps = 1;
     int c;

@@ -210,7 +210,7 @@ int kvctl_cmd_profile(int argc, char **argv)
     int threads = 0, tokens = 16;
     bool inbound = true, estimate = false, allow_unpinned = false;
     const char *backend = "cpu";
-    struct kern_cl_opts clo = {.platform = -1, .device = -1};
+    struct kern_cl_opts clo = KERN_CL_OPTS_INIT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--no-inbound")) { inbound = false; continue; }

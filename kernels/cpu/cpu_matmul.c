@@ -262,7 +262,7 @@ int kern_matmul(struct kern_pool *p, uint32_t type, const void *w, int64_t rows,
     if (rows == 0 || n == 0)
         return 0;
 
-    if (type == KERN_T_F32 && n >= 16 && rows >= 64 && n <= INT32_MAX && rows <= INT32_MAX &&
+    if (type == KERN_T_F32 && n > KERN_ROWS_EXACT_MAX && rows >= 64 && n <= INT32_MAX && rows <= INT32_MAX &&
         cols <= INT32_MAX) {
         /* y (n x rows) = x (n x cols) . W^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f,

@@ -469,7 +469,7 @@ static int gemm_rows_opt(struct kern_dev *d, const struct kern_cl_opts *co, uint
 
 static int open_(struct kern_dev *d, const struct kern_dev_opts *dopts)
 {
-    static const struct kern_cl_opts none = {.platform = -1, .device = -1};
+    static const struct kern_cl_opts none = KERN_CL_OPTS_INIT;
     const struct kern_cl_opts *co = dopts->cl ? dopts->cl : &none;
     d->n_threads = 1;
     struct ocl *o = calloc(1, sizeof *o);

@@ -18,16 +18,18 @@ struct mb {
     struct model *m;
     struct model_exec *e;
     uint32_t n_embd, n_vocab, first, last;
-    bool cl;                        /* the executor runs on the opencl device */
+    uint32_t gemm_rows;             /* opencl: rows from which a matmul may go through CLBlast
+                                     * (0: another device, or GEMMs off) */
     uint64_t cl_gemms, cl_fallbacks;   /* its prompt GEMMs and failed ones, logged so far */
 };
 
-/* After a run on the opencl device: its first prompt GEMM through CLBlast, and each that
- * failed (the fused kernels computed it; the device keeps to them from then on), in the log. */
+/* After a run of n rows on the opencl device: its first prompt GEMM through CLBlast, and each
+ * that failed (the fused kernels computed it; the device keeps to them from then on), in the
+ * log. A run below the threshold holds no GEMM, so decode steps skip the look. */
 static void cl_gemm_log(struct mb *b, uint32_t n)
 {
     struct kern_cl_info ci;
-    if (!b->cl || kern_cl_info(model_exec_kern_dev(b->e), &ci) < 0)
+    if (!b->gemm_rows || n < b->gemm_rows || kern_cl_info(model_exec_kern_dev(b->e), &ci) < 0)
         return;
     if (ci.gemm_calls && !b->cl_gemms)
         kvd_log(KVD_LOG_INFO, "opencl: prompt GEMMs through CLBlast (first in a run of %u rows)",
@@ -210,7 +212,7 @@ int kvd_backend_open_model(struct kvd_backend *b, const struct kvd_backend_args 
     snprintf(b->device, sizeof b->device, "%s", model_exec_device(mb->e));
     struct kern_cl_info ci;
     if (kern_cl_info(model_exec_kern_dev(mb->e), &ci) == 0) {
-        mb->cl = true;
+        mb->gemm_rows = ci.gemm_rows;
         snprintf(b->cl_weights, sizeof b->cl_weights, "%s", ci.weights);
         b->cl_weights_mapped = ci.weights_mapped;
         b->cl_weights_copied = ci.weights_copied;

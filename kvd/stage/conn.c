@@ -29,7 +29,7 @@ void kvd_conn_send_error(struct conn *c, uint64_t session, uint32_t code, const 
     if (n > RING_ERRMSG_MAX)
         n = RING_ERRMSG_MAX;
     uint8_t buf[4 + RING_ERRMSG_MAX];
-    wr32(buf, code);
+    util_le32_put(buf, code);
     memcpy(buf + 4, msg, n);
     if (c && c->link && !ring_link_is_closing(c->link)) {
         struct ring_frame_hdr h = {.magic = RING_MAGIC, .type = RING_F_ERROR, .session = session};
@@ -61,14 +61,13 @@ void kvd_conn_ping(struct conn *c)
 {
     uint8_t b[8];
     c->ping_sent_ns = util_now_ns();
-    wr32(b, (uint32_t)c->ping_sent_ns);
-    wr32(b + 4, (uint32_t)(c->ping_sent_ns >> 32));
+    util_le64_put(b, c->ping_sent_ns);
     kvd_conn_send(c, RING_F_PING, 0, 0, 0, 0, b, 8);
 }
 
 void kvd_conn_pong(struct conn *c, const uint8_t payload[8])
 {
-    uint64_t sent = (uint64_t)rd32(payload) | (uint64_t)rd32(payload + 4) << 32;
+    uint64_t sent = util_le64_get(payload);
     if (c->role != CONN_OUT || sent != c->ping_sent_ns)
         return;
     c->rtt_ms = (double)(util_now_ns() - sent) / 1e6;
@@ -120,7 +119,7 @@ void kvd_conn_report_out(struct stage *st)
     st->links.out_report_hash = h;
     size_t n = ln->down ? strlen(ln->last_reason) : 0;
     uint8_t buf[4 + KVD_REASON_MAX];
-    wr32(buf, ln->down ? RING_ERR_LINK_DOWN : RING_ERR_LINK_UP);
+    util_le32_put(buf, ln->down ? RING_ERR_LINK_DOWN : RING_ERR_LINK_UP);
     memcpy(buf + 4, ln->last_reason, n);
     struct ring_frame_hdr hd = {.magic = RING_MAGIC, .type = RING_F_ERROR, .pos = st->rank};
     ring_link_send(st->links.in->link, &hd, buf, 4 + n);

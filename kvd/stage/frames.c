@@ -37,7 +37,7 @@ static void on_link_report(struct conn *c, const struct ring_frame_hdr *h, uint3
     if (st->rank != 0 && kvd_conn_in_up(st)) {   /* passed on cleaned */
         uint8_t b[4 + KVD_REASON_MAX];
         size_t k = down ? strlen(why) : 0;
-        wr32(b, code);
+        util_le32_put(b, code);
         memcpy(b + 4, why, k);
         kvd_conn_send(st->links.in, RING_F_ERROR, 0, 0, h->pos, 0, b, 4 + k);
     }
@@ -78,7 +78,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
     char emsg[RING_ERRMSG_MAX + 1] = "";
     if (h->type == RING_F_ERROR) {
         util_text_clean(emsg, sizeof emsg, payload + 4, h->payload_len - 4);
-        uint32_t code = rd32(payload);
+        uint32_t code = util_le32_get(payload);
         if (h->session == 0 && (code == RING_ERR_LINK_DOWN || code == RING_ERR_LINK_UP)) {
             on_link_report(c, h, code, payload + 4, h->payload_len - 4);
             return;
@@ -103,8 +103,8 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         if (!bs)
             return;
         if (st->rank == 0) {
-            kvd_sess_on_error(st, bs, rd32(payload), emsg);
-        } else if (rd32(payload) == RING_ERR_RING) {
+            kvd_sess_on_error(st, bs, util_le32_get(payload), emsg);
+        } else if (util_le32_get(payload) == RING_ERR_RING) {
             kvd_sess_hold(st, bs, emsg);   /* kept for the replay where its log is whole */
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails downstream: %s", bs->id, emsg);
@@ -141,9 +141,9 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         if (p.draft_kind > RING_DRAFT_KIND_MAX)
             VIOLATION(c, "OPEN draft_kind %u above %u", p.draft_kind, RING_DRAFT_KIND_MAX);
         for (uint32_t i = 0; i < h->n_tokens; i++)
-            if (rd32(payload + RING_OPEN_LEN + 4 * i) >= st->be.n_vocab)
+            if (util_le32_get(payload + RING_OPEN_LEN + 4 * i) >= st->be.n_vocab)
                 VIOLATION(c, "OPEN prompt token %u = %u not below n_vocab %u", i,
-                                 rd32(payload + RING_OPEN_LEN + 4 * i), st->be.n_vocab);
+                                 util_le32_get(payload + RING_OPEN_LEN + 4 * i), st->be.n_vocab);
         if (s) {
             /* A replay of a session this stage still has (held when the ring broke downstream):
              * resent from its boundary log, or dropped here and recomputed (docs/ring.md,
@@ -175,7 +175,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             return;
         }
         for (uint32_t i = 0; toks && i < h->n_tokens; i++)
-            toks[i] = (int32_t)rd32(payload + RING_OPEN_LEN + 4 * i);
+            toks[i] = (int32_t)util_le32_get(payload + RING_OPEN_LEN + 4 * i);
         if (h->flags & RING_FL_REPLAY) {
             s->replay_end = h->n_tokens;
             st->stats.replayed_sessions++;
@@ -296,7 +296,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         if ((uint64_t)n_hist + nt > s->n_ctx)
             VIOLATION(c, "TOKEN past the session's context %u", s->n_ctx);
         for (uint32_t i = 0; i < nt; i++) {
-            uint32_t tok = rd32(payload + 4 * i);
+            uint32_t tok = util_le32_get(payload + 4 * i);
             if (tok >= st->be.n_vocab)
                 VIOLATION(c, "TOKEN id %u not below n_vocab %u", tok, st->be.n_vocab);
             if (i + 1 < nt && tok != (uint32_t)s->drafts[i])
@@ -305,9 +305,9 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
                           h->pos + i, s->drafts[i]);
         }
         for (uint32_t i = 0; i < nd; i++)
-            if (rd32(payload + 8 * (size_t)nt + 4 * i) >= st->be.n_vocab)
+            if (util_le32_get(payload + 8 * (size_t)nt + 4 * i) >= st->be.n_vocab)
                 VIOLATION(c, "TOKEN draft %u = %u not below n_vocab %u", i,
-                          rd32(payload + 8 * (size_t)nt + 4 * i), st->be.n_vocab);
+                          util_le32_get(payload + 8 * (size_t)nt + 4 * i), st->be.n_vocab);
         s->last_active_ms = (uint64_t)util_now_ms();
         kvd_receipt_received(st, s, h->pos, nt, payload, h->payload_len);
         kvd_sess_on_token(st, s, h, payload);
@@ -329,7 +329,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         if (!s)
             return;
         if (st->rank == 0) {
-            kvd_sess_on_error(st, s, rd32(payload), emsg);
+            kvd_sess_on_error(st, s, util_le32_get(payload), emsg);
         } else {
             kvd_log(KVD_LOG_WARN, "session %016" PRIx64 " fails upstream: %s", s->id, emsg);
             kvd_conn_send(st->links.out, RING_F_ERROR, 0, h->session, 0, 0, payload, h->payload_len);

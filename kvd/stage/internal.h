@@ -612,16 +612,6 @@ struct stage {
     struct stage_receipts receipts;
 };
 
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline void wr32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
-
 /* receipt.c: per session, the positions run and Merkle roots over the boundary rows sent and
  * received (one leaf per position); written to o.receipts when the session ends here
  * (kvd_receipt_close, from kvd_sess_drop). Each does nothing without o.receipts. ran: the

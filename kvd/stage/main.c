@@ -210,7 +210,7 @@ const struct kvd_optspec *kvd_stage_optspecs(void)
 
 int kvd_stage_main(int argc, char **argv)
 {
-    struct kvd_stage_opts o = {.rank = -1, .cl = {.platform = -1, .device = -1}};
+    struct kvd_stage_opts o = {.rank = -1, .cl = KERN_CL_OPTS_INIT};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: kvd [stage] --manifest FILE --rank R [options]\n\n");

@@ -51,8 +51,8 @@ void kvd_rowlog_put(int fd, int kind, uint32_t pos, const void *row, size_t len)
     if (fd < 0 || len > ROWLOG_RECORD_MAX)
         return;
     uint8_t h[9] = {(uint8_t)kind};
-    wr32(h + 1, pos);
-    wr32(h + 5, (uint32_t)len);
+    util_le32_put(h + 1, pos);
+    util_le32_put(h + 5, (uint32_t)len);
     struct piece {
         const void *b;
         size_t n;
@@ -195,7 +195,7 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
     }
     for (size_t off = 0; off + 9 <= l->size;) {
         uint8_t kind = l->buf[off];
-        uint32_t pos = rd32(l->buf + off + 1), len = rd32(l->buf + off + 5);
+        uint32_t pos = util_le32_get(l->buf + off + 1), len = util_le32_get(l->buf + off + 5);
         if (len > l->size - off - 9)
             break;   /* cut short (the stage died writing it): what came before holds */
         const uint8_t *row = l->buf + off + 9;
@@ -210,7 +210,7 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
             l->sent.row[i] = row;
             l->sent.len[i] = len;
         } else if (kind == KVD_ROWLOG_TOKEN && len == 4) {
-            l->tok[i] = (int32_t)rd32(row);
+            l->tok[i] = (int32_t)util_le32_get(row);
             l->has_tok[i] = 1;
         }
     }

@@ -501,7 +501,7 @@ static int send_open(struct stage *st, struct sess *s, const int32_t *hist, uint
         return -ENOMEM;
     ring_open_encode(&s->open, pl);
     for (uint32_t i = 0; i < n_hist; i++)
-        wr32(pl + RING_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
+        util_le32_put(pl + RING_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
     int rc = kvd_conn_send(st->links.out, RING_F_OPEN, flags, s->id, 0, n_hist, pl, plen);
     free(pl);
     return rc;
@@ -820,7 +820,7 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
     s->passes++;
     int32_t tok = 0;
     for (uint32_t i = 0; i < nt; i++) {
-        tok = (int32_t)rd32(payload + 4 * i);
+        tok = (int32_t)util_le32_get(payload + 4 * i);
         float lp;
         memcpy(&lp, payload + 4 * (nt + i), 4);
         if (model_gen_n_gen(s->gen) == 0)
@@ -875,7 +875,7 @@ void kvd_sess_on_token(struct stage *st, struct sess *s, const struct ring_frame
     int32_t rows[RING_TOKENS_MAX];
     rows[0] = tok;
     for (uint32_t i = 0; i < k; i++)
-        rows[1 + i] = s->drafts[i] = (int32_t)rd32(dr + 4 * i);
+        rows[1 + i] = s->drafts[i] = (int32_t)util_le32_get(dr + 4 * i);
     s->n_drafts = k;
     if (k) {
         st->stats.draft_passes++;
