@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -136,23 +137,90 @@ static void synth_tensor_init(struct synth_tensor *t, const char *name,
     }
 }
 
+/* The --type choices: the type of the 2-D weights and the llama_ftype number general.file_type
+ * records. q4_k is every weight in Q4_K, which llama.cpp has no file type for: its nearest,
+ * Q4_K_S (14), is what the file says. q4_k_m is llama.cpp's Q4_K_M mixture (synth_q4_k_m_type). */
+struct synth_ftype {
+    const char *name;
+    uint32_t type;                /* every 2-D weight's, but those the mixture raises */
+    uint32_t file_type;
+    bool q4_k_m;
+};
+
+static const struct synth_ftype synth_ftypes[] = {
+    {"f32", GGUF_T_F32, 0, false},   {"f16", GGUF_T_F16, 1, false},
+    {"q8_0", GGUF_T_Q8_0, 7, false}, {"q4_0", GGUF_T_Q4_0, 2, false},
+    {"q4_k", GGUF_T_Q4_K, 14, false}, {"q6_k", GGUF_T_Q6_K, 18, false},
+    {"q4_k_m", GGUF_T_Q4_K, 15, true},
+};
+#define SYNTH_N_FTYPES (sizeof synth_ftypes / sizeof synth_ftypes[0])
+
+/* The types synth writes matrices in (synth_fill makes them from floats): those of the --type
+ * choices. --from takes them for its new blocks too. */
+static bool synth_type_ok(uint32_t type)
+{
+    for (size_t i = 0; i < SYNTH_N_FTYPES; i++)
+        if (synth_ftypes[i].type == type)
+            return true;
+    return false;
+}
+
+/* "f32, f16, ..." into buf: the --type choices, or (mixtures false) the weight types only. */
+static void synth_type_names(char *buf, size_t n, bool mixtures)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < SYNTH_N_FTYPES && len < n; i++)
+        if (mixtures || !synth_ftypes[i].q4_k_m)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", synth_ftypes[i].name);
+}
+
+/* llama.cpp's layers of n that get more bits in its _M mixtures: the first eighth, the last
+ * eighth, and every third layer between. */
+static bool synth_more_bits(uint32_t il, uint32_t n)
+{
+    return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2;
+}
+
+/* The type of 2-D weight name of a dense model in llama.cpp's Q4_K_M: Q6_K for output.weight
+ * (for token_embd.weight when tied, as it is the head then) and for attn_v.weight and
+ * ffn_down.weight of the layers synth_more_bits picks; Q4_K for the rest, token_embd included.
+ * (llama.cpp also raises a 70B llama's attn_v to Q5_K; synth does not.) */
+static uint32_t synth_q4_k_m_type(const char *name, uint32_t n_layer, bool tied)
+{
+    if (!strcmp(name, "output.weight") || (tied && !strcmp(name, "token_embd.weight")))
+        return GGUF_T_Q6_K;
+    int il = gguf_tensor_layer(name);
+    if (il >= 0 && synth_more_bits((uint32_t)il, n_layer)) {
+        const char *part = strchr(name + 4, '.') + 1; /* after "blk.N." (gguf_tensor_layer parsed it) */
+        if (!strcmp(part, "attn_v.weight") || !strcmp(part, "ffn_down.weight"))
+            return GGUF_T_Q6_K;
+    }
+    return GGUF_T_Q4_K;
+}
+
 /* The tensors being added to the writer. */
 struct synth_ctx {
     struct gguf_writer *w;
-    uint32_t type;
+    const struct synth_ftype *ft;
+    uint32_t n_layer;
+    bool tied;
     uint64_t seed;
     struct synth_tensor *ts;      /* live until the file is written (the fill callbacks) */
     size_t n;
 };
 
-/* Adds one tensor of the architecture table: matrices in the chosen type, the tensors
- * llama.cpp keeps in f32 (norms, biases) in f32. */
+/* Adds one tensor of the architecture table: matrices in the chosen type (or the mixture's),
+ * the tensors llama.cpp keeps in f32 (norms, biases) in f32. */
 static int synth_add(void *ud, const char *name, const struct model_tensor_desc *d,
                      const uint64_t ne[4])
 {
     struct synth_ctx *c = ud;
     struct synth_tensor *t = &c->ts[c->n++];
-    synth_tensor_init(t, name, d, ne, d->flags & MODEL_TF_F32 ? GGUF_T_F32 : c->type, c->seed);
+    uint32_t type = d->flags & MODEL_TF_F32 ? GGUF_T_F32
+                    : c->ft->q4_k_m         ? synth_q4_k_m_type(name, c->n_layer, c->tied)
+                                            : c->ft->type;
+    synth_tensor_init(t, name, d, ne, type, c->seed);
     return gguf_writer_add_tensor_fill(c->w, t->name, t->type, t->n_dims, t->ne, synth_fill, t);
 }
 
@@ -241,14 +309,6 @@ static int vocab_build(struct vocab *v, uint64_t n)
 
 #define SYNTH_MAX_NEXTN 4
 
-/* The types synth writes matrices in, for a new model (--type) and for the new blocks of
- * --from (synth_fill makes them from floats; ftype[] in kvctl_cmd_synth names each as
- * general.file_type). */
-static bool synth_type_ok(uint32_t type)
-{
-    return type == GGUF_T_F32 || type == GGUF_T_F16 || type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0;
-}
-
 /* The new blocks being added after the copied tensors of src. */
 struct nextn_ctx {
     struct gguf_writer *w;
@@ -288,8 +348,10 @@ static int nextn_add(void *ud, const char *name, const struct model_tensor_desc 
     uint32_t type = lt ? lt->type : GGUF_T_F32;
     const struct wtype_info *ti = wtype_info(type);
     if (!synth_type_ok(type)) {
+        char names[128];
+        synth_type_names(names, sizeof names, false);
         util_seterr(c->err, sizeof c->err, "tensor %s: type %s (%" PRIu32 ", from %s) cannot be "
-                 "written: only f32, f16, q8_0 and q4_0 are", name, ti ? ti->name : "unknown", type, like);
+                 "written: only %s can", name, ti ? ti->name : "unknown", type, like, names);
         return -ENOTSUP;
     }
     if (ne[0] % ti->block_elems) {
@@ -432,11 +494,15 @@ int kvctl_cmd_synth(int argc, char **argv)
     bool tied = false;
     if (kvctl_is_help(argc, argv)) {
         printf("usage: kvctl synth --arch llama|qwen2|qwen3 --layers N --embd D --ff F --heads H\n"
-               "                   [--kv-heads K] [--head-dim E] --vocab V --type f32|f16|q8_0|q4_0\n"
-               "                   [--seed S] [--ctx C] [--tied] [--name NAME] -o OUT\n"
+               "                   [--kv-heads K] [--head-dim E] --vocab V\n"
+               "                   --type f32|f16|q8_0|q4_0|q4_k|q6_k|q4_k_m [--seed S] [--ctx C]\n"
+               "                   [--tied] [--name NAME] -o OUT\n"
                "       kvctl synth --from MODEL --nextn N [--seed S] -o OUT\n"
                "  write a random-weight model with a working SPM vocabulary (<unk> <s> </s>, the 256\n"
                "  byte tokens, scored pieces); 2-D weights in --type, norms (and qwen2 biases) f32.\n"
+               "  q4_k_m is llama.cpp's Q4_K_M mixture: Q4_K, but Q6_K for output.weight and for\n"
+               "  attn_v and ffn_down of the first and last eighth of the layers and every third\n"
+               "  layer between. K types need embd, ff and heads*head-dim multiples of 256.\n"
                "  --tied leaves out output.weight (the head reuses token_embd). Defaults: 2 layers,\n"
                "  256 embd, 768 ff, 8 heads, kv-heads = heads, head-dim = embd/heads, 512 vocab, f32.\n"
                "  --from MODEL --nextn N (1..4): a copy of a qwen35/qwen35moe model with N random\n"
@@ -508,11 +574,17 @@ int kvctl_cmd_synth(int argc, char **argv)
         fprintf(stderr, "kvctl synth: -o OUT is required\n");
         return 2;
     }
-    int type = wtype_by_name(tname);
-    if (type < 0 || !synth_type_ok((uint32_t)type)) {
-        fprintf(stderr, "kvctl synth: --type '%s' not one of f32, f16, q8_0, q4_0\n", tname);
+    const struct synth_ftype *ft = NULL;
+    for (size_t i = 0; i < SYNTH_N_FTYPES && !ft; i++)
+        if (!strcasecmp(tname, synth_ftypes[i].name))
+            ft = &synth_ftypes[i];
+    if (!ft) {
+        char names[128];
+        synth_type_names(names, sizeof names, true);
+        fprintf(stderr, "kvctl synth: --type '%s' not one of %s\n", tname, names);
         return 2;
     }
+    uint32_t type = ft->type;
     if (!kv_heads)
         kv_heads = heads;
     const struct { const char *name; uint64_t v; } pos[] = {
@@ -543,11 +615,11 @@ int kvctl_cmd_synth(int argc, char **argv)
         fprintf(stderr, "kvctl synth: vocab %" PRIu64 " too small (3 specials + 256 byte tokens + pieces: >= 260)\n", vocab);
         return 2;
     }
-    uint32_t be = wtype_info((uint32_t)type)->block_elems;
+    uint32_t be = wtype_info(type)->block_elems; /* Q4_K_M's Q6_K has the same block */
     uint64_t q_dim = heads * head_dim;
     if (embd % be || ff % be || q_dim % be) {
         fprintf(stderr, "kvctl synth: embd %" PRIu64 ", ff %" PRIu64 " and heads*head-dim %" PRIu64
-                " must be multiples of the %s block size %u\n", embd, ff, q_dim, tname, be);
+                " must be multiples of the %s block size %u\n", embd, ff, q_dim, ft->name, be);
         return 2;
     }
 
@@ -560,11 +632,10 @@ int kvctl_cmd_synth(int argc, char **argv)
     rc = vocab_build(&voc, vocab);
     char name[128];
     snprintf(name, sizeof name, "%s", mname ? mname : "kvasir-synth");
-    static const uint32_t ftype[] = {[GGUF_T_F32] = 0, [GGUF_T_F16] = 1, [GGUF_T_Q4_0] = 2, [GGUF_T_Q8_0] = 7};
 #define SETK(fmt, fn, val) do { snprintf(key, sizeof key, fmt, arch); if (!rc) rc = fn(w, key, val); } while (0)
     if (!rc) rc = gguf_writer_set_str(w, "general.architecture", arch);
     if (!rc) rc = gguf_writer_set_str(w, "general.name", name);
-    if (!rc) rc = gguf_writer_set_u32(w, "general.file_type", ftype[type]);
+    if (!rc) rc = gguf_writer_set_u32(w, "general.file_type", ft->file_type);
     if (!rc && type != GGUF_T_F32 && type != GGUF_T_F16)
         rc = gguf_writer_set_u32(w, "general.quantization_version", 2);
     SETK("%s.context_length", gguf_writer_set_u32, (uint32_t)ctx);
@@ -600,7 +671,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         .head_dim = (uint32_t)head_dim, .n_rot = (uint32_t)head_dim, .n_vocab = (uint32_t)vocab,
     };
     snprintf(hp.arch, sizeof hp.arch, "%s", arch);
-    struct synth_ctx sc = {.w = w, .type = (uint32_t)type, .seed = seed};
+    struct synth_ctx sc = {.w = w, .ft = ft, .n_layer = (uint32_t)layers, .tied = tied, .seed = seed};
     int max_t = model_arch_tensors(ad, &hp, tied, NULL, NULL);
     sc.ts = calloc((size_t)max_t, sizeof *sc.ts);
     if (!sc.ts && !rc)
@@ -620,7 +691,7 @@ int kvctl_cmd_synth(int argc, char **argv)
         util_fmt_bytes(hb, sizeof hb, (double)gguf_writer_file_size(w), 2, 0);
         printf("%s: %s, %" PRIu64 " layers, embd %" PRIu64 ", ff %" PRIu64 ", heads %" PRIu64 "/%" PRIu64
                ", head_dim %" PRIu64 ", vocab %" PRIu64 ", %s, %zu tensors, %s\n", out, arch, layers, embd, ff,
-               heads, kv_heads, head_dim, vocab, tname, nt, hb);
+               heads, kv_heads, head_dim, vocab, ft->name, nt, hb);
     } else {
         fprintf(stderr, "kvctl synth: %s\n", err);
     }

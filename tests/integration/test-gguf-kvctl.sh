@@ -1,5 +1,8 @@
 #!/bin/bash
 # test-gguf-kvctl: kvctl synth / inspect / slice / catalog / verify end to end.
+# synth writes each arch in f32, f16, q8_0 and q4_0, and in the K types with the tensor types
+# promised (q4_k_m: llama.cpp's Q4_K_M mixture) and the same greedy tokens on the cpu and ref
+# devices up to near-ties; shapes a type cannot hold are refused with a message naming them.
 # Every shared test model is cut into 2 and 3 windows; each window verifies against the
 # model's catalog, and a flipped byte makes verify fail naming the tensor it sits in. A model
 # with an MTP block (kvctl synth --from --nextn 1): the last window, [k, 8) or [k, 9), carries the block and a
@@ -23,6 +26,25 @@ p, o = sys.argv[1], int(sys.argv[2])
 with open(p, 'r+b') as fh:
     fh.seek(o); b = fh.read(1); fh.seek(o); fh.write(bytes([b[0] ^ 0xFF]))
 EOF
+}
+
+# ref_near_tie MODEL PROMPT REF CPU: the greedy token lists REF (the scalar oracle) and CPU part
+# at a near-tie (tests/lib/near_tie.py): the two tokens within 1% of the range of the oracle's
+# logits of the common prefix, the CPU's logits there close to the oracle's. The CPU device
+# quantises activations and sums in its own order, so on a random-weight model, whose logits
+# lie close together, greedy tokens agree up to near-ties.
+ref_near_tie() {
+    local m=$1 prefix=$2 k=0
+    local -a a=($3) b=($4)
+    while [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do
+        prefix="$prefix,${a[$k]}"
+        k=$((k + 1))
+    done
+    [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] || return 1   # one the other's prefix
+    "$KVCTL" logits -m "$m" --tokens "$prefix" --device ref -o "$T/nt-ref.f32" >/dev/null 2>&1 &&
+        "$KVCTL" logits -m "$m" --tokens "$prefix" -o "$T/nt-cpu.f32" >/dev/null 2>&1 || return 1
+    python3 "$ROOT/tests/lib/near_tie.py" "$T/nt-ref.f32" "$T/nt-cpu.f32" \
+        "$(echo "$prefix" | tr ',' ' ' | wc -w)" "${a[$k]}" "${b[$k]}" ref/cpu
 }
 
 check_model() {
@@ -140,8 +162,49 @@ info=$("$KVCTL" inspect --tensors "$T/q3.gguf")
 echo "$info" | grep -q "blk.0.attn_q.weight *q8_0 *128x256 " || fail "qwen3 head-dim q shape"
 echo "$info" | grep -q "^  output.weight" && fail "--tied still has output.weight"
 echo "$info" | grep -q "the head reuses token_embd" || fail "inspect does not say tied"
-# synth refuses shapes the type cannot hold
+# synth in the K types: q4_k and q6_k put every 2-D weight in that type; q4_k_m is llama.cpp's
+# Q4_K_M, q6_k for output.weight and for attn_v and ffn_down of the layers its use_more_bits
+# picks (of 8: 0 and 7, the first and last eighth, and 3 and 6, every third between), q4_k for
+# the rest, token_embd included (q6_k when tied: it is the head then). general.file_type is
+# llama.cpp's number (Q4_K_S's 14 for plain q4_k). Greedy tokens are the same on the CPU
+# device and the scalar oracle, or part at a near-tie (ref_near_tie).
+for ty in q4_k q6_k q4_k_m; do
+    f="$T/synth-k-$ty.gguf"
+    "$KVCTL" synth --arch llama --layers 8 --embd 256 --ff 512 --heads 4 --vocab 600 --type $ty \
+        --seed 3 -o "$f" >/dev/null || { fail "synth $ty"; continue; }
+    info=$("$KVCTL" inspect --tensors --kv "$f") || { fail "inspect synth $ty"; continue; }
+    case $ty in q4_k) ft=14 ;; q6_k) ft=18 ;; q4_k_m) ft=15 ;; esac
+    echo "$info" | grep -q "general.file_type *u32 *$ft$" || fail "synth $ty: general.file_type is not $ft"
+    bad=$(echo "$info" | awk -v ty=$ty '
+        $1 ~ /^(token_embd|output|blk\.[0-9]+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down))\.weight$/ {
+            n++; want = ty
+            if (ty == "q4_k_m")
+                want = $1 == "output.weight" || $1 ~ /^blk\.[0367]\.(attn_v|ffn_down)\./ ? "q6_k" : "q4_k"
+            if ($2 != want) print $1 " is " $2 ", not " want
+        }
+        $1 ~ /_norm\.weight$/ && $2 != "f32" { print $1 " is " $2 ", not f32" }
+        END { if (n != 58) print n " 2-D weights, not 58" }')
+    [ -z "$bad" ] || fail "synth $ty: $bad"
+    g_cpu=$("$KVCTL" generate -m "$f" --ids --tokens 1,300,400 -n 16 --temp 0 --ignore-eos 2>/dev/null)
+    g_ref=$("$KVCTL" generate -m "$f" --ids --tokens 1,300,400 -n 16 --temp 0 --ignore-eos --device ref 2>/dev/null)
+    [ -n "$g_cpu" ] && { [ "$g_cpu" = "$g_ref" ] || ref_near_tie "$f" 1,300,400 "$g_ref" "$g_cpu"; } ||
+        fail "synth $ty: greedy tokens on cpu '$g_cpu', on ref '$g_ref'"
+done
+"$KVCTL" synth --arch qwen3 --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 300 --type q4_k_m \
+    --tied -o "$T/synth-k-tied.gguf" >/dev/null || fail "synth q4_k_m --tied"
+info=$("$KVCTL" inspect --tensors "$T/synth-k-tied.gguf")
+echo "$info" | grep -q "token_embd.weight *q6_k " || fail "synth q4_k_m --tied: token_embd is not q6_k"
+echo "$info" | grep -q "blk.1.attn_v.weight *q6_k " || fail "synth q4_k_m: the last layer's attn_v is not q6_k"
+out=$(python3 "$CHECK" "$T"/synth-k-*.gguf 2>&1) || fail "synth K types: strict reader: $out"
+# synth refuses shapes the type cannot hold, naming them
 "$KVCTL" synth --arch llama --embd 100 --heads 4 --type q8_0 -o "$T/x.gguf" 2>/dev/null && fail "embd 100 q8_0 accepted"
+out=$("$KVCTL" synth --arch llama --embd 384 --ff 512 --heads 4 --type q4_k -o "$T/x.gguf" 2>&1) && fail "embd 384 q4_k accepted"
+echo "$out" | grep -q "embd 384, ff 512 .* must be multiples of the q4_k block size 256" || fail "embd 384 q4_k message: $out"
+out=$("$KVCTL" synth --arch llama --embd 256 --ff 640 --heads 4 --type q4_k_m -o "$T/x.gguf" 2>&1) && fail "ff 640 q4_k_m accepted"
+echo "$out" | grep -q "ff 640 .* q4_k_m block size 256" || fail "ff 640 q4_k_m message: $out"
+out=$("$KVCTL" synth --type q5_k -o "$T/x.gguf" 2>&1) && fail "--type q5_k accepted"
+echo "$out" | grep -q "'q5_k' not one of f32, f16, q8_0, q4_0, q4_k, q6_k, q4_k_m" || fail "--type q5_k message: $out"
+[ -e "$T/x.gguf" ] && fail "synth wrote a file for refused options"
 "$KVCTL" synth --arch mamba -o "$T/x.gguf" 2>/dev/null && fail "unknown arch accepted"
 
 echo "$n_models models checked"
