@@ -2,7 +2,7 @@
 # make bench: speed figures and ratios (never pass/fail, never part of `make test`).
 #
 # Model: a TinyLlama-1.1B-shaped random model (22 layers, n_embd 2048, n_ff 5632, 32 heads,
-# 4 KV heads, 32000 vocab) in Q4_0 and Q8_0, written once by `kvctl synth` into build/bench/,
+# 4 KV heads, 32000 vocab) in Q4_0, Q8_0 and Q4_K_M, written once by `kvctl synth` into build/bench/,
 # run by `kvctl bench` with the default thread count. Generation reads every weight once per
 # token, so its ceiling is memory read bandwidth / weight bytes per token; the script prints
 # the measured bandwidth, that ceiling and the fraction of it reached (goal: >= 60%), plus the
@@ -127,7 +127,7 @@ make -s -j2 "$B/tests/tool-kernbench" >/dev/null 2>&1 || true
 if want model; then
     echo "== model: TinyLlama-1.1B-shaped synthetic model, kvctl bench -p $PP -n $TG (best of $REPS)"
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
-    for type in q4_0 q8_0; do
+    for type in q4_0 q8_0 q4_k_m; do
         f="$CACHE/tinyllama-1.1b-shape-$type.gguf"
         if [ ! -s "$f" ]; then
             echo "writing $f ..."
@@ -138,7 +138,8 @@ if want model; then
                 continue
             fi
         fi
-        if ! out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --bandwidth); then
+        if ! out=$("$KVCTL" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --bandwidth \
+                --sessions 1,8); then
             echo "$type: kvctl bench failed"
             continue
         fi
@@ -160,6 +161,11 @@ if want model; then
                 printf "  tg CPU time %.1f ms per token: with %s idle cores about %.2f tok/s = %3.0f%% of the ceiling\n", cpu, thr, est, 100 * est / ceil;
             }
         }'
+        # eight sessions decoding together, one row each per pass: what a step of eight rows
+        # costs in one-row steps (goal <= 1.3; docs/kernels.md has the figures per CPU kind)
+        echo "$out" | awk '/^tg[0-9]+_sessions 8 / {
+            for (i = 1; i <= NF; i++) if ($i == "costs") c = $(i + 1);
+            printf "  8 sessions %8.2f tok/s aggregate: a step of 8 rows costs %s one-row steps (goal <= 1.3)\n", $3, c }'
     done
 fi
 
