@@ -28,24 +28,6 @@ with open(p, 'r+b') as fh:
 EOF
 }
 
-# ref_near_tie MODEL PROMPT REF CPU: the greedy token lists REF (the scalar oracle) and CPU part
-# at a near-tie (tests/lib/near_tie.py): the two tokens within 1% of the range of the oracle's
-# logits of the common prefix, the CPU's logits there close to the oracle's. The CPU device
-# quantises activations and sums in its own order, so on a random-weight model, whose logits
-# lie close together, greedy tokens agree up to near-ties.
-ref_near_tie() {
-    local m=$1 prefix=$2 k=0
-    local -a a=($3) b=($4)
-    while [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do
-        prefix="$prefix,${a[$k]}"
-        k=$((k + 1))
-    done
-    [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] || return 1   # one the other's prefix
-    "$KVCTL" logits -m "$m" --tokens "$prefix" --device ref -o "$T/nt-ref.f32" >/dev/null 2>&1 &&
-        "$KVCTL" logits -m "$m" --tokens "$prefix" -o "$T/nt-cpu.f32" >/dev/null 2>&1 || return 1
-    python3 "$ROOT/tests/lib/near_tie.py" "$T/nt-ref.f32" "$T/nt-cpu.f32" \
-        "$(echo "$prefix" | tr ',' ' ' | wc -w)" "${a[$k]}" "${b[$k]}" ref/cpu
-}
 
 check_model() {
     local m=$1 base layers id src parts prev p end w victim out rc
@@ -167,7 +149,7 @@ echo "$info" | grep -q "the head reuses token_embd" || fail "inspect does not sa
 # picks (of 8: 0 and 7, the first and last eighth, and 3 and 6, every third between), q4_k for
 # the rest, token_embd included (q6_k when tied: it is the head then). general.file_type is
 # llama.cpp's number (Q4_K_S's 14 for plain q4_k). Greedy tokens are the same on the CPU
-# device and the scalar oracle, or part at a near-tie (ref_near_tie).
+# device and the scalar oracle, or part at a near-tie (near_tie).
 for ty in q4_k q6_k q4_k_m; do
     f="$T/synth-k-$ty.gguf"
     "$KVCTL" synth --arch llama --layers 8 --embd 256 --ff 512 --heads 4 --vocab 600 --type $ty \
@@ -187,7 +169,7 @@ for ty in q4_k q6_k q4_k_m; do
     [ -z "$bad" ] || fail "synth $ty: $bad"
     g_cpu=$("$KVCTL" generate -m "$f" --ids --tokens 1,300,400 -n 16 --temp 0 --ignore-eos 2>/dev/null)
     g_ref=$("$KVCTL" generate -m "$f" --ids --tokens 1,300,400 -n 16 --temp 0 --ignore-eos --device ref 2>/dev/null)
-    [ -n "$g_cpu" ] && { [ "$g_cpu" = "$g_ref" ] || ref_near_tie "$f" 1,300,400 "$g_ref" "$g_cpu"; } ||
+    [ -n "$g_cpu" ] && { [ "$g_cpu" = "$g_ref" ] || near_tie "$f" 1,300,400 "$g_ref" "$g_cpu" ref cpu; } ||
         fail "synth $ty: greedy tokens on cpu '$g_cpu', on ref '$g_ref'"
 done
 "$KVCTL" synth --arch qwen3 --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 300 --type q4_k_m \

@@ -6,7 +6,7 @@
 #     (KV_CL_GEMM_ROWS=off; NMSE < 1e-6) and with the CPU (NMSE < 1e-3) on F32, F16, Q4_0, the
 #     Q4_K_M mixture, Q8_0 and a hybrid MoE model;
 #  2. greedy generation from that prompt on the OpenCL device gives the CPU's tokens, or they
-#     part at a near-tie (cl_near_tie, the rule of test-ring-opencl);
+#     part at a near-tie (near_tie, the rule of test-ring-opencl);
 #  3. sessions batched across CLBlast prefills equal their solo runs: on a ring of two OpenCL
 #     stages (runs of several sessions capped below the GEMM threshold: rows_allowed 15 on a
 #     quantised window that the CPU would batch to 64) six sessions with prompts of 20-40
@@ -61,7 +61,7 @@ for name in stories260K.gguf synth-llama-spm512-f16.gguf synth-llama-spm512-q4_0
     grep -Eq "opencl: [1-9][0-9]* matmuls through CLBlast" "$TMP/gen.err" || fail "$name: generate's prompt skipped CLBlast"
     if [ "$cl" = "$one" ]; then
         echo "ok $name: greedy tokens after a CLBlast prefill = the CPU's"
-    elif cl_near_tie "$M" "$P" "$one" "$cl"; then
+    elif near_tie "$M" "$P" "$one" "$cl" cpu opencl; then
         echo "ok $name: greedy tokens after a CLBlast prefill = the CPU's up to a near-tie"
     else
         fail "$name: greedy tokens differ beyond a near-tie: opencl '$cl' vs cpu '$one'"

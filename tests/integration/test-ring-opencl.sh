@@ -35,7 +35,7 @@ for spec in stories260K.gguf:1,400,300,200,100 synth-llama-spm512-q4_0.gguf:1,40
         # tokens agree up to near-ties. Where they part, the two tokens must be a near-tie
         # in the one-process logits at that position (teacher-forced on the common prefix),
         # and both devices' logits there must agree by NMSE.
-        if cl_near_tie "$M" "$PROMPT" "$one" "$out"; then
+        if near_tie "$M" "$PROMPT" "$one" "$out" cpu opencl; then
             echo "ok $name: cpu, opencl, cpu ring = one CPU process up to a near-tie"
         else
             fail "$name: greedy tokens differ beyond a near-tie: mixed ring '$out' vs one CPU process '$one'"

@@ -38,6 +38,10 @@
 #                             the daemon's pid
 #   port_of PORTFILE [I]      waits for PORTFILE and prints its port I (default 0)
 #   api_port DIR              the port of ring DIR's API (`ring_up DIR ... --api 127.0.0.1:0`)
+# Greedy tokens of two devices:
+#   near_tie MODEL PROMPT ONE OTHER DEV_ONE DEV_OTHER   the greedy token lists ONE and OTHER
+#                             (from devices DEV_ONE and DEV_OTHER: cpu, ref, opencl) part at a
+#                             near-tie (tests/lib/near_tie.py)
 # Rings on loopback (real kvd processes):
 #   ring_up DIR ARGS...  `kvctl ring up --dir DIR ARGS...`, stopped on exit
 #   ring_down DIR; rank_pid DIR R; rank_port DIR R; wait_linked DIR N SECONDS
@@ -216,6 +220,27 @@ ring_up() {
     case " $* " in *" --stub "*) kvd_bin=$KVD_STUB ;; esac
     KVD_BIN=$kvd_bin "$KVCTL" ring up --dir "$d" "$@" > "$d.up" 2>&1 || fail "ring up $*: $(cat "$d.up")"
 }
+# near_tie MODEL PROMPT ONE OTHER DEV_ONE DEV_OTHER: the greedy token lists ONE (on device
+# DEV_ONE) and OTHER (on DEV_OTHER) part at a near-tie (tests/lib/near_tie.py): in DEV_ONE's
+# logits of the common prefix (teacher-forced in one batch) their two tokens lie within 1% of
+# the row's range, and DEV_OTHER's logits there agree with DEV_ONE's. Devices that quantise
+# activations or sum in another order agree on a random-weight model's greedy tokens, whose
+# logits lie close together, only up to such near-ties. Says where they parted.
+near_tie() {
+    local m=$1 prefix=$2 d1=$5 d2=$6 k=0
+    local -a a=($3) b=($4)
+    while [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do
+        prefix="$prefix,${a[$k]}"
+        k=$((k + 1))
+    done
+    [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] || return 1   # one the other's prefix
+    "$KVCTL" logits -m "$m" --tokens "$prefix" --device "$d1" -o "$T/nt-$d1.f32" >/dev/null 2>&1 &&
+        "$KVCTL" logits -m "$m" --tokens "$prefix" --device "$d2" -o "$T/nt-$d2.f32" >/dev/null 2>&1 ||
+        return 1
+    python3 "$ROOT/tests/lib/near_tie.py" "$T/nt-$d1.f32" "$T/nt-$d2.f32" \
+        "$(echo "$prefix" | tr ',' ' ' | wc -w)" "${a[$k]}" "${b[$k]}" "$d1/$d2"
+}
+
 ring_down() { "$KVCTL" ring down --dir "$1" >/dev/null 2>&1; }
 rank_pid() { cat "$1/rank-$2/kvd.pid"; }
 # rank_port DIR R: the TCP port of rank R's endpoint

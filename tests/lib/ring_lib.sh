@@ -96,23 +96,3 @@ kill_during() {
 }
 # node_cmdline PID: the command line of a running kvd, one argument a line (to start it again)
 node_cmdline() { tr '\0' '\n' < "/proc/$1/cmdline"; }
-# cl_near_tie MODEL PROMPT ONE OTHER: the greedy token lists ONE (one CPU process) and OTHER
-# (the OpenCL device somewhere) part at a near-tie (tests/lib/near_tie.py): in the CPU's logits of
-# the common prefix their two tokens lie within 1% of the row's range, and the OpenCL device's
-# logits there (the prefix teacher-forced in one batch, so through CLBlast's GEMMs from 16
-# rows) agree with the CPU's. The OpenCL device sums in another order than the CPU
-# (docs/opencl.md), so greedy tokens agree up to near-ties. Says where they parted.
-cl_near_tie() {
-    local m=$1 prefix=$2 k=0
-    local -a a=($3) b=($4)
-    while [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] && [ "${a[$k]}" = "${b[$k]}" ]; do
-        prefix="$prefix,${a[$k]}"
-        k=$((k + 1))
-    done
-    [ $k -lt ${#a[@]} ] && [ $k -lt ${#b[@]} ] || return 1   # one the other's prefix
-    "$KVCTL" logits -m "$m" --tokens "$prefix" -o "$TMP/nt-cpu.f32" >/dev/null 2>&1 &&
-        "$KVCTL" logits -m "$m" --tokens "$prefix" --device opencl -o "$TMP/nt-cl.f32" >/dev/null 2>&1 ||
-        return 1
-    python3 "$ROOT/tests/lib/near_tie.py" "$TMP/nt-cpu.f32" "$TMP/nt-cl.f32" \
-        "$(echo "$prefix" | tr ',' ' ' | wc -w)" "${a[$k]}" "${b[$k]}" cpu/opencl
-}
