@@ -52,7 +52,7 @@ static int weight_use(struct kern_buf *b, uint32_t type, int64_t rows, int64_t c
     if (b->impl || !kern_pack_supported(type, cols))
         return 0; /* said twice, or no repacked kernels: the file layout serves */
     struct kern_packed *pk;
-    int rc = kern_pack_new(&pk, type, b->host, rows, cols, n_mat);
+    int rc = kern_pack_new(b->dev->pool, &pk, type, b->host, rows, cols, n_mat);
     if (rc < 0)
         return rc == -ENOTSUP ? 0 : rc;
     b->impl = pk;

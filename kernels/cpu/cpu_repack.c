@@ -162,15 +162,43 @@ static void pack_group(const struct kern_packed *pk, const uint8_t *src, size_t 
                 pack_q6_K(blk + qoff, rq);
                 qsrc = rq;
             }
-            for (int i = 0; i < rt.qb / 4; i++)
-                for (int k = 0; k < 4; k++)
-                    q[((size_t)i * R + r) * 4 + k] = qsrc[4 * i + k] ^ (flip ? 0x80 : 0);
+            const uint32_t fx = flip ? 0x80808080u : 0; /* +128 in every byte */
+            for (int i = 0; i < rt.qb / 4; i++) {
+                uint32_t v;
+                memcpy(&v, qsrc + 4 * i, 4);
+                v ^= fx;
+                memcpy(q + ((size_t)i * R + r) * 4, &v, 4);
+            }
         }
     }
 }
 
-int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_t rows,
-                  int64_t cols, int64_t n_mat)
+/* The groups of every matrix handed out to the pool's threads (each group is written by one
+ * thread, from its own rows: no two threads touch the same bytes). */
+struct pack_job {
+    const struct kern_packed *pk;
+    const uint8_t *w;
+    size_t rb;
+    _Atomic int64_t next; /* the next of n_mat x groups not yet handed out */
+};
+
+static void pack_task(void *ctx, int ith, int nth)
+{
+    struct pack_job *j = ctx;
+    const struct kern_packed *pk = j->pk;
+    const int64_t total = pk->n_mat * pk->groups;
+    int64_t i0, c;
+    (void)ith;
+    while ((c = kern__claim(&j->next, total, nth, 1, 64, &i0)) > 0)
+        for (int64_t i = i0; i < i0 + c; i++) {
+            int64_t m = i / pk->groups, g = i % pk->groups;
+            pack_group(pk, j->w + (size_t)m * pk->mat_bytes, j->rb, g,
+                       pk->data + (size_t)i * pk->grp_bytes);
+        }
+}
+
+int kern_pack_new(struct kern_pool *p, struct kern_packed **out, uint32_t type, const void *w,
+                  int64_t rows, int64_t cols, int64_t n_mat)
 {
     *out = NULL;
     if (!kern_pack_supported(type, cols))
@@ -200,11 +228,9 @@ int kern_pack_new(struct kern_packed **out, uint32_t type, const void *w, int64_
         free(pk);
         return -ENOMEM;
     }
-    for (int64_t m = 0; m < n_mat; m++) {
-        const uint8_t *src = (const uint8_t *)w + (size_t)m * pk->mat_bytes;
-        for (int64_t g = 0; g < pk->groups; g++)
-            pack_group(pk, src, rb, g, pk->data + ((size_t)m * pk->groups + g) * pk->grp_bytes);
-    }
+    struct pack_job j = {.pk = pk, .w = w, .rb = rb};
+    atomic_store(&j.next, 0);
+    kern__pool_run_dyn(p, pack_task, &j);
     *out = pk;
     return 0;
 }

@@ -57,7 +57,7 @@ static void mm(struct kern_pool *p, uint32_t t, const void *w, const struct kern
 static struct kern_packed *pack(int packed, uint32_t t, const void *w, int64_t rows, int64_t cols)
 {
     struct kern_packed *pk = NULL;
-    if (packed && kern_pack_new(&pk, t, w, rows, cols, 1) != 0)
+    if (packed && kern_pack_new(NULL, &pk, t, w, rows, cols, 1) != 0)
         pk = NULL;
     return pk;
 }

@@ -882,7 +882,7 @@ T_CASE(packed_matmul)
     struct kern_packed *none = NULL;
     uint8_t blk[34] = {0};
     T_CHECK(!kern_pack_supported(KERN_T_Q4_0, 32) &&
-                kern_pack_new(&none, KERN_T_Q4_0, blk, 1, 32, 1) == -ENOTSUP && !none,
+                kern_pack_new(NULL, &none, KERN_T_Q4_0, blk, 1, 32, 1) == -ENOTSUP && !none,
             "the scalar level has no repacked kernels");
     int levels_run = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -906,7 +906,7 @@ T_CASE(packed_matmul)
                     continue;
                 levels_run++;
                 struct kern_packed *pk;
-                int rc = kern_pack_new(&pk, t, wq, rows, cols, nm);
+                int rc = kern_pack_new(pools[1], &pk, t, wq, rows, cols, nm);
                 T_ASSERT(rc == 0, "%s pack %s: %d", levels[lv], kern_type_name(t), rc);
                 T_CHECK(kern_pack_bytes(pk) >= (size_t)nm * mb, "packed bytes");
                 for (int64_t m = 0; m < nm; m++) {
@@ -971,7 +971,7 @@ T_CASE(packed_matmul)
         ku_fill(w1, 64, 0.1f);
         ku_fill(x1, 64, 1.0f);
         quant_weights(KERN_T_Q8_0, w1, 2, 32, q);
-        T_ASSERT(kern_pack_new(&pk, KERN_T_Q8_0, q, 2, 32, 1) == 0, "pack");
+        T_ASSERT(kern_pack_new(NULL, &pk, KERN_T_Q8_0, q, 2, 32, 1) == 0, "pack");
         T_CHECK(kern_matmul_packed(small, pk, 0, x1, 2, y1) == -ENOSPC, "no scratch reserved");
         T_CHECK(kern_matmul_scratch(KERN_T_Q8_0, 32, 2) >= kern_pack_scratch(KERN_T_Q8_0, 32, 2) &&
                     kern_pack_scratch(KERN_T_Q8_0, 32, 2) > 0,
@@ -1014,7 +1014,7 @@ T_CASE(packed_kquant_arbitrary_blocks)
                 if (kern__simd_force(levels[lv]) != 0)
                     continue;
                 struct kern_packed *pk;
-                T_ASSERT(kern_pack_new(&pk, t, wq, ROWS, COLS, 1) == 0, "%s pack %s",
+                T_ASSERT(kern_pack_new(pool, &pk, t, wq, ROWS, COLS, 1) == 0, "%s pack %s",
                          levels[lv], kern_type_name(t));
                 T_ASSERT(kern_matmul_packed(pool, pk, 0, x, N, y) == 0, "matmul");
                 double e = t_nmse(y, yr, N * ROWS);
@@ -1063,7 +1063,7 @@ T_CASE(packed_rows_exact)
                 if (!whole_blocks(t, cols))
                     continue;
                 T_ASSERT(quant_weights(t, bc.w, rows, cols, bc.wq), "quant");
-                T_ASSERT(kern_pack_new(&pk, t, bc.wq, rows, cols, 1) == 0, "pack");
+                T_ASSERT(kern_pack_new(p, &pk, t, bc.wq, rows, cols, 1) == 0, "pack");
                 for (int64_t i = 0; i < NX; i++)
                     T_ASSERT(kern_matmul_packed(p, pk, 0, bc.x + i * cols, 1, bc.solo + i * rows) == 0,
                              "matmul");

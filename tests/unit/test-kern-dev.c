@@ -315,7 +315,7 @@ T_CASE(weights_repacked)
                     kern_type_name(t), kern_buf_weight_own(wb));
             struct kern_packed *pk = NULL;
             if (packs)
-                T_ASSERT(kern_pack_new(&pk, t, wq, R, C, M) == 0, "pack");
+                T_ASSERT(kern_pack_new(NULL, &pk, t, wq, R, C, M) == 0, "pack");
             for (int m = 0; m < M; m++) {
                 T_CHECK(kern_dev_matmul(d, t, kern_at_make(wb, m * mb), R, C, kern_at_make(xb, 0),
                                         N, kern_at_make(yb, 0)) == 0, "matmul");
