@@ -161,8 +161,8 @@ struct kern_packed;
  * and cols is a whole number of its blocks. */
 bool kern_pack_supported(uint32_t type, int64_t cols);
 /* Packs n_mat matrices stored back to back in w (the file layout) into memory of its own
- * (w is not kept), on p's threads (NULL: the caller's alone). 0, -ENOTSUP (no repacked
- * kernels for type here), -EINVAL, -ENOMEM. */
+ * (w is not kept), on p's threads (NULL: the caller's alone; like every op on p, not while
+ * another runs on it). 0, -ENOTSUP (no repacked kernels for type here), -EINVAL, -ENOMEM. */
 int kern_pack_new(struct kern_pool *p, struct kern_packed **out, uint32_t type, const void *w,
                   int64_t rows, int64_t cols, int64_t n_mat);
 /* Frees it; NULL is a no-op. */

@@ -2,12 +2,15 @@
 # make bench: speed figures and ratios (never pass/fail, never part of `make test`).
 #
 # Model: a TinyLlama-1.1B-shaped random model (22 layers, n_embd 2048, n_ff 5632, 32 heads,
-# 4 KV heads, 32000 vocab) in Q4_0, Q8_0 and Q4_K_M, written once by `kvctl synth` into build/bench/,
-# run by `kvctl bench` with the default thread count. Generation reads every weight once per
-# token, so its ceiling is memory read bandwidth / weight bytes per token; the script prints
-# the measured bandwidth, that ceiling and the fraction of it reached (goal: >= 60%), plus the
-# CPU time per token, which says what the threads would reach with their cores to themselves
-# (the figures in tok/s suffer when other programs share the machine: see the load average).
+# 4 KV heads, 32000 vocab) in Q4_0, Q8_0 and Q4_K_M, written once by `kvctl synth` into
+# build/bench/, run by `kvctl bench` with the default thread count. Generation reads every
+# weight once per token, so its ceiling is memory read bandwidth / weight bytes per token;
+# the script prints the measured bandwidth, that ceiling and the fraction of it reached
+# (goal: >= 60%), plus the CPU time per token, which says what the threads would reach with
+# their cores to themselves (the figures in tok/s suffer when other programs share the
+# machine: see the load average), and eight sessions decoding together (`kvctl bench
+# --sessions 1,8`: their aggregate tok/s and what a step of eight rows costs in one-row
+# steps, goal <= 1.3).
 # BENCH_PP / BENCH_TG / BENCH_REPS / BENCH_THREADS override the sizes (threads 0 = default).
 #
 # Ring: what a loopback ring costs against one process, on one model (default a 12-layer

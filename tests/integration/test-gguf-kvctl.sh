@@ -28,7 +28,6 @@ with open(p, 'r+b') as fh:
 EOF
 }
 
-
 check_model() {
     local m=$1 base layers id src parts prev p end w victim out rc
     base=$(basename "$m" .gguf)

@@ -908,6 +908,11 @@ T_CASE(packed_matmul)
                 struct kern_packed *pk;
                 int rc = kern_pack_new(pools[1], &pk, t, wq, rows, cols, nm);
                 T_ASSERT(rc == 0, "%s pack %s: %d", levels[lv], kern_type_name(t), rc);
+                /* packed by the caller alone and by three threads: the same layout */
+                struct kern_packed *pk_one, *pk_three;
+                T_ASSERT(kern_pack_new(NULL, &pk_one, t, wq, rows, cols, nm) == 0 &&
+                             kern_pack_new(pools[2], &pk_three, t, wq, rows, cols, nm) == 0,
+                         "pack on other thread counts");
                 T_CHECK(kern_pack_bytes(pk) >= (size_t)nm * mb, "packed bytes");
                 for (int64_t m = 0; m < nm; m++) {
                     T_CHECK(kern_pack_find(pk, t, rows, cols, m * mb) == m, "find matrix %lld",
@@ -930,6 +935,16 @@ T_CASE(packed_matmul)
                                 T_CHECK(memcmp(y1, y, n * rows * 4) == 0,
                                         "%s %s: %d threads differ from 1", levels[lv],
                                         kern_type_name(t), nt);
+                        }
+                        if (ni == sizeof ns / sizeof ns[0] - 1) {
+                            const struct kern_packed *alt[2] = {pk_one, pk_three};
+                            for (int k = 0; k < 2; k++) {
+                                rc = kern_matmul_packed(pools[0], alt[k], m, x, n, y);
+                                T_CHECK(rc == 0 && memcmp(y1, y, n * rows * 4) == 0,
+                                        "%s %s %lldx%lld mat %lld: packed on %d threads differs",
+                                        levels[lv], kern_type_name(t), (long long)rows,
+                                        (long long)cols, (long long)m, k ? 3 : 1);
+                            }
                         }
                         if (m == nm - 1 && ni == sizeof ns / sizeof ns[0] - 1) {
                             if (have_lv)
@@ -956,6 +971,8 @@ T_CASE(packed_matmul)
                             "a pack of another level is refused");
                 }
                 kern_pack_free(pk);
+                kern_pack_free(pk_one);
+                kern_pack_free(pk_three);
             }
         }
         free(w); free(x); free(y); free(yr); free(y1); free(ylv); free(wq);
