@@ -94,3 +94,18 @@ void util_pages_drop(const void *p, size_t n)
     if (e > a)
         (void)madvise((void *)a, e - a, MADV_DONTNEED); /* a hint: failing keeps the pages */
 }
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *util_alloc_huge(size_t n)
+{
+    void *p = NULL;
+    if (n < HUGE_PAGE)
+        return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
+    if (posix_memalign(&p, HUGE_PAGE, n) != 0)
+        return NULL;
+    /* the whole huge pages only: a tail past the last 2 MiB boundary stays in 4 KiB pages, so
+     * no buffer holds up to 2 MiB more than it asked for */
+    (void)madvise(p, n / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* a hint */
+    return p;
+}

@@ -87,6 +87,12 @@ static inline uint64_t util_le64_get(const uint8_t *p)
  * resident set (madvise MADV_DONTNEED; read again, they fault back in from the file). A hint:
  * never use it on memory that was written or is not a file mapping (its bytes would be lost). */
 void util_pages_drop(const void *p, size_t n);
+/* Memory for n bytes (at least 64-byte aligned) that the kernel may back with transparent huge
+ * pages: when n is at least 2 MiB, 2 MiB aligned and its whole 2 MiB pieces madvise
+ * MADV_HUGEPAGE (a hint: where THP is off it is ordinary memory). Large buffers streamed end to
+ * end (weights) then take a fault and a TLB entry per 2 MiB, not per 4 KiB. NULL when out of
+ * memory; free() frees it. */
+void *util_alloc_huge(size_t n);
 /* FNV-1a hash of a NUL-terminated string, for hash tables keyed by names. */
 uint64_t util_hash_str(const char *s);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "kernels/internal.h"
+#include "util/util.h"
 
 struct kern_packed {
     const struct kern__simd *level; /* the kernels the layout was made for */
@@ -224,7 +225,7 @@ int kern_pack_new(struct kern_pool *p, struct kern_packed **out, uint32_t type, 
     size_t total;
     if (__builtin_mul_overflow(pk->grp_bytes, (size_t)pk->groups, &total) ||
         __builtin_mul_overflow(total, (size_t)n_mat, &total) ||
-        posix_memalign((void **)&pk->data, 64, total ? total : 64) != 0) {
+        !(pk->data = util_alloc_huge(total))) {
         free(pk);
         return -ENOMEM;
     }

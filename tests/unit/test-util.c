@@ -299,6 +299,27 @@ T_CASE(seterr)
     T_CHECK(!strcmp(err, "value 1"), "errlen 0 writes nothing");
 }
 
+/* util_alloc_huge: 64-byte aligned below 2 MiB, 2 MiB aligned from it, every byte usable
+ * (whether the kernel gave huge pages depends on its THP setting, so it is not asserted). */
+T_CASE(alloc_huge)
+{
+    const size_t sizes[] = {1, 100, ((size_t)2 << 20) - 1, (size_t)2 << 20, ((size_t)5 << 20) + 123};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *p = util_alloc_huge(n);
+        T_ASSERT(p, "alloc %zu", n);
+        size_t align = n >= ((size_t)2 << 20) ? (size_t)2 << 20 : 64;
+        T_CHECK((uintptr_t)p % align == 0, "%zu bytes at %p: not %zu-aligned", n, (void *)p, align);
+        for (size_t k = 0; k < n; k++)
+            p[k] = (unsigned char)(k * 131);
+        size_t bad = 0;
+        for (size_t k = 0; k < n; k++)
+            bad += p[k] != (unsigned char)(k * 131);
+        T_CHECK(bad == 0, "%zu bytes: %zu read back wrong", n, bad);
+        free(p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -316,5 +337,6 @@ int main(int argc, char **argv)
     T_RUN(buf);
     T_RUN(cmd_table);
     T_RUN(seterr);
+    T_RUN(alloc_huge);
     return T_DONE();
 }
