@@ -175,6 +175,14 @@ static void synth_type_names(char *buf, size_t n, bool mixtures)
             len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", synth_ftypes[i].name);
 }
 
+/* The layer of tensor name ("blk.N.part"), with *part after "blk.N.", or -1 (a global). */
+static int synth_layer_part(const char *name, const char **part)
+{
+    int l = gguf_tensor_layer(name);
+    *part = l >= 0 ? strchr(name + 4, '.') + 1 : name; /* gguf_tensor_layer parsed "blk.N." */
+    return l;
+}
+
 /* llama.cpp's layers of n that get more bits in its _M mixtures: the first eighth, the last
  * eighth, and every third layer between. */
 static bool synth_more_bits(uint32_t il, uint32_t n)
@@ -190,12 +198,11 @@ static uint32_t synth_q4_k_m_type(const char *name, uint32_t n_layer, bool tied)
 {
     if (!strcmp(name, "output.weight") || (tied && !strcmp(name, "token_embd.weight")))
         return GGUF_T_Q6_K;
-    int il = gguf_tensor_layer(name);
-    if (il >= 0 && synth_more_bits((uint32_t)il, n_layer)) {
-        const char *part = strchr(name + 4, '.') + 1; /* after "blk.N." (gguf_tensor_layer parsed it) */
-        if (!strcmp(part, "attn_v.weight") || !strcmp(part, "ffn_down.weight"))
-            return GGUF_T_Q6_K;
-    }
+    const char *part;
+    int il = synth_layer_part(name, &part);
+    if (il >= 0 && synth_more_bits((uint32_t)il, n_layer) &&
+        (!strcmp(part, "attn_v.weight") || !strcmp(part, "ffn_down.weight")))
+        return GGUF_T_Q6_K;
     return GGUF_T_Q4_K;
 }
 
@@ -330,10 +337,10 @@ static int nextn_add(void *ud, const char *name, const struct model_tensor_desc 
                      const uint64_t ne[4])
 {
     struct nextn_ctx *c = ud;
-    int l = gguf_tensor_layer(name);
+    const char *part;
+    int l = synth_layer_part(name, &part);
     if (l < 0 || (uint32_t)l < c->first)
         return 0;
-    const char *part = strchr(name + 4, '.') + 1; /* after "blk.N." (gguf_tensor_layer parsed it) */
     char like[128];
     snprintf(like, sizeof like, "blk.%" PRIu32 ".%s", c->like, part);
     const struct gguf_tensor *lt = gguf_tensor_find(c->src, like);

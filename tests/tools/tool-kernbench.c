@@ -21,28 +21,15 @@
 #include "kernels/kern.h"
 #include "wtype/wtype.h"
 
-static double now_s(void)
+/* Seconds on clock id: CLOCK_MONOTONIC (wall), CLOCK_PROCESS_CPUTIME_ID (every thread's CPU)
+ * or CLOCK_THREAD_CPUTIME_ID (the caller's: -c's one-thread pool runs the work on the caller,
+ * OpenBLAS held to it too for F32 batches past KERN_ROWS_EXACT_MAX, while the process's time
+ * would also count OpenBLAS's worker, which spins for its first fraction of a second after the
+ * library loads: about half of a short -c run on a 2-core host). */
+static double clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* The calling thread's CPU time: -c's one-thread pool runs the work on the caller (and
- * OpenBLAS, for F32 batches past KERN_ROWS_EXACT_MAX, is held to that thread too), and the
- * process's time would also count OpenBLAS's worker, which spins for its first fraction of a
- * second after the library loads (about half of a short -c run on a 2-core host). */
-static double thread_cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    clock_gettime(id, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -123,11 +110,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < nh * hd; i++)
             q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
         int reps = (int)(2000000 / att_ctx) + 1;
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
         for (int r = 0; r < reps; r++)
             kern_attention(ap, KERN_T_F16, o, q, k, v, 1, att_ctx - 1, nh, nkv, hd, stride, 0.125f,
                            scratch);
-        double dt = (now_s() - t0) / reps, dc = (cpu_s() - c0) / reps;
+        double dt = (clock_s(CLOCK_MONOTONIC) - t0) / reps, dc = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
         printf("attention ctx %d, %d threads: %.1f us per call (%.1f us CPU), %.2f ms per token "
                "(22 layers)\n", att_ctx, kern_pool_threads(ap), dt * 1e6, dc * 1e6, dt * 22e3);
         free(k); free(v); free(q); free(o); free(scratch);
@@ -138,7 +125,7 @@ int main(int argc, char **argv)
     if (kern_pool_new(&pool, resident ? 1 : threads) != 0)
         return 1;
     if (resident)
-        openblas_set_num_threads(1); /* one thread, the caller: what thread_cpu_s counts */
+        openblas_set_num_threads(1); /* one thread, the caller: what the thread clock counts */
     /* the widest activations: batch rows of 5632 against any type */
     if (kern_pool_reserve(pool, (size_t)batch * 5632 * 4) != 0)
         return 1;
@@ -176,10 +163,10 @@ int main(int argc, char **argv)
             int reps = 2000 / batch + 1;
             double dt = 1e30; /* the best of several rounds: a busy host steals cache and cycles */
             for (int round = 0; round < rounds; round++) {
-                double t0 = thread_cpu_s();
+                double t0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
                 for (int rep = 0; rep < reps; rep++)
                     mm(pool, t, w, pk, rows, cols, x, batch, y);
-                double d = thread_cpu_s() - t0;
+                double d = clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
                 dt = d < dt ? d : dt;
             }
             kern_pack_free(pk);
@@ -217,7 +204,7 @@ int main(int argc, char **argv)
         }
         double best = 1e30, best_cpu = 1e30;
         for (int rep = 0; rep < 3; rep++) {
-            double t0 = now_s(), c0 = cpu_s();
+            double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
             off = 0;
             for (int l = 0; l < nl; l++)
                 for (int m = 0; m < 7; m++) {
@@ -225,7 +212,7 @@ int main(int argc, char **argv)
                        x, batch, y);
                     off += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
                 }
-            double dt = now_s() - t0, dc = cpu_s() - c0;
+            double dt = clock_s(CLOCK_MONOTONIC) - t0, dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
             best = dt < best ? dt : best;
             best_cpu = dc < best_cpu ? dc : best_cpu;
         }
