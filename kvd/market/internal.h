@@ -143,9 +143,10 @@ struct kvd_market_store_ops {
     int (*credit_void)(void *impl, const char *node, double at, const char *reason,
                        uint64_t *layer_tokens, double *credit);
     /* Keys of the blobs whose key starts with prefix, in key order, up to cap (each at most
-     * KVD_MARKET_KEY_MAX - 1 bytes; longer ones are skipped). */
-    int (*blob_keys)(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
-                     size_t *n);
+     * KVD_MARKET_KEY_MAX - 1 bytes; longer ones are skipped); with after (not NULL or empty)
+     * only those past it, so a caller can walk more keys than cap a page at a time. */
+    int (*blob_keys)(void *impl, const char *prefix, const char *after,
+                     char (*keys)[KVD_MARKET_KEY_MAX], size_t cap, size_t *n);
     /* Remove a model with its windows, leases and the blobs keyed "<anything>/<id>..." that
      * hold its probes and checks: -ENOENT when there is no such model. */
     int (*model_delete)(void *impl, const char *id);

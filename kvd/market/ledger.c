@@ -480,21 +480,21 @@ int kvd_market__session_sweep(struct kvd_market_store *st, const struct kvd_mark
     static char keys[SWEEP_MAX][KVD_MARKET_KEY_MAX];
     size_t n = 0;
     *paid = 0;
-    int rc = st->ops->blob_keys(st->impl, "pend/", keys, SWEEP_MAX, &n);
+    /* a cursor through the pending sessions: each sweep takes up to SWEEP_MAX past the last
+     * one it looked at, and starts again from the first when none is left past it (so every
+     * pending session is looked at however many there are) */
+    int rc = st->ops->blob_keys(st->impl, "pend/", after, keys, SWEEP_MAX, &n);
+    if (rc == 0 && n == 0 && after[0]) {
+        after[0] = 0;
+        rc = st->ops->blob_keys(st->impl, "pend/", NULL, keys, SWEEP_MAX, &n);
+    }
     if (rc)
         return rc;
-    /* a cursor through the pending sessions: each sweep takes up to SWEEP_MAX past the last */
-    size_t start = 0;
-    while (start < n && after[0] && strcmp(keys[start], after) <= 0)
-        start++;
-    if (start == n)
-        start = 0;
-    after[0] = 0;
-    for (size_t i = start; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         cJSON *p = kvd_market__blob_load(st, keys[i]);
         double at = util_json_number(p, "at", now);
         cJSON_Delete(p);
-        snprintf(after, KVD_MARKET_KEY_MAX, "%s", keys[i]);
+        memcpy(after, keys[i], KVD_MARKET_KEY_MAX);   /* a key and its terminator */
         if (now < at + cfg->settle_wait_s)
             continue;   /* its ring may still be submitting: its own receipts settle it */
         struct kvd_market_settled s;

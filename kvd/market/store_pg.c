@@ -480,15 +480,18 @@ static int pg_credit_void(void *impl, const char *node, double at, const char *r
     return exec(impl, "UPDATE balances SET layer_tokens=0, credit=0 WHERE node=$1", &b);
 }
 
-static int pg_blob_keys(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
-                        size_t *n)
+static int pg_blob_keys(void *impl, const char *prefix, const char *after,
+                        char (*keys)[KVD_MARKET_KEY_MAX], size_t cap, size_t *n)
 {
     struct args a = {0};
     int rc;
     *n = 0;
     a_str(&a, prefix);
+    a_str(&a, after ? after : "");
+    a_u64(&a, cap);
     /* starts_with keeps the prefix literal (LIKE would read % and _ in it) */
-    PGresult *r = run(impl, "SELECT k FROM blobs WHERE starts_with(k, $1) ORDER BY k", &a, &rc);
+    PGresult *r = run(impl, "SELECT k FROM blobs WHERE starts_with(k, $1) AND k > $2 ORDER BY k "
+                            "LIMIT $3", &a, &rc);
     if (!r)
         return rc;
     for (int i = 0; i < PQntuples(r) && *n < cap; i++)

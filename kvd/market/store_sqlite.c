@@ -480,17 +480,19 @@ static int sq_credit_void(void *impl, const char *node, double at, const char *r
     return run(q, st);
 }
 
-static int sq_blob_keys(void *impl, const char *prefix, char (*keys)[KVD_MARKET_KEY_MAX], size_t cap,
-                        size_t *n)
+static int sq_blob_keys(void *impl, const char *prefix, const char *after,
+                        char (*keys)[KVD_MARKET_KEY_MAX], size_t cap, size_t *n)
 {
     struct sq *q = impl;
     sqlite3_stmt *st;
     *n = 0;
     /* a range over the primary key: every key that starts with prefix sorts in [prefix,
      * prefix || 0xff) */
-    if (prep(q, &st, "SELECT k FROM blobs WHERE k >= ?1 AND k < ?1 || char(255) ORDER BY k"))
+    if (prep(q, &st, "SELECT k FROM blobs WHERE k >= ?1 AND k < ?1 || char(255) AND k > ?2 "
+                     "ORDER BY k"))
         return -EIO;
     sqlite3_bind_text(st, 1, prefix, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, after ? after : "", -1, SQLITE_STATIC);
     while (*n < cap && sqlite3_step(st) == SQLITE_ROW) {
         const unsigned char *t = sqlite3_column_text(st, 0);
         if (t && strlen((const char *)t) < KVD_MARKET_KEY_MAX)

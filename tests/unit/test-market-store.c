@@ -2,8 +2,9 @@
  * its reward formula: nonces spent once, credit paid once per (session, rank, token range)
  * and never for an overlapping range, leases and windows round-trip, a rolled-back
  * transaction leaves nothing, the data survive a reopen, a newer schema is refused, blobs
- * round-trip and a version-1 database gains their table, voided credit leaves a zero balance;
- * and the known-answer probes' checks, challenges and judgements (kvd/market/probe.c).
+ * round-trip and a version-1 database gains their table, voided credit leaves a zero balance,
+ * the settlement sweep reaches every pending session however many there are; and the
+ * known-answer probes' checks, challenges and judgements (kvd/market/probe.c).
  * With KV_MARKET_PG=postgres://... (tests/integration/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
@@ -311,6 +312,62 @@ T_CASE(probe_judge)
     cJSON_Delete(set);
 }
 
+/* The settlement sweep walks every pending session, however many: 300 pending sessions,
+ * each kept pending (no paying client opened it, so nothing settles it), then one whose
+ * record is gone, past the first page: a few sweeps reach it and drop its pending key. The
+ * keys a page holds come in order and past the cursor (blob_keys' after). */
+T_CASE(sweep_walks_every_pending)
+{
+    struct kvd_market_store *s = open_store("w.db", true);
+    T_ASSERT(s, "no store");
+    const struct kvd_market_store_ops *o = s->ops;
+    enum { N = 300 };
+    T_ASSERT(o->begin(s->impl) == 0, "begin");
+    for (int i = 0; i < N; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "pend/s%04d", i);
+        T_ASSERT(o->blob_put(s->impl, k, "{\"at\":0}") == 0, "put %s", k);
+        if (i < N - 1) {   /* the last one's record is gone */
+            snprintf(k, sizeof k, "sess/s%04d", i);
+            T_ASSERT(o->blob_put(s->impl, k, "{}") == 0, "put %s", k);
+        }
+    }
+    T_ASSERT(o->commit(s->impl) == 0, "commit");
+    char (*keys)[KVD_MARKET_KEY_MAX] = malloc(N * sizeof *keys);
+    T_ASSERT(keys, "oom");
+    size_t n = 0;
+    T_CHECK(o->blob_keys(s->impl, "pend/", "pend/s0099", keys, N, &n) == 0 && n == N - 100 &&
+                !strcmp(keys[0], "pend/s0100") && !strcmp(keys[n - 1], "pend/s0299"),
+            "the keys past a cursor, in order: %zu", n);
+    T_CHECK(o->blob_keys(s->impl, "pend/", "pend/s0299", keys, N, &n) == 0 && n == 0,
+            "none past the last");
+    free(keys);
+    struct kvd_market_config cfg;
+    kvd_market__config_default(&cfg);
+    cfg.settle_wait_s = 1;
+    char after[KVD_MARKET_KEY_MAX] = "";
+    char *v = NULL;
+    int sweeps = 0;
+    while (sweeps < 4 && o->blob_get(s->impl, "pend/s0299", &v) == 0) {
+        free(v);
+        v = NULL;
+        size_t paid = 0;
+        T_ASSERT(o->begin(s->impl) == 0, "begin");
+        T_CHECK(kvd_market__session_sweep(s, &cfg, 1000, after, NULL, NULL, &paid) == 0 &&
+                    paid == 0, "sweep %d", sweeps);
+        T_ASSERT(o->commit(s->impl) == 0, "commit");
+        sweeps++;
+    }
+    free(v);
+    T_CHECK(o->blob_get(s->impl, "pend/s0299", &v) == -ENOENT,
+            "the pending session past the first page was never reached (%d sweeps)", sweeps);
+    free(v);
+    v = NULL;
+    T_CHECK(o->blob_get(s->impl, "pend/s0000", &v) == 0, "a pending session was dropped");
+    free(v);
+    kvd_market__store_close(s);
+}
+
 T_CASE(reward_formula)
 {
     struct kvd_market_config c;
@@ -335,6 +392,7 @@ int main(int argc, char **argv)
     T_RUN(newer_schema_refused);
     T_RUN(blobs_and_voids);
     T_RUN(probe_judge);
+    T_RUN(sweep_walks_every_pending);
     T_RUN(reward_formula);
     return T_DONE();
 }
