@@ -101,7 +101,8 @@ void kvd_market__h_clients_get(struct net_http_req *req, void *ud)
     if (!strcmp(p, "/v1/clients")) {
         char (*keys)[KVD_MARKET_KEY_MAX] = malloc(RING_CLIENTS_LIST_MAX * sizeof *keys);
         size_t n = 0;
-        if (!keys || a->st->ops->blob_keys(a->st->impl, "client/", NULL, keys, RING_CLIENTS_LIST_MAX, &n)) {
+        if (!keys || a->st->ops->blob_keys(a->st->impl, "client/", NULL, keys,
+                                           RING_CLIENTS_LIST_MAX, &n)) {
             free(keys);
             kvd_market__reply_err(req, 503, NULL, "store: %s", keys ? a->st->err : "out of memory");
             return;

@@ -72,7 +72,8 @@ cJSON *kvd_market__standby_list(struct kvd_market_store *st, const char *model, 
     char (*keys)[KVD_MARKET_KEY_MAX] = malloc(KVD_MARKET_MAX_STANDBYS * sizeof *keys);
     cJSON *arr = cJSON_CreateArray();
     size_t n = 0;
-    if (!keys || !arr || st->ops->blob_keys(st->impl, prefix, NULL, keys, KVD_MARKET_MAX_STANDBYS, &n)) {
+    if (!keys || !arr ||
+        st->ops->blob_keys(st->impl, prefix, NULL, keys, KVD_MARKET_MAX_STANDBYS, &n)) {
         free(keys);
         cJSON_Delete(arr);
         return NULL;

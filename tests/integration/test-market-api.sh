@@ -33,7 +33,9 @@ SETTLE=3   # the market's settle wait (s): a session's ring has this long to sub
 # within_settle T0: whether less than the settle wait has passed since T0 (date +%s.%N), so
 # that a receipt sent now still comes inside the wait (a slow host may take longer than the
 # wait over a session's receipts, and then the market pays them late, as it should)
-within_settle() { awk -v t0="$1" -v t1="$(date +%s.%N)" -v w="$SETTLE" 'BEGIN { exit !(t1 - t0 < w) }'; }
+within_settle() {
+    awk -v t0="$1" -v t1="$(date +%s.%N)" -v w="$SETTLE" 'BEGIN { exit !(t1 - t0 < w) }'
+}
 start_market() {   # every node here comes from 127.0.0.1: no cap on ranks per address
     rm -f "$T/market.port"   # a restart keeps the port the first start got
     "$LISTEN" "$T/market.port" "$MPORT" -- \
