@@ -19,14 +19,15 @@
 #include <cblas.h>
 
 #include "kernels/kern.h"
+#include "util/util.h"
 #include "wtype/wtype.h"
 
-/* Seconds on clock id: CLOCK_MONOTONIC (wall), CLOCK_PROCESS_CPUTIME_ID (every thread's CPU)
+/* CPU seconds on clock id (wall time is util_now_s): CLOCK_PROCESS_CPUTIME_ID (every thread's)
  * or CLOCK_THREAD_CPUTIME_ID (the caller's: -c's one-thread pool runs the work on the caller,
  * OpenBLAS held to it too for F32 batches past KERN_ROWS_EXACT_MAX, while the process's time
  * would also count OpenBLAS's worker, which spins for its first fraction of a second after the
  * library loads: about half of a short -c run on a 2-core host). */
-static double clock_s(clockid_t id)
+static double cpu_s(clockid_t id)
 {
     struct timespec ts;
     clock_gettime(id, &ts);
@@ -110,11 +111,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < nh * hd; i++)
             q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
         int reps = (int)(2000000 / att_ctx) + 1;
-        double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+        double t0 = util_now_s(), c0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
         for (int r = 0; r < reps; r++)
             kern_attention(ap, KERN_T_F16, o, q, k, v, 1, att_ctx - 1, nh, nkv, hd, stride, 0.125f,
                            scratch);
-        double dt = (clock_s(CLOCK_MONOTONIC) - t0) / reps, dc = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
+        double dt = (util_now_s() - t0) / reps, dc = (cpu_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
         printf("attention ctx %d, %d threads: %.1f us per call (%.1f us CPU), %.2f ms per token "
                "(22 layers)\n", att_ctx, kern_pool_threads(ap), dt * 1e6, dc * 1e6, dt * 22e3);
         free(k); free(v); free(q); free(o); free(scratch);
@@ -163,10 +164,10 @@ int main(int argc, char **argv)
             int reps = 2000 / batch + 1;
             double dt = 1e30; /* the best of several rounds: a busy host steals cache and cycles */
             for (int round = 0; round < rounds; round++) {
-                double t0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+                double t0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
                 for (int rep = 0; rep < reps; rep++)
                     mm(pool, t, w, pk, rows, cols, x, batch, y);
-                double d = clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
+                double d = cpu_s(CLOCK_THREAD_CPUTIME_ID) - t0;
                 dt = d < dt ? d : dt;
             }
             kern_pack_free(pk);
@@ -204,7 +205,7 @@ int main(int argc, char **argv)
         }
         double best = 1e30, best_cpu = 1e30;
         for (int rep = 0; rep < 3; rep++) {
-            double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+            double t0 = util_now_s(), c0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
             off = 0;
             for (int l = 0; l < nl; l++)
                 for (int m = 0; m < 7; m++) {
@@ -212,7 +213,7 @@ int main(int argc, char **argv)
                        x, batch, y);
                     off += (size_t)shapes[m][0] * kern_row_bytes(t, shapes[m][1]);
                 }
-            double dt = clock_s(CLOCK_MONOTONIC) - t0, dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+            double dt = util_now_s() - t0, dc = cpu_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
             best = dt < best ? dt : best;
             best_cpu = dc < best_cpu ? dc : best_cpu;
         }
