@@ -233,7 +233,7 @@ wait_port $PORT 20 || die "kvctl serve did not serve: $(cat "$T/serve.log")"
 BASE=http://127.0.0.1:$PORT
 common_checks "$BASE" "kvctl serve"
 stream_and_leave "$BASE"
-wait_for 1 bash -c "curl -s $BASE/health | grep -q '\"sessions\":0'" || fail "kvctl serve: the session of a client that left is still running"
+wait_for 10 bash -c "curl -s $BASE/health | grep -q '\"sessions\":0'" || fail "kvctl serve: the session of a client that left is still running"
 kill -0 $SERVE || fail "kvctl serve died"
 kill -INT $SERVE
 wait_for 10 bash -c "! kill -0 $SERVE 2>/dev/null" || fail "kvctl serve did not stop on SIGINT"

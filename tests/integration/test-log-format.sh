@@ -39,7 +39,8 @@ async def main(port):
         assert got == b"secret-payload-" * 100
 asyncio.run(main(int(sys.argv[1])))
 PY
-wait_for 5 grep -q "closed after" "$T/relay.log"
+both_closed() { [ "$(grep -c "closed after" "$T/relay.log")" -ge 2 ]; }
+wait_for 10 both_closed || fail "the relay did not log both ends' close: $(grep closed "$T/relay.log")"
 curl -s "http://127.0.0.1:$RP/v1/relay/status" > /dev/null || fail "relay status"
 kill -TERM "$spid" "$rpid"
 wait "$spid" "$rpid" 2>/dev/null

@@ -302,7 +302,7 @@ base=$(lt "$A")
 burst &
 BURST=$!
 wait_for 60 bash -c "[ \$(wc -l < '$T/acked.txt') -ge 8 ]" || fail "the burst did not get going"
-kill -9 "$MARKET_PID"
+kill_dead "$MARKET_PID"
 wait "$BURST" 2>/dev/null
 acked=$(wc -l <"$T/acked.txt")
 start_market

@@ -58,17 +58,21 @@ if [ "$H1" != "$R0" ]; then VICTIM=$H1 VW=1 STAY=$H0; else VICTIM=$H0 VW=0 STAY=
 kill -9 "${JPID[$VICTIM]}"
 moved() { grep -q "moving from window 2 to window $VW" "$T/join-$L.log"; }
 wait_for 40 moved || fail "node $L (1 layer) did not move to the freed 2-layer window $VW: $(grep -h "worth\|moving" "$T/join-$L.log")"
-"$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json"
+# released, not lapsed: window 2 is free for anyone at once, with no grace entry for node L
+# (the node logs its move before its release reaches the market: wait for the release, by the
+# clock less than the 6 s lease, after which a window never released would lapse and, its
+# grace over, look free too)
+released() {
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" && python3 -c '
+import json,sys
+w=json.load(open(sys.argv[1]))["models"][0]["windows"][2]
+sys.exit(0 if w["state"]=="uncovered" and not any(s["state"]=="grace" for s in w["stages"]) else 1)' "$T/cov.json"
+}
+wait_clock 4 released || fail "the released window 2 is not simply free: $(cat "$T/cov.json")"
 grep -q "worth 2.00x ours" "$T/join-$L.log" || fail "node $L's log does not give the ratio"
 grep -q "moving\|worth" "$T/join-$STAY.log" &&
     fail "node $STAY (2 layers) considered a window worth as much as its own: $(grep -h "moving\|worth" "$T/join-$STAY.log")"
 echo "ok   the 1-layer node moved to the freed 2-layer window after the hold time; the 2-layer node stayed"
-# released, not lapsed: window 2 is free for anyone at once, with no grace entry for node L
-python3 -c '
-import json,sys
-w=json.load(open(sys.argv[1]))["models"][0]["windows"][2]
-sys.exit(0 if w["state"]=="uncovered" and not any(s["state"]=="grace" for s in w["stages"]) else 1)' \
-    "$T/cov.json" || fail "the released window 2 is not simply free: $(cat "$T/cov.json")"
 join d
 wait_for 60 ring_ready || fail "no complete ring after the fourth node joined: $(cat "$T/cov.json")"
 [ "$(holder 2)" = d ] && [ "$(holder $VW)" = "$L" ] && [ "$(holder $(( 1 - VW )))" = "$STAY" ] ||

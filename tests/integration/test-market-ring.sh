@@ -150,8 +150,8 @@ echo "ok   a fourth node took window $VR and the ring serves again: $got"
 # ---- control plane only: the ring serves while the market is down, and is left alone after
 cp "$T/$R0/manifest.json" "$T/manifest-running.json"
 MPORT=$(cat "$T/market.port")
-kill -9 "$MARKET_PID"
-sleep 2
+kill_dead "$MARKET_PID"
+sleep 2   # the ring runs a while without its market
 serves "$R0" || fail "the ring stopped serving while the market was down ($got)"
 market_start "$MPORT"
 wait_for 30 ring_ready || fail "the ring was not complete again after the market came back: $(cat "$T/cov.json")"

@@ -156,7 +156,7 @@ wait_for 30 took || fail "the map does not show node d holding window 1 on the s
 grep -qE "^  1 +\\[2, 4\\) +active .* $(key_of d | cut -c1-16) " "$T/status.txt" &&
     grep -q "took over from $(key_of "$MID" | cut -c1-16)" "$T/status.txt" ||
     fail "kvctl market status does not show the takeover: $(cat "$T/status.txt")"
-grep -q "took rank 1 over; the market made this node the holder of window 1" "$T/join-d.log" ||
+wait_for 10 grep -q "took rank 1 over; the market made this node the holder of window 1" "$T/join-d.log" ||
     fail "node d does not say it holds the window: $(grep -v pull: "$T/join-d.log" | tail -5)"
 echo "ok   node d holds window 1 (taken over from node $MID), the ring runs on the same manifest"
 

@@ -37,7 +37,8 @@ legit warm || fail "legitimate downloads before the attack differ from the refer
 base=$($A rss --pid "$SPID" --field RssAnon)
 
 $A noread --port "$SP" --src 127.0.0.2 -n 12 --zstd --path "$W" --hold 1.0 --after 2.5 \
-    --pid "$SPID" --stats "$U/v1/seeder/stats" > "$T/zstd.json" &
+    --pid "$SPID" --stats "$U/v1/seeder/stats" \
+    --until 'd["timeouts"]["write"] >= 12 and d["conns_open"] <= 3' > "$T/zstd.json" &
 ap=$!
 sleep 0.5
 legit during || fail "legitimate downloads during the attack failed or differ"
@@ -49,7 +50,7 @@ check "$T/zstd.json" \
     "d['anon_kib_while_held'] - $base < 8 * 1024" "non-reading clients pinned more than 8 MiB of heap"
 
 $A noread --port "$SP" --src 127.0.0.2 -n 4 --path "$W" --hold 0.5 --after 2.5 \
-    --stats "$U/v1/seeder/stats" > "$T/id.json"
+    --stats "$U/v1/seeder/stats" --until 'd["timeouts"]["write"] >= 16 and d["conns_open"] <= 1' > "$T/id.json"
 echo "4 identity readers that never read: $(cat "$T/id.json")"
 check "$T/id.json" 'd["stats_after"]["timeouts"]["write"] >= 16 and d["stats_after"]["conns_open"] <= 1' \
     "a non-reading identity client was not dropped"

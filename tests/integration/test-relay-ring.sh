@@ -35,7 +35,8 @@ echo "$st" | grep -q '"paired":1' || fail "relay status does not show the bridge
 # Kill the relay, restart it on the same port: the stages must find each other again.
 kill "$RELAY_PID"
 wait "$RELAY_PID" 2>/dev/null
-sleep 0.5
+unlinked() { ! lib_linked "$D" 3; }
+wait_for 10 unlinked || fail "the stages still show their links up with the relay gone"
 start_relay relay2 --listen "127.0.0.1:$RPORT" --tls-cert "$T/cert.pem" --tls-key "$T/key.pem"
 wait_linked "$D" 3 30 || fail "stages did not reconnect through the restarted relay"
 again=$("$KVCTL" generate --ring "$D" --ids --tokens $PROMPT -n 24 --temp 0 2>"$T/gen.err") || fail "generate after relay restart: $(cat "$T/gen.err")"

@@ -45,8 +45,7 @@ echo "ok reference: $REF"
 # a port of its own, Q1 (a free one the first time, handed over: tests/lib/listen.py).
 Q1=0
 restart_rank1() {
-    kill -9 "$(rank_pid "$D" 1)" 2>/dev/null
-    for i in $(seq 50); do kill -0 "$(rank_pid "$D" 1)" 2>/dev/null || break; sleep 0.1; done
+    kill_dead "$(rank_pid "$D" 1)"
     if [ "${1:-}" = own ]; then
         rm -f "$TMP/q1.port"
         "$LISTEN" "$TMP/q1.port" "$Q1" -- "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" \
@@ -172,7 +171,7 @@ IPID=$!
 at_exit "kill $IPID 2>/dev/null"
 sleep 1
 lines0=$(wc -l < "$LOG1")
-kill -9 "$(rank_pid "$D" 0)"
+kill_dead "$(rank_pid "$D" 0)"
 "$KVD" stage --manifest "$D/ring.json" --rank 0 --model "$M" --state-dir "$D/rank-0" \
     >> "$D/rank-0/kvd.log" 2>&1 &
 echo $! > "$D/rank-0/kvd.pid"

@@ -128,13 +128,7 @@ for i in $(seq 100); do [ -s "$TMP/long" ] && break; sleep 0.05; done
 [ -s "$TMP/long" ] || fail "the long generation printed nothing"
 kill -TERM $G
 wait $G 2>/dev/null
-open=1
-for i in $(seq 60); do
-    open=$("$KVCTL" status --ring "$S" --json | python3 -c 'import json,sys; print(sum(json.loads(l)["sessions"] for l in sys.stdin))')
-    [ "$open" = 0 ] && break
-    sleep 0.05
-done
-[ "$open" = 0 ] || fail "$open sessions still open 3 s after the client went away"
+wait_for 10 ring_idle "$S" || fail "$(ring_sessions "$S") sessions still open after the client went away"
 grep -q "ends: client gone" "$S/rank-0/kvd.log" || fail "rank 0 did not log the client's departure"
 out=$("$KVCTL" generate --ring "$S" --ids --tokens 1,2,3 -n 5 --temp 0 --ignore-eos 2>"$TMP/err") ||
     fail "the next client: $(cat "$TMP/err")"

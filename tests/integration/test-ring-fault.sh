@@ -29,31 +29,26 @@ grep -qE "ring link rank (0 -> rank 1|1 -> rank 2) .*broke|ring not linked: link
 echo "ok client error after $ms ms: $(cat "$TMP/err")"
 kill -0 $(rank_pid "$D" 0) && kill -0 $(rank_pid "$D" 2) || fail "another stage died"
 
-# The stage comes back (same key, same manifest): the ring links again and serves.
+# The stage comes back (same key, same manifest, its port once the dead one has let it go):
+# the ring links again and serves.
+wait_for 30 pid_gone $PID1 || fail "rank 1 did not die"
 "$KVD_STUB" stage --manifest "$D/ring.json" --rank 1 --stub --state-dir "$D/rank-1" >> "$D/rank-1/kvd.log" 2>&1 &
 echo $! > "$D/rank-1/kvd.pid"
-for i in $(seq 100); do
-    n=$("$KVCTL" status --ring "$D" --json 2>/dev/null | grep -c '"linked":true')
-    [ "$n" = 3 ] && break
-    sleep 0.1
-done
-[ "$n" = 3 ] || fail "the ring did not link again: $("$KVCTL" status --ring "$D")"
+wait_linked "$D" 3 20 || fail "the ring did not link again: $("$KVCTL" status --ring "$D")"
 out=$("$KVCTL" generate --ring "$D" --ids --tokens 1,2,3 -n 5 --temp 0 2>"$TMP/err") || fail "generate after recovery: $(cat "$TMP/err")"
 [ $(echo "$out" | wc -w) -eq 5 ] || fail "after recovery: '$out'"
 echo "ok ring back: $out"
-# Sessions on the other stages were freed when the link broke.
-s=$("$KVCTL" status --ring "$D" --json | python3 -c 'import json,sys; print(sum(json.loads(l)["sessions"] for l in sys.stdin))')
-[ "$s" = 0 ] || fail "$s sessions left on the stages"
+# Sessions on the other stages were freed when the link broke (the last one's CLOSE goes
+# round after its client heard "done": wait for it).
+wait_for 10 ring_idle "$D" || fail "$(ring_sessions "$D") sessions left on the stages"
 # A hole further down the ring: in a 4-stage ring without rank 2, rank 0's own links are up,
 # so it starts the session; rank 1 cannot pass it on and sends the ERROR back: the client
 # hears which link is missing at once instead of waiting for a timeout.
 D4=$TMP/ring4
 ring_up "$D4" --stub --layers 8 --embd 64 --stages 4
 kill -9 $(rank_pid "$D4" 2)
-for i in $(seq 50); do
-    "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 2p | grep -q '"out":{[^}]*"state":"down"' && break
-    sleep 0.1
-done
+out_down() { "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 2p | grep -q '"out":{[^}]*"state":"down"'; }
+wait_for 20 out_down || fail "rank 1's out link is not down after rank 2 was killed: $("$KVCTL" status --ring "$D4")"
 t0=$(date +%s%N)
 if "$KVCTL" generate --ring "$D4" --ids --tokens 1,2,3 -n 5 --temp 0 > /dev/null 2> "$TMP/err4"; then
     fail "generate succeeded through a ring with a missing stage"
@@ -65,10 +60,8 @@ echo "ok missing middle stage reported back in $ms ms: $(cat "$TMP/err4")"
 # Rank 0's own in link down (the last stage gone, as while a ring is still linking): refused
 # at once by rank 0, naming the link, no session started.
 kill -9 $(rank_pid "$D4" 3)
-for i in $(seq 50); do
-    "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 1p | grep -q '"in":{[^}]*"state":"down"' && break
-    sleep 0.1
-done
+in_down() { "$KVCTL" status --ring "$D4" --json 2>/dev/null | sed -n 1p | grep -q '"in":{[^}]*"state":"down"'; }
+wait_for 20 in_down || fail "rank 0's in link is not down after rank 3 was killed: $("$KVCTL" status --ring "$D4")"
 opens=$(grep -c "session .* opens" "$D4/rank-0/kvd.log")
 t0=$(date +%s%N)
 "$KVCTL" generate --ring "$D4" --ids --tokens 1,2,3 -n 5 --temp 0 > /dev/null 2> "$TMP/err5" &&
@@ -84,8 +77,7 @@ reply=$(python3 -c 'import socket,sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"{\"op\":\"shutdown\"}\n")
 print(s.makefile().readline().strip())' "$D4/rank-0/kvd.sock") || fail "shutdown request"
 [ "$reply" = '{"ok":true}' ] || fail "shutdown reply '$reply'"
-for i in $(seq 50); do kill -0 $P0 2>/dev/null || break; sleep 0.1; done
-kill -0 $P0 2>/dev/null && fail "rank 0 still running after the shutdown request"
+wait_for 30 pid_gone $P0 || fail "rank 0 still running after the shutdown request"
 grep -q "shutting down: shutdown requested" "$D4/rank-0/kvd.log" || fail "no shutdown line in the log"
 grep -q "INFO  stage 0/4: stopped$" "$D4/rank-0/kvd.log" || fail "rank 0 did not stop cleanly"
 echo "ok shutdown over the control socket"

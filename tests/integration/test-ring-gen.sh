@@ -70,10 +70,7 @@ for w in $layers; do
     echo $! > "$d/rank-$r/kvd.pid"
     r=$((r + 1))
 done
-for i in $(seq 100); do
-    [ "$("$KVCTL" status --ring "$d" --json 2>/dev/null | grep -c '"linked":true')" = 2 ] && break
-    sleep 0.1
-done
+wait_linked "$d" 2 20 || fail "the mini-GGUF ring did not link"
 out=$("$KVCTL" generate --ring "$d" --ids --tokens $PROMPT -n $N --temp 0 2>"$TMP/err") || fail "mini-GGUF ring: $(cat "$TMP/err")"
 one=$("$KVCTL" generate -m "$M" --ids --tokens $PROMPT -n $N --temp 0 2>/dev/null)
 [ "$out" = "$one" ] || fail "mini-GGUF ring: '$out' vs one process '$one'"

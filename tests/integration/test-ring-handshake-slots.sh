@@ -28,8 +28,7 @@ wait_for 20 held 32 || fail "the attacker does not hold 32 pending links: $(cat 
 echo "ok   the attacker holds $(cat "$TMP/held") pending links with valid HELLOs as rank 1 at rank 0"
 
 LOG1=$D/rank-1/kvd.log
-kill -9 "$(rank_pid "$D" 1)"
-wait_for 10 bash -c "! kill -0 $(rank_pid "$D" 1) 2>/dev/null"
+kill_dead "$(rank_pid "$D" 1)"
 wait_for 10 bash -c "! '$KVCTL' status --ring '$D' 2>/dev/null | grep -q 'linked'" || true
 t0=$(date +%s.%N)
 "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$D/catalog.json" \

@@ -46,10 +46,8 @@ peer idle 0 "$D/rank-0" "already has a predecessor link"
 
 # Kill the real predecessor so the hostile peer can take its place (with its key).
 kill -9 $(rank_pid "$D" 0)
-for i in $(seq 50); do
-    "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q '"in":{[^}]*"state":"down"' && break
-    sleep 0.1
-done
+in_down() { "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q '"in":{[^}]*"state":"down"'; }
+wait_for 20 in_down || fail "rank 1's in link is not down after rank 0 was killed: $("$KVCTL" status --ring "$D")"
 peer random 0 "$D/rank-0" "frame magic"
 peer early-act 0 "$D/rank-0" "payload_len 100000 exceeds the cap 1028"
 peer magic 0 "$D/rank-0" "frame magic 0x58585858"
@@ -99,15 +97,16 @@ echo "ok fresh link served"
 # Idle sessions end: rank 1 again, with a 1 s idle timeout; a peer opens a session and goes
 # quiet (but keeps its link alive): the stage drops the session and keeps the link.
 kill $PID1
-for i in $(seq 50); do kill -0 $PID1 2>/dev/null || break; sleep 0.1; done
+wait_for 30 pid_gone $PID1 || fail "rank 1 did not stop on SIGTERM"
 "$KVD" stage --manifest "$D/ring.json" --rank 1 --model "$M" --catalog "$D/catalog.json" \
     --state-dir "$D/rank-1" --idle-timeout 1 >> "$LOG1" 2>&1 &
 PID1=$!
 echo $PID1 > "$D/rank-1/kvd.pid"
-for i in $(seq 50); do [ -S "$D/rank-1/kvd.sock" ] && "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q rank && break; sleep 0.1; done
+up1() { [ -S "$D/rank-1/kvd.sock" ] && "$KVCTL" status --ring "$D" --json 2>/dev/null | sed -n 2p | grep -q rank; }
+wait_for 30 up1 || fail "the restarted rank 1 does not answer: $(tail -5 "$LOG1")"
 out=$("$TOOLS/tool-ring-peer" --connect 127.0.0.1:$P1 --manifest "$D/ring.json" --as-rank 0 \
       --state-dir "$D/rank-0" --case open-idle --target 1 2>&1) || fail "open-idle: the link was closed: $out"
-grep -q "idle for more than 1 s on rank 1" "$LOG1" || fail "the idle session was not ended"
+wait_for 10 grep -q "idle for more than 1 s on rank 1" "$LOG1" || fail "the idle session was not ended"
 echo "ok idle session ended, link kept"
 
 # Model identity: a stage given another model's catalog (or a window that does not match the
@@ -132,12 +131,7 @@ echo "ok model identity checked"
 "$KVD" stage --manifest "$D/ring.json" --rank 0 --model "$M" --state-dir "$D/rank-0" \
     >> "$D/rank-0/kvd.log" 2>&1 &
 echo $! > "$D/rank-0/kvd.pid"
-for i in $(seq 100); do
-    n=$("$KVCTL" status --ring "$D" --json 2>/dev/null | grep -c '"linked":true')
-    [ "$n" = 3 ] && break
-    sleep 0.1
-done
-[ "$n" = 3 ] || fail "the ring did not link again after rank 0 came back"
+wait_linked "$D" 3 20 || fail "the ring did not link again after rank 0 came back"
 out=$("$KVCTL" generate --ring "$D" --ids --tokens 1,400,300 -n 8 --temp 0 2>&1) || fail "generate after recovery: $out"
 echo "ok ring back: $out"
 echo PASS

@@ -51,5 +51,5 @@ ls "$D"/standby-0/window-* > /dev/null 2>&1 || fail "no pulled window in the sta
 echo "ok rank 1 killed with $running of 4 sessions running; the standby pulled its window" \
      "($(grep -o "pulled from [^ ]* in [0-9]* ms" "$D/standby-0/kvd.log")) and took over;" \
      "kill -> every running session's next token: $ms ms; every text as one process"
-wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$(ring_sessions "$D") sessions left on the nodes"
+wait_for 10 ring_idle "$D" || fail "$(ring_sessions "$D") sessions left on the nodes"
 finish

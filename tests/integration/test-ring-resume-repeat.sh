@@ -66,7 +66,7 @@ while [ $SECONDS -lt $end ]; do
 done
 [ "$resumed" -ge 1 ] || fail "no session resumed in $round rounds"
 # Nothing left behind: no session on any node (a killed node's sessions die with it), none paused.
-wait_for 15 test "$(ring_sessions "$D")" = 0 || fail "$(ring_sessions "$D") sessions left: $("$KVCTL" status --ring "$D")"
+wait_for 15 ring_idle "$D" || fail "$(ring_sessions "$D") sessions left: $("$KVCTL" status --ring "$D")"
 [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "paused sessions left at rank 0"
 echo "ok $kills kills in $SECS s, $resumed sessions resumed, no session left on any node"
 grep -q "boundary log dropped" "$D/rank-0/kvd.log" || fail "rank 0 never dropped a boundary log over the tiny cap"

@@ -91,7 +91,7 @@ stderr: $(cat "$TMP/$name.err.$i")"
     [ "$(rank_field 0 replays_from_log)" -gt "$from_log0" ] || fail "$name: rank 0 replayed nothing from its boundary log"
     grep -q "replay from the boundary log" "$D/rank-0/kvd.log" || fail "$name: rank 0's log does not say it replayed from its boundary log"
     echo "ok $name: upstream of rank $rank nothing recomputed (replayed positions:$up_after), the dead rank's replacement recomputed $(rank_field "$rank" replayed_positions)"
-    wait_for 10 test "$(ring_sessions "$D")" = 0 || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
+    wait_for 10 ring_idle "$D" || fail "$name: $(ring_sessions "$D") sessions left on the nodes"
     [ "$(rank0_repair "$D" paused_sessions)" = 0 ] || fail "$name: paused sessions left at rank 0"
 }
 
@@ -122,10 +122,10 @@ echo "ok $SAMPLED_RESUMED sampled sessions resumed with the text of their uninte
 # serves rank 1 now, the ring linked, and the repairs with the rank last repaired.
 repaired() {
     "$KVCTL" status --ring "unix:$D/rank-0/kvd.sock" > "$TMP/st0" 2>&1 &&
-        grep -q "^standby 2 .* serves rank 1" "$TMP/st0" && grep -Eq "; [3-9] repairs, the last at .* \(rank 1\)" "$TMP/st0"
+        grep -q "^standby 2 .* serves rank 1" "$TMP/st0" && grep -Eq "; [3-9] repairs, the last at .* \(rank 1\)" "$TMP/st0" &&
+        [ "$(grep -Ec "^[0-2] .* up +up " "$TMP/st0")" = 3 ]
 }
-wait_for 10 repaired || fail "rank 0's view lacks the standby or the repairs: $(cat "$TMP/st0")"
-[ "$(grep -Ec "^[0-2] .* up +up " "$TMP/st0")" = 3 ] || fail "rank 0's view: not 3 ranks up: $(cat "$TMP/st0")"
+wait_for 10 repaired || fail "rank 0's view lacks the standby, the repairs or 3 ranks up: $(cat "$TMP/st0")"
 echo "ok rank 0's view: standby 2 serves rank 1, $(grep -o '[0-9]* repairs' "$TMP/st0")"
 
 # Rank 0 dies: its sessions' history goes with it; the clients say so, the others free them.

@@ -85,7 +85,14 @@ wait_for 40 all_heard || {
 echo "ok the namespaced ring linked; rank 0 hears every rank"
 
 out=$("$KVCTL" generate --ring "$SOCK" --ids --tokens 1,400,300,200 -n 12 --temp 0 2>&1) || fail "generate: $out"
-sleep 1.5   # a tick: the ranks' records carry the steps
+# the ranks' records (one a second at most) carry the steps once the next one reaches rank 0
+stepped() {
+    "$KVCTL" status --ring "$SOCK" --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+sys.exit(not (len(rows) == 3 and all(r.get("steps", 0) > 0 and r.get("ms_per_token", 0) > 0 for r in rows)))'
+}
+wait_for 20 stepped || fail "the ranks' records do not carry the steps: $("$KVCTL" status --ring "$SOCK" --json)"
 "$KVCTL" status --ring "$SOCK" > "$TMP/table" || fail "status --ring unix: exit $?: $(cat "$TMP/table")"
 cat "$TMP/table"
 for r in "0 kvs-a 192.0.2.9:7100" "1 kvs-b 192.0.2.2:7101" "2 kvs-c 192.0.2.6:7102"; do

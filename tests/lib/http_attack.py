@@ -12,7 +12,9 @@ the target hit the attacker and not the legitimate client on 127.0.0.1.
            nothing: how many the server closed, and how soon.
   noread   N connections that ask for PATH (optionally with Accept-Encoding: zstd) and never
            read: the target's memory after --hold seconds, and its --stats URL (JSON) --after
-           seconds later, before they are closed.
+           seconds later, before they are closed; with --until EXPR the stats are read again
+           until EXPR (on the stats as d) holds, up to --until-s seconds (a loaded machine
+           runs the target's timers late).
   frag     WebSocket connections to /v1/bridge/<id> that send a role byte, then one message
            in --frags fragments of --fragsize bytes (1): the target's memory and --stats
            after --hold seconds, then the close code each got.
@@ -120,8 +122,13 @@ def cmd_noread(a):
     stats = None
     if a.stats:
         import urllib.request
-        with urllib.request.urlopen(a.stats, timeout=10) as r:
-            stats = json.loads(r.read())
+        t_end = time.monotonic() + a.until_s
+        while True:
+            with urllib.request.urlopen(a.stats, timeout=10) as r:
+                stats = json.loads(r.read())
+            if not a.until or eval(a.until, {"d": stats}) or time.monotonic() > t_end:
+                break
+            time.sleep(0.1)
     for s in socks:
         s.close()
     print(json.dumps({"opened": len(socks), "rss_kib_while_held": rss,
@@ -339,6 +346,8 @@ def main():
     p.add_argument("--after", type=float, default=0.0)
     p.add_argument("--field", default="VmRSS")
     p.add_argument("--stats", default=None)
+    p.add_argument("--until", default=None)
+    p.add_argument("--until-s", type=float, default=30.0)
     p.add_argument("--pid", type=int, default=0)
     p.add_argument("--tls", action="store_true")
     p.add_argument("--frags", type=int, default=100000)

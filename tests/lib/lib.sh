@@ -176,7 +176,32 @@ wait_for() {
     done
     "$@"
 }
+# wait_clock SECONDS CMD...: as wait_for, but bounded by the clock, for a check that must pass
+# within a time (before a lease lapses, say) however slowly each try runs; never tries after.
+wait_clock() {
+    local end=$(( $(date +%s%N) + $1 * 1000000000 ))
+    shift
+    while [ "$(date +%s%N)" -le "$end" ]; do
+        "$@" && return 0
+        sleep 0.1
+    done
+    return 1
+}
 wait_file() { wait_for "${2:-10}" test -s "$1"; }
+# pid_gone PID: the process is gone or a zombie; either way its files (sockets) are closed.
+pid_gone() {
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    s=${s##*) }
+    [ "${s%% *}" = Z ]
+}
+# kill_dead PID [SECONDS]: SIGKILL PID and wait until it is dead. A killed process keeps its
+# listening socket until its memory is unmapped (a second or more for an ASan build under
+# load), so a restart on its port, or a check that its port refuses, waits for this.
+kill_dead() {
+    kill -9 "$1" 2>/dev/null
+    wait_for "${2:-30}" pid_gone "$1" || fail "process $1 did not die within ${2:-30} s of SIGKILL"
+}
 wait_port() { wait_for "${2:-10}" bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 LISTEN=$ROOT/tests/lib/listen.py
 port_of() {

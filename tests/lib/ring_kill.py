@@ -5,7 +5,7 @@ wait DELAY_MS, SIGKILL PID, then print the milliseconds until every client runni
 has said on stderr that it resumed (the note comes with its next token) or ended, and how many
 were running: "MS N".
 - KILL_RESTART=DIR (the node's directory, holding kvd.cmdline, one argument a line): the node
-  is started again right after the kill, as before.
+  is started again, as before, as soon as the killed process is dead.
 - KILL_SIGNAL=STOP: SIGSTOP instead (a hung node: the links find it silent).
 - KILL_OPEN_SOCK=SOCK (rank 0's control socket): wait instead until rank 0 holds as many
   sessions as there are clients (or one has ended).
@@ -57,6 +57,10 @@ os.kill(pid, signal.SIGSTOP if os.environ.get("KILL_SIGNAL") == "STOP" else sign
 nd = os.environ.get("KILL_RESTART")
 if nd:
     import subprocess
+    # the dead node's listening socket closes only once its memory is unmapped (a second or
+    # more for an ASan build under load): its successor binds the same endpoint after that
+    while running(pid) and time.time() - t0 < 30:
+        time.sleep(0.005)
     cmd = open(nd + "/kvd.cmdline").read().split("\n")[:-1]
     with open(nd + "/kvd.log", "ab") as log:
         p = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)

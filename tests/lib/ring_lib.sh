@@ -32,6 +32,9 @@ ring_sessions() {
 import json, sys
 print(sum(json.loads(l).get("sessions", 0) for l in sys.stdin))'
 }
+# ring_idle DIR: no node of the ring holds a session (for wait_for: the command runs anew
+# each poll, where `wait_for N test "$(ring_sessions D)" = 0` would test one old figure)
+ring_idle() { [ "$(ring_sessions "$1")" = 0 ]; }
 # rank0_repair DIR KEY: a figure of rank 0's status "repair" object
 rank0_repair() {
     "$KVCTL" status --ring "$1" --json 2>/dev/null | sed -n 1p | python3 -c '
