@@ -25,7 +25,7 @@ wait_linked "$d" 2 20 || fail "ring did not link"
 one=$("$KVCTL" generate -m "$M" --ids --tokens 1,400,300,200,100 -n 16 --temp 0 2>/dev/null) || fail "one process"
 p1=$(rank_pid "$d" 1)
 kill -TERM "$p1"
-wait_for 10 bash -c "! kill -0 $p1 2>/dev/null" || fail "rank 1 did not stop"
+wait_for 10 pid_gone $p1 || fail "rank 1 did not stop"
 layers=$(python3 -c 'import json,sys; print("%d:%d" % tuple(json.load(open(sys.argv[1]))["ranks"][1]["layers"]))' "$d/ring.json")
 "$KVCTL" slice "$M" --layers "$layers" -o "$T/window-1.gguf" > /dev/null || fail "slice $layers"
 mkdir -p "$DEV/state" && cp "$d/rank-1/node.key" "$DEV/state/node.key"

@@ -60,7 +60,7 @@ off=$(cat "$T/$V/receipts.offset" 2>/dev/null || echo 0)
 SPID=$(pgrep -P "${JPID[$V]}" | head -1)
 [ -n "$SPID" ] || fail "node $V runs no stage"
 kill -9 "${JPID[$V]}"
-wait_for 20 bash -c "! kill -0 $SPID 2>/dev/null" || fail "node $V's stage outlived its join process"
+wait_for 20 pid_gone $SPID || fail "node $V's stage outlived its join process"
 echo "ok   node $V (rank 1) killed with -9 after the sessions, its receipts unsent"
 # nobody is paid for them yet, though the others submitted theirs: the ring's receipts are not
 # all in, and the wait is long

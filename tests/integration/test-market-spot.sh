@@ -50,6 +50,8 @@ PY
 wait_for 60 active_ab || fail "nodes a and b did not both get active leases with a passed probe: $(cat "$T/cov.json")"
 for n in a b; do
     log=$T/join-$n.log
+    # the market marks the lease active as it answers the probe; the node logs it a heartbeat later
+    wait_for 20 grep -q "lease on window .* active" "$log" || fail "node $n never logged its lease active"
     p=$(grep -n "(activation) of window .*found it right" "$log" | head -1 | cut -d: -f1)
     act=$(grep -n "lease on window .* active" "$log" | head -1 | cut -d: -f1)
     [ -n "$p" ] && [ -n "$act" ] && [ "$p" -lt "$act" ] ||

@@ -22,6 +22,9 @@ wait_file "$T/seed.port" || die "seeder did not start: $(cat "$T/seeder.log")"
 SP=$(cat "$T/seed.port")
 legit_seed() { [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "http://127.0.0.1:$SP/v1/models")" = 200 ]; }
 
+# max_close_s is timed by the attacker from its connect, so a loaded machine adds its accept
+# delay: the bound is 2.5 s, room for that yet under the 3 s idle timeout that would otherwise
+# be the one to close them.
 for mode in body head connect; do
     $A stall --port "$SP" --src 127.0.0.2 -n 60 --mode $mode --wait 4 > "$T/seed-$mode.json" &
     ap=$!
@@ -31,7 +34,7 @@ for mode in body head connect; do
     echo "seeder, stall after $mode: $(cat "$T/seed-$mode.json")"
     check "$T/seed-$mode.json" \
         'd["closed"] + d["refused_at_connect"] == 60' "seeder: not every stalled connection ($mode) was closed" \
-        'd["max_close_s"] < 1.6' "seeder: a stalled connection ($mode) lived past its 500 ms deadline"
+        'd["max_close_s"] < 2.5' "seeder: a stalled connection ($mode) lived past its 500 ms deadline"
 done
 legit_seed || fail "seeder: a legitimate GET after the attacks was not answered"
 curl -s "http://127.0.0.1:$SP/v1/seeder/stats" > "$T/seed-stats.json"
@@ -69,7 +72,7 @@ for tls in plain tls; do
         echo "relay ($tls), stall after $mode: $(cat "$T/relay-$tls-$mode.json")"
         check "$T/relay-$tls-$mode.json" \
             'd["closed"] + d["refused_at_connect"] == 80' "relay ($tls): not every stalled connection ($mode) was closed" \
-            'd["max_close_s"] < 1.6' "relay ($tls): a stalled connection ($mode) lived past its 500 ms deadline"
+            'd["max_close_s"] < 2.5' "relay ($tls): a stalled connection ($mode) lived past its 500 ms deadline"
     done
     curl -sk "$sch://127.0.0.1:$RP/v1/relay/status" > "$T/relay-$tls.json"
     echo "relay ($tls) status: $(cat "$T/relay-$tls.json")"

@@ -15,7 +15,7 @@ PA1=$(rank_pid "$A" 1)
 "$KVCTL" ring down --dir "$A" > "$T/down.a" 2>&1 || fail "ring down: $(cat "$T/down.a")"
 grep -q "^ring down: 2 stages stopped" "$T/down.a" || fail "ring down: '$(cat "$T/down.a")'"
 for p in $PA0 $PA1; do
-    wait_for 5 bash -c "! kill -0 $p 2>/dev/null" || fail "pid $p still running after ring down"
+    wait_for 5 pid_gone $p || fail "pid $p still running after ring down"
 done
 grep -q "shutdown requested over the control socket" "$A/rank-0/kvd.log" ||
     fail "rank 0 was not asked over its control socket: $(tail -n 5 "$A/rank-0/kvd.log")"
@@ -60,7 +60,7 @@ grep -q "pid $PB0 .*started .* after its pid file was written (a recycled pid)" 
     fail "no refusal for the start time: '$(cat "$T/down.b")'"
 grep -q "1 stage stopped" "$T/down.b" || fail "rank 1 of B not stopped: '$(cat "$T/down.b")'"
 kill $PB0
-wait_for 5 bash -c "! kill -0 $PB0 2>/dev/null" || fail "rank 0 of B did not stop on SIGTERM"
+wait_for 20 pid_gone $PB0 || fail "rank 0 of B did not stop on SIGTERM"
 echo "ok a kvd younger than its pid file left alone"
 
 finish

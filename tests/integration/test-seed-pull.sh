@@ -86,7 +86,7 @@ stop_nginx() { # until the master is gone and its ports free for the next start
     local p
     p=$(cat "$T/nginx/nginx.pid" 2>/dev/null) || return 0
     kill "$p" 2>/dev/null
-    wait_for 10 bash -c "! kill -0 $p 2>/dev/null" || { echo "FAIL: nginx $p did not stop"; fails=$((fails + 1)); }
+    wait_for 10 pid_gone $p || { echo "FAIL: nginx $p did not stop"; fails=$((fails + 1)); }
 }
 start_nginx || { echo "FAIL: nginx did not start"; cat "$T/nginx/logs/"*; exit 1; }
 
