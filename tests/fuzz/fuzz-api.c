@@ -9,16 +9,10 @@
  * generation it started ends (done or cancelled) once the client is gone.
  * The first byte picks the route and the behaviours; the rest is the body.
  * fuzz-modules: util wtype gguf net api model/tok model/chat model/sampler model/gen */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <math.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <uv.h>
@@ -26,6 +20,7 @@
 #include "api/api.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "tests/lib/fuzz_client.h"
 #include "util/util.h"
 
 #define N_CTX 64
@@ -225,66 +220,21 @@ static void check_answer(const char *resp, size_t n, bool metrics)
     cJSON_Delete(j);
 }
 
+static bool generating(void *ud)
+{
+    (void)ud;
+    return live > 0 || api_server_sessions(srv) > 0;
+}
+
 static void drive(const char *req, size_t size, bool half_close, bool metrics)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS)
-        abort();
     char *resp = malloc(RESP_MAX);
     if (!resp)
         abort();
-    size_t sent = 0, got = 0;
-    bool shut = false, eof = false;
-    double t0 = util_now_s();
-    while (!eof) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        if (sent < size) {
-            ssize_t k = send(fd, req + sent, size - sent, MSG_NOSIGNAL);
-            if (k > 0)
-                sent += (size_t)k;
-            else if (k < 0 && errno != EAGAIN && errno != ENOTCONN)
-                sent = size;
-        } else if (!shut && (half_close || util_now_s() - t0 > 1)) {
-            shutdown(fd, SHUT_WR);   /* at once, or when an answer is not coming */
-            shut = true;
-        }
-        for (;;) {
-            char buf[16384];
-            ssize_t k = recv(fd, buf, sizeof buf, 0);
-            if (k > 0) {
-                size_t m = (size_t)k < RESP_MAX - got ? (size_t)k : RESP_MAX - got;
-                memcpy(resp + got, buf, m);
-                got += m;
-                continue;
-            }
-            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-                eof = true;
-            break;
-        }
-        if (!eof) {
-            struct pollfd p = {fd, POLLIN, 0};
-            poll(&p, 1, 1);
-        }
-        if (util_now_s() - t0 > 5) {
-            fprintf(stderr, "fuzz-api: the server neither answered nor closed in 5 s\n");
-            abort();
-        }
-    }
-    close(fd);
+    size_t got = fuzz_client_drive(&loop, port, req, size, size, half_close, resp, RESP_MAX, "fuzz-api");
     check_answer(resp, got, metrics);
     free(resp);
-    /* every generation ends once its client is gone */
-    t0 = util_now_s();
-    while (live > 0 || api_server_sessions(srv) > 0) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        usleep(100);
-        if (util_now_s() - t0 > 5) {
-            fprintf(stderr, "fuzz-api: %d generations outlived their client\n", live);
-            abort();
-        }
-    }
+    fuzz_client_settle(&loop, generating, NULL, "fuzz-api", "a generation outlived its client");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -5,20 +5,14 @@
  * The first byte picks the mode and the piece size; the server must answer or close, never
  * hang, and every connection must be gone after the client's EOF.
  * fuzz-modules: util net */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <uv.h>
 
 #include "net/net.h"
+#include "tests/lib/fuzz_client.h"
 #include "util/util.h"
 
 static uv_loop_t loop;
@@ -100,59 +94,18 @@ static void setup(void)
     port = net_http_server_port(srv);
 }
 
-/* Drive one client connection: send data in pieces, then EOF; read until the server closes. */
+static bool conns_open(void *ud)
+{
+    (void)ud;
+    return net_http_server_stats(srv)->conns_open > 0;
+}
+
+/* Drive one client connection: send data in pieces, then EOF; read until the server closes;
+ * the server side must go away too (close callbacks, pending zstd work). */
 static void drive(const uint8_t *data, size_t size, size_t piece)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS)
-        abort();
-    size_t sent = 0;
-    bool shut = false, eof = false;
-    char buf[65536];
-    double t0 = util_now_s();
-    while (!eof) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        if (sent < size) {
-            size_t n = size - sent < piece ? size - sent : piece;
-            ssize_t k = send(fd, data + sent, n, MSG_NOSIGNAL);
-            if (k > 0)
-                sent += (size_t)k;
-            else if (k < 0 && errno != EAGAIN && errno != ENOTCONN)
-                sent = size; /* the server closed on us: stop sending */
-        } else if (!shut) {
-            shutdown(fd, SHUT_WR);
-            shut = true;
-        }
-        for (;;) {
-            ssize_t k = recv(fd, buf, sizeof buf, 0);
-            if (k > 0)
-                continue;
-            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-                eof = true;
-            break;
-        }
-        if (!eof) {
-            struct pollfd p = {fd, POLLIN, 0};
-            poll(&p, 1, 1);
-        }
-        if (util_now_s() - t0 > 5) {
-            fprintf(stderr, "fuzz-http: the server neither answered nor closed in 5 s\n");
-            abort();
-        }
-    }
-    close(fd);
-    /* the server side must go away too (close callbacks, pending zstd work) */
-    t0 = util_now_s();
-    while (net_http_server_stats(srv)->conns_open > 0) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        usleep(100);
-        if (util_now_s() - t0 > 5) {
-            fprintf(stderr, "fuzz-http: a connection outlived its client\n");
-            abort();
-        }
-    }
+    fuzz_client_drive(&loop, port, data, size, piece, true, NULL, 0, "fuzz-http");
+    fuzz_client_settle(&loop, conns_open, NULL, "fuzz-http", "a connection outlived its client");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
