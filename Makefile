@@ -210,13 +210,14 @@ $(KVD_STUB): $(B)/obj/tests/tools/stub_backend.o $(KVD_LIB) $(LIB)
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(LDLIBS_ALL)
 
 # libFuzzer targets: make FUZZ=1 fuzzers (tests/fuzz.sh does this). A target links the objects
-# of the module folders its source names in a "fuzz-modules: gguf net" comment (see below when absent),
-# so one module that clang cannot build does not stop the others' fuzzing; an entry with a slash
-# is a file prefix ("model/tok" = model/tok*.c).
+# of the module folders (the library's or kvd's) its source names in "fuzz-modules: gguf net"
+# comments, one or more lines (see below when absent), so one module that clang cannot build
+# does not stop the others' fuzzing; an entry with a slash is a file prefix ("model/tok" =
+# model/tok*.c, "kvd/market/st" = kvd/market/st*.c, "gen/kern_cl" = the embedded OpenCL source).
 fuzzers: $(FUZZERS)
 
 fuzz_mods = $(shell sed -n 's/.*fuzz-modules:\([a-z0-9_/ ]*\).*/\1/p' tests/fuzz/fuzz-$(1).c)
-fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS)),$(B)/libfuzz.a)
+fuzz_objs = $(if $(strip $(call fuzz_mods,$(1))),$(filter $(foreach m,$(call fuzz_mods,$(1)),$(if $(findstring /,$(m)),$(B)/obj/$(m)%,$(B)/obj/$(m)/%)),$(LIB_OBJS) $(KVD_OBJS)),$(B)/libfuzz.a)
 # Without the comment a target links $(B)/libfuzz.a: the library objects clang could build
 # (tests/fuzz.sh first compiles them with make -k fuzz-objs; gcc-only SIMD code may fail),
 # from which the linker takes only the members the target uses.
