@@ -194,32 +194,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* An answer with a Content-Length is one JSON document (every route but /metrics). */
-static void check_answer(const char *resp, size_t n, bool metrics)
-{
-    if (n == 0)
-        return;   /* closed without a word: allowed only as the client's own EOF made it */
-    if (n < 12 || memcmp(resp, "HTTP/1.1 ", 9) != 0) {
-        fprintf(stderr, "fuzz-api: not an HTTP answer: %.40s\n", resp);
-        abort();
-    }
-    const char *end = memmem(resp, n, "\r\n\r\n", 4);
-    if (!end)
-        return;   /* cut by the client's EOF */
-    const char *cl = memmem(resp, (size_t)(end - resp), "Content-Length: ", 16);
-    if (!cl || metrics)
-        return;
-    size_t want = strtoul(cl + 16, NULL, 10), have = n - (size_t)(end + 4 - resp);
-    if (have < want)
-        return;   /* cut short */
-    cJSON *j = cJSON_ParseWithLength(end + 4, want);
-    if (!j) {
-        fprintf(stderr, "fuzz-api: an answer is not JSON: %.*s\n", (int)(want < 300 ? want : 300), end + 4);
-        abort();
-    }
-    cJSON_Delete(j);
-}
-
 static bool generating(void *ud)
 {
     (void)ud;
@@ -232,7 +206,7 @@ static void drive(const char *req, size_t size, bool half_close, bool metrics)
     if (!resp)
         abort();
     size_t got = fuzz_client_drive(&loop, port, req, size, size, half_close, resp, RESP_MAX, "fuzz-api");
-    check_answer(resp, got, metrics);
+    fuzz_client_answer(resp, got, !metrics, "fuzz-api");   /* JSON, every route but /metrics */
     free(resp);
     fuzz_client_settle(&loop, generating, NULL, "fuzz-api", "a generation outlived its client");
 }

@@ -116,36 +116,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* No 500, and an answer typed JSON is one JSON document: abort() otherwise. */
-static void check_answer(const char *resp, size_t n, bool page, const char *req)
-{
-    if (n == 0)
-        return;   /* closed without a word (a request the HTTP layer cut) */
-    if (n < 12 || memcmp(resp, "HTTP/1.1 ", 9) != 0) {
-        fprintf(stderr, "fuzz-market: not an HTTP answer: %.40s\n", resp);
-        abort();
-    }
-    if (!memcmp(resp + 9, "500", 3)) {
-        fprintf(stderr, "fuzz-market: a 500 for the request\n%s\nanswer:\n%.*s\n", req,
-                (int)(n < 600 ? n : 600), resp);
-        abort();
-    }
-    const char *end = memmem(resp, n, "\r\n\r\n", 4);
-    const char *cl = end ? memmem(resp, (size_t)(end - resp), "Content-Length: ", 16) : NULL;
-    /* the HTTP layer's own refusals (a bad path, no such route) are text */
-    if (!cl || page || !memmem(resp, (size_t)(end - resp), "Content-Type: application/json", 30))
-        return;
-    size_t want = strtoul(cl + 16, NULL, 10), have = n - (size_t)(end + 4 - resp);
-    if (have < want)
-        return;
-    cJSON *j = cJSON_ParseWithLength(end + 4, want);
-    if (!j) {
-        fprintf(stderr, "fuzz-market: an answer is not JSON: %.*s\n", (int)(want < 300 ? want : 300), end + 4);
-        abort();
-    }
-    cJSON_Delete(j);
-}
-
 static bool conns_open(void *ud)
 {
     (void)ud;
@@ -212,7 +182,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                    RESP_MAX, "fuzz-market");
     if (getenv("FUZZ_MARKET_SHOW"))   /* what the market answered each input (seed work) */
         fprintf(stderr, "%s %s -> %.*s\n", routes[ri].method, path, (int)(got < 12 ? got : 12), resp);
-    check_answer(resp, got, ri == 0, req);
+    /* what it calls JSON is JSON (the HTTP layer's own refusals, a bad path or no such route,
+     * are text, as is the page), and no 500 */
+    if (fuzz_client_answer(resp, got, false, "fuzz-market") == 500) {
+        fprintf(stderr, "fuzz-market: a 500 for the request\n%s\nanswer:\n%.*s\n", req,
+                (int)(got < 600 ? got : 600), resp);
+        abort();
+    }
     fuzz_client_settle(&loop, conns_open, NULL, "fuzz-market", "a connection outlived its client");
     free(req);
     free(resp);

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <uv.h>
 
 #include "util/util.h"
@@ -73,6 +74,42 @@ static inline size_t fuzz_client_drive(uv_loop_t *loop, int port, const void *da
     }
     close(fd);
     return got;
+}
+
+/* Check an answer fuzz_client_drive kept: an HTTP answer (or nothing: the client's EOF came
+ * first), and a body typed application/json that is all there is one JSON document; with
+ * all_json every answer with a length must be typed so. Returns the status (0: no answer);
+ * abort() otherwise, naming who. */
+static inline int fuzz_client_answer(const char *resp, size_t n, bool all_json, const char *who)
+{
+    if (n == 0)
+        return 0;
+    if (n < 12 || memcmp(resp, "HTTP/1.1 ", 9) != 0) {
+        fprintf(stderr, "%s: not an HTTP answer: %.40s\n", who, resp);
+        abort();
+    }
+    int status = atoi(resp + 9);
+    const char *end = memmem(resp, n, "\r\n\r\n", 4);
+    const char *cl = end ? memmem(resp, (size_t)(end - resp), "Content-Length: ", 16) : NULL;
+    if (!cl)
+        return status;   /* cut by the client's EOF, or streamed */
+    if (!memmem(resp, (size_t)(end - resp), "Content-Type: application/json", 30)) {
+        if (all_json) {
+            fprintf(stderr, "%s: an answer not typed JSON: %.*s\n", who, (int)(n < 300 ? n : 300), resp);
+            abort();
+        }
+        return status;
+    }
+    size_t want = strtoul(cl + 16, NULL, 10), have = n - (size_t)(end + 4 - resp);
+    if (have < want)
+        return status;   /* cut short */
+    cJSON *j = cJSON_ParseWithLength(end + 4, want);
+    if (!j) {
+        fprintf(stderr, "%s: an answer is not JSON: %.*s\n", who, (int)(want < 300 ? want : 300), end + 4);
+        abort();
+    }
+    cJSON_Delete(j);
+    return status;
 }
 
 /* Run the loop until pending(ud) is false: abort() after 5 s, saying what was left. */
