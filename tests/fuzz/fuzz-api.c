@@ -99,10 +99,10 @@ static int fgen_start(void *impl, const struct api_gen_req *r, const struct api_
     for (uint32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= n_vocab)
             abort();
-    if (r->n_stops > 64 || (r->n_stops && !r->stops))
+    if (r->n_stops > MODEL_GEN_MAX_STOPS || (r->n_stops && !r->stops))
         abort();
     for (uint32_t i = 0; i < r->n_stops; i++)
-        if (!r->stops[i] || strlen(r->stops[i]) > 4096)
+        if (!r->stops[i] || strlen(r->stops[i]) > MODEL_GEN_STOP_MAX)
             abort();
     if (r->draft_max > MODEL_DRAFT_MAX || r->draft < -1)
         abort();
