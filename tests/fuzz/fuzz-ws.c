@@ -86,9 +86,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     echo = data[0] & 0x40;
     data++;
     size--;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* its TIME_WAIT must not hold the port against other tests' listeners (fuzz_client.h) */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     fcntl(fd, F_SETFL, O_NONBLOCK);
     connect(fd, (struct sockaddr *)&a, sizeof a);
     static const char req[] = "GET /f HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

@@ -28,7 +28,7 @@ done
 "$B/kvctl" catalog "$M" -o "$T/cat.json" > /dev/null 2>&1 || { echo "FAIL catalog"; exit 1; }
 run_ring() {  # $1: "relay" or ""
 for attempt in 1 2 3; do
-    P=$((20000 + RANDOM % 30000))
+    P=$(free_ports 4) || { echo "FAIL no 4 free ports"; exit 1; }
     cat > "$T/devs.json" <<JSON
 {"devices":[
  {"id":"a","mem_bytes":700000,"ms_per_layer_token":1,"endpoint":"tcp://127.0.0.1:$P","node":"$KEY_a"},

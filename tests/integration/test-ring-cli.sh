@@ -12,11 +12,12 @@
 M=$(need_model stories260K.gguf) || exit 1
 one=$("$KVCTL" generate -m "$M" --ids --tokens 1,400,300 -n 12 --temp 0 2>/dev/null) || fail "one-process generate"
 
-# ring_up_at DIR: ring up with a random --base-port (another one if a port is taken); BASE=P
+# ring_up_at DIR: ring up with a --base-port whose 3 ports are free (another one if a port is
+# taken meanwhile); BASE=P
 ring_up_at() {
     local d=$1 try
     for try in 1 2 3 4 5 6; do
-        BASE=$((20000 + (RANDOM % 4000) * 10))
+        BASE=$(free_ports 3) || break
         RINGS="$RINGS $d"
         "$KVCTL" ring up --dir "$d" --model "$M" --stages 3 --base-port $BASE > "$d.up" 2>&1 && return 0
         grep -q "in use" "$d.up" || fail "ring up --base-port $BASE: $(cat "$d.up")"

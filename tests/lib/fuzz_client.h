@@ -27,9 +27,14 @@ static inline size_t fuzz_client_drive(uv_loop_t *loop, int port, const void *da
                                        size_t piece, bool half_close, char *resp, size_t cap,
                                        const char *who)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* A client that closes first leaves its port in TIME_WAIT for a minute; thousands of runs
+     * would hold much of the ephemeral range against listeners of tests running beside, unless
+     * (SO_REUSEADDR on both sides) those may bind over it. */
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (fd < 0 || (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS))
         abort();
     size_t sent = 0, got = 0;

@@ -209,31 +209,39 @@ port_of() {
     awk -v i="${2:-0}" '{ print $(i + 1) }' "$1"
 }
 api_port() { sed -n 's|^api: https\{0,1\}://.*:\([0-9][0-9]*\)/v1.*|\1|p' "$1.up"; }
-free_port() {
-    # A random port below the kernel's ephemeral range (ip_local_port_range), free right now:
-    # no outgoing connection of another test can be given it between this choice and its use,
-    # as one from the ephemeral range could; two tests picking the same one of ~20000 at the
-    # same moment is what is left.
+free_port() { free_ports 1; }
+# free_ports N: the first of N consecutive ports below the kernel's ephemeral range
+# (ip_local_port_range), all free right now. Below that range no outgoing connection of
+# another test is given one of them between this choice and its use, nor leaves one in
+# TIME_WAIT (which holds a port against a later listener, SO_REUSEADDR or not, when the client
+# did not set it), as ports of the ephemeral range can be; two tests picking the same ones at
+# the same moment is what is left.
+free_ports() {
     python3 -c '
-import random, socket
+import random, socket, sys
+n = int(sys.argv[1])
 try:
     lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 except (OSError, ValueError, IndexError):
     lo = 32768
 lo = max(lo, 12000)
-for _ in range(200):
-    p = random.randrange(10000, lo)
+def free(p):
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", p))
+        return True
     except OSError:
-        continue
+        return False
     finally:
         s.close()
-    print(p)
-    break
+for _ in range(200):
+    p = random.randrange(10000, lo - n)
+    if all(free(p + i) for i in range(n)):
+        print(p)
+        break
 else:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    sys.exit("free_ports: no %d free ports in a row below %d" % (n, lo))' "$1"
 }
 
 # ring_up DIR ARGS...: start a local ring, remember it for clean-up.
