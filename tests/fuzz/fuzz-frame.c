@@ -13,6 +13,7 @@
 #include "kvd/kvd.h"
 #include "ring/ring.h"
 #include "net/net.h"
+#include "tests/lib/fuzz_scratch.h"
 #include "util/err.h"
 
 static struct net_identity *id;
@@ -21,9 +22,8 @@ static void setup(void)
 {
     if (id)
         return;
-    char dir[64], err[256];
-    snprintf(dir, sizeof dir, "/tmp/kv-fuzz-frame-%d", (int)getpid());
-    if (net_identity_load(&id, dir, err, sizeof err) < 0)
+    char err[256];
+    if (net_identity_load(&id, fuzz_scratch("frame"), err, sizeof err) < 0)
         abort();
 }
 

@@ -13,9 +13,7 @@
  * fuzz-modules: gen/market_page kvd/market/c
  * fuzz-modules: kvd/market/h kvd/market/l kvd/market/mo kvd/market/man kvd/market/n
  * fuzz-modules: kvd/market/p kvd/market/r kvd/market/st */
-#define _XOPEN_SOURCE 700   /* nftw */
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +28,7 @@
 #include "net/net.h"
 #include "ring/ring.h"
 #include "tests/lib/fuzz_client.h"
+#include "tests/lib/fuzz_scratch.h"
 #include "util/err.h"
 #include "util/util.h"
 
@@ -55,27 +54,13 @@ static const struct {
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
-static char dir[64];   /* the scratch directory: keys, the operator file, the database */
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(p);
-    return 0;
-}
-
-static void rm_dir(void) { nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
-
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    char sub[96], err[KV_ERR_MAX];
-    snprintf(dir, sizeof dir, "/tmp/kv-fuzz-market-%d", (int)getpid());
-    atexit(rm_dir);
+    char sub[160], err[KV_ERR_MAX];
+    const char *dir = fuzz_scratch("market");   /* keys, the operator file, the database */
     for (int i = 0; i < 3; i++) {
         snprintf(sub, sizeof sub, "%s/key-%d", dir, i);
         if (net_identity_load(&keys[i], sub, err, sizeof err) < 0) {
@@ -84,7 +69,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         }
     }
     /* the operator's key file, and a fresh database */
-    char ops[128], db[128], hex[65];
+    char ops[160], db[160], hex[65];
     snprintf(ops, sizeof ops, "%s/operators.txt", dir);
     snprintf(db, sizeof db, "%s/market.db", dir);
     util_hex_encode(net_identity_pub(keys[0]), 32, hex);
