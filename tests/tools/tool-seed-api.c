@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tests/lib/fuzz_seed.h"
+
 struct seed {
     unsigned char mode;
     const char *body;
@@ -38,14 +40,9 @@ int main(int argc, char **argv)
     }
     int n = 0;
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/seed-%zu", argv[1], i);
-        FILE *fp = fopen(path, "wb");
-        if (!fp)
-            return 1;
-        fputc(seeds[i].mode, fp);
-        fwrite(seeds[i].body, 1, strlen(seeds[i].body), fp);
-        fclose(fp);
+        char name[32];
+        snprintf(name, sizeof name, "%zu", i);
+        fuzz_seed_put(argv[1], name, &seeds[i].mode, 1, seeds[i].body, strlen(seeds[i].body));
         n++;
     }
     printf("%d seeds\n", n);

@@ -5,16 +5,11 @@
 
 #include "net/net.h"
 #include "ring/ring.h"
+#include "tests/lib/fuzz_seed.h"
 
 static void put(const char *dir, const char *name, const uint8_t *b, size_t n)
 {
-    char p[512];
-    snprintf(p, sizeof p, "%s/seed-%s", dir, name);
-    FILE *f = fopen(p, "wb");
-    if (f) {
-        fwrite(b, 1, n, f);
-        fclose(f);
-    }
+    fuzz_seed_put(dir, name, NULL, 0, b, n);
 }
 
 int main(int argc, char **argv)

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "gguf/gguf.h"
+#include "tests/lib/fuzz_seed.h"
 #include "tests/lib/gguf_build.h"
 #include "util/err.h"
 #include "wtype/wtype.h"
@@ -16,14 +17,7 @@ static int n_written;
 
 static void put_file(const char *dir, const char *name, const void *p, size_t n)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(p, 1, n, fp) != n) {
-        perror(path);
-        exit(1);
-    }
-    fclose(fp);
+    fuzz_seed_put(dir, name, NULL, 0, p, n);
     n_written++;
 }
 

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tests/lib/fuzz_seed.h"
+
 static const char *reqs[] = {
     "GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\n\r\n",
     "GET /body HTTP/1.1\r\nRange: bytes=10-99\r\nIf-Range: \"b\"\r\n\r\n",
@@ -26,26 +28,18 @@ int main(int argc, char **argv)
     int n = 0;
     for (size_t i = 0; i < sizeof reqs / sizeof *reqs; i++) {
         for (int m = 0; m < 2; m++) {
-            char path[4096];
-            snprintf(path, sizeof path, "%s/seed-req-%zu-%d", argv[1], i, m);
-            FILE *fp = fopen(path, "wb");
-            if (!fp)
-                return 1;
-            fputc(m ? 32 : 255, fp); /* 16-byte pieces, or all at once */
-            fwrite(reqs[i], 1, strlen(reqs[i]), fp);
-            fclose(fp);
+            char name[64];
+            unsigned char mode = m ? 32 : 255; /* 16-byte pieces, or all at once */
+            snprintf(name, sizeof name, "req-%zu-%d", i, m);
+            fuzz_seed_put(argv[1], name, &mode, 1, reqs[i], strlen(reqs[i]));
             n++;
         }
     }
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/seed-helper-%zu", argv[1], i);
-        FILE *fp = fopen(path, "wb");
-        if (!fp)
-            return 1;
-        fputc(7, fp);
-        fwrite(helpers[i], 1, strlen(helpers[i]), fp);
-        fclose(fp);
+        char name[64];
+        unsigned char mode = 7;
+        snprintf(name, sizeof name, "helper-%zu", i);
+        fuzz_seed_put(argv[1], name, &mode, 1, helpers[i], strlen(helpers[i]));
         n++;
     }
     printf("%d seeds\n", n);

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "gguf/gguf.h"
+#include "tests/lib/fuzz_seed.h"
 #include "util/err.h"
 
 /* fuzz-market.c's routes, by index */
@@ -22,14 +23,11 @@ static int n_seeds;
 
 static int put(const char *dir, int route, int key, const char *path, const char *body)
 {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/seed-%02d", dir, n_seeds++);
-    FILE *f = fopen(p, "wb");
-    if (!f)
-        return -1;
-    fputc(route | key << 5, f);
-    fprintf(f, "%s\n%s", path, body);
-    return fclose(f);
+    char name[16], head[256];
+    int hn = snprintf(head, sizeof head, "%c%s\n", route | key << 5, path);
+    snprintf(name, sizeof name, "%02d", n_seeds++);
+    fuzz_seed_put(dir, name, head, (size_t)hn, body, strlen(body));
+    return 0;
 }
 
 int main(int argc, char **argv)

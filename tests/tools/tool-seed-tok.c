@@ -8,20 +8,16 @@
 #include <string.h>
 
 #include "gguf/gguf.h"
+#include "tests/lib/fuzz_seed.h"
 
 static int n_written;
 
 static void seed(const char *dir, unsigned char vocab, unsigned char flags, const char *s, size_t n)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/seed-tok-%04d", dir, n_written++);
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return;
-    fputc(vocab, f);
-    fputc(flags, f);
-    fwrite(s, 1, n, f);
-    fclose(f);
+    char name[32];
+    unsigned char head[2] = {vocab, flags};
+    snprintf(name, sizeof name, "tok-%04d", n_written++);
+    fuzz_seed_put(dir, name, head, 2, s, n);
 }
 
 /* A small vocabulary GGUF written with the project's writer, then stored behind 0xF0. */

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/lib/fuzz_seed.h"
+
 static size_t frame(unsigned char *o, int fin, int op, const char *p, size_t n)
 {
     static const unsigned char key[4] = {1, 2, 3, 4};
@@ -25,14 +27,7 @@ static size_t frame(unsigned char *o, int fin, int op, const char *p, size_t n)
 
 static void put(const char *dir, const char *name, const unsigned char *b, size_t n)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/seed-%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b, 1, n, f) != n) {
-        perror(path);
-        exit(1);
-    }
-    fclose(f);
+    fuzz_seed_put(dir, name, NULL, 0, b, n);
 }
 
 int main(int argc, char **argv)
