@@ -35,6 +35,26 @@ int ring_market_canon(char *out, const char *method, const char *path, const voi
     return n;
 }
 
+int ring_market_sign(const struct net_identity *id, const struct net_identity *as, const char *method,
+                     const char *path, const void *body, size_t len, int64_t ts, const char *nonce,
+                     char lines[4][RING_MARKET_HDR_MAX])
+{
+    char canon[RING_MARKET_CANON_MAX], pub[65], sighex[129];
+    uint8_t sig[64];
+    int n = ring_market_canon(canon, method, path, body, len, ts, nonce);
+    if (n < 0)
+        return n;
+    if (strlen(nonce) > 64 || net_identity_sign(id, canon, (size_t)n, sig) < 0)
+        return -EINVAL;
+    util_hex_encode(net_identity_pub(as ? as : id), 32, pub);
+    util_hex_encode(sig, 64, sighex);
+    snprintf(lines[0], RING_MARKET_HDR_MAX, "X-Kv-Node: %s", pub);
+    snprintf(lines[1], RING_MARKET_HDR_MAX, "X-Kv-Time: %" PRId64, ts);
+    snprintf(lines[2], RING_MARKET_HDR_MAX, "X-Kv-Nonce: %s", nonce);
+    snprintf(lines[3], RING_MARKET_HDR_MAX, "X-Kv-Signature: %s", sighex);
+    return 0;
+}
+
 static const char *market_ca;
 
 void ring_market_set_ca(const char *ca_file)
@@ -71,31 +91,20 @@ int ring_market_call(const char *base, const char *method, const char *path, con
     struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
     int rc = 0;
     if (id) {
-        uint8_t nb[16], sig[64];
-        char nonce[33], canon[RING_MARKET_CANON_MAX], pub[65], sighex[129], line[256];
+        uint8_t nb[16];
+        char nonce[33], lines[4][RING_MARKET_HDR_MAX];
         if (RAND_bytes(nb, sizeof nb) != 1) {
             util_seterr(err, errlen, "no random bytes for the nonce");
             rc = -EIO;
             goto out;
         }
         util_hex_encode(nb, sizeof nb, nonce);
-        int64_t ts = (int64_t)time(NULL);
-        int n = ring_market_canon(canon, method, path, body, blen, ts, nonce);
-        if (n < 0 || net_identity_sign(id, canon, (size_t)n, sig) < 0) {
+        if ((rc = ring_market_sign(id, NULL, method, path, body, blen, (int64_t)time(NULL), nonce, lines))) {
             util_seterr(err, errlen, "signing %s %s failed", method, path);
-            rc = n < 0 ? n : -EIO;
             goto out;
         }
-        util_hex_encode(net_identity_pub(id), 32, pub);
-        util_hex_encode(sig, 64, sighex);
-        snprintf(line, sizeof line, "X-Kv-Node: %s", pub);
-        hd = curl_slist_append(hd, line);
-        snprintf(line, sizeof line, "X-Kv-Time: %" PRId64, ts);
-        hd = curl_slist_append(hd, line);
-        snprintf(line, sizeof line, "X-Kv-Nonce: %s", nonce);
-        hd = curl_slist_append(hd, line);
-        snprintf(line, sizeof line, "X-Kv-Signature: %s", sighex);
-        hd = curl_slist_append(hd, line);
+        for (int k = 0; k < 4; k++)
+            hd = curl_slist_append(hd, lines[k]);
     }
     hd = curl_slist_append(hd, "Expect:");
     struct util_buf b = {0};

@@ -124,6 +124,13 @@ struct net_identity;
  * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */
 int ring_market_canon(char *out, const char *method, const char *path, const void *body,
                      size_t len, int64_t ts, const char *nonce);
+/* The four headers of a call signed by id, "Name: value" without line ends, in lines: over
+ * method, path, body, ts and nonce (16 to 64 hex). X-Kv-Node names as's key (NULL: id's own;
+ * another's makes a wrong-key call, for tests). 0, or a negative errno. */
+#define RING_MARKET_HDR_MAX 160
+int ring_market_sign(const struct net_identity *id, const struct net_identity *as, const char *method,
+                     const char *path, const void *body, size_t len, int64_t ts, const char *nonce,
+                     char lines[4][RING_MARKET_HDR_MAX]);
 /* The CA certificate file (PEM) every later ring_market_call verifies an https:// market
  * with (borrowed: it must live as long); NULL: the system's store. Set once, at start-up. */
 void ring_market_set_ca(const char *ca_file);

@@ -142,18 +142,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int h = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: %zu\r\n", routes[ri].method, path, blen);
     if (ki < 3) {
-        char canon[RING_MARKET_CANON_MAX], pub[65], sig_hex[129], nonce[33];
-        uint8_t sig[64];
-        int64_t ts = (int64_t)time(NULL);
+        char nonce[33], lines[4][RING_MARKET_HDR_MAX];
         snprintf(nonce, sizeof nonce, "%016" PRIx64 "%016" PRIx64, (uint64_t)getpid(), ++nonce_n);
-        int n = ring_market_canon(canon, routes[ri].method, path, body, blen, ts, nonce);
-        if (n < 0 || net_identity_sign(keys[ki], canon, (size_t)n, sig) < 0)
+        if (ring_market_sign(keys[ki], NULL, routes[ri].method, path, body, blen, (int64_t)time(NULL),
+                             nonce, lines) < 0)
             abort();
-        util_hex_encode(net_identity_pub(keys[ki]), 32, pub);
-        util_hex_encode(sig, 64, sig_hex);
-        h += snprintf(head + h, sizeof head - (size_t)h,
-                      "X-Kv-Node: %s\r\nX-Kv-Time: %" PRId64 "\r\nX-Kv-Nonce: %s\r\nX-Kv-Signature: %s\r\n",
-                      pub, ts, nonce, sig_hex);
+        for (int k = 0; k < 4; k++)
+            h += snprintf(head + h, sizeof head - (size_t)h, "%s\r\n", lines[k]);
     }
     h += snprintf(head + h, sizeof head - (size_t)h, "\r\n");
     char *req = malloc((size_t)h + blen + 1);

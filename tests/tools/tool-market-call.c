@@ -83,29 +83,21 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s\n", err);
             return 1;
         }
-        char nb[33], canon[RING_MARKET_CANON_MAX], pub[65], sighex[129], line[256];
-        uint8_t r[16], sig[64];
+        char nb[33], lines[4][RING_MARKET_HDR_MAX];
+        uint8_t r[16];
         if (!nonce) {
             RAND_bytes(r, sizeof r);
             util_hex_encode(r, sizeof r, nb);
             nonce = nb;
         }
         const char *sb = sign_body ? sign_body : body;
-        int n = ring_market_canon(canon, method, path, sb, sb ? strlen(sb) : 0, ts, nonce);
-        if (n < 0 || net_identity_sign(id, canon, (size_t)n, sig) < 0)
+        if (ring_market_sign(id, who, method, path, sb, sb ? strlen(sb) : 0, ts, nonce, lines) < 0)
             return 1;
-        util_hex_encode(net_identity_pub(who ? who : id), 32, pub);
-        util_hex_encode(sig, 64, sighex);
         FILE *sf = save ? fopen(save, "w") : NULL;
-        const char *fmt[4] = {"X-Kv-Node: %s", "X-Kv-Time: %" PRId64, "X-Kv-Nonce: %s", "X-Kv-Signature: %s"};
         for (int k = 0; k < 4; k++) {
-            if (k == 1)
-                snprintf(line, sizeof line, fmt[k], ts);
-            else
-                snprintf(line, sizeof line, fmt[k], k == 0 ? pub : k == 2 ? nonce : sighex);
-            hd = curl_slist_append(hd, line);
+            hd = curl_slist_append(hd, lines[k]);
             if (sf)
-                fprintf(sf, "%s\n", line);
+                fprintf(sf, "%s\n", lines[k]);
         }
         if (sf)
             fclose(sf);
