@@ -12,21 +12,71 @@
 #include "util/err.h"
 #include "util/util.h"
 
+static int status_obj(const char *line, void *ud)
+{
+    cJSON_Delete(*(cJSON **)ud);
+    *(cJSON **)ud = cJSON_Parse(line);
+    return 1;
+}
+
+/* The probe p run by our stage on the window it has loaded (its control socket's "probe" op):
+ * 0 with *outs (the outputs array's JSON), or negative with err filled when no stage runs or
+ * it could not run it (a standby that has not taken a rank over, a stage still loading). */
+static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char **outs,
+                          char *err, size_t errlen)
+{
+    if (j->stage <= 0 || j->rank < 0) {   /* none, or a standby's, which loads no window yet */
+        snprintf(err, errlen, "no stage serves the window");
+        return -ENOENT;
+    }
+    char sock[4200];
+    snprintf(sock, sizeof sock, "%s/kvd.sock", j->dir);
+    size_t n = strlen(text) + 40;
+    char *req = malloc(n);
+    if (!req)
+        return -ENOMEM;
+    snprintf(req, n, "{\"op\":\"probe\",\"challenge\":%s}", text);
+    /* within the market's deadline for the answer (--reserve-s), less a margin to post it */
+    double dl = util_json_number(p, "deadline_s", 30);
+    int ms = dl > 4 ? (int)(dl * 1000) - 2000 : 2000;
+    cJSON *o = NULL;
+    int rc = ring_ctl_request(sock, req, status_obj, &o, ms, err, errlen);
+    free(req);
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(o, "outputs");
+    if (rc == 0 && !cJSON_IsArray(out)) {
+        snprintf(err, errlen, "%s", kvd_join__jstr_or(o, "error", "no outputs in the stage's answer"));
+        rc = -EIO;
+    }
+    if (rc == 0 && !(*outs = cJSON_PrintUnformatted(out)))
+        rc = -ENOMEM;
+    cJSON_Delete(o);
+    return rc;
+}
+
 /* Answer a known-answer probe the market sent with a heartbeat's answer (docs/market.md,
- * "Probes"): run it through this node's compute backend on the pulled window and post the
- * outputs. 0 when the market found them right, -EPERM when it found them wrong (the lease is
- * over and this node's claims are refused for a while: the market's reason is logged),
- * -EAGAIN when the probe could not run or the market did not answer. */
+ * "Probes") and post the outputs: run by the stage that serves the window, on the backend it
+ * has loaded, or, while none does, through a new instance of this node's compute backend on
+ * the pulled window. 0 when the market found them right, -EPERM when it found them wrong (the
+ * lease is over and this node's claims are refused for a while: the market's reason is
+ * logged), -EAGAIN when the probe could not run or the market did not answer. */
 static int probe_answer(struct join *j, const cJSON *p)
 {
-    char err[KV_ERR_MAX], *outs = NULL, *text = cJSON_PrintUnformatted(p);
+    char err[KV_ERR_MAX], serr[KV_ERR_MAX], *outs = NULL, *text = cJSON_PrintUnformatted(p);
     const cJSON *jid = cJSON_GetObjectItemCaseSensitive(p, "id");
     const cJSON *jk = cJSON_GetObjectItemCaseSensitive(p, "kind");
     const char *id = cJSON_IsString(jid) ? jid->valuestring : "?";
     const char *kind = cJSON_IsString(jk) ? jk->valuestring : "?";
     double t0 = util_now_ms();
-    int rc = text ? kvd_stage_probe(strcmp(j->backend, "cpu") ? j->backend : NULL, j->window_path,
-                                    j->n_threads, text, &outs, err, sizeof err) : -ENOMEM;
+    if (!text)
+        return -EAGAIN;
+    int rc = probe_in_stage(j, text, p, &outs, serr, sizeof serr);
+    bool in_stage = rc == 0;
+    if (rc < 0 && rc != -ENOENT)
+        kvd_log(KVD_LOG_WARN, "probe %s (%s) of window %u: the stage could not run it (%s); "
+                "opening the window for it", id, kind, j->window, serr);
+    if (rc < 0)
+        rc = kvd_stage_probe(strcmp(j->backend, "cpu") ? j->backend : NULL, j->window_path,
+                             j->n_threads, text, &outs, err, sizeof err);
     free(text);
     if (rc < 0) {
         kvd_log(KVD_LOG_WARN, "probe %s (%s) of window %u: %s", id, kind, j->window, err);
@@ -43,7 +93,8 @@ static int probe_answer(struct join *j, const cJSON *p)
     const cJSON *res = cJSON_GetObjectItemCaseSensitive(o, "probe");
     if (st == 200)
         kvd_log(KVD_LOG_INFO, "probe %s (%s) of window %u: the market found it right (NMSE %.3g, "
-                "%.0f ms)", id, kind, j->window, util_json_number(res, "nmse", 0), util_now_ms() - t0);
+                "%.0f ms, %s)", id, kind, j->window, util_json_number(res, "nmse", 0),
+                util_now_ms() - t0, in_stage ? "run by the serving stage" : "window opened for it");
     else if (st == 403)
         kvd_log(KVD_LOG_ERROR, "probe %s (%s) of window %u: the market found it wrong; the lease "
                 "is over and this node's claims are refused for a while", id, kind, j->window);
@@ -84,13 +135,6 @@ static int audit_answer(struct join *j, const cJSON *a)
         kvd_log(KVD_LOG_ERROR, "audit %s: the market found this node's work wrong; the lease is "
                 "over and this node's claims are refused for a while", id);
     return st == 200 || st == 202 ? 0 : st == 403 ? -EPERM : -EAGAIN;
-}
-
-static int status_obj(const char *line, void *ud)
-{
-    cJSON_Delete(*(cJSON **)ud);
-    *(cJSON **)ud = cJSON_Parse(line);
-    return 1;
 }
 
 /* Our stage's status over its control socket (caller deletes), NULL when none runs or it does

@@ -57,6 +57,11 @@ static cJSON *status_json(struct stage *st)
     for (struct conn *p = st->links.pending; p; p = p->next)
         pend++;
     cJSON_AddNumberToObject(o, "pending_links", pend);
+    /* the market's probes run on this stage's loaded window (kvd join asks them) */
+    cJSON *pr = cJSON_AddObjectToObject(o, "probes");
+    cJSON_AddNumberToObject(pr, "run", (double)st->probes.run);
+    cJSON_AddNumberToObject(pr, "failed", (double)st->probes.failed);
+    cJSON_AddNumberToObject(pr, "ms_max", round(st->probes.ms_max * 10) / 10);
     /* Repair, every stage: ranks it took over as a standby, sessions it opened as replays and
      * the history positions it recomputed for them, its boundary logs (bytes held now, part of
      * this stage's memory; logs dropped over a cap; replayed sessions served from a log instead
@@ -334,6 +339,67 @@ static void handle_generate(struct stage *st, struct client *c, const cJSON *req
         kvd_client_error(c, msg);
 }
 
+/* A market's known-answer probe (docs/market.md, "Probes"; kvd join asks it while this stage
+ * serves the window): the challenge runs on the loaded backend between steps, as a PROBE job
+ * of the compute thread, so a spot check costs no second copy of the window. The client gets
+ * {"outputs": [...]} or {"error"} (kvd_ctl_probe_done). */
+static void handle_probe(struct stage *st, struct client *c, const cJSON *req)
+{
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(req, "challenge");
+    if (!cJSON_IsObject(ch)) {
+        kvd_client_error(c, "probe: expected a challenge object");
+        kvd_client_close(c);
+        return;
+    }
+    if (!st->comp || !st->be_open) {
+        kvd_client_error(c, "probe: this stage has no window loaded (a standby that has not "
+                            "taken a rank over)");
+        kvd_client_close(c);
+        return;
+    }
+    struct kvd_job *j = calloc(1, sizeof *j);
+    if (j)
+        j->text = cJSON_PrintUnformatted(ch);
+    if (!j || !j->text) {
+        kvd_job_free(j);
+        kvd_client_error(c, "probe: out of memory");
+        kvd_client_close(c);
+        return;
+    }
+    j->kind = KVD_JOB_PROBE;
+    j->ticket = c->probe = ++st->probes.ticket;
+    j->t_queued = util_now_ms();
+    kvd_compute_submit(st->comp, j);
+}
+
+void kvd_ctl_probe_done(struct stage *st, struct kvd_job *j)
+{
+    double ms = util_now_ms() - j->t_queued;
+    if (j->rc < 0) {
+        st->probes.failed++;
+        kvd_log(KVD_LOG_WARN, "%s", j->err);
+    } else {
+        st->probes.run++;
+        st->probes.ms_total += ms;
+        st->probes.ms_max = ms > st->probes.ms_max ? ms : st->probes.ms_max;
+    }
+    struct client *c = st->sessions.clients;
+    while (c && c->probe != j->ticket)
+        c = c->next;
+    if (c && !c->closing) {   /* else the asker left: nobody to tell */
+        cJSON *o = cJSON_CreateObject();
+        if (j->rc < 0)
+            cJSON_AddStringToObject(o, "error", j->err);
+        else {
+            cJSON_AddItemToObject(o, "outputs", cJSON_Parse((const char *)j->out));
+            cJSON_AddNumberToObject(o, "ms", round(ms * 10) / 10);
+        }
+        kvd_client_send_json(c, o);
+        kvd_client_close(c);
+    }
+    kvd_job_free(j);
+}
+
 static void handle_request(struct client *c, const char *line)
 {
     struct stage *st = c->st;
@@ -359,12 +425,14 @@ static void handle_request(struct client *c, const char *line)
         kvd_client_send_json(c, o);
         kvd_client_close(c);
         st->shutdown(st, "shutdown requested over the control socket");
+    } else if (!strcmp(op->valuestring, "probe")) {
+        handle_probe(st, c, req);
     } else if (!strcmp(op->valuestring, "generate")) {
         handle_generate(st, c, req);
         if (!c->sess)
             kvd_client_close(c);
     } else {
-        kvd_client_error(c, "unknown op (generate, status, shutdown)");
+        kvd_client_error(c, "unknown op (generate, probe, status, shutdown)");
         kvd_client_close(c);
     }
     cJSON_Delete(req);

@@ -11,20 +11,21 @@
  *   status.c    the ring-wide status: this stage's record, every rank's last one, STATUS frames
  *   frames.c    the session frames arriving on a link, checked against the manifest
  *   link.c      predecessor and successor links: dial, accept, handshake, breakage
- *   control.c   the control socket (generate, status, shutdown) and the status object
+ *   control.c   the control socket (generate, status, probe, shutdown) and the status object
  *   api.c       rank 0's OpenAI-compatible API (api/api.h) over the sessions
  *   stage.c     the struct's start and stop, the periodic tick, signals, a standby's takeover
  *   main.c      `kvd stage`'s options
  * The calls upwards go through function pointers that stage.c sets in struct stage: control.c's
- * shutdown, and link.c's take_rank and pull_window (a standby taking a rank). probe.c (a
- * market's known-answer probe through a fresh instance of the backend) stands apart. The
- * compute thread lies below them all: backend.c and backend_model.c (what it runs), sched.c
- * (its batching scheduler) < compute.c (the thread, its jobs run on the backend).
+ * shutdown, and link.c's take_rank and pull_window (a standby taking a rank); stage.c hands the
+ * compute thread's results to session.c, its probes' to control.c. The compute thread lies
+ * below them all: backend.c and backend_model.c (what it runs), probe.c (a market's
+ * known-answer probe on a backend: the thread's PROBE job, or kvd join's fresh instance),
+ * sched.c (its batching scheduler) < compute.c (the thread, its jobs run on the backend).
  *
  * struct stage is in parts, each written by the file its comment names (stage.c sets every
  * part's first values): at the top the shape, settings and compute (stage.c); io, tick and
  * standby (stage.c); links (link.c, conn.c); sessions and repair (session.c); status
- * (status.c); stats (session.c, frames.c); receipts (receipt.c). */
+ * (status.c); stats (session.c, frames.c); receipts (receipt.c); probes (control.c). */
 #ifndef KV_KVD_INTERNAL_H
 #define KV_KVD_INTERNAL_H
 
@@ -154,7 +155,19 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b);
 /* Rank 0: text -> tokens (BOS as the vocabulary asks); -ENOSYS without a tokenizer. */
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n);
 
-enum kvd_job_kind { KVD_JOB_OPEN, KVD_JOB_STEP, KVD_JOB_CLOSE };
+/* A market's known-answer probe (probe.c; docs/market.md, "Probes") on the open backend b,
+ * whose window must be the challenge's: each sequence a fresh session of b, ids id0, id0 + 1,
+ * ... (free in b), its rows in runs of at most max_rows. *outputs gets the JSON array of
+ * answers (malloc'd). 0, or negative with err filled. Its sessions' ids start at
+ * KVD_PROBE_ID0 ("probe") where they can: the probe tests' wrong-traffic backend
+ * (tests/tools/stub_backend.c) tells probes from traffic by them. */
+#define KVD_PROBE_ID0 0x70726f6265000000ull
+int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const char *challenge,
+                  char **outputs, char *err, size_t errlen);
+
+/* PROBE: a market's known-answer probe (probe.c) run on the loaded backend between steps; its
+ * challenge's JSON in text, the answer's (the outputs array) back in out. */
+enum kvd_job_kind { KVD_JOB_OPEN, KVD_JOB_STEP, KVD_JOB_CLOSE, KVD_JOB_PROBE };
 
 struct kvd_job {
     struct kvd_job *next;           /* the compute thread's queue */
@@ -187,6 +200,8 @@ struct kvd_job {
     uint32_t epoch;                 /* the session's incarnation it was submitted for: a result
                                      * for an earlier one (a session paused, dropped, replayed) is
                                      * dropped */
+    char *text;                     /* PROBE: the challenge (JSON) */
+    uint64_t ticket;                /* PROBE: the control client waiting for it */
 };
 
 struct kvd_compute;
@@ -436,6 +451,7 @@ struct client {
     struct util_buf buf;   /* the request line as it comes (under CTL_LINE_MAX) */
     bool closing, got_request;
     struct sess *sess;
+    uint64_t probe;        /* the ticket of the probe it waits for (0: none) */
     struct client *next;
 };
 
@@ -569,6 +585,13 @@ struct stage_stats {
     uint64_t blog_dropped, replays_from_log;
 };
 
+/* control.c: the market's probes its clients (kvd join) had run on the loaded window: the last
+ * ticket handed out, and those answered and failed, with their time from asked to answered. */
+struct stage_probes {
+    uint64_t ticket, run, failed;
+    double ms_total, ms_max;
+};
+
 /* receipt.c: receipts of sessions lost to a ring break, kept for their replay. */
 struct stage_receipts {
     void *parked;
@@ -610,6 +633,7 @@ struct stage {
     struct stage_status status;
     struct stage_stats stats;
     struct stage_receipts receipts;
+    struct stage_probes probes;
 };
 
 /* receipt.c: per session, the positions run and Merkle roots over the boundary rows sent and
@@ -799,8 +823,10 @@ void kvd_link_dial_out(struct stage *st);
 void kvd_link_dial_in(struct stage *st);
 void kvd_link_on_accept(struct ring_listener *ls, struct ring_link *l, void *ud);
 
-/* control.c: the control socket's connection callback. */
+/* control.c: the control socket's connection callback; a PROBE job run, to the client that
+ * asked for it (j freed). */
 void kvd_ctl_on_conn(uv_stream_t *server, int status);
+void kvd_ctl_probe_done(struct stage *st, struct kvd_job *j);
 
 /* api.c: rank 0's OpenAI-compatible API (--api): start it (0 when not asked for; an error is
  * logged) and stop it (its requests' sessions have ended or end now). */

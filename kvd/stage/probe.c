@@ -1,8 +1,10 @@
 /* probe.c — a market's known-answer probe of a stage's window (docs/market.md, "Probes"), run
- * through the stage's own compute backend (the table's kind, opened on the pulled window as
- * the stage opens it, each sequence a fresh session through the backend's one batched run: the
- * code that serves real traffic, not a separate maths path). kvd join runs it before its
- * lease is active and again for each spot check. */
+ * through the stage's own compute backend, each sequence a fresh session through the
+ * backend's one batched run: the code that serves real traffic, not a separate maths path.
+ * A serving stage runs it on its compute thread, on the backend it has loaded (the control
+ * socket's "probe" op, compute.c's PROBE job), so a spot check costs no second copy of the
+ * window; kvd join opens the window for it only while no stage of it runs (the activation
+ * probe, a standby that has not taken over). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +16,10 @@
 #include "model/model.h"
 #include "util/err.h"
 
-#define PROBE_ID0 0x70726f6265000000ull   /* session ids of a probe (a fresh backend: any) */
-
-/* One sequence of the challenge through b: its answer object, or NULL with err set. */
-static cJSON *probe_seq(struct kvd_backend *b, uint64_t id, const cJSON *q, char *err, size_t errlen)
+/* One sequence of the challenge through b, in runs of at most max_rows rows: its answer
+ * object, or NULL with err set. */
+static cJSON *probe_seq(struct kvd_backend *b, uint64_t id, uint32_t max_rows, const cJSON *q,
+                        char *err, size_t errlen)
 {
     uint32_t n = (uint32_t)util_json_number(q, "n", 0);
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(q, "tokens");
@@ -33,30 +35,44 @@ static cJSON *probe_seq(struct kvd_backend *b, uint64_t id, const cJSON *q, char
     float *logits = b->head ? malloc((size_t)n * b->n_vocab * sizeof *logits) : NULL;
     int32_t tk[RING_PROBE_TOKENS_MAX];
     struct model_batch_row r[RING_PROBE_TOKENS_MAX];
-    uint32_t head[RING_PROBE_TOKENS_MAX];
     cJSON *out = NULL;
     if (!x || (b->head && !logits)) {
         snprintf(err, errlen, "probe: out of memory");
         goto done;
     }
     for (uint32_t i = 0; i < n; i++) {
+        const cJSON *t = b->embed ? cJSON_GetArrayItem(toks, (int)i) : NULL;
+        if (b->embed && (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= b->n_vocab)) {
+            snprintf(err, errlen, "probe: token %u is not an id below the vocabulary's %u", i,
+                     b->n_vocab);
+            goto done;
+        }
         r[i] = (struct model_batch_row){.id = id, .pos = i};
-        head[i] = i;
-        tk[i] = b->embed ? (int32_t)cJSON_GetArrayItem(toks, (int)i)->valuedouble : 0;
+        tk[i] = t ? (int32_t)t->valuedouble : 0;
     }
     if (!b->embed && ring_probe_rows_decode(in->valuestring, x, rows)) {
         snprintf(err, errlen, "probe: input is not %u x %u f16 (base64)", n, b->n_embd);
         goto done;
     }
-    struct kvd_backend_batch bt = {.rows = r, .n = n, .tokens = b->embed ? tk : NULL, .x = x,
-                                   .head = b->head ? head : NULL, .n_head = b->head ? n : 0,
-                                   .logits = logits};
     int rc = b->ops->session_new(b->impl, id);
     if (rc < 0) {
         snprintf(err, errlen, "probe: session: %s", strerror(-rc));
         goto done;
     }
-    rc = b->ops->run(b->impl, &bt, err, errlen);
+    if (max_rows < 1)
+        max_rows = 1;
+    /* the rows in order, as a prompt of that many rows would run on this stage */
+    for (uint32_t i = 0; rc >= 0 && i < n; i += max_rows) {
+        uint32_t k = n - i < max_rows ? n - i : max_rows;
+        uint32_t hd[RING_PROBE_TOKENS_MAX];
+        for (uint32_t h = 0; h < k; h++)
+            hd[h] = h;
+        struct kvd_backend_batch bt = {
+            .rows = r + i, .n = k, .tokens = b->embed ? tk + i : NULL,
+            .x = x + (size_t)i * b->n_embd, .head = b->head ? hd : NULL,
+            .n_head = b->head ? k : 0, .logits = logits ? logits + (size_t)i * b->n_vocab : NULL};
+        rc = b->ops->run(b->impl, &bt, err, errlen);
+    }
     b->ops->session_free(b->impl, id);
     if (rc < 0)
         goto done;
@@ -88,61 +104,91 @@ done:
     return out;
 }
 
-int kvd_stage_probe(const char *backend, const char *window, int n_threads, const char *challenge,
-                    char **outputs, char *err, size_t errlen)
+/* The challenge parsed, with its sequences' count checked and its window read. */
+static cJSON *probe_parse(const char *challenge, uint32_t *first, uint32_t *last, char *err,
+                          size_t errlen)
 {
-    *outputs = NULL;
     cJSON *c = cJSON_Parse(challenge);
     const cJSON *seqs = cJSON_GetObjectItemCaseSensitive(c, "seqs");
     const cJSON *ly = cJSON_GetObjectItemCaseSensitive(c, "layers");
-    int rc = -EINVAL;
+    const cJSON *l0 = cJSON_GetArrayItem(ly, 0), *l1 = cJSON_GetArrayItem(ly, 1);
     if (!cJSON_IsArray(seqs) || cJSON_GetArraySize(seqs) < 1 ||
-        cJSON_GetArraySize(seqs) > RING_PROBE_SEQS_MAX || cJSON_GetArraySize(ly) != 2) {
-        snprintf(err, errlen, "probe: expected seqs (1..%d) and layers", RING_PROBE_SEQS_MAX);
+        cJSON_GetArraySize(seqs) > RING_PROBE_SEQS_MAX || cJSON_GetArraySize(ly) != 2 ||
+        !cJSON_IsNumber(l0) || !cJSON_IsNumber(l1) || l0->valuedouble < 0 ||
+        l1->valuedouble > 65536 || l0->valuedouble >= l1->valuedouble) {
+        snprintf(err, errlen, "probe: expected seqs (1..%d) and layers [first, last)",
+                 RING_PROBE_SEQS_MAX);
         cJSON_Delete(c);
-        return rc;
+        return NULL;
     }
-    const struct kvd_backend_kind *kind = kvd_backend_kind_find(backend ? backend : "model");
-    if (!kind) {
-        snprintf(err, errlen, "probe: no compute backend named '%s' in this kvd", backend);
-        cJSON_Delete(c);
-        return rc;
-    }
-    struct kvd_backend b = {0};
-    struct kvd_backend_args ba = {
-        .path = window, .first = -1, .last = -1,
-        .win_first = (uint32_t)cJSON_GetArrayItem(ly, 0)->valuedouble,
-        .win_last = (uint32_t)cJSON_GetArrayItem(ly, 1)->valuedouble,
-        .n_layer = (uint32_t)util_json_number(c, "n_layers", 0),
-        .n_embd = (uint32_t)util_json_number(c, "n_embd", 0),
-        .n_ctx = RING_PROBE_TOKENS_MAX, .max_batch = RING_PROBE_TOKENS_MAX,
-        .n_threads = n_threads, .device = "cpu",
-    };
-    if ((rc = kind->open(&b, &ba, err, errlen)) < 0) {
-        cJSON_Delete(c);
-        return rc;
-    }
-    if (b.first != ba.win_first || b.last != ba.win_last) {
-        snprintf(err, errlen, "probe: layers [%u, %u) asked, the window holds [%u, %u)", ba.win_first,
-                 ba.win_last, b.first, b.last);
+    *first = (uint32_t)l0->valuedouble;
+    *last = (uint32_t)l1->valuedouble;
+    return c;
+}
+
+int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const char *challenge,
+                  char **outputs, char *err, size_t errlen)
+{
+    *outputs = NULL;
+    uint32_t first, last;
+    cJSON *c = probe_parse(challenge, &first, &last, err, errlen);
+    if (!c)
+        return -EINVAL;
+    uint32_t nl = (uint32_t)util_json_number(c, "n_layers", b->n_layer);
+    uint32_t ne = (uint32_t)util_json_number(c, "n_embd", b->n_embd);
+    int rc = 0;
+    if (first != b->first || last != b->last || nl != b->n_layer || ne != b->n_embd) {
+        snprintf(err, errlen, "probe: layers [%u, %u) of %u (n_embd %u) asked, the window holds "
+                 "[%u, %u) of %u (n_embd %u)", first, last, nl, ne, b->first, b->last, b->n_layer,
+                 b->n_embd);
         rc = -EINVAL;
     }
     cJSON *outs = cJSON_CreateArray();
     const cJSON *q;
-    uint64_t id = PROBE_ID0;
-    cJSON_ArrayForEach(q, seqs) {
+    uint64_t id = id0;
+    cJSON_ArrayForEach(q, cJSON_GetObjectItemCaseSensitive(c, "seqs")) {
         if (rc < 0)
             break;
-        cJSON *o = probe_seq(&b, id++, q, err, errlen);
+        cJSON *o = probe_seq(b, id++, max_rows, q, err, errlen);
         if (!o)
-            rc = rc < 0 ? rc : -EIO;
+            rc = -EIO;
         else
             cJSON_AddItemToArray(outs, o);
     }
     if (rc >= 0 && !(*outputs = cJSON_PrintUnformatted(outs)))
         rc = -ENOMEM;
     cJSON_Delete(outs);
-    kvd_backend_close(&b);
     cJSON_Delete(c);
+    return rc;
+}
+
+int kvd_stage_probe(const char *backend, const char *window, int n_threads, const char *challenge,
+                    char **outputs, char *err, size_t errlen)
+{
+    *outputs = NULL;
+    uint32_t first, last;
+    cJSON *c = probe_parse(challenge, &first, &last, err, errlen);
+    if (!c)
+        return -EINVAL;
+    const struct kvd_backend_kind *kind = kvd_backend_kind_find(backend ? backend : "model");
+    if (!kind) {
+        snprintf(err, errlen, "probe: no compute backend named '%s' in this kvd", backend);
+        cJSON_Delete(c);
+        return -EINVAL;
+    }
+    struct kvd_backend b = {0};
+    struct kvd_backend_args ba = {
+        .path = window, .first = -1, .last = -1, .win_first = first, .win_last = last,
+        .n_layer = (uint32_t)util_json_number(c, "n_layers", 0),
+        .n_embd = (uint32_t)util_json_number(c, "n_embd", 0),
+        .n_ctx = RING_PROBE_TOKENS_MAX, .max_batch = RING_PROBE_TOKENS_MAX,
+        .n_threads = n_threads, .device = "cpu",
+    };
+    cJSON_Delete(c);
+    int rc = kind->open(&b, &ba, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = kvd_probe_run(&b, KVD_PROBE_ID0, RING_PROBE_TOKENS_MAX, challenge, outputs, err, errlen);
+    kvd_backend_close(&b);
     return rc < 0 ? rc : 0;
 }

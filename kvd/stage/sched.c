@@ -27,6 +27,7 @@ void kvd_job_free(struct kvd_job *j)
     free(j->tokens);
     free(j->in);
     free(j->out);
+    free(j->text);
     free(j);
 }
 

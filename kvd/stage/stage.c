@@ -292,6 +292,16 @@ static int check_identity(struct stage *st, const struct kvd_stage_opts *o)
     return 0;
 }
 
+/* The compute thread's results, on the loop: a probe's to the control client that asked for
+ * it, every other job's to its session. */
+static void on_job_done(struct kvd_job *j, void *ud)
+{
+    if (j->kind == KVD_JOB_PROBE)
+        kvd_ctl_probe_done(ud, j);
+    else
+        kvd_sess_on_job_done(j, ud);
+}
+
 /* Take rank: its window on the backend asked for (sliced from --model, or the --window file),
  * checked against the manifest and the catalog, the payload cap, and the compute thread. A
  * stage does it at start; a standby when its first predecessor has authenticated (link.c, through
@@ -376,7 +386,7 @@ static int stage_take_rank(struct stage *st, uint32_t rank)
     if (RING_HELLO_LEN > cap) cap = RING_HELLO_LEN;
     st->max_payload = cap > RING_PAYLOAD_HARD_MAX ? RING_PAYLOAD_HARD_MAX : (uint32_t)cap;
     rc = kvd_compute_new(&st->comp, st->loop, &st->be, st->m.wire_dsize, st->m.max_batch,
-                         o->batch_wait_us, kvd_sess_on_job_done, st);
+                         o->batch_wait_us, on_job_done, st);
     if (rc < 0) {
         kvd_log(KVD_LOG_ERROR, "compute thread: %s", uv_strerror(rc));
         goto fail_be;

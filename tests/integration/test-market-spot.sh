@@ -10,6 +10,8 @@
 #      `--backend wrong-late`, takes its window back after passing a new activation probe, and
 #      is caught: its lease ends, its window is reported uncovered, the credit it earned is
 #      voided (its balance is zero and stays so), its claims are refused;
+#      a serving node's spot checks run on the window its stage has loaded (the stage's
+#      status counts them), its activation probe on the window opened for it;
 #  (b) a node whose stage is wrong from the start (`--backend wrong`) takes the freed window,
 #      fails its activation probe, never gets an active lease, and its claims are refused with
 #      the reason, which it logs.
@@ -72,6 +74,23 @@ R0=$(rank0 a b l)
     >/dev/null 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
 wait_for 30 credited a b l || fail "balances do not match the stages' work: $(cat "$T/credited.txt")"
 LT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layer_tokens"])' "$T/bal-l.json")
+# a serving node's spot checks run on the window its stage has loaded, between its steps (no
+# second copy of the window): the node logs it, the stage counts it
+stage_probed() { # NAME: a spot check logged as run by the stage, and the stage's count of them
+    grep -q "(spot) of window [0-9]*: the market found it right (.*, run by the serving stage)" "$T/join-$1.log" &&
+    python3 - "$ROOT/tests/lib" "$T/$1/kvd.sock" >"$T/st-$1.json" 2>&1 <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kvd_ctl
+p = kvd_ctl.status(sys.argv[2])["probes"]
+print(json.dumps(p))
+sys.exit(0 if p["run"] >= 1 and p["failed"] == 0 else 1)
+PY
+}
+wait_for 30 stage_probed a || fail "node a's spot checks did not run on its serving stage: $(grep -h '(spot)' "$T/join-a.log" | tail -2) $(cat "$T/st-a.json" 2>/dev/null)"
+grep -q "(activation) of window [0-9]*: the market found it right (.*, window opened for it)" "$T/join-a.log" ||
+    fail "node a's activation probe (no stage yet) did not run on the window opened for it"
+echo "ok   spot checks of a serving node run on its stage's loaded window (its stage's probes: $(cat "$T/st-a.json"))"
 # node l stops and comes back with the same key (within its grace period), now wrong once active
 kill -TERM "${JPID[l]}"
 wait "${JPID[l]}" 2>/dev/null

@@ -251,7 +251,7 @@ static int wrong_session_new(void *impl, uint64_t id)
 {
     struct wrong *w = impl;
     int rc = w->in.ops->session_new(w->in.impl, id);
-    /* kvd/stage/probe.c numbers a probe's sessions from 0x70726f6265000000 ("probe") */
+    /* a probe numbers its sessions from KVD_PROBE_ID0 (kvd/stage/internal.h), "probe" */
     if (rc == 0 && w->traffic && id >> 24 != 0x70726f6265ull && ++w->sessions % w->every == 0)
         for (int k = 0; k < WRONG_TRAFFIC_MAX; k++)
             if (!w->bad[k]) {
