@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cjson/cJSON.h>
 
@@ -17,6 +18,13 @@ static int status_obj(const char *line, void *ud)
     cJSON_Delete(*(cJSON **)ud);
     *(cJSON **)ud = cJSON_Parse(line);
     return 1;
+}
+
+/* Whether our stage's process still runs (one that exited is left for the hold loop to reap). */
+static bool stage_alive(const struct join *j)
+{
+    siginfo_t si = {0};
+    return waitid(P_PID, (id_t)j->stage, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
 }
 
 /* The probe p run by our stage on the window it has loaded (its control socket's "probe" op):
@@ -37,10 +45,19 @@ static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char
         return -ENOMEM;
     snprintf(req, n, "{\"op\":\"probe\",\"challenge\":%s}", text);
     /* within the market's deadline for the answer (--reserve-s), less a margin to post it */
-    double dl = util_json_number(p, "deadline_s", 30);
+    double dl = util_json_number(p, "deadline_s", 30), t0 = util_now_ms();
     int ms = dl > 4 ? (int)(dl * 1000) - 2000 : 2000;
     cJSON *o = NULL;
-    int rc = ring_ctl_request(sock, req, status_obj, &o, ms, err, errlen);
+    int rc;
+    /* A stage that is still loading its window (its control socket opens after that) is
+     * waited for, up to half the time: opening a second copy beside its load would double the
+     * node's memory just then. */
+    while ((rc = ring_ctl_request(sock, req, status_obj, &o, ms, err, errlen)) == -ECONNREFUSED ||
+           rc == -ENOENT) {
+        if (util_now_ms() - t0 > ms / 2 || !stage_alive(j))
+            break;
+        kvd_join__sleep_ms(200);
+    }
     free(req);
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(o, "outputs");
     if (rc == 0 && !cJSON_IsArray(out)) {
