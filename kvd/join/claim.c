@@ -63,7 +63,7 @@ static int pick(struct join *j, const cJSON *cov, const cJSON **kept_w)
 }
 
 /* Once every window has an active stage, the window to stand by for (docs/market.md,
- * "Standbys"): a middle rank's (rank 0 and the last rank have none) that fits, with the
+ * "Standbys"): any rank's but rank 0's (which has none) that fits, with the
  * fewest standbys (ties: the largest window, the costliest to lose). -1 when none (or the ring
  * is not complete yet). */
 static int standby_pick(struct join *j, const cJSON *cov)
@@ -78,7 +78,7 @@ static int standby_pick(struct join *j, const cJSON *cov)
         int idx = (int)util_json_number(w, "window", -1);
         int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(w, "standbys"));
         double mem = util_json_number(w, "mem_bytes", 0);
-        if (idx <= 0 || idx >= last || mem > (double)j->mem)
+        if (idx <= 0 || idx > last || mem > (double)j->mem)
             continue;
         if (best < 0 || n < best_n || (n == best_n && mem > best_mem)) {
             best = idx;

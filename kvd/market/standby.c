@@ -163,7 +163,7 @@ cJSON *kvd_market__roster(struct kvd_market_store *st, const char *model, const 
     cJSON_ArrayForEach(e, live) {
         double w = util_json_number(e, "window", -1);
         const char *ep = util_json_string(e, "endpoint"), *node = util_json_string(e, "node");
-        for (size_t i = 1; ep && node && i + 1 < n; i++)   /* nor rank 0 nor the last rank */
+        for (size_t i = 1; ep && node && i < n; i++)   /* not rank 0 */
             if ((double)leases[i].window == w && cJSON_GetArraySize(sb) < RING_MAX_STANDBYS)
                 entry_add(sb, node, ep, (uint32_t)i);
     }

@@ -220,15 +220,12 @@ void kvd_market__h_standbys(struct net_http_req *req, void *ud)
     if (kvd_market__admit_or_refuse(a, req, &c, !renew))
         goto out;
     if (!renew) {
-        if (c.ms->ls[c.wi] != KVD_LS_ACTIVE || c.wi == 0 || c.wi + 1 == c.ms->n) {
+        if (c.ms->ls[c.wi] != KVD_LS_ACTIVE || c.wi == 0) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddItemToObject(x, "free", kvd_market__free_windows(c.ms, c.node));
-            /* rank 0 holds the sessions' history; the last rank's TOKEN frames before a break
-             * cannot be made again by a replacement, so its receipts would not match rank 0's */
+            /* rank 0 holds the sessions' history, which dies with it */
             snprintf(why, sizeof why, c.wi == 0 ? "window %u is rank 0's, which holds the "
-                     "sessions' history and has no standby" : c.wi + 1 == c.ms->n ? "window %u "
-                     "is the last rank's, which has no standby (a replacement cannot attest the "
-                     "tokens sampled before the break)" : "window %u has no active stage to "
+                     "sessions' history and has no standby" : "window %u has no active stage to "
                      "stand by for: claim it", idx);
             kvd_market__state_refuse(a, req, c.ms, 409, x, why);
             goto out;

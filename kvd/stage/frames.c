@@ -178,6 +178,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
             toks[i] = (int32_t)util_le32_get(payload + RING_OPEN_LEN + 4 * i);
         if (h->flags & RING_FL_REPLAY) {
             s->replay_end = h->n_tokens;
+            kvd_receipt_replayed(st, s, h->n_tokens);
             st->stats.replayed_sessions++;
             if (!stale)   /* a dropped one said why in kvd_sess_resume */
                 kvd_log(KVD_LOG_INFO, "session %016" PRIx64 ": replay recomputes its %u positions "

@@ -647,6 +647,13 @@ void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n
                       const void *payload, size_t len);
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
                           const void *payload, size_t len);
+/* A replay of session s (docs/ring.md, "Repair"; rank 0 sending it, the last rank receiving
+ * its OPEN) runs its whole history of n positions again as a prompt: the last rank samples
+ * from none of them but the last, so whichever node serves the last rank now sends no TOKEN
+ * for positions [0, n - 1). Their TOKEN leaves (rank 0's received side, the last rank's sent
+ * side) are cleared at both ends, so the two trees agree whether the last rank's node kept the
+ * session, took the rank over as a standby or started again; the row log records it. */
+void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n);
 void kvd_receipt_close(struct stage *st, struct sess *s);
 /* A session lost to a ring break: its receipt is kept aside (parked) for its replay, which
  * adopts it (kvd_receipt_adopt, from kvd_sess_new), instead of being written now; unpark

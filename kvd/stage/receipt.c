@@ -155,6 +155,20 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
         r->got = true;
 }
 
+void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n)
+{
+    struct kvd_receipt *r = s->receipt;
+    if (!r || st->is_last == (st->rank == 0))   /* one stage alone replays nothing */
+        return;
+    struct leaves *l = st->is_last ? &r->sent : &r->recv;
+    int kind = st->is_last ? KVD_ROWLOG_SENT : KVD_ROWLOG_RECEIVED;
+    for (uint32_t p = 0; p + 1 < n && p < l->cap; p++)
+        if (l->set[p]) {
+            l->set[p] = 0;
+            kvd_rowlog_put(r->log, kind, p, NULL, 0);   /* the log's "no row here" */
+        }
+}
+
 /* One line of this stage's receipts: the session's model and ring generation (the manifest's
  * SHA-256) come first, then what varies. */
 static void put(struct stage *st, int fd, uint64_t session, const char *rest)

@@ -8,7 +8,8 @@
  * A record: u8 kind (KVD_ROWLOG_*) | u32le pos | u32le len | len bytes. Rows are appended on
  * the loop as frames go and come (a write to the page cache, like the receipts' lines); a row
  * logged twice for one position (a session resumed on this stage) counts as its receipt's
- * leaf does: the last one. */
+ * leaf does: the last one. An empty record says the position has no row after all (a replay
+ * cleared the last rank's TOKEN leaves: kvd_receipt_replayed). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -203,6 +204,8 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
         if (pos < t0 || pos >= t1)
             continue;
         uint32_t i = pos - t0;
+        if (len == 0 && kind != KVD_ROWLOG_TOKEN)
+            row = NULL;   /* no row here after all: a replay cleared its TOKEN leaf */
         if (kind == KVD_ROWLOG_RECEIVED) {
             l->recv.row[i] = row;
             l->recv.len[i] = len;

@@ -558,6 +558,8 @@ void kvd_sess_launch(struct stage *st, struct sess *s)
         s->log_dropped = !st->sessions.blog_cap || st->is_last;
     }
     s->held = false;
+    if (from_log || s->replaying)   /* a replay: the last rank's TOKENs of it start again */
+        kvd_receipt_replayed(st, s, n_hist);
     if (from_log) {
         int rc = send_open(st, s, hist, n_hist, s->open_flags | RING_FL_REPLAY);
         if (rc == -ENOMEM) {
