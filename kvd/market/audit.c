@@ -28,9 +28,6 @@
 #include "ring/ring.h"
 #include "util/util.h"
 
-/* An answer's rows, base64, and their proofs stay this far under the API's 1 MiB body cap: the
- * audited position is drawn among the first rows that fit. */
-#define AUDIT_ANSWER_BYTES (640u << 10)
 /* The last rank's token is found wrong when it was reported as the sampler's favourite
  * (logprob >= log 0.5) and the recomputed logits put another token this far ahead of it. */
 #define AUDIT_HEAD_LEAD 4.0
@@ -129,9 +126,10 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
         cJSON_Delete(r);
         return 0;
     }
-    /* the positions whose rows and proofs fit in an answer */
+    /* the positions whose rows (f32, base64) and proofs fit in an answer of --audit-answer-kib,
+     * under the API's 1 MiB body cap: the audited position is drawn among the first of them */
     uint64_t per = (uint64_t)w->n_embd * 4 / 3 * 4 + RING_MERKLE_DEPTH_MAX * 67 + 64;
-    uint64_t fit = AUDIT_ANSWER_BYTES / per, span = w->t1 - w->t0;
+    uint64_t fit = (uint64_t)(au->cfg.audit_answer_kib * 1024) / per, span = w->t1 - w->t0;
     if (fit < 1)
         fit = 1;
     uint32_t pos = (uint32_t)(w->t0 + (uint64_t)(unit() * (double)(span < fit ? span : fit)));
@@ -158,6 +156,9 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
     cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)w->t0));
     cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)w->t1));
     cJSON_AddNumberToObject(p, "position", pos);
+    /* the last rank opens the empty leaves from pos to its first token (a prompt samples
+     * none): no further than this many positions from t0, so that the answer fits */
+    cJSON_AddNumberToObject(p, "max_positions", (double)fit);
     cJSON_AddStringToObject(p, "sent", w->digest);
     cJSON_AddNumberToObject(p, "deadline", now + au->cfg.audit_deadline_s);
     int rc = kvd_market__blob_save(au->st, key, r);
@@ -197,7 +198,7 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
     }
     cJSON *c = cJSON_CreateObject();
     static const char *const keep[] = {"id", "session", "rank", "window", "layers", "embed",
-                                       "head", "tokens", "position"};
+                                       "head", "tokens", "position", "max_positions"};
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
         cJSON_AddItemToObject(c, keep[i], cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(p, keep[i]), 1));
     cJSON_AddNumberToObject(c, "deadline_s", deadline - now);
@@ -498,13 +499,21 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         if (!last)
             q++;
     }
+    /* the last rank's openings stop at the range's end or at the answer's cap (pending records
+     * from before the cap have none: the end only) */
+    double cap = util_json_number(p, "max_positions", 0);
+    bool capped = cap >= 1 && (double)(q - t0) + 1 >= cap;
     if (head && !len) {
-        if (q + 1 != t1) {
+        if (q + 1 != t1 && !capped) {
             snprintf(why, n, "outputs: position %u has no token and is not the last one", q);
             rc = -EINVAL;
             goto out;
         }
-        record_last(r, id, "pass", INFINITY, "no token sampled from the position on", now);
+        const char *res = q + 1 == t1 ? "no token sampled from the position on"
+                                      : "no token sampled in the positions the answer holds";
+        kvd_log(KVD_LOG_INFO, "audit %s of node %.16s... (rank %u, session %.16s, position %u): "
+                "pass (%s: %u to %u opened empty)", id, node, rank, session, pos, res, pos, q);
+        record_last(r, id, "pass", INFINITY, res, now);   /* frees the pending record */
         *settled = true;
         rc = kvd_market__blob_save(au->st, key, r);
         goto out;

@@ -203,6 +203,8 @@ struct kvd_market_config {
                                     * that did are paid without the ones that did not */
     double audit_rate;             /* the share of credited receipts audited (0: none) */
     double audit_deadline_s;       /* an audit unanswered this long after it was drawn fails */
+    double audit_answer_kib;       /* what an audit's answer may take: it bounds the positions
+                                    * an audit opens (under the API's 1 MiB body cap) */
     const char *verify_model;      /* the whole GGUF audits recompute rows with (NULL: proofs only) */
 };
 void kvd_market__config_default(struct kvd_market_config *c);

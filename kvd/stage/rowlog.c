@@ -288,9 +288,13 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
         return rc;
     }
     /* the output: the sent row at p; the last rank's the first TOKEN at or after p (a prompt
-     * row samples none), with the empty leaves before it opened to show there was none */
+     * row samples none), with the empty leaves before it opened to show there was none, but
+     * no further than max_positions from t0 (the inputs t0 .. q must fit in the answer: the
+     * market passes a run of empties that reaches it) */
+    double mp = util_json_number(c, "max_positions", 0);
+    uint32_t cap = mp >= 1 && mp < (double)(t1 - t0) ? (uint32_t)mp : t1 - t0;
     uint32_t q = p;
-    while (head && q + 1 < t1 && !l.sent.row[q - t0])
+    while (head && q + 1 < t1 && q + 1 - t0 < cap && !l.sent.row[q - t0])
         q++;
     uint8_t (*sl)[32] = side_leaves(&l, &l.sent), (*rl)[32] = side_leaves(&l, &l.recv);
     cJSON *o = cJSON_CreateObject();
@@ -303,7 +307,8 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
             rc = -ENOMEM;
         cJSON_AddItemToArray(outs, x);
     }
-    if (rc == 0 && !l.sent.row[q - t0]) {
+    bool none = head && !l.sent.row[q - t0];   /* no token up to the range's end or the cap */
+    if (rc == 0 && !head && !l.sent.row[q - t0]) {
         snprintf(err, errlen, "audit: the row log of session %s holds no row sent at %u",
                  sj->valuestring, q);
         rc = -ENOENT;
@@ -318,7 +323,7 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
             }
             cJSON_AddItemToArray(t, cJSON_CreateNumber(l.tok[i - t0]));
         }
-    } else if (rc == 0) {     /* the rows received, t0 .. q, against the received root */
+    } else if (rc == 0 && !none) {   /* the rows received, t0 .. q, against the received root */
         cJSON *in = cJSON_AddArrayToObject(o, "inputs");
         for (uint32_t i = t0; rc == 0 && i <= q; i++) {
             cJSON *x = l.recv.row[i - t0] ? opening(&l, &l.recv, rl, i) : NULL;

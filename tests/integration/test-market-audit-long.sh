@@ -1,0 +1,72 @@
+#!/bin/bash
+# test-market-audit-long.sh — audits of the last rank's work on a prompt longer than an audit's
+# answer can open (docs/market.md, "Audits"). The last rank samples nothing from a prompt's rows,
+# so its audit opens the empty leaves from the audited position to its first token, and its
+# inputs from the range's start to there: on a real model a prompt of a few hundred tokens
+# would take more than the API's 1 MiB body, the node could not answer, and the audit would
+# fail an honest node. The market caps the opening at the positions that fit
+# (--audit-answer-kib, here 32 KiB: 16 positions of the test model) and passes a run of empties
+# that reaches the cap. Three honest `kvd join` nodes, every credited receipt audited
+# (--audit-rate 1) and recomputed (--verify-model):
+#  * a session with a 120-token prompt: the last rank's audit stops at the cap and passes,
+#    its answer within the cap; the other ranks' audits pass on recomputation;
+#  * a session with a short prompt and 40 generated tokens: the last rank's audit reaches a
+#    sampled token and passes on recomputation;
+#  * no audit fails, no node loses its lease.
+. "$(dirname "$0")/../lib/lib.sh"
+. "$(dirname "$0")/../lib/market_lib.sh"
+
+MARKET_ARGS="--audit-rate 1 --audit-deadline-s 60 --audit-answer-kib 32 --verify-model $S"
+market_up
+for n in a b c; do
+    "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 --jitter-ms 300 \
+        >"$T/join-$n.log" 2>&1 &
+    PIDS="$PIDS $!"
+done
+wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
+R0=$(rank0 a b c)
+LAST=""
+for n in a b c; do [ "$(rank_of $n)" = 2 ] && LAST=$n; done
+[ -n "$R0" ] && [ -n "$LAST" ] || fail "no rank 0 or last rank"
+short() { echo "${1:0:16}"; }
+KL=$(short "$(key_of "$LAST")")
+
+audited() { # SESSION-ID RANK: the market's verdict on that rank's audit of the session
+    grep "audit [0-9a-f]* of node [0-9a-f]*\.\.\. (rank $2, session $1, position [0-9]*): " "$T/market.log" | tail -1
+}
+gen() { # TOKENS N: one session through rank 0; prints its id
+    "$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" --tokens "$1" -n "$2" \
+        --temp 0 --ignore-eos --ids >"$T/gen.out" 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
+    grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | tail -1 | cut -d' ' -f2
+}
+has_audit() { [ -n "$(audited "$1" "$2")" ]; }
+
+# ---- a 120-token prompt: the last rank's audit is capped and passes
+LONG=$(python3 -c 'print(",".join(str(1 + (i * 37) % 500) for i in range(120)))')
+S1=$(gen "$LONG" 4)
+[ -n "$S1" ] || fail "no session id in rank 0's node's log"
+for r in 0 1 2; do
+    wait_for 60 has_audit "$S1" $r || fail "no audit of rank $r's work on session $S1: $(grep "audit" "$T/market.log" | tail -5)"
+done
+V=$(audited "$S1" 2)
+echo "$V" | grep -q "): pass (no token sampled in the positions the answer holds: [0-9]* to 15 opened empty)" ||
+    fail "the last rank's audit of the long prompt did not stop at the cap and pass: $V"
+for r in 0 1; do
+    audited "$S1" $r | grep -q "): pass$" || fail "rank $r's audit of session $S1: $(audited "$S1" $r)"
+done
+grep -q "audit [0-9a-f]* of session $S1: answered (passed on its proofs)" "$T/join-$LAST.log" ||
+    fail "the last rank's node does not log its answer as passed: $(grep audit "$T/join-$LAST.log" | tail -3)"
+echo "ok   a 120-token prompt: the last rank's audit opens at most 16 positions and passes ($(echo "$V" | grep -o 'position [0-9]*'))"
+
+# ---- a short prompt and 40 tokens: the last rank's audit reaches a token and is recomputed
+S2=$(gen 1,50,100,200 40)
+[ -n "$S2" ] && [ "$S2" != "$S1" ] || fail "no new session id in rank 0's node's log"
+wait_for 60 has_audit "$S2" 2 || fail "no audit of the last rank's work on session $S2"
+audited "$S2" 2 | grep -q "): pass$" || fail "the last rank's audit of session $S2: $(audited "$S2" 2)"
+echo "ok   a short prompt: the last rank's audit reaches a sampled token and passes on recomputation"
+
+grep -q "audit [0-9a-f]* of node .*: fail" "$T/market.log" &&
+    fail "an audit failed: $(grep "audit [0-9a-f]* of node .*: fail" "$T/market.log")"
+ring_ready || fail "the ring is not whole after the audits: $(cat "$T/cov.json")"
+echo "ok   no audit failed; every node keeps its lease"
+finish
