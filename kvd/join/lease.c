@@ -28,8 +28,10 @@ static bool stage_alive(const struct join *j)
 }
 
 /* The probe p run by our stage on the window it has loaded (its control socket's "probe" op):
- * 0 with *outs (the outputs array's JSON), or negative with err filled when no stage runs or
- * it could not run it (a standby that has not taken a rank over, a stage still loading). */
+ * 0 with *outs (the outputs array's JSON), or negative with err filled: -ENOENT when no stage
+ * could run it (none runs, a standby that has not taken a rank over, a stage that did not come
+ * up in half the time), another error when the stage that serves the window failed it or did
+ * not answer in time. */
 static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char **outs,
                           char *err, size_t errlen)
 {
@@ -46,7 +48,8 @@ static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char
     snprintf(req, n, "{\"op\":\"probe\",\"challenge\":%s}", text);
     /* within the market's deadline for the answer (--reserve-s), less a margin to post it */
     double dl = util_json_number(p, "deadline_s", 30), t0 = util_now_ms();
-    int ms = dl > 4 ? (int)(dl * 1000) - 2000 : 2000;
+    dl = dl > 4 ? (dl < 3600 ? dl : 3600) : 4;   /* a market's number, bounded before use */
+    int ms = (int)(dl * 1000) - 2000;
     cJSON *o = NULL;
     int rc;
     /* A stage that is still loading its window (its control socket opens after that) is
@@ -59,10 +62,13 @@ static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char
         kvd_join__sleep_ms(200);
     }
     free(req);
+    if (rc == -ECONNREFUSED)
+        rc = -ENOENT;   /* not listening (yet): no stage to run it */
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(o, "outputs");
     if (rc == 0 && !cJSON_IsArray(out)) {
-        snprintf(err, errlen, "%s", kvd_join__jstr_or(o, "error", "no outputs in the stage's answer"));
-        rc = -EIO;
+        const char *e = kvd_join__jstr_or(o, "error", "no outputs in the stage's answer");
+        snprintf(err, errlen, "%s", e);
+        rc = strstr(e, "has no window loaded") ? -ENOENT : -EIO;
     }
     if (rc == 0 && !(*outs = cJSON_PrintUnformatted(out)))
         rc = -ENOMEM;
@@ -86,14 +92,16 @@ static int probe_answer(struct join *j, const cJSON *p)
     double t0 = util_now_ms();
     if (!text)
         return -EAGAIN;
+    /* Only where no stage could run it is the window opened here: a stage that serves it and
+     * failed or was too slow would leave a second copy no time and the node's memory doubled
+     * beside its own. */
     int rc = probe_in_stage(j, text, p, &outs, serr, sizeof serr);
     bool in_stage = rc == 0;
-    if (rc < 0 && rc != -ENOENT)
-        kvd_log(KVD_LOG_WARN, "probe %s (%s) of window %u: the stage could not run it (%s); "
-                "opening the window for it", id, kind, j->window, serr);
-    if (rc < 0)
+    if (rc == -ENOENT)
         rc = kvd_stage_probe(strcmp(j->backend, "cpu") ? j->backend : NULL, j->window_path,
                              j->n_threads, text, &outs, err, sizeof err);
+    else if (rc < 0)
+        snprintf(err, sizeof err, "the stage that serves the window could not run it: %.900s", serr);
     free(text);
     if (rc < 0) {
         kvd_log(KVD_LOG_WARN, "probe %s (%s) of window %u: %s", id, kind, j->window, err);
@@ -143,14 +151,16 @@ static int audit_answer(struct join *j, const cJSON *a)
     cJSON_AddNumberToObject(b, "window", j->window);
     long st;
     cJSON *o = kvd_join__call(j, "POST", "/v1/leases/audit", b, true, &st);
-    cJSON_Delete(o);
+    bool inconclusive = !strcmp(kvd_join__jstr_or(o, "audit", ""), "inconclusive");
     if (st == 200 || st == 202)
         kvd_log(KVD_LOG_INFO, "audit %s of session %.16s: answered (%s)", id,
                 kvd_join__jstr_or(a, "session", "?"),
-                st == 200 ? "passed on its proofs" : "the market recomputes it");
+                st == 202 ? "the market recomputes it" : inconclusive ? "inconclusive: no token in "
+                "what an answer holds, nothing to judge" : "passed on its proofs");
     else if (st == 403)
         kvd_log(KVD_LOG_ERROR, "audit %s: the market found this node's work wrong; the lease is "
                 "over and this node's claims are refused for a while", id);
+    cJSON_Delete(o);
     return st == 200 || st == 202 ? 0 : st == 403 ? -EPERM : -EAGAIN;
 }
 

@@ -126,9 +126,10 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
         cJSON_Delete(r);
         return 0;
     }
-    /* the positions whose rows (f32, base64) and proofs fit in an answer of --audit-answer-kib,
+    /* the positions whose rows (f32, base64) and proofs (two a position: the last rank opens
+     * outputs and inputs from p to its first token) fit in an answer of --audit-answer-kib,
      * under the API's 1 MiB body cap: the audited position is drawn among the first of them */
-    uint64_t per = (uint64_t)w->n_embd * 4 / 3 * 4 + RING_MERKLE_DEPTH_MAX * 67 + 64;
+    uint64_t per = (uint64_t)w->n_embd * 4 / 3 * 4 + 2 * RING_MERKLE_DEPTH_MAX * 67 + 64;
     uint64_t fit = (uint64_t)(au->cfg.audit_answer_kib * 1024) / per, span = w->t1 - w->t0;
     if (fit < 1)
         fit = 1;
@@ -411,9 +412,11 @@ static void job_done(uv_work_t *w, int status)
 }
 
 int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
-                             const cJSON *body, double now, bool *settled, char *why, size_t n)
+                             const cJSON *body, double now, bool *settled, const char **verdict,
+                             char *why, size_t n)
 {
     *settled = false;
+    *verdict = "pass";
     char key[160];
     cJSON *r = record_load(au, model, node, key);
     cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
@@ -509,11 +512,17 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
             rc = -EINVAL;
             goto out;
         }
-        const char *res = q + 1 == t1 ? "no token sampled from the position on"
-                                      : "no token sampled in the positions the answer holds";
+        /* the range's end: nothing was sampled from the position on (a pass); the cap: the
+         * answer could not reach a token, nothing was judged (inconclusive: it costs the node
+         * nothing and the next credited receipt may be drawn) */
+        bool end = q + 1 == t1;
+        const char *res = end ? "no token sampled from the position on"
+                              : "no token sampled in the positions an answer holds: nothing judged";
         kvd_log(KVD_LOG_INFO, "audit %s of node %.16s... (rank %u, session %.16s, position %u): "
-                "pass (%s: %u to %u opened empty)", id, node, rank, session, pos, res, pos, q);
-        record_last(r, id, "pass", INFINITY, res, now);   /* frees the pending record */
+                "%s (%s; %u to %u opened empty)", id, node, rank, session, pos,
+                end ? "pass" : "inconclusive", res, pos, q);
+        *verdict = end ? "pass" : "inconclusive";
+        record_last(r, id, *verdict, INFINITY, res, now);   /* frees the pending record */
         *settled = true;
         rc = kvd_market__blob_save(au->st, key, r);
         goto out;

@@ -321,8 +321,9 @@ void kvd_market__h_audit(struct net_http_req *req, void *ud)
         goto out;
     struct kvd_market_lease *l = &c.ms->l[c.wi];
     bool settled = false;
-    int rc = kvd_market__audit_answer(a->audit, c.ms->m.id, c.node, c.b, c.now, &settled, why,
-                                      sizeof why);
+    const char *verdict = "pass";
+    int rc = kvd_market__audit_answer(a->audit, c.ms->m.id, c.node, c.b, c.now, &settled, &verdict,
+                                      why, sizeof why);
     if (rc == -EBADMSG && kvd_market__probe_fail(a, c.ms->m.id, l, "audit", why, c.now, msg, sizeof msg))
         rc = -EIO;
     if (rc && rc != -EBADMSG) {
@@ -332,7 +333,7 @@ void kvd_market__h_audit(struct net_http_req *req, void *ud)
     }
     cJSON *o = cJSON_CreateObject();
     if (rc == 0)
-        cJSON_AddStringToObject(o, "audit", settled ? "pass" : "verifying");
+        cJSON_AddStringToObject(o, "audit", settled ? verdict : "verifying");
     else
         cJSON_AddStringToObject(o, "error", msg);
     kvd_market__model_clear(&c.ms->m);

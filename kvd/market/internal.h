@@ -371,13 +371,14 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
 int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
                           double now, struct cJSON **challenge, char *why, size_t n);
 /* The node's answer (POST /v1/leases/audit), in the open transaction: 0 when accepted (*settled:
- * judged already, on its proofs alone; else queued for recomputation, the verdict later);
+ * judged already, on its proofs alone, *verdict "pass" or "inconclusive"; else queued for
+ * recomputation, the verdict later);
  * -EBADMSG when wrong (a proof that fails, a row that is no row, late: settled, why set, the
  * caller fails the node); -EINVAL malformed; -ENOENT no such audit pending; -EAGAIN the node's
  * received side of the session is not in yet (answer again); -EIO the store. */
 int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
-                             const struct cJSON *body, double now, bool *settled, char *why,
-                             size_t n);
+                             const struct cJSON *body, double now, bool *settled,
+                             const char **verdict, char *why, size_t n);
 
 /* ---- ringmap.c: the stages' reports (docs/market.md, "The map") ---- */
 /* NULL when a heartbeat's report fields (manifest, links, last_token_age_s, api) are well

@@ -514,7 +514,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
                 id0 += RING_PROBE_SEQS_MAX;
         }
         char *outs = NULL;
-        j->rc = kvd_probe_run(b, id0, c->max_batch, j->text, &outs, j->err, sizeof j->err);
+        j->rc = kvd_probe_run(b, id0, c->max_batch, j->probe, &outs, j->err, sizeof j->err);
         j->out = (uint8_t *)outs;
         j->out_len = outs ? strlen(outs) : 0;
         return;

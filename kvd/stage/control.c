@@ -359,8 +359,8 @@ static void handle_probe(struct stage *st, struct client *c, const cJSON *req)
     }
     struct kvd_job *j = calloc(1, sizeof *j);
     if (j)
-        j->text = cJSON_PrintUnformatted(ch);
-    if (!j || !j->text) {
+        j->probe = cJSON_Duplicate(ch, 1);
+    if (!j || !j->probe) {
         kvd_job_free(j);
         kvd_client_error(c, "probe: out of memory");
         kvd_client_close(c);

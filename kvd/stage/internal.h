@@ -156,17 +156,20 @@ const struct gguf_file *kvd_backend_gguf(const struct kvd_backend *b);
 int kvd_backend_tokenize(struct kvd_backend *b, const char *text, int32_t **toks, uint32_t *n);
 
 /* A market's known-answer probe (probe.c; docs/market.md, "Probes") on the open backend b,
- * whose window must be the challenge's: each sequence a fresh session of b, ids id0, id0 + 1,
+ * whose window must be the challenge's (c, the market's probe object, parsed by the caller:
+ * cJSON's parser writes a global, so the compute thread is handed the tree, which it only
+ * reads): each sequence a fresh session of b, ids id0, id0 + 1,
  * ... (free in b), its rows in runs of at most max_rows. *outputs gets the JSON array of
  * answers (malloc'd). 0, or negative with err filled. Its sessions' ids start at
  * KVD_PROBE_ID0 ("probe") where they can: the probe tests' wrong-traffic backend
  * (tests/tools/stub_backend.c) tells probes from traffic by them. */
 #define KVD_PROBE_ID0 0x70726f6265000000ull
-int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const char *challenge,
+struct cJSON;
+int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const struct cJSON *c,
                   char **outputs, char *err, size_t errlen);
 
 /* PROBE: a market's known-answer probe (probe.c) run on the loaded backend between steps; its
- * challenge's JSON in text, the answer's (the outputs array) back in out. */
+ * challenge in probe, the answer's JSON (the outputs array) back in out. */
 enum kvd_job_kind { KVD_JOB_OPEN, KVD_JOB_STEP, KVD_JOB_CLOSE, KVD_JOB_PROBE };
 
 struct kvd_job {
@@ -200,7 +203,7 @@ struct kvd_job {
     uint32_t epoch;                 /* the session's incarnation it was submitted for: a result
                                      * for an earlier one (a session paused, dropped, replayed) is
                                      * dropped */
-    char *text;                     /* PROBE: the challenge (JSON) */
+    struct cJSON *probe;            /* PROBE: the challenge (parsed on the loop thread) */
     uint64_t ticket;                /* PROBE: the control client waiting for it */
 };
 
@@ -651,8 +654,10 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
  * its OPEN) runs its whole history of n positions again as a prompt: the last rank samples
  * from none of them but the last, so whichever node serves the last rank now sends no TOKEN
  * for positions [0, n - 1). Their TOKEN leaves (rank 0's received side, the last rank's sent
- * side) are cleared at both ends, so the two trees agree whether the last rank's node kept the
- * session, took the rank over as a standby or started again; the row log records it. */
+ * side) are cleared at both ends when the replay's first TOKEN is sent and received, so the
+ * two trees agree whether the last rank's node kept the session, took the rank over as a
+ * standby or started again, and a replay that never reaches the last rank clears nothing;
+ * the row log records it. */
 void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n);
 void kvd_receipt_close(struct stage *st, struct sess *s);
 /* A session lost to a ring break: its receipt is kept aside (parked) for its replay, which

@@ -21,11 +21,11 @@
 static cJSON *probe_seq(struct kvd_backend *b, uint64_t id, uint32_t max_rows, const cJSON *q,
                         char *err, size_t errlen)
 {
-    uint32_t n = (uint32_t)util_json_number(q, "n", 0);
+    double nd = util_json_number(q, "n", 0);   /* range-checked before it is converted */
+    uint32_t n = nd >= 1 && nd <= RING_PROBE_TOKENS_MAX ? (uint32_t)nd : 0;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(q, "tokens");
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(q, "input");
-    if (n < 1 || n > RING_PROBE_TOKENS_MAX || (b->embed ? cJSON_GetArraySize(toks) != (int)n
-                                                        : !cJSON_IsString(in))) {
+    if (n < 1 || (b->embed ? cJSON_GetArraySize(toks) != (int)n : !cJSON_IsString(in))) {
         snprintf(err, errlen, "probe: a sequence needs n (1..%d) and, for layers [%u, %u), %s",
                  RING_PROBE_TOKENS_MAX, b->first, b->last, b->embed ? "n tokens" : "an input");
         return NULL;
@@ -104,61 +104,61 @@ done:
     return out;
 }
 
-/* The challenge parsed, with its sequences' count checked and its window read. */
-static cJSON *probe_parse(const char *challenge, uint32_t *first, uint32_t *last, char *err,
-                          size_t errlen)
+/* The challenge's shape checked, every number before it is converted: its window, and the
+ * model's layers and width it names (0: not named). 0, or -EINVAL with err filled. */
+static int probe_check(const cJSON *c, uint32_t *first, uint32_t *last, uint32_t *n_layers,
+                       uint32_t *n_embd, char *err, size_t errlen)
 {
-    cJSON *c = cJSON_Parse(challenge);
     const cJSON *seqs = cJSON_GetObjectItemCaseSensitive(c, "seqs");
     const cJSON *ly = cJSON_GetObjectItemCaseSensitive(c, "layers");
     const cJSON *l0 = cJSON_GetArrayItem(ly, 0), *l1 = cJSON_GetArrayItem(ly, 1);
-    if (!cJSON_IsArray(seqs) || cJSON_GetArraySize(seqs) < 1 ||
+    double nl = util_json_number(c, "n_layers", 0), ne = util_json_number(c, "n_embd", 0);
+    if (!cJSON_IsObject(c) || !cJSON_IsArray(seqs) || cJSON_GetArraySize(seqs) < 1 ||
         cJSON_GetArraySize(seqs) > RING_PROBE_SEQS_MAX || cJSON_GetArraySize(ly) != 2 ||
-        !cJSON_IsNumber(l0) || !cJSON_IsNumber(l1) || l0->valuedouble < 0 ||
-        l1->valuedouble > 65536 || l0->valuedouble >= l1->valuedouble) {
-        snprintf(err, errlen, "probe: expected seqs (1..%d) and layers [first, last)",
-                 RING_PROBE_SEQS_MAX);
-        cJSON_Delete(c);
-        return NULL;
+        !cJSON_IsNumber(l0) || !cJSON_IsNumber(l1) || !(l0->valuedouble >= 0) ||
+        !(l1->valuedouble <= 65536) || !(l0->valuedouble < l1->valuedouble) ||
+        !(nl >= 0 && nl <= 65536) || !(ne >= 0 && ne <= 1048576)) {
+        snprintf(err, errlen, "probe: expected seqs (1..%d), layers [first, last) and the "
+                 "model's n_layers and n_embd", RING_PROBE_SEQS_MAX);
+        return -EINVAL;
     }
     *first = (uint32_t)l0->valuedouble;
     *last = (uint32_t)l1->valuedouble;
-    return c;
+    *n_layers = (uint32_t)nl;
+    *n_embd = (uint32_t)ne;
+    return 0;
 }
 
-int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const char *challenge,
+int kvd_probe_run(struct kvd_backend *b, uint64_t id0, uint32_t max_rows, const cJSON *c,
                   char **outputs, char *err, size_t errlen)
 {
     *outputs = NULL;
-    uint32_t first, last;
-    cJSON *c = probe_parse(challenge, &first, &last, err, errlen);
-    if (!c)
-        return -EINVAL;
-    uint32_t nl = (uint32_t)util_json_number(c, "n_layers", b->n_layer);
-    uint32_t ne = (uint32_t)util_json_number(c, "n_embd", b->n_embd);
-    int rc = 0;
+    uint32_t first, last, nl, ne;
+    int rc = probe_check(c, &first, &last, &nl, &ne, err, errlen);
+    if (rc < 0)
+        return rc;
+    nl = nl ? nl : b->n_layer;
+    ne = ne ? ne : b->n_embd;
     if (first != b->first || last != b->last || nl != b->n_layer || ne != b->n_embd) {
         snprintf(err, errlen, "probe: layers [%u, %u) of %u (n_embd %u) asked, the window holds "
                  "[%u, %u) of %u (n_embd %u)", first, last, nl, ne, b->first, b->last, b->n_layer,
                  b->n_embd);
-        rc = -EINVAL;
+        return -EINVAL;
     }
     cJSON *outs = cJSON_CreateArray();
     const cJSON *q;
     uint64_t id = id0;
     cJSON_ArrayForEach(q, cJSON_GetObjectItemCaseSensitive(c, "seqs")) {
-        if (rc < 0)
-            break;
         cJSON *o = probe_seq(b, id++, max_rows, q, err, errlen);
-        if (!o)
+        if (!o) {
             rc = -EIO;
-        else
-            cJSON_AddItemToArray(outs, o);
+            break;
+        }
+        cJSON_AddItemToArray(outs, o);
     }
     if (rc >= 0 && !(*outputs = cJSON_PrintUnformatted(outs)))
         rc = -ENOMEM;
     cJSON_Delete(outs);
-    cJSON_Delete(c);
     return rc;
 }
 
@@ -166,10 +166,12 @@ int kvd_stage_probe(const char *backend, const char *window, int n_threads, cons
                     char **outputs, char *err, size_t errlen)
 {
     *outputs = NULL;
-    uint32_t first, last;
-    cJSON *c = probe_parse(challenge, &first, &last, err, errlen);
-    if (!c)
+    uint32_t first, last, nl, ne;
+    cJSON *c = cJSON_Parse(challenge);
+    if (probe_check(c, &first, &last, &nl, &ne, err, errlen) < 0) {
+        cJSON_Delete(c);
         return -EINVAL;
+    }
     const struct kvd_backend_kind *kind = kvd_backend_kind_find(backend ? backend : "model");
     if (!kind) {
         snprintf(err, errlen, "probe: no compute backend named '%s' in this kvd", backend);
@@ -179,16 +181,15 @@ int kvd_stage_probe(const char *backend, const char *window, int n_threads, cons
     struct kvd_backend b = {0};
     struct kvd_backend_args ba = {
         .path = window, .first = -1, .last = -1, .win_first = first, .win_last = last,
-        .n_layer = (uint32_t)util_json_number(c, "n_layers", 0),
-        .n_embd = (uint32_t)util_json_number(c, "n_embd", 0),
+        .n_layer = nl, .n_embd = ne,
         .n_ctx = RING_PROBE_TOKENS_MAX, .max_batch = RING_PROBE_TOKENS_MAX,
         .n_threads = n_threads, .device = "cpu",
     };
-    cJSON_Delete(c);
     int rc = kind->open(&b, &ba, err, errlen);
-    if (rc < 0)
-        return rc;
-    rc = kvd_probe_run(&b, KVD_PROBE_ID0, RING_PROBE_TOKENS_MAX, challenge, outputs, err, errlen);
-    kvd_backend_close(&b);
+    if (rc >= 0) {
+        rc = kvd_probe_run(&b, KVD_PROBE_ID0, RING_PROBE_TOKENS_MAX, c, outputs, err, errlen);
+        kvd_backend_close(&b);
+    }
+    cJSON_Delete(c);
     return rc < 0 ? rc : 0;
 }

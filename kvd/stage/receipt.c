@@ -36,6 +36,7 @@ struct kvd_receipt {
     uint32_t r0, r1;            /* positions of the boundaries received (ranks > 0) */
     bool ran, got;
     bool broken;                /* a leaf could not be kept: no receipt of this session */
+    uint32_t clear_below;       /* a replay's TOKEN leaves to clear at its first TOKEN (0: none) */
     int log;                    /* the session's row log (rowlog.c); -1: none */
 };
 
@@ -115,12 +116,33 @@ void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
         kvd_rowlog_put(r->log, KVD_ROWLOG_TOKEN, pos + i, &tokens[i], 4);
 }
 
+void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n)
+{
+    struct kvd_receipt *r = s->receipt;
+    if (r && st->is_last != (st->rank == 0))   /* one stage alone replays nothing */
+        r->clear_below = n;
+}
+
+/* At the first TOKEN after a replay (rows_put): its history's TOKEN leaves cleared, the row log
+ * told (an empty record: no row here). */
+static void replay_clear(struct kvd_receipt *r, struct leaves *l, int kind)
+{
+    for (uint32_t p = 0; p + 1 < r->clear_below && p < l->cap; p++)
+        if (l->set[p]) {
+            l->set[p] = 0;
+            kvd_rowlog_put(r->log, kind, p, NULL, 0);
+        }
+    r->clear_below = 0;
+}
+
 /* A frame's rows as leaves of one side and records of the row log: an ACT's n rows at pos.., a
  * TOKEN's payload at pos - 1. */
 static void rows_put(struct kvd_receipt *r, struct leaves *l, int kind, bool token, uint32_t pos,
                      uint32_t n, const uint8_t *payload, size_t len)
 {
     if (token) {
+        if (r->clear_below)
+            replay_clear(r, l, kind);
         if (pos == 0 || leaf_put(l, pos - 1, payload, len))
             r->broken = true;   /* no honest receipt can be made of this session */
         kvd_rowlog_put(r->log, kind, pos - 1, payload, len);
@@ -153,20 +175,6 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
         extend(&r->r0, &r->r1, &r->got, pos, n);
     else
         r->got = true;
-}
-
-void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n)
-{
-    struct kvd_receipt *r = s->receipt;
-    if (!r || st->is_last == (st->rank == 0))   /* one stage alone replays nothing */
-        return;
-    struct leaves *l = st->is_last ? &r->sent : &r->recv;
-    int kind = st->is_last ? KVD_ROWLOG_SENT : KVD_ROWLOG_RECEIVED;
-    for (uint32_t p = 0; p + 1 < n && p < l->cap; p++)
-        if (l->set[p]) {
-            l->set[p] = 0;
-            kvd_rowlog_put(r->log, kind, p, NULL, 0);   /* the log's "no row here" */
-        }
 }
 
 /* One line of this stage's receipts: the session's model and ring generation (the manifest's

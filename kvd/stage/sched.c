@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvd/stage/internal.h"
 
 /* A batch of several sessions' steps: at most this many rows (the backend's batch_rows caps
@@ -27,7 +29,7 @@ void kvd_job_free(struct kvd_job *j)
     free(j->tokens);
     free(j->in);
     free(j->out);
-    free(j->text);
+    cJSON_Delete(j->probe);
     free(j);
 }
 
