@@ -17,26 +17,14 @@
 #    a second stage for the rank the manifest still names it for).
 . "$(dirname "$0")/../lib/lib.sh"
 . "$(dirname "$0")/../lib/market_lib.sh"
-command -v node >/dev/null || die "node missing (scripts/setup.sh installs nodejs)"
-[ -f tests/node_modules/openai/package.json ] ||
-    die "node package openai missing in tests/node_modules (scripts/setup.sh installs it from the npm registry)"
+. "$(dirname "$0")/../lib/standby_lib.sh"
 
 # leases of 12 s (heartbeats every 3 s): a stage silent for 8 s (half the lease and 2 s) is
 # shown silent for the 4 s before its lease lapses
 MARKET_ARGS="--lease-s 12"
 market_up
-declare -A JPID
-join() { # join NAME: a node that serves the API should it be rank 0, on ports it binds
-    local n=$1
-    "$LISTEN" "$T/$n.api" 0 -- "$KVD" join --market "$M" --model "$ID" --state-dir "$T/$n" --mem 1800000 -t 1 \
-        --jitter-ms 300 --listen 127.0.0.1:0 --api "127.0.0.1:{PORT}" \
-        >>"$T/join-$n.log" 2>&1 &
-    JPID[$n]=$!
-    PIDS="$PIDS $!"
-}
-for n in a b c; do join $n; done
+for n in a b c; do join_api $n; done
 wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
-sha_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["models"][0]["rings"][0]["manifest_sha256"])' "$T/cov.json"; }
 SHA=$(sha_of)
 MID=""
 for n in a b c; do [ "$(rank_of $n)" = 1 ] && MID=$n; done
@@ -44,7 +32,7 @@ for n in a b c; do [ "$(rank_of $n)" = 1 ] && MID=$n; done
 echo "ok   three nodes form a ring (manifest ${SHA:0:16}); node $MID serves the middle rank"
 
 # ---- a fourth node stands by
-join d
+join_api d
 standing_by() { # d's standby lease is in the map with its endpoint, and every stage read the roster
     grep -qs "standby stage for rank 1 (window 1) started" "$T/join-d.log" || return 1
     for n in a b c; do grep -qs "roster: 1 standby(s) for this ring" "$T/join-$n.log" || return 1; done
@@ -69,75 +57,12 @@ grep -qE "^ +standby +$(key_of d | cut -c1-16) +tcp://127.0.0.1:[0-9]+" "$T/stat
 echo "ok   node d stands by for window 1 (pulled ahead), named in the roster; no stage restarted, the manifest is the same"
 
 # ---- 8 sessions through the API the map names; the middle node killed during them
-api_named() {   # the ring's entry in the map names rank 0's API
-    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
-    API=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["models"][0]["rings"][0]["api"][0])' "$T/cov.json" 2>/dev/null)
-}
-wait_for 20 api_named || fail "the map names no API for the ring: $(cat "$T/cov.json")"
-client_listed() { curl -s "$M/v1/clients" | grep -q "$(printf %s "$CKEY" | sha256sum | cut -c1-64)"; }
-wait_for 10 client_listed || fail "GET /v1/clients does not list the paying client"
-key_ok() { [ "$(node tests/lib/api_openai_client.mjs --key "$API/v1" "$CKEY")" = "ok 2" ]; }
-wait_for 20 key_ok || fail "the ring's API at $API does not serve the paying client"
-python3 - "$T/spec.json" <<'PY'
-import json, sys
-prompts = ["Once upon a time", "The little dog", "One day, a girl named Lily", "Tom had a red ball",
-           "The sun was hot", "Sam and his mom went", "There was a big tree", "A bird sat on"]
-spec = []
-for i, p in enumerate(prompts):
-    s = {"prompt": p, "max_tokens": 300 + 10 * i}
-    if i % 2:   # seeded: every sampling parameter given, so both sides use the same
-        s.update(temperature=0.8, seed=100 + i, top_k=40, top_p=0.95, min_p=0.05)
-    else:       # greedy
-        s.update(temperature=0, seed=0, top_k=0, top_p=1, min_p=0)
-    spec.append(s)
-json.dump(spec, open(sys.argv[1], "w"))
-PY
-python3 - "$KVCTL" "$S" "$T" <<'PY' || fail "kvctl generate -m failed: $(cat "$T"/ref.err.* | tail -3)"
-import json, subprocess, sys
-kvctl, model, T = sys.argv[1:4]
-for i, s in enumerate(json.load(open(T + "/spec.json"))):
-    args = [kvctl, "generate", "-m", model, "-p", s["prompt"], "-n", str(s["max_tokens"]),
-            "--temp", str(s["temperature"]), "--seed", str(s["seed"]), "--top-k", str(s["top_k"]),
-            "--top-p", str(s["top_p"]), "--min-p", str(s["min_p"]), "--ignore-eos"]
-    with open("%s/ref.%d" % (T, i), "w") as out, open("%s/ref.err.%d" % (T, i), "w") as err:
-        if subprocess.call(args, stdout=out, stderr=err):
-            sys.exit(1)
-PY
-mkdir -p "$T/out"
+api_up
 R0=$(rank0 a b c)
-node tests/lib/api_sessions.mjs "$API/v1" "$CKEY" "$T/spec.json" "$T/out" "${JPID[$MID]}" "$T/$R0/kvd.sock" \
-    >"$T/sessions.json" 2>"$T/sessions.err" ||
-    fail "the sessions' client failed: $(cat "$T/sessions.err")"
-python3 - "$T/sessions.json" "$T/out" "$T" <<'PY' || fail "the sessions through the repair: $(cat "$T/sessions.json")"
-import json, os, sys
-r = json.load(open(sys.argv[1]))
-out, T = sys.argv[2], sys.argv[3]
-ok = r["killed"] and r["failed"] == 0
-for i in range(8):
-    if os.path.exists("%s/%d.err" % (out, i)):
-        print("session %d: client error: %s" % (i, open("%s/%d.err" % (out, i)).read()))
-        continue
-    got = open("%s/%d.txt" % (out, i), encoding="utf-8").read()
-    want = open("%s/ref.%d" % (T, i), encoding="utf-8").read()
-    want = want[:-1] if want.endswith("\n") else want
-    if got != want:
-        ok = False
-        print("session %d differs from its one-process text:\n  got  %r\n  want %r" % (i, got[:200], want[:200]))
-sys.exit(0 if ok else 1)
-PY
-RUNNING=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["running_at_kill"])' "$T/sessions.json")
-[ "$RUNNING" -ge 1 ] || fail "no session was running when node $MID was killed (the test's timing): $(cat "$T/sessions.json")"
+sessions_killing "$MID" "$R0" 100
 echo "ok   8 concurrent sessions through the API at $API, node $MID killed with -9 while $RUNNING ran: every text equals its one-process text, no client error"
 
-# ---- the standby holds the rank; rank 0 resumed the sessions; the map shows it
-python3 - "$ROOT/tests/lib" "$T/$R0/kvd.sock" "$RUNNING" <<'PY' || fail "rank 0 did not resume the sessions the kill broke"
-import sys
-sys.path.insert(0, sys.argv[1])
-import kvd_ctl
-rep = kvd_ctl.status(sys.argv[2])["repair"]
-print("       rank 0's repair: %s" % rep)
-sys.exit(0 if rep["resumed_sessions"] >= 1 and rep["not_repaired"] == 0 else 1)
-PY
+# ---- the standby holds the rank; the map shows it
 took() { # the map: window 1 held by d, taken over from the killed node, the ring on the same manifest
     "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
     python3 - "$T/cov.json" "$(key_of d)" "$(key_of "$MID")" "$SHA" <<'PY'
@@ -161,7 +86,7 @@ wait_for 10 grep -q "took rank 1 over; the market made this node the holder of w
 echo "ok   node d holds window 1 (taken over from node $MID), the ring runs on the same manifest"
 
 # ---- the killed node again: a standby now
-join "$MID"
+join_api "$MID"
 back() {
     grep -q "standby stage for rank 1 (window 1) started" "$T/join-$MID.log" &&
     python3 - "$ROOT/tests/lib" "$T/$MID/kvd.sock" <<'PY'
@@ -198,41 +123,7 @@ echo "ok   a node that stopped heartbeating: its window shown silent and its rin
 # share of each goes to the node that ran the session to its end (the standby for those the
 # kill broke: its receipts cover their whole history, and the stages around it kept one
 # receipt across the break)
-settled() {
-    python3 - "$T/market.db" "$SHA" >"$T/settled.txt" 2>&1 <<'PY'
-import json, sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-n = 0
-for (v,) in db.execute("select v from blobs where k like 'sess/%'"):
-    s = json.loads(v)
-    if s.get("manifest") != sys.argv[2] or "client" not in s:
-        continue
-    n += 1
-    if s["held"] or sorted(s["paid"]) != ["0", "1", "2"]:
-        print("session %s not settled in full: paid %s held %s" % (s["session"], s["paid"], s["held"]))
-        sys.exit(1)
-print("%d sessions paid in full" % n)
-sys.exit(0 if n >= 9 else 1)
-PY
-}
-wait_for 60 settled || fail "the sessions are not all paid in full: $(cat "$T/settled.txt")"
-for n in d "$MID"; do
-    "$KVCTL" market balance "$M" "$(key_of $n)" --json >"$T/bal-$n.json" 2>/dev/null || fail "kvctl market balance $n"
-done
-python3 - "$T/market.db" "$SHA" "$(key_of d)" "$(key_of "$MID")" "$T/bal-d.json" "$T/bal-$MID.json" <<'PY' ||
-import json, sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-want = {sys.argv[3]: 0, sys.argv[4]: 0}
-for (v,) in db.execute("select v from blobs where k like 'sess/%'"):
-    s = json.loads(v)
-    if s.get("manifest") == sys.argv[2] and "client" in s:
-        own = s["sides"]["s1"]
-        want[own["node"]] += (own["t1"] - own["t0"]) * 2   # window 1: layers [2, 4)
-got = {json.load(open(f))["node"]: json.load(open(f))["layer_tokens"] for f in sys.argv[5:7]}
-print("       rank 1's layer-tokens: standby %d (want %d), the killed node %d (want %d)" %
-      (got[sys.argv[3]], want[sys.argv[3]], got[sys.argv[4]], want[sys.argv[4]]))
-sys.exit(0 if got == want and want[sys.argv[3]] > 0 else 1)
-PY
-    fail "rank 1's credit is not the standby's and the killed node's own work"
+wait_for 60 settled_in_full "$SHA" || fail "the sessions are not all paid in full: $(cat "$T/settled.txt")"
+rank_credit "$SHA" 1 2 d "$MID"   # window 1: layers [2, 4)
 echo "ok   every session paid in full; rank 1's share to whichever node ran each session to its end"
 finish
