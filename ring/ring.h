@@ -119,6 +119,9 @@ void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x);
  * X-Kv-Signature (128 hex): Ed25519 over the canonical bytes ring_market_canon writes. */
 #define RING_MARKET_CANON_MAX 2400   /* canonical bytes of a path up to 2048 bytes */
 #define RING_MARKET_BODY_MAX (1u << 20) /* the largest request body the market takes */
+/* An audit's answer goes to the market in parts of at most this many bytes each (docs/market.md,
+ * "Audits"), well under the body cap. */
+#define RING_AUDIT_PART_BYTES (256u << 10)
 struct net_identity;
 /* The canonical bytes "KVMKT1\n" METHOD "\n" PATH "\n" hex(SHA-256(body)) "\n" TS "\n" NONCE
  * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */

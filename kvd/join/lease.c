@@ -127,6 +127,48 @@ static int probe_answer(struct join *j, const cJSON *p)
     return st == 200 ? 0 : st >= 400 && st < 500 ? -EPERM : -EAGAIN;
 }
 
+/* The answer split into parts of at most RING_AUDIT_PART_BYTES (docs/market.md, "Audits"): the
+ * items of its arrays in order, each part an object with its "id", its pieces of the arrays,
+ * "part" and "parts"; an array of the parts (one: the answer itself, as it is). ans is taken. */
+static cJSON *audit_parts(cJSON *ans, size_t len)
+{
+    static const char *const names[] = {"outputs", "inputs", "token_ids"};
+    cJSON *parts = cJSON_CreateArray();
+    if (len <= RING_AUDIT_PART_BYTES) {
+        cJSON_AddItemToArray(parts, ans);
+        return parts;
+    }
+    const char *id = kvd_join__jstr_or(ans, "id", "?");
+    cJSON *cur = NULL, *it;
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        cJSON *arr = cJSON_GetObjectItemCaseSensitive(ans, names[i]);
+        while (cJSON_IsArray(arr) && (it = cJSON_DetachItemFromArray(arr, 0))) {
+            char *t = cJSON_PrintUnformatted(it);
+            size_t l = t ? strlen(t) + 1 : 0;
+            free(t);
+            if (!cur || used + l > RING_AUDIT_PART_BYTES - 4096) {
+                cur = cJSON_CreateObject();
+                cJSON_AddStringToObject(cur, "id", id);
+                cJSON_AddItemToArray(parts, cur);
+                used = 256;
+            }
+            cJSON *to = cJSON_GetObjectItemCaseSensitive(cur, names[i]);
+            if (!to)
+                to = cJSON_AddArrayToObject(cur, names[i]);
+            cJSON_AddItemToArray(to, it);
+            used += l;
+        }
+    }
+    int n = cJSON_GetArraySize(parts), k = 0;
+    cJSON_ArrayForEach(it, parts) {
+        cJSON_AddNumberToObject(it, "part", k++);
+        cJSON_AddNumberToObject(it, "parts", n);
+    }
+    cJSON_Delete(ans);
+    return parts;
+}
+
 /* Answer an audit of this node's past work the market sent with a heartbeat's answer
  * (docs/market.md, "Audits"): the rows of that session from the stage's row log, with their
  * Merkle proofs, posted to POST /v1/leases/audit. 0 when the market took the answer (it
@@ -143,14 +185,30 @@ static int audit_answer(struct join *j, const cJSON *a)
         kvd_log(KVD_LOG_WARN, "audit %s: %s", id, err);
         return -EAGAIN;
     }
+    size_t len = strlen(ans);
     cJSON *b = cJSON_Parse(ans);
     free(ans);
     if (!b)
         return -EAGAIN;
-    cJSON_AddStringToObject(b, "model", j->model);
-    cJSON_AddNumberToObject(b, "window", j->window);
-    long st;
-    cJSON *o = kvd_join__call(j, "POST", "/v1/leases/audit", b, true, &st);
+    /* a large answer in parts, in order: the market keeps each until the last */
+    cJSON *parts = audit_parts(b, len), *o = NULL;
+    int np = cJSON_GetArraySize(parts);
+    long st = 0;
+    for (int k = 0; k < np; k++) {
+        cJSON *part = cJSON_DetachItemFromArray(parts, 0);
+        cJSON_AddStringToObject(part, "model", j->model);
+        cJSON_AddNumberToObject(part, "window", j->window);
+        cJSON_Delete(o);
+        o = kvd_join__call(j, "POST", "/v1/leases/audit", part, true, &st);
+        if (k + 1 < np && (st != 202 || strcmp(kvd_join__jstr_or(o, "audit", ""), "more"))) {
+            if (st != 403)
+                st = 0;   /* the market did not keep it: the answer goes again with a later beat */
+            break;
+        }
+    }
+    cJSON_Delete(parts);
+    if (np > 1 && (st == 200 || st == 202))
+        kvd_log(KVD_LOG_INFO, "audit %s: answer of %zu bytes sent in %d parts", id, len, np);
     bool inconclusive = !strcmp(kvd_join__jstr_or(o, "audit", ""), "inconclusive");
     if (st == 200 || st == 202)
         kvd_log(KVD_LOG_INFO, "audit %s of session %.16s: answered (%s)", id,

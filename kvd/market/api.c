@@ -39,7 +39,7 @@ void kvd_market__config_default(struct kvd_market_config *c)
     c->settle_wait_s = 120;
     c->audit_rate = 0.05;
     c->audit_deadline_s = 300;
-    c->audit_answer_kib = 640;
+    c->audit_answer_kib = 65536;
 }
 
 /* Every 200 ms: the settlement sweep when due, and the waiting long-polls whose manifest

@@ -171,6 +171,22 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
     return rc;
 }
 
+/* The parts kept of audit id's answer (a node that never sent the last one), removed. */
+static void parts_drop(struct kvd_market_audit *au, const char *model, const char *node,
+                       const char *id)
+{
+    char prefix[KVD_MARKET_KEY_MAX], (*keys)[KVD_MARKET_KEY_MAX] = malloc(64 * sizeof *keys);
+    size_t nk = 0;
+    snprintf(prefix, sizeof prefix, "auditpart/%.64s/%.64s/%.16s/", model, node, id);
+    while (keys && au->st->ops->blob_keys(au->st->impl, prefix, NULL, keys, 64, &nk) == 0 && nk) {
+        for (size_t i = 0; i < nk; i++)
+            au->st->ops->blob_put(au->st->impl, keys[i], NULL);
+        if (nk < 64)
+            break;
+    }
+    free(keys);
+}
+
 int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
                           double now, cJSON **challenge, char *why, size_t n)
 {
@@ -192,6 +208,7 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
                  util_json_string(p, "session") ? util_json_string(p, "session") : "?", util_json_number(p, "position", 0));
         char idc[17];
         snprintf(idc, sizeof idc, "%s", id);
+        parts_drop(au, model, node, idc);
         record_last(r, idc, "fail", INFINITY, why, now);
         rc = kvd_market__blob_save(au->st, key, r);
         cJSON_Delete(r);
@@ -411,6 +428,93 @@ static void job_done(uv_work_t *w, int status)
     job_free(j);
 }
 
+/* An answer too large for one request comes in parts (docs/market.md, "Audits"), each with
+ * "part" k of "parts" (2 to AUDIT_PARTS_MAX) and a piece of the answer's arrays, in order. */
+#define AUDIT_PARTS_MAX 512
+static const char *const part_arrays[] = {"outputs", "inputs", "token_ids"};
+
+static void part_key(char key[KVD_MARKET_KEY_MAX], const char *model, const char *node,
+                     const char *id, int k)
+{
+    snprintf(key, KVD_MARKET_KEY_MAX, "auditpart/%.64s/%.64s/%.16s/%03d", model, node, id, k);
+}
+
+/* A part before the last is kept as a blob (1, or the store's failure); at the last, the earlier
+ * parts' arrays and its own, in order, into *merged (0; the kept parts removed), -EAGAIN with
+ * why when one is missing (the node sends them all again). A whole answer: 0, *merged NULL. */
+static int parts_gather(struct kvd_market_audit *au, const char *model, const char *node,
+                        const char *id, const cJSON *body, cJSON *pending, cJSON **merged,
+                        char *why, size_t n)
+{
+    char key[KVD_MARKET_KEY_MAX];
+    *merged = NULL;
+    double np = util_json_number(body, "parts", 1), k = util_json_number(body, "part", 0);
+    if (np == 1 && k == 0)
+        return 0;
+    if (!(np >= 2 && np <= AUDIT_PARTS_MAX && np == floor(np) && k >= 0 && k < np &&
+          k == floor(k))) {
+        snprintf(why, n, "parts: expected part k (0 to parts - 1) of parts (2 to %d)", AUDIT_PARTS_MAX);
+        return -EINVAL;
+    }
+    if (k < np - 1) {
+        cJSON *keep = cJSON_CreateObject();
+        for (size_t i = 0; i < sizeof part_arrays / sizeof part_arrays[0]; i++) {
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(body, part_arrays[i]);
+            if (cJSON_IsArray(a))
+                cJSON_AddItemToObject(keep, part_arrays[i], cJSON_Duplicate(a, 1));
+        }
+        /* what the parts kept so far take (from part 0 on, as a node sends them again), at most
+         * the answer's budget and one request more: a node cannot fill the store */
+        char *v = cJSON_PrintUnformatted(keep);
+        cJSON_Delete(keep);
+        if (!v)
+            return -ENOMEM;
+        double kept = (k == 0 ? 0 : util_json_number(pending, "kept_bytes", 0)) + (double)strlen(v);
+        if (kept > au->cfg.audit_answer_kib * 1024 + RING_MARKET_BODY_MAX) {
+            snprintf(why, n, "parts: the answer's parts take more than %.0f KiB", au->cfg.audit_answer_kib);
+            free(v);
+            return -EINVAL;
+        }
+        part_key(key, model, node, id, (int)k);
+        int rc = au->st->ops->blob_put(au->st->impl, key, v);
+        free(v);
+        util_json_set(pending, "kept_bytes", cJSON_CreateNumber(kept));
+        return rc ? rc : 1;
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    for (int i = 0; i <= (int)k; i++) {
+        cJSON *kept = NULL;
+        if (i < (int)k) {
+            part_key(key, model, node, id, i);
+            if (!(kept = kvd_market__blob_load(au->st, key))) {
+                snprintf(why, n, "audit %s: part %d of %.0f is missing: send the answer again", id,
+                         i, np);
+                cJSON_Delete(m);
+                return -EAGAIN;
+            }
+        }
+        const cJSON *src = kept ? kept : body;
+        for (size_t a = 0; a < sizeof part_arrays / sizeof part_arrays[0]; a++) {
+            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(src, part_arrays[a]), *it;
+            if (!cJSON_IsArray(arr))
+                continue;
+            cJSON *to = cJSON_GetObjectItemCaseSensitive(m, part_arrays[a]);
+            if (!to)
+                to = cJSON_AddArrayToObject(m, part_arrays[a]);
+            cJSON_ArrayForEach(it, arr)
+                cJSON_AddItemToArray(to, cJSON_Duplicate(it, 1));
+        }
+        cJSON_Delete(kept);
+    }
+    for (int i = 0; i < (int)k; i++) {
+        part_key(key, model, node, id, i);
+        au->st->ops->blob_put(au->st->impl, key, NULL);
+    }
+    *merged = m;
+    return 0;
+}
+
 int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, const char *node,
                              const cJSON *body, double now, bool *settled, const char **verdict,
                              char *why, size_t n)
@@ -424,6 +528,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     const char *sent_hex = util_json_string(p, "sent");
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(p, "tokens");
     struct job *j = NULL;
+    cJSON *merged = NULL;
     uint8_t *row = NULL;
     uint32_t len = 0;
     int rc;
@@ -433,6 +538,16 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         rc = -ENOENT;
         goto out;
     }
+    rc = parts_gather(au, model, node, id, body, p, &merged, why, n);
+    if (rc == 1) {   /* a part kept: the rest to come */
+        *verdict = "more";
+        rc = kvd_market__blob_save(au->st, key, r);
+        goto out;
+    }
+    if (rc)
+        goto out;
+    if (merged)
+        body = merged;
     uint32_t t0 = (uint32_t)cJSON_GetArrayItem(tk, 0)->valuedouble;
     uint32_t t1 = (uint32_t)cJSON_GetArrayItem(tk, 1)->valuedouble;
     uint32_t pos = (uint32_t)util_json_number(p, "position", 0);
@@ -622,6 +737,7 @@ out:
     }
     free(row);
     job_free(j);
+    cJSON_Delete(merged);
     cJSON_Delete(r);
     if (rc == -ENOMEM)
         snprintf(why, n, "out of memory");

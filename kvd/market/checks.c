@@ -333,7 +333,7 @@ void kvd_market__h_audit(struct net_http_req *req, void *ud)
     }
     cJSON *o = cJSON_CreateObject();
     if (rc == 0)
-        cJSON_AddStringToObject(o, "audit", settled ? verdict : "verifying");
+        cJSON_AddStringToObject(o, "audit", settled || !strcmp(verdict, "more") ? verdict : "verifying");
     else
         cJSON_AddStringToObject(o, "error", msg);
     kvd_market__model_clear(&c.ms->m);

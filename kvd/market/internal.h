@@ -203,8 +203,9 @@ struct kvd_market_config {
                                     * that did are paid without the ones that did not */
     double audit_rate;             /* the share of credited receipts audited (0: none) */
     double audit_deadline_s;       /* an audit unanswered this long after it was drawn fails */
-    double audit_answer_kib;       /* what an audit's answer may take: it bounds the positions
-                                    * an audit opens (under the API's 1 MiB body cap) */
+    double audit_answer_kib;       /* what an audit's answer may take in all (in parts of at
+                                    * most RING_AUDIT_PART_BYTES): it bounds the positions an
+                                    * audit opens */
     const char *verify_model;      /* the whole GGUF audits recompute rows with (NULL: proofs only) */
 };
 void kvd_market__config_default(struct kvd_market_config *c);
@@ -370,8 +371,9 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
  * failed, why set: the caller fails the node); or the store's failure. */
 int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const char *node,
                           double now, struct cJSON **challenge, char *why, size_t n);
-/* The node's answer (POST /v1/leases/audit), in the open transaction: 0 when accepted (*settled:
- * judged already, on its proofs alone, *verdict "pass" or "inconclusive"; else queued for
+/* The node's answer (POST /v1/leases/audit), or a part of one ("part" k of "parts": kept until
+ * the last, *verdict "more"), in the open transaction: 0 when accepted (*settled: judged
+ * already, on its proofs alone, *verdict "pass" or "inconclusive"; else queued for
  * recomputation, the verdict later);
  * -EBADMSG when wrong (a proof that fails, a row that is no row, late: settled, why set, the
  * caller fails the node); -EINVAL malformed; -ENOENT no such audit pending; -EAGAIN the node's

@@ -13,6 +13,9 @@
 #    its answer within the cap; the other ranks' audits pass on recomputation;
 #  * a session with a short prompt and 40 generated tokens: the last rank's audit reaches a
 #    sampled token and passes on recomputation;
+#  * the market restarted with room for 579 positions (2 MiB): a 480-token prompt's audit of the
+#    last rank (480 positions, more than one request holds) goes in parts and passes on
+#    recomputation;
 #  * no audit fails, no node loses its lease or its credit for it.
 . "$(dirname "$0")/../lib/lib.sh"
 . "$(dirname "$0")/../lib/market_lib.sh"
@@ -65,6 +68,23 @@ S2=$(gen 1,50,100,200 40)
 wait_for 60 has_audit "$S2" 2 || fail "no audit of the last rank's work on session $S2"
 audited "$S2" 2 | grep -q "): pass$" || fail "the last rank's audit of session $S2: $(audited "$S2" 2)"
 echo "ok   a short prompt: the last rank's audit reaches a sampled token and passes on recomputation"
+
+# ---- the market again, with room for 579 positions (2 MiB): a 480-token prompt's audit of the
+# last rank opens its 480 positions, too many for one request: the node sends the answer in
+# parts, the market keeps them until the last and recomputes the token at the prompt's end
+MPORT=$(cat "$T/market.port")
+kill_dead "$MARKET_PID"
+MARKET_ARGS="--audit-rate 1 --audit-deadline-s 60 --audit-answer-kib 2048 --verify-model $S"
+market_start "$MPORT"
+wait_for 30 ring_ready || fail "the ring is not whole after the market's restart: $(cat "$T/cov.json")"
+LONG=$(python3 -c 'print(",".join(str(1 + (i * 37) % 500) for i in range(480)))')
+S3=$(gen "$LONG" 4)
+[ -n "$S3" ] && [ "$S3" != "$S2" ] || fail "no new session id in rank 0's node's log"
+wait_for 60 has_audit "$S3" 2 || fail "no audit of the last rank's work on session $S3: $(grep audit "$T/market.log" | tail -4)"
+audited "$S3" 2 | grep -q "): pass$" || fail "the last rank's audit of session $S3: $(audited "$S3" 2)"
+grep -q "audit [0-9a-f]*: answer of [0-9]* bytes sent in [2-9] parts" "$T/join-$LAST.log" ||
+    fail "the last rank's node did not send its answer in parts: $(grep audit "$T/join-$LAST.log" | tail -3)"
+echo "ok   a 480-token prompt: the last rank's answer goes in parts ($(grep -o "answer of [0-9]* bytes sent in [0-9]* parts" "$T/join-$LAST.log" | tail -1)) and passes on recomputation"
 
 grep -q "audit [0-9a-f]* of node .*: fail" "$T/market.log" &&
     fail "an audit failed: $(grep "audit [0-9a-f]* of node .*: fail" "$T/market.log")"
