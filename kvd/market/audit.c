@@ -178,12 +178,16 @@ static void parts_drop(struct kvd_market_audit *au, const char *model, const cha
     char prefix[KVD_MARKET_KEY_MAX], (*keys)[KVD_MARKET_KEY_MAX] = malloc(64 * sizeof *keys);
     size_t nk = 0;
     snprintf(prefix, sizeof prefix, "auditpart/%.64s/%.64s/%.16s/", model, node, id);
-    while (keys && au->st->ops->blob_keys(au->st->impl, prefix, NULL, keys, 64, &nk) == 0 && nk) {
+    char after[KVD_MARKET_KEY_MAX] = "";
+    while (keys && au->st->ops->blob_keys(au->st->impl, prefix, after, keys, 64, &nk) == 0 && nk) {
         for (size_t i = 0; i < nk; i++)
-            au->st->ops->blob_put(au->st->impl, keys[i], NULL);
+            if (au->st->ops->blob_put(au->st->impl, keys[i], NULL))
+                goto done;   /* the store failed: what is left goes with the next try */
         if (nk < 64)
             break;
+        snprintf(after, sizeof after, "%s", keys[nk - 1]);
     }
+done:
     free(keys);
 }
 
@@ -440,8 +444,10 @@ static void part_key(char key[KVD_MARKET_KEY_MAX], const char *model, const char
 }
 
 /* A part before the last is kept as a blob (1, or the store's failure); at the last, the earlier
- * parts' arrays and its own, in order, into *merged (0; the kept parts removed), -EAGAIN with
- * why when one is missing (the node sends them all again). A whole answer: 0, *merged NULL. */
+ * parts' arrays and its own, in order, into *merged (0; the kept parts removed). The parts come
+ * in order: part 0 starts the answer over (what was kept of it goes), each next one must be the
+ * one pending says ("parts_n", "parts_next"), else -EINVAL with why; what they keep is bounded
+ * by the answer's budget and one request. A whole answer: 0, *merged NULL (kept parts go). */
 static int parts_gather(struct kvd_market_audit *au, const char *model, const char *node,
                         const char *id, const cJSON *body, cJSON *pending, cJSON **merged,
                         char *why, size_t n)
@@ -449,11 +455,25 @@ static int parts_gather(struct kvd_market_audit *au, const char *model, const ch
     char key[KVD_MARKET_KEY_MAX];
     *merged = NULL;
     double np = util_json_number(body, "parts", 1), k = util_json_number(body, "part", 0);
-    if (np == 1 && k == 0)
+    bool kept_some = util_json_number(pending, "parts_n", 0) > 0;
+    if (np == 1 && k == 0) {
+        if (kept_some)
+            parts_drop(au, model, node, id);
         return 0;
+    }
     if (!(np >= 2 && np <= AUDIT_PARTS_MAX && np == floor(np) && k >= 0 && k < np &&
           k == floor(k))) {
         snprintf(why, n, "parts: expected part k (0 to parts - 1) of parts (2 to %d)", AUDIT_PARTS_MAX);
+        return -EINVAL;
+    }
+    if (k == 0) {
+        if (kept_some)
+            parts_drop(au, model, node, id);
+    } else if (np != util_json_number(pending, "parts_n", 0) ||
+               k != util_json_number(pending, "parts_next", 0)) {
+        snprintf(why, n, "parts: part %.0f of %.0f out of order (expected part %.0f of %.0f): send "
+                 "the answer again from part 0", k, np, util_json_number(pending, "parts_next", 0),
+                 util_json_number(pending, "parts_n", 0));
         return -EINVAL;
     }
     if (k < np - 1) {
@@ -463,8 +483,6 @@ static int parts_gather(struct kvd_market_audit *au, const char *model, const ch
             if (cJSON_IsArray(a))
                 cJSON_AddItemToObject(keep, part_arrays[i], cJSON_Duplicate(a, 1));
         }
-        /* what the parts kept so far take (from part 0 on, as a node sends them again), at most
-         * the answer's budget and one request more: a node cannot fill the store */
         char *v = cJSON_PrintUnformatted(keep);
         cJSON_Delete(keep);
         if (!v)
@@ -479,6 +497,8 @@ static int parts_gather(struct kvd_market_audit *au, const char *model, const ch
         int rc = au->st->ops->blob_put(au->st->impl, key, v);
         free(v);
         util_json_set(pending, "kept_bytes", cJSON_CreateNumber(kept));
+        util_json_set(pending, "parts_n", cJSON_CreateNumber(np));
+        util_json_set(pending, "parts_next", cJSON_CreateNumber(k + 1));
         return rc ? rc : 1;
     }
     cJSON *m = cJSON_CreateObject();
@@ -491,7 +511,7 @@ static int parts_gather(struct kvd_market_audit *au, const char *model, const ch
                 snprintf(why, n, "audit %s: part %d of %.0f is missing: send the answer again", id,
                          i, np);
                 cJSON_Delete(m);
-                return -EAGAIN;
+                return -EINVAL;
             }
         }
         const cJSON *src = kept ? kept : body;
@@ -507,10 +527,7 @@ static int parts_gather(struct kvd_market_audit *au, const char *model, const ch
         }
         cJSON_Delete(kept);
     }
-    for (int i = 0; i < (int)k; i++) {
-        part_key(key, model, node, id, i);
-        au->st->ops->blob_put(au->st->impl, key, NULL);
-    }
+    parts_drop(au, model, node, id);
     *merged = m;
     return 0;
 }
@@ -538,16 +555,6 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         rc = -ENOENT;
         goto out;
     }
-    rc = parts_gather(au, model, node, id, body, p, &merged, why, n);
-    if (rc == 1) {   /* a part kept: the rest to come */
-        *verdict = "more";
-        rc = kvd_market__blob_save(au->st, key, r);
-        goto out;
-    }
-    if (rc)
-        goto out;
-    if (merged)
-        body = merged;
     uint32_t t0 = (uint32_t)cJSON_GetArrayItem(tk, 0)->valuedouble;
     uint32_t t1 = (uint32_t)cJSON_GetArrayItem(tk, 1)->valuedouble;
     uint32_t pos = (uint32_t)util_json_number(p, "position", 0);
@@ -576,6 +583,18 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
             goto out;
         util_hex_decode(rc_.digest, rroot, 32);
     }
+    /* an answer in parts: kept until the last, then judged whole (after the checks above, so
+     * that a late or early answer costs the market no merge) */
+    rc = parts_gather(au, model, node, id, body, p, &merged, why, n);
+    if (rc == 1) {   /* a part kept: the rest to come */
+        *verdict = "more";
+        rc = kvd_market__blob_save(au->st, key, r);
+        goto out;
+    }
+    if (rc)
+        goto out;
+    if (merged)
+        body = merged;
     j = calloc(1, sizeof *j);
     if (!j) {
         rc = -ENOMEM;
@@ -621,6 +640,11 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
      * from before the cap have none: the end only) */
     double cap = util_json_number(p, "max_positions", 0);
     bool capped = cap >= 1 && (double)(q - t0) + 1 >= cap;
+    if (cap >= 1 && (double)(q - t0) + 1 > cap) {   /* more than the market takes to recompute */
+        snprintf(why, n, "outputs: position %u is past the %.0f positions an answer may open", q, cap);
+        rc = -EINVAL;
+        goto out;
+    }
     if (head && !len) {
         if (q + 1 != t1 && !capped) {
             snprintf(why, n, "outputs: position %u has no token and is not the last one", q);
@@ -729,6 +753,8 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         goto out;
     j = NULL;   /* the pool's now; job_done settles it */
 out:
+    if (rc == -EINVAL && merged)   /* assembled from the node's own parts: no retry costs a merge */
+        rc = -EBADMSG;
     if (rc == -EBADMSG) {   /* a wrong answer settles the audit: the caller fails the node */
         record_last(r, id, "fail", INFINITY, why, now);
         kvd_log(KVD_LOG_WARN, "audit %s of node %.16s...: fail: %s", id, node, why);

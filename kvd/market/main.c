@@ -70,7 +70,7 @@ static void usage(FILE *f)
         "                      0: none)\n"
         "  --audit-deadline-s S  an audit unanswered S s after it was drawn fails (default 300)\n"
         "  --audit-answer-kib N  the positions an audit opens fit in N KiB of answer, sent in\n"
-        "                      parts (default 65536, 16 to 262144)\n"
+        "                      parts (default 65536, 16 to 129024)\n"
         "  --verify-model GGUF the whole model: audits recompute the rows on it (without it they\n"
         "                      check the Merkle proofs only)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
@@ -131,7 +131,7 @@ int kvd_market_main(int argc, char **argv)
         else if (!strcmp(a, "--audit-deadline-s"))
             rc = num(a, v, 1, 86400, &cfg.audit_deadline_s);
         else if (!strcmp(a, "--audit-answer-kib"))
-            rc = num(a, v, 16, 262144, &cfg.audit_answer_kib);
+            rc = num(a, v, 16, 129024, &cfg.audit_answer_kib);   /* 512 parts of 252 KiB */
         else if (!strcmp(a, "--verify-model"))
             cfg.verify_model = v;
         else if (!strcmp(a, "--clock-skew-s"))

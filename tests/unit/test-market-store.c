@@ -4,18 +4,23 @@
  * transaction leaves nothing, the data survive a reopen, a newer schema is refused, blobs
  * round-trip and a version-1 database gains their table, voided credit leaves a zero balance,
  * the settlement sweep reaches every pending session however many there are; and the
- * known-answer probes' checks, challenges and judgements (kvd/market/probe.c).
+ * known-answer probes' checks, challenges and judgements (kvd/market/probe.c), and an audit's
+ * answer in parts: out of order, another count or past the budget refused, in order judged
+ * whole with nothing left kept, rows out of place failing the node (kvd/market/audit.c).
  * With KV_MARKET_PG=postgres://... (tests/integration/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
 #include <cjson/cJSON.h>
 #include <libpq-fe.h>
+#include <openssl/evp.h>
 #include <sqlite3.h>
+#include <uv.h>
 
 #include "tests/lib/t.h"
 #include "kvd/market/internal.h"
 #include "ring/ring.h"
 #include "util/err.h"
+#include "util/util.h"
 
 static const char *pg_url(void) { return getenv("KV_MARKET_PG"); }
 
@@ -383,6 +388,167 @@ T_CASE(reward_formula)
     T_CHECK(kvd_market__reward(&c, NAN, -3) >= b, "nonsense in: still within the clamp");
 }
 
+/* ---- an audit's answer in parts (kvd/market/audit.c; docs/market.md, "Audits") ---- */
+
+#define AP_N 40   /* positions of the audited range: rows of 4 f32 values */
+#define AP_E 4
+
+static void ap_row(uint32_t pos, int side, float x[AP_E])
+{
+    for (int i = 0; i < AP_E; i++)
+        x[i] = (float)(pos * 10 + i) * (side == KVD_SIDE_SENT ? 1.5f : 0.5f);
+}
+
+/* {"pos", "row", "path"}: position pos of one side's tree */
+static cJSON *ap_opening(uint8_t (*leaves)[32], uint32_t pos, int side)
+{
+    float x[AP_E];
+    ap_row(pos, side, x);
+    char b64[64], hex[65];
+    EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)x, sizeof x);
+    uint8_t path[RING_MERKLE_DEPTH_MAX][32];
+    size_t plen = 0;
+    ring_merkle_proof((const uint8_t (*)[32])leaves, AP_N, pos, path, &plen);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "pos", pos);
+    cJSON_AddStringToObject(o, "row", b64);
+    cJSON *pa = cJSON_AddArrayToObject(o, "path");
+    for (size_t k = 0; k < plen; k++) {
+        util_hex_encode(path[k], 32, hex);
+        cJSON_AddItemToArray(pa, cJSON_CreateString(hex));
+    }
+    return o;
+}
+
+/* A pending audit of rank 1 (receipt [0, AP_N)) with its received side in: its id. */
+static void ap_pending(struct kvd_market_store *st, struct kvd_market_audit *au, const char *session,
+                       uint8_t (*sent)[32], uint8_t (*recv)[32], char id[17], uint32_t *pos)
+{
+    for (uint32_t p = 0; p < AP_N; p++) {
+        float x[AP_E];
+        ap_row(p, KVD_SIDE_SENT, x);
+        ring_merkle_leaf(p, x, sizeof x, sent[p]);
+        ap_row(p, KVD_SIDE_RECEIVED, x);
+        ring_merkle_leaf(p, x, sizeof x, recv[p]);
+    }
+    uint8_t sr[32], rr[32];
+    char shex[65];
+    ring_merkle_root((const uint8_t (*)[32])sent, AP_N, sr);
+    ring_merkle_root((const uint8_t (*)[32])recv, AP_N, rr);
+    util_hex_encode(sr, 32, shex);
+    struct kvd_market_receipt rc = {.rank = 0, .t0 = 0, .t1 = AP_N, .side = KVD_SIDE_RECEIVED};
+    snprintf(rc.session, sizeof rc.session, "%s", session);
+    snprintf(rc.model, sizeof rc.model, "m");
+    snprintf(rc.node, sizeof rc.node, "n1");
+    util_hex_encode(rr, 32, rc.digest);
+    T_CHECK(st->ops->receipt_put(st->impl, &rc) == 0, "the received side in");
+    struct kvd_market_audit_work w = {.model = "m", .node = "n1", .session = session,
+                                      .digest = shex, .rank = 1, .n_ranks = 3, .window = 1,
+                                      .first = 1, .last = 2, .n_embd = AP_E, .t0 = 0, .t1 = AP_N};
+    T_CHECK(kvd_market__audit_note(au, &w, 1000) == 0, "audit drawn");
+    /* the audited position, drawn at random, set to 8: inputs to split over the parts */
+    cJSON *r = kvd_market__blob_load(st, "audit/m/n1");
+    util_json_set(cJSON_GetObjectItemCaseSensitive(r, "pending"), "position", cJSON_CreateNumber(8));
+    T_CHECK(kvd_market__blob_save(st, "audit/m/n1", r) == 0, "position set");
+    cJSON_Delete(r);
+    cJSON *ch = NULL;
+    char why[512];
+    T_CHECK(kvd_market__audit_due(au, "m", "n1", 1001, &ch, why, sizeof why) == 0 && ch, "a challenge");
+    snprintf(id, 17, "%s", util_json_string(ch, "id") ? util_json_string(ch, "id") : "");
+    *pos = (uint32_t)util_json_number(ch, "position", 0);
+    cJSON_Delete(ch);
+}
+
+/* part k of n of the answer (the inputs split evenly over the parts, the output in part 0) */
+static cJSON *ap_part(const char *id, uint8_t (*sent)[32], uint8_t (*recv)[32], uint32_t pos,
+                      int k, int n, bool swap)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "id", id);
+    if (n > 1) {
+        cJSON_AddNumberToObject(b, "part", k);
+        cJSON_AddNumberToObject(b, "parts", n);
+    }
+    if (k == 0)
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "outputs"), ap_opening(sent, pos, KVD_SIDE_SENT));
+    cJSON *in = cJSON_AddArrayToObject(b, "inputs");
+    uint32_t per = (pos + 1 + n - 1) / n, a = k * per, e = a + per < pos + 1 ? a + per : pos + 1;
+    for (uint32_t p = a; p < e; p++)
+        cJSON_AddItemToArray(in, ap_opening(recv, swap && p == a && p + 1 < e ? p + 1 :
+                                           swap && p == a + 1 ? a : p, KVD_SIDE_RECEIVED));
+    return b;
+}
+
+static int ap_send(struct kvd_market_audit *au, cJSON *b, const char **verdict, bool *settled,
+                   char *why, size_t n)
+{
+    int rc = kvd_market__audit_answer(au, "m", "n1", b, 1002, settled, verdict, why, n);
+    cJSON_Delete(b);
+    return rc;
+}
+
+static size_t ap_kept(struct kvd_market_store *st)
+{
+    char keys[8][KVD_MARKET_KEY_MAX];
+    size_t n = 0;
+    st->ops->blob_keys(st->impl, "auditpart/", NULL, keys, 8, &n);
+    return n;
+}
+
+T_CASE(audit_parts)
+{
+    struct kvd_market_store *st = open_store("ap.db", true);
+    T_ASSERT(st, "no store");
+    struct kvd_market_config cfg;
+    kvd_market__config_default(&cfg);
+    cfg.audit_rate = 1;
+    cfg.audit_answer_kib = 64;   /* the parts a node keeps: at most 64 KiB and one request */
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct kvd_market_audit *au = NULL;
+    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    static uint8_t sent[AP_N][32], recv[AP_N][32];
+    char id[17], why[512];
+    uint32_t pos;
+    const char *v;
+    bool settled;
+    ap_pending(st, au, "0123456789abcdef", sent, recv, id, &pos);
+    T_ASSERT(pos == 8, "the audited position is %u", pos);
+    /* out of order, a wrong count, too much: refused, nothing kept past part 0 */
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 1, 3, false), &v, &settled, why, sizeof why) == -EINVAL &&
+            strstr(why, "out of order"), "part 1 before part 0: %s", why);
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 0, 3, false), &v, &settled, why, sizeof why) == 0 &&
+            !strcmp(v, "more") && !settled, "part 0 kept");
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 2, 3, false), &v, &settled, why, sizeof why) == -EINVAL &&
+            strstr(why, "out of order"), "part 2 after part 0: %s", why);
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 1, 4, false), &v, &settled, why, sizeof why) == -EINVAL &&
+            strstr(why, "out of order"), "another count: %s", why);
+    cJSON *big = ap_part(id, sent, recv, pos, 1, 3, false);
+    cJSON *junk = cJSON_AddArrayToObject(big, "token_ids");
+    for (int i = 0; i < 150000; i++)
+        cJSON_AddItemToArray(junk, cJSON_CreateNumber(1234567));
+    T_CHECK(ap_send(au, big, &v, &settled, why, sizeof why) == -EINVAL && strstr(why, "more than 64 KiB"),
+            "parts past the budget: %s", why);
+    T_CHECK(ap_kept(st) == 1, "only part 0 kept (%zu)", ap_kept(st));
+    /* part 0 again starts over; then the parts in order: judged on their proofs, nothing kept */
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 0, 3, false), &v, &settled, why, sizeof why) == 0 &&
+            !strcmp(v, "more"), "part 0 again");
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 1, 3, false), &v, &settled, why, sizeof why) == 0 &&
+            !strcmp(v, "more"), "part 1: %s", why);
+    int rc = ap_send(au, ap_part(id, sent, recv, pos, 2, 3, false), &v, &settled, why, sizeof why);
+    T_CHECK(rc == 0 && settled && !strcmp(v, "pass"), "the whole answer passes on its proofs (rc %d: %s)", rc, why);
+    T_CHECK(ap_kept(st) == 0, "the parts removed (%zu kept)", ap_kept(st));
+    /* a second audit: two inputs swapped across the parts' order fail the node */
+    ap_pending(st, au, "0123456789abcdee", sent, recv, id, &pos);
+    T_ASSERT(pos == 8, "the audited position is %u", pos);
+    T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 0, 2, false), &v, &settled, why, sizeof why) == 0, "part 0");
+    rc = ap_send(au, ap_part(id, sent, recv, pos, 1, 2, true), &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EBADMSG, "inputs out of place in the parts fail the node (rc %d: %s)", rc, why);
+    kvd_market__audit_free(au);
+    uv_loop_close(&loop);
+    kvd_market__store_close(st);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -394,5 +560,6 @@ int main(int argc, char **argv)
     T_RUN(probe_judge);
     T_RUN(sweep_walks_every_pending);
     T_RUN(reward_formula);
+    T_RUN(audit_parts);
     return T_DONE();
 }
