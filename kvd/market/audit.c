@@ -756,6 +756,8 @@ out:
     if (rc == -EINVAL && merged)   /* assembled from the node's own parts: no retry costs a merge */
         rc = -EBADMSG;
     if (rc == -EBADMSG) {   /* a wrong answer settles the audit: the caller fails the node */
+        if (util_json_number(p, "parts_n", 0) > 0)
+            parts_drop(au, model, node, id);   /* what a late answer's parts kept */
         record_last(r, id, "fail", INFINITY, why, now);
         kvd_log(KVD_LOG_WARN, "audit %s of node %.16s...: fail: %s", id, node, why);
         if (kvd_market__blob_save(au->st, key, r))
