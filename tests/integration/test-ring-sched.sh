@@ -29,6 +29,10 @@ for name in synth-qwen3-bpe1024-f16.gguf synth-qwen35-bpe1024-f16.gguf synth-qwe
         "$TOOLS/tool-ring-ref" -m "$M" --tokens "$(prompt $i)" -n $GEN --temp 0 --ignore-eos \
             --dump-logits "$TMP/one.$i.lg" > "$TMP/one.$i" 2>/dev/null || fail "$name: one-process run $i"
     done
+    # Waves of the N sessions until some prompt was split on the F16 rings (up to 5: on a busy
+    # machine the loop may hand the compute thread the prompts one by one, each run whole);
+    # every wave's tokens and logits are checked, the figures count all waves.
+    for wave in 1 2 3 4 5; do
     # All requests written before any reply is read: the prompts reach rank 0 together.
     python3 - "$D/rank-0/kvd.sock" "$TMP" $N $GEN $(for i in $(seq 0 $((N - 1))); do prompt $i; done) <<'PY' ||
 import json, selectors, socket, struct, sys
@@ -75,9 +79,9 @@ PY
             fail "$name: session $i: ring '$(cat "$TMP/ring.$i")' vs one process '$(cat "$TMP/one.$i")'"
         cmp -s "$TMP/one.$i.lg" "$TMP/ring.$i.lg" || fail "$name: session $i: last logits not bit-identical"
     done
-    echo "ok $name: $N sessions at once equal their one-process tokens"
+    echo "ok $name: $N sessions at once equal their one-process tokens (wave $wave)"
     "$KVCTL" status --ring "$D" --json > "$TMP/status" || fail "$name: status"
-    python3 - "$TMP/status" "$name" <<'PY' || fail "$name: scheduler figures: $(cat "$TMP/status")"
+    python3 - "$TMP/status" "$name" <<'PY'
 import json, sys
 name = sys.argv[2]
 chunks = 0
@@ -92,8 +96,15 @@ for line in open(sys.argv[1]):
     assert b["max_rows"] <= min(64, b["rows_allowed"]), b
     assert b["max_decode_wait_runs"] <= 2, b
     chunks += b["prompt_chunks"]
-sys.exit(0 if ("q8_0" in name) == (chunks == 0) else 1)
+if "q8_0" in name:
+    sys.exit(0 if chunks == 0 else 1)
+sys.exit(0 if chunks > 0 else 2)   # 2: no prompt split yet
 PY
+    rc=$?
+    [ $rc = 2 ] && [ $wave -lt 5 ] && continue   # no prompt split yet: another wave
+    [ $rc = 0 ] || fail "$name: scheduler figures after $wave wave(s): $(cat "$TMP/status")"
+    break
+    done
     echo "ok $name: scheduler figures"
     ring_down "$D"
 done
