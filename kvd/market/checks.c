@@ -331,6 +331,15 @@ void kvd_market__h_audit(struct net_http_req *req, void *ud)
                                  NULL, rc == -EIO ? a->st->err : why);
         goto out;
     }
+    /* an answer (or a part of one) the market took counts as a heartbeat: a node sending a
+     * large answer in parts over a slow link is busy with the market's own request, not gone */
+    if (rc == 0 && l->state == KVD_LEASE_ACTIVE) {
+        l->expires = c.now + a->cfg.lease_s;
+        if (a->st->ops->lease_put(a->st->impl, c.ms->m.id, l)) {
+            kvd_market__state_refuse(a, req, c.ms, 503, NULL, a->st->err);
+            goto out;
+        }
+    }
     cJSON *o = cJSON_CreateObject();
     if (rc == 0)
         cJSON_AddStringToObject(o, "audit", settled || !strcmp(verdict, "more") ? verdict : "verifying");
