@@ -68,7 +68,7 @@ static int probe_in_stage(struct join *j, const char *text, const cJSON *p, char
     if (rc == 0 && !cJSON_IsArray(out)) {
         const char *e = kvd_join__jstr_or(o, "error", "no outputs in the stage's answer");
         snprintf(err, errlen, "%s", e);
-        rc = strstr(e, "has no window loaded") ? -ENOENT : -EIO;
+        rc = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "loaded")) ? -ENOENT : -EIO;
     }
     if (rc == 0 && !(*outs = cJSON_PrintUnformatted(out)))
         rc = -ENOMEM;

@@ -171,13 +171,22 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
     return rc;
 }
 
+/* The blob key of part k of audit id's answer; k < 0: the prefix of all its parts. */
+static void part_key(char key[KVD_MARKET_KEY_MAX], const char *model, const char *node,
+                     const char *id, int k)
+{
+    int n = snprintf(key, KVD_MARKET_KEY_MAX, "auditpart/%.64s/%.64s/%.16s/", model, node, id);
+    if (k >= 0 && n > 0 && n < KVD_MARKET_KEY_MAX)
+        snprintf(key + n, (size_t)(KVD_MARKET_KEY_MAX - n), "%03d", k);
+}
+
 /* The parts kept of audit id's answer (a node that never sent the last one), removed. */
 static void parts_drop(struct kvd_market_audit *au, const char *model, const char *node,
                        const char *id)
 {
     char prefix[KVD_MARKET_KEY_MAX], (*keys)[KVD_MARKET_KEY_MAX] = malloc(64 * sizeof *keys);
     size_t nk = 0;
-    snprintf(prefix, sizeof prefix, "auditpart/%.64s/%.64s/%.16s/", model, node, id);
+    part_key(prefix, model, node, id, -1);
     char after[KVD_MARKET_KEY_MAX] = "";
     while (keys && au->st->ops->blob_keys(au->st->impl, prefix, after, keys, 64, &nk) == 0 && nk) {
         for (size_t i = 0; i < nk; i++)
@@ -437,11 +446,6 @@ static void job_done(uv_work_t *w, int status)
 #define AUDIT_PARTS_MAX 512
 static const char *const part_arrays[] = {"outputs", "inputs", "token_ids"};
 
-static void part_key(char key[KVD_MARKET_KEY_MAX], const char *model, const char *node,
-                     const char *id, int k)
-{
-    snprintf(key, KVD_MARKET_KEY_MAX, "auditpart/%.64s/%.64s/%.16s/%03d", model, node, id, k);
-}
 
 /* A part before the last is kept as a blob (1, or the store's failure); at the last, the earlier
  * parts' arrays and its own, in order, into *merged (0; the kept parts removed). The parts come

@@ -351,9 +351,12 @@ static void handle_probe(struct stage *st, struct client *c, const cJSON *req)
         kvd_client_close(c);
         return;
     }
-    if (!st->comp || !st->be_open) {
-        kvd_client_error(c, "probe: this stage has no window loaded (a standby that has not "
-                            "taken a rank over)");
+    if (!st->comp || !st->be_open) {   /* "loaded": false tells kvd join to open it itself */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "error", "probe: this stage has no window loaded (a standby "
+                                "that has not taken a rank over)");
+        cJSON_AddBoolToObject(o, "loaded", false);
+        kvd_client_send_json(c, o);
         kvd_client_close(c);
         return;
     }

@@ -24,13 +24,8 @@
 
 # every credited receipt audited (one at a time per node), recomputed with the whole model
 MARKET_ARGS="--lease-s 12 --audit-rate 1 --audit-deadline-s 60 --verify-model $S"
-market_up
-for n in a b c; do join_api $n; done
-wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
-SHA=$(sha_of)
-LAST=""
-for n in a b c; do [ "$(rank_of $n)" = 2 ] && LAST=$n; done
-[ -n "$LAST" ] || fail "no node runs rank 2"
+ring_of_three 2
+LAST=$VICTIM
 # the standby's memory: the last window's, below the middle one's (so it stands by for the last)
 MEM=$(python3 -c '
 import json,sys
@@ -50,19 +45,7 @@ api_up
 sessions_killing "$LAST" "$(rank0 a b c)" 200
 echo "ok   8 sessions through the API, the last rank's node killed with -9 while $RUNNING ran: every text equals its one-process text, no client error"
 
-took() {
-    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
-    python3 - "$T/cov.json" "$(key_of d)" "$(key_of "$LAST")" "$SHA" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))["models"][0]
-w = c["windows"][2]
-st = w["stages"][0] if w["stages"] else {}
-sys.exit(0 if w["state"] == "active" and st.get("node") == sys.argv[2] and
-         st.get("took_over", {}).get("from") == sys.argv[3] and len(c["rings"]) == 1 and
-         c["rings"][0]["manifest_sha256"] == sys.argv[4] else 1)
-PY
-}
-wait_for 30 took || fail "the map does not show node d holding the last window on the same manifest: $(cat "$T/cov.json")"
+wait_for 30 took_over 2 d "$LAST" || fail "the map does not show node d holding the last window on the same manifest: $(cat "$T/cov.json")"
 echo "ok   node d holds the last window (taken over from node $LAST), the ring runs on the same manifest"
 # the killed node, started again on its state directory, sends the receipts it had not sent
 # before the kill (sessions that ended before it) and stands by

@@ -22,13 +22,8 @@
 # leases of 12 s (heartbeats every 3 s): a stage silent for 8 s (half the lease and 2 s) is
 # shown silent for the 4 s before its lease lapses
 MARKET_ARGS="--lease-s 12"
-market_up
-for n in a b c; do join_api $n; done
-wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
-SHA=$(sha_of)
-MID=""
-for n in a b c; do [ "$(rank_of $n)" = 1 ] && MID=$n; done
-[ -n "$MID" ] || fail "no node runs rank 1"
+ring_of_three 1
+MID=$VICTIM
 echo "ok   three nodes form a ring (manifest ${SHA:0:16}); node $MID serves the middle rank"
 
 # ---- a fourth node stands by
@@ -63,20 +58,7 @@ sessions_killing "$MID" "$R0" 100
 echo "ok   8 concurrent sessions through the API at $API, node $MID killed with -9 while $RUNNING ran: every text equals its one-process text, no client error"
 
 # ---- the standby holds the rank; the map shows it
-took() { # the map: window 1 held by d, taken over from the killed node, the ring on the same manifest
-    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
-    python3 - "$T/cov.json" "$(key_of d)" "$(key_of "$MID")" "$SHA" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))["models"][0]
-w = c["windows"][1]
-st = w["stages"][0] if w["stages"] else {}
-ok = w["state"] == "active" and st.get("node") == sys.argv[2] and \
-    st.get("took_over", {}).get("from") == sys.argv[3] and \
-    len(c["rings"]) == 1 and c["rings"][0]["manifest_sha256"] == sys.argv[4]
-sys.exit(0 if ok else 1)
-PY
-}
-wait_for 30 took || fail "the map does not show node d holding window 1 on the same manifest: $(cat "$T/cov.json")"
+wait_for 30 took_over 1 d "$MID" || fail "the map does not show node d holding window 1 on the same manifest: $(cat "$T/cov.json")"
 "$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" || fail "kvctl market status failed"
 grep -qE "^  1 +\\[2, 4\\) +active .* $(key_of d | cut -c1-16) " "$T/status.txt" &&
     grep -q "took over from $(key_of "$MID" | cut -c1-16)" "$T/status.txt" ||

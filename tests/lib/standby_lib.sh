@@ -19,6 +19,34 @@ join_api() {
 # sha_of: the manifest of the ring in $T/cov.json
 sha_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["models"][0]["rings"][0]["manifest_sha256"])' "$T/cov.json"; }
 
+# ring_of_three RANK: the market up ($MARKET_ARGS), nodes a, b and c joined into a complete ring;
+# sets SHA (its manifest) and VICTIM (the node that serves RANK)
+ring_of_three() {
+    market_up
+    local n
+    for n in a b c; do join_api $n; done
+    wait_for 60 ring_ready || fail "no complete ring within 60 s: $(cat "$T/cov.json")"
+    SHA=$(sha_of)
+    VICTIM=""
+    for n in a b c; do [ "$(rank_of $n)" = "$1" ] && VICTIM=$n; done
+    [ -n "$VICTIM" ] || fail "no node runs rank $1"
+}
+
+# took_over WINDOW TAKER FROM: the map shows window WINDOW active and held by node TAKER, taken
+# over from node FROM, the ring still on manifest $SHA (in $T/cov.json)
+took_over() {
+    "$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" 2>/dev/null &&
+    python3 - "$T/cov.json" "$1" "$(key_of "$2")" "$(key_of "$3")" "$SHA" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["models"][0]
+w = c["windows"][int(sys.argv[2])]
+st = w["stages"][0] if w["stages"] else {}
+sys.exit(0 if w["state"] == "active" and st.get("node") == sys.argv[3] and
+         st.get("took_over", {}).get("from") == sys.argv[4] and len(c["rings"]) == 1 and
+         c["rings"][0]["manifest_sha256"] == sys.argv[5] else 1)
+PY
+}
+
 # api_up: waits until the map names rank 0's API (in API) and it serves the paying client
 api_up() {
     api_named() {
