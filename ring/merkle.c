@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 
 #include "ring/ring.h"
+#include "util/util.h"
 
 static void sha(const void *a, size_t na, const void *b, size_t nb, const void *c, size_t nc,
                 uint8_t out[32])
@@ -111,4 +112,61 @@ bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint
         n = (n + 1) / 2;
     }
     return k == len && memcmp(h, root, 32) == 0;
+}
+
+/* ---- a TOKEN frame's leaf: its summary (ring.h) ---- */
+
+int ring_token_leaf_make(const uint8_t *payload, size_t len, uint32_t n, uint32_t n_vocab,
+                         uint8_t out[RING_TOKEN_LEAF_MAX], size_t *out_len, size_t *logits)
+{
+    *out_len = 0;
+    *logits = 0;
+    if (n < 1 || n > RING_TOKENS_MAX || len < 8u * n)
+        return -EINVAL;
+    size_t rest = len - 8u * n, lg = (size_t)n * n_vocab * 4u, d;
+    if (rest % 4)
+        return -EINVAL;
+    if (rest <= 4u * RING_DRAFTS_MAX) {
+        d = rest / 4;
+        lg = 0;
+    } else if (n_vocab > 0 && rest >= lg && rest - lg <= 4u * RING_DRAFTS_MAX) {
+        d = (rest - lg) / 4;
+    } else {
+        return -EINVAL;
+    }
+    util_le32_put(out, RING_TOKEN_LEAF_MAGIC);
+    out[4] = (uint8_t)n;
+    out[5] = 0;
+    out[6] = (uint8_t)d;
+    out[7] = 0;
+    size_t head = 8u * n + 4u * d, o = 8 + head;
+    memcpy(out + 8, payload, head);
+    if (lg) {
+        *logits = head;
+        for (uint32_t i = 0; i < n; i++, o += 32)
+            sha(payload + head + (size_t)i * n_vocab * 4u, (size_t)n_vocab * 4u, NULL, 0, NULL, 0,
+                out + o);
+    }
+    *out_len = o;
+    return 0;
+}
+
+int ring_token_leaf_parse(const uint8_t *row, size_t len, struct ring_token_leaf *t)
+{
+    memset(t, 0, sizeof *t);
+    if (!row || len < 8 || util_le32_get(row) != RING_TOKEN_LEAF_MAGIC)
+        return -ENOENT;
+    uint32_t n = row[4] | (uint32_t)row[5] << 8, d = row[6] | (uint32_t)row[7] << 8;
+    if (n < 1 || n > RING_TOKENS_MAX || d > RING_DRAFTS_MAX)
+        return -EINVAL;
+    size_t body = 8 + 8u * n + 4u * d;
+    if (len != body && len != body + 32u * n)
+        return -EINVAL;
+    t->n = n;
+    t->n_drafts = d;
+    t->tokens = row + 8;
+    t->logprobs = row + 8 + 4u * n;
+    t->drafts = row + 8 + 8u * n;
+    t->logits_sha = len > body ? row + body : NULL;
+    return 0;
 }

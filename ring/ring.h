@@ -122,6 +122,8 @@ void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x);
 /* An audit's answer goes to the market in parts of at most this many bytes each (docs/market.md,
  * "Audits"), well under the body cap. */
 #define RING_AUDIT_PART_BYTES (256u << 10)
+/* The arrays of an audit's answer, in the order its parts carry their items. */
+#define RING_AUDIT_ARRAYS {"outputs", "inputs", "received", "token_ids"}
 struct net_identity;
 /* The canonical bytes "KVMKT1\n" METHOD "\n" PATH "\n" hex(SHA-256(body)) "\n" TS "\n" NONCE
  * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */
@@ -257,7 +259,7 @@ bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint
 
 
 #define RING_MAGIC        0x3152564bu  /* "KVR1" little-endian */
-#define RING_VERSION      3u
+#define RING_VERSION      4u
 #define RING_HDR_LEN      28u
 #define RING_HELLO_LEN    204u
 #define RING_AUTH_LEN     64u
@@ -268,6 +270,29 @@ bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint
 #define RING_DRAFTS_MAX   14u          /* drafts a TOKEN carries and a verifying pass checks:
                                        * 15 rows, where every weight type is row-exact */
 #define RING_TOKENS_MAX   (RING_DRAFTS_MAX + 1u)   /* tokens one TOKEN carries */
+
+/* A TOKEN frame's Merkle leaf (docs/market.md, "Audits") is not its payload but a summary of
+ * it that names its parts, so an audit opens a TOKEN's tokens without its logits:
+ *   u32le RING_TOKEN_LEAF_MAGIC | u16le n_tokens | u16le n_drafts | i32 tokens[n] |
+ *   f32 logprobs[n] | i32 drafts[d] [| u8 sha256[n][32]: SHA-256 of each token's row of
+ *   logits (f32[n_vocab]), when the logits went along]
+ * (all little-endian). No vocabulary reaches the magic as a token id, so a summary never
+ * reads as a raw TOKEN payload, the leaf of protocol versions before 4. */
+#define RING_TOKEN_LEAF_MAGIC 0x3254564bu   /* "KVT2" little-endian */
+#define RING_TOKEN_LEAF_MAX (8u + 8u * RING_TOKENS_MAX + 4u * RING_DRAFTS_MAX + 32u * RING_TOKENS_MAX)
+struct ring_token_leaf {
+    uint32_t n, n_drafts;
+    const uint8_t *tokens, *logprobs, *drafts;   /* little-endian i32 / f32 arrays */
+    const uint8_t *logits_sha;                   /* [n][32], or NULL: no logits went along */
+};
+/* The summary of a TOKEN payload of n tokens (a vocabulary of n_vocab, which tells drafts from
+ * logits) into out, *out_len bytes; *logits the offset of the logits in the payload (0: none).
+ * 0, or -EINVAL for a payload that is no TOKEN of n tokens. */
+int ring_token_leaf_make(const uint8_t *payload, size_t len, uint32_t n, uint32_t n_vocab,
+                         uint8_t out[RING_TOKEN_LEAF_MAX], size_t *out_len, size_t *logits);
+/* A summary read back: 0; -ENOENT for a row that is no summary (a raw payload of an older
+ * protocol); -EINVAL for a malformed one. */
+int ring_token_leaf_parse(const uint8_t *row, size_t len, struct ring_token_leaf *t);
 
 enum ring_frame_type {
     RING_F_HELLO = 1, RING_F_AUTH = 2, RING_F_OPEN = 3, RING_F_ACT = 4, RING_F_TOKEN = 5,

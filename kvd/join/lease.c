@@ -132,7 +132,7 @@ static int probe_answer(struct join *j, const cJSON *p)
  * "part" and "parts"; an array of the parts (one: the answer itself, as it is). ans is taken. */
 static cJSON *audit_parts(cJSON *ans, size_t len)
 {
-    static const char *const names[] = {"outputs", "inputs", "token_ids"};
+    static const char *const names[] = RING_AUDIT_ARRAYS;
     cJSON *parts = cJSON_CreateArray();
     if (len <= RING_AUDIT_PART_BYTES) {
         cJSON_AddItemToArray(parts, ans);

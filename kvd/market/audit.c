@@ -7,10 +7,12 @@
  * position and the row it sent there, each with its Merkle proof against the roots its
  * receipts committed to; the market checks the proofs, then recomputes the sent row from the
  * received ones on the window's weights (--verify-model, on a thread of libuv's pool) and
- * compares by NMSE. The API delivers and takes the answers (leases.c, checks.c); a failed
+ * compares by NMSE; rank 0's answer also opens the TOKENs it received, and the ids it fed
+ * after them must be theirs (feed_check). The API delivers and takes the answers (leases.c, checks.c); a failed
  * audit goes back to it through the verdict callback (checks.c's kvd_market__probe_fail: lease
  * over, credit voided, claims refused). */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,8 +52,13 @@ struct job {
     int32_t *tokens;        /* rank 0: [n] the ids embedded */
     float *x;               /* [n][n_embd]: the rows received, then the window's output */
     float *sent;            /* [n_embd]: the row the node sent (ranks but the last) */
-    uint8_t *tok;           /* the last rank's TOKEN payload: token, logprob[, logits] */
-    uint32_t tok_len;
+    uint32_t tok;           /* the last rank's first token of its TOKEN, its logprob, and */
+    float tok_lp;
+    float *logits;          /* [n_logits] the logits it sent with it (NULL: none) */
+    uint32_t n_logits;
+    bool raw;               /* from an older protocol's TOKEN: logits only where n_vocab fit */
+    uint32_t tok_n;         /* the tokens that TOKEN carried (1 for an older protocol's) */
+    char note[160];         /* what a pass checked beyond the row (logged with it) */
     /* the verdict */
     int result;             /* 1 pass, 0 fail, -1 the verifier could not run */
     double nmse;
@@ -238,6 +245,30 @@ int kvd_market__audit_due(struct kvd_market_audit *au, const char *model, const 
     return 0;
 }
 
+/* base64 text (its length a multiple of 4) into malloc'd bytes *out, *len: 0, -EINVAL, -ENOMEM. */
+static int b64_decode(const char *b64, uint8_t **out, uint32_t *len)
+{
+    size_t bl = strlen(b64);
+    *out = NULL;
+    *len = 0;
+    if (bl % 4 || bl > RING_MARKET_BODY_MAX)
+        return -EINVAL;
+    uint8_t *b = malloc(bl / 4 * 3 + 1);
+    if (!b)
+        return -ENOMEM;
+    int got = bl ? EVP_DecodeBlock(b, (const unsigned char *)b64, (int)bl) : 0;
+    if (got < 0) {
+        free(b);
+        return -EINVAL;
+    }
+    /* EVP_DecodeBlock counts the padding as bytes */
+    if (bl && b64[bl - 1] == '=')
+        got -= 1 + (b64[bl - 2] == '=');
+    *out = b;
+    *len = (uint32_t)got;
+    return 0;
+}
+
 /* One opened leaf {"pos", "row": base64, "path": [hex...]} at position want of the tree of
  * [t0, t1) with that root: its row bytes (malloc'd into *row, *len), or -EBADMSG/-EINVAL with why. */
 static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, const uint8_t root[32],
@@ -263,20 +294,14 @@ static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, co
         }
         k++;
     }
-    uint8_t *b = malloc(bl / 4 * 3 + 1);
-    if (!b) {
-        snprintf(why, n, "out of memory");
-        return -ENOMEM;
+    uint8_t *b;
+    uint32_t got;
+    int rc = b64_decode(b64, &b, &got);
+    if (rc) {
+        snprintf(why, n, rc == -ENOMEM ? "out of memory" : "%s at position %u: row is not base64",
+                 what, want);
+        return rc;
     }
-    int got = bl ? EVP_DecodeBlock(b, (const unsigned char *)b64, (int)bl) : 0;
-    if (got < 0) {
-        free(b);
-        snprintf(why, n, "%s at position %u: row is not base64", what, want);
-        return -EINVAL;
-    }
-    /* EVP_DecodeBlock counts the padding as bytes */
-    if (bl && b64[bl - 1] == '=')
-        got -= 1 + (b64[bl - 2] == '=');
     ring_merkle_leaf(want, b, (size_t)got, leaf);
     if (!ring_merkle_verify(leaf, want - t0, t1 - t0, (const uint8_t (*)[32])p, k, root)) {
         free(b);
@@ -285,7 +310,7 @@ static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, co
         return -EBADMSG;
     }
     *row = b;
-    *len = (uint32_t)got;
+    *len = got;
     return 0;
 }
 
@@ -306,17 +331,15 @@ static void job_free(struct job *j)
     free(j->tokens);
     free(j->x);
     free(j->sent);
-    free(j->tok);
+    free(j->logits);
     free(j);
 }
 
 /* The last rank's token against the recomputed logits (docs/market.md, "Audits"). */
 static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
 {
-    uint32_t t = (uint32_t)j->tok[0] | (uint32_t)j->tok[1] << 8 | (uint32_t)j->tok[2] << 16 |
-                 (uint32_t)j->tok[3] << 24;
-    float lp;
-    memcpy(&lp, j->tok + 4, 4);
+    uint32_t t = j->tok;
+    float lp = j->tok_lp;
     j->result = 1;
     if (t >= n_vocab || !isfinite(lp) || lp > 1e-3f) {
         j->result = 0;
@@ -324,20 +347,27 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
                  "a vocabulary of %u", j->pos, t, lp, n_vocab);
         return;
     }
-    if (j->tok_len == 8 + (uint64_t)n_vocab * 4) {   /* the logits went along: compare them */
-        float *got = malloc((size_t)n_vocab * sizeof *got);
-        if (got) {
-            memcpy(got, j->tok + 8, (size_t)n_vocab * 4);
-            j->nmse = ring_probe_nmse(got, lg, n_vocab);
-            free(got);
-            if (!(j->nmse <= RING_PROBE_TOL)) {
-                j->result = 0;
-                snprintf(j->why, sizeof j->why, "position %u: the logits sent are off by NMSE "
-                         "%.3g (tolerance %g)", j->pos, j->nmse, RING_PROBE_TOL);
-                return;
-            }
+    if (j->logits && j->raw && j->n_logits != n_vocab) {
+        free(j->logits);   /* an older TOKEN's drafts or tokens, not one token's logits */
+        j->logits = NULL;
+    }
+    if (j->logits && j->n_logits != n_vocab) {
+        j->result = 0;
+        snprintf(j->why, sizeof j->why, "position %u: the logits sent hold %u values, the "
+                 "vocabulary %u", j->pos, j->n_logits, n_vocab);
+        return;
+    }
+    if (j->logits) {   /* the logits went along: compare them */
+        j->nmse = ring_probe_nmse(j->logits, lg, n_vocab);
+        if (!(j->nmse <= RING_PROBE_TOL)) {
+            j->result = 0;
+            snprintf(j->why, sizeof j->why, "position %u: the logits sent are off by NMSE "
+                     "%.3g (tolerance %g)", j->pos, j->nmse, RING_PROBE_TOL);
+            return;
         }
     }
+    snprintf(j->note, sizeof j->note, "the first of a TOKEN's %u tokens judged%s", j->tok_n,
+             j->logits ? ", its logits compared" : "");
     uint32_t g = 0;
     for (uint32_t v = 1; v < n_vocab; v++)
         if (lg[v] > lg[g])
@@ -348,6 +378,141 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
                  "(logprob %.3f), but token %u leads it by %.2f in the recomputed logits", j->pos,
                  t, lp, g, lg[g] - lg[t]);
     }
+}
+
+/* The last rank's TOKEN at j->pos: from a summary (ring_token_leaf_parse), its first token,
+ * that token's logprob and, when the logits went along, its logits, opened beside the summary
+ * ("logits") and checked against the hash the summary holds; from the raw payload of an older
+ * protocol, i32 token | f32 logprob [| one token's logits]. 0, or -EINVAL/-EBADMSG/-ENOMEM
+ * with why. */
+static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJSON *opening,
+                      char *why, size_t n)
+{
+    struct ring_token_leaf tl;
+    const uint8_t *lg = NULL;
+    uint32_t nl = 0;
+    uint8_t *b = NULL;
+    int rc = ring_token_leaf_parse(row, len, &tl);
+    if (rc == -ENOENT) {
+        if (len < 8) {
+            snprintf(why, n, "position %u: a TOKEN of %u bytes", j->pos, len);
+            return -EBADMSG;
+        }
+        j->tok = util_le32_get(row);
+        j->tok_n = 1;
+        memcpy(&j->tok_lp, row + 4, 4);
+        if ((len - 8) % 4 == 0 && (len - 8) / 4 > RING_DRAFTS_MAX) {
+            lg = row + 8;
+            nl = (len - 8) / 4;
+            j->raw = true;
+        }
+    } else if (rc) {
+        snprintf(why, n, "position %u: the TOKEN's summary is malformed", j->pos);
+        return -EBADMSG;
+    } else {
+        j->tok = util_le32_get(tl.tokens);
+        j->tok_n = tl.n;
+        memcpy(&j->tok_lp, tl.logprobs, 4);
+        if (tl.logits_sha) {
+            const char *s = util_json_string(opening, "logits");
+            uint8_t md[EVP_MAX_MD_SIZE];
+            unsigned ml = 0;
+            if (!s || (rc = b64_decode(s, &b, &nl))) {
+                snprintf(why, n, rc == -ENOMEM ? "out of memory" : "position %u: the logits "
+                         "went along with the TOKEN: expected them (\"logits\", base64)", j->pos);
+                return rc == -ENOMEM ? rc : -EINVAL;
+            }
+            if (!EVP_Digest(b, nl, md, &ml, EVP_sha256(), NULL) || ml != 32 ||
+                memcmp(md, tl.logits_sha, 32) || nl % 4) {
+                snprintf(why, n, "position %u: the logits opened are not the ones whose hash the "
+                         "TOKEN's summary holds", j->pos);
+                free(b);
+                return -EBADMSG;
+            }
+            lg = b;
+            nl /= 4;
+        }
+    }
+    if (lg) {
+        j->logits = malloc((size_t)nl * sizeof *j->logits + 1);
+        if (j->logits)
+            memcpy(j->logits, lg, (size_t)nl * 4);
+        j->n_logits = nl;
+    }
+    free(b);
+    return lg && !j->logits ? -ENOMEM : 0;
+}
+
+/* Rank 0's ids after its prompt against the TOKENs it received (docs/market.md, "Audits"): the
+ * answer's "received" opens rank 0's received leaves t0 .. q against its received root. A
+ * TOKEN at leaf y of n tokens gave positions y + 1 .. y + n: the first n - 1 are drafts rank 0
+ * fed before the TOKEN accepted them, the last the token rank 0 feeds next, so the next
+ * TOKEN's leaf is y + n. So from the first TOKEN on, every position a TOKEN gave must hold its
+ * token, except the last one's where no TOKEN came from it (the session ended there, and the
+ * rejected drafts after it were never a token of it). Leaves before the first TOKEN (the
+ * prompt, or a history a replay cleared) hold no TOKEN. Summaries only: the raw payloads of an
+ * older protocol are not checked. 0, or -EINVAL/-EBADMSG/-ENOMEM with why. */
+static int feed_check(struct job *j, const cJSON *body, uint32_t t0, uint32_t t1,
+                      const uint8_t rroot[32], char *why, size_t n)
+{
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "received"), *o;
+    if (cJSON_GetArraySize(in) != (int)j->n) {
+        snprintf(why, n, "received: expected %u openings (positions %u to %u)", j->n, t0, j->pos);
+        return -EINVAL;
+    }
+    uint8_t **rows = calloc(j->n, sizeof *rows);
+    uint32_t *lens = calloc(j->n, sizeof *lens), i = 0;
+    int rc = rows && lens ? 0 : -ENOMEM;
+    cJSON_ArrayForEach(o, in) {
+        if (rc || (rc = open_leaf(o, t0 + i, t0, t1, rroot, "the TOKEN received", &rows[i],
+                                  &lens[i], why, n)))
+            break;
+        i++;
+    }
+    int64_t next = -1;   /* the leaf of the next TOKEN, from the one before */
+    uint32_t n_tok = 0, n_ids = 0, n_drafts = 0;
+    for (i = 0; rc == 0 && i < j->n; i++) {
+        struct ring_token_leaf tl;
+        uint32_t y = t0 + i;
+        if (!lens[i])
+            continue;
+        int pr = ring_token_leaf_parse(rows[i], lens[i], &tl);
+        if (pr == -ENOENT)
+            break;   /* an older protocol's leaves */
+        if (pr) {
+            snprintf(why, n, "position %u: the TOKEN received there is malformed", y);
+            rc = -EBADMSG;
+            break;
+        }
+        if (next >= 0 && y != next) {
+            snprintf(why, n, "position %u: a TOKEN came from it, but the one before gave the "
+                     "tokens up to %" PRId64 " and rank 0 fed %" PRId64 " next", y, next, next);
+            rc = -EBADMSG;
+            break;
+        }
+        for (uint32_t k = 0; k < tl.n && y + 1 + k <= j->pos; k++) {
+            uint32_t x = y + 1 + k, want = util_le32_get(tl.tokens + 4 * k);
+            bool fed_on = k + 1 < tl.n || lens[x - t0] > 0;   /* a TOKEN came from x */
+            if (fed_on && (uint32_t)j->tokens[x - t0] != want) {
+                snprintf(why, n, "position %u: rank 0 embedded token %d, but the TOKEN it "
+                         "received at %u gave token %u there", x, j->tokens[x - t0], y, want);
+                rc = -EBADMSG;
+            }
+            n_ids += fed_on;
+            n_drafts += k + 1 < tl.n;
+        }
+        next = (int64_t)y + tl.n;
+        n_tok++;
+    }
+    snprintf(j->note, sizeof j->note, "%u ids fed from %u TOKENs received checked, %u of them "
+             "drafts they accepted", n_ids, n_tok, n_drafts);
+    for (i = 0; rows && i < j->n; i++)
+        free(rows[i]);
+    free(rows);
+    free(lens);
+    if (rc == -ENOMEM)
+        snprintf(why, n, "out of memory");
+    return rc;
 }
 
 /* On a pool thread: the window over the opened inputs, the output compared. */
@@ -406,9 +571,12 @@ static void job_done(uv_work_t *w, int status)
         return;
     }
     const char *res = j->result > 0 ? "pass" : j->result == 0 ? "fail" : "inconclusive";
+    char note[sizeof j->note + 4] = "";
+    if (j->result > 0 && j->note[0])
+        snprintf(note, sizeof note, " (%s)", j->note);
     kvd_log(j->result > 0 ? KVD_LOG_INFO : KVD_LOG_WARN, "audit %s of node %.16s... (rank %u, "
-            "session %s, position %u): %s%s%s", j->id, j->node, j->rank, j->session, j->pos, res,
-            j->why[0] ? ": " : "", j->why);
+            "session %s, position %u): %s%s%s%s", j->id, j->node, j->rank, j->session, j->pos,
+            res, j->why[0] ? ": " : "", j->why, note);
     if (au->st->ops->begin(au->st->impl)) {
         kvd_log(KVD_LOG_ERROR, "audit %s: store: %s", j->id, au->st->err);
         job_free(j);
@@ -444,7 +612,7 @@ static void job_done(uv_work_t *w, int status)
 /* An answer too large for one request comes in parts (docs/market.md, "Audits"), each with
  * "part" k of "parts" (2 to AUDIT_PARTS_MAX) and a piece of the answer's arrays, in order. */
 #define AUDIT_PARTS_MAX 512
-static const char *const part_arrays[] = {"outputs", "inputs", "token_ids"};
+static const char *const part_arrays[] = RING_AUDIT_ARRAYS;
 
 
 /* A part before the last is kept as a blob (1, or the store's failure); at the last, the earlier
@@ -573,7 +741,8 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         rc = -EBADMSG;
         goto out;
     }
-    if (!embed) {   /* the received root: the node's own countersignature of its predecessor */
+    if (!(embed && head)) {   /* the received root: the node's own countersignature of its
+                               * predecessor (rank 0's: of the last rank's TOKENs) */
         struct kvd_market_receipt rc_;
         const char *lk = util_json_string(p, "key") ? util_json_string(p, "key") : session;   /* the ledger's key */
         rc = au->st->ops->receipt_get(au->st->impl, lk, pred, t0, t1, KVD_SIDE_RECEIVED, &rc_);
@@ -673,14 +842,8 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     j->pos = q;
     j->n = q - t0 + 1;
     if (head) {
-        if (len < 8) {
-            snprintf(why, n, "position %u: a TOKEN of %u bytes", q, len);
-            rc = -EBADMSG;
+        if ((rc = head_token(j, row, len, cJSON_GetArrayItem(outs, no - 1), why, n)))
             goto out;
-        }
-        j->tok = row;
-        j->tok_len = len;
-        row = NULL;
     } else {
         j->sent = malloc((size_t)j->n_embd * sizeof *j->sent);
         if (!j->sent) {
@@ -720,6 +883,8 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
             }
             j->tokens[i++] = (int32_t)v->valuedouble;
         }
+        if (!head && (rc = feed_check(j, body, t0, t1, rroot, why, n)))
+            goto out;
     } else {       /* the rows received, each against the received root */
         const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "inputs");
         if (cJSON_GetArraySize(in) != (int)j->n) {
@@ -746,7 +911,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         *settled = true;
         rc = kvd_market__blob_save(au->st, key, r);
         kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: proofs right (not recomputed: no "
-                "--verify-model)", id, node);
+                "--verify-model)%s%s", id, node, j->note[0] ? "; " : "", j->note);
         goto out;
     }
     cJSON_AddBoolToObject(p, "verifying", true);

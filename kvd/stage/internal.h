@@ -674,7 +674,7 @@ void kvd_receipt_park_free(struct stage *st);
  * (docs/market.md, "Audits"): DIR/rows/<session>.rows, one record per row, u8 kind | u32le pos
  * | u32le len | len bytes; files older than KVD_ROWLOG_KEEP_S go, and the oldest first while
  * they hold more than KVD_ROWLOG_MAX_BYTES. Only with o.receipts. */
-enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3 };
+enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3, KVD_ROWLOG_LOGITS = 4 };
 #define KVD_ROWLOG_KEEP_S 3600
 #define KVD_ROWLOG_MAX_BYTES (1ull << 30)
 /* The session's log, opened for appending: a descriptor, or -1 (logged) when it cannot be. */

@@ -136,16 +136,25 @@ static void replay_clear(struct kvd_receipt *r, struct leaves *l, int kind)
 }
 
 /* A frame's rows as leaves of one side and records of the row log: an ACT's n rows at pos.., a
- * TOKEN's payload at pos - 1. */
-static void rows_put(struct kvd_receipt *r, struct leaves *l, int kind, bool token, uint32_t pos,
-                     uint32_t n, const uint8_t *payload, size_t len)
+ * TOKEN's summary (ring_token_leaf_make) at pos - 1, and on the sending side its first
+ * token's logits, which an audit of the last rank compares (the summary holds their hash). */
+static void rows_put(const struct stage *st, struct kvd_receipt *r, struct leaves *l, int kind,
+                     bool token, uint32_t pos, uint32_t n, const uint8_t *payload, size_t len)
 {
     if (token) {
+        uint8_t sum[RING_TOKEN_LEAF_MAX];
+        size_t sl = 0, lg = 0;
         if (r->clear_below)
             replay_clear(r, l, kind);
-        if (pos == 0 || leaf_put(l, pos - 1, payload, len))
+        if (pos == 0 || ring_token_leaf_make(payload, len, n, st->be.n_vocab, sum, &sl, &lg) ||
+            leaf_put(l, pos - 1, sum, sl)) {
             r->broken = true;   /* no honest receipt can be made of this session */
-        kvd_rowlog_put(r->log, kind, pos - 1, payload, len);
+            return;
+        }
+        kvd_rowlog_put(r->log, kind, pos - 1, sum, sl);
+        if (lg && kind == KVD_ROWLOG_SENT)
+            kvd_rowlog_put(r->log, KVD_ROWLOG_LOGITS, pos - 1, payload + lg,
+                           (size_t)st->be.n_vocab * 4);
         return;
     }
     size_t row = n ? len / n : 0;
@@ -161,7 +170,7 @@ void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n
 {
     struct kvd_receipt *r = receipt_of(st, s);
     if (r)
-        rows_put(r, &r->sent, KVD_ROWLOG_SENT, st->is_last, pos, n, payload, len);
+        rows_put(st, r, &r->sent, KVD_ROWLOG_SENT, st->is_last, pos, n, payload, len);
 }
 
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
@@ -170,7 +179,7 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
     struct kvd_receipt *r = receipt_of(st, s);
     if (!r)
         return;
-    rows_put(r, &r->recv, KVD_ROWLOG_RECEIVED, st->rank == 0, pos, n, payload, len);
+    rows_put(st, r, &r->recv, KVD_ROWLOG_RECEIVED, st->rank == 0, pos, n, payload, len);
     if (st->rank != 0)
         extend(&r->r0, &r->r1, &r->got, pos, n);
     else

@@ -5,9 +5,11 @@
  * after the fact: kvd join answers an audit from this log (kvd_stage_audit), opening the rows
  * of one session with Merkle proofs against the roots its receipts committed to.
  *
- * A record: u8 kind (KVD_ROWLOG_*) | u32le pos | u32le len | len bytes. Rows are appended on
- * the loop as frames go and come (a write to the page cache, like the receipts' lines); a row
- * logged twice for one position (a session resumed on this stage) counts as its receipt's
+ * A record: u8 kind (KVD_ROWLOG_*) | u32le pos | u32le len | len bytes: a row received or sent
+ * (a TOKEN's as its leaf's summary, ring_token_leaf_make), rank 0's token id at pos, or the
+ * logits of the first token of a TOKEN the last rank sent (which an audit of it compares: the
+ * summary holds their hash). Rows are appended on the loop as frames go and come (a write to
+ * the page cache, like the receipts' lines); a row logged twice for one position (a session resumed on this stage) counts as its receipt's
  * leaf does: the last one. An empty record says the position has no row after all (a replay
  * cleared the last rank's TOKEN leaves: kvd_receipt_replayed). */
 #include <dirent.h>
@@ -146,7 +148,7 @@ struct audit_log {
     uint8_t *buf;
     size_t size;
     uint32_t t0, t1;
-    struct side recv, sent;
+    struct side recv, sent, logits;   /* logits: the last rank's first token's, by TOKEN */
     int32_t *tok;
     uint8_t *has_tok;
 };
@@ -158,6 +160,8 @@ static void audit_log_free(struct audit_log *l)
     free(l->recv.len);
     free(l->sent.row);
     free(l->sent.len);
+    free(l->logits.row);
+    free(l->logits.len);
     free(l->tok);
     free(l->has_tok);
 }
@@ -184,10 +188,12 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
     l->recv.len = calloc(n, sizeof *l->recv.len);
     l->sent.row = calloc(n, sizeof *l->sent.row);
     l->sent.len = calloc(n, sizeof *l->sent.len);
+    l->logits.row = calloc(n, sizeof *l->logits.row);
+    l->logits.len = calloc(n, sizeof *l->logits.len);
     l->tok = calloc(n, sizeof *l->tok);
     l->has_tok = calloc(n, 1);
-    bool ok = l->buf && l->recv.row && l->recv.len && l->sent.row && l->sent.len && l->tok &&
-              l->has_tok && fread(l->buf, 1, l->size, f) == l->size;
+    bool ok = l->buf && l->recv.row && l->recv.len && l->sent.row && l->sent.len &&
+              l->logits.row && l->logits.len && l->tok && l->has_tok && fread(l->buf, 1, l->size, f) == l->size;
     fclose(f);
     if (!ok) {
         snprintf(err, errlen, "row log %s: cannot read it (%zu bytes)", path, l->size);
@@ -212,12 +218,29 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
         } else if (kind == KVD_ROWLOG_SENT) {
             l->sent.row[i] = row;
             l->sent.len[i] = len;
+        } else if (kind == KVD_ROWLOG_LOGITS) {
+            l->logits.row[i] = row;
+            l->logits.len[i] = len;
         } else if (kind == KVD_ROWLOG_TOKEN && len == 4) {
             l->tok[i] = (int32_t)util_le32_get(row);
             l->has_tok[i] = 1;
         }
     }
     return 0;
+}
+
+/* o[name]: base64 of len bytes at b: 0, or -ENOMEM. */
+static int add_b64(cJSON *o, const char *name, const uint8_t *b, size_t len)
+{
+    char *b64 = malloc((len + 2) / 3 * 4 + 1);
+    if (!b64)
+        return -ENOMEM;
+    b64[0] = 0;
+    if (len)
+        EVP_EncodeBlock((unsigned char *)b64, b, (int)len);
+    cJSON *v = cJSON_AddStringToObject(o, name, b64);
+    free(b64);
+    return v ? 0 : -ENOMEM;
 }
 
 /* {"pos", "row": base64 of its bytes ("" for none), "path": [hex, ...]}: the opening of
@@ -232,16 +255,10 @@ static cJSON *opening(const struct audit_log *l, const struct side *sd, uint8_t 
         return NULL;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "pos", pos);
-    char *b64 = malloc((size_t)(sd->len[i] + 2) / 3 * 4 + 1);
-    if (!b64) {
+    if (add_b64(o, "row", sd->row[i], sd->row[i] ? sd->len[i] : 0)) {
         cJSON_Delete(o);
         return NULL;
     }
-    b64[0] = 0;
-    if (sd->row[i])
-        EVP_EncodeBlock((unsigned char *)b64, sd->row[i], (int)sd->len[i]);
-    cJSON_AddStringToObject(o, "row", b64);
-    free(b64);
     cJSON *pa = cJSON_AddArrayToObject(o, "path");
     for (size_t k = 0; k < plen; k++) {
         char hex[65];
@@ -308,10 +325,33 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
         cJSON_AddItemToArray(outs, x);
     }
     bool none = head && !l.sent.row[q - t0];   /* no token up to the range's end or the cap */
+    struct ring_token_leaf tl;
+    if (rc == 0 && head && !none &&
+        ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0 && tl.logits_sha) {
+        /* the TOKEN's first token's logits, which its summary holds the hash of */
+        if (!l.logits.row[q - t0]) {
+            snprintf(err, errlen, "audit: the row log of session %s holds no logits sent at %u",
+                     sj->valuestring, q);
+            rc = -ENOENT;
+        } else {
+            rc = add_b64(cJSON_GetArrayItem(outs, (int)(q - p)), "logits", l.logits.row[q - t0],
+                         l.logits.len[q - t0]);
+        }
+    }
     if (rc == 0 && !head && !l.sent.row[q - t0]) {
         snprintf(err, errlen, "audit: the row log of session %s holds no row sent at %u",
                  sj->valuestring, q);
         rc = -ENOENT;
+    }
+    if (rc == 0 && embed && !head) {   /* rank 0: the TOKENs it received, t0 .. q, which gave
+                                        * the ids it embedded after its prompt */
+        cJSON *in = cJSON_AddArrayToObject(o, "received");
+        for (uint32_t i = t0; rc == 0 && i <= q; i++) {
+            cJSON *x = opening(&l, &l.recv, rl, i);
+            if (!x)
+                rc = -ENOMEM;
+            cJSON_AddItemToArray(in, x);
+        }
     }
     if (rc == 0 && embed) {   /* rank 0: the token ids it embedded, t0 .. q */
         cJSON *t = cJSON_AddArrayToObject(o, "token_ids");

@@ -16,6 +16,10 @@
 #  * the market restarted with room for 579 positions (2 MiB): a 480-token prompt's audit of the
 #    last rank (480 positions, more than one request holds) goes in parts and passes on
 #    recomputation;
+#  * sessions with prompt-lookup drafts and logits, greedy and seeded: the last rank's audit judges
+#    a TOKEN of several tokens and compares its logits (opened beside the TOKEN's summary, which
+#    holds their hash); rank 0's checks the ids it fed against the TOKENs it received, drafts
+#    they accepted included; they pass;
 #  * no audit fails, no node loses its lease or its credit for it.
 . "$(dirname "$0")/../lib/lib.sh"
 . "$(dirname "$0")/../lib/market_lib.sh"
@@ -58,7 +62,7 @@ V=$(audited "$S1" 2)
 echo "$V" | grep -q "): inconclusive (no token sampled in the positions an answer holds: nothing judged; [0-9]* to 8 opened empty)" ||
     fail "the last rank's audit of the long prompt did not stop at the cap, inconclusive: $V"
 for r in 0 1; do
-    audited "$S1" $r | grep -q "): pass$" || fail "rank $r's audit of session $S1: $(audited "$S1" $r)"
+    audited "$S1" $r | grep -q "): pass\( (.*)\)\?$" || fail "rank $r's audit of session $S1: $(audited "$S1" $r)"
 done
 grep -q "audit [0-9a-f]* of session $S1: answered (inconclusive: no token in what an answer holds" "$T/join-$LAST.log" ||
     fail "the last rank's node does not log its answer as inconclusive: $(grep audit "$T/join-$LAST.log" | tail -3)"
@@ -68,7 +72,7 @@ echo "ok   a 120-token prompt: the last rank's audit opens at most 9 positions, 
 S2=$(gen 1,50,100,200 40)
 [ -n "$S2" ] && [ "$S2" != "$S1" ] || fail "no new session id in rank 0's node's log"
 wait_for 60 has_audit "$S2" 2 || fail "no audit of the last rank's work on session $S2"
-audited "$S2" 2 | grep -q "): pass$" || fail "the last rank's audit of session $S2: $(audited "$S2" 2)"
+audited "$S2" 2 | grep -q "): pass\( (.*)\)\?$" || fail "the last rank's audit of session $S2: $(audited "$S2" 2)"
 echo "ok   a short prompt: the last rank's audit reaches a sampled token and passes on recomputation"
 
 # ---- the market again, with room for 579 positions (2 MiB): a 480-token prompt's audit of the
@@ -83,10 +87,51 @@ LONG=$(python3 -c 'print(",".join(str(1 + (i * 37) % 500) for i in range(480)))'
 S3=$(gen "$LONG" 4)
 [ -n "$S3" ] && [ "$S3" != "$S2" ] || fail "no new session id in rank 0's node's log"
 wait_for 60 has_audit "$S3" 2 || fail "no audit of the last rank's work on session $S3: $(grep audit "$T/market.log" | tail -4)"
-audited "$S3" 2 | grep -q "): pass$" || fail "the last rank's audit of session $S3: $(audited "$S3" 2)"
+audited "$S3" 2 | grep -q "): pass\( (.*)\)\?$" || fail "the last rank's audit of session $S3: $(audited "$S3" 2)"
 grep -q "audit [0-9a-f]*: answer of [0-9]* bytes sent in [2-9] parts" "$T/join-$LAST.log" ||
     fail "the last rank's node did not send its answer in parts: $(grep audit "$T/join-$LAST.log" | tail -3)"
 echo "ok   a 480-token prompt: the last rank's answer goes in parts ($(grep -o "answer of [0-9]* bytes sent in [0-9]* parts" "$T/join-$LAST.log" | tail -1)) and passes on recomputation"
+
+# ---- drafting (docs/ring.md, "Drafting"): a TOKEN carries several tokens (the drafts it accepted
+# and one more) and, with logits asked for, each one's logits; its leaf is a summary of it
+# (docs/market.md, "Audits"). A prompt whose greedy continuation repeats it, so prompt-lookup
+# drafts are accepted; greedy and seeded sessions with logits, until an audit of the last rank
+# judged a TOKEN of several tokens with its logits compared, and one of rank 0 checked the ids
+# a TOKEN's accepted drafts gave against it. Every audit of them passes.
+gen_p() { # TEXT N ARGS...: one session from a text prompt; prints its id
+    local text=$1 n=$2
+    shift 2
+    "$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" -p "$text" -n "$n" \
+        --ignore-eos --ids "$@" >"$T/gen.out" 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
+    grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | tail -1 | cut -d' ' -f2
+}
+P="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. Once upon a time"
+SEEN_LAST=""; SEEN_R0=""; PREV=$S3; k=0
+# (the audited position is drawn at random, and the TOKEN it finds may carry one token: each
+# session finds what is looked for with odds of about a third, so 20 fail together about once in
+# 4000 runs)
+while [ $k -lt 20 ] && { [ -z "$SEEN_LAST" ] || [ -z "$SEEN_R0" ]; }; do
+    k=$((k + 1))
+    if [ $((k % 2)) = 1 ]; then SAMP="--temp 0"; else SAMP="--temp 0.8 --seed $k"; fi
+    # shellcheck disable=SC2086
+    SD=$(gen_p "$P" 80 $SAMP --draft lookup --draft-max 4 --dump-logits "$T/logits.bin")
+    [ -n "$SD" ] && [ "$SD" != "$PREV" ] || fail "no new session id in rank 0's node's log"
+    PREV=$SD
+    grep -q "^drafts: [0-9]* proposed, [1-9][0-9]* accepted" "$T/gen.err" ||
+        fail "session $SD accepted no draft: $(tail -2 "$T/gen.err")"
+    for r in 0 2; do
+        wait_for 60 has_audit "$SD" $r || fail "no audit of rank $r's work on session $SD"
+        audited "$SD" $r | grep -q "): pass\( (.*)\)\?$" ||
+            fail "rank $r's audit of drafting session $SD ($SAMP): $(audited "$SD" $r)"
+    done
+    audited "$SD" 2 | grep -q "TOKEN's \([2-9]\|1[0-5]\) tokens judged, its logits compared" &&
+        SEEN_LAST="$SD ($SAMP)"
+    audited "$SD" 0 | grep -q "checked, [1-9][0-9]* of them drafts they accepted" && SEEN_R0="$SD ($SAMP)"
+done
+[ -n "$SEEN_LAST" ] || fail "in $k drafting sessions no audit of the last rank judged a TOKEN of several tokens with its logits: $(grep "rank 2, session" "$T/market.log" | tail -3)"
+[ -n "$SEEN_R0" ] || fail "in $k drafting sessions no audit of rank 0 checked ids from accepted drafts: $(grep "rank 0, session" "$T/market.log" | tail -3)"
+echo "ok   drafting with logits, $k sessions: the last rank's audit judged a TOKEN of several tokens and its logits (session $SEEN_LAST); rank 0's checked the ids drafts gave against the TOKENs received (session $SEEN_R0)"
+grep "rank 0, session ${SEEN_R0%% *}" "$T/market.log" | tail -1 | sed 's/^.*pass/     pass/'
 
 grep -q "audit [0-9a-f]* of node .*: fail" "$T/market.log" &&
     fail "an audit failed: $(grep "audit [0-9a-f]* of node .*: fail" "$T/market.log")"

@@ -6,7 +6,10 @@
  * the settlement sweep reaches every pending session however many there are; and the
  * known-answer probes' checks, challenges and judgements (kvd/market/probe.c), and an audit's
  * answer in parts: out of order, another count or past the budget refused, in order judged
- * whole with nothing left kept, rows out of place failing the node (kvd/market/audit.c).
+ * whole with nothing left kept, rows out of place failing the node (kvd/market/audit.c); and
+ * rank 0's audit: the ids it embedded after its prompt against the TOKENs it received, with
+ * drafts accepted and rejected, a session ended with rejected drafts and a history a replay
+ * cleared passing, and a rank 0 that fed a token no TOKEN gave failing.
  * With KV_MARKET_PG=postgres://... (tests/integration/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
@@ -549,6 +552,192 @@ T_CASE(audit_parts)
     kvd_market__store_close(st);
 }
 
+/* ---- rank 0's audit: the ids it fed against the TOKENs it received ---- */
+
+#define FC_N 12   /* positions [0, 12): a prompt of 4, then generation with drafts */
+
+/* The session (one rank 0 of 3 ran): prompt 0..3; TOKEN at leaf 3 gives 4 = 50; the pass at 4
+ * feeds 50 and drafts 61 62 63 at 5..7, and its TOKEN (leaf 4) accepts 61 62 and gives 70 at 7;
+ * the pass at 7 feeds 70 with drafts 81 82, its TOKEN (leaf 7) rejects both and gives 90 at 8;
+ * the pass at 8 gives 91 at 9 (leaf 8); the pass at 9 feeds 91 and drafts 101 102 at 10, 11,
+ * and its TOKEN (leaf 9) accepts 101 and gives 110 at 11: the session ends there, 102 stays fed
+ * at 11 (rejected). */
+static const int32_t fc_ids[FC_N] = {1, 2, 3, 4, 50, 61, 62, 70, 90, 91, 101, 102};
+struct fc_tok {
+    uint32_t leaf, n;
+    int32_t t[3];
+};
+static const struct fc_tok fc_toks[] = {{3, 1, {50}}, {4, 3, {61, 62, 70}}, {7, 1, {90}},
+                                        {8, 1, {91}}, {9, 2, {101, 110}}};
+
+/* leaf pos's received row (a TOKEN summary, or none) into row: its length */
+static size_t fc_row(const struct fc_tok *toks, size_t nt, uint32_t pos, uint8_t *row)
+{
+    for (size_t i = 0; i < nt; i++) {
+        if (toks[i].leaf != pos)
+            continue;
+        uint8_t p[64];
+        size_t o = 0, sl, lg;
+        for (uint32_t k = 0; k < toks[i].n; k++, o += 4)
+            util_le32_put(p + o, (uint32_t)toks[i].t[k]);
+        for (uint32_t k = 0; k < toks[i].n; k++, o += 4)
+            memset(p + o, 0, 4);   /* logprob 0 */
+        T_CHECK(ring_token_leaf_make(p, o, toks[i].n, 256, row, &sl, &lg) == 0, "summary at %u", pos);
+        return sl;
+    }
+    return 0;
+}
+
+static cJSON *fc_opening(uint8_t (*leaves)[32], uint32_t pos, const void *row, size_t len)
+{
+    char b64[RING_TOKEN_LEAF_MAX * 2], hex[65];
+    b64[0] = 0;
+    if (len)
+        EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)row, (int)len);
+    uint8_t path[RING_MERKLE_DEPTH_MAX][32];
+    size_t plen = 0;
+    ring_merkle_proof((const uint8_t (*)[32])leaves, FC_N, pos, path, &plen);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "pos", pos);
+    cJSON_AddStringToObject(o, "row", b64);
+    cJSON *pa = cJSON_AddArrayToObject(o, "path");
+    for (size_t k = 0; k < plen; k++) {
+        util_hex_encode(path[k], 32, hex);
+        cJSON_AddItemToArray(pa, cJSON_CreateString(hex));
+    }
+    return o;
+}
+
+/* An audit of rank 0 at position q of a session whose received TOKENs are toks (its received
+ * side, of rank 2, in), answered with the ids ids (the sent rows are the fixed ap_row ones):
+ * the answer's return code, its verdict in *v. */
+static int fc_audit(struct kvd_market_store *st, struct kvd_market_audit *au, const char *session,
+                    const struct fc_tok *toks, size_t nt, const int32_t *ids, uint32_t q,
+                    bool with_received, const char **v, char *why, size_t wn)
+{
+    static uint8_t sent[FC_N][32], recv[FC_N][32];
+    uint8_t rows[FC_N][RING_TOKEN_LEAF_MAX];
+    size_t lens[FC_N];
+    for (uint32_t p = 0; p < FC_N; p++) {
+        float x[AP_E];
+        ap_row(p, KVD_SIDE_SENT, x);
+        ring_merkle_leaf(p, x, sizeof x, sent[p]);
+        lens[p] = fc_row(toks, nt, p, rows[p]);
+        ring_merkle_leaf(p, lens[p] ? rows[p] : NULL, lens[p], recv[p]);
+    }
+    uint8_t sr[32], rr[32];
+    char shex[65];
+    ring_merkle_root((const uint8_t (*)[32])sent, FC_N, sr);
+    ring_merkle_root((const uint8_t (*)[32])recv, FC_N, rr);
+    util_hex_encode(sr, 32, shex);
+    struct kvd_market_receipt rc = {.rank = 2, .t0 = 0, .t1 = FC_N, .side = KVD_SIDE_RECEIVED};
+    snprintf(rc.session, sizeof rc.session, "%s", session);
+    snprintf(rc.model, sizeof rc.model, "m");
+    snprintf(rc.node, sizeof rc.node, "n1");
+    util_hex_encode(rr, 32, rc.digest);
+    T_CHECK(st->ops->receipt_put(st->impl, &rc) == 0, "the received side in");
+    struct kvd_market_audit_work w = {.model = "m", .node = "n1", .session = session,
+                                      .digest = shex, .rank = 0, .n_ranks = 3, .window = 0,
+                                      .first = 0, .last = 0, .n_embd = AP_E, .t0 = 0, .t1 = FC_N};
+    T_CHECK(kvd_market__audit_note(au, &w, 1000) == 0, "audit drawn");
+    cJSON *r = kvd_market__blob_load(st, "audit/m/n1");
+    util_json_set(cJSON_GetObjectItemCaseSensitive(r, "pending"), "position", cJSON_CreateNumber(q));
+    T_CHECK(kvd_market__blob_save(st, "audit/m/n1", r) == 0, "position set");
+    cJSON_Delete(r);
+    cJSON *ch = NULL;
+    T_CHECK(kvd_market__audit_due(au, "m", "n1", 1001, &ch, why, wn) == 0 && ch, "a challenge");
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "id", util_json_string(ch, "id") ? util_json_string(ch, "id") : "");
+    cJSON_Delete(ch);
+    float x[AP_E];
+    ap_row(q, KVD_SIDE_SENT, x);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "outputs"), fc_opening(sent, q, x, sizeof x));
+    cJSON *in = with_received ? cJSON_AddArrayToObject(b, "received") : NULL;
+    cJSON *t = cJSON_AddArrayToObject(b, "token_ids");
+    for (uint32_t p = 0; p <= q; p++) {
+        if (in)
+            cJSON_AddItemToArray(in, fc_opening(recv, p, rows[p], lens[p]));
+        cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[p]));
+    }
+    bool settled;
+    int rc2 = kvd_market__audit_answer(au, "m", "n1", b, 1002, &settled, v, why, wn);
+    cJSON_Delete(b);
+    return rc2;
+}
+
+T_CASE(audit_rank0_feed)
+{
+    struct kvd_market_store *st = open_store("fc.db", true);
+    T_ASSERT(st, "no store");
+    struct kvd_market_config cfg;
+    kvd_market__config_default(&cfg);
+    cfg.audit_rate = 1;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct kvd_market_audit *au = NULL;
+    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    const size_t nt = sizeof fc_toks / sizeof fc_toks[0];
+    char why[512], sid[17];
+    const char *v = "";
+    int32_t ids[FC_N];
+    int k = 0, rc;
+    /* honest: every position, drafts accepted and rejected, the session's end */
+    for (uint32_t q = 0; q < FC_N; q++) {
+        snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+        rc = fc_audit(st, au, sid, fc_toks, nt, fc_ids, q, true, &v, why, sizeof why);
+        T_CHECK(rc == 0 && !strcmp(v, "pass"), "honest, position %u: rc %d (%s)", q, rc, why);
+    }
+    /* rank 0 fed a token no TOKEN gave: the one after a TOKEN, an accepted draft, the one
+     * after a rejected draft, the last one whose TOKEN came */
+    const uint32_t bad_at[] = {4, 6, 8, 9, 10};
+    for (size_t i = 0; i < sizeof bad_at / sizeof bad_at[0]; i++) {
+        memcpy(ids, fc_ids, sizeof ids);
+        ids[bad_at[i]] += 7;
+        snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+        rc = fc_audit(st, au, sid, fc_toks, nt, ids, FC_N - 1, true, &v, why, sizeof why);
+        T_CHECK(rc == -EBADMSG && strstr(why, "rank 0 embedded token"),
+                "fed wrong at %u: rc %d (%s)", bad_at[i], rc, why);
+    }
+    /* ... and audited at that position itself, or before it: caught, or nothing to see yet */
+    memcpy(ids, fc_ids, sizeof ids);
+    ids[8] = 33;
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, fc_toks, nt, ids, 8, true, &v, why, sizeof why);
+    T_CHECK(rc == -EBADMSG, "fed wrong at 8, audited at 8: rc %d (%s)", rc, why);
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, fc_toks, nt, ids, 7, true, &v, why, sizeof why);
+    T_CHECK(rc == 0 && !strcmp(v, "pass"), "fed wrong at 8, audited at 7: rc %d (%s)", rc, why);
+    /* the rejected draft left at the end is no token of a TOKEN: any id passes there */
+    memcpy(ids, fc_ids, sizeof ids);
+    ids[11] = 5;
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, fc_toks, nt, ids, FC_N - 1, true, &v, why, sizeof why);
+    T_CHECK(rc == 0, "a rejected draft at the end: rc %d (%s)", rc, why);
+    /* a TOKEN that does not follow from the one before (its leaf skips what that one gave) */
+    const struct fc_tok gap[] = {{3, 1, {50}}, {4, 2, {61, 62}}, {7, 1, {90}}, {8, 1, {91}}};
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, gap, 4, fc_ids, 9, true, &v, why, sizeof why);
+    T_CHECK(rc == -EBADMSG && strstr(why, "the one before gave"), "a gap: rc %d (%s)", rc, why);
+    /* a replay cleared the history's TOKENs: from the first one left on, checked */
+    const struct fc_tok replayed[] = {{7, 1, {90}}, {8, 1, {91}}, {9, 2, {101, 110}}};
+    memcpy(ids, fc_ids, sizeof ids);
+    ids[5] = 3;   /* the history: not a TOKEN's any more */
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, replayed, 3, ids, FC_N - 1, true, &v, why, sizeof why);
+    T_CHECK(rc == 0 && !strcmp(v, "pass"), "a replayed history: rc %d (%s)", rc, why);
+    ids[9] = 3;
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, replayed, 3, ids, FC_N - 1, true, &v, why, sizeof why);
+    T_CHECK(rc == -EBADMSG, "a replayed history, fed wrong after it: rc %d (%s)", rc, why);
+    /* the received TOKENs left out: refused (a retry may bring them) */
+    snprintf(sid, sizeof sid, "00000000000000%02x", k++);
+    rc = fc_audit(st, au, sid, fc_toks, nt, fc_ids, FC_N - 1, false, &v, why, sizeof why);
+    T_CHECK(rc == -EINVAL && strstr(why, "received"), "no received openings: rc %d (%s)", rc, why);
+    kvd_market__audit_free(au);
+    uv_loop_close(&loop);
+    kvd_market__store_close(st);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -561,5 +750,6 @@ int main(int argc, char **argv)
     T_RUN(sweep_walks_every_pending);
     T_RUN(reward_formula);
     T_RUN(audit_parts);
+    T_RUN(audit_rank0_feed);
     return T_DONE();
 }

@@ -1,10 +1,15 @@
 /* test-ring-merkle — the receipts' Merkle tree (ring/merkle.c): leaf and node hashes
  * against SHA-256 computed here, the shapes of small trees (the odd node promoted), every
  * proof of every leaf of trees of 1 to 70 leaves verifying, and refusals: another row, another
- * position, another index, a path cut short or too long, a flipped bit. */
+ * position, another index, a path cut short or too long, a flipped bit. A TOKEN's leaf: its
+ * summary made from payloads with and without drafts and logits, read back, and refusals of
+ * payloads and summaries of the wrong shape. */
 #include <openssl/evp.h>
 
+#include <string.h>
+
 #include "ring/ring.h"
+#include "util/util.h"
 #include "tests/lib/t.h"
 
 static void sha(const void *p, size_t n, uint8_t out[32])
@@ -98,11 +103,81 @@ T_CASE(merkle_proofs)
             "a proof of a leaf past the end");
 }
 
+/* A TOKEN payload of n tokens, d drafts and (V > 0) n rows of V logits into p: its length. */
+static size_t token_payload(uint8_t *p, uint32_t n, uint32_t d, uint32_t V)
+{
+    size_t o = 0;
+    for (uint32_t i = 0; i < n; i++, o += 4)
+        util_le32_put(p + o, 100 + i);
+    for (uint32_t i = 0; i < n; i++, o += 4) {
+        float lp = -0.25f * (float)i;
+        memcpy(p + o, &lp, 4);
+    }
+    for (uint32_t i = 0; i < d; i++, o += 4)
+        util_le32_put(p + o, 200 + i);
+    for (uint32_t i = 0; i < n * V; i++, o += 4) {
+        float l = (float)i * 0.5f;
+        memcpy(p + o, &l, 4);
+    }
+    return o;
+}
+
+T_CASE(token_leaf)
+{
+    enum { V = 40 };
+    static uint8_t p[8 * RING_TOKENS_MAX + 4 * RING_DRAFTS_MAX + 4 * RING_TOKENS_MAX * V];
+    uint8_t sum[RING_TOKEN_LEAF_MAX], want[32];
+    size_t sl, lg;
+    struct ring_token_leaf t;
+    const uint32_t shapes[][3] = {{1, 0, 0}, {1, 0, V}, {3, 5, 0}, {3, 5, V}, {15, 14, V},
+                                  {1, 14, 0}, {15, 0, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        uint32_t n = shapes[s][0], d = shapes[s][1], v = shapes[s][2];
+        size_t len = token_payload(p, n, d, v);
+        T_CHECK(ring_token_leaf_make(p, len, n, V, sum, &sl, &lg) == 0, "shape %zu made", s);
+        T_CHECK(sl == 8 + 8 * n + 4 * d + (v ? 32 * n : 0) && lg == (v ? 8 * n + 4 * d : 0),
+                "shape %zu: %zu bytes, logits at %zu", s, sl, lg);
+        T_CHECK(ring_token_leaf_parse(sum, sl, &t) == 0 && t.n == n && t.n_drafts == d &&
+                (t.logits_sha != NULL) == (v > 0), "shape %zu read back", s);
+        T_CHECK(util_le32_get(t.tokens + 4 * (n - 1)) == 100 + n - 1 &&
+                (!d || util_le32_get(t.drafts + 4 * (d - 1)) == 200 + d - 1) &&
+                memcmp(t.logprobs, p + 4 * n, 4 * n) == 0, "shape %zu: its fields", s);
+        for (uint32_t i = 0; v && i < n; i++) {
+            sha(p + lg + (size_t)i * V * 4, V * 4, want);
+            T_CHECK(memcmp(t.logits_sha + 32 * i, want, 32) == 0, "shape %zu: logits %u hash", s, i);
+        }
+        /* cut by a byte, or a summary cut or grown: refused */
+        T_CHECK(ring_token_leaf_make(p, len - 1, n, V, sum, &sl, &lg) == -EINVAL ||
+                len - 1 < 8 * n, "shape %zu: a payload a byte short", s);
+        T_CHECK(ring_token_leaf_parse(sum, sl - 4, &t) == -EINVAL, "shape %zu: summary cut", s);
+    }
+    size_t len = token_payload(p, 2, 0, V);
+    T_CHECK(ring_token_leaf_make(p, len, 2, V, sum, &sl, &lg) == 0, "two tokens");
+    T_CHECK(ring_token_leaf_make(p, len, 3, V, sum, &sl, &lg) == -EINVAL, "logits of 2 tokens as 3");
+    T_CHECK(ring_token_leaf_make(p, len, 0, V, sum, &sl, &lg) == -EINVAL, "no token");
+    T_CHECK(ring_token_leaf_make(p, len + 4 * (RING_DRAFTS_MAX + 1), 2, V, sum, &sl, &lg) == -EINVAL,
+            "15 drafts beside logits");
+    T_CHECK(ring_token_leaf_make(p, len, RING_TOKENS_MAX + 1, V, sum, &sl, &lg) == -EINVAL,
+            "more tokens than a TOKEN carries");
+    /* a raw payload (an older protocol's leaf) is no summary; a bad count is malformed */
+    T_CHECK(ring_token_leaf_parse(p, len, &t) == -ENOENT, "a raw payload");
+    T_CHECK(ring_token_leaf_parse(sum, 4, &t) == -ENOENT, "4 bytes");
+    ring_token_leaf_make(p, token_payload(p, 1, 0, 0), 1, V, sum, &sl, &lg);
+    sum[4] = 0;
+    T_CHECK(ring_token_leaf_parse(sum, sl, &t) == -EINVAL, "0 tokens");
+    sum[4] = RING_TOKENS_MAX + 1;
+    T_CHECK(ring_token_leaf_parse(sum, sl, &t) == -EINVAL, "16 tokens");
+    sum[4] = 1;
+    sum[6] = RING_DRAFTS_MAX + 1;
+    T_CHECK(ring_token_leaf_parse(sum, sl, &t) == -EINVAL, "15 drafts");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
     T_RUN(merkle_hashes);
     T_RUN(merkle_shapes);
     T_RUN(merkle_proofs);
+    T_RUN(token_leaf);
     return T_DONE();
 }
