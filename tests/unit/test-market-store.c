@@ -9,7 +9,9 @@
  * whole with nothing left kept, rows out of place failing the node (kvd/market/audit.c); and
  * rank 0's audit: the ids it embedded after its prompt against the TOKENs it received, with
  * drafts accepted and rejected, a session ended with rejected drafts and a history a replay
- * cleared passing, and a rank 0 that fed a token no TOKEN gave failing.
+ * cleared passing, and a rank 0 that fed a token no TOKEN gave failing; and the honest answers
+ * to tests/lib/audit_fixture.h's audits (fuzz-audit's) passing, whole and in parts, the last
+ * rank's refused without its TOKEN's logits or with logits not its own.
  * With KV_MARKET_PG=postgres://... (tests/integration/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
@@ -21,6 +23,7 @@
 
 #include "tests/lib/t.h"
 #include "kvd/market/internal.h"
+#include "tests/lib/audit_fixture.h"
 #include "ring/ring.h"
 #include "util/err.h"
 #include "util/util.h"
@@ -738,6 +741,64 @@ T_CASE(audit_rank0_feed)
     kvd_market__store_close(st);
 }
 
+/* ---- the audits of tests/lib/audit_fixture.h (fuzz-audit's): honest answers of every kind
+ * pass, whole and in parts; the last rank's TOKEN logits must come with it and be its own ---- */
+
+static int fx_send(struct kvd_market_audit *au, const struct af *a, cJSON *b, const char **v,
+                   bool *settled, char *why, size_t n)
+{
+    int rc = kvd_market__audit_answer(au, "m", a->node, b, 1001, settled, v, why, n);
+    cJSON_Delete(b);
+    return rc;
+}
+
+T_CASE(audit_kinds)
+{
+    struct kvd_market_store *st = open_store("fx.db", true);
+    T_ASSERT(st, "no store");
+    struct kvd_market_config cfg;
+    kvd_market__config_default(&cfg);
+    cfg.audit_rate = 1;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct kvd_market_audit *au = NULL;
+    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    static struct af fx[AF_KINDS];
+    char *saved[AF_KINDS] = {0}, why[512];
+    const char *v = "";
+    bool settled;
+    int rc;
+    for (int k = 0; k < AF_KINDS; k++) {
+        af_build(&fx[k], (enum af_kind)k);
+        T_ASSERT(af_pending(st, au, &fx[k], 1000, &saved[k]) == 0, "kind %d pending", k);
+        rc = fx_send(au, &fx[k], af_answer(&fx[k]), &v, &settled, why, sizeof why);
+        T_CHECK(rc == 0 && settled && !strcmp(v, "pass"), "kind %d, whole: rc %d (%s)", k, rc, why);
+        T_CHECK(af_restore(st, &fx[k], saved[k]) == 0, "kind %d put back", k);
+        for (int i = 0; i < 3; i++) {
+            rc = fx_send(au, &fx[k], af_part(&fx[k], i, 3), &v, &settled, why, sizeof why);
+            T_CHECK(rc == 0 && !strcmp(v, i < 2 ? "more" : "pass"), "kind %d, part %d: rc %d %s (%s)",
+                    k, i, rc, v, why);
+        }
+    }
+    /* the last rank: its TOKEN's logits left out, or not its own */
+    const struct af *l = &fx[AF_LAST];
+    af_restore(st, l, saved[AF_LAST]);
+    cJSON *b = af_answer(l);
+    cJSON *outs = cJSON_GetObjectItemCaseSensitive(b, "outputs");
+    cJSON_DeleteItemFromObject(cJSON_GetArrayItem(outs, cJSON_GetArraySize(outs) - 1), "logits");
+    rc = fx_send(au, l, b, &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EINVAL && strstr(why, "logits"), "logits left out: rc %d (%s)", rc, why);
+    struct af forged = *l;
+    forged.logits[13][3] += 1.0f;
+    rc = fx_send(au, l, af_answer(&forged), &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EBADMSG && strstr(why, "hash"), "logits not its own: rc %d (%s)", rc, why);
+    for (int k = 0; k < AF_KINDS; k++)
+        free(saved[k]);
+    kvd_market__audit_free(au);
+    uv_loop_close(&loop);
+    kvd_market__store_close(st);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -751,5 +812,6 @@ int main(int argc, char **argv)
     T_RUN(reward_formula);
     T_RUN(audit_parts);
     T_RUN(audit_rank0_feed);
+    T_RUN(audit_kinds);
     return T_DONE();
 }
