@@ -100,6 +100,8 @@ struct kvd_stage_opts {
     const char *seed_listen;    /* "host:port": also seed the window/model held (seeder) */
     const char *receipts;       /* append each ended session's work receipts here as JSON
                                    lines (kvd join submits them; docs/market.md); NULL: none */
+    uint64_t rowlog_max;        /* with receipts: the row log's cap in bytes (audits answer
+                                   from it; 0: KVD_ROWLOG_MAX_BYTES) */
     /* Repair (docs/ring.md, "Repair"): is_standby starts this node as the manifest's standby
      * entry standby (rank -1), which takes over a dead rank when its predecessor dials it;
      * repair_wait_s: how long rank 0 pauses sessions waiting for a repair (set: repair_wait_set;

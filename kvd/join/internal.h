@@ -40,6 +40,7 @@ struct join {
     char api_url[300];          /* rank 0's API as clients reach it (http://HOST:PORT) */
     char *market_clients;       /* the market's paying clients, as the lines last written */
     uint64_t mem;
+    uint64_t rowlog_max;         /* the stage's row log cap (--rowlog) */
     int n_threads;
     uint32_t jitter_ms;
     struct net_identity *id;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <openssl/rand.h>
@@ -28,10 +29,12 @@ static void join_usage(FILE *f)
         "usage: kvd join --market URL --model ID --state-dir DIR [options]\n"
         "  Claims the best-rewarded free window of the model that fits, pulls it, waits for the\n"
         "  ring's manifest and runs as its stage (docs/market.md). Rank 0 serves clients on\n"
-        "  DIR/kvd.sock. Once every window has a stage, it stands by for a middle window\n"
+        "  DIR/kvd.sock. Once every window has a stage, it stands by for a window but rank 0's\n"
         "  instead: pulled ahead, named in the ring's roster, taking the rank over when its\n"
         "  stage dies (docs/market.md, \"Standbys\"; not with --relay).\n"
         "  --mem BYTES         memory for the window (K/M/G suffixes; default: half of MemAvailable)\n"
+        "  --rowlog BYTES      disk for the rows kept for audits, DIR/rows (default: a quarter of\n"
+        "                      the space free there at start, 1G to 64G)\n"
         "  --listen HOST:PORT  where the predecessor connects (default 127.0.0.1 and a free port;\n"
         "                      PORT 0: a free one, bound first and advertised)\n"
         "  --advertise HOST:PORT  the endpoint the market publishes, when not --listen's (a\n"
@@ -50,6 +53,16 @@ static void join_usage(FILE *f)
         "  --move-ratio R      move to a free window worth R x ours or more (default 1.5) ...\n"
         "  --move-after-s S    ... once that has lasted S s and no session runs (default 120)\n"
         "  --log-level L       error|warn|info|debug (default info)\n");
+}
+
+/* The row log's default cap: a quarter of the space free in DIR now, between 1 GiB and 64 GiB
+ * (a busy node of a 4096-wide model logs about 32 KiB a position, and an audit comes minutes
+ * after the session: 1 GiB may hold less than that). */
+static uint64_t rowlog_default(const char *dir)
+{
+    struct statvfs v;
+    uint64_t q = statvfs(dir, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize / 4 : 0;
+    return q < (1ull << 30) ? 1ull << 30 : q > (64ull << 30) ? 64ull << 30 : q;
 }
 
 static uint64_t mem_default(void)
@@ -148,7 +161,12 @@ int kvd_join_main(int argc, char **argv)
             *(ratio ? &j.move_ratio : &j.move_after_s) = d;
         } else if (!strcmp(a, "--ca"))
             ring_market_set_ca(v);   /* an https:// market's certificate chains to this CA */
-        else if (!strcmp(a, "--mem") || !strcmp(a, "-t") || !strcmp(a, "--jitter-ms")) {
+        else if (!strcmp(a, "--rowlog")) {
+            if (util_parse_u64(v, 1ull << 20, 1ull << 50, UTIL_PARSE_SUFFIX, &j.rowlog_max, NULL, 0) < 0) {
+                fprintf(stderr, "kvd join: bad value '%s' for %s (bytes, 1M or more)\n", v, a);
+                return 2;
+            }
+        } else if (!strcmp(a, "--mem") || !strcmp(a, "-t") || !strcmp(a, "--jitter-ms")) {
             bool mem = a[2] == 'm';
             if (util_parse_u64(v, mem ? 1 << 16 : 0, mem ? 1ull << 50 : 600000,
                                mem ? UTIL_PARSE_SUFFIX : 0, &x, NULL, 0) < 0) {
@@ -216,6 +234,8 @@ int kvd_join_main(int argc, char **argv)
         return 1;
     }
     util_hex_encode(net_identity_pub(j.id), 32, j.node);
+    if (!j.rowlog_max)
+        j.rowlog_max = rowlog_default(j.dir);
     if (!j.listen && !j.relay) {
         if (free_port(listen_buf, sizeof listen_buf)) {
             fprintf(stderr, "kvd join: no free port on 127.0.0.1 (pass --listen)\n");

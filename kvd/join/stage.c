@@ -163,6 +163,7 @@ static int stage_start(struct join *j, int rank)
                                    .catalog = j->catalog_path, .n_threads = j->n_threads,
                                    .listen = j->relay ? NULL : j->listen,
                                    .receipts = j->receipts_path, .roster = j->roster_path,
+                                   .rowlog_max = j->rowlog_max,
                                    .cl = KERN_CL_OPTS_INIT};
         if (rank < 0)   /* the roster's standby entry for our key, for our window's rank */
             o.is_standby = o.standby_by_key = true;

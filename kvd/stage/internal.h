@@ -673,10 +673,11 @@ void kvd_receipt_park_free(struct stage *st);
 /* rowlog.c: the row log of the sessions whose receipts this stage wrote, kept for audits
  * (docs/market.md, "Audits"): DIR/rows/<session>.rows, one record per row, u8 kind | u32le pos
  * | u32le len | len bytes; files older than KVD_ROWLOG_KEEP_S go, and the oldest first while
- * they hold more than KVD_ROWLOG_MAX_BYTES. Only with o.receipts. */
+ * they hold more than o.rowlog_max (KVD_ROWLOG_MAX_BYTES without). Only with o.receipts. */
 enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3, KVD_ROWLOG_LOGITS = 4 };
 #define KVD_ROWLOG_KEEP_S 3600
-#define KVD_ROWLOG_MAX_BYTES (1ull << 30)
+#define KVD_ROWLOG_MAX_BYTES (1ull << 30)   /* the cap without o.rowlog_max */
+#define KVD_ROWLOG_YOUNG_S 900              /* a session this recent may still be audited */
 /* The session's log, opened for appending: a descriptor, or -1 (logged) when it cannot be. */
 int kvd_rowlog_open(struct stage *st, uint64_t session);
 /* Append a record (nothing for fd -1). */

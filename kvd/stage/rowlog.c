@@ -1,7 +1,7 @@
 /* rowlog.c — the row log (docs/market.md, "Audits"): the boundary rows a stage received and
  * sent for each session it wrote receipts of, and on rank 0 the token ids it embedded, kept
- * in DIR/rows/<session>.rows for KVD_ROWLOG_KEEP_S (one hour) and at most
- * KVD_ROWLOG_MAX_BYTES in all (the oldest files go first). The market audits credited work
+ * in DIR/rows/<session>.rows for KVD_ROWLOG_KEEP_S (one hour) and at most o.rowlog_max bytes
+ * in all (kvd join --rowlog; KVD_ROWLOG_MAX_BYTES without; the oldest files go first). The market audits credited work
  * after the fact: kvd join answers an audit from this log (kvd_stage_audit), opening the rows
  * of one session with Merkle proofs against the roots its receipts committed to.
  *
@@ -81,8 +81,9 @@ static int by_age(const void *a, const void *b)
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
 }
 
-/* Drop the files past the retention time, then the oldest while the rest exceed the cap. */
-static void sweep(const char *state_dir)
+/* Drop the files past the retention time, then the oldest while the rest exceed max, saying so
+ * when that takes a session young enough to be audited yet (its audit would fail). */
+static void sweep(const char *state_dir, uint64_t max)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/rows", dir_of(state_dir));
@@ -116,11 +117,22 @@ static void sweep(const char *state_dir)
     }
     closedir(d);
     qsort(v, n, sizeof *v, by_age);
-    for (size_t i = 0; i < n && total > KVD_ROWLOG_MAX_BYTES; i++) {
+    size_t young = 0;
+    time_t youngest = 0;
+    for (size_t i = 0; i < n && total > max; i++) {
         snprintf(path, sizeof path, "%s/rows/%s", dir_of(state_dir), v[i].name);
         unlink(path);
         total -= (uint64_t)v[i].size;
+        if (now - v[i].mtime < KVD_ROWLOG_YOUNG_S) {
+            young++;
+            youngest = v[i].mtime;
+        }
     }
+    if (young)
+        kvd_log(KVD_LOG_WARN, "row log: at its cap of %" PRIu64 " MiB, the rows of %zu sessions that "
+                "ended within %d s went (the last %lld s ago): an audit of them would fail; give "
+                "it more room (kvd join --rowlog)", max >> 20, young, KVD_ROWLOG_YOUNG_S,
+                (long long)(now - youngest));
     free(v);
 }
 
@@ -132,101 +144,142 @@ void kvd_rowlog_close(struct stage *st, int fd)
     double now = util_now_s();
     if (now - last >= ROWLOG_SWEEP_S) {
         last = now;
-        sweep(st->o.state_dir);
+        sweep(st->o.state_dir, st->o.rowlog_max ? st->o.rowlog_max : KVD_ROWLOG_MAX_BYTES);
     }
 }
 
 /* ---- answering an audit (kvd join) ---- */
 
-/* One side's rows of the session over the audited range [t0, t1): pointers into the log. */
+/* One side's rows of the session over the audited range [t0, t1): each position's leaf, and
+ * the rows an answer may open (those before keep_end; NULL: none). */
 struct side {
-    const uint8_t **row;
+    uint8_t **row;
     uint32_t *len;
+    uint8_t (*leaf)[32];   /* sent and received only */
 };
 
 struct audit_log {
-    uint8_t *buf;
-    size_t size;
-    uint32_t t0, t1;
+    uint32_t t0, t1, keep_end;
     struct side recv, sent, logits;   /* logits: the last rank's first token's, by TOKEN */
     int32_t *tok;
     uint8_t *has_tok;
 };
 
+static void side_free(struct side *sd, uint32_t n)
+{
+    for (uint32_t i = 0; sd->row && i < n; i++)
+        free(sd->row[i]);
+    free(sd->row);
+    free(sd->len);
+    free(sd->leaf);
+}
+
 static void audit_log_free(struct audit_log *l)
 {
-    free(l->buf);
-    free(l->recv.row);
-    free(l->recv.len);
-    free(l->sent.row);
-    free(l->sent.len);
-    free(l->logits.row);
-    free(l->logits.len);
+    side_free(&l->recv, l->t1 - l->t0);
+    side_free(&l->sent, l->t1 - l->t0);
+    side_free(&l->logits, l->t1 - l->t0);
     free(l->tok);
     free(l->has_tok);
 }
 
-/* Read the session's log and index its rows over [t0, t1): 0, or negative with err. */
+/* Position t0 + i of side sd is the row b[len] (NULL: no row): its leaf, and the row itself
+ * when it is one an answer may open. 0, or -ENOMEM. */
+static int side_put(const struct audit_log *l, struct side *sd, uint32_t i, const uint8_t *b,
+                    uint32_t len)
+{
+    if (sd->leaf)
+        ring_merkle_leaf(l->t0 + i, b, b ? len : 0, sd->leaf[i]);
+    if (l->t0 + i >= l->keep_end)
+        return 0;
+    free(sd->row[i]);
+    sd->row[i] = NULL;
+    sd->len[i] = 0;
+    if (b && !(sd->row[i] = malloc(len + 1u)))
+        return -ENOMEM;
+    if (b) {
+        memcpy(sd->row[i], b, len);
+        sd->len[i] = len;
+    }
+    return 0;
+}
+
+/* Read the session's log, record by record (a long session's log can be larger than memory
+ * should hold), into the leaves of its rows over [t0, t1) and the rows before keep_end: 0, or
+ * negative with err. */
 static int audit_log_load(struct audit_log *l, const char *state_dir, const char *session,
-                          uint32_t t0, uint32_t t1, char *err, size_t errlen)
+                          uint32_t t0, uint32_t t1, uint32_t keep_end, char *err, size_t errlen)
 {
     char path[4200];
     size_t n = t1 - t0;
     snprintf(path, sizeof path, "%s/rows/%s.rows", dir_of(state_dir), session);
-    *l = (struct audit_log){.t0 = t0, .t1 = t1};
+    *l = (struct audit_log){.t0 = t0, .t1 = t1, .keep_end = keep_end};
     FILE *f = fopen(path, "rb");
-    struct stat sb;
-    if (!f || fstat(fileno(f), &sb) || (uint64_t)sb.st_size > KVD_ROWLOG_MAX_BYTES) {
-        snprintf(err, errlen, "row log %s: %s", path, f ? "too large" : strerror(errno));
-        if (f)
-            fclose(f);
+    if (!f) {
+        snprintf(err, errlen, "row log %s: %s", path, strerror(errno));
         return -ENOENT;
     }
-    l->size = (size_t)sb.st_size;
-    l->buf = malloc(l->size + 1);
-    l->recv.row = calloc(n, sizeof *l->recv.row);
-    l->recv.len = calloc(n, sizeof *l->recv.len);
-    l->sent.row = calloc(n, sizeof *l->sent.row);
-    l->sent.len = calloc(n, sizeof *l->sent.len);
-    l->logits.row = calloc(n, sizeof *l->logits.row);
-    l->logits.len = calloc(n, sizeof *l->logits.len);
+    struct side *sides[] = {&l->recv, &l->sent, &l->logits};
+    bool ok = true;
+    for (int k = 0; k < 3; k++) {
+        sides[k]->row = calloc(n, sizeof *sides[k]->row);
+        sides[k]->len = calloc(n, sizeof *sides[k]->len);
+        ok = ok && sides[k]->row && sides[k]->len;
+    }
+    l->recv.leaf = malloc(n * 32);
+    l->sent.leaf = malloc(n * 32);
     l->tok = calloc(n, sizeof *l->tok);
     l->has_tok = calloc(n, 1);
-    bool ok = l->buf && l->recv.row && l->recv.len && l->sent.row && l->sent.len &&
-              l->logits.row && l->logits.len && l->tok && l->has_tok && fread(l->buf, 1, l->size, f) == l->size;
-    fclose(f);
-    if (!ok) {
-        snprintf(err, errlen, "row log %s: cannot read it (%zu bytes)", path, l->size);
-        audit_log_free(l);
-        return -EIO;
+    ok = ok && l->recv.leaf && l->sent.leaf && l->tok && l->has_tok;
+    for (uint32_t i = 0; ok && i < n; i++) {   /* a position never logged: no row */
+        ring_merkle_leaf(t0 + i, NULL, 0, l->recv.leaf[i]);
+        memcpy(l->sent.leaf[i], l->recv.leaf[i], 32);
     }
-    for (size_t off = 0; off + 9 <= l->size;) {
-        uint8_t kind = l->buf[off];
-        uint32_t pos = util_le32_get(l->buf + off + 1), len = util_le32_get(l->buf + off + 5);
-        if (len > l->size - off - 9)
-            break;   /* cut short (the stage died writing it): what came before holds */
-        const uint8_t *row = l->buf + off + 9;
-        off += 9 + (size_t)len;
-        if (pos < t0 || pos >= t1)
+    uint8_t h[9], *buf = NULL;
+    size_t cap = 0;
+    int rc = ok ? 0 : -ENOMEM;
+    while (rc == 0 && fread(h, 1, 9, f) == 9) {
+        uint8_t kind = h[0];
+        uint32_t pos = util_le32_get(h + 1), len = util_le32_get(h + 5);
+        if (len > ROWLOG_RECORD_MAX)
+            break;   /* no record of ours: what came before holds */
+        if (pos < t0 || pos >= t1) {
+            if (fseek(f, len, SEEK_CUR))
+                break;
             continue;
+        }
+        if (len > cap) {
+            uint8_t *nb = realloc(buf, len);
+            if (!nb) {
+                rc = -ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap = len;
+        }
+        if (len && fread(buf, 1, len, f) != len)
+            break;   /* cut short (the stage died writing it): what came before holds */
         uint32_t i = pos - t0;
-        if (len == 0 && kind != KVD_ROWLOG_TOKEN)
-            row = NULL;   /* no row here after all: a replay cleared its TOKEN leaf */
-        if (kind == KVD_ROWLOG_RECEIVED) {
-            l->recv.row[i] = row;
-            l->recv.len[i] = len;
-        } else if (kind == KVD_ROWLOG_SENT) {
-            l->sent.row[i] = row;
-            l->sent.len[i] = len;
-        } else if (kind == KVD_ROWLOG_LOGITS) {
-            l->logits.row[i] = row;
-            l->logits.len[i] = len;
-        } else if (kind == KVD_ROWLOG_TOKEN && len == 4) {
-            l->tok[i] = (int32_t)util_le32_get(row);
+        /* an empty row record: no row here after all (a replay cleared its TOKEN leaf) */
+        const uint8_t *row = len ? buf : NULL;
+        if (kind == KVD_ROWLOG_RECEIVED)
+            rc = side_put(l, &l->recv, i, row, len);
+        else if (kind == KVD_ROWLOG_SENT)
+            rc = side_put(l, &l->sent, i, row, len);
+        else if (kind == KVD_ROWLOG_LOGITS)
+            rc = side_put(l, &l->logits, i, row, len);
+        else if (kind == KVD_ROWLOG_TOKEN && len == 4) {
+            l->tok[i] = (int32_t)util_le32_get(buf);
             l->has_tok[i] = 1;
         }
     }
-    return 0;
+    free(buf);
+    fclose(f);
+    if (rc) {
+        snprintf(err, errlen, "row log %s: out of memory", path);
+        audit_log_free(l);
+    }
+    return rc;
 }
 
 /* o[name]: base64 of len bytes at b: 0, or -ENOMEM. */
@@ -268,15 +321,6 @@ static cJSON *opening(const struct audit_log *l, const struct side *sd, uint8_t 
     return o;
 }
 
-static uint8_t (*side_leaves(const struct audit_log *l, const struct side *sd))[32]
-{
-    uint32_t n = l->t1 - l->t0;
-    uint8_t (*v)[32] = malloc((size_t)n * 32 + 32);
-    for (uint32_t i = 0; v && i < n; i++)
-        ring_merkle_leaf(l->t0 + i, sd->row[i], sd->row[i] ? sd->len[i] : 0, v[i]);
-    return v;
-}
-
 int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer, char *err,
                     size_t errlen)
 {
@@ -298,22 +342,23 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
         return -EINVAL;
     }
     uint32_t t0 = (uint32_t)t0d, t1 = (uint32_t)t1d, p = (uint32_t)pd;
-    struct audit_log l;
-    int rc = audit_log_load(&l, state_dir, sj->valuestring, t0, t1, err, errlen);
-    if (rc) {
-        cJSON_Delete(c);
-        return rc;
-    }
     /* the output: the sent row at p; the last rank's the first TOKEN at or after p (a prompt
      * row samples none), with the empty leaves before it opened to show there was none, but
      * no further than max_positions from t0 (the inputs t0 .. q must fit in the answer: the
      * market passes a run of empties that reaches it) */
     double mp = util_json_number(c, "max_positions", 0);
     uint32_t cap = mp >= 1 && mp < (double)(t1 - t0) ? (uint32_t)mp : t1 - t0;
+    struct audit_log l;
+    int rc = audit_log_load(&l, state_dir, sj->valuestring, t0, t1,
+                            p >= t0 + cap ? p + 1 : t0 + cap, err, errlen);
+    if (rc) {
+        cJSON_Delete(c);
+        return rc;
+    }
     uint32_t q = p;
     while (head && q + 1 < t1 && q + 1 - t0 < cap && !l.sent.row[q - t0])
         q++;
-    uint8_t (*sl)[32] = side_leaves(&l, &l.sent), (*rl)[32] = side_leaves(&l, &l.recv);
+    uint8_t (*sl)[32] = l.sent.leaf, (*rl)[32] = l.recv.leaf;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "id", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(c, "id"), 0));
     cJSON *outs = cJSON_AddArrayToObject(o, "outputs");
@@ -380,8 +425,6 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
     if (rc == -ENOMEM)
         snprintf(err, errlen, "audit: out of memory");
     cJSON_Delete(o);
-    free(sl);
-    free(rl);
     audit_log_free(&l);
     cJSON_Delete(c);
     return rc;
