@@ -107,14 +107,14 @@ gen_p() { # TEXT N ARGS...: one session from a text prompt; prints its id
 }
 P="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. Once upon a time"
 SEEN_LAST=""; SEEN_R0=""; PREV=$S3; k=0
-# (the audited position is drawn at random, and the TOKEN it finds may carry one token: each
-# session finds what is looked for with odds of about a third, so 20 fail together about once in
-# 4000 runs)
-while [ $k -lt 20 ] && { [ -z "$SEEN_LAST" ] || [ -z "$SEEN_R0" ]; }; do
+# (the audited position is drawn at random, and the TOKEN the last rank's audit finds carries
+# one token in about two passes of three: one session in 4 or 5 finds one of several, measured;
+# 40 sessions all without, odds of about 1 in 100 000 at 1 in 4)
+while [ $k -lt 40 ] && { [ -z "$SEEN_LAST" ] || [ -z "$SEEN_R0" ]; }; do
     k=$((k + 1))
     if [ $((k % 2)) = 1 ]; then SAMP="--temp 0"; else SAMP="--temp 0.8 --seed $k"; fi
     # shellcheck disable=SC2086
-    SD=$(gen_p "$P" 80 $SAMP --draft lookup --draft-max 4 --dump-logits "$T/logits.bin")
+    SD=$(gen_p "$P" 160 $SAMP --draft lookup --draft-max 4 --dump-logits "$T/logits.bin")
     [ -n "$SD" ] && [ "$SD" != "$PREV" ] || fail "no new session id in rank 0's node's log"
     PREV=$SD
     grep -q "^drafts: [0-9]* proposed, [1-9][0-9]* accepted" "$T/gen.err" ||

@@ -151,23 +151,24 @@ static inline void af_root_hex(const uint8_t (*leaves)[32], char hex[65])
     util_hex_encode(r, 32, hex);
 }
 
+/* o[name]: base64 of b[n] (a test's rows: small) */
 static inline void af_b64(cJSON *o, const char *name, const void *b, size_t n)
 {
-    char s[4 * ((AF_ROW_MAX > AF_V * 4 ? AF_ROW_MAX : AF_V * 4) + 2) / 3 + 4];
+    char s[4096];
     s[0] = 0;
-    if (n)
+    if (n && n <= sizeof s / 4 * 3 - 3)
         EVP_EncodeBlock((unsigned char *)s, (const unsigned char *)b, (int)n);
     cJSON_AddStringToObject(o, name, s);
 }
 
-/* {"pos", "row", "path"}: position pos of a side's tree */
-static inline cJSON *af_opening(const uint8_t (*leaves)[32], const uint8_t *row, size_t len,
-                                uint32_t pos)
+/* {"pos", "row", "path"}: position pos of the tree of n leaves, its row row[len] */
+static inline cJSON *af_open(const uint8_t (*leaves)[32], size_t n, const void *row, size_t len,
+                             uint32_t pos)
 {
     uint8_t path[RING_MERKLE_DEPTH_MAX][32];
     size_t plen = 0;
     char hex[65];
-    ring_merkle_proof(leaves, AF_N, pos, path, &plen);
+    ring_merkle_proof(leaves, n, pos, path, &plen);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "pos", pos);
     af_b64(o, "row", row, len);
@@ -191,14 +192,14 @@ static inline cJSON *af_answer(const struct af *a)
     cJSON_AddStringToObject(b, "id", a->id);
     cJSON *outs = cJSON_AddArrayToObject(b, "outputs");
     for (uint32_t p = a->pos; p <= q; p++) {
-        cJSON *o = af_opening(sl, a->srow[p], a->slen[p], p);
+        cJSON *o = af_open(sl, AF_N, a->srow[p], a->slen[p], p);
         if (p == q && a->kind == AF_LAST)
             af_b64(o, "logits", a->logits[p], sizeof a->logits[p]);
         cJSON_AddItemToArray(outs, o);
     }
     cJSON *in = cJSON_AddArrayToObject(b, a->kind == AF_RANK0 ? "received" : "inputs");
     for (uint32_t p = 0; p <= q; p++)
-        cJSON_AddItemToArray(in, af_opening(rl, a->rrow[p], a->rlen[p], p));
+        cJSON_AddItemToArray(in, af_open(rl, AF_N, a->rrow[p], a->rlen[p], p));
     if (a->kind == AF_RANK0) {
         cJSON *t = cJSON_AddArrayToObject(b, "token_ids");
         for (uint32_t p = 0; p <= q; p++)
@@ -229,39 +230,57 @@ static inline cJSON *af_part(const struct af *a, int k, int n)
 }
 
 #ifdef KV_KVD_MARKET_INTERNAL_H
-/* The market's side (with kvd/market/internal.h): a's audit pending on node a->node of model "m"
- * (drawn at now and its id and position set to a's), its received side in: 0, or -1. The
- * pending record as it stands then is kept in *saved (the caller frees it), for putting back. */
-static inline int af_pending(struct kvd_market_store *st, struct kvd_market_audit *au,
-                             const struct af *a, double now, char **saved)
+/* The market's side (with kvd/market/internal.h): an audit of rank (of 3) of model "m" pending
+ * on node, for session's range [0, n) whose sides' leaves are sent and recv (recv's side, of
+ * the predecessor, put in), drawn at now, at position pos, with id (NULL: the drawn one). The
+ * pending record as it then stands in *saved when saved is not NULL (the caller frees it).
+ * 0, or -1. */
+static inline int af_pending_on(struct kvd_market_store *st, struct kvd_market_audit *au,
+                                const char *node, const char *session, uint32_t rank,
+                                const uint8_t (*sent)[32], const uint8_t (*recv)[32], size_t n,
+                                uint32_t pos, const char *id, double now, char **saved)
 {
     char shex[65], key[64];
-    af_root_hex((const uint8_t (*)[32])a->sent, shex);
-    struct kvd_market_receipt rc = {.rank = a->pred, .t0 = 0, .t1 = AF_N, .side = KVD_SIDE_RECEIVED};
-    snprintf(rc.session, sizeof rc.session, "%s", a->session);
+    uint8_t r32[32];
+    ring_merkle_root(sent, n, r32);
+    util_hex_encode(r32, 32, shex);
+    struct kvd_market_receipt rc = {.rank = (rank + 2) % 3, .t0 = 0, .t1 = n,
+                                    .side = KVD_SIDE_RECEIVED};
+    snprintf(rc.session, sizeof rc.session, "%s", session);
     snprintf(rc.model, sizeof rc.model, "m");
-    snprintf(rc.node, sizeof rc.node, "%s", a->node);
-    af_root_hex((const uint8_t (*)[32])a->recv, rc.digest);
+    snprintf(rc.node, sizeof rc.node, "%s", node);
+    ring_merkle_root(recv, n, r32);
+    util_hex_encode(r32, 32, rc.digest);
     if (st->ops->receipt_put(st->impl, &rc))
         return -1;
-    struct kvd_market_audit_work w = {.model = "m", .node = a->node, .session = a->session,
-                                      .digest = shex, .rank = a->rank, .n_ranks = 3,
-                                      .window = a->rank, .first = a->rank, .last = a->rank,
-                                      .n_embd = AF_E, .t0 = 0, .t1 = AF_N};
+    struct kvd_market_audit_work w = {.model = "m", .node = node, .session = session,
+                                      .digest = shex, .rank = rank, .n_ranks = 3,
+                                      .window = rank, .first = rank, .last = rank,
+                                      .n_embd = AF_E, .t0 = 0, .t1 = n};
     if (kvd_market__audit_note(au, &w, now))
         return -1;
-    snprintf(key, sizeof key, "audit/m/%s", a->node);
+    snprintf(key, sizeof key, "audit/m/%s", node);
     cJSON *r = kvd_market__blob_load(st, key), *p = cJSON_GetObjectItemCaseSensitive(r, "pending");
     if (!p) {
         cJSON_Delete(r);
         return -1;
     }
-    util_json_set(p, "position", cJSON_CreateNumber(a->pos));
-    util_json_set(p, "id", cJSON_CreateString(a->id));
+    util_json_set(p, "position", cJSON_CreateNumber(pos));
+    if (id)
+        util_json_set(p, "id", cJSON_CreateString(id));
     int rc2 = kvd_market__blob_save(st, key, r);
-    *saved = rc2 ? NULL : cJSON_PrintUnformatted(r);
+    if (saved)
+        *saved = rc2 ? NULL : cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
-    return rc2 || !*saved ? -1 : 0;
+    return rc2 || (saved && !*saved) ? -1 : 0;
+}
+
+/* a's audit pending (af_pending_on). */
+static inline int af_pending(struct kvd_market_store *st, struct kvd_market_audit *au,
+                             const struct af *a, double now, char **saved)
+{
+    return af_pending_on(st, au, a->node, a->session, a->rank, (const uint8_t (*)[32])a->sent,
+                         (const uint8_t (*)[32])a->recv, AF_N, a->pos, a->id, now, saved);
 }
 
 /* Put a's pending audit back as af_pending left it (kept parts of an answer go with part 0). */

@@ -410,20 +410,7 @@ static cJSON *ap_opening(uint8_t (*leaves)[32], uint32_t pos, int side)
 {
     float x[AP_E];
     ap_row(pos, side, x);
-    char b64[64], hex[65];
-    EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)x, sizeof x);
-    uint8_t path[RING_MERKLE_DEPTH_MAX][32];
-    size_t plen = 0;
-    ring_merkle_proof((const uint8_t (*)[32])leaves, AP_N, pos, path, &plen);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "pos", pos);
-    cJSON_AddStringToObject(o, "row", b64);
-    cJSON *pa = cJSON_AddArrayToObject(o, "path");
-    for (size_t k = 0; k < plen; k++) {
-        util_hex_encode(path[k], 32, hex);
-        cJSON_AddItemToArray(pa, cJSON_CreateString(hex));
-    }
-    return o;
+    return af_open((const uint8_t (*)[32])leaves, AP_N, x, sizeof x, pos);
 }
 
 /* A pending audit of rank 1 (receipt [0, AP_N)) with its received side in: its id. */
@@ -437,26 +424,10 @@ static void ap_pending(struct kvd_market_store *st, struct kvd_market_audit *au,
         ap_row(p, KVD_SIDE_RECEIVED, x);
         ring_merkle_leaf(p, x, sizeof x, recv[p]);
     }
-    uint8_t sr[32], rr[32];
-    char shex[65];
-    ring_merkle_root((const uint8_t (*)[32])sent, AP_N, sr);
-    ring_merkle_root((const uint8_t (*)[32])recv, AP_N, rr);
-    util_hex_encode(sr, 32, shex);
-    struct kvd_market_receipt rc = {.rank = 0, .t0 = 0, .t1 = AP_N, .side = KVD_SIDE_RECEIVED};
-    snprintf(rc.session, sizeof rc.session, "%s", session);
-    snprintf(rc.model, sizeof rc.model, "m");
-    snprintf(rc.node, sizeof rc.node, "n1");
-    util_hex_encode(rr, 32, rc.digest);
-    T_CHECK(st->ops->receipt_put(st->impl, &rc) == 0, "the received side in");
-    struct kvd_market_audit_work w = {.model = "m", .node = "n1", .session = session,
-                                      .digest = shex, .rank = 1, .n_ranks = 3, .window = 1,
-                                      .first = 1, .last = 2, .n_embd = AP_E, .t0 = 0, .t1 = AP_N};
-    T_CHECK(kvd_market__audit_note(au, &w, 1000) == 0, "audit drawn");
     /* the audited position, drawn at random, set to 8: inputs to split over the parts */
-    cJSON *r = kvd_market__blob_load(st, "audit/m/n1");
-    util_json_set(cJSON_GetObjectItemCaseSensitive(r, "pending"), "position", cJSON_CreateNumber(8));
-    T_CHECK(kvd_market__blob_save(st, "audit/m/n1", r) == 0, "position set");
-    cJSON_Delete(r);
+    T_CHECK(af_pending_on(st, au, "n1", session, 1, (const uint8_t (*)[32])sent,
+                          (const uint8_t (*)[32])recv, AP_N, 8, NULL, 1000, NULL) == 0,
+            "audit drawn, its received side in");
     cJSON *ch = NULL;
     char why[512];
     T_CHECK(kvd_market__audit_due(au, "m", "n1", 1001, &ch, why, sizeof why) == 0 && ch, "a challenge");
@@ -485,12 +456,19 @@ static cJSON *ap_part(const char *id, uint8_t (*sent)[32], uint8_t (*recv)[32], 
     return b;
 }
 
+/* Node's answer b (taken) to the audit pending on it: the judge's code. */
+static int answer_of(struct kvd_market_audit *au, const char *node, cJSON *b, const char **verdict,
+                     bool *settled, char *why, size_t n)
+{
+    int rc = kvd_market__audit_answer(au, "m", node, b, 1002, settled, verdict, why, n);
+    cJSON_Delete(b);
+    return rc;
+}
+
 static int ap_send(struct kvd_market_audit *au, cJSON *b, const char **verdict, bool *settled,
                    char *why, size_t n)
 {
-    int rc = kvd_market__audit_answer(au, "m", "n1", b, 1002, settled, verdict, why, n);
-    cJSON_Delete(b);
-    return rc;
+    return answer_of(au, "n1", b, verdict, settled, why, n);
 }
 
 static size_t ap_kept(struct kvd_market_store *st)
@@ -501,18 +479,41 @@ static size_t ap_kept(struct kvd_market_store *st)
     return n;
 }
 
-T_CASE(audit_parts)
+/* A store of its own and the audits' state on it, audit_rate 1, answers of kib KiB at most
+ * (0: the default). */
+struct audit_env {
+    struct kvd_market_store *st;
+    uv_loop_t loop;
+    struct kvd_market_audit *au;
+};
+
+static bool audit_env_open(struct audit_env *e, const char *db, double kib)
 {
-    struct kvd_market_store *st = open_store("ap.db", true);
-    T_ASSERT(st, "no store");
     struct kvd_market_config cfg;
     kvd_market__config_default(&cfg);
     cfg.audit_rate = 1;
-    cfg.audit_answer_kib = 64;   /* the parts a node keeps: at most 64 KiB and one request */
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct kvd_market_audit *au = NULL;
-    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    if (kib > 0)
+        cfg.audit_answer_kib = kib;
+    uv_loop_init(&e->loop);
+    e->au = NULL;
+    e->st = open_store(db, true);
+    return e->st && kvd_market__audit_new(&e->au, &e->loop, e->st, &cfg, NULL, NULL) == 0;
+}
+
+static void audit_env_close(struct audit_env *e)
+{
+    kvd_market__audit_free(e->au);
+    uv_loop_close(&e->loop);
+    if (e->st)
+        kvd_market__store_close(e->st);
+}
+
+T_CASE(audit_parts)
+{
+    struct audit_env e;   /* the parts a node keeps: at most 64 KiB and one request */
+    T_ASSERT(audit_env_open(&e, "ap.db", 64), "audit state");
+    struct kvd_market_store *st = e.st;
+    struct kvd_market_audit *au = e.au;
     static uint8_t sent[AP_N][32], recv[AP_N][32];
     char id[17], why[512];
     uint32_t pos;
@@ -550,9 +551,7 @@ T_CASE(audit_parts)
     T_CHECK(ap_send(au, ap_part(id, sent, recv, pos, 0, 2, false), &v, &settled, why, sizeof why) == 0, "part 0");
     rc = ap_send(au, ap_part(id, sent, recv, pos, 1, 2, true), &v, &settled, why, sizeof why);
     T_CHECK(rc == -EBADMSG, "inputs out of place in the parts fail the node (rc %d: %s)", rc, why);
-    kvd_market__audit_free(au);
-    uv_loop_close(&loop);
-    kvd_market__store_close(st);
+    audit_env_close(&e);
 }
 
 /* ---- rank 0's audit: the ids it fed against the TOKENs it received ---- */
@@ -591,26 +590,6 @@ static size_t fc_row(const struct fc_tok *toks, size_t nt, uint32_t pos, uint8_t
     return 0;
 }
 
-static cJSON *fc_opening(uint8_t (*leaves)[32], uint32_t pos, const void *row, size_t len)
-{
-    char b64[RING_TOKEN_LEAF_MAX * 2], hex[65];
-    b64[0] = 0;
-    if (len)
-        EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)row, (int)len);
-    uint8_t path[RING_MERKLE_DEPTH_MAX][32];
-    size_t plen = 0;
-    ring_merkle_proof((const uint8_t (*)[32])leaves, FC_N, pos, path, &plen);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "pos", pos);
-    cJSON_AddStringToObject(o, "row", b64);
-    cJSON *pa = cJSON_AddArrayToObject(o, "path");
-    for (size_t k = 0; k < plen; k++) {
-        util_hex_encode(path[k], 32, hex);
-        cJSON_AddItemToArray(pa, cJSON_CreateString(hex));
-    }
-    return o;
-}
-
 /* An audit of rank 0 at position q of a session whose received TOKENs are toks (its received
  * side, of rank 2, in), answered with the ids ids (the sent rows are the fixed ap_row ones):
  * the answer's return code, its verdict in *v. */
@@ -628,25 +607,9 @@ static int fc_audit(struct kvd_market_store *st, struct kvd_market_audit *au, co
         lens[p] = fc_row(toks, nt, p, rows[p]);
         ring_merkle_leaf(p, lens[p] ? rows[p] : NULL, lens[p], recv[p]);
     }
-    uint8_t sr[32], rr[32];
-    char shex[65];
-    ring_merkle_root((const uint8_t (*)[32])sent, FC_N, sr);
-    ring_merkle_root((const uint8_t (*)[32])recv, FC_N, rr);
-    util_hex_encode(sr, 32, shex);
-    struct kvd_market_receipt rc = {.rank = 2, .t0 = 0, .t1 = FC_N, .side = KVD_SIDE_RECEIVED};
-    snprintf(rc.session, sizeof rc.session, "%s", session);
-    snprintf(rc.model, sizeof rc.model, "m");
-    snprintf(rc.node, sizeof rc.node, "n1");
-    util_hex_encode(rr, 32, rc.digest);
-    T_CHECK(st->ops->receipt_put(st->impl, &rc) == 0, "the received side in");
-    struct kvd_market_audit_work w = {.model = "m", .node = "n1", .session = session,
-                                      .digest = shex, .rank = 0, .n_ranks = 3, .window = 0,
-                                      .first = 0, .last = 0, .n_embd = AP_E, .t0 = 0, .t1 = FC_N};
-    T_CHECK(kvd_market__audit_note(au, &w, 1000) == 0, "audit drawn");
-    cJSON *r = kvd_market__blob_load(st, "audit/m/n1");
-    util_json_set(cJSON_GetObjectItemCaseSensitive(r, "pending"), "position", cJSON_CreateNumber(q));
-    T_CHECK(kvd_market__blob_save(st, "audit/m/n1", r) == 0, "position set");
-    cJSON_Delete(r);
+    T_CHECK(af_pending_on(st, au, "n1", session, 0, (const uint8_t (*)[32])sent,
+                          (const uint8_t (*)[32])recv, FC_N, q, NULL, 1000, NULL) == 0,
+            "audit drawn, its received side in");
     cJSON *ch = NULL;
     T_CHECK(kvd_market__audit_due(au, "m", "n1", 1001, &ch, why, wn) == 0 && ch, "a challenge");
     cJSON *b = cJSON_CreateObject();
@@ -654,31 +617,24 @@ static int fc_audit(struct kvd_market_store *st, struct kvd_market_audit *au, co
     cJSON_Delete(ch);
     float x[AP_E];
     ap_row(q, KVD_SIDE_SENT, x);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "outputs"), fc_opening(sent, q, x, sizeof x));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "outputs"), af_open((const uint8_t (*)[32])sent, FC_N, x, sizeof x, q));
     cJSON *in = with_received ? cJSON_AddArrayToObject(b, "received") : NULL;
     cJSON *t = cJSON_AddArrayToObject(b, "token_ids");
     for (uint32_t p = 0; p <= q; p++) {
         if (in)
-            cJSON_AddItemToArray(in, fc_opening(recv, p, rows[p], lens[p]));
+            cJSON_AddItemToArray(in, af_open((const uint8_t (*)[32])recv, FC_N, rows[p], lens[p], p));
         cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[p]));
     }
     bool settled;
-    int rc2 = kvd_market__audit_answer(au, "m", "n1", b, 1002, &settled, v, why, wn);
-    cJSON_Delete(b);
-    return rc2;
+    return answer_of(au, "n1", b, v, &settled, why, wn);
 }
 
 T_CASE(audit_rank0_feed)
 {
-    struct kvd_market_store *st = open_store("fc.db", true);
-    T_ASSERT(st, "no store");
-    struct kvd_market_config cfg;
-    kvd_market__config_default(&cfg);
-    cfg.audit_rate = 1;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct kvd_market_audit *au = NULL;
-    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    struct audit_env e;
+    T_ASSERT(audit_env_open(&e, "fc.db", 0), "audit state");
+    struct kvd_market_store *st = e.st;
+    struct kvd_market_audit *au = e.au;
     const size_t nt = sizeof fc_toks / sizeof fc_toks[0];
     char why[512], sid[17];
     const char *v = "";
@@ -736,33 +692,18 @@ T_CASE(audit_rank0_feed)
     snprintf(sid, sizeof sid, "00000000000000%02x", k++);
     rc = fc_audit(st, au, sid, fc_toks, nt, fc_ids, FC_N - 1, false, &v, why, sizeof why);
     T_CHECK(rc == -EINVAL && strstr(why, "received"), "no received openings: rc %d (%s)", rc, why);
-    kvd_market__audit_free(au);
-    uv_loop_close(&loop);
-    kvd_market__store_close(st);
+    audit_env_close(&e);
 }
 
 /* ---- the audits of tests/lib/audit_fixture.h (fuzz-audit's): honest answers of every kind
  * pass, whole and in parts; the last rank's TOKEN logits must come with it and be its own ---- */
 
-static int fx_send(struct kvd_market_audit *au, const struct af *a, cJSON *b, const char **v,
-                   bool *settled, char *why, size_t n)
-{
-    int rc = kvd_market__audit_answer(au, "m", a->node, b, 1001, settled, v, why, n);
-    cJSON_Delete(b);
-    return rc;
-}
-
 T_CASE(audit_kinds)
 {
-    struct kvd_market_store *st = open_store("fx.db", true);
-    T_ASSERT(st, "no store");
-    struct kvd_market_config cfg;
-    kvd_market__config_default(&cfg);
-    cfg.audit_rate = 1;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct kvd_market_audit *au = NULL;
-    T_ASSERT(kvd_market__audit_new(&au, &loop, st, &cfg, NULL, NULL) == 0, "audit state");
+    struct audit_env e;
+    T_ASSERT(audit_env_open(&e, "fx.db", 0), "audit state");
+    struct kvd_market_store *st = e.st;
+    struct kvd_market_audit *au = e.au;
     static struct af fx[AF_KINDS];
     char *saved[AF_KINDS] = {0}, why[512];
     const char *v = "";
@@ -771,11 +712,11 @@ T_CASE(audit_kinds)
     for (int k = 0; k < AF_KINDS; k++) {
         af_build(&fx[k], (enum af_kind)k);
         T_ASSERT(af_pending(st, au, &fx[k], 1000, &saved[k]) == 0, "kind %d pending", k);
-        rc = fx_send(au, &fx[k], af_answer(&fx[k]), &v, &settled, why, sizeof why);
+        rc = answer_of(au, fx[k].node, af_answer(&fx[k]), &v, &settled, why, sizeof why);
         T_CHECK(rc == 0 && settled && !strcmp(v, "pass"), "kind %d, whole: rc %d (%s)", k, rc, why);
         T_CHECK(af_restore(st, &fx[k], saved[k]) == 0, "kind %d put back", k);
         for (int i = 0; i < 3; i++) {
-            rc = fx_send(au, &fx[k], af_part(&fx[k], i, 3), &v, &settled, why, sizeof why);
+            rc = answer_of(au, fx[k].node, af_part(&fx[k], i, 3), &v, &settled, why, sizeof why);
             T_CHECK(rc == 0 && !strcmp(v, i < 2 ? "more" : "pass"), "kind %d, part %d: rc %d %s (%s)",
                     k, i, rc, v, why);
         }
@@ -786,17 +727,15 @@ T_CASE(audit_kinds)
     cJSON *b = af_answer(l);
     cJSON *outs = cJSON_GetObjectItemCaseSensitive(b, "outputs");
     cJSON_DeleteItemFromObject(cJSON_GetArrayItem(outs, cJSON_GetArraySize(outs) - 1), "logits");
-    rc = fx_send(au, l, b, &v, &settled, why, sizeof why);
+    rc = answer_of(au, l->node, b, &v, &settled, why, sizeof why);
     T_CHECK(rc == -EINVAL && strstr(why, "logits"), "logits left out: rc %d (%s)", rc, why);
     struct af forged = *l;
     forged.logits[13][3] += 1.0f;
-    rc = fx_send(au, l, af_answer(&forged), &v, &settled, why, sizeof why);
+    rc = answer_of(au, l->node, af_answer(&forged), &v, &settled, why, sizeof why);
     T_CHECK(rc == -EBADMSG && strstr(why, "hash"), "logits not its own: rc %d (%s)", rc, why);
     for (int k = 0; k < AF_KINDS; k++)
         free(saved[k]);
-    kvd_market__audit_free(au);
-    uv_loop_close(&loop);
-    kvd_market__store_close(st);
+    audit_env_close(&e);
 }
 
 int main(int argc, char **argv)
