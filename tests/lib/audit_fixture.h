@@ -105,7 +105,7 @@ static inline void af_build(struct af *a, enum af_kind k)
     a->rank = k == AF_RANK0 ? 0 : k == AF_MID ? 1 : 2;
     a->pred = (a->rank + 2) % 3;
     a->pos = k == AF_RANK0 ? AF_N - 1 : 12;
-    snprintf(a->node, sizeof a->node, "n%d", (int)k);
+    snprintf(a->node, sizeof a->node, "n%u", (unsigned)k % 10u);
     snprintf(a->session, sizeof a->session, "5e55%012x", (unsigned)k);
     snprintf(a->id, sizeof a->id, "a0d1%012x", (unsigned)k);
     int32_t t[3];
