@@ -20,7 +20,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < AF_KINDS; k++) {
         af_build(&a, (enum af_kind)k);
         uint8_t head = (uint8_t)k;
-        char name[16], *whole = NULL, *parts = NULL;
+        char name[32], *whole = NULL, *parts = NULL;
         cJSON *w = af_answer(&a);
         whole = cJSON_PrintUnformatted(w);
         cJSON_Delete(w);
