@@ -242,6 +242,12 @@ void kvd_relay_close(struct kvd_relay *r, void (*done)(void *ud), void *ud);
 int kvd_relay_main(int argc, char **argv);
 
 /* ============================== market + join ============================== */
+
+struct model_sampler_params;
+struct ring_open_params;
+/* The sampler's parameters of an OPEN's (sampling.c): the stage's last rank samples by them,
+ * the market judges its tokens by them. */
+void kvd_sampler_params(struct model_sampler_params *sp, const struct ring_open_params *p);
 /* The market role (docs/market.md): `kvd market --db PATH [--listen HOST:PORT]`, an HTTP JSON
  * API where nodes claim the windows of registered models, and where rings are assembled and
  * work is credited; runs until SIGINT/SIGTERM and returns the exit status. */

@@ -90,8 +90,8 @@ int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
     return climb(leaves, n, idx, path, len, root);
 }
 
-bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint8_t (*path)[32],
-                        size_t len, const uint8_t root[32])
+bool ring_merkle_root_from(const uint8_t leaf[32], size_t idx, size_t n,
+                           const uint8_t (*path)[32], size_t len, uint8_t root[32])
 {
     if (idx >= n || n > RING_MERKLE_LEAVES_MAX)
         return false;
@@ -111,7 +111,24 @@ bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint
         idx /= 2;
         n = (n + 1) / 2;
     }
-    return k == len && memcmp(h, root, 32) == 0;
+    memcpy(root, h, 32);
+    return k == len;
+}
+
+bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint8_t (*path)[32],
+                        size_t len, const uint8_t root[32])
+{
+    uint8_t r[32];
+    return ring_merkle_root_from(leaf, idx, n, path, len, r) && memcmp(r, root, 32) == 0;
+}
+
+void ring_receipt_fold(const uint8_t root[32], const uint8_t sampling[RING_SAMPLING_LEN],
+                       uint8_t out[32])
+{
+    static const uint8_t two = 0x02;
+    uint8_t hs[32];
+    sha(sampling, RING_SAMPLING_LEN, NULL, 0, NULL, 0, hs);
+    sha(&two, 1, hs, 32, root, 32, out);
 }
 
 /* ---- a TOKEN frame's leaf: its summary (ring.h) ---- */

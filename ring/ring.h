@@ -204,6 +204,10 @@ int ring_merkle_root(const uint8_t (*leaves)[32], size_t n, uint8_t root[32]);
  * for idx past n, -E2BIG, -ENOMEM. */
 int ring_merkle_proof(const uint8_t (*leaves)[32], size_t n, size_t idx,
                       uint8_t (*path)[32], size_t *len);
+/* The root that leaf, as leaf idx of a tree of n leaves, and path[len] lead to: false when the
+ * path's length does not fit the tree. */
+bool ring_merkle_root_from(const uint8_t leaf[32], size_t idx, size_t n,
+                           const uint8_t (*path)[32], size_t len, uint8_t root[32]);
 /* Whether leaf is leaf idx of a tree of n leaves with that root, by path[len]. */
 bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint8_t (*path)[32],
                         size_t len, const uint8_t root[32]);
@@ -270,6 +274,16 @@ bool ring_merkle_verify(const uint8_t leaf[32], size_t idx, size_t n, const uint
 #define RING_DRAFTS_MAX   14u          /* drafts a TOKEN carries and a verifying pass checks:
                                        * 15 rows, where every weight type is row-exact */
 #define RING_TOKENS_MAX   (RING_DRAFTS_MAX + 1u)   /* tokens one TOKEN carries */
+
+/* The receipts of the last edge (the last rank's sent side, rank 0's received side) commit to
+ * the session's sampling as well as its rows (docs/market.md, "Audits"): their digest is
+ * SHA-256(0x02 || SHA-256(sampling) || root), sampling the first RING_SAMPLING_LEN bytes of the
+ * OPEN payload (seed, temperature, top_p, min_p, the penalties, top_k, penalty_last_n: what a
+ * replay's OPEN repeats), so an audit judges the last rank's tokens by the parameters it
+ * received, and rank 0 could not have sent it others. */
+#define RING_SAMPLING_LEN 40u
+void ring_receipt_fold(const uint8_t root[32], const uint8_t sampling[RING_SAMPLING_LEN],
+                       uint8_t out[32]);
 
 /* A TOKEN frame's Merkle leaf (docs/market.md, "Audits") is not its payload but a summary of
  * it that names its parts, so an audit opens a TOKEN's tokens without its logits:

@@ -150,6 +150,9 @@ static cJSON *audit_parts(cJSON *ans, size_t len)
             if (!cur || used + l > RING_AUDIT_PART_BYTES - 4096) {
                 cur = cJSON_CreateObject();
                 cJSON_AddStringToObject(cur, "id", id);
+                const cJSON *smp = cJSON_GetObjectItemCaseSensitive(ans, "sampling");
+                if (smp)   /* the session's sampling, which the market reads from the last part */
+                    cJSON_AddItemToObject(cur, "sampling", cJSON_Duplicate(smp, 0));
                 cJSON_AddItemToArray(parts, cur);
                 used = 256;
             }

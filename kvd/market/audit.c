@@ -33,6 +33,11 @@
 /* The last rank's token is found wrong when it was reported as the sampler's favourite
  * (logprob >= log 0.5) and the recomputed logits put another token this far ahead of it. */
 #define AUDIT_HEAD_LEAD 4.0
+/* With the session's sampling: how much wider than the sampler's own the set of the tokens a
+ * node may have drawn is taken (judge_kept) */
+#define AUDIT_KEPT_P 0.01f
+#define AUDIT_KEPT_MINP 0.5f
+#define AUDIT_KEPT_MARGIN 0.05f
 #define AUDIT_VERIFY_THREADS 2
 
 struct kvd_market_audit {
@@ -58,6 +63,8 @@ struct job {
     uint32_t n_logits;
     bool raw;               /* from an older protocol's TOKEN: logits only where n_vocab fit */
     uint32_t tok_n;         /* the tokens that TOKEN carried (1 for an older protocol's) */
+    uint8_t sampling[RING_SAMPLING_LEN];   /* the last edge's ends: the session's sampling */
+    const uint8_t *sampling_in;            /* sampling, or NULL: none came */
     char note[160];         /* what a pass checked beyond the row (logged with it) */
     /* the verdict */
     int result;             /* 1 pass, 0 fail, -1 the verifier could not run */
@@ -270,9 +277,12 @@ static int b64_decode(const char *b64, uint8_t **out, uint32_t *len)
 }
 
 /* One opened leaf {"pos", "row": base64, "path": [hex...]} at position want of the tree of
- * [t0, t1) with that root: its row bytes (malloc'd into *row, *len), or -EBADMSG/-EINVAL with why. */
+ * [t0, t1) whose digest is root (the tree's root, or with sampling, that root folded with it:
+ * the last edge's, ring_receipt_fold): its row bytes (malloc'd into *row, *len), or
+ * -EBADMSG/-EINVAL with why. */
 static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, const uint8_t root[32],
-                     const char *what, uint8_t **row, uint32_t *len, char *why, size_t n)
+                     const uint8_t *sampling, const char *what, uint8_t **row, uint32_t *len,
+                     char *why, size_t n)
 {
     *row = NULL;
     *len = 0;
@@ -303,7 +313,11 @@ static int open_leaf(const cJSON *o, uint32_t want, uint32_t t0, uint32_t t1, co
         return rc;
     }
     ring_merkle_leaf(want, b, (size_t)got, leaf);
-    if (!ring_merkle_verify(leaf, want - t0, t1 - t0, (const uint8_t (*)[32])p, k, root)) {
+    uint8_t top[32];
+    bool ok = ring_merkle_root_from(leaf, want - t0, t1 - t0, (const uint8_t (*)[32])p, k, top);
+    if (ok && sampling)
+        ring_receipt_fold(top, sampling, top);
+    if (!ok || memcmp(top, root, 32)) {
         free(b);
         snprintf(why, n, "%s at position %u: its Merkle proof does not lead to the root the "
                  "receipt committed to", what, want);
@@ -333,6 +347,57 @@ static void job_free(struct job *j)
     free(j->sent);
     free(j->logits);
     free(j);
+}
+
+/* The last rank's token against the set its sampler draws from (model_sampler_kept) for the
+ * recomputed logits lg, by the session's sampling (j->sampling: the last edge's digests fold it
+ * in, so it is what the last rank received). The node's logits differ from the recomputed ones
+ * in their last bits, so the set is taken a little wider: top-p at AUDIT_KEPT_P more mass, min-p
+ * at AUDIT_KEPT_MINP of it, and a token AUDIT_KEPT_MARGIN below the set's lowest logit passes.
+ * Penalties need the history, which the answer does not hold: those sessions (and parameters
+ * no sampler takes) are not judged here. 1 in the set, 0 not (j->why), -1 not judged. */
+static int judge_kept(struct job *j, const float *lg, uint32_t n_vocab)
+{
+    uint8_t open[RING_OPEN_LEN] = {0};
+    struct ring_open_params op;
+    struct model_sampler_params sp;
+    memcpy(open, j->sampling, RING_SAMPLING_LEN);
+    ring_open_decode(open, &op);
+    kvd_sampler_params(&sp, &op);
+    if ((sp.penalty_last_n > 0 && (sp.repeat_penalty != 1.0f || sp.freq_penalty != 0.0f ||
+                                   sp.presence_penalty != 0.0f)) ||
+        !isfinite(sp.temperature) || !isfinite(sp.top_p) || !isfinite(sp.min_p))
+        return -1;
+    if (sp.top_p < 1.0f)
+        sp.top_p = sp.top_p + AUDIT_KEPT_P < 1.0f ? sp.top_p + AUDIT_KEPT_P : 1.0f;
+    sp.min_p *= AUDIT_KEPT_MINP;
+    struct model_sampler *smp = NULL;
+    float *cp = malloc((size_t)n_vocab * sizeof *cp);
+    const int32_t *ids;
+    const float *probs;
+    int k = -1;
+    if (cp && model_sampler_new(&smp, &sp, n_vocab) == 0) {
+        memcpy(cp, lg, (size_t)n_vocab * sizeof *cp);
+        k = model_sampler_kept(smp, cp, &ids, &probs);
+    }
+    float edge = INFINITY;
+    bool in = false;
+    for (int i = 0; i < k; i++) {
+        in = in || (uint32_t)ids[i] == j->tok;
+        if (lg[ids[i]] < edge)
+            edge = lg[ids[i]];
+    }
+    model_sampler_free(smp);
+    free(cp);
+    if (k < 1)
+        return -1;
+    if (in || lg[j->tok] >= edge - AUDIT_KEPT_MARGIN)
+        return 1;
+    snprintf(j->why, sizeof j->why, "position %u: token %u is none the sampler could draw "
+             "(temperature %g, top_k %d, top_p %g, min_p %g): its logit %.3f is below %.3f, the "
+             "lowest of the %d it draws from", j->pos, j->tok, op.temperature, op.top_k, op.top_p,
+             op.min_p, lg[j->tok], edge, k);
+    return 0;
 }
 
 /* The last rank's token against the recomputed logits (docs/market.md, "Audits"). */
@@ -366,8 +431,14 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
             return;
         }
     }
-    snprintf(j->note, sizeof j->note, "the first of a TOKEN's %u tokens judged%s", j->tok_n,
-             j->logits ? ", its logits compared" : "");
+    int kept = j->sampling_in ? judge_kept(j, lg, n_vocab) : -1;
+    if (kept == 0) {
+        j->result = 0;
+        return;
+    }
+    snprintf(j->note, sizeof j->note, "the first of a TOKEN's %u tokens judged%s%s", j->tok_n,
+             j->logits ? ", its logits compared" : "",
+             kept > 0 ? ", in the set its sampling draws from" : "");
     uint32_t g = 0;
     for (uint32_t v = 1; v < n_vocab; v++)
         if (lg[v] > lg[g])
@@ -464,7 +535,7 @@ static int feed_check(struct job *j, const cJSON *body, uint32_t t0, uint32_t t1
     uint32_t *lens = calloc(j->n, sizeof *lens), i = 0;
     int rc = rows && lens ? 0 : -ENOMEM;
     cJSON_ArrayForEach(o, in) {
-        if (rc || (rc = open_leaf(o, t0 + i, t0, t1, rroot, "the TOKEN received", &rows[i],
+        if (rc || (rc = open_leaf(o, t0 + i, t0, t1, rroot, j->sampling_in, "the TOKEN received", &rows[i],
                                   &lens[i], why, n)))
             break;
         i++;
@@ -766,6 +837,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     }
     if (rc)
         goto out;
+    const cJSON *last = body;   /* the whole answer, or its last part */
     if (merged)
         body = merged;
     j = calloc(1, sizeof *j);
@@ -785,6 +857,23 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     j->rank = rank;
     j->embed = embed;
     j->head = head;
+    /* the last edge's ends: the session's sampling, which their digests fold in (an answer from
+     * a row log of an older protocol has none: its digests fold nothing) */
+    const char *smp = embed != head ? util_json_string(last, "sampling") : NULL;
+    if (smp) {
+        uint8_t *b = NULL;
+        uint32_t bl = 0;
+        if ((rc = b64_decode(smp, &b, &bl)) || bl != RING_SAMPLING_LEN) {
+            free(b);
+            snprintf(why, n, rc == -ENOMEM ? "out of memory" : "sampling: expected base64 of the "
+                     "OPEN's first %u bytes", RING_SAMPLING_LEN);
+            rc = rc == -ENOMEM ? rc : -EINVAL;
+            goto out;
+        }
+        memcpy(j->sampling, b, RING_SAMPLING_LEN);
+        free(b);
+        j->sampling_in = j->sampling;
+    }
     /* the outputs: the sent row at pos; the last rank's TOKEN at the first position from pos
      * on that has one, the empty leaves before it opened */
     const cJSON *outs = cJSON_GetObjectItemCaseSensitive(body, "outputs"), *o;
@@ -798,7 +887,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     uint32_t q = pos;
     cJSON_ArrayForEach(o, outs) {
         free(row);
-        if ((rc = open_leaf(o, q, t0, t1, sroot, "the row sent", &row, &len, why, n)))
+        if ((rc = open_leaf(o, q, t0, t1, sroot, head ? j->sampling_in : NULL, "the row sent", &row, &len, why, n)))
             goto out;
         bool last = o->next == NULL;
         if (head && !last && len) {
@@ -895,7 +984,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
         uint32_t i = 0;
         cJSON_ArrayForEach(o, in) {
             free(row);
-            if ((rc = open_leaf(o, t0 + i, t0, t1, rroot, "the row received", &row, &len, why, n)))
+            if ((rc = open_leaf(o, t0 + i, t0, t1, rroot, NULL, "the row received", &row, &len, why, n)))
                 goto out;
             if (row_decode(row, len, j->n_embd, j->x + (size_t)i * j->n_embd)) {
                 snprintf(why, n, "position %u: the row received is %u bytes, no boundary of %u "

@@ -103,20 +103,6 @@ static void step_run_failed(struct kvd_job *j, int rc, const char *berr)
 }
 
 /* model_sampler's parameters from an OPEN's. */
-static void sampler_params(struct model_sampler_params *sp, const struct ring_open_params *p)
-{
-    model_sampler_params_default(sp);
-    sp->seed = p->seed;
-    sp->temperature = p->temperature;
-    sp->top_k = p->top_k;
-    sp->top_p = p->top_p;
-    sp->min_p = p->min_p;
-    sp->repeat_penalty = p->repeat_penalty;
-    sp->freq_penalty = p->freq_penalty;
-    sp->presence_penalty = p->presence_penalty;
-    sp->penalty_last_n = p->penalty_last_n;
-}
-
 /* The rows of a STEP whose logits the last rank samples from: the last one when it ends a
  * prompt or decodes, every one of a verifying pass (RING_FL_DRAFT), none elsewhere. */
 static uint32_t heads_of(const struct kvd_compute *c, const struct kvd_job *j)
@@ -462,7 +448,7 @@ static void job_run(struct kvd_compute *c, struct kvd_job *j)
             s->n_ctx = j->open.n_ctx;
         }
         if (s && b->head) {
-            sampler_params(&sp, &j->open);
+            kvd_sampler_params(&sp, &j->open);
             s->logits = j->flags & RING_FL_LOGITS;
             s->draft_max = j->open.draft_max < RING_DRAFTS_MAX ? j->open.draft_max : RING_DRAFTS_MAX;
             s->mtp = s->draft_max && b->mtp && j->open.draft_kind != RING_DRAFT_LOOKUP;

@@ -176,6 +176,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         }
         for (uint32_t i = 0; toks && i < h->n_tokens; i++)
             toks[i] = (int32_t)util_le32_get(payload + RING_OPEN_LEN + 4 * i);
+        kvd_receipt_sampling(st, s, payload);
         if (h->flags & RING_FL_REPLAY) {
             s->replay_end = h->n_tokens;
             kvd_receipt_replayed(st, s, h->n_tokens);

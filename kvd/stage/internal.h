@@ -659,6 +659,10 @@ void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32
  * standby or started again, and a replay that never reaches the last rank clears nothing;
  * the row log records it. */
 void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n);
+/* The session's OPEN payload (its sampling, the first RING_SAMPLING_LEN bytes), on rank 0 as it
+ * sends it and on the last rank as it receives it: folded into the last edge's digests
+ * (ring_receipt_fold) and kept in the row log for audits. */
+void kvd_receipt_sampling(struct stage *st, struct sess *s, const uint8_t open[RING_OPEN_LEN]);
 void kvd_receipt_close(struct stage *st, struct sess *s);
 /* A session lost to a ring break: its receipt is kept aside (parked) for its replay, which
  * adopts it (kvd_receipt_adopt, from kvd_sess_new), instead of being written now; unpark
@@ -674,7 +678,8 @@ void kvd_receipt_park_free(struct stage *st);
  * (docs/market.md, "Audits"): DIR/rows/<session>.rows, one record per row, u8 kind | u32le pos
  * | u32le len | len bytes; files older than KVD_ROWLOG_KEEP_S go, and the oldest first while
  * they hold more than o.rowlog_max (KVD_ROWLOG_MAX_BYTES without). Only with o.receipts. */
-enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3, KVD_ROWLOG_LOGITS = 4 };
+enum { KVD_ROWLOG_RECEIVED = 1, KVD_ROWLOG_SENT = 2, KVD_ROWLOG_TOKEN = 3, KVD_ROWLOG_LOGITS = 4,
+       KVD_ROWLOG_SAMPLING = 5 };
 #define KVD_ROWLOG_KEEP_S 3600
 #define KVD_ROWLOG_MAX_BYTES (1ull << 30)   /* the cap without o.rowlog_max */
 #define KVD_ROWLOG_YOUNG_S 900              /* a session this recent may still be audited */

@@ -38,6 +38,8 @@ struct kvd_receipt {
     bool broken;                /* a leaf could not be kept: no receipt of this session */
     uint32_t clear_below;       /* a replay's TOKEN leaves to clear at its first TOKEN (0: none) */
     int log;                    /* the session's row log (rowlog.c); -1: none */
+    bool has_sampling;          /* the last edge's ends: the OPEN's sampling, folded into */
+    uint8_t sampling[RING_SAMPLING_LEN];   /* that edge's digests (ring_receipt_fold) */
 };
 
 /* The session's receipt, made on first use; NULL when receipts are off or memory is short. */
@@ -114,6 +116,18 @@ void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
     extend(&r->t0, &r->t1, &r->ran, pos, n);
     for (uint32_t i = 0; tokens && i < n; i++)   /* rank 0: the ids it embedded */
         kvd_rowlog_put(r->log, KVD_ROWLOG_TOKEN, pos + i, &tokens[i], 4);
+}
+
+void kvd_receipt_sampling(struct stage *st, struct sess *s, const uint8_t open[RING_OPEN_LEN])
+{
+    if (st->rank != 0 && !st->is_last)
+        return;   /* not an end of the last edge */
+    struct kvd_receipt *r = receipt_of(st, s);
+    if (!r)
+        return;
+    memcpy(r->sampling, open, RING_SAMPLING_LEN);
+    r->has_sampling = true;
+    kvd_rowlog_put(r->log, KVD_ROWLOG_SAMPLING, 0, open, RING_SAMPLING_LEN);
 }
 
 void kvd_receipt_replayed(struct stage *st, struct sess *s, uint32_t n)
@@ -201,12 +215,14 @@ static void put(struct stage *st, int fd, uint64_t session, const char *rest)
 }
 
 static void put_line(struct stage *st, int fd, uint64_t session, uint32_t rank, uint32_t t0,
-                     uint32_t t1, struct leaves *l, const char *side)
+                     uint32_t t1, struct leaves *l, const char *side, const uint8_t *sampling)
 {
     unsigned char dg[32];
     char hex[65], rest[256];
     if (leaves_root(l, t0, t1, dg))
         return;
+    if (sampling)   /* the last edge's */
+        ring_receipt_fold(dg, sampling, dg);
     util_hex_encode(dg, 32, hex);
     snprintf(rest, sizeof rest, "\"rank\":%u,\"tokens\":[%u,%u],\"digest\":\"%s\",\"side\":\"%s\"",
              rank, t0, t1, hex, side);
@@ -250,13 +266,15 @@ static void receipt_write(struct stage *st, uint64_t id, const struct sess *s, s
     } else {
         if (r->ran && st->rank == 0 && s && s->has_client)
             put_open(st, fd, s, r->t1);
+        const uint8_t *smp = r->has_sampling ? r->sampling : NULL;
         if (r->ran)
-            put_line(st, fd, id, st->rank, r->t0, r->t1, &r->sent, "sent");
+            put_line(st, fd, id, st->rank, r->t0, r->t1, &r->sent, "sent",
+                     st->is_last && st->rank != 0 ? smp : NULL);
         /* rank 0 attests the last rank over the positions it ran itself */
         if (r->got && st->rank != 0)
-            put_line(st, fd, id, st->pred, r->r0, r->r1, &r->recv, "received");
+            put_line(st, fd, id, st->pred, r->r0, r->r1, &r->recv, "received", NULL);
         else if (r->got && r->ran)
-            put_line(st, fd, id, st->pred, r->t0, r->t1, &r->recv, "received");
+            put_line(st, fd, id, st->pred, r->t0, r->t1, &r->recv, "received", smp);
         close(fd);
     }
     receipt_free(st, r);

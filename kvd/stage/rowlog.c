@@ -163,6 +163,8 @@ struct audit_log {
     struct side recv, sent, logits;   /* logits: the last rank's first token's, by TOKEN */
     int32_t *tok;
     uint8_t *has_tok;
+    bool has_sampling;                /* the last edge's ends: the session's sampling */
+    uint8_t sampling[RING_SAMPLING_LEN];
 };
 
 static void side_free(struct side *sd, uint32_t n)
@@ -243,6 +245,12 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
         uint32_t pos = util_le32_get(h + 1), len = util_le32_get(h + 5);
         if (len > ROWLOG_RECORD_MAX)
             break;   /* no record of ours: what came before holds */
+        if (kind == KVD_ROWLOG_SAMPLING && len == RING_SAMPLING_LEN) {
+            if (fread(l->sampling, 1, len, f) != len)
+                break;
+            l->has_sampling = true;
+            continue;
+        }
         if (pos < t0 || pos >= t1) {
             if (fseek(f, len, SEEK_CUR))
                 break;
@@ -388,6 +396,8 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
                  sj->valuestring, q);
         rc = -ENOENT;
     }
+    if (rc == 0 && embed != head && l.has_sampling)   /* the last edge's digests fold it in */
+        rc = add_b64(o, "sampling", l.sampling, RING_SAMPLING_LEN);
     if (rc == 0 && embed && !head) {   /* rank 0: the TOKENs it received, t0 .. q, which gave
                                         * the ids it embedded after its prompt */
         cJSON *in = cJSON_AddArrayToObject(o, "received");

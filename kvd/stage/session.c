@@ -500,6 +500,7 @@ static int send_open(struct stage *st, struct sess *s, const int32_t *hist, uint
     if (!pl)
         return -ENOMEM;
     ring_open_encode(&s->open, pl);
+    kvd_receipt_sampling(st, s, pl);
     for (uint32_t i = 0; i < n_hist; i++)
         util_le32_put(pl + RING_OPEN_LEN + 4 * i, (uint32_t)hist[i]);
     int rc = kvd_conn_send(st->links.out, RING_F_OPEN, flags, s->id, 0, n_hist, pl, plen);

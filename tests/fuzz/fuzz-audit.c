@@ -11,6 +11,7 @@
  * for every refusal. Without --verify-model the judge stops at the proofs and the checks that
  * need no weights (rank 0's ids against its TOKENs, the last rank's logits against their hash).
  * fuzz-modules: util wtype gguf net ring kernels gen/kern_cl model planner kvd/log kvd/market/a
+ * fuzz-modules: kvd/sampling
  * fuzz-modules: gen/market_page kvd/market/c
  * fuzz-modules: kvd/market/h kvd/market/l kvd/market/mo kvd/market/man kvd/market/n
  * fuzz-modules: kvd/market/p kvd/market/r kvd/market/st */

@@ -10,6 +10,7 @@
  * The first byte picks the route (low 5 bits) and the key (next 2); up to the first newline
  * comes the path's last part for the routes that take one; the rest is the body.
  * fuzz-modules: util wtype gguf net ring kernels gen/kern_cl model planner kvd/log kvd/market/a
+ * fuzz-modules: kvd/sampling
  * fuzz-modules: gen/market_page kvd/market/c
  * fuzz-modules: kvd/market/h kvd/market/l kvd/market/mo kvd/market/man kvd/market/n
  * fuzz-modules: kvd/market/p kvd/market/r kvd/market/st */

@@ -17,8 +17,8 @@
 #    last rank (480 positions, more than one request holds) goes in parts and passes on
 #    recomputation;
 #  * sessions with prompt-lookup drafts and logits, greedy and seeded: the last rank's audit judges
-#    a TOKEN of several tokens and compares its logits (opened beside the TOKEN's summary, which
-#    holds their hash); rank 0's checks the ids it fed against the TOKENs it received, drafts
+#    a TOKEN of several tokens, compares its logits (opened beside the TOKEN's summary, which
+#    holds their hash) and finds its token in the set the session's sampling draws from; rank 0's checks the ids it fed against the TOKENs it received, drafts
 #    they accepted included; they pass;
 #  * no audit fails, no node loses its lease or its credit for it.
 . "$(dirname "$0")/../lib/lib.sh"
@@ -105,6 +105,10 @@ gen_p() { # TEXT N ARGS...: one session from a text prompt; prints its id
         --ignore-eos --ids "$@" >"$T/gen.out" 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
     grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | tail -1 | cut -d' ' -f2
 }
+# every audit of the 480-token session judged first: a node with one pending draws no other
+for r in 0 1; do
+    wait_for 90 has_audit "$S3" $r || fail "no audit of rank $r's work on session $S3"
+done
 P="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. Once upon a time"
 SEEN_LAST=""; SEEN_R0=""; PREV=$S3; k=0
 # (the audited position is drawn at random, and the TOKEN the last rank's audit finds carries
@@ -119,13 +123,15 @@ while [ $k -lt 40 ] && { [ -z "$SEEN_LAST" ] || [ -z "$SEEN_R0" ]; }; do
     PREV=$SD
     grep -q "^drafts: [0-9]* proposed, [1-9][0-9]* accepted" "$T/gen.err" ||
         fail "session $SD accepted no draft: $(tail -2 "$T/gen.err")"
-    for r in 0 2; do
+    for r in 0 1 2; do   # (all three judged before the next session: one pending draws no other)
         wait_for 60 has_audit "$SD" $r || fail "no audit of rank $r's work on session $SD"
         audited "$SD" $r | grep -q "): pass\( (.*)\)\?$" ||
             fail "rank $r's audit of drafting session $SD ($SAMP): $(audited "$SD" $r)"
     done
-    audited "$SD" 2 | grep -q "TOKEN's \([2-9]\|1[0-5]\) tokens judged, its logits compared" &&
-        SEEN_LAST="$SD ($SAMP)"
+    # (by the session's sampling, which the last edge's receipts commit to)
+    audited "$SD" 2 | grep -q "TOKEN's [0-9]* tokens judged, its logits compared, in the set its sampling draws from" ||
+        fail "the last rank's audit of session $SD did not judge its token by the session's sampling: $(audited "$SD" 2)"
+    audited "$SD" 2 | grep -q "TOKEN's \([2-9]\|1[0-5]\) tokens judged" && SEEN_LAST="$SD ($SAMP)"
     audited "$SD" 0 | grep -q "checked, [1-9][0-9]* of them drafts they accepted" && SEEN_R0="$SD ($SAMP)"
 done
 [ -n "$SEEN_LAST" ] || fail "in $k drafting sessions no audit of the last rank judged a TOKEN of several tokens with its logits: $(grep "rank 2, session" "$T/market.log" | tail -3)"

@@ -10,9 +10,9 @@
 #    with the reason (which it logs); the test prints within how many sessions;
 #  - the honest nodes' audits pass, they keep their active leases and their credit.
 # Node x claims first, so it holds rank 0 or 1 (caught at the third session in the runs so
-# far); X_LAST=1 puts it on the last rank (caught at the twelfth, its fourth corrupted session,
-# in one run, not within 24 in another: only a token reported as the favourite is checked
-# there).
+# far); X_LAST=1 (test-market-audit-last.sh) puts it on the last rank, whose tokens are judged by
+# the set the session's sampling draws from (the last edge's receipts commit to it): the
+# sessions here are greedy, so at the first corrupted session, the third.
 . "$(dirname "$0")/../lib/lib.sh"
 . "$(dirname "$0")/../lib/market_lib.sh"
 need_exec "$KVD_STUB"
@@ -30,8 +30,7 @@ join() { # join NAME BACKEND
 }
 # x joins first and claims before a and b, so it takes one of the larger windows, which go
 # first: rank 0 or 1, where any wrong row is seen. X_LAST=1: x joins once a and b claimed, so
-# it takes the window left, the last rank's: the audits' weakest case, the sampled token
-# (docs/market.md), caught only with some luck within MAX_SESSIONS.
+# it takes the window left, the last rank's, where its wrong logits sample a wrong token.
 if [ "${X_LAST:-0}" = 1 ]; then
     join a cpu
     join b cpu
@@ -69,6 +68,9 @@ while [ $n -lt $MAX_SESSIONS ] && ! caught; do
         { fail "the audits of session $n did not settle: drawn $(drawn), judged $(judged)"; break; }
 done
 caught || fail "node x was not caught within $MAX_SESSIONS sessions"
+# every row of a corrupted session is wrong, and on the last rank every token (greedy), so the
+# audit of its first one catches it, wherever its position
+[ $n -le $EVERY ] || fail "node x was caught only at session $n, not at its first corrupted one ($EVERY)"
 WRONG=$(grep -o "runs wrong (ring session [0-9]*)" "$T/join-x.log" | grep -o "[0-9]*" | tr '\n' ' ')
 echo "ok   node x caught by an audit within $n sessions (it ran ring sessions ${WRONG}wrong; audit rate 1)"
 grep "audit [0-9a-f]* of node $(short "$KX")\.\.\..*: fail" "$T/market.log" | head -1 | sed 's/^/     /'

@@ -44,6 +44,8 @@ struct af {
     size_t slen[AF_N], rlen[AF_N];
     float logits[AF_N][AF_V];          /* the last rank's: its TOKENs' first tokens' */
     int32_t ids[AF_N];                 /* rank 0's: the ids it embedded */
+    uint8_t sampling[RING_OPEN_LEN];   /* the OPEN's, folded into the last edge's digests */
+    const uint8_t *fold_sent, *fold_recv;   /* sampling for the last edge's side, or NULL */
 };
 
 /* The TOKEN whose leaf is pos: its tokens into t (its count, 0: none). */
@@ -141,13 +143,21 @@ static inline void af_build(struct af *a, enum af_kind k)
             a->ids[y + 1 + i] = t[i];
     }
     a->ids[AF_N - 1] = 91;   /* the last TOKEN's token was never fed: a rejected draft stands */
+    struct ring_open_params op = {.seed = 7, .temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+                                  .min_p = 0.05f, .repeat_penalty = 1.0f, .n_ctx = 64};
+    ring_open_encode(&op, a->sampling);
+    a->fold_sent = k == AF_LAST ? a->sampling : NULL;   /* the raw one: no fold before version 4 */
+    a->fold_recv = k == AF_RANK0 ? a->sampling : NULL;
 }
 
-/* The root of one side, hex. */
-static inline void af_root_hex(const uint8_t (*leaves)[32], char hex[65])
+/* The digest of a side of n leaves (folded with sampling, when not NULL), hex. */
+static inline void af_digest_hex(const uint8_t (*leaves)[32], size_t n, const uint8_t *sampling,
+                                 char hex[65])
 {
     uint8_t r[32];
-    ring_merkle_root(leaves, AF_N, r);
+    ring_merkle_root(leaves, n, r);
+    if (sampling)
+        ring_receipt_fold(r, sampling, r);
     util_hex_encode(r, 32, hex);
 }
 
@@ -197,6 +207,8 @@ static inline cJSON *af_answer(const struct af *a)
             af_b64(o, "logits", a->logits[p], sizeof a->logits[p]);
         cJSON_AddItemToArray(outs, o);
     }
+    if (a->fold_sent || a->fold_recv)
+        af_b64(b, "sampling", a->sampling, RING_SAMPLING_LEN);
     cJSON *in = cJSON_AddArrayToObject(b, a->kind == AF_RANK0 ? "received" : "inputs");
     for (uint32_t p = 0; p <= q; p++)
         cJSON_AddItemToArray(in, af_open(rl, AF_N, a->rrow[p], a->rlen[p], p));
@@ -216,6 +228,9 @@ static inline cJSON *af_part(const struct af *a, int k, int n)
     cJSON_AddStringToObject(b, "id", a->id);
     cJSON_AddNumberToObject(b, "part", k);
     cJSON_AddNumberToObject(b, "parts", n);
+    if (cJSON_GetObjectItemCaseSensitive(whole, "sampling"))
+        cJSON_AddItemToObject(b, "sampling",
+                              cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(whole, "sampling"), 0));
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         cJSON *arr = cJSON_GetObjectItemCaseSensitive(whole, names[i]);
         int c = cJSON_GetArraySize(arr), per = (c + n - 1) / n;
@@ -232,25 +247,24 @@ static inline cJSON *af_part(const struct af *a, int k, int n)
 #ifdef KV_KVD_MARKET_INTERNAL_H
 /* The market's side (with kvd/market/internal.h): an audit of rank (of 3) of model "m" pending
  * on node, for session's range [0, n) whose sides' leaves are sent and recv (recv's side, of
- * the predecessor, put in), drawn at now, at position pos, with id (NULL: the drawn one). The
+ * the predecessor, put in; either folded with the sampling fs or fr when not NULL), drawn at
+ * now, at position pos, with id (NULL: the drawn one). The
  * pending record as it then stands in *saved when saved is not NULL (the caller frees it).
  * 0, or -1. */
 static inline int af_pending_on(struct kvd_market_store *st, struct kvd_market_audit *au,
                                 const char *node, const char *session, uint32_t rank,
                                 const uint8_t (*sent)[32], const uint8_t (*recv)[32], size_t n,
-                                uint32_t pos, const char *id, double now, char **saved)
+                                const uint8_t *fs, const uint8_t *fr, uint32_t pos,
+                                const char *id, double now, char **saved)
 {
     char shex[65], key[64];
-    uint8_t r32[32];
-    ring_merkle_root(sent, n, r32);
-    util_hex_encode(r32, 32, shex);
+    af_digest_hex(sent, n, fs, shex);
     struct kvd_market_receipt rc = {.rank = (rank + 2) % 3, .t0 = 0, .t1 = n,
                                     .side = KVD_SIDE_RECEIVED};
     snprintf(rc.session, sizeof rc.session, "%s", session);
     snprintf(rc.model, sizeof rc.model, "m");
     snprintf(rc.node, sizeof rc.node, "%s", node);
-    ring_merkle_root(recv, n, r32);
-    util_hex_encode(r32, 32, rc.digest);
+    af_digest_hex(recv, n, fr, rc.digest);
     if (st->ops->receipt_put(st->impl, &rc))
         return -1;
     struct kvd_market_audit_work w = {.model = "m", .node = node, .session = session,
@@ -280,7 +294,8 @@ static inline int af_pending(struct kvd_market_store *st, struct kvd_market_audi
                              const struct af *a, double now, char **saved)
 {
     return af_pending_on(st, au, a->node, a->session, a->rank, (const uint8_t (*)[32])a->sent,
-                         (const uint8_t (*)[32])a->recv, AF_N, a->pos, a->id, now, saved);
+                         (const uint8_t (*)[32])a->recv, AF_N, a->fold_sent, a->fold_recv, a->pos,
+                         a->id, now, saved);
 }
 
 /* Put a's pending audit back as af_pending left it (kept parts of an answer go with part 0). */

@@ -11,7 +11,8 @@
  * drafts accepted and rejected, a session ended with rejected drafts and a history a replay
  * cleared passing, and a rank 0 that fed a token no TOKEN gave failing; and the honest answers
  * to tests/lib/audit_fixture.h's audits (fuzz-audit's) passing, whole and in parts, the last
- * rank's refused without its TOKEN's logits or with logits not its own.
+ * rank's refused without its TOKEN's logits, with logits not its own, and without the
+ * session's sampling or with another (its digest folds it in).
  * With KV_MARKET_PG=postgres://... (tests/integration/test-market-pg.sh starts a throwaway server) the
  * same cases run on PostgreSQL; each case starts from an empty database. */
 #include <math.h>
@@ -426,7 +427,7 @@ static void ap_pending(struct kvd_market_store *st, struct kvd_market_audit *au,
     }
     /* the audited position, drawn at random, set to 8: inputs to split over the parts */
     T_CHECK(af_pending_on(st, au, "n1", session, 1, (const uint8_t (*)[32])sent,
-                          (const uint8_t (*)[32])recv, AP_N, 8, NULL, 1000, NULL) == 0,
+                          (const uint8_t (*)[32])recv, AP_N, NULL, NULL, 8, NULL, 1000, NULL) == 0,
             "audit drawn, its received side in");
     cJSON *ch = NULL;
     char why[512];
@@ -608,7 +609,7 @@ static int fc_audit(struct kvd_market_store *st, struct kvd_market_audit *au, co
         ring_merkle_leaf(p, lens[p] ? rows[p] : NULL, lens[p], recv[p]);
     }
     T_CHECK(af_pending_on(st, au, "n1", session, 0, (const uint8_t (*)[32])sent,
-                          (const uint8_t (*)[32])recv, FC_N, q, NULL, 1000, NULL) == 0,
+                          (const uint8_t (*)[32])recv, FC_N, NULL, NULL, q, NULL, 1000, NULL) == 0,
             "audit drawn, its received side in");
     cJSON *ch = NULL;
     T_CHECK(kvd_market__audit_due(au, "m", "n1", 1001, &ch, why, wn) == 0 && ch, "a challenge");
@@ -733,6 +734,22 @@ T_CASE(audit_kinds)
     forged.logits[13][3] += 1.0f;
     rc = answer_of(au, l->node, af_answer(&forged), &v, &settled, why, sizeof why);
     T_CHECK(rc == -EBADMSG && strstr(why, "hash"), "logits not its own: rc %d (%s)", rc, why);
+    /* the sampling its digest folds in: left out, or another one (a hotter temperature, so
+     * that any token would pass), and the proofs fail */
+    af_restore(st, l, saved[AF_LAST]);
+    b = af_answer(l);
+    cJSON_DeleteItemFromObject(b, "sampling");
+    rc = answer_of(au, l->node, b, &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EBADMSG && strstr(why, "Merkle proof"), "sampling left out: rc %d (%s)", rc, why);
+    af_restore(st, l, saved[AF_LAST]);
+    forged = *l;
+    struct ring_open_params op;
+    ring_open_decode(forged.sampling, &op);
+    op.temperature = 5.0f;
+    op.top_k = 0;
+    ring_open_encode(&op, forged.sampling);
+    rc = answer_of(au, l->node, af_answer(&forged), &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EBADMSG && strstr(why, "Merkle proof"), "other sampling: rc %d (%s)", rc, why);
     for (int k = 0; k < AF_KINDS; k++)
         free(saved[k]);
     audit_env_close(&e);
