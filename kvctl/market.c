@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -315,6 +316,23 @@ static void status_table(const cJSON *cov)
         if (took)   /* a standby took the rank over: the manifest still names the node before */
             printf("  %-6s %-9s took over from %.16s (the manifest's node for this rank)\n", "", "",
                    str_or_q(took, "from"));
+        const cJSON *aud = cJSON_GetObjectItemCaseSensitive(st, "audits");
+        if (aud) {   /* its node's audits: each verdict's count, the last one */
+            const cJSON *c, *al = cJSON_GetObjectItemCaseSensitive(aud, "last");
+            char line[256];
+            int k = snprintf(line, sizeof line, "audits");
+            cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(aud, "counts"))
+                if (k > 0 && (size_t)k < sizeof line && cJSON_IsNumber(c))
+                    k += snprintf(line + k, sizeof line - (size_t)k, "%s %d %s", k > 6 ? "," : "",
+                                  (int)c->valuedouble, c->string);
+            if (al && k > 0 && (size_t)k < sizeof line)
+                k += snprintf(line + k, sizeof line - (size_t)k, "; last %s %.0f s ago",
+                              str_or_q(al, "result"), (double)time(NULL) - util_json_number(al, "at", 0));
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(aud, "pending")) && k > 0 &&
+                (size_t)k < sizeof line)
+                snprintf(line + k, sizeof line - (size_t)k, "; one pending");
+            printf("  %-6s %-9s %s\n", "", "", line);
+        }
         cJSON_ArrayForEach(sb, cJSON_GetObjectItemCaseSensitive(w, "standbys"))
             printf("  %-6s %-9s %-10s %-10s %-18.16s %-28s\n", "", "", str_or_q(sb, "state"), "",
                    str_or_q(sb, "node"), cJSON_IsString(cJSON_GetObjectItemCaseSensitive(sb, "endpoint")) ?

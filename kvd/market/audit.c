@@ -111,10 +111,16 @@ static cJSON *record_load(struct kvd_market_audit *au, const char *model, const 
     return r;
 }
 
-/* The last audit's result, the pending one cleared. */
+/* The last audit's result, the pending one cleared, and the node's count of that result. */
 static void record_last(cJSON *r, const char *id, const char *result, double nmse,
                         const char *why, double now)
 {
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(r, "counts");
+    if (!cJSON_IsObject(c)) {
+        cJSON_DeleteItemFromObject(r, "counts");
+        c = cJSON_AddObjectToObject(r, "counts");
+    }
+    util_json_set(c, result, cJSON_CreateNumber(util_json_number(c, result, 0) + 1));
     cJSON_DeleteItemFromObject(r, "pending");
     cJSON_DeleteItemFromObject(r, "last");
     cJSON *l = cJSON_AddObjectToObject(r, "last");

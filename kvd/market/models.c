@@ -262,6 +262,21 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct kvd_market_st
             if (n && !strcmp(n, ms->l[i].node) && last)   /* the stage's last probe */
                 cJSON_AddItemToObject(e, "probe", cJSON_Duplicate(last, 1));
             cJSON_Delete(chk);
+            /* its node's audits of this model: how many of each verdict, the last one, and
+             * whether one is pending (docs/market.md, "Audits") */
+            char akey[160];
+            snprintf(akey, sizeof akey, "audit/%s/%s", ms->m.id, ms->l[i].node);
+            cJSON *au = kvd_market__blob_load(a->st, akey);
+            const cJSON *cnt = cJSON_GetObjectItemCaseSensitive(au, "counts");
+            if (cJSON_IsObject(cnt)) {
+                cJSON *ao = cJSON_AddObjectToObject(e, "audits");
+                cJSON_AddItemToObject(ao, "counts", cJSON_Duplicate(cnt, 1));
+                const cJSON *al = cJSON_GetObjectItemCaseSensitive(au, "last");
+                if (al)
+                    cJSON_AddItemToObject(ao, "last", cJSON_Duplicate(al, 1));
+                cJSON_AddBoolToObject(ao, "pending", cJSON_GetObjectItemCaseSensitive(au, "pending") != NULL);
+            }
+            cJSON_Delete(au);
             if (ms->took_sha[i][0]) {   /* a standby that took the rank over */
                 cJSON *t = cJSON_AddObjectToObject(e, "took_over");
                 cJSON_AddStringToObject(t, "from", ms->mnode[i]);

@@ -119,6 +119,21 @@ for n in a b; do
     python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); sys.exit(0 if b["layer_tokens"]>0 and b["credit"]>0 else 1)' \
         "$T/bal-$n.json" || fail "honest node $n has no credit: $(cat "$T/bal-$n.json")"
 done
+# the map shows each stage's audits: the honest ones' counts, all passed, and their last
+"$KVCTL" market status "$M" --model "$ID" --json >"$T/cov.json" || fail "market status"
+python3 - "$T/cov.json" "$KA" "$KB" <<'PY' || fail "the map does not show the honest nodes' audits passed: $(cat "$T/cov.json")"
+import json, sys
+c = json.load(open(sys.argv[1]))["models"][0]
+st = {s["node"]: s for w in c["windows"] for s in w["stages"]}
+for k in sys.argv[2:]:
+    a = st[k]["audits"]
+    assert a["counts"].get("pass", 0) >= 1 and not a["counts"].get("fail"), a
+    assert a["last"]["result"] == "pass", a
+PY
+"$KVCTL" market status "$M" --model "$ID" >"$T/status.txt" || fail "market status"
+grep -q "audits [0-9]* pass.*; last pass [0-9]* s ago" "$T/status.txt" ||
+    fail "kvctl market status shows no audits line: $(cat "$T/status.txt")"
 PASSED=$(grep -c "audit [0-9a-f]* of node \($(short "$KA")\|$(short "$KB")\)\.\.\. (.*): pass" "$T/market.log")
-echo "ok   the honest nodes' $PASSED audits passed; they keep their active leases and their credit"
+echo "ok   the honest nodes' $PASSED audits passed; they keep their active leases and their credit; the map shows their audits"
+grep "audits " "$T/status.txt" | head -1 | sed 's/^ */     /'
 finish
