@@ -57,9 +57,9 @@ struct job {
     int32_t *tokens;        /* rank 0: [n] the ids embedded */
     float *x;               /* [n][n_embd]: the rows received, then the window's output */
     float *sent;            /* [n_embd]: the row the node sent (ranks but the last) */
-    uint32_t tok;           /* the last rank's first token of its TOKEN, its logprob, and */
-    float tok_lp;
-    float *logits;          /* [n_logits] the logits it sent with it (NULL: none) */
+    uint32_t toks[RING_TOKENS_MAX];   /* the last rank's TOKEN: its tokens (sampled from the */
+    float lps[RING_TOKENS_MAX];       /* last tok_n rows), their logprobs, and */
+    float *logits;          /* [n_logits] the logits it sent with its first (NULL: none) */
     uint32_t n_logits;
     bool raw;               /* from an older protocol's TOKEN: logits only where n_vocab fit */
     uint32_t tok_n;         /* the tokens that TOKEN carried (1 for an older protocol's) */
@@ -362,7 +362,7 @@ static void job_free(struct job *j)
  * at AUDIT_KEPT_MINP of it, and a token AUDIT_KEPT_MARGIN below the set's lowest logit passes.
  * Penalties need the history, which the answer does not hold: those sessions (and parameters
  * no sampler takes) are not judged here. 1 in the set, 0 not (j->why), -1 not judged. */
-static int judge_kept(struct job *j, const float *lg, uint32_t n_vocab)
+static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, uint32_t n_vocab)
 {
     uint8_t open[RING_OPEN_LEN] = {0};
     struct ring_open_params op;
@@ -389,7 +389,7 @@ static int judge_kept(struct job *j, const float *lg, uint32_t n_vocab)
     float edge = INFINITY;
     bool in = false;
     for (int i = 0; i < k; i++) {
-        in = in || (uint32_t)ids[i] == j->tok;
+        in = in || (uint32_t)ids[i] == t;
         if (lg[ids[i]] < edge)
             edge = lg[ids[i]];
     }
@@ -397,27 +397,22 @@ static int judge_kept(struct job *j, const float *lg, uint32_t n_vocab)
     free(cp);
     if (k < 1)
         return -1;
-    if (in || lg[j->tok] >= edge - AUDIT_KEPT_MARGIN)
+    if (in || lg[t] >= edge - AUDIT_KEPT_MARGIN)
         return 1;
     snprintf(j->why, sizeof j->why, "position %u: token %u is none the sampler could draw "
              "(temperature %g, top_k %d, top_p %g, min_p %g): its logit %.3f is below %.3f, the "
-             "lowest of the %d it draws from", j->pos, j->tok, op.temperature, op.top_k, op.top_p,
-             op.min_p, lg[j->tok], edge, k);
+             "lowest of the %d it draws from", pos, t, op.temperature, op.top_k, op.top_p,
+             op.min_p, lg[t], edge, k);
     return 0;
 }
 
-/* The last rank's token against the recomputed logits (docs/market.md, "Audits"). */
+/* The last rank's TOKEN against the recomputed logits lg[tok_n][n_vocab] of the rows its tokens
+ * were sampled from (docs/market.md, "Audits"): each token of the vocabulary with a logprob at
+ * most 0, in the set the session's sampling draws from (or, without it, not trailing the
+ * favourite it claims to be), and the first's logits, when they went along, within tolerance. */
 static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
 {
-    uint32_t t = j->tok;
-    float lp = j->tok_lp;
     j->result = 1;
-    if (t >= n_vocab || !isfinite(lp) || lp > 1e-3f) {
-        j->result = 0;
-        snprintf(j->why, sizeof j->why, "position %u: token %u with logprob %g is no sample of "
-                 "a vocabulary of %u", j->pos, t, lp, n_vocab);
-        return;
-    }
     if (j->logits && j->raw && j->n_logits != n_vocab) {
         free(j->logits);   /* an older TOKEN's drafts or tokens, not one token's logits */
         j->logits = NULL;
@@ -437,24 +432,36 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
             return;
         }
     }
-    int kept = j->sampling_in ? judge_kept(j, lg, n_vocab) : -1;
-    if (kept == 0) {
-        j->result = 0;
-        return;
+    int kept = -1;
+    for (uint32_t i = 0; i < j->tok_n; i++, lg += n_vocab) {
+        uint32_t t = j->toks[i], pos = j->pos + i;
+        float lp = j->lps[i];
+        if (t >= n_vocab || !isfinite(lp) || lp > 1e-3f) {
+            j->result = 0;
+            snprintf(j->why, sizeof j->why, "position %u: token %u with logprob %g is no sample "
+                     "of a vocabulary of %u", pos, t, lp, n_vocab);
+            return;
+        }
+        kept = j->sampling_in ? judge_kept(j, t, pos, lg, n_vocab) : -1;
+        if (kept == 0) {
+            j->result = 0;
+            return;
+        }
+        uint32_t g = 0;
+        for (uint32_t v = 1; v < n_vocab; v++)
+            if (lg[v] > lg[g])
+                g = v;
+        if (lp >= logf(0.5f) && t != g && lg[g] - lg[t] >= AUDIT_HEAD_LEAD) {
+            j->result = 0;
+            snprintf(j->why, sizeof j->why, "position %u: token %u reported as the favourite "
+                     "(logprob %.3f), but token %u leads it by %.2f in the recomputed logits",
+                     pos, t, lp, g, lg[g] - lg[t]);
+            return;
+        }
     }
-    snprintf(j->note, sizeof j->note, "the first of a TOKEN's %u tokens judged%s%s", j->tok_n,
+    snprintf(j->note, sizeof j->note, "a TOKEN's %u tokens judged%s%s", j->tok_n,
              j->logits ? ", its logits compared" : "",
              kept > 0 ? ", in the set its sampling draws from" : "");
-    uint32_t g = 0;
-    for (uint32_t v = 1; v < n_vocab; v++)
-        if (lg[v] > lg[g])
-            g = v;
-    if (lp >= logf(0.5f) && t != g && lg[g] - lg[t] >= AUDIT_HEAD_LEAD) {
-        j->result = 0;
-        snprintf(j->why, sizeof j->why, "position %u: token %u reported as the favourite "
-                 "(logprob %.3f), but token %u leads it by %.2f in the recomputed logits", j->pos,
-                 t, lp, g, lg[g] - lg[t]);
-    }
 }
 
 /* The last rank's TOKEN at j->pos: from a summary (ring_token_leaf_parse), its first token,
@@ -475,9 +482,9 @@ static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJS
             snprintf(why, n, "position %u: a TOKEN of %u bytes", j->pos, len);
             return -EBADMSG;
         }
-        j->tok = util_le32_get(row);
+        j->toks[0] = util_le32_get(row);
         j->tok_n = 1;
-        memcpy(&j->tok_lp, row + 4, 4);
+        memcpy(&j->lps[0], row + 4, 4);
         if ((len - 8) % 4 == 0 && (len - 8) / 4 > RING_DRAFTS_MAX) {
             lg = row + 8;
             nl = (len - 8) / 4;
@@ -487,9 +494,11 @@ static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJS
         snprintf(why, n, "position %u: the TOKEN's summary is malformed", j->pos);
         return -EBADMSG;
     } else {
-        j->tok = util_le32_get(tl.tokens);
         j->tok_n = tl.n;
-        memcpy(&j->tok_lp, tl.logprobs, 4);
+        for (uint32_t i = 0; i < tl.n; i++) {
+            j->toks[i] = util_le32_get(tl.tokens + 4 * i);
+            memcpy(&j->lps[i], tl.logprobs + 4 * i, 4);
+        }
         if (tl.logits_sha) {
             const char *s = util_json_string(opening, "logits");
             uint8_t md[EVP_MAX_MD_SIZE];
@@ -617,10 +626,11 @@ static void job_run(uv_work_t *w)
     if (rc == 0)
         rc = model_window_run(e, 1, 0, j->n, j->x);
     const float *out = j->x + (size_t)(j->n - 1) * j->n_embd;
-    if (rc == 0 && j->head) {
+    if (rc == 0 && j->head) {   /* the rows the TOKEN's tokens were sampled from */
         uint32_t nv = model_get_hparams(m)->n_vocab;
-        lg = malloc((size_t)nv * sizeof *lg);
-        rc = lg ? model_head(e, out, 1, lg) : -ENOMEM;
+        lg = malloc((size_t)nv * j->tok_n * sizeof *lg);
+        rc = lg ? model_head(e, j->x + (size_t)(j->n - j->tok_n) * j->n_embd, j->tok_n, lg)
+                : -ENOMEM;
         if (rc == 0)
             judge_head(j, lg, nv);
     } else if (rc == 0) {
@@ -939,6 +949,14 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     if (head) {
         if ((rc = head_token(j, row, len, cJSON_GetArrayItem(outs, no - 1), why, n)))
             goto out;
+        /* the inputs go on to the row the TOKEN's last token was sampled from */
+        if ((uint64_t)q + j->tok_n > t1) {
+            snprintf(why, n, "position %u: a TOKEN of %u tokens sampled past the range's end %u",
+                     q, j->tok_n, t1);
+            rc = -EBADMSG;
+            goto out;
+        }
+        j->n = q - t0 + j->tok_n;
     } else {
         j->sent = malloc((size_t)j->n_embd * sizeof *j->sent);
         if (!j->sent) {

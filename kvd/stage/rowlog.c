@@ -357,8 +357,11 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
     double mp = util_json_number(c, "max_positions", 0);
     uint32_t cap = mp >= 1 && mp < (double)(t1 - t0) ? (uint32_t)mp : t1 - t0;
     struct audit_log l;
+    /* (the last rank's inputs go on to the rows its TOKEN's drafts were verified at, up to
+     * RING_DRAFTS_MAX past the cap) */
+    uint64_t keep = (uint64_t)(p >= t0 + cap ? p + 1 : t0 + cap) + RING_DRAFTS_MAX;
     int rc = audit_log_load(&l, state_dir, sj->valuestring, t0, t1,
-                            p >= t0 + cap ? p + 1 : t0 + cap, err, errlen);
+                            keep < t1 ? (uint32_t)keep : t1, err, errlen);
     if (rc) {
         cJSON_Delete(c);
         return rc;
@@ -379,6 +382,11 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
     }
     bool none = head && !l.sent.row[q - t0];   /* no token up to the range's end or the cap */
     struct ring_token_leaf tl;
+    uint32_t qi = q;   /* the last input: the row the TOKEN's last token was sampled from */
+    if (rc == 0 && head && !none &&
+        ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0 &&
+        q + tl.n - 1 < t1)
+        qi = q + tl.n - 1;
     if (rc == 0 && head && !none &&
         ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0 && tl.logits_sha) {
         /* the TOKEN's first token's logits, which its summary holds the hash of */
@@ -418,9 +426,9 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
             }
             cJSON_AddItemToArray(t, cJSON_CreateNumber(l.tok[i - t0]));
         }
-    } else if (rc == 0 && !none) {   /* the rows received, t0 .. q, against the received root */
+    } else if (rc == 0 && !none) {   /* the rows received, t0 .. qi, against the received root */
         cJSON *in = cJSON_AddArrayToObject(o, "inputs");
-        for (uint32_t i = t0; rc == 0 && i <= q; i++) {
+        for (uint32_t i = t0; rc == 0 && i <= qi; i++) {
             cJSON *x = l.recv.row[i - t0] ? opening(&l, &l.recv, rl, i) : NULL;
             if (!x) {
                 snprintf(err, errlen, "audit: the row log of session %s holds no row received "

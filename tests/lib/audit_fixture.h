@@ -209,8 +209,11 @@ static inline cJSON *af_answer(const struct af *a)
     }
     if (a->fold_sent || a->fold_recv)
         af_b64(b, "sampling", a->sampling, RING_SAMPLING_LEN);
+    /* the last rank's inputs go on to the row its TOKEN's last token was sampled from */
+    int32_t t[3];
+    uint32_t qi = a->kind == AF_LAST ? q + af_token_at(q, t) - 1 : q;
     cJSON *in = cJSON_AddArrayToObject(b, a->kind == AF_RANK0 ? "received" : "inputs");
-    for (uint32_t p = 0; p <= q; p++)
+    for (uint32_t p = 0; p <= qi; p++)
         cJSON_AddItemToArray(in, af_open(rl, AF_N, a->rrow[p], a->rlen[p], p));
     if (a->kind == AF_RANK0) {
         cJSON *t = cJSON_AddArrayToObject(b, "token_ids");

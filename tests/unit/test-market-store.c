@@ -734,6 +734,14 @@ T_CASE(audit_kinds)
     forged.logits[13][3] += 1.0f;
     rc = answer_of(au, l->node, af_answer(&forged), &v, &settled, why, sizeof why);
     T_CHECK(rc == -EBADMSG && strstr(why, "hash"), "logits not its own: rc %d (%s)", rc, why);
+    /* the inputs only to the TOKEN's row, not to the row its second token was sampled from */
+    af_restore(st, l, saved[AF_LAST]);
+    b = af_answer(l);
+    cJSON *ins = cJSON_GetObjectItemCaseSensitive(b, "inputs");
+    cJSON_DeleteItemFromArray(ins, cJSON_GetArraySize(ins) - 1);
+    rc = answer_of(au, l->node, b, &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EINVAL && strstr(why, "inputs: expected 15 openings"), "inputs short of the "
+            "TOKEN's last row: rc %d (%s)", rc, why);
     /* the sampling its digest folds in: left out, or another one (a hotter temperature, so
      * that any token would pass), and the proofs fail */
     af_restore(st, l, saved[AF_LAST]);
