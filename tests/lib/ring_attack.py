@@ -58,6 +58,16 @@ MAGIC = 0x3152564B
 F_HELLO, F_AUTH, F_ERROR = 1, 2, 7
 
 
+def ring_version():
+    """The link protocol's version, as ring/ring.h defines RING_VERSION (its one home)."""
+    import re
+    h = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "ring", "ring.h")
+    m = re.search(r"#define RING_VERSION\s+(\d+)u", open(h).read())
+    if not m:
+        sys.exit("ring_attack: no RING_VERSION in " + h)
+    return int(m.group(1))
+
+
 class Dir:
     """One direction of a proxied link: handshake frames, then records."""
 
@@ -429,8 +439,8 @@ def idle(to, count, seconds):
 
 
 def hello_frame(ring, rank, n_ranks, key, mhash, nonce, eph):
-    """A HELLO frame (protocol version 3): the 28-byte header and its 204-byte payload."""
-    p = struct.pack("<III", 3, rank, n_ranks) + ring.encode().ljust(64, b"\0") + key + mhash + nonce + eph
+    """A HELLO frame (this protocol version): the 28-byte header and its 204-byte payload."""
+    p = struct.pack("<III", ring_version(), rank, n_ranks) + ring.encode().ljust(64, b"\0") + key + mhash + nonce + eph
     return struct.pack("<IBBHQIII", MAGIC, F_HELLO, 0, 0, 0, 0, 0, len(p)) + p
 
 
