@@ -122,8 +122,11 @@ void ring_wire_decode(const uint8_t *in, size_t n, uint32_t dsize, float *x);
 /* An audit's answer goes to the market in parts of at most this many bytes each (docs/market.md,
  * "Audits"), well under the body cap. */
 #define RING_AUDIT_PART_BYTES (256u << 10)
-/* The arrays of an audit's answer, in the order its parts carry their items. */
-#define RING_AUDIT_ARRAYS {"outputs", "inputs", "received", "token_ids"}
+/* The arrays of an audit's answer, in the order its parts carry their items; "logits" holds
+ * the last rank's TOKEN's first logits in pieces of RING_AUDIT_LOGITS_PIECE bytes (base64
+ * strings), so that a large vocabulary's go in several parts. */
+#define RING_AUDIT_ARRAYS {"outputs", "inputs", "received", "token_ids", "logits"}
+#define RING_AUDIT_LOGITS_PIECE (96u << 10)
 struct net_identity;
 /* The canonical bytes "KVMKT1\n" METHOD "\n" PATH "\n" hex(SHA-256(body)) "\n" TS "\n" NONCE
  * into out (RING_MARKET_CANON_MAX): their length, or -ENAMETOOLONG. */

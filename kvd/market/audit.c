@@ -38,6 +38,7 @@
 #define AUDIT_KEPT_P 0.01f
 #define AUDIT_KEPT_MINP 0.5f
 #define AUDIT_KEPT_MARGIN 0.05f
+#define AUDIT_LOGITS_MAX (16u << 20)   /* a TOKEN's first logits: a vocabulary of 4M entries */
 #define AUDIT_VERIFY_THREADS 2
 
 struct kvd_market_audit {
@@ -464,12 +465,46 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
              kept > 0 ? ", in the set its sampling draws from" : "");
 }
 
-/* The last rank's TOKEN at j->pos: from a summary (ring_token_leaf_parse), its first token,
- * that token's logprob and, when the logits went along, its logits, opened beside the summary
- * ("logits") and checked against the hash the summary holds; from the raw payload of an older
+/* The answer's "logits": base64 pieces, joined into malloc'd *out, *len bytes (at most
+ * AUDIT_LOGITS_MAX): 0, -EINVAL (none, or not base64 pieces), -E2BIG, -ENOMEM. */
+static int logits_join(const cJSON *arr, uint8_t **out, uint32_t *len)
+{
+    const cJSON *it;
+    uint8_t *all = NULL;
+    size_t n = 0;
+    int rc = cJSON_IsArray(arr) && cJSON_GetArraySize(arr) > 0 ? 0 : -EINVAL;
+    cJSON_ArrayForEach(it, arr) {
+        uint8_t *b = NULL, *na;
+        uint32_t bl = 0;
+        if (rc || !cJSON_IsString(it) || (rc = b64_decode(it->valuestring, &b, &bl))) {
+            rc = rc ? rc : -EINVAL;
+            break;
+        }
+        if (n + bl > AUDIT_LOGITS_MAX || !(na = realloc(all, n + bl + 1))) {
+            free(b);
+            rc = n + bl > AUDIT_LOGITS_MAX ? -E2BIG : -ENOMEM;
+            break;
+        }
+        all = na;
+        memcpy(all + n, b, bl);
+        n += bl;
+        free(b);
+    }
+    if (rc) {
+        free(all);
+        return rc;
+    }
+    *out = all;
+    *len = (uint32_t)n;
+    return 0;
+}
+
+/* The last rank's TOKEN at j->pos: from a summary (ring_token_leaf_parse), its tokens, their
+ * logprobs and, when the logits went along, the first's logits, the answer's "logits" (pieces,
+ * logits_join) checked against the hash the summary holds; from the raw payload of an older
  * protocol, i32 token | f32 logprob [| one token's logits]. 0, or -EINVAL/-EBADMSG/-ENOMEM
  * with why. */
-static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJSON *opening,
+static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJSON *body,
                       char *why, size_t n)
 {
     struct ring_token_leaf tl;
@@ -500,12 +535,12 @@ static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJS
             memcpy(&j->lps[i], tl.logprobs + 4 * i, 4);
         }
         if (tl.logits_sha) {
-            const char *s = util_json_string(opening, "logits");
             uint8_t md[EVP_MAX_MD_SIZE];
             unsigned ml = 0;
-            if (!s || (rc = b64_decode(s, &b, &nl))) {
+            if ((rc = logits_join(cJSON_GetObjectItemCaseSensitive(body, "logits"), &b, &nl))) {
                 snprintf(why, n, rc == -ENOMEM ? "out of memory" : "position %u: the logits "
-                         "went along with the TOKEN: expected them (\"logits\", base64)", j->pos);
+                         "went along with the TOKEN: expected them (\"logits\", base64 pieces "
+                         "of at most %u bytes all told)", j->pos, AUDIT_LOGITS_MAX);
                 return rc == -ENOMEM ? rc : -EINVAL;
             }
             if (!EVP_Digest(b, nl, md, &ml, EVP_sha256(), NULL) || ml != 32 ||
@@ -947,7 +982,7 @@ int kvd_market__audit_answer(struct kvd_market_audit *au, const char *model, con
     j->pos = q;
     j->n = q - t0 + 1;
     if (head) {
-        if ((rc = head_token(j, row, len, cJSON_GetArrayItem(outs, no - 1), why, n)))
+        if ((rc = head_token(j, row, len, body, why, n)))
             goto out;
         /* the inputs go on to the row the TOKEN's last token was sampled from */
         if ((uint64_t)q + j->tok_n > t1) {

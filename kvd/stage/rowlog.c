@@ -290,7 +290,8 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
     return rc;
 }
 
-/* o[name]: base64 of len bytes at b: 0, or -ENOMEM. */
+/* Base64 of len bytes at b, as a JSON string: o[name] (o an object), or appended (an array).
+ * 0, or -ENOMEM. */
 static int add_b64(cJSON *o, const char *name, const uint8_t *b, size_t len)
 {
     char *b64 = malloc((len + 2) / 3 * 4 + 1);
@@ -299,9 +300,15 @@ static int add_b64(cJSON *o, const char *name, const uint8_t *b, size_t len)
     b64[0] = 0;
     if (len)
         EVP_EncodeBlock((unsigned char *)b64, b, (int)len);
-    cJSON *v = cJSON_AddStringToObject(o, name, b64);
+    cJSON *v = cJSON_CreateString(b64);
     free(b64);
-    return v ? 0 : -ENOMEM;
+    if (!v)
+        return -ENOMEM;
+    if (cJSON_IsArray(o))
+        cJSON_AddItemToArray(o, v);
+    else
+        cJSON_AddItemToObject(o, name, v);
+    return 0;
 }
 
 /* {"pos", "row": base64 of its bytes ("" for none), "path": [hex, ...]}: the opening of
@@ -394,9 +401,14 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
             snprintf(err, errlen, "audit: the row log of session %s holds no logits sent at %u",
                      sj->valuestring, q);
             rc = -ENOENT;
-        } else {
-            rc = add_b64(cJSON_GetArrayItem(outs, (int)(q - p)), "logits", l.logits.row[q - t0],
-                         l.logits.len[q - t0]);
+        } else {   /* in pieces, an array an answer in parts can split: a vocabulary's logits
+                    * can be larger than one request */
+            cJSON *lg = cJSON_AddArrayToObject(o, "logits");
+            for (uint32_t off = 0; rc == 0 && off < l.logits.len[q - t0]; off += RING_AUDIT_LOGITS_PIECE) {
+                uint32_t k = l.logits.len[q - t0] - off;
+                rc = add_b64(lg, NULL, l.logits.row[q - t0] + off,
+                             k < RING_AUDIT_LOGITS_PIECE ? k : RING_AUDIT_LOGITS_PIECE);
+            }
         }
     }
     if (rc == 0 && !head && !l.sent.row[q - t0]) {

@@ -128,8 +128,9 @@ while [ $k -lt 40 ] && { [ -z "$SEEN_LAST" ] || [ -z "$SEEN_R0" ]; }; do
         audited "$SD" $r | grep -q "): pass\( (.*)\)\?$" ||
             fail "rank $r's audit of drafting session $SD ($SAMP): $(audited "$SD" $r)"
     done
-    # (by the session's sampling, which the last edge's receipts commit to)
-    audited "$SD" 2 | grep -q "TOKEN's [0-9]* tokens judged, its logits compared, in the set its sampling draws from" ||
+    # (by the session's sampling, which the last edge's receipts commit to; an audited position
+    # among the rejected drafts left at the session's end has no token from it on: nothing to judge)
+    audited "$SD" 2 | grep -q "TOKEN's [0-9]* tokens judged, its logits compared, in the set its sampling draws from\|(no token sampled from the position on;" ||
         fail "the last rank's audit of session $SD did not judge its token by the session's sampling: $(audited "$SD" 2)"
     audited "$SD" 2 | grep -q "TOKEN's \([2-9]\|1[0-5]\) tokens judged" && SEEN_LAST="$SD ($SAMP)"
     audited "$SD" 0 | grep -q "checked, [1-9][0-9]* of them drafts they accepted" && SEEN_R0="$SD ($SAMP)"

@@ -201,11 +201,16 @@ static inline cJSON *af_answer(const struct af *a)
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "id", a->id);
     cJSON *outs = cJSON_AddArrayToObject(b, "outputs");
-    for (uint32_t p = a->pos; p <= q; p++) {
-        cJSON *o = af_open(sl, AF_N, a->srow[p], a->slen[p], p);
-        if (p == q && a->kind == AF_LAST)
-            af_b64(o, "logits", a->logits[p], sizeof a->logits[p]);
-        cJSON_AddItemToArray(outs, o);
+    for (uint32_t p = a->pos; p <= q; p++)
+        cJSON_AddItemToArray(outs, af_open(sl, AF_N, a->srow[p], a->slen[p], p));
+    if (a->kind == AF_LAST) {   /* its TOKEN's first logits, in two pieces */
+        cJSON *lg = cJSON_AddArrayToObject(b, "logits"), *piece;
+        for (int h = 0; h < 2; h++) {
+            af_b64(piece = cJSON_CreateObject(), "b", (const char *)a->logits[q] + h * AF_V * 2,
+                   AF_V * 2);
+            cJSON_AddItemToArray(lg, cJSON_DetachItemFromObject(piece, "b"));
+            cJSON_Delete(piece);
+        }
     }
     if (a->fold_sent || a->fold_recv)
         af_b64(b, "sampling", a->sampling, RING_SAMPLING_LEN);
