@@ -359,8 +359,9 @@ static void job_free(struct job *j)
 /* The last rank's token against the set its sampler draws from (model_sampler_kept) for the
  * recomputed logits lg, by the session's sampling (j->sampling: the last edge's digests fold it
  * in, so it is what the last rank received). The node's logits differ from the recomputed ones
- * in their last bits, so the set is taken a little wider: top-p at AUDIT_KEPT_P more mass, min-p
- * at AUDIT_KEPT_MINP of it, and a token AUDIT_KEPT_MARGIN below the set's lowest logit passes.
+ * (another backend, f16 weights or kernels: within the probes' NMSE), so the set is taken
+ * wider: top-p at AUDIT_KEPT_P more mass, min-p at AUDIT_KEPT_MINP of it, and a token passes
+ * within twice that noise (at least AUDIT_KEPT_MARGIN) below the set's lowest logit.
  * Penalties need the history, which the answer does not hold: those sessions (and parameters
  * no sampler takes) are not judged here. 1 in the set, 0 not (j->why), -1 not judged. */
 static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, uint32_t n_vocab)
@@ -387,6 +388,15 @@ static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, 
         memcpy(cp, lg, (size_t)n_vocab * sizeof *cp);
         k = model_sampler_kept(smp, cp, &ids, &probs);
     }
+    /* the margin: the noise a node's logits may carry and still pass as the recomputed ones
+     * (NMSE RING_PROBE_TOL: an RMS difference of sqrt(TOL x mean square)), twice, at least
+     * AUDIT_KEPT_MARGIN */
+    double ms = 0;
+    for (uint32_t v = 0; v < n_vocab; v++)
+        ms += (double)lg[v] * lg[v];
+    double margin = 2.0 * sqrt(RING_PROBE_TOL * ms / n_vocab);
+    if (!(margin >= AUDIT_KEPT_MARGIN))
+        margin = AUDIT_KEPT_MARGIN;
     float edge = INFINITY;
     bool in = false;
     for (int i = 0; i < k; i++) {
@@ -398,12 +408,12 @@ static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, 
     free(cp);
     if (k < 1)
         return -1;
-    if (in || lg[t] >= edge - AUDIT_KEPT_MARGIN)
+    if (in || lg[t] >= edge - margin)
         return 1;
     snprintf(j->why, sizeof j->why, "position %u: token %u is none the sampler could draw "
              "(temperature %g, top_k %d, top_p %g, min_p %g): its logit %.3f is below %.3f, the "
-             "lowest of the %d it draws from", pos, t, op.temperature, op.top_k, op.top_p,
-             op.min_p, lg[t], edge, k);
+             "lowest of the %d it draws from, by more than %.3f", pos, t, op.temperature, op.top_k,
+             op.top_p, op.min_p, lg[t], edge, k, margin);
     return 0;
 }
 
@@ -519,7 +529,9 @@ static int head_token(struct job *j, const uint8_t *row, uint32_t len, const cJS
         }
         j->toks[0] = util_le32_get(row);
         j->tok_n = 1;
-        memcpy(&j->lps[0], row + 4, 4);
+        /* its logprob is at byte 4 only if the TOKEN carried one token, which the raw payload
+         * does not say: none is taken (the favourite rule is not applied) */
+        j->lps[0] = -1.0f;
         if ((len - 8) % 4 == 0 && (len - 8) / 4 > RING_DRAFTS_MAX) {
             lg = row + 8;
             nl = (len - 8) / 4;

@@ -160,6 +160,8 @@ struct side {
 
 struct audit_log {
     uint32_t t0, t1, keep_end;
+    uint32_t logits_from;             /* the logits kept: from the audited position on (a
+                                       * vocabulary's each, and an answer opens one) */
     struct side recv, sent, logits;   /* logits: the last rank's first token's, by TOKEN */
     int32_t *tok;
     uint8_t *has_tok;
@@ -187,12 +189,12 @@ static void audit_log_free(struct audit_log *l)
 
 /* Position t0 + i of side sd is the row b[len] (NULL: no row): its leaf, and the row itself
  * when it is one an answer may open. 0, or -ENOMEM. */
-static int side_put(const struct audit_log *l, struct side *sd, uint32_t i, const uint8_t *b,
+static int side_put(struct audit_log *l, struct side *sd, uint32_t i, const uint8_t *b,
                     uint32_t len)
 {
     if (sd->leaf)
         ring_merkle_leaf(l->t0 + i, b, b ? len : 0, sd->leaf[i]);
-    if (l->t0 + i >= l->keep_end)
+    if (l->t0 + i >= l->keep_end || (sd == &l->logits && l->t0 + i < l->logits_from))
         return 0;
     free(sd->row[i]);
     sd->row[i] = NULL;
@@ -207,15 +209,16 @@ static int side_put(const struct audit_log *l, struct side *sd, uint32_t i, cons
 }
 
 /* Read the session's log, record by record (a long session's log can be larger than memory
- * should hold), into the leaves of its rows over [t0, t1) and the rows before keep_end: 0, or
- * negative with err. */
+ * should hold), into the leaves of its rows over [t0, t1) and the rows before keep_end (the
+ * logits from logits_from only): 0, or negative with err. */
 static int audit_log_load(struct audit_log *l, const char *state_dir, const char *session,
-                          uint32_t t0, uint32_t t1, uint32_t keep_end, char *err, size_t errlen)
+                          uint32_t t0, uint32_t t1, uint32_t keep_end, uint32_t logits_from,
+                          char *err, size_t errlen)
 {
     char path[4200];
     size_t n = t1 - t0;
     snprintf(path, sizeof path, "%s/rows/%s.rows", dir_of(state_dir), session);
-    *l = (struct audit_log){.t0 = t0, .t1 = t1, .keep_end = keep_end};
+    *l = (struct audit_log){.t0 = t0, .t1 = t1, .keep_end = keep_end, .logits_from = logits_from};
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "row log %s: %s", path, strerror(errno));
@@ -368,7 +371,7 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
      * RING_DRAFTS_MAX past the cap) */
     uint64_t keep = (uint64_t)(p >= t0 + cap ? p + 1 : t0 + cap) + RING_DRAFTS_MAX;
     int rc = audit_log_load(&l, state_dir, sj->valuestring, t0, t1,
-                            keep < t1 ? (uint32_t)keep : t1, err, errlen);
+                            keep < t1 ? (uint32_t)keep : t1, p, err, errlen);
     if (rc) {
         cJSON_Delete(c);
         return rc;
