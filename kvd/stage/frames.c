@@ -264,7 +264,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
         s->draft_from = h->pos;
         s->kv_end = pos + n;
         s->last_active_ms = (uint64_t)util_now_ms();
-        kvd_receipt_received(st, s, h->pos, h->n_tokens, payload, h->payload_len);
+        kvd_receipt_received(st, s, h->pos, h->n_tokens, h->flags, payload, h->payload_len);
         kvd_compute_submit(st->comp, j);
         return;
     }
@@ -311,7 +311,7 @@ void kvd_frame_handle(struct conn *c, const struct ring_frame_hdr *h, const uint
                 VIOLATION(c, "TOKEN draft %u = %u not below n_vocab %u", i,
                           util_le32_get(payload + 8 * (size_t)nt + 4 * i), st->be.n_vocab);
         s->last_active_ms = (uint64_t)util_now_ms();
-        kvd_receipt_received(st, s, h->pos, nt, payload, h->payload_len);
+        kvd_receipt_received(st, s, h->pos, nt, h->flags, payload, h->payload_len);
         kvd_sess_on_token(st, s, h, payload);
         return;
     }

@@ -646,10 +646,10 @@ struct stage {
  * frame's rows as its header gives them (an ACT's n rows at pos, a TOKEN at pos). */
 void kvd_receipt_ran(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
                      const int32_t *tokens);
-void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n, uint8_t flags,
                       const void *payload, size_t len);
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
-                          const void *payload, size_t len);
+                          uint8_t flags, const void *payload, size_t len);
 /* A replay of session s (docs/ring.md, "Repair"; rank 0 sending it, the last rank receiving
  * its OPEN) runs its whole history of n positions again as a prompt: the last rank samples
  * from none of them but the last, so whichever node serves the last rank now sends no TOKEN

@@ -23,11 +23,13 @@
 
 #include "kvd/stage/internal.h"
 
-/* The leaves of one side, by absolute position (set[p]: a row came for p). */
+/* The leaves of one side, by absolute position (set[p]: a row came for p); vp_lo, vp_hi: the
+ * rows of the last ACT frame of a verifying pass this side saw (0, 0: the last was none). */
 struct leaves {
     uint8_t (*h)[32];
     uint8_t *set;
     uint32_t cap;
+    uint32_t vp_lo, vp_hi;
 };
 
 struct kvd_receipt {
@@ -153,7 +155,8 @@ static void replay_clear(struct kvd_receipt *r, struct leaves *l, int kind)
  * TOKEN's summary (ring_token_leaf_make) at pos - 1, and on the sending side its first
  * token's logits, which an audit of the last rank compares (the summary holds their hash). */
 static void rows_put(const struct stage *st, struct kvd_receipt *r, struct leaves *l, int kind,
-                     bool token, uint32_t pos, uint32_t n, const uint8_t *payload, size_t len)
+                     bool token, bool draft, uint32_t pos, uint32_t n, const uint8_t *payload,
+                     size_t len)
 {
     if (token) {
         uint8_t sum[RING_TOKEN_LEAF_MAX];
@@ -171,6 +174,24 @@ static void rows_put(const struct stage *st, struct kvd_receipt *r, struct leave
                            (size_t)st->be.n_vocab * 4);
         return;
     }
+    /* A frame that starts inside the verifying pass before it and ends short of that pass's
+     * end: the rows after it were rejected drafts, rolled back at every stage and out of the
+     * boundary log, and the positions they held may never come again (the session ends). Their
+     * leaves go, at both ends of the edge alike (the same frames, in order), and the range ends
+     * here: what stays is what a run that never drafted them would have committed to. */
+    if (pos > l->vp_lo && pos < l->vp_hi && pos + n < l->vp_hi) {
+        for (uint32_t p = pos + n; p < l->vp_hi && p < l->cap; p++)
+            if (l->set[p]) {
+                l->set[p] = 0;
+                kvd_rowlog_put(r->log, kind, p, NULL, 0);
+            }
+        if (r->t1 > pos + n)
+            r->t1 = pos + n;
+        if (kind == KVD_ROWLOG_RECEIVED && r->r1 > pos + n)
+            r->r1 = pos + n;
+    }
+    l->vp_lo = draft ? pos : 0;
+    l->vp_hi = draft ? pos + n : 0;
     size_t row = n ? len / n : 0;
     for (uint32_t i = 0; i < n; i++) {
         if (leaf_put(l, pos + i, payload + i * row, row))
@@ -179,21 +200,23 @@ static void rows_put(const struct stage *st, struct kvd_receipt *r, struct leave
     }
 }
 
-void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
+void kvd_receipt_sent(struct stage *st, struct sess *s, uint32_t pos, uint32_t n, uint8_t flags,
                       const void *payload, size_t len)
 {
     struct kvd_receipt *r = receipt_of(st, s);
     if (r)
-        rows_put(st, r, &r->sent, KVD_ROWLOG_SENT, st->is_last, pos, n, payload, len);
+        rows_put(st, r, &r->sent, KVD_ROWLOG_SENT, st->is_last, (flags & RING_FL_DRAFT) != 0, pos,
+                 n, payload, len);
 }
 
 void kvd_receipt_received(struct stage *st, struct sess *s, uint32_t pos, uint32_t n,
-                          const void *payload, size_t len)
+                          uint8_t flags, const void *payload, size_t len)
 {
     struct kvd_receipt *r = receipt_of(st, s);
     if (!r)
         return;
-    rows_put(st, r, &r->recv, KVD_ROWLOG_RECEIVED, st->rank == 0, pos, n, payload, len);
+    rows_put(st, r, &r->recv, KVD_ROWLOG_RECEIVED, st->rank == 0, (flags & RING_FL_DRAFT) != 0,
+             pos, n, payload, len);
     if (st->rank != 0)
         extend(&r->r0, &r->r1, &r->got, pos, n);
     else

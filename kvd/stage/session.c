@@ -183,7 +183,7 @@ static int blog_resend(struct stage *st, struct sess *s, uint32_t n_hist)
             return -ENOTCONN;
         /* sent now, if not before (rows computed while the session was held went only to
          * the log): the receipt's leaves are the rows as they go out */
-        kvd_receipt_sent(st, s, e->pos, e->n, e->data, e->len);
+        kvd_receipt_sent(st, s, e->pos, e->n, fl, e->data, e->len);
         st->stats.frame_bytes_out += RING_HDR_LEN + e->len;
         st->stats.act_frames_out++;
     }
@@ -941,7 +941,7 @@ void kvd_sess_on_job_done(struct kvd_job *j, void *ud)
                 kvd_conn_out_down_why(st, msg, sizeof msg);
                 kvd_sess_hold(st, s, msg);
             } else {
-                kvd_receipt_sent(st, s, pos, n, out, j->out_len);
+                kvd_receipt_sent(st, s, pos, n, j->out_flags, out, j->out_len);
                 st->stats.frame_bytes_out += RING_HDR_LEN + j->out_len;
                 if (j->out_type == RING_F_ACT)
                     st->stats.act_frames_out++;
