@@ -330,7 +330,10 @@ static void status_table(const cJSON *cov)
                               str_or_q(al, "result"), (double)time(NULL) - util_json_number(al, "at", 0));
             if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(aud, "pending")) && k > 0 &&
                 (size_t)k < sizeof line)
-                snprintf(line + k, sizeof line - (size_t)k, "; one pending");
+                k += snprintf(line + k, sizeof line - (size_t)k, "; one pending");
+            if (util_json_number(aud, "queued", 0) > 0 && k > 0 && (size_t)k < sizeof line)
+                snprintf(line + k, sizeof line - (size_t)k, ", %.0f queued",
+                         util_json_number(aud, "queued", 0));
             printf("  %-6s %-9s %s\n", "", "", line);
         }
         cJSON_ArrayForEach(sb, cJSON_GetObjectItemCaseSensitive(w, "standbys"))

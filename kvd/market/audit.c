@@ -40,6 +40,9 @@
 #define AUDIT_KEPT_MARGIN 0.05f
 #define AUDIT_LOGITS_MAX (16u << 20)   /* a TOKEN's first logits: a vocabulary of 4M entries */
 #define AUDIT_VERIFY_THREADS 2
+#define AUDIT_QUEUE_MAX 4   /* audits queued behind the pending one (each has the deadline's
+                             * time once its turn comes: 4 x 300 s, well within the hour the
+                             * nodes keep their row logs) */
 
 struct kvd_market_audit {
     uv_loop_t *loop;
@@ -112,7 +115,9 @@ static cJSON *record_load(struct kvd_market_audit *au, const char *model, const 
     return r;
 }
 
-/* The last audit's result, the pending one cleared, and the node's count of that result. */
+/* The last audit's result, the pending one cleared, and the node's count of that result;
+ * the first audit queued behind it becomes the pending one, its deadline counted from now
+ * (after a failure, which voided the node's credit, the queue goes). */
 static void record_last(cJSON *r, const char *id, const char *result, double nmse,
                         const char *why, double now)
 {
@@ -132,6 +137,19 @@ static void record_last(cJSON *r, const char *id, const char *result, double nms
     if (why)
         cJSON_AddStringToObject(l, "why", why);
     cJSON_AddNumberToObject(l, "at", now);
+    cJSON *q = cJSON_GetObjectItemCaseSensitive(r, "queued");
+    if (!strcmp(result, "fail") || !cJSON_IsArray(q) || !cJSON_GetArraySize(q)) {
+        cJSON_DeleteItemFromObject(r, "queued");
+        return;
+    }
+    cJSON *next = cJSON_DetachItemFromArray(q, 0);
+    util_json_set(next, "deadline", cJSON_CreateNumber(now + util_json_number(next, "deadline_s", 0)));
+    cJSON_DeleteItemFromObject(next, "deadline_s");
+    cJSON_AddItemToObject(r, "pending", next);
+    kvd_log(KVD_LOG_INFO, "audit %s (session %s, position %.0f): its turn, answer within %.0f s",
+            util_json_string(next, "id") ? util_json_string(next, "id") : "?",
+            util_json_string(next, "session") ? util_json_string(next, "session") : "?",
+            util_json_number(next, "position", 0), util_json_number(next, "deadline", now) - now);
 }
 
 int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_audit_work *w,
@@ -142,10 +160,22 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
         return 0;   /* not drawn; a range from past 0 has no KV to recompute it from */
     char key[160];
     cJSON *r = record_load(au, w->model, w->node, key);
+    /* one pending at a time, the draws meanwhile queued behind it: a node that knows one is
+     * pending (its heartbeats carry it) gets no window free of audits by answering late */
+    cJSON *qd = NULL;
+    int nq = 0;
     if (cJSON_GetObjectItemCaseSensitive(r, "pending")) {
-        kvd_log(KVD_LOG_DEBUG, "audit of node %.16s... not drawn: one is pending", w->node);
-        cJSON_Delete(r);
-        return 0;
+        qd = cJSON_GetObjectItemCaseSensitive(r, "queued");
+        if (!cJSON_IsArray(qd)) {
+            cJSON_DeleteItemFromObject(r, "queued");
+            qd = cJSON_AddArrayToObject(r, "queued");
+        }
+        if ((nq = cJSON_GetArraySize(qd)) >= AUDIT_QUEUE_MAX) {
+            kvd_log(KVD_LOG_DEBUG, "audit of node %.16s... not drawn: %d queued behind the "
+                    "pending one", w->node, nq);
+            cJSON_Delete(r);
+            return 0;
+        }
     }
     /* the positions whose rows (f32, base64) and proofs (two a position: the last rank opens
      * outputs and inputs from p to its first token) fit in an answer of --audit-answer-kib,
@@ -160,7 +190,11 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
     if (RAND_bytes(idb, sizeof idb) != 1)
         memset(idb, 0, sizeof idb);
     util_hex_encode(idb, sizeof idb, id);
-    cJSON *p = cJSON_AddObjectToObject(r, "pending");
+    cJSON *p = cJSON_CreateObject();
+    if (qd)
+        cJSON_AddItemToArray(qd, p);
+    else
+        cJSON_AddItemToObject(r, "pending", p);
     cJSON_AddStringToObject(p, "id", id);
     cJSON_AddStringToObject(p, "session", w->session);
     if (w->key)
@@ -182,10 +216,17 @@ int kvd_market__audit_note(struct kvd_market_audit *au, const struct kvd_market_
      * none): no further than this many positions from t0, so that the answer fits */
     cJSON_AddNumberToObject(p, "max_positions", (double)fit);
     cJSON_AddStringToObject(p, "sent", w->digest);
-    cJSON_AddNumberToObject(p, "deadline", now + au->cfg.audit_deadline_s);
+    if (qd)   /* its deadline counts from its turn */
+        cJSON_AddNumberToObject(p, "deadline_s", au->cfg.audit_deadline_s);
+    else
+        cJSON_AddNumberToObject(p, "deadline", now + au->cfg.audit_deadline_s);
     int rc = kvd_market__blob_save(au->st, key, r);
     cJSON_Delete(r);
-    if (rc == 0)
+    if (rc == 0 && qd)
+        kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: rank %u, session %s, position %u "
+                "(queued behind %d: answer within %.0f s of its turn)", id, w->node, w->rank,
+                w->session, pos, nq + 1, au->cfg.audit_deadline_s);
+    else if (rc == 0)
         kvd_log(KVD_LOG_INFO, "audit %s of node %.16s...: rank %u, session %s, position %u "
                 "(answer within %.0f s)", id, w->node, w->rank, w->session, pos,
                 au->cfg.audit_deadline_s);

@@ -275,6 +275,8 @@ static cJSON *coverage_json(struct kvd_market_api *a, const struct kvd_market_st
                 if (al)
                     cJSON_AddItemToObject(ao, "last", cJSON_Duplicate(al, 1));
                 cJSON_AddBoolToObject(ao, "pending", cJSON_GetObjectItemCaseSensitive(au, "pending") != NULL);
+                cJSON_AddNumberToObject(ao, "queued",
+                                        cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(au, "queued")));
             }
             cJSON_Delete(au);
             if (ms->took_sha[i][0]) {   /* a standby that took the rank over */

@@ -762,6 +762,62 @@ T_CASE(audit_kinds)
     audit_env_close(&e);
 }
 
+/* ---- audits drawn while one is pending: queued behind it, at most 4, each with the
+ * deadline's time from its turn; a failure clears the queue ---- */
+T_CASE(audit_queue)
+{
+    struct audit_env e;
+    T_ASSERT(audit_env_open(&e, "aq.db", 0), "audit state");
+    static uint8_t sent[AP_N][32], recv[AP_N][32];
+    char id[17], why[512], sid[17];
+    uint32_t pos;
+    const char *v = "";
+    bool settled;
+    ap_pending(e.st, e.au, "0123456789abcdef", sent, recv, id, &pos);
+    /* six more of the node's receipts credited while it is pending (the draw is certain) */
+    for (int i = 0; i < 6; i++) {
+        snprintf(sid, sizeof sid, "00000000000001%02x", i);
+        T_CHECK(af_pending_on(e.st, e.au, "n1", sid, 1, (const uint8_t (*)[32])sent,
+                              (const uint8_t (*)[32])recv, AP_N, NULL, NULL, 8, NULL, 1000, NULL) == 0,
+                "receipt %d credited", i);
+    }
+    cJSON *r = kvd_market__blob_load(e.st, "audit/m/n1");
+    T_CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(r, "queued")) == 4 &&
+            !strcmp(util_json_string(cJSON_GetObjectItemCaseSensitive(r, "pending"), "id"), id),
+            "four queued behind the pending one, which stays");
+    cJSON_Delete(r);
+    /* the pending one answered: the first queued is due, its deadline from now */
+    T_CHECK(ap_send(e.au, ap_part(id, sent, recv, pos, 0, 1, false), &v, &settled, why, sizeof why) == 0 &&
+            !strcmp(v, "pass"), "the pending one passes: %s", why);
+    cJSON *ch = NULL;
+    T_CHECK(kvd_market__audit_due(e.au, "m", "n1", 1100, &ch, why, sizeof why) == 0 && ch,
+            "the next one is due");
+    T_CHECK(!strcmp(util_json_string(ch, "session") ? util_json_string(ch, "session") : "",
+                    "0000000000000100") && strcmp(util_json_string(ch, "id"), id) &&
+            util_json_number(ch, "deadline_s", 0) > 200,
+            "it is the first queued, with its deadline's time (%.0f s)",
+            util_json_number(ch, "deadline_s", 0));
+    snprintf(id, sizeof id, "%s", util_json_string(ch, "id") ? util_json_string(ch, "id") : "");
+    cJSON_Delete(ch);
+    /* answered wrong (its position, drawn at random, set to 8): the node fails, and the queue
+     * goes with its credit */
+    r = kvd_market__blob_load(e.st, "audit/m/n1");
+    util_json_set(cJSON_GetObjectItemCaseSensitive(r, "pending"), "position", cJSON_CreateNumber(8));
+    T_CHECK(kvd_market__blob_save(e.st, "audit/m/n1", r) == 0, "position set");
+    cJSON_Delete(r);
+    cJSON *b = ap_part(id, sent, recv, 8, 0, 1, false), *o9 = ap_opening(sent, 9, KVD_SIDE_SENT);
+    cJSON *o8 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b, "outputs"), 0);
+    util_json_set(o8, "row", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(o9, "row"), 0));
+    cJSON_Delete(o9);   /* the row sent at 9 shown as 8's: its proof fails */
+    int rc = ap_send(e.au, b, &v, &settled, why, sizeof why);
+    T_CHECK(rc == -EBADMSG, "a wrong answer fails the node (rc %d: %s)", rc, why);
+    r = kvd_market__blob_load(e.st, "audit/m/n1");
+    T_CHECK(!cJSON_GetObjectItemCaseSensitive(r, "queued") &&
+            !cJSON_GetObjectItemCaseSensitive(r, "pending"), "after a failure nothing is queued");
+    cJSON_Delete(r);
+    audit_env_close(&e);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argc, argv);
@@ -776,5 +832,6 @@ int main(int argc, char **argv)
     T_RUN(audit_parts);
     T_RUN(audit_rank0_feed);
     T_RUN(audit_kinds);
+    T_RUN(audit_queue);
     return T_DONE();
 }
