@@ -44,10 +44,20 @@ KL=$(short "$(key_of "$LAST")")
 audited() { # SESSION-ID RANK: the market's verdict on that rank's audit of the session
     grep "audit [0-9a-f]* of node [0-9a-f]*\.\.\. (rank $2, session $1, position [0-9]*): " "$T/market.log" | tail -1
 }
+ends() { grep -c "session [0-9a-f]\{16\} ends" "$T/join-$R0.log"; }
+ends_past() { [ "$(ends)" -gt "$1" ]; }
+# the id of the session that ended after N had (rank 0's node logs the end just after the
+# client has its last token, so it is waited for)
+ended_after() {
+    wait_for 20 ends_past "$1" || return 1
+    grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | sed -n "$(($1 + 1))p" | cut -d' ' -f2
+}
 gen() { # TOKENS N: one session through rank 0; prints its id
+    local before
+    before=$(ends)
     "$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" --tokens "$1" -n "$2" \
         --temp 0 --ignore-eos --ids >"$T/gen.out" 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
-    grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | tail -1 | cut -d' ' -f2
+    ended_after "$before"
 }
 has_audit() { [ -n "$(audited "$1" "$2")" ]; }
 
@@ -99,11 +109,12 @@ echo "ok   a 480-token prompt: the last rank's answer goes in parts ($(grep -o "
 # judged a TOKEN of several tokens with its logits compared, and one of rank 0 checked the ids
 # a TOKEN's accepted drafts gave against it. Every audit of them passes.
 gen_p() { # TEXT N ARGS...: one session from a text prompt; prints its id
-    local text=$1 n=$2
+    local text=$1 n=$2 before
     shift 2
+    before=$(ends)
     "$KVCTL" generate --ring "unix:$T/$R0/kvd.sock" --client-key "$CKEY" -p "$text" -n "$n" \
         --ignore-eos --ids "$@" >"$T/gen.out" 2>"$T/gen.err" || fail "generation failed: $(cat "$T/gen.err")"
-    grep -o "session [0-9a-f]\{16\} ends" "$T/join-$R0.log" | tail -1 | cut -d' ' -f2
+    ended_after "$before"
 }
 # every audit of the 480-token session judged first: a node with one pending draws no other
 for r in 0 1; do
