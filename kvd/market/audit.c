@@ -397,38 +397,62 @@ static void job_free(struct job *j)
     free(j);
 }
 
+struct kept {
+    struct ring_open_params op;
+    struct model_sampler *smp;   /* NULL: the session's tokens are not judged by their set */
+    float *cp;                   /* [n_vocab] scratch: the sampler takes its logits in place */
+};
+
+/* The sampler of j's session for judge_kept, made once for a TOKEN's tokens (k->smp NULL when
+ * it has no sampling, penalties, or parameters no sampler takes). */
+static void kept_open(const struct job *j, uint32_t n_vocab, struct kept *k)
+{
+    uint8_t open[RING_OPEN_LEN] = {0};
+    struct model_sampler_params sp;
+    *k = (struct kept){0};
+    if (!j->sampling_in)
+        return;
+    memcpy(open, j->sampling, RING_SAMPLING_LEN);
+    ring_open_decode(open, &k->op);
+    kvd_sampler_params(&sp, &k->op);
+    if ((sp.penalty_last_n > 0 && (sp.repeat_penalty != 1.0f || sp.freq_penalty != 0.0f ||
+                                   sp.presence_penalty != 0.0f)) ||
+        !isfinite(sp.temperature) || !isfinite(sp.top_p) || !isfinite(sp.min_p))
+        return;
+    if (sp.top_p < 1.0f)
+        sp.top_p = sp.top_p + AUDIT_KEPT_P < 1.0f ? sp.top_p + AUDIT_KEPT_P : 1.0f;
+    sp.min_p *= AUDIT_KEPT_MINP;
+    if (!(k->cp = malloc((size_t)n_vocab * sizeof *k->cp)) || model_sampler_new(&k->smp, &sp, n_vocab)) {
+        free(k->cp);
+        *k = (struct kept){0};
+    }
+}
+
+static void kept_close(struct kept *k)
+{
+    model_sampler_free(k->smp);
+    free(k->cp);
+}
+
 /* The last rank's token against the set its sampler draws from (model_sampler_kept) for the
- * recomputed logits lg, by the session's sampling (j->sampling: the last edge's digests fold it
- * in, so it is what the last rank received). The node's logits differ from the recomputed ones
+ * recomputed logits lg (kp: kept_open), by the session's sampling (j->sampling: the last
+ * edge's digests fold it in, so it is what the last rank received). The node's logits differ from the recomputed ones
  * (another backend, f16 weights or kernels: within the probes' NMSE), so the set is taken
  * wider: top-p at AUDIT_KEPT_P more mass, min-p at AUDIT_KEPT_MINP of it, and a token passes
  * within twice that noise (at least AUDIT_KEPT_MARGIN) below the set's lowest logit.
  * Penalties need the history, which the answer does not hold: those sessions (and parameters
  * no sampler takes) are not judged here. 1 in the set, 0 not (j->why), -1 not judged. */
-static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, uint32_t n_vocab)
+static int judge_kept(struct job *j, struct kept *kp, uint32_t t, uint32_t pos, const float *lg,
+                      uint32_t n_vocab)
 {
-    uint8_t open[RING_OPEN_LEN] = {0};
-    struct ring_open_params op;
-    struct model_sampler_params sp;
-    memcpy(open, j->sampling, RING_SAMPLING_LEN);
-    ring_open_decode(open, &op);
-    kvd_sampler_params(&sp, &op);
-    if ((sp.penalty_last_n > 0 && (sp.repeat_penalty != 1.0f || sp.freq_penalty != 0.0f ||
-                                   sp.presence_penalty != 0.0f)) ||
-        !isfinite(sp.temperature) || !isfinite(sp.top_p) || !isfinite(sp.min_p))
-        return -1;
-    if (sp.top_p < 1.0f)
-        sp.top_p = sp.top_p + AUDIT_KEPT_P < 1.0f ? sp.top_p + AUDIT_KEPT_P : 1.0f;
-    sp.min_p *= AUDIT_KEPT_MINP;
-    struct model_sampler *smp = NULL;
-    float *cp = malloc((size_t)n_vocab * sizeof *cp);
     const int32_t *ids;
     const float *probs;
-    int k = -1;
-    if (cp && model_sampler_new(&smp, &sp, n_vocab) == 0) {
-        memcpy(cp, lg, (size_t)n_vocab * sizeof *cp);
-        k = model_sampler_kept(smp, cp, &ids, &probs);
-    }
+    if (!kp->smp)
+        return -1;
+    memcpy(kp->cp, lg, (size_t)n_vocab * sizeof *kp->cp);
+    int k = model_sampler_kept(kp->smp, kp->cp, &ids, &probs);
+    if (k < 1)
+        return -1;
     /* the margin: the noise a node's logits may carry and still pass as the recomputed ones
      * (NMSE RING_PROBE_TOL: an RMS difference of sqrt(TOL x mean square)), twice, at least
      * AUDIT_KEPT_MARGIN */
@@ -445,16 +469,12 @@ static int judge_kept(struct job *j, uint32_t t, uint32_t pos, const float *lg, 
         if (lg[ids[i]] < edge)
             edge = lg[ids[i]];
     }
-    model_sampler_free(smp);
-    free(cp);
-    if (k < 1)
-        return -1;
     if (in || lg[t] >= edge - margin)
         return 1;
     snprintf(j->why, sizeof j->why, "position %u: token %u is none the sampler could draw "
              "(temperature %g, top_k %d, top_p %g, min_p %g): its logit %.3f is below %.3f, the "
-             "lowest of the %d it draws from, by more than %.3f", pos, t, op.temperature, op.top_k,
-             op.top_p, op.min_p, lg[t], edge, k, margin);
+             "lowest of the %d it draws from, by more than %.3f", pos, t, kp->op.temperature,
+             kp->op.top_k, kp->op.top_p, kp->op.min_p, lg[t], edge, k, margin);
     return 0;
 }
 
@@ -485,19 +505,20 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
         }
     }
     int kept = -1;
-    for (uint32_t i = 0; i < j->tok_n; i++, lg += n_vocab) {
+    struct kept kp;
+    kept_open(j, n_vocab, &kp);
+    for (uint32_t i = 0; i < j->tok_n && j->result; i++, lg += n_vocab) {
         uint32_t t = j->toks[i], pos = j->pos + i;
         float lp = j->lps[i];
         if (t >= n_vocab || !isfinite(lp) || lp > 1e-3f) {
             j->result = 0;
             snprintf(j->why, sizeof j->why, "position %u: token %u with logprob %g is no sample "
                      "of a vocabulary of %u", pos, t, lp, n_vocab);
-            return;
+            break;
         }
-        kept = j->sampling_in ? judge_kept(j, t, pos, lg, n_vocab) : -1;
-        if (kept == 0) {
+        if ((kept = judge_kept(j, &kp, t, pos, lg, n_vocab)) == 0) {
             j->result = 0;
-            return;
+            break;
         }
         uint32_t g = 0;
         for (uint32_t v = 1; v < n_vocab; v++)
@@ -508,9 +529,11 @@ static void judge_head(struct job *j, const float *lg, uint32_t n_vocab)
             snprintf(j->why, sizeof j->why, "position %u: token %u reported as the favourite "
                      "(logprob %.3f), but token %u leads it by %.2f in the recomputed logits",
                      pos, t, lp, g, lg[g] - lg[t]);
-            return;
         }
     }
+    kept_close(&kp);
+    if (!j->result)
+        return;
     snprintf(j->note, sizeof j->note, "a TOKEN's %u tokens judged%s%s", j->tok_n,
              j->logits ? ", its logits compared" : "",
              kept > 0 ? ", in the set its sampling draws from" : "");

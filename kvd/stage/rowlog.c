@@ -156,6 +156,7 @@ struct side {
     uint8_t **row;
     uint32_t *len;
     uint8_t (*leaf)[32];   /* sent and received only */
+    uint8_t *leafed;       /* leaf[i] was set from a record */
 };
 
 struct audit_log {
@@ -176,6 +177,7 @@ static void side_free(struct side *sd, uint32_t n)
     free(sd->row);
     free(sd->len);
     free(sd->leaf);
+    free(sd->leafed);
 }
 
 static void audit_log_free(struct audit_log *l)
@@ -192,8 +194,10 @@ static void audit_log_free(struct audit_log *l)
 static int side_put(struct audit_log *l, struct side *sd, uint32_t i, const uint8_t *b,
                     uint32_t len)
 {
-    if (sd->leaf)
+    if (sd->leaf) {
         ring_merkle_leaf(l->t0 + i, b, b ? len : 0, sd->leaf[i]);
+        sd->leafed[i] = 1;
+    }
     if (l->t0 + i >= l->keep_end || (sd == &l->logits && l->t0 + i < l->logits_from))
         return 0;
     free(sd->row[i]);
@@ -233,13 +237,12 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
     }
     l->recv.leaf = malloc(n * 32);
     l->sent.leaf = malloc(n * 32);
+    l->recv.leafed = calloc(n, 1);
+    l->sent.leafed = calloc(n, 1);
     l->tok = calloc(n, sizeof *l->tok);
     l->has_tok = calloc(n, 1);
-    ok = ok && l->recv.leaf && l->sent.leaf && l->tok && l->has_tok;
-    for (uint32_t i = 0; ok && i < n; i++) {   /* a position never logged: no row */
-        ring_merkle_leaf(t0 + i, NULL, 0, l->recv.leaf[i]);
-        memcpy(l->sent.leaf[i], l->recv.leaf[i], 32);
-    }
+    ok = ok && l->recv.leaf && l->sent.leaf && l->recv.leafed && l->sent.leafed && l->tok &&
+         l->has_tok;
     uint8_t h[9], *buf = NULL;
     size_t cap = 0;
     int rc = ok ? 0 : -ENOMEM;
@@ -286,6 +289,16 @@ static int audit_log_load(struct audit_log *l, const char *state_dir, const char
     }
     free(buf);
     fclose(f);
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {   /* a position never logged: no row */
+        if (!l->recv.leafed[i] || !l->sent.leafed[i]) {
+            uint8_t e[32];
+            ring_merkle_leaf(t0 + i, NULL, 0, e);
+            if (!l->recv.leafed[i])
+                memcpy(l->recv.leaf[i], e, 32);
+            if (!l->sent.leafed[i])
+                memcpy(l->sent.leaf[i], e, 32);
+        }
+    }
     if (rc) {
         snprintf(err, errlen, "row log %s: out of memory", path);
         audit_log_free(l);
@@ -392,13 +405,12 @@ int kvd_stage_audit(const char *state_dir, const char *challenge, char **answer,
     }
     bool none = head && !l.sent.row[q - t0];   /* no token up to the range's end or the cap */
     struct ring_token_leaf tl;
+    bool summary = rc == 0 && head && !none &&
+                   ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0;
     uint32_t qi = q;   /* the last input: the row the TOKEN's last token was sampled from */
-    if (rc == 0 && head && !none &&
-        ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0 &&
-        q + tl.n - 1 < t1)
+    if (summary && q + tl.n - 1 < t1)
         qi = q + tl.n - 1;
-    if (rc == 0 && head && !none &&
-        ring_token_leaf_parse(l.sent.row[q - t0], l.sent.len[q - t0], &tl) == 0 && tl.logits_sha) {
+    if (summary && tl.logits_sha) {
         /* the TOKEN's first token's logits, which its summary holds the hash of */
         if (!l.logits.row[q - t0]) {
             snprintf(err, errlen, "audit: the row log of session %s holds no logits sent at %u",

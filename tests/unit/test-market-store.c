@@ -576,21 +576,15 @@ static const struct fc_tok fc_toks[] = {{3, 1, {50}}, {4, 3, {61, 62, 70}}, {7, 
 /* leaf pos's received row (a TOKEN summary, or none) into row: its length */
 static size_t fc_row(const struct fc_tok *toks, size_t nt, uint32_t pos, uint8_t *row)
 {
-    for (size_t i = 0; i < nt; i++) {
-        if (toks[i].leaf != pos)
-            continue;
-        uint8_t p[64];
-        size_t o = 0, sl, lg;
-        for (uint32_t k = 0; k < toks[i].n; k++, o += 4)
-            util_le32_put(p + o, (uint32_t)toks[i].t[k]);
-        for (uint32_t k = 0; k < toks[i].n; k++, o += 4)
-            memset(p + o, 0, 4);   /* logprob 0 */
-        T_CHECK(ring_token_leaf_make(p, o, toks[i].n, 256, row, &sl, &lg) == 0, "summary at %u", pos);
-        return sl;
-    }
+    float lg[AF_V];
+    for (size_t i = 0; i < nt; i++)
+        if (toks[i].leaf == pos) {   /* as the last rank makes them (audit_fixture.h) */
+            size_t sl = af_token_row(AF_LAST, pos, toks[i].n, toks[i].t, row, lg);
+            T_CHECK(sl > 0, "summary at %u", pos);
+            return sl;
+        }
     return 0;
 }
-
 /* An audit of rank 0 at position q of a session whose received TOKENs are toks (its received
  * side, of rank 2, in), answered with the ids ids (the sent rows are the fixed ap_row ones):
  * the answer's return code, its verdict in *v. */
